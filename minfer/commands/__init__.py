@@ -1,0 +1,1 @@
+"""One module per CLI command; minfer/cli.py registers them."""

