@@ -1,0 +1,261 @@
+// attention.cu: causal GQA flash attention over the f16 KV cache (prefill and decode).
+//
+//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  j <= pos0 + t
+//   q: f16 [T, Hq, D] (token stride ldq elements), k/v cache: f16 [S, Hkv, D] (S >= pos0 + T),
+//   o: f16 [T, Hq, D] (token stride ldo), G = Hq / Hkv, scale = 1/sqrt(D).
+// Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/attention.py.
+//
+// Entries: attn_fwd_d64, attn_fwd_d128 (head_dim 64 / 128).
+// Structure (FlashAttention-2 style): one block = one KV head x 64 "rows", a row being a
+// (token, query head of the group) pair flattened as r = t * G + g, so the G heads sharing a KV
+// head share each K/V tile load, and decode (T = 1) still fills G rows of the tile. 4 warps,
+// 16 rows each. Loop over 64-key tiles of the cache (cp.async into padded smem, zero-filled past
+// the last key the block may see): S = Q K^T and O += P V on mma.sync m16n8k16 (f16 operands,
+// f32 accumulate), online softmax in f32 with exp2, the causal mask only on the diagonal tiles.
+// P goes from the S accumulators to the A fragments of the PV mma without touching smem.
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#define ATT_ROWS 64   // rows (token x group-head pairs) per block
+#define ATT_KEYS 64   // keys per K/V tile
+#define ATT_WARPS 4
+#define ATT_PAD 8     // halves of padding per smem row: 16 B, kills ldmatrix bank conflicts
+
+static_assert(ATT_ROWS == ATT_WARPS * 16, "one m16 tile of rows per warp");
+static_assert(sizeof(__half) == 2, "f16 is 2 bytes");
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void* sdst, const void* gsrc, bool valid) {
+    const int n = valid ? 16 : 0;  // src-size 0: zero-fill the 16 bytes
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(sdst)),
+                 "l"(gsrc), "r"(n));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                        const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3,
+                                          const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void mma16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Copy a [64 rows x D] f16 tile into smem (row stride D + ATT_PAD). Row i comes from
+// base + i * ld_row unless i >= n_valid (then zero-filled).
+template <int D>
+__device__ __forceinline__ void load_kv_tile(__half* s, const __half* base, long ld_row,
+                                             int n_valid) {
+    constexpr int CH = D / 8;  // 16-byte chunks per row
+#pragma unroll
+    for (int c = threadIdx.x; c < ATT_KEYS * CH; c += ATT_WARPS * 32) {
+        const int i = c / CH, j = c - i * CH;
+        const bool ok = i < n_valid;
+        const __half* src = ok ? base + (long)i * ld_row + j * 8 : base;
+        cp_async16(s + i * (D + ATT_PAD) + j * 8, src, ok);
+    }
+}
+
+template <int D>
+__device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
+                         const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
+                         int Hq, int Hkv, int pos0, float scale_log2) {
+    static_assert(D % 16 == 0 && D <= 128, "head_dim must be a multiple of 16, at most 128");
+    constexpr int LDS = D + ATT_PAD;
+    constexpr int KSTEPS = D / 16;   // k-steps of QK^T
+    constexpr int DT = D / 8;        // n-tiles of O
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __half* sK = reinterpret_cast<__half*>(smem_raw);  // [64][LDS]; holds Q first
+    __half* sV = sK + ATT_KEYS * LDS;                  // [64][LDS]
+
+    const int G = Hq / Hkv;
+    const int hk = blockIdx.y;
+    const int R = T * G;
+    const int r0 = blockIdx.x * ATT_ROWS;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const long ldkv = (long)Hkv * D;
+
+    // Q tile -> smem (through sK) -> registers
+    {
+        constexpr int CH = D / 8;
+        for (int c = threadIdx.x; c < ATT_ROWS * CH; c += ATT_WARPS * 32) {
+            const int i = c / CH, j = c - i * CH;
+            const int r = r0 + i;
+            const bool ok = r < R;
+            const int t = ok ? r / G : 0, g = ok ? r - (r / G) * G : 0;
+            const __half* src = q + (long)t * ldq + (long)(hk * G + g) * D + j * 8;
+            cp_async16(sK + i * LDS + j * 8, src, ok);
+        }
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
+    }
+    uint32_t qf[KSTEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS; kk++)
+        ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
+                sK + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
+    __syncthreads();
+
+    // the two rows this thread owns in the C fragments, and their last visible key
+    const int ra = min(r0 + warp * 16 + (lane >> 2), R - 1);
+    const int rb = min(r0 + warp * 16 + (lane >> 2) + 8, R - 1);
+    const int lim_a = pos0 + ra / G, lim_b = pos0 + rb / G;
+    const bool warp_active = r0 + warp * 16 < R;
+    const int r_last = min(r0 + ATT_ROWS, R) - 1;
+    const int n_keys = pos0 + r_last / G + 1;       // keys the block may see
+    const int key_min_lim = pos0 + r0 / G;           // smallest row limit in the block
+    const int n_tiles = (n_keys + ATT_KEYS - 1) / ATT_KEYS;
+
+    float oacc[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+
+    for (int kt = 0; kt < n_tiles; kt++) {
+        const int k0 = kt * ATT_KEYS;
+        const int nv = min(ATT_KEYS, n_keys - k0);
+        load_kv_tile<D>(sK, kc + (long)k0 * ldkv + (long)hk * D, ldkv, nv);
+        cp_commit();
+        load_kv_tile<D>(sV, vc + (long)k0 * ldkv + (long)hk * D, ldkv, nv);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+
+        float s[ATT_KEYS / 8][4];
+        if (warp_active) {
+#pragma unroll
+            for (int j = 0; j < ATT_KEYS / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KSTEPS; kk++) {
+#pragma unroll
+                for (int j = 0; j < ATT_KEYS / 8; j += 2) {
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4(b0, b1, b2, b3,
+                            sK + (j * 8 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 +
+                                ((lane >> 3) & 1) * 8);
+                    mma16816(s[j], qf[kk], b0, b1);
+                    mma16816(s[j + 1], qf[kk], b2, b3);
+                }
+            }
+            // causal mask on the tiles that reach past the smallest row limit
+            if (k0 + ATT_KEYS - 1 > key_min_lim) {
+#pragma unroll
+                for (int j = 0; j < ATT_KEYS / 8; j++) {
+                    const int key = k0 + j * 8 + (lane & 3) * 2;
+                    if (key > lim_a) s[j][0] = -INFINITY;
+                    if (key + 1 > lim_a) s[j][1] = -INFINITY;
+                    if (key > lim_b) s[j][2] = -INFINITY;
+                    if (key + 1 > lim_b) s[j][3] = -INFINITY;
+                }
+            }
+            // online softmax (rows a and b; the 4 threads of a quad share a row)
+            float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < ATT_KEYS / 8; j++) {
+                mxa = fmaxf(mxa, fmaxf(s[j][0], s[j][1]));
+                mxb = fmaxf(mxb, fmaxf(s[j][2], s[j][3]));
+            }
+#pragma unroll
+            for (int off = 1; off <= 2; off <<= 1) {
+                mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, off));
+                mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, off));
+            }
+            const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
+            // every row sees key 0 in tile 0, so mna/mnb are finite from here on
+            const float ca = exp2f((m_a - mna) * scale_log2), cb = exp2f((m_b - mnb) * scale_log2);
+            m_a = mna; m_b = mnb;
+            const float ma_s = mna * scale_log2, mb_s = mnb * scale_log2;
+            float sa = 0.f, sb = 0.f;
+#pragma unroll
+            for (int j = 0; j < ATT_KEYS / 8; j++) {
+                s[j][0] = exp2f(fmaf(s[j][0], scale_log2, -ma_s));
+                s[j][1] = exp2f(fmaf(s[j][1], scale_log2, -ma_s));
+                s[j][2] = exp2f(fmaf(s[j][2], scale_log2, -mb_s));
+                s[j][3] = exp2f(fmaf(s[j][3], scale_log2, -mb_s));
+                sa += s[j][0] + s[j][1];
+                sb += s[j][2] + s[j][3];
+            }
+            l_a = l_a * ca + sa;
+            l_b = l_b * cb + sb;
+#pragma unroll
+            for (int i = 0; i < DT; i++) {
+                oacc[i][0] *= ca; oacc[i][1] *= ca;
+                oacc[i][2] *= cb; oacc[i][3] *= cb;
+            }
+        }
+        cp_wait<0>();
+        __syncthreads();
+        if (warp_active) {
+#pragma unroll
+            for (int ks = 0; ks < ATT_KEYS / 16; ks++) {
+                uint32_t pa[4];
+                pa[0] = pack_h2(s[2 * ks][0], s[2 * ks][1]);
+                pa[1] = pack_h2(s[2 * ks][2], s[2 * ks][3]);
+                pa[2] = pack_h2(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+                pa[3] = pack_h2(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+#pragma unroll
+                for (int dn = 0; dn < DT; dn += 2) {
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4_t(b0, b1, b2, b3,
+                              sV + (ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDS +
+                                  (dn + (lane >> 4)) * 8);
+                    mma16816(oacc[dn], pa, b0, b1);
+                    mma16816(oacc[dn + 1], pa, b2, b3);
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    if (!warp_active) return;
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+    }
+    const float ia = 1.f / l_a, ib = 1.f / l_b;
+    const int rra = r0 + warp * 16 + (lane >> 2), rrb = rra + 8;
+    if (rra < R) {
+        const int t = rra / G, g = rra - t * G;
+        __half* dst = o + (long)t * ldo + (long)(hk * G + g) * D + (lane & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < DT; i++)
+            *reinterpret_cast<__half2*>(dst + i * 8) =
+                __floats2half2_rn(oacc[i][0] * ia, oacc[i][1] * ia);
+    }
+    if (rrb < R) {
+        const int t = rrb / G, g = rrb - t * G;
+        __half* dst = o + (long)t * ldo + (long)(hk * G + g) * D + (lane & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < DT; i++)
+            *reinterpret_cast<__half2*>(dst + i * 8) =
+                __floats2half2_rn(oacc[i][2] * ib, oacc[i][3] * ib);
+    }
+}
+
+#define ATT_ENTRY(DD)                                                                           \
+    extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                \
+        attn_fwd_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o, \
+                       long ldo, int T, int Hq, int Hkv, int pos0, float scale_log2) {          \
+        attn_fwd<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, scale_log2);                     \
+    }
+ATT_ENTRY(64)
+ATT_ENTRY(128)

@@ -1,0 +1,171 @@
+// layers.cu: the elementwise / row-wise layers of the llama forward (everything but GEMMs and
+// attention). Numpy twins: minfer/reference/ops.py; launchers: minfer/cuda/layers.py.
+//
+// Entries (all row-major, contiguous unless a leading dimension `ld*` is given, in elements):
+//   rmsnorm_f32_f16 / rmsnorm_f32_f32  y[T, D] = x * (1/sqrt(mean(x^2) + eps)) * w
+//       x f32 [T, ldx], w f32 [D]; one block per row; sum of squares in double (as ggml).
+//   rope_f32 / rope_f16                 in place on x [T, H, D] (row stride ldx per token)
+//   rope_f32_f16                        rope of f32 src into f16 dst (dst row stride ldd), e.g.
+//                                       straight into the KV cache at row pos0; dims past
+//                                       rope_dim are copied.
+//       angles: cos/sin tables f32 [n_pos, rope_dim/2] indexed by absolute position pos0 + t,
+//       computed on the host by the reference's formula (bit-identical angles).
+//       neox=0: pairs (2i, 2i+1); neox=1: pairs (i, i + rope_dim/2).
+//   swiglu_f32_f16                      y f16 [T, F] = silu(g) * u, g/u f32 rows of stride ldg
+//   add_f32                             y[n] += x[n]
+//   cvt_f32_f16                         dst f16 [T, W] (stride ldd) = src f32 [T, W] (stride lds);
+//                                       the KV-cache append of V (dst = cache + pos0 * W)
+//   argmax_f32                          out[0] = first index of the max of x[n] (one block)
+// Products that the reference rounds separately are written with __fmul_rn/__fadd_rn so the
+// compiler does not contract them into FMAs (keeps GPU and numpy within an ulp).
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+static_assert(sizeof(__half) == 2, "f16 is 2 bytes");
+
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
+
+// ---- rmsnorm: grid (T), block (256) ---------------------------------------------------------
+template <typename OutT>
+__device__ void rmsnorm_row(OutT* __restrict__ y, int ldy, const float* __restrict__ x, int ldx,
+                            const float* __restrict__ w, int D, float eps) {
+    const int row = blockIdx.x;
+    const float* xr = x + (size_t)row * ldx;
+    OutT* yr = y + (size_t)row * ldy;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const double v = (double)xr[i];
+        s += v * v;
+    }
+    __shared__ double red[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = lane < (int)(blockDim.x >> 5) ? red[lane] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) red[0] = s;
+    }
+    __syncthreads();
+    const float scale = (float)(1.0 / sqrt(red[0] / D + (double)eps));
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        yr[i] = from_f<OutT>(__fmul_rn(__fmul_rn(xr[i], scale), w[i]));
+}
+
+extern "C" __global__ void rmsnorm_f32_f16(__half* y, int ldy, const float* x, int ldx,
+                                           const float* w, int D, float eps) {
+    rmsnorm_row<__half>(y, ldy, x, ldx, w, D, eps);
+}
+extern "C" __global__ void rmsnorm_f32_f32(float* y, int ldy, const float* x, int ldx,
+                                           const float* w, int D, float eps) {
+    rmsnorm_row<float>(y, ldy, x, ldx, w, D, eps);
+}
+
+// ---- rope: grid (T, ceil(H*D/2 / 128)), block (128): one thread per (head, pair) ---------------
+template <typename InT, typename OutT>
+__device__ void rope_body(OutT* dst, long ldd, const InT* src, long lds, int H, int D,
+                          int rope_dim, int neox, const float* __restrict__ cos_t,
+                          const float* __restrict__ sin_t, int pos0) {
+    const int t = blockIdx.x;
+    const int half_d = D >> 1;
+    const int idx = blockIdx.y * blockDim.x + threadIdx.x;  // (head, pair) flattened
+    if (idx >= H * half_d) return;
+    const int h = idx / half_d, p = idx - h * half_d;
+    const InT* s = src + t * lds + (long)h * D;
+    OutT* d = dst + t * ldd + (long)h * D;
+    const int half_r = rope_dim >> 1;
+    int i0, i1;
+    if (p < half_r) {
+        if (neox) { i0 = p; i1 = p + half_r; } else { i0 = 2 * p; i1 = 2 * p + 1; }
+        const float c = cos_t[(long)(pos0 + t) * half_r + p];
+        const float sn = sin_t[(long)(pos0 + t) * half_r + p];
+        const float a = to_f(s[i0]), b = to_f(s[i1]);
+        const float ya = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+        const float yb = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+        d[i0] = from_f<OutT>(ya);
+        d[i1] = from_f<OutT>(yb);
+    } else {  // pass-through pair past rope_dim
+        i0 = 2 * p; i1 = 2 * p + 1;
+        d[i0] = from_f<OutT>(to_f(s[i0]));
+        d[i1] = from_f<OutT>(to_f(s[i1]));
+    }
+}
+
+extern "C" __global__ void rope_f32(float* x, long ldx, int H, int D, int rope_dim, int neox,
+                                    const float* cos_t, const float* sin_t, int pos0) {
+    rope_body<float, float>(x, ldx, x, ldx, H, D, rope_dim, neox, cos_t, sin_t, pos0);
+}
+extern "C" __global__ void rope_f16(__half* x, long ldx, int H, int D, int rope_dim, int neox,
+                                    const float* cos_t, const float* sin_t, int pos0) {
+    rope_body<__half, __half>(x, ldx, x, ldx, H, D, rope_dim, neox, cos_t, sin_t, pos0);
+}
+extern "C" __global__ void rope_f32_f16(__half* dst, long ldd, const float* src, long lds, int H,
+                                        int D, int rope_dim, int neox, const float* cos_t,
+                                        const float* sin_t, int pos0) {
+    rope_body<float, __half>(dst, ldd, src, lds, H, D, rope_dim, neox, cos_t, sin_t, pos0);
+}
+
+// ---- swiglu: grid (ceil(F/256), T), block (256) ----------------------------------------------
+extern "C" __global__ void swiglu_f32_f16(__half* y, long ldy, const float* g, const float* u,
+                                          long ldg, int F) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= F) return;
+    const float gv = g[t * ldg + i], uv = u[t * ldg + i];
+    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+    y[t * ldy + i] = __float2half_rn(__fmul_rn(silu, uv));
+}
+
+// ---- add / convert ------------------------------------------------------------------------
+extern "C" __global__ void add_f32(float* y, const float* x, long n) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fadd_rn(y[i], x[i]);
+}
+
+// grid (ceil(W/256), T), block (256)
+extern "C" __global__ void cvt_f32_f16(__half* dst, long ldd, const float* src, long lds, int W) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < W) dst[t * ldd + i] = __float2half_rn(src[t * lds + i]);
+}
+
+// ---- argmax: grid (1), block (1024); ties -> first index; NaN never wins ----------------------
+extern "C" __global__ void argmax_f32(int* out, const float* x, int n) {
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = x[i];
+        if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        const int nw = blockDim.x >> 5;
+        best = lane < nw ? sv[lane] : -INFINITY;
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (ov > best || (ov == best && oi < bi)) { best = ov; bi = oi; }
+        }
+        if (lane == 0) out[0] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
