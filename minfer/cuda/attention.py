@@ -1,0 +1,50 @@
+"""Launcher for kernels/attention.cu: causal GQA flash attention over the f16 KV cache.
+
+Numpy twin: minfer.reference.ops.attention(q, k, v, pos0). Prefill and decode (T = 1) use the
+same kernel: a block covers 64 (token, group-head) rows of one KV head, so decode still fills
+G rows of a tile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from minfer.cuda import devarray as da
+from minfer.errors import GPUError
+
+ROWS, KEYS, PAD = 64, 64, 8  # must match ATT_ROWS / ATT_KEYS / ATT_PAD in attention.cu
+HEAD_DIMS = (64, 128)
+
+
+def smem_bytes(head_dim: int) -> int:
+    return 2 * KEYS * (head_dim + PAD) * 2  # K and V tiles, f16
+
+
+def attention(rt, o, q, kc, vc, pos0: int) -> None:
+    """o f16 [T, Hq, D] = causal softmax(q k^T / sqrt(D)) v.
+
+    q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
+    positions 0..pos0+T-1 (S >= pos0 + T; rows past that are never read).
+    """
+    da.check("attention q", q, (None, None, None), np.float16, align=16)
+    T, Hq, D = q.shape
+    da.check("attention k cache", kc, (None, None, D), np.float16, align=16)
+    S, Hkv, _ = kc.shape
+    da.check("attention v cache", vc, (S, Hkv, D), np.float16, align=16)
+    da.check("attention out", o, (T, Hq, D), np.float16, align=4)
+    if D not in HEAD_DIMS:
+        raise GPUError(f"attention: head_dim {D} not supported (supported: {HEAD_DIMS})")
+    if Hq % Hkv:
+        raise GPUError(f"attention: {Hq} query heads not a multiple of {Hkv} KV heads")
+    if pos0 < 0 or pos0 + T > S:
+        raise GPUError(f"attention: positions [{pos0}, {pos0 + T}) exceed the cache's {S} rows")
+    G = Hq // Hkv
+    smem = smem_bytes(D)
+    fn = rt.function("attention", f"attn_fwd_d{D}", dyn_smem=smem)
+    scale_log2 = np.float32(math.log2(math.e) / math.sqrt(D))
+    rt.launch(fn, ((T * G + ROWS - 1) // ROWS, Hkv), (128,),
+              (q.gpudata, np.int64(Hq * D), kc.gpudata, vc.gpudata, o.gpudata,
+               np.int64(Hq * D), np.int32(T), np.int32(Hq), np.int32(Hkv), np.int32(pos0),
+               scale_log2), smem=smem)

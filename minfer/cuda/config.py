@@ -1,0 +1,80 @@
+"""GemmConfig: which GEMM path the CUDA backend takes, resolved once from env + overrides.
+
+MINFER_MMQ (0: f16 path, 1: MMQ), MINFER_MMQ_RAW (0: R1 word-level kernel), MINFER_MMQ_RAW_WIDE
+(0: narrow raw kernel), MINFER_MMQ_RAW_KD (4 or 8). Explicit overrides (CLI flags, bench A/B
+strings) win over the environment. The dataclass is passed explicitly; nothing reads the
+environment after `GemmConfig.resolve`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+from minfer.errors import BadInput
+
+ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE": "wide",
+            "MINFER_MMQ_RAW_KD": "kd"}
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    mmq: bool = False
+    raw: bool = True
+    wide: bool = True
+    kd: int = 4
+
+    @classmethod
+    def resolve(cls, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, str | int | bool] | None = None) -> "GemmConfig":
+        """From `env` (default os.environ), then `overrides` (keys MINFER_* or field names)."""
+        env = os.environ if env is None else env
+        vals: dict[str, object] = {}
+        for key, field in ENV_KEYS.items():
+            if key in env and env[key] != "":
+                vals[field] = _parse(key, env[key])
+        for key, v in (overrides or {}).items():
+            field = ENV_KEYS.get(key, key)
+            if field not in {f.name for f in fields(cls)}:
+                raise BadInput(f"unknown GEMM config key {key!r} (known: {', '.join(ENV_KEYS)})")
+            vals[field] = _parse(key, v)
+        cfg = cls(**vals)
+        if cfg.kd not in (4, 8):
+            raise BadInput(f"MINFER_MMQ_RAW_KD must be 4 or 8, not {cfg.kd}")
+        return cfg
+
+    @classmethod
+    def parse_ab(cls, spec: str, env: Mapping[str, str] | None = None) -> "GemmConfig":
+        """'MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8' -> GemmConfig (over the environment)."""
+        overrides: dict[str, str] = {}
+        for tok in spec.split():
+            if "=" not in tok:
+                raise BadInput(f"--ab: {tok!r} is not KEY=VALUE")
+            k, v = tok.split("=", 1)
+            if k not in ENV_KEYS:
+                raise BadInput(f"--ab: unknown key {k!r} (known: {', '.join(ENV_KEYS)})")
+            overrides[k] = v
+        return cls.resolve(env, overrides)
+
+    def label(self) -> str:
+        if not self.mmq:
+            return "f16"
+        if not self.raw:
+            return "mmq-r1"
+        return f"mmq-{'wide' if self.wide else 'narrow'}-kd{self.kd}"
+
+
+def _parse(key: str, v) -> object:
+    field = ENV_KEYS.get(key, key)
+    s = str(v).strip().lower()
+    if field == "kd":
+        try:
+            return int(s)
+        except ValueError:
+            raise BadInput(f"{key}={v!r}: expected 4 or 8") from None
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise BadInput(f"{key}={v!r}: expected 0 or 1")
