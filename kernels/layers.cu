@@ -13,6 +13,7 @@
 //       neox=0: pairs (2i, 2i+1); neox=1: pairs (i, i + rope_dim/2).
 //   swiglu_f32_f16                      y f16 [T, F] = silu(g) * u, g/u f32 rows of stride ldg
 //   add_f32                             y[n] += x[n]
+//   add_bias_f32                        y[T, N] += b[N] (qkv bias)
 //   cvt_f32_f16                         dst f16 [T, W] (stride ldd) = src f32 [T, W] (stride lds);
 //                                       the KV-cache append of V (dst = cache + pos0 * W)
 //   argmax_f32                          out[0] = first index of the max of x[n] (one block)
@@ -168,4 +169,11 @@ extern "C" __global__ void argmax_f32(int* out, const float* x, int n) {
         }
         if (lane == 0) out[0] = bi == 0x7fffffff ? 0 : bi;
     }
+}
+
+// ---- bias: y[T, N] += b[N]; grid (ceil(N/256), T), block (256) --------------------------------
+extern "C" __global__ void add_bias_f32(float* y, const float* b, int N) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) y[(long)t * N + i] = __fadd_rn(y[(long)t * N + i], b[i]);
 }

@@ -123,3 +123,12 @@ def argmax(rt, out, x) -> None:
     da.check("argmax out", out, (1,), np.int32)
     fn = rt.function(_F, "argmax_f32")
     rt.launch(fn, (1,), (1024,), (out.gpudata, x.gpudata, np.int32(x.size)))
+
+
+def add_bias(rt, y, b) -> None:
+    """y f32 [T, N] += b f32 [N] (the qkv bias of qwen2-style models)."""
+    da.check("bias y", y, (None, None), np.float32)
+    T, N = y.shape
+    da.check("bias b", b, (N,), np.float32)
+    fn = rt.function(_F, "add_bias_f32")
+    rt.launch(fn, ((N + 255) // 256, T), (256,), (y.gpudata, b.gpudata, np.int32(N)))

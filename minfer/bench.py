@@ -1,0 +1,200 @@
+"""Interleaved A/B prefill benchmark (llama-bench style) and per-op breakdown.
+
+`bench(model, tokens, configs, repeats, backend)`: one backend per config (GemmConfig parsed
+from "K=V K=V" strings), then for each repeat, for each token count, each config runs one
+prefill from an empty cache (A B A B ... in the same process, same window). tok/s is the
+median over repeats, the spread (max - min) over the same config's repeats is its noise band,
+and an A/B difference smaller than the largest band is reported as noise.
+`breakdown(backend, n)`: one prefill with CUDA events around every op: per GEMM µs, TFLOP/s and
+ratio to the mma.sync ceilings measured on the H200 (DESIGN.md), attention, rest.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minfer.errors import BadInput
+
+F16_CEIL = 634e12    # f16 mma.sync m16n8k16, H200 (DESIGN.md)
+INT8_CEIL = 1267e12  # int8 mma.sync m16n8k32, H200 (DESIGN.md)
+
+
+@dataclass
+class Row:
+    config: str
+    backend: str
+    tokens: int
+    tok_s: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.tok_s)
+
+    @property
+    def spread(self) -> float:
+        return max(self.tok_s) - min(self.tok_s) if self.tok_s else 0.0
+
+    @property
+    def band(self) -> float:
+        """Relative noise band: spread over median."""
+        return self.spread / self.median if self.tok_s and self.median > 0 else 0.0
+
+
+def parse_tokens(s: str) -> list[int]:
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"--tokens {s!r}: expected comma-separated integers") from None
+    if not out or min(out) <= 0:
+        raise BadInput(f"--tokens {s!r}: need at least one positive count")
+    return out
+
+
+def make_backend(model, kind: str, spec: str, max_tokens: int):
+    """A backend for `kind` ('cuda' or 'cpu') and the A/B spec string (GEMM env keys)."""
+    from minfer.cuda.config import GemmConfig
+
+    cfg = GemmConfig.parse_ab(spec)  # validated for the cpu backend too
+    if kind == "cpu":
+        from minfer.reference.forward import ReferenceBackend
+
+        b = ReferenceBackend(model, max_tokens=max_tokens)
+        if hasattr(b, "preload"):
+            b.preload()
+        return b
+    if kind == "cuda":
+        from minfer.cuda.backend import CudaBackend
+
+        return CudaBackend(model, cfg, max_tokens=max_tokens, ubatch=max_tokens)
+    raise BadInput(f"--backend {kind!r}: expected cuda or cpu")
+
+
+def prompt_ids(model, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed + n)
+    return rng.integers(0, model.config.vocab_size, size=n, dtype=np.int32)
+
+
+def time_prefill(backend, ids: np.ndarray) -> float:
+    """Seconds for one prefill of ids from an empty cache (device work included)."""
+    backend.reset()
+    backend.synchronize()
+    t0 = time.perf_counter()
+    backend.forward(ids, 0)
+    backend.synchronize()
+    return time.perf_counter() - t0
+
+
+def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: list,
+          warmup: bool = True) -> list[Row]:
+    """Interleaved: for r in repeats, for n in tokens, for each config: one prefill."""
+    if repeats < 1:
+        raise BadInput(f"--repeats {repeats}: need at least 1")
+    rows = {(c, n): Row(c or "default", b.name, n) for c, b in zip(configs, backends)
+            for n in tokens}
+    prompts = {n: prompt_ids(model, n) for n in tokens}
+    if warmup:
+        for n in tokens:
+            for b in backends:
+                time_prefill(b, prompts[n])
+    for _ in range(repeats):
+        for n in tokens:
+            for c, b in zip(configs, backends):
+                rows[(c, n)].tok_s.append(n / time_prefill(b, prompts[n]))
+    for b in backends:
+        b.reset()
+    return [rows[(c, n)] for n in tokens for c in configs]
+
+
+def table(rows: list[Row]) -> str:
+    """llama-bench style markdown; A/B ratio vs the first config, 'noise' inside the band."""
+    out = ["| config | backend | tokens | tok/s | ± (spread) | band | vs first |",
+           "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    by_n: dict[int, list[Row]] = {}
+    for r in rows:
+        by_n.setdefault(r.tokens, []).append(r)
+    for n, rs in by_n.items():
+        base = rs[0]
+        band = max(r.band for r in rs)
+        for r in rs:
+            if r is base:
+                vs = "—"
+            else:
+                ratio = r.median / base.median
+                verdict = "noise" if abs(ratio - 1) <= band else ("faster" if ratio > 1
+                                                                  else "slower")
+                vs = f"{ratio:.3f}x ({verdict})"
+            out.append(f"| {r.config} | {r.backend} | {n} | {r.median:,.1f} | "
+                       f"{r.spread / 2:,.1f} | {100 * r.band:.1f}% | {vs} |")
+    return "\n".join(out)
+
+
+def breakdown(backend, model, n: int) -> str:
+    """One profiled prefill of n tokens (CUDA backends): per-op µs, TFLOP/s, ratio to ceiling."""
+    if not hasattr(backend, "rt"):
+        return f"(per-op breakdown: CUDA backends only; {backend.name} has no device events)"
+    from minfer.cuda.backend import OpProfile
+
+    ids = prompt_ids(model, n)
+    backend.reset()
+    backend.synchronize()
+    t0 = time.perf_counter()
+    backend.profile = OpProfile(backend.rt)
+    try:
+        backend.forward(ids, 0)
+        tot = backend.profile.collect()
+    finally:
+        backend.profile = None
+        backend.reset()
+    wall_ms = (time.perf_counter() - t0) * 1e3
+    ceil = INT8_CEIL if "mmq" in backend.name else F16_CEIL
+    lines = [f"per-op breakdown, {backend.name}, {n} tokens (CUDA events, summed over layers; "
+             f"ceiling {ceil / 1e12:.0f} TFLOP/s):",
+             "| op | calls | µs | % | TFLOP/s | of ceiling |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    ev_ms = sum(v[0] for v in tot.values())
+    gemm_ms = 0.0
+    for label in sorted(tot, key=lambda k: -tot[k][0]):
+        ms, flops, cnt = tot[label]
+        if label.startswith("gemm:"):
+            gemm_ms += ms
+            tf = flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+            lines.append(f"| {label} | {cnt} | {ms * 1e3:,.0f} | {100 * ms / ev_ms:.1f} | "
+                         f"{tf:,.1f} | {tf * 1e12 / ceil:.2f} |")
+    att = tot.get("attention", [0.0, 0, 0])
+    lines.append(f"| attention | {att[2]} | {att[0] * 1e3:,.0f} | {100 * att[0] / ev_ms:.1f} "
+                 f"| | |")
+    rest = ev_ms - gemm_ms - att[0]
+    lines.append(f"| rest (norm, rope, swiglu, embed) | | {rest * 1e3:,.0f} | "
+                 f"{100 * rest / ev_ms:.1f} | | |")
+    lines.append(f"| all ops (events) / wall | | {ev_ms * 1e3:,.0f} / {wall_ms * 1e3:,.0f} | "
+                 f"| | |")
+    return "\n".join(lines)
+
+
+def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
+        profile: bool = True, echo=print) -> list[Row]:
+    from minfer.loader import load_model
+
+    model = load_model(model_path)
+    configs = configs or [""]
+    mx = max(tokens)
+    backends = []
+    for c in configs:
+        t0 = time.perf_counter()
+        b = make_backend(model, kind, c, mx)
+        load = getattr(b, "load_s", time.perf_counter() - t0)
+        warm = getattr(b, "warmup_s", 0.0)
+        echo(f"{c or 'default'}: backend {b.name}, load {load:.2f} s, warm-up {warm:.2f} s")
+        backends.append(b)
+    rows = bench(model, tokens, configs, repeats, backends)
+    echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved\n")
+    echo(table(rows))
+    if profile:
+        for b in backends:
+            echo("")
+            echo(breakdown(b, model, tokens[0]))
+    return rows

@@ -1,0 +1,30 @@
+"""`minfer bench -m FILE --tokens 512,2048 [--ab "K=V K=V" "..."] [--repeats N] [--backend ...]`"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("bench", context_settings={"ignore_unknown_options": False})
+@click.option("-m", "--model", "model_path", required=True, type=click.Path(dir_okay=False),
+              help="GGUF model file.")
+@click.option("--tokens", default="512", show_default=True,
+              help="Comma-separated prompt lengths (pp512, pp2048, ...).")
+@click.option("--ab", "ab", multiple=True,
+              help='A/B config, "MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow '
+                   "as extra arguments. Configs run interleaved in one process.")
+@click.option("--repeats", default=3, show_default=True, type=int)
+@click.option("--backend", "kind", default="cuda", show_default=True,
+              type=click.Choice(["cuda", "cpu"]))
+@click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
+@click.argument("more_ab", nargs=-1)
+def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab) -> None:
+    """Prefill tok/s per config and length (median, spread over repeats, noise band)."""
+    from minfer.bench import parse_tokens, run
+    from minfer.errors import BadInput
+
+    if more_ab and not ab:
+        raise BadInput(f"unexpected arguments {' '.join(more_ab)!r} (A/B configs follow --ab)")
+    configs = list(ab) + list(more_ab)
+    run(model_path, parse_tokens(tokens), configs, repeats, kind, profile=not no_breakdown,
+        echo=click.echo)

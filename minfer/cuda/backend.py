@@ -1,0 +1,350 @@
+"""CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
+
+Construction (timed as `load_s`): every linear weight's raw GGUF bytes are uploaded (PCIe
+moves the compact quantized bytes) and dequantized on the GPU to f16 [N, K] (dq_f16); the
+embedding table stays quantized (rows gathered with embed_rows); norms go up as f32. The KV
+cache (f16 [max_tokens, Hkv, D] per layer), activations for `ubatch` tokens and the rope table
+are allocated up front, after checking the device's free memory. Then `warmup_s`: every kernel
+is built/loaded and one token is pushed through (then the cache is reset).
+
+forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
+  h16 = rmsnorm(x) * attn_norm;  q32, k32 = h16 @ Wq.T, Wk.T;  v -> f16 straight into the cache
+  q16 = rope(q32);  cache_k[pos0:] = rope(k32) (f16);  a16 = attention(q16, cache)
+  x += a16 @ Wo.T (GEMM epilogue accumulates);  h16 = rmsnorm(x) * ffn_norm
+  g32, u32 = h16 @ Wg.T, Wu.T;  a16 = swiglu(g32, u32);  x += a16 @ Wd.T
+The last layer runs attention and the FFN for the last position only. Then
+logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
+gives the greedy token on the GPU.
+
+Profiling (bench's per-op breakdown): with `self.profile = OpProfile(rt)` every op is bracketed
+by CUDA events, labelled, with its FLOPs for GEMMs.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from minfer.cuda import attention as attn_mod
+from minfer.cuda import devarray as da
+from minfer.cuda import layers as L
+from minfer.cuda.config import GemmConfig
+from minfer.cuda.dispatch import pick_gemm
+from minfer.errors import BadInput, GPUError, Unsupported
+
+_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+class OpProfile:
+    """CUDA-event timings per labelled op, summed over forwards: label -> [ms, flops, count]."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.pending: list[tuple[str, float, object, object]] = []
+        self.totals: dict[str, list[float]] = {}
+
+    @contextmanager
+    def op(self, label: str, flops: float = 0.0):
+        drv = self.rt.drv
+        a, b = drv.Event(), drv.Event()
+        a.record()
+        yield
+        b.record()
+        self.pending.append((label, flops, a, b))
+
+    def collect(self) -> dict[str, list[float]]:
+        self.rt.synchronize()
+        for label, flops, a, b in self.pending:
+            ms = b.time_since(a)
+            t = self.totals.setdefault(label, [0.0, 0.0, 0])
+            t[0] += ms
+            t[1] += flops
+            t[2] += 1
+        self.pending.clear()
+        return self.totals
+
+
+# -- adapters to the gemm / dequant modules (engineers "gemm" and "dequant") -----------------
+def _dev(a):
+    """GPUArray -> the gemm module's DeviceArray view (no copy)."""
+    from minfer.cuda.gemm import DeviceArray
+
+    return DeviceArray(da.ptr(a), tuple(a.shape), np.dtype(a.dtype), a)
+
+
+def _gemm(rt, C, A, B, mode: str) -> None:
+    """C[M, N] (mode 'f32' store, 'f16' store, 'acc' f32 +=) = A f16 [M, K] @ B f16 [N, K].T."""
+    from minfer.cuda.gemm import gemm_f16_nt
+
+    if mode == "acc":
+        gemm_f16_nt(_dev(A), _dev(B), np.float32, accumulate=_dev(C), rt=rt)
+    else:
+        gemm_f16_nt(_dev(A), _dev(B), np.float16 if mode == "f16" else np.float32,
+                    out=_dev(C), rt=rt)
+
+
+def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
+    from minfer.cuda import dequant
+
+    dequant.dequant_f16(rt, out, raw_dev, qtype, N, K)
+
+
+def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int) -> None:
+    from minfer.cuda import dequant
+
+    dequant.embed_rows(rt, out, table_dev, qtype, ids_dev, K)
+
+
+class CudaBackend:
+    """Backend protocol on the GPU. See the module docstring for the dataflow."""
+
+    def __init__(self, model, cfg: GemmConfig | None = None, rt=None, max_tokens: int = 4096,
+                 ubatch: int = 2048, warmup: bool = True, progress: bool = False):
+        from minfer.cuda.runtime import get_runtime
+
+        t0 = time.perf_counter()
+        self.model = model
+        self.c = c = model.config
+        self.gcfg = cfg or GemmConfig.resolve()
+        self.rt = rt or get_runtime()
+        label = self.gcfg.label()
+        self.name = "cuda" if label == "f16" else f"cuda-{label}"
+        if c.head_dim not in attn_mod.HEAD_DIMS:
+            raise Unsupported(f"cuda backend: head_dim {c.head_dim} not supported "
+                              f"(supported: {attn_mod.HEAD_DIMS})")
+        if max_tokens > c.n_ctx:
+            max_tokens = c.n_ctx
+        self.max_tokens = int(max_tokens)
+        self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
+        self.profile: OpProfile | None = None
+        self.n_past = 0
+        self._check_memory()
+        self._load_weights(progress)
+        self._alloc()
+        self.rt.synchronize()
+        self.load_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        if warmup:
+            self.forward(np.zeros(1, np.int32), 0)
+            self.reset()
+        self.rt.synchronize()
+        self.warmup_s = time.perf_counter() - t1
+
+    # -- memory plan ------------------------------------------------------------------------
+    def _plan(self) -> dict[str, int]:
+        c = self.c
+        m = self.model
+        f16_w = 0
+        raw_max = 0
+        names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers) for n in _LINEAR]
+        names.append(m.output_name)
+        for n in names:
+            t = m.tensor(n)
+            f16_w += int(np.prod(t.shape)) * 2
+            raw_max = max(raw_max, int(t.data.nbytes))
+        emb = int(m.tensor("token_embd.weight").data.nbytes)
+        kv = 2 * c.n_layers * self.max_tokens * c.n_kv_heads * c.head_dim * 2
+        T = self.ubatch
+        qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 + c.d_ff * (4 + 4 + 2))
+        act += c.vocab_size * 4 + (self.max_tokens * c.rope_dim) * 4
+        return {"f16 weights": f16_w, "quantized embedding": emb, "KV cache": kv,
+                "activations": act, "upload staging": raw_max}
+
+    def _check_memory(self) -> None:
+        plan = self._plan()
+        need = sum(plan.values())
+        free, total = self.rt.mem_info()
+        margin = 256 << 20
+        if need + margin > free:
+            parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in plan.items())
+            raise GPUError(f"cuda backend needs {need / 2**30:.2f} GiB ({parts}; GiB) plus "
+                           f"{margin >> 20} MiB margin, but only {free / 2**30:.2f} GiB of "
+                           f"{total / 2**30:.2f} are free on the GPU (try a smaller "
+                           f"--max-tokens/ubatch)")
+
+    # -- weights ----------------------------------------------------------------------------
+    def _load_weights(self, progress: bool) -> None:
+        rt, m, c = self.rt, self.model, self.c
+        plan = self._plan()
+        self._staging = rt.alloc(plan["upload staging"], "weight upload staging")
+        self.w: dict[str, object] = {}
+        self.qtypes: dict[str, int] = {}
+        names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers) for n in _LINEAR]
+        names.append(m.output_name)
+        seen = set()
+        it = names
+        if progress:
+            from tqdm import tqdm
+
+            it = tqdm(names, desc="upload+dequant", unit="tensor", leave=False)
+        for n in it:
+            if n in seen:
+                continue
+            seen.add(n)
+            t = m.tensor(n)
+            N, K = t.shape
+            raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
+            rt.drv.memcpy_htod(self._staging, raw)
+            out = da.empty(rt, (N, K), np.float16, f"f16 weight {n}")
+            _dequant_f16(rt, int(self._staging), t.qtype, N, K, out)
+            rt.synchronize()  # staging is reused by the next tensor
+            self.w[n] = out
+            self.qtypes[n] = t.qtype
+        emb = m.tensor("token_embd.weight")
+        self.emb_qtype = emb.qtype
+        self.emb = da.to_device(rt, np.ascontiguousarray(emb.data).view(np.uint8).reshape(-1),
+                                "quantized embedding table")
+        for i in range(c.n_layers):
+            for n in ("attn_norm", "ffn_norm"):
+                name = f"blk.{i}.{n}.weight"
+                self.w[name] = da.to_device(rt, m.dequant(name).reshape(-1).astype(np.float32),
+                                            name)
+            if c.qkv_bias:
+                for n in ("attn_q", "attn_k", "attn_v"):
+                    name = f"blk.{i}.{n}.bias"
+                    self.w[name] = da.to_device(
+                        rt, m.dequant(name).reshape(-1).astype(np.float32), name)
+        self.w["output_norm.weight"] = da.to_device(
+            rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
+        self._staging.free()
+        self._staging = None
+
+    # -- activations / cache -------------------------------------------------------------------
+    def _alloc(self) -> None:
+        rt, c, T = self.rt, self.c, self.ubatch
+        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        e = da.empty
+        self.x = e(rt, (T, c.d_model), np.float32, "residual x")
+        self.h16 = e(rt, (T, c.d_model), np.float16, "normed h")
+        self.q32 = e(rt, (T, H * D), np.float32, "q")
+        self.k32 = e(rt, (T, Hkv * D), np.float32, "k")
+        self.v32 = e(rt, (T, Hkv * D), np.float32, "v") if c.qkv_bias else None
+        self.q16 = e(rt, (T, H, D), np.float16, "q f16")
+        self.a16 = e(rt, (T, H * D), np.float16, "attention out")
+        self.g32 = e(rt, (T, c.d_ff), np.float32, "ffn gate")
+        self.u32 = e(rt, (T, c.d_ff), np.float32, "ffn up")
+        self.f16 = e(rt, (T, c.d_ff), np.float16, "ffn act")
+        self.last16 = e(rt, (1, c.d_model), np.float16, "last row")
+        self.logits = e(rt, (1, c.vocab_size), np.float32, "logits")
+        self.amax = e(rt, (1,), np.int32, "argmax")
+        self.ids = e(rt, (T,), np.int32, "token ids")
+        self.kc = [e(rt, (self.max_tokens, Hkv, D), np.float16, f"K cache {i}")
+                   for i in range(c.n_layers)]
+        self.vc = [e(rt, (self.max_tokens, Hkv, D), np.float16, f"V cache {i}")
+                   for i in range(c.n_layers)]
+        self.rope = L.RopeTable.build(rt, self.max_tokens, c.rope_base, c.rope_dim)
+
+    # -- protocol -------------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def synchronize(self) -> None:
+        self.rt.synchronize()
+
+    @contextmanager
+    def _op(self, label: str, flops: float = 0.0):
+        if self.profile is None:
+            yield
+        else:
+            with self.profile.op(label, flops):
+                yield
+
+    def _linear(self, C, A, name: str, mode: str, label: str) -> None:
+        M, K = A.shape
+        N = C.shape[1]
+        path = pick_gemm(self.qtypes[name], M, N, K, self.gcfg, self.rt)
+        if path != "f16":
+            raise Unsupported(f"GEMM path {path!r} is not available in this build")
+        with self._op("gemm:" + label, 2.0 * M * N * K):
+            _gemm(self.rt, C, A, self.w[name], mode)
+
+    def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
+        """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one."""
+        self.forward_device(ids, pos0)
+        return self.logits.get().reshape(-1).astype(np.float32, copy=False)
+
+    def argmax_last(self) -> int:
+        """Greedy token of the last forward's logits, computed on the GPU."""
+        L.argmax(self.rt, self.amax, da.reshape(self.logits, (self.c.vocab_size,)))
+        return int(self.amax.get()[0])
+
+    def forward_device(self, ids: np.ndarray, pos0: int) -> None:
+        c = self.c
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.shape[0] == 0:
+            raise BadInput(f"forward: ids must be a non-empty 1-D array, got shape {ids.shape}")
+        T = int(ids.shape[0])
+        if pos0 != self.n_past:
+            raise BadInput(f"forward: pos0 {pos0} but the KV cache holds {self.n_past} positions")
+        if pos0 + T > self.max_tokens:
+            raise BadInput(f"forward: {pos0 + T} positions exceed the backend's max_tokens "
+                           f"{self.max_tokens}")
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise BadInput(f"forward: token id out of range [0, {c.vocab_size})")
+        ids = ids.astype(np.int32)
+        for s in range(0, T, self.ubatch):
+            chunk = ids[s: s + self.ubatch]
+            self._forward_chunk(chunk, pos0 + s, last=s + len(chunk) == T)
+        self.n_past = pos0 + T
+
+    def _forward_chunk(self, ids: np.ndarray, pos0: int, last: bool) -> None:
+        rt, c = self.rt, self.c
+        T = len(ids)
+        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        R = da.rows
+        self.ids_view = R(self.ids, 0, T)
+        self.ids_view.set(ids)
+        x = R(self.x, 0, T)
+        h16 = R(self.h16, 0, T)
+        with self._op("embed"):
+            _embed_rows(rt, x, int(self.emb.gpudata), self.emb_qtype, self.ids_view, c.d_model)
+        for il in range(c.n_layers):
+            p = f"blk.{il}."
+            final = last and il == c.n_layers - 1
+            with self._op("rmsnorm"):
+                L.rmsnorm(rt, h16, x, self.w[p + "attn_norm.weight"], c.rms_eps)
+            q32, k32 = R(self.q32, 0, T), R(self.k32, 0, T)
+            kc = da.reshape(R(self.kc[il], pos0, T), (T, Hkv * D))
+            vc = da.reshape(R(self.vc[il], pos0, T), (T, Hkv * D))
+            self._linear(q32, h16, p + "attn_q.weight", "f32", "attn_q")
+            self._linear(k32, h16, p + "attn_k.weight", "f32", "attn_k")
+            if c.qkv_bias:
+                v32 = R(self.v32, 0, T)
+                self._linear(v32, h16, p + "attn_v.weight", "f32", "attn_v")
+                with self._op("bias"):
+                    L.add_bias(rt, q32, self.w[p + "attn_q.bias"])
+                    L.add_bias(rt, k32, self.w[p + "attn_k.bias"])
+                    L.add_bias(rt, v32, self.w[p + "attn_v.bias"])
+                    L.to_f16(rt, vc, v32)
+            else:
+                self._linear(vc, h16, p + "attn_v.weight", "f16", "attn_v")
+            with self._op("rope"):
+                L.rope_to_f16(rt, R(self.q16, 0, T), da.reshape(q32, (T, H, D)), self.rope,
+                              pos0, c.rope_dim, c.rope_neox)
+                L.rope_to_f16(rt, da.reshape(kc, (T, Hkv, D)), da.reshape(k32, (T, Hkv, D)),
+                              self.rope, pos0, c.rope_dim, c.rope_neox)
+            # from here on the final layer needs the last position only
+            t0, Tq = (T - 1, 1) if final else (0, T)
+            xq = R(self.x, t0, Tq)
+            a16 = R(self.a16, 0, Tq)
+            with self._op("attention"):
+                attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(self.q16, t0, Tq),
+                                   self.kc[il], self.vc[il], pos0 + t0)
+            self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output")
+            hq = R(self.h16, 0, Tq)
+            with self._op("rmsnorm"):
+                L.rmsnorm(rt, hq, xq, self.w[p + "ffn_norm.weight"], c.rms_eps)
+            g32, u32, f16 = R(self.g32, 0, Tq), R(self.u32, 0, Tq), R(self.f16, 0, Tq)
+            self._linear(g32, hq, p + "ffn_gate.weight", "f32", "ffn_gate")
+            self._linear(u32, hq, p + "ffn_up.weight", "f32", "ffn_up")
+            with self._op("swiglu"):
+                L.swiglu(rt, f16, g32, u32)
+            self._linear(xq, f16, p + "ffn_down.weight", "acc", "ffn_down")
+        if last:
+            with self._op("rmsnorm"):
+                L.rmsnorm(rt, self.last16, R(self.x, T - 1, 1), self.w["output_norm.weight"],
+                          c.rms_eps)
+            self._linear(self.logits, self.last16, self.model.output_name, "f32", "lm_head")
