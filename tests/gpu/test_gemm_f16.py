@@ -1,0 +1,124 @@
+"""gemm_f16_nt / gemv_f16 on the GPU against the numpy twin (rel err <= 1e-3), every epilogue,
+ragged M/N/K, every compiled variant, poisoned outputs and guard words past the end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minfer.cuda.gemm import (GEMVS, TILES, DeviceArray, gemm_f16_nt, gemm_f16_nt_ref,
+                              pick_variant)
+from minfer.errors import BadInput
+
+pytestmark = pytest.mark.gpu
+GUARD = 64  # elements past C that must stay untouched
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from minfer.cuda.runtime import get_runtime
+
+    return get_runtime()
+
+
+def _rand(rng, shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float16)
+
+
+def _rel(out, ref):
+    out = out.astype(np.float64)
+    ref = ref.astype(np.float64)
+    assert np.all(np.isfinite(out)), "non-finite output (unwritten poison?)"
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def _run(rt, M, N, K, mode, variant=None, seed=0):
+    """One launch with poisoned output and a guard tail; returns (out, ref, tail_ok)."""
+    rng = np.random.default_rng([seed, M, N, K, mode])
+    a, b = _rand(rng, (M, K)), _rand(rng, (N, K), 0.1)
+    out_dtype = np.float16 if mode == "f16" else np.float32
+    if mode == "acc":
+        init = rng.standard_normal((M, N)).astype(np.float32)
+    else:  # NaN poison: any element the kernel forgets fails the finiteness check
+        init = np.full((M, N), np.nan, out_dtype)
+    tail = np.full(GUARD, 12345.0, out_dtype)
+    host = np.concatenate([init.ravel(), tail])
+    dev = DeviceArray.from_numpy(rt, host, "C+guard")
+    c = DeviceArray(dev.ptr, (M, N), np.dtype(out_dtype), dev.buf)
+    da, db = DeviceArray.from_numpy(rt, a), DeviceArray.from_numpy(rt, b)
+    if mode == "acc":
+        gemm_f16_nt(da, db, np.float32, accumulate=c, rt=rt, variant=variant)
+        ref = gemm_f16_nt_ref(a, b, np.float32, accumulate=init)
+    else:
+        gemm_f16_nt(da, db, out_dtype, out=c, rt=rt, variant=variant)
+        ref = gemm_f16_nt_ref(a, b, out_dtype)
+    rt.synchronize()
+    got = dev.to_numpy(rt)
+    return got[: M * N].reshape(M, N), ref, bool(np.all(got[M * N:] == tail))
+
+
+@pytest.mark.parametrize("mode", ["f32", "f16", "acc"])
+@pytest.mark.parametrize("N", [8, 200, 1000])
+@pytest.mark.parametrize("M", [1, 7, 129, 513])
+def test_ragged_default_pick(rt, M, N, mode):
+    out, ref, tail_ok = _run(rt, M, N, 136, mode)  # K = 136: not a multiple of BK (32/64)
+    assert tail_ok, "wrote past the end of C"
+    assert _rel(out, ref) <= 1e-3
+
+
+@pytest.mark.parametrize("variant", sorted(TILES))
+@pytest.mark.parametrize("mode", ["f32", "f16", "acc"])
+def test_every_tile_variant(rt, variant, mode):
+    # ragged in all three dims for every tile size; K = 8 * odd exercises the 8-wide K tail
+    for M, N, K in ((133, 261, 328), (17, 9, 24), (300, 130, 1000)):
+        out, ref, tail_ok = _run(rt, M, N, K, mode, variant=variant)
+        assert tail_ok, f"{variant} {M}x{N}x{K}: wrote past the end of C"
+        err = _rel(out, ref)
+        assert err <= 1e-3, f"{variant} {M}x{N}x{K} {mode}: rel err {err:.2e}"
+
+
+@pytest.mark.parametrize("variant", sorted(GEMVS))
+@pytest.mark.parametrize("mode", ["f32", "f16", "acc"])
+def test_every_gemv_variant(rt, variant, mode):
+    for N, K in ((1, 8), (37, 264), (1000, 4104), (4099, 1032)):
+        out, ref, tail_ok = _run(rt, 1, N, K, mode, variant=variant)
+        assert tail_ok, f"{variant} N={N} K={K}: wrote past the end of C"
+        err = _rel(out, ref)
+        assert err <= 1e-3, f"{variant} N={N} K={K} {mode}: rel err {err:.2e}"
+
+
+def test_odd_n_scalar_epilogue(rt):
+    for mode in ("f32", "f16", "acc"):
+        out, ref, tail_ok = _run(rt, 65, 201, 64, mode, variant="gemm_f16_nt_64x64x64_w2x2_s4")
+        assert tail_ok and _rel(out, ref) <= 1e-3
+
+
+def test_large_k_production_pick(rt):
+    # a long reduction (ffn_down-like K) at the production pick: accumulation stays f32
+    M, N, K = 256, 384, 14336
+    assert pick_variant(M, N, K, rt.sm_count).startswith("gemm_f16_nt_")
+    out, ref, tail_ok = _run(rt, M, N, K, "acc")
+    assert tail_ok and _rel(out, ref) <= 1e-3
+
+
+def test_repeatable(rt):
+    # the same inputs give bit-identical outputs (no races, no order-dependent reductions)
+    outs = [_run(rt, 257, 520, 1024, "f32", seed=3)[0] for _ in range(3)]
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+
+
+def test_launcher_rejects(rt):
+    rng = np.random.default_rng(1)
+    a = DeviceArray.from_numpy(rt, _rand(rng, (4, 20)))
+    b = DeviceArray.from_numpy(rt, _rand(rng, (8, 20)))
+    with pytest.raises(BadInput, match="multiple of 8"):
+        gemm_f16_nt(a, b, rt=rt)
+    a = DeviceArray.from_numpy(rt, _rand(rng, (4, 16)))
+    b = DeviceArray.from_numpy(rt, _rand(rng, (8, 16)))
+    acc = DeviceArray.empty(rt, (4, 9), np.float32)
+    with pytest.raises(BadInput, match="accumulate buffer"):
+        gemm_f16_nt(a, b, accumulate=acc, rt=rt)
+    with pytest.raises(BadInput, match="16-byte aligned"):
+        gemm_f16_nt(DeviceArray(a.ptr + 2, (4, 16), np.dtype(np.float16)), b, rt=rt)
+    with pytest.raises(BadInput, match="M == 1 only"):
+        gemm_f16_nt(a, b, rt=rt, variant="gemv_f16_r4")

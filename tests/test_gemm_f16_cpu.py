@@ -1,0 +1,83 @@
+"""gemm_f16 without a GPU: the numpy twin, launcher validation, the variant picker, the
+launcher's tile table against the .cu entry list, and ptxas's report (no spills, smem fits)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from minfer.cuda.build import KERNEL_DIR, compile_cubin, parse_ptxas
+from minfer.cuda.gemm import (GEMVS, TILES, VARIANTS, _check_out, _check_shapes,
+                              gemm_f16_nt_ref, pick_variant)
+from minfer.errors import BadInput
+
+H200_SMEM_OPTIN = 232448
+
+
+def test_twin_matches_float64():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((7, 40)).astype(np.float16)
+    b = rng.standard_normal((9, 40)).astype(np.float16)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    out = gemm_f16_nt_ref(a, b)
+    assert out.dtype == np.float32 and out.shape == (7, 9)
+    assert np.abs(out - ref).max() < 1e-4
+    assert gemm_f16_nt_ref(a, b, np.float16).dtype == np.float16
+    r = rng.standard_normal((7, 9)).astype(np.float32)
+    np.testing.assert_allclose(gemm_f16_nt_ref(a, b, accumulate=r), r + ref, rtol=1e-5,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("ashape,bshape,adt,msg", [
+    ((4, 20), (8, 20), np.float16, "multiple of 8"),
+    ((4, 16), (8, 24), np.float16, "inner dimensions"),
+    ((4, 16), (8, 16), np.float32, "float16"),
+    ((0, 16), (8, 16), np.float16, "empty"),
+    ((4, 16, 1), (8, 16), np.float16, "2-D"),
+])
+def test_validation(ashape, bshape, adt, msg):
+    with pytest.raises(BadInput, match=msg):
+        _check_shapes(ashape, bshape, adt, np.float16)
+
+
+def test_validation_out():
+    with pytest.raises(BadInput, match="float32 or float16"):
+        _check_out(np.float64, None, 2, 2)
+    with pytest.raises(BadInput, match="accumulate buffer"):
+        _check_out(np.float32, np.zeros((2, 3), np.float32), 2, 2)
+    with pytest.raises(BadInput, match="float32 buffer"):
+        _check_out(np.float16, np.zeros((2, 2), np.float32), 2, 2)
+
+
+def test_pick_variant():
+    assert pick_variant(1, 49152, 4096).startswith("gemv_f16_")
+    for M in (2, 7, 16, 33, 64, 129, 512, 513, 2048):
+        for N in (8, 200, 1024, 4096, 14336):
+            v = pick_variant(M, N, 4096)
+            assert v in TILES, (M, N, v)
+    assert TILES[pick_variant(2048, 14336, 4096)].bm == 128
+
+
+def test_table_mirrors_kernel_entries():
+    src = (KERNEL_DIR / "gemm_f16.cu").read_text()
+    tiles = {f"gemm_f16_nt_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}"
+             for bm, bn, bk, wm, wn, st in
+             re.findall(r"^GEMM_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \d+\)", src, re.M)}
+    gemvs = {f"gemv_f16_r{r}" for r in re.findall(r"^GEMV_ENTRY\((\d+), \d+\)", src, re.M)}
+    assert tiles == set(TILES) and gemvs == set(GEMVS)
+    for t in TILES.values():
+        assert t.smem <= H200_SMEM_OPTIN, t.entry
+        assert (t.bm * t.bk // 8) % t.threads == 0 and (t.bn * t.bk // 8) % t.threads == 0
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_ptxas_no_spills_sm90():
+    _, rep = compile_cubin("gemm_f16", "sm_90", report=True)
+    res = parse_ptxas(rep)
+    assert set(res) == set(VARIANTS)
+    for name, r in res.items():
+        assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack == 0, r
+        assert r.registers <= 255, r
