@@ -1,0 +1,139 @@
+"""Launchers for the MMQ kernels (kernels/mmq_q4k.cu, mmq_q6k.cu, quantize_q8_1.cu).
+
+    y[M, N] (f32) = x[M, K] @ W[N, K].T,  x quantized to q8_1 raw blocks by the prepass,
+                                          W raw q4_K / q6_K GGUF bytes [N, K/256*bytes]
+Variants (DESIGN.md, config from GemmConfig): R1 word-level (`raw=False`), narrow raw
+(`wide=False`), wide raw with KD = 4 or 8 super-blocks staged per pass. numpy twin:
+minfer.quants.mmq_ref.mmq_linear_ref (same arguments, arrays instead of device buffers).
+
+Smem guard: a wide variant whose dynamic shared memory exceeds the device's opt-in cap falls
+back to the narrow kernel and says so once per (variant, cap) on stderr, never silently.
+Device arrays are pycuda GPUArrays (minfer.cuda.devarray); nothing here reads the environment.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from minfer.cuda import devarray as da
+from minfer.errors import GPUError, Unsupported
+
+Q4_K, Q6_K = 12, 14
+BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
+_FILES = {Q4_K: "mmq_q4k", Q6_K: "mmq_q6k"}
+_ENTRY = {  # (qtype, kind) -> entry
+    (Q4_K, "r1"): "mmq_nt_kernel", (Q4_K, "narrow"): "mmq_raw_nt_kernel",
+    (Q4_K, "wide"): "mmq_raw_wide_nt_kernel",
+    (Q6_K, "r1"): "mmq_q6k_nt_kernel", (Q6_K, "narrow"): "mmq_q6k_raw_nt_kernel",
+    (Q6_K, "wide"): "mmq_q6k_raw_wide_nt_kernel",
+}
+NARROW_TILE = (32, 64)   # (tokens, weight rows) per block, 128 threads
+WIDE_TILE = (64, 128)
+
+
+def wide_smem(kd: int) -> int:
+    """Dynamic smem of the wide kernel (mirrors WideSmem<KD> in mmq_common.cuh)."""
+    return 64 * (kd * 256 + 16) + kd * 8 * 32 * 8 + 4 * 8 * 32 * 8
+
+
+@dataclass(frozen=True)
+class MmqVariant:
+    kind: str          # "r1" | "narrow" | "wide"
+    kd: int = 0        # wide only
+    fallback: str = ""  # why a wide config became narrow (the guard), else ""
+
+    @property
+    def label(self) -> str:
+        return f"wide-kd{self.kd}" if self.kind == "wide" else self.kind
+
+
+def has_mmq(qtype: int) -> bool:
+    return int(qtype) in BLOCK_BYTES
+
+
+def pick_variant(cfg, smem_optin: int) -> MmqVariant:
+    """cfg: GemmConfig-like (raw, wide, kd). The smem guard lives here."""
+    if not cfg.raw:
+        return MmqVariant("r1")
+    if not cfg.wide:
+        return MmqVariant("narrow")
+    need = wide_smem(cfg.kd)
+    if need > smem_optin:
+        return MmqVariant("narrow", fallback=(
+            f"MMQ wide KD={cfg.kd} needs {need} B of shared memory, over this GPU's opt-in cap "
+            f"of {smem_optin} B: using the narrow MMQ kernel instead"))
+    return MmqVariant("wide", cfg.kd)
+
+
+_WARNED: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        print(f"minfer: {msg}", file=sys.stderr)
+
+
+def quantize_q8_1(rt, x, out=None):
+    """x f32 or f16 [M, K] (K % 32 == 0) -> q8_1 raw uint8 [M, K/32*40] (out if given)."""
+    da.check("quantize_q8_1 x", x, (None, None), (np.float32, np.float16))
+    M, K = x.shape
+    if K % 32:
+        raise GPUError(f"quantize_q8_1: K={K} is not a multiple of 32")
+    if out is None:
+        out = da.empty(rt, (M, K // 32 * 40), np.uint8, "q8_1 activations")
+    da.check("quantize_q8_1 out", out, (M, K // 32 * 40), np.uint8, align=8)
+    entry = "quantize_q8_1_raw" if x.dtype == np.float32 else "quantize_q8_1_raw_f16"
+    fn = rt.function("quantize_q8_1", entry)
+    nblk = M * (K // 32)
+    rt.launch(fn, ((nblk + 7) // 8,), (256,), (x.gpudata, out.gpudata, np.int32(M), np.int32(K)))
+    return out
+
+
+def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
+               accumulate: bool = False, q8_scratch=None) -> MmqVariant:
+    """out f32 [M, N] (= or +=) x @ W.T. x: f32/f16 [M, K] (quantized here, into q8_scratch
+    when given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any shape, N*K/256*
+    bytes in all). Returns the variant that ran (after the smem guard)."""
+    qtype = int(qtype)
+    if not has_mmq(qtype):
+        raise Unsupported(f"mmq_linear: no MMQ kernel for tensor type {qtype} "
+                          "(q4_K and q6_K only; pick_gemm routes others to f16)")
+    if K % 256 or K <= 0 or M <= 0 or N <= 0:
+        raise GPUError(f"mmq_linear: need M, N >= 1 and K a multiple of 256, got "
+                       f"M={M} N={N} K={K}")
+    if M * (K // 32) * 40 >= 2**31 or N * (K // 256) * BLOCK_BYTES[qtype] >= 2**40:
+        raise GPUError("mmq_linear: problem too large")
+    if x.dtype == np.uint8:
+        da.check("mmq_linear x (q8_1)", x, (M, K // 32 * 40), np.uint8, align=8)
+        a = x
+    else:
+        da.check("mmq_linear x", x, (M, K), (np.float32, np.float16))
+        a = quantize_q8_1(rt, x, q8_scratch)
+    wbytes = N * (K // 256) * BLOCK_BYTES[qtype]
+    if not hasattr(w_raw, "gpudata") or w_raw.dtype != np.uint8 or w_raw.nbytes != wbytes:
+        raise GPUError(f"mmq_linear: weight must be uint8 device bytes, {wbytes} B for "
+                       f"[{N}, {K}] of type {qtype}")
+    if da.ptr(w_raw) % 16:
+        raise GPUError("mmq_linear: weight bytes not 16-byte aligned")
+    da.check("mmq_linear out", out, (M, N), np.float32)
+    v = pick_variant(cfg, rt.smem_optin)
+    if v.fallback:
+        _warn_once(v.fallback)
+    name = _FILES[qtype]
+    entry = _ENTRY[(qtype, v.kind)]
+    args = (a.gpudata, w_raw.gpudata, out.gpudata, np.int32(M), np.int32(N), np.int32(K),
+            np.int32(1 if accumulate else 0))
+    if v.kind == "wide":
+        smem = wide_smem(v.kd)
+        fn = rt.function(name, entry, (f"-DMMQ_KD={v.kd}",), dyn_smem=smem)
+        bm, bn = WIDE_TILE
+        rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (128,), args, smem)
+    else:
+        fn = rt.function(name, entry)
+        bm, bn = NARROW_TILE
+        rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (128,), args)
+    return v
