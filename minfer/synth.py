@@ -1,0 +1,343 @@
+"""Synthetic llama-family GGUF models at production shape (Llama-3-8B, Llama-2-7B, Qwen2-7B, ...).
+
+`make_synthetic_model(out, SynthOptions(preset="llama3-8b", qtype="q4_K_M", seed=0))` writes a
+valid GGUF that minfer, llama.cpp and gguf's reader all load: llama metadata, the tensor names
+and shapes of the real model, the tensor-type mix llama.cpp's quantizer would choose, and
+random weights written directly as well-formed quantized blocks (minfer.synth_blocks).
+
+Why the values do not matter for benchmarks: the work of a quantized GEMM (bytes loaded,
+dequant / integer-dot instructions, mma count) depends on the shapes and types only. No kernel
+branches on values, and tensor-core mma does not skip zeros; the one data-dependent effect
+would be whole zero blocks (d = 0), which the generator never writes. Attention, norms and
+SwiGLU are likewise value-independent once activations are finite.
+
+Why the values are still chosen with care: parity and greedy-identity tests run on these
+models, so activations must stay finite and well scaled through every layer. Each linear weight
+[N, K] has dequantized std ~1/sqrt(K) and mean ~0, so y = x @ W.T keeps the rms of x; norm
+weights are ~1 (uniform 0.9..1.1), biases small (std 0.02). The residual stream then grows
+only like sqrt(layers), and logits (final norm, then an std-1/sqrt(d) head) have std ~1.
+
+Tokenizer: the model gets the tokenizer metadata (tokenizer.*) of a real GGUF, by default the
+default model (SmolLM2, GPT-2 BPE, vocab 49152) when it is on disk, so every tool, tokenizer
+included, can run it; the vocab size is then that tokenizer's. Without one (or with a --vocab
+that differs from it), a byte-level BPE vocab of exactly that size is generated: the 256
+GPT-2 byte tokens, then two-byte tokens each with its merge, then <|endoftext|> / <|im_start|>.
+Real Llama-3 has vocab 128256; the default here is 49152, so the LM head is 2.6x smaller than
+Llama-3's (DESIGN.md quotes its baselines at vocab 49152 too).
+
+Generation is parallel across processes (one task per tensor, seeded by (seed, tensor index),
+so the file is the same for any worker count) and streamed: tensors are produced in order a
+bounded window ahead of the writer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minfer.errors import BadInput
+
+
+@dataclass(frozen=True)
+class SynthShape:
+    arch: str  # GGUF general.architecture: "llama" or "qwen2"
+    d_model: int
+    d_ff: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    vocab: int = 49152
+    qkv_bias: bool = False
+    tied: bool = False  # no output.weight: token_embd is the LM head
+    rope_base: float = 10000.0
+    rms_eps: float = 1e-5
+    n_ctx: int = 8192
+
+
+PRESETS: dict[str, SynthShape] = {
+    "llama3-8b": SynthShape("llama", 4096, 14336, 32, 32, 8, rope_base=500000.0),
+    "llama2-7b": SynthShape("llama", 4096, 11008, 32, 32, 32, n_ctx=4096),
+    "qwen2-7b-like": SynthShape("qwen2", 3584, 18944, 28, 28, 4, qkv_bias=True,
+                                rope_base=1000000.0, rms_eps=1e-6),
+    "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
+}
+
+# --type -> (the type of most 2-D weights, llama.cpp's LLAMA_FTYPE value)
+FTYPES: dict[str, tuple[str, int]] = {
+    "q4_K_M": ("Q4_K", 15), "q6_K": ("Q6_K", 18), "q8_0": ("Q8_0", 7), "f16": ("F16", 1)}
+
+
+@dataclass(frozen=True)
+class SynthOptions:
+    preset: str = "llama3-8b"
+    layers: int | None = None  # override the preset's layer count
+    qtype: str = "q4_K_M"  # a key of FTYPES
+    seed: int = 0
+    vocab: int | None = None  # None: the tokenizer source's, else the preset's
+    tokenizer_from: str | os.PathLike | None = "default"  # a GGUF, "default", or None
+    workers: int | None = None  # processes; None: os.cpu_count()
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    qtype: str  # ggml type name
+    shape: tuple[int, ...]  # numpy order [rows, cols]
+    kind: str  # "weight" (std 1/sqrt(cols)), "norm" (~1), "bias" (std 0.02)
+
+
+# ---- type mix ------------------------------------------------------------------------------
+# LOCAL COPY of llama.cpp's llama_tensor_get_type rules for the four types offered here, until
+# minfer.quants.mix (llama.cpp's full rules, another module) lands; then call that instead.
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # when K % 256 != 0
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def tensor_type(ftype: str, name: str, shape: tuple[int, ...], n_layers: int,
+                has_output: bool) -> str:
+    """The ggml type llama.cpp's quantizer gives `name` under `ftype` (local copy, see above)."""
+    if len(shape) == 1:
+        return "F32"
+    base, _ = FTYPES[ftype]
+    if base in ("F16", "Q8_0"):
+        return base  # F16 is not a quantized ftype; Q8_0 keeps Q8_0 everywhere
+    t = base
+    cols = shape[-1]
+    if name == "output.weight" or (not has_output and name == "token_embd.weight"):
+        return "Q8_0" if cols % 256 else "Q6_K"
+    if ftype == "q4_K_M":
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        if name.endswith("attn_v.weight") and _use_more_bits(layer, n_layers):
+            t = "Q6_K"
+        elif name.endswith("ffn_down.weight") and _use_more_bits(layer, n_layers):
+            t = "Q6_K"
+    if cols % 256 and t in _FALLBACK:
+        t = _FALLBACK[t]
+    return t
+
+
+def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
+    """Every tensor of the model, in file order, with its type and role."""
+    if ftype not in FTYPES:
+        raise BadInput(f"unknown --type {ftype!r} (choose from {', '.join(FTYPES)})")
+    s = shape
+    hd = s.d_model // s.n_heads
+    items: list[tuple[str, tuple[int, ...], str]] = [
+        ("token_embd.weight", (s.vocab, s.d_model), "weight")]
+    for i in range(s.n_layers):
+        p = f"blk.{i}."
+        items += [
+            (p + "attn_norm.weight", (s.d_model,), "norm"),
+            (p + "attn_q.weight", (s.n_heads * hd, s.d_model), "weight"),
+            (p + "attn_k.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
+            (p + "attn_v.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
+        ]
+        if s.qkv_bias:
+            items += [(p + "attn_q.bias", (s.n_heads * hd,), "bias"),
+                      (p + "attn_k.bias", (s.n_kv_heads * hd,), "bias"),
+                      (p + "attn_v.bias", (s.n_kv_heads * hd,), "bias")]
+        items += [
+            (p + "attn_output.weight", (s.d_model, s.n_heads * hd), "weight"),
+            (p + "ffn_norm.weight", (s.d_model,), "norm"),
+            (p + "ffn_gate.weight", (s.d_ff, s.d_model), "weight"),
+            (p + "ffn_up.weight", (s.d_ff, s.d_model), "weight"),
+            (p + "ffn_down.weight", (s.d_model, s.d_ff), "weight"),
+        ]
+    items.append(("output_norm.weight", (s.d_model,), "norm"))
+    if not s.tied:
+        items.append(("output.weight", (s.vocab, s.d_model), "weight"))
+    return [TensorPlan(n, tensor_type(ftype, n, sh, s.n_layers, not s.tied), sh, k)
+            for n, sh, k in items]
+
+
+# ---- values ---------------------------------------------------------------------------------
+def make_tensor(plan: TensorPlan, seed: int, index: int) -> np.ndarray:
+    """The data of one tensor: seeded by (seed, index) alone, so any worker can make it."""
+    from minfer.synth_blocks import random_blocks
+
+    rng = np.random.default_rng([seed, index])
+    if plan.kind == "norm":
+        return rng.uniform(0.9, 1.1, plan.shape).astype(np.float32)
+    if plan.kind == "bias":
+        return (rng.standard_normal(plan.shape) * 0.02).astype(np.float32)
+    rows, cols = plan.shape
+    return random_blocks(plan.qtype, rng, rows, cols, 1.0 / np.sqrt(cols))
+
+
+def _produce(plans: list[TensorPlan], seed: int, workers: int) -> Iterator[np.ndarray]:
+    """Tensor data in plan order, made by `workers` processes at most 2*workers ahead."""
+    if workers <= 1:
+        for i, p in enumerate(plans):
+            yield make_tensor(p, seed, i)
+        return
+    import multiprocessing
+
+    # fork: workers start at once (before any other thread) and need no importable __main__
+    pool = multiprocessing.get_context("fork").Pool(workers)
+    try:
+        pending: deque = deque()
+        nxt = 0
+        while nxt < len(plans) or pending:
+            while nxt < len(plans) and len(pending) < 2 * workers:
+                pending.append(pool.apply_async(make_tensor, (plans[nxt], seed, nxt)))
+                nxt += 1
+            yield pending.popleft().get()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+# ---- tokenizer ------------------------------------------------------------------------------
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's byte -> printable character map (the byte-level BPE alphabet)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def generated_tokenizer(vocab: int) -> dict[str, Any]:
+    """A byte-level BPE tokenizer of exactly `vocab` tokens (see the module docstring)."""
+    import gguf
+
+    V = gguf.GGUFValueType
+    n_special = 2
+    n_pairs = vocab - 256 - n_special
+    if n_pairs < 0 or n_pairs > 256 * 256:
+        raise BadInput(f"a generated vocab must have 258..{256 * 256 + 258} tokens, not {vocab}")
+    chars = _bytes_to_unicode()
+    pairs = [(a, b) for a in range(256) for b in range(256)][:n_pairs]
+    tokens = chars + [chars[a] + chars[b] for a, b in pairs] + ["<|endoftext|>", "<|im_start|>"]
+    merges = [f"{chars[a]} {chars[b]}" for a, b in pairs]
+    types = [1] * (vocab - n_special) + [3] * n_special  # 1 normal, 3 control
+    eos = vocab - 2
+    return {
+        "tokenizer.ggml.model": gguf.GGUFValue("gpt2", V.STRING),
+        "tokenizer.ggml.pre": gguf.GGUFValue("gpt2", V.STRING),
+        "tokenizer.ggml.tokens": gguf.GGUFValue(tokens, V.ARRAY, V.STRING),
+        "tokenizer.ggml.token_type": gguf.GGUFValue(types, V.ARRAY, V.INT32),
+        "tokenizer.ggml.merges": gguf.GGUFValue(merges, V.ARRAY, V.STRING),
+        "tokenizer.ggml.bos_token_id": gguf.GGUFValue(eos, V.UINT32),
+        "tokenizer.ggml.eos_token_id": gguf.GGUFValue(eos, V.UINT32),
+        "tokenizer.ggml.add_bos_token": gguf.GGUFValue(False, V.BOOL),
+    }
+
+
+def tokenizer_metadata(source: str | os.PathLike | None,
+                       vocab: int | None) -> tuple[dict[str, Any], int, str]:
+    """(tokenizer.* metadata, vocab size, a line saying where it came from)."""
+    path = None
+    if source == "default":
+        from minfer.fetch import default_model_path
+
+        p = default_model_path(fetch=False)
+        path = p if p.exists() else None
+    elif source is not None:
+        path = Path(source)
+        if not path.is_file():
+            raise BadInput(f"--tokenizer-from {path}: no such file")
+    if path is not None:
+        from minfer.gguf_header import read_header
+
+        meta = {k: v for k, v in read_header(path).kv.items() if k.startswith("tokenizer.")}
+        tok = meta.get("tokenizer.ggml.tokens")
+        if tok is None:
+            raise BadInput(f"--tokenizer-from {path}: it has no tokenizer.ggml.tokens")
+        n = len(tok.value)
+        if vocab is None or vocab == n:
+            return meta, n, f"tokenizer copied from {path.name} (vocab {n})"
+        why = f"--vocab {vocab} differs from {path.name}'s {n}"
+    else:
+        why = "no tokenizer source on disk" if source == "default" else "no tokenizer source"
+    v = vocab if vocab is not None else 49152
+    return generated_tokenizer(v), v, f"generated byte-level BPE vocab of {v} ({why})"
+
+
+# ---- the model ------------------------------------------------------------------------------
+def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
+    import gguf
+
+    V = gguf.GGUFValueType
+    a = shape.arch
+    hd = shape.d_model // shape.n_heads
+    u32 = lambda x: gguf.GGUFValue(int(x), V.UINT32)  # noqa: E731
+    f32 = lambda x: gguf.GGUFValue(float(x), V.FLOAT32)  # noqa: E731
+    return {
+        "general.name": gguf.GGUFValue(name, V.STRING),
+        "general.file_type": u32(FTYPES[ftype][1]),
+        "general.quantization_version": u32(gguf.GGML_QUANT_VERSION),
+        f"{a}.block_count": u32(shape.n_layers),
+        f"{a}.context_length": u32(shape.n_ctx),
+        f"{a}.embedding_length": u32(shape.d_model),
+        f"{a}.feed_forward_length": u32(shape.d_ff),
+        f"{a}.attention.head_count": u32(shape.n_heads),
+        f"{a}.attention.head_count_kv": u32(shape.n_kv_heads),
+        f"{a}.rope.freq_base": f32(shape.rope_base),
+        f"{a}.attention.layer_norm_rms_epsilon": f32(shape.rms_eps),
+        f"{a}.rope.dimension_count": u32(hd),
+        f"{a}.vocab_size": u32(shape.vocab),
+    }
+
+
+def resolve_shape(opts: SynthOptions) -> SynthShape:
+    if opts.preset not in PRESETS:
+        raise BadInput(f"unknown preset {opts.preset!r} (choose from {', '.join(PRESETS)})")
+    shape = PRESETS[opts.preset]
+    if opts.layers is not None:
+        if opts.layers < 1:
+            raise BadInput(f"--layers must be >= 1, not {opts.layers}")
+        shape = replace(shape, n_layers=opts.layers)
+    return shape
+
+
+def make_synthetic_model(out: str | os.PathLike, opts: SynthOptions,
+                         progress: bool = True) -> dict[str, Any]:
+    """Write the model; returns a summary (path, bytes, tensors, tokenizer line, seconds)."""
+    import time
+
+    from minfer.gguf_write import write_gguf
+
+    t0 = time.perf_counter()
+    shape = resolve_shape(opts)
+    if opts.qtype not in FTYPES:
+        raise BadInput(f"unknown --type {opts.qtype!r} (choose from {', '.join(FTYPES)})")
+    tok_meta, vocab, tok_line = tokenizer_metadata(opts.tokenizer_from, opts.vocab)
+    shape = replace(shape, vocab=vocab)
+    plans = tensor_plan(shape, opts.qtype)
+    name = f"synthetic {opts.preset} {opts.qtype} L{shape.n_layers} seed {opts.seed}"
+    meta = model_metadata(shape, opts.qtype, name) | tok_meta
+    workers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
+    if workers < 1:
+        raise BadInput(f"--workers must be >= 1, not {workers}")
+    stream = _produce(plans, opts.seed, min(workers, len(plans)))
+    # write_gguf calls each entry's callable once, in order: the stream yields in plan order
+    try:
+        path = write_gguf(out, shape.arch, meta,
+                          [(p.name, _qtype_id(p.qtype), p.shape, stream.__next__) for p in plans],
+                          progress=progress)
+    finally:
+        stream.close()
+    return {"path": path, "bytes": path.stat().st_size, "tensors": len(plans),
+            "tokenizer": tok_line, "shape": shape, "seconds": time.perf_counter() - t0}
+
+
+def _qtype_id(name: str) -> int:
+    import gguf
+
+    return int(gguf.GGMLQuantizationType[name])
