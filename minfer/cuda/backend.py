@@ -88,13 +88,13 @@ def _gemm(rt, C, A, B, mode: str) -> None:
 def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
     from minfer.cuda import dequant
 
-    dequant.dequant_f16(rt, out, raw_dev, qtype, N, K)
+    dequant.dequant_f16(rt, raw_dev, qtype, N, K, out_dev=out)
 
 
-def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int) -> None:
+def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:
     from minfer.cuda import dequant
 
-    dequant.embed_rows(rt, out, table_dev, qtype, ids_dev, K)
+    dequant.embed_rows(rt, table_dev, qtype, ids_dev, int(ids_dev.shape[0]), K, out, V=V)
 
 
 class CudaBackend:
@@ -300,7 +300,8 @@ class CudaBackend:
         x = R(self.x, 0, T)
         h16 = R(self.h16, 0, T)
         with self._op("embed"):
-            _embed_rows(rt, x, int(self.emb.gpudata), self.emb_qtype, self.ids_view, c.d_model)
+            _embed_rows(rt, x, self.emb, self.emb_qtype, self.ids_view, c.d_model,
+                        c.vocab_size)
         for il in range(c.n_layers):
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
