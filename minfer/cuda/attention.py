@@ -45,6 +45,6 @@ def attention(rt, o, q, kc, vc, pos0: int) -> None:
     fn = rt.function("attention", f"attn_fwd_d{D}", dyn_smem=smem)
     scale_log2 = np.float32(math.log2(math.e) / math.sqrt(D))
     rt.launch(fn, ((T * G + ROWS - 1) // ROWS, Hkv), (128,),
-              (q.gpudata, np.int64(Hq * D), kc.gpudata, vc.gpudata, o.gpudata,
+              (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc), da.arg(o),
                np.int64(Hq * D), np.int32(T), np.int32(Hq), np.int32(Hkv), np.int32(pos0),
                scale_log2), smem=smem)

@@ -37,6 +37,11 @@ def ptr(a) -> int:
     return int(a.gpudata)
 
 
+def arg(a) -> np.uintp:
+    """Kernel argument for a device array (pycuda does not take plain ints)."""
+    return np.uintp(ptr(a))
+
+
 def rows(a, start: int, n: int):
     """View of rows [start, start + n) along axis 0 of contiguous `a`."""
     if start < 0 or n < 0 or start + n > a.shape[0]:

@@ -45,7 +45,7 @@ def rmsnorm(rt, y, x, w, eps: float) -> None:
     da.check("rmsnorm y", y, (T, D), (np.float16, np.float32))
     entry = "rmsnorm_f32_f16" if y.dtype == np.float16 else "rmsnorm_f32_f32"
     fn = rt.function(_F, entry)
-    rt.launch(fn, (T,), (256,), (y.gpudata, np.int32(D), x.gpudata, np.int32(D), w.gpudata,
+    rt.launch(fn, (T,), (256,), (da.arg(y), np.int32(D), da.arg(x), np.int32(D), da.arg(w),
                                  np.int32(D), np.float32(eps)))
 
 
@@ -69,8 +69,8 @@ def rope(rt, x, table: RopeTable, pos0: int, rope_dim: int, neox: bool) -> None:
     fn = rt.function(_F, entry)
     npair = H * D // 2
     rt.launch(fn, (T, (npair + 127) // 128), (128,),
-              (x.gpudata, np.int64(H * D), np.int32(H), np.int32(D), np.int32(rope_dim),
-               np.int32(bool(neox)), table.cos.gpudata, table.sin.gpudata, np.int32(pos0)))
+              (da.arg(x), np.int64(H * D), np.int32(H), np.int32(D), np.int32(rope_dim),
+               np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), np.int32(pos0)))
 
 
 def rope_to_f16(rt, dst, src, table: RopeTable, pos0: int, rope_dim: int, neox: bool) -> None:
@@ -81,9 +81,9 @@ def rope_to_f16(rt, dst, src, table: RopeTable, pos0: int, rope_dim: int, neox: 
     fn = rt.function(_F, "rope_f32_f16")
     npair = H * D // 2
     rt.launch(fn, (T, (npair + 127) // 128), (128,),
-              (dst.gpudata, np.int64(H * D), src.gpudata, np.int64(H * D), np.int32(H),
-               np.int32(D), np.int32(rope_dim), np.int32(bool(neox)), table.cos.gpudata,
-               table.sin.gpudata, np.int32(pos0)))
+              (da.arg(dst), np.int64(H * D), da.arg(src), np.int64(H * D), np.int32(H),
+               np.int32(D), np.int32(rope_dim), np.int32(bool(neox)), da.arg(table.cos),
+               da.arg(table.sin), np.int32(pos0)))
 
 
 def swiglu(rt, y, g, u) -> None:
@@ -94,7 +94,7 @@ def swiglu(rt, y, g, u) -> None:
     da.check("swiglu y", y, (T, F), np.float16)
     fn = rt.function(_F, "swiglu_f32_f16")
     rt.launch(fn, ((F + 255) // 256, T), (256,),
-              (y.gpudata, np.int64(F), g.gpudata, u.gpudata, np.int64(F), np.int32(F)))
+              (da.arg(y), np.int64(F), da.arg(g), da.arg(u), np.int64(F), np.int32(F)))
 
 
 def add(rt, y, x) -> None:
@@ -103,7 +103,7 @@ def add(rt, y, x) -> None:
     da.check("add x", x, tuple(y.shape), np.float32)
     fn = rt.function(_F, "add_f32")
     n = int(y.size)
-    rt.launch(fn, ((n + 255) // 256,), (256,), (y.gpudata, x.gpudata, np.int64(n)))
+    rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(y), da.arg(x), np.int64(n)))
 
 
 def to_f16(rt, dst, src) -> None:
@@ -114,7 +114,7 @@ def to_f16(rt, dst, src) -> None:
     W = int(src.size // max(T, 1))
     fn = rt.function(_F, "cvt_f32_f16")
     rt.launch(fn, ((W + 255) // 256, T), (256,),
-              (dst.gpudata, np.int64(W), src.gpudata, np.int64(W), np.int32(W)))
+              (da.arg(dst), np.int64(W), da.arg(src), np.int64(W), np.int32(W)))
 
 
 def argmax(rt, out, x) -> None:
@@ -122,7 +122,7 @@ def argmax(rt, out, x) -> None:
     da.check("argmax x", x, None, np.float32)
     da.check("argmax out", out, (1,), np.int32)
     fn = rt.function(_F, "argmax_f32")
-    rt.launch(fn, (1,), (1024,), (out.gpudata, x.gpudata, np.int32(x.size)))
+    rt.launch(fn, (1,), (1024,), (da.arg(out), da.arg(x), np.int32(x.size)))
 
 
 def add_bias(rt, y, b) -> None:
@@ -131,4 +131,4 @@ def add_bias(rt, y, b) -> None:
     T, N = y.shape
     da.check("bias b", b, (N,), np.float32)
     fn = rt.function(_F, "add_bias_f32")
-    rt.launch(fn, ((N + 255) // 256, T), (256,), (y.gpudata, b.gpudata, np.int32(N)))
+    rt.launch(fn, ((N + 255) // 256, T), (256,), (da.arg(y), da.arg(b), np.int32(N)))
