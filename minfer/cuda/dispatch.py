@@ -1,7 +1,11 @@
 """pick_gemm: the one function that chooses a GEMM path for a weight.
 
-For now every weight takes the f16 path (dequantized once to f16 at load, tensor-core GEMM);
-the MMQ paths (int8 mma on the quantized weights) are added here later, keyed on cfg and qtype.
+"f16": dequantized once to f16 at load, tensor-core GEMM (the default; any weight type).
+"mmq-r1" | "mmq-narrow" | "mmq-wide-kd4" | "mmq-wide-kd8": int8 mma on the raw q4_K / q6_K
+bytes (minfer.cuda.mmq.mmq_linear), when cfg.mmq and the type has an MMQ kernel and K is a
+multiple of 256; any other type falls back to f16. With `rt` given, the smem guard applies:
+a wide config over the device's opt-in shared-memory cap becomes "mmq-narrow" (mmq_linear
+prints the one-line notice when it runs).
 """
 
 from __future__ import annotations
@@ -11,4 +15,11 @@ from minfer.cuda.config import GemmConfig
 
 def pick_gemm(qtype: int, M: int, N: int, K: int, cfg: GemmConfig, rt=None) -> str:
     """Path name for y[M, N] = x[M, K] @ W[N, K].T with W of GGUF type `qtype`."""
-    return "f16"
+    if not cfg.mmq:
+        return "f16"
+    from minfer.cuda.mmq import has_mmq, pick_variant
+
+    if not has_mmq(qtype) or K % 256:
+        return "f16"
+    smem_optin = rt.smem_optin if rt is not None else 1 << 30
+    return "mmq-" + pick_variant(cfg, smem_optin).label
