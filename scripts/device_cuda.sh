@@ -3,14 +3,16 @@
 # on a synthetic Llama-3-8B-shape Q4_K_M model made here, and torch's f16 forward for comparison.
 # Usage (device): bash scripts/device_cuda.sh [tests|bench|all]
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --upgrade --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 what=${1:-all}
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 if [[ $what == tests || $what == all ]]; then
-  MINFER_TEST_MODEL=$PWD/.devdata/smollm2-6l.gguf timeout 240 python3 -m pytest -q -s -x \
-    tests/gpu/test_layers.py tests/gpu/test_attention.py tests/gpu/test_backend.py 2>&1 \
+  timeout 120 python3 scripts/debug_backend_nan.py 2>&1 | tee $OUT/debug.log
+  timeout 120 python3 scripts/debug_backend_nan.py .devdata/smollm2-6l.gguf 2>&1 | tee -a $OUT/debug.log
+  MINFER_TEST_MODEL=$PWD/.devdata/smollm2-6l.gguf timeout 240 python3 -m pytest -q -s \
+    ${GPU_TESTS:-tests/gpu/test_layers.py tests/gpu/test_attention.py tests/gpu/test_backend.py} 2>&1 \
     | tee $OUT/tests.log | tail -40
 fi
 if [[ $what == bench || $what == all ]]; then
