@@ -34,12 +34,24 @@ def nearest_int(f: np.ndarray) -> np.ndarray:
     return (bits & np.int32(0x007FFFFF)) - np.int32(0x00400000)
 
 
-def seqsum(a: np.ndarray) -> np.ndarray:
+def seqsum_loop(a: np.ndarray) -> np.ndarray:
     """Sum over axis 0 in order a[0] + a[1] + ... (float32, one rounding per add), like a C loop."""
     s = a[0].copy()
     for k in range(1, a.shape[0]):
         s += a[k]
     return s
+
+
+def seqsum(a: np.ndarray) -> np.ndarray:
+    """seqsum_loop in one call where numpy guarantees the same order.
+
+    numpy reduces axis 0 of a C-contiguous [n, m >= 2] array row after row (the inner loop runs
+    over m); only a reduction along the contiguous axis is pairwise (m == 1 here). The test suite
+    checks this against seqsum_loop, so a numpy that changes it fails loudly, never silently.
+    """
+    if a.ndim == 2 and a.shape[1] >= 2 and a.flags.c_contiguous:
+        return np.add.reduce(a, axis=0)
+    return seqsum_loop(a)
 
 
 def fp16_bytes(v: np.ndarray) -> np.ndarray:

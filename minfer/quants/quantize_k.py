@@ -1,9 +1,13 @@
 """k-quant quantizers (q4_K, q5_K, q6_K), byte-identical to ggml-quants.c's *_ref functions.
 
-Vectorized over blocks: every per-block quantity is an array over blocks, weights inside a block
-are stored position-major (`X: [n, nblocks]`) so the sequential C sums become n vector adds
-(`seqsum`). The scale searches loop over their few steps (21 for q4_K, 16 for q5_K, 18 for q6_K),
-each step updating only the blocks whose error improved, exactly as the C loop does per block.
+Vectorized over blocks. The weights of the (sub-)blocks are laid out `X: [B, n, G]`: G blocks
+side by side, n positions inside a block, so that
+  * a C loop `for (i = 0; i < n; ++i) s += f(x[i])` is one numpy reduce over axis 1, which numpy
+    runs row after row (sequential float32 adds in C's order; tests/test_quantize.py pins this);
+  * per-block values (scale, min, ...) are `[B, 1, G]` and broadcast along a contiguous axis of
+    length G (numpy is ~10x slower broadcasting a row vector over a [n, nblocks] array).
+The scale searches loop over their few steps (21 for q4_K, 16 for q5_K, 18 for q6_K), each step
+updating only the blocks whose error improved, exactly as the C loop does per block.
 See minfer/quants/quantize.py for the float32 rules.
 """
 
@@ -11,44 +15,112 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer.quants.quantize import F32, fp16_bytes, fp16_round, nearest_int, seqsum
+from minfer.quants.quantize import F32, fp16_bytes, fp16_round, nearest_int
+
+_G = 256  # blocks side by side in the [B, n, G] layout
+
+
+def to_bnG(xb: np.ndarray) -> tuple[np.ndarray, int]:
+    """[nblocks, n] -> ([B, n, G] C-contiguous, nblocks); zero blocks pad to a multiple of G."""
+    nblk, n = xb.shape
+    g = min(_G, max(2, nblk))  # G >= 2: a reduce over a length-1 inner axis would be pairwise
+    B = -(-nblk // g)
+    if B * g != nblk:
+        xb = np.concatenate([xb, np.zeros((B * g - nblk, n), dtype=xb.dtype)])
+    return np.ascontiguousarray(xb.reshape(B, g, n).transpose(0, 2, 1)), nblk
+
+
+def from_bnG(a: np.ndarray, nblk: int) -> np.ndarray:
+    """Inverse of to_bnG: [B, n, G] -> [nblocks, n]."""
+    B, n, g = a.shape
+    return a.transpose(0, 2, 1).reshape(B * g, n)[:nblk]
+
+
+def bsum(a: np.ndarray) -> np.ndarray:
+    """Sequential float32 sum over the n positions of each block: [B, n, G] -> [B, 1, G]."""
+    assert a.flags.c_contiguous and a.shape[2] >= 2
+    return np.add.reduce(a, axis=1, keepdims=True)
+
 
 GROUP_MAX_EPS = F32(1e-15)
 
 
 def _clipped(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
-    """MAX(lo, MIN(hi, nearest_int(v))) as float32 (exact small integers)."""
+    """MAX(lo, MIN(hi, nearest_int(v))) as float32 (exact small integers), any v."""
     return np.clip(nearest_int(v), lo, hi).astype(F32)
+
+
+_NEAREST_SAFE = F32(4.0e6)  # nearest_int == rint for |v| <= 4194303 (2^22 - 1)
+
+
+def _levels_into(out: np.ndarray, v: np.ndarray, lo: int, hi: int, safe: bool) -> np.ndarray:
+    """out = MAX(lo, MIN(hi, nearest_int(v))) in float32; v is consumed (overwritten).
+
+    safe: every |v| is known to be < 2^22, where nearest_int(v) == rint(v) (both round half to
+    even), one float op instead of the bit-pattern path.
+    """
+    if safe:
+        np.rint(v, out=v)  # round half to even, as the magic-number add in this range
+        np.clip(v, F32(lo), F32(hi), out=out)
+    else:
+        out[...] = _clipped(v, lo, hi)
+    return out
 
 
 def make_qkx2_quants(X: np.ndarray, W: np.ndarray, nmax: int, rmin: float, rdelta: float,
                      nstep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ggml make_qkx2_quants with use_mad=false, for all blocks at once.
 
-    X, W: [n, nb] float32 (weights, position-major). Returns (scale [nb], the_min [nb],
-    L [n, nb] float32 levels 0..nmax).
+    X, W: [B, n, G] float32 (see to_bnG). Returns (scale [B, 1, G], the_min [B, 1, G],
+    L [B, n, G] float32 levels 0..nmax).
+
+    The levels of the best step are not copied at every step: the step's (iscale, min) pair is
+    kept and the levels recomputed once at the end, which gives the same values (same inputs,
+    same float ops).
     """
-    xmin = X.min(axis=0)
-    xmax = X.max(axis=0)
-    sum_w = seqsum(W)
-    sum_x = seqsum(W * X)
+    xmin = X.min(axis=1, keepdims=True)
+    xmax = X.max(axis=1, keepdims=True)
+    sum_w = bsum(W)
+    tmp = W * X
+    sum_x = bsum(tmp)
     mn = np.minimum(xmin, F32(0))  # if (min > 0) min = 0
     mn0 = mn
     flat = xmax == mn  # all weights equal: C returns at once with L = 0, scale 0
-    iscale = F32(nmax) / (xmax - mn)
-    scale = F32(1) / iscale
-    L = _clipped(iscale * (X - mn), 0, nmax)
-    diff = scale * L + mn - X
-    best = seqsum(W * (diff * diff))
     fn = F32(nmax)
+    La = np.empty_like(X)
+    wl = np.empty_like(X)
+
+    def levels(iscale, m):  # La = clip(nearest_int(iscale * (X - m)))
+        np.subtract(X, m, out=La)
+        # |v| <= |iscale| * max|X - m| (+ rounding); only a degenerate min can reach 2^22
+        bound = np.abs(iscale) * np.maximum(np.abs(xmax - m), np.abs(xmin - m))
+        safe = bool(np.all(bound[~flat] < _NEAREST_SAFE))
+        np.multiply(La, iscale, out=La)
+        return _levels_into(La, La, 0, nmax, safe)
+
+    def error(sc, m):  # sum_i w * (sc * La + m - x)^2, in C's order
+        np.multiply(La, sc, out=tmp)
+        np.add(tmp, m, out=tmp)
+        np.subtract(tmp, X, out=tmp)
+        np.multiply(tmp, tmp, out=tmp)
+        np.multiply(tmp, W, out=tmp)
+        return bsum(tmp)
+
+    iscale = fn / (xmax - mn)
+    scale = F32(1) / iscale
+    best_is, best_m = iscale, mn  # how the kept levels were made
+    levels(iscale, mn)
+    best = error(scale, mn)
     for step in range(nstep + 1):
         num = F32(rmin) + F32(rdelta) * F32(step) + fn
         iscale = num / (xmax - mn)
-        La = _clipped(iscale * (X - mn), 0, nmax)
-        wl = W * La
-        sum_l = seqsum(wl)
-        sum_l2 = seqsum(wl * La)
-        sum_xl = seqsum(wl * X)
+        levels(iscale, mn)
+        np.multiply(W, La, out=wl)
+        sum_l = bsum(wl)
+        np.multiply(wl, La, out=tmp)
+        sum_l2 = bsum(tmp)
+        np.multiply(wl, X, out=tmp)
+        sum_xl = bsum(tmp)
         D = sum_w * sum_l2 - sum_l * sum_l
         this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
         this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
@@ -56,16 +128,17 @@ def make_qkx2_quants(X: np.ndarray, W: np.ndarray, nmax: int, rmin: float, rdelt
         if pos.any():
             this_min = np.where(pos, F32(0), this_min)
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
-        diff = this_scale * La + this_min - X
-        cur = seqsum(W * (diff * diff))
+        cur = error(this_scale, this_min)
         upd = (D > 0) & (cur < best)
         if upd.any():
-            L = np.where(upd, La, L)
+            best_is = np.where(upd, iscale, best_is)
+            best_m = np.where(upd, mn, best_m)
             best = np.where(upd, cur, best)
             scale = np.where(upd, this_scale, scale)
             mn = np.where(upd, this_min, mn)
+    L = levels(best_is, best_m)
     if flat.any():
-        L = np.where(flat, F32(0), L)
+        np.copyto(L, F32(0), where=flat)
         scale = np.where(flat, F32(0), scale)
         mn = np.where(flat, mn0, mn)
     return scale, -mn, L
@@ -74,11 +147,10 @@ def make_qkx2_quants(X: np.ndarray, W: np.ndarray, nmax: int, rmin: float, rdelt
 def make_qx_quants_rmse1(X: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """ggml make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL), all blocks at once.
 
-    X: [n, nb] float32. Returns (scale [nb], L [n, nb] float32 levels 0..2*nmax-1).
+    X: [B, n, G] float32. Returns (scale [B, 1, G], L [B, n, G] float32 levels 0..2*nmax-1).
     """
-    nb = X.shape[1]
-    idx = np.abs(X).argmax(axis=0)  # first of the largest |x|, as `if (ax > amax)`
-    mx = X[idx, np.arange(nb)]
+    idx = np.abs(X).argmax(axis=1)[:, None, :]  # first of the largest |x|: `if (ax > amax)`
+    mx = np.take_along_axis(X, idx, axis=1)
     zero = np.abs(mx) < GROUP_MAX_EPS
     w = X * X
     wx = w * X
@@ -88,8 +160,8 @@ def make_qx_quants_rmse1(X: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarr
 
     iscale = F32(-nmax) / mx
     lv = levels(iscale)
-    sumlx = seqsum(wx * lv)
-    suml2 = seqsum(w * lv * lv)
+    sumlx = bsum(wx * lv)
+    suml2 = bsum(w * lv * lv)
     scale = np.where(suml2 != 0, sumlx / suml2, F32(0))
     best = scale * sumlx
     L = lv + F32(nmax)
@@ -98,8 +170,8 @@ def make_qx_quants_rmse1(X: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarr
             continue
         iscale = -(F32(nmax) + F32(0.1) * F32(step)) / mx
         lv = levels(iscale)
-        sumlx = seqsum(wx * lv)
-        suml2 = seqsum(w * lv * lv)
+        sumlx = bsum(wx * lv)
+        suml2 = bsum(w * lv * lv)
         upd = (suml2 > 0) & (sumlx * sumlx > best * suml2)
         if upd.any():
             L = np.where(upd, lv + F32(nmax), L)
@@ -128,12 +200,12 @@ def _qk_min_type(xb: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: i
     xb: [nsb, 256]. Returns (d f16 bytes, dmin f16 bytes, packed scales [nsb,12], L [nsb, 256] u8).
     """
     nsb = xb.shape[0]
-    X = np.ascontiguousarray(xb.reshape(nsb * 8, 32).T)  # [32, nsb*8], position-major
-    av_x = np.sqrt(seqsum(X * X) / F32(32))
+    X, nblk = to_bnG(xb.reshape(nsb * 8, 32))  # [B, 32, G] sub-blocks of 32
+    av_x = np.sqrt(bsum(X * X) / F32(32))
     W = av_x + np.abs(X)
     scales, mins, L = make_qkx2_quants(X, W, nmax, rmin, rdelta, nstep)
-    scales = scales.reshape(nsb, 8)
-    mins = mins.reshape(nsb, 8)
+    scales = from_bnG(scales, nblk).reshape(nsb, 8)
+    mins = from_bnG(mins, nblk).reshape(nsb, 8)
     max_scale = np.maximum(scales.max(axis=1), F32(0))  # `if (scale > max_scale)` from 0
     max_min = np.maximum(mins.max(axis=1), F32(0))
     inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0))
@@ -143,13 +215,12 @@ def _qk_min_type(xb: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: i
     lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
     d16 = max_scale / F32(63)
     dmin16 = max_min / F32(63)
-    d = fp16_round(d16)[:, None] * ls  # [nsb, 8] float32
-    dm = fp16_round(dmin16)[:, None] * lm
-    d = d.reshape(1, nsb * 8)
-    dm = dm.reshape(1, nsb * 8)
-    L2 = _clipped((X + dm) / d, 0, nmax)
-    L = np.where(d != 0, L2, L)  # `if (!d) continue;` keeps the search's levels
-    L = L.T.reshape(nsb, 256).astype(np.uint8)
+    d = (fp16_round(d16)[:, None] * ls).reshape(nsb * 8, 1)  # [sub-block, 1] float32
+    dm = (fp16_round(dmin16)[:, None] * lm).reshape(nsb * 8, 1)
+    xs = xb.reshape(nsb * 8, 32)
+    L2 = _clipped((xs + dm) / d, 0, nmax)
+    L = np.where(d != 0, L2, from_bnG(L, nblk))  # `if (!d) continue;` keeps the search's levels
+    L = L.reshape(nsb, 256).astype(np.uint8)
     return fp16_bytes(d16), fp16_bytes(dmin16), _pack_scales_k4(ls, lm), L
 
 
@@ -176,19 +247,20 @@ def quantize_q5_K(xb: np.ndarray) -> np.ndarray:
 def quantize_q6_K(xb: np.ndarray) -> np.ndarray:
     """quantize_row_q6_K_ref. xb: [nsb, 256] -> [nsb, 210] (ql[128], qh[64], scales[16], d)."""
     nsb = xb.shape[0]
-    X = np.ascontiguousarray(xb.reshape(nsb * 16, 16).T)  # [16, nsb*16]
+    X, nblk = to_bnG(xb.reshape(nsb * 16, 16))  # [B, 16, G] sub-blocks of 16
     scales, L = make_qx_quants_rmse1(X, 32)
-    scales = scales.reshape(nsb, 16)
+    scales = from_bnG(scales, nblk).reshape(nsb, 16)
+    L = from_bnG(L, nblk)  # [nsb*16, 16]
     ia = np.abs(scales).argmax(axis=1)
     max_scale = scales[np.arange(nsb), ia]
     zero = np.abs(max_scale) < GROUP_MAX_EPS
     iscale = F32(-128) / max_scale
     d16 = F32(1) / iscale
     sc = (np.minimum(nearest_int(iscale[:, None] * scales), 127) & 0xFF).astype(np.uint8)
-    d = (fp16_round(d16)[:, None] * sc.view(np.int8)).reshape(1, nsb * 16)
-    L2 = _clipped(X / d, -32, 31) + F32(32)
+    d = (fp16_round(d16)[:, None] * sc.view(np.int8)).reshape(nsb * 16, 1)
+    L2 = _clipped(xb.reshape(nsb * 16, 16) / d, -32, 31) + F32(32)
     L = np.where(d != 0, L2, L)
-    L = L.T.reshape(nsb, 256).astype(np.uint8)
+    L = L.reshape(nsb, 256).astype(np.uint8)
     Lr = L.reshape(nsb, 2, 4, 32)  # [nsb, 128-chunk, quarter, l]
     lo = Lr & 0xF
     ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << 4), lo[:, :, 1] | (lo[:, :, 3] << 4)], axis=2)
