@@ -29,7 +29,12 @@ __device__ __forceinline__ void quantize_block(const T* x, uint8_t* y, int M, in
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     uint8_t* blk = y + b * 40;
-    blk[4 + lane] = (uint8_t)(int8_t)q;
+    // 4 lanes' bytes -> one 32-bit store (blk + 4 + lane is 4-byte aligned for lane % 4 == 0)
+    const uint32_t qb = (uint32_t)q & 0xFFu;
+    const uint32_t w = qb | (__shfl_down_sync(0xffffffffu, qb, 1) << 8) |
+                       (__shfl_down_sync(0xffffffffu, qb, 2) << 16) |
+                       (__shfl_down_sync(0xffffffffu, qb, 3) << 24);
+    if ((lane & 3) == 0) *(uint32_t*)(blk + 4 + lane) = w;
     if (lane == 0) {
         *(uint32_t*)blk = (uint32_t)__half_as_ushort(__float2half_rn(d));   // d, pad = 0
         *(int32_t*)(blk + 36) = s;
