@@ -45,7 +45,7 @@ def main() -> int:
     except ImportError:
         print("bench_gemm.py needs torch for the cuBLAS comparison", file=sys.stderr)
         return 2
-    from minfer.cuda.gemm import GEMVS, TILES, DeviceArray, gemm_f16_nt, pick_variant
+    from minfer.cuda.gemm import GEMVS, TILES, WGMMA, DeviceArray, gemm_f16_nt, pick_variant
     from minfer.cuda.runtime import get_runtime
 
     torch.zeros(1, device="cuda")  # torch and pycuda share the primary context, null stream
@@ -111,7 +111,7 @@ def main() -> int:
         C16 = torch.empty(M, N, device=dev, dtype=torch.float16)
         dA, dB = [wrap(a) for a in A], [wrap(b) for b in B]
         d32, d16 = wrap(C32), wrap(C16)
-        pick = pick_variant(M, N, K, rt.sm_count)
+        pick = pick_variant(M, N, K, rt.sm_count, rt.arch)
 
         def ours(variant, mode):
             def launch(i):
@@ -139,7 +139,7 @@ def main() -> int:
                "nsets": nsets, "variants": {}}
         cands = [pick]
         if args.sweep:
-            pool = GEMVS if M == 1 else TILES
+            pool = GEMVS if M == 1 else {**TILES, **(WGMMA if rt.arch == 'sm_90' else {})}
             cands += [v for v in pool if v != pick]
         for v in cands:
             est = first_us(ours(v, "f16"))
@@ -161,7 +161,7 @@ def main() -> int:
               flush=True)
         if args.sweep:
             print("    sweep: " + " ".join(
-                f"{v.replace('gemm_f16_nt_', '').replace('gemv_f16_', '')}:"
+                f"{v.replace('gemm_f16_nt_', '').replace('gemv_f16_', '').replace('wgmma_f16_nt_', 'WG')}:"
                 f"{flop / statistics.median(ts) / 1e6:.0f}" for v, ts in sorted(
                     rec["variants"].items(), key=lambda kv: statistics.median(kv[1]))),
                 flush=True)
@@ -209,7 +209,7 @@ def main() -> int:
               f"{med(r['pick_acc']):6.1f} {med(r['pick_again']):6.1f} {fmt(tt, flop):>20s} "
               f"{med(tp) / med(tt):5.2f}  "
               f"{statistics.median(tp) / statistics.median(r['variants'][r['best']]):.2f}"
-              f"  {r['pick'].replace('gemm_f16_nt_', '')}{extra}")
+              f"  {r['pick'].replace('gemm_f16_nt_', '').replace('wgmma_f16_nt_', 'WG')}{extra}")
     return 0
 
 

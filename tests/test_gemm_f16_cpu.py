@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minfer.cuda.build import KERNEL_DIR, compile_cubin, parse_ptxas
-from minfer.cuda.gemm import (GEMVS, TILES, VARIANTS, _check_out, _check_shapes,
+from minfer.cuda.gemm import (GEMVS, TILES, VARIANTS, WGMMA, _check_out, _check_shapes,
                               gemm_f16_nt_ref, pick_variant)
 from minfer.errors import BadInput
 
@@ -56,9 +56,11 @@ def test_pick_variant():
     assert pick_variant(1, 49152, 4096).startswith("gemv_f16_")
     for M in (2, 7, 16, 33, 64, 129, 512, 513, 2048):
         for N in (8, 200, 1024, 4096, 14336):
-            v = pick_variant(M, N, 4096)
-            assert v in TILES, (M, N, v)
-    assert TILES[pick_variant(2048, 14336, 4096)].bm == 128
+            v = pick_variant(M, N, 4096, 132, "sm_80")
+            assert v in TILES, (M, N, v)  # no wgmma off Hopper
+            assert pick_variant(M, N, 4096, 132, "sm_90") in {**TILES, **WGMMA}
+    assert pick_variant(2048, 14336, 4096, 132, "sm_90") in WGMMA
+    assert TILES[pick_variant(2048, 14336, 4096, 132, "sm_80")].bm == 128
 
 
 def test_table_mirrors_kernel_entries():
@@ -68,6 +70,12 @@ def test_table_mirrors_kernel_entries():
              re.findall(r"^GEMM_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \d+\)", src, re.M)}
     gemvs = {f"gemv_f16_r{r}" for r in re.findall(r"^GEMV_ENTRY\((\d+), \d+\)", src, re.M)}
     assert tiles == set(TILES) and gemvs == set(GEMVS)
+    src90 = (KERNEL_DIR / "gemm_f16_sm90a.cu").read_text()
+    wg = {f"wgmma_f16_nt_{bm}x{bn}x64_s{st}" for bm, bn, st in
+          re.findall(r"^WGMMA_ENTRY\((\d+), (\d+), (\d+), \d+\)", src90, re.M)}
+    assert wg == set(WGMMA)
+    for t in WGMMA.values():
+        assert t.smem <= H200_SMEM_OPTIN, t.entry
     for t in TILES.values():
         assert t.smem <= H200_SMEM_OPTIN, t.entry
         assert (t.bm * t.bk // 8) % t.threads == 0 and (t.bn * t.bk // 8) % t.threads == 0
@@ -77,6 +85,12 @@ def test_table_mirrors_kernel_entries():
 def test_ptxas_no_spills_sm90():
     _, rep = compile_cubin("gemm_f16", "sm_90", report=True)
     res = parse_ptxas(rep)
+    assert set(res) == set(TILES) | set(GEMVS)
+    _, rep90 = compile_cubin("gemm_f16_sm90a", "sm_90", ("-arch=sm_90a",), report=True)
+    res90 = parse_ptxas(rep90)
+    assert set(res90) == set(WGMMA)
+    assert "serialized" not in rep90  # ptxas would say if it had to serialize the wgmma
+    res.update(res90)
     assert set(res) == set(VARIANTS)
     for name, r in res.items():
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack == 0, r

@@ -5,8 +5,10 @@
 Epilogues: out f32 (mode 0), out f16 (mode 1), or accumulate into an existing f32 [M, N] buffer
 (mode 2, C += A @ B^T: residual adds of attn_output / ffn_down).
 
-Geometry is owned here: `pick_variant(M, N, K, sm_count)` is the one function choosing the
-kernel (tile GEMM or the M == 1 GEMV); kernels never choose. Contract: K % 8 == 0 (16-byte rows),
+Kernels: gemm_f16.cu (mma.sync tiles, any sm_80+; the M == 1 GEMV) and gemm_f16_sm90a.cu
+(wgmma tiles, Hopper only, built for sm_90a). Geometry is owned here:
+`pick_variant(M, N, K, sm_count, arch)` is the one function choosing the kernel; kernels never
+choose. Contract: K % 8 == 0 (16-byte rows),
 every buffer 16-byte aligned and contiguous; M, N any size >= 1. Violations raise
 minfer.errors.BadInput with one line. Importing this module needs no GPU (the twin, the tile
 table and validation are pure Python); launching does.
@@ -20,7 +22,6 @@ import numpy as np
 
 from minfer.errors import BadInput
 
-KERNEL = "gemm_f16"
 MODE_F32, MODE_F16, MODE_ACC = 0, 1, 2
 
 
@@ -34,6 +35,9 @@ class Tile:
     warps_m: int
     warps_n: int
     stages: int
+
+    file = "gemm_f16"
+    options = ()
 
     @property
     def entry(self) -> str:
@@ -57,16 +61,44 @@ class Gemv:
     """One M == 1 GEMV entry: 8 warps per block, `rows` output columns per warp."""
 
     rows: int
+    file = "gemm_f16"
+    options = ()
+    threads = 256
+    smem = 0
 
     @property
     def entry(self) -> str:
         return f"gemv_f16_r{self.rows}"
 
-    threads = 256
-    smem = 0
-
     def grid(self, M: int, N: int) -> int:
         return -(-N // (8 * self.rows))
+
+
+@dataclass(frozen=True)
+class WgmmaTile:
+    """One Hopper wgmma entry of gemm_f16_sm90a.cu (built for sm_90a, picked on sm_90 only)."""
+
+    bm: int
+    bn: int
+    stages: int
+    bk = 64
+    file = "gemm_f16_sm90a"
+    options = ("-arch=sm_90a",)  # last -arch wins in nvcc: wgmma needs the sm_90a target
+
+    @property
+    def entry(self) -> str:
+        return f"wgmma_f16_nt_{self.bm}x{self.bn}x64_s{self.stages}"
+
+    @property
+    def threads(self) -> int:
+        return self.bm * 2  # bm / 64 warpgroups
+
+    @property
+    def smem(self) -> int:  # stages of [bm + bn, 64] f16 tiles + 1 KB for manual alignment
+        return self.stages * (self.bm + self.bn) * 128 + 1024
+
+    def grid(self, M: int, N: int) -> int:
+        return -(-M // self.bm) * -(-N // self.bn)
 
 
 # Every compiled variant, by entry name (constant table: the .cu's entry list, pinned by a test).
@@ -78,28 +110,36 @@ TILES = {t.entry: t for t in (
     Tile(32, 64, 64, 1, 4, 4), Tile(16, 64, 64, 1, 4, 4),
 )}
 GEMVS = {g.entry: g for g in (Gemv(4), Gemv(2), Gemv(1))}
-VARIANTS = {**TILES, **GEMVS}
+WGMMA = {t.entry: t for t in (
+    WgmmaTile(128, 256, 4), WgmmaTile(128, 256, 3), WgmmaTile(128, 128, 4),
+    WgmmaTile(128, 128, 3), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4),
+)}
+VARIANTS = {**TILES, **GEMVS, **WGMMA}
 
 
-def pick_variant(M: int, N: int, K: int, sm_count: int = 132) -> str:
+def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90") -> str:
     """The kernel entry for an (M, N, K) problem: the one place a GEMM variant is chosen.
 
-    M == 1: GEMV (memory bound: as many warps streaming B as the rows allow). Otherwise the
-    largest tile that still gives about one full wave of blocks on the SMs; small M uses
-    short tiles so that B is read once by enough blocks.
+    M == 1: GEMV (memory bound; 4 rows per warp only when N gives enough warps). Otherwise the
+    largest tile whose grid still covers ~3/4 of the SMs (measured on the H200: a 128x128
+    tile at 128 blocks beats 64x128 at 256; at 32 blocks it loses 2x to 64x64).
+    sm_90 gets the wgmma kernels; other archs the mma.sync ones.
     """
     if M == 1:
-        return "gemv_f16_r4" if N >= 64 * sm_count else (
-            "gemv_f16_r2" if N >= 16 * sm_count else "gemv_f16_r1")
-    if M <= 16:
-        return "gemm_f16_nt_16x64x64_w1x4_s4"
+        return "gemv_f16_r4" if N >= 64 * sm_count else "gemv_f16_r1"
     if M <= 32:
         return "gemm_f16_nt_32x64x64_w1x4_s4"
-    # larger tiles while they still fill the machine (blocks per SM: 1 for 128x256, 2 for 128x128)
-    for entry, per_sm in (("gemm_f16_nt_128x256x32_w2x4_s4", 1),
-                          ("gemm_f16_nt_128x128x32_w2x4_s4", 2),
-                          ("gemm_f16_nt_64x128x32_w2x2_s4", 3)):
-        if TILES[entry].grid(M, N) >= per_sm * sm_count * 0.9:
+    fill = 0.75 * sm_count
+    if arch == "sm_90":
+        for entry in ("wgmma_f16_nt_128x256x64_s3", "wgmma_f16_nt_128x128x64_s4",
+                      "wgmma_f16_nt_64x128x64_s4"):
+            if WGMMA[entry].grid(M, N) >= fill:
+                return entry
+        return "wgmma_f16_nt_64x64x64_s4"
+    if M <= 64:
+        return "gemm_f16_nt_32x64x64_w1x4_s4"
+    for entry in ("gemm_f16_nt_128x128x64_w2x2_s3", "gemm_f16_nt_64x128x32_w2x2_s4"):
+        if TILES[entry].grid(M, N) >= fill:
             return entry
     return "gemm_f16_nt_64x64x64_w2x2_s4"
 
@@ -218,13 +258,15 @@ def gemm_f16_nt(a: DeviceArray, b: DeviceArray, out_dtype=np.float32,
         c, mode = out, (MODE_F32 if out_dtype == np.float32 else MODE_F16)
     for x, name in ((a, "A"), (b, "B"), (c, "C")):
         _aligned(x, name)
-    v = variant or pick_variant(M, N, K, rt.sm_count)
+    v = variant or pick_variant(M, N, K, rt.sm_count, rt.arch)
     kern = VARIANTS.get(v)
     if kern is None:
         raise BadInput(f"gemm_f16_nt: unknown variant {v!r}; known: {', '.join(VARIANTS)}")
     if isinstance(kern, Gemv) and M != 1:
         raise BadInput(f"gemm_f16_nt: variant {v} handles M == 1 only (M={M})")
-    fn = rt.function(KERNEL, kern.entry, dyn_smem=kern.smem)
+    if isinstance(kern, WgmmaTile) and rt.arch != "sm_90":
+        raise BadInput(f"gemm_f16_nt: variant {v} needs an sm_90 GPU (this one is {rt.arch})")
+    fn = rt.function(kern.file, kern.entry, options=kern.options, dyn_smem=kern.smem)
     i32 = np.int32
     if isinstance(kern, Gemv):
         args = (np.uintp(a.ptr), np.uintp(b.ptr), np.uintp(c.ptr), i32(N), i32(K), i32(mode))

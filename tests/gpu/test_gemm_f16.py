@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda.gemm import (GEMVS, TILES, DeviceArray, gemm_f16_nt, gemm_f16_nt_ref,
+from minfer.cuda.gemm import (GEMVS, TILES, WGMMA, DeviceArray, gemm_f16_nt, gemm_f16_nt_ref,
                               pick_variant)
 from minfer.errors import BadInput
 
@@ -34,7 +34,7 @@ def _rel(out, ref):
 
 def _run(rt, M, N, K, mode, variant=None, seed=0):
     """One launch with poisoned output and a guard tail; returns (out, ref, tail_ok)."""
-    rng = np.random.default_rng([seed, M, N, K, mode])
+    rng = np.random.default_rng([seed, M, N, K, ["f32", "f16", "acc"].index(mode)])
     a, b = _rand(rng, (M, K)), _rand(rng, (N, K), 0.1)
     out_dtype = np.float16 if mode == "f16" else np.float32
     if mode == "acc":
@@ -66,11 +66,13 @@ def test_ragged_default_pick(rt, M, N, mode):
     assert _rel(out, ref) <= 1e-3
 
 
-@pytest.mark.parametrize("variant", sorted(TILES))
+@pytest.mark.parametrize("variant", sorted(TILES) + sorted(WGMMA))
 @pytest.mark.parametrize("mode", ["f32", "f16", "acc"])
 def test_every_tile_variant(rt, variant, mode):
+    if variant in WGMMA and rt.arch != "sm_90":
+        pytest.skip("wgmma kernels need sm_90")
     # ragged in all three dims for every tile size; K = 8 * odd exercises the 8-wide K tail
-    for M, N, K in ((133, 261, 328), (17, 9, 24), (300, 130, 1000)):
+    for M, N, K in ((133, 261, 328), (17, 9, 24), (300, 130, 1000), (64, 256, 64)):
         out, ref, tail_ok = _run(rt, M, N, K, mode, variant=variant)
         assert tail_ok, f"{variant} {M}x{N}x{K}: wrote past the end of C"
         err = _rel(out, ref)
@@ -96,7 +98,7 @@ def test_odd_n_scalar_epilogue(rt):
 def test_large_k_production_pick(rt):
     # a long reduction (ffn_down-like K) at the production pick: accumulation stays f32
     M, N, K = 256, 384, 14336
-    assert pick_variant(M, N, K, rt.sm_count).startswith("gemm_f16_nt_")
+    assert pick_variant(M, N, K, rt.sm_count, rt.arch) in {**TILES, **WGMMA}
     out, ref, tail_ok = _run(rt, M, N, K, "acc")
     assert tail_ok and _rel(out, ref) <= 1e-3
 

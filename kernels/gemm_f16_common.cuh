@@ -1,0 +1,156 @@
+// gemm_f16_common.cuh: helpers shared by gemm_f16.cu (mma.sync) and gemm_f16_sm90a.cu (wgmma):
+// cp.async, ldmatrix, mma.sync m16n8k16, the XOR smem swizzle, grouped block order, and the
+// epilogue (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc) over m16n8 accumulator
+// fragments acc[MI][NI][4] (rows row0 + mi*16 + lane/4 (+8), cols col0 + ni*8 + 2*(lane%4)).
+#pragma once
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+static_assert(sizeof(half) == 2, "f16 is 2 bytes");
+static_assert(sizeof(uint4) == 16, "16-byte chunks");
+
+namespace gemm_f16 {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills (ragged M/N/K tails).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool pred) {
+    const int n = pred ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a (16x16 row) * b (16x8 col), f16 in, f32 accumulate.
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES>
+struct TileCfg {
+    static constexpr int THREADS = WARPS_M * WARPS_N * 32;
+    static constexpr int WM = BM / WARPS_M;  // warp tile rows
+    static constexpr int WN = BN / WARPS_N;  // warp tile cols
+    static constexpr int MI = WM / 16;       // m16 fragments per warp
+    static constexpr int NI = WN / 8;        // n8 fragments per warp
+    static constexpr int CPR = BK / 8;       // 16-byte chunks per smem row
+    // swizzle: chunk ^= (row >> SHIFT) & (CPR-1); 8 consecutive rows at one logical chunk land
+    // in 8 distinct 16-byte bank groups (rows of CPR chunks packed 8/CPR per 128-byte line).
+    static constexpr int SHIFT = CPR == 8 ? 0 : (CPR == 4 ? 1 : 2);
+    static constexpr int RSTEP = THREADS / CPR;  // rows covered by one pass of the block
+    static constexpr int A_ITERS = BM * CPR / THREADS;
+    static constexpr int B_ITERS = BN * CPR / THREADS;
+    static constexpr int STAGE_HALVES = (BM + BN) * BK;
+    static constexpr int SMEM_BYTES = STAGES * STAGE_HALVES * 2;
+
+    static_assert(BK == 16 || BK == 32 || BK == 64, "BK in {16, 32, 64}");
+    static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile: m16 x (2 x n8) fragments");
+    static_assert(BM * CPR % THREADS == 0 && BN * CPR % THREADS == 0, "whole cp.async passes");
+    static_assert(RSTEP % 8 == 0, "a pass moves whole swizzle periods (swizzle is pass-invariant)");
+    static_assert(STAGES >= 2, "pipeline");
+};
+
+// offset (in halves) of logical (row, chunk) in a swizzled [rows, BK] tile
+template <int BK, int SHIFT>
+__device__ __forceinline__ int swz(int row, int ch) {
+    constexpr int CPR = BK / 8;
+    return row * BK + ((ch ^ ((row >> SHIFT) & (CPR - 1))) << 3);
+}
+
+template <int MODE>  // 0: f32, 1: f16
+__device__ __forceinline__ void store2(void* C, int N, int row, int col, float v0, float v1,
+                                       bool vec) {
+    // row < M checked by the caller; col is even
+    const size_t o = static_cast<size_t>(row) * N + col;
+    if (vec) {  // N even: col < N implies col + 1 < N, and o is even (8/4-byte aligned)
+        if (col >= N) return;
+        if (MODE == 0) *reinterpret_cast<float2*>(static_cast<float*>(C) + o) = make_float2(v0, v1);
+        else *reinterpret_cast<half2*>(static_cast<half*>(C) + o) = __floats2half2_rn(v0, v1);
+    } else {
+        if (col < N) {
+            if (MODE == 0) static_cast<float*>(C)[o] = v0;
+            else static_cast<half*>(C)[o] = __float2half_rn(v0);
+        }
+        if (col + 1 < N) {
+            if (MODE == 0) static_cast<float*>(C)[o + 1] = v1;
+            else static_cast<half*>(C)[o + 1] = __float2half_rn(v1);
+        }
+    }
+}
+
+template <int MODE, int MI, int NI>
+__device__ __forceinline__ void epilogue(void* C, int M, int N, int row0, int col0,
+                                         float (&acc)[MI][NI][4], int lane) {
+    const bool vec = (N & 1) == 0;
+    const int g = lane >> 2, t = lane & 3;
+    if (MODE == 2) {
+        // C += acc: issue every residual load before any store (stores to C could alias later
+        // loads, so a fused load-add-store loop would serialize one memory round trip each)
+        const float* Cf = static_cast<const float*>(C);
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + mi * 16 + h * 8 + g;
+                if (row >= M) continue;
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) {
+                    const int col = col0 + ni * 8 + t * 2;
+                    const size_t o = static_cast<size_t>(row) * N + col;
+                    if (vec) {
+                        if (col < N) {
+                            const float2 r = *reinterpret_cast<const float2*>(Cf + o);
+                            acc[mi][ni][2 * h] += r.x;
+                            acc[mi][ni][2 * h + 1] += r.y;
+                        }
+                    } else {
+                        if (col < N) acc[mi][ni][2 * h] += Cf[o];
+                        if (col + 1 < N) acc[mi][ni][2 * h + 1] += Cf[o + 1];
+                    }
+                }
+            }
+    }
+    constexpr int SMODE = MODE == 1 ? 1 : 0;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + mi * 16 + h * 8 + g;
+            if (row >= M) continue;
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni)
+                store2<SMODE>(C, N, row, col0 + ni * 8 + t * 2, acc[mi][ni][2 * h],
+                              acc[mi][ni][2 * h + 1], vec);
+        }
+}
+
+// grouped block order: GROUP_M row-tiles share the B column tiles while they are in L2
+template <int BM, int BN>
+__device__ __forceinline__ void block_origin(int M, int N, int& m0, int& n0) {
+    constexpr int GROUP_M = 8;
+    const int npm = (M + BM - 1) / BM, npn = (N + BN - 1) / BN;
+    const int pid = blockIdx.x;
+    const int in_group = GROUP_M * npn;
+    const int first_m = (pid / in_group) * GROUP_M;
+    const int gsz = min(npm - first_m, GROUP_M);
+    m0 = (first_m + (pid % in_group) % gsz) * BM;
+    n0 = ((pid % in_group) / gsz) * BN;
+}
+
+}  // namespace gemm_f16
