@@ -2,6 +2,7 @@
 // f16 operands, f32 accumulate; same semantics, contract and epilogue modes as gemm_f16.cu
 // (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc). Compiled with -arch=sm_90a by the
 // launcher (minfer/cuda/gemm.py), which picks these entries only on sm_90 devices.
+// minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
 //
 // Variants: wgmma_f16_nt_<BM>x<BN>x64_s<stages>: BM/64 warpgroups, each owning 64 rows x BN of
 //   the block tile (wgmma.mma_async m64n<BN>k16, A and B both from shared memory through
