@@ -1,7 +1,7 @@
 """CI (no GPU): every kernels/*.cu compiles with nvcc for its archs and ptxas's resources are sane.
 
 Archs: sm_80 and sm_90, unless the file's header says otherwise with a line
-`// minfer-archs: sm_90a` (space/comma separated). Per entry, from `-Xptxas -v`: no spill
+`// minfer-archs: sm_90a` (space/comma separated; a trailing "(...)" is a comment). Per entry, from `-Xptxas -v`: no spill
 stores or loads, no local stack frame (unless the header allows it for that entry with
 `// minfer-allow-stack: entry_a entry_b`, or `*`), static shared memory <= 48 KB (dynamic
 budgets are checked by the launchers against the device's opt-in cap).
@@ -34,7 +34,8 @@ def directives(text: str) -> tuple[tuple[str, ...], set[str]]:
     archs: tuple[str, ...] = DEFAULT_ARCHS
     allow: set[str] = set()
     for m in re.finditer(r"^//\s*minfer-(archs|allow-stack):(.*)$", text, re.M):
-        words = tuple(w for w in re.split(r"[\s,]+", m.group(2).strip()) if w)
+        rest = m.group(2).split("(")[0]  # a trailing "(why ...)" is commentary
+        words = tuple(w for w in re.split(r"[\s,]+", rest.strip()) if w)
         if m.group(1) == "archs":
             archs = words
         else:
@@ -100,7 +101,8 @@ def test_kernel_compiles(compiled, src):
 
 
 def test_directives_parse():
-    text = "// x.cu: thing\n// minfer-archs: sm_90a, sm_100a\n// minfer-allow-stack: k1 k2\n"
+    text = ("// x.cu: thing\n// minfer-archs: sm_90a, sm_100a  (Hopper and Blackwell only)\n"
+            "// minfer-allow-stack: k1 k2\n")
     assert directives(text) == (("sm_90a", "sm_100a"), {"k1", "k2"})
     assert directives("// plain\n") == (DEFAULT_ARCHS, set())
 
