@@ -42,6 +42,16 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
     return d;
 }
 
+// d[16] += A (64x16, smem desc) * B (16x32, smem desc), both K-major, f32 accumulate
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(da), "l"(db), "r"(1));
+}
+
 // d[32] += A (64x16, smem desc) * B (16x64, smem desc), both K-major, f32 accumulate
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t da, uint64_t db) {
     asm volatile(
@@ -74,7 +84,8 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t da, u
 
 template <int BN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint64_t db) {
-    if constexpr (BN == 64) wgmma_m64n64k16(d, da, db);
+    if constexpr (BN == 32) wgmma_m64n32k16(d, da, db);
+    else if constexpr (BN == 64) wgmma_m64n64k16(d, da, db);
     else if constexpr (BN == 128) wgmma_m64n128k16(d, da, db);
     else wgmma_m64n256k16(d, da, db);
 }
@@ -85,7 +96,7 @@ __device__ __forceinline__ void wgmma_body(const half* __restrict__ A, const hal
     constexpr int BK = 64, CPR = 8, THREADS = BM * 2, RSTEP = THREADS / CPR;
     constexpr int A_ITERS = BM / RSTEP, B_ITERS = BN / RSTEP;
     constexpr int STAGE_HALVES = (BM + BN) * BK;
-    static_assert(BM % 64 == 0 && (BN == 64 || BN == 128 || BN == 256), "wgmma tile");
+    static_assert(BM % 64 == 0 && (BN == 32 || BN == 64 || BN == 128 || BN == 256), "wgmma tile");
     static_assert(BN % RSTEP == 0 && BM % RSTEP == 0 && RSTEP % 8 == 0, "whole loader passes");
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
@@ -177,3 +188,4 @@ WGMMA_ENTRY(128, 128, 4, 1)
 WGMMA_ENTRY(128, 128, 3, 2)
 WGMMA_ENTRY(64, 128, 4, 2)
 WGMMA_ENTRY(64, 64, 4, 3)
+WGMMA_ENTRY(64, 32, 4, 4)

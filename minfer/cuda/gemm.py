@@ -112,7 +112,7 @@ TILES = {t.entry: t for t in (
 GEMVS = {g.entry: g for g in (Gemv(4), Gemv(2), Gemv(1))}
 WGMMA = {t.entry: t for t in (
     WgmmaTile(128, 256, 4), WgmmaTile(128, 256, 3), WgmmaTile(128, 128, 4),
-    WgmmaTile(128, 128, 3), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4),
+    WgmmaTile(128, 128, 3), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4), WgmmaTile(64, 32, 4),
 )}
 VARIANTS = {**TILES, **GEMVS, **WGMMA}
 
@@ -120,14 +120,15 @@ VARIANTS = {**TILES, **GEMVS, **WGMMA}
 def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90") -> str:
     """The kernel entry for an (M, N, K) problem: the one place a GEMM variant is chosen.
 
-    M == 1: GEMV (memory bound; 4 rows per warp only when N gives enough warps). Otherwise the
-    largest tile whose grid still covers ~3/4 of the SMs (measured on the H200: a 128x128
-    tile at 128 blocks beats 64x128 at 256; at 32 blocks it loses 2x to 64x64).
-    sm_90 gets the wgmma kernels; other archs the mma.sync ones.
+    Measured on the H200 (docs/perf.md): M == 1: GEMV, 4 rows per warp only when N gives
+    enough warps. M <= 64: the 32x64 mma.sync tile (B-bandwidth bound; beats wgmma there).
+    Otherwise the largest tile whose grid still covers ~3/4 of the SMs (a 128x128 tile at 128
+    blocks beats 64x128 at 256; at 32 blocks it loses 2x to 64x64). sm_90 gets the wgmma
+    kernels (1.3-1.6x the mma.sync ones), other archs the mma.sync tiles.
     """
     if M == 1:
         return "gemv_f16_r4" if N >= 64 * sm_count else "gemv_f16_r1"
-    if M <= 32:
+    if M <= 64:
         return "gemm_f16_nt_32x64x64_w1x4_s4"
     fill = 0.75 * sm_count
     if arch == "sm_90":
@@ -136,8 +137,6 @@ def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90
             if WGMMA[entry].grid(M, N) >= fill:
                 return entry
         return "wgmma_f16_nt_64x64x64_s4"
-    if M <= 64:
-        return "gemm_f16_nt_32x64x64_w1x4_s4"
     for entry in ("gemm_f16_nt_128x128x64_w2x2_s3", "gemm_f16_nt_64x128x32_w2x2_s4"):
         if TILES[entry].grid(M, N) >= fill:
             return entry
