@@ -1,0 +1,113 @@
+"""Prefill orchestration: prompt ids -> backend (in ubatch chunks) -> greedy loop, timed.
+
+A backend (CPU reference, CUDA paths) only knows forward(ids, pos0) -> last-position logits.
+The engine validates the request before any work, runs the prompt in chunks of `ubatch`
+tokens (prefill, timed), then feeds back argmax tokens one at a time (decode, timed apart).
+Clocks are read after backend.synchronize(), so device work is inside the measured interval.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from minfer.errors import BadInput
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+
+    def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
+        """ids: int32 [T] at positions pos0..pos0+T-1 (appended to the KV cache) ->
+        float32 logits [vocab] of the last position (host numpy array)."""
+
+    def synchronize(self) -> None:
+        """Wait for device work (timing)."""
+
+
+@dataclass
+class RunResult:
+    prompt_ids: list[int]
+    greedy_ids: list[int]
+    last_logits: np.ndarray  # float32 [vocab]: logits at the last PROMPT position
+    prefill_s: float
+    decode_s: float
+    step_margins: list[float] = field(default_factory=list)  # top1 - top2 at each greedy step
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return len(self.prompt_ids) / self.prefill_s if self.prefill_s > 0 else float("inf")
+
+    @property
+    def decode_tok_s(self) -> float:
+        # each greedy id after the first costs one single-token forward
+        n = max(len(self.greedy_ids) - 1, 0)
+        if n == 0:
+            return float("nan")
+        return n / self.decode_s if self.decode_s > 0 else float("inf")
+
+
+def _margin(logits: np.ndarray) -> float:
+    top2 = np.partition(logits, -2)[-2:]
+    return float(top2[1] - top2[0])
+
+
+def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch: int = 512,
+        progress: bool = False, n_ctx: int | None = None) -> RunResult:
+    """Prefill prompt_ids in ubatch chunks, then n_greedy greedy ids (argmax, first index on
+    ties; no stop at EOS). n_ctx: the context limit (default: the backend's model's)."""
+    ids = np.asarray(list(prompt_ids), dtype=np.int64)
+    if ids.ndim != 1 or ids.size == 0:
+        raise BadInput("empty prompt: at least one token is needed")
+    if n_greedy < 0:
+        raise BadInput(f"--greedy must be >= 0, got {n_greedy}")
+    if ubatch < 1:
+        raise BadInput(f"--ubatch must be >= 1, got {ubatch}")
+    if n_ctx is None:
+        model = getattr(backend, "model", None)
+        n_ctx = model.config.n_ctx if model is not None else None
+    # the last greedy id is never fed back, so the cache holds prompt + n_greedy - 1 positions;
+    # we still require prompt + n_greedy <= n_ctx (as llama.cpp would for the full sequence)
+    if n_ctx is not None and ids.size + n_greedy > n_ctx:
+        raise BadInput(f"prompt of {ids.size} tokens + {n_greedy} greedy tokens = "
+                       f"{ids.size + n_greedy} exceeds the context of {n_ctx}")
+    if hasattr(backend, "reserve"):
+        backend.reserve(int(ids.size + max(n_greedy - 1, 0)))
+    backend.reset()
+
+    chunks = range(0, ids.size, ubatch)
+    if progress and len(chunks) > 1:
+        from tqdm import tqdm
+
+        chunks = tqdm(chunks, desc="prefill", unit="ubatch", file=sys.stderr, leave=False)
+    backend.synchronize()
+    t0 = time.perf_counter()
+    logits = None
+    for s in chunks:
+        logits = backend.forward(ids[s: s + ubatch].astype(np.int32), int(s))
+    backend.synchronize()
+    prefill_s = time.perf_counter() - t0
+    last_logits = np.asarray(logits, dtype=np.float32).copy()
+
+    greedy: list[int] = []
+    margins: list[float] = []
+    pos = int(ids.size)
+    t0 = time.perf_counter()
+    for step in range(n_greedy):
+        tok = int(np.argmax(logits))
+        greedy.append(tok)
+        margins.append(_margin(logits))
+        if step + 1 < n_greedy:
+            logits = backend.forward(np.array([tok], dtype=np.int32), pos)
+            pos += 1
+    backend.synchronize()
+    decode_s = time.perf_counter() - t0
+    return RunResult([int(i) for i in ids], greedy, last_logits, prefill_s, decode_s, margins)

@@ -1,0 +1,181 @@
+"""The numpy CPU forward (llama.cpp's llm_build_llama graph): the oracle for every GPU path.
+
+Per layer:  h = rmsnorm(x) * attn_norm;  q, k, v = h @ Wq.T, Wk.T, Wv.T (+ bias);  rope(q, k);
+            x += attention(q, K, V) @ Wo.T;  h = rmsnorm(x) * ffn_norm;
+            x += (silu(h @ Wg.T) * (h @ Wu.T)) @ Wd.T
+then logits = (rmsnorm(x_last) * output_norm) @ W_out.T, for the last position only.
+
+Weights are dequantized once (model.dequant, the gguf package's reference), lazily per tensor,
+and cached in `dtype`. The embedding gathers only the rows it needs; the tied LM head needs the
+whole table and caches it.
+
+Numerics options (llama.cpp's CPU path, which made the golden files, differs from plain f32):
+- kv_f16: llama.cpp's default f16 KV cache. K and V are rounded to f16 when stored and, as in
+  ggml's f16 mul_mat (which converts its other operand to f16), q and the softmax
+  probabilities are rounded to f16 before their products.
+- act_quant: ggml's CPU mat-mul quantizes the activation operand to the weight's vec_dot type
+  (q8_1 for Q4_1, q8_0 for Q8_0/Q4_0/Q5_0, q8_K for k-quants, f16 for F16). With act_quant the
+  activations entering each weight product are rounded to that grid (the scale-sum term of
+  q8_1 is not emulated).
+Both off and dtype=float64 is the oracle mode.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer.errors import BadInput
+from minfer.reference import ops
+
+
+def _round_f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(x.dtype)
+
+
+def quantize_act(x: np.ndarray, qtype: int) -> np.ndarray:
+    """x: [T, K] rounded to the activation grid ggml's CPU mat-mul uses against `qtype` weights."""
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    name = Q(int(qtype)).name
+    if name == "F32":
+        return x
+    if name in ("F16", "BF16"):
+        return _round_f16(x) if name == "F16" else x
+    T, K = x.shape
+    x32 = x.astype(np.float32)
+    if name.endswith("_K"):  # q8_K: blocks of 256, float d, iscale = -128 / (signed abs-max)
+        b = x32.reshape(T, K // 256, 256)
+        idx = np.argmax(np.abs(b), axis=-1)
+        mx = np.take_along_axis(b, idx[..., None], axis=-1)  # [T, nb, 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iscale = np.where(mx != 0, np.float32(-128.0) / mx, 0).astype(np.float32)
+        q = np.minimum(np.rint(iscale * b), 127)
+        d = np.where(iscale != 0, np.float32(1.0) / iscale, 0).astype(np.float32)
+        return (d * q).reshape(T, K).astype(x.dtype)
+    # q8_0 / q8_1 (AVX2 path): blocks of 32, id = 127/amax, q = round-half-even(x*id), d = f16
+    b = x32.reshape(T, K // 32, 32)
+    amax = np.max(np.abs(b), axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        iden = np.where(amax != 0, np.float32(127.0) / amax, 0).astype(np.float32)
+    q = np.rint(b * iden)
+    d = (amax / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    return (d * q).reshape(T, K).astype(x.dtype)
+
+
+class ReferenceBackend:
+    """Backend protocol (minfer.engine.Backend) on numpy. forward(ids, pos0) -> logits [vocab]."""
+
+    def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
+                 max_tokens: int | None = None):
+        self.model = model
+        self.cfg = model.config
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise BadInput(f"reference backend: dtype must be float32 or float64, not {self.dtype}")
+        self.kv_f16 = kv_f16
+        self.act_quant = act_quant
+        self.name = "cpu" if self.dtype == np.float32 else "cpu-f64"
+        self._w: dict[str, np.ndarray] = {}
+        self._k: list[np.ndarray] = []
+        self._v: list[np.ndarray] = []
+        self.n_past = 0
+        self.reserve(max_tokens or 0)
+
+    # -- weights --------------------------------------------------------------------------
+    def weight(self, name: str) -> np.ndarray:
+        w = self._w.get(name)
+        if w is None:
+            w = self.model.dequant(name).astype(self.dtype, copy=False)
+            self._w[name] = w
+        return w
+
+    def preload(self, progress: bool = False) -> None:
+        """Dequantize every weight now (so load time is not billed to the first forward)."""
+        names = [n for n in self.model.tensors if n != "token_embd.weight"]
+        if self.cfg.tied_embeddings:
+            names.append("token_embd.weight")
+        it = names
+        if progress:
+            from tqdm import tqdm
+
+            it = tqdm(names, desc="dequantize", unit="tensor", leave=False)
+        for n in it:
+            self.weight(n)
+
+    def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
+        if self.act_quant:
+            x = quantize_act(x, self.model.tensor(name).qtype)
+        y = x @ self.weight(name).T
+        bias = name[: -len(".weight")] + ".bias"
+        if bias in self.model.tensors:
+            y += self.weight(bias)
+        return y
+
+    # -- KV cache -------------------------------------------------------------------------
+    def reserve(self, n_tokens: int) -> None:
+        """Make the KV cache hold n_tokens positions (grows, keeps contents)."""
+        c = self.cfg
+        if n_tokens > c.n_ctx:
+            raise BadInput(f"{n_tokens} tokens exceed the model's context of {c.n_ctx}")
+        cap = self._k[0].shape[0] if self._k else 0
+        if n_tokens <= cap and self._k:
+            return
+        new_cap = min(max(n_tokens, 2 * cap, 16), c.n_ctx)
+        shape = (new_cap, c.n_kv_heads, c.head_dim)
+        k_new = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
+        v_new = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
+        for i in range(len(self._k)):
+            k_new[i][:cap] = self._k[i]
+            v_new[i][:cap] = self._v[i]
+        self._k, self._v = k_new, v_new
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def synchronize(self) -> None:
+        pass
+
+    # -- forward --------------------------------------------------------------------------
+    def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
+        c = self.cfg
+        ids = np.asarray(ids)
+        T = int(ids.shape[0]) if ids.ndim == 1 else -1
+        if T <= 0:
+            raise BadInput(f"forward: ids must be a non-empty 1-D array, got shape {ids.shape}")
+        if pos0 != self.n_past:
+            raise BadInput(f"forward: pos0 {pos0} but the KV cache holds {self.n_past} positions")
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise BadInput(f"forward: token id out of range [0, {c.vocab_size})")
+        self.reserve(pos0 + T)
+        ft = self.dtype
+        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        pos = np.arange(pos0, pos0 + T)
+        x = self.model.dequant("token_embd.weight", rows=ids).astype(ft)  # [T, d_model]
+        for il in range(c.n_layers):
+            p = f"blk.{il}."
+            h = ops.rmsnorm(x, self.weight(p + "attn_norm.weight"), c.rms_eps)
+            q = self._linear(h, p + "attn_q.weight").reshape(T, H, D)
+            k = self._linear(h, p + "attn_k.weight").reshape(T, Hkv, D)
+            v = self._linear(h, p + "attn_v.weight").reshape(T, Hkv, D)
+            q = ops.rope(q, pos, c.rope_base, c.rope_dim, c.rope_neox)
+            k = ops.rope(k, pos, c.rope_base, c.rope_dim, c.rope_neox)
+            if self.kv_f16:
+                k, v, q = _round_f16(k), _round_f16(v), _round_f16(q)
+            self._k[il][pos0: pos0 + T] = k
+            self._v[il][pos0: pos0 + T] = v
+            if il == c.n_layers - 1:  # only the last row is needed from here on
+                q, x, pos0_q = q[-1:], x[-1:], pos0 + T - 1
+            else:
+                pos0_q = pos0
+            a = ops.attention(q, self._k[il], self._v[il], pos0_q,
+                              p_round=_round_f16 if self.kv_f16 else None)
+            x = x + self._linear(a.reshape(a.shape[0], H * D), p + "attn_output.weight")
+            h = ops.rmsnorm(x, self.weight(p + "ffn_norm.weight"), c.rms_eps)
+            g = self._linear(h, p + "ffn_gate.weight")
+            u = self._linear(h, p + "ffn_up.weight")
+            x = x + self._linear(ops.swiglu(g, u), p + "ffn_down.weight")
+        self.n_past = pos0 + T
+        h = ops.rmsnorm(x[-1:], self.weight("output_norm.weight"), c.rms_eps)
+        logits = self._linear(h, self.model.output_name)[0]
+        return logits.astype(np.float32)

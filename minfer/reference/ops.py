@@ -1,0 +1,150 @@
+"""numpy twins of the layer kernels: the oracle the CUDA launchers are tested against.
+
+Same signatures as the launchers (arrays instead of device buffers). Each op computes in the
+dtype of its inputs: float32 by default, float64 when given float64 (the oracle mode). Where
+ggml's CPU op has a particular accumulation that decides the last bits (RMSNorm's double sum,
+RoPE's running theta), the float32 path follows it, because the tie-aware greedy gate compares
+against llama.cpp's logits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _ftype(*arrays: np.ndarray) -> np.dtype:
+    """float64 if any input is float64, else float32."""
+    return np.dtype(np.float64) if any(np.asarray(a).dtype == np.float64 for a in arrays) \
+        else np.dtype(np.float32)
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """y = x / sqrt(mean(x^2) + eps) * w over the last axis.  x: [T, D], w: [D].
+
+    ggml sums the squares in double, then scales in float (ggml_compute_forward_rms_norm_f32).
+    """
+    ft = _ftype(x, w)
+    x = np.asarray(x, dtype=ft)
+    ms = np.einsum("...d,...d->...", x, x, dtype=np.float64) / x.shape[-1]  # [T] double
+    scale = (1.0 / np.sqrt(ms + eps)).astype(ft)
+    return (x * scale[..., None]) * np.asarray(w, dtype=ft)
+
+
+def rope_cos_sin(pos: np.ndarray, base: float, rope_dim: int,
+                 dtype: np.dtype = np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin of theta[t, i] = pos[t] * base^(-2i/rope_dim), i < rope_dim/2.  -> 2 x [T, rope_dim/2].
+
+    float32: ggml's ggml_rope_cache_init: theta_scale = powf(base, -2/n_dims) and a running
+    product theta = p; theta *= theta_scale per pair, all in float, then cosf/sinf (correctly
+    rounded: cos of the float theta computed in double, rounded to float). float64: the exact
+    formula in double.
+    """
+    pos = np.asarray(pos)
+    half = rope_dim // 2
+    if np.dtype(dtype) == np.float64:
+        inv = float(base) ** (-2.0 * np.arange(half, dtype=np.float64) / rope_dim)
+        theta = pos.astype(np.float64)[:, None] * inv[None, :]
+        return np.cos(theta), np.sin(theta)
+    theta_scale = np.float32(np.float32(base) ** np.float32(-2.0 / rope_dim))
+    theta = np.empty((pos.shape[0], half), dtype=np.float32)
+    th = pos.astype(np.float32)
+    for i in range(half):  # the running product, rounded to float at every step like ggml
+        theta[:, i] = th
+        th = (th * theta_scale).astype(np.float32)
+    t64 = theta.astype(np.float64)
+    return np.cos(t64).astype(np.float32), np.sin(t64).astype(np.float32)
+
+
+def rope(x: np.ndarray, pos: np.ndarray, base: float, rope_dim: int, neox: bool) -> np.ndarray:
+    """Rotary position embedding.  x: [T, H, head_dim], pos: int [T] -> [T, H, head_dim].
+
+    neox=False (llama, ggml "normal" mode): rotate adjacent pairs (x[2i], x[2i+1]) by theta_i.
+    neox=True: rotate (x[i], x[i + rope_dim/2]). Dimensions past rope_dim pass through.
+    """
+    ft = _ftype(x)
+    x = np.asarray(x, dtype=ft)
+    T, H, D = x.shape
+    if rope_dim % 2 or rope_dim > D:
+        raise ValueError(f"rope: rope_dim {rope_dim} must be even and <= head_dim {D}")
+    if np.asarray(pos).shape != (T,):
+        raise ValueError(f"rope: pos has shape {np.asarray(pos).shape}, expected ({T},)")
+    cos, sin = rope_cos_sin(pos, base, rope_dim, ft)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, rope_dim/2]
+    out = x.copy()
+    if neox:
+        a, b = x[..., : rope_dim // 2], x[..., rope_dim // 2: rope_dim]
+        out[..., : rope_dim // 2] = a * cos - b * sin
+        out[..., rope_dim // 2: rope_dim] = a * sin + b * cos
+    else:
+        a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
+        out[..., 0:rope_dim:2] = a * cos - b * sin
+        out[..., 1:rope_dim:2] = a * sin + b * cos
+    return out
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1 + np.exp(-x))
+
+
+def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """silu(g) * u, elementwise.  g, u: [T, F]."""
+    ft = _ftype(g, u)
+    g = np.asarray(g, dtype=ft)
+    return silu(g) * np.asarray(u, dtype=ft)
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ W.T (+ b).  x: [T, K], w: [N, K] -> [T, N]."""
+    ft = _ftype(x, w)
+    y = np.asarray(x, dtype=ft) @ np.asarray(w, dtype=ft).T
+    if b is not None:
+        y += np.asarray(b, dtype=ft)
+    return y
+
+
+def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Row gather.  table: [vocab, D], ids: int [T] -> [T, D]."""
+    ids = np.asarray(ids)
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise ValueError(f"embedding: token id out of range [0, {table.shape[0]})")
+    return np.asarray(table)[ids]
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
+              p_round=None) -> np.ndarray:
+    """Causal GQA attention, softmax scale 1/sqrt(D).
+
+    q: [T, Hq, D] at positions pos0..pos0+T-1; k, v: [S, Hkv, D] the cached keys/values of
+    positions 0..S-1 (S >= pos0 + T; extra rows are ignored). Query head h reads KV head
+    h // (Hq / Hkv). Query t sees keys 0..pos0+t.  -> [T, Hq, D].
+    p_round: optional rounding of the softmax probabilities before P @ V (the f16-KV emulation
+    of llama.cpp, whose f16 mul_mat converts P to f16).
+    """
+    ft = _ftype(q, k, v)
+    T, Hq, D = q.shape
+    S, Hkv, Dk = k.shape
+    if v.shape != k.shape or Dk != D:
+        raise ValueError(f"attention: shapes q {q.shape}, k {k.shape}, v {v.shape} disagree")
+    if Hq % Hkv:
+        raise ValueError(f"attention: {Hq} query heads not a multiple of {Hkv} KV heads")
+    if S < pos0 + T:
+        raise ValueError(f"attention: {S} cached keys < pos0 {pos0} + T {T}")
+    S = pos0 + T
+    G = Hq // Hkv
+    qh = np.asarray(q, dtype=ft).reshape(T, Hkv, G, D).transpose(1, 2, 0, 3)  # [Hkv, G, T, D]
+    kh = np.asarray(k[:S], dtype=ft).transpose(1, 0, 2)[:, None]  # [Hkv, 1, S, D]
+    vh = np.asarray(v[:S], dtype=ft).transpose(1, 0, 2)[:, None]  # [Hkv, 1, S, D]
+    s = (qh @ kh.transpose(0, 1, 3, 2)) * ft.type(1.0 / np.sqrt(D))  # [Hkv, G, T, S]
+    mask = np.arange(S)[None, :] > (pos0 + np.arange(T))[:, None]  # [T, S]: key after query
+    s[..., mask] = -np.inf
+    pr = softmax(s, axis=-1)
+    if p_round is not None:
+        pr = p_round(pr)
+    o = pr @ vh  # [Hkv, G, T, D]
+    return o.transpose(2, 0, 1, 3).reshape(T, Hq, D)
