@@ -229,7 +229,7 @@ def generated_tokenizer(vocab: int) -> dict[str, Any]:
     eos = vocab - 2
     return {
         "tokenizer.ggml.model": gguf.GGUFValue("gpt2", V.STRING),
-        "tokenizer.ggml.pre": gguf.GGUFValue("gpt2", V.STRING),
+        "tokenizer.ggml.pre": gguf.GGUFValue("gpt-2", V.STRING),
         "tokenizer.ggml.tokens": gguf.GGUFValue(tokens, V.ARRAY, V.STRING),
         "tokenizer.ggml.token_type": gguf.GGUFValue(types, V.ARRAY, V.INT32),
         "tokenizer.ggml.merges": gguf.GGUFValue(merges, V.ARRAY, V.STRING),

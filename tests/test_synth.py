@@ -135,6 +135,14 @@ def test_generated_vocab_when_no_tokenizer_source(tmp_path):
     assert len(merges) == 700 - 256 - 2
     assert all(a + b in toks for a, b in (x.split(" ") for x in merges[:50]))
     assert "generated" in r["tokenizer"]
+    try:
+        from minfer.tokenizer import Tokenizer
+    except ImportError:
+        return
+    tk = Tokenizer.from_metadata(m.metadata)  # the generated vocab is a working BPE
+    text = "Hello world, synthetic! é"
+    ids = tk.encode(text)
+    assert tk.decode(ids) == text and max(ids) < 700
 
 
 def _mini_forward(m, ids):
