@@ -49,29 +49,29 @@ HD float bits_f32(uint32_t u) {
 #endif
 }
 // Rounded f32 ops that are never contracted into an FMA (host build: -ffp-contract=off).
-HD float fmul(float a, float b) {
+HD float dq_mul(float a, float b) {
 #ifdef __CUDA_ARCH__
     return __fmul_rn(a, b);
 #else
     return a * b;
 #endif
 }
-HD float fadd(float a, float b) {
+HD float dq_add(float a, float b) {
 #ifdef __CUDA_ARCH__
-    return fadd(a, b);
+    return __fadd_rn(a, b);
 #else
     return a + b;
 #endif
 }
-HD float fsub(float a, float b) {
+HD float dq_sub(float a, float b) {
 #ifdef __CUDA_ARCH__
-    return fsub(a, b);
+    return __fsub_rn(a, b);
 #else
     return a - b;
 #endif
 }
 // float(q) for |q| < 2^22, exactly: 1.5*2^23 has ulp 1, so adding q to its bits adds q.
-HD float i2f(int q) { return fsub(bits_f32(0x4B400000u + q), 12582912.0f); }
+HD float i2f(int q) { return dq_sub(bits_f32(0x4B400000u + q), 12582912.0f); }
 // byte k (0..7) of the 8 bytes (lo, hi)
 HD uint32_t byte8(uint32_t lo, uint32_t hi, int k) { return ((k < 4 ? lo : hi) >> (8 * (k & 3))) & 0xFFu; }
 // kvalues_iq4nl = {-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113} as int8 bytes,
@@ -121,7 +121,7 @@ struct T_Q4_0 {
         const uint8_t* q = b + OFF(block_q4_0, qs) + 8 * (j & 1);
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4), sh = 4 * (j >> 1);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = fmul(d, i2f(int((byte8(lo, hi, k) >> sh) & 15) - 8));
+        for (int k = 0; k < 8; ++k) v[k] = dq_mul(d, i2f(int((byte8(lo, hi, k) >> sh) & 15) - 8));
     }
 };
 struct T_Q4_1 {  // (d * q) + m
@@ -132,7 +132,7 @@ struct T_Q4_1 {  // (d * q) + m
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4), sh = 4 * (j >> 1);
 #pragma unroll
         for (int k = 0; k < 8; ++k)
-            v[k] = fadd(fmul(d, i2f(int((byte8(lo, hi, k) >> sh) & 15))), m);
+            v[k] = dq_add(dq_mul(d, i2f(int((byte8(lo, hi, k) >> sh) & 15))), m);
     }
 };
 struct T_Q5_0 {  // 5th bit of weight i is bit i of qh
@@ -145,7 +145,7 @@ struct T_Q5_0 {  // 5th bit of weight i is bit i of qh
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             const int n = int(((byte8(lo, hi, k) >> sh) & 15) | (((qh >> k) & 1) << 4));
-            v[k] = fmul(d, i2f(n - 16));
+            v[k] = dq_mul(d, i2f(n - 16));
         }
     }
 };
@@ -159,7 +159,7 @@ struct T_Q5_1 {
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             const int n = int(((byte8(lo, hi, k) >> sh) & 15) | (((qh >> k) & 1) << 4));
-            v[k] = fadd(fmul(d, i2f(n)), m);
+            v[k] = dq_add(dq_mul(d, i2f(n)), m);
         }
     }
 };
@@ -170,7 +170,7 @@ struct T_Q8_0 {  // x * d
         const uint8_t* q = b + OFF(block_q8_0, qs) + 8 * j;
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = fmul(i2f(int(int8_t(byte8(lo, hi, k)))), d);
+        for (int k = 0; k < 8; ++k) v[k] = dq_mul(i2f(int(int8_t(byte8(lo, hi, k)))), d);
     }
 };
 struct T_IQ4_NL {  // d * kvalues[nibble], nibble order as q4_0
@@ -180,7 +180,7 @@ struct T_IQ4_NL {  // d * kvalues[nibble], nibble order as q4_0
         const uint8_t* q = b + OFF(block_iq4_nl, qs) + 8 * (j & 1);
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4), sh = 4 * (j >> 1);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = fmul(d, i2f(kvalue_iq4nl((byte8(lo, hi, k) >> sh) & 15)));
+        for (int k = 0; k < 8; ++k) v[k] = dq_mul(d, i2f(kvalue_iq4nl((byte8(lo, hi, k) >> sh) & 15)));
     }
 };
 
@@ -191,13 +191,13 @@ struct T_Q2_K {  // dl*q - ml, dl = d*(sc&15), ml = dmin*(sc>>4)
     HD static void dq8(const uint8_t* b, int j, float* v) {
         const int e0 = 8 * j;
         const uint32_t sc = b[OFF(block_q2_K, scales) + (e0 >> 4)];
-        const float dl = fmul(ld_f16(b + OFF(block_q2_K, d)), i2f(int(sc & 15)));
-        const float ml = fmul(ld_f16(b + OFF(block_q2_K, dmin)), i2f(int(sc >> 4)));
+        const float dl = dq_mul(ld_f16(b + OFF(block_q2_K, d)), i2f(int(sc & 15)));
+        const float ml = dq_mul(ld_f16(b + OFF(block_q2_K, dmin)), i2f(int(sc >> 4)));
         const uint8_t* q = b + OFF(block_q2_K, qs) + 32 * (e0 >> 7) + (e0 & 31);
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4), sh = 2 * ((e0 >> 5) & 3);
 #pragma unroll
         for (int k = 0; k < 8; ++k)
-            v[k] = fsub(fmul(dl, i2f(int((byte8(lo, hi, k) >> sh) & 3))), ml);
+            v[k] = dq_sub(dq_mul(dl, i2f(int((byte8(lo, hi, k) >> sh) & 3))), ml);
     }
 };
 struct T_Q3_K {  // (d*(sc-32)) * (q2 - (hbit ? 0 : 4)); hbit of weight e: hmask[e&31] bit e>>5
@@ -207,7 +207,7 @@ struct T_Q3_K {  // (d*(sc-32)) * (q2 - (hbit ? 0 : 4)); hbit of weight e: hmask
         const uint8_t* s = b + OFF(block_q3_K, scales);
         const uint32_t ls = (s[sb & 7] >> (4 * (sb >> 3))) & 15;
         const uint32_t hs = (s[8 + (sb & 3)] >> (2 * (sb >> 2))) & 3;
-        const float dl = fmul(ld_f16(b + OFF(block_q3_K, d)), i2f(int(ls | (hs << 4)) - 32));
+        const float dl = dq_mul(ld_f16(b + OFF(block_q3_K, d)), i2f(int(ls | (hs << 4)) - 32));
         const uint8_t* q = b + OFF(block_q3_K, qs) + 32 * (e0 >> 7) + (e0 & 31);
         const uint8_t* h = b + OFF(block_q3_K, hmask) + (e0 & 31);
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4), sh = 2 * ((e0 >> 5) & 3);
@@ -216,7 +216,7 @@ struct T_Q3_K {  // (d*(sc-32)) * (q2 - (hbit ? 0 : 4)); hbit of weight e: hmask
         for (int k = 0; k < 8; ++k) {
             const int q2 = int((byte8(lo, hi, k) >> sh) & 3);
             const int hbit = int((byte8(hlo, hhi, k) >> hb) & 1);
-            v[k] = fmul(dl, i2f(q2 - ((hbit ^ 1) << 2)));
+            v[k] = dq_mul(dl, i2f(q2 - ((hbit ^ 1) << 2)));
         }
     }
 };
@@ -237,13 +237,13 @@ struct T_Q4_K {  // (d*sc)*q - dmin*m
         const int e0 = 8 * j;
         int sc, m;
         scale_min_k4(b + OFF(block_q4_K, scales), e0 >> 5, sc, m);
-        const float ds = fmul(ld_f16(b + OFF(block_q4_K, d)), i2f(sc));
-        const float dm = fmul(ld_f16(b + OFF(block_q4_K, dmin)), i2f(m));
+        const float ds = dq_mul(ld_f16(b + OFF(block_q4_K, d)), i2f(sc));
+        const float dm = dq_mul(ld_f16(b + OFF(block_q4_K, dmin)), i2f(m));
         const uint8_t* q = b + OFF(block_q4_K, qs) + 32 * (e0 >> 6) + (e0 & 31);
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4), sh = 4 * ((e0 >> 5) & 1);
 #pragma unroll
         for (int k = 0; k < 8; ++k)
-            v[k] = fsub(fmul(ds, i2f(int((byte8(lo, hi, k) >> sh) & 15))), dm);
+            v[k] = dq_sub(dq_mul(ds, i2f(int((byte8(lo, hi, k) >> sh) & 15))), dm);
     }
 };
 struct T_Q5_K {  // as q4_K, 5th bit of weight e: qh[e&31] bit e>>5
@@ -252,8 +252,8 @@ struct T_Q5_K {  // as q4_K, 5th bit of weight e: qh[e&31] bit e>>5
         const int e0 = 8 * j;
         int sc, m;
         scale_min_k4(b + OFF(block_q5_K, scales), e0 >> 5, sc, m);
-        const float ds = fmul(ld_f16(b + OFF(block_q5_K, d)), i2f(sc));
-        const float dm = fmul(ld_f16(b + OFF(block_q5_K, dmin)), i2f(m));
+        const float ds = dq_mul(ld_f16(b + OFF(block_q5_K, d)), i2f(sc));
+        const float dm = dq_mul(ld_f16(b + OFF(block_q5_K, dmin)), i2f(m));
         const uint8_t* q = b + OFF(block_q5_K, qs) + 32 * (e0 >> 6) + (e0 & 31);
         const uint8_t* h = b + OFF(block_q5_K, qh) + (e0 & 31);
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4), sh = 4 * ((e0 >> 5) & 1);
@@ -261,7 +261,7 @@ struct T_Q5_K {  // as q4_K, 5th bit of weight e: qh[e&31] bit e>>5
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             const int n = int(((byte8(lo, hi, k) >> sh) & 15) | (((byte8(hlo, hhi, k) >> hb) & 1) << 4));
-            v[k] = fsub(fmul(ds, i2f(n)), dm);
+            v[k] = dq_sub(dq_mul(ds, i2f(n)), dm);
         }
     }
 };
@@ -272,7 +272,7 @@ struct T_Q6_K {  // (d*sc) * (q - 32)
     HD static void dq8(const uint8_t* b, int j, float* v) {
         const int e0 = 8 * j;
         const int sc = int(int8_t(b[OFF(block_q6_K, scales) + (e0 >> 4)]));
-        const float ds = fmul(ld_f16(b + OFF(block_q6_K, d)), i2f(sc));
+        const float ds = dq_mul(ld_f16(b + OFF(block_q6_K, d)), i2f(sc));
         const uint8_t* ql = b + OFF(block_q6_K, ql) + 64 * (e0 >> 7) + (e0 & 63);
         const uint8_t* qh = b + OFF(block_q6_K, qh) + 32 * (e0 >> 7) + (e0 & 31);
         const uint32_t lo = ld_u32_a2(ql), hi = ld_u32_a2(ql + 4), sh = 4 * ((e0 >> 6) & 1);
@@ -280,7 +280,7 @@ struct T_Q6_K {  // (d*sc) * (q - 32)
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
             const int n = int(((byte8(lo, hi, k) >> sh) & 15) | (((byte8(hlo, hhi, k) >> hsh) & 3) << 4));
-            v[k] = fmul(ds, i2f(n - 32));
+            v[k] = dq_mul(ds, i2f(n - 32));
         }
     }
 };
@@ -291,11 +291,11 @@ struct T_IQ4_XS {  // (d*(sc-32)) * kvalues[nibble]
         const int e0 = 8 * j, ib = e0 >> 5;
         const uint32_t ls = (b[OFF(block_iq4_xs, scales_l) + (ib >> 1)] >> (4 * (ib & 1))) & 15;
         const uint32_t hs = (ld_u16(b + OFF(block_iq4_xs, scales_h)) >> (2 * ib)) & 3;
-        const float dl = fmul(ld_f16(b + OFF(block_iq4_xs, d)), i2f(int(ls | (hs << 4)) - 32));
+        const float dl = dq_mul(ld_f16(b + OFF(block_iq4_xs, d)), i2f(int(ls | (hs << 4)) - 32));
         const uint8_t* q = b + OFF(block_iq4_xs, qs) + 16 * ib + (e0 & 15);
         const uint32_t lo = ld_u32_a2(q), hi = ld_u32_a2(q + 4), sh = 4 * ((e0 >> 4) & 1);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = fmul(dl, i2f(kvalue_iq4nl((byte8(lo, hi, k) >> sh) & 15)));
+        for (int k = 0; k < 8; ++k) v[k] = dq_mul(dl, i2f(kvalue_iq4nl((byte8(lo, hi, k) >> sh) & 15)));
     }
 };
 

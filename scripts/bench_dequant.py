@@ -38,7 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="14336x4096")
     ap.add_argument("--types", default=",".join(SUPPORTED))
-    ap.add_argument("--grids", default="8", help="ctas_per_sm values to compare (0: 1 CTA/item)")
+    ap.add_argument("--grids", default="0", help="ctas_per_sm values to compare (0: 1 CTA/item)")
     args = ap.parse_args()
     N, K = (int(x) for x in args.shape.split("x"))
     rt = get_runtime()

@@ -77,3 +77,28 @@ def test_decoders_on_real_rows(lib):
         raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType[name]).view(np.uint8)
         got = host_dequant(lib, raw, t.qtype, 16, 512)
         assert got.tobytes() == _dequant_rows(raw, t, 16, 512).tobytes(), name
+
+
+def test_device_code_keeps_the_arithmetic(tmp_path):
+    """PTX of every dequant entry: it reads shared memory, multiplies with mul.rn (8+ per
+    thread step), and holds no FMA (contraction would change the rounding vs gguf). Catches
+    decoders that nvcc optimized away (e.g. undefined behaviour) and FMA contraction, which
+    the host-run decoders above cannot see."""
+    import re
+
+    from minfer.cuda.build import KERNEL_DIR
+
+    ptx = tmp_path / "dequant.ptx"
+    r = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-O3", "-std=c++17", "-I",
+                        str(KERNEL_DIR), "-o", str(ptx), str(KERNEL_DIR / "dequant.cu")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}", ptx.read_text(), re.S))
+    for name in SUPPORTED:
+        t = BY_NAME[name]
+        for entry in (f"dq_f16_{kernel_suffix(t)}", f"embed_{kernel_suffix(t)}"):
+            body = bodies[entry]
+            assert "ld.shared" in body and "cp.async" in body, entry
+            assert not re.search(r"\bfma\.", body), f"{entry}: FMA in the dequant arithmetic"
+            if t.block_size > 1:
+                assert len(re.findall(r"mul\.rn\.f32", body)) >= 8, entry

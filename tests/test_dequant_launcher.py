@@ -50,12 +50,14 @@ def test_dequant_launch_geometry():
     out = dequant_f16(rt, Buf(4096, 14336 * 4096 // 256 * 144), t.qtype, 14336, 4096)
     (fn, grid, block, args), = rt.launches
     assert fn == ("dequant", "dq_f16_q4_K") and block == (256,)
-    assert grid == (132 * DequantConfig().ctas_per_sm,)
+    assert grid == (14336 * 4096 // 8192,)  # default: one CTA per 8192-output item
     assert int(args[0]) == 4096 and int(args[1]) == 14336 * 16 * 144
     assert int(args[2]) == out and int(args[3]) == 14336 * 4096
-    rt = FakeRT()  # one CTA per 8192-output item
-    dequant_f16(rt, 4096, t.qtype, 3, 8192 + 256, cfg=DequantConfig(ctas_per_sm=0))
+    rt = FakeRT()  # persistent grid, capped by the work
+    dequant_f16(rt, 4096, t.qtype, 3, 8192 + 256, cfg=DequantConfig(ctas_per_sm=8))
     assert rt.launches[0][1] == (-(-3 * (8192 + 256) // 8192),)
+    dequant_f16(rt, 4096, t.qtype, 14336, 4096, cfg=DequantConfig(ctas_per_sm=8))
+    assert rt.launches[1][1] == (132 * 8,)
 
 
 def test_embed_launch_args():
