@@ -54,11 +54,15 @@ def parse_tokens(s: str) -> list[int]:
     return out
 
 
-def make_backend(model, kind: str, spec: str, max_tokens: int):
-    """A backend for `kind` ('cuda' or 'cpu') and the A/B spec string (GEMM env keys)."""
+def make_backend(model, kind: str, spec: str, max_tokens: int, base=None):
+    """A backend for `kind` ('cuda' or 'cpu') and the A/B spec string (GEMM env keys).
+    base: GEMM flag overrides (MINFER_* keys) over the environment; the spec wins over both."""
+    import os
+
     from minfer.cuda.config import GemmConfig
 
-    cfg = GemmConfig.parse_ab(spec)  # validated for the cpu backend too
+    env = {**os.environ, **(base or {})}
+    cfg = GemmConfig.parse_ab(spec, env)  # validated for the cpu backend too
     if kind == "cpu":
         from minfer.reference.forward import ReferenceBackend
 
@@ -167,7 +171,11 @@ def breakdown(backend, model, n: int) -> str:
     att = tot.get("attention", [0.0, 0, 0])
     lines.append(f"| attention | {att[2]} | {att[0] * 1e3:,.0f} | {100 * att[0] / ev_ms:.1f} "
                  f"| | |")
-    rest = ev_ms - gemm_ms - att[0]
+    pre = tot.get("q8_1 prepass", [0.0, 0, 0])  # MMQ paths: activation quantization
+    if pre[2]:
+        lines.append(f"| q8_1 prepass | {pre[2]} | {pre[0] * 1e3:,.0f} | "
+                     f"{100 * pre[0] / ev_ms:.1f} | | |")
+    rest = ev_ms - gemm_ms - att[0] - pre[0]
     lines.append(f"| rest (norm, rope, swiglu, embed) | | {rest * 1e3:,.0f} | "
                  f"{100 * rest / ev_ms:.1f} | | |")
     lines.append(f"| all ops (events) / wall | | {ev_ms * 1e3:,.0f} / {wall_ms * 1e3:,.0f} | "
@@ -176,7 +184,7 @@ def breakdown(backend, model, n: int) -> str:
 
 
 def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
-        profile: bool = True, echo=print) -> list[Row]:
+        profile: bool = True, echo=print, base=None) -> list[Row]:
     from minfer.loader import load_model
 
     model = load_model(model_path)
@@ -185,10 +193,12 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
     backends = []
     for c in configs:
         t0 = time.perf_counter()
-        b = make_backend(model, kind, c, mx)
+        b = make_backend(model, kind, c, mx, base)
         load = getattr(b, "load_s", time.perf_counter() - t0)
         warm = getattr(b, "warmup_s", 0.0)
         echo(f"{c or 'default'}: backend {b.name}, load {load:.2f} s, warm-up {warm:.2f} s")
+        if hasattr(b, "route_summary"):
+            echo(f"  {b.route_summary()}")
         backends.append(b)
     rows = bench(model, tokens, configs, repeats, backends)
     echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved\n")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from minfer.commands.gemm_flags import gemm_options, gemm_overrides
+
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
 @click.option("-m", "--model", "model_path", required=True, type=click.Path(dir_okay=False),
@@ -17,9 +19,13 @@ import click
 @click.option("--backend", "kind", default="cuda", show_default=True,
               type=click.Choice(["cuda", "cpu"]))
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
+@gemm_options
 @click.argument("more_ab", nargs=-1)
-def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab) -> None:
-    """Prefill tok/s per config and length (median, spread over repeats, noise band)."""
+def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab, mmq, mmq_raw, mmq_wide,
+          mmq_kd) -> None:
+    """Prefill tok/s per config and length (median, spread over repeats, noise band).
+    GEMM flags apply to every config, under the environment's values; an --ab string's keys
+    win over both."""
     from minfer.bench import parse_tokens, run
     from minfer.errors import BadInput
 
@@ -27,4 +33,4 @@ def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab) -> None:
         raise BadInput(f"unexpected arguments {' '.join(more_ab)!r} (A/B configs follow --ab)")
     configs = list(ab) + list(more_ab)
     run(model_path, parse_tokens(tokens), configs, repeats, kind, profile=not no_breakdown,
-        echo=click.echo)
+        echo=click.echo, base=gemm_overrides(mmq, mmq_raw, mmq_wide, mmq_kd))

@@ -1,7 +1,10 @@
 """CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
 
-Construction (timed as `load_s`): every linear weight's raw GGUF bytes are uploaded (PCIe
-moves the compact quantized bytes) and dequantized on the GPU to f16 [N, K] (dq_f16); the
+Construction (timed as `load_s`): every linear weight gets a route (`plan_routes`, via
+pick_gemm): "f16" weights are uploaded as raw GGUF bytes (PCIe moves the compact quantized
+bytes) and dequantized on the GPU to f16 [N, K] (dq_f16); "mmq-*" weights (q4_K / q6_K when the
+GemmConfig enables MMQ) stay as their raw bytes on the GPU, no f16 copy. A weight whose consumer
+needs f16 output (attn_v writing the f16 KV cache when there is no bias) stays on f16. The
 embedding table stays quantized (rows gathered with embed_rows); norms go up as f32. The KV
 cache (f16 [max_tokens, Hkv, D] per layer), activations for `ubatch` tokens and the rope table
 are allocated up front, after checking the device's free memory. Then `warmup_s`: every kernel
@@ -12,6 +15,10 @@ forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
   q16 = rope(q32);  cache_k[pos0:] = rope(k32) (f16);  a16 = attention(q16, cache)
   x += a16 @ Wo.T (GEMM epilogue accumulates);  h16 = rmsnorm(x) * ffn_norm
   g32, u32 = h16 @ Wg.T, Wu.T;  a16 = swiglu(g32, u32);  x += a16 @ Wd.T
+MMQ weights: the activation is quantized to q8_1 once per distinct input into one reused
+scratch buffer (q, k, v share h16's; gate, up share the FFN input's), then mmq_linear runs on
+the raw bytes (attn_output / ffn_down accumulate into x). `route_summary()` gives the one-line
+"MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
 gives the greedy token on the GPU.
@@ -97,6 +104,64 @@ def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None
     dequant.embed_rows(rt, table_dev, qtype, ids_dev, int(ids_dev.shape[0]), K, out, V=V)
 
 
+_QNAMES = {12: "q4_K", 14: "q6_K"}
+
+
+def _qname(qtype: int) -> str:
+    try:
+        import gguf
+
+        return gguf.GGMLQuantizationType(int(qtype)).name.lower().replace("_k", "_K")
+    except (ImportError, ValueError):
+        return _QNAMES.get(int(qtype), f"type {qtype}")
+
+
+def plan_routes(model, cfg: GemmConfig, rt=None, ubatch: int = 512) -> dict[str, tuple[str, str]]:
+    """weight name -> (path, why) for every linear weight and the LM head. path: pick_gemm's
+    answer, except "f16" where the consumer needs f16 output; why: a short reason for f16."""
+    c = model.config
+    names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers) for n in _LINEAR]
+    names.append(model.output_name)
+    routes: dict[str, tuple[str, str]] = {}
+    for n in names:
+        t = model.tensor(n)
+        N, K = t.shape
+        M = 1 if n == model.output_name else ubatch
+        path = pick_gemm(t.qtype, M, N, K, cfg, rt)
+        why = ""
+        if path == "f16":
+            from minfer.cuda.mmq import has_mmq
+
+            why = ("MMQ off" if not cfg.mmq else
+                   f"{_qname(t.qtype)}: no MMQ kernel" if not has_mmq(t.qtype) else
+                   f"K={K} not a multiple of 256")
+        elif n.endswith("attn_v.weight") and not c.qkv_bias:
+            path, why = "f16", "attn_v: f16 KV-cache output"
+        routes[n] = (path, why)
+    return routes
+
+
+def summarize_routes(model, routes: dict[str, tuple[str, str]]) -> str:
+    """'MMQ (mmq-wide-kd4): 49 GEMMs (q4_K 33, q6_K 16); f16: 9 (attn_v: f16 KV-cache output 8,
+    ...)' counting each weight once (a tied LM head counts once)."""
+    mmq: dict[str, int] = {}
+    f16: dict[str, int] = {}
+    paths = set()
+    for n, (path, why) in routes.items():
+        if path == "f16":
+            f16[why] = f16.get(why, 0) + 1
+        else:
+            paths.add(path)
+            q = _qname(model.tensor(n).qtype)
+            mmq[q] = mmq.get(q, 0) + 1
+    nm, nf = sum(mmq.values()), sum(f16.values())
+    head = f"MMQ ({', '.join(sorted(paths))})" if paths else "MMQ"
+    mm = ", ".join(f"{k} {v}" for k, v in sorted(mmq.items()))
+    ff = ", ".join(f"{k} {v}" for k, v in sorted(f16.items(), key=lambda kv: -kv[1]))
+    return (f"{head}: {nm} GEMMs" + (f" ({mm})" if mm else "") + f", f16: {nf} GEMMs"
+            + (f" ({ff})" if ff else ""))
+
+
 class CudaBackend:
     """Backend protocol on the GPU. See the module docstring for the dataflow."""
 
@@ -120,6 +185,7 @@ class CudaBackend:
         self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
         self.profile: OpProfile | None = None
         self.n_past = 0
+        self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch)
         self._check_memory()
         self._load_weights(progress)
         self._alloc()
@@ -138,20 +204,26 @@ class CudaBackend:
         m = self.model
         f16_w = 0
         raw_max = 0
-        names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers) for n in _LINEAR]
-        names.append(m.output_name)
-        for n in names:
+        mmq_w = 0
+        q8_k = 0
+        for n, (path, _) in self.routes.items():
             t = m.tensor(n)
-            f16_w += int(np.prod(t.shape)) * 2
-            raw_max = max(raw_max, int(t.data.nbytes))
+            if path == "f16":
+                f16_w += int(np.prod(t.shape)) * 2
+                raw_max = max(raw_max, int(t.data.nbytes))
+            else:
+                q8_k = max(q8_k, int(t.shape[1]))
+                if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
+                    mmq_w += int(t.data.nbytes)
         emb = int(m.tensor("token_embd.weight").data.nbytes)
         kv = 2 * c.n_layers * self.max_tokens * c.n_kv_heads * c.head_dim * 2
         T = self.ubatch
         qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 + c.d_ff * (4 + 4 + 2))
         act += c.vocab_size * 4 + (self.max_tokens * c.rope_dim) * 4
-        return {"f16 weights": f16_w, "quantized embedding": emb, "KV cache": kv,
-                "activations": act, "upload staging": raw_max}
+        return {"f16 weights": f16_w, "MMQ raw weights": mmq_w, "quantized embedding": emb,
+                "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
+                "upload staging": raw_max}
 
     def _check_memory(self) -> None:
         plan = self._plan()
@@ -169,34 +241,35 @@ class CudaBackend:
     def _load_weights(self, progress: bool) -> None:
         rt, m, c = self.rt, self.model, self.c
         plan = self._plan()
-        self._staging = rt.alloc(plan["upload staging"], "weight upload staging")
+        self._staging = rt.alloc(max(plan["upload staging"], 1), "weight upload staging")
         self.w: dict[str, object] = {}
         self.qtypes: dict[str, int] = {}
-        names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers) for n in _LINEAR]
-        names.append(m.output_name)
-        seen = set()
+        emb = m.tensor("token_embd.weight")
+        self.emb_qtype = emb.qtype
+        self.emb = da.to_device(rt, np.ascontiguousarray(emb.data).view(np.uint8).reshape(-1),
+                                "quantized embedding table")
+        names = list(self.routes)
         it = names
         if progress:
             from tqdm import tqdm
 
             it = tqdm(names, desc="upload+dequant", unit="tensor", leave=False)
         for n in it:
-            if n in seen:
-                continue
-            seen.add(n)
             t = m.tensor(n)
             N, K = t.shape
+            self.qtypes[n] = t.qtype
             raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
+            if self.routes[n][0] != "f16":
+                # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
+                # shares the embedding table's bytes
+                self.w[n] = (self.emb if n == "token_embd.weight" else
+                             da.to_device(rt, raw, f"raw weight {n}"))
+                continue
             rt.drv.memcpy_htod(self._staging, raw)
             out = da.empty(rt, (N, K), np.float16, f"f16 weight {n}")
             _dequant_f16(rt, int(self._staging), t.qtype, N, K, out)
             rt.synchronize()  # staging is reused by the next tensor
             self.w[n] = out
-            self.qtypes[n] = t.qtype
-        emb = m.tensor("token_embd.weight")
-        self.emb_qtype = emb.qtype
-        self.emb = da.to_device(rt, np.ascontiguousarray(emb.data).view(np.uint8).reshape(-1),
-                                "quantized embedding table")
         for i in range(c.n_layers):
             for n in ("attn_norm", "ffn_norm"):
                 name = f"blk.{i}.{n}.weight"
@@ -236,6 +309,8 @@ class CudaBackend:
         self.vc = [e(rt, (self.max_tokens, Hkv, D), np.float16, f"V cache {i}")
                    for i in range(c.n_layers)]
         self.rope = L.RopeTable.build(rt, self.max_tokens, c.rope_base, c.rope_dim)
+        q8_bytes = self._plan()["q8_1 scratch"]
+        self.q8 = e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None
 
     # -- protocol -------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -252,14 +327,43 @@ class CudaBackend:
             with self.profile.op(label, flops):
                 yield
 
-    def _linear(self, C, A, name: str, mode: str, label: str) -> None:
+    def route_summary(self) -> str:
+        """One line: which GEMMs run on MMQ (by type) and which on f16 (and why)."""
+        return summarize_routes(self.model, self.routes)
+
+    def _quantize(self, A, *names: str):
+        """A f16 [M, K] -> its q8_1 raw view [M, K/32*40] in the shared scratch, once, if any
+        of `names` runs on MMQ; else None. The scratch is reused by the next activation (the
+        GEMMs that read it are queued before, on the same stream)."""
+        if all(self.routes[n][0] == "f16" for n in names):
+            return None
+        from minfer.cuda.mmq import quantize_q8_1
+
+        M, K = A.shape
+        q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
+        with self._op("q8_1 prepass"):
+            quantize_q8_1(self.rt, A, q8)
+        return q8
+
+    def _linear(self, C, A, name: str, mode: str, label: str, q8=None) -> None:
+        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A quantized
+        (from _quantize), required for an MMQ route."""
         M, K = A.shape
         N = C.shape[1]
-        path = pick_gemm(self.qtypes[name], M, N, K, self.gcfg, self.rt)
-        if path != "f16":
-            raise Unsupported(f"GEMM path {path!r} is not available in this build")
+        path = self.routes[name][0]
         with self._op("gemm:" + label, 2.0 * M * N * K):
-            _gemm(self.rt, C, A, self.w[name], mode)
+            if path == "f16":
+                _gemm(self.rt, C, A, self.w[name], mode)
+                return
+            if mode == "f16":
+                raise Unsupported(f"{name}: MMQ writes f32, but this GEMM needs f16 output "
+                                  "(plan_routes keeps such weights on f16)")
+            if q8 is None:
+                q8 = self._quantize(A, name)
+            from minfer.cuda.mmq import mmq_linear
+
+            mmq_linear(self.rt, q8, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
+                       accumulate=mode == "acc")
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one."""
@@ -310,11 +414,12 @@ class CudaBackend:
             q32, k32 = R(self.q32, 0, T), R(self.k32, 0, T)
             kc = da.reshape(R(self.kc[il], pos0, T), (T, Hkv * D))
             vc = da.reshape(R(self.vc[il], pos0, T), (T, Hkv * D))
-            self._linear(q32, h16, p + "attn_q.weight", "f32", "attn_q")
-            self._linear(k32, h16, p + "attn_k.weight", "f32", "attn_k")
+            hq8 = self._quantize(h16, *(p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v")))
+            self._linear(q32, h16, p + "attn_q.weight", "f32", "attn_q", hq8)
+            self._linear(k32, h16, p + "attn_k.weight", "f32", "attn_k", hq8)
             if c.qkv_bias:
                 v32 = R(self.v32, 0, T)
-                self._linear(v32, h16, p + "attn_v.weight", "f32", "attn_v")
+                self._linear(v32, h16, p + "attn_v.weight", "f32", "attn_v", hq8)
                 with self._op("bias"):
                     L.add_bias(rt, q32, self.w[p + "attn_q.bias"])
                     L.add_bias(rt, k32, self.w[p + "attn_k.bias"])
@@ -339,8 +444,9 @@ class CudaBackend:
             with self._op("rmsnorm"):
                 L.rmsnorm(rt, hq, xq, self.w[p + "ffn_norm.weight"], c.rms_eps)
             g32, u32, f16 = R(self.g32, 0, Tq), R(self.u32, 0, Tq), R(self.f16, 0, Tq)
-            self._linear(g32, hq, p + "ffn_gate.weight", "f32", "ffn_gate")
-            self._linear(u32, hq, p + "ffn_up.weight", "f32", "ffn_up")
+            fq8 = self._quantize(hq, p + "ffn_gate.weight", p + "ffn_up.weight")
+            self._linear(g32, hq, p + "ffn_gate.weight", "f32", "ffn_gate", fq8)
+            self._linear(u32, hq, p + "ffn_up.weight", "f32", "ffn_up", fq8)
             with self._op("swiglu"):
                 L.swiglu(rt, f16, g32, u32)
             self._linear(xq, f16, p + "ffn_down.weight", "acc", "ffn_down")

@@ -89,7 +89,7 @@ def quantize_q8_1(rt, x, out=None):
     entry = "quantize_q8_1_raw" if x.dtype == np.float32 else "quantize_q8_1_raw_f16"
     fn = rt.function("quantize_q8_1", entry)
     nblk = M * (K // 32)
-    rt.launch(fn, ((nblk + 7) // 8,), (256,), (x.gpudata, out.gpudata, np.int32(M), np.int32(K)))
+    rt.launch(fn, ((nblk + 7) // 8,), (256,), (da.arg(x), da.arg(out), np.int32(M), np.int32(K)))
     return out
 
 
@@ -125,7 +125,8 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
         _warn_once(v.fallback)
     name = _FILES[qtype]
     entry = _ENTRY[(qtype, v.kind)]
-    args = (a.gpudata, w_raw.gpudata, out.gpudata, np.int32(M), np.int32(N), np.int32(K),
+    # da.arg: row views carry a plain int pointer, which pycuda does not take as an argument
+    args = (da.arg(a), da.arg(w_raw), da.arg(out), np.int32(M), np.int32(N), np.int32(K),
             np.int32(1 if accumulate else 0))
     if v.kind == "wide":
         smem = wide_smem(v.kd)

@@ -1,0 +1,51 @@
+"""Shared GEMM-path CLI flags (`minfer prefill`, `minfer bench`): they mirror the environment.
+
+    @gemm_options                       # adds --mmq/--no-mmq, --mmq-raw/--no-mmq-raw,
+    def cmd(..., mmq, mmq_raw, mmq_wide, mmq_kd): ...   # --mmq-wide/--no-mmq-wide, --mmq-kd 4|8
+    cfg = gemm_config(mmq, mmq_raw, mmq_wide, mmq_kd)   # env, then flags (flags win)
+
+An unset flag leaves the environment's value (MINFER_MMQ, MINFER_MMQ_RAW, MINFER_MMQ_RAW_WIDE,
+MINFER_MMQ_RAW_KD) or GemmConfig's default. Not a command module (minfer.cli lists those).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import click
+
+
+def gemm_options(f):
+    """Decorator: the four GEMM-path flags, each None unless given."""
+    opts = [
+        click.option("--mmq/--no-mmq", "mmq", default=None,
+                     help="GEMMs on q4_K/q6_K weights via the int8 MMQ kernels (MINFER_MMQ)."),
+        click.option("--mmq-raw/--no-mmq-raw", "mmq_raw", default=None,
+                     help="MMQ raw kernels; --no-mmq-raw: the R1 comparison kernel "
+                          "(MINFER_MMQ_RAW)."),
+        click.option("--mmq-wide/--no-mmq-wide", "mmq_wide", default=None,
+                     help="Wide raw MMQ kernel; --no-mmq-wide: narrow (MINFER_MMQ_RAW_WIDE)."),
+        click.option("--mmq-kd", "mmq_kd", type=click.Choice(["4", "8"]), default=None,
+                     help="Super-blocks staged per pass by the wide kernel (MINFER_MMQ_RAW_KD)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def gemm_overrides(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None) -> dict[str, str]:
+    """The flags that were given, as GemmConfig.resolve overrides (MINFER_* keys)."""
+    out = {}
+    for key, v in (("MINFER_MMQ", mmq), ("MINFER_MMQ_RAW", mmq_raw),
+                   ("MINFER_MMQ_RAW_WIDE", mmq_wide), ("MINFER_MMQ_RAW_KD", mmq_kd)):
+        if v is not None:
+            out[key] = str(int(v)) if isinstance(v, bool) else str(v)
+    return out
+
+
+def gemm_config(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None,
+                env: Mapping[str, str] | None = None):
+    """GemmConfig from the environment, then the given flags (flags win)."""
+    from minfer.cuda.config import GemmConfig
+
+    return GemmConfig.resolve(env, gemm_overrides(mmq, mmq_raw, mmq_wide, mmq_kd))

@@ -1,0 +1,119 @@
+"""CPU: the CUDA backend's GEMM routing (plan_routes, summary line), the GEMM CLI flags, and
+check's tie-aware identity verdict and row sampling (no GPU needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minfer.cuda.backend import plan_routes, summarize_routes
+from minfer.cuda.config import GemmConfig
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from minfer.loader import load_model
+    from minfer.synth import SynthOptions, make_synthetic_model
+
+    p = tmp_path_factory.mktemp("routes") / "tiny.gguf"
+    make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=3, vocab=1024,
+                                         tokenizer_from=None, workers=1), progress=False)
+    return load_model(p)
+
+
+def test_routes_f16_when_mmq_off(tiny):
+    r = plan_routes(tiny, GemmConfig())
+    n = tiny.config.n_layers * 7 + 1
+    assert len(r) == n and all(p == "f16" and why == "MMQ off" for p, why in r.values())
+    assert summarize_routes(tiny, r).startswith(f"MMQ: 0 GEMMs, f16: {n} GEMMs")
+
+
+@pytest.mark.parametrize("kw,label", [(dict(kd=4), "mmq-wide-kd4"), (dict(kd=8), "mmq-wide-kd8"),
+                                      (dict(wide=False), "mmq-narrow"),
+                                      (dict(raw=False), "mmq-r1")])
+def test_routes_mmq(tiny, kw, label):
+    r = plan_routes(tiny, GemmConfig(mmq=True, **kw))
+    for name, (path, why) in r.items():
+        t = tiny.tensor(name)
+        if name.endswith("attn_v.weight"):  # writes the f16 KV cache: stays on f16
+            assert path == "f16" and "f16 KV-cache" in why
+        elif t.qtype in (12, 14):
+            assert path == label, name
+        else:
+            assert path == "f16" and "no MMQ kernel" in why
+    line = summarize_routes(tiny, r)
+    n_mmq = sum(p != "f16" for p, _ in r.values())
+    q4 = sum(p != "f16" and tiny.tensor(n).qtype == 12 for n, (p, _) in r.items())
+    assert f"MMQ ({label}): {n_mmq} GEMMs (q4_K {q4}, q6_K {n_mmq - q4})" in line
+    assert f"f16: {len(r) - n_mmq} GEMMs (attn_v: f16 KV-cache output" in line
+    assert n_mmq > 0
+
+
+def test_routes_smem_guard_reaches_backend(tiny):
+    class Rt:
+        smem_optin = 100_000  # KD=8 needs 156,672 B
+
+    r = plan_routes(tiny, GemmConfig(mmq=True, kd=8), Rt())
+    assert {p for p, _ in r.values()} == {"f16", "mmq-narrow"}
+
+
+def test_gemm_flags_win_over_env():
+    from minfer.commands.gemm_flags import gemm_config, gemm_overrides
+
+    env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
+    assert gemm_config(env=env) == GemmConfig(mmq=True, kd=8)
+    assert gemm_config(mmq=False, env=env) == GemmConfig(mmq=False, kd=8)
+    assert gemm_config(mmq_kd="4", mmq_wide=False, env=env) == GemmConfig(mmq=True, kd=4,
+                                                                         wide=False)
+    assert gemm_config(mmq=True, mmq_raw=False, env={}).label() == "mmq-r1"
+    assert gemm_overrides() == {}
+    assert gemm_overrides(mmq=True, mmq_kd="8") == {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
+
+
+def test_bench_flags_parse():
+    from click.testing import CliRunner
+
+    from minfer.cli import cli
+
+    out = CliRunner().invoke(cli, ["bench", "--help"])
+    assert out.exit_code == 0
+    for flag in ("--mmq / --no-mmq", "--mmq-raw / --no-mmq-raw", "--mmq-wide / --no-mmq-wide",
+                 "--mmq-kd"):
+        assert flag in out.output
+    bad = CliRunner().invoke(cli, ["bench", "-m", "x.gguf", "--mmq-kd", "5"])
+    assert bad.exit_code != 0 and "5" in bad.output
+
+
+def _res(greedy, last, margins):
+    from minfer.engine import RunResult
+
+    return RunResult([1, 2], list(greedy), np.asarray(last, np.float32), 1.0, 1.0,
+                     list(margins))
+
+
+def test_identity_verdict_tie_aware():
+    from minfer.commands.check import identity_verdict
+
+    ref = _res([5, 6, 7, 8], [0.0, 1.0, 2.0], [3.0, 2.0, 0.01, 1.0])
+    same = _res([5, 6, 7, 8], [0.0, 1.0, 2.1], [0] * 4)
+    v, diff = identity_verdict(ref, same)
+    assert v.ok and v.exact == 4 and diff == pytest.approx(0.1, abs=1e-6)
+    assert v.tau == pytest.approx(0.2, abs=1e-6)
+    # diverges at step 3 where the reference margin 0.01 < tau 0.2: a near-tie, passes
+    tie = _res([5, 6, 9, 9], [0.0, 1.0, 2.1], [0] * 4)
+    v, _ = identity_verdict(ref, tie)
+    assert v.ok and v.exact == 2 and "near-tie" in v.describe()
+    # diverges at step 2 where the margin 2.0 >= tau: a bug
+    bug = _res([5, 9, 7, 8], [0.0, 1.0, 2.1], [0] * 4)
+    v, _ = identity_verdict(ref, bug)
+    assert not v.ok and "DIVERGENCE" in v.describe()
+
+
+def test_sample_rows_covers_edges():
+    from minfer.commands.check import sample_rows
+
+    rng = np.random.default_rng(0)
+    s = sample_rows(rng, 1000, 50)
+    assert np.all(np.diff(s) > 0) and s[0] == 0 and s[-1] == 999
+    assert set(range(8)) <= set(s) and set(range(992, 1000)) <= set(s)
+    assert list(sample_rows(rng, 5, 256)) == [0, 1, 2, 3, 4]
