@@ -68,9 +68,9 @@ PRESETS: dict[str, SynthShape] = {
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
 }
 
-# --type -> (the type of most 2-D weights, llama.cpp's LLAMA_FTYPE value)
-FTYPES: dict[str, tuple[str, int]] = {
-    "q4_K_M": ("Q4_K", 15), "q6_K": ("Q6_K", 18), "q8_0": ("Q8_0", 7), "f16": ("F16", 1)}
+# the --type choices: file types whose mix uses only types minfer.synth_blocks can write
+# (Q4_K, Q6_K, Q5_0, Q8_0, F16); file_type values from minfer.quants.mix.FTYPES
+FTYPES = ("q4_K_M", "q6_K", "q8_0", "f16")
 
 
 @dataclass(frozen=True)
@@ -92,37 +92,13 @@ class TensorPlan:
     kind: str  # "weight" (std 1/sqrt(cols)), "norm" (~1), "bias" (std 0.02)
 
 
-# ---- type mix ------------------------------------------------------------------------------
-# LOCAL COPY of llama.cpp's llama_tensor_get_type rules for the four types offered here, until
-# minfer.quants.mix (llama.cpp's full rules, another module) lands; then call that instead.
-_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}  # when K % 256 != 0
+# ---- type mix: llama.cpp's rules (minfer.quants.mix) --------------------------------------
+def _plan_types(shape: SynthShape, ftype: str, items) -> dict[str, str]:
+    from minfer.quants.mix import MixModel, TensorDesc, plan_types
 
-
-def _use_more_bits(i: int, n: int) -> bool:
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
-def tensor_type(ftype: str, name: str, shape: tuple[int, ...], n_layers: int,
-                has_output: bool) -> str:
-    """The ggml type llama.cpp's quantizer gives `name` under `ftype` (local copy, see above)."""
-    if len(shape) == 1:
-        return "F32"
-    base, _ = FTYPES[ftype]
-    if base in ("F16", "Q8_0"):
-        return base  # F16 is not a quantized ftype; Q8_0 keeps Q8_0 everywhere
-    t = base
-    cols = shape[-1]
-    if name == "output.weight" or (not has_output and name == "token_embd.weight"):
-        return "Q8_0" if cols % 256 else "Q6_K"
-    if ftype == "q4_K_M":
-        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
-        if name.endswith("attn_v.weight") and _use_more_bits(layer, n_layers):
-            t = "Q6_K"
-        elif name.endswith("ffn_down.weight") and _use_more_bits(layer, n_layers):
-            t = "Q6_K"
-    if cols % 256 and t in _FALLBACK:
-        t = _FALLBACK[t]
-    return t
+    model = MixModel(shape.arch, shape.n_layers, shape.n_heads, shape.n_kv_heads)
+    # every tensor starts as F32: norms and biases keep it, weights get the mix's type
+    return plan_types([TensorDesc(n, sh, "F32") for n, sh, _ in items], ftype, model)
 
 
 def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
@@ -155,8 +131,8 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
     items.append(("output_norm.weight", (s.d_model,), "norm"))
     if not s.tied:
         items.append(("output.weight", (s.vocab, s.d_model), "weight"))
-    return [TensorPlan(n, tensor_type(ftype, n, sh, s.n_layers, not s.tied), sh, k)
-            for n, sh, k in items]
+    types = _plan_types(s, ftype, items)
+    return [TensorPlan(n, types[n], sh, k) for n, sh, k in items]
 
 
 # ---- values ---------------------------------------------------------------------------------
@@ -273,6 +249,8 @@ def tokenizer_metadata(source: str | os.PathLike | None,
 def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
     import gguf
 
+    from minfer.quants.mix import FTYPES as MIX_FTYPES
+
     V = gguf.GGUFValueType
     a = shape.arch
     hd = shape.d_model // shape.n_heads
@@ -280,7 +258,7 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
     f32 = lambda x: gguf.GGUFValue(float(x), V.FLOAT32)  # noqa: E731
     return {
         "general.name": gguf.GGUFValue(name, V.STRING),
-        "general.file_type": u32(FTYPES[ftype][1]),
+        "general.file_type": u32(MIX_FTYPES[ftype][0]),
         "general.quantization_version": u32(gguf.GGML_QUANT_VERSION),
         f"{a}.block_count": u32(shape.n_layers),
         f"{a}.context_length": u32(shape.n_ctx),

@@ -14,8 +14,7 @@ import pytest
 from minfer.errors import BadInput
 from minfer.gguf_header import read_header
 from minfer.loader import load_model
-from minfer.synth import (FTYPES, PRESETS, SynthOptions, make_synthetic_model, tensor_plan,
-                          tensor_type)
+from minfer.synth import PRESETS, SynthOptions, SynthShape, make_synthetic_model, tensor_plan
 from minfer.synth_blocks import pack_scale_min_k4, random_blocks
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -56,14 +55,11 @@ def test_q4k_scale_packing_matches_get_scale_min_k4():
 @pytest.mark.parametrize("ftype, key", [("q4_K_M", "q4_k_m"), ("q6_K", "q6_k"),
                                         ("q8_0", "q8_0"), ("f16", "f16")])
 def test_type_mix_reproduces_llama_cpp_on_smollm2(ftype, key):
+    """A synthetic model of SmolLM2's shape gets llama.cpp's exact types and shapes."""
     ref = json.loads((GOLDEN / "llamacpp-requant-tensors.json").read_text())[f"smollm2-135m-{key}"]
-    bad = {}
-    for name, t in ref.items():
-        shape = tuple(reversed(t["shape"]))
-        got = tensor_type(ftype, name, shape, 30, has_output=False)
-        if got != t["type"]:
-            bad[name] = (got, t["type"])
-    assert not bad, bad
+    smol = SynthShape("llama", 576, 1536, 30, 9, 3, vocab=49152, tied=True)
+    got = {p.name: (p.qtype, list(reversed(p.shape))) for p in tensor_plan(smol, ftype)}
+    assert got == {n: (t["type"], t["shape"]) for n, t in ref.items()}
 
 
 def test_q4_k_m_mix_at_8b_shape_follows_use_more_bits():
@@ -95,7 +91,7 @@ def test_tiny_model_loads_with_minfer_and_gguf(tiny):
     assert c.tied_embeddings and c.vocab_size == 512
     f = gguf.GGUFReader(p).fields
     assert list(f["llama.block_count"].types) == [gguf.GGUFValueType.UINT32]
-    assert f["general.file_type"].contents() == FTYPES["q4_K_M"][1]
+    assert f["general.file_type"].contents() == 15  # LLAMA_FTYPE_MOSTLY_Q4_K_M
     # the tied LM head is Q6_K as llama.cpp would make it
     assert m.tensors["token_embd.weight"].type_name == "Q6_K"
     assert r["bytes"] == p.stat().st_size
