@@ -37,7 +37,8 @@ Q4K_SC = (8, 63)  # inclusive range of the 6-bit sub-block scales and mins
 Q6K_SC = (32, 127)  # inclusive range of |int8 scale|
 
 _DT = {
-    "Q4_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qs", "u1", (128,))]),
+    "Q4_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
+                      ("qs", "u1", (128,))]),
     "Q6_K": np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)),
                       ("d", "<f2")]),
     "Q5_0": np.dtype([("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))]),

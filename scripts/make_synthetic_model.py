@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Synthetic production-shape GGUF maker: a thin wrapper over `minfer synth` (minfer/synth.py).
 
-    python3 scripts/make_synthetic_model.py --preset llama3-8b --type q4_K_M -o models/llama3-8b-synth.gguf
+    python3 scripts/make_synthetic_model.py --preset llama3-8b --type q4_K_M -o /tmp/l3-8b.gguf
     python3 scripts/make_synthetic_model.py --preset llama3-8b --layers 2 -o /tmp/l2.gguf
 """
 
