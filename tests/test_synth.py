@@ -281,3 +281,10 @@ def test_cli_synth(tmp_path):
     assert {t.type_name for t in m.tensors.values()} == {"Q8_0", "F32"}
     res = CliRunner().invoke(synth, ["--preset", "nope", "-o", str(out)])
     assert res.exit_code != 0 and "nope" in res.output
+
+
+def test_block_layouts_match_ggml_sizes():
+    from minfer.synth_blocks import _BLOCK, _DT
+
+    for name, dt in _DT.items():
+        assert (_BLOCK[name], dt.itemsize) == gguf.GGML_QUANT_SIZES[Q[name]], name
