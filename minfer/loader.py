@@ -95,7 +95,21 @@ class GGUFModel:
         for t in self.reader.tensors:
             shape = tuple(int(x) for x in reversed(t.shape))
             self.tensors[t.name] = TensorInfo(t.name, int(t.tensor_type), shape, t.data)
-        self.config = self._config()
+        try:
+            self.config = self._config()
+        except (TypeError, ValueError, OverflowError) as e:  # e.g. a string where a count goes
+            raise BadModel(f"{self.path}: bad hyperparameter in metadata ({e})") from None
+        # sanity bounds before anything loops over layers (a damaged block_count of 2^32
+        # would otherwise build billions of expected tensor names)
+        c = self.config
+        for what, v in (("block_count", c.n_layers), ("embedding_length", c.d_model),
+                        ("feed_forward_length", c.d_ff), ("head_dim", c.head_dim),
+                        ("vocab_size", c.vocab_size)):
+            if not 0 < v < 1 << 31:
+                raise BadModel(f"{self.path}: {c.arch}.{what} = {v} out of range")
+        if c.n_layers * 9 > len(self.tensors):
+            raise BadModel(f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
+                           f"only {len(self.tensors)} tensors")
         self._check_tensors()
 
     # -- metadata -> config ---------------------------------------------------------------
