@@ -39,6 +39,8 @@ echo "--- prefill --mmq"; grep -E "^(backend|gemm|prefill|greedy)" $OUT/prefill_
 for f in check_s8b check_smol_q41 check_smol_q4km; do
   echo "--- $f"; grep -E "^MMQ|^f16 |^mmq-|FAIL|tokenizer|\| (f16|mmq-[a-z0-9-]+) \| [0-9]+/|^check:|rror" $OUT/$f.log | head -20
 done
-echo "--- parity rows: $(grep -c '| ok |' $OUT/check_s8b.log) ok, max rel err $(grep '| ok |\|FAIL |' $OUT/check_s8b.log | awk -F'|' '{print $5}' | sort -g | tail -1)"
+for f in check_s8b check_smol_q4km; do  # parity rows start "| q4_K " / "| q6_K "
+  echo "--- $f parity: $(grep -c '^| q.*| ok |$' $OUT/$f.log) ok, $(grep -c '^| q.*FAIL |$' $OUT/$f.log) FAIL, max rel err $(grep '^| q' $OUT/$f.log | awk -F'|' '{print $5}' | sort -g | tail -1)"
+done
 echo "--- tests"; tail -3 $OUT/tests_mmq.log; tail -2 $OUT/tests_rest.log
 echo "--- bench"; grep -E "^  MMQ|backend cuda|^\| |^per-op|rror" $OUT/bench.log | grep -v "^| ---" | head -60
