@@ -116,7 +116,7 @@ def _meta_id(meta: Mapping[str, Any], key: str, default: int | None, n: int) -> 
         return default
     try:
         v = int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise BadModel(f"tokenizer: metadata key {key!r} = {v!r} is not an integer") from None
     # llama.cpp: an out-of-range special id is ignored with a warning (the default is kept)
     return v if 0 <= v < n else default
@@ -140,9 +140,13 @@ class Tokenizer:
         types = _meta_list(meta, "tokenizer.ggml.token_type", required=False)
         if types is not None and len(types) != n:
             raise BadModel(f"tokenizer: {len(types)} token types for {n} tokens")
-        types = [int(t) for t in types] if types is not None else [T_NORMAL] * n
+        if types is not None and not all(isinstance(t, int) for t in types):
+            raise BadModel("tokenizer: 'tokenizer.ggml.token_type' holds non-integers")
+        types = list(types) if types is not None else [T_NORMAL] * n
+        if not all(isinstance(t, str) for t in tokens):
+            raise BadModel("tokenizer: 'tokenizer.ggml.tokens' holds non-strings")
         # llama.cpp: an empty token text is renamed so that it can never match
-        texts = [t if isinstance(t, str) and t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        texts = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         for i, t in enumerate(texts):
             if t in _EOG_TEXTS and types[i] != T_CONTROL:
                 types[i] = T_CONTROL
@@ -152,6 +156,8 @@ class Tokenizer:
 
         if self.kind == "bpe":
             pre_name = meta.get("tokenizer.ggml.pre") or "default"
+            if not isinstance(pre_name, str):
+                raise BadModel(f"tokenizer: 'tokenizer.ggml.pre' = {pre_name!r} is not a string")
             pre = _PRE.get(pre_name)
             if pre is None:
                 raise Unsupported(
@@ -225,6 +231,8 @@ class Tokenizer:
         n = self.n_vocab
         if scores is not None and len(scores) != n:
             raise BadModel(f"tokenizer: {len(scores)} scores for {n} tokens")
+        if scores is not None and not all(isinstance(s, (int, float)) for s in scores):
+            raise BadModel("tokenizer: 'tokenizer.ggml.scores' holds non-numbers")
         scores = [float(s) for s in scores] if scores is not None else [0.0] * n
         vocab = self.token_to_id
         # every way to make a token from two tokens is a merge, ranked by the merged token's

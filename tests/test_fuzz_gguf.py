@@ -1,6 +1,6 @@
 """GGUF fuzzing: >= 10,000 mutated files fed to minfer.loader.load_model.
 
-Every case must either load or raise a MinferError (one-line message): no other exception,
+Every case must either load (and build its tokenizer, encode, decode) or raise a MinferError (one-line message): no other exception,
 no hang (a per-case alarm), bounded memory (peak RSS growth of the worker after warm-up, and an
 address-space limit that turns a runaway allocation into a failure instead of an OOM).
 
@@ -97,6 +97,7 @@ def _worker(corpus: Path, n_cases: int, seed: int, out: Path, tmp: Path) -> None
     from minfer.errors import MinferError
     from minfer.gguf_check import scan_gguf
     from minfer.loader import load_model
+    from minfer.tokenizer import Tokenizer
 
     seeds = sorted(corpus.glob("*.gguf"))
     datas = [p.read_bytes() for p in seeds]
@@ -140,7 +141,11 @@ def _worker(corpus: Path, n_cases: int, seed: int, out: Path, tmp: Path) -> None
         try:
             m = load_model(path)
             key = "loaded"
-            del m
+            # the tokenizer is built from the same (possibly damaged) metadata
+            tok = Tokenizer.from_metadata(m.metadata)
+            tok.decode(tok.encode("hello 123 <|endoftext|>", parse_special=True), special=True)
+            key = "loaded+tokenizer"
+            del m, tok
         except MinferError as e:
             key = type(e).__name__
             msg = str(e)
@@ -220,7 +225,7 @@ def test_fuzz_load_model(corpus, tmp_path):
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(map(str, failures[:20]))
     assert total >= N_CASES
-    assert outcomes.get("loaded", 0) > 0 and outcomes.get("BadModel", 0) > total // 4
+    assert outcomes.get("loaded+tokenizer", 0) > 0 and outcomes.get("BadModel", 0) > total // 4
     assert max(r["rss_growth_mb"] for r in results) < RSS_GROWTH_MAX_MB
 
 

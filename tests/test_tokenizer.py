@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -457,3 +458,36 @@ def test_spm_specials_and_bytes():
     assert 2 in ids and t.decode(ids) == "a b"  # the fragment after </s> gets a space prefix
     assert ids == t.encode("a", add_bos=False) + [2] + t.encode("b", add_bos=False)
     assert t.decode(ids, special=True) == "a</s> b"
+
+
+# -- damaged tokenizer metadata: build and use, or a MinferError --------------------------------
+_ANY = st.one_of(st.none(), st.integers(-2, 300), st.floats(allow_nan=True), st.text(max_size=5),
+                 st.lists(st.integers(-1, 9), max_size=5), st.lists(st.text(max_size=4),
+                                                                    max_size=5))
+
+
+@settings(max_examples=int(os.environ.get("MINFER_TOK_FUZZ", "150")), deadline=None)
+@given(st.sampled_from(["gpt2", "llama"]), st.dictionaries(
+    st.sampled_from(["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+                     "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                     "tokenizer.ggml.scores", "tokenizer.ggml.bos_token_id",
+                     "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token",
+                     "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.unknown_token_id"]),
+    _ANY, max_size=3), TEXT)
+def test_damaged_metadata_builds_or_raises_minfer_error(kind, damage, s):
+    from minfer.errors import MinferError
+
+    meta = dict(_SYN["gpt-2"] if kind == "gpt2" else _SPM_META)
+    meta.update(damage)
+    try:
+        t = Tokenizer(meta)
+    except MinferError as e:
+        assert "\n" not in str(e)
+        return
+    for ps in (False, True):
+        try:
+            ids = t.encode(s, parse_special=ps)
+        except MinferError:
+            continue
+        assert all(0 <= i < t.n_vocab for i in ids)
+        t.decode(ids, special=ps)
