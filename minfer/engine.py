@@ -60,25 +60,30 @@ def _margin(logits: np.ndarray) -> float:
     return float(top2[1] - top2[0])
 
 
-def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch: int = 512,
-        progress: bool = False, n_ctx: int | None = None) -> RunResult:
-    """Prefill prompt_ids in ubatch chunks, then n_greedy greedy ids (argmax, first index on
-    ties; no stop at EOS). n_ctx: the context limit (default: the backend's model's)."""
-    ids = np.asarray(list(prompt_ids), dtype=np.int64)
-    if ids.ndim != 1 or ids.size == 0:
+def validate(n_prompt: int, n_greedy: int, ubatch: int = 512, n_ctx: int | None = None) -> None:
+    """Raise BadInput for a request that cannot run (before any work is done)."""
+    if n_prompt <= 0:
         raise BadInput("empty prompt: at least one token is needed")
     if n_greedy < 0:
         raise BadInput(f"--greedy must be >= 0, got {n_greedy}")
     if ubatch < 1:
         raise BadInput(f"--ubatch must be >= 1, got {ubatch}")
+    # the last greedy id is never fed back, but like llama.cpp we require the whole sequence
+    # (prompt + greedy ids) to fit the context
+    if n_ctx is not None and n_prompt + n_greedy > n_ctx:
+        raise BadInput(f"prompt of {n_prompt} tokens + {n_greedy} greedy tokens = "
+                       f"{n_prompt + n_greedy} exceeds the model's context of {n_ctx}")
+
+
+def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch: int = 512,
+        progress: bool = False, n_ctx: int | None = None) -> RunResult:
+    """Prefill prompt_ids in ubatch chunks, then n_greedy greedy ids (argmax, first index on
+    ties; no stop at EOS). n_ctx: the context limit (default: the backend's model's)."""
+    ids = np.asarray(list(prompt_ids), dtype=np.int64)
     if n_ctx is None:
         model = getattr(backend, "model", None)
         n_ctx = model.config.n_ctx if model is not None else None
-    # the last greedy id is never fed back, so the cache holds prompt + n_greedy - 1 positions;
-    # we still require prompt + n_greedy <= n_ctx (as llama.cpp would for the full sequence)
-    if n_ctx is not None and ids.size + n_greedy > n_ctx:
-        raise BadInput(f"prompt of {ids.size} tokens + {n_greedy} greedy tokens = "
-                       f"{ids.size + n_greedy} exceeds the context of {n_ctx}")
+    validate(int(ids.size), n_greedy, ubatch, n_ctx)
     if hasattr(backend, "reserve"):
         backend.reserve(int(ids.size + max(n_greedy - 1, 0)))
     backend.reset()
@@ -87,7 +92,8 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
     if progress and len(chunks) > 1:
         from tqdm import tqdm
 
-        chunks = tqdm(chunks, desc="prefill", unit="ubatch", file=sys.stderr, leave=False)
+        chunks = tqdm(chunks, desc="prefill", unit="ubatch", file=sys.stderr, leave=False,
+                      disable=None)  # None: only on a terminal
     backend.synchronize()
     t0 = time.perf_counter()
     logits = None

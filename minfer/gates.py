@@ -49,8 +49,11 @@ class GreedyVerdict:
         if not self.ok:
             return (f"{head}, then a DIVERGENCE at step {self.identical_through + 1} where the "
                     f"reference margin {self.diverged_margin:.4g} >= tau {self.tau:.4g} (a bug)")
-        return (f"{head}, then a near-tie of margin {self.near_tie:.4g} < tau {self.tau:.4g} "
-                f"at step {self.near_tie_step}")
+        if self.diverged_margin < self.tau:
+            return f"{head}, then a near-tie of margin {self.diverged_margin:.4g} < tau {self.tau:.4g}"
+        return (f"{head}, then a divergence at margin {self.diverged_margin:.4g}, after the "
+                f"first near-tie (margin {self.near_tie:.4g} < tau {self.tau:.4g} at step "
+                f"{self.near_tie_step}) from which nothing is compared")
 
 
 def compare_greedy(ids: Sequence[int], ref_ids: Sequence[int], ref_margins: Sequence[float],

@@ -22,6 +22,8 @@ Both off and dtype=float64 is the oracle mode.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from minfer.errors import BadInput
@@ -99,7 +101,8 @@ class ReferenceBackend:
         if progress:
             from tqdm import tqdm
 
-            it = tqdm(names, desc="dequantize", unit="tensor", leave=False)
+            it = tqdm(names, desc="dequantize", unit="tensor", leave=False, file=sys.stderr,
+                      disable=None)  # None: only on a terminal
         for n in it:
             self.weight(n)
 
