@@ -213,8 +213,15 @@ class Tokenizer:
             # then fall back to bytes. No real vocab has them: dropped.
             if a in vocab and b in vocab and a + b in vocab:
                 merges.append((a, b))
+        # A byte whose character is no token stays a symbol in llama.cpp's merge loop (it
+        # blocks merges across it) and is dropped at the end; HF would drop it up front and
+        # merge its neighbours. Placeholder ids past the vocab keep it, encode() drops them.
+        hf_vocab = dict(vocab)
+        for ch in _BYTE_DECODER:
+            if ch not in hf_vocab:
+                hf_vocab[ch] = self.n_vocab + len(hf_vocab) - len(vocab)
         try:
-            bpe = models.BPE(vocab=dict(vocab), merges=merges,
+            bpe = models.BPE(vocab=hf_vocab, merges=merges,
                              ignore_merges=self.pre.ignore_merges)
         except Exception as e:
             raise BadModel(f"tokenizer: cannot build the BPE model ({e})") from None
@@ -281,7 +288,9 @@ class Tokenizer:
                 text = " " + text
             text = text.replace(" ", "\u2581")
         with self._hf_lock:  # HF tokenizers objects are shared; keep calls serialized
-            return self._hf.encode(text, add_special_tokens=False).ids
+            ids = self._hf.encode(text, add_special_tokens=False).ids
+        n = self.n_vocab
+        return ids if all(i < n for i in ids) else [i for i in ids if i < n]
 
     def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = False,
                add_eos: bool | None = None) -> list[int]:

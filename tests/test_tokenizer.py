@@ -14,6 +14,7 @@ import json
 import os
 import random
 import time
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,10 @@ from minfer.tokenizer import (_PRE, T_BYTE, T_CONTROL, T_NORMAL, T_USER_DEFINED,
 KINDS = ["q4_1", "q4_k_m", "q6_k", "q8_0", "f16"]
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
+# characters assigned in Python's Unicode tables (14.0): the regex engines compared below
+# (onig in HF tokenizers, the `regex` module, llama.cpp's tables) are built on different
+# Unicode versions and may classify later additions differently
+OLD_TEXT = TEXT.map(lambda s: "".join(c for c in s if unicodedata.category(c) != "Cn"))
 
 
 def golden(kind: str) -> dict:
@@ -156,6 +161,26 @@ def test_missing_byte_tokens_dropped_like_llamacpp(tok):
     assert tok.token_bytes(tok.encode("x\U00040000y")) == b"x\x80\x80\x80y"  # 0xF1 dropped
 
 
+# ids from llama.cpp itself (llama-cpp-python 0.3.36, the golden files' build) on this model:
+# U+797BF's lead byte 0xF1 has no token, stays a symbol that blocks merges, then is dropped
+LLAMACPP_IDS = [
+    ("-->\U000797bf仭", False, [423, 46, 134, 248, 140, 15076, 251]),
+    ("\U000797bf\U000797bf", False, [134, 248, 140, 134, 248, 140]),
+    ("a\x04b", False, [81, 82]),
+    ("x\U00040000y", False, [104, 218, 218, 218, 105]),
+    ("<|im_start|>user\n2024年 naïve 🙂<|im_end|>", False,
+     [44, 108, 306, 79, 3738, 108, 46, 4093, 198, 34, 32, 34, 36, 32090, 129, 15486, 46494,
+      47526, 44, 108, 306, 79, 486, 108, 46]),
+    ("<|im_start|>user\n2024年 naïve 🙂<|im_end|>", True,
+     [1, 4093, 198, 34, 32, 34, 36, 32090, 129, 15486, 46494, 47526, 2]),
+]
+
+
+@pytest.mark.parametrize("s,ps,want", LLAMACPP_IDS)
+def test_llamacpp_ids(tok, s, ps, want):
+    assert tok.encode(s, parse_special=ps) == want
+
+
 # -- llama.cpp's BPE session, ported literally: the oracle for random text ----------------------
 def _regex_split(text: str, exprs) -> list[str]:
     """llama.cpp unicode_regex_split: each regex splits every piece of the previous one;
@@ -236,7 +261,7 @@ MIXED = st.lists(st.sampled_from(list("ab xyz019 ,.'\n\t-éü世界🙂$") + ["'
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(TEXT, MIXED))
+@given(st.one_of(OLD_TEXT, MIXED))
 def test_bpe_matches_llamacpp_port(tok, ranks, s):
     assert tok.encode(s) == _llamacpp_bpe(tok, ranks, s)
 
@@ -286,7 +311,7 @@ def test_pre_tokenizer_types(pre, expect):
 @pytest.mark.parametrize("pre", ["gpt-2", "default", "starcoder", "llama3", "qwen2", "falcon"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
-@given(s=st.one_of(TEXT, MIXED))
+@given(s=st.one_of(OLD_TEXT, MIXED))
 def test_pre_tokenizer_matches_sequential_split(pre, s):
     t = Tokenizer.from_metadata(_SYN[pre])
     assert _pre_pieces(t, s) == _regex_split(s, t.pre.regexes)
