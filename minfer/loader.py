@@ -74,8 +74,11 @@ class GGUFModel:
             raise BadModel(f"{self.path}: no such file")
         if self.path.is_dir():
             raise BadModel(f"{self.path}: is a directory, not a GGUF file")
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
+        try:
+            with open(self.path, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:  # permission, I/O error, special file
+            raise BadModel(f"{self.path}: cannot read ({e.strerror or e})") from None
         if magic != b"GGUF":
             raise BadModel(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
         from minfer.gguf_check import check_gguf_file
