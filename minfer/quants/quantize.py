@@ -4,7 +4,8 @@ llama.cpp quantizes without an importance matrix through `quantize_<type>(..., q
 which calls `quantize_row_<type>_ref` for every type here, so these are the functions that made
 llama.cpp's Q4_K_M / Q6_K / Q8_0 / F16 files. Everything is vectorized over blocks; the only
 Python loops run over positions inside a block (sequential float32 sums, in C's order) and over
-the few scale-search steps of the k-quants (minfer/quants/quantize_k.py).
+the few scale-search steps of the k-quants (minfer/quants/quantize_k.py). The k-quants also have
+C twins (minfer/quants/kquants.c, ~10x faster), used when a C compiler is there.
 
 Bit-exactness rules followed throughout (ggml-quants.c is compiled into ggml-base without -march,
 so plain SSE float32: no FMA contraction, no double promotion, no reassociation):
@@ -155,6 +156,7 @@ def _block_fns():
     }
 
 
+C_TYPES = ("Q4_K", "Q5_K", "Q6_K")  # types with a C twin (minfer/quants/ckernel.py)
 QUANTIZABLE = ("F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 # rows per call of a block function: keeps the k-quant working set near the CPU caches
@@ -178,11 +180,19 @@ def type_name(qtype: int | str) -> str:
     return name
 
 
-def quantize(x: np.ndarray, qtype: int | str) -> np.ndarray:
+IMPLS = ("auto", "c", "numpy")
+
+
+def quantize(x: np.ndarray, qtype: int | str, impl: str = "auto") -> np.ndarray:
     """x: float32 [rows, cols] -> uint8 [rows, row_bytes], bytes as llama.cpp writes them.
 
     F32 and F16 come back as their raw bytes (F16: round to nearest even, as ggml).
+    impl (k-quants only; the other types have only the numpy path): "c" = the compiled twins
+    in minfer/quants/kquants.c (BadInput if they cannot be built), "numpy" = the numpy ones,
+    "auto" = C when available. Both give the same bytes (tests/test_quantize.py).
     """
+    if impl not in IMPLS:
+        raise BadInput(f"quantize: impl must be one of {', '.join(IMPLS)}, got {impl!r}")
     name = type_name(qtype)
     x = np.asarray(x)
     if x.ndim == 1:
@@ -201,12 +211,20 @@ def quantize(x: np.ndarray, qtype: int | str) -> np.ndarray:
         raise Unsupported(f"{name}: row length {cols} is not a multiple of its block size {bs}")
     x = np.ascontiguousarray(x)
     nb_row = cols // bs
+    row_bytes = nb_row * fn_type_size(name)
+    if rows == 0:
+        return np.empty((0, row_bytes), dtype=np.uint8)
+    if name in C_TYPES and impl != "numpy":
+        from minfer.quants import ckernel
+
+        if impl == "c" or ckernel.library() is not None:
+            return ckernel.quantize_k(x.reshape(-1, bs), name).reshape(rows, row_bytes)
     rows_per_chunk = max(1, _CHUNK_WEIGHTS // cols)
     parts = []
     with np.errstate(all="ignore"):  # 0/0 in masked-out lanes; C computes them too and discards
         for r0 in range(0, rows, rows_per_chunk):
             xb = x[r0:r0 + rows_per_chunk].reshape(-1, bs)
-            parts.append(fn(xb).reshape(-1, nb_row * fn_type_size(name)))
+            parts.append(fn(xb).reshape(-1, row_bytes))
     return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
 
 

@@ -116,6 +116,9 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
         n_weights += rows * cols
 
     threads = max(1, threads or os.cpu_count() or 1)
+    from minfer.quants import ckernel
+
+    ckernel.library()  # build (or find in the cache) the C quantizers once, before the fork
     t0 = time.perf_counter()
     import multiprocessing as mp
 
