@@ -5,14 +5,18 @@
 //   o: f16 [T, Hq, D] (token stride ldo), G = Hq / Hkv, scale = 1/sqrt(D).
 // Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/attention.py.
 //
-// Entries: attn_fwd_d64, attn_fwd_d128 (head_dim 64 / 128).
+// Entries: attn_fwd_d64, attn_fwd_d128 (head_dim 64 / 128). pos0p: when non-null, the queries'
+// first position is *pos0p + pos0 (read on the device, pos0 then an offset), so a captured CUDA
+// graph serves every position (the launcher still validates the host's value).
 // Structure (FlashAttention-2 style): one block = one KV head x 64 "rows", a row being a
 // (token, query head of the group) pair flattened as r = t * G + g, so the G heads sharing a KV
 // head share each K/V tile load, and decode (T = 1) still fills G rows of the tile. 4 warps,
 // 16 rows each. Loop over 64-key tiles of the cache (cp.async into padded smem, zero-filled past
-// the last key the block may see): S = Q K^T and O += P V on mma.sync m16n8k16 (f16 operands,
-// f32 accumulate), online softmax in f32 with exp2, the causal mask only on the diagonal tiles.
-// P goes from the S accumulators to the A fragments of the PV mma without touching smem.
+// the last key the block may see), two stages: tile kt+1's K and V are in flight while tile kt
+// is computed. S = Q K^T and O += P V on mma.sync m16n8k16 (f16 operands, f32 accumulate),
+// online softmax in f32 with exp2, the causal mask only on the diagonal tiles. P goes from the
+// S accumulators to the A fragments of the PV mma without touching smem. Blocks are issued
+// last rows first (causal: the last rows see the most keys), so the long blocks start early.
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -76,19 +80,22 @@ __device__ __forceinline__ void load_kv_tile(__half* s, const __half* base, long
 template <int D>
 __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                          const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
-                         int Hq, int Hkv, int pos0, float scale_log2) {
+                         int Hq, int Hkv, int pos0, const int* __restrict__ pos0p,
+                         float scale_log2) {
     static_assert(D % 16 == 0 && D <= 128, "head_dim must be a multiple of 16, at most 128");
     constexpr int LDS = D + ATT_PAD;
     constexpr int KSTEPS = D / 16;   // k-steps of QK^T
     constexpr int DT = D / 8;        // n-tiles of O
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    __half* sK = reinterpret_cast<__half*>(smem_raw);  // [64][LDS]; holds Q first
-    __half* sV = sK + ATT_KEYS * LDS;                  // [64][LDS]
+    // stage st: K at st * 2 * TILE, V after it; [64][LDS] each; stage 0's K holds Q first
+    constexpr int TILE = ATT_KEYS * LDS;
+    __half* sK = reinterpret_cast<__half*>(smem_raw);
+    if (pos0p != nullptr) pos0 += *pos0p;
 
     const int G = Hq / Hkv;
     const int hk = blockIdx.y;
     const int R = T * G;
-    const int r0 = blockIdx.x * ATT_ROWS;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;  // last rows first
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long ldkv = (long)Hkv * D;
 
@@ -129,13 +136,21 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
     for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
 
+    // prologue: tile 0 -> stage 0 (one commit group per tile: K and V together)
+    load_kv_tile<D>(sK, kc + (long)hk * D, ldkv, min(ATT_KEYS, n_keys));
+    load_kv_tile<D>(sK + TILE, vc + (long)hk * D, ldkv, min(ATT_KEYS, n_keys));
+    cp_commit();
     for (int kt = 0; kt < n_tiles; kt++) {
         const int k0 = kt * ATT_KEYS;
-        const int nv = min(ATT_KEYS, n_keys - k0);
-        load_kv_tile<D>(sK, kc + (long)k0 * ldkv + (long)hk * D, ldkv, nv);
-        cp_commit();
-        load_kv_tile<D>(sV, vc + (long)k0 * ldkv + (long)hk * D, ldkv, nv);
-        cp_commit();
+        const __half* sKt = sK + (kt & 1) * 2 * TILE;
+        const __half* sV = sKt + TILE;
+        if (kt + 1 < n_tiles) {  // the other stage was last read in iteration kt - 1 (synced)
+            const int k1 = k0 + ATT_KEYS, nv1 = min(ATT_KEYS, n_keys - k1);
+            __half* dst = sK + ((kt + 1) & 1) * 2 * TILE;
+            load_kv_tile<D>(dst, kc + (long)k1 * ldkv + (long)hk * D, ldkv, nv1);
+            load_kv_tile<D>(dst + TILE, vc + (long)k1 * ldkv + (long)hk * D, ldkv, nv1);
+        }
+        cp_commit();   // possibly empty group: keeps "all but the newest" = tile kt
         cp_wait<1>();
         __syncthreads();
 
@@ -149,7 +164,7 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
                 for (int j = 0; j < ATT_KEYS / 8; j += 2) {
                     uint32_t b0, b1, b2, b3;
                     ldsm_x4(b0, b1, b2, b3,
-                            sK + (j * 8 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 +
+                            sKt + (j * 8 + (lane >> 4) * 8 + (lane & 7)) * LDS + kk * 16 +
                                 ((lane >> 3) & 1) * 8);
                     mma16816(s[j], qf[kk], b0, b1);
                     mma16816(s[j + 1], qf[kk], b2, b3);
@@ -201,8 +216,6 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
                 oacc[i][2] *= cb; oacc[i][3] *= cb;
             }
         }
-        cp_wait<0>();
-        __syncthreads();
         if (warp_active) {
 #pragma unroll
             for (int ks = 0; ks < ATT_KEYS / 16; ks++) {
@@ -254,8 +267,9 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
 #define ATT_ENTRY(DD)                                                                           \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                \
         attn_fwd_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o, \
-                       long ldo, int T, int Hq, int Hkv, int pos0, float scale_log2) {          \
-        attn_fwd<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, scale_log2);                     \
+                       long ldo, int T, int Hq, int Hkv, int pos0, const int* pos0p,             \
+                       float scale_log2) {                                                      \
+        attn_fwd<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, pos0p, scale_log2);              \
     }
 ATT_ENTRY(64)
 ATT_ENTRY(128)

@@ -11,7 +11,15 @@
 //       angles: cos/sin tables f32 [n_pos, rope_dim/2] indexed by absolute position pos0 + t,
 //       computed on the host by the reference's formula (bit-identical angles).
 //       neox=0: pairs (2i, 2i+1); neox=1: pairs (i, i + rope_dim/2).
+//   rope_qkv_f32_f16                    one launch per layer for the attention inputs, positions
+//                                       read from the device (pos[0] = pos0, so a captured CUDA
+//                                       graph serves every pos0): q16 [T, Hq, D] = rope(q),
+//                                       kc[pos0 + t] = rope(k), vc[pos0 + t] = v, all f16; q/k/v
+//                                       f32 rows of strides ldq/ldk/ldv (views into one fused
+//                                       [T, (Hq + 2 Hkv) D] GEMM output, or three buffers).
+//                                       grid (T, ceil((Hq + 2 Hkv) D/2 / 128)), block (128)
 //   swiglu_f32_f16                      y f16 [T, F] = silu(g) * u, g/u f32 rows of stride ldg
+//                                       (g = u - F, ldg = 2F: the fused gate|up GEMM output)
 //   add_f32                             y[n] += x[n]
 //   add_bias_f32                        y[T, N] += b[N] (qkv bias)
 //   cvt_f32_f16                         dst f16 [T, W] (stride ldd) = src f32 [T, W] (stride lds);
@@ -112,6 +120,53 @@ extern "C" __global__ void rope_f32_f16(__half* dst, long ldd, const float* src,
                                         int D, int rope_dim, int neox, const float* cos_t,
                                         const float* sin_t, int pos0) {
     rope_body<float, __half>(dst, ldd, src, lds, H, D, rope_dim, neox, cos_t, sin_t, pos0);
+}
+
+// ---- fused rope of q and k + KV-cache append of k and v (device-side pos0) --------------------
+__device__ __forceinline__ void rope_pair_f16(__half* d, const float* s, int p, int half_r,
+                                              int neox, const float* cr, const float* sr) {
+    int i0, i1;
+    if (p < half_r) {
+        if (neox) { i0 = p; i1 = p + half_r; } else { i0 = 2 * p; i1 = 2 * p + 1; }
+        const float c = cr[p], sn = sr[p];
+        const float a = s[i0], b = s[i1];
+        d[i0] = __float2half_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
+        d[i1] = __float2half_rn(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+    } else {  // pass-through pair past rope_dim
+        d[2 * p] = __float2half_rn(s[2 * p]);
+        d[2 * p + 1] = __float2half_rn(s[2 * p + 1]);
+    }
+}
+
+extern "C" __global__ void rope_qkv_f32_f16(__half* __restrict__ q16, const float* __restrict__ qs,
+                                            long ldq, const float* __restrict__ ks, long ldk,
+                                            const float* __restrict__ vs, long ldv,
+                                            __half* __restrict__ kc, __half* __restrict__ vc,
+                                            int Hq, int Hkv, int D, int rope_dim, int neox,
+                                            const float* __restrict__ cos_t,
+                                            const float* __restrict__ sin_t,
+                                            const int* __restrict__ pos) {
+    const int t = blockIdx.x;
+    const int half_d = D >> 1, half_r = rope_dim >> 1;
+    const int nq = Hq * half_d, nk = Hkv * half_d;
+    const int idx = blockIdx.y * blockDim.x + threadIdx.x;  // (part, head, pair) flattened
+    if (idx >= nq + 2 * nk) return;
+    const long p_abs = (long)pos[0] + t;
+    const float* cr = cos_t + p_abs * half_r;
+    const float* sr = sin_t + p_abs * half_r;
+    if (idx < nq) {
+        const int h = idx / half_d, p = idx - h * half_d;
+        rope_pair_f16(q16 + ((long)t * Hq + h) * D, qs + t * ldq + (long)h * D, p, half_r, neox,
+                      cr, sr);
+    } else if (idx < nq + nk) {
+        const int j = idx - nq, h = j / half_d, p = j - h * half_d;
+        rope_pair_f16(kc + (p_abs * Hkv + h) * D, ks + t * ldk + (long)h * D, p, half_r, neox,
+                      cr, sr);
+    } else {
+        const int j = idx - nq - nk;  // v: plain f32 -> f16 copy of element pair j
+        const float2 v = *reinterpret_cast<const float2*>(vs + t * ldv + 2 * j);
+        *reinterpret_cast<__half2*>(vc + p_abs * Hkv * D + 2 * j) = __floats2half2_rn(v.x, v.y);
+    }
 }
 
 // ---- swiglu: grid (ceil(F/256), T), block (256) ----------------------------------------------

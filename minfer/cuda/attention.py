@@ -18,15 +18,21 @@ ROWS, KEYS, PAD = 64, 64, 8  # must match ATT_ROWS / ATT_KEYS / ATT_PAD in atten
 HEAD_DIMS = (64, 128)
 
 
+STAGES = 2  # K/V tiles in flight (attention.cu's double buffer)
+
+
 def smem_bytes(head_dim: int) -> int:
-    return 2 * KEYS * (head_dim + PAD) * 2  # K and V tiles, f16
+    return STAGES * 2 * KEYS * (head_dim + PAD) * 2  # STAGES x (K and V tiles), f16
 
 
-def attention(rt, o, q, kc, vc, pos0: int) -> None:
+def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0) -> None:
     """o f16 [T, Hq, D] = causal softmax(q k^T / sqrt(D)) v.
 
     q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
     positions 0..pos0+T-1 (S >= pos0 + T; rows past that are never read).
+    pos_dev: optional int32 [1] device array; the kernel then takes the first position as
+    *pos_dev + offset, read on the device (CUDA-graph replay at any position). `pos0` must
+    still be what that sum will be: the bounds are checked against it here.
     """
     da.check("attention q", q, (None, None, None), np.float16, align=16)
     T, Hq, D = q.shape
@@ -40,11 +46,15 @@ def attention(rt, o, q, kc, vc, pos0: int) -> None:
         raise GPUError(f"attention: {Hq} query heads not a multiple of {Hkv} KV heads")
     if pos0 < 0 or pos0 + T > S:
         raise GPUError(f"attention: positions [{pos0}, {pos0 + T}) exceed the cache's {S} rows")
+    if pos_dev is not None:
+        da.check("attention pos", pos_dev, (1,), np.int32)
     G = Hq // Hkv
     smem = smem_bytes(D)
     fn = rt.function("attention", f"attn_fwd_d{D}", dyn_smem=smem)
     scale_log2 = np.float32(math.log2(math.e) / math.sqrt(D))
+    # with pos_dev the kernel adds the device value to its pos0 argument (the offset)
+    p_arg, p_ptr = (pos0, np.uintp(0)) if pos_dev is None else (offset, da.arg(pos_dev))
     rt.launch(fn, ((T * G + ROWS - 1) // ROWS, Hkv), (128,),
               (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc), da.arg(o),
-               np.int64(Hq * D), np.int32(T), np.int32(Hq), np.int32(Hkv), np.int32(pos0),
-               scale_log2), smem=smem)
+               np.int64(Hq * D), np.int32(T), np.int32(Hq), np.int32(Hkv), np.int32(p_arg),
+               p_ptr, scale_log2), smem=smem)

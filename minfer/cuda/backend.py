@@ -11,10 +11,21 @@ are allocated up front, after checking the device's free memory. Then `warmup_s`
 is built/loaded and one token is pushed through (then the cache is reset).
 
 forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
-  h16 = rmsnorm(x) * attn_norm;  q32, k32 = h16 @ Wq.T, Wk.T;  v -> f16 straight into the cache
-  q16 = rope(q32);  cache_k[pos0:] = rope(k32) (f16);  a16 = attention(q16, cache)
-  x += a16 @ Wo.T (GEMM epilogue accumulates);  h16 = rmsnorm(x) * ffn_norm
-  g32, u32 = h16 @ Wg.T, Wu.T;  a16 = swiglu(g32, u32);  x += a16 @ Wd.T
+  h16 = rmsnorm(x) * attn_norm;  qkv32 = h16 @ [Wq; Wk; Wv].T (one GEMM on the fused weight)
+  rope_qkv (one launch): q16 = rope(q);  cache_k[pos0:] = rope(k);  cache_v[pos0:] = v (f16)
+  a16 = attention(q16, cache);  x += a16 @ Wo.T (GEMM epilogue accumulates)
+  h16 = rmsnorm(x) * ffn_norm;  gu32 = h16 @ [Wg; Wu].T (one GEMM);  a16 = swiglu(gu32)
+  x += a16 @ Wd.T
+Fusion: when q, k, v (resp. gate, up) all run on f16, they are dequantized into row ranges of
+one [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) f16 buffer (self.w keeps per-weight row views) and run
+as one GEMM: fewer launches and a wide N for the small k/v products. Otherwise (MMQ routes)
+they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads them.
+Positions live on the device (self.pos = [pos0]; rope_qkv and attention read it), so every
+launch of a chunk depends only on (T, last): with `graphs` on (default; MINFER_CUDA_GRAPHS=0 or
+the runtime's debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
+are built and loaded), the second is captured into a CUDA graph (minfer.cuda.graph) and every
+later one replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
+Profiling runs eagerly (events need the launches one by one).
 MMQ weights: the activation is quantized to q8_1 once per distinct input into one reused
 scratch buffer (q, k, v share h16's; gate, up share the FFN input's), then mmq_linear runs on
 the raw bytes (attn_output / ffn_down accumulate into x). `route_summary()` gives the one-line
@@ -29,6 +40,8 @@ by CUDA events, labelled, with its FLOPs for GEMMs.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from contextlib import contextmanager
 
@@ -166,7 +179,8 @@ class CudaBackend:
     """Backend protocol on the GPU. See the module docstring for the dataflow."""
 
     def __init__(self, model, cfg: GemmConfig | None = None, rt=None, max_tokens: int = 4096,
-                 ubatch: int = 2048, warmup: bool = True, progress: bool = False):
+                 ubatch: int = 2048, warmup: bool = True, progress: bool = False,
+                 graphs: bool | None = None):
         from minfer.cuda.runtime import get_runtime
 
         t0 = time.perf_counter()
@@ -186,6 +200,13 @@ class CudaBackend:
         self.profile: OpProfile | None = None
         self.n_past = 0
         self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch)
+        if graphs is None:
+            graphs = os.environ.get("MINFER_CUDA_GRAPHS", "1") != "0"
+        self.graphs = bool(graphs) and not self.rt.cfg.debug
+        self._graphs: dict[tuple[int, bool], object] = {}
+        self._seen: set[tuple[int, bool]] = set()  # (T, last) run once eagerly
+        self.stream = None  # the capture / replay stream (made at the first capture)
+        self.fused = self._plan_fusion()
         self._check_memory()
         self._load_weights(progress)
         self._alloc()
@@ -238,11 +259,36 @@ class CudaBackend:
                            f"--max-tokens/ubatch)")
 
     # -- weights ----------------------------------------------------------------------------
+    def _plan_fusion(self) -> dict[str, tuple[str, int, int]]:
+        """weight name -> (fused group name, first row, rows) for q/k/v and gate/up of a layer
+        when every member runs on f16 and they share K (the group's GEMM is one launch)."""
+        out: dict[str, tuple[str, int, int]] = {}
+        for i in range(self.c.n_layers):
+            for group, members in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+                                   ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
+                names = [f"blk.{i}.{n}.weight" for n in members]
+                if any(self.routes[n][0] != "f16" for n in names):
+                    continue
+                shapes = [self.model.tensor(n).shape for n in names]
+                if len({k for _, k in shapes}) != 1:
+                    continue
+                row = 0
+                for n, (N, _) in zip(names, shapes):
+                    out[n] = (f"blk.{i}.{group}.weight", row, int(N))
+                    row += int(N)
+        return out
+
     def _load_weights(self, progress: bool) -> None:
         rt, m, c = self.rt, self.model, self.c
         plan = self._plan()
         self._staging = rt.alloc(max(plan["upload staging"], 1), "weight upload staging")
         self.w: dict[str, object] = {}
+        groups: dict[str, list[int]] = {}  # fused name -> [rows, K]
+        for n, (g, r0, rows) in self.fused.items():
+            K = int(m.tensor(n).shape[1])
+            groups.setdefault(g, [0, K])[0] = max(groups.get(g, [0, K])[0], r0 + rows)
+        for g, (rows, K) in groups.items():
+            self.w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
         self.qtypes: dict[str, int] = {}
         emb = m.tensor("token_embd.weight")
         self.emb_qtype = emb.qtype
@@ -266,7 +312,11 @@ class CudaBackend:
                              da.to_device(rt, raw, f"raw weight {n}"))
                 continue
             rt.drv.memcpy_htod(self._staging, raw)
-            out = da.empty(rt, (N, K), np.float16, f"f16 weight {n}")
+            if n in self.fused:  # a row range of the layer's fused q|k|v or gate|up weight
+                g, r0, _ = self.fused[n]
+                out = da.rows(self.w[g], r0, N)
+            else:
+                out = da.empty(rt, (N, K), np.float16, f"f16 weight {n}")
             _dequant_f16(rt, int(self._staging), t.qtype, N, K, out)
             rt.synchronize()  # staging is reused by the next tensor
             self.w[n] = out
@@ -276,10 +326,13 @@ class CudaBackend:
                 self.w[name] = da.to_device(rt, m.dequant(name).reshape(-1).astype(np.float32),
                                             name)
             if c.qkv_bias:
+                bs = []
                 for n in ("attn_q", "attn_k", "attn_v"):
                     name = f"blk.{i}.{n}.bias"
-                    self.w[name] = da.to_device(
-                        rt, m.dequant(name).reshape(-1).astype(np.float32), name)
+                    bs.append(m.dequant(name).reshape(-1).astype(np.float32))
+                    self.w[name] = da.to_device(rt, bs[-1], name)
+                name = f"blk.{i}.attn_qkv.bias"  # for the fused GEMM's output
+                self.w[name] = da.to_device(rt, np.concatenate(bs), name)
         self.w["output_norm.weight"] = da.to_device(
             rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
         self._staging.free()
@@ -292,14 +345,13 @@ class CudaBackend:
         e = da.empty
         self.x = e(rt, (T, c.d_model), np.float32, "residual x")
         self.h16 = e(rt, (T, c.d_model), np.float16, "normed h")
-        self.q32 = e(rt, (T, H * D), np.float32, "q")
-        self.k32 = e(rt, (T, Hkv * D), np.float32, "k")
-        self.v32 = e(rt, (T, Hkv * D), np.float32, "v") if c.qkv_bias else None
+        # q|k|v f32 outputs: one buffer, [T, Nq + 2 Nkv] when fused, else three [T, N] parts
+        self.qkv32 = e(rt, (T * (H + 2 * Hkv) * D,), np.float32, "q|k|v")
         self.q16 = e(rt, (T, H, D), np.float16, "q f16")
         self.a16 = e(rt, (T, H * D), np.float16, "attention out")
-        self.g32 = e(rt, (T, c.d_ff), np.float32, "ffn gate")
-        self.u32 = e(rt, (T, c.d_ff), np.float32, "ffn up")
+        self.gu32 = e(rt, (T * 2 * c.d_ff,), np.float32, "ffn gate|up")
         self.f16 = e(rt, (T, c.d_ff), np.float16, "ffn act")
+        self.pos = e(rt, (1,), np.int32, "chunk position pos0")
         self.last16 = e(rt, (1, c.d_model), np.float16, "last row")
         self.logits = e(rt, (1, c.vocab_size), np.float32, "logits")
         self.amax = e(rt, (1,), np.int32, "argmax")
@@ -344,6 +396,12 @@ class CudaBackend:
         with self._op("q8_1 prepass"):
             quantize_q8_1(self.rt, A, q8)
         return q8
+
+    def _gemm_fused(self, C, A, name: str, mode: str, label: str) -> None:
+        """C = A @ W.T for a fused f16 weight (q|k|v or gate|up of one layer)."""
+        M, K = A.shape
+        with self._op("gemm:" + label, 2.0 * M * C.shape[1] * K):
+            _gemm(self.rt, C, A, self.w[name], mode)
 
     def _linear(self, C, A, name: str, mode: str, label: str, q8=None) -> None:
         """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A quantized
@@ -394,61 +452,116 @@ class CudaBackend:
             self._forward_chunk(chunk, pos0 + s, last=s + len(chunk) == T)
         self.n_past = pos0 + T
 
+    @staticmethod
+    def _part(flat, start: int, shape):
+        """View of `flat` (1-D) elements [start, start + prod(shape)) as `shape` (no copy)."""
+        n = int(np.prod(shape))
+        return da.reshape(da.rows(flat, start, n), shape)
+
     def _forward_chunk(self, ids: np.ndarray, pos0: int, last: bool) -> None:
-        rt, c = self.rt, self.c
         T = len(ids)
+        da.rows(self.ids, 0, T).set(ids)
+        self.pos.set(np.array([pos0], np.int32))
+        if self.graphs and self.profile is None:
+            key = (T, bool(last))
+            g = self._graphs.get(key)
+            if g is None and key in self._seen:
+                g = self._capture(T, pos0, last)
+            if g is not None:
+                g.launch(self.stream)
+                return
+            # first sighting runs eagerly: kernels get built and loaded outside any capture
+            self._seen.add(key)
+        self._chunk_ops(T, pos0, last)
+
+    def _capture(self, T: int, pos0: int, last: bool):
+        """Capture _chunk_ops(T, ...) into a graph (cached by (T, last)); None (graphs turned
+        off, one notice) if the driver refuses."""
+        from minfer.cuda import graph
+
+        rt = self.rt
+        if self.stream is None:
+            self.stream = rt.drv.Stream()
+        rt.stream = self.stream
+        try:
+            g = graph.capture(self.stream, lambda: self._chunk_ops(T, pos0, last))
+        except Exception as e:  # driver refusal (a real input error re-raises eagerly)
+            print(f"cuda backend: CUDA graph capture failed ({e}); running without graphs",
+                  file=sys.stderr)
+            self.graphs = False
+            return None
+        finally:
+            rt.stream = None
+        self._graphs[(T, bool(last))] = g
+        return g
+
+    def _chunk_ops(self, ids_T: int, pos0: int, last: bool) -> None:
+        """Every launch of one chunk of T tokens (ids and self.pos already on the device).
+        pos0 serves the host-side checks only: the kernels read the position from self.pos."""
+        rt, c = self.rt, self.c
+        T = ids_T
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        qd, kd = H * D, Hkv * D
         R = da.rows
-        self.ids_view = R(self.ids, 0, T)
-        self.ids_view.set(ids)
         x = R(self.x, 0, T)
         h16 = R(self.h16, 0, T)
         with self._op("embed"):
-            _embed_rows(rt, x, self.emb, self.emb_qtype, self.ids_view, c.d_model,
+            _embed_rows(rt, x, self.emb, self.emb_qtype, R(self.ids, 0, T), c.d_model,
                         c.vocab_size)
+        Tu = self.ubatch
         for il in range(c.n_layers):
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
             with self._op("rmsnorm"):
                 L.rmsnorm(rt, h16, x, self.w[p + "attn_norm.weight"], c.rms_eps)
-            q32, k32 = R(self.q32, 0, T), R(self.k32, 0, T)
-            kc = da.reshape(R(self.kc[il], pos0, T), (T, Hkv * D))
-            vc = da.reshape(R(self.vc[il], pos0, T), (T, Hkv * D))
-            hq8 = self._quantize(h16, *(p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v")))
-            self._linear(q32, h16, p + "attn_q.weight", "f32", "attn_q", hq8)
-            self._linear(k32, h16, p + "attn_k.weight", "f32", "attn_k", hq8)
-            if c.qkv_bias:
-                v32 = R(self.v32, 0, T)
-                self._linear(v32, h16, p + "attn_v.weight", "f32", "attn_v", hq8)
-                with self._op("bias"):
-                    L.add_bias(rt, q32, self.w[p + "attn_q.bias"])
-                    L.add_bias(rt, k32, self.w[p + "attn_k.bias"])
-                    L.add_bias(rt, v32, self.w[p + "attn_v.bias"])
-                    L.to_f16(rt, vc, v32)
+            if p + "attn_q.weight" in self.fused:
+                qkv = self._part(self.qkv32, 0, (T, qd + 2 * kd))
+                self._gemm_fused(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv")
+                if c.qkv_bias:
+                    with self._op("bias"):
+                        L.add_bias(rt, qkv, self.w[p + "attn_qkv.bias"])
+                srcs, cols = (qkv, qkv, qkv), (0, qd, qd + kd)
             else:
-                self._linear(vc, h16, p + "attn_v.weight", "f16", "attn_v")
+                q32 = self._part(self.qkv32, 0, (T, qd))
+                k32 = self._part(self.qkv32, Tu * qd, (T, kd))
+                v32 = self._part(self.qkv32, Tu * (qd + kd), (T, kd))
+                names = [p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v")]
+                hq8 = self._quantize(h16, *names)
+                for dst, n, lab in zip((q32, k32, v32), names, ("attn_q", "attn_k", "attn_v")):
+                    self._linear(dst, h16, n, "f32", lab, hq8)
+                if c.qkv_bias:
+                    with self._op("bias"):
+                        for dst, n in zip((q32, k32, v32), ("attn_q", "attn_k", "attn_v")):
+                            L.add_bias(rt, dst, self.w[p + n + ".bias"])
+                srcs, cols = (q32, k32, v32), (0, 0, 0)
             with self._op("rope"):
-                L.rope_to_f16(rt, R(self.q16, 0, T), da.reshape(q32, (T, H, D)), self.rope,
-                              pos0, c.rope_dim, c.rope_neox)
-                L.rope_to_f16(rt, da.reshape(kc, (T, Hkv, D)), da.reshape(k32, (T, Hkv, D)),
-                              self.rope, pos0, c.rope_dim, c.rope_neox)
+                L.rope_qkv(rt, R(self.q16, 0, T), *srcs, self.kc[il], self.vc[il], self.rope,
+                           pos0, self.pos, c.rope_dim, c.rope_neox, cols)
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
             xq = R(self.x, t0, Tq)
             a16 = R(self.a16, 0, Tq)
             with self._op("attention"):
                 attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(self.q16, t0, Tq),
-                                   self.kc[il], self.vc[il], pos0 + t0)
+                                   self.kc[il], self.vc[il], pos0 + t0, self.pos, t0)
             self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output")
             hq = R(self.h16, 0, Tq)
             with self._op("rmsnorm"):
                 L.rmsnorm(rt, hq, xq, self.w[p + "ffn_norm.weight"], c.rms_eps)
-            g32, u32, f16 = R(self.g32, 0, Tq), R(self.u32, 0, Tq), R(self.f16, 0, Tq)
-            fq8 = self._quantize(hq, p + "ffn_gate.weight", p + "ffn_up.weight")
-            self._linear(g32, hq, p + "ffn_gate.weight", "f32", "ffn_gate", fq8)
-            self._linear(u32, hq, p + "ffn_up.weight", "f32", "ffn_up", fq8)
-            with self._op("swiglu"):
-                L.swiglu(rt, f16, g32, u32)
+            f16 = R(self.f16, 0, Tq)
+            if p + "ffn_gate.weight" in self.fused:
+                gu = self._part(self.gu32, 0, (Tq, 2 * c.d_ff))
+                self._gemm_fused(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up")
+                with self._op("swiglu"):
+                    L.swiglu_fused(rt, f16, gu)
+            else:
+                g32 = self._part(self.gu32, 0, (Tq, c.d_ff))
+                u32 = self._part(self.gu32, Tu * c.d_ff, (Tq, c.d_ff))
+                fq8 = self._quantize(hq, p + "ffn_gate.weight", p + "ffn_up.weight")
+                self._linear(g32, hq, p + "ffn_gate.weight", "f32", "ffn_gate", fq8)
+                self._linear(u32, hq, p + "ffn_up.weight", "f32", "ffn_up", fq8)
+                with self._op("swiglu"):
+                    L.swiglu(rt, f16, g32, u32)
             self._linear(xq, f16, p + "ffn_down.weight", "acc", "ffn_down")
         if last:
             with self._op("rmsnorm"):

@@ -1,4 +1,5 @@
-"""Launchers for kernels/layers.cu: rmsnorm, rope, swiglu, add, f32->f16 copy, argmax.
+"""Launchers for kernels/layers.cu: rmsnorm, rope, rope_qkv (fused rope + KV append), swiglu,
+add, f32->f16 copy, argmax.
 
 Each launcher validates shapes/dtypes (GPUError with a one-line message) and launches through
 `rt.launch`. Numpy twins: minfer.reference.ops (rmsnorm, rope, swiglu); the tests in
@@ -84,6 +85,63 @@ def rope_to_f16(rt, dst, src, table: RopeTable, pos0: int, rope_dim: int, neox: 
               (da.arg(dst), np.int64(H * D), da.arg(src), np.int64(H * D), np.int32(H),
                np.int32(D), np.int32(rope_dim), np.int32(bool(neox)), da.arg(table.cos),
                da.arg(table.sin), np.int32(pos0)))
+
+
+def _cols(name: str, a, start: int, n: int):
+    """(pointer, row stride) of columns [start, start + n) of a 2-D f32 device array."""
+    da.check(name, a, (None, None), np.float32, align=8)
+    if start < 0 or start + n > a.shape[1]:
+        raise GPUError(f"{name}: columns [{start}, {start + n}) outside its {a.shape[1]}")
+    return np.uintp(da.ptr(a) + 4 * start), int(a.shape[1])
+
+
+def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rope_dim: int,
+             neox: bool, cols=(0, 0, 0)) -> None:
+    """One launch: q16 f16 [T, Hq, D] = rope(q); kc[pos0 + t] = rope(k); vc[pos0 + t] = v.
+
+    q, k, v: f32 2-D device arrays whose columns cols[i] .. cols[i] + H*D hold the [T, H*D]
+    part (three buffers, or the same fused [T, (Hq + 2 Hkv) D] GEMM output three times);
+    kc, vc: f16 [S, Hkv, D] caches. pos_dev: int32 [1] device array holding pos0 (the kernel
+    reads the position from it, so a captured graph serves any pos0); `pos0` is the value it
+    holds, used here for the bounds checks. Numpy twin: reference ops.rope + f16 casts.
+    """
+    da.check("rope_qkv q16", q16, (None, None, None), np.float16)
+    T, Hq, D = q16.shape
+    da.check("rope_qkv k cache", kc, (None, None, D), np.float16)
+    S, Hkv, _ = kc.shape
+    da.check("rope_qkv v cache", vc, (S, Hkv, D), np.float16)
+    da.check("rope_qkv pos", pos_dev, (1,), np.int32)
+    qp, ldq = _cols("rope_qkv q", q, cols[0], Hq * D)
+    kp, ldk = _cols("rope_qkv k", k, cols[1], Hkv * D)
+    vp, ldv = _cols("rope_qkv v", v, cols[2], Hkv * D)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a.shape[0] != T:
+            raise GPUError(f"rope_qkv {name}: {a.shape[0]} rows, expected T = {T}")
+    if ldv % 2 or cols[2] % 2:
+        raise GPUError("rope_qkv v: row stride and column offset must be even (float2 loads)")
+    if pos0 < 0 or pos0 + T > S:
+        raise GPUError(f"rope_qkv: positions [{pos0}, {pos0 + T}) exceed the cache's {S} rows")
+    _rope_check(q16, table, pos0, rope_dim)
+    fn = rt.function(_F, "rope_qkv_f32_f16")
+    npair = (Hq + 2 * Hkv) * D // 2
+    rt.launch(fn, (T, (npair + 127) // 128), (128,),
+              (da.arg(q16), qp, np.int64(ldq), kp, np.int64(ldk), vp, np.int64(ldv), da.arg(kc),
+               da.arg(vc), np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(rope_dim),
+               np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), da.arg(pos_dev)))
+
+
+def swiglu_fused(rt, y, gu) -> None:
+    """y f16 [T, F] = silu(gu[:, :F]) * gu[:, F:], gu f32 [T, 2F] (the fused gate|up GEMM)."""
+    da.check("swiglu gu", gu, (None, None), np.float32)
+    T, F2 = gu.shape
+    if F2 % 2:
+        raise GPUError(f"swiglu gu: {F2} columns, expected 2F")
+    F = F2 // 2
+    da.check("swiglu y", y, (T, F), np.float16)
+    fn = rt.function(_F, "swiglu_f32_f16")
+    rt.launch(fn, ((F + 255) // 256, T), (256,),
+              (da.arg(y), np.int64(F), da.arg(gu), np.uintp(da.ptr(gu) + 4 * F), np.int64(F2),
+               np.int32(F)))
 
 
 def swiglu(rt, y, g, u) -> None:

@@ -60,6 +60,9 @@ class Runtime:
         self.name = self.device.name()
         self._modules: dict[tuple, object] = {}
         self._functions: dict[tuple, object] = {}
+        # launches with stream=None go here (None: the legacy default stream); CudaBackend
+        # points it at its capture stream while recording a CUDA graph
+        self.stream = None
 
     def _close(self) -> None:
         try:
@@ -109,6 +112,8 @@ class Runtime:
         block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
         if min(grid) <= 0:
             return  # empty problem: nothing to launch
+        if stream is None:
+            stream = self.stream
         try:
             fn(*args, grid=grid, block=block, shared=smem, stream=stream)
             if self.cfg.debug:

@@ -1,0 +1,121 @@
+"""Fused kernels of the CUDA backend vs numpy twins: rope_qkv (rope of q and k + KV-cache
+append at a device-side pos0), swiglu over the fused gate|up output, attention with the position
+read from the device. Ragged shapes, NaN-poisoned outputs, cache rows outside the chunk checked
+untouched."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from minfer.reference import ops
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def rt():
+    from minfer.cuda.runtime import get_runtime
+
+    return get_runtime()
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.all(np.isfinite(a)), "non-finite output"
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("T,Hq,Hkv,D,rope_dim,neox,pos0", [
+    (1, 4, 2, 64, 64, False, 0), (7, 9, 3, 64, 32, True, 5), (33, 8, 2, 128, 128, False, 20),
+    (130, 32, 8, 128, 128, True, 61)])
+def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
+    from minfer.cuda import devarray as da
+    from minfer.cuda.layers import RopeTable, rope_qkv
+
+    rng = np.random.default_rng(T * 3 + Hq + int(fused))
+    qd, kd = Hq * D, Hkv * D
+    S = pos0 + T + 11
+    base = 500000.0 if neox else 10000.0
+    table = RopeTable.build(rt, S, base, rope_dim)
+    q = rng.standard_normal((T, qd)).astype(np.float32)
+    k = rng.standard_normal((T, kd)).astype(np.float32)
+    v = rng.standard_normal((T, kd)).astype(np.float32)
+    kc0 = rng.standard_normal((S, Hkv, D)).astype(np.float16)  # rows outside the chunk: kept
+    vc0 = rng.standard_normal((S, Hkv, D)).astype(np.float16)
+    kc0[pos0: pos0 + T] = np.nan
+    vc0[pos0: pos0 + T] = np.nan
+    kc, vc = da.to_device(rt, kc0), da.to_device(rt, vc0)
+    q16 = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
+    pos = da.to_device(rt, np.array([pos0], np.int32))
+    if fused:
+        qkv = da.to_device(rt, np.concatenate([q, k, v], axis=1))
+        rope_qkv(rt, q16, qkv, qkv, qkv, kc, vc, table, pos0, pos, rope_dim, neox,
+                 (0, qd, qd + kd))
+    else:
+        rope_qkv(rt, q16, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), kc, vc,
+                 table, pos0, pos, rope_dim, neox)
+    p = np.arange(pos0, pos0 + T)
+    rq = ops.rope(q.reshape(T, Hq, D), p, base, rope_dim, neox)
+    rk = ops.rope(k.reshape(T, Hkv, D), p, base, rope_dim, neox)
+    assert _rel(q16.get(), rq) < 1e-3
+    kg, vg = kc.get(), vc.get()
+    assert _rel(kg[pos0: pos0 + T], rk) < 1e-3
+    assert np.array_equal(vg[pos0: pos0 + T], v.reshape(T, Hkv, D).astype(np.float16))
+    for got, ref in ((kg, kc0), (vg, vc0)):
+        assert np.array_equal(got[:pos0], ref[:pos0]) and np.array_equal(got[pos0 + T:],
+                                                                          ref[pos0 + T:])
+
+
+def test_rope_qkv_rejects(rt):
+    from minfer.cuda import devarray as da
+    from minfer.cuda.layers import RopeTable, rope_qkv
+    from minfer.errors import GPUError
+
+    table = RopeTable.build(rt, 8, 10000.0, 64)
+    q16 = da.empty(rt, (4, 2, 64), np.float16)
+    kc = da.empty(rt, (8, 1, 64), np.float16)
+    pos = da.to_device(rt, np.array([6], np.int32))
+    qkv = da.empty(rt, (4, 256), np.float32)
+    with pytest.raises(GPUError, match="exceed the cache"):
+        rope_qkv(rt, q16, qkv, qkv, qkv, kc, kc, table, 6, pos, 64, False, (0, 128, 192))
+    with pytest.raises(GPUError, match="columns"):
+        rope_qkv(rt, q16, qkv, qkv, qkv, kc, kc, table, 0, pos, 64, False, (0, 128, 200))
+
+
+@pytest.mark.parametrize("T,F", [(1, 256), (13, 1000), (64, 14336)])
+def test_swiglu_fused(rt, T, F):
+    from minfer.cuda import devarray as da
+    from minfer.cuda.layers import swiglu_fused
+
+    rng = np.random.default_rng(T + F)
+    gu = (rng.standard_normal((T, 2 * F)) * 3).astype(np.float32)
+    y = da.to_device(rt, np.full((T, F), np.nan, np.float16))
+    swiglu_fused(rt, y, da.to_device(rt, gu))
+    assert _rel(y.get(), ops.swiglu(gu[:, :F], gu[:, F:])) < 1e-3
+
+
+@pytest.mark.parametrize("T,pos0,off,Hq,Hkv,D", [
+    (1, 0, 0, 4, 4, 64), (77, 13, 0, 9, 3, 64), (1, 300, 129, 32, 8, 128),
+    (200, 70, 0, 32, 8, 128)])
+def test_attention_device_pos(rt, T, pos0, off, Hq, Hkv, D):
+    """attention(pos_dev=[pos0 - off], offset=off) == attention at host pos0 == numpy twin."""
+    from minfer.cuda import devarray as da
+    from minfer.cuda.attention import attention
+
+    rng = np.random.default_rng(T + pos0 + off)
+    S = pos0 + T + 5
+    q = (rng.standard_normal((T, Hq, D)) * 2).astype(np.float16)
+    k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float16)
+    v = rng.standard_normal((S, Hkv, D)).astype(np.float16)
+    k[pos0 + T:] = np.nan
+    v[pos0 + T:] = np.nan
+    qd, kd, vd = (da.to_device(rt, a) for a in (q, k, v))
+    o1 = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
+    o2 = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
+    attention(rt, o1, qd, kd, vd, pos0)
+    attention(rt, o2, qd, kd, vd, pos0, da.to_device(rt, np.array([pos0 - off], np.int32)), off)
+    ref = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), pos0)
+    assert _rel(o1.get(), ref) < 2e-3
+    assert np.array_equal(o1.get(), o2.get())
