@@ -12,7 +12,8 @@ import pytest
 
 from minfer.errors import BadInput, Unsupported
 from minfer.quants import dequantize
-from minfer.quants.quantize import nearest_int, quantize, roundf, seqsum, seqsum_loop
+from minfer.quants import ckernel
+from minfer.quants.quantize import C_TYPES, nearest_int, quantize, roundf, seqsum, seqsum_loop
 from minfer.quants.quantize_k import bsum, to_bnG
 from tests.conftest import GOLDEN
 
@@ -123,6 +124,8 @@ def test_quantize_errors():
         quantize(x, "Q9_9")
     with pytest.raises(BadInput, match="float32"):
         quantize(x.astype(np.float64), "Q8_0")
+    with pytest.raises(BadInput, match="impl must be"):
+        quantize(x, "Q4_K", impl="fortran")
     assert quantize(x, int(GQT.Q8_0)).shape == (2, 576 // 32 * 34)
 
 
@@ -142,12 +145,106 @@ def requant_golden():
     return json.loads((GOLDEN / "llamacpp-requant-tensors.json").read_text())
 
 
-@pytest.mark.parametrize("kind,name", [(k, n) for k, ns in SAMPLE.items() for n in ns])
-def test_golden_tensor_bytes(default_model, requant_golden, kind, name):
+def _golden_cases():
+    """(kind, tensor, impl): numpy for every sample, C too where the type has a C twin."""
+    types = json.loads((GOLDEN / "llamacpp-requant-tensors.json").read_text())
+    return [(k, n, impl) for k, ns in SAMPLE.items() for n in ns
+            for impl in ("numpy", "c") if impl == "numpy" or types[k][n]["type"] in C_TYPES]
+
+
+@pytest.mark.parametrize("kind,name,impl", _golden_cases())
+def test_golden_tensor_bytes(default_model, requant_golden, kind, name, impl):
     want = requant_golden[kind][name]
+    if impl == "c" and ckernel.library() is None:
+        pytest.skip("no C compiler")
     t = default_model.tensor(name)
     assert GQT[want["type"]] != t.qtype  # a real requantization, not a copy
-    raw = quantize(default_model.dequant(name), want["type"])
+    raw = quantize(default_model.dequant(name), want["type"], impl=impl)
     assert raw.shape[0] == want["shape"][1]
     assert hashlib.sha256(raw.tobytes()).hexdigest() == want["sha256"], (
         f"{kind} {name} ({want['type']}) differs from llama.cpp")
+
+
+# --- the C twins (minfer/quants/kquants.c) against the numpy ones ---------------------------------
+
+needs_cc = pytest.mark.skipif(ckernel.compiler() is None, reason="no C compiler")
+
+
+def _variants():
+    """Every build variant that works here (native vector width, portable baseline)."""
+    libs = [(" ".join(f), ckernel.load(f)) for f in ckernel.VARIANTS]
+    return [(name, lib) for name, lib in libs if lib is not None]
+
+
+@needs_cc
+def test_c_quantizers_build_where_a_compiler_exists():
+    # a broken kquants.c must fail here, not silently fall back to the slow numpy path
+    assert ckernel.library() is not None
+    assert ckernel.load(ckernel.FLAGS) is not None  # the portable variant builds too
+
+
+def _hard_k_inputs():
+    """Adversarial magnitudes plus every degenerate sub-block case the searches special-case."""
+    x = _adversarial((48, 1024), 8)
+    x = np.concatenate([x, _rng(9).standard_normal((16, 1024)).astype(np.float32)])
+    x[0] = 0  # all-zero super-blocks
+    x[1, :256] = -0.75  # constant super-block
+    x[2, 256:] = 1e-30  # tiny (zero scale after fp16)
+    x[3, :32] = 3.0  # one constant sub-block of 32
+    x[4, 16:32] = 0  # one zero sub-block of 16 (q6_K)
+    x[5, 512:768] = np.abs(x[5, 512:768])  # min > 0 clamps to 0
+    x[6, :256] = np.float32(60000.0) * np.sign(x[6, :256])  # scales near the fp16 limit
+    x[7, 1:256:2] = 0  # half zeros
+    return x
+
+
+@needs_cc
+@pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q6_K"])
+def test_c_quantizers_equal_numpy(qt):
+    x = _hard_k_inputs()
+    want = quantize(x, qt, impl="numpy")
+    for flags, lib in _variants():
+        got = ckernel.quantize_k(x.reshape(-1, 256), qt, lib=lib).reshape(want.shape)
+        bad = np.nonzero((got != want).any(axis=1))[0]
+        assert bad.size == 0, f"{qt} [{flags}]: rows {bad[:8].tolist()} differ from numpy"
+    assert np.array_equal(quantize(x, qt), want)  # the default path
+
+
+@needs_cc
+def test_c_fp16_conversion_equals_numpy():
+    r = _rng(10)
+    bits = r.integers(0, 2**32, 200000, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    x = x[~np.isnan(x)]  # NaN payloads are not specified
+    edges = np.array([65504, 65519.996, 65520, 1e9, 2**-14, 2**-14 * 0.99999994, 2**-24, 2**-25,
+                      2**-25 * 1.0000001, 3 * 2**-26, 1e-30, 0.0, np.inf, 0.1, 1 / 3],
+                     dtype=np.float32)
+    x = np.concatenate([x, edges, -edges, x * np.float32(2**-100), x * np.float32(2**-120)])
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    for flags, lib in _variants():
+        got = ckernel.f32_to_f16_bits(x, lib=lib)
+        bad = np.nonzero(got != want)[0]
+        assert bad.size == 0, f"[{flags}] f16 of {x[bad[:5]].tolist()}: {got[bad[:5]]} != {want[bad[:5]]}"
+
+
+def test_no_compiler_falls_back_to_numpy(monkeypatch):
+    x = _rng(11).standard_normal((4, 512)).astype(np.float32)
+    want = quantize(x, "Q4_K", impl="numpy")
+    monkeypatch.setattr(ckernel, "compiler", lambda: None)
+    ckernel.load.cache_clear()
+    try:
+        assert ckernel.library() is None
+        assert np.array_equal(quantize(x, "Q4_K"), want)
+        with pytest.raises(BadInput, match="not available"):
+            quantize(x, "Q4_K", impl="c")
+    finally:
+        ckernel.load.cache_clear()
+
+
+@needs_cc
+def test_c_quantizer_arg_checks():
+    with pytest.raises(BadInput, match="float32"):
+        ckernel.quantize_k(np.zeros((2, 128), dtype=np.float32), "Q4_K")
+    with pytest.raises(BadInput, match="no C quantizer"):
+        ckernel.quantize_k(np.zeros((2, 256), dtype=np.float32), "Q8_0")
