@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from golden_data import GOLDEN, golden  # noqa: F401  (re-exported for fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
 
 
 @pytest.fixture(scope="session")
@@ -24,10 +23,6 @@ def default_model(default_model_path):
     from minfer.loader import load_model
 
     return load_model(default_model_path)
-
-
-def golden(kind: str = "q4_1") -> dict:
-    return json.loads((GOLDEN / f"smollm2-135m-{kind}.json").read_text())
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from conftest import GOLDEN, golden
+from golden_data import GOLDEN, golden
 from minfer import engine, gates
 from minfer.reference.forward import ReferenceBackend
 
