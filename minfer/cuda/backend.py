@@ -23,8 +23,8 @@ they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads th
 Positions live on the device (self.pos = [pos0]; rope_qkv and attention read it), so every
 launch of a chunk depends only on (T, last): with `graphs` on (default; MINFER_CUDA_GRAPHS=0 or
 the runtime's debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
-are built and loaded), the second is captured into a CUDA graph (minfer.cuda.graph) and every
-later one replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
+are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.graph); every later
+chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
 MMQ weights: the activation is quantized to q8_1 once per distinct input into one reused
 scratch buffer (q, k, v share h16's; gate, up share the FFN input's), then mmq_linear runs on
@@ -204,7 +204,6 @@ class CudaBackend:
             graphs = os.environ.get("MINFER_CUDA_GRAPHS", "1") != "0"
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._graphs: dict[tuple[int, bool], object] = {}
-        self._seen: set[tuple[int, bool]] = set()  # (T, last) run once eagerly
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused = self._plan_fusion()
         self._check_memory()
@@ -463,15 +462,15 @@ class CudaBackend:
         da.rows(self.ids, 0, T).set(ids)
         self.pos.set(np.array([pos0], np.int32))
         if self.graphs and self.profile is None:
-            key = (T, bool(last))
-            g = self._graphs.get(key)
-            if g is None and key in self._seen:
-                g = self._capture(T, pos0, last)
+            g = self._graphs.get((T, bool(last)))
             if g is not None:
                 g.launch(self.stream)
                 return
-            # first sighting runs eagerly: kernels get built and loaded outside any capture
-            self._seen.add(key)
+            # first sighting: run eagerly (kernels get built and loaded outside any capture),
+            # then record the graph for the next chunk of this shape (recording runs nothing)
+            self._chunk_ops(T, pos0, last)
+            self._capture(T, pos0, last)
+            return
         self._chunk_ops(T, pos0, last)
 
     def _capture(self, T: int, pos0: int, last: bool):
@@ -482,6 +481,7 @@ class CudaBackend:
         rt = self.rt
         if self.stream is None:
             self.stream = rt.drv.Stream()
+        rt.synchronize()  # the capture stream syncs with the legacy one: leave it idle first
         rt.stream = self.stream
         try:
             g = graph.capture(self.stream, lambda: self._chunk_ops(T, pos0, last))

@@ -84,8 +84,9 @@ def test_rope_qkv_rejects(rt):
         rope_qkv(rt, q16, qkv, qkv, qkv, kc, kc, table, 0, pos, 64, False, (0, 128, 200))
 
 
-@pytest.mark.parametrize("T,F", [(1, 256), (13, 1000), (64, 14336)])
+@pytest.mark.parametrize("T,F", [(1, 256), (13, 1000), (64, 14336), (5, 1001), (3, 6)])
 def test_swiglu_fused(rt, T, F):
+    """F % 4 == 0 takes the 4-wide kernel, the others the scalar one."""
     from minfer.cuda import devarray as da
     from minfer.cuda.layers import swiglu_fused
 

@@ -1,0 +1,34 @@
+"""Per-op CUDA-event profile of one CudaBackend prefill, every label (device machine).
+
+python3 scripts/profile_ops.py MODEL.gguf [--tokens 512,2048]
+Prints per label: calls, total µs, µs per call, and for GEMMs TFLOP/s. Runs eagerly (events
+need the launches one by one), after one unprofiled warm-up prefill of the same length.
+"""
+
+import argparse
+
+from minfer.bench import prompt_ids
+from minfer.cuda.backend import CudaBackend, OpProfile
+from minfer.loader import load_model
+
+ap = argparse.ArgumentParser()
+ap.add_argument("model")
+ap.add_argument("--tokens", default="512,2048")
+a = ap.parse_args()
+toks = [int(t) for t in a.tokens.split(",")]
+m = load_model(a.model)
+b = CudaBackend(m, max_tokens=max(toks), ubatch=max(toks), graphs=False)
+for n in toks:
+    ids = prompt_ids(m, n)
+    b.reset()
+    b.forward(ids, 0)
+    b.reset()
+    b.profile = OpProfile(b.rt)
+    b.forward(ids, 0)
+    tot = b.profile.collect()
+    b.profile = None
+    print(f"\n{n} tokens: | op | calls | µs | µs/call | TFLOP/s |")
+    for k in sorted(tot, key=lambda k: -tot[k][0]):
+        ms, fl, c = tot[k]
+        tf = f"{fl / (ms * 1e-3) / 1e12:.0f}" if fl else ""
+        print(f"| {k} | {c} | {ms * 1e3:,.0f} | {ms * 1e3 / c:,.1f} | {tf} |")
