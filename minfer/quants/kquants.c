@@ -92,93 +92,124 @@ static inline int any(vi m) {
     return r != 0;
 }
 
-/* ---- make_qkx2_quants (use_mad = false), NL sub-blocks of 32 at once -----------------------
- * x, w: [32] (x[i][j] = weight i of sub-block j). L: [32] out, levels 0..nmax.
- * Returns scale; *the_min = -min. Each lane follows ggml's scalar loop exactly. */
-static vf make_qkx2(const vf *x, const vf *w, vf *L, vf *the_min, int nmax, float rmin,
-                    float rdelta, int nstep) {
-    vf mn = x[0], mx = x[0], sum_w = w[0], sum_x = sum_w * x[0];
-    for (int i = 1; i < 32; ++i) {
-        mn = sel(x[i] < mn, x[i], mn);
-        mx = sel(x[i] > mx, x[i], mx);
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
+/* KI lane vectors run interleaved: the sums are sequential chains of dependent adds, and two
+ * independent chains per instruction stream hide the add latency (~1.5x on AVX2). */
+#define KI 2
+#define LANES (KI * NL)  /* sub-blocks searched at once */
+
+/* ---- make_qkx2_quants (use_mad = false) for LANES sub-blocks of 32 -------------------------
+ * x, w: [32][KI] (x[i][k][j] = weight i of sub-block k * NL + j). L: [32][KI] out, levels
+ * 0..nmax. scale, the_min: [KI] out (the_min = -min). Each lane follows ggml's scalar loop. */
+static void make_qkx2(const vf (*x)[KI], const vf (*w)[KI], vf (*L)[KI], vf *scale, vf *the_min,
+                      int nmax, float rmin, float rdelta, int nstep) {
+    vf mn[KI], mx[KI], sum_w[KI], sum_x[KI], min0[KI], best[KI], Laux[32][KI];
+    vi flat[KI];
+    for (int k = 0; k < KI; ++k) {
+        mn[k] = mx[k] = x[0][k];
+        sum_w[k] = w[0][k];
+        sum_x[k] = sum_w[k] * x[0][k];
     }
-    mn = sel(mn > 0, (vf){0}, mn);  /* if (min > 0) min = 0 */
-    vi flat = mx == mn;              /* C returns at once: L = 0, scale 0, the_min = -min */
-    vf min0 = mn;
-    vf iscale = (float)nmax / (mx - mn);
-    vf scale = 1.0f / iscale;
-    vf best = {0};
-    vf Laux[32];
-    for (int i = 0; i < 32; ++i) {
-        L[i] = levels(iscale * (x[i] - mn), 0, nmax);
-        vf diff = scale * L[i] + mn - x[i];
-        diff = diff * diff;
-        best += w[i] * diff;
-    }
-    for (int is = 0; is <= nstep; ++is) {
-        iscale = (rmin + rdelta * (float)is + (float)nmax) / (mx - mn);
-        vf sum_l = {0}, sum_l2 = {0}, sum_xl = {0};
-        for (int i = 0; i < 32; ++i) {
-            vf l = levels(iscale * (x[i] - mn), 0, nmax);
-            Laux[i] = l;
-            vf wl = w[i] * l;
-            sum_l += wl;
-            sum_l2 += wl * l;
-            sum_xl += wl * x[i];
+    for (int i = 1; i < 32; ++i)
+        for (int k = 0; k < KI; ++k) {
+            mn[k] = sel(x[i][k] < mn[k], x[i][k], mn[k]);
+            mx[k] = sel(x[i][k] > mx[k], x[i][k], mx[k]);
+            sum_w[k] += w[i][k];
+            sum_x[k] += w[i][k] * x[i][k];
         }
-        /* C skips the rest unless D > 0; computing it anyway and masking changes nothing */
-        vf D = sum_w * sum_l2 - sum_l * sum_l;
-        vf this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-        vf this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-        vi pos = this_min > 0;
-        this_min = sel(pos, (vf){0}, this_min);
-        this_scale = sel(pos, sum_xl / sum_l2, this_scale);
-        vf cur = {0};
-        for (int i = 0; i < 32; ++i) {
-            vf diff = this_scale * Laux[i] + this_min - x[i];
+    vf iscale[KI];
+    for (int k = 0; k < KI; ++k) {
+        mn[k] = sel(mn[k] > 0, (vf){0}, mn[k]);  /* if (min > 0) min = 0 */
+        flat[k] = mx[k] == mn[k];                 /* C returns at once: L = 0, scale 0 */
+        min0[k] = mn[k];
+        iscale[k] = (float)nmax / (mx[k] - mn[k]);
+        scale[k] = 1.0f / iscale[k];
+        best[k] = (vf){0};
+    }
+    for (int i = 0; i < 32; ++i)
+        for (int k = 0; k < KI; ++k) {
+            L[i][k] = levels(iscale[k] * (x[i][k] - mn[k]), 0, nmax);
+            vf diff = scale[k] * L[i][k] + mn[k] - x[i][k];
             diff = diff * diff;
-            cur += w[i] * diff;
+            best[k] += w[i][k] * diff;
         }
-        vi upd = (D > 0) & (cur < best);
-        if (any(upd)) {
-            for (int i = 0; i < 32; ++i) L[i] = sel(upd, Laux[i], L[i]);
-            best = sel(upd, cur, best);
-            scale = sel(upd, this_scale, scale);
-            mn = sel(upd, this_min, mn);
+    for (int is = 0; is <= nstep; ++is) {
+        const float num = rmin + rdelta * (float)is + (float)nmax;
+        vf sum_l[KI], sum_l2[KI], sum_xl[KI], cur[KI], this_scale[KI], this_min[KI], D[KI];
+        for (int k = 0; k < KI; ++k) {
+            iscale[k] = num / (mx[k] - mn[k]);
+            sum_l[k] = sum_l2[k] = sum_xl[k] = cur[k] = (vf){0};
+        }
+        for (int i = 0; i < 32; ++i)
+            for (int k = 0; k < KI; ++k) {
+                vf l = levels(iscale[k] * (x[i][k] - mn[k]), 0, nmax);
+                Laux[i][k] = l;
+                vf wl = w[i][k] * l;
+                sum_l[k] += wl;
+                sum_l2[k] += wl * l;
+                sum_xl[k] += wl * x[i][k];
+            }
+        /* C skips the rest unless D > 0; computing it anyway and masking changes nothing */
+        for (int k = 0; k < KI; ++k) {
+            D[k] = sum_w[k] * sum_l2[k] - sum_l[k] * sum_l[k];
+            this_scale[k] = (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / D[k];
+            this_min[k] = (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / D[k];
+            vi pos = this_min[k] > 0;
+            this_min[k] = sel(pos, (vf){0}, this_min[k]);
+            this_scale[k] = sel(pos, sum_xl[k] / sum_l2[k], this_scale[k]);
+        }
+        for (int i = 0; i < 32; ++i)
+            for (int k = 0; k < KI; ++k) {
+                vf diff = this_scale[k] * Laux[i][k] + this_min[k] - x[i][k];
+                diff = diff * diff;
+                cur[k] += w[i][k] * diff;
+            }
+        for (int k = 0; k < KI; ++k) {
+            vi upd = (D[k] > 0) & (cur[k] < best[k]);
+            if (any(upd)) {
+                for (int i = 0; i < 32; ++i) L[i][k] = sel(upd, Laux[i][k], L[i][k]);
+                best[k] = sel(upd, cur[k], best[k]);
+                scale[k] = sel(upd, this_scale[k], scale[k]);
+                mn[k] = sel(upd, this_min[k], mn[k]);
+            }
         }
     }
-    if (any(flat)) {
-        for (int i = 0; i < 32; ++i) L[i] = sel(flat, (vf){0}, L[i]);
-        scale = sel(flat, (vf){0}, scale);
-        mn = sel(flat, min0, mn);
+    for (int k = 0; k < KI; ++k) {
+        if (any(flat[k])) {
+            for (int i = 0; i < 32; ++i) L[i][k] = sel(flat[k], (vf){0}, L[i][k]);
+            scale[k] = sel(flat[k], (vf){0}, scale[k]);
+            mn[k] = sel(flat[k], min0[k], mn[k]);
+        }
+        the_min[k] = -mn[k];
     }
-    *the_min = -mn;
-    return scale;
 }
 
-/* Shared first half of q4_K / q5_K: scales, mins, d, dmin, packed 6-bit scales, levels.
- * xs: [256] one super-block. Writes dd[0..3] (d, dmin as f16 LE), sc[12], Lout[256]. */
-static void qk_min_type(const float *xs, int nmax, float rmin, float rdelta, int nstep,
-                        uint8_t *dd, uint8_t *sc, uint8_t *Lout) {
-    float scales[8], mins[8];
-    uint8_t Ls[256];  /* the search's levels, [sub-block][32] */
-    for (int g = 0; g < 8; g += NL) {  /* lanes: sub-blocks g .. g + NL - 1 */
-        vf x[32], w[32], L[32], the_min, sum_x2 = {0}, av_x;
-        for (int j = 0; j < NL; ++j)
-            for (int i = 0; i < 32; ++i) x[i][j] = xs[32 * (g + j) + i];
-        for (int i = 0; i < 32; ++i) sum_x2 += x[i] * x[i];
-        for (int j = 0; j < NL; ++j) av_x[j] = sqrtf(sum_x2[j] / 32);
-        for (int i = 0; i < 32; ++i) w[i] = av_x + vabs(x[i]);
-        vf s = make_qkx2(x, w, L, &the_min, nmax, rmin, rdelta, nstep);
-        for (int j = 0; j < NL; ++j) {
-            scales[g + j] = s[j];
-            mins[g + j] = the_min[j];
-            for (int i = 0; i < 32; ++i) Ls[32 * (g + j) + i] = (uint8_t)L[i][j];
-        }
+/* The q4_K / q5_K sub-block search over nsub (<= LANES) consecutive sub-blocks of 32 at x:
+ * scales[s], mins[s], levels Ls[32 * s + i]. Missing lanes search zeros (flat) and are dropped. */
+static void search_qkx2(const float *x, int nsub, int nmax, float rmin, float rdelta, int nstep,
+                        float *scales, float *mins, uint8_t *Ls) {
+    vf xt[32][KI], w[32][KI], L[32][KI], sc[KI], the_min[KI], sum_x2[KI];
+    for (int s = 0; s < LANES; ++s)
+        for (int i = 0; i < 32; ++i) xt[i][s / NL][s % NL] = s < nsub ? x[32 * s + i] : 0.0f;
+    for (int k = 0; k < KI; ++k) sum_x2[k] = (vf){0};
+    for (int i = 0; i < 32; ++i)
+        for (int k = 0; k < KI; ++k) sum_x2[k] += xt[i][k] * xt[i][k];
+    for (int k = 0; k < KI; ++k) {
+        vf av_x;
+        for (int j = 0; j < NL; ++j) av_x[j] = sqrtf(sum_x2[k][j] / 32);
+        for (int i = 0; i < 32; ++i) w[i][k] = av_x + vabs(xt[i][k]);
     }
+    make_qkx2(xt, w, L, sc, the_min, nmax, rmin, rdelta, nstep);
+    for (int s = 0; s < nsub; ++s) {
+        scales[s] = sc[s / NL][s % NL];
+        mins[s] = the_min[s / NL][s % NL];
+        for (int i = 0; i < 32; ++i) Ls[32 * s + i] = (uint8_t)L[i][s / NL][s % NL];
+    }
+}
 
+/* Second half of q4_K / q5_K for one super-block xs [256], from its 8 sub-block scales, mins
+ * and search levels Ls [256]: writes dd[0..3] (d, dmin as f16 LE), sc[12], final Lout[256]. */
+static void qk_finish(const float *xs, int nmax, const float *scales, const float *mins,
+                      const uint8_t *Ls, uint8_t *dd, uint8_t *sc, uint8_t *Lout) {
     float max_scale = 0, max_min = 0;
     for (int j = 0; j < 8; ++j) {
         if (scales[j] > max_scale) max_scale = scales[j];
@@ -216,33 +247,60 @@ static void qk_min_type(const float *xs, int nmax, float rmin, float rdelta, int
     }
 }
 
-int minfer_quantize_q4_K(const float *x, uint8_t *out, int64_t nsb) {
-    uint8_t L[QK_K];
-    for (int64_t b = 0; b < nsb; ++b, x += QK_K, out += 144) {
-        qk_min_type(x, 15, -1.f, 0.1f, 20, out, out + 4, L);
-        uint8_t *q = out + 16;
-        for (int j = 0; j < QK_K; j += 64, q += 32)
-            for (int l = 0; l < 32; ++l) q[l] = L[j + l] | (uint8_t)(L[j + l + 32] << 4);
+/* q4_K / q5_K: search CH super-blocks' sub-blocks LANES at a time, then finish and pack each */
+#define CH 8
+_Static_assert((CH * 8) % LANES == 0, "whole lane groups per chunk");
+
+typedef void (*pack_fn)(const uint8_t *L, uint8_t *block);
+
+static void quantize_min_type(const float *x, uint8_t *out, int64_t nsb, int nmax, float rmin,
+                              float rdelta, int nstep, int block_bytes, pack_fn pack) {
+    float scales[CH * 8], mins[CH * 8];
+    uint8_t Ls[CH * QK_K], L[QK_K];
+    for (int64_t b0 = 0; b0 < nsb; b0 += CH) {
+        int n = nsb - b0 < CH ? (int)(nsb - b0) : CH;
+        const float *xc = x + b0 * QK_K;
+        for (int s = 0; s < 8 * n; s += LANES) {
+            int nsub = 8 * n - s < LANES ? 8 * n - s : LANES;
+            search_qkx2(xc + 32 * s, nsub, nmax, rmin, rdelta, nstep, scales + s, mins + s,
+                        Ls + 32 * s);
+        }
+        for (int b = 0; b < n; ++b) {
+            uint8_t *blk = out + (b0 + b) * block_bytes;
+            qk_finish(xc + b * QK_K, nmax, scales + 8 * b, mins + 8 * b, Ls + b * QK_K, blk,
+                      blk + 4, L);
+            pack(L, blk);
+        }
     }
+}
+
+static void pack_q4_K(const uint8_t *L, uint8_t *blk) {
+    uint8_t *q = blk + 16;
+    for (int j = 0; j < QK_K; j += 64, q += 32)
+        for (int l = 0; l < 32; ++l) q[l] = L[j + l] | (uint8_t)(L[j + l + 32] << 4);
+}
+
+static void pack_q5_K(const uint8_t *L, uint8_t *blk) {
+    uint8_t *qh = blk + 16, *ql = blk + 48;
+    memset(qh, 0, 32);
+    uint8_t m1 = 1, m2 = 2;
+    for (int n = 0; n < QK_K; n += 64, ql += 32, m1 <<= 2, m2 <<= 2) {
+        for (int j = 0; j < 32; ++j) {
+            int l1 = L[n + j], l2 = L[n + j + 32];
+            if (l1 > 15) { l1 -= 16; qh[j] |= m1; }
+            if (l2 > 15) { l2 -= 16; qh[j] |= m2; }
+            ql[j] = (uint8_t)(l1 | (l2 << 4));
+        }
+    }
+}
+
+int minfer_quantize_q4_K(const float *x, uint8_t *out, int64_t nsb) {
+    quantize_min_type(x, out, nsb, 15, -1.f, 0.1f, 20, 144, pack_q4_K);
     return 0;
 }
 
 int minfer_quantize_q5_K(const float *x, uint8_t *out, int64_t nsb) {
-    uint8_t L[QK_K];
-    for (int64_t b = 0; b < nsb; ++b, x += QK_K, out += 176) {
-        qk_min_type(x, 31, -0.5f, 0.1f, 15, out, out + 4, L);
-        uint8_t *qh = out + 16, *ql = out + 48;
-        memset(qh, 0, 32);
-        uint8_t m1 = 1, m2 = 2;
-        for (int n = 0; n < QK_K; n += 64, ql += 32, m1 <<= 2, m2 <<= 2) {
-            for (int j = 0; j < 32; ++j) {
-                int l1 = L[n + j], l2 = L[n + j + 32];
-                if (l1 > 15) { l1 -= 16; qh[j] |= m1; }
-                if (l2 > 15) { l2 -= 16; qh[j] |= m2; }
-                ql[j] = (uint8_t)(l1 | (l2 << 4));
-            }
-        }
-    }
+    quantize_min_type(x, out, nsb, 31, -0.5f, 0.1f, 15, 176, pack_q5_K);
     return 0;
 }
 
@@ -250,65 +308,82 @@ int minfer_quantize_q5_K(const float *x, uint8_t *out, int64_t nsb) {
 
 #define GROUP_MAX_EPS 1e-15f
 
-/* make_qx_quants(16, nmax = 32, x, L, rmse_type = 1, qw = NULL) for NL sub-blocks of 16.
- * x: [16] lanes. L: [16] out, levels 0..63. Returns scale (0 for all-zero sub-blocks). */
-static vf make_qx(const vf *x, vf *L) {
+/* make_qx_quants(16, nmax = 32, x, L, rmse_type = 1, qw = NULL) for LANES sub-blocks of 16.
+ * x: [16][KI] (as make_qkx2). L: [16][KI] out, levels 0..63. scale: [KI] out (0 for all-zero
+ * sub-blocks). */
+static void make_qx(const vf (*x)[KI], vf (*L)[KI], vf *scale) {
     const int nmax = 32;
-    vf w[16], wx[16], amax = {0}, mx = {0};
-    for (int i = 0; i < 16; ++i) {  /* the first value of largest |x|: `if (ax > amax)` */
-        vf ax = vabs(x[i]);
-        vi gt = ax > amax;
-        amax = sel(gt, ax, amax);
-        mx = sel(gt, x[i], mx);
-        w[i] = x[i] * x[i];
-        wx[i] = w[i] * x[i];  /* C: w*x[i]*l = (w*x)*l */
+    vf w[16][KI], wx[16][KI], amax[KI], mx[KI], iscale[KI], sumlx[KI], suml2[KI], best[KI];
+    vi zero[KI];
+    for (int k = 0; k < KI; ++k) amax[k] = mx[k] = sumlx[k] = suml2[k] = (vf){0};
+    for (int i = 0; i < 16; ++i)
+        for (int k = 0; k < KI; ++k) {  /* the first value of largest |x|: `if (ax > amax)` */
+            vf ax = vabs(x[i][k]);
+            vi gt = ax > amax[k];
+            amax[k] = sel(gt, ax, amax[k]);
+            mx[k] = sel(gt, x[i][k], mx[k]);
+            w[i][k] = x[i][k] * x[i][k];
+            wx[i][k] = w[i][k] * x[i][k];  /* C: w*x[i]*l = (w*x)*l */
+        }
+    for (int k = 0; k < KI; ++k) {
+        zero[k] = amax[k] < GROUP_MAX_EPS;  /* C returns 0 with L = 0 */
+        iscale[k] = (float)(-nmax) / mx[k];
     }
-    vi zero = amax < GROUP_MAX_EPS;  /* C returns 0 with L = 0 */
-    vf iscale = (float)(-nmax) / mx;
-    vf sumlx = {0}, suml2 = {0};
-    for (int i = 0; i < 16; ++i) {
-        vf l = levels(iscale * x[i], -nmax, nmax - 1);
-        L[i] = l + (float)nmax;
-        sumlx += wx[i] * l;
-        suml2 += w[i] * l * l;
+    for (int i = 0; i < 16; ++i)
+        for (int k = 0; k < KI; ++k) {
+            vf l = levels(iscale[k] * x[i][k], -nmax, nmax - 1);
+            L[i][k] = l + (float)nmax;
+            sumlx[k] += wx[i][k] * l;
+            suml2[k] += w[i][k] * l * l;
+        }
+    for (int k = 0; k < KI; ++k) {
+        scale[k] = sel(suml2[k] != 0, sumlx[k] / suml2[k], (vf){0});
+        best[k] = scale[k] * sumlx[k];
     }
-    vf scale = sel(suml2 != 0, sumlx / suml2, (vf){0});
-    vf best = scale * sumlx;
     for (int is = -9; is <= 9; ++is) {
         if (is == 0) continue;
-        iscale = -((float)nmax + 0.1f * (float)is) / mx;
-        vf lv[16];
-        sumlx = (vf){0};
-        suml2 = (vf){0};
-        for (int i = 0; i < 16; ++i) {
-            lv[i] = levels(iscale * x[i], -nmax, nmax - 1);
-            sumlx += wx[i] * lv[i];
-            suml2 += w[i] * lv[i] * lv[i];
+        const float num = -((float)nmax + 0.1f * (float)is);
+        vf lv[16][KI];
+        for (int k = 0; k < KI; ++k) {
+            iscale[k] = num / mx[k];
+            sumlx[k] = suml2[k] = (vf){0};
         }
-        vi upd = (suml2 > 0) & (sumlx * sumlx > best * suml2);
-        if (any(upd)) {
-            for (int i = 0; i < 16; ++i) L[i] = sel(upd, lv[i] + (float)nmax, L[i]);
-            scale = sel(upd, sumlx / suml2, scale);
-            best = sel(upd, scale * sumlx, best);
+        for (int i = 0; i < 16; ++i)
+            for (int k = 0; k < KI; ++k) {
+                lv[i][k] = levels(iscale[k] * x[i][k], -nmax, nmax - 1);
+                sumlx[k] += wx[i][k] * lv[i][k];
+                suml2[k] += w[i][k] * lv[i][k] * lv[i][k];
+            }
+        for (int k = 0; k < KI; ++k) {
+            vi upd = (suml2[k] > 0) & (sumlx[k] * sumlx[k] > best[k] * suml2[k]);
+            if (any(upd)) {
+                for (int i = 0; i < 16; ++i) L[i][k] = sel(upd, lv[i][k] + (float)nmax, L[i][k]);
+                scale[k] = sel(upd, sumlx[k] / suml2[k], scale[k]);
+                best[k] = sel(upd, scale[k] * sumlx[k], best[k]);
+            }
         }
     }
-    if (any(zero))
-        for (int i = 0; i < 16; ++i) L[i] = sel(zero, (vf){0}, L[i]);
-    return sel(zero, (vf){0}, scale);
+    for (int k = 0; k < KI; ++k) {
+        if (any(zero[k]))
+            for (int i = 0; i < 16; ++i) L[i][k] = sel(zero[k], (vf){0}, L[i][k]);
+        scale[k] = sel(zero[k], (vf){0}, scale[k]);
+    }
 }
+
+_Static_assert(16 % LANES == 0, "whole lane groups per q6_K super-block");
 
 int minfer_quantize_q6_K(const float *xin, uint8_t *out, int64_t nsb) {
     for (int64_t b = 0; b < nsb; ++b, xin += QK_K, out += 210) {
         float scale[16];
         uint8_t Lb[QK_K];  /* [sub-block][16], levels 0..63 */
-        for (int g = 0; g < 16; g += NL) {
-            vf x[16], L[16];
-            for (int j = 0; j < NL; ++j)
-                for (int i = 0; i < 16; ++i) x[i][j] = xin[16 * (g + j) + i];
-            vf s = make_qx(x, L);
-            for (int j = 0; j < NL; ++j) {
-                scale[g + j] = s[j];
-                for (int i = 0; i < 16; ++i) Lb[16 * (g + j) + i] = (uint8_t)L[i][j];
+        for (int g = 0; g < 16; g += LANES) {  /* lanes: sub-blocks g .. g + LANES - 1 */
+            vf x[16][KI], L[16][KI], sc[KI];
+            for (int s = 0; s < LANES; ++s)
+                for (int i = 0; i < 16; ++i) x[i][s / NL][s % NL] = xin[16 * (g + s) + i];
+            make_qx(x, L, sc);
+            for (int s = 0; s < LANES; ++s) {
+                scale[g + s] = sc[s / NL][s % NL];
+                for (int i = 0; i < 16; ++i) Lb[16 * (g + s) + i] = (uint8_t)L[i][s / NL][s % NL];
             }
         }
         float max_scale = 0, max_abs_scale = 0;
