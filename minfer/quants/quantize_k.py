@@ -9,6 +9,9 @@ side by side, n positions inside a block, so that
 The scale searches loop over their few steps (21 for q4_K, 16 for q5_K, 18 for q6_K), each step
 updating only the blocks whose error improved, exactly as the C loop does per block.
 See minfer/quants/quantize.py for the float32 rules.
+
+These are the numpy twins of the C quantizers in minfer/quants/kquants.c (same bytes, ~10x
+slower); quantize() uses the C ones when a C compiler is there, these otherwise.
 """
 
 from __future__ import annotations
