@@ -10,9 +10,11 @@
  * Built at run time by minfer/quants/ckernel.py (system C compiler, cached, loaded with ctypes;
  * the numpy path is the fallback and the twin the tests compare against).
  *
- * Speed without changing a single rounding: the sub-blocks of one super-block (8 for q4_K/q5_K,
- * 16 for q6_K) are the lanes of a GCC/clang vector; each lane runs exactly the scalar C
- * sequence of its sub-block (same float32 ops, same order, sequential sums), lanes never mix.
+ * Speed without changing a single rounding: consecutive sub-blocks (of 32 for q4_K/q5_K, of 16
+ * for q6_K) are the lanes of GCC/clang vectors (KI vectors of NL lanes, interleaved); each lane
+ * runs exactly the scalar C sequence of its sub-block (same float32 ops, same order, sequential
+ * sums), lanes never mix. Then the per-super-block part (6-bit / int8 scales, fp16 d, final
+ * levels, packing) runs as plain scalar C.
  * Exactness needs: no FMA contraction (-ffp-contract=off, set by the builder), no fast-math,
  * IEEE float32 vector arithmetic (SSE/AVX/NEON all are). nearest_int is ggml's magic-number
  * trick done on the bit pattern, so no float->int conversion (and no UB) even on inf/NaN lanes.
