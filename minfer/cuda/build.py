@@ -126,15 +126,16 @@ def compile_cubin(name: str, arch: str = "sm_90", options: tuple[str, ...] = (),
                   report: bool = False) -> tuple[Path, str]:
     """Compile kernels/<name>.cu for `arch`; return (cubin path, ptxas report).
 
-    Cached: a second call with the same inputs returns the cached cubin (report "" then,
-    unless report=True forces a fresh ptxas report).
+    Cached: a second call with the same inputs returns the cached cubin, and with
+    report=True the ptxas report saved beside it at build time (no recompile).
     """
     src = kernel_path(name)
     opts = tuple(DEFAULT_OPTIONS) + tuple(options)
     key = cache_key(src, arch, opts)
     out = cache_dir() / f"{src.stem}-{arch}-{key}.cubin"
-    if out.exists() and not report:
-        return out, ""
+    log = out.with_suffix(".ptxas.txt")  # ptxas's report, kept beside the cubin
+    if out.exists() and (not report or log.exists()):
+        return out, log.read_text() if report else ""
     cmd = [nvcc(), "-cubin", f"-arch={arch}", *opts, "-Xptxas", "-v", "-I", str(src.parent),
            "-o"]
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
@@ -143,8 +144,16 @@ def compile_cubin(name: str, arch: str = "sm_90", options: tuple[str, ...] = (),
         r = subprocess.run([*cmd, tmp, str(src)], capture_output=True, text=True)
         if r.returncode != 0:
             raise GPUError(f"nvcc failed on {src.name} for {arch}:\n{r.stderr.strip()}")
+        _atomic_write_text(log, r.stderr)
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out, r.stderr
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
