@@ -10,7 +10,7 @@ import pytest
 
 from minfer.errors import BadInput
 from minfer.reference import ops
-from minfer.reference.forward import ReferenceBackend, quantize_act
+from minfer.reference.forward import ReferenceBackend, quantize_act, round_f16
 
 RNG = np.random.default_rng(7)
 
@@ -151,6 +151,23 @@ def test_swiglu_linear_embedding():
         ops.embedding(table, np.array([10]))
 
 
+def test_round_f16_equals_numpy_cast():
+    parts = [RNG.standard_normal(20000).astype(np.float32) * s
+             for s in (1e-9, 1e-6, 3e-5, 1e-3, 1, 300, 3e4, 1e5)]
+    h = RNG.standard_normal(20000).astype(np.float16).astype(np.float32)
+    ties = (h.astype(np.float64) * (1 + 2.0 ** -11)).astype(np.float32)  # halfway cases
+    edges = np.array([0, -0.0, 65504, 65519, 65520, -65520, 2 ** -14, 2 ** -24, 2 ** -25,
+                      3 * 2 ** -26, -(2 ** -25)], np.float32)
+    x = np.concatenate(parts + [h, ties, np.nextafter(h, np.float32(1e9)), edges])
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).astype(np.float32)
+    got = round_f16(x)
+    assert got.dtype == np.float32 and np.array_equal(got, want)
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+    x64 = x.astype(np.float64)[:100]
+    assert round_f16(x64).dtype == np.float64
+
+
 def test_quantize_act_q8_grid():
     import gguf
 
@@ -166,6 +183,14 @@ def test_quantize_act_q8_grid():
     bound = 0.5 * d + 127 * np.abs(d - d_exact) + 1e-6
     assert np.all(np.abs(yb - b) <= bound) and not np.array_equal(y, x)
     assert np.array_equal(quantize_act(x, int(gguf.GGMLQuantizationType.F32)), x)
+    # q8_K (k-quant weights): blocks of 256, d = max / -127 with max the signed extreme
+    xk = (RNG.standard_normal((2, 512)) * 3).astype(np.float32)
+    yk = quantize_act(xk, int(gguf.GGMLQuantizationType.Q4_K)).reshape(2, 2, 256)
+    bk = xk.reshape(2, 2, 256)
+    ext = np.take_along_axis(bk, np.abs(bk).argmax(-1)[..., None], -1)
+    qk = yk / (ext / -127)
+    assert np.allclose(qk, np.rint(qk), atol=1e-3) and np.abs(qk).max() <= 127.001
+    assert np.allclose(yk[np.abs(bk) == np.abs(ext)], bk[np.abs(bk) == np.abs(ext)])
 
 
 # -- the backend on the real model --------------------------------------------------------------
