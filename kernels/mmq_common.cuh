@@ -261,6 +261,19 @@ __device__ __forceinline__ void mmq_narrow(const uint8_t* __restrict__ A,
 // value 8t+e, k 16+4t+e <-> value 8t+4+e, so one uint2 load at qs + 32j + 8t holds a thread's
 // b0 and b1 for both chunks 2j (low nibbles) and 2j+1 (high nibbles).
 // --------------------------------------------------------------------------------------------
+// base + row * pitch (row, pitch < 2^32) as one mad.wide.u32 per use. The wide kernel keeps its
+// B rows as 32-bit indices and forms the 64-bit row addresses per super-block with this: as
+// plain C, the loop-invariant row * pitch would be hoisted out of the k loop and held as five
+// 64-bit values (10 registers) across the 16-chain chunk loop, which then spills at the
+// 255-register cap (ptxas, sm_90). The asm takes the per-super-block base as the addend, so
+// it cannot be hoisted; it costs one IMAD.WIDE.U32 per row and super-block.
+__device__ __forceinline__ const uint8_t* row_ptr(const uint8_t* base, uint32_t row,
+                                                  uint32_t pitch) {
+    uint64_t r;
+    asm("mad.wide.u32 %0, %1, %2, %3;" : "=l"(r) : "r"(row), "r"(pitch), "l"(base));
+    return (const uint8_t*)r;
+}
+
 template <int KD>
 struct WideSmem {
     static constexpr int PITCH = KD * 256 + 16;
@@ -288,10 +301,12 @@ __device__ __forceinline__ void mmq_wide(const uint8_t* __restrict__ A,
     const int m0 = blockIdx.y * 64, nw = blockIdx.x * 128 + warp * 32;
     const int KB = K / 256;
     const size_t arow = (size_t)(K / 32) * 40, brow = (size_t)KB * W::BYTES;
-    const uint8_t* bp[4];
+    // B rows as 32-bit indices (addresses via row_ptr per super-block: register cap)
+    const uint32_t bpitch = (uint32_t)brow;   // K < 2^31, so K/256 * 210 < 2^32
+    uint32_t brw[4];                          // B fragment rows (col g of each n8 tile)
     #pragma unroll
-    for (int nb = 0; nb < 4; nb++) bp[nb] = B + (size_t)min(nw + nb * 8 + g, N - 1) * brow;
-    const uint8_t* scp = B + (size_t)min(nw + lane, N - 1) * brow;   // this lane's scale row
+    for (int nb = 0; nb < 4; nb++) brw[nb] = min(nw + nb * 8 + g, N - 1);
+    const uint32_t srw = min(nw + lane, N - 1);   // this lane's scale row
 
     float sum[4][4][4] = {};
     for (int kb0 = 0; kb0 < KB; kb0 += KD) {
@@ -322,11 +337,13 @@ __device__ __forceinline__ void mmq_wide(const uint8_t* __restrict__ A,
         __syncthreads();
         for (int kbi = 0; kbi < nkb; kbi++) {
             const int kb = kb0 + kbi;
+            const uint8_t* Bk = B + (size_t)kb * W::BYTES;   // super-block kb of row 0
+            const uint8_t* scp = row_ptr(Bk, srw, bpitch);
             // B fragments of this super-block, straight from global memory
             uint32_t bq[4][W::PERM ? 8 : 12];
             #pragma unroll
             for (int nb = 0; nb < 4; nb++) {
-                const uint8_t* blk = bp[nb] + (size_t)kb * W::BYTES;
+                const uint8_t* blk = row_ptr(Bk, brw[nb], bpitch);
                 if constexpr (W::PERM) {
                     // one uint2 per chunk pair j: b0, b1 of chunks 2j (low) and 2j+1 (high)
                     #pragma unroll
@@ -354,7 +371,7 @@ __device__ __forceinline__ void mmq_wide(const uint8_t* __restrict__ A,
             #pragma unroll
             for (int c = 0; c < 8; c++) {
                 float x, y;
-                W::chunk_scales(scp + (size_t)kb * W::BYTES, c, x, y);
+                W::chunk_scales(scp, c, x, y);
                 sSC[c * 32 + lane] = make_float2(x, y);
             }
             __syncwarp();
