@@ -119,3 +119,19 @@ def test_float64_oracle_agrees_with_f32(runs, default_model, golden_q4_1):
     d = gates.logit_error(got, runs[0].last_logits)
     print(f"f64 oracle vs f32 (f16 KV): max|diff| {d:.5f}")
     assert got.dtype == np.float32 and d < 0.05
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_greedy32_vs_llamacpp_f16_requant(default_model, i):
+    """The strong greedy gate: against llama.cpp's F16 requant, where our logits agree to
+    ~0.03, tau is small, so the tie-aware comparison covers many steps, not one or two."""
+    g = golden("f16")["prompts"][i]
+    be = ReferenceBackend(_F16Weights(default_model), act_quant=True)
+    r = engine.run(be, g["prompt_ids"], n_greedy=32)
+    tau = gates.tau_from(r.last_logits, np.load(GOLDEN / g["logits_file"]))
+    v = gates.compare_greedy(r.greedy_ids, g["greedy32_ids"], g["greedy32_top1_top2_margin"], tau)
+    print(f"f16 requant greedy, prompt {i}: {v.describe()}")
+    assert tau <= 2 * F16_MAX_DIFF
+    assert v.ok, v.describe()
+    # The gate must have had teeth: no near-tie in the first 8 steps of these prompts.
+    assert v.identical_through >= min(8, (v.near_tie_step or 33) - 1), v.describe()
