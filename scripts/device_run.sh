@@ -1,0 +1,48 @@
+#!/bin/bash
+# The one device call: install, GPU tests, CLI on a real (sliced) model, minfer check, synthetic
+# 8B-shape model timing, interleaved A/B bench; a short summary last. DESIGN.md "Device recipe".
+# Usage on the device (carry .whl and .devdata/smollm2-slice.gguf):
+#   bash scripts/device_run.sh [deadline_s]
+# Make the slice here first: python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf \
+#   .devdata/smollm2-slice.gguf --max-mib 54     (11 of 30 layers; the full model is over 64 MiB)
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$(date +%s); DEADLINE=${1:-480}
+step() {  # step NAME CAP_S CMD...: run with min(CAP, time left), log to $OUT/NAME.log
+  local name=$1 cap=$2; shift 2
+  local left=$(( DEADLINE - ($(date +%s) - T0) ))
+  (( left < cap )) && cap=$left
+  if (( cap < 10 )); then echo "== $name: SKIPPED (deadline)" | tee -a "$OUT/steps.txt"; return; fi
+  local t=$(date +%s)
+  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name: rc=$? in $(( $(date +%s) - t )) s (cap $cap)" | tee -a "$OUT/steps.txt"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+M="python3 -m minfer"; S=.devdata/smollm2-slice.gguf
+MINFER_TEST_MODEL=$S step tests 170 python3 -m pytest -q -rs tests/gpu
+step prefill_cpu 40 $M prefill -m $S --backend cpu --json
+step prefill_cuda 40 $M prefill -m $S --backend cuda --json
+step quantize 30 $M quantize $S /tmp/slice-q4km.gguf --type q4_K_M --quiet
+step check 90 $M check -m /tmp/slice-q4km.gguf
+step synth 80 bash -c "time $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s32.gguf"
+step bench 110 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 3 --ab "MINFER_MMQ=0" "MINFER_MMQ=1 MINFER_MMQ_RAW_KD=4"
+step torch 40 python3 scripts/torch_f16_prefill.py --tokens 512,2048 --repeats 3
+echo; echo "################ SUMMARY ################"
+cat "$OUT/steps.txt"
+echo "--- tests"; grep -E "passed|failed|error" "$OUT/tests.log" | tail -2; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -8
+for f in prefill_cpu prefill_cuda; do echo "--- $f"; python3 - "$OUT/$f.log" <<'PY'
+import json, sys
+txt = open(sys.argv[1]).read(); s = txt[txt.find("{"):]
+try:
+    d = json.loads(s[: s.rfind("}") + 1])
+    print(d["backend"], "prefill", round(d["prefill_tok_s"]), "tok/s; greedy", d["greedy_ids"])
+except Exception as e:
+    print("no JSON:", txt[-600:])
+PY
+done
+echo "--- check"; grep -vE "^\s*$" "$OUT/check.log" | tail -22
+echo "--- synth"; grep -E "real|rror" "$OUT/synth.log"
+echo "--- bench"; grep -E "^\| |MMQ|f16:|rror|noise" "$OUT/bench.log" | grep -v "^| ---" | head -30
+echo "--- torch"; grep -E "^\||rror" "$OUT/torch.log"
