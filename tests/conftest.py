@@ -39,3 +39,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords or "/gpu/" in str(item.fspath):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def requant_q4_k_m(tmp_path_factory, default_model_path) -> Path:
+    """`minfer quantize` of the shipped Q4_1 file to Q4_K_M (the CLI, as a user runs it)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("requant") / "q4km.gguf"
+    r = subprocess.run([sys.executable, "-m", "minfer", "quantize", str(default_model_path),
+                        str(out), "--type", "Q4_K_M", "--quiet"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    return out
