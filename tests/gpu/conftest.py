@@ -1,6 +1,11 @@
-"""GPU test fixtures: `rt`, the process's minfer Runtime (tests here skip without a GPU)."""
+"""GPU test fixtures (tests here skip without a GPU): `rt`, the process's minfer Runtime, and
+`model`, the backend test models: a tiny synthetic Q4_K_M model made here (head_dim 64, GQA
+4:2, every GEMM weight q4_K/q6_K) and, when MINFER_TEST_MODEL names one (e.g. the default model
+sliced to fit a device call), that real GGUF too."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -10,3 +15,24 @@ def rt():
     from minfer.cuda.runtime import get_runtime
 
     return get_runtime()
+
+
+def _models() -> list[str]:
+    out = ["synth-tiny"]
+    if os.environ.get("MINFER_TEST_MODEL"):
+        out.append(os.environ["MINFER_TEST_MODEL"])
+    return out
+
+
+@pytest.fixture(scope="module", params=_models())
+def model(request, tmp_path_factory):
+    from minfer.loader import load_model
+
+    if request.param == "synth-tiny":
+        from minfer.synth import SynthOptions, make_synthetic_model
+
+        p = tmp_path_factory.mktemp("synth") / "tiny.gguf"
+        make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=3, vocab=1024,
+                                             tokenizer_from=None), progress=False)
+        return load_model(p)
+    return load_model(request.param)

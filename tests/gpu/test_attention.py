@@ -10,13 +10,6 @@ from minfer.reference import ops
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def rt():
-    from minfer.cuda.runtime import get_runtime
-
-    return get_runtime()
-
-
 @pytest.mark.parametrize("T,pos0,Hq,Hkv,D", [
     (1, 0, 4, 4, 64), (5, 0, 9, 3, 64), (77, 0, 9, 3, 64), (64, 0, 8, 2, 128),
     (130, 21, 32, 8, 128), (1, 300, 32, 8, 128), (1, 1000, 9, 3, 64), (257, 100, 4, 1, 128),

@@ -7,33 +7,10 @@ device), a real GGUF.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 pytestmark = pytest.mark.gpu
-
-
-def _models():
-    out = ["synth-tiny"]
-    if os.environ.get("MINFER_TEST_MODEL"):
-        out.append(os.environ["MINFER_TEST_MODEL"])
-    return out
-
-
-@pytest.fixture(scope="module", params=_models())
-def model(request, tmp_path_factory):
-    from minfer.loader import load_model
-
-    if request.param == "synth-tiny":
-        from minfer.synth import SynthOptions, make_synthetic_model
-
-        p = tmp_path_factory.mktemp("synth") / "tiny.gguf"
-        make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=3, vocab=1024,
-                                             tokenizer_from=None), progress=False)
-        return load_model(p)
-    return load_model(request.param)
 
 
 def greedy(backend, prompt: np.ndarray, n: int = 32):

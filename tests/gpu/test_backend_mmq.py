@@ -7,8 +7,6 @@ head); with MINFER_TEST_MODEL set (e.g. a sliced real model on the device), that
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -16,27 +14,6 @@ pytestmark = pytest.mark.gpu
 
 CFGS = {"mmq-r1": dict(mmq=True, raw=False), "mmq-narrow": dict(mmq=True, wide=False),
         "mmq-wide-kd4": dict(mmq=True, kd=4), "mmq-wide-kd8": dict(mmq=True, kd=8)}
-
-
-def _models():
-    out = ["synth-tiny"]
-    if os.environ.get("MINFER_TEST_MODEL"):
-        out.append(os.environ["MINFER_TEST_MODEL"])
-    return out
-
-
-@pytest.fixture(scope="module", params=_models())
-def model(request, tmp_path_factory):
-    from minfer.loader import load_model
-
-    if request.param == "synth-tiny":
-        from minfer.synth import SynthOptions, make_synthetic_model
-
-        p = tmp_path_factory.mktemp("synth") / "tiny.gguf"
-        make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=3, vocab=1024,
-                                             tokenizer_from=None), progress=False)
-        return load_model(p)
-    return load_model(request.param)
 
 
 @pytest.fixture(scope="module")

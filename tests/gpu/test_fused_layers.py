@@ -10,20 +10,9 @@ import pytest
 
 from minfer.reference import ops
 
+from gpu_helpers import rel_err as _rel
+
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def rt():
-    from minfer.cuda.runtime import get_runtime
-
-    return get_runtime()
-
-
-def _rel(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    assert np.all(np.isfinite(a)), "non-finite output"
-    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -10,26 +10,14 @@ from minfer.cuda.gemm import (GEMVS, TILES, WGMMA, DeviceArray, gemm_f16_nt, gem
                               pick_variant)
 from minfer.errors import BadInput
 
+from gpu_helpers import rel_err as _rel
+
 pytestmark = pytest.mark.gpu
 GUARD = 64  # elements past C that must stay untouched
 
 
-@pytest.fixture(scope="module")
-def rt():
-    from minfer.cuda.runtime import get_runtime
-
-    return get_runtime()
-
-
 def _rand(rng, shape, scale=1.0):
     return (rng.standard_normal(shape) * scale).astype(np.float16)
-
-
-def _rel(out, ref):
-    out = out.astype(np.float64)
-    ref = ref.astype(np.float64)
-    assert np.all(np.isfinite(out)), "non-finite output (unwritten poison?)"
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
 def _run(rt, M, N, K, mode, variant=None, seed=0):

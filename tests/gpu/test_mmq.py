@@ -10,13 +10,6 @@ pytestmark = pytest.mark.gpu
 Q4_K, Q6_K = 12, 14
 
 
-@pytest.fixture(scope="module")
-def rt():
-    from minfer.cuda.runtime import get_runtime
-
-    return get_runtime()
-
-
 def _weights(rng, qtype, N, K):
     """Random q4_K / q6_K blocks with valid f16 scales (d, dmin)."""
     kb = K // 256
