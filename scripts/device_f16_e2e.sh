@@ -5,20 +5,7 @@
 # breakdown; the previous commit's backend ("before", files in .devdata/before) if time is left.
 # Usage (device, carry .whl and .devdata): bash scripts/device_f16_e2e.sh [deadline_s] [quick]
 # quick: skip the "before" bench, run scripts/profile_ops.py (every op label) instead.
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-T0=$(date +%s); DEADLINE=${1:-290}
-step() {  # step NAME CAP_S CMD...: run with min(CAP, time left), log to $OUT/NAME.log
-  local name=$1 cap=$2; shift 2
-  local left=$(( DEADLINE - ($(date +%s) - T0) ))
-  (( left < cap )) && cap=$left
-  if (( cap < 10 )); then echo "== $name: SKIPPED (deadline)" | tee -a $OUT/steps.txt; return; fi
-  local t=$(date +%s)
-  timeout $cap "$@" > $OUT/$name.log 2>&1
-  echo "== $name: rc=$? in $(( $(date +%s) - t )) s (cap $cap)" | tee -a $OUT/steps.txt
-}
+DEADLINE=${1:-290}; source scripts/device_lib.sh
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv,noheader
 M="python3 -m minfer"
 step synth 70 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s32.gguf

@@ -5,22 +5,7 @@
 # synthetic 8-layer 8B-shape model. Every step has a cap inside one overall deadline; logs go to
 # $OUT; a short summary prints last.
 # Usage (device, carry .whl and .devdata): bash scripts/device_mmq_e2e.sh [deadline_s]
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-T0=$(date +%s); DEADLINE=${1:-560}
-step() {  # step NAME CAP_S CMD...: run with min(CAP, time left), log to $OUT/NAME.log
-  local name=$1 cap=$2; shift 2
-  local left=$(( DEADLINE - ($(date +%s) - T0) ))
-  (( left < cap )) && cap=$left
-  if (( cap < 10 )); then echo "== $name: SKIPPED (deadline)" | tee $OUT/$name.log; return; fi
-  local t=$(date +%s)
-  echo "== $name (cap ${cap}s): $*"
-  timeout $cap "$@" > $OUT/$name.log 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc in $(( $(date +%s) - t )) s" | tee -a $OUT/steps.txt
-}
+DEADLINE=${1:-560}; source scripts/device_lib.sh
 nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
 M="python3 -m minfer"
 step synth2 60 $M synth --preset llama3-8b --layers 2 --type q4_K_M --tokenizer-from none --quiet -o /tmp/s.gguf

@@ -5,20 +5,7 @@
 #   bash scripts/device_run.sh [deadline_s]
 # Make the slice here first: python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf \
 #   .devdata/smollm2-slice.gguf --max-mib 54     (11 of 30 layers; the full model is over 64 MiB)
-set -o pipefail
-python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-T0=$(date +%s); DEADLINE=${1:-480}
-step() {  # step NAME CAP_S CMD...: run with min(CAP, time left), log to $OUT/NAME.log
-  local name=$1 cap=$2; shift 2
-  local left=$(( DEADLINE - ($(date +%s) - T0) ))
-  (( left < cap )) && cap=$left
-  if (( cap < 10 )); then echo "== $name: SKIPPED (deadline)" | tee -a "$OUT/steps.txt"; return; fi
-  local t=$(date +%s)
-  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name: rc=$? in $(( $(date +%s) - t )) s (cap $cap)" | tee -a "$OUT/steps.txt"
-}
+DEADLINE=${1:-480}; source scripts/device_lib.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 M="python3 -m minfer"; S=.devdata/smollm2-slice.gguf
 MINFER_TEST_MODEL=$S step tests 170 python3 -m pytest -q -rs tests/gpu
