@@ -10,6 +10,10 @@
    MMQ config and the CPU reference (ReferenceBackend, f32) decode 32 greedy tokens from the
    prompt. Each GPU path is compared to the CPU reference with tau = 2 * max|logit diff| at the
    last prompt position between the two engines (stated per row); exact n/32 counts reported.
+Runs in poison mode (RuntimeConfig.poison; CUDA graphs stay on, so the gate sees the path
+prefill runs): every kernel output is NaN-filled before its launch, so a kernel that did not
+run reads as NaN, never as stale numbers. A path whose backend raises (non-finite logits, a
+kernel failure) is a FAIL row naming the error; the other paths still run.
 Prints tables; exits 1 when anything fails or could not be run.
 """
 
@@ -118,6 +122,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
     from minfer import engine
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.config import GemmConfig
+    from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
 
     ids = prompt_ids(model, prompt, echo)
@@ -126,11 +131,17 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
     rows = []
     max_tokens = max(64, len(ids) + n_greedy)
     for path, kw in ALL_PATHS.items():
-        be = CudaBackend(model, GemmConfig(**kw), max_tokens=max_tokens, ubatch=512)
-        echo(f"{path:<13} {be.route_summary()}")
-        res = engine.run(be, ids, n_greedy, 512)
-        v, diff = identity_verdict(ref, res)
-        rows.append((path, v.exact, v.n, diff, v.tau, v.describe(), v.ok))
+        be = None
+        try:
+            be = CudaBackend(model, GemmConfig(**kw), max_tokens=max_tokens, ubatch=512)
+            echo(f"{path:<13} {be.route_summary()}")
+            res = engine.run(be, ids, n_greedy, 512)
+        except GPUError as e:  # e.g. non-finite logits: this path fails, the others still run
+            echo(f"{path:<13} error: {e}")
+            rows.append((path, 0, n_greedy, float("inf"), float("nan"), f"error: {e}", False))
+        else:
+            v, diff = identity_verdict(ref, res)
+            rows.append((path, v.exact, v.n, diff, v.tau, v.describe(), v.ok))
         del be
         gc.collect()  # free this backend's device memory before the next one
     return rows
@@ -144,14 +155,19 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
 @click.option("--identity-only", is_flag=True, help="Skip the parity gate.")
 def check(model_path: str, prompt: str, parity_only: bool, identity_only: bool) -> int:
     """Parity gate (every MMQ path vs the numpy twin) and greedy-32 identity across paths."""
-    from minfer.cuda.runtime import get_runtime
+    from minfer.cuda.runtime import RuntimeConfig, get_runtime
     from minfer.loader import load_model
 
-    rt = get_runtime()
+    rt = get_runtime(RuntimeConfig(poison=True))
     model = load_model(model_path)
     click.echo(model.describe())
-    prow = [] if identity_only else parity_rows(rt, model)
-    irow = [] if parity_only else identity_rows(model, prompt)
+    was = rt.cfg.poison
+    rt.cfg.poison = True  # the runtime may predate this command (in-process callers, tests)
+    try:
+        prow = [] if identity_only else parity_rows(rt, model)
+        irow = [] if parity_only else identity_rows(model, prompt)
+    finally:
+        rt.cfg.poison = was
     if not identity_only:
         click.echo(f"\nparity vs numpy twin (gate rel err <= {PARITY_TOL:g}, KD=4 and KD=8):")
         click.echo("| weight | path | MxNxK | rel err | |\n| --- | --- | ---: | ---: | --- |")

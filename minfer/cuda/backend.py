@@ -34,6 +34,13 @@ The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
 gives the greedy token on the GPU.
 
+Faults: the memory plan is checked against the device's free memory before anything is
+allocated (GPUError naming what was asked and what is free). In poison mode (the runtime's
+debug or poison flag; `minfer check` sets it) every output a kernel is about to write (GEMM,
+dequant, embed, norms, rope's q, attention, SwiGLU, logits) is NaN-filled first (da.poison), and
+forward() raises GPUError on non-finite logits, so a kernel that did not run can never pass
+stale numbers off as a result.
+
 Profiling (bench's per-op breakdown): with `self.profile = OpProfile(rt)` every op is bracketed
 by CUDA events, labelled, with its FLOPs for GEMMs.
 """
@@ -98,6 +105,8 @@ def _gemm(rt, C, A, B, mode: str) -> None:
     """C[M, N] (mode 'f32' store, 'f16' store, 'acc' f32 +=) = A f16 [M, K] @ B f16 [N, K].T."""
     from minfer.cuda.gemm import gemm_f16_nt
 
+    if mode != "acc":
+        da.poison(rt, C)  # debug / poison mode: NaN unless the GEMM really writes C
     if mode == "acc":
         gemm_f16_nt(_dev(A), _dev(B), np.float32, accumulate=_dev(C), rt=rt)
     else:
@@ -108,16 +117,23 @@ def _gemm(rt, C, A, B, mode: str) -> None:
 def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
     from minfer.cuda import dequant
 
+    da.poison(rt, out)
     dequant.dequant_f16(rt, raw_dev, qtype, N, K, out_dev=out)
 
 
 def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:
     from minfer.cuda import dequant
 
+    da.poison(rt, out)
     dequant.embed_rows(rt, table_dev, qtype, ids_dev, int(ids_dev.shape[0]), K, out, V=V)
 
 
 _QNAMES = {12: "q4_K", 14: "q6_K"}
+
+
+def _size(nbytes: int) -> str:
+    """'1.25 GiB' from 1 GiB up, else '3.4 MiB' (memory messages)."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _qname(qtype: int) -> str:
@@ -246,16 +262,19 @@ class CudaBackend:
                 "upload staging": raw_max}
 
     def _check_memory(self) -> None:
+        """GPUError before any allocation when the plan (weights, KV cache for max_tokens,
+        activations for ubatch tokens, scratch) does not fit the device's free memory."""
         plan = self._plan()
         need = sum(plan.values())
         free, total = self.rt.mem_info()
         margin = 256 << 20
         if need + margin > free:
-            parts = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in plan.items())
-            raise GPUError(f"cuda backend needs {need / 2**30:.2f} GiB ({parts}; GiB) plus "
-                           f"{margin >> 20} MiB margin, but only {free / 2**30:.2f} GiB of "
-                           f"{total / 2**30:.2f} are free on the GPU (try a smaller "
-                           f"--max-tokens/ubatch)")
+            parts = ", ".join(f"{k} {_size(v)}" for k, v in plan.items() if v)
+            raise GPUError(f"GPU out of memory for this model: asked {_size(need)} ({parts}) "
+                           f"plus {margin >> 20} MiB margin, {_size(free)} free of "
+                           f"{_size(total)} (KV cache for {self.max_tokens} tokens, activations "
+                           f"for {self.ubatch}: try a shorter prompt, fewer --greedy tokens or "
+                           f"a smaller --ubatch)")
 
     # -- weights ----------------------------------------------------------------------------
     def _plan_fusion(self) -> dict[str, tuple[str, int, int]]:
@@ -393,6 +412,7 @@ class CudaBackend:
         M, K = A.shape
         q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
         with self._op("q8_1 prepass"):
+            da.poison(self.rt, q8)
             quantize_q8_1(self.rt, A, q8)
         return q8
 
@@ -419,16 +439,32 @@ class CudaBackend:
                 q8 = self._quantize(A, name)
             from minfer.cuda.mmq import mmq_linear
 
+            if mode != "acc":
+                da.poison(self.rt, C)
             mmq_linear(self.rt, q8, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
                        accumulate=mode == "acc")
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
-        """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one."""
+        """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one.
+        GPUError (never a silent wrong number) when a kernel failed or the logits are not
+        finite (NaN poison from a kernel that did not run, or an overflow)."""
         self.forward_device(ids, pos0)
-        return self.logits.get().reshape(-1).astype(np.float32, copy=False)
+        try:
+            out = self.logits.get().reshape(-1).astype(np.float32, copy=False)
+        except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
+            raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
+                           "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
+        bad = out.size - int(np.count_nonzero(np.isfinite(out)))
+        if bad:
+            T = len(np.asarray(ids))
+            raise GPUError(f"non-finite logits from the CUDA path ({bad} of {out.size} NaN/inf "
+                           f"at positions {pos0}..{pos0 + T - 1}, backend {self.name}); run "
+                           "`minfer check` or MINFER_CUDA_DEBUG=1 to find the kernel")
+        return out
 
     def argmax_last(self) -> int:
         """Greedy token of the last forward's logits, computed on the GPU."""
+        da.poison(self.rt, self.amax)
         L.argmax(self.rt, self.amax, da.reshape(self.logits, (self.c.vocab_size,)))
         return int(self.amax.get()[0])
 
@@ -513,6 +549,7 @@ class CudaBackend:
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
             with self._op("rmsnorm"):
+                da.poison(rt, h16)
                 L.rmsnorm(rt, h16, x, self.w[p + "attn_norm.weight"], c.rms_eps)
             if p + "attn_q.weight" in self.fused:
                 qkv = self._part(self.qkv32, 0, (T, qd + 2 * kd))
@@ -535,6 +572,7 @@ class CudaBackend:
                             L.add_bias(rt, dst, self.w[p + n + ".bias"])
                 srcs, cols = (q32, k32, v32), (0, 0, 0)
             with self._op("rope"):
+                da.poison(rt, R(self.q16, 0, T))  # (the K/V cache rows: positions on device)
                 L.rope_qkv(rt, R(self.q16, 0, T), *srcs, self.kc[il], self.vc[il], self.rope,
                            pos0, self.pos, c.rope_dim, c.rope_neox, cols)
             # from here on the final layer needs the last position only
@@ -542,17 +580,20 @@ class CudaBackend:
             xq = R(self.x, t0, Tq)
             a16 = R(self.a16, 0, Tq)
             with self._op("attention"):
+                da.poison(rt, a16)
                 attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(self.q16, t0, Tq),
                                    self.kc[il], self.vc[il], pos0 + t0, self.pos, t0)
             self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output")
             hq = R(self.h16, 0, Tq)
             with self._op("rmsnorm"):
+                da.poison(rt, hq)
                 L.rmsnorm(rt, hq, xq, self.w[p + "ffn_norm.weight"], c.rms_eps)
             f16 = R(self.f16, 0, Tq)
             if p + "ffn_gate.weight" in self.fused:
                 gu = self._part(self.gu32, 0, (Tq, 2 * c.d_ff))
                 self._gemm_fused(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up")
                 with self._op("swiglu"):
+                    da.poison(rt, f16)
                     L.swiglu_fused(rt, f16, gu)
             else:
                 g32 = self._part(self.gu32, 0, (Tq, c.d_ff))
@@ -561,10 +602,12 @@ class CudaBackend:
                 self._linear(g32, hq, p + "ffn_gate.weight", "f32", "ffn_gate", fq8)
                 self._linear(u32, hq, p + "ffn_up.weight", "f32", "ffn_up", fq8)
                 with self._op("swiglu"):
+                    da.poison(rt, f16)
                     L.swiglu(rt, f16, g32, u32)
             self._linear(xq, f16, p + "ffn_down.weight", "acc", "ffn_down")
         if last:
             with self._op("rmsnorm"):
+                da.poison(rt, self.last16)
                 L.rmsnorm(rt, self.last16, R(self.x, T - 1, 1), self.w["output_norm.weight"],
                           c.rms_eps)
             self._linear(self.logits, self.last16, self.model.output_name, "f32", "lm_head")

@@ -71,3 +71,13 @@ def check(name: str, a, shape=None, dtype=None, align: int = 4) -> None:
                            f"{tuple('*' if s is None else s for s in shape)}")
     if ptr(a) % align and a.size:
         raise GPUError(f"{name}: device pointer not {align}-byte aligned")
+
+
+def poison(rt, *arrays) -> None:
+    """NaN-fill each (contiguous) device array when rt is poisoning (debug / poison mode), so
+    an output whose kernel did not run reads as NaN, not as the previous call's numbers."""
+    if not getattr(rt, "poisoning", False):
+        return
+    for a in arrays:
+        if a is not None and a.size:
+            rt.poison(ptr(a), int(a.size) * np.dtype(a.dtype).itemsize)

@@ -5,7 +5,10 @@ One `Runtime` per process (made by `get_runtime()`), passed explicitly to launch
 - modules: kernels/<name>.cu compiled by build.compile_cubin for the device's arch, loaded once;
 - `launch(...)`: every kernel launch goes through it; in debug mode (RuntimeConfig.debug or
   MINFER_CUDA_DEBUG=1) it synchronizes after each launch and names the kernel and geometry
-  that failed.
+  that failed;
+- `poison(ptr, nbytes)`: in debug or poison mode (RuntimeConfig.poison, MINFER_CUDA_POISON=1;
+  `minfer check` turns it on) callers NaN-fill a kernel's output before its launch
+  (devarray.poison), so a launch that did not run leaves NaN, never stale plausible numbers.
 Importing this module needs pycuda; everything that must work without a GPU lives elsewhere.
 """
 
@@ -22,6 +25,13 @@ from minfer.errors import GPUError
 class RuntimeConfig:
     device: int = 0
     debug: bool = field(default_factory=lambda: os.environ.get("MINFER_CUDA_DEBUG", "0") == "1")
+    # NaN-fill outputs before their launches (also on in debug mode); unlike debug it keeps
+    # CUDA graphs (the fills are captured with the launches)
+    poison: bool = field(default_factory=lambda: os.environ.get("MINFER_CUDA_POISON", "0") == "1")
+
+
+# every byte 0xFF: 0xFFFF (f16) and 0xFFFFFFFF (f32) are NaNs, int32 -1 is no valid id or index
+POISON_BYTE = 0xFF
 
 
 def _import_pycuda():
@@ -122,6 +132,28 @@ class Runtime:
             raise GPUError(f"kernel {getattr(fn, '_minfer_name', fn)} failed "
                            f"(grid {grid}, block {block}, smem {smem} B): {e}") from None
 
+    @property
+    def poisoning(self) -> bool:
+        return bool(self.cfg.debug or self.cfg.poison)
+
+    def poison(self, ptr: int, nbytes: int) -> None:
+        """Fill [ptr, ptr + nbytes) with POISON_BYTE (NaN) when poisoning; queued on the launch
+        stream, so it is ordered before the kernel that should overwrite it (and is recorded
+        into a CUDA graph while capturing)."""
+        if not self.poisoning or nbytes <= 0:
+            return
+        fill = getattr(self.drv, "memset_d8_async", None)
+        step = 1 << 30  # pycuda passes the count as a 32-bit unsigned int
+        try:
+            for off in range(0, int(nbytes), step):
+                n = min(step, int(nbytes) - off)
+                if fill is not None:
+                    fill(int(ptr) + off, POISON_BYTE, n, self.stream)
+                else:  # older pycuda: synchronous fill (graphs are off in debug mode)
+                    self.drv.memset_d8(int(ptr) + off, POISON_BYTE, n)
+        except self.drv.Error as e:
+            raise GPUError(f"poisoning {nbytes} B at 0x{int(ptr):x} failed: {e}") from None
+
     def synchronize(self) -> None:
         try:
             self.drv.Context.synchronize()
@@ -139,6 +171,11 @@ class Runtime:
             free, total = self.mem_info()
             raise GPUError(f"GPU out of memory allocating {what}: asked {nbytes / 2**20:.1f} "
                            f"MiB, {free / 2**20:.1f} MiB free of {total / 2**20:.1f}") from None
+        except self.drv.Error as e:  # e.g. a size the driver rejects outright
+            free, total = self.mem_info()
+            raise GPUError(f"GPU allocation of {what} failed ({e}): asked "
+                           f"{nbytes / 2**20:.1f} MiB, {free / 2**20:.1f} MiB free of "
+                           f"{total / 2**20:.1f}") from None
 
 
 _RUNTIME: list[Runtime] = []
