@@ -44,6 +44,9 @@ def _typed_value(key: str, value: Any):
 
     V = gguf.GGUFValueType
     if isinstance(value, gguf.GGUFValue):
+        if value.type == V.ARRAY and value.sub_type == V.ARRAY and value.value:
+            # minfer.gguf_header gives nested arrays flattened: writing them would lie
+            raise BadInput(f"metadata {key!r}: nested arrays are not supported")
         return value
     if isinstance(value, gguf.ReaderField):
         if not value.types:
@@ -95,12 +98,18 @@ def _typed_value(key: str, value: Any):
 
 
 def metadata_from_reader(reader) -> dict[str, Any]:
-    """Every metadata field of an open gguf.GGUFReader (or a loader GGUFModel), types kept.
+    """Every metadata field of a loader GGUFModel, a gguf_header.GGUFHeader or an open
+    gguf.GGUFReader, types kept.
 
     Returns {key: gguf.GGUFValue}, ready to edit (e.g. replace `<arch>.block_count` with a
     `gguf.GGUFValue(n, GGUFValueType.UINT32)`) and pass to write_gguf.
     """
-    reader = getattr(reader, "reader", reader)  # accept minfer.loader.GGUFModel too
+    import gguf
+
+    header = getattr(reader, "header", reader)  # minfer.loader.GGUFModel -> its GGUFHeader
+    if hasattr(header, "kv"):  # the fast parser's values are GGUFValues already
+        return {k: gguf.GGUFValue(list(v.value) if isinstance(v.value, list) else v.value,
+                                  v.type, v.sub_type) for k, v in header.kv.items()}
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith(_READER_PSEUDO_PREFIX):

@@ -1,12 +1,16 @@
 """GGUF model loading: metadata -> ModelConfig, tensors memory-mapped, reference dequant.
 
-The file is opened through the `gguf` package's GGUFReader, which memory-maps it: tensor data
-is a numpy view into the map and is only read when dequantized. Shapes are given the numpy way
+The header is validated and parsed in one pass by minfer.gguf_header (fast: no numpy object
+per metadata item); the file is memory-mapped once, read-only, and each tensor's data is a numpy
+view into that map, only read when dequantized. Metadata and tensor data are what the `gguf`
+package's GGUFReader gives (tests/test_loader.py holds us to it); `GGUFModel.reader` opens that
+reference reader on demand (slow: seconds on a 49k vocab). Shapes are given the numpy way
 ([rows, cols] = [ne1, ne0]); a 2-D weight W of a linear layer y = x @ W.T has shape [N, K].
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,37 +71,22 @@ class GGUFModel:
     """An opened GGUF model: config, metadata, tensors (memory-mapped)."""
 
     def __init__(self, path: str | os.PathLike):
-        import gguf
+        from minfer.gguf_header import open_gguf, tensor_view
 
         self.path = Path(path)
-        if not self.path.exists():
-            raise BadModel(f"{self.path}: no such file")
-        if self.path.is_dir():
-            raise BadModel(f"{self.path}: is a directory, not a GGUF file")
-        try:
-            with open(self.path, "rb") as f:
-                magic = f.read(4)
-        except OSError as e:  # permission, I/O error, special file
-            raise BadModel(f"{self.path}: cannot read ({e.strerror or e})") from None
-        if magic != b"GGUF":
-            raise BadModel(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-        from minfer.gguf_check import check_gguf_file
-
-        check_gguf_file(self.path)  # bounds-checks the header before the reader trusts it
-        try:
-            self.reader = gguf.GGUFReader(str(self.path), "r")
-        except Exception as e:  # the reader raises ValueError/IndexError/... on damage
-            raise BadModel(f"{self.path}: malformed GGUF ({type(e).__name__}: {e})") from None
-        self.metadata: dict[str, Any] = {}
-        for key, field in self.reader.fields.items():
-            try:
-                self.metadata[key] = field.contents()
-            except Exception as e:
-                raise BadModel(f"{self.path}: metadata key {key!r} unreadable ({e})") from None
-        self.tensors: dict[str, TensorInfo] = {}
-        for t in self.reader.tensors:
-            shape = tuple(int(x) for x in reversed(t.shape))
-            self.tensors[t.name] = TensorInfo(t.name, int(t.tensor_type), shape, t.data)
+        self.header, self._map = open_gguf(self.path)  # validates every count/length/offset
+        h = self.header
+        # the same dict gguf.GGUFReader's fields give through .contents(), pseudo-keys included
+        self.metadata: dict[str, Any] = {"GGUF.version": h.version,
+                                         "GGUF.tensor_count": h.n_tensors,
+                                         "GGUF.kv_count": h.n_kv}
+        for key, v in h.kv.items():
+            if key in self.metadata:
+                raise BadModel(f"{self.path}: metadata key {key!r} clashes with the header's")
+            self.metadata[key] = v.value
+        self.tensors: dict[str, TensorInfo] = {
+            t.name: TensorInfo(t.name, t.qtype, t.shape, tensor_view(self._map, t))
+            for t in h.tensors}
         try:
             self.config = self._config()
         except (TypeError, ValueError, OverflowError) as e:  # e.g. a string where a count goes
@@ -114,6 +103,13 @@ class GGUFModel:
             raise BadModel(f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
                            f"only {len(self.tensors)} tensors")
         self._check_tensors()
+
+    @functools.cached_property
+    def reader(self):
+        """The `gguf` package's GGUFReader on the same file (the reference; slow to open)."""
+        import gguf
+
+        return gguf.GGUFReader(str(self.path), "r")
 
     # -- metadata -> config ---------------------------------------------------------------
     def _get(self, key: str, default: Any = None, required: bool = True) -> Any:

@@ -5,7 +5,7 @@ no hang (a per-case alarm), bounded memory (peak RSS growth of the worker after 
 address-space limit that turns a runaway allocation into a failure instead of an OOM).
 
 Seeds: tests/fuzz_corpus/make_corpus.py (tiny valid llama/qwen2 models). Mutations are aimed
-with the layout that minfer.gguf_check.scan_gguf records (where each count, length, type,
+with the layout that minfer.gguf_header.scan_gguf records (where each count, length, type,
 dim and offset lives): truncations, bit flips, field rewrites to absurd values, byte
 overwrites, inserted/deleted spans, splices of two seeds, and stacks of those.
 The cases run in two worker processes (CI has 2 cores), each reusing one temp path.
@@ -95,7 +95,7 @@ def _worker(corpus: Path, n_cases: int, seed: int, out: Path, tmp: Path) -> None
     import signal
 
     from minfer.errors import MinferError
-    from minfer.gguf_check import scan_gguf
+    from minfer.gguf_header import scan_gguf
     from minfer.loader import load_model
     from minfer.tokenizer import Tokenizer
 
@@ -183,7 +183,7 @@ def corpus(tmp_path_factory):
 
 
 def test_seeds_are_valid(corpus):
-    from minfer.gguf_check import check_gguf_file
+    from minfer.gguf_header import read_header
     from minfer.loader import load_model
 
     seeds = sorted(corpus.glob("*.gguf"))
@@ -191,7 +191,7 @@ def test_seeds_are_valid(corpus):
     types = set()
     for p in seeds:
         assert p.stat().st_size < 64 * 1024
-        lay = check_gguf_file(p)
+        lay = read_header(p)
         m = load_model(p)
         assert len(m.tensors) == lay.n_tensors
         types |= {t.type_name for t in m.tensors.values()}

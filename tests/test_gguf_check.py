@@ -1,4 +1,4 @@
-"""minfer.gguf_check: every structural violation is a one-line BadModel naming file, field, value.
+"""minfer.gguf_header: every structural violation is a one-line BadModel naming file, field, value.
 
 Each test damages one field of a valid seed (tests/fuzz_corpus/make_corpus.py) at a position
 found from the seed's own bytes, and checks the message; the real model must pass quickly.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from minfer.errors import BadModel
-from minfer.gguf_check import check_gguf_file, scan_gguf
+from minfer.gguf_header import read_header, scan_gguf
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,7 +26,7 @@ def seed(tmp_path_factory) -> bytes:
         import make_corpus
     finally:
         sys.path.pop(0)
-    d = tmp_path_factory.mktemp("gguf_check")
+    d = tmp_path_factory.mktemp("gguf_header")
     return make_corpus.write_seed(d / "s.gguf", "llama_mixed_align64").read_bytes()
 
 
@@ -111,6 +111,30 @@ def test_kv_fields(seed):
          "duplicate metadata key 'tokenizer.ggml.bos_token_id'")
 
 
+def test_string_values_must_be_utf8(seed):
+    d = b"minfer fuzz seed"  # general.description's value
+    i = seed.find(d)
+    _bad(seed[:i] + b"\xff" + seed[i + 1:], "'general.description'", "not UTF-8")
+    t = _key_value_pos(seed, "tokenizer.ggml.tokens")  # type, elem type, count, [len, bytes]
+    n = struct.unpack_from("<Q", seed, t + 16)[0]
+    j = t + 24 + n + 8  # the bytes of token 1
+    _bad(seed[:j] + b"\xc3" + seed[j + 1:], "'tokenizer.ggml.tokens'[1] is not UTF-8")
+
+
+def test_values_parsed_with_types(seed):
+    import gguf
+
+    V = gguf.GGUFValueType
+    kv = scan_gguf(seed, "s").kv
+    assert kv["general.alignment"] == gguf.GGUFValue(64, V.UINT32)
+    assert kv["general.description"].value == "minfer fuzz seed ünïcödé"
+    tok = kv["tokenizer.ggml.tokens"]
+    assert (tok.type, tok.sub_type, len(tok.value), tok.value[0]) == \
+        (V.ARRAY, V.STRING, 24, "<|endoftext|>")
+    assert kv["tokenizer.ggml.token_type"].value == [3] + [1] * 23
+    assert kv["tokenizer.ggml.add_bos_token"] == gguf.GGUFValue(False, V.BOOL)
+
+
 def test_alignment(seed):
     p = _key_value_pos(seed, "general.alignment")
     _bad(_put(seed, p + 4, "<I", 0), "general.alignment = 0", "power of two")
@@ -149,17 +173,17 @@ def test_tensor_infos(seed):
 
 def test_file_errors(tmp_path):
     with pytest.raises(BadModel, match="no such file"):
-        check_gguf_file(tmp_path / "nope.gguf")
+        read_header(tmp_path / "nope.gguf")
     (tmp_path / "e.gguf").write_bytes(b"")
     with pytest.raises(BadModel, match="truncated GGUF"):
-        check_gguf_file(tmp_path / "e.gguf")
+        read_header(tmp_path / "e.gguf")
 
 
 def test_real_model_fast(default_model_path):
-    check_gguf_file(default_model_path)  # warm (imports, page cache)
+    read_header(default_model_path)  # warm (imports, page cache)
     t0 = time.perf_counter()
-    lay = check_gguf_file(default_model_path)
+    lay = read_header(default_model_path)
     dt = time.perf_counter() - t0
-    print(f"\ncheck_gguf_file on the 98 MB model (49k-token vocab): {dt * 1e3:.0f} ms")
+    print(f"\nread_header (validate + parse) on the 98 MB model (49k vocab + merges): {dt * 1e3:.0f} ms")
     assert lay.n_tensors == 272 and lay.alignment == 32
     assert dt < 5  # a guard against an accidental quadratic scan, not a benchmark
