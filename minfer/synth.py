@@ -173,21 +173,6 @@ def _produce(plans: list[TensorPlan], seed: int, workers: int) -> Iterator[np.nd
 
 
 # ---- tokenizer ------------------------------------------------------------------------------
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2's byte -> printable character map (the byte-level BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
-
-
 def generated_tokenizer(vocab: int) -> dict[str, Any]:
     """A byte-level BPE tokenizer of exactly `vocab` tokens (see the module docstring)."""
     import gguf
@@ -197,7 +182,9 @@ def generated_tokenizer(vocab: int) -> dict[str, Any]:
     n_pairs = vocab - 256 - n_special
     if n_pairs < 0 or n_pairs > 256 * 256:
         raise BadInput(f"a generated vocab must have 258..{256 * 256 + 258} tokens, not {vocab}")
-    chars = _bytes_to_unicode()
+    from minfer.tokenizer import bytes_to_unicode
+
+    chars = [bytes_to_unicode()[b] for b in range(256)]  # GPT-2 byte-level alphabet
     pairs = [(a, b) for a in range(256) for b in range(256)][:n_pairs]
     tokens = chars + [chars[a] + chars[b] for a, b in pairs] + ["<|endoftext|>", "<|im_start|>"]
     merges = [f"{chars[a]} {chars[b]}" for a, b in pairs]

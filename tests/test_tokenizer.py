@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from minfer.errors import BadInput, BadModel, Unsupported
 from minfer.tokenizer import (_PRE, T_BYTE, T_CONTROL, T_NORMAL, T_USER_DEFINED, Tokenizer,
-                              _bytes_to_unicode)
+                              bytes_to_unicode)
 
 KINDS = ["q4_1", "q4_k_m", "q6_k", "q8_0", "f16"]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -150,7 +150,7 @@ def test_roundtrip_unicode(tok, s):
 
 
 def _vocab_bytes(tok) -> frozenset:
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     return frozenset(b for b in range(256) if b2u[b] in tok.token_to_id)
 
 
@@ -205,7 +205,7 @@ def _regex_split(text: str, exprs) -> list[str]:
 
 
 def _llamacpp_bpe(tok: Tokenizer, ranks: dict, text: str) -> list[int]:
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     out = []
     for word in _regex_split(text, tok.pre.regexes):
         w = "".join(b2u[b] for b in word.encode("utf-8"))
@@ -269,7 +269,7 @@ def test_bpe_matches_llamacpp_port(tok, ranks, s):
 # -- synthetic byte-level BPE vocabs: the pre-tokenizer types -----------------------------------
 def _synthetic_bpe_meta(pre: str, words=("hello", "world", "123", "12", "23", " the")):
     """All 256 byte characters as tokens, plus merges building `words` (byte-mapped)."""
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     tokens = ["<|endoftext|>", "<|user|>"] + [b2u[b] for b in range(256)]
     merges = []
     for w in words:
@@ -288,7 +288,7 @@ def _synthetic_bpe_meta(pre: str, words=("hello", "world", "123", "12", "23", " 
 
 
 def _pre_pieces(t: Tokenizer, s: str) -> list[str]:
-    u2b = {c: b for b, c in _bytes_to_unicode().items()}
+    u2b = {c: b for b, c in bytes_to_unicode().items()}
     return [bytes(u2b[c] for c in p).decode() for p, _ in
             t._hf.pre_tokenizer.pre_tokenize_str(s)]
 
