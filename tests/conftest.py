@@ -53,3 +53,22 @@ def requant_q4_k_m(tmp_path_factory, default_model_path) -> Path:
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr
     return out
+
+
+@pytest.fixture
+def report(request):
+    """report(line): a line for the end-of-run summary (printed even under -q), for figures a
+    reader of the CI log should see: fuzz case counts, golden gate verdicts."""
+    lines = request.config.stash.setdefault(_REPORT, [])
+    return lines.append
+
+
+_REPORT = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    lines = config.stash.get(_REPORT, [])
+    if lines:
+        terminalreporter.section("minfer figures")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -198,7 +198,7 @@ def test_seeds_are_valid(corpus):
     assert {"F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K"} <= types
 
 
-def test_fuzz_load_model(corpus, tmp_path):
+def test_fuzz_load_model(corpus, tmp_path, report):
     per = -(-N_CASES // N_WORKERS)
     procs = []
     for w in range(N_WORKERS):
@@ -218,7 +218,7 @@ def test_fuzz_load_model(corpus, tmp_path):
     for r in results:
         for k, v in r["outcomes"].items():
             outcomes[k] = outcomes.get(k, 0) + v
-    print(f"\nfuzz: {total} distinct mutated GGUF cases, outcomes {outcomes}, "
+    report(f"fuzz: {total} distinct mutated GGUF cases, outcomes {outcomes}, "
           f"max case {max(r['max_case_s'] for r in results):.2f} s, "
           f"worker wall {max(r['wall_s'] for r in results):.1f} s, "
           f"RSS growth {max(r['rss_growth_mb'] for r in results):.1f} MB")

@@ -70,13 +70,13 @@ def test_last_logits_vs_llamacpp(runs, golden_q4_1, i):
 
 
 @pytest.mark.parametrize("i", [0, 1, 2])
-def test_greedy32_tie_aware(runs, golden_q4_1, i):
+def test_greedy32_tie_aware(runs, golden_q4_1, i, report):
     p = golden_q4_1["prompts"][i]
     r = runs[i]
     assert r.prompt_ids == p["prompt_ids"] and len(r.greedy_ids) == 32
     tau = gates.tau_from(r.last_logits, np.load(GOLDEN / p["logits_file"]))
     v = gates.compare_greedy(r.greedy_ids, p["greedy32_ids"], p["greedy32_top1_top2_margin"], tau)
-    print(f"prompt {i}: tau {tau:.4f}: {v.describe()}")
+    report(f"golden q4_1 prompt {i}: greedy-32 vs llama.cpp (tau {tau:.3f}): {v.describe()}")
     assert v.ok, v.describe()
 
 
@@ -122,7 +122,7 @@ def test_float64_oracle_agrees_with_f32(runs, default_model, golden_q4_1):
 
 
 @pytest.mark.parametrize("i", [0, 1])
-def test_greedy32_vs_llamacpp_f16_requant(default_model, i):
+def test_greedy32_vs_llamacpp_f16_requant(default_model, i, report):
     """The strong greedy gate: against llama.cpp's F16 requant, where our logits agree to
     ~0.03, tau is small, so the tie-aware comparison covers many steps, not one or two."""
     g = golden("f16")["prompts"][i]
@@ -130,14 +130,14 @@ def test_greedy32_vs_llamacpp_f16_requant(default_model, i):
     r = engine.run(be, g["prompt_ids"], n_greedy=32)
     tau = gates.tau_from(r.last_logits, np.load(GOLDEN / g["logits_file"]))
     v = gates.compare_greedy(r.greedy_ids, g["greedy32_ids"], g["greedy32_top1_top2_margin"], tau)
-    print(f"f16 requant greedy, prompt {i}: {v.describe()}")
+    report(f"golden f16 prompt {i}: greedy-32 vs llama.cpp (tau {tau:.3f}): {v.describe()}")
     assert tau <= 2 * F16_MAX_DIFF
     assert v.ok, v.describe()
     # The gate must have had teeth: no near-tie in the first 8 steps of these prompts.
     assert v.identical_through >= min(8, (v.near_tie_step or 33) - 1), v.describe()
 
 
-def test_q4_k_m_requant_vs_llamacpp(requant_q4_k_m):
+def test_q4_k_m_requant_vs_llamacpp(requant_q4_k_m, report):
     """Issue 3's end-to-end check: our own Q4_K_M requant (byte-identical to llama.cpp's, see
     test_quant_mix) through the reference forward, against llama.cpp's golden Q4_K_M run.
     Same tolerance argument as for Q4_1 (llama.cpp rounds activations to q8: q8_0 for the 166
@@ -155,5 +155,5 @@ def test_q4_k_m_requant_vs_llamacpp(requant_q4_k_m):
     assert d.max() <= 1.5 and d.mean() <= 0.5 and np.corrcoef(r.last_logits, ref)[0, 1] >= 0.997
     v = gates.compare_greedy(r.greedy_ids, g["greedy32_ids"], g["greedy32_top1_top2_margin"],
                              gates.tau_from(r.last_logits, ref))
-    print(f"q4_k_m requant: max|diff| {d.max():.4f}; {v.describe()}")
+    report(f"golden q4_k_m prompt 0 (our requant): max|dlogit| {d.max():.3f}; {v.describe()}")
     assert v.ok and v.identical_through >= 10, v.describe()
