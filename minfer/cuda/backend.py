@@ -1,14 +1,12 @@
 """CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
 
-Construction (timed as `load_s`): every linear weight gets a route (`plan_routes`, via
-pick_gemm): "f16" weights are uploaded as raw GGUF bytes (PCIe moves the compact quantized
-bytes) and dequantized on the GPU to f16 [N, K] (dq_f16); "mmq-*" weights (q4_K / q6_K when the
-GemmConfig enables MMQ) stay as their raw bytes on the GPU, no f16 copy. A weight whose consumer
-needs f16 output (attn_v writing the f16 KV cache when there is no bias) stays on f16. The
-embedding table stays quantized (rows gathered with embed_rows); norms go up as f32. The KV
-cache (f16 [max_tokens, Hkv, D] per layer), activations for `ubatch` tokens and the rope table
-are allocated up front, after checking the device's free memory. Then `warmup_s`: every kernel
-is built/loaded and one token is pushed through (then the cache is reset).
+Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
+pick_gemm: "f16" or "mmq-*"), q/k/v and gate/up on f16 are fused (routes.plan_fusion), the
+memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
+dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
+[max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.weights.
+Then `warmup_s`: every kernel is built/loaded and one token is pushed through (then the cache
+is reset).
 
 forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
   h16 = rmsnorm(x) * attn_norm;  qkv32 = h16 @ [Wq; Wk; Wv].T (one GEMM on the fused weight)
@@ -34,15 +32,14 @@ The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
 gives the greedy token on the GPU.
 
-Faults: the memory plan is checked against the device's free memory before anything is
-allocated (GPUError naming what was asked and what is free). In poison mode (the runtime's
-debug or poison flag; `minfer check` sets it) every output a kernel is about to write (GEMM,
-dequant, embed, norms, rope's q, attention, SwiGLU, logits) is NaN-filled first (da.poison), and
-forward() raises GPUError on non-finite logits, so a kernel that did not run can never pass
-stale numbers off as a result.
+Faults: the memory plan is checked before anything is allocated (weights.check_memory). In
+poison mode (the runtime's debug or poison flag; `minfer check` sets it) every output a kernel
+is about to write (GEMM, dequant, embed, norms, rope's q, attention, SwiGLU, logits) is
+NaN-filled first (da.poison), and forward() raises GPUError on non-finite logits, so a kernel
+that did not run can never pass stale numbers off as a result.
 
-Profiling (bench's per-op breakdown): with `self.profile = OpProfile(rt)` every op is bracketed
-by CUDA events, labelled, with its FLOPs for GEMMs.
+Profiling (bench's per-op breakdown): with `self.profile = OpProfile(rt)` (minfer.cuda.profile)
+every op is bracketed by CUDA events, labelled, with its FLOPs for GEMMs.
 """
 
 from __future__ import annotations
@@ -58,39 +55,14 @@ from minfer.cuda import attention as attn_mod
 from minfer.cuda import devarray as da
 from minfer.cuda import layers as L
 from minfer.cuda.config import GemmConfig
-from minfer.cuda.dispatch import pick_gemm
+from minfer.cuda.profile import OpProfile
+from minfer.cuda.routes import plan_fusion, plan_routes, summarize_routes
+from minfer.cuda.weights import (_dequant_f16, alloc_buffers, check_memory, load_weights,
+                                 plan_memory)
 from minfer.errors import BadInput, GPUError, Unsupported
 
-_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-
-
-class OpProfile:
-    """CUDA-event timings per labelled op, summed over forwards: label -> [ms, flops, count]."""
-
-    def __init__(self, rt):
-        self.rt = rt
-        self.pending: list[tuple[str, float, object, object]] = []
-        self.totals: dict[str, list[float]] = {}
-
-    @contextmanager
-    def op(self, label: str, flops: float = 0.0):
-        drv = self.rt.drv
-        a, b = drv.Event(), drv.Event()
-        a.record()
-        yield
-        b.record()
-        self.pending.append((label, flops, a, b))
-
-    def collect(self) -> dict[str, list[float]]:
-        self.rt.synchronize()
-        for label, flops, a, b in self.pending:
-            ms = b.time_since(a)
-            t = self.totals.setdefault(label, [0.0, 0.0, 0])
-            t[0] += ms
-            t[1] += flops
-            t[2] += 1
-        self.pending.clear()
-        return self.totals
+# public names importers use (tests, bench, commands); _dequant_f16 for tests/gpu/test_faults
+__all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequant_f16"]
 
 
 # -- adapters to the gemm / dequant modules (engineers "gemm" and "dequant") -----------------
@@ -114,81 +86,11 @@ def _gemm(rt, C, A, B, mode: str) -> None:
                     out=_dev(C), rt=rt)
 
 
-def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
-    from minfer.cuda import dequant
-
-    da.poison(rt, out)
-    dequant.dequant_f16(rt, raw_dev, qtype, N, K, out_dev=out)
-
-
 def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:
     from minfer.cuda import dequant
 
     da.poison(rt, out)
     dequant.embed_rows(rt, table_dev, qtype, ids_dev, int(ids_dev.shape[0]), K, out, V=V)
-
-
-_QNAMES = {12: "q4_K", 14: "q6_K"}
-
-
-def _size(nbytes: int) -> str:
-    """'1.25 GiB' from 1 GiB up, else '3.4 MiB' (memory messages)."""
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
-
-
-def _qname(qtype: int) -> str:
-    try:
-        import gguf
-
-        return gguf.GGMLQuantizationType(int(qtype)).name.lower().replace("_k", "_K")
-    except (ImportError, ValueError):
-        return _QNAMES.get(int(qtype), f"type {qtype}")
-
-
-def plan_routes(model, cfg: GemmConfig, rt=None, ubatch: int = 512) -> dict[str, tuple[str, str]]:
-    """weight name -> (path, why) for every linear weight and the LM head. path: pick_gemm's
-    answer, except "f16" where the consumer needs f16 output; why: a short reason for f16."""
-    c = model.config
-    names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers) for n in _LINEAR]
-    names.append(model.output_name)
-    routes: dict[str, tuple[str, str]] = {}
-    for n in names:
-        t = model.tensor(n)
-        N, K = t.shape
-        M = 1 if n == model.output_name else ubatch
-        path = pick_gemm(t.qtype, M, N, K, cfg, rt)
-        why = ""
-        if path == "f16":
-            from minfer.cuda.mmq import has_mmq
-
-            why = ("MMQ off" if not cfg.mmq else
-                   f"{_qname(t.qtype)}: no MMQ kernel" if not has_mmq(t.qtype) else
-                   f"K={K} not a multiple of 256")
-        elif n.endswith("attn_v.weight") and not c.qkv_bias:
-            path, why = "f16", "attn_v: f16 KV-cache output"
-        routes[n] = (path, why)
-    return routes
-
-
-def summarize_routes(model, routes: dict[str, tuple[str, str]]) -> str:
-    """'MMQ (mmq-wide-kd4): 49 GEMMs (q4_K 33, q6_K 16); f16: 9 (attn_v: f16 KV-cache output 8,
-    ...)' counting each weight once (a tied LM head counts once)."""
-    mmq: dict[str, int] = {}
-    f16: dict[str, int] = {}
-    paths = set()
-    for n, (path, why) in routes.items():
-        if path == "f16":
-            f16[why] = f16.get(why, 0) + 1
-        else:
-            paths.add(path)
-            q = _qname(model.tensor(n).qtype)
-            mmq[q] = mmq.get(q, 0) + 1
-    nm, nf = sum(mmq.values()), sum(f16.values())
-    head = f"MMQ ({', '.join(sorted(paths))})" if paths else "MMQ"
-    mm = ", ".join(f"{k} {v}" for k, v in sorted(mmq.items()))
-    ff = ", ".join(f"{k} {v}" for k, v in sorted(f16.items(), key=lambda kv: -kv[1]))
-    return (f"{head}: {nm} GEMMs" + (f" ({mm})" if mm else "") + f", f16: {nf} GEMMs"
-            + (f" ({ff})" if ff else ""))
 
 
 class CudaBackend:
@@ -221,10 +123,16 @@ class CudaBackend:
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._graphs: dict[tuple[int, bool], object] = {}
         self.stream = None  # the capture / replay stream (made at the first capture)
-        self.fused = self._plan_fusion()
-        self._check_memory()
-        self._load_weights(progress)
-        self._alloc()
+        self.fused = plan_fusion(model, self.routes)
+        plan = self._plan()
+        check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
+        wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"],
+                           progress)
+        self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
+        # the buffers become attributes (x, h16, qkv32, q16, a16, gu32, f16, pos, last16,
+        # logits, amax, ids, kc, vc, rope, q8): the layer loop below reads self.<name>
+        vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
+                                             plan["q8_1 scratch"])))
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -234,153 +142,9 @@ class CudaBackend:
         self.rt.synchronize()
         self.warmup_s = time.perf_counter() - t1
 
-    # -- memory plan ------------------------------------------------------------------------
     def _plan(self) -> dict[str, int]:
-        c = self.c
-        m = self.model
-        f16_w = 0
-        raw_max = 0
-        mmq_w = 0
-        q8_k = 0
-        for n, (path, _) in self.routes.items():
-            t = m.tensor(n)
-            if path == "f16":
-                f16_w += int(np.prod(t.shape)) * 2
-                raw_max = max(raw_max, int(t.data.nbytes))
-            else:
-                q8_k = max(q8_k, int(t.shape[1]))
-                if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
-                    mmq_w += int(t.data.nbytes)
-        emb = int(m.tensor("token_embd.weight").data.nbytes)
-        kv = 2 * c.n_layers * self.max_tokens * c.n_kv_heads * c.head_dim * 2
-        T = self.ubatch
-        qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-        act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 + c.d_ff * (4 + 4 + 2))
-        act += c.vocab_size * 4 + (self.max_tokens * c.rope_dim) * 4
-        return {"f16 weights": f16_w, "MMQ raw weights": mmq_w, "quantized embedding": emb,
-                "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
-                "upload staging": raw_max}
-
-    def _check_memory(self) -> None:
-        """GPUError before any allocation when the plan (weights, KV cache for max_tokens,
-        activations for ubatch tokens, scratch) does not fit the device's free memory."""
-        plan = self._plan()
-        need = sum(plan.values())
-        free, total = self.rt.mem_info()
-        margin = 256 << 20
-        if need + margin > free:
-            parts = ", ".join(f"{k} {_size(v)}" for k, v in plan.items() if v)
-            raise GPUError(f"GPU out of memory for this model: asked {_size(need)} ({parts}) "
-                           f"plus {margin >> 20} MiB margin, {_size(free)} free of "
-                           f"{_size(total)} (KV cache for {self.max_tokens} tokens, activations "
-                           f"for {self.ubatch}: try a shorter prompt, fewer --greedy tokens or "
-                           f"a smaller --ubatch)")
-
-    # -- weights ----------------------------------------------------------------------------
-    def _plan_fusion(self) -> dict[str, tuple[str, int, int]]:
-        """weight name -> (fused group name, first row, rows) for q/k/v and gate/up of a layer
-        when every member runs on f16 and they share K (the group's GEMM is one launch)."""
-        out: dict[str, tuple[str, int, int]] = {}
-        for i in range(self.c.n_layers):
-            for group, members in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
-                                   ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
-                names = [f"blk.{i}.{n}.weight" for n in members]
-                if any(self.routes[n][0] != "f16" for n in names):
-                    continue
-                shapes = [self.model.tensor(n).shape for n in names]
-                if len({k for _, k in shapes}) != 1:
-                    continue
-                row = 0
-                for n, (N, _) in zip(names, shapes):
-                    out[n] = (f"blk.{i}.{group}.weight", row, int(N))
-                    row += int(N)
-        return out
-
-    def _load_weights(self, progress: bool) -> None:
-        rt, m, c = self.rt, self.model, self.c
-        plan = self._plan()
-        self._staging = rt.alloc(max(plan["upload staging"], 1), "weight upload staging")
-        self.w: dict[str, object] = {}
-        groups: dict[str, list[int]] = {}  # fused name -> [rows, K]
-        for n, (g, r0, rows) in self.fused.items():
-            K = int(m.tensor(n).shape[1])
-            groups.setdefault(g, [0, K])[0] = max(groups.get(g, [0, K])[0], r0 + rows)
-        for g, (rows, K) in groups.items():
-            self.w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
-        self.qtypes: dict[str, int] = {}
-        emb = m.tensor("token_embd.weight")
-        self.emb_qtype = emb.qtype
-        self.emb = da.to_device(rt, np.ascontiguousarray(emb.data).view(np.uint8).reshape(-1),
-                                "quantized embedding table")
-        names = list(self.routes)
-        it = names
-        if progress:
-            from tqdm import tqdm
-
-            it = tqdm(names, desc="upload+dequant", unit="tensor", leave=False)
-        for n in it:
-            t = m.tensor(n)
-            N, K = t.shape
-            self.qtypes[n] = t.qtype
-            raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
-            if self.routes[n][0] != "f16":
-                # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
-                # shares the embedding table's bytes
-                self.w[n] = (self.emb if n == "token_embd.weight" else
-                             da.to_device(rt, raw, f"raw weight {n}"))
-                continue
-            rt.drv.memcpy_htod(self._staging, raw)
-            if n in self.fused:  # a row range of the layer's fused q|k|v or gate|up weight
-                g, r0, _ = self.fused[n]
-                out = da.rows(self.w[g], r0, N)
-            else:
-                out = da.empty(rt, (N, K), np.float16, f"f16 weight {n}")
-            _dequant_f16(rt, int(self._staging), t.qtype, N, K, out)
-            rt.synchronize()  # staging is reused by the next tensor
-            self.w[n] = out
-        for i in range(c.n_layers):
-            for n in ("attn_norm", "ffn_norm"):
-                name = f"blk.{i}.{n}.weight"
-                self.w[name] = da.to_device(rt, m.dequant(name).reshape(-1).astype(np.float32),
-                                            name)
-            if c.qkv_bias:
-                bs = []
-                for n in ("attn_q", "attn_k", "attn_v"):
-                    name = f"blk.{i}.{n}.bias"
-                    bs.append(m.dequant(name).reshape(-1).astype(np.float32))
-                    self.w[name] = da.to_device(rt, bs[-1], name)
-                name = f"blk.{i}.attn_qkv.bias"  # for the fused GEMM's output
-                self.w[name] = da.to_device(rt, np.concatenate(bs), name)
-        self.w["output_norm.weight"] = da.to_device(
-            rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
-        self._staging.free()
-        self._staging = None
-
-    # -- activations / cache -------------------------------------------------------------------
-    def _alloc(self) -> None:
-        rt, c, T = self.rt, self.c, self.ubatch
-        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-        e = da.empty
-        self.x = e(rt, (T, c.d_model), np.float32, "residual x")
-        self.h16 = e(rt, (T, c.d_model), np.float16, "normed h")
-        # q|k|v f32 outputs: one buffer, [T, Nq + 2 Nkv] when fused, else three [T, N] parts
-        self.qkv32 = e(rt, (T * (H + 2 * Hkv) * D,), np.float32, "q|k|v")
-        self.q16 = e(rt, (T, H, D), np.float16, "q f16")
-        self.a16 = e(rt, (T, H * D), np.float16, "attention out")
-        self.gu32 = e(rt, (T * 2 * c.d_ff,), np.float32, "ffn gate|up")
-        self.f16 = e(rt, (T, c.d_ff), np.float16, "ffn act")
-        self.pos = e(rt, (1,), np.int32, "chunk position pos0")
-        self.last16 = e(rt, (1, c.d_model), np.float16, "last row")
-        self.logits = e(rt, (1, c.vocab_size), np.float32, "logits")
-        self.amax = e(rt, (1,), np.int32, "argmax")
-        self.ids = e(rt, (T,), np.int32, "token ids")
-        self.kc = [e(rt, (self.max_tokens, Hkv, D), np.float16, f"K cache {i}")
-                   for i in range(c.n_layers)]
-        self.vc = [e(rt, (self.max_tokens, Hkv, D), np.float16, f"V cache {i}")
-                   for i in range(c.n_layers)]
-        self.rope = L.RopeTable.build(rt, self.max_tokens, c.rope_base, c.rope_dim)
-        q8_bytes = self._plan()["q8_1 scratch"]
-        self.q8 = e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None
+        """part -> bytes of the memory plan (weights.plan_memory; tests/gpu compare plans)."""
+        return plan_memory(self.model, self.routes, self.max_tokens, self.ubatch)
 
     # -- protocol -------------------------------------------------------------------------------
     def reset(self) -> None:

@@ -1,0 +1,96 @@
+"""The per-weight path plan of the CUDA backend: which GEMM runs each linear weight, and
+which weights of a layer are fused into one GEMM.
+
+- `plan_routes`: weight name -> (path, why) for every linear weight (attn_q/k/v/output,
+  ffn_gate/up/down of each layer, W: [N, K]) and the LM head (M = 1). path is pick_gemm's
+  answer ("f16" or "mmq-*"), except that attn_v stays on "f16" when there is no q/k/v bias
+  (its consumer, rope_qkv, writes the f16 KV cache from it); why: a short reason for f16.
+- `summarize_routes`: the one-line "MMQ (...): n GEMMs (q4_K a, q6_K b), f16: m GEMMs (...)"
+  that bench, check and prefill print.
+- `plan_fusion`: when q, k, v (resp. gate, up) of a layer all run on f16 and share K, they
+  become row ranges of one f16 weight [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) run as one GEMM.
+"""
+
+from __future__ import annotations
+
+from minfer.cuda.config import GemmConfig
+from minfer.cuda.dispatch import pick_gemm
+
+_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+_QNAMES = {12: "q4_K", 14: "q6_K"}
+
+
+def _qname(qtype: int) -> str:
+    try:
+        import gguf
+
+        return gguf.GGMLQuantizationType(int(qtype)).name.lower().replace("_k", "_K")
+    except (ImportError, ValueError):
+        return _QNAMES.get(int(qtype), f"type {qtype}")
+
+
+def plan_routes(model, cfg: GemmConfig, rt=None, ubatch: int = 512) -> dict[str, tuple[str, str]]:
+    """weight name -> (path, why) for every linear weight and the LM head. path: pick_gemm's
+    answer, except "f16" where the consumer needs f16 output; why: a short reason for f16."""
+    c = model.config
+    names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers) for n in _LINEAR]
+    names.append(model.output_name)
+    routes: dict[str, tuple[str, str]] = {}
+    for n in names:
+        t = model.tensor(n)
+        N, K = t.shape
+        M = 1 if n == model.output_name else ubatch
+        path = pick_gemm(t.qtype, M, N, K, cfg, rt)
+        why = ""
+        if path == "f16":
+            from minfer.cuda.mmq import has_mmq
+
+            why = ("MMQ off" if not cfg.mmq else
+                   f"{_qname(t.qtype)}: no MMQ kernel" if not has_mmq(t.qtype) else
+                   f"K={K} not a multiple of 256")
+        elif n.endswith("attn_v.weight") and not c.qkv_bias:
+            path, why = "f16", "attn_v: f16 KV-cache output"
+        routes[n] = (path, why)
+    return routes
+
+
+def summarize_routes(model, routes: dict[str, tuple[str, str]]) -> str:
+    """'MMQ (mmq-wide-kd4): 49 GEMMs (q4_K 33, q6_K 16); f16: 9 (attn_v: f16 KV-cache output 8,
+    ...)' counting each weight once (a tied LM head counts once)."""
+    mmq: dict[str, int] = {}
+    f16: dict[str, int] = {}
+    paths = set()
+    for n, (path, why) in routes.items():
+        if path == "f16":
+            f16[why] = f16.get(why, 0) + 1
+        else:
+            paths.add(path)
+            q = _qname(model.tensor(n).qtype)
+            mmq[q] = mmq.get(q, 0) + 1
+    nm, nf = sum(mmq.values()), sum(f16.values())
+    head = f"MMQ ({', '.join(sorted(paths))})" if paths else "MMQ"
+    mm = ", ".join(f"{k} {v}" for k, v in sorted(mmq.items()))
+    ff = ", ".join(f"{k} {v}" for k, v in sorted(f16.items(), key=lambda kv: -kv[1]))
+    return (f"{head}: {nm} GEMMs" + (f" ({mm})" if mm else "") + f", f16: {nf} GEMMs"
+            + (f" ({ff})" if ff else ""))
+
+
+def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[str, int, int]]:
+    """weight name -> (fused group name, first row, rows) for q/k/v and gate/up of a layer
+    when every member runs on f16 and they share K (the group's GEMM is one launch)."""
+    out: dict[str, tuple[str, int, int]] = {}
+    for i in range(model.config.n_layers):
+        for group, members in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+                               ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
+            names = [f"blk.{i}.{n}.weight" for n in members]
+            if any(routes[n][0] != "f16" for n in names):
+                continue
+            shapes = [model.tensor(n).shape for n in names]
+            if len({k for _, k in shapes}) != 1:
+                continue
+            row = 0
+            for n, (N, _) in zip(names, shapes):
+                out[n] = (f"blk.{i}.{group}.weight", row, int(N))
+                row += int(N)
+    return out

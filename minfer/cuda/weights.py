@@ -1,0 +1,202 @@
+"""The CUDA backend's device memory: the memory plan and its check, the weight upload
+(+ dequant), and the activation / KV-cache / scratch buffers.
+
+- `plan_memory` / `check_memory`: bytes per part (f16 weights, MMQ raw weights, quantized
+  embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch, upload
+  staging), checked against the device's free memory before anything is allocated
+  (GPUError naming what was asked and what is free).
+- `load_weights` -> DeviceWeights: "f16" routes go up as raw GGUF bytes through one staging
+  buffer (PCIe moves the compact quantized bytes) and are dequantized on the GPU to f16 [N, K]
+  (fused q|k|v and gate|up members into row ranges of their group's buffer, see
+  routes.plan_fusion); "mmq-*" routes stay as their raw bytes (no f16 copy; a tied LM head
+  shares the embedding's bytes). The embedding table stays quantized (rows gathered with
+  embed_rows); norms and biases go up as f32.
+- `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
+  the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minfer.cuda import devarray as da
+from minfer.cuda import layers as L
+from minfer.errors import GPUError
+
+
+def _size(nbytes: int) -> str:
+    """'1.25 GiB' from 1 GiB up, else '3.4 MiB' (memory messages)."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
+    """raw GGUF rows [N, row_bytes] at raw_dev -> out f16 [N, K] (NaN-poisoned first)."""
+    from minfer.cuda import dequant
+
+    da.poison(rt, out)
+    dequant.dequant_f16(rt, raw_dev, qtype, N, K, out_dev=out)
+
+
+# -- memory plan ------------------------------------------------------------------------------
+def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
+                ubatch: int) -> dict[str, int]:
+    """part -> bytes the backend will allocate (the keys name the parts in GPUError messages)."""
+    c = model.config
+    m = model
+    f16_w = 0
+    raw_max = 0
+    mmq_w = 0
+    q8_k = 0
+    for n, (path, _) in routes.items():
+        t = m.tensor(n)
+        if path == "f16":
+            f16_w += int(np.prod(t.shape)) * 2
+            raw_max = max(raw_max, int(t.data.nbytes))
+        else:
+            q8_k = max(q8_k, int(t.shape[1]))
+            if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
+                mmq_w += int(t.data.nbytes)
+    emb = int(m.tensor("token_embd.weight").data.nbytes)
+    kv = 2 * c.n_layers * max_tokens * c.n_kv_heads * c.head_dim * 2
+    T = ubatch
+    qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 + c.d_ff * (4 + 4 + 2))
+    act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
+    return {"f16 weights": f16_w, "MMQ raw weights": mmq_w, "quantized embedding": emb,
+            "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
+            "upload staging": raw_max}
+
+
+def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:
+    """GPUError before any allocation when the plan (weights, KV cache for max_tokens,
+    activations for ubatch tokens, scratch) does not fit the device's free memory."""
+    need = sum(plan.values())
+    free, total = rt.mem_info()
+    margin = 256 << 20
+    if need + margin > free:
+        parts = ", ".join(f"{k} {_size(v)}" for k, v in plan.items() if v)
+        raise GPUError(f"GPU out of memory for this model: asked {_size(need)} ({parts}) "
+                       f"plus {margin >> 20} MiB margin, {_size(free)} free of "
+                       f"{_size(total)} (KV cache for {max_tokens} tokens, activations "
+                       f"for {ubatch}: try a shorter prompt, fewer --greedy tokens or "
+                       f"a smaller --ubatch)")
+
+
+# -- weights ----------------------------------------------------------------------------------
+@dataclass
+class DeviceWeights:
+    w: dict[str, object]  # name -> f16 [N, K] | raw uint8 bytes (MMQ) | f32 norm / bias [N]
+    qtypes: dict[str, int]  # linear weight name -> its GGUF qtype
+    emb: object  # the quantized embedding table's raw bytes, uint8 [V * row_bytes]
+    emb_qtype: int
+
+
+def load_weights(rt, model, routes: dict[str, tuple[str, str]],
+                 fused: dict[str, tuple[str, int, int]], staging_bytes: int,
+                 progress: bool) -> DeviceWeights:
+    """Upload every weight (see the module docstring); staging_bytes: plan["upload staging"]."""
+    m, c = model, model.config
+    staging = rt.alloc(max(staging_bytes, 1), "weight upload staging")
+    w: dict[str, object] = {}
+    groups: dict[str, list[int]] = {}  # fused name -> [rows, K]
+    for n, (g, r0, rows) in fused.items():
+        K = int(m.tensor(n).shape[1])
+        groups.setdefault(g, [0, K])[0] = max(groups.get(g, [0, K])[0], r0 + rows)
+    for g, (rows, K) in groups.items():
+        w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
+    qtypes: dict[str, int] = {}
+    emb_t = m.tensor("token_embd.weight")
+    emb_qtype = emb_t.qtype
+    emb = da.to_device(rt, np.ascontiguousarray(emb_t.data).view(np.uint8).reshape(-1),
+                       "quantized embedding table")
+    names = list(routes)
+    it = names
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(names, desc="upload+dequant", unit="tensor", leave=False)
+    for n in it:
+        t = m.tensor(n)
+        N, K = t.shape
+        qtypes[n] = t.qtype
+        raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
+        if routes[n][0] != "f16":
+            # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
+            # shares the embedding table's bytes
+            w[n] = (emb if n == "token_embd.weight" else
+                    da.to_device(rt, raw, f"raw weight {n}"))
+            continue
+        rt.drv.memcpy_htod(staging, raw)
+        if n in fused:  # a row range of the layer's fused q|k|v or gate|up weight
+            g, r0, _ = fused[n]
+            out = da.rows(w[g], r0, N)
+        else:
+            out = da.empty(rt, (N, K), np.float16, f"f16 weight {n}")
+        _dequant_f16(rt, int(staging), t.qtype, N, K, out)
+        rt.synchronize()  # staging is reused by the next tensor
+        w[n] = out
+    for i in range(c.n_layers):
+        for n in ("attn_norm", "ffn_norm"):
+            name = f"blk.{i}.{n}.weight"
+            w[name] = da.to_device(rt, m.dequant(name).reshape(-1).astype(np.float32), name)
+        if c.qkv_bias:
+            bs = []
+            for n in ("attn_q", "attn_k", "attn_v"):
+                name = f"blk.{i}.{n}.bias"
+                bs.append(m.dequant(name).reshape(-1).astype(np.float32))
+                w[name] = da.to_device(rt, bs[-1], name)
+            name = f"blk.{i}.attn_qkv.bias"  # for the fused GEMM's output
+            w[name] = da.to_device(rt, np.concatenate(bs), name)
+    w["output_norm.weight"] = da.to_device(
+        rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
+    staging.free()
+    return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype)
+
+
+# -- activations / cache ----------------------------------------------------------------------
+@dataclass
+class DeviceBuffers:
+    """Activations for T = ubatch tokens (a chunk uses rows [0, T)), the KV cache, scratch."""
+    x: object  # f32 [T, d_model] residual
+    h16: object  # f16 [T, d_model] normed h
+    qkv32: object  # f32 [T * (H + 2 Hkv) * D]: [T, Nq + 2 Nkv] fused, else three [T, N] parts
+    q16: object  # f16 [T, H, D] roped q
+    a16: object  # f16 [T, H * D] attention out
+    gu32: object  # f32 [T * 2 d_ff]: [T, 2 d_ff] fused gate|up, else two [T, d_ff] parts
+    f16: object  # f16 [T, d_ff] SwiGLU out
+    pos: object  # int32 [1]: the chunk's pos0, read on the device (graph replay at any pos)
+    last16: object  # f16 [1, d_model] the last row, normed
+    logits: object  # f32 [1, vocab]
+    amax: object  # int32 [1] argmax of the logits
+    ids: object  # int32 [T] token ids
+    kc: list  # per layer f16 [max_tokens, Hkv, D]
+    vc: list  # per layer f16 [max_tokens, Hkv, D]
+    rope: object  # L.RopeTable for max_tokens positions
+    q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without MMQ routes)
+
+
+def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int) -> DeviceBuffers:
+    """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch)."""
+    T = ubatch
+    H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+    e = da.empty
+    return DeviceBuffers(
+        x=e(rt, (T, c.d_model), np.float32, "residual x"),
+        h16=e(rt, (T, c.d_model), np.float16, "normed h"),
+        qkv32=e(rt, (T * (H + 2 * Hkv) * D,), np.float32, "q|k|v"),
+        q16=e(rt, (T, H, D), np.float16, "q f16"),
+        a16=e(rt, (T, H * D), np.float16, "attention out"),
+        gu32=e(rt, (T * 2 * c.d_ff,), np.float32, "ffn gate|up"),
+        f16=e(rt, (T, c.d_ff), np.float16, "ffn act"),
+        pos=e(rt, (1,), np.int32, "chunk position pos0"),
+        last16=e(rt, (1, c.d_model), np.float16, "last row"),
+        logits=e(rt, (1, c.vocab_size), np.float32, "logits"),
+        amax=e(rt, (1,), np.int32, "argmax"),
+        ids=e(rt, (T,), np.int32, "token ids"),
+        kc=[e(rt, (max_tokens, Hkv, D), np.float16, f"K cache {i}") for i in range(c.n_layers)],
+        vc=[e(rt, (max_tokens, Hkv, D), np.float16, f"V cache {i}") for i in range(c.n_layers)],
+        rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim),
+        q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
+    )
