@@ -8,9 +8,8 @@
 // The template kernels here are instantiated by the .cu files with a weight-traits struct W:
 //   mmq_narrow<W, LEGACY>  no shared memory; 4 token rows per thread (rows g + 8*q, q = 0..3);
 //                          LEGACY=true is the R1 word-level path (I2F + pre-fold epilogue).
-//   mmq_wide<W, KD>        A staged in shared memory by a cp.async ring (WideSmem<KD>::NST
-//                          super-blocks, prefetched NST-1 ahead), ldmatrix.x4 A fragments,
-//                          (d, s) token pairs as one uint4, 16-chain warp
+//   mmq_wide<W, KD>        A staged in shared memory (KD super-blocks of 256 per pass),
+//                          ldmatrix.x4 A fragments, (d, s) token pairs as uint2, 16-chain warp
 //                          tile (4 A-frags x 4 B-frags = 64 tokens x 32 weight rows per warp).
 #pragma once
 #include <cuda_fp16.h>
@@ -252,9 +251,11 @@ __device__ __forceinline__ void mmq_narrow(const uint8_t* __restrict__ A,
 // --------------------------------------------------------------------------------------------
 // Wide kernel: block = 4 warps along N, block tile 64 tokens x 128 weight rows; warp tile
 // 64 x 32 = 4 A-frags (f) x 4 B-frags (nb), 16 independent mma chains.
-// A (q8_1) reaches shared memory through a cp.async ring of WideSmem<KD>::NST one-super-block
-// stages (KD=4: 3, KD=8: 6; layout at WideSmem): super-block kb+NST-1 is in flight while kb
-// is computed, one __syncthreads per super-block. Per-warp scales sSC [8][32] float2.
+// Shared memory (dynamic, bytes):
+//   sA  [64][KD*256 + 16] int8   q of KD super-blocks (row pitch = 16 mod 128: ldmatrix rows
+//                                land in 8 distinct 16-B bank groups)
+//   sDS [KD*8][32] uint2         (d, s) of the token pair (g, g+8) of A-frag f at [kc][f*8+g]
+//   sSC [4 warps][8][32] float2  per-warp scales of the current super-block [chunk][row]
 // B fragments are read straight from global memory by the warp that uses them (no sharing).
 // With W::PERM the k order inside a 32-chunk is permuted (the same on A and B): mma k 4t+e <->
 // value 8t+e, k 16+4t+e <-> value 8t+4+e, so one uint2 load at qs + 32j + 8t holds a thread's
@@ -273,64 +274,33 @@ __device__ __forceinline__ const uint8_t* row_ptr(const uint8_t* base, uint32_t 
     return (const uint8_t*)r;
 }
 
-// cp.async (sm_80+): 4-byte global -> shared copies, .ca (the 16-byte .cg form needs 16-B
-// aligned sources; q8_1 q words sit at +4 of 40 B blocks, so only 4-byte copies can place them).
-// src_bytes = 0 zero-fills the destination (rows past M), reading nothing from src.
-__device__ __forceinline__ void cp_async4(void* sdst, const void* gsrc, int src_bytes) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(sdst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(gsrc),
-                 "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-// Wide kernel shared memory: a ring of NST stages, one super-block of A per stage, filled by
-// cp.async NST-1 super-blocks ahead of the compute. BYTES (the launch allocation, mirrored by
-// minfer.cuda.mmq.wide_smem) is unchanged from the synchronous KD-per-pass layout; the ring
-// uses USED <= BYTES of it (KD=4: 3 stages, KD=8: 6 stages).
-//   stage s at s*STAGE: sA [64][PITCH] int8 (q of one super-block, k order permuted for PERM),
-//                       sDS [8][32] uint4 at +A_BYTES: {d word row g, d word row g+8,
-//                       s row g, s row g+8} of A-frag f at [chunk][f*8+g] (d word = f16 d|pad)
-//   sSC [4 warps][8][32] float2 at NST*STAGE: per-warp scales of the current super-block
 template <int KD>
 struct WideSmem {
-    static constexpr int BYTES = 64 * (KD * 256 + 16) + KD * 8 * 32 * 8 + 4 * 8 * 32 * 8;
-    static constexpr int PITCH = 256 + 16;
+    static constexpr int PITCH = KD * 256 + 16;
     static constexpr int A_BYTES = 64 * PITCH;
-    static constexpr int DS_BYTES = 8 * 32 * 16;
-    static constexpr int STAGE = A_BYTES + DS_BYTES;
+    static constexpr int DS_BYTES = KD * 8 * 32 * 8;
     static constexpr int SC_BYTES = 4 * 8 * 32 * 8;
-    static constexpr int NST = (BYTES - SC_BYTES) / STAGE;
-    static constexpr int USED = NST * STAGE + SC_BYTES;
+    static constexpr int BYTES = A_BYTES + DS_BYTES + SC_BYTES;
 };
 static_assert(WideSmem<4>::BYTES == 82944, "wide KD=4 smem");
 static_assert(WideSmem<8>::BYTES == 156672, "wide KD=8 smem");
-static_assert(WideSmem<4>::NST == 3 && WideSmem<8>::NST == 6, "wide cp.async ring depth");
-static_assert(WideSmem<4>::USED <= WideSmem<4>::BYTES && WideSmem<8>::USED <= WideSmem<8>::BYTES,
-              "wide ring fits the allocation");
-static_assert(WideSmem<4>::PITCH % 128 == 16, "ldmatrix pitch");
-static_assert(WideSmem<4>::STAGE % 16 == 0 && WideSmem<4>::A_BYTES % 16 == 0, "16-B stages");
+static_assert(WideSmem<4>::PITCH % 128 == 16 && WideSmem<8>::PITCH % 128 == 16, "ldmatrix pitch");
 
 template <class W, int KD>
 __device__ __forceinline__ void mmq_wide(const uint8_t* __restrict__ A,
                                          const uint8_t* __restrict__ B, float* C, int M, int N,
                                          int K, int accumulate) {
     using S = WideSmem<KD>;
-    constexpr int NST = S::NST;
     extern __shared__ __align__(16) uint8_t smem[];
-    float2* sSC = (float2*)(smem + NST * S::STAGE) + (threadIdx.x >> 5) * 256;
+    uint8_t* sA = smem;
+    uint2* sDS = (uint2*)(smem + S::A_BYTES);
+    float2* sSC = (float2*)(smem + S::A_BYTES + S::DS_BYTES) + (threadIdx.x >> 5) * 256;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int m0 = blockIdx.y * 64, nw = blockIdx.x * 128 + warp * 32;
     const int KB = K / 256;
-    const size_t brow = (size_t)KB * W::BYTES;
-    const uint32_t apitch = (uint32_t)((K / 32) * 40);   // q8_1 row bytes (K < 2^31 / 1.25)
+    const size_t arow = (size_t)(K / 32) * 40, brow = (size_t)KB * W::BYTES;
     // B rows as 32-bit indices (addresses via row_ptr per super-block: register cap)
     const uint32_t bpitch = (uint32_t)brow;   // K < 2^31, so K/256 * 210 < 2^32
     uint32_t brw[4];                          // B fragment rows (col g of each n8 tile)
@@ -338,95 +308,84 @@ __device__ __forceinline__ void mmq_wide(const uint8_t* __restrict__ A,
     for (int nb = 0; nb < 4; nb++) brw[nb] = min(nw + nb * 8 + g, N - 1);
     const uint32_t srw = min(nw + lane, N - 1);   // this lane's scale row
 
-    // Staging of super-block kb into ring slot kb % NST: thread tid copies chunk tkc = tid & 7
-    // of tile rows r = (tid >> 3) + 16 i, i = 0..3 (64 rows x 8 chunks / 128 threads), as
-    // 8 q words + d word + s word (10 cp.async each). Always commits one group (maybe empty),
-    // so group kb is the kb-th commit.
-    auto stage = [&](int kb) {
-        if (kb < KB) {
-            uint8_t* st = smem + (kb % NST) * S::STAGE;
-            const int tkc = tid & 7;
-            const uint8_t* Ak = A + (size_t)(kb * 8 + tkc) * 40;   // chunk of row 0
-            #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int r = (tid >> 3) + 16 * i;
-                const int nbytes = (m0 + r < M) ? 4 : 0;            // rows past M: zeros
-                const uint8_t* src = row_ptr(Ak, (uint32_t)min(m0 + r, M - 1), apitch);
-                uint8_t* dq = st + r * S::PITCH + tkc * 32;
-                #pragma unroll
-                for (int w = 0; w < 8; w++)   // q word w (block bytes 4+4w) -> smem word
-                    cp_async4(dq + (W::PERM ? (w & 1) * 16 + (w >> 1) * 4 : 4 * w),   // PERM:
-                              src + 4 + 4 * w, nbytes);   // 4(w&1) + (w>>1), else w
-                // r = f*16 + h*8 + gg: f = r>>4, h = (r>>3)&1, gg = r&7
-                uint32_t* ds = (uint32_t*)(st + S::A_BYTES) +
-                               4 * (tkc * 32 + (r >> 4) * 8 + (r & 7)) + ((r >> 3) & 1);
-                cp_async4(ds, src, nbytes);            // d|pad word @+0
-                cp_async4(ds + 2, src + 36, nbytes);   // int32 s @+36
-            }
-        }
-        cp_async_commit();
-    };
-
     float sum[4][4][4] = {};
-    #pragma unroll
-    for (int p = 0; p < NST - 1; p++) stage(p);
-    for (int kb = 0; kb < KB; kb++) {
-        cp_async_wait<NST - 2>();   // this thread's copies of super-block kb have landed
-        __syncthreads();            // ... everyone's have; all warps are done reading slot
-                                    // (kb - 1) % NST
-        stage(kb + NST - 1);        // refill slot (kb + NST - 1) % NST == (kb - 1) % NST
-        const uint8_t* sA = smem + (kb % NST) * S::STAGE;
-        const uint4* sDS = (const uint4*)(sA + S::A_BYTES);
-        const uint8_t* Bk = B + (size_t)kb * W::BYTES;   // super-block kb of row 0
-        const uint8_t* scp = row_ptr(Bk, srw, bpitch);
-        // B fragments of this super-block, straight from global memory (not shared by warps)
-        uint32_t bq[4][W::PERM ? 8 : 12];
-        #pragma unroll
-        for (int nb = 0; nb < 4; nb++) {
-            const uint8_t* blk = row_ptr(Bk, brw[nb], bpitch);
+    for (int kb0 = 0; kb0 < KB; kb0 += KD) {
+        const int nkb = min(KD, KB - kb0), nch = nkb * 8;
+        __syncthreads();   // previous pass done with sA/sDS
+        for (int idx = tid; idx < 64 * nch; idx += 128) {
+            const int r = idx / nch, kc = idx - r * nch;
+            uint2 w[5] = {};
+            if (m0 + r < M) {
+                const uint2* src = (const uint2*)(A + (size_t)(m0 + r) * arow + (size_t)(kb0 * 8 + kc) * 40);
+                #pragma unroll
+                for (int i = 0; i < 5; i++) w[i] = __ldg(src + i);
+            }
+            // 40 B as words: w0 = d|pad, w1..w8 = q words 0..7, w9 = s
+            const uint32_t qw[8] = {w[0].y, w[1].x, w[1].y, w[2].x, w[2].y, w[3].x, w[3].y, w[4].x};
+            uint4* dst = (uint4*)(sA + r * S::PITCH + kc * 32);
             if constexpr (W::PERM) {
-                // one uint2 per chunk pair j: b0, b1 of chunks 2j (low) and 2j+1 (high)
-                #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const uint2 v = __ldg((const uint2*)(blk + 16 + 32 * j + 8 * t));
-                    bq[nb][2 * j] = v.x;
-                    bq[nb][2 * j + 1] = v.y;
-                }
-            } else {   // q6_K: ql words [n][odd][hi16], qh words [n][hi16]
-                #pragma unroll
-                for (int n = 0; n < 2; n++) {
+                dst[0] = make_uint4(qw[0], qw[2], qw[4], qw[6]);
+                dst[1] = make_uint4(qw[1], qw[3], qw[5], qw[7]);
+            } else {
+                dst[0] = make_uint4(qw[0], qw[1], qw[2], qw[3]);
+                dst[1] = make_uint4(qw[4], qw[5], qw[6], qw[7]);
+            }
+            // |s| <= 32*127 = 4064: fits the int16 half
+            const uint32_t ds = (w[0].x & 0xFFFFu) | ((uint32_t)w[4].y << 16);
+            ((uint32_t*)sDS)[2 * (kc * 32 + (r >> 4) * 8 + (r & 7)) + ((r >> 3) & 1)] = ds;
+        }
+        __syncthreads();
+        for (int kbi = 0; kbi < nkb; kbi++) {
+            const int kb = kb0 + kbi;
+            const uint8_t* Bk = B + (size_t)kb * W::BYTES;   // super-block kb of row 0
+            const uint8_t* scp = row_ptr(Bk, srw, bpitch);
+            // B fragments of this super-block, straight from global memory
+            uint32_t bq[4][W::PERM ? 8 : 12];
+            #pragma unroll
+            for (int nb = 0; nb < 4; nb++) {
+                const uint8_t* blk = row_ptr(Bk, brw[nb], bpitch);
+                if constexpr (W::PERM) {
+                    // one uint2 per chunk pair j: b0, b1 of chunks 2j (low) and 2j+1 (high)
                     #pragma unroll
-                    for (int o = 0; o < 2; o++)
+                    for (int j = 0; j < 4; j++) {
+                        const uint2 v = __ldg((const uint2*)(blk + 16 + 32 * j + 8 * t));
+                        bq[nb][2 * j] = v.x;
+                        bq[nb][2 * j + 1] = v.y;
+                    }
+                } else {   // q6_K: ql words [n][odd][hi16], qh words [n][hi16]
+                    #pragma unroll
+                    for (int n = 0; n < 2; n++) {
+                        #pragma unroll
+                        for (int o = 0; o < 2; o++)
+                            #pragma unroll
+                            for (int h = 0; h < 2; h++)
+                                bq[nb][n * 4 + o * 2 + h] = ld_u32_a2(blk + 64 * n + 32 * o + 16 * h + 4 * t);
                         #pragma unroll
                         for (int h = 0; h < 2; h++)
-                            bq[nb][n * 4 + o * 2 + h] = ld_u32_a2(blk + 64 * n + 32 * o + 16 * h + 4 * t);
-                    #pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        bq[nb][8 + n * 2 + h] = ld_u32_a2(blk + 128 + 32 * n + 16 * h + 4 * t);
+                            bq[nb][8 + n * 2 + h] = ld_u32_a2(blk + 128 + 32 * n + 16 * h + 4 * t);
+                    }
                 }
             }
-        }
-        // this lane's row scales for the 8 chunks -> sSC[c][lane] (per warp)
-        __syncwarp();   // this warp's reads of the previous super-block's sSC are done
-        #pragma unroll
-        for (int c = 0; c < 8; c++) {
-            float x, y;
-            W::chunk_scales(scp, c, x, y);
-            sSC[c * 32 + lane] = make_float2(x, y);
-        }
-        __syncwarp();   // all lanes' scales written before any lane reads its columns'
-        {
+            // this lane's row scales for the 8 chunks -> sSC[c][lane]
+            __syncwarp();
+            #pragma unroll
+            for (int c = 0; c < 8; c++) {
+                float x, y;
+                W::chunk_scales(scp, c, x, y);
+                sSC[c * 32 + lane] = make_float2(x, y);
+            }
+            __syncwarp();
             #pragma unroll   // full: c indexes the B register arrays
             for (int c = 0; c < 8; c++) {
-                const int kc = c;
+                const int kc = kbi * 8 + c;
                 float da[4][2], dma[4][2];
                 #pragma unroll
                 for (int f = 0; f < 4; f++) {
-                    const uint4 pk = sDS[kc * 32 + f * 8 + g];   // rows f*16+g, f*16+g+8
+                    const uint2 pk = sDS[kc * 32 + f * 8 + g];   // rows f*16+g, f*16+g+8
                     da[f][0] = mmq_h2f(pk.x);
                     da[f][1] = mmq_h2f(pk.y);
-                    dma[f][0] = da[f][0] * (float)(int)pk.z;   // r15 fold (|s| <= 4064)
-                    dma[f][1] = da[f][1] * (float)(int)pk.w;
+                    dma[f][0] = da[f][0] * (float)(int)(short)(pk.x >> 16);   // r15 fold
+                    dma[f][1] = da[f][1] * (float)(int)(short)(pk.y >> 16);
                 }
                 float sx[4][2], sy[4][2];
                 #pragma unroll

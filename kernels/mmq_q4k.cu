@@ -7,9 +7,8 @@
 //                            grid (ceil(N/64), ceil(M/32)), block 128.
 //   mmq_raw_nt_kernel        narrow: raw 40 B chunk reads, 4 token rows per thread, folded
 //                            epilogue, no smem. Same grid/block as R1.
-//   mmq_raw_wide_nt_kernel   wide: KD = MMQ_KD (-DMMQ_KD=4 or 8) sizes the smem; A is staged by
-//                            a cp.async ring of 3 (KD=4) / 6 (KD=8) super-blocks, ldmatrix A
-//                            fragments, uint4 (d, s) staging, 16-chain warp tile.
+//   mmq_raw_wide_nt_kernel   wide: KD = MMQ_KD (-DMMQ_KD=4 or 8) super-blocks staged per pass,
+//                            ldmatrix A fragments, uint2 (d, s) staging, 16-chain warp tile.
 //                            grid (ceil(N/128), ceil(M/64)), block 128,
 //                            dynamic smem WideSmem<KD>::BYTES (82,944 B / 156,672 B).
 // K must be a multiple of 256 (the launcher checks); ragged M and N are handled.

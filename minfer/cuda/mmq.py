@@ -35,8 +35,7 @@ WIDE_TILE = (64, 128)
 
 
 def wide_smem(kd: int) -> int:
-    """Dynamic smem the wide kernel is launched with (mirrors WideSmem<KD>::BYTES in
-    mmq_common.cuh; its cp.async ring of 3 / 6 super-blocks uses WideSmem::USED <= this)."""
+    """Dynamic smem of the wide kernel (mirrors WideSmem<KD> in mmq_common.cuh)."""
     return 64 * (kd * 256 + 16) + kd * 8 * 32 * 8 + 4 * 8 * 32 * 8
 
 
