@@ -22,6 +22,10 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   q8_1 is not emulated). Measured: this does NOT bring the logits closer to llama.cpp's; the
   forward is chaotic under activation quantization (our f32 and f64 forwards with it differ
   by ~0.5 in the logits), so only a bit-exact replica would. Kept for the MMQ paths' parity.
+- q8_1_inputs: names of weights whose activation operand is rounded through minfer's q8_1 raw
+  block (quantize_q8_1_raw, then dequantized), exactly the operand the MMQ kernels see. `minfer
+  check` compares each MMQ path with a reference that rounds the same weights' inputs, so the
+  gate's tau measures the kernels, not the (intended) q8_1 grid.
 Both off and dtype=float64 is the oracle mode.
 """
 
@@ -93,7 +97,7 @@ class ReferenceBackend:
     """Backend protocol (minfer.engine.Backend) on numpy. forward(ids, pos0) -> logits [vocab]."""
 
     def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
-                 max_tokens: int | None = None):
+                 max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset()):
         self.model = model
         self.cfg = model.config
         self.dtype = np.dtype(dtype)
@@ -101,6 +105,7 @@ class ReferenceBackend:
             raise BadInput(f"reference backend: dtype must be float32 or float64, not {self.dtype}")
         self.kv_f16 = kv_f16
         self.act_quant = act_quant
+        self.q8_1_inputs = frozenset(q8_1_inputs)
         self.name = "cpu" if self.dtype == np.float32 else "cpu-f64"
         self._w: dict[str, np.ndarray] = {}
         self._k: list[np.ndarray] = []
@@ -133,6 +138,11 @@ class ReferenceBackend:
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         if self.act_quant:
             x = quantize_act(x, self.model.tensor(name).qtype)
+        if name in self.q8_1_inputs:  # x: [T, K] -> the q8_1 grid the MMQ kernels compute on
+            from minfer.quants.q8_1 import dequantize_q8_1_raw, quantize_q8_1_raw
+
+            x = dequantize_q8_1_raw(quantize_q8_1_raw(x.astype(np.float32)), x.shape[-1])
+            x = x.astype(self.dtype, copy=False)
         y = x @ self.weight(name).T
         bias = name[: -len(".weight")] + ".bias"
         if bias in self.model.tensors:
