@@ -77,6 +77,7 @@ FTYPES = ("q4_K_M", "q6_K", "q8_0", "f16")
 class SynthOptions:
     preset: str = "llama3-8b"
     layers: int | None = None  # override the preset's layer count
+    n_ctx: int | None = None  # override the preset's context length
     qtype: str = "q4_K_M"  # a key of FTYPES
     seed: int = 0
     vocab: int | None = None  # None: the tokenizer source's, else the preset's
@@ -268,6 +269,10 @@ def resolve_shape(opts: SynthOptions) -> SynthShape:
         if opts.layers < 1:
             raise BadInput(f"--layers must be >= 1, not {opts.layers}")
         shape = replace(shape, n_layers=opts.layers)
+    if opts.n_ctx is not None:
+        if opts.n_ctx < 1:
+            raise BadInput(f"--ctx must be >= 1, not {opts.n_ctx}")
+        shape = replace(shape, n_ctx=opts.n_ctx)
     return shape
 
 

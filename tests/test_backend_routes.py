@@ -8,17 +8,14 @@ import pytest
 
 from minfer.cuda.backend import plan_routes, summarize_routes
 from minfer.cuda.config import GemmConfig
+from synth_data import tiny_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from minfer.loader import load_model
-    from minfer.synth import SynthOptions, make_synthetic_model
 
-    p = tmp_path_factory.mktemp("routes") / "tiny.gguf"
-    make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=3, vocab=1024,
-                                         tokenizer_from=None, workers=1), progress=False)
-    return load_model(p)
+    return load_model(tiny_model(tmp_path_factory.mktemp("routes"), seed=3))
 
 
 def test_routes_f16_when_mmq_off(tiny):

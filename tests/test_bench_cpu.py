@@ -7,16 +7,12 @@ import pytest
 from minfer import bench as B
 from minfer.cuda.config import GemmConfig
 from minfer.errors import BadInput
+from synth_data import tiny_model
 
 
 @pytest.fixture(scope="module")
 def tiny_model_path(tmp_path_factory):
-    from minfer.synth import SynthOptions, make_synthetic_model
-
-    p = tmp_path_factory.mktemp("bench") / "tiny.gguf"
-    make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q8_0", seed=1, vocab=1024,
-                                         tokenizer_from=None, workers=1), progress=False)
-    return p
+    return tiny_model(tmp_path_factory.mktemp("bench"), seed=1, qtype="q8_0")
 
 
 def test_gemm_config_env_and_overrides():

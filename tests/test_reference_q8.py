@@ -10,15 +10,12 @@ import pytest
 from minfer.loader import load_model
 from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.reference.forward import ReferenceBackend
-from minfer.synth import SynthOptions, make_synthetic_model
+from synth_data import tiny_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    p = tmp_path_factory.mktemp("q8ref") / "tiny.gguf"
-    make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=5, vocab=512,
-                                         tokenizer_from=None), progress=False)
-    return load_model(p)
+    return load_model(tiny_model(tmp_path_factory.mktemp("q8ref"), seed=5, vocab=512))
 
 
 def _k_quant_weights(model):

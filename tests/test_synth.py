@@ -288,3 +288,16 @@ def test_block_layouts_match_ggml_sizes():
 
     for name, dt in _DT.items():
         assert (_BLOCK[name], dt.itemsize) == gguf.GGML_QUANT_SIZES[Q[name]], name
+
+
+def test_ctx_override_sets_context_length(tmp_path):
+    from minfer.errors import BadInput
+    from minfer.loader import load_model
+    from minfer.synth import SynthOptions, make_synthetic_model
+
+    opts = dict(preset="tiny", qtype="q8_0", seed=0, vocab=300, tokenizer_from=None, workers=1)
+    p = tmp_path / "c.gguf"
+    make_synthetic_model(p, SynthOptions(n_ctx=64, **opts), progress=False)
+    assert load_model(p).config.n_ctx == 64
+    with pytest.raises(BadInput, match="--ctx"):
+        make_synthetic_model(tmp_path / "d.gguf", SynthOptions(n_ctx=0, **opts), progress=False)

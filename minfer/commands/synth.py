@@ -13,6 +13,8 @@ from minfer.synth import FTYPES, PRESETS
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="llama3-8b", show_default=True,
               help="Model shape (width / FFN / layers / heads).")
 @click.option("--layers", type=int, default=None, help="Override the preset's layer count.")
+@click.option("--ctx", "n_ctx", type=int, default=None,
+              help="Override the preset's context length (llama.context_length).")
 @click.option("--type", "qtype", type=click.Choice(list(FTYPES)), default="q4_K_M",
               show_default=True, help="Type mix, as llama.cpp's quantizer assigns it.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -24,13 +26,13 @@ from minfer.synth import FTYPES, PRESETS
                    "on disk; 'none': generate one).")
 @click.option("--workers", type=int, default=None, help="Processes (default: all cores).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def synth(out, preset, layers, qtype, seed, vocab, tokenizer_from, workers, quiet) -> None:
+def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, workers, quiet) -> None:
     """Write a valid llama GGUF of random, well-formed quantized weights at any shape."""
     from minfer.synth import SynthOptions, make_synthetic_model
 
     src = None if tokenizer_from.lower() == "none" else tokenizer_from
-    opts = SynthOptions(preset=preset, layers=layers, qtype=qtype, seed=seed, vocab=vocab,
-                        tokenizer_from=src, workers=workers)
+    opts = SynthOptions(preset=preset, layers=layers, n_ctx=n_ctx, qtype=qtype, seed=seed,
+                        vocab=vocab, tokenizer_from=src, workers=workers)
     r = make_synthetic_model(out, opts, progress=not quiet)
     s = r["shape"]
     click.echo(f"{r['path']}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "

@@ -29,10 +29,7 @@ def model(request, tmp_path_factory):
     from minfer.loader import load_model
 
     if request.param == "synth-tiny":
-        from minfer.synth import SynthOptions, make_synthetic_model
+        from synth_data import tiny_model
 
-        p = tmp_path_factory.mktemp("synth") / "tiny.gguf"
-        make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=3, vocab=1024,
-                                             tokenizer_from=None), progress=False)
-        return load_model(p)
+        return load_model(tiny_model(tmp_path_factory.mktemp("synth"), seed=3, workers=None))
     return load_model(request.param)

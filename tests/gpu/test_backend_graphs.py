@@ -13,12 +13,9 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     from minfer.loader import load_model
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from synth_data import tiny_model
 
-    p = tmp_path_factory.mktemp("synth") / "tiny.gguf"
-    make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=5, vocab=1024,
-                                         tokenizer_from=None), progress=False)
-    return load_model(p)
+    return load_model(tiny_model(tmp_path_factory.mktemp("synth"), seed=5, workers=None))
 
 
 def _run(b, prompt, steps):

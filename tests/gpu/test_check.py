@@ -10,12 +10,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from synth_data import tiny_model
 
-    p = tmp_path_factory.mktemp("check") / "tiny.gguf"
-    make_synthetic_model(p, SynthOptions(preset="tiny", qtype="q4_K_M", seed=4, vocab=1024,
-                                         tokenizer_from=None), progress=False)
-    return str(p)
+    return str(tiny_model(tmp_path_factory.mktemp("check"), seed=4, workers=None))
 
 
 def test_check_passes_on_tiny_q4km(tiny_path):

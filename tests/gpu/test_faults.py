@@ -17,7 +17,6 @@ All on a tiny synthetic model; well under 30 s.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,18 +27,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _synth(tmp_path_factory, name: str, n_ctx: int = 8192):
-    import minfer.synth as S
+    from synth_data import tiny_model
 
-    mp = pytest.MonkeyPatch()
-    mp.setitem(S.PRESETS, name, replace(S.PRESETS["tiny"], n_ctx=n_ctx))
-    p = tmp_path_factory.mktemp("faults") / f"{name}.gguf"
-    try:
-        S.make_synthetic_model(p, S.SynthOptions(preset=name, qtype="q4_K_M", seed=6,
-                                                 vocab=1024, tokenizer_from=None),
-                               progress=False)
-    finally:
-        mp.undo()
-    return p
+    return tiny_model(tmp_path_factory.mktemp(name), seed=6, n_ctx=n_ctx, workers=None)
 
 
 @pytest.fixture(scope="module")
