@@ -2,7 +2,9 @@
 
 The launchers take GPUArrays (shape + dtype travel with the pointer, so they can validate);
 `rows(a, start, n)` is a view of rows [start, start+n) of a contiguous array (no copy), used for
-"the last position only" and for writing into the KV cache at row pos0.
+"the last position only" and for writing into the KV cache at row pos0. `view(p, shape, dtype)`
+is the general form: a GPUArray over memory at address p that something else owns (an offset
+into a larger buffer, a torch tensor in the benchmarks).
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ def _ga():
     return ga
 
 
+def _shape(shape) -> tuple:
+    return tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+
+
 def empty(rt, shape, dtype, what: str = "buffer"):
-    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    shape = _shape(shape)
     dtype = np.dtype(dtype)
     n = int(np.prod(shape)) * dtype.itemsize
     return _ga().GPUArray(shape, dtype, gpudata=rt.alloc(n, what))
@@ -42,22 +48,43 @@ def arg(a) -> np.uintp:
     return np.uintp(ptr(a))
 
 
+def view(p: int, shape, dtype, base=None):
+    """A contiguous GPUArray over device memory at address `p` (no copy, never freed by the
+    view): `base`, when given, is the owner the view keeps alive (a GPUArray, a torch tensor)."""
+    shape = _shape(shape)
+    if any(s < 0 for s in shape):
+        raise GPUError(f"view: negative dimension in shape {shape}")
+    return _ga().GPUArray(shape, np.dtype(dtype), gpudata=int(p), base=base)
+
+
 def rows(a, start: int, n: int):
     """View of rows [start, start + n) along axis 0 of contiguous `a`."""
     if start < 0 or n < 0 or start + n > a.shape[0]:
         raise GPUError(f"row view [{start}, {start + n}) out of range for shape {a.shape}")
     row = int(np.prod(a.shape[1:], dtype=np.int64)) * a.dtype.itemsize
-    return _ga().GPUArray((n, *a.shape[1:]), a.dtype, gpudata=ptr(a) + start * row, base=a)
+    return view(ptr(a) + start * row, (n, *a.shape[1:]), a.dtype, base=a)
 
 
 def reshape(a, shape):
-    shape = tuple(int(s) for s in shape)
+    shape = _shape(shape)
     if int(np.prod(shape)) != a.size:
         raise GPUError(f"cannot view shape {a.shape} as {shape}")
-    return _ga().GPUArray(shape, a.dtype, gpudata=ptr(a), base=a)
+    return view(ptr(a), shape, a.dtype, base=a)
 
 
-def check(name: str, a, shape=None, dtype=None, align: int = 4) -> None:
+def contiguous(a) -> bool:
+    """True when `a` is C-contiguous (what the kernels' pointer arithmetic assumes); a GPUArray
+    can be strided (a[:, :8], a.T). Cheaper than pycuda's memoized flags on a fresh view."""
+    step = a.dtype.itemsize
+    for n, s in zip(reversed(a.shape), reversed(a.strides)):
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
+def check(name: str, a, shape=None, dtype=None, align: int = 4,
+          require_contiguous: bool = False) -> None:
     """Raise GPUError with a one-line message if `a` is not the expected device array."""
     if not hasattr(a, "gpudata"):
         raise GPUError(f"{name}: expected a device array (GPUArray), got {type(a).__name__}")
@@ -70,7 +97,10 @@ def check(name: str, a, shape=None, dtype=None, align: int = 4) -> None:
             raise GPUError(f"{name}: shape {tuple(a.shape)}, expected "
                            f"{tuple('*' if s is None else s for s in shape)}")
     if ptr(a) % align and a.size:
-        raise GPUError(f"{name}: device pointer not {align}-byte aligned")
+        raise GPUError(f"{name}: device pointer {ptr(a):#x} not {align}-byte aligned")
+    if require_contiguous and not contiguous(a):
+        raise GPUError(f"{name}: not contiguous (shape {tuple(a.shape)}, strides "
+                       f"{tuple(a.strides)})")
 
 
 def poison(rt, *arrays) -> None:
