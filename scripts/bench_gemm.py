@@ -45,7 +45,8 @@ def main() -> int:
     except ImportError:
         print("bench_gemm.py needs torch for the cuBLAS comparison", file=sys.stderr)
         return 2
-    from minfer.cuda.gemm import GEMVS, TILES, WGMMA, DeviceArray, gemm_f16_nt, pick_variant
+    from minfer.cuda import devarray
+    from minfer.cuda.gemm import GEMVS, TILES, WGMMA, gemm_f16_nt, pick_variant
     from minfer.cuda.runtime import get_runtime
 
     torch.zeros(1, device="cuda")  # torch and pycuda share the primary context, null stream
@@ -94,7 +95,9 @@ def main() -> int:
         return (time.perf_counter() - t) * 1e6
 
     def wrap(t):
-        return DeviceArray(t.data_ptr(), tuple(t.shape), np.dtype(str(t.dtype).split(".")[1]))
+        """A GPUArray view of torch tensor t's memory (no copy; it keeps t alive)."""
+        return devarray.view(t.data_ptr(), tuple(t.shape), np.dtype(str(t.dtype).split(".")[1]),
+                             base=t)
 
     rows = []
     shapes = [(M, lab, N, K) for M in args.m for lab, N, K in LLAMA3_8B]
@@ -165,7 +168,7 @@ def main() -> int:
                 f"{flop / statistics.median(ts) / 1e6:.0f}" for v, ts in sorted(
                     rec["variants"].items(), key=lambda kv: statistics.median(kv[1]))),
                 flush=True)
-        del A, B, C32, C16
+        del A, B, C32, C16, dA, dB, d32, d16  # the views keep their tensors alive
         torch.cuda.empty_cache()
 
     # host-side launcher overhead (no sync): tiny problem, many calls

@@ -66,13 +66,6 @@ __all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequ
 
 
 # -- adapters to the gemm / dequant modules (engineers "gemm" and "dequant") -----------------
-def _dev(a):
-    """GPUArray -> the gemm module's DeviceArray view (no copy)."""
-    from minfer.cuda.gemm import DeviceArray
-
-    return DeviceArray(da.ptr(a), tuple(a.shape), np.dtype(a.dtype), a)
-
-
 def _gemm(rt, C, A, B, mode: str) -> None:
     """C[M, N] (mode 'f32' store, 'f16' store, 'acc' f32 +=) = A f16 [M, K] @ B f16 [N, K].T."""
     from minfer.cuda.gemm import gemm_f16_nt
@@ -80,10 +73,9 @@ def _gemm(rt, C, A, B, mode: str) -> None:
     if mode != "acc":
         da.poison(rt, C)  # debug / poison mode: NaN unless the GEMM really writes C
     if mode == "acc":
-        gemm_f16_nt(_dev(A), _dev(B), np.float32, accumulate=_dev(C), rt=rt)
+        gemm_f16_nt(A, B, np.float32, accumulate=C, rt=rt)
     else:
-        gemm_f16_nt(_dev(A), _dev(B), np.float16 if mode == "f16" else np.float32,
-                    out=_dev(C), rt=rt)
+        gemm_f16_nt(A, B, np.float16 if mode == "f16" else np.float32, out=C, rt=rt)
 
 
 def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:

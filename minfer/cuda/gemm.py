@@ -8,10 +8,12 @@ Epilogues: out f32 (mode 0), out f16 (mode 1), or accumulate into an existing f3
 Kernels: gemm_f16.cu (mma.sync tiles, any sm_80+; the M == 1 GEMV) and gemm_f16_sm90a.cu
 (wgmma tiles, Hopper only, built for sm_90a). Geometry is owned here:
 `pick_variant(M, N, K, sm_count, arch)` is the one function choosing the kernel; kernels never
-choose. Contract: K % 8 == 0 (16-byte rows),
-every buffer 16-byte aligned and contiguous; M, N any size >= 1. Violations raise
-minfer.errors.BadInput with one line. Importing this module needs no GPU (the twin, the tile
-table and validation are pure Python); launching does.
+choose. Contract: K % 8 == 0 (16-byte rows), M, N any size >= 1; every operand a GPUArray
+(minfer.cuda.devarray, as for every launcher), contiguous and 16-byte aligned. A problem-shape
+violation raises minfer.errors.BadInput (the numpy twin shares those checks); an operand that is
+not such a device array raises GPUError (devarray.check, as in the other launchers); both with
+one line. Importing this module needs no GPU (the twin, the tile table and validation are pure
+Python); launching does.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minfer.cuda import devarray as da
 from minfer.errors import BadInput
 
 MODE_F32, MODE_F16, MODE_ACC = 0, 1, 2
@@ -191,72 +194,25 @@ def _check_out(out_dtype, accumulate, M: int, N: int):
 
 
 # ---- device side ------------------------------------------------------------------------------
-@dataclass
-class DeviceArray:
-    """A thin (pointer, shape, dtype) view of device memory; `buf` keeps an allocation alive."""
+def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None,
+                variant: str | None = None, stream=None):
+    """C = A @ B^T on the GPU (same semantics as gemm_f16_nt_ref); returns C (a GPUArray).
 
-    ptr: int
-    shape: tuple
-    dtype: np.dtype
-    buf: object = None
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * np.dtype(self.dtype).itemsize
-
-    @classmethod
-    def empty(cls, rt, shape, dtype, what="array") -> "DeviceArray":
-        shape = tuple(int(s) for s in shape)
-        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-        buf = rt.alloc(n, what)
-        return cls(int(buf), shape, np.dtype(dtype), buf)
-
-    @classmethod
-    def from_numpy(cls, rt, x: np.ndarray, what="array") -> "DeviceArray":
-        x = np.ascontiguousarray(x)
-        d = cls.empty(rt, x.shape, x.dtype, what)
-        rt.drv.memcpy_htod(d.ptr, x)
-        return d
-
-    def to_numpy(self, rt) -> np.ndarray:
-        out = np.empty(self.shape, self.dtype)
-        rt.drv.memcpy_dtoh(out, self.ptr)
-        return out
-
-
-def _aligned(x: DeviceArray, name: str) -> None:
-    if int(x.ptr) % 16:
-        raise BadInput(f"gemm_f16_nt: {name} must be 16-byte aligned (pointer {int(x.ptr):#x})")
-
-
-def gemm_f16_nt(a: DeviceArray, b: DeviceArray, out_dtype=np.float32,
-                accumulate: DeviceArray | None = None, *, out: DeviceArray | None = None,
-                rt=None, variant: str | None = None, stream=None) -> DeviceArray:
-    """C = A @ B^T on the GPU (same semantics as gemm_f16_nt_ref); returns C.
-
-    a: f16 [M, K], b: f16 [N, K]. With `accumulate` (f32 [M, N]) the product is added into it
-    in place and it is returned. Otherwise the result goes to `out` (allocated if None).
+    a: f16 [M, K], b: f16 [N, K] GPUArrays. With `accumulate` (f32 [M, N]) the product is added
+    into it in place and it is returned. Otherwise the result goes to `out` (allocated if None).
     `variant` forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
     """
+    # 16-byte aligned for cp.async / vector loads; contiguous: the kernels take rows of K (A, B)
+    # and N (C) elements
+    for x, name in ((a, "A"), (b, "B"), (accumulate, "accumulate"), (out, "out")):
+        if x is not None:
+            da.check(f"gemm_f16_nt {name}", x, align=16, require_contiguous=True)
     M, N, K = _check_shapes(a.shape, b.shape, a.dtype, b.dtype)
     out_dtype = _check_out(out_dtype, accumulate, M, N)
     if rt is None:
         from minfer.cuda.runtime import get_runtime
 
         rt = get_runtime()
-    if accumulate is not None:
-        if out is not None:
-            raise BadInput("gemm_f16_nt: pass either out or accumulate, not both")
-        c, mode = accumulate, MODE_ACC
-    else:
-        if out is None:
-            out = DeviceArray.empty(rt, (M, N), out_dtype, "gemm output")
-        elif tuple(out.shape) != (M, N) or np.dtype(out.dtype) != out_dtype:
-            raise BadInput(f"gemm_f16_nt: out is {tuple(out.shape)} {np.dtype(out.dtype)}, "
-                           f"expected ({M}, {N}) {out_dtype}")
-        c, mode = out, (MODE_F32 if out_dtype == np.float32 else MODE_F16)
-    for x, name in ((a, "A"), (b, "B"), (c, "C")):
-        _aligned(x, name)
     v = variant or pick_variant(M, N, K, rt.sm_count, rt.arch)
     kern = VARIANTS.get(v)
     if kern is None:
@@ -265,12 +221,22 @@ def gemm_f16_nt(a: DeviceArray, b: DeviceArray, out_dtype=np.float32,
         raise BadInput(f"gemm_f16_nt: variant {v} handles M == 1 only (M={M})")
     if isinstance(kern, WgmmaTile) and rt.arch != "sm_90":
         raise BadInput(f"gemm_f16_nt: variant {v} needs an sm_90 GPU (this one is {rt.arch})")
+    if accumulate is not None:
+        if out is not None:
+            raise BadInput("gemm_f16_nt: pass either out or accumulate, not both")
+        c, mode = accumulate, MODE_ACC
+    else:
+        if out is None:
+            out = da.empty(rt, (M, N), out_dtype, "gemm output")  # cuMemAlloc: 256 B aligned
+        elif tuple(out.shape) != (M, N) or np.dtype(out.dtype) != out_dtype:
+            raise BadInput(f"gemm_f16_nt: out is {tuple(out.shape)} {np.dtype(out.dtype)}, "
+                           f"expected ({M}, {N}) {out_dtype}")
+        c, mode = out, (MODE_F32 if out_dtype == np.float32 else MODE_F16)
     fn = rt.function(kern.file, kern.entry, options=kern.options, dyn_smem=kern.smem)
     i32 = np.int32
     if isinstance(kern, Gemv):
-        args = (np.uintp(a.ptr), np.uintp(b.ptr), np.uintp(c.ptr), i32(N), i32(K), i32(mode))
+        args = (da.arg(a), da.arg(b), da.arg(c), i32(N), i32(K), i32(mode))
     else:
-        args = (np.uintp(a.ptr), np.uintp(b.ptr), np.uintp(c.ptr), i32(M), i32(N), i32(K),
-                i32(mode))
+        args = (da.arg(a), da.arg(b), da.arg(c), i32(M), i32(N), i32(K), i32(mode))
     rt.launch(fn, (kern.grid(M, N),), (kern.threads,), args, smem=kern.smem, stream=stream)
     return c

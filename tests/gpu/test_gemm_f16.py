@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda.gemm import (GEMVS, TILES, WGMMA, DeviceArray, gemm_f16_nt, gemm_f16_nt_ref,
-                              pick_variant)
-from minfer.errors import BadInput
+from minfer.cuda import devarray as da
+from minfer.cuda.gemm import GEMVS, TILES, WGMMA, gemm_f16_nt, gemm_f16_nt_ref, pick_variant
+from minfer.errors import BadInput, GPUError
 
 from gpu_helpers import rel_err as _rel
 
@@ -31,17 +31,17 @@ def _run(rt, M, N, K, mode, variant=None, seed=0):
         init = np.full((M, N), np.nan, out_dtype)
     tail = np.full(GUARD, 12345.0, out_dtype)
     host = np.concatenate([init.ravel(), tail])
-    dev = DeviceArray.from_numpy(rt, host, "C+guard")
-    c = DeviceArray(dev.ptr, (M, N), np.dtype(out_dtype), dev.buf)
-    da, db = DeviceArray.from_numpy(rt, a), DeviceArray.from_numpy(rt, b)
+    dev = da.to_device(rt, host, "C+guard")
+    c = da.view(da.ptr(dev), (M, N), out_dtype, base=dev)  # C: the buffer less its guard tail
+    dA, dB = da.to_device(rt, a), da.to_device(rt, b)
     if mode == "acc":
-        gemm_f16_nt(da, db, np.float32, accumulate=c, rt=rt, variant=variant)
+        gemm_f16_nt(dA, dB, np.float32, accumulate=c, rt=rt, variant=variant)
         ref = gemm_f16_nt_ref(a, b, np.float32, accumulate=init)
     else:
-        gemm_f16_nt(da, db, out_dtype, out=c, rt=rt, variant=variant)
+        gemm_f16_nt(dA, dB, out_dtype, out=c, rt=rt, variant=variant)
         ref = gemm_f16_nt_ref(a, b, out_dtype)
     rt.synchronize()
-    got = dev.to_numpy(rt)
+    got = dev.get()
     return got[: M * N].reshape(M, N), ref, bool(np.all(got[M * N:] == tail))
 
 
@@ -99,16 +99,25 @@ def test_repeatable(rt):
 
 def test_launcher_rejects(rt):
     rng = np.random.default_rng(1)
-    a = DeviceArray.from_numpy(rt, _rand(rng, (4, 20)))
-    b = DeviceArray.from_numpy(rt, _rand(rng, (8, 20)))
+    a = da.to_device(rt, _rand(rng, (4, 20)))
+    b = da.to_device(rt, _rand(rng, (8, 20)))
     with pytest.raises(BadInput, match="multiple of 8"):
         gemm_f16_nt(a, b, rt=rt)
-    a = DeviceArray.from_numpy(rt, _rand(rng, (4, 16)))
-    b = DeviceArray.from_numpy(rt, _rand(rng, (8, 16)))
-    acc = DeviceArray.empty(rt, (4, 9), np.float32)
+    a = da.to_device(rt, _rand(rng, (4, 16)))
+    b = da.to_device(rt, _rand(rng, (8, 16)))
+    acc = da.empty(rt, (4, 9), np.float32)
     with pytest.raises(BadInput, match="accumulate buffer"):
         gemm_f16_nt(a, b, accumulate=acc, rt=rt)
-    with pytest.raises(BadInput, match="16-byte aligned"):
-        gemm_f16_nt(DeviceArray(a.ptr + 2, (4, 16), np.dtype(np.float16)), b, rt=rt)
+    with pytest.raises(BadInput, match="float16"):
+        gemm_f16_nt(da.to_device(rt, np.zeros((4, 16), np.float32)), b, rt=rt)
+    with pytest.raises(BadInput, match="out is"):
+        gemm_f16_nt(a, b, np.float16, out=da.empty(rt, (4, 8), np.float32), rt=rt)
+    # rejected before any launch: nothing reads the 2 bytes past a's end
+    with pytest.raises(GPUError, match="gemm_f16_nt A: device pointer 0x[0-9a-f]+ not 16-byte"):
+        gemm_f16_nt(da.view(da.ptr(a) + 2, (4, 16), np.float16, base=a), b, rt=rt)
+    with pytest.raises(GPUError, match="gemm_f16_nt B: not contiguous"):
+        gemm_f16_nt(a, b[:, :8], rt=rt)
+    with pytest.raises(GPUError, match="gemm_f16_nt A: expected a device array"):
+        gemm_f16_nt(a.get(), b, rt=rt)
     with pytest.raises(BadInput, match="M == 1 only"):
         gemm_f16_nt(a, b, rt=rt, variant="gemv_f16_r4")
