@@ -7,12 +7,12 @@
 //                            grid (ceil(N/64), ceil(M/32)), block 128.
 //   mmq_raw_nt_kernel        narrow: raw 40 B chunk reads, 4 token rows per thread, folded
 //                            epilogue, no smem. Same grid/block as R1.
-//   mmq_raw_wide_nt_kernel   wide: KD = MMQ_KD (-DMMQ_KD=4 or 8) super-blocks staged per pass,
-//                            ldmatrix A fragments, uint2 (d, s) staging, 16-chain warp tile.
-//                            grid (ceil(N/128), ceil(M/64)), block 128,
-//                            dynamic smem WideSmem<KD>::BYTES (82,944 B / 156,672 B).
+//   mmq_raw_wide_nt_kernel   wide (mmq_wide_async.cuh): cp.async-pipelined A and B stages of
+//                            KD/4 super-blocks (-DMMQ_KD=4 or 8), 16-chain warp tile, min term
+//                            on tf32 mma. grid (ceil(N/128), ceil(M/64)), block 128, dynamic
+//                            smem WideAsyncSmem<KD>::BYTES (100,352 B / 178,176 B).
 // K must be a multiple of 256 (the launcher checks); ragged M and N are handled.
-#include "mmq_common.cuh"
+#include "mmq_wide_async.cuh"
 
 #ifndef MMQ_KD
 #define MMQ_KD 4
@@ -34,5 +34,5 @@ mmq_raw_nt_kernel(const uint8_t* A, const uint8_t* W, float* C, int M, int N, in
 extern "C" __global__ void __launch_bounds__(128, (MMQ_KD == 4 ? 2 : 1))
 mmq_raw_wide_nt_kernel(const uint8_t* A, const uint8_t* W, float* C, int M, int N, int K,
                        int accumulate) {
-    mmq_wide<W_Q4K, MMQ_KD>(A, W, C, M, N, K, accumulate);
+    mmq_wide_async<MMQ_KD>(A, W, C, M, N, K, accumulate);
 }

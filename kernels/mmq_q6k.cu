@@ -5,8 +5,9 @@
 // Same structure, geometry and arguments as mmq_q4k.cu (W raw [N][K/256*210] B):
 //   mmq_q6k_nt_kernel            R1-style legacy path (I2F epilogue), no smem.
 //   mmq_q6k_raw_nt_kernel        narrow, no smem.
-//   mmq_q6k_raw_wide_nt_kernel   wide, KD = MMQ_KD (4 or 8), dynamic smem WideSmem<KD>::BYTES.
-#include "mmq_common.cuh"
+//   mmq_q6k_raw_wide_nt_kernel   wide (mmq_wide_sync.cuh), KD = MMQ_KD (4 or 8) super-blocks
+//                                staged per pass, dynamic smem WideSyncSmem<KD>::BYTES.
+#include "mmq_wide_sync.cuh"
 
 #ifndef MMQ_KD
 #define MMQ_KD 4
@@ -29,5 +30,5 @@ mmq_q6k_raw_nt_kernel(const uint8_t* A, const uint8_t* W, float* C, int M, int N
 extern "C" __global__ void __launch_bounds__(128, (MMQ_KD == 4 ? 2 : 1))
 mmq_q6k_raw_wide_nt_kernel(const uint8_t* A, const uint8_t* W, float* C, int M, int N, int K,
                            int accumulate) {
-    mmq_wide<W_Q6K, MMQ_KD>(A, W, C, M, N, K, accumulate);
+    mmq_wide_sync<W_Q6K, MMQ_KD>(A, W, C, M, N, K, accumulate);
 }

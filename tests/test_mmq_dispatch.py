@@ -22,8 +22,23 @@ def test_pick_gemm_mmq_branch():
 
 
 def test_smem_guard():
-    assert wide_smem(4) == 82944 and wide_smem(8) == 156672
+    assert wide_smem(4) == 100352 and wide_smem(8) == 178176
+    assert wide_smem(4, 14) == 82944 and wide_smem(8, 14) == 156672
     assert pick_gemm(12, 1, 1, 256, GemmConfig(mmq=True, kd=8), _Rt(101376)) == "mmq-narrow"
     assert pick_gemm(12, 1, 1, 256, GemmConfig(mmq=True, kd=8), _Rt(232448)) == "mmq-wide-kd8"
     v = pick_variant(GemmConfig(mmq=True, kd=4), 65536)
-    assert v.kind == "narrow" and "82944" in v.fallback
+    assert v.kind == "narrow" and "100352" in v.fallback
+
+
+def test_wide_smem_matches_kernel():
+    """The launcher's byte counts are the kernels' (pinned by static_assert in each header)."""
+    import re
+    from pathlib import Path
+
+    kdir = Path(__file__).parents[1] / "kernels"
+    for header, struct, qtype in (("mmq_wide_async.cuh", "WideAsyncSmem", 12),
+                                  ("mmq_wide_sync.cuh", "WideSyncSmem", 14)):
+        src = (kdir / header).read_text()
+        pinned = dict(re.findall(rf"static_assert\({struct}<(\d)>::BYTES == (\d+)", src))
+        assert set(pinned) == {"4", "8"}, header
+        assert all(wide_smem(int(kd), qtype) == int(b) for kd, b in pinned.items()), header

@@ -22,4 +22,4 @@ def pick_gemm(qtype: int, M: int, N: int, K: int, cfg: GemmConfig, rt=None) -> s
     if not has_mmq(qtype) or K % 256:
         return "f16"
     smem_optin = rt.smem_optin if rt is not None else 1 << 30
-    return "mmq-" + pick_variant(cfg, smem_optin).label
+    return "mmq-" + pick_variant(cfg, smem_optin, qtype).label

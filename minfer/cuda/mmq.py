@@ -34,8 +34,13 @@ NARROW_TILE = (32, 64)   # (tokens, weight rows) per block, 128 threads
 WIDE_TILE = (64, 128)
 
 
-def wide_smem(kd: int) -> int:
-    """Dynamic smem of the wide kernel (mirrors WideSmem<KD> in mmq_common.cuh)."""
+def wide_smem(kd: int, qtype: int = Q4_K) -> int:
+    """Dynamic smem of the wide kernel, mirroring the kernels' static_asserts: q4_K
+    (WideAsyncSmem<KD>: two cp.async stages of A and B, kd/4 super-blocks each, f32 (da, dma),
+    per-warp scale tables); q6_K (WideSyncSmem<KD>: kd super-blocks of A, (d, s) pairs, scales)."""
+    if int(qtype) == Q4_K:
+        sb = kd // 4
+        return 2 * 64 * (sb * 320 + 16) + 2 * 128 * (160 if sb == 1 else 288) + sb * 4096 + 12288
     return 64 * (kd * 256 + 16) + kd * 8 * 32 * 8 + 4 * 8 * 32 * 8
 
 
@@ -54,13 +59,13 @@ def has_mmq(qtype: int) -> bool:
     return int(qtype) in BLOCK_BYTES
 
 
-def pick_variant(cfg, smem_optin: int) -> MmqVariant:
+def pick_variant(cfg, smem_optin: int, qtype: int = Q4_K) -> MmqVariant:
     """cfg: GemmConfig-like (raw, wide, kd). The smem guard lives here."""
     if not cfg.raw:
         return MmqVariant("r1")
     if not cfg.wide:
         return MmqVariant("narrow")
-    need = wide_smem(cfg.kd)
+    need = wide_smem(cfg.kd, qtype)
     if need > smem_optin:
         return MmqVariant("narrow", fallback=(
             f"MMQ wide KD={cfg.kd} needs {need} B of shared memory, over this GPU's opt-in cap "
@@ -94,10 +99,11 @@ def quantize_q8_1(rt, x, out=None):
 
 
 def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
-               accumulate: bool = False, q8_scratch=None) -> MmqVariant:
+               accumulate: bool = False, q8_scratch=None, build_opts: tuple = ()) -> MmqVariant:
     """out f32 [M, N] (= or +=) x @ W.T. x: f32/f16 [M, K] (quantized here, into q8_scratch
     when given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any shape, N*K/256*
-    bytes in all). Returns the variant that ran (after the smem guard)."""
+    bytes in all). build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs in
+    scripts/mmq_variants.py; the engine never passes any). Returns the variant that ran."""
     qtype = int(qtype)
     if not has_mmq(qtype):
         raise Unsupported(f"mmq_linear: no MMQ kernel for tensor type {qtype} "
@@ -120,7 +126,7 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     if da.ptr(w_raw) % 16:
         raise GPUError("mmq_linear: weight bytes not 16-byte aligned")
     da.check("mmq_linear out", out, (M, N), np.float32)
-    v = pick_variant(cfg, rt.smem_optin)
+    v = pick_variant(cfg, rt.smem_optin, qtype)
     if v.fallback:
         _warn_once(v.fallback)
     name = _FILES[qtype]
@@ -129,8 +135,8 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     args = (da.arg(a), da.arg(w_raw), da.arg(out), np.int32(M), np.int32(N), np.int32(K),
             np.int32(1 if accumulate else 0))
     if v.kind == "wide":
-        smem = wide_smem(v.kd)
-        fn = rt.function(name, entry, (f"-DMMQ_KD={v.kd}",), dyn_smem=smem)
+        smem = wide_smem(v.kd, qtype)
+        fn = rt.function(name, entry, (f"-DMMQ_KD={v.kd}", *build_opts), dyn_smem=smem)
         bm, bn = WIDE_TILE
         rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (128,), args, smem)
     else:
