@@ -8,9 +8,9 @@
 //   mmq_raw_nt_kernel        narrow: raw 40 B chunk reads, 4 token rows per thread, folded
 //                            epilogue, no smem. Same grid/block as R1.
 //   mmq_raw_wide_nt_kernel   wide (mmq_wide_async.cuh): cp.async-pipelined A and B stages of
-//                            KD/4 super-blocks (-DMMQ_KD=4 or 8), 16-chain warp tile, min term
-//                            on tf32 mma. grid (ceil(N/128), ceil(M/64)), block 128, dynamic
-//                            smem WideAsyncSmem<KD>::BYTES (100,352 B / 178,176 B).
+//                            KD/4 super-blocks (-DMMQ_KD=4 or 8), 8 warps of 32 x 32, min term
+//                            on tf32 mma. grid (ceil(N/128), ceil(M/64)), block 256, dynamic
+//                            smem WideAsyncSmem<KD>::BYTES (104,448 B / 198,656 B).
 // K must be a multiple of 256 (the launcher checks); ragged M and N are handled.
 #include "mmq_wide_async.cuh"
 
@@ -31,7 +31,14 @@ mmq_raw_nt_kernel(const uint8_t* A, const uint8_t* W, float* C, int M, int N, in
     mmq_narrow<W_Q4K, false>(A, W, C, M, N, K, accumulate);
 }
 
-extern "C" __global__ void __launch_bounds__(128, (MMQ_KD == 4 ? 2 : 1))
+// 2 blocks per SM where two fit: KD=4 on sm_90 (2 x 104 KB of its 228 KB); sm_80's 164 KB
+// holds one, and there the kernel may use up to 255 registers.
+#if MMQ_KD == 4 && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900)
+#define MMQ_WIDE_MIN_BLOCKS 2
+#else
+#define MMQ_WIDE_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(256, MMQ_WIDE_MIN_BLOCKS)
 mmq_raw_wide_nt_kernel(const uint8_t* A, const uint8_t* W, float* C, int M, int N, int K,
                        int accumulate) {
     mmq_wide_async<MMQ_KD>(A, W, C, M, N, K, accumulate);

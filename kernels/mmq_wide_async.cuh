@@ -1,14 +1,16 @@
 // mmq_wide_async.cuh: the pipelined wide MMQ kernel for q4_K (mmq_q4k.cu).
 //
-// Block = 4 warps along N, block tile 64 tokens x 128 weight rows; warp tile 64 x 32 = 4 A-frags
-// (f) x 4 B-frags (nb), 16 independent mma chains. KD picks the stage: SB = KD/4 super-blocks.
+// Block = 8 warps (2 along M x 4 along N), block tile 64 tokens x 128 weight rows; warp tile
+// 32 x 32 = 2 A-frags (f) x 4 B-frags (nb), 8 mma chains, <= 128 registers: 2 blocks (16 warps)
+// per SM at KD=4 (the 64 x 32 warp tile needed 255 registers, 8 warps per SM, and stalled on
+// dependencies). KD picks the stage: SB = KD/4 super-blocks.
 //
 // Pipeline: two stages of A (raw q8_1 rows of the block's 64 tokens) and B (raw q4_K blocks of
 // the block's 128 weight rows), both filled by 16-byte cp.async (.cg) one stage ahead, so no
 // load is waited on in the chunk loop and B needs no registers between uses (the earlier
 // register-prefetched kernel sat at the 255-register cap, and ptxas sank its B loads to the end
 // of each super-block, exposing their latency). Each thread copies 10*SB A and 9*SB B pieces per
-// stage, a warp-wide copy moving 512 contiguous bytes.
+// stage over 256 threads, a warp-wide copy moving 512 contiguous bytes.
 //
 // A fragments: the q words sit 4 B into each 40 B block, so no 16-byte row of them is 16-byte
 // aligned and ldmatrix cannot read them: four LDS.32 per fragment (2-way bank conflicts at the
@@ -27,8 +29,8 @@
 //                                fragment LDS.64 of a half-warp hit 16 distinct bank pairs)
 //   sDS [SB*8][32] float4        (da_g, da_g8, dma_g, dma_g8) of the token pair (g, g+8) of
 //                                A-frag f at [chunk][f*8+g], for the stage being computed
-//   sSC [4 warps][8][32] float   per-warp dsv = d*sc of the current super-block [chunk][row]
-//   sMV [4 warps][8][32] uint2   per-warp dmv = -(dmin*m) as tf32 (hi, lo): the min term's B
+//   sSC [SB][8][128] float2      (dsv, -1.5*2^23*dsv), dsv = d*sc, of the stage [sb][chunk][row]
+//   sMV [SB][8][128] uint2       dmv = -(dmin*m) as tf32 (hi, lo): the min term's B operand
 #pragma once
 #include "mmq_common.cuh"
 
@@ -39,19 +41,21 @@ struct WideAsyncSmem {
     static constexpr int B_PITCH = SB == 1 ? 160 : 288;  // SB*144 (+16), = 8 words mod 32
     static constexpr int A_STAGE = 64 * A_PITCH, B_STAGE = 128 * B_PITCH;
     static constexpr int A_OFF = 0, B_OFF = 2 * A_STAGE, DS_OFF = B_OFF + 2 * B_STAGE;
-    static constexpr int SC_OFF = DS_OFF + SB * 8 * 32 * 16, MV_OFF = SC_OFF + 4 * 8 * 32 * 4;
-    static constexpr int BYTES = MV_OFF + 4 * 8 * 32 * 8;
+    static constexpr int SC_OFF = DS_OFF + SB * 8 * 32 * 16, MV_OFF = SC_OFF + SB * 8 * 128 * 8;
+    static constexpr int BYTES = MV_OFF + SB * 8 * 128 * 8;
 };
-static_assert(WideAsyncSmem<4>::BYTES == 100352, "wide KD=4 smem");
-static_assert(WideAsyncSmem<8>::BYTES == 178176, "wide KD=8 smem");
+static_assert(WideAsyncSmem<4>::BYTES == 104448, "wide KD=4 smem");
+static_assert(WideAsyncSmem<8>::BYTES == 198656, "wide KD=8 smem");
 static_assert(WideAsyncSmem<4>::B_PITCH / 4 % 32 == 8 && WideAsyncSmem<8>::B_PITCH / 4 % 32 == 8,
               "B pitch: conflict-free fragment loads");
 static_assert(WideAsyncSmem<8>::B_PITCH >= 2 * 144 && WideAsyncSmem<4>::A_PITCH % 16 == 0, "pitch");
 
-__device__ __forceinline__ uint32_t f2tf32(float x) {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
+// x ~ hi + lo as two tf32 values (10 explicit mantissa bits each, by truncation: x - hi is exact
+// in f32, then truncated in turn), ~21 bits of x in all. Masks instead of cvt.rna.tf32.f32,
+// which ptxas expands to a compare-and-add sequence.
+__device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
+    hi = __float_as_uint(x) & 0xFFFFE000u;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xFFFFE000u;
 }
 
 // d (f32 [4]) += A (16x8 tf32, row) x B (8x8 tf32, col); fragments as in PTX's m16n8k8 .tf32.
@@ -99,17 +103,17 @@ __device__ __forceinline__ void wide_async_issue(const uint8_t* A, const uint8_t
     const uint32_t sa = sbase + S::A_OFF + st * S::A_STAGE, sb = sbase + S::B_OFF + st * S::B_STAGE;
     const uint8_t* Ak = A + (size_t)kb * 320;   // row addresses via row_ptr on these per-stage
     const uint8_t* Bk = B + (size_t)kb * 144;   // bases: never hoisted out of the k loop
-    #pragma unroll
-    for (int i = 0; i < AP / 2; i++) {   // 64 rows x AP pieces over 128 threads
-        const int q = tid + 128 * i, r = q / AP, pc = q - r * AP;
+    #pragma unroll 1
+    for (int i = 0; i < AP / 4; i++) {   // 64 rows x AP pieces over 256 threads
+        const int q = tid + 256 * i, r = q / AP, pc = q - r * AP;
         if (pc < nsb * 20)
             cp_async16(sa + r * S::A_PITCH + pc * 16,
                        row_ptr(Ak, min(m0 + r, M - 1), (uint32_t)arow) + pc * 16);
     }
-    #pragma unroll
-    for (int i = 0; i < BP; i++) {       // 128 rows x BP pieces over 128 threads
-        const int q = tid + 128 * i, r = q / BP, pc = q - r * BP;
-        if (pc < nsb * 9)
+    #pragma unroll 1
+    for (int i = 0; i < (BP + 1) / 2; i++) {   // 128 rows x BP pieces over 256 threads
+        const int q = tid + 256 * i, r = q / BP, pc = q - r * BP;
+        if (q < 128 * BP && pc < nsb * 9)
             cp_async16(sb + r * S::B_PITCH + pc * 16,
                        row_ptr(Bk, min(n0 + r, N - 1), (uint32_t)brow) + pc * 16);
     }
@@ -124,7 +128,7 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
                                                  const uint8_t* __restrict__ B, uint8_t* smem,
                                                  int kb0, int KB, int m0, int M, int n0, int N,
                                                  size_t arow, size_t brow,
-                                                 float (&sum)[4][4][4]) {
+                                                 float (&sum)[2][4][4]) {
     using S = WideAsyncSmem<KD>;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -137,9 +141,11 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
     const uint8_t* sA = smem + S::A_OFF + ST * S::A_STAGE;
     const uint8_t* sB = smem + S::B_OFF + ST * S::B_STAGE;
     float* sDS = (float*)(smem + S::DS_OFF);
+    float2* sSC = (float2*)(smem + S::SC_OFF);
+    uint2* sMV = (uint2*)(smem + S::MV_OFF);
     {   // (d, s) of this thread's (row, chunk) items -> (da, dma) at [chunk][f*8+g][pair]
         const int r = tid & 63, slot = (r >> 4) * 8 + (r & 7), half = (r >> 3) & 1;
-        for (int kc = tid >> 6; kc < nsb * 8; kc += 2) {
+        for (int kc = tid >> 6; kc < nsb * 8; kc += 4) {
             const uint8_t* blk = sA + r * S::A_PITCH + kc * 40;
             const float d = mmq_h2f(*(const uint16_t*)blk);
             float* p = sDS + (kc * 32 + slot) * 4 + half;
@@ -147,27 +153,30 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
             p[2] = d * (float)*(const int*)(blk + 36);   // exact: 11-bit d x |s| <= 4064
         }
     }
-    __syncthreads();
-    float* sSC = (float*)(smem + S::SC_OFF) + warp * 256;
-    uint2* sMV = (uint2*)(smem + S::MV_OFF) + warp * 256;
-    const uint8_t* aw = sA + g * S::A_PITCH + 4 + 8 * t;   // a0 of A-frag 0, chunk 0 (permuted k)
-    const uint8_t* bw = sB + (warp * 32 + g) * S::B_PITCH + 16 + 8 * t;   // b of nb 0, pair 0
-    for (int kbi = 0; kbi < nsb; kbi++) {
-        {   // this lane's weight row (warp*32 + lane): 8 chunk scales -> the warp's tables
-            const uint4 h = *(const uint4*)(sB + (warp * 32 + lane) * S::B_PITCH + kbi * 144);
+    {   // weight row tid & 127, chunks 4*(tid >> 7) ..+3 of each super-block -> the tables
+        const int row = tid & 127, c0 = 4 * (tid >> 7);
+        for (int kbi = 0; kbi < nsb; kbi++) {
+            const uint4 h = *(const uint4*)(sB + row * S::B_PITCH + kbi * 144);
             const float d = mmq_h2f(h.x), dmin = mmq_h2f(h.x >> 16);
-            __syncwarp();   // the previous super-block's table reads are done
             #pragma unroll
-            for (int c = 0; c < 8; c++) {
+            for (int cc = 0; cc < 4; cc++) {
+                const int c = c0 + cc;
                 int sc, m;
                 q4k_scale_min(c, h.y, h.z, h.w, sc, m);
-                sSC[c * 32 + lane] = d * (float)sc;   // exact: 11-bit d times 6-bit sc
-                const float y = -(dmin * (float)m);
-                const uint32_t hi = f2tf32(y);
-                sMV[c * 32 + lane] = make_uint2(hi, f2tf32(y - __uint_as_float(hi)));
+                const float dsv = d * (float)sc;   // exact: 11-bit d times 6-bit sc
+                sSC[(kbi * 8 + c) * 128 + row] = make_float2(dsv, -MMQ_MAGIC_F * dsv);
+                uint32_t hi, lo;
+                tf32_split(-(dmin * (float)m), hi, lo);
+                sMV[(kbi * 8 + c) * 128 + row] = make_uint2(hi, lo);
             }
-            __syncwarp();
         }
+    }
+    __syncthreads();
+    const int wm = warp >> 2, wn = warp & 3;   // warp's tokens wm*32.., weight rows wn*32..
+    const uint8_t* aw = sA + (wm * 32 + g) * S::A_PITCH + 4 + 8 * t;   // a0 of f 0 (permuted k)
+    const uint8_t* bw = sB + (wn * 32 + g) * S::B_PITCH + 16 + 8 * t;   // b of nb 0, pair 0
+    const float2* scw = sSC + wn * 32 + 2 * t;   // + (kbi*8 + c)*128 + nb*8: columns 2t, 2t+1
+    for (int kbi = 0; kbi < nsb; kbi++) {
         #pragma unroll
         for (int j = 0; j < 4; j++) {   // chunk pairs: one LDS.64 of B per nb serves both
             uint2 bw2[4];
@@ -177,30 +186,27 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
             #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int c = 2 * j + h, kc = kbi * 8 + c;
-                float sx[4][2];   // dsv of the thread's C columns nb*8 + 2t, +1
+                float sx[4][2], sy[4][2];   // (dsv, -1.5*2^23*dsv) of columns nb*8 + 2t, +1
                 uint32_t b[4][2];
                 #pragma unroll
                 for (int nb = 0; nb < 4; nb++) {
-                    const float2 v = *(const float2*)(sSC + c * 32 + nb * 8 + 2 * t);
-                    sx[nb][0] = v.x;
-                    sx[nb][1] = v.y;
+                    const float4 v = *(const float4*)(scw + (kbi * 8 + c) * 128 + nb * 8);
+                    sx[nb][0] = v.x; sy[nb][0] = v.y; sx[nb][1] = v.z; sy[nb][1] = v.w;
                     b[nb][0] = (bw2[nb].x >> (4 * h)) & 0x0F0F0F0Fu;
                     b[nb][1] = (bw2[nb].y >> (4 * h)) & 0x0F0F0F0Fu;
                 }
                 #pragma unroll
-                for (int f = 0; f < 4; f++) {
-                    const uint8_t* ap = aw + f * 16 * S::A_PITCH + kc * 40;
+                for (int f = 0; f < 2; f++) {
                     uint32_t a[4];
-                    lds_afrag(a, ap, 8 * S::A_PITCH);
-                    const float2 da = *(const float2*)(sDS + (kc * 32 + f * 8 + g) * 4);
+                    lds_afrag(a, aw + f * 16 * S::A_PITCH + kc * 40, 8 * S::A_PITCH);
+                    const float2 da = *(const float2*)(sDS + (kc * 32 + (wm * 2 + f) * 8 + g) * 4);
                     #pragma unroll
                     for (int nb = 0; nb < 4; nb++) {
                         int acc[4];
                         mma_k32(acc, a, b[nb][0], b[nb][1], MMQ_MAGIC_I);
                         #pragma unroll
                         for (int l = 0; l < 4; l++) {   // C row f*16+g+8*(l>>1), col nb*8+2t+(l&1)
-                            const float dsv = sx[nb][l & 1];
-                            const float s1 = fmaf(dsv, __int_as_float(acc[l]), -MMQ_MAGIC_F * dsv);
+                            const float s1 = fmaf(sx[nb][l & 1], __int_as_float(acc[l]), sy[nb][l & 1]);
                             sum[f][nb][l] = fmaf((l >> 1) ? da.y : da.x, s1, sum[f][nb][l]);
                         }
                     }
@@ -211,20 +217,18 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
         uint2 bm[4][2];   // B[k = chunk t, t+4][n = row nb*8+g]: (hi, lo)
         #pragma unroll
         for (int nb = 0; nb < 4; nb++) {
-            bm[nb][0] = sMV[t * 32 + nb * 8 + g];
-            bm[nb][1] = sMV[(t + 4) * 32 + nb * 8 + g];
+            bm[nb][0] = sMV[(kbi * 8 + t) * 128 + wn * 32 + nb * 8 + g];
+            bm[nb][1] = sMV[(kbi * 8 + t + 4) * 128 + wn * 32 + nb * 8 + g];
         }
         #pragma unroll
-        for (int f = 0; f < 4; f++) {
-            const float4 p = *(const float4*)(sDS + ((kbi * 8 + t) * 32 + f * 8 + g) * 4);
-            const float4 q = *(const float4*)(sDS + ((kbi * 8 + t + 4) * 32 + f * 8 + g) * 4);
+        for (int f = 0; f < 2; f++) {
+            const int slot = (wm * 2 + f) * 8 + g;
+            const float4 p = *(const float4*)(sDS + ((kbi * 8 + t) * 32 + slot) * 4);
+            const float4 q = *(const float4*)(sDS + ((kbi * 8 + t + 4) * 32 + slot) * 4);
             const float am[4] = {p.z, p.w, q.z, q.w};   // a0..a3: (g,t) (g+8,t) (g,t+4) (g+8,t+4)
             uint32_t ah[4], al[4];
             #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                ah[e] = f2tf32(am[e]);
-                al[e] = f2tf32(am[e] - __uint_as_float(ah[e]));
-            }
+            for (int e = 0; e < 4; e++) tf32_split(am[e], ah[e], al[e]);
             #pragma unroll
             for (int nb = 0; nb < 4; nb++) {
                 mma_tf32_k8(sum[f][nb], al[0], al[1], al[2], al[3], bm[nb][0].x, bm[nb][1].x);
@@ -246,7 +250,7 @@ __device__ __forceinline__ void mmq_wide_async(const uint8_t* __restrict__ A,
     const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 128;
     const int KB = K / 256;
     const size_t arow = (size_t)(K / 32) * 40, brow = (size_t)KB * 144;
-    float sum[4][4][4] = {};
+    float sum[2][4][4] = {};
     wide_async_issue<KD>(A, B, (uint32_t)__cvta_generic_to_shared(smem), 0, m0, M, n0, N, arow,
                          brow, 0, min(S::SB, KB), tid);
     for (int kb0 = 0; kb0 < KB; kb0 += 2 * S::SB) {
@@ -254,13 +258,13 @@ __device__ __forceinline__ void mmq_wide_async(const uint8_t* __restrict__ A,
         if (kb0 + S::SB < KB)
             wide_async_stage<KD, 1>(A, B, smem, kb0 + S::SB, KB, m0, M, n0, N, arow, brow, sum);
     }
-    const int nw = n0 + warp * 32;
+    const int mw = m0 + (warp >> 2) * 32, nw = n0 + (warp & 3) * 32;
     #pragma unroll
-    for (int f = 0; f < 4; f++)
+    for (int f = 0; f < 2; f++)
         #pragma unroll
         for (int nb = 0; nb < 4; nb++)
             #pragma unroll
             for (int l = 0; l < 4; l++)
-                mmq_store(C, M, N, m0 + f * 16 + g + 8 * (l >> 1), nw + nb * 8 + 2 * t + (l & 1),
+                mmq_store(C, M, N, mw + f * 16 + g + 8 * (l >> 1), nw + nb * 8 + 2 * t + (l & 1),
                           sum[f][nb][l], accumulate);
 }

@@ -40,7 +40,7 @@ def wide_smem(kd: int, qtype: int = Q4_K) -> int:
     per-warp scale tables); q6_K (WideSyncSmem<KD>: kd super-blocks of A, (d, s) pairs, scales)."""
     if int(qtype) == Q4_K:
         sb = kd // 4
-        return 2 * 64 * (sb * 320 + 16) + 2 * 128 * (160 if sb == 1 else 288) + sb * 4096 + 12288
+        return 2 * 64 * (sb * 320 + 16) + 2 * 128 * (160 if sb == 1 else 288) + sb * 20480
     return 64 * (kd * 256 + 16) + kd * 8 * 32 * 8 + 4 * 8 * 32 * 8
 
 
@@ -138,7 +138,8 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
         smem = wide_smem(v.kd, qtype)
         fn = rt.function(name, entry, (f"-DMMQ_KD={v.kd}", *build_opts), dyn_smem=smem)
         bm, bn = WIDE_TILE
-        rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (128,), args, smem)
+        threads = 256 if qtype == Q4_K else 128   # q4_K: 8 warps of 32 x 32; q6_K: 4 of 64 x 32
+        rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (threads,), args, smem)
     else:
         fn = rt.function(name, entry)
         bm, bn = NARROW_TILE
