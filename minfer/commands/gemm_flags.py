@@ -26,7 +26,8 @@ def gemm_options(f):
         click.option("--mmq-wide/--no-mmq-wide", "mmq_wide", default=None,
                      help="Wide raw MMQ kernel; --no-mmq-wide: narrow (MINFER_MMQ_RAW_WIDE)."),
         click.option("--mmq-kd", "mmq_kd", type=click.Choice(["4", "8"]), default=None,
-                     help="Super-blocks staged per pass by the wide kernel (MINFER_MMQ_RAW_KD)."),
+                     help="Wide-kernel staging depth (MINFER_MMQ_RAW_KD): 4 (default) or 8; q4_K: KD/4 "
+                          "super-blocks per cp.async stage, q6_K: KD per pass (docs/mmq.md)."),
     ]
     for o in reversed(opts):
         f = o(f)
