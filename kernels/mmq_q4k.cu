@@ -10,7 +10,7 @@
 //   mmq_raw_wide_nt_kernel   wide (mmq_wide_async.cuh): cp.async-pipelined A and B stages of
 //                            KD/4 super-blocks (-DMMQ_KD=4 or 8), 8 warps of 32 x 32, min term
 //                            on tf32 mma. grid (ceil(N/128), ceil(M/64)), block 256, dynamic
-//                            smem WideAsyncSmem<KD>::BYTES (104,448 B / 198,656 B).
+//                            smem WideAsyncSmem<KD>::BYTES (100,352 B / 190,464 B).
 // K must be a multiple of 256 (the launcher checks); ragged M and N are handled.
 #include "mmq_wide_async.cuh"
 

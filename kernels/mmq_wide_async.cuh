@@ -29,7 +29,9 @@
 //                                fragment LDS.64 of a half-warp hit 16 distinct bank pairs)
 //   sDS [SB*8][32] float4        (da_g, da_g8, dma_g, dma_g8) of the token pair (g, g+8) of
 //                                A-frag f at [chunk][f*8+g], for the stage being computed
-//   sSC [SB][8][128] float2      (dsv, -1.5*2^23*dsv), dsv = d*sc, of the stage [sb][chunk][row]
+//   sSC [SB][8][128] float       dsv = d*sc of the stage [sb][chunk][row'], rows permuted so a
+//                                thread's 8 columns (nb*8 + 2t + e) are contiguous; odd chunks
+//                                hold dsv/16 (their B is fed as 16 * nibble)
 //   sMV [SB][8][128] uint2       dmv = -(dmin*m) as tf32 (hi, lo): the min term's B operand
 #pragma once
 #include "mmq_common.cuh"
@@ -41,11 +43,11 @@ struct WideAsyncSmem {
     static constexpr int B_PITCH = SB == 1 ? 160 : 288;  // SB*144 (+16), = 8 words mod 32
     static constexpr int A_STAGE = 64 * A_PITCH, B_STAGE = 128 * B_PITCH;
     static constexpr int A_OFF = 0, B_OFF = 2 * A_STAGE, DS_OFF = B_OFF + 2 * B_STAGE;
-    static constexpr int SC_OFF = DS_OFF + SB * 8 * 32 * 16, MV_OFF = SC_OFF + SB * 8 * 128 * 8;
+    static constexpr int SC_OFF = DS_OFF + SB * 8 * 32 * 16, MV_OFF = SC_OFF + SB * 8 * 128 * 4;
     static constexpr int BYTES = MV_OFF + SB * 8 * 128 * 8;
 };
-static_assert(WideAsyncSmem<4>::BYTES == 104448, "wide KD=4 smem");
-static_assert(WideAsyncSmem<8>::BYTES == 198656, "wide KD=8 smem");
+static_assert(WideAsyncSmem<4>::BYTES == 100352, "wide KD=4 smem");
+static_assert(WideAsyncSmem<8>::BYTES == 190464, "wide KD=8 smem");
 static_assert(WideAsyncSmem<4>::B_PITCH / 4 % 32 == 8 && WideAsyncSmem<8>::B_PITCH / 4 % 32 == 8,
               "B pitch: conflict-free fragment loads");
 static_assert(WideAsyncSmem<8>::B_PITCH >= 2 * 144 && WideAsyncSmem<4>::A_PITCH % 16 == 0, "pitch");
@@ -87,12 +89,26 @@ __device__ __forceinline__ void lds_afrag(uint32_t (&a)[4], const uint8_t* p, in
 #endif
 }
 
+// m16n8k32 with A signed (q8_1 values) and B unsigned: the q4_K nibble bytes as 0..15 (low,
+// masked 0x0F) or 16 * (0..15) (high, masked 0xF0: no shift; the table scale of an odd chunk is
+// dsv/16, exact). |S| <= 32*127*240 < 2^22: the 0x4B400000 seed still reads as a float.
+__device__ __forceinline__ void mma_k32_su8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1, int c) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
+}
+
 __device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(gmem));
 }
 
 // Issue the copies of super-blocks kb .. kb+nsb-1 (nsb <= SB) into stage st: A rows m0.. (rows
 // past M copy row M-1: computed, never stored), B rows n0.. (past N: row N-1), then commit.
+// Consecutive threads take consecutive 16-byte pieces (a warp-wide copy: 512 contiguous bytes
+// of one or two rows). Measured: one row per thread with strided pieces (fewer address
+// instructions, a warp-wide copy spread over 8 rows) made the kernel 7-9% slower.
 template <int KD>
 __device__ __forceinline__ void wide_async_issue(const uint8_t* A, const uint8_t* B,
                                                  uint32_t sbase, int st, int m0, int M, int n0,
@@ -141,7 +157,7 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
     const uint8_t* sA = smem + S::A_OFF + ST * S::A_STAGE;
     const uint8_t* sB = smem + S::B_OFF + ST * S::B_STAGE;
     float* sDS = (float*)(smem + S::DS_OFF);
-    float2* sSC = (float2*)(smem + S::SC_OFF);
+    float* sSC = (float*)(smem + S::SC_OFF);
     uint2* sMV = (uint2*)(smem + S::MV_OFF);
     {   // (d, s) of this thread's (row, chunk) items -> (da, dma) at [chunk][f*8+g][pair]
         const int r = tid & 63, slot = (r >> 4) * 8 + (r & 7), half = (r >> 3) & 1;
@@ -163,8 +179,11 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
                 const int c = c0 + cc;
                 int sc, m;
                 q4k_scale_min(c, h.y, h.z, h.w, sc, m);
-                const float dsv = d * (float)sc;   // exact: 11-bit d times 6-bit sc
-                sSC[(kbi * 8 + c) * 128 + row] = make_float2(dsv, -MMQ_MAGIC_F * dsv);
+                // exact: 11-bit d times 6-bit sc; / 16 for odd chunks (B fed as 16 * nibble)
+                const float dsv = d * (float)sc * ((c & 1) ? 0.0625f : 1.0f);
+                // row wn*32 + nb*8 + 2t + e -> [wn][t][nb][e]: a thread's 8 columns contiguous
+                sSC[(kbi * 8 + c) * 128 + (row & ~31) + ((row >> 1) & 3) * 8 +
+                    ((row >> 3) & 3) * 2 + (row & 1)] = dsv;
                 uint32_t hi, lo;
                 tf32_split(-(dmin * (float)m), hi, lo);
                 sMV[(kbi * 8 + c) * 128 + row] = make_uint2(hi, lo);
@@ -175,7 +194,7 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
     const int wm = warp >> 2, wn = warp & 3;   // warp's tokens wm*32.., weight rows wn*32..
     const uint8_t* aw = sA + (wm * 32 + g) * S::A_PITCH + 4 + 8 * t;   // a0 of f 0 (permuted k)
     const uint8_t* bw = sB + (wn * 32 + g) * S::B_PITCH + 16 + 8 * t;   // b of nb 0, pair 0
-    const float2* scw = sSC + wn * 32 + 2 * t;   // + (kbi*8 + c)*128 + nb*8: columns 2t, 2t+1
+    const float* scw = sSC + wn * 32 + t * 8;   // + (kbi*8 + c)*128 + nb*2: columns nb*8+2t, +1
     for (int kbi = 0; kbi < nsb; kbi++) {
         #pragma unroll
         for (int j = 0; j < 4; j++) {   // chunk pairs: one LDS.64 of B per nb serves both
@@ -190,20 +209,23 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
                 uint32_t b[4][2];
                 #pragma unroll
                 for (int nb = 0; nb < 4; nb++) {
-                    const float4 v = *(const float4*)(scw + (kbi * 8 + c) * 128 + nb * 8);
-                    sx[nb][0] = v.x; sy[nb][0] = v.y; sx[nb][1] = v.z; sy[nb][1] = v.w;
-                    b[nb][0] = (bw2[nb].x >> (4 * h)) & 0x0F0F0F0Fu;
-                    b[nb][1] = (bw2[nb].y >> (4 * h)) & 0x0F0F0F0Fu;
+                    const float2 v = *(const float2*)(scw + (kbi * 8 + c) * 128 + nb * 2);
+                    sx[nb][0] = v.x; sx[nb][1] = v.y;
+                    // the de-bias term by FMUL: 8 per chunk, half the table's smem wavefronts
+                    sy[nb][0] = -MMQ_MAGIC_F * v.x; sy[nb][1] = -MMQ_MAGIC_F * v.y;
+                    b[nb][0] = bw2[nb].x & (h ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
+                    b[nb][1] = bw2[nb].y & (h ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
                 }
+                uint32_t a[2][4];   // both A fragments first: their loads overlap
+                #pragma unroll
+                for (int f = 0; f < 2; f++) lds_afrag(a[f], aw + f * 16 * S::A_PITCH + kc * 40, 8 * S::A_PITCH);
                 #pragma unroll
                 for (int f = 0; f < 2; f++) {
-                    uint32_t a[4];
-                    lds_afrag(a, aw + f * 16 * S::A_PITCH + kc * 40, 8 * S::A_PITCH);
                     const float2 da = *(const float2*)(sDS + (kc * 32 + (wm * 2 + f) * 8 + g) * 4);
                     #pragma unroll
                     for (int nb = 0; nb < 4; nb++) {
                         int acc[4];
-                        mma_k32(acc, a, b[nb][0], b[nb][1], MMQ_MAGIC_I);
+                        mma_k32_su8(acc, a[f], b[nb][0], b[nb][1], MMQ_MAGIC_I);
                         #pragma unroll
                         for (int l = 0; l < 4; l++) {   // C row f*16+g+8*(l>>1), col nb*8+2t+(l&1)
                             const float s1 = fmaf(sx[nb][l & 1], __int_as_float(acc[l]), sy[nb][l & 1]);

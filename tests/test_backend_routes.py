@@ -48,7 +48,7 @@ def test_routes_mmq(tiny, kw, label):
 
 def test_routes_smem_guard_reaches_backend(tiny):
     class Rt:
-        smem_optin = 100_000  # KD=8 needs 198,656 B (q4_K)
+        smem_optin = 100_000  # KD=8 needs 190,464 B (q4_K)
 
     r = plan_routes(tiny, GemmConfig(mmq=True, kd=8), Rt())
     assert {p for p, _ in r.values()} == {"f16", "mmq-narrow"}

@@ -22,12 +22,12 @@ def test_pick_gemm_mmq_branch():
 
 
 def test_smem_guard():
-    assert wide_smem(4) == 104448 and wide_smem(8) == 198656
+    assert wide_smem(4) == 100352 and wide_smem(8) == 190464
     assert wide_smem(4, 14) == 82944 and wide_smem(8, 14) == 156672
     assert pick_gemm(12, 1, 1, 256, GemmConfig(mmq=True, kd=8), _Rt(101376)) == "mmq-narrow"
     assert pick_gemm(12, 1, 1, 256, GemmConfig(mmq=True, kd=8), _Rt(232448)) == "mmq-wide-kd8"
     v = pick_variant(GemmConfig(mmq=True, kd=4), 65536)
-    assert v.kind == "narrow" and "104448" in v.fallback
+    assert v.kind == "narrow" and "100352" in v.fallback
 
 
 def test_wide_smem_matches_kernel():

@@ -40,7 +40,7 @@ def wide_smem(kd: int, qtype: int = Q4_K) -> int:
     per-warp scale tables); q6_K (WideSyncSmem<KD>: kd super-blocks of A, (d, s) pairs, scales)."""
     if int(qtype) == Q4_K:
         sb = kd // 4
-        return 2 * 64 * (sb * 320 + 16) + 2 * 128 * (160 if sb == 1 else 288) + sb * 20480
+        return 2 * 64 * (sb * 320 + 16) + 2 * 128 * (160 if sb == 1 else 288) + sb * 16384
     return 64 * (kd * 256 + 16) + kd * 8 * 32 * 8 + 4 * 8 * 32 * 8
 
 
