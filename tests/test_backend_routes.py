@@ -46,6 +46,29 @@ def test_routes_mmq(tiny, kw, label):
     assert n_mmq > 0
 
 
+def test_fusion_plan_f16_and_mmq(tiny):
+    """q|k|v and gate|up fuse when every member shares the route (and, on MMQ, the type)."""
+    from minfer.cuda.routes import plan_fusion
+
+    c = tiny.config
+    f16 = plan_fusion(tiny, plan_routes(tiny, GemmConfig()))
+    assert len(f16) == 5 * c.n_layers   # q, k, v, gate, up of every layer
+    assert f16["blk.0.attn_k.weight"] == ("blk.0.attn_qkv.weight", c.n_heads * c.head_dim,
+                                          c.n_kv_heads * c.head_dim)
+    assert f16["blk.0.ffn_up.weight"] == ("blk.0.ffn_gate_up.weight", c.d_ff, c.d_ff)
+    r = plan_routes(tiny, GemmConfig(mmq=True))
+    mmq = plan_fusion(tiny, r)
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        assert p + "attn_q.weight" not in mmq   # attn_v stays on f16: q|k|v cannot fuse
+        g, u = tiny.tensor(p + "ffn_gate.weight"), tiny.tensor(p + "ffn_up.weight")
+        same = r[p + "ffn_gate.weight"][0] == r[p + "ffn_up.weight"][0] and g.qtype == u.qtype
+        assert (p + "ffn_gate.weight" in mmq) == same
+        if same:
+            assert mmq[p + "ffn_up.weight"] == (p + "ffn_gate_up.weight", c.d_ff, c.d_ff)
+    assert any(n.endswith("ffn_gate.weight") for n in mmq)   # the tiny model has such layers
+
+
 def test_routes_smem_guard_reaches_backend(tiny):
     class Rt:
         smem_optin = 100_000  # KD=8 needs 190,464 B (q4_K)

@@ -8,8 +8,9 @@
 - `load_weights` -> DeviceWeights: "f16" routes go up as raw GGUF bytes through one staging
   buffer (PCIe moves the compact quantized bytes) and are dequantized on the GPU to f16 [N, K]
   (fused q|k|v and gate|up members into row ranges of their group's buffer, see
-  routes.plan_fusion); "mmq-*" routes stay as their raw bytes (no f16 copy; a tied LM head
-  shares the embedding's bytes). The embedding table stays quantized (rows gathered with
+  routes.plan_fusion); "mmq-*" routes stay as their raw bytes (no f16 copy; fused members as
+  row ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the
+  embedding's bytes). The embedding table stays quantized (rows gathered with
   embed_rows); norms and biases go up as f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
   the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
@@ -100,13 +101,19 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     m, c = model, model.config
     staging = rt.alloc(max(staging_bytes, 1), "weight upload staging")
     w: dict[str, object] = {}
-    groups: dict[str, list[int]] = {}  # fused name -> [rows, K]
+    groups: dict[str, list[int]] = {}  # fused name -> [rows, K, member]
     for n, (g, r0, rows) in fused.items():
         K = int(m.tensor(n).shape[1])
-        groups.setdefault(g, [0, K])[0] = max(groups.get(g, [0, K])[0], r0 + rows)
-    for g, (rows, K) in groups.items():
-        w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
+        groups.setdefault(g, [0, K, n])[0] = max(groups.get(g, [0, K, n])[0], r0 + rows)
     qtypes: dict[str, int] = {}
+    for g, (rows, K, n) in groups.items():
+        if routes[n][0] == "f16":
+            w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
+        else:   # MMQ: raw blocks, one row of K/256 blocks per weight row
+            t = m.tensor(n)
+            qtypes[g] = t.qtype
+            row_bytes = t.data.nbytes // int(t.shape[0])
+            w[g] = da.empty(rt, (rows, row_bytes), np.uint8, f"fused raw weight {g}")
     emb_t = m.tensor("token_embd.weight")
     emb_qtype = emb_t.qtype
     emb = da.to_device(rt, np.ascontiguousarray(emb_t.data).view(np.uint8).reshape(-1),
@@ -125,8 +132,13 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         if routes[n][0] != "f16":
             # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
             # shares the embedding table's bytes
-            w[n] = (emb if n == "token_embd.weight" else
-                    da.to_device(rt, raw, f"raw weight {n}"))
+            if n in fused:
+                g, r0, _ = fused[n]
+                w[n] = da.rows(w[g], r0, N)
+                rt.drv.memcpy_htod(da.ptr(w[n]), raw)
+            else:
+                w[n] = (emb if n == "token_embd.weight" else
+                        da.to_device(rt, raw, f"raw weight {n}"))
             continue
         rt.drv.memcpy_htod(staging, raw)
         if n in fused:  # a row range of the layer's fused q|k|v or gate|up weight
