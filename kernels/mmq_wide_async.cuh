@@ -69,24 +69,13 @@ __device__ __forceinline__ void mma_tf32_k8(float (&d)[4], uint32_t a0, uint32_t
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The four A words of a fragment (rows g and g+8 at +0 and +4). MMQ_AVOL=1 (default) issues
-// them as volatile asm, so ptxas keeps them in program order among the other volatile asm
-// (no hoisting chunks ahead); 0: plain loads (for A/B runs).
-#ifndef MMQ_AVOL
-#define MMQ_AVOL 1
-#endif
+// The four A words of a fragment (rows g and g+8 at +0 and +4) as volatile asm, so ptxas keeps
+// them in program order among the other volatile asm (plain loads: same speed, measured).
 __device__ __forceinline__ void lds_afrag(uint32_t (&a)[4], const uint8_t* p, int row8) {
-#if MMQ_AVOL
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ld.shared.b32 %0, [%4];\n\tld.shared.b32 %1, [%5];\n\t"
                  "ld.shared.b32 %2, [%4+4];\n\tld.shared.b32 %3, [%5+4];"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(s), "r"(s + row8));
-#else
-    a[0] = *(const uint32_t*)p;
-    a[1] = *(const uint32_t*)(p + row8);
-    a[2] = *(const uint32_t*)(p + 4);
-    a[3] = *(const uint32_t*)(p + row8 + 4);
-#endif
 }
 
 // m16n8k32 with A signed (q8_1 values) and B unsigned: the q4_K nibble bytes as 0..15 (low,
