@@ -36,21 +36,13 @@ __device__ __forceinline__ float mmq_h2f(uint32_t bits16) {
     return __half2float(__ushort_as_half((unsigned short)(bits16 & 0xFFFFu)));
 }
 
-// d = A (s8) x B + c on m16n8k32; B signed (s8) or, with B_U8, unsigned (u8).
-#define MMQ_MMA_K32(BTYPE)                                                                   \
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8." BTYPE ".s32 {%0,%1,%2,%3}, "            \
-        "{%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"                                         \
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])                                     \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c))
-template <bool B_U8 = false>
 __device__ __forceinline__ void mma_k32(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                         uint32_t b1, int c) {
-    if constexpr (B_U8)
-        MMQ_MMA_K32("u8");
-    else
-        MMQ_MMA_K32("s8");
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
-#undef MMQ_MMA_K32
 
 // k16 half of an m16n8k32 fragment set: {a0, a1} x b0 (k 0..15) or {a2, a3} x b1 (k 16..31).
 __device__ __forceinline__ void mma_k16(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t b,
@@ -167,22 +159,6 @@ __device__ __forceinline__ void mmq_store(float* C, int M, int N, int row, int c
     }
 }
 
-// A warp's C tile: F A-frags x NB B-frags of m16n8 accumulators, C value l of fragment (f, nb)
-// at row m0 + f*16 + g + 8*(l>>1), column n0 + nb*8 + 2t + (l&1) (the mma C layout), masked.
-template <int F, int NB>
-__device__ __forceinline__ void mmq_store_tile(float* C, int M, int N, int m0, int n0,
-                                               const float (&sum)[F][NB][4], int accumulate) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    #pragma unroll
-    for (int f = 0; f < F; f++)
-        #pragma unroll
-        for (int nb = 0; nb < NB; nb++)
-            #pragma unroll
-            for (int l = 0; l < 4; l++)
-                mmq_store(C, M, N, m0 + f * 16 + g + 8 * (l >> 1), n0 + nb * 8 + 2 * t + (l & 1),
-                          sum[f][nb][l], accumulate);
-}
-
 // --------------------------------------------------------------------------------------------
 // Narrow kernel (and R1 with LEGACY): block = 4 warps along N, block tile 32 tokens x 64 rows;
 // warp tile 32 x 16 = 2 A-frags (h) x 2 B-frags (nb). Thread (g = lane>>2, t = lane&3) owns
@@ -275,5 +251,12 @@ __device__ __forceinline__ void mmq_narrow(const uint8_t* __restrict__ A,
                 }
         }
     }
-    mmq_store_tile(C, M, N, m0, nw, sum, accumulate);   // row g + 8*(2h + (l>>1))
+    #pragma unroll
+    for (int h = 0; h < 2; h++)
+        #pragma unroll
+        for (int nb = 0; nb < 2; nb++)
+            #pragma unroll
+            for (int l = 0; l < 4; l++)
+                mmq_store(C, M, N, m0 + g + 8 * (h * 2 + (l >> 1)), nw + nb * 8 + 2 * t + (l & 1),
+                          sum[h][nb][l], accumulate);
 }

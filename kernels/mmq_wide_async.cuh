@@ -69,13 +69,35 @@ __device__ __forceinline__ void mma_tf32_k8(float (&d)[4], uint32_t a0, uint32_t
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// The four A words of a fragment (rows g and g+8 at +0 and +4) as volatile asm, so ptxas keeps
-// them in program order among the other volatile asm (plain loads: same speed, measured).
+// The four A words of a fragment (rows g and g+8 at +0 and +4). MMQ_AVOL=1 (default) issues
+// them as volatile asm, so ptxas keeps them in program order among the other volatile asm
+// (no hoisting chunks ahead); 0: plain loads (for A/B runs).
+#ifndef MMQ_AVOL
+#define MMQ_AVOL 1
+#endif
 __device__ __forceinline__ void lds_afrag(uint32_t (&a)[4], const uint8_t* p, int row8) {
+#if MMQ_AVOL
     const uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ld.shared.b32 %0, [%4];\n\tld.shared.b32 %1, [%5];\n\t"
                  "ld.shared.b32 %2, [%4+4];\n\tld.shared.b32 %3, [%5+4];"
                  : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(s), "r"(s + row8));
+#else
+    a[0] = *(const uint32_t*)p;
+    a[1] = *(const uint32_t*)(p + row8);
+    a[2] = *(const uint32_t*)(p + 4);
+    a[3] = *(const uint32_t*)(p + row8 + 4);
+#endif
+}
+
+// m16n8k32 with A signed (q8_1 values) and B unsigned: the q4_K nibble bytes as 0..15 (low,
+// masked 0x0F) or 16 * (0..15) (high, masked 0xF0: no shift; the table scale of an odd chunk is
+// dsv/16, exact). |S| <= 32*127*240 < 2^22: the 0x4B400000 seed still reads as a float.
+__device__ __forceinline__ void mma_k32_su8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                            uint32_t b1, int c) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c));
 }
 
 __device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gmem) {
@@ -191,8 +213,6 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
                     sx[nb][0] = v.x; sx[nb][1] = v.y;
                     // the de-bias term by FMUL: 8 per chunk, half the table's smem wavefronts
                     sy[nb][0] = -MMQ_MAGIC_F * v.x; sy[nb][1] = -MMQ_MAGIC_F * v.y;
-                    // B as u8: low nibbles (v), or high nibbles in place (16 * v, no shift; the
-                    // odd chunk's table dsv is /16); |S| <= 32*127*240 < 2^22 (seed valid)
                     b[nb][0] = bw2[nb].x & (h ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
                     b[nb][1] = bw2[nb].y & (h ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
                 }
@@ -205,7 +225,7 @@ __device__ __forceinline__ void wide_async_stage(const uint8_t* __restrict__ A,
                     #pragma unroll
                     for (int nb = 0; nb < 4; nb++) {
                         int acc[4];
-                        mma_k32<true>(acc, a[f], b[nb][0], b[nb][1], MMQ_MAGIC_I);   // B unsigned
+                        mma_k32_su8(acc, a[f], b[nb][0], b[nb][1], MMQ_MAGIC_I);
                         #pragma unroll
                         for (int l = 0; l < 4; l++) {   // C row f*16+g+8*(l>>1), col nb*8+2t+(l&1)
                             const float s1 = fmaf(sx[nb][l & 1], __int_as_float(acc[l]), sy[nb][l & 1]);
@@ -247,7 +267,8 @@ __device__ __forceinline__ void mmq_wide_async(const uint8_t* __restrict__ A,
                                                int N, int K, int accumulate) {
     using S = WideAsyncSmem<KD>;
     extern __shared__ __align__(16) uint8_t smem[];
-    const int tid = threadIdx.x, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
     const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 128;
     const int KB = K / 256;
     const size_t arow = (size_t)(K / 32) * 40, brow = (size_t)KB * 144;
@@ -259,5 +280,13 @@ __device__ __forceinline__ void mmq_wide_async(const uint8_t* __restrict__ A,
         if (kb0 + S::SB < KB)
             wide_async_stage<KD, 1>(A, B, smem, kb0 + S::SB, KB, m0, M, n0, N, arow, brow, sum);
     }
-    mmq_store_tile(C, M, N, m0 + (warp >> 2) * 32, n0 + (warp & 3) * 32, sum, accumulate);
+    const int mw = m0 + (warp >> 2) * 32, nw = n0 + (warp & 3) * 32;
+    #pragma unroll
+    for (int f = 0; f < 2; f++)
+        #pragma unroll
+        for (int nb = 0; nb < 4; nb++)
+            #pragma unroll
+            for (int l = 0; l < 4; l++)
+                mmq_store(C, M, N, mw + f * 16 + g + 8 * (l >> 1), nw + nb * 8 + 2 * t + (l & 1),
+                          sum[f][nb][l], accumulate);
 }

@@ -185,5 +185,12 @@ __device__ __forceinline__ void mmq_wide_sync(const uint8_t* __restrict__ A,
             }
         }
     }
-    mmq_store_tile(C, M, N, m0, nw, sum, accumulate);
+    #pragma unroll
+    for (int f = 0; f < 4; f++)
+        #pragma unroll
+        for (int nb = 0; nb < 4; nb++)
+            #pragma unroll
+            for (int l = 0; l < 4; l++)
+                mmq_store(C, M, N, m0 + f * 16 + g + 8 * (l >> 1), nw + nb * 8 + 2 * t + (l & 1),
+                          sum[f][nb][l], accumulate);
 }
