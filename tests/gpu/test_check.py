@@ -1,5 +1,6 @@
-"""`minfer check` on a tiny synthetic Q4_K_M model: every parity row and identity row passes,
-the table names every path; a model with no MMQ weights still passes (nothing to gate)."""
+"""`minfer check` on a tiny synthetic Q4_K_M model and on a 2-layer synthetic model of the
+Llama-3-8B shape (issue 5: d 4096, d_ff 14336, GQA 32:8): every parity row and identity row
+passes, the table names every path; the gate can fail (a launcher that writes nothing)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,26 @@ def test_check_passes_on_tiny_q4km(tiny_path):
         assert f"| {path} | " in out
     assert "| q4_K " in out and "| q6_K " in out and " +=" in out
     assert "/32 |" in out and "MMQ (mmq-wide-kd8)" in out
+
+
+def test_check_passes_on_8b_shape_2_layers(tmp_path):
+    """The real GEMM shapes (K = 4096 and 14336, N up to 14336 and the 4096 x vocab head) through
+    every MMQ path, ragged rows included, and greedy-32 identity on a 2-layer 8B-width model."""
+    from click.testing import CliRunner
+
+    from minfer.commands.check import check
+    from minfer.synth import SynthOptions, make_synthetic_model
+
+    path = tmp_path / "l8b2.gguf"
+    make_synthetic_model(path, SynthOptions(preset="llama3-8b", layers=2, qtype="q4_K_M",
+                                            seed=5, vocab=8192, tokenizer_from=None),
+                         progress=False)
+    r = CliRunner().invoke(check, ["-m", str(path), "-p", "hello world, hello"])
+    assert r.exit_code == 0, r.output
+    assert "check: PASS" in r.output
+    assert "4096" in r.output and "14336" in r.output   # parity rows at the 8B shapes
+    for p in ("mmq-r1", "mmq-narrow", "mmq-wide-kd4", "mmq-wide-kd8"):
+        assert f"| {p} | " in r.output
 
 
 def test_check_parity_rows_fail_when_launcher_writes_nothing(tiny_path, rt, monkeypatch):
