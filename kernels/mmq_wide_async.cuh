@@ -9,8 +9,9 @@
 // the block's 128 weight rows), both filled by 16-byte cp.async (.cg) one stage ahead, so no
 // load is waited on in the chunk loop and B needs no registers between uses (the earlier
 // register-prefetched kernel sat at the 255-register cap, and ptxas sank its B loads to the end
-// of each super-block, exposing their latency). Each thread copies 10*SB A and 9*SB B pieces per
-// stage over 256 threads, a warp-wide copy moving 512 contiguous bytes.
+// of each super-block, exposing their latency). Per stage the block copies 64 x 20*SB A pieces
+// and 128 x 9*SB B pieces of 16 B (about 5*SB and 4.5*SB per thread), a warp-wide copy moving
+// 512 contiguous bytes.
 //
 // A fragments: the q words sit 4 B into each 40 B block, so no 16-byte row of them is 16-byte
 // aligned and ldmatrix cannot read them: four LDS.32 per fragment (2-way bank conflicts at the
@@ -21,7 +22,7 @@
 // Epilogue per C value and 32-chunk: 2 FFMA, s1 = dsv*S (de-biased from the 0x4B400000 seed,
 // exact) and sum += da*s1. The min term sum_c dma_ic*dmv_jc is a [64 x 8] x [8 x 32] product per
 // super-block and runs on the tensor core: three tf32 m16n8k8 mmas per fragment (3xTF32: hi*hi
-// + hi*lo + lo*hi, ~22-bit operands, f32 accumulate) straight into `sum`.
+// + hi*lo + lo*hi, ~21-bit operands, f32 accumulate) straight into `sum`.
 //
 // Shared memory (dynamic, bytes; WideAsyncSmem<KD>):
 //   sA  [2][64][SB*320 + 16]     raw q8_1 blocks of a stage
