@@ -172,28 +172,13 @@ class CudaBackend:
             quantize_q8_1(self.rt, A, q8)
         return q8
 
-    def _gemm_fused(self, C, A, name: str, member: str, mode: str, label: str) -> None:
-        """C = A @ W.T for a fused weight (q|k|v or gate|up of one layer) on its members' route
-        (member: one of them); f16, or MMQ on the concatenated raw rows."""
-        M, K = A.shape
-        N = C.shape[1]
-        if self.routes[member][0] == "f16":
-            with self._op("gemm:" + label, 2.0 * M * N * K):
-                _gemm(self.rt, C, A, self.w[name], mode)
-            return
-        q8 = self._quantize(A, member)
-        from minfer.cuda.mmq import mmq_linear
-
-        with self._op("gemm:" + label, 2.0 * M * N * K):
-            da.poison(self.rt, C)
-            mmq_linear(self.rt, q8, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C)
-
-    def _linear(self, C, A, name: str, mode: str, label: str, q8=None) -> None:
+    def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
         """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A quantized
-        (from _quantize), required for an MMQ route."""
+        (from _quantize), required for an MMQ route. A fused weight (q|k|v, gate|up: not in
+        routes) takes the route of `member`, one of its members (plan_fusion: all share it)."""
         M, K = A.shape
         N = C.shape[1]
-        path = self.routes[name][0]
+        path = self.routes[member or name][0]
         with self._op("gemm:" + label, 2.0 * M * N * K):
             if path == "f16":
                 _gemm(self.rt, C, A, self.w[name], mode)
@@ -202,7 +187,7 @@ class CudaBackend:
                 raise Unsupported(f"{name}: MMQ writes f32, but this GEMM needs f16 output "
                                   "(plan_routes keeps such weights on f16)")
             if q8 is None:
-                q8 = self._quantize(A, name)
+                q8 = self._quantize(A, member or name)
             from minfer.cuda.mmq import mmq_linear
 
             if mode != "acc":
@@ -319,8 +304,9 @@ class CudaBackend:
                 L.rmsnorm(rt, h16, x, self.w[p + "attn_norm.weight"], c.rms_eps)
             if p + "attn_q.weight" in self.fused:
                 qkv = self._part(self.qkv32, 0, (T, qd + 2 * kd))
-                self._gemm_fused(qkv, h16, p + "attn_qkv.weight", p + "attn_q.weight", "f32",
-                                 "attn_qkv")
+                q = p + "attn_q.weight"
+                self._linear(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv",
+                             self._quantize(h16, q), q)
                 if c.qkv_bias:
                     with self._op("bias"):
                         L.add_bias(rt, qkv, self.w[p + "attn_qkv.bias"])
@@ -358,8 +344,9 @@ class CudaBackend:
             f16 = R(self.f16, 0, Tq)
             if p + "ffn_gate.weight" in self.fused:
                 gu = self._part(self.gu32, 0, (Tq, 2 * c.d_ff))
-                self._gemm_fused(gu, hq, p + "ffn_gate_up.weight", p + "ffn_gate.weight", "f32",
-                                 "ffn_gate_up")
+                gate = p + "ffn_gate.weight"
+                self._linear(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up",
+                             self._quantize(hq, gate), gate)
                 with self._op("swiglu"):
                     da.poison(rt, f16)
                     L.swiglu_fused(rt, f16, gu)
