@@ -12,34 +12,17 @@
 //   the issue of kt+1 (wait_group 1). 1-D grid of ceil(M/BM)*ceil(N/BN) blocks, BM*2 threads,
 //   stages*(BM+BN)*128 + 1024 bytes of dynamic shared memory (+1024: manual 1 KB alignment).
 #include "gemm_f16_common.cuh"
+#include "wgmma_common.cuh"
 
 namespace {
 using namespace gemm_f16;
+using wgmma::fence_proxy_async;
+using wgmma::sw128_desc;
 
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
 template <int R>
 __device__ __forceinline__ void fence_regs(float (&d)[R]) {  // keep acc out of reordering
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// K-major operand with 128-byte swizzle: rows of 64 halves (128 B), 8-row atoms 1024 B apart.
-__device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
-    uint64_t d = static_cast<uint64_t>((saddr & 0x3FFFF) >> 4);  // start address
-    d |= static_cast<uint64_t>(1) << 16;                            // LBO (unused: swizzled K-major)
-    d |= static_cast<uint64_t>(1024 >> 4) << 32;                    // SBO: next 8-row atom
-    d |= static_cast<uint64_t>(1) << 62;                            // swizzle mode 1: 128 B
-    return d;
 }
 
 // d[16] += A (64x16, smem desc) * B (16x32, smem desc), both K-major, f32 accumulate
@@ -149,19 +132,19 @@ __device__ __forceinline__ void wgmma_body(const half* __restrict__ A, const hal
         const uint32_t As = smem_u32(smem + (kt % STAGES) * STAGE_HALVES) + wg * 64 * 128;
         const uint32_t Bs = smem_u32(smem + (kt % STAGES) * STAGE_HALVES + BM * BK);
         fence_regs(d);
-        wgmma_fence();
+        wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk)  // k16 step = 32 bytes inside the swizzle atom
             wgmma_tile<BN>(d, sw128_desc(As + kk * 32), sw128_desc(Bs + kk * 32));
-        wgmma_commit();
-        wgmma_wait<1>();  // k-tile kt-1's group is done (this warpgroup)
+        wgmma::commit();
+        wgmma::wait<1>();  // k-tile kt-1's group is done (this warpgroup)
         fence_regs(d);
         __syncthreads();  // ... in every warpgroup: stage (kt-1) % STAGES is free
         const int nk = kt + STAGES - 1;
         if (nk < KT) load_tile(nk % STAGES, nk);
         cp_async_commit();
     }
-    wgmma_wait<0>();
+    wgmma::wait<0>();
     fence_regs(d);
     cp_async_wait<0>();
 

@@ -5,6 +5,9 @@
 // minfer.quants.q8_1.quantize_q8_1_raw.
 // Entries: quantize_q8_1_raw(const float* x, uint8_t* y, int M, int K)      x f32 [M, K]
 //          quantize_q8_1_raw_f16(const __half* x, uint8_t* y, int M, int K) x f16 [M, K]
+//          quantize_q8_1_split(_f16)(x, uint8_t* Aq, float2* Ta, int M, int K, int Mp): the same
+//            blocks laid out for the wgmma kernel (mmq_wgmma_q4k.cu): Aq [M, K] = q + 128 (u8),
+//            Ta [K/32, Mp] = (d * 2^75, d * s) with d the f16-rounded scale (rows >= M untouched).
 // One warp per block of 32 values; grid (ceil(M*K/32 / 8)), block 256. K % 32 == 0.
 #include "mmq_common.cuh"
 
@@ -13,12 +16,10 @@ __device__ __forceinline__ float to_f32(T v);
 template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
 
+struct Q8Block { int q, s; float d; };   // this lane's value, the block's sum and f32 scale
+
 template <class T>
-__device__ __forceinline__ void quantize_block(const T* x, uint8_t* y, int M, int K) {
-    const long long nblk = (long long)M * (K / 32);
-    const long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (b >= nblk) return;
+__device__ __forceinline__ Q8Block quantize_lane(const T* x, long long b, int lane) {
     const float xi = to_f32<T>(x[b * 32 + lane]);
     float amax = fabsf(xi);
     #pragma unroll
@@ -28,16 +29,45 @@ __device__ __forceinline__ void quantize_block(const T* x, uint8_t* y, int M, in
     int s = q;
     #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    return {q, s, d};
+}
+
+// 4 lanes' bytes -> one 32-bit word (valid in lanes with lane % 4 == 0)
+__device__ __forceinline__ uint32_t pack4(uint32_t qb) {
+    return qb | (__shfl_down_sync(0xffffffffu, qb, 1) << 8) |
+           (__shfl_down_sync(0xffffffffu, qb, 2) << 16) | (__shfl_down_sync(0xffffffffu, qb, 3) << 24);
+}
+
+template <class T>
+__device__ __forceinline__ void quantize_block(const T* x, uint8_t* y, int M, int K) {
+    const long long nblk = (long long)M * (K / 32);
+    const long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (b >= nblk) return;
+    const Q8Block r = quantize_lane<T>(x, b, lane);
     uint8_t* blk = y + b * 40;
-    // 4 lanes' bytes -> one 32-bit store (blk + 4 + lane is 4-byte aligned for lane % 4 == 0)
-    const uint32_t qb = (uint32_t)q & 0xFFu;
-    const uint32_t w = qb | (__shfl_down_sync(0xffffffffu, qb, 1) << 8) |
-                       (__shfl_down_sync(0xffffffffu, qb, 2) << 16) |
-                       (__shfl_down_sync(0xffffffffu, qb, 3) << 24);
+    const uint32_t w = pack4((uint32_t)r.q & 0xFFu);   // blk + 4 + lane: 4-byte aligned
     if ((lane & 3) == 0) *(uint32_t*)(blk + 4 + lane) = w;
     if (lane == 0) {
-        *(uint32_t*)blk = (uint32_t)__half_as_ushort(__float2half_rn(d));   // d, pad = 0
-        *(int32_t*)(blk + 36) = s;
+        *(uint32_t*)blk = (uint32_t)__half_as_ushort(__float2half_rn(r.d));   // d, pad = 0
+        *(int32_t*)(blk + 36) = r.s;
+    }
+}
+
+template <class T>
+__device__ __forceinline__ void quantize_split(const T* x, uint8_t* Aq, float2* Ta, int M, int K,
+                                               int Mp) {
+    const long long nblk = (long long)M * (K / 32);
+    const long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (b >= nblk) return;
+    const Q8Block r = quantize_lane<T>(x, b, lane);
+    const uint32_t w = pack4((uint32_t)(r.q + 128) & 0xFFu);
+    if ((lane & 3) == 0) *(uint32_t*)(Aq + b * 32 + lane) = w;
+    if (lane == 0) {
+        const long long m = b / (K / 32), j = b % (K / 32);
+        const float d = __half2float(__float2half_rn(r.d));
+        Ta[j * Mp + m] = make_float2(d * 0x1p75f, d * (float)r.s);
     }
 }
 
@@ -47,4 +77,14 @@ extern "C" __global__ void quantize_q8_1_raw(const float* x, uint8_t* y, int M, 
 
 extern "C" __global__ void quantize_q8_1_raw_f16(const __half* x, uint8_t* y, int M, int K) {
     quantize_block<__half>(x, y, M, K);
+}
+
+extern "C" __global__ void quantize_q8_1_split(const float* x, uint8_t* Aq, float2* Ta, int M,
+                                               int K, int Mp) {
+    quantize_split<float>(x, Aq, Ta, M, K, Mp);
+}
+
+extern "C" __global__ void quantize_q8_1_split_f16(const __half* x, uint8_t* Aq, float2* Ta,
+                                                   int M, int K, int Mp) {
+    quantize_split<__half>(x, Aq, Ta, M, K, Mp);
 }

@@ -1,0 +1,52 @@
+// mmq_repack.cu: q4_K weights -> the wgmma MMQ layout (kernels/mmq_wgmma_q4k.cu), once at load.
+// Bit-identical to minfer.quants.mmq_wgmma_ref.repack_q4k_ref.
+// Entry: repack_q4k_wgmma(const uint8_t* W, uint8_t* Wq, uint2* Tw, int N, int K, int Np)
+//   W   raw q4_K rows [N, K/256 * 144] (16-byte aligned: 144 = 9 * 16)
+//   Wq  uint8 [N, K]       the nibbles v, one per byte, natural k order
+//   Tw  [Tb | Tm]:
+//     Tb  float2 [K/32, Np]  (dsv * 2^74, f32(-128 * V) * dsv * 2^-75), V = sum of the chunk's v
+//     Tm  uint2 [K/32, Np]   dmv = -(dmin * m) as tf32 (hi, lo) by truncation
+// One thread per (row n, 32-chunk j); grid ceil(N * K/32 / 256), block 256. Rows >= N of Tb and
+// Tm are not written (the launcher zeroes them).
+#include "mmq_common.cuh"
+
+extern "C" __global__ void repack_q4k_wgmma(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wq,
+                                            uint2* __restrict__ Tw, int N, int K, int Np) {
+    const int KC = K / 32;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)N * KC) return;
+    const int n = (int)(i / KC), j = (int)(i % KC), jj = j & 7;
+    const uint8_t* blk = W + ((size_t)n * (K / 256) + j / 8) * 144;
+    const uint32_t* s = reinterpret_cast<const uint32_t*>(blk + 4);
+    int sc, m;
+    q4k_scale_min(jj, s[0], s[1], s[2], sc, m);
+    const float d = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk));
+    const float dmin = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk + 2));
+    const uint4* qs = reinterpret_cast<const uint4*>(blk + 16 + (jj >> 1) * 32);
+    const int shift = 4 * (jj & 1);
+    uint4 v[2];
+    int V = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint4 q = qs[h];
+        uint32_t* o = reinterpret_cast<uint32_t*>(&v[h]);
+        const uint32_t* in = reinterpret_cast<const uint32_t*>(&q);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+            o[w] = (in[w] >> shift) & 0x0F0F0F0Fu;
+            V += (int)((o[w] & 0xFF) + ((o[w] >> 8) & 0xFF) + ((o[w] >> 16) & 0xFF) +
+                                   (o[w] >> 24));
+        }
+    }
+    uint4* dst = reinterpret_cast<uint4*>(Wq + (size_t)n * K + 32 * j);
+    dst[0] = v[0];
+    dst[1] = v[1];
+    const float dsv = d * (float)sc;                    // exact: f16 d times a 6-bit integer
+    const float dmv = -(dmin * (float)m);
+    float2* Tb = reinterpret_cast<float2*>(Tw);
+    uint2* Tm = Tw + (size_t)KC * Np;
+    Tb[(size_t)j * Np + n] = make_float2(dsv * 0x1p74f, ((float)(-128 * V) * dsv) * 0x1p-75f);
+    const uint32_t hi = __float_as_uint(dmv) & 0xFFFFE000u;
+    const uint32_t lo = __float_as_uint(dmv - __uint_as_float(hi)) & 0xFFFFE000u;
+    Tm[(size_t)j * Np + n] = make_uint2(hi, lo);
+}

@@ -1,0 +1,279 @@
+// mmq_wgmma_q4k.cu: C[M, N] f32 = q8_1(A)[M, K] x q4_K(W)[N, K]^T on Hopper int8 tensor cores
+// (wgmma m64nNk32 .s32.u8.u8, sm_90a only): the MMQ math of mmq_q4k.cu, re-laid for wgmma.
+// minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
+//
+// Per 32-chunk c: y += da*(dsv*S) + dma*dmv with S = sum_k qa*v (minfer.quants.mmq_ref). The
+// operands come in layouts a wgmma can read, made once per tensor / per prepass:
+//   Aq  uint8 [M, K]          qa + 128 (so every product and sum is unsigned)
+//   Ta  float2 [K/32, Mp]     (da * 2^75, dma = da*sa) per token and chunk, Mp = M rounded up to 128
+//   Wq  uint8 [N, K]          the q4_K nibbles v, one per byte (natural k order)
+//   Tw  [Tb | Tm]             the weight tables, one buffer: Tb float2 [K/32, Np] =
+//                             (dsv * 2^74, -128*V*dsv * 2^-75), V = sum of the chunk's v; Tm
+//                             uint2 [K/32, Np] = dmv = -(dmin*m) as tf32 (hi, lo); Np = N
+//                             rounded up to 128
+// (quantize_q8_1.cu's quantize_q8_1_split writes Aq/Ta; mmq_repack.cu's repack_q4k_wgmma
+// writes Wq/Tw; numpy twins in minfer.quants.mmq_wgmma_ref.)
+//
+// Epilogue (2 FFMA per C value and chunk, no conversion): the wgmma result D = S + 128*V is
+// >= 0 and < 2^23, so its bits read as the f32 denormal D * 2^-149 (FFMA keeps denormals:
+// built without -ftz). t = fma(D*2^-149, dsv*2^74, -128*V*dsv*2^-75) = S*dsv*2^-75 (one
+// rounding), then y = fma(t, da*2^75, y). The min term sum_c dma*dmv is a [64 x 4] x [4 x BN]
+// product per stage, on tf32 mma.sync m16n8k4 (3xTF32: hi*hi + hi*lo + lo*hi) straight into y:
+// a wgmma accumulator's per-warp fragment is the m16n8 C fragment.
+//
+// Block: 2 consumer warpgroups (256 threads), tile 128 tokens x BN weight rows, warpgroup w owns
+// rows 64w..64w+63; stages of BK = 128 k (4 chunks) filled by 16-byte cp.async STAGES-1 ahead,
+// A and B in the 128-byte swizzle (wgmma_common.cuh). Per chunk: wgmma, wait, epilogue (the
+// other warpgroup's wgmma overlaps it). grid ceil(M/128)*ceil(N/BN) (M-tiles fastest, so the
+// blocks sharing a weight tile run together), dynamic smem WgSmem<BN, STAGES>::BYTES.
+// Entry: mmq_wgmma_q4k(Aq, Ta, Wq, Tw, C, M, N, K, accumulate), K % 128 == 0; every buffer
+// under 2^31 B (32-bit offsets).
+#include "gemm_f16_common.cuh"
+#include "wgmma_common.cuh"
+
+#ifndef MMQ_WG_BN
+#define MMQ_WG_BN 64
+#endif
+#ifndef MMQ_WG_EHOIST   // scale loads (of BN/8) issued before the wgmma wait
+#define MMQ_WG_EHOIST 2
+#endif
+#ifndef MMQ_WG_MINB     // blocks per SM the registers are budgeted for
+#define MMQ_WG_MINB (MMQ_WG_BN == 64 ? 2 : 1)
+#endif
+#ifndef MMQ_WG_STAGES
+#define MMQ_WG_STAGES 3
+#endif
+
+namespace {
+using gemm_f16::cp_async16;
+using gemm_f16::smem_u32;
+
+constexpr int BM = 128, BK = 128, KC = BK / 32;  // tokens per block, k per stage, chunks per stage
+constexpr int TPAD = 128;                         // table row padding (Mp, Np multiples of it)
+
+template <int BN, int STAGES>
+struct WgSmem {
+    static constexpr int A = BM * BK, B = BN * BK;                // swizzled operand tiles
+    static constexpr int TA = KC * BM * 8, TB = KC * BN * 8, TM = KC * BN * 8;
+    static constexpr int STAGE = A + B + TA + TB + TM;
+    static constexpr int BYTES = STAGES * STAGE + 1024;           // + manual 1 KB alignment
+};
+static_assert(WgSmem<64, 3>::STAGE == 32768 && WgSmem<64, 3>::BYTES == 99328, "wgmma smem BN=64");
+static_assert(WgSmem<128, 3>::STAGE == 45056 && WgSmem<128, 3>::BYTES == 136192, "wgmma smem BN=128");
+static_assert(WgSmem<64, 3>::STAGE % 1024 == 0 && WgSmem<128, 4>::STAGE % 1024 == 0,
+              "stages keep the 1024-byte alignment of the swizzled tiles");
+static_assert(sizeof(float2) == 8 && sizeof(uint2) == 8 && sizeof(float4) == 16, "table entries");
+
+// d[32] = A (64x32 u8, smem desc) * B (32x64 u8, smem desc), both K-major, s32 (scale-d 0)
+__device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.u8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0;\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31])
+        : "l"(da), "l"(db));
+}
+
+// d[64] = A (64x32 u8, smem desc) * B (32x128 u8, smem desc), both K-major, s32 (scale-d 0)
+__device__ __forceinline__ void igmma_m64n128k32(int (&d)[64], uint64_t da, uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0;\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31]), "=r"(d[32]), "=r"(d[33]), "=r"(d[34]), "=r"(d[35]), "=r"(d[36]), "=r"(d[37]), "=r"(d[38]), "=r"(d[39]), "=r"(d[40]), "=r"(d[41]), "=r"(d[42]), "=r"(d[43]), "=r"(d[44]), "=r"(d[45]), "=r"(d[46]), "=r"(d[47]), "=r"(d[48]), "=r"(d[49]), "=r"(d[50]), "=r"(d[51]), "=r"(d[52]), "=r"(d[53]), "=r"(d[54]), "=r"(d[55]), "=r"(d[56]), "=r"(d[57]), "=r"(d[58]), "=r"(d[59]), "=r"(d[60]), "=r"(d[61]), "=r"(d[62]), "=r"(d[63])
+        : "l"(da), "l"(db));
+}
+
+template <int BN>
+__device__ __forceinline__ void igmma(int (&d)[BN / 2], uint64_t da, uint64_t db) {
+    if constexpr (BN == 64) igmma_m64n64k32(d, da, db);
+    else igmma_m64n128k32(d, da, db);
+}
+
+template <int R>
+__device__ __forceinline__ void fence_regs(int (&d)[R]) {  // D reads stay after the wait
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// d (f32 [4]) += A (16x4 tf32, row) x B (4x8 tf32, col): a0 = A[g][t], a1 = A[g+8][t],
+// b0 = B[t][g]; c as the m16n8 C fragment.
+__device__ __forceinline__ void mma_tf32_k4(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// x ~ hi + lo, two tf32 values by truncation (x - hi is exact), ~21 bits of x in all.
+__device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
+    hi = __float_as_uint(x) & 0xFFFFE000u;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xFFFFE000u;
+}
+
+// The block's cp.async copies of one stage, pieces of 16 B: A 128 rows x 8, B BN rows x 8 (rows
+// past M / N zero-filled), Ta 4 runs of 128 x 8 B, Tb and Tm 4 runs of BN x 8 B each. Thread
+// `tid` always takes the same piece column, so the sources are per-thread bases advanced by
+// the stage's k (the rows of its A / B pieces are 32 apart: same swizzle phase).
+template <int BN, int STAGES>
+struct Copier {
+    using S = WgSmem<BN, STAGES>;
+    static constexpr int AI = BM * 8 / 256, BI = BN * 8 / 256;   // A / B pieces per thread
+    static constexpr int PR = BN / 2, TI = 2 * KC * PR / 256;    // pieces per table run; per thread
+    static_assert(2 * KC * PR % 256 == 0, "whole passes of table pieces");
+    // 32-bit byte offsets from the kernel's pointer arguments (the launcher keeps every buffer
+    // under 2^31 B), so the bases stay in the constant bank, not in registers
+    uint32_t a, b, ta, t[TI], dst_ab, mask, ta_step, tb_step;
+
+    __device__ __forceinline__ Copier(int m0, int n0, int M, int N, int K, int Mp, int Np,
+                                      int KCT, int tid) {
+        const int r = tid >> 3, c = tid & 7;
+        dst_ab = r * 128 + ((c ^ (r & 7)) << 4);
+        a = (uint32_t)min(m0 + r, M - 1) * K + c * 16;
+        b = (uint32_t)min(n0 + r, N - 1) * K + c * 16;
+        mask = 0;
+#pragma unroll
+        for (int i = 0; i < AI; ++i) mask |= (m0 + r + 32 * i < M ? 1u : 0u) << i;
+#pragma unroll
+        for (int i = 0; i < BI; ++i) mask |= (n0 + r + 32 * i < N ? 1u : 0u) << (AI + i);
+        ta = ((uint32_t)(tid >> 6) * Mp + m0) * 8 + (tid & 63) * 16;
+#pragma unroll
+        for (int i = 0; i < TI; ++i) {   // Tw = [Tb | Tm], each [K/32][Np] entries of 8 B
+            const int p = tid + i * 256, m = p >= KC * PR, q = m ? p - KC * PR : p;
+            t[i] = ((uint32_t)m * KCT * Np + (uint32_t)(q / PR) * Np + n0) * 8 + (q % PR) * 16;
+        }
+        ta_step = KC * Mp * 8;
+        tb_step = KC * Np * 8;
+    }
+
+    // stage kt -> smem stage at sb, then commit
+    __device__ __forceinline__ void issue(uint32_t sb, int kt, const uint8_t* Aq, const uint8_t* Ta,
+                                          const uint8_t* Wq, const uint8_t* Tw, int K,
+                                          int tid) const {
+        const uint32_t k0 = kt * BK;
+#pragma unroll
+        for (int i = 0; i < AI; ++i)
+            cp_async16(sb + dst_ab + i * 32 * 128, Aq + (a + i * 32 * K + k0), (mask >> i) & 1);
+#pragma unroll
+        for (int i = 0; i < BI; ++i)
+            cp_async16(sb + S::A + dst_ab + i * 32 * 128, Wq + (b + i * 32 * K + k0),
+                       (mask >> (AI + i)) & 1);
+        cp_async16(sb + S::A + S::B + tid * 16, Ta + (ta + kt * ta_step), true);
+#pragma unroll
+        for (int i = 0; i < TI; ++i)
+            cp_async16(sb + S::A + S::B + S::TA + (tid + i * 256) * 16, Tw + (t[i] + kt * tb_step),
+                       true);
+        gemm_f16::cp_async_commit();
+    }
+};
+
+template <int BN, int STAGES>
+__device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
+                                               const uint8_t* __restrict__ Ta,
+                                               const uint8_t* __restrict__ Wq,
+                                               const uint8_t* __restrict__ Tw, float* C, int M,
+                                               int N, int K, int accumulate) {
+    using S = WgSmem<BN, STAGES>;
+    constexpr int NI = BN / 8;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + 1023) & ~1023u;
+    const uint8_t* sgen = smem_raw + (base - raw);   // generic pointer of the aligned base
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const int mtiles = (M + BM - 1) / BM;
+    const int m0 = (blockIdx.x % mtiles) * BM, n0 = (blockIdx.x / mtiles) * BN;
+    const int Mp = (M + TPAD - 1) / TPAD * TPAD, Np = (N + TPAD - 1) / TPAD * TPAD;
+    const int KT = K / BK;
+    const int rl = wg * 64 + (warp & 3) * 16 + g;   // this thread's first token row in the tile
+
+    float acc[NI][4];
+#pragma unroll
+    for (int i = 0; i < NI; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    int d[BN / 2];
+
+    const Copier<BN, STAGES> cp(m0, n0, M, N, K, Mp, Np, K / 32, tid);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) cp.issue(base + s * S::STAGE, s, Aq, Ta, Wq, Tw, K, tid);
+        else gemm_f16::cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; ++kt) {
+        gemm_f16::cp_async_wait<STAGES - 2>();
+        wgmma::fence_proxy_async();   // cp.async writes (generic proxy) -> wgmma reads (async)
+        __syncthreads();              // stage kt landed for all; stage kt-1 fully consumed
+        {
+            const int nk = kt + STAGES - 1;
+            if (nk < KT) cp.issue(base + (nk % STAGES) * S::STAGE, nk, Aq, Ta, Wq, Tw, K, tid);
+            else gemm_f16::cp_async_commit();
+        }
+        const int so = (kt % STAGES) * S::STAGE;
+        const uint32_t sa = base + so + wg * 64 * 128, sbw = base + so + S::A;
+        const float2* ta = reinterpret_cast<const float2*>(sgen + so + S::A + S::B);
+        const float4* tb = reinterpret_cast<const float4*>(sgen + so + S::A + S::B + S::TA);
+        const uint2* tm = reinterpret_cast<const uint2*>(sgen + so + S::A + S::B + S::TA + S::TB);
+#pragma unroll
+        for (int c = 0; c < KC; ++c) {
+            wgmma::fence();
+            igmma<BN>(d, wgmma::sw128_desc(sa + c * 32), wgmma::sw128_desc(sbw + c * 32));
+            wgmma::commit();
+            // the chunk's scales, loaded while the wgmma runs (the wait's memory clobber keeps
+            // them above it)
+            const float da0 = ta[c * BM + rl].x, da8 = ta[c * BM + rl + 8].x;
+            constexpr int EH = MMQ_WG_EHOIST < NI ? MMQ_WG_EHOIST : NI;  // hoisted scale loads
+            float4 es[EH];
+#pragma unroll
+            for (int i = 0; i < EH; ++i) es[i] = tb[(c * BN + i * 8 + 2 * t) >> 1];  // (dsvs, nbs) x 2
+            wgmma::wait<0>();
+            fence_regs(d);
+#pragma unroll
+            for (int i = 0; i < NI; ++i) {
+                const float4 e = i < EH ? es[i < EH ? i : 0] : tb[(c * BN + i * 8 + 2 * t) >> 1];
+                acc[i][0] = fmaf(fmaf(__int_as_float(d[4 * i + 0]), e.x, e.y), da0, acc[i][0]);
+                acc[i][1] = fmaf(fmaf(__int_as_float(d[4 * i + 1]), e.z, e.w), da0, acc[i][1]);
+                acc[i][2] = fmaf(fmaf(__int_as_float(d[4 * i + 2]), e.x, e.y), da8, acc[i][2]);
+                acc[i][3] = fmaf(fmaf(__int_as_float(d[4 * i + 3]), e.z, e.w), da8, acc[i][3]);
+            }
+        }
+        // min term of the stage: y[g][n] += sum_c dma[g][c] * dmv[c][n], k = c = t
+        uint32_t ah0, al0, ah8, al8;
+        tf32_split(ta[t * BM + rl].y, ah0, al0);
+        tf32_split(ta[t * BM + rl + 8].y, ah8, al8);
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const uint2 b = tm[t * BN + i * 8 + g];
+            mma_tf32_k4(acc[i], ah0, ah8, b.x);
+            mma_tf32_k4(acc[i], ah0, ah8, b.y);
+            mma_tf32_k4(acc[i], al0, al8, b.x);
+        }
+    }
+    gemm_f16::cp_async_wait<0>();
+
+    const int row = m0 + rl;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = row + 8 * h;
+        if (r >= M) continue;
+        float* crow = C + (size_t)r * N;
+#pragma unroll
+        for (int i = 0; i < NI; ++i) {
+            const int col = n0 + i * 8 + 2 * t;
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+                if (col + e < N) {
+                    const float v = acc[i][2 * h + e];
+                    crow[col + e] = accumulate ? crow[col + e] + v : v;
+                }
+        }
+    }
+}
+
+}  // namespace
+
+// 1 block per SM at BN=128; 2 at BN=64 (2 x 97 KB of smem, <= 128 registers).
+extern "C" __global__ void __launch_bounds__(256, MMQ_WG_MINB)
+mmq_wgmma_q4k(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
+              const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
+              int N, int K, int accumulate) {
+    static_assert(MMQ_WG_BN == 64 || MMQ_WG_BN == 128, "MMQ_WG_BN: 64 or 128");
+    mmq_wgmma_body<MMQ_WG_BN, MMQ_WG_STAGES>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate);
+}
