@@ -31,14 +31,11 @@
 #include "gemm_f16_common.cuh"
 #include "wgmma_common.cuh"
 
-#ifndef MMQ_WG_BN
-#define MMQ_WG_BN 64
+#ifndef MMQ_WG_WN       // weight rows per warpgroup: 64 (2 warpgroups) or 32 (4)
+#define MMQ_WG_WN 64
 #endif
-#ifndef MMQ_WG_EHOIST   // scale loads (of BN/8) issued before the wgmma wait
-#define MMQ_WG_EHOIST 2
-#endif
-#ifndef MMQ_WG_MINB     // blocks per SM the registers are budgeted for
-#define MMQ_WG_MINB (MMQ_WG_BN == 64 ? 2 : 1)
+#ifndef MMQ_WG_PREFETCH  // load the next chunk's scales during the current epilogue
+#define MMQ_WG_PREFETCH 1
 #endif
 #ifndef MMQ_WG_STAGES
 #define MMQ_WG_STAGES 3
@@ -64,6 +61,15 @@ static_assert(WgSmem<64, 3>::STAGE % 1024 == 0 && WgSmem<128, 4>::STAGE % 1024 =
               "stages keep the 1024-byte alignment of the swizzled tiles");
 static_assert(sizeof(float2) == 8 && sizeof(uint2) == 8 && sizeof(float4) == 16, "table entries");
 
+// d[16] = A (64x32 u8, smem desc) * B (32x32 u8, smem desc), both K-major, s32 (scale-d 0)
+__device__ __forceinline__ void igmma_m64n32k32(int (&d)[16], uint64_t da, uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.u8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 0;\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15])
+        : "l"(da), "l"(db));
+}
+
 // d[32] = A (64x32 u8, smem desc) * B (32x64 u8, smem desc), both K-major, s32 (scale-d 0)
 __device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
     asm volatile(
@@ -73,19 +79,10 @@ __device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint6
         : "l"(da), "l"(db));
 }
 
-// d[64] = A (64x32 u8, smem desc) * B (32x128 u8, smem desc), both K-major, s32 (scale-d 0)
-__device__ __forceinline__ void igmma_m64n128k32(int (&d)[64], uint64_t da, uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0;\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31]), "=r"(d[32]), "=r"(d[33]), "=r"(d[34]), "=r"(d[35]), "=r"(d[36]), "=r"(d[37]), "=r"(d[38]), "=r"(d[39]), "=r"(d[40]), "=r"(d[41]), "=r"(d[42]), "=r"(d[43]), "=r"(d[44]), "=r"(d[45]), "=r"(d[46]), "=r"(d[47]), "=r"(d[48]), "=r"(d[49]), "=r"(d[50]), "=r"(d[51]), "=r"(d[52]), "=r"(d[53]), "=r"(d[54]), "=r"(d[55]), "=r"(d[56]), "=r"(d[57]), "=r"(d[58]), "=r"(d[59]), "=r"(d[60]), "=r"(d[61]), "=r"(d[62]), "=r"(d[63])
-        : "l"(da), "l"(db));
-}
-
 template <int BN>
 __device__ __forceinline__ void igmma(int (&d)[BN / 2], uint64_t da, uint64_t db) {
-    if constexpr (BN == 64) igmma_m64n64k32(d, da, db);
-    else igmma_m64n128k32(d, da, db);
+    if constexpr (BN == 32) igmma_m64n32k32(d, da, db);
+    else igmma_m64n64k32(d, da, db);
 }
 
 template <int R>
@@ -109,16 +106,17 @@ __device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) 
     lo = __float_as_uint(x - __uint_as_float(hi)) & 0xFFFFE000u;
 }
 
-// The block's cp.async copies of one stage, pieces of 16 B: A 128 rows x 8, B BN rows x 8 (rows
-// past M / N zero-filled), Ta 4 runs of 128 x 8 B, Tb and Tm 4 runs of BN x 8 B each. Thread
-// `tid` always takes the same piece column, so the sources are per-thread bases advanced by
-// the stage's k (the rows of its A / B pieces are 32 apart: same swizzle phase).
-template <int BN, int STAGES>
+// The block's cp.async copies of one stage (T threads), pieces of 16 B: A 128 rows x 8, B BN
+// rows x 8 (rows past M / N zero-filled), Ta 4 runs of 128 x 8 B, Tb and Tm 4 runs of BN x 8 B
+// each. Thread `tid` always takes the same piece column, so the sources are per-thread bases
+// advanced by the stage's k (the rows of its A / B pieces are T/8 apart: same swizzle phase).
+template <int BN, int STAGES, int T>
 struct Copier {
     using S = WgSmem<BN, STAGES>;
-    static constexpr int AI = BM * 8 / 256, BI = BN * 8 / 256;   // A / B pieces per thread
-    static constexpr int PR = BN / 2, TI = 2 * KC * PR / 256;    // pieces per table run; per thread
-    static_assert(2 * KC * PR % 256 == 0, "whole passes of table pieces");
+    static constexpr int RS = T / 8, AI = BM / RS, BI = BN / RS;  // row step; A / B pieces
+    static constexpr int TA = KC * BM * 8 / 16;                   // Ta pieces (256)
+    static constexpr int PR = BN / 2, TI = 2 * KC * PR / T;       // per table run; per thread
+    static_assert(2 * KC * PR % T == 0 && TA <= T && RS % 8 == 0, "whole passes of pieces");
     // 32-bit byte offsets from the kernel's pointer arguments (the launcher keeps every buffer
     // under 2^31 B), so the bases stay in the constant bank, not in registers
     uint32_t a, b, ta, t[TI], dst_ab, mask, ta_step, tb_step;
@@ -131,13 +129,13 @@ struct Copier {
         b = (uint32_t)min(n0 + r, N - 1) * K + c * 16;
         mask = 0;
 #pragma unroll
-        for (int i = 0; i < AI; ++i) mask |= (m0 + r + 32 * i < M ? 1u : 0u) << i;
+        for (int i = 0; i < AI; ++i) mask |= (m0 + r + RS * i < M ? 1u : 0u) << i;
 #pragma unroll
-        for (int i = 0; i < BI; ++i) mask |= (n0 + r + 32 * i < N ? 1u : 0u) << (AI + i);
-        ta = ((uint32_t)(tid >> 6) * Mp + m0) * 8 + (tid & 63) * 16;
+        for (int i = 0; i < BI; ++i) mask |= (n0 + r + RS * i < N ? 1u : 0u) << (AI + i);
+        ta = ((uint32_t)((tid % TA) >> 6) * Mp + m0) * 8 + (tid & 63) * 16;
 #pragma unroll
         for (int i = 0; i < TI; ++i) {   // Tw = [Tb | Tm], each [K/32][Np] entries of 8 B
-            const int p = tid + i * 256, m = p >= KC * PR, q = m ? p - KC * PR : p;
+            const int p = tid + i * T, m = p >= KC * PR, q = m ? p - KC * PR : p;
             t[i] = ((uint32_t)m * KCT * Np + (uint32_t)(q / PR) * Np + n0) * 8 + (q % PR) * 16;
         }
         ta_step = KC * Mp * 8;
@@ -151,28 +149,33 @@ struct Copier {
         const uint32_t k0 = kt * BK;
 #pragma unroll
         for (int i = 0; i < AI; ++i)
-            cp_async16(sb + dst_ab + i * 32 * 128, Aq + (a + i * 32 * K + k0), (mask >> i) & 1);
+            cp_async16(sb + dst_ab + i * RS * 128, Aq + (a + i * RS * K + k0), (mask >> i) & 1);
 #pragma unroll
         for (int i = 0; i < BI; ++i)
-            cp_async16(sb + S::A + dst_ab + i * 32 * 128, Wq + (b + i * 32 * K + k0),
+            cp_async16(sb + S::A + dst_ab + i * RS * 128, Wq + (b + i * RS * K + k0),
                        (mask >> (AI + i)) & 1);
-        cp_async16(sb + S::A + S::B + tid * 16, Ta + (ta + kt * ta_step), true);
+        if (T == TA || tid < TA)
+            cp_async16(sb + S::A + S::B + tid * 16, Ta + (ta + kt * ta_step), true);
 #pragma unroll
         for (int i = 0; i < TI; ++i)
-            cp_async16(sb + S::A + S::B + S::TA + (tid + i * 256) * 16, Tw + (t[i] + kt * tb_step),
+            cp_async16(sb + S::A + S::B + S::TA + (tid + i * T) * 16, Tw + (t[i] + kt * tb_step),
                        true);
         gemm_f16::cp_async_commit();
     }
 };
 
-template <int BN, int STAGES>
+// Block tile 128 tokens x BN = 128 weight rows; warpgroup w owns weight rows WN*w..WN*w+WN-1 and
+// all 128 tokens as two m64 halves h (so each scale it loads serves 4 token rows per thread, and
+// the two halves pipeline: the epilogue of one overlaps the other's wgmma). WN = 64: 2
+// warpgroups; WN = 32: 4 (more warps to hide latency, half the registers each).
+template <int WN, int STAGES>
 __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
                                                const uint8_t* __restrict__ Ta,
                                                const uint8_t* __restrict__ Wq,
                                                const uint8_t* __restrict__ Tw, float* C, int M,
                                                int N, int K, int accumulate) {
+    constexpr int BN = 128, NI = WN / 8, T = BN / WN * 128;   // block weight rows; n8 frags; threads
     using S = WgSmem<BN, STAGES>;
-    constexpr int NI = BN / 8;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t base = (raw + 1023) & ~1023u;
@@ -184,14 +187,17 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
     const int m0 = (blockIdx.x % mtiles) * BM, n0 = (blockIdx.x / mtiles) * BN;
     const int Mp = (M + TPAD - 1) / TPAD * TPAD, Np = (N + TPAD - 1) / TPAD * TPAD;
     const int KT = K / BK;
-    const int rl = wg * 64 + (warp & 3) * 16 + g;   // this thread's first token row in the tile
+    const int rl = (warp & 3) * 16 + g;   // this thread's first token row in each m64 half
+    const int cw = wg * WN;               // the warpgroup's first weight row in the tile
 
-    float acc[NI][4];
+    float acc[2][NI][4];
 #pragma unroll
-    for (int i = 0; i < NI; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    int d[BN / 2];
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int i = 0; i < NI; ++i) acc[h][i][0] = acc[h][i][1] = acc[h][i][2] = acc[h][i][3] = 0.f;
+    int d[2][WN / 2];
 
-    const Copier<BN, STAGES> cp(m0, n0, M, N, K, Mp, Np, K / 32, tid);
+    const Copier<BN, STAGES, T> cp(m0, n0, M, N, K, Mp, Np, K / 32, tid);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < KT) cp.issue(base + s * S::STAGE, s, Aq, Ta, Wq, Tw, K, tid);
@@ -207,73 +213,100 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
             else gemm_f16::cp_async_commit();
         }
         const int so = (kt % STAGES) * S::STAGE;
-        const uint32_t sa = base + so + wg * 64 * 128, sbw = base + so + S::A;
+        const uint32_t sa = base + so, sbw = base + so + S::A + cw * 128;
         const float2* ta = reinterpret_cast<const float2*>(sgen + so + S::A + S::B);
         const float4* tb = reinterpret_cast<const float4*>(sgen + so + S::A + S::B + S::TA);
         const uint2* tm = reinterpret_cast<const uint2*>(sgen + so + S::A + S::B + S::TA + S::TB);
+        auto issue = [&](int c, int h) {
+            wgmma::fence();
+            igmma<WN>(d[h], wgmma::sw128_desc(sa + h * 64 * 128 + c * 32),
+                      wgmma::sw128_desc(sbw + c * 32));
+            wgmma::commit();
+        };
+        issue(0, 0);
+        issue(0, 1);
+        float4 es[NI];   // (dsvs, nbs) of the thread's 2 columns per n8 frag, both halves
+#pragma unroll
+        for (int i = 0; i < NI; ++i) es[i] = tb[(cw + i * 8 + 2 * t) >> 1];
 #pragma unroll
         for (int c = 0; c < KC; ++c) {
-            wgmma::fence();
-            igmma<BN>(d, wgmma::sw128_desc(sa + c * 32), wgmma::sw128_desc(sbw + c * 32));
-            wgmma::commit();
-            // the chunk's scales, loaded while the wgmma runs (the wait's memory clobber keeps
-            // them above it)
-            const float da0 = ta[c * BM + rl].x, da8 = ta[c * BM + rl + 8].x;
-            constexpr int EH = MMQ_WG_EHOIST < NI ? MMQ_WG_EHOIST : NI;  // hoisted scale loads
-            float4 es[EH];
 #pragma unroll
-            for (int i = 0; i < EH; ++i) es[i] = tb[(c * BN + i * 8 + 2 * t) >> 1];  // (dsvs, nbs) x 2
-            wgmma::wait<0>();
-            fence_regs(d);
+            for (int h = 0; h < 2; ++h) {
+                const float da0 = ta[c * BM + h * 64 + rl].x, da8 = ta[c * BM + h * 64 + rl + 8].x;
+                if (c == KC - 1 && h == 1) wgmma::wait<0>();
+                else wgmma::wait<1>();   // (c, h) done; the next group may still run
+                fence_regs(d[h]);
 #pragma unroll
-            for (int i = 0; i < NI; ++i) {
-                const float4 e = i < EH ? es[i < EH ? i : 0] : tb[(c * BN + i * 8 + 2 * t) >> 1];
-                acc[i][0] = fmaf(fmaf(__int_as_float(d[4 * i + 0]), e.x, e.y), da0, acc[i][0]);
-                acc[i][1] = fmaf(fmaf(__int_as_float(d[4 * i + 1]), e.z, e.w), da0, acc[i][1]);
-                acc[i][2] = fmaf(fmaf(__int_as_float(d[4 * i + 2]), e.x, e.y), da8, acc[i][2]);
-                acc[i][3] = fmaf(fmaf(__int_as_float(d[4 * i + 3]), e.z, e.w), da8, acc[i][3]);
+                for (int i = 0; i < NI; ++i) {
+                    const float4 e = es[i];
+                    float(&y)[4] = acc[h][i];
+                    y[0] = fmaf(fmaf(__int_as_float(d[h][4 * i + 0]), e.x, e.y), da0, y[0]);
+                    y[1] = fmaf(fmaf(__int_as_float(d[h][4 * i + 1]), e.z, e.w), da0, y[1]);
+                    y[2] = fmaf(fmaf(__int_as_float(d[h][4 * i + 2]), e.x, e.y), da8, y[2]);
+                    y[3] = fmaf(fmaf(__int_as_float(d[h][4 * i + 3]), e.z, e.w), da8, y[3]);
+#if MMQ_WG_PREFETCH
+                    // es[i] is dead after half 1: load chunk c+1's in its place
+                    if (h == 1 && c + 1 < KC) es[i] = tb[((c + 1) * BN + cw + i * 8 + 2 * t) >> 1];
+#endif
+                }
+#if !MMQ_WG_PREFETCH
+                if (h == 1 && c + 1 < KC)
+#pragma unroll
+                    for (int i = 0; i < NI; ++i) es[i] = tb[((c + 1) * BN + cw + i * 8 + 2 * t) >> 1];
+#endif
+                if (c + 1 < KC) issue(c + 1, h);
             }
         }
-        // min term of the stage: y[g][n] += sum_c dma[g][c] * dmv[c][n], k = c = t
-        uint32_t ah0, al0, ah8, al8;
-        tf32_split(ta[t * BM + rl].y, ah0, al0);
-        tf32_split(ta[t * BM + rl + 8].y, ah8, al8);
+        // min term of the stage: y[r][n] += sum_c dma[r][c] * dmv[c][n], k = c = t
+        uint32_t b[NI][2];
 #pragma unroll
         for (int i = 0; i < NI; ++i) {
-            const uint2 b = tm[t * BN + i * 8 + g];
-            mma_tf32_k4(acc[i], ah0, ah8, b.x);
-            mma_tf32_k4(acc[i], ah0, ah8, b.y);
-            mma_tf32_k4(acc[i], al0, al8, b.x);
+            const uint2 v = tm[t * BN + cw + i * 8 + g];
+            b[i][0] = v.x;
+            b[i][1] = v.y;
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            uint32_t ah0, al0, ah8, al8;
+            tf32_split(ta[t * BM + h * 64 + rl].y, ah0, al0);
+            tf32_split(ta[t * BM + h * 64 + rl + 8].y, ah8, al8);
+#pragma unroll
+            for (int i = 0; i < NI; ++i) {
+                mma_tf32_k4(acc[h][i], ah0, ah8, b[i][0]);
+                mma_tf32_k4(acc[h][i], ah0, ah8, b[i][1]);
+                mma_tf32_k4(acc[h][i], al0, al8, b[i][0]);
+            }
         }
     }
     gemm_f16::cp_async_wait<0>();
 
-    const int row = m0 + rl;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = row + 8 * h;
-        if (r >= M) continue;
-        float* crow = C + (size_t)r * N;
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int i = 0; i < NI; ++i) {
-            const int col = n0 + i * 8 + 2 * t;
+        for (int u = 0; u < 2; ++u) {
+            const int r = m0 + h * 64 + rl + 8 * u;
+            if (r >= M) continue;
+            float* crow = C + (size_t)r * N;
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-                if (col + e < N) {
-                    const float v = acc[i][2 * h + e];
-                    crow[col + e] = accumulate ? crow[col + e] + v : v;
-                }
+            for (int i = 0; i < NI; ++i) {
+                const int col = n0 + cw + i * 8 + 2 * t;
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (col + e < N) {
+                        const float v = acc[h][i][2 * u + e];
+                        crow[col + e] = accumulate ? crow[col + e] + v : v;
+                    }
+            }
         }
-    }
 }
 
 }  // namespace
 
-// 1 block per SM at BN=128; 2 at BN=64 (2 x 97 KB of smem, <= 128 registers).
-extern "C" __global__ void __launch_bounds__(256, MMQ_WG_MINB)
+// One block per SM: WN = 64: 8 warps of 2 x (32 D + 32 accumulator) registers per thread;
+// WN = 32: 16 warps of half that, <= 128 registers.
+extern "C" __global__ void __launch_bounds__(128 * 128 / MMQ_WG_WN, 1)
 mmq_wgmma_q4k(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
               const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
               int N, int K, int accumulate) {
-    static_assert(MMQ_WG_BN == 64 || MMQ_WG_BN == 128, "MMQ_WG_BN: 64 or 128");
-    mmq_wgmma_body<MMQ_WG_BN, MMQ_WG_STAGES>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate);
+    mmq_wgmma_body<MMQ_WG_WN, MMQ_WG_STAGES>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate);
 }

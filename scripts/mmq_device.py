@@ -19,7 +19,8 @@ from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.quants.q8_1 import quantize_q8_1_raw
 
 CFGS = {"r1": GemmConfig(mmq=True, raw=False), "narrow": GemmConfig(mmq=True, wide=False),
-        "wide-kd4": GemmConfig(mmq=True, kd=4), "wide-kd8": GemmConfig(mmq=True, kd=8)}
+        "wide-kd4": GemmConfig(mmq=True, kd=4, wgmma=False),
+        "wide-kd8": GemmConfig(mmq=True, kd=8, wgmma=False)}
 
 
 def rand_weights(rng, qtype, N, K):

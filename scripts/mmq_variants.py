@@ -27,7 +27,7 @@ from mmq_device import rand_weights, rel  # noqa: E402
 def parse(spec: str):
     name, rest = spec.split("=", 1)
     kd, _, opts = rest.partition(":")
-    return name, GemmConfig(mmq=True, kd=int(kd)), tuple(opts.split())
+    return name, GemmConfig(mmq=True, kd=int(kd), wgmma=False), tuple(opts.split())
 
 
 def main(specs: list[str]) -> int:

@@ -75,7 +75,7 @@ def main(specs: list[str]) -> int:
     # 3. timing
     M = 512
     rows = []
-    wide = GemmConfig(mmq=True, kd=4)
+    wide = GemmConfig(mmq=True, kd=4, wgmma=False)
     for (N, K) in ((4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096), (28672, 4096)):
         raws = [da.to_device(rt, rand_weights(rng, Q4_K, N, K)) for _ in range(3)]
         reps = [repack_q4k(rt, r_, N, K) for r_ in raws]

@@ -18,8 +18,9 @@ def tiny_model_path(tmp_path_factory):
 def test_gemm_config_env_and_overrides():
     env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
     c = GemmConfig.resolve(env)
-    assert c.mmq and c.kd == 8 and c.raw and c.wide
-    assert c.label() == "mmq-wide-kd8"
+    assert c.mmq and c.kd == 8 and c.raw and c.wide and c.wgmma
+    assert c.label() == "mmq-wgmma-kd8"
+    assert GemmConfig.resolve({**env, "MINFER_MMQ_WGMMA": "0"}).label() == "mmq-wide-kd8"
     c2 = GemmConfig.resolve(env, {"MINFER_MMQ": "0"})  # explicit override wins
     assert not c2.mmq and c2.label() == "f16"
     c3 = GemmConfig.parse_ab("MINFER_MMQ=1 MINFER_MMQ_RAW_WIDE=0", env={})

@@ -31,8 +31,12 @@ import click
 import numpy as np
 
 # path label -> GemmConfig fields ("f16" is GemmConfig(): MMQ off)
+# (mmq-wgmma-kd4: q4_K on the Hopper wgmma kernel where the GPU is sm_90, q6_K on wide KD=4;
+#  on other GPUs it runs what mmq-wide-kd4 runs, and the parity rows name the kernel that ran)
 PATHS = {"mmq-r1": dict(mmq=True, raw=False), "mmq-narrow": dict(mmq=True, wide=False),
-         "mmq-wide-kd4": dict(mmq=True, kd=4), "mmq-wide-kd8": dict(mmq=True, kd=8)}
+         "mmq-wide-kd4": dict(mmq=True, kd=4, wgmma=False),
+         "mmq-wide-kd8": dict(mmq=True, kd=8, wgmma=False),
+         "mmq-wgmma-kd4": dict(mmq=True, kd=4, wgmma=True)}
 ALL_PATHS = {"f16": {}, **PATHS}
 QNAME = {12: "q4_K", 14: "q6_K"}
 PARITY_TOL = 1e-3
@@ -84,14 +88,15 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
             wd = da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w")
             for path, kw in PATHS.items():
                 out = da.to_device(rt, base, "parity out")
-                mmq_linear(rt, xd, wd, qt, M, n, K, GemmConfig(**kw), out, accumulate=acc)
+                v = mmq_linear(rt, xd, wd, qt, M, n, K, GemmConfig(**kw), out, accumulate=acc)
                 y = out.get()[:, cols].astype(np.float64)
                 if acc:
                     y -= base[:, cols]
                 err = (float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
                        if np.isfinite(y).all() else float("inf"))
                 shape = f"{M}x{n}x{K}" + (" +=" if acc else "")
-                rows.append((f"{QNAME[qt]} {name}", path, shape, err, err <= PARITY_TOL))
+                ran = f"{path} [{getattr(v, 'label', '?')}]" if "wgmma" in path else path
+                rows.append((f"{QNAME[qt]} {name}", ran, shape, err, err <= PARITY_TOL))
             del xd, wd
     return rows
 

@@ -1,11 +1,11 @@
 """Shared GEMM-path CLI flags (`minfer prefill`, `minfer bench`): they mirror the environment.
 
-    @gemm_options                       # adds --mmq/--no-mmq, --mmq-raw/--no-mmq-raw,
-    def cmd(..., mmq, mmq_raw, mmq_wide, mmq_kd): ...   # --mmq-wide/--no-mmq-wide, --mmq-kd 4|8
-    cfg = gemm_config(mmq, mmq_raw, mmq_wide, mmq_kd)   # env, then flags (flags win)
+    @gemm_options          # adds --mmq/--no-mmq, --mmq-raw/--no-mmq-raw, --mmq-wide/--no-mmq-wide,
+    def cmd(..., mmq, mmq_raw, mmq_wide, mmq_kd, mmq_wgmma): ...   # --mmq-kd 4|8, --mmq-wgmma/--no-..
+    cfg = gemm_config(mmq, mmq_raw, mmq_wide, mmq_kd, mmq_wgmma)   # env, then flags (flags win)
 
 An unset flag leaves the environment's value (MINFER_MMQ, MINFER_MMQ_RAW, MINFER_MMQ_RAW_WIDE,
-MINFER_MMQ_RAW_KD) or GemmConfig's default. Not a command module (minfer.cli lists those).
+MINFER_MMQ_RAW_KD, MINFER_MMQ_WGMMA) or GemmConfig's default. Not a command module (minfer.cli lists those).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import click
 
 
 def gemm_options(f):
-    """Decorator: the four GEMM-path flags, each None unless given."""
+    """Decorator: the five GEMM-path flags, each None unless given."""
     opts = [
         click.option("--mmq/--no-mmq", "mmq", default=None,
                      help="GEMMs on q4_K/q6_K weights via the int8 MMQ kernels (MINFER_MMQ)."),
@@ -28,25 +28,31 @@ def gemm_options(f):
         click.option("--mmq-kd", "mmq_kd", type=click.Choice(["4", "8"]), default=None,
                      help="Wide-kernel staging depth (MINFER_MMQ_RAW_KD): 4 (default) or 8; q4_K: KD/4 "
                           "super-blocks per cp.async stage, q6_K: KD per pass (docs/mmq.md)."),
+        click.option("--mmq-wgmma/--no-mmq-wgmma", "mmq_wgmma", default=None,
+                     help="q4_K GEMMs of the wide config on the Hopper wgmma kernel when the GPU "
+                          "is sm_90 (default on); --no-mmq-wgmma: the mma.sync wide kernel "
+                          "(MINFER_MMQ_WGMMA)."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-def gemm_overrides(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None) -> dict[str, str]:
+def gemm_overrides(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None,
+                   mmq_wgmma=None) -> dict[str, str]:
     """The flags that were given, as GemmConfig.resolve overrides (MINFER_* keys)."""
     out = {}
     for key, v in (("MINFER_MMQ", mmq), ("MINFER_MMQ_RAW", mmq_raw),
-                   ("MINFER_MMQ_RAW_WIDE", mmq_wide), ("MINFER_MMQ_RAW_KD", mmq_kd)):
+                   ("MINFER_MMQ_RAW_WIDE", mmq_wide), ("MINFER_MMQ_RAW_KD", mmq_kd),
+                   ("MINFER_MMQ_WGMMA", mmq_wgmma)):
         if v is not None:
             out[key] = str(int(v)) if isinstance(v, bool) else str(v)
     return out
 
 
-def gemm_config(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None,
+def gemm_config(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None, mmq_wgmma=None,
                 env: Mapping[str, str] | None = None):
     """GemmConfig from the environment, then the given flags (flags win)."""
     from minfer.cuda.config import GemmConfig
 
-    return GemmConfig.resolve(env, gemm_overrides(mmq, mmq_raw, mmq_wide, mmq_kd))
+    return GemmConfig.resolve(env, gemm_overrides(mmq, mmq_raw, mmq_wide, mmq_kd, mmq_wgmma))

@@ -124,7 +124,7 @@ class CudaBackend:
         # the buffers become attributes (x, h16, qkv32, q16, a16, gu32, f16, pos, last16,
         # logits, amax, ids, kc, vc, rope, q8): the layer loop below reads self.<name>
         vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
-                                             plan["q8_1 scratch"])))
+                                             plan["q8_1 scratch"], plan["q8_1 split scratch"])))
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -158,24 +158,35 @@ class CudaBackend:
         return summarize_routes(self.model, self.routes)
 
     def _quantize(self, A, *names: str):
-        """A f16 [M, K] -> its q8_1 raw view [M, K/32*40] in the shared scratch, once, if any
-        of `names` runs on MMQ; else None. The scratch is reused by the next activation (the
-        GEMMs that read it are queued before, on the same stream)."""
-        if all(self.routes[n][0] == "f16" for n in names):
+        """A f16 [M, K] -> its MMQ prepass outputs in the shared scratch, once, for the
+        GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels) and /
+        or "split" ((aq, ta), the wgmma kernel), as the names' routes need; None when all run
+        on f16. The scratch is reused by the next activation (the GEMMs that read it are
+        queued before, on the same stream)."""
+        paths = {self.routes[n][0] for n in names}
+        if paths == {"f16"}:
             return None
         from minfer.cuda.mmq import quantize_q8_1
+        from minfer.cuda.mmq_wgmma import split_q8_1, split_views
 
         M, K = A.shape
-        q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
+        out = {}
         with self._op("q8_1 prepass"):
-            da.poison(self.rt, q8)
-            quantize_q8_1(self.rt, A, q8)
-        return q8
+            if paths - {"f16", "mmq-wgmma"}:
+                q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
+                da.poison(self.rt, q8)
+                out["raw"] = quantize_q8_1(self.rt, A, q8)
+            if "mmq-wgmma" in paths:
+                aq, ta = split_views(self.q8s, M, K)
+                da.poison(self.rt, aq, ta)
+                out["split"] = split_q8_1(self.rt, A, aq, ta)
+        return out
 
     def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
-        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A quantized
-        (from _quantize), required for an MMQ route. A fused weight (q|k|v, gate|up: not in
-        routes) takes the route of `member`, one of its members (plan_fusion: all share it)."""
+        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A's prepass
+        outputs (from _quantize), made here when not given. A fused weight (q|k|v, gate|up:
+        not in routes) takes the route of `member`, one of its members (plan_fusion: all
+        share it)."""
         M, K = A.shape
         N = C.shape[1]
         path = self.routes[member or name][0]
@@ -192,7 +203,8 @@ class CudaBackend:
 
             if mode != "acc":
                 da.poison(self.rt, C)
-            mmq_linear(self.rt, q8, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
+            x = q8["split"] if path == "mmq-wgmma" else q8["raw"]
+            mmq_linear(self.rt, x, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
                        accumulate=mode == "acc")
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:

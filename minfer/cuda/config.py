@@ -1,7 +1,9 @@
 """GemmConfig: which GEMM path the CUDA backend takes, resolved once from env + overrides.
 
 MINFER_MMQ (0: f16 path, 1: MMQ), MINFER_MMQ_RAW (0: R1 word-level kernel), MINFER_MMQ_RAW_WIDE
-(0: narrow raw kernel), MINFER_MMQ_RAW_KD (4 or 8). Explicit overrides (CLI flags, bench A/B
+(0: narrow raw kernel), MINFER_MMQ_RAW_KD (4 or 8), MINFER_MMQ_WGMMA (1, the default: q4_K GEMMs
+of the wide config run on the Hopper wgmma kernel where the GPU is sm_90; 0: the mma.sync wide
+kernel everywhere). Explicit overrides (CLI flags, bench A/B
 strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
@@ -15,7 +17,7 @@ from typing import Mapping
 from minfer.errors import BadInput
 
 ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE": "wide",
-            "MINFER_MMQ_RAW_KD": "kd"}
+            "MINFER_MMQ_RAW_KD": "kd", "MINFER_MMQ_WGMMA": "wgmma"}
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class GemmConfig:
     raw: bool = True
     wide: bool = True
     kd: int = 4
+    wgmma: bool = True
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None,
@@ -62,7 +65,9 @@ class GemmConfig:
             return "f16"
         if not self.raw:
             return "mmq-r1"
-        return f"mmq-{'wide' if self.wide else 'narrow'}-kd{self.kd}"
+        if not self.wide:
+            return f"mmq-narrow-kd{self.kd}"
+        return f"mmq-{'wgmma' if self.wgmma else 'wide'}-kd{self.kd}"
 
 
 def _parse(key: str, v) -> object:

@@ -3,9 +3,11 @@
 "f16": dequantized once to f16 at load, tensor-core GEMM (the default; any weight type).
 "mmq-r1" | "mmq-narrow" | "mmq-wide-kd4" | "mmq-wide-kd8": int8 mma on the raw q4_K / q6_K
 bytes (minfer.cuda.mmq.mmq_linear), when cfg.mmq and the type has an MMQ kernel and K is a
-multiple of 256; any other type falls back to f16. With `rt` given, the smem guard applies:
-a wide config over the device's opt-in shared-memory cap becomes "mmq-narrow" (mmq_linear
-prints the one-line notice when it runs).
+multiple of 256; any other type falls back to f16. "mmq-wgmma": a q4_K weight of the wide
+config (cfg.wgmma) on an sm_90 device (`rt.arch`): the Hopper wgmma kernel on the weight
+repacked at load. With `rt` given, the smem guard applies: a wide config over the device's
+opt-in shared-memory cap becomes "mmq-narrow" (mmq_linear prints the one-line notice when it
+runs).
 """
 
 from __future__ import annotations
@@ -22,4 +24,4 @@ def pick_gemm(qtype: int, M: int, N: int, K: int, cfg: GemmConfig, rt=None) -> s
     if not has_mmq(qtype) or K % 256:
         return "f16"
     smem_optin = rt.smem_optin if rt is not None else 1 << 30
-    return "mmq-" + pick_variant(cfg, smem_optin, qtype).label
+    return "mmq-" + pick_variant(cfg, smem_optin, qtype, getattr(rt, "arch", None)).label

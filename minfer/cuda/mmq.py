@@ -3,8 +3,10 @@
     y[M, N] (f32) = x[M, K] @ W[N, K].T,  x quantized to q8_1 raw blocks by the prepass,
                                           W raw q4_K / q6_K GGUF bytes [N, K/256*bytes]
 Variants (DESIGN.md, config from GemmConfig): R1 word-level (`raw=False`), narrow raw
-(`wide=False`), wide raw with KD = 4 or 8 super-blocks staged per pass. numpy twin:
-minfer.quants.mmq_ref.mmq_linear_ref (same arguments, arrays instead of device buffers).
+(`wide=False`), wide raw with KD = 4 or 8 super-blocks staged per pass, and on sm_90 for q4_K
+the wgmma kernel (`wgmma=True`, minfer.cuda.mmq_wgmma: weights repacked once, a WgmmaQ4K).
+numpy twin: minfer.quants.mmq_ref.mmq_linear_ref (same arguments, arrays instead of device
+buffers).
 
 Smem guard: a wide variant whose dynamic shared memory exceeds the device's opt-in cap falls
 back to the narrow kernel and says so once per (variant, cap) on stderr, never silently.
@@ -46,7 +48,7 @@ def wide_smem(kd: int, qtype: int = Q4_K) -> int:
 
 @dataclass(frozen=True)
 class MmqVariant:
-    kind: str          # "r1" | "narrow" | "wide"
+    kind: str          # "r1" | "narrow" | "wide" | "wgmma"
     kd: int = 0        # wide only
     fallback: str = ""  # why a wide config became narrow (the guard), else ""
 
@@ -55,16 +57,27 @@ class MmqVariant:
         return f"wide-kd{self.kd}" if self.kind == "wide" else self.kind
 
 
+def wgmma_arch(arch) -> bool:
+    """The wgmma kernel runs on sm_90 (built for sm_90a); later archs drop wgmma."""
+    return arch == "sm_90"
+
+
 def has_mmq(qtype: int) -> bool:
     return int(qtype) in BLOCK_BYTES
 
 
-def pick_variant(cfg, smem_optin: int, qtype: int = Q4_K) -> MmqVariant:
-    """cfg: GemmConfig-like (raw, wide, kd). The smem guard lives here."""
+def pick_variant(cfg, smem_optin: int, qtype: int = Q4_K, arch=None) -> MmqVariant:
+    """cfg: GemmConfig-like (raw, wide, kd, wgmma); arch: the device's ("sm_90"), None when
+    unknown (no wgmma). The smem guard lives here."""
     if not cfg.raw:
         return MmqVariant("r1")
     if not cfg.wide:
         return MmqVariant("narrow")
+    if getattr(cfg, "wgmma", False) and int(qtype) == Q4_K and wgmma_arch(arch):
+        from minfer.cuda.mmq_wgmma import wgmma_smem
+
+        if wgmma_smem() <= smem_optin:
+            return MmqVariant("wgmma")
     need = wide_smem(cfg.kd, qtype)
     if need > smem_optin:
         return MmqVariant("narrow", fallback=(
@@ -101,10 +114,19 @@ def quantize_q8_1(rt, x, out=None):
 def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
                accumulate: bool = False, q8_scratch=None, build_opts: tuple = ()) -> MmqVariant:
     """out f32 [M, N] (= or +=) x @ W.T. x: f32/f16 [M, K] (quantized here, into q8_scratch
-    when given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any shape, N*K/256*
-    bytes in all). build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs in
+    when given) or q8_1 raw uint8 [M, K/32*40] (or, for the wgmma variant, its split (aq, ta));
+    w_raw: uint8 raw blocks (any shape, N*K/256*bytes in all), or a WgmmaQ4K (the engine
+    repacks once at load; raw bytes on the wgmma variant are repacked here, per call).
+    build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs in
     scripts/mmq_variants.py; the engine never passes any). Returns the variant that ran."""
+    from minfer.cuda import mmq_wgmma as wg
+
     qtype = int(qtype)
+    if isinstance(w_raw, wg.WgmmaQ4K) or (isinstance(x, tuple) and len(x) == 2):
+        if qtype != Q4_K or not isinstance(w_raw, wg.WgmmaQ4K):
+            raise GPUError("mmq_linear: a split activation needs a WgmmaQ4K weight (q4_K)")
+        wg.mmq_wgmma_linear(rt, x, w_raw, M, N, K, out, accumulate)
+        return MmqVariant("wgmma")
     if not has_mmq(qtype):
         raise Unsupported(f"mmq_linear: no MMQ kernel for tensor type {qtype} "
                           "(q4_K and q6_K only; pick_gemm routes others to f16)")
@@ -126,9 +148,19 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     if da.ptr(w_raw) % 16:
         raise GPUError("mmq_linear: weight bytes not 16-byte aligned")
     da.check("mmq_linear out", out, (M, N), np.float32)
-    v = pick_variant(cfg, rt.smem_optin, qtype)
+    v = pick_variant(cfg, rt.smem_optin, qtype, rt.arch)
     if v.fallback:
         _warn_once(v.fallback)
+    if v.kind == "wgmma" and x.dtype != np.uint8:
+        wr = wg.repack_q4k(rt, w_raw, N, K)
+        try:
+            wg.mmq_wgmma_linear(rt, x, wr, M, N, K, out, accumulate)
+        finally:
+            rt.synchronize()
+            wr.free()
+        return v
+    if v.kind == "wgmma":   # raw q8_1 activations: only the mma.sync kernels read that form
+        v = MmqVariant("wide", cfg.kd)
     name = _FILES[qtype]
     entry = _ENTRY[(qtype, v.kind)]
     # da.arg: row views carry a plain int pointer, which pycuda does not take as an argument

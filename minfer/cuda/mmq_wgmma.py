@@ -8,8 +8,8 @@ The operands live in layouts a wgmma reads from shared memory (minfer.quants.mmq
 has the bit-exact twins): `repack_q4k` turns a raw q4_K weight into a `WgmmaQ4K` once, at load
 (1 byte per weight plus 16 B of tables per 32 weights: 1.5 B/weight against q4_K's 0.5625);
 `split_q8_1` is the per-GEMM activation prepass. Geometry is owned here: block tile 128 tokens
-x BN weight rows (BN = 64: 2 blocks per SM), stages of 128 k, `WG_BN` / `WG_STAGES` picked
-once below and mirrored by the kernel's static_asserts (tests/test_mmq_wgmma.py).
+x 128 weight rows (2 warpgroups of 128 x 64, 1 block per SM), stages of 128 k, `WG_STAGES` deep;
+mirrored by the kernel's static_asserts (tests/test_mmq_wgmma.py).
 sm_90 only (wgmma); minfer.cuda.mmq.pick_variant decides when this path runs.
 """
 
@@ -23,7 +23,7 @@ from minfer.cuda import devarray as da
 from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows
 
-WG_BN, WG_STAGES, WG_BM, WG_BK = 64, 3, 128, 128
+WG_BN, WG_WN, WG_STAGES, WG_BM, WG_BK = 128, 64, 3, 128, 128
 _OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
 
 
@@ -54,6 +54,22 @@ class WgmmaQ4K:
 def wgmma_weight_bytes(N: int, K: int) -> int:
     """Device bytes of a repacked [N, K] q4_K weight (WgmmaQ4K.nbytes)."""
     return N * K + 2 * (K // 32) * pad_rows(N) * 8
+
+
+def split_scratch_bytes(T: int, K: int) -> int:
+    """Bytes of one split activation [T, K] (Aq, then Ta at a 16-byte aligned offset)."""
+    return T * K + (-(T * K)) % 16 + (K // 32) * pad_rows(T) * 8
+
+
+def split_views(buf, M: int, K: int):
+    """(aq uint8 [M, K], ta f32 [K/32, Mp, 2]) carved from a uint8 scratch buffer."""
+    off = M * K + (-(M * K)) % 16
+    need = off + (K // 32) * pad_rows(M) * 8
+    if buf.nbytes < need:
+        raise GPUError(f"split q8_1 scratch holds {buf.nbytes} B, [{M}, {K}] needs {need}")
+    aq = da.view(da.ptr(buf), (M, K), np.uint8, base=buf)
+    ta = da.view(da.ptr(buf) + off, (K // 32, pad_rows(M), 2), np.float32, base=buf)
+    return aq, ta
 
 
 def _zeroed(rt, shape, dtype, what):
@@ -125,24 +141,22 @@ def mmq_wgmma_linear(rt, x, w: WgmmaQ4K, M: int, N: int, K: int, out, accumulate
         da.check("mmq_wgmma_linear x", x, (M, K), (np.float32, np.float16))
         aq, ta = split_q8_1(rt, x, *(split or (None, None)))
     da.check("mmq_wgmma_linear out", out, (M, N), np.float32)
-    bn = WG_BN
-    for o in build_opts:
-        if o.startswith("-DMMQ_WG_BN="):
-            bn = int(o.split("=", 1)[1])
-    stages = WG_STAGES
-    for o in build_opts:
+    bn, stages, wn = WG_BN, WG_STAGES, WG_WN
+    for o in build_opts:   # kernel A/B builds (scripts/mmq_wgmma_device.py) change the geometry
         if o.startswith("-DMMQ_WG_STAGES="):
             stages = int(o.split("=", 1)[1])
+        if o.startswith("-DMMQ_WG_WN="):
+            wn = int(o.split("=", 1)[1])
     smem = wgmma_smem(bn, stages)
     if smem > rt.smem_optin:
         raise GPUError(f"mmq_wgmma_linear: {smem} B of shared memory needed, over this GPU's "
                        f"opt-in cap of {rt.smem_optin} B")
     fn = rt.function("mmq_wgmma_q4k", "mmq_wgmma_q4k", (*_OPTS, *build_opts), dyn_smem=smem)
     grid = ((M + WG_BM - 1) // WG_BM * ((N + bn - 1) // bn),)
-    rt.launch(fn, grid, (256,), (da.arg(aq), da.arg(ta), da.arg(w.wq), da.arg(w.tw),
+    rt.launch(fn, grid, (bn // wn * 128,), (da.arg(aq), da.arg(ta), da.arg(w.wq), da.arg(w.tw),
                                  da.arg(out), np.int32(M), np.int32(N),
                                  np.int32(K), np.int32(1 if accumulate else 0)), smem)
 
 
 __all__ = ["WgmmaQ4K", "repack_q4k", "split_q8_1", "mmq_wgmma_linear", "wgmma_smem",
-           "wgmma_weight_bytes", "TPAD"]
+           "wgmma_weight_bytes", "split_scratch_bytes", "split_views", "TPAD"]

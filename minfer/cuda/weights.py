@@ -1,7 +1,7 @@
 """The CUDA backend's device memory: the memory plan and its check, the weight upload
 (+ dequant), and the activation / KV-cache / scratch buffers.
 
-- `plan_memory` / `check_memory`: bytes per part (f16 weights, MMQ raw weights, quantized
+- `plan_memory` / `check_memory`: bytes per part (f16 weights, MMQ weights, quantized
   embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch, upload
   staging), checked against the device's free memory before anything is allocated
   (GPUError naming what was asked and what is free).
@@ -10,8 +10,10 @@
   (fused q|k|v and gate|up members into row ranges of their group's buffer, see
   routes.plan_fusion); "mmq-*" routes stay as their raw bytes (no f16 copy; fused members as
   row ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the
-  embedding's bytes). The embedding table stays quantized (rows gathered with
-  embed_rows); norms and biases go up as f32.
+  embedding's bytes); "mmq-wgmma" routes (q4_K on sm_90) are then repacked on the GPU into
+  the wgmma layout (minfer.cuda.mmq_wgmma.WgmmaQ4K: a fused group as one weight, its members'
+  row views dropped) and their raw bytes freed. The embedding table stays quantized (rows
+  gathered with embed_rows); norms and biases go up as f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
   the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
 """
@@ -46,15 +48,24 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages)."""
     c = model.config
     m = model
+    from minfer.cuda.mmq_wgmma import split_scratch_bytes, wgmma_weight_bytes
+
     f16_w = 0
     raw_max = 0
     mmq_w = 0
     q8_k = 0
+    wg_k = 0
+    wg_groups: dict[str, int] = {}   # wgmma weight or fused group -> raw bytes
     for n, (path, _) in routes.items():
         t = m.tensor(n)
         if path == "f16":
             f16_w += int(np.prod(t.shape)) * 2
             raw_max = max(raw_max, int(t.data.nbytes))
+        elif path == "mmq-wgmma":   # repacked (1.5 B/weight); raw only while repacking
+            wg_k = max(wg_k, int(t.shape[1]))
+            mmq_w += wgmma_weight_bytes(*(int(s) for s in t.shape))
+            g = _group_of(n)
+            wg_groups[g] = wg_groups.get(g, 0) + int(t.data.nbytes)
         else:
             q8_k = max(q8_k, int(t.shape[1]))
             if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
@@ -65,9 +76,20 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 + c.d_ff * (4 + 4 + 2))
     act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
-    return {"f16 weights": f16_w, "MMQ raw weights": mmq_w, "quantized embedding": emb,
+    return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
-            "upload staging": raw_max}
+            "q8_1 split scratch": split_scratch_bytes(T, wg_k) if wg_k else 0,
+            "upload staging": raw_max, "MMQ repack staging": max(wg_groups.values(), default=0)}
+
+
+def _group_of(name: str) -> str:
+    """The fused group a q|k|v or gate|up weight would join (the repack unit), else itself."""
+    for group, members in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+                           ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
+        for mem in members:
+            if name.endswith(f".{mem}.weight"):
+                return name[: -len(f"{mem}.weight")] + f"{group}.weight"
+    return name
 
 
 def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:
@@ -164,7 +186,32 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     w["output_norm.weight"] = da.to_device(
         rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
     staging.free()
+    _repack_wgmma(rt, m, routes, fused, groups, w, emb)
     return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype)
+
+
+def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:
+    """Each "mmq-wgmma" weight (a fused group as one) -> WgmmaQ4K, raw bytes freed (not the
+    embedding's, which a tied head shares); a repacked group's member row views are dropped
+    (the group's GEMM is the only reader)."""
+    from minfer.cuda.mmq_wgmma import repack_q4k
+
+    keys: dict[str, tuple[int, int]] = {}
+    for n, (path, _) in routes.items():
+        if path != "mmq-wgmma":
+            continue
+        if n in fused:
+            g = fused[n][0]
+            keys[g] = (groups[g][0], groups[g][1])
+            del w[n]
+        else:
+            keys[n] = tuple(int(s) for s in m.tensor(n).shape)
+    for key, (N, K) in keys.items():
+        raw = w[key]
+        w[key] = repack_q4k(rt, da.reshape(raw, (raw.size,)), N, K, key)
+        rt.synchronize()
+        if raw is not emb:
+            raw.gpudata.free()
 
 
 # -- activations / cache ----------------------------------------------------------------------
@@ -187,10 +234,13 @@ class DeviceBuffers:
     vc: list  # per layer f16 [max_tokens, Hkv, D]
     rope: object  # L.RopeTable for max_tokens positions
     q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without MMQ routes)
+    q8s: object  # uint8 [q8s_bytes] split q8_1 scratch of the wgmma routes (None without)
 
 
-def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int) -> DeviceBuffers:
-    """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch)."""
+def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
+                  q8s_bytes: int = 0) -> DeviceBuffers:
+    """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
+    q8s_bytes: plan["q8_1 split scratch"] (0: no wgmma route)."""
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
     e = da.empty
@@ -211,4 +261,5 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int) -> DeviceB
         vc=[e(rt, (max_tokens, Hkv, D), np.float16, f"V cache {i}") for i in range(c.n_layers)],
         rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
+        q8s=e(rt, (q8s_bytes,), np.uint8, "split q8_1 scratch") if q8s_bytes else None,
     )

@@ -25,8 +25,12 @@ def test_check_passes_on_tiny_q4km(tiny_path):
     assert r.exit_code == 0, r.output
     out = r.output
     assert "check: PASS" in out
-    for path in ("f16", "mmq-r1", "mmq-narrow", "mmq-wide-kd4", "mmq-wide-kd8"):
+    for path in ("f16", "mmq-r1", "mmq-narrow", "mmq-wide-kd4", "mmq-wide-kd8", "mmq-wgmma-kd4"):
         assert f"| {path} | " in out
+    from minfer.cuda.runtime import get_runtime
+
+    if get_runtime().arch == "sm_90":   # the parity rows name the kernel that ran
+        assert "| mmq-wgmma-kd4 [wgmma] |" in out and "| mmq-wgmma-kd4 [wide-kd4] |" in out
     assert "| q4_K " in out and "| q6_K " in out and " +=" in out
     assert "/32 |" in out and "MMQ (mmq-wide-kd8)" in out
 
@@ -47,7 +51,7 @@ def test_check_passes_on_8b_shape_2_layers(tmp_path):
     assert r.exit_code == 0, r.output
     assert "check: PASS" in r.output
     assert "4096" in r.output and "14336" in r.output   # parity rows at the 8B shapes
-    for p in ("mmq-r1", "mmq-narrow", "mmq-wide-kd4", "mmq-wide-kd8"):
+    for p in ("mmq-r1", "mmq-narrow", "mmq-wide-kd4", "mmq-wide-kd8", "mmq-wgmma-kd4"):
         assert f"| {p} | " in r.output
 
 

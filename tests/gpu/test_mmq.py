@@ -45,8 +45,8 @@ def test_mmq_parity(rt, qtype, variant, M, N, K):
     from minfer.quants.mmq_ref import mmq_linear_ref
 
     cfg = {"r1": GemmConfig(mmq=True, raw=False), "narrow": GemmConfig(mmq=True, wide=False),
-           "wide-kd4": GemmConfig(mmq=True, kd=4),
-           "wide-kd8": GemmConfig(mmq=True, kd=8)}[variant]
+           "wide-kd4": GemmConfig(mmq=True, kd=4, wgmma=False),
+           "wide-kd8": GemmConfig(mmq=True, kd=8, wgmma=False)}[variant]   # wgmma: test_wgmma_device
     rng = np.random.default_rng(M + N + K + qtype)
     w = _weights(rng, qtype, N, K)
     x = rng.standard_normal((M, K)).astype(np.float32)
