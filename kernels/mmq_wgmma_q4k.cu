@@ -280,6 +280,7 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
     }
     gemm_f16::cp_async_wait<0>();
 
+    const bool vec = (N & 1) == 0;   // then col < N implies col + 1 < N, 8-byte aligned
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -290,12 +291,20 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
 #pragma unroll
             for (int i = 0; i < NI; ++i) {
                 const int col = n0 + cw + i * 8 + 2 * t;
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    if (col + e < N) {
-                        const float v = acc[h][i][2 * u + e];
-                        crow[col + e] = accumulate ? crow[col + e] + v : v;
+                float2 v = make_float2(acc[h][i][2 * u], acc[h][i][2 * u + 1]);
+                if (vec) {
+                    if (col >= N) continue;
+                    float2* p = reinterpret_cast<float2*>(crow + col);
+                    if (accumulate) {
+                        const float2 o = *p;
+                        v.x += o.x;
+                        v.y += o.y;
                     }
+                    *p = v;
+                } else {
+                    if (col < N) crow[col] = accumulate ? crow[col] + v.x : v.x;
+                    if (col + 1 < N) crow[col + 1] = accumulate ? crow[col + 1] + v.y : v.y;
+                }
             }
         }
 }

@@ -61,11 +61,11 @@ def test_parity_ragged(hopper, M, N, K):
     mmq_wgmma_linear(rt, xd, wr, M, N, K, out)
     y = out.get()
     assert np.isfinite(y).all()
-    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5   # measured ~1e-6; gate 1e-3
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-4   # measured ~1e-6; gate 1e-3
     base = rng.standard_normal((M, N)).astype(np.float32)
     acc = da.to_device(rt, base)
     mmq_wgmma_linear(rt, split_q8_1(rt, xd), wr, M, N, K, acc, accumulate=True)
-    assert np.linalg.norm(acc.get() - base - ref) / np.linalg.norm(ref) < 1e-5
+    assert np.linalg.norm(acc.get() - base - ref) / np.linalg.norm(ref) < 1e-4
 
 
 def test_mmq_linear_routes_to_wgmma(hopper):
@@ -87,7 +87,7 @@ def test_mmq_linear_routes_to_wgmma(hopper):
         out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
         v = mmq_linear(rt, xin, wd, Q4_K, M, N, K, GemmConfig(mmq=True), out)
         assert v.kind == kind
-        assert np.linalg.norm(out.get() - ref) / np.linalg.norm(ref) < 1e-5
+        assert np.linalg.norm(out.get() - ref) / np.linalg.norm(ref) < 1e-4
 
 
 def test_backend_on_wgmma(hopper, model):
