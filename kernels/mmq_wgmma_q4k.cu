@@ -21,11 +21,14 @@
 // product per stage, on tf32 mma.sync m16n8k4 (3xTF32: hi*hi + hi*lo + lo*hi) straight into y:
 // a wgmma accumulator's per-warp fragment is the m16n8 C fragment.
 //
-// Block: 2 consumer warpgroups (256 threads), tile 128 tokens x BN weight rows, warpgroup w owns
-// rows 64w..64w+63; stages of BK = 128 k (4 chunks) filled by 16-byte cp.async STAGES-1 ahead,
-// A and B in the 128-byte swizzle (wgmma_common.cuh). Per chunk: wgmma, wait, epilogue (the
-// other warpgroup's wgmma overlaps it). grid ceil(M/128)*ceil(N/BN) (M-tiles fastest, so the
-// blocks sharing a weight tile run together), dynamic smem WgSmem<BN, STAGES>::BYTES.
+// Block: 2 warpgroups (256 threads, 1 block per SM at ~254 registers), tile 128 tokens x 128
+// weight rows; warpgroup w owns weight rows 64w..64w+63 and all 128 tokens as two m64 halves
+// (mmq_wgmma_body); stages of BK = 128 k (4 chunks) filled by 16-byte cp.async STAGES-1 ahead,
+// A and B in the 128-byte swizzle (wgmma_common.cuh). Per chunk and m64 half: wgmma, then the
+// epilogue of the previous group while it runs (wait_group 1). Tiles in M-fastest order (the
+// blocks sharing a weight tile run together); persistent (MMQ_WG_PERSIST, default): grid =
+// min(tiles, SMs), each block walks its tiles and issues the next tile's first stages before
+// storing the current one. Dynamic smem WgSmem<BN, STAGES>::BYTES.
 // Entry: mmq_wgmma_q4k(Aq, Ta, Wq, Tw, C, M, N, K, accumulate), K % 128 == 0; every buffer
 // under 2^31 B (32-bit offsets).
 #include "gemm_f16_common.cuh"
@@ -36,6 +39,9 @@
 #endif
 #ifndef MMQ_WG_PREFETCH  // load the next chunk's scales during the current epilogue
 #define MMQ_WG_PREFETCH 1
+#endif
+#ifndef MMQ_WG_PERSIST   // 1: persistent tile loop (launcher: grid <= SM count)
+#define MMQ_WG_PERSIST 1
 #endif
 #ifndef MMQ_WG_STAGES
 #define MMQ_WG_STAGES 3
@@ -183,12 +189,12 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
-    const int mtiles = (M + BM - 1) / BM;
-    const int m0 = (blockIdx.x % mtiles) * BM, n0 = (blockIdx.x / mtiles) * BN;
+    const int mtiles = (M + BM - 1) / BM, ntiles = mtiles * ((N + BN - 1) / BN);
     const int Mp = (M + TPAD - 1) / TPAD * TPAD, Np = (N + TPAD - 1) / TPAD * TPAD;
     const int KT = K / BK;
     const int rl = (warp & 3) * 16 + g;   // this thread's first token row in each m64 half
     const int cw = wg * WN;               // the warpgroup's first weight row in the tile
+    const bool vec = (N & 1) == 0;        // float2 stores: col < N implies col + 1 < N
 
     float acc[2][NI][4];
 #pragma unroll
@@ -197,116 +203,146 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
         for (int i = 0; i < NI; ++i) acc[h][i][0] = acc[h][i][1] = acc[h][i][2] = acc[h][i][3] = 0.f;
     int d[2][WN / 2];
 
-    const Copier<BN, STAGES, T> cp(m0, n0, M, N, K, Mp, Np, K / 32, tid);
+    // Tiles (M-tiles fastest, so the blocks sharing a weight tile run together). MMQ_WG_PERSIST:
+    // the grid is at most one block per SM and each block walks tiles blockIdx.x + i*gridDim.x,
+    // issuing the next tile's first stages before it stores the current one (the store burst
+    // and the pipeline fill overlap); otherwise one tile per block.
+    int tile = blockIdx.x;
+    int m0 = (tile % mtiles) * BM, n0 = (tile / mtiles) * BN;
+    Copier<BN, STAGES, T> cp(m0, n0, M, N, K, Mp, Np, K / 32, tid);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < KT) cp.issue(base + s * S::STAGE, s, Aq, Ta, Wq, Tw, K, tid);
         else gemm_f16::cp_async_commit();
     }
-    for (int kt = 0; kt < KT; ++kt) {
-        gemm_f16::cp_async_wait<STAGES - 2>();
-        wgmma::fence_proxy_async();   // cp.async writes (generic proxy) -> wgmma reads (async)
-        __syncthreads();              // stage kt landed for all; stage kt-1 fully consumed
-        {
-            const int nk = kt + STAGES - 1;
-            if (nk < KT) cp.issue(base + (nk % STAGES) * S::STAGE, nk, Aq, Ta, Wq, Tw, K, tid);
-            else gemm_f16::cp_async_commit();
-        }
-        const int so = (kt % STAGES) * S::STAGE;
-        const uint32_t sa = base + so, sbw = base + so + S::A + cw * 128;
-        const float2* ta = reinterpret_cast<const float2*>(sgen + so + S::A + S::B);
-        const float4* tb = reinterpret_cast<const float4*>(sgen + so + S::A + S::B + S::TA);
-        const uint2* tm = reinterpret_cast<const uint2*>(sgen + so + S::A + S::B + S::TA + S::TB);
-        auto issue = [&](int c, int h) {
-            wgmma::fence();
-            igmma<WN>(d[h], wgmma::sw128_desc(sa + h * 64 * 128 + c * 32),
-                      wgmma::sw128_desc(sbw + c * 32));
-            wgmma::commit();
-        };
-        issue(0, 0);
-        issue(0, 1);
-        float4 es[NI];   // (dsvs, nbs) of the thread's 2 columns per n8 frag, both halves
-#pragma unroll
-        for (int i = 0; i < NI; ++i) es[i] = tb[(cw + i * 8 + 2 * t) >> 1];
-#pragma unroll
-        for (int c = 0; c < KC; ++c) {
-#pragma unroll
+    while (true) {
+        for (int kt = 0; kt < KT; ++kt) {
+            gemm_f16::cp_async_wait<STAGES - 2>();
+            wgmma::fence_proxy_async();   // cp.async writes (generic proxy) -> wgmma reads (async)
+            __syncthreads();              // stage kt landed for all; stage kt-1 fully consumed
+            {
+                const int nk = kt + STAGES - 1;
+                if (nk < KT) cp.issue(base + (nk % STAGES) * S::STAGE, nk, Aq, Ta, Wq, Tw, K, tid);
+                else gemm_f16::cp_async_commit();
+            }
+            const int so = (kt % STAGES) * S::STAGE;
+            const uint32_t sa = base + so, sbw = base + so + S::A + cw * 128;
+            const float2* ta = reinterpret_cast<const float2*>(sgen + so + S::A + S::B);
+            const float4* tb = reinterpret_cast<const float4*>(sgen + so + S::A + S::B + S::TA);
+            const uint2* tm = reinterpret_cast<const uint2*>(sgen + so + S::A + S::B + S::TA + S::TB);
+            auto issue = [&](int c, int h) {
+                wgmma::fence();
+                igmma<WN>(d[h], wgmma::sw128_desc(sa + h * 64 * 128 + c * 32),
+                          wgmma::sw128_desc(sbw + c * 32));
+                wgmma::commit();
+            };
+            issue(0, 0);
+            issue(0, 1);
+            float4 es[NI];   // (dsvs, nbs) of the thread's 2 columns per n8 frag, both halves
+    #pragma unroll
+            for (int i = 0; i < NI; ++i) es[i] = tb[(cw + i * 8 + 2 * t) >> 1];
+    #pragma unroll
+            for (int c = 0; c < KC; ++c) {
+    #pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float da0 = ta[c * BM + h * 64 + rl].x, da8 = ta[c * BM + h * 64 + rl + 8].x;
+                    if (c == KC - 1 && h == 1) wgmma::wait<0>();
+                    else wgmma::wait<1>();   // (c, h) done; the next group may still run
+                    fence_regs(d[h]);
+    #pragma unroll
+                    for (int i = 0; i < NI; ++i) {
+                        const float4 e = es[i];
+                        float(&y)[4] = acc[h][i];
+                        y[0] = fmaf(fmaf(__int_as_float(d[h][4 * i + 0]), e.x, e.y), da0, y[0]);
+                        y[1] = fmaf(fmaf(__int_as_float(d[h][4 * i + 1]), e.z, e.w), da0, y[1]);
+                        y[2] = fmaf(fmaf(__int_as_float(d[h][4 * i + 2]), e.x, e.y), da8, y[2]);
+                        y[3] = fmaf(fmaf(__int_as_float(d[h][4 * i + 3]), e.z, e.w), da8, y[3]);
+    #if MMQ_WG_PREFETCH
+                        // es[i] is dead after half 1: load chunk c+1's in its place
+                        if (h == 1 && c + 1 < KC) es[i] = tb[((c + 1) * BN + cw + i * 8 + 2 * t) >> 1];
+    #endif
+                    }
+    #if !MMQ_WG_PREFETCH
+                    if (h == 1 && c + 1 < KC)
+    #pragma unroll
+                        for (int i = 0; i < NI; ++i) es[i] = tb[((c + 1) * BN + cw + i * 8 + 2 * t) >> 1];
+    #endif
+                    if (c + 1 < KC) issue(c + 1, h);
+                }
+            }
+            // min term of the stage: y[r][n] += sum_c dma[r][c] * dmv[c][n], k = c = t
+            uint32_t b[NI][2];
+    #pragma unroll
+            for (int i = 0; i < NI; ++i) {
+                const uint2 v = tm[t * BN + cw + i * 8 + g];
+                b[i][0] = v.x;
+                b[i][1] = v.y;
+            }
+    #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float da0 = ta[c * BM + h * 64 + rl].x, da8 = ta[c * BM + h * 64 + rl + 8].x;
-                if (c == KC - 1 && h == 1) wgmma::wait<0>();
-                else wgmma::wait<1>();   // (c, h) done; the next group may still run
-                fence_regs(d[h]);
+                uint32_t ah0, al0, ah8, al8;
+                tf32_split(ta[t * BM + h * 64 + rl].y, ah0, al0);
+                tf32_split(ta[t * BM + h * 64 + rl + 8].y, ah8, al8);
+    #pragma unroll
+                for (int i = 0; i < NI; ++i) {
+                    mma_tf32_k4(acc[h][i], ah0, ah8, b[i][0]);
+                    mma_tf32_k4(acc[h][i], ah0, ah8, b[i][1]);
+                    mma_tf32_k4(acc[h][i], al0, al8, b[i][0]);
+                }
+            }
+        }
+        const int sm0 = m0, sn0 = n0;
+#if MMQ_WG_PERSIST
+        const int next = tile + gridDim.x;
+        __syncthreads();   // every warp is done with the stages (the min term read the last)
+        if (next < ntiles) {
+            tile = next;
+            m0 = (tile % mtiles) * BM;
+            n0 = (tile / mtiles) * BN;
+            cp = Copier<BN, STAGES, T>(m0, n0, M, N, K, Mp, Np, K / 32, tid);
+#pragma unroll
+            for (int s = 0; s < STAGES - 1; ++s) {
+                if (s < KT) cp.issue(base + s * S::STAGE, s, Aq, Ta, Wq, Tw, K, tid);
+                else gemm_f16::cp_async_commit();
+            }
+        }
+#else
+        const int next = ntiles;
+#endif
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int r = sm0 + h * 64 + rl + 8 * u;
+                if (r >= M) continue;
+                float* crow = C + (size_t)r * N;
 #pragma unroll
                 for (int i = 0; i < NI; ++i) {
-                    const float4 e = es[i];
-                    float(&y)[4] = acc[h][i];
-                    y[0] = fmaf(fmaf(__int_as_float(d[h][4 * i + 0]), e.x, e.y), da0, y[0]);
-                    y[1] = fmaf(fmaf(__int_as_float(d[h][4 * i + 1]), e.z, e.w), da0, y[1]);
-                    y[2] = fmaf(fmaf(__int_as_float(d[h][4 * i + 2]), e.x, e.y), da8, y[2]);
-                    y[3] = fmaf(fmaf(__int_as_float(d[h][4 * i + 3]), e.z, e.w), da8, y[3]);
-#if MMQ_WG_PREFETCH
-                    // es[i] is dead after half 1: load chunk c+1's in its place
-                    if (h == 1 && c + 1 < KC) es[i] = tb[((c + 1) * BN + cw + i * 8 + 2 * t) >> 1];
-#endif
+                    const int col = sn0 + cw + i * 8 + 2 * t;
+                    float2 v = make_float2(acc[h][i][2 * u], acc[h][i][2 * u + 1]);
+                    if (vec) {
+                        if (col >= N) continue;
+                        float2* p = reinterpret_cast<float2*>(crow + col);
+                        if (accumulate) {
+                            const float2 o = *p;
+                            v.x += o.x;
+                            v.y += o.y;
+                        }
+                        *p = v;
+                    } else {
+                        if (col < N) crow[col] = accumulate ? crow[col] + v.x : v.x;
+                        if (col + 1 < N) crow[col + 1] = accumulate ? crow[col + 1] + v.y : v.y;
+                    }
                 }
-#if !MMQ_WG_PREFETCH
-                if (h == 1 && c + 1 < KC)
-#pragma unroll
-                    for (int i = 0; i < NI; ++i) es[i] = tb[((c + 1) * BN + cw + i * 8 + 2 * t) >> 1];
-#endif
-                if (c + 1 < KC) issue(c + 1, h);
             }
-        }
-        // min term of the stage: y[r][n] += sum_c dma[r][c] * dmv[c][n], k = c = t
-        uint32_t b[NI][2];
+        if (next >= ntiles) break;
 #pragma unroll
-        for (int i = 0; i < NI; ++i) {
-            const uint2 v = tm[t * BN + cw + i * 8 + g];
-            b[i][0] = v.x;
-            b[i][1] = v.y;
-        }
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            uint32_t ah0, al0, ah8, al8;
-            tf32_split(ta[t * BM + h * 64 + rl].y, ah0, al0);
-            tf32_split(ta[t * BM + h * 64 + rl + 8].y, ah8, al8);
-#pragma unroll
-            for (int i = 0; i < NI; ++i) {
-                mma_tf32_k4(acc[h][i], ah0, ah8, b[i][0]);
-                mma_tf32_k4(acc[h][i], ah0, ah8, b[i][1]);
-                mma_tf32_k4(acc[h][i], al0, al8, b[i][0]);
-            }
-        }
+            for (int i = 0; i < NI; ++i)
+                acc[h][i][0] = acc[h][i][1] = acc[h][i][2] = acc[h][i][3] = 0.f;
     }
     gemm_f16::cp_async_wait<0>();
-
-    const bool vec = (N & 1) == 0;   // then col < N implies col + 1 < N, 8-byte aligned
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int r = m0 + h * 64 + rl + 8 * u;
-            if (r >= M) continue;
-            float* crow = C + (size_t)r * N;
-#pragma unroll
-            for (int i = 0; i < NI; ++i) {
-                const int col = n0 + cw + i * 8 + 2 * t;
-                float2 v = make_float2(acc[h][i][2 * u], acc[h][i][2 * u + 1]);
-                if (vec) {
-                    if (col >= N) continue;
-                    float2* p = reinterpret_cast<float2*>(crow + col);
-                    if (accumulate) {
-                        const float2 o = *p;
-                        v.x += o.x;
-                        v.y += o.y;
-                    }
-                    *p = v;
-                } else {
-                    if (col < N) crow[col] = accumulate ? crow[col] + v.x : v.x;
-                    if (col + 1 < N) crow[col + 1] = accumulate ? crow[col + 1] + v.y : v.y;
-                }
-            }
-        }
 }
 
 }  // namespace

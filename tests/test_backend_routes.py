@@ -47,7 +47,8 @@ def test_routes_mmq(tiny, kw, label):
 
 
 def test_fusion_plan_f16_and_mmq(tiny):
-    """q|k|v and gate|up fuse when every member shares the route (and, on MMQ, the type)."""
+    """q|k|v and gate|up fuse when every member shares the route (and, on MMQ, the type); on
+    MMQ (attn_v on f16) q|k fuse as attn_qk when they share route and type."""
     from minfer.cuda.routes import plan_fusion
 
     c = tiny.config
@@ -60,13 +61,21 @@ def test_fusion_plan_f16_and_mmq(tiny):
     mmq = plan_fusion(tiny, r)
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        assert p + "attn_q.weight" not in mmq   # attn_v stays on f16: q|k|v cannot fuse
+        assert p + "attn_v.weight" not in mmq   # attn_v stays on f16: q|k|v cannot fuse
+        q, k = tiny.tensor(p + "attn_q.weight"), tiny.tensor(p + "attn_k.weight")
+        qk = r[p + "attn_q.weight"][0] == r[p + "attn_k.weight"][0] and q.qtype == k.qtype
+        assert (p + "attn_q.weight" in mmq) == qk
+        if qk:
+            qd = c.n_heads * c.head_dim
+            assert mmq[p + "attn_k.weight"] == (p + "attn_qk.weight", qd,
+                                                c.n_kv_heads * c.head_dim)
         g, u = tiny.tensor(p + "ffn_gate.weight"), tiny.tensor(p + "ffn_up.weight")
         same = r[p + "ffn_gate.weight"][0] == r[p + "ffn_up.weight"][0] and g.qtype == u.qtype
         assert (p + "ffn_gate.weight" in mmq) == same
         if same:
             assert mmq[p + "ffn_up.weight"] == (p + "ffn_gate_up.weight", c.d_ff, c.d_ff)
     assert any(n.endswith("ffn_gate.weight") for n in mmq)   # the tiny model has such layers
+    assert any(n.endswith("attn_q.weight") for n in mmq)
 
 
 def test_routes_smem_guard_reaches_backend(tiny):

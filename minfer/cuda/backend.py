@@ -314,7 +314,15 @@ class CudaBackend:
             with self._op("rmsnorm"):
                 da.poison(rt, h16)
                 L.rmsnorm(rt, h16, x, self.w[p + "attn_norm.weight"], c.rms_eps)
-            if p + "attn_q.weight" in self.fused:
+            qgroup = self.fused.get(p + "attn_q.weight", ("",))[0]
+            if qgroup.endswith(".attn_qk.weight"):   # q|k fused, v alone (on f16)
+                qk = self._part(self.qkv32, 0, (T, qd + kd))
+                v32 = self._part(self.qkv32, Tu * (qd + kd), (T, kd))
+                q = p + "attn_q.weight"
+                self._linear(qk, h16, qgroup, "f32", "attn_qk", self._quantize(h16, q), q)
+                self._linear(v32, h16, p + "attn_v.weight", "f32", "attn_v")
+                srcs, cols = (qk, qk, v32), (0, qd, 0)
+            elif qgroup:
                 qkv = self._part(self.qkv32, 0, (T, qd + 2 * kd))
                 q = p + "attn_q.weight"
                 self._linear(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv",

@@ -24,6 +24,7 @@ from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows
 
 WG_BN, WG_WN, WG_STAGES, WG_BM, WG_BK = 128, 64, 3, 128, 128
+WG_PERSIST = True    # the kernel's MMQ_WG_PERSIST default (its tile loop, one block per SM)
 _OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
 
 
@@ -141,18 +142,22 @@ def mmq_wgmma_linear(rt, x, w: WgmmaQ4K, M: int, N: int, K: int, out, accumulate
         da.check("mmq_wgmma_linear x", x, (M, K), (np.float32, np.float16))
         aq, ta = split_q8_1(rt, x, *(split or (None, None)))
     da.check("mmq_wgmma_linear out", out, (M, N), np.float32)
-    bn, stages, wn = WG_BN, WG_STAGES, WG_WN
+    bn, stages, wn, persist = WG_BN, WG_STAGES, WG_WN, WG_PERSIST
     for o in build_opts:   # kernel A/B builds (scripts/mmq_wgmma_device.py) change the geometry
-        if o.startswith("-DMMQ_WG_STAGES="):
-            stages = int(o.split("=", 1)[1])
-        if o.startswith("-DMMQ_WG_WN="):
-            wn = int(o.split("=", 1)[1])
+        key, _, val = o.partition("=")
+        if key == "-DMMQ_WG_STAGES":
+            stages = int(val)
+        elif key == "-DMMQ_WG_WN":
+            wn = int(val)
+        elif key == "-DMMQ_WG_PERSIST":
+            persist = bool(int(val))
     smem = wgmma_smem(bn, stages)
     if smem > rt.smem_optin:
         raise GPUError(f"mmq_wgmma_linear: {smem} B of shared memory needed, over this GPU's "
                        f"opt-in cap of {rt.smem_optin} B")
     fn = rt.function("mmq_wgmma_q4k", "mmq_wgmma_q4k", (*_OPTS, *build_opts), dyn_smem=smem)
-    grid = ((M + WG_BM - 1) // WG_BM * ((N + bn - 1) // bn),)
+    tiles = (M + WG_BM - 1) // WG_BM * ((N + bn - 1) // bn)
+    grid = (min(tiles, rt.sm_count) if persist else tiles,)   # persistent: <= 1 block per SM
     rt.launch(fn, grid, (bn // wn * 128,), (da.arg(aq), da.arg(ta), da.arg(w.wq), da.arg(w.tw),
                                  da.arg(out), np.int32(M), np.int32(N),
                                  np.int32(K), np.int32(1 if accumulate else 0)), smem)

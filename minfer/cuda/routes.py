@@ -80,13 +80,21 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
     """weight name -> (fused group name, first row, rows) for q/k/v and gate/up of a layer
     when every member runs on the same path and they share K (the group's GEMM is one launch):
     f16, or one MMQ path with one tensor type (the raw rows concatenate: [sum N, K/256 blocks]).
+    When q|k|v cannot fuse (on MMQ attn_v stays on f16 for the KV cache), q|k still may: the
+    group attn_qk (bias-free models only; its output is [T, qd + kd], v runs alone).
     One launch instead of two also fills the GPU better (gate|up at M = 512: 1,792 blocks of
-    the wide kernel, 6.8 waves on 132 SMs, instead of two launches of 3.4 waves each)."""
+    the wide kernel, 6.8 waves on 132 SMs, instead of two launches of 3.4 waves each; attn_k
+    alone at N = 1024 is 32 blocks of the wgmma kernel on 132 SMs)."""
     out: dict[str, tuple[str, int, int]] = {}
     for i in range(model.config.n_layers):
         for group, members in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+                               ("attn_qk", ("attn_q", "attn_k")),
                                ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
             names = [f"blk.{i}.{n}.weight" for n in members]
+            if any(n in out for n in names):
+                continue   # already in the q|k|v group
+            if group == "attn_qk" and model.config.qkv_bias:
+                continue
             paths = {routes[n][0] for n in names}
             if len(paths) != 1:
                 continue
