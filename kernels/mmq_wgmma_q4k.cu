@@ -34,12 +34,6 @@
 #include "gemm_f16_common.cuh"
 #include "wgmma_common.cuh"
 
-#ifndef MMQ_WG_WN       // weight rows per warpgroup: 64 (2 warpgroups) or 32 (4)
-#define MMQ_WG_WN 64
-#endif
-#ifndef MMQ_WG_PREFETCH  // load the next chunk's scales during the current epilogue
-#define MMQ_WG_PREFETCH 1
-#endif
 #ifndef MMQ_WG_PERSIST   // 1: persistent tile loop (launcher: grid <= SM count)
 #define MMQ_WG_PERSIST 1
 #endif
@@ -67,15 +61,6 @@ static_assert(WgSmem<64, 3>::STAGE % 1024 == 0 && WgSmem<128, 4>::STAGE % 1024 =
               "stages keep the 1024-byte alignment of the swizzled tiles");
 static_assert(sizeof(float2) == 8 && sizeof(uint2) == 8 && sizeof(float4) == 16, "table entries");
 
-// d[16] = A (64x32 u8, smem desc) * B (32x32 u8, smem desc), both K-major, s32 (scale-d 0)
-__device__ __forceinline__ void igmma_m64n32k32(int (&d)[16], uint64_t da, uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n32k32.s32.u8.u8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, 0;\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15])
-        : "l"(da), "l"(db));
-}
-
 // d[32] = A (64x32 u8, smem desc) * B (32x64 u8, smem desc), both K-major, s32 (scale-d 0)
 __device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
     asm volatile(
@@ -83,12 +68,6 @@ __device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint6
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0;\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31])
         : "l"(da), "l"(db));
-}
-
-template <int BN>
-__device__ __forceinline__ void igmma(int (&d)[BN / 2], uint64_t da, uint64_t db) {
-    if constexpr (BN == 32) igmma_m64n32k32(d, da, db);
-    else igmma_m64n64k32(d, da, db);
 }
 
 template <int R>
@@ -170,17 +149,17 @@ struct Copier {
     }
 };
 
-// Block tile 128 tokens x BN = 128 weight rows; warpgroup w owns weight rows WN*w..WN*w+WN-1 and
+// Block tile 128 tokens x BN = 128 weight rows; warpgroup w owns weight rows 64w..64w+63 and
 // all 128 tokens as two m64 halves h (so each scale it loads serves 4 token rows per thread, and
-// the two halves pipeline: the epilogue of one overlaps the other's wgmma). WN = 64: 2
-// warpgroups; WN = 32: 4 (more warps to hide latency, half the registers each).
-template <int WN, int STAGES>
+// the two halves pipeline: the epilogue of one overlaps the other's wgmma). (4 warpgroups of
+// 32 weight rows, 16 warps at <= 128 registers, measured 4-6% slower: docs/perf.md.)
+template <int STAGES>
 __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
                                                const uint8_t* __restrict__ Ta,
                                                const uint8_t* __restrict__ Wq,
                                                const uint8_t* __restrict__ Tw, float* C, int M,
                                                int N, int K, int accumulate) {
-    constexpr int BN = 128, NI = WN / 8, T = BN / WN * 128;   // block weight rows; n8 frags; threads
+    constexpr int BN = 128, WN = 64, NI = WN / 8, T = 256;   // block / warpgroup weight rows
     using S = WgSmem<BN, STAGES>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t raw = smem_u32(smem_raw);
@@ -232,24 +211,24 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
             const uint2* tm = reinterpret_cast<const uint2*>(sgen + so + S::A + S::B + S::TA + S::TB);
             auto issue = [&](int c, int h) {
                 wgmma::fence();
-                igmma<WN>(d[h], wgmma::sw128_desc(sa + h * 64 * 128 + c * 32),
+                igmma_m64n64k32(d[h], wgmma::sw128_desc(sa + h * 64 * 128 + c * 32),
                           wgmma::sw128_desc(sbw + c * 32));
                 wgmma::commit();
             };
             issue(0, 0);
             issue(0, 1);
             float4 es[NI];   // (dsvs, nbs) of the thread's 2 columns per n8 frag, both halves
-    #pragma unroll
+#pragma unroll
             for (int i = 0; i < NI; ++i) es[i] = tb[(cw + i * 8 + 2 * t) >> 1];
-    #pragma unroll
+#pragma unroll
             for (int c = 0; c < KC; ++c) {
-    #pragma unroll
+#pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const float da0 = ta[c * BM + h * 64 + rl].x, da8 = ta[c * BM + h * 64 + rl + 8].x;
                     if (c == KC - 1 && h == 1) wgmma::wait<0>();
                     else wgmma::wait<1>();   // (c, h) done; the next group may still run
                     fence_regs(d[h]);
-    #pragma unroll
+#pragma unroll
                     for (int i = 0; i < NI; ++i) {
                         const float4 e = es[i];
                         float(&y)[4] = acc[h][i];
@@ -257,33 +236,27 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
                         y[1] = fmaf(fmaf(__int_as_float(d[h][4 * i + 1]), e.z, e.w), da0, y[1]);
                         y[2] = fmaf(fmaf(__int_as_float(d[h][4 * i + 2]), e.x, e.y), da8, y[2]);
                         y[3] = fmaf(fmaf(__int_as_float(d[h][4 * i + 3]), e.z, e.w), da8, y[3]);
-    #if MMQ_WG_PREFETCH
-                        // es[i] is dead after half 1: load chunk c+1's in its place
+                        // es[i] is dead after half 1: load chunk c+1's in its place (ptxas
+                        // schedules it ~37 instructions before use at this register count)
                         if (h == 1 && c + 1 < KC) es[i] = tb[((c + 1) * BN + cw + i * 8 + 2 * t) >> 1];
-    #endif
                     }
-    #if !MMQ_WG_PREFETCH
-                    if (h == 1 && c + 1 < KC)
-    #pragma unroll
-                        for (int i = 0; i < NI; ++i) es[i] = tb[((c + 1) * BN + cw + i * 8 + 2 * t) >> 1];
-    #endif
                     if (c + 1 < KC) issue(c + 1, h);
                 }
             }
             // min term of the stage: y[r][n] += sum_c dma[r][c] * dmv[c][n], k = c = t
             uint32_t b[NI][2];
-    #pragma unroll
+#pragma unroll
             for (int i = 0; i < NI; ++i) {
                 const uint2 v = tm[t * BN + cw + i * 8 + g];
                 b[i][0] = v.x;
                 b[i][1] = v.y;
             }
-    #pragma unroll
+#pragma unroll
             for (int h = 0; h < 2; ++h) {
                 uint32_t ah0, al0, ah8, al8;
                 tf32_split(ta[t * BM + h * 64 + rl].y, ah0, al0);
                 tf32_split(ta[t * BM + h * 64 + rl + 8].y, ah8, al8);
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < NI; ++i) {
                     mma_tf32_k4(acc[h][i], ah0, ah8, b[i][0]);
                     mma_tf32_k4(acc[h][i], ah0, ah8, b[i][1]);
@@ -347,11 +320,10 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
 
 }  // namespace
 
-// One block per SM: WN = 64: 8 warps of 2 x (32 D + 32 accumulator) registers per thread;
-// WN = 32: 16 warps of half that, <= 128 registers.
-extern "C" __global__ void __launch_bounds__(128 * 128 / MMQ_WG_WN, 1)
+// One block per SM: 8 warps of 2 x (32 D + 32 accumulator) registers per thread.
+extern "C" __global__ void __launch_bounds__(256, 1)
 mmq_wgmma_q4k(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
               const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
               int N, int K, int accumulate) {
-    mmq_wgmma_body<MMQ_WG_WN, MMQ_WG_STAGES>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate);
+    mmq_wgmma_body<MMQ_WG_STAGES>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate);
 }

@@ -23,7 +23,7 @@ from minfer.cuda import devarray as da
 from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows
 
-WG_BN, WG_WN, WG_STAGES, WG_BM, WG_BK = 128, 64, 3, 128, 128
+WG_BN, WG_STAGES, WG_BM, WG_BK = 128, 3, 128, 128
 WG_PERSIST = True    # the kernel's MMQ_WG_PERSIST default (its tile loop, one block per SM)
 _OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
 
@@ -142,13 +142,11 @@ def mmq_wgmma_linear(rt, x, w: WgmmaQ4K, M: int, N: int, K: int, out, accumulate
         da.check("mmq_wgmma_linear x", x, (M, K), (np.float32, np.float16))
         aq, ta = split_q8_1(rt, x, *(split or (None, None)))
     da.check("mmq_wgmma_linear out", out, (M, N), np.float32)
-    bn, stages, wn, persist = WG_BN, WG_STAGES, WG_WN, WG_PERSIST
+    bn, stages, persist = WG_BN, WG_STAGES, WG_PERSIST
     for o in build_opts:   # kernel A/B builds (scripts/mmq_wgmma_device.py) change the geometry
         key, _, val = o.partition("=")
         if key == "-DMMQ_WG_STAGES":
             stages = int(val)
-        elif key == "-DMMQ_WG_WN":
-            wn = int(val)
         elif key == "-DMMQ_WG_PERSIST":
             persist = bool(int(val))
     smem = wgmma_smem(bn, stages)
@@ -158,7 +156,7 @@ def mmq_wgmma_linear(rt, x, w: WgmmaQ4K, M: int, N: int, K: int, out, accumulate
     fn = rt.function("mmq_wgmma_q4k", "mmq_wgmma_q4k", (*_OPTS, *build_opts), dyn_smem=smem)
     tiles = (M + WG_BM - 1) // WG_BM * ((N + bn - 1) // bn)
     grid = (min(tiles, rt.sm_count) if persist else tiles,)   # persistent: <= 1 block per SM
-    rt.launch(fn, grid, (bn // wn * 128,), (da.arg(aq), da.arg(ta), da.arg(w.wq), da.arg(w.tw),
+    rt.launch(fn, grid, (256,), (da.arg(aq), da.arg(ta), da.arg(w.wq), da.arg(w.tw),
                                  da.arg(out), np.int32(M), np.int32(N),
                                  np.int32(K), np.int32(1 if accumulate else 0)), smem)
 
