@@ -41,6 +41,27 @@ def rel(y, r):
     return float(np.linalg.norm(y.astype(np.float64) - r) / max(np.linalg.norm(r), 1e-30))
 
 
+def interleaved(rt, runs, rounds: int = 7, batch: int = 20):
+    """runs: [(name, f(i))]; rounds of (A B C ...), each an event-timed batch of `batch` calls
+    f(0..batch-1). -> {name: (median µs per call, (p90 - p10) / median)}."""
+    times = {name: [] for name, _ in runs}
+    for _ in range(rounds):
+        for name, f in runs:
+            a, b = rt.drv.Event(), rt.drv.Event()
+            a.record()
+            for i in range(batch):
+                f(i)
+            b.record()
+            b.synchronize()
+            times[name].append(a.time_till(b) * 1e3 / batch)
+    out = {}
+    for name, ts in times.items():
+        ts = np.array(ts)
+        us = float(np.median(ts))
+        out[name] = (us, float((np.percentile(ts, 90) - np.percentile(ts, 10)) / us))
+    return out
+
+
 def main(quick: bool) -> int:
     rt = get_runtime()
     print(f"device {rt.name} {rt.arch} SMs {rt.sm_count} smem_optin {rt.smem_optin}; "

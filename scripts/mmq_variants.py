@@ -21,7 +21,7 @@ from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.quants.q8_1 import quantize_q8_1_raw
 
 sys.path.insert(0, "scripts")
-from mmq_device import rand_weights, rel  # noqa: E402
+from mmq_device import interleaved, rand_weights, rel  # noqa: E402
 
 
 def parse(spec: str):
@@ -60,21 +60,12 @@ def main(specs: list[str]) -> int:
             mmq_linear(rt, q8, ws[0], qt, M, N, K, cfg, out, build_opts=opts)
             e = rel(out.get()[:16], ref)
             fails += not e <= 1e-3
-        times = {v[0]: [] for v in variants}
-        for _ in range(7):
-            for name, cfg, opts in variants:
-                a, b = rt.drv.Event(), rt.drv.Event()
-                a.record()
-                for i in range(20):
-                    mmq_linear(rt, q8, ws[i % 3], qt, M, N, K, cfg, out, build_opts=opts)
-                b.record()
-                b.synchronize()
-                times[name].append(a.time_till(b) * 1e3 / 20)
-        for name, _, _ in variants:
-            ts = np.array(times[name])
-            us = float(np.median(ts))
+        res = interleaved(rt, [(name, (lambda c, o: lambda i: mmq_linear(
+            rt, q8, ws[i % 3], qt, M, N, K, c, out, build_opts=o))(cfg, opts))
+            for name, cfg, opts in variants])
+        for name, (us, spread) in res.items():
             rows.append((f"q{4 if qt == Q4_K else 6}_K", f"{N}x{K}", name, us,
-                         2 * M * N * K / us / 1e6, (np.percentile(ts, 90) - np.percentile(ts, 10)) / us))
+                         2 * M * N * K / us / 1e6, spread))
         for w in ws:
             w.gpudata.free()
     print(f"\n| type | N x K | variant | µs | TOPS | p90-p10 |")

@@ -23,7 +23,7 @@ from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.quants.mmq_wgmma_ref import repack_q4k_ref, split_q8_1_ref
 
 sys.path.insert(0, "scripts")
-from mmq_device import rand_weights, rel  # noqa: E402
+from mmq_device import interleaved, rand_weights, rel  # noqa: E402
 
 
 def main(specs: list[str]) -> int:
@@ -95,21 +95,8 @@ def main(specs: list[str]) -> int:
                  for name, opts in variants]
         runs += [("split-prepass", lambda i: split_q8_1(rt, xd, *sp)),
                  ("q8_1-prepass", lambda i: quantize_q8_1(rt, xd, q8))]
-        times = {n: [] for n, _ in runs}
-        for _ in range(7):
-            for name, f in runs:
-                a, b = rt.drv.Event(), rt.drv.Event()
-                a.record()
-                for i in range(20):
-                    f(i)
-                b.record()
-                b.synchronize()
-                times[name].append(a.time_till(b) * 1e3 / 20)
-        for name, _ in runs:
-            ts = np.array(times[name])
-            us = float(np.median(ts))
-            rows.append((f"{N}x{K}", name, us, 2 * M * N * K / us / 1e6,
-                         (np.percentile(ts, 90) - np.percentile(ts, 10)) / us))
+        for name, (us, spread) in interleaved(rt, runs).items():
+            rows.append((f"{N}x{K}", name, us, 2 * M * N * K / us / 1e6, spread))
         for r_ in raws:
             r_.gpudata.free()
         for r_ in reps:
