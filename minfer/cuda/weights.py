@@ -110,7 +110,7 @@ def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None
 # -- weights ----------------------------------------------------------------------------------
 @dataclass
 class DeviceWeights:
-    w: dict[str, object]  # name -> f16 [N, K] | raw uint8 bytes (MMQ) | f32 norm / bias [N]
+    w: dict[str, object]  # name -> f16 [N, K] | raw uint8 bytes (MMQ) | WgmmaQ4K | f32 norm / bias
     qtypes: dict[str, int]  # linear weight name -> its GGUF qtype
     emb: object  # the quantized embedding table's raw bytes, uint8 [V * row_bytes]
     emb_qtype: int
