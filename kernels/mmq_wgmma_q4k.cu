@@ -17,9 +17,9 @@
 // Epilogue (2 FFMA per C value and chunk, no conversion): the wgmma result D = S + 128*V is
 // >= 0 and < 2^23, so its bits read as the f32 denormal D * 2^-149 (FFMA keeps denormals:
 // built without -ftz). t = fma(D*2^-149, dsv*2^74, -128*V*dsv*2^-75) = S*dsv*2^-75 (one
-// rounding), then y = fma(t, da*2^75, y). The min term sum_c dma*dmv is a [64 x 4] x [4 x BN]
-// product per stage, on tf32 mma.sync m16n8k4 (3xTF32: hi*hi + hi*lo + lo*hi) straight into y:
-// a wgmma accumulator's per-warp fragment is the m16n8 C fragment.
+// rounding), then y = fma(t, da*2^75, y). The min term sum_c dma*dmv is a [128 x 4] x [4 x 64]
+// product per warpgroup and stage, on tf32 mma.sync m16n8k4 (3xTF32: hi*hi + hi*lo + lo*hi)
+// straight into y: a wgmma accumulator's per-warp fragment is the m16n8 C fragment.
 //
 // Block: 2 warpgroups (256 threads, 1 block per SM at ~254 registers), tile 128 tokens x 128
 // weight rows; warpgroup w owns weight rows 64w..64w+63 and all 128 tokens as two m64 halves
@@ -55,9 +55,8 @@ struct WgSmem {
     static constexpr int STAGE = A + B + TA + TB + TM;
     static constexpr int BYTES = STAGES * STAGE + 1024;           // + manual 1 KB alignment
 };
-static_assert(WgSmem<64, 3>::STAGE == 32768 && WgSmem<64, 3>::BYTES == 99328, "wgmma smem BN=64");
-static_assert(WgSmem<128, 3>::STAGE == 45056 && WgSmem<128, 3>::BYTES == 136192, "wgmma smem BN=128");
-static_assert(WgSmem<64, 3>::STAGE % 1024 == 0 && WgSmem<128, 4>::STAGE % 1024 == 0,
+static_assert(WgSmem<128, 3>::STAGE == 45056 && WgSmem<128, 3>::BYTES == 136192, "wgmma smem");
+static_assert(WgSmem<128, 3>::STAGE % 1024 == 0,
               "stages keep the 1024-byte alignment of the swizzled tiles");
 static_assert(sizeof(float2) == 8 && sizeof(uint2) == 8 && sizeof(float4) == 16, "table entries");
 
