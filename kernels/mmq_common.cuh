@@ -32,6 +32,14 @@ static_assert(offsetof(q8_1_raw_block, s) == 36, "q8_1 raw: s at +36");
 #define MMQ_MAGIC_I 0x4B400000
 #define MMQ_MAGIC_F 12582912.0f
 
+// x ~ hi + lo as two tf32 values (10 explicit mantissa bits each, by truncation: x - hi is exact
+// in f32, then truncated in turn), ~21 bits of x in all: the 3xTF32 operands of the min term.
+// Masks instead of cvt.rna.tf32.f32, which ptxas expands to a compare-and-add sequence.
+__device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
+    hi = __float_as_uint(x) & 0xFFFFE000u;
+    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xFFFFE000u;
+}
+
 __device__ __forceinline__ float mmq_h2f(uint32_t bits16) {
     return __half2float(__ushort_as_half((unsigned short)(bits16 & 0xFFFFu)));
 }

@@ -46,7 +46,7 @@ extern "C" __global__ void repack_q4k_wgmma(const uint8_t* __restrict__ W, uint8
     float2* Tb = reinterpret_cast<float2*>(Tw);
     uint2* Tm = Tw + (size_t)KC * Np;
     Tb[(size_t)j * Np + n] = make_float2(dsv * 0x1p74f, ((float)(-128 * V) * dsv) * 0x1p-75f);
-    const uint32_t hi = __float_as_uint(dmv) & 0xFFFFE000u;
-    const uint32_t lo = __float_as_uint(dmv - __uint_as_float(hi)) & 0xFFFFE000u;
+    uint32_t hi, lo;
+    tf32_split(dmv, hi, lo);
     Tm[(size_t)j * Np + n] = make_uint2(hi, lo);
 }

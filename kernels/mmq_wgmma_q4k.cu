@@ -32,6 +32,7 @@
 // Entry: mmq_wgmma_q4k(Aq, Ta, Wq, Tw, C, M, N, K, accumulate), K % 128 == 0; every buffer
 // under 2^31 B (32-bit offsets).
 #include "gemm_f16_common.cuh"
+#include "mmq_common.cuh"   // tf32_split
 #include "wgmma_common.cuh"
 
 #ifndef MMQ_WG_PERSIST   // 1: persistent tile loop (launcher: grid <= SM count)
@@ -82,12 +83,6 @@ __device__ __forceinline__ void mma_tf32_k4(float (&d)[4], uint32_t a0, uint32_t
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(b0));
-}
-
-// x ~ hi + lo, two tf32 values by truncation (x - hi is exact), ~21 bits of x in all.
-__device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
-    hi = __float_as_uint(x) & 0xFFFFE000u;
-    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xFFFFE000u;
 }
 
 // The block's cp.async copies of one stage (T threads), pieces of 16 B: A 128 rows x 8, B BN

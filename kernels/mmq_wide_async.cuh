@@ -53,14 +53,6 @@ static_assert(WideAsyncSmem<4>::B_PITCH / 4 % 32 == 8 && WideAsyncSmem<8>::B_PIT
               "B pitch: conflict-free fragment loads");
 static_assert(WideAsyncSmem<8>::B_PITCH >= 2 * 144 && WideAsyncSmem<4>::A_PITCH % 16 == 0, "pitch");
 
-// x ~ hi + lo as two tf32 values (10 explicit mantissa bits each, by truncation: x - hi is exact
-// in f32, then truncated in turn), ~21 bits of x in all. Masks instead of cvt.rna.tf32.f32,
-// which ptxas expands to a compare-and-add sequence.
-__device__ __forceinline__ void tf32_split(float x, uint32_t& hi, uint32_t& lo) {
-    hi = __float_as_uint(x) & 0xFFFFE000u;
-    lo = __float_as_uint(x - __uint_as_float(hi)) & 0xFFFFE000u;
-}
-
 // d (f32 [4]) += A (16x8 tf32, row) x B (8x8 tf32, col); fragments as in PTX's m16n8k8 .tf32.
 __device__ __forceinline__ void mma_tf32_k8(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                             uint32_t a3, uint32_t b0, uint32_t b1) {

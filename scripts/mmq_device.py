@@ -41,6 +41,15 @@ def rel(y, r):
     return float(np.linalg.norm(y.astype(np.float64) - r) / max(np.linalg.norm(r), 1e-30))
 
 
+def print_table(cols: list[str], rows, fmt: list[str]) -> None:
+    """A markdown table: cols = header names (a trailing ':' right-aligns), fmt = one format
+    spec per column ('' for str)."""
+    print("\n| " + " | ".join(c.rstrip(":") for c in cols) + " |")
+    print("| " + " | ".join("---:" if c.endswith(":") else "---" for c in cols) + " |")
+    for r in rows:
+        print("| " + " | ".join(format(v, f) for v, f in zip(r, fmt)) + " |")
+
+
 def interleaved(rt, runs, rounds: int = 7, batch: int = 20):
     """runs: [(name, f(i))]; rounds of (A B C ...), each an event-timed batch of `batch` calls
     f(0..batch-1). -> {name: (median µs per call, (p90 - p10) / median)}."""

@@ -21,7 +21,7 @@ from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.quants.q8_1 import quantize_q8_1_raw
 
 sys.path.insert(0, "scripts")
-from mmq_device import interleaved, rand_weights, rel  # noqa: E402
+from mmq_device import interleaved, print_table, rand_weights, rel  # noqa: E402
 
 
 def parse(spec: str):
@@ -68,10 +68,8 @@ def main(specs: list[str]) -> int:
                          2 * M * N * K / us / 1e6, spread))
         for w in ws:
             w.gpudata.free()
-    print(f"\n| type | N x K | variant | µs | TOPS | p90-p10 |")
-    print("| --- | --- | --- | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.1f} | {r[4]:.0f} | {r[5]:.1%} |")
+    print_table(["type", "N x K", "variant", "µs:", "TOPS:", "p90-p10:"], rows,
+                ["", "", "", ".1f", ".0f", ".1%"])
     print("ALL OK" if not fails else f"{fails} PARITY FAILURES")
     return 1 if fails else 0
 

@@ -23,7 +23,7 @@ from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.quants.mmq_wgmma_ref import repack_q4k_ref, split_q8_1_ref
 
 sys.path.insert(0, "scripts")
-from mmq_device import interleaved, rand_weights, rel  # noqa: E402
+from mmq_device import interleaved, print_table, rand_weights, rel  # noqa: E402
 
 
 def main(specs: list[str]) -> int:
@@ -101,10 +101,8 @@ def main(specs: list[str]) -> int:
             r_.gpudata.free()
         for r_ in reps:
             r_.free()
-    print("\n| N x K (M=512) | kernel | µs | TOPS | p90-p10 |")
-    print("| --- | --- | ---: | ---: | ---: |")
-    for r_ in rows:
-        print(f"| {r_[0]} | {r_[1]} | {r_[2]:.1f} | {r_[3]:.0f} | {r_[4]:.1%} |")
+    print_table(["N x K (M=512)", "kernel", "µs:", "TOPS:", "p90-p10:"], rows,
+                ["", "", ".1f", ".0f", ".1%"])
     print("ALL OK" if not fails else f"{fails} FAILURES")
     return 1 if fails else 0
 

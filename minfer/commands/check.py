@@ -71,7 +71,7 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
     """[(what, path, shape, rel_err, ok)] for each MMQ path on the model's MMQ weight shapes."""
     from minfer.cuda import devarray as da
     from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq import mmq_linear
+    from minfer.cuda.mmq import mmq_linear, pick_variant
     from minfer.quants.mmq_ref import mmq_linear_ref
 
     rng = np.random.default_rng(seed)
@@ -88,14 +88,16 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
             wd = da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w")
             for path, kw in PATHS.items():
                 out = da.to_device(rt, base, "parity out")
-                v = mmq_linear(rt, xd, wd, qt, M, n, K, GemmConfig(**kw), out, accumulate=acc)
+                cfg = GemmConfig(**kw)
+                mmq_linear(rt, xd, wd, qt, M, n, K, cfg, out, accumulate=acc)
                 y = out.get()[:, cols].astype(np.float64)
                 if acc:
                     y -= base[:, cols]
                 err = (float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
                        if np.isfinite(y).all() else float("inf"))
                 shape = f"{M}x{n}x{K}" + (" +=" if acc else "")
-                ran = f"{path} [{getattr(v, 'label', '?')}]" if "wgmma" in path else path
+                ran = (f"{path} [{pick_variant(cfg, rt.smem_optin, qt, rt.arch).label}]"
+                       if "wgmma" in path else path)   # the kernel mmq_linear picks for f32 x
                 rows.append((f"{QNAME[qt]} {name}", ran, shape, err, err <= PARITY_TOL))
             del xd, wd
     return rows

@@ -49,7 +49,9 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     c = model.config
     m = model
     from minfer.cuda.mmq_wgmma import split_scratch_bytes, wgmma_weight_bytes
+    from minfer.cuda.routes import plan_fusion
 
+    fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
     f16_w = 0
     raw_max = 0
     mmq_w = 0
@@ -64,7 +66,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
         elif path == "mmq-wgmma":   # repacked (1.5 B/weight); raw only while repacking
             wg_k = max(wg_k, int(t.shape[1]))
             mmq_w += wgmma_weight_bytes(*(int(s) for s in t.shape))
-            g = _group_of(n)
+            g = fused[n][0] if n in fused else n
             wg_groups[g] = wg_groups.get(g, 0) + int(t.data.nbytes)
         else:
             q8_k = max(q8_k, int(t.shape[1]))
@@ -80,16 +82,6 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
             "q8_1 split scratch": split_scratch_bytes(T, wg_k) if wg_k else 0,
             "upload staging": raw_max, "MMQ repack staging": max(wg_groups.values(), default=0)}
-
-
-def _group_of(name: str) -> str:
-    """The fused group a q|k|v or gate|up weight would join (the repack unit), else itself."""
-    for group, members in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
-                           ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
-        for mem in members:
-            if name.endswith(f".{mem}.weight"):
-                return name[: -len(f"{mem}.weight")] + f"{group}.weight"
-    return name
 
 
 def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:
