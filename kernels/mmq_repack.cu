@@ -1,13 +1,21 @@
-// mmq_repack.cu: q4_K weights -> the wgmma MMQ layout (kernels/mmq_wgmma_q4k.cu), once at load.
-// Bit-identical to minfer.quants.mmq_wgmma_ref.repack_q4k_ref.
+// mmq_repack.cu: q4_K / q6_K weights -> the wgmma MMQ layouts (kernels/mmq_wgmma_q4k.cu,
+// mmq_wgmma_q6k.cu), once at load. Bit-identical to minfer.quants.mmq_wgmma_ref's
+// repack_q4k_ref / repack_q6k_ref.
 // Entry: repack_q4k_wgmma(const uint8_t* W, uint8_t* Wq, uint2* Tw, int N, int K, int Np)
 //   W   raw q4_K rows [N, K/256 * 144] (16-byte aligned: 144 = 9 * 16)
 //   Wq  uint8 [N, K]       the nibbles v, one per byte, natural k order
 //   Tw  [Tb | Tm]:
 //     Tb  float2 [K/32, Np]  (dsv * 2^74, f32(-128 * V) * dsv * 2^-75), V = sum of the chunk's v
 //     Tm  uint2 [K/32, Np]   dmv = -(dmin * m) as tf32 (hi, lo) by truncation
-// One thread per (row n, 32-chunk j); grid ceil(N * K/32 / 256), block 256. Rows >= N of Tb and
-// Tm are not written (the launcher zeroes them).
+// Entry: repack_q6k_wgmma(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K)
+//   W   raw q6_K rows [N, K/256 * 210] (any alignment: 210 B blocks)
+//   Wq  uint8 [N, K]       q (0..63), natural k order
+//   Tw  one 16 KB block per (128-row tile nt, 128-k stage kt), at (nt * K/128 + kt) * 16384:
+//     TB float4 [4 chunks][128 rows]  (c0, c1, b, 0): c_h = d*sc_h * 2^74,
+//                                     b = (f32(sc0*Q0 + sc1*Q1) * d) * -2^-68, Q_h = sum of q
+//     TM uint2 [8 halves][128 rows]   -32 * d * sc_h as tf32 (hi, lo) by truncation
+// One thread per (row n, 32-chunk j); grid ceil(N * K/32 / 256), block 256. Rows >= N of the
+// tables are not written (the launcher zeroes them).
 #include "mmq_common.cuh"
 
 extern "C" __global__ void repack_q4k_wgmma(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wq,
@@ -49,4 +57,39 @@ extern "C" __global__ void repack_q4k_wgmma(const uint8_t* __restrict__ W, uint8
     uint32_t hi, lo;
     tf32_split(dmv, hi, lo);
     Tm[(size_t)j * Np + n] = make_uint2(hi, lo);
+}
+
+extern "C" __global__ void repack_q6k_wgmma(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wq,
+                                            uint8_t* __restrict__ Tw, int N, int K) {
+    const int KC = K / 32;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)N * KC) return;
+    const int n = (int)(i / KC), j = (int)(i % KC), jj = j & 7;
+    const uint8_t* blk = W + ((size_t)n * (K / 256) + j / 8) * 210;
+    const int half = jj >> 2, quad = jj & 3;            // 128-value half, 32-value quadrant
+    const uint8_t* ql = blk + half * 64 + (quad & 1) * 32;
+    const uint8_t* qh = blk + 128 + half * 32;
+    const int sl = 4 * (quad >> 1), sh = 2 * quad;
+    uint8_t* dst = Wq + (size_t)n * K + 32 * j;
+    int Q[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 32; ++k) {
+        const int q = ((ql[k] >> sl) & 0xF) | (((qh[k] >> sh) & 3) << 4);
+        dst[k] = (uint8_t)q;
+        Q[k >> 4] += q;
+    }
+    const int sc0 = (int8_t)blk[192 + 2 * jj], sc1 = (int8_t)blk[192 + 2 * jj + 1];
+    const float d = mmq_h2f((uint32_t)blk[208] | ((uint32_t)blk[209] << 8));
+    const int nt = n / 128, rn = n % 128, kt = j / 4, cc = j % 4;
+    uint8_t* blkt = Tw + ((size_t)nt * (K / 128) + kt) * 16384;
+    const float ds0 = d * (float)sc0, ds1 = d * (float)sc1;   // exact: f16 d times an int8
+    reinterpret_cast<float4*>(blkt)[cc * 128 + rn] =
+        make_float4(ds0 * 0x1p74f, ds1 * 0x1p74f, ((float)(sc0 * Q[0] + sc1 * Q[1]) * d) * -0x1p-68f,
+                    0.f);
+    uint2* tm = reinterpret_cast<uint2*>(blkt + 8192);
+    uint32_t hi, lo;
+    tf32_split(-32.f * ds0, hi, lo);
+    tm[(2 * cc) * 128 + rn] = make_uint2(hi, lo);
+    tf32_split(-32.f * ds1, hi, lo);
+    tm[(2 * cc + 1) * 128 + rn] = make_uint2(hi, lo);
 }

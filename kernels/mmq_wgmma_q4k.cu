@@ -61,30 +61,6 @@ static_assert(WgSmem<128, 3>::STAGE % 1024 == 0,
               "stages keep the 1024-byte alignment of the swizzled tiles");
 static_assert(sizeof(float2) == 8 && sizeof(uint2) == 8 && sizeof(float4) == 16, "table entries");
 
-// d[32] = A (64x32 u8, smem desc) * B (32x64 u8, smem desc), both K-major, s32 (scale-d 0)
-__device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.u8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0;\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31])
-        : "l"(da), "l"(db));
-}
-
-template <int R>
-__device__ __forceinline__ void fence_regs(int (&d)[R]) {  // D reads stay after the wait
-#pragma unroll
-    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-
-// d (f32 [4]) += A (16x4 tf32, row) x B (4x8 tf32, col): a0 = A[g][t], a1 = A[g+8][t],
-// b0 = B[t][g]; c as the m16n8 C fragment.
-__device__ __forceinline__ void mma_tf32_k4(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
 // The block's cp.async copies of one stage (T threads), pieces of 16 B: A 128 rows x 8, B BN
 // rows x 8 (rows past M / N zero-filled), Ta 4 runs of 128 x 8 B, Tb and Tm 4 runs of BN x 8 B
 // each. Thread `tid` always takes the same piece column, so the sources are per-thread bases
@@ -205,7 +181,7 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
             const uint2* tm = reinterpret_cast<const uint2*>(sgen + so + S::A + S::B + S::TA + S::TB);
             auto issue = [&](int c, int h) {
                 wgmma::fence();
-                igmma_m64n64k32(d[h], wgmma::sw128_desc(sa + h * 64 * 128 + c * 32),
+                wgmma::igmma_m64n64k32(d[h], wgmma::sw128_desc(sa + h * 64 * 128 + c * 32),
                           wgmma::sw128_desc(sbw + c * 32));
                 wgmma::commit();
             };
@@ -221,7 +197,7 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
                     const float da0 = ta[c * BM + h * 64 + rl].x, da8 = ta[c * BM + h * 64 + rl + 8].x;
                     if (c == KC - 1 && h == 1) wgmma::wait<0>();
                     else wgmma::wait<1>();   // (c, h) done; the next group may still run
-                    fence_regs(d[h]);
+                    wgmma::fence_regs(d[h]);
 #pragma unroll
                     for (int i = 0; i < NI; ++i) {
                         const float4 e = es[i];
@@ -252,9 +228,9 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
                 tf32_split(ta[t * BM + h * 64 + rl + 8].y, ah8, al8);
 #pragma unroll
                 for (int i = 0; i < NI; ++i) {
-                    mma_tf32_k4(acc[h][i], ah0, ah8, b[i][0]);
-                    mma_tf32_k4(acc[h][i], ah0, ah8, b[i][1]);
-                    mma_tf32_k4(acc[h][i], al0, al8, b[i][0]);
+                    wgmma::mma_tf32_k4(acc[h][i], ah0, ah8, b[i][0]);
+                    wgmma::mma_tf32_k4(acc[h][i], ah0, ah8, b[i][1]);
+                    wgmma::mma_tf32_k4(acc[h][i], al0, al8, b[i][0]);
                 }
             }
         }

@@ -1,4 +1,4 @@
-// wgmma_common.cuh: the Hopper wgmma plumbing shared by gemm_f16_sm90a.cu and mmq_wgmma_q4k.cu
+// wgmma_common.cuh: the Hopper wgmma plumbing shared by gemm_f16_sm90a.cu and the wgmma MMQ kernels
 // (sm_90a only): the async-proxy fence, wgmma fence / commit / wait, and the shared-memory
 // descriptor of a K-major operand stored with the 128-byte swizzle (rows of 128 bytes, the
 // 16-byte chunk c of row r at c ^ (r % 8), 8-row atoms 1024 B apart, 1024-byte aligned tiles).
@@ -28,6 +28,32 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
     d |= static_cast<uint64_t>(1024 >> 4) << 32;                    // SBO: next 8-row atom
     d |= static_cast<uint64_t>(1) << 62;                            // swizzle mode 1: 128 B
     return d;
+}
+
+// ---- int8 MMQ pieces (mmq_wgmma_q4k.cu, mmq_wgmma_q6k.cu) ----
+
+// d[32] = A (64x32 u8, smem desc) * B (32x64 u8, smem desc), both K-major, s32 (scale-d 0)
+__device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.u8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0;\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31])
+        : "l"(da), "l"(db));
+}
+
+template <int R>
+__device__ __forceinline__ void fence_regs(int (&d)[R]) {  // D reads stay after the wait
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// d (f32 [4]) += A (16x4 tf32, row) x B (4x8 tf32, col): a0 = A[g][t], a1 = A[g+8][t],
+// b0 = B[t][g]; c as the m16n8 C fragment.
+__device__ __forceinline__ void mma_tf32_k4(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(b0));
 }
 
 }  // namespace wgmma

@@ -13,9 +13,11 @@ import pytest
 from minfer.cuda.config import GemmConfig
 from minfer.cuda.dispatch import pick_gemm
 from minfer.cuda.mmq import pick_variant
-from minfer.cuda.mmq_wgmma import split_scratch_bytes, wgmma_smem, wgmma_weight_bytes
-from minfer.quants.mmq_ref import Q4_K, decode_q4k, mmq_linear_ref
-from minfer.quants.mmq_wgmma_ref import pad_rows, repack_q4k_ref, split_q8_1_ref
+from minfer.cuda.mmq_wgmma import (split6_scratch_bytes, split_scratch_bytes, wgmma6_smem,
+                                   wgmma_smem, wgmma_weight_bytes)
+from minfer.quants.mmq_ref import Q4_K, Q6_K, decode_q4k, decode_q6k, mmq_linear_ref
+from minfer.quants.mmq_wgmma_ref import (pad_rows, repack_q4k_ref, repack_q6k_ref,
+                                         split6_q8_1_ref, split_q8_1_ref, unblock_q6k_tables)
 from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
 
 KDIR = Path(__file__).parents[1] / "kernels"
@@ -26,6 +28,14 @@ def rand_q4k(rng, N, K):
     for off in (0, 2):   # finite d / dmin
         w[..., off:off + 2] = rng.uniform(1e-3, 2e-2, (N, K // 256)).astype(np.float16).view(
             np.uint8).reshape(N, K // 256, 2)
+    return w.reshape(N, -1)
+
+
+def rand_q6k(rng, N, K):
+    """Random q6_K rows: any ql / qh bytes, int8 scales over the full range, finite f16 d."""
+    w = rng.integers(0, 256, (N, K // 256, 210), dtype=np.uint8)
+    w[..., 208:210] = rng.uniform(1e-4, 2e-3, (N, K // 256)).astype(np.float16).view(
+        np.uint8).reshape(N, K // 256, 2)
     return w.reshape(N, -1)
 
 
@@ -93,6 +103,87 @@ def test_kernel_algebra_matches_mmq_math(M, N, K):
     assert np.linalg.norm(bad - ref) / np.linalg.norm(ref) > 1e-1
 
 
+def test_split6_ref_layout():
+    """q6_K activations: each 32-chunk as [q+128 of half 0 | 32 zeros | q+128 of half 1], and
+    the blocked tables hold da * 2^75 and da * (half sums), padding tokens zero."""
+    rng = np.random.default_rng(3)
+    M, K = 70, 512
+    x = rng.standard_normal((M, K)).astype(np.float32) * 2
+    xq, tx = split6_q8_1_ref(x)
+    d, q, _ = unpack_q8_1_raw(quantize_q8_1_raw(x), K)
+    assert xq.shape == (M, 2 * K) and tx.shape == (2, K // 128, 5120)
+    ch = xq.reshape(M, K // 32, 64).astype(np.int16)
+    qq = q.reshape(M, K // 32, 2, 16).astype(np.int16)
+    assert np.array_equal(ch[..., :16] - 128, qq[:, :, 0])
+    assert np.array_equal(ch[..., 48:] - 128, qq[:, :, 1])
+    assert not ch[..., 16:48].any()
+    assert split6_scratch_bytes(M, K) == xq.nbytes + tx.nbytes
+    td, xs, _, _ = unblock_q6k_tables(tx, np.zeros((1, K // 128, 16384), np.uint8), M, 1, K)
+    assert np.array_equal(td, d * np.float32(2.0**75))
+    A = qq.astype(np.float64).sum(-1).reshape(M, K // 16)
+    assert np.allclose(xs, np.repeat(d, 2, axis=1) * A, rtol=2**-20, atol=0)
+    pad = tx[1].reshape(K // 128, 5120)   # token tile 1 holds tokens 64..69, then padding
+    tdp = pad[:, :1024].copy().view(np.float32).reshape(K // 128, 4, 64)
+    assert tdp[:, :, : M - 64].all() and not tdp[:, :, M - 64:].any()
+
+
+def test_repack6_ref_fields():
+    rng = np.random.default_rng(4)
+    N, K = 150, 512
+    w = rand_q6k(rng, N, K)
+    wq, tw = repack_q6k_ref(w, N, K)
+    dsv16, qm = decode_q6k(w, N, K)
+    assert wq.dtype == np.uint8 and tw.shape == (2, K // 128, 16384)
+    assert np.array_equal(wq.astype(np.int16) - 32, qm) and wq.max() <= 63
+    assert wgmma_weight_bytes(N, K, Q6_K) == wq.nbytes + tw.nbytes
+    _, _, tb, wm = unblock_q6k_tables(np.zeros((1, K // 128, 5120), np.uint8), tw, 1, N, K)
+    ds = dsv16.reshape(N, K // 32, 2)
+    assert np.array_equal(tb[..., 0], ds[..., 0] * np.float32(2.0**74))
+    assert np.array_equal(tb[..., 1], ds[..., 1] * np.float32(2.0**74))
+    Q = wq.reshape(N, K // 16, 16).astype(np.int64).sum(-1)
+    I = (dsv16.astype(np.float64) * Q).reshape(N, K // 32, 2).sum(-1)
+    assert np.allclose(tb[..., 2], -128 * I * 2.0**-75, rtol=1e-6)
+    assert np.allclose(wm, -32.0 * dsv16, rtol=2**-20, atol=0)
+    assert not tb[..., 3].any()
+    rows = tw[1].reshape(K // 128, 16384)[:, :8192].copy().view(np.float32).reshape(-1, 4, 128, 4)
+    assert not rows[:, :, N - 128:].any()   # row tile 1: rows 128..149, then zero padding
+
+
+def emulate_q6k(xq, tx, wq, tw, M, N, K, bias_sign=1.0):
+    """mmq_wgmma_q6k.cu's epilogue in f32 (fma emulated in float64): per chunk and half
+    D_h = Xq . Wq over the half's padded 32 bytes (u8 x u8), t = fma(D_0, c0, b),
+    t = fma(D_1, c1, t), y = fma(t, da 2^75, y); then y += sum_h wm * xs (the -32 term)."""
+    td, xs, tb, wm = unblock_q6k_tables(tx, tw, M, N, K)
+    X = xq.reshape(M, K // 32, 64).astype(np.int64)
+    W = wq.reshape(N, K // 32, 32).astype(np.int64)
+    y = np.zeros((M, N), np.float32)
+    for c in range(K // 32):
+        t = np.broadcast_to(bias_sign * tb[None, :, c, 2].astype(np.float64), (M, N))
+        for h in range(2):
+            D = X[:, c, 32 * h:32 * h + 32] @ W[:, c].T
+            assert D.min() >= 0 and D.max() < 2**23
+            den = D.astype(np.int32).view(np.float32).astype(np.float64)
+            t = (den * tb[None, :, c, h] + t).astype(np.float32).astype(np.float64)
+        y = (t * td[:, c, None] + y).astype(np.float32)
+    return (y + xs @ wm.T).astype(np.float32)
+
+
+@pytest.mark.parametrize("M,N,K", [(37, 70, 512), (1, 8, 256), (130, 19, 768)])
+def test_q6k_kernel_algebra_matches_mmq_math(M, N, K):
+    """The zero-padded halves, the denormal reading, the u8 bias and the -32 A_h term give
+    mmq_ref's q6_K math; without the bias term it is far off."""
+    rng = np.random.default_rng(M * 7 + N + K)
+    w = rand_q6k(rng, N, K)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    ref = mmq_linear_ref(x, w, Q6_K, M, N, K)
+    xq, tx = split6_q8_1_ref(x)
+    wq, tw = repack_q6k_ref(w, N, K)
+    y = emulate_q6k(xq, tx, wq, tw, M, N, K)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
+    bad = emulate_q6k(xq, tx, wq, tw, M, N, K, bias_sign=0.0)
+    assert np.linalg.norm(bad - ref) / np.linalg.norm(ref) > 1e-1
+
+
 def test_wgmma_smem_matches_kernel():
     src = (KDIR / "mmq_wgmma_q4k.cu").read_text()
     pinned = re.findall(r"WgSmem<(\d+), (\d)>::BYTES == (\d+)", src)
@@ -100,6 +191,11 @@ def test_wgmma_smem_matches_kernel():
     for bn, st, b in pinned:
         assert wgmma_smem(int(bn), int(st)) == int(b)
     assert wgmma_smem() == 136192   # the launcher's default: BN = 128, 3 stages
+    src6 = (KDIR / "mmq_wgmma_q6k.cu").read_text()
+    pinned6 = re.findall(r"Q6Smem<(\d)>::BYTES == (\d+)", src6)
+    assert pinned6
+    for st, b in pinned6:
+        assert wgmma6_smem(int(st)) == int(b)
 
 
 def test_sizes():
@@ -116,7 +212,12 @@ def test_pick_variant_wgmma():
     on = GemmConfig(mmq=True)
     assert on.wgmma and on.label() == "mmq-wgmma-kd4"
     assert pick_variant(on, 232448, 12, "sm_90").kind == "wgmma"
-    assert pick_variant(on, 232448, 14, "sm_90").label == "wide-kd4"     # q6_K: no wgmma kernel
+    assert pick_variant(on, 232448, 14, "sm_90").kind == "wgmma"         # q6_K too
+    q4only = GemmConfig(mmq=True, wgmma_q6k=False)
+    assert q4only.label() == "mmq-wgmma-q4k-kd4"
+    assert pick_variant(q4only, 232448, 14, "sm_90").label == "wide-kd4"
+    assert pick_variant(q4only, 232448, 12, "sm_90").kind == "wgmma"
+    assert pick_variant(on, 160000, 14, "sm_90").label == "wide-kd4"     # q6_K wgmma over the cap
     assert pick_variant(on, 232448, 12, "sm_80").label == "wide-kd4"     # not Hopper
     assert pick_variant(on, 232448, 12, None).label == "wide-kd4"        # arch unknown
     off = GemmConfig(mmq=True, wgmma=False)
@@ -124,7 +225,8 @@ def test_pick_variant_wgmma():
     assert pick_variant(GemmConfig(mmq=True, wide=False), 232448, 12, "sm_90").kind == "narrow"
     assert pick_variant(on, 101376, 12, "sm_90").kind == "wide"          # wgmma over the cap
     assert pick_gemm(12, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-wgmma"
-    assert pick_gemm(14, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-wide-kd4"
+    assert pick_gemm(14, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-wgmma"
+    assert pick_gemm(14, 512, 4096, 4096, q4only, _Rt(232448, "sm_90")) == "mmq-wide-kd4"
     assert pick_gemm(12, 512, 4096, 4096, on) == "mmq-wide-kd4"          # CPU planning
 
 
@@ -144,7 +246,11 @@ def test_plan_memory_counts_repacked_weights(tmp_path):
     plan = plan_memory(m, routes, 128, 64)
     raw = sum(int(m.tensor(n).data.nbytes) for n, (p, _) in routes.items()
               if p.startswith("mmq") and p != "mmq-wgmma" and n != "token_embd.weight")
-    assert plan["MMQ weights"] == raw + sum(wgmma_weight_bytes(*m.tensor(n).shape) for n in wg)
-    K = max(int(m.tensor(n).shape[1]) for n in wg)
-    assert plan["q8_1 split scratch"] == split_scratch_bytes(64, K)
+    assert plan["MMQ weights"] == raw + sum(
+        wgmma_weight_bytes(*m.tensor(n).shape, m.tensor(n).qtype) for n in wg)
+    for qt, key, size in ((Q4_K, "q8_1 split scratch", split_scratch_bytes),
+                          (Q6_K, "q8_1 split6 scratch", split6_scratch_bytes)):
+        ks = [int(m.tensor(n).shape[1]) for n in wg if m.tensor(n).qtype == qt]
+        assert ks, f"the tiny Q4_K_M model has {qt} wgmma weights"
+        assert plan[key] == size(64, max(ks))
     assert 0 < plan["MMQ repack staging"] <= sum(int(m.tensor(n).data.nbytes) for n in wg)

@@ -21,8 +21,7 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
 @gemm_options
 @click.argument("more_ab", nargs=-1)
-def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab, mmq, mmq_raw, mmq_wide,
-          mmq_kd, mmq_wgmma) -> None:
+def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab, **gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     GEMM flags apply to every config, under the environment's values; an --ab string's keys
     win over both."""
@@ -33,4 +32,4 @@ def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab, mmq, mmq
         raise BadInput(f"unexpected arguments {' '.join(more_ab)!r} (A/B configs follow --ab)")
     configs = list(ab) + list(more_ab)
     run(model_path, parse_tokens(tokens), configs, repeats, kind, profile=not no_breakdown,
-        echo=click.echo, base=gemm_overrides(mmq, mmq_raw, mmq_wide, mmq_kd, mmq_wgmma))
+        echo=click.echo, base=gemm_overrides(**gemm))

@@ -124,7 +124,8 @@ class CudaBackend:
         # the buffers become attributes (x, h16, qkv32, q16, a16, gu32, f16, pos, last16,
         # logits, amax, ids, kc, vc, rope, q8): the layer loop below reads self.<name>
         vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
-                                             plan["q8_1 scratch"], plan["q8_1 split scratch"])))
+                                             plan["q8_1 scratch"], plan["q8_1 split scratch"],
+                                             plan["q8_1 split6 scratch"])))
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -159,15 +160,17 @@ class CudaBackend:
 
     def _quantize(self, A, *names: str):
         """A f16 [M, K] -> its MMQ prepass outputs in the shared scratch, once, for the
-        GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels) and /
-        or "split" ((aq, ta), the wgmma kernel), as the names' routes need; None when all run
+        GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels), "split"
+        ((aq, ta), the q4_K wgmma kernel) and / or "split6" ((xq, tx), the q6_K wgmma kernel),
+        as the names' routes and types need; None when all run
         on f16. The scratch is reused by the next activation (the GEMMs that read it are
         queued before, on the same stream)."""
         paths = {self.routes[n][0] for n in names}
         if paths == {"f16"}:
             return None
         from minfer.cuda.mmq import quantize_q8_1
-        from minfer.cuda.mmq_wgmma import split_q8_1, split_views
+        from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_q8_1, split6_views, split_q8_1,
+                                           split_views)
 
         M, K = A.shape
         out = {}
@@ -176,10 +179,15 @@ class CudaBackend:
                 q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
                 da.poison(self.rt, q8)
                 out["raw"] = quantize_q8_1(self.rt, A, q8)
-            if "mmq-wgmma" in paths:
+            wq = {int(self.qtypes[n]) for n in names if self.routes[n][0] == "mmq-wgmma"}
+            if Q4_K in wq:
                 aq, ta = split_views(self.q8s, M, K)
                 da.poison(self.rt, aq, ta)
                 out["split"] = split_q8_1(self.rt, A, aq, ta)
+            if Q6_K in wq:
+                xq, tx = split6_views(self.q8s6, M, K)
+                da.poison(self.rt, xq, tx)
+                out["split6"] = split6_q8_1(self.rt, A, xq, tx)
         return out
 
     def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
@@ -203,7 +211,8 @@ class CudaBackend:
 
             if mode != "acc":
                 da.poison(self.rt, C)
-            x = q8["split"] if path == "mmq-wgmma" else q8["raw"]
+            x = (q8["raw"] if path != "mmq-wgmma" else
+                 q8["split6"] if int(self.qtypes[name]) == 14 else q8["split"])
             mmq_linear(self.rt, x, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
                        accumulate=mode == "acc")
 

@@ -1,9 +1,10 @@
 """GemmConfig: which GEMM path the CUDA backend takes, resolved once from env + overrides.
 
 MINFER_MMQ (0: f16 path, 1: MMQ), MINFER_MMQ_RAW (0: R1 word-level kernel), MINFER_MMQ_RAW_WIDE
-(0: narrow raw kernel), MINFER_MMQ_RAW_KD (4 or 8), MINFER_MMQ_WGMMA (1, the default: q4_K GEMMs
-of the wide config run on the Hopper wgmma kernel where the GPU is sm_90; 0: the mma.sync wide
-kernel everywhere). Explicit overrides (CLI flags, bench A/B
+(0: narrow raw kernel), MINFER_MMQ_RAW_KD (4 or 8), MINFER_MMQ_WGMMA (1, the default: q4_K and q6_K GEMMs
+of the wide config run on the Hopper wgmma kernels where the GPU is sm_90; 0: the mma.sync wide
+kernel everywhere), MINFER_MMQ_WGMMA_Q6K (1, the default; 0: q6_K stays on the mma.sync wide
+kernel while q4_K takes wgmma, the A/B of the q6_K kernel). Explicit overrides (CLI flags, bench A/B
 strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
@@ -17,7 +18,8 @@ from typing import Mapping
 from minfer.errors import BadInput
 
 ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE": "wide",
-            "MINFER_MMQ_RAW_KD": "kd", "MINFER_MMQ_WGMMA": "wgmma"}
+            "MINFER_MMQ_RAW_KD": "kd", "MINFER_MMQ_WGMMA": "wgmma",
+            "MINFER_MMQ_WGMMA_Q6K": "wgmma_q6k"}
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class GemmConfig:
     wide: bool = True
     kd: int = 4
     wgmma: bool = True
+    wgmma_q6k: bool = True
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None,
@@ -67,6 +70,8 @@ class GemmConfig:
             return "mmq-r1"
         if not self.wide:
             return f"mmq-narrow-kd{self.kd}"
+        if self.wgmma and not self.wgmma_q6k:
+            return f"mmq-wgmma-q4k-kd{self.kd}"
         return f"mmq-{'wgmma' if self.wgmma else 'wide'}-kd{self.kd}"
 
 

@@ -3,8 +3,9 @@
     y[M, N] (f32) = x[M, K] @ W[N, K].T,  x quantized to q8_1 raw blocks by the prepass,
                                           W raw q4_K / q6_K GGUF bytes [N, K/256*bytes]
 Variants (DESIGN.md, config from GemmConfig): R1 word-level (`raw=False`), narrow raw
-(`wide=False`), wide raw with KD = 4 or 8 super-blocks staged per pass, and on sm_90 for q4_K
-the wgmma kernel (`wgmma=True`, minfer.cuda.mmq_wgmma: weights repacked once, a WgmmaQ4K).
+(`wide=False`), wide raw with KD = 4 or 8 super-blocks staged per pass, and on sm_90 the wgmma
+kernels (`wgmma=True` for q4_K, `wgmma and wgmma_q6k` for q6_K; minfer.cuda.mmq_wgmma: weights
+repacked once, a WgmmaQ4K / WgmmaQ6K).
 numpy twin: minfer.quants.mmq_ref.mmq_linear_ref (same arguments, arrays instead of device
 buffers).
 
@@ -66,17 +67,24 @@ def has_mmq(qtype: int) -> bool:
     return int(qtype) in BLOCK_BYTES
 
 
+def wants_wgmma(cfg, qtype: int) -> bool:
+    """Whether the config asks for the wgmma kernel of this type (arch and smem aside)."""
+    if not cfg.wgmma:
+        return False
+    return int(qtype) == Q4_K or (int(qtype) == Q6_K and cfg.wgmma_q6k)
+
+
 def pick_variant(cfg, smem_optin: int, qtype: int = Q4_K, arch=None) -> MmqVariant:
-    """cfg: GemmConfig-like (raw, wide, kd, wgmma); arch: the device's ("sm_90"), None when
-    unknown (no wgmma). The smem guard lives here."""
+    """cfg: GemmConfig (raw, wide, kd, wgmma, wgmma_q6k); arch: the device's ("sm_90"), None
+    when unknown (no wgmma). The smem guard lives here."""
     if not cfg.raw:
         return MmqVariant("r1")
     if not cfg.wide:
         return MmqVariant("narrow")
-    if getattr(cfg, "wgmma", False) and int(qtype) == Q4_K and wgmma_arch(arch):
-        from minfer.cuda.mmq_wgmma import wgmma_smem
+    if wants_wgmma(cfg, qtype) and wgmma_arch(arch):
+        from minfer.cuda.mmq_wgmma import wgmma6_smem, wgmma_smem
 
-        if wgmma_smem() <= smem_optin:
+        if (wgmma6_smem() if int(qtype) == Q6_K else wgmma_smem()) <= smem_optin:
             return MmqVariant("wgmma")
     need = wide_smem(cfg.kd, qtype)
     if need > smem_optin:
@@ -114,17 +122,19 @@ def quantize_q8_1(rt, x, out=None):
 def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
                accumulate: bool = False, q8_scratch=None, build_opts: tuple = ()) -> MmqVariant:
     """out f32 [M, N] (= or +=) x @ W.T. x: f32/f16 [M, K] (quantized here, into q8_scratch
-    when given) or q8_1 raw uint8 [M, K/32*40] (or, for the wgmma variant, its split (aq, ta));
-    w_raw: uint8 raw blocks (any shape, N*K/256*bytes in all), or a WgmmaQ4K (the engine
-    repacks once at load; raw bytes on the wgmma variant are repacked here, per call).
+    when given) or q8_1 raw uint8 [M, K/32*40] (or, for the wgmma variant, the split operand of
+    the weight's type); w_raw: uint8 raw blocks (any shape, N*K/256*bytes in all), or a
+    WgmmaQ4K / WgmmaQ6K (the engine repacks once at load; raw bytes on the wgmma variant are
+    repacked here, per call).
     build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs in
     scripts/mmq_variants.py; the engine never passes any). Returns the variant that ran."""
     from minfer.cuda import mmq_wgmma as wg
 
     qtype = int(qtype)
-    if isinstance(w_raw, wg.WgmmaQ4K) or (isinstance(x, tuple) and len(x) == 2):
-        if qtype != Q4_K or not isinstance(w_raw, wg.WgmmaQ4K):
-            raise GPUError("mmq_linear: a split activation needs a WgmmaQ4K weight (q4_K)")
+    if isinstance(w_raw, wg.WgmmaWeight) or (isinstance(x, tuple) and len(x) == 2):
+        if not isinstance(w_raw, wg.WgmmaWeight) or w_raw.qtype != qtype:
+            raise GPUError(f"mmq_linear: a split activation needs a repacked weight of type "
+                           f"{qtype} (WgmmaQ4K / WgmmaQ6K)")
         wg.mmq_wgmma_linear(rt, x, w_raw, M, N, K, out, accumulate)
         return MmqVariant("wgmma")
     if not has_mmq(qtype):
@@ -152,7 +162,7 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     if v.fallback:
         _warn_once(v.fallback)
     if v.kind == "wgmma" and x.dtype != np.uint8:
-        wr = wg.repack_q4k(rt, w_raw, N, K)
+        wr = wg.repack(rt, w_raw, qtype, N, K)
         try:
             wg.mmq_wgmma_linear(rt, x, wr, M, N, K, out, accumulate)
         finally:

@@ -1,27 +1,34 @@
-"""Launchers for the Hopper wgmma MMQ path (kernels/mmq_wgmma_q4k.cu, mmq_repack.cu and the
-split entries of quantize_q8_1.cu).
+"""Launchers for the Hopper wgmma MMQ path (kernels/mmq_wgmma_q4k.cu, mmq_wgmma_q6k.cu,
+mmq_repack.cu and the split entries of quantize_q8_1.cu).
 
-    y[M, N] (f32) = x[M, K] @ W[N, K].T, W q4_K: the math of minfer.cuda.mmq (its numpy twin
-    minfer.quants.mmq_ref.mmq_linear_ref is this path's parity oracle too)
+    y[M, N] (f32) = x[M, K] @ W[N, K].T, W q4_K or q6_K: the math of minfer.cuda.mmq (its numpy
+    twin minfer.quants.mmq_ref.mmq_linear_ref is this path's parity oracle too)
 
 The operands live in layouts a wgmma reads from shared memory (minfer.quants.mmq_wgmma_ref
-has the bit-exact twins): `repack_q4k` turns a raw q4_K weight into a `WgmmaQ4K` once, at load
-(1 byte per weight plus 16 B of tables per 32 weights: 1.5 B/weight against q4_K's 0.5625);
-`split_q8_1` is the per-GEMM activation prepass. Geometry is owned here: block tile 128 tokens
-x 128 weight rows (2 warpgroups of 128 x 64, 1 block per SM), stages of 128 k, `WG_STAGES` deep;
-mirrored by the kernel's static_asserts (tests/test_mmq_wgmma.py).
-sm_90 only (wgmma); minfer.cuda.mmq.pick_variant decides when this path runs.
+has the bit-exact twins); `repack` turns a raw weight into a `WgmmaQ4K` / `WgmmaQ6K` once, at
+load, and `split_q8_1` / `split6_q8_1` are the per-GEMM activation prepasses.
+- q4_K: 1 byte per weight plus 16 B of tables per 32 weights (1.5 B/weight against q4_K's
+  0.5625); block tile 128 tokens x 128 weight rows (2 warpgroups of 128 x 64), stages of 128 k.
+- q6_K: 1 byte per weight plus 32 B of tables per 32 (2 B/weight against 0.82); activations
+  zero-padded to 2K bytes per row (each wgmma half-step sees one 16-value half); block tile
+  128 weight rows x 64 tokens (2 warpgroups of 64 x 64).
+Both: 1 block per SM, `WG_STAGES` deep, persistent; the smem sizes mirror the kernels'
+static_asserts (tests/test_mmq_wgmma.py). sm_90 only (wgmma); minfer.cuda.mmq.pick_variant
+decides when this path runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from minfer.cuda import devarray as da
 from minfer.errors import GPUError
-from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows
+from minfer.quants.mmq_wgmma_ref import Q6_BK, Q6_BN, Q6_BT, Q6_TWB, Q6_TXB, TPAD, pad_rows
+
+Q4_K, Q6_K = 12, 14
 
 WG_BN, WG_STAGES, WG_BM, WG_BK = 128, 3, 128, 128
 WG_PERSIST = True    # the kernel's MMQ_WG_PERSIST default (its tile loop, one block per SM)
@@ -35,13 +42,22 @@ def wgmma_smem(bn: int = WG_BN, stages: int = WG_STAGES) -> int:
     return stages * (WG_BM * WG_BK + bn * WG_BK + 4 * WG_BM * 8 + 2 * 4 * bn * 8) + 1024
 
 
+def wgmma6_smem(stages: int = WG_STAGES) -> int:
+    """Dynamic smem of mmq_wgmma_q6k (Q6Smem<STAGES>::BYTES): per stage W 128 x 128 B, X 64 x
+    256 B (padded activations), one Tx and one Tw table block; + 1 KB alignment."""
+    return stages * (Q6_BN * Q6_BK + Q6_BT * 2 * Q6_BK + Q6_TXB + Q6_TWB) + 1024
+
+
 @dataclass
-class WgmmaQ4K:
-    """A q4_K weight [N, K] in the wgmma layout (device arrays)."""
-    wq: object     # uint8 [N, K]
-    tw: object     # uint32 [2, K/32, Np, 2]: the scale table Tb (f32 bits) and the min table Tm
+class WgmmaWeight:
+    """A weight [N, K] in a wgmma layout (device arrays): the byte values wq uint8 [N, K] and
+    the tables tw (q4_K: uint32 [2, K/32, Np, 2], Tb then Tm; q6_K: uint8 [Np/128, K/128,
+    16384] blocks)."""
+    wq: object
+    tw: object
     N: int
     K: int
+    qtype: ClassVar[int] = 0
 
     @property
     def nbytes(self) -> int:
@@ -52,9 +68,36 @@ class WgmmaQ4K:
             a.gpudata.free()
 
 
-def wgmma_weight_bytes(N: int, K: int) -> int:
-    """Device bytes of a repacked [N, K] q4_K weight (WgmmaQ4K.nbytes)."""
+class WgmmaQ4K(WgmmaWeight):
+    qtype = Q4_K
+
+
+class WgmmaQ6K(WgmmaWeight):
+    qtype = Q6_K
+
+
+def wgmma_weight_bytes(N: int, K: int, qtype: int = Q4_K) -> int:
+    """Device bytes of a repacked [N, K] weight (WgmmaWeight.nbytes)."""
+    if int(qtype) == Q6_K:
+        return N * K + -(-N // Q6_BN) * (K // Q6_BK) * Q6_TWB
     return N * K + 2 * (K // 32) * pad_rows(N) * 8
+
+
+def split6_scratch_bytes(T: int, K: int) -> int:
+    """Bytes of one q6_K-split activation [T, K]: Xq [T, 2K], then the Tx blocks."""
+    return T * 2 * K + (-(T * 2 * K)) % 16 + -(-T // Q6_BT) * (K // Q6_BK) * Q6_TXB
+
+
+def split6_views(buf, M: int, K: int):
+    """(xq uint8 [M, 2K], tx uint8 [Mt, K/128, 5120]) carved from a uint8 scratch buffer."""
+    off = M * 2 * K + (-(M * 2 * K)) % 16
+    mt = -(-M // Q6_BT)
+    need = off + mt * (K // Q6_BK) * Q6_TXB
+    if buf.nbytes < need:
+        raise GPUError(f"split6 q8_1 scratch holds {buf.nbytes} B, [{M}, {K}] needs {need}")
+    xq = da.view(da.ptr(buf), (M, 2 * K), np.uint8, base=buf)
+    tx = da.view(da.ptr(buf) + off, (mt, K // Q6_BK, Q6_TXB), np.uint8, base=buf)
+    return xq, tx
 
 
 def split_scratch_bytes(T: int, K: int) -> int:
@@ -80,18 +123,44 @@ def _zeroed(rt, shape, dtype, what):
     return a
 
 
+def _check_raw(what, w_raw, N, K, block, align):
+    if K % 256 or K <= 0 or N <= 0:
+        raise GPUError(f"{what}: need N >= 1 and K a multiple of 256, got N={N} K={K}")
+    nbytes = N * (K // 256) * block
+    if not hasattr(w_raw, "gpudata") or w_raw.dtype != np.uint8 or w_raw.nbytes != nbytes:
+        raise GPUError(f"{what}: weight must be uint8 device bytes, {nbytes} B for [{N}, {K}]")
+    if da.ptr(w_raw) % align:
+        raise GPUError(f"{what}: weight bytes not {align}-byte aligned")
+    if N * K >= 2**31:
+        raise GPUError(f"{what}: [{N}, {K}] is over the kernel's 2^31-byte buffers")
+
+
+def repack(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight") -> WgmmaWeight:
+    """raw q4_K / q6_K device bytes [N, K/256*bytes] -> its wgmma layout."""
+    if int(qtype) == Q6_K:
+        return repack_q6k(rt, w_raw, N, K, what)
+    if int(qtype) == Q4_K:
+        return repack_q4k(rt, w_raw, N, K, what)
+    raise GPUError(f"repack: no wgmma layout for tensor type {qtype}")
+
+
+def repack_q6k(rt, w_raw, N: int, K: int, what: str = "weight") -> WgmmaQ6K:
+    """raw q6_K device bytes [N, K/256*210] (any shape) -> WgmmaQ6K."""
+    _check_raw("repack_q6k", w_raw, N, K, 210, 1)
+    r = WgmmaQ6K(da.empty(rt, (N, K), np.uint8, f"wgmma q6_K values {what}"),
+                 _zeroed(rt, (-(-N // Q6_BN), K // Q6_BK, Q6_TWB), np.uint8,
+                         f"wgmma q6_K tables {what}"), N, K)
+    fn = rt.function("mmq_repack", "repack_q6k_wgmma")
+    n = N * (K // 32)
+    rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wq), da.arg(r.tw),
+                                               np.int32(N), np.int32(K)))
+    return r
+
+
 def repack_q4k(rt, w_raw, N: int, K: int, what: str = "weight") -> WgmmaQ4K:
     """raw q4_K device bytes [N, K/256*144] (any shape, 16-byte aligned) -> WgmmaQ4K."""
-    if K % 256 or K <= 0 or N <= 0:
-        raise GPUError(f"repack_q4k: need N >= 1 and K a multiple of 256, got N={N} K={K}")
-    nbytes = N * (K // 256) * 144
-    if not hasattr(w_raw, "gpudata") or w_raw.dtype != np.uint8 or w_raw.nbytes != nbytes:
-        raise GPUError(f"repack_q4k: weight must be uint8 device bytes, {nbytes} B for [{N}, {K}]")
-    if da.ptr(w_raw) % 16:
-        raise GPUError("repack_q4k: weight bytes not 16-byte aligned")
+    _check_raw("repack_q4k", w_raw, N, K, 144, 16)
     Np = pad_rows(N)
-    if N * K >= 2**31:
-        raise GPUError(f"repack_q4k: [{N}, {K}] is over the kernel's 2^31-byte buffers")
     r = WgmmaQ4K(da.empty(rt, (N, K), np.uint8, f"wgmma nibbles {what}"),
                  _zeroed(rt, (2, K // 32, Np, 2), np.uint32, f"wgmma tables {what}"), N, K)
     fn = rt.function("mmq_repack", "repack_q4k_wgmma")
@@ -123,17 +192,65 @@ def split_q8_1(rt, x, aq=None, ta=None):
     return aq, ta
 
 
-def mmq_wgmma_linear(rt, x, w: WgmmaQ4K, M: int, N: int, K: int, out, accumulate: bool = False,
-                     split=None, build_opts: tuple = ()) -> None:
-    """out f32 [M, N] (= or +=) x @ W.T. x f32 / f16 [M, K] (split here, into `split` =
-    (aq, ta) when given) or already-split (aq, ta) passed as x. build_opts: extra nvcc -D
-    options (kernel A/B runs; the engine passes none)."""
-    if not isinstance(w, WgmmaQ4K) or (w.N, w.K) != (N, K):
-        raise GPUError(f"mmq_wgmma_linear: weight must be a WgmmaQ4K of [{N}, {K}]")
+def split6_q8_1(rt, x, xq=None, tx=None):
+    """x f32 / f16 [M, K] (K % 128 == 0) -> (Xq uint8 [M, 2K], Tx uint8 [Mt, K/128, 5120]),
+    the q6_K wgmma operand (into xq / tx if given; a fresh Tx is zeroed: padding tokens 0)."""
+    da.check("split6_q8_1 x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
+    M, K = x.shape
+    if K % Q6_BK or M <= 0:
+        raise GPUError(f"split6_q8_1: need M >= 1 and K a multiple of {Q6_BK}, got M={M} K={K}")
+    mt = -(-M // Q6_BT)
+    if xq is None:
+        xq = da.empty(rt, (M, 2 * K), np.uint8, "q8_1 activations (wgmma q6_K)")
+    if tx is None:
+        tx = _zeroed(rt, (mt, K // Q6_BK, Q6_TXB), np.uint8, "q8_1 tables (wgmma q6_K)")
+    da.check("split6_q8_1 xq", xq, (M, 2 * K), np.uint8, align=16)
+    da.check("split6_q8_1 tx", tx, (mt, K // Q6_BK, Q6_TXB), np.uint8, align=16)
+    entry = "quantize_q8_1_split6" if x.dtype == np.float32 else "quantize_q8_1_split6_f16"
+    fn = rt.function("quantize_q8_1", entry)
+    nblk = M * (K // 32)
+    rt.launch(fn, ((nblk + 7) // 8,), (256,), (da.arg(x), da.arg(xq), da.arg(tx), np.int32(M),
+                                              np.int32(K)))
+    return xq, tx
+
+
+def _geometry(build_opts: tuple) -> tuple[int, bool]:
+    """(stages, persistent) of a kernel build: the defaults, or its -D overrides (kernel A/B
+    builds in scripts/mmq_wgmma_device.py)."""
+    stages, persist = WG_STAGES, WG_PERSIST
+    for o in build_opts:
+        key, _, val = o.partition("=")
+        if key == "-DMMQ_WG_STAGES":
+            stages = int(val)
+        elif key == "-DMMQ_WG_PERSIST":
+            persist = bool(int(val))
+    return stages, persist
+
+
+def _launch(rt, name: str, smem: int, tiles: int, args, build_opts: tuple) -> None:
+    _, persist = _geometry(build_opts)
+    if smem > rt.smem_optin:
+        raise GPUError(f"{name}: {smem} B of shared memory needed, over this GPU's opt-in cap "
+                       f"of {rt.smem_optin} B")
+    fn = rt.function(name, name, (*_OPTS, *build_opts), dyn_smem=smem)
+    grid = (min(tiles, rt.sm_count) if persist else tiles,)   # persistent: <= 1 block per SM
+    rt.launch(fn, grid, (256,), args, smem)
+
+
+def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
+                     accumulate: bool = False, split=None, build_opts: tuple = ()) -> None:
+    """out f32 [M, N] (= or +=) x @ W.T. x f32 / f16 [M, K] (split here, into `split` when
+    given) or already split for w's type ((aq, ta) for q4_K, (xq, tx) for q6_K) passed as x.
+    build_opts: extra nvcc -D options (kernel A/B runs; the engine passes none)."""
+    if not isinstance(w, WgmmaWeight) or (w.N, w.K) != (N, K):
+        raise GPUError(f"mmq_wgmma_linear: weight must be a WgmmaQ4K / WgmmaQ6K of [{N}, {K}]")
     if M <= 0 or K % WG_BK:
         raise GPUError(f"mmq_wgmma_linear: need M >= 1 and K % {WG_BK} == 0, got M={M} K={K}")
-    if M * K >= 2**31 or M * N >= 2**31:
+    if M * 2 * K >= 2**31 or M * N >= 2**31:
         raise GPUError("mmq_wgmma_linear: problem too large (32-bit offsets)")
+    if w.qtype == Q6_K:
+        _q6k_linear(rt, x, w, M, N, K, out, accumulate, split, build_opts)
+        return
     if isinstance(x, tuple):
         aq, ta = x
         da.check("mmq_wgmma_linear aq", aq, (M, K), np.uint8, align=16)
@@ -142,24 +259,29 @@ def mmq_wgmma_linear(rt, x, w: WgmmaQ4K, M: int, N: int, K: int, out, accumulate
         da.check("mmq_wgmma_linear x", x, (M, K), (np.float32, np.float16))
         aq, ta = split_q8_1(rt, x, *(split or (None, None)))
     da.check("mmq_wgmma_linear out", out, (M, N), np.float32)
-    bn, stages, persist = WG_BN, WG_STAGES, WG_PERSIST
-    for o in build_opts:   # kernel A/B builds (scripts/mmq_wgmma_device.py) change the geometry
-        key, _, val = o.partition("=")
-        if key == "-DMMQ_WG_STAGES":
-            stages = int(val)
-        elif key == "-DMMQ_WG_PERSIST":
-            persist = bool(int(val))
-    smem = wgmma_smem(bn, stages)
-    if smem > rt.smem_optin:
-        raise GPUError(f"mmq_wgmma_linear: {smem} B of shared memory needed, over this GPU's "
-                       f"opt-in cap of {rt.smem_optin} B")
-    fn = rt.function("mmq_wgmma_q4k", "mmq_wgmma_q4k", (*_OPTS, *build_opts), dyn_smem=smem)
-    tiles = (M + WG_BM - 1) // WG_BM * ((N + bn - 1) // bn)
-    grid = (min(tiles, rt.sm_count) if persist else tiles,)   # persistent: <= 1 block per SM
-    rt.launch(fn, grid, (256,), (da.arg(aq), da.arg(ta), da.arg(w.wq), da.arg(w.tw),
-                                 da.arg(out), np.int32(M), np.int32(N),
-                                 np.int32(K), np.int32(1 if accumulate else 0)), smem)
+    tiles = (M + WG_BM - 1) // WG_BM * ((N + WG_BN - 1) // WG_BN)
+    _launch(rt, "mmq_wgmma_q4k", wgmma_smem(WG_BN, _geometry(build_opts)[0]), tiles,
+            (da.arg(aq), da.arg(ta), da.arg(w.wq), da.arg(w.tw), da.arg(out), np.int32(M),
+             np.int32(N), np.int32(K), np.int32(1 if accumulate else 0)), build_opts)
 
 
-__all__ = ["WgmmaQ4K", "repack_q4k", "split_q8_1", "mmq_wgmma_linear", "wgmma_smem",
-           "wgmma_weight_bytes", "split_scratch_bytes", "split_views", "TPAD"]
+def _q6k_linear(rt, x, w, M, N, K, out, accumulate, split, build_opts) -> None:
+    if isinstance(x, tuple):
+        xq, tx = x
+        da.check("mmq_wgmma_linear xq", xq, (M, 2 * K), np.uint8, align=16)
+        da.check("mmq_wgmma_linear tx", tx, (-(-M // Q6_BT), K // Q6_BK, Q6_TXB), np.uint8,
+                 align=16)
+    else:
+        da.check("mmq_wgmma_linear x", x, (M, K), (np.float32, np.float16))
+        xq, tx = split6_q8_1(rt, x, *(split or (None, None)))
+    da.check("mmq_wgmma_linear out", out, (M, N), np.float32)
+    tiles = -(-M // Q6_BT) * -(-N // Q6_BN)
+    _launch(rt, "mmq_wgmma_q6k", wgmma6_smem(_geometry(build_opts)[0]), tiles,
+            (da.arg(xq), da.arg(tx), da.arg(w.wq), da.arg(w.tw), da.arg(out), np.int32(M),
+             np.int32(N), np.int32(K), np.int32(1 if accumulate else 0)), build_opts)
+
+
+__all__ = ["WgmmaWeight", "WgmmaQ4K", "WgmmaQ6K", "repack", "repack_q4k", "repack_q6k",
+           "split_q8_1", "split6_q8_1", "mmq_wgmma_linear", "wgmma_smem", "wgmma6_smem",
+           "wgmma_weight_bytes", "split_scratch_bytes", "split_views", "split6_scratch_bytes",
+           "split6_views", "TPAD"]

@@ -10,8 +10,9 @@
   (fused q|k|v and gate|up members into row ranges of their group's buffer, see
   routes.plan_fusion); "mmq-*" routes stay as their raw bytes (no f16 copy; fused members as
   row ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the
-  embedding's bytes); "mmq-wgmma" routes (q4_K on sm_90) are then repacked on the GPU into
-  the wgmma layout (minfer.cuda.mmq_wgmma.WgmmaQ4K: a fused group as one weight, its members'
+  embedding's bytes); "mmq-wgmma" routes (q4_K / q6_K on sm_90) are then repacked on the GPU
+  into the wgmma layouts (minfer.cuda.mmq_wgmma.WgmmaQ4K / WgmmaQ6K: a fused group as one
+  weight, its members'
   row views dropped) and their raw bytes freed. The embedding table stays quantized (rows
   gathered with embed_rows); norms and biases go up as f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
@@ -48,7 +49,8 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages)."""
     c = model.config
     m = model
-    from minfer.cuda.mmq_wgmma import split_scratch_bytes, wgmma_weight_bytes
+    from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_scratch_bytes, split_scratch_bytes,
+                                       wgmma_weight_bytes)
     from minfer.cuda.routes import plan_fusion
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
@@ -56,16 +58,17 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     raw_max = 0
     mmq_w = 0
     q8_k = 0
-    wg_k = 0
+    wg_k: dict[int, int] = {}   # qtype -> largest K of its wgmma routes (its split scratch)
     wg_groups: dict[str, int] = {}   # wgmma weight or fused group -> raw bytes
     for n, (path, _) in routes.items():
         t = m.tensor(n)
         if path == "f16":
             f16_w += int(np.prod(t.shape)) * 2
             raw_max = max(raw_max, int(t.data.nbytes))
-        elif path == "mmq-wgmma":   # repacked (1.5 B/weight); raw only while repacking
-            wg_k = max(wg_k, int(t.shape[1]))
-            mmq_w += wgmma_weight_bytes(*(int(s) for s in t.shape))
+        elif path == "mmq-wgmma":   # repacked (q4_K 1.5, q6_K 2 B/weight); raw while repacking
+            qt = int(t.qtype)
+            wg_k[qt] = max(wg_k.get(qt, 0), int(t.shape[1]))
+            mmq_w += wgmma_weight_bytes(*(int(s) for s in t.shape), qt)
             g = fused[n][0] if n in fused else n
             wg_groups[g] = wg_groups.get(g, 0) + int(t.data.nbytes)
         else:
@@ -80,7 +83,8 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
-            "q8_1 split scratch": split_scratch_bytes(T, wg_k) if wg_k else 0,
+            "q8_1 split scratch": split_scratch_bytes(T, wg_k[Q4_K]) if Q4_K in wg_k else 0,
+            "q8_1 split6 scratch": split6_scratch_bytes(T, wg_k[Q6_K]) if Q6_K in wg_k else 0,
             "upload staging": raw_max, "MMQ repack staging": max(wg_groups.values(), default=0)}
 
 
@@ -102,7 +106,7 @@ def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None
 # -- weights ----------------------------------------------------------------------------------
 @dataclass
 class DeviceWeights:
-    w: dict[str, object]  # name -> f16 [N, K] | raw uint8 bytes (MMQ) | WgmmaQ4K | f32 norm / bias
+    w: dict[str, object]  # name -> f16 [N, K] | raw uint8 (MMQ) | WgmmaQ4K/Q6K | f32 norm / bias
     qtypes: dict[str, int]  # linear weight name -> its GGUF qtype
     emb: object  # the quantized embedding table's raw bytes, uint8 [V * row_bytes]
     emb_qtype: int
@@ -183,24 +187,26 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
 
 
 def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:
-    """Each "mmq-wgmma" weight (a fused group as one) -> WgmmaQ4K, raw bytes freed (not the
-    embedding's, which a tied head shares); a repacked group's member row views are dropped
-    (the group's GEMM is the only reader)."""
-    from minfer.cuda.mmq_wgmma import repack_q4k
+    """Each "mmq-wgmma" weight (a fused group as one) -> WgmmaQ4K / WgmmaQ6K, raw bytes freed
+    (not the embedding's, which a tied head shares); a repacked group's member row views are
+    dropped (the group's GEMM is the only reader)."""
+    from minfer.cuda.mmq_wgmma import repack
 
-    keys: dict[str, tuple[int, int]] = {}
+    keys: dict[str, tuple[int, int, int]] = {}
     for n, (path, _) in routes.items():
         if path != "mmq-wgmma":
             continue
+        qt = int(m.tensor(n).qtype)
         if n in fused:
             g = fused[n][0]
-            keys[g] = (groups[g][0], groups[g][1])
+            keys[g] = (groups[g][0], groups[g][1], qt)
             del w[n]
         else:
-            keys[n] = tuple(int(s) for s in m.tensor(n).shape)
-    for key, (N, K) in keys.items():
+            N, K = (int(s) for s in m.tensor(n).shape)
+            keys[n] = (N, K, qt)
+    for key, (N, K, qt) in keys.items():
         raw = w[key]
-        w[key] = repack_q4k(rt, da.reshape(raw, (raw.size,)), N, K, key)
+        w[key] = repack(rt, da.reshape(raw, (raw.size,)), qt, N, K, key)
         rt.synchronize()
         if raw is not emb:
             raw.gpudata.free()
@@ -226,13 +232,15 @@ class DeviceBuffers:
     vc: list  # per layer f16 [max_tokens, Hkv, D]
     rope: object  # L.RopeTable for max_tokens positions
     q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without MMQ routes)
-    q8s: object  # uint8 [q8s_bytes] split q8_1 scratch of the wgmma routes (None without)
+    q8s: object  # uint8 [q8s_bytes] split q8_1 scratch of the q4_K wgmma routes (None without)
+    q8s6: object  # uint8 [q8s6_bytes] split6 scratch of the q6_K wgmma routes (None without)
 
 
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
-                  q8s_bytes: int = 0) -> DeviceBuffers:
+                  q8s_bytes: int = 0, q8s6_bytes: int = 0) -> DeviceBuffers:
     """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
-    q8s_bytes: plan["q8_1 split scratch"] (0: no wgmma route)."""
+    q8s_bytes / q8s6_bytes: plan["q8_1 split scratch"] / plan["q8_1 split6 scratch"] (0: no
+    q4_K / q6_K wgmma route)."""
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
     e = da.empty
@@ -254,4 +262,5 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
         q8s=e(rt, (q8s_bytes,), np.uint8, "split q8_1 scratch") if q8s_bytes else None,
+        q8s6=e(rt, (q8s6_bytes,), np.uint8, "split6 q8_1 scratch") if q8s6_bytes else None,
     )
