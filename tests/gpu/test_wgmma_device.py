@@ -1,6 +1,7 @@
-"""The Hopper wgmma MMQ path on the device (sm_90 only; skips elsewhere): the split prepass and
-the weight repack bit-identical to their numpy twins, the kernel's parity against mmq_ref on
-ragged shapes (= and +=), and the engine on it (routes, repacked weights, logits)."""
+"""The Hopper wgmma MMQ path on the device (sm_90 only; skips elsewhere), q4_K and q6_K: the
+split prepasses and the weight repacks bit-identical to their numpy twins, the kernels' parity
+against mmq_ref on ragged shapes (= and +=), and the engine on them (routes, repacked weights,
+logits)."""
 
 from __future__ import annotations
 
@@ -17,45 +18,60 @@ def hopper(rt):
     return rt
 
 
-def _q4k(rng, N, K):
-    from test_mmq_wgmma import rand_q4k
+def _weights(rng, qtype, N, K):
+    from test_mmq_wgmma import rand_q4k, rand_q6k
 
-    return rand_q4k(rng, N, K)
+    return (rand_q6k if qtype == 14 else rand_q4k)(rng, N, K)
 
 
-def test_split_and_repack_bitwise(hopper):
+def _split(qtype):
+    from minfer.cuda.mmq_wgmma import split6_q8_1, split_q8_1
+    from minfer.quants.mmq_wgmma_ref import split6_q8_1_ref, split_q8_1_ref
+
+    return (split6_q8_1, split6_q8_1_ref) if qtype == 14 else (split_q8_1, split_q8_1_ref)
+
+
+def _same(dev, ref) -> bool:
+    a, b = np.ascontiguousarray(dev.get()), np.ascontiguousarray(ref)
+    return a.nbytes == b.nbytes and np.array_equal(a.view(np.uint8).ravel(),
+                                                   b.view(np.uint8).ravel())
+
+
+@pytest.mark.parametrize("qtype", [12, 14])
+def test_split_and_repack_bitwise(hopper, qtype):
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_wgmma import repack_q4k, split_q8_1
-    from minfer.quants.mmq_wgmma_ref import repack_q4k_ref, split_q8_1_ref
+    from minfer.cuda.mmq_wgmma import repack
+    from minfer.quants.mmq_wgmma_ref import repack_q4k_ref, repack_q6k_ref
 
     rt = hopper
+    split, split_ref = _split(qtype)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((77, 1280)).astype(np.float32)
     for xin in (x, x.astype(np.float16)):
-        aq, ta = split_q8_1(rt, da.to_device(rt, xin))
-        raq, rta = split_q8_1_ref(xin.astype(np.float32))
-        assert np.array_equal(aq.get(), raq)
-        assert np.array_equal(ta.get().view(np.uint32), rta.view(np.uint32))
-    w = _q4k(rng, 333, 1280)
-    r = repack_q4k(rt, da.to_device(rt, w), 333, 1280)
-    rwq, rtw = repack_q4k_ref(w, 333, 1280)
-    assert np.array_equal(r.wq.get(), rwq) and np.array_equal(r.tw.get(), rtw)
+        got, want = split(rt, da.to_device(rt, xin)), split_ref(xin.astype(np.float32))
+        assert all(_same(a, b) for a, b in zip(got, want))
+    w = _weights(rng, qtype, 333, 1280)
+    r = repack(rt, da.to_device(rt, w), qtype, 333, 1280)
+    rwq, rtw = (repack_q6k_ref if qtype == 14 else repack_q4k_ref)(w, 333, 1280)
+    assert _same(r.wq, rwq) and _same(r.tw, rtw)
     assert r.nbytes == rwq.nbytes + rtw.nbytes
 
 
+@pytest.mark.parametrize("qtype", [12, 14])
 @pytest.mark.parametrize("M,N,K", [(1, 8, 256), (77, 333, 1280), (128, 128, 512),
-                                   (129, 200, 512), (300, 1000, 4096)])
-def test_parity_ragged(hopper, M, N, K):
+                                   (129, 200, 512), (65, 129, 768), (300, 1000, 4096)])
+def test_parity_ragged(hopper, qtype, M, N, K):
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack_q4k, split_q8_1
-    from minfer.quants.mmq_ref import Q4_K, mmq_linear_ref
+    from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack
+    from minfer.quants.mmq_ref import mmq_linear_ref
 
     rt = hopper
-    rng = np.random.default_rng(M * N)
-    w = _q4k(rng, N, K)
+    split, _ = _split(qtype)
+    rng = np.random.default_rng(M * N + qtype)
+    w = _weights(rng, qtype, N, K)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    ref = mmq_linear_ref(x, w, Q4_K, M, N, K)
-    wr = repack_q4k(rt, da.to_device(rt, w), N, K)
+    ref = mmq_linear_ref(x, w, qtype, M, N, K)
+    wr = repack(rt, da.to_device(rt, w), qtype, N, K)
     xd = da.to_device(rt, x)
     out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
     mmq_wgmma_linear(rt, xd, wr, M, N, K, out)
@@ -64,38 +80,43 @@ def test_parity_ragged(hopper, M, N, K):
     assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-4   # measured ~1e-6; gate 1e-3
     base = rng.standard_normal((M, N)).astype(np.float32)
     acc = da.to_device(rt, base)
-    mmq_wgmma_linear(rt, split_q8_1(rt, xd), wr, M, N, K, acc, accumulate=True)
+    mmq_wgmma_linear(rt, split(rt, xd), wr, M, N, K, acc, accumulate=True)
     assert np.linalg.norm(acc.get() - base - ref) / np.linalg.norm(ref) < 1e-4
 
 
-def test_mmq_linear_routes_to_wgmma(hopper):
+@pytest.mark.parametrize("qtype", [12, 14])
+def test_mmq_linear_routes_to_wgmma(hopper, qtype):
     """mmq_linear on the wgmma config: raw weights are repacked per call, raw q8_1 activations
-    (a form the wgmma kernel cannot read) run the wide kernel, and both say which ran."""
+    (a form the wgmma kernels cannot read) run the wide kernel, and both say which ran; with
+    wgmma_q6k off, q6_K runs the wide kernel."""
     from minfer.cuda import devarray as da
     from minfer.cuda.config import GemmConfig
     from minfer.cuda.mmq import mmq_linear, quantize_q8_1
-    from minfer.quants.mmq_ref import Q4_K, mmq_linear_ref
+    from minfer.quants.mmq_ref import mmq_linear_ref
 
     rt = hopper
     rng = np.random.default_rng(9)
     M, N, K = 40, 96, 512
-    w = _q4k(rng, N, K)
+    w = _weights(rng, qtype, N, K)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    ref = mmq_linear_ref(x, w, Q4_K, M, N, K)
+    ref = mmq_linear_ref(x, w, qtype, M, N, K)
     wd, xd = da.to_device(rt, w), da.to_device(rt, x)
-    for xin, kind in ((xd, "wgmma"), (quantize_q8_1(rt, xd), "wide")):
+    q4only = "wide" if qtype == 14 else "wgmma"
+    for xin, cfg, kind in ((xd, GemmConfig(mmq=True), "wgmma"),
+                           (quantize_q8_1(rt, xd), GemmConfig(mmq=True), "wide"),
+                           (xd, GemmConfig(mmq=True, wgmma_q6k=False), q4only)):
         out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
-        v = mmq_linear(rt, xin, wd, Q4_K, M, N, K, GemmConfig(mmq=True), out)
+        v = mmq_linear(rt, xin, wd, qtype, M, N, K, cfg, out)
         assert v.kind == kind
         assert np.linalg.norm(out.get() - ref) / np.linalg.norm(ref) < 1e-4
 
 
 def test_backend_on_wgmma(hopper, model):
-    """The engine with MMQ on: q4_K GEMMs route to mmq-wgmma with repacked weights (fused
-    groups as one), q6_K to the wide kernel; logits match the wide-kernel engine's."""
+    """The engine with MMQ on: q4_K and q6_K GEMMs route to mmq-wgmma with repacked weights
+    (fused groups as one); logits match the wide-kernel engine's."""
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq_wgmma import WgmmaQ4K
+    from minfer.cuda.mmq_wgmma import WgmmaQ4K, WgmmaQ6K
 
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, model.config.vocab_size, 37).astype(np.int32)
@@ -106,7 +127,8 @@ def test_backend_on_wgmma(hopper, model):
     assert "mmq-wgmma" in b.route_summary()
     for n in wg:
         key = b.fused[n][0] if n in b.fused else n
-        assert isinstance(b.w[key], WgmmaQ4K), key
+        want = WgmmaQ6K if b.qtypes[n] == 14 else WgmmaQ4K
+        assert isinstance(b.w[key], want), key
     got = b.forward(prompt, 0)
     ref = CudaBackend(model, GemmConfig(mmq=True, wgmma=False), max_tokens=128,
                       ubatch=16).forward(prompt, 0)
