@@ -13,7 +13,9 @@
 //   Tw  one 16 KB block per (128-row tile nt, 128-k stage kt), at (nt * K/128 + kt) * 16384:
 //     TB float4 [4 chunks][128 rows]  (c0, c1, b, 0): c_h = d*sc_h * 2^74,
 //                                     b = (f32(sc0*Q0 + sc1*Q1) * d) * -2^-68, Q_h = sum of q
-//     TM uint2 [8 halves][128 rows]   -32 * d * sc_h as tf32 (hi, lo) by truncation
+//     TM uint4 [8 halves][64 row pairs] -32 * d * sc_h as tf32 (hi, lo) by truncation, for the
+//                                     rows r, r+8 of each 16-row group (pair 8 * (r/16) + r%8):
+//                                     (hi_r, hi_r+8, lo_r, lo_r+8), an mma A fragment per load
 // One thread per (row n, 32-chunk j); grid ceil(N * K/32 / 256), block 256. Rows >= N of the
 // tables are not written (the launcher zeroes them).
 #include "mmq_common.cuh"
@@ -86,10 +88,14 @@ extern "C" __global__ void repack_q6k_wgmma(const uint8_t* __restrict__ W, uint8
     reinterpret_cast<float4*>(blkt)[cc * 128 + rn] =
         make_float4(ds0 * 0x1p74f, ds1 * 0x1p74f, ((float)(sc0 * Q[0] + sc1 * Q[1]) * d) * -0x1p-68f,
                     0.f);
-    uint2* tm = reinterpret_cast<uint2*>(blkt + 8192);
+    // TM: per half a uint4 per row pair (r, r+8) of each 16-row group: (hi_r, hi_r8, lo_r, lo_r8)
+    uint32_t* tm = reinterpret_cast<uint32_t*>(blkt + 8192);
+    const int slot = (rn >> 4) * 8 + (rn & 7), side = (rn >> 3) & 1;
     uint32_t hi, lo;
     tf32_split(-32.f * ds0, hi, lo);
-    tm[(2 * cc) * 128 + rn] = make_uint2(hi, lo);
+    tm[((2 * cc) * 64 + slot) * 4 + side] = hi;
+    tm[((2 * cc) * 64 + slot) * 4 + 2 + side] = lo;
     tf32_split(-32.f * ds1, hi, lo);
-    tm[(2 * cc + 1) * 128 + rn] = make_uint2(hi, lo);
+    tm[((2 * cc + 1) * 64 + slot) * 4 + side] = hi;
+    tm[((2 * cc + 1) * 64 + slot) * 4 + 2 + side] = lo;
 }

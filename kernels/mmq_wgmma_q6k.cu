@@ -20,7 +20,9 @@
 //   Wq  uint8 [N, K]      q (0..63), natural k order
 //   Xq  uint8 [M, 2K]     per chunk 64 B: [qa+128 of half 0 | 16 zeros | 16 zeros | qa+128 of half 1]
 //   Tw  per (128-row tile, stage of 128 k) one 16 KB block: TB float4 [4 chunks][128 rows]
-//       (c_0, c_1, b, 0), then TM uint2 [8 halves][128 rows] = wm as tf32 (hi, lo)
+//       (c_0, c_1, b, 0), then TM uint4 [8 halves][64 row pairs] = wm as tf32 (hi, lo) of rows
+//       r and r+8 of each 16-row group, (hi_r, hi_r+8, lo_r, lo_r+8): one load per mma A
+//       fragment (as two uint2 per row, ptxas copied every fragment into a register pair)
 //   Tx  per (64-token tile, stage) one 5 KB block: TD float [4][64] = da * 2^75, then TS uint2
 //       [8][64] = xs as tf32 (hi, lo)
 // so a stage's tables are two contiguous runs (one cp.async piece per thread and 16 B).
@@ -163,12 +165,14 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
             const float* td = reinterpret_cast<const float*>(tbase);                 // [4][64]
             const uint2* ts = reinterpret_cast<const uint2*>(tbase + KC * BT * 4);    // [8][64]
             const float4* tb = reinterpret_cast<const float4*>(tbase + TXB);          // [4][128]
-            const uint2* tm = reinterpret_cast<const uint2*>(tbase + TXB + KC * BN * 16);  // [8][128]
+            const uint4* tm = reinterpret_cast<const uint4*>(tbase + TXB + KC * BN * 16);  // [8][64]
+            // descriptors of the stage's tiles; a k-step adds its byte offset / 16 (the start
+            // address field: offsets stay inside the 256 KB shared window, no carry)
+            const uint64_t dw = wgmma::sw128_desc(sw), dx = wgmma::sw128_desc(sx);
             auto issue = [&](int c, int b) {   // chunk c's half b & 1 into d[b]
                 wgmma::fence();
-                wgmma::igmma_m64n64k32(d[b], wgmma::sw128_desc(sw + c * 32),
-                                       wgmma::sw128_desc(sx + (c >> 1) * (BT * 128) +
-                                                         (c & 1) * 64 + (b & 1) * 32));
+                wgmma::igmma_m64n64k32(d[b], dw + c * 2,
+                                       dx + ((c >> 1) * (BT * 128) + (c & 1) * 64 + (b & 1) * 32) / 16);
                 wgmma::commit();
             };
 #if MMQ_Q6_AHEAD == 2
@@ -245,13 +249,13 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
             // -32 A_h term of the stage: y[r][tok] += sum_h wm[h][r] * xs[h][tok], two k4 steps
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
-                const uint2 wa = tm[(4 * q + t) * BN + ra], wb = tm[(4 * q + t) * BN + ra + 8];
+                const uint4 wa = tm[(4 * q + t) * (BN / 2) + (ra >> 4) * 8 + g];   // rows ra, ra+8
 #pragma unroll
                 for (int i = 0; i < NI; ++i) {
                     const uint2 xb = ts[(4 * q + t) * BT + i * 8 + g];
-                    wgmma::mma_tf32_k4(acc[i], wa.x, wb.x, xb.x);
-                    wgmma::mma_tf32_k4(acc[i], wa.x, wb.x, xb.y);
-                    wgmma::mma_tf32_k4(acc[i], wa.y, wb.y, xb.x);
+                    wgmma::mma_tf32_k4(acc[i], wa.x, wa.y, xb.x);
+                    wgmma::mma_tf32_k4(acc[i], wa.x, wa.y, xb.y);
+                    wgmma::mma_tf32_k4(acc[i], wa.z, wa.w, xb.x);
                 }
             }
         }

@@ -27,8 +27,9 @@ q6_K (scales per 16 values: each wgmma half-step sees one 16-half through zero p
   tf32 (hi, lo). Mp = M rounded up to 64; rows >= M zero.
 - `repack_q6k_ref(w_raw, N, K)`: Wq uint8 [N, K] = q (0..63) and Tw uint8 [Np/128, K/128, 16384]:
   per (128-row tile, stage) TB f32 [4][128][4] = (d*sc0 * 2^74, d*sc1 * 2^74,
-  (f32(sc0*Q0 + sc1*Q1) * d) * -2^-68, 0) with Q_h the half's sum of q, then TM uint32 [8][128][2]
-  = -32 * d * sc_h as tf32 (hi, lo). Np = N rounded up to 128; rows >= N zero.
+  (f32(sc0*Q0 + sc1*Q1) * d) * -2^-68, 0) with Q_h the half's sum of q, then TM uint32
+  [8][64][4] = -32 * d * sc_h as tf32 (hi, lo), rows r and r+8 of each 16-row group side by
+  side: (hi_r, hi_r+8, lo_r, lo_r+8). Np = N rounded up to 128; rows >= N zero.
 
 The kernel reads D_h = sum (qa+128) q = S_h + 128 Q_h as a denormal like q4_K, chains
 t = fma(D_0, c0, b), t = fma(D_1, c1, t), y = fma(t, da 2^75, y) (3 FFMA per value and chunk),
@@ -93,6 +94,21 @@ def _tiles(n: int, t: int) -> int:
     return (n + t - 1) // t
 
 
+def _pair_rows(t: np.ndarray) -> np.ndarray:
+    """[..., 128 rows, 2 (hi, lo)] -> [..., 64 pairs, 4]: pair 8 * (r // 16) + r % 8 holds rows
+    r and r + 8 as (hi_r, hi_r+8, lo_r, lo_r+8) (the kernel's mma A fragment in one load)."""
+    g = t.reshape(*t.shape[:-2], 8, 2, 8, 2)          # [..., group, side, r % 8, hi/lo]
+    return np.ascontiguousarray(np.swapaxes(np.swapaxes(g, -3, -2), -2, -1)).reshape(
+        *t.shape[:-2], 64, 4)
+
+
+def _unpair_rows(t: np.ndarray) -> np.ndarray:
+    """Inverse of _pair_rows: [..., 64, 4] -> [..., 128, 2]."""
+    g = t.reshape(*t.shape[:-2], 8, 8, 2, 2)          # [..., group, r % 8, hi/lo, side]
+    return np.ascontiguousarray(np.swapaxes(np.swapaxes(g, -1, -2), -2, -3)).reshape(
+        *t.shape[:-2], 128, 2)
+
+
 def split6_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x f32 [M, K] (K % 128 == 0) -> (Xq uint8 [M, 2K], Tx uint8 [Mp/64, K/128, 5120])."""
     x = np.asarray(x, np.float32)
@@ -136,7 +152,7 @@ def repack_q6k_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.nd
     hi, lo = tf32_split(np.float32(-32) * dsv16)
     tm[:N, :, 0], tm[:N, :, 1] = hi, lo
     tb_b = tb.reshape(NT, Q6_BN, KT, 4, 4).transpose(0, 2, 3, 1, 4)
-    tm_b = tm.reshape(NT, Q6_BN, KT, 8, 2).transpose(0, 2, 3, 1, 4)
+    tm_b = _pair_rows(tm.reshape(NT, Q6_BN, KT, 8, 2).transpose(0, 2, 3, 1, 4))
     tw = np.concatenate([np.ascontiguousarray(tb_b).reshape(NT, KT, -1).view(np.uint8),
                          np.ascontiguousarray(tm_b).reshape(NT, KT, -1).view(np.uint8)], -1)
     assert tw.shape[-1] == Q6_TWB
@@ -153,7 +169,7 @@ def unblock_q6k_tables(tx: np.ndarray, tw: np.ndarray, M: int, N: int, K: int):
     ts = ts.transpose(0, 3, 1, 2, 4).reshape(MT * Q6_BT, K // 16, 2)[:M]
     tb = tw[..., :8192].copy().view(np.float32).reshape(NT, KT, 4, Q6_BN, 4)
     tb = tb.transpose(0, 3, 1, 2, 4).reshape(NT * Q6_BN, K // 32, 4)[:N]
-    tm = tw[..., 8192:].copy().view(np.float32).reshape(NT, KT, 8, Q6_BN, 2)
+    tm = _unpair_rows(tw[..., 8192:].copy().view(np.float32).reshape(NT, KT, 8, 64, 4))
     tm = tm.transpose(0, 3, 1, 2, 4).reshape(NT * Q6_BN, K // 16, 2)[:N]
     xs = ts[..., 0].astype(np.float64) + ts[..., 1]
     wm = tm[..., 0].astype(np.float64) + tm[..., 1]
