@@ -9,7 +9,7 @@ for v in $NCU_RUNS; do   # "q6_K:4096:14336:-DX=1" ...
   step "ncu_${ty}_${o}" 60 "$NCU" --clock-control none --kernel-name regex:mmq_wgmma --launch-skip 2 --launch-count 1 --metrics "$M" python3 scripts/ncu_wgmma.py $ty $n $k $o
 done
 export MINFER_TEST_MODEL=$PWD/.devdata/smollm2-slice.gguf
-step pytest 200 python3 -m pytest -q tests/gpu/test_wgmma_device.py tests/gpu/test_check.py
+step pytest 200 python3 -m pytest -q -rfE tests/gpu/test_wgmma_device.py tests/gpu/test_check.py tests/gpu/test_backend_mmq.py
 cat $OUT/steps.txt
 echo "--- pytest"; tail -4 $OUT/pytest.log
 for f in $OUT/ncu_*.log; do echo "--- $f"; grep -E "stalled|inst_executed|duration|pct" "$f" | awk '{print $1, $NF}' | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//'; done

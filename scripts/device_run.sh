@@ -8,7 +8,7 @@
 DEADLINE=${1:-480}; source scripts/device_lib.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 M="python3 -m minfer"; S=.devdata/smollm2-slice.gguf
-MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rs tests/gpu
+MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs tests/gpu
 step prefill_cpu 40 $M prefill -m $S --backend cpu --json
 step prefill_cuda 40 $M prefill -m $S --backend cuda --json
 step quantize 30 $M quantize $S /tmp/slice-q4km.gguf --type q4_K_M --quiet
@@ -18,7 +18,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
   --metrics smsp__inst_executed.sum,gpu__time_duration.sum python3 scripts/ncu_mmq.py
 step mmq_timing 60 python3 scripts/mmq_device.py --quick
 step synth 80 bash -c "time $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s32.gguf"
-step bench 200 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 3 --ab "MINFER_MMQ=0" "MINFER_MMQ=1 MINFER_MMQ_WGMMA=0" "MINFER_MMQ=1"
+step bench 230 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 3 --ab "MINFER_MMQ=0" "MINFER_MMQ=1 MINFER_MMQ_WGMMA_Q6K=0" "MINFER_MMQ=1"
 step torch 40 python3 scripts/torch_f16_prefill.py --tokens 512,2048 --repeats 3
 echo; echo "################ SUMMARY ################"
 cat "$OUT/steps.txt"

@@ -80,8 +80,14 @@ def test_mmq_backend_memory_plan(model):
     from minfer.cuda.config import GemmConfig
 
     f = CudaBackend(model, GemmConfig(), max_tokens=32, ubatch=32, warmup=False)._plan()
-    m = CudaBackend(model, GemmConfig(mmq=True), max_tokens=32, ubatch=32, warmup=False)._plan()
+    b = CudaBackend(model, GemmConfig(mmq=True), max_tokens=32, ubatch=32, warmup=False)
+    m = b._plan()
     if m["MMQ weights"] == 0 and m["f16 weights"] == f["f16 weights"]:
         pytest.skip("no MMQ weights in this model")
     assert m["f16 weights"] < f["f16 weights"]
-    assert f["q8_1 scratch"] == 0 and m["q8_1 scratch"] > 0
+    keys = ("q8_1 scratch", "q8_1 split scratch", "q8_1 split6 scratch")
+    assert not any(f[k] for k in keys)
+    # each activation layout the MMQ routes read has its scratch (on sm_90 the wgmma layouts)
+    used = {("q8_1 split6 scratch" if b.qtypes[n] == 14 else "q8_1 split scratch")
+            if p == "mmq-wgmma" else "q8_1 scratch" for n, (p, _) in b.routes.items() if p != "f16"}
+    assert used and all(m[k] > 0 for k in used) and not any(m[k] for k in set(keys) - used)
