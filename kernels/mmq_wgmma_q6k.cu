@@ -4,9 +4,8 @@
 //
 // q6_K scales change every 16 values, q8_1's every 32 (minfer.quants.mmq_ref): per 32-chunk c
 // with halves h = 0, 1: y += da * sum_h dsv_h * S'_h, S'_h = sum_{k in h} qa * (q - 32),
-// dsv_h = d * sc_h. A wgmma k-step sums 32 values, so the activations are zero-padded in shared
-// memory (each half-step sees only its 16) and the u8 offsets are undone around the integer
-// result:
+// dsv_h = d * sc_h. A wgmma k-step sums 32 values, so the activations come zero-padded (each
+// half-step sees only its 16) and the u8 offsets are undone around the integer result:
 //   D_h = sum_{k in h} (qa + 128) * q  = S_h + 128 Q_h        (S_h = sum qa*q, Q_h = sum q)
 //   S'_h = S_h - 32 A_h                                       (A_h = sum qa over the half)
 // Epilogue, 3 FFMA per C value and chunk (D_h < 2^18 reads as the f32 denormal D_h * 2^-149):
@@ -19,9 +18,7 @@
 // Operands (quantize_q8_1.cu's quantize_q8_1_split6 and mmq_repack.cu's repack_q6k_wgmma write
 // them; numpy twins in minfer.quants.mmq_wgmma_ref):
 //   Wq  uint8 [N, K]      q (0..63), natural k order
-//   Xq  uint8 [M, K]      qa + 128 (the same bytes as mmq_wgmma_q4k.cu's Aq); in shared memory
-//                         each chunk becomes 64 B [half 0 | 16 zeros | 16 zeros | half 1]: the
-//                         zero pieces are stored once per kernel, cp.async fills the others
+//   Xq  uint8 [M, 2K]     per chunk 64 B: [qa+128 of half 0 | 16 zeros | 16 zeros | qa+128 of half 1]
 //   Tw  per (128-row tile, stage of 128 k) one 16 KB block: TB float4 [4 chunks][128 rows]
 //       (c_0, c_1, b, 0), then TM uint4 [8 halves][64 row pairs] = wm as tf32 (hi, lo) of rows
 //       r and r+8 of each 16-row group, (hi_r, hi_r+8, lo_r, lo_r+8): one load per mma A
@@ -35,7 +32,7 @@
 // one float4 of scales per chunk) and the tokens its N side. Per chunk the two half-steps are
 // the pipelined pair (wait_group 1): the half-1 wgmma runs under the half-0 FFMAs, the next
 // chunk's half 0 under the half-1 FFMAs. Stages of BK = 128 k filled by 16-byte cp.async
-// STAGES-1 ahead (128-byte swizzle, wgmma_common.cuh; the X tiles' zero pieces written once). Persistent over tiles (M-fastest order)
+// STAGES-1 ahead (128-byte swizzle, wgmma_common.cuh). Persistent over tiles (M-fastest order)
 // like mmq_wgmma_q4k.cu. Stores: lane pairs swap values so each writes a float2 of two weight
 // rows. Dynamic smem Q6Smem<STAGES>::BYTES.
 // Entry: mmq_wgmma_q6k(Xq, Tx, Wq, Tw, C, M, N, K, accumulate), K % 128 == 0; every buffer
@@ -73,31 +70,25 @@ static_assert(Q6Smem<3>::STAGE == 54272 && Q6Smem<3>::BYTES == 163840, "q6_K wgm
 static_assert(Q6Smem<3>::STAGE % 1024 == 0, "stages keep the 1024-byte tile alignment");
 static_assert(sizeof(float4) == 16 && sizeof(uint2) == 8, "table entries");
 
-// The X tile of a stage: 64 token rows of 256 padded bytes as two 64 x 128 B swizzled tiles; the
-// 16-byte piece p of a row (0..15; chunk p / 4) lands at tile p / 8, swizzled column p % 8.
-__device__ __forceinline__ uint32_t x_piece(int row, int p) {
-    return (p >> 3) * (BT * 128) + row * 128 + (((p & 7) ^ (row & 7)) << 4);
-}
-
 // The block's cp.async pieces of one stage (16 B each, 256 threads): W 128 rows x 8 (4 per
-// thread, rows 32 apart), X 64 rows x 8 real pieces (2 per thread, rows 32 apart: compact
-// piece q = 2 * chunk + half goes to padded piece 4 * chunk + 3 * half), rows past N / M
-// zero-filled; Tw 1024 pieces (4 per thread), Tx 320.
+// thread, rows 32 apart), X 64 rows x 16 (4 per thread, rows 16 apart; pieces 8..15 of a row go
+// to the second tile), rows past N / M zero-filled; Tw 1024 pieces (4 per thread), Tx 320.
 struct Copier6 {
     static constexpr int T = 256;
     uint32_t w, x, tx, tw, dst_w, dst_x, mask;
 
     __device__ __forceinline__ Copier6(int m0, int n0, int M, int N, int K, int KT, int tid) {
-        const int rw = tid >> 3, cw = tid & 7;   // X uses the same row / piece split
+        const int rw = tid >> 3, cw = tid & 7, rx = tid >> 4, cx = tid & 15;
         dst_w = rw * 128 + ((cw ^ (rw & 7)) << 4);
-        dst_x = x_piece(rw, 4 * (cw >> 1) + 3 * (cw & 1));
+        dst_x = (cx >> 3) * (BT * 128) + rx * 128 + (((cx & 7) ^ (rx & 7)) << 4);
         w = (uint32_t)min(n0 + rw, N - 1) * K + cw * 16;
-        x = (uint32_t)min(m0 + rw, M - 1) * K + cw * 16;
+        x = (uint32_t)min(m0 + rx, M - 1) * (2 * K) + cx * 16;
         mask = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) mask |= (n0 + rw + 32 * i < N ? 1u : 0u) << i;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) mask |= (m0 + rw + 32 * i < M ? 1u : 0u) << (4 + i);
+        for (int i = 0; i < 4; ++i) {
+            mask |= (n0 + rw + 32 * i < N ? 1u : 0u) << i;
+            mask |= (m0 + rx + 16 * i < M ? 1u : 0u) << (4 + i);
+        }
         tx = ((uint32_t)(m0 / BT) * KT) * TXB + tid * 16;
         tw = ((uint32_t)(n0 / BN) * KT) * TWB + tid * 16;
     }
@@ -110,8 +101,8 @@ struct Copier6 {
         for (int i = 0; i < 4; ++i)
             cp_async16(sb + dst_w + i * 32 * 128, Wq + (w + i * 32 * K + kt * BK), (mask >> i) & 1);
 #pragma unroll
-        for (int i = 0; i < 2; ++i)
-            cp_async16(sb + S::W + dst_x + i * 32 * 128, Xq + (x + i * 32 * K + kt * BK),
+        for (int i = 0; i < 4; ++i)
+            cp_async16(sb + S::W + dst_x + i * 16 * 128, Xq + (x + i * 16 * 2 * K + kt * 2 * BK),
                        (mask >> (4 + i)) & 1);
         const uint32_t stx = sb + S::W + S::X, stw = stx + TXB;
         cp_async16(stx + tid * 16, Tx + (tx + kt * TXB), true);
@@ -149,17 +140,6 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
 #if MMQ_Q6_AHEAD == 1
     float th[32];
 #endif
-
-    // the zero pieces of every stage's X tiles (padded pieces 1, 2 of each chunk), once: cp.async
-    // never writes them (the stage loop's proxy fence and barrier order them before any wgmma)
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int row = (tid >> 3) + 32 * i, z = tid & 7;   // 8 zero pieces per row
-            *reinterpret_cast<uint4*>(const_cast<uint8_t*>(sgen) + s * S::STAGE + S::W +
-                                      x_piece(row, 4 * (z >> 1) + 1 + (z & 1))) = make_uint4(0, 0, 0, 0);
-        }
 
     int tile = blockIdx.x;
     int m0 = (tile % mtiles) * BT, n0 = (tile / mtiles) * BN;

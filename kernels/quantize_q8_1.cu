@@ -9,10 +9,10 @@
 //            blocks laid out for the wgmma kernel (mmq_wgmma_q4k.cu): Aq [M, K] = q + 128 (u8),
 //            Ta [K/32, Mp] = (d * 2^75, d * s) with d the f16-rounded scale (rows >= M untouched).
 //          quantize_q8_1_split6(_f16)(x, uint8_t* Xq, uint8_t* Tx, int M, int K): the blocks laid
-//            out for mmq_wgmma_q6k.cu: Xq [M, K] = q + 128 (as the split entries' Aq); Tx one
-//            5 KB block per (64-token tile, 128-k stage) at (m/64 * K/128 + kt) * 5120: TD float
-//            [4 chunks][64] = d * 2^75, then TS uint2 [8 halves][64] = d * (sum of the half's q)
-//            as tf32 (hi, lo). K % 128 == 0.
+//            out for mmq_wgmma_q6k.cu: Xq [M, 2K], per chunk 64 B = [q+128 of values 0..15 |
+//            32 zeros | q+128 of values 16..31]; Tx one 5 KB block per (64-token tile, 128-k
+//            stage) at (m/64 * K/128 + kt) * 5120: TD float [4 chunks][64] = d * 2^75, then TS
+//            uint2 [8 halves][64] = d * (sum of the half's q) as tf32 (hi, lo). K % 128 == 0.
 // One warp per block of 32 values; grid (ceil(M*K/32 / 8)), block 256. K % 32 == 0.
 #include "mmq_common.cuh"
 
@@ -88,7 +88,9 @@ __device__ __forceinline__ void quantize_split6(const T* x, uint8_t* Xq, uint8_t
     for (int o = 8; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
     const uint32_t w = pack4((uint32_t)(r.q + 128) & 0xFFu);
     const long long m = b / (K / 32), j = b % (K / 32);
-    if ((lane & 3) == 0) *(uint32_t*)(Xq + b * 32 + lane) = w;
+    uint8_t* row = Xq + m * 2 * K + j * 64;
+    if ((lane & 3) == 0) *(uint32_t*)(row + lane + (lane & 16) * 2) = w;   // 0..15, 48..63
+    if ((lane & 3) == 1) *(uint32_t*)(row + 16 + 4 * (lane >> 2)) = 0u;    // 16..47
     if ((lane & 15) == 0) {
         const float d = __half2float(__float2half_rn(r.d));
         uint8_t* blk = Tx + ((m / 64) * (K / 128) + j / 4) * 5120;

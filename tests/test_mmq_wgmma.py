@@ -104,16 +104,19 @@ def test_kernel_algebra_matches_mmq_math(M, N, K):
 
 
 def test_split6_ref_layout():
-    """q6_K activations: q + 128 as for q4_K, and the blocked tables hold da * 2^75 and
-    da * (half sums), padding tokens zero."""
+    """q6_K activations: each 32-chunk as [q+128 of half 0 | 32 zeros | q+128 of half 1], and
+    the blocked tables hold da * 2^75 and da * (half sums), padding tokens zero."""
     rng = np.random.default_rng(3)
     M, K = 70, 512
     x = rng.standard_normal((M, K)).astype(np.float32) * 2
     xq, tx = split6_q8_1_ref(x)
     d, q, _ = unpack_q8_1_raw(quantize_q8_1_raw(x), K)
-    assert xq.shape == (M, K) and tx.shape == (2, K // 128, 5120)
-    assert np.array_equal(xq, split_q8_1_ref(x)[0])
+    assert xq.shape == (M, 2 * K) and tx.shape == (2, K // 128, 5120)
+    ch = xq.reshape(M, K // 32, 64).astype(np.int16)
     qq = q.reshape(M, K // 32, 2, 16).astype(np.int16)
+    assert np.array_equal(ch[..., :16] - 128, qq[:, :, 0])
+    assert np.array_equal(ch[..., 48:] - 128, qq[:, :, 1])
+    assert not ch[..., 16:48].any()
     assert split6_scratch_bytes(M, K) == xq.nbytes + tx.nbytes
     td, xs, _, _ = unblock_q6k_tables(tx, np.zeros((1, K // 128, 16384), np.uint8), M, 1, K)
     assert np.array_equal(td, d * np.float32(2.0**75))
@@ -148,11 +151,10 @@ def test_repack6_ref_fields():
 
 def emulate_q6k(xq, tx, wq, tw, M, N, K, bias_sign=1.0):
     """mmq_wgmma_q6k.cu's epilogue in f32 (fma emulated in float64): per chunk and half
-    D_h = Xq . Wq over the half's zero-padded 32 bytes (u8 x u8), t = fma(D_0, c0, b),
+    D_h = Xq . Wq over the half's padded 32 bytes (u8 x u8), t = fma(D_0, c0, b),
     t = fma(D_1, c1, t), y = fma(t, da 2^75, y); then y += sum_h wm * xs (the -32 term)."""
     td, xs, tb, wm = unblock_q6k_tables(tx, tw, M, N, K)
-    X = np.zeros((M, K // 32, 64), np.int64)   # the shared-memory image: [h0 | 0 | 0 | h1]
-    X[..., :16], X[..., 48:] = xq.reshape(M, K // 32, 2, 16).transpose(2, 0, 1, 3)
+    X = xq.reshape(M, K // 32, 64).astype(np.int64)
     W = wq.reshape(N, K // 32, 32).astype(np.int64)
     y = np.zeros((M, N), np.float32)
     for c in range(K // 32):

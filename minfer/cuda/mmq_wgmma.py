@@ -9,10 +9,9 @@ has the bit-exact twins); `repack` turns a raw weight into a `WgmmaQ4K` / `Wgmma
 load, and `split_q8_1` / `split6_q8_1` are the per-GEMM activation prepasses.
 - q4_K: 1 byte per weight plus 16 B of tables per 32 weights (1.5 B/weight against q4_K's
   0.5625); block tile 128 tokens x 128 weight rows (2 warpgroups of 128 x 64), stages of 128 k.
-- q6_K: 1 byte per weight plus 32 B of tables per 32 (2 B/weight against 0.82); activations as
-  q4_K's u8 bytes plus their own tables (the kernel zero-pads them in shared memory so each
-  wgmma half-step sees one 16-value half); block tile 128 weight rows x 64 tokens (2
-  warpgroups of 64 x 64).
+- q6_K: 1 byte per weight plus 32 B of tables per 32 (2 B/weight against 0.82); activations
+  zero-padded to 2K bytes per row (each wgmma half-step sees one 16-value half); block tile
+  128 weight rows x 64 tokens (2 warpgroups of 64 x 64).
 Both: 1 block per SM, `WG_STAGES` deep, persistent; the smem sizes mirror the kernels'
 static_asserts (tests/test_mmq_wgmma.py). sm_90 only (wgmma); minfer.cuda.mmq.pick_variant
 decides when this path runs.
@@ -45,8 +44,7 @@ def wgmma_smem(bn: int = WG_BN, stages: int = WG_STAGES) -> int:
 
 def wgmma6_smem(stages: int = WG_STAGES) -> int:
     """Dynamic smem of mmq_wgmma_q6k (Q6Smem<STAGES>::BYTES): per stage W 128 x 128 B, X 64 x
-    256 B (activations zero-padded in shared memory), one Tx and one Tw table block; + 1 KB
-    alignment."""
+    256 B (padded activations), one Tx and one Tw table block; + 1 KB alignment."""
     return stages * (Q6_BN * Q6_BK + Q6_BT * 2 * Q6_BK + Q6_TXB + Q6_TWB) + 1024
 
 
@@ -86,18 +84,18 @@ def wgmma_weight_bytes(N: int, K: int, qtype: int = Q4_K) -> int:
 
 
 def split6_scratch_bytes(T: int, K: int) -> int:
-    """Bytes of one q6_K-split activation [T, K]: Xq [T, K], then the Tx blocks."""
-    return T * K + (-(T * K)) % 16 + -(-T // Q6_BT) * (K // Q6_BK) * Q6_TXB
+    """Bytes of one q6_K-split activation [T, K]: Xq [T, 2K], then the Tx blocks."""
+    return T * 2 * K + (-(T * 2 * K)) % 16 + -(-T // Q6_BT) * (K // Q6_BK) * Q6_TXB
 
 
 def split6_views(buf, M: int, K: int):
-    """(xq uint8 [M, K], tx uint8 [Mt, K/128, 5120]) carved from a uint8 scratch buffer."""
-    off = M * K + (-(M * K)) % 16
+    """(xq uint8 [M, 2K], tx uint8 [Mt, K/128, 5120]) carved from a uint8 scratch buffer."""
+    off = M * 2 * K + (-(M * 2 * K)) % 16
     mt = -(-M // Q6_BT)
     need = off + mt * (K // Q6_BK) * Q6_TXB
     if buf.nbytes < need:
         raise GPUError(f"split6 q8_1 scratch holds {buf.nbytes} B, [{M}, {K}] needs {need}")
-    xq = da.view(da.ptr(buf), (M, K), np.uint8, base=buf)
+    xq = da.view(da.ptr(buf), (M, 2 * K), np.uint8, base=buf)
     tx = da.view(da.ptr(buf) + off, (mt, K // Q6_BK, Q6_TXB), np.uint8, base=buf)
     return xq, tx
 
@@ -195,7 +193,7 @@ def split_q8_1(rt, x, aq=None, ta=None):
 
 
 def split6_q8_1(rt, x, xq=None, tx=None):
-    """x f32 / f16 [M, K] (K % 128 == 0) -> (Xq uint8 [M, K], Tx uint8 [Mt, K/128, 5120]),
+    """x f32 / f16 [M, K] (K % 128 == 0) -> (Xq uint8 [M, 2K], Tx uint8 [Mt, K/128, 5120]),
     the q6_K wgmma operand (into xq / tx if given; a fresh Tx is zeroed: padding tokens 0)."""
     da.check("split6_q8_1 x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
     M, K = x.shape
@@ -203,10 +201,10 @@ def split6_q8_1(rt, x, xq=None, tx=None):
         raise GPUError(f"split6_q8_1: need M >= 1 and K a multiple of {Q6_BK}, got M={M} K={K}")
     mt = -(-M // Q6_BT)
     if xq is None:
-        xq = da.empty(rt, (M, K), np.uint8, "q8_1 activations (wgmma q6_K)")
+        xq = da.empty(rt, (M, 2 * K), np.uint8, "q8_1 activations (wgmma q6_K)")
     if tx is None:
         tx = _zeroed(rt, (mt, K // Q6_BK, Q6_TXB), np.uint8, "q8_1 tables (wgmma q6_K)")
-    da.check("split6_q8_1 xq", xq, (M, K), np.uint8, align=16)
+    da.check("split6_q8_1 xq", xq, (M, 2 * K), np.uint8, align=16)
     da.check("split6_q8_1 tx", tx, (mt, K // Q6_BK, Q6_TXB), np.uint8, align=16)
     entry = "quantize_q8_1_split6" if x.dtype == np.float32 else "quantize_q8_1_split6_f16"
     fn = rt.function("quantize_q8_1", entry)
@@ -248,7 +246,7 @@ def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
         raise GPUError(f"mmq_wgmma_linear: weight must be a WgmmaQ4K / WgmmaQ6K of [{N}, {K}]")
     if M <= 0 or K % WG_BK:
         raise GPUError(f"mmq_wgmma_linear: need M >= 1 and K % {WG_BK} == 0, got M={M} K={K}")
-    if M * K >= 2**31 or M * N >= 2**31:
+    if M * 2 * K >= 2**31 or M * N >= 2**31:
         raise GPUError("mmq_wgmma_linear: problem too large (32-bit offsets)")
     if w.qtype == Q6_K:
         _q6k_linear(rt, x, w, M, N, K, out, accumulate, split, build_opts)
@@ -270,7 +268,7 @@ def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
 def _q6k_linear(rt, x, w, M, N, K, out, accumulate, split, build_opts) -> None:
     if isinstance(x, tuple):
         xq, tx = x
-        da.check("mmq_wgmma_linear xq", xq, (M, K), np.uint8, align=16)
+        da.check("mmq_wgmma_linear xq", xq, (M, 2 * K), np.uint8, align=16)
         da.check("mmq_wgmma_linear tx", tx, (-(-M // Q6_BT), K // Q6_BK, Q6_TXB), np.uint8,
                  align=16)
     else:

@@ -19,11 +19,10 @@ Why the scalings: the kernel feeds u8 x u8, so its integer result D = S + 128 V 
 -128 V dsv 2^-75) is S * dsv * 2^-75 and fma(that, da * 2^75, y) adds da * dsv * S to y, two
 FFMA per C value and chunk with no int-to-float conversion.
 
-q6_K (scales per 16 values: each wgmma half-step sees one 16-half, through zero padding the
-kernel adds in shared memory: [half 0 | 32 zeros | half 1] per chunk):
+q6_K (scales per 16 values: each wgmma half-step sees one 16-half through zero padding):
 
-- `split6_q8_1_ref(x)`: Xq uint8 [M, K] = q + 128 (split_q8_1_ref's Aq), and Tx uint8
-  [Mp/64, K/128, 5120]: per (64-token tile, 128-k stage) a block
+- `split6_q8_1_ref(x)`: Xq uint8 [M, 2K], per 32-chunk 64 B = [q+128 of half 0 | 32 zeros |
+  q+128 of half 1], and Tx uint8 [Mp/64, K/128, 5120]: per (64-token tile, 128-k stage) a block
   TD f32 [4][64] = da * 2^75, then TS uint32 [8][64][2] = da * A_h (A_h the half's sum of q) as
   tf32 (hi, lo). Mp = M rounded up to 64; rows >= M zero.
 - `repack_q6k_ref(w_raw, N, K)`: Wq uint8 [N, K] = q (0..63) and Tw uint8 [Np/128, K/128, 16384]:
@@ -111,11 +110,13 @@ def _unpair_rows(t: np.ndarray) -> np.ndarray:
 
 
 def split6_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x f32 [M, K] (K % 128 == 0) -> (Xq uint8 [M, K], Tx uint8 [Mp/64, K/128, 5120])."""
+    """x f32 [M, K] (K % 128 == 0) -> (Xq uint8 [M, 2K], Tx uint8 [Mp/64, K/128, 5120])."""
     x = np.asarray(x, np.float32)
     M, K = x.shape
     d, q, _ = unpack_q8_1_raw(quantize_q8_1_raw(x), K)        # d f32 (from f16), q int8
-    xq = (q.astype(np.int16) + 128).astype(np.uint8)
+    u = (q.astype(np.int16) + 128).astype(np.uint8).reshape(M, K // 32, 2, 16)
+    xq = np.zeros((M, K // 32, 64), np.uint8)
+    xq[..., 0:16], xq[..., 48:64] = u[:, :, 0], u[:, :, 1]
     A = q.reshape(M, K // 32, 2, 16).astype(np.int32).sum(-1)  # [M, K/32, 2]
     MT, KT = _tiles(M, Q6_BT), K // Q6_BK
     td = np.zeros((MT * Q6_BT, K // 32), np.float32)
@@ -130,7 +131,7 @@ def split6_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     tx = np.concatenate([td_b.reshape(MT, KT, -1).view(np.uint8),
                          np.ascontiguousarray(ts_b).reshape(MT, KT, -1).view(np.uint8)], -1)
     assert tx.shape[-1] == Q6_TXB
-    return xq, tx
+    return xq.reshape(M, 2 * K), tx
 
 
 def repack_q6k_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
