@@ -159,21 +159,10 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
     int tile = blockIdx.x;
     int m0 = (tile % mtiles) * BM, n0 = (tile / mtiles) * BN;
     Copier<BN, STAGES, T> cp(m0, n0, M, N, K, Mp, Np, K / 32, tid);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) cp.issue(base + s * S::STAGE, s, Aq, Ta, Wq, Tw, K, tid);
-        else gemm_f16::cp_async_commit();
-    }
+    wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, KT, Aq, Ta, Wq, Tw, K, tid);
     while (true) {
         for (int kt = 0; kt < KT; ++kt) {
-            gemm_f16::cp_async_wait<STAGES - 2>();
-            wgmma::fence_proxy_async();   // cp.async writes (generic proxy) -> wgmma reads (async)
-            __syncthreads();              // stage kt landed for all; stage kt-1 fully consumed
-            {
-                const int nk = kt + STAGES - 1;
-                if (nk < KT) cp.issue(base + (nk % STAGES) * S::STAGE, nk, Aq, Ta, Wq, Tw, K, tid);
-                else gemm_f16::cp_async_commit();
-            }
+            wgmma::ring_next<STAGES, S::STAGE>(cp, base, kt, KT, Aq, Ta, Wq, Tw, K, tid);
             const int so = (kt % STAGES) * S::STAGE;
             const uint32_t sa = base + so, sbw = base + so + S::A + cw * 128;
             const float2* ta = reinterpret_cast<const float2*>(sgen + so + S::A + S::B);
@@ -243,11 +232,7 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
             m0 = (tile % mtiles) * BM;
             n0 = (tile / mtiles) * BN;
             cp = Copier<BN, STAGES, T>(m0, n0, M, N, K, Mp, Np, K / 32, tid);
-#pragma unroll
-            for (int s = 0; s < STAGES - 1; ++s) {
-                if (s < KT) cp.issue(base + s * S::STAGE, s, Aq, Ta, Wq, Tw, K, tid);
-                else gemm_f16::cp_async_commit();
-            }
+            wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, KT, Aq, Ta, Wq, Tw, K, tid);
         }
 #else
         const int next = ntiles;

@@ -144,21 +144,10 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
     int tile = blockIdx.x;
     int m0 = (tile % mtiles) * BT, n0 = (tile / mtiles) * BN;
     Copier6 cp(m0, n0, M, N, K, KT, tid);
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) cp.issue(base + s * S::STAGE, s, Xq, Tx, Wq, Tw, K, tid);
-        else gemm_f16::cp_async_commit();
-    }
+    wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, KT, Xq, Tx, Wq, Tw, K, tid);
     while (true) {
         for (int kt = 0; kt < KT; ++kt) {
-            gemm_f16::cp_async_wait<STAGES - 2>();
-            wgmma::fence_proxy_async();
-            __syncthreads();
-            {
-                const int nk = kt + STAGES - 1;
-                if (nk < KT) cp.issue(base + (nk % STAGES) * S::STAGE, nk, Xq, Tx, Wq, Tw, K, tid);
-                else gemm_f16::cp_async_commit();
-            }
+            wgmma::ring_next<STAGES, S::STAGE>(cp, base, kt, KT, Xq, Tx, Wq, Tw, K, tid);
             const int so = (kt % STAGES) * S::STAGE;
             const uint32_t sw = base + so + wg * 64 * 128, sx = base + so + S::W;
             const uint8_t* tbase = sgen + so + S::W + S::X;
@@ -268,11 +257,7 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
             m0 = (tile % mtiles) * BT;
             n0 = (tile / mtiles) * BN;
             cp = Copier6(m0, n0, M, N, K, KT, tid);
-#pragma unroll
-            for (int s = 0; s < STAGES - 1; ++s) {
-                if (s < KT) cp.issue(base + s * S::STAGE, s, Xq, Tx, Wq, Tw, K, tid);
-                else gemm_f16::cp_async_commit();
-            }
+            wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, KT, Xq, Tx, Wq, Tw, K, tid);
         }
 #else
         const int next = ntiles;

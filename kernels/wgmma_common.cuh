@@ -7,6 +7,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "gemm_f16_common.cuh"   // cp_async_wait / cp_async_commit
+
 namespace wgmma {
 
 __device__ __forceinline__ void fence_proxy_async() {
@@ -54,6 +56,35 @@ __device__ __forceinline__ void mma_tf32_k4(float (&d)[4], uint32_t a0, uint32_t
         "{%0,%1,%2,%3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// ---- the cp.async stage ring of the wgmma MMQ kernels (Cp: the kernel's copier, whose
+// issue(smem_stage, kt, a, ta, w, tw, K, tid) copies stage kt and commits one group) ----
+
+// the first STAGES-1 stages of a tile (an empty group past K keeps the group count)
+template <int STAGES, int STAGE_BYTES, class Cp>
+__device__ __forceinline__ void ring_prologue(const Cp& cp, uint32_t base, int KT, const uint8_t* a,
+                                              const uint8_t* ta, const uint8_t* w,
+                                              const uint8_t* tw, int K, int tid) {
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) cp.issue(base + s * STAGE_BYTES, s, a, ta, w, tw, K, tid);
+        else gemm_f16::cp_async_commit();
+    }
+}
+
+// top of k-step kt: stage kt landed for every thread and is visible to wgmma (cp.async writes
+// are generic-proxy), stage kt-1 is consumed by all, so its slot takes stage kt + STAGES - 1
+template <int STAGES, int STAGE_BYTES, class Cp>
+__device__ __forceinline__ void ring_next(const Cp& cp, uint32_t base, int kt, int KT,
+                                          const uint8_t* a, const uint8_t* ta, const uint8_t* w,
+                                          const uint8_t* tw, int K, int tid) {
+    gemm_f16::cp_async_wait<STAGES - 2>();
+    fence_proxy_async();
+    __syncthreads();
+    const int nk = kt + STAGES - 1;
+    if (nk < KT) cp.issue(base + (nk % STAGES) * STAGE_BYTES, nk, a, ta, w, tw, K, tid);
+    else gemm_f16::cp_async_commit();
 }
 
 }  // namespace wgmma

@@ -86,23 +86,6 @@ def emulate_kernel(aq, ta, wq, tw, M, N, K, bias_sign=1.0):
     return y
 
 
-@pytest.mark.parametrize("M,N,K", [(37, 70, 512), (1, 8, 256), (130, 19, 768)])
-def test_kernel_algebra_matches_mmq_math(M, N, K):
-    """The denormal reading, the 2^74 / 2^75 scalings, the u8 bias and the min term give
-    mmq_ref's math (the kernels' oracle) to f32 rounding; the bias term is not optional."""
-    rng = np.random.default_rng(M + N + K)
-    w = rand_q4k(rng, N, K)
-    x = rng.standard_normal((M, K)).astype(np.float32)
-    ref = mmq_linear_ref(x, w, Q4_K, M, N, K)
-    aq, ta = split_q8_1_ref(x)
-    wq, tw = repack_q4k_ref(w, N, K)
-    y = emulate_kernel(aq, ta, wq, tw, M, N, K)
-    rel = np.linalg.norm(y - ref) / np.linalg.norm(ref)
-    assert rel < 1e-5, rel
-    bad = emulate_kernel(aq, ta, wq, tw, M, N, K, bias_sign=0.0)
-    assert np.linalg.norm(bad - ref) / np.linalg.norm(ref) > 1e-1
-
-
 def test_split6_ref_layout():
     """q6_K activations: each 32-chunk as [q+128 of half 0 | 32 zeros | q+128 of half 1], and
     the blocked tables hold da * 2^75 and da * (half sums), padding tokens zero."""
@@ -168,19 +151,22 @@ def emulate_q6k(xq, tx, wq, tw, M, N, K, bias_sign=1.0):
     return (y + xs @ wm.T).astype(np.float32)
 
 
+@pytest.mark.parametrize("qtype", [Q4_K, Q6_K])
 @pytest.mark.parametrize("M,N,K", [(37, 70, 512), (1, 8, 256), (130, 19, 768)])
-def test_q6k_kernel_algebra_matches_mmq_math(M, N, K):
-    """The zero-padded halves, the denormal reading, the u8 bias and the -32 A_h term give
-    mmq_ref's q6_K math; without the bias term it is far off."""
-    rng = np.random.default_rng(M * 7 + N + K)
-    w = rand_q6k(rng, N, K)
+def test_kernel_algebra_matches_mmq_math(qtype, M, N, K):
+    """The kernels' epilogues on their layouts give mmq_ref's math (their oracle) to f32
+    rounding: the denormal reading, the 2^74 / 2^75 scalings, the u8 bias, the min term (q4_K)
+    or the zero-padded halves and the -32 A_h term (q6_K); without the bias term it is far off."""
+    rand, split, repack, emulate = ((rand_q6k, split6_q8_1_ref, repack_q6k_ref, emulate_q6k)
+                                    if qtype == Q6_K else
+                                    (rand_q4k, split_q8_1_ref, repack_q4k_ref, emulate_kernel))
+    rng = np.random.default_rng(M * 7 + N + K + qtype)
+    w = rand(rng, N, K)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    ref = mmq_linear_ref(x, w, Q6_K, M, N, K)
-    xq, tx = split6_q8_1_ref(x)
-    wq, tw = repack_q6k_ref(w, N, K)
-    y = emulate_q6k(xq, tx, wq, tw, M, N, K)
-    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-5
-    bad = emulate_q6k(xq, tx, wq, tw, M, N, K, bias_sign=0.0)
+    ref = mmq_linear_ref(x, w, qtype, M, N, K)
+    args = (*split(x), *repack(w, N, K), M, N, K)
+    assert np.linalg.norm(emulate(*args) - ref) / np.linalg.norm(ref) < 1e-5
+    bad = emulate(*args, bias_sign=0.0)
     assert np.linalg.norm(bad - ref) / np.linalg.norm(ref) > 1e-1
 
 
