@@ -13,47 +13,69 @@
 //            32 zeros | q+128 of values 16..31]; Tx one 5 KB block per (64-token tile, 128-k
 //            stage) at (m/64 * K/128 + kt) * 5120: TD float [4 chunks][64] = d * 2^75, then TS
 //            uint2 [8 halves][64] = d * (sum of the half's q) as tf32 (hi, lo). K % 128 == 0.
-// One warp per block of 32 values; grid (ceil(M*K/32 / 8)), block 256. K % 32 == 0.
+// Eight lanes per block of 32 values, four values per lane (one 16-byte f32 / 8-byte f16 load;
+// x 16-byte aligned): a warp quantizes 4 blocks, reductions are 3 shuffle steps. Grid
+// (ceil(M*K/32 / 32)), block 256. K % 32 == 0. (One warp per block with one value per lane spent
+// ~20 us on [512, 4096]: ten shuffles and a division chain per value, latency-bound.)
 #include "mmq_common.cuh"
 
-template <class T>
-__device__ __forceinline__ float to_f32(T v);
-template <> __device__ __forceinline__ float to_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+struct Q8Lane { int q[4]; int s, hs; float d; };   // this lane's 4 values, block / half sums, f32 d
 
-struct Q8Block { int q, s; float d; };   // this lane's value, the block's sum and f32 scale
-
-template <class T>
-__device__ __forceinline__ Q8Block quantize_lane(const T* x, long long b, int lane) {
-    const float xi = to_f32<T>(x[b * 32 + lane]);
-    float amax = fabsf(xi);
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = __fdiv_rn(amax, 127.0f);
-    const int q = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(xi, d));
-    int s = q;
-    #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    return {q, s, d};
+__device__ __forceinline__ void load4(const float* x, long long i, float (&v)[4]) {
+    const float4 f = *reinterpret_cast<const float4*>(x + i);
+    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+}
+__device__ __forceinline__ void load4(const __half* x, long long i, float (&v)[4]) {
+    const uint2 u = *reinterpret_cast<const uint2*>(x + i);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
 }
 
-// 4 lanes' bytes -> one 32-bit word (valid in lanes with lane % 4 == 0)
-__device__ __forceinline__ uint32_t pack4(uint32_t qb) {
-    return qb | (__shfl_down_sync(0xffffffffu, qb, 1) << 8) |
-           (__shfl_down_sync(0xffffffffu, qb, 2) << 16) | (__shfl_down_sync(0xffffffffu, qb, 3) << 24);
+// block b's values 4*l8 .. 4*l8+3 (l8 = lane % 8); every lane of the warp must call it
+template <class T>
+__device__ __forceinline__ Q8Lane quantize_lanes(const T* x, long long b, int l8) {
+    float v[4];
+    load4(x, b * 32 + 4 * l8, v);
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    #pragma unroll
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    Q8Lane r;
+    r.d = __fdiv_rn(amax, 127.0f);
+    int s = 0;
+    #pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        r.q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], r.d));
+        s += r.q[k];
+    }
+    #pragma unroll
+    for (int o = 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    r.hs = s;                                            // lanes 0-3: values 0..15, 4-7: 16..31
+    r.s = s + __shfl_xor_sync(0xffffffffu, s, 4);
+    return r;
+}
+
+__device__ __forceinline__ uint32_t pack4(const int (&q)[4], int off) {
+    return ((uint32_t)(q[0] + off) & 0xFFu) | (((uint32_t)(q[1] + off) & 0xFFu) << 8) |
+           (((uint32_t)(q[2] + off) & 0xFFu) << 16) | (((uint32_t)(q[3] + off) & 0xFFu) << 24);
+}
+
+// this thread's block (b) and lane in it; false past the last block (after the shuffles)
+__device__ __forceinline__ long long block_of_thread(int& l8) {
+    l8 = threadIdx.x & 7;
+    return (long long)blockIdx.x * (blockDim.x >> 3) + (threadIdx.x >> 3);
 }
 
 template <class T>
 __device__ __forceinline__ void quantize_block(const T* x, uint8_t* y, int M, int K) {
     const long long nblk = (long long)M * (K / 32);
-    const long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
+    int l8;
+    const long long b = block_of_thread(l8);
+    const Q8Lane r = quantize_lanes<T>(x, b < nblk ? b : nblk - 1, l8);
     if (b >= nblk) return;
-    const Q8Block r = quantize_lane<T>(x, b, lane);
     uint8_t* blk = y + b * 40;
-    const uint32_t w = pack4((uint32_t)r.q & 0xFFu);   // blk + 4 + lane: 4-byte aligned
-    if ((lane & 3) == 0) *(uint32_t*)(blk + 4 + lane) = w;
-    if (lane == 0) {
+    *(uint32_t*)(blk + 4 + 4 * l8) = pack4(r.q, 0);
+    if (l8 == 0) {
         *(uint32_t*)blk = (uint32_t)__half_as_ushort(__float2half_rn(r.d));   // d, pad = 0
         *(int32_t*)(blk + 36) = r.s;
     }
@@ -63,13 +85,12 @@ template <class T>
 __device__ __forceinline__ void quantize_split(const T* x, uint8_t* Aq, float2* Ta, int M, int K,
                                                int Mp) {
     const long long nblk = (long long)M * (K / 32);
-    const long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
+    int l8;
+    const long long b = block_of_thread(l8);
+    const Q8Lane r = quantize_lanes<T>(x, b < nblk ? b : nblk - 1, l8);
     if (b >= nblk) return;
-    const Q8Block r = quantize_lane<T>(x, b, lane);
-    const uint32_t w = pack4((uint32_t)(r.q + 128) & 0xFFu);
-    if ((lane & 3) == 0) *(uint32_t*)(Aq + b * 32 + lane) = w;
-    if (lane == 0) {
+    *(uint32_t*)(Aq + b * 32 + 4 * l8) = pack4(r.q, 128);
+    if (l8 == 0) {
         const long long m = b / (K / 32), j = b % (K / 32);
         const float d = __half2float(__float2half_rn(r.d));
         Ta[j * Mp + m] = make_float2(d * 0x1p75f, d * (float)r.s);
@@ -79,25 +100,21 @@ __device__ __forceinline__ void quantize_split(const T* x, uint8_t* Aq, float2* 
 template <class T>
 __device__ __forceinline__ void quantize_split6(const T* x, uint8_t* Xq, uint8_t* Tx, int M, int K) {
     const long long nblk = (long long)M * (K / 32);
-    const long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
+    int l8;
+    const long long b = block_of_thread(l8);
+    const Q8Lane r = quantize_lanes<T>(x, b < nblk ? b : nblk - 1, l8);
     if (b >= nblk) return;
-    const Q8Block r = quantize_lane<T>(x, b, lane);
-    int hs = r.q;   // the sum of this lane's 16-half
-    #pragma unroll
-    for (int o = 8; o > 0; o >>= 1) hs += __shfl_xor_sync(0xffffffffu, hs, o);
-    const uint32_t w = pack4((uint32_t)(r.q + 128) & 0xFFu);
     const long long m = b / (K / 32), j = b % (K / 32);
     uint8_t* row = Xq + m * 2 * K + j * 64;
-    if ((lane & 3) == 0) *(uint32_t*)(row + lane + (lane & 16) * 2) = w;   // 0..15, 48..63
-    if ((lane & 3) == 1) *(uint32_t*)(row + 16 + 4 * (lane >> 2)) = 0u;    // 16..47
-    if ((lane & 15) == 0) {
+    *(uint32_t*)(row + 4 * l8 + (l8 & 4) * 8) = pack4(r.q, 128);   // bytes 0..15, 48..63
+    *(uint32_t*)(row + 16 + 4 * l8) = 0u;                          // 16..47
+    if ((l8 & 3) == 0) {
         const float d = __half2float(__float2half_rn(r.d));
         uint8_t* blk = Tx + ((m / 64) * (K / 128) + j / 4) * 5120;
-        const int tm = (int)(m % 64), cc = (int)(j % 4), h = lane >> 4;
+        const int tm = (int)(m % 64), cc = (int)(j % 4), h = l8 >> 2;
         if (h == 0) reinterpret_cast<float*>(blk)[cc * 64 + tm] = d * 0x1p75f;
         uint32_t hi, lo;
-        tf32_split(d * (float)hs, hi, lo);
+        tf32_split(d * (float)r.hs, hi, lo);
         reinterpret_cast<uint2*>(blk + 1024)[(2 * cc + h) * 64 + tm] = make_uint2(hi, lo);
     }
 }

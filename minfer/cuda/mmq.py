@@ -112,11 +112,21 @@ def quantize_q8_1(rt, x, out=None):
     if out is None:
         out = da.empty(rt, (M, K // 32 * 40), np.uint8, "q8_1 activations")
     da.check("quantize_q8_1 out", out, (M, K // 32 * 40), np.uint8, align=8)
-    entry = "quantize_q8_1_raw" if x.dtype == np.float32 else "quantize_q8_1_raw_f16"
-    fn = rt.function("quantize_q8_1", entry)
-    nblk = M * (K // 32)
-    rt.launch(fn, ((nblk + 7) // 8,), (256,), (da.arg(x), da.arg(out), np.int32(M), np.int32(K)))
+    launch_prepass(rt, "quantize_q8_1_raw", x, (da.arg(out), np.int32(M), np.int32(K)))
     return out
+
+
+def launch_prepass(rt, entry: str, x, args: tuple) -> None:
+    """One launch of a quantize_q8_1.cu entry on x f32 / f16 [M, K] (the `_f16` entry for f16):
+    8 lanes per 32-value block, 4 values per lane from one vector load, so x must be 16-byte
+    (f32) / 8-byte (f16) aligned; 32 blocks per 256-thread CTA."""
+    M, K = x.shape
+    need = 16 if x.dtype == np.float32 else 8
+    if da.ptr(x) % need:
+        raise GPUError(f"{entry}: activations at a {need}-byte unaligned address")
+    fn = rt.function("quantize_q8_1", entry if x.dtype == np.float32 else entry + "_f16")
+    nblk = M * (K // 32)
+    rt.launch(fn, ((nblk + 31) // 32,), (256,), (da.arg(x), *args))
 
 
 def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,

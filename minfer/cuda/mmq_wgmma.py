@@ -25,6 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from minfer.cuda import devarray as da
+from minfer.cuda.mmq import launch_prepass
 from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import Q6_BK, Q6_BN, Q6_BT, Q6_TWB, Q6_TXB, TPAD, pad_rows
 
@@ -184,11 +185,8 @@ def split_q8_1(rt, x, aq=None, ta=None):
         ta = _zeroed(rt, (K // 32, Mp, 2), np.float32, "q8_1 scales (wgmma)")
     da.check("split_q8_1 aq", aq, (M, K), np.uint8, align=16)
     da.check("split_q8_1 ta", ta, (K // 32, Mp, 2), np.float32, align=16)
-    entry = "quantize_q8_1_split" if x.dtype == np.float32 else "quantize_q8_1_split_f16"
-    fn = rt.function("quantize_q8_1", entry)
-    nblk = M * (K // 32)
-    rt.launch(fn, ((nblk + 7) // 8,), (256,), (da.arg(x), da.arg(aq), da.arg(ta), np.int32(M),
-                                              np.int32(K), np.int32(Mp)))
+    launch_prepass(rt, "quantize_q8_1_split", x, (da.arg(aq), da.arg(ta), np.int32(M),
+                                                   np.int32(K), np.int32(Mp)))
     return aq, ta
 
 
@@ -206,11 +204,8 @@ def split6_q8_1(rt, x, xq=None, tx=None):
         tx = _zeroed(rt, (mt, K // Q6_BK, Q6_TXB), np.uint8, "q8_1 tables (wgmma q6_K)")
     da.check("split6_q8_1 xq", xq, (M, 2 * K), np.uint8, align=16)
     da.check("split6_q8_1 tx", tx, (mt, K // Q6_BK, Q6_TXB), np.uint8, align=16)
-    entry = "quantize_q8_1_split6" if x.dtype == np.float32 else "quantize_q8_1_split6_f16"
-    fn = rt.function("quantize_q8_1", entry)
-    nblk = M * (K // 32)
-    rt.launch(fn, ((nblk + 7) // 8,), (256,), (da.arg(x), da.arg(xq), da.arg(tx), np.int32(M),
-                                              np.int32(K)))
+    launch_prepass(rt, "quantize_q8_1_split6", x, (da.arg(xq), da.arg(tx), np.int32(M),
+                                                    np.int32(K)))
     return xq, tx
 
 
