@@ -47,9 +47,6 @@
 #ifndef MMQ_WG_STAGES
 #define MMQ_WG_STAGES 3
 #endif
-#ifndef MMQ_Q6_AHEAD   // chunks of wgmma groups in flight: 1 (the two halves) or 2 (four groups)
-#define MMQ_Q6_AHEAD 1
-#endif
 
 namespace {
 using gemm_f16::cp_async16;
@@ -136,10 +133,8 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
     float acc[NI][4];   // acc[i]: (ra, tok 8i+2t), (ra, 8i+2t+1), (ra+8, 8i+2t), (ra+8, 8i+2t+1)
 #pragma unroll
     for (int i = 0; i < NI; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-    int d[2 * MMQ_Q6_AHEAD][32];
-#if MMQ_Q6_AHEAD == 1
-    float th[32];
-#endif
+    int d[2][32];     // the two halves' wgmma results (the pipelined pair)
+    float th[32];     // half 0's partial t
 
     int tile = blockIdx.x;
     int m0 = (tile % mtiles) * BT, n0 = (tile / mtiles) * BN;
@@ -158,50 +153,12 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
             // descriptors of the stage's tiles; a k-step adds its byte offset / 16 (the start
             // address field: offsets stay inside the 256 KB shared window, no carry)
             const uint64_t dw = wgmma::sw128_desc(sw), dx = wgmma::sw128_desc(sx);
-            auto issue = [&](int c, int b) {   // chunk c's half b & 1 into d[b]
+            auto issue = [&](int c, int b) {   // chunk c's half b into d[b]
                 wgmma::fence();
                 wgmma::igmma_m64n64k32(d[b], dw + c * 2,
-                                       dx + ((c >> 1) * (BT * 128) + (c & 1) * 64 + (b & 1) * 32) / 16);
+                                       dx + ((c >> 1) * (BT * 128) + (c & 1) * 64 + b * 32) / 16);
                 wgmma::commit();
             };
-#if MMQ_Q6_AHEAD == 2
-            // four groups in flight: chunk c's halves in d[2(c&1)], d[2(c&1)+1]; the epilogue
-            // of chunk c runs whole (3 chained FFMA) while chunk c+1's groups run
-            issue(0, 0);
-            issue(0, 1);
-            issue(1, 2);
-            issue(1, 3);
-#pragma unroll
-            for (int c = 0; c < KC; ++c) {
-                const float4 ea = tb[c * BN + ra], eb = tb[c * BN + ra + 8];
-                float2 dv[NI];
-#pragma unroll
-                for (int i = 0; i < NI; ++i)
-                    dv[i] = *reinterpret_cast<const float2*>(td + c * BT + i * 8 + 2 * t);
-                if (c + 1 < KC) wgmma::wait<2>();
-                else wgmma::wait<0>();
-                int(&d0)[32] = d[2 * (c & 1)];
-                int(&d1)[32] = d[2 * (c & 1) + 1];
-                wgmma::fence_regs(d0);
-                wgmma::fence_regs(d1);
-#pragma unroll
-                for (int i = 0; i < NI; ++i) {
-                    float(&y)[4] = acc[i];
-                    y[0] = fmaf(fmaf(__int_as_float(d1[4 * i + 0]), ea.y,
-                                     fmaf(__int_as_float(d0[4 * i + 0]), ea.x, ea.z)), dv[i].x, y[0]);
-                    y[1] = fmaf(fmaf(__int_as_float(d1[4 * i + 1]), ea.y,
-                                     fmaf(__int_as_float(d0[4 * i + 1]), ea.x, ea.z)), dv[i].y, y[1]);
-                    y[2] = fmaf(fmaf(__int_as_float(d1[4 * i + 2]), eb.y,
-                                     fmaf(__int_as_float(d0[4 * i + 2]), eb.x, eb.z)), dv[i].x, y[2]);
-                    y[3] = fmaf(fmaf(__int_as_float(d1[4 * i + 3]), eb.y,
-                                     fmaf(__int_as_float(d0[4 * i + 3]), eb.x, eb.z)), dv[i].y, y[3]);
-                }
-                if (c + 2 < KC) {
-                    issue(c + 2, 2 * (c & 1));
-                    issue(c + 2, 2 * (c & 1) + 1);
-                }
-            }
-#else
             issue(0, 0);
             issue(0, 1);
 #pragma unroll
@@ -234,7 +191,6 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
                 }
                 if (c + 1 < KC) issue(c + 1, 1);
             }
-#endif
             // -32 A_h term of the stage: y[r][tok] += sum_h wm[h][r] * xs[h][tok], two k4 steps
 #pragma unroll
             for (int q = 0; q < 2; ++q) {
