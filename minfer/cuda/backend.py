@@ -207,12 +207,12 @@ class CudaBackend:
                                   "(plan_routes keeps such weights on f16)")
             if q8 is None:
                 q8 = self._quantize(A, member or name)
-            from minfer.cuda.mmq import mmq_linear
+            from minfer.cuda.mmq import Q6_K, mmq_linear
 
             if mode != "acc":
                 da.poison(self.rt, C)
-            x = (q8["raw"] if path != "mmq-wgmma" else
-                 q8["split6"] if int(self.qtypes[name]) == 14 else q8["split"])
+            x = (q8["raw"] if path != "mmq-wgmma" else   # the split layout of the weight's type
+                 q8["split6"] if int(self.qtypes[name]) == Q6_K else q8["split"])
             mmq_linear(self.rt, x, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
                        accumulate=mode == "acc")
 
