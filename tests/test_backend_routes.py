@@ -30,10 +30,12 @@ def test_routes_f16_when_mmq_off(tiny):
                                       (dict(raw=False), "mmq-r1")])
 def test_routes_mmq(tiny, kw, label):
     r = plan_routes(tiny, GemmConfig(mmq=True, **kw))
+    lone_v = 0
     for name, (path, why) in r.items():
         t = tiny.tensor(name)
-        if name.endswith("attn_v.weight"):  # writes the f16 KV cache: stays on f16
-            assert path == "f16" and "f16 KV-cache" in why
+        if name.endswith("attn_v.weight") and not _fuses_qkv(tiny, name):
+            assert path == "f16" and why == "attn_v alone: faster on f16"   # a fraction of a wave
+            lone_v += 1
         elif t.qtype in (12, 14):
             assert path == label, name
         else:
@@ -42,13 +44,20 @@ def test_routes_mmq(tiny, kw, label):
     n_mmq = sum(p != "f16" for p, _ in r.values())
     q4 = sum(p != "f16" and tiny.tensor(n).qtype == 12 for n, (p, _) in r.items())
     assert f"MMQ ({label}): {n_mmq} GEMMs (q4_K {q4}, q6_K {n_mmq - q4})" in line
-    assert f"f16: {len(r) - n_mmq} GEMMs (attn_v: f16 KV-cache output" in line
-    assert n_mmq > 0
+    assert f"f16: {len(r) - n_mmq} GEMMs" in line and n_mmq > 0
+    assert 0 < lone_v < tiny.config.n_layers   # the mix has attn_v of both kinds
+    assert f"attn_v alone: faster on f16 {lone_v}" in line
+
+
+def _fuses_qkv(model, v_name: str) -> bool:
+    """attn_v shares q's and k's type (all MMQ types here): it may join them in one GEMM."""
+    p = v_name[: -len("attn_v.weight")]
+    return len({model.tensor(p + f"attn_{x}.weight").qtype for x in "qkv"}) == 1
 
 
 def test_fusion_plan_f16_and_mmq(tiny):
     """q|k|v and gate|up fuse when every member shares the route (and, on MMQ, the type); on
-    MMQ (attn_v on f16) q|k fuse as attn_qk when they share route and type."""
+    MMQ a layer whose attn_v has another type keeps it on f16 and fuses q|k as attn_qk."""
     from minfer.cuda.routes import plan_fusion
 
     c = tiny.config
@@ -61,8 +70,12 @@ def test_fusion_plan_f16_and_mmq(tiny):
     mmq = plan_fusion(tiny, r)
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        assert p + "attn_v.weight" not in mmq   # attn_v stays on f16: q|k|v cannot fuse
         q, k = tiny.tensor(p + "attn_q.weight"), tiny.tensor(p + "attn_k.weight")
+        if _fuses_qkv(tiny, p + "attn_v.weight"):   # attn_v on MMQ, in the q|k|v GEMM
+            assert r[p + "attn_v.weight"][0] != "f16"
+            assert mmq[p + "attn_v.weight"][0] == p + "attn_qkv.weight"
+            continue
+        assert p + "attn_v.weight" not in mmq and r[p + "attn_v.weight"][0] == "f16"
         qk = r[p + "attn_q.weight"][0] == r[p + "attn_k.weight"][0] and q.qtype == k.qtype
         assert (p + "attn_q.weight" in mmq) == qk
         if qk:

@@ -3,8 +3,10 @@ which weights of a layer are fused into one GEMM.
 
 - `plan_routes`: weight name -> (path, why) for every linear weight (attn_q/k/v/output,
   ffn_gate/up/down of each layer, W: [N, K]) and the LM head (M = 1). path is pick_gemm's
-  answer ("f16" or "mmq-*"), except that attn_v stays on "f16" when there is no q/k/v bias
-  (its consumer, rope_qkv, writes the f16 KV cache from it); why: a short reason for f16.
+  answer ("f16" or "mmq-*"), except that a bias-free model's attn_v stays on "f16" on MMQ
+  unless it can join q and k in one fused q|k|v GEMM (same path and type): alone, its N = Hkv *
+  D is a fraction of a wave on the MMQ kernels (8B at M = 512: 65 us on either wgmma kernel,
+  24 us on f16), while fused it rides in the q|k GEMM's last wave; why: a short reason for f16.
 - `summarize_routes`: the one-line "MMQ (...): n GEMMs (q4_K a, q6_K b), f16: m GEMMs (...)"
   that bench, check and prefill print.
 - `plan_fusion`: when q, k, v (resp. gate, up) of a layer all run on f16 and share K, they
@@ -49,14 +51,19 @@ def plan_routes(model, cfg: GemmConfig, rt=None, ubatch: int = 512) -> dict[str,
             why = ("MMQ off" if not cfg.mmq else
                    f"{_qname(t.qtype)}: no MMQ kernel" if not has_mmq(t.qtype) else
                    f"K={K} not a multiple of 256")
-        elif n.endswith("attn_v.weight") and not c.qkv_bias:
-            path, why = "f16", "attn_v: f16 KV-cache output"
         routes[n] = (path, why)
+    if not c.qkv_bias:
+        for i in range(c.n_layers):
+            q, k, v = (f"blk.{i}.attn_{x}.weight" for x in "qkv")
+            if routes[v][0] != "f16" and not (
+                    routes[q][0] == routes[k][0] == routes[v][0]
+                    and model.tensor(q).qtype == model.tensor(k).qtype == model.tensor(v).qtype):
+                routes[v] = ("f16", "attn_v alone: faster on f16")
     return routes
 
 
 def summarize_routes(model, routes: dict[str, tuple[str, str]]) -> str:
-    """'MMQ (mmq-wide-kd4): 49 GEMMs (q4_K 33, q6_K 16); f16: 9 (attn_v: f16 KV-cache output 8,
+    """'MMQ (mmq-wide-kd4): 49 GEMMs (q4_K 33, q6_K 16); f16: 9 (attn_v alone: faster on f16 8,
     ...)' counting each weight once (a tied LM head counts once)."""
     mmq: dict[str, int] = {}
     f16: dict[str, int] = {}
@@ -80,8 +87,9 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
     """weight name -> (fused group name, first row, rows) for q/k/v and gate/up of a layer
     when every member runs on the same path and they share K (the group's GEMM is one launch):
     f16, or one MMQ path with one tensor type (the raw rows concatenate: [sum N, K/256 blocks]).
-    When q|k|v cannot fuse (on MMQ attn_v stays on f16 for the KV cache), q|k still may: the
-    group attn_qk (bias-free models only; its output is [T, qd + kd], v runs alone).
+    When q|k|v cannot fuse (on MMQ a bias-free model's attn_v of another type than q|k stays on
+    f16, see plan_routes), q|k still may: the group attn_qk (bias-free models only; its output
+    is [T, qd + kd], v runs alone).
     One launch instead of two also fills the GPU better (gate|up at M = 512: 1,792 blocks of
     the wide kernel, 6.8 waves on 132 SMs, instead of two launches of 3.4 waves each; attn_k
     alone at N = 1024 is 32 blocks of the wgmma kernel on 132 SMs)."""
