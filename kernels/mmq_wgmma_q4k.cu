@@ -247,20 +247,9 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
 #pragma unroll
                 for (int i = 0; i < NI; ++i) {
                     const int col = sn0 + cw + i * 8 + 2 * t;
-                    float2 v = make_float2(acc[h][i][2 * u], acc[h][i][2 * u + 1]);
-                    if (vec) {
-                        if (col >= N) continue;
-                        float2* p = reinterpret_cast<float2*>(crow + col);
-                        if (accumulate) {
-                            const float2 o = *p;
-                            v.x += o.x;
-                            v.y += o.y;
-                        }
-                        *p = v;
-                    } else {
-                        if (col < N) crow[col] = accumulate ? crow[col] + v.x : v.x;
-                        if (col + 1 < N) crow[col + 1] = accumulate ? crow[col + 1] + v.y : v.y;
-                    }
+                    if (col >= N) continue;
+                    wgmma::store_c2(crow + col, make_float2(acc[h][i][2 * u], acc[h][i][2 * u + 1]),
+                                    vec, col + 1 < N, accumulate);
                 }
             }
         if (next >= ntiles) break;

@@ -228,20 +228,10 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
                 const float v0 = acc[i][2 * u], v1 = acc[i][2 * u + 1];
                 const float recv = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
                 const int tok = sm0 + i * 8 + 2 * t + odd, row = sn0 + ra + 8 * u - odd;
-                float2 v = odd ? make_float2(recv, v1) : make_float2(v0, recv);
                 if (tok >= M || row >= N) continue;
-                float* p = C + (size_t)tok * N + row;
-                if (vec) {
-                    if (accumulate) {
-                        const float2 o = *reinterpret_cast<float2*>(p);
-                        v.x += o.x;
-                        v.y += o.y;
-                    }
-                    *reinterpret_cast<float2*>(p) = v;
-                } else {
-                    p[0] = accumulate ? p[0] + v.x : v.x;
-                    if (row + 1 < N) p[1] = accumulate ? p[1] + v.y : v.y;
-                }
+                wgmma::store_c2(C + (size_t)tok * N + row,
+                                odd ? make_float2(recv, v1) : make_float2(v0, recv), vec,
+                                row + 1 < N, accumulate);
             }
         if (next >= ntiles) break;
 #pragma unroll

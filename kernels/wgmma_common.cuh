@@ -87,4 +87,21 @@ __device__ __forceinline__ void ring_next(const Cp& cp, uint32_t base, int kt, i
     else gemm_f16::cp_async_commit();
 }
 
+// C[p], C[p + 1] (= or += per `accumulate`) from v, the epilogue store of both wgmma MMQ kernels:
+// one float2 access when `pair` (p 8-byte aligned and p + 1 in range), else scalars, the second
+// only when `second` (p + 1 in range). p itself must be in range.
+__device__ __forceinline__ void store_c2(float* p, float2 v, bool pair, bool second, int accumulate) {
+    if (pair) {
+        if (accumulate) {
+            const float2 o = *reinterpret_cast<float2*>(p);
+            v.x += o.x;
+            v.y += o.y;
+        }
+        *reinterpret_cast<float2*>(p) = v;
+    } else {
+        p[0] = accumulate ? p[0] + v.x : v.x;
+        if (second) p[1] = accumulate ? p[1] + v.y : v.y;
+    }
+}
+
 }  // namespace wgmma

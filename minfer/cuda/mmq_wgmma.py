@@ -171,42 +171,45 @@ def repack_q4k(rt, w_raw, N: int, K: int, what: str = "weight") -> WgmmaQ4K:
     return r
 
 
-def split_q8_1(rt, x, aq=None, ta=None):
-    """x f32 / f16 [M, K] -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]) (into aq / ta if given;
-    a fresh Ta is zeroed, so its padding rows are 0)."""
-    da.check("split_q8_1 x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
+def _operands(qtype: int, M: int, K: int):
+    """The split activation of a type: (values shape, tables shape, tables dtype, prepass entry,
+    K multiple, names)."""
+    if int(qtype) == Q6_K:
+        return ((M, 2 * K), (-(-M // Q6_BT), K // Q6_BK, Q6_TXB), np.uint8,
+                "quantize_q8_1_split6", Q6_BK, ("xq", "tx"))
+    return ((M, K), (K // 32, pad_rows(M), 2), np.float32, "quantize_q8_1_split", 32,
+            ("aq", "ta"))
+
+
+def _split(rt, qtype: int, what: str, x, a=None, t=None):
+    """The prepass of `qtype`'s split layout, into a / t when given (a fresh table is zeroed,
+    so its padding tokens are 0)."""
+    da.check(f"{what} x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
     M, K = x.shape
-    if K % 32 or M <= 0:
-        raise GPUError(f"split_q8_1: need M >= 1 and K a multiple of 32, got M={M} K={K}")
-    Mp = pad_rows(M)
-    if aq is None:
-        aq = da.empty(rt, (M, K), np.uint8, "q8_1 activations (wgmma)")
-    if ta is None:
-        ta = _zeroed(rt, (K // 32, Mp, 2), np.float32, "q8_1 scales (wgmma)")
-    da.check("split_q8_1 aq", aq, (M, K), np.uint8, align=16)
-    da.check("split_q8_1 ta", ta, (K // 32, Mp, 2), np.float32, align=16)
-    launch_prepass(rt, "quantize_q8_1_split", x, (da.arg(aq), da.arg(ta), np.int32(M),
-                                                   np.int32(K), np.int32(Mp)))
-    return aq, ta
+    a_shape, t_shape, t_dtype, entry, kmul, (an, tn) = _operands(qtype, M, K)
+    if K % kmul or M <= 0:
+        raise GPUError(f"{what}: need M >= 1 and K a multiple of {kmul}, got M={M} K={K}")
+    if a is None:
+        a = da.empty(rt, a_shape, np.uint8, f"q8_1 activations ({what})")
+    if t is None:
+        t = _zeroed(rt, t_shape, t_dtype, f"q8_1 tables ({what})")
+    da.check(f"{what} {an}", a, a_shape, np.uint8, align=16)
+    da.check(f"{what} {tn}", t, t_shape, t_dtype, align=16)
+    extra = (np.int32(t_shape[1]),) if int(qtype) == Q4_K else ()   # q4_K: Ta's row count Mp
+    launch_prepass(rt, entry, x, (da.arg(a), da.arg(t), np.int32(M), np.int32(K), *extra))
+    return a, t
+
+
+def split_q8_1(rt, x, aq=None, ta=None):
+    """x f32 / f16 [M, K] -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the q4_K wgmma operand
+    (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0)."""
+    return _split(rt, Q4_K, "split_q8_1", x, aq, ta)
 
 
 def split6_q8_1(rt, x, xq=None, tx=None):
     """x f32 / f16 [M, K] (K % 128 == 0) -> (Xq uint8 [M, 2K], Tx uint8 [Mt, K/128, 5120]),
     the q6_K wgmma operand (into xq / tx if given; a fresh Tx is zeroed: padding tokens 0)."""
-    da.check("split6_q8_1 x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
-    M, K = x.shape
-    if K % Q6_BK or M <= 0:
-        raise GPUError(f"split6_q8_1: need M >= 1 and K a multiple of {Q6_BK}, got M={M} K={K}")
-    mt = -(-M // Q6_BT)
-    if xq is None:
-        xq = da.empty(rt, (M, 2 * K), np.uint8, "q8_1 activations (wgmma q6_K)")
-    if tx is None:
-        tx = _zeroed(rt, (mt, K // Q6_BK, Q6_TXB), np.uint8, "q8_1 tables (wgmma q6_K)")
-    da.check("split6_q8_1 xq", xq, (M, 2 * K), np.uint8, align=16)
-    da.check("split6_q8_1 tx", tx, (mt, K // Q6_BK, Q6_TXB), np.uint8, align=16)
-    launch_prepass(rt, "quantize_q8_1_split6", x, (da.arg(xq), da.arg(tx), np.int32(M),
-                                                    np.int32(K)))
-    return xq, tx
+    return _split(rt, Q6_K, "split6_q8_1", x, xq, tx)
 
 
 def _geometry(build_opts: tuple) -> tuple[int, bool]:
@@ -243,37 +246,24 @@ def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
         raise GPUError(f"mmq_wgmma_linear: need M >= 1 and K % {WG_BK} == 0, got M={M} K={K}")
     if M * 2 * K >= 2**31 or M * N >= 2**31:
         raise GPUError("mmq_wgmma_linear: problem too large (32-bit offsets)")
-    if w.qtype == Q6_K:
-        _q6k_linear(rt, x, w, M, N, K, out, accumulate, split, build_opts)
-        return
+    a_shape, t_shape, t_dtype, _, _, (an, tn) = _operands(w.qtype, M, K)
     if isinstance(x, tuple):
-        aq, ta = x
-        da.check("mmq_wgmma_linear aq", aq, (M, K), np.uint8, align=16)
-        da.check("mmq_wgmma_linear ta", ta, (K // 32, pad_rows(M), 2), np.float32, align=16)
+        a, t = x
+        da.check(f"mmq_wgmma_linear {an}", a, a_shape, np.uint8, align=16)
+        da.check(f"mmq_wgmma_linear {tn}", t, t_shape, t_dtype, align=16)
     else:
         da.check("mmq_wgmma_linear x", x, (M, K), (np.float32, np.float16))
-        aq, ta = split_q8_1(rt, x, *(split or (None, None)))
+        a, t = (split6_q8_1 if w.qtype == Q6_K else split_q8_1)(rt, x, *(split or (None, None)))
     da.check("mmq_wgmma_linear out", out, (M, N), np.float32)
-    tiles = (M + WG_BM - 1) // WG_BM * ((N + WG_BN - 1) // WG_BN)
-    _launch(rt, "mmq_wgmma_q4k", wgmma_smem(WG_BN, _geometry(build_opts)[0]), tiles,
-            (da.arg(aq), da.arg(ta), da.arg(w.wq), da.arg(w.tw), da.arg(out), np.int32(M),
-             np.int32(N), np.int32(K), np.int32(1 if accumulate else 0)), build_opts)
-
-
-def _q6k_linear(rt, x, w, M, N, K, out, accumulate, split, build_opts) -> None:
-    if isinstance(x, tuple):
-        xq, tx = x
-        da.check("mmq_wgmma_linear xq", xq, (M, 2 * K), np.uint8, align=16)
-        da.check("mmq_wgmma_linear tx", tx, (-(-M // Q6_BT), K // Q6_BK, Q6_TXB), np.uint8,
-                 align=16)
-    else:
-        da.check("mmq_wgmma_linear x", x, (M, K), (np.float32, np.float16))
-        xq, tx = split6_q8_1(rt, x, *(split or (None, None)))
-    da.check("mmq_wgmma_linear out", out, (M, N), np.float32)
-    tiles = -(-M // Q6_BT) * -(-N // Q6_BN)
-    _launch(rt, "mmq_wgmma_q6k", wgmma6_smem(_geometry(build_opts)[0]), tiles,
-            (da.arg(xq), da.arg(tx), da.arg(w.wq), da.arg(w.tw), da.arg(out), np.int32(M),
-             np.int32(N), np.int32(K), np.int32(1 if accumulate else 0)), build_opts)
+    stages = _geometry(build_opts)[0]
+    if w.qtype == Q6_K:   # tiles: 64 tokens x 128 rows
+        name, smem, bm = "mmq_wgmma_q6k", wgmma6_smem(stages), Q6_BT
+    else:                 # tiles: 128 tokens x 128 rows
+        name, smem, bm = "mmq_wgmma_q4k", wgmma_smem(WG_BN, stages), WG_BM
+    tiles = -(-M // bm) * -(-N // WG_BN)   # Q6_BN == WG_BN
+    _launch(rt, name, smem, tiles, (da.arg(a), da.arg(t), da.arg(w.wq), da.arg(w.tw), da.arg(out),
+                                    np.int32(M), np.int32(N), np.int32(K),
+                                    np.int32(1 if accumulate else 0)), build_opts)
 
 
 __all__ = ["WgmmaWeight", "WgmmaQ4K", "WgmmaQ6K", "repack", "repack_q4k", "repack_q6k",
