@@ -26,18 +26,18 @@
 // (mmq_wgmma_body); stages of BK = 128 k (4 chunks) filled by 16-byte cp.async STAGES-1 ahead,
 // A and B in the 128-byte swizzle (wgmma_common.cuh). Per chunk and m64 half: wgmma, then the
 // epilogue of the previous group while it runs (wait_group 1). Tiles in M-fastest order (the
-// blocks sharing a weight tile run together); persistent (MMQ_WG_PERSIST, default): grid =
-// min(tiles, SMs), each block walks its tiles and issues the next tile's first stages before
-// storing the current one. Dynamic smem WgSmem<BN, STAGES>::BYTES.
-// Entry: mmq_wgmma_q4k(Aq, Ta, Wq, Tw, C, M, N, K, accumulate), K % 128 == 0; every buffer
-// under 2^31 B (32-bit offsets).
+// blocks sharing a weight tile run together); persistent: the launcher's grid is at most one
+// block per SM, each block walks its work items (wgmma_common.cuh TileSched: whole waves of
+// tiles round-robin, then the last 1-2 waves' tiles split by k-stages, stream-K, with the
+// partial sums of a split tile added through the workspace `ws` / `flags`) and issues the next
+// item's first stages before storing the current one. Dynamic smem WgSmem<BN, STAGES>::BYTES.
+// Entry: mmq_wgmma_q4k(Aq, Ta, Wq, Tw, C, M, N, K, accumulate, dp, ws, flags), K % 128 == 0,
+// dp = the tiles run data-parallel (ntiles: no stream-K; ws / flags may then be null), ws
+// float4 [gridDim][16][256], flags int32 [gridDim] zeroed once; every buffer under 2^31 B.
 #include "gemm_f16_common.cuh"
 #include "mmq_common.cuh"   // tf32_split
 #include "wgmma_common.cuh"
 
-#ifndef MMQ_WG_PERSIST   // 1: persistent tile loop (launcher: grid <= SM count)
-#define MMQ_WG_PERSIST 1
-#endif
 #ifndef MMQ_WG_STAGES
 #define MMQ_WG_STAGES 3
 #endif
@@ -128,7 +128,8 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
                                                const uint8_t* __restrict__ Ta,
                                                const uint8_t* __restrict__ Wq,
                                                const uint8_t* __restrict__ Tw, float* C, int M,
-                                               int N, int K, int accumulate) {
+                                               int N, int K, int accumulate, int dp, float4* ws,
+                                               int* flags) {
     constexpr int BN = 128, WN = 64, NI = WN / 8, T = 256;   // block / warpgroup weight rows
     using S = WgSmem<BN, STAGES>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -152,17 +153,18 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
         for (int i = 0; i < NI; ++i) acc[h][i][0] = acc[h][i][1] = acc[h][i][2] = acc[h][i][3] = 0.f;
     int d[2][WN / 2];
 
-    // Tiles (M-tiles fastest, so the blocks sharing a weight tile run together). MMQ_WG_PERSIST:
-    // the grid is at most one block per SM and each block walks tiles blockIdx.x + i*gridDim.x,
-    // issuing the next tile's first stages before it stores the current one (the store burst
-    // and the pipeline fill overlap); otherwise one tile per block.
-    int tile = blockIdx.x;
-    int m0 = (tile % mtiles) * BM, n0 = (tile / mtiles) * BN;
+    // Work items (wgmma_common.cuh TileSched; tiles M-fastest, so the blocks sharing a weight
+    // tile run together): each block walks its items, issuing the next item's first stages
+    // before it stores the current one (the store burst and the pipeline fill overlap).
+    wgmma::TileSched sched{ntiles, dp, KT, 0};
+    wgmma::Work w;
+    if (!sched.next(w)) return;
+    int m0 = (w.tile % mtiles) * BM, n0 = (w.tile / mtiles) * BN;
     Copier<BN, STAGES, T> cp(m0, n0, M, N, K, Mp, Np, K / 32, tid);
-    wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, KT, Aq, Ta, Wq, Tw, K, tid);
+    wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, w.k0, w.k1, Aq, Ta, Wq, Tw, K, tid);
     while (true) {
-        for (int kt = 0; kt < KT; ++kt) {
-            wgmma::ring_next<STAGES, S::STAGE>(cp, base, kt, KT, Aq, Ta, Wq, Tw, K, tid);
+        for (int kt = w.k0; kt < w.k1; ++kt) {
+            wgmma::ring_next<STAGES, S::STAGE>(cp, base, kt, w.k1, Aq, Ta, Wq, Tw, K, tid);
             const int so = (kt % STAGES) * S::STAGE;
             const uint32_t sa = base + so, sbw = base + so + S::A + cw * 128;
             const float2* ta = reinterpret_cast<const float2*>(sgen + so + S::A + S::B);
@@ -224,35 +226,50 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
             }
         }
         const int sm0 = m0, sn0 = n0;
-#if MMQ_WG_PERSIST
-        const int next = tile + gridDim.x;
+        const wgmma::Work cur = w;
+        const bool more = sched.next(w);
         __syncthreads();   // every warp is done with the stages (the min term read the last)
-        if (next < ntiles) {
-            tile = next;
-            m0 = (tile % mtiles) * BM;
-            n0 = (tile / mtiles) * BN;
+        if (more) {
+            m0 = (w.tile % mtiles) * BM;
+            n0 = (w.tile / mtiles) * BN;
             cp = Copier<BN, STAGES, T>(m0, n0, M, N, K, Mp, Np, K / 32, tid);
-            wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, KT, Aq, Ta, Wq, Tw, K, tid);
+            wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, w.k0, w.k1, Aq, Ta, Wq, Tw, K, tid);
         }
-#else
-        const int next = ntiles;
-#endif
+        float* flat = &acc[0][0][0];
+        if (cur.k0 > 0) {   // a stream-K tail: its sums go to the block with the head
+            wgmma::sk_put<2 * NI * 4, T>(ws, flags, flat);
+        } else {
+            if (cur.k1 < KT) wgmma::sk_add<2 * NI * 4, T>(ws, flags, flat);
+            // each (C pointer, float2 of acc) of the thread
+            auto each = [&](auto&& f) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+                for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int r = sm0 + h * 64 + rl + 8 * u;
-                if (r >= M) continue;
-                float* crow = C + (size_t)r * N;
+                    for (int u = 0; u < 2; ++u) {
+                        const int r = sm0 + h * 64 + rl + 8 * u;
+                        if (r >= M) continue;
 #pragma unroll
-                for (int i = 0; i < NI; ++i) {
-                    const int col = sn0 + cw + i * 8 + 2 * t;
-                    if (col >= N) continue;
-                    wgmma::store_c2(crow + col, make_float2(acc[h][i][2 * u], acc[h][i][2 * u + 1]),
-                                    vec, col + 1 < N, accumulate);
-                }
-            }
-        if (next >= ntiles) break;
+                        for (int i = 0; i < NI; ++i) {
+                            const int col = sn0 + cw + i * 8 + 2 * t;
+                            if (col < N)
+                                f(C + (size_t)r * N + col, acc[h][i][2 * u], acc[h][i][2 * u + 1],
+                                  col + 1 < N);
+                        }
+                    }
+            };
+            // C += as reductions (wgmma_common.cuh red_c2). (= and += as two template bodies,
+            // as in mmq_wgmma_q6k.cu, measured 3-6% slower here: ptxas schedules the k-loop
+            // differently; docs/perf.md)
+            if (accumulate)
+                each([&](float* p, float& y0, float& y1, bool second) {
+                    wgmma::red_c2(p, make_float2(y0, y1), vec, second);
+                });
+            else
+                each([&](float* p, float& y0, float& y1, bool second) {
+                    wgmma::store_c2(p, make_float2(y0, y1), vec, second);
+                });
+        }
+        if (!more) break;
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -268,6 +285,6 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
 extern "C" __global__ void __launch_bounds__(256, 1)
 mmq_wgmma_q4k(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
               const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
-              int N, int K, int accumulate) {
-    mmq_wgmma_body<MMQ_WG_STAGES>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate);
+              int N, int K, int accumulate, int dp, float4* ws, int* flags) {
+    mmq_wgmma_body<MMQ_WG_STAGES>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate, dp, ws, flags);
 }

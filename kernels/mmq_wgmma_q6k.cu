@@ -32,18 +32,15 @@
 // one float4 of scales per chunk) and the tokens its N side. Per chunk the two half-steps are
 // the pipelined pair (wait_group 1): the half-1 wgmma runs under the half-0 FFMAs, the next
 // chunk's half 0 under the half-1 FFMAs. Stages of BK = 128 k filled by 16-byte cp.async
-// STAGES-1 ahead (128-byte swizzle, wgmma_common.cuh). Persistent over tiles (M-fastest order)
-// like mmq_wgmma_q4k.cu. Stores: lane pairs swap values so each writes a float2 of two weight
+// STAGES-1 ahead (128-byte swizzle, wgmma_common.cuh). Persistent over work items (tiles
+// M-fastest, then stream-K) like mmq_wgmma_q4k.cu. Stores: lane pairs swap values so each writes a float2 of two weight
 // rows. Dynamic smem Q6Smem<STAGES>::BYTES.
-// Entry: mmq_wgmma_q6k(Xq, Tx, Wq, Tw, C, M, N, K, accumulate), K % 128 == 0; every buffer
-// under 2^31 B (32-bit offsets).
+// Entry: mmq_wgmma_q6k(Xq, Tx, Wq, Tw, C, M, N, K, accumulate, dp, ws, flags), K % 128 == 0;
+// dp, ws (float4 [gridDim][8][256]), flags as in mmq_wgmma_q4k.cu; every buffer under 2^31 B.
 #include "gemm_f16_common.cuh"
 #include "mmq_common.cuh"
 #include "wgmma_common.cuh"
 
-#ifndef MMQ_WG_PERSIST
-#define MMQ_WG_PERSIST 1
-#endif
 #ifndef MMQ_WG_STAGES
 #define MMQ_WG_STAGES 3
 #endif
@@ -111,11 +108,13 @@ struct Copier6 {
     }
 };
 
+template <bool ACC>   // ACC: C += (reductions), else C =
 __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ Xq,
                                                    const uint8_t* __restrict__ Tx,
                                                    const uint8_t* __restrict__ Wq,
                                                    const uint8_t* __restrict__ Tw, float* C, int M,
-                                                   int N, int K, int accumulate) {
+                                                   int N, int K, int dp, float4* ws,
+                                                   int* flags) {
     constexpr int STAGES = MMQ_WG_STAGES, NI = BT / 8;
     using S = Q6Smem<STAGES>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -136,13 +135,15 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
     int d[2][32];     // the two halves' wgmma results (the pipelined pair)
     float th[32];     // half 0's partial t
 
-    int tile = blockIdx.x;
-    int m0 = (tile % mtiles) * BT, n0 = (tile / mtiles) * BN;
+    wgmma::TileSched sched{ntiles, dp, KT, 0};   // work items as in mmq_wgmma_q4k.cu
+    wgmma::Work w;
+    if (!sched.next(w)) return;
+    int m0 = (w.tile % mtiles) * BT, n0 = (w.tile / mtiles) * BN;
     Copier6 cp(m0, n0, M, N, K, KT, tid);
-    wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, KT, Xq, Tx, Wq, Tw, K, tid);
+    wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, w.k0, w.k1, Xq, Tx, Wq, Tw, K, tid);
     while (true) {
-        for (int kt = 0; kt < KT; ++kt) {
-            wgmma::ring_next<STAGES, S::STAGE>(cp, base, kt, KT, Xq, Tx, Wq, Tw, K, tid);
+        for (int kt = w.k0; kt < w.k1; ++kt) {
+            wgmma::ring_next<STAGES, S::STAGE>(cp, base, kt, w.k1, Xq, Tx, Wq, Tw, K, tid);
             const int so = (kt % STAGES) * S::STAGE;
             const uint32_t sw = base + so + wg * 64 * 128, sx = base + so + S::W;
             const uint8_t* tbase = sgen + so + S::W + S::X;
@@ -205,35 +206,55 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
             }
         }
         const int sm0 = m0, sn0 = n0;
-#if MMQ_WG_PERSIST
-        const int next = tile + gridDim.x;
+        const wgmma::Work cur = w;
+        const bool more = sched.next(w);
         __syncthreads();   // every warp is done with the stages
-        if (next < ntiles) {
-            tile = next;
-            m0 = (tile % mtiles) * BT;
-            n0 = (tile / mtiles) * BN;
+        if (more) {
+            m0 = (w.tile % mtiles) * BT;
+            n0 = (w.tile / mtiles) * BN;
             cp = Copier6(m0, n0, M, N, K, KT, tid);
-            wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, KT, Xq, Tx, Wq, Tw, K, tid);
+            wgmma::ring_prologue<STAGES, S::STAGE>(cp, base, w.k0, w.k1, Xq, Tx, Wq, Tw, K, tid);
         }
-#else
-        const int next = ntiles;
-#endif
+        if (cur.k0 > 0) {   // a stream-K tail: its sums go to the block with the head
+            wgmma::sk_put<NI * 4, 256>(ws, flags, &acc[0][0]);
+        } else if (cur.k1 < KT) {
+            wgmma::sk_add<NI * 4, 256>(ws, flags, &acc[0][0]);
+        }
         // C[tok][row]: lanes g and g^1 (lane ^ 4) swap so that each holds two adjacent rows of
-        // one token: even g stores (tok, rows r, r+1), odd g (tok+1, rows r-1, r).
+        // one token: even g stores (tok, rows r, r+1), odd g (tok+1, rows r-1, r). The swap
+        // rewrites acc[i][2u..2u+1] as that pair.
         const int odd = g & 1;
+        if (cur.k0 == 0) {   // (a tail stores nothing)
 #pragma unroll
-        for (int i = 0; i < NI; ++i)
+            for (int i = 0; i < NI; ++i)
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const float v0 = acc[i][2 * u], v1 = acc[i][2 * u + 1];
-                const float recv = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-                const int tok = sm0 + i * 8 + 2 * t + odd, row = sn0 + ra + 8 * u - odd;
-                if (tok >= M || row >= N) continue;
-                wgmma::store_c2(C + (size_t)tok * N + row,
-                                odd ? make_float2(recv, v1) : make_float2(v0, recv), vec,
-                                row + 1 < N, accumulate);
-            }
-        if (next >= ntiles) break;
+                for (int u = 0; u < 2; ++u) {
+                    const float v0 = acc[i][2 * u], v1 = acc[i][2 * u + 1];
+                    const float recv = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+                    acc[i][2 * u] = odd ? recv : v0;
+                    acc[i][2 * u + 1] = odd ? v1 : recv;
+                }
+            auto each = [&](auto&& f) {   // each (C pointer, float2 of acc) of the thread
+#pragma unroll
+                for (int i = 0; i < NI; ++i)
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        const int tok = sm0 + i * 8 + 2 * t + odd, row = sn0 + ra + 8 * u - odd;
+                        if (tok < M && row < N)
+                            f(C + (size_t)tok * N + row, acc[i][2 * u], acc[i][2 * u + 1],
+                              row + 1 < N);
+                    }
+            };
+            if constexpr (ACC)   // C += as reductions (wgmma_common.cuh red_c2)
+                each([&](float* p, float& y0, float& y1, bool second) {
+                    wgmma::red_c2(p, make_float2(y0, y1), vec, second);
+                });
+            else
+                each([&](float* p, float& y0, float& y1, bool second) {
+                    wgmma::store_c2(p, make_float2(y0, y1), vec, second);
+                });
+        }
+        if (!more) break;
 #pragma unroll
         for (int i = 0; i < NI; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     }
@@ -245,6 +266,9 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
 extern "C" __global__ void __launch_bounds__(256, 1)
 mmq_wgmma_q6k(const uint8_t* __restrict__ Xq, const uint8_t* __restrict__ Tx,
               const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
-              int N, int K, int accumulate) {
-    mmq_wgmma_q6k_body(Xq, Tx, Wq, Tw, C, M, N, K, accumulate);
+              int N, int K, int accumulate, int dp, float4* ws, int* flags) {
+    // = and += as two bodies (the += one with reductions): measured within 1% of one body on =,
+    // 7-21% faster on += than a load-add-store per pair (docs/perf.md)
+    if (accumulate) mmq_wgmma_q6k_body<true>(Xq, Tx, Wq, Tw, C, M, N, K, dp, ws, flags);
+    else mmq_wgmma_q6k_body<false>(Xq, Tx, Wq, Tw, C, M, N, K, dp, ws, flags);
 }

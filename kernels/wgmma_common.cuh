@@ -59,16 +59,17 @@ __device__ __forceinline__ void mma_tf32_k4(float (&d)[4], uint32_t a0, uint32_t
 }
 
 // ---- the cp.async stage ring of the wgmma MMQ kernels (Cp: the kernel's copier, whose
-// issue(smem_stage, kt, a, ta, w, tw, K, tid) copies stage kt and commits one group) ----
+// issue(smem_stage, kt, a, ta, w, tw, K, tid) copies stage kt and commits one group). A work
+// item runs stages [k0, k1) of a tile; stage kt lives in slot kt % STAGES ----
 
-// the first STAGES-1 stages of a tile (an empty group past K keeps the group count)
+// the first STAGES-1 stages of an item (an empty group past k1 keeps the group count)
 template <int STAGES, int STAGE_BYTES, class Cp>
-__device__ __forceinline__ void ring_prologue(const Cp& cp, uint32_t base, int KT, const uint8_t* a,
-                                              const uint8_t* ta, const uint8_t* w,
-                                              const uint8_t* tw, int K, int tid) {
+__device__ __forceinline__ void ring_prologue(const Cp& cp, uint32_t base, int k0, int k1,
+                                              const uint8_t* a, const uint8_t* ta,
+                                              const uint8_t* w, const uint8_t* tw, int K, int tid) {
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < KT) cp.issue(base + s * STAGE_BYTES, s, a, ta, w, tw, K, tid);
+        if (k0 + s < k1) cp.issue(base + ((k0 + s) % STAGES) * STAGE_BYTES, k0 + s, a, ta, w, tw, K, tid);
         else gemm_f16::cp_async_commit();
     }
 }
@@ -76,31 +77,118 @@ __device__ __forceinline__ void ring_prologue(const Cp& cp, uint32_t base, int K
 // top of k-step kt: stage kt landed for every thread and is visible to wgmma (cp.async writes
 // are generic-proxy), stage kt-1 is consumed by all, so its slot takes stage kt + STAGES - 1
 template <int STAGES, int STAGE_BYTES, class Cp>
-__device__ __forceinline__ void ring_next(const Cp& cp, uint32_t base, int kt, int KT,
+__device__ __forceinline__ void ring_next(const Cp& cp, uint32_t base, int kt, int k1,
                                           const uint8_t* a, const uint8_t* ta, const uint8_t* w,
                                           const uint8_t* tw, int K, int tid) {
     gemm_f16::cp_async_wait<STAGES - 2>();
     fence_proxy_async();
     __syncthreads();
     const int nk = kt + STAGES - 1;
-    if (nk < KT) cp.issue(base + (nk % STAGES) * STAGE_BYTES, nk, a, ta, w, tw, K, tid);
+    if (nk < k1) cp.issue(base + (nk % STAGES) * STAGE_BYTES, nk, a, ta, w, tw, K, tid);
     else gemm_f16::cp_async_commit();
 }
 
-// C[p], C[p + 1] (= or += per `accumulate`) from v, the epilogue store of both wgmma MMQ kernels:
-// one float2 access when `pair` (p 8-byte aligned and p + 1 in range), else scalars, the second
-// only when `second` (p + 1 in range). p itself must be in range.
-__device__ __forceinline__ void store_c2(float* p, float2 v, bool pair, bool second, int accumulate) {
-    if (pair) {
-        if (accumulate) {
-            const float2 o = *reinterpret_cast<float2*>(p);
-            v.x += o.x;
-            v.y += o.y;
+// ---- the tile schedule of the persistent wgmma MMQ kernels (data-parallel, then stream-K) ----
+// Tiles [0, dp) go round-robin over the grid (whole waves); the last ntiles - dp tiles are split
+// by k-stages: their U = (ntiles - dp) * KT stage units are dealt out evenly, block b taking
+// units [b U / G, (b+1) U / G) in tile-major order. The launcher (minfer.cuda.mmq_wgmma.
+// schedule) leaves 0 or between G and 2G tiles to stream-K, so every block's share is >= KT
+// units and a tile is split between at most two blocks: its k-tail [s, KT) is the first item
+// of block b+1, which publishes the partial sums (sk_put), its head [0, s) the last item of
+// block b, which adds them (sk_add) before the store. A wave of 1.2 tiles per SM then costs
+// 1.2 tile-times instead of 2.
+struct Work {
+    int tile, k0, k1;   // stages [k0, k1) of tile `tile`
+};
+
+// Only the item index lives across the k-loop (the kernels sit at the register cap); each
+// item is recomputed from it and the launch parameters.
+struct TileSched {
+    int ntiles, dp, KT, i;
+
+    // the block's i-th item; false past its last
+    __device__ __forceinline__ bool next(Work& w) {
+        const int G = gridDim.x, b = blockIdx.x;
+        const int ndp = dp > b ? (dp - b + G - 1) / G : 0;   // its round-robin tiles
+        const int j = i++ - ndp;
+        if (j < 0) {
+            w = {b + (i - 1) * G, 0, KT};
+            return true;
         }
+        const long long U = (long long)(ntiles - dp) * KT;   // < 2^31 (launcher's offsets)
+        const int u0 = (int)(U * b / G), u1 = (int)(U * (b + 1) / G);
+        const int u = j == 0 ? u0 : (u0 / KT + j) * KT;
+        if (u >= u1) return false;
+        const int k0 = u % KT;
+        w = {dp + u / KT, k0, min(KT, k0 + (u1 - u))};
+        return true;
+    }
+};
+
+// A stream-K tail's partial sums: R accumulators per thread into workspace slot blockIdx.x
+// (float4 [R/4][T], coalesced; T = blockDim.x, a constant so the offsets are immediates), then
+// the slot's flag is raised (release).
+template <int R, int T>
+__device__ __forceinline__ void sk_put(float4* ws, int* flags, const float* acc) {
+    float4* p = ws + (blockIdx.x * (R / 4) * T + threadIdx.x);
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j)
+        __stcg(p + j * T, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        asm volatile("st.release.gpu.global.s32 [%0], 1;\n" ::"l"(flags + blockIdx.x) : "memory");
+}
+
+// A stream-K head adds the tail's partial sums of block blockIdx.x + 1 (acc + tail, a fixed
+// order: runs are deterministic), once its flag is up; the flag is cleared for the next launch
+// (a CUDA graph replays the kernel with no reset). The tail is block b+1's first item, so the
+// wait is short; the grid is at most one block per SM, all resident, so it cannot deadlock.
+template <int R, int T>
+__device__ __forceinline__ void sk_add(const float4* ws, int* flags, float* acc) {
+    const int src = blockIdx.x + 1;
+    if (threadIdx.x == 0) {
+        int f;
+        while (true) {
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(f) : "l"(flags + src) : "memory");
+            if (f) break;
+            __nanosleep(64);
+        }
+        flags[src] = 0;
+    }
+    __syncthreads();
+    const float4* p = ws + (src * (R / 4) * T + threadIdx.x);
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j) {
+        const float4 v = __ldcg(p + j * T);
+        acc[4 * j] += v.x;
+        acc[4 * j + 1] += v.y;
+        acc[4 * j + 2] += v.z;
+        acc[4 * j + 3] += v.w;
+    }
+}
+
+// The epilogue stores of both wgmma MMQ kernels, C[p], C[p + 1] = v (store_c2) or += v (red_c2):
+// one float2 access when `pair` (p 8-byte aligned and p + 1 in range), else scalars, the second
+// only when `second` (p + 1 in range); p itself must be in range. C += runs as fire-and-forget
+// reductions (red.global.add: one add per element, rounded as a load-add-store would, except
+// that a subnormal sum flushes to zero). A load-add-store per pair waited for each load in turn
+// (a load after a store to C cannot move above it: nothing proves the addresses apart): 32
+// global round trips per thread and tile, ~20 us a wave at 1 block per SM.
+__device__ __forceinline__ void red_c2(float* p, float2 v, bool pair, bool second) {
+    if (pair) {
+        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(v.x), "f"(v.y) : "memory");
+    } else {
+        atomicAdd(p, v.x);
+        if (second) atomicAdd(p + 1, v.y);
+    }
+}
+__device__ __forceinline__ void store_c2(float* p, float2 v, bool pair, bool second) {
+    if (pair) {
         *reinterpret_cast<float2*>(p) = v;
     } else {
-        p[0] = accumulate ? p[0] + v.x : v.x;
-        if (second) p[1] = accumulate ? p[1] + v.y : v.y;
+        p[0] = v.x;
+        if (second) p[1] = v.y;
     }
 }
 

@@ -6,7 +6,7 @@ python3 scripts/mmq_wgmma_device.py [--types q4_K,q6_K] ["NAME=-DOPT,-DOPT2" ...
    twins (ragged shapes);
 2. parity of every variant against minfer.quants.mmq_ref (float64) on ragged shapes, = and +=;
 3. timing at M = 512 on the Llama-3-8B shapes, interleaved rounds (wide KD=4 mma.sync, then
-   each wgmma variant, then the prepasses), each a CUDA-event-timed batch of 20 launches over
+   each wgmma variant, with N = 4096 also as C += (the residual GEMMs), then the prepasses), each a CUDA-event-timed batch of 20 launches over
    3 rotating weight sets; median and p90-p10 spread over 7 rounds. Prints a table last.
 """
 
@@ -31,7 +31,8 @@ from mmq_device import interleaved, print_table, rand_weights, rel  # noqa: E402
 
 # qtype -> (name, split launcher, split twin, repack twin, timed (N, K) shapes at M = 512)
 TYPES = {Q4_K: ("q4_K", split_q8_1, split_q8_1_ref, repack_q4k_ref,
-                ((4096, 4096), (14336, 4096), (4096, 14336), (6144, 4096), (28672, 4096))),
+                ((4096, 4096), (14336, 4096), (4096, 14336), (5120, 4096), (6144, 4096),
+                 (28672, 4096))),
          Q6_K: ("q6_K", split6_q8_1, split6_q8_1_ref, repack_q6k_ref,
                 ((4096, 14336), (4096, 4096), (1024, 4096), (14336, 4096)))}
 
@@ -116,6 +117,10 @@ def check_and_time(rt, rng, qt, variants):
         runs += [(name, (lambda o: lambda i: mmq_wgmma_linear(rt, sp, reps[i % 3], M, N, K, out,
                                                               build_opts=o))(opts))
                  for name, opts in variants]
+        if N == 4096:   # the residual GEMMs (attn_output, ffn_down) run C +=
+            runs += [(name + " +=", (lambda o: lambda i: mmq_wgmma_linear(
+                rt, sp, reps[i % 3], M, N, K, out, accumulate=True, build_opts=o))(opts))
+                for name, opts in variants]
         runs += [("split-prepass", lambda i: split(rt, xd, *sp)),
                  ("q8_1-prepass", lambda i: quantize_q8_1(rt, xd, q8))]
         for name, (us, spread) in interleaved(rt, runs).items():

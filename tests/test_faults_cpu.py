@@ -304,7 +304,7 @@ def test_backend_memory_check_before_any_allocation(huge_ctx_model, mmq):
     from minfer.cuda.config import GemmConfig
 
     rt = _fake_runtime(_FakeDrv(free=79 << 30, total=80 << 30))
-    rt.arch, rt.smem_optin = "sm_90", 232448
+    rt.arch, rt.smem_optin, rt.sm_count = "sm_90", 232448, 132
     rt.alloc = _no_alloc
     with pytest.raises(GPUError) as e:
         CudaBackend(huge_ctx_model, GemmConfig(mmq=mmq), rt=rt, max_tokens=1 << 30,

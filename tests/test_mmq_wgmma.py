@@ -13,7 +13,7 @@ import pytest
 from minfer.cuda.config import GemmConfig
 from minfer.cuda.dispatch import pick_gemm
 from minfer.cuda.mmq import pick_variant
-from minfer.cuda.mmq_wgmma import (split6_scratch_bytes, split_scratch_bytes, wgmma6_smem,
+from minfer.cuda.mmq_wgmma import (SK_SLOT_BYTES, schedule, sk_items, split6_scratch_bytes, split_scratch_bytes, wgmma6_smem,
                                    wgmma_smem, wgmma_weight_bytes)
 from minfer.quants.mmq_ref import Q4_K, Q6_K, decode_q4k, decode_q6k, mmq_linear_ref
 from minfer.quants.mmq_wgmma_ref import (pad_rows, repack_q4k_ref, repack_q6k_ref,
@@ -229,7 +229,10 @@ def test_plan_memory_counts_repacked_weights(tmp_path):
     routes = plan_routes(m, GemmConfig(mmq=True), _Rt(232448, "sm_90"), 64)
     wg = [n for n, (p, _) in routes.items() if p == "mmq-wgmma"]
     assert wg, "the tiny Q4_K_M model has q4_K GEMM weights"
-    plan = plan_memory(m, routes, 128, 64)
+    plan = plan_memory(m, routes, 128, 64, sms=132)
+    assert plan["MMQ stream-K workspace"] == 132 * (SK_SLOT_BYTES + 4)
+    f16 = plan_routes(m, GemmConfig(mmq=False), _Rt(232448, "sm_90"), 64)
+    assert plan_memory(m, f16, 128, 64, sms=132)["MMQ stream-K workspace"] == 0
     raw = sum(int(m.tensor(n).data.nbytes) for n, (p, _) in routes.items()
               if p.startswith("mmq") and p != "mmq-wgmma" and n != "token_embd.weight")
     assert plan["MMQ weights"] == raw + sum(
@@ -240,3 +243,50 @@ def test_plan_memory_counts_repacked_weights(tmp_path):
         assert ks, f"the tiny Q4_K_M model has {qt} wgmma weights"
         assert plan[key] == size(64, max(ks))
     assert 0 < plan["MMQ repack staging"] <= sum(int(m.tensor(n).data.nbytes) for n in wg)
+
+
+@pytest.mark.parametrize("tiles,sms,want", [(100, 132, (100, 100)), (264, 132, (264 // 2, 264)),
+                                            (160, 132, (132, 0)), (896, 132, (132, 660)),
+                                            (256, 132, (132, 0)), (7, 3, (3, 3))])
+def test_schedule(tiles, sms, want):
+    """One wave or whole waves: all round-robin; a ragged last wave: the last 1-2 waves' tiles
+    (between grid and 2 * grid) go stream-K. Off, or not persistent: whole tiles."""
+    assert schedule(tiles, sms) == want
+    assert schedule(tiles, sms, stream_k=False) == (min(tiles, sms), tiles)
+    assert schedule(tiles, sms, persist=False) == (tiles, tiles)
+
+
+@pytest.mark.parametrize("tiles,KT,sms", [(160, 32, 132), (192, 32, 132), (896, 32, 132),
+                                          (7, 2, 3), (6, 5, 4), (9, 1, 4), (24, 4, 5),
+                                          (401, 112, 132), (133, 3, 132)])
+def test_sk_items_cover_every_stage_once(tiles, KT, sms):
+    """The twin of the kernels' TileSched under `schedule`: every (tile, stage) exactly once;
+    a split tile has two parts, its tail (k0 > 0) the first stream-K item of block b+1 and its
+    head (k0 == 0, k1 < KT) the last item of block b, the pairing sk_put / sk_add rely on."""
+    grid, dp = schedule(tiles, sms)
+    items = sk_items(tiles, KT, grid, dp)
+    cover = np.zeros((tiles, KT), np.int32)
+    parts: dict[int, list] = {}
+    for b, its in enumerate(items):
+        for i, (t, k0, k1) in enumerate(its):
+            assert 0 <= k0 < k1 <= KT
+            cover[t, k0:k1] += 1
+            parts.setdefault(t, []).append((b, i, k0, k1))
+    assert (cover == 1).all()
+    for t, ps in parts.items():
+        assert len(ps) <= 2
+        if len(ps) == 2:
+            (bh, ih, h0, h1), (bt, it, t0, t1) = sorted(ps, key=lambda p: p[2])
+            assert h0 == 0 and h1 == t0 and t1 == KT and bt == bh + 1
+            assert ih == len(items[bh]) - 1          # the head: block b's last item
+            assert it == sum(1 for x in items[bt] if x[0] < dp)   # the tail: b+1's first SK item
+    loads = [sum(k1 - k0 for _, k0, k1 in its) for its in items]
+    assert max(loads) - min(loads) <= KT + 1   # stream-K evens the work out to a tile
+
+
+def test_stream_k_config():
+    env = {"MINFER_MMQ": "1", "MINFER_MMQ_STREAMK": "0"}
+    cfg = GemmConfig.resolve(env)
+    assert not cfg.stream_k and cfg.label() == "mmq-wgmma-kd4-nosk"
+    assert GemmConfig.resolve(env, {"MINFER_MMQ_STREAMK": "1"}).label() == "mmq-wgmma-kd4"
+    assert GemmConfig(mmq=True, wgmma=False, stream_k=False).label() == "mmq-wide-kd4"

@@ -137,7 +137,8 @@ class CudaBackend:
 
     def _plan(self) -> dict[str, int]:
         """part -> bytes of the memory plan (weights.plan_memory; tests/gpu compare plans)."""
-        return plan_memory(self.model, self.routes, self.max_tokens, self.ubatch)
+        return plan_memory(self.model, self.routes, self.max_tokens, self.ubatch,
+                           self.rt.sm_count)
 
     # -- protocol -------------------------------------------------------------------------------
     def reset(self) -> None:

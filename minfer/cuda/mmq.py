@@ -145,7 +145,7 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
         if not isinstance(w_raw, wg.WgmmaWeight) or w_raw.qtype != qtype:
             raise GPUError(f"mmq_linear: a split activation needs a repacked weight of type "
                            f"{qtype} (WgmmaQ4K / WgmmaQ6K)")
-        wg.mmq_wgmma_linear(rt, x, w_raw, M, N, K, out, accumulate)
+        wg.mmq_wgmma_linear(rt, x, w_raw, M, N, K, out, accumulate, stream_k=cfg.stream_k)
         return MmqVariant("wgmma")
     if not has_mmq(qtype):
         raise Unsupported(f"mmq_linear: no MMQ kernel for tensor type {qtype} "
@@ -174,7 +174,7 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     if v.kind == "wgmma" and x.dtype != np.uint8:
         wr = wg.repack(rt, w_raw, qtype, N, K)
         try:
-            wg.mmq_wgmma_linear(rt, x, wr, M, N, K, out, accumulate)
+            wg.mmq_wgmma_linear(rt, x, wr, M, N, K, out, accumulate, stream_k=cfg.stream_k)
         finally:
             rt.synchronize()
             wr.free()

@@ -32,7 +32,10 @@ from minfer.quants.mmq_wgmma_ref import Q6_BK, Q6_BN, Q6_BT, Q6_TWB, Q6_TXB, TPA
 Q4_K, Q6_K = 12, 14
 
 WG_BN, WG_STAGES, WG_BM, WG_BK = 128, 3, 128, 128
-WG_PERSIST = True    # the kernel's MMQ_WG_PERSIST default (its tile loop, one block per SM)
+WG_PERSIST = True    # grid <= one block per SM, each walking its work items (A/B: -DMMQ_WG_PERSIST=0)
+WG_STREAM_K = True   # the last 1-2 waves' tiles split by k-stages (A/B: -DMMQ_WG_SK=0)
+SK_SLOT_BYTES = 256 * 64 * 4   # one block's partial sums (256 threads x 64 f32, q4_K's tile)
+_GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK")   # A/B options the launcher reads, not nvcc
 _OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
 
 
@@ -212,33 +215,89 @@ def split6_q8_1(rt, x, xq=None, tx=None):
     return _split(rt, Q6_K, "split6_q8_1", x, xq, tx)
 
 
-def _geometry(build_opts: tuple) -> tuple[int, bool]:
-    """(stages, persistent) of a kernel build: the defaults, or its -D overrides (kernel A/B
-    builds in scripts/mmq_wgmma_device.py)."""
-    stages, persist = WG_STAGES, WG_PERSIST
+def _geometry(build_opts: tuple) -> tuple[int, bool, bool]:
+    """(stages, persistent, stream-K) of a kernel build: the defaults, or -D overrides (kernel A/B
+    builds in scripts/mmq_wgmma_device.py; the last two only steer the launch geometry)."""
+    stages, persist, sk = WG_STAGES, WG_PERSIST, WG_STREAM_K
     for o in build_opts:
         key, _, val = o.partition("=")
         if key == "-DMMQ_WG_STAGES":
             stages = int(val)
         elif key == "-DMMQ_WG_PERSIST":
             persist = bool(int(val))
-    return stages, persist
+        elif key == "-DMMQ_WG_SK":
+            sk = bool(int(val))
+    return stages, persist, sk
 
 
-def _launch(rt, name: str, smem: int, tiles: int, args, build_opts: tuple) -> None:
-    _, persist = _geometry(build_opts)
+def schedule(tiles: int, sms: int, persist: bool = True, stream_k: bool = True) -> tuple[int, int]:
+    """(grid, dp) of a wgmma MMQ launch: `dp` tiles run data-parallel, round-robin over the
+    grid, and the rest stream-K (the kernels' wgmma::TileSched). Persistent: grid = min(tiles,
+    sms). With stream-K and a ragged last wave, the last 1-2 waves' tiles (between grid and
+    2 * grid of them) are split by k-stages evenly over the grid, so every block's share is at
+    least one tile's stages and a split tile has exactly two parts; otherwise dp = tiles."""
+    if not persist:
+        return tiles, tiles
+    grid = min(tiles, sms)
+    waves, rem = divmod(tiles, grid)
+    if not stream_k or rem == 0:
+        return grid, tiles
+    return grid, (waves - 1) * grid
+
+
+def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, int, int]]]:
+    """The Python twin of wgmma::TileSched::next (the same integer formulas): per block, its
+    work items (tile, k0, k1) in the order it runs them. tests/test_mmq_wgmma.py checks that
+    they cover every (tile, stage) once, with at most two parts per tile."""
+    U = (tiles - dp) * KT
+    out = []
+    for b in range(grid):
+        ndp = (dp - b + grid - 1) // grid if dp > b else 0
+        items = [(b + i * grid, 0, KT) for i in range(ndp)]
+        u0, u1 = U * b // grid, U * (b + 1) // grid
+        j = 0
+        while True:
+            u = u0 if j == 0 else (u0 // KT + j) * KT
+            if u >= u1:
+                break
+            k0 = u % KT
+            items.append((dp + u // KT, k0, min(KT, k0 + (u1 - u))))
+            j += 1
+        out.append(items)
+    return out
+
+
+def sk_workspace(rt):
+    """(partials, flags) of the stream-K launches: SK_SLOT_BYTES per SM and one int32 flag per
+    SM, zeroed once and kept by the runtime (the kernels clear every flag they raise, so graph
+    replays need no reset). Made at the first wgmma launch, an eager one (never while a CUDA
+    graph is being captured: the engine's first forward of a shape runs eagerly)."""
+    return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4), rt.sm_count * SK_SLOT_BYTES)
+
+
+def _launch(rt, name: str, smem: int, tiles: int, KT: int, args, build_opts: tuple,
+            stream_k: bool, sms: int | None) -> None:
+    _, persist, sk = _geometry(build_opts)
     if smem > rt.smem_optin:
         raise GPUError(f"{name}: {smem} B of shared memory needed, over this GPU's opt-in cap "
                        f"of {rt.smem_optin} B")
-    fn = rt.function(name, name, (*_OPTS, *build_opts), dyn_smem=smem)
-    grid = (min(tiles, rt.sm_count) if persist else tiles,)   # persistent: <= 1 block per SM
-    rt.launch(fn, grid, (256,), args, smem)
+    nvcc = tuple(o for o in build_opts if o.partition("=")[0] not in _GEOMETRY_ONLY)
+    fn = rt.function(name, name, (*_OPTS, *nvcc), dyn_smem=smem)
+    sms = rt.sm_count if sms is None else min(int(sms), rt.sm_count)
+    grid, dp = schedule(tiles, sms, persist, stream_k and sk)
+    if (tiles - dp) * KT >= 2**31:
+        raise GPUError(f"{name}: too many stream-K units ({tiles - dp} tiles x {KT} stages)")
+    ws, flags = sk_workspace(rt)
+    rt.launch(fn, (grid,), (256,), (*args, np.int32(dp), ws, flags), smem)
 
 
 def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
-                     accumulate: bool = False, split=None, build_opts: tuple = ()) -> None:
+                     accumulate: bool = False, split=None, build_opts: tuple = (),
+                     stream_k: bool = True, sms: int | None = None) -> None:
     """out f32 [M, N] (= or +=) x @ W.T. x f32 / f16 [M, K] (split here, into `split` when
     given) or already split for w's type ((aq, ta) for q4_K, (xq, tx) for q6_K) passed as x.
+    stream_k: split the ragged last waves' tiles by k (`schedule`; GemmConfig.stream_k);
+    sms: cap the grid below the SM count (tests: stream-K on small problems).
     build_opts: extra nvcc -D options (kernel A/B runs; the engine passes none)."""
     if not isinstance(w, WgmmaWeight) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_wgmma_linear: weight must be a WgmmaQ4K / WgmmaQ6K of [{N}, {K}]")
@@ -261,12 +320,12 @@ def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
     else:                 # tiles: 128 tokens x 128 rows
         name, smem, bm = "mmq_wgmma_q4k", wgmma_smem(WG_BN, stages), WG_BM
     tiles = -(-M // bm) * -(-N // WG_BN)   # Q6_BN == WG_BN
-    _launch(rt, name, smem, tiles, (da.arg(a), da.arg(t), da.arg(w.wq), da.arg(w.tw), da.arg(out),
-                                    np.int32(M), np.int32(N), np.int32(K),
-                                    np.int32(1 if accumulate else 0)), build_opts)
+    _launch(rt, name, smem, tiles, K // WG_BK,
+            (da.arg(a), da.arg(t), da.arg(w.wq), da.arg(w.tw), da.arg(out), np.int32(M),
+             np.int32(N), np.int32(K), np.int32(1 if accumulate else 0)), build_opts, stream_k, sms)
 
 
 __all__ = ["WgmmaWeight", "WgmmaQ4K", "WgmmaQ6K", "repack", "repack_q4k", "repack_q6k",
            "split_q8_1", "split6_q8_1", "mmq_wgmma_linear", "wgmma_smem", "wgmma6_smem",
            "wgmma_weight_bytes", "split_scratch_bytes", "split_views", "split6_scratch_bytes",
-           "split6_views", "TPAD"]
+           "split6_views", "TPAD", "schedule", "sk_items", "sk_workspace", "SK_SLOT_BYTES"]

@@ -18,6 +18,8 @@ import atexit
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from minfer.errors import GPUError
 
 
@@ -70,6 +72,7 @@ class Runtime:
         self.name = self.device.name()
         self._modules: dict[tuple, object] = {}
         self._functions: dict[tuple, object] = {}
+        self._workspaces: dict[str, tuple] = {}   # key -> (allocation, bytes): workspace()
         # launches with stream=None go here (None: the legacy default stream); CudaBackend
         # points it at its capture stream while recording a CUDA graph
         self.stream = None
@@ -163,6 +166,22 @@ class Runtime:
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes on the device."""
         return self.drv.mem_get_info()
+
+    def workspace(self, key: str, nbytes: int, split: int | None = None):
+        """A zero-filled device buffer of nbytes kept for the runtime's life, one per key (the
+        first call allocates and zeroes it synchronously: make it outside CUDA-graph capture).
+        split: return it as two pointers (buf, buf + split) instead of the allocation."""
+        buf = self._workspaces.get(key)
+        if buf is None or buf[1] < nbytes:
+            mem = self.alloc(nbytes, key + " workspace")
+            try:
+                self.drv.memset_d8(int(mem), 0, int(nbytes))
+            except self.drv.Error as e:
+                raise GPUError(f"zeroing the {key} workspace failed: {e}") from None
+            buf = self._workspaces[key] = (mem, int(nbytes))
+        if split is None:
+            return buf[0]
+        return np.uintp(int(buf[0])), np.uintp(int(buf[0]) + int(split))
 
     def alloc(self, nbytes: int, what: str = "buffer"):
         try:

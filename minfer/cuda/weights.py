@@ -45,12 +45,13 @@ def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
 
 # -- memory plan ------------------------------------------------------------------------------
 def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
-                ubatch: int) -> dict[str, int]:
-    """part -> bytes the backend will allocate (the keys name the parts in GPUError messages)."""
+                ubatch: int, sms: int = 0) -> dict[str, int]:
+    """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
+    sms: the GPU's SM count (the wgmma kernels' stream-K workspace, one slot per SM)."""
     c = model.config
     m = model
-    from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_scratch_bytes, split_scratch_bytes,
-                                       wgmma_weight_bytes)
+    from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, SK_SLOT_BYTES, split6_scratch_bytes,
+                                       split_scratch_bytes, wgmma_weight_bytes)
     from minfer.cuda.routes import plan_fusion
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
@@ -85,7 +86,8 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
             "q8_1 split scratch": split_scratch_bytes(T, wg_k[Q4_K]) if Q4_K in wg_k else 0,
             "q8_1 split6 scratch": split6_scratch_bytes(T, wg_k[Q6_K]) if Q6_K in wg_k else 0,
-            "upload staging": raw_max, "MMQ repack staging": max(wg_groups.values(), default=0)}
+            "upload staging": raw_max, "MMQ repack staging": max(wg_groups.values(), default=0),
+            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if wg_k else 0}
 
 
 def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:

@@ -85,6 +85,47 @@ def test_parity_ragged(hopper, qtype, M, N, K):
 
 
 @pytest.mark.parametrize("qtype", [12, 14])
+@pytest.mark.parametrize("M,N,K", [(200, 300, 768), (77, 333, 1280), (300, 1000, 512),
+                                   (129, 129, 256)])
+@pytest.mark.parametrize("cap", ["most", "fewest"])
+def test_stream_k(hopper, qtype, M, N, K, cap):
+    """Stream-K on a grid capped below the tile count (so small ragged problems split tiles by
+    k): `most` = the largest cap that leaves a ragged wave (all tiles stream-K), `fewest` = the
+    smallest (whole waves round-robin, then stream-K). Parity against mmq_ref (= and +=), the
+    same sums as whole tiles up to f32 reassociation, and bitwise the same output on a second
+    launch (a fixed summation order; the flags the first launch raised were all cleared)."""
+    from minfer.cuda import devarray as da
+    from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack, schedule
+    from minfer.quants.mmq_ref import mmq_linear_ref
+
+    rt = hopper
+    tiles = -(-M // (64 if qtype == 14 else 128)) * -(-N // 128)
+    caps = [s for s in range(2, tiles) if tiles % s]
+    sms = caps[-1] if cap == "most" else caps[0]
+    grid, dp = schedule(tiles, sms)
+    assert dp < tiles and grid == sms
+    rng = np.random.default_rng(M + N + K + qtype)
+    w = _weights(rng, qtype, N, K)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    ref = mmq_linear_ref(x, w, qtype, M, N, K)
+    wr = repack(rt, da.to_device(rt, w), qtype, N, K)
+    xd = da.to_device(rt, x)
+    outs = []
+    for sk in (True, True, False):
+        out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
+        mmq_wgmma_linear(rt, xd, wr, M, N, K, out, stream_k=sk, sms=sms)
+        outs.append(out.get())
+    y, y2, whole = outs
+    assert np.isfinite(y).all() and np.array_equal(y, y2)
+    assert np.linalg.norm(y - ref) / np.linalg.norm(ref) < 1e-4
+    assert np.abs(y - whole).max() <= 1e-5 * np.abs(whole).max()
+    base = rng.standard_normal((M, N)).astype(np.float32)
+    acc = da.to_device(rt, base)
+    mmq_wgmma_linear(rt, xd, wr, M, N, K, acc, accumulate=True, sms=sms)
+    assert np.linalg.norm(acc.get() - base - ref) / np.linalg.norm(ref) < 1e-4
+
+
+@pytest.mark.parametrize("qtype", [12, 14])
 def test_mmq_linear_routes_to_wgmma(hopper, qtype):
     """mmq_linear on the wgmma config: raw weights are repacked per call, raw q8_1 activations
     (a form the wgmma kernels cannot read) run the wide kernel, and both say which ran; with
