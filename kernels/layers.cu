@@ -31,6 +31,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "swiglu.cuh"   // swiglu1
+
 static_assert(sizeof(__half) == 2, "f16 is 2 bytes");
 
 template <typename T> __device__ __forceinline__ float to_f(T v);
@@ -171,10 +173,6 @@ extern "C" __global__ void rope_qkv_f32_f16(__half* __restrict__ q16, const floa
 }
 
 // ---- swiglu: grid (ceil(F/256), T), block (256) ----------------------------------------------
-__device__ __forceinline__ float swiglu1(float gv, float uv) {
-    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
-    return __fmul_rn(silu, uv);
-}
 
 extern "C" __global__ void swiglu_f32_f16(__half* y, long ldy, const float* g, const float* u,
                                           long ldg, int F) {

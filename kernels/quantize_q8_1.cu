@@ -13,11 +13,18 @@
 //            32 zeros | q+128 of values 16..31]; Tx one 5 KB block per (64-token tile, 128-k
 //            stage) at (m/64 * K/128 + kt) * 5120: TD float [4 chunks][64] = d * 2^75, then TS
 //            uint2 [8 halves][64] = d * (sum of the half's q) as tf32 (hi, lo). K % 128 == 0.
+//          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
+//          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
+//            x = f16(silu(g) * u) (g, u f32 rows of stride ldg, 16-byte aligned, ldg % 4 == 0),
+//            the ffn_down input: the swiglu layer (swiglu.cuh, the same rounding) and the
+//            prepass in one launch, without the f16 round trip. Bit-identical to swiglu_f32_f16
+//            followed by the _f16 entry.
 // Eight lanes per block of 32 values, four values per lane (one 16-byte f32 / 8-byte f16 load;
 // x 16-byte aligned): a warp quantizes 4 blocks, reductions are 3 shuffle steps. Grid
 // (ceil(M*K/32 / 32)), block 256. K % 32 == 0. (One warp per block with one value per lane spent
 // ~20 us on [512, 4096]: ten shuffles and a division chain per value, latency-bound.)
 #include "mmq_common.cuh"
+#include "swiglu.cuh"
 
 struct Q8Lane { int q[4]; int s, hs; float d; };   // this lane's 4 values, block / half sums, f32 d
 
@@ -32,11 +39,37 @@ __device__ __forceinline__ void load4(const __half* x, long long i, float (&v)[4
     v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
 }
 
-// block b's values 4*l8 .. 4*l8+3 (l8 = lane % 8); every lane of the warp must call it
+// Where a block's values come from: Rows<T> reads x [M, K] (f32 or f16); Swiglu computes them,
+// x = f16(silu(g) * u) from g, u f32 [M, K] of row stride ldg. values(b, l8, v): block b's
+// values 4*l8 .. 4*l8+3.
 template <class T>
-__device__ __forceinline__ Q8Lane quantize_lanes(const T* x, long long b, int l8) {
+struct Rows {
+    const T* x;
+    int K;
+    __device__ __forceinline__ void values(long long b, int l8, float (&v)[4]) const {
+        load4(x, b * 32 + 4 * l8, v);
+    }
+};
+
+struct Swiglu {
+    const float *g, *u;
+    long long ldg;
+    int K;
+    __device__ __forceinline__ void values(long long b, int l8, float (&v)[4]) const {
+        const long long i = b / (K / 32) * ldg + b % (K / 32) * 32 + 4 * l8;
+        float gv[4], uv[4];
+        load4(g, i, gv);
+        load4(u, i, uv);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = __half2float(__float2half_rn(swiglu1(gv[k], uv[k])));
+    }
+};
+
+// block b's values 4*l8 .. 4*l8+3 (l8 = lane % 8); every lane of the warp must call it
+template <class Src>
+__device__ __forceinline__ Q8Lane quantize_lanes(const Src& src, long long b, int l8) {
     float v[4];
-    load4(x, b * 32 + 4 * l8, v);
+    src.values(b, l8, v);
     float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
     #pragma unroll
     for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -71,7 +104,7 @@ __device__ __forceinline__ void quantize_block(const T* x, uint8_t* y, int M, in
     const long long nblk = (long long)M * (K / 32);
     int l8;
     const long long b = block_of_thread(l8);
-    const Q8Lane r = quantize_lanes<T>(x, b < nblk ? b : nblk - 1, l8);
+    const Q8Lane r = quantize_lanes(Rows<T>{x, K}, b < nblk ? b : nblk - 1, l8);
     if (b >= nblk) return;
     uint8_t* blk = y + b * 40;
     *(uint32_t*)(blk + 4 + 4 * l8) = pack4(r.q, 0);
@@ -81,13 +114,13 @@ __device__ __forceinline__ void quantize_block(const T* x, uint8_t* y, int M, in
     }
 }
 
-template <class T>
-__device__ __forceinline__ void quantize_split(const T* x, uint8_t* Aq, float2* Ta, int M, int K,
+template <class Src>
+__device__ __forceinline__ void quantize_split(const Src& x, uint8_t* Aq, float2* Ta, int M, int K,
                                                int Mp) {
     const long long nblk = (long long)M * (K / 32);
     int l8;
     const long long b = block_of_thread(l8);
-    const Q8Lane r = quantize_lanes<T>(x, b < nblk ? b : nblk - 1, l8);
+    const Q8Lane r = quantize_lanes(x, b < nblk ? b : nblk - 1, l8);
     if (b >= nblk) return;
     *(uint32_t*)(Aq + b * 32 + 4 * l8) = pack4(r.q, 128);
     if (l8 == 0) {
@@ -97,12 +130,12 @@ __device__ __forceinline__ void quantize_split(const T* x, uint8_t* Aq, float2* 
     }
 }
 
-template <class T>
-__device__ __forceinline__ void quantize_split6(const T* x, uint8_t* Xq, uint8_t* Tx, int M, int K) {
+template <class Src>
+__device__ __forceinline__ void quantize_split6(const Src& x, uint8_t* Xq, uint8_t* Tx, int M, int K) {
     const long long nblk = (long long)M * (K / 32);
     int l8;
     const long long b = block_of_thread(l8);
-    const Q8Lane r = quantize_lanes<T>(x, b < nblk ? b : nblk - 1, l8);
+    const Q8Lane r = quantize_lanes(x, b < nblk ? b : nblk - 1, l8);
     if (b >= nblk) return;
     const long long m = b / (K / 32), j = b % (K / 32);
     uint8_t* row = Xq + m * 2 * K + j * 64;
@@ -129,20 +162,31 @@ extern "C" __global__ void quantize_q8_1_raw_f16(const __half* x, uint8_t* y, in
 
 extern "C" __global__ void quantize_q8_1_split(const float* x, uint8_t* Aq, float2* Ta, int M,
                                                int K, int Mp) {
-    quantize_split<float>(x, Aq, Ta, M, K, Mp);
+    quantize_split(Rows<float>{x, K}, Aq, Ta, M, K, Mp);
 }
 
 extern "C" __global__ void quantize_q8_1_split_f16(const __half* x, uint8_t* Aq, float2* Ta,
                                                    int M, int K, int Mp) {
-    quantize_split<__half>(x, Aq, Ta, M, K, Mp);
+    quantize_split(Rows<__half>{x, K}, Aq, Ta, M, K, Mp);
 }
 
 extern "C" __global__ void quantize_q8_1_split6(const float* x, uint8_t* Xq, uint8_t* Tx, int M,
                                                 int K) {
-    quantize_split6<float>(x, Xq, Tx, M, K);
+    quantize_split6(Rows<float>{x, K}, Xq, Tx, M, K);
 }
 
 extern "C" __global__ void quantize_q8_1_split6_f16(const __half* x, uint8_t* Xq, uint8_t* Tx,
                                                     int M, int K) {
-    quantize_split6<__half>(x, Xq, Tx, M, K);
+    quantize_split6(Rows<__half>{x, K}, Xq, Tx, M, K);
+}
+
+extern "C" __global__ void quantize_q8_1_split_swiglu(const float* g, const float* u, long long ldg,
+                                                      uint8_t* Aq, float2* Ta, int M, int K, int Mp) {
+    quantize_split(Swiglu{g, u, ldg, K}, Aq, Ta, M, K, Mp);
+}
+
+extern "C" __global__ void quantize_q8_1_split6_swiglu(const float* g, const float* u,
+                                                       long long ldg, uint8_t* Xq, uint8_t* Tx,
+                                                       int M, int K) {
+    quantize_split6(Swiglu{g, u, ldg, K}, Xq, Tx, M, K);
 }

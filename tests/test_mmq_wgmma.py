@@ -284,9 +284,15 @@ def test_sk_items_cover_every_stage_once(tiles, KT, sms):
     assert max(loads) - min(loads) <= KT + 1   # stream-K evens the work out to a tile
 
 
-def test_stream_k_config():
+def test_stream_k_and_fused_prepass_config():
     env = {"MINFER_MMQ": "1", "MINFER_MMQ_STREAMK": "0"}
     cfg = GemmConfig.resolve(env)
     assert not cfg.stream_k and cfg.label() == "mmq-wgmma-kd4-nosk"
     assert GemmConfig.resolve(env, {"MINFER_MMQ_STREAMK": "1"}).label() == "mmq-wgmma-kd4"
     assert GemmConfig(mmq=True, wgmma=False, stream_k=False).label() == "mmq-wide-kd4"
+    cfg = GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_FUSED_PREPASS": "0"})
+    assert not cfg.fused_prepass and cfg.label() == "mmq-wgmma-kd4-nofp"
+    from minfer.commands.gemm_flags import gemm_config
+
+    assert gemm_config(mmq=True, mmq_stream_k=False, mmq_fused_prepass=False, env={}) == \
+        GemmConfig(mmq=True, stream_k=False, fused_prepass=False)

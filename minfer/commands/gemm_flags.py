@@ -2,12 +2,12 @@
 
     @gemm_options          # adds --mmq/--no-mmq, --mmq-raw/--no-mmq-raw, --mmq-wide/--no-mmq-wide,
     def cmd(..., **gemm): ...   # --mmq-kd 4|8, --mmq-wgmma/--no-.., --mmq-wgmma-q6k/--no-..,
-                                # --mmq-stream-k/--no-..
+                                # --mmq-stream-k/--no-.., --mmq-fused-prepass/--no-..
     cfg = gemm_config(**gemm)   # env, then flags (flags win)
 
 An unset flag leaves the environment's value (MINFER_MMQ, MINFER_MMQ_RAW, MINFER_MMQ_RAW_WIDE,
-MINFER_MMQ_RAW_KD, MINFER_MMQ_WGMMA, MINFER_MMQ_WGMMA_Q6K, MINFER_MMQ_STREAMK) or GemmConfig's
-default. Not a
+MINFER_MMQ_RAW_KD, MINFER_MMQ_WGMMA, MINFER_MMQ_WGMMA_Q6K, MINFER_MMQ_STREAMK,
+MINFER_MMQ_FUSED_PREPASS) or GemmConfig's default. Not a
 command module (minfer.cli lists those).
 """
 
@@ -19,7 +19,7 @@ import click
 
 
 def gemm_options(f):
-    """Decorator: the seven GEMM-path flags, each None unless given."""
+    """Decorator: the eight GEMM-path flags, each None unless given."""
     opts = [
         click.option("--mmq/--no-mmq", "mmq", default=None,
                      help="GEMMs on q4_K/q6_K weights via the int8 MMQ kernels (MINFER_MMQ)."),
@@ -43,6 +43,11 @@ def gemm_options(f):
                      help="wgmma kernels: split the tiles of a ragged last wave by k over all "
                           "SMs (stream-K, default on); --no-mmq-stream-k: whole tiles only "
                           "(MINFER_MMQ_STREAMK)."),
+        click.option("--mmq-fused-prepass/--no-mmq-fused-prepass", "mmq_fused_prepass",
+                     default=None,
+                     help="wgmma ffn_down: quantize its input in the swiglu launch (default on); "
+                          "--no-mmq-fused-prepass: swiglu to f16, then the q8_1 prepass "
+                          "(MINFER_MMQ_FUSED_PREPASS)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -50,22 +55,26 @@ def gemm_options(f):
 
 
 def gemm_overrides(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None,
-                   mmq_wgmma=None, mmq_wgmma_q6k=None, mmq_stream_k=None) -> dict[str, str]:
+                   mmq_wgmma=None, mmq_wgmma_q6k=None, mmq_stream_k=None,
+                   mmq_fused_prepass=None) -> dict[str, str]:
     """The flags that were given, as GemmConfig.resolve overrides (MINFER_* keys)."""
     out = {}
     for key, v in (("MINFER_MMQ", mmq), ("MINFER_MMQ_RAW", mmq_raw),
                    ("MINFER_MMQ_RAW_WIDE", mmq_wide), ("MINFER_MMQ_RAW_KD", mmq_kd),
                    ("MINFER_MMQ_WGMMA", mmq_wgmma), ("MINFER_MMQ_WGMMA_Q6K", mmq_wgmma_q6k),
-                   ("MINFER_MMQ_STREAMK", mmq_stream_k)):
+                   ("MINFER_MMQ_STREAMK", mmq_stream_k),
+                   ("MINFER_MMQ_FUSED_PREPASS", mmq_fused_prepass)):
         if v is not None:
             out[key] = str(int(v)) if isinstance(v, bool) else str(v)
     return out
 
 
 def gemm_config(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None, mmq_wgmma=None,
-                mmq_wgmma_q6k=None, mmq_stream_k=None, env: Mapping[str, str] | None = None):
+                mmq_wgmma_q6k=None, mmq_stream_k=None, mmq_fused_prepass=None,
+                env: Mapping[str, str] | None = None):
     """GemmConfig from the environment, then the given flags (flags win)."""
     from minfer.cuda.config import GemmConfig
 
     return GemmConfig.resolve(env, gemm_overrides(mmq, mmq_raw, mmq_wide, mmq_kd, mmq_wgmma,
-                                                  mmq_wgmma_q6k, mmq_stream_k))
+                                                  mmq_wgmma_q6k, mmq_stream_k,
+                                                  mmq_fused_prepass))

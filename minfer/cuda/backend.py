@@ -26,7 +26,9 @@ chunk of that shape replays it, at any pos0: one host launch per chunk instead o
 Profiling runs eagerly (events need the launches one by one).
 MMQ weights: the activation is quantized to q8_1 once per distinct input into one reused
 scratch buffer (q, k, v share h16's; gate, up share the FFN input's), then mmq_linear runs on
-the raw bytes (attn_output / ffn_down accumulate into x). `route_summary()` gives the one-line
+the raw bytes (attn_output / ffn_down accumulate into x). A wgmma ffn_down's input skips the f16
+a16: the swiglu launch writes its q8_1 split operand directly (GemmConfig.fused_prepass,
+mmq_wgmma.split_swiglu; the same bytes). `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
@@ -190,6 +192,29 @@ class CudaBackend:
                 da.poison(self.rt, xq, tx)
                 out["split6"] = split6_q8_1(self.rt, A, xq, tx)
         return out
+
+    def _swiglu(self, f16, down: str, g, u=None):
+        """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]) as the input
+        of `down`. When `down` runs on a wgmma kernel and the config fuses its prepass, the
+        swiglu launch writes the q8_1 split operand of down's type instead (f16 is left
+        unwritten) and that is returned, as _quantize's dict; else None."""
+        if self.gcfg.fused_prepass and self.routes[down][0] == "mmq-wgmma":
+            from minfer.cuda.mmq_wgmma import Q6_K, split6_views, split_swiglu, split_views
+
+            qt = int(self.qtypes[down])
+            M, F = f16.shape
+            key, a, t = (("split6", *split6_views(self.q8s6, M, F)) if qt == Q6_K else
+                         ("split", *split_views(self.q8s, M, F)))
+            with self._op("swiglu+q8_1"):
+                da.poison(self.rt, a, t)
+                return {key: split_swiglu(self.rt, qt, g, u, a, t)}
+        with self._op("swiglu"):
+            da.poison(self.rt, f16)
+            if u is None:
+                L.swiglu_fused(self.rt, f16, g)
+            else:
+                L.swiglu(self.rt, f16, g, u)
+        return None
 
     def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
         """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A's prepass
@@ -372,24 +397,21 @@ class CudaBackend:
                 da.poison(rt, hq)
                 L.rmsnorm(rt, hq, xq, self.w[p + "ffn_norm.weight"], c.rms_eps)
             f16 = R(self.f16, 0, Tq)
+            down = p + "ffn_down.weight"
             if p + "ffn_gate.weight" in self.fused:
                 gu = self._part(self.gu32, 0, (Tq, 2 * c.d_ff))
                 gate = p + "ffn_gate.weight"
                 self._linear(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up",
                              self._quantize(hq, gate), gate)
-                with self._op("swiglu"):
-                    da.poison(rt, f16)
-                    L.swiglu_fused(rt, f16, gu)
+                gu_parts = (gu,)
             else:
                 g32 = self._part(self.gu32, 0, (Tq, c.d_ff))
                 u32 = self._part(self.gu32, Tu * c.d_ff, (Tq, c.d_ff))
                 fq8 = self._quantize(hq, p + "ffn_gate.weight", p + "ffn_up.weight")
                 self._linear(g32, hq, p + "ffn_gate.weight", "f32", "ffn_gate", fq8)
                 self._linear(u32, hq, p + "ffn_up.weight", "f32", "ffn_up", fq8)
-                with self._op("swiglu"):
-                    da.poison(rt, f16)
-                    L.swiglu(rt, f16, g32, u32)
-            self._linear(xq, f16, p + "ffn_down.weight", "acc", "ffn_down")
+                gu_parts = (g32, u32)
+            self._linear(xq, f16, down, "acc", "ffn_down", self._swiglu(f16, down, *gu_parts))
         if last:
             with self._op("rmsnorm"):
                 da.poison(rt, self.last16)

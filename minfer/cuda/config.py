@@ -5,7 +5,9 @@ MINFER_MMQ (0: f16 path, 1: MMQ), MINFER_MMQ_RAW (0: R1 word-level kernel), MINF
 of the wide config run on the Hopper wgmma kernels where the GPU is sm_90; 0: the mma.sync wide
 kernel everywhere), MINFER_MMQ_WGMMA_Q6K (1, the default; 0: q6_K stays on the mma.sync wide
 kernel while q4_K takes wgmma, the A/B of the q6_K kernel), MINFER_MMQ_STREAMK (1, the default:
-the wgmma kernels split the tiles of a ragged last wave by k over every SM; 0: whole tiles). Explicit overrides (CLI flags, bench A/B
+the wgmma kernels split the tiles of a ragged last wave by k over every SM; 0: whole tiles),
+MINFER_MMQ_FUSED_PREPASS (1, the default: a wgmma ffn_down's input is quantized by the swiglu
+launch itself, no f16 activation; 0: swiglu, then the prepass). Explicit overrides (CLI flags, bench A/B
 strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
@@ -20,7 +22,8 @@ from minfer.errors import BadInput
 
 ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE": "wide",
             "MINFER_MMQ_RAW_KD": "kd", "MINFER_MMQ_WGMMA": "wgmma",
-            "MINFER_MMQ_WGMMA_Q6K": "wgmma_q6k", "MINFER_MMQ_STREAMK": "stream_k"}
+            "MINFER_MMQ_WGMMA_Q6K": "wgmma_q6k", "MINFER_MMQ_STREAMK": "stream_k",
+            "MINFER_MMQ_FUSED_PREPASS": "fused_prepass"}
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class GemmConfig:
     wgmma: bool = True
     wgmma_q6k: bool = True
     stream_k: bool = True
+    fused_prepass: bool = True
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None,
@@ -72,7 +76,8 @@ class GemmConfig:
             return "mmq-r1"
         if not self.wide:
             return f"mmq-narrow-kd{self.kd}"
-        sk = "" if self.stream_k or not self.wgmma else "-nosk"
+        sk = ("" if self.stream_k or not self.wgmma else "-nosk") + \
+            ("" if self.fused_prepass or not self.wgmma else "-nofp")
         if self.wgmma and not self.wgmma_q6k:
             return f"mmq-wgmma-q4k-kd{self.kd}{sk}"
         return f"mmq-{'wgmma' if self.wgmma else 'wide'}-kd{self.kd}{sk}"

@@ -203,6 +203,43 @@ def _split(rt, qtype: int, what: str, x, a=None, t=None):
     return a, t
 
 
+def split_swiglu(rt, qtype: int, g, u=None, a=None, t=None):
+    """The split operand of `qtype` (q4_K split, q6_K split6) of x = f16(silu(g) * u) [M, F],
+    in one launch (quantize_q8_1.cu's _swiglu entries): bit-identical to layers.swiglu into
+    f16 followed by split_q8_1 / split6_q8_1, without the f16 activation. g, u f32 [M, F]; or
+    u None and g the fused gate|up output f32 [M, 2F]. Into a / t when given."""
+    what = "split_swiglu"
+    da.check(f"{what} g", g, (None, None), np.float32)
+    if u is None:   # the fused gate|up GEMM output: u = g + F, row stride 2F
+        M, F2 = g.shape
+        if F2 % 2:
+            raise GPUError(f"{what}: gate|up has {F2} columns, expected 2F")
+        F, ldg = F2 // 2, F2
+        gp, up = da.ptr(g), da.ptr(g) + 4 * (F2 // 2)
+    else:
+        M, F = g.shape
+        da.check(f"{what} u", u, (M, F), np.float32)
+        ldg, gp, up = F, da.ptr(g), da.ptr(u)
+    a_shape, t_shape, t_dtype, entry, kmul, (an, tn) = _operands(qtype, M, F)
+    if F % kmul or M <= 0:
+        raise GPUError(f"{what}: need M >= 1 and F a multiple of {kmul}, got M={M} F={F}")
+    if gp % 16 or up % 16 or ldg % 4:
+        raise GPUError(f"{what}: gate / up rows not 16-byte aligned")
+    if a is None:
+        a = da.empty(rt, a_shape, np.uint8, f"q8_1 activations ({what})")
+    if t is None:
+        t = _zeroed(rt, t_shape, t_dtype, f"q8_1 tables ({what})")
+    da.check(f"{what} {an}", a, a_shape, np.uint8, align=16)
+    da.check(f"{what} {tn}", t, t_shape, t_dtype, align=16)
+    extra = (np.int32(t_shape[1]),) if int(qtype) == Q4_K else ()
+    fn = rt.function("quantize_q8_1", entry + "_swiglu")
+    nblk = M * (F // 32)   # 8 lanes per 32-value block, 32 blocks per 256-thread CTA
+    rt.launch(fn, ((nblk + 31) // 32,), (256,), (np.uintp(gp), np.uintp(up), np.int64(ldg),
+                                                 da.arg(a), da.arg(t), np.int32(M), np.int32(F),
+                                                 *extra))
+    return a, t
+
+
 def split_q8_1(rt, x, aq=None, ta=None):
     """x f32 / f16 [M, K] -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the q4_K wgmma operand
     (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0)."""
@@ -326,6 +363,7 @@ def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
 
 
 __all__ = ["WgmmaWeight", "WgmmaQ4K", "WgmmaQ6K", "repack", "repack_q4k", "repack_q6k",
-           "split_q8_1", "split6_q8_1", "mmq_wgmma_linear", "wgmma_smem", "wgmma6_smem",
-           "wgmma_weight_bytes", "split_scratch_bytes", "split_views", "split6_scratch_bytes",
-           "split6_views", "TPAD", "schedule", "sk_items", "sk_workspace", "SK_SLOT_BYTES"]
+           "split_q8_1", "split6_q8_1", "split_swiglu", "mmq_wgmma_linear", "wgmma_smem",
+           "wgmma6_smem", "wgmma_weight_bytes", "split_scratch_bytes", "split_views",
+           "split6_scratch_bytes", "split6_views", "TPAD", "schedule", "sk_items", "sk_workspace",
+           "SK_SLOT_BYTES"]

@@ -58,6 +58,30 @@ def test_split_and_repack_bitwise(hopper, qtype):
 
 
 @pytest.mark.parametrize("qtype", [12, 14])
+@pytest.mark.parametrize("M,F", [(1, 128), (77, 1280), (300, 384)])
+def test_split_swiglu_bitwise(hopper, qtype, M, F):
+    """The swiglu + prepass launch writes exactly the bytes of swiglu into f16 followed by the
+    split prepass of the type, from the fused gate|up output [M, 2F] and from g, u apart."""
+    from minfer.cuda import devarray as da
+    from minfer.cuda.layers import swiglu_fused
+    from minfer.cuda.mmq_wgmma import split_swiglu
+
+    rt = hopper
+    split, _ = _split(qtype)
+    rng = np.random.default_rng(M + F)
+    gu = (3 * rng.standard_normal((M, 2 * F))).astype(np.float32)
+    gu[0, :7] = 0.0   # silu(0) * u = 0: a block with zeros
+    gud = da.to_device(rt, gu)
+    f16 = da.empty(rt, (M, F), np.float16)
+    swiglu_fused(rt, f16, gud)
+    want = [w.get() for w in split(rt, f16)]
+    for args in ((gud,), (da.to_device(rt, gu[:, :F].copy()), da.to_device(rt, gu[:, F:].copy()))):
+        got = split_swiglu(rt, qtype, *args)
+        assert all(np.array_equal(a.get().view(np.uint8), w.view(np.uint8))
+                   for a, w in zip(got, want))
+
+
+@pytest.mark.parametrize("qtype", [12, 14])
 @pytest.mark.parametrize("M,N,K", [(1, 8, 256), (77, 333, 1280), (128, 128, 512),
                                    (129, 200, 512), (65, 129, 768), (300, 1000, 4096)])
 def test_parity_ragged(hopper, qtype, M, N, K):
@@ -180,3 +204,10 @@ def test_backend_on_wgmma(hopper, model):
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 3e-2
     nxt = b.forward(np.array([int(np.argmax(got))], np.int32), len(prompt))   # M = 1 decode
     assert np.isfinite(nxt).all()
+    # the fused swiglu + prepass of a wgmma ffn_down writes the bytes of swiglu -> f16 ->
+    # prepass, so the engine's logits are bitwise those of the unfused flow
+    downs = [n for n in wg if n.endswith("ffn_down.weight")]
+    assert downs, "the Q4_K_M mix puts ffn_down on wgmma"
+    b.reset()
+    b2 = CudaBackend(model, GemmConfig(mmq=True, fused_prepass=False), max_tokens=128, ubatch=16)
+    assert np.array_equal(b.forward(prompt, 0), b2.forward(prompt, 0))

@@ -1,0 +1,10 @@
+// swiglu.cuh: silu(g) * u for one value, shared by layers.cu (the swiglu layer) and
+// quantize_q8_1.cu (the swiglu + q8_1 prepass), so both round identically. Each operation is
+// rounded on its own (__fdiv_rn / __fadd_rn / __fmul_rn: no FMA contraction), as the numpy twin
+// minfer.reference.ops.swiglu does.
+#pragma once
+
+__device__ __forceinline__ float swiglu1(float gv, float uv) {
+    const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
+    return __fmul_rn(silu, uv);
+}
