@@ -31,7 +31,9 @@
 // tiles round-robin, then the last 1-2 waves' tiles split by k-stages, stream-K, with the
 // partial sums of a split tile added through the workspace `ws` / `flags`) and issues the next
 // item's first stages before storing the current one. Dynamic smem WgSmem<BN, STAGES>::BYTES.
-// Entry: mmq_wgmma_q4k(Aq, Ta, Wq, Tw, C, M, N, K, accumulate, dp, ws, flags), K % 128 == 0,
+// Entries: mmq_wgmma_q4k / mmq_wgmma_q4k_acc(Aq, Ta, Wq, Tw, C, M, N, K, accumulate, dp, ws,
+// flags), C = (or +=) with C += as a load-add-store / as reductions (the launcher: C = on the
+// first, C += on the second; see their comment); K % 128 == 0,
 // dp = the tiles run data-parallel (ntiles: no stream-K; ws / flags may then be null), ws
 // float4 [gridDim][16][256], flags int32 [gridDim] zeroed once; every buffer under 2^31 B.
 #include "gemm_f16_common.cuh"
@@ -123,7 +125,8 @@ struct Copier {
 // all 128 tokens as two m64 halves h (so each scale it loads serves 4 token rows per thread, and
 // the two halves pipeline: the epilogue of one overlaps the other's wgmma). (4 warpgroups of
 // 32 weight rows, 16 warps at <= 128 registers, measured 4-6% slower: docs/perf.md.)
-template <int STAGES>
+// C = or, when `accumulate`, C += (RED: as reductions, else as a load-add-store per pair)
+template <int STAGES, bool RED>
 __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
                                                const uint8_t* __restrict__ Ta,
                                                const uint8_t* __restrict__ Wq,
@@ -257,17 +260,21 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
                         }
                     }
             };
-            // C += as reductions (wgmma_common.cuh red_c2). (= and += as two template bodies,
-            // as in mmq_wgmma_q6k.cu, measured 3-6% slower here: ptxas schedules the k-loop
-            // differently; docs/perf.md)
-            if (accumulate)
+            const auto store = [&](float* p, float& y0, float& y1, bool second) {
+                wgmma::store_c2(p, make_float2(y0, y1), vec, second);
+            };
+            if (!accumulate) {
+                each(store);
+            } else if constexpr (RED) {
                 each([&](float* p, float& y0, float& y1, bool second) {
                     wgmma::red_c2(p, make_float2(y0, y1), vec, second);
                 });
-            else
+            } else {
                 each([&](float* p, float& y0, float& y1, bool second) {
-                    wgmma::store_c2(p, make_float2(y0, y1), vec, second);
+                    const float2 o = wgmma::load_c2(p, vec, second);
+                    store(p, y0 += o.x, y1 += o.y, second);
                 });
+            }
         }
         if (!more) break;
 #pragma unroll
@@ -281,10 +288,23 @@ __device__ __forceinline__ void mmq_wgmma_body(const uint8_t* __restrict__ Aq,
 
 }  // namespace
 
-// One block per SM: 8 warps of 2 x (32 D + 32 accumulator) registers per thread.
+// One block per SM: 8 warps of 2 x (32 D + 32 accumulator) registers per thread. Two entries
+// of one signature; the launcher runs C = on mmq_wgmma_q4k (accumulate = 0) and C += on
+// mmq_wgmma_q4k_acc (accumulate = 1, reductions). Each keeps both paths compiled in: ptxas
+// schedules the k-loop 3-7% faster that way than in a store-only or a reductions-only build,
+// and the load-add-store path gives the C = entry the fastest k-loop (measured in one call,
+// 28672 x 4096: 437 / 450 / 470 us with that / the reductions / no accumulate path; the C +=
+// entry 224 us at 4096 x 14336 against 236 for reductions only; docs/perf.md).
 extern "C" __global__ void __launch_bounds__(256, 1)
 mmq_wgmma_q4k(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
               const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
               int N, int K, int accumulate, int dp, float4* ws, int* flags) {
-    mmq_wgmma_body<MMQ_WG_STAGES>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate, dp, ws, flags);
+    mmq_wgmma_body<MMQ_WG_STAGES, false>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate, dp, ws, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+mmq_wgmma_q4k_acc(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
+                  const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
+                  int N, int K, int accumulate, int dp, float4* ws, int* flags) {
+    mmq_wgmma_body<MMQ_WG_STAGES, true>(Aq, Ta, Wq, Tw, C, M, N, K, accumulate, dp, ws, flags);
 }

@@ -35,7 +35,8 @@
 // STAGES-1 ahead (128-byte swizzle, wgmma_common.cuh). Persistent over work items (tiles
 // M-fastest, then stream-K) like mmq_wgmma_q4k.cu. Stores: lane pairs swap values so each writes a float2 of two weight
 // rows. Dynamic smem Q6Smem<STAGES>::BYTES.
-// Entry: mmq_wgmma_q6k(Xq, Tx, Wq, Tw, C, M, N, K, accumulate, dp, ws, flags), K % 128 == 0;
+// Entries: mmq_wgmma_q6k (C =) and mmq_wgmma_q6k_acc (C +=), both (Xq, Tx, Wq, Tw, C, M, N, K,
+// dp, ws, flags), K % 128 == 0;
 // dp, ws (float4 [gridDim][8][256]), flags as in mmq_wgmma_q4k.cu; every buffer under 2^31 B.
 #include "gemm_f16_common.cuh"
 #include "mmq_common.cuh"
@@ -263,12 +264,18 @@ __device__ __forceinline__ void mmq_wgmma_q6k_body(const uint8_t* __restrict__ X
 
 }  // namespace
 
+// C = and C += (reductions) as two entries, the launcher picks (measured: the same k-loop
+// speed as one kernel with a runtime flag; 7-21% faster on C += than a load-add-store per pair)
 extern "C" __global__ void __launch_bounds__(256, 1)
 mmq_wgmma_q6k(const uint8_t* __restrict__ Xq, const uint8_t* __restrict__ Tx,
               const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
-              int N, int K, int accumulate, int dp, float4* ws, int* flags) {
-    // = and += as two bodies (the += one with reductions): measured within 1% of one body on =,
-    // 7-21% faster on += than a load-add-store per pair (docs/perf.md)
-    if (accumulate) mmq_wgmma_q6k_body<true>(Xq, Tx, Wq, Tw, C, M, N, K, dp, ws, flags);
-    else mmq_wgmma_q6k_body<false>(Xq, Tx, Wq, Tw, C, M, N, K, dp, ws, flags);
+              int N, int K, int dp, float4* ws, int* flags) {
+    mmq_wgmma_q6k_body<false>(Xq, Tx, Wq, Tw, C, M, N, K, dp, ws, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+mmq_wgmma_q6k_acc(const uint8_t* __restrict__ Xq, const uint8_t* __restrict__ Tx,
+                  const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
+                  int N, int K, int dp, float4* ws, int* flags) {
+    mmq_wgmma_q6k_body<true>(Xq, Tx, Wq, Tw, C, M, N, K, dp, ws, flags);
 }

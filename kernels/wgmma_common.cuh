@@ -168,13 +168,18 @@ __device__ __forceinline__ void sk_add(const float4* ws, int* flags, float* acc)
     }
 }
 
-// The epilogue stores of both wgmma MMQ kernels, C[p], C[p + 1] = v (store_c2) or += v (red_c2):
+// The epilogue stores of both wgmma MMQ kernels, C[p], C[p + 1] = v (store_c2) or += v (red_c2;
+// load_c2 reads them, for mmq_wgmma_q4k's load-add-store path):
 // one float2 access when `pair` (p 8-byte aligned and p + 1 in range), else scalars, the second
 // only when `second` (p + 1 in range); p itself must be in range. C += runs as fire-and-forget
 // reductions (red.global.add: one add per element, rounded as a load-add-store would, except
 // that a subnormal sum flushes to zero). A load-add-store per pair waited for each load in turn
 // (a load after a store to C cannot move above it: nothing proves the addresses apart): 32
 // global round trips per thread and tile, ~20 us a wave at 1 block per SM.
+__device__ __forceinline__ float2 load_c2(const float* p, bool pair, bool second) {
+    if (pair) return *reinterpret_cast<const float2*>(p);
+    return make_float2(p[0], second ? p[1] : 0.f);
+}
 __device__ __forceinline__ void red_c2(float* p, float2 v, bool pair, bool second) {
     if (pair) {
         asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(v.x), "f"(v.y) : "memory");

@@ -224,15 +224,15 @@ class CudaBackend:
         M, K = A.shape
         N = C.shape[1]
         path = self.routes[member or name][0]
+        if path != "f16" and mode == "f16":
+            raise Unsupported(f"{name}: MMQ writes f32, but this GEMM needs f16 output "
+                              "(plan_routes keeps such weights on f16)")
+        if path != "f16" and q8 is None:   # (its own op: not inside the GEMM's events)
+            q8 = self._quantize(A, member or name)
         with self._op("gemm:" + label, 2.0 * M * N * K):
             if path == "f16":
                 _gemm(self.rt, C, A, self.w[name], mode)
                 return
-            if mode == "f16":
-                raise Unsupported(f"{name}: MMQ writes f32, but this GEMM needs f16 output "
-                                  "(plan_routes keeps such weights on f16)")
-            if q8 is None:
-                q8 = self._quantize(A, member or name)
             from minfer.cuda.mmq import Q6_K, mmq_linear
 
             if mode != "acc":

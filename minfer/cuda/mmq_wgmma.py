@@ -312,18 +312,19 @@ def sk_workspace(rt):
     return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4), rt.sm_count * SK_SLOT_BYTES)
 
 
-def _launch(rt, name: str, smem: int, tiles: int, KT: int, args, build_opts: tuple,
+def _launch(rt, entry: str, name: str, smem: int, tiles: int, KT: int, args, build_opts: tuple,
             stream_k: bool, sms: int | None) -> None:
+    """One launch of kernels/<name>.cu's `entry` (the C = or the C += one)."""
     _, persist, sk = _geometry(build_opts)
     if smem > rt.smem_optin:
-        raise GPUError(f"{name}: {smem} B of shared memory needed, over this GPU's opt-in cap "
+        raise GPUError(f"{entry}: {smem} B of shared memory needed, over this GPU's opt-in cap "
                        f"of {rt.smem_optin} B")
     nvcc = tuple(o for o in build_opts if o.partition("=")[0] not in _GEOMETRY_ONLY)
-    fn = rt.function(name, name, (*_OPTS, *nvcc), dyn_smem=smem)
+    fn = rt.function(name, entry, (*_OPTS, *nvcc), dyn_smem=smem)
     sms = rt.sm_count if sms is None else min(int(sms), rt.sm_count)
     grid, dp = schedule(tiles, sms, persist, stream_k and sk)
     if (tiles - dp) * KT >= 2**31:
-        raise GPUError(f"{name}: too many stream-K units ({tiles - dp} tiles x {KT} stages)")
+        raise GPUError(f"{entry}: too many stream-K units ({tiles - dp} tiles x {KT} stages)")
     ws, flags = sk_workspace(rt)
     rt.launch(fn, (grid,), (256,), (*args, np.int32(dp), ws, flags), smem)
 
@@ -357,9 +358,12 @@ def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
     else:                 # tiles: 128 tokens x 128 rows
         name, smem, bm = "mmq_wgmma_q4k", wgmma_smem(WG_BN, stages), WG_BM
     tiles = -(-M // bm) * -(-N // WG_BN)   # Q6_BN == WG_BN
-    _launch(rt, name, smem, tiles, K // WG_BK,
+    # C += runs the _acc entry (reductions into C); the q4_K entries also take the flag (their
+    # comment in mmq_wgmma_q4k.cu says why)
+    flag = (np.int32(1 if accumulate else 0),) if w.qtype == Q4_K else ()
+    _launch(rt, name + ("_acc" if accumulate else ""), name, smem, tiles, K // WG_BK,
             (da.arg(a), da.arg(t), da.arg(w.wq), da.arg(w.tw), da.arg(out), np.int32(M),
-             np.int32(N), np.int32(K), np.int32(1 if accumulate else 0)), build_opts, stream_k, sms)
+             np.int32(N), np.int32(K), *flag), build_opts, stream_k, sms)
 
 
 __all__ = ["WgmmaWeight", "WgmmaQ4K", "WgmmaQ6K", "repack", "repack_q4k", "repack_q6k",
