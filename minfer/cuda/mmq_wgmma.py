@@ -184,11 +184,9 @@ def _operands(qtype: int, M: int, K: int):
             ("aq", "ta"))
 
 
-def _split(rt, qtype: int, what: str, x, a=None, t=None):
-    """The prepass of `qtype`'s split layout, into a / t when given (a fresh table is zeroed,
-    so its padding tokens are 0)."""
-    da.check(f"{what} x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
-    M, K = x.shape
+def _split_outputs(rt, qtype: int, what: str, M: int, K: int, a, t):
+    """(a, t, entry, extra args) of a split prepass of [M, K]: the outputs given or made (a
+    fresh table is zeroed, so its padding tokens are 0), checked; the entry's base name."""
     a_shape, t_shape, t_dtype, entry, kmul, (an, tn) = _operands(qtype, M, K)
     if K % kmul or M <= 0:
         raise GPUError(f"{what}: need M >= 1 and K a multiple of {kmul}, got M={M} K={K}")
@@ -199,6 +197,14 @@ def _split(rt, qtype: int, what: str, x, a=None, t=None):
     da.check(f"{what} {an}", a, a_shape, np.uint8, align=16)
     da.check(f"{what} {tn}", t, t_shape, t_dtype, align=16)
     extra = (np.int32(t_shape[1]),) if int(qtype) == Q4_K else ()   # q4_K: Ta's row count Mp
+    return a, t, entry, extra
+
+
+def _split(rt, qtype: int, what: str, x, a=None, t=None):
+    """The prepass of `qtype`'s split layout, into a / t when given."""
+    da.check(f"{what} x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
+    M, K = x.shape
+    a, t, entry, extra = _split_outputs(rt, qtype, what, M, K, a, t)
     launch_prepass(rt, entry, x, (da.arg(a), da.arg(t), np.int32(M), np.int32(K), *extra))
     return a, t
 
@@ -220,18 +226,9 @@ def split_swiglu(rt, qtype: int, g, u=None, a=None, t=None):
         M, F = g.shape
         da.check(f"{what} u", u, (M, F), np.float32)
         ldg, gp, up = F, da.ptr(g), da.ptr(u)
-    a_shape, t_shape, t_dtype, entry, kmul, (an, tn) = _operands(qtype, M, F)
-    if F % kmul or M <= 0:
-        raise GPUError(f"{what}: need M >= 1 and F a multiple of {kmul}, got M={M} F={F}")
     if gp % 16 or up % 16 or ldg % 4:
         raise GPUError(f"{what}: gate / up rows not 16-byte aligned")
-    if a is None:
-        a = da.empty(rt, a_shape, np.uint8, f"q8_1 activations ({what})")
-    if t is None:
-        t = _zeroed(rt, t_shape, t_dtype, f"q8_1 tables ({what})")
-    da.check(f"{what} {an}", a, a_shape, np.uint8, align=16)
-    da.check(f"{what} {tn}", t, t_shape, t_dtype, align=16)
-    extra = (np.int32(t_shape[1]),) if int(qtype) == Q4_K else ()
+    a, t, entry, extra = _split_outputs(rt, qtype, what, M, F, a, t)
     fn = rt.function("quantize_q8_1", entry + "_swiglu")
     nblk = M * (F // 32)   # 8 lanes per 32-value block, 32 blocks per 256-thread CTA
     rt.launch(fn, ((nblk + 31) // 32,), (256,), (np.uintp(gp), np.uintp(up), np.int64(ldg),
