@@ -154,8 +154,19 @@ def breakdown(backend, model, n: int) -> str:
         backend.profile = None
         backend.reset()
     wall_ms = (time.perf_counter() - t0) * 1e3
-    ceil = INT8_CEIL if "mmq" in backend.name else F16_CEIL
-    lines = [f"per-op breakdown, {backend.name}, {n} tokens (CUDA events, summed over layers; "
+    return breakdown_table(backend.name, n, tot, wall_ms)
+
+
+# non-GEMM ops with a row of their own in the breakdown (MMQ: the activation prepasses)
+NAMED_OPS = ("attention", "q8_1 prepass", "swiglu", "swiglu+q8_1")
+
+
+def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> str:
+    """The per-op table of one profiled prefill: tot = OpProfile.collect() (label -> [ms,
+    flops, calls]); GEMMs by time with TFLOP/s against the path's ceiling, then NAMED_OPS
+    (attention always), then the rest of the events (norms, rope, embedding)."""
+    ceil = INT8_CEIL if "mmq" in name else F16_CEIL
+    lines = [f"per-op breakdown, {name}, {n} tokens (CUDA events, summed over layers; "
              f"ceiling {ceil / 1e12:.0f} TFLOP/s):",
              "| op | calls | µs | % | TFLOP/s | of ceiling |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -168,8 +179,8 @@ def breakdown(backend, model, n: int) -> str:
             tf = flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
             lines.append(f"| {label} | {cnt} | {ms * 1e3:,.0f} | {100 * ms / ev_ms:.1f} | "
                          f"{tf:,.1f} | {tf * 1e12 / ceil:.2f} |")
-    named = 0.0   # the non-GEMM ops with a row of their own (MMQ: the activation prepasses)
-    for label in ("attention", "q8_1 prepass", "swiglu", "swiglu+q8_1"):
+    named = 0.0
+    for label in NAMED_OPS:
         ms, _, cnt = tot.get(label, [0.0, 0, 0])
         if cnt or label == "attention":
             named += ms
