@@ -13,8 +13,9 @@ import pytest
 from minfer.cuda.config import GemmConfig
 from minfer.cuda.dispatch import pick_gemm
 from minfer.cuda.mmq import pick_variant
-from minfer.cuda.mmq_wgmma import (SK_SLOT_BYTES, schedule, sk_items, split6_scratch_bytes, split_scratch_bytes, wgmma6_smem,
+from minfer.cuda.mmq_wgmma import (split6_scratch_bytes, split_scratch_bytes, wgmma6_smem,
                                    wgmma_smem, wgmma_weight_bytes)
+from minfer.cuda.stream_k import SK_SLOT_BYTES, schedule, sk_items
 from minfer.quants.mmq_ref import Q4_K, Q6_K, decode_q4k, decode_q6k, mmq_linear_ref
 from minfer.quants.mmq_wgmma_ref import (pad_rows, repack_q4k_ref, repack_q6k_ref,
                                          split6_q8_1_ref, split_q8_1_ref, unblock_q6k_tables)

@@ -26,6 +26,7 @@ import numpy as np
 
 from minfer.cuda import devarray as da
 from minfer.cuda.mmq import launch_prepass
+from minfer.cuda.stream_k import schedule, sk_workspace
 from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import Q6_BK, Q6_BN, Q6_BT, Q6_TWB, Q6_TXB, TPAD, pad_rows
 
@@ -34,7 +35,6 @@ Q4_K, Q6_K = 12, 14
 WG_BN, WG_STAGES, WG_BM, WG_BK = 128, 3, 128, 128
 WG_PERSIST = True    # grid <= one block per SM, each walking its work items (A/B: -DMMQ_WG_PERSIST=0)
 WG_STREAM_K = True   # the last 1-2 waves' tiles split by k-stages (A/B: -DMMQ_WG_SK=0)
-SK_SLOT_BYTES = 256 * 64 * 4   # one block's partial sums (256 threads x 64 f32, q4_K's tile)
 _GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK")   # A/B options the launcher reads, not nvcc
 _OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
 
@@ -264,51 +264,6 @@ def _geometry(build_opts: tuple) -> tuple[int, bool, bool]:
     return stages, persist, sk
 
 
-def schedule(tiles: int, sms: int, persist: bool = True, stream_k: bool = True) -> tuple[int, int]:
-    """(grid, dp) of a wgmma MMQ launch: `dp` tiles run data-parallel, round-robin over the
-    grid, and the rest stream-K (the kernels' wgmma::TileSched). Persistent: grid = min(tiles,
-    sms). With stream-K and a ragged last wave, the last 1-2 waves' tiles (between grid and
-    2 * grid of them) are split by k-stages evenly over the grid, so every block's share is at
-    least one tile's stages and a split tile has exactly two parts; otherwise dp = tiles."""
-    if not persist:
-        return tiles, tiles
-    grid = min(tiles, sms)
-    waves, rem = divmod(tiles, grid)
-    if not stream_k or rem == 0:
-        return grid, tiles
-    return grid, (waves - 1) * grid
-
-
-def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, int, int]]]:
-    """The Python twin of wgmma::TileSched::next (the same integer formulas): per block, its
-    work items (tile, k0, k1) in the order it runs them. tests/test_mmq_wgmma.py checks that
-    they cover every (tile, stage) once, with at most two parts per tile."""
-    U = (tiles - dp) * KT
-    out = []
-    for b in range(grid):
-        ndp = (dp - b + grid - 1) // grid if dp > b else 0
-        items = [(b + i * grid, 0, KT) for i in range(ndp)]
-        u0, u1 = U * b // grid, U * (b + 1) // grid
-        j = 0
-        while True:
-            u = u0 if j == 0 else (u0 // KT + j) * KT
-            if u >= u1:
-                break
-            k0 = u % KT
-            items.append((dp + u // KT, k0, min(KT, k0 + (u1 - u))))
-            j += 1
-        out.append(items)
-    return out
-
-
-def sk_workspace(rt):
-    """(partials, flags) of the stream-K launches: SK_SLOT_BYTES per SM and one int32 flag per
-    SM, zeroed once and kept by the runtime (the kernels clear every flag they raise, so graph
-    replays need no reset). Made at the first wgmma launch, an eager one (never while a CUDA
-    graph is being captured: the engine's first forward of a shape runs eagerly)."""
-    return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4), rt.sm_count * SK_SLOT_BYTES)
-
-
 def _launch(rt, entry: str, name: str, smem: int, tiles: int, KT: int, args, build_opts: tuple,
             stream_k: bool, sms: int | None) -> None:
     """One launch of kernels/<name>.cu's `entry` (the C = or the C += one)."""
@@ -366,5 +321,4 @@ def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
 __all__ = ["WgmmaWeight", "WgmmaQ4K", "WgmmaQ6K", "repack", "repack_q4k", "repack_q6k",
            "split_q8_1", "split6_q8_1", "split_swiglu", "mmq_wgmma_linear", "wgmma_smem",
            "wgmma6_smem", "wgmma_weight_bytes", "split_scratch_bytes", "split_views",
-           "split6_scratch_bytes", "split6_views", "TPAD", "schedule", "sk_items", "sk_workspace",
-           "SK_SLOT_BYTES"]
+           "split6_scratch_bytes", "split6_views", "TPAD"]

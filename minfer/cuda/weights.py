@@ -50,8 +50,9 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     sms: the GPU's SM count (the wgmma kernels' stream-K workspace, one slot per SM)."""
     c = model.config
     m = model
-    from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, SK_SLOT_BYTES, split6_scratch_bytes,
-                                       split_scratch_bytes, wgmma_weight_bytes)
+    from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_scratch_bytes, split_scratch_bytes,
+                                       wgmma_weight_bytes)
+    from minfer.cuda.stream_k import SK_SLOT_BYTES
     from minfer.cuda.routes import plan_fusion
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight

@@ -119,7 +119,8 @@ def test_stream_k(hopper, qtype, M, N, K, cap):
     same sums as whole tiles up to f32 reassociation, and bitwise the same output on a second
     launch (a fixed summation order; the flags the first launch raised were all cleared)."""
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack, schedule
+    from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack
+    from minfer.cuda.stream_k import schedule
     from minfer.quants.mmq_ref import mmq_linear_ref
 
     rt = hopper

@@ -1,0 +1,59 @@
+"""The tile schedule of the persistent wgmma MMQ kernels (kernels/wgmma_common.cuh TileSched,
+sk_put / sk_add): whole waves of tiles round-robin over the grid, then stream-K over the last
+1-2 waves' worth. `schedule` is the launcher's choice, `sk_items` the Python twin of the
+kernels' per-block work items (tests/test_mmq_wgmma.py checks that they cover every stage of
+every tile once, with at most two parts per tile), `sk_workspace` the partial-sum slots and
+flags. docs/mmq.md "Work items".
+"""
+
+from __future__ import annotations
+
+SK_SLOT_BYTES = 256 * 64 * 4   # one block's partial sums (256 threads x 64 f32, q4_K's tile)
+
+
+def schedule(tiles: int, sms: int, persist: bool = True, stream_k: bool = True) -> tuple[int, int]:
+    """(grid, dp) of a wgmma MMQ launch: `dp` tiles run data-parallel, round-robin over the
+    grid, and the rest stream-K (the kernels' wgmma::TileSched). Persistent: grid = min(tiles,
+    sms). With stream-K and a ragged last wave, the last 1-2 waves' tiles (between grid and
+    2 * grid of them) are split by k-stages evenly over the grid, so every block's share is at
+    least one tile's stages and a split tile has exactly two parts; otherwise dp = tiles."""
+    if not persist:
+        return tiles, tiles
+    grid = min(tiles, sms)
+    waves, rem = divmod(tiles, grid)
+    if not stream_k or rem == 0:
+        return grid, tiles
+    return grid, (waves - 1) * grid
+
+
+def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, int, int]]]:
+    """The Python twin of wgmma::TileSched::next (the same integer formulas): per block, its
+    work items (tile, k0, k1) in the order it runs them. tests/test_mmq_wgmma.py checks that
+    they cover every (tile, stage) once, with at most two parts per tile."""
+    U = (tiles - dp) * KT
+    out = []
+    for b in range(grid):
+        ndp = (dp - b + grid - 1) // grid if dp > b else 0
+        items = [(b + i * grid, 0, KT) for i in range(ndp)]
+        u0, u1 = U * b // grid, U * (b + 1) // grid
+        j = 0
+        while True:
+            u = u0 if j == 0 else (u0 // KT + j) * KT
+            if u >= u1:
+                break
+            k0 = u % KT
+            items.append((dp + u // KT, k0, min(KT, k0 + (u1 - u))))
+            j += 1
+        out.append(items)
+    return out
+
+
+def sk_workspace(rt):
+    """(partials, flags) of the stream-K launches: SK_SLOT_BYTES per SM and one int32 flag per
+    SM, zeroed once and kept by the runtime (the kernels clear every flag they raise, so graph
+    replays need no reset). Made at the first wgmma launch, an eager one (never while a CUDA
+    graph is being captured: the engine's first forward of a shape runs eagerly)."""
+    return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4), rt.sm_count * SK_SLOT_BYTES)
+
+
+__all__ = ["SK_SLOT_BYTES", "schedule", "sk_items", "sk_workspace"]
