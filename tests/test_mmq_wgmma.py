@@ -297,3 +297,20 @@ def test_stream_k_and_fused_prepass_config():
 
     assert gemm_config(mmq=True, mmq_stream_k=False, mmq_fused_prepass=False, env={}) == \
         GemmConfig(mmq=True, stream_k=False, fused_prepass=False)
+
+
+@pytest.mark.parametrize("qtype", [Q4_K, Q6_K])
+def test_split_swiglu_ref(qtype):
+    """The swiglu prepass twin: the fused [gate | up] and separate inputs agree, and it is the
+    split twin of the f16-rounded swiglu (what the unfused engine feeds the prepass)."""
+    from minfer.quants.mmq_wgmma_ref import split_swiglu_ref
+    from minfer.reference.ops import swiglu
+
+    rng = np.random.default_rng(4)
+    g, u = (3 * rng.standard_normal((2, 70, 256))).astype(np.float32)
+    fused = split_swiglu_ref(qtype, np.concatenate([g, u], axis=1))
+    apart = split_swiglu_ref(qtype, g, u)
+    x = swiglu(g, u).astype(np.float16).astype(np.float32)
+    split = split6_q8_1_ref if qtype == Q6_K else split_q8_1_ref
+    for a, b, c in zip(fused, apart, split(x)):
+        assert np.array_equal(a, b) and np.array_equal(a, c)

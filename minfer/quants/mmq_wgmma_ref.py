@@ -25,6 +25,8 @@ q6_K (scales per 16 values: each wgmma half-step sees one 16-half through zero p
   q+128 of half 1], and Tx uint8 [Mp/64, K/128, 5120]: per (64-token tile, 128-k stage) a block
   TD f32 [4][64] = da * 2^75, then TS uint32 [8][64][2] = da * A_h (A_h the half's sum of q) as
   tf32 (hi, lo). Mp = M rounded up to 64; rows >= M zero.
+- `split_swiglu_ref(qtype, g, u=None)`: the split / split6 operand of x = f16(silu(g) * u), the
+  ffn_down input that the swiglu launch quantizes itself (u None: g = [gate | up]).
 - `repack_q6k_ref(w_raw, N, K)`: Wq uint8 [N, K] = q (0..63) and Tw uint8 [Np/128, K/128, 16384]:
   per (128-row tile, stage) TB f32 [4][128][4] = (d*sc0 * 2^74, d*sc1 * 2^74,
   (f32(sc0*Q0 + sc1*Q1) * d) * -2^-68, 0) with Q_h the half's sum of q, then TM uint32
@@ -132,6 +134,21 @@ def split6_q8_1_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                          np.ascontiguousarray(ts_b).reshape(MT, KT, -1).view(np.uint8)], -1)
     assert tx.shape[-1] == Q6_TXB
     return xq.reshape(M, 2 * K), tx
+
+
+def split_swiglu_ref(qtype: int, g: np.ndarray, u: np.ndarray | None = None):
+    """Twin of minfer.cuda.mmq_wgmma.split_swiglu: the split (q4_K, 12) / split6 (q6_K, 14)
+    operand of x = f16(silu(g) * u), g, u f32 [M, F] (u None: g = [gate | up], [M, 2F]).
+    The device rounds silu with expf, so a value within an ulp of an f16 rounding boundary can
+    land on the other side; tests/gpu compare the device bytes to the device swiglu + prepass
+    bitwise, and to this twin value by value."""
+    from minfer.reference.ops import swiglu
+
+    g = np.asarray(g, np.float32)
+    if u is None:
+        g, u = np.split(g, 2, axis=1)
+    x = swiglu(g, np.asarray(u, np.float32)).astype(np.float16).astype(np.float32)
+    return split6_q8_1_ref(x) if int(qtype) == 14 else split_q8_1_ref(x)
 
 
 def repack_q6k_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
