@@ -42,10 +42,6 @@
 #include "mmq_common.cuh"
 #include "wgmma_common.cuh"
 
-#ifndef MMQ_WG_STAGES
-#define MMQ_WG_STAGES 3
-#endif
-
 namespace {
 using gemm_f16::cp_async16;
 using gemm_f16::smem_u32;

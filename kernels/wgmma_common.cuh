@@ -9,6 +9,10 @@
 
 #include "gemm_f16_common.cuh"   // cp_async_wait / cp_async_commit
 
+#ifndef MMQ_WG_STAGES   // the cp.async ring depth of the wgmma MMQ kernels (A/B: -DMMQ_WG_STAGES=4)
+#define MMQ_WG_STAGES 3
+#endif
+
 namespace wgmma {
 
 __device__ __forceinline__ void fence_proxy_async() {

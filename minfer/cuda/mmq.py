@@ -125,8 +125,14 @@ def launch_prepass(rt, entry: str, x, args: tuple) -> None:
     if da.ptr(x) % need:
         raise GPUError(f"{entry}: activations at a {need}-byte unaligned address")
     fn = rt.function("quantize_q8_1", entry if x.dtype == np.float32 else entry + "_f16")
+    launch_prepass_fn(rt, fn, M, K, (da.arg(x), *args))
+
+
+def launch_prepass_fn(rt, fn, M: int, K: int, args: tuple) -> None:
+    """The geometry of every quantize_q8_1.cu entry over [M, K]: 8 lanes per 32-value block,
+    32 blocks per 256-thread CTA."""
     nblk = M * (K // 32)
-    rt.launch(fn, ((nblk + 31) // 32,), (256,), (da.arg(x), *args))
+    rt.launch(fn, ((nblk + 31) // 32,), (256,), args)
 
 
 def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,

@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 
 from minfer.cuda import devarray as da
-from minfer.cuda.mmq import launch_prepass
+from minfer.cuda.mmq import launch_prepass, launch_prepass_fn
 from minfer.cuda.stream_k import schedule, sk_workspace
 from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import Q6_BK, Q6_BN, Q6_BT, Q6_TWB, Q6_TXB, TPAD, pad_rows
@@ -230,10 +230,8 @@ def split_swiglu(rt, qtype: int, g, u=None, a=None, t=None):
         raise GPUError(f"{what}: gate / up rows not 16-byte aligned")
     a, t, entry, extra = _split_outputs(rt, qtype, what, M, F, a, t)
     fn = rt.function("quantize_q8_1", entry + "_swiglu")
-    nblk = M * (F // 32)   # 8 lanes per 32-value block, 32 blocks per 256-thread CTA
-    rt.launch(fn, ((nblk + 31) // 32,), (256,), (np.uintp(gp), np.uintp(up), np.int64(ldg),
-                                                 da.arg(a), da.arg(t), np.int32(M), np.int32(F),
-                                                 *extra))
+    launch_prepass_fn(rt, fn, M, F, (np.uintp(gp), np.uintp(up), np.int64(ldg), da.arg(a),
+                                     da.arg(t), np.int32(M), np.int32(F), *extra))
     return a, t
 
 
