@@ -13,6 +13,10 @@
 //            32 zeros | q+128 of values 16..31]; Tx one 5 KB block per (64-token tile, 128-k
 //            stage) at (m/64 * K/128 + kt) * 5120: TD float [4 chunks][64] = d * 2^75, then TS
 //            uint2 [8 halves][64] = d * (sum of the half's q) as tf32 (hi, lo). K % 128 == 0.
+//          quantize_q8s_split(_f16)(x, uint8_t* Aq, float2* Ta, int M, int K, int Mp): the
+//            split layout with one scale per 256 values (q8s, for mmq_sb_q4k.cu): Aq as above,
+//            Ta [K/32, Mp] = (d * 2^75, d * s) with d the 256-block's f16-rounded scale (the
+//            same for its 8 chunks) and s the chunk's sum; one warp per 256, K % 256 == 0.
 //          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
 //          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
 //            x = f16(silu(g) * u) (g, u f32 rows of stride ldg, 16-byte aligned, ldg % 4 == 0),
@@ -150,6 +154,52 @@ __device__ __forceinline__ void quantize_split6(const Src& x, uint8_t* Xq, uint8
         tf32_split(d * (float)r.hs, hi, lo);
         reinterpret_cast<uint2*>(blk + 1024)[(2 * cc + h) * 64 + tm] = make_uint2(hi, lo);
     }
+}
+
+// q8s: one scale per 256 values (a super-block, llama.cpp's q8_K grouping) for mmq_sb_q4k.cu,
+// with q8_1's rounding rules. One warp per super-block, 8 values per lane (chunk = lane / 4).
+template <class T>
+__device__ __forceinline__ void quantize_q8s_split(const T* x, uint8_t* Aq, float2* Ta, int M,
+                                                   int K, int Mp) {
+    const long long nsb = (long long)M * (K / 256);
+    const long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int l = threadIdx.x & 31;
+    const long long i = (b < nsb ? b : nsb - 1) * 256 + 8 * l;
+    float v[8];
+    load4(x, i, *reinterpret_cast<float(*)[4]>(&v[0]));
+    load4(x, i + 4, *reinterpret_cast<float(*)[4]>(&v[4]));
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = __fdiv_rn(amax, 127.0f);
+    int q[8], s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], d));
+        s += q[k];
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);   // the 32-chunk's sum (4 lanes)
+    if (b >= nsb) return;
+    const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
+    *reinterpret_cast<uint2*>(Aq + i) = make_uint2(pack4(lo, 128), pack4(hi, 128));
+    if ((l & 3) == 0) {
+        const long long m = b / (K / 256), j = b % (K / 256) * 8 + l / 4;
+        const float dh = __half2float(__float2half_rn(d));
+        Ta[j * Mp + m] = make_float2(dh * 0x1p75f, dh * (float)s);
+    }
+}
+
+extern "C" __global__ void quantize_q8s_split(const float* x, uint8_t* Aq, float2* Ta, int M,
+                                              int K, int Mp) {
+    quantize_q8s_split<float>(x, Aq, Ta, M, K, Mp);
+}
+
+extern "C" __global__ void quantize_q8s_split_f16(const __half* x, uint8_t* Aq, float2* Ta, int M,
+                                                  int K, int Mp) {
+    quantize_q8s_split<__half>(x, Aq, Ta, M, K, Mp);
 }
 
 extern "C" __global__ void quantize_q8_1_raw(const float* x, uint8_t* y, int M, int K) {

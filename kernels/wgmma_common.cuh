@@ -36,7 +36,14 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
     return d;
 }
 
-// ---- int8 MMQ pieces (mmq_wgmma_q4k.cu, mmq_wgmma_q6k.cu) ----
+// K-major operand without swizzle: 8-row x 16-byte core matrices (128 contiguous bytes), `lbo`
+// bytes from a core matrix to the next along k, `sbo` bytes to the next 8 rows.
+__device__ __forceinline__ uint64_t plain_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) |
+           static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32;
+}
+
+// ---- int8 MMQ pieces (mmq_wgmma_q4k.cu, mmq_wgmma_q6k.cu, mmq_sb_q4k.cu) ----
 
 // d[32] = A (64x32 u8, smem desc) * B (32x64 u8, smem desc), both K-major, s32 (scale-d 0)
 __device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
@@ -51,6 +58,11 @@ template <int R>
 __device__ __forceinline__ void fence_regs(int (&d)[R]) {  // D reads stay after the wait
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // d (f32 [4]) += A (16x4 tf32, row) x B (4x8 tf32, col): a0 = A[g][t], a1 = A[g+8][t],

@@ -21,6 +21,21 @@ Q8_1_RAW = np.dtype([("d", "<f2"), ("pad", "<u2"), ("q", "i1", (32,)), ("s", "<i
 assert Q8_1_RAW.itemsize == BLOCK_BYTES and Q8_1_RAW.fields["s"][1] == 36
 
 
+def q8_blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """x f32 [M, K] (K % block == 0) -> (d f32 [M, K/block] = amax/127, q int8 [M, K]): the
+    prepass's quantization of each `block` values (32: q8_1; 256: q8s), d unrounded."""
+    M, K = x.shape
+    xb = x.astype(np.float32, copy=False).reshape(M, K // block, block)
+    amax = np.abs(xb).max(axis=-1)                       # f32
+    d = amax / np.float32(127)                           # f32 division, like `amax / 127`
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = xb / d[..., None]                            # f32 division, like `xi / d`
+    # roundf: half away from zero; exact in f64 since |v| <= 127 (+ a rounding ulp)
+    v64 = v.astype(np.float64)
+    q = np.where(amax[..., None] == 0, 0.0, np.sign(v64) * np.floor(np.abs(v64) + 0.5))
+    return d, q.astype(np.int8).reshape(M, K)
+
+
 def quantize_q8_1_raw(x: np.ndarray) -> np.ndarray:
     """x: f32 [M, K] (K % 32 == 0) -> uint8 [M, K/32*40], bit-identical to the CUDA prepass."""
     x = np.asarray(x)
@@ -28,15 +43,8 @@ def quantize_q8_1_raw(x: np.ndarray) -> np.ndarray:
         raise BadInput(f"quantize_q8_1_raw: x must be [M, K] with K a multiple of 32, "
                        f"got shape {x.shape}")
     M, K = x.shape
-    xb = x.astype(np.float32, copy=False).reshape(M, K // QK8_1, QK8_1)
-    amax = np.abs(xb).max(axis=-1)                       # [M, K/32] f32
-    d = amax / np.float32(127)                           # f32 division, like `amax / 127`
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = xb / d[..., None]                            # f32 division, like `xi / d`
-    # roundf: half away from zero; exact in f64 since |v| <= 127 (+ a rounding ulp)
-    v64 = v.astype(np.float64)
-    q = np.where(amax[..., None] == 0, 0.0, np.sign(v64) * np.floor(np.abs(v64) + 0.5))
-    q = q.astype(np.int8)
+    d, q = q8_blocks(x, QK8_1)
+    q = q.reshape(M, K // QK8_1, QK8_1)
     out = np.zeros((M, K // QK8_1), dtype=Q8_1_RAW)
     out["d"] = d.astype(np.float16)
     out["q"] = q

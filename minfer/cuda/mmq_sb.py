@@ -1,0 +1,122 @@
+"""Launchers for the super-block MMQ path (kernels/mmq_sb_q4k.cu, repack_q4k_sb in
+mmq_repack.cu, the q8s split entries of quantize_q8_1.cu).
+
+    y[M, N] (f32) = q8s(x)[M, K] @ W[N, K].T, W q4_K, with the activations quantized per 256
+    values (one scale per token and super-block) instead of q8_1's 32: the numpy oracle is
+    minfer.quants.mmq_sb_ref.mmq_sb_linear_ref, the bit-exact operand twins live there too.
+
+Why: with one activation scale per super-block, the tensor core sums all 8 chunks of a q4_K
+super-block in integers (two u8 weight planes carry the sub-scale: sc = 8a + b, P0 = a v,
+P1 = b v), so the epilogue is 3 FFMA per C value per 256 k instead of 2 per 32 k. Weight:
+2 bytes per value (the planes) plus 24 B of tables per 256.
+Block tile 128 tokens x 128 weight rows, 2 warpgroups of 64 x 128, 3 stages of 128 k,
+persistent with stream-K over super-blocks (minfer.cuda.stream_k). sm_90 only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minfer.cuda import devarray as da
+from minfer.cuda.mmq_wgmma import _check_raw, _launch, _zeroed
+from minfer.errors import GPUError
+from minfer.quants.mmq_wgmma_ref import pad_rows
+
+Q4_K = 12
+SB_BM, SB_BN, SB_BK, SB_STAGES = 128, 128, 128, 3
+
+
+def sb_smem(stages: int = SB_STAGES) -> int:
+    """Dynamic smem of mmq_sb_q4k (SbSmem<STAGES>::BYTES): per stage A 128 x 128 B, the planes
+    2 x 128 x 128 B, Ta 4 x 128 x 8 B, Ts 128 x 16 B, a Tm block of 8 x 128 x 8 B (filled on
+    a super-block's second stage); + 1 KB alignment."""
+    return stages * (SB_BM * SB_BK + 2 * SB_BN * SB_BK + 4 * SB_BM * 8 + SB_BN * 16
+                     + 8 * SB_BN * 8) + 1024
+
+
+def sb_table_bytes(N: int, K: int) -> int:
+    """Ts (16 B per row and super-block) then Tm (8 B per row and chunk), rows padded."""
+    return pad_rows(N) * (K // 256 * 16 + K // 32 * 8)
+
+
+@dataclass
+class SbQ4K:
+    """A q4_K weight [N, K] in the SB layout: planes wp uint8 [2, N, K], tables tw uint8."""
+    wp: object
+    tw: object
+    N: int
+    K: int
+    qtype = Q4_K
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.wp.nbytes + self.tw.nbytes)
+
+    def free(self) -> None:
+        for a in (self.wp, self.tw):
+            a.gpudata.free()
+
+
+def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
+    """raw q4_K device bytes [N, K/256*144] (any shape, 16-byte aligned) -> SbQ4K."""
+    _check_raw("repack_q4k_sb", w_raw, N, K, 144, 16)
+    r = SbQ4K(da.empty(rt, (2, N, K), np.uint8, f"sb planes {what}"),
+              _zeroed(rt, (sb_table_bytes(N, K),), np.uint8, f"sb tables {what}"), N, K)
+    fn = rt.function("mmq_repack", "repack_q4k_sb")
+    n = N * (K // 256)
+    rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wp), da.arg(r.tw),
+                                               np.int32(N), np.int32(K), np.int32(pad_rows(N))))
+    return r
+
+
+def split_q8s(rt, x, aq=None, ta=None):
+    """x f32 / f16 [M, K] (K % 256 == 0) -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the SB
+    operand (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0)."""
+    what = "split_q8s"
+    da.check(f"{what} x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
+    M, K = x.shape
+    if K % 256 or M <= 0:
+        raise GPUError(f"{what}: need M >= 1 and K a multiple of 256, got M={M} K={K}")
+    need = 16 if x.dtype == np.float32 else 8
+    if da.ptr(x) % need:
+        raise GPUError(f"{what}: activations at a {need}-byte unaligned address")
+    t_shape = (K // 32, pad_rows(M), 2)
+    aq = da.empty(rt, (M, K), np.uint8, f"q8s activations ({what})") if aq is None else aq
+    ta = _zeroed(rt, t_shape, np.float32, f"q8s tables ({what})") if ta is None else ta
+    da.check(f"{what} aq", aq, (M, K), np.uint8, align=16)
+    da.check(f"{what} ta", ta, t_shape, np.float32, align=16)
+    fn = rt.function("quantize_q8_1", "quantize_q8s_split" + ("_f16" if need == 8 else ""))
+    nsb = M * (K // 256)   # one warp per super-block, 8 per CTA
+    rt.launch(fn, ((nsb + 7) // 8,), (256,), (da.arg(x), da.arg(aq), da.arg(ta), np.int32(M),
+                                             np.int32(K), np.int32(t_shape[1])))
+    return aq, ta
+
+
+def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool = False,
+                  build_opts: tuple = (), stream_k: bool = True, sms: int | None = None) -> None:
+    """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (split here) or its split
+    (aq, ta). stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
+    if not isinstance(w, SbQ4K) or (w.N, w.K) != (N, K):
+        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K of [{N}, {K}]")
+    if M <= 0 or K % 256:
+        raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
+    if M * K >= 2**31 or 2 * N * K >= 2**31 or M * N >= 2**31:
+        raise GPUError("mmq_sb_linear: problem too large (32-bit offsets)")
+    if isinstance(x, tuple):
+        aq, ta = x
+        da.check("mmq_sb_linear aq", aq, (M, K), np.uint8, align=16)
+        da.check("mmq_sb_linear ta", ta, (K // 32, pad_rows(M), 2), np.float32, align=16)
+    else:
+        da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
+        aq, ta = split_q8s(rt, x)
+    da.check("mmq_sb_linear out", out, (M, N), np.float32)
+    tiles = -(-M // SB_BM) * -(-N // SB_BN)
+    name = "mmq_sb_q4k"
+    _launch(rt, name + ("_acc" if accumulate else ""), name, sb_smem(), tiles, K // 256,
+            (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(w.tw), da.arg(out), np.int32(M),
+             np.int32(N), np.int32(K)), build_opts, stream_k, sms)
+
+
+__all__ = ["SbQ4K", "repack_q4k_sb", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes"]

@@ -1,0 +1,142 @@
+"""The super-block MMQ path on the CPU: its operand twins, the kernel's epilogue algebra on
+them against the float64 oracle, the integer bounds it relies on, the smem pin."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minfer.cuda.mmq_sb import sb_smem, sb_table_bytes
+from minfer.quants.mmq_ref import decode_q4k, mmq_linear_ref
+from minfer.quants.mmq_sb_ref import (block_tm_sb, mmq_sb_linear_ref, quantize_q8s,
+                                      repack_q4k_sb_ref, sb_scales, split_q8s_ref, unblock_tm_sb)
+from minfer.quants.mmq_wgmma_ref import pad_rows
+from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
+from test_mmq_wgmma import rand_q4k
+
+KDIR = Path(__file__).resolve().parents[1] / "kernels"
+
+
+def test_q8s_is_q8_1_rounding_per_256():
+    """A row whose 256-block has one scale quantizes like q8_1 would with that amax: the same
+    d (f16-rounded), the same round-half-away q."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    d, q = quantize_q8s(x)
+    assert d.shape == (3, 2) and q.shape == (3, 512)
+    # q8_1 of a block holding the 256-block's amax at one position and the values scaled to
+    # it: same rule, so the same integers where the block scale matches
+    amax = np.abs(x.reshape(3, 2, 256)).max(-1)
+    assert np.array_equal(d, (amax / np.float32(127)).astype(np.float16).astype(np.float32))
+    assert np.abs(q).max() == 127 and np.all(np.abs(q.astype(np.float64) * np.repeat(d, 256, 1)
+                                                    - x) <= np.repeat(d, 256, 1) * 0.5 + 1e-3)
+    # one block of 32 equal to a whole 256-block's values: q8_1 gives the same q there
+    x1 = np.tile(x[:, :32], (1, 8))
+    _, q1 = quantize_q8s(x1)
+    _, qq, _ = unpack_q8_1_raw(quantize_q8_1_raw(x1), 256)
+    assert np.array_equal(q1, qq)
+
+
+def test_split_q8s_layout():
+    rng = np.random.default_rng(1)
+    M, K = 37, 512
+    x = rng.standard_normal((M, K)).astype(np.float32) * 3
+    aq, ta = split_q8s_ref(x)
+    d, q = quantize_q8s(x)
+    assert aq.dtype == np.uint8 and ta.shape == (K // 32, pad_rows(M), 2)
+    assert np.array_equal(aq.astype(np.int16) - 128, q)
+    s = q.reshape(M, K // 32, 32).astype(np.int32).sum(-1)
+    assert np.array_equal(ta[:, :M, 0], (np.repeat(d, 8, 1) * np.float32(2.0**75)).T)
+    assert np.array_equal(ta[:8, :M, 0], np.broadcast_to(ta[:1, :M, 0], (8, M)))   # one da per 256
+    assert np.array_equal(ta[:, :M, 1], (np.repeat(d, 8, 1) * s.astype(np.float32)).T)
+    assert not ta[:, M:].any()
+
+
+def test_repack_sb_fields():
+    rng = np.random.default_rng(2)
+    N, K = 70, 512
+    w = rand_q4k(rng, N, K)
+    wp, tw = repack_q4k_sb_ref(w, N, K)
+    dsv, dmv, v = decode_q4k(w, N, K)
+    sc = sb_scales(w, N, K)
+    assert wp.shape == (2, N, K) and wp.max() <= 105 and tw.nbytes == sb_table_bytes(N, K)
+    # the planes recombine to sc * v, and d * sc is q4_K's dsv
+    vv = v.reshape(N, K // 32, 32).astype(np.int32)
+    both = 8 * wp[0].astype(np.int32) + wp[1]
+    assert np.array_equal(both.reshape(N, K // 32, 32), vv * sc[..., None])
+    Np = pad_rows(N)
+    ts = tw[:K // 256 * Np * 16].view(np.float32).reshape(K // 256, Np, 4)
+    d = ts[:, :N, 1].T / np.float32(2.0**74)
+    assert np.array_equal(np.repeat(d, 8, 1) * sc.astype(np.float32), dsv)
+    assert np.array_equal(ts[:, :N, 0], 8 * ts[:, :N, 1]) and not ts[:, N:].any()
+    hi, lo = (p.view(np.float32) for p in unblock_tm_sb(tw[K // 256 * Np * 16:], K, Np))
+    assert np.allclose(hi[:, :N].astype(np.float64) + lo[:, :N], dmv.T, rtol=2**-20, atol=0)
+    assert not hi[:, N:].any()
+    # the blocked order: super-block 1, tile 0, lo, row group 2, chunks 4..7, row 3, chunk 5
+    blk = tw[K // 256 * Np * 16:].view(np.uint32).reshape(K // 256, Np // 128, 2, 16, 2, 8, 4)
+    assert blk[1, 0, 1, 2, 1, 3, 1] == lo.view(np.uint32)[8 + 5, 19]
+    assert blk[1, 0, 0, 2, 1, 3, 1] == hi.view(np.uint32)[8 + 5, 19] != 0
+
+
+def emulate_sb(aq, ta, wp, tw, M, N, K, bias_sign=1.0):
+    """mmq_sb_q4k.cu's arithmetic in f32 (fma in float64, exact for these operands): per
+    super-block D_p = Aq . P_p (u8 x u8 over 256 k), t = fma(D_1, Ts.y, Ts.z),
+    t = fma(D_0, Ts.x, t), y = fma(t, Ta.x, y); per chunk y += Ta.y * (Tm.hi + Tm.lo)."""
+    Np = pad_rows(N)
+    ts = tw[:K // 256 * Np * 16].view(np.float32).reshape(K // 256, Np, 4).astype(np.float64)
+    tm = np.stack([p.view(np.float32) for p in unblock_tm_sb(tw[K // 256 * Np * 16:], K, Np)],
+                  -1).astype(np.float64)
+    y = np.zeros((M, N), np.float32)
+    for b in range(K // 256):
+        ks = slice(256 * b, 256 * b + 256)
+        den = []
+        for p in range(2):
+            D = aq[:, ks].astype(np.int64) @ wp[p][:, ks].astype(np.int64).T
+            assert D.min() >= 0 and D.max() < 2**23   # a denormal's bits
+            den.append(D.astype(np.int32).view(np.float32).astype(np.float64))
+        t = (den[1] * ts[b, :N, 1] + bias_sign * ts[b, :N, 2]).astype(np.float32)
+        t = (den[0] * ts[b, :N, 0] + t).astype(np.float32)
+        y = (t.astype(np.float64) * ta[8 * b, :M, 0, None] + y).astype(np.float32)
+        for c in range(8 * b, 8 * b + 8):
+            y = (y + ta[c, :M, 1, None].astype(np.float64) * (tm[c, :N, 0] + tm[c, :N, 1])
+                 ).astype(np.float32)
+    return y
+
+
+@pytest.mark.parametrize("M,N,K", [(37, 70, 512), (1, 8, 256), (130, 19, 768)])
+def test_sb_algebra_matches_oracle(M, N, K):
+    rng = np.random.default_rng(M + N + K)
+    w = rand_q4k(rng, N, K)
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    ref = mmq_sb_linear_ref(x, w, M, N, K)
+    args = (*split_q8s_ref(x), *repack_q4k_sb_ref(w, N, K), M, N, K)
+    assert np.linalg.norm(emulate_sb(*args) - ref) / np.linalg.norm(ref) < 1e-5
+    bad = emulate_sb(*args, bias_sign=0.0)
+    assert np.linalg.norm(bad - ref) / np.linalg.norm(ref) > 1e-1
+    # and the q8s oracle stays close to q8_1's MMQ math (a coarser activation grid, not a
+    # different product)
+    q81 = mmq_linear_ref(x, w, 12, M, N, K)
+    assert np.linalg.norm(ref - q81) / np.linalg.norm(q81) < 0.05
+
+
+def test_integer_sums_fit_a_denormal():
+    """The worst super-block: every qa + 128 = 255 and every P = 105 over 256 k."""
+    assert 256 * 255 * 105 < 2**23
+
+
+def test_sb_smem_matches_kernel():
+    src = (KDIR / "mmq_sb_q4k.cu").read_text()
+    pinned = re.findall(r"SbSmem<(\d)>::BYTES == (\d+)", src)
+    assert pinned
+    for st, b in pinned:
+        assert sb_smem(int(st)) == int(b)
+
+
+def test_block_tm_sb_roundtrip():
+    rng = np.random.default_rng(5)
+    hi, lo = (rng.integers(0, 2**32, (16, 256), dtype=np.uint32) for _ in range(2))
+    h2, l2 = unblock_tm_sb(block_tm_sb(hi, lo), 512, 256)
+    assert np.array_equal(h2, hi) and np.array_equal(l2, lo)
