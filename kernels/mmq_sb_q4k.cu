@@ -25,10 +25,9 @@
 //                           super-block; Tm uint2 [K/32, Np] = -(dmin m_c) as tf32 (hi, lo)
 // Block: 2 warpgroups (256 threads, 1 block per SM), tile 128 tokens x 128 weight rows;
 // warpgroup w owns tokens 64w..64w+63 and all 128 rows (m64n128: D_0, D_1, y are 64 registers
-// each). Stages of 128 k (half a super-block) in a 3-slot cp.async ring filled one stage ahead:
-// a stage's wgmmas are still running when the next stage starts, so the slot refilled at the
-// top of stage kt is stage kt-2's (every warpgroup has waited for it: wait_group 1 before the
-// barrier). Persistent over work items in super-block units (wgmma_common.cuh TileSched, then
+// each). Stages of 128 k (half a super-block) in a 3-slot cp.async ring: stage kt's wgmmas are
+// issued, then (wait_group 1 and a barrier: every warpgroup's stage kt-1 is done) stage kt-1's
+// slot takes stage kt+2. Persistent over work items in super-block units (wgmma_common.cuh TileSched, then
 // stream-K), like mmq_wgmma_q4k.cu. Dynamic smem SbSmem<3>::BYTES.
 // Entries: mmq_sb_q4k (C =) and mmq_sb_q4k_acc (C +=, reductions), both (Aq, Ta, Wp, Tw, C, M,
 // N, K, dp, ws, flags); K % 256 == 0; dp, ws (float4 [gridDim][16][256]), flags as in
@@ -185,19 +184,16 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
     int m0 = (w.tile % mtiles) * BM, n0 = (w.tile / mtiles) * BN;
     SbCopier cp(m0, n0, M, N, K, Mp, Np, tid);
     cp.issue(base + ((2 * w.k0) % SB_STAGES) * S::STAGE, 2 * w.k0, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
+    cp.issue(base + ((2 * w.k0 + 1) % SB_STAGES) * S::STAGE, 2 * w.k0 + 1, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
     while (true) {
         for (int sbk = w.k0; sbk < w.k1; ++sbk)   // super-blocks; their two stages unrolled, so
 #pragma unroll                                     // the loop edge sees no wgmma in flight
         for (int h = 0; h < 2; ++h) {
             const int kt = 2 * sbk + h;
-            // stage kt landed; this warpgroup's wgmmas of stage kt-2 are done (only kt-1's may
-            // still run), and after the barrier everyone's are: its slot takes stage kt+1
-            wgmma::wait<1>();
-            gemm_f16::cp_async_wait<0>();
+            // stage kt landed (kt+1 may still be in flight): visible to the wgmmas
+            gemm_f16::cp_async_wait<1>();
             wgmma::fence_proxy_async();
             __syncthreads();
-            if (kt + 1 < 2 * w.k1)
-                cp.issue(base + ((kt + 1) % SB_STAGES) * S::STAGE, kt + 1, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
             const uint32_t so = base + (kt % SB_STAGES) * S::STAGE;
             const uint32_t sa = so + wg * 64 * 128;
             const uint8_t* st = smem_raw + (so - raw);
@@ -233,6 +229,15 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
                                  wgmma::sw128_desc(so + S::A + S::P + c * 32), acc);
             }
             wgmma::commit();
+            // while they run: once every warpgroup's stage kt-1 is done, its slot takes stage
+            // kt+2 (one barrier more per stage than refilling it at the top, but the copy gets
+            // two stages to land: 7-15% faster, docs/perf.md)
+            wgmma::wait<1>();
+            __syncthreads();
+            if (kt + 2 < 2 * w.k1)
+                cp.issue(base + ((kt + 2) % SB_STAGES) * S::STAGE, kt + 2, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
+            else
+                gemm_f16::cp_async_commit();
             if (h == 1) {   // the super-block's sums are complete: fold them into y
                 wgmma::wait<0>();
                 wgmma::fence_regs(d0);
@@ -263,6 +268,7 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
             n0 = (w.tile / mtiles) * BN;
             cp = SbCopier(m0, n0, M, N, K, Mp, Np, tid);
             cp.issue(base + ((2 * w.k0) % SB_STAGES) * S::STAGE, 2 * w.k0, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
+            cp.issue(base + ((2 * w.k0 + 1) % SB_STAGES) * S::STAGE, 2 * w.k0 + 1, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
         }
         if (cur.k0 > 0) {   // a stream-K tail: its sums go to the block with the head
             wgmma::sk_put<NI * 4, T>(ws, flags, y);
