@@ -12,13 +12,14 @@ MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs tests/gpu
 step prefill_cpu 40 $M prefill -m $S --backend cpu --json
 step prefill_cuda 40 $M prefill -m $S --backend cuda --json
 step quantize 30 $M quantize $S /tmp/slice-q4km.gguf --type q4_K_M --quiet
-step check 90 $M check -m /tmp/slice-q4km.gguf
+step check 150 $M check -m /tmp/slice-q4km.gguf
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] && step ncu 60 "$NCU" --clock-control none --kernel-name regex:mmq --csv \
   --metrics smsp__inst_executed.sum,gpu__time_duration.sum python3 scripts/ncu_mmq.py
 step mmq_timing 60 python3 scripts/mmq_device.py --quick
+step sb_timing 90 python3 scripts/mmq_sb_device.py
 step synth 80 bash -c "time $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s32.gguf"
-step bench 230 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 3 --ab "MINFER_MMQ=0" "MINFER_MMQ=1 MINFER_MMQ_STREAMK=0 MINFER_MMQ_FUSED_PREPASS=0" "MINFER_MMQ=1 MINFER_MMQ_FUSED_PREPASS=0" "MINFER_MMQ=1"
+step bench 230 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 3 --ab "MINFER_MMQ=0" "MINFER_MMQ=1" "MINFER_MMQ=1 MINFER_MMQ_SB=1"
 step torch 40 python3 scripts/torch_f16_prefill.py --tokens 512,2048 --repeats 3
 echo; echo "################ SUMMARY ################"
 cat "$OUT/steps.txt"
@@ -36,6 +37,7 @@ done
 echo "--- check"; grep -vE "^\s*$" "$OUT/check.log" | tail -22
 echo "--- ncu (warp instructions per GMAC)"; python3 scripts/ncu_mmq.py --table "$OUT/ncu.log" 2>&1 | tail -6
 echo "--- mmq timing"; grep -E "FAIL|ALL OK|FAILURES" "$OUT/mmq_timing.log"; sed -n '/^timing/,$p' "$OUT/mmq_timing.log" | grep -v "narrow\|prepass"
+echo "--- sb timing"; grep -E "MISMATCH|FAIL|ALL OK|FAILURES" "$OUT/sb_timing.log"; grep -E "^\| [0-9]" "$OUT/sb_timing.log" | grep -v split
 echo "--- synth"; grep -E "real|rror" "$OUT/synth.log"
 echo "--- bench"; grep -E "^\| |MMQ|f16:|rror|noise" "$OUT/bench.log" | grep -v "^| ---" | head -30
 echo "--- torch"; grep -E "^\||rror" "$OUT/torch.log"

@@ -140,3 +140,70 @@ def test_block_tm_sb_roundtrip():
     hi, lo = (rng.integers(0, 2**32, (16, 256), dtype=np.uint32) for _ in range(2))
     h2, l2 = unblock_tm_sb(block_tm_sb(hi, lo), 512, 256)
     assert np.array_equal(h2, hi) and np.array_equal(l2, lo)
+
+
+class _Rt:
+    def __init__(self, cap, arch):
+        self.smem_optin, self.arch = cap, arch
+
+
+def test_sb_config_flag_label_and_cli():
+    from minfer.commands.gemm_flags import gemm_config
+    from minfer.cuda.config import GemmConfig
+
+    assert not GemmConfig().sb and not GemmConfig.resolve({"MINFER_MMQ": "1"}).sb
+    cfg = GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_SB": "1"})
+    assert cfg.sb and cfg.label() == "mmq-wgmma-kd4-sb"
+    assert GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_SB": "1"},
+                              {"MINFER_MMQ_SB": "0"}).label() == "mmq-wgmma-kd4"   # flags win
+    assert GemmConfig(mmq=True, wgmma=False, sb=True).label() == "mmq-wide-kd4"      # no wgmma
+    assert gemm_config(mmq=True, mmq_sb=True, env={}) == GemmConfig(mmq=True, sb=True)
+    assert GemmConfig.parse_ab("MINFER_MMQ=1 MINFER_MMQ_SB=1", env={}).sb
+
+
+def test_pick_variant_sb():
+    """SB takes q4_K where the wgmma kernel would (sm_90, the smem to hold it); q6_K keeps its
+    wgmma kernel; SB over the cap falls back to wgmma q4_K."""
+    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.dispatch import pick_gemm
+    from minfer.cuda.mmq import pick_variant
+    from minfer.cuda.mmq_wgmma import wgmma_smem
+
+    on = GemmConfig(mmq=True, sb=True)
+    assert pick_variant(on, 232448, 12, "sm_90").kind == "sb"
+    assert pick_variant(on, 232448, 14, "sm_90").kind == "wgmma"
+    assert pick_variant(on, 232448, 12, "sm_80").label == "wide-kd4"
+    assert pick_variant(on, sb_smem() - 1, 12, "sm_90").kind == "wgmma"
+    assert sb_smem() - 1 >= wgmma_smem()
+    assert pick_gemm(12, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-sb"
+    assert pick_gemm(14, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-wgmma"
+
+
+def test_plan_memory_sb(tmp_path):
+    """An SB route is planned at its repacked size (planes + tables) and shares the q4_K split
+    scratch (the q8s split has its shape); q6_K stays on wgmma beside it."""
+    from synth_data import tiny_model
+
+    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.mmq_sb import sb_weight_bytes
+    from minfer.cuda.mmq_wgmma import split_scratch_bytes, wgmma_weight_bytes
+    from minfer.cuda.routes import plan_fusion, plan_routes
+    from minfer.cuda.weights import plan_memory
+    from minfer.loader import load_model
+
+    m = load_model(tiny_model(tmp_path, seed=2, workers=None))
+    routes = plan_routes(m, GemmConfig(mmq=True, sb=True), _Rt(232448, "sm_90"), 64)
+    sb = [n for n, (p, _) in routes.items() if p == "mmq-sb"]
+    wg = [n for n, (p, _) in routes.items() if p == "mmq-wgmma"]
+    assert sb and wg and all(m.tensor(n).qtype == 12 for n in sb)
+    assert all(m.tensor(n).qtype == 14 for n in wg)
+    plan = plan_memory(m, routes, 128, 64, sms=132)
+    raw = sum(int(m.tensor(n).data.nbytes) for n, (p, _) in routes.items()
+              if p.startswith("mmq") and p not in ("mmq-wgmma", "mmq-sb")
+              and n != "token_embd.weight")
+    assert plan["MMQ weights"] == raw + sum(sb_weight_bytes(*m.tensor(n).shape) for n in sb) + \
+        sum(wgmma_weight_bytes(*m.tensor(n).shape, m.tensor(n).qtype) for n in wg)
+    assert plan["q8_1 split scratch"] == split_scratch_bytes(64, max(m.tensor(n).shape[1]
+                                                                     for n in sb))
+    fused = plan_fusion(m, routes)
+    assert any(n in fused for n in sb)   # q|k and gate|up fuse on SB like on wgmma

@@ -32,11 +32,13 @@ import numpy as np
 
 # path label -> GemmConfig fields ("f16" is GemmConfig(): MMQ off)
 # (mmq-wgmma-kd4: q4_K and q6_K on the Hopper wgmma kernels where the GPU is sm_90; on other
-#  GPUs it runs what mmq-wide-kd4 runs, and the parity rows name the kernel that ran)
+#  GPUs it runs what mmq-wide-kd4 runs, and the parity rows name the kernel that ran;
+#  -sb: q4_K on the super-block kernel, per-256 activation scales, its own oracle)
 PATHS = {"mmq-r1": dict(mmq=True, raw=False), "mmq-narrow": dict(mmq=True, wide=False),
          "mmq-wide-kd4": dict(mmq=True, kd=4, wgmma=False),
          "mmq-wide-kd8": dict(mmq=True, kd=8, wgmma=False),
-         "mmq-wgmma-kd4": dict(mmq=True, kd=4, wgmma=True)}
+         "mmq-wgmma-kd4": dict(mmq=True, kd=4, wgmma=True),
+         "mmq-wgmma-kd4-sb": dict(mmq=True, kd=4, wgmma=True, sb=True)}
 ALL_PATHS = {"f16": {}, **PATHS}
 QNAME = {12: "q4_K", 14: "q6_K"}
 PARITY_TOL = 1e-3
@@ -71,8 +73,9 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
     """[(what, path, shape, rel_err, ok)] for each MMQ path on the model's MMQ weight shapes."""
     from minfer.cuda import devarray as da
     from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq import mmq_linear, pick_variant
+    from minfer.cuda.mmq import mmq_linear
     from minfer.quants.mmq_ref import mmq_linear_ref
+    from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -81,23 +84,30 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
         for M, n, acc in ((128, N, False), (37, max(1, N - 5), True), (1, N, False)):
             cols = sample_rows(rng, n, n_sample)
             x = rng.standard_normal((M, K)).astype(np.float32)
-            ref = mmq_linear_ref(x, np.ascontiguousarray(raw[cols]), qt, M, len(cols), K)
-            base = (rng.standard_normal((M, n)).astype(np.float32) * float(np.abs(ref).mean())
+            wsel = np.ascontiguousarray(raw[cols])
+            refs = {"q8_1": mmq_linear_ref(x, wsel, qt, M, len(cols), K)}
+            base = (rng.standard_normal((M, n)).astype(np.float32)
+                    * float(np.abs(refs["q8_1"]).mean())
                     if acc else np.full((M, n), np.nan, np.float32))
             xd = da.to_device(rt, x, "parity x")
             wd = da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w")
             for path, kw in PATHS.items():
                 out = da.to_device(rt, base, "parity out")
                 cfg = GemmConfig(**kw)
-                mmq_linear(rt, xd, wd, qt, M, n, K, cfg, out, accumulate=acc)
+                v = mmq_linear(rt, xd, wd, qt, M, n, K, cfg, out, accumulate=acc)
+                if v.kind == "sb":   # its activations are quantized per 256: its own oracle
+                    if "q8s" not in refs:
+                        refs["q8s"] = mmq_sb_linear_ref(x, wsel, M, len(cols), K)
+                    ref = refs["q8s"]
+                else:
+                    ref = refs["q8_1"]
                 y = out.get()[:, cols].astype(np.float64)
                 if acc:
                     y -= base[:, cols]
                 err = (float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
                        if np.isfinite(y).all() else float("inf"))
                 shape = f"{M}x{n}x{K}" + (" +=" if acc else "")
-                ran = (f"{path} [{pick_variant(cfg, rt.smem_optin, qt, rt.arch).label}]"
-                       if "wgmma" in path else path)   # the kernel mmq_linear picks for f32 x
+                ran = f"{path} [{v.label}]" if "wgmma" in path else path   # the kernel that ran
                 rows.append((f"{QNAME[qt]} {name}", ran, shape, err, err <= PARITY_TOL))
             del xd, wd
     return rows

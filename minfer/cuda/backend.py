@@ -164,7 +164,8 @@ class CudaBackend:
     def _quantize(self, A, *names: str):
         """A f16 [M, K] -> its MMQ prepass outputs in the shared scratch, once, for the
         GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels), "split"
-        ((aq, ta), the q4_K wgmma kernel) and / or "split6" ((xq, tx), the q6_K wgmma kernel),
+        ((aq, ta), the q4_K wgmma kernel), "q8s" ((aq, ta) per 256, the q4_K SB kernel) and / or
+        "split6" ((xq, tx), the q6_K wgmma kernel),
         as the names' routes and types need; None when all run
         on f16. The scratch is reused by the next activation (the GEMMs that read it are
         queued before, on the same stream)."""
@@ -178,7 +179,7 @@ class CudaBackend:
         M, K = A.shape
         out = {}
         with self._op("q8_1 prepass"):
-            if paths - {"f16", "mmq-wgmma"}:
+            if paths - {"f16", "mmq-wgmma", "mmq-sb"}:
                 q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
                 da.poison(self.rt, q8)
                 out["raw"] = quantize_q8_1(self.rt, A, q8)
@@ -187,6 +188,12 @@ class CudaBackend:
                 aq, ta = split_views(self.q8s, M, K)
                 da.poison(self.rt, aq, ta)
                 out["split"] = split_q8_1(self.rt, A, aq, ta)
+            if "mmq-sb" in paths:   # (then every q4_K route is SB: no "split" beside it)
+                from minfer.cuda.mmq_sb import split_q8s
+
+                aq, ta = split_views(self.q8s, M, K)
+                da.poison(self.rt, aq, ta)
+                out["q8s"] = split_q8s(self.rt, A, aq, ta)
             if Q6_K in wq:
                 xq, tx = split6_views(self.q8s6, M, K)
                 da.poison(self.rt, xq, tx)
@@ -237,7 +244,8 @@ class CudaBackend:
 
             if mode != "acc":
                 da.poison(self.rt, C)
-            x = (q8["raw"] if path != "mmq-wgmma" else   # the split layout of the weight's type
+            x = (q8["q8s"] if path == "mmq-sb" else
+                 q8["raw"] if path != "mmq-wgmma" else   # the split layout of the weight's type
                  q8["split6"] if int(self.qtypes[name]) == Q6_K else q8["split"])
             mmq_linear(self.rt, x, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
                        accumulate=mode == "acc")

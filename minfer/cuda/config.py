@@ -7,7 +7,9 @@ kernel everywhere), MINFER_MMQ_WGMMA_Q6K (1, the default; 0: q6_K stays on the m
 kernel while q4_K takes wgmma, the A/B of the q6_K kernel), MINFER_MMQ_STREAMK (1, the default:
 the wgmma kernels split the tiles of a ragged last wave by k over every SM; 0: whole tiles),
 MINFER_MMQ_FUSED_PREPASS (1, the default: a wgmma ffn_down's input is quantized by the swiglu
-launch itself, no f16 activation; 0: swiglu, then the prepass). Explicit overrides (CLI flags, bench A/B
+launch itself, no f16 activation; 0: swiglu, then the prepass), MINFER_MMQ_SB (0, the default;
+1: q4_K GEMMs of the wgmma config run the super-block kernel, kernels/mmq_sb_q4k.cu, whose
+activations are quantized per 256 values instead of q8_1's 32). Explicit overrides (CLI flags, bench A/B
 strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
@@ -23,7 +25,7 @@ from minfer.errors import BadInput
 ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE": "wide",
             "MINFER_MMQ_RAW_KD": "kd", "MINFER_MMQ_WGMMA": "wgmma",
             "MINFER_MMQ_WGMMA_Q6K": "wgmma_q6k", "MINFER_MMQ_STREAMK": "stream_k",
-            "MINFER_MMQ_FUSED_PREPASS": "fused_prepass"}
+            "MINFER_MMQ_FUSED_PREPASS": "fused_prepass", "MINFER_MMQ_SB": "sb"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class GemmConfig:
     wgmma_q6k: bool = True
     stream_k: bool = True
     fused_prepass: bool = True
+    sb: bool = False
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None,
@@ -78,6 +81,7 @@ class GemmConfig:
             return f"mmq-narrow-kd{self.kd}"
         sk = ("" if self.stream_k or not self.wgmma else "-nosk") + \
             ("" if self.fused_prepass or not self.wgmma else "-nofp")
+        sk += "-sb" if self.sb and self.wgmma else ""
         if self.wgmma and not self.wgmma_q6k:
             return f"mmq-wgmma-q4k-kd{self.kd}{sk}"
         return f"mmq-{'wgmma' if self.wgmma else 'wide'}-kd{self.kd}{sk}"

@@ -49,7 +49,7 @@ def wide_smem(kd: int, qtype: int = Q4_K) -> int:
 
 @dataclass(frozen=True)
 class MmqVariant:
-    kind: str          # "r1" | "narrow" | "wide" | "wgmma"
+    kind: str          # "r1" | "narrow" | "wide" | "wgmma" | "sb"
     kd: int = 0        # wide only
     fallback: str = ""  # why a wide config became narrow (the guard), else ""
 
@@ -75,15 +75,19 @@ def wants_wgmma(cfg, qtype: int) -> bool:
 
 
 def pick_variant(cfg, smem_optin: int, qtype: int = Q4_K, arch=None) -> MmqVariant:
-    """cfg: GemmConfig (raw, wide, kd, wgmma, wgmma_q6k); arch: the device's ("sm_90"), None
-    when unknown (no wgmma). The smem guard lives here."""
+    """cfg: GemmConfig (raw, wide, kd, wgmma, wgmma_q6k, sb); arch: the device's ("sm_90"),
+    None when unknown (no wgmma). The smem guard lives here. "sb": a q4_K weight on the
+    super-block kernel (cfg.sb: activations quantized per 256, minfer.cuda.mmq_sb)."""
     if not cfg.raw:
         return MmqVariant("r1")
     if not cfg.wide:
         return MmqVariant("narrow")
     if wants_wgmma(cfg, qtype) and wgmma_arch(arch):
+        from minfer.cuda.mmq_sb import sb_smem
         from minfer.cuda.mmq_wgmma import wgmma6_smem, wgmma_smem
 
+        if getattr(cfg, "sb", False) and int(qtype) == Q4_K and sb_smem() <= smem_optin:
+            return MmqVariant("sb")
         if (wgmma6_smem() if int(qtype) == Q6_K else wgmma_smem()) <= smem_optin:
             return MmqVariant("wgmma")
     need = wide_smem(cfg.kd, qtype)
@@ -144,9 +148,13 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     repacked here, per call).
     build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs in
     scripts/mmq_variants.py; the engine never passes any). Returns the variant that ran."""
+    from minfer.cuda import mmq_sb as sb
     from minfer.cuda import mmq_wgmma as wg
 
     qtype = int(qtype)
+    if isinstance(w_raw, sb.SbQ4K):   # x: f32 / f16, or its q8s split (aq, ta)
+        sb.mmq_sb_linear(rt, x, w_raw, M, N, K, out, accumulate, stream_k=cfg.stream_k)
+        return MmqVariant("sb")
     if isinstance(w_raw, wg.WgmmaWeight) or (isinstance(x, tuple) and len(x) == 2):
         if not isinstance(w_raw, wg.WgmmaWeight) or w_raw.qtype != qtype:
             raise GPUError(f"mmq_linear: a split activation needs a repacked weight of type "
@@ -177,6 +185,14 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     v = pick_variant(cfg, rt.smem_optin, qtype, rt.arch)
     if v.fallback:
         _warn_once(v.fallback)
+    if v.kind == "sb" and x.dtype != np.uint8:
+        wr = sb.repack_q4k_sb(rt, w_raw, N, K)
+        try:
+            sb.mmq_sb_linear(rt, x, wr, M, N, K, out, accumulate, stream_k=cfg.stream_k)
+        finally:
+            rt.synchronize()
+            wr.free()
+        return v
     if v.kind == "wgmma" and x.dtype != np.uint8:
         wr = wg.repack(rt, w_raw, qtype, N, K)
         try:
@@ -185,7 +201,7 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
             rt.synchronize()
             wr.free()
         return v
-    if v.kind == "wgmma":   # raw q8_1 activations: only the mma.sync kernels read that form
+    if v.kind in ("wgmma", "sb"):   # raw q8_1 activations: only the mma.sync kernels read those
         v = MmqVariant("wide", cfg.kd)
     name = _FILES[qtype]
     entry = _ENTRY[(qtype, v.kind)]

@@ -8,7 +8,9 @@ mmq_repack.cu, the q8s split entries of quantize_q8_1.cu).
 Why: with one activation scale per super-block, the tensor core sums all 8 chunks of a q4_K
 super-block in integers (two u8 weight planes carry the sub-scale: sc = 8a + b, P0 = a v,
 P1 = b v), so the epilogue is 3 FFMA per C value per 256 k instead of 2 per 32 k. Weight:
-2 bytes per value (the planes) plus 24 B of tables per 256.
+2 bytes per value (the planes) plus 80 B of tables per 256, 2.3 B per value (more than the
+f16 path's 2: the price of reading ready planes; making them in shared memory from the
+nibbles measured slower, docs/perf.md).
 Block tile 128 tokens x 128 weight rows, 2 warpgroups of 64 x 128, 3 stages of 128 k,
 persistent with stream-K over super-blocks (minfer.cuda.stream_k). sm_90 only.
 """
@@ -39,6 +41,11 @@ def sb_smem(stages: int = SB_STAGES) -> int:
 def sb_table_bytes(N: int, K: int) -> int:
     """Ts (16 B per row and super-block) then Tm (8 B per row and chunk), rows padded."""
     return pad_rows(N) * (K // 256 * 16 + K // 32 * 8)
+
+
+def sb_weight_bytes(N: int, K: int) -> int:
+    """Device bytes of an SbQ4K [N, K]: the planes and the tables."""
+    return 2 * N * K + sb_table_bytes(N, K)
 
 
 @dataclass
@@ -119,4 +126,5 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
              np.int32(N), np.int32(K)), build_opts, stream_k, sms)
 
 
-__all__ = ["SbQ4K", "repack_q4k_sb", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes"]
+__all__ = ["SbQ4K", "repack_q4k_sb", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",
+           "sb_weight_bytes"]

@@ -10,10 +10,10 @@
   (fused q|k|v and gate|up members into row ranges of their group's buffer, see
   routes.plan_fusion); "mmq-*" routes stay as their raw bytes (no f16 copy; fused members as
   row ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the
-  embedding's bytes); "mmq-wgmma" routes (q4_K / q6_K on sm_90) are then repacked on the GPU
-  into the wgmma layouts (minfer.cuda.mmq_wgmma.WgmmaQ4K / WgmmaQ6K: a fused group as one
-  weight, its members'
-  row views dropped) and their raw bytes freed. The embedding table stays quantized (rows
+  embedding's bytes); "mmq-wgmma" / "mmq-sb" routes (q4_K / q6_K on sm_90) are then repacked
+  on the GPU into the wgmma / super-block layouts (minfer.cuda.mmq_wgmma.WgmmaQ4K / WgmmaQ6K,
+  minfer.cuda.mmq_sb.SbQ4K: a fused group as one weight, its members' row views dropped) and
+  their raw bytes freed. The embedding table stays quantized (rows
   gathered with embed_rows); norms and biases go up as f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
   the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
@@ -50,6 +50,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     sms: the GPU's SM count (the wgmma kernels' stream-K workspace, one slot per SM)."""
     c = model.config
     m = model
+    from minfer.cuda.mmq_sb import sb_weight_bytes
     from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_scratch_bytes, split_scratch_bytes,
                                        wgmma_weight_bytes)
     from minfer.cuda.stream_k import SK_SLOT_BYTES
@@ -67,10 +68,11 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
         if path == "f16":
             f16_w += int(np.prod(t.shape)) * 2
             raw_max = max(raw_max, int(t.data.nbytes))
-        elif path == "mmq-wgmma":   # repacked (q4_K 1.5, q6_K 2 B/weight); raw while repacking
-            qt = int(t.qtype)
-            wg_k[qt] = max(wg_k.get(qt, 0), int(t.shape[1]))
-            mmq_w += wgmma_weight_bytes(*(int(s) for s in t.shape), qt)
+        elif path in ("mmq-wgmma", "mmq-sb"):   # repacked (q4_K 1.5 / SB 2.3, q6_K 2
+            qt = int(t.qtype)                    # B/weight); raw while repacking
+            wg_k[qt] = max(wg_k.get(qt, 0), int(t.shape[1]))   # (SB: the q4_K split scratch)
+            N, K = (int(s) for s in t.shape)
+            mmq_w += sb_weight_bytes(N, K) if path == "mmq-sb" else wgmma_weight_bytes(N, K, qt)
             g = fused[n][0] if n in fused else n
             wg_groups[g] = wg_groups.get(g, 0) + int(t.data.nbytes)
         else:
@@ -190,26 +192,30 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
 
 
 def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:
-    """Each "mmq-wgmma" weight (a fused group as one) -> WgmmaQ4K / WgmmaQ6K, raw bytes freed
+    """Each "mmq-wgmma" / "mmq-sb" weight (a fused group as one) -> WgmmaQ4K / WgmmaQ6K / SbQ4K,
+    raw bytes freed
     (not the embedding's, which a tied head shares); a repacked group's member row views are
     dropped (the group's GEMM is the only reader)."""
+    from minfer.cuda.mmq_sb import repack_q4k_sb
     from minfer.cuda.mmq_wgmma import repack
 
-    keys: dict[str, tuple[int, int, int]] = {}
+    keys: dict[str, tuple[int, int, int, str]] = {}
     for n, (path, _) in routes.items():
-        if path != "mmq-wgmma":
+        if path not in ("mmq-wgmma", "mmq-sb"):
             continue
         qt = int(m.tensor(n).qtype)
         if n in fused:
             g = fused[n][0]
-            keys[g] = (groups[g][0], groups[g][1], qt)
+            keys[g] = (groups[g][0], groups[g][1], qt, path)
             del w[n]
         else:
             N, K = (int(s) for s in m.tensor(n).shape)
-            keys[n] = (N, K, qt)
-    for key, (N, K, qt) in keys.items():
+            keys[n] = (N, K, qt, path)
+    for key, (N, K, qt, path) in keys.items():
         raw = w[key]
-        w[key] = repack(rt, da.reshape(raw, (raw.size,)), qt, N, K, key)
+        flat = da.reshape(raw, (raw.size,))
+        w[key] = (repack_q4k_sb(rt, flat, N, K, key) if path == "mmq-sb" else
+                  repack(rt, flat, qt, N, K, key))
         rt.synchronize()
         if raw is not emb:
             raw.gpudata.free()
