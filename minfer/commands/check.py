@@ -73,7 +73,7 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
     """[(what, path, shape, rel_err, ok)] for each MMQ path on the model's MMQ weight shapes."""
     from minfer.cuda import devarray as da
     from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq import mmq_linear
+    from minfer.cuda.mmq import mmq_linear, pick_variant
     from minfer.quants.mmq_ref import mmq_linear_ref
     from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
 
@@ -94,7 +94,8 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
             for path, kw in PATHS.items():
                 out = da.to_device(rt, base, "parity out")
                 cfg = GemmConfig(**kw)
-                v = mmq_linear(rt, xd, wd, qt, M, n, K, cfg, out, accumulate=acc)
+                mmq_linear(rt, xd, wd, qt, M, n, K, cfg, out, accumulate=acc)
+                v = pick_variant(cfg, rt.smem_optin, qt, rt.arch)   # what ran, for f32 x
                 if v.kind == "sb":   # its activations are quantized per 256: its own oracle
                     if "q8s" not in refs:
                         refs["q8s"] = mmq_sb_linear_ref(x, wsel, M, len(cols), K)
@@ -147,10 +148,8 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
     from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
 
-    from minfer.cuda.routes import plan_routes
-
     ids = prompt_ids(model, prompt, echo)
-    refs = {(): engine.run(ReferenceBackend(model), ids, n_greedy, 512)}
+    refs = {((), ()): engine.run(ReferenceBackend(model), ids, n_greedy, 512)}
     gc.collect()
     rows = []
     max_tokens = max(64, len(ids) + n_greedy)
@@ -164,14 +163,17 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
             echo(f"{path:<13} error: {e}")
             rows.append((path, 0, n_greedy, float("inf"), float("nan"), f"error: {e}", False))
         else:
-            # the reference rounds the inputs of exactly the weights this path runs on MMQ
-            q8 = tuple(sorted(n for n, (p, _) in plan_routes(model, GemmConfig(**kw)).items()
-                              if p.startswith("mmq")))
-            if q8 not in refs:
-                refs[q8] = engine.run(ReferenceBackend(model, q8_1_inputs=frozenset(q8)), ids,
-                                      n_greedy, 512)
-            v, diff = identity_verdict(refs[q8], res)
-            ref_name = "cpu" if not q8 else f"cpu+q8_1 ({len(q8)} inputs)"
+            # the reference rounds the inputs of exactly the weights this path runs on MMQ,
+            # through the grid of the kernel that runs them (q8_1; q8s for SB)
+            q8 = tuple(sorted(n for n, (p, _) in be.routes.items()
+                              if p.startswith("mmq") and p != "mmq-sb"))
+            q8s = tuple(sorted(n for n, (p, _) in be.routes.items() if p == "mmq-sb"))
+            if (q8, q8s) not in refs:
+                refs[(q8, q8s)] = engine.run(ReferenceBackend(
+                    model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s)), ids, n_greedy, 512)
+            v, diff = identity_verdict(refs[(q8, q8s)], res)
+            ref_name = ("cpu" if not q8 + q8s else
+                        f"cpu+q8_1 ({len(q8)} inputs)" + (f"+q8s ({len(q8s)})" if q8s else ""))
             rows.append((path, v.exact, v.n, diff, v.tau, f"vs {ref_name}: {v.describe()}", v.ok))
         del be
         gc.collect()  # free this backend's device memory before the next one

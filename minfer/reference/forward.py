@@ -26,6 +26,8 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   block (quantize_q8_1_raw, then dequantized), exactly the operand the MMQ kernels see. `minfer
   check` compares each MMQ path with a reference that rounds the same weights' inputs, so the
   gate's tau measures the kernels, not the (intended) q8_1 grid.
+- q8s_inputs: the same through the per-256 q8s grid of the SB MMQ kernel
+  (minfer.quants.mmq_sb_ref.quantize_q8s).
 Both off and dtype=float64 is the oracle mode.
 """
 
@@ -97,7 +99,8 @@ class ReferenceBackend:
     """Backend protocol (minfer.engine.Backend) on numpy. forward(ids, pos0) -> logits [vocab]."""
 
     def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
-                 max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset()):
+                 max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset(),
+                 q8s_inputs: frozenset[str] = frozenset()):
         self.model = model
         self.cfg = model.config
         self.dtype = np.dtype(dtype)
@@ -106,6 +109,7 @@ class ReferenceBackend:
         self.kv_f16 = kv_f16
         self.act_quant = act_quant
         self.q8_1_inputs = frozenset(q8_1_inputs)
+        self.q8s_inputs = frozenset(q8s_inputs)
         self.name = "cpu" if self.dtype == np.float32 else "cpu-f64"
         self._w: dict[str, np.ndarray] = {}
         self._k: list[np.ndarray] = []
@@ -142,6 +146,13 @@ class ReferenceBackend:
             from minfer.quants.q8_1 import dequantize_q8_1_raw, quantize_q8_1_raw
 
             x = dequantize_q8_1_raw(quantize_q8_1_raw(x.astype(np.float32)), x.shape[-1])
+            x = x.astype(self.dtype, copy=False)
+        elif name in self.q8s_inputs:  # the SB kernel's grid: one scale per 256 values
+            from minfer.quants.mmq_sb_ref import QK_SB, quantize_q8s
+
+            d, q = quantize_q8s(x.astype(np.float32))
+            T, K = x.shape
+            x = (q.reshape(T, K // QK_SB, QK_SB).astype(np.float32) * d[..., None]).reshape(T, K)
             x = x.astype(self.dtype, copy=False)
         y = x @ self.weight(name).T
         bias = name[: -len(".weight")] + ".bias"
