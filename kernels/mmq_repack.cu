@@ -9,6 +9,8 @@
 //     Tm  uint2 [K/32, Np]   dmv = -(dmin * m) as tf32 (hi, lo) by truncation
 // Entry: repack_q4k_sb(const uint8_t* W, uint8_t* Wp, float4* Tw, int N, int K, int Np): the
 //   two-plane layout of mmq_sb_q4k.cu (at the entry below).
+// Entry: repack_q6k_sb(const uint8_t* W, int8_t* Wp, float4* Ts, int N, int K, int Np): the
+//   three-plane layout of mmq_sb_q6k.cu (at the entry below).
 // Entry: repack_q6k_wgmma(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K)
 //   W   raw q6_K rows [N, K/256 * 210] (any alignment: 210 B blocks)
 //   Wq  uint8 [N, K]       q (0..63), natural k order
@@ -158,4 +160,39 @@ extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t*
     }
     Tw[(size_t)sb * Np + n] = make_float4(8.f * d * 0x1p74f, d * 0x1p74f,
                                           ((float)(-128 * (8 * V0 + V1)) * d) * 0x1p-75f, 0.f);
+}
+
+// q6_K -> the three s8 planes of mmq_sb_q6k.cu. One thread per (row n, 16-value sub-block j):
+// sc_j = a0 + 7 a1 + 49 a2 in balanced base-7 digits (a_i in -3..3), P_i = a_i (q - 32) as int8;
+// the thread of sub-block 0 writes the row's Ts[b][n] = (d, 7 d, 49 d, 0) * 2^-75.
+// Wp int8 [3, N, K]; Ts float4 [K/256, Np] (rows >= N not written: the launcher zeroes them).
+extern "C" __global__ void repack_q6k_sb(const uint8_t* __restrict__ W, int8_t* __restrict__ Wp,
+                                         float4* __restrict__ Ts, int N, int K, int Np) {
+    const int KJ = K / 16;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)N * KJ) return;
+    const int n = (int)(i / KJ), j = (int)(i % KJ), jj = j & 15;   // sub-block in its block
+    const uint8_t* blk = W + ((size_t)n * (K / 256) + j / 16) * 210;
+    // q of values 16 jj .. 16 jj + 15: 128-value half h, 32-value quadrant (jj/2) % 4
+    const int h = jj >> 3, quad = (jj >> 1) & 3, off = (jj & 1) * 16;
+    const uint8_t* ql = blk + h * 64 + (quad & 1) * 32 + off;
+    const uint8_t* qh = blk + 128 + h * 32 + off;
+    const int sl = 4 * (quad >> 1), sh = 2 * quad;
+    int sc = (int8_t)blk[192 + jj];
+    int a[3];
+    for (int k = 0; k < 3; ++k) {
+        const int r = ((sc % 7) + 7 + 3) % 7 - 3;   // balanced digit in -3..3
+        a[k] = r;
+        sc = (sc - r) / 7;
+    }
+    for (int k = 0; k < 16; ++k) {
+        const int q = ((ql[k] >> sl) & 0xF) | (((qh[k] >> sh) & 3) << 4);
+        for (int p = 0; p < 3; ++p)
+            Wp[(size_t)p * N * K + (size_t)n * K + 16 * j + k] = (int8_t)(a[p] * (q - 32));
+    }
+    if (jj == 0) {
+        const float d = mmq_h2f((uint32_t)blk[208] | ((uint32_t)blk[209] << 8));
+        Ts[(size_t)(j / 16) * Np + n] = make_float4(d * 0x1p-75f, 7.f * d * 0x1p-75f,
+                                                    49.f * d * 0x1p-75f, 0.f);
+    }
 }

@@ -17,6 +17,8 @@
 //            split layout with one scale per 256 values (q8s, for mmq_sb_q4k.cu): Aq as above,
 //            Ta [K/32, Mp] = (d * 2^75, d * s) with d the 256-block's f16-rounded scale (the
 //            same for its 8 chunks) and s the chunk's sum; one warp per 256, K % 256 == 0.
+//          quantize_q8s_split_s8(_f16)(...): the same with Aq = q as int8 (no +128), for
+//            mmq_sb_q6k.cu's signed wgmma.
 //          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
 //          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
 //            x = f16(silu(g) * u) (g, u f32 rows of stride ldg, 16-byte aligned, ldg % 4 == 0),
@@ -158,7 +160,7 @@ __device__ __forceinline__ void quantize_split6(const Src& x, uint8_t* Xq, uint8
 
 // q8s: one scale per 256 values (a super-block, llama.cpp's q8_K grouping) for mmq_sb_q4k.cu,
 // with q8_1's rounding rules. One warp per super-block, 8 values per lane (chunk = lane / 4).
-template <class T>
+template <int BIAS, class T>
 __device__ __forceinline__ void quantize_q8s_split(const T* x, uint8_t* Aq, float2* Ta, int M,
                                                    int K, int Mp) {
     const long long nsb = (long long)M * (K / 256);
@@ -184,7 +186,7 @@ __device__ __forceinline__ void quantize_q8s_split(const T* x, uint8_t* Aq, floa
     s += __shfl_xor_sync(0xffffffffu, s, 2);   // the 32-chunk's sum (4 lanes)
     if (b >= nsb) return;
     const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
-    *reinterpret_cast<uint2*>(Aq + i) = make_uint2(pack4(lo, 128), pack4(hi, 128));
+    *reinterpret_cast<uint2*>(Aq + i) = make_uint2(pack4(lo, BIAS), pack4(hi, BIAS));
     if ((l & 3) == 0) {
         const long long m = b / (K / 256), j = b % (K / 256) * 8 + l / 4;
         const float dh = __half2float(__float2half_rn(d));
@@ -194,12 +196,22 @@ __device__ __forceinline__ void quantize_q8s_split(const T* x, uint8_t* Aq, floa
 
 extern "C" __global__ void quantize_q8s_split(const float* x, uint8_t* Aq, float2* Ta, int M,
                                               int K, int Mp) {
-    quantize_q8s_split<float>(x, Aq, Ta, M, K, Mp);
+    quantize_q8s_split<128>(x, Aq, Ta, M, K, Mp);
 }
 
 extern "C" __global__ void quantize_q8s_split_f16(const __half* x, uint8_t* Aq, float2* Ta, int M,
                                                   int K, int Mp) {
-    quantize_q8s_split<__half>(x, Aq, Ta, M, K, Mp);
+    quantize_q8s_split<128>(x, Aq, Ta, M, K, Mp);
+}
+
+extern "C" __global__ void quantize_q8s_split_s8(const float* x, uint8_t* Aq, float2* Ta, int M,
+                                                 int K, int Mp) {
+    quantize_q8s_split<0>(x, Aq, Ta, M, K, Mp);
+}
+
+extern "C" __global__ void quantize_q8s_split_s8_f16(const __half* x, uint8_t* Aq, float2* Ta,
+                                                     int M, int K, int Mp) {
+    quantize_q8s_split<0>(x, Aq, Ta, M, K, Mp);
 }
 
 extern "C" __global__ void quantize_q8_1_raw(const float* x, uint8_t* y, int M, int K) {

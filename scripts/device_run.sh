@@ -37,7 +37,7 @@ done
 echo "--- check"; grep -vE "^\s*$" "$OUT/check.log" | tail -22
 echo "--- ncu (warp instructions per GMAC)"; python3 scripts/ncu_mmq.py --table "$OUT/ncu.log" 2>&1 | tail -6
 echo "--- mmq timing"; grep -E "FAIL|ALL OK|FAILURES" "$OUT/mmq_timing.log"; sed -n '/^timing/,$p' "$OUT/mmq_timing.log" | grep -v "narrow\|prepass"
-echo "--- sb timing"; grep -E "MISMATCH|FAIL|ALL OK|FAILURES" "$OUT/sb_timing.log"; grep -E "^\| [0-9]" "$OUT/sb_timing.log" | grep -v split
+echo "--- sb timing"; grep -E "MISMATCH|FAIL|ALL OK|FAILURES" "$OUT/sb_timing.log"; grep -E "^\| q[46]_K" "$OUT/sb_timing.log" | grep -v split
 echo "--- synth"; grep -E "real|rror" "$OUT/synth.log"
 echo "--- bench"; grep -E "^\| |MMQ|f16:|rror|noise" "$OUT/bench.log" | grep -v "^| ---" | head -30
 echo "--- torch"; grep -E "^\||rror" "$OUT/torch.log"

@@ -1,12 +1,15 @@
-"""Device check and timing of the super-block MMQ kernel (kernels/mmq_sb_q4k.cu) against the
-wgmma q4_K kernel it would replace.
+"""Device check and timing of the super-block MMQ kernels (kernels/mmq_sb_q4k.cu, mmq_sb_q6k.cu)
+against the wgmma kernels they would replace.
 
-python3 scripts/mmq_sb_device.py ["NAME=-DOPT,-DOPT2" ...]   (default: the launcher's build)
-1. bitwise: the q8s split prepass (f32 and f16 input) and the SB repack against their twins;
+python3 scripts/mmq_sb_device.py [--types q4_K,q6_K] ["NAME=-DOPT,-DOPT2" ...]
+(default: both types, the launcher's build). Per type:
+1. bitwise: the q8s split prepass (f32 and f16 input; signed for q6_K) and the SB repack
+   against their twins;
 2. parity against minfer.quants.mmq_sb_ref.mmq_sb_linear_ref (float64) on ragged shapes, = and
    +=, and with the grid capped (stream-K over super-blocks), plus a bitwise second launch;
-3. timing at M = 512 on the Llama-3-8B q4_K shapes, interleaved rounds (wgmma q4_K, then each
-   SB variant, N = 4096 also as C +=, then both prepasses); median and p90-p10 over 7 rounds.
+3. timing at M = 512 on the Llama-3-8B shapes of the type, interleaved rounds (the wgmma
+   kernel, then each SB variant, N = 4096 also as C +=, then both prepasses); median and
+   p90-p10 over 7 rounds. SB_SHAPES=NxK,... restricts the q4_K shapes (quick A/B calls).
 Prints a table last.
 """
 
@@ -18,41 +21,46 @@ import sys
 import numpy as np
 
 from minfer.cuda import devarray as da
-from minfer.cuda.mmq_sb import mmq_sb_linear, repack_q4k_sb, split_q8s
-from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack, split_q8_1
+from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, split_q8s
+from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack, split6_q8_1, split_q8_1
 from minfer.cuda.runtime import get_runtime
-from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref, repack_q4k_sb_ref, split_q8s_ref
+from minfer.quants.mmq_sb_ref import (mmq_sb_linear_ref, repack_q4k_sb_ref, repack_q6k_sb_ref,
+                                      split_q8s_ref)
 
 sys.path.insert(0, "scripts")
 from mmq_device import interleaved, print_table, rand_weights, rel  # noqa: E402
 from mmq_wgmma_device import same  # noqa: E402
 
-Q4_K = 12
+Q4_K, Q6_K = 12, 14
+NAME = {Q4_K: "q4_K", Q6_K: "q6_K"}
+SHAPES6 = ((4096, 14336), (4096, 4096), (14336, 4096))
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (5120, 4096), (6144, 4096), (28672, 4096))
 if os.environ.get("SB_SHAPES"):   # e.g. SB_SHAPES=28672x4096,4096x4096 (quick A/B calls)
     SHAPES = tuple(tuple(int(v) for v in s.split("x")) for s in os.environ["SB_SHAPES"].split(","))
 
 
-def check(rt, rng, variants) -> int:
-    fails = 0
+def check(rt, rng, qt, variants) -> int:
+    fails, tn, q6 = 0, NAME[qt], qt == Q6_K
     M, N, K = 77, 333, 1280
     x = rng.standard_normal((M, K)).astype(np.float32)
-    w = rand_weights(rng, Q4_K, N, K)
+    w = rand_weights(rng, qt, N, K)
     for xin in (x, x.astype(np.float16)):
-        ok = all(same(a, b) for a, b in zip(split_q8s(rt, da.to_device(rt, xin)),
-                                            split_q8s_ref(xin.astype(np.float32))))
-        print(f"q8s split {xin.dtype} bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
+        ok = all(same(a, b) for a, b in zip(split_q8s(rt, da.to_device(rt, xin), signed=q6),
+                                            split_q8s_ref(xin.astype(np.float32), signed=q6)))
+        print(f"{tn} q8s split {xin.dtype} bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
         fails += not ok
-    r = repack_q4k_sb(rt, da.to_device(rt, w), N, K)
-    ok = all(same(a, b) for a, b in zip((r.wp, r.tw), repack_q4k_sb_ref(w, N, K)))
-    print(f"sb repack bitwise {N}x{K}: {'OK' if ok else 'MISMATCH'}")
+    r = repack_sb(rt, da.to_device(rt, w), qt, N, K)
+    got = (r.wp, r.ts) if q6 else (r.wp, r.tw)
+    ok = all(same(a, b) for a, b in zip(got, (repack_q6k_sb_ref if q6 else repack_q4k_sb_ref)(
+        w, N, K)))
+    print(f"{tn} sb repack bitwise {N}x{K}: {'OK' if ok else 'MISMATCH'}")
     fails += not ok
     for (M, N, K) in ((77, 333, 1280), (1, 8, 256), (128, 64, 256), (300, 1000, 4096),
                       (129, 200, 512), (65, 129, 768), (512, 1000, 4096)):
-        w = rand_weights(rng, Q4_K, N, K)
+        w = rand_weights(rng, qt, N, K)
         x = rng.standard_normal((M, K)).astype(np.float32)
-        ref = mmq_sb_linear_ref(x, w, M, N, K)
-        wr = repack_q4k_sb(rt, da.to_device(rt, w), N, K)
+        ref = mmq_sb_linear_ref(x, w, M, N, K, qt)
+        wr = repack_sb(rt, da.to_device(rt, w), qt, N, K)
         xd = da.to_device(rt, x)
         for name, opts in variants:
             for sms in (None, 5):   # 5 SMs: stream-K splits on every multi-tile shape
@@ -67,19 +75,20 @@ def check(rt, rng, variants) -> int:
                 mmq_sb_linear(rt, xd, wr, M, N, K, out2, accumulate=True, build_opts=opts, sms=sms)
                 e2 = rel(out2.get() - acc0, ref)
                 fails += not (e <= 1e-3 and e2 <= 1e-3 and again)
-                print(f"sb parity {name:10} sms={sms} {M}x{N}x{K}: {e:.2e} (+=: {e2:.2e})"
+                print(f"{tn} sb parity {name:10} sms={sms} {M}x{N}x{K}: {e:.2e} (+=: {e2:.2e})"
                       f"{'' if again else ' NOT DETERMINISTIC'}", flush=True)
     return fails
 
 
-def time_all(rt, rng, variants):
-    M, rows = 512, []
-    for (N, K) in SHAPES:
-        raws = [da.to_device(rt, rand_weights(rng, Q4_K, N, K)) for _ in range(3)]
-        wg = [repack(rt, r_, Q4_K, N, K) for r_ in raws]
-        sb = [repack_q4k_sb(rt, r_, N, K) for r_ in raws]
+def time_all(rt, rng, qt, variants):
+    M, rows, q6 = 512, [], qt == Q6_K
+    for (N, K) in (SHAPES6 if q6 else SHAPES):
+        raws = [da.to_device(rt, rand_weights(rng, qt, N, K)) for _ in range(3)]
+        wg = [repack(rt, r_, qt, N, K) for r_ in raws]
+        sb = [repack_sb(rt, r_, qt, N, K) for r_ in raws]
         xd = da.to_device(rt, rng.standard_normal((M, K)).astype(np.float32))
-        sp, sq = split_q8_1(rt, xd), split_q8s(rt, xd)
+        splitw = split6_q8_1 if q6 else split_q8_1
+        sp, sq = splitw(rt, xd), split_q8s(rt, xd, signed=q6)
         out = da.empty(rt, (M, N), np.float32)
         runs = [("wgmma", lambda i: mmq_wgmma_linear(rt, sp, wg[i % 3], M, N, K, out))]
         runs += [(name, (lambda o: lambda i: mmq_sb_linear(rt, sq, sb[i % 3], M, N, K, out,
@@ -91,10 +100,10 @@ def time_all(rt, rng, variants):
             runs += [(name + " +=", (lambda o: lambda i: mmq_sb_linear(
                 rt, sq, sb[i % 3], M, N, K, out, accumulate=True, build_opts=o))(opts))
                 for name, opts in variants]
-        runs += [("split q8_1", lambda i: split_q8_1(rt, xd, *sp)),
-                 ("split q8s", lambda i: split_q8s(rt, xd, *sq))]
+        runs += [("split " + ("q8_1x2" if q6 else "q8_1"), lambda i: splitw(rt, xd, *sp)),
+                 ("split q8s", lambda i: split_q8s(rt, xd, *sq, signed=q6))]
         for name, (us, spread) in interleaved(rt, runs).items():
-            rows.append((f"{N}x{K}", name, us, 2 * M * N * K / us / 1e6, spread))
+            rows.append((NAME[qt], f"{N}x{K}", name, us, 2 * M * N * K / us / 1e6, spread))
         for a in raws:
             a.gpudata.free()
         for a in wg + sb:
@@ -105,12 +114,18 @@ def time_all(rt, rng, variants):
 def main(args: list[str]) -> int:
     rt = get_runtime()
     rng = np.random.default_rng(7)
+    types = [Q4_K, Q6_K]
+    if args and args[0] == "--types":
+        types, args = [{"q4_K": Q4_K, "q6_K": Q6_K}[t] for t in args[1].split(",")], args[2:]
     variants = [(s.split("=", 1)[0], tuple(o for o in s.split("=", 1)[1].split(",") if o))
                 for s in args] or [("sb", ())]
-    fails = check(rt, rng, variants)
-    rows = time_all(rt, rng, variants)
-    print_table(["N x K (M=512)", "kernel", "µs:", "TOPS:", "p90-p10:"], rows,
-                ["", "", ".1f", ".0f", ".1%"])
+    fails, rows = 0, []
+    for qt in types:
+        fails += check(rt, rng, qt, variants)
+    for qt in types:
+        rows += time_all(rt, rng, qt, variants)
+    print_table(["type", "N x K (M=512)", "kernel", "µs:", "TOPS:", "p90-p10:"], rows,
+                ["", "", "", ".1f", ".0f", ".1%"])
     print("ALL OK" if not fails else f"{fails} FAILURES")
     return 1 if fails else 0
 

@@ -15,7 +15,7 @@ from minfer.quants.mmq_sb_ref import (block_tm_sb, mmq_sb_linear_ref, quantize_q
                                       repack_q4k_sb_ref, sb_scales, split_q8s_ref, unblock_tm_sb)
 from minfer.quants.mmq_wgmma_ref import pad_rows
 from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
-from test_mmq_wgmma import rand_q4k
+from test_mmq_wgmma import rand_q4k, rand_q6k
 
 KDIR = Path(__file__).resolve().parents[1] / "kernels"
 
@@ -162,8 +162,8 @@ def test_sb_config_flag_label_and_cli():
 
 
 def test_pick_variant_sb():
-    """SB takes q4_K where the wgmma kernel would (sm_90, the smem to hold it); q6_K keeps its
-    wgmma kernel; SB over the cap falls back to wgmma q4_K."""
+    """SB takes q4_K and q6_K where the wgmma kernels would (sm_90, the smem to hold it); SB
+    over the cap falls back to wgmma."""
     from minfer.cuda.config import GemmConfig
     from minfer.cuda.dispatch import pick_gemm
     from minfer.cuda.mmq import pick_variant
@@ -171,22 +171,24 @@ def test_pick_variant_sb():
 
     on = GemmConfig(mmq=True, sb=True)
     assert pick_variant(on, 232448, 12, "sm_90").kind == "sb"
-    assert pick_variant(on, 232448, 14, "sm_90").kind == "wgmma"
+    assert pick_variant(on, 232448, 14, "sm_90").kind == "sb"
+    assert pick_variant(GemmConfig(mmq=True, sb=True, wgmma_q6k=False), 232448, 14,
+                        "sm_90").label == "wide-kd4"
     assert pick_variant(on, 232448, 12, "sm_80").label == "wide-kd4"
     assert pick_variant(on, sb_smem() - 1, 12, "sm_90").kind == "wgmma"
     assert sb_smem() - 1 >= wgmma_smem()
     assert pick_gemm(12, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-sb"
-    assert pick_gemm(14, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-wgmma"
+    assert pick_gemm(14, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-sb"
 
 
 def test_plan_memory_sb(tmp_path):
-    """An SB route is planned at its repacked size (planes + tables) and shares the q4_K split
-    scratch (the q8s split has its shape); q6_K stays on wgmma beside it."""
+    """SB routes (q4_K and q6_K) are planned at their repacked sizes (planes + tables); the q8s
+    splits use the q4_K split scratch and (signed, for q6_K) the split6 scratch."""
     from synth_data import tiny_model
 
     from minfer.cuda.config import GemmConfig
     from minfer.cuda.mmq_sb import sb_weight_bytes
-    from minfer.cuda.mmq_wgmma import split_scratch_bytes, wgmma_weight_bytes
+    from minfer.cuda.mmq_wgmma import split_scratch_bytes
     from minfer.cuda.routes import plan_fusion, plan_routes
     from minfer.cuda.weights import plan_memory
     from minfer.loader import load_model
@@ -194,16 +196,56 @@ def test_plan_memory_sb(tmp_path):
     m = load_model(tiny_model(tmp_path, seed=2, workers=None))
     routes = plan_routes(m, GemmConfig(mmq=True, sb=True), _Rt(232448, "sm_90"), 64)
     sb = [n for n, (p, _) in routes.items() if p == "mmq-sb"]
-    wg = [n for n, (p, _) in routes.items() if p == "mmq-wgmma"]
-    assert sb and wg and all(m.tensor(n).qtype == 12 for n in sb)
-    assert all(m.tensor(n).qtype == 14 for n in wg)
+    assert {m.tensor(n).qtype for n in sb} == {12, 14}
+    assert not [n for n, (p, _) in routes.items() if p == "mmq-wgmma"]
     plan = plan_memory(m, routes, 128, 64, sms=132)
     raw = sum(int(m.tensor(n).data.nbytes) for n, (p, _) in routes.items()
-              if p.startswith("mmq") and p not in ("mmq-wgmma", "mmq-sb")
-              and n != "token_embd.weight")
-    assert plan["MMQ weights"] == raw + sum(sb_weight_bytes(*m.tensor(n).shape) for n in sb) + \
-        sum(wgmma_weight_bytes(*m.tensor(n).shape, m.tensor(n).qtype) for n in wg)
-    assert plan["q8_1 split scratch"] == split_scratch_bytes(64, max(m.tensor(n).shape[1]
-                                                                     for n in sb))
+              if p.startswith("mmq") and p != "mmq-sb" and n != "token_embd.weight")
+    assert plan["MMQ weights"] == raw + sum(
+        sb_weight_bytes(*m.tensor(n).shape, m.tensor(n).qtype) for n in sb)
+    k4 = max(m.tensor(n).shape[1] for n in sb if m.tensor(n).qtype == 12)
+    k6 = max(m.tensor(n).shape[1] for n in sb if m.tensor(n).qtype == 14)
+    assert plan["q8_1 split scratch"] == split_scratch_bytes(64, k4)
+    # the signed q8s split of a q6_K route lives in the split6 scratch: it fits there
+    assert plan["q8_1 split6 scratch"] >= split_scratch_bytes(64, k6)
     fused = plan_fusion(m, routes)
     assert any(n in fused for n in sb)   # q|k and gate|up fuse on SB like on wgmma
+
+
+def test_q6_sb_repack_and_algebra():
+    """q6_K: the planes recombine to sc (q - 32) through the base-7 digits, every |D_i| stays
+    under 2^22 (the exact float read), and the epilogue on the twins' operands gives the
+    oracle; without the 49 plane it is far off."""
+    from minfer.quants.mmq_ref import decode_q6k
+    from minfer.quants.mmq_sb_ref import repack_q6k_sb_ref, sb6_digits
+
+    rng = np.random.default_rng(6)
+    M, N, K = 37, 70, 512
+    w = rand_q6k(rng, N, K)
+    wp, ts = repack_q6k_sb_ref(w, N, K)
+    dsv16, qm = decode_q6k(w, N, K)
+    p = wp.view(np.int8).astype(np.int32)
+    assert p.shape == (3, N, K) and np.abs(p).max() <= 96
+    sc = np.asarray(w, np.uint8).reshape(N, K // 256, 210)[..., 192:208].view(np.int8)
+    sc = sc.reshape(N, K // 16).astype(np.int32)
+    assert np.array_equal(p[0] + 7 * p[1] + 49 * p[2], np.repeat(sc, 16, 1) * qm)
+    assert np.abs(sb6_digits(np.arange(-128, 128))).max() == 3
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    aq, ta = split_q8s_ref(x, signed=True)
+    qa = aq.view(np.int8).astype(np.int64)
+    ref = mmq_sb_linear_ref(x, w, M, N, K, qtype=14)
+    for drop in (False, True):
+        y = np.zeros((M, N), np.float32)
+        for b in range(K // 256):
+            ks = slice(256 * b, 256 * b + 256)
+            D = [qa[:, ks] @ p[i][:, ks].T for i in range(3)]
+            assert max(np.abs(d).max() for d in D) < 2**22
+            f = [d.astype(np.float32).astype(np.float64) for d in D]
+            c = ts[b, :N].astype(np.float64)
+            t = (f[0] * c[:, 0]).astype(np.float32).astype(np.float64)
+            t = (f[1] * c[:, 1] + t).astype(np.float32).astype(np.float64)
+            if not drop:
+                t = (f[2] * c[:, 2] + t).astype(np.float32).astype(np.float64)
+            y = (t * ta[8 * b, :M, 0, None] + y).astype(np.float32)
+        e = np.linalg.norm(y - ref) / np.linalg.norm(ref)
+        assert (e > 1e-1) if drop else (e < 1e-5), e

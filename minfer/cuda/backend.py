@@ -164,7 +164,8 @@ class CudaBackend:
     def _quantize(self, A, *names: str):
         """A f16 [M, K] -> its MMQ prepass outputs in the shared scratch, once, for the
         GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels), "split"
-        ((aq, ta), the q4_K wgmma kernel), "q8s" ((aq, ta) per 256, the q4_K SB kernel) and / or
+        ((aq, ta), the q4_K wgmma kernel), "q8s" / "q8s6" ((aq, ta) per 256, the q4_K / q6_K SB
+        kernels) and / or
         "split6" ((xq, tx), the q6_K wgmma kernel),
         as the names' routes and types need; None when all run
         on f16. The scratch is reused by the next activation (the GEMMs that read it are
@@ -188,12 +189,15 @@ class CudaBackend:
                 aq, ta = split_views(self.q8s, M, K)
                 da.poison(self.rt, aq, ta)
                 out["split"] = split_q8_1(self.rt, A, aq, ta)
-            if "mmq-sb" in paths:   # (then every q4_K route is SB: no "split" beside it)
+            sbq = {int(self.qtypes[n]) for n in names if self.routes[n][0] == "mmq-sb"}
+            if sbq:   # (then every q4_K / q6_K route of the type is SB: its scratch is free)
                 from minfer.cuda.mmq_sb import split_q8s
 
-                aq, ta = split_views(self.q8s, M, K)
-                da.poison(self.rt, aq, ta)
-                out["q8s"] = split_q8s(self.rt, A, aq, ta)
+                for qt, key, buf in ((Q4_K, "q8s", self.q8s), (Q6_K, "q8s6", self.q8s6)):
+                    if qt in sbq:   # q4_K: q + 128; q6_K: signed bytes (in the split6 scratch)
+                        aq, ta = split_views(buf, M, K)
+                        da.poison(self.rt, aq, ta)
+                        out[key] = split_q8s(self.rt, A, aq, ta, signed=qt == Q6_K)
             if Q6_K in wq:
                 xq, tx = split6_views(self.q8s6, M, K)
                 da.poison(self.rt, xq, tx)
@@ -244,7 +248,8 @@ class CudaBackend:
 
             if mode != "acc":
                 da.poison(self.rt, C)
-            x = (q8["q8s"] if path == "mmq-sb" else
+            x = ((q8["q8s6"] if int(self.qtypes[name]) == Q6_K else q8["q8s"])
+                 if path == "mmq-sb" else
                  q8["raw"] if path != "mmq-wgmma" else   # the split layout of the weight's type
                  q8["split6"] if int(self.qtypes[name]) == Q6_K else q8["split"])
             mmq_linear(self.rt, x, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,

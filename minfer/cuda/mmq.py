@@ -76,17 +76,19 @@ def wants_wgmma(cfg, qtype: int) -> bool:
 
 def pick_variant(cfg, smem_optin: int, qtype: int = Q4_K, arch=None) -> MmqVariant:
     """cfg: GemmConfig (raw, wide, kd, wgmma, wgmma_q6k, sb); arch: the device's ("sm_90"),
-    None when unknown (no wgmma). The smem guard lives here. "sb": a q4_K weight on the
-    super-block kernel (cfg.sb: activations quantized per 256, minfer.cuda.mmq_sb)."""
+    None when unknown (no wgmma). The smem guard lives here. "sb": a q4_K / q6_K weight on
+    the super-block kernels (cfg.sb: activations quantized per 256, minfer.cuda.mmq_sb).
+    (wgmma_q6k=False keeps q6_K off the Hopper kernels, SB included.)"""
     if not cfg.raw:
         return MmqVariant("r1")
     if not cfg.wide:
         return MmqVariant("narrow")
     if wants_wgmma(cfg, qtype) and wgmma_arch(arch):
-        from minfer.cuda.mmq_sb import sb_smem
+        from minfer.cuda.mmq_sb import sb6_smem, sb_smem
         from minfer.cuda.mmq_wgmma import wgmma6_smem, wgmma_smem
 
-        if getattr(cfg, "sb", False) and int(qtype) == Q4_K and sb_smem() <= smem_optin:
+        if getattr(cfg, "sb", False) and \
+                (sb6_smem() if int(qtype) == Q6_K else sb_smem()) <= smem_optin:
             return MmqVariant("sb")
         if (wgmma6_smem() if int(qtype) == Q6_K else wgmma_smem()) <= smem_optin:
             return MmqVariant("wgmma")
@@ -152,7 +154,7 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     from minfer.cuda import mmq_wgmma as wg
 
     qtype = int(qtype)
-    if isinstance(w_raw, sb.SbQ4K):   # x: f32 / f16, or its q8s split (aq, ta)
+    if isinstance(w_raw, (sb.SbQ4K, sb.SbQ6K)):   # x: f32 / f16, or its q8s split (aq, ta)
         sb.mmq_sb_linear(rt, x, w_raw, M, N, K, out, accumulate, stream_k=cfg.stream_k)
         return MmqVariant("sb")
     if isinstance(w_raw, wg.WgmmaWeight) or (isinstance(x, tuple) and len(x) == 2):
@@ -186,7 +188,7 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     if v.fallback:
         _warn_once(v.fallback)
     if v.kind == "sb" and x.dtype != np.uint8:
-        wr = sb.repack_q4k_sb(rt, w_raw, N, K)
+        wr = sb.repack_sb(rt, w_raw, qtype, N, K)
         try:
             sb.mmq_sb_linear(rt, x, wr, M, N, K, out, accumulate, stream_k=cfg.stream_k)
         finally:

@@ -13,6 +13,10 @@ f16 path's 2: the price of reading ready planes; making them in shared memory fr
 nibbles measured slower, docs/perf.md).
 Block tile 128 tokens x 128 weight rows, 2 warpgroups of 64 x 128, 3 stages of 128 k,
 persistent with stream-K over super-blocks (minfer.cuda.stream_k). sm_90 only.
+
+q6_K (kernels/mmq_sb_q6k.cu): the int8 sub-scale sc goes into three s8 planes a_i (q - 32),
+sc = a0 + 7 a1 + 49 a2 (balanced base-7 digits), the activations as signed q8s bytes; no bias,
+no min term. 3 bytes per value plus 16 B per 256. Tiles 128 tokens x 64 rows.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from minfer.cuda.mmq_wgmma import _check_raw, _launch, _zeroed
 from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import pad_rows
 
-Q4_K = 12
+Q4_K, Q6_K = 12, 14
 SB_BM, SB_BN, SB_BK, SB_STAGES = 128, 128, 128, 3
+SB6_BN = 64   # q6_K tiles: 128 tokens x 64 rows (three m64n64 accumulators per warpgroup)
 
 
 def sb_smem(stages: int = SB_STAGES) -> int:
@@ -38,13 +43,21 @@ def sb_smem(stages: int = SB_STAGES) -> int:
                      + 8 * SB_BN * 8) + 1024
 
 
+def sb6_smem() -> int:
+    """Dynamic smem of mmq_sb_q6k (Sb6Smem::BYTES): 3 slots of A 128 x 128 B, the planes
+    3 x 64 x 128 B, da 128 x 8 B, Ts 64 x 16 B; + 1 KB alignment."""
+    return 3 * (SB_BM * SB_BK + 3 * SB6_BN * SB_BK + SB_BM * 8 + SB6_BN * 16) + 1024
+
+
 def sb_table_bytes(N: int, K: int) -> int:
     """Ts (16 B per row and super-block) then Tm (8 B per row and chunk), rows padded."""
     return pad_rows(N) * (K // 256 * 16 + K // 32 * 8)
 
 
-def sb_weight_bytes(N: int, K: int) -> int:
-    """Device bytes of an SbQ4K [N, K]: the planes and the tables."""
+def sb_weight_bytes(N: int, K: int, qtype: int = Q4_K) -> int:
+    """Device bytes of an SbQ4K / SbQ6K [N, K]: the planes and the tables."""
+    if int(qtype) == Q6_K:
+        return 3 * N * K + pad_rows(N) * (K // 256) * 16
     return 2 * N * K + sb_table_bytes(N, K)
 
 
@@ -66,6 +79,43 @@ class SbQ4K:
             a.gpudata.free()
 
 
+@dataclass
+class SbQ6K:
+    """A q6_K weight [N, K] in the SB layout: planes wp uint8 [3, N, K] (int8 values), tables
+    ts float32 [K/256, Np, 4]."""
+    wp: object
+    ts: object
+    N: int
+    K: int
+    qtype = Q6_K
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.wp.nbytes + self.ts.nbytes)
+
+    def free(self) -> None:
+        for a in (self.wp, self.ts):
+            a.gpudata.free()
+
+
+def repack_sb(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight"):
+    """raw q4_K / q6_K device bytes -> SbQ4K / SbQ6K."""
+    if int(qtype) == Q6_K:
+        _check_raw("repack_q6k_sb", w_raw, N, K, 210, 1)
+        r = SbQ6K(da.empty(rt, (3, N, K), np.uint8, f"sb q6_K planes {what}"),
+                  _zeroed(rt, (K // 256, pad_rows(N), 4), np.float32, f"sb q6_K tables {what}"),
+                  N, K)
+        fn = rt.function("mmq_repack", "repack_q6k_sb")
+        n = N * (K // 16)
+        rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wp), da.arg(r.ts),
+                                                   np.int32(N), np.int32(K),
+                                                   np.int32(pad_rows(N))))
+        return r
+    if int(qtype) == Q4_K:
+        return repack_q4k_sb(rt, w_raw, N, K, what)
+    raise GPUError(f"repack_sb: no SB layout for tensor type {qtype}")
+
+
 def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
     """raw q4_K device bytes [N, K/256*144] (any shape, 16-byte aligned) -> SbQ4K."""
     _check_raw("repack_q4k_sb", w_raw, N, K, 144, 16)
@@ -78,9 +128,10 @@ def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
     return r
 
 
-def split_q8s(rt, x, aq=None, ta=None):
+def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
     """x f32 / f16 [M, K] (K % 256 == 0) -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the SB
-    operand (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0)."""
+    operand (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0); signed:
+    Aq holds q as int8 bytes (the q6_K kernel's operand), else q + 128 (q4_K's)."""
     what = "split_q8s"
     da.check(f"{what} x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
     M, K = x.shape
@@ -94,7 +145,8 @@ def split_q8s(rt, x, aq=None, ta=None):
     ta = _zeroed(rt, t_shape, np.float32, f"q8s tables ({what})") if ta is None else ta
     da.check(f"{what} aq", aq, (M, K), np.uint8, align=16)
     da.check(f"{what} ta", ta, t_shape, np.float32, align=16)
-    fn = rt.function("quantize_q8_1", "quantize_q8s_split" + ("_f16" if need == 8 else ""))
+    fn = rt.function("quantize_q8_1", "quantize_q8s_split" + ("_s8" if signed else "")
+                     + ("_f16" if need == 8 else ""))
     nsb = M * (K // 256)   # one warp per super-block, 8 per CTA
     rt.launch(fn, ((nsb + 7) // 8,), (256,), (da.arg(x), da.arg(aq), da.arg(ta), np.int32(M),
                                              np.int32(K), np.int32(t_shape[1])))
@@ -105,8 +157,9 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
                   build_opts: tuple = (), stream_k: bool = True, sms: int | None = None) -> None:
     """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (split here) or its split
     (aq, ta). stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
-    if not isinstance(w, SbQ4K) or (w.N, w.K) != (N, K):
-        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K of [{N}, {K}]")
+    if not isinstance(w, (SbQ4K, SbQ6K)) or (w.N, w.K) != (N, K):
+        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ6K of [{N}, {K}]")
+    q6 = isinstance(w, SbQ6K)
     if M <= 0 or K % 256:
         raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
     if M * K >= 2**31 or 2 * N * K >= 2**31 or M * N >= 2**31:
@@ -117,14 +170,15 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
         da.check("mmq_sb_linear ta", ta, (K // 32, pad_rows(M), 2), np.float32, align=16)
     else:
         da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
-        aq, ta = split_q8s(rt, x)
+        aq, ta = split_q8s(rt, x, signed=q6)   # (a split passed in must match: q6_K signed)
     da.check("mmq_sb_linear out", out, (M, N), np.float32)
-    tiles = -(-M // SB_BM) * -(-N // SB_BN)
-    name = "mmq_sb_q4k"
-    _launch(rt, name + ("_acc" if accumulate else ""), name, sb_smem(), tiles, K // 256,
-            (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(w.tw), da.arg(out), np.int32(M),
+    bn, name, smem, tab = ((SB6_BN, "mmq_sb_q6k", sb6_smem(), w.ts) if q6 else
+                           (SB_BN, "mmq_sb_q4k", sb_smem(), w.tw))
+    tiles = -(-M // SB_BM) * -(-N // bn)
+    _launch(rt, name + ("_acc" if accumulate else ""), name, smem, tiles, K // 256,
+            (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(tab), da.arg(out), np.int32(M),
              np.int32(N), np.int32(K)), build_opts, stream_k, sms)
 
 
-__all__ = ["SbQ4K", "repack_q4k_sb", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",
+__all__ = ["SbQ4K", "SbQ6K", "repack_sb", "repack_q4k_sb", "sb6_smem", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",
            "sb_weight_bytes"]

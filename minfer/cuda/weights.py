@@ -68,11 +68,11 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
         if path == "f16":
             f16_w += int(np.prod(t.shape)) * 2
             raw_max = max(raw_max, int(t.data.nbytes))
-        elif path in ("mmq-wgmma", "mmq-sb"):   # repacked (q4_K 1.5 / SB 2.3, q6_K 2
+        elif path in ("mmq-wgmma", "mmq-sb"):   # repacked (q4_K 1.5 / SB 2.3, q6_K 2 / SB 3
             qt = int(t.qtype)                    # B/weight); raw while repacking
             wg_k[qt] = max(wg_k.get(qt, 0), int(t.shape[1]))   # (SB: the q4_K split scratch)
             N, K = (int(s) for s in t.shape)
-            mmq_w += sb_weight_bytes(N, K) if path == "mmq-sb" else wgmma_weight_bytes(N, K, qt)
+            mmq_w += sb_weight_bytes(N, K, qt) if path == "mmq-sb" else wgmma_weight_bytes(N, K, qt)
             g = fused[n][0] if n in fused else n
             wg_groups[g] = wg_groups.get(g, 0) + int(t.data.nbytes)
         else:
@@ -192,11 +192,12 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
 
 
 def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:
-    """Each "mmq-wgmma" / "mmq-sb" weight (a fused group as one) -> WgmmaQ4K / WgmmaQ6K / SbQ4K,
+    """Each "mmq-wgmma" / "mmq-sb" weight (a fused group as one) -> WgmmaQ4K / WgmmaQ6K /
+    SbQ4K / SbQ6K,
     raw bytes freed
     (not the embedding's, which a tied head shares); a repacked group's member row views are
     dropped (the group's GEMM is the only reader)."""
-    from minfer.cuda.mmq_sb import repack_q4k_sb
+    from minfer.cuda.mmq_sb import repack_sb
     from minfer.cuda.mmq_wgmma import repack
 
     keys: dict[str, tuple[int, int, int, str]] = {}
@@ -214,7 +215,7 @@ def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:
     for key, (N, K, qt, path) in keys.items():
         raw = w[key]
         flat = da.reshape(raw, (raw.size,))
-        w[key] = (repack_q4k_sb(rt, flat, N, K, key) if path == "mmq-sb" else
+        w[key] = (repack_sb(rt, flat, qt, N, K, key) if path == "mmq-sb" else
                   repack(rt, flat, qt, N, K, key))
         rt.synchronize()
         if raw is not emb:

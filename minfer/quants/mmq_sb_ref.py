@@ -13,15 +13,20 @@ q4_K's 6-bit sub-scale changes per 32-chunk; the weight carries it in two byte p
   [Ts f32 [K/256, Np, 4] = (8 d 2^74, d 2^74, f32(-128 (8 V0 + V1)) d 2^-75, 0) | Tm =
   -(dmin m) as tf32 (hi, lo), blocked (`block_tm_sb`)], V0 / V1 the super-block's sums of a v /
   b v.
-- `mmq_sb_linear_ref(x, w_raw, M, N, K)`: the oracle, float64: the q8s-dequantized activations
-  times the q4_K-dequantized weight (what the kernel computes, up to f32 rounding).
+- `repack_q6k_sb_ref(w_raw, N, K)`: q6_K for kernels/mmq_sb_q6k.cu: Wp int8 [3, N, K] =
+  a_i (q - 32) with sc = a0 + 7 a1 + 49 a2 (balanced base-7 digits in -3..3, `sb6_digits`) and
+  Ts f32 [K/256, Np, 4] = (d, 7 d, 49 d, 0) * 2^-75; its activations are the q8s split with
+  signed bytes (`split_q8s_ref(x, signed=True)`).
+- `mmq_sb_linear_ref(x, w_raw, M, N, K, qtype)`: the oracle, float64: the q8s-dequantized
+  activations times the dequantized q4_K / q6_K weight (what the kernels compute, up to f32
+  rounding).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from minfer.quants.mmq_ref import decode_q4k
+from minfer.quants.mmq_ref import decode_q4k, decode_q6k
 from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows, tf32_split
 from minfer.quants.q8_1 import q8_blocks
 
@@ -35,8 +40,9 @@ def quantize_q8s(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return d.astype(np.float16).astype(np.float32), q
 
 
-def split_q8s_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x f32 [M, K] -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2])."""
+def split_q8s_ref(x: np.ndarray, signed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """x f32 [M, K] -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]); signed: Aq holds q as int8
+    bytes (the q6_K kernel's signed wgmma), else q + 128."""
     x = np.asarray(x, np.float32)
     M, K = x.shape
     d, q = quantize_q8s(x)
@@ -45,7 +51,8 @@ def split_q8s_ref(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ta = np.zeros((K // 32, pad_rows(M), 2), np.float32)
     ta[:, :M, 0] = (dc * _S75).T
     ta[:, :M, 1] = (dc * s.astype(np.float32)).T
-    return (q.astype(np.int16) + 128).astype(np.uint8), ta
+    aq = q.view(np.uint8).copy() if signed else (q.astype(np.int16) + 128).astype(np.uint8)
+    return aq, ta
 
 
 def sb_scales(w_raw: np.ndarray, N: int, K: int) -> np.ndarray:
@@ -97,15 +104,51 @@ def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np
     return wp.astype(np.uint8), tw
 
 
-def mmq_sb_linear_ref(x: np.ndarray, w_raw: np.ndarray, M: int, N: int, K: int) -> np.ndarray:
-    """The SB path's oracle: (da * q) @ W.T in float64, W the dequantized q4_K weight."""
+def sb6_digits(sc: np.ndarray) -> np.ndarray:
+    """int8 scales -> [3, ...] balanced base-7 digits a_i in -3..3, sc = a0 + 7 a1 + 49 a2."""
+    s = np.asarray(sc, np.int32)
+    out = []
+    for _ in range(3):
+        r = (s + 3) % 7 - 3   # numpy's % is floored: the balanced digit
+        out.append(r)
+        s = (s - r) // 7
+    assert not s.any()
+    return np.stack(out)
+
+
+def repack_q6k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """raw q6_K bytes [N, K/256*210] -> (Wp uint8 [3, N, K] = int8 a_i (q - 32) bytes,
+    Ts f32 [K/256, Np, 4] = (d, 7 d, 49 d, 0) * 2^-75)."""
+    _, qm = decode_q6k(w_raw, N, K)                                            # q - 32 [N, K]
+    w = np.asarray(w_raw, np.uint8).reshape(N, K // QK_SB, 210)
+    sc = w[..., 192:208].view(np.int8).reshape(N, K // 16)
+    d = w[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)    # [N, K/256]
+    a = sb6_digits(sc)                                                         # [3, N, K/16]
+    wp = (np.repeat(a, 16, axis=2) * qm.astype(np.int32)).astype(np.int8)
+    ts = np.zeros((K // QK_SB, pad_rows(N), 4), np.float32)
+    for i, m in enumerate((1, 7, 49)):
+        ts[:, :N, i] = (np.float32(m) * d * _SM75).T
+    return wp.view(np.uint8), ts
+
+
+def _dequant(w_raw: np.ndarray, qtype: int, N: int, K: int) -> np.ndarray:
+    """float64 [N, K]: the q4_K / q6_K weight as the kernels' math sees it."""
+    if int(qtype) == 14:
+        dsv16, qm = decode_q6k(w_raw, N, K)
+        return (qm.reshape(N, K // 16, 16).astype(np.float64) * dsv16[..., None]).reshape(N, K)
+    dsv, dmv, v = decode_q4k(w_raw, N, K)
+    return (v.reshape(N, K // 32, 32).astype(np.float64) * dsv[..., None]
+            + dmv[..., None]).reshape(N, K)
+
+
+def mmq_sb_linear_ref(x: np.ndarray, w_raw: np.ndarray, M: int, N: int, K: int,
+                      qtype: int = 12) -> np.ndarray:
+    """The SB path's oracle: (da * q) @ W.T in float64, W the dequantized q4_K / q6_K weight."""
     d, q = quantize_q8s(np.asarray(x, np.float32).reshape(M, K))
     xq = (q.reshape(M, K // QK_SB, QK_SB).astype(np.float64) * d[..., None]).reshape(M, K)
-    dsv, dmv, v = decode_q4k(w_raw, N, K)
-    wd = (v.reshape(N, K // 32, 32).astype(np.float64) * dsv[..., None] + dmv[..., None])
-    return xq @ wd.reshape(N, K).T
+    return xq @ _dequant(w_raw, qtype, N, K).T
 
 
 __all__ = ["QK_SB", "TPAD", "quantize_q8s", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
-           "block_tm_sb", "unblock_tm_sb",
+           "block_tm_sb", "unblock_tm_sb", "sb6_digits", "repack_q6k_sb_ref",
            "mmq_sb_linear_ref"]

@@ -1,5 +1,5 @@
-"""The super-block MMQ path on the device (sm_90 only; skips elsewhere): the q8s split and the
-SB repack bit-identical to their numpy twins, the kernel's parity against its float64 oracle
+"""The super-block MMQ path on the device (sm_90 only; skips elsewhere), q4_K and q6_K: the q8s
+split and the SB repacks bit-identical to their numpy twins, the kernel's parity against its float64 oracle
 on ragged shapes (= and +=, whole tiles and stream-K, a bitwise second launch), mmq_linear's
 routing, and the engine on it."""
 
@@ -24,43 +24,50 @@ def _same(dev, ref) -> bool:
                                                    b.view(np.uint8).ravel())
 
 
-def test_split_and_repack_bitwise(hopper):
-    from test_mmq_wgmma import rand_q4k
+def _rand(rng, qtype, N, K):
+    from test_mmq_wgmma import rand_q4k, rand_q6k
 
+    return (rand_q6k if qtype == 14 else rand_q4k)(rng, N, K)
+
+
+@pytest.mark.parametrize("qtype", [12, 14])
+def test_split_and_repack_bitwise(hopper, qtype):
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import repack_q4k_sb, split_q8s
-    from minfer.quants.mmq_sb_ref import repack_q4k_sb_ref, split_q8s_ref
+    from minfer.cuda.mmq_sb import repack_sb, split_q8s
+    from minfer.quants.mmq_sb_ref import repack_q4k_sb_ref, repack_q6k_sb_ref, split_q8s_ref
 
     rt = hopper
     rng = np.random.default_rng(5)
+    q6 = qtype == 14
     x = rng.standard_normal((77, 1280)).astype(np.float32) * 3
     for xin in (x, x.astype(np.float16)):
-        got, want = split_q8s(rt, da.to_device(rt, xin)), split_q8s_ref(xin.astype(np.float32))
+        got = split_q8s(rt, da.to_device(rt, xin), signed=q6)
+        want = split_q8s_ref(xin.astype(np.float32), signed=q6)
         assert all(_same(a, b) for a, b in zip(got, want))
-    w = rand_q4k(rng, 333, 1280)
-    r = repack_q4k_sb(rt, da.to_device(rt, w), 333, 1280)
-    wp, tw = repack_q4k_sb_ref(w, 333, 1280)
-    assert _same(r.wp, wp) and _same(r.tw, tw) and r.nbytes == wp.nbytes + tw.nbytes
+    w = _rand(rng, qtype, 333, 1280)
+    r = repack_sb(rt, da.to_device(rt, w), qtype, 333, 1280)
+    wp, tw = (repack_q6k_sb_ref if q6 else repack_q4k_sb_ref)(w, 333, 1280)
+    assert _same(r.wp, wp) and _same(r.ts if q6 else r.tw, tw)
+    assert r.nbytes == wp.nbytes + tw.nbytes
 
 
+@pytest.mark.parametrize("qtype", [12, 14])
 @pytest.mark.parametrize("M,N,K,sms", [(77, 333, 1280, None), (1, 8, 256, None),
                                        (129, 200, 512, 3), (300, 1000, 4096, 5),
                                        (512, 640, 2048, 7), (65, 129, 768, 2)])
-def test_sb_parity(hopper, M, N, K, sms):
+def test_sb_parity(hopper, qtype, M, N, K, sms):
     """Ragged M / N, whole tiles and stream-K (sms caps the grid below the tile count: split
     tiles), = and +=; a second launch is bitwise the first."""
-    from test_mmq_wgmma import rand_q4k
-
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import mmq_sb_linear, repack_q4k_sb
+    from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb
     from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
 
     rt = hopper
     rng = np.random.default_rng(M + N + K)
-    w = rand_q4k(rng, N, K)
+    w = _rand(rng, qtype, N, K)
     x = rng.standard_normal((M, K)).astype(np.float32)
-    ref = mmq_sb_linear_ref(x, w, M, N, K)
-    wr = repack_q4k_sb(rt, da.to_device(rt, w), N, K)
+    ref = mmq_sb_linear_ref(x, w, M, N, K, qtype)
+    wr = repack_sb(rt, da.to_device(rt, w), qtype, N, K)
     xd = da.to_device(rt, x)
     outs = []
     for _ in range(2):
@@ -76,8 +83,8 @@ def test_sb_parity(hopper, M, N, K, sms):
 
 
 def test_mmq_linear_routes_to_sb(hopper):
-    """mmq_linear on the SB config: raw q4_K weights are repacked per call and run SB; raw q8_1
-    activations (not the SB operand) run the wide kernel; q6_K stays on wgmma."""
+    """mmq_linear on the SB config: raw q4_K / q6_K weights are repacked per call and run SB;
+    raw q8_1 activations (not the SB operand) run the wide kernel."""
     from test_mmq_wgmma import rand_q4k, rand_q6k
 
     from minfer.cuda import devarray as da
@@ -96,7 +103,7 @@ def test_mmq_linear_routes_to_sb(hopper):
     for w, qt, xin, kind, ref in (
             (w4, 12, xd, "sb", mmq_sb_linear_ref(x, w4, M, N, K)),
             (w4, 12, quantize_q8_1(rt, xd), "wide", mmq_linear_ref(x, w4, 12, M, N, K)),
-            (w6, 14, xd, "wgmma", mmq_linear_ref(x, w6, 14, M, N, K))):
+            (w6, 14, xd, "sb", mmq_sb_linear_ref(x, w6, M, N, K, 14))):
         out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
         v = mmq_linear(rt, xin, da.to_device(rt, w), qt, M, N, K, cfg, out)
         assert v.kind == kind
@@ -104,12 +111,12 @@ def test_mmq_linear_routes_to_sb(hopper):
 
 
 def test_backend_on_sb(hopper, model):
-    """The engine on the SB config: q4_K GEMMs route to mmq-sb with SbQ4K weights (fused
-    groups as one), q6_K to mmq-wgmma; its logits stay close to the q8_1 wgmma engine's (a
-    coarser activation grid, not another product: greedy identity is `minfer check`'s gate)."""
+    """The engine on the SB config: q4_K / q6_K GEMMs route to mmq-sb with SbQ4K / SbQ6K
+    weights (fused groups as one); its logits stay close to the q8_1 wgmma engine's (a coarser
+    activation grid, not another product: greedy identity is `minfer check`'s gate)."""
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq_sb import SbQ4K
+    from minfer.cuda.mmq_sb import SbQ4K, SbQ6K
 
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, model.config.vocab_size, 37).astype(np.int32)
@@ -119,7 +126,8 @@ def test_backend_on_sb(hopper, model):
         pytest.skip(f"{model.path.name}: no q4_K GEMM weight")
     assert "mmq-sb" in b.route_summary()
     for n in sb:
-        assert isinstance(b.w[b.fused[n][0] if n in b.fused else n], SbQ4K), n
+        want = SbQ6K if b.qtypes[n] == 14 else SbQ4K
+        assert isinstance(b.w[b.fused[n][0] if n in b.fused else n], want), n
     got = b.forward(prompt, 0)
     ref = CudaBackend(model, GemmConfig(mmq=True), max_tokens=128, ubatch=16).forward(prompt, 0)
     assert np.isfinite(got).all()
