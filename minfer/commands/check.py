@@ -98,7 +98,7 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
                 v = pick_variant(cfg, rt.smem_optin, qt, rt.arch)   # what ran, for f32 x
                 if v.kind == "sb":   # its activations are quantized per 256: its own oracle
                     if "q8s" not in refs:
-                        refs["q8s"] = mmq_sb_linear_ref(x, wsel, M, len(cols), K)
+                        refs["q8s"] = mmq_sb_linear_ref(x, wsel, M, len(cols), K, qt)
                     ref = refs["q8s"]
                 else:
                     ref = refs["q8_1"]
