@@ -212,7 +212,7 @@ def check(model_path: str, prompt: str, parity_only: bool, identity_only: bool) 
     if not parity_only:
         click.echo("\ngreedy-32 identity vs the CPU reference (tie-aware; tau = 2 * max|logit "
                    "diff| at the last prompt position; MMQ paths vs the reference with the same "
-                   "q8_1 input rounding):")
+                   "input rounding: q8_1, or q8s per 256 on SB):")
         click.echo("| path | exact | max abs dlogit | tau | verdict | |\n"
                    "| --- | ---: | ---: | ---: | --- | --- |")
         for path, exact, n, diff, tau, detail, ok in irow:
