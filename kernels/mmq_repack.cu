@@ -106,9 +106,10 @@ extern "C" __global__ void repack_q6k_wgmma(const uint8_t* __restrict__ W, uint8
 
 // q4_K -> the two sub-scale planes of mmq_sb_q4k.cu. One thread per (row n, super-block b):
 // sc = 8 a + b per chunk c, P0 = a * v and P1 = b * v (bytes <= 105, so a packed word times a
-// or b carries nothing across bytes); Ts[b][n] = (8 d 2^74, d 2^74, f32(-128 (8 V0 + V1)) d
-// 2^-75, 0) with V0 = sum_c a_c V_c, V1 = sum_c b_c V_c (V_c the chunk's sum of v); Tm = -(dmin
-// m_c) as tf32 (hi, lo), blocked per (super-block, 128-row tile) as below. Wp uint8 [2, N, K];
+// or b carries nothing across bytes); Ts[b][n] = (8 d 2^74, d 2^74, f32(-1024 V0) d 2^-75,
+// f32(-128 V1) d 2^-75) with V0 = sum_c a_c V_c, V1 = sum_c b_c V_c (V_c the chunk's sum of
+// v); Tm = -(dmin m_c) as tf32 (hi, lo), blocked per (super-block, 128-row tile) as below. Wp
+// uint8 [2, N, K];
 // Tw = [Ts float4 [K/256, Np] | Tm uint32 [K/256, Np/128, 2, 16, 2, 8, 4]].
 extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wp,
                                          float4* __restrict__ Tw, int N, int K, int Np) {
@@ -159,7 +160,8 @@ extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t*
         Tm[1024 + (c / 4) * 32 + c % 4] = lo;
     }
     Tw[(size_t)sb * Np + n] = make_float4(8.f * d * 0x1p74f, d * 0x1p74f,
-                                          ((float)(-128 * (8 * V0 + V1)) * d) * 0x1p-75f, 0.f);
+                                          ((float)(-1024 * V0) * d) * 0x1p-75f,
+                                          ((float)(-128 * V1) * d) * 0x1p-75f);
 }
 
 // q6_K -> the three s8 planes of mmq_sb_q6k.cu. One thread per (row n, 16-value sub-block j):

@@ -10,9 +10,11 @@
 // and two wgmmas per chunk accumulate on the tensor core, over all 8 chunks:
 //   D_p = sum_k (qa + 128) * P_p = sum_c (S_pc + 128 V_pc)       (< 2^23: an f32 denormal)
 // with sum_c sc_c S_c = 8 (D_0 - 128 V_0) + (D_1 - 128 V_1). Epilogue per C value and
-// super-block (3 FFMA for 8 chunks, against 2 per chunk in mmq_wgmma_q4k.cu):
-//   t = fma(D_1, d 2^74, B); t = fma(D_0, 8 d 2^74, t); y = fma(t, da 2^75, y)
-//   B = f32(-128 (8 V_0 + V_1)) d 2^-75   (V_p = the plane's super-block sum per row)
+// super-block (4 FFMA for 8 chunks, against 2 per chunk in mmq_wgmma_q4k.cu), one plane at a
+// time so that D_0's runs under plane 1's wgmmas:
+//   y = fma(fma(D_0, 8 d 2^74, B_0), da 2^75, y); y = fma(fma(D_1, d 2^74, B_1), da 2^75, y)
+//   B_0 = f32(-1024 V_0) d 2^-75, B_1 = f32(-128 V_1) d 2^-75 (V_p: the plane's super-block
+//   sum per row)
 // The min term sum_c (da sa_c) (-dmin m_c) is the per-stage [64 x 4] x [4 x 128] product on tf32
 // mma.sync m16n8k4 (3xTF32) straight into y, as in mmq_wgmma_q4k.cu.
 // Operands (quantize_q8_1.cu's quantize_q8s_split and mmq_repack.cu's repack_q4k_sb write them;
@@ -21,7 +23,7 @@
 //   Ta  float2 [K/32, Mp]   (da * 2^75, da * sa_c) per token and chunk (da repeats over the 8
 //                           chunks of a super-block); Mp = M rounded up to 128
 //   Wp  uint8 [2, N, K]     the planes P0, P1
-//   Tw  [Ts | Tm]           Ts float4 [K/256, Np] = (8 d 2^74, d 2^74, B, 0) per row and
+//   Tw  [Ts | Tm]           Ts float4 [K/256, Np] = (8 d 2^74, d 2^74, B_0, B_1) per row and
 //                           super-block; Tm uint2 [K/32, Np] = -(dmin m_c) as tf32 (hi, lo)
 // Block: 2 warpgroups (256 threads, 1 block per SM), tile 128 tokens x 128 weight rows;
 // warpgroup w owns tokens 64w..64w+63 and all 128 rows (m64n128: D_0, D_1, y are 64 registers
@@ -220,40 +222,53 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
                 tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh + S::TM / 2, 128, 256));
                 tgmma_m64n128k8(y, al, wgmma::plain_desc(tmh, 128, 256));
             }
+            // two groups a stage, plane 0 then plane 1: the fold of D_0 runs under plane 1's
+            // wgmmas (2-4% faster than one group and one fold, docs/perf.md)
 #pragma unroll
-            for (int c = 0; c < KC; ++c) {
-                const int acc = h | (c > 0);   // a super-block's first chunk starts D
+            for (int c = 0; c < KC; ++c)
                 igmma_m64n128k32(d0, wgmma::sw128_desc(sa + c * 32),
-                                 wgmma::sw128_desc(so + S::A + c * 32), acc);
+                                 wgmma::sw128_desc(so + S::A + c * 32), h | (c > 0));
+            wgmma::commit();
+#pragma unroll
+            for (int c = 0; c < KC; ++c)
                 igmma_m64n128k32(d1, wgmma::sw128_desc(sa + c * 32),
-                                 wgmma::sw128_desc(so + S::A + S::P + c * 32), acc);
-            }
+                                 wgmma::sw128_desc(so + S::A + S::P + c * 32), h | (c > 0));
             wgmma::commit();
             // while they run: once every warpgroup's stage kt-1 is done, its slot takes stage
             // kt+2 (one barrier more per stage than refilling it at the top, but the copy gets
             // two stages to land: 7-15% faster, docs/perf.md)
-            wgmma::wait<1>();
+            wgmma::wait<2>();   // (two groups a stage)
             __syncthreads();
             if (kt + 2 < 2 * w.k1)
                 cp.issue(base + ((kt + 2) % SB_STAGES) * S::STAGE, kt + 2, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
             else
                 gemm_f16::cp_async_commit();
             if (h == 1) {   // the super-block's sums are complete: fold them into y
-                wgmma::wait<0>();
-                wgmma::fence_regs(d0);
-                wgmma::fence_regs(d1);
-                wgmma::fence_regs(y);
                 const float4* ts = reinterpret_cast<const float4*>(st + S::A + 2 * S::P + S::TA);
                 const float da0 = ta[rl].x, da8 = ta[rl + 8].x;
+                wgmma::wait<1>();   // plane 0 (and the min term): y += da (8 d S_0)
+                wgmma::fence_regs(d0);
+                wgmma::fence_regs(y);
 #pragma unroll
                 for (int i = 0; i < NI; ++i) {
                     const float4 e0 = ts[i * 8 + 2 * t], e1 = ts[i * 8 + 2 * t + 1];
 #pragma unroll
                     for (int j = 0; j < 4; ++j) {
                         const float4 e = (j & 1) ? e1 : e0;
-                        const float tt = fmaf(__int_as_float(d0[4 * i + j]), e.x,
-                                              fmaf(__int_as_float(d1[4 * i + j]), e.y, e.z));
-                        y[4 * i + j] = fmaf(tt, (j & 2) ? da8 : da0, y[4 * i + j]);
+                        y[4 * i + j] = fmaf(fmaf(__int_as_float(d0[4 * i + j]), e.x, e.z),
+                                            (j & 2) ? da8 : da0, y[4 * i + j]);
+                    }
+                }
+                wgmma::wait<0>();   // plane 1: y += da (d S_1)
+                wgmma::fence_regs(d1);
+#pragma unroll
+                for (int i = 0; i < NI; ++i) {
+                    const float4 e0 = ts[i * 8 + 2 * t], e1 = ts[i * 8 + 2 * t + 1];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float4 e = (j & 1) ? e1 : e0;
+                        y[4 * i + j] = fmaf(fmaf(__int_as_float(d1[4 * i + j]), e.y, e.w),
+                                            (j & 2) ? da8 : da0, y[4 * i + j]);
                     }
                 }
             }

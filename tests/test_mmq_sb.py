@@ -72,6 +72,9 @@ def test_repack_sb_fields():
     d = ts[:, :N, 1].T / np.float32(2.0**74)
     assert np.array_equal(np.repeat(d, 8, 1) * sc.astype(np.float32), dsv)
     assert np.array_equal(ts[:, :N, 0], 8 * ts[:, :N, 1]) and not ts[:, N:].any()
+    V = vv.sum(-1)
+    v1 = ((sc & 7) * V).reshape(N, K // 256, 8).sum(-1)
+    assert np.allclose(ts[:, :N, 3].T, -128 * v1 * d * 2.0**-75, rtol=1e-6)
     hi, lo = (p.view(np.float32) for p in unblock_tm_sb(tw[K // 256 * Np * 16:], K, Np))
     assert np.allclose(hi[:, :N].astype(np.float64) + lo[:, :N], dmv.T, rtol=2**-20, atol=0)
     assert not hi[:, N:].any()
@@ -83,8 +86,9 @@ def test_repack_sb_fields():
 
 def emulate_sb(aq, ta, wp, tw, M, N, K, bias_sign=1.0):
     """mmq_sb_q4k.cu's arithmetic in f32 (fma in float64, exact for these operands): per
-    super-block D_p = Aq . P_p (u8 x u8 over 256 k), t = fma(D_1, Ts.y, Ts.z),
-    t = fma(D_0, Ts.x, t), y = fma(t, Ta.x, y); per chunk y += Ta.y * (Tm.hi + Tm.lo)."""
+    super-block D_p = Aq . P_p (u8 x u8 over 256 k), the min term y += Ta.y * (Tm.hi + Tm.lo)
+    per chunk, then y = fma(fma(D_0, Ts.x, Ts.z), Ta.x, y), y = fma(fma(D_1, Ts.y, Ts.w),
+    Ta.x, y)."""
     Np = pad_rows(N)
     ts = tw[:K // 256 * Np * 16].view(np.float32).reshape(K // 256, Np, 4).astype(np.float64)
     tm = np.stack([p.view(np.float32) for p in unblock_tm_sb(tw[K // 256 * Np * 16:], K, Np)],
@@ -97,12 +101,12 @@ def emulate_sb(aq, ta, wp, tw, M, N, K, bias_sign=1.0):
             D = aq[:, ks].astype(np.int64) @ wp[p][:, ks].astype(np.int64).T
             assert D.min() >= 0 and D.max() < 2**23   # a denormal's bits
             den.append(D.astype(np.int32).view(np.float32).astype(np.float64))
-        t = (den[1] * ts[b, :N, 1] + bias_sign * ts[b, :N, 2]).astype(np.float32)
-        t = (den[0] * ts[b, :N, 0] + t).astype(np.float32)
-        y = (t.astype(np.float64) * ta[8 * b, :M, 0, None] + y).astype(np.float32)
         for c in range(8 * b, 8 * b + 8):
             y = (y + ta[c, :M, 1, None].astype(np.float64) * (tm[c, :N, 0] + tm[c, :N, 1])
                  ).astype(np.float32)
+        for p in range(2):
+            t = (den[p] * ts[b, :N, p] + bias_sign * ts[b, :N, 2 + p]).astype(np.float32)
+            y = (t.astype(np.float64) * ta[8 * b, :M, 0, None] + y).astype(np.float32)
     return y
 
 

@@ -10,7 +10,7 @@ q4_K's 6-bit sub-scale changes per 32-chunk; the weight carries it in two byte p
   per chunk (da the 256-block's f16-rounded scale, repeated over its 8 chunks; sa the chunk's
   sum of q). Mp = M rounded up to TPAD; rows >= M zero.
 - `repack_q4k_sb_ref(w_raw, N, K)`: Wp uint8 [2, N, K] = (a v, b v) and Tw uint8 =
-  [Ts f32 [K/256, Np, 4] = (8 d 2^74, d 2^74, f32(-128 (8 V0 + V1)) d 2^-75, 0) | Tm =
+  [Ts f32 [K/256, Np, 4] = (8 d 2^74, d 2^74, f32(-1024 V0) d 2^-75, f32(-128 V1) d 2^-75) | Tm =
   -(dmin m) as tf32 (hi, lo), blocked (`block_tm_sb`)], V0 / V1 the super-block's sums of a v /
   b v.
 - `repack_q6k_sb_ref(w_raw, N, K)`: q6_K for kernels/mmq_sb_q6k.cu: Wp int8 [3, N, K] =
@@ -97,7 +97,8 @@ def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np
     ts = np.zeros((K // QK_SB, Np, 4), np.float32)
     ts[:, :N, 0] = (np.float32(8) * d * _S74).T
     ts[:, :N, 1] = (d * _S74).T
-    ts[:, :N, 2] = (((-128 * (8 * v0 + v1)).astype(np.float32) * d) * _SM75).T
+    ts[:, :N, 2] = (((-1024 * v0).astype(np.float32) * d) * _SM75).T
+    ts[:, :N, 3] = (((-128 * v1).astype(np.float32) * d) * _SM75).T
     hi, lo = (np.zeros((K // 32, Np), np.uint32) for _ in range(2))
     hi[:, :N], lo[:, :N] = (p.T for p in tf32_split(dmv))
     tw = np.concatenate([ts.view(np.uint8).ravel(), block_tm_sb(hi, lo).view(np.uint8).ravel()])
