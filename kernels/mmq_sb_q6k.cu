@@ -212,24 +212,8 @@ __device__ __forceinline__ void mmq_sb6_body(const uint8_t* __restrict__ Aq,
             cp = Sb6Copier(m0, n0, M, N, K, tid);
             prologue();
         }
-        if (cur.k0 > 0) {   // a stream-K tail: its sums go to the block with the head
-            wgmma::sk_put<NI * 4, T>(ws, flags, y);
-        } else {
-            if (cur.k1 < KS) wgmma::sk_add<NI * 4, T>(ws, flags, y);
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int r = sm0 + rl + 8 * u;
-                if (r >= M) continue;
-#pragma unroll
-                for (int i = 0; i < NI; ++i) {
-                    const int col = sn0 + i * 8 + 2 * t;
-                    if (col >= N) continue;
-                    const float2 v = make_float2(y[4 * i + 2 * u], y[4 * i + 2 * u + 1]);
-                    if (RED) wgmma::red_c2(C + (size_t)r * N + col, v, (N & 1) == 0, col + 1 < N);
-                    else wgmma::store_c2(C + (size_t)r * N + col, v, (N & 1) == 0, col + 1 < N);
-                }
-            }
-        }
+        // a stream-K tail publishes its sums, a head adds its tail's; then the stores
+        wgmma::finish_item<NI, T, RED>(cur, KS, y, C, M, N, sm0 + rl, sn0 + 2 * t, ws, flags);
         if (!more) break;
 #pragma unroll
         for (int i = 0; i < NI * 4; ++i) y[i] = 0.f;
