@@ -187,18 +187,12 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     v = pick_variant(cfg, rt.smem_optin, qtype, rt.arch)
     if v.fallback:
         _warn_once(v.fallback)
-    if v.kind == "sb" and x.dtype != np.uint8:
-        wr = sb.repack_sb(rt, w_raw, qtype, N, K)
+    if v.kind in ("wgmma", "sb") and x.dtype != np.uint8:   # raw weight: repacked per call
+        repack, run = ((sb.repack_sb, sb.mmq_sb_linear) if v.kind == "sb" else
+                       (wg.repack, wg.mmq_wgmma_linear))
+        wr = repack(rt, w_raw, qtype, N, K)
         try:
-            sb.mmq_sb_linear(rt, x, wr, M, N, K, out, accumulate, stream_k=cfg.stream_k)
-        finally:
-            rt.synchronize()
-            wr.free()
-        return v
-    if v.kind == "wgmma" and x.dtype != np.uint8:
-        wr = wg.repack(rt, w_raw, qtype, N, K)
-        try:
-            wg.mmq_wgmma_linear(rt, x, wr, M, N, K, out, accumulate, stream_k=cfg.stream_k)
+            run(rt, x, wr, M, N, K, out, accumulate, stream_k=cfg.stream_k)
         finally:
             rt.synchronize()
             wr.free()
