@@ -15,7 +15,7 @@ from minfer.quants.mmq_sb_ref import (block_tm_sb, mmq_sb_linear_ref, quantize_q
                                       repack_q4k_sb_ref, sb_scales, split_q8s_ref, unblock_tm_sb)
 from minfer.quants.mmq_wgmma_ref import pad_rows
 from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
-from test_mmq_wgmma import rand_q4k, rand_q6k
+from test_mmq_wgmma import _Rt, rand_q4k, rand_q6k
 
 KDIR = Path(__file__).resolve().parents[1] / "kernels"
 
@@ -132,11 +132,15 @@ def test_integer_sums_fit_a_denormal():
 
 
 def test_sb_smem_matches_kernel():
+    from minfer.cuda.mmq_sb import sb6_smem
+
     src = (KDIR / "mmq_sb_q4k.cu").read_text()
     pinned = re.findall(r"SbSmem<(\d)>::BYTES == (\d+)", src)
     assert pinned
     for st, b in pinned:
         assert sb_smem(int(st)) == int(b)
+    pinned6 = re.findall(r"Sb6Smem::BYTES == (\d+)", (KDIR / "mmq_sb_q6k.cu").read_text())
+    assert pinned6 and all(sb6_smem() == int(b) for b in pinned6)
 
 
 def test_block_tm_sb_roundtrip():
@@ -144,11 +148,6 @@ def test_block_tm_sb_roundtrip():
     hi, lo = (rng.integers(0, 2**32, (16, 256), dtype=np.uint32) for _ in range(2))
     h2, l2 = unblock_tm_sb(block_tm_sb(hi, lo), 512, 256)
     assert np.array_equal(h2, hi) and np.array_equal(l2, lo)
-
-
-class _Rt:
-    def __init__(self, cap, arch):
-        self.smem_optin, self.arch = cap, arch
 
 
 def test_sb_config_flag_label_and_cli():

@@ -11,19 +11,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def hopper(rt):
-    if rt.arch != "sm_90":
-        pytest.skip(f"SB kernel: sm_90 only, this GPU is {rt.arch}")
-    return rt
-
-
-def _same(dev, ref) -> bool:
-    a, b = np.ascontiguousarray(dev.get()), np.ascontiguousarray(ref)
-    return a.nbytes == b.nbytes and np.array_equal(a.view(np.uint8).ravel(),
-                                                   b.view(np.uint8).ravel())
-
-
 def _rand(rng, qtype, N, K):
     from test_mmq_wgmma import rand_q4k, rand_q6k
 
@@ -31,7 +18,7 @@ def _rand(rng, qtype, N, K):
 
 
 @pytest.mark.parametrize("qtype", [12, 14])
-def test_split_and_repack_bitwise(hopper, qtype):
+def test_split_and_repack_bitwise(hopper, same_bytes, qtype):
     from minfer.cuda import devarray as da
     from minfer.cuda.mmq_sb import repack_sb, split_q8s
     from minfer.quants.mmq_sb_ref import repack_q4k_sb_ref, repack_q6k_sb_ref, split_q8s_ref
@@ -43,11 +30,11 @@ def test_split_and_repack_bitwise(hopper, qtype):
     for xin in (x, x.astype(np.float16)):
         got = split_q8s(rt, da.to_device(rt, xin), signed=q6)
         want = split_q8s_ref(xin.astype(np.float32), signed=q6)
-        assert all(_same(a, b) for a, b in zip(got, want))
+        assert all(same_bytes(a, b) for a, b in zip(got, want))
     w = _rand(rng, qtype, 333, 1280)
     r = repack_sb(rt, da.to_device(rt, w), qtype, 333, 1280)
     wp, tw = (repack_q6k_sb_ref if q6 else repack_q4k_sb_ref)(w, 333, 1280)
-    assert _same(r.wp, wp) and _same(r.ts if q6 else r.tw, tw)
+    assert same_bytes(r.wp, wp) and same_bytes(r.ts if q6 else r.tw, tw)
     assert r.nbytes == wp.nbytes + tw.nbytes
 
 

@@ -11,13 +11,6 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def hopper(rt):
-    if rt.arch != "sm_90":
-        pytest.skip(f"wgmma kernel: sm_90 only, this GPU is {rt.arch}")
-    return rt
-
-
 def _weights(rng, qtype, N, K):
     from test_mmq_wgmma import rand_q4k, rand_q6k
 
@@ -31,14 +24,8 @@ def _split(qtype):
     return (split6_q8_1, split6_q8_1_ref) if qtype == 14 else (split_q8_1, split_q8_1_ref)
 
 
-def _same(dev, ref) -> bool:
-    a, b = np.ascontiguousarray(dev.get()), np.ascontiguousarray(ref)
-    return a.nbytes == b.nbytes and np.array_equal(a.view(np.uint8).ravel(),
-                                                   b.view(np.uint8).ravel())
-
-
 @pytest.mark.parametrize("qtype", [12, 14])
-def test_split_and_repack_bitwise(hopper, qtype):
+def test_split_and_repack_bitwise(hopper, same_bytes, qtype):
     from minfer.cuda import devarray as da
     from minfer.cuda.mmq_wgmma import repack
     from minfer.quants.mmq_wgmma_ref import repack_q4k_ref, repack_q6k_ref
@@ -49,11 +36,11 @@ def test_split_and_repack_bitwise(hopper, qtype):
     x = rng.standard_normal((77, 1280)).astype(np.float32)
     for xin in (x, x.astype(np.float16)):
         got, want = split(rt, da.to_device(rt, xin)), split_ref(xin.astype(np.float32))
-        assert all(_same(a, b) for a, b in zip(got, want))
+        assert all(same_bytes(a, b) for a, b in zip(got, want))
     w = _weights(rng, qtype, 333, 1280)
     r = repack(rt, da.to_device(rt, w), qtype, 333, 1280)
     rwq, rtw = (repack_q6k_ref if qtype == 14 else repack_q4k_ref)(w, 333, 1280)
-    assert _same(r.wq, rwq) and _same(r.tw, rtw)
+    assert same_bytes(r.wq, rwq) and same_bytes(r.tw, rtw)
     assert r.nbytes == rwq.nbytes + rtw.nbytes
 
 
