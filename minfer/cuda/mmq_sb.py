@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.cuda import devarray as da
-from minfer.cuda.mmq_wgmma import _check_raw, _launch, _zeroed
+from minfer.cuda.mmq_wgmma import check_raw, launch_persistent, zeroed
 from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import pad_rows
 
@@ -101,9 +101,9 @@ class SbQ6K:
 def repack_sb(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight"):
     """raw q4_K / q6_K device bytes -> SbQ4K / SbQ6K."""
     if int(qtype) == Q6_K:
-        _check_raw("repack_q6k_sb", w_raw, N, K, 210, 1)
+        check_raw("repack_q6k_sb", w_raw, N, K, 210, 1)
         r = SbQ6K(da.empty(rt, (3, N, K), np.uint8, f"sb q6_K planes {what}"),
-                  _zeroed(rt, (K // 256, pad_rows(N), 4), np.float32, f"sb q6_K tables {what}"),
+                  zeroed(rt, (K // 256, pad_rows(N), 4), np.float32, f"sb q6_K tables {what}"),
                   N, K)
         fn = rt.function("mmq_repack", "repack_q6k_sb")
         n = N * (K // 16)
@@ -118,9 +118,9 @@ def repack_sb(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight"):
 
 def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
     """raw q4_K device bytes [N, K/256*144] (any shape, 16-byte aligned) -> SbQ4K."""
-    _check_raw("repack_q4k_sb", w_raw, N, K, 144, 16)
+    check_raw("repack_q4k_sb", w_raw, N, K, 144, 16)
     r = SbQ4K(da.empty(rt, (2, N, K), np.uint8, f"sb planes {what}"),
-              _zeroed(rt, (sb_table_bytes(N, K),), np.uint8, f"sb tables {what}"), N, K)
+              zeroed(rt, (sb_table_bytes(N, K),), np.uint8, f"sb tables {what}"), N, K)
     fn = rt.function("mmq_repack", "repack_q4k_sb")
     n = N * (K // 256)
     rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wp), da.arg(r.tw),
@@ -142,7 +142,7 @@ def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
         raise GPUError(f"{what}: activations at a {need}-byte unaligned address")
     t_shape = (K // 32, pad_rows(M), 2)
     aq = da.empty(rt, (M, K), np.uint8, f"q8s activations ({what})") if aq is None else aq
-    ta = _zeroed(rt, t_shape, np.float32, f"q8s tables ({what})") if ta is None else ta
+    ta = zeroed(rt, t_shape, np.float32, f"q8s tables ({what})") if ta is None else ta
     da.check(f"{what} aq", aq, (M, K), np.uint8, align=16)
     da.check(f"{what} ta", ta, t_shape, np.float32, align=16)
     fn = rt.function("quantize_q8_1", "quantize_q8s_split" + ("_s8" if signed else "")
@@ -175,7 +175,7 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
     bn, name, smem, tab = ((SB6_BN, "mmq_sb_q6k", sb6_smem(), w.ts) if q6 else
                            (SB_BN, "mmq_sb_q4k", sb_smem(), w.tw))
     tiles = -(-M // SB_BM) * -(-N // bn)
-    _launch(rt, name + ("_acc" if accumulate else ""), name, smem, tiles, K // 256,
+    launch_persistent(rt, name + ("_acc" if accumulate else ""), name, smem, tiles, K // 256,
             (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(tab), da.arg(out), np.int32(M),
              np.int32(N), np.int32(K)), build_opts, stream_k, sms)
 

@@ -120,14 +120,14 @@ def split_views(buf, M: int, K: int):
     return aq, ta
 
 
-def _zeroed(rt, shape, dtype, what):
+def zeroed(rt, shape, dtype, what):
     a = da.empty(rt, shape, dtype, what)
     if a.size:
         rt.drv.memset_d8(da.ptr(a), 0, int(a.nbytes))
     return a
 
 
-def _check_raw(what, w_raw, N, K, block, align):
+def check_raw(what, w_raw, N, K, block, align):
     if K % 256 or K <= 0 or N <= 0:
         raise GPUError(f"{what}: need N >= 1 and K a multiple of 256, got N={N} K={K}")
     nbytes = N * (K // 256) * block
@@ -150,9 +150,9 @@ def repack(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight") -> Wgmma
 
 def repack_q6k(rt, w_raw, N: int, K: int, what: str = "weight") -> WgmmaQ6K:
     """raw q6_K device bytes [N, K/256*210] (any shape) -> WgmmaQ6K."""
-    _check_raw("repack_q6k", w_raw, N, K, 210, 1)
+    check_raw("repack_q6k", w_raw, N, K, 210, 1)
     r = WgmmaQ6K(da.empty(rt, (N, K), np.uint8, f"wgmma q6_K values {what}"),
-                 _zeroed(rt, (-(-N // Q6_BN), K // Q6_BK, Q6_TWB), np.uint8,
+                 zeroed(rt, (-(-N // Q6_BN), K // Q6_BK, Q6_TWB), np.uint8,
                          f"wgmma q6_K tables {what}"), N, K)
     fn = rt.function("mmq_repack", "repack_q6k_wgmma")
     n = N * (K // 32)
@@ -163,10 +163,10 @@ def repack_q6k(rt, w_raw, N: int, K: int, what: str = "weight") -> WgmmaQ6K:
 
 def repack_q4k(rt, w_raw, N: int, K: int, what: str = "weight") -> WgmmaQ4K:
     """raw q4_K device bytes [N, K/256*144] (any shape, 16-byte aligned) -> WgmmaQ4K."""
-    _check_raw("repack_q4k", w_raw, N, K, 144, 16)
+    check_raw("repack_q4k", w_raw, N, K, 144, 16)
     Np = pad_rows(N)
     r = WgmmaQ4K(da.empty(rt, (N, K), np.uint8, f"wgmma nibbles {what}"),
-                 _zeroed(rt, (2, K // 32, Np, 2), np.uint32, f"wgmma tables {what}"), N, K)
+                 zeroed(rt, (2, K // 32, Np, 2), np.uint32, f"wgmma tables {what}"), N, K)
     fn = rt.function("mmq_repack", "repack_q4k_wgmma")
     n = N * (K // 32)
     rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wq), da.arg(r.tw),
@@ -193,7 +193,7 @@ def _split_outputs(rt, qtype: int, what: str, M: int, K: int, a, t):
     if a is None:
         a = da.empty(rt, a_shape, np.uint8, f"q8_1 activations ({what})")
     if t is None:
-        t = _zeroed(rt, t_shape, t_dtype, f"q8_1 tables ({what})")
+        t = zeroed(rt, t_shape, t_dtype, f"q8_1 tables ({what})")
     da.check(f"{what} {an}", a, a_shape, np.uint8, align=16)
     da.check(f"{what} {tn}", t, t_shape, t_dtype, align=16)
     extra = (np.int32(t_shape[1]),) if int(qtype) == Q4_K else ()   # q4_K: Ta's row count Mp
@@ -262,9 +262,11 @@ def _geometry(build_opts: tuple) -> tuple[int, bool, bool]:
     return stages, persist, sk
 
 
-def _launch(rt, entry: str, name: str, smem: int, tiles: int, KT: int, args, build_opts: tuple,
-            stream_k: bool, sms: int | None) -> None:
-    """One launch of kernels/<name>.cu's `entry` (the C = or the C += one)."""
+def launch_persistent(rt, entry: str, name: str, smem: int, tiles: int, KT: int, args,
+                      build_opts: tuple, stream_k: bool, sms: int | None) -> None:
+    """One launch of the persistent kernel kernels/<name>.cu's `entry` (the C = or the C +=
+    one; the wgmma and SB kernels): the grid and the stream-K split of `tiles` tiles of KT
+    k-units (`schedule`), the smem cap, the workspace; args end before (dp, ws, flags)."""
     _, persist, sk = _geometry(build_opts)
     if smem > rt.smem_optin:
         raise GPUError(f"{entry}: {smem} B of shared memory needed, over this GPU's opt-in cap "
@@ -311,7 +313,7 @@ def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,
     # C += runs the _acc entry (reductions into C); the q4_K entries also take the flag (their
     # comment in mmq_wgmma_q4k.cu says why)
     flag = (np.int32(1 if accumulate else 0),) if w.qtype == Q4_K else ()
-    _launch(rt, name + ("_acc" if accumulate else ""), name, smem, tiles, K // WG_BK,
+    launch_persistent(rt, name + ("_acc" if accumulate else ""), name, smem, tiles, K // WG_BK,
             (da.arg(a), da.arg(t), da.arg(w.wq), da.arg(w.tw), da.arg(out), np.int32(M),
              np.int32(N), np.int32(K), *flag), build_opts, stream_k, sms)
 
