@@ -1,18 +1,18 @@
-"""Launchers for the super-block MMQ path (kernels/mmq_sb_q4k.cu, repack_q4k_sb in
-mmq_repack.cu, the q8s split entries of quantize_q8_1.cu).
+"""Launchers for the super-block MMQ path (kernels/mmq_sb_q4k.cu, mmq_sb_q6k.cu, repack_q4k_sb /
+repack_q6k_sb in mmq_repack.cu, the q8s split entries of quantize_q8_1.cu).
 
-    y[M, N] (f32) = q8s(x)[M, K] @ W[N, K].T, W q4_K, with the activations quantized per 256
+    y[M, N] (f32) = q8s(x)[M, K] @ W[N, K].T, W q4_K / q6_K, with the activations quantized per 256
     values (one scale per token and super-block) instead of q8_1's 32: the numpy oracle is
     minfer.quants.mmq_sb_ref.mmq_sb_linear_ref, the bit-exact operand twins live there too.
 
 Why: with one activation scale per super-block, the tensor core sums all 8 chunks of a q4_K
 super-block in integers (two u8 weight planes carry the sub-scale: sc = 8a + b, P0 = a v,
-P1 = b v), so the epilogue is 3 FFMA per C value per 256 k instead of 2 per 32 k. Weight:
+P1 = b v), so the epilogue is 4 FFMA per C value per 256 k instead of 2 per 32 k. Weight:
 2 bytes per value (the planes) plus 80 B of tables per 256, 2.3 B per value (more than the
 f16 path's 2: the price of reading ready planes; making them in shared memory from the
 nibbles measured slower, docs/perf.md).
-Block tile 128 tokens x 128 weight rows, 2 warpgroups of 64 x 128, 3 stages of 128 k,
-persistent with stream-K over super-blocks (minfer.cuda.stream_k). sm_90 only.
+Block tile 128 tokens x 128 weight rows, 2 warpgroups of 64 x 128, stages of 128 k in a
+3-slot ring, persistent with stream-K over super-blocks (minfer.cuda.stream_k). sm_90 only.
 
 q6_K (kernels/mmq_sb_q6k.cu): the int8 sub-scale sc goes into three s8 planes a_i (q - 32),
 sc = a0 + 7 a1 + 49 a2 (balanced base-7 digits), the activations as signed q8s bytes; no bias,
