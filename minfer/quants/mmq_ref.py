@@ -43,8 +43,8 @@ def _check(w_raw: np.ndarray, qtype: int, N: int, K: int) -> np.ndarray:
     return w
 
 
-def decode_q4k(w_raw: np.ndarray, N: int, K: int):
-    """-> dsv f32 [N, K/32], dmv f32 [N, K/32], v uint8 [N, K] (nibbles in natural k order)."""
+def q4k_scales(w_raw: np.ndarray, N: int, K: int):
+    """-> d, dmin f32 [N, K/256] and the 6-bit sc, m uint8 [N, K/256, 8] of raw q4_K rows."""
     w = _check(w_raw, Q4_K, N, K).reshape(N, K // QK_K, 144)
     d = w[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)     # [N, KB]
     dmin = w[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -52,6 +52,20 @@ def decode_q4k(w_raw: np.ndarray, N: int, K: int):
     lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = np.concatenate([lo & 63, (hi & 0xF) | ((lo >> 6) << 4)], axis=-1)  # get_scale_min_k4
     m = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=-1)
+    return d, dmin, sc, m
+
+
+def q6k_scales(w_raw: np.ndarray, N: int, K: int):
+    """-> d f32 [N, K/256] and the int8 sc [N, K/256, 16] of raw q6_K rows."""
+    w = _check(w_raw, Q6_K, N, K).reshape(N, K // QK_K, 210)
+    return w[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32), \
+        w[..., 192:208].view(np.int8)
+
+
+def decode_q4k(w_raw: np.ndarray, N: int, K: int):
+    """-> dsv f32 [N, K/32], dmv f32 [N, K/32], v uint8 [N, K] (nibbles in natural k order)."""
+    w = _check(w_raw, Q4_K, N, K).reshape(N, K // QK_K, 144)
+    d, dmin, sc, m = q4k_scales(w_raw, N, K)
     dsv = (d[..., None] * sc.astype(np.float32)).reshape(N, K // 32)
     dmv = -(dmin[..., None] * m.astype(np.float32)).reshape(N, K // 32)
     qs = w[..., 16:].reshape(N, K // QK_K, 4, 1, 32)
@@ -64,8 +78,8 @@ def decode_q6k(w_raw: np.ndarray, N: int, K: int):
     w = _check(w_raw, Q6_K, N, K).reshape(N, K // QK_K, 210)
     ql = w[..., 0:128].reshape(N, -1, 2, 1, 64)
     qh = w[..., 128:192].reshape(N, -1, 2, 1, 32)
-    sc = w[..., 192:208].view(np.int8).astype(np.float32)                  # [N, KB, 16]
-    d = w[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, KB]
+    d, sc = q6k_scales(w_raw, N, K)                                        # [N, KB], [N, KB, 16]
+    sc = sc.astype(np.float32)
     lo = ((ql >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0xF).reshape(N, -1, 2, 4, 32)
     hb = ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3).reshape(N, -1, 2, 4, 32)
     qm = ((lo | (hb << 4)).astype(np.int16) - 32).astype(np.int8).reshape(N, K)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer.quants.mmq_ref import decode_q4k, decode_q6k
+from minfer.quants.mmq_ref import decode_q4k, decode_q6k, q4k_scales, q6k_scales
 from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows, tf32_split
 from minfer.quants.q8_1 import q8_blocks
 
@@ -38,6 +38,13 @@ def quantize_q8s(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """x f32 [M, K] (K % 256 == 0) -> (da f32 [M, K/256], f16-rounded, q int8 [M, K])."""
     d, q = q8_blocks(np.asarray(x, np.float32), QK_SB)
     return d.astype(np.float16).astype(np.float32), q
+
+
+def q8s_grid(x: np.ndarray) -> np.ndarray:
+    """x f32 [M, K] -> f32 [M, K]: x as the SB kernels see it, da * q per 256 values."""
+    d, q = quantize_q8s(x)
+    M, K = q.shape
+    return (q.reshape(M, K // QK_SB, QK_SB).astype(np.float32) * d[..., None]).reshape(M, K)
 
 
 def split_q8s_ref(x: np.ndarray, signed: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -57,11 +64,7 @@ def split_q8s_ref(x: np.ndarray, signed: bool = False) -> tuple[np.ndarray, np.n
 
 def sb_scales(w_raw: np.ndarray, N: int, K: int) -> np.ndarray:
     """The 6-bit sub-scales sc int32 [N, K/32] of a raw q4_K weight (from its block bytes)."""
-    w = np.asarray(w_raw, np.uint8).reshape(N, K // QK_SB, 144)
-    s = w[..., 4:16]
-    lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([lo & 63, (hi & 0xF) | ((lo >> 6) << 4)], axis=-1)      # get_scale_min_k4
-    return sc.reshape(N, K // 32).astype(np.int32)
+    return q4k_scales(w_raw, N, K)[2].reshape(N, K // 32).astype(np.int32)
 
 
 def block_tm_sb(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
@@ -84,8 +87,7 @@ def unblock_tm_sb(tm: np.ndarray, K: int, Np: int) -> tuple[np.ndarray, np.ndarr
 def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
     """raw q4_K bytes [N, K/256*144] -> (Wp uint8 [2, N, K], Tw uint8 [K/256*Np*16 + K/32*Np*8])."""
     _, dmv, v = decode_q4k(w_raw, N, K)
-    w = np.asarray(w_raw, np.uint8).reshape(N, K // QK_SB, 144)
-    d = w[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)          # [N, K/256]
+    d = q4k_scales(w_raw, N, K)[0]                                              # [N, K/256]
     sc = sb_scales(w_raw, N, K)
     a, b = sc >> 3, sc & 7                                                      # [N, K/32]
     vc = v.reshape(N, K // 32, 32).astype(np.int32)
@@ -121,10 +123,8 @@ def repack_q6k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np
     """raw q6_K bytes [N, K/256*210] -> (Wp uint8 [3, N, K] = int8 a_i (q - 32) bytes,
     Ts f32 [K/256, Np, 4] = (d, 7 d, 49 d, 0) * 2^-75)."""
     _, qm = decode_q6k(w_raw, N, K)                                            # q - 32 [N, K]
-    w = np.asarray(w_raw, np.uint8).reshape(N, K // QK_SB, 210)
-    sc = w[..., 192:208].view(np.int8).reshape(N, K // 16)
-    d = w[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32)    # [N, K/256]
-    a = sb6_digits(sc)                                                         # [3, N, K/16]
+    d, sc = q6k_scales(w_raw, N, K)                                            # [N, K/256]
+    a = sb6_digits(sc.reshape(N, K // 16))                                                         # [3, N, K/16]
     wp = (np.repeat(a, 16, axis=2) * qm.astype(np.int32)).astype(np.int8)
     ts = np.zeros((K // QK_SB, pad_rows(N), 4), np.float32)
     for i, m in enumerate((1, 7, 49)):
@@ -145,11 +145,10 @@ def _dequant(w_raw: np.ndarray, qtype: int, N: int, K: int) -> np.ndarray:
 def mmq_sb_linear_ref(x: np.ndarray, w_raw: np.ndarray, M: int, N: int, K: int,
                       qtype: int = 12) -> np.ndarray:
     """The SB path's oracle: (da * q) @ W.T in float64, W the dequantized q4_K / q6_K weight."""
-    d, q = quantize_q8s(np.asarray(x, np.float32).reshape(M, K))
-    xq = (q.reshape(M, K // QK_SB, QK_SB).astype(np.float64) * d[..., None]).reshape(M, K)
+    xq = q8s_grid(np.asarray(x, np.float32).reshape(M, K)).astype(np.float64)
     return xq @ _dequant(w_raw, qtype, N, K).T
 
 
-__all__ = ["QK_SB", "TPAD", "quantize_q8s", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
+__all__ = ["QK_SB", "TPAD", "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
            "block_tm_sb", "unblock_tm_sb", "sb6_digits", "repack_q6k_sb_ref",
            "mmq_sb_linear_ref"]

@@ -148,12 +148,9 @@ class ReferenceBackend:
             x = dequantize_q8_1_raw(quantize_q8_1_raw(x.astype(np.float32)), x.shape[-1])
             x = x.astype(self.dtype, copy=False)
         elif name in self.q8s_inputs:  # the SB kernel's grid: one scale per 256 values
-            from minfer.quants.mmq_sb_ref import QK_SB, quantize_q8s
+            from minfer.quants.mmq_sb_ref import q8s_grid
 
-            d, q = quantize_q8s(x.astype(np.float32))
-            T, K = x.shape
-            x = (q.reshape(T, K // QK_SB, QK_SB).astype(np.float32) * d[..., None]).reshape(T, K)
-            x = x.astype(self.dtype, copy=False)
+            x = q8s_grid(x.astype(np.float32)).astype(self.dtype, copy=False)
         y = x @ self.weight(name).T
         bias = name[: -len(".weight")] + ".bias"
         if bias in self.model.tensors:
