@@ -252,3 +252,31 @@ def test_q6_sb_repack_and_algebra():
             y = (t * ta[8 * b, :M, 0, None] + y).astype(np.float32)
         e = np.linalg.norm(y - ref) / np.linalg.norm(ref)
         assert (e > 1e-1) if drop else (e < 1e-5), e
+
+
+@pytest.mark.parametrize("dtype,signed,entry", [
+    (np.float32, False, "quantize_q8s_split"), (np.float16, False, "quantize_q8s_split_f16"),
+    (np.float16, True, "quantize_q8s_split_s8_f16")])
+def test_split_q8s_launch(monkeypatch, dtype, signed, entry):
+    """split_q8s's host side (no GPU): the entry of the dtype and signedness, one warp per 256
+    values (8 per 256-thread CTA), the pointers, M, K and Ta's padded row count; misaligned
+    input refused."""
+    from fake_gpuarray import FakeGPUArray, install
+    from test_gemm_launcher_cpu import FakeRT
+
+    from minfer.cuda.mmq_sb import split_q8s
+    from minfer.errors import GPUError
+
+    install(monkeypatch)
+    rt = FakeRT()
+    M, K = 77, 1280
+    x = FakeGPUArray((M, K), dtype, gpudata=0x10000)
+    aq = FakeGPUArray((M, K), np.uint8, gpudata=0x40000)
+    ta = FakeGPUArray((K // 32, 128, 2), np.float32, gpudata=0x80000)
+    assert split_q8s(rt, x, aq, ta, signed=signed) == (aq, ta)
+    (fn, grid, block, args, _), = rt.launches
+    assert fn[:2] == ("quantize_q8_1", entry)
+    assert grid == ((M * K // 256 + 7) // 8,) and block == (256,)
+    assert args == [0x10000, 0x40000, 0x80000, M, K, 128]
+    with pytest.raises(GPUError, match="unaligned"):
+        split_q8s(rt, FakeGPUArray((M, K), dtype, gpudata=0x10004), aq, ta)

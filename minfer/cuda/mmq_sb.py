@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.cuda import devarray as da
+from minfer.cuda.mmq import launch_prepass
 from minfer.cuda.mmq_wgmma import check_raw, launch_persistent, zeroed
 from minfer.errors import GPUError
 from minfer.quants.mmq_wgmma_ref import pad_rows
@@ -137,19 +138,14 @@ def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
     M, K = x.shape
     if K % 256 or M <= 0:
         raise GPUError(f"{what}: need M >= 1 and K a multiple of 256, got M={M} K={K}")
-    need = 16 if x.dtype == np.float32 else 8
-    if da.ptr(x) % need:
-        raise GPUError(f"{what}: activations at a {need}-byte unaligned address")
     t_shape = (K // 32, pad_rows(M), 2)
     aq = da.empty(rt, (M, K), np.uint8, f"q8s activations ({what})") if aq is None else aq
     ta = zeroed(rt, t_shape, np.float32, f"q8s tables ({what})") if ta is None else ta
     da.check(f"{what} aq", aq, (M, K), np.uint8, align=16)
     da.check(f"{what} ta", ta, t_shape, np.float32, align=16)
-    fn = rt.function("quantize_q8_1", "quantize_q8s_split" + ("_s8" if signed else "")
-                     + ("_f16" if need == 8 else ""))
-    nsb = M * (K // 256)   # one warp per super-block, 8 per CTA
-    rt.launch(fn, ((nsb + 7) // 8,), (256,), (da.arg(x), da.arg(aq), da.arg(ta), np.int32(M),
-                                             np.int32(K), np.int32(t_shape[1])))
+    launch_prepass(rt, "quantize_q8s_split" + ("_s8" if signed else ""), x,
+                   (da.arg(aq), da.arg(ta), np.int32(M), np.int32(K), np.int32(t_shape[1])),
+                   block=256)
     return aq, ta
 
 
