@@ -50,9 +50,9 @@ def gemm_options(f):
                           "--no-mmq-fused-prepass: swiglu to f16, then the q8_1 prepass "
                           "(MINFER_MMQ_FUSED_PREPASS)."),
         click.option("--mmq-sb/--no-mmq-sb", "mmq_sb", default=None,
-                     help="q4_K GEMMs of the wgmma config on the super-block kernel: activations "
-                          "quantized per 256 values (like llama.cpp's q8_K) instead of 32, so the "
-                          "tensor core sums a whole q4_K super-block (default off; "
+                     help="q4_K / q6_K GEMMs of the wgmma config on the super-block kernels: "
+                          "activations quantized per 256 values (like llama.cpp's q8_K) instead "
+                          "of 32, so the tensor core sums a whole super-block (default off; "
                           "MINFER_MMQ_SB; docs/mmq.md)."),
     ]
     for o in reversed(opts):

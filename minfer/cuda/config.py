@@ -8,8 +8,8 @@ kernel while q4_K takes wgmma, the A/B of the q6_K kernel), MINFER_MMQ_STREAMK (
 the wgmma kernels split the tiles of a ragged last wave by k over every SM; 0: whole tiles),
 MINFER_MMQ_FUSED_PREPASS (1, the default: a wgmma ffn_down's input is quantized by the swiglu
 launch itself, no f16 activation; 0: swiglu, then the prepass), MINFER_MMQ_SB (0, the default;
-1: q4_K GEMMs of the wgmma config run the super-block kernel, kernels/mmq_sb_q4k.cu, whose
-activations are quantized per 256 values instead of q8_1's 32). Explicit overrides (CLI flags, bench A/B
+1: q4_K / q6_K GEMMs of the wgmma config run the super-block kernels, kernels/mmq_sb_q4k.cu and
+mmq_sb_q6k.cu, whose activations are quantized per 256 values instead of q8_1's 32). Explicit overrides (CLI flags, bench A/B
 strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
