@@ -115,32 +115,30 @@ struct Sb1Copier {
     }
 };
 
-// z[32H + 4i + j] (i the n8 group of half H) += S (d: the half's m64n64 s32 fragment, read as
-// f32 denormals) * mc of its column
-template <int H>
-__device__ __forceinline__ void fold(float (&z)[64], const int (&d)[32], const float4* mc, int t) {
+// z[4i + j] (i the n8 group) += S (d: the chunk's m64n128 s32 fragment, read as f32
+// denormals) * mc of its column; m: the thread's mc (`load_mc`, loaded before the wgmma wait
+// so that the LDS latency hides under it)
+__device__ __forceinline__ void load_mc(float4 (&m)[8], const float4* mc, int t) {
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {   // the n8 groups 2p, 2p+1 of the half: one float4
-        const float4 m = mc[(4 * H + p) * 4 + t];
+    for (int p = 0; p < 8; ++p) {   // the n8 groups 2p, 2p+1
+#ifdef SB1_NO_MC   // timing only: what the kernel costs without the multiplier loads
+        m[p] = make_float4(1.f + t, 2.f, 3.f, 4.f + p);
+#else
+        m[p] = mc[p * 4 + t];
+#endif
+    }
+}
+__device__ __forceinline__ void fold(float (&z)[64], const int (&d)[64], const float4 (&m)[8]) {
+#pragma unroll
+    for (int p = 0; p < 8; ++p)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int k = 4 * (2 * p + e) + j;
-                const float mv = e ? ((j & 1) ? m.w : m.z) : ((j & 1) ? m.y : m.x);
-                z[32 * H + k] = fmaf(__int_as_float(d[k]), mv, z[32 * H + k]);
+                const float mv = e ? ((j & 1) ? m[p].w : m[p].z) : ((j & 1) ? m[p].y : m[p].x);
+                z[k] = fmaf(__int_as_float(d[k]), mv, z[k]);
             }
-    }
-}
-
-// the min term of half H (64 columns): 3xTF32 wgmmas into z's half, B = the Tm block's rows
-// 64H.. (8 row groups of 256 B; lo 4 KB after hi)
-template <int H>
-__device__ __forceinline__ void tgmma_half(float (&z)[64], const uint32_t (&ah)[4],
-                                           const uint32_t (&al)[4], uint32_t tm) {
-    wgmma::tgmma_m64n64k8<32 * H>(z, ah, wgmma::plain_desc(tm + H * 2048, 128, 256));
-    wgmma::tgmma_m64n64k8<32 * H>(z, ah, wgmma::plain_desc(tm + H * 2048 + 4096, 128, 256));
-    wgmma::tgmma_m64n64k8<32 * H>(z, al, wgmma::plain_desc(tm + H * 2048, 128, 256));
 }
 
 // a new super-block for half H: z = z * r + b (r: the token row's da ratio, b: the column's bias)
@@ -183,7 +181,7 @@ __device__ __forceinline__ void mmq_sb1_body(const uint8_t* __restrict__ Aq,
     // z: the C values in units of the current super-block's da 2^75 of their token row (dc0,
     // dc8), so that a chunk's fold needs only the column's factor: y = z * dc at the end
     float z[NI * 4];
-    int d0[NI * 2] = {}, d1[NI * 2] = {};
+    int da[NI * 4] = {}, db[NI * 4] = {};
 
     wgmma::TileSched sched{ntiles, dp, KS, 0};
     wgmma::Work w;
@@ -216,6 +214,7 @@ __device__ __forceinline__ void mmq_sb1_body(const uint8_t* __restrict__ Aq,
             const float2* ta = reinterpret_cast<const float2*>(st + S::A + S::W);
             const float4* mc = reinterpret_cast<const float4*>(st + S::A + S::W + S::TA);
             const float4* mcp = reinterpret_cast<const float4*>(stp + S::A + S::W + S::TA);
+            const uint32_t tm = so + S::A + S::W + S::TA + S::TC;   // (second stage: Tm)
             float r0 = 1.f, r8 = 1.f;
             if (h == 0) {   // the super-block's da: z's new unit (an all-zero block keeps the old)
                 const float n0 = ta[rl].x, n8 = ta[rl + 8].x;
@@ -236,39 +235,47 @@ __device__ __forceinline__ void mmq_sb1_body(const uint8_t* __restrict__ Aq,
                 tf32_split(ta[t * BM + rl].y * i0, ah[2], al[2]);
                 tf32_split(ta[t * BM + rl + 8].y * i8, ah[3], al[3]);
             }
-#pragma unroll
-            for (int c = 0; c < KC; ++c) {
-                const int q = 4 * h + c;   // the chunk in its super-block
+            // chunk q's sums go to buffer q % 2; the schedule keeps the next chunk's wgmma in
+            // flight under each fold: stage 0 issues chunks 0..3 and folds 0..2, stage 1
+            // issues 4..7 and folds 3..7 (chunk 3 from stage kt-1's slot)
+            if (h == 0) {
+                rescale<1>(z, mc + S::TC / 16, r0, r8, t);
+                rescale<0>(z, mc + S::TC / 16, r0, r8, t);
                 wgmma::fence();
-                const uint32_t tmh = so + S::A + S::W + S::TA + S::TC;
-                if (h == 1 && c == 0) tgmma_half<0>(z, ah, al, tmh);
-                wgmma::igmma_m64n64k32_rw(d0, wgmma::sw128_desc(sa + c * 32), wgmma::sw128_desc(sw + c * 32), 0);
+                wgmma::igmma_m64n128k32(da, wgmma::sw128_desc(sa), wgmma::sw128_desc(sw), 0);
                 wgmma::commit();
-                // the previous chunk's half 1 (in stage kt-1's slot when c == 0); on a super-
-                // block's first chunk both halves move to its unit and take its bias instead
-                if (q != 0) {
-                    wgmma::wait<1>();
-                    wgmma::fence_regs(d1);
-                    fold<1>(z, d1, c == 0 ? mcp + 3 * 32 : mc + (c - 1) * 32, t);
-                }
-                if (q == 0) {
-                    rescale<1>(z, mc + S::TC / 16, r0, r8, t);
-                    rescale<0>(z, mc + S::TC / 16, r0, r8, t);
-                }
-                wgmma::fence();
-                if (h == 1 && c == 0) tgmma_half<1>(z, ah, al, tmh);
-                wgmma::igmma_m64n64k32_rw(d1, wgmma::sw128_desc(sa + c * 32),
-                                          wgmma::sw128_desc(sw + 64 * 128 + c * 32), 0);
-                wgmma::commit();
-                wgmma::wait<1>();
-                wgmma::fence_regs(d0);
-                fold<0>(z, d0, mc + c * 32, t);
             }
-            if (h == 1) {   // chunk 7's half 1: no wgmma in flight across the loop edge (ptxas
-                            // would serialize them all)
+#pragma unroll
+            for (int c = h == 0 ? 1 : 0; c < KC; ++c) {
+                const int q = 4 * h + c;   // the chunk issued (its super-block index)
+                wgmma::fence();
+                wgmma::igmma_m64n128k32(q & 1 ? db : da, wgmma::sw128_desc(sa + c * 32),
+                                        wgmma::sw128_desc(sw + c * 32), 0);
+                wgmma::commit();
+                float4 m[8];
+                load_mc(m, c == 0 ? mcp + 3 * 32 : mc + (c - 1) * 32, t);
+                wgmma::wait<1>();   // chunk q-1
+                if (q & 1) {
+                    wgmma::fence_regs(da);
+                    fold(z, da, m);
+                } else {
+                    wgmma::fence_regs(db);
+                    fold(z, db, m);
+                }
+            }
+            if (h == 1) {   // the min term, then chunk 7: nothing in flight across the loop edge
+                            // (ptxas would serialize every wgmma)
+                wgmma::fence();
+                wgmma::tgmma_m64n128k8(z, ah, wgmma::plain_desc(tm, 128, 256));
+                wgmma::tgmma_m64n128k8(z, ah, wgmma::plain_desc(tm + 4096, 128, 256));
+                wgmma::tgmma_m64n128k8(z, al, wgmma::plain_desc(tm, 128, 256));
+                wgmma::commit();
+                float4 m[8];
+                load_mc(m, mc + 3 * 32, t);
                 wgmma::wait<0>();
-                wgmma::fence_regs(d1);
-                fold<1>(z, d1, mc + 3 * 32, t);
+                wgmma::fence_regs(db);
+                wgmma::fence_regs(z);
+                fold(z, db, m);
             }
         }
         // y = z * dc

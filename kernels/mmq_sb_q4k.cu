@@ -56,30 +56,6 @@ struct SbSmem {
 static_assert(SbSmem<3>::STAGE == 63488 && SbSmem<3>::BYTES == 191488, "sb smem");
 static_assert(SbSmem<3>::STAGE % 1024 == 0, "stages keep the swizzled tiles 1024-aligned");
 
-// d[64] (s32) (= or +=, scale_d) A (64x32 u8, smem desc) * B (32x128 u8, smem desc)
-__device__ __forceinline__ void igmma_m64n128k32(int (&d)[64], uint64_t a, uint64_t b, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
-          "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
-          "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]),
-          "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]),
-          "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]),
-          "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]),
-          "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]),
-          "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]),
-          "+r"(d[62]), "+r"(d[63])
-        : "l"(a), "l"(b), "r"(scale_d));
-}
-
 // The block's cp.async copies of one stage, pieces of 16 B: A 128 rows x 8, P0 and P1 128 rows
 // x 8 each (rows past M / N zero-filled), Ta 4 runs of 128 x 8 B, Ts one run of 128 x 16 B
 // (threads 0..127), and on a super-block's second stage its Tm block (8 KB, 2 per thread).
@@ -202,12 +178,12 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
             // wgmmas (2-4% faster than one group and one fold, docs/perf.md)
 #pragma unroll
             for (int c = 0; c < KC; ++c)
-                igmma_m64n128k32(d0, wgmma::sw128_desc(sa + c * 32),
+                wgmma::igmma_m64n128k32(d0, wgmma::sw128_desc(sa + c * 32),
                                  wgmma::sw128_desc(so + S::A + c * 32), h | (c > 0));
             wgmma::commit();
 #pragma unroll
             for (int c = 0; c < KC; ++c)
-                igmma_m64n128k32(d1, wgmma::sw128_desc(sa + c * 32),
+                wgmma::igmma_m64n128k32(d1, wgmma::sw128_desc(sa + c * 32),
                                  wgmma::sw128_desc(so + S::A + S::P + c * 32), h | (c > 0));
             wgmma::commit();
             // while they run: once every warpgroup's stage kt-1 is done, its slot takes stage
