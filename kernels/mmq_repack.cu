@@ -9,8 +9,6 @@
 //     Tm  uint2 [K/32, Np]   dmv = -(dmin * m) as tf32 (hi, lo) by truncation
 // Entry: repack_q4k_sb(const uint8_t* W, uint8_t* Wp, float4* Tw, int N, int K, int Np): the
 //   two-plane layout of mmq_sb_q4k.cu (at the entry below).
-// Entry: repack_q4k_sb1(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K, int Np): the
-//   one-plane layout of mmq_sb1_q4k.cu (at the entry below).
 // Entry: repack_q6k_sb(const uint8_t* W, int8_t* Wp, float4* Ts, int N, int K, int Np): the
 //   three-plane layout of mmq_sb_q6k.cu (at the entry below).
 // Entry: repack_q6k_wgmma(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K)
@@ -164,56 +162,6 @@ extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t*
     Tw[(size_t)sb * Np + n] = make_float4(8.f * d * 0x1p74f, d * 0x1p74f,
                                           ((float)(-1024 * V0) * d) * 0x1p-75f,
                                           ((float)(-128 * V1) * d) * 0x1p-75f);
-}
-
-// q4_K -> mmq_sb1_q4k.cu's layout. One thread per (row n, super-block sb): Wq uint8 [N, K] = v
-// (natural k order); in the table block of (sb, n / 128), 12800 B: mc = d sc_c 2^74 of chunks
-// 0..3 (f32 [4][128]), b = (f32(-128 sum_c sc_c V_c) d) 2^-75 (f32 [128]), mc of chunks 4..7,
-// then Tm (-(dmin m_c) as tf32 hi, lo; mmq_sb_q4k.cu's 8 KB layout). mc and b sit at the fold's
-// position of row r = n % 128: r = 8i + 2t + e at 16 (i / 2) + 4t + 2 (i % 2) + e. Rows >= N
-// are not written (the launcher zeroes the tables).
-extern "C" __global__ void repack_q4k_sb1(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wq,
-                                          uint8_t* __restrict__ Tw, int N, int K, int Np) {
-    const int KS = K / 256;
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)N * KS) return;
-    const int n = (int)(i / KS), sb = (int)(i % KS), r = n % 128;
-    const uint8_t* blk = W + ((size_t)n * KS + sb) * 144;
-    const uint32_t* s = reinterpret_cast<const uint32_t*>(blk + 4);
-    const float d = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk));
-    const float dmin = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk + 2));
-    uint8_t* tb = Tw + ((size_t)sb * (Np / 128) + n / 128) * 12800;
-    float* tf = reinterpret_cast<float*>(tb);
-    const int pos = ((r >> 4) * 16) + ((r >> 1) & 3) * 4 + ((r >> 3) & 1) * 2 + (r & 1);
-    uint32_t* Tm = reinterpret_cast<uint32_t*>(tb + 4608) + (r / 8) * 64 + (r % 8) * 4;
-    int bsum = 0;
-    for (int c = 0; c < 8; ++c) {
-        int sc, m;
-        q4k_scale_min(c, s[0], s[1], s[2], sc, m);
-        const uint4* qs = reinterpret_cast<const uint4*>(blk + 16 + (c >> 1) * 32);
-        const int shift = 4 * (c & 1);
-        int V = 0;
-        uint4 o[2];
-        for (int h = 0; h < 2; ++h) {
-            const uint32_t* in = reinterpret_cast<const uint32_t*>(&qs[h]);
-            uint32_t* ow = reinterpret_cast<uint32_t*>(&o[h]);
-            for (int w = 0; w < 4; ++w) {
-                ow[w] = (in[w] >> shift) & 0x0F0F0F0Fu;
-                V += (int)((ow[w] & 0xFF) + ((ow[w] >> 8) & 0xFF) + ((ow[w] >> 16) & 0xFF) +
-                           (ow[w] >> 24));
-            }
-        }
-        uint4* dst = reinterpret_cast<uint4*>(Wq + (size_t)n * K + (size_t)sb * 256 + 32 * c);
-        dst[0] = o[0];
-        dst[1] = o[1];
-        bsum += sc * V;
-        tf[(c < 4 ? c * 128 : 640 + (c - 4) * 128) + pos] = (d * (float)sc) * 0x1p74f;
-        uint32_t hi, lo;
-        tf32_split(-(dmin * (float)m), hi, lo);
-        Tm[(c / 4) * 32 + c % 4] = hi;
-        Tm[1024 + (c / 4) * 32 + c % 4] = lo;
-    }
-    tf[512 + pos] = ((float)(-128 * bsum) * d) * 0x1p-75f;
 }
 
 // q6_K -> the three s8 planes of mmq_sb_q6k.cu. One thread per (row n, 16-value sub-block j):

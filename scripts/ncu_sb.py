@@ -1,12 +1,12 @@
 """One shape for ncu: an SB MMQ kernel at M=512 (3 launches; profile the 3rd).
 
-python3 scripts/ncu_sb.py [sb|sb1|sb6] [N K] [-DOPT ...]   (default sb1 28672 4096; sb6: q6_K)"""
+python3 scripts/ncu_sb.py [sb|sb6] [N K] [-DOPT ...]   (default sb 28672 4096; sb6: q6_K)"""
 import sys
 
 import numpy as np
 
 from minfer.cuda import devarray as da
-from minfer.cuda.mmq_sb import mmq_sb_linear, repack_q4k_sb1, repack_sb, split_q8s
+from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, split_q8s
 from minfer.cuda.runtime import get_runtime
 
 sys.path.insert(0, "scripts")
@@ -15,14 +15,14 @@ from mmq_device import rand_weights  # noqa: E402
 args = sys.argv[1:]
 opts = tuple(a for a in args if a.startswith("-D"))
 args = [a for a in args if not a.startswith("-D")]
-kind = args[0] if args else "sb1"
+kind = args[0] if args else "sb"
 N, K = (int(args[1]), int(args[2])) if len(args) >= 3 else (28672, 4096)
 qt = 14 if kind == "sb6" else 12
 rt = get_runtime()
 rng = np.random.default_rng(0)
 M = 512
 raw = da.to_device(rt, rand_weights(rng, qt, N, K))
-w = repack_q4k_sb1(rt, raw, N, K) if kind == "sb1" else repack_sb(rt, raw, qt, N, K)
+w = repack_sb(rt, raw, qt, N, K)
 x = da.to_device(rt, rng.standard_normal((M, K)).astype(np.float32))
 sq = split_q8s(rt, x, signed=qt == 14)
 out = da.empty(rt, (M, N), np.float32)

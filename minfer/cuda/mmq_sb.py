@@ -29,7 +29,6 @@ from minfer.cuda import devarray as da
 from minfer.cuda.mmq import launch_prepass
 from minfer.cuda.mmq_wgmma import check_raw, launch_persistent, zeroed
 from minfer.errors import GPUError
-from minfer.quants.mmq_sb_ref import SB1_BLOCK
 from minfer.quants.mmq_wgmma_ref import pad_rows
 
 Q4_K, Q6_K = 12, 14
@@ -51,12 +50,6 @@ def sb6_smem() -> int:
     return 3 * (SB_BM * SB_BK + 3 * SB6_BN * SB_BK + SB_BM * 8 + SB6_BN * 16) + 1024
 
 
-def sb1_smem() -> int:
-    """Dynamic smem of mmq_sb1_q4k (Sb1Smem::BYTES): 4 slots of 48 KB (A 128 x 128 B, Wq
-    128 x 128 B, Ta 4 x 128 x 8 B, the stage's 10 KB of tables, padding); + 1 KB alignment."""
-    return 4 * 48 * 1024 + 1024
-
-
 def sb_table_bytes(N: int, K: int) -> int:
     """Ts (16 B per row and super-block) then Tm (8 B per row and chunk), rows padded."""
     return pad_rows(N) * (K // 256 * 16 + K // 32 * 8)
@@ -64,8 +57,6 @@ def sb_table_bytes(N: int, K: int) -> int:
 
 def sb_weight_bytes(N: int, K: int, qtype: int = Q4_K) -> int:
     """Device bytes of an SbQ4K / SbQ6K [N, K]: the planes and the tables."""
-    if qtype == "sb1":
-        return N * K + K // 256 * pad_rows(N) // 128 * SB1_BLOCK
     if int(qtype) == Q6_K:
         return 3 * N * K + pad_rows(N) * (K // 256) * 16
     return 2 * N * K + sb_table_bytes(N, K)
@@ -86,26 +77,6 @@ class SbQ4K:
 
     def free(self) -> None:
         for a in (self.wp, self.tw):
-            a.gpudata.free()
-
-
-@dataclass
-class SbQ4K1:
-    """A q4_K weight [N, K] in mmq_sb1_q4k's layout: wq uint8 [N, K] (the nibbles v), tw uint8
-    [K/256, Np/128, SB1_BLOCK] (per super-block and 128-row tile: the chunk factors, the bias,
-    the min term's Tm block)."""
-    wq: object
-    tw: object
-    N: int
-    K: int
-    qtype = Q4_K
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.wq.nbytes + self.tw.nbytes)
-
-    def free(self) -> None:
-        for a in (self.wq, self.tw):
             a.gpudata.free()
 
 
@@ -158,19 +129,6 @@ def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
     return r
 
 
-def repack_q4k_sb1(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K1:
-    """raw q4_K device bytes [N, K/256*144] (16-byte aligned) -> SbQ4K1."""
-    check_raw("repack_q4k_sb1", w_raw, N, K, 144, 16)
-    r = SbQ4K1(da.empty(rt, (N, K), np.uint8, f"sb1 nibbles {what}"),
-               zeroed(rt, (K // 256, pad_rows(N) // 128, SB1_BLOCK), np.uint8,
-                      f"sb1 tables {what}"), N, K)
-    fn = rt.function("mmq_repack", "repack_q4k_sb1")
-    n = N * (K // 256)
-    rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wq), da.arg(r.tw),
-                                               np.int32(N), np.int32(K), np.int32(pad_rows(N))))
-    return r
-
-
 def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
     """x f32 / f16 [M, K] (K % 256 == 0) -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the SB
     operand (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0); signed:
@@ -195,8 +153,8 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
                   build_opts: tuple = (), stream_k: bool = True, sms: int | None = None) -> None:
     """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (split here) or its split
     (aq, ta). stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
-    if not isinstance(w, (SbQ4K, SbQ4K1, SbQ6K)) or (w.N, w.K) != (N, K):
-        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ4K1 / SbQ6K of [{N}, {K}]")
+    if not isinstance(w, (SbQ4K, SbQ6K)) or (w.N, w.K) != (N, K):
+        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ6K of [{N}, {K}]")
     q6 = isinstance(w, SbQ6K)
     if M <= 0 or K % 256:
         raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
@@ -210,15 +168,13 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
         da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
         aq, ta = split_q8s(rt, x, signed=q6)   # (a split passed in must match: q6_K signed)
     da.check("mmq_sb_linear out", out, (M, N), np.float32)
-    bn, name, smem, wb, tab = (
-        (SB6_BN, "mmq_sb_q6k", sb6_smem(), w.wp, w.ts) if q6 else
-        (SB_BN, "mmq_sb1_q4k", sb1_smem(), w.wq, w.tw) if isinstance(w, SbQ4K1) else
-        (SB_BN, "mmq_sb_q4k", sb_smem(), w.wp, w.tw))
+    bn, name, smem, tab = ((SB6_BN, "mmq_sb_q6k", sb6_smem(), w.ts) if q6 else
+                           (SB_BN, "mmq_sb_q4k", sb_smem(), w.tw))
     tiles = -(-M // SB_BM) * -(-N // bn)
     launch_persistent(rt, name + ("_acc" if accumulate else ""), name, smem, tiles, K // 256,
-            (da.arg(aq), da.arg(ta), da.arg(wb), da.arg(tab), da.arg(out), np.int32(M),
+            (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(tab), da.arg(out), np.int32(M),
              np.int32(N), np.int32(K)), build_opts, stream_k, sms)
 
 
-__all__ = ["SbQ4K", "SbQ4K1", "SbQ6K", "repack_sb", "repack_q4k_sb", "repack_q4k_sb1", "sb1_smem", "sb6_smem", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",
+__all__ = ["SbQ4K", "SbQ6K", "repack_sb", "repack_q4k_sb", "sb6_smem", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",
            "sb_weight_bytes"]

@@ -107,48 +107,6 @@ def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np
     return wp.astype(np.uint8), tw
 
 
-SB1_BLOCK = 12800   # bytes of mmq_sb1_q4k's table block per (super-block, 128-row tile)
-
-
-def sb1_pos() -> np.ndarray:
-    """int [128]: where row r of a 128-row tile sits in mmq_sb1_q4k's f32 [128] tables (the
-    fold's order): r = 8i + 2t + e at 16 (i // 2) + 4t + 2 (i % 2) + e."""
-    r = np.arange(128)
-    i, t, e = r >> 3, (r >> 1) & 3, r & 1
-    return (i >> 1) * 16 + t * 4 + (i & 1) * 2 + e
-
-
-def repack_q4k_sb1_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """raw q4_K bytes [N, K/256*144] -> (Wq uint8 [N, K] = v, Tw uint8 [K/256, Np/128, 12800]):
-    per (super-block, tile) [mc chunks 0..3 | b | mc chunks 4..7 | Tm], mc = d sc_c 2^74 and
-    b = f32(-128 sum_c sc_c V_c) d 2^-75 in `sb1_pos` order, Tm as `block_tm_sb`."""
-    _, dmv, v = decode_q4k(w_raw, N, K)
-    d = q4k_scales(w_raw, N, K)[0]                                              # [N, K/256]
-    sc = sb_scales(w_raw, N, K)                                                 # [N, K/32]
-    V = v.reshape(N, K // 32, 32).astype(np.int32).sum(-1)
-    KS, Np = K // QK_SB, pad_rows(N)
-    NT = Np // 128
-    mc = np.zeros((Np, K // 32), np.float32)
-    mc[:N] = (np.repeat(d, 8, axis=1) * sc.astype(np.float32)) * _S74
-    b = np.zeros((Np, KS), np.float32)
-    bsum = (sc * V).reshape(N, KS, 8).sum(-1)
-    b[:N] = ((-128 * bsum).astype(np.float32) * d) * _SM75
-
-    def tiled(a: np.ndarray) -> np.ndarray:   # [Np, X] -> [X, NT, 128] in sb1_pos order
-        out = np.zeros((a.shape[1], NT, 128), np.float32)
-        out[:, :, sb1_pos()] = a.T.reshape(a.shape[1], NT, 128)
-        return out
-
-    mt = tiled(mc).reshape(KS, 2, 4, NT, 128).transpose(0, 3, 1, 2, 4).reshape(KS, NT, 2, 512)
-    hi, lo = (np.zeros((K // 32, Np), np.uint32) for _ in range(2))
-    hi[:, :N], lo[:, :N] = (p.T for p in tf32_split(dmv))
-    tm = block_tm_sb(hi, lo).reshape(KS, NT, 2048)
-    u = np.uint32
-    blk = np.concatenate([mt[:, :, 0].view(u), tiled(b).view(u), mt[:, :, 1].view(u), tm],
-                         axis=-1)
-    return v.astype(np.uint8), blk.view(np.uint8).reshape(KS, NT, SB1_BLOCK)
-
-
 def sb6_digits(sc: np.ndarray) -> np.ndarray:
     """int8 scales -> [3, ...] balanced base-7 digits a_i in -3..3, sc = a0 + 7 a1 + 49 a2."""
     s = np.asarray(sc, np.int32)
@@ -191,6 +149,6 @@ def mmq_sb_linear_ref(x: np.ndarray, w_raw: np.ndarray, M: int, N: int, K: int,
     return xq @ _dequant(w_raw, qtype, N, K).T
 
 
-__all__ = ["QK_SB", "TPAD", "SB1_BLOCK", "sb1_pos", "repack_q4k_sb1_ref", "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
+__all__ = ["QK_SB", "TPAD", "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
            "block_tm_sb", "unblock_tm_sb", "sb6_digits", "repack_q6k_sb_ref",
            "mmq_sb_linear_ref"]
