@@ -104,13 +104,15 @@ __device__ __forceinline__ void tgmma_m64n128k8(float (&d)[64], const uint32_t (
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-// The block's cp.async copies of one stage, pieces of 16 B: A 128 rows x 8, P0 and P1 128 rows
-// x 8 each (rows past M / N zero-filled), Ta 4 runs of 128 x 8 B, Ts one run of 128 x 16 B
-// (threads 0..127), and on a super-block's second stage its Tm block (8 KB, 2 per thread).
+// The block's cp.async copies of one stage by NT threads, pieces of 16 B: A 128 rows x 8, P0
+// and P1 128 rows x 8 each (rows past M / N zero-filled), Ta 4 runs of 128 x 8 B, Ts one run
+// of 128 x 16 B (threads 0..127), and on a super-block's second stage its Tm block (8 KB).
 // Per-thread 32-bit offsets, advanced by the stage.
+template <int NT>
 struct SbCopier {
     using S = SbSmem<SB_STAGES>;
-    static constexpr int RS = T / 8, AI = BM / RS, PI = BN / RS;   // row step 32; 4 + 4 pieces
+    static constexpr int RS = NT / 8, AI = BM / RS, PI = BN / RS;   // row step; pieces per tile
+    static constexpr int TAI = 256 / NT, TMI = S::TM / 16 / NT;     // Ta, Tm pieces per thread
     uint32_t a, p, ta, tm, dst, mask;   // (the kernel sits at the register cap: the per-stage
                                         // steps come from the launch parameters)
 
@@ -129,10 +131,10 @@ struct SbCopier {
         tm = (uint32_t)(K / 256) * Np * 16 + (uint32_t)(n0 / 128) * S::TM + tid * 16;
     }
 
-    // stage kt of the tile at row n0 -> smem stage at sb, then commit
-    __device__ __forceinline__ void issue(uint32_t sb, int kt, const uint8_t* Aq, const uint8_t* Ta,
-                                          const uint8_t* Wp, const uint8_t* Tw, int N, int K,
-                                          int Mp, int Np, int n0, int tid) const {
+    // stage kt of the tile at row n0 -> smem stage at sb (no commit)
+    __device__ __forceinline__ void copy(uint32_t sb, int kt, const uint8_t* Aq, const uint8_t* Ta,
+                                         const uint8_t* Wp, const uint8_t* Tw, int N, int K,
+                                         int Mp, int Np, int n0, int tid) const {
         const uint32_t k0 = kt * BK;
 #pragma unroll
         for (int i = 0; i < AI; ++i)
@@ -143,15 +145,25 @@ struct SbCopier {
             for (int i = 0; i < PI; ++i)
                 cp_async16(sb + S::A + q * S::P + dst + i * RS * 128,
                            Wp + (q * (uint32_t)N * K + p + i * RS * K + k0), (mask >> (AI + i)) & 1);
-        cp_async16(sb + S::A + 2 * S::P + tid * 16, Ta + (ta + kt * (uint32_t)(KC * Mp * 8)), true);
+#pragma unroll
+        for (int i = 0; i < TAI; ++i)
+            cp_async16(sb + S::A + 2 * S::P + (tid + NT * i) * 16,
+                       Ta + (ta + (NT / 64) * i * Mp * 8 + kt * (uint32_t)(KC * Mp * 8)), true);
         if (kt & 1) {   // the super-block's Tm block (8 KB), with its second stage
             const uint32_t src = tm + (uint32_t)(kt >> 1) * (Np / 128) * S::TM;
-            cp_async16(sb + S::A + 2 * S::P + S::TA + S::TS + tid * 16, Tw + src, true);
-            cp_async16(sb + S::A + 2 * S::P + S::TA + S::TS + (tid + T) * 16, Tw + (src + T * 16), true);
+#pragma unroll
+            for (int i = 0; i < TMI; ++i)
+                cp_async16(sb + S::A + 2 * S::P + S::TA + S::TS + (tid + NT * i) * 16,
+                           Tw + (src + NT * i * 16), true);
         }
         if (tid < 128)
             cp_async16(sb + S::A + 2 * S::P + S::TA + tid * 16,
                        Tw + (((uint32_t)(kt >> 1) * Np + n0) * 16 + tid * 16), true);
+    }
+    __device__ __forceinline__ void issue(uint32_t sb, int kt, const uint8_t* Aq, const uint8_t* Ta,
+                                          const uint8_t* Wp, const uint8_t* Tw, int N, int K,
+                                          int Mp, int Np, int n0, int tid) const {
+        copy(sb, kt, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
         gemm_f16::cp_async_commit();
     }
 };
@@ -184,7 +196,7 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
     wgmma::Work w;
     if (!sched.next(w)) return;
     int m0 = (w.tile % mtiles) * BM, n0 = (w.tile / mtiles) * BN;
-    SbCopier cp(m0, n0, M, N, K, Mp, Np, tid);
+    SbCopier<T> cp(m0, n0, M, N, K, Mp, Np, tid);
     cp.issue(base + ((2 * w.k0) % SB_STAGES) * S::STAGE, 2 * w.k0, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
     cp.issue(base + ((2 * w.k0 + 1) % SB_STAGES) * S::STAGE, 2 * w.k0 + 1, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
     while (true) {
@@ -281,7 +293,7 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
         if (more) {
             m0 = (w.tile % mtiles) * BM;
             n0 = (w.tile / mtiles) * BN;
-            cp = SbCopier(m0, n0, M, N, K, Mp, Np, tid);
+            cp = SbCopier<T>(m0, n0, M, N, K, Mp, Np, tid);
             cp.issue(base + ((2 * w.k0) % SB_STAGES) * S::STAGE, 2 * w.k0, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
             cp.issue(base + ((2 * w.k0 + 1) % SB_STAGES) * S::STAGE, 2 * w.k0 + 1, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
         }
@@ -292,6 +304,163 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
         for (int i = 0; i < NI * 4; ++i) y[i] = 0.f;
     }
     gemm_f16::cp_async_wait<0>();
+}
+
+// The warp-specialized form (entries mmq_sb_q4k_ws / _ws_acc, 384 threads): warpgroup 0 copies
+// (cp.async, completion on the slot's `full` mbarrier), warpgroups 1 and 2 are the two consumer
+// warpgroups of mmq_sb_body, which release a slot on its `empty` mbarrier once their wgmmas on
+// it are done. No block-wide barrier in the loop: the consumers run out of phase (one may fold
+// while the other's wgmmas run) and issue no copies; setmaxnreg moves the producer's registers
+// to them. Stage it (a running count over the block's work items) lives in slot it % 3.
+constexpr int WS_CONSUMER_REGS = 232, WS_PRODUCER_REGS = 40;
+
+template <bool RED>
+__device__ __forceinline__ void mmq_sb_ws_body(const uint8_t* __restrict__ Aq,
+                                               const uint8_t* __restrict__ Ta,
+                                               const uint8_t* __restrict__ Wp,
+                                               const uint8_t* __restrict__ Tw, float* C, int M,
+                                               int N, int K, int dp, float4* ws, int* flags) {
+    constexpr int NI = BN / 8;
+    using S = SbSmem<SB_STAGES>;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + 1023) & ~1023u;
+    const uint32_t bars = base + SB_STAGES * S::STAGE;   // full[s] at 8s, empty[s] at 8(3 + s)
+    const int mtiles = (M + BM - 1) / BM, ntiles = mtiles * ((N + BN - 1) / BN);
+    const int Mp = (M + TPAD - 1) / TPAD * TPAD, Np = (N + TPAD - 1) / TPAD * TPAD;
+    const int KS = K / 256;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < SB_STAGES; ++s) {
+            wgmma::mbar_init(bars + 8 * s, 128);                    // the producer's threads
+            wgmma::mbar_init(bars + 8 * (SB_STAGES + s), T);        // the consumers' threads
+        }
+    }
+    __syncthreads();
+    wgmma::TileSched sched{ntiles, dp, KS, 0};
+    wgmma::Work w;
+    uint32_t it = 0;
+    if (threadIdx.x < 128) {   // the producer warpgroup
+        wgmma::setmaxnreg_dec<WS_PRODUCER_REGS>();
+        const int tid = threadIdx.x;
+        while (sched.next(w)) {
+            const int m0 = (w.tile % mtiles) * BM, n0 = (w.tile / mtiles) * BN;
+            const SbCopier<128> cp(m0, n0, M, N, K, Mp, Np, tid);
+            for (int kt = 2 * w.k0; kt < 2 * w.k1; ++kt, ++it) {
+                const uint32_t slot = it % SB_STAGES, ph = (it / SB_STAGES) & 1;
+                wgmma::mbar_wait(bars + 8 * (SB_STAGES + slot), ph ^ 1);
+                cp.copy(base + slot * S::STAGE, kt, Aq, Ta, Wp, Tw, N, K, Mp, Np, n0, tid);
+                wgmma::mbar_arrive_cp_async(bars + 8 * slot);
+            }
+        }
+        return;
+    }
+    wgmma::setmaxnreg_inc<WS_CONSUMER_REGS>();
+    const int tid = threadIdx.x - 128, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const int rl = wg * 64 + (warp & 3) * 16 + g;    // this thread's first token row in the tile
+    float y[NI * 4];
+    int d0[NI * 4], d1[NI * 4];
+#if MMQ_SB_WS_LAG
+    bool lag = wg == 1;   // warpgroup 2 starts once warpgroup 1 has issued its first stage
+#endif
+    while (sched.next(w)) {
+#pragma unroll
+        for (int i = 0; i < NI * 4; ++i) y[i] = 0.f;
+        for (int sbk = w.k0; sbk < w.k1; ++sbk)   // super-blocks; their two stages unrolled, so
+#pragma unroll                                     // the loop edge sees no wgmma in flight
+        for (int h = 0; h < 2; ++h) {
+            const int kt = 2 * sbk + h;
+#if MMQ_SB_WS_LAG
+            if (lag) {
+                asm volatile("bar.sync 2, 256;\n" ::: "memory");
+                lag = false;
+            }
+#endif
+            const uint32_t slot = it % SB_STAGES, prev = (it + SB_STAGES - 1) % SB_STAGES;
+            wgmma::mbar_wait(bars + 8 * slot, (it / SB_STAGES) & 1);   // stage kt landed
+            wgmma::fence_proxy_async();                                // ... visible to wgmma
+            const uint32_t so = base + slot * S::STAGE;
+            const uint32_t sa = so + wg * 64 * 128;
+            const uint8_t* st = smem_raw + (so - raw);
+            const float2* ta = reinterpret_cast<const float2*>(st + S::A + 2 * S::P);
+            // On a super-block's second stage its min term, y[r][n] += sum_c dma[r][c] dmv[c][n]
+            // over the 8 chunks (k = chunk: 0..3 in the previous stage's slot, 4..7 in this one),
+            // joins the stage's wgmmas: 3 tf32 wgmmas into y (3xTF32: hi*hi + hi*lo + lo*hi),
+            // A = dma (hi, lo) from registers, B = the Tm block's dmv hi / lo. The fold below waits
+            // for them before touching y. (mma.sync for it, beside the wgmmas, cost 28%; issued
+            // after the fold instead, ptxas serialized every wgmma: docs/perf.md.)
+            uint32_t ah[4], al[4];
+            if (h == 1) {   // (A operands set before the fence)
+                const float2* tp = reinterpret_cast<const float2*>(
+                    smem_raw + (base - raw) + prev * S::STAGE + S::A + 2 * S::P);
+                tf32_split(tp[t * BM + rl].y, ah[0], al[0]);
+                tf32_split(tp[t * BM + rl + 8].y, ah[1], al[1]);
+                tf32_split(ta[t * BM + rl].y, ah[2], al[2]);
+                tf32_split(ta[t * BM + rl + 8].y, ah[3], al[3]);
+            }
+            wgmma::fence();
+            if (h == 1) {
+                const uint32_t tmh = so + S::A + 2 * S::P + S::TA + S::TS;
+                tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh, 128, 256));
+                tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh + S::TM / 2, 128, 256));
+                tgmma_m64n128k8(y, al, wgmma::plain_desc(tmh, 128, 256));
+            }
+            // two groups a stage, plane 0 then plane 1: the fold of D_0 runs under plane 1's
+            // wgmmas (2-4% faster than one group and one fold, docs/perf.md)
+#pragma unroll
+            for (int c = 0; c < KC; ++c)
+                igmma_m64n128k32(d0, wgmma::sw128_desc(sa + c * 32),
+                                 wgmma::sw128_desc(so + S::A + c * 32), h | (c > 0));
+            wgmma::commit();
+#pragma unroll
+            for (int c = 0; c < KC; ++c)
+                igmma_m64n128k32(d1, wgmma::sw128_desc(sa + c * 32),
+                                 wgmma::sw128_desc(so + S::A + S::P + c * 32), h | (c > 0));
+            wgmma::commit();
+            // while they run: stage kt-1's wgmmas are done, its slot is free (the item's first
+            // stage: the previous item released its last)
+            wgmma::wait<2>();
+            if (kt > 2 * w.k0) wgmma::mbar_arrive(bars + 8 * (SB_STAGES + prev));
+#if MMQ_SB_WS_LAG
+            if (it == MMQ_SB_WS_LAG - 1 && wg == 0) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+#endif
+            ++it;
+            if (h == 1) {   // the super-block's sums are complete: fold them into y
+                const float4* ts = reinterpret_cast<const float4*>(st + S::A + 2 * S::P + S::TA);
+                const float da0 = ta[rl].x, da8 = ta[rl + 8].x;
+                wgmma::wait<1>();   // plane 0 (and the min term): y += da (8 d S_0)
+                wgmma::fence_regs(d0);
+                wgmma::fence_regs(y);
+#pragma unroll
+                for (int i = 0; i < NI; ++i) {
+                    const float4 e0 = ts[i * 8 + 2 * t], e1 = ts[i * 8 + 2 * t + 1];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float4 e = (j & 1) ? e1 : e0;
+                        y[4 * i + j] = fmaf(fmaf(__int_as_float(d0[4 * i + j]), e.x, e.z),
+                                            (j & 2) ? da8 : da0, y[4 * i + j]);
+                    }
+                }
+                wgmma::wait<0>();   // plane 1: y += da (d S_1)
+                wgmma::fence_regs(d1);
+#pragma unroll
+                for (int i = 0; i < NI; ++i) {
+                    const float4 e0 = ts[i * 8 + 2 * t], e1 = ts[i * 8 + 2 * t + 1];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float4 e = (j & 1) ? e1 : e0;
+                        y[4 * i + j] = fmaf(fmaf(__int_as_float(d1[4 * i + j]), e.y, e.w),
+                                            (j & 2) ? da8 : da0, y[4 * i + j]);
+                    }
+                }
+            }
+        }
+        // the item's last slot (its fold waited for every wgmma)
+        wgmma::mbar_arrive(bars + 8 * (SB_STAGES + (it + SB_STAGES - 1) % SB_STAGES));
+        const int sm0 = (w.tile % mtiles) * BM, sn0 = (w.tile / mtiles) * BN;
+        // a stream-K tail publishes its sums, a head adds its tail's; then the stores
+        wgmma::finish_item<NI, T, RED, 128>(w, KS, y, C, M, N, sm0 + rl, sn0 + 2 * t, ws, flags);
+    }
 }
 
 }  // namespace
@@ -308,4 +477,18 @@ mmq_sb_q4k_acc(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
                const uint8_t* __restrict__ Wp, const uint8_t* __restrict__ Tw, float* C, int M,
                int N, int K, int dp, float4* ws, int* flags) {
     mmq_sb_body<true>(Aq, Ta, Wp, Tw, C, M, N, K, dp, ws, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+mmq_sb_q4k_ws(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
+              const uint8_t* __restrict__ Wp, const uint8_t* __restrict__ Tw, float* C, int M,
+              int N, int K, int dp, float4* ws, int* flags) {
+    mmq_sb_ws_body<false>(Aq, Ta, Wp, Tw, C, M, N, K, dp, ws, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+mmq_sb_q4k_ws_acc(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Ta,
+                  const uint8_t* __restrict__ Wp, const uint8_t* __restrict__ Tw, float* C, int M,
+                  int N, int K, int dp, float4* ws, int* flags) {
+    mmq_sb_ws_body<true>(Aq, Ta, Wp, Tw, C, M, N, K, dp, ws, flags);
 }

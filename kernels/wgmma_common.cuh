@@ -104,6 +104,36 @@ __device__ __forceinline__ void ring_next(const Cp& cp, uint32_t base, int kt, i
     else gemm_f16::cp_async_commit();
 }
 
+// ---- warp specialization (mmq_sb_q4k.cu's _ws entries): mbarriers in shared memory, register
+// reallocation between the producer and the consumer warpgroups ----
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// wait until the phase of parity `parity` has completed (a fresh barrier: parity 1 passes)
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred P1;\nLAB_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+        "@P1 bra DONE;\nbra LAB_WAIT;\nDONE:\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+                 : "memory");
+}
+// arrive once every cp.async this thread issued so far has landed
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // ---- the tile schedule of the persistent wgmma MMQ kernels (data-parallel, then stream-K) ----
 // Tiles [0, dp) go round-robin over the grid (whole waves); the last ntiles - dp tiles are split
 // by k-stages: their U = (ntiles - dp) * KT stage units are dealt out evenly, block b taking
@@ -141,18 +171,27 @@ struct TileSched {
     }
 };
 
+// The participating threads of the stream-K exchange: the whole block (OFF = 0, __syncthreads)
+// or, in a warp-specialized kernel, the T consumer threads from threadIdx.x = OFF on (named
+// barrier 1).
+template <int T, int OFF>
+__device__ __forceinline__ void group_sync() {
+    if (OFF == 0) __syncthreads();
+    else asm volatile("bar.sync 1, %0;\n" ::"n"(T) : "memory");
+}
+
 // A stream-K tail's partial sums: R accumulators per thread into workspace slot blockIdx.x
-// (float4 [R/4][T], coalesced; T = blockDim.x, a constant so the offsets are immediates), then
-// the slot's flag is raised (release).
-template <int R, int T>
+// (float4 [R/4][T], coalesced; T = the group's thread count, a constant so the offsets are
+// immediates), then the slot's flag is raised (release).
+template <int R, int T, int OFF = 0>
 __device__ __forceinline__ void sk_put(float4* ws, int* flags, const float* acc) {
-    float4* p = ws + (blockIdx.x * (R / 4) * T + threadIdx.x);
+    float4* p = ws + (blockIdx.x * (R / 4) * T + (threadIdx.x - OFF));
 #pragma unroll
     for (int j = 0; j < R / 4; ++j)
         __stcg(p + j * T, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
     __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
+    group_sync<T, OFF>();
+    if (threadIdx.x == OFF)
         asm volatile("st.release.gpu.global.s32 [%0], 1;\n" ::"l"(flags + blockIdx.x) : "memory");
 }
 
@@ -160,10 +199,10 @@ __device__ __forceinline__ void sk_put(float4* ws, int* flags, const float* acc)
 // order: runs are deterministic), once its flag is up; the flag is cleared for the next launch
 // (a CUDA graph replays the kernel with no reset). The tail is block b+1's first item, so the
 // wait is short; the grid is at most one block per SM, all resident, so it cannot deadlock.
-template <int R, int T>
+template <int R, int T, int OFF = 0>
 __device__ __forceinline__ void sk_add(const float4* ws, int* flags, float* acc) {
     const int src = blockIdx.x + 1;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == OFF) {
         int f;
         while (true) {
             asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(f) : "l"(flags + src) : "memory");
@@ -172,8 +211,8 @@ __device__ __forceinline__ void sk_add(const float4* ws, int* flags, float* acc)
         }
         flags[src] = 0;
     }
-    __syncthreads();
-    const float4* p = ws + (src * (R / 4) * T + threadIdx.x);
+    group_sync<T, OFF>();
+    const float4* p = ws + (src * (R / 4) * T + (threadIdx.x - OFF));
 #pragma unroll
     for (int j = 0; j < R / 4; ++j) {
         const float4 v = __ldcg(p + j * T);
@@ -217,14 +256,14 @@ __device__ __forceinline__ void store_c2(float* p, float2 v, bool pair, bool sec
 // publishes its sums; a head adds its tail's first; whole tiles and heads then store (C =) or
 // reduce (C +=, RED) the thread's values of an m64nN accumulator fragment, y[4i + j] at row
 // r0 + 8 (j >> 1) and column c0 + 8i + (j & 1) (r0: the thread's first row, c0: the tile's
-// first column + 2t). KT: the item's k-units of a whole tile.
-template <int NI, int T, bool RED>
+// first column + 2t). KT: the item's k-units of a whole tile. T, OFF: the threads (sk_put).
+template <int NI, int T, bool RED, int OFF = 0>
 __device__ __forceinline__ void finish_item(const Work& cur, int KT, float (&y)[NI * 4], float* C,
                                             int M, int N, int r0, int c0, float4* ws, int* flags) {
     if (cur.k0 > 0) {
-        sk_put<NI * 4, T>(ws, flags, y);
+        sk_put<NI * 4, T, OFF>(ws, flags, y);
     } else {
-        if (cur.k1 < KT) sk_add<NI * 4, T>(ws, flags, y);
+        if (cur.k1 < KT) sk_add<NI * 4, T, OFF>(ws, flags, y);
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             const int r = r0 + 8 * u;

@@ -170,10 +170,13 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
     da.check("mmq_sb_linear out", out, (M, N), np.float32)
     bn, name, smem, tab = ((SB6_BN, "mmq_sb_q6k", sb6_smem(), w.ts) if q6 else
                            (SB_BN, "mmq_sb_q4k", sb_smem(), w.tw))
+    ws = not q6 and "-DMMQ_SB_WS=1" in build_opts
     tiles = -(-M // SB_BM) * -(-N // bn)
-    launch_persistent(rt, name + ("_acc" if accumulate else ""), name, smem, tiles, K // 256,
-            (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(tab), da.arg(out), np.int32(M),
-             np.int32(N), np.int32(K)), build_opts, stream_k, sms)
+    launch_persistent(rt, name + ("_ws" if ws else "") + ("_acc" if accumulate else ""), name,
+                      smem + (64 if ws else 0), tiles, K // 256,
+                      (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(tab), da.arg(out), np.int32(M),
+                       np.int32(N), np.int32(K)), build_opts, stream_k, sms,
+                      block=384 if ws else 256)
 
 
 __all__ = ["SbQ4K", "SbQ6K", "repack_sb", "repack_q4k_sb", "sb6_smem", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",

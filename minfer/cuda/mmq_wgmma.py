@@ -35,7 +35,8 @@ Q4_K, Q6_K = 12, 14
 WG_BN, WG_STAGES, WG_BM, WG_BK = 128, 3, 128, 128
 WG_PERSIST = True    # grid <= one block per SM, each walking its work items (A/B: -DMMQ_WG_PERSIST=0)
 WG_STREAM_K = True   # the last 1-2 waves' tiles split by k-stages (A/B: -DMMQ_WG_SK=0)
-_GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK")   # A/B options the launcher reads, not nvcc
+_GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK", "-DMMQ_SB_WS")   # A/B options the launchers
+# read, not nvcc
 _OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
 
 
@@ -263,7 +264,8 @@ def _geometry(build_opts: tuple) -> tuple[int, bool, bool]:
 
 
 def launch_persistent(rt, entry: str, name: str, smem: int, tiles: int, KT: int, args,
-                      build_opts: tuple, stream_k: bool, sms: int | None) -> None:
+                      build_opts: tuple, stream_k: bool, sms: int | None,
+                      block: int = 256) -> None:
     """One launch of the persistent kernel kernels/<name>.cu's `entry` (the C = or the C +=
     one; the wgmma and SB kernels): the grid and the stream-K split of `tiles` tiles of KT
     k-units (`schedule`), the smem cap, the workspace; args end before (dp, ws, flags)."""
@@ -278,7 +280,7 @@ def launch_persistent(rt, entry: str, name: str, smem: int, tiles: int, KT: int,
     if (tiles - dp) * KT >= 2**31:
         raise GPUError(f"{entry}: too many stream-K units ({tiles - dp} tiles x {KT} stages)")
     ws, flags = sk_workspace(rt)
-    rt.launch(fn, (grid,), (256,), (*args, np.int32(dp), ws, flags), smem)
+    rt.launch(fn, (grid,), (block,), (*args, np.int32(dp), ws, flags), smem)
 
 
 def mmq_wgmma_linear(rt, x, w: WgmmaWeight, M: int, N: int, K: int, out,

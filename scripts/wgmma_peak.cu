@@ -1,0 +1,133 @@
+// wgmma_peak.cu: a diagnostic microbenchmark (scripts/wgmma_peak.py), not an engine kernel.
+// 2 (or 3) warpgroups per block issue back-to-back int8 wgmmas m64nNk32 from shared memory
+// (garbage operands, 128-byte swizzle) in groups of G, waiting for the previous group; the
+// block's clock64 span gives the tensor rate per SM.
+#include <stdint.h>
+#include "../kernels/wgmma_common.cuh"
+
+__device__ __forceinline__ void igmma_m64n128k32(int (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1;\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(a), "l"(b));
+}
+
+__device__ __forceinline__ void igmma_m64n128k32_z(int (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 0;\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(a), "l"(b));
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak128(long long* cyc, int iters, int* sink) {
+    extern __shared__ __align__(1024) uint8_t sm[];
+    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const int wg = threadIdx.x >> 7;
+    int d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0;
+    __syncthreads();
+    const long long t0 = clock64();
+    for (int it = 0; it < iters; ++it) {
+        wgmma::fence();
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            igmma_m64n128k32(d, wgmma::sw128_desc(base + wg * 8192 + c * 32),
+                             wgmma::sw128_desc(base + 16384 + c * 32));
+        wgmma::commit();
+        wgmma::wait<1>();
+    }
+    wgmma::wait<0>();
+    wgmma::fence_regs(d);
+    const long long t1 = clock64();
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s += d[i];
+    if (s == 12345) sink[0] = s;
+    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
+
+__device__ __forceinline__ void igmma_m64n256k32(int (&d)[128], uint64_t a, uint64_t b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k32.s32.u8.u8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1;\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63]), "+r"(d[64]), "+r"(d[65]), "+r"(d[66]), "+r"(d[67]), "+r"(d[68]), "+r"(d[69]), "+r"(d[70]), "+r"(d[71]), "+r"(d[72]), "+r"(d[73]), "+r"(d[74]), "+r"(d[75]), "+r"(d[76]), "+r"(d[77]), "+r"(d[78]), "+r"(d[79]), "+r"(d[80]), "+r"(d[81]), "+r"(d[82]), "+r"(d[83]), "+r"(d[84]), "+r"(d[85]), "+r"(d[86]), "+r"(d[87]), "+r"(d[88]), "+r"(d[89]), "+r"(d[90]), "+r"(d[91]), "+r"(d[92]), "+r"(d[93]), "+r"(d[94]), "+r"(d[95]), "+r"(d[96]), "+r"(d[97]), "+r"(d[98]), "+r"(d[99]), "+r"(d[100]), "+r"(d[101]), "+r"(d[102]), "+r"(d[103]), "+r"(d[104]), "+r"(d[105]), "+r"(d[106]), "+r"(d[107]), "+r"(d[108]), "+r"(d[109]), "+r"(d[110]), "+r"(d[111]), "+r"(d[112]), "+r"(d[113]), "+r"(d[114]), "+r"(d[115]), "+r"(d[116]), "+r"(d[117]), "+r"(d[118]), "+r"(d[119]), "+r"(d[120]), "+r"(d[121]), "+r"(d[122]), "+r"(d[123]), "+r"(d[124]), "+r"(d[125]), "+r"(d[126]), "+r"(d[127])
+        : "l"(a), "l"(b));
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak256(long long* cyc, int iters, int* sink) {
+    extern __shared__ __align__(1024) uint8_t sm[];
+    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const int wg = threadIdx.x >> 7;
+    int d[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) d[i] = 0;
+    __syncthreads();
+    const long long t0 = clock64();
+    for (int it = 0; it < iters; ++it) {
+        wgmma::fence();
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            igmma_m64n256k32(d, wgmma::sw128_desc(base + wg * 8192 + c * 32),
+                             wgmma::sw128_desc(base + 16384 + c * 32));
+        wgmma::commit();
+        wgmma::wait<1>();
+    }
+    wgmma::wait<0>();
+    wgmma::fence_regs(d);
+    const long long t1 = clock64();
+    int s = 0;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) s += d[i];
+    if (s == 12345) sink[0] = s;
+    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
+
+// SB1's inner loop without copies: per chunk one m64n128k32 into buffer q % 2 and the previous
+// chunk's fold (64 FFMA with the row factor of the thread's 2 rows), 8 chunks a super-block, the
+// super-block's last fold after a wait 0 (nothing in flight across the loop edge).
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_fold128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    extern __shared__ __align__(1024) uint8_t sm[];
+    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const int wg = threadIdx.x >> 7;
+    int da[64], db[64];
+    float z[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) { da[i] = 0; db[i] = 0; z[i] = 0.f; }
+    __syncthreads();
+    const long long t0 = clock64();
+    for (int it = 0; it < iters; ++it) {
+        wgmma::fence();
+        igmma_m64n128k32_z(da, wgmma::sw128_desc(base + wg * 8192), wgmma::sw128_desc(base + 16384));
+        wgmma::commit();
+#pragma unroll
+        for (int q = 1; q < 8; ++q) {
+            wgmma::fence();
+            igmma_m64n128k32_z(q & 1 ? db : da, wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32),
+                             wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
+            wgmma::commit();
+            wgmma::wait<1>();
+            if (q & 1) {
+                wgmma::fence_regs(da);
+#pragma unroll
+                for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(da[k]), (k & 2) ? m8 : m0, z[k]);
+            } else {
+                wgmma::fence_regs(db);
+#pragma unroll
+                for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(db[k]), (k & 2) ? m8 : m0, z[k]);
+            }
+        }
+        wgmma::wait<0>();
+        wgmma::fence_regs(db);
+#pragma unroll
+        for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(db[k]), (k & 2) ? m8 : m0, z[k]);
+    }
+    const long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s += z[i];
+    if (s == 12345.f) sink[0] = 1;
+    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
