@@ -80,30 +80,6 @@ __device__ __forceinline__ void igmma_m64n128k32(int (&d)[64], uint64_t a, uint6
         : "l"(a), "l"(b), "r"(scale_d));
 }
 
-// d[64] (f32, the m64n128 accumulator fragment) += A (64x8 tf32, registers: a0 = row g, k t;
-// a1 = row g+8, k t; a2, a3 the same rows at k t+4; 16 rows per warp) * B (8x128 tf32, desc)
-__device__ __forceinline__ void tgmma_m64n128k8(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "{%64, %65, %66, %67}, %68, 1, 1, 1;\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-          "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
-          "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
-          "+f"(d[62]), "+f"(d[63])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
 // The block's cp.async copies of one stage by NT threads, pieces of 16 B: A 128 rows x 8, P0
 // and P1 128 rows x 8 each (rows past M / N zero-filled), Ta 4 runs of 128 x 8 B, Ts one run
 // of 128 x 16 B (threads 0..127), and on a super-block's second stage its Tm block (8 KB).
@@ -230,9 +206,9 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
             wgmma::fence();
             if (h == 1) {
                 const uint32_t tmh = so + S::A + 2 * S::P + S::TA + S::TS;
-                tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh, 128, 256));
-                tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh + S::TM / 2, 128, 256));
-                tgmma_m64n128k8(y, al, wgmma::plain_desc(tmh, 128, 256));
+                wgmma::tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh, 128, 256));
+                wgmma::tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh + S::TM / 2, 128, 256));
+                wgmma::tgmma_m64n128k8(y, al, wgmma::plain_desc(tmh, 128, 256));
             }
             // two groups a stage, plane 0 then plane 1: the fold of D_0 runs under plane 1's
             // wgmmas (2-4% faster than one group and one fold, docs/perf.md)
@@ -401,9 +377,9 @@ __device__ __forceinline__ void mmq_sb_ws_body(const uint8_t* __restrict__ Aq,
             wgmma::fence();
             if (h == 1) {
                 const uint32_t tmh = so + S::A + 2 * S::P + S::TA + S::TS;
-                tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh, 128, 256));
-                tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh + S::TM / 2, 128, 256));
-                tgmma_m64n128k8(y, al, wgmma::plain_desc(tmh, 128, 256));
+                wgmma::tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh, 128, 256));
+                wgmma::tgmma_m64n128k8(y, ah, wgmma::plain_desc(tmh + S::TM / 2, 128, 256));
+                wgmma::tgmma_m64n128k8(y, al, wgmma::plain_desc(tmh, 128, 256));
             }
             // two groups a stage, plane 0 then plane 1: the fold of D_0 runs under plane 1's
             // wgmmas (2-4% faster than one group and one fold, docs/perf.md)

@@ -19,6 +19,8 @@
 //            same for its 8 chunks) and s the chunk's sum; one warp per 256, K % 256 == 0.
 //          quantize_q8s_split_s8(_f16)(...): the same with Aq = q as int8 (no +128), for
 //            mmq_sb_q6k.cu's signed wgmma.
+//          sb1_token_tables(const float2* Ta, uint8_t* Tt, int K, int Mp): mmq_sb1_q4k.cu's
+//            per-token tables from a q8s split's Ta (at the entry).
 //          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
 //          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
 //            x = f16(silu(g) * u) (g, u f32 rows of stride ldg, 16-byte aligned, ldg % 4 == 0),
@@ -251,4 +253,36 @@ extern "C" __global__ void quantize_q8_1_split6_swiglu(const float* g, const flo
                                                        long long ldg, uint8_t* Xq, uint8_t* Tx,
                                                        int M, int K) {
     quantize_split6(Swiglu{g, u, ldg, K}, Xq, Tx, M, K);
+}
+
+// mmq_sb1_q4k.cu's per-token tables (numpy twin: minfer.quants.mmq_sb1_ref.sb1_tokens_ref), one
+// thread per (super-block sb, token m < Mp), from Ta (quantize_q8s_split): in the 9216-byte
+// block of (sb, m / 128), dc = da 2^75 of the super-block (1 where its block is all zero) and
+// r = dc of the previous super-block / dc (1 on the first) as f32 [128] at the fold's position
+// of m % 128 (16 (i / 2) + 4t + 2 (i % 2) + e for m = 8i + 2t + e) at byte 8704 / 0, and at byte
+// 512 the min term's B operand da sa_c / dc as tf32 (hi, lo) in mmq_sb_q4k.cu's Tm layout.
+// Grid ceil(K/256 * Mp / 256), block 256.
+extern "C" __global__ void sb1_token_tables(const float2* __restrict__ Ta, uint8_t* __restrict__ Tt,
+                                            int K, int Mp) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)(K / 256) * Mp) return;
+    const int sb = (int)(i / Mp), m = (int)(i % Mp), mm = m % 128;
+    const float dx = Ta[(size_t)(8 * sb) * Mp + m].x;
+    const float dc = dx != 0.f ? dx : 1.f;
+    float prev = 1.f;
+    if (sb > 0) {
+        const float px = Ta[(size_t)(8 * sb - 8) * Mp + m].x;
+        prev = px != 0.f ? px : 1.f;
+    }
+    uint8_t* tb = Tt + ((size_t)sb * (Mp / 128) + m / 128) * 9216;
+    const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
+    reinterpret_cast<float*>(tb)[pos] = __fdiv_rn(prev, dc);
+    reinterpret_cast<float*>(tb + 8704)[pos] = dc;
+    uint32_t* B = reinterpret_cast<uint32_t*>(tb + 512) + (mm / 8) * 64 + (mm % 8) * 4;
+    for (int c = 0; c < 8; ++c) {
+        uint32_t hi, lo;
+        tf32_split(__fdiv_rn(Ta[(size_t)(8 * sb + c) * Mp + m].y, dc), hi, lo);
+        B[(c / 4) * 32 + c % 4] = hi;
+        B[1024 + (c / 4) * 32 + c % 4] = lo;
+    }
 }

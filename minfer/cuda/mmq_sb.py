@@ -29,6 +29,7 @@ from minfer.cuda import devarray as da
 from minfer.cuda.mmq import launch_prepass
 from minfer.cuda.mmq_wgmma import check_raw, launch_persistent, zeroed
 from minfer.errors import GPUError
+from minfer.quants.mmq_sb1_ref import SB1_TBLK, SB1_WBLK
 from minfer.quants.mmq_wgmma_ref import pad_rows
 
 Q4_K, Q6_K = 12, 14
@@ -48,6 +49,13 @@ def sb6_smem() -> int:
     """Dynamic smem of mmq_sb_q6k (Sb6Smem::BYTES): 3 slots of A 128 x 128 B, the planes
     3 x 64 x 128 B, da 128 x 8 B, Ts 64 x 16 B; + 1 KB alignment."""
     return 3 * (SB_BM * SB_BK + 3 * SB6_BN * SB_BK + SB_BM * 8 + SB6_BN * 16) + 1024
+
+
+def sb1_smem() -> int:
+    """Dynamic smem of mmq_sb1_q4k (Sb1Smem::BYTES): 4 slots of 51 KB (the weight and token
+    tiles 128 x 128 B each, the stage's parts of the two table blocks); + 1 KB alignment and
+    8 mbarriers."""
+    return 4 * 51 * 1024 + 1024 + 64
 
 
 def sb_table_bytes(N: int, K: int) -> int:
@@ -77,6 +85,26 @@ class SbQ4K:
 
     def free(self) -> None:
         for a in (self.wp, self.tw):
+            a.gpudata.free()
+
+
+@dataclass
+class SbQ4K1:
+    """A q4_K weight [N, K] in mmq_sb1_q4k's one-plane layout: wq uint8 [N, K] (the nibbles),
+    tw uint8 [K/256, Np/128, SB1_WBLK] (chunk factors, bias, min-term operand per super-block
+    and 128-row tile)."""
+    wq: object
+    tw: object
+    N: int
+    K: int
+    qtype = Q4_K
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.wq.nbytes + self.tw.nbytes)
+
+    def free(self) -> None:
+        for a in (self.wq, self.tw):
             a.gpudata.free()
 
 
@@ -129,6 +157,32 @@ def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
     return r
 
 
+def repack_q4k_sb1(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K1:
+    """raw q4_K device bytes [N, K/256*144] (16-byte aligned) -> SbQ4K1."""
+    check_raw("repack_q4k_sb1", w_raw, N, K, 144, 16)
+    r = SbQ4K1(da.empty(rt, (N, K), np.uint8, f"sb1 nibbles {what}"),
+               zeroed(rt, (K // 256, pad_rows(N) // 128, SB1_WBLK), np.uint8,
+                      f"sb1 tables {what}"), N, K)
+    fn = rt.function("mmq_repack", "repack_q4k_sb1")
+    n = N * (K // 256)
+    rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wq), da.arg(r.tw),
+                                               np.int32(N), np.int32(K), np.int32(pad_rows(N))))
+    return r
+
+
+def sb1_tokens(rt, ta, K: int, tt=None):
+    """Ta f32 [K/32, Mp, 2] (a q8s split) -> Tt uint8 [K/256, Mp/128, SB1_TBLK], the per-token
+    tables of mmq_sb1_q4k (into tt if given)."""
+    Mp = ta.shape[1]
+    t_shape = (K // 256, Mp // 128, SB1_TBLK)
+    tt = da.empty(rt, t_shape, np.uint8, "sb1 token tables") if tt is None else tt
+    da.check("sb1_tokens tt", tt, t_shape, np.uint8, align=16)
+    n = (K // 256) * Mp
+    rt.launch(rt.function("quantize_q8_1", "sb1_token_tables"), ((n + 255) // 256,), (256,),
+              (da.arg(ta), da.arg(tt), np.int32(K), np.int32(Mp)))
+    return tt
+
+
 def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
     """x f32 / f16 [M, K] (K % 256 == 0) -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the SB
     operand (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0); signed:
@@ -153,21 +207,30 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
                   build_opts: tuple = (), stream_k: bool = True, sms: int | None = None) -> None:
     """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (split here) or its split
     (aq, ta). stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
-    if not isinstance(w, (SbQ4K, SbQ6K)) or (w.N, w.K) != (N, K):
-        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ6K of [{N}, {K}]")
+    if not isinstance(w, (SbQ4K, SbQ4K1, SbQ6K)) or (w.N, w.K) != (N, K):
+        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ4K1 / SbQ6K of [{N}, {K}]")
     q6 = isinstance(w, SbQ6K)
     if M <= 0 or K % 256:
         raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
     if M * K >= 2**31 or 2 * N * K >= 2**31 or M * N >= 2**31:
         raise GPUError("mmq_sb_linear: problem too large (32-bit offsets)")
     if isinstance(x, tuple):
-        aq, ta = x
+        aq, ta = x[:2]
         da.check("mmq_sb_linear aq", aq, (M, K), np.uint8, align=16)
         da.check("mmq_sb_linear ta", ta, (K // 32, pad_rows(M), 2), np.float32, align=16)
     else:
         da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
         aq, ta = split_q8s(rt, x, signed=q6)   # (a split passed in must match: q6_K signed)
     da.check("mmq_sb_linear out", out, (M, N), np.float32)
+    if isinstance(w, SbQ4K1):   # + the per-token tables (passed as x[2], or made here)
+        tt = x[2] if isinstance(x, tuple) and len(x) > 2 else sb1_tokens(rt, ta, K)
+        tiles = -(-M // SB_BM) * -(-N // SB_BN)
+        launch_persistent(rt, "mmq_sb1_q4k" + ("_acc" if accumulate else ""), "mmq_sb1_q4k",
+                          sb1_smem(), tiles, K // 256,
+                          (da.arg(aq), da.arg(tt), da.arg(w.wq), da.arg(w.tw), da.arg(out),
+                           np.int32(M), np.int32(N), np.int32(K)), build_opts, stream_k, sms,
+                          block=384)
+        return
     bn, name, smem, tab = ((SB6_BN, "mmq_sb_q6k", sb6_smem(), w.ts) if q6 else
                            (SB_BN, "mmq_sb_q4k", sb_smem(), w.tw))
     ws = not q6 and "-DMMQ_SB_WS=1" in build_opts
@@ -179,5 +242,6 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
                       block=384 if ws else 256)
 
 
-__all__ = ["SbQ4K", "SbQ6K", "repack_sb", "repack_q4k_sb", "sb6_smem", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",
+__all__ = ["SbQ4K", "SbQ4K1", "SbQ6K", "repack_sb", "repack_q4k_sb", "repack_q4k_sb1",
+           "sb1_smem", "sb1_tokens", "sb6_smem", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",
            "sb_weight_bytes"]

@@ -1,0 +1,324 @@
+// mmq_sb1_q4k.cu: C[M, N] f32 = q8s(A)[M, K] x q4_K(W)[N, K]^T on Hopper int8 tensor cores with
+// one weight byte per value and the sub-scale folded per 32-chunk in FP32 (wgmma m64n128k32
+// .s32.u8.u8, sm_90a only; warp-specialized).
+// minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
+// "SB1": the activations are the SB path's q8s (qa + 128, one scale da per token and 256
+// values), the weight is v, the q4_K nibble (mmq_sb_q4k.cu spends two int8 planes on sc v,
+// twice the tensor work). Per chunk c the tensor core sums S_c = sum_k (qa + 128) v (< 2^17:
+// an f32 denormal) and one FFMA per C value carries it into z with the weight row's factor:
+//   z = fma(S_c, mc, z),  mc = d sc_c 2^74
+// z counts in units of the token's dc = da 2^75 of the current super-block, so a super-block
+// starts with z = fma(z, r, b) (r = dc_old / dc_new, b = f32(-128 sum_c sc_c V_c) d 2^-75 the
+// row's bias) and the work item ends with y = z dc. The min term sum_c (da sa_c / dc)(-dmin m_c)
+// is 3 tf32 wgmmas into z (3xTF32) after the super-block's folds. Math and layouts: the numpy
+// twins in minfer.quants.mmq_sb1_ref (emulate_sb1 spells the arithmetic out).
+// Operands:
+//   Wq  uint8 [N, K]   v                       (mmq_repack.cu repack_q4k_sb1)
+//   Tw  [K/256][Np/128] blocks of 12800 B     mc / b / Tma per (super-block, 128-row tile)
+//   Aq  uint8 [M, K]   qa + 128                (quantize_q8_1.cu quantize_q8s_split)
+//   Tt  [K/256][Mp/128] blocks of 9216 B      r / B / dc per (super-block, 128-token tile)
+//                                              (quantize_q8_1.cu sb1_token_tables)
+// The wgmma's M side is the weight rows, its N side the tokens: a thread's C values z[4i + j]
+// are weight row 64w + 16 (warp % 4) + g + 8 (j / 2) and token 8i + 2t + j % 2 of the 128 x 128
+// tile (w the consumer warpgroup, g = lane / 4, t = lane % 4), so a chunk's fold needs the
+// factors of two rows (one float2) and the per-token factors come once per super-block.
+// Block: 384 threads, 1 per SM. Warpgroup 0 copies (cp.async into a 4-slot ring of 128-k
+// stages, completion on the slot's `full` mbarrier); warpgroups 1, 2 own weight rows 0..63 and
+// 64..127 of the tile, issue the wgmmas (chunk q into buffer q % 2, the next chunk in flight
+// under each fold) and release a slot on its `empty` mbarrier after their last read of it;
+// setmaxnreg gives them the producer's registers. Persistent over work items in super-block
+// units, then stream-K (wgmma_common.cuh TileSched; the exchange among the consumers).
+// Entries: mmq_sb1_q4k (C =) and mmq_sb1_q4k_acc (C +=, reductions), both (Aq, Tt, Wq, Tw, C,
+// M, N, K, dp, ws, flags); K % 256 == 0; ws float4 [gridDim][16][256], flags as in
+// mmq_wgmma_q4k.cu; every buffer under 2^31 B. Dynamic smem Sb1Smem::BYTES.
+#include "gemm_f16_common.cuh"
+#include "mmq_common.cuh"
+#include "wgmma_common.cuh"
+
+namespace {
+using gemm_f16::cp_async16;
+using gemm_f16::smem_u32;
+
+constexpr int BM = 128, BN = 128, BK = 128, T = 256;   // tile (tokens, rows), stage, consumers
+constexpr int STAGES = 4;
+constexpr int WBLK = 12800, WH0 = 2560;   // weight table block; its first stage's bytes
+constexpr int TBLK = 9216, TH0 = 512;     // token table block; its first stage's bytes
+constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
+
+struct Sb1Smem {
+    static constexpr int W = 0, X = BN * BK, WT = X + BM * BK;   // swizzled tiles, tables
+    static constexpr int TT = WT + (WBLK - WH0);                 // token tables
+    static constexpr int STAGE = 51 * 1024;                      // TT + TBLK - TH0 = 51456
+    static constexpr int BYTES = STAGES * STAGE + 1024 + 64;     // + alignment, 8 mbarriers
+};
+static_assert(Sb1Smem::TT + (TBLK - TH0) <= Sb1Smem::STAGE && Sb1Smem::STAGE % 1024 == 0,
+              "stage layout");
+static_assert(Sb1Smem::BYTES == 209984, "sb1 smem");
+
+__device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   // d = A B
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, 0;\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+          "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+          "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]),
+          "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]),
+          "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]),
+          "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]),
+          "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]),
+          "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]),
+          "+r"(d[62]), "+r"(d[63])
+        : "l"(a), "l"(b));
+}
+
+// The producer warpgroup's copies of stage kt (128 threads, pieces of 16 B): the weight tile
+// (A operand) and the token tile (B operand), 128 rows x 8 each (rows past N / M zero-filled,
+// 128-byte swizzle), and the stage's part of the two table blocks.
+struct Sb1Copier {
+    using S = Sb1Smem;
+    uint32_t w, x, dst, mask;
+
+    __device__ __forceinline__ Sb1Copier(int m0, int n0, int M, int N, int K, int tid) {
+        const int r = tid >> 3, c = tid & 7;
+        dst = r * 128 + ((c ^ (r & 7)) << 4);
+        w = (uint32_t)min(n0 + r, N - 1) * K + c * 16;
+        x = (uint32_t)min(m0 + r, M - 1) * K + c * 16;
+        mask = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            mask |= (n0 + r + 16 * i < N ? 1u : 0u) << i | (m0 + r + 16 * i < M ? 1u : 0u) << (8 + i);
+    }
+
+    __device__ __forceinline__ void copy(uint32_t sb, int kt, const uint8_t* Wq, const uint8_t* Tw,
+                                         const uint8_t* Aq, const uint8_t* Tt, int K, int Np,
+                                         int Mp, int m0, int n0, int tid) const {
+        const uint32_t k0 = kt * BK;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            cp_async16(sb + S::W + dst + i * 16 * 128, Wq + (w + i * 16 * K + k0), (mask >> i) & 1);
+            cp_async16(sb + S::X + dst + i * 16 * 128, Aq + (x + i * 16 * K + k0), (mask >> (8 + i)) & 1);
+        }
+        const uint32_t sbk = kt >> 1;
+        const uint8_t* tw = Tw + (sbk * (Np / 128) + n0 / 128) * (uint32_t)WBLK;
+        const uint8_t* tt = Tt + (sbk * (Mp / 128) + m0 / 128) * (uint32_t)TBLK;
+        if (kt & 1) {   // mc of chunks 4..7 and Tma (640 pieces); B and dc (544)
+#pragma unroll
+            for (int i = 0; i < 5; ++i)
+                cp_async16(sb + S::WT + (tid + 128 * i) * 16, tw + WH0 + (tid + 128 * i) * 16, true);
+#pragma unroll
+            for (int i = 0; i < 5; ++i) {
+                const int u = tid + 128 * i;
+                if (u < (TBLK - TH0) / 16) cp_async16(sb + S::TT + u * 16, tt + TH0 + u * 16, true);
+            }
+        } else {        // mc of chunks 0..3 and b (160 pieces); r (32)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int u = tid + 128 * i;
+                if (u < WH0 / 16) cp_async16(sb + S::WT + u * 16, tw + u * 16, true);
+            }
+            if (tid < TH0 / 16) cp_async16(sb + S::TT + tid * 16, tt + tid * 16, true);
+        }
+    }
+};
+
+// z[k] += S (the chunk's s32 fragment read as f32 denormals) * the factor of its row (m.x for
+// the thread's row g, m.y for g + 8)
+__device__ __forceinline__ void fold(float (&z)[64], const int (&d)[64], float2 m) {
+#pragma unroll
+    for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m.y : m.x, z[k]);
+}
+
+// a new super-block: z = z r + b (r: the token's dc ratio, from the token table in fold order;
+// b: the row's bias)
+__device__ __forceinline__ void rescale(float (&z)[64], const float4* r, float2 b, int t) {
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {   // tokens 16p + 2t (+1), 16p + 8 + 2t (+1)
+        const float4 v = r[p * 4 + t];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int k = 4 * (2 * p + e) + j;
+                const float rv = e ? ((j & 1) ? v.w : v.z) : ((j & 1) ? v.y : v.x);
+                z[k] = fmaf(z[k], rv, (j & 2) ? b.y : b.x);
+            }
+    }
+}
+
+// y = z dc of the item's last super-block (dc: the token table's, in fold order)
+__device__ __forceinline__ void scale_dc(float (&z)[64], const float4* dc, int t) {
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+        const float4 v = dc[p * 4 + t];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int k = 4 * (2 * p + e) + j;
+                z[k] *= e ? ((j & 1) ? v.w : v.z) : ((j & 1) ? v.y : v.x);
+            }
+    }
+}
+
+// C[token][row] = (RED: +=) y: z[4i + j] is token m + 8i + (j & 1) (m: the tile's first token
+// + 2t) and row r + 8 (j >> 1) (r: the thread's first row); 32-byte runs of 8 rows per warp
+template <bool RED>
+__device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, int N, int m, int r) {
+#pragma unroll
+    for (int k = 0; k < 64; ++k) {
+        const int tok = m + 8 * (k >> 2) + (k & 1), row = r + 8 * ((k >> 1) & 1);
+        if (tok < M && row < N) {
+            if (RED) atomicAdd(C + (size_t)tok * N + row, z[k]);
+            else C[(size_t)tok * N + row] = z[k];
+        }
+    }
+}
+
+template <bool RED>
+__device__ __forceinline__ void mmq_sb1_body(const uint8_t* __restrict__ Aq,
+                                             const uint8_t* __restrict__ Tt,
+                                             const uint8_t* __restrict__ Wq,
+                                             const uint8_t* __restrict__ Tw, float* C, int M,
+                                             int N, int K, int dp, float4* ws, int* flags) {
+    using S = Sb1Smem;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + 1023) & ~1023u;
+    const uint8_t* sbase = smem_raw + (base - raw);
+    const uint32_t bars = base + STAGES * S::STAGE;   // full[s] at 8s, empty[s] at 8(STAGES + s)
+    const int ntok = (M + BM - 1) / BM, ntiles = ntok * ((N + BN - 1) / BN);
+    const int Mp = ntok * BM, Np = (N + BN - 1) / BN * BN;
+    const int KS = K / 256;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            wgmma::mbar_init(bars + 8 * s, 128);
+            wgmma::mbar_init(bars + 8 * (STAGES + s), T);
+        }
+    }
+    __syncthreads();
+    wgmma::TileSched sched{ntiles, dp, KS, 0};
+    wgmma::Work w;
+    uint32_t it = 0;   // the block's running stage count: stage it lives in slot it % STAGES
+    if (threadIdx.x < 128) {   // producer
+        wgmma::setmaxnreg_dec<PRODUCER_REGS>();
+        const int tid = threadIdx.x;
+        while (sched.next(w)) {
+            const int m0 = (w.tile % ntok) * BM, n0 = (w.tile / ntok) * BN;
+            const Sb1Copier cp(m0, n0, M, N, K, tid);
+            for (int kt = 2 * w.k0; kt < 2 * w.k1; ++kt, ++it) {
+                const uint32_t slot = it % STAGES;
+                wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
+                cp.copy(base + slot * S::STAGE, kt, Wq, Tw, Aq, Tt, K, Np, Mp, m0, n0, tid);
+                wgmma::mbar_arrive_cp_async(bars + 8 * slot);
+            }
+        }
+        return;
+    }
+    wgmma::setmaxnreg_inc<CONSUMER_REGS>();
+    const int tid = threadIdx.x - 128, lane = tid & 31, warp = tid >> 5, cw = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const int rw = cw * 64 + (warp & 3) * 16 + g;      // this thread's first weight row
+    const int pair = (rw >> 4) * 8 + g;                // its float2 in the row tables
+    float z[64];
+    int da[64], db[64];
+    while (sched.next(w)) {
+        const int m0 = (w.tile % ntok) * BM, n0 = (w.tile / ntok) * BN;
+#pragma unroll
+        for (int k = 0; k < 64; ++k) z[k] = 0.f;
+        for (int sbk = w.k0; sbk < w.k1; ++sbk) {   // its two stages unrolled: at the loop edge
+            // no wgmma is in flight (ptxas would serialize every one)
+            const uint32_t s0 = it % STAGES, s1 = (it + 1) % STAGES;
+            const uint32_t o0 = base + s0 * S::STAGE, o1 = base + s1 * S::STAGE;
+            const uint8_t* p0 = sbase + s0 * S::STAGE;
+            const uint8_t* p1 = sbase + s1 * S::STAGE;
+            // ---- first stage: chunks 0..3 issued, 0..2 folded ----
+            wgmma::mbar_wait(bars + 8 * s0, (it / STAGES) & 1);
+            wgmma::fence_proxy_async();
+            rescale(z, reinterpret_cast<const float4*>(p0 + S::TT),
+                    reinterpret_cast<const float2*>(p0 + S::WT + 2048)[pair], t);
+            const uint32_t a0 = o0 + S::W + cw * 64 * 128, b0 = o0 + S::X;
+            wgmma::fence();
+            igmma(da, wgmma::sw128_desc(a0), wgmma::sw128_desc(b0));
+            wgmma::commit();
+#pragma unroll
+            for (int c = 1; c < 4; ++c) {
+                wgmma::fence();
+                igmma(c & 1 ? db : da, wgmma::sw128_desc(a0 + c * 32), wgmma::sw128_desc(b0 + c * 32));
+                wgmma::commit();
+                const float2 m = reinterpret_cast<const float2*>(p0 + S::WT + (c - 1) * 512)[pair];
+                wgmma::wait<1>();
+                if (c & 1) { wgmma::fence_regs(da); fold(z, da, m); }
+                else { wgmma::fence_regs(db); fold(z, db, m); }
+            }
+            // ---- second stage: chunks 4..7 issued, 3..7 folded, the min term ----
+            wgmma::mbar_wait(bars + 8 * s1, ((it + 1) / STAGES) & 1);
+            wgmma::fence_proxy_async();
+            const uint32_t a1 = o1 + S::W + cw * 64 * 128, b1 = o1 + S::X;
+            uint32_t ah[4], al[4];
+            {
+                const uint4* tma = reinterpret_cast<const uint4*>(p1 + S::WT + 2048) + (pair * 4 + t) * 2;
+                const uint4 h = tma[0], l = tma[1];
+                ah[0] = h.x; ah[1] = h.y; ah[2] = h.z; ah[3] = h.w;
+                al[0] = l.x; al[1] = l.y; al[2] = l.z; al[3] = l.w;
+            }
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+                wgmma::fence();
+                igmma(c & 1 ? db : da, wgmma::sw128_desc(a1 + c * 32), wgmma::sw128_desc(b1 + c * 32));
+                wgmma::commit();
+                const float2 m = c == 0 ? reinterpret_cast<const float2*>(p0 + S::WT + 3 * 512)[pair]
+                                        : reinterpret_cast<const float2*>(p1 + S::WT + (c - 1) * 512)[pair];
+                wgmma::wait<1>();
+                if (c & 1) { wgmma::fence_regs(da); fold(z, da, m); }
+                else { wgmma::fence_regs(db); fold(z, db, m); }
+                if (c == 0) wgmma::mbar_arrive(bars + 8 * (STAGES + s0));   // first stage read
+            }
+            const float2 m7 = reinterpret_cast<const float2*>(p1 + S::WT + 3 * 512)[pair];
+            wgmma::fence();
+            const uint32_t tb = o1 + S::TT;   // B: [hi | lo] tf32 core matrices, tokens x chunks
+            wgmma::tgmma_m64n128k8(z, ah, wgmma::plain_desc(tb, 128, 256));
+            wgmma::tgmma_m64n128k8(z, ah, wgmma::plain_desc(tb + 4096, 128, 256));
+            wgmma::tgmma_m64n128k8(z, al, wgmma::plain_desc(tb, 128, 256));
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::fence_regs(db);
+            wgmma::fence_regs(z);
+            fold(z, db, m7);
+            it += 2;
+            if (sbk + 1 < w.k1) wgmma::mbar_arrive(bars + 8 * (STAGES + s1));
+        }
+        // y = z dc of the item's last super-block (from its second stage's slot, then released)
+        const uint32_t sl = (it + STAGES - 1) % STAGES;
+        scale_dc(z, reinterpret_cast<const float4*>(sbase + sl * S::STAGE + S::TT + 8192), t);
+        wgmma::mbar_arrive(bars + 8 * (STAGES + sl));
+        // a stream-K tail publishes its values, a head adds its tail's; then the stores
+        if (w.k0 > 0) {
+            wgmma::sk_put<64, T, 128>(ws, flags, z);
+        } else {
+            if (w.k1 < KS) wgmma::sk_add<64, T, 128>(ws, flags, z);
+            store_t<RED>(z, C, M, N, m0 + 2 * t, n0 + rw);
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+mmq_sb1_q4k(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Tt,
+            const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M, int N,
+            int K, int dp, float4* ws, int* flags) {
+    mmq_sb1_body<false>(Aq, Tt, Wq, Tw, C, M, N, K, dp, ws, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+mmq_sb1_q4k_acc(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Tt,
+                const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
+                int N, int K, int dp, float4* ws, int* flags) {
+    mmq_sb1_body<true>(Aq, Tt, Wq, Tw, C, M, N, K, dp, ws, flags);
+}
