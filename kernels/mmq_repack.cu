@@ -7,10 +7,8 @@
 //   Tw  [Tb | Tm]:
 //     Tb  float2 [K/32, Np]  (dsv * 2^74, f32(-128 * V) * dsv * 2^-75), V = sum of the chunk's v
 //     Tm  uint2 [K/32, Np]   dmv = -(dmin * m) as tf32 (hi, lo) by truncation
-// Entry: repack_q4k_sb(const uint8_t* W, uint8_t* Wp, float4* Tw, int N, int K, int Np): the
-//   two-plane layout of mmq_sb_q4k.cu (at the entry below).
-// Entry: repack_q4k_sb1(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K, int Np): the
-//   one-plane layout of mmq_sb1_q4k.cu (at the entry below).
+// Entry: repack_q4k_sb(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K, int Np): the
+//   layout of mmq_sb_q4k.cu (at the entry below).
 // Entry: repack_q6k_sb(const uint8_t* W, int8_t* Wp, float4* Ts, int N, int K, int Np): the
 //   three-plane layout of mmq_sb_q6k.cu (at the entry below).
 // Entry: repack_q6k_wgmma(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K)
@@ -106,75 +104,15 @@ extern "C" __global__ void repack_q6k_wgmma(const uint8_t* __restrict__ W, uint8
     tm[((2 * cc + 1) * 64 + slot) * 4 + 2 + side] = lo;
 }
 
-// q4_K -> the two sub-scale planes of mmq_sb_q4k.cu. One thread per (row n, super-block b):
-// sc = 8 a + b per chunk c, P0 = a * v and P1 = b * v (bytes <= 105, so a packed word times a
-// or b carries nothing across bytes); Ts[b][n] = (8 d 2^74, d 2^74, f32(-1024 V0) d 2^-75,
-// f32(-128 V1) d 2^-75) with V0 = sum_c a_c V_c, V1 = sum_c b_c V_c (V_c the chunk's sum of
-// v); Tm = -(dmin m_c) as tf32 (hi, lo), blocked per (super-block, 128-row tile) as below. Wp
-// uint8 [2, N, K];
-// Tw = [Ts float4 [K/256, Np] | Tm uint32 [K/256, Np/128, 2, 16, 2, 8, 4]].
-extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wp,
-                                         float4* __restrict__ Tw, int N, int K, int Np) {
-    const int KS = K / 256;
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)N * KS) return;
-    const int n = (int)(i / KS), sb = (int)(i % KS);
-    const uint8_t* blk = W + ((size_t)n * KS + sb) * 144;
-    const uint32_t* s = reinterpret_cast<const uint32_t*>(blk + 4);
-    const float d = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk));
-    const float dmin = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk + 2));
-    // Tm: per (super-block, 128-row tile) one 8 KB block, the B operand of the min-term wgmma:
-    // [hi | lo][16 row groups][chunks 0..3 | 4..7][8 rows][4 chunks] (core matrices of 8 x 16 B)
-    uint32_t* Tm = reinterpret_cast<uint32_t*>(Tw + (size_t)KS * Np) +
-                   ((size_t)sb * (Np / 128) + n / 128) * 2048 + ((n % 128) / 8) * 64 + (n % 8) * 4;
-    int V0 = 0, V1 = 0;
-    for (int c = 0; c < 8; ++c) {
-        int sc, m;
-        q4k_scale_min(c, s[0], s[1], s[2], sc, m);
-        const int a = sc >> 3, bb = sc & 7;
-        const uint4* qs = reinterpret_cast<const uint4*>(blk + 16 + (c >> 1) * 32);
-        const int shift = 4 * (c & 1);
-        int V = 0;
-        uint4 p0[2], p1[2];
-        for (int h = 0; h < 2; ++h) {
-            const uint32_t* in = reinterpret_cast<const uint32_t*>(&qs[h]);
-            uint32_t* o0 = reinterpret_cast<uint32_t*>(&p0[h]);
-            uint32_t* o1 = reinterpret_cast<uint32_t*>(&p1[h]);
-            for (int w = 0; w < 4; ++w) {
-                const uint32_t v = (in[w] >> shift) & 0x0F0F0F0Fu;
-                V += (int)((v & 0xFF) + ((v >> 8) & 0xFF) + ((v >> 16) & 0xFF) + (v >> 24));
-                o0[w] = v * (uint32_t)a;
-                o1[w] = v * (uint32_t)bb;
-            }
-        }
-        V0 += a * V;
-        V1 += bb * V;
-        const size_t at = (size_t)n * K + (size_t)sb * 256 + 32 * c;
-        uint4* d0 = reinterpret_cast<uint4*>(Wp + at);
-        uint4* d1 = reinterpret_cast<uint4*>(Wp + (size_t)N * K + at);
-        d0[0] = p0[0];
-        d0[1] = p0[1];
-        d1[0] = p1[0];
-        d1[1] = p1[1];
-        uint32_t hi, lo;
-        tf32_split(-(dmin * (float)m), hi, lo);
-        Tm[(c / 4) * 32 + c % 4] = hi;
-        Tm[1024 + (c / 4) * 32 + c % 4] = lo;
-    }
-    Tw[(size_t)sb * Np + n] = make_float4(8.f * d * 0x1p74f, d * 0x1p74f,
-                                          ((float)(-1024 * V0) * d) * 0x1p-75f,
-                                          ((float)(-128 * V1) * d) * 0x1p-75f);
-}
-
-// q4_K -> mmq_sb1_q4k.cu's layout (numpy twin: minfer.quants.mmq_sb1_ref.repack_q4k_sb1_ref).
+// q4_K -> mmq_sb_q4k.cu's layout (numpy twin: minfer.quants.mmq_sb_ref.repack_q4k_sb_ref).
 // One thread per (row n, super-block sb): Wq uint8 [N, K] = v (natural k order), and in the
 // 12800-byte table block of (sb, n / 128): mc = d sc_c 2^74 of chunks 0..3 (float2 [4][64]),
 // b = (f32(-128 sum_c sc_c V_c) d) 2^-75 (float2 [64]), mc of chunks 4..7, then Tma (8 KB):
 // -(dmin m_c) as tf32 (hi, lo), per row pair and t in 0..3 the uint4s (hi, lo) = (A[r][t],
 // A[r+8][t], A[r][t+4], A[r+8][t+4]). Row r = n % 128 is half r / 8 % 2 of pair
 // (r / 16) 8 + r % 8. Rows >= N are not written (the launcher zeroes the tables).
-extern "C" __global__ void repack_q4k_sb1(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wq,
-                                          uint8_t* __restrict__ Tw, int N, int K, int Np) {
+extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wq,
+                                         uint8_t* __restrict__ Tw, int N, int K, int Np) {
     const int KS = K / 256;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)N * KS) return;

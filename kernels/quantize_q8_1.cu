@@ -19,7 +19,7 @@
 //            same for its 8 chunks) and s the chunk's sum; one warp per 256, K % 256 == 0.
 //          quantize_q8s_split_s8(_f16)(...): the same with Aq = q as int8 (no +128), for
 //            mmq_sb_q6k.cu's signed wgmma.
-//          sb1_token_tables(const float2* Ta, uint8_t* Tt, int K, int Mp): mmq_sb1_q4k.cu's
+//          sb_token_tables(const float2* Ta, uint8_t* Tt, int K, int Mp): mmq_sb_q4k.cu's
 //            per-token tables from a q8s split's Ta (at the entry).
 //          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
 //          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
@@ -255,15 +255,16 @@ extern "C" __global__ void quantize_q8_1_split6_swiglu(const float* g, const flo
     quantize_split6(Swiglu{g, u, ldg, K}, Xq, Tx, M, K);
 }
 
-// mmq_sb1_q4k.cu's per-token tables (numpy twin: minfer.quants.mmq_sb1_ref.sb1_tokens_ref), one
-// thread per (super-block sb, token m < Mp), from Ta (quantize_q8s_split): in the 9216-byte
-// block of (sb, m / 128), dc = da 2^75 of the super-block (1 where its block is all zero) and
-// r = dc of the previous super-block / dc (1 on the first) as f32 [128] at the fold's position
-// of m % 128 (16 (i / 2) + 4t + 2 (i % 2) + e for m = 8i + 2t + e) at byte 8704 / 0, and at byte
-// 512 the min term's B operand da sa_c / dc as tf32 (hi, lo) in mmq_sb_q4k.cu's Tm layout.
+// mmq_sb_q4k.cu's per-token tables (numpy twin: minfer.quants.mmq_sb_ref.sb_tokens_ref), one
+// thread per (super-block sb, token m < Mp), from Ta (quantize_q8s_split). In the 9216-byte block
+// of (sb, m / 128): dc = da 2^75 of the super-block (1 where its block is all zero) at byte
+// 8704 and r = dc of the previous super-block / dc (1 / dc on the first, where z is still 0)
+// at byte 0, both f32 [128] at the fold's position of m % 128 (16 (i / 2) + 4t + 2 (i % 2) + e
+// for m = 8i + 2t + e); at byte 512 the min term's B operand da sa_c / dc as tf32 (hi, lo) in
+// 8 x 16-byte core matrices ([hi | lo][16 token groups][chunks 0..3 | 4..7][8 tokens][4 chunks]).
 // Grid ceil(K/256 * Mp / 256), block 256.
-extern "C" __global__ void sb1_token_tables(const float2* __restrict__ Ta, uint8_t* __restrict__ Tt,
-                                            int K, int Mp) {
+extern "C" __global__ void sb_token_tables(const float2* __restrict__ Ta, uint8_t* __restrict__ Tt,
+                                           int K, int Mp) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)(K / 256) * Mp) return;
     const int sb = (int)(i / Mp), m = (int)(i % Mp), mm = m % 128;

@@ -43,7 +43,7 @@ __device__ __forceinline__ uint64_t plain_desc(uint32_t saddr, uint32_t lbo, uin
            static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32;
 }
 
-// ---- int8 MMQ pieces (mmq_wgmma_q4k.cu, mmq_wgmma_q6k.cu, mmq_sb_q4k.cu) ----
+// ---- int8 MMQ pieces (mmq_wgmma_q4k.cu, mmq_wgmma_q6k.cu, mmq_sb_q4k.cu, mmq_sb_q6k.cu) ----
 
 // d[32] = A (64x32 u8, smem desc) * B (32x64 u8, smem desc), both K-major, s32 (scale-d 0)
 __device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
@@ -54,7 +54,7 @@ __device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint6
         : "l"(da), "l"(db));
 }
 
-// (mmq_sb_q4k.cu, mmq_sb1_q4k.cu: the min term) d[64] (f32, the m64n128 accumulator fragment) += A (64x8 tf32, registers: a0 = row g, k t;
+// (mmq_sb_q4k.cu: the min term) d[64] (f32, the m64n128 accumulator fragment) += A (64x8 tf32, registers: a0 = row g, k t;
 // a1 = row g+8, k t; a2, a3 the same rows at k t+4; 16 rows per warp) * B (8x128 tf32, desc)
 __device__ __forceinline__ void tgmma_m64n128k8(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     asm volatile(
@@ -128,8 +128,8 @@ __device__ __forceinline__ void ring_next(const Cp& cp, uint32_t base, int kt, i
     else gemm_f16::cp_async_commit();
 }
 
-// ---- warp specialization (mmq_sb_q4k.cu's _ws entries): mbarriers in shared memory, register
-// reallocation between the producer and the consumer warpgroups ----
+// ---- warp specialization (mmq_sb_q4k.cu): mbarriers in shared memory, register reallocation
+// between the producer and the consumer warpgroups ----
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -276,7 +276,7 @@ __device__ __forceinline__ void store_c2(float* p, float2 v, bool pair, bool sec
     }
 }
 
-// The end of a work item in the SB kernels (mmq_sb_q4k.cu, mmq_sb_q6k.cu): a stream-K tail
+// The end of a work item in mmq_sb_q6k.cu: a stream-K tail
 // publishes its sums; a head adds its tail's first; whole tiles and heads then store (C =) or
 // reduce (C +=, RED) the thread's values of an m64nN accumulator fragment, y[4i + j] at row
 // r0 + 8 (j >> 1) and column c0 + 8i + (j & 1) (r0: the thread's first row, c0: the tile's

@@ -21,12 +21,11 @@ import sys
 import numpy as np
 
 from minfer.cuda import devarray as da
-from minfer.cuda.mmq_sb import mmq_sb_linear, repack_q4k_sb1, repack_sb, sb1_tokens, split_q8s
+from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_tokens, split_q8s
 from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack, split6_q8_1, split_q8_1
 from minfer.cuda.runtime import get_runtime
-from minfer.quants.mmq_sb1_ref import repack_q4k_sb1_ref, sb1_tokens_ref
 from minfer.quants.mmq_sb_ref import (mmq_sb_linear_ref, repack_q4k_sb_ref, repack_q6k_sb_ref,
-                                      split_q8s_ref)
+                                      sb_tokens_ref, split_q8s_ref)
 
 sys.path.insert(0, "scripts")
 from mmq_device import interleaved, print_table, rand_weights, rel  # noqa: E402
@@ -51,34 +50,29 @@ def check(rt, rng, qt, variants) -> int:
         print(f"{tn} q8s split {xin.dtype} bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
         fails += not ok
     r = repack_sb(rt, da.to_device(rt, w), qt, N, K)
-    got = (r.wp, r.ts) if q6 else (r.wp, r.tw)
+    got = (r.wp, r.ts) if q6 else (r.wq, r.tw)
     ok = all(same(a, b) for a, b in zip(got, (repack_q6k_sb_ref if q6 else repack_q4k_sb_ref)(
         w, N, K)))
     print(f"{tn} sb repack bitwise {N}x{K}: {'OK' if ok else 'MISMATCH'}")
     fails += not ok
-    if not q6:   # the one-plane kernel's repack and token tables
-        r1 = repack_q4k_sb1(rt, da.to_device(rt, w), N, K)
-        ok = all(same(a, b) for a, b in zip((r1.wq, r1.tw), repack_q4k_sb1_ref(w, N, K)))
-        _, ta = split_q8s_ref(x)
+    if not q6:   # the per-token tables, an all-zero super-block included
         x0 = x.copy()
-        x0[3, 256:512] = 0   # an all-zero super-block: dc = 1
-        _, ta0 = split_q8s_ref(x0)
-        for t_ in (ta, ta0):
-            ok &= same(sb1_tokens(rt, da.to_device(rt, t_), K), sb1_tokens_ref(t_, M, K))
-        print(f"{tn} sb1 repack + token tables bitwise {N}x{K}: {'OK' if ok else 'MISMATCH'}")
+        x0[3, 256:512] = 0
+        ok = True
+        for t_ in (split_q8s_ref(x)[1], split_q8s_ref(x0)[1]):
+            ok &= same(sb_tokens(rt, da.to_device(rt, t_), K), sb_tokens_ref(t_, M, K))
+        print(f"{tn} sb token tables bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
         fails += not ok
     for (M, N, K) in ((77, 333, 1280), (1, 8, 256), (128, 64, 256), (300, 1000, 4096),
                       (129, 200, 512), (65, 129, 768), (512, 1000, 4096)):
         w = rand_weights(rng, qt, N, K)
         x = rng.standard_normal((M, K)).astype(np.float32)
+        if K >= 512:
+            x[M // 2, 256:512] = 0   # an all-zero super-block
         ref = mmq_sb_linear_ref(x, w, M, N, K, qt)
-        wd = da.to_device(rt, w)
-        wr0, wr1 = repack_sb(rt, wd, qt, N, K), None if q6 else repack_q4k_sb1(rt, wd, N, K)
+        wr = repack_sb(rt, da.to_device(rt, w), qt, N, K)
         xd = da.to_device(rt, x)
         for name, opts in variants:
-            if q6 and name.startswith("sb1"):
-                continue
-            wr = wr1 if name.startswith("sb1") else wr0
             for sms in (None, 5):   # 5 SMs: stream-K splits on every multi-tile shape
                 out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
                 mmq_sb_linear(rt, xd, wr, M, N, K, out, build_opts=opts, sms=sms)
@@ -102,34 +96,31 @@ def time_all(rt, rng, qt, variants):
         raws = [da.to_device(rt, rand_weights(rng, qt, N, K)) for _ in range(3)]
         wg = [repack(rt, r_, qt, N, K) for r_ in raws]
         sb = [repack_sb(rt, r_, qt, N, K) for r_ in raws]
-        sb1 = [] if q6 else [repack_q4k_sb1(rt, r_, N, K) for r_ in raws]
-        pick = lambda name: sb1 if name.startswith("sb1") else sb   # noqa: E731
-        vs = [v for v in variants if not (q6 and v[0].startswith("sb1"))]
         xd = da.to_device(rt, rng.standard_normal((M, K)).astype(np.float32))
         splitw = split6_q8_1 if q6 else split_q8_1
         sp, sq = splitw(rt, xd), split_q8s(rt, xd, signed=q6)
         out = da.empty(rt, (M, N), np.float32)
         runs = [("wgmma", lambda i: mmq_wgmma_linear(rt, sp, wg[i % 3], M, N, K, out))]
-        sq1 = (*sq, sb1_tokens(rt, sq[1], K))   # SB1's operand: the split and its token tables
-        arg = lambda name: sq1 if name.startswith("sb1") else sq   # noqa: E731
-        runs += [(name, (lambda o, ws, a: lambda i: mmq_sb_linear(rt, a, ws[i % 3], M, N, K, out,
-                                                                  build_opts=o))(
-                     opts, pick(name), arg(name))) for name, opts in vs]
+        if not q6:
+            sq = (*sq, sb_tokens(rt, sq[1], K))   # q4_K's operand: the split and its token tables
+        runs += [(name, (lambda o: lambda i: mmq_sb_linear(rt, sq, sb[i % 3], M, N, K, out,
+                                                           build_opts=o))(opts))
+                 for name, opts in variants]
         if N == 4096:
             runs += [("wgmma +=", lambda i: mmq_wgmma_linear(rt, sp, wg[i % 3], M, N, K, out,
                                                              accumulate=True))]
-            runs += [(name + " +=", (lambda o, ws, a: lambda i: mmq_sb_linear(
-                rt, a, ws[i % 3], M, N, K, out, accumulate=True, build_opts=o))(
-                    opts, pick(name), arg(name))) for name, opts in vs]
+            runs += [(name + " +=", (lambda o: lambda i: mmq_sb_linear(
+                rt, sq, sb[i % 3], M, N, K, out, accumulate=True, build_opts=o))(opts))
+                for name, opts in variants]
         runs += [("split " + ("q8_1x2" if q6 else "q8_1"), lambda i: splitw(rt, xd, *sp)),
-                 ("split q8s", lambda i: split_q8s(rt, xd, *sq, signed=q6))]
+                 ("split q8s", lambda i: split_q8s(rt, xd, *sq[:2], signed=q6))]
         if not q6:
-            runs += [("sb1 token tables", lambda i: sb1_tokens(rt, sq[1], K, sq1[2]))]
+            runs += [("sb token tables", lambda i: sb_tokens(rt, sq[1], K, sq[2]))]
         for name, (us, spread) in interleaved(rt, runs).items():
             rows.append((NAME[qt], f"{N}x{K}", name, us, 2 * M * N * K / us / 1e6, spread))
         for a in raws:
             a.gpudata.free()
-        for a in wg + sb + sb1:
+        for a in wg + sb:
             a.free()
     return rows
 
@@ -141,7 +132,7 @@ def main(args: list[str]) -> int:
     if args and args[0] == "--types":
         types, args = [{"q4_K": Q4_K, "q6_K": Q6_K}[t] for t in args[1].split(",")], args[2:]
     variants = [(s.split("=", 1)[0], tuple(o for o in s.split("=", 1)[1].split(",") if o))
-                for s in args] or [("sb", ()), ("sb1", ())]
+                for s in args] or [("sb", ())]
     fails, rows = 0, []
     for qt in types:
         fails += check(rt, rng, qt, variants)

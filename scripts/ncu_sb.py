@@ -6,7 +6,7 @@ import sys
 import numpy as np
 
 from minfer.cuda import devarray as da
-from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, split_q8s
+from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_tokens, split_q8s
 from minfer.cuda.runtime import get_runtime
 
 sys.path.insert(0, "scripts")
@@ -25,6 +25,8 @@ raw = da.to_device(rt, rand_weights(rng, qt, N, K))
 w = repack_sb(rt, raw, qt, N, K)
 x = da.to_device(rt, rng.standard_normal((M, K)).astype(np.float32))
 sq = split_q8s(rt, x, signed=qt == 14)
+if qt == 12:
+    sq = (*sq, sb_tokens(rt, sq[1], K))
 out = da.empty(rt, (M, N), np.float32)
 for _ in range(3):
     mmq_sb_linear(rt, sq, w, M, N, K, out, build_opts=opts)

@@ -1,5 +1,6 @@
-"""The super-block MMQ path on the CPU: its operand twins, the kernel's epilogue algebra on
-them against the float64 oracle, the integer bounds it relies on, the smem pin."""
+"""The super-block MMQ path on the CPU: its operand twins (the q8s split, the q4_K repack and
+token tables, the q6_K planes), the kernels' arithmetic on them against the float64 oracle, the
+integer bounds it relies on, the smem pins, the config / routing / memory plan."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.cuda.mmq_sb import sb_smem, sb_table_bytes
+from minfer.cuda.mmq_sb import sb_smem, sb_table_bytes, sb_token_bytes
 from minfer.quants.mmq_ref import decode_q4k, mmq_linear_ref
-from minfer.quants.mmq_sb_ref import (block_tm_sb, mmq_sb_linear_ref, quantize_q8s,
-                                      repack_q4k_sb_ref, sb_scales, split_q8s_ref, unblock_tm_sb)
+from minfer.quants.mmq_sb_ref import (block_tm_sb, emulate_sb_q4k, mmq_sb_linear_ref,
+                                      quantize_q8s, repack_q4k_sb_ref, sb_pos, sb_scales,
+                                      sb_tokens_ref, split_q8s_ref, unblock_tm_sb)
 from minfer.quants.mmq_wgmma_ref import pad_rows
 from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
 from test_mmq_wgmma import _Rt, rand_q4k, rand_q6k
@@ -56,70 +58,92 @@ def test_split_q8s_layout():
 
 
 def test_repack_sb_fields():
+    """q4_K: Wq holds the nibbles; the table block's mc / b / Tma sit at the documented
+    positions (row pairs (r, r+8), 512 B a chunk) with d sc 2^74, the u8 bias and -(dmin m)."""
     rng = np.random.default_rng(2)
-    N, K = 70, 512
+    N, K = 150, 512
     w = rand_q4k(rng, N, K)
-    wp, tw = repack_q4k_sb_ref(w, N, K)
+    wq, tw = repack_q4k_sb_ref(w, N, K)
     dsv, dmv, v = decode_q4k(w, N, K)
     sc = sb_scales(w, N, K)
-    assert wp.shape == (2, N, K) and wp.max() <= 105 and tw.nbytes == sb_table_bytes(N, K)
-    # the planes recombine to sc * v, and d * sc is q4_K's dsv
-    vv = v.reshape(N, K // 32, 32).astype(np.int32)
-    both = 8 * wp[0].astype(np.int32) + wp[1]
-    assert np.array_equal(both.reshape(N, K // 32, 32), vv * sc[..., None])
-    Np = pad_rows(N)
-    ts = tw[:K // 256 * Np * 16].view(np.float32).reshape(K // 256, Np, 4)
-    d = ts[:, :N, 1].T / np.float32(2.0**74)
-    assert np.array_equal(np.repeat(d, 8, 1) * sc.astype(np.float32), dsv)
-    assert np.array_equal(ts[:, :N, 0], 8 * ts[:, :N, 1]) and not ts[:, N:].any()
-    V = vv.sum(-1)
-    v1 = ((sc & 7) * V).reshape(N, K // 256, 8).sum(-1)
-    assert np.allclose(ts[:, :N, 3].T, -128 * v1 * d * 2.0**-75, rtol=1e-6)
-    hi, lo = (p.view(np.float32) for p in unblock_tm_sb(tw[K // 256 * Np * 16:], K, Np))
-    assert np.allclose(hi[:, :N].astype(np.float64) + lo[:, :N], dmv.T, rtol=2**-20, atol=0)
-    assert not hi[:, N:].any()
-    # the blocked order: super-block 1, tile 0, lo, row group 2, chunks 4..7, row 3, chunk 5
-    blk = tw[K // 256 * Np * 16:].view(np.uint32).reshape(K // 256, Np // 128, 2, 16, 2, 8, 4)
-    assert blk[1, 0, 1, 2, 1, 3, 1] == lo.view(np.uint32)[8 + 5, 19]
-    assert blk[1, 0, 0, 2, 1, 3, 1] == hi.view(np.uint32)[8 + 5, 19] != 0
+    assert np.array_equal(wq, v) and wq.max() <= 15 and tw.nbytes == sb_table_bytes(N, K)
+    blk = tw.view(np.float32).reshape(K // 256, pad_rows(N) // 128, 3200)
+    d = dsv[:, ::8] / sc[:, ::8].clip(1)   # (sc may be 0: compare where it is not)
+
+    def at(row):   # the float index of a row in a [64 pairs][2] table
+        r = row % 128
+        return ((r // 16) * 8 + r % 8) * 2 + (r // 8) % 2
+
+    for row, sbk, c in ((0, 0, 0), (9, 1, 3), (137, 1, 6), (149, 0, 7)):
+        off = (c % 4) * 128 + (640 if c >= 4 else 0)
+        mc = blk[sbk, row // 128, off + at(row)]
+        assert mc == np.float32(dsv[row, 8 * sbk + c]) * np.float32(2.0**74)
+        vv = v[row, 256 * sbk:256 * sbk + 256].reshape(8, 32).astype(np.int64).sum(-1)
+        bias = blk[sbk, row // 128, 512 + at(row)]
+        want = np.float64(-128 * (sc[row, 8 * sbk:8 * sbk + 8] * vv).sum())
+        assert np.isclose(bias, want * q4k_d(w, N, K)[row, sbk] * 2.0**-75, rtol=1e-6)
+        # Tma: pair, t = c % 4, hi then lo, (chunk t | t+4), (row r | r+8)
+        tma = blk[sbk, row // 128, 1152:].view(np.uint32).reshape(64, 4, 2, 2, 2)
+        r = row % 128
+        hi = tma[(r // 16) * 8 + r % 8, c % 4, 0, c // 4, (r // 8) % 2].view(np.float32)
+        lo = tma[(r // 16) * 8 + r % 8, c % 4, 1, c // 4, (r // 8) % 2].view(np.float32)
+        assert np.isclose(np.float64(hi) + lo, dmv[row, 8 * sbk + c], rtol=2**-20, atol=0)
+    assert d.shape == (N, K // 256)
+    # rows past N are zero
+    pad = [at(row) for row in range(N, pad_rows(N))]
+    assert not blk[:, 1, pad].any()
 
 
-def emulate_sb(aq, ta, wp, tw, M, N, K, bias_sign=1.0):
-    """mmq_sb_q4k.cu's arithmetic in f32 (fma in float64, exact for these operands): per
-    super-block D_p = Aq . P_p (u8 x u8 over 256 k), the min term y += Ta.y * (Tm.hi + Tm.lo)
-    per chunk, then y = fma(fma(D_0, Ts.x, Ts.z), Ta.x, y), y = fma(fma(D_1, Ts.y, Ts.w),
-    Ta.x, y)."""
-    Np = pad_rows(N)
-    ts = tw[:K // 256 * Np * 16].view(np.float32).reshape(K // 256, Np, 4).astype(np.float64)
-    tm = np.stack([p.view(np.float32) for p in unblock_tm_sb(tw[K // 256 * Np * 16:], K, Np)],
-                  -1).astype(np.float64)
-    y = np.zeros((M, N), np.float32)
-    for b in range(K // 256):
-        ks = slice(256 * b, 256 * b + 256)
-        den = []
-        for p in range(2):
-            D = aq[:, ks].astype(np.int64) @ wp[p][:, ks].astype(np.int64).T
-            assert D.min() >= 0 and D.max() < 2**23   # a denormal's bits
-            den.append(D.astype(np.int32).view(np.float32).astype(np.float64))
-        for c in range(8 * b, 8 * b + 8):
-            y = (y + ta[c, :M, 1, None].astype(np.float64) * (tm[c, :N, 0] + tm[c, :N, 1])
-                 ).astype(np.float32)
-        for p in range(2):
-            t = (den[p] * ts[b, :N, p] + bias_sign * ts[b, :N, 2 + p]).astype(np.float32)
-            y = (t.astype(np.float64) * ta[8 * b, :M, 0, None] + y).astype(np.float32)
-    return y
+def q4k_d(w, N, K):
+    from minfer.quants.mmq_ref import q4k_scales
+
+    return q4k_scales(w, N, K)[0]
 
 
-@pytest.mark.parametrize("M,N,K", [(37, 70, 512), (1, 8, 256), (130, 19, 768)])
+def test_sb_token_tables():
+    """r = dc of the previous super-block / dc, dc = da 2^75 (1 for an all-zero block), B =
+    da sa / dc as tf32 hi + lo, all at the fold's positions."""
+    rng = np.random.default_rng(3)
+    M, K = 150, 768
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    x[7, 256:512] = 0
+    _, ta = split_q8s_ref(x)
+    tt = sb_tokens_ref(ta, M, K)
+    assert tt.nbytes == sb_token_bytes(M, K)
+    t = tt.view(np.float32).reshape(K // 256, pad_rows(M) // 128, 2304)
+    pos = sb_pos()
+    assert sorted(pos) == list(range(128))
+    for m, sbk in ((0, 0), (7, 1), (7, 2), (130, 2)):
+        dc = lambda s: ta[8 * s, m, 0] if ta[8 * s, m, 0] != 0 else np.float32(1)   # noqa: E731
+        assert t[sbk, m // 128, 2176 + pos[m % 128]] == dc(sbk)
+        want_r = np.float32((np.float32(1) if sbk == 0 else dc(sbk - 1)) / dc(sbk))
+        assert t[sbk, m // 128, pos[m % 128]] == want_r
+        hi, lo = unblock_tm_sb(tt.reshape(K // 256, -1, 9216)[:, :, 512:8704].copy(), K,
+                               pad_rows(M))
+        for c in range(8):
+            b = np.float64(hi[8 * sbk + c, m].view(np.float32)) + lo[8 * sbk + c, m].view(np.float32)
+            assert np.isclose(b, ta[8 * sbk + c, m, 1] / dc(sbk), rtol=2**-20, atol=0)
+    assert ta[8, 7, 0] == 0 and t[1, 0, 2176 + pos[7]] == 1   # the zero block's unit
+
+
+@pytest.mark.parametrize("M,N,K", [(37, 200, 512), (1, 8, 256), (130, 19, 768)])
 def test_sb_algebra_matches_oracle(M, N, K):
+    """The kernel's arithmetic (z = z r + b per super-block, z += S mc per chunk, the 3xTF32
+    min term, y = z dc) on the twins' operands gives the oracle; without the per-super-block
+    rescale it is far off."""
     rng = np.random.default_rng(M + N + K)
     w = rand_q4k(rng, N, K)
     x = rng.standard_normal((M, K)).astype(np.float32)
+    if M > 1:
+        x[M // 2, :256] = 0   # an all-zero super-block: its unit stays finite
     ref = mmq_sb_linear_ref(x, w, M, N, K)
-    args = (*split_q8s_ref(x), *repack_q4k_sb_ref(w, N, K), M, N, K)
-    assert np.linalg.norm(emulate_sb(*args) - ref) / np.linalg.norm(ref) < 1e-5
-    bad = emulate_sb(*args, bias_sign=0.0)
-    assert np.linalg.norm(bad - ref) / np.linalg.norm(ref) > 1e-1
+    aq, ta = split_q8s_ref(x)
+    wq, tw = repack_q4k_sb_ref(w, N, K)
+    args = (aq, sb_tokens_ref(ta, M, K), wq, tw, M, N, K)
+    assert np.linalg.norm(emulate_sb_q4k(*args) - ref) / np.linalg.norm(ref) < 1e-5
+    if K > 256:
+        bad = emulate_sb_q4k(*args, rescale=False)
+        assert np.linalg.norm(bad - ref) / np.linalg.norm(ref) > 1e-1
     # and the q8s oracle stays close to q8_1's MMQ math (a coarser activation grid, not a
     # different product)
     q81 = mmq_linear_ref(x, w, 12, M, N, K)
@@ -127,18 +151,16 @@ def test_sb_algebra_matches_oracle(M, N, K):
 
 
 def test_integer_sums_fit_a_denormal():
-    """The worst super-block: every qa + 128 = 255 and every P = 105 over 256 k."""
-    assert 256 * 255 * 105 < 2**23
+    """The worst chunk: every qa + 128 = 255 and every v = 15 over 32 k."""
+    assert 32 * 255 * 15 < 2**23
 
 
 def test_sb_smem_matches_kernel():
     from minfer.cuda.mmq_sb import sb6_smem
 
     src = (KDIR / "mmq_sb_q4k.cu").read_text()
-    pinned = re.findall(r"SbSmem<(\d)>::BYTES == (\d+)", src)
-    assert pinned
-    for st, b in pinned:
-        assert sb_smem(int(st)) == int(b)
+    pinned = re.findall(r"SbSmem::BYTES == (\d+)", src)
+    assert pinned and all(sb_smem() == int(b) for b in pinned)
     pinned6 = re.findall(r"Sb6Smem::BYTES == (\d+)", (KDIR / "mmq_sb_q6k.cu").read_text())
     assert pinned6 and all(sb6_smem() == int(b) for b in pinned6)
 
@@ -185,12 +207,13 @@ def test_pick_variant_sb():
 
 
 def test_plan_memory_sb(tmp_path):
-    """SB routes (q4_K and q6_K) are planned at their repacked sizes (planes + tables); the q8s
-    splits use the q4_K split scratch and (signed, for q6_K) the split6 scratch."""
+    """SB routes (q4_K and q6_K) are planned at their repacked sizes (bytes + tables); the q8s
+    splits use the q4_K split scratch (with q4_K's token tables) and (signed, for q6_K) the
+    split6 scratch."""
     from synth_data import tiny_model
 
     from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq_sb import sb_weight_bytes
+    from minfer.cuda.mmq_sb import sb_split_bytes, sb_weight_bytes
     from minfer.cuda.mmq_wgmma import split_scratch_bytes
     from minfer.cuda.routes import plan_fusion, plan_routes
     from minfer.cuda.weights import plan_memory
@@ -208,7 +231,7 @@ def test_plan_memory_sb(tmp_path):
         sb_weight_bytes(*m.tensor(n).shape, m.tensor(n).qtype) for n in sb)
     k4 = max(m.tensor(n).shape[1] for n in sb if m.tensor(n).qtype == 12)
     k6 = max(m.tensor(n).shape[1] for n in sb if m.tensor(n).qtype == 14)
-    assert plan["q8_1 split scratch"] == split_scratch_bytes(64, k4)
+    assert plan["q8_1 split scratch"] == sb_split_bytes(64, k4) > split_scratch_bytes(64, k4)
     # the signed q8s split of a q6_K route lives in the split6 scratch: it fits there
     assert plan["q8_1 split6 scratch"] >= split_scratch_bytes(64, k6)
     fused = plan_fusion(m, routes)

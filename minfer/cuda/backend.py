@@ -164,8 +164,8 @@ class CudaBackend:
     def _quantize(self, A, *names: str):
         """A f16 [M, K] -> its MMQ prepass outputs in the shared scratch, once, for the
         GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels), "split"
-        ((aq, ta), the q4_K wgmma kernel), "q8s" / "q8s6" ((aq, ta) per 256, the q4_K / q6_K SB
-        kernels) and / or
+        ((aq, ta), the q4_K wgmma kernel), "q8s" / "q8s6" ((aq, ta, tt) / (aq, ta) per 256, the
+        q4_K / q6_K SB kernels) and / or
         "split6" ((xq, tx), the q6_K wgmma kernel),
         as the names' routes and types need; None when all run
         on f16. The scratch is reused by the next activation (the GEMMs that read it are
@@ -191,13 +191,17 @@ class CudaBackend:
                 out["split"] = split_q8_1(self.rt, A, aq, ta)
             sbq = {int(self.qtypes[n]) for n in names if self.routes[n][0] == "mmq-sb"}
             if sbq:   # (then every q4_K / q6_K route of the type is SB: its scratch is free)
-                from minfer.cuda.mmq_sb import split_q8s
+                from minfer.cuda.mmq_sb import sb_tokens, sb_views, split_q8s
 
-                for qt, key, buf in ((Q4_K, "q8s", self.q8s), (Q6_K, "q8s6", self.q8s6)):
-                    if qt in sbq:   # q4_K: q + 128; q6_K: signed bytes (in the split6 scratch)
-                        aq, ta = split_views(buf, M, K)
-                        da.poison(self.rt, aq, ta)
-                        out[key] = split_q8s(self.rt, A, aq, ta, signed=qt == Q6_K)
+                if Q4_K in sbq:   # q + 128 and the per-token tables
+                    aq, ta, tt = sb_views(self.q8s, M, K)
+                    da.poison(self.rt, aq, ta, tt)
+                    split_q8s(self.rt, A, aq, ta)
+                    out["q8s"] = (aq, ta, sb_tokens(self.rt, ta, K, tt))
+                if Q6_K in sbq:   # signed bytes, in the split6 scratch
+                    aq, ta = split_views(self.q8s6, M, K)
+                    da.poison(self.rt, aq, ta)
+                    out["q8s6"] = split_q8s(self.rt, A, aq, ta, signed=True)
             if Q6_K in wq:
                 xq, tx = split6_views(self.q8s6, M, K)
                 da.poison(self.rt, xq, tx)

@@ -1,18 +1,16 @@
 """Launchers for the super-block MMQ path (kernels/mmq_sb_q4k.cu, mmq_sb_q6k.cu, repack_q4k_sb /
-repack_q6k_sb in mmq_repack.cu, the q8s split entries of quantize_q8_1.cu).
+repack_q6k_sb in mmq_repack.cu, the q8s split and sb_token_tables entries of quantize_q8_1.cu).
 
     y[M, N] (f32) = q8s(x)[M, K] @ W[N, K].T, W q4_K / q6_K, with the activations quantized per 256
     values (one scale per token and super-block) instead of q8_1's 32: the numpy oracle is
     minfer.quants.mmq_sb_ref.mmq_sb_linear_ref, the bit-exact operand twins live there too.
 
-Why: with one activation scale per super-block, the tensor core sums all 8 chunks of a q4_K
-super-block in integers (two u8 weight planes carry the sub-scale: sc = 8a + b, P0 = a v,
-P1 = b v), so the epilogue is 4 FFMA per C value per 256 k instead of 2 per 32 k. Weight:
-2 bytes per value (the planes) plus 80 B of tables per 256, 2.3 B per value (more than the
-f16 path's 2: the price of reading ready planes; making them in shared memory from the
-nibbles measured slower, docs/perf.md).
-Block tile 128 tokens x 128 weight rows, 2 warpgroups of 64 x 128, stages of 128 k in a
-3-slot ring, persistent with stream-K over super-blocks (minfer.cuda.stream_k). sm_90 only.
+q4_K (kernels/mmq_sb_q4k.cu): one byte per weight value (the nibble) plus 50 B of tables per
+256 (1.2 B per value); per chunk the tensor core sums 32 products and one FFMA per C value
+folds the sub-scale in, the activation scale once per super-block (per-token tables from
+`sb_tokens`). Warp-specialized: a producer warpgroup copies into a 4-slot ring, two consumer
+warpgroups own 64 weight rows each of a 128 x 128 tile. Persistent with stream-K over
+super-blocks (minfer.cuda.stream_k). sm_90 only.
 
 q6_K (kernels/mmq_sb_q6k.cu): the int8 sub-scale sc goes into three s8 planes a_i (q - 32),
 sc = a0 + 7 a1 + 49 a2 (balanced base-7 digits), the activations as signed q8s bytes; no bias,
@@ -27,72 +25,72 @@ import numpy as np
 
 from minfer.cuda import devarray as da
 from minfer.cuda.mmq import launch_prepass
-from minfer.cuda.mmq_wgmma import check_raw, launch_persistent, zeroed
+from minfer.cuda.mmq_wgmma import (check_raw, launch_persistent, split_scratch_bytes,
+                                   split_views, zeroed)
 from minfer.errors import GPUError
-from minfer.quants.mmq_sb1_ref import SB1_TBLK, SB1_WBLK
+from minfer.quants.mmq_sb_ref import SB_TBLK, SB_WBLK
 from minfer.quants.mmq_wgmma_ref import pad_rows
 
 Q4_K, Q6_K = 12, 14
-SB_BM, SB_BN, SB_BK, SB_STAGES = 128, 128, 128, 3
+SB_BM, SB_BN = 128, 128
 SB6_BN = 64   # q6_K tiles: 128 tokens x 64 rows (three m64n64 accumulators per warpgroup)
 
 
-def sb_smem(stages: int = SB_STAGES) -> int:
-    """Dynamic smem of mmq_sb_q4k (SbSmem<STAGES>::BYTES): per stage A 128 x 128 B, the planes
-    2 x 128 x 128 B, Ta 4 x 128 x 8 B, Ts 128 x 16 B, a Tm block of 8 x 128 x 8 B (filled on
-    a super-block's second stage); + 1 KB alignment."""
-    return stages * (SB_BM * SB_BK + 2 * SB_BN * SB_BK + 4 * SB_BM * 8 + SB_BN * 16
-                     + 8 * SB_BN * 8) + 1024
-
-
-def sb6_smem() -> int:
-    """Dynamic smem of mmq_sb_q6k (Sb6Smem::BYTES): 3 slots of A 128 x 128 B, the planes
-    3 x 64 x 128 B, da 128 x 8 B, Ts 64 x 16 B; + 1 KB alignment."""
-    return 3 * (SB_BM * SB_BK + 3 * SB6_BN * SB_BK + SB_BM * 8 + SB6_BN * 16) + 1024
-
-
-def sb1_smem() -> int:
-    """Dynamic smem of mmq_sb1_q4k (Sb1Smem::BYTES): 4 slots of 51 KB (the weight and token
+def sb_smem() -> int:
+    """Dynamic smem of mmq_sb_q4k (SbSmem::BYTES): 4 slots of 51 KB (the weight and token
     tiles 128 x 128 B each, the stage's parts of the two table blocks); + 1 KB alignment and
     8 mbarriers."""
     return 4 * 51 * 1024 + 1024 + 64
 
 
+def sb6_smem() -> int:
+    """Dynamic smem of mmq_sb_q6k (Sb6Smem::BYTES): 3 slots of A 128 x 128 B, the planes
+    3 x 64 x 128 B, da 128 x 8 B, Ts 64 x 16 B; + 1 KB alignment."""
+    return 3 * (SB_BM * 128 + 3 * SB6_BN * 128 + SB_BM * 8 + SB6_BN * 16) + 1024
+
+
 def sb_table_bytes(N: int, K: int) -> int:
-    """Ts (16 B per row and super-block) then Tm (8 B per row and chunk), rows padded."""
-    return pad_rows(N) * (K // 256 * 16 + K // 32 * 8)
+    """The q4_K tables: one SB_WBLK block per super-block and 128-row tile."""
+    return K // 256 * (pad_rows(N) // 128) * SB_WBLK
+
+
+def sb_token_bytes(M: int, K: int) -> int:
+    """The q4_K kernel's per-token tables of an [M, K] activation (`sb_tokens`)."""
+    return K // 256 * (pad_rows(M) // 128) * SB_TBLK
+
+
+def sb_split_bytes(M: int, K: int) -> int:
+    """Bytes of a q4_K SB operand [M, K] in one scratch (`sb_views`): the split, then the
+    per-token tables at a 16-byte aligned offset."""
+    n = split_scratch_bytes(M, K)
+    return n + (-n) % 16 + sb_token_bytes(M, K)
+
+
+def sb_views(buf, M: int, K: int):
+    """(aq, ta, tt) of a q4_K SB operand [M, K] carved from a uint8 scratch buffer."""
+    aq, ta = split_views(buf, M, K)
+    n = split_scratch_bytes(M, K)
+    off = n + (-n) % 16
+    if buf.nbytes < off + sb_token_bytes(M, K):
+        raise GPUError(f"q8s scratch holds {buf.nbytes} B, [{M}, {K}] needs "
+                       f"{off + sb_token_bytes(M, K)}")
+    tt = da.view(da.ptr(buf) + off, (K // 256, pad_rows(M) // 128, SB_TBLK), np.uint8, base=buf)
+    return aq, ta, tt
 
 
 def sb_weight_bytes(N: int, K: int, qtype: int = Q4_K) -> int:
-    """Device bytes of an SbQ4K / SbQ6K [N, K]: the planes and the tables."""
+    """Device bytes of an SbQ4K / SbQ6K [N, K]: the weight bytes (q6_K: three planes) and the
+    tables."""
     if int(qtype) == Q6_K:
         return 3 * N * K + pad_rows(N) * (K // 256) * 16
-    return 2 * N * K + sb_table_bytes(N, K)
+    return N * K + sb_table_bytes(N, K)
 
 
 @dataclass
 class SbQ4K:
-    """A q4_K weight [N, K] in the SB layout: planes wp uint8 [2, N, K], tables tw uint8."""
-    wp: object
-    tw: object
-    N: int
-    K: int
-    qtype = Q4_K
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.wp.nbytes + self.tw.nbytes)
-
-    def free(self) -> None:
-        for a in (self.wp, self.tw):
-            a.gpudata.free()
-
-
-@dataclass
-class SbQ4K1:
-    """A q4_K weight [N, K] in mmq_sb1_q4k's one-plane layout: wq uint8 [N, K] (the nibbles),
-    tw uint8 [K/256, Np/128, SB1_WBLK] (chunk factors, bias, min-term operand per super-block
-    and 128-row tile)."""
+    """A q4_K weight [N, K] in mmq_sb_q4k's layout: wq uint8 [N, K] (the nibbles), tw uint8
+    [K/256, Np/128, SB_WBLK] (chunk factors, bias, min-term operand per super-block and 128-row
+    tile)."""
     wq: object
     tw: object
     N: int
@@ -146,39 +144,27 @@ def repack_sb(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight"):
 
 
 def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
-    """raw q4_K device bytes [N, K/256*144] (any shape, 16-byte aligned) -> SbQ4K."""
+    """raw q4_K device bytes [N, K/256*144] (16-byte aligned) -> SbQ4K."""
     check_raw("repack_q4k_sb", w_raw, N, K, 144, 16)
-    r = SbQ4K(da.empty(rt, (2, N, K), np.uint8, f"sb planes {what}"),
-              zeroed(rt, (sb_table_bytes(N, K),), np.uint8, f"sb tables {what}"), N, K)
+    r = SbQ4K(da.empty(rt, (N, K), np.uint8, f"sb nibbles {what}"),
+              zeroed(rt, (K // 256, pad_rows(N) // 128, SB_WBLK), np.uint8,
+                     f"sb tables {what}"), N, K)
     fn = rt.function("mmq_repack", "repack_q4k_sb")
-    n = N * (K // 256)
-    rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wp), da.arg(r.tw),
-                                               np.int32(N), np.int32(K), np.int32(pad_rows(N))))
-    return r
-
-
-def repack_q4k_sb1(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K1:
-    """raw q4_K device bytes [N, K/256*144] (16-byte aligned) -> SbQ4K1."""
-    check_raw("repack_q4k_sb1", w_raw, N, K, 144, 16)
-    r = SbQ4K1(da.empty(rt, (N, K), np.uint8, f"sb1 nibbles {what}"),
-               zeroed(rt, (K // 256, pad_rows(N) // 128, SB1_WBLK), np.uint8,
-                      f"sb1 tables {what}"), N, K)
-    fn = rt.function("mmq_repack", "repack_q4k_sb1")
     n = N * (K // 256)
     rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wq), da.arg(r.tw),
                                                np.int32(N), np.int32(K), np.int32(pad_rows(N))))
     return r
 
 
-def sb1_tokens(rt, ta, K: int, tt=None):
-    """Ta f32 [K/32, Mp, 2] (a q8s split) -> Tt uint8 [K/256, Mp/128, SB1_TBLK], the per-token
-    tables of mmq_sb1_q4k (into tt if given)."""
+def sb_tokens(rt, ta, K: int, tt=None):
+    """Ta f32 [K/32, Mp, 2] (a q8s split) -> Tt uint8 [K/256, Mp/128, SB_TBLK], the per-token
+    tables of mmq_sb_q4k (into tt if given)."""
     Mp = ta.shape[1]
-    t_shape = (K // 256, Mp // 128, SB1_TBLK)
-    tt = da.empty(rt, t_shape, np.uint8, "sb1 token tables") if tt is None else tt
-    da.check("sb1_tokens tt", tt, t_shape, np.uint8, align=16)
+    t_shape = (K // 256, Mp // 128, SB_TBLK)
+    tt = da.empty(rt, t_shape, np.uint8, "sb token tables") if tt is None else tt
+    da.check("sb_tokens tt", tt, t_shape, np.uint8, align=16)
     n = (K // 256) * Mp
-    rt.launch(rt.function("quantize_q8_1", "sb1_token_tables"), ((n + 255) // 256,), (256,),
+    rt.launch(rt.function("quantize_q8_1", "sb_token_tables"), ((n + 255) // 256,), (256,),
               (da.arg(ta), da.arg(tt), np.int32(K), np.int32(Mp)))
     return tt
 
@@ -206,9 +192,10 @@ def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
 def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool = False,
                   build_opts: tuple = (), stream_k: bool = True, sms: int | None = None) -> None:
     """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (split here) or its split
-    (aq, ta). stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
-    if not isinstance(w, (SbQ4K, SbQ4K1, SbQ6K)) or (w.N, w.K) != (N, K):
-        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ4K1 / SbQ6K of [{N}, {K}]")
+    (aq, ta), for q4_K optionally with its token tables (aq, ta, tt) (made here otherwise).
+    stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
+    if not isinstance(w, (SbQ4K, SbQ6K)) or (w.N, w.K) != (N, K):
+        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ6K of [{N}, {K}]")
     q6 = isinstance(w, SbQ6K)
     if M <= 0 or K % 256:
         raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
@@ -222,26 +209,27 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
         da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
         aq, ta = split_q8s(rt, x, signed=q6)   # (a split passed in must match: q6_K signed)
     da.check("mmq_sb_linear out", out, (M, N), np.float32)
-    if isinstance(w, SbQ4K1):   # + the per-token tables (passed as x[2], or made here)
-        tt = x[2] if isinstance(x, tuple) and len(x) > 2 else sb1_tokens(rt, ta, K)
+    if not q6:   # + the per-token tables (passed as x[2], or made here)
+        if isinstance(x, tuple) and len(x) > 2:
+            tt = x[2]
+            da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TBLK), np.uint8,
+                     align=16)
+        else:
+            tt = sb_tokens(rt, ta, K)
         tiles = -(-M // SB_BM) * -(-N // SB_BN)
-        launch_persistent(rt, "mmq_sb1_q4k" + ("_acc" if accumulate else ""), "mmq_sb1_q4k",
-                          sb1_smem(), tiles, K // 256,
+        launch_persistent(rt, "mmq_sb_q4k" + ("_acc" if accumulate else ""), "mmq_sb_q4k",
+                          sb_smem(), tiles, K // 256,
                           (da.arg(aq), da.arg(tt), da.arg(w.wq), da.arg(w.tw), da.arg(out),
                            np.int32(M), np.int32(N), np.int32(K)), build_opts, stream_k, sms,
                           block=384)
         return
-    bn, name, smem, tab = ((SB6_BN, "mmq_sb_q6k", sb6_smem(), w.ts) if q6 else
-                           (SB_BN, "mmq_sb_q4k", sb_smem(), w.tw))
-    ws = not q6 and "-DMMQ_SB_WS=1" in build_opts
-    tiles = -(-M // SB_BM) * -(-N // bn)
-    launch_persistent(rt, name + ("_ws" if ws else "") + ("_acc" if accumulate else ""), name,
-                      smem + (64 if ws else 0), tiles, K // 256,
-                      (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(tab), da.arg(out), np.int32(M),
-                       np.int32(N), np.int32(K)), build_opts, stream_k, sms,
-                      block=384 if ws else 256)
+    tiles = -(-M // SB_BM) * -(-N // SB6_BN)
+    launch_persistent(rt, "mmq_sb_q6k" + ("_acc" if accumulate else ""), "mmq_sb_q6k", sb6_smem(),
+                      tiles, K // 256, (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(w.ts),
+                                        da.arg(out), np.int32(M), np.int32(N), np.int32(K)),
+                      build_opts, stream_k, sms)
 
 
-__all__ = ["SbQ4K", "SbQ4K1", "SbQ6K", "repack_sb", "repack_q4k_sb", "repack_q4k_sb1",
-           "sb1_smem", "sb1_tokens", "sb6_smem", "split_q8s", "mmq_sb_linear", "sb_smem", "sb_table_bytes",
-           "sb_weight_bytes"]
+__all__ = ["SbQ4K", "SbQ6K", "repack_sb", "repack_q4k_sb", "sb_tokens", "sb_smem", "sb6_smem",
+           "sb_split_bytes", "sb_table_bytes", "sb_token_bytes", "sb_views", "sb_weight_bytes",
+           "split_q8s", "mmq_sb_linear"]

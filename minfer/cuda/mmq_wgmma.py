@@ -35,8 +35,7 @@ Q4_K, Q6_K = 12, 14
 WG_BN, WG_STAGES, WG_BM, WG_BK = 128, 3, 128, 128
 WG_PERSIST = True    # grid <= one block per SM, each walking its work items (A/B: -DMMQ_WG_PERSIST=0)
 WG_STREAM_K = True   # the last 1-2 waves' tiles split by k-stages (A/B: -DMMQ_WG_SK=0)
-_GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK", "-DMMQ_SB_WS")   # A/B options the launchers
-# read, not nvcc
+_GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK")   # A/B options the launcher reads, not nvcc
 _OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
 
 
@@ -267,8 +266,9 @@ def launch_persistent(rt, entry: str, name: str, smem: int, tiles: int, KT: int,
                       build_opts: tuple, stream_k: bool, sms: int | None,
                       block: int = 256) -> None:
     """One launch of the persistent kernel kernels/<name>.cu's `entry` (the C = or the C +=
-    one; the wgmma and SB kernels): the grid and the stream-K split of `tiles` tiles of KT
-    k-units (`schedule`), the smem cap, the workspace; args end before (dp, ws, flags)."""
+    one; the wgmma and SB kernels) with `block` threads: the grid and the stream-K split of
+    `tiles` tiles of KT k-units (`schedule`), the smem cap, the workspace; args end before
+    (dp, ws, flags)."""
     _, persist, sk = _geometry(build_opts)
     if smem > rt.smem_optin:
         raise GPUError(f"{entry}: {smem} B of shared memory needed, over this GPU's opt-in cap "

@@ -50,7 +50,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     sms: the GPU's SM count (the wgmma kernels' stream-K workspace, one slot per SM)."""
     c = model.config
     m = model
-    from minfer.cuda.mmq_sb import sb_weight_bytes
+    from minfer.cuda.mmq_sb import sb_split_bytes, sb_weight_bytes
     from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_scratch_bytes, split_scratch_bytes,
                                        wgmma_weight_bytes)
     from minfer.cuda.stream_k import SK_SLOT_BYTES
@@ -62,15 +62,17 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     mmq_w = 0
     q8_k = 0
     wg_k: dict[int, int] = {}   # qtype -> largest K of its wgmma routes (its split scratch)
+    sb_q4k = False                # q4_K on SB: its split scratch also holds the token tables
     wg_groups: dict[str, int] = {}   # wgmma weight or fused group -> raw bytes
     for n, (path, _) in routes.items():
         t = m.tensor(n)
         if path == "f16":
             f16_w += int(np.prod(t.shape)) * 2
             raw_max = max(raw_max, int(t.data.nbytes))
-        elif path in ("mmq-wgmma", "mmq-sb"):   # repacked (q4_K 1.5 / SB 2.3, q6_K 2 / SB 3
+        elif path in ("mmq-wgmma", "mmq-sb"):   # repacked (q4_K 1.5 / SB 1.4, q6_K 2 / SB 3
             qt = int(t.qtype)                    # B/weight); raw while repacking
             wg_k[qt] = max(wg_k.get(qt, 0), int(t.shape[1]))   # (SB: the q4_K split scratch)
+            sb_q4k |= path == "mmq-sb" and qt == Q4_K
             N, K = (int(s) for s in t.shape)
             mmq_w += sb_weight_bytes(N, K, qt) if path == "mmq-sb" else wgmma_weight_bytes(N, K, qt)
             g = fused[n][0] if n in fused else n
@@ -87,7 +89,8 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
-            "q8_1 split scratch": split_scratch_bytes(T, wg_k[Q4_K]) if Q4_K in wg_k else 0,
+            "q8_1 split scratch": (0 if Q4_K not in wg_k else sb_split_bytes(T, wg_k[Q4_K])
+                                   if sb_q4k else split_scratch_bytes(T, wg_k[Q4_K])),
             "q8_1 split6 scratch": split6_scratch_bytes(T, wg_k[Q6_K]) if Q6_K in wg_k else 0,
             "upload staging": raw_max, "MMQ repack staging": max(wg_groups.values(), default=0),
             "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if wg_k else 0}

@@ -1,18 +1,29 @@
-"""numpy twins of the super-block MMQ path (kernels/mmq_sb_q4k.cu, the q8s split entries of
-quantize_q8_1.cu, mmq_repack.cu's repack_q4k_sb) and its parity oracle.
+"""numpy twins of the super-block MMQ path (kernels/mmq_sb_q4k.cu, mmq_sb_q6k.cu, the q8s split
+and sb_token_tables entries of quantize_q8_1.cu, mmq_repack.cu's repack_q4k_sb /
+repack_q6k_sb) and its parity oracle.
 
-The SB path quantizes activations per 256 values (q8s: one scale per token and q4_K
-super-block, llama.cpp's q8_K grouping, with q8_1's rounding), so within a super-block only
-q4_K's 6-bit sub-scale changes per 32-chunk; the weight carries it in two byte planes
-(sc = 8a + b: P0 = a v, P1 = b v) and the tensor core sums a whole super-block in integers.
+The SB path quantizes activations per 256 values (q8s: one scale per token and super-block,
+llama.cpp's q8_K grouping, with q8_1's rounding), so a super-block's chunks share every float
+scale. q4_K keeps its nibble v as one byte per value and folds the 6-bit sub-scale per 32-chunk
+in FP32 (`emulate_sb_q4k` spells the arithmetic out): per C value and chunk z = fma(S_c, mc, z),
+S_c the chunk's integer sum sum_k (qa + 128) v read as an f32 denormal, mc = d sc_c 2^74 the
+row's factor; z counts in units of the token's da 2^75 of the current super-block (dc), so
+each super-block starts with z = z r + b (r = dc_old / dc_new per token, b the row's bias
+f32(-128 sum_c sc_c V_c) d 2^-75) and a work item ends with y = z dc. The min term is a tf32
+product into z: A = -(dmin m_c) per row and chunk (hi, lo), B = da sa_c / dc per token and
+chunk (hi, lo).
 
 - `split_q8s_ref(x)`: Aq uint8 [M, K] = q + 128 and Ta f32 [K/32, Mp, 2] = (da * 2^75, da * sa)
   per chunk (da the 256-block's f16-rounded scale, repeated over its 8 chunks; sa the chunk's
   sum of q). Mp = M rounded up to TPAD; rows >= M zero.
-- `repack_q4k_sb_ref(w_raw, N, K)`: Wp uint8 [2, N, K] = (a v, b v) and Tw uint8 =
-  [Ts f32 [K/256, Np, 4] = (8 d 2^74, d 2^74, f32(-1024 V0) d 2^-75, f32(-128 V1) d 2^-75) | Tm =
-  -(dmin m) as tf32 (hi, lo), blocked (`block_tm_sb`)], V0 / V1 the super-block's sums of a v /
-  b v.
+- `repack_q4k_sb_ref(w_raw, N, K)`: Wq uint8 [N, K] = v; Tw [K/256, Np/128, 12800 B] per
+  (super-block, 128-row tile) = [mc chunks 0..3 | b | mc chunks 4..7 | Tma], mc and b as
+  float2 pairs (row r, row r+8) for the rows r % 16 < 8 (pair (r // 16) 8 + r % 8, 512 B a
+  chunk), Tma the min term's register operand: per pair and t in 0..3 two uint4 (hi, lo) =
+  (A[r][t], A[r+8][t], A[r][t+4], A[r+8][t+4]) (8 KB).
+- `sb_tokens_ref(ta, M, K)`: the q4_K kernel's per-token tables from the split's Ta, Tt
+  [K/256, Mp/128, 9216 B] = [r | B | dc], r and dc f32 [128] in `sb_pos` order, B the min
+  term's smem operand (`block_tm_sb` layout over tokens).
 - `repack_q6k_sb_ref(w_raw, N, K)`: q6_K for kernels/mmq_sb_q6k.cu: Wp int8 [3, N, K] =
   a_i (q - 32) with sc = a0 + 7 a1 + 49 a2 (balanced base-7 digits in -3..3, `sb6_digits`) and
   Ts f32 [K/256, Np, 4] = (d, 7 d, 49 d, 0) * 2^-75; its activations are the q8s split with
@@ -84,27 +95,118 @@ def unblock_tm_sb(tm: np.ndarray, K: int, Np: int) -> tuple[np.ndarray, np.ndarr
     return x[0], x[1]
 
 
+SB_WBLK, SB_TBLK = 12800, 9216   # bytes of a weight / token table block
+
+
+def sb_pos() -> np.ndarray:
+    """int [128]: where token m of a 128-token tile sits in the f32 [128] token tables (the
+    fold's order): m = 8i + 2t + e at 16 (i // 2) + 4t + 2 (i % 2) + e."""
+    m = np.arange(128)
+    i, t, e = m >> 3, (m >> 1) & 3, m & 1
+    return (i >> 1) * 16 + t * 4 + (i & 1) * 2 + e
+
+
+def _pairs(a: np.ndarray) -> np.ndarray:
+    """a [X, Np] (per row) -> [X, Np/128, 64, 2]: (row r, row r+8) for the rows r % 16 < 8."""
+    x = a.reshape(a.shape[0], -1, 8, 2, 8)        # X, tile, 16-row group, +8 half, row % 8
+    return np.ascontiguousarray(x.transpose(0, 1, 2, 4, 3)).reshape(a.shape[0], -1, 64, 2)
+
+
 def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """raw q4_K bytes [N, K/256*144] -> (Wp uint8 [2, N, K], Tw uint8 [K/256*Np*16 + K/32*Np*8])."""
-    _, dmv, v = decode_q4k(w_raw, N, K)
+    """raw q4_K bytes [N, K/256*144] -> (Wq uint8 [N, K], Tw uint8 [K/256, Np/128, 12800])."""
+    _, dmv, v = decode_q4k(w_raw, N, K)                                         # dmv [N, K/32]
     d = q4k_scales(w_raw, N, K)[0]                                              # [N, K/256]
-    sc = sb_scales(w_raw, N, K)
-    a, b = sc >> 3, sc & 7                                                      # [N, K/32]
-    vc = v.reshape(N, K // 32, 32).astype(np.int32)
-    wp = np.stack([(vc * a[..., None]).reshape(N, K), (vc * b[..., None]).reshape(N, K)])
-    V = vc.sum(-1)                                                              # [N, K/32]
-    v0 = (a * V).reshape(N, K // QK_SB, 8).sum(-1)
-    v1 = (b * V).reshape(N, K // QK_SB, 8).sum(-1)
-    Np = pad_rows(N)
-    ts = np.zeros((K // QK_SB, Np, 4), np.float32)
-    ts[:, :N, 0] = (np.float32(8) * d * _S74).T
-    ts[:, :N, 1] = (d * _S74).T
-    ts[:, :N, 2] = (((-1024 * v0).astype(np.float32) * d) * _SM75).T
-    ts[:, :N, 3] = (((-128 * v1).astype(np.float32) * d) * _SM75).T
+    sc = sb_scales(w_raw, N, K)                                                 # [N, K/32]
+    V = v.reshape(N, K // 32, 32).astype(np.int32).sum(-1)
+    KS, Np = K // QK_SB, pad_rows(N)
+    NT = Np // 128
+    mc = np.zeros((K // 32, Np), np.float32)
+    mc[:, :N] = ((np.repeat(d, 8, axis=1) * sc.astype(np.float32)) * _S74).T
+    b = np.zeros((KS, Np), np.float32)
+    bsum = (sc * V).reshape(N, KS, 8).sum(-1)
+    b[:, :N] = (((-128 * bsum).astype(np.float32) * d) * _SM75).T
     hi, lo = (np.zeros((K // 32, Np), np.uint32) for _ in range(2))
     hi[:, :N], lo[:, :N] = (p.T for p in tf32_split(dmv))
-    tw = np.concatenate([ts.view(np.uint8).ravel(), block_tm_sb(hi, lo).view(np.uint8).ravel()])
-    return wp.astype(np.uint8), tw
+    # Tma: per (sb, tile, pair, t): hi (A[r][t], A[r+8][t], A[r][t+4], A[r+8][t+4]), then lo
+    tma = np.stack([_pairs(x) for x in (hi, lo)])                  # [2, K/32, NT, 64, 2]
+    tma = tma.reshape(2, KS, 2, 4, NT, 64, 2)                      # s, sb, t+4?, t, tile, pair, +8
+    tma = tma.transpose(1, 4, 5, 3, 0, 2, 6).reshape(KS, NT, 2048)
+    mp = _pairs(mc).view(np.uint32).reshape(KS, 2, 4, NT, 128).transpose(0, 3, 1, 2, 4)
+    bp = _pairs(b).view(np.uint32).reshape(KS, NT, 128)
+    tw = np.concatenate([mp[:, :, 0].reshape(KS, NT, 512), bp,
+                         mp[:, :, 1].reshape(KS, NT, 512), tma], axis=-1)
+    return v.astype(np.uint8), np.ascontiguousarray(tw).view(np.uint8)
+
+
+def sb_tokens_ref(ta: np.ndarray, M: int, K: int) -> np.ndarray:
+    """Ta f32 [K/32, Mp, 2] (the q8s split) -> Tt uint8 [K/256, Mp/128, 9216]: dc = da 2^75 of
+    the super-block (1 where its block is all zero), r = dc of the previous super-block / dc
+    (1 / dc on the first, where z is still 0), B = da sa_c / dc as tf32 (hi, lo)."""
+    ta = np.asarray(ta, np.float32)
+    KS, Mp = K // QK_SB, ta.shape[1]
+    MT = Mp // 128
+    dx = ta[0::8, :, 0]                                                         # [KS, Mp]
+    dc = np.where(dx != 0, dx, np.float32(1)).astype(np.float32)
+    prev = np.concatenate([np.ones((1, Mp), np.float32), dc[:-1]])
+    r = (prev / dc).astype(np.float32)
+    bv = (ta[:, :, 1].reshape(KS, 8, Mp) / dc[:, None, :]).astype(np.float32).reshape(K // 32, Mp)
+    hi, lo = tf32_split(bv)
+    bb = block_tm_sb(hi, lo).reshape(KS, MT, 2048)
+    pos = sb_pos()
+
+    def fold_order(a: np.ndarray) -> np.ndarray:   # [KS, Mp] -> [KS, MT, 128] u32
+        out = np.zeros((KS, MT, 128), np.float32)
+        out[:, :, pos] = a.reshape(KS, MT, 128)
+        return out.view(np.uint32)
+
+    tt = np.concatenate([fold_order(r), bb, fold_order(dc)], axis=-1)
+    return np.ascontiguousarray(tt).view(np.uint8)
+
+
+def emulate_sb_q4k(aq: np.ndarray, tt: np.ndarray, wq: np.ndarray, tw: np.ndarray, M: int,
+                N: int, K: int, rescale: bool = True) -> np.ndarray:
+    """mmq_sb_q4k.cu's arithmetic from the twins' operands (float64 sums; the kernel rounds to
+    f32 at every FMA): one work item over all of K. rescale=False drops the per-super-block
+    z = z r + b (a test that the algebra needs it)."""
+    KS, Np, Mp = K // QK_SB, pad_rows(N), pad_rows(M)
+    w = tw.view(np.uint32).reshape(KS, Np // 128, 3200)
+    t = tt.view(np.uint32).reshape(KS, Mp // 128, 2304)
+    unp = np.argsort(np.arange(Np).reshape(-1, 2, 8).transpose(0, 2, 1).ravel())
+
+    def rows(p: np.ndarray) -> np.ndarray:   # [X, NT, 64 pairs x 2] f32 -> [X, Np]
+        return p.view(np.float32).reshape(p.shape[0], -1)[:, unp]
+
+    pos = sb_pos()
+
+    def toks(a: np.ndarray) -> np.ndarray:   # [KS, MT, 128] fold order -> [KS, Mp]
+        return a.view(np.float32)[:, :, pos].reshape(KS, Mp)
+
+    mc = [rows(np.ascontiguousarray(w[:, :, o + 128 * c:o + 128 * (c + 1)]))
+          for o in (0, 640) for c in range(4)]                                  # 8 x [KS, Np]
+    b = rows(np.ascontiguousarray(w[:, :, 512:640]))
+    tma = w[:, :, 1152:].reshape(KS, Np // 128, 64, 4, 2, 4)                    # pair, t, hi|lo
+    r, dc = toks(np.ascontiguousarray(t[:, :, :128])), toks(np.ascontiguousarray(t[:, :, 2176:]))
+    bh, bl = unblock_tm_sb(np.ascontiguousarray(t[:, :, 128:2176]), K, Mp)      # [K/32, Mp]
+    z = np.zeros((M, N))
+    for s in range(KS):
+        if rescale:
+            z = z * r[s, :M, None] + b[s, None, :N]
+        for c in range(8):
+            k = slice(256 * s + 32 * c, 256 * s + 32 * c + 32)
+            D = aq[:, k].astype(np.int64) @ wq[:, k].astype(np.int64).T
+            assert D.min() >= 0 and D.max() < 2**23
+            z += D.astype(np.int32).view(np.float32).astype(np.float64) * mc[c][s, None, :N]
+        # min term: A (rows) hi / lo from Tma, B (tokens) hi / lo
+        for c in range(8):
+            tt_, kk = c % 4, c // 4
+            ah = tma[s, :, :, tt_, 0, 2 * kk:2 * kk + 2].reshape(-1, 64, 2)      # (r, r+8)
+            al = tma[s, :, :, tt_, 1, 2 * kk:2 * kk + 2].reshape(-1, 64, 2)
+            a = [rows(np.ascontiguousarray(x).reshape(1, -1))[0] for x in (ah, al)]
+            bt = [x[8 * s + c].view(np.float32).astype(np.float64) for x in (bh, bl)]
+            ah64, al64 = (x.view(np.float32).astype(np.float64) for x in a)
+            z += (bt[0][:M, None] * ah64[None, :N] + bt[1][:M, None] * ah64[None, :N]
+                  + bt[0][:M, None] * al64[None, :N])
+    return (z * dc[KS - 1, :M, None]).astype(np.float32)
 
 
 def sb6_digits(sc: np.ndarray) -> np.ndarray:
@@ -149,6 +251,7 @@ def mmq_sb_linear_ref(x: np.ndarray, w_raw: np.ndarray, M: int, N: int, K: int,
     return xq @ _dequant(w_raw, qtype, N, K).T
 
 
-__all__ = ["QK_SB", "TPAD", "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
+__all__ = ["QK_SB", "TPAD", "SB_WBLK", "SB_TBLK", "sb_pos", "sb_tokens_ref", "emulate_sb_q4k",
+           "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
            "block_tm_sb", "unblock_tm_sb", "sb6_digits", "repack_q6k_sb_ref",
            "mmq_sb_linear_ref"]

@@ -1,5 +1,6 @@
 """The super-block MMQ path on the device (sm_90 only; skips elsewhere), q4_K and q6_K: the q8s
-split and the SB repacks bit-identical to their numpy twins, the kernel's parity against its float64 oracle
+split, the SB repacks and q4_K's token tables bit-identical to their numpy twins, the kernel's
+parity against its float64 oracle
 on ragged shapes (= and +=, whole tiles and stream-K, a bitwise second launch), mmq_linear's
 routing, and the engine on it."""
 
@@ -20,8 +21,9 @@ def _rand(rng, qtype, N, K):
 @pytest.mark.parametrize("qtype", [12, 14])
 def test_split_and_repack_bitwise(hopper, same_bytes, qtype):
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import repack_sb, split_q8s
-    from minfer.quants.mmq_sb_ref import repack_q4k_sb_ref, repack_q6k_sb_ref, split_q8s_ref
+    from minfer.cuda.mmq_sb import repack_sb, sb_tokens, split_q8s
+    from minfer.quants.mmq_sb_ref import (repack_q4k_sb_ref, repack_q6k_sb_ref, sb_tokens_ref,
+                                          split_q8s_ref)
 
     rt = hopper
     rng = np.random.default_rng(5)
@@ -31,10 +33,15 @@ def test_split_and_repack_bitwise(hopper, same_bytes, qtype):
         got = split_q8s(rt, da.to_device(rt, xin), signed=q6)
         want = split_q8s_ref(xin.astype(np.float32), signed=q6)
         assert all(same_bytes(a, b) for a, b in zip(got, want))
+        if not q6:   # the per-token tables, an all-zero super-block included
+            x0 = xin.astype(np.float32)
+            x0[3, 256:512] = 0
+            ta = split_q8s_ref(x0)[1]
+            assert same_bytes(sb_tokens(rt, da.to_device(rt, ta), 1280), sb_tokens_ref(ta, 77, 1280))
     w = _rand(rng, qtype, 333, 1280)
     r = repack_sb(rt, da.to_device(rt, w), qtype, 333, 1280)
     wp, tw = (repack_q6k_sb_ref if q6 else repack_q4k_sb_ref)(w, 333, 1280)
-    assert same_bytes(r.wp, wp) and same_bytes(r.ts if q6 else r.tw, tw)
+    assert same_bytes(r.wp if q6 else r.wq, wp) and same_bytes(r.ts if q6 else r.tw, tw)
     assert r.nbytes == wp.nbytes + tw.nbytes
 
 
@@ -53,6 +60,8 @@ def test_sb_parity(hopper, qtype, M, N, K, sms):
     rng = np.random.default_rng(M + N + K)
     w = _rand(rng, qtype, N, K)
     x = rng.standard_normal((M, K)).astype(np.float32)
+    if K >= 512:
+        x[M // 2, 256:512] = 0   # an all-zero super-block (q4_K: its token unit stays finite)
     ref = mmq_sb_linear_ref(x, w, M, N, K, qtype)
     wr = repack_sb(rt, da.to_device(rt, w), qtype, N, K)
     xd = da.to_device(rt, x)
