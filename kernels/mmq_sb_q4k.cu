@@ -5,16 +5,18 @@
 // The super-block ("SB") q4_K kernel: the activations are q8s (qa + 128, one scale da per token
 // and 256 values, so a super-block's chunks share every float scale), the weight is v, the
 // q4_K nibble, one byte per value (an earlier form folded sc into two int8 planes, sc v needing
-// 10 bits: twice the tensor work; docs/perf.md, sessions 6 and 7). Per chunk c the tensor core sums S_c = sum_k (qa + 128) v (< 2^17:
-// an f32 denormal) and one FFMA per C value carries it into z with the weight row's factor:
+// 10 bits: twice the tensor work; docs/perf.md, sessions 6 and 7). Per chunk c the tensor core
+// sums S_c = sum_k (qa + 128) v (< 2^17: an f32 denormal) and one FFMA per C value carries it
+// into z with the weight row's factor:
 //   z = fma(S_c, mc, z),  mc = d sc_c 2^74
 // z counts in units of the token's dc = da 2^75 of the current super-block, so a super-block
 // starts with z = fma(z, r, b) (r = dc_old / dc_new, b = f32(-128 sum_c sc_c V_c) d 2^-75 the
 // row's bias) and the work item ends with y = z dc. The min term sum_c (da sa_c / dc)(-dmin m_c)
-// is 3 tf32 wgmmas into z (3xTF32) after the super-block's folds. Math and layouts: the numpy
-// twins in minfer.quants.mmq_sb_ref (emulate_sb_q4k spells the arithmetic out).
+// is 3 tf32 wgmmas (3xTF32) into the chunk buffer that chunk 6's fold frees, added to z (one
+// FADD per C value) after chunk 7's fold. Math and layouts: the numpy twins in
+// minfer.quants.mmq_sb_ref (emulate_sb_q4k spells the arithmetic out).
 // Operands:
-//   Wq  uint8 [N, K]   v                       (mmq_repack.cu repack_q4k_sb1)
+//   Wq  uint8 [N, K]   v                       (mmq_repack.cu repack_q4k_sb)
 //   Tw  [K/256][Np/128] blocks of 12800 B     mc / b / Tma per (super-block, 128-row tile)
 //   Aq  uint8 [M, K]   qa + 128                (quantize_q8_1.cu quantize_q8s_split)
 //   Tt  [K/256][Mp/128] blocks of 9216 B      r / B / dc per (super-block, 128-token tile)

@@ -280,14 +280,14 @@ __device__ __forceinline__ void store_c2(float* p, float2 v, bool pair, bool sec
 // publishes its sums; a head adds its tail's first; whole tiles and heads then store (C =) or
 // reduce (C +=, RED) the thread's values of an m64nN accumulator fragment, y[4i + j] at row
 // r0 + 8 (j >> 1) and column c0 + 8i + (j & 1) (r0: the thread's first row, c0: the tile's
-// first column + 2t). KT: the item's k-units of a whole tile. T, OFF: the threads (sk_put).
-template <int NI, int T, bool RED, int OFF = 0>
+// first column + 2t). KT: the item's k-units of a whole tile.
+template <int NI, int T, bool RED>
 __device__ __forceinline__ void finish_item(const Work& cur, int KT, float (&y)[NI * 4], float* C,
                                             int M, int N, int r0, int c0, float4* ws, int* flags) {
     if (cur.k0 > 0) {
-        sk_put<NI * 4, T, OFF>(ws, flags, y);
+        sk_put<NI * 4, T>(ws, flags, y);
     } else {
-        if (cur.k1 < KT) sk_add<NI * 4, T, OFF>(ws, flags, y);
+        if (cur.k1 < KT) sk_add<NI * 4, T>(ws, flags, y);
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
             const int r = r0 + 8 * u;

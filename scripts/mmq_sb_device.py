@@ -9,7 +9,8 @@ python3 scripts/mmq_sb_device.py [--types q4_K,q6_K] ["NAME=-DOPT,-DOPT2" ...]
    +=, and with the grid capped (stream-K over super-blocks), plus a bitwise second launch;
 3. timing at M = 512 on the Llama-3-8B shapes of the type, interleaved rounds (the wgmma
    kernel, then each SB variant, N = 4096 also as C +=, then both prepasses); median and
-   p90-p10 over 7 rounds. SB_SHAPES=NxK,... restricts the q4_K shapes (quick A/B calls).
+   p90-p10 over 7 rounds. SB_SHAPES=NxK,... restricts the q4_K shapes (quick A/B calls),
+   SB_M sets M.
 Prints a table last.
 """
 
@@ -91,7 +92,7 @@ def check(rt, rng, qt, variants) -> int:
 
 
 def time_all(rt, rng, qt, variants):
-    M, rows, q6 = 512, [], qt == Q6_K
+    M, rows, q6 = int(os.environ.get("SB_M", 512)), [], qt == Q6_K
     for (N, K) in (SHAPES6 if q6 else SHAPES):
         raws = [da.to_device(rt, rand_weights(rng, qt, N, K)) for _ in range(3)]
         wg = [repack(rt, r_, qt, N, K) for r_ in raws]
@@ -138,7 +139,7 @@ def main(args: list[str]) -> int:
         fails += check(rt, rng, qt, variants)
     for qt in types:
         rows += time_all(rt, rng, qt, variants)
-    print_table(["type", "N x K (M=512)", "kernel", "µs:", "TOPS:", "p90-p10:"], rows,
+    print_table(["type", f"N x K (M={os.environ.get('SB_M', 512)})", "kernel", "µs:", "TOPS:", "p90-p10:"], rows,
                 ["", "", "", ".1f", ".0f", ".1%"])
     print("ALL OK" if not fails else f"{fails} FAILURES")
     return 1 if fails else 0
