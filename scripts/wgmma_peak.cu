@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include "../kernels/wgmma_common.cuh"
 
-__device__ __forceinline__ void igmma_m64n128k32(int (&d)[64], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void ig(int (&d)[64], uint64_t a, uint64_t b) {   // d += A B
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1;\n"
@@ -21,35 +21,8 @@ __device__ __forceinline__ void igmma_m64n128k32_z(int (&d)[64], uint64_t a, uin
         : "l"(a), "l"(b));
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak128(long long* cyc, int iters, int* sink) {
-    extern __shared__ __align__(1024) uint8_t sm[];
-    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
-    const int wg = threadIdx.x >> 7;
-    int d[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) d[i] = 0;
-    __syncthreads();
-    const long long t0 = clock64();
-    for (int it = 0; it < iters; ++it) {
-        wgmma::fence();
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-            igmma_m64n128k32(d, wgmma::sw128_desc(base + wg * 8192 + c * 32),
-                             wgmma::sw128_desc(base + 16384 + c * 32));
-        wgmma::commit();
-        wgmma::wait<1>();
-    }
-    wgmma::wait<0>();
-    wgmma::fence_regs(d);
-    const long long t1 = clock64();
-    int s = 0;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s += d[i];
-    if (s == 12345) sink[0] = s;
-    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
-}
 
-__device__ __forceinline__ void igmma_m64n256k32(int (&d)[128], uint64_t a, uint64_t b) {
+__device__ __forceinline__ void ig(int (&d)[128], uint64_t a, uint64_t b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n256k32.s32.u8.u8 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1;\n"
@@ -57,21 +30,22 @@ __device__ __forceinline__ void igmma_m64n256k32(int (&d)[128], uint64_t a, uint
         : "l"(a), "l"(b));
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak256(long long* cyc, int iters, int* sink) {
+// the bare stream: R accumulator registers (m64n{2R}k32), groups of 4 wgmmas, wait 1
+template <int R>
+__device__ __forceinline__ void peak(long long* cyc, int iters, int* sink) {
     extern __shared__ __align__(1024) uint8_t sm[];
     const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
     const int wg = threadIdx.x >> 7;
-    int d[128];
+    int d[R];
 #pragma unroll
-    for (int i = 0; i < 128; ++i) d[i] = 0;
+    for (int i = 0; i < R; ++i) d[i] = 0;
     __syncthreads();
     const long long t0 = clock64();
     for (int it = 0; it < iters; ++it) {
         wgmma::fence();
 #pragma unroll
         for (int c = 0; c < 4; ++c)
-            igmma_m64n256k32(d, wgmma::sw128_desc(base + wg * 8192 + c * 32),
-                             wgmma::sw128_desc(base + 16384 + c * 32));
+            ig(d, wgmma::sw128_desc(base + wg * 8192 + c * 32), wgmma::sw128_desc(base + 16384 + c * 32));
         wgmma::commit();
         wgmma::wait<1>();
     }
@@ -80,9 +54,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak256(long long* cy
     const long long t1 = clock64();
     int s = 0;
 #pragma unroll
-    for (int i = 0; i < 128; ++i) s += d[i];
+    for (int i = 0; i < R; ++i) s += d[i];
     if (s == 12345) sink[0] = s;
     if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak128(long long* cyc, int iters, int* sink) {
+    peak<64>(cyc, iters, sink);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak256(long long* cyc, int iters, int* sink) {
+    peak<128>(cyc, iters, sink);
 }
 
 // SB1's inner loop without copies: per chunk one m64n128k32 into buffer q % 2 and the previous
