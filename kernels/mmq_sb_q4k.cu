@@ -83,8 +83,9 @@ __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   
         : "l"(a), "l"(b));
 }
 
-// d (the f32 bits of an m64n128 fragment, in an s32 buffer) = (acc ? d : 0) + A (64x8 tf32,
-// registers as in wgmma::tgmma_m64n128k8) * B (8x128 tf32, desc)
+// d (the f32 bits of an m64n128 fragment, in an s32 buffer) = (acc ? d : 0) + A (64x8 tf32 from
+// registers: a0 = row g, k t; a1 = row g+8, k t; a2, a3 the same rows at k t+4; 16 rows per
+// warp) * B (8x128 tf32, desc)
 __device__ __forceinline__ void tgmma_into(int (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"

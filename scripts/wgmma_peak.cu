@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include "../kernels/wgmma_common.cuh"
 
+extern __shared__ __align__(1024) uint8_t sm[];
+
 __device__ __forceinline__ void ig(int (&d)[64], uint64_t a, uint64_t b) {   // d += A B
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
@@ -33,7 +35,6 @@ __device__ __forceinline__ void ig(int (&d)[128], uint64_t a, uint64_t b) {
 // the bare stream: R accumulator registers (m64n{2R}k32), groups of 4 wgmmas, wait 1
 template <int R>
 __device__ __forceinline__ void peak(long long* cyc, int iters, int* sink) {
-    extern __shared__ __align__(1024) uint8_t sm[];
     const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
     const int wg = threadIdx.x >> 7;
     int d[R];
@@ -66,11 +67,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak256(long long* cy
     peak<128>(cyc, iters, sink);
 }
 
-// SB1's inner loop without copies: per chunk one m64n128k32 into buffer q % 2 and the previous
+// mmq_sb_q4k.cu's inner loop without copies: per chunk one m64n128k32 into buffer q % 2 and the previous
 // chunk's fold (64 FFMA with the row factor of the thread's 2 rows), 8 chunks a super-block, the
 // super-block's last fold after a wait 0 (nothing in flight across the loop edge).
 extern "C" __global__ void __launch_bounds__(256, 1) wgmma_fold128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    extern __shared__ __align__(1024) uint8_t sm[];
     const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
     const int wg = threadIdx.x >> 7;
     int da[64], db[64];

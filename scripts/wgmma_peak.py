@@ -34,6 +34,6 @@ for iters in (500, 2000):
     c = cyc.get().astype(np.float64)
     macs = 2 * iters * 8 * 64 * 128 * 32
     ms = ev[1].time_since(ev[0]) if ev else float("nan")
-    print(f"SB1 inner loop (8 chunks + fold, wait 0 a super-block), 2 WGs, {iters} iters: "
+    print(f"SB q4_K inner loop (8 chunks + fold, wait 0 a super-block), 2 WGs, {iters} iters: "
           f"{np.median(c):.0f} clk, {macs / np.median(c):.0f} MAC/clk/SM "
           f"({macs / np.median(c) / 4096:.0%}); {ms:.3f} ms -> SM clock {np.median(c) / ms / 1e6:.2f} GHz")
