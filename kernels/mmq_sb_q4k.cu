@@ -86,13 +86,27 @@ __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   
 // d (the f32 bits of an m64n128 fragment, in an s32 buffer) = (acc ? d : 0) + A (64x8 tf32 from
 // registers: a0 = row g, k t; a1 = row g+8, k t; a2, a3 the same rows at k t+4; 16 rows per
 // warp) * B (8x128 tf32, desc)
-__device__ __forceinline__ void tgmma_into(int (&d)[64], const uint32_t (&a)[4], uint64_t b, int acc) {
+__device__ __forceinline__ void tgmma_into(int (&d)[64], const uint32_t (&a)[4], uint64_t b,
+                                           int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
         "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+          "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+          "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]),
+          "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]),
+          "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]),
+          "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]),
+          "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]), "+r"(d[49]),
+          "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]),
+          "+r"(d[62]), "+r"(d[63])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
 
@@ -111,7 +125,8 @@ struct SbCopier {
         mask = 0;
 #pragma unroll
         for (int i = 0; i < 8; ++i)
-            mask |= (n0 + r + 16 * i < N ? 1u : 0u) << i | (m0 + r + 16 * i < M ? 1u : 0u) << (8 + i);
+            mask |= (n0 + r + 16 * i < N ? 1u : 0u) << i |
+                    (m0 + r + 16 * i < M ? 1u : 0u) << (8 + i);
     }
 
     __device__ __forceinline__ void copy(uint32_t sb, int kt, const uint8_t* Wq, const uint8_t* Tw,
@@ -121,7 +136,8 @@ struct SbCopier {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             cp_async16(sb + S::W + dst + i * 16 * 128, Wq + (w + i * 16 * K + k0), (mask >> i) & 1);
-            cp_async16(sb + S::X + dst + i * 16 * 128, Aq + (x + i * 16 * K + k0), (mask >> (8 + i)) & 1);
+            cp_async16(sb + S::X + dst + i * 16 * 128, Aq + (x + i * 16 * K + k0),
+                       (mask >> (8 + i)) & 1);
         }
         const uint32_t sbk = kt >> 1;
         const uint8_t* tw = Tw + (sbk * (Np / 128) + n0 / 128) * (uint32_t)WBLK;
@@ -136,7 +152,8 @@ struct SbCopier {
                 cp_async16(sb + S::TT + u * 16, tt + TH0 + u * 16, true);
         } else {        // mc of chunks 0..3 and b (160 pieces); r (32)
 #pragma unroll 1
-            for (int u = tid; u < WH0 / 16; u += 128) cp_async16(sb + S::WT + u * 16, tw + u * 16, true);
+            for (int u = tid; u < WH0 / 16; u += 128)
+                cp_async16(sb + S::WT + u * 16, tw + u * 16, true);
             if (tid < TH0 / 16) cp_async16(sb + S::TT + tid * 16, tt + tid * 16, true);
         }
     }
@@ -184,7 +201,8 @@ __device__ __forceinline__ void scale_dc(float (&z)[64], const float4* dc, int t
 // C[token][row] = (RED: +=) y: z[4i + j] is token m + 8i + (j & 1) (m: the tile's first token
 // + 2t) and row r + 8 (j >> 1) (r: the thread's first row); 32-byte runs of 8 rows per warp
 template <bool RED>
-__device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, int N, int m, int r) {
+__device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, int N, int m,
+                                        int r) {
 #pragma unroll
     for (int k = 0; k < 64; ++k) {
         const int tok = m + 8 * (k >> 2) + (k & 1), row = r + 8 * ((k >> 1) & 1);
@@ -258,7 +276,8 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
             rescale(z, reinterpret_cast<const float4*>(p0 + S::TT),
                     reinterpret_cast<const float2*>(p0 + S::WT + 2048)[pair], t);
             // descriptors: a k-step of 32 bytes is +2 in the start-address field
-            const uint64_t a0 = wgmma::sw128_desc(o0 + S::W + cw * 64 * 128), b0 = wgmma::sw128_desc(o0 + S::X);
+            const uint64_t a0 = wgmma::sw128_desc(o0 + S::W + cw * 64 * 128);
+            const uint64_t b0 = wgmma::sw128_desc(o0 + S::X);
             wgmma::fence();
             igmma(da, a0, b0);
             wgmma::commit();
@@ -275,17 +294,20 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
             // ---- second stage: chunks 4..7 issued, 3..7 folded, the min term ----
             wgmma::mbar_wait(bars + 8 * s1, ((it + 1) / STAGES) & 1);
             wgmma::fence_proxy_async();
-            const uint64_t a1 = wgmma::sw128_desc(o1 + S::W + cw * 64 * 128), b1 = wgmma::sw128_desc(o1 + S::X);
+            const uint64_t a1 = wgmma::sw128_desc(o1 + S::W + cw * 64 * 128);
+            const uint64_t b1 = wgmma::sw128_desc(o1 + S::X);
             uint4 h, l;   // the min term's A operand (loaded under chunk 6's fold)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 wgmma::fence();
                 igmma(c & 1 ? db : da, a1 + 2 * c, b1 + 2 * c);
                 wgmma::commit();
-                const float2 m = c == 0 ? reinterpret_cast<const float2*>(p0 + S::WT + 3 * 512)[pair]
-                                        : reinterpret_cast<const float2*>(p1 + S::WT + (c - 1) * 512)[pair];
+                const float2 m =
+                    c == 0 ? reinterpret_cast<const float2*>(p0 + S::WT + 3 * 512)[pair]
+                           : reinterpret_cast<const float2*>(p1 + S::WT + (c - 1) * 512)[pair];
                 if (c == 3) {
-                    const uint4* tma = reinterpret_cast<const uint4*>(p1 + S::WT + 2048) + (pair * 4 + t) * 2;
+                    const uint4* tma =
+                        reinterpret_cast<const uint4*>(p1 + S::WT + 2048) + (pair * 4 + t) * 2;
                     h = tma[0];
                     l = tma[1];
                 }

@@ -139,7 +139,8 @@ def main(args: list[str]) -> int:
         fails += check(rt, rng, qt, variants)
     for qt in types:
         rows += time_all(rt, rng, qt, variants)
-    print_table(["type", f"N x K (M={os.environ.get('SB_M', 512)})", "kernel", "µs:", "TOPS:", "p90-p10:"], rows,
+    head = f"N x K (M={os.environ.get('SB_M', 512)})"
+    print_table(["type", head, "kernel", "µs:", "TOPS:", "p90-p10:"], rows,
                 ["", "", "", ".1f", ".0f", ".1%"])
     print("ALL OK" if not fails else f"{fails} FAILURES")
     return 1 if fails else 0

@@ -8,7 +8,8 @@ from minfer.cuda.runtime import get_runtime
 
 rt = get_runtime()
 for n in (128, 256):
-    fn = rt.function("../scripts/wgmma_peak", f"wgmma_peak{n}", ("-arch=sm_90a",), dyn_smem=64 * 1024)
+    fn = rt.function("../scripts/wgmma_peak", f"wgmma_peak{n}", ("-arch=sm_90a",),
+                     dyn_smem=64 * 1024)
     for iters in (1000, 4000):
         cyc = da.to_device(rt, np.zeros(rt.sm_count, np.int64))
         sink = da.to_device(rt, np.zeros(1, np.int32))

@@ -121,7 +121,8 @@ def test_sb_token_tables():
         hi, lo = unblock_tm_sb(tt.reshape(K // 256, -1, 9216)[:, :, 512:8704].copy(), K,
                                pad_rows(M))
         for c in range(8):
-            b = np.float64(hi[8 * sbk + c, m].view(np.float32)) + lo[8 * sbk + c, m].view(np.float32)
+            j = 8 * sbk + c
+            b = np.float64(hi[j, m].view(np.float32)) + lo[j, m].view(np.float32)
             assert np.isclose(b, ta[8 * sbk + c, m, 1] / dc(sbk), rtol=2**-20, atol=0)
     assert ta[8, 7, 0] == 0 and t[1, 0, 2176 + pos[7]] == 1   # the zero block's unit
 

@@ -37,7 +37,8 @@ def test_split_and_repack_bitwise(hopper, same_bytes, qtype):
             x0 = xin.astype(np.float32)
             x0[3, 256:512] = 0
             ta = split_q8s_ref(x0)[1]
-            assert same_bytes(sb_tokens(rt, da.to_device(rt, ta), 1280), sb_tokens_ref(ta, 77, 1280))
+            got = sb_tokens(rt, da.to_device(rt, ta), 1280)
+            assert same_bytes(got, sb_tokens_ref(ta, 77, 1280))
     w = _rand(rng, qtype, 333, 1280)
     r = repack_sb(rt, da.to_device(rt, w), qtype, 333, 1280)
     wp, tw = (repack_q6k_sb_ref if q6 else repack_q4k_sb_ref)(w, 333, 1280)
