@@ -156,6 +156,24 @@ def test_integer_sums_fit_a_denormal():
     assert 32 * 255 * 15 < 2**23
 
 
+def test_sb_table_blocks_match_kernel():
+    """The table block sizes (and each block's first-stage part) of mmq_sb_q4k.cu are the twins'
+    SB_WBLK / SB_TBLK, and the twins' blocks have those sizes."""
+    from minfer.quants.mmq_sb_ref import SB_TBLK, SB_WBLK
+
+    src = (KDIR / "mmq_sb_q4k.cu").read_text()
+    w = re.search(r"constexpr int WBLK = (\d+), WH0 = (\d+);", src)
+    t = re.search(r"constexpr int TBLK = (\d+), TH0 = (\d+);", src)
+    assert w and t
+    assert (int(w[1]), int(t[1])) == (SB_WBLK, SB_TBLK)
+    # first stage: mc of chunks 0..3 and b (weights), r (tokens)
+    assert (int(w[2]), int(t[2])) == (4 * 512 + 512, 512)
+    rng = np.random.default_rng(4)
+    _, tw = repack_q4k_sb_ref(rand_q4k(rng, 8, 512), 8, 512)
+    _, ta = split_q8s_ref(rng.standard_normal((3, 512)).astype(np.float32))
+    assert tw.shape == (2, 1, SB_WBLK) and sb_tokens_ref(ta, 3, 512).shape == (2, 1, SB_TBLK)
+
+
 def test_sb_smem_matches_kernel():
     from minfer.cuda.mmq_sb import sb6_smem
 
