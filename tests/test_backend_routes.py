@@ -49,6 +49,26 @@ def test_routes_mmq(tiny, kw, label):
     assert f"attn_v alone: faster on f16 {lone_v}" in line
 
 
+def test_routes_q6k_f16(tiny):
+    """MINFER_MMQ_Q6K_F16: every q6_K weight (the LM head included) runs f16 with its reason,
+    q4_K stays MMQ; the flag mirrors the environment and shows in the label."""
+    from minfer.commands.gemm_flags import gemm_config
+
+    cfg = GemmConfig(mmq=True, q6k_f16=True)
+    r = plan_routes(tiny, cfg)
+    q6 = [n for n in r if tiny.tensor(n).qtype == 14]
+    q4 = [n for n in r if tiny.tensor(n).qtype == 12]
+    assert q6 and q4
+    assert all(r[n] == ("f16", "q6_K: f16 by MINFER_MMQ_Q6K_F16") for n in q6)
+    assert all(r[n][0] == "mmq-wide-kd4" for n in q4 if not n.endswith("attn_v.weight"))
+    assert f"q6_K: f16 by MINFER_MMQ_Q6K_F16 {len(q6)}" in summarize_routes(tiny, r)
+    assert GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_SB": "1",
+                               "MINFER_MMQ_Q6K_F16": "1"}).label() == "mmq-wgmma-kd4-sb-q6kf16"
+    assert gemm_config(mmq=True, mmq_q6k_f16=True, env={}) == cfg
+    assert gemm_config(mmq_q6k_f16=False, env={"MINFER_MMQ_Q6K_F16": "1"}) == GemmConfig()
+    assert GemmConfig.parse_ab("MINFER_MMQ=1 MINFER_MMQ_Q6K_F16=1", env={}) == cfg
+
+
 def _fuses_qkv(model, v_name: str) -> bool:
     """attn_v shares q's and k's type (all MMQ types here): it may join them in one GEMM."""
     p = v_name[: -len("attn_v.weight")]

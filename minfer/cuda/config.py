@@ -9,8 +9,10 @@ the wgmma kernels split the tiles of a ragged last wave by k over every SM; 0: w
 MINFER_MMQ_FUSED_PREPASS (1, the default: a wgmma ffn_down's input is quantized by the swiglu
 launch itself, no f16 activation; 0: swiglu, then the prepass), MINFER_MMQ_SB (0, the default;
 1: q4_K / q6_K GEMMs of the wgmma config run the super-block kernels, kernels/mmq_sb_q4k.cu and
-mmq_sb_q6k.cu, whose activations are quantized per 256 values instead of q8_1's 32). Explicit overrides (CLI flags, bench A/B
-strings) win over the environment. The dataclass is passed explicitly; nothing reads the
+mmq_sb_q6k.cu, whose activations are quantized per 256 values instead of q8_1's 32),
+MINFER_MMQ_Q6K_F16 (0, the default; 1: q6_K GEMMs stay on the f16 path while q4_K runs MMQ:
+at prefill sizes on sm_90 every q6_K MMQ kernel is slower than f16, docs/perf.md session 7).
+Explicit overrides (CLI flags, bench A/B strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
 
@@ -25,7 +27,8 @@ from minfer.errors import BadInput
 ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE": "wide",
             "MINFER_MMQ_RAW_KD": "kd", "MINFER_MMQ_WGMMA": "wgmma",
             "MINFER_MMQ_WGMMA_Q6K": "wgmma_q6k", "MINFER_MMQ_STREAMK": "stream_k",
-            "MINFER_MMQ_FUSED_PREPASS": "fused_prepass", "MINFER_MMQ_SB": "sb"}
+            "MINFER_MMQ_FUSED_PREPASS": "fused_prepass", "MINFER_MMQ_SB": "sb",
+            "MINFER_MMQ_Q6K_F16": "q6k_f16"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class GemmConfig:
     stream_k: bool = True
     fused_prepass: bool = True
     sb: bool = False
+    q6k_f16: bool = False
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None,
@@ -82,6 +86,7 @@ class GemmConfig:
         sk = ("" if self.stream_k or not self.wgmma else "-nosk") + \
             ("" if self.fused_prepass or not self.wgmma else "-nofp")
         sk += "-sb" if self.sb and self.wgmma else ""
+        sk += "-q6kf16" if self.q6k_f16 else ""
         if self.wgmma and not self.wgmma_q6k:
             return f"mmq-wgmma-q4k-kd{self.kd}{sk}"
         return f"mmq-{'wgmma' if self.wgmma else 'wide'}-kd{self.kd}{sk}"

@@ -7,7 +7,8 @@ multiple of 256; any other type falls back to f16. "mmq-wgmma": a q4_K weight of
 config (cfg.wgmma) on an sm_90 device (`rt.arch`): the Hopper wgmma kernel on the weight
 repacked at load. With `rt` given, the smem guard applies: a wide config over the device's
 opt-in shared-memory cap becomes "mmq-narrow" (mmq_linear prints the one-line notice when it
-runs).
+runs). cfg.q6k_f16 keeps q6_K weights on "f16" (their MMQ kernels are slower than f16 at prefill
+on sm_90).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ def pick_gemm(qtype: int, M: int, N: int, K: int, cfg: GemmConfig, rt=None) -> s
     """Path name for y[M, N] = x[M, K] @ W[N, K].T with W of GGUF type `qtype`."""
     if not cfg.mmq:
         return "f16"
-    from minfer.cuda.mmq import has_mmq, pick_variant
+    from minfer.cuda.mmq import Q6_K, has_mmq, pick_variant
 
-    if not has_mmq(qtype) or K % 256:
+    if not has_mmq(qtype) or K % 256 or (cfg.q6k_f16 and int(qtype) == Q6_K):
         return "f16"
     smem_optin = rt.smem_optin if rt is not None else 1 << 30
     return "mmq-" + pick_variant(cfg, smem_optin, qtype, getattr(rt, "arch", None)).label

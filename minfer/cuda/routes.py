@@ -50,7 +50,8 @@ def plan_routes(model, cfg: GemmConfig, rt=None, ubatch: int = 512) -> dict[str,
 
             why = ("MMQ off" if not cfg.mmq else
                    f"{_qname(t.qtype)}: no MMQ kernel" if not has_mmq(t.qtype) else
-                   f"K={K} not a multiple of 256")
+                   f"K={K} not a multiple of 256" if K % 256 else
+                   "q6_K: f16 by MINFER_MMQ_Q6K_F16")
         routes[n] = (path, why)
     if not c.qkv_bias:
         for i in range(c.n_layers):
