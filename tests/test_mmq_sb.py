@@ -322,3 +322,15 @@ def test_split_q8s_launch(monkeypatch, dtype, signed, entry):
     assert args == [0x10000, 0x40000, 0x80000, M, K, 128]
     with pytest.raises(GPUError, match="unaligned"):
         split_q8s(rt, FakeGPUArray((M, K), dtype, gpudata=0x10004), aq, ta)
+
+
+def test_sb_linear_refuses_oversized_problems():
+    """Operands or tables at 2^31 bytes and over are refused before any launch (the kernels'
+    offsets are 32-bit)."""
+    from minfer.cuda.mmq_sb import SbQ4K, mmq_sb_linear
+    from minfer.errors import GPUError
+
+    for M, N, K in ((1 << 19, 4096, 4096), (512, 1 << 19, 4096)):
+        w = SbQ4K(None, None, N, K)
+        with pytest.raises(GPUError, match="too large"):
+            mmq_sb_linear(None, None, w, M, N, K, None)

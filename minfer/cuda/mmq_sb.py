@@ -199,8 +199,10 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
     q6 = isinstance(w, SbQ6K)
     if M <= 0 or K % 256:
         raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
-    if M * K >= 2**31 or 2 * N * K >= 2**31 or M * N >= 2**31:
-        raise GPUError("mmq_sb_linear: problem too large (32-bit offsets)")
+    if (M * K >= 2**31 or (3 if q6 else 1) * N * K >= 2**31 or M * N >= 2**31 or
+            sb_table_bytes(N, K) >= 2**31 or sb_token_bytes(M, K) >= 2**31):
+        raise GPUError(f"mmq_sb_linear: [{M}, {N}, {K}] is too large for the kernels' 32-bit "
+                       "offsets (every operand and table under 2^31 bytes)")
     if isinstance(x, tuple):
         aq, ta = x[:2]
         da.check("mmq_sb_linear aq", aq, (M, K), np.uint8, align=16)
