@@ -33,7 +33,7 @@ import numpy as np
 # path label -> GemmConfig fields ("f16" is GemmConfig(): MMQ off)
 # (mmq-wgmma-kd4: q4_K and q6_K on the Hopper wgmma kernels where the GPU is sm_90; on other
 #  GPUs it runs what mmq-wide-kd4 runs, and the parity rows name the kernel that ran;
-#  -sb: q4_K on the super-block kernel, per-256 activation scales, its own oracle)
+#  -sb: q4_K / q6_K on the super-block kernels, per-256 activation scales, their own oracle)
 PATHS = {"mmq-r1": dict(mmq=True, raw=False), "mmq-narrow": dict(mmq=True, wide=False),
          "mmq-wide-kd4": dict(mmq=True, kd=4, wgmma=False),
          "mmq-wide-kd8": dict(mmq=True, kd=8, wgmma=False),
