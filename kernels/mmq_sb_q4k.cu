@@ -158,6 +158,20 @@ __device__ __forceinline__ void fold(float (&z)[64], const int (&d)[64], float2 
     for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m.y : m.x, z[k]);
 }
 
+// the previous chunk's buffer (db when `odd`, a constant once the caller unrolls), after the
+// wgmma wait: its reads stay after the wait, then the fold
+__device__ __forceinline__ void fold_buf(float (&z)[64], int (&da)[64], int (&db)[64], bool odd,
+                                         float2 m) {
+    if (odd) { wgmma::fence_regs(db); fold(z, db, m); }
+    else { wgmma::fence_regs(da); fold(z, da, m); }
+}
+
+// the factor of fragment value k's token in a fold-order float4 of the token tables (v: the
+// one of n8 groups 2p, 2p+1, p = k / 8)
+__device__ __forceinline__ float token_factor(float4 v, int k) {
+    return (k & 4) ? ((k & 1) ? v.w : v.z) : ((k & 1) ? v.y : v.x);
+}
+
 // a new super-block: z = z r + b (r: the token's dc ratio, from the token table in fold order;
 // b: the row's bias)
 __device__ __forceinline__ void rescale(float (&z)[64], const float4* r, float2 b, int t) {
@@ -165,13 +179,8 @@ __device__ __forceinline__ void rescale(float (&z)[64], const float4* r, float2 
     for (int p = 0; p < 8; ++p) {   // tokens 16p + 2t (+1), 16p + 8 + 2t (+1)
         const float4 v = r[p * 4 + t];
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int k = 4 * (2 * p + e) + j;
-                const float rv = e ? ((j & 1) ? v.w : v.z) : ((j & 1) ? v.y : v.x);
-                z[k] = fmaf(z[k], rv, (j & 2) ? b.y : b.x);
-            }
+        for (int k = 8 * p; k < 8 * p + 8; ++k)
+            z[k] = fmaf(z[k], token_factor(v, k), (k & 2) ? b.y : b.x);
     }
 }
 
@@ -181,12 +190,7 @@ __device__ __forceinline__ void scale_dc(float (&z)[64], const float4* dc, int t
     for (int p = 0; p < 8; ++p) {
         const float4 v = dc[p * 4 + t];
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int k = 4 * (2 * p + e) + j;
-                z[k] *= e ? ((j & 1) ? v.w : v.z) : ((j & 1) ? v.y : v.x);
-            }
+        for (int k = 8 * p; k < 8 * p + 8; ++k) z[k] *= token_factor(v, k);
     }
 }
 
@@ -280,8 +284,7 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
                 wgmma::commit();
                 const float2 m = reinterpret_cast<const float2*>(p0 + S::WT + (c - 1) * 512)[pair];
                 wgmma::wait<1>();
-                if (c & 1) { wgmma::fence_regs(da); fold(z, da, m); }
-                else { wgmma::fence_regs(db); fold(z, db, m); }
+                fold_buf(z, da, db, !(c & 1), m);   // chunk c - 1
             }
             // ---- second stage: chunks 4..7 issued, 3..7 folded, the min term ----
             wgmma::mbar_wait(bars + 8 * s1, ((it + 1) / STAGES) & 1);
@@ -304,8 +307,7 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
                     l = tma[1];
                 }
                 wgmma::wait<1>();
-                if (c & 1) { wgmma::fence_regs(da); fold(z, da, m); }
-                else { wgmma::fence_regs(db); fold(z, db, m); }
+                fold_buf(z, da, db, !(c & 1), m);   // chunk 3 + c
                 if (c == 0) wgmma::mbar_arrive(bars + 8 * (STAGES + s0));   // first stage read
             }
             // the min term into the free buffer (chunk 6 is folded) while chunk 7 finishes: 3
