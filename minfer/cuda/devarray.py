@@ -9,6 +9,8 @@ into a larger buffer, a torch tensor in the benchmarks).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from minfer.errors import GPUError
@@ -111,3 +113,21 @@ def poison(rt, *arrays) -> None:
     for a in arrays:
         if a is not None and a.size:
             rt.poison(ptr(a), int(a.size) * np.dtype(a.dtype).itemsize)
+
+
+class DeviceArrays:
+    """Mixin of a dataclass that holds a weight as device arrays (the repacked MMQ layouts):
+    `nbytes` of its array fields and `free` for them (fields that are not device arrays, like
+    N and K, are skipped)."""
+
+    def _arrays(self) -> list:
+        vals = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return [v for v in vals if hasattr(v, "gpudata")]
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in self._arrays()))
+
+    def free(self) -> None:
+        for a in self._arrays():
+            a.gpudata.free()

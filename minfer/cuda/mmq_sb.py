@@ -87,7 +87,7 @@ def sb_weight_bytes(N: int, K: int, qtype: int = Q4_K) -> int:
 
 
 @dataclass
-class SbQ4K:
+class SbQ4K(da.DeviceArrays):
     """A q4_K weight [N, K] in mmq_sb_q4k's layout: wq uint8 [N, K] (the nibbles), tw uint8
     [K/256, Np/128, SB_WBLK] (chunk factors, bias, min-term operand per super-block and 128-row
     tile)."""
@@ -97,17 +97,9 @@ class SbQ4K:
     K: int
     qtype = Q4_K
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.wq.nbytes + self.tw.nbytes)
-
-    def free(self) -> None:
-        for a in (self.wq, self.tw):
-            a.gpudata.free()
-
 
 @dataclass
-class SbQ6K:
+class SbQ6K(da.DeviceArrays):
     """A q6_K weight [N, K] in the SB layout: planes wp uint8 [3, N, K] (int8 values), tables
     ts float32 [K/256, Np, 4]."""
     wp: object
@@ -115,14 +107,6 @@ class SbQ6K:
     N: int
     K: int
     qtype = Q6_K
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.wp.nbytes + self.ts.nbytes)
-
-    def free(self) -> None:
-        for a in (self.wp, self.ts):
-            a.gpudata.free()
 
 
 def repack_sb(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight"):

@@ -53,7 +53,7 @@ def wgmma6_smem(stages: int = WG_STAGES) -> int:
 
 
 @dataclass
-class WgmmaWeight:
+class WgmmaWeight(da.DeviceArrays):
     """A weight [N, K] in a wgmma layout (device arrays): the byte values wq uint8 [N, K] and
     the tables tw (q4_K: uint32 [2, K/32, Np, 2], Tb then Tm; q6_K: uint8 [Np/128, K/128,
     16384] blocks)."""
@@ -62,14 +62,6 @@ class WgmmaWeight:
     N: int
     K: int
     qtype: ClassVar[int] = 0
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.wq.nbytes + self.tw.nbytes)
-
-    def free(self) -> None:
-        for a in (self.wq, self.tw):
-            a.gpudata.free()
 
 
 class WgmmaQ4K(WgmmaWeight):
