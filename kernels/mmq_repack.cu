@@ -7,8 +7,8 @@
 //   Tw  [Tb | Tm]:
 //     Tb  float2 [K/32, Np]  (dsv * 2^74, f32(-128 * V) * dsv * 2^-75), V = sum of the chunk's v
 //     Tm  uint2 [K/32, Np]   dmv = -(dmin * m) as tf32 (hi, lo) by truncation
-// Entry: repack_q4k_sb(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K, int Np): the
-//   layout of mmq_sb_q4k.cu (at the entry below).
+// Entry: repack_q4k_sb(const uint8_t* W, uint8_t* Wb, int N, int K, int Np): the operand
+//   blocks of mmq_sb_q4k.cu (at the entry below, mmq_sb_layout.cuh).
 // Entry: repack_q6k_sb(const uint8_t* W, int8_t* Wp, float4* Ts, int N, int K, int Np): the
 //   three-plane layout of mmq_sb_q6k.cu (at the entry below).
 // Entry: repack_q6k_wgmma(const uint8_t* W, uint8_t* Wq, uint8_t* Tw, int N, int K)
@@ -23,6 +23,7 @@
 // One thread per (row n, 32-chunk j); grid ceil(N * K/32 / 256), block 256. Rows >= N of the
 // tables are not written (the launcher zeroes them).
 #include "mmq_common.cuh"
+#include "mmq_sb_layout.cuh"
 
 extern "C" __global__ void repack_q4k_wgmma(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wq,
                                             uint2* __restrict__ Tw, int N, int K, int Np) {
@@ -104,15 +105,17 @@ extern "C" __global__ void repack_q6k_wgmma(const uint8_t* __restrict__ W, uint8
     tm[((2 * cc + 1) * 64 + slot) * 4 + 2 + side] = lo;
 }
 
-// q4_K -> mmq_sb_q4k.cu's layout (numpy twin: minfer.quants.mmq_sb_ref.repack_q4k_sb_ref).
-// One thread per (row n, super-block sb): Wq uint8 [N, K] = v (natural k order), and in the
-// 12800-byte table block of (sb, n / 128): mc = d sc_c 2^74 of chunks 0..3 (float2 [4][64]),
-// b = (f32(-128 sum_c sc_c V_c) d) 2^-75 (float2 [64]), mc of chunks 4..7, then Tma (8 KB):
-// -(dmin m_c) as tf32 (hi, lo), per row pair and t in 0..3 the uint4s (hi, lo) = (A[r][t],
-// A[r+8][t], A[r][t+4], A[r+8][t+4]). Row r = n % 128 is half r / 8 % 2 of pair
-// (r / 16) 8 + r % 8. Rows >= N are not written (the launcher zeroes the tables).
-extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wq,
-                                         uint8_t* __restrict__ Tw, int N, int K, int Np) {
+// q4_K -> mmq_sb_q4k.cu's operand blocks (mmq_sb_layout.cuh; numpy twin:
+// minfer.quants.mmq_sb_ref.repack_q4k_sb_ref). One thread per (row n, super-block sb), in the
+// block of (sb, n / 128): v, the nibbles, into the two stage images, and the tables: mc =
+// d sc_c 2^74 of chunks 0..3 (float2 [4][64]), b = (f32(-128 sum_c sc_c V_c) d) 2^-75
+// (float2 [64]), mc of chunks 4..7, then Tma (8 KB): -(dmin m_c) as tf32 (hi, lo), per row
+// pair and t in 0..3 the uint4s (hi, lo) = (A[r][t], A[r+8][t], A[r][t+4], A[r+8][t+4]). Row
+// r = n % 128 is half r / 8 % 2 of pair (r / 16) 8 + r % 8. Rows >= N are not written (the
+// launcher zeroes the blocks).
+extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wb,
+                                         int N, int K, int Np) {
+    using namespace sbop;
     const int KS = K / 256;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)N * KS) return;
@@ -121,10 +124,10 @@ extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t*
     const uint32_t* s = reinterpret_cast<const uint32_t*>(blk + 4);
     const float d = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk));
     const float dmin = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk + 2));
-    uint8_t* tb = Tw + ((size_t)sb * (Np / 128) + n / 128) * 12800;
+    uint8_t* ob = Wb + ((size_t)sb * (Np / 128) + n / 128) * WOP;
     const int at = ((r >> 4) * 8 + (r & 7)) * 2 + ((r >> 3) & 1);   // in a float2 [64] table
-    uint32_t* tma = reinterpret_cast<uint32_t*>(tb + 4608) + ((r >> 4) * 8 + (r & 7)) * 32 +
-                    ((r >> 3) & 1);
+    uint32_t* tma = reinterpret_cast<uint32_t*>(ob + table_at(4608, WH0)) +
+                    ((r >> 4) * 8 + (r & 7)) * 32 + ((r >> 3) & 1);
     int bsum = 0;
     for (int c = 0; c < 8; ++c) {
         int sc, m;
@@ -132,28 +135,27 @@ extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t*
         const uint4* qs = reinterpret_cast<const uint4*>(blk + 16 + (c >> 1) * 32);
         const int shift = 4 * (c & 1);
         int V = 0;
-        uint4 o[2];
         for (int h = 0; h < 2; ++h) {
+            uint4 o;
             const uint32_t* in = reinterpret_cast<const uint32_t*>(&qs[h]);
-            uint32_t* ow = reinterpret_cast<uint32_t*>(&o[h]);
+            uint32_t* ow = reinterpret_cast<uint32_t*>(&o);
             for (int w = 0; w < 4; ++w) {
                 ow[w] = (in[w] >> shift) & 0x0F0F0F0Fu;
                 V += (int)((ow[w] & 0xFF) + ((ow[w] >> 8) & 0xFF) + ((ow[w] >> 16) & 0xFF) +
                            (ow[w] >> 24));
             }
+            *reinterpret_cast<uint4*>(ob + image_at(c >> 2, r, (c & 3) * 2 + h, WH0)) = o;
         }
-        uint4* dst = reinterpret_cast<uint4*>(Wq + (size_t)n * K + (size_t)sb * 256 + 32 * c);
-        dst[0] = o[0];
-        dst[1] = o[1];
         bsum += sc * V;
-        float* mc = reinterpret_cast<float*>(tb + (c < 4 ? c * 512 : 2560 + (c - 4) * 512));
+        float* mc = reinterpret_cast<float*>(ob + table_at(c < 4 ? c * 512 : 2560 + (c - 4) * 512,
+                                                           WH0));
         mc[at] = (d * (float)sc) * 0x1p74f;
         uint32_t hi, lo;
         tf32_split(-(dmin * (float)m), hi, lo);
         tma[(c & 3) * 8 + (c >> 2) * 2] = hi;       // [pair][t][hi | lo][t / t+4][r | r+8]
         tma[(c & 3) * 8 + 4 + (c >> 2) * 2] = lo;
     }
-    reinterpret_cast<float*>(tb + 2048)[at] = ((float)(-128 * bsum) * d) * 0x1p-75f;
+    reinterpret_cast<float*>(ob + table_at(2048, WH0))[at] = ((float)(-128 * bsum) * d) * 0x1p-75f;
 }
 
 // q6_K -> the three s8 planes of mmq_sb_q6k.cu. One thread per (row n, 16-value sub-block j):

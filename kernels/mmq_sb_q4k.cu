@@ -15,50 +15,60 @@
 // is 3 tf32 wgmmas (3xTF32) into the chunk buffer that chunk 6's fold frees, added to z (one
 // FADD per C value) after chunk 7's fold. Math and layouts: the numpy twins in
 // minfer.quants.mmq_sb_ref (emulate_sb_q4k spells the arithmetic out).
-// Operands:
-//   Wq  uint8 [N, K]   v                       (mmq_repack.cu repack_q4k_sb)
-//   Tw  [K/256][Np/128] blocks of 12800 B     mc / b / Tma per (super-block, 128-row tile)
-//   Aq  uint8 [M, K]   qa + 128                (quantize_q8_1.cu quantize_q8s_split)
-//   Tt  [K/256][Mp/128] blocks of 9216 B      r / B / dc per (super-block, 128-token tile)
-//                                              (quantize_q8_1.cu sb_token_tables)
+// Operands, one block per (super-block, 128-row / 128-token tile), each of its two stages one
+// contiguous piece (mmq_sb_layout.cuh):
+//   Wb  [K/256][Np/128] blocks of 45568 B   v images + mc / b / Tma  (mmq_repack.cu repack_q4k_sb)
+//   Tt  [K/256][Mp/128] blocks of 41984 B   qa + 128 images + r / B / dc (quantize_q8_1.cu
+//                                            sb_token_tables, from the q8s split)
 // The wgmma's M side is the weight rows, its N side the tokens: a thread's C values z[4i + j]
 // are weight row 64w + 16 (warp % 4) + g + 8 (j / 2) and token 8i + 2t + j % 2 of the 128 x 128
 // tile (w the consumer warpgroup, g = lane / 4, t = lane % 4), so a chunk's fold needs the
 // factors of two rows (one float2) and the per-token factors come once per super-block.
-// Block: 384 threads, 1 per SM. Warpgroup 0 copies (cp.async into a 4-slot ring of 128-k
-// stages, completion on the slot's `full` mbarrier); warpgroups 1, 2 own weight rows 0..63 and
+// Block: 384 threads, 1 per SM. One thread of warpgroup 0 copies (two bulk copies per 128-k
+// stage into a 4-slot ring, completion on the slot's `full` mbarrier by transaction bytes; 128
+// threads issuing 16-byte cp.async took a quarter of the issue slots, docs/perf.md session 8);
+// warpgroups 1, 2 own weight rows 0..63 and
 // 64..127 of the tile, issue the wgmmas (chunk q into buffer q % 2, the next chunk in flight
 // under each fold) and release a slot on its `empty` mbarrier after their last read of it;
 // setmaxnreg gives them the producer's registers. Persistent over work items in super-block
 // units, then stream-K (wgmma_common.cuh TileSched; the exchange among the consumers).
-// Entries: mmq_sb_q4k (C =) and mmq_sb_q4k_acc (C +=, reductions), both (Aq, Tt, Wq, Tw, C,
-// M, N, K, dp, ws, flags); K % 256 == 0; ws float4 [gridDim][16][256], flags as in
+// Entries: mmq_sb_q4k (C =) and mmq_sb_q4k_acc (C +=, reductions), both (Tt, Wb, C, M, N, K,
+// dp, ws, flags); K % 256 == 0; ws float4 [gridDim][16][256], flags as in
 // mmq_wgmma_q4k.cu; every buffer under 2^31 B. Dynamic smem SbSmem::BYTES.
 #include "gemm_f16_common.cuh"
 #include "mmq_common.cuh"
+#include "mmq_sb_layout.cuh"
 #include "wgmma_common.cuh"
 
+// Timing-only diagnostics (wrong results; scripts/mmq_sb_device.py with SB_NOCHECK=1): each
+// removes one cost to bound what the rest takes. SB_DIAG_NOCOPY: nothing is copied;
+// SB_DIAG_NOMMA: no wgmma; SB_DIAG_NOFOLD: no chunk fold; SB_DIAG_NOMIN: no min term.
 namespace {
-using gemm_f16::cp_async16;
 using gemm_f16::smem_u32;
+using sbop::IMG;
+using sbop::TBLK;
+using sbop::TH0;
+using sbop::WBLK;
+using sbop::WH0;
 
 constexpr int BM = 128, BN = 128, BK = 128, T = 256;   // tile (tokens, rows), stage, consumers
 constexpr int STAGES = 4;
-constexpr int WBLK = 12800, WH0 = 2560;   // weight table block; its first stage's bytes
-constexpr int TBLK = 9216, TH0 = 512;     // token table block; its first stage's bytes
 constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
 // setmaxnreg moves registers within the block's launch allocation (168 per thread at 384
 // threads): a consumer increase beyond what the producer released would wait forever
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "register budget");
 
+// A stage: the weight piece of the operand block (image, tables) at W, the token piece at X
+// (the second stage's pieces are the larger: the tables' rest)
 struct SbSmem {
-    static constexpr int W = 0, X = BN * BK, WT = X + BM * BK;   // swizzled tiles, tables
-    static constexpr int TT = WT + (WBLK - WH0);                 // token tables
-    static constexpr int STAGE = 51 * 1024;                      // TT + TBLK - TH0 = 51456
+    static constexpr int W = 0, WT = W + IMG;                    // weight image, tables
+    static constexpr int X = WT + (WBLK - WH0), TT = X + IMG;    // token image, tables
+    static constexpr int STAGE = 51 * 1024;                      // TT + TBLK - TH0 = 51712
     static constexpr int BYTES = STAGES * STAGE + 1024 + 64;     // + alignment, 8 mbarriers
 };
-static_assert(SbSmem::TT + (TBLK - TH0) <= SbSmem::STAGE && SbSmem::STAGE % 1024 == 0,
-              "stage layout");
+static_assert(BM * BK == IMG && BN * BK == IMG, "a stage image is a 128 x 128 B tile");
+static_assert(SbSmem::TT + (TBLK - TH0) <= SbSmem::STAGE && SbSmem::STAGE % 1024 == 0 &&
+              SbSmem::X % 1024 == 0, "stage layout");
 static_assert(SbSmem::BYTES == 209984, "sb smem");
 
 // The 64 accumulator operands "+r"(d[0..63]) and their register list of an m64n128 wgmma
@@ -80,6 +90,9 @@ static_assert(SbSmem::BYTES == 209984, "sb smem");
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 
 __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   // d = A B
+#ifdef SB_DIAG_NOMMA
+    return;
+#endif
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
         SB_R64
@@ -93,6 +106,9 @@ __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   
 // warp) * B (8x128 tf32, desc)
 __device__ __forceinline__ void tgmma_into(int (&d)[64], const uint32_t (&a)[4], uint64_t b,
                                            int acc) {
+#if defined(SB_DIAG_NOMMA) || defined(SB_DIAG_NOMIN)
+    return;
+#endif
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
@@ -102,58 +118,26 @@ __device__ __forceinline__ void tgmma_into(int (&d)[64], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
 
-// The producer warpgroup's copies of stage kt (128 threads, pieces of 16 B): the weight tile
-// (A operand) and the token tile (B operand), 128 rows x 8 each (rows past N / M zero-filled,
-// 128-byte swizzle), and the stage's part of the two table blocks.
-struct SbCopier {
-    using S = SbSmem;
-    uint32_t w, x, dst, mask;
-
-    __device__ __forceinline__ SbCopier(int m0, int n0, int M, int N, int K, int tid) {
-        const int r = tid >> 3, c = tid & 7;
-        dst = r * 128 + ((c ^ (r & 7)) << 4);
-        w = (uint32_t)min(n0 + r, N - 1) * K + c * 16;
-        x = (uint32_t)min(m0 + r, M - 1) * K + c * 16;
-        mask = 0;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-            mask |= (n0 + r + 16 * i < N ? 1u : 0u) << i |
-                    (m0 + r + 16 * i < M ? 1u : 0u) << (8 + i);
-    }
-
-    __device__ __forceinline__ void copy(uint32_t sb, int kt, const uint8_t* Wq, const uint8_t* Tw,
-                                         const uint8_t* Aq, const uint8_t* Tt, int K, int Np,
-                                         int Mp, int m0, int n0, int tid) const {
-        const uint32_t k0 = kt * BK;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            cp_async16(sb + S::W + dst + i * 16 * 128, Wq + (w + i * 16 * K + k0), (mask >> i) & 1);
-            cp_async16(sb + S::X + dst + i * 16 * 128, Aq + (x + i * 16 * K + k0),
-                       (mask >> (8 + i)) & 1);
-        }
-        const uint32_t sbk = kt >> 1;
-        const uint8_t* tw = Tw + (sbk * (Np / 128) + n0 / 128) * (uint32_t)WBLK;
-        const uint8_t* tt = Tt + (sbk * (Mp / 128) + m0 / 128) * (uint32_t)TBLK;
-        // (the table loops stay rolled: the producer has 40 registers)
-        if (kt & 1) {   // mc of chunks 4..7 and Tma (640 pieces); B and dc (544)
-#pragma unroll 1
-            for (int u = tid; u < (WBLK - WH0) / 16; u += 128)
-                cp_async16(sb + S::WT + u * 16, tw + WH0 + u * 16, true);
-#pragma unroll 1
-            for (int u = tid; u < (TBLK - TH0) / 16; u += 128)
-                cp_async16(sb + S::TT + u * 16, tt + TH0 + u * 16, true);
-        } else {        // mc of chunks 0..3 and b (160 pieces); r (32)
-#pragma unroll 1
-            for (int u = tid; u < WH0 / 16; u += 128)
-                cp_async16(sb + S::WT + u * 16, tw + u * 16, true);
-            if (tid < TH0 / 16) cp_async16(sb + S::TT + tid * 16, tt + tid * 16, true);
-        }
-    }
-};
+// One stage into slot `st`: the weight piece w (wbytes: the image of its 128 k, the tables'
+// part) and the token piece t of a super-block's operand blocks, one bulk copy each, completing
+// on the slot's `full` barrier (issued by one thread)
+__device__ __forceinline__ void copy_stage(uint32_t st, uint32_t full, const uint8_t* w,
+                                           uint32_t wbytes, const uint8_t* t, uint32_t tbytes) {
+    wgmma::mbar_expect_tx(full, wbytes + tbytes);
+#ifndef SB_DIAG_NOCOPY
+    wgmma::bulk_copy(st + SbSmem::W, w, wbytes, full);
+    wgmma::bulk_copy(st + SbSmem::X, t, tbytes, full);
+#else
+    wgmma::mbar_complete_tx(full, wbytes + tbytes);
+#endif
+}
 
 // z[k] += S (the chunk's s32 fragment read as f32 denormals) * the factor of its row (m.x for
 // the thread's row g, m.y for g + 8)
 __device__ __forceinline__ void fold(float (&z)[64], const int (&d)[64], float2 m) {
+#ifdef SB_DIAG_NOFOLD
+    return;
+#endif
 #pragma unroll
     for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m.y : m.x, z[k]);
 }
@@ -210,10 +194,8 @@ __device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, i
 }
 
 template <bool RED>
-__device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
-                                             const uint8_t* __restrict__ Tt,
-                                             const uint8_t* __restrict__ Wq,
-                                             const uint8_t* __restrict__ Tw, float* C, int M,
+__device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
+                                             const uint8_t* __restrict__ Wb, float* C, int M,
                                              int N, int K, int dp, float4* ws, int* flags) {
     using S = SbSmem;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -222,11 +204,10 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
     const uint8_t* sbase = smem_raw + (base - raw);
     const uint32_t bars = base + STAGES * S::STAGE;   // full[s] at 8s, empty[s] at 8(STAGES + s)
     const int ntok = (M + BM - 1) / BM, ntiles = ntok * ((N + BN - 1) / BN);
-    const int Mp = ntok * BM, Np = (N + BN - 1) / BN * BN;
     const int KS = K / 256;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
-            wgmma::mbar_init(bars + 8 * s, 128);
+            wgmma::mbar_init(bars + 8 * s, 1);
             wgmma::mbar_init(bars + 8 * (STAGES + s), T);
         }
     }
@@ -234,17 +215,27 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
     wgmma::TileSched sched{ntiles, dp, KS, 0};
     wgmma::Work w;
     uint32_t it = 0;   // the block's running stage count: stage it lives in slot it % STAGES
-    if (threadIdx.x < 128) {   // producer
+    if (threadIdx.x < 128) {   // producer: one thread issues every copy
         wgmma::setmaxnreg_dec<PRODUCER_REGS>();
-        const int tid = threadIdx.x;
-        while (sched.next(w)) {
-            const int m0 = (w.tile % ntok) * BM, n0 = (w.tile / ntok) * BN;
-            const SbCopier cp(m0, n0, M, N, K, tid);
-            for (int kt = 2 * w.k0; kt < 2 * w.k1; ++kt, ++it) {
-                const uint32_t slot = it % STAGES;
-                wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
-                cp.copy(base + slot * S::STAGE, kt, Wq, Tw, Aq, Tt, K, Np, Mp, m0, n0, tid);
-                wgmma::mbar_arrive_cp_async(bars + 8 * slot);
+        if (threadIdx.x != 0) return;
+        // (32-bit offsets: the launcher keeps both operands under 2^31 bytes)
+        const uint32_t wstep = (N + BN - 1) / BN * sbop::WOP, tstep = ntok * sbop::TOP;
+        // (ntiles made opaque per item: hoisting next()'s 64-bit products spilled at 40 registers)
+        while (true) {
+            asm volatile("" : "+r"(sched.ntiles));
+            if (!sched.next(w)) break;
+            // the item's super-blocks: their blocks are wstep / tstep apart
+            uint32_t wo = w.tile / ntok * sbop::WOP + w.k0 * wstep;
+            uint32_t to = w.tile % ntok * sbop::TOP + w.k0 * tstep;
+            for (int q = w.k0; q < w.k1; ++q, wo += wstep, to += tstep) {
+#pragma unroll
+                for (int s = 0; s < 2; ++s, ++it) {
+                    const uint32_t slot = it % STAGES;
+                    wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
+                    copy_stage(base + slot * S::STAGE, bars + 8 * slot, Wb + wo + s * (IMG + WH0),
+                               s ? IMG + WBLK - WH0 : IMG + WH0, Tt + to + s * (IMG + TH0),
+                               s ? IMG + TBLK - TH0 : IMG + TH0);
+                }
             }
         }
         return;
@@ -267,8 +258,7 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
             const uint8_t* p0 = sbase + s0 * S::STAGE;
             const uint8_t* p1 = sbase + s1 * S::STAGE;
             // ---- first stage: chunks 0..3 issued, 0..2 folded ----
-            wgmma::mbar_wait(bars + 8 * s0, (it / STAGES) & 1);
-            wgmma::fence_proxy_async();
+            wgmma::mbar_wait(bars + 8 * s0, (it / STAGES) & 1);   // (bulk copies: async proxy)
             rescale(z, reinterpret_cast<const float4*>(p0 + S::TT),
                     reinterpret_cast<const float2*>(p0 + S::WT + 2048)[pair], t);
             // descriptors: a k-step of 32 bytes is +2 in the start-address field
@@ -288,7 +278,6 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
             }
             // ---- second stage: chunks 4..7 issued, 3..7 folded, the min term ----
             wgmma::mbar_wait(bars + 8 * s1, ((it + 1) / STAGES) & 1);
-            wgmma::fence_proxy_async();
             const uint64_t a1 = wgmma::sw128_desc(o1 + S::W + cw * 64 * 128);
             const uint64_t b1 = wgmma::sw128_desc(o1 + S::X);
             uint4 h, l;   // the min term's A operand (loaded under chunk 6's fold)
@@ -354,15 +343,13 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Aq,
 #undef SB_R64
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-mmq_sb_q4k(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Tt,
-            const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M, int N,
-            int K, int dp, float4* ws, int* flags) {
-    mmq_sb_body<false>(Aq, Tt, Wq, Tw, C, M, N, K, dp, ws, flags);
+mmq_sb_q4k(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C, int M,
+            int N, int K, int dp, float4* ws, int* flags) {
+    mmq_sb_body<false>(Tt, Wb, C, M, N, K, dp, ws, flags);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-mmq_sb_q4k_acc(const uint8_t* __restrict__ Aq, const uint8_t* __restrict__ Tt,
-                const uint8_t* __restrict__ Wq, const uint8_t* __restrict__ Tw, float* C, int M,
-                int N, int K, int dp, float4* ws, int* flags) {
-    mmq_sb_body<true>(Aq, Tt, Wq, Tw, C, M, N, K, dp, ws, flags);
+mmq_sb_q4k_acc(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C,
+                int M, int N, int K, int dp, float4* ws, int* flags) {
+    mmq_sb_body<true>(Tt, Wb, C, M, N, K, dp, ws, flags);
 }

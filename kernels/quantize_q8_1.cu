@@ -19,8 +19,8 @@
 //            same for its 8 chunks) and s the chunk's sum; one warp per 256, K % 256 == 0.
 //          quantize_q8s_split_s8(_f16)(...): the same with Aq = q as int8 (no +128), for
 //            mmq_sb_q6k.cu's signed wgmma.
-//          sb_token_tables(const float2* Ta, uint8_t* Tt, int K, int Mp): mmq_sb_q4k.cu's
-//            per-token tables from a q8s split's Ta (at the entry).
+//          sb_token_tables(const uint8_t* Aq, const float2* Ta, uint8_t* Tt, int M, int K,
+//            int Mp): mmq_sb_q4k.cu's token operand from a q8s split (at the entry).
 //          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
 //          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
 //            x = f16(silu(g) * u) (g, u f32 rows of stride ldg, 16-byte aligned, ldg % 4 == 0),
@@ -32,6 +32,7 @@
 // (ceil(M*K/32 / 32)), block 256. K % 32 == 0. (One warp per block with one value per lane spent
 // ~20 us on [512, 4096]: ten shuffles and a division chain per value, latency-bound.)
 #include "mmq_common.cuh"
+#include "mmq_sb_layout.cuh"
 #include "swiglu.cuh"
 
 struct Q8Lane { int q[4]; int s, hs; float d; };   // this lane's 4 values, block / half sums, f32 d
@@ -255,16 +256,20 @@ extern "C" __global__ void quantize_q8_1_split6_swiglu(const float* g, const flo
     quantize_split6(Swiglu{g, u, ldg, K}, Xq, Tx, M, K);
 }
 
-// mmq_sb_q4k.cu's per-token tables (numpy twin: minfer.quants.mmq_sb_ref.sb_tokens_ref), one
-// thread per (super-block sb, token m < Mp), from Ta (quantize_q8s_split). In the 9216-byte block
-// of (sb, m / 128): dc = da 2^75 of the super-block (1 where its block is all zero) at byte
-// 8704 and r = dc of the previous super-block / dc (1 / dc on the first, where z is still 0)
-// at byte 0, both f32 [128] at the fold's position of m % 128 (16 (i / 2) + 4t + 2 (i % 2) + e
-// for m = 8i + 2t + e); at byte 512 the min term's B operand da sa_c / dc as tf32 (hi, lo) in
-// 8 x 16-byte core matrices ([hi | lo][16 token groups][chunks 0..3 | 4..7][8 tokens][4 chunks]).
+// mmq_sb_q4k.cu's token operand (mmq_sb_layout.cuh; numpy twin:
+// minfer.quants.mmq_sb_ref.sb_tokens_ref), one thread per (super-block sb, token m < Mp), from
+// the q8s split (Aq, Ta; quantize_q8s_split). In the block of (sb, m / 128): row m % 128 of the
+// two stage images (Aq's bytes; zeros for m >= M) and the tables: dc = da 2^75 of the
+// super-block (1 where its block is all zero) at table byte 8704 and r = dc of the previous
+// super-block / dc (1 / dc on the first, where z is still 0) at byte 0, both f32 [128] at the
+// fold's position of m % 128 (16 (i / 2) + 4t + 2 (i % 2) + e for m = 8i + 2t + e); at byte
+// 512 the min term's B operand da sa_c / dc as tf32 (hi, lo) in 8 x 16-byte core matrices
+// ([hi | lo][16 token groups][chunks 0..3 | 4..7][8 tokens][4 chunks]).
 // Grid ceil(K/256 * Mp / 256), block 256.
-extern "C" __global__ void sb_token_tables(const float2* __restrict__ Ta, uint8_t* __restrict__ Tt,
-                                           int K, int Mp) {
+extern "C" __global__ void sb_token_tables(const uint8_t* __restrict__ Aq,
+                                           const float2* __restrict__ Ta, uint8_t* __restrict__ Tt,
+                                           int M, int K, int Mp) {
+    using namespace sbop;
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)(K / 256) * Mp) return;
     const int sb = (int)(i / Mp), m = (int)(i % Mp), mm = m % 128;
@@ -275,11 +280,15 @@ extern "C" __global__ void sb_token_tables(const float2* __restrict__ Ta, uint8_
         const float px = Ta[(size_t)(8 * sb - 8) * Mp + m].x;
         prev = px != 0.f ? px : 1.f;
     }
-    uint8_t* tb = Tt + ((size_t)sb * (Mp / 128) + m / 128) * 9216;
+    uint8_t* ob = Tt + ((size_t)sb * (Mp / 128) + m / 128) * TOP;
+    const uint4* src = reinterpret_cast<const uint4*>(Aq + (size_t)m * K + (size_t)sb * 256);
+    for (int c = 0; c < 16; ++c)
+        *reinterpret_cast<uint4*>(ob + image_at(c >> 3, mm, c & 7, TH0)) =
+            m < M ? src[c] : make_uint4(0, 0, 0, 0);
     const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
-    reinterpret_cast<float*>(tb)[pos] = __fdiv_rn(prev, dc);
-    reinterpret_cast<float*>(tb + 8704)[pos] = dc;
-    uint32_t* B = reinterpret_cast<uint32_t*>(tb + 512) + (mm / 8) * 64 + (mm % 8) * 4;
+    reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
+    reinterpret_cast<float*>(ob + table_at(8704, TH0))[pos] = dc;
+    uint32_t* B = reinterpret_cast<uint32_t*>(ob + table_at(512, TH0)) + (mm / 8) * 64 + (mm % 8) * 4;
     for (int c = 0; c < 8; ++c) {
         uint32_t hi, lo;
         tf32_split(__fdiv_rn(Ta[(size_t)(8 * sb + c) * Mp + m].y, dc), hi, lo);

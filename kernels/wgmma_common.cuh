@@ -104,8 +104,8 @@ __device__ __forceinline__ void ring_next(const Cp& cp, uint32_t base, int kt, i
     else gemm_f16::cp_async_commit();
 }
 
-// ---- warp specialization (mmq_sb_q4k.cu): mbarriers in shared memory, register reallocation
-// between the producer and the consumer warpgroups ----
+// ---- warp specialization (mmq_sb_q4k.cu): mbarriers in shared memory, bulk copies, register
+// reallocation between the producer and the consumer warpgroups ----
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -121,9 +121,23 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
                  : "memory");
 }
-// arrive once every cp.async this thread issued so far has landed
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+// arrive (one of the barrier's count) and expect `bytes` more of transactions in this phase
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n"
+                 ::"r"(bar), "r"(bytes) : "memory");
+}
+// count `bytes` of the phase's transactions done without a copy (timing diagnostics)
+__device__ __forceinline__ void mbar_complete_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+// bulk copy (the TMA engine, no tensor map) of `bytes` contiguous global bytes to shared
+// memory (both 16-byte aligned, bytes % 16 == 0), completing as transactions on `bar`
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {

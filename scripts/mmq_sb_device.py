@@ -11,6 +11,7 @@ python3 scripts/mmq_sb_device.py [--types q4_K,q6_K] ["NAME=-DOPT,-DOPT2" ...]
    kernel, then each SB variant, N = 4096 also as C +=, then both prepasses); median and
    p90-p10 over 7 rounds. SB_SHAPES=NxK,... restricts the q4_K shapes (quick A/B calls),
    SB_M sets M.
+SB_NOCHECK=1 skips steps 1-2 (timing-only builds such as the kernel's SB_DIAG_* options).
 Prints a table last.
 """
 
@@ -51,18 +52,19 @@ def check(rt, rng, qt, variants) -> int:
         print(f"{tn} q8s split {xin.dtype} bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
         fails += not ok
     r = repack_sb(rt, da.to_device(rt, w), qt, N, K)
-    got = (r.wp, r.ts) if q6 else (r.wq, r.tw)
-    ok = all(same(a, b) for a, b in zip(got, (repack_q6k_sb_ref if q6 else repack_q4k_sb_ref)(
-        w, N, K)))
+    got, want = ((r.wp, r.ts), repack_q6k_sb_ref(w, N, K)) if q6 else (
+        (r.wb,), (repack_q4k_sb_ref(w, N, K),))
+    ok = all(same(a, b) for a, b in zip(got, want))
     print(f"{tn} sb repack bitwise {N}x{K}: {'OK' if ok else 'MISMATCH'}")
     fails += not ok
-    if not q6:   # the per-token tables, an all-zero super-block included
+    if not q6:   # the token operand, an all-zero super-block included
         x0 = x.copy()
         x0[3, 256:512] = 0
         ok = True
-        for t_ in (split_q8s_ref(x)[1], split_q8s_ref(x0)[1]):
-            ok &= same(sb_tokens(rt, da.to_device(rt, t_), K), sb_tokens_ref(t_, M, K))
-        print(f"{tn} sb token tables bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
+        for a_, t_ in (split_q8s_ref(x), split_q8s_ref(x0)):
+            ok &= same(sb_tokens(rt, da.to_device(rt, a_), da.to_device(rt, t_)),
+                       sb_tokens_ref(a_, t_, M, K))
+        print(f"{tn} sb token operand bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
         fails += not ok
     for (M, N, K) in ((77, 333, 1280), (1, 8, 256), (128, 64, 256), (300, 1000, 4096),
                       (129, 200, 512), (65, 129, 768), (512, 1000, 4096)):
@@ -103,7 +105,7 @@ def time_all(rt, rng, qt, variants):
         out = da.empty(rt, (M, N), np.float32)
         runs = [("wgmma", lambda i: mmq_wgmma_linear(rt, sp, wg[i % 3], M, N, K, out))]
         if not q6:
-            sq = (*sq, sb_tokens(rt, sq[1], K))   # q4_K's operand: the split and its token tables
+            sq = (*sq, sb_tokens(rt, *sq))   # q4_K's operand: the split and its token blocks
         runs += [(name, (lambda o: lambda i: mmq_sb_linear(rt, sq, sb[i % 3], M, N, K, out,
                                                            build_opts=o))(opts))
                  for name, opts in variants]
@@ -116,7 +118,7 @@ def time_all(rt, rng, qt, variants):
         runs += [("split " + ("q8_1x2" if q6 else "q8_1"), lambda i: splitw(rt, xd, *sp)),
                  ("split q8s", lambda i: split_q8s(rt, xd, *sq[:2], signed=q6))]
         if not q6:
-            runs += [("sb token tables", lambda i: sb_tokens(rt, sq[1], K, sq[2]))]
+            runs += [("sb token operand", lambda i: sb_tokens(rt, *sq))]
         for name, (us, spread) in interleaved(rt, runs).items():
             rows.append((NAME[qt], f"{N}x{K}", name, us, 2 * M * N * K / us / 1e6, spread))
         for a in raws:
@@ -135,7 +137,7 @@ def main(args: list[str]) -> int:
     variants = [(s.split("=", 1)[0], tuple(o for o in s.split("=", 1)[1].split(",") if o))
                 for s in args] or [("sb", ())]
     fails, rows = 0, []
-    for qt in types:
+    for qt in types if not os.environ.get("SB_NOCHECK") else ():
         fails += check(rt, rng, qt, variants)
     for qt in types:
         rows += time_all(rt, rng, qt, variants)

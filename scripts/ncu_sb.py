@@ -26,7 +26,7 @@ w = repack_sb(rt, raw, qt, N, K)
 x = da.to_device(rt, rng.standard_normal((M, K)).astype(np.float32))
 sq = split_q8s(rt, x, signed=qt == 14)
 if qt == 12:
-    sq = (*sq, sb_tokens(rt, sq[1], K))
+    sq = (*sq, sb_tokens(rt, *sq))
 out = da.empty(rt, (M, N), np.float32)
 for _ in range(3):
     mmq_sb_linear(rt, sq, w, M, N, K, out, build_opts=opts)

@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.cuda.mmq_sb import sb_smem, sb_table_bytes, sb_token_bytes
+from minfer.cuda.mmq_sb import sb_smem, sb_token_bytes, sb_weight_bytes
 from minfer.quants.mmq_ref import decode_q4k, mmq_linear_ref
-from minfer.quants.mmq_sb_ref import (block_tm_sb, emulate_sb_q4k, mmq_sb_linear_ref,
-                                      quantize_q8s, repack_q4k_sb_ref, sb_pos, sb_scales,
-                                      sb_tokens_ref, split_q8s_ref, unblock_tm_sb)
+from minfer.quants.mmq_sb_ref import (SB_TH0, SB_WH0, block_tm_sb, emulate_sb_q4k,
+                                      mmq_sb_linear_ref, quantize_q8s, repack_q4k_sb_ref,
+                                      sb_image, sb_operand_parts, sb_pos, sb_q4k_tables_ref,
+                                      sb_scales, sb_token_tables_ref, sb_tokens_ref, sb_unimage,
+                                      split_q8s_ref, unblock_tm_sb)
 from minfer.quants.mmq_wgmma_ref import pad_rows
 from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
 from test_mmq_wgmma import _Rt, rand_q4k, rand_q6k
@@ -63,10 +65,15 @@ def test_repack_sb_fields():
     rng = np.random.default_rng(2)
     N, K = 150, 512
     w = rand_q4k(rng, N, K)
-    wq, tw = repack_q4k_sb_ref(w, N, K)
+    wq, tw = sb_q4k_tables_ref(w, N, K)
     dsv, dmv, v = decode_q4k(w, N, K)
     sc = sb_scales(w, N, K)
-    assert np.array_equal(wq, v) and wq.max() <= 15 and tw.nbytes == sb_table_bytes(N, K)
+    assert np.array_equal(wq, v) and wq.max() <= 15
+    # the operand blocks: the images and the tables, split at the first stage's part
+    wb = repack_q4k_sb_ref(w, N, K)
+    assert wb.nbytes == sb_weight_bytes(N, K)
+    img, tab = sb_operand_parts(wb, SB_WH0)
+    assert np.array_equal(tab, tw) and np.array_equal(sb_unimage(img, N), v)
     blk = tw.view(np.float32).reshape(K // 256, pad_rows(N) // 128, 3200)
     d = dsv[:, ::8] / sc[:, ::8].clip(1)   # (sc may be 0: compare where it is not)
 
@@ -107,9 +114,12 @@ def test_sb_token_tables():
     M, K = 150, 768
     x = rng.standard_normal((M, K)).astype(np.float32)
     x[7, 256:512] = 0
-    _, ta = split_q8s_ref(x)
-    tt = sb_tokens_ref(ta, M, K)
-    assert tt.nbytes == sb_token_bytes(M, K)
+    aq, ta = split_q8s_ref(x)
+    tt = sb_token_tables_ref(ta, M, K)
+    op = sb_tokens_ref(aq, ta, M, K)
+    assert op.nbytes == sb_token_bytes(M, K)
+    img, tab = sb_operand_parts(op, SB_TH0)
+    assert np.array_equal(tab, tt) and np.array_equal(sb_unimage(img, M), aq)
     t = tt.view(np.float32).reshape(K // 256, pad_rows(M) // 128, 2304)
     pos = sb_pos()
     assert sorted(pos) == list(range(128))
@@ -139,8 +149,7 @@ def test_sb_algebra_matches_oracle(M, N, K):
         x[M // 2, :256] = 0   # an all-zero super-block: its unit stays finite
     ref = mmq_sb_linear_ref(x, w, M, N, K)
     aq, ta = split_q8s_ref(x)
-    wq, tw = repack_q4k_sb_ref(w, N, K)
-    args = (aq, sb_tokens_ref(ta, M, K), wq, tw, M, N, K)
+    args = (sb_tokens_ref(aq, ta, M, K), repack_q4k_sb_ref(w, N, K), M, N, K)
     assert np.linalg.norm(emulate_sb_q4k(*args) - ref) / np.linalg.norm(ref) < 1e-5
     if K > 256:
         bad = emulate_sb_q4k(*args, rescale=False)
@@ -156,22 +165,41 @@ def test_integer_sums_fit_a_denormal():
     assert 32 * 255 * 15 < 2**23
 
 
-def test_sb_table_blocks_match_kernel():
-    """The table block sizes (and each block's first-stage part) of mmq_sb_q4k.cu are the twins'
-    SB_WBLK / SB_TBLK, and the twins' blocks have those sizes."""
-    from minfer.quants.mmq_sb_ref import SB_TBLK, SB_WBLK
+def test_sb_image_swizzle():
+    """An image holds row r's 16-byte chunk c at r * 128 + (c ^ r % 8) * 16, per (super-block,
+    tile, stage); rows past the matrix are zero; sb_unimage inverts it."""
+    rng = np.random.default_rng(6)
+    a = rng.integers(0, 256, (150, 768), dtype=np.uint8)
+    img = sb_image(a, 256)
+    assert img.shape == (3, 2, 2, 16384)
+    for row, k in ((0, 0), (130, 256 + 128 + 5 * 16), (149, 767), (7, 300)):
+        sbk, s, c, r = k // 256, k % 256 // 128, k % 128 // 16, row % 128
+        at = r * 128 + ((c ^ (r % 8)) << 4) + k % 16
+        assert img[sbk, row // 128, s, at] == a[row, k]
+    assert not img[:, 1, :, (150 - 128) * 128:].any()
+    assert np.array_equal(sb_unimage(img, 150), a)
 
-    src = (KDIR / "mmq_sb_q4k.cu").read_text()
+
+def test_sb_operand_blocks_match_kernel():
+    """The operand layout of kernels/mmq_sb_layout.cuh (table sizes, first-stage parts, block
+    sizes) is the twins', and the twins' blocks have those sizes: the kernel's bulk copies take
+    [image | tables' first part] and [image | the rest]."""
+    from minfer.quants.mmq_sb_ref import SB_TBLK, SB_TOP, SB_WBLK, SB_WOP
+
+    src = (KDIR / "mmq_sb_layout.cuh").read_text()
     w = re.search(r"constexpr int WBLK = (\d+), WH0 = (\d+);", src)
     t = re.search(r"constexpr int TBLK = (\d+), TH0 = (\d+);", src)
-    assert w and t
-    assert (int(w[1]), int(t[1])) == (SB_WBLK, SB_TBLK)
+    o = re.search(r"static_assert\(WOP == (\d+) && TOP == (\d+)", src)
+    assert w and t and o
+    assert (int(w[1]), int(t[1]), int(w[2]), int(t[2])) == (SB_WBLK, SB_TBLK, SB_WH0, SB_TH0)
+    assert (int(o[1]), int(o[2])) == (SB_WOP, SB_TOP) == (32768 + SB_WBLK, 32768 + SB_TBLK)
     # first stage: mc of chunks 0..3 and b (weights), r (tokens)
-    assert (int(w[2]), int(t[2])) == (4 * 512 + 512, 512)
+    assert (SB_WH0, SB_TH0) == (4 * 512 + 512, 512)
     rng = np.random.default_rng(4)
-    _, tw = repack_q4k_sb_ref(rand_q4k(rng, 8, 512), 8, 512)
-    _, ta = split_q8s_ref(rng.standard_normal((3, 512)).astype(np.float32))
-    assert tw.shape == (2, 1, SB_WBLK) and sb_tokens_ref(ta, 3, 512).shape == (2, 1, SB_TBLK)
+    aq, ta = split_q8s_ref(rng.standard_normal((3, 512)).astype(np.float32))
+    assert repack_q4k_sb_ref(rand_q4k(rng, 8, 512), 8, 512).shape == (2, 1, SB_WOP)
+    assert sb_tokens_ref(aq, ta, 3, 512).shape == (2, 1, SB_TOP)
+    assert sb_token_tables_ref(ta, 3, 512).shape == (2, 1, SB_TBLK)
 
 
 def test_sb_smem_matches_kernel():
@@ -331,6 +359,6 @@ def test_sb_linear_refuses_oversized_problems():
     from minfer.errors import GPUError
 
     for M, N, K in ((1 << 19, 4096, 4096), (512, 1 << 19, 4096)):
-        w = SbQ4K(None, None, N, K)
+        w = SbQ4K(None, N, K)
         with pytest.raises(GPUError, match="too large"):
             mmq_sb_linear(None, None, w, M, N, K, None)

@@ -193,11 +193,11 @@ class CudaBackend:
             if sbq:   # (then every q4_K / q6_K route of the type is SB: its scratch is free)
                 from minfer.cuda.mmq_sb import sb_tokens, sb_views, split_q8s
 
-                if Q4_K in sbq:   # q + 128 and the per-token tables
+                if Q4_K in sbq:   # q + 128, then the token operand (images and tables)
                     aq, ta, tt = sb_views(self.q8s, M, K)
                     da.poison(self.rt, aq, ta, tt)
                     split_q8s(self.rt, A, aq, ta)
-                    out["q8s"] = (aq, ta, sb_tokens(self.rt, ta, K, tt))
+                    out["q8s"] = (aq, ta, sb_tokens(self.rt, aq, ta, tt))
                 if Q6_K in sbq:   # signed bytes, in the split6 scratch
                     aq, ta = split_views(self.q8s6, M, K)
                     da.poison(self.rt, aq, ta)

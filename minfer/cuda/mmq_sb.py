@@ -6,9 +6,12 @@ repack_q6k_sb in mmq_repack.cu, the q8s split and sb_token_tables entries of qua
     minfer.quants.mmq_sb_ref.mmq_sb_linear_ref, the bit-exact operand twins live there too.
 
 q4_K (kernels/mmq_sb_q4k.cu): one byte per weight value (the nibble) plus 50 B of tables per
-256 (1.2 B per value); per chunk the tensor core sums 32 products and one FFMA per C value
-folds the sub-scale in, the activation scale once per super-block (per-token tables from
-`sb_tokens`). Warp-specialized: a producer warpgroup copies into a 4-slot ring, two consumer
+256 (1.39 B per value); per chunk the tensor core sums 32 products and one FFMA per C value
+folds the sub-scale in, the activation scale once per super-block (per-token tables). Both
+operands come as blocks per (super-block, 128-row / 128-token tile) that hold the shared-memory
+images of the tiles and their tables (mmq_sb_ref.sb_operand): the weight from
+`repack_q4k_sb`, the tokens from `sb_tokens` after the q8s split. Warp-specialized: one
+producer thread bulk-copies each stage (two copies) into a 4-slot ring, two consumer
 warpgroups own 64 weight rows each of a 128 x 128 tile. Persistent with stream-K over
 super-blocks (minfer.cuda.stream_k). sm_90 only.
 
@@ -28,7 +31,7 @@ from minfer.cuda.mmq import launch_prepass
 from minfer.cuda.mmq_wgmma import (check_raw, launch_persistent, split_scratch_bytes,
                                    split_views, zeroed)
 from minfer.errors import GPUError
-from minfer.quants.mmq_sb_ref import SB_TBLK, SB_WBLK
+from minfer.quants.mmq_sb_ref import SB_TOP, SB_WOP
 from minfer.quants.mmq_wgmma_ref import pad_rows
 
 Q4_K, Q6_K = 12, 14
@@ -37,9 +40,9 @@ SB6_BN = 64   # q6_K tiles: 128 tokens x 64 rows (three m64n64 accumulators per 
 
 
 def sb_smem() -> int:
-    """Dynamic smem of mmq_sb_q4k (SbSmem::BYTES): 4 slots of 51 KB (the weight and token
-    tiles 128 x 128 B each, the stage's parts of the two table blocks); + 1 KB alignment and
-    8 mbarriers."""
+    """Dynamic smem of mmq_sb_q4k (SbSmem::BYTES): 4 slots of 51 KB (a stage's pieces of the
+    weight and token blocks: the tiles' images, 128 x 128 B each, and their tables' parts);
+    + 1 KB alignment and 8 mbarriers."""
     return 4 * 51 * 1024 + 1024 + 64
 
 
@@ -49,19 +52,15 @@ def sb6_smem() -> int:
     return 3 * (SB_BM * 128 + 3 * SB6_BN * 128 + SB_BM * 8 + SB6_BN * 16) + 1024
 
 
-def sb_table_bytes(N: int, K: int) -> int:
-    """The q4_K tables: one SB_WBLK block per super-block and 128-row tile."""
-    return K // 256 * (pad_rows(N) // 128) * SB_WBLK
-
-
 def sb_token_bytes(M: int, K: int) -> int:
-    """The q4_K kernel's per-token tables of an [M, K] activation (`sb_tokens`)."""
-    return K // 256 * (pad_rows(M) // 128) * SB_TBLK
+    """The q4_K kernel's token operand of an [M, K] activation (`sb_tokens`): one SB_TOP block
+    per super-block and 128-token tile."""
+    return K // 256 * (pad_rows(M) // 128) * SB_TOP
 
 
 def sb_split_bytes(M: int, K: int) -> int:
     """Bytes of a q4_K SB operand [M, K] in one scratch (`sb_views`): the split, then the
-    per-token tables at a 16-byte aligned offset."""
+    token operand at a 16-byte aligned offset."""
     n = split_scratch_bytes(M, K)
     return n + (-n) % 16 + sb_token_bytes(M, K)
 
@@ -74,25 +73,24 @@ def sb_views(buf, M: int, K: int):
     if buf.nbytes < off + sb_token_bytes(M, K):
         raise GPUError(f"q8s scratch holds {buf.nbytes} B, [{M}, {K}] needs "
                        f"{off + sb_token_bytes(M, K)}")
-    tt = da.view(da.ptr(buf) + off, (K // 256, pad_rows(M) // 128, SB_TBLK), np.uint8, base=buf)
+    tt = da.view(da.ptr(buf) + off, (K // 256, pad_rows(M) // 128, SB_TOP), np.uint8, base=buf)
     return aq, ta, tt
 
 
 def sb_weight_bytes(N: int, K: int, qtype: int = Q4_K) -> int:
-    """Device bytes of an SbQ4K / SbQ6K [N, K]: the weight bytes (q6_K: three planes) and the
-    tables."""
+    """Device bytes of an SbQ4K / SbQ6K [N, K]: q4_K one SB_WOP block per super-block and
+    128-row tile, q6_K three planes and the tables."""
     if int(qtype) == Q6_K:
         return 3 * N * K + pad_rows(N) * (K // 256) * 16
-    return N * K + sb_table_bytes(N, K)
+    return K // 256 * (pad_rows(N) // 128) * SB_WOP
 
 
 @dataclass
 class SbQ4K(da.DeviceArrays):
-    """A q4_K weight [N, K] in mmq_sb_q4k's layout: wq uint8 [N, K] (the nibbles), tw uint8
-    [K/256, Np/128, SB_WBLK] (chunk factors, bias, min-term operand per super-block and 128-row
-    tile)."""
-    wq: object
-    tw: object
+    """A q4_K weight [N, K] as mmq_sb_q4k's operand: wb uint8 [K/256, Np/128, SB_WOP], per
+    super-block and 128-row tile the nibbles' shared-memory images and the tables (chunk
+    factors, bias, min-term operand; mmq_sb_ref.repack_q4k_sb_ref)."""
+    wb: object
     N: int
     K: int
     qtype = Q4_K
@@ -130,26 +128,31 @@ def repack_sb(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight"):
 def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
     """raw q4_K device bytes [N, K/256*144] (16-byte aligned) -> SbQ4K."""
     check_raw("repack_q4k_sb", w_raw, N, K, 144, 16)
-    r = SbQ4K(da.empty(rt, (N, K), np.uint8, f"sb nibbles {what}"),
-              zeroed(rt, (K // 256, pad_rows(N) // 128, SB_WBLK), np.uint8,
-                     f"sb tables {what}"), N, K)
+    if sb_weight_bytes(N, K) >= 2**31:
+        raise GPUError(f"repack_q4k_sb: [{N}, {K}] is too large for the kernel's 32-bit offsets")
+    r = SbQ4K(zeroed(rt, (K // 256, pad_rows(N) // 128, SB_WOP), np.uint8, f"sb q4_K {what}"),
+              N, K)
     fn = rt.function("mmq_repack", "repack_q4k_sb")
     n = N * (K // 256)
-    rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wq), da.arg(r.tw),
-                                               np.int32(N), np.int32(K), np.int32(pad_rows(N))))
+    rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wb), np.int32(N),
+                                               np.int32(K), np.int32(pad_rows(N))))
     return r
 
 
-def sb_tokens(rt, ta, K: int, tt=None):
-    """Ta f32 [K/32, Mp, 2] (a q8s split) -> Tt uint8 [K/256, Mp/128, SB_TBLK], the per-token
-    tables of mmq_sb_q4k (into tt if given)."""
+def sb_tokens(rt, aq, ta, tt=None):
+    """A q8s split (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]) -> Tt uint8 [K/256, Mp/128, SB_TOP],
+    mmq_sb_q4k's token operand: per super-block and 128-token tile the images of Aq's rows
+    and the per-token tables (into tt if given)."""
+    M, K = aq.shape
     Mp = ta.shape[1]
-    t_shape = (K // 256, Mp // 128, SB_TBLK)
-    tt = da.empty(rt, t_shape, np.uint8, "sb token tables") if tt is None else tt
+    da.check("sb_tokens aq", aq, (M, K), np.uint8, align=16)
+    da.check("sb_tokens ta", ta, (K // 32, pad_rows(M), 2), np.float32, align=16)
+    t_shape = (K // 256, Mp // 128, SB_TOP)
+    tt = da.empty(rt, t_shape, np.uint8, "sb token operand") if tt is None else tt
     da.check("sb_tokens tt", tt, t_shape, np.uint8, align=16)
     n = (K // 256) * Mp
     rt.launch(rt.function("quantize_q8_1", "sb_token_tables"), ((n + 255) // 256,), (256,),
-              (da.arg(ta), da.arg(tt), np.int32(K), np.int32(Mp)))
+              (da.arg(aq), da.arg(ta), da.arg(tt), np.int32(M), np.int32(K), np.int32(Mp)))
     return tt
 
 
@@ -183,8 +186,8 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
     q6 = isinstance(w, SbQ6K)
     if M <= 0 or K % 256:
         raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
-    if (M * K >= 2**31 or (3 if q6 else 1) * N * K >= 2**31 or M * N >= 2**31 or
-            sb_table_bytes(N, K) >= 2**31 or sb_token_bytes(M, K) >= 2**31):
+    if (M * K >= 2**31 or (3 * N * K if q6 else sb_weight_bytes(N, K)) >= 2**31 or
+            M * N >= 2**31 or sb_token_bytes(M, K) >= 2**31):
         raise GPUError(f"mmq_sb_linear: [{M}, {N}, {K}] is too large for the kernels' 32-bit "
                        "offsets (every operand and table under 2^31 bytes)")
     if isinstance(x, tuple):
@@ -195,19 +198,18 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
         da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
         aq, ta = split_q8s(rt, x, signed=q6)   # (a split passed in must match: q6_K signed)
     da.check("mmq_sb_linear out", out, (M, N), np.float32)
-    if not q6:   # + the per-token tables (passed as x[2], or made here)
+    if not q6:   # the kernel reads the token operand (passed as x[2], or made here)
         if isinstance(x, tuple) and len(x) > 2:
             tt = x[2]
-            da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TBLK), np.uint8,
+            da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TOP), np.uint8,
                      align=16)
         else:
-            tt = sb_tokens(rt, ta, K)
+            tt = sb_tokens(rt, aq, ta)
         tiles = -(-M // SB_BM) * -(-N // SB_BN)
         launch_persistent(rt, "mmq_sb_q4k" + ("_acc" if accumulate else ""), "mmq_sb_q4k",
                           sb_smem(), tiles, K // 256,
-                          (da.arg(aq), da.arg(tt), da.arg(w.wq), da.arg(w.tw), da.arg(out),
-                           np.int32(M), np.int32(N), np.int32(K)), build_opts, stream_k, sms,
-                          block=384)
+                          (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
+                           np.int32(K)), build_opts, stream_k, sms, block=384)
         return
     tiles = -(-M // SB_BM) * -(-N // SB6_BN)
     launch_persistent(rt, "mmq_sb_q6k" + ("_acc" if accumulate else ""), "mmq_sb_q6k", sb6_smem(),
@@ -217,5 +219,5 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
 
 
 __all__ = ["SbQ4K", "SbQ6K", "repack_sb", "repack_q4k_sb", "sb_tokens", "sb_smem", "sb6_smem",
-           "sb_split_bytes", "sb_table_bytes", "sb_token_bytes", "sb_views", "sb_weight_bytes",
+           "sb_split_bytes", "sb_token_bytes", "sb_views", "sb_weight_bytes",
            "split_q8s", "mmq_sb_linear"]

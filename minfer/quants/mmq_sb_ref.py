@@ -16,14 +16,21 @@ chunk (hi, lo).
 - `split_q8s_ref(x)`: Aq uint8 [M, K] = q + 128 and Ta f32 [K/32, Mp, 2] = (da * 2^75, da * sa)
   per chunk (da the 256-block's f16-rounded scale, repeated over its 8 chunks; sa the chunk's
   sum of q). Mp = M rounded up to TPAD; rows >= M zero.
-- `repack_q4k_sb_ref(w_raw, N, K)`: Wq uint8 [N, K] = v; Tw [K/256, Np/128, 12800 B] per
+- `sb_q4k_tables_ref(w_raw, N, K)`: (v uint8 [N, K], Tw [K/256, Np/128, 12800 B]) per
   (super-block, 128-row tile) = [mc chunks 0..3 | b | mc chunks 4..7 | Tma], mc and b as
   float2 pairs (row r, row r+8) for the rows r % 16 < 8 (pair (r // 16) 8 + r % 8, 512 B a
   chunk), Tma the min term's register operand: per pair and t in 0..3 two uint4 (hi, lo) =
   (A[r][t], A[r+8][t], A[r][t+4], A[r+8][t+4]) (8 KB).
-- `sb_tokens_ref(ta, M, K)`: the q4_K kernel's per-token tables from the split's Ta, Tt
+- `sb_token_tables_ref(ta, M, K)`: the q4_K kernel's per-token tables from the split's Ta,
   [K/256, Mp/128, 9216 B] = [r | B | dc], r and dc f32 [128] in `sb_pos` order, B the min
   term's smem operand (`block_tm_sb` layout over tokens).
+- The kernel's operands put each (super-block, 128-row / 128-token tile) in one block that its
+  two 128-k stages copy as two contiguous pieces (one bulk copy each): [image of k 0..127 |
+  the tables' first-stage part | image of k 128..255 | the rest of the tables]. An image
+  (`sb_image`) is the 128 rows x 128 bytes exactly as the wgmma reads them from shared memory
+  (128-byte swizzle: 16-byte chunk c of row r at c ^ (r % 8); rows past the matrix zero).
+  `repack_q4k_sb_ref(w_raw, N, K)`: Wb [K/256, Np/128, SB_WOP] from v and Tw;
+  `sb_tokens_ref(aq, ta, M, K)`: Tt [K/256, Mp/128, SB_TOP] from Aq and the token tables.
 - `repack_q6k_sb_ref(w_raw, N, K)`: q6_K for kernels/mmq_sb_q6k.cu: Wp int8 [3, N, K] =
   a_i (q - 32) with sc = a0 + 7 a1 + 49 a2 (balanced base-7 digits in -3..3, `sb6_digits`) and
   Ts f32 [K/256, Np, 4] = (d, 7 d, 49 d, 0) * 2^-75; its activations are the q8s split with
@@ -96,6 +103,9 @@ def unblock_tm_sb(tm: np.ndarray, K: int, Np: int) -> tuple[np.ndarray, np.ndarr
 
 
 SB_WBLK, SB_TBLK = 12800, 9216   # bytes of a weight / token table block
+SB_WH0, SB_TH0 = 2560, 512       # their first stage's part: mc of chunks 0..3 and b; r
+SB_IMG = 128 * 128               # a stage's image: 128 rows x 128 k
+SB_WOP, SB_TOP = 2 * SB_IMG + SB_WBLK, 2 * SB_IMG + SB_TBLK   # the kernel's operand blocks
 
 
 def sb_pos() -> np.ndarray:
@@ -112,8 +122,8 @@ def _pairs(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 1, 2, 4, 3)).reshape(a.shape[0], -1, 64, 2)
 
 
-def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """raw q4_K bytes [N, K/256*144] -> (Wq uint8 [N, K], Tw uint8 [K/256, Np/128, 12800])."""
+def sb_q4k_tables_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
+    """raw q4_K bytes [N, K/256*144] -> (v uint8 [N, K], Tw uint8 [K/256, Np/128, 12800])."""
     _, dmv, v = decode_q4k(w_raw, N, K)                                         # dmv [N, K/32]
     d = q4k_scales(w_raw, N, K)[0]                                              # [N, K/256]
     sc = sb_scales(w_raw, N, K)                                                 # [N, K/32]
@@ -138,8 +148,8 @@ def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np
     return v.astype(np.uint8), np.ascontiguousarray(tw).view(np.uint8)
 
 
-def sb_tokens_ref(ta: np.ndarray, M: int, K: int) -> np.ndarray:
-    """Ta f32 [K/32, Mp, 2] (the q8s split) -> Tt uint8 [K/256, Mp/128, 9216]: dc = da 2^75 of
+def sb_token_tables_ref(ta: np.ndarray, M: int, K: int) -> np.ndarray:
+    """Ta f32 [K/32, Mp, 2] (the q8s split) -> uint8 [K/256, Mp/128, 9216]: dc = da 2^75 of
     the super-block (1 where its block is all zero), r = dc of the previous super-block / dc
     (1 / dc on the first, where z is still 0), B = da sa_c / dc as tf32 (hi, lo)."""
     ta = np.asarray(ta, np.float32)
@@ -163,12 +173,69 @@ def sb_tokens_ref(ta: np.ndarray, M: int, K: int) -> np.ndarray:
     return np.ascontiguousarray(tt).view(np.uint8)
 
 
-def emulate_sb_q4k(aq: np.ndarray, tt: np.ndarray, wq: np.ndarray, tw: np.ndarray, M: int,
-                N: int, K: int, rescale: bool = True) -> np.ndarray:
-    """mmq_sb_q4k.cu's arithmetic from the twins' operands (float64 sums; the kernel rounds to
-    f32 at every FMA): one work item over all of K. rescale=False drops the per-super-block
-    z = z r + b (a test that the algebra needs it)."""
+def sb_image(a: np.ndarray, Rp: int) -> np.ndarray:
+    """a uint8 [R, K] -> [K/256, Rp/128, 2, 16384]: per (super-block, 128-row tile, stage) the
+    shared-memory image of rows x 128 k with the 128-byte swizzle (16-byte chunk c of row r at
+    c ^ (r % 8)); rows R..Rp-1 zero."""
+    R, K = a.shape
+    x = np.zeros((Rp, K), np.uint8)
+    x[:R] = a
+    x = x.reshape(Rp // 128, 128, K // QK_SB, 2, 8, 16)        # tile, r, sb, stage, chunk, byte
+    return np.ascontiguousarray(_swizzle(x).transpose(2, 0, 3, 1, 4, 5)).reshape(
+        K // QK_SB, Rp // 128, 2, SB_IMG)
+
+
+def _swizzle(x: np.ndarray) -> np.ndarray:
+    """[tile, r, ..., 8 chunks, 16] -> position p holds chunk p ^ (r % 8) (an involution)."""
+    p = np.arange(8)[None, :] ^ (np.arange(128)[:, None] & 7)             # [r, p]
+    idx = p.reshape(1, 128, *([1] * (x.ndim - 4)), 8, 1)
+    return np.take_along_axis(x, np.broadcast_to(idx, x.shape), axis=x.ndim - 2)
+
+
+def sb_unimage(img: np.ndarray, R: int) -> np.ndarray:
+    """Inverse of sb_image: [K/256, Rp/128, 2, 16384] -> uint8 [R, K]."""
+    KS, T = img.shape[:2]
+    y = np.asarray(img, np.uint8).reshape(KS, T, 2, 128, 8, 16).transpose(1, 3, 0, 2, 4, 5)
+    return _swizzle(y).reshape(T * 128, KS * QK_SB)[:R]
+
+
+def sb_operand(img: np.ndarray, tab: np.ndarray, h0: int) -> np.ndarray:
+    """Stage images [KS, T, 2, 16384] and table blocks [KS, T, B] -> the kernel's blocks
+    [KS, T, 32768 + B] = [image 0 | tab[:h0] | image 1 | tab[h0:]]."""
+    return np.ascontiguousarray(np.concatenate(
+        [img[:, :, 0], tab[:, :, :h0], img[:, :, 1], tab[:, :, h0:]], axis=-1))
+
+
+def sb_operand_parts(op: np.ndarray, h0: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of sb_operand -> (images [KS, T, 2, 16384], tables [KS, T, B])."""
+    a = SB_IMG + h0
+    img = np.stack([op[..., :SB_IMG], op[..., a:a + SB_IMG]], axis=2)
+    return img, np.concatenate([op[..., SB_IMG:a], op[..., a + SB_IMG:]], axis=-1)
+
+
+def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> np.ndarray:
+    """raw q4_K bytes [N, K/256*144] -> Wb uint8 [K/256, Np/128, SB_WOP], mmq_sb_q4k's weight."""
+    v, tw = sb_q4k_tables_ref(w_raw, N, K)
+    return sb_operand(sb_image(v, pad_rows(N)), tw, SB_WH0)
+
+
+def sb_tokens_ref(aq: np.ndarray, ta: np.ndarray, M: int, K: int) -> np.ndarray:
+    """The q8s split (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]) -> Tt uint8 [K/256, Mp/128,
+    SB_TOP], mmq_sb_q4k's token operand."""
+    return sb_operand(sb_image(aq, np.asarray(ta).shape[1]), sb_token_tables_ref(ta, M, K),
+                      SB_TH0)
+
+
+def emulate_sb_q4k(tt_op: np.ndarray, wb: np.ndarray, M: int, N: int, K: int,
+                   rescale: bool = True) -> np.ndarray:
+    """mmq_sb_q4k.cu's arithmetic from the twins' operand blocks (Tt, Wb; float64 sums, the
+    kernel rounds to f32 at every FMA): one work item over all of K. rescale=False drops the
+    per-super-block z = z r + b (a test that the algebra needs it)."""
     KS, Np, Mp = K // QK_SB, pad_rows(N), pad_rows(M)
+    wimg, tw = sb_operand_parts(np.asarray(wb, np.uint8), SB_WH0)
+    timg, tt = sb_operand_parts(np.asarray(tt_op, np.uint8), SB_TH0)
+    wq, aq = sb_unimage(wimg, N), sb_unimage(timg, M)
+    tw, tt = np.ascontiguousarray(tw), np.ascontiguousarray(tt)
     w = tw.view(np.uint32).reshape(KS, Np // 128, 3200)
     t = tt.view(np.uint32).reshape(KS, Mp // 128, 2304)
     unp = np.argsort(np.arange(Np).reshape(-1, 2, 8).transpose(0, 2, 1).ravel())
@@ -251,7 +318,9 @@ def mmq_sb_linear_ref(x: np.ndarray, w_raw: np.ndarray, M: int, N: int, K: int,
     return xq @ _dequant(w_raw, qtype, N, K).T
 
 
-__all__ = ["QK_SB", "TPAD", "SB_WBLK", "SB_TBLK", "sb_pos", "sb_tokens_ref", "emulate_sb_q4k",
+__all__ = ["QK_SB", "TPAD", "SB_WBLK", "SB_TBLK", "SB_WH0", "SB_TH0", "SB_IMG", "SB_WOP",
+           "SB_TOP", "sb_pos", "sb_tokens_ref", "sb_token_tables_ref", "sb_q4k_tables_ref",
+           "sb_image", "sb_unimage", "sb_operand", "sb_operand_parts", "emulate_sb_q4k",
            "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
            "block_tm_sb", "unblock_tm_sb", "sb6_digits", "repack_q6k_sb_ref",
            "mmq_sb_linear_ref"]

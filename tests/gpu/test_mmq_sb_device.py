@@ -33,17 +33,21 @@ def test_split_and_repack_bitwise(hopper, same_bytes, qtype):
         got = split_q8s(rt, da.to_device(rt, xin), signed=q6)
         want = split_q8s_ref(xin.astype(np.float32), signed=q6)
         assert all(same_bytes(a, b) for a, b in zip(got, want))
-        if not q6:   # the per-token tables, an all-zero super-block included
+        if not q6:   # the token operand (images, tables), an all-zero super-block included
             x0 = xin.astype(np.float32)
             x0[3, 256:512] = 0
-            ta = split_q8s_ref(x0)[1]
-            got = sb_tokens(rt, da.to_device(rt, ta), 1280)
-            assert same_bytes(got, sb_tokens_ref(ta, 77, 1280))
+            aq, ta = split_q8s_ref(x0)
+            got = sb_tokens(rt, da.to_device(rt, aq), da.to_device(rt, ta))
+            assert same_bytes(got, sb_tokens_ref(aq, ta, 77, 1280))
     w = _rand(rng, qtype, 333, 1280)
     r = repack_sb(rt, da.to_device(rt, w), qtype, 333, 1280)
-    wp, tw = (repack_q6k_sb_ref if q6 else repack_q4k_sb_ref)(w, 333, 1280)
-    assert same_bytes(r.wp if q6 else r.wq, wp) and same_bytes(r.ts if q6 else r.tw, tw)
-    assert r.nbytes == wp.nbytes + tw.nbytes
+    if q6:
+        wp, tw = repack_q6k_sb_ref(w, 333, 1280)
+        assert same_bytes(r.wp, wp) and same_bytes(r.ts, tw)
+        assert r.nbytes == wp.nbytes + tw.nbytes
+    else:
+        wb = repack_q4k_sb_ref(w, 333, 1280)
+        assert same_bytes(r.wb, wb) and r.nbytes == wb.nbytes
 
 
 @pytest.mark.parametrize("qtype", [12, 14])
