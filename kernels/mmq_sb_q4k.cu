@@ -101,17 +101,6 @@ __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   
         : "l"(a), "l"(b));
 }
 
-// d = (acc ? d : 0) + A B (SB_DIAG_TWOPLANE)
-__device__ __forceinline__ void igmma_acc(int (&d)[64], uint64_t a, uint64_t b, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
-        SB_R64
-        "%64, %65, p;\n}\n"
-        : SB_D64
-        : "l"(a), "l"(b), "r"(acc));
-}
-
 // d (the f32 bits of an m64n128 fragment, in an s32 buffer) = (acc ? d : 0) + A (64x8 tf32 from
 // registers: a0 = row g, k t; a1 = row g+8, k t; a2, a3 the same rows at k t+4; 16 rows per
 // warp) * B (8x128 tf32, desc)
@@ -265,55 +254,6 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
         for (int q = 0; q < nsb; ++q) {   // super-blocks, their two stages unrolled: at the loop
             // edge no wgmma is in flight (ptxas would serialize every one)
             const uint32_t s0 = it % STAGES, s1 = (it + 1) % STAGES;
-#ifdef SB_DIAG_TWOPLANE
-            {   // timing only: two planes (both from the one image), one fold per super-block
-                const uint32_t o0 = base + s0 * S::STAGE, o1 = base + s1 * S::STAGE;
-                const uint8_t* p0 = sbase + s0 * S::STAGE;
-                const uint8_t* p1 = sbase + s1 * S::STAGE;
-                wgmma::mbar_wait(bars + 8 * s0, (it / STAGES) & 1);
-                rescale(z, reinterpret_cast<const float4*>(p0 + S::TT),
-                        reinterpret_cast<const float2*>(p0 + S::WT + 2048)[pair], t);
-                const uint64_t a0 = wgmma::sw128_desc(o0 + S::W + cw * 64 * 128);
-                const uint64_t b0 = wgmma::sw128_desc(o0 + S::X);
-                wgmma::fence();
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    igmma_acc(da, a0 + 2 * c, b0 + 2 * c, c);
-                    igmma_acc(db, a0 + 2 * c, b0 + 2 * c, c);
-                }
-                wgmma::commit();
-                wgmma::mbar_wait(bars + 8 * s1, ((it + 1) / STAGES) & 1);
-                const uint64_t a1 = wgmma::sw128_desc(o1 + S::W + cw * 64 * 128);
-                const uint64_t b1 = wgmma::sw128_desc(o1 + S::X);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    igmma_acc(da, a1 + 2 * c, b1 + 2 * c, 1);
-                    igmma_acc(db, a1 + 2 * c, b1 + 2 * c, 1);
-                }
-                wgmma::commit();
-                wgmma::wait<0>();
-                wgmma::mbar_arrive(bars + 8 * (STAGES + s0));
-                wgmma::fence_regs(da);
-                wgmma::fence_regs(db);
-                const float2 m = reinterpret_cast<const float2*>(p0 + S::WT)[pair];
-                fold(z, da, m);
-                fold(z, db, m);
-                const uint4* tma =
-                    reinterpret_cast<const uint4*>(p1 + S::WT + 2048) + (pair * 4 + t) * 2;
-                const uint4 h = tma[0], l = tma[1];
-                const uint32_t ah[4] = {h.x, h.y, h.z, h.w}, al[4] = {l.x, l.y, l.z, l.w};
-                const uint32_t tb = o1 + S::TT;
-                wgmma::fence();
-                tgmma_into(da, ah, wgmma::plain_desc(tb, 128, 256), 0);
-                tgmma_into(da, ah, wgmma::plain_desc(tb + 4096, 128, 256), 1);
-                tgmma_into(da, al, wgmma::plain_desc(tb, 128, 256), 1);
-                wgmma::commit();
-                wgmma::wait<0>();
-                wgmma::fence_regs(da);
-#pragma unroll
-                for (int k = 0; k < 64; ++k) z[k] += __int_as_float(da[k]);
-            }
-#else
             const uint32_t o0 = base + s0 * S::STAGE, o1 = base + s1 * S::STAGE;
             const uint8_t* p0 = sbase + s0 * S::STAGE;
             const uint8_t* p1 = sbase + s1 * S::STAGE;
@@ -376,7 +316,6 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
             wgmma::fence_regs(da);
 #pragma unroll
             for (int k = 0; k < 64; ++k) z[k] += __int_as_float(da[k]);
-#endif
             it += 2;
             if (q + 1 < nsb) wgmma::mbar_arrive(bars + 8 * (STAGES + s1));
         }
