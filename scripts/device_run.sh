@@ -19,7 +19,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 step mmq_timing 60 python3 scripts/mmq_device.py --quick
 step sb_timing 90 python3 scripts/mmq_sb_device.py
 step synth 80 bash -c "time $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s32.gguf"
-step bench 230 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 3 --ab "MINFER_MMQ=0" "MINFER_MMQ=1" "MINFER_MMQ=1 MINFER_MMQ_SB=1"
+step bench 230 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 3 --ab "MINFER_MMQ=0" "MINFER_MMQ=1 MINFER_MMQ_SB=1" "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1"
 step torch 40 python3 scripts/torch_f16_prefill.py --tokens 512,2048 --repeats 3
 echo; echo "################ SUMMARY ################"
 cat "$OUT/steps.txt"

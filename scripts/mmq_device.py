@@ -52,11 +52,15 @@ def print_table(cols: list[str], rows, fmt: list[str]) -> None:
 
 def interleaved(rt, runs, rounds: int = 7, batch: int = 20):
     """runs: [(name, f(i))]; rounds of (A B C ...), each an event-timed batch of `batch` calls
-    f(0..batch-1). -> {name: (median µs per call, (p90 - p10) / median)}."""
+    f(0..batch-1), queued behind a spin kernel (smoke.cu spin_cycles, 3 ms) so the batch runs
+    back to back: the host's launch time (tens of µs a call from Python) stays out of the
+    figure. -> {name: (median µs per call, (p90 - p10) / median)}."""
     times = {name: [] for name, _ in runs}
+    spin = rt.function("smoke", "spin_cycles")
     for _ in range(rounds):
         for name, f in runs:
             a, b = rt.drv.Event(), rt.drv.Event()
+            rt.launch(spin, (1,), (1,), (np.int64(6_000_000),))
             a.record()
             for i in range(batch):
                 f(i)
