@@ -109,10 +109,10 @@ extern "C" __global__ void repack_q6k_wgmma(const uint8_t* __restrict__ W, uint8
 // minfer.quants.mmq_sb_ref.repack_q4k_sb_ref). One thread per (row n, super-block sb), in the
 // block of (sb, n / 128): v, the nibbles, into the two stage images, and the tables: mc =
 // d sc_c 2^74 of chunks 0..3 (float2 [4][64]), b = (f32(-128 sum_c sc_c V_c) d) 2^-75
-// (float2 [64]), mc of chunks 4..7, then Tma (8 KB): -(dmin m_c) as tf32 (hi, lo), per row
-// pair and t in 0..3 the uint4s (hi, lo) = (A[r][t], A[r+8][t], A[r][t+4], A[r+8][t+4]). Row
-// r = n % 128 is half r / 8 % 2 of pair (r / 16) 8 + r % 8. Rows >= N are not written (the
-// launcher zeroes the blocks).
+// (float2 [64]), mc of chunks 4..7, fmin = -dmin 2^-75 (float2 [64]), then Am (4 KB): the min
+// term's f16 A operand [m_c | 64 m_c], per row pair and t in 0..3 a uint4 = (A[r][2t, 2t+1],
+// A[r+8][2t, 2t+1], A[r][2t+8, 2t+9], A[r+8][2t+8, 2t+9]). Row r = n % 128 is half r / 8 % 2
+// of pair (r / 16) 8 + r % 8. Rows >= N are not written (the launcher zeroes the blocks).
 extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t* __restrict__ Wb,
                                          int N, int K, int Np) {
     using namespace sbop;
@@ -126,8 +126,9 @@ extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t*
     const float dmin = mmq_h2f(*reinterpret_cast<const uint16_t*>(blk + 2));
     uint8_t* ob = Wb + ((size_t)sb * (Np / 128) + n / 128) * WOP;
     const int at = ((r >> 4) * 8 + (r & 7)) * 2 + ((r >> 3) & 1);   // in a float2 [64] table
-    uint32_t* tma = reinterpret_cast<uint32_t*>(ob + table_at(4608, WH0)) +
-                    ((r >> 4) * 8 + (r & 7)) * 32 + ((r >> 3) & 1);
+    const int half = (r >> 3) & 1;
+    __half* am = reinterpret_cast<__half*>(ob + table_at(5120, WH0)) +
+                 ((r >> 4) * 8 + (r & 7)) * 32 + half * 2;   // [pair][t][k >= 8][half][e]
     int bsum = 0;
     for (int c = 0; c < 8; ++c) {
         int sc, m;
@@ -150,12 +151,11 @@ extern "C" __global__ void repack_q4k_sb(const uint8_t* __restrict__ W, uint8_t*
         float* mc = reinterpret_cast<float*>(ob + table_at(c < 4 ? c * 512 : 2560 + (c - 4) * 512,
                                                            WH0));
         mc[at] = (d * (float)sc) * 0x1p74f;
-        uint32_t hi, lo;
-        tf32_split(-(dmin * (float)m), hi, lo);
-        tma[(c & 3) * 8 + (c >> 2) * 2] = hi;       // [pair][t][hi | lo][t / t+4][r | r+8]
-        tma[(c & 3) * 8 + 4 + (c >> 2) * 2] = lo;
+        am[(c >> 1) * 8 + (c & 1)] = __int2half_rn(m);          // exact: 6 bits
+        am[(c >> 1) * 8 + 4 + (c & 1)] = __int2half_rn(64 * m);
     }
     reinterpret_cast<float*>(ob + table_at(2048, WH0))[at] = ((float)(-128 * bsum) * d) * 0x1p-75f;
+    reinterpret_cast<float*>(ob + table_at(4608, WH0))[at] = -dmin * 0x1p-75f;
 }
 
 // q6_K -> the three s8 planes of mmq_sb_q6k.cu. One thread per (row n, 16-value sub-block j):

@@ -12,10 +12,10 @@
 
 namespace sbop {
 constexpr int IMG = 128 * 128;
-constexpr int WBLK = 12800, WH0 = 2560;   // weight tables, their first stage's part
-constexpr int TBLK = 9216, TH0 = 512;     // token tables, their first stage's part
+constexpr int WBLK = 9216, WH0 = 2560;    // weight tables, their first stage's part
+constexpr int TBLK = 5120, TH0 = 512;     // token tables, their first stage's part
 constexpr int WOP = 2 * IMG + WBLK, TOP = 2 * IMG + TBLK;   // operand block bytes
-static_assert(WOP == 45568 && TOP == 41984, "operand blocks");
+static_assert(WOP == 41984 && TOP == 37888, "operand blocks");
 
 // byte offset in a block of table byte t (h0: WH0 or TH0)
 __host__ __device__ constexpr int table_at(int t, int h0) { return t < h0 ? IMG + t : 2 * IMG + t; }

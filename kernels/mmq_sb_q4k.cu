@@ -11,14 +11,18 @@
 //   z = fma(S_c, mc, z),  mc = d sc_c 2^74
 // z counts in units of the token's dc = da 2^75 of the current super-block, so a super-block
 // starts with z = fma(z, r, b) (r = dc_old / dc_new, b = f32(-128 sum_c sc_c V_c) d 2^-75 the
-// row's bias) and the work item ends with y = z dc. The min term sum_c (da sa_c / dc)(-dmin m_c)
-// is 3 tf32 wgmmas (3xTF32) into the chunk buffer that chunk 6's fold frees, added to z (one
-// FADD per C value) after chunk 7's fold. Math and layouts: the numpy twins in
-// minfer.quants.mmq_sb_ref (emulate_sb_q4k spells the arithmetic out).
+// row's bias) and the work item ends with y = z dc. The min term sum_c (da s_c / dc)(-dmin m_c)
+// = fmin I, fmin = -dmin 2^-75 per row, I = sum_c m_c s_c: one f16 wgmma (k16) of integers,
+// A = [m_c | 64 m_c] (registers), B = [lo_c | hi_c] with s_c = 64 hi_c + lo_c (the chunk's
+// sum of q), exact in its f32 accumulator (|I| < 2^21), into the chunk buffer that chunk 6's
+// fold frees; one FFMA per C value after chunk 7's fold. (It was 3 tf32 wgmmas, 3xTF32:
+// three times the tensor time.) Math and layouts: the numpy twins in minfer.quants.mmq_sb_ref
+// (emulate_sb_q4k spells the arithmetic out).
 // Operands, one block per (super-block, 128-row / 128-token tile), each of its two stages one
 // contiguous piece (mmq_sb_layout.cuh):
-//   Wb  [K/256][Np/128] blocks of 45568 B   v images + mc / b / Tma  (mmq_repack.cu repack_q4k_sb)
-//   Tt  [K/256][Mp/128] blocks of 41984 B   qa + 128 images + r / B / dc (quantize_q8_1.cu
+//   Wb  [K/256][Np/128] blocks of 41984 B   v images + mc / b / fmin / Am (mmq_repack.cu
+//                                            repack_q4k_sb)
+//   Tt  [K/256][Mp/128] blocks of 37888 B   qa + 128 images + r / B / dc (quantize_q8_1.cu
 //                                            sb_token_tables, from the q8s split)
 // The wgmma's M side is the weight rows, its N side the tokens: a thread's C values z[4i + j]
 // are weight row 64w + 16 (warp % 4) + g + 8 (j / 2) and token 8i + 2t + j % 2 of the 128 x 128
@@ -52,7 +56,10 @@ using sbop::WBLK;
 using sbop::WH0;
 
 constexpr int BM = 128, BN = 128, BK = 128, T = 256;   // tile (tokens, rows), stage, consumers
-constexpr int STAGES = 4;
+#ifndef SB_STAGES   // the ring depth (the launcher sizes smem for it: mmq_sb.sb_smem)
+#define SB_STAGES 4
+#endif
+constexpr int STAGES = SB_STAGES;
 constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
 // setmaxnreg moves registers within the block's launch allocation (168 per thread at 384
 // threads): a consumer increase beyond what the producer released would wait forever
@@ -62,17 +69,18 @@ static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "register 
 // (the second stage's pieces are the larger: the tables' rest)
 struct SbSmem {
     static constexpr int W = 0, WT = W + IMG;                    // weight image, tables
-    static constexpr int X = WT + (WBLK - WH0), TT = X + IMG;    // token image, tables
-    static constexpr int STAGE = 51 * 1024;                      // TT + TBLK - TH0 = 51712
-    static constexpr int BYTES = STAGES * STAGE + 1024 + 64;     // + alignment, 8 mbarriers
+    static constexpr int X = 23 * 1024, TT = X + IMG;            // token image, tables
+    static constexpr int STAGE = 44 * 1024;                      // TT + TBLK - TH0 = 44544
+    static constexpr int BYTES = STAGES * STAGE + 1024 + 16 * STAGES;   // + alignment, mbarriers
 };
 static_assert(BM * BK == IMG && BN * BK == IMG, "a stage image is a 128 x 128 B tile");
 static_assert(SbSmem::TT + (TBLK - TH0) <= SbSmem::STAGE && SbSmem::STAGE % 1024 == 0 &&
               SbSmem::X % 1024 == 0, "stage layout");
-static_assert(SbSmem::BYTES == 209984, "sb smem");
+static_assert(SbSmem::X >= SbSmem::WT + (WBLK - WH0), "stage layout");
+static_assert(SbSmem::BYTES == 44 * 1024 * STAGES + 1024 + 16 * STAGES, "sb smem");
 
 // The 64 accumulator operands "+r"(d[0..63]) and their register list of an m64n128 wgmma
-// (igmma, tgmma_into)
+// (igmma, hgmma_into)
 #define SB_D64 "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), \
     "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), \
     "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), \
@@ -101,21 +109,19 @@ __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   
         : "l"(a), "l"(b));
 }
 
-// d (the f32 bits of an m64n128 fragment, in an s32 buffer) = (acc ? d : 0) + A (64x8 tf32 from
-// registers: a0 = row g, k t; a1 = row g+8, k t; a2, a3 the same rows at k t+4; 16 rows per
-// warp) * B (8x128 tf32, desc)
-__device__ __forceinline__ void tgmma_into(int (&d)[64], const uint32_t (&a)[4], uint64_t b,
-                                           int acc) {
+// d (the f32 bits of an m64n128 fragment, in an s32 buffer) = A (64x16 f16 from registers:
+// a0 = row g, k 2t, 2t+1; a1 = row g+8, the same k; a2, a3 = the same rows at k 2t+8, 2t+9;
+// 16 rows per warp) * B (16x128 f16, desc)
+__device__ __forceinline__ void hgmma_into(int (&d)[64], const uint32_t (&a)[4], uint64_t b) {
 #if defined(SB_DIAG_NOMMA) || defined(SB_DIAG_NOMIN)
     return;
 #endif
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
         SB_R64
-        "{%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        "{%64, %65, %66, %67}, %68, 0, 1, 1, 0;\n"
         : SB_D64
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
 // One stage into slot `st`: the weight piece w (wbytes: the image of its 128 k, the tables'
@@ -280,7 +286,7 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
             wgmma::mbar_wait(bars + 8 * s1, ((it + 1) / STAGES) & 1);
             const uint64_t a1 = wgmma::sw128_desc(o1 + S::W + cw * 64 * 128);
             const uint64_t b1 = wgmma::sw128_desc(o1 + S::X);
-            uint4 h, l;   // the min term's A operand (loaded under chunk 6's fold)
+            uint4 am;   // the min term's A operand (loaded under chunk 6's fold)
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
                 wgmma::fence();
@@ -289,33 +295,25 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
                 const float2 m =
                     c == 0 ? reinterpret_cast<const float2*>(p0 + S::WT + 3 * 512)[pair]
                            : reinterpret_cast<const float2*>(p1 + S::WT + (c - 1) * 512)[pair];
-                if (c == 3) {
-                    const uint4* tma =
-                        reinterpret_cast<const uint4*>(p1 + S::WT + 2048) + (pair * 4 + t) * 2;
-                    h = tma[0];
-                    l = tma[1];
-                }
+                if (c == 3) am = reinterpret_cast<const uint4*>(p1 + S::WT + 2560)[pair * 4 + t];
                 wgmma::wait<1>();
                 fold_buf(z, da, db, !(c & 1), m);   // chunk 3 + c
                 if (c == 0) wgmma::mbar_arrive(bars + 8 * (STAGES + s0));   // first stage read
             }
-            // the min term into the free buffer (chunk 6 is folded) while chunk 7 finishes: 3
-            // tf32 wgmmas (hi*hi, hi*lo, lo*hi), B = the token tables' [hi | lo] core matrices
+            // the min term into the free buffer (chunk 6 is folded) while chunk 7 finishes: one
+            // f16 wgmma of integers, B = the token tables' [lo | hi] core matrices
             const float2 m7 = reinterpret_cast<const float2*>(p1 + S::WT + 3 * 512)[pair];
-            const uint32_t ah[4] = {h.x, h.y, h.z, h.w}, al[4] = {l.x, l.y, l.z, l.w};
-            const uint32_t tb = o1 + S::TT;
+            const uint32_t ah[4] = {am.x, am.y, am.z, am.w};
             wgmma::fence();
-            tgmma_into(da, ah, wgmma::plain_desc(tb, 128, 256), 0);
-            tgmma_into(da, ah, wgmma::plain_desc(tb + 4096, 128, 256), 1);
-            tgmma_into(da, al, wgmma::plain_desc(tb, 128, 256), 1);
+            hgmma_into(da, ah, wgmma::plain_desc(o1 + S::TT, 128, 256));
             wgmma::commit();
             wgmma::wait<1>();   // chunk 7
             wgmma::fence_regs(db);
             fold(z, db, m7);
-            wgmma::wait<0>();   // the min term
+            const float2 fm = reinterpret_cast<const float2*>(p1 + S::WT + 2048)[pair];
+            wgmma::wait<0>();   // the min term: z += I fmin (I exact, read as f32)
             wgmma::fence_regs(da);
-#pragma unroll
-            for (int k = 0; k < 64; ++k) z[k] += __int_as_float(da[k]);
+            fold(z, da, fm);
             it += 2;
             if (q + 1 < nsb) wgmma::mbar_arrive(bars + 8 * (STAGES + s1));
         }
@@ -325,7 +323,7 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
         }
         // y = z dc of the item's last super-block (from its second stage's slot, then released)
         const uint32_t sl = (it + STAGES - 1) % STAGES;
-        scale_dc(z, reinterpret_cast<const float4*>(sbase + sl * S::STAGE + S::TT + 8192), t);
+        scale_dc(z, reinterpret_cast<const float4*>(sbase + sl * S::STAGE + S::TT + 4096), t);
         wgmma::mbar_arrive(bars + 8 * (STAGES + sl));
         // a stream-K tail publishes its values, a head adds its tail's; then the stores
         if (w.k0 > 0) {

@@ -260,11 +260,11 @@ extern "C" __global__ void quantize_q8_1_split6_swiglu(const float* g, const flo
 // minfer.quants.mmq_sb_ref.sb_tokens_ref), one thread per (super-block sb, token m < Mp), from
 // the q8s split (Aq, Ta; quantize_q8s_split). In the block of (sb, m / 128): row m % 128 of the
 // two stage images (Aq's bytes; zeros for m >= M) and the tables: dc = da 2^75 of the
-// super-block (1 where its block is all zero) at table byte 8704 and r = dc of the previous
+// super-block (1 where its block is all zero) at table byte 4608 and r = dc of the previous
 // super-block / dc (1 / dc on the first, where z is still 0) at byte 0, both f32 [128] at the
 // fold's position of m % 128 (16 (i / 2) + 4t + 2 (i % 2) + e for m = 8i + 2t + e); at byte
-// 512 the min term's B operand da sa_c / dc as tf32 (hi, lo) in 8 x 16-byte core matrices
-// ([hi | lo][16 token groups][chunks 0..3 | 4..7][8 tokens][4 chunks]).
+// 512 the min term's f16 B operand, the chunk sums s_c = sum of q as (lo, hi) = (s_c mod 64,
+// s_c div 64), K-major 8 x 16-byte core matrices ([16 token groups][lo | hi][8 tokens][8 c]).
 // Grid ceil(K/256 * Mp / 256), block 256.
 extern "C" __global__ void sb_token_tables(const uint8_t* __restrict__ Aq,
                                            const float2* __restrict__ Ta, uint8_t* __restrict__ Tt,
@@ -282,17 +282,23 @@ extern "C" __global__ void sb_token_tables(const uint8_t* __restrict__ Aq,
     }
     uint8_t* ob = Tt + ((size_t)sb * (Mp / 128) + m / 128) * TOP;
     const uint4* src = reinterpret_cast<const uint4*>(Aq + (size_t)m * K + (size_t)sb * 256);
-    for (int c = 0; c < 16; ++c)
+    __half* B = reinterpret_cast<__half*>(ob + table_at(512, TH0)) + (mm / 8) * 128 + (mm % 8) * 8;
+    int s = 0;   // the chunk's sum of q
+    for (int c = 0; c < 16; ++c) {   // 16-byte pieces: two per chunk
+        const uint4 v = m < M ? src[c] : make_uint4(0x80808080u, 0x80808080u, 0x80808080u,
+                                                    0x80808080u);
         *reinterpret_cast<uint4*>(ob + image_at(c >> 3, mm, c & 7, TH0)) =
-            m < M ? src[c] : make_uint4(0, 0, 0, 0);
+            m < M ? v : make_uint4(0, 0, 0, 0);
+        for (const uint32_t w : {v.x, v.y, v.z, v.w})
+            s += (int)(w & 0xFF) + (int)((w >> 8) & 0xFF) + (int)((w >> 16) & 0xFF) +
+                 (int)(w >> 24) - 512;
+        if (c & 1) {
+            B[c >> 1] = __int2half_rn(s & 63);          // exact: |s| <= 32 * 127
+            B[64 + (c >> 1)] = __int2half_rn(s >> 6);
+            s = 0;
+        }
+    }
     const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
     reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
-    reinterpret_cast<float*>(ob + table_at(8704, TH0))[pos] = dc;
-    uint32_t* B = reinterpret_cast<uint32_t*>(ob + table_at(512, TH0)) + (mm / 8) * 64 + (mm % 8) * 4;
-    for (int c = 0; c < 8; ++c) {
-        uint32_t hi, lo;
-        tf32_split(__fdiv_rn(Ta[(size_t)(8 * sb + c) * Mp + m].y, dc), hi, lo);
-        B[(c / 4) * 32 + c % 4] = hi;
-        B[1024 + (c / 4) * 32 + c % 4] = lo;
-    }
+    reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
 }

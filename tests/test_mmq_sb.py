@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from minfer.cuda.mmq_sb import sb_smem, sb_token_bytes, sb_weight_bytes
-from minfer.quants.mmq_ref import decode_q4k, mmq_linear_ref
-from minfer.quants.mmq_sb_ref import (SB_TH0, SB_WH0, block_tm_sb, emulate_sb_q4k,
+from minfer.quants.mmq_ref import decode_q4k, mmq_linear_ref, q4k_scales
+from minfer.quants.mmq_sb_ref import (SB_TH0, SB_WH0, block_b16_sb, emulate_sb_q4k,
                                       mmq_sb_linear_ref, quantize_q8s, repack_q4k_sb_ref,
                                       sb_image, sb_operand_parts, sb_pos, sb_q4k_tables_ref,
                                       sb_scales, sb_token_tables_ref, sb_tokens_ref, sb_unimage,
-                                      split_q8s_ref, unblock_tm_sb)
+                                      split_q8s_ref, unblock_b16_sb)
 from minfer.quants.mmq_wgmma_ref import pad_rows
 from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
 from test_mmq_wgmma import _Rt, rand_q4k, rand_q6k
@@ -60,8 +60,9 @@ def test_split_q8s_layout():
 
 
 def test_repack_sb_fields():
-    """q4_K: Wq holds the nibbles; the table block's mc / b / Tma sit at the documented
-    positions (row pairs (r, r+8), 512 B a chunk) with d sc 2^74, the u8 bias and -(dmin m)."""
+    """q4_K: v holds the nibbles; the table block's mc / b / fmin / Am sit at the documented
+    positions (row pairs (r, r+8), 512 B a table) with d sc 2^74, the u8 bias, -dmin 2^-75 and
+    the 6-bit mins m, 64 m as f16."""
     rng = np.random.default_rng(2)
     N, K = 150, 512
     w = rand_q4k(rng, N, K)
@@ -74,7 +75,8 @@ def test_repack_sb_fields():
     assert wb.nbytes == sb_weight_bytes(N, K)
     img, tab = sb_operand_parts(wb, SB_WH0)
     assert np.array_equal(tab, tw) and np.array_equal(sb_unimage(img, N), v)
-    blk = tw.view(np.float32).reshape(K // 256, pad_rows(N) // 128, 3200)
+    blk = tw.view(np.float32).reshape(K // 256, pad_rows(N) // 128, 2304)
+    dmin, mins = (q4k_scales(w, N, K)[i] for i in (1, 3))
     d = dsv[:, ::8] / sc[:, ::8].clip(1)   # (sc may be 0: compare where it is not)
 
     def at(row):   # the float index of a row in a [64 pairs][2] table
@@ -89,12 +91,14 @@ def test_repack_sb_fields():
         bias = blk[sbk, row // 128, 512 + at(row)]
         want = np.float64(-128 * (sc[row, 8 * sbk:8 * sbk + 8] * vv).sum())
         assert np.isclose(bias, want * q4k_d(w, N, K)[row, sbk] * 2.0**-75, rtol=1e-6)
-        # Tma: pair, t = c % 4, hi then lo, (chunk t | t+4), (row r | r+8)
-        tma = blk[sbk, row // 128, 1152:].view(np.uint32).reshape(64, 4, 2, 2, 2)
+        assert blk[sbk, row // 128, 1152 + at(row)] == -dmin[row, sbk] * np.float32(2.0**-75)
+        # Am: pair, t = c // 2, (k < 8 | k >= 8), (row r | r+8), c % 2; A = [m | 64 m]
+        am = blk[sbk, row // 128, 1280:].view(np.float16).reshape(64, 4, 2, 2, 2)
         r = row % 128
-        hi = tma[(r // 16) * 8 + r % 8, c % 4, 0, c // 4, (r // 8) % 2].view(np.float32)
-        lo = tma[(r // 16) * 8 + r % 8, c % 4, 1, c // 4, (r // 8) % 2].view(np.float32)
-        assert np.isclose(np.float64(hi) + lo, dmv[row, 8 * sbk + c], rtol=2**-20, atol=0)
+        m = int(mins[row, sbk, c])
+        assert m * -dmin[row, sbk] == dmv[row, 8 * sbk + c]
+        assert am[(r // 16) * 8 + r % 8, c // 2, 0, (r // 8) % 2, c % 2] == m
+        assert am[(r // 16) * 8 + r % 8, c // 2, 1, (r // 8) % 2, c % 2] == 64 * m
     assert d.shape == (N, K // 256)
     # rows past N are zero
     pad = [at(row) for row in range(N, pad_rows(N))]
@@ -102,39 +106,38 @@ def test_repack_sb_fields():
 
 
 def q4k_d(w, N, K):
-    from minfer.quants.mmq_ref import q4k_scales
-
     return q4k_scales(w, N, K)[0]
 
 
 def test_sb_token_tables():
-    """r = dc of the previous super-block / dc, dc = da 2^75 (1 for an all-zero block), B =
-    da sa / dc as tf32 hi + lo, all at the fold's positions."""
+    """r = dc of the previous super-block / dc, dc = da 2^75 (1 for an all-zero block), at the
+    fold's positions; B = the chunk sums of q as f16 (lo, hi), s = 64 hi + lo."""
     rng = np.random.default_rng(3)
     M, K = 150, 768
     x = rng.standard_normal((M, K)).astype(np.float32)
     x[7, 256:512] = 0
     aq, ta = split_q8s_ref(x)
-    tt = sb_token_tables_ref(ta, M, K)
+    tt = sb_token_tables_ref(aq, ta, M, K)
     op = sb_tokens_ref(aq, ta, M, K)
     assert op.nbytes == sb_token_bytes(M, K)
     img, tab = sb_operand_parts(op, SB_TH0)
     assert np.array_equal(tab, tt) and np.array_equal(sb_unimage(img, M), aq)
-    t = tt.view(np.float32).reshape(K // 256, pad_rows(M) // 128, 2304)
+    t = tt.view(np.float32).reshape(K // 256, pad_rows(M) // 128, 1280)
+    sq = (aq.astype(np.int32) - 128).reshape(M, K // 32, 32).sum(-1)
+    lo, hi = unblock_b16_sb(tt.reshape(K // 256, -1, 5120)[:, :, 512:4608].copy(), K,
+                            pad_rows(M))
     pos = sb_pos()
     assert sorted(pos) == list(range(128))
     for m, sbk in ((0, 0), (7, 1), (7, 2), (130, 2)):
         dc = lambda s: ta[8 * s, m, 0] if ta[8 * s, m, 0] != 0 else np.float32(1)   # noqa: E731
-        assert t[sbk, m // 128, 2176 + pos[m % 128]] == dc(sbk)
+        assert t[sbk, m // 128, 1152 + pos[m % 128]] == dc(sbk)
         want_r = np.float32((np.float32(1) if sbk == 0 else dc(sbk - 1)) / dc(sbk))
         assert t[sbk, m // 128, pos[m % 128]] == want_r
-        hi, lo = unblock_tm_sb(tt.reshape(K // 256, -1, 9216)[:, :, 512:8704].copy(), K,
-                               pad_rows(M))
         for c in range(8):
             j = 8 * sbk + c
-            b = np.float64(hi[j, m].view(np.float32)) + lo[j, m].view(np.float32)
-            assert np.isclose(b, ta[8 * sbk + c, m, 1] / dc(sbk), rtol=2**-20, atol=0)
-    assert ta[8, 7, 0] == 0 and t[1, 0, 2176 + pos[7]] == 1   # the zero block's unit
+            assert 0 <= lo[j, m] < 64 and 64 * np.float64(hi[j, m]) + lo[j, m] == sq[m, j]
+    assert ta[8, 7, 0] == 0 and t[1, 0, 1152 + pos[7]] == 1   # the zero block's unit
+    assert not lo[:, M:].any() and not hi[:, M:].any()
 
 
 @pytest.mark.parametrize("M,N,K", [(37, 200, 512), (1, 8, 256), (130, 19, 768)])
@@ -199,24 +202,36 @@ def test_sb_operand_blocks_match_kernel():
     aq, ta = split_q8s_ref(rng.standard_normal((3, 512)).astype(np.float32))
     assert repack_q4k_sb_ref(rand_q4k(rng, 8, 512), 8, 512).shape == (2, 1, SB_WOP)
     assert sb_tokens_ref(aq, ta, 3, 512).shape == (2, 1, SB_TOP)
-    assert sb_token_tables_ref(ta, 3, 512).shape == (2, 1, SB_TBLK)
+    assert sb_token_tables_ref(aq, ta, 3, 512).shape == (2, 1, SB_TBLK)
 
 
 def test_sb_smem_matches_kernel():
     from minfer.cuda.mmq_sb import sb6_smem
 
     src = (KDIR / "mmq_sb_q4k.cu").read_text()
-    pinned = re.findall(r"SbSmem::BYTES == (\d+)", src)
-    assert pinned and all(sb_smem() == int(b) for b in pinned)
+    stage = re.search(r"static constexpr int STAGE = (\d+) \* 1024;", src)
+    stages = re.search(r"#define SB_STAGES (\d+)", src)
+    assert stage and stages and int(stages[1]) == 4
+    pinned = re.search(r"SbSmem::BYTES == (\d+) \* 1024 \* STAGES \+ 1024 \+ 16 \* STAGES", src)
+    assert pinned and int(pinned[1]) == int(stage[1])
+    for n in (4, 5):   # the launcher's size for a build of n slots
+        assert sb_smem(n) == n * int(stage[1]) * 1024 + 1024 + 16 * n
+    assert sb_smem(5) <= 227 * 1024   # sm_90's opt-in limit per block
     pinned6 = re.findall(r"Sb6Smem::BYTES == (\d+)", (KDIR / "mmq_sb_q6k.cu").read_text())
     assert pinned6 and all(sb6_smem() == int(b) for b in pinned6)
 
 
-def test_block_tm_sb_roundtrip():
+def test_block_b16_sb_roundtrip():
     rng = np.random.default_rng(5)
-    hi, lo = (rng.integers(0, 2**32, (16, 256), dtype=np.uint32) for _ in range(2))
-    h2, l2 = unblock_tm_sb(block_tm_sb(hi, lo), 512, 256)
-    assert np.array_equal(h2, hi) and np.array_equal(l2, lo)
+    lo, hi = (rng.integers(-2048, 2048, (16, 256)).astype(np.float16) for _ in range(2))
+    l2, h2 = unblock_b16_sb(block_b16_sb(lo, hi), 512, 256)
+    assert np.array_equal(l2, lo) and np.array_equal(h2, hi)
+    # element (token n, k) at byte (n / 8) 256 + (k / 8) 128 + (n % 8) 16 + (k % 8) 2: the
+    # kernel's plain_desc(LBO 128, SBO 256)
+    b = block_b16_sb(lo, hi).view(np.uint8).reshape(2, 2, 4096)
+    n, c = 133, 5
+    at = (n % 128 // 8) * 256 + 128 + (n % 8) * 16 + c * 2
+    assert b[0, 1, at:at + 2].view(np.float16)[0] == hi[c, n]
 
 
 def test_sb_config_flag_label_and_cli():

@@ -39,11 +39,19 @@ SB_BM, SB_BN = 128, 128
 SB6_BN = 64   # q6_K tiles: 128 tokens x 64 rows (three m64n64 accumulators per warpgroup)
 
 
-def sb_smem() -> int:
-    """Dynamic smem of mmq_sb_q4k (SbSmem::BYTES): 4 slots of 51 KB (a stage's pieces of the
-    weight and token blocks: the tiles' images, 128 x 128 B each, and their tables' parts);
-    + 1 KB alignment and 8 mbarriers."""
-    return 4 * 51 * 1024 + 1024 + 64
+def sb_smem(stages: int = 4) -> int:
+    """Dynamic smem of mmq_sb_q4k (SbSmem::BYTES): `stages` slots (SB_STAGES, default 4) of
+    44 KB (a stage's pieces of the weight and token blocks: the tiles' images, 128 x 128 B
+    each, and their tables' parts); + 1 KB alignment and two mbarriers a slot."""
+    return stages * 44 * 1024 + 1024 + 16 * stages
+
+
+def _stages(build_opts: tuple) -> int:
+    """The ring depth a build of mmq_sb_q4k has (-DSB_STAGES=N, an A/B option)."""
+    for o in build_opts:
+        if o.startswith("-DSB_STAGES="):
+            return int(o.split("=", 1)[1])
+    return 4
 
 
 def sb6_smem() -> int:
@@ -207,7 +215,7 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
             tt = sb_tokens(rt, aq, ta)
         tiles = -(-M // SB_BM) * -(-N // SB_BN)
         launch_persistent(rt, "mmq_sb_q4k" + ("_acc" if accumulate else ""), "mmq_sb_q4k",
-                          sb_smem(), tiles, K // 256,
+                          sb_smem(_stages(build_opts)), tiles, K // 256,
                           (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
                            np.int32(K)), build_opts, stream_k, sms, block=384)
         return

@@ -9,21 +9,23 @@ in FP32 (`emulate_sb_q4k` spells the arithmetic out): per C value and chunk z = 
 S_c the chunk's integer sum sum_k (qa + 128) v read as an f32 denormal, mc = d sc_c 2^74 the
 row's factor; z counts in units of the token's da 2^75 of the current super-block (dc), so
 each super-block starts with z = z r + b (r = dc_old / dc_new per token, b the row's bias
-f32(-128 sum_c sc_c V_c) d 2^-75) and a work item ends with y = z dc. The min term is a tf32
-product into z: A = -(dmin m_c) per row and chunk (hi, lo), B = da sa_c / dc per token and
-chunk (hi, lo).
+f32(-128 sum_c sc_c V_c) d 2^-75) and a work item ends with y = z dc. The min term is exact
+integers on an f16 wgmma (k16): I = sum_c m_c s_c (m_c the 6-bit min, s_c = sum of the chunk's
+q, split s_c = 64 hi_c + lo_c so that every operand is an f16 integer: A = [m_c | 64 m_c], B =
+[lo_c | hi_c]; |I| < 2^21, exact in the f32 accumulator), then z += I fmin with the row's
+fmin = -dmin 2^-75 (da s_c / dc = s_c 2^-75).
 
 - `split_q8s_ref(x)`: Aq uint8 [M, K] = q + 128 and Ta f32 [K/32, Mp, 2] = (da * 2^75, da * sa)
   per chunk (da the 256-block's f16-rounded scale, repeated over its 8 chunks; sa the chunk's
   sum of q). Mp = M rounded up to TPAD; rows >= M zero.
-- `sb_q4k_tables_ref(w_raw, N, K)`: (v uint8 [N, K], Tw [K/256, Np/128, 12800 B]) per
-  (super-block, 128-row tile) = [mc chunks 0..3 | b | mc chunks 4..7 | Tma], mc and b as
-  float2 pairs (row r, row r+8) for the rows r % 16 < 8 (pair (r // 16) 8 + r % 8, 512 B a
-  chunk), Tma the min term's register operand: per pair and t in 0..3 two uint4 (hi, lo) =
-  (A[r][t], A[r+8][t], A[r][t+4], A[r+8][t+4]) (8 KB).
-- `sb_token_tables_ref(ta, M, K)`: the q4_K kernel's per-token tables from the split's Ta,
-  [K/256, Mp/128, 9216 B] = [r | B | dc], r and dc f32 [128] in `sb_pos` order, B the min
-  term's smem operand (`block_tm_sb` layout over tokens).
+- `sb_q4k_tables_ref(w_raw, N, K)`: (v uint8 [N, K], Tw [K/256, Np/128, 9216 B]) per
+  (super-block, 128-row tile) = [mc chunks 0..3 | b | mc chunks 4..7 | fmin | Am], mc, b and
+  fmin as float2 pairs (row r, row r+8) for the rows r % 16 < 8 (pair (r // 16) 8 + r % 8,
+  512 B a table), Am the min term's f16 register operand: per pair and t in 0..3 a uint4 =
+  (A[r][2t, 2t+1], A[r+8][2t, 2t+1], A[r][2t+8, 2t+9], A[r+8][2t+8, 2t+9]), A = [m | 64 m] (4 KB).
+- `sb_token_tables_ref(aq, ta, M, K)`: the q4_K kernel's per-token tables, [K/256, Mp/128,
+  5120 B] = [r | B | dc], r and dc f32 [128] in `sb_pos` order, B the min term's f16 smem
+  operand [lo | hi] of the chunk sums (`block_b16_sb` layout over tokens).
 - The kernel's operands put each (super-block, 128-row / 128-token tile) in one block that its
   two 128-k stages copy as two contiguous pieces (one bulk copy each): [image of k 0..127 |
   the tables' first-stage part | image of k 128..255 | the rest of the tables]. An image
@@ -85,24 +87,23 @@ def sb_scales(w_raw: np.ndarray, N: int, K: int) -> np.ndarray:
     return q4k_scales(w_raw, N, K)[2].reshape(N, K // 32).astype(np.int32)
 
 
-def block_tm_sb(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """hi, lo uint32 [K/32, Np] -> Tm uint32 [K/256, Np/128, 2, 16, 2, 8, 4]: per (super-block,
-    128-row tile) the min-term wgmma's B operand, [hi | lo][row group][chunk 0..3 | 4..7][row]
-    [chunk % 4]: element [sb][tile][s][g][kg][r][kk] = (hi, lo)[s][8 sb + 4 kg + kk][128 tile +
-    8 g + r]."""
-    kc, n = hi.shape
-    x = np.stack([hi, lo]).reshape(2, kc // 8, 2, 4, n // 128, 16, 8)   # s, sb, kg, kk, tile, g, r
-    return np.ascontiguousarray(x.transpose(1, 4, 0, 5, 2, 6, 3))
+def block_b16_sb(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """lo, hi [K/32, Mp] (integers < 2^11 in magnitude) -> f16 [K/256, Mp/128, 16, 2, 8, 8]: per
+    (super-block, 128-token tile) the min term's B operand, K-major 8 x 16-byte core matrices:
+    [token group g][k 0..7 = lo of chunks 0..7 | k 8..15 = hi][token][k % 8]."""
+    kc, n = lo.shape
+    x = np.stack([lo, hi]).astype(np.float16).reshape(2, kc // 8, 8, n // 128, 16, 8)
+    return np.ascontiguousarray(x.transpose(1, 3, 4, 0, 5, 2))   # sb, tile, g, kk, r, c
 
 
-def unblock_tm_sb(tm: np.ndarray, K: int, Np: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of block_tm_sb (any view of the bytes) -> (hi, lo) uint32 [K/32, Np]."""
-    x = np.asarray(tm).view(np.uint32).reshape(K // 256, Np // 128, 2, 16, 2, 8, 4)
-    x = x.transpose(2, 0, 4, 6, 1, 3, 5).reshape(2, K // 32, Np)
+def unblock_b16_sb(b: np.ndarray, K: int, Mp: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of block_b16_sb (any view of the bytes) -> (lo, hi) f16 [K/32, Mp]."""
+    x = np.asarray(b).view(np.float16).reshape(K // 256, Mp // 128, 16, 2, 8, 8)
+    x = x.transpose(3, 0, 5, 1, 2, 4).reshape(2, K // 32, Mp)
     return x[0], x[1]
 
 
-SB_WBLK, SB_TBLK = 12800, 9216   # bytes of a weight / token table block
+SB_WBLK, SB_TBLK = 9216, 5120    # bytes of a weight / token table block
 SB_WH0, SB_TH0 = 2560, 512       # their first stage's part: mc of chunks 0..3 and b; r
 SB_IMG = 128 * 128               # a stage's image: 128 rows x 128 k
 SB_WOP, SB_TOP = 2 * SB_IMG + SB_WBLK, 2 * SB_IMG + SB_TBLK   # the kernel's operand blocks
@@ -123,10 +124,11 @@ def _pairs(a: np.ndarray) -> np.ndarray:
 
 
 def sb_q4k_tables_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """raw q4_K bytes [N, K/256*144] -> (v uint8 [N, K], Tw uint8 [K/256, Np/128, 12800])."""
-    _, dmv, v = decode_q4k(w_raw, N, K)                                         # dmv [N, K/32]
-    d = q4k_scales(w_raw, N, K)[0]                                              # [N, K/256]
+    """raw q4_K bytes [N, K/256*144] -> (v uint8 [N, K], Tw uint8 [K/256, Np/128, 9216])."""
+    _, _, v = decode_q4k(w_raw, N, K)
+    d, dmin = (q4k_scales(w_raw, N, K)[i] for i in (0, 1))                    # [N, K/256]
     sc = sb_scales(w_raw, N, K)                                                 # [N, K/32]
+    mq = q4k_scales(w_raw, N, K)[3].reshape(N, K // 32).astype(np.int32)       # 6-bit mins
     V = v.reshape(N, K // 32, 32).astype(np.int32).sum(-1)
     KS, Np = K // QK_SB, pad_rows(N)
     NT = Np // 128
@@ -135,23 +137,28 @@ def sb_q4k_tables_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np
     b = np.zeros((KS, Np), np.float32)
     bsum = (sc * V).reshape(N, KS, 8).sum(-1)
     b[:, :N] = (((-128 * bsum).astype(np.float32) * d) * _SM75).T
-    hi, lo = (np.zeros((K // 32, Np), np.uint32) for _ in range(2))
-    hi[:, :N], lo[:, :N] = (p.T for p in tf32_split(dmv))
-    # Tma: per (sb, tile, pair, t): hi (A[r][t], A[r+8][t], A[r][t+4], A[r+8][t+4]), then lo
-    tma = np.stack([_pairs(x) for x in (hi, lo)])                  # [2, K/32, NT, 64, 2]
-    tma = tma.reshape(2, KS, 2, 4, NT, 64, 2)                      # s, sb, t+4?, t, tile, pair, +8
-    tma = tma.transpose(1, 4, 5, 3, 0, 2, 6).reshape(KS, NT, 2048)
+    fmin = np.zeros((KS, Np), np.float32)
+    fmin[:, :N] = (-dmin * _SM75).T
+    # Am: per (sb, tile, pair, t) f16 (A[r][2t], A[r][2t+1], A[r+8][2t], A[r+8][2t+1], then
+    # the same at k 2t+8, 2t+9), A[row][k] = m_k (k < 8), 64 m_(k-8) (k >= 8)
+    am = np.zeros((KS, 16, Np), np.float16)                                     # [sb, k, row]
+    m3 = mq.reshape(N, KS, 8).transpose(1, 2, 0)
+    am[:, :8, :N], am[:, 8:, :N] = m3, 64 * m3
+    x = am.reshape(KS, 2, 4, 2, NT, 8, 2, 8)         # sb, k hi, t, e, tile, group, +8, row % 8
+    am = x.transpose(0, 4, 5, 7, 2, 1, 6, 3).reshape(KS, NT, 64 * 4 * 8)       # pair, t, a_i
     mp = _pairs(mc).view(np.uint32).reshape(KS, 2, 4, NT, 128).transpose(0, 3, 1, 2, 4)
     bp = _pairs(b).view(np.uint32).reshape(KS, NT, 128)
-    tw = np.concatenate([mp[:, :, 0].reshape(KS, NT, 512), bp,
-                         mp[:, :, 1].reshape(KS, NT, 512), tma], axis=-1)
+    fp = _pairs(fmin).view(np.uint32).reshape(KS, NT, 128)
+    tw = np.concatenate([mp[:, :, 0].reshape(KS, NT, 512), bp, mp[:, :, 1].reshape(KS, NT, 512),
+                         fp, am.view(np.uint32)], axis=-1)
     return v.astype(np.uint8), np.ascontiguousarray(tw).view(np.uint8)
 
 
-def sb_token_tables_ref(ta: np.ndarray, M: int, K: int) -> np.ndarray:
-    """Ta f32 [K/32, Mp, 2] (the q8s split) -> uint8 [K/256, Mp/128, 9216]: dc = da 2^75 of
-    the super-block (1 where its block is all zero), r = dc of the previous super-block / dc
-    (1 / dc on the first, where z is still 0), B = da sa_c / dc as tf32 (hi, lo)."""
+def sb_token_tables_ref(aq: np.ndarray, ta: np.ndarray, M: int, K: int) -> np.ndarray:
+    """The q8s split (Aq uint8 [M, K] = q + 128, Ta f32 [K/32, Mp, 2]) -> uint8 [K/256, Mp/128,
+    5120]: dc = da 2^75 of the super-block (1 where its block is all zero), r = dc of the
+    previous super-block / dc (1 / dc on the first, where z is still 0), B = the chunk sums
+    s_c = sum of q as f16 (lo, hi) = (s_c mod 64, s_c div 64)."""
     ta = np.asarray(ta, np.float32)
     KS, Mp = K // QK_SB, ta.shape[1]
     MT = Mp // 128
@@ -159,9 +166,9 @@ def sb_token_tables_ref(ta: np.ndarray, M: int, K: int) -> np.ndarray:
     dc = np.where(dx != 0, dx, np.float32(1)).astype(np.float32)
     prev = np.concatenate([np.ones((1, Mp), np.float32), dc[:-1]])
     r = (prev / dc).astype(np.float32)
-    bv = (ta[:, :, 1].reshape(KS, 8, Mp) / dc[:, None, :]).astype(np.float32).reshape(K // 32, Mp)
-    hi, lo = tf32_split(bv)
-    bb = block_tm_sb(hi, lo).reshape(KS, MT, 2048)
+    sq = np.zeros((K // 32, Mp), np.int32)
+    sq[:, :M] = (np.asarray(aq, np.int32) - 128).reshape(M, K // 32, 32).sum(-1).T
+    bb = block_b16_sb(sq & 63, sq >> 6).reshape(KS, MT, 2048).view(np.uint32)
     pos = sb_pos()
 
     def fold_order(a: np.ndarray) -> np.ndarray:   # [KS, Mp] -> [KS, MT, 128] u32
@@ -222,7 +229,7 @@ def repack_q4k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> np.ndarray:
 def sb_tokens_ref(aq: np.ndarray, ta: np.ndarray, M: int, K: int) -> np.ndarray:
     """The q8s split (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]) -> Tt uint8 [K/256, Mp/128,
     SB_TOP], mmq_sb_q4k's token operand."""
-    return sb_operand(sb_image(aq, np.asarray(ta).shape[1]), sb_token_tables_ref(ta, M, K),
+    return sb_operand(sb_image(aq, np.asarray(ta).shape[1]), sb_token_tables_ref(aq, ta, M, K),
                       SB_TH0)
 
 
@@ -236,8 +243,8 @@ def emulate_sb_q4k(tt_op: np.ndarray, wb: np.ndarray, M: int, N: int, K: int,
     timg, tt = sb_operand_parts(np.asarray(tt_op, np.uint8), SB_TH0)
     wq, aq = sb_unimage(wimg, N), sb_unimage(timg, M)
     tw, tt = np.ascontiguousarray(tw), np.ascontiguousarray(tt)
-    w = tw.view(np.uint32).reshape(KS, Np // 128, 3200)
-    t = tt.view(np.uint32).reshape(KS, Mp // 128, 2304)
+    w = tw.view(np.uint32).reshape(KS, Np // 128, 2304)
+    t = tt.view(np.uint32).reshape(KS, Mp // 128, 1280)
     unp = np.argsort(np.arange(Np).reshape(-1, 2, 8).transpose(0, 2, 1).ravel())
 
     def rows(p: np.ndarray) -> np.ndarray:   # [X, NT, 64 pairs x 2] f32 -> [X, Np]
@@ -251,9 +258,13 @@ def emulate_sb_q4k(tt_op: np.ndarray, wb: np.ndarray, M: int, N: int, K: int,
     mc = [rows(np.ascontiguousarray(w[:, :, o + 128 * c:o + 128 * (c + 1)]))
           for o in (0, 640) for c in range(4)]                                  # 8 x [KS, Np]
     b = rows(np.ascontiguousarray(w[:, :, 512:640]))
-    tma = w[:, :, 1152:].reshape(KS, Np // 128, 64, 4, 2, 4)                    # pair, t, hi|lo
-    r, dc = toks(np.ascontiguousarray(t[:, :, :128])), toks(np.ascontiguousarray(t[:, :, 2176:]))
-    bh, bl = unblock_tm_sb(np.ascontiguousarray(t[:, :, 128:2176]), K, Mp)      # [K/32, Mp]
+    fmin = rows(np.ascontiguousarray(w[:, :, 1152:1280]))
+    # Am [sb, tile, pair, t, (a0..a3) x 2 f16] -> A [sb, 16 k, Np]
+    am = np.ascontiguousarray(w[:, :, 1280:]).view(np.float16).reshape(KS, -1, 64, 4, 2, 2, 2)
+    am = am.transpose(0, 4, 3, 6, 1, 2, 5).reshape(KS, 16, -1)[:, :, unp]      # k hi, t, e | +8
+    r, dc = toks(np.ascontiguousarray(t[:, :, :128])), toks(np.ascontiguousarray(t[:, :, 1152:]))
+    lo, hi = unblock_b16_sb(np.ascontiguousarray(t[:, :, 128:1152]), K, Mp)    # [K/32, Mp]
+    bt = np.concatenate([lo.reshape(KS, 8, Mp), hi.reshape(KS, 8, Mp)], axis=1)  # [sb, 16, Mp]
     z = np.zeros((M, N))
     for s in range(KS):
         if rescale:
@@ -263,16 +274,10 @@ def emulate_sb_q4k(tt_op: np.ndarray, wb: np.ndarray, M: int, N: int, K: int,
             D = aq[:, k].astype(np.int64) @ wq[:, k].astype(np.int64).T
             assert D.min() >= 0 and D.max() < 2**23
             z += D.astype(np.int32).view(np.float32).astype(np.float64) * mc[c][s, None, :N]
-        # min term: A (rows) hi / lo from Tma, B (tokens) hi / lo
-        for c in range(8):
-            tt_, kk = c % 4, c // 4
-            ah = tma[s, :, :, tt_, 0, 2 * kk:2 * kk + 2].reshape(-1, 64, 2)      # (r, r+8)
-            al = tma[s, :, :, tt_, 1, 2 * kk:2 * kk + 2].reshape(-1, 64, 2)
-            a = [rows(np.ascontiguousarray(x).reshape(1, -1))[0] for x in (ah, al)]
-            bt = [x[8 * s + c].view(np.float32).astype(np.float64) for x in (bh, bl)]
-            ah64, al64 = (x.view(np.float32).astype(np.float64) for x in a)
-            z += (bt[0][:M, None] * ah64[None, :N] + bt[1][:M, None] * ah64[None, :N]
-                  + bt[0][:M, None] * al64[None, :N])
+        # min term: the f16 integers' product (exact), then the row's factor
+        Im = bt[s, :, :M].astype(np.float64).T @ am[s, :, :N].astype(np.float64)
+        assert np.abs(Im).max() < 2**21
+        z += Im * fmin[s, None, :N]
     return (z * dc[KS - 1, :M, None]).astype(np.float32)
 
 
@@ -322,5 +327,5 @@ __all__ = ["QK_SB", "TPAD", "SB_WBLK", "SB_TBLK", "SB_WH0", "SB_TH0", "SB_IMG", 
            "SB_TOP", "sb_pos", "sb_tokens_ref", "sb_token_tables_ref", "sb_q4k_tables_ref",
            "sb_image", "sb_unimage", "sb_operand", "sb_operand_parts", "emulate_sb_q4k",
            "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
-           "block_tm_sb", "unblock_tm_sb", "sb6_digits", "repack_q6k_sb_ref",
+           "block_b16_sb", "unblock_b16_sb", "sb6_digits", "repack_q6k_sb_ref",
            "mmq_sb_linear_ref"]
