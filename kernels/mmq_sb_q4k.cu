@@ -29,7 +29,7 @@
 // tile (w the consumer warpgroup, g = lane / 4, t = lane % 4), so a chunk's fold needs the
 // factors of two rows (one float2) and the per-token factors come once per super-block.
 // Block: 384 threads, 1 per SM. One thread of warpgroup 0 copies (two bulk copies per 128-k
-// stage into a 4-slot ring, completion on the slot's `full` mbarrier by transaction bytes; 128
+// stage into a 5-slot ring, completion on the slot's `full` mbarrier by transaction bytes; 128
 // threads issuing 16-byte cp.async took a quarter of the issue slots, docs/perf.md session 8);
 // warpgroups 1, 2 own weight rows 0..63 and
 // 64..127 of the tile, issue the wgmmas (chunk q into buffer q % 2, the next chunk in flight
@@ -57,7 +57,7 @@ using sbop::WH0;
 
 constexpr int BM = 128, BN = 128, BK = 128, T = 256;   // tile (tokens, rows), stage, consumers
 #ifndef SB_STAGES   // the ring depth (the launcher sizes smem for it: mmq_sb.sb_smem)
-#define SB_STAGES 4
+#define SB_STAGES 5
 #endif
 constexpr int STAGES = SB_STAGES;
 constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;

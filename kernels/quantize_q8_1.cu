@@ -257,48 +257,53 @@ extern "C" __global__ void quantize_q8_1_split6_swiglu(const float* g, const flo
 }
 
 // mmq_sb_q4k.cu's token operand (mmq_sb_layout.cuh; numpy twin:
-// minfer.quants.mmq_sb_ref.sb_tokens_ref), one thread per (super-block sb, token m < Mp), from
-// the q8s split (Aq, Ta; quantize_q8s_split). In the block of (sb, m / 128): row m % 128 of the
-// two stage images (Aq's bytes; zeros for m >= M) and the tables: dc = da 2^75 of the
-// super-block (1 where its block is all zero) at table byte 4608 and r = dc of the previous
-// super-block / dc (1 / dc on the first, where z is still 0) at byte 0, both f32 [128] at the
-// fold's position of m % 128 (16 (i / 2) + 4t + 2 (i % 2) + e for m = 8i + 2t + e); at byte
-// 512 the min term's f16 B operand, the chunk sums s_c = sum of q as (lo, hi) = (s_c mod 64,
-// s_c div 64), K-major 8 x 16-byte core matrices ([16 token groups][lo | hi][8 tokens][8 c]).
-// Grid ceil(K/256 * Mp / 256), block 256.
-extern "C" __global__ void sb_token_tables(const uint8_t* __restrict__ Aq,
-                                           const float2* __restrict__ Ta, uint8_t* __restrict__ Tt,
-                                           int M, int K, int Mp) {
+// minfer.quants.mmq_sb_ref.sb_tokens_ref) from the q8s split (Aq, Ta; quantize_q8s_split). One
+// block of 256 threads per (super-block sb, 128-token tile), the block of the operand: the two
+// stage images of the tile's rows (Aq's bytes, zeros for tokens m >= M; thread i of a pass
+// moves 16-byte piece i % 16 of token i / 16, so reads and writes run along rows) and the
+// tables: dc = da 2^75 of the super-block (1 where its block is all zero) at table byte 4608
+// and r = dc of the previous super-block / dc (1 / dc on the first, where z is still 0) at
+// byte 0, both f32 [128] at the fold's position of m % 128 (16 (i / 2) + 4t + 2 (i % 2) + e
+// for m = 8i + 2t + e); at byte 512 the min term's f16 B operand, the chunk sums s_c = sum of
+// q as (lo, hi) = (s_c mod 64, s_c div 64), K-major 8 x 16-byte core matrices ([16 token
+// groups][lo | hi][8 tokens][8 chunks]). Grid (K/256 * Mp/128), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+sb_token_tables(const uint8_t* __restrict__ Aq, const float2* __restrict__ Ta,
+                uint8_t* __restrict__ Tt, int M, int K, int Mp) {
     using namespace sbop;
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)(K / 256) * Mp) return;
-    const int sb = (int)(i / Mp), m = (int)(i % Mp), mm = m % 128;
-    const float dx = Ta[(size_t)(8 * sb) * Mp + m].x;
-    const float dc = dx != 0.f ? dx : 1.f;
-    float prev = 1.f;
-    if (sb > 0) {
-        const float px = Ta[(size_t)(8 * sb - 8) * Mp + m].x;
-        prev = px != 0.f ? px : 1.f;
-    }
-    uint8_t* ob = Tt + ((size_t)sb * (Mp / 128) + m / 128) * TOP;
-    const uint4* src = reinterpret_cast<const uint4*>(Aq + (size_t)m * K + (size_t)sb * 256);
-    __half* B = reinterpret_cast<__half*>(ob + table_at(512, TH0)) + (mm / 8) * 128 + (mm % 8) * 8;
-    int s = 0;   // the chunk's sum of q
-    for (int c = 0; c < 16; ++c) {   // 16-byte pieces: two per chunk
-        const uint4 v = m < M ? src[c] : make_uint4(0x80808080u, 0x80808080u, 0x80808080u,
-                                                    0x80808080u);
-        *reinterpret_cast<uint4*>(ob + image_at(c >> 3, mm, c & 7, TH0)) =
-            m < M ? v : make_uint4(0, 0, 0, 0);
-        for (const uint32_t w : {v.x, v.y, v.z, v.w})
-            s += (int)(w & 0xFF) + (int)((w >> 8) & 0xFF) + (int)((w >> 16) & 0xFF) +
-                 (int)(w >> 24) - 512;
-        if (c & 1) {
-            B[c >> 1] = __int2half_rn(s & 63);          // exact: |s| <= 32 * 127
-            B[64 + (c >> 1)] = __int2half_rn(s >> 6);
-            s = 0;
+    const int MT = Mp / 128, sb = blockIdx.x / MT, mt = blockIdx.x % MT;
+    uint8_t* ob = Tt + (size_t)blockIdx.x * TOP;   // block (sb, mt)
+    __half* B = reinterpret_cast<__half*>(ob + table_at(512, TH0));
+#pragma unroll 2
+    for (int i = threadIdx.x; i < 128 * 16; i += 256) {
+        const int mm = i >> 4, c = i & 15, m = mt * 128 + mm;   // piece c: chunk c / 2, half c % 2
+        uint4 v = make_uint4(0, 0, 0, 0);
+        int s = 0;   // this half chunk's sum of q
+        if (m < M) {
+            v = *reinterpret_cast<const uint4*>(Aq + (size_t)m * K + (size_t)sb * 256 + c * 16);
+            for (const uint32_t w : {v.x, v.y, v.z, v.w})
+                s += (int)(w & 0xFF) + (int)((w >> 8) & 0xFF) + (int)((w >> 16) & 0xFF) +
+                     (int)(w >> 24) - 512;
+        }
+        *reinterpret_cast<uint4*>(ob + image_at(c >> 3, mm, c & 7, TH0)) = v;
+        s += __shfl_xor_sync(0xffffffffu, s, 1);   // the chunk's two halves (lanes 2j, 2j+1)
+        if (!(c & 1)) {   // exact: |s| <= 32 * 127
+            __half* b = B + (mm / 8) * 128 + (mm % 8) * 8 + (c >> 1);
+            b[0] = __int2half_rn(s & 63);
+            b[64] = __int2half_rn(s >> 6);
         }
     }
-    const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
-    reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
-    reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
+    if (threadIdx.x < 128) {
+        const int mm = threadIdx.x, m = mt * 128 + mm;
+        const float dx = Ta[(size_t)(8 * sb) * Mp + m].x;
+        const float dc = dx != 0.f ? dx : 1.f;
+        float prev = 1.f;
+        if (sb > 0) {
+            const float px = Ta[(size_t)(8 * sb - 8) * Mp + m].x;
+            prev = px != 0.f ? px : 1.f;
+        }
+        const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
+        reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
+        reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
+    }
 }

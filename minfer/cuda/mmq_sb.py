@@ -11,7 +11,7 @@ folds the sub-scale in, the activation scale once per super-block (per-token tab
 operands come as blocks per (super-block, 128-row / 128-token tile) that hold the shared-memory
 images of the tiles and their tables (mmq_sb_ref.sb_operand): the weight from
 `repack_q4k_sb`, the tokens from `sb_tokens` after the q8s split. Warp-specialized: one
-producer thread bulk-copies each stage (two copies) into a 4-slot ring, two consumer
+producer thread bulk-copies each stage (two copies) into a 5-slot ring, two consumer
 warpgroups own 64 weight rows each of a 128 x 128 tile. Persistent with stream-K over
 super-blocks (minfer.cuda.stream_k). sm_90 only.
 
@@ -39,8 +39,8 @@ SB_BM, SB_BN = 128, 128
 SB6_BN = 64   # q6_K tiles: 128 tokens x 64 rows (three m64n64 accumulators per warpgroup)
 
 
-def sb_smem(stages: int = 4) -> int:
-    """Dynamic smem of mmq_sb_q4k (SbSmem::BYTES): `stages` slots (SB_STAGES, default 4) of
+def sb_smem(stages: int = 5) -> int:
+    """Dynamic smem of mmq_sb_q4k (SbSmem::BYTES): `stages` slots (SB_STAGES, default 5) of
     44 KB (a stage's pieces of the weight and token blocks: the tiles' images, 128 x 128 B
     each, and their tables' parts); + 1 KB alignment and two mbarriers a slot."""
     return stages * 44 * 1024 + 1024 + 16 * stages
@@ -51,7 +51,7 @@ def _stages(build_opts: tuple) -> int:
     for o in build_opts:
         if o.startswith("-DSB_STAGES="):
             return int(o.split("=", 1)[1])
-    return 4
+    return 5
 
 
 def sb6_smem() -> int:
@@ -158,9 +158,9 @@ def sb_tokens(rt, aq, ta, tt=None):
     t_shape = (K // 256, Mp // 128, SB_TOP)
     tt = da.empty(rt, t_shape, np.uint8, "sb token operand") if tt is None else tt
     da.check("sb_tokens tt", tt, t_shape, np.uint8, align=16)
-    n = (K // 256) * Mp
-    rt.launch(rt.function("quantize_q8_1", "sb_token_tables"), ((n + 255) // 256,), (256,),
-              (da.arg(aq), da.arg(ta), da.arg(tt), np.int32(M), np.int32(K), np.int32(Mp)))
+    rt.launch(rt.function("quantize_q8_1", "sb_token_tables"), ((K // 256) * (Mp // 128),),
+              (256,), (da.arg(aq), da.arg(ta), da.arg(tt), np.int32(M), np.int32(K),
+                       np.int32(Mp)))
     return tt
 
 
