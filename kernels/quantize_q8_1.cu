@@ -21,6 +21,10 @@
 //            mmq_sb_q6k.cu's signed wgmma.
 //          sb_token_tables(const uint8_t* Aq, const float2* Ta, uint8_t* Tt, int M, int K,
 //            int Mp): mmq_sb_q4k.cu's token operand from a q8s split (at the entry).
+//          q8s_sb_operand(_f16)(x, uint8_t* Tt, int M, int K, int Mp) and
+//            q8s_sb_operand_swiglu(g, u, ldg, Tt, M, K, Mp): the q8s split and sb_token_tables
+//            in one launch, straight from the activations (or from f16(silu(g) * u)): the same
+//            bytes, without Aq and Ta (at the entries).
 //          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
 //          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
 //            x = f16(silu(g) * u) (g, u f32 rows of stride ldg, 16-byte aligned, ldg % 4 == 0),
@@ -55,6 +59,11 @@ template <class T>
 struct Rows {
     const T* x;
     int K;
+    // row m's values k .. k+7 (k % 8 == 0)
+    __device__ __forceinline__ void values8(int m, int k, float (&v)[8]) const {
+        load4(x, (long long)m * K + k, *reinterpret_cast<float(*)[4]>(&v[0]));
+        load4(x, (long long)m * K + k + 4, *reinterpret_cast<float(*)[4]>(&v[4]));
+    }
     __device__ __forceinline__ void values(long long b, int l8, float (&v)[4]) const {
         load4(x, b * 32 + 4 * l8, v);
     }
@@ -64,6 +73,16 @@ struct Swiglu {
     const float *g, *u;
     long long ldg;
     int K;
+    // row m's values k .. k+7 (k % 8 == 0)
+    __device__ __forceinline__ void values8(int m, int k, float (&v)[8]) const {
+        float gv[8], uv[8];
+        load4(g, m * ldg + k, *reinterpret_cast<float(*)[4]>(&gv[0]));
+        load4(g, m * ldg + k + 4, *reinterpret_cast<float(*)[4]>(&gv[4]));
+        load4(u, m * ldg + k, *reinterpret_cast<float(*)[4]>(&uv[0]));
+        load4(u, m * ldg + k + 4, *reinterpret_cast<float(*)[4]>(&uv[4]));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = __half2float(__float2half_rn(swiglu1(gv[j], uv[j])));
+    }
     __device__ __forceinline__ void values(long long b, int l8, float (&v)[4]) const {
         const long long i = b / (K / 32) * ldg + b % (K / 32) * 32 + 4 * l8;
         float gv[4], uv[4];
@@ -306,4 +325,80 @@ sb_token_tables(const uint8_t* __restrict__ Aq, const float2* __restrict__ Ta,
         reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
         reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
     }
+}
+
+// The q8s split and sb_token_tables in one launch (bit-identical to the two; twin:
+// sb_tokens_ref(*split_q8s_ref(x))): one warp per (token m < Mp, super-block sb), 8 values per
+// lane (lane l: k = 8l .. 8l+7 of the super-block, chunk l / 4). The warp quantizes its 256
+// values as quantize_q8s_split does and writes them (q + 128) straight into the stage images,
+// the chunk sums into the min term's B block and (lane 0) r and dc; r needs the previous
+// super-block's scale, so the warp also reads those 256 values for their amax (the activations
+// are read twice, Aq and Ta are never written). Tokens m >= M: zero images and sums, r = dc =
+// 1 (what the split's zeroed Ta gives). Grid ceil(Mp * K/256 / 8), block 256.
+__device__ __forceinline__ float warp_amax(const float (&v)[8]) {
+    float a = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a = fmaxf(a, fabsf(v[k]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    return a;
+}
+
+// a super-block's unit dc = f16(d) 2^75, 1 for an all-zero block (sb_token_tables' rule)
+__device__ __forceinline__ float sb_unit(float amax) {
+    const float dx = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f))) * 0x1p75f;
+    return dx != 0.f ? dx : 1.f;
+}
+
+template <class Src>
+__device__ __forceinline__ void q8s_sb_operand(const Src& src, uint8_t* Tt, int M, int K, int Mp) {
+    using namespace sbop;
+    const int KS = K / 256, l = threadIdx.x & 31;
+    const long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (w >= (long long)Mp * KS) return;   // (whole warps)
+    const int m = (int)(w / KS), sb = (int)(w % KS), mm = m % 128;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (m < M) {
+        src.values8(m, sb * 256 + 8 * l, v);
+        if (sb > 0) src.values8(m, sb * 256 - 256 + 8 * l, vp);
+    }
+    const float amax = warp_amax(v), aprev = warp_amax(vp);
+    const float d = __fdiv_rn(amax, 127.0f);
+    int q[8], s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], d));
+        s += q[k];
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);   // the 32-chunk's sum (4 lanes)
+    uint8_t* ob = Tt + ((size_t)sb * (Mp / 128) + m / 128) * TOP;
+    const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
+    *reinterpret_cast<uint2*>(ob + image_at(l >> 4, mm, (l & 15) >> 1, TH0) + (l & 1) * 8) =
+        m < M ? make_uint2(pack4(lo, 128), pack4(hi, 128)) : make_uint2(0, 0);
+    if ((l & 3) == 0) {   // exact: |s| <= 32 * 127
+        __half* b = reinterpret_cast<__half*>(ob + table_at(512, TH0)) + (mm / 8) * 128 +
+                    (mm % 8) * 8 + (l >> 2);
+        b[0] = __int2half_rn(s & 63);
+        b[64] = __int2half_rn(s >> 6);
+    }
+    if (l == 0) {
+        const float dc = sb_unit(amax), prev = sb > 0 ? sb_unit(aprev) : 1.f;
+        const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
+        reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
+        reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
+    }
+}
+
+extern "C" __global__ void q8s_sb_operand(const float* x, uint8_t* Tt, int M, int K, int Mp) {
+    q8s_sb_operand(Rows<float>{x, K}, Tt, M, K, Mp);
+}
+
+extern "C" __global__ void q8s_sb_operand_f16(const __half* x, uint8_t* Tt, int M, int K, int Mp) {
+    q8s_sb_operand(Rows<__half>{x, K}, Tt, M, K, Mp);
+}
+
+extern "C" __global__ void q8s_sb_operand_swiglu(const float* g, const float* u, long long ldg,
+                                                 uint8_t* Tt, int M, int K, int Mp) {
+    q8s_sb_operand(Swiglu{g, u, ldg, K}, Tt, M, K, Mp);
 }

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from minfer.cuda import devarray as da
-from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_tokens, split_q8s
+from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_operand, sb_tokens, split_q8s
 from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack, split6_q8_1, split_q8_1
 from minfer.cuda.runtime import get_runtime
 from minfer.quants.mmq_sb_ref import (mmq_sb_linear_ref, repack_q4k_sb_ref, repack_q6k_sb_ref,
@@ -65,6 +65,10 @@ def check(rt, rng, qt, variants) -> int:
             ok &= same(sb_tokens(rt, da.to_device(rt, a_), da.to_device(rt, t_)),
                        sb_tokens_ref(a_, t_, M, K))
         print(f"{tn} sb token operand bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
+        fails += not ok
+        ok = all(same(sb_operand(rt, da.to_device(rt, x_)).tt, sb_tokens_ref(
+            *split_q8s_ref(x_.astype(np.float32)), M, K)) for x_ in (x0, x0.astype(np.float16)))
+        print(f"{tn} sb operand (one launch) bitwise {M}x{K}: {'OK' if ok else 'MISMATCH'}")
         fails += not ok
     for (M, N, K) in ((77, 333, 1280), (1, 8, 256), (128, 64, 256), (300, 1000, 4096),
                       (129, 200, 512), (65, 129, 768), (512, 1000, 4096)):
@@ -118,7 +122,8 @@ def time_all(rt, rng, qt, variants):
         runs += [("split " + ("q8_1x2" if q6 else "q8_1"), lambda i: splitw(rt, xd, *sp)),
                  ("split q8s", lambda i: split_q8s(rt, xd, *sq[:2], signed=q6))]
         if not q6:
-            runs += [("sb token operand", lambda i: sb_tokens(rt, *sq))]
+            runs += [("sb token operand", lambda i: sb_tokens(rt, *sq)),
+                     ("sb operand, one launch", lambda i: sb_operand(rt, xd, sq[2]))]
         for name, (us, spread) in interleaved(rt, runs).items():
             rows.append((NAME[qt], f"{N}x{K}", name, us, 2 * M * N * K / us / 1e6, spread))
         for a in raws:

@@ -164,7 +164,7 @@ class CudaBackend:
     def _quantize(self, A, *names: str):
         """A f16 [M, K] -> its MMQ prepass outputs in the shared scratch, once, for the
         GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels), "split"
-        ((aq, ta), the q4_K wgmma kernel), "q8s" / "q8s6" ((aq, ta, tt) / (aq, ta) per 256, the
+        ((aq, ta), the q4_K wgmma kernel), "q8s" / "q8s6" (SbTokens / (aq, ta) per 256, the
         q4_K / q6_K SB kernels) and / or
         "split6" ((xq, tx), the q6_K wgmma kernel),
         as the names' routes and types need; None when all run
@@ -191,13 +191,12 @@ class CudaBackend:
                 out["split"] = split_q8_1(self.rt, A, aq, ta)
             sbq = {int(self.qtypes[n]) for n in names if self.routes[n][0] == "mmq-sb"}
             if sbq:   # (then every q4_K / q6_K route of the type is SB: its scratch is free)
-                from minfer.cuda.mmq_sb import sb_tokens, sb_views, split_q8s
+                from minfer.cuda.mmq_sb import sb_operand, sb_views, split_q8s
 
-                if Q4_K in sbq:   # q + 128, then the token operand (images and tables)
-                    aq, ta, tt = sb_views(self.q8s, M, K)
-                    da.poison(self.rt, aq, ta, tt)
-                    split_q8s(self.rt, A, aq, ta)
-                    out["q8s"] = (aq, ta, sb_tokens(self.rt, aq, ta, tt))
+                if Q4_K in sbq:   # the token operand (images and tables), in one launch
+                    tt = sb_views(self.q8s, M, K)[2]
+                    da.poison(self.rt, tt)
+                    out["q8s"] = sb_operand(self.rt, A, tt)
                 if Q6_K in sbq:   # signed bytes, in the split6 scratch
                     aq, ta = split_views(self.q8s6, M, K)
                     da.poison(self.rt, aq, ta)
@@ -210,9 +209,10 @@ class CudaBackend:
 
     def _swiglu(self, f16, down: str, g, u=None):
         """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]) as the input
-        of `down`. When `down` runs on a wgmma kernel and the config fuses its prepass, the
-        swiglu launch writes the q8_1 split operand of down's type instead (f16 is left
-        unwritten) and that is returned, as _quantize's dict; else None."""
+        of `down`. When `down` runs on a wgmma kernel (or is q4_K on the SB kernel) and the
+        config fuses its prepass, the swiglu launch writes down's operand instead (the q8_1
+        split of its type, or the SB token operand; f16 is left unwritten) and that is
+        returned, as _quantize's dict; else None."""
         if self.gcfg.fused_prepass and self.routes[down][0] == "mmq-wgmma":
             from minfer.cuda.mmq_wgmma import Q6_K, split6_views, split_swiglu, split_views
 
@@ -223,6 +223,15 @@ class CudaBackend:
             with self._op("swiglu+q8_1"):
                 da.poison(self.rt, a, t)
                 return {key: split_swiglu(self.rt, qt, g, u, a, t)}
+        if self.gcfg.fused_prepass and self.routes[down][0] == "mmq-sb":
+            from minfer.cuda.mmq_sb import Q4_K, sb_operand_swiglu, sb_views
+
+            if int(self.qtypes[down]) == Q4_K:   # (q6_K's SB operand is the signed split)
+                M, F = f16.shape
+                tt = sb_views(self.q8s, M, F)[2]
+                with self._op("swiglu+q8s"):
+                    da.poison(self.rt, tt)
+                    return {"q8s": sb_operand_swiglu(self.rt, g, u, tt)}
         with self._op("swiglu"):
             da.poison(self.rt, f16)
             if u is None:

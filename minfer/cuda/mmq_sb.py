@@ -164,6 +164,71 @@ def sb_tokens(rt, aq, ta, tt=None):
     return tt
 
 
+@dataclass(frozen=True)
+class SbTokens:
+    """mmq_sb_q4k's token operand of an activation [M, K]: tt uint8 [K/256, Mp/128, SB_TOP]
+    (from `sb_operand` / `sb_operand_swiglu`, or `sb_tokens` on a q8s split)."""
+    tt: object
+    M: int
+    K: int
+
+
+def _operand_out(rt, what: str, M: int, K: int, tt):
+    if K % 256 or M <= 0:
+        raise GPUError(f"{what}: need M >= 1 and K a multiple of 256, got M={M} K={K}")
+    if sb_token_bytes(M, K) >= 2**31:
+        raise GPUError(f"{what}: [{M}, {K}] is too large for the kernels' 32-bit offsets")
+    t_shape = (K // 256, pad_rows(M) // 128, SB_TOP)
+    tt = da.empty(rt, t_shape, np.uint8, f"sb token operand ({what})") if tt is None else tt
+    da.check(f"{what} tt", tt, t_shape, np.uint8, align=16)
+    return tt
+
+
+def _launch_operand(rt, entry: str, M: int, K: int, args: tuple) -> None:
+    warps = pad_rows(M) * (K // 256)   # one per (token, super-block), padding tokens included
+    rt.launch(rt.function("quantize_q8_1", entry), ((warps + 7) // 8,), (256,),
+              (*args, np.int32(M), np.int32(K), np.int32(pad_rows(M))))
+
+
+def sb_operand(rt, x, tt=None) -> SbTokens:
+    """x f32 / f16 [M, K] (K % 256 == 0) -> SbTokens, the q4_K SB kernel's token operand, in one
+    launch (quantize_q8_1.cu q8s_sb_operand): bit-identical to split_q8s then sb_tokens,
+    without the split's Aq / Ta (into tt if given)."""
+    what = "sb_operand"
+    da.check(f"{what} x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
+    M, K = x.shape
+    tt = _operand_out(rt, what, M, K, tt)
+    if da.ptr(x) % 16:
+        raise GPUError(f"{what}: activations at a 16-byte unaligned address")
+    _launch_operand(rt, "q8s_sb_operand" + ("" if x.dtype == np.float32 else "_f16"), M, K,
+                    (da.arg(x), da.arg(tt)))
+    return SbTokens(tt, M, K)
+
+
+def sb_operand_swiglu(rt, g, u=None, tt=None) -> SbTokens:
+    """The token operand of x = f16(silu(g) * u) [M, F] in one launch (q8s_sb_operand_swiglu):
+    bit-identical to layers.swiglu into f16, then sb_operand. g, u f32 [M, F]; or u None and g
+    the fused gate|up output f32 [M, 2F]."""
+    what = "sb_operand_swiglu"
+    da.check(f"{what} g", g, (None, None), np.float32)
+    if u is None:   # the fused gate|up GEMM output: u = g + F, row stride 2F
+        M, F2 = g.shape
+        if F2 % 2:
+            raise GPUError(f"{what}: gate|up has {F2} columns, expected 2F")
+        F, ldg = F2 // 2, F2
+        gp, up = da.ptr(g), da.ptr(g) + 4 * (F2 // 2)
+    else:
+        M, F = g.shape
+        da.check(f"{what} u", u, (M, F), np.float32)
+        ldg, gp, up = F, da.ptr(g), da.ptr(u)
+    if gp % 16 or up % 16 or ldg % 4:
+        raise GPUError(f"{what}: gate / up rows not 16-byte aligned")
+    tt = _operand_out(rt, what, M, F, tt)
+    _launch_operand(rt, "q8s_sb_operand_swiglu", M, F,
+                    (np.uintp(gp), np.uintp(up), np.int64(ldg), da.arg(tt)))
+    return SbTokens(tt, M, F)
+
+
 def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
     """x f32 / f16 [M, K] (K % 256 == 0) -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the SB
     operand (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0); signed:
@@ -186,9 +251,9 @@ def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
 
 def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool = False,
                   build_opts: tuple = (), stream_k: bool = True, sms: int | None = None) -> None:
-    """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (split here) or its split
-    (aq, ta), for q4_K optionally with its token tables (aq, ta, tt) (made here otherwise).
-    stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
+    """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (quantized here), its split
+    (aq, ta), for q4_K optionally with its token operand (aq, ta, tt), or for q4_K its
+    SbTokens. stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
     if not isinstance(w, (SbQ4K, SbQ6K)) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ6K of [{N}, {K}]")
     q6 = isinstance(w, SbQ6K)
@@ -198,21 +263,31 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
             M * N >= 2**31 or sb_token_bytes(M, K) >= 2**31):
         raise GPUError(f"mmq_sb_linear: [{M}, {N}, {K}] is too large for the kernels' 32-bit "
                        "offsets (every operand and table under 2^31 bytes)")
-    if isinstance(x, tuple):
+    if isinstance(x, SbTokens):
+        if q6 or (x.M, x.K) != (M, K):
+            raise GPUError(f"mmq_sb_linear: a q4_K token operand of [{x.M}, {x.K}] for "
+                           f"{'q6_K' if q6 else 'q4_K'} [{M}, {N}, {K}]")
+    elif isinstance(x, tuple):
         aq, ta = x[:2]
         da.check("mmq_sb_linear aq", aq, (M, K), np.uint8, align=16)
         da.check("mmq_sb_linear ta", ta, (K // 32, pad_rows(M), 2), np.float32, align=16)
+    elif q6:
+        da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
+        aq, ta = split_q8s(rt, x, signed=True)   # (a split passed in must match: q6_K signed)
     else:
         da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
-        aq, ta = split_q8s(rt, x, signed=q6)   # (a split passed in must match: q6_K signed)
     da.check("mmq_sb_linear out", out, (M, N), np.float32)
     if not q6:   # the kernel reads the token operand (passed as x[2], or made here)
-        if isinstance(x, tuple) and len(x) > 2:
+        if isinstance(x, SbTokens):
+            tt = x.tt
+        elif isinstance(x, tuple) and len(x) > 2:
             tt = x[2]
-            da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TOP), np.uint8,
-                     align=16)
-        else:
+        elif isinstance(x, tuple):
             tt = sb_tokens(rt, aq, ta)
+        else:
+            tt = sb_operand(rt, x).tt
+        da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TOP), np.uint8,
+                 align=16)
         tiles = -(-M // SB_BM) * -(-N // SB_BN)
         launch_persistent(rt, "mmq_sb_q4k" + ("_acc" if accumulate else ""), "mmq_sb_q4k",
                           sb_smem(_stages(build_opts)), tiles, K // 256,
@@ -226,6 +301,6 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
                       build_opts, stream_k, sms)
 
 
-__all__ = ["SbQ4K", "SbQ6K", "repack_sb", "repack_q4k_sb", "sb_tokens", "sb_smem", "sb6_smem",
-           "sb_split_bytes", "sb_token_bytes", "sb_views", "sb_weight_bytes",
-           "split_q8s", "mmq_sb_linear"]
+__all__ = ["SbQ4K", "SbQ6K", "SbTokens", "sb_operand", "sb_operand_swiglu", "repack_sb",
+           "repack_q4k_sb", "sb_tokens", "sb_smem", "sb6_smem", "sb_split_bytes",
+           "sb_token_bytes", "sb_views", "sb_weight_bytes", "split_q8s", "mmq_sb_linear"]

@@ -135,3 +135,68 @@ def test_backend_on_sb(hopper, model):
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-2
     nxt = b.forward(np.array([int(np.argmax(got))], np.int32), len(prompt))   # M = 1 decode
     assert np.isfinite(nxt).all()
+
+
+@pytest.mark.parametrize("M,K", [(77, 1280), (130, 512)])
+def test_sb_operand_bitwise(hopper, same_bytes, M, K):
+    """The one-launch token operand (q8s_sb_operand) from f32 and f16 activations is bitwise
+    the split + sb_tokens twins' (an all-zero super-block, ragged M, two token tiles)."""
+    from minfer.cuda import devarray as da
+    from minfer.cuda.mmq_sb import SbTokens, sb_operand
+    from minfer.quants.mmq_sb_ref import sb_tokens_ref, split_q8s_ref
+
+    rt = hopper
+    rng = np.random.default_rng(M + K)
+    x = rng.standard_normal((M, K)).astype(np.float32) * 3
+    x[3, 256:512] = 0
+    for xin in (x, x.astype(np.float16)):
+        got = sb_operand(rt, da.to_device(rt, xin))
+        assert isinstance(got, SbTokens) and (got.M, got.K) == (M, K)
+        x32 = xin.astype(np.float32)
+        assert same_bytes(got.tt, sb_tokens_ref(*split_q8s_ref(x32), M, K))
+
+
+def test_sb_operand_swiglu_bitwise(hopper, same_bytes):
+    """The swiglu + token operand launch writes exactly the bytes of swiglu into f16 followed by
+    sb_operand, from the fused gate|up output [M, 2F] and from g, u apart."""
+    from minfer.cuda import devarray as da
+    from minfer.cuda.layers import swiglu_fused
+    from minfer.cuda.mmq_sb import sb_operand, sb_operand_swiglu
+
+    rt = hopper
+    M, F = 77, 1280
+    rng = np.random.default_rng(9)
+    gu = (3 * rng.standard_normal((M, 2 * F))).astype(np.float32)
+    gu[5, 256:512] = 0.0   # silu(0) * 0: an all-zero super-block
+    gu[5, F + 256:F + 512] = 0.0
+    gud = da.to_device(rt, gu)
+    f16 = da.empty(rt, (M, F), np.float16)
+    swiglu_fused(rt, f16, gud)
+    want = sb_operand(rt, f16).tt.get()
+    for args in ((gud,), (da.to_device(rt, gu[:, :F].copy()), da.to_device(rt, gu[:, F:].copy()))):
+        got = sb_operand_swiglu(rt, *args)
+        assert (got.M, got.K) == (M, F) and same_bytes(got.tt, want)
+
+
+def test_sb_linear_takes_the_token_operand(hopper):
+    """mmq_sb_linear on an SbTokens gives the bits it gives on x; a q6_K weight or another
+    shape refuses it."""
+    from minfer.cuda import devarray as da
+    from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_operand
+    from minfer.errors import GPUError
+
+    rt = hopper
+    rng = np.random.default_rng(11)
+    M, N, K = 130, 200, 768
+    x = da.to_device(rt, rng.standard_normal((M, K)).astype(np.float32))
+    w = repack_sb(rt, da.to_device(rt, _rand(rng, 12, N, K)), 12, N, K)
+    a, b = (da.empty(rt, (M, N), np.float32) for _ in range(2))
+    mmq_sb_linear(rt, x, w, M, N, K, a)
+    tok = sb_operand(rt, x)
+    mmq_sb_linear(rt, tok, w, M, N, K, b)
+    assert np.array_equal(a.get(), b.get())
+    w6 = repack_sb(rt, da.to_device(rt, _rand(rng, 14, N, K)), 14, N, K)
+    with pytest.raises(GPUError, match="token operand"):
+        mmq_sb_linear(rt, tok, w6, M, N, K, b)
+    with pytest.raises(GPUError, match="token operand"):
+        mmq_sb_linear(rt, tok, w, M - 1, N, K, da.empty(rt, (M - 1, N), np.float32))
