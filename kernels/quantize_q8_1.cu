@@ -328,17 +328,13 @@ sb_token_tables(const uint8_t* __restrict__ Aq, const float2* __restrict__ Ta,
 }
 
 // The q8s split and sb_token_tables in one launch (bit-identical to the two; twin:
-// sb_tokens_ref(*split_q8s_ref(x))): one warp per token m < Mp and run of SBW = 4 consecutive
-// super-blocks, 8 values per lane (lane l: k = 8l .. 8l+7 of the super-block, chunk l / 4).
-// Per super-block the warp quantizes its 256 values as quantize_q8s_split does and writes them
-// (q + 128) straight into the stage images, the chunk sums into the min term's B block and
-// (lane 0) r and dc. r needs the previous super-block's scale: carried from the previous
-// iteration, and for the run's first super-block from the amax of the 256 values before it (so
-// the activations are read 1 + 1/SBW times; Aq and Ta are never written). Tokens m >= M: zero
-// images and sums, r = dc = 1 (what the split's zeroed Ta gives). Grid ceil(Mp * ceil(K/256 /
-// SBW) / 8), block 256.
-constexpr int SBW = 4;
-
+// sb_tokens_ref(*split_q8s_ref(x))): one warp per (token m < Mp, super-block sb), 8 values per
+// lane (lane l: k = 8l .. 8l+7 of the super-block, chunk l / 4). The warp quantizes its 256
+// values as quantize_q8s_split does and writes them (q + 128) straight into the stage images,
+// the chunk sums into the min term's B block and (lane 0) r and dc; r needs the previous
+// super-block's scale, so the warp also reads those 256 values for their amax (the activations
+// are read twice, Aq and Ta are never written). Tokens m >= M: zero images and sums, r = dc =
+// 1 (what the split's zeroed Ta gives). Grid ceil(Mp * K/256 / 8), block 256.
 __device__ __forceinline__ float warp_amax(const float (&v)[8]) {
     float a = 0.f;
 #pragma unroll
@@ -357,54 +353,40 @@ __device__ __forceinline__ float sb_unit(float amax) {
 template <class Src>
 __device__ __forceinline__ void q8s_sb_operand(const Src& src, uint8_t* Tt, int M, int K, int Mp) {
     using namespace sbop;
-    const int KS = K / 256, runs = (KS + SBW - 1) / SBW, l = threadIdx.x & 31;
+    const int KS = K / 256, l = threadIdx.x & 31;
     const long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (w >= (long long)Mp * runs) return;   // (whole warps)
-    const int m = (int)(w / runs), sb0 = (int)(w % runs) * SBW, mm = m % 128;
-    const int n = min(SBW, KS - sb0);
-    float v[SBW][8];
-#pragma unroll
-    for (int i = 0; i < SBW; ++i) {   // every load first: they are independent
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[i][k] = 0.f;
-        if (m < M && i < n) src.values8(m, (sb0 + i) * 256 + 8 * l, v[i]);
+    if (w >= (long long)Mp * KS) return;   // (whole warps)
+    const int m = (int)(w / KS), sb = (int)(w % KS), mm = m % 128;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (m < M) {
+        src.values8(m, sb * 256 + 8 * l, v);
+        if (sb > 0) src.values8(m, sb * 256 - 256 + 8 * l, vp);
     }
-    float prev = 1.f;
-    if (sb0 > 0) {
-        float vp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (m < M) src.values8(m, sb0 * 256 - 256 + 8 * l, vp);
-        prev = sb_unit(warp_amax(vp));
+    const float amax = warp_amax(v), aprev = warp_amax(vp);
+    const float d = __fdiv_rn(amax, 127.0f);
+    int q[8], s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], d));
+        s += q[k];
     }
-    const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
-#pragma unroll
-    for (int i = 0; i < SBW; ++i) {
-        if (i >= n) break;
-        const float amax = warp_amax(v[i]);
-        const float d = __fdiv_rn(amax, 127.0f);
-        int q[8], s = 0;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[i][k], d));
-            s += q[k];
-        }
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);   // the 32-chunk's sum (4 lanes)
-        uint8_t* ob = Tt + ((size_t)(sb0 + i) * (Mp / 128) + m / 128) * TOP;
-        const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
-        *reinterpret_cast<uint2*>(ob + image_at(l >> 4, mm, (l & 15) >> 1, TH0) + (l & 1) * 8) =
-            m < M ? make_uint2(pack4(lo, 128), pack4(hi, 128)) : make_uint2(0, 0);
-        if ((l & 3) == 0) {   // exact: |s| <= 32 * 127
-            __half* b = reinterpret_cast<__half*>(ob + table_at(512, TH0)) + (mm / 8) * 128 +
-                        (mm % 8) * 8 + (l >> 2);
-            b[0] = __int2half_rn(s & 63);
-            b[64] = __int2half_rn(s >> 6);
-        }
-        const float dc = sb_unit(amax);
-        if (l == 0) {
-            reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
-            reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
-        }
-        prev = dc;
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);   // the 32-chunk's sum (4 lanes)
+    uint8_t* ob = Tt + ((size_t)sb * (Mp / 128) + m / 128) * TOP;
+    const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
+    *reinterpret_cast<uint2*>(ob + image_at(l >> 4, mm, (l & 15) >> 1, TH0) + (l & 1) * 8) =
+        m < M ? make_uint2(pack4(lo, 128), pack4(hi, 128)) : make_uint2(0, 0);
+    if ((l & 3) == 0) {   // exact: |s| <= 32 * 127
+        __half* b = reinterpret_cast<__half*>(ob + table_at(512, TH0)) + (mm / 8) * 128 +
+                    (mm % 8) * 8 + (l >> 2);
+        b[0] = __int2half_rn(s & 63);
+        b[64] = __int2half_rn(s >> 6);
+    }
+    if (l == 0) {
+        const float dc = sb_unit(amax), prev = sb > 0 ? sb_unit(aprev) : 1.f;
+        const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
+        reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
+        reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
     }
 }
 

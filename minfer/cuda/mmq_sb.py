@@ -184,12 +184,8 @@ def _operand_out(rt, what: str, M: int, K: int, tt):
     return tt
 
 
-SB_RUN = 4   # super-blocks per warp of the q8s_sb_operand entries (quantize_q8_1.cu SBW)
-
-
 def _launch_operand(rt, entry: str, M: int, K: int, args: tuple) -> None:
-    # one warp per token (padding tokens included) and run of SB_RUN super-blocks
-    warps = pad_rows(M) * -(-(K // 256) // SB_RUN)
+    warps = pad_rows(M) * (K // 256)   # one per (token, super-block), padding tokens included
     rt.launch(rt.function("quantize_q8_1", entry), ((warps + 7) // 8,), (256,),
               (*args, np.int32(M), np.int32(K), np.int32(pad_rows(M))))
 
