@@ -328,13 +328,15 @@ sb_token_tables(const uint8_t* __restrict__ Aq, const float2* __restrict__ Ta,
 }
 
 // The q8s split and sb_token_tables in one launch (bit-identical to the two; twin:
-// sb_tokens_ref(*split_q8s_ref(x))): one warp per (token m < Mp, super-block sb), 8 values per
-// lane (lane l: k = 8l .. 8l+7 of the super-block, chunk l / 4). The warp quantizes its 256
-// values as quantize_q8s_split does and writes them (q + 128) straight into the stage images,
-// the chunk sums into the min term's B block and (lane 0) r and dc; r needs the previous
-// super-block's scale, so the warp also reads those 256 values for their amax (the activations
-// are read twice, Aq and Ta are never written). Tokens m >= M: zero images and sums, r = dc =
-// 1 (what the split's zeroed Ta gives). Grid ceil(Mp * K/256 / 8), block 256.
+// sb_tokens_ref(*split_q8s_ref(x))): one warp per (token m < Mp, super-block sb), w = m K/256
+// + sb, 8 values per lane (lane l: k = 8l .. 8l+7 of the super-block, chunk l / 4). The warp
+// quantizes its 256 values as quantize_q8s_split does and writes them (q + 128) straight into
+// the stage images, the chunk sums into the min term's B block and (lane 0) r and dc. r needs
+// the previous super-block's scale: the previous warp of the CTA has it (its amax through
+// shared memory); only a CTA's first warp reads the 256 values before its own for their amax
+// (the activations are read 1 + 1/8 times; Aq and Ta are never written). Tokens m >= M: zero
+// images and sums, r = dc = 1 (what the split's zeroed Ta gives). Grid ceil(Mp * K/256 / 8),
+// block 256.
 __device__ __forceinline__ float warp_amax(const float (&v)[8]) {
     float a = 0.f;
 #pragma unroll
@@ -353,16 +355,27 @@ __device__ __forceinline__ float sb_unit(float amax) {
 template <class Src>
 __device__ __forceinline__ void q8s_sb_operand(const Src& src, uint8_t* Tt, int M, int K, int Mp) {
     using namespace sbop;
-    const int KS = K / 256, l = threadIdx.x & 31;
-    const long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (w >= (long long)Mp * KS) return;   // (whole warps)
-    const int m = (int)(w / KS), sb = (int)(w % KS), mm = m % 128;
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, vp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (m < M) {
-        src.values8(m, sb * 256 + 8 * l, v);
-        if (sb > 0) src.values8(m, sb * 256 - 256 + 8 * l, vp);
+    __shared__ float amaxes[8];   // per warp of the CTA
+    const int KS = K / 256, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const long long w = (long long)blockIdx.x * 8 + wi;
+    const bool live = w < (long long)Mp * KS;   // (no early return: the CTA syncs below)
+    const int m = live ? (int)(w / KS) : 0, sb = live ? (int)(w % KS) : 0, mm = m % 128;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (live && m < M) src.values8(m, sb * 256 + 8 * l, v);
+    const float amax = warp_amax(v);
+    if (l == 0) amaxes[wi] = amax;
+    __syncthreads();
+    if (!live) return;
+    float prev = 1.f;
+    if (sb > 0) {
+        if (wi > 0) {   // warp w - 1 is (m, sb - 1)
+            prev = sb_unit(amaxes[wi - 1]);
+        } else {
+            float vp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            if (m < M) src.values8(m, sb * 256 - 256 + 8 * l, vp);
+            prev = sb_unit(warp_amax(vp));
+        }
     }
-    const float amax = warp_amax(v), aprev = warp_amax(vp);
     const float d = __fdiv_rn(amax, 127.0f);
     int q[8], s = 0;
 #pragma unroll
@@ -383,7 +396,7 @@ __device__ __forceinline__ void q8s_sb_operand(const Src& src, uint8_t* Tt, int 
         b[64] = __int2half_rn(s >> 6);
     }
     if (l == 0) {
-        const float dc = sb_unit(amax), prev = sb > 0 ? sb_unit(aprev) : 1.f;
+        const float dc = sb_unit(amax);
         const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
         reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
         reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;

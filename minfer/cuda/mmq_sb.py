@@ -185,7 +185,8 @@ def _operand_out(rt, what: str, M: int, K: int, tt):
 
 
 def _launch_operand(rt, entry: str, M: int, K: int, args: tuple) -> None:
-    warps = pad_rows(M) * (K // 256)   # one per (token, super-block), padding tokens included
+    # one warp per (token, super-block), padding tokens included; 8 warps a CTA (the kernel's)
+    warps = pad_rows(M) * (K // 256)
     rt.launch(rt.function("quantize_q8_1", entry), ((warps + 7) // 8,), (256,),
               (*args, np.int32(M), np.int32(K), np.int32(pad_rows(M))))
 
