@@ -23,7 +23,9 @@ import sys
 import numpy as np
 
 from minfer.cuda import devarray as da
-from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_operand, sb_tokens, split_q8s
+from minfer.cuda.layers import swiglu
+from minfer.cuda.mmq_sb import (mmq_sb_linear, repack_sb, sb_operand, sb_operand_swiglu,
+                                sb_tokens, split_q8s)
 from minfer.cuda.mmq_wgmma import mmq_wgmma_linear, repack, split6_q8_1, split_q8_1
 from minfer.cuda.runtime import get_runtime
 from minfer.quants.mmq_sb_ref import (mmq_sb_linear_ref, repack_q4k_sb_ref, repack_q6k_sb_ref,
@@ -124,6 +126,18 @@ def time_all(rt, rng, qt, variants):
         if not q6:
             runs += [("sb token operand", lambda i: sb_tokens(rt, *sq)),
                      ("sb operand, one launch", lambda i: sb_operand(rt, xd, sq[2]))]
+            if K > 4096:   # ffn_down's input: from the gate and up outputs
+                g, u = (da.to_device(rt, rng.standard_normal((M, K)).astype(np.float32))
+                        for _ in range(2))
+                f16 = da.empty(rt, (M, K), np.float16)
+
+                def three(i):
+                    swiglu(rt, f16, g, u)
+                    sb_tokens(rt, *split_q8s(rt, f16, *sq[:2]), sq[2])
+
+                runs += [("swiglu, split, operand", three),
+                         ("swiglu + operand, one launch",
+                          lambda i: sb_operand_swiglu(rt, g, u, sq[2]))]
         for name, (us, spread) in interleaved(rt, runs).items():
             rows.append((NAME[qt], f"{N}x{K}", name, us, 2 * M * N * K / us / 1e6, spread))
         for a in raws:
