@@ -180,6 +180,21 @@ __device__ __forceinline__ void quantize_split6(const Src& x, uint8_t* Xq, uint8
     }
 }
 
+// A warp's 256 values (8 per lane) of one super-block with amax their warp-wide max: q =
+// roundf(x / d), d = amax / 127 (q8_1's rules); returns the 32-chunk's sum of q (lanes 4j..4j+3
+// hold chunk j)
+__device__ __forceinline__ int q8s_quantize(const float (&v)[8], float amax, int (&q)[8]) {
+    const float d = __fdiv_rn(amax, 127.0f);
+    int s = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], d));
+        s += q[k];
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    return s + __shfl_xor_sync(0xffffffffu, s, 2);
+}
+
 // q8s: one scale per 256 values (a super-block, llama.cpp's q8_K grouping) for mmq_sb_q4k.cu,
 // with q8_1's rounding rules. One warp per super-block, 8 values per lane (chunk = lane / 4).
 template <int BIAS, class T>
@@ -198,14 +213,8 @@ __device__ __forceinline__ void quantize_q8s_split(const T* x, uint8_t* Aq, floa
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float d = __fdiv_rn(amax, 127.0f);
-    int q[8], s = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], d));
-        s += q[k];
-    }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);   // the 32-chunk's sum (4 lanes)
+    int q[8];
+    const int s = q8s_quantize(v, amax, q);
     if (b >= nsb) return;
     const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
     *reinterpret_cast<uint2*>(Aq + i) = make_uint2(pack4(lo, BIAS), pack4(hi, BIAS));
@@ -376,15 +385,8 @@ __device__ __forceinline__ void q8s_sb_operand(const Src& src, uint8_t* Tt, int 
             prev = sb_unit(warp_amax(vp));
         }
     }
-    const float d = __fdiv_rn(amax, 127.0f);
-    int q[8], s = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], d));
-        s += q[k];
-    }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);   // the 32-chunk's sum (4 lanes)
+    int q[8];
+    const int s = q8s_quantize(v, amax, q);
     uint8_t* ob = Tt + ((size_t)sb * (Mp / 128) + m / 128) * TOP;
     const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
     *reinterpret_cast<uint2*>(ob + image_at(l >> 4, mm, (l & 15) >> 1, TH0) + (l & 1) * 8) =

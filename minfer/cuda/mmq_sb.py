@@ -28,7 +28,7 @@ import numpy as np
 
 from minfer.cuda import devarray as da
 from minfer.cuda.mmq import launch_prepass
-from minfer.cuda.mmq_wgmma import (check_raw, launch_persistent, split_scratch_bytes,
+from minfer.cuda.mmq_wgmma import (check_raw, gate_up, launch_persistent, split_scratch_bytes,
                                    split_views, zeroed)
 from minfer.errors import GPUError
 from minfer.quants.mmq_sb_ref import SB_TOP, SB_WOP
@@ -211,19 +211,7 @@ def sb_operand_swiglu(rt, g, u=None, tt=None) -> SbTokens:
     bit-identical to layers.swiglu into f16, then sb_operand. g, u f32 [M, F]; or u None and g
     the fused gate|up output f32 [M, 2F]."""
     what = "sb_operand_swiglu"
-    da.check(f"{what} g", g, (None, None), np.float32)
-    if u is None:   # the fused gate|up GEMM output: u = g + F, row stride 2F
-        M, F2 = g.shape
-        if F2 % 2:
-            raise GPUError(f"{what}: gate|up has {F2} columns, expected 2F")
-        F, ldg = F2 // 2, F2
-        gp, up = da.ptr(g), da.ptr(g) + 4 * (F2 // 2)
-    else:
-        M, F = g.shape
-        da.check(f"{what} u", u, (M, F), np.float32)
-        ldg, gp, up = F, da.ptr(g), da.ptr(u)
-    if gp % 16 or up % 16 or ldg % 4:
-        raise GPUError(f"{what}: gate / up rows not 16-byte aligned")
+    M, F, ldg, gp, up = gate_up(what, g, u)
     tt = _operand_out(rt, what, M, F, tt)
     _launch_operand(rt, "q8s_sb_operand_swiglu", M, F,
                     (np.uintp(gp), np.uintp(up), np.int64(ldg), da.arg(tt)))

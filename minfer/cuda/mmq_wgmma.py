@@ -201,12 +201,10 @@ def _split(rt, qtype: int, what: str, x, a=None, t=None):
     return a, t
 
 
-def split_swiglu(rt, qtype: int, g, u=None, a=None, t=None):
-    """The split operand of `qtype` (q4_K split, q6_K split6) of x = f16(silu(g) * u) [M, F],
-    in one launch (quantize_q8_1.cu's _swiglu entries): bit-identical to layers.swiglu into
-    f16 followed by split_q8_1 / split6_q8_1, without the f16 activation. g, u f32 [M, F]; or
-    u None and g the fused gate|up output f32 [M, 2F]. Into a / t when given."""
-    what = "split_swiglu"
+def gate_up(what: str, g, u=None) -> tuple[int, int, int, int, int]:
+    """The gate and up inputs of a swiglu prepass -> (M, F, row stride ldg, gate and up device
+    addresses): g, u f32 [M, F]; or u None and g the fused gate|up output f32 [M, 2F] (u = g +
+    F, row stride 2F). Rows must be 16-byte aligned."""
     da.check(f"{what} g", g, (None, None), np.float32)
     if u is None:   # the fused gate|up GEMM output: u = g + F, row stride 2F
         M, F2 = g.shape
@@ -220,6 +218,16 @@ def split_swiglu(rt, qtype: int, g, u=None, a=None, t=None):
         ldg, gp, up = F, da.ptr(g), da.ptr(u)
     if gp % 16 or up % 16 or ldg % 4:
         raise GPUError(f"{what}: gate / up rows not 16-byte aligned")
+    return M, F, ldg, gp, up
+
+
+def split_swiglu(rt, qtype: int, g, u=None, a=None, t=None):
+    """The split operand of `qtype` (q4_K split, q6_K split6) of x = f16(silu(g) * u) [M, F],
+    in one launch (quantize_q8_1.cu's _swiglu entries): bit-identical to layers.swiglu into
+    f16 followed by split_q8_1 / split6_q8_1, without the f16 activation. g, u f32 [M, F]; or
+    u None and g the fused gate|up output f32 [M, 2F]. Into a / t when given."""
+    what = "split_swiglu"
+    M, F, ldg, gp, up = gate_up(what, g, u)
     a, t, entry, extra = _split_outputs(rt, qtype, what, M, F, a, t)
     fn = rt.function("quantize_q8_1", entry + "_swiglu")
     launch_prepass_fn(rt, fn, M, F, (np.uintp(gp), np.uintp(up), np.int64(ldg), da.arg(a),
