@@ -1,12 +1,13 @@
 // mmq_sb_layout.cuh: the operand blocks of mmq_sb_q4k.cu, written by repack_q4k_sb
-// (mmq_repack.cu, the weight) and sb_token_tables (quantize_q8_1.cu, the tokens); numpy twins
-// in minfer.quants.mmq_sb_ref (sb_operand, sb_image; SB_* there match the constants here).
+// (mmq_repack.cu, the weight) and q8s_sb_operand / sb_token_tables (quantize_q8_1.cu, the
+// tokens); numpy twins in minfer.quants.mmq_sb_ref (sb_operand, sb_image; SB_* there match
+// the constants here).
 // One block per (super-block, 128-row or 128-token tile), laid out so that each of the
 // super-block's two 128-k stages is one contiguous piece (one bulk copy into shared memory):
 //   [image of k 0..127 | tables[0, H0) | image of k 128..255 | tables[H0, BLK)]
 // An image is the 128 rows x 128 bytes exactly as the wgmma reads them (128-byte swizzle: the
 // 16-byte chunk c of row r at r * 128 + (c ^ (r % 8)) * 16); rows past the matrix are zero.
-// Tables: weights 12800 B (mc of chunks 0..3, b | mc of chunks 4..7, Tma), tokens 9216 B
+// Tables: weights 9216 B (mc of chunks 0..3, b | mc of chunks 4..7, fmin, Am), tokens 5120 B
 // (r | B, dc); H0 is the part the first stage needs.
 #pragma once
 

@@ -23,7 +23,7 @@
 //   Wb  [K/256][Np/128] blocks of 41984 B   v images + mc / b / fmin / Am (mmq_repack.cu
 //                                            repack_q4k_sb)
 //   Tt  [K/256][Mp/128] blocks of 37888 B   qa + 128 images + r / B / dc (quantize_q8_1.cu
-//                                            sb_token_tables, from the q8s split)
+//                                            q8s_sb_operand, or sb_token_tables on a split)
 // The wgmma's M side is the weight rows, its N side the tokens: a thread's C values z[4i + j]
 // are weight row 64w + 16 (warp % 4) + g + 8 (j / 2) and token 8i + 2t + j % 2 of the 128 x 128
 // tile (w the consumer warpgroup, g = lane / 4, t = lane % 4), so a chunk's fold needs the
@@ -31,8 +31,7 @@
 // Block: 384 threads, 1 per SM. One thread of warpgroup 0 copies (two bulk copies per 128-k
 // stage into a 5-slot ring, completion on the slot's `full` mbarrier by transaction bytes; 128
 // threads issuing 16-byte cp.async took a quarter of the issue slots, docs/perf.md session 8);
-// warpgroups 1, 2 own weight rows 0..63 and
-// 64..127 of the tile, issue the wgmmas (chunk q into buffer q % 2, the next chunk in flight
+// warpgroups 1, 2 own weight rows 0..63 and 64..127 of the tile, issue the wgmmas (chunk q into buffer q % 2, the next chunk in flight
 // under each fold) and release a slot on its `empty` mbarrier after their last read of it;
 // setmaxnreg gives them the producer's registers. Persistent over work items in super-block
 // units, then stream-K (wgmma_common.cuh TileSched; the exchange among the consumers).

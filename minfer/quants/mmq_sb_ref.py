@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from minfer.quants.mmq_ref import decode_q4k, decode_q6k, q4k_scales, q6k_scales
-from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows, tf32_split
+from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows
 from minfer.quants.q8_1 import q8_blocks
 
 QK_SB = 256
