@@ -1,11 +1,18 @@
 // wgmma_peak.cu: a diagnostic microbenchmark (scripts/wgmma_peak.py), not an engine kernel.
 // 2 (or 3) warpgroups per block issue back-to-back int8 wgmmas m64nNk32 from shared memory
-// (garbage operands, 128-byte swizzle) in groups of G, waiting for the previous group; the
+// (pseudo-random operands, 128-byte swizzle) in groups of G, waiting for the previous group; the
 // block's clock64 span gives the tensor rate per SM.
 #include <stdint.h>
 #include "../kernels/wgmma_common.cuh"
 
 extern __shared__ __align__(1024) uint8_t sm[];
+
+// nonzero pseudo-random operands in the block's 64 KB (the tensor rate must not see zeros)
+__device__ __forceinline__ void fill_smem() {
+    uint32_t* w = reinterpret_cast<uint32_t*>(sm);
+    for (int i = threadIdx.x; i < 64 * 1024 / 4; i += blockDim.x)
+        w[i] = (i * 2654435761u) ^ 0x5bd1e995u ^ (blockIdx.x << 7);
+}
 
 __device__ __forceinline__ void ig(int (&d)[64], uint64_t a, uint64_t b) {   // d += A B
     asm volatile(
@@ -40,6 +47,7 @@ __device__ __forceinline__ void peak(long long* cyc, int iters, int* sink) {
     int d[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) d[i] = 0;
+    fill_smem();
     __syncthreads();
     const long long t0 = clock64();
     for (int it = 0; it < iters; ++it) {
@@ -67,48 +75,74 @@ extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak256(long long* cy
     peak<128>(cyc, iters, sink);
 }
 
-// mmq_sb_q4k.cu's inner loop without copies: per chunk one m64n128k32 into buffer q % 2 and the previous
-// chunk's fold (64 FFMA with the row factor of the thread's 2 rows), 8 chunks a super-block, the
-// super-block's last fold after a wait 0 (nothing in flight across the loop edge).
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_fold128(long long* cyc, int iters, int* sink, float m0, float m8) {
+// mmq_sb_q4k.cu's inner loop without copies: per chunk one m64n128k32 into buffer q % 2 and the
+// previous chunk's fold (64 FFMA with the row factor of the thread's 2 rows), 8 chunks a
+// super-block, the super-block's last fold after a wait 0 (nothing in flight across the loop
+// edge). MODE 0: as the kernel (the fold reads the wgmma's accumulators); 1: the wgmmas alone;
+// 2: the folds alone (no wgmma: the same FFMAs on accumulators nobody writes); 3: the wgmmas and
+// as many FFMAs that read none of the accumulators (z = z m + c): does the FFMA stream overlap
+// the tensor work when it does not depend on it?
+template <int MODE>
+__device__ __forceinline__ void fold_loop(long long* cyc, int iters, int* sink, float m0, float m8) {
     const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
     const int wg = threadIdx.x >> 7;
     int da[64], db[64];
     float z[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) { da[i] = 0; db[i] = 0; z[i] = 0.f; }
+    fill_smem();
     __syncthreads();
+    // (modes 1 and 3 accumulate, d += A B: with nothing reading a wgmma's result before the next
+    // write, ptxas deletes the overwriting form)
+    auto mma = [&](int (&d)[64], int q) {
+        const uint64_t a = wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32);
+        const uint64_t b = wgmma::sw128_desc(base + 16384 + (q & 3) * 32);
+        if (MODE == 0) igmma_m64n128k32_z(d, a, b);
+        else if (MODE != 2) ig(d, a, b);
+    };
+    auto fold = [&](int (&d)[64]) {
+        wgmma::fence_regs(d);
+        if constexpr (MODE != 1) {
+#pragma unroll
+            for (int k = 0; k < 64; ++k)
+                z[k] = MODE == 3 ? fmaf(z[k], (k & 2) ? m8 : m0, 0.5f)
+                                 : fmaf(__int_as_float(d[k]), (k & 2) ? m8 : m0, z[k]);
+        }
+    };
     const long long t0 = clock64();
     for (int it = 0; it < iters; ++it) {
         wgmma::fence();
-        igmma_m64n128k32_z(da, wgmma::sw128_desc(base + wg * 8192), wgmma::sw128_desc(base + 16384));
+        mma(da, 0);
         wgmma::commit();
 #pragma unroll
         for (int q = 1; q < 8; ++q) {
             wgmma::fence();
-            igmma_m64n128k32_z(q & 1 ? db : da, wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32),
-                             wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
+            mma(q & 1 ? db : da, q);
             wgmma::commit();
             wgmma::wait<1>();
-            if (q & 1) {
-                wgmma::fence_regs(da);
-#pragma unroll
-                for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(da[k]), (k & 2) ? m8 : m0, z[k]);
-            } else {
-                wgmma::fence_regs(db);
-#pragma unroll
-                for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(db[k]), (k & 2) ? m8 : m0, z[k]);
-            }
+            if (q & 1) fold(da);
+            else fold(db);
         }
         wgmma::wait<0>();
-        wgmma::fence_regs(db);
-#pragma unroll
-        for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(db[k]), (k & 2) ? m8 : m0, z[k]);
+        fold(db);
     }
     const long long t1 = clock64();
     float s = 0.f;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) s += z[i];
+    for (int i = 0; i < 64; ++i) s += z[i] + (float)da[i] + (float)db[i];
     if (s == 12345.f) sink[0] = 1;
     if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_fold128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    fold_loop<0>(cyc, iters, sink, m0, m8);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_nofold128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    fold_loop<1>(cyc, iters, sink, m0, m8);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) ffma_fold128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    fold_loop<2>(cyc, iters, sink, m0, m8);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_indep128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    fold_loop<3>(cyc, iters, sink, m0, m8);
 }

@@ -20,21 +20,23 @@ for n in (128, 256):
         print(f"m64n{n}k32 x4 per group, 2 WGs, {iters} groups: {np.median(c):.0f} clk, "
               f"{macs / np.median(c):.0f} MAC/clk/SM ({macs / np.median(c) / 4096:.0%} of 4096)")
 
-fn = rt.function("../scripts/wgmma_peak", "wgmma_fold128", ("-arch=sm_90a",), dyn_smem=64 * 1024)
-for iters in (500, 2000):
-    cyc = da.to_device(rt, np.zeros(rt.sm_count, np.int64))
-    sink = da.to_device(rt, np.zeros(1, np.int32))
-    ev = [rt.drv.Event(), rt.drv.Event()] if hasattr(rt, "drv") else None
-    if ev:
+for name, what in (("wgmma_fold128", "the kernel's pattern: wgmma + dependent folds"),
+                   ("wgmma_nofold128", "the wgmmas alone"),
+                   ("ffma_fold128", "the folds alone"),
+                   ("wgmma_indep128", "wgmmas + as many FFMAs that read no accumulator")):
+    fn = rt.function("../scripts/wgmma_peak", name, ("-arch=sm_90a",), dyn_smem=64 * 1024)
+    for iters in (500, 2000):
+        cyc = da.to_device(rt, np.zeros(rt.sm_count, np.int64))
+        sink = da.to_device(rt, np.zeros(1, np.int32))
+        ev = [rt.drv.Event(), rt.drv.Event()]
         ev[0].record()
-    rt.launch(fn, (rt.sm_count,), (256,), (da.arg(cyc), np.int32(iters), da.arg(sink),
-                                            np.float32(1.5), np.float32(2.5)), 64 * 1024)
-    if ev:
+        rt.launch(fn, (rt.sm_count,), (256,), (da.arg(cyc), np.int32(iters), da.arg(sink),
+                                                np.float32(1.5), np.float32(2.5)), 64 * 1024)
         ev[1].record()
-    rt.synchronize()
-    c = cyc.get().astype(np.float64)
-    macs = 2 * iters * 8 * 64 * 128 * 32
-    ms = ev[1].time_since(ev[0]) if ev else float("nan")
-    print(f"SB q4_K inner loop (8 chunks + fold, wait 0 a super-block), 2 WGs, {iters} iters: "
-          f"{np.median(c):.0f} clk, {macs / np.median(c):.0f} MAC/clk/SM "
-          f"({macs / np.median(c) / 4096:.0%}); {ms:.3f} ms -> SM clock {np.median(c) / ms / 1e6:.2f} GHz")
+        rt.synchronize()
+        c = cyc.get().astype(np.float64)
+        macs = 2 * iters * 8 * 64 * 128 * 32
+        ms = ev[1].time_since(ev[0])
+        print(f"SB inner loop, {what}, {iters} iters: {np.median(c):.0f} clk, "
+              f"{macs / np.median(c):.0f} MAC-equivalents/clk/SM ({macs / np.median(c) / 4096:.0%}); "
+              f"SM clock {np.median(c) / ms / 1e6:.2f} GHz")
