@@ -377,3 +377,32 @@ def test_sb_linear_refuses_oversized_problems():
         w = SbQ4K(None, N, K)
         with pytest.raises(GPUError, match="too large"):
             mmq_sb_linear(None, None, w, M, N, K, None)
+
+
+class _Arr:
+    """A stand-in device array (shape, dtype, address) for the launchers' checks, which run
+    before any launch."""
+
+    def __init__(self, shape, dtype, addr=1 << 20):
+        self.shape, self.dtype, self.gpudata = tuple(shape), np.dtype(dtype), addr
+        self.size = int(np.prod(shape))
+        self.strides = tuple(int(np.prod(shape[i + 1:])) * self.dtype.itemsize
+                             for i in range(len(shape)))
+
+
+def test_sb_operand_refuses_bad_input():
+    """The one-launch token operand refuses, before any launch, K not a multiple of 256, an
+    unaligned activation, a wrong output shape, and gate|up with an odd column count."""
+    from minfer.cuda.mmq_sb import sb_operand, sb_operand_swiglu
+    from minfer.errors import GPUError
+
+    with pytest.raises(GPUError, match="multiple of 256"):
+        sb_operand(None, _Arr((4, 320), np.float32))
+    with pytest.raises(GPUError, match="16-byte unaligned"):
+        sb_operand(None, _Arr((4, 512), np.float16, addr=(1 << 20) + 8))
+    with pytest.raises(GPUError, match="shape"):
+        sb_operand(None, _Arr((4, 512), np.float32), tt=_Arr((2, 1, 100), np.uint8))
+    with pytest.raises(GPUError, match="expected 2F"):
+        sb_operand_swiglu(None, _Arr((4, 1025), np.float32))
+    with pytest.raises(GPUError, match="expected a device array"):
+        sb_operand(None, np.zeros((4, 512), np.float32))

@@ -198,9 +198,9 @@ def sb_operand(rt, x, tt=None) -> SbTokens:
     what = "sb_operand"
     da.check(f"{what} x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
     M, K = x.shape
-    tt = _operand_out(rt, what, M, K, tt)
     if da.ptr(x) % 16:
         raise GPUError(f"{what}: activations at a 16-byte unaligned address")
+    tt = _operand_out(rt, what, M, K, tt)
     _launch_operand(rt, "q8s_sb_operand" + ("" if x.dtype == np.float32 else "_f16"), M, K,
                     (da.arg(x), da.arg(tt)))
     return SbTokens(tt, M, K)
