@@ -5,12 +5,13 @@ repack_q6k_sb in mmq_repack.cu, the q8s split and sb_token_tables entries of qua
     values (one scale per token and super-block) instead of q8_1's 32: the numpy oracle is
     minfer.quants.mmq_sb_ref.mmq_sb_linear_ref, the bit-exact operand twins live there too.
 
-q4_K (kernels/mmq_sb_q4k.cu): one byte per weight value (the nibble) plus 50 B of tables per
-256 (1.39 B per value); per chunk the tensor core sums 32 products and one FFMA per C value
-folds the sub-scale in, the activation scale once per super-block (per-token tables). Both
-operands come as blocks per (super-block, 128-row / 128-token tile) that hold the shared-memory
-images of the tiles and their tables (mmq_sb_ref.sb_operand): the weight from
-`repack_q4k_sb`, the tokens from `sb_tokens` after the q8s split. Warp-specialized: one
+q4_K (kernels/mmq_sb_q4k.cu): one byte per weight value (the nibble) plus 72 B of tables per
+row and 256 (1.28 B per value); per chunk the tensor core sums 32 products and one FFMA per C
+value folds the sub-scale in, the activation scale once per super-block (per-token tables).
+Both operands come as blocks per (super-block, 128-row / 128-token tile) that hold the
+shared-memory images of the tiles and their tables (mmq_sb_ref.sb_operand): the weight from
+`repack_q4k_sb`, the tokens from `sb_operand` (one launch from the activations; the engine's
+path) or `sb_tokens` after a q8s split. Warp-specialized: one
 producer thread bulk-copies each stage (two copies) into a 5-slot ring, two consumer
 warpgroups own 64 weight rows each of a 128 x 128 tile. Persistent with stream-K over
 super-blocks (minfer.cuda.stream_k). sm_90 only.
