@@ -284,6 +284,26 @@ extern "C" __global__ void quantize_q8_1_split6_swiglu(const float* g, const flo
     quantize_split6(Swiglu{g, u, ldg, K}, Xq, Tx, M, K);
 }
 
+// The token tables' entries of token mm % 128 in its operand block ob (mmq_sb_layout.cuh),
+// shared by sb_token_tables and q8s_sb_operand: a super-block's unit dc = da 2^75 (1 where the
+// block is all zero: dx = 0), chunk c's sum s of q as the min term's f16 (lo, hi) =
+// (s mod 64, s div 64) (exact: |s| <= 32 * 127), and r = dc of the previous super-block / dc
+// with dc, at the fold's position of mm (16 (i / 2) + 4t + 2 (i % 2) + e for mm = 8i + 2t + e)
+__device__ __forceinline__ float token_unit(float dx) { return dx != 0.f ? dx : 1.f; }
+
+__device__ __forceinline__ void put_chunk_sum(uint8_t* ob, int mm, int c, int s) {
+    __half* b = reinterpret_cast<__half*>(ob + sbop::table_at(512, sbop::TH0)) + (mm / 8) * 128 +
+                (mm % 8) * 8 + c;
+    b[0] = __int2half_rn(s & 63);
+    b[64] = __int2half_rn(s >> 6);
+}
+
+__device__ __forceinline__ void put_token_scales(uint8_t* ob, int mm, float prev, float dc) {
+    const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
+    reinterpret_cast<float*>(ob + sbop::table_at(0, sbop::TH0))[pos] = __fdiv_rn(prev, dc);
+    reinterpret_cast<float*>(ob + sbop::table_at(4608, sbop::TH0))[pos] = dc;
+}
+
 // mmq_sb_q4k.cu's token operand (mmq_sb_layout.cuh; numpy twin:
 // minfer.quants.mmq_sb_ref.sb_tokens_ref) from the q8s split (Aq, Ta; quantize_q8s_split). One
 // block of 256 threads per (super-block sb, 128-token tile), the block of the operand: the two
@@ -301,7 +321,6 @@ sb_token_tables(const uint8_t* __restrict__ Aq, const float2* __restrict__ Ta,
     using namespace sbop;
     const int MT = Mp / 128, sb = blockIdx.x / MT, mt = blockIdx.x % MT;
     uint8_t* ob = Tt + (size_t)blockIdx.x * TOP;   // block (sb, mt)
-    __half* B = reinterpret_cast<__half*>(ob + table_at(512, TH0));
 #pragma unroll 2
     for (int i = threadIdx.x; i < 128 * 16; i += 256) {
         const int mm = i >> 4, c = i & 15, m = mt * 128 + mm;   // piece c: chunk c / 2, half c % 2
@@ -315,24 +334,12 @@ sb_token_tables(const uint8_t* __restrict__ Aq, const float2* __restrict__ Ta,
         }
         *reinterpret_cast<uint4*>(ob + image_at(c >> 3, mm, c & 7, TH0)) = v;
         s += __shfl_xor_sync(0xffffffffu, s, 1);   // the chunk's two halves (lanes 2j, 2j+1)
-        if (!(c & 1)) {   // exact: |s| <= 32 * 127
-            __half* b = B + (mm / 8) * 128 + (mm % 8) * 8 + (c >> 1);
-            b[0] = __int2half_rn(s & 63);
-            b[64] = __int2half_rn(s >> 6);
-        }
+        if (!(c & 1)) put_chunk_sum(ob, mm, c >> 1, s);
     }
     if (threadIdx.x < 128) {
         const int mm = threadIdx.x, m = mt * 128 + mm;
-        const float dx = Ta[(size_t)(8 * sb) * Mp + m].x;
-        const float dc = dx != 0.f ? dx : 1.f;
-        float prev = 1.f;
-        if (sb > 0) {
-            const float px = Ta[(size_t)(8 * sb - 8) * Mp + m].x;
-            prev = px != 0.f ? px : 1.f;
-        }
-        const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
-        reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
-        reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
+        const float prev = sb > 0 ? token_unit(Ta[(size_t)(8 * sb - 8) * Mp + m].x) : 1.f;
+        put_token_scales(ob, mm, prev, token_unit(Ta[(size_t)(8 * sb) * Mp + m].x));
     }
 }
 
@@ -357,8 +364,7 @@ __device__ __forceinline__ float warp_amax(const float (&v)[8]) {
 
 // a super-block's unit dc = f16(d) 2^75, 1 for an all-zero block (sb_token_tables' rule)
 __device__ __forceinline__ float sb_unit(float amax) {
-    const float dx = __half2float(__float2half_rn(__fdiv_rn(amax, 127.0f))) * 0x1p75f;
-    return dx != 0.f ? dx : 1.f;
+    return token_unit(__half2float(__float2half_rn(__fdiv_rn(amax, 127.0f))) * 0x1p75f);
 }
 
 template <class Src>
@@ -391,18 +397,8 @@ __device__ __forceinline__ void q8s_sb_operand(const Src& src, uint8_t* Tt, int 
     const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
     *reinterpret_cast<uint2*>(ob + image_at(l >> 4, mm, (l & 15) >> 1, TH0) + (l & 1) * 8) =
         m < M ? make_uint2(pack4(lo, 128), pack4(hi, 128)) : make_uint2(0, 0);
-    if ((l & 3) == 0) {   // exact: |s| <= 32 * 127
-        __half* b = reinterpret_cast<__half*>(ob + table_at(512, TH0)) + (mm / 8) * 128 +
-                    (mm % 8) * 8 + (l >> 2);
-        b[0] = __int2half_rn(s & 63);
-        b[64] = __int2half_rn(s >> 6);
-    }
-    if (l == 0) {
-        const float dc = sb_unit(amax);
-        const int pos = (mm >> 4) * 16 + ((mm >> 1) & 3) * 4 + ((mm >> 3) & 1) * 2 + (mm & 1);
-        reinterpret_cast<float*>(ob + table_at(0, TH0))[pos] = __fdiv_rn(prev, dc);
-        reinterpret_cast<float*>(ob + table_at(4608, TH0))[pos] = dc;
-    }
+    if ((l & 3) == 0) put_chunk_sum(ob, mm, l >> 2, s);
+    if (l == 0) put_token_scales(ob, mm, prev, sb_unit(amax));
 }
 
 extern "C" __global__ void q8s_sb_operand(const float* x, uint8_t* Tt, int M, int K, int Mp) {
