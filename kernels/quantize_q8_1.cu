@@ -25,6 +25,8 @@
 //            q8s_sb_operand_swiglu(g, u, ldg, Tt, M, K, Mp): the q8s split and sb_token_tables
 //            in one launch, straight from the activations (or from f16(silu(g) * u)): the same
 //            bytes, without Aq and Ta (at the entries).
+//          rmsnorm_sb_operand(x, w, eps, h16, Tt, M, K, Mp): rmsnorm and q8s_sb_operand_f16 in
+//            one launch (h16 written when non-null), CTA per token (at the entry).
 //          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
 //          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
 //            x = f16(silu(g) * u) (g, u f32 rows of stride ldg, 16-byte aligned, ldg % 4 == 0),
@@ -37,6 +39,7 @@
 // ~20 us on [512, 4096]: ten shuffles and a division chain per value, latency-bound.)
 #include "mmq_common.cuh"
 #include "mmq_sb_layout.cuh"
+#include "rmsnorm.cuh"
 #include "swiglu.cuh"
 
 struct Q8Lane { int q[4]; int s, hs; float d; };   // this lane's 4 values, block / half sums, f32 d
@@ -367,14 +370,30 @@ __device__ __forceinline__ float sb_unit(float amax) {
     return token_unit(__half2float(__float2half_rn(__fdiv_rn(amax, 127.0f))) * 0x1p75f);
 }
 
+// Lane l's part of token m's super-block sb in the operand (values v = k 8l .. 8l+7 of it, the
+// block's amax, prev = the previous super-block's unit): q + 128 into the stage image, the chunk
+// sums and (lane 0) r and dc into the tables. Tokens m >= M: zero image (v, amax are 0 there).
+__device__ __forceinline__ void sb_operand_put(uint8_t* Tt, const float (&v)[8], float amax,
+                                               float prev, int m, int sb, int M, int Mp) {
+    using namespace sbop;
+    const int l = threadIdx.x & 31, mm = m % 128;
+    int q[8];
+    const int s = q8s_quantize(v, amax, q);
+    uint8_t* ob = Tt + ((size_t)sb * (Mp / 128) + m / 128) * TOP;
+    const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
+    *reinterpret_cast<uint2*>(ob + image_at(l >> 4, mm, (l & 15) >> 1, TH0) + (l & 1) * 8) =
+        m < M ? make_uint2(pack4(lo, 128), pack4(hi, 128)) : make_uint2(0, 0);
+    if ((l & 3) == 0) put_chunk_sum(ob, mm, l >> 2, s);
+    if (l == 0) put_token_scales(ob, mm, prev, sb_unit(amax));
+}
+
 template <class Src>
 __device__ __forceinline__ void q8s_sb_operand(const Src& src, uint8_t* Tt, int M, int K, int Mp) {
-    using namespace sbop;
     __shared__ float amaxes[8];   // per warp of the CTA
     const int KS = K / 256, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const long long w = (long long)blockIdx.x * 8 + wi;
     const bool live = w < (long long)Mp * KS;   // (no early return: the CTA syncs below)
-    const int m = live ? (int)(w / KS) : 0, sb = live ? (int)(w % KS) : 0, mm = m % 128;
+    const int m = live ? (int)(w / KS) : 0, sb = live ? (int)(w % KS) : 0;
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (live && m < M) src.values8(m, sb * 256 + 8 * l, v);
     const float amax = warp_amax(v);
@@ -391,14 +410,7 @@ __device__ __forceinline__ void q8s_sb_operand(const Src& src, uint8_t* Tt, int 
             prev = sb_unit(warp_amax(vp));
         }
     }
-    int q[8];
-    const int s = q8s_quantize(v, amax, q);
-    uint8_t* ob = Tt + ((size_t)sb * (Mp / 128) + m / 128) * TOP;
-    const int lo[4] = {q[0], q[1], q[2], q[3]}, hi[4] = {q[4], q[5], q[6], q[7]};
-    *reinterpret_cast<uint2*>(ob + image_at(l >> 4, mm, (l & 15) >> 1, TH0) + (l & 1) * 8) =
-        m < M ? make_uint2(pack4(lo, 128), pack4(hi, 128)) : make_uint2(0, 0);
-    if ((l & 3) == 0) put_chunk_sum(ob, mm, l >> 2, s);
-    if (l == 0) put_token_scales(ob, mm, prev, sb_unit(amax));
+    sb_operand_put(Tt, v, amax, prev, m, sb, M, Mp);
 }
 
 extern "C" __global__ void q8s_sb_operand(const float* x, uint8_t* Tt, int M, int K, int Mp) {
@@ -412,4 +424,58 @@ extern "C" __global__ void q8s_sb_operand_f16(const __half* x, uint8_t* Tt, int 
 extern "C" __global__ void q8s_sb_operand_swiglu(const float* g, const float* u, long long ldg,
                                                  uint8_t* Tt, int M, int K, int Mp) {
     q8s_sb_operand(Swiglu{g, u, ldg, K}, Tt, M, K, Mp);
+}
+
+// rmsnorm and the token operand in one launch: h = f16(rmsnorm(x) * w) (rmsnorm.cuh, the bits of
+// layers.cu rmsnorm_f32_f16), optionally written to h16 [M, K] (for GEMMs of other routes), and
+// its SB token operand, bit-identical to rmsnorm_f32_f16 then q8s_sb_operand_f16 (twin:
+// sb_tokens_ref(*split_q8s_ref(rmsnorm_f16_ref(x, w, eps)))). One CTA of 256 threads per token
+// m < Mp: the row's scale (rms_scale), then warp wi takes super-blocks wi, wi + 8, ... (at most
+// SB_NORM_SBW each: K <= 8 * 256 * SB_NORM_SBW), 8 values per lane as q8s_sb_operand; their
+// amaxes go through shared memory, so r's previous scale is at hand without a reread. x f32
+// [M, K] rows 16-byte aligned, K % 256 == 0. Grid (Mp), block 256.
+#define SB_NORM_SBW 4
+extern "C" __global__ void __launch_bounds__(256)
+rmsnorm_sb_operand(const float* __restrict__ x, const float* __restrict__ w, float eps,
+                   __half* __restrict__ h16, uint8_t* __restrict__ Tt, int M, int K, int Mp) {
+    __shared__ float amaxes[8 * SB_NORM_SBW];
+    const int m = blockIdx.x, KS = K / 256, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const float* xr = x + (size_t)m * K;
+    const float scale = m < M ? rms_scale(xr, K, eps) : 0.f;   // (uniform per CTA: no divergence)
+    float v[SB_NORM_SBW][8];
+#pragma unroll
+    for (int j = 0; j < SB_NORM_SBW; ++j) {
+        const int sb = wi + 8 * j, k = sb * 256 + 8 * l;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[j][e] = 0.f;
+        if (sb >= KS) continue;
+        if (m < M) {
+            const float4 x0 = *reinterpret_cast<const float4*>(xr + k);
+            const float4 x1 = *reinterpret_cast<const float4*>(xr + k + 4);
+            const float4 w0 = *reinterpret_cast<const float4*>(w + k);
+            const float4 w1 = *reinterpret_cast<const float4*>(w + k + 4);
+            const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+            const float ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+            __half2 h[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                h[e] = __floats2half2_rn(rms_value(xs[2 * e], scale, ws[2 * e]),
+                                         rms_value(xs[2 * e + 1], scale, ws[2 * e + 1]));
+                const float2 f = __half22float2(h[e]);
+                v[j][2 * e] = f.x;
+                v[j][2 * e + 1] = f.y;
+            }
+            if (h16) *reinterpret_cast<uint4*>(h16 + (size_t)m * K + k) = *reinterpret_cast<uint4*>(h);
+        }
+        const float amax = warp_amax(v[j]);
+        if (l == 0) amaxes[sb] = amax;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < SB_NORM_SBW; ++j) {
+        const int sb = wi + 8 * j;
+        if (sb >= KS) continue;
+        const float prev = sb > 0 ? sb_unit(amaxes[sb - 1]) : 1.f;
+        sb_operand_put(Tt, v[j], amaxes[sb], prev, m, sb, M, Mp);
+    }
 }

@@ -158,7 +158,7 @@ def breakdown(backend, model, n: int) -> str:
 
 
 # non-GEMM ops with a row of their own in the breakdown (MMQ: the activation prepasses)
-NAMED_OPS = ("attention", "q8_1 prepass", "swiglu", "swiglu+q8_1")
+NAMED_OPS = ("attention", "q8_1 prepass", "rmsnorm+q8s", "swiglu", "swiglu+q8_1", "swiglu+q8s")
 
 
 def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> str:

@@ -3,6 +3,9 @@
 python3 scripts/profile_ops.py MODEL.gguf [--tokens 512,2048]
 Prints per label: calls, total µs, µs per call, and for GEMMs TFLOP/s. Runs eagerly (events
 need the launches one by one), after one unprofiled warm-up prefill of the same length.
+--spin-ms N queues the profiled forward behind an N ms spin kernel (smoke.cu spin_cycles), so
+its launches are already queued when the GPU reaches them: each op's events then time the GPU
+work alone, not the host's launch rate (eager Python launches are 10-30 µs apiece).
 """
 
 import argparse
@@ -14,6 +17,7 @@ from minfer.loader import load_model
 ap = argparse.ArgumentParser()
 ap.add_argument("model")
 ap.add_argument("--tokens", default="512,2048")
+ap.add_argument("--spin-ms", type=float, default=0.0)
 a = ap.parse_args()
 toks = [int(t) for t in a.tokens.split(",")]
 m = load_model(a.model)
@@ -23,7 +27,7 @@ for n in toks:
     b.reset()
     b.forward(ids, 0)
     b.reset()
-    b.profile = OpProfile(b.rt)
+    b.profile = OpProfile(b.rt, a.spin_ms)
     b.forward(ids, 0)
     tot = b.profile.collect()
     b.profile = None

@@ -406,3 +406,27 @@ def test_sb_operand_refuses_bad_input():
         sb_operand_swiglu(None, _Arr((4, 1025), np.float32))
     with pytest.raises(GPUError, match="expected a device array"):
         sb_operand(None, np.zeros((4, 512), np.float32))
+
+
+def test_sb_operand_rmsnorm_refuses_bad_input():
+    """The rmsnorm + token operand launch refuses, before any launch, f16 activations, K past
+    the kernel's 8 warps x 4 super-blocks, K not a multiple of 256, a weight of another length,
+    unaligned activations and an h16 of another shape."""
+    from minfer.cuda.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm
+    from minfer.errors import GPUError
+
+    w = _Arr((512,), np.float32)
+    with pytest.raises(GPUError, match="dtype"):
+        sb_operand_rmsnorm(None, _Arr((4, 512), np.float16), w, 1e-5)
+    with pytest.raises(GPUError, match="over the kernel"):
+        sb_operand_rmsnorm(None, _Arr((4, SB_NORM_MAX_K + 256), np.float32),
+                           _Arr((SB_NORM_MAX_K + 256,), np.float32), 1e-5)
+    with pytest.raises(GPUError, match="multiple of 256"):
+        sb_operand_rmsnorm(None, _Arr((4, 320), np.float32), _Arr((320,), np.float32), 1e-5)
+    with pytest.raises(GPUError, match="w: shape"):
+        sb_operand_rmsnorm(None, _Arr((4, 512), np.float32), _Arr((256,), np.float32), 1e-5)
+    with pytest.raises(GPUError, match="aligned"):
+        sb_operand_rmsnorm(None, _Arr((4, 512), np.float32, addr=(1 << 20) + 4), w, 1e-5)
+    with pytest.raises(GPUError, match="h16: shape"):
+        sb_operand_rmsnorm(None, _Arr((4, 512), np.float32), w, 1e-5,
+                           h16=_Arr((4, 256), np.float16))

@@ -28,7 +28,9 @@ MMQ weights: the activation is quantized to q8_1 once per distinct input into on
 scratch buffer (q, k, v share h16's; gate, up share the FFN input's), then mmq_linear runs on
 the raw bytes (attn_output / ffn_down accumulate into x). A wgmma ffn_down's input skips the f16
 a16: the swiglu launch writes its q8_1 split operand directly (GemmConfig.fused_prepass,
-mmq_wgmma.split_swiglu; the same bytes). `route_summary()` gives the one-line
+mmq_wgmma.split_swiglu; the same bytes). Likewise on the SB q4_K path the rmsnorm launch
+writes the SB token operand of the GEMMs after it (`_norm`, mmq_sb.sb_operand_rmsnorm; h16
+only where an f16 GEMM also reads it) and the swiglu launch ffn_down's. `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
@@ -41,7 +43,9 @@ NaN-filled first (da.poison), and forward() raises GPUError on non-finite logits
 that did not run can never pass stale numbers off as a result.
 
 Profiling (bench's per-op breakdown): with `self.profile = OpProfile(rt)` (minfer.cuda.profile)
-every op is bracketed by CUDA events, labelled, with its FLOPs for GEMMs.
+every op is bracketed by CUDA events, labelled, with its FLOPs for GEMMs; the profile's
+`begin_chunk` runs once a chunk's inputs are uploaded (an optional spin kernel there keeps the
+host's launch rate out of the events).
 """
 
 from __future__ import annotations
@@ -207,6 +211,31 @@ class CudaBackend:
                 out["split6"] = split6_q8_1(self.rt, A, xq, tx)
         return out
 
+    def _norm(self, h16, x, wname: str, *names: str):
+        """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
+        prepass outputs (as _quantize: a dict, or None when all run on f16). When a q4_K GEMM
+        on the SB kernel reads it, every other reader runs on f16 (or is SB q4_K too) and the
+        config fuses prepasses, one launch makes the norm and the SB token operand
+        (mmq_sb.sb_operand_rmsnorm; the same bytes), and writes h16 only if an f16 GEMM reads
+        it. Otherwise rmsnorm, then _quantize."""
+        kinds = {(self.routes[n][0], int(self.qtypes.get(n, -1))) for n in names}
+        M, D = x.shape
+        if self.gcfg.fused_prepass and any(k[0] == "mmq-sb" for k in kinds):
+            from minfer.cuda.mmq_sb import Q4_K, SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
+
+            if all(k[0] == "f16" or k == ("mmq-sb", Q4_K) for k in kinds) and \
+                    D <= SB_NORM_MAX_K:
+                tt = sb_views(self.q8s, M, D)[2]
+                f16_reader = any(k[0] == "f16" for k in kinds)
+                with self._op("rmsnorm+q8s"):
+                    da.poison(self.rt, tt, *((h16,) if f16_reader else ()))
+                    return {"q8s": sb_operand_rmsnorm(self.rt, x, self.w[wname], self.c.rms_eps,
+                                                      tt, h16 if f16_reader else None)}
+        with self._op("rmsnorm"):
+            da.poison(self.rt, h16)
+            L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
+        return self._quantize(h16, *names)
+
     def _swiglu(self, f16, down: str, g, u=None):
         """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]) as the input
         of `down`. When `down` runs on a wgmma kernel (or is q4_K on the SB kernel) and the
@@ -321,6 +350,8 @@ class CudaBackend:
         T = len(ids)
         da.rows(self.ids, 0, T).set(ids)
         self.pos.set(np.array([pos0], np.int32))
+        if self.profile is not None:
+            self.profile.begin_chunk()
         if self.graphs and self.profile is None:
             g = self._graphs.get((T, bool(last)))
             if g is not None:
@@ -372,22 +403,21 @@ class CudaBackend:
         for il in range(c.n_layers):
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
-            with self._op("rmsnorm"):
-                da.poison(rt, h16)
-                L.rmsnorm(rt, h16, x, self.w[p + "attn_norm.weight"], c.rms_eps)
             qgroup = self.fused.get(p + "attn_q.weight", ("",))[0]
+            q = p + "attn_q.weight"
+            names = [p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v")]
+            hq8 = self._norm(h16, x, p + "attn_norm.weight",
+                             *((q, names[2]) if qgroup.endswith(".attn_qk.weight") else
+                               (q,) if qgroup else names))
             if qgroup.endswith(".attn_qk.weight"):   # q|k fused, v alone (on f16)
                 qk = self._part(self.qkv32, 0, (T, qd + kd))
                 v32 = self._part(self.qkv32, Tu * (qd + kd), (T, kd))
-                q = p + "attn_q.weight"
-                self._linear(qk, h16, qgroup, "f32", "attn_qk", self._quantize(h16, q), q)
-                self._linear(v32, h16, p + "attn_v.weight", "f32", "attn_v")
+                self._linear(qk, h16, qgroup, "f32", "attn_qk", hq8, q)
+                self._linear(v32, h16, names[2], "f32", "attn_v", hq8)
                 srcs, cols = (qk, qk, v32), (0, qd, 0)
             elif qgroup:
                 qkv = self._part(self.qkv32, 0, (T, qd + 2 * kd))
-                q = p + "attn_q.weight"
-                self._linear(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv",
-                             self._quantize(h16, q), q)
+                self._linear(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv", hq8, q)
                 if c.qkv_bias:
                     with self._op("bias"):
                         L.add_bias(rt, qkv, self.w[p + "attn_qkv.bias"])
@@ -396,8 +426,6 @@ class CudaBackend:
                 q32 = self._part(self.qkv32, 0, (T, qd))
                 k32 = self._part(self.qkv32, Tu * qd, (T, kd))
                 v32 = self._part(self.qkv32, Tu * (qd + kd), (T, kd))
-                names = [p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v")]
-                hq8 = self._quantize(h16, *names)
                 for dst, n, lab in zip((q32, k32, v32), names, ("attn_q", "attn_k", "attn_v")):
                     self._linear(dst, h16, n, "f32", lab, hq8)
                 if c.qkv_bias:
@@ -419,23 +447,20 @@ class CudaBackend:
                                    self.kc[il], self.vc[il], pos0 + t0, self.pos, t0)
             self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output")
             hq = R(self.h16, 0, Tq)
-            with self._op("rmsnorm"):
-                da.poison(rt, hq)
-                L.rmsnorm(rt, hq, xq, self.w[p + "ffn_norm.weight"], c.rms_eps)
             f16 = R(self.f16, 0, Tq)
             down = p + "ffn_down.weight"
-            if p + "ffn_gate.weight" in self.fused:
+            gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
+            fused_gu = gate in self.fused
+            fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *((gate,) if fused_gu else (gate, up)))
+            if fused_gu:
                 gu = self._part(self.gu32, 0, (Tq, 2 * c.d_ff))
-                gate = p + "ffn_gate.weight"
-                self._linear(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up",
-                             self._quantize(hq, gate), gate)
+                self._linear(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up", fq8, gate)
                 gu_parts = (gu,)
             else:
                 g32 = self._part(self.gu32, 0, (Tq, c.d_ff))
                 u32 = self._part(self.gu32, Tu * c.d_ff, (Tq, c.d_ff))
-                fq8 = self._quantize(hq, p + "ffn_gate.weight", p + "ffn_up.weight")
-                self._linear(g32, hq, p + "ffn_gate.weight", "f32", "ffn_gate", fq8)
-                self._linear(u32, hq, p + "ffn_up.weight", "f32", "ffn_up", fq8)
+                self._linear(g32, hq, gate, "f32", "ffn_gate", fq8)
+                self._linear(u32, hq, up, "f32", "ffn_up", fq8)
                 gu_parts = (g32, u32)
             self._linear(xq, f16, down, "acc", "ffn_down", self._swiglu(f16, down, *gu_parts))
         if last:

@@ -10,8 +10,9 @@ row and 256 (1.28 B per value); per chunk the tensor core sums 32 products and o
 value folds the sub-scale in, the activation scale once per super-block (per-token tables).
 Both operands come as blocks per (super-block, 128-row / 128-token tile) that hold the
 shared-memory images of the tiles and their tables (mmq_sb_ref.sb_operand): the weight from
-`repack_q4k_sb`, the tokens from `sb_operand` (one launch from the activations; the engine's
-path) or `sb_tokens` after a q8s split. Warp-specialized: one
+`repack_q4k_sb`, the tokens from `sb_operand` (one launch from the activations),
+`sb_operand_rmsnorm` / `sb_operand_swiglu` (the same with the rmsnorm or the swiglu before it, in
+the same launch; the engine's path) or `sb_tokens` after a q8s split. Warp-specialized: one
 producer thread bulk-copies each stage (two copies) into a 5-slot ring, two consumer
 warpgroups own 64 weight rows each of a 128 x 128 tile. Persistent with stream-K over
 super-blocks (minfer.cuda.stream_k). sm_90 only.
@@ -219,6 +220,31 @@ def sb_operand_swiglu(rt, g, u=None, tt=None) -> SbTokens:
     return SbTokens(tt, M, F)
 
 
+SB_NORM_MAX_K = 8 * 256 * 4   # rmsnorm_sb_operand: 8 warps x SB_NORM_SBW (4) super-blocks
+
+
+def sb_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None) -> SbTokens:
+    """The token operand of h = f16(rmsnorm(x) * w) in one launch (rmsnorm_sb_operand, a CTA
+    per token): bit-identical to layers.rmsnorm into f16, then sb_operand. x f32 [M, K] (K % 256
+    == 0, K <= SB_NORM_MAX_K), w f32 [K]; h16 f16 [M, K], when given, receives h too (the input
+    of GEMMs on other routes); into tt if given."""
+    what = "sb_operand_rmsnorm"
+    da.check(f"{what} x", x, (None, None), np.float32, align=16, require_contiguous=True)
+    M, K = x.shape
+    if K > SB_NORM_MAX_K:
+        raise GPUError(f"{what}: K={K} over the kernel's {SB_NORM_MAX_K} (8 warps x 4 "
+                       "super-blocks); use layers.rmsnorm, then sb_operand")
+    da.check(f"{what} w", w, (K,), np.float32, align=16)
+    if h16 is not None:
+        da.check(f"{what} h16", h16, (M, K), np.float16, align=16, require_contiguous=True)
+    tt = _operand_out(rt, what, M, K, tt)
+    rt.launch(rt.function("quantize_q8_1", "rmsnorm_sb_operand"), (pad_rows(M),), (256,),
+              (da.arg(x), da.arg(w), np.float32(eps),
+               np.uintp(0) if h16 is None else da.arg(h16), da.arg(tt), np.int32(M),
+               np.int32(K), np.int32(pad_rows(M))))
+    return SbTokens(tt, M, K)
+
+
 def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
     """x f32 / f16 [M, K] (K % 256 == 0) -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the SB
     operand (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0); signed:
@@ -291,6 +317,7 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
                       build_opts, stream_k, sms)
 
 
-__all__ = ["SbQ4K", "SbQ6K", "SbTokens", "sb_operand", "sb_operand_swiglu", "repack_sb",
+__all__ = ["SB_NORM_MAX_K", "SbQ4K", "SbQ6K", "SbTokens", "sb_operand", "sb_operand_rmsnorm",
+           "sb_operand_swiglu", "repack_sb",
            "repack_q4k_sb", "sb_tokens", "sb_smem", "sb6_smem", "sb_split_bytes",
            "sb_token_bytes", "sb_views", "sb_weight_bytes", "split_q8s", "mmq_sb_linear"]

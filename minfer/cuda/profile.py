@@ -3,6 +3,9 @@
 With `backend.profile = OpProfile(rt)` the backend brackets every op with two events
 (`with profile.op(label, flops)`); `collect()` synchronizes and folds the pending pairs into
 totals: label -> [ms, flops, count], summed over forwards (and over layers).
+With spin_ms > 0 each chunk's launches queue behind a spin kernel of that length (smoke.cu
+spin_cycles, launched by `begin_chunk` after the chunk's synchronous uploads), so the events
+time the GPU's work alone, not the host's launch rate (eager Python: 10-30 µs a launch).
 """
 
 from __future__ import annotations
@@ -13,10 +16,19 @@ from contextlib import contextmanager
 class OpProfile:
     """CUDA-event timings per labelled op, summed over forwards: label -> [ms, flops, count]."""
 
-    def __init__(self, rt):
+    def __init__(self, rt, spin_ms: float = 0.0):
         self.rt = rt
+        self.spin_ms = spin_ms
         self.pending: list[tuple[str, float, object, object]] = []
         self.totals: dict[str, list[float]] = {}
+
+    def begin_chunk(self) -> None:
+        """Called by the backend once a chunk's inputs are on the device."""
+        if self.spin_ms > 0:   # (cycles at ~2 GHz: the queue only needs to stay full)
+            import numpy as np
+
+            self.rt.launch(self.rt.function("smoke", "spin_cycles"), (1,), (1,),
+                           (np.int64(int(self.spin_ms * 2e6)),))
 
     @contextmanager
     def op(self, label: str, flops: float = 0.0):

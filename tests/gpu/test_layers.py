@@ -12,9 +12,11 @@ from gpu_helpers import rel_err as _rel
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("T,D", [(1, 64), (7, 576), (33, 1000), (130, 4096)])
+@pytest.mark.parametrize("T,D", [(1, 64), (7, 576), (33, 1000), (130, 4096), (3, 1002)])
 @pytest.mark.parametrize("out", [np.float16, np.float32])
 def test_rmsnorm(rt, T, D, out):
+    """16-byte pieces where D % 4 == 0 (and the rows are aligned), single values otherwise
+    (D = 1002)."""
     from minfer.cuda import devarray as da
     from minfer.cuda.layers import rmsnorm
 

@@ -178,6 +178,35 @@ def test_sb_operand_swiglu_bitwise(hopper, same_bytes):
         assert (got.M, got.K) == (M, F) and same_bytes(got.tt, want)
 
 
+@pytest.mark.parametrize("M,K", [(77, 1280), (130, 4096), (1, 8192)])
+def test_sb_operand_rmsnorm_bitwise(hopper, same_bytes, M, K):
+    """The rmsnorm + token operand launch writes exactly the bytes of rmsnorm into f16 followed
+    by sb_operand (and the twins'), and h16 when asked: the bits of rmsnorm's f16 output."""
+    from minfer.cuda import devarray as da
+    from minfer.cuda.layers import rmsnorm
+    from minfer.cuda.mmq_sb import SbTokens, sb_operand, sb_operand_rmsnorm
+    from minfer.quants.mmq_sb_ref import sb_tokens_ref, split_q8s_ref
+    from minfer.reference import ops
+
+    rt = hopper
+    rng = np.random.default_rng(M + K)
+    x = (rng.standard_normal((M, K)) * 3).astype(np.float32)
+    x[:, 700:710] *= 40   # an outlier run: super-blocks of very different scales
+    w = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    w[256:512] = 0   # an all-zero super-block in every token
+    xd, wd = da.to_device(rt, x), da.to_device(rt, w)
+    h16 = da.empty(rt, (M, K), np.float16)
+    rmsnorm(rt, h16, xd, wd, 1e-5)
+    want = sb_operand(rt, h16).tt.get()
+    got = sb_operand_rmsnorm(rt, xd, wd, 1e-5)
+    assert isinstance(got, SbTokens) and (got.M, got.K) == (M, K) and same_bytes(got.tt, want)
+    hout = da.to_device(rt, np.full((M, K), np.nan, np.float16))
+    got2 = sb_operand_rmsnorm(rt, xd, wd, 1e-5, h16=hout)
+    assert same_bytes(got2.tt, want) and same_bytes(hout, h16.get())
+    href = ops.rmsnorm(x, w, 1e-5).astype(np.float16)
+    assert same_bytes(got.tt, sb_tokens_ref(*split_q8s_ref(href.astype(np.float32)), M, K))
+
+
 def test_sb_linear_takes_the_token_operand(hopper):
     """mmq_sb_linear on an SbTokens gives the bits it gives on x; a q6_K weight or another
     shape refuses it."""
