@@ -36,11 +36,14 @@
 // setmaxnreg gives them the producer's registers. Persistent over work items in super-block
 // units, then stream-K (wgmma_common.cuh TileSched; the exchange among the consumers).
 // Entries: mmq_sb_q4k (C =) and mmq_sb_q4k_acc (C +=, reductions), both (Tt, Wb, C, M, N, K,
-// dp, ws, flags); K % 256 == 0; ws float4 [gridDim][16][256], flags as in
+// dp, ws, flags), and mmq_sb_q4k_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] =
+// swiglu of the gate|up product, the weight's rows interleaved per 16 (store_swiglu; N % 16 ==
+// 0); K % 256 == 0; ws float4 [gridDim][16][256], flags as in
 // mmq_wgmma_q4k.cu; every buffer under 2^31 B. Dynamic smem SbSmem::BYTES.
 #include "gemm_f16_common.cuh"
 #include "mmq_common.cuh"
 #include "mmq_sb_layout.cuh"
+#include "swiglu.cuh"
 #include "wgmma_common.cuh"
 
 // Timing-only diagnostics (wrong results; scripts/mmq_sb_device.py with SB_NOCHECK=1): each
@@ -198,9 +201,25 @@ __device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, i
     }
 }
 
-template <bool RED>
+// The swiglu epilogue (rows interleaved per 16: 8 gate rows, then their 8 up rows; mmq_sb_ref.
+// glu_rows): the thread's rows r and r + 8 are the gate and the up row of feature (r / 16) 8 +
+// r % 16, so H[token][feature] = f16(silu(g) u) (swiglu.cuh, the swiglu layer's rounding) from
+// z[4i + j] (gate, j < 2) and z[4i + j + 2] (up), no exchange; F = N / 2 features.
+__device__ __forceinline__ void store_swiglu(const float (&z)[64], __half* H, int M, int F,
+                                             int m, int r) {
+    const int f = r / 16 * 8 + r % 16;
+#pragma unroll
+    for (int k = 0; k < 64; ++k) {
+        if ((k >> 1) & 1) continue;   // (the up values, read with their gate values)
+        const int tok = m + 8 * (k >> 2) + (k & 1);
+        if (tok < M && f < F) H[(size_t)tok * F + f] = __float2half_rn(swiglu1(z[k], z[k + 2]));
+    }
+}
+
+// EPI: 0 C = (f32 [M, N]), 1 C += (reductions), 2 the swiglu epilogue (C is H f16 [M, N / 2])
+template <int EPI>
 __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
-                                             const uint8_t* __restrict__ Wb, float* C, int M,
+                                             const uint8_t* __restrict__ Wb, void* C, int M,
                                              int N, int K, int dp, float4* ws, int* flags) {
     using S = SbSmem;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -330,7 +349,9 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
         } else {
             if (w.k1 < KS) wgmma::sk_add<64, T, 128>(ws, flags, z);
             const int rw = (pair >> 3) * 16 + g;   // the thread's first weight row
-            store_t<RED>(z, C, M, N, (w.tile % ntok) * BM + 2 * t, (w.tile / ntok) * BN + rw);
+            const int m0 = (w.tile % ntok) * BM + 2 * t, r0 = (w.tile / ntok) * BN + rw;
+            if constexpr (EPI == 2) store_swiglu(z, static_cast<__half*>(C), M, N / 2, m0, r0);
+            else store_t<EPI == 1>(z, static_cast<float*>(C), M, N, m0, r0);
         }
     }
 }
@@ -342,11 +363,17 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
 extern "C" __global__ void __launch_bounds__(384, 1)
 mmq_sb_q4k(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C, int M,
             int N, int K, int dp, float4* ws, int* flags) {
-    mmq_sb_body<false>(Tt, Wb, C, M, N, K, dp, ws, flags);
+    mmq_sb_body<0>(Tt, Wb, C, M, N, K, dp, ws, flags);
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 mmq_sb_q4k_acc(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C,
                 int M, int N, int K, int dp, float4* ws, int* flags) {
-    mmq_sb_body<true>(Tt, Wb, C, M, N, K, dp, ws, flags);
+    mmq_sb_body<1>(Tt, Wb, C, M, N, K, dp, ws, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+mmq_sb_q4k_swiglu(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, __half* H,
+                  int M, int N, int K, int dp, float4* ws, int* flags) {
+    mmq_sb_body<2>(Tt, Wb, H, M, N, K, dp, ws, flags);
 }

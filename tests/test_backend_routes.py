@@ -67,6 +67,11 @@ def test_routes_q6k_f16(tiny):
     assert gemm_config(mmq=True, mmq_q6k_f16=True, env={}) == cfg
     assert gemm_config(mmq_q6k_f16=False, env={"MINFER_MMQ_Q6K_F16": "1"}) == GemmConfig()
     assert GemmConfig.parse_ab("MINFER_MMQ=1 MINFER_MMQ_Q6K_F16=1", env={}) == cfg
+    # MINFER_MMQ_SB_GLU: on by default; off shows in the label, the flag mirrors it
+    assert GemmConfig().sb_glu
+    off = GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_SB": "1", "MINFER_MMQ_SB_GLU": "0"})
+    assert not off.sb_glu and off.label() == "mmq-wgmma-kd4-sb-noglu"
+    assert gemm_config(mmq=True, mmq_sb=True, mmq_sb_glu=False, env={}) == off
 
 
 def _fuses_qkv(model, v_name: str) -> bool:

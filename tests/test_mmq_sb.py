@@ -277,7 +277,7 @@ def test_plan_memory_sb(tmp_path):
     from minfer.cuda.config import GemmConfig
     from minfer.cuda.mmq_sb import sb_split_bytes, sb_weight_bytes
     from minfer.cuda.mmq_wgmma import split_scratch_bytes
-    from minfer.cuda.routes import plan_fusion, plan_routes
+    from minfer.cuda.routes import plan_fusion, plan_glu, plan_routes
     from minfer.cuda.weights import plan_memory
     from minfer.loader import load_model
 
@@ -298,6 +298,12 @@ def test_plan_memory_sb(tmp_path):
     assert plan["q8_1 split6 scratch"] >= split_scratch_bytes(64, k6)
     fused = plan_fusion(m, routes)
     assert any(n in fused for n in sb)   # q|k and gate|up fuse on SB like on wgmma
+    # the swiglu epilogue: every fused q4_K gate|up group on SB, none when switched off
+    glu = plan_glu(m, GemmConfig(mmq=True, sb=True), routes, fused)
+    want = {fused[n][0] for n in sb if n.endswith("ffn_gate.weight") and n in fused and
+            m.tensor(n).qtype == 12}
+    assert glu == want and glu and all(g.endswith("ffn_gate_up.weight") for g in glu)
+    assert not plan_glu(m, GemmConfig(mmq=True, sb=True, sb_glu=False), routes, fused)
 
 
 def test_q6_sb_repack_and_algebra():
@@ -430,3 +436,38 @@ def test_sb_operand_rmsnorm_refuses_bad_input():
     with pytest.raises(GPUError, match="h16: shape"):
         sb_operand_rmsnorm(None, _Arr((4, 512), np.float32), w, 1e-5,
                            h16=_Arr((4, 256), np.float16))
+
+
+def test_glu_rows_pair_each_feature():
+    """glu_rows: a permutation of [gate; up] in which row r (r % 16 < 8) is the gate row and
+    r + 8 the up row of feature (r / 16) 8 + r % 16, the kernel's store_swiglu map."""
+    from minfer.quants.mmq_sb_ref import glu_rows
+
+    F = 40
+    perm = glu_rows(F)
+    assert sorted(perm) == list(range(2 * F))
+    for r in range(2 * F):
+        if r % 16 < 8:
+            f = r // 16 * 8 + r % 16
+            assert perm[r] == f and perm[r + 8] == F + f
+    with pytest.raises(ValueError, match="multiple of 8"):
+        glu_rows(12)
+
+
+def test_swiglu_epilogue_refuses_bad_input():
+    """mmq_sb_linear's swiglu epilogue refuses, before any launch, a q6_K weight, C +=, N not a
+    multiple of 16 and an f32 output."""
+    from minfer.cuda.mmq_sb import SbQ4K, SbQ6K, mmq_sb_linear
+    from minfer.errors import GPUError
+
+    x = _Arr((8, 256), np.float32)
+    with pytest.raises(GPUError, match="swiglu epilogue"):
+        mmq_sb_linear(None, x, SbQ6K(None, None, 64, 256), 8, 64, 256, None, swiglu=True)
+    with pytest.raises(GPUError, match="swiglu epilogue"):
+        mmq_sb_linear(None, x, SbQ4K(None, 64, 256), 8, 64, 256, None, accumulate=True,
+                      swiglu=True)
+    with pytest.raises(GPUError, match="swiglu epilogue"):
+        mmq_sb_linear(None, x, SbQ4K(None, 40, 256), 8, 40, 256, None, swiglu=True)
+    with pytest.raises(GPUError, match="out: dtype"):
+        mmq_sb_linear(None, x, SbQ4K(None, 64, 256), 8, 64, 256, _Arr((8, 32), np.float32),
+                      swiglu=True)

@@ -3,12 +3,14 @@
     @gemm_options          # adds --mmq/--no-mmq, --mmq-raw/--no-mmq-raw, --mmq-wide/--no-mmq-wide,
     def cmd(..., **gemm): ...   # --mmq-kd 4|8, --mmq-wgmma/--no-.., --mmq-wgmma-q6k/--no-..,
                                 # --mmq-stream-k/--no-.., --mmq-fused-prepass/--no-..,
-                                # --mmq-sb/--no-mmq-sb, --mmq-q6k-f16/--no-..
+                                # --mmq-sb/--no-mmq-sb, --mmq-q6k-f16/--no-..,
+                                # --mmq-sb-glu/--no-mmq-sb-glu
     cfg = gemm_config(**gemm)   # env, then flags (flags win)
 
 An unset flag leaves the environment's value (MINFER_MMQ, MINFER_MMQ_RAW, MINFER_MMQ_RAW_WIDE,
 MINFER_MMQ_RAW_KD, MINFER_MMQ_WGMMA, MINFER_MMQ_WGMMA_Q6K, MINFER_MMQ_STREAMK,
-MINFER_MMQ_FUSED_PREPASS, MINFER_MMQ_SB, MINFER_MMQ_Q6K_F16) or GemmConfig's default. Not a
+MINFER_MMQ_FUSED_PREPASS, MINFER_MMQ_SB, MINFER_MMQ_Q6K_F16, MINFER_MMQ_SB_GLU) or GemmConfig's
+default. Not a
 command module (minfer.cli lists those).
 """
 
@@ -20,7 +22,7 @@ import click
 
 
 def gemm_options(f):
-    """Decorator: the ten GEMM-path flags, each None unless given."""
+    """Decorator: the eleven GEMM-path flags, each None unless given."""
     opts = [
         click.option("--mmq/--no-mmq", "mmq", default=None,
                      help="GEMMs on q4_K/q6_K weights via the int8 MMQ kernels (MINFER_MMQ)."),
@@ -58,6 +60,10 @@ def gemm_options(f):
                      help="Keep q6_K GEMMs on the f16 path while q4_K runs MMQ (default off; "
                           "on sm_90 the q6_K MMQ kernels are slower than f16 at prefill; "
                           "MINFER_MMQ_Q6K_F16)."),
+        click.option("--mmq-sb-glu/--no-mmq-sb-glu", "mmq_sb_glu", default=None,
+                     help="With --mmq-sb: the q4_K gate|up GEMM writes silu(gate) * up as f16 "
+                          "from its epilogue (default on); --no-mmq-sb-glu: f32 gate|up, then "
+                          "a swiglu launch (MINFER_MMQ_SB_GLU)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -66,7 +72,8 @@ def gemm_options(f):
 
 def gemm_overrides(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None,
                    mmq_wgmma=None, mmq_wgmma_q6k=None, mmq_stream_k=None,
-                   mmq_fused_prepass=None, mmq_sb=None, mmq_q6k_f16=None) -> dict[str, str]:
+                   mmq_fused_prepass=None, mmq_sb=None, mmq_q6k_f16=None,
+                   mmq_sb_glu=None) -> dict[str, str]:
     """The flags that were given, as GemmConfig.resolve overrides (MINFER_* keys)."""
     out = {}
     for key, v in (("MINFER_MMQ", mmq), ("MINFER_MMQ_RAW", mmq_raw),
@@ -74,7 +81,7 @@ def gemm_overrides(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None,
                    ("MINFER_MMQ_WGMMA", mmq_wgmma), ("MINFER_MMQ_WGMMA_Q6K", mmq_wgmma_q6k),
                    ("MINFER_MMQ_STREAMK", mmq_stream_k),
                    ("MINFER_MMQ_FUSED_PREPASS", mmq_fused_prepass), ("MINFER_MMQ_SB", mmq_sb),
-                   ("MINFER_MMQ_Q6K_F16", mmq_q6k_f16)):
+                   ("MINFER_MMQ_Q6K_F16", mmq_q6k_f16), ("MINFER_MMQ_SB_GLU", mmq_sb_glu)):
         if v is not None:
             out[key] = str(int(v)) if isinstance(v, bool) else str(v)
     return out
@@ -82,10 +89,11 @@ def gemm_overrides(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None,
 
 def gemm_config(mmq=None, mmq_raw=None, mmq_wide=None, mmq_kd=None, mmq_wgmma=None,
                 mmq_wgmma_q6k=None, mmq_stream_k=None, mmq_fused_prepass=None, mmq_sb=None,
-                mmq_q6k_f16=None, env: Mapping[str, str] | None = None):
+                mmq_q6k_f16=None, mmq_sb_glu=None, env: Mapping[str, str] | None = None):
     """GemmConfig from the environment, then the given flags (flags win)."""
     from minfer.cuda.config import GemmConfig
 
     return GemmConfig.resolve(env, gemm_overrides(mmq, mmq_raw, mmq_wide, mmq_kd, mmq_wgmma,
                                                   mmq_wgmma_q6k, mmq_stream_k,
-                                                  mmq_fused_prepass, mmq_sb, mmq_q6k_f16))
+                                                  mmq_fused_prepass, mmq_sb, mmq_q6k_f16,
+                                                  mmq_sb_glu))

@@ -13,6 +13,7 @@ forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
   rope_qkv (one launch): q16 = rope(q);  cache_k[pos0:] = rope(k);  cache_v[pos0:] = v (f16)
   a16 = attention(q16, cache);  x += a16 @ Wo.T (GEMM epilogue accumulates)
   h16 = rmsnorm(x) * ffn_norm;  gu32 = h16 @ [Wg; Wu].T (one GEMM);  a16 = swiglu(gu32)
+  (q4_K gate|up on the SB kernel: a16 straight from the GEMM's epilogue, routes.plan_glu)
   x += a16 @ Wd.T
 Fusion: when q, k, v (resp. gate, up) all run on f16, they are dequantized into row ranges of
 one [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) f16 buffer (self.w keeps per-weight row views) and run
@@ -62,7 +63,7 @@ from minfer.cuda import devarray as da
 from minfer.cuda import layers as L
 from minfer.cuda.config import GemmConfig
 from minfer.cuda.profile import OpProfile
-from minfer.cuda.routes import plan_fusion, plan_routes, summarize_routes
+from minfer.cuda.routes import plan_fusion, plan_glu, plan_routes, summarize_routes
 from minfer.cuda.weights import (_dequant_f16, alloc_buffers, check_memory, load_weights,
                                  plan_memory)
 from minfer.errors import BadInput, GPUError, Unsupported
@@ -122,10 +123,11 @@ class CudaBackend:
         self._graphs: dict[tuple[int, bool], object] = {}
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused = plan_fusion(model, self.routes)
+        self.glu = plan_glu(model, self.gcfg, self.routes, self.fused)
         plan = self._plan()
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
         wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"],
-                           progress)
+                           progress, frozenset(self.glu))
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
         # the buffers become attributes (x, h16, qkv32, q16, a16, gu32, f16, pos, last16,
         # logits, amax, ids, kc, vc, rope, q8): the layer loop below reads self.<name>
@@ -273,10 +275,19 @@ class CudaBackend:
         """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A's prepass
         outputs (from _quantize), made here when not given. A fused weight (q|k|v, gate|up:
         not in routes) takes the route of `member`, one of its members (plan_fusion: all
-        share it)."""
+        share it). Mode 'glu' (a plan_glu gate|up group, q4_K on the SB kernel): C f16 [M, F]
+        = silu(gate) * up from the GEMM's epilogue."""
         M, K = A.shape
         N = C.shape[1]
         path = self.routes[member or name][0]
+        if mode == "glu":
+            from minfer.cuda.mmq_sb import mmq_sb_linear
+
+            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
+                da.poison(self.rt, C)
+                mmq_sb_linear(self.rt, q8["q8s"], self.w[name], M, 2 * N, K, C,
+                              stream_k=self.gcfg.stream_k, swiglu=True)
+            return
         if path != "f16" and mode == "f16":
             raise Unsupported(f"{name}: MMQ writes f32, but this GEMM needs f16 output "
                               "(plan_routes keeps such weights on f16)")
@@ -452,17 +463,20 @@ class CudaBackend:
             gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
             fused_gu = gate in self.fused
             fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *((gate,) if fused_gu else (gate, up)))
-            if fused_gu:
+            if p + "ffn_gate_up.weight" in self.glu:   # the GEMM's epilogue writes f16
+                self._linear(f16, hq, p + "ffn_gate_up.weight", "glu", "ffn_gate_up", fq8, gate)
+                dq8 = self._quantize(f16, down)
+            elif fused_gu:
                 gu = self._part(self.gu32, 0, (Tq, 2 * c.d_ff))
                 self._linear(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up", fq8, gate)
-                gu_parts = (gu,)
+                dq8 = self._swiglu(f16, down, gu)
             else:
                 g32 = self._part(self.gu32, 0, (Tq, c.d_ff))
                 u32 = self._part(self.gu32, Tu * c.d_ff, (Tq, c.d_ff))
                 self._linear(g32, hq, gate, "f32", "ffn_gate", fq8)
                 self._linear(u32, hq, up, "f32", "ffn_up", fq8)
-                gu_parts = (g32, u32)
-            self._linear(xq, f16, down, "acc", "ffn_down", self._swiglu(f16, down, *gu_parts))
+                dq8 = self._swiglu(f16, down, g32, u32)
+            self._linear(xq, f16, down, "acc", "ffn_down", dq8)
         if last:
             with self._op("rmsnorm"):
                 da.poison(rt, self.last16)

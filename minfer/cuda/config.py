@@ -11,7 +11,10 @@ launch itself, no f16 activation; 0: swiglu, then the prepass), MINFER_MMQ_SB (0
 1: q4_K / q6_K GEMMs of the wgmma config run the super-block kernels, kernels/mmq_sb_q4k.cu and
 mmq_sb_q6k.cu, whose activations are quantized per 256 values instead of q8_1's 32),
 MINFER_MMQ_Q6K_F16 (0, the default; 1: q6_K GEMMs stay on the f16 path while q4_K runs MMQ:
-at prefill sizes on sm_90 every q6_K MMQ kernel is slower than f16, docs/perf.md session 7).
+at prefill sizes on sm_90 every q6_K MMQ kernel is slower than f16, docs/perf.md session 7),
+MINFER_MMQ_SB_GLU (1, the default: a q4_K gate|up GEMM on the SB kernel writes silu(gate) * up
+as f16 from its epilogue, its weight rows interleaved at load; 0: it writes the f32 [M, 2F]
+and a swiglu launch follows).
 Explicit overrides (CLI flags, bench A/B strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
@@ -28,7 +31,7 @@ ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE":
             "MINFER_MMQ_RAW_KD": "kd", "MINFER_MMQ_WGMMA": "wgmma",
             "MINFER_MMQ_WGMMA_Q6K": "wgmma_q6k", "MINFER_MMQ_STREAMK": "stream_k",
             "MINFER_MMQ_FUSED_PREPASS": "fused_prepass", "MINFER_MMQ_SB": "sb",
-            "MINFER_MMQ_Q6K_F16": "q6k_f16"}
+            "MINFER_MMQ_Q6K_F16": "q6k_f16", "MINFER_MMQ_SB_GLU": "sb_glu"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class GemmConfig:
     fused_prepass: bool = True
     sb: bool = False
     q6k_f16: bool = False
+    sb_glu: bool = True
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None,
@@ -85,7 +89,7 @@ class GemmConfig:
             return f"mmq-narrow-kd{self.kd}"
         sk = ("" if self.stream_k or not self.wgmma else "-nosk") + \
             ("" if self.fused_prepass or not self.wgmma else "-nofp")
-        sk += "-sb" if self.sb and self.wgmma else ""
+        sk += ("-sb" + ("" if self.sb_glu else "-noglu")) if self.sb and self.wgmma else ""
         sk += "-q6kf16" if self.q6k_f16 else ""
         if self.wgmma and not self.wgmma_q6k:
             return f"mmq-wgmma-q4k-kd{self.kd}{sk}"

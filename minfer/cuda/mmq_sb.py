@@ -266,13 +266,21 @@ def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
 
 
 def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool = False,
-                  build_opts: tuple = (), stream_k: bool = True, sms: int | None = None) -> None:
+                  build_opts: tuple = (), stream_k: bool = True, sms: int | None = None,
+                  swiglu: bool = False) -> None:
     """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (quantized here), its split
     (aq, ta), for q4_K optionally with its token operand (aq, ta, tt), or for q4_K its
-    SbTokens. stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear."""
+    SbTokens. stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear.
+    swiglu (q4_K): W is a gate|up weight with its rows interleaved per 16 (mmq_sb_ref.glu_rows:
+    8 gate rows, then their 8 up rows) and out is f16 [M, N/2] = f16(silu(gate) * up), the
+    swiglu layer's bits, written by the kernel's epilogue (the f32 [M, N] never exists)."""
     if not isinstance(w, (SbQ4K, SbQ6K)) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ6K of [{N}, {K}]")
     q6 = isinstance(w, SbQ6K)
+    if swiglu and (q6 or accumulate or N % 16):
+        raise GPUError(f"mmq_sb_linear: the swiglu epilogue needs a q4_K gate|up weight with N "
+                       f"% 16 == 0 and C =, got {'q6_K' if q6 else 'q4_K'} N={N}"
+                       f"{' +=' if accumulate else ''}")
     if M <= 0 or K % 256:
         raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
     if (M * K >= 2**31 or (3 * N * K if q6 else sb_weight_bytes(N, K)) >= 2**31 or
@@ -292,7 +300,10 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
         aq, ta = split_q8s(rt, x, signed=True)   # (a split passed in must match: q6_K signed)
     else:
         da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
-    da.check("mmq_sb_linear out", out, (M, N), np.float32)
+    if swiglu:
+        da.check("mmq_sb_linear out", out, (M, N // 2), np.float16)
+    else:
+        da.check("mmq_sb_linear out", out, (M, N), np.float32)
     if not q6:   # the kernel reads the token operand (passed as x[2], or made here)
         if isinstance(x, SbTokens):
             tt = x.tt
@@ -305,7 +316,8 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
         da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TOP), np.uint8,
                  align=16)
         tiles = -(-M // SB_BM) * -(-N // SB_BN)
-        launch_persistent(rt, "mmq_sb_q4k" + ("_acc" if accumulate else ""), "mmq_sb_q4k",
+        entry = "mmq_sb_q4k" + ("_acc" if accumulate else "_swiglu" if swiglu else "")
+        launch_persistent(rt, entry, "mmq_sb_q4k",
                           sb_smem(_stages(build_opts)), tiles, K // 256,
                           (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
                            np.int32(K)), build_opts, stream_k, sms, block=384)

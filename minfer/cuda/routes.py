@@ -11,6 +11,8 @@ which weights of a layer are fused into one GEMM.
   that bench, check and prefill print.
 - `plan_fusion`: when q, k, v (resp. gate, up) of a layer all run on f16 and share K, they
   become row ranges of one f16 weight [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) run as one GEMM.
+- `plan_glu`: the fused gate|up groups whose GEMM applies the swiglu in its epilogue (q4_K on
+  the SB kernel; their rows are interleaved at load, mmq_sb_ref.glu_rows).
 """
 
 from __future__ import annotations
@@ -116,4 +118,18 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
             for n, (N, _) in zip(names, shapes):
                 out[n] = (f"blk.{i}.{group}.weight", row, int(N))
                 row += int(N)
+    return out
+
+
+def plan_glu(model, cfg: GemmConfig, routes: dict[str, tuple[str, str]],
+             fused: dict[str, tuple[str, int, int]]) -> set[str]:
+    """The fused gate|up group names whose GEMM runs mmq_sb_linear's swiglu epilogue: the
+    group is q4_K on the SB kernel, d_ff % 8 == 0 and cfg.sb_glu (MINFER_MMQ_SB_GLU)."""
+    out = set()
+    if not cfg.sb_glu or model.config.d_ff % 8:
+        return out
+    for i in range(model.config.n_layers):
+        gate = f"blk.{i}.ffn_gate.weight"
+        if gate in fused and routes[gate][0] == "mmq-sb" and int(model.tensor(gate).qtype) == 12:
+            out.add(fused[gate][0])
     return out

@@ -122,8 +122,11 @@ class DeviceWeights:
 
 def load_weights(rt, model, routes: dict[str, tuple[str, str]],
                  fused: dict[str, tuple[str, int, int]], staging_bytes: int,
-                 progress: bool) -> DeviceWeights:
-    """Upload every weight (see the module docstring); staging_bytes: plan["upload staging"]."""
+                 progress: bool, glu: frozenset[str] = frozenset()) -> DeviceWeights:
+    """Upload every weight (see the module docstring); staging_bytes: plan["upload staging"].
+    glu: fused gate|up groups (routes.plan_glu) whose rows go up interleaved per 16 (8 gate
+    rows, their 8 up rows: mmq_sb_ref.glu_rows) for the SB kernel's swiglu epilogue; their
+    members get no row views."""
     m, c = model, model.config
     staging = rt.alloc(max(staging_bytes, 1), "weight upload staging")
     w: dict[str, object] = {}
@@ -158,7 +161,10 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         if routes[n][0] != "f16":
             # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
             # shares the embedding table's bytes
-            if n in fused:
+            if n in fused and fused[n][0] in glu:
+                g, r0, _ = fused[n]
+                _upload_interleaved(rt, w[g], raw, N, r0 > 0)
+            elif n in fused:
                 g, r0, _ = fused[n]
                 w[n] = da.rows(w[g], r0, N)
                 rt.drv.memcpy_htod(da.ptr(w[n]), raw)
@@ -194,6 +200,19 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype)
 
 
+def _upload_interleaved(rt, dst, raw: np.ndarray, N: int, up: bool) -> None:
+    """A gate (up False) or up member's raw rows [N, row_bytes] into the fused group's buffer
+    dst [2N, row_bytes] interleaved per 16 rows: runs of 8 rows at dst rows 16 j (gate) or
+    16 j + 8 (up). One 2D copy (pitch 16 rows). N % 8 == 0 (plan_glu)."""
+    rb = dst.shape[1]
+    cp = rt.drv.Memcpy2D()
+    cp.set_src_host(raw)
+    cp.set_dst_device(da.ptr(dst) + (8 * rb if up else 0))
+    cp.src_pitch, cp.dst_pitch = 8 * rb, 16 * rb
+    cp.width_in_bytes, cp.height = 8 * rb, N // 8
+    cp(aligned=True)
+
+
 def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:
     """Each "mmq-wgmma" / "mmq-sb" weight (a fused group as one) -> WgmmaQ4K / WgmmaQ6K /
     SbQ4K / SbQ6K,
@@ -211,7 +230,7 @@ def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:
         if n in fused:
             g = fused[n][0]
             keys[g] = (groups[g][0], groups[g][1], qt, path)
-            del w[n]
+            w.pop(n, None)
         else:
             N, K = (int(s) for s in m.tensor(n).shape)
             keys[n] = (N, K, qt, path)

@@ -233,6 +233,18 @@ def sb_tokens_ref(aq: np.ndarray, ta: np.ndarray, M: int, K: int) -> np.ndarray:
                       SB_TH0)
 
 
+def glu_rows(F: int) -> np.ndarray:
+    """The row order of a gate|up weight [2F, K] for the SB kernel's swiglu epilogue: per 16
+    rows, 8 gate rows then their 8 up rows (a thread's C values hold rows r and r + 8, so it
+    holds a feature's gate and up values). -> int64 [2F], interleaved row i = plain row [gate;
+    up][perm[i]]. F % 8 == 0."""
+    if F % 8:
+        raise ValueError(f"glu_rows: F={F} is not a multiple of 8")
+    i = np.arange(2 * F)
+    blk, j = i // 16, i % 16
+    return np.where(j < 8, 8 * blk + j, F + 8 * blk + j - 8)
+
+
 def emulate_sb_q4k(tt_op: np.ndarray, wb: np.ndarray, M: int, N: int, K: int,
                    rescale: bool = True) -> np.ndarray:
     """mmq_sb_q4k.cu's arithmetic from the twins' operand blocks (Tt, Wb; float64 sums, the
@@ -324,7 +336,7 @@ def mmq_sb_linear_ref(x: np.ndarray, w_raw: np.ndarray, M: int, N: int, K: int,
 
 
 __all__ = ["QK_SB", "TPAD", "SB_WBLK", "SB_TBLK", "SB_WH0", "SB_TH0", "SB_IMG", "SB_WOP",
-           "SB_TOP", "sb_pos", "sb_tokens_ref", "sb_token_tables_ref", "sb_q4k_tables_ref",
+           "SB_TOP", "glu_rows", "sb_pos", "sb_tokens_ref", "sb_token_tables_ref", "sb_q4k_tables_ref",
            "sb_image", "sb_unimage", "sb_operand", "sb_operand_parts", "emulate_sb_q4k",
            "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
            "block_b16_sb", "unblock_b16_sb", "sb6_digits", "repack_q6k_sb_ref",

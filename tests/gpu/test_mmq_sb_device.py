@@ -132,6 +132,15 @@ def test_backend_on_sb(hopper, model):
     got = b.forward(prompt, 0)
     ref = CudaBackend(model, GemmConfig(mmq=True), max_tokens=128, ubatch=16).forward(prompt, 0)
     assert np.isfinite(got).all()
+    # the swiglu epilogue (default) against the plain gate|up GEMM + swiglu: the same product,
+    # split differently only where stream-K cuts tiles
+    if any(b.qtypes.get(n) == 12 and n.endswith("ffn_gate.weight") for n in sb):
+        assert b.glu, "q4_K gate|up on SB without the swiglu epilogue"
+    plain = CudaBackend(model, GemmConfig(mmq=True, sb=True, sb_glu=False), max_tokens=128,
+                        ubatch=16)
+    assert not plain.glu
+    pl = plain.forward(prompt, 0)
+    assert np.linalg.norm(pl - got) / np.linalg.norm(pl) < 1e-3
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-2
     nxt = b.forward(np.array([int(np.argmax(got))], np.int32), len(prompt))   # M = 1 decode
     assert np.isfinite(nxt).all()
@@ -205,6 +214,38 @@ def test_sb_operand_rmsnorm_bitwise(hopper, same_bytes, M, K):
     assert same_bytes(got2.tt, want) and same_bytes(hout, h16.get())
     href = ops.rmsnorm(x, w, 1e-5).astype(np.float16)
     assert same_bytes(got.tt, sb_tokens_ref(*split_q8s_ref(href.astype(np.float32)), M, K))
+
+
+@pytest.mark.parametrize("M,F,K,sms", [(77, 200, 1280, None), (300, 512, 2048, 3)])
+def test_sb_swiglu_epilogue(hopper, same_bytes, M, F, K, sms):
+    """The gate|up GEMM with the swiglu epilogue (rows interleaved by glu_rows) writes the bits
+    of the plain gate|up GEMM followed by the swiglu layer where both run whole tiles (M=77:
+    4 tiles on the grid); with stream-K (sms=3: split tiles, split elsewhere than the plain
+    weight's) within f16 rounding of them."""
+    from minfer.cuda import devarray as da
+    from minfer.cuda.layers import swiglu_fused
+    from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_operand
+    from minfer.quants.mmq_sb_ref import glu_rows
+    from test_mmq_wgmma import rand_q4k
+
+    rt = hopper
+    rng = np.random.default_rng(M + F)
+    w = np.concatenate([rand_q4k(rng, F, K), rand_q4k(rng, F, K)])   # [gate; up] raw rows
+    x = rng.standard_normal((M, K)).astype(np.float32)
+    tok = sb_operand(rt, da.to_device(rt, x))
+    plain = repack_sb(rt, da.to_device(rt, w.reshape(-1)), 12, 2 * F, K)
+    glu = repack_sb(rt, da.to_device(rt, w[glu_rows(F)].reshape(-1)), 12, 2 * F, K)
+    gu = da.to_device(rt, np.full((M, 2 * F), np.nan, np.float32))
+    mmq_sb_linear(rt, tok, plain, M, 2 * F, K, gu, sms=sms)
+    want = da.empty(rt, (M, F), np.float16)
+    swiglu_fused(rt, want, gu)
+    got = da.to_device(rt, np.full((M, F), np.nan, np.float16))
+    mmq_sb_linear(rt, tok, glu, M, 2 * F, K, got, sms=sms, swiglu=True)
+    if sms is None:
+        assert same_bytes(got, want.get())
+    else:
+        a, b = got.get().astype(np.float32), want.get().astype(np.float32)
+        assert np.isfinite(a).all() and np.abs(a - b).max() <= 2e-3 * np.abs(b).max()
 
 
 def test_sb_linear_takes_the_token_operand(hopper):
