@@ -93,6 +93,6 @@ def test_breakdown_table_rows_add_up():
     assert rows["gemm:ffn_gate_up"][4] == "500.0"                    # TFLOP/s
     assert "swiglu" not in rows and rows["swiglu+q8_1"][1] == "32"  # only ops that ran
     assert rows["rest (norm, rope, embed)"][2] == "500"              # 3.9375 ms - the rows
-    assert rows["all ops (events) / wall"][2] == "3,938 / 4,500"
+    assert rows["all ops (events) / wall less the spins"][2] == "3,938 / 4,500"
     f16 = B.breakdown_table("cuda", 512, {"gemm:x": [1.0, 1e12, 1]}, 1.0).splitlines()
     assert "ceiling 634 TFLOP/s" in f16[0] and any(ln.startswith("| attention | 0 |") for ln in f16)

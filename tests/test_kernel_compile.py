@@ -127,3 +127,30 @@ ptxas info    : Used 255 registers, used 0 barriers, 20 bytes smem, 368 bytes cm
 """
     r = parse_ptxas(report)["k"]
     assert (r.stack, r.spill_stores, r.spill_loads, r.registers, r.smem_static) == (24, 8, 12, 255, 20)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found")
+def test_attention_small_geometry_compiles():
+    """attention.cu's fallback block shape (attention.SMALL, for GPUs whose smem opt-in cap is
+    under the default's 139 KB) builds without spills for sm_80 and sm_90 too."""
+    from minfer.cuda.attention import SMALL
+
+    for arch in DEFAULT_ARCHS:
+        _, report = compile_cubin("attention", arch, SMALL.options(), report=True)
+        assert not problems(parse_ptxas(report), set()), (arch, report)
+
+
+def test_attention_geometry_pick():
+    """The launcher takes 8 warps x 128 keys where the GPU's opt-in smem allows it (sm_90:
+    227 KB), 4 x 64 under it (sm_86: 99 KB)."""
+    from minfer.cuda.attention import DEFAULT, SMALL, pick_geometry, smem_bytes
+
+    class _Rt:
+        def __init__(self, cap):
+            self.smem_optin = cap
+
+    assert smem_bytes(128, DEFAULT) == 2 * 2 * 128 * 136 * 2 and (DEFAULT.rows, SMALL.rows) == (128, 64)
+    assert pick_geometry(_Rt(232448), 128) == DEFAULT
+    assert pick_geometry(_Rt(101376), 128) == SMALL and smem_bytes(128, SMALL) <= 101376
+    assert pick_geometry(_Rt(101376), 64) == DEFAULT   # (64 + 8) x 2 x 2 x 128 x 2 = 73,728 B

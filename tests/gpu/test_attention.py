@@ -14,9 +14,14 @@ pytestmark = pytest.mark.gpu
     (1, 0, 4, 4, 64), (5, 0, 9, 3, 64), (77, 0, 9, 3, 64), (64, 0, 8, 2, 128),
     (130, 21, 32, 8, 128), (1, 300, 32, 8, 128), (1, 1000, 9, 3, 64), (257, 100, 4, 1, 128),
     (513, 0, 8, 8, 64)])
-def test_attention(rt, T, pos0, Hq, Hkv, D):
+@pytest.mark.parametrize("geom", ["default", "4x64"])
+def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
+    """The default geometry (8 warps x 128 keys) and the earlier 4 x 64: ragged T, decode,
+    positions past 0, GQA groups of 1-4."""
     from minfer.cuda import devarray as da
-    from minfer.cuda.attention import attention
+    from minfer.cuda.attention import DEFAULT, AttnGeometry, attention
+
+    g = DEFAULT if geom == "default" else AttnGeometry(4, 64)
 
     rng = np.random.default_rng(T * 7 + pos0 + D)
     S = pos0 + T + 37  # rows past pos0 + T hold garbage (NaN) that must never be read
@@ -26,7 +31,7 @@ def test_attention(rt, T, pos0, Hq, Hkv, D):
     k[pos0 + T:] = np.nan
     v[pos0 + T:] = np.nan
     o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
-    attention(rt, o, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), pos0)
+    attention(rt, o, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), pos0, geom=g)
     got = o.get().astype(np.float64)
     ref = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), pos0)
     assert np.all(np.isfinite(got)), "unwritten or NaN output"

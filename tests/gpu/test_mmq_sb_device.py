@@ -231,7 +231,7 @@ def test_sb_swiglu_epilogue(hopper, same_bytes, M, F, K, sms):
     rt = hopper
     rng = np.random.default_rng(M + F)
     w = np.concatenate([rand_q4k(rng, F, K), rand_q4k(rng, F, K)])   # [gate; up] raw rows
-    x = rng.standard_normal((M, K)).astype(np.float32)
+    x = (0.02 * rng.standard_normal((M, K))).astype(np.float32)   # (silu(g) u stays in f16)
     tok = sb_operand(rt, da.to_device(rt, x))
     plain = repack_sb(rt, da.to_device(rt, w.reshape(-1)), 12, 2 * F, K)
     glu = repack_sb(rt, da.to_device(rt, w[glu_rows(F)].reshape(-1)), 12, 2 * F, K)
@@ -245,7 +245,8 @@ def test_sb_swiglu_epilogue(hopper, same_bytes, M, F, K, sms):
         assert same_bytes(got, want.get())
     else:
         a, b = got.get().astype(np.float32), want.get().astype(np.float32)
-        assert np.isfinite(a).all() and np.abs(a - b).max() <= 2e-3 * np.abs(b).max()
+        assert np.isfinite(b).all() and np.abs(b).max() > 0
+        assert np.abs(a - b).max() <= 2e-3 * np.abs(b).max()
 
 
 def test_sb_linear_takes_the_token_operand(hopper):
