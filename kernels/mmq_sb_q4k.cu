@@ -38,7 +38,7 @@
 // Entries: mmq_sb_q4k (C =) and mmq_sb_q4k_acc (C +=, reductions), both (Tt, Wb, C, M, N, K,
 // dp, ws, flags), and mmq_sb_q4k_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] =
 // swiglu of the gate|up product, the weight's rows interleaved per 16 (store_swiglu; N % 16 ==
-// 0); K % 256 == 0; ws float4 [gridDim][16][256], flags as in
+// 0); K % 256 == 0; build option SB_GLU_EXACT (tests); ws float4 [gridDim][16][256], flags as in
 // mmq_wgmma_q4k.cu; every buffer under 2^31 B. Dynamic smem SbSmem::BYTES.
 #include "gemm_f16_common.cuh"
 #include "mmq_common.cuh"
@@ -203,8 +203,10 @@ __device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, i
 
 // The swiglu epilogue (rows interleaved per 16: 8 gate rows, then their 8 up rows; mmq_sb_ref.
 // glu_rows): the thread's rows r and r + 8 are the gate and the up row of feature (r / 16) 8 +
-// r % 16, so H[token][feature] = f16(silu(g) u) (swiglu.cuh, the swiglu layer's rounding) from
-// z[4i + j] (gate, j < 2) and z[4i + j + 2] (up), no exchange; F = N / 2 features.
+// r % 16, so H[token][feature] = f16(silu(g) u) from z[4i + j] (gate, j < 2) and z[4i + j + 2]
+// (up), no exchange; F = N / 2 features. silu with the fast intrinsics (swiglu.cuh
+// swiglu1_fast): the exact form cost this GEMM 4-5% (docs/perf.md session 9); -DSB_GLU_EXACT
+// builds the swiglu layer's rounding (the tests prove the row map bitwise with it).
 __device__ __forceinline__ void store_swiglu(const float (&z)[64], __half* H, int M, int F,
                                              int m, int r) {
     const int f = r / 16 * 8 + r % 16;
@@ -212,7 +214,12 @@ __device__ __forceinline__ void store_swiglu(const float (&z)[64], __half* H, in
     for (int k = 0; k < 64; ++k) {
         if ((k >> 1) & 1) continue;   // (the up values, read with their gate values)
         const int tok = m + 8 * (k >> 2) + (k & 1);
-        if (tok < M && f < F) H[(size_t)tok * F + f] = __float2half_rn(swiglu1(z[k], z[k + 2]));
+#ifdef SB_GLU_EXACT   // the swiglu layer's rounding (tests: the row map, bitwise)
+        const float y = swiglu1(z[k], z[k + 2]);
+#else
+        const float y = swiglu1_fast(z[k], z[k + 2]);
+#endif
+        if (tok < M && f < F) H[(size_t)tok * F + f] = __float2half_rn(y);
     }
 }
 

@@ -8,3 +8,10 @@ __device__ __forceinline__ float swiglu1(float gv, float uv) {
     const float silu = __fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv)));
     return __fmul_rn(silu, uv);
 }
+
+// The same function with the fast intrinsics (__expf, __fdividef: a few ulp of f32, far under
+// the f16 rounding that follows): the q4_K SB GEMM's swiglu epilogue, where the exact form's
+// IEEE division and expf sit on the GEMM's critical path (mmq_sb_q4k.cu store_swiglu).
+__device__ __forceinline__ float swiglu1_fast(float gv, float uv) {
+    return __fmul_rn(__fdividef(gv, 1.0f + __expf(-gv)), uv);
+}

@@ -272,9 +272,9 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
     (aq, ta), for q4_K optionally with its token operand (aq, ta, tt), or for q4_K its
     SbTokens. stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear.
     swiglu (q4_K): W is a gate|up weight with its rows interleaved per 16 (mmq_sb_ref.glu_rows:
-    8 gate rows, then their 8 up rows) and out is f16 [M, N/2] = f16(silu(gate) * up) with
-    the swiglu layer's rounding, written by the kernel's epilogue (the f32 [M, N] never
-    exists)."""
+    8 gate rows, then their 8 up rows) and out is f16 [M, N/2] = f16(silu(gate) * up), written
+    by the kernel's epilogue (the f32 [M, N] never exists); silu with fast exp and division
+    (swiglu.cuh swiglu1_fast; build_opts ("-DSB_GLU_EXACT",): the swiglu layer's rounding)."""
     if not isinstance(w, (SbQ4K, SbQ6K)) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ6K of [{N}, {K}]")
     q6 = isinstance(w, SbQ6K)
