@@ -304,6 +304,11 @@ def test_plan_memory_sb(tmp_path):
             m.tensor(n).qtype == 12}
     assert glu == want and glu and all(g.endswith("ffn_gate_up.weight") for g in glu)
     assert not plan_glu(m, GemmConfig(mmq=True, sb=True, sb_glu=False), routes, fused)
+    # with every layer's swiglu in its GEMM, the f32 gate|up buffer [T, 2 d_ff] is not planned
+    lean = plan_memory(m, routes, 128, 64, sms=132, glu_all=True)
+    assert plan["activations"] - lean["activations"] == 64 * 2 * m.config.d_ff * 4
+    assert {k: v for k, v in lean.items() if k != "activations"} == \
+        {k: v for k, v in plan.items() if k != "activations"}
 
 
 def test_q6_sb_repack_and_algebra():

@@ -133,7 +133,7 @@ class CudaBackend:
         # logits, amax, ids, kc, vc, rope, q8): the layer loop below reads self.<name>
         vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
                                              plan["q8_1 scratch"], plan["q8_1 split scratch"],
-                                             plan["q8_1 split6 scratch"])))
+                                             plan["q8_1 split6 scratch"], self._glu_all())))
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -146,7 +146,11 @@ class CudaBackend:
     def _plan(self) -> dict[str, int]:
         """part -> bytes of the memory plan (weights.plan_memory; tests/gpu compare plans)."""
         return plan_memory(self.model, self.routes, self.max_tokens, self.ubatch,
-                           self.rt.sm_count)
+                           self.rt.sm_count, self._glu_all())
+
+    def _glu_all(self) -> bool:
+        """Every layer's gate|up GEMM writes the swiglu (no f32 gate|up buffer needed)."""
+        return len(self.glu) == self.c.n_layers
 
     # -- protocol -------------------------------------------------------------------------------
     def reset(self) -> None:

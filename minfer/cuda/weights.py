@@ -45,9 +45,11 @@ def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
 
 # -- memory plan ------------------------------------------------------------------------------
 def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
-                ubatch: int, sms: int = 0) -> dict[str, int]:
+                ubatch: int, sms: int = 0, glu_all: bool = False) -> dict[str, int]:
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
-    sms: the GPU's SM count (the wgmma kernels' stream-K workspace, one slot per SM)."""
+    sms: the GPU's SM count (the wgmma kernels' stream-K workspace, one slot per SM); glu_all:
+    every layer's gate|up GEMM writes the swiglu itself (routes.plan_glu), so the f32 gate|up
+    buffer is not allocated."""
     c = model.config
     m = model
     from minfer.cuda.mmq_sb import sb_split_bytes, sb_weight_bytes
@@ -85,7 +87,8 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     kv = 2 * c.n_layers * max_tokens * c.n_kv_heads * c.head_dim * 2
     T = ubatch
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 + c.d_ff * (4 + 4 + 2))
+    act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 +
+               c.d_ff * ((0 if glu_all else 4 + 4) + 2))
     act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
@@ -254,6 +257,7 @@ class DeviceBuffers:
     q16: object  # f16 [T, H, D] roped q
     a16: object  # f16 [T, H * D] attention out
     gu32: object  # f32 [T * 2 d_ff]: [T, 2 d_ff] fused gate|up, else two [T, d_ff] parts
+    #              (None when every layer's gate|up GEMM writes the swiglu: plan_glu)
     f16: object  # f16 [T, d_ff] SwiGLU out
     pos: object  # int32 [1]: the chunk's pos0, read on the device (graph replay at any pos)
     last16: object  # f16 [1, d_model] the last row, normed
@@ -269,10 +273,10 @@ class DeviceBuffers:
 
 
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
-                  q8s_bytes: int = 0, q8s6_bytes: int = 0) -> DeviceBuffers:
+                  q8s_bytes: int = 0, q8s6_bytes: int = 0, glu_all: bool = False) -> DeviceBuffers:
     """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
     q8s_bytes / q8s6_bytes: plan["q8_1 split scratch"] / plan["q8_1 split6 scratch"] (0: no
-    q4_K / q6_K wgmma route)."""
+    q4_K / q6_K wgmma route); glu_all: no f32 gate|up buffer (gu32 None, as plan_memory)."""
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
     e = da.empty
@@ -282,7 +286,7 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         qkv32=e(rt, (T * (H + 2 * Hkv) * D,), np.float32, "q|k|v"),
         q16=e(rt, (T, H, D), np.float16, "q f16"),
         a16=e(rt, (T, H * D), np.float16, "attention out"),
-        gu32=e(rt, (T * 2 * c.d_ff,), np.float32, "ffn gate|up"),
+        gu32=None if glu_all else e(rt, (T * 2 * c.d_ff,), np.float32, "ffn gate|up"),
         f16=e(rt, (T, c.d_ff), np.float16, "ffn act"),
         pos=e(rt, (1,), np.int32, "chunk position pos0"),
         last16=e(rt, (1, c.d_model), np.float16, "last row"),
