@@ -430,10 +430,12 @@ extern "C" __global__ void q8s_sb_operand_swiglu(const float* g, const float* u,
 // layers.cu rmsnorm_f32_f16), optionally written to h16 [M, K] (for GEMMs of other routes), and
 // its SB token operand, bit-identical to rmsnorm_f32_f16 then q8s_sb_operand_f16 (twin:
 // sb_tokens_ref(*split_q8s_ref(rmsnorm_f16_ref(x, w, eps)))). One CTA of 256 threads per token
-// m < Mp: the row's scale (rms_scale), then warp wi takes super-blocks wi, wi + 8, ... (at most
-// SB_NORM_SBW each: K <= 8 * 256 * SB_NORM_SBW), 8 values per lane as q8s_sb_operand; their
-// amaxes go through shared memory, so r's previous scale is at hand without a reread. x f32
-// [M, K] rows 16-byte aligned, K % 256 == 0. Grid (Mp), block 256.
+// m < Mp; warp wi takes super-blocks wi, wi + 8, ... (at most SB_NORM_SBW each: K <= 8 * 256 *
+// SB_NORM_SBW), 8 values per lane as q8s_sb_operand. The row is read once, into registers in
+// that layout, which is rms_scale's summation order (a super-block is one of its chunks), so
+// the scale comes from the registers; then the normalized values, their amaxes through shared
+// memory (r's previous scale at hand), the quantization. x f32 [M, K] rows 16-byte aligned,
+// K % 256 == 0. Grid (Mp), block 256.
 #define SB_NORM_SBW 4
 extern "C" __global__ void __launch_bounds__(256)
 rmsnorm_sb_operand(const float* __restrict__ x, const float* __restrict__ w, float eps,
@@ -441,26 +443,34 @@ rmsnorm_sb_operand(const float* __restrict__ x, const float* __restrict__ w, flo
     __shared__ float amaxes[8 * SB_NORM_SBW];
     const int m = blockIdx.x, KS = K / 256, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const float* xr = x + (size_t)m * K;
-    const float scale = m < M ? rms_scale(xr, K, eps) : 0.f;   // (uniform per CTA: no divergence)
-    float v[SB_NORM_SBW][8];
+    float v[SB_NORM_SBW][8];   // the raw row, then its normalized f16 values
+    double s = 0.0;
+#pragma unroll
+    for (int j = 0; j < SB_NORM_SBW; ++j) {   // (all loads first: rms_load8 zero-fills past K)
+        if (m < M && wi + 8 * j < KS) {
+            rms_load8(xr, K, wi + 8 * j, l, v[j]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[j][e] = 0.f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < SB_NORM_SBW; ++j)
+        if (wi + 8 * j < KS) s = rms_chunk_sum(s, v[j]);
+    const float scale = rms_finish(s, K, eps);   // (rows m >= M: v = 0, so 0 * scale = 0)
 #pragma unroll
     for (int j = 0; j < SB_NORM_SBW; ++j) {
         const int sb = wi + 8 * j, k = sb * 256 + 8 * l;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[j][e] = 0.f;
         if (sb >= KS) continue;
         if (m < M) {
-            const float4 x0 = *reinterpret_cast<const float4*>(xr + k);
-            const float4 x1 = *reinterpret_cast<const float4*>(xr + k + 4);
             const float4 w0 = *reinterpret_cast<const float4*>(w + k);
             const float4 w1 = *reinterpret_cast<const float4*>(w + k + 4);
-            const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
             const float ws[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
             __half2 h[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                h[e] = __floats2half2_rn(rms_value(xs[2 * e], scale, ws[2 * e]),
-                                         rms_value(xs[2 * e + 1], scale, ws[2 * e + 1]));
+                h[e] = __floats2half2_rn(rms_value(v[j][2 * e], scale, ws[2 * e]),
+                                         rms_value(v[j][2 * e + 1], scale, ws[2 * e + 1]));
                 const float2 f = __half22float2(h[e]);
                 v[j][2 * e] = f.x;
                 v[j][2 * e + 1] = f.y;
