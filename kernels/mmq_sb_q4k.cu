@@ -49,8 +49,6 @@
 // Timing-only diagnostics (wrong results; scripts/mmq_sb_device.py with SB_NOCHECK=1): each
 // removes one cost to bound what the rest takes. SB_DIAG_NOCOPY: nothing is copied;
 // SB_DIAG_NOMMA: no wgmma; SB_DIAG_NOFOLD: no chunk fold; SB_DIAG_NOMIN: no min term.
-// SB_DIAG_TWOPLANE2 times a two-plane design's work instead (16 wgmmas and 2 folds per
-// super-block, the consumer warpgroups taking turns; + SB_DIAG_TP_NOTURN: in step).
 namespace {
 using gemm_f16::smem_u32;
 using sbop::IMG;
@@ -112,19 +110,6 @@ __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   
         : SB_D64
         : "l"(a), "l"(b));
 }
-
-#ifdef SB_DIAG_TWOPLANE2
-// d = (acc ? d : 0) + A B
-__device__ __forceinline__ void igmma_acc(int (&d)[64], uint64_t a, uint64_t b, int acc) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
-        SB_R64
-        "%64, %65, p;\n}\n"
-        : SB_D64
-        : "l"(a), "l"(b), "r"(acc));
-}
-#endif
 
 // d (the f32 bits of an m64n128 fragment, in an s32 buffer) = A (64x16 f16 from registers:
 // a0 = row g, k 2t, 2t+1; a1 = row g+8, the same k; a2, a3 = the same rows at k 2t+8, 2t+9;
@@ -292,9 +277,6 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
     const int pair = (cw * 4 + (warp & 3)) * 8 + g;    // its rows' float2 in the row tables
     float z[64];
     int da[64], db[64];
-#if defined(SB_DIAG_TWOPLANE2) && !defined(SB_DIAG_TP_NOTURN)
-    if (cw == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");   // warpgroup 0 goes first
-#endif
     while (sched.next(w)) {
 #pragma unroll
         for (int k = 0; k < 64; ++k) z[k] = 0.f;
@@ -303,63 +285,6 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
         for (int q = 0; q < nsb; ++q) {   // super-blocks, their two stages unrolled: at the loop
             // edge no wgmma is in flight (ptxas would serialize every one)
             const uint32_t s0 = it % STAGES, s1 = (it + 1) % STAGES;
-#ifdef SB_DIAG_TWOPLANE2
-            {   // timing only (wrong results): the two-plane design's work with the consumer
-                // warpgroups out of phase. Per super-block 16 wgmmas (two planes, both read
-                // from the one image) into da / db, issued in turn (named barriers 2 + cw: a
-                // warpgroup issues after the other has issued), then two folds of 64 FFMA, the
-                // rescale and the min term as the kernel.
-                const uint32_t o0 = base + s0 * S::STAGE, o1 = base + s1 * S::STAGE;
-                const uint8_t* p0 = sbase + s0 * S::STAGE;
-                const uint8_t* p1 = sbase + s1 * S::STAGE;
-                wgmma::mbar_wait(bars + 8 * s0, (it / STAGES) & 1);
-                rescale(z, reinterpret_cast<const float4*>(p0 + S::TT),
-                        reinterpret_cast<const float2*>(p0 + S::WT + 2048)[pair], t);
-                const uint64_t a0 = wgmma::sw128_desc(o0 + S::W + cw * 64 * 128);
-                const uint64_t b0 = wgmma::sw128_desc(o0 + S::X);
-#ifndef SB_DIAG_TP_NOTURN   // (with it: both warpgroups in step, the turns left out)
-                asm volatile("bar.sync %0, 256;\n" ::"r"(2 + cw) : "memory");   // my turn
-#endif
-                wgmma::fence();
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    igmma_acc(da, a0 + 2 * c, b0 + 2 * c, c);
-                    igmma_acc(db, a0 + 2 * c, b0 + 2 * c, c);
-                }
-                wgmma::mbar_wait(bars + 8 * s1, ((it + 1) / STAGES) & 1);
-                const uint64_t a1 = wgmma::sw128_desc(o1 + S::W + cw * 64 * 128);
-                const uint64_t b1 = wgmma::sw128_desc(o1 + S::X);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                    igmma_acc(da, a1 + 2 * c, b1 + 2 * c, 1);
-                    igmma_acc(db, a1 + 2 * c, b1 + 2 * c, 1);
-                }
-                wgmma::commit();
-#ifndef SB_DIAG_TP_NOTURN
-                asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - cw) : "memory");   // your turn
-#endif
-                const float2 ma = reinterpret_cast<const float2*>(p0 + S::WT)[pair];
-                const float2 mb = reinterpret_cast<const float2*>(p1 + S::WT)[pair];
-                const uint4 am = reinterpret_cast<const uint4*>(p1 + S::WT + 2560)[pair * 4 + t];
-                const float2 fm = reinterpret_cast<const float2*>(p1 + S::WT + 2048)[pair];
-                wgmma::wait<0>();
-                wgmma::fence_regs(da);
-                fold(z, da, ma);
-                const uint32_t ah[4] = {am.x, am.y, am.z, am.w};
-                wgmma::fence();
-                hgmma_into(da, ah, wgmma::plain_desc(o1 + S::TT, 128, 256));
-                wgmma::commit();
-                wgmma::fence_regs(db);
-                fold(z, db, mb);
-                wgmma::wait<0>();
-                wgmma::fence_regs(da);
-                fold(z, da, fm);
-                wgmma::mbar_arrive(bars + 8 * (STAGES + s0));
-                it += 2;
-                if (q + 1 < nsb) wgmma::mbar_arrive(bars + 8 * (STAGES + s1));
-                continue;
-            }
-#endif
             const uint32_t o0 = base + s0 * S::STAGE, o1 = base + s1 * S::STAGE;
             const uint8_t* p0 = sbase + s0 * S::STAGE;
             const uint8_t* p1 = sbase + s1 * S::STAGE;
