@@ -34,7 +34,6 @@
 #define ATT_PAD 8     // halves of padding per smem row: 16 B, kills ldmatrix bank conflicts
 static_assert(ATT_KEYS % 16 == 0 && ATT_ROWS <= 2 * ATT_KEYS, "Q is staged through 2 K tiles");
 
-static_assert(ATT_ROWS == ATT_WARPS * 16, "one m16 tile of rows per warp");
 static_assert(sizeof(__half) == 2, "f16 is 2 bytes");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {

@@ -205,7 +205,7 @@ __device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, i
 // glu_rows): the thread's rows r and r + 8 are the gate and the up row of feature (r / 16) 8 +
 // r % 16, so H[token][feature] = f16(silu(g) u) from z[4i + j] (gate, j < 2) and z[4i + j + 2]
 // (up), no exchange; F = N / 2 features. silu with the fast intrinsics (swiglu.cuh
-// swiglu1_fast): the exact form cost this GEMM 4-5% (docs/perf.md session 9); -DSB_GLU_EXACT
+// swiglu1_fast): the exact form cost this GEMM 4-8% (docs/perf.md session 9); -DSB_GLU_EXACT
 // builds the swiglu layer's rounding (the tests prove the row map bitwise with it).
 __device__ __forceinline__ void store_swiglu(const float (&z)[64], __half* H, int M, int F,
                                              int m, int r) {

@@ -24,8 +24,8 @@ STAGES = 2  # K/V tiles in flight (attention.cu's double buffer)
 class AttnGeometry:
     """The kernel's block shape (attention.cu ATT_WARPS / ATT_KEYS, passed as -D options):
     `warps` warps of 16 (token, group-head) rows, K/V tiles of `keys` keys."""
-    warps: int = 4
-    keys: int = 64
+    warps: int
+    keys: int
 
     @property
     def rows(self) -> int:

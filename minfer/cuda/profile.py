@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import numpy as np
+
 
 class OpProfile:
     """CUDA-event timings per labelled op, summed over forwards: label -> [ms, flops, count]."""
@@ -26,8 +28,6 @@ class OpProfile:
     def begin_chunk(self) -> None:
         """Called by the backend once a chunk's inputs are on the device."""
         if self.spin_ms > 0:   # (cycles at ~2 GHz: the queue only needs to stay full)
-            import numpy as np
-
             spin = self.rt.function("smoke", "spin_cycles")   # (built before the clock runs)
             self.rt.launch(spin, (1,), (1,), (np.int64(int(self.spin_ms * 2e6)),))
             self.spun_ms += self.spin_ms

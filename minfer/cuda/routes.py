@@ -125,11 +125,13 @@ def plan_glu(model, cfg: GemmConfig, routes: dict[str, tuple[str, str]],
              fused: dict[str, tuple[str, int, int]]) -> set[str]:
     """The fused gate|up group names whose GEMM runs mmq_sb_linear's swiglu epilogue: the
     group is q4_K on the SB kernel, d_ff % 8 == 0 and cfg.sb_glu (MINFER_MMQ_SB_GLU)."""
+    from minfer.cuda.mmq import Q4_K
+
     out = set()
     if not cfg.sb_glu or model.config.d_ff % 8:
         return out
     for i in range(model.config.n_layers):
         gate = f"blk.{i}.ffn_gate.weight"
-        if gate in fused and routes[gate][0] == "mmq-sb" and int(model.tensor(gate).qtype) == 12:
+        if gate in fused and routes[gate][0] == "mmq-sb" and int(model.tensor(gate).qtype) == Q4_K:
             out.add(fused[gate][0])
     return out
