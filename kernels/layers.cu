@@ -19,6 +19,8 @@
 //                                       f32 rows of strides ldq/ldk/ldv (views into one fused
 //                                       [T, (Hq + 2 Hkv) D] GEMM output, or three buffers).
 //                                       grid (T, ceil((Hq + 2 Hkv) D/2 / 128)), block (128)
+//   rope_qkv_f32_f16_v4                 the same, two pairs per thread (16-byte loads; D % 4 ==
+//                                       rope_dim % 4 == 0, q/k/v rows 16-byte aligned)
 //   swiglu_f32_f16                      y f16 [T, F] = silu(g) * u, g/u f32 rows of stride ldg
 //                                       (g = u - F, ldg = 2F: the fused gate|up GEMM output)
 //   swiglu_f32_f16_v4                   the same, 4 columns per thread (F % 4 == 0, aligned)
@@ -137,15 +139,19 @@ extern "C" __global__ void rope_f32_f16(__half* dst, long ldd, const float* src,
 }
 
 // ---- fused rope of q and k + KV-cache append of k and v (device-side pos0) --------------------
+// (a, b) rotated by the angle (c, sn), each product rounded as the reference's
+__device__ __forceinline__ float2 rot(float a, float b, float c, float sn) {
+    return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)),
+                       __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+}
 __device__ __forceinline__ void rope_pair_f16(__half* d, const float* s, int p, int half_r,
                                               int neox, const float* cr, const float* sr) {
     int i0, i1;
     if (p < half_r) {
         if (neox) { i0 = p; i1 = p + half_r; } else { i0 = 2 * p; i1 = 2 * p + 1; }
-        const float c = cr[p], sn = sr[p];
-        const float a = s[i0], b = s[i1];
-        d[i0] = __float2half_rn(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)));
-        d[i1] = __float2half_rn(__fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
+        const float2 y = rot(s[i0], s[i1], cr[p], sr[p]);
+        d[i0] = __float2half_rn(y.x);
+        d[i1] = __float2half_rn(y.y);
     } else {  // pass-through pair past rope_dim
         d[2 * p] = __float2half_rn(s[2 * p]);
         d[2 * p + 1] = __float2half_rn(s[2 * p + 1]);
@@ -180,6 +186,68 @@ extern "C" __global__ void rope_qkv_f32_f16(__half* __restrict__ q16, const floa
         const int j = idx - nq - nk;  // v: plain f32 -> f16 copy of element pair j
         const float2 v = *reinterpret_cast<const float2*>(vs + t * ldv + 2 * j);
         *reinterpret_cast<__half2*>(vc + p_abs * Hkv * D + 2 * j) = __floats2half2_rn(v.x, v.y);
+    }
+}
+
+// The same function, two pairs per thread: elements 4g .. 4g+3 of a head (non-neox: pairs 2g,
+// 2g + 1; neox: pairs 2g, 2g + 1 at (2g, 2g + 1) and (2g + half_r, 2g + 1 + half_r); past
+// rope_dim: elements 4g .. 4g+3 copied), 16-byte f32 loads (8-byte neox), 8-byte f16 stores,
+// bit-identical to the scalar kernel. The launcher picks it when D % 4 == rope_dim % 4 == 0 and
+// the q/k/v rows are 16-byte aligned. grid (T, ceil((Hq + 2 Hkv) D/4 / 128)), block (128)
+__device__ __forceinline__ void rope_quad_f16(__half* d, const float* s, int g, int half_r,
+                                              int neox, const float* cr, const float* sr) {
+    if (2 * g >= half_r) {   // pass-through (rope_dim % 4 == 0: no group straddles it)
+        const float4 x = *reinterpret_cast<const float4*>(s + 4 * g);
+        __half2 h[2] = {__floats2half2_rn(x.x, x.y), __floats2half2_rn(x.z, x.w)};
+        *reinterpret_cast<uint2*>(d + 4 * g) = *reinterpret_cast<uint2*>(h);
+        return;
+    }
+    const float2 c = *reinterpret_cast<const float2*>(cr + 2 * g);
+    const float2 sn = *reinterpret_cast<const float2*>(sr + 2 * g);
+    if (neox) {
+        const float2 a = *reinterpret_cast<const float2*>(s + 2 * g);
+        const float2 b = *reinterpret_cast<const float2*>(s + 2 * g + half_r);
+        const float2 y0 = rot(a.x, b.x, c.x, sn.x), y1 = rot(a.y, b.y, c.y, sn.y);
+        *reinterpret_cast<__half2*>(d + 2 * g) = __floats2half2_rn(y0.x, y1.x);
+        *reinterpret_cast<__half2*>(d + 2 * g + half_r) = __floats2half2_rn(y0.y, y1.y);
+    } else {
+        const float4 x = *reinterpret_cast<const float4*>(s + 4 * g);
+        const float2 y0 = rot(x.x, x.y, c.x, sn.x), y1 = rot(x.z, x.w, c.y, sn.y);
+        __half2 h[2] = {__floats2half2_rn(y0.x, y0.y), __floats2half2_rn(y1.x, y1.y)};
+        *reinterpret_cast<uint2*>(d + 4 * g) = *reinterpret_cast<uint2*>(h);
+    }
+}
+
+extern "C" __global__ void rope_qkv_f32_f16_v4(__half* __restrict__ q16,
+                                               const float* __restrict__ qs, long ldq,
+                                               const float* __restrict__ ks, long ldk,
+                                               const float* __restrict__ vs, long ldv,
+                                               __half* __restrict__ kc, __half* __restrict__ vc,
+                                               int Hq, int Hkv, int D, int rope_dim, int neox,
+                                               const float* __restrict__ cos_t,
+                                               const float* __restrict__ sin_t,
+                                               const int* __restrict__ pos) {
+    const int t = blockIdx.x;
+    const int quads = D >> 2, half_r = rope_dim >> 1;
+    const int nq = Hq * quads, nk = Hkv * quads;
+    const int idx = blockIdx.y * blockDim.x + threadIdx.x;  // (part, head, group) flattened
+    if (idx >= nq + 2 * nk) return;
+    const long p_abs = (long)pos[0] + t;
+    const float* cr = cos_t + p_abs * half_r;
+    const float* sr = sin_t + p_abs * half_r;
+    if (idx < nq) {
+        const int h = idx / quads, g = idx - h * quads;
+        rope_quad_f16(q16 + ((long)t * Hq + h) * D, qs + t * ldq + (long)h * D, g, half_r, neox,
+                      cr, sr);
+    } else if (idx < nq + nk) {
+        const int j = idx - nq, h = j / quads, g = j - h * quads;
+        rope_quad_f16(kc + (p_abs * Hkv + h) * D, ks + t * ldk + (long)h * D, g, half_r, neox,
+                      cr, sr);
+    } else {
+        const int j = idx - nq - nk;  // v: plain f32 -> f16 copy of elements 4j .. 4j+3
+        const float4 v = *reinterpret_cast<const float4*>(vs + t * ldv + 4 * j);
+        __half2 h[2] = {__floats2half2_rn(v.x, v.y), __floats2half2_rn(v.z, v.w)};
+        *reinterpret_cast<uint2*>(vc + p_abs * Hkv * D + 4 * j) = *reinterpret_cast<uint2*>(h);
     }
 }
 

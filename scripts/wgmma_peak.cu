@@ -141,3 +141,167 @@ extern "C" __global__ void __launch_bounds__(256, 1) ffma_fold128(long long* cyc
 extern "C" __global__ void __launch_bounds__(256, 1) wgmma_indep128(long long* cyc, int iters, int* sink, float m0, float m8) {
     fold_loop<3>(cyc, iters, sink, m0, m8);
 }
+
+// Where does the FFMA stream collide with the tensor work? (session 10)
+// MODE 4 (384 threads): warpgroups 0, 1 issue only the wgmmas (mode 1's loop), warpgroup 2 only
+// FFMAs, twice mode 2's folds per iteration (one warp per scheduler instead of two, so the same
+// FP32 issue per scheduler): do FFMAs of warps with no wgmma in flight overlap the tensor work?
+// MODE 5: ping-pong. The two warpgroups take turns on the tensor core (named barriers 2, 3): a
+// turn is two chunks (m64n128k32 into da, db), wait 0, hand the turn over, then fold both while
+// the other warpgroup's wgmmas run, so no warp folds under its own wgmma. MODE 6: the same work
+// in step (no barriers).
+template <int MODE>
+__device__ __forceinline__ void turn_loop(long long* cyc, int iters, int* sink, float m0, float m8) {
+    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const int wg = threadIdx.x >> 7;
+    int da[64], db[64];
+    float z[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) { da[i] = i; db[i] = 2 * i; z[i] = 0.f; }
+    fill_smem();
+    __syncthreads();
+    auto mma0 = [&](int (&d)[64], int q) {
+        ig<0>(d, wgmma::sw128_desc(base + (wg & 1) * 8192 + (q & 3) * 32),
+              wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
+    };
+    auto fold = [&](const int (&d)[64]) {
+#pragma unroll
+        for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m8 : m0, z[k]);
+    };
+    const long long t0 = clock64();
+    if (MODE == 4) {
+        if (wg < 2) {
+            for (int it = 0; it < iters; ++it) {
+                wgmma::fence();
+#pragma unroll
+                for (int q = 0; q < 8; ++q) {
+                    ig(da, wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32),
+                       wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
+                    wgmma::commit();
+                    if (q) wgmma::wait<1>();
+                }
+                wgmma::wait<0>();
+            }
+            wgmma::fence_regs(da);
+        } else {
+            for (int it = 0; it < iters; ++it) {
+#pragma unroll
+                for (int q = 0; q < 16; ++q) {
+                    fold(q & 1 ? db : da);
+                    asm volatile("" : "+r"(da[q & 63]));   // keep the loop from collapsing
+                }
+            }
+        }
+    } else {
+        if (MODE == 5 && wg == 1) asm volatile("bar.arrive 2, 256;\n" ::: "memory");
+        for (int it = 0; it < iters; ++it) {
+#pragma unroll
+            for (int q = 0; q < 8; q += 2) {
+                if (MODE == 5) asm volatile("bar.sync %0, 256;\n" ::"r"(2 + wg) : "memory");
+                wgmma::fence();
+                mma0(da, q);
+                mma0(db, q + 1);
+                wgmma::commit();
+                wgmma::wait<0>();
+                if (MODE == 5) asm volatile("bar.arrive %0, 256;\n" ::"r"(3 - wg) : "memory");
+                wgmma::fence_regs(da);
+                wgmma::fence_regs(db);
+                fold(da);
+                fold(db);
+            }
+        }
+        if (MODE == 5 && wg == 0) asm volatile("bar.sync 2, 256;\n" ::: "memory");
+    }
+    __syncthreads();
+    const long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s += z[i] + (float)da[i] + (float)db[i];
+    if (s == 12345.f) sink[0] = 1;
+    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1) wgmma_thirdwg128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    turn_loop<4>(cyc, iters, sink, m0, m8);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_pingpong128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    turn_loop<5>(cyc, iters, sink, m0, m8);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_instep128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    turn_loop<6>(cyc, iters, sink, m0, m8);
+}
+
+// The super-block edge (session 10): mode 0's loop with a 64-FFMA "rescale" per super-block (as
+// the kernel's z = z r + b). PIPE 0: the rescale before chunk 0 and wait 0 at the end of every
+// super-block (as the kernel: nothing in flight across the loop edge, where ptxas would
+// serialize the wgmmas); PIPE 1: two super-blocks per iteration, the edge between them
+// pipelined (the next chunk 0 issued before the last fold and the rescale), wait 0 only at the
+// iteration's end. iters counts super-blocks.
+template <int PIPE>
+__device__ __forceinline__ void edge_loop(long long* cyc, int iters, int* sink, float m0, float m8) {
+    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const int wg = threadIdx.x >> 7;
+    int da[64], db[64];
+    float z[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) { da[i] = i; db[i] = 2 * i; z[i] = 0.f; }
+    fill_smem();
+    __syncthreads();
+    auto mma = [&](int (&d)[64], int q) {
+        ig<0>(d, wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32),
+              wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
+    };
+    auto fold = [&](int (&d)[64]) {
+        wgmma::fence_regs(d);
+#pragma unroll
+        for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m8 : m0, z[k]);
+    };
+    auto rescale = [&]() {
+#pragma unroll
+        for (int k = 0; k < 64; ++k) z[k] = fmaf(z[k], (k & 1) ? m0 : m8, 0.25f);
+    };
+    // chunks 1..7 of a super-block whose chunk 0 is in flight in da
+    auto body = [&]() {
+#pragma unroll
+        for (int q = 1; q < 8; ++q) {
+            wgmma::fence();
+            mma(q & 1 ? db : da, q);
+            wgmma::commit();
+            wgmma::wait<1>();
+            if (q & 1) fold(da);
+            else fold(db);
+        }
+    };
+    const long long t0 = clock64();
+    for (int it = 0; it < iters; it += 1 + PIPE) {
+        rescale();
+        wgmma::fence();
+        mma(da, 0);
+        wgmma::commit();
+        body();
+        if (PIPE) {   // the edge inside the iteration: c0 of the second super-block first
+            wgmma::fence();
+            mma(da, 0);
+            wgmma::commit();
+            wgmma::wait<1>();
+            fold(db);
+            rescale();
+            body();
+        }
+        wgmma::wait<0>();
+        fold(db);
+    }
+    const long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s += z[i] + (float)da[i] + (float)db[i];
+    if (s == 12345.f) sink[0] = 1;
+    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_edge128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    edge_loop<0>(cyc, iters, sink, m0, m8);
+}
+extern "C" __global__ void __launch_bounds__(256, 1) wgmma_edgepipe128(long long* cyc, int iters, int* sink, float m0, float m8) {
+    edge_loop<1>(cyc, iters, sink, m0, m8);
+}

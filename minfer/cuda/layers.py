@@ -96,7 +96,7 @@ def _cols(name: str, a, start: int, n: int):
 
 
 def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rope_dim: int,
-             neox: bool, cols=(0, 0, 0)) -> None:
+             neox: bool, cols=(0, 0, 0), wide: bool | None = None) -> None:
     """One launch: q16 f16 [T, Hq, D] = rope(q); kc[pos0 + t] = rope(k); vc[pos0 + t] = v.
 
     q, k, v: f32 2-D device arrays whose columns cols[i] .. cols[i] + H*D hold the [T, H*D]
@@ -104,6 +104,8 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rop
     kc, vc: f16 [S, Hkv, D] caches. pos_dev: int32 [1] device array holding pos0 (the kernel
     reads the position from it, so a captured graph serves any pos0); `pos0` is the value it
     holds, used here for the bounds checks. Numpy twin: reference ops.rope + f16 casts.
+    wide: the two-pairs-per-thread kernel (bit-identical); None picks it where the shapes and
+    alignment allow (tests force either).
     """
     da.check("rope_qkv q16", q16, (None, None, None), np.float16)
     T, Hq, D = q16.shape
@@ -122,9 +124,16 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rop
     if pos0 < 0 or pos0 + T > S:
         raise GPUError(f"rope_qkv: positions [{pos0}, {pos0 + T}) exceed the cache's {S} rows")
     _rope_check(q16, table, pos0, rope_dim)
-    fn = rt.function(_F, "rope_qkv_f32_f16")
-    npair = (Hq + 2 * Hkv) * D // 2
-    rt.launch(fn, (T, (npair + 127) // 128), (128,),
+    # two pairs per thread (16-byte loads) where every row start is 16-byte aligned
+    can_wide = D % 4 == 0 and rope_dim % 4 == 0 and all(
+        int(p) % 16 == 0 and ld % 4 == 0 for p, ld in ((qp, ldq), (kp, ldk), (vp, ldv)))
+    if wide and not can_wide:
+        raise GPUError("rope_qkv: the wide kernel needs D and rope_dim multiples of 4 and "
+                       "16-byte aligned q/k/v rows")
+    wide = can_wide if wide is None else wide
+    fn = rt.function(_F, "rope_qkv_f32_f16_v4" if wide else "rope_qkv_f32_f16")
+    nthreads = (Hq + 2 * Hkv) * D // (4 if wide else 2)
+    rt.launch(fn, (T, (nthreads + 127) // 128), (128,),
               (da.arg(q16), qp, np.int64(ldq), kp, np.int64(ldk), vp, np.int64(ldv), da.arg(kc),
                da.arg(vc), np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(rope_dim),
                np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), da.arg(pos_dev)))

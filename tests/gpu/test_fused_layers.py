@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("T,Hq,Hkv,D,rope_dim,neox,pos0", [
     (1, 4, 2, 64, 64, False, 0), (7, 9, 3, 64, 32, True, 5), (33, 8, 2, 128, 128, False, 20),
-    (130, 32, 8, 128, 128, True, 61)])
+    (130, 32, 8, 128, 128, True, 61), (5, 4, 2, 64, 30, False, 3), (6, 4, 2, 64, 30, True, 2)])
 def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
     from minfer.cuda import devarray as da
     from minfer.cuda.layers import RopeTable, rope_qkv
@@ -55,6 +55,15 @@ def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
     for got, ref in ((kg, kc0), (vg, vc0)):
         assert np.array_equal(got[:pos0], ref[:pos0]) and np.array_equal(got[pos0 + T:],
                                                                           ref[pos0 + T:])
+    if rope_dim % 4 == 0:   # the two-pairs-per-thread kernel ran: the scalar one, bit for bit
+        kc1, vc1 = da.to_device(rt, kc0), da.to_device(rt, vc0)
+        q1 = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
+        srcs = ((qkv,) * 3, (0, qd, qd + kd)) if fused else (
+            tuple(da.to_device(rt, a) for a in (q, k, v)), (0, 0, 0))
+        rope_qkv(rt, q1, *srcs[0], kc1, vc1, table, pos0, pos, rope_dim, neox, srcs[1],
+                 wide=False)
+        for a, b in ((q1, q16), (kc1, kc), (vc1, vc)):
+            assert np.array_equal(a.get().view(np.uint16), b.get().view(np.uint16))
 
 
 def test_rope_qkv_rejects(rt):
