@@ -186,12 +186,25 @@ __device__ __forceinline__ void quantize_split6(const Src& x, uint8_t* Xq, uint8
 // A warp's 256 values (8 per lane) of one super-block with amax their warp-wide max: q =
 // roundf(x / d), d = amax / 127 (q8_1's rules); returns the 32-chunk's sum of q (lanes 4j..4j+3
 // hold chunk j)
+// The quotient comes from one reciprocal per lane: y = x (1 / d) is within 2.3e-5 of the IEEE
+// x / d (|x / d| <= 127: two roundings of 2^-24 each), so roundf(y) is roundf(x / d) unless
+// x / d lies within 1e-4 of a half-integer, where the division decides (about 2 values in
+// 10,000; also NaN, and d under 2^-125 where 1 / d would not be finite). rint(y) and the
+// integer come from the 1.5 2^23 shift (|y| < 2^22), so a value costs an FMUL, three FADDs, a
+// compare and an IADD instead of the division's sequence (this launch was instruction-bound,
+// docs/perf.md session 9).
 __device__ __forceinline__ int q8s_quantize(const float (&v)[8], float amax, int (&q)[8]) {
     const float d = __fdiv_rn(amax, 127.0f);
+    const float r = __frcp_rn(d);
+    const bool fast = d >= 0x1p-125f;   // (amax == 0 is not fast: q = 0 below)
     int s = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], d));
+        const float y = __fmul_rn(v[k], r);
+        const float t = __fadd_rn(y, 0x1.8p23f);   // rint(y) in the low mantissa bits
+        const float off = fabsf(__fsub_rn(y, __fsub_rn(t, 0x1.8p23f)));   // |y - rint(y)|
+        q[k] = __float_as_int(t) - 0x4B400000;
+        if (!(fast && off <= 0.4999f)) q[k] = amax == 0.0f ? 0 : (int)roundf(__fdiv_rn(v[k], d));
         s += q[k];
     }
     s += __shfl_xor_sync(0xffffffffu, s, 1);

@@ -149,7 +149,9 @@ def test_backend_on_sb(hopper, model):
 @pytest.mark.parametrize("M,K", [(77, 1280), (130, 512)])
 def test_sb_operand_bitwise(hopper, same_bytes, M, K):
     """The one-launch token operand (q8s_sb_operand) from f32 and f16 activations is bitwise
-    the split + sb_tokens twins' (an all-zero super-block, ragged M, two token tiles)."""
+    the split + sb_tokens twins' (an all-zero super-block, ragged M, two token tiles; the
+    quantizer's division fallback: quotients on and one ulp off half-integers, a super-block
+    whose scale is under 2^-125)."""
     from minfer.cuda import devarray as da
     from minfer.cuda.mmq_sb import SbTokens, sb_operand
     from minfer.quants.mmq_sb_ref import sb_tokens_ref, split_q8s_ref
@@ -158,6 +160,12 @@ def test_sb_operand_bitwise(hopper, same_bytes, M, K):
     rng = np.random.default_rng(M + K)
     x = rng.standard_normal((M, K)).astype(np.float32) * 3
     x[3, 256:512] = 0
+    half = (np.arange(-127, 129) + 0.5).astype(np.float32) * 0.5   # x / d = j + 0.5, d = 0.5
+    half[-1] = 63.5                                                  # amax = 127 d
+    x[4, :256] = half
+    x[5, :256] = np.nextafter(half, np.float32(np.inf))
+    x[6, :256] = np.nextafter(half, np.float32(-np.inf))
+    x[7, :256] = rng.standard_normal(256).astype(np.float32) * np.float32(1e-37)   # d < 2^-125
     for xin in (x, x.astype(np.float16)):
         got = sb_operand(rt, da.to_device(rt, xin))
         assert isinstance(got, SbTokens) and (got.M, got.K) == (M, K)
