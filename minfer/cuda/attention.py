@@ -1,8 +1,9 @@
-"""Launcher for kernels/attention.cu: causal GQA flash attention over the f16 KV cache.
+"""Launcher for the causal GQA flash attention over the f16 KV cache: kernels/attention.cu
+(mma.sync, any GPU) and kernels/attention_sm90a.cu (wgmma, Hopper prefill); `pick_impl` chooses.
 
-Numpy twin: minfer.reference.ops.attention(q, k, v, pos0). Prefill and decode (T = 1) use the
-same kernel: a block covers 16 x warps (token, group-head) rows of one KV head (AttnGeometry),
-so decode still fills G rows of a tile.
+Numpy twin: minfer.reference.ops.attention(q, k, v, pos0). In both kernels a block covers rows
+of one KV head, a row being a (token, group-head) pair (attention.cu: 16 x warps rows, its
+AttnGeometry; attention_sm90a.cu: 128), so decode (T = 1) still fills G rows of a tile.
 """
 
 from __future__ import annotations
@@ -41,6 +42,23 @@ DEFAULT = AttnGeometry(warps=8, keys=128)
 SMALL = AttnGeometry(warps=4, keys=64)   # where DEFAULT's smem is over the GPU's opt-in cap
 
 
+WG_ROWS = 128   # attention_sm90a.cu: 2 warpgroups of 64 rows, 128-key K/V tiles
+
+
+def wg_smem_bytes(head_dim: int) -> int:
+    """attention_sm90a.cu's AttnWgSmem: Q [128, D], two stages of K and V [128, D], f16, + 1 KB."""
+    return WG_ROWS * head_dim * 2 + 2 * 2 * 128 * head_dim * 2 + 1024
+
+
+def pick_impl(rt, T: int, G: int, head_dim: int) -> str:
+    """"wg" (attention_sm90a.cu) for chunks of at least one 128-row block on sm_90, where its
+    shared memory fits; "mma" (attention.cu) on other GPUs and for smaller chunks (decode: a
+    block of 128 rows would hold G of them)."""
+    if rt.arch == "sm_90" and T * G >= WG_ROWS and wg_smem_bytes(head_dim) <= rt.smem_optin:
+        return "wg"
+    return "mma"
+
+
 def smem_bytes(head_dim: int, geom: AttnGeometry = DEFAULT) -> int:
     return STAGES * 2 * geom.keys * (head_dim + PAD) * 2  # STAGES x (K and V tiles), f16
 
@@ -52,7 +70,7 @@ def pick_geometry(rt, head_dim: int) -> AttnGeometry:
 
 
 def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
-              geom: AttnGeometry | None = None) -> None:
+              geom: AttnGeometry | None = None, impl: str | None = None) -> None:
     """o f16 [T, Hq, D] = causal softmax(q k^T / sqrt(D)) v.
 
     q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
@@ -60,7 +78,8 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
     pos_dev: optional int32 [1] device array; the kernel then takes the first position as
     *pos_dev + offset, read on the device (CUDA-graph replay at any position). `pos0` must
     still be what that sum will be: the bounds are checked against it here.
-    geom: the block shape (default: pick_geometry's).
+    geom: attention.cu's block shape (default: pick_geometry's; giving one means that kernel).
+    impl: "mma" or "wg" (default: pick_impl's).
     """
     da.check("attention q", q, (None, None, None), np.float16, align=16)
     T, Hq, D = q.shape
@@ -77,16 +96,26 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
     if pos_dev is not None:
         da.check("attention pos", pos_dev, (1,), np.int32)
     G = Hq // Hkv
-    geom = pick_geometry(rt, D) if geom is None else geom
-    smem = smem_bytes(D, geom)
-    if smem > rt.smem_optin:
-        raise GPUError(f"attention: {geom} needs {smem} B of shared memory, over this GPU's "
-                       f"{rt.smem_optin}")
-    fn = rt.function("attention", f"attn_fwd_d{D}", geom.options(), dyn_smem=smem)
+    if impl is None:
+        impl = "mma" if geom is not None else pick_impl(rt, T, G, D)
+    if impl == "wg":
+        if rt.arch != "sm_90":
+            raise GPUError(f"attention: the wgmma kernel needs sm_90, this GPU is {rt.arch}")
+        rows, threads, smem = WG_ROWS, 256, wg_smem_bytes(D)
+        fn = rt.function("attention_sm90a", f"attn_wg_d{D}", ("-arch=sm_90a",), dyn_smem=smem)
+    elif impl == "mma":
+        geom = pick_geometry(rt, D) if geom is None else geom
+        rows, threads, smem = geom.rows, 32 * geom.warps, smem_bytes(D, geom)
+        if smem > rt.smem_optin:
+            raise GPUError(f"attention: {geom} needs {smem} B of shared memory, over this "
+                           f"GPU's {rt.smem_optin}")
+        fn = rt.function("attention", f"attn_fwd_d{D}", geom.options(), dyn_smem=smem)
+    else:
+        raise GPUError(f"attention: unknown kernel {impl!r} (mma, wg)")
     scale_log2 = np.float32(math.log2(math.e) / math.sqrt(D))
     # with pos_dev the kernel adds the device value to its pos0 argument (the offset)
     p_arg, p_ptr = (pos0, np.uintp(0)) if pos_dev is None else (offset, da.arg(pos_dev))
-    rt.launch(fn, ((T * G + geom.rows - 1) // geom.rows, Hkv), (32 * geom.warps,),
+    rt.launch(fn, ((T * G + rows - 1) // rows, Hkv), (threads,),
               (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc), da.arg(o),
                np.int64(Hq * D), np.int32(T), np.int32(Hq), np.int32(Hkv), np.int32(p_arg),
                p_ptr, scale_log2), smem=smem)

@@ -14,14 +14,18 @@ pytestmark = pytest.mark.gpu
     (1, 0, 4, 4, 64), (5, 0, 9, 3, 64), (77, 0, 9, 3, 64), (64, 0, 8, 2, 128),
     (130, 21, 32, 8, 128), (1, 300, 32, 8, 128), (1, 1000, 9, 3, 64), (257, 100, 4, 1, 128),
     (513, 0, 8, 8, 64)])
-@pytest.mark.parametrize("geom", ["default", "4x64"])
+@pytest.mark.parametrize("geom", ["default", "4x64", "wg"])
 def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
-    """The default geometry (8 warps x 128 keys) and the earlier 4 x 64: ragged T, decode,
-    positions past 0, GQA groups of 1-4."""
+    """attention.cu's default geometry (8 warps x 128 keys) and the earlier 4 x 64, and the
+    wgmma kernel (attention_sm90a.cu, Hopper): ragged T, decode, positions past 0, GQA groups of
+    1-4, rows of a block past T * G."""
     from minfer.cuda import devarray as da
     from minfer.cuda.attention import DEFAULT, AttnGeometry, attention
 
-    g = DEFAULT if geom == "default" else AttnGeometry(4, 64)
+    if geom == "wg" and rt.arch != "sm_90":
+        pytest.skip("the wgmma attention kernel is sm_90 only")
+    g = {"default": DEFAULT, "4x64": AttnGeometry(4, 64), "wg": None}[geom]
+    impl = "wg" if geom == "wg" else "mma"
 
     rng = np.random.default_rng(T * 7 + pos0 + D)
     S = pos0 + T + 37  # rows past pos0 + T hold garbage (NaN) that must never be read
@@ -31,7 +35,8 @@ def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
     k[pos0 + T:] = np.nan
     v[pos0 + T:] = np.nan
     o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
-    attention(rt, o, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), pos0, geom=g)
+    attention(rt, o, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), pos0, geom=g,
+              impl=impl)
     got = o.get().astype(np.float64)
     ref = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), pos0)
     assert np.all(np.isfinite(got)), "unwritten or NaN output"
@@ -52,3 +57,16 @@ def test_attention_rejects(rt):
     kv = da.empty(rt, (8, 2, 64), np.float16)
     with pytest.raises(GPUError, match="exceed"):
         attention(rt, da.empty(rt, (4, 4, 64), np.float16), q, kv, kv, 5)
+    with pytest.raises(GPUError, match="unknown kernel"):
+        attention(rt, da.empty(rt, (4, 4, 64), np.float16), q, kv, kv, 0, impl="flash")
+
+
+def test_pick_impl(rt):
+    """The wgmma kernel for prefill chunks of at least one block on sm_90; attention.cu for
+    decode and elsewhere."""
+    from minfer.cuda.attention import pick_impl
+
+    hopper = rt.arch == "sm_90"
+    assert pick_impl(rt, 512, 4, 128) == ("wg" if hopper else "mma")
+    assert pick_impl(rt, 1, 4, 128) == "mma"
+    assert pick_impl(rt, 31, 4, 64) == "mma"

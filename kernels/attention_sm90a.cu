@@ -1,0 +1,297 @@
+// attention_sm90a.cu: causal GQA flash attention for prefill on Hopper tensor cores (wgmma,
+// sm_90a only), the contract of attention.cu's attn_fwd_d64 / attn_fwd_d128:
+//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  j <= pos0 + t
+//   q: f16 [T, Hq, D] (token stride ldq), k/v cache: f16 [S, Hkv, D], o: f16 [T, Hq, D] (ldo).
+// minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
+// Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/attention.py (pick_impl takes
+// this kernel for prefill on sm_90, attention.cu elsewhere and for decode).
+//
+// Entries: attn_wg_d64, attn_wg_d128 (attn_fwd_d*'s arguments).
+// Structure: a block = one KV head x 128 rows, a row being a (token, query head of the group)
+// pair r = t G + g as in attention.cu (the G heads sharing a KV head share each K/V tile).
+// Two warpgroups of 64 rows; per 128-key tile each computes S = Q K^T with wgmma m64n128k16
+// (Q and K from shared memory, K-major: D contiguous), the online softmax on its S fragment
+// (f32, exp2; the causal mask only on the diagonal tiles), then O += P V with P from registers
+// (the S accumulator rounded to f16 is the A fragment: rows g, g + 8 of each warp's 16, keys
+// 2t, 2t + 1 and 2t + 8, 2t + 9 of each 16-key step) and V from shared memory MN-major (V's
+// rows are keys with D contiguous: the transposed-B form). Q, K and V tiles are stored as
+// 64-column panels of 128-byte rows in the 128-byte-swizzle pattern (16-byte chunk c of row r
+// at r * 128 + ((c ^ r % 8) * 16)), written by cp.async; two K/V stages, tile kt + 2 loading
+// while tile kt + 1 is computed. The wgmma pipeline is drained at the end of every tile (no
+// accumulator in flight across the loop edge, where ptxas would serialize the wgmmas).
+// Blocks are issued last rows first (causal: the last rows see the most keys).
+// Dynamic smem AttnWgSmem<D>::BYTES (D = 128: 161 KB; 64: 81 KB).
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "gemm_f16_common.cuh"
+#include "wgmma_common.cuh"
+
+namespace {
+using gemm_f16::cp_async16;
+using gemm_f16::smem_u32;
+
+constexpr int WGS = 2, ROWS = 64 * WGS, KEYS = 128, THREADS = 128 * WGS;
+
+template <int D>
+struct AttnWgSmem {
+    static constexpr int Q = 0;   // [ROWS x D] as D / 64 panels of 128-byte rows (as K and V)
+    static constexpr int KV = ROWS * D * 2;             // stage s: K at KV + 2 s TILE, V + TILE
+    static constexpr int TILE = KEYS * D * 2;
+    static constexpr int BYTES = KV + 2 * 2 * TILE + 1024;   // + manual 1 KB alignment
+};
+static_assert(AttnWgSmem<128>::BYTES <= 227 * 1024 && AttnWgSmem<64>::BYTES <= 227 * 1024,
+              "within the opt-in shared memory");
+static_assert(ROWS * 128 % 1024 == 0 && KEYS * 128 % 1024 == 0, "panels keep 1 KB swizzle atoms");
+
+// byte offset of 16-byte chunk cc (of D / 8) of row r in a [rows x D] panelled tile
+template <int D>
+__device__ __forceinline__ uint32_t chunk_at(int rows, int r, int cc) {
+    return (cc >> 3) * rows * 128 + r * 128 + (((cc & 7) ^ (r & 7)) << 4);
+}
+
+// n rows of D halves (row i from src + i * ld; rows >= n_valid zero-filled) into a panelled tile
+template <int D>
+__device__ __forceinline__ void load_tile(uint32_t dst, int rows, const __half* src, long ld,
+                                          int n_valid) {
+    constexpr int CH = D / 8;
+    for (int c = threadIdx.x; c < rows * CH; c += THREADS) {
+        const int i = c / CH, cc = c - i * CH;
+        const bool ok = i < n_valid;
+        cp_async16(dst + chunk_at<D>(rows, i, cc), ok ? src + (long)i * ld + cc * 8 : src, ok);
+    }
+}
+
+// K-major operand of 128-byte rows (a panel), 8-row atoms 1 KB apart
+__device__ __forceinline__ uint64_t desc_k(uint32_t saddr) { return wgmma::sw128_desc(saddr); }
+
+// MN-major operand (V: keys x D, D contiguous): 64 D-columns per 128-byte row, the next 64 a
+// panel (LBO) further; 8 key rows per 1 KB atom, the next 8 keys SBO = 1 KB further
+__device__ __forceinline__ uint64_t desc_mn(uint32_t saddr) {
+    uint64_t d = static_cast<uint64_t>((saddr & 0x3FFFF) >> 4);
+    d |= static_cast<uint64_t>((KEYS * 128) >> 4) << 16;   // LBO: the next 64 columns
+    d |= static_cast<uint64_t>(1024 >> 4) << 32;           // SBO: the next 8 keys
+    d |= static_cast<uint64_t>(1) << 62;                   // 128-byte swizzle
+    return d;
+}
+
+#define AW_F64(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+    "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),   \
+    "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
+    "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), \
+    "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define AW_F64B(d) "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),         \
+    "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
+    "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
+    "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), \
+    "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define AW_L32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define AW_L64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "        \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "        \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+
+// s (64 rows x 128 keys, f32) = (acc ? s : 0) + Q (smem) K^T (smem), one k16 step
+__device__ __forceinline__ void wg_qk(float (&s)[64], uint64_t qd, uint64_t kd, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " AW_L64
+                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : AW_F64(s), AW_F64B(s)
+                 : "l"(qd), "l"(kd), "r"(acc));
+}
+
+// o (64 rows x D, f32) += P (registers: 64 rows x 16 keys) V (smem, MN-major), one k16 step
+__device__ __forceinline__ void wg_pv(float (&o)[64], const uint32_t (&a)[4], uint64_t vd) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " AW_L64
+                 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
+                 : AW_F64(o), AW_F64B(o)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd));
+}
+__device__ __forceinline__ void wg_pv(float (&o)[32], const uint32_t (&a)[4], uint64_t vd) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " AW_L32
+                 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : AW_F64(o)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd));
+}
+
+__device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+template <int D>
+__device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
+                        const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
+                        int Hq, int Hkv, int pos0, const int* __restrict__ pos0p,
+                        float scale_log2) {
+    using S = AttnWgSmem<D>;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+    if (pos0p != nullptr) pos0 += *pos0p;
+
+    const int G = Hq / Hkv, hk = blockIdx.y, R = T * G;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * ROWS;   // last rows first
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const long ldkv = (long)Hkv * D;
+
+    // the two rows this thread owns in the fragments (clamped: rows >= R compute, never store)
+    const int rwa = r0 + wg * 64 + warp * 16 + g, rwb = rwa + 8;
+    const int lim_a = pos0 + min(rwa, R - 1) / G, lim_b = pos0 + min(rwb, R - 1) / G;
+    const int n_keys = pos0 + (min(r0 + ROWS, R) - 1) / G + 1;   // keys the block may see
+    const int key_min_lim = pos0 + r0 / G;                       // the block's smallest limit
+    const int n_tiles = (n_keys + KEYS - 1) / KEYS;
+
+    // prologue: Q and tile 0 (one group), tile 1 (a group, possibly empty)
+    {
+        constexpr int CH = D / 8;
+        for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
+            const int i = c / CH, cc = c - i * CH, r = r0 + i;
+            const bool ok = r < R;
+            const int t = ok ? r / G : 0, gh = ok ? r - t * G : 0;
+            cp_async16(base + S::Q + chunk_at<D>(ROWS, i, cc),
+                       q + (long)t * ldq + (long)(hk * G + gh) * D + cc * 8, ok);
+        }
+    }
+    for (int kt = 0; kt < 2; ++kt) {
+        if (kt < n_tiles) {
+            const uint32_t st = base + S::KV + (kt & 1) * 2 * S::TILE;
+            const int nv = min(KEYS, n_keys - kt * KEYS);
+            load_tile<D>(st, KEYS, kc + (long)kt * KEYS * ldkv + (long)hk * D, ldkv, nv);
+            load_tile<D>(st + S::TILE, KEYS, vc + (long)kt * KEYS * ldkv + (long)hk * D, ldkv, nv);
+        }
+        gemm_f16::cp_async_commit();
+    }
+
+    float oacc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+    const uint32_t qa = base + S::Q + wg * 64 * 128;   // this warpgroup's 64 Q rows
+
+    for (int kt = 0; kt < n_tiles; ++kt) {
+        const int k0 = kt * KEYS;
+        const uint32_t sk = base + S::KV + (kt & 1) * 2 * S::TILE, sv = sk + S::TILE;
+        gemm_f16::cp_async_wait<1>();       // tile kt (and Q) landed; tile kt + 1 may be in flight
+        wgmma::fence_proxy_async();         // cp.async writes (generic proxy) -> wgmma reads
+        __syncthreads();
+
+        // S = Q K^T: D / 16 k-steps, 32 bytes apart within a panel
+        float s[64];
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t off = (kk & 3) * 32;   // (k-steps 4.. in the next panel)
+            wg_qk(s, desc_k(qa + (kk >> 2) * ROWS * 128 + off),
+                  desc_k(sk + (kk >> 2) * KEYS * 128 + off), kk);
+        }
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_regs(s);
+
+        // causal mask where the tile reaches past the block's smallest row limit
+        if (k0 + KEYS - 1 > key_min_lim) {
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+                const int key = k0 + 8 * j + 2 * t4;
+                if (key > lim_a) s[4 * j] = -INFINITY;
+                if (key + 1 > lim_a) s[4 * j + 1] = -INFINITY;
+                if (key > lim_b) s[4 * j + 2] = -INFINITY;
+                if (key + 1 > lim_b) s[4 * j + 3] = -INFINITY;
+            }
+        }
+        // online softmax (rows a = g, b = g + 8; the quad's 4 threads share a row)
+        float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            mxa = fmaxf(mxa, fmaxf(s[4 * j], s[4 * j + 1]));
+            mxb = fmaxf(mxb, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, off));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, off));
+        }
+        const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
+        // every row sees key 0 in tile 0, so mna / mnb are finite from here on
+        const float ca = exp2f((m_a - mna) * scale_log2), cb = exp2f((m_b - mnb) * scale_log2);
+        m_a = mna;
+        m_b = mnb;
+        const float ma_s = mna * scale_log2, mb_s = mnb * scale_log2;
+        float sa = 0.f, sb = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+            s[4 * j] = exp2f(fmaf(s[4 * j], scale_log2, -ma_s));
+            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale_log2, -ma_s));
+            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale_log2, -mb_s));
+            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale_log2, -mb_s));
+            sa += s[4 * j] + s[4 * j + 1];
+            sb += s[4 * j + 2] + s[4 * j + 3];
+        }
+        l_a = l_a * ca + sa;
+        l_b = l_b * cb + sb;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            oacc[4 * j] *= ca;
+            oacc[4 * j + 1] *= ca;
+            oacc[4 * j + 2] *= cb;
+            oacc[4 * j + 3] *= cb;
+        }
+
+        // O += P V: 8 k-steps of 16 keys, 2 KB (16 key rows) apart
+        uint32_t pa[8][4];
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+            pa[ks][0] = pack_h2(s[8 * ks], s[8 * ks + 1]);
+            pa[ks][1] = pack_h2(s[8 * ks + 2], s[8 * ks + 3]);
+            pa[ks][2] = pack_h2(s[8 * ks + 4], s[8 * ks + 5]);
+            pa[ks][3] = pack_h2(s[8 * ks + 6], s[8 * ks + 7]);
+        }
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) wg_pv(oacc, pa[ks], desc_mn(sv + ks * 2048));
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_regs(oacc);
+        __syncthreads();   // both warpgroups are done with this stage: tile kt + 2 may land
+        if (kt + 2 < n_tiles) {
+            const int k2 = k0 + 2 * KEYS, nv = min(KEYS, n_keys - k2);
+            load_tile<D>(sk, KEYS, kc + (long)k2 * ldkv + (long)hk * D, ldkv, nv);
+            load_tile<D>(sv, KEYS, vc + (long)k2 * ldkv + (long)hk * D, ldkv, nv);
+        }
+        gemm_f16::cp_async_commit();   // (possibly empty: keeps "all but the newest" = tile kt + 1)
+    }
+    gemm_f16::cp_async_wait<0>();
+
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+    }
+    const float ia = 1.f / l_a, ib = 1.f / l_b;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = h ? rwb : rwa;
+        if (r >= R) continue;
+        const int t = r / G, gh = r - t * G;
+        __half* dst = o + (long)t * ldo + (long)(hk * G + gh) * D + 2 * t4;
+        const float inv = h ? ib : ia;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+            *reinterpret_cast<__half2*>(dst + 8 * j) =
+                __floats2half2_rn(oacc[4 * j + 2 * h] * inv, oacc[4 * j + 2 * h + 1] * inv);
+    }
+}
+
+}  // namespace
+
+#define ATT_WG_ENTRY(DD)                                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                   \
+        attn_wg_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o, \
+                      long ldo, int T, int Hq, int Hkv, int pos0, const int* pos0p,             \
+                      float scale_log2) {                                                      \
+        attn_wg<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, pos0p, scale_log2);              \
+    }
+ATT_WG_ENTRY(64)
+ATT_WG_ENTRY(128)
