@@ -8,19 +8,24 @@
 //
 // Entries: attn_wg_d64, attn_wg_d128 (attn_fwd_d*'s arguments).
 // Structure: a block = one KV head x 128 rows, a row being a (token, query head of the group)
-// pair r = t G + g as in attention.cu (the G heads sharing a KV head share each K/V tile).
-// Two warpgroups of 64 rows; per 128-key tile each computes S = Q K^T with wgmma m64n128k16
-// (Q and K from shared memory, K-major: D contiguous), the online softmax on its S fragment
-// (f32, exp2; the causal mask only on the diagonal tiles), then O += P V with P from registers
-// (the S accumulator rounded to f16 is the A fragment: rows g, g + 8 of each warp's 16, keys
-// 2t, 2t + 1 and 2t + 8, 2t + 9 of each 16-key step) and V from shared memory MN-major (V's
-// rows are keys with D contiguous: the transposed-B form). Q, K and V tiles are stored as
-// 64-column panels of 128-byte rows in the 128-byte-swizzle pattern (16-byte chunk c of row r
-// at r * 128 + ((c ^ r % 8) * 16)), written by cp.async; two K/V stages, tile kt + 2 loading
-// while tile kt + 1 is computed. The wgmma pipeline is drained at the end of every tile (no
-// accumulator in flight across the loop edge, where ptxas would serialize the wgmmas).
-// Blocks are issued last rows first (causal: the last rows see the most keys).
-// Dynamic smem AttnWgSmem<D>::BYTES (D = 128: 161 KB; 64: 81 KB).
+// pair r = t G + g as in attention.cu (the G heads sharing a KV head share each K/V tile). 384
+// threads, warp-specialized (FlashAttention-3's layout without TMA): warpgroup 0 copies Q and
+// then the 128-key K/V tiles into a 3-stage ring with cp.async, each thread's copies arriving
+// on the stage's `full` mbarrier (cp.async.mbarrier.arrive); warpgroups 1, 2 own 64 rows each
+// and per tile compute S = Q K^T with wgmma m64n128k16 (Q and K from shared memory, K-major:
+// D contiguous), the online softmax on the S fragment (f32, ex2.approx; the causal mask only
+// on the diagonal tiles), then O += P V with P from registers (the S accumulator rounded to
+// f16 is the A fragment: rows g, g + 8 of each warp's 16, keys 2t, 2t + 1 and 2t + 8, 2t + 9 of
+// each 16-key step) and V from shared memory MN-major (V's rows are keys with D contiguous: the
+// transposed-B form), and release the stage on its `empty` mbarrier. The consumers take turns
+// on the tensor core (named barriers): one hands the turn over once its S is computed, so its
+// softmax runs under the other's wgmmas; within a warpgroup tile kt's S and tile kt - 1's P V
+// are issued together and tile kt's softmax runs under that P V. Tiles in shared memory are 64-column panels of
+// 128-byte rows in the 128-byte-swizzle pattern (16-byte chunk c of row r at r * 128 + ((c ^
+// r % 8) * 16)). The wgmma pipeline is drained within each iteration (no accumulator in
+// flight across the loop edge, where ptxas would serialize the wgmmas). Blocks are issued last rows
+// first (causal: the last rows see the most keys).
+// Dynamic smem AttnWgSmem<D>::BYTES (D = 128: 225 KB; 64: 113 KB).
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -31,14 +36,20 @@ namespace {
 using gemm_f16::cp_async16;
 using gemm_f16::smem_u32;
 
-constexpr int WGS = 2, ROWS = 64 * WGS, KEYS = 128, THREADS = 128 * WGS;
+// 3 warpgroups: a producer (cp.async into the K/V ring) and 2 consumers of 64 rows
+constexpr int ROWS = 128, KEYS = 128, THREADS = 384, STAGES = 3;
+constexpr int CONSUMER_REGS = 224, PRODUCER_REGS = 56;
+// setmaxnreg moves registers within the block's launch allocation (168 per thread at 384
+// threads): a consumer increase beyond what the producer released would wait forever
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "register budget");
 
 template <int D>
 struct AttnWgSmem {
     static constexpr int Q = 0;   // [ROWS x D] as D / 64 panels of 128-byte rows (as K and V)
     static constexpr int KV = ROWS * D * 2;             // stage s: K at KV + 2 s TILE, V + TILE
     static constexpr int TILE = KEYS * D * 2;
-    static constexpr int BYTES = KV + 2 * 2 * TILE + 1024;   // + manual 1 KB alignment
+    static constexpr int BARS = KV + STAGES * 2 * TILE;   // qfull, full[STAGES], empty[STAGES]
+    static constexpr int BYTES = BARS + 8 * (1 + 2 * STAGES) + 1024;   // + 1 KB alignment
 };
 static_assert(AttnWgSmem<128>::BYTES <= 227 * 1024 && AttnWgSmem<64>::BYTES <= 227 * 1024,
               "within the opt-in shared memory");
@@ -50,15 +61,23 @@ __device__ __forceinline__ uint32_t chunk_at(int rows, int r, int cc) {
     return (cc >> 3) * rows * 128 + r * 128 + (((cc & 7) ^ (r & 7)) << 4);
 }
 
-// n rows of D halves (row i from src + i * ld; rows >= n_valid zero-filled) into a panelled tile
+// A K or V tile: KEYS rows of D halves (row i from src + i * ld; rows >= n_valid zero-filled)
+// into the panelled layout, by the producer's 128 threads: thread p always moves chunk p % CH of
+// rows p / CH + RSTEP i, so its smem offset steps by RSTEP rows (RSTEP % 8 == 0: the swizzle
+// phase is the same) and its source by RSTEP rows (the address arithmetic once per thread)
 template <int D>
-__device__ __forceinline__ void load_tile(uint32_t dst, int rows, const __half* src, long ld,
-                                          int n_valid) {
-    constexpr int CH = D / 8;
-    for (int c = threadIdx.x; c < rows * CH; c += THREADS) {
-        const int i = c / CH, cc = c - i * CH;
-        const bool ok = i < n_valid;
-        cp_async16(dst + chunk_at<D>(rows, i, cc), ok ? src + (long)i * ld + cc * 8 : src, ok);
+__device__ __forceinline__ void load_kv(uint32_t dst, const __half* src, long ld, int n_valid,
+                                        int p) {
+    constexpr int CH = D / 8, RSTEP = 128 / CH;
+    static_assert(RSTEP % 8 == 0 && KEYS % RSTEP == 0, "whole swizzle periods per pass");
+    const int r = p / CH, cc = p % CH;
+    uint32_t d = dst + chunk_at<D>(KEYS, r, cc);
+    const __half* sp = src + (long)r * ld + cc * 8;
+    const long step = RSTEP * ld;
+#pragma unroll 4
+    for (int row = r; row < KEYS; row += RSTEP, d += RSTEP * 128, sp += step) {
+        const bool ok = row < n_valid;
+        cp_async16(d, ok ? sp : src, ok);
     }
 }
 
@@ -120,6 +139,22 @@ __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&h);
 }
 
+__device__ __forceinline__ float ex2(float x) {   // 2^x, MUFU.EX2 alone (P is f16 anyway)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ void bar_sync(int id) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(int id) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+// this thread's cp.asyncs so far arrive on `bar` when they complete (one of its count)
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 template <int D>
 __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                         const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
@@ -128,69 +163,81 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     using S = AttnWgSmem<D>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+    // mbarriers: qfull at 0, full[s] at 8 (1 + s), empty[s] at 8 (1 + STAGES + s)
+    const uint32_t bars = base + S::BARS;
     if (pos0p != nullptr) pos0 += *pos0p;
 
     const int G = Hq / Hkv, hk = blockIdx.y, R = T * G;
     const int r0 = (gridDim.x - 1 - blockIdx.x) * ROWS;   // last rows first
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t4 = lane & 3;
     const long ldkv = (long)Hkv * D;
-
-    // the two rows this thread owns in the fragments (clamped: rows >= R compute, never store)
-    const int rwa = r0 + wg * 64 + warp * 16 + g, rwb = rwa + 8;
-    const int lim_a = pos0 + min(rwa, R - 1) / G, lim_b = pos0 + min(rwb, R - 1) / G;
     const int n_keys = pos0 + (min(r0 + ROWS, R) - 1) / G + 1;   // keys the block may see
-    const int key_min_lim = pos0 + r0 / G;                       // the block's smallest limit
     const int n_tiles = (n_keys + KEYS - 1) / KEYS;
+    if (threadIdx.x == 0) {
+        wgmma::mbar_init(bars, 128);
+        for (int s = 0; s < STAGES; ++s) {
+            wgmma::mbar_init(bars + 8 * (1 + s), 128);             // the producer's threads
+            wgmma::mbar_init(bars + 8 * (1 + STAGES + s), 256);    // the consumers' threads
+        }
+    }
+    __syncthreads();
 
-    // prologue: Q and tile 0 (one group), tile 1 (a group, possibly empty)
-    {
+    if (threadIdx.x < 128) {   // producer warpgroup: Q, then the K/V ring
+        wgmma::setmaxnreg_dec<PRODUCER_REGS>();
         constexpr int CH = D / 8;
-        for (int c = threadIdx.x; c < ROWS * CH; c += THREADS) {
+        for (int c = threadIdx.x; c < ROWS * CH; c += 128) {
             const int i = c / CH, cc = c - i * CH, r = r0 + i;
             const bool ok = r < R;
             const int t = ok ? r / G : 0, gh = ok ? r - t * G : 0;
             cp_async16(base + S::Q + chunk_at<D>(ROWS, i, cc),
                        q + (long)t * ldq + (long)(hk * G + gh) * D + cc * 8, ok);
         }
-    }
-    for (int kt = 0; kt < 2; ++kt) {
-        if (kt < n_tiles) {
-            const uint32_t st = base + S::KV + (kt & 1) * 2 * S::TILE;
-            const int nv = min(KEYS, n_keys - kt * KEYS);
-            load_tile<D>(st, KEYS, kc + (long)kt * KEYS * ldkv + (long)hk * D, ldkv, nv);
-            load_tile<D>(st + S::TILE, KEYS, vc + (long)kt * KEYS * ldkv + (long)hk * D, ldkv, nv);
+        cp_async_arrive(bars);
+        for (int kt = 0; kt < n_tiles; ++kt) {
+            const int s = kt % STAGES, k0 = kt * KEYS, nv = min(KEYS, n_keys - k0);
+            wgmma::mbar_wait(bars + 8 * (1 + STAGES + s), ((kt / STAGES) & 1) ^ 1);   // free
+            const uint32_t st = base + S::KV + s * 2 * S::TILE;
+            load_kv<D>(st, kc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
+            load_kv<D>(st + S::TILE, vc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
+            cp_async_arrive(bars + 8 * (1 + s));
         }
-        gemm_f16::cp_async_commit();
+        gemm_f16::cp_async_wait<0>();   // (a thread's copies complete before it exits)
+        return;
     }
+    wgmma::setmaxnreg_inc<CONSUMER_REGS>();
+    const int cw = (threadIdx.x >> 7) - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    // the two rows this thread owns in the fragments (clamped: rows >= R compute, never store)
+    const int rwa = r0 + cw * 64 + warp * 16 + g, rwb = rwa + 8;
+    const int lim_a = pos0 + min(rwa, R - 1) / G, lim_b = pos0 + min(rwb, R - 1) / G;
+    const int key_min_lim = pos0 + r0 / G;   // the block's smallest row limit
+    const uint32_t qa = base + S::Q + cw * 64 * 128;   // this warpgroup's 64 Q rows
 
     float oacc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
-    const uint32_t qa = base + S::Q + wg * 64 * 128;   // this warpgroup's 64 Q rows
+    float s[64];          // S of the current tile, then its probabilities (f32)
+    uint32_t pa[8][4];    // P of the previous tile: the A fragments of its P V
+    float ca = 0.f, cb = 0.f;   // O's rescale for the current tile's new row maxima
 
-    for (int kt = 0; kt < n_tiles; ++kt) {
-        const int k0 = kt * KEYS;
-        const uint32_t sk = base + S::KV + (kt & 1) * 2 * S::TILE, sv = sk + S::TILE;
-        gemm_f16::cp_async_wait<1>();       // tile kt (and Q) landed; tile kt + 1 may be in flight
-        wgmma::fence_proxy_async();         // cp.async writes (generic proxy) -> wgmma reads
-        __syncthreads();
-
-        // S = Q K^T: D / 16 k-steps, 32 bytes apart within a panel
-        float s[64];
-        wgmma::fence();
+    // S = Q K^T of tile kt (D / 16 k-steps, 32 bytes apart within a panel; issue only)
+    auto issue_qk = [&](uint32_t sk) {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t off = (kk & 3) * 32;   // (k-steps 4.. in the next panel)
             wg_qk(s, desc_k(qa + (kk >> 2) * ROWS * 128 + off),
                   desc_k(sk + (kk >> 2) * KEYS * 128 + off), kk);
         }
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::fence_regs(s);
-
-        // causal mask where the tile reaches past the block's smallest row limit
+    };
+    // O += P V of a tile whose V is at sv: 8 k-steps of 16 keys, 2 KB (16 key rows) apart
+    auto issue_pv = [&](uint32_t sv) {
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) wg_pv(oacc, pa[ks], desc_mn(sv + ks * 2048));
+    };
+    // the online softmax of tile k0's S (rows a = g, b = g + 8; a quad's 4 threads share a
+    // row): the causal mask where the tile reaches past the block's smallest row limit, the new
+    // maxima (ca, cb: O's rescale), s = 2^(s scale - max scale), the row sums into l
+    auto softmax = [&](int k0) {
         if (k0 + KEYS - 1 > key_min_lim) {
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
@@ -201,7 +248,6 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
                 if (key + 1 > lim_b) s[4 * j + 3] = -INFINITY;
             }
         }
-        // online softmax (rows a = g, b = g + 8; the quad's 4 threads share a row)
         float mxa = -INFINITY, mxb = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -214,23 +260,27 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, off));
         }
         const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
-        // every row sees key 0 in tile 0, so mna / mnb are finite from here on
-        const float ca = exp2f((m_a - mna) * scale_log2), cb = exp2f((m_b - mnb) * scale_log2);
+        // every row sees key 0 in tile 0, so mna / mnb are finite from here on (ca = 0 there)
+        ca = ex2((m_a - mna) * scale_log2);
+        cb = ex2((m_b - mnb) * scale_log2);
         m_a = mna;
         m_b = mnb;
         const float ma_s = mna * scale_log2, mb_s = mnb * scale_log2;
         float sa = 0.f, sb = 0.f;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-            s[4 * j] = exp2f(fmaf(s[4 * j], scale_log2, -ma_s));
-            s[4 * j + 1] = exp2f(fmaf(s[4 * j + 1], scale_log2, -ma_s));
-            s[4 * j + 2] = exp2f(fmaf(s[4 * j + 2], scale_log2, -mb_s));
-            s[4 * j + 3] = exp2f(fmaf(s[4 * j + 3], scale_log2, -mb_s));
+            s[4 * j] = ex2(fmaf(s[4 * j], scale_log2, -ma_s));
+            s[4 * j + 1] = ex2(fmaf(s[4 * j + 1], scale_log2, -ma_s));
+            s[4 * j + 2] = ex2(fmaf(s[4 * j + 2], scale_log2, -mb_s));
+            s[4 * j + 3] = ex2(fmaf(s[4 * j + 3], scale_log2, -mb_s));
             sa += s[4 * j] + s[4 * j + 1];
             sb += s[4 * j + 2] + s[4 * j + 3];
         }
         l_a = l_a * ca + sa;
         l_b = l_b * cb + sb;
+    };
+    // after the previous P V completed: O rescaled, this tile's P packed into pa
+    auto rescale_pack = [&]() {
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
             oacc[4 * j] *= ca;
@@ -238,9 +288,6 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             oacc[4 * j + 2] *= cb;
             oacc[4 * j + 3] *= cb;
         }
-
-        // O += P V: 8 k-steps of 16 keys, 2 KB (16 key rows) apart
-        uint32_t pa[8][4];
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
             pa[ks][0] = pack_h2(s[8 * ks], s[8 * ks + 1]);
@@ -248,21 +295,53 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             pa[ks][2] = pack_h2(s[8 * ks + 4], s[8 * ks + 5]);
             pa[ks][3] = pack_h2(s[8 * ks + 6], s[8 * ks + 7]);
         }
+    };
+    auto stage = [&](int kt) { return base + S::KV + (kt % STAGES) * 2 * S::TILE; };
+    auto await_tile = [&](int kt) {
+        wgmma::mbar_wait(bars + 8 * (1 + kt % STAGES), (kt / STAGES) & 1);
+        wgmma::fence_proxy_async();   // cp.async writes (generic proxy) -> wgmma reads
+    };
+    // the turns: each S issue in turn (named barriers 1 + cw), handed over once issued
+    auto turn_over = [&](int kt) {
+        if (!(cw == 1 && kt + 1 == n_tiles)) bar_arrive(2 - cw);   // (the last turn: none left)
+    };
+
+    // Software pipeline (FlashAttention-3's intra-warpgroup overlap): tile kt's S = Q K^T and
+    // tile kt - 1's O += P V are issued together; tile kt's softmax runs under that P V.
+    if (cw == 1) bar_arrive(1);   // warpgroup 0 takes the first turn
+    wgmma::mbar_wait(bars, 0);    // Q
+    await_tile(0);
+    bar_sync(1 + cw);
+    wgmma::fence();
+    issue_qk(stage(0));
+    wgmma::commit();
+    turn_over(0);
+    wgmma::wait<0>();
+    wgmma::fence_regs(s);
+    softmax(0);
+    rescale_pack();
+    for (int kt = 1; kt < n_tiles; ++kt) {
+        await_tile(kt);
+        bar_sync(1 + cw);
         wgmma::fence();
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks) wg_pv(oacc, pa[ks], desc_mn(sv + ks * 2048));
+        issue_qk(stage(kt));
         wgmma::commit();
-        wgmma::wait<0>();
+        issue_pv(stage(kt - 1) + S::TILE);
+        wgmma::commit();
+        turn_over(kt);
+        wgmma::wait<1>();   // S of tile kt
+        wgmma::fence_regs(s);
+        softmax(kt * KEYS);
+        wgmma::wait<0>();   // P V of tile kt - 1: O and pa are free, so is its stage
         wgmma::fence_regs(oacc);
-        __syncthreads();   // both warpgroups are done with this stage: tile kt + 2 may land
-        if (kt + 2 < n_tiles) {
-            const int k2 = k0 + 2 * KEYS, nv = min(KEYS, n_keys - k2);
-            load_tile<D>(sk, KEYS, kc + (long)k2 * ldkv + (long)hk * D, ldkv, nv);
-            load_tile<D>(sv, KEYS, vc + (long)k2 * ldkv + (long)hk * D, ldkv, nv);
-        }
-        gemm_f16::cp_async_commit();   // (possibly empty: keeps "all but the newest" = tile kt + 1)
+        wgmma::mbar_arrive(bars + 8 * (1 + STAGES + (kt - 1) % STAGES));
+        rescale_pack();
     }
-    gemm_f16::cp_async_wait<0>();
+    wgmma::fence();
+    issue_pv(stage(n_tiles - 1) + S::TILE);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_regs(oacc);
 
 #pragma unroll
     for (int off = 1; off <= 2; off <<= 1) {
