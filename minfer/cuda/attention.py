@@ -42,12 +42,13 @@ DEFAULT = AttnGeometry(warps=8, keys=128)
 SMALL = AttnGeometry(warps=4, keys=64)   # where DEFAULT's smem is over the GPU's opt-in cap
 
 
-WG_ROWS = 128   # attention_sm90a.cu: 2 warpgroups of 64 rows, 128-key K/V tiles
+WG_ROWS, WG_STAGES = 128, 3   # attention_sm90a.cu: 2 consumer warpgroups of 64 rows, 3 stages
 
 
 def wg_smem_bytes(head_dim: int) -> int:
-    """attention_sm90a.cu's AttnWgSmem: Q [128, D], two stages of K and V [128, D], f16, + 1 KB."""
-    return WG_ROWS * head_dim * 2 + 2 * 2 * 128 * head_dim * 2 + 1024
+    """attention_sm90a.cu's AttnWgSmem: Q [128, D], WG_STAGES stages of K and V [128, D] (f16),
+    1 + 2 WG_STAGES mbarriers, + 1 KB for the alignment."""
+    return (WG_ROWS + 2 * WG_STAGES * 128) * head_dim * 2 + 8 * (1 + 2 * WG_STAGES) + 1024
 
 
 def pick_impl(rt, T: int, G: int, head_dim: int) -> str:
@@ -101,7 +102,7 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
     if impl == "wg":
         if rt.arch != "sm_90":
             raise GPUError(f"attention: the wgmma kernel needs sm_90, this GPU is {rt.arch}")
-        rows, threads, smem = WG_ROWS, 256, wg_smem_bytes(D)
+        rows, threads, smem = WG_ROWS, 384, wg_smem_bytes(D)
         fn = rt.function("attention_sm90a", f"attn_wg_d{D}", ("-arch=sm_90a",), dyn_smem=smem)
     elif impl == "mma":
         geom = pick_geometry(rt, D) if geom is None else geom
