@@ -17,14 +17,14 @@
 // on the diagonal tiles), then O += P V with P from registers (the S accumulator rounded to
 // f16 is the A fragment: rows g, g + 8 of each warp's 16, keys 2t, 2t + 1 and 2t + 8, 2t + 9 of
 // each 16-key step) and V from shared memory MN-major (V's rows are keys with D contiguous: the
-// transposed-B form), and release the stage on its `empty` mbarrier. The consumers take turns
-// on the tensor core (named barriers): one hands the turn over once its S is computed, so its
-// softmax runs under the other's wgmmas; within a warpgroup tile kt's S and tile kt - 1's P V
-// are issued together and tile kt's softmax runs under that P V. Tiles in shared memory are 64-column panels of
-// 128-byte rows in the 128-byte-swizzle pattern (16-byte chunk c of row r at r * 128 + ((c ^
-// r % 8) * 16)). The wgmma pipeline is drained within each iteration (no accumulator in
-// flight across the loop edge, where ptxas would serialize the wgmmas). Blocks are issued last rows
-// first (causal: the last rows see the most keys).
+// transposed-B form), and release the stage on its `empty` mbarrier. Within a warpgroup, tile
+// kt's S and tile kt - 1's P V are issued together and tile kt's softmax runs under that P V
+// (FlashAttention-3's intra-warpgroup overlap); the consumers take turns issuing (named
+// barriers), so one's softmax also runs under the other's wgmmas. Tiles in shared memory are
+// 64-column panels of 128-byte rows in the 128-byte-swizzle pattern (16-byte chunk c of row r
+// at r * 128 + ((c ^ r % 8) * 16)). The wgmma pipeline is drained within each iteration (no
+// accumulator in flight across the loop edge, where ptxas would serialize the wgmmas). Blocks
+// are issued last rows first (causal: the last rows see the most keys).
 // Dynamic smem AttnWgSmem<D>::BYTES (D = 128: 225 KB; 64: 113 KB).
 #include <cuda_fp16.h>
 #include <stdint.h>

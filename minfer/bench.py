@@ -2,7 +2,8 @@
 
 `bench(model, tokens, configs, repeats, backend)`: one backend per config (GemmConfig parsed
 from "K=V K=V" strings), then for each repeat, for each token count, each config runs one
-prefill from an empty cache (A B A B ... in the same process, same window). tok/s is the
+prefill from an empty cache (A B, B A, ... in the same process, same window: the order rotates
+by one config each repeat). tok/s is the
 median over repeats, the spread (max - min) over the same config's repeats is its noise band,
 and an A/B difference smaller than the largest band is reported as noise.
 `breakdown(backend, n)`: one prefill with CUDA events around every op: per GEMM µs, TFLOP/s and
@@ -94,7 +95,11 @@ def time_prefill(backend, ids: np.ndarray) -> float:
 
 def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: list,
           warmup: bool = True) -> list[Row]:
-    """Interleaved: for r in repeats, for n in tokens, for each config: one prefill."""
+    """Interleaved: for r in repeats, for n in tokens, for each config: one prefill, the configs'
+    order rotated by one each repeat. (Position matters: on the H200 at pp2048 the config run
+    right after the f16 path's prefill measured 10-14% slower than the same config in a later
+    position, whichever it was; docs/perf.md session 10. Rotating gives each config every
+    position over len(configs) repeats, and the spread shows what is left.)"""
     if repeats < 1:
         raise BadInput(f"--repeats {repeats}: need at least 1")
     rows = {(c, n): Row(c or "default", b.name, n) for c, b in zip(configs, backends)
@@ -104,9 +109,11 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
         for n in tokens:
             for b in backends:
                 time_prefill(b, prompts[n])
-    for _ in range(repeats):
+    pairs = list(zip(configs, backends))
+    for r in range(repeats):
+        order = pairs[r % len(pairs):] + pairs[:r % len(pairs)]
         for n in tokens:
-            for c, b in zip(configs, backends):
+            for c, b in order:
                 rows[(c, n)].tok_s.append(n / time_prefill(b, prompts[n]))
     for b in backends:
         b.reset()
@@ -217,7 +224,7 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
             echo(f"  {b.route_summary()}")
         backends.append(b)
     rows = bench(model, tokens, configs, repeats, backends)
-    echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved\n")
+    echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat\n")
     echo(table(rows))
     if profile:
         for b in backends:

@@ -38,7 +38,8 @@ for M, K in ((512, 4096), (512, 14336), (2048, 14336)):
             block=(256, 1, 1), grid=((warps + 7) // 8, 1))
         rt.synchronize()
         ok &= same(new, tt)
-        print(f"q8s_sb_operand_f16 [{M}, {K}]: old and new {'IDENTICAL' if same(new, tt) else 'DIFFER'}")
+        verdict = "IDENTICAL" if same(new, tt) else "DIFFER"
+        print(f"q8s_sb_operand_f16 [{M}, {K}]: old and new {verdict}")
 for M, K in ((512, 4096), (2048, 4096)):
     x = da.to_device(rt, rng.standard_normal((M, K)).astype(np.float32))
     w = da.to_device(rt, (1 + 0.1 * rng.standard_normal(K)).astype(np.float32))
@@ -50,7 +51,8 @@ for M, K in ((512, 4096), (2048, 4096)):
             np.int32(K), np.int32(pad_rows(M)), block=(256, 1, 1), grid=(pad_rows(M), 1))
         rt.synchronize()
         ok &= same(new, tt)
-        print(f"rmsnorm_sb_operand [{M}, {K}]: old and new {'IDENTICAL' if same(new, tt) else 'DIFFER'}")
+        verdict = "IDENTICAL" if same(new, tt) else "DIFFER"
+        print(f"rmsnorm_sb_operand [{M}, {K}]: old and new {verdict}")
 Hq, Hkv, D = 32, 8, 128   # the 8B shape, one fused q|k|v GEMM output
 for T in (512, 2048):
     qkv = da.to_device(rt, rng.standard_normal((T, (Hq + 2 * Hkv) * D)).astype(np.float32))

@@ -96,3 +96,33 @@ def test_breakdown_table_rows_add_up():
     assert rows["all ops (events) / wall less the spins"][2] == "3,938 / 4,500"
     f16 = B.breakdown_table("cuda", 512, {"gemm:x": [1.0, 1e12, 1]}, 1.0).splitlines()
     assert "ceiling 634 TFLOP/s" in f16[0] and any(ln.startswith("| attention | 0 |") for ln in f16)
+
+
+def test_bench_rotates_the_config_order():
+    """Each repeat starts one config later, so over len(configs) repeats every config runs in
+    every position (the config right after another one's prefill measured slower on the GPU)."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def reset(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def forward(self, ids, pos0):
+            calls.append((self.name, len(ids)))
+
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
+    rows = B.bench(model, [4, 8], ["a", "b", "c"], 3, [Fake("a"), Fake("b"), Fake("c")],
+                   warmup=False)
+    assert calls == [("a", 4), ("b", 4), ("c", 4), ("a", 8), ("b", 8), ("c", 8),
+                     ("b", 4), ("c", 4), ("a", 4), ("b", 8), ("c", 8), ("a", 8),
+                     ("c", 4), ("a", 4), ("b", 4), ("c", 8), ("a", 8), ("b", 8)]
+    assert [(r.config, r.tokens, len(r.tok_s)) for r in rows] == [
+        ("a", 4, 3), ("b", 4, 3), ("c", 4, 3), ("a", 8, 3), ("b", 8, 3), ("c", 8, 3)]

@@ -14,7 +14,8 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
               help="Comma-separated prompt lengths (pp512, pp2048, ...).")
 @click.option("--ab", "ab", multiple=True,
               help='A/B config, "MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow '
-                   "as extra arguments. Configs run interleaved in one process.")
+                   "as extra arguments. Configs run interleaved in one process, their order "
+                   "rotated each repeat (use --repeats as a multiple of the config count).")
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--backend", "kind", default="cuda", show_default=True,
               type=click.Choice(["cuda", "cpu"]))
