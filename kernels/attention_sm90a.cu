@@ -53,6 +53,8 @@ struct AttnWgSmem {
 };
 static_assert(AttnWgSmem<128>::BYTES <= 227 * 1024 && AttnWgSmem<64>::BYTES <= 227 * 1024,
               "within the opt-in shared memory");
+static_assert(AttnWgSmem<128>::BYTES == 230456 && AttnWgSmem<64>::BYTES == 115768,
+              "minfer/cuda/attention.py wg_smem_bytes (tests/test_attention_launcher_cpu.py)");
 static_assert(ROWS * 128 % 1024 == 0 && KEYS * 128 % 1024 == 0, "panels keep 1 KB swizzle atoms");
 
 // byte offset of 16-byte chunk cc (of D / 8) of row r in a [rows x D] panelled tile

@@ -1,0 +1,30 @@
+"""The attention launcher's choices without a GPU: which kernel runs (pick_impl) and the wgmma
+kernel's shared memory (pinned against attention_sm90a.cu's static_assert)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from minfer.cuda.attention import WG_ROWS, pick_impl, wg_smem_bytes
+
+H200 = SimpleNamespace(arch="sm_90", smem_optin=232448)
+ADA = SimpleNamespace(arch="sm_89", smem_optin=101376)
+
+
+def test_wg_smem_matches_the_kernel():
+    # attention_sm90a.cu: static_assert(AttnWgSmem<128>::BYTES == 230456 && <64> == 115768)
+    assert wg_smem_bytes(128) == 230456
+    assert wg_smem_bytes(64) == 115768
+    assert wg_smem_bytes(128) <= H200.smem_optin
+
+
+def test_pick_impl():
+    """wgmma on sm_90 for chunks of at least one 128-row block; mma.sync for decode, short
+    chunks and other GPUs, and where the opt-in shared memory is too small."""
+    assert pick_impl(H200, 512, 4, 128) == "wg"
+    assert pick_impl(H200, WG_ROWS // 4, 4, 128) == "wg"
+    assert pick_impl(H200, WG_ROWS // 4 - 1, 4, 128) == "mma"
+    assert pick_impl(H200, 1, 4, 128) == "mma"
+    assert pick_impl(H200, 2048, 1, 64) == "wg"
+    assert pick_impl(ADA, 2048, 4, 128) == "mma"
+    assert pick_impl(SimpleNamespace(arch="sm_90", smem_optin=200 * 1024), 512, 4, 128) == "mma"
