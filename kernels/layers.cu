@@ -144,6 +144,8 @@ __device__ __forceinline__ float2 rot(float a, float b, float c, float sn) {
     return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)),
                        __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
 }
+// pair p of a head (rope_qkv_f32_f16: a thread per pair, grid (T, ceil((Hq + 2 Hkv) D/2 / 128)),
+// block (128))
 __device__ __forceinline__ void rope_pair_f16(__half* d, const float* s, int p, int half_r,
                                               int neox, const float* cr, const float* sr) {
     int i0, i1;
@@ -158,38 +160,7 @@ __device__ __forceinline__ void rope_pair_f16(__half* d, const float* s, int p, 
     }
 }
 
-extern "C" __global__ void rope_qkv_f32_f16(__half* __restrict__ q16, const float* __restrict__ qs,
-                                            long ldq, const float* __restrict__ ks, long ldk,
-                                            const float* __restrict__ vs, long ldv,
-                                            __half* __restrict__ kc, __half* __restrict__ vc,
-                                            int Hq, int Hkv, int D, int rope_dim, int neox,
-                                            const float* __restrict__ cos_t,
-                                            const float* __restrict__ sin_t,
-                                            const int* __restrict__ pos) {
-    const int t = blockIdx.x;
-    const int half_d = D >> 1, half_r = rope_dim >> 1;
-    const int nq = Hq * half_d, nk = Hkv * half_d;
-    const int idx = blockIdx.y * blockDim.x + threadIdx.x;  // (part, head, pair) flattened
-    if (idx >= nq + 2 * nk) return;
-    const long p_abs = (long)pos[0] + t;
-    const float* cr = cos_t + p_abs * half_r;
-    const float* sr = sin_t + p_abs * half_r;
-    if (idx < nq) {
-        const int h = idx / half_d, p = idx - h * half_d;
-        rope_pair_f16(q16 + ((long)t * Hq + h) * D, qs + t * ldq + (long)h * D, p, half_r, neox,
-                      cr, sr);
-    } else if (idx < nq + nk) {
-        const int j = idx - nq, h = j / half_d, p = j - h * half_d;
-        rope_pair_f16(kc + (p_abs * Hkv + h) * D, ks + t * ldk + (long)h * D, p, half_r, neox,
-                      cr, sr);
-    } else {
-        const int j = idx - nq - nk;  // v: plain f32 -> f16 copy of element pair j
-        const float2 v = *reinterpret_cast<const float2*>(vs + t * ldv + 2 * j);
-        *reinterpret_cast<__half2*>(vc + p_abs * Hkv * D + 2 * j) = __floats2half2_rn(v.x, v.y);
-    }
-}
-
-// The same function, two pairs per thread: elements 4g .. 4g+3 of a head (non-neox: pairs 2g,
+// rope_qkv_f32_f16_v4, two pairs per thread: elements 4g .. 4g+3 of a head (non-neox: pairs 2g,
 // 2g + 1; neox: pairs 2g, 2g + 1 at (2g, 2g + 1) and (2g + half_r, 2g + 1 + half_r); past
 // rope_dim: elements 4g .. 4g+3 copied), 16-byte f32 loads (8-byte neox), 8-byte f16 stores,
 // bit-identical to the scalar kernel. The launcher picks it when D % 4 == rope_dim % 4 == 0 and
@@ -218,38 +189,64 @@ __device__ __forceinline__ void rope_quad_f16(__half* d, const float* s, int g, 
     }
 }
 
-extern "C" __global__ void rope_qkv_f32_f16_v4(__half* __restrict__ q16,
-                                               const float* __restrict__ qs, long ldq,
-                                               const float* __restrict__ ks, long ldk,
-                                               const float* __restrict__ vs, long ldv,
-                                               __half* __restrict__ kc, __half* __restrict__ vc,
-                                               int Hq, int Hkv, int D, int rope_dim, int neox,
-                                               const float* __restrict__ cos_t,
-                                               const float* __restrict__ sin_t,
-                                               const int* __restrict__ pos) {
+// Both entries: W elements (W / 2 pairs) per thread, W = 2 (rope_qkv_f32_f16) or 4 (_v4); the
+// two-entry body compiles to the PTX the two hand-written kernels had (session 10)
+template <int W>
+__device__ __forceinline__ void rope_qkv_body(__half* __restrict__ q16,
+                                              const float* __restrict__ qs, long ldq,
+                                              const float* __restrict__ ks, long ldk,
+                                              const float* __restrict__ vs, long ldv,
+                                              __half* __restrict__ kc, __half* __restrict__ vc,
+                                              int Hq, int Hkv, int D, int rope_dim, int neox,
+                                              const float* __restrict__ cos_t,
+                                              const float* __restrict__ sin_t,
+                                              const int* __restrict__ pos) {
     const int t = blockIdx.x;
-    const int quads = D >> 2, half_r = rope_dim >> 1;
-    const int nq = Hq * quads, nk = Hkv * quads;
+    const int groups = D >> (W == 2 ? 1 : 2), half_r = rope_dim >> 1;   // D / W
+    const int nq = Hq * groups, nk = Hkv * groups;
     const int idx = blockIdx.y * blockDim.x + threadIdx.x;  // (part, head, group) flattened
     if (idx >= nq + 2 * nk) return;
     const long p_abs = (long)pos[0] + t;
     const float* cr = cos_t + p_abs * half_r;
     const float* sr = sin_t + p_abs * half_r;
+    auto rope = [&](__half* d, const float* s, int g) {
+        if constexpr (W == 2) rope_pair_f16(d, s, g, half_r, neox, cr, sr);
+        else rope_quad_f16(d, s, g, half_r, neox, cr, sr);
+    };
     if (idx < nq) {
-        const int h = idx / quads, g = idx - h * quads;
-        rope_quad_f16(q16 + ((long)t * Hq + h) * D, qs + t * ldq + (long)h * D, g, half_r, neox,
-                      cr, sr);
+        const int h = idx / groups, g = idx - h * groups;
+        rope(q16 + ((long)t * Hq + h) * D, qs + t * ldq + (long)h * D, g);
     } else if (idx < nq + nk) {
-        const int j = idx - nq, h = j / quads, g = j - h * quads;
-        rope_quad_f16(kc + (p_abs * Hkv + h) * D, ks + t * ldk + (long)h * D, g, half_r, neox,
-                      cr, sr);
+        const int j = idx - nq, h = j / groups, g = j - h * groups;
+        rope(kc + (p_abs * Hkv + h) * D, ks + t * ldk + (long)h * D, g);
     } else {
-        const int j = idx - nq - nk;  // v: plain f32 -> f16 copy of elements 4j .. 4j+3
-        const float4 v = *reinterpret_cast<const float4*>(vs + t * ldv + 4 * j);
-        __half2 h[2] = {__floats2half2_rn(v.x, v.y), __floats2half2_rn(v.z, v.w)};
-        *reinterpret_cast<uint2*>(vc + p_abs * Hkv * D + 4 * j) = *reinterpret_cast<uint2*>(h);
+        const int j = idx - nq - nk;  // v: plain f32 -> f16 copy of elements W j .. W j + W - 1
+        if constexpr (W == 2) {
+            const float2 v = *reinterpret_cast<const float2*>(vs + t * ldv + 2 * j);
+            *reinterpret_cast<__half2*>(vc + p_abs * Hkv * D + 2 * j) = __floats2half2_rn(v.x, v.y);
+        } else {
+            const float4 v = *reinterpret_cast<const float4*>(vs + t * ldv + 4 * j);
+            __half2 h[2] = {__floats2half2_rn(v.x, v.y), __floats2half2_rn(v.z, v.w)};
+            *reinterpret_cast<uint2*>(vc + p_abs * Hkv * D + 4 * j) = *reinterpret_cast<uint2*>(h);
+        }
     }
 }
+
+#define ROPE_QKV_ARGS                                                                          \
+    __half *__restrict__ q16, const float *__restrict__ qs, long ldq,                          \
+        const float *__restrict__ ks, long ldk, const float *__restrict__ vs, long ldv,        \
+        __half *__restrict__ kc, __half *__restrict__ vc, int Hq, int Hkv, int D, int rope_dim, \
+        int neox, const float *__restrict__ cos_t, const float *__restrict__ sin_t,            \
+        const int *__restrict__ pos
+extern "C" __global__ void rope_qkv_f32_f16(ROPE_QKV_ARGS) {
+    rope_qkv_body<2>(q16, qs, ldq, ks, ldk, vs, ldv, kc, vc, Hq, Hkv, D, rope_dim, neox, cos_t,
+                     sin_t, pos);
+}
+extern "C" __global__ void rope_qkv_f32_f16_v4(ROPE_QKV_ARGS) {
+    rope_qkv_body<4>(q16, qs, ldq, ks, ldk, vs, ldv, kc, vc, Hq, Hkv, D, rope_dim, neox, cos_t,
+                     sin_t, pos);
+}
+#undef ROPE_QKV_ARGS
 
 // ---- swiglu: grid (ceil(F/256), T), block (256) ----------------------------------------------
 
