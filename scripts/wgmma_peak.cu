@@ -26,6 +26,31 @@ __device__ __forceinline__ void ig(int (&d)[64], uint64_t a, uint64_t b) {
 
 
 
+// the loops' shared pieces: the 1 KB-aligned tile base, chunk q's m64n128k32 of warpgroup wg
+// (A: its 64 rows, B: the 128 tokens; 4 k-steps cycled), the 64-FFMA fold of one chunk, and the
+// report (the block's clock span; a sink keeps every result alive)
+__device__ __forceinline__ uint32_t tile_base() {
+    return (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+}
+template <int ACC>
+__device__ __forceinline__ void chunk(int (&d)[64], uint32_t base, int wg, int q) {
+    ig<ACC>(d, wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32),
+            wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
+}
+__device__ __forceinline__ void fold64(float (&z)[64], const int (&d)[64], float m0, float m8) {
+#pragma unroll
+    for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m8 : m0, z[k]);
+}
+__device__ __forceinline__ void report(long long* cyc, int* sink, const float (&z)[64],
+                                       const int (&da)[64], const int (&db)[64], long long t0,
+                                       long long t1) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s += z[i] + (float)da[i] + (float)db[i];
+    if (s == 12345.f) sink[0] = 1;
+    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+}
+
 __device__ __forceinline__ void ig(int (&d)[128], uint64_t a, uint64_t b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n256k32.s32.u8.u8 "
@@ -37,7 +62,7 @@ __device__ __forceinline__ void ig(int (&d)[128], uint64_t a, uint64_t b) {
 // the bare stream: R accumulator registers (m64n{2R}k32), groups of 4 wgmmas, wait 1
 template <int R>
 __device__ __forceinline__ void peak(long long* cyc, int iters, int* sink) {
-    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const uint32_t base = tile_base();
     const int wg = threadIdx.x >> 7;
     int d[R];
 #pragma unroll
@@ -79,7 +104,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) wgmma_peak256(long long* cy
 // the tensor work when it does not depend on it?
 template <int MODE>
 __device__ __forceinline__ void fold_loop(long long* cyc, int iters, int* sink, float m0, float m8) {
-    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const uint32_t base = tile_base();
     const int wg = threadIdx.x >> 7;
     int da[64], db[64];
     float z[64];
@@ -90,10 +115,8 @@ __device__ __forceinline__ void fold_loop(long long* cyc, int iters, int* sink, 
     // (modes 1 and 3 accumulate, d += A B: with nothing reading a wgmma's result before the next
     // write, ptxas deletes the overwriting form)
     auto mma = [&](int (&d)[64], int q) {
-        const uint64_t a = wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32);
-        const uint64_t b = wgmma::sw128_desc(base + 16384 + (q & 3) * 32);
-        if (MODE == 0) ig<0>(d, a, b);
-        else if (MODE != 2) ig(d, a, b);
+        if (MODE == 0) chunk<0>(d, base, wg, q);
+        else if (MODE != 2) chunk<1>(d, base, wg, q);
     };
     auto fold = [&](int (&d)[64]) {
         wgmma::fence_regs(d);
@@ -122,25 +145,20 @@ __device__ __forceinline__ void fold_loop(long long* cyc, int iters, int* sink, 
         fold(db);
     }
     const long long t1 = clock64();
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s += z[i] + (float)da[i] + (float)db[i];
-    if (s == 12345.f) sink[0] = 1;
-    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+    report(cyc, sink, z, da, db, t0, t1);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_fold128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    fold_loop<0>(cyc, iters, sink, m0, m8);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_nofold128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    fold_loop<1>(cyc, iters, sink, m0, m8);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) ffma_fold128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    fold_loop<2>(cyc, iters, sink, m0, m8);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_indep128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    fold_loop<3>(cyc, iters, sink, m0, m8);
-}
+// a loop's entry: NAME(cyc, iters, sink, m0, m8) with THREADS threads, 1 block per SM
+#define LOOP_ENTRY(NAME, THREADS, LOOP)                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1)                                   \
+        NAME(long long* cyc, int iters, int* sink, float m0, float m8) {                       \
+        LOOP(cyc, iters, sink, m0, m8);                                                        \
+    }
+
+LOOP_ENTRY(wgmma_fold128, 256, fold_loop<0>)
+LOOP_ENTRY(wgmma_nofold128, 256, fold_loop<1>)
+LOOP_ENTRY(ffma_fold128, 256, fold_loop<2>)
+LOOP_ENTRY(wgmma_indep128, 256, fold_loop<3>)
 
 // Where does the FFMA stream collide with the tensor work? (session 10)
 // MODE 4 (384 threads): warpgroups 0, 1 issue only the wgmmas (mode 1's loop), warpgroup 2 only
@@ -152,7 +170,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) wgmma_indep128(long long* c
 // in step (no barriers).
 template <int MODE>
 __device__ __forceinline__ void turn_loop(long long* cyc, int iters, int* sink, float m0, float m8) {
-    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const uint32_t base = tile_base();
     const int wg = threadIdx.x >> 7;
     int da[64], db[64];
     float z[64];
@@ -160,14 +178,8 @@ __device__ __forceinline__ void turn_loop(long long* cyc, int iters, int* sink, 
     for (int i = 0; i < 64; ++i) { da[i] = i; db[i] = 2 * i; z[i] = 0.f; }
     fill_smem();
     __syncthreads();
-    auto mma0 = [&](int (&d)[64], int q) {
-        ig<0>(d, wgmma::sw128_desc(base + (wg & 1) * 8192 + (q & 3) * 32),
-              wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
-    };
-    auto fold = [&](const int (&d)[64]) {
-#pragma unroll
-        for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m8 : m0, z[k]);
-    };
+    auto mma0 = [&](int (&d)[64], int q) { chunk<0>(d, base, wg & 1, q); };
+    auto fold = [&](const int (&d)[64]) { fold64(z, d, m0, m8); };
     const long long t0 = clock64();
     if (MODE == 4) {
         if (wg < 2) {
@@ -175,8 +187,7 @@ __device__ __forceinline__ void turn_loop(long long* cyc, int iters, int* sink, 
                 wgmma::fence();
 #pragma unroll
                 for (int q = 0; q < 8; ++q) {
-                    ig(da, wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32),
-                       wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
+                    chunk<1>(da, base, wg, q);
                     wgmma::commit();
                     if (q) wgmma::wait<1>();
                 }
@@ -214,22 +225,12 @@ __device__ __forceinline__ void turn_loop(long long* cyc, int iters, int* sink, 
     }
     __syncthreads();
     const long long t1 = clock64();
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s += z[i] + (float)da[i] + (float)db[i];
-    if (s == 12345.f) sink[0] = 1;
-    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+    report(cyc, sink, z, da, db, t0, t1);
 }
 
-extern "C" __global__ void __launch_bounds__(384, 1) wgmma_thirdwg128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    turn_loop<4>(cyc, iters, sink, m0, m8);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_pingpong128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    turn_loop<5>(cyc, iters, sink, m0, m8);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_instep128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    turn_loop<6>(cyc, iters, sink, m0, m8);
-}
+LOOP_ENTRY(wgmma_thirdwg128, 384, turn_loop<4>)
+LOOP_ENTRY(wgmma_pingpong128, 256, turn_loop<5>)
+LOOP_ENTRY(wgmma_instep128, 256, turn_loop<6>)
 
 // The super-block edge (session 10): mode 0's loop with a 64-FFMA "rescale" per super-block (as
 // the kernel's z = z r + b). PIPE 0: the rescale before chunk 0 and wait 0 at the end of every
@@ -239,7 +240,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) wgmma_instep128(long long* 
 // iteration's end. iters counts super-blocks.
 template <int PIPE>
 __device__ __forceinline__ void edge_loop(long long* cyc, int iters, int* sink, float m0, float m8) {
-    const uint32_t base = (gemm_f16::smem_u32(sm) + 1023) & ~1023u;
+    const uint32_t base = tile_base();
     const int wg = threadIdx.x >> 7;
     int da[64], db[64];
     float z[64];
@@ -247,14 +248,10 @@ __device__ __forceinline__ void edge_loop(long long* cyc, int iters, int* sink, 
     for (int i = 0; i < 64; ++i) { da[i] = i; db[i] = 2 * i; z[i] = 0.f; }
     fill_smem();
     __syncthreads();
-    auto mma = [&](int (&d)[64], int q) {
-        ig<0>(d, wgmma::sw128_desc(base + wg * 8192 + (q & 3) * 32),
-              wgmma::sw128_desc(base + 16384 + (q & 3) * 32));
-    };
+    auto mma = [&](int (&d)[64], int q) { chunk<0>(d, base, wg, q); };
     auto fold = [&](int (&d)[64]) {
         wgmma::fence_regs(d);
-#pragma unroll
-        for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m8 : m0, z[k]);
+        fold64(z, d, m0, m8);
     };
     auto rescale = [&]() {
 #pragma unroll
@@ -292,16 +289,8 @@ __device__ __forceinline__ void edge_loop(long long* cyc, int iters, int* sink, 
         fold(db);
     }
     const long long t1 = clock64();
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s += z[i] + (float)da[i] + (float)db[i];
-    if (s == 12345.f) sink[0] = 1;
-    if (threadIdx.x == 0) cyc[blockIdx.x] = t1 - t0;
+    report(cyc, sink, z, da, db, t0, t1);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_edge128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    edge_loop<0>(cyc, iters, sink, m0, m8);
-}
-extern "C" __global__ void __launch_bounds__(256, 1) wgmma_edgepipe128(long long* cyc, int iters, int* sink, float m0, float m8) {
-    edge_loop<1>(cyc, iters, sink, m0, m8);
-}
+LOOP_ENTRY(wgmma_edge128, 256, edge_loop<0>)
+LOOP_ENTRY(wgmma_edgepipe128, 256, edge_loop<1>)
