@@ -41,6 +41,13 @@ __device__ __forceinline__ void fold64(float (&z)[64], const int (&d)[64], float
 #pragma unroll
     for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m8 : m0, z[k]);
 }
+// registers set (nonzero accumulators, z = 0) and the operands written before the clock starts
+__device__ __forceinline__ void start(int (&da)[64], int (&db)[64], float (&z)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) { da[i] = i; db[i] = 2 * i; z[i] = 0.f; }
+    fill_smem();
+    __syncthreads();
+}
 __device__ __forceinline__ void report(long long* cyc, int* sink, const float (&z)[64],
                                        const int (&da)[64], const int (&db)[64], long long t0,
                                        long long t1) {
@@ -174,10 +181,7 @@ __device__ __forceinline__ void turn_loop(long long* cyc, int iters, int* sink, 
     const int wg = threadIdx.x >> 7;
     int da[64], db[64];
     float z[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) { da[i] = i; db[i] = 2 * i; z[i] = 0.f; }
-    fill_smem();
-    __syncthreads();
+    start(da, db, z);
     auto mma0 = [&](int (&d)[64], int q) { chunk<0>(d, base, wg & 1, q); };
     auto fold = [&](const int (&d)[64]) { fold64(z, d, m0, m8); };
     const long long t0 = clock64();
@@ -244,10 +248,7 @@ __device__ __forceinline__ void edge_loop(long long* cyc, int iters, int* sink, 
     const int wg = threadIdx.x >> 7;
     int da[64], db[64];
     float z[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) { da[i] = i; db[i] = 2 * i; z[i] = 0.f; }
-    fill_smem();
-    __syncthreads();
+    start(da, db, z);
     auto mma = [&](int (&d)[64], int q) { chunk<0>(d, base, wg, q); };
     auto fold = [&](int (&d)[64]) {
         wgmma::fence_regs(d);
