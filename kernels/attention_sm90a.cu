@@ -58,7 +58,6 @@ static_assert(AttnWgSmem<128>::BYTES == 230456 && AttnWgSmem<64>::BYTES == 11576
 static_assert(ROWS * 128 % 1024 == 0 && KEYS * 128 % 1024 == 0, "panels keep 1 KB swizzle atoms");
 
 // byte offset of 16-byte chunk cc (of D / 8) of row r in a [rows x D] panelled tile
-template <int D>
 __device__ __forceinline__ uint32_t chunk_at(int rows, int r, int cc) {
     return (cc >> 3) * rows * 128 + r * 128 + (((cc & 7) ^ (r & 7)) << 4);
 }
@@ -73,7 +72,7 @@ __device__ __forceinline__ void load_kv(uint32_t dst, const __half* src, long ld
     constexpr int CH = D / 8, RSTEP = 128 / CH;
     static_assert(RSTEP % 8 == 0 && KEYS % RSTEP == 0, "whole swizzle periods per pass");
     const int r = p / CH, cc = p % CH;
-    uint32_t d = dst + chunk_at<D>(KEYS, r, cc);
+    uint32_t d = dst + chunk_at(KEYS, r, cc);
     const __half* sp = src + (long)r * ld + cc * 8;
     const long step = RSTEP * ld;
 #pragma unroll 4
@@ -82,9 +81,6 @@ __device__ __forceinline__ void load_kv(uint32_t dst, const __half* src, long ld
         cp_async16(d, ok ? sp : src, ok);
     }
 }
-
-// K-major operand of 128-byte rows (a panel), 8-row atoms 1 KB apart
-__device__ __forceinline__ uint64_t desc_k(uint32_t saddr) { return wgmma::sw128_desc(saddr); }
 
 // MN-major operand (V: keys x D, D contiguous): 64 D-columns per 128-byte row, the next 64 a
 // panel (LBO) further; 8 key rows per 1 KB atom, the next 8 keys SBO = 1 KB further
@@ -96,12 +92,14 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t saddr) {
     return d;
 }
 
-#define AW_F64(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+// the "+f" operands of f32 accumulator registers 0..31 (AW_FA) and 32..63 (AW_FB), and the
+// register lists of an m64n64 (AW_L32) and an m64n128 (AW_L64) accumulator
+#define AW_FA(d) "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
     "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),   \
     "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), \
     "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), \
     "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define AW_F64B(d) "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),         \
+#define AW_FB(d) "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),         \
     "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), \
     "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), \
     "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), \
@@ -118,7 +116,7 @@ __device__ __forceinline__ void wg_qk(float (&s)[64], uint64_t qd, uint64_t kd, 
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " AW_L64
                  ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : AW_F64(s), AW_F64B(s)
+                 : AW_FA(s), AW_FB(s)
                  : "l"(qd), "l"(kd), "r"(acc));
 }
 
@@ -126,13 +124,13 @@ __device__ __forceinline__ void wg_qk(float (&s)[64], uint64_t qd, uint64_t kd, 
 __device__ __forceinline__ void wg_pv(float (&o)[64], const uint32_t (&a)[4], uint64_t vd) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " AW_L64
                  ", {%64, %65, %66, %67}, %68, 1, 1, 1, 1;\n"
-                 : AW_F64(o), AW_F64B(o)
+                 : AW_FA(o), AW_FB(o)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd));
 }
 __device__ __forceinline__ void wg_pv(float (&o)[32], const uint32_t (&a)[4], uint64_t vd) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " AW_L32
                  ", {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
-                 : AW_F64(o)
+                 : AW_FA(o)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(vd));
 }
 
@@ -190,7 +188,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             const int i = c / CH, cc = c - i * CH, r = r0 + i;
             const bool ok = r < R;
             const int t = ok ? r / G : 0, gh = ok ? r - t * G : 0;
-            cp_async16(base + S::Q + chunk_at<D>(ROWS, i, cc),
+            cp_async16(base + S::Q + chunk_at(ROWS, i, cc),
                        q + (long)t * ldq + (long)(hk * G + gh) * D + cc * 8, ok);
         }
         cp_async_arrive(bars);
@@ -227,8 +225,8 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t off = (kk & 3) * 32;   // (k-steps 4.. in the next panel)
-            wg_qk(s, desc_k(qa + (kk >> 2) * ROWS * 128 + off),
-                  desc_k(sk + (kk >> 2) * KEYS * 128 + off), kk);
+            wg_qk(s, wgmma::sw128_desc(qa + (kk >> 2) * ROWS * 128 + off),
+                  wgmma::sw128_desc(sk + (kk >> 2) * KEYS * 128 + off), kk);
         }
     };
     // O += P V of a tile whose V is at sv: 8 k-steps of 16 keys, 2 KB (16 key rows) apart
