@@ -150,10 +150,6 @@ __device__ __forceinline__ void bar_sync(int id) {
 __device__ __forceinline__ void bar_arrive(int id) {
     asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
-// this thread's cp.asyncs so far arrive on `bar` when they complete (one of its count)
-__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
 
 template <int D>
 __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
@@ -191,14 +187,14 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             cp_async16(base + S::Q + chunk_at(ROWS, i, cc),
                        q + (long)t * ldq + (long)(hk * G + gh) * D + cc * 8, ok);
         }
-        cp_async_arrive(bars);
+        wgmma::cp_async_arrive(bars);
         for (int kt = 0; kt < n_tiles; ++kt) {
             const int s = kt % STAGES, k0 = kt * KEYS, nv = min(KEYS, n_keys - k0);
             wgmma::mbar_wait(bars + 8 * (1 + STAGES + s), ((kt / STAGES) & 1) ^ 1);   // free
             const uint32_t st = base + S::KV + s * 2 * S::TILE;
             load_kv<D>(st, kc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
             load_kv<D>(st + S::TILE, vc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
-            cp_async_arrive(bars + 8 * (1 + s));
+            wgmma::cp_async_arrive(bars + 8 * (1 + s));
         }
         gemm_f16::cp_async_wait<0>();   // (a thread's copies complete before it exits)
         return;

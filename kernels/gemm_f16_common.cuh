@@ -140,17 +140,23 @@ __device__ __forceinline__ void epilogue(void* C, int M, int N, int row0, int co
         }
 }
 
-// grouped block order: GROUP_M row-tiles share the B column tiles while they are in L2
+// grouped tile order: GROUP_M row-tiles share the B column tiles while they are in L2; tile
+// `pid` of the ceil(M / BM) x ceil(N / BN) grid starts at (m0, n0)
 template <int BM, int BN>
-__device__ __forceinline__ void block_origin(int M, int N, int& m0, int& n0) {
+__device__ __forceinline__ void tile_origin(int pid, int M, int N, int& m0, int& n0) {
     constexpr int GROUP_M = 8;
     const int npm = (M + BM - 1) / BM, npn = (N + BN - 1) / BN;
-    const int pid = blockIdx.x;
     const int in_group = GROUP_M * npn;
     const int first_m = (pid / in_group) * GROUP_M;
     const int gsz = min(npm - first_m, GROUP_M);
     m0 = (first_m + (pid % in_group) % gsz) * BM;
     n0 = ((pid % in_group) / gsz) * BN;
+}
+
+// one block per tile, in the grouped order
+template <int BM, int BN>
+__device__ __forceinline__ void block_origin(int M, int N, int& m0, int& n0) {
+    tile_origin<BM, BN>(blockIdx.x, M, N, m0, n0);
 }
 
 }  // namespace gemm_f16

@@ -11,6 +11,10 @@
 //   aligned stage tiles); the wgmma of k-tile kt overlaps the loads of k-tile kt+stages-1 and
 //   the issue of kt+1 (wait_group 1). 1-D grid of ceil(M/BM)*ceil(N/BN) blocks, BM*2 threads,
 //   stages*(BM+BN)*128 + 1024 bytes of dynamic shared memory (+1024: manual 1 KB alignment).
+// wgmma_f16_tma_128x<BN>x64_s<stages>: the same wgmma tiles fed by TMA (tensor maps made on the
+//   host, minfer/cuda/tma.py) in a warp-specialized persistent block: a producer warpgroup, two
+//   consumer warpgroups of 64 rows, a `stages`-deep ring on mbarriers, at most one block per SM
+//   walking the tiles (section "TMA" below). The launcher's pick on sm_90 for M > 64.
 #include "gemm_f16_common.cuh"
 #include "wgmma_common.cuh"
 
@@ -154,6 +158,114 @@ __device__ __forceinline__ void wgmma_body(const half* __restrict__ A, const hal
     else epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
 }
 
+// ---- TMA, warp-specialized, persistent: wgmma_f16_tma_128x<BN>x64_s<ST> ----------------------
+// 384 threads: one thread of warpgroup 0 issues each stage's two TMA boxes (A: 128 rows, B: BN
+// rows, 64 halves each, written by the copy engine in the 128-byte swizzle, zeros past the
+// tensor's edges) on the stage's `full` mbarrier, which counts their bytes; warpgroups 1, 2 own
+// 64 rows each of the 128 x BN tile and release a stage on its `empty` mbarrier once their
+// wgmmas have read it. The grid is at most one block per SM; block b takes tiles b, b + grid,
+// ... in the grouped order, and the ring runs on across tiles, so the next tile's stages land
+// while the consumers store this one.
+constexpr int WS_THREADS = 384, WS_PRODUCER_REGS = 40, WS_CONSUMER_REGS = 232;
+// setmaxnreg moves registers within the launch allocation (168 per thread at 384 threads)
+static_assert(128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * 168, "registers");
+
+template <int BN, int STAGES>
+struct TmaSmem {
+    static constexpr int A_BYTES = 128 * 128;                   // [128 rows x 64 halves], SW128
+    static constexpr int STAGE = A_BYTES + BN * 128;             // then B [BN rows x 64 halves]
+    static constexpr int BARS = STAGES * STAGE;                  // full[STAGES], empty[STAGES]
+    static constexpr int BYTES = BARS + 16 * STAGES + 1024;      // + 1 KB manual alignment
+    static_assert(STAGE % 1024 == 0, "stages keep 1 KB swizzle atoms");
+    static_assert(BYTES <= 227 * 1024, "within the opt-in shared memory");
+};
+static_assert(TmaSmem<256, 4>::BYTES == 197696 && TmaSmem<128, 6>::BYTES == 197728,
+              "minfer/cuda/gemm.py TmaTile.smem (tests/test_gemm_f16_cpu.py)");
+
+// A TMA tensor map (CUtensorMap's size and alignment), made on the host by minfer/cuda/tma.py
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
+
+// box {64 halves, rows} at (k0, row0) of a 2-D f16 tensor map -> shared memory in the map's
+// swizzle, rows and columns past the tensor zero-filled; completes as transactions on `bar`
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TensorMap* map, int k0, int row0,
+                                            uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)),
+        "r"(k0), "r"(row0), "r"(bar) : "memory");
+}
+
+template <int BN, int STAGES>
+__device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* tb,
+                                         void* __restrict__ C, int M, int N, int K, int mode) {
+    using S = TmaSmem<BN, STAGES>;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
+    const uint32_t full = base + S::BARS, empty = full + 8 * STAGES;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            wgmma::mbar_init(full + 8 * s, 1);      // the producer's arrive (+ the boxes' bytes)
+            wgmma::mbar_init(empty + 8 * s, 256);   // the consumers' threads
+        }
+    }
+    __syncthreads();
+    const int ntiles = ((M + 127) / 128) * ((N + BN - 1) / BN), KT = (K + 63) / 64;
+
+    if (threadIdx.x < 128) {   // the producer warpgroup: one thread issues, the rest leave
+        wgmma::setmaxnreg_dec<WS_PRODUCER_REGS>();
+        if (threadIdx.x != 0) return;
+        int it = 0;   // k-tiles issued by this block (the ring position)
+        for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+            int m0, n0;
+            tile_origin<128, BN>(tile, M, N, m0, n0);
+            for (int kt = 0; kt < KT; ++kt, ++it) {
+                const int s = it % STAGES;
+                wgmma::mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);   // slot free
+                wgmma::mbar_expect_tx(full + 8 * s, S::STAGE);
+                tma_load_2d(base + s * S::STAGE, ta, kt * 64, m0, full + 8 * s);
+                tma_load_2d(base + s * S::STAGE + S::A_BYTES, tb, kt * 64, n0, full + 8 * s);
+            }
+        }
+        return;
+    }
+    wgmma::setmaxnreg_inc<WS_CONSUMER_REGS>();
+    const int cw = (threadIdx.x >> 7) - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    float acc[1][BN / 8][4];
+    float(&d)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]);
+    int it = 0;
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        int m0, n0;
+        tile_origin<128, BN>(tile, M, N, m0, n0);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
+        for (int kt = 0; kt < KT; ++kt, ++it) {
+            const int s = it % STAGES;
+            wgmma::mbar_wait(full + 8 * s, (it / STAGES) & 1);   // (TMA writes: async proxy)
+            const uint32_t As = base + s * S::STAGE + cw * 64 * 128, Bs = base + s * S::STAGE +
+                                                                          S::A_BYTES;
+            fence_regs(d);
+            wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                wgmma_tile<BN>(d, sw128_desc(As + kk * 32), sw128_desc(Bs + kk * 32));
+            wgmma::commit();
+            wgmma::wait<1>();   // k-tile kt - 1's wgmmas are done: release its stage
+            fence_regs(d);
+            if (kt > 0) wgmma::mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+        }
+        wgmma::wait<0>();
+        fence_regs(d);
+        wgmma::mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+        const int row0 = m0 + cw * 64 + warp * 16;
+        if (mode == 0) epilogue<0, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
+        else if (mode == 1) epilogue<1, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
+        else epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
+    }
+}
+
 }  // namespace
 
 // ---- entries (names parsed by the launcher's geometry test: keep one per line) -----------
@@ -172,3 +284,22 @@ WGMMA_ENTRY(128, 128, 3, 2)
 WGMMA_ENTRY(64, 128, 4, 2)
 WGMMA_ENTRY(64, 64, 4, 3)
 WGMMA_ENTRY(64, 32, 4, 4)
+
+// The operands come as tensor maps (A: box 64 x 128, B: box 64 x BN), by value. The maps are
+// 64-byte aligned parameters; on sm_90 the parameter block starts at constant offset 0x210, so
+// the first map sits 48 bytes into it, and pycuda's packed argument buffer must carry that hole (minfer/cuda/gemm.py TMA_PARAM_PAD). `magic` (TMA_MAGIC) is read from
+// where the layout puts it: a launch whose buffer does not match traps instead of reading M,
+// N, K from the wrong bytes.
+#define TMA_MAGIC 0x544d4131
+#define TMA_ENTRY(BN, ST)                                                                        \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                 \
+        wgmma_f16_tma_128x##BN##x64_s##ST(const __grid_constant__ TensorMap ta,                 \
+                                          const __grid_constant__ TensorMap tb,                 \
+                                          void* __restrict__ C, int M, int N, int K, int mode,  \
+                                          int magic) {                                          \
+        if (magic != TMA_MAGIC) __trap();                                                       \
+        tma_body<BN, ST>(&ta, &tb, C, M, N, K, mode);                                            \
+    }
+
+TMA_ENTRY(256, 4)
+TMA_ENTRY(128, 6)

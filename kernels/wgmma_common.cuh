@@ -131,6 +131,10 @@ __device__ __forceinline__ void mbar_complete_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
                  : "memory");
 }
+// this thread's cp.asyncs so far arrive on `bar` when they complete (one of its count: .noinc)
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 // bulk copy (the TMA engine, no tensor map) of `bytes` contiguous global bytes to shared
 // memory (both 16-byte aligned, bytes % 16 == 0), completing as transactions on `bar`
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from minfer.cuda.build import KERNEL_DIR, compile_cubin, parse_ptxas
-from minfer.cuda.gemm import (GEMVS, TILES, VARIANTS, WGMMA, _check_out, _check_shapes,
-                              gemm_f16_nt_ref, pick_variant)
+from minfer.cuda.gemm import (GEMVS, TILES, TMA, TMA_MAGIC, TMA_PARAM_PAD, VARIANTS, WGMMA,
+                              _check_out, _check_shapes, gemm_f16_nt_ref, pick_variant)
 from minfer.errors import BadInput
 
 H200_SMEM_OPTIN = 232448
@@ -58,8 +58,37 @@ def test_pick_variant():
         for N in (8, 200, 1024, 4096, 14336):
             v = pick_variant(M, N, 4096, 132, "sm_80")
             assert v in TILES, (M, N, v)  # no wgmma off Hopper
-            assert pick_variant(M, N, 4096, 132, "sm_90") in {**TILES, **WGMMA}
-    assert pick_variant(2048, 14336, 4096, 132, "sm_90") in WGMMA
+            assert pick_variant(M, N, 4096, 132, "sm_90") in {**TILES, **WGMMA, **TMA}
+    assert pick_variant(2048, 14336, 4096, 132, "sm_90") in TMA
+
+
+def test_pick_tma_follows_the_wave_fill():
+    # the 8B shapes as measured on the H200 (docs/perf.md, session 11): M = 512 takes the
+    # narrow tile where the wide one leaves SMs idle (o, down: 64 wide tiles; gate|up: 85% of
+    # 4 waves), the wide one for qkv (96 wide tiles, as busy as 192 narrow ones) and at M = 2048
+    pick = {(M, N): pick_variant(M, N, 4096, 132, "sm_90").replace("wgmma_f16_tma_", "")
+            for M in (512, 2048) for N in (4096, 6144, 28672)}
+    assert pick == {(512, 4096): "128x128x64_s6", (512, 6144): "128x256x64_s4",
+                    (512, 28672): "128x128x64_s6", (2048, 4096): "128x256x64_s4",
+                    (2048, 6144): "128x256x64_s4", (2048, 28672): "128x256x64_s4"}
+    # too few tiles for either: the cp.async wgmma tiles (more, smaller blocks)
+    assert pick_variant(128, 4096, 4096, 132, "sm_90") in WGMMA
+    assert pick_variant(512, 4096, 4096, 132, "sm_80") in TILES    # never off Hopper
+
+
+def test_tma_magic_and_param_pad_match_the_kernel():
+    src90 = (KERNEL_DIR / "gemm_f16_sm90a.cu").read_text()
+    magic = re.search(r"#define TMA_MAGIC (0x[0-9a-fA-F]+)", src90)
+    assert magic and int(magic.group(1), 16) == TMA_MAGIC
+    assert "0x210" in src90 and TMA_PARAM_PAD.size == 48 and not TMA_PARAM_PAD.any()
+
+
+def test_tma_map_rejects_bad_tensors_before_the_driver():
+    from minfer.cuda.tma import tmap_f16_2d
+    from minfer.errors import GPUError
+    for ptr, rows, cols, box in ((8, 16, 64, 128), (256, 16, 60, 128), (256, 16, 64, 512)):
+        with pytest.raises(GPUError, match="TMA tensor map: bad"):
+            tmap_f16_2d(ptr, rows, cols, box)
     assert TILES[pick_variant(2048, 14336, 4096, 132, "sm_80")].bm == 128
 
 
@@ -74,7 +103,15 @@ def test_table_mirrors_kernel_entries():
     wg = {f"wgmma_f16_nt_{bm}x{bn}x64_s{st}" for bm, bn, st in
           re.findall(r"^WGMMA_ENTRY\((\d+), (\d+), (\d+), \d+\)", src90, re.M)}
     assert wg == set(WGMMA)
-    for t in WGMMA.values():
+    tma = {f"wgmma_f16_tma_128x{bn}x64_s{st}" for bn, st in
+           re.findall(r"^TMA_ENTRY\((\d+), (\d+)\)", src90, re.M)}
+    assert tma == set(TMA)
+    # TmaTile.smem mirrors TmaSmem<BN, STAGES>::BYTES, which the .cu pins by static_assert
+    pinned = re.search(r"TmaSmem<256, 4>::BYTES == (\d+) && TmaSmem<128, 6>::BYTES == (\d+)", src90)
+    assert pinned and (TMA["wgmma_f16_tma_128x256x64_s4"].smem,
+                       TMA["wgmma_f16_tma_128x128x64_s6"].smem) == (int(pinned.group(1)),
+                                                                   int(pinned.group(2)))
+    for t in (*WGMMA.values(), *TMA.values()):
         assert t.smem <= H200_SMEM_OPTIN, t.entry
     for t in TILES.values():
         assert t.smem <= H200_SMEM_OPTIN, t.entry
@@ -88,7 +125,7 @@ def test_ptxas_no_spills_sm90():
     assert set(res) == set(TILES) | set(GEMVS)
     _, rep90 = compile_cubin("gemm_f16_sm90a", "sm_90", ("-arch=sm_90a",), report=True)
     res90 = parse_ptxas(rep90)
-    assert set(res90) == set(WGMMA)
+    assert set(res90) == set(WGMMA) | set(TMA)
     assert "serialized" not in rep90  # ptxas would say if it had to serialize the wgmma
     res.update(res90)
     assert set(res) == set(VARIANTS)

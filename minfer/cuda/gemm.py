@@ -23,9 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.cuda import devarray as da
+from minfer.cuda.tma import tmap_f16_2d
 from minfer.errors import BadInput
 
 MODE_F32, MODE_F16, MODE_ACC = 0, 1, 2
+# wgmma_f16_tma_*: the sm_90 parameter block starts at constant offset 0x210, so the first
+# 64-byte aligned tensor map sits 48 bytes in; pycuda packs arguments from byte 0, so 48 bytes
+# of padding go first. TMA_MAGIC (the last argument) traps a launch whose layout does not match.
+TMA_PARAM_PAD = np.zeros((-0x210) % 64, np.uint8)
+TMA_MAGIC = 0x544D4131
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,36 @@ class WgmmaTile:
         return -(-M // self.bm) * -(-N // self.bn)
 
 
+@dataclass(frozen=True)
+class TmaTile:
+    """One TMA entry of gemm_f16_sm90a.cu (wgmma_f16_tma_*, sm_90 only): warp-specialized and
+    persistent, a producer warpgroup issuing TMA boxes from tensor maps and two consumer
+    warpgroups of 64 rows; at most one block per SM, each walking the 128 x bn tiles in a stride
+    of the grid."""
+
+    bn: int
+    stages: int
+    bm = 128
+    bk = 64
+    threads = 384
+    file = "gemm_f16_sm90a"
+    options = ("-arch=sm_90a",)
+
+    @property
+    def entry(self) -> str:
+        return f"wgmma_f16_tma_128x{self.bn}x64_s{self.stages}"
+
+    @property
+    def smem(self) -> int:  # stages of [128 + bn, 64] f16, 2 mbarriers a stage, 1 KB alignment
+        return self.stages * (128 + self.bn) * 128 + 16 * self.stages + 1024
+
+    def tiles(self, M: int, N: int) -> int:
+        return -(-M // 128) * -(-N // self.bn)
+
+    def grid(self, M: int, N: int, sm_count: int = 132) -> int:
+        return min(self.tiles(M, N), sm_count)
+
+
 # Every compiled variant, by entry name (constant table: the .cu's entry list, pinned by a test).
 TILES = {t.entry: t for t in (
     Tile(128, 256, 32, 2, 4, 4), Tile(128, 256, 64, 2, 4, 3),
@@ -117,7 +153,8 @@ WGMMA = {t.entry: t for t in (
     WgmmaTile(128, 256, 4), WgmmaTile(128, 256, 3), WgmmaTile(128, 128, 4),
     WgmmaTile(128, 128, 3), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4), WgmmaTile(64, 32, 4),
 )}
-VARIANTS = {**TILES, **GEMVS, **WGMMA}
+TMA = {t.entry: t for t in (TmaTile(256, 4), TmaTile(128, 6))}
+VARIANTS = {**TILES, **GEMVS, **WGMMA, **TMA}
 
 
 def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90") -> str:
@@ -125,9 +162,11 @@ def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90
 
     Measured on the H200 (docs/perf.md): M == 1: GEMV, 4 rows per warp only when N gives
     enough warps. M <= 64: the 32x64 mma.sync tile (B-bandwidth bound; beats wgmma there).
-    Otherwise the largest tile whose grid still covers ~3/4 of the SMs (a 128x128 tile at 128
-    blocks beats 64x128 at 256; at 32 blocks it loses 2x to 64x64). sm_90 gets the wgmma
-    kernels (1.3-1.6x the mma.sync ones), other archs the mma.sync tiles.
+    sm_90: the TMA kernels (1.03-1.48x the cp.async wgmma ones at the 8B shapes) when their
+    128 x 128 tiles fill ~3/4 of the SMs (_pick_tma), else the cp.async wgmma tiles (1.3-1.6x
+    the mma.sync ones). Those and other archs' mma.sync tiles: the largest tile whose grid
+    still covers ~3/4 of the SMs (a 128x128 tile at 128 blocks beats 64x128 at 256; at 32
+    blocks it loses 2x to 64x64).
     """
     if M == 1:
         return "gemv_f16_r4" if N >= 64 * sm_count else "gemv_f16_r1"
@@ -135,6 +174,9 @@ def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90
         return "gemm_f16_nt_32x64x64_w1x4_s4"
     fill = 0.75 * sm_count
     if arch == "sm_90":
+        tma = _pick_tma(M, N, sm_count)
+        if tma is not None:
+            return tma
         for entry in ("wgmma_f16_nt_128x256x64_s3", "wgmma_f16_nt_128x128x64_s4",
                       "wgmma_f16_nt_64x128x64_s4"):
             if WGMMA[entry].grid(M, N) >= fill:
@@ -144,6 +186,24 @@ def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90
         if TILES[entry].grid(M, N) >= fill:
             return entry
     return "gemm_f16_nt_64x64x64_w2x2_s4"
+
+
+def _wave_fill(tiles: int, sm_count: int) -> float:
+    """The busy fraction of a persistent grid's SMs over its waves of tiles."""
+    return tiles / (-(-tiles // sm_count) * sm_count)
+
+
+def _pick_tma(M: int, N: int, sm_count: int) -> str | None:
+    """The TMA tile for an sm_90 problem, or None when 128 x 128 tiles would not fill ~3/4 of
+    the SMs. 128 x 256 tiles run ~5% faster per tile than 128 x 128 (docs/perf.md, session 11),
+    so the wider tile is taken unless the narrower one fills the waves that much better (M = 512:
+    gate|up's 448 wide tiles fill 85% of 4 waves, its 896 narrow ones 97% of 7)."""
+    wide, narrow = TMA["wgmma_f16_tma_128x256x64_s4"], TMA["wgmma_f16_tma_128x128x64_s6"]
+    if narrow.tiles(M, N) < 0.75 * sm_count:
+        return None
+    if _wave_fill(wide.tiles(M, N), sm_count) >= 0.95 * _wave_fill(narrow.tiles(M, N), sm_count):
+        return wide.entry
+    return narrow.entry
 
 
 # ---- numpy twin -------------------------------------------------------------------------------
@@ -219,7 +279,7 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         raise BadInput(f"gemm_f16_nt: unknown variant {v!r}; known: {', '.join(VARIANTS)}")
     if isinstance(kern, Gemv) and M != 1:
         raise BadInput(f"gemm_f16_nt: variant {v} handles M == 1 only (M={M})")
-    if isinstance(kern, WgmmaTile) and rt.arch != "sm_90":
+    if isinstance(kern, (WgmmaTile, TmaTile)) and rt.arch != "sm_90":
         raise BadInput(f"gemm_f16_nt: variant {v} needs an sm_90 GPU (this one is {rt.arch})")
     if accumulate is not None:
         if out is not None:
@@ -236,7 +296,12 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
     i32 = np.int32
     if isinstance(kern, Gemv):
         args = (da.arg(a), da.arg(b), da.arg(c), i32(N), i32(K), i32(mode))
+    elif isinstance(kern, TmaTile):   # the operands as tensor maps, by value
+        args = (TMA_PARAM_PAD, tmap_f16_2d(da.ptr(a), M, K, 128),
+                tmap_f16_2d(da.ptr(b), N, K, kern.bn), da.arg(c), i32(M), i32(N), i32(K),
+                i32(mode), i32(TMA_MAGIC))
     else:
         args = (da.arg(a), da.arg(b), da.arg(c), i32(M), i32(N), i32(K), i32(mode))
-    rt.launch(fn, (kern.grid(M, N),), (kern.threads,), args, smem=kern.smem, stream=stream)
+    grid = kern.grid(M, N, rt.sm_count) if isinstance(kern, TmaTile) else kern.grid(M, N)
+    rt.launch(fn, (grid,), (kern.threads,), args, smem=kern.smem, stream=stream)
     return c

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minfer.cuda import devarray as da
-from minfer.cuda.gemm import GEMVS, TILES, WGMMA, gemm_f16_nt, gemm_f16_nt_ref, pick_variant
+from minfer.cuda.gemm import GEMVS, TILES, WGMMA, TMA, gemm_f16_nt, gemm_f16_nt_ref, pick_variant
 from minfer.errors import BadInput, GPUError
 
 from gpu_helpers import rel_err as _rel
@@ -54,10 +54,10 @@ def test_ragged_default_pick(rt, M, N, mode):
     assert _rel(out, ref) <= 1e-3
 
 
-@pytest.mark.parametrize("variant", sorted(TILES) + sorted(WGMMA))
+@pytest.mark.parametrize("variant", sorted(TILES) + sorted(WGMMA) + sorted(TMA))
 @pytest.mark.parametrize("mode", ["f32", "f16", "acc"])
 def test_every_tile_variant(rt, variant, mode):
-    if variant in WGMMA and rt.arch != "sm_90":
+    if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":
         pytest.skip("wgmma kernels need sm_90")
     # ragged in all three dims for every tile size; K = 8 * odd exercises the 8-wide K tail
     for M, N, K in ((133, 261, 328), (17, 9, 24), (300, 130, 1000), (64, 256, 64)):
@@ -77,6 +77,21 @@ def test_every_gemv_variant(rt, variant, mode):
         assert err <= 1e-3, f"{variant} N={N} K={K} {mode}: rel err {err:.2e}"
 
 
+@pytest.mark.parametrize("variant", sorted(TMA))
+def test_persistent_blocks_walk_several_tiles(rt, variant):
+    # more tiles than SMs: each block runs several tiles and the stage ring wraps across them
+    # (ragged in M, N and K; K = 8 * odd; K = 24: a single partial k-tile per tile)
+    if rt.arch != "sm_90":
+        pytest.skip("wgmma kernels need sm_90")
+    for M, N, K, mode in ((1000, 4400, 200, "f16"), (1100, 4000, 24, "acc"),
+                          (300, 12000, 1032, "f32")):
+        assert TMA[variant].tiles(M, N) > rt.sm_count
+        out, ref, tail_ok = _run(rt, M, N, K, mode, variant=variant)
+        assert tail_ok, f"{variant} {M}x{N}x{K}: wrote past the end of C"
+        err = _rel(out, ref)
+        assert err <= 1e-3, f"{variant} {M}x{N}x{K} {mode}: rel err {err:.2e}"
+
+
 def test_odd_n_scalar_epilogue(rt):
     for mode in ("f32", "f16", "acc"):
         out, ref, tail_ok = _run(rt, 65, 201, 64, mode, variant="gemm_f16_nt_64x64x64_w2x2_s4")
@@ -86,7 +101,7 @@ def test_odd_n_scalar_epilogue(rt):
 def test_large_k_production_pick(rt):
     # a long reduction (ffn_down-like K) at the production pick: accumulation stays f32
     M, N, K = 256, 384, 14336
-    assert pick_variant(M, N, K, rt.sm_count, rt.arch) in {**TILES, **WGMMA}
+    assert pick_variant(M, N, K, rt.sm_count, rt.arch) in {**TILES, **WGMMA, **TMA}
     out, ref, tail_ok = _run(rt, M, N, K, "acc")
     assert tail_ok and _rel(out, ref) <= 1e-3
 
