@@ -3,6 +3,8 @@
 //
 // Epilogue `mode` (passed by the launcher, uniform per launch):
 //   0: C (f32) = acc          1: C (f16) = acc (round to nearest)     2: C (f32) += acc
+//   3: C (f16) [M, N/2] = silu(gate) * up, B a gate|up weight interleaved per 16 rows (glu;
+//      tile kernels only: gemm_f16_common.cuh epilogue_glu)
 //
 // Variants (the launcher, minfer/cuda/gemm.py, picks one; kernels never choose):
 //   gemm_f16_nt_<BM>x<BN>x<BK>_w<warps>_s<stages>: tensor-core tile kernel.
@@ -122,7 +124,8 @@ __device__ __forceinline__ void gemm_body(const half* __restrict__ A, const half
     const int row0 = m0 + wm * Cfg::WM, col0 = n0 + wn * Cfg::WN;
     if (mode == 0) epilogue<0, MI, NI>(C, M, N, row0, col0, acc, lane);
     else if (mode == 1) epilogue<1, MI, NI>(C, M, N, row0, col0, acc, lane);
-    else epilogue<2, MI, NI>(C, M, N, row0, col0, acc, lane);
+    else if (mode == 2) epilogue<2, MI, NI>(C, M, N, row0, col0, acc, lane);
+    else epilogue<3, MI, NI>(C, M, N, row0, col0, acc, lane);   // glu
 }
 
 // ---- GEMV (M == 1) ------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 // gemm_f16_common.cuh: helpers shared by gemm_f16.cu (mma.sync) and gemm_f16_sm90a.cu (wgmma):
 // cp.async, ldmatrix, mma.sync m16n8k16, the XOR smem swizzle, grouped block order, and the
-// epilogue (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc) over m16n8 accumulator
-// fragments acc[MI][NI][4] (rows row0 + mi*16 + lane/4 (+8), cols col0 + ni*8 + 2*(lane%4)).
+// epilogue (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc, 3: C f16 [M, N/2] =
+// swiglu of B rows interleaved per 16) over m16n8 accumulator fragments acc[MI][NI][4] (rows
+// row0 + mi*16 + lane/4 (+8), cols col0 + ni*8 + 2*(lane%4)).
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include "swiglu.cuh"   // swiglu1: the swiglu layer's rounding
 
 static_assert(sizeof(half) == 2, "f16 is 2 bytes");
 static_assert(sizeof(uint4) == 16, "16-byte chunks");
@@ -94,9 +97,39 @@ __device__ __forceinline__ void store2(void* C, int N, int row, int col, float v
     }
 }
 
+// Mode 3 (glu): B is a gate|up weight [N = 2F, K] with its rows interleaved per 16 (8 gate rows,
+// then the same 8 features' up rows: minfer.quants.mmq_sb_ref.glu_rows), so fragment ni (even)
+// holds gate and ni + 1 up of features (col0 + ni*8)/2 + 2*(lane%4) (+1), col0 % 16 == 0 and
+// N % 16 == 0 (the launcher checks). C f16 [M, F] = silu(gate) * up, rounded as the swiglu layer.
+template <int MI, int NI>
+__device__ __forceinline__ void epilogue_glu(half* C, int M, int N, int row0, int col0,
+                                             const float (&acc)[MI][NI][4], int lane) {
+    static_assert(NI % 2 == 0, "gate and up fragments in pairs");
+    const int g = lane >> 2, t = lane & 3, F = N / 2;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + mi * 16 + h * 8 + g;
+            if (row >= M) continue;
+#pragma unroll
+            for (int ni = 0; ni < NI; ni += 2) {
+                const int col = col0 + ni * 8;
+                if (col >= N) continue;
+                *reinterpret_cast<half2*>(C + static_cast<size_t>(row) * F + col / 2 + 2 * t) =
+                    __floats2half2_rn(swiglu1(acc[mi][ni][2 * h], acc[mi][ni + 1][2 * h]),
+                                      swiglu1(acc[mi][ni][2 * h + 1], acc[mi][ni + 1][2 * h + 1]));
+            }
+        }
+}
+
 template <int MODE, int MI, int NI>
 __device__ __forceinline__ void epilogue(void* C, int M, int N, int row0, int col0,
                                          float (&acc)[MI][NI][4], int lane) {
+    if (MODE == 3) {
+        epilogue_glu<MI, NI>(static_cast<half*>(C), M, N, row0, col0, acc, lane);
+        return;
+    }
     const bool vec = (N & 1) == 0;
     const int g = lane >> 2, t = lane & 3;
     if (MODE == 2) {

@@ -155,7 +155,8 @@ __device__ __forceinline__ void wgmma_body(const half* __restrict__ A, const hal
     const int row0 = m0 + wg * 64 + (warp & 3) * 16;
     if (mode == 0) epilogue<0, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
     else if (mode == 1) epilogue<1, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
-    else epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
+    else if (mode == 2) epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
+    else epilogue<3, 1, BN / 8>(C, M, N, row0, n0, acc, lane);   // glu
 }
 
 // ---- TMA, warp-specialized, persistent: wgmma_f16_tma_128x<BN>x64_s<ST> ----------------------
@@ -262,7 +263,8 @@ __device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* t
         const int row0 = m0 + cw * 64 + warp * 16;
         if (mode == 0) epilogue<0, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
         else if (mode == 1) epilogue<1, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
-        else epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
+        else if (mode == 2) epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
+        else epilogue<3, 1, BN / 8>(C, M, N, row0, n0, acc, lane);   // glu
     }
 }
 

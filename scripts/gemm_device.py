@@ -1,7 +1,9 @@
 """f16 GEMM A/B on the device without torch: the engine's Llama-3-8B GEMMs (fused qkv and
 gate|up with f32 out, attn_output and ffn_down accumulating into f32) at M = 512 and 2048, each
 variant cross-checked against the current pick's output, then timed interleaved (median of 7
-event-timed batches queued behind a spin kernel). Prints a table last.
+event-timed batches queued behind a spin kernel); gate|up also as the engine runs it, the glu
+epilogue against f32 out + the swiglu launch (random weights: the interleave does not change
+the timing). Prints a table last.
 
 python3 scripts/gemm_device.py [VARIANT ...]   (default: the pick and every wgmma_f16_tma_* entry)
 """
@@ -62,6 +64,26 @@ def main() -> int:
                 us, spread = res[v]
                 rows.append((M, lab, mode, v.replace("wgmma_f16_", ""), us, 100 * spread,
                              flop / us / 1e6, base / us))
+            if lab == "gate_up":   # the glu epilogue against f32 out + the swiglu launch
+                from minfer.cuda.layers import swiglu_fused
+
+                Y = da.empty(rt, (M, N // 2), np.float16)
+
+                def glu(i):
+                    gemm_f16_nt(A, Bs[i % nsets], np.float16, out=Y, rt=rt, glu=True)
+
+                def plain(i):
+                    gemm_f16_nt(A, Bs[i % nsets], np.float32, out=C, rt=rt)
+                    swiglu_fused(rt, Y, C)
+
+                res = interleaved(rt, [("f32 + swiglu", plain), ("glu epilogue", glu)],
+                                  rounds=7, batch=10)
+                base = res["f32 + swiglu"][0]
+                for name in ("f32 + swiglu", "glu epilogue"):
+                    us, spread = res[name]
+                    rows.append((M, lab, "f16 out", name, us, 100 * spread, flop / us / 1e6,
+                                 base / us))
+                del Y
             del A, Bs, C
     print_table(["M:", "gemm", "mode", "variant", "µs:", "p90-p10 %:", "TFLOP/s:", "vs pick:"],
                 rows, ["d", "", "", "", ".1f", ".1f", ".0f", ".3f"])

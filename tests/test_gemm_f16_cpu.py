@@ -132,3 +132,21 @@ def test_ptxas_no_spills_sm90():
     for name, r in res.items():
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack == 0, r
         assert r.registers <= 255, r
+
+
+def test_glu_twin_is_swiglu_of_the_deinterleaved_product():
+    from minfer.cuda.gemm import glu_rows
+    from minfer.reference.ops import swiglu
+
+    rng = np.random.default_rng(7)
+    M, F, K = 5, 24, 40
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    w = (rng.standard_normal((2 * F, K)) * 0.3).astype(np.float16)   # [gate; up]
+    c = a.astype(np.float32) @ w.astype(np.float32).T
+    want = swiglu(c[:, :F], c[:, F:]).astype(np.float16)
+    got = gemm_f16_nt_ref(a, w[glu_rows(F)], np.float16, glu=True)
+    assert got.shape == (M, F) and np.array_equal(got, want)
+    with pytest.raises(BadInput, match="N % 16"):
+        gemm_f16_nt_ref(a, w[:40], np.float16, glu=True)
+    with pytest.raises(BadInput, match="glu writes float16"):
+        gemm_f16_nt_ref(a, w, np.float32, glu=True)

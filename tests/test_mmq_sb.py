@@ -304,6 +304,13 @@ def test_plan_memory_sb(tmp_path):
             m.tensor(n).qtype == 12}
     assert glu == want and glu and all(g.endswith("ffn_gate_up.weight") for g in glu)
     assert not plan_glu(m, GemmConfig(mmq=True, sb=True, sb_glu=False), routes, fused)
+    # the f16 path: every fused gate|up group (MINFER_F16_GLU, default on), none when off
+    r16 = plan_routes(m, GemmConfig(), _Rt(232448, "sm_90"), 64)
+    f16_fused = plan_fusion(m, r16)
+    want16 = {g for g, _, _ in f16_fused.values() if g.endswith("ffn_gate_up.weight")}
+    assert want16 and plan_glu(m, GemmConfig(), r16, f16_fused) == want16
+    assert not plan_glu(m, GemmConfig(f16_glu=False), r16, f16_fused)
+    assert GemmConfig.resolve({"MINFER_F16_GLU": "0"}).label() == "f16-noglu"
     # with every layer's swiglu in its GEMM, the f32 gate|up buffer [T, 2 d_ff] is not planned
     lean = plan_memory(m, routes, 128, 64, sms=132, glu_all=True)
     assert plan["activations"] - lean["activations"] == 64 * 2 * m.config.d_ff * 4

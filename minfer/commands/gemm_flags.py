@@ -4,12 +4,14 @@
     def cmd(..., **gemm): ...   # --mmq-kd 4|8, --mmq-wgmma/--no-.., --mmq-wgmma-q6k/--no-..,
                                 # --mmq-stream-k/--no-.., --mmq-fused-prepass/--no-..,
                                 # --mmq-sb/--no-mmq-sb, --mmq-q6k-f16/--no-..,
-                                # --mmq-sb-glu/--no-mmq-sb-glu (one row of FLAGS each)
+                                # --mmq-sb-glu/--no-mmq-sb-glu, --f16-glu/--no-f16-glu
+                                # (one row of FLAGS each)
     cfg = gemm_config(**gemm)   # env, then flags (flags win)
 
 An unset flag leaves the environment's value (MINFER_MMQ, MINFER_MMQ_RAW, MINFER_MMQ_RAW_WIDE,
 MINFER_MMQ_RAW_KD, MINFER_MMQ_WGMMA, MINFER_MMQ_WGMMA_Q6K, MINFER_MMQ_STREAMK,
-MINFER_MMQ_FUSED_PREPASS, MINFER_MMQ_SB, MINFER_MMQ_Q6K_F16, MINFER_MMQ_SB_GLU) or GemmConfig's
+MINFER_MMQ_FUSED_PREPASS, MINFER_MMQ_SB, MINFER_MMQ_Q6K_F16, MINFER_MMQ_SB_GLU, MINFER_F16_GLU) or
+GemmConfig's
 default. Not a
 command module (minfer.cli lists those).
 """
@@ -54,6 +56,9 @@ FLAGS = (
     ("mmq_sb_glu", "MINFER_MMQ_SB_GLU",
      "With --mmq-sb: the q4_K gate|up GEMM writes silu(gate) * up as f16 from its epilogue "
      "(default on); --no-mmq-sb-glu: f32 gate|up, then a swiglu launch (MINFER_MMQ_SB_GLU)."),
+    ("f16_glu", "MINFER_F16_GLU",
+     "f16 path: the gate|up GEMM writes silu(gate) * up as f16 from its epilogue (default on); "
+     "--no-f16-glu: f32 gate|up, then a swiglu launch (MINFER_F16_GLU)."),
 )
 
 

@@ -149,8 +149,10 @@ class CudaBackend:
                            self.rt.sm_count, self._glu_all())
 
     def _glu_all(self) -> bool:
-        """Every layer's gate|up GEMM writes the swiglu (no f32 gate|up buffer needed)."""
-        return len(self.glu) == self.c.n_layers
+        """Every layer's gate|up GEMM writes the swiglu (no f32 gate|up buffer needed): on the
+        SB kernel (an f16 glu GEMM at M == 1 still goes through gu32)."""
+        return len(self.glu) == self.c.n_layers and all(
+            self.routes[f"blk.{i}.ffn_gate.weight"][0] != "f16" for i in range(self.c.n_layers))
 
     # -- protocol -------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -279,11 +281,25 @@ class CudaBackend:
         """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A's prepass
         outputs (from _quantize), made here when not given. A fused weight (q|k|v, gate|up:
         not in routes) takes the route of `member`, one of its members (plan_fusion: all
-        share it). Mode 'glu' (a plan_glu gate|up group, q4_K on the SB kernel): C f16 [M, F]
-        = silu(gate) * up from the GEMM's epilogue."""
+        share it). Mode 'glu' (a plan_glu gate|up group: q4_K on the SB kernel, or f16): C f16
+        [M, F] = silu(gate) * up from the GEMM's epilogue (f16 at M == 1: the GEMV's f32 into
+        gu32, then the interleaved swiglu launch)."""
         M, K = A.shape
         N = C.shape[1]
         path = self.routes[member or name][0]
+        if mode == "glu" and path == "f16":
+            from minfer.cuda.gemm import gemm_f16_nt
+
+            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
+                da.poison(self.rt, C)
+                if M > 1:
+                    gemm_f16_nt(A, self.w[name], np.float16, out=C, rt=self.rt, glu=True)
+                    return
+                gu = self._part(self.gu32, 0, (M, 2 * N))
+                gemm_f16_nt(A, self.w[name], np.float32, out=gu, rt=self.rt)
+            with self._op("swiglu"):
+                L.swiglu_interleaved(self.rt, C, gu)
+            return
         if mode == "glu":
             from minfer.cuda.mmq_sb import mmq_sb_linear
 

@@ -14,7 +14,9 @@ MINFER_MMQ_Q6K_F16 (0, the default; 1: q6_K GEMMs stay on the f16 path while q4_
 at prefill sizes on sm_90 every q6_K MMQ kernel is slower than f16, docs/perf.md session 7),
 MINFER_MMQ_SB_GLU (1, the default: a q4_K gate|up GEMM on the SB kernel writes silu(gate) * up
 as f16 from its epilogue, its weight rows interleaved at load; 0: it writes the f32 [M, 2F]
-and a swiglu launch follows).
+and a swiglu launch follows), MINFER_F16_GLU (1, the default: a gate|up GEMM on the f16 path
+writes silu(gate) * up as f16 from its epilogue, its weight rows interleaved at load, as the SB
+kernel's; 0: it writes the f32 [M, 2F] and a swiglu launch follows).
 Explicit overrides (CLI flags, bench A/B strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
@@ -31,7 +33,8 @@ ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE":
             "MINFER_MMQ_RAW_KD": "kd", "MINFER_MMQ_WGMMA": "wgmma",
             "MINFER_MMQ_WGMMA_Q6K": "wgmma_q6k", "MINFER_MMQ_STREAMK": "stream_k",
             "MINFER_MMQ_FUSED_PREPASS": "fused_prepass", "MINFER_MMQ_SB": "sb",
-            "MINFER_MMQ_Q6K_F16": "q6k_f16", "MINFER_MMQ_SB_GLU": "sb_glu"}
+            "MINFER_MMQ_Q6K_F16": "q6k_f16", "MINFER_MMQ_SB_GLU": "sb_glu",
+            "MINFER_F16_GLU": "f16_glu"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class GemmConfig:
     sb: bool = False
     q6k_f16: bool = False
     sb_glu: bool = True
+    f16_glu: bool = True
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None,
@@ -82,7 +86,7 @@ class GemmConfig:
 
     def label(self) -> str:
         if not self.mmq:
-            return "f16"
+            return "f16" if self.f16_glu else "f16-noglu"
         if not self.raw:
             return "mmq-r1"
         if not self.wide:

@@ -2,8 +2,10 @@
 
     C[M, N] = A[M, K] @ B[N, K]^T      A: f16 activations, B: f16 weights as GGUF stores them
                                        (row-major [N, K], "NT"), f32 accumulate.
-Epilogues: out f32 (mode 0), out f16 (mode 1), or accumulate into an existing f32 [M, N] buffer
-(mode 2, C += A @ B^T: residual adds of attn_output / ffn_down).
+Epilogues: out f32 (mode 0), out f16 (mode 1), accumulate into an existing f32 [M, N] buffer
+(mode 2, C += A @ B^T: residual adds of attn_output / ffn_down), or glu (mode 3: B is a gate|up
+weight [2F, K] with its rows interleaved per 16, glu_rows; out f16 [M, F] = silu(gate) * up,
+rounded as the swiglu layer; M == 1 takes the smallest tile kernel, not the GEMV).
 
 Kernels: gemm_f16.cu (mma.sync tiles, any sm_80+; the M == 1 GEMV) and gemm_f16_sm90a.cu
 (wgmma tiles, Hopper only, built for sm_90a). Geometry is owned here:
@@ -26,7 +28,8 @@ from minfer.cuda import devarray as da
 from minfer.cuda.tma import tmap_f16_2d
 from minfer.errors import BadInput
 
-MODE_F32, MODE_F16, MODE_ACC = 0, 1, 2
+MODE_F32, MODE_F16, MODE_ACC, MODE_GLU = 0, 1, 2, 3
+GLU_TILE = "gemm_f16_nt_32x64x64_w1x4_s4"   # glu at M == 1 (the GEMV has no glu epilogue)
 # wgmma_f16_tma_*: the sm_90 parameter block starts at constant offset 0x210, so the first
 # 64-byte aligned tensor map sits 48 bytes in; pycuda packs arguments from byte 0, so 48 bytes
 # of padding go first. TMA_MAGIC (the last argument) traps a launch whose layout does not match.
@@ -207,15 +210,30 @@ def _pick_tma(M: int, N: int, sm_count: int) -> str | None:
 
 
 # ---- numpy twin -------------------------------------------------------------------------------
+def glu_rows(F: int) -> np.ndarray:
+    """The row order of a gate|up weight [2F, K] for the glu epilogue (the same as the SB
+    kernel's, minfer.quants.mmq_sb_ref.glu_rows): per 16 rows, 8 gate rows then their 8 up
+    rows. -> int64 [2F]: interleaved row i = row perm[i] of [gate; up]. F % 8 == 0."""
+    from minfer.quants.mmq_sb_ref import glu_rows as rows
+
+    return rows(F)
+
+
 def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
-                    accumulate: np.ndarray | None = None) -> np.ndarray:
-    """(a.f32 @ b.f32.T) -> out_dtype; with `accumulate` (f32 [M, N]): accumulate + a @ b.T.
+                    accumulate: np.ndarray | None = None, glu: bool = False) -> np.ndarray:
+    """(a.f32 @ b.f32.T) -> out_dtype; with `accumulate` (f32 [M, N]): accumulate + a @ b.T;
+    with `glu` (b interleaved per glu_rows): f16 silu(gate) * up [M, N / 2], each op in f32.
 
     a: f16 [M, K], b: f16 [N, K]. Returns a new array (the device version writes in place).
     """
     M, N, K = _check_shapes(a.shape, b.shape, a.dtype, b.dtype)
-    out_dtype = _check_out(out_dtype, accumulate, M, N)
+    out_dtype = _check_out(out_dtype, accumulate, M, N, glu)
     c = a.astype(np.float32) @ b.astype(np.float32).T
+    if glu:
+        from minfer.reference.ops import swiglu
+
+        c = c.reshape(M, N // 16, 2, 8)   # per 16 columns: 8 gate, then the same 8 features' up
+        return swiglu(c[:, :, 0], c[:, :, 1]).astype(np.float16).reshape(M, N // 2)
     if accumulate is not None:
         return accumulate.astype(np.float32) + c
     return c.astype(out_dtype)
@@ -240,8 +258,14 @@ def _check_shapes(ashape, bshape, adt, bdt) -> tuple[int, int, int]:
     return int(M), int(N), int(K)
 
 
-def _check_out(out_dtype, accumulate, M: int, N: int):
+def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool = False):
     out_dtype = np.dtype(out_dtype)
+    if glu:
+        if accumulate is not None or out_dtype != np.float16:
+            raise BadInput("gemm_f16_nt: glu writes float16 and does not accumulate")
+        if N % 16:
+            raise BadInput(f"gemm_f16_nt: glu needs a gate|up weight of N % 16 == 0 rows, "
+                           f"got N={N}")
     if out_dtype not in (np.float32, np.float16):
         raise BadInput(f"gemm_f16_nt: out_dtype must be float32 or float16, got {out_dtype}")
     if accumulate is not None:
@@ -255,12 +279,13 @@ def _check_out(out_dtype, accumulate, M: int, N: int):
 
 # ---- device side ------------------------------------------------------------------------------
 def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None,
-                variant: str | None = None, stream=None):
+                variant: str | None = None, stream=None, glu: bool = False):
     """C = A @ B^T on the GPU (same semantics as gemm_f16_nt_ref); returns C (a GPUArray).
 
     a: f16 [M, K], b: f16 [N, K] GPUArrays. With `accumulate` (f32 [M, N]) the product is added
     into it in place and it is returned. Otherwise the result goes to `out` (allocated if None).
-    `variant` forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
+    With `glu` (b interleaved per glu_rows, out_dtype float16): out f16 [M, N / 2] = silu(gate)
+    * up. `variant` forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
     """
     # 16-byte aligned for cp.async / vector loads; contiguous: the kernels take rows of K (A, B)
     # and N (C) elements
@@ -268,17 +293,21 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         if x is not None:
             da.check(f"gemm_f16_nt {name}", x, align=16, require_contiguous=True)
     M, N, K = _check_shapes(a.shape, b.shape, a.dtype, b.dtype)
-    out_dtype = _check_out(out_dtype, accumulate, M, N)
+    out_dtype = _check_out(out_dtype, accumulate, M, N, glu)
     if rt is None:
         from minfer.cuda.runtime import get_runtime
 
         rt = get_runtime()
     v = variant or pick_variant(M, N, K, rt.sm_count, rt.arch)
+    if glu and v in GEMVS and variant is None:
+        v = GLU_TILE
     kern = VARIANTS.get(v)
     if kern is None:
         raise BadInput(f"gemm_f16_nt: unknown variant {v!r}; known: {', '.join(VARIANTS)}")
     if isinstance(kern, Gemv) and M != 1:
         raise BadInput(f"gemm_f16_nt: variant {v} handles M == 1 only (M={M})")
+    if isinstance(kern, Gemv) and glu:
+        raise BadInput(f"gemm_f16_nt: variant {v} has no glu epilogue (a tile kernel has)")
     if isinstance(kern, (WgmmaTile, TmaTile)) and rt.arch != "sm_90":
         raise BadInput(f"gemm_f16_nt: variant {v} needs an sm_90 GPU (this one is {rt.arch})")
     if accumulate is not None:
@@ -286,12 +315,13 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
             raise BadInput("gemm_f16_nt: pass either out or accumulate, not both")
         c, mode = accumulate, MODE_ACC
     else:
+        No = N // 2 if glu else N
         if out is None:
-            out = da.empty(rt, (M, N), out_dtype, "gemm output")  # cuMemAlloc: 256 B aligned
-        elif tuple(out.shape) != (M, N) or np.dtype(out.dtype) != out_dtype:
+            out = da.empty(rt, (M, No), out_dtype, "gemm output")  # cuMemAlloc: 256 B aligned
+        elif tuple(out.shape) != (M, No) or np.dtype(out.dtype) != out_dtype:
             raise BadInput(f"gemm_f16_nt: out is {tuple(out.shape)} {np.dtype(out.dtype)}, "
-                           f"expected ({M}, {N}) {out_dtype}")
-        c, mode = out, (MODE_F32 if out_dtype == np.float32 else MODE_F16)
+                           f"expected ({M}, {No}) {out_dtype}")
+        c, mode = out, (MODE_GLU if glu else MODE_F32 if out_dtype == np.float32 else MODE_F16)
     fn = rt.function(kern.file, kern.entry, options=kern.options, dyn_smem=kern.smem)
     i32 = np.int32
     if isinstance(kern, Gemv):

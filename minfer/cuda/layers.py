@@ -150,6 +150,20 @@ def swiglu_fused(rt, y, gu) -> None:
     _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * F, F2, T, F)
 
 
+def swiglu_interleaved(rt, y, gu) -> None:
+    """y f16 [T, F] = silu(gate) * up from gu f32 [T, 2F], the output of a gate|up weight whose
+    rows are interleaved per 16 (gemm.glu_rows: 8 gate columns, then the same features' 8 up):
+    the glu GEMM epilogue's function where a GEMM wrote f32 (the M == 1 GEMV). It is the plain
+    launch over T 2F / 16 rows of 8 features: gate at column 0, up at 8, row stride 16."""
+    da.check("swiglu gu", gu, (None, None), np.float32)
+    T, F2 = gu.shape
+    if F2 % 16:
+        raise GPUError(f"swiglu gu: {F2} columns, expected 2F with F % 8 == 0")
+    F = F2 // 2
+    da.check("swiglu y", y, (T, F), np.float16)
+    _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * 8, 16, T * F // 8, 8)
+
+
 def _swiglu_launch(rt, y, g: int, u: int, ldg: int, T: int, F: int) -> None:
     """The 4-wide kernel when every row start is 16-byte (f32) / 8-byte (f16) aligned."""
     if F % 4 == 0 and ldg % 4 == 0 and g % 16 == 0 and u % 16 == 0 and da.ptr(y) % 8 == 0:

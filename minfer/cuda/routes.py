@@ -123,15 +123,21 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
 
 def plan_glu(model, cfg: GemmConfig, routes: dict[str, tuple[str, str]],
              fused: dict[str, tuple[str, int, int]]) -> set[str]:
-    """The fused gate|up group names whose GEMM runs mmq_sb_linear's swiglu epilogue: the
-    group is q4_K on the SB kernel, d_ff % 8 == 0 and cfg.sb_glu (MINFER_MMQ_SB_GLU)."""
+    """The fused gate|up group names whose GEMM writes the swiglu from its epilogue (their
+    rows interleaved per 16 at load, gemm.glu_rows): q4_K on the SB kernel with cfg.sb_glu
+    (MINFER_MMQ_SB_GLU, mmq_sb_linear), or on the f16 path with cfg.f16_glu (MINFER_F16_GLU,
+    gemm_f16_nt's glu mode); d_ff % 8 == 0."""
     from minfer.cuda.mmq import Q4_K
 
     out = set()
-    if not cfg.sb_glu or model.config.d_ff % 8:
+    if model.config.d_ff % 8:
         return out
     for i in range(model.config.n_layers):
         gate = f"blk.{i}.ffn_gate.weight"
-        if gate in fused and routes[gate][0] == "mmq-sb" and int(model.tensor(gate).qtype) == Q4_K:
+        if gate not in fused:
+            continue
+        path = routes[gate][0]
+        if (path == "f16" and cfg.f16_glu) or (path == "mmq-sb" and cfg.sb_glu and
+                                              int(model.tensor(gate).qtype) == Q4_K):
             out.add(fused[gate][0])
     return out

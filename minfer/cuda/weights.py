@@ -128,8 +128,8 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
                  progress: bool, glu: frozenset[str] = frozenset()) -> DeviceWeights:
     """Upload every weight (see the module docstring); staging_bytes: plan["upload staging"].
     glu: fused gate|up groups (routes.plan_glu) whose rows go up interleaved per 16 (8 gate
-    rows, their 8 up rows: mmq_sb_ref.glu_rows) for the SB kernel's swiglu epilogue; their
-    members get no row views."""
+    rows, their 8 up rows: gemm.glu_rows) for the swiglu epilogue of the SB kernel (raw rows) or
+    the f16 GEMM (dequantized rows); their members get no row views."""
     m, c = model, model.config
     staging = rt.alloc(max(staging_bytes, 1), "weight upload staging")
     w: dict[str, object] = {}
@@ -176,6 +176,10 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
                         da.to_device(rt, raw, f"raw weight {n}"))
             continue
         rt.drv.memcpy_htod(staging, raw)
+        if n in fused and fused[n][0] in glu:   # f16 rows, interleaved into the group
+            g, r0, _ = fused[n]
+            _dequant_interleaved(rt, int(staging), t.qtype, N, K, raw.nbytes // N, w[g], r0 > 0)
+            continue
         if n in fused:  # a row range of the layer's fused q|k|v or gate|up weight
             g, r0, _ = fused[n]
             out = da.rows(w[g], r0, N)
@@ -214,6 +218,28 @@ def _upload_interleaved(rt, dst, raw: np.ndarray, N: int, up: bool) -> None:
     cp.src_pitch, cp.dst_pitch = 8 * rb, 16 * rb
     cp.width_in_bytes, cp.height = 8 * rb, N // 8
     cp(aligned=True)
+
+
+def _dequant_interleaved(rt, raw_dev: int, qtype: int, N: int, K: int, row_bytes: int, dst,
+                         up: bool, chunk: int = 1024) -> None:
+    """A gate (up False) or up member's quantized rows (on the device at raw_dev) dequantized to
+    f16 into the fused group's buffer dst [2N, K] interleaved per 16 rows (runs of 8 rows at dst
+    rows 16 j, or 16 j + 8), `chunk` rows at a time through an f16 scratch of chunk x K (2D
+    device copies, pitch 16 rows). N % 8 == 0 (plan_glu)."""
+    rows = min(N, chunk)
+    tmp = da.empty(rt, (rows, K), np.float16, "glu dequant scratch")
+    rb = 2 * K
+    for r in range(0, N, rows):
+        n = min(rows, N - r)
+        part = da.rows(tmp, 0, n)
+        _dequant_f16(rt, raw_dev + r * row_bytes, qtype, n, K, part)
+        cp = rt.drv.Memcpy2D()
+        cp.set_src_device(da.ptr(tmp))
+        cp.set_dst_device(da.ptr(dst) + 2 * r * rb + (8 * rb if up else 0))
+        cp.src_pitch, cp.dst_pitch = 8 * rb, 16 * rb
+        cp.width_in_bytes, cp.height = 8 * rb, n // 8
+        cp(aligned=True)
+    rt.synchronize()
 
 
 def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:

@@ -136,3 +136,31 @@ def test_launcher_rejects(rt):
         gemm_f16_nt(a.get(), b, rt=rt)
     with pytest.raises(BadInput, match="M == 1 only"):
         gemm_f16_nt(a, b, rt=rt, variant="gemv_f16_r4")
+
+
+@pytest.mark.parametrize("variant", sorted(TILES) + sorted(WGMMA) + sorted(TMA) + [None])
+def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, same_bytes):
+    # mode 3 on a gate|up weight interleaved per 16 rows: against the twin, and bitwise the same
+    # variant's f32 product followed by the interleaved swiglu launch (the same sums, the same
+    # swiglu1 rounding); N ragged against every tile (208 = 13 x 16), M = 1 on the default pick
+    from minfer.cuda.gemm import glu_rows
+    from minfer.cuda.layers import swiglu_interleaved
+
+    if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":
+        pytest.skip("wgmma kernels need sm_90")
+    for M, F, K in ((133, 104, 328), (17, 32, 24), (300, 520, 1000), (1, 64, 136)):
+        if variant is not None and M == 1:
+            continue
+        rng = np.random.default_rng([M, F, K])
+        a = _rand(rng, (M, K))
+        w = _rand(rng, (2 * F, K), 0.1)[glu_rows(F)]   # [gate; up], interleaved
+        dA, dW = da.to_device(rt, a), da.to_device(rt, w)
+        out = da.to_device(rt, np.full((M, F), np.nan, np.float16))
+        gemm_f16_nt(dA, dW, np.float16, out=out, rt=rt, variant=variant, glu=True)
+        gu = gemm_f16_nt(dA, dW, np.float32, rt=rt, variant=variant)
+        ref = da.empty(rt, (M, F), np.float16)
+        swiglu_interleaved(rt, ref, gu)
+        rt.synchronize()
+        got = out.get()
+        assert _rel(got, gemm_f16_nt_ref(a, w, np.float16, glu=True)) <= 1e-3, (variant, M, F)
+        assert same_bytes(out, ref.get()), f"{variant} {M}x{F}x{K}: glu != f32 GEMM + swiglu"

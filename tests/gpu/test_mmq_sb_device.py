@@ -136,8 +136,8 @@ def test_backend_on_sb(hopper, model):
     # split differently only where stream-K cuts tiles
     if any(b.qtypes.get(n) == 12 and n.endswith("ffn_gate.weight") for n in sb):
         assert b.glu, "q4_K gate|up on SB without the swiglu epilogue"
-    plain = CudaBackend(model, GemmConfig(mmq=True, sb=True, sb_glu=False), max_tokens=128,
-                        ubatch=16)
+    plain = CudaBackend(model, GemmConfig(mmq=True, sb=True, sb_glu=False, f16_glu=False),
+                        max_tokens=128, ubatch=16)
     assert not plain.glu
     pl = plain.forward(prompt, 0)
     assert np.linalg.norm(pl - got) / np.linalg.norm(pl) < 1e-3
