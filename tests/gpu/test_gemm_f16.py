@@ -143,7 +143,7 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, same_bytes):
     # mode 3 on a gate|up weight interleaved per 16 rows: against the twin, and bitwise the same
     # variant's f32 product followed by the interleaved swiglu launch (the same sums, the same
     # swiglu1 rounding); N ragged against every tile (208 = 13 x 16), M = 1 on the default pick
-    from minfer.cuda.gemm import glu_rows
+    from minfer.cuda.gemm import GLU_TILE, glu_rows
     from minfer.cuda.layers import swiglu_interleaved
 
     if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":
@@ -157,7 +157,9 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, same_bytes):
         dA, dW = da.to_device(rt, a), da.to_device(rt, w)
         out = da.to_device(rt, np.full((M, F), np.nan, np.float16))
         gemm_f16_nt(dA, dW, np.float16, out=out, rt=rt, variant=variant, glu=True)
-        gu = gemm_f16_nt(dA, dW, np.float32, rt=rt, variant=variant)
+        # (M == 1 by default: glu takes GLU_TILE, where f32 out would take the GEMV)
+        gu = gemm_f16_nt(dA, dW, np.float32, rt=rt,
+                         variant=variant or (GLU_TILE if M == 1 else None))
         ref = da.empty(rt, (M, F), np.float16)
         swiglu_interleaved(rt, ref, gu)
         rt.synchronize()
