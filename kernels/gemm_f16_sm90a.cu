@@ -199,99 +199,47 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const TensorMap* map, 
         "r"(k0), "r"(row0), "r"(bar) : "memory");
 }
 
-// box {64 halves, rows} into the same offset of every CTA of the cluster in `mask`, each of
-// whose mbarriers at `bar`'s offset counts the bytes
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const TensorMap* map, int k0, int row0,
-                                               uint32_t bar, uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(k0), "r"(row0), "r"(bar), "h"(mask)
-        : "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {   // every thread of the cluster
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n"
-                 ::: "memory");
-}
-// one arrival on the mbarrier at `bar`'s offset in cluster CTA `rank`
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n"
-                 ::"r"(bar), "r"(rank) : "memory");
-}
-
-// CL = 1: one block per tile. CL = 2: a cluster of 2 blocks takes 256 x BN tiles, rank r the
-// rows m0 + 128 r, and each block's producer loads half of the shared B box and multicasts it
-// to both, so a stage's B crosses from L2 once for two blocks; a stage is then free only when
-// the consumers of both blocks are done with it (`empty` counts one arrival per consumer warp
-// of each block, local and remote), and the blocks meet at a cluster barrier before leaving.
-template <int BN, int STAGES, int CL>
+template <int BN, int STAGES>
 __device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* tb,
                                          void* __restrict__ C, int M, int N, int K, int mode) {
-    static_assert(CL == 1 || CL == 2, "clusters of 1 or 2 blocks");
     using S = TmaSmem<BN, STAGES>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     const uint32_t full = base + S::BARS, empty = full + 8 * STAGES;
-    const uint32_t rank = CL == 1 ? 0 : cluster_rank();
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             wgmma::mbar_init(full + 8 * s, 1);      // the producer's arrive (+ the boxes' bytes)
-            wgmma::mbar_init(empty + 8 * s, CL == 1 ? 256 : 16);   // consumer threads / warps
+            wgmma::mbar_init(empty + 8 * s, 256);   // the consumers' threads
         }
-        if (CL > 1) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if (CL == 1) __syncthreads();
-    else cluster_sync();   // the peer's barriers are initialized before any multicast
-    const int ntiles = ((M + 128 * CL - 1) / (128 * CL)) * ((N + BN - 1) / BN), KT = (K + 63) / 64;
-    const int t0 = blockIdx.x / CL, tstep = gridDim.x / CL;
+    __syncthreads();
+    const int ntiles = ((M + 127) / 128) * ((N + BN - 1) / BN), KT = (K + 63) / 64;
 
-    if (threadIdx.x < 128) {   // the producer warpgroup: one thread issues
+    if (threadIdx.x < 128) {   // the producer warpgroup: one thread issues, the rest leave
         wgmma::setmaxnreg_dec<WS_PRODUCER_REGS>();
-        if (threadIdx.x == 0) {
-            int it = 0;   // k-tiles issued by this block (the ring position)
-            for (int tile = t0; tile < ntiles; tile += tstep) {
-                int m0, n0;
-                tile_origin<128 * CL, BN>(tile, M, N, m0, n0);
-                for (int kt = 0; kt < KT; ++kt, ++it) {
-                    const int s = it % STAGES;
-                    wgmma::mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);   // slot free
-                    wgmma::mbar_expect_tx(full + 8 * s, S::STAGE);
-                    const uint32_t st = base + s * S::STAGE;
-                    tma_load_2d(st, ta, kt * 64, m0 + 128 * rank, full + 8 * s);
-                    if (CL == 1)
-                        tma_load_2d(st + S::A_BYTES, tb, kt * 64, n0, full + 8 * s);
-                    else   // this block's half of B, to both blocks
-                        tma_load_2d_mc(st + S::A_BYTES + rank * (BN / 2) * 128, tb, kt * 64,
-                                       n0 + rank * (BN / 2), full + 8 * s, 0x3);
-                }
+        if (threadIdx.x != 0) return;
+        int it = 0;   // k-tiles issued by this block (the ring position)
+        for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+            int m0, n0;
+            tile_origin<128, BN>(tile, M, N, m0, n0);
+            for (int kt = 0; kt < KT; ++kt, ++it) {
+                const int s = it % STAGES;
+                wgmma::mbar_wait(empty + 8 * s, ((it / STAGES) & 1) ^ 1);   // slot free
+                wgmma::mbar_expect_tx(full + 8 * s, S::STAGE);
+                tma_load_2d(base + s * S::STAGE, ta, kt * 64, m0, full + 8 * s);
+                tma_load_2d(base + s * S::STAGE + S::A_BYTES, tb, kt * 64, n0, full + 8 * s);
             }
         }
-        if (CL > 1) cluster_sync();
         return;
     }
     wgmma::setmaxnreg_inc<WS_CONSUMER_REGS>();
     const int cw = (threadIdx.x >> 7) - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    auto release = [&](int slot) {   // this warp is done reading stage slot `slot`
-        if (CL == 1) {
-            wgmma::mbar_arrive(empty + 8 * slot);
-        } else if (lane == 0) {
-            wgmma::mbar_arrive(empty + 8 * slot);
-            mbar_arrive_cluster(empty + 8 * slot, rank ^ 1);
-        }
-    };
     float acc[1][BN / 8][4];
     float(&d)[BN / 2] = *reinterpret_cast<float(*)[BN / 2]>(&acc[0][0][0]);
     int it = 0;
-    for (int tile = t0; tile < ntiles; tile += tstep) {
+    for (int tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
         int m0, n0;
-        tile_origin<128 * CL, BN>(tile, M, N, m0, n0);
-        m0 += 128 * rank;
+        tile_origin<128, BN>(tile, M, N, m0, n0);
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) d[i] = 0.f;
         for (int kt = 0; kt < KT; ++kt, ++it) {
@@ -307,18 +255,17 @@ __device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* t
             wgmma::commit();
             wgmma::wait<1>();   // k-tile kt - 1's wgmmas are done: release its stage
             fence_regs(d);
-            if (kt > 0) release((it - 1) % STAGES);
+            if (kt > 0) wgmma::mbar_arrive(empty + 8 * ((it - 1) % STAGES));
         }
         wgmma::wait<0>();
         fence_regs(d);
-        release((it - 1) % STAGES);
+        wgmma::mbar_arrive(empty + 8 * ((it - 1) % STAGES));
         const int row0 = m0 + cw * 64 + warp * 16;
         if (mode == 0) epilogue<0, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
         else if (mode == 1) epilogue<1, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
         else if (mode == 2) epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
         else epilogue<3, 1, BN / 8>(C, M, N, row0, n0, acc, lane);   // glu
     }
-    if (CL > 1) cluster_sync();   // no remote arrival or multicast is still headed here
 }
 
 }  // namespace
@@ -346,15 +293,15 @@ WGMMA_ENTRY(64, 32, 4, 4)
 // where the layout puts it: a launch whose buffer does not match traps instead of reading M,
 // N, K from the wrong bytes.
 #define TMA_MAGIC 0x544d4131
-#define TMA_ENTRY(NAME, BN, ST, CL, ATTR)                                                        \
-    extern "C" __global__ void ATTR __launch_bounds__(WS_THREADS, 1)                             \
-        NAME(const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,         \
-             void* __restrict__ C, int M, int N, int K, int mode, int magic) {                   \
-        if (magic != TMA_MAGIC) __trap();                                                         \
-        tma_body<BN, ST, CL>(&ta, &tb, C, M, N, K, mode);                                         \
+#define TMA_ENTRY(BN, ST)                                                                        \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1)                                 \
+        wgmma_f16_tma_128x##BN##x64_s##ST(const __grid_constant__ TensorMap ta,                 \
+                                          const __grid_constant__ TensorMap tb,                 \
+                                          void* __restrict__ C, int M, int N, int K, int mode,  \
+                                          int magic) {                                          \
+        if (magic != TMA_MAGIC) __trap();                                                       \
+        tma_body<BN, ST>(&ta, &tb, C, M, N, K, mode);                                            \
     }
 
-TMA_ENTRY(wgmma_f16_tma_128x256x64_s4, 256, 4, 1, )
-TMA_ENTRY(wgmma_f16_tma_128x128x64_s6, 128, 6, 1, )
-// clusters of 2 blocks sharing each B box (multicast): 256 x 256 per cluster
-TMA_ENTRY(wgmma_f16_tmamc_256x256x64_s4, 256, 4, 2, __cluster_dims__(2, 1, 1))
+TMA_ENTRY(256, 4)
+TMA_ENTRY(128, 6)

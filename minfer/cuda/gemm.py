@@ -122,7 +122,6 @@ class TmaTile:
 
     bn: int
     stages: int
-    cluster: int = 1   # 2: clusters of 2 blocks on 256-row tiles, each B box multicast to both
     bm = 128
     bk = 64
     threads = 384
@@ -131,19 +130,17 @@ class TmaTile:
 
     @property
     def entry(self) -> str:
-        if self.cluster == 1:
-            return f"wgmma_f16_tma_128x{self.bn}x64_s{self.stages}"
-        return f"wgmma_f16_tmamc_{128 * self.cluster}x{self.bn}x64_s{self.stages}"
+        return f"wgmma_f16_tma_128x{self.bn}x64_s{self.stages}"
 
     @property
     def smem(self) -> int:  # stages of [128 + bn, 64] f16, 2 mbarriers a stage, 1 KB alignment
         return self.stages * (128 + self.bn) * 128 + 16 * self.stages + 1024
 
-    def tiles(self, M: int, N: int) -> int:   # (a cluster's tile: 128 cluster x bn)
-        return -(-M // (128 * self.cluster)) * -(-N // self.bn)
+    def tiles(self, M: int, N: int) -> int:
+        return -(-M // 128) * -(-N // self.bn)
 
-    def grid(self, M: int, N: int, sm_count: int = 132) -> int:   # whole clusters
-        return min(self.tiles(M, N), sm_count // self.cluster) * self.cluster
+    def grid(self, M: int, N: int, sm_count: int = 132) -> int:
+        return min(self.tiles(M, N), sm_count)
 
 
 # Every compiled variant, by entry name (constant table: the .cu's entry list, pinned by a test).
@@ -159,7 +156,7 @@ WGMMA = {t.entry: t for t in (
     WgmmaTile(128, 256, 4), WgmmaTile(128, 256, 3), WgmmaTile(128, 128, 4),
     WgmmaTile(128, 128, 3), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4), WgmmaTile(64, 32, 4),
 )}
-TMA = {t.entry: t for t in (TmaTile(256, 4), TmaTile(128, 6), TmaTile(256, 4, cluster=2))}
+TMA = {t.entry: t for t in (TmaTile(256, 4), TmaTile(128, 6))}
 VARIANTS = {**TILES, **GEMVS, **WGMMA, **TMA}
 
 
@@ -330,9 +327,9 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
     if isinstance(kern, Gemv):
         args = (da.arg(a), da.arg(b), da.arg(c), i32(N), i32(K), i32(mode))
     elif isinstance(kern, TmaTile):   # the operands as tensor maps, by value
-        args = (TMA_PARAM_PAD, tmap_f16_2d(da.ptr(a), M, K, 128),   # (B: a block's share)
-                tmap_f16_2d(da.ptr(b), N, K, kern.bn // kern.cluster), da.arg(c), i32(M),
-                i32(N), i32(K), i32(mode), i32(TMA_MAGIC))
+        args = (TMA_PARAM_PAD, tmap_f16_2d(da.ptr(a), M, K, 128),
+                tmap_f16_2d(da.ptr(b), N, K, kern.bn), da.arg(c), i32(M), i32(N), i32(K),
+                i32(mode), i32(TMA_MAGIC))
     else:
         args = (da.arg(a), da.arg(b), da.arg(c), i32(M), i32(N), i32(K), i32(mode))
     grid = kern.grid(M, N, rt.sm_count) if isinstance(kern, TmaTile) else kern.grid(M, N)
