@@ -156,7 +156,9 @@ WGMMA = {t.entry: t for t in (
     WgmmaTile(128, 256, 4), WgmmaTile(128, 256, 3), WgmmaTile(128, 128, 4),
     WgmmaTile(128, 128, 3), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4), WgmmaTile(64, 32, 4),
 )}
-TMA = {t.entry: t for t in (TmaTile(256, 4), TmaTile(128, 6))}
+TMA = {t.entry: t for t in (TmaTile(256, 4), TmaTile(192, 5), TmaTile(128, 6))}
+# each TMA tile's speed per tile against 128 x 256's, M = 2048 (docs/perf.md, session 11)
+TMA_TILE_SPEED = {256: 1.0, 192: 0.975, 128: 0.95}
 VARIANTS = {**TILES, **GEMVS, **WGMMA, **TMA}
 
 
@@ -198,15 +200,15 @@ def _wave_fill(tiles: int, sm_count: int) -> float:
 
 def _pick_tma(M: int, N: int, sm_count: int) -> str | None:
     """The TMA tile for an sm_90 problem, or None when 128 x 128 tiles would not fill ~3/4 of
-    the SMs. 128 x 256 tiles run ~5% faster per tile than 128 x 128 (docs/perf.md, session 11),
-    so the wider tile is taken unless the narrower one fills the waves that much better (M = 512:
-    gate|up's 448 wide tiles fill 85% of 4 waves, its 896 narrow ones 97% of 7)."""
-    wide, narrow = TMA["wgmma_f16_tma_128x256x64_s4"], TMA["wgmma_f16_tma_128x128x64_s6"]
-    if narrow.tiles(M, N) < 0.75 * sm_count:
+    the SMs: the widest of the best busy fraction of the waves times the tile's own speed
+    (TMA_TILE_SPEED). M = 512: gate|up's 896 narrow tiles fill 97% of 7 waves where its 448
+    wide ones fill 85% of 4; qkv (N = 6144) fills 97% with 128 tiles of 128 x 192 against 73%
+    with 96 of 128 x 256; o and down (N = 4096) take 128 x 128 (128 tiles)."""
+    if TMA["wgmma_f16_tma_128x128x64_s6"].tiles(M, N) < 0.75 * sm_count:
         return None
-    if _wave_fill(wide.tiles(M, N), sm_count) >= 0.95 * _wave_fill(narrow.tiles(M, N), sm_count):
-        return wide.entry
-    return narrow.entry
+    best = max(TMA.values(), key=lambda t: (round(_wave_fill(t.tiles(M, N), sm_count) *
+                                                  TMA_TILE_SPEED[t.bn], 6), t.bn))
+    return best.entry
 
 
 # ---- numpy twin -------------------------------------------------------------------------------
