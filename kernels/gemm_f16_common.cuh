@@ -101,26 +101,34 @@ __device__ __forceinline__ void store2(void* C, int N, int row, int col, float v
 // then the same 8 features' up rows: minfer.quants.mmq_sb_ref.glu_rows), so fragment ni (even)
 // holds gate and ni + 1 up of features (col0 + ni*8)/2 + 2*(lane%4) (+1), col0 % 16 == 0 and
 // N % 16 == 0 (the launcher checks). C f16 [M, F] = silu(gate) * up, rounded as the swiglu layer.
-template <int MI, int NI>
-__device__ __forceinline__ void epilogue_glu(half* C, int M, int N, int row0, int col0,
-                                             const float (&acc)[MI][NI][4], int lane) {
-    static_assert(NI % 2 == 0, "gate and up fragments in pairs");
-    const int g = lane >> 2, t = lane & 3, F = N / 2;
+// fn(mi, h, row) for each accumulator row of this thread inside C (row < M): rows row0 + mi*16
+// + h*8 + lane/4
+template <int MI, class Fn>
+__device__ __forceinline__ void for_rows(int M, int row0, int lane, Fn&& fn) {
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int row = row0 + mi * 16 + h * 8 + g;
-            if (row >= M) continue;
-#pragma unroll
-            for (int ni = 0; ni < NI; ni += 2) {
-                const int col = col0 + ni * 8;
-                if (col >= N) continue;
-                *reinterpret_cast<half2*>(C + static_cast<size_t>(row) * F + col / 2 + 2 * t) =
-                    __floats2half2_rn(swiglu1(acc[mi][ni][2 * h], acc[mi][ni + 1][2 * h]),
-                                      swiglu1(acc[mi][ni][2 * h + 1], acc[mi][ni + 1][2 * h + 1]));
-            }
+            const int row = row0 + mi * 16 + h * 8 + (lane >> 2);
+            if (row < M) fn(mi, h, row);
         }
+}
+
+template <int MI, int NI>
+__device__ __forceinline__ void epilogue_glu(half* C, int M, int N, int row0, int col0,
+                                             const float (&acc)[MI][NI][4], int lane) {
+    static_assert(NI % 2 == 0, "gate and up fragments in pairs");
+    const int t = lane & 3, F = N / 2;
+    for_rows<MI>(M, row0, lane, [&](int mi, int h, int row) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ni += 2) {
+            const int col = col0 + ni * 8;
+            if (col >= N) continue;
+            *reinterpret_cast<half2*>(C + static_cast<size_t>(row) * F + col / 2 + 2 * t) =
+                __floats2half2_rn(swiglu1(acc[mi][ni][2 * h], acc[mi][ni + 1][2 * h]),
+                                  swiglu1(acc[mi][ni][2 * h + 1], acc[mi][ni + 1][2 * h + 1]));
+        }
+    });
 }
 
 template <int MODE, int MI, int NI>
@@ -131,46 +139,36 @@ __device__ __forceinline__ void epilogue(void* C, int M, int N, int row0, int co
         return;
     }
     const bool vec = (N & 1) == 0;
-    const int g = lane >> 2, t = lane & 3;
+    const int t = lane & 3;
     if (MODE == 2) {
         // C += acc: issue every residual load before any store (stores to C could alias later
         // loads, so a fused load-add-store loop would serialize one memory round trip each)
         const float* Cf = static_cast<const float*>(C);
+        for_rows<MI>(M, row0, lane, [&](int mi, int h, int row) {
 #pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int row = row0 + mi * 16 + h * 8 + g;
-                if (row >= M) continue;
-#pragma unroll
-                for (int ni = 0; ni < NI; ++ni) {
-                    const int col = col0 + ni * 8 + t * 2;
-                    const size_t o = static_cast<size_t>(row) * N + col;
-                    if (vec) {
-                        if (col < N) {
-                            const float2 r = *reinterpret_cast<const float2*>(Cf + o);
-                            acc[mi][ni][2 * h] += r.x;
-                            acc[mi][ni][2 * h + 1] += r.y;
-                        }
-                    } else {
-                        if (col < N) acc[mi][ni][2 * h] += Cf[o];
-                        if (col + 1 < N) acc[mi][ni][2 * h + 1] += Cf[o + 1];
+            for (int ni = 0; ni < NI; ++ni) {
+                const int col = col0 + ni * 8 + t * 2;
+                const size_t o = static_cast<size_t>(row) * N + col;
+                if (vec) {
+                    if (col < N) {
+                        const float2 r = *reinterpret_cast<const float2*>(Cf + o);
+                        acc[mi][ni][2 * h] += r.x;
+                        acc[mi][ni][2 * h + 1] += r.y;
                     }
+                } else {
+                    if (col < N) acc[mi][ni][2 * h] += Cf[o];
+                    if (col + 1 < N) acc[mi][ni][2 * h + 1] += Cf[o + 1];
                 }
             }
+        });
     }
     constexpr int SMODE = MODE == 1 ? 1 : 0;
+    for_rows<MI>(M, row0, lane, [&](int mi, int h, int row) {
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row0 + mi * 16 + h * 8 + g;
-            if (row >= M) continue;
-#pragma unroll
-            for (int ni = 0; ni < NI; ++ni)
-                store2<SMODE>(C, N, row, col0 + ni * 8 + t * 2, acc[mi][ni][2 * h],
-                              acc[mi][ni][2 * h + 1], vec);
-        }
+        for (int ni = 0; ni < NI; ++ni)
+            store2<SMODE>(C, N, row, col0 + ni * 8 + t * 2, acc[mi][ni][2 * h],
+                          acc[mi][ni][2 * h + 1], vec);
+    });
 }
 
 // grouped tile order: GROUP_M row-tiles share the B column tiles while they are in L2; tile

@@ -139,15 +139,20 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rop
                np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), da.arg(pos_dev)))
 
 
-def swiglu_fused(rt, y, gu) -> None:
-    """y f16 [T, F] = silu(gu[:, :F]) * gu[:, F:], gu f32 [T, 2F] (the fused gate|up GEMM)."""
+def _gate_up_shape(y, gu, per: int) -> tuple[int, int]:
+    """(T, F) of a swiglu's f32 gate|up input gu [T, 2F] (2F % per == 0) and f16 output y."""
     da.check("swiglu gu", gu, (None, None), np.float32)
     T, F2 = gu.shape
-    if F2 % 2:
-        raise GPUError(f"swiglu gu: {F2} columns, expected 2F")
-    F = F2 // 2
-    da.check("swiglu y", y, (T, F), np.float16)
-    _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * F, F2, T, F)
+    if F2 % per:
+        raise GPUError(f"swiglu gu: {F2} columns, expected 2F with 2F % {per} == 0")
+    da.check("swiglu y", y, (T, F2 // 2), np.float16)
+    return T, F2 // 2
+
+
+def swiglu_fused(rt, y, gu) -> None:
+    """y f16 [T, F] = silu(gu[:, :F]) * gu[:, F:], gu f32 [T, 2F] (the fused gate|up GEMM)."""
+    T, F = _gate_up_shape(y, gu, 2)
+    _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * F, 2 * F, T, F)
 
 
 def swiglu_interleaved(rt, y, gu) -> None:
@@ -155,12 +160,7 @@ def swiglu_interleaved(rt, y, gu) -> None:
     rows are interleaved per 16 (gemm.glu_rows: 8 gate columns, then the same features' 8 up):
     the glu GEMM epilogue's function where a GEMM wrote f32 (the M == 1 GEMV). It is the plain
     launch over T 2F / 16 rows of 8 features: gate at column 0, up at 8, row stride 16."""
-    da.check("swiglu gu", gu, (None, None), np.float32)
-    T, F2 = gu.shape
-    if F2 % 16:
-        raise GPUError(f"swiglu gu: {F2} columns, expected 2F with F % 8 == 0")
-    F = F2 // 2
-    da.check("swiglu y", y, (T, F), np.float16)
+    T, F = _gate_up_shape(y, gu, 16)
     _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * 8, 16, T * F // 8, 8)
 
 
