@@ -1,17 +1,21 @@
 """Interleaved A/B prefill benchmark (llama-bench style) and per-op breakdown.
 
 `bench(model, tokens, configs, repeats, backend)`: one backend per config (GemmConfig parsed
-from "K=V K=V" strings), then for each repeat, for each token count, each config runs one
-prefill from an empty cache (A B, B A, ... in the same process, same window: the order rotates
-by one config each repeat). tok/s is the
-median over repeats, the spread (max - min) over the same config's repeats is its noise band,
-and an A/B difference smaller than the largest band is reported as noise.
+from "K=V K=V" strings), then for each repeat, for each token count, each config takes one
+sample (A B, B A, ... in the same process, same window: the order rotates by one config each
+repeat). A sample is prefills from an empty cache: with `min_ms` (default 200), one untimed
+pre-roll prefill, then as many back-to-back timed prefills as fill min_ms (the count from the
+warm-up prefill's time; a prefill longer than min_ms is timed alone, without a pre-roll), so the
+figure is the config's own steady state rather than the GPU's state after the previous config.
+tok/s is the median over repeats, the spread (max - min) over the same config's repeats is its
+noise band, and an A/B difference smaller than the largest band is reported as noise.
 `breakdown(backend, n)`: one prefill with CUDA events around every op: per GEMM µs, TFLOP/s and
 ratio to the mma.sync ceilings measured on the H200 (DESIGN.md), attention, rest.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -30,6 +34,7 @@ class Row:
     backend: str
     tokens: int
     tok_s: list[float] = field(default_factory=list)
+    prefills: int = 1   # timed back-to-back prefills per sample
 
     @property
     def median(self) -> float:
@@ -83,38 +88,49 @@ def prompt_ids(model, n: int, seed: int = 0) -> np.ndarray:
     return rng.integers(0, model.config.vocab_size, size=n, dtype=np.int32)
 
 
-def time_prefill(backend, ids: np.ndarray) -> float:
-    """Seconds for one prefill of ids from an empty cache (device work included)."""
-    backend.reset()
+def time_prefill(backend, ids: np.ndarray, reps: int = 1) -> float:
+    """Seconds for `reps` back-to-back prefills of ids, each from an empty cache (device work
+    included)."""
     backend.synchronize()
     t0 = time.perf_counter()
-    backend.forward(ids, 0)
+    for _ in range(reps):
+        backend.reset()
+        backend.forward(ids, 0)
     backend.synchronize()
     return time.perf_counter() - t0
 
 
 def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: list,
-          warmup: bool = True) -> list[Row]:
-    """Interleaved: for r in repeats, for n in tokens, for each config: one prefill, the configs'
-    order rotated by one each repeat. (Position matters: on the H200 at pp2048 the config run
-    right after the f16 path's prefill measured 10-14% slower than the same config in a later
-    position, whichever it was; docs/perf.md session 10. Rotating gives each config every
-    position over len(configs) repeats, and the spread shows what is left.)"""
+          warmup: bool = True, min_ms: float = 200.0) -> list[Row]:
+    """Interleaved: for r in repeats, for n in tokens, for each config: one sample, the configs'
+    order rotated by one each repeat. A sample: a pre-roll prefill, then k timed back-to-back
+    prefills filling min_ms (k from the warm-up prefill; k = 1 and no pre-roll when one prefill
+    takes min_ms or more, or without warm-up). (Position mattered: on the H200 at pp2048 a
+    config timed on one prefill right after the f16 path's measured 10-14% slower than in a later
+    position, docs/perf.md session 10. The rotation gives each config every position over
+    len(configs) repeats, and the spread shows what is left.)"""
     if repeats < 1:
         raise BadInput(f"--repeats {repeats}: need at least 1")
     rows = {(c, n): Row(c or "default", b.name, n) for c, b in zip(configs, backends)
             for n in tokens}
     prompts = {n: prompt_ids(model, n) for n in tokens}
+    pairs = list(zip(configs, backends))
+    reps = {(c, n): 1 for c in configs for n in tokens}   # timed prefills per sample
     if warmup:
         for n in tokens:
-            for b in backends:
-                time_prefill(b, prompts[n])
-    pairs = list(zip(configs, backends))
+            for c, b in pairs:
+                t = time_prefill(b, prompts[n])
+                if min_ms > 0:
+                    reps[(c, n)] = max(1, math.ceil(min_ms / 1e3 / max(t, 1e-9)))
     for r in range(repeats):
         order = pairs[r % len(pairs):] + pairs[:r % len(pairs)]
         for n in tokens:
             for c, b in order:
-                rows[(c, n)].tok_s.append(n / time_prefill(b, prompts[n]))
+                k = reps[(c, n)]
+                if k > 1:
+                    time_prefill(b, prompts[n])   # pre-roll: the config's own steady state
+                rows[(c, n)].tok_s.append(n * k / time_prefill(b, prompts[n], k))
+                rows[(c, n)].prefills = k
     for b in backends:
         b.reset()
     return [rows[(c, n)] for n in tokens for c in configs]
@@ -207,7 +223,7 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
 
 
 def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
-        profile: bool = True, echo=print, base=None) -> list[Row]:
+        profile: bool = True, echo=print, base=None, min_ms: float = 200.0) -> list[Row]:
     from minfer.loader import load_model
 
     model = load_model(model_path)
@@ -223,8 +239,11 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
         if hasattr(b, "route_summary"):
             echo(f"  {b.route_summary()}")
         backends.append(b)
-    rows = bench(model, tokens, configs, repeats, backends)
-    echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat\n")
+    rows = bench(model, tokens, configs, repeats, backends, min_ms=min_ms)
+    per = ", ".join(f"{r.tokens}: {r.prefills}" for r in rows[::len(configs)])
+    echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat; "
+         f"a sample = a pre-roll prefill, then back-to-back timed prefills filling {min_ms:g} ms "
+         f"(prefills per sample, {configs[0] or 'default'}: {per})\n")
     echo(table(rows))
     if profile:
         for b in backends:

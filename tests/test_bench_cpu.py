@@ -126,3 +126,37 @@ def test_bench_rotates_the_config_order():
                      ("c", 4), ("a", 4), ("b", 4), ("c", 8), ("a", 8), ("b", 8)]
     assert [(r.config, r.tokens, len(r.tok_s)) for r in rows] == [
         ("a", 4, 3), ("b", 4, 3), ("c", 4, 3), ("a", 8, 3), ("b", 8, 3), ("c", 8, 3)]
+
+
+def test_bench_samples_a_preroll_then_back_to_back_prefills(monkeypatch):
+    """With min_ms, a sample is one untimed pre-roll prefill and then k timed prefills filling
+    min_ms (k from the warm-up prefill); a prefill longer than min_ms is timed alone."""
+    from types import SimpleNamespace
+
+    clock = [0.0]
+    monkeypatch.setattr(B.time, "perf_counter", lambda: clock[0])
+    calls = []
+
+    class Fake:
+        def __init__(self, name, secs):
+            self.name, self.secs = name, secs
+
+        def reset(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def forward(self, ids, pos0):
+            calls.append(self.name)
+            clock[0] += self.secs
+
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
+    rows = B.bench(model, [10], ["fast", "slow"], 2, [Fake("fast", 0.03), Fake("slow", 0.5)],
+                   min_ms=200)
+    # warm-up (one each), then per repeat: fast = 1 pre-roll + 7 timed (7 x 30 ms >= 200 ms),
+    # slow = 1 timed; the second repeat starts with slow
+    assert calls == ["fast", "slow"] + ["fast"] * 8 + ["slow"] + ["slow"] + ["fast"] * 8
+    fast, slow = rows
+    assert (fast.prefills, slow.prefills) == (7, 1)
+    assert fast.tok_s == pytest.approx([10 / 0.03] * 2) and slow.tok_s == pytest.approx([20.0] * 2)

@@ -19,10 +19,13 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--backend", "kind", default="cuda", show_default=True,
               type=click.Choice(["cuda", "cpu"]))
+@click.option("--min-ms", default=200.0, show_default=True, type=float,
+              help="Each sample: one untimed pre-roll prefill, then back-to-back timed prefills "
+                   "filling this many ms (0: one prefill, no pre-roll).")
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
 @gemm_options
 @click.argument("more_ab", nargs=-1)
-def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab, **gemm) -> None:
+def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, more_ab, **gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     GEMM flags apply to every config, under the environment's values; an --ab string's keys
     win over both."""
@@ -32,5 +35,7 @@ def bench(model_path, tokens, ab, repeats, kind, no_breakdown, more_ab, **gemm) 
     if more_ab and not ab:
         raise BadInput(f"unexpected arguments {' '.join(more_ab)!r} (A/B configs follow --ab)")
     configs = list(ab) + list(more_ab)
+    if min_ms < 0:
+        raise BadInput(f"--min-ms {min_ms:g}: must be >= 0")
     run(model_path, parse_tokens(tokens), configs, repeats, kind, profile=not no_breakdown,
-        echo=click.echo, base=gemm_overrides(**gemm))
+        echo=click.echo, base=gemm_overrides(**gemm), min_ms=min_ms)
