@@ -154,9 +154,10 @@ def test_bench_samples_a_preroll_then_back_to_back_prefills(monkeypatch):
     model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
     rows = B.bench(model, [10], ["fast", "slow"], 2, [Fake("fast", 0.03), Fake("slow", 0.5)],
                    min_ms=200)
-    # warm-up (one each), then per repeat: fast = 1 pre-roll + 7 timed (7 x 30 ms >= 200 ms),
-    # slow = 1 timed; the second repeat starts with slow
-    assert calls == ["fast", "slow"] + ["fast"] * 8 + ["slow"] + ["slow"] + ["fast"] * 8
+    # warm-up (fast twice: its first prefill would record the graph; slow once: already over
+    # min_ms), then per repeat: fast = 1 pre-roll + 7 timed (7 x 30 ms >= 200 ms), slow = 1
+    # timed; the second repeat starts with slow
+    assert calls == ["fast", "fast", "slow"] + ["fast"] * 8 + ["slow"] + ["slow"] + ["fast"] * 8
     fast, slow = rows
     assert (fast.prefills, slow.prefills) == (7, 1)
     assert fast.tok_s == pytest.approx([10 / 0.03] * 2) and slow.tok_s == pytest.approx([20.0] * 2)
