@@ -3,10 +3,13 @@
 `bench(model, tokens, configs, repeats, backend)`: one backend per config (GemmConfig parsed
 from "K=V K=V" strings), then for each repeat, for each token count, each config takes one
 sample (A B, B A, ... in the same process, same window: the order rotates by one config each
-repeat). A sample is prefills from an empty cache: with `min_ms` (default 200), one untimed
+repeat). A sample is prefills from an empty cache: with `min_ms` (default 500), one untimed
 pre-roll prefill, then as many back-to-back timed prefills as fill min_ms (the count from the
 warm-up prefill's time; a prefill longer than min_ms is timed alone, without a pre-roll), so the
-figure is the config's own steady state rather than the GPU's state after the previous config.
+figure is the config's own sustained throughput rather than the GPU's state after the previous
+config. On the H200 that state is the power cap: sustained prefill draws ~690-700 W and the
+clocks settle near 1.5 GHz, where a single prefill after an idle gap starts at 1.98 GHz
+(docs/perf.md session 11). min_ms = 0: one prefill per sample (the burst `minfer prefill` sees).
 tok/s is the median over repeats, the spread (max - min) over the same config's repeats is its
 noise band, and an A/B difference smaller than the largest band is reported as noise.
 `breakdown(backend, n)`: one prefill with CUDA events around every op: per GEMM µs, TFLOP/s and
@@ -101,14 +104,15 @@ def time_prefill(backend, ids: np.ndarray, reps: int = 1) -> float:
 
 
 def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: list,
-          warmup: bool = True, min_ms: float = 200.0) -> list[Row]:
+          warmup: bool = True, min_ms: float = 500.0) -> list[Row]:
     """Interleaved: for r in repeats, for n in tokens, for each config: one sample, the configs'
     order rotated by one each repeat. A sample: a pre-roll prefill, then k timed back-to-back
     prefills filling min_ms (k from a second warm-up prefill, the first one records the CUDA
     graph; k = 1 and no pre-roll when one prefill takes min_ms or more, or without warm-up). (Position mattered: on the H200 at pp2048 a
     config timed on one prefill right after the f16 path's measured 10-14% slower than in a later
     position, docs/perf.md session 10. The rotation gives each config every position over
-    len(configs) repeats, and the spread shows what is left.)"""
+    len(configs) repeats, and the spread shows what is left. Session 11 found the cause: the
+    power cap, which the previous config's prefill had reached.)"""
     if repeats < 1:
         raise BadInput(f"--repeats {repeats}: need at least 1")
     rows = {(c, n): Row(c or "default", b.name, n) for c, b in zip(configs, backends)
@@ -224,7 +228,7 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
 
 
 def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
-        profile: bool = True, echo=print, base=None, min_ms: float = 200.0) -> list[Row]:
+        profile: bool = True, echo=print, base=None, min_ms: float = 500.0) -> list[Row]:
     from minfer.loader import load_model
 
     model = load_model(model_path)

@@ -19,9 +19,11 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--backend", "kind", default="cuda", show_default=True,
               type=click.Choice(["cuda", "cpu"]))
-@click.option("--min-ms", default=200.0, show_default=True, type=float,
+@click.option("--min-ms", default=500.0, show_default=True, type=float,
               help="Each sample: one untimed pre-roll prefill, then back-to-back timed prefills "
-                   "filling this many ms (0: one prefill, no pre-roll).")
+                   "filling this many ms: sustained throughput (an H200 under this load runs at "
+                   "its power cap). 0: one prefill per sample, as `minfer prefill` times it on "
+                   "an idle GPU.")
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
 @gemm_options
 @click.argument("more_ab", nargs=-1)
