@@ -8,7 +8,9 @@ weight [2F, K] with its rows interleaved per 16, glu_rows; out f16 [M, F] = silu
 rounded as the swiglu layer; M == 1 takes the smallest tile kernel, not the GEMV).
 
 Kernels: gemm_f16.cu (mma.sync tiles, any sm_80+; the M == 1 GEMV) and gemm_f16_sm90a.cu
-(wgmma tiles, Hopper only, built for sm_90a). Geometry is owned here:
+(Hopper only, built for sm_90a: cp.async-fed wgmma tiles, and the TMA-fed warp-specialized
+persistent kernels, whose operands travel as tensor maps made by minfer.cuda.tma with 48 bytes
+of parameter padding before them, TMA_PARAM_PAD). Geometry is owned here:
 `pick_variant(M, N, K, sm_count, arch)` is the one function choosing the kernel; kernels never
 choose. Contract: K % 8 == 0 (16-byte rows), M, N any size >= 1; every operand a GPUArray
 (minfer.cuda.devarray, as for every launcher), contiguous and 16-byte aligned. A problem-shape
