@@ -188,3 +188,23 @@ def test_cli_q4_K_M_matches_llamacpp(requant_q4_k_m, requant_golden):
     assert reader.fields["general.file_type"].contents() == 15
     assert out.stat().st_size == 105_454_144  # llama.cpp's file size
     assert [p.name for p in out.parent.iterdir()] == ["q4km.gguf"]  # no temporary left
+
+
+def test_drain_stops_a_pool_without_killing_workers():
+    """requant._drain (the Ctrl-C / write-error path): with the stop event set, the queued
+    chunks are skipped (None), the workers exit on their own, and the pool closes; never
+    Pool.terminate() on a worker that may be sending a result (that hung: a partial message)."""
+    import multiprocessing as mp
+
+    from minfer.quants import requant
+
+    ctx = mp.get_context("fork")
+    stop = ctx.Event()
+    stop.set()   # before any chunk runs: the workers have no model (forked=True, none loaded)
+    with ctx.Pool(2, initializer=requant._worker_init, initargs=("", True, stop)) as pool:
+        it = pool.imap(requant._work, [("t", 0, 1, "q4_K")] * 50)
+        t0 = time.time()
+        requant._drain(pool, stop)
+        assert time.time() - t0 < 30
+        assert list(it) == [None] * 50
+        assert not [p for p in mp.active_children() if "PoolWorker" in p.name]

@@ -39,27 +39,43 @@ class QuantizeStats:
         return self.n_weights / self.seconds if self.seconds > 0 else 0.0
 
 
-# One opened model per worker process, set by the pool initializer (workers are separate
-# processes; this is their private state, not configuration).
+# One opened model per worker process and the pool's stop event, set by the pool initializer
+# (workers are separate processes; this is their private state, not configuration).
 _worker_model = None
+_worker_stop = None
 
 
-def _worker_init(path: str, forked: bool) -> None:
-    global _worker_model
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and terminates us
+def _worker_init(path: str, forked: bool, stop) -> None:
+    global _worker_model, _worker_stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C (see _drain)
+    _worker_stop = stop
     if not forked:  # a forked worker already has the parent's opened (memory-mapped) model
         from minfer.loader import load_model
 
         _worker_model = load_model(path)
 
 
-def _work(item: tuple[str, int, int, str]) -> np.ndarray:
-    """(tensor, first row, end row, target type) -> quantized bytes [rows, row_bytes]."""
+def _work(item: tuple[str, int, int, str]) -> np.ndarray | None:
+    """(tensor, first row, end row, target type) -> quantized bytes [rows, row_bytes]; None
+    once the parent has set the stop event."""
     from minfer.quants.quantize import quantize
 
+    if _worker_stop.is_set():
+        return None
     name, r0, r1, ty = item
     x = _worker_model.dequant(name, rows=slice(r0, r1))
     return quantize(np.ascontiguousarray(x, dtype=np.float32), ty)
+
+
+def _drain(pool, stop) -> None:
+    """Stop a pool whose results are no longer wanted (Ctrl-C, a write error) without
+    terminating workers mid-task: Pool.terminate() kills them where they are, and one killed
+    while sending its result leaves a partial message in the result pipe, on which the pool's
+    result thread then waits forever (the hang a Ctrl-C could meet). Workers finish their
+    current chunk and skip the rest; then the pool closes normally."""
+    stop.set()
+    pool.close()
+    pool.join()
 
 
 def check_output_path(in_path: Path, out_path: Path) -> None:
@@ -127,8 +143,9 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     ctx = mp.get_context("fork" if forked else "spawn")
     _worker_model = model  # inherited by forked workers (opening the model again takes seconds)
     # the pool is made before any progress-bar thread exists (fork copies no running thread)
+    stop = ctx.Event()
     with ctx.Pool(min(threads, max(1, len(items))), initializer=_worker_init,
-                  initargs=(str(in_path), forked)) as pool:
+                  initargs=(str(in_path), forked, stop)) as pool:
         results = pool.imap(_work, items)  # ordered; workers run ahead of the writer
         bar = None
         if progress:
@@ -159,6 +176,9 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
                     produce(name, ty)) for name, ty in types.items()]
         try:
             write_gguf(out_path, c.arch, meta, entries, progress=False)
+        except BaseException:
+            _drain(pool, stop)
+            raise
         finally:
             if bar is not None:
                 bar.close()
