@@ -29,6 +29,8 @@ import numpy as np
 from minfer.cuda import devarray as da
 from minfer.cuda.tma import tmap_f16_2d
 from minfer.errors import BadInput
+# the glu mode's gate|up row order: the SB kernel's (per 16 rows, 8 gate rows then their 8 up)
+from minfer.quants.mmq_sb_ref import glu_rows  # noqa: F401  (re-exported: tests, weights)
 
 MODE_F32, MODE_F16, MODE_ACC, MODE_GLU = 0, 1, 2, 3
 GLU_TILE = "gemm_f16_nt_32x64x64_w1x4_s4"   # glu at M == 1 (the GEMV has no glu epilogue)
@@ -214,15 +216,6 @@ def _pick_tma(M: int, N: int, sm_count: int) -> str | None:
 
 
 # ---- numpy twin -------------------------------------------------------------------------------
-def glu_rows(F: int) -> np.ndarray:
-    """The row order of a gate|up weight [2F, K] for the glu epilogue (the same as the SB
-    kernel's, minfer.quants.mmq_sb_ref.glu_rows): per 16 rows, 8 gate rows then their 8 up
-    rows. -> int64 [2F]: interleaved row i = row perm[i] of [gate; up]. F % 8 == 0."""
-    from minfer.quants.mmq_sb_ref import glu_rows as rows
-
-    return rows(F)
-
-
 def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
                     accumulate: np.ndarray | None = None, glu: bool = False) -> np.ndarray:
     """(a.f32 @ b.f32.T) -> out_dtype; with `accumulate` (f32 [M, N]): accumulate + a @ b.T;
