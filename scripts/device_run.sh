@@ -1,6 +1,8 @@
 #!/bin/bash
 # The one device call: install, GPU tests, CLI on a real (sliced) model, minfer check, synthetic
-# 8B-shape model timing, interleaved A/B bench; a short summary last. DESIGN.md "Device recipe".
+# 8B-shape model timing, the f16 GEMMs (scripts/gemm_device.py), interleaved A/B bench in both
+# regimes (sustained samples, the default, and single prefills, --min-ms 0); a short summary
+# last. DESIGN.md "Device recipe".
 # Usage on the device (carry .whl and .devdata/smollm2-slice.gguf):
 #   bash scripts/device_run.sh [deadline_s]
 # Make the slice here first: python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -19,8 +21,10 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -
 step mmq_timing 60 python3 scripts/mmq_device.py --quick
 step sb_timing 90 python3 scripts/mmq_sb_device.py
 step synth 80 bash -c "time $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s32.gguf"
-step bench 230 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 3 --ab "MINFER_MMQ=0" "MINFER_MMQ=1 MINFER_MMQ_SB=1" "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1"
-step torch 40 python3 scripts/torch_f16_prefill.py --tokens 512,2048 --repeats 3
+step gemm 60 python3 scripts/gemm_device.py
+AB=("MINFER_MMQ=0" "MINFER_MMQ=0 MINFER_F16_GLU=0" "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1")
+step bench 150 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 6 --ab "${AB[@]}"
+step bench_burst 150 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 6 --min-ms 0 --no-breakdown --ab "${AB[@]}"
 echo; echo "################ SUMMARY ################"
 cat "$OUT/steps.txt"
 echo "--- tests"; grep -E "passed|failed|error" "$OUT/tests.log" | tail -2; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -8
@@ -39,5 +43,5 @@ echo "--- ncu (warp instructions per GMAC)"; python3 scripts/ncu_mmq.py --table 
 echo "--- mmq timing"; grep -E "FAIL|ALL OK|FAILURES" "$OUT/mmq_timing.log"; sed -n '/^timing/,$p' "$OUT/mmq_timing.log" | grep -v "narrow\|prepass"
 echo "--- sb timing"; grep -E "MISMATCH|FAIL|ALL OK|FAILURES" "$OUT/sb_timing.log"; grep -E "^\| q[46]_K" "$OUT/sb_timing.log" | grep -v split
 echo "--- synth"; grep -E "real|rror" "$OUT/synth.log"
-echo "--- bench"; grep -E "^\| |MMQ|f16:|rror|noise" "$OUT/bench.log" | grep -v "^| ---" | head -30
-echo "--- torch"; grep -E "^\||rror" "$OUT/torch.log"
+echo "--- gemm (f16, TFLOP/s)"; grep -E "FAIL|ALL OK|FAILURES" "$OUT/gemm.log"; grep -E "^\| [0-9]" "$OUT/gemm.log"
+for f in bench bench_burst; do echo "--- $f"; grep -E "^\| |MMQ|f16:|rror|noise|repeat" "$OUT/$f.log" | grep -v "^| ---" | head -30; done
