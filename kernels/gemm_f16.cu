@@ -122,10 +122,7 @@ __device__ __forceinline__ void gemm_body(const half* __restrict__ A, const half
     cp_async_wait<0>();  // drain (empty) trailing groups before exit
 
     const int row0 = m0 + wm * Cfg::WM, col0 = n0 + wn * Cfg::WN;
-    if (mode == 0) epilogue<0, MI, NI>(C, M, N, row0, col0, acc, lane);
-    else if (mode == 1) epilogue<1, MI, NI>(C, M, N, row0, col0, acc, lane);
-    else if (mode == 2) epilogue<2, MI, NI>(C, M, N, row0, col0, acc, lane);
-    else epilogue<3, MI, NI>(C, M, N, row0, col0, acc, lane);   // glu
+    store_tile(mode, C, M, N, row0, col0, acc, lane);
 }
 
 // ---- GEMV (M == 1) ------------------------------------------------------------------------

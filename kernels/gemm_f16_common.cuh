@@ -171,6 +171,16 @@ __device__ __forceinline__ void epilogue(void* C, int M, int N, int row0, int co
     });
 }
 
+// the epilogue of the launch's `mode` (uniform per launch; the kernels' one dispatch)
+template <int MI, int NI>
+__device__ __forceinline__ void store_tile(int mode, void* C, int M, int N, int row0, int col0,
+                                           float (&acc)[MI][NI][4], int lane) {
+    if (mode == 0) epilogue<0, MI, NI>(C, M, N, row0, col0, acc, lane);
+    else if (mode == 1) epilogue<1, MI, NI>(C, M, N, row0, col0, acc, lane);
+    else if (mode == 2) epilogue<2, MI, NI>(C, M, N, row0, col0, acc, lane);
+    else epilogue<3, MI, NI>(C, M, N, row0, col0, acc, lane);   // glu
+}
+
 // grouped tile order: GROUP_M row-tiles share the B column tiles while they are in L2; tile
 // `pid` of the ceil(M / BM) x ceil(N / BN) grid starts at (m0, n0)
 template <int BM, int BN>

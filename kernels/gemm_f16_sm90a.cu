@@ -88,6 +88,21 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[BN / 2], uint64_t da, uint
     else wgmma_m64n256k16(d, da, db);
 }
 
+// one 64-deep k-tile: 4 k16 wgmmas (32 bytes apart inside the swizzle atom) issued as a group
+// on the stage at (As, Bs), then wait until at most this group is in flight (the previous
+// k-tile's group is done)
+template <int BN>
+__device__ __forceinline__ void mma_ktile(float (&d)[BN / 2], uint32_t As, uint32_t Bs) {
+    fence_regs(d);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+        wgmma_tile<BN>(d, sw128_desc(As + kk * 32), sw128_desc(Bs + kk * 32));
+    wgmma::commit();
+    wgmma::wait<1>();
+    fence_regs(d);
+}
+
 template <int BM, int BN, int STAGES>
 __device__ __forceinline__ void wgmma_body(const half* __restrict__ A, const half* __restrict__ B,
                                            void* __restrict__ C, int M, int N, int K, int mode) {
@@ -146,14 +161,7 @@ __device__ __forceinline__ void wgmma_body(const half* __restrict__ A, const hal
         __syncthreads();
         const uint32_t As = smem_u32(smem + (kt % STAGES) * STAGE_HALVES) + wg * 64 * 128;
         const uint32_t Bs = smem_u32(smem + (kt % STAGES) * STAGE_HALVES + BM * BK);
-        fence_regs(d);
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)  // k16 step = 32 bytes inside the swizzle atom
-            wgmma_tile<BN>(d, sw128_desc(As + kk * 32), sw128_desc(Bs + kk * 32));
-        wgmma::commit();
-        wgmma::wait<1>();  // k-tile kt-1's group is done (this warpgroup)
-        fence_regs(d);
+        mma_ktile<BN>(d, As, Bs);   // k-tile kt-1's group is done (this warpgroup)
         __syncthreads();  // ... in every warpgroup: stage (kt-1) % STAGES is free
         const int nk = kt + STAGES - 1;
         if (nk < KT) load_tile(nk % STAGES, nk);
@@ -164,10 +172,7 @@ __device__ __forceinline__ void wgmma_body(const half* __restrict__ A, const hal
     cp_async_wait<0>();
 
     const int row0 = m0 + wg * 64 + (warp & 3) * 16;
-    if (mode == 0) epilogue<0, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
-    else if (mode == 1) epilogue<1, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
-    else if (mode == 2) epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
-    else epilogue<3, 1, BN / 8>(C, M, N, row0, n0, acc, lane);   // glu
+    store_tile(mode, C, M, N, row0, n0, acc, lane);
 }
 
 // ---- TMA, warp-specialized, persistent: wgmma_f16_tma_128x<BN>x64_s<ST> ----------------------
@@ -259,24 +264,14 @@ __device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* t
             wgmma::mbar_wait(full + 8 * s, (it / STAGES) & 1);   // (TMA writes: async proxy)
             const uint32_t As = base + s * S::STAGE + cw * 64 * 128, Bs = base + s * S::STAGE +
                                                                           S::A_BYTES;
-            fence_regs(d);
-            wgmma::fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                wgmma_tile<BN>(d, sw128_desc(As + kk * 32), sw128_desc(Bs + kk * 32));
-            wgmma::commit();
-            wgmma::wait<1>();   // k-tile kt - 1's wgmmas are done: release its stage
-            fence_regs(d);
+            mma_ktile<BN>(d, As, Bs);   // k-tile kt - 1's wgmmas are done: release its stage
             if (kt > 0) wgmma::mbar_arrive(empty + 8 * ((it - 1) % STAGES));
         }
         wgmma::wait<0>();
         fence_regs(d);
         wgmma::mbar_arrive(empty + 8 * ((it - 1) % STAGES));
         const int row0 = m0 + cw * 64 + warp * 16;
-        if (mode == 0) epilogue<0, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
-        else if (mode == 1) epilogue<1, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
-        else if (mode == 2) epilogue<2, 1, BN / 8>(C, M, N, row0, n0, acc, lane);
-        else epilogue<3, 1, BN / 8>(C, M, N, row0, n0, acc, lane);   // glu
+        store_tile(mode, C, M, N, row0, n0, acc, lane);
     }
 }
 
