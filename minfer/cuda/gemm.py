@@ -68,7 +68,7 @@ class Tile:
     def smem(self) -> int:  # dynamic shared memory, bytes
         return self.stages * (self.bm + self.bn) * self.bk * 2
 
-    def grid(self, M: int, N: int) -> int:
+    def grid(self, M: int, N: int, sm_count: int = 132) -> int:   # one block per tile
         return -(-M // self.bm) * -(-N // self.bn)
 
 
@@ -86,7 +86,7 @@ class Gemv:
     def entry(self) -> str:
         return f"gemv_f16_r{self.rows}"
 
-    def grid(self, M: int, N: int) -> int:
+    def grid(self, M: int, N: int, sm_count: int = 132) -> int:
         return -(-N // (8 * self.rows))
 
 
@@ -113,7 +113,7 @@ class WgmmaTile:
     def smem(self) -> int:  # stages of [bm + bn, 64] f16 tiles + 1 KB for manual alignment
         return self.stages * (self.bm + self.bn) * 128 + 1024
 
-    def grid(self, M: int, N: int) -> int:
+    def grid(self, M: int, N: int, sm_count: int = 132) -> int:   # one block per tile
         return -(-M // self.bm) * -(-N // self.bn)
 
 
@@ -329,6 +329,6 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
                 i32(mode), i32(TMA_MAGIC))
     else:
         args = (da.arg(a), da.arg(b), da.arg(c), i32(M), i32(N), i32(K), i32(mode))
-    grid = kern.grid(M, N, rt.sm_count) if isinstance(kern, TmaTile) else kern.grid(M, N)
-    rt.launch(fn, (grid,), (kern.threads,), args, smem=kern.smem, stream=stream)
+    rt.launch(fn, (kern.grid(M, N, rt.sm_count),), (kern.threads,), args, smem=kern.smem,
+              stream=stream)
     return c

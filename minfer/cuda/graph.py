@@ -22,11 +22,13 @@ from minfer.errors import GPUError
 _CAPTURE_RELAXED = 2
 
 
-def _lib():
+def libcuda(purpose: str = "CUDA graphs"):
+    """The driver library through ctypes, for the calls pycuda does not wrap (graphs here, TMA
+    tensor maps in minfer.cuda.tma); GPUError naming `purpose` when it cannot be opened."""
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError as e:
-        raise GPUError(f"CUDA graphs: cannot open libcuda.so.1 ({e})") from None
+        raise GPUError(f"{purpose}: cannot open libcuda.so.1 ({e})") from None
 
 
 def _check(rc: int, what: str) -> None:
@@ -54,7 +56,7 @@ class Graph:
 def capture(stream, body) -> Graph:
     """Record what `body()` launches on `stream` (a pycuda Stream) into an instantiated Graph.
     If body raises, the capture is ended and discarded and the exception propagates."""
-    lib = _lib()
+    lib = libcuda()
     h = ctypes.c_void_p(stream.handle)
     _check(lib.cuStreamBeginCapture_v2(h, ctypes.c_int(_CAPTURE_RELAXED)),
            "cuStreamBeginCapture")

@@ -29,11 +29,9 @@ _encode = None
 def _encoder():
     global _encode
     if _encode is None:
-        try:
-            lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as e:
-            raise GPUError(f"TMA tensor maps: cannot open libcuda.so.1 ({e})") from None
-        fn = getattr(lib, "cuTensorMapEncodeTiled", None)
+        from minfer.cuda.graph import libcuda
+
+        fn = getattr(libcuda("TMA tensor maps"), "cuTensorMapEncodeTiled", None)
         if fn is None:
             raise GPUError("TMA tensor maps: this driver has no cuTensorMapEncodeTiled")
         fn.restype = ctypes.c_int

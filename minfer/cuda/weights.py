@@ -166,7 +166,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
             # shares the embedding table's bytes
             if n in fused and fused[n][0] in glu:
                 g, r0, _ = fused[n]
-                _upload_interleaved(rt, w[g], raw, N, r0 > 0)
+                _copy_interleaved(rt, w[g], raw, N, r0 > 0)
             elif n in fused:
                 g, r0, _ = fused[n]
                 w[n] = da.rows(w[g], r0, N)
@@ -207,38 +207,34 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype)
 
 
-def _upload_interleaved(rt, dst, raw: np.ndarray, N: int, up: bool) -> None:
-    """A gate (up False) or up member's raw rows [N, row_bytes] into the fused group's buffer
-    dst [2N, row_bytes] interleaved per 16 rows: runs of 8 rows at dst rows 16 j (gate) or
-    16 j + 8 (up). One 2D copy (pitch 16 rows). N % 8 == 0 (plan_glu)."""
-    rb = dst.shape[1]
+def _copy_interleaved(rt, dst, src, n: int, up: bool, dst_row0: int = 0) -> None:
+    """n rows [n, row_bytes] of a gate (up False) or up member into the fused group's buffer dst
+    [2N, row_bytes] interleaved per 16 rows: runs of 8 rows at dst rows dst_row0 + 16 j (gate)
+    or + 8 (up). One 2D copy (pitch 16 rows); src is host bytes (numpy) or a device array.
+    n % 8 == 0 (plan_glu)."""
+    rb = int(np.prod(dst.shape[1:])) * dst.dtype.itemsize
     cp = rt.drv.Memcpy2D()
-    cp.set_src_host(raw)
-    cp.set_dst_device(da.ptr(dst) + (8 * rb if up else 0))
+    if isinstance(src, np.ndarray):
+        cp.set_src_host(src)
+    else:
+        cp.set_src_device(da.ptr(src))
+    cp.set_dst_device(da.ptr(dst) + dst_row0 * rb + (8 * rb if up else 0))
     cp.src_pitch, cp.dst_pitch = 8 * rb, 16 * rb
-    cp.width_in_bytes, cp.height = 8 * rb, N // 8
+    cp.width_in_bytes, cp.height = 8 * rb, n // 8
     cp(aligned=True)
 
 
 def _dequant_interleaved(rt, raw_dev: int, qtype: int, N: int, K: int, row_bytes: int, dst,
                          up: bool, chunk: int = 1024) -> None:
     """A gate (up False) or up member's quantized rows (on the device at raw_dev) dequantized to
-    f16 into the fused group's buffer dst [2N, K] interleaved per 16 rows (runs of 8 rows at dst
-    rows 16 j, or 16 j + 8), `chunk` rows at a time through an f16 scratch of chunk x K (2D
-    device copies, pitch 16 rows). N % 8 == 0 (plan_glu)."""
+    f16 into the fused group's buffer dst [2N, K] interleaved per 16 rows (_copy_interleaved),
+    `chunk` rows at a time through an f16 scratch of chunk x K. N % 8 == 0 (plan_glu)."""
     rows = min(N, chunk)
     tmp = da.empty(rt, (rows, K), np.float16, "glu dequant scratch")
-    rb = 2 * K
     for r in range(0, N, rows):
         n = min(rows, N - r)
-        part = da.rows(tmp, 0, n)
-        _dequant_f16(rt, raw_dev + r * row_bytes, qtype, n, K, part)
-        cp = rt.drv.Memcpy2D()
-        cp.set_src_device(da.ptr(tmp))
-        cp.set_dst_device(da.ptr(dst) + 2 * r * rb + (8 * rb if up else 0))
-        cp.src_pitch, cp.dst_pitch = 8 * rb, 16 * rb
-        cp.width_in_bytes, cp.height = 8 * rb, n // 8
-        cp(aligned=True)
+        _dequant_f16(rt, raw_dev + r * row_bytes, qtype, n, K, da.rows(tmp, 0, n))
+        _copy_interleaved(rt, dst, tmp, n, up, dst_row0=2 * r)
     rt.synchronize()
 
 
