@@ -483,3 +483,57 @@ def test_swiglu_epilogue_refuses_bad_input():
     with pytest.raises(GPUError, match="out: dtype"):
         mmq_sb_linear(None, x, SbQ4K(None, 64, 256), 8, 64, 256, _Arr((8, 32), np.float32),
                       swiglu=True)
+
+
+def test_copy_interleaved_places_rows_as_glu_rows():
+    """weights._copy_interleaved (gate|up upload for the SB and f16 glu epilogues), its 2D copy
+    emulated on host memory: raw uint8 rows from the host and f16 rows from a device chunk at a
+    row offset both land where glu_rows says."""
+    from types import SimpleNamespace
+
+    from minfer.cuda.gemm import glu_rows
+    from minfer.cuda.weights import _copy_interleaved
+
+    mem = {}   # base address -> host buffer standing in for device memory
+
+    class Arr(SimpleNamespace):
+        pass
+
+    def dev(a, base):
+        mem[base] = a.view(np.uint8).reshape(-1)
+        return Arr(gpudata=base, shape=a.shape, dtype=a.dtype)
+
+    class Memcpy2D:
+        def set_src_host(self, a):
+            self.src = (np.ascontiguousarray(a).view(np.uint8).reshape(-1), 0)
+
+        def set_src_device(self, p):
+            self.src = (mem[p], 0)
+
+        def set_dst_device(self, p):
+            base = max(b for b in mem if b <= p)
+            self.dst = (mem[base], p - base)
+
+        def __call__(self, aligned=True):
+            (s, so), (d, do) = self.src, self.dst
+            for h in range(self.height):
+                w = self.width_in_bytes
+                d[do + h * self.dst_pitch:do + h * self.dst_pitch + w] = \
+                    s[so + h * self.src_pitch:so + h * self.src_pitch + w]
+
+    rt = SimpleNamespace(drv=SimpleNamespace(Memcpy2D=Memcpy2D))
+    F = 24
+    rng = np.random.default_rng(0)
+    for dtype, K in ((np.uint8, 40), (np.float16, 16)):
+        gate, up = (rng.integers(0, 200, (F, K)).astype(dtype) for _ in range(2))
+        out = np.zeros((2 * F, K), dtype)
+        dst = dev(out, 1 << 20)
+        if dtype == np.uint8:   # raw rows from the host, whole member
+            _copy_interleaved(rt, dst, gate, F, False)
+            _copy_interleaved(rt, dst, up, F, True)
+        else:                   # device chunks of 8 rows at row r (dst row 2 r)
+            for r in range(0, F, 8):
+                for member, is_up, base in ((gate, False, 1 << 24), (up, True, 1 << 25)):
+                    chunk = dev(np.ascontiguousarray(member[r:r + 8]), base)
+                    _copy_interleaved(rt, dst, chunk, 8, is_up, dst_row0=2 * r)
+        assert np.array_equal(out, np.concatenate([gate, up])[glu_rows(F)]), dtype
