@@ -1,13 +1,15 @@
 // gemm_f16_common.cuh: helpers shared by gemm_f16.cu (mma.sync) and gemm_f16_sm90a.cu (wgmma):
 // cp.async, ldmatrix, mma.sync m16n8k16, the XOR smem swizzle, grouped block order, and the
 // epilogue (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc, 3: C f16 [M, N/2] =
-// swiglu of B rows interleaved per 16) over m16n8 accumulator fragments acc[MI][NI][4] (rows
+// swiglu of B rows interleaved per 16, 4: rope: C is a RopeQkv*, the fused qkv output goes
+// roped into q16 and the KV cache) over m16n8 accumulator fragments acc[MI][NI][4] (rows
 // row0 + mi*16 + lane/4 (+8), cols col0 + ni*8 + 2*(lane%4)).
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
 
 #include "swiglu.cuh"   // swiglu1: the swiglu layer's rounding
+#include "rope.cuh"     // rope_rot, RopeQkv: the rope kernels' rounding
 
 static_assert(sizeof(half) == 2, "f16 is 2 bytes");
 static_assert(sizeof(uint4) == 16, "16-byte chunks");
@@ -131,6 +133,72 @@ __device__ __forceinline__ void epilogue_glu(half* C, int M, int N, int row0, in
     });
 }
 
+// Mode 4 (rope): the fused qkv GEMM's [M, qd + 2 kd] tile goes to q16 / kc / vc as rope.cuh's
+// RopeQkv says, each (even, odd) column pair of this thread being one rotation pair (D even:
+// no pair straddles a head), rotated and rounded exactly as rope_qkv_f32_f16 does the same f32
+// values (the engine's logits are bitwise those of GEMM f32 + rope_qkv; tests/gpu).
+// The cos / sin loads: a fragment's column offset in its head steps by 8 (q, k and v start at
+// multiples of D; D >= 8, even: QkvRope checks), so when D divides 128 the 16 fragments of a
+// batch meet every angle this thread needs for its row, and later batches reuse them. Per row,
+// one batch of loads, then every store (a store may alias the tables as far as the compiler
+// knows: loads placed after stores wait one L2 round trip each; measured at M = 2048, batches
+// of 8 loads between stores: 1.03x slower than the f32 GEMM + rope launch; every load of both
+// rows hoisted: spills).
+template <int MI, int NI>
+__device__ __forceinline__ void epilogue_rope(const RopeQkv* __restrict__ rp, int M, int N,
+                                              int row0, int col0, float (&acc)[MI][NI][4],
+                                              int lane) {
+    constexpr int B = NI < 16 ? NI : 16;   // fragments per batch of table loads
+    const RopeQkv r = *rp;
+    const int t = lane & 3, pos0 = r.pos[0], kv0 = r.qd + r.kd;
+    const bool reuse = 128 % r.D == 0;   // batch b's angles are batch 0's
+    const int hc0 = (col0 + 2 * t) % r.D;   // fragment 0's column offset inside its head
+    for_rows<MI>(M, row0, lane, [&](int mi, int h, int row) {
+        const long p_abs = static_cast<long>(pos0) + row;
+        const float* cr = r.cos_t + p_abs * r.half_r;
+        const float* sr = r.sin_t + p_abs * r.half_r;
+        float cs[B], sn[B];
+        unsigned on = 0;   // bit j: fragment b + j's pair is inside rope_dim
+        int hc = hc0;
+#pragma unroll
+        for (int b = 0; b < NI; b += B) {
+            if (b == 0 || !reuse) {
+                on = 0;
+#pragma unroll
+                for (int j = 0; j < B && b + j < NI; ++j) {
+                    const int p = hc >> 1;
+                    hc += 8;
+                    if (hc >= r.D) hc -= r.D;
+                    const bool in = p < r.half_r;
+                    cs[j] = in ? cr[p] : 0.f;
+                    sn[j] = in ? sr[p] : 0.f;
+                    on |= static_cast<unsigned>(in) << j;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < B && b + j < NI; ++j) {
+                const int ni = b + j, col = col0 + ni * 8 + 2 * t;
+                if (((on >> j) & 1u) && col < kv0) {   // q or k, inside rope_dim
+                    const float2 y = rope_rot(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1], cs[j],
+                                              sn[j]);
+                    acc[mi][ni][2 * h] = y.x;
+                    acc[mi][ni][2 * h + 1] = y.y;
+                }
+            }
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+            const int col = col0 + ni * 8 + 2 * t;
+            if (col >= N) continue;
+            __half* dst = col < r.qd ? r.q16 + static_cast<long>(row) * r.qd + col
+                        : col < kv0  ? r.kc + p_abs * r.kd + (col - r.qd)
+                                     : r.vc + p_abs * r.kd + (col - kv0);
+            *reinterpret_cast<__half2*>(dst) =
+                __floats2half2_rn(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        }
+    });
+}
+
 template <int MODE, int MI, int NI>
 __device__ __forceinline__ void epilogue(void* C, int M, int N, int row0, int col0,
                                          float (&acc)[MI][NI][4], int lane) {
@@ -171,6 +239,24 @@ __device__ __forceinline__ void epilogue(void* C, int M, int N, int row0, int co
     });
 }
 
+// Mode 2's residual tile into L2 ahead of the epilogue: this thread's rows of C (as for_rows),
+// 128-byte lines (lane % 4) + 4j of the BN f32 columns at col0; the accumulate epilogue's loads
+// then hit L2 instead of waiting on DRAM with the tensor cores idle (issued a few k-tiles
+// before the mainloop ends, while DRAM is otherwise quiet).
+template <int MI, int BN>
+__device__ __forceinline__ void prefetch_acc_l2(const float* C, int M, int N, int row0, int col0,
+                                                int lane) {
+    constexpr int LINES = BN * 4 / 128;   // 128-byte lines of a row's BN f32
+    for_rows<MI>(M, row0, lane, [&](int, int, int row) {
+#pragma unroll
+        for (int j = lane & 3; j < LINES; j += 4) {
+            const int col = col0 + j * 32;
+            if (col < N)
+                asm volatile("prefetch.global.L2 [%0];\n" ::"l"(C + static_cast<size_t>(row) * N + col));
+        }
+    });
+}
+
 // the epilogue of the launch's `mode` (uniform per launch; the kernels' one dispatch)
 template <int MI, int NI>
 __device__ __forceinline__ void store_tile(int mode, void* C, int M, int N, int row0, int col0,
@@ -178,7 +264,8 @@ __device__ __forceinline__ void store_tile(int mode, void* C, int M, int N, int 
     if (mode == 0) epilogue<0, MI, NI>(C, M, N, row0, col0, acc, lane);
     else if (mode == 1) epilogue<1, MI, NI>(C, M, N, row0, col0, acc, lane);
     else if (mode == 2) epilogue<2, MI, NI>(C, M, N, row0, col0, acc, lane);
-    else epilogue<3, MI, NI>(C, M, N, row0, col0, acc, lane);   // glu
+    else if (mode == 3) epilogue<3, MI, NI>(C, M, N, row0, col0, acc, lane);   // glu
+    else epilogue_rope<MI, NI>(static_cast<const RopeQkv*>(C), M, N, row0, col0, acc, lane);
 }
 
 // grouped tile order: GROUP_M row-tiles share the B column tiles while they are in L2; tile

@@ -184,6 +184,12 @@ __device__ __forceinline__ void wgmma_body(const half* __restrict__ A, const hal
 // ... in the grouped order, and the ring runs on across tiles, so the next tile's stages land
 // while the consumers store this one.
 constexpr int WS_THREADS = 384, WS_PRODUCER_REGS = 40, WS_CONSUMER_REGS = 232;
+// mode 2 (C += acc): the residual tile is prefetched into L2 this many k-tiles before the
+// mainloop ends (prefetch_acc_l2)
+#ifndef ACC_PREFETCH_KTILES
+#define ACC_PREFETCH_KTILES 8
+#endif
+constexpr int MODE_ACC = 2;
 // setmaxnreg moves registers within the launch allocation (168 per thread at 384 threads)
 static_assert(128 * WS_PRODUCER_REGS + 256 * WS_CONSUMER_REGS <= WS_THREADS * 168, "registers");
 
@@ -266,6 +272,9 @@ __device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* t
                                                                           S::A_BYTES;
             mma_ktile<BN>(d, As, Bs);   // k-tile kt - 1's wgmmas are done: release its stage
             if (kt > 0) wgmma::mbar_arrive(empty + 8 * ((it - 1) % STAGES));
+            if (mode == MODE_ACC && kt == max(KT - ACC_PREFETCH_KTILES, 0))
+                prefetch_acc_l2<1, BN>(static_cast<const float*>(C), M, N,
+                                       m0 + cw * 64 + warp * 16, n0, lane);
         }
         wgmma::wait<0>();
         fence_regs(d);

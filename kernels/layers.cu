@@ -36,6 +36,7 @@
 
 #include "rmsnorm.cuh"  // rms_scale, rms_value
 #include "swiglu.cuh"   // swiglu1
+#include "rope.cuh"     // rope_rot
 
 static_assert(sizeof(__half) == 2, "f16 is 2 bytes");
 
@@ -139,11 +140,6 @@ extern "C" __global__ void rope_f32_f16(__half* dst, long ldd, const float* src,
 }
 
 // ---- fused rope of q and k + KV-cache append of k and v (device-side pos0) --------------------
-// (a, b) rotated by the angle (c, sn), each product rounded as the reference's
-__device__ __forceinline__ float2 rot(float a, float b, float c, float sn) {
-    return make_float2(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn)),
-                       __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
-}
 // pair p of a head (rope_qkv_f32_f16: a thread per pair, grid (T, ceil((Hq + 2 Hkv) D/2 / 128)),
 // block (128))
 __device__ __forceinline__ void rope_pair_f16(__half* d, const float* s, int p, int half_r,
@@ -151,7 +147,7 @@ __device__ __forceinline__ void rope_pair_f16(__half* d, const float* s, int p, 
     int i0, i1;
     if (p < half_r) {
         if (neox) { i0 = p; i1 = p + half_r; } else { i0 = 2 * p; i1 = 2 * p + 1; }
-        const float2 y = rot(s[i0], s[i1], cr[p], sr[p]);
+        const float2 y = rope_rot(s[i0], s[i1], cr[p], sr[p]);
         d[i0] = __float2half_rn(y.x);
         d[i1] = __float2half_rn(y.y);
     } else {  // pass-through pair past rope_dim
@@ -178,12 +174,12 @@ __device__ __forceinline__ void rope_quad_f16(__half* d, const float* s, int g, 
     if (neox) {
         const float2 a = *reinterpret_cast<const float2*>(s + 2 * g);
         const float2 b = *reinterpret_cast<const float2*>(s + 2 * g + half_r);
-        const float2 y0 = rot(a.x, b.x, c.x, sn.x), y1 = rot(a.y, b.y, c.y, sn.y);
+        const float2 y0 = rope_rot(a.x, b.x, c.x, sn.x), y1 = rope_rot(a.y, b.y, c.y, sn.y);
         *reinterpret_cast<__half2*>(d + 2 * g) = __floats2half2_rn(y0.x, y1.x);
         *reinterpret_cast<__half2*>(d + 2 * g + half_r) = __floats2half2_rn(y0.y, y1.y);
     } else {
         const float4 x = *reinterpret_cast<const float4*>(s + 4 * g);
-        const float2 y0 = rot(x.x, x.y, c.x, sn.x), y1 = rot(x.z, x.w, c.y, sn.y);
+        const float2 y0 = rope_rot(x.x, x.y, c.x, sn.x), y1 = rope_rot(x.z, x.w, c.y, sn.y);
         __half2 h[2] = {__floats2half2_rn(y0.x, y0.y), __floats2half2_rn(y1.x, y1.y)};
         *reinterpret_cast<uint2*>(d + 4 * g) = *reinterpret_cast<uint2*>(h);
     }

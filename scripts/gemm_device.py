@@ -6,6 +6,10 @@ epilogue against f32 out + the swiglu launch (random weights: the interleave doe
 the timing). Prints a table last.
 
 python3 scripts/gemm_device.py [VARIANT ...]   (default: the pick and every wgmma_f16_tma_* entry)
+A VARIANT may carry extra nvcc options after an @ (comma-separated): ENTRY@-DNAME=VALUE builds
+a copy of ENTRY with them, to A/B a kernel's compile-time knob in the same process, e.g.
+wgmma_f16_tma_128x256x64_s4@-DACC_PREFETCH_KTILES=0. qkv also runs as the engine runs it: the
+rope epilogue (gemm mode 4) against f32 out + the rope_qkv launch.
 """
 
 from __future__ import annotations
@@ -24,9 +28,50 @@ SHAPES = [("qkv", 6144, 4096, "f32"), ("o", 4096, 4096, "acc"),
 L2_BYTES = 60 * 2**20
 
 
+def _with_options(spec: str) -> str:
+    """Register ENTRY@OPT,OPT as a copy of ENTRY's table row built with the extra options."""
+    from dataclasses import fields
+
+    from minfer.cuda.gemm import VARIANTS
+
+    if "@" in spec and spec not in VARIANTS:
+        entry, _, opts = spec.partition("@")
+        base = VARIANTS[entry]
+        cls = type(base)
+        sub = type(cls.__name__ + "Opt", (cls,), {"options": cls.options + tuple(opts.split(","))})
+        VARIANTS[spec] = sub(**{f.name: getattr(base, f.name) for f in fields(base)})
+    return spec
+
+
+def _rope_rows(rt, M, A, Bs, nsets, C, flop, rows):
+    """qkv as the engine runs it: the rope epilogue against f32 out + rope_qkv (8B heads)."""
+    from minfer.cuda import layers as L
+
+    Hq, Hkv, D = 32, 8, 128
+    table = L.RopeTable.build(rt, M, 500000.0, D)
+    pos = da.to_device(rt, np.zeros(1, np.int32))
+    q16 = da.empty(rt, (M, Hq, D), np.float16)
+    kc, vc = (da.empty(rt, (M, Hkv, D), np.float16) for _ in range(2))
+    target = L.QkvRope(rt, q16, kc, vc, table, pos, D, False)
+
+    def fused(i):
+        gemm_f16_nt(A, Bs[i % nsets], rt=rt, rope=target)
+
+    def plain(i):
+        gemm_f16_nt(A, Bs[i % nsets], np.float32, out=C, rt=rt)
+        L.rope_qkv(rt, q16, C, C, C, kc, vc, table, 0, pos, D, False, (0, Hq * D, (Hq + Hkv) * D))
+
+    res = interleaved(rt, [("f32 + rope_qkv", plain), ("rope epilogue", fused)], rounds=7,
+                      batch=10)
+    base = res["f32 + rope_qkv"][0]
+    for name in ("f32 + rope_qkv", "rope epilogue"):
+        us, spread = res[name]
+        rows.append((M, "qkv", "roped f16", name, us, 100 * spread, flop / us / 1e6, base / us))
+
+
 def main() -> int:
     rt = get_runtime()
-    extra = sys.argv[1:] or sorted(TMA)
+    extra = [_with_options(v) for v in sys.argv[1:]] or sorted(TMA)
     rng = np.random.default_rng(0)
     rows, ok = [], True
     for M in (512, 2048):
@@ -64,6 +109,8 @@ def main() -> int:
                 us, spread = res[v]
                 rows.append((M, lab, mode, v.replace("wgmma_f16_", ""), us, 100 * spread,
                              flop / us / 1e6, base / us))
+            if lab == "qkv":
+                _rope_rows(rt, M, A, Bs, nsets, C, flop, rows)
             if lab == "gate_up":   # the glu epilogue against f32 out + the swiglu launch
                 from minfer.cuda.layers import swiglu_fused
 

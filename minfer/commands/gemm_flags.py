@@ -4,16 +4,15 @@
     def cmd(..., **gemm): ...   # --mmq-kd 4|8, --mmq-wgmma/--no-.., --mmq-wgmma-q6k/--no-..,
                                 # --mmq-stream-k/--no-.., --mmq-fused-prepass/--no-..,
                                 # --mmq-sb/--no-mmq-sb, --mmq-q6k-f16/--no-..,
-                                # --mmq-sb-glu/--no-mmq-sb-glu, --f16-glu/--no-f16-glu
+                                # --mmq-sb-glu/--no-mmq-sb-glu, --f16-glu/--no-f16-glu,
+                                # --f16-rope/--no-f16-rope
                                 # (one row of FLAGS each)
     cfg = gemm_config(**gemm)   # env, then flags (flags win)
 
 An unset flag leaves the environment's value (MINFER_MMQ, MINFER_MMQ_RAW, MINFER_MMQ_RAW_WIDE,
 MINFER_MMQ_RAW_KD, MINFER_MMQ_WGMMA, MINFER_MMQ_WGMMA_Q6K, MINFER_MMQ_STREAMK,
-MINFER_MMQ_FUSED_PREPASS, MINFER_MMQ_SB, MINFER_MMQ_Q6K_F16, MINFER_MMQ_SB_GLU, MINFER_F16_GLU) or
-GemmConfig's
-default. Not a
-command module (minfer.cli lists those).
+MINFER_MMQ_FUSED_PREPASS, MINFER_MMQ_SB, MINFER_MMQ_Q6K_F16, MINFER_MMQ_SB_GLU, MINFER_F16_GLU,
+MINFER_F16_ROPE) or GemmConfig's default. Not a command module (minfer.cli lists those).
 """
 
 from __future__ import annotations
@@ -59,6 +58,10 @@ FLAGS = (
     ("f16_glu", "MINFER_F16_GLU",
      "f16 path: the gate|up GEMM writes silu(gate) * up as f16 from its epilogue (default on); "
      "--no-f16-glu: f32 gate|up, then a swiglu launch (MINFER_F16_GLU)."),
+    ("f16_rope", "MINFER_F16_ROPE",
+     "f16 path: the fused q|k|v GEMM writes roped q and the K/V cache rows as f16 from its "
+     "epilogue (default on; llama-order rope, prefill chunks); --no-f16-rope: f32 q|k|v, then "
+     "a rope launch (MINFER_F16_ROPE)."),
 )
 
 

@@ -63,7 +63,9 @@ from minfer.cuda import devarray as da
 from minfer.cuda import layers as L
 from minfer.cuda.config import GemmConfig
 from minfer.cuda.profile import OpProfile
-from minfer.cuda.routes import plan_fusion, plan_glu, plan_routes, summarize_routes
+from minfer.cuda.gemm import gemm_f16_nt, rope_epilogue_pays
+from minfer.cuda.routes import (plan_fusion, plan_glu, plan_rope, plan_routes,
+                                summarize_routes)
 from minfer.cuda.weights import (_dequant_f16, alloc_buffers, check_memory, load_weights,
                                  plan_memory)
 from minfer.errors import BadInput, GPUError, Unsupported
@@ -75,8 +77,6 @@ __all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequ
 # -- adapters to the gemm / dequant modules (engineers "gemm" and "dequant") -----------------
 def _gemm(rt, C, A, B, mode: str) -> None:
     """C[M, N] (mode 'f32' store, 'f16' store, 'acc' f32 +=) = A f16 [M, K] @ B f16 [N, K].T."""
-    from minfer.cuda.gemm import gemm_f16_nt
-
     if mode != "acc":
         da.poison(rt, C)  # debug / poison mode: NaN unless the GEMM really writes C
     if mode == "acc":
@@ -134,6 +134,11 @@ class CudaBackend:
         vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
                                              plan["q8_1 scratch"], plan["q8_1 split scratch"],
                                              plan["q8_1 split6 scratch"], self._glu_all())))
+        # fused q|k|v GEMMs that rope into q16 and the caches from their epilogue (prefill)
+        self.rope_epi = {g: L.QkvRope(self.rt, self.q16, self.kc[int(g.split(".")[1])],
+                                      self.vc[int(g.split(".")[1])], self.rope, self.pos,
+                                      c.rope_dim, c.rope_neox)
+                         for g in plan_rope(model, self.gcfg, self.routes, self.fused)}
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -288,8 +293,6 @@ class CudaBackend:
         N = C.shape[1]
         path = self.routes[member or name][0]
         if mode == "glu" and path == "f16":
-            from minfer.cuda.gemm import gemm_f16_nt
-
             with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
                 da.poison(self.rt, C)
                 if M > 1:
@@ -446,6 +449,15 @@ class CudaBackend:
                 self._linear(qk, h16, qgroup, "f32", "attn_qk", hq8, q)
                 self._linear(v32, h16, names[2], "f32", "attn_v", hq8)
                 srcs, cols = (qk, qk, v32), (0, qd, 0)
+            elif qgroup in self.rope_epi and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
+                                                                 rt.arch):
+                # roped by the GEMM's epilogue (where its tiles fit one wave)
+
+                with self._op("gemm:attn_qkv", 2.0 * T * (qd + 2 * kd) * c.d_model):
+                    da.poison(rt, R(self.q16, 0, T))
+                    gemm_f16_nt(h16, self.w[qgroup], rt=rt, rope=self.rope_epi[qgroup],
+                                pos0=pos0)
+                srcs = None
             elif qgroup:
                 qkv = self._part(self.qkv32, 0, (T, qd + 2 * kd))
                 self._linear(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv", hq8, q)
@@ -464,10 +476,11 @@ class CudaBackend:
                         for dst, n in zip((q32, k32, v32), ("attn_q", "attn_k", "attn_v")):
                             L.add_bias(rt, dst, self.w[p + n + ".bias"])
                 srcs, cols = (q32, k32, v32), (0, 0, 0)
-            with self._op("rope"):
-                da.poison(rt, R(self.q16, 0, T))  # (the K/V cache rows: positions on device)
-                L.rope_qkv(rt, R(self.q16, 0, T), *srcs, self.kc[il], self.vc[il], self.rope,
-                           pos0, self.pos, c.rope_dim, c.rope_neox, cols)
+            if srcs is not None:
+                with self._op("rope"):
+                    da.poison(rt, R(self.q16, 0, T))  # (the K/V cache rows: positions on device)
+                    L.rope_qkv(rt, R(self.q16, 0, T), *srcs, self.kc[il], self.vc[il],
+                               self.rope, pos0, self.pos, c.rope_dim, c.rope_neox, cols)
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
             xq = R(self.x, t0, Tq)

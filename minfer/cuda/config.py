@@ -16,7 +16,10 @@ MINFER_MMQ_SB_GLU (1, the default: a q4_K gate|up GEMM on the SB kernel writes s
 as f16 from its epilogue, its weight rows interleaved at load; 0: it writes the f32 [M, 2F]
 and a swiglu launch follows), MINFER_F16_GLU (1, the default: a gate|up GEMM on the f16 path
 writes silu(gate) * up as f16 from its epilogue, its weight rows interleaved at load, as the SB
-kernel's; 0: it writes the f32 [M, 2F] and a swiglu launch follows).
+kernel's; 0: it writes the f32 [M, 2F] and a swiglu launch follows), MINFER_F16_ROPE (1, the
+default: a fused q|k|v GEMM on the f16 path writes roped q and the K/V cache rows as f16 from
+its epilogue, for llama-order rope and prefill chunks of more than one token; 0: it writes the
+f32 [M, N] and a rope launch follows).
 Explicit overrides (CLI flags, bench A/B strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
@@ -34,7 +37,7 @@ ENV_KEYS = {"MINFER_MMQ": "mmq", "MINFER_MMQ_RAW": "raw", "MINFER_MMQ_RAW_WIDE":
             "MINFER_MMQ_WGMMA_Q6K": "wgmma_q6k", "MINFER_MMQ_STREAMK": "stream_k",
             "MINFER_MMQ_FUSED_PREPASS": "fused_prepass", "MINFER_MMQ_SB": "sb",
             "MINFER_MMQ_Q6K_F16": "q6k_f16", "MINFER_MMQ_SB_GLU": "sb_glu",
-            "MINFER_F16_GLU": "f16_glu"}
+            "MINFER_F16_GLU": "f16_glu", "MINFER_F16_ROPE": "f16_rope"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class GemmConfig:
     q6k_f16: bool = False
     sb_glu: bool = True
     f16_glu: bool = True
+    f16_rope: bool = True
 
     @classmethod
     def resolve(cls, env: Mapping[str, str] | None = None,
@@ -86,7 +90,7 @@ class GemmConfig:
 
     def label(self) -> str:
         if not self.mmq:
-            return "f16" if self.f16_glu else "f16-noglu"
+            return "f16" + ("" if self.f16_glu else "-noglu") + ("" if self.f16_rope else "-norope")
         if not self.raw:
             return "mmq-r1"
         if not self.wide:

@@ -3,9 +3,12 @@
     C[M, N] = A[M, K] @ B[N, K]^T      A: f16 activations, B: f16 weights as GGUF stores them
                                        (row-major [N, K], "NT"), f32 accumulate.
 Epilogues: out f32 (mode 0), out f16 (mode 1), accumulate into an existing f32 [M, N] buffer
-(mode 2, C += A @ B^T: residual adds of attn_output / ffn_down), or glu (mode 3: B is a gate|up
+(mode 2, C += A @ B^T: residual adds of attn_output / ffn_down), glu (mode 3: B is a gate|up
 weight [2F, K] with its rows interleaved per 16, glu_rows; out f16 [M, F] = silu(gate) * up,
-rounded as the swiglu layer; M == 1 takes the smallest tile kernel, not the GEMV).
+rounded as the swiglu layer), or rope (mode 4: B is the fused q|k|v weight; the product goes
+roped into q16 and the KV cache, minfer.cuda.layers.QkvRope, bit for bit as rope_qkv does the
+f32 product). Modes 3 and 4 at M == 1 take the smallest tile kernel (EPILOGUE_TILE), not the
+GEMV.
 
 Kernels: gemm_f16.cu (mma.sync tiles, any sm_80+; the M == 1 GEMV) and gemm_f16_sm90a.cu
 (Hopper only, built for sm_90a: cp.async-fed wgmma tiles, and the TMA-fed warp-specialized
@@ -32,8 +35,9 @@ from minfer.errors import BadInput
 # the glu mode's gate|up row order: the SB kernel's (per 16 rows, 8 gate rows then their 8 up)
 from minfer.quants.mmq_sb_ref import glu_rows  # noqa: F401  (re-exported: tests, weights)
 
-MODE_F32, MODE_F16, MODE_ACC, MODE_GLU = 0, 1, 2, 3
-GLU_TILE = "gemm_f16_nt_32x64x64_w1x4_s4"   # glu at M == 1 (the GEMV has no glu epilogue)
+MODE_F32, MODE_F16, MODE_ACC, MODE_GLU, MODE_ROPE = 0, 1, 2, 3, 4
+# glu or rope at M == 1 (the GEMV has neither epilogue)
+EPILOGUE_TILE = GLU_TILE = "gemm_f16_nt_32x64x64_w1x4_s4"
 # wgmma_f16_tma_*: the sm_90 parameter block starts at constant offset 0x210, so the first
 # 64-byte aligned tensor map sits 48 bytes in; pycuda packs arguments from byte 0, so 48 bytes
 # of padding go first. TMA_MAGIC (the last argument) traps a launch whose layout does not match.
@@ -197,6 +201,20 @@ def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90
     return "gemm_f16_nt_64x64x64_w2x2_s4"
 
 
+def rope_epilogue_pays(M: int, N: int, sm_count: int = 132, arch: str = "sm_90") -> bool:
+    """Whether a qkv GEMM of M rows and N columns should rope in its epilogue (mode 4) rather
+    than write f32 for a rope_qkv launch: where its tiles fit one wave. Measured on the H200,
+    8B qkv (docs/perf.md, session 12): M = 512 (128 tiles of 128 x 192) 45.4 against 47.3 µs for
+    GEMM + rope launch (1.04x); M = 2048 (384 tiles of 128 x 256, 3 waves) 171.4 against 167.3
+    (0.98x): with more tiles than SMs, mode 0's stores drain under the next tile's mainloop,
+    while the rope epilogue's table loads hold the consumers."""
+    if M <= 1:
+        return False   # the GEMV takes f32 out and the rope launch (EPILOGUE_TILE is slower)
+    kern = VARIANTS[pick_variant(M, N, 8, sm_count, arch)]
+    tiles = kern.tiles(M, N) if isinstance(kern, TmaTile) else kern.grid(M, N, sm_count)
+    return tiles <= sm_count
+
+
 def _wave_fill(tiles: int, sm_count: int) -> float:
     """The busy fraction of a persistent grid's SMs over its waves of tiles."""
     return tiles / (-(-tiles // sm_count) * sm_count)
@@ -216,16 +234,48 @@ def _pick_tma(M: int, N: int, sm_count: int) -> str | None:
 
 
 # ---- numpy twin -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RopeRef:
+    """The numpy twin's rope target: q, k widths (qd = Hq D, kd = Hkv D), head_dim, rope_dim,
+    the rope base and pos0 (the device version's QkvRope holds tables and caches instead)."""
+
+    qd: int
+    kd: int
+    head_dim: int
+    rope_dim: int
+    base: float
+    pos0: int = 0
+
+
 def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
-                    accumulate: np.ndarray | None = None, glu: bool = False) -> np.ndarray:
+                    accumulate: np.ndarray | None = None, glu: bool = False,
+                    rope: RopeRef | None = None):
     """(a.f32 @ b.f32.T) -> out_dtype; with `accumulate` (f32 [M, N]): accumulate + a @ b.T;
-    with `glu` (b interleaved per glu_rows): f16 silu(gate) * up [M, N / 2], each op in f32.
+    with `glu` (b interleaved per glu_rows): f16 silu(gate) * up [M, N / 2], each op in f32;
+    with `rope` (b the fused q|k|v weight): f16 (q [M, qd], k [M, kd], v [M, kd]), q and k
+    roped in adjacent pairs at positions pos0 .. pos0 + M - 1 (what the device writes to q16
+    and the KV cache rows).
 
     a: f16 [M, K], b: f16 [N, K]. Returns a new array (the device version writes in place).
     """
     M, N, K = _check_shapes(a.shape, b.shape, a.dtype, b.dtype)
     out_dtype = _check_out(out_dtype, accumulate, M, N, glu)
     c = a.astype(np.float32) @ b.astype(np.float32).T
+    if rope is not None:
+        from minfer.reference.ops import rope as rope_op
+
+        if N != rope.qd + 2 * rope.kd:
+            raise BadInput(f"gemm_f16_nt: rope needs N = qd + 2 kd = {rope.qd + 2 * rope.kd}, "
+                           f"got N={N}")
+        pos = np.arange(rope.pos0, rope.pos0 + M)
+        D = rope.head_dim
+
+        def roped(x):   # [M, H*D] f32 -> f16, adjacent pairs (non-neox)
+            y = rope_op(x.reshape(M, -1, D), pos, rope.base, rope.rope_dim, False)
+            return y.reshape(M, -1).astype(np.float16)
+
+        q, k = c[:, :rope.qd], c[:, rope.qd:rope.qd + rope.kd]
+        return roped(q), roped(k), c[:, rope.qd + rope.kd:].astype(np.float16)
     if glu:
         from minfer.reference.ops import swiglu
 
@@ -276,13 +326,17 @@ def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool = False):
 
 # ---- device side ------------------------------------------------------------------------------
 def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None,
-                variant: str | None = None, stream=None, glu: bool = False):
+                variant: str | None = None, stream=None, glu: bool = False, rope=None,
+                pos0: int = 0):
     """C = A @ B^T on the GPU (same semantics as gemm_f16_nt_ref); returns C (a GPUArray).
 
     a: f16 [M, K], b: f16 [N, K] GPUArrays. With `accumulate` (f32 [M, N]) the product is added
     into it in place and it is returned. Otherwise the result goes to `out` (allocated if None).
     With `glu` (b interleaved per glu_rows, out_dtype float16): out f16 [M, N / 2] = silu(gate)
-    * up. `variant` forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
+    * up. With `rope` (a minfer.cuda.layers.QkvRope; b the fused q|k|v weight, N = qd + 2 kd):
+    the product goes roped into its q16 and KV cache rows pos0 .. pos0 + M - 1 (pos0: the value
+    its device position holds, for the bounds check) and the QkvRope is returned. `variant`
+    forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
     """
     # 16-byte aligned for cp.async / vector loads; contiguous: the kernels take rows of K (A, B)
     # and N (C) elements
@@ -295,19 +349,27 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         from minfer.cuda.runtime import get_runtime
 
         rt = get_runtime()
+    if rope is not None:
+        if glu or accumulate is not None or out is not None:
+            raise BadInput("gemm_f16_nt: rope writes q16 and the KV cache: no out, accumulate "
+                           "or glu")
+        rope.check(M, N, pos0)
     v = variant or pick_variant(M, N, K, rt.sm_count, rt.arch)
-    if glu and v in GEMVS and variant is None:
-        v = GLU_TILE
+    if (glu or rope is not None) and v in GEMVS and variant is None:
+        v = EPILOGUE_TILE
     kern = VARIANTS.get(v)
     if kern is None:
         raise BadInput(f"gemm_f16_nt: unknown variant {v!r}; known: {', '.join(VARIANTS)}")
     if isinstance(kern, Gemv) and M != 1:
         raise BadInput(f"gemm_f16_nt: variant {v} handles M == 1 only (M={M})")
-    if isinstance(kern, Gemv) and glu:
-        raise BadInput(f"gemm_f16_nt: variant {v} has no glu epilogue (a tile kernel has)")
+    if isinstance(kern, Gemv) and (glu or rope is not None):
+        raise BadInput(f"gemm_f16_nt: variant {v} has no glu or rope epilogue (a tile kernel "
+                       f"has)")
     if isinstance(kern, (WgmmaTile, TmaTile)) and rt.arch != "sm_90":
         raise BadInput(f"gemm_f16_nt: variant {v} needs an sm_90 GPU (this one is {rt.arch})")
-    if accumulate is not None:
+    if rope is not None:   # C: the device RopeQkv struct (kernels/rope.cuh)
+        c, mode = rope.dev, MODE_ROPE
+    elif accumulate is not None:
         if out is not None:
             raise BadInput("gemm_f16_nt: pass either out or accumulate, not both")
         c, mode = accumulate, MODE_ACC
@@ -331,4 +393,4 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         args = (da.arg(a), da.arg(b), da.arg(c), i32(M), i32(N), i32(K), i32(mode))
     rt.launch(fn, (kern.grid(M, N, rt.sm_count),), (kern.threads,), args, smem=kern.smem,
               stream=stream)
-    return c
+    return rope if rope is not None else c

@@ -139,6 +139,54 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rop
                np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), da.arg(pos_dev)))
 
 
+# kernels/rope.cuh RopeQkv: gemm mode 4's target (its static_assert pins these offsets)
+ROPE_QKV_DTYPE = np.dtype([("q16", "<u8"), ("kc", "<u8"), ("vc", "<u8"), ("cos", "<u8"),
+                           ("sin", "<u8"), ("pos", "<u8"), ("qd", "<i4"), ("kd", "<i4"),
+                           ("D", "<i4"), ("half_r", "<i4")])
+
+
+class QkvRope:
+    """The fused qkv GEMM's rope epilogue target (gemm_f16_nt(..., rope=...), mode 4): what
+    rope_qkv does to the GEMM's f32 [T, (Hq + 2 Hkv) D] output, done by the GEMM's epilogue on
+    its accumulators: q16 f16 [T, Hq, D] = rope(q), kc[pos0 + t] = rope(k), vc[pos0 + t] = v,
+    bit for bit as rope_qkv. Non-neox (adjacent pairs) only: a pair must sit in one thread's
+    accumulators. Packed once into a 64-byte device struct (ROPE_QKV_DTYPE), per layer (its
+    caches); the position is read from pos_dev on the device, as rope_qkv reads it."""
+
+    def __init__(self, rt, q16, kc, vc, table: RopeTable, pos_dev, rope_dim: int, neox: bool):
+        da.check("qkv rope q16", q16, (None, None, None), np.float16)
+        self.T, Hq, D = q16.shape
+        da.check("qkv rope k cache", kc, (None, None, D), np.float16)
+        self.S, Hkv, _ = kc.shape
+        da.check("qkv rope v cache", vc, (self.S, Hkv, D), np.float16)
+        da.check("qkv rope pos", pos_dev, (1,), np.int32)
+        if neox:
+            raise GPUError("qkv rope epilogue: neox rope pairs (i, i + rope_dim/2) span "
+                           "threads; use rope_qkv")
+        _rope_check(q16, table, 0, rope_dim)
+        if D < 8:
+            raise GPUError(f"qkv rope epilogue: head_dim {D} < 8 (a fragment steps 8 columns)")
+        self.qd, self.kd, self.n_pos = Hq * D, Hkv * D, table.n_pos
+        rec = np.zeros((), ROPE_QKV_DTYPE)
+        for f, a in (("q16", q16), ("kc", kc), ("vc", vc), ("cos", table.cos),
+                     ("sin", table.sin), ("pos", pos_dev)):
+            rec[f] = da.ptr(a)
+        rec["qd"], rec["kd"], rec["D"], rec["half_r"] = self.qd, self.kd, D, rope_dim // 2
+        self.dev = da.to_device(rt, np.frombuffer(rec.tobytes(), np.uint8), "qkv rope target")
+        self._keep = (q16, kc, vc, table, pos_dev)   # the struct points into them
+
+    def check(self, M: int, N: int, pos0: int) -> None:
+        """A GEMM of M rows, N columns at absolute positions pos0 .. pos0 + M - 1 fits."""
+        if N != self.qd + 2 * self.kd:
+            raise GPUError(f"qkv rope epilogue: the GEMM has {N} columns, expected q + k + v = "
+                           f"{self.qd + 2 * self.kd}")
+        if M > self.T:
+            raise GPUError(f"qkv rope epilogue: {M} rows, q16 holds {self.T}")
+        if pos0 < 0 or pos0 + M > min(self.S, self.n_pos):
+            raise GPUError(f"qkv rope epilogue: positions [{pos0}, {pos0 + M}) exceed the "
+                           f"cache's {self.S} rows or the table's {self.n_pos}")
+
+
 def _gate_up_shape(y, gu, per: int) -> tuple[int, int]:
     """(T, F) of a swiglu's f32 gate|up input gu [T, 2F] (2F % per == 0) and f16 output y."""
     da.check("swiglu gu", gu, (None, None), np.float32)

@@ -141,3 +141,21 @@ def plan_glu(model, cfg: GemmConfig, routes: dict[str, tuple[str, str]],
                                               int(model.tensor(gate).qtype) == Q4_K):
             out.add(fused[gate][0])
     return out
+
+
+def plan_rope(model, cfg: GemmConfig, routes: dict[str, tuple[str, str]],
+              fused: dict[str, tuple[str, int, int]]) -> set[str]:
+    """The fused q|k|v group names whose GEMM writes roped q and the K/V cache rows from its
+    epilogue (gemm_f16_nt's rope mode, minfer.cuda.layers.QkvRope): on the f16 path with
+    cfg.f16_rope (MINFER_F16_ROPE), llama-order rope (a neox pair spans threads) and no q/k/v
+    bias (added to the f32 product before the rope launch)."""
+    c = model.config
+    if not cfg.f16_rope or c.rope_neox or c.qkv_bias or c.head_dim % 2:
+        return set()
+    out = set()
+    for i in range(c.n_layers):
+        q = f"blk.{i}.attn_q.weight"
+        group = fused.get(q, ("",))[0]
+        if group.endswith(".attn_qkv.weight") and routes[q][0] == "f16":
+            out.add(group)
+    return out
