@@ -5,6 +5,8 @@
 //   0: C (f32) = acc          1: C (f16) = acc (round to nearest)     2: C (f32) += acc
 //   3: C (f16) [M, N/2] = silu(gate) * up, B a gate|up weight interleaved per 16 rows (glu;
 //      tile kernels only: gemm_f16_common.cuh epilogue_glu)
+//   4: rope: C is a RopeQkv* (rope.cuh); B the fused q|k|v weight, the product goes roped into
+//      q16 and the KV cache rows (tile kernels only: gemm_f16_common.cuh epilogue_rope)
 //
 // Variants (the launcher, minfer/cuda/gemm.py, picks one; kernels never choose):
 //   gemm_f16_nt_<BM>x<BN>x<BK>_w<warps>_s<stages>: tensor-core tile kernel.
