@@ -60,8 +60,8 @@ FLAGS = (
      "--no-f16-glu: f32 gate|up, then a swiglu launch (MINFER_F16_GLU)."),
     ("f16_rope", "MINFER_F16_ROPE",
      "f16 path: the fused q|k|v GEMM writes roped q and the K/V cache rows as f16 from its "
-     "epilogue (default on; llama-order rope, prefill chunks); --no-f16-rope: f32 q|k|v, then "
-     "a rope launch (MINFER_F16_ROPE)."),
+     "epilogue (default on, where its tiles fit one wave: pp512 on an 8B model; llama-order "
+     "rope); --no-f16-rope: f32 q|k|v, then a rope launch (MINFER_F16_ROPE)."),
 )
 
 

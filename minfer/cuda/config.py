@@ -18,8 +18,8 @@ and a swiglu launch follows), MINFER_F16_GLU (1, the default: a gate|up GEMM on 
 writes silu(gate) * up as f16 from its epilogue, its weight rows interleaved at load, as the SB
 kernel's; 0: it writes the f32 [M, 2F] and a swiglu launch follows), MINFER_F16_ROPE (1, the
 default: a fused q|k|v GEMM on the f16 path writes roped q and the K/V cache rows as f16 from
-its epilogue, for llama-order rope and prefill chunks of more than one token; 0: it writes the
-f32 [M, N] and a rope launch follows).
+its epilogue, for llama-order rope and prefill chunks whose GEMM tiles fit one wave,
+gemm.rope_epilogue_pays; 0: it writes the f32 [M, N] and a rope launch follows).
 Explicit overrides (CLI flags, bench A/B strings) win over the environment. The dataclass is passed explicitly; nothing reads the
 environment after `GemmConfig.resolve`.
 """
