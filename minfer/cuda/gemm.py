@@ -210,7 +210,7 @@ def rope_epilogue_pays(M: int, N: int, sm_count: int = 132, arch: str = "sm_90")
     while the rope epilogue's table loads hold the consumers."""
     if M <= 1:
         return False   # the GEMV takes f32 out and the rope launch (EPILOGUE_TILE is slower)
-    kern = VARIANTS[pick_variant(M, N, 8, sm_count, arch)]
+    kern = VARIANTS[pick_variant(M, N, 8, sm_count, arch)]   # (the pick does not read K)
     tiles = kern.tiles(M, N) if isinstance(kern, TmaTile) else kern.grid(M, N, sm_count)
     return tiles <= sm_count
 
