@@ -1,6 +1,7 @@
 #!/bin/bash
 # The one device call: install, GPU tests, CLI on a real (sliced) model, minfer check, synthetic
-# 8B-shape model timing, the f16 GEMMs (scripts/gemm_device.py), interleaved A/B bench in both
+# 8B-shape model timing, the f16 GEMMs (scripts/gemm_device.py; ncu on the picks at M = 2048,
+# scripts/ncu_gemm.py), interleaved A/B bench in both
 # regimes (sustained samples, the default, and single prefills, --min-ms 0); a short summary
 # last. DESIGN.md "Device recipe".
 # Usage on the device (carry .whl and .devdata/smollm2-slice.gguf):
@@ -22,7 +23,10 @@ step mmq_timing 60 python3 scripts/mmq_device.py --quick
 step sb_timing 90 python3 scripts/mmq_sb_device.py
 step synth 80 bash -c "time $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s32.gguf"
 step gemm 60 python3 scripts/gemm_device.py
-AB=("MINFER_MMQ=0" "MINFER_MMQ=0 MINFER_F16_GLU=0" "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1")
+[ -n "$NCU" ] && step ncu_gemm 60 "$NCU" --clock-control none --kernel-name regex:wgmma_f16 \
+  --launch-skip 1 --launch-count 3 --csv --metrics gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__throughput.avg.pct_of_peak_sustained_elapsed \
+  python3 scripts/ncu_gemm.py 2048
+AB=("MINFER_MMQ=0" "MINFER_MMQ=0 MINFER_F16_ROPE=0" "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1")
 step bench 150 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 6 --ab "${AB[@]}"
 step bench_burst 150 $M bench -m /tmp/s32.gguf --tokens 512,2048 --repeats 6 --min-ms 0 --no-breakdown --ab "${AB[@]}"
 echo; echo "################ SUMMARY ################"
@@ -44,4 +48,5 @@ echo "--- mmq timing"; grep -E "FAIL|ALL OK|FAILURES" "$OUT/mmq_timing.log"; sed
 echo "--- sb timing"; grep -E "MISMATCH|FAIL|ALL OK|FAILURES" "$OUT/sb_timing.log"; grep -E "^\| q[46]_K" "$OUT/sb_timing.log" | grep -v split
 echo "--- synth"; grep -E "real|rror" "$OUT/synth.log"
 echo "--- gemm (f16, TFLOP/s)"; grep -E "FAIL|ALL OK|FAILURES" "$OUT/gemm.log"; grep -E "^\| [0-9]" "$OUT/gemm.log"
+echo "--- ncu gemm (M = 2048: gate|up, attn_output, ffn_down)"; python3 scripts/ncu_gemm.py --table "$OUT/ncu_gemm.log"
 for f in bench bench_burst; do echo "--- $f"; grep -E "^\| |MMQ|f16:|rror|noise|repeat" "$OUT/$f.log" | grep -v "^| ---" | head -30; done
