@@ -134,11 +134,12 @@ class CudaBackend:
         vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
                                              plan["q8_1 scratch"], plan["q8_1 split scratch"],
                                              plan["q8_1 split6 scratch"], self._glu_all())))
-        # fused q|k|v GEMMs that rope into q16 and the caches from their epilogue (prefill)
-        self.rope_epi = {g: L.QkvRope(self.rt, self.q16, self.kc[int(g.split(".")[1])],
-                                      self.vc[int(g.split(".")[1])], self.rope, self.pos,
-                                      c.rope_dim, c.rope_neox)
-                         for g in plan_rope(model, self.gcfg, self.routes, self.fused)}
+        # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
+        self.rope_epi = {}
+        for g in plan_rope(model, self.gcfg, self.routes, self.fused):
+            il = int(g.split(".")[1])   # blk.<il>.attn_qkv.weight
+            self.rope_epi[g] = L.QkvRope(self.rt, self.q16, self.kc[il], self.vc[il], self.rope,
+                                         self.pos, c.rope_dim, c.rope_neox)
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -451,8 +452,7 @@ class CudaBackend:
                 srcs, cols = (qk, qk, v32), (0, qd, 0)
             elif qgroup in self.rope_epi and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
                                                                  rt.arch):
-                # roped by the GEMM's epilogue (where its tiles fit one wave)
-
+                # roped by the GEMM's epilogue (where its tiles fit one wave): no rope launch
                 with self._op("gemm:attn_qkv", 2.0 * T * (qd + 2 * kd) * c.d_model):
                     da.poison(rt, R(self.q16, 0, T))
                     gemm_f16_nt(h16, self.w[qgroup], rt=rt, rope=self.rope_epi[qgroup],
