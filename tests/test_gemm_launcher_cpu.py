@@ -98,3 +98,68 @@ def test_rejects_before_launching():
     with pytest.raises(BadInput, match="needs an sm_90 GPU"):
         gemm_f16_nt(a, b, rt=rt, variant="wgmma_f16_nt_64x64x64_s4")
     assert rt.launches == [] and rt.allocs == []
+
+
+def _rope_target(monkeypatch, T=16, Hq=4, Hkv=2, D=64, S=40, rope_dim=64, neox=False):
+    """A layers.QkvRope over stand-in arrays; returns it and the struct bytes it uploaded."""
+    from minfer.cuda import layers as L
+
+    sent = []
+
+    def to_device(rt, arr, what="buffer"):
+        sent.append(np.array(arr, copy=True))
+        return da.view(0xA00000, arr.shape, arr.dtype)
+
+    monkeypatch.setattr(da, "to_device", to_device)
+    table = L.RopeTable(da.view(0x50000, (S, rope_dim // 2), F32),
+                        da.view(0x60000, (S, rope_dim // 2), F32), S, rope_dim, 10000.0)
+    t = L.QkvRope(FakeRT(), da.view(0x10000, (T, Hq, D), F16), da.view(0x20000, (S, Hkv, D), F16),
+                  da.view(0x30000, (S, Hkv, D), F16), table, da.view(0x40000, (1,), np.int32),
+                  rope_dim, neox)
+    return t, sent
+
+
+def test_rope_target_packs_the_struct(monkeypatch):
+    from minfer.cuda.layers import ROPE_QKV_DTYPE
+
+    t, sent = _rope_target(monkeypatch, rope_dim=48)
+    (raw,) = sent
+    rec = np.frombuffer(raw.tobytes(), ROPE_QKV_DTYPE)[0]
+    assert raw.nbytes == 64
+    assert [int(rec[f]) for f in ("q16", "kc", "vc", "cos", "sin", "pos")] == \
+        [0x10000, 0x20000, 0x30000, 0x50000, 0x60000, 0x40000]
+    assert [int(rec[f]) for f in ("qd", "kd", "D", "half_r")] == [256, 128, 64, 24]
+
+
+@pytest.mark.parametrize("M", [1, 7, 16])
+def test_rope_launch_passes_the_struct_as_c(monkeypatch, M):
+    from minfer.cuda.gemm import EPILOGUE_TILE, MODE_ROPE
+
+    t, _ = _rope_target(monkeypatch)
+    rt = FakeRT()
+    rt.arch = "sm_80"   # (the mma.sync tiles: no tensor maps to make)
+    a, b = da.view(0x100000, (M, 72), F16), da.view(0x400000, (512, 72), F16)
+    assert gemm_f16_nt(a, b, rt=rt, rope=t, pos0=3) is t
+    fn, grid, block, args, smem = _launch(rt)
+    v = EPILOGUE_TILE if M == 1 else pick_variant(M, 512, 72, rt.sm_count, rt.arch)
+    assert fn[1] == v   # M == 1: a tile kernel (the GEMV has no rope epilogue)
+    assert args == [0x100000, 0x400000, 0xA00000, M, 512, 72, MODE_ROPE]
+
+
+def test_rope_launch_refuses_misfits(monkeypatch):
+    t, _ = _rope_target(monkeypatch)   # T = 16 rows of q16, 40 cache rows, N = 512
+    rt = FakeRT()
+    a, b = da.view(0x100000, (8, 72), F16), da.view(0x400000, (512, 72), F16)
+    with pytest.raises(GPUError, match=r"positions \[35, 43\) exceed"):
+        gemm_f16_nt(a, b, rt=rt, rope=t, pos0=35)
+    with pytest.raises(GPUError, match="the GEMM has 504 columns"):
+        gemm_f16_nt(a, da.view(0x400000, (504, 72), F16), rt=rt, rope=t)
+    with pytest.raises(GPUError, match="17 rows, q16 holds 16"):
+        gemm_f16_nt(da.view(0x100000, (17, 72), F16), b, rt=rt, rope=t)
+    with pytest.raises(BadInput, match="no out, accumulate or glu"):
+        gemm_f16_nt(a, b, F16, rt=rt, rope=t, glu=True)
+    assert not rt.launches
+    with pytest.raises(GPUError, match="neox"):
+        _rope_target(monkeypatch, neox=True)
+    with pytest.raises(GPUError, match="head_dim 4 < 8"):
+        _rope_target(monkeypatch, D=4, rope_dim=4)
