@@ -435,6 +435,9 @@ class CudaBackend:
             _embed_rows(rt, x, self.emb, self.emb_qtype, R(self.ids, 0, T), c.d_model,
                         c.vocab_size)
         Tu = self.ubatch
+        # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
+        rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
+                                                                  rt.arch)
         for il in range(c.n_layers):
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
@@ -450,9 +453,7 @@ class CudaBackend:
                 self._linear(qk, h16, qgroup, "f32", "attn_qk", hq8, q)
                 self._linear(v32, h16, names[2], "f32", "attn_v", hq8)
                 srcs, cols = (qk, qk, v32), (0, qd, 0)
-            elif qgroup in self.rope_epi and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
-                                                                 rt.arch):
-                # roped by the GEMM's epilogue (where its tiles fit one wave): no rope launch
+            elif rope_in_gemm and qgroup in self.rope_epi:   # no rope launch after it
                 with self._op("gemm:attn_qkv", 2.0 * T * (qd + 2 * kd) * c.d_model):
                     da.poison(rt, R(self.q16, 0, T))
                     gemm_f16_nt(h16, self.w[qgroup], rt=rt, rope=self.rope_epi[qgroup],
