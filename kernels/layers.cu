@@ -186,7 +186,7 @@ __device__ __forceinline__ void rope_quad_f16(__half* d, const float* s, int g, 
 }
 
 // Both entries: W elements (W / 2 pairs) per thread, W = 2 (rope_qkv_f32_f16) or 4 (_v4); the
-// two-entry body compiles to the PTX the two hand-written kernels had (session 10)
+// two-entry body compiles to the same PTX as two hand-written kernels
 template <int W>
 __device__ __forceinline__ void rope_qkv_body(__half* __restrict__ q16,
                                               const float* __restrict__ qs, long ldq,

@@ -5,7 +5,7 @@
 // The super-block ("SB") q4_K kernel: the activations are q8s (qa + 128, one scale da per token
 // and 256 values, so a super-block's chunks share every float scale), the weight is v, the
 // q4_K nibble, one byte per value (an earlier form folded sc into two int8 planes, sc v needing
-// 10 bits: twice the tensor work; docs/perf.md, sessions 6 and 7). Per chunk c the tensor core
+// 10 bits: twice the tensor work; docs/mmq.md). Per chunk c the tensor core
 // sums S_c = sum_k (qa + 128) v (< 2^17: an f32 denormal) and one FFMA per C value carries it
 // into z with the weight row's factor:
 //   z = fma(S_c, mc, z),  mc = d sc_c 2^74
@@ -30,7 +30,7 @@
 // factors of two rows (one float2) and the per-token factors come once per super-block.
 // Block: 384 threads, 1 per SM. One thread of warpgroup 0 copies (two bulk copies per 128-k
 // stage into a 5-slot ring, completion on the slot's `full` mbarrier by transaction bytes; 128
-// threads issuing 16-byte cp.async took a quarter of the issue slots, docs/perf.md session 8);
+// threads issuing 16-byte cp.async took a quarter of the issue slots (ncu));
 // warpgroups 1, 2 own weight rows 0..63 and 64..127 of the tile, issue the wgmmas (chunk q into buffer q % 2, the next chunk in flight
 // under each fold) and release a slot on its `empty` mbarrier after their last read of it;
 // setmaxnreg gives them the producer's registers. Persistent over work items in super-block
@@ -46,7 +46,7 @@
 #include "swiglu.cuh"
 #include "wgmma_common.cuh"
 
-// Timing-only diagnostics (wrong results; scripts/mmq_sb_device.py with SB_NOCHECK=1): each
+// Timing-only diagnostics (wrong results, never built by the engine): each
 // removes one cost to bound what the rest takes. SB_DIAG_NOCOPY: nothing is copied;
 // SB_DIAG_NOMMA: no wgmma; SB_DIAG_NOFOLD: no chunk fold; SB_DIAG_NOMIN: no min term.
 namespace {
@@ -205,7 +205,7 @@ __device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, i
 // glu_rows): the thread's rows r and r + 8 are the gate and the up row of feature (r / 16) 8 +
 // r % 16, so H[token][feature] = f16(silu(g) u) from z[4i + j] (gate, j < 2) and z[4i + j + 2]
 // (up), no exchange; F = N / 2 features. silu with the fast intrinsics (swiglu.cuh
-// swiglu1_fast): the exact form cost this GEMM 4-8% (docs/perf.md session 9); -DSB_GLU_EXACT
+// swiglu1_fast): the exact form's expf and division cost this GEMM 4-8%; -DSB_GLU_EXACT
 // builds the swiglu layer's rounding (the tests prove the row map bitwise with it).
 __device__ __forceinline__ void store_swiglu(const float (&z)[64], __half* H, int M, int F,
                                              int m, int r) {

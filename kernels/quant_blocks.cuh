@@ -70,7 +70,7 @@ static_assert(sizeof(block_iq4_nl) == 18, "iq4_nl size");
 static_assert(offsetof(block_iq4_nl, d) == 0, "iq4_nl d");
 static_assert(offsetof(block_iq4_nl, qs) == 2, "iq4_nl qs");
 
-// minfer's q8_1 raw activation block (DESIGN.md): 40 B per 32 values, written by the quantize
+// minfer's q8_1 raw activation block (docs/design.md): 40 B per 32 values, written by the quantize
 // prepass; s = sum of the 32 int8 values (free to compute there, used by the MMQ min fold).
 struct block_q8_1_raw {
     f16_bits d;     // +0

@@ -191,8 +191,7 @@ __device__ __forceinline__ void quantize_split6(const Src& x, uint8_t* Xq, uint8
 // x / d lies within 1e-4 of a half-integer, where the division decides (about 2 values in
 // 10,000; also NaN, and d under 2^-125 where 1 / d would not be finite). rint(y) and the
 // integer come from the 1.5 2^23 shift (|y| < 2^22), so a value costs an FMUL, three FADDs, a
-// compare and an IADD instead of the division's sequence (this launch was instruction-bound,
-// docs/perf.md session 9).
+// compare and an IADD instead of the division's sequence (this launch was instruction-bound).
 __device__ __forceinline__ int q8s_quantize(const float (&v)[8], float amax, int (&q)[8]) {
     const float d = __fdiv_rn(amax, 127.0f);
     const float r = __frcp_rn(d);

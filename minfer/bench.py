@@ -9,11 +9,11 @@ warm-up prefill's time; a prefill longer than min_ms is timed alone, without a p
 figure is the config's own sustained throughput rather than the GPU's state after the previous
 config. On the H200 that state is the power cap: sustained prefill draws ~690-700 W and the
 clocks settle near 1.5 GHz, where a single prefill after an idle gap starts at 1.98 GHz
-(docs/perf.md session 11). min_ms = 0: one prefill per sample (the burst `minfer prefill` sees).
+(docs/perf.md). min_ms = 0: one prefill per sample (the burst `minfer prefill` sees).
 tok/s is the median over repeats, the spread (max - min) over the same config's repeats is its
 noise band, and an A/B difference smaller than the largest band is reported as noise.
 `breakdown(backend, n)`: one prefill with CUDA events around every op: per GEMM µs, TFLOP/s and
-ratio to the mma.sync ceilings measured on the H200 (DESIGN.md), attention, rest.
+ratio to the mma.sync ceilings measured on the H200 (docs/design.md), attention, rest.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import numpy as np
 
 from minfer.errors import BadInput
 
-F16_CEIL = 634e12    # f16 mma.sync m16n8k16, H200 (DESIGN.md)
-INT8_CEIL = 1267e12  # int8 mma.sync m16n8k32, H200 (DESIGN.md)
+F16_CEIL = 634e12    # f16 mma.sync m16n8k16, H200 (docs/design.md)
+INT8_CEIL = 1267e12  # int8 mma.sync m16n8k32, H200 (docs/design.md)
 
 
 @dataclass
@@ -110,9 +110,9 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
     prefills filling min_ms (k from a second warm-up prefill, the first one records the CUDA
     graph; k = 1 and no pre-roll when one prefill takes min_ms or more, or without warm-up). (Position mattered: on the H200 at pp2048 a
     config timed on one prefill right after the f16 path's measured 10-14% slower than in a later
-    position, docs/perf.md session 10. The rotation gives each config every position over
-    len(configs) repeats, and the spread shows what is left. Session 11 found the cause: the
-    power cap, which the previous config's prefill had reached.)"""
+    position. The rotation gives each config every position over len(configs) repeats, and
+    the spread shows what is left. The cause is the power cap, which the previous config's
+    prefill had reached.)"""
     if repeats < 1:
         raise BadInput(f"--repeats {repeats}: need at least 1")
     rows = {(c, n): Row(c or "default", b.name, n) for c, b in zip(configs, backends)

@@ -1,4 +1,4 @@
-"""The tie-aware greedy-32 gate (DESIGN.md, gate 3) and logit-difference helpers.
+"""The tie-aware greedy-32 gate (docs/design.md, gate 3) and logit-difference helpers.
 
 Two engines with different rounding can legitimately pick different tokens where the
 reference's top-1/top-2 margin is below their logit difference. tau = 2 * max|logit diff|

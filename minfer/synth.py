@@ -23,7 +23,7 @@ included, can run it; the vocab size is then that tokenizer's. Without one (or w
 that differs from it), a byte-level BPE vocab of exactly that size is generated: the 256
 GPT-2 byte tokens, then two-byte tokens each with its merge, then <|endoftext|> / <|im_start|>.
 Real Llama-3 has vocab 128256; the default here is 49152, so the LM head is 2.6x smaller than
-Llama-3's (DESIGN.md quotes its baselines at vocab 49152 too).
+Llama-3's (docs/design.md quotes its baselines at vocab 49152 too).
 
 Generation is parallel across processes (one task per tensor, seeded by (seed, tensor index),
 so the file is the same for any worker count) and streamed: tensors are produced in order a

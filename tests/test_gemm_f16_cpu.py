@@ -63,7 +63,7 @@ def test_pick_variant():
 
 
 def test_pick_tma_follows_the_wave_fill():
-    # the 8B shapes as measured on the H200 (docs/perf.md, session 11): M = 512 takes the
+    # the 8B shapes as measured on the H200 (TMA_TILE_SPEED): M = 512 takes the
     # narrow tile where the wide one leaves SMs idle (o, down: 64 wide tiles; gate|up: 85% of
     # 4 waves), 128 x 192 for qkv (128 tiles against 96 wide ones), the wide one at M = 2048
     pick = {(M, N): pick_variant(M, N, 4096, 132, "sm_90").replace("wgmma_f16_tma_", "")

@@ -16,7 +16,7 @@ dequantized, rounded to f16): with f16-rounded weights and f16-rounded activatio
 ggml's F16 mat-mul does) our logits are within 0.02 of llama.cpp's (measured 0.010-0.030);
 tolerance 0.06. A wrong rope mode, scale or norm moves them by > 1.
 
-Greedy-32: the tie-aware gate (DESIGN.md gate 3), tau = 2 * max|logit diff| at the last
+Greedy-32: the tie-aware gate (docs/design.md, gate 3), tau = 2 * max|logit diff| at the last
 prompt position. Measured (f32, f16 KV): prompt 0: 6/32 exact, identical through step 5;
 prompt 2: first step differs at a reference margin of 0.051; prompt 4: identical through
 step 10, then llama.cpp's margin 0.00064. Every first divergence sits at a reference margin

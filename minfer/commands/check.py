@@ -1,6 +1,6 @@
 """`minfer check -m FILE`: the parity gate and greedy-32 identity across all GEMM paths.
 
-1. Parity (DESIGN.md gate 1): every MMQ path (R1, narrow, wide KD=4 and KD=8) against the numpy
+1. Parity (docs/design.md gate 1): every MMQ path (R1, narrow, wide KD=4 and KD=8) against the numpy
    twin minfer.quants.mmq_ref on each distinct (type, N, K) of the model's q4_K / q6_K GEMM
    weights (real weights, random activations): M = 128, ragged M = 37 with N - 5 rows
    (accumulate mode), and M = 1. The GPU computes the full [M, N]; the float64 twin (slow in

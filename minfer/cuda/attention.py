@@ -37,7 +37,7 @@ class AttnGeometry:
 
 
 # 8 warps x 128-key tiles: on the H200 at the 8B shape (Hq 32, Hkv 8, D 128) 21.8 / 172.2 us at
-# T = 512 / 2048 against 27.4 / 219.6 for 4 x 64 (scripts/attn_device.py, docs/perf.md)
+# T = 512 / 2048 against 27.4 / 219.6 for 4 x 64 (interleaved, event-timed)
 DEFAULT = AttnGeometry(warps=8, keys=128)
 SMALL = AttnGeometry(warps=4, keys=64)   # where DEFAULT's smem is over the GPU's opt-in cap
 

@@ -11,7 +11,7 @@ launch itself, no f16 activation; 0: swiglu, then the prepass), MINFER_MMQ_SB (0
 1: q4_K / q6_K GEMMs of the wgmma config run the super-block kernels, kernels/mmq_sb_q4k.cu and
 mmq_sb_q6k.cu, whose activations are quantized per 256 values instead of q8_1's 32),
 MINFER_MMQ_Q6K_F16 (0, the default; 1: q6_K GEMMs stay on the f16 path while q4_K runs MMQ:
-at prefill sizes on sm_90 every q6_K MMQ kernel is slower than f16, docs/perf.md session 7),
+at prefill sizes on sm_90 every q6_K MMQ kernel is slower than f16, docs/perf.md),
 MINFER_MMQ_SB_GLU (1, the default: a q4_K gate|up GEMM on the SB kernel writes silu(gate) * up
 as f16 from its epilogue, its weight rows interleaved at load; 0: it writes the f32 [M, 2F]
 and a swiglu launch follows), MINFER_F16_GLU (1, the default: a gate|up GEMM on the f16 path

@@ -165,7 +165,7 @@ WGMMA = {t.entry: t for t in (
     WgmmaTile(128, 128, 3), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4), WgmmaTile(64, 32, 4),
 )}
 TMA = {t.entry: t for t in (TmaTile(256, 4), TmaTile(192, 5), TmaTile(128, 6))}
-# each TMA tile's speed per tile against 128 x 256's, M = 2048 (docs/perf.md, session 11)
+# each TMA tile's speed per tile against 128 x 256's, measured on the H200 at M = 2048
 TMA_TILE_SPEED = {256: 1.0, 192: 0.975, 128: 0.95}
 VARIANTS = {**TILES, **GEMVS, **WGMMA, **TMA}
 
@@ -204,7 +204,7 @@ def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90
 def rope_epilogue_pays(M: int, N: int, sm_count: int = 132, arch: str = "sm_90") -> bool:
     """Whether a qkv GEMM of M rows and N columns should rope in its epilogue (mode 4) rather
     than write f32 for a rope_qkv launch: where its tiles fit one wave. Measured on the H200,
-    8B qkv (docs/perf.md, session 12): M = 512 (128 tiles of 128 x 192) 45.4 against 47.3 µs for
+    8B qkv: M = 512 (128 tiles of 128 x 192) 45.4 against 47.3 µs for
     GEMM + rope launch (1.04x); M = 2048 (384 tiles of 128 x 256, 3 waves) 171.4 against 167.3
     (0.98x): with more tiles than SMs, mode 0's stores drain under the next tile's mainloop,
     while the rope epilogue's table loads hold the consumers."""

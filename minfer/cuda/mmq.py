@@ -2,7 +2,7 @@
 
     y[M, N] (f32) = x[M, K] @ W[N, K].T,  x quantized to q8_1 raw blocks by the prepass,
                                           W raw q4_K / q6_K GGUF bytes [N, K/256*bytes]
-Variants (DESIGN.md, config from GemmConfig): R1 word-level (`raw=False`), narrow raw
+Variants (docs/mmq.md, config from GemmConfig): R1 word-level (`raw=False`), narrow raw
 (`wide=False`), wide raw with KD = 4 or 8 super-blocks staged per pass, and on sm_90 the wgmma
 kernels (`wgmma=True` for q4_K, `wgmma and wgmma_q6k` for q6_K; minfer.cuda.mmq_wgmma: weights
 repacked once, a WgmmaQ4K / WgmmaQ6K).
@@ -152,8 +152,8 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     the weight's type); w_raw: uint8 raw blocks (any shape, N*K/256*bytes in all), or a
     WgmmaQ4K / WgmmaQ6K (the engine repacks once at load; raw bytes on the wgmma variant are
     repacked here, per call).
-    build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs in
-    scripts/mmq_variants.py; the engine never passes any). Returns the variant that ran."""
+    build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs; the engine never
+    passes any). Returns the variant that ran."""
     from minfer.cuda import mmq_sb as sb
     from minfer.cuda import mmq_wgmma as wg
 

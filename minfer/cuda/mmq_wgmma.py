@@ -249,7 +249,7 @@ def split6_q8_1(rt, x, xq=None, tx=None):
 
 def _geometry(build_opts: tuple) -> tuple[int, bool, bool]:
     """(stages, persistent, stream-K) of a kernel build: the defaults, or -D overrides (kernel A/B
-    builds in scripts/mmq_wgmma_device.py; the last two only steer the launch geometry)."""
+    timing builds; the last two only steer the launch geometry)."""
     stages, persist, sk = WG_STAGES, WG_PERSIST, WG_STREAM_K
     for o in build_opts:
         key, _, val = o.partition("=")

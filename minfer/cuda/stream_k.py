@@ -3,7 +3,7 @@ sk_put / sk_add): whole waves of tiles round-robin over the grid, then stream-K 
 1-2 waves' worth. `schedule` is the launcher's choice, `sk_items` the Python twin of the
 kernels' per-block work items (tests/test_mmq_wgmma.py checks that they cover every stage of
 every tile once, with at most two parts per tile), `sk_workspace` the partial-sum slots and
-flags. docs/mmq.md "Work items".
+flags. Stream-K evens out the last waves' tiles over the blocks instead of leaving SMs idle.
 """
 
 from __future__ import annotations

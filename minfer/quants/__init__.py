@@ -1,7 +1,7 @@
 """Quantization types: one traits record per GGUF type, the reference dequant (gguf's).
 
 `traits_of(qtype)` is the single place that says whether minfer supports a tensor type.
-Dequantized reference values are exactly `gguf.quants.dequantize` (DESIGN.md): the GPU dequant
+Dequantized reference values are exactly `gguf.quants.dequantize` (docs/design.md): the GPU dequant
 kernels are tested bit for bit against this function cast to f16.
 """
 

@@ -28,7 +28,7 @@ BLOCK_DTYPES: dict[str, np.dtype] = {
                         ("qs", "u1", 128)]),
 }
 
-# minfer's q8_1 raw activation block (DESIGN.md): 40 B per 32 values, s = sum of qs.
+# minfer's q8_1 raw activation block (docs/design.md): 40 B per 32 values, s = sum of qs.
 Q8_1_RAW = np.dtype([("d", _F16), ("pad", "<u2"), ("qs", "i1", 32), ("s", "<i4")])
 
 # f16 fields holding a scale (random test data must keep them finite for strict bit equality)

@@ -7,7 +7,7 @@ tensor cores and rescale them in f32 (docs/mmq.md):
 q4_K (weight = d*sc*v - dmin*m, v in 0..15 fed unsigned to the s8 mma):
     S_ij  = sum_k qa[i,k] * v[j,k]                      (int, |S| <= 32*127*15)
     y_ij += da_i * (dsv_j * S_ij) + dma_i * dmv_j       dsv = d*sc, dmv = -(dmin*m),
-                                                        dma = da*sa (rank-1 fold, seeds r15)
+                                                        dma = da*sa (rank-1 fold, docs/design.md)
 q6_K (weight = d*sc16*(q-32), one int8 scale per 16 values, q fed as signed q-32 in -32..31):
     S^h_ij = sum_{k in half h} qa[i,k] * (q[j,k]-32)    h = 0, 1 (two m16n8k16 mmas)
     y_ij  += da_i * (dsv^0_j * S^0_ij + dsv^1_j * S^1_ij)   dsv^h = d*sc16[2c+h]

@@ -4,7 +4,7 @@ One block per 32 activations, 40 bytes (pinned by Q8_1_RAW and kernels/quantize_
   +0  d   f16     scale = amax/127 (computed in f32, stored rounded to f16)
   +2  pad 2 bytes (zero)
   +4  q   int8[32] round-half-away(x / d) with the f32 d (ggml CUDA quantize_q8_1)
-  +36 s   int32   the in-block integer sum of the 32 q's (DESIGN.md; ggml stores a float sum
+  +36 s   int32   the in-block integer sum of the 32 q's (docs/design.md; ggml stores a float sum
                   instead: MMQ needs the exact integer one for the q4_K min term)
 Rows are K/32 consecutive blocks: x f32 [M, K] -> uint8 [M, K/32*40].
 """
