@@ -20,9 +20,18 @@ from pathlib import Path
 
 from minfer.errors import GPUError
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
-if not KERNEL_DIR.is_dir():  # installed non-editable: kernels shipped as package data
-    KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+
+def find_kernel_dir(pkg: Path = Path(__file__).resolve().parent) -> Path:
+    """The CUDA sources: a source checkout's (or editable install's) top-level kernels/, else
+    the copy a wheel ships as package data (minfer/cuda/kernels, setup.py's build_py). The
+    checkout needs its pyproject.toml too, so a stray site-packages/kernels is never taken."""
+    root = pkg.parent.parent
+    if (root / "kernels").is_dir() and (root / "pyproject.toml").is_file():
+        return root / "kernels"
+    return pkg / "kernels"
+
+
+KERNEL_DIR = find_kernel_dir()
 
 DEFAULT_OPTIONS = ("-O3", "-std=c++17")
 
