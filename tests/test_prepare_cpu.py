@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+import io
 import itertools
+import sys
 import time
 import types
 
@@ -179,12 +181,23 @@ def test_prebuild_compiles_in_parallel_once(tmp_path, monkeypatch):
     calls = []
     real = build.compile_cubin
     monkeypatch.setattr(build, "compile_cubin", lambda *a: (calls.append(a), real(*a))[1])
-    first = prepare.prebuild(specs, "sm_80", workers=2)
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    first = prepare.prebuild(specs, "sm_80", progress=True, workers=2)
     assert first.n_compiled == 2 and first.compile_s > 0 and len(calls) == 2
+    assert "compiling 2 kernels for sm_80 (first run only)" in tty.getvalue()
     assert prepare.missing(specs, "sm_80") == []
     assert len(list((tmp_path / "cubin").glob("smoke-sm_80-*.cubin"))) == 2
-    second = prepare.prebuild(specs, "sm_80", workers=2)
+    tty.seek(0)
+    tty.truncate()
+    second = prepare.prebuild(specs, "sm_80", progress=True, workers=2)
     assert (second.n_compiled, second.compile_s, len(calls)) == (0, 0.0, 2)
+    assert tty.getvalue() == ""   # a warm cache says nothing
+
+
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
 
 
 class SlowFirstBackend:

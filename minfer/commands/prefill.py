@@ -83,7 +83,9 @@ def make_backend(kind: str, model, dtype: str | None, max_tokens: int, ubatch: i
     check_backend(kind, None)
     from minfer.cuda.backend import CudaBackend
 
-    return CudaBackend(model, gemm, max_tokens=max_tokens, ubatch=ubatch, progress=True)
+    # no one-token warm-up here: engine.run warms up the run's chunk lengths and decode's at once
+    return CudaBackend(model, gemm, max_tokens=max_tokens, ubatch=ubatch, progress=True,
+                       warmup=False)
 
 
 def _num(x: float) -> float | None:
