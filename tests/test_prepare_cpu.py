@@ -118,16 +118,20 @@ def fakes(monkeypatch):
     return built
 
 
-CONFIGS = [GemmConfig(), GemmConfig(mmq=True), GemmConfig(mmq=True, wgmma=False),
-           GemmConfig(mmq=True, sb=True), GemmConfig(mmq=True, wide=False),
-           GemmConfig(mmq=True, fused_prepass=False, stream_k=False)]
+# the GEMM paths, by their documented flags (minfer/cuda/config.py ENV_KEYS)
+CONFIGS = ["", "MINFER_F16_GLU=0 MINFER_F16_ROPE=0", "MINFER_MMQ=1",
+           "MINFER_MMQ=1 MINFER_MMQ_WGMMA=0", "MINFER_MMQ=1 MINFER_MMQ_SB=1",
+           "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1", "MINFER_MMQ=1 MINFER_MMQ_RAW_WIDE=0",
+           "MINFER_MMQ=1 MINFER_MMQ_RAW=0",
+           "MINFER_MMQ=1 MINFER_MMQ_FUSED_PREPASS=0 MINFER_MMQ_STREAMK=0"]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: c.label())
+@pytest.mark.parametrize("spec", CONFIGS, ids=lambda s: s or "default")
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_prepared_kernels_cover_what_the_backend_loads(tiny, fakes, cfg, arch):
+def test_prepared_kernels_cover_what_the_backend_loads(tiny, fakes, spec, arch):
     from minfer.cuda.backend import CudaBackend
 
+    cfg = GemmConfig.parse_ab(spec, env={})
     rt = FakeRuntime(arch)
     be = CudaBackend(tiny, cfg, rt=rt, max_tokens=300, ubatch=128, warmup=False, graphs=False)
     # the weight upload asked for nothing load_kernels (built before it) does not name

@@ -121,8 +121,8 @@ def prebuild(specs, arch: str, progress: bool = False, workers: int | None = Non
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(todo), desc=f"compiling {len(todo)} kernels for {arch} (first run "
-                   "only)", unit="kernel", file=sys.stderr, leave=False, disable=None)
+        bar = tqdm(total=len(todo), desc=f"compiling {len(todo)} kernel{'s' * (len(todo) > 1)} for "
+                   f"{arch} (first run only)", unit="kernel", file=sys.stderr, leave=False, disable=None)
     ex = ThreadPoolExecutor(max_workers=max(1, min(len(todo), workers or os.cpu_count() or 1)))
     try:
         for f in as_completed([ex.submit(compile_cubin, n, arch, o) for n, o in todo]):
