@@ -41,6 +41,7 @@ class RunResult:
     prefill_s: float
     decode_s: float
     step_margins: list[float] = field(default_factory=list)  # top1 - top2 at each greedy step
+    warmup_s: float = 0.0  # backend.warmup before the timed prefill (kernel builds, graphs)
 
     @property
     def prefill_tok_s(self) -> float:
@@ -76,9 +77,11 @@ def validate(n_prompt: int, n_greedy: int, ubatch: int = 512, n_ctx: int | None 
 
 
 def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch: int = 512,
-        progress: bool = False, n_ctx: int | None = None) -> RunResult:
+        progress: bool = False, n_ctx: int | None = None, warmup: bool = True) -> RunResult:
     """Prefill prompt_ids in ubatch chunks, then n_greedy greedy ids (argmax, first index on
-    ties; no stop at EOS). n_ctx: the context limit (default: the backend's model's)."""
+    ties; no stop at EOS). n_ctx: the context limit (default: the backend's model's).
+    warmup: a backend with warmup(lengths) (CUDA) first builds and loads every kernel of the
+    run's chunk lengths and records their graphs, outside the timing (the CPU has none)."""
     ids = np.asarray(list(prompt_ids), dtype=np.int64)
     if n_ctx is None:
         model = getattr(backend, "model", None)
@@ -86,6 +89,12 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
     validate(int(ids.size), n_greedy, ubatch, n_ctx)
     if hasattr(backend, "reserve"):
         backend.reserve(int(ids.size + max(n_greedy - 1, 0)))
+    warmup_s = 0.0
+    if warmup and hasattr(backend, "warmup"):
+        t0 = time.perf_counter()
+        backend.warmup(sorted({min(ubatch, ids.size - s) for s in range(0, ids.size, ubatch)} |
+                              ({1} if n_greedy > 1 else set())))
+        warmup_s = time.perf_counter() - t0
     backend.reset()
 
     chunks = range(0, ids.size, ubatch)
@@ -116,4 +125,5 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
             pos += 1
     backend.synchronize()
     decode_s = time.perf_counter() - t0
-    return RunResult([int(i) for i in ids], greedy, last_logits, prefill_s, decode_s, margins)
+    return RunResult([int(i) for i in ids], greedy, last_logits, prefill_s, decode_s, margins,
+                     warmup_s)

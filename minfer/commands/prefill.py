@@ -83,7 +83,9 @@ def make_backend(kind: str, model, dtype: str | None, max_tokens: int, ubatch: i
     check_backend(kind, None)
     from minfer.cuda.backend import CudaBackend
 
-    return CudaBackend(model, gemm, max_tokens=max_tokens, ubatch=ubatch, progress=True)
+    # no one-token warm-up here: engine.run warms up the run's chunk lengths and decode's at once
+    return CudaBackend(model, gemm, max_tokens=max_tokens, ubatch=ubatch, progress=True,
+                       warmup=False)
 
 
 def _num(x: float) -> float | None:
@@ -134,6 +136,10 @@ def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dty
 
     res = engine.run(backend, ids, n_greedy=n_greedy, ubatch=ubatch, progress=True)
     greedy_text = tok.decode(res.greedy_ids)
+    # kernel builds and graph recording (construction and engine warm-up) are reported apart
+    compile_s, capture_s = getattr(backend, "compile_s", 0.0), getattr(backend, "capture_s", 0.0)
+    n_compiled = getattr(backend, "n_compiled", 0)
+    load_s = max(0.0, load_s + res.warmup_s - compile_s - capture_s)
     out = {
         "model": str(model_path),
         "backend": backend.name,
@@ -144,6 +150,9 @@ def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dty
         "greedy_ids": res.greedy_ids,
         "greedy_text": greedy_text,
         "load_s": load_s,
+        "compile_s": compile_s,
+        "n_compiled": n_compiled,
+        "capture_s": capture_s,
         "prefill_s": res.prefill_s,
         "decode_s": res.decode_s,
         "prefill_tok_s": _num(res.prefill_tok_s),
@@ -157,7 +166,12 @@ def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dty
     if hasattr(backend, "route_summary"):
         click.echo(f"gemm     {backend.route_summary()}")
     click.echo(f"prompt   {len(ids)} tokens")
-    click.echo(f"load     {load_s:.2f} s")
+    prep = [f"{load_s:.2f} s"]
+    if n_compiled:
+        prep.append(f"compile {compile_s:.2f} s ({n_compiled} kernels)")
+    if hasattr(backend, "capture_s"):
+        prep.append(f"capture {capture_s:.2f} s")
+    click.echo(f"load     {' · '.join(prep)}")
     click.echo(f"prefill  {res.prefill_tok_s:,.1f} tok/s ({res.prefill_s * 1e3:.1f} ms)")
     if n_greedy > 1:
         click.echo(f"decode   {res.decode_tok_s:,.1f} tok/s ({n_greedy - 1} single-token steps, "

@@ -5,8 +5,10 @@ pick_gemm: "f16" or "mmq-*"), q/k/v and gate/up on f16 are fused (routes.plan_fu
 memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.weights.
-Then `warmup_s`: every kernel is built/loaded and one token is pushed through (then the cache
-is reset).
+Kernels are compiled before anything is timed (minfer.cuda.prepare): the weight upload's
+before the upload, the forward's before `warmup_s`, in which one token is pushed through (then
+the cache is reset); `warmup(lengths)` does the same for prompt lengths (engine.run calls it
+before the timed prefill). compile_s / n_compiled / capture_s add up what that took.
 
 forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
   h16 = rmsnorm(x) * attn_norm;  qkv32 = h16 @ [Wq; Wk; Wv].T (one GEMM on the fused weight)
@@ -61,6 +63,7 @@ import numpy as np
 from minfer.cuda import attention as attn_mod
 from minfer.cuda import devarray as da
 from minfer.cuda import layers as L
+from minfer.cuda import prepare
 from minfer.cuda.config import GemmConfig
 from minfer.cuda.profile import OpProfile
 from minfer.cuda.gemm import gemm_f16_nt, rope_epilogue_pays
@@ -126,6 +129,8 @@ class CudaBackend:
         self.glu = plan_glu(model, self.gcfg, self.routes, self.fused)
         plan = self._plan()
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
+        self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
+        self._add(prepare.prebuild(prepare.load_kernels(self.routes), self.rt.arch, progress))
         wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"],
                            progress, frozenset(self.glu))
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
@@ -144,8 +149,7 @@ class CudaBackend:
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         if warmup:
-            self.forward(np.zeros(1, np.int32), 0)
-            self.reset()
+            self.warmup([1])
         self.rt.synchronize()
         self.warmup_s = time.perf_counter() - t1
 
@@ -159,6 +163,17 @@ class CudaBackend:
         SB kernel (an f16 glu GEMM at M == 1 still goes through gu32)."""
         return len(self.glu) == self.c.n_layers and all(
             self.routes[f"blk.{i}.ffn_gate.weight"][0] != "f16" for i in range(self.c.n_layers))
+
+    def warmup(self, lengths) -> "prepare.Prep":
+        """Compile (in parallel) and load every kernel forwards of `lengths` tokens need and
+        record their CUDA graphs, untimed; the KV cache is left empty."""
+        return self._add(prepare.warmup(self, lengths, self.progress))
+
+    def _add(self, p: "prepare.Prep") -> "prepare.Prep":
+        self.n_compiled += p.n_compiled
+        self.compile_s += p.compile_s
+        self.capture_s += p.capture_s
+        return p
 
     # -- protocol -------------------------------------------------------------------------------
     def reset(self) -> None:

@@ -20,9 +20,18 @@ from pathlib import Path
 
 from minfer.errors import GPUError
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
-if not KERNEL_DIR.is_dir():  # installed non-editable: kernels shipped as package data
-    KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+
+def find_kernel_dir(pkg: Path = Path(__file__).resolve().parent) -> Path:
+    """The CUDA sources: a source checkout's (or editable install's) top-level kernels/, else
+    the copy a wheel ships as package data (minfer/cuda/kernels, setup.py's build_py). The
+    checkout needs its pyproject.toml too, so a stray site-packages/kernels is never taken."""
+    root = pkg.parent.parent
+    if (root / "kernels").is_dir() and (root / "pyproject.toml").is_file():
+        return root / "kernels"
+    return pkg / "kernels"
+
+
+KERNEL_DIR = find_kernel_dir()
 
 DEFAULT_OPTIONS = ("-O3", "-std=c++17")
 
@@ -122,6 +131,13 @@ def _res(name: str, v: dict[str, int]) -> KernelResources:
                            v.get("ss", 0), v.get("sl", 0))
 
 
+def cubin_path(name: str, arch: str = "sm_90", options: tuple[str, ...] = ()) -> Path:
+    """Where compile_cubin(name, arch, options) keeps its cubin (present: nothing to build)."""
+    src = kernel_path(name)
+    key = cache_key(src, arch, tuple(DEFAULT_OPTIONS) + tuple(options))
+    return cache_dir() / f"{src.stem}-{arch}-{key}.cubin"
+
+
 def compile_cubin(name: str, arch: str = "sm_90", options: tuple[str, ...] = (),
                   report: bool = False) -> tuple[Path, str]:
     """Compile kernels/<name>.cu for `arch`; return (cubin path, ptxas report).
@@ -131,8 +147,7 @@ def compile_cubin(name: str, arch: str = "sm_90", options: tuple[str, ...] = (),
     """
     src = kernel_path(name)
     opts = tuple(DEFAULT_OPTIONS) + tuple(options)
-    key = cache_key(src, arch, opts)
-    out = cache_dir() / f"{src.stem}-{arch}-{key}.cubin"
+    out = cubin_path(name, arch, options)
     log = out.with_suffix(".ptxas.txt")  # ptxas's report, kept beside the cubin
     if out.exists() and (not report or log.exists()):
         return out, log.read_text() if report else ""
