@@ -84,6 +84,24 @@ def test_plain_prompt_stays_plain_and_runs_through_eos(capsys, tok):
     assert len(d["greedy_ids"]) == 3 and d["stopped_at_eos"] is False
 
 
+def test_stop_at_eos_flags(capsys, tok):
+    # a chat may decode through its end of turn (what the identity checks do) ...
+    code, out, err = _run(capsys, "--chat", "--no-stop-at-eos", "-n", "9", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert len(d["greedy_ids"]) == 9 and d["stopped_at_eos"] is False
+    assert any(i in tok.eog_ids for i in d["greedy_ids"][:-1])  # it went past one
+    # ... and a plain prompt may stop at it
+    turn = _chatml("What is the capital of France?")
+    code, out, err = _run(capsys, "-p", turn, "--stop-at-eos", "-n", "9", "--json")
+    assert code == 0, err
+    e = json.loads(out)
+    assert e["chat"] is False and e["prompt_ids"] == d["prompt_ids"]
+    assert e["stopped_at_eos"] is True and e["greedy_ids"][-1] in tok.eog_ids
+    k = len(e["greedy_ids"])
+    assert k < 9 and e["greedy_ids"] == d["greedy_ids"][:k]
+
+
 # -- special tokens in a prompt ----------------------------------------------------------------
 def test_special_tokens_parsed_by_default_and_no_special(capsys, tok):
     s = "<|im_start|>user\nhi<|im_end|>"
