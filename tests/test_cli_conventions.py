@@ -223,3 +223,22 @@ def test_help_lists_the_llama_cpp_names():
                 "--special / --no-special", "--stop-at-eos / --no-stop-at-eos"):
         assert opt in h, opt
     assert "-o, --output [md|json|csv]" in CliRunner().invoke(cli, ["bench", "--help"]).output
+
+
+# -- the README a newcomer reads ---------------------------------------------------------------
+def test_readme_is_short_and_its_commands_exist():
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert len(readme.encode()) <= 8400, len(readme.encode())
+    # CI (.ci/run) runs exactly these two
+    assert '\npip install -e ".[dev]" && minfer prefill\n' in readme
+    assert '\npip install -e ".[dev]" && python3 -m pytest -q\n' in readme
+    named = set(re.findall(r"^- `minfer (\w+)", readme, re.M))
+    assert named == set(cli.commands), named
+    # every prefill option the README names is one prefill has
+    h = CliRunner().invoke(cli, ["prefill", "--help"]).output
+    section = readme[readme.index("## Commands"):readme.index("## Figures")]
+    line = next(ln for ln in section.splitlines() if ln.startswith("- `minfer prefill"))
+    for opt in set(re.findall(r"(--?[a-z][a-z-]*)", line)) | {"--no-special", "--stop-at-eos"}:
+        assert re.search(rf"(^|[\s,/]){re.escape(opt)}\b", h), opt
