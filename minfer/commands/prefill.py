@@ -146,9 +146,9 @@ def _num(x: float) -> float | None:
               help="Wrap the prompt in the model's own chat template (tokenizer.chat_template). "
                    "Default: on when no prompt is given and the model has a template.")
 @click.option("--system", default=None, help="System message for --chat (implies --chat).")
-@click.option("--special/--no-special", default=True, show_default=True,
+@click.option("--special/--no-special", default=True,
               help="Special-token text in the prompt (<|im_start|>) is the special token, as "
-                   "in llama.cpp; --no-special: plain text.")
+                   "in llama.cpp (default); --no-special: plain text.")
 @click.option("-n", "--n-predict", "--greedy", "n_greedy", type=int, default=32,
               show_default=True, help="Tokens to generate after the prompt (greedy argmax).")
 @click.option("--stop-at-eos/--no-stop-at-eos", default=None,
