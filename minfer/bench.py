@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -63,7 +64,7 @@ def parse_tokens(s: str) -> list[int]:
     return out
 
 
-def make_backend(model, kind: str, spec: str, max_tokens: int, base=None):
+def make_backend(model, kind: str, spec: str, max_tokens: int, base=None, progress=False):
     """A backend for `kind` ('cuda' or 'cpu') and the A/B spec string (GEMM env keys).
     base: GEMM flag overrides (MINFER_* keys) over the environment; the spec wins over both."""
     import os
@@ -77,7 +78,7 @@ def make_backend(model, kind: str, spec: str, max_tokens: int, base=None):
 
         b = ReferenceBackend(model, max_tokens=max_tokens)
         if hasattr(b, "preload"):
-            b.preload()
+            b.preload(progress=progress)
         return b
     if kind == "cuda":
         from minfer.cuda.backend import CudaBackend
@@ -104,7 +105,7 @@ def time_prefill(backend, ids: np.ndarray, reps: int = 1) -> float:
 
 
 def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: list,
-          warmup: bool = True, min_ms: float = 500.0) -> list[Row]:
+          warmup: bool = True, min_ms: float = 500.0, progress: bool = False) -> list[Row]:
     """Interleaved: for r in repeats, for n in tokens, for each config: one sample, the configs'
     order rotated by one each repeat. A sample: a pre-roll prefill, then k timed back-to-back
     prefills filling min_ms (k from a second warm-up prefill, the first one records the CUDA
@@ -120,9 +121,11 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
     prompts = {n: prompt_ids(model, n) for n in tokens}
     pairs = list(zip(configs, backends))
     reps = {(c, n): 1 for c in configs for n in tokens}   # timed prefills per sample
+    bar = _progress(progress, (repeats + warmup) * len(tokens) * len(pairs))
     if warmup:   # the first prefill of a shape records its CUDA graph: k from the second
         for n in tokens:
             for c, b in pairs:
+                bar(f"warm-up, {n} tokens, {c or 'default'}")
                 t = time_prefill(b, prompts[n])
                 if min_ms > 0 and t < min_ms / 1e3:
                     t = time_prefill(b, prompts[n])
@@ -131,14 +134,38 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
         order = pairs[r % len(pairs):] + pairs[:r % len(pairs)]
         for n in tokens:
             for c, b in order:
+                bar(f"repeat {r + 1}/{repeats}, {n} tokens, {c or 'default'}")
                 k = reps[(c, n)]
                 if k > 1:
                     time_prefill(b, prompts[n])   # pre-roll: the config's own steady state
                 rows[(c, n)].tok_s.append(n * k / time_prefill(b, prompts[n], k))
                 rows[(c, n)].prefills = k
+    bar(None)
     for b in backends:
         b.reset()
     return [rows[(c, n)] for n in tokens for c in configs]
+
+
+def _progress(on: bool, total: int):
+    """step(label) before each sample, step(None) at the end: a tqdm bar on stderr, only on a
+    terminal (a CPU sample can take seconds and a bench minutes)."""
+    if not on:
+        return lambda label: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc="bench", unit="sample", file=sys.stderr, leave=False,
+               disable=None)  # None: only on a terminal
+    started = [False]
+
+    def step(label):
+        if started[0]:
+            bar.update(1)
+        started[0] = True
+        if label is None:
+            bar.close()
+        else:
+            bar.set_postfix_str(label, refresh=False)
+    return step
 
 
 def table(rows: list[Row]) -> str:
@@ -228,7 +255,11 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
 
 
 def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
-        profile: bool = True, echo=print, base=None, min_ms: float = 500.0) -> list[Row]:
+        profile: bool = True, echo=print, base=None, min_ms: float = 500.0, out=None,
+        fmt: str = "md", progress: bool = False) -> list[Row]:
+    """Load, bench, print. The results table goes to `out` (default: echo) in `fmt` (md, json,
+    csv: minfer.bench_out), everything else to echo."""
+    from minfer.bench_out import format_rows
     from minfer.loader import load_model
 
     model = load_model(model_path)
@@ -237,19 +268,19 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
     backends = []
     for c in configs:
         t0 = time.perf_counter()
-        b = make_backend(model, kind, c, mx, base)
+        b = make_backend(model, kind, c, mx, base, progress=progress)
         load = getattr(b, "load_s", time.perf_counter() - t0)
         warm = getattr(b, "warmup_s", 0.0)
         echo(f"{c or 'default'}: backend {b.name}, load {load:.2f} s, warm-up {warm:.2f} s")
         if hasattr(b, "route_summary"):
             echo(f"  {b.route_summary()}")
         backends.append(b)
-    rows = bench(model, tokens, configs, repeats, backends, min_ms=min_ms)
+    rows = bench(model, tokens, configs, repeats, backends, min_ms=min_ms, progress=progress)
     per = ", ".join(f"{r.tokens}: {r.prefills}" for r in rows[::len(configs)])
     echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat; "
          f"a sample = a pre-roll prefill, then back-to-back timed prefills filling {min_ms:g} ms "
          f"(prefills per sample, {configs[0] or 'default'}: {per})\n")
-    echo(table(rows))
+    (out or echo)(format_rows(rows, fmt, model=str(model_path), min_ms=min_ms))
     if profile:
         for b in backends:
             echo("")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -77,11 +77,13 @@ def validate(n_prompt: int, n_greedy: int, ubatch: int = 512, n_ctx: int | None 
 
 
 def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch: int = 512,
-        progress: bool = False, n_ctx: int | None = None, warmup: bool = True) -> RunResult:
-    """Prefill prompt_ids in ubatch chunks, then n_greedy greedy ids (argmax, first index on
-    ties; no stop at EOS). n_ctx: the context limit (default: the backend's model's).
-    warmup: a backend with warmup(lengths) (CUDA) first builds and loads every kernel of the
-    run's chunk lengths and records their graphs, outside the timing (the CPU has none)."""
+        progress: bool = False, n_ctx: int | None = None,
+        stop_ids: Collection[int] = (), warmup: bool = True) -> RunResult:
+    """Prefill prompt_ids in ubatch chunks, then up to n_greedy greedy ids (argmax, first index
+    on ties). stop_ids: decoding ends after emitting one of them (EOS/EOT for chat); empty, it
+    runs through EOS, as the identity gates need. n_ctx: the context limit (default: the
+    backend's model's). warmup: a backend with warmup(lengths) (CUDA) first builds and loads
+    every kernel of the run's chunk lengths and records their graphs, outside the timing."""
     ids = np.asarray(list(prompt_ids), dtype=np.int64)
     if n_ctx is None:
         model = getattr(backend, "model", None)
@@ -120,6 +122,8 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
         tok = int(np.argmax(logits))
         greedy.append(tok)
         margins.append(_margin(logits))
+        if tok in stop_ids:
+            break
         if step + 1 < n_greedy:
             logits = backend.forward(np.array([tok], dtype=np.int32), pos)
             pos += 1

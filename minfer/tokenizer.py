@@ -183,6 +183,12 @@ class Tokenizer:
         self.add_bos = bool(ab) if ab is not None else default_add_bos
         ae = meta.get("tokenizer.ggml.add_eos_token")
         self.add_eos = bool(ae) if ae is not None else False
+        # end-of-generation ids (llama.cpp's special_eog_ids): EOS, EOT, EOM and the texts
+        # it forces to CONTROL; chat decoding stops at any of them
+        eog = {self.eos_id, _meta_id(meta, "tokenizer.ggml.eot_token_id", None, n),
+               _meta_id(meta, "tokenizer.ggml.eom_token_id", None, n)}
+        eog |= {i for i, t in enumerate(texts) if t in _EOG_TEXTS}
+        self.eog_ids = frozenset(i for i in eog if i is not None)
 
         # special tokens cut out of the text before the model: longest first (llama.cpp sorts
         # cache_special_tokens by text length, descending)

@@ -33,7 +33,8 @@ def _run(capsys, *args):
 
 
 def test_prefill_json_default_prompt(capsys, default_model_path, golden_q4_1):
-    code, out, err = _run(capsys, "--backend", "cpu", "--json", "--greedy", "4")
+    # --no-chat: the golden prompt 0 as plain text (the default run is a chat, test_cli_chat.py)
+    code, out, err = _run(capsys, "--backend", "cpu", "--json", "--greedy", "4", "--no-chat")
     assert code == 0, err
     d = json.loads(out)  # exactly one JSON object on stdout, nothing else
     for key in ("model", "backend", "prompt_ids", "greedy_ids", "greedy_text", "prefill_tok_s",
@@ -66,15 +67,54 @@ def test_prefill_text_output(capsys, default_model_path):
 
 @pytest.mark.parametrize("args,code,msg", [
     (["-p", ""], 2, "empty prompt"),
-    (["--greedy", "-1"], 2, "--greedy must be >= 0"),
-    (["--greedy", "9000"], 2, "9 tokens + 9000 greedy tokens = 9009 exceeds the model's "
-                             "context of 8192"),
+    (["--greedy", "-1"], 2, "-n/--n-predict must be >= 0"),
+    (["-n", "9000", "--no-chat"], 2, "9 tokens + 9000 greedy tokens = 9009 exceeds the model's "
+                                    "context of 8192"),
+    (["-c", "-1"], 2, "-c/--ctx-size must be >= 0"),
+    (["-c", "9000"], 2, "-c/--ctx-size 9000 exceeds the model's context of 8192"),
+    (["--no-chat", "-c", "12", "-n", "4"], 2, "prompt of 9 tokens + 4 generated tokens = 13 "
+                                              "exceeds -c/--ctx-size 12"),
     (["--ubatch", "0"], 2, "--ubatch"),
     (["-p", "x", "--prompt-file", "f.txt"], 2, "not both"),
 ])
 def test_prefill_bad_input(capsys, default_model_path, args, code, msg):
     got, out, err = _run(capsys, "--backend", "cpu", *args)
     assert got == code and msg in err and out == ""
+
+
+def test_prefill_n_predict_and_ctx_size(capsys, default_model_path):
+    # -n is llama.cpp's name for the generated-token count; a context that just fits runs
+    code, out, err = _run(capsys, "--backend", "CPU", "--no-chat", "-n", "2", "-c", "11",
+                          "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["n_prompt"] == 9 and len(d["greedy_ids"]) == 2 and d["backend"] == "cpu"
+
+
+@pytest.mark.parametrize("args,code,needle", [
+    (["--ubatch", "0"], 2, "--ubatch"),
+    (["-n", "-3"], 2, "--n-predict"),
+    (["-c", "-2"], 2, "--ctx-size"),
+    (["--no-chat", "--system", "s"], 2, "--system"),
+    (["--backend", "cuda"], 3, "--backend cpu"),
+])
+def test_prefill_checks_options_before_fetching_the_model(monkeypatch, capsys, tmp_path, args,
+                                                          code, needle):
+    """Options and the backend are checked before the 93 MB default model is fetched."""
+    import minfer.fetch as F
+
+    if "cuda" in args:
+        from minfer.cuda.runtime import gpu_available
+
+        if gpu_available():
+            pytest.skip("a GPU is present")
+    monkeypatch.setenv("MINFER_MODELS", str(tmp_path / "empty"))
+    monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("model fetched"))
+    with pytest.raises(SystemExit) as e:
+        main(["prefill", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == code and needle in err and "fetching" not in err
+    assert not (tmp_path / "empty").exists()
 
 
 def test_prefill_prompt_file(capsys, default_model_path, tmp_path):

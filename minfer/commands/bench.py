@@ -1,15 +1,16 @@
-"""`minfer bench -m FILE --tokens 512,2048 [--ab "K=V K=V" "..."] [--repeats N] [--backend ...]`"""
+"""`minfer bench [-m FILE] --tokens 512,2048 [--ab "K=V K=V" "..."] [-o md|json|csv] [--plot F]`"""
 
 from __future__ import annotations
 
 import click
 
+from minfer.bench_out import FORMATS
 from minfer.commands.gemm_flags import gemm_options, gemm_overrides
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
-@click.option("-m", "--model", "model_path", required=True, type=click.Path(dir_okay=False),
-              help="GGUF model file.")
+@click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
+              help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, as for prefill).")
 @click.option("--tokens", default="512", show_default=True,
               help="Comma-separated prompt lengths (pp512, pp2048, ...).")
 @click.option("--ab", "ab", multiple=True,
@@ -18,26 +19,55 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
                    "rotated each repeat (use --repeats as a multiple of the config count).")
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--backend", "kind", default="cuda", show_default=True,
-              type=click.Choice(["cuda", "cpu"]))
+              type=click.Choice(["cuda", "cpu"], case_sensitive=False))
 @click.option("--min-ms", default=500.0, show_default=True, type=float,
               help="Each sample: one untimed pre-roll prefill, then back-to-back timed prefills "
                    "filling this many ms: sustained throughput (an H200 under this load runs at "
                    "its power cap). 0: one prefill per sample, as `minfer prefill` times it on "
                    "an idle GPU.")
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
+@click.option("-o", "--output", "fmt", default="md", show_default=True,
+              type=click.Choice(FORMATS, case_sensitive=False),
+              help="Results format, as llama-bench: md table, json or csv on stdout (with json "
+                   "and csv every other line goes to stderr).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="Also draw tok/s against prompt length per config into this image "
+                   "(.png, .svg, ...; needs matplotlib: the extra `plot`).")
 @gemm_options
 @click.argument("more_ab", nargs=-1)
-def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, more_ab, **gemm) -> None:
+def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot_path, more_ab,
+          **gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     GEMM flags apply to every config, under the environment's values; an --ab string's keys
     win over both."""
     from minfer.bench import parse_tokens, run
+    from minfer.bench_out import check_plot_path, plot
+    from minfer.commands.prefill import check_backend
     from minfer.errors import BadInput
 
+    # every check before the default model is fetched and before any benchmarking
     if more_ab and not ab:
         raise BadInput(f"unexpected arguments {' '.join(more_ab)!r} (A/B configs follow --ab)")
     configs = list(ab) + list(more_ab)
     if min_ms < 0:
         raise BadInput(f"--min-ms {min_ms:g}: must be >= 0")
-    run(model_path, parse_tokens(tokens), configs, repeats, kind, profile=not no_breakdown,
-        echo=click.echo, base=gemm_overrides(**gemm), min_ms=min_ms)
+    if repeats < 1:
+        raise BadInput(f"--repeats {repeats}: need at least 1")
+    n_tokens = parse_tokens(tokens)
+    kind, fmt = kind.lower(), fmt.lower()
+    check_backend(kind, None)
+    if plot_path is not None:
+        check_plot_path(plot_path)
+    if model_path is None:
+        from minfer.fetch import default_model_path
+
+        model_path = default_model_path()
+    echo = click.echo if fmt == "md" else (lambda s="": click.echo(s, err=True))
+    rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
+               echo=echo, base=gemm_overrides(**gemm), min_ms=min_ms, out=click.echo, fmt=fmt,
+               progress=True)
+    if plot_path is not None:
+        from pathlib import Path
+
+        plot(rows, plot_path, title=f"{Path(model_path).name}, {kind}, min-ms {min_ms:g}")
+        echo(f"plot: {plot_path}")

@@ -181,17 +181,30 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
 
 
 @click.command("check")
-@click.option("-m", "--model", "model_path", required=True, type=click.Path(dir_okay=False),
-              help="GGUF model file.")
+@click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
+              help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, as for prefill).")
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True)
 @click.option("--parity-only", is_flag=True, help="Skip the greedy-32 identity runs.")
 @click.option("--identity-only", is_flag=True, help="Skip the parity gate.")
-def check(model_path: str, prompt: str, parity_only: bool, identity_only: bool) -> int:
-    """Parity gate (every MMQ path vs the numpy twin) and greedy-32 identity across paths."""
+def check(model_path: str | None, prompt: str, parity_only: bool, identity_only: bool) -> int:
+    """GPU gate: parity (every MMQ path vs the numpy twin) and greedy-32 identity across paths.
+    Needs a CUDA GPU (it checks our kernels against the CPU reference)."""
     from minfer.cuda.runtime import RuntimeConfig, get_runtime
+    from minfer.errors import GPUError
     from minfer.loader import load_model
 
-    rt = get_runtime(RuntimeConfig(poison=True))
+    try:  # before the default model is fetched
+        rt = get_runtime(RuntimeConfig(poison=True))
+    except GPUError as e:
+        # the runtime's own advice (--backend cpu) is for prefill: check has no CPU mode
+        reason = str(e).split("; use --backend cpu")[0]
+        raise GPUError(f"minfer check tests the GPU kernels against the CPU reference and needs "
+                       f"a CUDA GPU: {reason} (the CPU reference alone: minfer prefill "
+                       f"--backend cpu)") from None
+    if model_path is None:
+        from minfer.fetch import default_model_path
+
+        model_path = default_model_path()
     model = load_model(model_path)
     click.echo(model.describe())
     was = rt.cfg.poison

@@ -1,22 +1,52 @@
-"""`minfer inspect FILE`: metadata and a table of tensors, types and sizes."""
+"""`minfer inspect FILE [--json]`: metadata and a table of tensors, types and sizes."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import click
+
+LONG = 8  # arrays longer than this (vocabulary, merges) are summarized unless --all-metadata
+
+
+def as_dict(m, all_metadata: bool) -> dict:
+    """The --json object: file, config, metadata (long arrays as their length unless
+    all_metadata), tensors (name, type, shape, bytes), totals."""
+    meta, arrays = {}, {}
+    for k, v in m.metadata.items():
+        if isinstance(v, (list, tuple)) and len(v) > LONG and not all_metadata:
+            arrays[k] = len(v)
+        else:
+            meta[k] = v
+    tensors = [{"name": t.name, "type": t.type_name, "shape": [int(s) for s in t.shape],
+                "bytes": int(t.data.nbytes)} for t in m.tensors.values()]
+    return {"file": str(m.path), "config": dataclasses.asdict(m.config), "metadata": meta,
+            "metadata_array_lengths": arrays, "tensors": tensors,
+            "n_tensors": len(tensors), "bytes": sum(t["bytes"] for t in tensors)}
 
 
 @click.command("inspect")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--all-metadata", is_flag=True, help="Print long arrays (vocabulary, merges) too.")
-def inspect(file: str, all_metadata: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="One JSON object on stdout (long arrays as their lengths unless "
+                   "--all-metadata).")
+def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
     """Print a GGUF model's metadata and its tensors (name, type, shape, bytes)."""
     from minfer.loader import load_model
 
     m = load_model(file)
+    if as_json:
+        # bytes values (a non-UTF-8 string in the file) as text rather than a crash
+        click.echo(json.dumps(as_dict(m, all_metadata), ensure_ascii=False,
+                              default=lambda o: o.decode("utf-8", "replace")
+                              if isinstance(o, bytes) else str(o)))
+        return
     click.echo(m.describe())
     click.echo("\nmetadata:")
     for k, v in m.metadata.items():
-        if isinstance(v, list) and len(v) > 8 and not all_metadata:
+        if isinstance(v, list) and len(v) > LONG and not all_metadata:
             v = f"[{len(v)} items: {', '.join(map(repr, v[:3]))}, ...]"
         else:
             v = repr(v) if isinstance(v, str) else v

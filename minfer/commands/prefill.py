@@ -1,9 +1,12 @@
 """`minfer prefill`: run a prompt through a model, report prefill/decode tok/s and greedy ids.
 
-With no arguments: the default model (SmolLM2-135M-Instruct Q4_1) on golden prompt 0, on the
-GPU when one is usable, else on the CPU reference. Validation (prompt, --greedy, context) runs
-before the weights are loaded. Progress bars go to stderr (and only on a terminal); --json
-prints exactly one JSON object on stdout.
+With no arguments: the default model (SmolLM2-135M-Instruct Q4_1) asked DEFAULT_CHAT_PROMPT
+through its own chat template, decoding until its end-of-turn token, on the GPU when one is
+usable, else on the CPU reference. With -p/--prompt-file the text goes in as it is (plain
+completion, decoding through EOS, as the identity gates need) unless --chat. Options and the
+backend are checked before the default model is fetched; the prompt and context before the
+weights are loaded. Progress bars go to stderr (and only on a terminal); --json prints exactly
+one JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import click
 from minfer.commands.gemm_flags import gemm_config, gemm_options
 from minfer.errors import BadInput, GPUError
 
-DEFAULT_PROMPT = "The name of the capital city of France is"  # golden prompt 0
+DEFAULT_PROMPT = "The name of the capital city of France is"  # golden prompt 0 (--no-chat)
+DEFAULT_CHAT_PROMPT = "What is the capital of France?"
 
 
 def read_prompt_file(path: str) -> str:
@@ -43,7 +47,7 @@ def read_prompt_file(path: str) -> str:
 def pick_backend_kind(requested: str | None) -> tuple[str, str]:
     """(kind, why): the requested backend, else cuda when a GPU is usable, else cpu."""
     if requested:
-        return requested, "requested"
+        return requested.lower(), "requested"
     from minfer.cuda.runtime import gpu_available
 
     if gpu_available():
@@ -88,6 +92,47 @@ def make_backend(kind: str, model, dtype: str | None, max_tokens: int, ubatch: i
                        warmup=False)
 
 
+def check_options(prompt, prompt_file, chat, system, n_predict, ubatch, ctx_size) -> None:
+    """The checks that need no model: run before the default model is fetched."""
+    if prompt is not None and prompt_file is not None:
+        raise BadInput("give either -p/--prompt or --prompt-file, not both")
+    if system is not None and chat is False:
+        raise BadInput("--system goes with --chat, not --no-chat")
+    if n_predict < 0:
+        raise BadInput(f"-n/--n-predict must be >= 0, got {n_predict}")
+    if ubatch < 1:
+        raise BadInput(f"--ubatch must be >= 1, got {ubatch}")
+    if ctx_size < 0:
+        raise BadInput(f"-c/--ctx-size must be >= 0 (0: the model's context), got {ctx_size}")
+
+
+def prompt_ids(meta, tok, text: str | None, chat: bool | None, system: str | None,
+               special: bool) -> tuple[bool, list[int]]:
+    """(chat used, token ids). chat None: a chat when no prompt was given and the model has a
+    template (or --system was given); the default prompt goes with the mode."""
+    from minfer import chat as chat_mod
+
+    if chat is None:
+        chat = system is not None or (text is None and chat_mod.has_template(meta))
+    if text is None:
+        text = DEFAULT_CHAT_PROMPT if chat else DEFAULT_PROMPT
+    if chat:
+        return True, chat_mod.encode(meta, tok, text, system, parse_special=special)
+    return False, tok.encode(text, parse_special=special)
+
+
+def context_size(ctx_size: int, model_ctx: int, n_prompt: int, n_predict: int) -> int:
+    """The context the run may use: -c/--ctx-size (0: the model's), at most the model's."""
+    if ctx_size == 0:
+        return model_ctx
+    if ctx_size > model_ctx:
+        raise BadInput(f"-c/--ctx-size {ctx_size} exceeds the model's context of {model_ctx}")
+    if n_prompt + n_predict > ctx_size:
+        raise BadInput(f"prompt of {n_prompt} tokens + {n_predict} generated tokens = "
+                       f"{n_prompt + n_predict} exceeds -c/--ctx-size {ctx_size}")
+    return ctx_size
+
+
 def _num(x: float) -> float | None:
     return None if x is None or math.isnan(x) or math.isinf(x) else float(x)
 
@@ -95,46 +140,64 @@ def _num(x: float) -> float | None:
 @click.command("prefill")
 @click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
               help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched once).")
-@click.option("-p", "--prompt", default=None, help=f"Prompt text (default: {DEFAULT_PROMPT!r}).")
+@click.option("-p", "--prompt", default=None,
+              help=f"Prompt text (default: {DEFAULT_CHAT_PROMPT!r} as a chat, or "
+                   f"{DEFAULT_PROMPT!r} with --no-chat).")
 @click.option("--prompt-file", type=click.Path(), default=None, help="Read the prompt (UTF-8).")
-@click.option("--greedy", "n_greedy", type=int, default=32, show_default=True,
-              help="Greedy ids to decode after the prompt (argmax, no stop at EOS).")
-@click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"]), default=None,
+@click.option("--chat/--no-chat", default=None,
+              help="Wrap the prompt in the model's own chat template (tokenizer.chat_template). "
+                   "Default: on when no prompt is given and the model has a template.")
+@click.option("--system", default=None, help="System message for --chat (implies --chat).")
+@click.option("--special/--no-special", default=True,
+              help="Special-token text in the prompt (<|im_start|>) is the special token, as "
+                   "in llama.cpp (default); --no-special: plain text.")
+@click.option("-n", "--n-predict", "--greedy", "n_greedy", type=int, default=32,
+              show_default=True, help="Tokens to generate after the prompt (greedy argmax).")
+@click.option("--stop-at-eos/--no-stop-at-eos", default=None,
+              help="Stop generating at the end-of-generation token (EOS/EOT). Default: on with "
+                   "--chat, off otherwise (decoding runs through EOS).")
+@click.option("-c", "--ctx-size", type=int, default=0, show_default=True,
+              help="Context size in tokens (0: the model's); prompt + generated must fit.")
+@click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"], case_sensitive=False),
+              default=None,
               help="cuda (our kernels) or cpu (numpy reference); default: cuda if a GPU is usable.")
 @click.option("--ubatch", type=int, default=512, show_default=True,
               help="Prompt tokens per forward call.")
-@click.option("--dtype", type=click.Choice(["f32", "f64"]), default=None,
+@click.option("--dtype", type=click.Choice(["f32", "f64"], case_sensitive=False), default=None,
               help="CPU reference precision (default f32).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @gemm_options
-def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dtype,
-            as_json, **gemm) -> None:
-    """Prefill a prompt, print tok/s (prefill and decode apart) and the greedy ids and text."""
+def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, stop_at_eos,
+            ctx_size, backend_kind, ubatch, dtype, as_json, **gemm) -> None:
+    """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text."""
     from minfer import engine
     from minfer.loader import load_model
     from minfer.tokenizer import Tokenizer
 
-    if prompt is not None and prompt_file is not None:
-        raise BadInput("give either -p/--prompt or --prompt-file, not both")
-    text = read_prompt_file(prompt_file) if prompt_file is not None else (
-        DEFAULT_PROMPT if prompt is None else prompt)
+    check_options(prompt, prompt_file, chat, system, n_greedy, ubatch, ctx_size)
+    dtype = dtype.lower() if dtype else None
+    kind, why = pick_backend_kind(backend_kind)
+    check_backend(kind, dtype)  # before the default model is fetched
+    text = read_prompt_file(prompt_file) if prompt_file is not None else prompt
     if model_path is None:
         from minfer.fetch import default_model_path
 
         model_path = default_model_path()
-    kind, why = pick_backend_kind(backend_kind)
-    check_backend(kind, dtype)
 
     t0 = time.perf_counter()
     model = load_model(model_path)
     tok = Tokenizer.from_metadata(model.metadata)
-    ids = tok.encode(text)
-    engine.validate(len(ids), n_greedy, ubatch, model.config.n_ctx)  # before loading weights
+    chat, ids = prompt_ids(model.metadata, tok, text, chat, system, special)
+    n_ctx = context_size(ctx_size, model.config.n_ctx, len(ids), n_greedy)
+    engine.validate(len(ids), n_greedy, ubatch, n_ctx)  # before loading weights
+    stop_ids = tok.eog_ids if (chat if stop_at_eos is None else stop_at_eos) else ()
     backend = make_backend(kind, model, dtype, len(ids) + n_greedy, ubatch,
                            gemm_config(**gemm))
     load_s = time.perf_counter() - t0
 
-    res = engine.run(backend, ids, n_greedy=n_greedy, ubatch=ubatch, progress=True)
+    res = engine.run(backend, ids, n_greedy=n_greedy, ubatch=ubatch, progress=True, n_ctx=n_ctx,
+                     stop_ids=stop_ids)
+    stopped = bool(res.greedy_ids) and res.greedy_ids[-1] in stop_ids
     greedy_text = tok.decode(res.greedy_ids)
     # kernel builds and graph recording (construction and engine warm-up) are reported apart
     compile_s, capture_s = getattr(backend, "compile_s", 0.0), getattr(backend, "capture_s", 0.0)
@@ -145,10 +208,12 @@ def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dty
         "backend": backend.name,
         "backend_choice": why,
         "gemm_routes": getattr(backend, "route_summary", lambda: None)(),
+        "chat": chat,
         "n_prompt": len(res.prompt_ids),
         "prompt_ids": res.prompt_ids,
         "greedy_ids": res.greedy_ids,
         "greedy_text": greedy_text,
+        "stopped_at_eos": stopped,
         "load_s": load_s,
         "compile_s": compile_s,
         "n_compiled": n_compiled,
@@ -165,7 +230,7 @@ def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dty
     click.echo(f"backend  {backend.name} ({why})")
     if hasattr(backend, "route_summary"):
         click.echo(f"gemm     {backend.route_summary()}")
-    click.echo(f"prompt   {len(ids)} tokens")
+    click.echo(f"prompt   {len(ids)} tokens" + (" (chat template)" if chat else ""))
     prep = [f"{load_s:.2f} s"]
     if n_compiled:
         prep.append(f"compile {compile_s:.2f} s ({n_compiled} kernels)")
@@ -173,9 +238,10 @@ def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dty
         prep.append(f"capture {capture_s:.2f} s")
     click.echo(f"load     {' · '.join(prep)}")
     click.echo(f"prefill  {res.prefill_tok_s:,.1f} tok/s ({res.prefill_s * 1e3:.1f} ms)")
-    if n_greedy > 1:
-        click.echo(f"decode   {res.decode_tok_s:,.1f} tok/s ({n_greedy - 1} single-token steps, "
-                   f"{res.decode_s * 1e3:.1f} ms)")
-    click.echo(f"greedy   {res.greedy_ids}")
+    if len(res.greedy_ids) > 1:
+        click.echo(f"decode   {res.decode_tok_s:,.1f} tok/s ({len(res.greedy_ids) - 1} "
+                   f"single-token steps, {res.decode_s * 1e3:.1f} ms)")
+    click.echo(f"greedy   {res.greedy_ids}" + (" (stopped at end of generation)" if stopped
+                                                 else ""))
     click.echo(f"text     {greedy_text!r}")
     sys.stdout.flush()

@@ -10,13 +10,15 @@ from minfer.synth import FTYPES, PRESETS
 @click.command("synth")
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
               help="Output GGUF file (written atomically).")
-@click.option("--preset", type=click.Choice(list(PRESETS)), default="llama3-8b", show_default=True,
+@click.option("--preset", type=click.Choice(list(PRESETS), case_sensitive=False),
+              default="llama3-8b", show_default=True,
               help="Model shape (width / FFN / layers / heads).")
 @click.option("--layers", type=int, default=None, help="Override the preset's layer count.")
 @click.option("--ctx", "n_ctx", type=int, default=None,
               help="Override the preset's context length (llama.context_length).")
-@click.option("--type", "qtype", type=click.Choice(list(FTYPES)), default="q4_K_M",
-              show_default=True, help="Type mix, as llama.cpp's quantizer assigns it.")
+@click.option("--type", "qtype", type=click.Choice(list(FTYPES), case_sensitive=False),
+              default="q4_K_M", show_default=True,
+              help="Type mix, as llama.cpp's quantizer assigns it (any case: q4_k_m).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--vocab", type=int, default=None,
               help="Vocab size (default: the tokenizer source's; another size gets a "

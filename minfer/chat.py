@@ -1,0 +1,112 @@
+"""Chat prompts: the GGUF's own `tokenizer.chat_template`, rendered with jinja2.
+
+jinja2 is what Hugging Face's apply_chat_template and llama.cpp's --jinja render these templates
+with; the environment mirrors HF's (sandboxed and immutable: a template is data from a
+downloaded file, so it may not touch Python objects; trim_blocks and lstrip_blocks; the
+loopcontrols extension; `raise_exception`, `strftime_now` and an unescaped `tojson`).
+
+As llama.cpp does, a BOS the template writes is dropped when the tokenizer adds one itself
+(else llama-3-style templates would start with two), and the template's markers
+(<|im_start|>...) are always parsed as special tokens. With parse_special=False the messages'
+own text is plain text: "<|im_end|>" typed by a user stays seven ordinary tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from minfer.errors import BadInput, BadModel
+
+TEMPLATE_KEY = "tokenizer.chat_template"
+
+
+def has_template(meta: Mapping[str, Any]) -> bool:
+    t = meta.get(TEMPLATE_KEY)
+    return isinstance(t, str) and t.strip() != ""
+
+
+def messages(user: str, system: str | None = None) -> list[dict[str, str]]:
+    """One user turn, after an optional system message (HF's message format)."""
+    out = [] if system is None else [{"role": "system", "content": system}]
+    return out + [{"role": "user", "content": user}]
+
+
+class TemplateRefused(Exception):
+    """raise_exception() called by the template itself: it refuses these messages."""
+
+
+def _raise(msg: str):
+    raise TemplateRefused(msg)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # HF's override: jinja2's own tojson HTML-escapes, which would change the prompt's text
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _environment():
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def render(meta: Mapping[str, Any], tok, msgs: list[dict[str, str]],
+           add_generation_prompt: bool = True) -> str:
+    """The prompt text the model's template makes of msgs (BadInput when it has none)."""
+    from jinja2.exceptions import TemplateError
+
+    if not has_template(meta):
+        raise BadInput("--chat: this model has no tokenizer.chat_template in its GGUF "
+                       "metadata; give the prompt as plain text (--no-chat)")
+    special = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
+    try:
+        text = _environment().from_string(meta[TEMPLATE_KEY]).render(
+            messages=msgs, add_generation_prompt=add_generation_prompt,
+            bos_token=special(tok.bos_id), eos_token=special(tok.eos_id))
+    except TemplateRefused as e:  # e.g. "system role not supported": the request is refused
+        raise BadInput(f"--chat: the model's chat template refused the messages: {e}") from None
+    except TemplateError as e:
+        raise BadModel(f"--chat: the model's chat template does not render ({e})") from None
+    except Exception as e:  # a template's runtime error (a bad index, a sandbox refusal)
+        raise BadModel(f"--chat: the model's chat template does not render "
+                       f"({type(e).__name__}: {e})") from None
+    bos = special(tok.bos_id)
+    if tok.add_bos and bos and text.startswith(bos):  # the tokenizer adds it (llama.cpp)
+        text = text[len(bos):]
+    return text
+
+
+def encode(meta: Mapping[str, Any], tok, user: str, system: str | None = None,
+           parse_special: bool = True) -> list[int]:
+    """Token ids of the chat prompt: the template's markers as special tokens; the messages'
+    own special-token text as special tokens too unless parse_special is False."""
+    msgs = messages(user, system)
+    contents = [m["content"] for m in msgs]
+    if parse_special or not any(isinstance(f, int) for c in contents
+                                for f in tok._partition(c, True)):
+        return tok.encode(render(meta, tok, msgs), parse_special=True)
+    # Render with placeholders where the messages go, then encode the template's pieces with
+    # special tokens and the messages as plain text.
+    marks = [f"\x00minfer-msg-{i}\x00" for i in range(len(msgs))]
+    text = render(meta, tok, [dict(m, content=k) for m, k in zip(msgs, marks)])
+    if any(text.count(k) != 1 for k in marks):
+        raise BadInput("--no-special with --chat: this model's template rewrites the message "
+                       "text, so it cannot be kept apart from the template's special tokens")
+    ids = tok.encode("", add_eos=False)  # BOS when the tokenizer adds one
+    rest = text
+    for k, c in zip(marks, contents):
+        head, rest = rest.split(k, 1)
+        ids += tok.encode(head, add_bos=False, add_eos=False, parse_special=True)
+        ids += tok.encode(c, add_bos=False, add_eos=False, parse_special=False)
+    ids += tok.encode(rest, add_bos=False, parse_special=True)
+    return ids
