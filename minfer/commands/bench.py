@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from minfer.commands.gemm_flags import gemm_options, gemm_overrides
+from minfer.threads import threads_option
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
@@ -25,6 +26,7 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
                    "its power cap). 0: one prefill per sample, as `minfer prefill` times it on "
                    "an idle GPU.")
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
+@threads_option
 @gemm_options
 @click.argument("more_ab", nargs=-1)
 def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, more_ab, **gemm) -> None:
