@@ -64,13 +64,16 @@ def fmt_bytes(n: float) -> str:
     raise AssertionError  # unreachable
 
 
-def require(nbytes: int, what: str, margin: float = 1.1) -> None:
-    """ResourceError when `what` (nbytes, plus a margin for temporaries) does not fit the
-    headroom. No check when the headroom is unknown."""
+def require(nbytes: int, what: str, margin: float = 1.05) -> None:
+    """ResourceError when `what` (nbytes, plus a margin for allocator slack) does not fit the
+    headroom. No check when the headroom is unknown. Refusing before is the point: under
+    `ulimit -v` some numpy paths crash (SIGSEGV, seen in gguf's dequant) instead of raising
+    MemoryError when an allocation fails."""
     room, limit = headroom()
-    if room is not None and nbytes * margin > room:
-        raise ResourceError(f"{what} needs {fmt_bytes(nbytes)} of host memory but only "
-                            f"{fmt_bytes(room)} is available ({limit})")
+    need = int(nbytes * margin)
+    if room is not None and need > room:
+        raise ResourceError(f"not enough host memory for {what}: {fmt_bytes(need)} needed, "
+                            f"{fmt_bytes(room)} available ({limit})")
 
 
 def out_of_memory(what: str) -> ResourceError:

@@ -145,9 +145,19 @@ class ReferenceBackend:
         names = [n for n in self.model.tensors if n != "token_embd.weight"]
         if self.cfg.tied_embeddings:
             names.append("token_embd.weight")
-        n_el = sum(int(np.prod(self.model.tensors[n].shape, dtype=object)) for n in names
-                   if n not in self._w)
-        return n_el * self.dtype.itemsize
+        sizes = [int(np.prod(self.model.tensors[n].shape, dtype=object)) for n in names
+                 if n not in self._w]
+        # + the dequantization's transient: ~2x its output at the peak (measured with
+        # tracemalloc on Q4_1/Q8_0, gguf's numpy dequant), once for the largest tensor
+        return (sum(sizes) + 2 * max(sizes, default=0)) * self.dtype.itemsize
+
+    def forward_bytes(self, T: int, S: int) -> int:
+        """The forward's peak working set for T new tokens over S cached positions: the
+        activations of one layer ([T, width] arrays, a few alive at once) and the attention's
+        [H, T, S] scores, probabilities and mask (measured peak ~3x one scores array)."""
+        c = self.cfg
+        width = 3 * c.d_model + 3 * c.d_ff + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+        return (2 * T * width + 4 * c.n_heads * T * S + 2 * c.vocab_size) * self.dtype.itemsize
 
     def preload(self, progress: bool = False) -> None:
         """Dequantize every weight now (so load time is not billed to the first forward).
@@ -250,6 +260,9 @@ class ReferenceBackend:
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise BadInput(f"forward: token id out of range [0, {c.vocab_size})")
         self.reserve(pos0 + T)
+        from minfer.hostmem import require
+
+        require(self.forward_bytes(T, pos0 + T), f"the CPU forward of {T} tokens")
         ft = self.dtype
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         pos = np.arange(pos0, pos0 + T)
