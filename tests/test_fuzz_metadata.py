@@ -10,7 +10,7 @@ end in exactly one of:
   exit 0 with finite logits (engine.run's result, recorded), or
   exit 2 / 3 with stderr exactly one `error:` line.
 Anything else (a traceback, another exit code, NaN decoded as success) fails the test.
-MINFER_META_FUZZ_CASES sets the count (default 600); derandomized, so CI runs the same cases.
+MINFER_META_FUZZ_CASES sets the count (default 650); derandomized, so CI runs the same cases.
 The counts by outcome go to the end-of-run summary ("minfer figures").
 """
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_inproc import error_lines, run_cli  # noqa: E402
 from synth_data import small_parts, write_small  # noqa: E402
 
-N_CASES = int(os.environ.get("MINFER_META_FUZZ_CASES", "600"))
+N_CASES = int(os.environ.get("MINFER_META_FUZZ_CASES", "650"))
 
 A = "llama"
 KEYS = [f"{A}.{k}" for k in (
