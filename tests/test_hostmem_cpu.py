@@ -109,3 +109,36 @@ def test_prefill_under_ulimit_v_is_exit_3(default_model_path):
     lines = error_lines(r.stderr)
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "needed" in lines[0] and "available (ulimit -v)" in lines[0]
+
+
+def test_huge_tensor_in_a_sparse_file_is_exit_3(tmp_path):
+    # issue 24: a header claiming a giant (valid-shaped) tensor in a sparse file ended in
+    # numpy's `Unable to allocate 4.00 TiB` traceback; now the preload check refuses it
+    import os
+    import struct
+
+    from cli_inproc import run_cli
+    from minfer.gguf_header import read_header
+
+    meta, tensors = small_parts(tied=True)
+    meta.pop("llama.vocab_size")  # the vocab is the table's row count
+    tensors = tensors[1:] + tensors[:1]  # token_embd last: its growth moves no other tensor
+    p = write_small(tmp_path / "huge.gguf", meta, tensors)
+    emb = next(t for t in read_header(p).tensors if t.name == "token_embd.weight")
+    buf = bytearray(p.read_bytes())
+    at = buf.index(b"token_embd.weight") + len(b"token_embd.weight") + 4  # past n_dims
+    rows = 2**31 - 1  # F16 [rows, 64]: a 275 GB file, 512 GiB as f32
+    struct.pack_into("<Q", buf, at + 8, rows)
+    p.write_bytes(bytes(buf))
+    os.truncate(p, emb.offset + rows * 64 * 2)
+    if os.stat(p).st_blocks * 512 > 1 << 30:
+        pytest.skip("this filesystem does not keep files sparse")
+    try:
+        code, out, err = run_cli(["prefill", "-m", str(p), "--backend", "cpu", "-p", "hi",
+                                  "--greedy", "2"])
+    finally:
+        p.unlink()  # a 275 GB apparent size: not left for tools that walk /tmp
+    assert code == 3, err
+    lines = error_lines(err)
+    assert len(lines) == 1 and err.count("\n") == 1, err
+    assert "not enough host memory" in lines[0] and "TiB needed" in lines[0]
