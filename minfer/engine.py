@@ -4,6 +4,10 @@ A backend (CPU reference, CUDA paths) only knows forward(ids, pos0) -> last-posi
 The engine validates the request before any work, runs the prompt in chunks of `ubatch`
 tokens (prefill, timed), then feeds back argmax tokens one at a time (decode, timed apart).
 Clocks are read after backend.synchronize(), so device work is inside the measured interval.
+Logits are checked after prefill and after every decode step: NaN/inf on any backend is a
+NumericError (exit 3), never an argmax over NaN. Progress (progress=True, stderr, only on a
+terminal): prefill by ubatch chunk, or by layer when the backend offers a `layer_hook` (the CPU
+reference), and decode by token.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from minfer.errors import BadInput
+from minfer.errors import BadInput, NumericError
 
 
 @runtime_checkable
@@ -61,6 +65,26 @@ def _margin(logits: np.ndarray) -> float:
     return float(top2[1] - top2[0])
 
 
+def check_logits(logits: np.ndarray, backend_name: str, pos: int, what: str) -> None:
+    """NumericError (exit 3) when the logits of position `pos` hold NaN or inf."""
+    logits = np.asarray(logits)
+    if np.isfinite(logits).all():
+        return
+    n_bad = int(logits.size - np.count_nonzero(np.isfinite(logits)))
+    raise NumericError(f"non-finite logits after {what} ({n_bad} of {logits.size} NaN/inf at "
+                       f"position {pos}, backend {backend_name})")
+
+
+def _bar(progress: bool, **kw):
+    """A tqdm bar on stderr when progress is asked and stderr is a terminal, else None."""
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    bar = tqdm(file=sys.stderr, leave=False, disable=None, **kw)  # None: only on a terminal
+    return None if bar.disable else bar
+
+
 def validate(n_prompt: int, n_greedy: int, ubatch: int = 512, n_ctx: int | None = None) -> None:
     """Raise BadInput for a request that cannot run (before any work is done)."""
     if n_prompt <= 0:
@@ -100,34 +124,55 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
     backend.reset()
 
     chunks = range(0, ids.size, ubatch)
-    if progress and len(chunks) > 1:
-        from tqdm import tqdm
-
-        chunks = tqdm(chunks, desc="prefill", unit="ubatch", file=sys.stderr, leave=False,
-                      disable=None)  # None: only on a terminal
-    backend.synchronize()
-    t0 = time.perf_counter()
-    logits = None
-    for s in chunks:
-        logits = backend.forward(ids[s: s + ubatch].astype(np.int32), int(s))
-    backend.synchronize()
-    prefill_s = time.perf_counter() - t0
+    hook_owner = backend if hasattr(backend, "layer_hook") else None
+    n_layers = getattr(getattr(backend, "cfg", None), "n_layers", 0)
+    if hook_owner is not None and n_layers:  # per layer: a single chunk can take minutes on CPU
+        bar = _bar(progress, total=len(chunks) * n_layers, desc="prefill", unit="layer")
+    else:
+        bar = _bar(progress and len(chunks) > 1, total=len(chunks), desc="prefill",
+                   unit="ubatch")
+    if bar is not None and hook_owner is not None:
+        hook_owner.layer_hook = bar.update
+    try:
+        backend.synchronize()
+        t0 = time.perf_counter()
+        logits = None
+        for s in chunks:
+            logits = backend.forward(ids[s: s + ubatch].astype(np.int32), int(s))
+            if bar is not None and hook_owner is None:
+                bar.update()
+        backend.synchronize()
+        prefill_s = time.perf_counter() - t0
+    finally:
+        if hook_owner is not None:
+            hook_owner.layer_hook = None
+        if bar is not None:
+            bar.close()
+    check_logits(logits, backend.name, int(ids.size) - 1, "prefill")
     last_logits = np.asarray(logits, dtype=np.float32).copy()
 
     greedy: list[int] = []
     margins: list[float] = []
     pos = int(ids.size)
-    t0 = time.perf_counter()
-    for step in range(n_greedy):
-        tok = int(np.argmax(logits))
-        greedy.append(tok)
-        margins.append(_margin(logits))
-        if tok in stop_ids:
-            break
-        if step + 1 < n_greedy:
-            logits = backend.forward(np.array([tok], dtype=np.int32), pos)
-            pos += 1
-    backend.synchronize()
-    decode_s = time.perf_counter() - t0
+    bar = _bar(progress and n_greedy > 1, total=n_greedy - 1, desc="decode", unit="tok")
+    try:
+        t0 = time.perf_counter()
+        for step in range(n_greedy):
+            tok = int(np.argmax(logits))
+            greedy.append(tok)
+            margins.append(_margin(logits))
+            if tok in stop_ids:
+                break
+            if step + 1 < n_greedy:
+                logits = backend.forward(np.array([tok], dtype=np.int32), pos)
+                check_logits(logits, backend.name, pos, f"decode step {step + 1}")
+                pos += 1
+                if bar is not None:
+                    bar.update()
+        backend.synchronize()
+        decode_s = time.perf_counter() - t0
+    finally:
+        if bar is not None:
+            bar.close()
     return RunResult([int(i) for i in ids], greedy, last_logits, prefill_s, decode_s, margins,
                      warmup_s)

@@ -30,3 +30,16 @@ class GPUError(MinferError):
     """No GPU / driver / pycuda, out of device memory, or a kernel failure. Exit code 3."""
 
     exit_code = 3
+
+
+class ResourceError(MinferError):
+    """The host ran out of a resource: memory (RAM or the address-space limit). Exit code 3."""
+
+    exit_code = 3
+
+
+class NumericError(MinferError):
+    """The forward produced NaN or inf (overflowing weights or hyperparameters): the numbers
+    would be garbage, so they are refused rather than decoded. Exit code 3."""
+
+    exit_code = 3

@@ -14,7 +14,9 @@ first problem:
            deep; general.alignment a uint32 power of two
   tensors  name UTF-8 and unique; n_dims 1..4; dims >= 1; element count < 2^62; type a known
            ggml type; the row length a multiple of the type's block size; offset aligned;
-           offset + size inside the data section; no two tensors overlapping
+           offset + size inside the data section; no two tensors overlapping; tensors
+           back to back in header order, each padded to the alignment, the file ending at the
+           last one (llama.cpp's rule: this is what catches a wrong general.alignment)
 
 API (the `gguf` package stays the reference for type ids, GGML_QUANT_SIZES and dequant):
   read_header(path) -> GGUFHeader: .kv {key: gguf.GGUFValue(value, type, sub_type)} (python
@@ -329,10 +331,33 @@ def scan_gguf(buf, name: str = "<buffer>", record: bool = False) -> GGUFHeader:
             raise BadModel(f"{name}: tensors {prev_name!r} and {tname!r} overlap "
                            f"(offset {toff} < {prev_end})")
         prev_end, prev_name = toff + nbytes, tname
+    _check_layout(name, infos, alignment, data_start, data_len)
     tensors = [HeaderTensor(n, q, shape, data_start + toff, nb)
                for n, q, shape, toff, nb in infos]
     return GGUFHeader(name, version, n_tensors, n_kv, alignment, data_start, kv, tensors,
                       sc.fields)
+
+
+def _check_layout(name: str, infos: list, alignment: int, data_start: int,
+                  data_len: int) -> None:
+    """The data section must be laid out as every GGUF writer lays it (llama.cpp's gguf.cpp
+    refuses anything else): tensors back to back in header order, each padded to the alignment,
+    and the file ending at the last tensor's end or its padded end. A general.alignment that
+    differs from the one the file was written with moves data_start or the padded offsets, so
+    this is where it is caught (the tensors would otherwise be read shifted: garbage)."""
+    pos = 0
+    for tname, _, _, toff, nbytes in infos:
+        if toff != pos:
+            raise BadModel(f"{name}: tensor {tname!r} at data offset {toff}, expected {pos} "
+                           f"(tensors back to back, padded to general.alignment {alignment}: "
+                           "a wrong alignment or a damaged offset)")
+        pos += nbytes + (-nbytes) % alignment
+    if infos:
+        end = infos[-1][3] + infos[-1][4]
+        if data_len not in (end, pos):
+            raise BadModel(f"{name}: the data section holds {data_len} bytes from offset "
+                           f"{data_start}, the tensors {end} ({pos} padded to general.alignment "
+                           f"{alignment}): a wrong alignment or trailing bytes")
 
 
 def _open(path: str | os.PathLike, keep_map: bool) -> tuple[GGUFHeader, np.memmap | None]:

@@ -11,7 +11,9 @@ reference reader on demand (slow: seconds on a 49k vocab). Shapes are given the 
 from __future__ import annotations
 
 import functools
+import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from minfer.errors import BadModel, Unsupported
+
+_BLK = re.compile(r"blk\.(\d+)\.")
 
 # Architectures whose graph is the llama one (RMSNorm, RoPE, GQA attention, SwiGLU).
 # rope_neox: rotate halves (NEOX) instead of adjacent pairs (llama.cpp LLAMA_ROPE_TYPE_NORM).
@@ -58,6 +62,17 @@ class TensorInfo:
         return gguf.GGMLQuantizationType(self.qtype).name
 
 
+def _show(v: Any) -> str:
+    """A metadata value for an error line: repr (control characters escaped), cut short."""
+    r = ascii(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _kind(v: Any) -> str:
+    return {bool: "a bool", str: "a string", float: "a float", list: "an array"}.get(
+        type(v), type(v).__name__)
+
+
 def _layer_tensor_names(i: int, cfg_bias: bool) -> list[str]:
     names = [f"blk.{i}.{n}.weight" for n in (
         "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
@@ -87,18 +102,8 @@ class GGUFModel:
         self.tensors: dict[str, TensorInfo] = {
             t.name: TensorInfo(t.name, t.qtype, t.shape, tensor_view(self._map, t))
             for t in h.tensors}
-        try:
-            self.config = self._config()
-        except (TypeError, ValueError, OverflowError) as e:  # e.g. a string where a count goes
-            raise BadModel(f"{self.path}: bad hyperparameter in metadata ({e})") from None
-        # sanity bounds before anything loops over layers (a damaged block_count of 2^32
-        # would otherwise build billions of expected tensor names)
+        self.config = self._config()  # type and range of every key: BadModel naming it
         c = self.config
-        for what, v in (("block_count", c.n_layers), ("embedding_length", c.d_model),
-                        ("feed_forward_length", c.d_ff), ("head_dim", c.head_dim),
-                        ("vocab_size", c.vocab_size)):
-            if not 0 < v < 1 << 31:
-                raise BadModel(f"{self.path}: {c.arch}.{what} = {v} out of range")
         if c.n_layers * 9 > len(self.tensors):
             raise BadModel(f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
                            f"only {len(self.tensors)} tensors")
@@ -119,80 +124,129 @@ class GGUFModel:
             raise BadModel(f"{self.path}: metadata key {key!r} missing")
         return default
 
+    def _int(self, key: str, default: int | None = None, lo: int = 1,
+             hi: int = (1 << 31) - 1) -> int:
+        """An integer hyperparameter in [lo, hi]; a bool, float or string is refused (a GGUF
+        integer type is what llama.cpp reads: `block_count = True` would run one layer)."""
+        v = self._get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise BadModel(f"{self.path}: metadata key {key!r} = {_show(v)} must be an integer, "
+                           f"not {_kind(v)}")
+        if not lo <= v <= hi:
+            raise BadModel(f"{self.path}: metadata key {key!r} = {v} out of range [{lo}, {hi}]")
+        return v
+
+    def _float(self, key: str, default: float) -> float:
+        """A positive finite float hyperparameter (ints accepted, bools and strings not)."""
+        v = self._get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise BadModel(f"{self.path}: metadata key {key!r} = {_show(v)} must be a number, "
+                           f"not {_kind(v)}")
+        if not (math.isfinite(v) and v > 0):
+            raise BadModel(f"{self.path}: metadata key {key!r} = {v!r} must be finite and > 0")
+        return float(v)
+
     def _config(self) -> ModelConfig:
         arch = self.metadata.get("general.architecture")
         if arch is None:
             raise BadModel(f"{self.path}: metadata key 'general.architecture' missing")
         if arch not in _ARCHS:
-            raise Unsupported(
-                f"{self.path}: unsupported architecture {arch!r} (supported: {', '.join(_ARCHS)})")
+            raise Unsupported(f"{self.path}: unsupported architecture {_show(arch)} "
+                              f"(supported: {', '.join(_ARCHS)})")
         a = arch
-        d_model = int(self._get(f"{a}.embedding_length"))
-        n_heads = int(self._get(f"{a}.attention.head_count"))
-        n_kv = int(self._get(f"{a}.attention.head_count_kv", n_heads))
-        if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv or d_model % n_heads:
-            raise BadModel(f"{self.path}: bad head counts {n_heads}/{n_kv} for width {d_model}")
-        head_dim = int(self._get(f"{a}.attention.key_length", d_model // n_heads))
+        k_heads, k_kv = f"{a}.attention.head_count", f"{a}.attention.head_count_kv"
+        d_model = self._int(f"{a}.embedding_length")
+        n_heads = self._int(k_heads, hi=d_model)
+        n_kv = self._int(k_kv, n_heads, hi=n_heads)
+        if n_heads % n_kv:
+            raise BadModel(f"{self.path}: metadata key {k_kv!r} = {n_kv} does not divide "
+                           f"{k_heads!r} = {n_heads} (grouped-query attention)")
+        k_hd = f"{a}.attention.key_length"
+        if k_hd not in self.metadata and d_model % n_heads:
+            raise BadModel(f"{self.path}: metadata key {k_heads!r} = {n_heads} does not divide "
+                           f"'{a}.embedding_length' = {d_model} (and no {k_hd!r} is given)")
+        head_dim = self._int(k_hd, d_model // n_heads, hi=1 << 16)
+        k_vd = f"{a}.attention.value_length"
+        if k_vd in self.metadata and self._int(k_vd, hi=1 << 16) != head_dim:
+            raise BadModel(f"{self.path}: metadata key {k_vd!r} = {self.metadata[k_vd]} differs "
+                           f"from the key length {head_dim} (not supported)")
+        k_rd = f"{a}.rope.dimension_count"
+        rope_dim = self._int(k_rd, head_dim, hi=head_dim)
+        if rope_dim % 2:
+            raise BadModel(f"{self.path}: metadata key {k_rd!r} = {rope_dim} must be even "
+                           "(RoPE rotates pairs)")
         emb = self.tensors.get("token_embd.weight")
         if emb is None:
             raise BadModel(f"{self.path}: tensor 'token_embd.weight' missing")
-        vocab = int(self._get(f"{a}.vocab_size", emb.shape[0]))
+        vocab = self._int(f"{a}.vocab_size", emb.shape[0])
         tied = "output.weight" not in self.tensors
         bias = "blk.0.attn_q.bias" in self.tensors
         return ModelConfig(
             arch=a,
-            n_layers=int(self._get(f"{a}.block_count")),
+            n_layers=self._int(f"{a}.block_count", hi=1 << 16),
             d_model=d_model,
-            d_ff=int(self._get(f"{a}.feed_forward_length")),
+            d_ff=self._int(f"{a}.feed_forward_length"),
             n_heads=n_heads,
             n_kv_heads=n_kv,
             head_dim=head_dim,
             vocab_size=vocab,
-            n_ctx=int(self._get(f"{a}.context_length")),
-            rope_base=float(self._get(f"{a}.rope.freq_base", 10000.0)),
-            rms_eps=float(self._get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
+            n_ctx=self._int(f"{a}.context_length"),
+            rope_base=self._float(f"{a}.rope.freq_base", 10000.0),
+            rms_eps=self._float(f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
             rope_neox=_ARCHS[a]["rope_neox"],
             tied_embeddings=tied,
             qkv_bias=bias,
-            rope_dim=int(self._get(f"{a}.rope.dimension_count", head_dim)),
+            rope_dim=rope_dim,
         )
 
     def _check_tensors(self) -> None:
         from minfer.quants import traits_of
 
         c = self.config
+        a = c.arch
         hd = c.head_dim
-        want = {
-            "token_embd.weight": (c.vocab_size, c.d_model),
-            "output_norm.weight": (c.d_model,),
+        # which metadata keys fix each dimension, named when a tensor disagrees with them
+        kd, kf, kv = f"{a}.embedding_length", f"{a}.feed_forward_length", f"{a}.vocab_size"
+        kq = f"{a}.attention.head_count x head_dim"
+        kk = f"{a}.attention.head_count_kv x head_dim"
+        want: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
+            "token_embd.weight": ((c.vocab_size, c.d_model), (kv, kd)),
+            "output_norm.weight": ((c.d_model,), (kd,)),
         }
         if not c.tied_embeddings:
-            want["output.weight"] = (c.vocab_size, c.d_model)
+            want["output.weight"] = ((c.vocab_size, c.d_model), (kv, kd))
         for i in range(c.n_layers):
             p = f"blk.{i}."
             want.update({
-                p + "attn_norm.weight": (c.d_model,),
-                p + "attn_q.weight": (c.n_heads * hd, c.d_model),
-                p + "attn_k.weight": (c.n_kv_heads * hd, c.d_model),
-                p + "attn_v.weight": (c.n_kv_heads * hd, c.d_model),
-                p + "attn_output.weight": (c.d_model, c.n_heads * hd),
-                p + "ffn_norm.weight": (c.d_model,),
-                p + "ffn_gate.weight": (c.d_ff, c.d_model),
-                p + "ffn_up.weight": (c.d_ff, c.d_model),
-                p + "ffn_down.weight": (c.d_model, c.d_ff),
+                p + "attn_norm.weight": ((c.d_model,), (kd,)),
+                p + "attn_q.weight": ((c.n_heads * hd, c.d_model), (kq, kd)),
+                p + "attn_k.weight": ((c.n_kv_heads * hd, c.d_model), (kk, kd)),
+                p + "attn_v.weight": ((c.n_kv_heads * hd, c.d_model), (kk, kd)),
+                p + "attn_output.weight": ((c.d_model, c.n_heads * hd), (kd, kq)),
+                p + "ffn_norm.weight": ((c.d_model,), (kd,)),
+                p + "ffn_gate.weight": ((c.d_ff, c.d_model), (kf, kd)),
+                p + "ffn_up.weight": ((c.d_ff, c.d_model), (kf, kd)),
+                p + "ffn_down.weight": ((c.d_model, c.d_ff), (kd, kf)),
             })
             if c.qkv_bias:
-                want[p + "attn_q.bias"] = (c.n_heads * hd,)
-                want[p + "attn_k.bias"] = (c.n_kv_heads * hd,)
-                want[p + "attn_v.bias"] = (c.n_kv_heads * hd,)
-        for name, shape in want.items():
+                want[p + "attn_q.bias"] = ((c.n_heads * hd,), (kq,))
+                want[p + "attn_k.bias"] = ((c.n_kv_heads * hd,), (kk,))
+                want[p + "attn_v.bias"] = ((c.n_kv_heads * hd,), (kk,))
+        for name, (shape, keys) in want.items():
             t = self.tensors.get(name)
             if t is None:
                 raise BadModel(f"{self.path}: tensor {name!r} missing")
             if t.shape != shape:
+                why = ", ".join(f"{k} = {n}" for k, n in zip(keys, shape) if k)
                 raise BadModel(f"{self.path}: tensor {name!r} has shape {list(t.shape)}, "
-                               f"expected {list(shape)}")
+                               f"expected {list(shape)} from the metadata ({why})")
             traits_of(t.qtype, where=f"{self.path}: tensor {name!r}")  # raises Unsupported
+        # a layer's tensors beyond block_count would be silently skipped
+        for name in self.tensors:
+            m = _BLK.match(name)
+            if m and int(m.group(1)) >= c.n_layers:
+                raise BadModel(f"{self.path}: tensor {name!r} lies beyond the metadata's "
+                               f"'{a}.block_count' = {c.n_layers}")
 
     # -- tensors --------------------------------------------------------------------------
     def tensor(self, name: str) -> TensorInfo:

@@ -114,12 +114,21 @@ def _meta_id(meta: Mapping[str, Any], key: str, default: int | None, n: int) -> 
     v = meta.get(key)
     if v is None:
         return default
-    try:
-        v = int(v)
-    except (TypeError, ValueError, OverflowError):
-        raise BadModel(f"tokenizer: metadata key {key!r} = {v!r} is not an integer") from None
+    if isinstance(v, bool) or not isinstance(v, int):  # "3", 2.5 or True: a damaged file
+        raise BadModel(f"tokenizer: metadata key {key!r} = {ascii(v)[:60]} is not an integer")
     # llama.cpp: an out-of-range special id is ignored with a warning (the default is kept)
     return v if 0 <= v < n else default
+
+
+def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
+    """A GGUF bool flag (llama.cpp reads it as a bool: "yes" or 1 is a damaged file)."""
+    v = meta.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise BadModel(f"tokenizer: metadata key {key!r} = {ascii(v)[:60]} must be a bool, "
+                       f"not {type(v).__name__}")
+    return v
 
 
 class Tokenizer:
@@ -152,7 +161,19 @@ class Tokenizer:
                 types[i] = T_CONTROL
         self.texts, self.types = texts, types
         self.n_vocab = n
-        self.token_to_id = {t: i for i, t in enumerate(texts)}  # duplicates: the last wins
+        self.token_to_id = {t: i for i, t in enumerate(texts)}
+        if len(self.token_to_id) != n:
+            # llama.cpp keeps the last id of a duplicated text; but a converter never writes
+            # one (unused ids get unique [PAD<i>] texts), so a duplicate means the text of some
+            # id was lost: a damaged vocab, whose byte-level tokens may be gone (every prompt
+            # then encodes to nothing). Refused, naming it.
+            first: dict[str, int] = {}
+            for i, t in enumerate(texts):
+                if t in first:
+                    raise BadModel(f"tokenizer: token {ascii(t)[:80]} appears twice in "
+                                   f"'tokenizer.ggml.tokens' (ids {first[t]} and {i}): a "
+                                   "damaged vocabulary")
+                first[t] = i
 
         if self.kind == "bpe":
             pre_name = meta.get("tokenizer.ggml.pre") or "default"
@@ -174,15 +195,12 @@ class Tokenizer:
             default_bos, default_eos = 1, 2
             default_add_bos = True
             self.clean_spaces = False
-        asp = meta.get("tokenizer.ggml.add_space_prefix")
-        if asp is not None:
-            self.add_space_prefix = bool(asp)
+        self.add_space_prefix = _meta_bool(meta, "tokenizer.ggml.add_space_prefix",
+                                           self.add_space_prefix)
         self.bos_id = _meta_id(meta, "tokenizer.ggml.bos_token_id", default_bos, n)
         self.eos_id = _meta_id(meta, "tokenizer.ggml.eos_token_id", default_eos, n)
-        ab = meta.get("tokenizer.ggml.add_bos_token")
-        self.add_bos = bool(ab) if ab is not None else default_add_bos
-        ae = meta.get("tokenizer.ggml.add_eos_token")
-        self.add_eos = bool(ae) if ae is not None else False
+        self.add_bos = _meta_bool(meta, "tokenizer.ggml.add_bos_token", default_add_bos)
+        self.add_eos = _meta_bool(meta, "tokenizer.ggml.add_eos_token", False)
         # end-of-generation ids (llama.cpp's special_eog_ids): EOS, EOT, EOM and the texts
         # it forces to CONTROL; chat decoding stops at any of them
         eog = {self.eos_id, _meta_id(meta, "tokenizer.ggml.eot_token_id", None, n),

@@ -6,6 +6,7 @@ import click
 
 from minfer.bench_out import FORMATS
 from minfer.commands.gemm_flags import gemm_options, gemm_overrides
+from minfer.threads import threads_option
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
@@ -33,6 +34,7 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also draw tok/s against prompt length per config into this image "
                    "(.png, .svg, ...; needs matplotlib: the extra `plot`).")
+@threads_option
 @gemm_options
 @click.argument("more_ab", nargs=-1)
 def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot_path, more_ab,

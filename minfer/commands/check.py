@@ -30,6 +30,8 @@ import sys
 import click
 import numpy as np
 
+from minfer.threads import threads_option
+
 # path label -> GemmConfig fields ("f16" is GemmConfig(): MMQ off)
 # (mmq-wgmma-kd4: q4_K and q6_K on the Hopper wgmma kernels where the GPU is sm_90; on other
 #  GPUs it runs what mmq-wide-kd4 runs, and the parity rows name the kernel that ran;
@@ -186,6 +188,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True)
 @click.option("--parity-only", is_flag=True, help="Skip the greedy-32 identity runs.")
 @click.option("--identity-only", is_flag=True, help="Skip the parity gate.")
+@threads_option
 def check(model_path: str | None, prompt: str, parity_only: bool, identity_only: bool) -> int:
     """GPU gate: parity (every MMQ path vs the numpy twin) and greedy-32 identity across paths.
     Needs a CUDA GPU (it checks our kernels against the CPU reference)."""

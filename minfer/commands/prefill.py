@@ -21,6 +21,7 @@ import click
 
 from minfer.commands.gemm_flags import gemm_config, gemm_options
 from minfer.errors import BadInput, GPUError
+from minfer.threads import threads_option
 
 DEFAULT_PROMPT = "The name of the capital city of France is"  # golden prompt 0 (--no-chat)
 DEFAULT_CHAT_PROMPT = "What is the capital of France?"
@@ -160,12 +161,15 @@ def _num(x: float) -> float | None:
               help="Context size in tokens (0: the model's); prompt + generated must fit.")
 @click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"], case_sensitive=False),
               default=None,
-              help="cuda (our kernels) or cpu (numpy reference); default: cuda if a GPU is usable.")
+              help="cuda (our kernels) or cpu (the numpy reference: the correctness oracle the GPU "
+                   "paths are checked against, not built for speed); default: cuda if a GPU is "
+                   "usable.")
 @click.option("--ubatch", type=int, default=512, show_default=True,
               help="Prompt tokens per forward call.")
 @click.option("--dtype", type=click.Choice(["f32", "f64"], case_sensitive=False), default=None,
               help="CPU reference precision (default f32).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@threads_option
 @gemm_options
 def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, stop_at_eos,
             ctx_size, backend_kind, ubatch, dtype, as_json, **gemm) -> None:

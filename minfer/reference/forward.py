@@ -29,6 +29,14 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
 - q8s_inputs: the same through the per-256 q8s grid of the SB MMQ kernel
   (minfer.quants.mmq_sb_ref.quantize_q8s).
 Both off and dtype=float64 is the oracle mode.
+
+Non-finite values: after the embedding gather, after every layer and for the logits, the hidden
+state is checked with np.isfinite (one pass over [T, d_model], negligible beside the layer's
+GEMMs) and a NaN/inf raises NumericError (exit 3) naming the first layer whose output went
+non-finite and the position and token: an argmax over NaN logits is never decoded. numpy's
+overflow warnings are silenced in the forward, since this check reports them as one line.
+A MemoryError anywhere in the backend becomes a ResourceError (exit 3, one line); preload()
+first compares what it will allocate with the host's headroom (minfer.hostmem).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ import sys
 
 import numpy as np
 
-from minfer.errors import BadInput
+from minfer.errors import BadInput, NumericError
 from minfer.reference import ops
 
 
@@ -115,18 +123,48 @@ class ReferenceBackend:
         self._k: list[np.ndarray] = []
         self._v: list[np.ndarray] = []
         self.n_past = 0
+        self.layer_hook = None  # called after each layer (the engine's progress bar)
         self.reserve(max_tokens or 0)
 
     # -- weights --------------------------------------------------------------------------
     def weight(self, name: str) -> np.ndarray:
         w = self._w.get(name)
         if w is None:
-            w = self.model.dequant(name).astype(self.dtype, copy=False)
+            try:
+                w = self.model.dequant(name).astype(self.dtype, copy=False)
+            except MemoryError:
+                from minfer.hostmem import out_of_memory
+
+                raise out_of_memory(f"converting {name} to {self.dtype}") from None
             self._w[name] = w
         return w
 
+    def preload_bytes(self) -> int:
+        """Bytes preload() will hold: every weight but the embedding table (gathered by rows)
+        in self.dtype, the tied LM head's table included."""
+        names = [n for n in self.model.tensors if n != "token_embd.weight"]
+        if self.cfg.tied_embeddings:
+            names.append("token_embd.weight")
+        sizes = [int(np.prod(self.model.tensors[n].shape, dtype=object)) for n in names
+                 if n not in self._w]
+        # + the dequantization's transient: ~2x its output at the peak (measured with
+        # tracemalloc on Q4_1/Q8_0, gguf's numpy dequant), once for the largest tensor
+        return (sum(sizes) + 2 * max(sizes, default=0)) * self.dtype.itemsize
+
+    def forward_bytes(self, T: int, S: int) -> int:
+        """The forward's peak working set for T new tokens over S cached positions: the
+        activations of one layer ([T, width] arrays, a few alive at once) and the attention's
+        [H, T, S] scores, probabilities and mask (measured peak ~3x one scores array)."""
+        c = self.cfg
+        width = 3 * c.d_model + 3 * c.d_ff + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+        return (2 * T * width + 4 * c.n_heads * T * S + 2 * c.vocab_size) * self.dtype.itemsize
+
     def preload(self, progress: bool = False) -> None:
-        """Dequantize every weight now (so load time is not billed to the first forward)."""
+        """Dequantize every weight now (so load time is not billed to the first forward).
+        ResourceError first when they cannot fit the host's memory headroom."""
+        from minfer.hostmem import require
+
+        require(self.preload_bytes(), f"the CPU backend's {self.dtype} weights")
         names = [n for n in self.model.tensors if n != "token_embd.weight"]
         if self.cfg.tied_embeddings:
             names.append("token_embd.weight")
@@ -168,8 +206,15 @@ class ReferenceBackend:
             return
         new_cap = min(max(n_tokens, 2 * cap, 16), c.n_ctx)
         shape = (new_cap, c.n_kv_heads, c.head_dim)
-        k_new = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
-        v_new = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
+        from minfer.hostmem import out_of_memory, require
+
+        require(2 * c.n_layers * new_cap * c.n_kv_heads * c.head_dim * self.dtype.itemsize,
+                f"the CPU backend's KV cache of {new_cap} positions")
+        try:
+            k_new = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
+            v_new = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
+        except MemoryError:
+            raise out_of_memory(f"allocating the KV cache of {new_cap} positions") from None
         for i in range(len(self._k)):
             k_new[i][:cap] = self._k[i]
             v_new[i][:cap] = self._v[i]
@@ -183,6 +228,28 @@ class ReferenceBackend:
 
     # -- forward --------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+                return self._forward(ids, pos0)
+        except MemoryError:
+            from minfer.hostmem import out_of_memory
+
+            raise out_of_memory(f"running the CPU forward at position {pos0}") from None
+
+    def _check(self, x: np.ndarray, ids: np.ndarray, pos0: int, where: str) -> None:
+        """NumericError naming `where`, the first position and its token, when x [T', d]
+        (the last T' rows of the chunk ids at pos0) holds NaN or inf."""
+        if np.isfinite(x).all():
+            return
+        bad = ~np.isfinite(x)
+        row = int(np.argmax(bad.any(axis=-1)))
+        off = ids.shape[0] - x.shape[0] + row  # the last layer keeps only the last row
+        kind = "NaN" if np.isnan(x[row]).any() else "inf"
+        raise NumericError(f"non-finite values ({kind}) in the output of {where} at position "
+                           f"{pos0 + off} (token id {int(ids[off])}) on the {self.name} "
+                           "backend (NaN/inf/huge weights, or hyperparameters out of range)")
+
+    def _forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         c = self.cfg
         ids = np.asarray(ids)
         T = int(ids.shape[0]) if ids.ndim == 1 else -1
@@ -193,10 +260,14 @@ class ReferenceBackend:
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise BadInput(f"forward: token id out of range [0, {c.vocab_size})")
         self.reserve(pos0 + T)
+        from minfer.hostmem import require
+
+        require(self.forward_bytes(T, pos0 + T), f"the CPU forward of {T} tokens")
         ft = self.dtype
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         pos = np.arange(pos0, pos0 + T)
         x = self.model.dequant("token_embd.weight", rows=ids).astype(ft)  # [T, d_model]
+        self._check(x, ids, pos0, "the embedding (token_embd.weight)")
         for il in range(c.n_layers):
             p = f"blk.{il}."
             h = ops.rmsnorm(x, self.weight(p + "attn_norm.weight"), c.rms_eps)
@@ -220,7 +291,11 @@ class ReferenceBackend:
             g = self._linear(h, p + "ffn_gate.weight")
             u = self._linear(h, p + "ffn_up.weight")
             x = x + self._linear(ops.swiglu(g, u), p + "ffn_down.weight")
+            self._check(x, ids, pos0, f"layer {il} (blk.{il})")
+            if self.layer_hook is not None:
+                self.layer_hook()
         self.n_past = pos0 + T
         h = ops.rmsnorm(x[-1:], self.weight("output_norm.weight"), c.rms_eps)
-        logits = self._linear(h, self.model.output_name)[0]
-        return logits.astype(np.float32)
+        logits = self._linear(h, self.model.output_name).astype(np.float32)  # [1, vocab]
+        self._check(logits, ids, pos0, f"the output layer (output_norm, {self.model.output_name})")
+        return logits[0]
