@@ -30,3 +30,9 @@ class GPUError(MinferError):
     """No GPU / driver / pycuda, out of device memory, or a kernel failure. Exit code 3."""
 
     exit_code = 3
+
+
+class ResourceError(MinferError):
+    """The machine ran out of something: disk space, quota, a write that failed. Exit code 3."""
+
+    exit_code = 3
