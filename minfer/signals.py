@@ -1,7 +1,7 @@
 """SIGINT, SIGTERM and SIGHUP as one exception, installed before any slow import.
 
 `install()` (called first thing by minfer.cli.main and minfer/__main__.py) makes each of the
-three signals raise `Interrupted` (a KeyboardInterrupt, so every `except BaseException` /
+three signals (unless inherited as ignored: nohup, a background job) raise `Interrupted` (a KeyboardInterrupt, so every `except BaseException` /
 `finally` cleanup that already handles Ctrl-C handles SIGTERM and SIGHUP too). Only the first
 signal raises: a second one during cleanup is dropped, so removing a temporary file cannot
 itself be interrupted. `late(code)` covers the last stretch after the command has finished
@@ -51,6 +51,8 @@ def install() -> None:
     _raised = False
     for s in HANDLED:
         try:
+            if signal.getsignal(s) == signal.SIG_IGN:  # nohup, a shell's background job
+                continue
             signal.signal(s, _raise)
         except (ValueError, OSError):  # not the main thread, or a platform without it
             pass
@@ -96,6 +98,21 @@ def late(code: int, printed: bool) -> None:
 
     for s in HANDLED:
         try:
-            signal.signal(s, _late)
+            if signal.getsignal(s) != signal.SIG_IGN:
+                signal.signal(s, _late)
         except (ValueError, OSError):
             pass
+
+
+class deferred:
+    """`with deferred():` the handled signals wait (blocked) until the block ends, then are
+    delivered. For making a process pool: a signal raised halfway through Pool() would leave
+    started workers no one stops."""
+
+    def __enter__(self):
+        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        return self
+
+    def __exit__(self, *exc):
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+        return False

@@ -6,10 +6,11 @@ import click
 
 
 @click.command("inspect")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path())  # checked by the loader: exit 2
 @click.option("--all-metadata", is_flag=True, help="Print long arrays (vocabulary, merges) too.")
 def inspect(file: str, all_metadata: bool) -> None:
     """Print a GGUF model's metadata and its tensors (name, type, shape, bytes)."""
+    from minfer.fileio import escape_controls as esc
     from minfer.loader import load_model
 
     m = load_model(file)
@@ -21,7 +22,7 @@ def inspect(file: str, all_metadata: bool) -> None:
         else:
             v = repr(v) if isinstance(v, str) else v
             v = str(v) if len(str(v)) <= 100 or all_metadata else str(v)[:97] + "..."
-        click.echo(f"  {k} = {v}")
+        click.echo(f"  {esc(k)} = {esc(str(v))}")  # a raw \n or ESC in a key would forge lines
     click.echo(f"\n{'tensor':<32} {'type':<7} {'shape':<16} {'bytes':>12}")
     total = 0
     counts: dict[str, int] = {}
@@ -29,6 +30,6 @@ def inspect(file: str, all_metadata: bool) -> None:
         n = int(t.data.nbytes)
         total += n
         counts[t.type_name] = counts.get(t.type_name, 0) + 1
-        click.echo(f"{t.name:<32} {t.type_name:<7} {'x'.join(map(str, t.shape)):<16} {n:>12,}")
+        click.echo(f"{esc(t.name):<32} {t.type_name:<7} {'x'.join(map(str, t.shape)):<16} {n:>12,}")
     click.echo(f"\n{len(m.tensors)} tensors, {total:,} bytes; types: "
                + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))

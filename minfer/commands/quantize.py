@@ -13,7 +13,7 @@ TYPES = ("q4_K_M", "q4_K_S", "q6_K", "q8_0", "f16")
 
 
 @click.command("quantize")
-@click.argument("in_path", metavar="IN", type=click.Path(dir_okay=False))
+@click.argument("in_path", metavar="IN", type=click.Path())
 @click.argument("out_path", metavar="OUT", type=click.Path())
 @click.option("--type", "ftype", required=True, type=click.Choice(TYPES, case_sensitive=False),
               help="Output file type (llama.cpp's tensor mix for it).")

@@ -8,7 +8,7 @@ from minfer.synth import FTYPES, PRESETS
 
 
 @click.command("synth")
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--out", "out", required=True, type=click.Path(),
               help="Output GGUF file (written atomically).")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="llama3-8b", show_default=True,
               help="Model shape (width / FFN / layers / heads).")
