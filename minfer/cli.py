@@ -127,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
 
     signals.install()  # before click, numpy or any command module is imported
     code, printed = _run(argv)
+    e = signals.swallowed()
+    if e is not None and not printed:  # raised where Python ignores exceptions (a __del__)
+        sys.stderr.write(signals.message(e) + "\n")
+        code, printed = e.exit_code, True
     signals.late(code, printed)
     sys.exit(code)
 

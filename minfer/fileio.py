@@ -110,7 +110,7 @@ def check_output_path(path: str | os.PathLike) -> Path:
             raise BadInput(f"{p}: is {kind}; refusing to replace it with an output file")
     parent = p.parent
     if not parent.is_dir():
-        raise BadInput(f"{parent}: output directory does not exist")
+        raise BadInput(f"{parent}: no such directory (the output directory does not exist)")
     return p
 
 

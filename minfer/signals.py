@@ -34,14 +34,21 @@ class Interrupted(KeyboardInterrupt):
         return "interrupted" if self.signum == signal.SIGINT else "terminated"
 
 
-_raised = False
+_raised: int | bool = False  # the first handled signal's number, once one came
+
+
+_defer_depth = 0
+_pending: int | None = None
 
 
 def _raise(signum, frame):
-    global _raised
+    global _raised, _pending
     if _raised:  # cleanup of the first signal is running: let it finish
         return
-    _raised = True
+    _raised = signum
+    if _defer_depth:  # inside `deferred()`: raised when the block ends
+        _pending = signum
+        return
     raise Interrupted(signum)
 
 
@@ -49,6 +56,7 @@ def install() -> None:
     """Make SIGINT/SIGTERM/SIGHUP raise Interrupted (main thread only; a no-op elsewhere)."""
     global _raised
     _raised = False
+    sys.unraisablehook = _unraisable
     for s in HANDLED:
         try:
             if signal.getsignal(s) == signal.SIG_IGN:  # nohup, a shell's background job
@@ -56,6 +64,18 @@ def install() -> None:
             signal.signal(s, _raise)
         except (ValueError, OSError):  # not the main thread, or a platform without it
             pass
+
+
+def _unraisable(u) -> None:
+    # a signal that landed in a __del__ is taken up by main() (see swallowed): no traceback
+    if not isinstance(u.exc_value, Interrupted):
+        sys.__unraisablehook__(u)
+
+
+def swallowed() -> Interrupted | None:
+    """The signal that raised Interrupted, if one did: for main() to act on one whose
+    exception was swallowed (raised inside a __del__, or caught by a library)."""
+    return Interrupted(_raised) if _raised else None
 
 
 def ignore_in_worker() -> None:
@@ -81,7 +101,10 @@ def _isatty(f) -> bool:
 
 def late(code: int, printed: bool) -> None:
     """From here to the process's end a signal prints its line (unless one was already
-    printed) and exits with its code at once: no traceback from interpreter shutdown."""
+    printed) and exits with its code at once: no traceback from interpreter shutdown.
+    Called when the command is done and its files closed; then the signals are blocked, so
+    one arriving after CPython's shutdown has reset the handlers cannot kill the process
+    silently (one already pending is taken now)."""
     def _late(signum, frame):
         e = Interrupted(signum)
         try:
@@ -96,23 +119,38 @@ def late(code: int, printed: bool) -> None:
                 pass
         os._exit(code if printed else e.exit_code)
 
-    for s in HANDLED:
+    mine = [s for s in HANDLED if signal.getsignal(s) != signal.SIG_IGN]
+    for s in mine:
         try:
-            if signal.getsignal(s) != signal.SIG_IGN:
-                signal.signal(s, _late)
+            signal.signal(s, _late)
         except (ValueError, OSError):
             pass
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, mine)
+        pending = signal.sigpending() & set(mine)
+    except (AttributeError, OSError, ValueError):
+        return
+    if pending:
+        _late(min(pending), None)
 
 
 class deferred:
-    """`with deferred():` the handled signals wait (blocked) until the block ends, then are
-    delivered. For making a process pool: a signal raised halfway through Pool() would leave
-    started workers no one stops."""
+    """`with deferred():` a handled signal arriving inside the block is held and raised when the
+    block ends. For the few steps that must not be cut in half: making a process pool (a
+    signal halfway through Pool() would leave started workers no one stops) and stopping it
+    (workers ignore signals, so a pool left unjoined would hang the interpreter's exit).
+    A flag, not a signal mask: CPython runs handlers in the main thread whichever thread
+    received the signal, so masking the main thread alone would not hold them."""
 
     def __enter__(self):
-        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)
+        global _defer_depth
+        _defer_depth += 1
         return self
 
     def __exit__(self, *exc):
-        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+        global _defer_depth, _pending
+        _defer_depth -= 1
+        if _defer_depth == 0 and _pending is not None and exc[0] is None:
+            signum, _pending = _pending, None
+            raise Interrupted(signum)
         return False

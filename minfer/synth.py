@@ -178,9 +178,10 @@ def _produce(plans: list[TensorPlan], seed: int, workers: int) -> Iterator[np.nd
     finally:
         # not Pool.terminate(): its SIGTERM is ignored, and a worker killed while sending a
         # result would leave the result pipe half-written. Queued tensors are skipped.
-        stop.set()
-        pool.close()
-        pool.join()
+        with deferred():  # a signal during the join would leave the pool half-stopped
+            stop.set()
+            pool.close()
+            pool.join()
 
 
 _stop = None  # the pool's stop event, in each worker process (set by _worker_init)

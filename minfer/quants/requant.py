@@ -182,7 +182,8 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     finally:
         # every way out stops the workers the same way (they ignore signals, so
         # Pool.terminate's SIGTERM would not): skip what is left, close, join
-        _drain(pool, stop)
+        with deferred():  # a signal during the join would leave the pool half-stopped
+            _drain(pool, stop)
         if bar is not None:
             bar.close()
     _worker_model = None
