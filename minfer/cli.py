@@ -123,15 +123,23 @@ def _say_error(msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The `minfer` command. With argv=None (the console script, `python -m minfer`) the
+    process ends here; with an argv (tests, in-process callers) the signal handlers are put
+    back before the SystemExit."""
     from minfer import signals
 
-    signals.install()  # before click, numpy or any command module is imported
-    code, printed = _run(argv)
-    e = signals.swallowed()
-    if e is not None and not printed:  # raised where Python ignores exceptions (a __del__)
-        sys.stderr.write(signals.message(e) + "\n")
-        code, printed = e.exit_code, True
-    signals.late(code, printed)
+    prev = signals.install()  # before click, numpy or any command module is imported
+    try:
+        code, printed = _run(argv)
+        e = signals.swallowed()
+        if e is not None and not printed:  # raised where Python ignores exceptions (__del__)
+            sys.stderr.write(signals.message(e) + "\n")
+            code, printed = e.exit_code, True
+    finally:
+        if argv is not None:
+            signals.restore(prev)
+    if argv is None:
+        signals.late(code, printed)
     sys.exit(code)
 
 

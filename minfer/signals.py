@@ -1,11 +1,13 @@
 """SIGINT, SIGTERM and SIGHUP as one exception, installed before any slow import.
 
 `install()` (called first thing by minfer.cli.main and minfer/__main__.py) makes each of the
-three signals (unless inherited as ignored: nohup, a background job) raise `Interrupted` (a KeyboardInterrupt, so every `except BaseException` /
-`finally` cleanup that already handles Ctrl-C handles SIGTERM and SIGHUP too). Only the first
-signal raises: a second one during cleanup is dropped, so removing a temporary file cannot
-itself be interrupted. `late(code)` covers the last stretch after the command has finished
-(interpreter shutdown, pool finalizers): a signal there prints its one line and exits at once.
+three signals (unless inherited as ignored: nohup, a background job) raise `Interrupted`, a
+KeyboardInterrupt, so every `except BaseException` / `finally` cleanup that already handles
+Ctrl-C handles SIGTERM and SIGHUP too. Only the first signal raises: a second one during
+cleanup is dropped, so removing a temporary file cannot itself be interrupted. `deferred()`
+holds a signal over a step that must not be cut (starting or stopping a process pool).
+`late()` covers the stretch after the command has finished (interpreter shutdown): a signal
+there prints its one line and exits at once.
 Stdlib only: this module is imported before numpy, click or anything that takes time.
 """
 
@@ -52,10 +54,17 @@ def _raise(signum, frame):
     raise Interrupted(signum)
 
 
-def install() -> None:
-    """Make SIGINT/SIGTERM/SIGHUP raise Interrupted (main thread only; a no-op elsewhere)."""
-    global _raised
-    _raised = False
+def install() -> dict:
+    """Make SIGINT/SIGTERM/SIGHUP raise Interrupted (main thread only; a no-op elsewhere).
+    Returns what `restore()` needs to put the previous handlers back."""
+    global _raised, _pending
+    prev = {"hook": sys.unraisablehook}
+    for s in HANDLED:
+        try:
+            prev[s] = signal.getsignal(s)
+        except (ValueError, OSError):
+            pass
+    _raised, _pending = False, None
     sys.unraisablehook = _unraisable
     for s in HANDLED:
         try:
@@ -64,6 +73,20 @@ def install() -> None:
             signal.signal(s, _raise)
         except (ValueError, OSError):  # not the main thread, or a platform without it
             pass
+    return prev
+
+
+def restore(prev: dict) -> None:
+    """Undo install() (for main() called in-process, by tests or another tool)."""
+    global _raised, _pending
+    sys.unraisablehook = prev.get("hook", sys.__unraisablehook__)
+    for s in HANDLED:
+        if s in prev and prev[s] is not None:
+            try:
+                signal.signal(s, prev[s])
+            except (ValueError, OSError):
+                pass
+    _raised, _pending = False, None
 
 
 def _unraisable(u) -> None:
