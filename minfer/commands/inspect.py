@@ -14,7 +14,7 @@ def inspect(file: str, all_metadata: bool) -> None:
     from minfer.loader import load_model
 
     m = load_model(file)
-    click.echo(m.describe())
+    click.echo(esc(m.describe()))
     click.echo("\nmetadata:")
     for k, v in m.metadata.items():
         if isinstance(v, list) and len(v) > 8 and not all_metadata:

@@ -31,7 +31,9 @@ def quantize(in_path: str, out_path: str, ftype: str, threads: int | None, quiet
         for ty in st.types.values():
             counts[ty] = counts.get(ty, 0) + 1
         mix = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
-        click.echo(f"{out_path}: {st.n_tensors} tensors ({mix}), "
+        from minfer.fileio import escape_controls
+
+        click.echo(f"{escape_controls(out_path)}: {st.n_tensors} tensors ({mix}), "
                    f"{st.in_bytes / 2**20:.1f} MiB -> {st.out_bytes / 2**20:.1f} MiB")
         click.echo(f"quantized {st.n_quantized} tensors, {st.n_weights / 1e6:.1f} M weights in "
                    f"{st.seconds:.1f} s ({st.weights_per_s / 1e6:.1f} M weights/s)")

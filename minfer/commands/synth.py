@@ -35,7 +35,8 @@ def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, worker
                         vocab=vocab, tokenizer_from=src, workers=workers)
     r = make_synthetic_model(out, opts, progress=not quiet)
     s = r["shape"]
-    click.echo(f"{r['path']}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "
+    from minfer.fileio import escape_controls
+    click.echo(f"{escape_controls(str(r['path']))}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "
                f"ff={s.d_ff}, heads {s.n_heads}:{s.n_kv_heads}, vocab {s.vocab}, {qtype}, "
                f"seed {seed}")
     click.echo(f"  {r['tensors']} tensors, {r['bytes'] / 2**20:,.1f} MiB in {r['seconds']:.1f} s; "
