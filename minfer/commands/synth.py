@@ -36,7 +36,9 @@ def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, worker
     r = make_synthetic_model(out, opts, progress=not quiet)
     s = r["shape"]
     from minfer.fileio import escape_controls
-    click.echo(f"{escape_controls(str(r['path']))}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "
+
+    name = escape_controls(str(r["path"]))
+    click.echo(f"{name}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "
                f"ff={s.d_ff}, heads {s.n_heads}:{s.n_kv_heads}, vocab {s.vocab}, {qtype}, "
                f"seed {seed}")
     click.echo(f"  {r['tensors']} tensors, {r['bytes'] / 2**20:,.1f} MiB in {r['seconds']:.1f} s; "
