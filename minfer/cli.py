@@ -181,7 +181,9 @@ def _run(argv: list[str] | None) -> tuple[int, bool]:
             return _stdout_failed(e.args[0]), False
         finally:
             sys.stdout = real_stdout
-    except Interrupted as e:
+    except KeyboardInterrupt as e:  # Interrupted, or a KeyboardInterrupt raised by other code
+        if not isinstance(e, Interrupted):
+            e = Interrupted()
         try:
             sys.stderr.write(message(e) + "\n")
             sys.stderr.flush()
