@@ -1,4 +1,8 @@
-from minfer.cli import main
+from minfer import signals
+
+signals.install()  # before minfer.cli imports click and the command imports numpy
+
+from minfer.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

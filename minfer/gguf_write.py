@@ -14,8 +14,9 @@ Used by `minfer quantize`, `minfer synth` and the model slicer. Three properties
   The header needs every tensor's size first, so the infos are written up front (from qtype and
   shape) and each callable is called only when its data is written, once, in order: an 8B model
   is never held in memory at once.
-- Atomic. The file is written under a temporary name in the destination folder and renamed
-  into place at the end; an error or an interrupt removes the temporary file.
+- Atomic (minfer.fileio.atomic_output). The file is written under a temporary name in the
+  destination folder and renamed into place at the end; an error or a signal removes the
+  temporary file, and an existing output that is not a regular file is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Union
 import numpy as np
 
 from minfer.errors import BadInput
+from minfer.fileio import atomic_output
 
 TensorData = Union[np.ndarray, Callable[[], np.ndarray]]
 TensorEntry = tuple[str, int, tuple[int, ...], TensorData]  # (name, qtype, shape, data)
@@ -164,11 +166,9 @@ def write_gguf(path: str | os.PathLike, arch: str, metadata: Mapping[str, Any],
     """Write a GGUF v3 file atomically; returns its path. See the module docstring."""
     import gguf
 
-    path = Path(path)
-    if path.is_dir():
-        raise BadInput(f"{path}: is a directory")
-    if not path.parent.is_dir():
-        raise BadInput(f"{path.parent}: no such directory")
+    from minfer.fileio import check_output_path
+
+    path = check_output_path(path)  # a device, FIFO or directory there is never replaced
     meta = {k: _typed_value(k, v) for k, v in metadata.items()}
     a = meta.pop("general.architecture", None)  # GGUFWriter writes it from `arch`
     if a is not None and a.value != arch:
@@ -185,8 +185,15 @@ def write_gguf(path: str | os.PathLike, arch: str, metadata: Mapping[str, Any],
         seen.add(name)
         entries.append((name, int(qtype), shape, data, expected_nbytes(name, qtype, shape)))
 
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    w = gguf.GGUFWriter(tmp, arch)
+    total = sum(e[4] for e in entries)
+    with atomic_output(path) as tmp:  # removed on any error or signal; OSError -> one line
+        _write(gguf.GGUFWriter(tmp, arch), meta, entries, total, path.name, progress)
+    return path
+
+
+def _write(w, meta, entries, total: int, label: str, progress: bool) -> None:
+    import gguf
+
     if "general.alignment" in meta:
         w.data_alignment = int(meta["general.alignment"].value)
     for key, v in meta.items():
@@ -196,7 +203,6 @@ def write_gguf(path: str | os.PathLike, arch: str, metadata: Mapping[str, Any],
         # as the element shape (numpy order; the writer reverses it into GGUF's ne order).
         w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes,
                           raw_dtype=gguf.GGMLQuantizationType(qtype))
-    total = sum(e[4] for e in entries)
     bar = None
     try:
         w.write_header_to_file()
@@ -205,8 +211,9 @@ def write_gguf(path: str | os.PathLike, arch: str, metadata: Mapping[str, Any],
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {path.name}",
-                       file=sys.stderr, leave=False)
+            # disable=None: no bar (no \r lines) when stderr is not a terminal
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {label}",
+                       file=sys.stderr, leave=False, disable=None)
         for name, qtype, shape, data, nbytes in entries:
             arr = data() if callable(data) else data
             arr = _check_data(name, qtype, arr, nbytes)
@@ -214,13 +221,7 @@ def write_gguf(path: str | os.PathLike, arch: str, metadata: Mapping[str, Any],
             del arr
             if bar is not None:
                 bar.update(nbytes)
-        w.close()
-        os.replace(tmp, path)
-    except BaseException:
-        w.close()
-        tmp.unlink(missing_ok=True)
-        raise
     finally:
+        w.close()
         if bar is not None:
             bar.close()
-    return path

@@ -158,19 +158,45 @@ def _produce(plans: list[TensorPlan], seed: int, workers: int) -> Iterator[np.nd
         return
     import multiprocessing
 
-    # fork: workers start at once (before any other thread) and need no importable __main__
-    pool = multiprocessing.get_context("fork").Pool(workers)
+    from minfer.signals import deferred
+
+    ctx = multiprocessing.get_context("fork")
+    stop = ctx.Event()
+    # fork: workers start at once (before any other thread) and need no importable __main__;
+    # they ignore signals (the parent reacts and stops them below), and a signal during Pool()
+    # waits until the pool exists
+    with deferred():
+        pool = ctx.Pool(workers, initializer=_worker_init, initargs=(stop,))
     try:
         pending: deque = deque()
         nxt = 0
         while nxt < len(plans) or pending:
             while nxt < len(plans) and len(pending) < 2 * workers:
-                pending.append(pool.apply_async(make_tensor, (plans[nxt], seed, nxt)))
+                pending.append(pool.apply_async(_make_unless_stopped, (plans[nxt], seed, nxt)))
                 nxt += 1
             yield pending.popleft().get()
     finally:
-        pool.terminate()
-        pool.join()
+        # not Pool.terminate(): its SIGTERM is ignored, and a worker killed while sending a
+        # result would leave the result pipe half-written. Queued tensors are skipped.
+        with deferred():  # a signal during the join would leave the pool half-stopped
+            stop.set()
+            pool.close()
+            pool.join()
+
+
+_stop = None  # the pool's stop event, in each worker process (set by _worker_init)
+
+
+def _worker_init(stop) -> None:
+    global _stop
+    from minfer.signals import ignore_in_worker
+
+    ignore_in_worker()
+    _stop = stop
+
+
+def _make_unless_stopped(plan: TensorPlan, seed: int, index: int) -> np.ndarray | None:
+    return None if _stop.is_set() else make_tensor(plan, seed, index)
 
 
 # ---- tokenizer ------------------------------------------------------------------------------

@@ -27,13 +27,14 @@ def as_dict(m, all_metadata: bool) -> dict:
 
 
 @click.command("inspect")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path())  # checked by the loader: exit 2
 @click.option("--all-metadata", is_flag=True, help="Print long arrays (vocabulary, merges) too.")
 @click.option("--json", "as_json", is_flag=True,
               help="One JSON object on stdout (long arrays as their lengths unless "
                    "--all-metadata).")
 def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
     """Print a GGUF model's metadata and its tensors (name, type, shape, bytes)."""
+    from minfer.fileio import escape_controls as esc
     from minfer.loader import load_model
 
     m = load_model(file)
@@ -43,7 +44,7 @@ def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
                               default=lambda o: o.decode("utf-8", "replace")
                               if isinstance(o, bytes) else str(o)))
         return
-    click.echo(m.describe())
+    click.echo(esc(m.describe()))
     click.echo("\nmetadata:")
     for k, v in m.metadata.items():
         if isinstance(v, list) and len(v) > LONG and not all_metadata:
@@ -51,7 +52,7 @@ def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
         else:
             v = repr(v) if isinstance(v, str) else v
             v = str(v) if len(str(v)) <= 100 or all_metadata else str(v)[:97] + "..."
-        click.echo(f"  {k} = {v}")
+        click.echo(f"  {esc(k)} = {esc(str(v))}")  # a raw \n or ESC in a key would forge lines
     click.echo(f"\n{'tensor':<32} {'type':<7} {'shape':<16} {'bytes':>12}")
     total = 0
     counts: dict[str, int] = {}
@@ -59,6 +60,6 @@ def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
         n = int(t.data.nbytes)
         total += n
         counts[t.type_name] = counts.get(t.type_name, 0) + 1
-        click.echo(f"{t.name:<32} {t.type_name:<7} {'x'.join(map(str, t.shape)):<16} {n:>12,}")
+        click.echo(f"{esc(t.name):<32} {t.type_name:<7} {'x'.join(map(str, t.shape)):<16} {n:>12,}")
     click.echo(f"\n{len(m.tensors)} tensors, {total:,} bytes; types: "
                + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))

@@ -27,22 +27,12 @@ DEFAULT_PROMPT = "The name of the capital city of France is"  # golden prompt 0 
 DEFAULT_CHAT_PROMPT = "What is the capital of France?"
 
 
-def read_prompt_file(path: str) -> str:
-    """UTF-8 text of a prompt file; BadInput naming the file (and byte offset) otherwise."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such prompt file") from None
-    except IsADirectoryError:
-        raise BadInput(f"{path}: is a directory, not a prompt file") from None
-    except OSError as e:
-        raise BadInput(f"{path}: cannot read prompt file ({e.strerror})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadInput(f"{path}: invalid UTF-8 at byte offset {e.start} "
-                       f"(byte 0x{data[e.start]:02x})") from None
+def read_prompt_file(path: str, n_ctx: int | None = None) -> str:
+    """UTF-8 text of a prompt file ('-': stdin), read with a cap tied to the context (see
+    minfer.fileio.read_prompt_file); BadInput naming the file otherwise."""
+    from minfer.fileio import read_prompt_file as read
+
+    return read(path, n_ctx)
 
 
 def pick_backend_kind(requested: str | None) -> tuple[str, str]:

@@ -13,7 +13,7 @@ TYPES = ("q4_K_M", "q4_K_S", "q6_K", "q8_0", "f16")
 
 
 @click.command("quantize")
-@click.argument("in_path", metavar="IN", type=click.Path(dir_okay=False))
+@click.argument("in_path", metavar="IN", type=click.Path())
 @click.argument("out_path", metavar="OUT", type=click.Path())
 @click.option("--type", "ftype", required=True, type=click.Choice(TYPES, case_sensitive=False),
               help="Output file type (llama.cpp's tensor mix for it).")
@@ -31,7 +31,9 @@ def quantize(in_path: str, out_path: str, ftype: str, threads: int | None, quiet
         for ty in st.types.values():
             counts[ty] = counts.get(ty, 0) + 1
         mix = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
-        click.echo(f"{out_path}: {st.n_tensors} tensors ({mix}), "
+        from minfer.fileio import escape_controls
+
+        click.echo(f"{escape_controls(out_path)}: {st.n_tensors} tensors ({mix}), "
                    f"{st.in_bytes / 2**20:.1f} MiB -> {st.out_bytes / 2**20:.1f} MiB")
         click.echo(f"quantized {st.n_quantized} tensors, {st.n_weights / 1e6:.1f} M weights in "
                    f"{st.seconds:.1f} s ({st.weights_per_s / 1e6:.1f} M weights/s)")

@@ -8,7 +8,7 @@ from minfer.synth import FTYPES, PRESETS
 
 
 @click.command("synth")
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--out", "out", required=True, type=click.Path(),
               help="Output GGUF file (written atomically).")
 @click.option("--preset", type=click.Choice(list(PRESETS), case_sensitive=False),
               default="llama3-8b", show_default=True,
@@ -37,7 +37,10 @@ def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, worker
                         vocab=vocab, tokenizer_from=src, workers=workers)
     r = make_synthetic_model(out, opts, progress=not quiet)
     s = r["shape"]
-    click.echo(f"{r['path']}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "
+    from minfer.fileio import escape_controls
+
+    name = escape_controls(str(r["path"]))
+    click.echo(f"{name}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "
                f"ff={s.d_ff}, heads {s.n_heads}:{s.n_kv_heads}, vocab {s.vocab}, {qtype}, "
                f"seed {seed}")
     click.echo(f"  {r['tensors']} tensors, {r['bytes'] / 2**20:,.1f} MiB in {r['seconds']:.1f} s; "

@@ -10,7 +10,6 @@ minfer.gguf_write.write_gguf, which writes atomically (temporary name, then rena
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -47,7 +46,9 @@ _worker_stop = None
 
 def _worker_init(path: str, forked: bool, stop) -> None:
     global _worker_model, _worker_stop
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C (see _drain)
+    from minfer.signals import ignore_in_worker
+
+    ignore_in_worker()  # the parent handles SIGINT/SIGTERM/SIGHUP and drains us (see _drain)
     _worker_stop = stop
     if not forked:  # a forked worker already has the parent's opened (memory-mapped) model
         from minfer.loader import load_model
@@ -79,11 +80,10 @@ def _drain(pool, stop) -> None:
 
 
 def check_output_path(in_path: Path, out_path: Path) -> None:
-    if out_path.exists() and out_path.is_dir():
-        raise BadInput(f"{out_path}: is a directory")
+    from minfer.fileio import check_output_path as check_out
+
+    check_out(out_path)  # a device, FIFO or directory there is refused, never replaced
     parent = out_path.parent
-    if not parent.is_dir():
-        raise BadInput(f"{parent}: output directory does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise BadInput(f"{parent}: output directory is not writable")
     if out_path.exists() and not os.access(out_path, os.W_OK):
@@ -144,15 +144,19 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     _worker_model = model  # inherited by forked workers (opening the model again takes seconds)
     # the pool is made before any progress-bar thread exists (fork copies no running thread)
     stop = ctx.Event()
-    with ctx.Pool(min(threads, max(1, len(items))), initializer=_worker_init,
-                  initargs=(str(in_path), forked, stop)) as pool:
+    from minfer.signals import deferred
+
+    with deferred():  # a signal now would leave started workers behind: take it after
+        pool = ctx.Pool(min(threads, max(1, len(items))), initializer=_worker_init,
+                        initargs=(str(in_path), forked, stop))
+    bar = None
+    try:
         results = pool.imap(_work, items)  # ordered; workers run ahead of the writer
-        bar = None
         if progress:
             from tqdm import tqdm
 
             bar = tqdm(total=n_weights, unit="w", unit_scale=True, desc=f"quantizing {ftype}",
-                       file=sys.stderr, leave=False)
+                       file=sys.stderr, leave=False, disable=None)  # None: terminals only
 
         def produce(name: str, ty: str):
             t = model.tensors[name]
@@ -174,14 +178,14 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
 
         entries = [(name, int(gguf.GGMLQuantizationType[ty]), model.tensors[name].shape,
                     produce(name, ty)) for name, ty in types.items()]
-        try:
-            write_gguf(out_path, c.arch, meta, entries, progress=False)
-        except BaseException:
+        write_gguf(out_path, c.arch, meta, entries, progress=False)
+    finally:
+        # every way out stops the workers the same way (they ignore signals, so
+        # Pool.terminate's SIGTERM would not): skip what is left, close, join
+        with deferred():  # a signal during the join would leave the pool half-stopped
             _drain(pool, stop)
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
+        if bar is not None:
+            bar.close()
     _worker_model = None
     seconds = time.perf_counter() - t0
     return QuantizeStats(
