@@ -269,6 +269,8 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
     for c in configs:
         t0 = time.perf_counter()
         b = make_backend(model, kind, c, mx, base, progress=progress)
+        if hasattr(b, "warmup"):  # every kernel of every length built at once, in parallel
+            b.warmup(tokens)
         load = getattr(b, "load_s", time.perf_counter() - t0)
         warm = getattr(b, "warmup_s", 0.0)
         echo(f"{c or 'default'}: backend {b.name}, load {load:.2f} s, warm-up {warm:.2f} s")

@@ -255,3 +255,14 @@ def test_stdout_full_and_closed_pipe(default_model_path):
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 3
     assert err == "", err
+
+
+def test_prompt_file_over_the_context_cap_refused(tmp_path, tiny):
+    """Under the fixed pre-read cap (2 MiB) but over this model's context cap (1 MiB floor for
+    a 256-token context): refused once the header says the context, naming the cap."""
+    big = tmp_path / "big.txt"
+    big.write_bytes(b"a" * (prompt_cap(256) + 10))
+    code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file",
+                        str(big), "--greedy", "1", timeout=60)
+    assert code == 2
+    _one_error_line(err, f"{prompt_cap(256):,} bytes", "context")

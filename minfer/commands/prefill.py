@@ -180,6 +180,13 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
 
     t0 = time.perf_counter()
     model = load_model(model_path)
+    if prompt_file is not None:  # read under a fixed cap before the model; now the context's
+        from minfer.fileio import prompt_cap
+
+        cap = prompt_cap(model.config.n_ctx)
+        if len(text.encode("utf-8")) > cap:
+            raise BadInput(f"{prompt_file}: prompt file larger than {cap:,} bytes, the cap for "
+                           f"this model's context of {model.config.n_ctx:,} tokens")
     tok = Tokenizer.from_metadata(model.metadata)
     chat, ids = prompt_ids(model.metadata, tok, text, chat, system, special)
     n_ctx = context_size(ctx_size, model.config.n_ctx, len(ids), n_greedy)
