@@ -1,4 +1,4 @@
-"""`minfer bench -m FILE --tokens 512,2048 [--ab "K=V K=V" "..."] [--repeats N] [--backend ...]`"""
+"""`minfer bench -m FILE --tokens 512,2048 [--ab f16 f16:no-rope "MINFER_MMQ=1" ...] [--repeats N]`"""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
 @click.option("--tokens", default="512", show_default=True,
               help="Comma-separated prompt lengths (pp512, pp2048, ...).")
 @click.option("--ab", "ab", multiple=True,
-              help='A/B config, "MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow '
-                   "as extra arguments. Configs run interleaved in one process, their order "
+              help='A/B config: a GEMM path with tuning variants (f16, f16:no-rope, sb, '
+                   'sb:no-glu, wide-kd8; docs/paths.md) or "MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; '
+                   "more configs may follow as extra arguments. Configs run interleaved in one process, their order "
                    "rotated each repeat (use --repeats as a multiple of the config count).")
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--backend", "kind", default="cuda", show_default=True,
@@ -27,10 +28,9 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
 @gemm_options
 @click.argument("more_ab", nargs=-1)
-def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, more_ab, **gemm) -> None:
+def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, more_ab, gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
-    GEMM flags apply to every config, under the environment's values; an --ab string's keys
-    win over both."""
+    --gemm applies to every config over the environment; an --ab config wins over both."""
     from minfer.bench import parse_tokens, run
     from minfer.errors import BadInput
 
@@ -40,4 +40,4 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, more_ab, 
     if min_ms < 0:
         raise BadInput(f"--min-ms {min_ms:g}: must be >= 0")
     run(model_path, parse_tokens(tokens), configs, repeats, kind, profile=not no_breakdown,
-        echo=click.echo, base=gemm_overrides(**gemm), min_ms=min_ms)
+        echo=click.echo, base=gemm_overrides(gemm), min_ms=min_ms)

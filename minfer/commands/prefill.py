@@ -106,7 +106,7 @@ def _num(x: float) -> float | None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @gemm_options
 def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dtype,
-            as_json, **gemm) -> None:
+            as_json, gemm) -> None:
     """Prefill a prompt, print tok/s (prefill and decode apart) and the greedy ids and text."""
     from minfer import engine
     from minfer.loader import load_model
@@ -129,7 +129,7 @@ def prefill(model_path, prompt, prompt_file, n_greedy, backend_kind, ubatch, dty
     ids = tok.encode(text)
     engine.validate(len(ids), n_greedy, ubatch, model.config.n_ctx)  # before loading weights
     backend = make_backend(kind, model, dtype, len(ids) + n_greedy, ubatch,
-                           gemm_config(**gemm))
+                           gemm_config(gemm=gemm))
     load_s = time.perf_counter() - t0
 
     res = engine.run(backend, ids, n_greedy=n_greedy, ubatch=ubatch, progress=True)

@@ -1,7 +1,7 @@
 """CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
 
 Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
-pick_gemm: "f16" or "mmq-*"), q/k/v and gate/up on f16 are fused (routes.plan_fusion), the
+paths.choose_path: "f16", "sb" or a raw int8 path), q/k/v and gate/up on f16 are fused (routes.plan_fusion), the
 memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.weights.
@@ -25,13 +25,12 @@ the runtime's debug mode turn it off) the first chunk of each (T, last) runs eag
 are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.graph); every later
 chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
-MMQ weights: the activation is quantized to q8_1 once per distinct input into one reused
-scratch buffer (q, k, v share h16's; gate, up share the FFN input's), then mmq_linear runs on
-the raw bytes (attn_output / ffn_down accumulate into x). A wgmma ffn_down's input skips the f16
-a16: the swiglu launch writes its q8_1 split operand directly (GemmConfig.fused_prepass,
-mmq_wgmma.split_swiglu; the same bytes). Likewise on the SB q4_K path the rmsnorm launch
-writes the SB token operand of the GEMMs after it (`_norm`, mmq_sb.sb_operand_rmsnorm; h16
-only where an f16 GEMM also reads it) and the swiglu launch ffn_down's. `route_summary()` gives the one-line
+int8 weights: the activation is quantized once per distinct input into one reused scratch
+buffer (q8_1 for the raw kernels, the SB token operand for SB; q, k, v share h16's; gate, up
+share the FFN input's), then the route's kernel runs (attn_output / ffn_down accumulate into x).
+On SB the rmsnorm launch writes the token operand of the GEMMs after it (`_norm`,
+mmq_sb.sb_operand_rmsnorm; h16 only where an f16 GEMM also reads it) and the swiglu launch
+ffn_down's. `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
@@ -61,7 +60,7 @@ import numpy as np
 from minfer.cuda import attention as attn_mod
 from minfer.cuda import devarray as da
 from minfer.cuda import layers as L
-from minfer.cuda.config import GemmConfig
+from minfer.cuda.config import GemmChoice
 from minfer.cuda.profile import OpProfile
 from minfer.cuda.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.routes import (plan_fusion, plan_glu, plan_rope, plan_routes,
@@ -95,7 +94,7 @@ def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None
 class CudaBackend:
     """Backend protocol on the GPU. See the module docstring for the dataflow."""
 
-    def __init__(self, model, cfg: GemmConfig | None = None, rt=None, max_tokens: int = 4096,
+    def __init__(self, model, cfg: GemmChoice | None = None, rt=None, max_tokens: int = 4096,
                  ubatch: int = 2048, warmup: bool = True, progress: bool = False,
                  graphs: bool | None = None):
         from minfer.cuda.runtime import get_runtime
@@ -103,10 +102,10 @@ class CudaBackend:
         t0 = time.perf_counter()
         self.model = model
         self.c = c = model.config
-        self.gcfg = cfg or GemmConfig.resolve()
+        self.gcfg = cfg or GemmChoice.resolve()
         self.rt = rt or get_runtime()
         label = self.gcfg.label()
-        self.name = "cuda" if label == "f16" else f"cuda-{label}"
+        self.name = "cuda" if label in ("auto", "f16") else f"cuda-{label}"
         if c.head_dim not in attn_mod.HEAD_DIMS:
             raise Unsupported(f"cuda backend: head_dim {c.head_dim} not supported "
                               f"(supported: {attn_mod.HEAD_DIMS})")
@@ -116,7 +115,7 @@ class CudaBackend:
         self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
         self.profile: OpProfile | None = None
         self.n_past = 0
-        self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch)
+        self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch, self.max_tokens)
         if graphs is None:
             graphs = os.environ.get("MINFER_CUDA_GRAPHS", "1") != "0"
         self.graphs = bool(graphs) and not self.rt.cfg.debug
@@ -132,8 +131,8 @@ class CudaBackend:
         # the buffers become attributes (x, h16, qkv32, q16, a16, gu32, f16, pos, last16,
         # logits, amax, ids, kc, vc, rope, q8): the layer loop below reads self.<name>
         vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
-                                             plan["q8_1 scratch"], plan["q8_1 split scratch"],
-                                             plan["q8_1 split6 scratch"], self._glu_all())))
+                                             plan["q8_1 scratch"], plan["SB operand scratch"],
+                                             self._glu_all())))
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}
         for g in plan_rope(model, self.gcfg, self.routes, self.fused):
@@ -180,71 +179,50 @@ class CudaBackend:
         return summarize_routes(self.model, self.routes)
 
     def _quantize(self, A, *names: str):
-        """A f16 [M, K] -> its MMQ prepass outputs in the shared scratch, once, for the
-        GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels), "split"
-        ((aq, ta), the q4_K wgmma kernel), "q8s" / "q8s6" (SbTokens / (aq, ta) per 256, the
-        q4_K / q6_K SB kernels) and / or
-        "split6" ((xq, tx), the q6_K wgmma kernel),
-        as the names' routes and types need; None when all run
-        on f16. The scratch is reused by the next activation (the GEMMs that read it are
-        queued before, on the same stream)."""
+        """A f16 [M, K] -> its int8 prepass outputs in the shared scratch, once, for the GEMMs
+        `names`: a dict with "q8_1" (q8_1 raw [M, K/32*40], the raw int8 kernels) and / or "sb"
+        (the SB token operand), as the names' routes need; None when all run on f16. The
+        scratch is reused by the next activation (the GEMMs that read it are queued before, on
+        the same stream)."""
         paths = {self.routes[n][0] for n in names}
         if paths == {"f16"}:
             return None
         from minfer.cuda.mmq import quantize_q8_1
-        from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_q8_1, split6_views, split_q8_1,
-                                           split_views)
 
         M, K = A.shape
         out = {}
         with self._op("q8_1 prepass"):
-            if paths - {"f16", "mmq-wgmma", "mmq-sb"}:
+            if paths - {"f16", "sb"}:
                 q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
                 da.poison(self.rt, q8)
-                out["raw"] = quantize_q8_1(self.rt, A, q8)
-            wq = {int(self.qtypes[n]) for n in names if self.routes[n][0] == "mmq-wgmma"}
-            if Q4_K in wq:
-                aq, ta = split_views(self.q8s, M, K)
-                da.poison(self.rt, aq, ta)
-                out["split"] = split_q8_1(self.rt, A, aq, ta)
-            sbq = {int(self.qtypes[n]) for n in names if self.routes[n][0] == "mmq-sb"}
-            if sbq:   # (then every q4_K / q6_K route of the type is SB: its scratch is free)
-                from minfer.cuda.mmq_sb import sb_operand, sb_views, split_q8s
+                out["q8_1"] = quantize_q8_1(self.rt, A, q8)
+            if "sb" in paths:
+                from minfer.cuda.mmq_sb import sb_operand, sb_views
 
-                if Q4_K in sbq:   # the token operand (images and tables), in one launch
-                    tt = sb_views(self.q8s, M, K)[2]
-                    da.poison(self.rt, tt)
-                    out["q8s"] = sb_operand(self.rt, A, tt)
-                if Q6_K in sbq:   # signed bytes, in the split6 scratch
-                    aq, ta = split_views(self.q8s6, M, K)
-                    da.poison(self.rt, aq, ta)
-                    out["q8s6"] = split_q8s(self.rt, A, aq, ta, signed=True)
-            if Q6_K in wq:
-                xq, tx = split6_views(self.q8s6, M, K)
-                da.poison(self.rt, xq, tx)
-                out["split6"] = split6_q8_1(self.rt, A, xq, tx)
+                tt = sb_views(self.sbop, M, K)[2]
+                da.poison(self.rt, tt)
+                out["sb"] = sb_operand(self.rt, A, tt)
         return out
 
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
-        prepass outputs (as _quantize: a dict, or None when all run on f16). When a q4_K GEMM
-        on the SB kernel reads it, every other reader runs on f16 (or is SB q4_K too) and the
-        config fuses prepasses, one launch makes the norm and the SB token operand
-        (mmq_sb.sb_operand_rmsnorm; the same bytes), and writes h16 only if an f16 GEMM reads
-        it. Otherwise rmsnorm, then _quantize."""
-        kinds = {(self.routes[n][0], int(self.qtypes.get(n, -1))) for n in names}
+        prepass outputs (as _quantize: a dict, or None when all run on f16). When an SB GEMM
+        reads it and every other reader runs on f16 or SB, one launch makes the norm and the SB
+        token operand (mmq_sb.sb_operand_rmsnorm; the same bytes; tuning variant
+        no-fused-prepass: two launches), and writes h16 only if an f16 GEMM reads it.
+        Otherwise rmsnorm, then _quantize."""
+        paths = {self.routes[n][0] for n in names}
         M, D = x.shape
-        if self.gcfg.fused_prepass and any(k[0] == "mmq-sb" for k in kinds):
-            from minfer.cuda.mmq_sb import Q4_K, SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
+        if self.gcfg.on("fused-prepass") and "sb" in paths and paths <= {"f16", "sb"}:
+            from minfer.cuda.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
 
-            if all(k[0] == "f16" or k == ("mmq-sb", Q4_K) for k in kinds) and \
-                    D <= SB_NORM_MAX_K:
-                tt = sb_views(self.q8s, M, D)[2]
-                f16_reader = any(k[0] == "f16" for k in kinds)
+            if D <= SB_NORM_MAX_K:
+                tt = sb_views(self.sbop, M, D)[2]
+                f16_reader = "f16" in paths
                 with self._op("rmsnorm+q8s"):
                     da.poison(self.rt, tt, *((h16,) if f16_reader else ()))
-                    return {"q8s": sb_operand_rmsnorm(self.rt, x, self.w[wname], self.c.rms_eps,
-                                                      tt, h16 if f16_reader else None)}
+                    return {"sb": sb_operand_rmsnorm(self.rt, x, self.w[wname], self.c.rms_eps,
+                                                     tt, h16 if f16_reader else None)}
         with self._op("rmsnorm"):
             da.poison(self.rt, h16)
             L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
@@ -252,29 +230,17 @@ class CudaBackend:
 
     def _swiglu(self, f16, down: str, g, u=None):
         """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]) as the input
-        of `down`. When `down` runs on a wgmma kernel (or is q4_K on the SB kernel) and the
-        config fuses its prepass, the swiglu launch writes down's operand instead (the q8_1
-        split of its type, or the SB token operand; f16 is left unwritten) and that is
+        of `down`. When `down` runs on SB, the swiglu launch writes its token operand instead
+        (f16 is left unwritten; tuning variant no-fused-prepass: two launches) and that is
         returned, as _quantize's dict; else None."""
-        if self.gcfg.fused_prepass and self.routes[down][0] == "mmq-wgmma":
-            from minfer.cuda.mmq_wgmma import Q6_K, split6_views, split_swiglu, split_views
+        if self.gcfg.on("fused-prepass") and self.routes[down][0] == "sb":
+            from minfer.cuda.mmq_sb import sb_operand_swiglu, sb_views
 
-            qt = int(self.qtypes[down])
             M, F = f16.shape
-            key, a, t = (("split6", *split6_views(self.q8s6, M, F)) if qt == Q6_K else
-                         ("split", *split_views(self.q8s, M, F)))
-            with self._op("swiglu+q8_1"):
-                da.poison(self.rt, a, t)
-                return {key: split_swiglu(self.rt, qt, g, u, a, t)}
-        if self.gcfg.fused_prepass and self.routes[down][0] == "mmq-sb":
-            from minfer.cuda.mmq_sb import Q4_K, sb_operand_swiglu, sb_views
-
-            if int(self.qtypes[down]) == Q4_K:   # (q6_K's SB operand is the signed split)
-                M, F = f16.shape
-                tt = sb_views(self.q8s, M, F)[2]
-                with self._op("swiglu+q8s"):
-                    da.poison(self.rt, tt)
-                    return {"q8s": sb_operand_swiglu(self.rt, g, u, tt)}
+            tt = sb_views(self.sbop, M, F)[2]
+            with self._op("swiglu+q8s"):
+                da.poison(self.rt, tt)
+                return {"sb": sb_operand_swiglu(self.rt, g, u, tt)}
         with self._op("swiglu"):
             da.poison(self.rt, f16)
             if u is None:
@@ -287,9 +253,9 @@ class CudaBackend:
         """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A's prepass
         outputs (from _quantize), made here when not given. A fused weight (q|k|v, gate|up:
         not in routes) takes the route of `member`, one of its members (plan_fusion: all
-        share it). Mode 'glu' (a plan_glu gate|up group: q4_K on the SB kernel, or f16): C f16
-        [M, F] = silu(gate) * up from the GEMM's epilogue (f16 at M == 1: the GEMV's f32 into
-        gu32, then the interleaved swiglu launch)."""
+        share it). Mode 'glu' (a plan_glu gate|up group: q4_K on SB, or f16): C f16 [M, F] =
+        silu(gate) * up from the GEMM's epilogue (f16 at M == 1: the GEMV's f32 into gu32,
+        then the interleaved swiglu launch)."""
         M, K = A.shape
         N = C.shape[1]
         path = self.routes[member or name][0]
@@ -309,8 +275,8 @@ class CudaBackend:
 
             with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
                 da.poison(self.rt, C)
-                mmq_sb_linear(self.rt, q8["q8s"], self.w[name], M, 2 * N, K, C,
-                              stream_k=self.gcfg.stream_k, swiglu=True)
+                mmq_sb_linear(self.rt, q8["sb"], self.w[name], M, 2 * N, K, C,
+                              stream_k=self.gcfg.on("stream-k"), swiglu=True)
             return
         if path != "f16" and mode == "f16":
             raise Unsupported(f"{name}: MMQ writes f32, but this GEMM needs f16 output "
@@ -321,15 +287,17 @@ class CudaBackend:
             if path == "f16":
                 _gemm(self.rt, C, A, self.w[name], mode)
                 return
-            from minfer.cuda.mmq import Q6_K, mmq_linear
-
             if mode != "acc":
                 da.poison(self.rt, C)
-            x = ((q8["q8s6"] if int(self.qtypes[name]) == Q6_K else q8["q8s"])
-                 if path == "mmq-sb" else
-                 q8["raw"] if path != "mmq-wgmma" else   # the split layout of the weight's type
-                 q8["split6"] if int(self.qtypes[name]) == Q6_K else q8["split"])
-            mmq_linear(self.rt, x, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
+            if path == "sb":
+                from minfer.cuda.mmq_sb import mmq_sb_linear
+
+                mmq_sb_linear(self.rt, q8["sb"], self.w[name], M, N, K, C, mode == "acc",
+                              stream_k=self.gcfg.on("stream-k"))
+                return
+            from minfer.cuda.mmq import mmq_linear
+
+            mmq_linear(self.rt, q8["q8_1"], self.w[name], self.qtypes[name], M, N, K, path, C,
                        accumulate=mode == "acc")
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
