@@ -263,7 +263,7 @@ def _host_backend(logits):
     be.rt = _fake_runtime()
     be.name = "cuda"
     be.forward_device = lambda ids, pos0: None
-    be.logits = logits
+    be.buf = types.SimpleNamespace(logits=logits)   # (weights.DeviceBuffers' logits only)
     return be
 
 
@@ -275,7 +275,7 @@ def test_backend_forward_rejects_non_finite_logits():
                                            r"7\.\.9"):
             _host_backend(_Logits(bad)).forward(np.array([1, 2, 3], np.int32), 7)
     be = _host_backend(None)
-    be.logits = _Logits(error=be.rt.drv.Error("cuMemcpyDtoH failed: an illegal memory access"))
+    be.buf.logits = _Logits(error=be.rt.drv.Error("cuMemcpyDtoH failed: an illegal memory access"))
     with pytest.raises(GPUError, match="illegal memory access.*MINFER_CUDA_DEBUG=1"):
         be.forward(np.array([1], np.int32), 0)
 

@@ -135,3 +135,15 @@ def test_tuning_variants():
                 "MINFER_MMQ_SB=1"):
         with pytest.raises(BadInput):
             GemmChoice.parse_ab(bad, env={})
+
+
+def test_cuda_debug_sub_values():
+    """MINFER_CUDA_DEBUG carries the debug switches (no MINFER_CUDA_POISON / _GRAPHS)."""
+    from minfer.cuda.runtime import debug_flags
+
+    assert debug_flags({}) == set() and debug_flags({"MINFER_CUDA_DEBUG": "0"}) == set()
+    assert debug_flags({"MINFER_CUDA_DEBUG": "1"}) == {"sync", "poison", "nographs"}
+    assert debug_flags({"MINFER_CUDA_DEBUG": "poison"}) == {"poison"}
+    assert debug_flags({"MINFER_CUDA_DEBUG": "nographs, poison"}) == {"nographs", "poison"}
+    with pytest.raises(BadInput, match="MINFER_CUDA_DEBUG"):
+        debug_flags({"MINFER_CUDA_DEBUG": "verbose"})

@@ -1,5 +1,5 @@
 """CPU: every path of the GEMM path table through its numpy twin (the same parametrized harness
-as tests/gpu/test_paths.py, host side): each twin is wired to its record (argument order,
+as tests/gpu/test_paths_device.py, host side): each twin is wired to its record (argument order,
 type), lands within its activation grid's error of the float64 product of the dequantized
 weight, and the int8 twins differ from f16's by their grid only."""
 

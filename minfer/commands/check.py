@@ -179,7 +179,8 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
             q8s = tuple(sorted(n for n, (r, _) in be.routes.items() if r == "sb"))
             if (q8, q8s) not in refs:
                 refs[(q8, q8s)] = engine.run(ReferenceBackend(
-                    model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s)), ids, n_greedy, 512)
+                    model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s)), ids, n_greedy,
+                    512)
             v, diff = identity_verdict(refs[(q8, q8s)], res)
             ref_name = ("cpu" if not q8 + q8s else
                         f"cpu+q8_1 ({len(q8)} inputs)" + (f"+q8s ({len(q8s)})" if q8s else ""))

@@ -1,8 +1,8 @@
 """CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
 
 Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
-paths.choose_path: "f16", "sb" or a raw int8 path), q/k/v and gate/up on f16 are fused (routes.plan_fusion), the
-memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
+paths.choose_path: "f16", "sb" or a raw int8 path; minfer.cuda.linear's route object runs it),
+q/k/v and gate/up on one path are fused (routes.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.weights.
 Then `warmup_s`: every kernel is built/loaded and one token is pushed through (then the cache
@@ -19,9 +19,9 @@ Fusion: when q, k, v (resp. gate, up) all run on f16, they are dequantized into 
 one [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) f16 buffer (self.w keeps per-weight row views) and run
 as one GEMM: fewer launches and a wide N for the small k/v products. Otherwise (MMQ routes)
 they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads them.
-Positions live on the device (self.pos = [pos0]; rope_qkv and attention read it), so every
-launch of a chunk depends only on (T, last): with `graphs` on (default; MINFER_CUDA_GRAPHS=0 or
-the runtime's debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
+Buffers are declared in weights.DeviceBuffers (self.buf). Positions live on the device
+(buf.pos = [pos0]; rope_qkv and attention read it), so every launch of a chunk depends only on
+(T, last): with `graphs` on (default; MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
 are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.graph); every later
 chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
@@ -50,7 +50,6 @@ host's launch rate out of the events).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -65,25 +64,16 @@ from minfer.cuda.profile import OpProfile
 from minfer.cuda.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.routes import (plan_fusion, plan_glu, plan_rope, plan_routes,
                                 summarize_routes)
-from minfer.cuda.weights import (_dequant_f16, alloc_buffers, check_memory, load_weights,
-                                 plan_memory)
+from minfer.cuda.linear import NORM_PREPASS, PREPASS, SCRATCH, SWIGLU_PREPASS, make_route
+from minfer.cuda.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
+                                 load_weights, plan_memory)
 from minfer.errors import BadInput, GPUError, Unsupported
 
 # public names importers use (tests, bench, commands); _dequant_f16 for tests/gpu/test_faults
 __all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequant_f16"]
 
 
-# -- adapters to the gemm / dequant modules (engineers "gemm" and "dequant") -----------------
-def _gemm(rt, C, A, B, mode: str) -> None:
-    """C[M, N] (mode 'f32' store, 'f16' store, 'acc' f32 +=) = A f16 [M, K] @ B f16 [N, K].T."""
-    if mode != "acc":
-        da.poison(rt, C)  # debug / poison mode: NaN unless the GEMM really writes C
-    if mode == "acc":
-        gemm_f16_nt(A, B, np.float32, accumulate=C, rt=rt)
-    else:
-        gemm_f16_nt(A, B, np.float16 if mode == "f16" else np.float32, out=C, rt=rt)
-
-
+# -- adapter to the dequant module --------------------------------------------------------------
 def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:
     from minfer.cuda import dequant
 
@@ -117,28 +107,32 @@ class CudaBackend:
         self.n_past = 0
         self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch, self.max_tokens)
         if graphs is None:
-            graphs = os.environ.get("MINFER_CUDA_GRAPHS", "1") != "0"
+            from minfer.cuda.runtime import debug_flags
+
+            graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._graphs: dict[tuple[int, bool], object] = {}
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused = plan_fusion(model, self.routes)
         self.glu = plan_glu(model, self.gcfg, self.routes, self.fused)
+        # each linear weight's route object: its prepass, launch and epilogues (minfer.cuda.linear)
+        self.lin = {n: make_route(p, model.tensor(n).qtype, self.gcfg)
+                    for n, (p, _) in self.routes.items()}
         plan = self._plan()
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
         wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"],
                            progress, frozenset(self.glu))
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
-        # the buffers become attributes (x, h16, qkv32, q16, a16, gu32, f16, pos, last16,
-        # logits, amax, ids, kc, vc, rope, q8): the layer loop below reads self.<name>
-        vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
-                                             plan["q8_1 scratch"], plan["SB operand scratch"],
-                                             self._glu_all())))
+        self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
+                                                plan["q8_1 scratch"], plan["SB operand scratch"],
+                                                self._glu_all())
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}
         for g in plan_rope(model, self.gcfg, self.routes, self.fused):
             il = int(g.split(".")[1])   # blk.<il>.attn_qkv.weight
-            self.rope_epi[g] = L.QkvRope(self.rt, self.q16, self.kc[il], self.vc[il], self.rope,
-                                         self.pos, c.rope_dim, c.rope_neox)
+            b = self.buf
+            self.rope_epi[g] = L.QkvRope(self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.pos,
+                                         c.rope_dim, c.rope_neox)
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -157,7 +151,8 @@ class CudaBackend:
         """Every layer's gate|up GEMM writes the swiglu (no f32 gate|up buffer needed): on the
         SB kernel (an f16 glu GEMM at M == 1 still goes through gu32)."""
         return len(self.glu) == self.c.n_layers and all(
-            self.routes[f"blk.{i}.ffn_gate.weight"][0] != "f16" for i in range(self.c.n_layers))
+            self.lin[f"blk.{i}.ffn_gate.weight"].activation != "none"
+            for i in range(self.c.n_layers))
 
     # -- protocol -------------------------------------------------------------------------------
     def reset(self) -> None:
@@ -179,50 +174,32 @@ class CudaBackend:
         return summarize_routes(self.model, self.routes)
 
     def _quantize(self, A, *names: str):
-        """A f16 [M, K] -> its int8 prepass outputs in the shared scratch, once, for the GEMMs
-        `names`: a dict with "q8_1" (q8_1 raw [M, K/32*40], the raw int8 kernels) and / or "sb"
-        (the SB token operand), as the names' routes need; None when all run on f16. The
-        scratch is reused by the next activation (the GEMMs that read it are queued before, on
-        the same stream)."""
-        paths = {self.routes[n][0] for n in names}
-        if paths == {"f16"}:
+        """A f16 [M, K] -> the input forms the routes of the GEMMs `names` read, made once each
+        into their scratch (linear.PREPASS): a dict form -> operand, or None when all read A
+        itself. The scratch is reused by the next activation (the GEMMs that read it are
+        queued before, on the same stream)."""
+        kinds = {self.lin[n].activation for n in names} - {"none"}
+        if not kinds:
             return None
-        from minfer.cuda.mmq import quantize_q8_1
-
-        M, K = A.shape
-        out = {}
         with self._op("q8_1 prepass"):
-            if paths - {"f16", "sb"}:
-                q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
-                da.poison(self.rt, q8)
-                out["q8_1"] = quantize_q8_1(self.rt, A, q8)
-            if "sb" in paths:
-                from minfer.cuda.mmq_sb import sb_operand, sb_views
-
-                tt = sb_views(self.sbop, M, K)[2]
-                da.poison(self.rt, tt)
-                out["sb"] = sb_operand(self.rt, A, tt)
-        return out
+            return {k: PREPASS[k](self.rt, A, getattr(self.buf, SCRATCH[k])) for k in kinds}
 
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
-        prepass outputs (as _quantize: a dict, or None when all run on f16). When an SB GEMM
-        reads it and every other reader runs on f16 or SB, one launch makes the norm and the SB
-        token operand (mmq_sb.sb_operand_rmsnorm; the same bytes; tuning variant
-        no-fused-prepass: two launches), and writes h16 only if an f16 GEMM reads it.
-        Otherwise rmsnorm, then _quantize."""
-        paths = {self.routes[n][0] for n in names}
-        M, D = x.shape
-        if self.gcfg.on("fused-prepass") and "sb" in paths and paths <= {"f16", "sb"}:
-            from minfer.cuda.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
-
-            if D <= SB_NORM_MAX_K:
-                tt = sb_views(self.sbop, M, D)[2]
-                f16_reader = "f16" in paths
-                with self._op("rmsnorm+q8s"):
-                    da.poison(self.rt, tt, *((h16,) if f16_reader else ()))
-                    return {"sb": sb_operand_rmsnorm(self.rt, x, self.w[wname], self.c.rms_eps,
-                                                     tt, h16 if f16_reader else None)}
+        prepass outputs (as _quantize). When they read one quantized form that has a fused
+        norm launch (linear.NORM_PREPASS: the SB token operand), besides f16, one launch makes
+        the norm and that form (the same bytes), writing h16 only if an f16 GEMM reads it
+        (tuning variant no-fused-prepass: two launches). Otherwise rmsnorm, then _quantize."""
+        kinds = {self.lin[n].activation for n in names}
+        q = kinds - {"none"}
+        if self.gcfg.on("fused-prepass") and len(q) == 1 and next(iter(q)) in NORM_PREPASS:
+            k = next(iter(q))
+            f16_reader = "none" in kinds
+            with self._op("rmsnorm+q8s"):
+                op = NORM_PREPASS[k](self.rt, x, self.w[wname], self.c.rms_eps,
+                                     getattr(self.buf, SCRATCH[k]), h16 if f16_reader else None)
+            if op is not None:
+                return {k: op}
         with self._op("rmsnorm"):
             da.poison(self.rt, h16)
             L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
@@ -230,17 +207,14 @@ class CudaBackend:
 
     def _swiglu(self, f16, down: str, g, u=None):
         """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]) as the input
-        of `down`. When `down` runs on SB, the swiglu launch writes its token operand instead
-        (f16 is left unwritten; tuning variant no-fused-prepass: two launches) and that is
-        returned, as _quantize's dict; else None."""
-        if self.gcfg.on("fused-prepass") and self.routes[down][0] == "sb":
-            from minfer.cuda.mmq_sb import sb_operand_swiglu, sb_views
-
+        of `down`. When down's input form has a fused swiglu launch (linear.SWIGLU_PREPASS: the
+        SB token operand), that launch writes it instead (f16 is left unwritten; tuning variant
+        no-fused-prepass: two launches) and it is returned, as _quantize's dict; else None."""
+        k = self.lin[down].activation
+        if self.gcfg.on("fused-prepass") and k in SWIGLU_PREPASS:
             M, F = f16.shape
-            tt = sb_views(self.sbop, M, F)[2]
             with self._op("swiglu+q8s"):
-                da.poison(self.rt, tt)
-                return {"sb": sb_operand_swiglu(self.rt, g, u, tt)}
+                return {k: SWIGLU_PREPASS[k](self.rt, g, u, getattr(self.buf, SCRATCH[k]), M, F)}
         with self._op("swiglu"):
             da.poison(self.rt, f16)
             if u is None:
@@ -250,55 +224,23 @@ class CudaBackend:
         return None
 
     def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
-        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A's prepass
-        outputs (from _quantize), made here when not given. A fused weight (q|k|v, gate|up:
-        not in routes) takes the route of `member`, one of its members (plan_fusion: all
-        share it). Mode 'glu' (a plan_glu gate|up group: q4_K on SB, or f16): C f16 [M, F] =
-        silu(gate) * up from the GEMM's epilogue (f16 at M == 1: the GEMV's f32 into gu32,
-        then the interleaved swiglu launch)."""
+        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route object; q8: A's
+        prepass outputs (from _quantize), made here when not given. A fused weight (q|k|v,
+        gate|up: not in routes) takes the route of `member`, one of its members (plan_fusion:
+        all share it). Mode 'glu' (a plan_glu gate|up group): C f16 [M, F] = silu(gate) * up
+        from the GEMM's epilogue."""
         M, K = A.shape
         N = C.shape[1]
-        path = self.routes[member or name][0]
-        if mode == "glu" and path == "f16":
-            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
-                da.poison(self.rt, C)
-                if M > 1:
-                    gemm_f16_nt(A, self.w[name], np.float16, out=C, rt=self.rt, glu=True)
-                    return
-                gu = self._part(self.gu32, 0, (M, 2 * N))
-                gemm_f16_nt(A, self.w[name], np.float32, out=gu, rt=self.rt)
-            with self._op("swiglu"):
-                L.swiglu_interleaved(self.rt, C, gu)
-            return
-        if mode == "glu":
-            from minfer.cuda.mmq_sb import mmq_sb_linear
-
-            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
-                da.poison(self.rt, C)
-                mmq_sb_linear(self.rt, q8["sb"], self.w[name], M, 2 * N, K, C,
-                              stream_k=self.gcfg.on("stream-k"), swiglu=True)
-            return
-        if path != "f16" and mode == "f16":
-            raise Unsupported(f"{name}: MMQ writes f32, but this GEMM needs f16 output "
-                              "(plan_routes keeps such weights on f16)")
-        if path != "f16" and q8 is None:   # (its own op: not inside the GEMM's events)
+        r = self.lin[member or name]
+        if r.activation != "none" and q8 is None:   # (its own op: not inside the GEMM's events)
             q8 = self._quantize(A, member or name)
+        x = A if r.activation == "none" else q8[r.activation]
+        if mode == "glu":
+            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
+                r.run_glu(self, C, x, self.w[name])
+            return
         with self._op("gemm:" + label, 2.0 * M * N * K):
-            if path == "f16":
-                _gemm(self.rt, C, A, self.w[name], mode)
-                return
-            if mode != "acc":
-                da.poison(self.rt, C)
-            if path == "sb":
-                from minfer.cuda.mmq_sb import mmq_sb_linear
-
-                mmq_sb_linear(self.rt, q8["sb"], self.w[name], M, N, K, C, mode == "acc",
-                              stream_k=self.gcfg.on("stream-k"))
-                return
-            from minfer.cuda.mmq import mmq_linear
-
-            mmq_linear(self.rt, q8["q8_1"], self.w[name], self.qtypes[name], M, N, K, path, C,
-                       accumulate=mode == "acc")
+            r.run(self, C, x, self.w[name], mode)
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one.
@@ -306,7 +248,7 @@ class CudaBackend:
         finite (NaN poison from a kernel that did not run, or an overflow)."""
         self.forward_device(ids, pos0)
         try:
-            out = self.logits.get().reshape(-1).astype(np.float32, copy=False)
+            out = self.buf.logits.get().reshape(-1).astype(np.float32, copy=False)
         except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
             raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
                            "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
@@ -320,9 +262,9 @@ class CudaBackend:
 
     def argmax_last(self) -> int:
         """Greedy token of the last forward's logits, computed on the GPU."""
-        da.poison(self.rt, self.amax)
-        L.argmax(self.rt, self.amax, da.reshape(self.logits, (self.c.vocab_size,)))
-        return int(self.amax.get()[0])
+        da.poison(self.rt, self.buf.amax)
+        L.argmax(self.rt, self.buf.amax, da.reshape(self.buf.logits, (self.c.vocab_size,)))
+        return int(self.buf.amax.get()[0])
 
     def forward_device(self, ids: np.ndarray, pos0: int) -> None:
         c = self.c
@@ -351,8 +293,8 @@ class CudaBackend:
 
     def _forward_chunk(self, ids: np.ndarray, pos0: int, last: bool) -> None:
         T = len(ids)
-        da.rows(self.ids, 0, T).set(ids)
-        self.pos.set(np.array([pos0], np.int32))
+        da.rows(self.buf.ids, 0, T).set(ids)
+        self.buf.pos.set(np.array([pos0], np.int32))
         if self.profile is not None:
             self.profile.begin_chunk()
         if self.graphs and self.profile is None:
@@ -390,17 +332,17 @@ class CudaBackend:
         return g
 
     def _chunk_ops(self, ids_T: int, pos0: int, last: bool) -> None:
-        """Every launch of one chunk of T tokens (ids and self.pos already on the device).
-        pos0 serves the host-side checks only: the kernels read the position from self.pos."""
-        rt, c = self.rt, self.c
+        """Every launch of one chunk of T tokens (ids and the position already on the device).
+        pos0 serves the host-side checks only: the kernels read the position from buf.pos."""
+        rt, c, b = self.rt, self.c, self.buf
         T = ids_T
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         qd, kd = H * D, Hkv * D
         R = da.rows
-        x = R(self.x, 0, T)
-        h16 = R(self.h16, 0, T)
+        x = R(b.x, 0, T)
+        h16 = R(b.h16, 0, T)
         with self._op("embed"):
-            _embed_rows(rt, x, self.emb, self.emb_qtype, R(self.ids, 0, T), c.d_model,
+            _embed_rows(rt, x, self.emb, self.emb_qtype, R(b.ids, 0, T), c.d_model,
                         c.vocab_size)
         Tu = self.ubatch
         # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
@@ -416,28 +358,28 @@ class CudaBackend:
                              *((q, names[2]) if qgroup.endswith(".attn_qk.weight") else
                                (q,) if qgroup else names))
             if qgroup.endswith(".attn_qk.weight"):   # q|k fused, v alone (on f16)
-                qk = self._part(self.qkv32, 0, (T, qd + kd))
-                v32 = self._part(self.qkv32, Tu * (qd + kd), (T, kd))
+                qk = self._part(b.qkv32, 0, (T, qd + kd))
+                v32 = self._part(b.qkv32, Tu * (qd + kd), (T, kd))
                 self._linear(qk, h16, qgroup, "f32", "attn_qk", hq8, q)
                 self._linear(v32, h16, names[2], "f32", "attn_v", hq8)
                 srcs, cols = (qk, qk, v32), (0, qd, 0)
             elif rope_in_gemm and qgroup in self.rope_epi:   # no rope launch after it
                 with self._op("gemm:attn_qkv", 2.0 * T * (qd + 2 * kd) * c.d_model):
-                    da.poison(rt, R(self.q16, 0, T))
+                    da.poison(rt, R(b.q16, 0, T))
                     gemm_f16_nt(h16, self.w[qgroup], rt=rt, rope=self.rope_epi[qgroup],
                                 pos0=pos0)
                 srcs = None
             elif qgroup:
-                qkv = self._part(self.qkv32, 0, (T, qd + 2 * kd))
+                qkv = self._part(b.qkv32, 0, (T, qd + 2 * kd))
                 self._linear(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv", hq8, q)
                 if c.qkv_bias:
                     with self._op("bias"):
                         L.add_bias(rt, qkv, self.w[p + "attn_qkv.bias"])
                 srcs, cols = (qkv, qkv, qkv), (0, qd, qd + kd)
             else:
-                q32 = self._part(self.qkv32, 0, (T, qd))
-                k32 = self._part(self.qkv32, Tu * qd, (T, kd))
-                v32 = self._part(self.qkv32, Tu * (qd + kd), (T, kd))
+                q32 = self._part(b.qkv32, 0, (T, qd))
+                k32 = self._part(b.qkv32, Tu * qd, (T, kd))
+                v32 = self._part(b.qkv32, Tu * (qd + kd), (T, kd))
                 for dst, n, lab in zip((q32, k32, v32), names, ("attn_q", "attn_k", "attn_v")):
                     self._linear(dst, h16, n, "f32", lab, hq8)
                 if c.qkv_bias:
@@ -447,20 +389,20 @@ class CudaBackend:
                 srcs, cols = (q32, k32, v32), (0, 0, 0)
             if srcs is not None:
                 with self._op("rope"):
-                    da.poison(rt, R(self.q16, 0, T))  # (the K/V cache rows: positions on device)
-                    L.rope_qkv(rt, R(self.q16, 0, T), *srcs, self.kc[il], self.vc[il],
-                               self.rope, pos0, self.pos, c.rope_dim, c.rope_neox, cols)
+                    da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: positions on device)
+                    L.rope_qkv(rt, R(b.q16, 0, T), *srcs, b.kc[il], b.vc[il],
+                               b.rope, pos0, b.pos, c.rope_dim, c.rope_neox, cols)
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
-            xq = R(self.x, t0, Tq)
-            a16 = R(self.a16, 0, Tq)
+            xq = R(b.x, t0, Tq)
+            a16 = R(b.a16, 0, Tq)
             with self._op("attention"):
                 da.poison(rt, a16)
-                attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(self.q16, t0, Tq),
-                                   self.kc[il], self.vc[il], pos0 + t0, self.pos, t0)
+                attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
+                                   b.kc[il], b.vc[il], pos0 + t0, b.pos, t0)
             self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output")
-            hq = R(self.h16, 0, Tq)
-            f16 = R(self.f16, 0, Tq)
+            hq = R(b.h16, 0, Tq)
+            f16 = R(b.f16, 0, Tq)
             down = p + "ffn_down.weight"
             gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
             fused_gu = gate in self.fused
@@ -469,19 +411,19 @@ class CudaBackend:
                 self._linear(f16, hq, p + "ffn_gate_up.weight", "glu", "ffn_gate_up", fq8, gate)
                 dq8 = self._quantize(f16, down)
             elif fused_gu:
-                gu = self._part(self.gu32, 0, (Tq, 2 * c.d_ff))
+                gu = self._part(b.gu32, 0, (Tq, 2 * c.d_ff))
                 self._linear(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up", fq8, gate)
                 dq8 = self._swiglu(f16, down, gu)
             else:
-                g32 = self._part(self.gu32, 0, (Tq, c.d_ff))
-                u32 = self._part(self.gu32, Tu * c.d_ff, (Tq, c.d_ff))
+                g32 = self._part(b.gu32, 0, (Tq, c.d_ff))
+                u32 = self._part(b.gu32, Tu * c.d_ff, (Tq, c.d_ff))
                 self._linear(g32, hq, gate, "f32", "ffn_gate", fq8)
                 self._linear(u32, hq, up, "f32", "ffn_up", fq8)
                 dq8 = self._swiglu(f16, down, g32, u32)
             self._linear(xq, f16, down, "acc", "ffn_down", dq8)
         if last:
             with self._op("rmsnorm"):
-                da.poison(rt, self.last16)
-                L.rmsnorm(rt, self.last16, R(self.x, T - 1, 1), self.w["output_norm.weight"],
+                da.poison(rt, b.last16)
+                L.rmsnorm(rt, b.last16, R(b.x, T - 1, 1), self.w["output_norm.weight"],
                           c.rms_eps)
-            self._linear(self.logits, self.last16, self.model.output_name, "f32", "lm_head")
+            self._linear(b.logits, b.last16, self.model.output_name, "f32", "lm_head")

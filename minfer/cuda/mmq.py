@@ -26,6 +26,8 @@ _ENTRY = {  # (qtype, kind) -> entry
     (Q6_K, "r1"): "mmq_q6k_nt_kernel", (Q6_K, "narrow"): "mmq_q6k_raw_nt_kernel",
     (Q6_K, "wide"): "mmq_q6k_raw_wide_nt_kernel",
 }
+# path name (minfer.cuda.paths.TABLE) -> (kernel kind, KD)
+KINDS = {"r1": ("r1", 0), "narrow": ("narrow", 0), "wide-kd4": ("wide", 4), "wide-kd8": ("wide", 8)}
 NARROW_TILE = (32, 64)   # (tokens, weight rows) per block, 128 threads
 WIDE_TILE = (64, 128)
 
@@ -87,11 +89,10 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, path, out,
     given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any shape, N*K/256*bytes in
     all). build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs; the engine
     never passes any)."""
-    from minfer.cuda.paths import TABLE
-
-    p = TABLE[path] if isinstance(path, str) else path
-    if p.kernel not in _ENTRY.values():
-        raise GPUError(f"mmq_linear: {p.name} is not a raw int8 path")
+    name_ = path if isinstance(path, str) else path.name
+    if name_ not in KINDS:
+        raise GPUError(f"mmq_linear: {name_} is not a raw int8 path ({', '.join(KINDS)})")
+    kind, kd = KINDS[name_]
     qtype = int(qtype)
     if not has_mmq(qtype):
         raise Unsupported(f"mmq_linear: no MMQ kernel for tensor type {qtype} "
@@ -114,18 +115,17 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, path, out,
     if da.ptr(w_raw) % 16:
         raise GPUError("mmq_linear: weight bytes not 16-byte aligned")
     da.check("mmq_linear out", out, (M, N), np.float32)
-    kind = "wide" if p.kd else "narrow" if p.kernel == "mmq_raw_nt_kernel" else "r1"
     name = _FILES[qtype]
     entry = _ENTRY[(qtype, kind)]
     # da.arg: row views carry a plain int pointer, which pycuda does not take as an argument
     args = (da.arg(a), da.arg(w_raw), da.arg(out), np.int32(M), np.int32(N), np.int32(K),
             np.int32(1 if accumulate else 0))
     if kind == "wide":
-        smem = wide_smem(p.kd, qtype)
+        smem = wide_smem(kd, qtype)
         if smem > rt.smem_optin:   # choose_path's guard runs the narrow kernel instead
-            raise GPUError(f"mmq_linear: {p.name} needs {smem} B of shared memory, over this "
+            raise GPUError(f"mmq_linear: {name_} needs {smem} B of shared memory, over this "
                            f"GPU's opt-in cap of {rt.smem_optin} B (choose_path picks narrow)")
-        fn = rt.function(name, entry, (f"-DMMQ_KD={p.kd}", *build_opts), dyn_smem=smem)
+        fn = rt.function(name, entry, (f"-DMMQ_KD={kd}", *build_opts), dyn_smem=smem)
         bm, bn = WIDE_TILE
         threads = 256 if qtype == Q4_K else 128   # q4_K: 8 warps of 32 x 32; q6_K: 4 of 64 x 32
         rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (threads,), args, smem)

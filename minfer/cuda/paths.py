@@ -2,9 +2,9 @@
 
 Each path is one `GemmPath` record: what it supports (tensor types, GPU archs, K multiple),
 how it prepares the weight (dequant to f16 / raw bytes / SB repack) and the activation (none /
-q8_1 prepass / SB token operand), its launcher and numpy twin (minfer.cuda.path_ops' calling convention, as
-"module:function", resolved on use so this module imports no launcher), its bytes per weight on the GPU, and the tuning
-variants a `bench --ab` may turn off. `choose_path` picks a path per weight from (type, arch,
+q8_1 prepass / SB token operand), its launcher and numpy twin (minfer.cuda.path_ops' calling
+convention, as "module:function", resolved on use so this module imports no launcher), its
+bytes per weight on the GPU, and the tuning variants a `bench --ab` may turn off. `choose_path` picks a path per weight from (type, arch,
 shape, user choice, smem cap, memory tier), as llama.cpp's should_use_mmq does; `choose_tier`
 picks the memory tier `auto` plans for from the free device memory. Pure Python, no GPU.
 """

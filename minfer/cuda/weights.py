@@ -53,7 +53,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     m = model
     from minfer.cuda.mmq_sb import sb_split_bytes, sb_weight_bytes
     from minfer.cuda.stream_k import SK_SLOT_BYTES
-    from minfer.cuda.routes import plan_fusion
+    from minfer.cuda.fusion import plan_fusion
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
     f16_w = 0
@@ -281,7 +281,8 @@ class DeviceBuffers:
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
                   sb_bytes: int = 0, glu_all: bool = False) -> DeviceBuffers:
     """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
-    sb_bytes: plan["SB operand scratch"] (0: no SB route); glu_all: no f32 gate|up buffer (gu32 None, as plan_memory)."""
+    sb_bytes: plan["SB operand scratch"] (0: no SB route); glu_all: no f32 gate|up buffer
+    (gu32 None, as plan_memory)."""
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
     e = da.empty
