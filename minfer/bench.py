@@ -86,6 +86,16 @@ def make_backend(model, kind: str, spec: str, max_tokens: int, base=None):
     raise BadInput(f"--backend {kind!r}: expected cuda or cpu")
 
 
+def expand_configs(configs: list[str]) -> list[str]:
+    """--ab all: every path of the GEMM path table (minfer.cuda.paths.TABLE), in its order."""
+    from minfer.cuda.paths import TABLE
+
+    out: list[str] = []
+    for c in configs:
+        out.extend(TABLE if c.strip() == "all" else [c])
+    return out
+
+
 def prompt_ids(model, n: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed + n)
     return rng.integers(0, model.config.vocab_size, size=n, dtype=np.int32)
@@ -235,7 +245,7 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
     from minfer.loader import load_model
 
     model = load_model(model_path)
-    configs = configs or [""]
+    configs = expand_configs(configs or [""])
     mx = max(tokens)
     backends = []
     for c in configs:

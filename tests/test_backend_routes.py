@@ -203,3 +203,30 @@ def test_sample_rows_covers_edges():
     assert np.all(np.diff(s) > 0) and s[0] == 0 and s[-1] == 999
     assert set(range(8)) <= set(s) and set(range(992, 1000)) <= set(s)
     assert list(sample_rows(rng, 5, 256)) == [0, 1, 2, 3, 4]
+
+
+def test_plan_groups_cover_each_part_once(tiny):
+    """A layer's q|k|v (gate|up) GEMMs in output order: every part exactly once, at its
+    column in its GEMM's output; fused groups as one GEMM, the rest alone."""
+    from minfer.cuda.fusion import plan_groups
+    from minfer.cuda.routes import plan_fusion
+
+    c = tiny.config
+    qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    for choice in (GemmChoice("f16"), GemmChoice("wide-kd4")):
+        fused = plan_fusion(tiny, plan_routes(tiny, choice))
+        shapes = set()
+        for i in range(c.n_layers):
+            att = plan_groups(tiny, fused, i, "attn")
+            parts = [p for g in att for p, _ in g.parts]
+            assert sorted(parts) == ["k", "q", "v"] and sum(g.width for g in att) == qd + 2 * kd
+            ffn = plan_groups(tiny, fused, i, "ffn")
+            assert sorted(p for g in ffn for p, _ in g.parts) == ["gate", "up"]
+            for g in att + ffn:
+                assert (g.weight in {f[0] for f in fused.values()}) == (len(g.parts) > 1)
+                assert g.member in tiny.tensors or g.member.endswith(".weight")
+            shapes.add(tuple(len(g.parts) for g in att))
+        if choice.path == "f16":
+            assert shapes == {(3,)}   # one q|k|v GEMM per layer
+        else:
+            assert (2, 1) in shapes   # q|k fused and v alone where attn_v has another type

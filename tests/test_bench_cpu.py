@@ -33,6 +33,14 @@ def test_gemm_choice_env_and_ab():
         GemmChoice.resolve({"MINFER_MMQ": "maybe"})
 
 
+def test_ab_all_is_the_table():
+    from minfer.cuda.paths import TABLE
+
+    assert B.expand_configs(["all"]) == list(TABLE)
+    assert B.expand_configs(["f16:no-rope", "all"])[:2] == ["f16:no-rope", "f16"]
+    assert B.expand_configs([""]) == [""]
+
+
 def test_parse_tokens():
     assert B.parse_tokens("512,2048") == [512, 2048]
     for bad in ("", "a,b", "0", "-3"):

@@ -1,4 +1,4 @@
-"""`minfer bench -m FILE --tokens 512,2048 [--ab f16 f16:no-rope "MINFER_MMQ=1" ...] [--repeats N]`"""
+"""`minfer bench -m FILE --tokens 512,2048 [--ab f16 f16:no-rope all "MINFER_MMQ=1" ...]`"""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from minfer.commands.gemm_flags import gemm_options, gemm_overrides
               help="Comma-separated prompt lengths (pp512, pp2048, ...).")
 @click.option("--ab", "ab", multiple=True,
               help='A/B config: a GEMM path with tuning variants (f16, f16:no-rope, sb, '
-                   'sb:no-glu, wide-kd8; docs/paths.md) or "MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; '
-                   "more configs may follow as extra arguments. Configs run interleaved in one process, their order "
-                   "rotated each repeat (use --repeats as a multiple of the config count).")
+                   'sb:no-glu, wide-kd8; docs/paths.md), "all" (every path of the table) or '
+                   '"MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow as extra '
+                   "arguments. Configs run interleaved in one process, their order rotated each "
+                   "repeat (use --repeats as a multiple of the config count).")
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--backend", "kind", default="cuda", show_default=True,
               type=click.Choice(["cuda", "cpu"]))

@@ -154,6 +154,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
     from minfer import engine
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.config import GemmChoice
+    from minfer.cuda.paths import TABLE
     from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
 
@@ -175,8 +176,9 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
             # through the grid of the kernel that runs them (q8_1; q8s for SB)
-            q8 = tuple(sorted(n for n, (r, _) in be.routes.items() if r not in ("f16", "sb")))
-            q8s = tuple(sorted(n for n, (r, _) in be.routes.items() if r == "sb"))
+            grid = {n: TABLE[r].activation for n, (r, _) in be.routes.items()}
+            q8 = tuple(sorted(n for n, a in grid.items() if a == "q8_1"))
+            q8s = tuple(sorted(n for n, a in grid.items() if a == "sb-operand"))
             if (q8, q8s) not in refs:
                 refs[(q8, q8s)] = engine.run(ReferenceBackend(
                     model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s)), ids, n_greedy,

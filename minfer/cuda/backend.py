@@ -64,6 +64,7 @@ from minfer.cuda.profile import OpProfile
 from minfer.cuda.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.routes import (plan_fusion, plan_glu, plan_rope, plan_routes,
                                 summarize_routes)
+from minfer.cuda.fusion import plan_groups
 from minfer.cuda.linear import NORM_PREPASS, PREPASS, SCRATCH, SWIGLU_PREPASS, make_route
 from minfer.cuda.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
                                  load_weights, plan_memory)
@@ -115,6 +116,9 @@ class CudaBackend:
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused = plan_fusion(model, self.routes)
         self.glu = plan_glu(model, self.gcfg, self.routes, self.fused)
+        # each layer's q|k|v and gate|up GEMMs, in output order
+        self.groups = [{k: plan_groups(model, self.fused, i, k) for k in ("attn", "ffn")}
+                       for i in range(c.n_layers)]
         # each linear weight's route object: its prepass, launch and epilogues (minfer.cuda.linear)
         self.lin = {n: make_route(p, model.tensor(n).qtype, self.gcfg)
                     for n, (p, _) in self.routes.items()}
@@ -128,7 +132,7 @@ class CudaBackend:
                                                 self._glu_all())
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}
-        for g in plan_rope(model, self.gcfg, self.routes, self.fused):
+        for g in sorted(plan_rope(model, self.gcfg, self.routes, self.fused)):
             il = int(g.split(".")[1])   # blk.<il>.attn_qkv.weight
             b = self.buf
             self.rope_epi[g] = L.QkvRope(self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.pos,
@@ -242,6 +246,21 @@ class CudaBackend:
         with self._op("gemm:" + label, 2.0 * M * N * K):
             r.run(self, C, x, self.w[name], mode)
 
+    def _run_groups(self, groups, flat, A, T: int, q8, bias: bool = False) -> dict:
+        """Each GEMM of `groups` (fusion.plan_groups) on A into its own part of `flat` (the
+        ubatch-sized f32 buffer: parts one after another, Tu rows each), plus its bias ->
+        part name -> (output, first column)."""
+        src, off = {}, 0
+        for g in groups:
+            out = self._part(flat, self.ubatch * off, (T, g.width))
+            off += g.width
+            self._linear(out, A, g.weight, "f32", g.label, q8, g.member)
+            if bias:
+                with self._op("bias"):
+                    L.add_bias(self.rt, out, self.w[g.weight.replace(".weight", ".bias")])
+            src.update({part: (out, col) for part, col in g.parts})
+        return src
+
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one.
         GPUError (never a silent wrong number) when a kernel failed or the logits are not
@@ -351,47 +370,21 @@ class CudaBackend:
         for il in range(c.n_layers):
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
-            qgroup = self.fused.get(p + "attn_q.weight", ("",))[0]
-            q = p + "attn_q.weight"
-            names = [p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v")]
-            hq8 = self._norm(h16, x, p + "attn_norm.weight",
-                             *((q, names[2]) if qgroup.endswith(".attn_qk.weight") else
-                               (q,) if qgroup else names))
-            if qgroup.endswith(".attn_qk.weight"):   # q|k fused, v alone (on f16)
-                qk = self._part(b.qkv32, 0, (T, qd + kd))
-                v32 = self._part(b.qkv32, Tu * (qd + kd), (T, kd))
-                self._linear(qk, h16, qgroup, "f32", "attn_qk", hq8, q)
-                self._linear(v32, h16, names[2], "f32", "attn_v", hq8)
-                srcs, cols = (qk, qk, v32), (0, qd, 0)
-            elif rope_in_gemm and qgroup in self.rope_epi:   # no rope launch after it
-                with self._op("gemm:attn_qkv", 2.0 * T * (qd + 2 * kd) * c.d_model):
+            groups = self.groups[il]["attn"]
+            hq8 = self._norm(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
+            if rope_in_gemm and groups[0].weight in self.rope_epi:   # no rope launch after it
+                g = groups[0]
+                with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
                     da.poison(rt, R(b.q16, 0, T))
-                    gemm_f16_nt(h16, self.w[qgroup], rt=rt, rope=self.rope_epi[qgroup],
+                    gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight],
                                 pos0=pos0)
-                srcs = None
-            elif qgroup:
-                qkv = self._part(b.qkv32, 0, (T, qd + 2 * kd))
-                self._linear(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv", hq8, q)
-                if c.qkv_bias:
-                    with self._op("bias"):
-                        L.add_bias(rt, qkv, self.w[p + "attn_qkv.bias"])
-                srcs, cols = (qkv, qkv, qkv), (0, qd, qd + kd)
-            else:
-                q32 = self._part(b.qkv32, 0, (T, qd))
-                k32 = self._part(b.qkv32, Tu * qd, (T, kd))
-                v32 = self._part(b.qkv32, Tu * (qd + kd), (T, kd))
-                for dst, n, lab in zip((q32, k32, v32), names, ("attn_q", "attn_k", "attn_v")):
-                    self._linear(dst, h16, n, "f32", lab, hq8)
-                if c.qkv_bias:
-                    with self._op("bias"):
-                        for dst, n in zip((q32, k32, v32), ("attn_q", "attn_k", "attn_v")):
-                            L.add_bias(rt, dst, self.w[p + n + ".bias"])
-                srcs, cols = (q32, k32, v32), (0, 0, 0)
-            if srcs is not None:
+            else:   # each GEMM into its part of qkv32, then one rope launch reads q, k, v
+                src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
                 with self._op("rope"):
                     da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: positions on device)
-                    L.rope_qkv(rt, R(b.q16, 0, T), *srcs, b.kc[il], b.vc[il],
-                               b.rope, pos0, b.pos, c.rope_dim, c.rope_neox, cols)
+                    L.rope_qkv(rt, R(b.q16, 0, T), *(src[k][0] for k in "qkv"), b.kc[il],
+                               b.vc[il], b.rope, pos0, b.pos, c.rope_dim, c.rope_neox,
+                               tuple(src[k][1] for k in "qkv"))
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
             xq = R(b.x, t0, Tq)
@@ -404,22 +397,16 @@ class CudaBackend:
             hq = R(b.h16, 0, Tq)
             f16 = R(b.f16, 0, Tq)
             down = p + "ffn_down.weight"
-            gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
-            fused_gu = gate in self.fused
-            fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *((gate,) if fused_gu else (gate, up)))
-            if p + "ffn_gate_up.weight" in self.glu:   # the GEMM's epilogue writes f16
-                self._linear(f16, hq, p + "ffn_gate_up.weight", "glu", "ffn_gate_up", fq8, gate)
+            groups = self.groups[il]["ffn"]
+            fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
+            if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu, f16
+                self._linear(f16, hq, groups[0].weight, "glu", groups[0].label, fq8,
+                             groups[0].member)
                 dq8 = self._quantize(f16, down)
-            elif fused_gu:
-                gu = self._part(b.gu32, 0, (Tq, 2 * c.d_ff))
-                self._linear(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up", fq8, gate)
-                dq8 = self._swiglu(f16, down, gu)
             else:
-                g32 = self._part(b.gu32, 0, (Tq, c.d_ff))
-                u32 = self._part(b.gu32, Tu * c.d_ff, (Tq, c.d_ff))
-                self._linear(g32, hq, gate, "f32", "ffn_gate", fq8)
-                self._linear(u32, hq, up, "f32", "ffn_up", fq8)
-                dq8 = self._swiglu(f16, down, g32, u32)
+                src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
+                gate, up = src["gate"], src["up"]
+                dq8 = self._swiglu(f16, down, gate[0], None if up[0] is gate[0] else up[0])
             self._linear(xq, f16, down, "acc", "ffn_down", dq8)
         if last:
             with self._op("rmsnorm"):

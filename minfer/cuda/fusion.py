@@ -5,9 +5,12 @@ their epilogue, from the routes (routes.plan_routes: weight name -> (path name, 
   ranges of one weight [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) run as one GEMM.
 - `plan_glu` / `plan_rope`: the fused groups whose GEMM applies the swiglu / rope in its
   epilogue (on by default where they win; tuning variants no-glu / no-rope turn them off).
+- `plan_groups`: a layer's q|k|v or gate|up GEMMs in output order (the forward's loop).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from minfer.cuda.config import GemmChoice  # noqa: F401  (annotations)
 from minfer.cuda.paths import Q4_K
@@ -84,3 +87,41 @@ def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
         if group.endswith(".attn_qkv.weight") and routes[q][0] == "f16":
             out.add(group)
     return out
+
+
+@dataclass(frozen=True)
+class GemmGroup:
+    """One GEMM of a layer's q|k|v (or gate|up) input: the weight it runs (a fused group or one
+    member), the member whose route it takes, its label, its output width and where each of
+    its parts ("q", "k", "v" / "gate", "up") starts in its output columns."""
+    weight: str
+    member: str
+    label: str
+    width: int
+    parts: tuple
+
+
+def plan_groups(model, fused: dict[str, tuple[str, int, int]], i: int, kind: str
+                ) -> tuple[GemmGroup, ...]:
+    """Layer i's GEMMs for `kind` "attn" (q, k, v) or "ffn" (gate, up), in output order: the
+    fused groups of plan_fusion, the other members alone (their outputs one after another in
+    the layer's f32 buffer)."""
+    names = ("attn_q", "attn_k", "attn_v") if kind == "attn" else ("ffn_gate", "ffn_up")
+    out: list[GemmGroup] = []
+    seen: set[str] = set()
+    for n in names:
+        w = f"blk.{i}.{n}.weight"
+        if w in seen:
+            continue
+        if w in fused:
+            g = fused[w][0]
+            members = [m for m in names if fused.get(f"blk.{i}.{m}.weight", ("",))[0] == g]
+            parts = tuple((m.split("_")[1], fused[f"blk.{i}.{m}.weight"][1]) for m in members)
+            width = sum(fused[f"blk.{i}.{m}.weight"][2] for m in members)
+            seen |= {f"blk.{i}.{m}.weight" for m in members}
+            out.append(GemmGroup(g, w, g.split(".")[2], width, parts))
+        else:
+            seen.add(w)
+            out.append(GemmGroup(w, w, n, int(model.tensor(w).shape[0]),
+                                 ((n.split("_")[1], 0),)))
+    return tuple(out)

@@ -55,10 +55,12 @@ def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, in
 def sk_workspace(rt):
     """(partials, flags) of the stream-K launches: SK_SLOT_BYTES per SM and one int32 flag per
     SM, zeroed once and kept by the runtime (the kernels clear every flag they raise, so graph
-    replays need no reset). One workspace per runtime: wgmma launches must not run concurrently
-    (the engine and `minfer check` issue them on one stream). Made at the first wgmma launch, an eager one (never while a CUDA
-    graph is being captured: the engine's first forward of a shape runs eagerly)."""
-    return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4), rt.sm_count * SK_SLOT_BYTES)
+    replays need no reset). One workspace per runtime: SB launches must not run concurrently
+    (the engine and `minfer check` issue them on one stream). Made at the first SB launch, an
+    eager one (never while a CUDA graph is being captured: the engine's first forward of a
+    shape runs eagerly)."""
+    return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4),
+                        rt.sm_count * SK_SLOT_BYTES)
 
 
 __all__ = ["SK_SLOT_BYTES", "schedule", "sk_items", "sk_workspace"]

@@ -26,6 +26,7 @@ import numpy as np
 
 from minfer.cuda import devarray as da
 from minfer.cuda import layers as L
+from minfer.cuda.paths import TABLE
 from minfer.errors import GPUError
 
 
@@ -65,10 +66,11 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     for n, (path, _) in routes.items():
         t = m.tensor(n)
         N, K = (int(s) for s in t.shape)
-        if path == "f16":
+        prep = TABLE[path].weight   # how the path keeps its weight on the GPU
+        if prep == "dequant-f16":
             f16_w += N * K * 2
             raw_max = max(raw_max, int(t.data.nbytes))
-        elif path == "sb":   # repacked (1.28 B/weight); raw while repacking
+        elif prep == "repack-sb":   # repacked (1.28 B/weight); raw while repacking
             sb_k = max(sb_k, K)
             mmq_w += sb_weight_bytes(N, K)
             g = fused[n][0] if n in fused else n
@@ -131,7 +133,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         groups.setdefault(g, [0, K, n])[0] = max(groups.get(g, [0, K, n])[0], r0 + rows)
     qtypes: dict[str, int] = {}
     for g, (rows, K, n) in groups.items():
-        if routes[n][0] == "f16":
+        if TABLE[routes[n][0]].weight == "dequant-f16":
             w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
         else:   # MMQ: raw blocks, one row of K/256 blocks per weight row
             t = m.tensor(n)
@@ -153,7 +155,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         N, K = t.shape
         qtypes[n] = t.qtype
         raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
-        if routes[n][0] != "f16":
+        if TABLE[routes[n][0]].weight != "dequant-f16":
             # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
             # shares the embedding table's bytes
             if n in fused and fused[n][0] in glu:
@@ -238,7 +240,7 @@ def _repack_sb(rt, m, routes, fused, groups, w, emb) -> None:
 
     keys: dict[str, tuple[int, int]] = {}
     for n, (path, _) in routes.items():
-        if path != "sb":
+        if TABLE[path].weight != "repack-sb":
             continue
         if n in fused:
             g = fused[n][0]
