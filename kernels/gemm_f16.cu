@@ -215,16 +215,10 @@ __device__ __forceinline__ void gemv_body(const half* __restrict__ a, const half
         gemm_body<BM, BN, BK, WMW, WNW, ST>(A, B, C, M, N, K, mode);                            \
     }
 
-GEMM_ENTRY(128, 256, 32, 2, 4, 4, 1)
-GEMM_ENTRY(128, 256, 64, 2, 4, 3, 1)
-GEMM_ENTRY(128, 128, 32, 2, 2, 4, 2)
 GEMM_ENTRY(128, 128, 64, 2, 2, 3, 2)
-GEMM_ENTRY(128, 128, 32, 2, 4, 4, 2)
-GEMM_ENTRY(128, 128, 64, 2, 4, 3, 2)
 GEMM_ENTRY(64, 128, 32, 2, 2, 4, 3)
 GEMM_ENTRY(64, 64, 64, 2, 2, 4, 3)
 GEMM_ENTRY(32, 64, 64, 1, 4, 4, 4)
-GEMM_ENTRY(16, 64, 64, 1, 4, 4, 4)
 
 #define GEMV_ENTRY(ROWS, U)                                                                     \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
@@ -234,5 +228,4 @@ GEMM_ENTRY(16, 64, 64, 1, 4, 4, 4)
     }
 
 GEMV_ENTRY(4, 4)
-GEMV_ENTRY(2, 4)
 GEMV_ENTRY(1, 8)

@@ -297,13 +297,10 @@ __device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* t
         wgmma_body<BM, BN, ST>(A, B, C, M, N, K, mode);                                         \
     }
 
-WGMMA_ENTRY(128, 256, 4, 1)
 WGMMA_ENTRY(128, 256, 3, 1)
 WGMMA_ENTRY(128, 128, 4, 1)
-WGMMA_ENTRY(128, 128, 3, 2)
 WGMMA_ENTRY(64, 128, 4, 2)
 WGMMA_ENTRY(64, 64, 4, 3)
-WGMMA_ENTRY(64, 32, 4, 4)
 
 // The operands come as tensor maps (A: box 64 x 128, B: box 64 x BN), by value. The maps are
 // 64-byte aligned parameters; on sm_90 the parameter block starts at constant offset 0x210, so

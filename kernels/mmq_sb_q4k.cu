@@ -39,16 +39,13 @@
 // dp, ws, flags), and mmq_sb_q4k_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] =
 // swiglu of the gate|up product, the weight's rows interleaved per 16 (store_swiglu; N % 16 ==
 // 0); K % 256 == 0; build option SB_GLU_EXACT (tests); ws float4 [gridDim][16][256], flags as in
-// mmq_wgmma_q4k.cu; every buffer under 2^31 B. Dynamic smem SbSmem::BYTES.
+// wgmma_common.cuh TileSched; every buffer under 2^31 B. Dynamic smem SbSmem::BYTES.
 #include "gemm_f16_common.cuh"
 #include "mmq_common.cuh"
 #include "mmq_sb_layout.cuh"
 #include "swiglu.cuh"
 #include "wgmma_common.cuh"
 
-// Timing-only diagnostics (wrong results, never built by the engine): each
-// removes one cost to bound what the rest takes. SB_DIAG_NOCOPY: nothing is copied;
-// SB_DIAG_NOMMA: no wgmma; SB_DIAG_NOFOLD: no chunk fold; SB_DIAG_NOMIN: no min term.
 namespace {
 using gemm_f16::smem_u32;
 using sbop::IMG;
@@ -100,9 +97,6 @@ static_assert(SbSmem::BYTES == 44 * 1024 * STAGES + 1024 + 16 * STAGES, "sb smem
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 
 __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   // d = A B
-#ifdef SB_DIAG_NOMMA
-    return;
-#endif
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
         SB_R64
@@ -115,9 +109,6 @@ __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   
 // a0 = row g, k 2t, 2t+1; a1 = row g+8, the same k; a2, a3 = the same rows at k 2t+8, 2t+9;
 // 16 rows per warp) * B (16x128 f16, desc)
 __device__ __forceinline__ void hgmma_into(int (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-#if defined(SB_DIAG_NOMMA) || defined(SB_DIAG_NOMIN)
-    return;
-#endif
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
         SB_R64
@@ -132,20 +123,13 @@ __device__ __forceinline__ void hgmma_into(int (&d)[64], const uint32_t (&a)[4],
 __device__ __forceinline__ void copy_stage(uint32_t st, uint32_t full, const uint8_t* w,
                                            uint32_t wbytes, const uint8_t* t, uint32_t tbytes) {
     wgmma::mbar_expect_tx(full, wbytes + tbytes);
-#ifndef SB_DIAG_NOCOPY
     wgmma::bulk_copy(st + SbSmem::W, w, wbytes, full);
     wgmma::bulk_copy(st + SbSmem::X, t, tbytes, full);
-#else
-    wgmma::mbar_complete_tx(full, wbytes + tbytes);
-#endif
 }
 
 // z[k] += S (the chunk's s32 fragment read as f32 denormals) * the factor of its row (m.x for
 // the thread's row g, m.y for g + 8)
 __device__ __forceinline__ void fold(float (&z)[64], const int (&d)[64], float2 m) {
-#ifdef SB_DIAG_NOFOLD
-    return;
-#endif
 #pragma unroll
     for (int k = 0; k < 64; ++k) z[k] = fmaf(__int_as_float(d[k]), (k & 2) ? m.y : m.x, z[k]);
 }

@@ -5,20 +5,10 @@
 // minfer.quants.q8_1.quantize_q8_1_raw.
 // Entries: quantize_q8_1_raw(const float* x, uint8_t* y, int M, int K)      x f32 [M, K]
 //          quantize_q8_1_raw_f16(const __half* x, uint8_t* y, int M, int K) x f16 [M, K]
-//          quantize_q8_1_split(_f16)(x, uint8_t* Aq, float2* Ta, int M, int K, int Mp): the same
-//            blocks laid out for the wgmma kernel (mmq_wgmma_q4k.cu): Aq [M, K] = q + 128 (u8),
-//            Ta [K/32, Mp] = (d * 2^75, d * s) with d the f16-rounded scale (rows >= M untouched).
-//          quantize_q8_1_split6(_f16)(x, uint8_t* Xq, uint8_t* Tx, int M, int K): the blocks laid
-//            out for mmq_wgmma_q6k.cu: Xq [M, 2K], per chunk 64 B = [q+128 of values 0..15 |
-//            32 zeros | q+128 of values 16..31]; Tx one 5 KB block per (64-token tile, 128-k
-//            stage) at (m/64 * K/128 + kt) * 5120: TD float [4 chunks][64] = d * 2^75, then TS
-//            uint2 [8 halves][64] = d * (sum of the half's q) as tf32 (hi, lo). K % 128 == 0.
-//          quantize_q8s_split(_f16)(x, uint8_t* Aq, float2* Ta, int M, int K, int Mp): the
-//            split layout with one scale per 256 values (q8s, for mmq_sb_q4k.cu): Aq as above,
+//          quantize_q8s_split(_f16)(x, uint8_t* Aq, float2* Ta, int M, int K, int Mp): one
+//            scale per 256 values (q8s, for mmq_sb_q4k.cu): Aq [M, K] = q + 128 (u8),
 //            Ta [K/32, Mp] = (d * 2^75, d * s) with d the 256-block's f16-rounded scale (the
 //            same for its 8 chunks) and s the chunk's sum; one warp per 256, K % 256 == 0.
-//          quantize_q8s_split_s8(_f16)(...): the same with Aq = q as int8 (no +128), for
-//            mmq_sb_q6k.cu's signed wgmma.
 //          sb_token_tables(const uint8_t* Aq, const float2* Ta, uint8_t* Tt, int M, int K,
 //            int Mp): mmq_sb_q4k.cu's token operand from a q8s split (at the entry).
 //          q8s_sb_operand(_f16)(x, uint8_t* Tt, int M, int K, int Mp) and
@@ -27,12 +17,6 @@
 //            bytes, without Aq and Ta (at the entries).
 //          rmsnorm_sb_operand(x, w, eps, h16, Tt, M, K, Mp): rmsnorm and q8s_sb_operand_f16 in
 //            one launch (h16 written when non-null), CTA per token (at the entry).
-//          quantize_q8_1_split_swiglu(g, u, ldg, Aq, Ta, M, K, Mp) and
-//          quantize_q8_1_split6_swiglu(g, u, ldg, Xq, Tx, M, K): the split / split6 prepass of
-//            x = f16(silu(g) * u) (g, u f32 rows of stride ldg, 16-byte aligned, ldg % 4 == 0),
-//            the ffn_down input: the swiglu layer (swiglu.cuh, the same rounding) and the
-//            prepass in one launch, without the f16 round trip. Bit-identical to swiglu_f32_f16
-//            followed by the _f16 entry.
 // Eight lanes per block of 32 values, four values per lane (one 16-byte f32 / 8-byte f16 load;
 // x 16-byte aligned): a warp quantizes 4 blocks, reductions are 3 shuffle steps. Grid
 // (ceil(M*K/32 / 32)), block 256. K % 32 == 0. (One warp per block with one value per lane spent
@@ -145,44 +129,6 @@ __device__ __forceinline__ void quantize_block(const T* x, uint8_t* y, int M, in
     }
 }
 
-template <class Src>
-__device__ __forceinline__ void quantize_split(const Src& x, uint8_t* Aq, float2* Ta, int M, int K,
-                                               int Mp) {
-    const long long nblk = (long long)M * (K / 32);
-    int l8;
-    const long long b = block_of_thread(l8);
-    const Q8Lane r = quantize_lanes(x, b < nblk ? b : nblk - 1, l8);
-    if (b >= nblk) return;
-    *(uint32_t*)(Aq + b * 32 + 4 * l8) = pack4(r.q, 128);
-    if (l8 == 0) {
-        const long long m = b / (K / 32), j = b % (K / 32);
-        const float d = __half2float(__float2half_rn(r.d));
-        Ta[j * Mp + m] = make_float2(d * 0x1p75f, d * (float)r.s);
-    }
-}
-
-template <class Src>
-__device__ __forceinline__ void quantize_split6(const Src& x, uint8_t* Xq, uint8_t* Tx, int M, int K) {
-    const long long nblk = (long long)M * (K / 32);
-    int l8;
-    const long long b = block_of_thread(l8);
-    const Q8Lane r = quantize_lanes(x, b < nblk ? b : nblk - 1, l8);
-    if (b >= nblk) return;
-    const long long m = b / (K / 32), j = b % (K / 32);
-    uint8_t* row = Xq + m * 2 * K + j * 64;
-    *(uint32_t*)(row + 4 * l8 + (l8 & 4) * 8) = pack4(r.q, 128);   // bytes 0..15, 48..63
-    *(uint32_t*)(row + 16 + 4 * l8) = 0u;                          // 16..47
-    if ((l8 & 3) == 0) {
-        const float d = __half2float(__float2half_rn(r.d));
-        uint8_t* blk = Tx + ((m / 64) * (K / 128) + j / 4) * 5120;
-        const int tm = (int)(m % 64), cc = (int)(j % 4), h = l8 >> 2;
-        if (h == 0) reinterpret_cast<float*>(blk)[cc * 64 + tm] = d * 0x1p75f;
-        uint32_t hi, lo;
-        tf32_split(d * (float)r.hs, hi, lo);
-        reinterpret_cast<uint2*>(blk + 1024)[(2 * cc + h) * 64 + tm] = make_uint2(hi, lo);
-    }
-}
-
 // A warp's 256 values (8 per lane) of one super-block with amax their warp-wide max: q =
 // roundf(x / d), d = amax / 127 (q8_1's rules); returns the 32-chunk's sum of q (lanes 4j..4j+3
 // hold chunk j)
@@ -250,53 +196,12 @@ extern "C" __global__ void quantize_q8s_split_f16(const __half* x, uint8_t* Aq, 
     quantize_q8s_split<128>(x, Aq, Ta, M, K, Mp);
 }
 
-extern "C" __global__ void quantize_q8s_split_s8(const float* x, uint8_t* Aq, float2* Ta, int M,
-                                                 int K, int Mp) {
-    quantize_q8s_split<0>(x, Aq, Ta, M, K, Mp);
-}
-
-extern "C" __global__ void quantize_q8s_split_s8_f16(const __half* x, uint8_t* Aq, float2* Ta,
-                                                     int M, int K, int Mp) {
-    quantize_q8s_split<0>(x, Aq, Ta, M, K, Mp);
-}
-
 extern "C" __global__ void quantize_q8_1_raw(const float* x, uint8_t* y, int M, int K) {
     quantize_block<float>(x, y, M, K);
 }
 
 extern "C" __global__ void quantize_q8_1_raw_f16(const __half* x, uint8_t* y, int M, int K) {
     quantize_block<__half>(x, y, M, K);
-}
-
-extern "C" __global__ void quantize_q8_1_split(const float* x, uint8_t* Aq, float2* Ta, int M,
-                                               int K, int Mp) {
-    quantize_split(Rows<float>{x, K}, Aq, Ta, M, K, Mp);
-}
-
-extern "C" __global__ void quantize_q8_1_split_f16(const __half* x, uint8_t* Aq, float2* Ta,
-                                                   int M, int K, int Mp) {
-    quantize_split(Rows<__half>{x, K}, Aq, Ta, M, K, Mp);
-}
-
-extern "C" __global__ void quantize_q8_1_split6(const float* x, uint8_t* Xq, uint8_t* Tx, int M,
-                                                int K) {
-    quantize_split6(Rows<float>{x, K}, Xq, Tx, M, K);
-}
-
-extern "C" __global__ void quantize_q8_1_split6_f16(const __half* x, uint8_t* Xq, uint8_t* Tx,
-                                                    int M, int K) {
-    quantize_split6(Rows<__half>{x, K}, Xq, Tx, M, K);
-}
-
-extern "C" __global__ void quantize_q8_1_split_swiglu(const float* g, const float* u, long long ldg,
-                                                      uint8_t* Aq, float2* Ta, int M, int K, int Mp) {
-    quantize_split(Swiglu{g, u, ldg, K}, Aq, Ta, M, K, Mp);
-}
-
-extern "C" __global__ void quantize_q8_1_split6_swiglu(const float* g, const float* u,
-                                                       long long ldg, uint8_t* Xq, uint8_t* Tx,
-                                                       int M, int K) {
-    quantize_split6(Swiglu{g, u, ldg, K}, Xq, Tx, M, K);
 }
 
 // The token tables' entries of token mm % 128 in its operand block ob (mmq_sb_layout.cuh),

@@ -43,16 +43,7 @@ __device__ __forceinline__ uint64_t plain_desc(uint32_t saddr, uint32_t lbo, uin
            static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32;
 }
 
-// ---- int8 MMQ pieces (mmq_wgmma_q4k.cu, mmq_wgmma_q6k.cu, mmq_sb_q4k.cu, mmq_sb_q6k.cu) ----
-
-// d[32] = A (64x32 u8, smem desc) * B (32x64 u8, smem desc), both K-major, s32 (scale-d 0)
-__device__ __forceinline__ void igmma_m64n64k32(int (&d)[32], uint64_t da, uint64_t db) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n64k32.s32.u8.u8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 0;\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7]), "=r"(d[8]), "=r"(d[9]), "=r"(d[10]), "=r"(d[11]), "=r"(d[12]), "=r"(d[13]), "=r"(d[14]), "=r"(d[15]), "=r"(d[16]), "=r"(d[17]), "=r"(d[18]), "=r"(d[19]), "=r"(d[20]), "=r"(d[21]), "=r"(d[22]), "=r"(d[23]), "=r"(d[24]), "=r"(d[25]), "=r"(d[26]), "=r"(d[27]), "=r"(d[28]), "=r"(d[29]), "=r"(d[30]), "=r"(d[31])
-        : "l"(da), "l"(db));
-}
+// ---- int8 MMQ pieces (mmq_sb_q4k.cu) ----
 
 template <int R>
 __device__ __forceinline__ void fence_regs(int (&d)[R]) {  // D reads stay after the wait
@@ -63,45 +54,6 @@ template <int R>
 __device__ __forceinline__ void fence_regs(float (&d)[R]) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// d (f32 [4]) += A (16x4 tf32, row) x B (4x8 tf32, col): a0 = A[g][t], a1 = A[g+8][t],
-// b0 = B[t][g]; c as the m16n8 C fragment.
-__device__ __forceinline__ void mma_tf32_k4(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-    asm("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(b0));
-}
-
-// ---- the cp.async stage ring of the wgmma MMQ kernels (Cp: the kernel's copier, whose
-// issue(smem_stage, kt, a, ta, w, tw, K, tid) copies stage kt and commits one group). A work
-// item runs stages [k0, k1) of a tile; stage kt lives in slot kt % STAGES ----
-
-// the first STAGES-1 stages of an item (an empty group past k1 keeps the group count)
-template <int STAGES, int STAGE_BYTES, class Cp>
-__device__ __forceinline__ void ring_prologue(const Cp& cp, uint32_t base, int k0, int k1,
-                                              const uint8_t* a, const uint8_t* ta,
-                                              const uint8_t* w, const uint8_t* tw, int K, int tid) {
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (k0 + s < k1) cp.issue(base + ((k0 + s) % STAGES) * STAGE_BYTES, k0 + s, a, ta, w, tw, K, tid);
-        else gemm_f16::cp_async_commit();
-    }
-}
-
-// top of k-step kt: stage kt landed for every thread and is visible to wgmma (cp.async writes
-// are generic-proxy), stage kt-1 is consumed by all, so its slot takes stage kt + STAGES - 1
-template <int STAGES, int STAGE_BYTES, class Cp>
-__device__ __forceinline__ void ring_next(const Cp& cp, uint32_t base, int kt, int k1,
-                                          const uint8_t* a, const uint8_t* ta, const uint8_t* w,
-                                          const uint8_t* tw, int K, int tid) {
-    gemm_f16::cp_async_wait<STAGES - 2>();
-    fence_proxy_async();
-    __syncthreads();
-    const int nk = kt + STAGES - 1;
-    if (nk < k1) cp.issue(base + (nk % STAGES) * STAGE_BYTES, nk, a, ta, w, tw, K, tid);
-    else gemm_f16::cp_async_commit();
 }
 
 // ---- warp specialization (mmq_sb_q4k.cu): mbarriers in shared memory, bulk copies, register
@@ -127,10 +79,6 @@ __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
                  ::"r"(bar), "r"(bytes) : "memory");
 }
 // count `bytes` of the phase's transactions done without a copy (timing diagnostics)
-__device__ __forceinline__ void mbar_complete_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
 // this thread's cp.asyncs so far arrive on `bar` when they complete (one of its count: .noinc)
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -152,10 +100,10 @@ __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// ---- the tile schedule of the persistent wgmma MMQ kernels (data-parallel, then stream-K) ----
+// ---- the tile schedule of the persistent SB kernel (data-parallel, then stream-K) ----
 // Tiles [0, dp) go round-robin over the grid (whole waves); the last ntiles - dp tiles are split
 // by k-stages: their U = (ntiles - dp) * KT stage units are dealt out evenly, block b taking
-// units [b U / G, (b+1) U / G) in tile-major order. The launcher (minfer.cuda.mmq_wgmma.
+// units [b U / G, (b+1) U / G) in tile-major order. The launcher (minfer.cuda.stream_k.
 // schedule) leaves 0 or between G and 2G tiles to stream-K, so every block's share is >= KT
 // units and a tile is split between at most two blocks: its k-tail [s, KT) is the first item
 // of block b+1, which publishes the partial sums (sk_put), its head [0, s) the last item of
@@ -238,63 +186,6 @@ __device__ __forceinline__ void sk_add(const float4* ws, int* flags, float* acc)
         acc[4 * j + 1] += v.y;
         acc[4 * j + 2] += v.z;
         acc[4 * j + 3] += v.w;
-    }
-}
-
-// The epilogue stores of both wgmma MMQ kernels, C[p], C[p + 1] = v (store_c2) or += v (red_c2;
-// load_c2 reads them, for mmq_wgmma_q4k's load-add-store path):
-// one float2 access when `pair` (p 8-byte aligned and p + 1 in range), else scalars, the second
-// only when `second` (p + 1 in range); p itself must be in range. C += runs as fire-and-forget
-// reductions (red.global.add: one add per element, rounded as a load-add-store would, except
-// that a subnormal sum flushes to zero). A load-add-store per pair waited for each load in turn
-// (a load after a store to C cannot move above it: nothing proves the addresses apart): 32
-// global round trips per thread and tile, ~20 us a wave at 1 block per SM.
-__device__ __forceinline__ float2 load_c2(const float* p, bool pair, bool second) {
-    if (pair) return *reinterpret_cast<const float2*>(p);
-    return make_float2(p[0], second ? p[1] : 0.f);
-}
-__device__ __forceinline__ void red_c2(float* p, float2 v, bool pair, bool second) {
-    if (pair) {
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(v.x), "f"(v.y) : "memory");
-    } else {
-        atomicAdd(p, v.x);
-        if (second) atomicAdd(p + 1, v.y);
-    }
-}
-__device__ __forceinline__ void store_c2(float* p, float2 v, bool pair, bool second) {
-    if (pair) {
-        *reinterpret_cast<float2*>(p) = v;
-    } else {
-        p[0] = v.x;
-        if (second) p[1] = v.y;
-    }
-}
-
-// The end of a work item in mmq_sb_q6k.cu: a stream-K tail
-// publishes its sums; a head adds its tail's first; whole tiles and heads then store (C =) or
-// reduce (C +=, RED) the thread's values of an m64nN accumulator fragment, y[4i + j] at row
-// r0 + 8 (j >> 1) and column c0 + 8i + (j & 1) (r0: the thread's first row, c0: the tile's
-// first column + 2t). KT: the item's k-units of a whole tile.
-template <int NI, int T, bool RED>
-__device__ __forceinline__ void finish_item(const Work& cur, int KT, float (&y)[NI * 4], float* C,
-                                            int M, int N, int r0, int c0, float4* ws, int* flags) {
-    if (cur.k0 > 0) {
-        sk_put<NI * 4, T>(ws, flags, y);
-    } else {
-        if (cur.k1 < KT) sk_add<NI * 4, T>(ws, flags, y);
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-            const int r = r0 + 8 * u;
-            if (r >= M) continue;
-#pragma unroll
-            for (int i = 0; i < NI; ++i) {
-                const int col = c0 + i * 8;
-                if (col >= N) continue;
-                const float2 v = make_float2(y[4 * i + 2 * u], y[4 * i + 2 * u + 1]);
-                if (RED) red_c2(C + (size_t)r * N + col, v, (N & 1) == 0, col + 1 < N);
-                else store_c2(C + (size_t)r * N + col, v, (N & 1) == 0, col + 1 < N);
-            }
-        }
     }
 }
 

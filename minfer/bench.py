@@ -1,7 +1,7 @@
 """Interleaved A/B prefill benchmark (llama-bench style) and per-op breakdown.
 
-`bench(model, tokens, configs, repeats, backend)`: one backend per config (GemmConfig parsed
-from "K=V K=V" strings), then for each repeat, for each token count, each config takes one
+`bench(model, tokens, configs, repeats, backend)`: one backend per config (GemmChoice.parse_ab:
+a path name with tuning variants, "f16:no-rope", or the seeds' "K=V K=V" strings), then for each repeat, for each token count, each config takes one
 sample (A B, B A, ... in the same process, same window: the order rotates by one config each
 repeat). A sample is prefills from an empty cache: with `min_ms` (default 500), one untimed
 pre-roll prefill, then as many back-to-back timed prefills as fill min_ms (the count from the
@@ -65,14 +65,14 @@ def parse_tokens(s: str) -> list[int]:
 
 
 def make_backend(model, kind: str, spec: str, max_tokens: int, base=None, progress=False):
-    """A backend for `kind` ('cuda' or 'cpu') and the A/B spec string (GEMM env keys).
-    base: GEMM flag overrides (MINFER_* keys) over the environment; the spec wins over both."""
+    """A backend for `kind` ('cuda' or 'cpu') and the A/B spec (GemmChoice.parse_ab).
+    base: --gemm as MINFER_GEMM over the environment; the spec wins over both."""
     import os
 
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
 
     env = {**os.environ, **(base or {})}
-    cfg = GemmConfig.parse_ab(spec, env)  # validated for the cpu backend too
+    cfg = GemmChoice.parse_ab(spec, env)  # validated for the cpu backend too
     if kind == "cpu":
         from minfer.reference.forward import ReferenceBackend
 
@@ -85,6 +85,16 @@ def make_backend(model, kind: str, spec: str, max_tokens: int, base=None, progre
 
         return CudaBackend(model, cfg, max_tokens=max_tokens, ubatch=max_tokens)
     raise BadInput(f"--backend {kind!r}: expected cuda or cpu")
+
+
+def expand_configs(configs: list[str]) -> list[str]:
+    """--ab all: every path of the GEMM path table (minfer.cuda.paths.TABLE), in its order."""
+    from minfer.cuda.paths import TABLE
+
+    out: list[str] = []
+    for c in configs:
+        out.extend(TABLE if c.strip() == "all" else [c])
+    return out
 
 
 def prompt_ids(model, n: int, seed: int = 0) -> np.ndarray:
@@ -226,7 +236,10 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
     """The per-op table of one profiled prefill: tot = OpProfile.collect() (label -> [ms,
     flops, calls]); GEMMs by time with TFLOP/s against the path's ceiling, then NAMED_OPS
     (attention always), then the rest of the events (norms, rope, embedding)."""
-    ceil = INT8_CEIL if "mmq" in name else F16_CEIL
+    from minfer.cuda.paths import TABLE
+
+    path = TABLE.get(name.removeprefix("cuda-").split(":")[0])   # the backend's --gemm path
+    ceil = INT8_CEIL if path is not None and path.int8 else F16_CEIL
     lines = [f"per-op breakdown, {name}, {n} tokens (CUDA events, summed over layers, GPU time "
              f"of an eager forward; ceiling {ceil / 1e12:.0f} TFLOP/s):",
              "| op | calls | µs | % | TFLOP/s | of ceiling |",
@@ -263,7 +276,7 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
     from minfer.loader import load_model
 
     model = load_model(model_path)
-    configs = configs or [""]
+    configs = expand_configs(configs or [""])
     mx = max(tokens)
     backends = []
     for c in configs:

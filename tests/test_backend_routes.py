@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minfer.cuda.backend import plan_routes, summarize_routes
-from minfer.cuda.config import GemmConfig
+from minfer.cuda.config import GemmChoice
 from synth_data import tiny_model
 
 
@@ -18,60 +18,81 @@ def tiny(tmp_path_factory):
     return load_model(tiny_model(tmp_path_factory.mktemp("routes"), seed=3))
 
 
-def test_routes_f16_when_mmq_off(tiny):
-    r = plan_routes(tiny, GemmConfig())
-    n = tiny.config.n_layers * 7 + 1
-    assert len(r) == n and all(p == "f16" and why == "MMQ off" for p, why in r.values())
-    assert summarize_routes(tiny, r).startswith(f"MMQ: 0 GEMMs, f16: {n} GEMMs")
+def test_routes_f16(tiny):
+    for choice in (GemmChoice("f16"), GemmChoice(), None):   # auto with unknown memory: f16
+        r = plan_routes(tiny, choice)
+        n = tiny.config.n_layers * 7 + 1
+        assert len(r) == n and all(p == "f16" and why == "" for p, why in r.values())
+        assert summarize_routes(tiny, r).startswith(f"MMQ: 0 GEMMs, f16: {n} GEMMs")
 
 
-@pytest.mark.parametrize("kw,label", [(dict(kd=4), "mmq-wide-kd4"), (dict(kd=8), "mmq-wide-kd8"),
-                                      (dict(wide=False), "mmq-narrow"),
-                                      (dict(raw=False), "mmq-r1")])
-def test_routes_mmq(tiny, kw, label):
-    r = plan_routes(tiny, GemmConfig(mmq=True, **kw))
+@pytest.mark.parametrize("path", ["wide-kd4", "wide-kd8", "narrow", "r1"])
+def test_routes_int8(tiny, path):
+    r = plan_routes(tiny, GemmChoice(path))
     lone_v = 0
-    for name, (path, why) in r.items():
+    for name, (p, why) in r.items():
         t = tiny.tensor(name)
         if name.endswith("attn_v.weight") and not _fuses_qkv(tiny, name):
-            assert path == "f16" and why == "attn_v alone: faster on f16"   # a fraction of a wave
+            assert p == "f16" and why == "attn_v alone: faster on f16"   # a fraction of a wave
             lone_v += 1
         elif t.qtype in (12, 14):
-            assert path == label, name
+            assert p == path, name
         else:
-            assert path == "f16" and "no MMQ kernel" in why
+            assert p == "f16" and f"no {path} kernel" in why
     line = summarize_routes(tiny, r)
     n_mmq = sum(p != "f16" for p, _ in r.values())
     q4 = sum(p != "f16" and tiny.tensor(n).qtype == 12 for n, (p, _) in r.items())
-    assert f"MMQ ({label}): {n_mmq} GEMMs (q4_K {q4}, q6_K {n_mmq - q4})" in line
+    assert f"MMQ ({path}): {n_mmq} GEMMs (q4_K {q4}, q6_K {n_mmq - q4})" in line
     assert f"f16: {len(r) - n_mmq} GEMMs" in line and n_mmq > 0
     assert 0 < lone_v < tiny.config.n_layers   # the mix has attn_v of both kinds
     assert f"attn_v alone: faster on f16 {lone_v}" in line
 
 
-def test_routes_q6k_f16(tiny):
-    """MINFER_MMQ_Q6K_F16: every q6_K weight (the LM head included) runs f16 with its reason,
-    q4_K stays MMQ; the flag mirrors the environment and shows in the label."""
-    from minfer.commands.gemm_flags import gemm_config
+class _Rt:
+    def __init__(self, arch="sm_90", smem=232448, free=None, sms=132):
+        self.arch, self.smem_optin, self.sm_count, self.free = arch, smem, sms, free
 
-    cfg = GemmConfig(mmq=True, q6k_f16=True)
-    r = plan_routes(tiny, cfg)
+    def mem_info(self):
+        return self.free, 1 << 40
+
+
+def test_routes_sb(tiny):
+    """sb: q4_K on the SB kernel, q6_K (no SB kernel) on f16 with its reason; off sm_90 all
+    f16."""
+    r = plan_routes(tiny, GemmChoice("sb"), _Rt())
     q6 = [n for n in r if tiny.tensor(n).qtype == 14]
-    q4 = [n for n in r if tiny.tensor(n).qtype == 12]
+    q4 = [n for n in r if tiny.tensor(n).qtype == 12 and not n.endswith("attn_v.weight")]
     assert q6 and q4
-    assert all(r[n] == ("f16", "q6_K: f16 by MINFER_MMQ_Q6K_F16") for n in q6)
-    assert all(r[n][0] == "mmq-wide-kd4" for n in q4 if not n.endswith("attn_v.weight"))
-    assert f"q6_K: f16 by MINFER_MMQ_Q6K_F16 {len(q6)}" in summarize_routes(tiny, r)
-    assert GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_SB": "1",
-                               "MINFER_MMQ_Q6K_F16": "1"}).label() == "mmq-wgmma-kd4-sb-q6kf16"
-    assert gemm_config(mmq=True, mmq_q6k_f16=True, env={}) == cfg
-    assert gemm_config(mmq_q6k_f16=False, env={"MINFER_MMQ_Q6K_F16": "1"}) == GemmConfig()
-    assert GemmConfig.parse_ab("MINFER_MMQ=1 MINFER_MMQ_Q6K_F16=1", env={}) == cfg
-    # MINFER_MMQ_SB_GLU: on by default; off shows in the label, the flag mirrors it
-    assert GemmConfig().sb_glu
-    off = GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_SB": "1", "MINFER_MMQ_SB_GLU": "0"})
-    assert not off.sb_glu and off.label() == "mmq-wgmma-kd4-sb-noglu"
-    assert gemm_config(mmq=True, mmq_sb=True, mmq_sb_glu=False, env={}) == off
+    assert all(r[n] == ("f16", "q6_K: no sb kernel") for n in q6)
+    assert all(r[n][0] == "sb" for n in q4)
+    assert "q6_K: no sb kernel" in summarize_routes(tiny, r)
+    assert {p for p, _ in plan_routes(tiny, GemmChoice("sb"), _Rt("sm_80")).values()} == {"f16"}
+
+
+def test_routes_auto_memory_tiers(tiny):
+    """auto: f16 when its plan fits the free memory with the margin, else SB (sm_90), else the
+    wide int8 kernels; the chosen tier's plan is the smallest that fits."""
+    from minfer.cuda.weights import plan_memory
+
+    def need(choice, rt):
+        return sum(plan_memory(tiny, plan_routes(tiny, choice, rt, 64, tier=None), 64, 64,
+                               rt.sm_count).values())
+
+    rt = _Rt(sms=1)   # (132 SMs' stream-K slots would outweigh the tiny model's weights)
+    f16 = need(GemmChoice("f16"), rt)
+    sb = need(GemmChoice("sb"), rt)
+    wide = need(GemmChoice("wide-kd4"), rt)
+    assert wide < sb < f16   # (the tiny model's q4_K share makes SB the middle tier)
+    margin = 256 << 20
+    for free, want in ((f16 + margin, "f16"), (f16 + margin - 1, "sb"), (sb + margin, "sb"),
+                       (sb + margin - 1, "wide-kd4"), (0, "wide-kd4")):
+        r = plan_routes(tiny, GemmChoice(), _Rt(free=free, sms=1), 64, max_tokens=64)
+        paths = {p for p, _ in r.values()} - {"f16"}
+        assert paths == ({want} if want != "f16" else set()), (free, want)
+    # off sm_90 there is no SB tier
+    r = plan_routes(tiny, GemmChoice(), _Rt("sm_86", free=sb + margin, sms=1), 64,
+                    max_tokens=64)
+    assert {p for p, _ in r.values()} == {"f16", "wide-kd4"}
 
 
 def _fuses_qkv(model, v_name: str) -> bool:
@@ -86,12 +107,12 @@ def test_fusion_plan_f16_and_mmq(tiny):
     from minfer.cuda.routes import plan_fusion
 
     c = tiny.config
-    f16 = plan_fusion(tiny, plan_routes(tiny, GemmConfig()))
+    f16 = plan_fusion(tiny, plan_routes(tiny, GemmChoice("f16")))
     assert len(f16) == 5 * c.n_layers   # q, k, v, gate, up of every layer
     assert f16["blk.0.attn_k.weight"] == ("blk.0.attn_qkv.weight", c.n_heads * c.head_dim,
                                           c.n_kv_heads * c.head_dim)
     assert f16["blk.0.ffn_up.weight"] == ("blk.0.ffn_gate_up.weight", c.d_ff, c.d_ff)
-    r = plan_routes(tiny, GemmConfig(mmq=True))
+    r = plan_routes(tiny, GemmChoice("wide-kd4"))
     mmq = plan_fusion(tiny, r)
     for i in range(c.n_layers):
         p = f"blk.{i}."
@@ -116,39 +137,37 @@ def test_fusion_plan_f16_and_mmq(tiny):
     assert any(n.endswith("attn_q.weight") for n in mmq)
 
 
-def test_routes_smem_guard_reaches_backend(tiny):
-    class Rt:
-        smem_optin = 100_000  # KD=8 needs 190,464 B (q4_K)
+def test_routes_smem_guard_reaches_backend(tiny, capsys):
+    r = plan_routes(tiny, GemmChoice("wide-kd8"), _Rt(smem=100_000))  # KD=8 needs 190,464 B
+    assert {p for p, _ in r.values()} == {"f16", "narrow"}
+    capsys.readouterr()
+    plan_routes(tiny, GemmChoice("wide-kd8"), _Rt(smem=100_001))
+    assert "190464 B" in capsys.readouterr().err   # the guard says so (new cap, new notice)
+    plan_routes(tiny, GemmChoice("wide-kd8"), _Rt(smem=100_001))
+    assert capsys.readouterr().err == ""           # once per notice, not per plan
 
-    r = plan_routes(tiny, GemmConfig(mmq=True, kd=8), Rt())
-    assert {p for p, _ in r.values()} == {"f16", "mmq-narrow"}
 
-
-def test_gemm_flags_win_over_env():
+def test_gemm_flag_wins_over_env():
     from minfer.commands.gemm_flags import gemm_config, gemm_overrides
 
     env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
-    assert gemm_config(env=env) == GemmConfig(mmq=True, kd=8)
-    assert gemm_config(mmq=False, env=env) == GemmConfig(mmq=False, kd=8)
-    assert gemm_config(mmq_kd="4", mmq_wide=False, env=env) == GemmConfig(mmq=True, kd=4,
-                                                                         wide=False)
-    assert gemm_config(mmq=True, mmq_raw=False, env={}).label() == "mmq-r1"
-    assert gemm_overrides() == {}
-    assert gemm_overrides(mmq=True, mmq_kd="8") == {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
+    assert gemm_config(env=env) == GemmChoice("wide-kd8")
+    assert gemm_config(env=env, gemm="f16") == GemmChoice("f16")
+    assert gemm_config(env={}, gemm="mmq") == GemmChoice("wide-kd4")
+    assert gemm_overrides() == {} and gemm_overrides("sb") == {"MINFER_GEMM": "sb"}
 
 
-def test_bench_flags_parse():
+@pytest.mark.parametrize("cmd", ["bench", "prefill", "check"])
+def test_gemm_flag_parse(cmd):
     from click.testing import CliRunner
 
     from minfer.cli import cli
 
-    out = CliRunner().invoke(cli, ["bench", "--help"])
-    assert out.exit_code == 0
-    for flag in ("--mmq / --no-mmq", "--mmq-raw / --no-mmq-raw", "--mmq-wide / --no-mmq-wide",
-                 "--mmq-kd"):
-        assert flag in out.output
-    bad = CliRunner().invoke(cli, ["bench", "-m", "x.gguf", "--mmq-kd", "5"])
-    assert bad.exit_code != 0 and "5" in bad.output
+    out = CliRunner().invoke(cli, [cmd, "--help"])
+    assert out.exit_code == 0 and "--gemm" in out.output
+    assert "--mmq" not in out.output and "--f16-" not in out.output   # one user choice
+    bad = CliRunner().invoke(cli, [cmd, "-m", "x.gguf", "--gemm", "wgmma"])
+    assert bad.exit_code != 0 and "wgmma" in bad.output
 
 
 def _res(greedy, last, margins):
@@ -184,3 +203,30 @@ def test_sample_rows_covers_edges():
     assert np.all(np.diff(s) > 0) and s[0] == 0 and s[-1] == 999
     assert set(range(8)) <= set(s) and set(range(992, 1000)) <= set(s)
     assert list(sample_rows(rng, 5, 256)) == [0, 1, 2, 3, 4]
+
+
+def test_plan_groups_cover_each_part_once(tiny):
+    """A layer's q|k|v (gate|up) GEMMs in output order: every part exactly once, at its
+    column in its GEMM's output; fused groups as one GEMM, the rest alone."""
+    from minfer.cuda.fusion import plan_groups
+    from minfer.cuda.routes import plan_fusion
+
+    c = tiny.config
+    qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    for choice in (GemmChoice("f16"), GemmChoice("wide-kd4")):
+        fused = plan_fusion(tiny, plan_routes(tiny, choice))
+        shapes = set()
+        for i in range(c.n_layers):
+            att = plan_groups(tiny, fused, i, "attn")
+            parts = [p for g in att for p, _ in g.parts]
+            assert sorted(parts) == ["k", "q", "v"] and sum(g.width for g in att) == qd + 2 * kd
+            ffn = plan_groups(tiny, fused, i, "ffn")
+            assert sorted(p for g in ffn for p, _ in g.parts) == ["gate", "up"]
+            for g in att + ffn:
+                assert (g.weight in {f[0] for f in fused.values()}) == (len(g.parts) > 1)
+                assert g.member in tiny.tensors or g.member.endswith(".weight")
+            shapes.add(tuple(len(g.parts) for g in att))
+        if choice.path == "f16":
+            assert shapes == {(3,)}   # one q|k|v GEMM per layer
+        else:
+            assert (2, 1) in shapes   # q|k fused and v alone where attn_v has another type

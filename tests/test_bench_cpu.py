@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from minfer import bench as B
-from minfer.cuda.config import GemmConfig
+from minfer.cuda.config import GemmChoice
 from minfer.errors import BadInput
 from synth_data import tiny_model
 
@@ -15,25 +15,30 @@ def tiny_model_path(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("bench"), seed=1, qtype="q8_0")
 
 
-def test_gemm_config_env_and_overrides():
+def test_gemm_choice_env_and_ab():
     env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
-    c = GemmConfig.resolve(env)
-    assert c.mmq and c.kd == 8 and c.raw and c.wide and c.wgmma
-    assert c.label() == "mmq-wgmma-kd8"
-    assert GemmConfig.resolve({**env, "MINFER_MMQ_WGMMA": "0"}).label() == "mmq-wide-kd8"
-    c2 = GemmConfig.resolve(env, {"MINFER_MMQ": "0"})  # explicit override wins
-    assert not c2.mmq and c2.label() == "f16"
-    c3 = GemmConfig.parse_ab("MINFER_MMQ=1 MINFER_MMQ_RAW_WIDE=0", env={})
-    assert c3.mmq and not c3.wide and c3.kd == 4
-    assert GemmConfig.resolve({}) == GemmConfig()
+    c = GemmChoice.resolve(env)
+    assert c.path == "wide-kd8" and c.label() == "wide-kd8"
+    assert GemmChoice.parse_ab("MINFER_MMQ=0", env).label() == "f16"   # the spec wins
+    assert GemmChoice.parse_ab("MINFER_MMQ=1 MINFER_MMQ_RAW_WIDE=0", env={}).path == "narrow"
+    assert GemmChoice.parse_ab("f16:no-glu", env).label() == "f16:no-glu"
+    assert GemmChoice.resolve({}) == GemmChoice()
     with pytest.raises(BadInput, match="KD"):
-        GemmConfig.resolve({"MINFER_MMQ_RAW_KD": "5"})
+        GemmChoice.resolve({"MINFER_MMQ_RAW_KD": "5"})
     with pytest.raises(BadInput, match="unknown key"):
-        GemmConfig.parse_ab("MINFER_FOO=1", env={})
-    with pytest.raises(BadInput, match="KEY=VALUE"):
-        GemmConfig.parse_ab("MINFER_MMQ", env={})
+        GemmChoice.parse_ab("MINFER_FOO=1", env={})
+    with pytest.raises(BadInput, match="unknown GEMM path"):
+        GemmChoice.parse_ab("MINFER_MMQ", env={})
     with pytest.raises(BadInput, match="0 or 1"):
-        GemmConfig.resolve({"MINFER_MMQ": "maybe"})
+        GemmChoice.resolve({"MINFER_MMQ": "maybe"})
+
+
+def test_ab_all_is_the_table():
+    from minfer.cuda.paths import TABLE
+
+    assert B.expand_configs(["all"]) == list(TABLE)
+    assert B.expand_configs(["f16:no-rope", "all"])[:2] == ["f16:no-rope", "f16"]
+    assert B.expand_configs([""]) == [""]
 
 
 def test_parse_tokens():
@@ -70,10 +75,10 @@ def test_bench_cli_cpu(tiny_model_path):
 
     r = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model_path), "--tokens", "3",
                                  "--backend", "cpu", "--repeats", "1", "--ab", "",
-                                 "MINFER_MMQ=1"])
+                                 "MINFER_MMQ=1", "f16:no-rope"])
     assert r.exit_code == 0, r.output
     assert "| config | backend | tokens | tok/s |" in r.output
-    assert "MINFER_MMQ=1" in r.output
+    assert "MINFER_MMQ=1" in r.output and "f16:no-rope" in r.output
     bad = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model_path), "--tokens", "x",
                                    "--backend", "cpu"])
     assert bad.exit_code != 0
@@ -85,7 +90,7 @@ def test_breakdown_table_rows_add_up():
     tot = {"gemm:ffn_gate_up": [2.0, 2.0e12 * 0.5, 32], "gemm:ffn_down": [1.0, 0.0, 32],
            "attention": [0.25, 0.0, 32], "q8_1 prepass": [0.125, 0.0, 97],
            "swiglu+q8_1": [0.0625, 0.0, 32], "rmsnorm": [0.5, 0.0, 65]}
-    out = B.breakdown_table("cuda-mmq-wgmma-kd4", 512, tot, wall_ms=4.5).splitlines()
+    out = B.breakdown_table("cuda-wide-kd4", 512, tot, wall_ms=4.5).splitlines()
     assert "ceiling 1267 TFLOP/s" in out[0]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in out[3:]]
     rows = {c[0]: c for c in cells}

@@ -263,7 +263,7 @@ def _host_backend(logits):
     be.rt = _fake_runtime()
     be.name = "cuda"
     be.forward_device = lambda ids, pos0: None
-    be.logits = logits
+    be.buf = types.SimpleNamespace(logits=logits)   # (weights.DeviceBuffers' logits only)
     return be
 
 
@@ -275,7 +275,7 @@ def test_backend_forward_rejects_non_finite_logits():
                                            r"7\.\.9"):
             _host_backend(_Logits(bad)).forward(np.array([1, 2, 3], np.int32), 7)
     be = _host_backend(None)
-    be.logits = _Logits(error=be.rt.drv.Error("cuMemcpyDtoH failed: an illegal memory access"))
+    be.buf.logits = _Logits(error=be.rt.drv.Error("cuMemcpyDtoH failed: an illegal memory access"))
     with pytest.raises(GPUError, match="illegal memory access.*MINFER_CUDA_DEBUG=1"):
         be.forward(np.array([1], np.int32), 0)
 
@@ -296,18 +296,18 @@ def huge_ctx_model(tmp_path_factory):
     return load_model(tiny_model(tmp_path_factory.mktemp("faults"), seed=1, n_ctx=1 << 30))
 
 
-@pytest.mark.parametrize("mmq", [False, True])
-def test_backend_memory_check_before_any_allocation(huge_ctx_model, mmq):
+@pytest.mark.parametrize("gemm", ["f16", "wide-kd4", "auto"])
+def test_backend_memory_check_before_any_allocation(huge_ctx_model, gemm):
     """CudaBackend's real construction path on a fake 80 GiB device: the plan is checked
     before the first allocation, and the message names asked / free and the KV cache."""
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
 
     rt = _fake_runtime(_FakeDrv(free=79 << 30, total=80 << 30))
     rt.arch, rt.smem_optin, rt.sm_count = "sm_90", 232448, 132
     rt.alloc = _no_alloc
     with pytest.raises(GPUError) as e:
-        CudaBackend(huge_ctx_model, GemmConfig(mmq=mmq), rt=rt, max_tokens=1 << 30,
+        CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=1 << 30,
                     warmup=False)
     msg = str(e.value)
     for needle in ("GPU out of memory", "asked 1", "KV cache 1024.00 GiB",
@@ -316,11 +316,11 @@ def test_backend_memory_check_before_any_allocation(huge_ctx_model, mmq):
         assert needle in msg, msg
     # a request that fits passes the check and goes on to allocate (here: the sentinel)
     with pytest.raises(_Sentinel):
-        CudaBackend(huge_ctx_model, GemmConfig(mmq=mmq), rt=rt, max_tokens=64, warmup=False)
+        CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=64, warmup=False)
     rt.drv._free = 1 << 20  # 1 MiB free: not even the weights fit
     with pytest.raises(GPUError, match=r"asked [\d.]+ MiB \(f16 weights [\d.]+ MiB, .*\) "
                                        r"plus 256 MiB margin, 1\.0 MiB free of 80\.00 GiB"):
-        CudaBackend(huge_ctx_model, GemmConfig(mmq=mmq), rt=rt, max_tokens=64, warmup=False)
+        CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=64, warmup=False)
 
 
 # -- kernel cache: two processes, one fresh cache ---------------------------------------------

@@ -1,6 +1,6 @@
 """The super-block MMQ path on the CPU: its operand twins (the q8s split, the q4_K repack and
-token tables, the q6_K planes), the kernels' arithmetic on them against the float64 oracle, the
-integer bounds it relies on, the smem pins, the config / routing / memory plan."""
+token tables), the kernels' arithmetic on them against the float64 oracle, the
+integer bounds it relies on, the smem pins, the routing / memory plan."""
 
 from __future__ import annotations
 
@@ -16,10 +16,9 @@ from minfer.quants.mmq_sb_ref import (SB_TH0, SB_WH0, block_b16_sb, emulate_sb_q
                                       mmq_sb_linear_ref, quantize_q8s, repack_q4k_sb_ref,
                                       sb_image, sb_operand_parts, sb_pos, sb_q4k_tables_ref,
                                       sb_scales, sb_token_tables_ref, sb_tokens_ref, sb_unimage,
-                                      split_q8s_ref, unblock_b16_sb)
-from minfer.quants.mmq_wgmma_ref import pad_rows
+                                      split_q8s_ref, unblock_b16_sb, pad_rows)
 from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
-from test_mmq_wgmma import _Rt, rand_q4k, rand_q6k
+from quant_data import rand_q4k
 
 KDIR = Path(__file__).resolve().parents[1] / "kernels"
 
@@ -206,8 +205,6 @@ def test_sb_operand_blocks_match_kernel():
 
 
 def test_sb_smem_matches_kernel():
-    from minfer.cuda.mmq_sb import sb6_smem
-
     src = (KDIR / "mmq_sb_q4k.cu").read_text()
     stage = re.search(r"static constexpr int STAGE = (\d+) \* 1024;", src)
     stages = re.search(r"#define SB_STAGES (\d+)", src)
@@ -217,8 +214,6 @@ def test_sb_smem_matches_kernel():
     for n in (4, 5):   # the launcher's size for a build of n slots
         assert sb_smem(n) == n * int(stage[1]) * 1024 + 1024 + 16 * n
     assert sb_smem(5) <= 227 * 1024   # sm_90's opt-in limit per block
-    pinned6 = re.findall(r"Sb6Smem::BYTES == (\d+)", (KDIR / "mmq_sb_q6k.cu").read_text())
-    assert pinned6 and all(sb6_smem() == int(b) for b in pinned6)
 
 
 def test_block_b16_sb_roundtrip():
@@ -234,83 +229,43 @@ def test_block_b16_sb_roundtrip():
     assert b[0, 1, at:at + 2].view(np.float16)[0] == hi[c, n]
 
 
-def test_sb_config_flag_label_and_cli():
-    from minfer.commands.gemm_flags import gemm_config
-    from minfer.cuda.config import GemmConfig
-
-    assert not GemmConfig().sb and not GemmConfig.resolve({"MINFER_MMQ": "1"}).sb
-    cfg = GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_SB": "1"})
-    assert cfg.sb and cfg.label() == "mmq-wgmma-kd4-sb"
-    assert GemmConfig.resolve({"MINFER_MMQ": "1", "MINFER_MMQ_SB": "1"},
-                              {"MINFER_MMQ_SB": "0"}).label() == "mmq-wgmma-kd4"   # flags win
-    assert GemmConfig(mmq=True, wgmma=False, sb=True).label() == "mmq-wide-kd4"      # no wgmma
-    assert gemm_config(mmq=True, mmq_sb=True, env={}) == GemmConfig(mmq=True, sb=True)
-    assert GemmConfig.parse_ab("MINFER_MMQ=1 MINFER_MMQ_SB=1", env={}).sb
-
-
-def test_pick_variant_sb():
-    """SB takes q4_K and q6_K where the wgmma kernels would (sm_90, the smem to hold it); SB
-    over the cap falls back to wgmma."""
-    from minfer.cuda.config import GemmConfig
-    from minfer.cuda.dispatch import pick_gemm
-    from minfer.cuda.mmq import pick_variant
-    from minfer.cuda.mmq_wgmma import wgmma_smem
-
-    on = GemmConfig(mmq=True, sb=True)
-    assert pick_variant(on, 232448, 12, "sm_90").kind == "sb"
-    assert pick_variant(on, 232448, 14, "sm_90").kind == "sb"
-    assert pick_variant(GemmConfig(mmq=True, sb=True, wgmma_q6k=False), 232448, 14,
-                        "sm_90").label == "wide-kd4"
-    assert pick_variant(on, 232448, 12, "sm_80").label == "wide-kd4"
-    assert pick_variant(on, sb_smem() - 1, 12, "sm_90").kind == "wgmma"
-    assert sb_smem() - 1 >= wgmma_smem()
-    assert pick_gemm(12, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-sb"
-    assert pick_gemm(14, 512, 4096, 4096, on, _Rt(232448, "sm_90")) == "mmq-sb"
-
-
 def test_plan_memory_sb(tmp_path):
-    """SB routes (q4_K and q6_K) are planned at their repacked sizes (bytes + tables); the q8s
-    splits use the q4_K split scratch (with q4_K's token tables) and (signed, for q6_K) the
-    split6 scratch."""
+    """SB routes (q4_K only; q6_K stays f16) are planned at their repacked size (bytes +
+    tables), one operand scratch for the largest K; the glu epilogue groups."""
     from synth_data import tiny_model
 
-    from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq_sb import sb_split_bytes, sb_weight_bytes
-    from minfer.cuda.mmq_wgmma import split_scratch_bytes
+    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.mmq_sb import split_scratch_bytes, sb_split_bytes, sb_weight_bytes
     from minfer.cuda.routes import plan_fusion, plan_glu, plan_routes
     from minfer.cuda.weights import plan_memory
     from minfer.loader import load_model
 
+    class _Rt:
+        arch, smem_optin = "sm_90", 232448
+
     m = load_model(tiny_model(tmp_path, seed=2, workers=None))
-    routes = plan_routes(m, GemmConfig(mmq=True, sb=True), _Rt(232448, "sm_90"), 64)
-    sb = [n for n, (p, _) in routes.items() if p == "mmq-sb"]
-    assert {m.tensor(n).qtype for n in sb} == {12, 14}
-    assert not [n for n, (p, _) in routes.items() if p == "mmq-wgmma"]
+    routes = plan_routes(m, GemmChoice("sb"), _Rt(), 64)
+    sb = [n for n, (p, _) in routes.items() if p == "sb"]
+    assert {m.tensor(n).qtype for n in sb} == {12}
+    assert {p for p, _ in routes.values()} == {"f16", "sb"}
     plan = plan_memory(m, routes, 128, 64, sms=132)
-    raw = sum(int(m.tensor(n).data.nbytes) for n, (p, _) in routes.items()
-              if p.startswith("mmq") and p != "mmq-sb" and n != "token_embd.weight")
-    assert plan["MMQ weights"] == raw + sum(
-        sb_weight_bytes(*m.tensor(n).shape, m.tensor(n).qtype) for n in sb)
-    k4 = max(m.tensor(n).shape[1] for n in sb if m.tensor(n).qtype == 12)
-    k6 = max(m.tensor(n).shape[1] for n in sb if m.tensor(n).qtype == 14)
-    assert plan["q8_1 split scratch"] == sb_split_bytes(64, k4) > split_scratch_bytes(64, k4)
-    # the signed q8s split of a q6_K route lives in the split6 scratch: it fits there
-    assert plan["q8_1 split6 scratch"] >= split_scratch_bytes(64, k6)
+    assert plan["MMQ weights"] == sum(sb_weight_bytes(*m.tensor(n).shape) for n in sb)
+    k4 = max(m.tensor(n).shape[1] for n in sb)
+    assert plan["SB operand scratch"] == sb_split_bytes(64, k4) > split_scratch_bytes(64, k4)
+    assert plan["q8_1 scratch"] == 0 and plan["MMQ stream-K workspace"] > 0
     fused = plan_fusion(m, routes)
-    assert any(n in fused for n in sb)   # q|k and gate|up fuse on SB like on wgmma
-    # the swiglu epilogue: every fused q4_K gate|up group on SB, none when switched off
-    glu = plan_glu(m, GemmConfig(mmq=True, sb=True), routes, fused)
-    want = {fused[n][0] for n in sb if n.endswith("ffn_gate.weight") and n in fused and
-            m.tensor(n).qtype == 12}
+    assert any(n in fused for n in sb)   # q|k and gate|up fuse on SB
+    # the swiglu epilogue: every fused q4_K gate|up group on SB, none with sb:no-glu
+    glu = plan_glu(m, GemmChoice("sb"), routes, fused)
+    want = {fused[n][0] for n in sb if n.endswith("ffn_gate.weight") and n in fused}
     assert glu == want and glu and all(g.endswith("ffn_gate_up.weight") for g in glu)
-    assert not plan_glu(m, GemmConfig(mmq=True, sb=True, sb_glu=False), routes, fused)
-    # the f16 path: every fused gate|up group (MINFER_F16_GLU, default on), none when off
-    r16 = plan_routes(m, GemmConfig(), _Rt(232448, "sm_90"), 64)
+    assert not plan_glu(m, GemmChoice.parse_ab("sb:no-glu", env={}), routes, fused)
+    # the f16 path: every fused gate|up group, none with f16:no-glu
+    r16 = plan_routes(m, GemmChoice("f16"), _Rt(), 64)
     f16_fused = plan_fusion(m, r16)
     want16 = {g for g, _, _ in f16_fused.values() if g.endswith("ffn_gate_up.weight")}
-    assert want16 and plan_glu(m, GemmConfig(), r16, f16_fused) == want16
-    assert not plan_glu(m, GemmConfig(f16_glu=False), r16, f16_fused)
-    assert GemmConfig.resolve({"MINFER_F16_GLU": "0"}).label() == "f16-noglu"
+    assert want16 and plan_glu(m, GemmChoice(), r16, f16_fused) == want16
+    assert not plan_glu(m, GemmChoice.parse_ab("f16:no-glu", env={}), r16, f16_fused)
     # with every layer's swiglu in its GEMM, the f32 gate|up buffer [T, 2 d_ff] is not planned
     lean = plan_memory(m, routes, 128, 64, sms=132, glu_all=True)
     assert plan["activations"] - lean["activations"] == 64 * 2 * m.config.d_ff * 4
@@ -318,50 +273,10 @@ def test_plan_memory_sb(tmp_path):
         {k: v for k, v in plan.items() if k != "activations"}
 
 
-def test_q6_sb_repack_and_algebra():
-    """q6_K: the planes recombine to sc (q - 32) through the base-7 digits, every |D_i| stays
-    under 2^22 (the exact float read), and the epilogue on the twins' operands gives the
-    oracle; without the 49 plane it is far off."""
-    from minfer.quants.mmq_ref import decode_q6k
-    from minfer.quants.mmq_sb_ref import repack_q6k_sb_ref, sb6_digits
-
-    rng = np.random.default_rng(6)
-    M, N, K = 37, 70, 512
-    w = rand_q6k(rng, N, K)
-    wp, ts = repack_q6k_sb_ref(w, N, K)
-    dsv16, qm = decode_q6k(w, N, K)
-    p = wp.view(np.int8).astype(np.int32)
-    assert p.shape == (3, N, K) and np.abs(p).max() <= 96
-    sc = np.asarray(w, np.uint8).reshape(N, K // 256, 210)[..., 192:208].view(np.int8)
-    sc = sc.reshape(N, K // 16).astype(np.int32)
-    assert np.array_equal(p[0] + 7 * p[1] + 49 * p[2], np.repeat(sc, 16, 1) * qm)
-    assert np.abs(sb6_digits(np.arange(-128, 128))).max() == 3
-    x = rng.standard_normal((M, K)).astype(np.float32)
-    aq, ta = split_q8s_ref(x, signed=True)
-    qa = aq.view(np.int8).astype(np.int64)
-    ref = mmq_sb_linear_ref(x, w, M, N, K, qtype=14)
-    for drop in (False, True):
-        y = np.zeros((M, N), np.float32)
-        for b in range(K // 256):
-            ks = slice(256 * b, 256 * b + 256)
-            D = [qa[:, ks] @ p[i][:, ks].T for i in range(3)]
-            assert max(np.abs(d).max() for d in D) < 2**22
-            f = [d.astype(np.float32).astype(np.float64) for d in D]
-            c = ts[b, :N].astype(np.float64)
-            t = (f[0] * c[:, 0]).astype(np.float32).astype(np.float64)
-            t = (f[1] * c[:, 1] + t).astype(np.float32).astype(np.float64)
-            if not drop:
-                t = (f[2] * c[:, 2] + t).astype(np.float32).astype(np.float64)
-            y = (t * ta[8 * b, :M, 0, None] + y).astype(np.float32)
-        e = np.linalg.norm(y - ref) / np.linalg.norm(ref)
-        assert (e > 1e-1) if drop else (e < 1e-5), e
-
-
-@pytest.mark.parametrize("dtype,signed,entry", [
-    (np.float32, False, "quantize_q8s_split"), (np.float16, False, "quantize_q8s_split_f16"),
-    (np.float16, True, "quantize_q8s_split_s8_f16")])
-def test_split_q8s_launch(monkeypatch, dtype, signed, entry):
-    """split_q8s's host side (no GPU): the entry of the dtype and signedness, one warp per 256
+@pytest.mark.parametrize("dtype,entry", [
+    (np.float32, "quantize_q8s_split"), (np.float16, "quantize_q8s_split_f16")])
+def test_split_q8s_launch(monkeypatch, dtype, entry):
+    """split_q8s's host side (no GPU): the entry of the dtype, one warp per 256
     values (8 per 256-thread CTA), the pointers, M, K and Ta's padded row count; misaligned
     input refused."""
     from fake_gpuarray import FakeGPUArray, install
@@ -376,7 +291,7 @@ def test_split_q8s_launch(monkeypatch, dtype, signed, entry):
     x = FakeGPUArray((M, K), dtype, gpudata=0x10000)
     aq = FakeGPUArray((M, K), np.uint8, gpudata=0x40000)
     ta = FakeGPUArray((K // 32, 128, 2), np.float32, gpudata=0x80000)
-    assert split_q8s(rt, x, aq, ta, signed=signed) == (aq, ta)
+    assert split_q8s(rt, x, aq, ta) == (aq, ta)
     (fn, grid, block, args, _), = rt.launches
     assert fn[:2] == ("quantize_q8_1", entry)
     assert grid == ((M * K // 256 + 7) // 8,) and block == (256,)
@@ -467,14 +382,12 @@ def test_glu_rows_pair_each_feature():
 
 
 def test_swiglu_epilogue_refuses_bad_input():
-    """mmq_sb_linear's swiglu epilogue refuses, before any launch, a q6_K weight, C +=, N not a
-    multiple of 16 and an f32 output."""
-    from minfer.cuda.mmq_sb import SbQ4K, SbQ6K, mmq_sb_linear
+    """mmq_sb_linear's swiglu epilogue refuses, before any launch, C +=, N not a multiple of 16
+    and an f32 output."""
+    from minfer.cuda.mmq_sb import SbQ4K, mmq_sb_linear
     from minfer.errors import GPUError
 
     x = _Arr((8, 256), np.float32)
-    with pytest.raises(GPUError, match="swiglu epilogue"):
-        mmq_sb_linear(None, x, SbQ6K(None, None, 64, 256), 8, 64, 256, None, swiglu=True)
     with pytest.raises(GPUError, match="swiglu epilogue"):
         mmq_sb_linear(None, x, SbQ4K(None, 64, 256), 8, 64, 256, None, accumulate=True,
                       swiglu=True)

@@ -1,6 +1,6 @@
 """The qkv GEMM's rope epilogue (gemm mode 4) without a GPU: the RopeQkv struct's numpy dtype
 against kernels/rope.cuh's static_assert, the numpy twin's properties, which layers plan_rope
-picks, and the config / CLI switch (MINFER_F16_ROPE, --f16-rope)."""
+picks, and the tuning variant f16:no-rope."""
 
 from __future__ import annotations
 
@@ -61,24 +61,26 @@ def test_twin_rotates_q_and_k_and_copies_v():
         gemm_f16_nt_ref(a, w[:-8], rope=RopeRef(qd, kd, D, rd, 10000.0))
 
 
-def test_plan_rope_and_switch(tmp_path):
+def test_plan_rope_and_variant(tmp_path):
     from synth_data import tiny_model
-    from test_mmq_wgmma import _Rt
 
-    from minfer.commands.gemm_flags import FLAGS, gemm_overrides
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
     from minfer.cuda.routes import plan_fusion, plan_rope, plan_routes
     from minfer.loader import load_model
 
+    class _Rt:
+        arch, smem_optin = "sm_90", 232448
+
     m = load_model(tiny_model(tmp_path, seed=3, workers=None))
-    r16 = plan_routes(m, GemmConfig(), _Rt(232448, "sm_90"), 64)
+    r16 = plan_routes(m, GemmChoice("f16"), _Rt(), 64)
     fused = plan_fusion(m, r16)
-    groups = plan_rope(m, GemmConfig(), r16, fused)
+    groups = plan_rope(m, GemmChoice(), r16, fused)
     assert groups == {f"blk.{i}.attn_qkv.weight" for i in range(m.config.n_layers)}
-    assert not plan_rope(m, GemmConfig(f16_rope=False), r16, fused)
-    # MMQ routes keep the rope launch
-    rq = plan_routes(m, GemmConfig(mmq=True, sb=True), _Rt(232448, "sm_90"), 64)
-    assert not plan_rope(m, GemmConfig(mmq=True, sb=True), rq, plan_fusion(m, rq))
+    # the tuning variant f16:no-rope (bench --ab) keeps the rope launch
+    assert not plan_rope(m, GemmChoice.parse_ab("f16:no-rope", env={}), r16, fused)
+    # int8 routes keep the rope launch
+    rq = plan_routes(m, GemmChoice("sb"), _Rt(), 64)
+    assert not plan_rope(m, GemmChoice("sb"), rq, plan_fusion(m, rq))
     # neox models (adjacent pairs only) and q/k/v biases keep it too
     from dataclasses import replace
 
@@ -86,12 +88,8 @@ def test_plan_rope_and_switch(tmp_path):
         def __init__(self, cfg):
             self.config = cfg
 
-    assert not plan_rope(_M(replace(m.config, rope_neox=True)), GemmConfig(), r16, fused)
-    assert not plan_rope(_M(replace(m.config, qkv_bias=True)), GemmConfig(), r16, fused)
-    assert GemmConfig.resolve({"MINFER_F16_ROPE": "0"}).label() == "f16-norope"
-    assert GemmConfig.resolve({}).label() == "f16" and GemmConfig().f16_rope
-    assert "MINFER_F16_ROPE" in {k for _, k, _ in FLAGS}
-    assert gemm_overrides(f16_rope=False) == {"MINFER_F16_ROPE": "0"}
+    assert not plan_rope(_M(replace(m.config, rope_neox=True)), GemmChoice(), r16, fused)
+    assert not plan_rope(_M(replace(m.config, qkv_bias=True)), GemmChoice(), r16, fused)
 
 
 def test_rope_epilogue_where_the_tiles_fit_one_wave():

@@ -1,4 +1,4 @@
-"""`minfer bench [-m FILE] --tokens 512,2048 [--ab "K=V K=V" "..."] [-o md|json|csv] [--plot F]`"""
+"""`minfer bench [-m FILE] --tokens 512,2048 [--ab f16 f16:no-rope all "MINFER_MMQ=1" ...] [-o md|json|csv] [--plot F]`"""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from minfer.threads import threads_option
 @click.option("--tokens", default="512", show_default=True,
               help="Comma-separated prompt lengths (pp512, pp2048, ...).")
 @click.option("--ab", "ab", multiple=True,
-              help='A/B config, "MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow '
-                   "as extra arguments. Configs run interleaved in one process, their order "
-                   "rotated each repeat (use --repeats as a multiple of the config count).")
+              help='A/B config: a GEMM path with tuning variants (f16, f16:no-rope, sb, '
+                   'sb:no-glu, wide-kd8; docs/paths.md), "all" (every path of the table) or '
+                   '"MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow as extra '
+                   "arguments. Configs run interleaved in one process, their order rotated each "
+                   "repeat (use --repeats as a multiple of the config count).")
 @click.option("--repeats", default=3, show_default=True, type=int)
 @click.option("--backend", "kind", default="cuda", show_default=True,
               type=click.Choice(["cuda", "cpu"], case_sensitive=False))
@@ -38,10 +40,9 @@ from minfer.threads import threads_option
 @gemm_options
 @click.argument("more_ab", nargs=-1)
 def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot_path, more_ab,
-          **gemm) -> None:
+          gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
-    GEMM flags apply to every config, under the environment's values; an --ab string's keys
-    win over both."""
+    --gemm applies to every config over the environment; an --ab config wins over both."""
     from minfer.bench import parse_tokens, run
     from minfer.bench_out import check_plot_path, plot
     from minfer.commands.prefill import check_backend
@@ -66,7 +67,7 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
         model_path = default_model_path()
     echo = click.echo if fmt == "md" else (lambda s="": click.echo(s, err=True))
     rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
-               echo=echo, base=gemm_overrides(**gemm), min_ms=min_ms, out=click.echo, fmt=fmt,
+               echo=echo, base=gemm_overrides(gemm), min_ms=min_ms, out=click.echo, fmt=fmt,
                progress=True)
     if plot_path is not None:
         from pathlib import Path

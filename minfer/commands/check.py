@@ -1,20 +1,23 @@
-"""`minfer check -m FILE`: the parity gate and greedy-32 identity across all GEMM paths.
+"""`minfer check -m FILE [--gemm NAME]`: the parity gate and greedy-32 identity over the GEMM path
+table (minfer.cuda.paths.TABLE; --gemm: one path only).
 
-1. Parity (docs/design.md gate 1): every MMQ path (R1, narrow, wide KD=4 and KD=8) against the numpy
-   twin minfer.quants.mmq_ref on each distinct (type, N, K) of the model's q4_K / q6_K GEMM
-   weights (real weights, random activations): M = 128, ragged M = 37 with N - 5 rows
-   (accumulate mode), and M = 1. The GPU computes the full [M, N]; the float64 twin (slow in
-   numpy at 8B shapes) is evaluated on a sample of weight rows that always includes the first
-   and last tiles' edges. Gate: rel err (Frobenius) <= 1e-3.
-2. greedy-32 identity (gate 3, tie-aware, minfer.gates.compare_greedy): the f16 path, every
-   MMQ config and the CPU reference (ReferenceBackend, f32) decode 32 greedy tokens from the
-   prompt. Each GPU path is compared to the CPU reference with tau = 2 * max|logit diff| at the
-   last prompt position between the two engines (stated per row); exact n/32 counts reported.
-   The MMQ paths are compared with a reference whose MMQ-routed weights see their input through
-   the q8_1 grid (ReferenceBackend q8_1_inputs): the rounding MMQ does on purpose is then in
-   both engines. Measured on SmolLM2 (11-layer slice, Q4_K_M requant: 11 MMQ weights): every MMQ
-   path 32/32 exact, max|dlogit| 0.10 (tau 0.20), where against plain f32 it was 18/32 with a
-   near-tie stop at step 1 (max|dlogit| 0.21, tau 0.41).
+1. Parity (docs/design.md gate 1): every path of the table against its numpy twin (path_ops: f16 on
+   the f16-rounded operands, the raw int8 paths on the q8_1 grid, SB on the per-256 q8s grid)
+   on each distinct (type, N, K) of the model's GEMM weights the path takes (real weights,
+   random activations): M = 128, ragged M = 37 with N - 5 rows (accumulate mode), and M = 1.
+   The GPU computes the full [M, N]; the float64 twin (slow in numpy at 8B shapes) is
+   evaluated on a sample of weight rows that always includes the first and last tiles' edges.
+   A path this GPU cannot run (SB off sm_90) is said once; the smem guard's fallback is named
+   in the row. Gate: rel err (Frobenius) <= 1e-3.
+2. greedy-32 identity (gate 3, tie-aware, minfer.gates.compare_greedy): every path of the table
+   and the CPU reference (ReferenceBackend, f32) decode 32 greedy tokens from the prompt. Each
+   GPU path is compared to the CPU reference with tau = 2 * max|logit diff| at the last prompt
+   position between the two engines (stated per row); exact n/32 counts reported.
+   The int8 paths are compared with a reference whose int8-routed weights see their input
+   through the grid of their kernel (ReferenceBackend q8_1_inputs / q8s_inputs): the rounding
+   the kernels do on purpose is then in both engines. Measured on SmolLM2 (11-layer slice,
+   Q4_K_M requant: 11 MMQ weights): every MMQ path 32/32 exact, max|dlogit| 0.10 (tau 0.20),
+   where against plain f32 it was 18/32 with a near-tie stop at step 1.
 Runs in poison mode (RuntimeConfig.poison; CUDA graphs stay on, so the gate sees the path
 prefill runs): every kernel output is NaN-filled before its launch, so a kernel that did not
 run reads as NaN, never as stale numbers. A path whose backend raises (non-finite logits, a
@@ -30,26 +33,19 @@ import sys
 import click
 import numpy as np
 
+from minfer.commands.gemm_flags import gemm_options
 from minfer.threads import threads_option
 
-# path label -> GemmConfig fields ("f16" is GemmConfig(): MMQ off)
-# (mmq-wgmma-kd4: q4_K and q6_K on the Hopper wgmma kernels where the GPU is sm_90; on other
-#  GPUs it runs what mmq-wide-kd4 runs, and the parity rows name the kernel that ran;
-#  -sb: q4_K / q6_K on the super-block kernels, per-256 activation scales, their own oracle)
-PATHS = {"mmq-r1": dict(mmq=True, raw=False), "mmq-narrow": dict(mmq=True, wide=False),
-         "mmq-wide-kd4": dict(mmq=True, kd=4, wgmma=False),
-         "mmq-wide-kd8": dict(mmq=True, kd=8, wgmma=False),
-         "mmq-wgmma-kd4": dict(mmq=True, kd=4, wgmma=True),
-         "mmq-wgmma-kd4-sb": dict(mmq=True, kd=4, wgmma=True, sb=True)}
-ALL_PATHS = {"f16": {}, **PATHS}
 QNAME = {12: "q4_K", 14: "q6_K"}
 PARITY_TOL = 1e-3
 
 
-def gemm_weight_shapes(model) -> dict[tuple[int, int, int], str]:
-    """(qtype, N, K) -> first weight name, for the model's MMQ-able GEMM weights."""
-    from minfer.cuda.mmq import has_mmq
+def gemm_weight_shapes(model, path=None) -> dict[tuple[int, int, int], str]:
+    """(qtype, N, K) -> first weight name, for the model's GEMM weights `path` (a TABLE record;
+    None: the raw int8 paths) takes (any arch)."""
+    from minfer.cuda.paths import TABLE
 
+    path = path or TABLE["wide-kd4"]
     c = model.config
     names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
              for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -59,7 +55,7 @@ def gemm_weight_shapes(model) -> dict[tuple[int, int, int], str]:
     for name in names:
         t = model.tensor(name)
         N, K = (int(s) for s in t.shape)
-        if has_mmq(t.qtype) and K % 256 == 0:
+        if not path.unsupported(t.qtype, next(iter(path.archs or [None])), K):
             shapes.setdefault((int(t.qtype), N, K), name)
     return shapes
 
@@ -71,49 +67,61 @@ def sample_rows(rng, n: int, k: int = 256) -> np.ndarray:
     return np.unique(np.r_[edge, pick])
 
 
-def parity_rows(rt, model, seed: int = 0, n_sample: int = 256):
-    """[(what, path, shape, rel_err, ok)] for each MMQ path on the model's MMQ weight shapes."""
+def table_paths(gemm: str | None = None):
+    """The TABLE records check runs: all, or the one --gemm names (mmq: the seeds' config)."""
+    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.paths import TABLE
+
+    if gemm in (None, "auto"):
+        return list(TABLE.values())
+    return [TABLE[GemmChoice.resolve({}, gemm).path]]
+
+
+def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
+    """[(what, path, shape, rel_err, ok)] for each path (TABLE records; default all) on the
+    model's weight shapes it takes, against its numpy twin."""
     from minfer.cuda import devarray as da
-    from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq import mmq_linear, pick_variant
-    from minfer.quants.mmq_ref import mmq_linear_ref
-    from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
+    from minfer.cuda.paths import choose_path
 
     rng = np.random.default_rng(seed)
     rows = []
-    for (qt, N, K), name in gemm_weight_shapes(model).items():
-        raw = np.ascontiguousarray(model.tensor(name).data).view(np.uint8).reshape(N, -1)
-        for M, n, acc in ((128, N, False), (37, max(1, N - 5), True), (1, N, False)):
-            cols = sample_rows(rng, n, n_sample)
-            x = rng.standard_normal((M, K)).astype(np.float32)
-            wsel = np.ascontiguousarray(raw[cols])
-            refs = {"q8_1": mmq_linear_ref(x, wsel, qt, M, len(cols), K)}
-            base = (rng.standard_normal((M, n)).astype(np.float32)
-                    * float(np.abs(refs["q8_1"]).mean())
-                    if acc else np.full((M, n), np.nan, np.float32))
-            xd = da.to_device(rt, x, "parity x")
-            wd = da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w")
-            for path, kw in PATHS.items():
+    for p in paths or table_paths():
+        if p.archs is not None and rt.arch not in p.archs:
+            echo(f"(parity: {p.name} needs {'/'.join(sorted(p.archs))}, this GPU is {rt.arch}: "
+                 "not run)")
+            continue
+        for (qt, N, K), name in gemm_weight_shapes(model, p).items():
+            raw = np.ascontiguousarray(model.tensor(name).data).view(np.uint8).reshape(N, -1)
+            for M, n, acc in ((128, N, False), (37, max(1, N - 5), True), (1, N, False)):
+                cols = sample_rows(rng, n, n_sample)
+                x = rng.standard_normal((M, K)).astype(np.float32)
+                r = choose_path(qt, rt.arch, (M, n, K), p.name, rt.smem_optin)
+                prepare, launch, twin = r.path.ops()
+                ref = twin(x, np.ascontiguousarray(raw[cols]), qt, M, len(cols), K)
+                base = (rng.standard_normal((M, n)).astype(np.float32)
+                        * float(np.abs(ref).mean())
+                        if acc else np.full((M, n), np.nan, np.float32))
+                xd = da.to_device(rt, x, "parity x")
+                wd = prepare(rt, da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1),
+                                              "parity w"), qt, n, K)
                 out = da.to_device(rt, base, "parity out")
-                cfg = GemmConfig(**kw)
-                mmq_linear(rt, xd, wd, qt, M, n, K, cfg, out, accumulate=acc)
-                v = pick_variant(cfg, rt.smem_optin, qt, rt.arch)   # what ran, for f32 x
-                if v.kind == "sb":   # its activations are quantized per 256: its own oracle
-                    if "q8s" not in refs:
-                        refs["q8s"] = mmq_sb_linear_ref(x, wsel, M, len(cols), K, qt)
-                    ref = refs["q8s"]
-                else:
-                    ref = refs["q8_1"]
+                launch(rt, xd, wd, qt, M, n, K, r.path, out, acc)
                 y = out.get()[:, cols].astype(np.float64)
                 if acc:
                     y -= base[:, cols]
                 err = (float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
                        if np.isfinite(y).all() else float("inf"))
                 shape = f"{M}x{n}x{K}" + (" +=" if acc else "")
-                ran = f"{path} [{v.label}]" if "wgmma" in path else path   # the kernel that ran
-                rows.append((f"{QNAME[qt]} {name}", ran, shape, err, err <= PARITY_TOL))
-            del xd, wd
+                ran = p.name if r.path is p else f"{p.name} [{r.path.name}]"   # the smem guard
+                rows.append((f"{_qname(qt)} {name}", ran, shape, err, err <= PARITY_TOL))
+                del xd, wd, out
     return rows
+
+
+def _qname(qt: int) -> str:
+    from minfer.cuda.paths import qname
+
+    return qname(qt)
 
 
 def identity_verdict(ref, res):
@@ -141,12 +149,13 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
     return ids
 
 
-def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
-    """[(path, exact, n, max_diff, tau, detail, ok)] greedy identity of every GPU path vs the
-    CPU reference (tie-aware)."""
+def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths=None):
+    """[(path, exact, n, max_diff, tau, detail, ok)] greedy identity of every path (TABLE
+    records; default all) vs the CPU reference (tie-aware)."""
     from minfer import engine
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.paths import TABLE
     from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
 
@@ -155,10 +164,11 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
     gc.collect()
     rows = []
     max_tokens = max(64, len(ids) + n_greedy)
-    for path, kw in ALL_PATHS.items():
+    for p in paths or table_paths():
+        path = p.name
         be = None
         try:
-            be = CudaBackend(model, GemmConfig(**kw), max_tokens=max_tokens, ubatch=512)
+            be = CudaBackend(model, GemmChoice(path), max_tokens=max_tokens, ubatch=512)
             echo(f"{path:<13} {be.route_summary()}")
             res = engine.run(be, ids, n_greedy, 512)
         except GPUError as e:  # e.g. non-finite logits: this path fails, the others still run
@@ -167,12 +177,13 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
             # through the grid of the kernel that runs them (q8_1; q8s for SB)
-            q8 = tuple(sorted(n for n, (p, _) in be.routes.items()
-                              if p.startswith("mmq") and p != "mmq-sb"))
-            q8s = tuple(sorted(n for n, (p, _) in be.routes.items() if p == "mmq-sb"))
+            grid = {n: TABLE[r].activation for n, (r, _) in be.routes.items()}
+            q8 = tuple(sorted(n for n, a in grid.items() if a == "q8_1"))
+            q8s = tuple(sorted(n for n, a in grid.items() if a == "sb-operand"))
             if (q8, q8s) not in refs:
                 refs[(q8, q8s)] = engine.run(ReferenceBackend(
-                    model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s)), ids, n_greedy, 512)
+                    model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s)), ids, n_greedy,
+                    512)
             v, diff = identity_verdict(refs[(q8, q8s)], res)
             ref_name = ("cpu" if not q8 + q8s else
                         f"cpu+q8_1 ({len(q8)} inputs)" + (f"+q8s ({len(q8s)})" if q8s else ""))
@@ -189,9 +200,12 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo):
 @click.option("--parity-only", is_flag=True, help="Skip the greedy-32 identity runs.")
 @click.option("--identity-only", is_flag=True, help="Skip the parity gate.")
 @threads_option
-def check(model_path: str | None, prompt: str, parity_only: bool, identity_only: bool) -> int:
-    """GPU gate: parity (every MMQ path vs the numpy twin) and greedy-32 identity across paths.
-    Needs a CUDA GPU (it checks our kernels against the CPU reference)."""
+@gemm_options
+def check(model_path: str | None, prompt: str, parity_only: bool, identity_only: bool,
+          gemm) -> int:
+    """GPU gate: parity (every GEMM path vs its numpy twin) and greedy-32 identity across paths
+    (--gemm: one path; default every path of the table). Needs a CUDA GPU (it checks our
+    kernels against the CPU reference)."""
     from minfer.cuda.runtime import RuntimeConfig, get_runtime
     from minfer.errors import GPUError
     from minfer.loader import load_model
@@ -213,18 +227,18 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
     was = rt.cfg.poison
     rt.cfg.poison = True  # the runtime may predate this command (in-process callers, tests)
     try:
-        prow = [] if identity_only else parity_rows(rt, model)
-        irow = [] if parity_only else identity_rows(model, prompt)
+        paths = table_paths(gemm)
+        prow = [] if identity_only else parity_rows(rt, model, paths=paths)
+        irow = [] if parity_only else identity_rows(model, prompt, paths=paths)
     finally:
         rt.cfg.poison = was
     if not identity_only:
-        click.echo(f"\nparity vs numpy twin (gate rel err <= {PARITY_TOL:g}, KD=4 and KD=8):")
+        click.echo(f"\nparity vs numpy twin (gate rel err <= {PARITY_TOL:g}):")
         click.echo("| weight | path | MxNxK | rel err | |\n| --- | --- | ---: | ---: | --- |")
         for what, path, shape, err, ok in prow:
             click.echo(f"| {what} | {path} | {shape} | {err:.2e} | {'ok' if ok else 'FAIL'} |")
         if not prow:
-            click.echo("(no q4_K / q6_K GEMM weight with K % 256 == 0 in this model: "
-                       "nothing to gate; every path runs f16 here)")
+            click.echo("(no GEMM weight any path of the table takes: nothing to gate)")
     if not parity_only:
         click.echo("\ngreedy-32 identity vs the CPU reference (tie-aware; tau = 2 * max|logit "
                    "diff| at the last prompt position; MMQ paths vs the reference with the same "

@@ -162,7 +162,7 @@ def _num(x: float) -> float | None:
 @threads_option
 @gemm_options
 def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, stop_at_eos,
-            ctx_size, backend_kind, ubatch, dtype, as_json, **gemm) -> None:
+            ctx_size, backend_kind, ubatch, dtype, as_json, gemm) -> None:
     """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text."""
     from minfer import engine
     from minfer.loader import load_model
@@ -193,7 +193,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     engine.validate(len(ids), n_greedy, ubatch, n_ctx)  # before loading weights
     stop_ids = tok.eog_ids if (chat if stop_at_eos is None else stop_at_eos) else ()
     backend = make_backend(kind, model, dtype, len(ids) + n_greedy, ubatch,
-                           gemm_config(**gemm))
+                           gemm_config(gemm=gemm))
     load_s = time.perf_counter() - t0
 
     res = engine.run(backend, ids, n_greedy=n_greedy, ubatch=ubatch, progress=True, n_ctx=n_ctx,

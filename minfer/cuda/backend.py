@@ -1,8 +1,8 @@
 """CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
 
 Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
-pick_gemm: "f16" or "mmq-*"), q/k/v and gate/up on f16 are fused (routes.plan_fusion), the
-memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
+paths.choose_path: "f16", "sb" or a raw int8 path; minfer.cuda.linear's route object runs it),
+q/k/v and gate/up on one path are fused (routes.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.weights.
 Kernels are compiled before anything is timed (minfer.cuda.prepare): the weight upload's
@@ -21,19 +21,18 @@ Fusion: when q, k, v (resp. gate, up) all run on f16, they are dequantized into 
 one [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) f16 buffer (self.w keeps per-weight row views) and run
 as one GEMM: fewer launches and a wide N for the small k/v products. Otherwise (MMQ routes)
 they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads them.
-Positions live on the device (self.pos = [pos0]; rope_qkv and attention read it), so every
-launch of a chunk depends only on (T, last): with `graphs` on (default; MINFER_CUDA_GRAPHS=0 or
-the runtime's debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
+Buffers are declared in weights.DeviceBuffers (self.buf). Positions live on the device
+(buf.pos = [pos0]; rope_qkv and attention read it), so every launch of a chunk depends only on
+(T, last): with `graphs` on (default; MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
 are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.graph); every later
 chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
-MMQ weights: the activation is quantized to q8_1 once per distinct input into one reused
-scratch buffer (q, k, v share h16's; gate, up share the FFN input's), then mmq_linear runs on
-the raw bytes (attn_output / ffn_down accumulate into x). A wgmma ffn_down's input skips the f16
-a16: the swiglu launch writes its q8_1 split operand directly (GemmConfig.fused_prepass,
-mmq_wgmma.split_swiglu; the same bytes). Likewise on the SB q4_K path the rmsnorm launch
-writes the SB token operand of the GEMMs after it (`_norm`, mmq_sb.sb_operand_rmsnorm; h16
-only where an f16 GEMM also reads it) and the swiglu launch ffn_down's. `route_summary()` gives the one-line
+int8 weights: the activation is quantized once per distinct input into one reused scratch
+buffer (q8_1 for the raw kernels, the SB token operand for SB; q, k, v share h16's; gate, up
+share the FFN input's), then the route's kernel runs (attn_output / ffn_down accumulate into x).
+On SB the rmsnorm launch writes the token operand of the GEMMs after it (`_norm`,
+mmq_sb.sb_operand_rmsnorm; h16 only where an f16 GEMM also reads it) and the swiglu launch
+ffn_down's. `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
@@ -53,7 +52,6 @@ host's launch rate out of the events).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -64,30 +62,22 @@ from minfer.cuda import attention as attn_mod
 from minfer.cuda import devarray as da
 from minfer.cuda import layers as L
 from minfer.cuda import prepare
-from minfer.cuda.config import GemmConfig
+from minfer.cuda.config import GemmChoice
 from minfer.cuda.profile import OpProfile
 from minfer.cuda.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.routes import (plan_fusion, plan_glu, plan_rope, plan_routes,
                                 summarize_routes)
-from minfer.cuda.weights import (_dequant_f16, alloc_buffers, check_memory, load_weights,
-                                 plan_memory)
+from minfer.cuda.fusion import plan_groups
+from minfer.cuda.linear import NORM_PREPASS, PREPASS, SCRATCH, SWIGLU_PREPASS, make_route
+from minfer.cuda.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
+                                 load_weights, plan_memory)
 from minfer.errors import BadInput, GPUError, Unsupported
 
 # public names importers use (tests, bench, commands); _dequant_f16 for tests/gpu/test_faults
 __all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequant_f16"]
 
 
-# -- adapters to the gemm / dequant modules (engineers "gemm" and "dequant") -----------------
-def _gemm(rt, C, A, B, mode: str) -> None:
-    """C[M, N] (mode 'f32' store, 'f16' store, 'acc' f32 +=) = A f16 [M, K] @ B f16 [N, K].T."""
-    if mode != "acc":
-        da.poison(rt, C)  # debug / poison mode: NaN unless the GEMM really writes C
-    if mode == "acc":
-        gemm_f16_nt(A, B, np.float32, accumulate=C, rt=rt)
-    else:
-        gemm_f16_nt(A, B, np.float16 if mode == "f16" else np.float32, out=C, rt=rt)
-
-
+# -- adapter to the dequant module --------------------------------------------------------------
 def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:
     from minfer.cuda import dequant
 
@@ -98,7 +88,7 @@ def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None
 class CudaBackend:
     """Backend protocol on the GPU. See the module docstring for the dataflow."""
 
-    def __init__(self, model, cfg: GemmConfig | None = None, rt=None, max_tokens: int = 4096,
+    def __init__(self, model, cfg: GemmChoice | None = None, rt=None, max_tokens: int = 4096,
                  ubatch: int = 2048, warmup: bool = True, progress: bool = False,
                  graphs: bool | None = None):
         from minfer.cuda.runtime import get_runtime
@@ -106,10 +96,10 @@ class CudaBackend:
         t0 = time.perf_counter()
         self.model = model
         self.c = c = model.config
-        self.gcfg = cfg or GemmConfig.resolve()
+        self.gcfg = cfg or GemmChoice.resolve()
         self.rt = rt or get_runtime()
         label = self.gcfg.label()
-        self.name = "cuda" if label == "f16" else f"cuda-{label}"
+        self.name = "cuda" if label in ("auto", "f16") else f"cuda-{label}"
         if c.head_dim not in attn_mod.HEAD_DIMS:
             raise Unsupported(f"cuda backend: head_dim {c.head_dim} not supported "
                               f"(supported: {attn_mod.HEAD_DIMS})")
@@ -119,14 +109,22 @@ class CudaBackend:
         self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
         self.profile: OpProfile | None = None
         self.n_past = 0
-        self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch)
+        self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch, self.max_tokens)
         if graphs is None:
-            graphs = os.environ.get("MINFER_CUDA_GRAPHS", "1") != "0"
+            from minfer.cuda.runtime import debug_flags
+
+            graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._graphs: dict[tuple[int, bool], object] = {}
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused = plan_fusion(model, self.routes)
         self.glu = plan_glu(model, self.gcfg, self.routes, self.fused)
+        # each layer's q|k|v and gate|up GEMMs, in output order
+        self.groups = [{k: plan_groups(model, self.fused, i, k) for k in ("attn", "ffn")}
+                       for i in range(c.n_layers)]
+        # each linear weight's route object: its prepass, launch and epilogues (minfer.cuda.linear)
+        self.lin = {n: make_route(p, model.tensor(n).qtype, self.gcfg)
+                    for n, (p, _) in self.routes.items()}
         plan = self._plan()
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
@@ -134,17 +132,16 @@ class CudaBackend:
         wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"],
                            progress, frozenset(self.glu))
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
-        # the buffers become attributes (x, h16, qkv32, q16, a16, gu32, f16, pos, last16,
-        # logits, amax, ids, kc, vc, rope, q8): the layer loop below reads self.<name>
-        vars(self).update(vars(alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
-                                             plan["q8_1 scratch"], plan["q8_1 split scratch"],
-                                             plan["q8_1 split6 scratch"], self._glu_all())))
+        self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
+                                                plan["q8_1 scratch"], plan["SB operand scratch"],
+                                                self._glu_all())
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}
-        for g in plan_rope(model, self.gcfg, self.routes, self.fused):
+        for g in sorted(plan_rope(model, self.gcfg, self.routes, self.fused)):
             il = int(g.split(".")[1])   # blk.<il>.attn_qkv.weight
-            self.rope_epi[g] = L.QkvRope(self.rt, self.q16, self.kc[il], self.vc[il], self.rope,
-                                         self.pos, c.rope_dim, c.rope_neox)
+            b = self.buf
+            self.rope_epi[g] = L.QkvRope(self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.pos,
+                                         c.rope_dim, c.rope_neox)
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -162,7 +159,8 @@ class CudaBackend:
         """Every layer's gate|up GEMM writes the swiglu (no f32 gate|up buffer needed): on the
         SB kernel (an f16 glu GEMM at M == 1 still goes through gu32)."""
         return len(self.glu) == self.c.n_layers and all(
-            self.routes[f"blk.{i}.ffn_gate.weight"][0] != "f16" for i in range(self.c.n_layers))
+            self.lin[f"blk.{i}.ffn_gate.weight"].activation != "none"
+            for i in range(self.c.n_layers))
 
     def warmup(self, lengths) -> "prepare.Prep":
         """Compile (in parallel) and load every kernel forwards of `lengths` tokens need and
@@ -195,71 +193,32 @@ class CudaBackend:
         return summarize_routes(self.model, self.routes)
 
     def _quantize(self, A, *names: str):
-        """A f16 [M, K] -> its MMQ prepass outputs in the shared scratch, once, for the
-        GEMMs `names`: a dict with "raw" (q8_1 raw [M, K/32*40], the mma.sync kernels), "split"
-        ((aq, ta), the q4_K wgmma kernel), "q8s" / "q8s6" (SbTokens / (aq, ta) per 256, the
-        q4_K / q6_K SB kernels) and / or
-        "split6" ((xq, tx), the q6_K wgmma kernel),
-        as the names' routes and types need; None when all run
-        on f16. The scratch is reused by the next activation (the GEMMs that read it are
+        """A f16 [M, K] -> the input forms the routes of the GEMMs `names` read, made once each
+        into their scratch (linear.PREPASS): a dict form -> operand, or None when all read A
+        itself. The scratch is reused by the next activation (the GEMMs that read it are
         queued before, on the same stream)."""
-        paths = {self.routes[n][0] for n in names}
-        if paths == {"f16"}:
+        kinds = {self.lin[n].activation for n in names} - {"none"}
+        if not kinds:
             return None
-        from minfer.cuda.mmq import quantize_q8_1
-        from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_q8_1, split6_views, split_q8_1,
-                                           split_views)
-
-        M, K = A.shape
-        out = {}
         with self._op("q8_1 prepass"):
-            if paths - {"f16", "mmq-wgmma", "mmq-sb"}:
-                q8 = da.reshape(da.rows(self.q8, 0, M * (K // 32) * 40), (M, K // 32 * 40))
-                da.poison(self.rt, q8)
-                out["raw"] = quantize_q8_1(self.rt, A, q8)
-            wq = {int(self.qtypes[n]) for n in names if self.routes[n][0] == "mmq-wgmma"}
-            if Q4_K in wq:
-                aq, ta = split_views(self.q8s, M, K)
-                da.poison(self.rt, aq, ta)
-                out["split"] = split_q8_1(self.rt, A, aq, ta)
-            sbq = {int(self.qtypes[n]) for n in names if self.routes[n][0] == "mmq-sb"}
-            if sbq:   # (then every q4_K / q6_K route of the type is SB: its scratch is free)
-                from minfer.cuda.mmq_sb import sb_operand, sb_views, split_q8s
-
-                if Q4_K in sbq:   # the token operand (images and tables), in one launch
-                    tt = sb_views(self.q8s, M, K)[2]
-                    da.poison(self.rt, tt)
-                    out["q8s"] = sb_operand(self.rt, A, tt)
-                if Q6_K in sbq:   # signed bytes, in the split6 scratch
-                    aq, ta = split_views(self.q8s6, M, K)
-                    da.poison(self.rt, aq, ta)
-                    out["q8s6"] = split_q8s(self.rt, A, aq, ta, signed=True)
-            if Q6_K in wq:
-                xq, tx = split6_views(self.q8s6, M, K)
-                da.poison(self.rt, xq, tx)
-                out["split6"] = split6_q8_1(self.rt, A, xq, tx)
-        return out
+            return {k: PREPASS[k](self.rt, A, getattr(self.buf, SCRATCH[k])) for k in kinds}
 
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
-        prepass outputs (as _quantize: a dict, or None when all run on f16). When a q4_K GEMM
-        on the SB kernel reads it, every other reader runs on f16 (or is SB q4_K too) and the
-        config fuses prepasses, one launch makes the norm and the SB token operand
-        (mmq_sb.sb_operand_rmsnorm; the same bytes), and writes h16 only if an f16 GEMM reads
-        it. Otherwise rmsnorm, then _quantize."""
-        kinds = {(self.routes[n][0], int(self.qtypes.get(n, -1))) for n in names}
-        M, D = x.shape
-        if self.gcfg.fused_prepass and any(k[0] == "mmq-sb" for k in kinds):
-            from minfer.cuda.mmq_sb import Q4_K, SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
-
-            if all(k[0] == "f16" or k == ("mmq-sb", Q4_K) for k in kinds) and \
-                    D <= SB_NORM_MAX_K:
-                tt = sb_views(self.q8s, M, D)[2]
-                f16_reader = any(k[0] == "f16" for k in kinds)
-                with self._op("rmsnorm+q8s"):
-                    da.poison(self.rt, tt, *((h16,) if f16_reader else ()))
-                    return {"q8s": sb_operand_rmsnorm(self.rt, x, self.w[wname], self.c.rms_eps,
-                                                      tt, h16 if f16_reader else None)}
+        prepass outputs (as _quantize). When they read one quantized form that has a fused
+        norm launch (linear.NORM_PREPASS: the SB token operand), besides f16, one launch makes
+        the norm and that form (the same bytes), writing h16 only if an f16 GEMM reads it
+        (tuning variant no-fused-prepass: two launches). Otherwise rmsnorm, then _quantize."""
+        kinds = {self.lin[n].activation for n in names}
+        q = kinds - {"none"}
+        if self.gcfg.on("fused-prepass") and len(q) == 1 and next(iter(q)) in NORM_PREPASS:
+            k = next(iter(q))
+            f16_reader = "none" in kinds
+            with self._op("rmsnorm+q8s"):
+                op = NORM_PREPASS[k](self.rt, x, self.w[wname], self.c.rms_eps,
+                                     getattr(self.buf, SCRATCH[k]), h16 if f16_reader else None)
+            if op is not None:
+                return {k: op}
         with self._op("rmsnorm"):
             da.poison(self.rt, h16)
             L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
@@ -267,29 +226,14 @@ class CudaBackend:
 
     def _swiglu(self, f16, down: str, g, u=None):
         """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]) as the input
-        of `down`. When `down` runs on a wgmma kernel (or is q4_K on the SB kernel) and the
-        config fuses its prepass, the swiglu launch writes down's operand instead (the q8_1
-        split of its type, or the SB token operand; f16 is left unwritten) and that is
-        returned, as _quantize's dict; else None."""
-        if self.gcfg.fused_prepass and self.routes[down][0] == "mmq-wgmma":
-            from minfer.cuda.mmq_wgmma import Q6_K, split6_views, split_swiglu, split_views
-
-            qt = int(self.qtypes[down])
+        of `down`. When down's input form has a fused swiglu launch (linear.SWIGLU_PREPASS: the
+        SB token operand), that launch writes it instead (f16 is left unwritten; tuning variant
+        no-fused-prepass: two launches) and it is returned, as _quantize's dict; else None."""
+        k = self.lin[down].activation
+        if self.gcfg.on("fused-prepass") and k in SWIGLU_PREPASS:
             M, F = f16.shape
-            key, a, t = (("split6", *split6_views(self.q8s6, M, F)) if qt == Q6_K else
-                         ("split", *split_views(self.q8s, M, F)))
-            with self._op("swiglu+q8_1"):
-                da.poison(self.rt, a, t)
-                return {key: split_swiglu(self.rt, qt, g, u, a, t)}
-        if self.gcfg.fused_prepass and self.routes[down][0] == "mmq-sb":
-            from minfer.cuda.mmq_sb import Q4_K, sb_operand_swiglu, sb_views
-
-            if int(self.qtypes[down]) == Q4_K:   # (q6_K's SB operand is the signed split)
-                M, F = f16.shape
-                tt = sb_views(self.q8s, M, F)[2]
-                with self._op("swiglu+q8s"):
-                    da.poison(self.rt, tt)
-                    return {"q8s": sb_operand_swiglu(self.rt, g, u, tt)}
+            with self._op("swiglu+q8s"):
+                return {k: SWIGLU_PREPASS[k](self.rt, g, u, getattr(self.buf, SCRATCH[k]), M, F)}
         with self._op("swiglu"):
             da.poison(self.rt, f16)
             if u is None:
@@ -299,53 +243,38 @@ class CudaBackend:
         return None
 
     def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
-        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route; q8: A's prepass
-        outputs (from _quantize), made here when not given. A fused weight (q|k|v, gate|up:
-        not in routes) takes the route of `member`, one of its members (plan_fusion: all
-        share it). Mode 'glu' (a plan_glu gate|up group: q4_K on the SB kernel, or f16): C f16
-        [M, F] = silu(gate) * up from the GEMM's epilogue (f16 at M == 1: the GEMV's f32 into
-        gu32, then the interleaved swiglu launch)."""
+        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route object; q8: A's
+        prepass outputs (from _quantize), made here when not given. A fused weight (q|k|v,
+        gate|up: not in routes) takes the route of `member`, one of its members (plan_fusion:
+        all share it). Mode 'glu' (a plan_glu gate|up group): C f16 [M, F] = silu(gate) * up
+        from the GEMM's epilogue."""
         M, K = A.shape
         N = C.shape[1]
-        path = self.routes[member or name][0]
-        if mode == "glu" and path == "f16":
-            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
-                da.poison(self.rt, C)
-                if M > 1:
-                    gemm_f16_nt(A, self.w[name], np.float16, out=C, rt=self.rt, glu=True)
-                    return
-                gu = self._part(self.gu32, 0, (M, 2 * N))
-                gemm_f16_nt(A, self.w[name], np.float32, out=gu, rt=self.rt)
-            with self._op("swiglu"):
-                L.swiglu_interleaved(self.rt, C, gu)
-            return
-        if mode == "glu":
-            from minfer.cuda.mmq_sb import mmq_sb_linear
-
-            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
-                da.poison(self.rt, C)
-                mmq_sb_linear(self.rt, q8["q8s"], self.w[name], M, 2 * N, K, C,
-                              stream_k=self.gcfg.stream_k, swiglu=True)
-            return
-        if path != "f16" and mode == "f16":
-            raise Unsupported(f"{name}: MMQ writes f32, but this GEMM needs f16 output "
-                              "(plan_routes keeps such weights on f16)")
-        if path != "f16" and q8 is None:   # (its own op: not inside the GEMM's events)
+        r = self.lin[member or name]
+        if r.activation != "none" and q8 is None:   # (its own op: not inside the GEMM's events)
             q8 = self._quantize(A, member or name)
+        x = A if r.activation == "none" else q8[r.activation]
+        if mode == "glu":
+            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
+                r.run_glu(self, C, x, self.w[name])
+            return
         with self._op("gemm:" + label, 2.0 * M * N * K):
-            if path == "f16":
-                _gemm(self.rt, C, A, self.w[name], mode)
-                return
-            from minfer.cuda.mmq import Q6_K, mmq_linear
+            r.run(self, C, x, self.w[name], mode)
 
-            if mode != "acc":
-                da.poison(self.rt, C)
-            x = ((q8["q8s6"] if int(self.qtypes[name]) == Q6_K else q8["q8s"])
-                 if path == "mmq-sb" else
-                 q8["raw"] if path != "mmq-wgmma" else   # the split layout of the weight's type
-                 q8["split6"] if int(self.qtypes[name]) == Q6_K else q8["split"])
-            mmq_linear(self.rt, x, self.w[name], self.qtypes[name], M, N, K, self.gcfg, C,
-                       accumulate=mode == "acc")
+    def _run_groups(self, groups, flat, A, T: int, q8, bias: bool = False) -> dict:
+        """Each GEMM of `groups` (fusion.plan_groups) on A into its own part of `flat` (the
+        ubatch-sized f32 buffer: parts one after another, Tu rows each), plus its bias ->
+        part name -> (output, first column)."""
+        src, off = {}, 0
+        for g in groups:
+            out = self._part(flat, self.ubatch * off, (T, g.width))
+            off += g.width
+            self._linear(out, A, g.weight, "f32", g.label, q8, g.member)
+            if bias:
+                with self._op("bias"):
+                    L.add_bias(self.rt, out, self.w[g.weight.replace(".weight", ".bias")])
+            src.update({part: (out, col) for part, col in g.parts})
+        return src
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one.
@@ -353,7 +282,7 @@ class CudaBackend:
         finite (NaN poison from a kernel that did not run, or an overflow)."""
         self.forward_device(ids, pos0)
         try:
-            out = self.logits.get().reshape(-1).astype(np.float32, copy=False)
+            out = self.buf.logits.get().reshape(-1).astype(np.float32, copy=False)
         except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
             raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
                            "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
@@ -367,9 +296,9 @@ class CudaBackend:
 
     def argmax_last(self) -> int:
         """Greedy token of the last forward's logits, computed on the GPU."""
-        da.poison(self.rt, self.amax)
-        L.argmax(self.rt, self.amax, da.reshape(self.logits, (self.c.vocab_size,)))
-        return int(self.amax.get()[0])
+        da.poison(self.rt, self.buf.amax)
+        L.argmax(self.rt, self.buf.amax, da.reshape(self.buf.logits, (self.c.vocab_size,)))
+        return int(self.buf.amax.get()[0])
 
     def forward_device(self, ids: np.ndarray, pos0: int) -> None:
         c = self.c
@@ -398,8 +327,8 @@ class CudaBackend:
 
     def _forward_chunk(self, ids: np.ndarray, pos0: int, last: bool) -> None:
         T = len(ids)
-        da.rows(self.ids, 0, T).set(ids)
-        self.pos.set(np.array([pos0], np.int32))
+        da.rows(self.buf.ids, 0, T).set(ids)
+        self.buf.pos.set(np.array([pos0], np.int32))
         if self.profile is not None:
             self.profile.begin_chunk()
         if self.graphs and self.profile is None:
@@ -437,17 +366,17 @@ class CudaBackend:
         return g
 
     def _chunk_ops(self, ids_T: int, pos0: int, last: bool) -> None:
-        """Every launch of one chunk of T tokens (ids and self.pos already on the device).
-        pos0 serves the host-side checks only: the kernels read the position from self.pos."""
-        rt, c = self.rt, self.c
+        """Every launch of one chunk of T tokens (ids and the position already on the device).
+        pos0 serves the host-side checks only: the kernels read the position from buf.pos."""
+        rt, c, b = self.rt, self.c, self.buf
         T = ids_T
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         qd, kd = H * D, Hkv * D
         R = da.rows
-        x = R(self.x, 0, T)
-        h16 = R(self.h16, 0, T)
+        x = R(b.x, 0, T)
+        h16 = R(b.h16, 0, T)
         with self._op("embed"):
-            _embed_rows(rt, x, self.emb, self.emb_qtype, R(self.ids, 0, T), c.d_model,
+            _embed_rows(rt, x, self.emb, self.emb_qtype, R(b.ids, 0, T), c.d_model,
                         c.vocab_size)
         Tu = self.ubatch
         # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
@@ -456,79 +385,47 @@ class CudaBackend:
         for il in range(c.n_layers):
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
-            qgroup = self.fused.get(p + "attn_q.weight", ("",))[0]
-            q = p + "attn_q.weight"
-            names = [p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v")]
-            hq8 = self._norm(h16, x, p + "attn_norm.weight",
-                             *((q, names[2]) if qgroup.endswith(".attn_qk.weight") else
-                               (q,) if qgroup else names))
-            if qgroup.endswith(".attn_qk.weight"):   # q|k fused, v alone (on f16)
-                qk = self._part(self.qkv32, 0, (T, qd + kd))
-                v32 = self._part(self.qkv32, Tu * (qd + kd), (T, kd))
-                self._linear(qk, h16, qgroup, "f32", "attn_qk", hq8, q)
-                self._linear(v32, h16, names[2], "f32", "attn_v", hq8)
-                srcs, cols = (qk, qk, v32), (0, qd, 0)
-            elif rope_in_gemm and qgroup in self.rope_epi:   # no rope launch after it
-                with self._op("gemm:attn_qkv", 2.0 * T * (qd + 2 * kd) * c.d_model):
-                    da.poison(rt, R(self.q16, 0, T))
-                    gemm_f16_nt(h16, self.w[qgroup], rt=rt, rope=self.rope_epi[qgroup],
+            groups = self.groups[il]["attn"]
+            hq8 = self._norm(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
+            if rope_in_gemm and groups[0].weight in self.rope_epi:   # no rope launch after it
+                g = groups[0]
+                with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
+                    da.poison(rt, R(b.q16, 0, T))
+                    gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight],
                                 pos0=pos0)
-                srcs = None
-            elif qgroup:
-                qkv = self._part(self.qkv32, 0, (T, qd + 2 * kd))
-                self._linear(qkv, h16, p + "attn_qkv.weight", "f32", "attn_qkv", hq8, q)
-                if c.qkv_bias:
-                    with self._op("bias"):
-                        L.add_bias(rt, qkv, self.w[p + "attn_qkv.bias"])
-                srcs, cols = (qkv, qkv, qkv), (0, qd, qd + kd)
-            else:
-                q32 = self._part(self.qkv32, 0, (T, qd))
-                k32 = self._part(self.qkv32, Tu * qd, (T, kd))
-                v32 = self._part(self.qkv32, Tu * (qd + kd), (T, kd))
-                for dst, n, lab in zip((q32, k32, v32), names, ("attn_q", "attn_k", "attn_v")):
-                    self._linear(dst, h16, n, "f32", lab, hq8)
-                if c.qkv_bias:
-                    with self._op("bias"):
-                        for dst, n in zip((q32, k32, v32), ("attn_q", "attn_k", "attn_v")):
-                            L.add_bias(rt, dst, self.w[p + n + ".bias"])
-                srcs, cols = (q32, k32, v32), (0, 0, 0)
-            if srcs is not None:
+            else:   # each GEMM into its part of qkv32, then one rope launch reads q, k, v
+                src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
                 with self._op("rope"):
-                    da.poison(rt, R(self.q16, 0, T))  # (the K/V cache rows: positions on device)
-                    L.rope_qkv(rt, R(self.q16, 0, T), *srcs, self.kc[il], self.vc[il],
-                               self.rope, pos0, self.pos, c.rope_dim, c.rope_neox, cols)
+                    da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: positions on device)
+                    L.rope_qkv(rt, R(b.q16, 0, T), *(src[k][0] for k in "qkv"), b.kc[il],
+                               b.vc[il], b.rope, pos0, b.pos, c.rope_dim, c.rope_neox,
+                               tuple(src[k][1] for k in "qkv"))
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
-            xq = R(self.x, t0, Tq)
-            a16 = R(self.a16, 0, Tq)
+            xq = R(b.x, t0, Tq)
+            a16 = R(b.a16, 0, Tq)
             with self._op("attention"):
                 da.poison(rt, a16)
-                attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(self.q16, t0, Tq),
-                                   self.kc[il], self.vc[il], pos0 + t0, self.pos, t0)
+                attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
+                                   b.kc[il], b.vc[il], pos0 + t0, b.pos, t0)
             self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output")
-            hq = R(self.h16, 0, Tq)
-            f16 = R(self.f16, 0, Tq)
+            hq = R(b.h16, 0, Tq)
+            f16 = R(b.f16, 0, Tq)
             down = p + "ffn_down.weight"
-            gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
-            fused_gu = gate in self.fused
-            fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *((gate,) if fused_gu else (gate, up)))
-            if p + "ffn_gate_up.weight" in self.glu:   # the GEMM's epilogue writes f16
-                self._linear(f16, hq, p + "ffn_gate_up.weight", "glu", "ffn_gate_up", fq8, gate)
+            groups = self.groups[il]["ffn"]
+            fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
+            if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu, f16
+                self._linear(f16, hq, groups[0].weight, "glu", groups[0].label, fq8,
+                             groups[0].member)
                 dq8 = self._quantize(f16, down)
-            elif fused_gu:
-                gu = self._part(self.gu32, 0, (Tq, 2 * c.d_ff))
-                self._linear(gu, hq, p + "ffn_gate_up.weight", "f32", "ffn_gate_up", fq8, gate)
-                dq8 = self._swiglu(f16, down, gu)
             else:
-                g32 = self._part(self.gu32, 0, (Tq, c.d_ff))
-                u32 = self._part(self.gu32, Tu * c.d_ff, (Tq, c.d_ff))
-                self._linear(g32, hq, gate, "f32", "ffn_gate", fq8)
-                self._linear(u32, hq, up, "f32", "ffn_up", fq8)
-                dq8 = self._swiglu(f16, down, g32, u32)
+                src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
+                gate, up = src["gate"], src["up"]
+                dq8 = self._swiglu(f16, down, gate[0], None if up[0] is gate[0] else up[0])
             self._linear(xq, f16, down, "acc", "ffn_down", dq8)
         if last:
             with self._op("rmsnorm"):
-                da.poison(rt, self.last16)
-                L.rmsnorm(rt, self.last16, R(self.x, T - 1, 1), self.w["output_norm.weight"],
+                da.poison(rt, b.last16)
+                L.rmsnorm(rt, b.last16, R(b.x, T - 1, 1), self.w["output_norm.weight"],
                           c.rms_eps)
-            self._linear(self.logits, self.last16, self.model.output_name, "f32", "lm_head")
+            self._linear(b.logits, b.last16, self.model.output_name, "f32", "lm_head")

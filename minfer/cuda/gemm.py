@@ -32,8 +32,8 @@ import numpy as np
 from minfer.cuda import devarray as da
 from minfer.cuda.tma import tmap_f16_2d
 from minfer.errors import BadInput
-# the glu mode's gate|up row order: the SB kernel's (per 16 rows, 8 gate rows then their 8 up)
-from minfer.quants.mmq_sb_ref import glu_rows  # noqa: F401  (re-exported: tests, weights)
+# the glu mode's gate|up row order (shared with the SB kernel's epilogue)
+from minfer.quants.glu import glu_rows  # noqa: F401  (re-exported: tests, weights)
 
 MODE_F32, MODE_F16, MODE_ACC, MODE_GLU, MODE_ROPE = 0, 1, 2, 3, 4
 # glu or rope at M == 1 (the GEMV has neither epilogue)
@@ -152,17 +152,14 @@ class TmaTile:
 
 
 # Every compiled variant, by entry name (constant table: the .cu's entry list, pinned by a test).
+# (only entries pick_variant reaches: a tile it never picks is not compiled)
 TILES = {t.entry: t for t in (
-    Tile(128, 256, 32, 2, 4, 4), Tile(128, 256, 64, 2, 4, 3),
-    Tile(128, 128, 32, 2, 2, 4), Tile(128, 128, 64, 2, 2, 3),
-    Tile(128, 128, 32, 2, 4, 4), Tile(128, 128, 64, 2, 4, 3),
-    Tile(64, 128, 32, 2, 2, 4), Tile(64, 64, 64, 2, 2, 4),
-    Tile(32, 64, 64, 1, 4, 4), Tile(16, 64, 64, 1, 4, 4),
+    Tile(128, 128, 64, 2, 2, 3), Tile(64, 128, 32, 2, 2, 4), Tile(64, 64, 64, 2, 2, 4),
+    Tile(32, 64, 64, 1, 4, 4),
 )}
-GEMVS = {g.entry: g for g in (Gemv(4), Gemv(2), Gemv(1))}
+GEMVS = {g.entry: g for g in (Gemv(4), Gemv(1))}
 WGMMA = {t.entry: t for t in (
-    WgmmaTile(128, 256, 4), WgmmaTile(128, 256, 3), WgmmaTile(128, 128, 4),
-    WgmmaTile(128, 128, 3), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4), WgmmaTile(64, 32, 4),
+    WgmmaTile(128, 256, 3), WgmmaTile(128, 128, 4), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4),
 )}
 TMA = {t.entry: t for t in (TmaTile(256, 4), TmaTile(192, 5), TmaTile(128, 6))}
 # each TMA tile's speed per tile against 128 x 256's, measured on the H200 at M = 2048

@@ -1,23 +1,16 @@
-"""Launchers for the MMQ kernels (kernels/mmq_q4k.cu, mmq_q6k.cu, quantize_q8_1.cu).
+"""Launchers for the raw int8 MMQ kernels (kernels/mmq_q4k.cu, mmq_q6k.cu, quantize_q8_1.cu).
 
     y[M, N] (f32) = x[M, K] @ W[N, K].T,  x quantized to q8_1 raw blocks by the prepass,
                                           W raw q4_K / q6_K GGUF bytes [N, K/256*bytes]
-Variants (docs/mmq.md, config from GemmConfig): R1 word-level (`raw=False`), narrow raw
-(`wide=False`), wide raw with KD = 4 or 8 super-blocks staged per pass, and on sm_90 the wgmma
-kernels (`wgmma=True` for q4_K, `wgmma and wgmma_q6k` for q6_K; minfer.cuda.mmq_wgmma: weights
-repacked once, a WgmmaQ4K / WgmmaQ6K).
-numpy twin: minfer.quants.mmq_ref.mmq_linear_ref (same arguments, arrays instead of device
-buffers).
-
-Smem guard: a wide variant whose dynamic shared memory exceeds the device's opt-in cap falls
-back to the narrow kernel and says so once per (variant, cap) on stderr, never silently.
+Kernels (the seeds' exact q8_1 paths, DESIGN.md): R1 word-level (path "r1"), narrow raw
+("narrow"), wide raw with KD = 4 or 8 super-blocks staged per pass ("wide-kd4", "wide-kd8").
+Which one runs is minfer.cuda.paths.choose_path's answer (its smem guard included: a wide path
+over the device's opt-in shared memory becomes "narrow" there); this launcher refuses a wide
+path over the cap rather than choosing another. numpy twin: minfer.quants.mmq_ref.mmq_linear_ref.
 Device arrays are pycuda GPUArrays (minfer.cuda.devarray); nothing here reads the environment.
 """
 
 from __future__ import annotations
-
-import sys
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,6 +26,8 @@ _ENTRY = {  # (qtype, kind) -> entry
     (Q6_K, "r1"): "mmq_q6k_nt_kernel", (Q6_K, "narrow"): "mmq_q6k_raw_nt_kernel",
     (Q6_K, "wide"): "mmq_q6k_raw_wide_nt_kernel",
 }
+# path name (minfer.cuda.paths.TABLE) -> (kernel kind, KD)
+KINDS = {"r1": ("r1", 0), "narrow": ("narrow", 0), "wide-kd4": ("wide", 4), "wide-kd8": ("wide", 8)}
 NARROW_TILE = (32, 64)   # (tokens, weight rows) per block, 128 threads
 WIDE_TILE = (64, 128)
 
@@ -47,66 +42,8 @@ def wide_smem(kd: int, qtype: int = Q4_K) -> int:
     return 64 * (kd * 256 + 16) + kd * 8 * 32 * 8 + 4 * 8 * 32 * 8
 
 
-@dataclass(frozen=True)
-class MmqVariant:
-    kind: str          # "r1" | "narrow" | "wide" | "wgmma" | "sb"
-    kd: int = 0        # wide only
-    fallback: str = ""  # why a wide config became narrow (the guard), else ""
-
-    @property
-    def label(self) -> str:
-        return f"wide-kd{self.kd}" if self.kind == "wide" else self.kind
-
-
-def wgmma_arch(arch) -> bool:
-    """The wgmma kernel runs on sm_90 (built for sm_90a); later archs drop wgmma."""
-    return arch == "sm_90"
-
-
 def has_mmq(qtype: int) -> bool:
     return int(qtype) in BLOCK_BYTES
-
-
-def wants_wgmma(cfg, qtype: int) -> bool:
-    """Whether the config asks for the wgmma kernel of this type (arch and smem aside)."""
-    if not cfg.wgmma:
-        return False
-    return int(qtype) == Q4_K or (int(qtype) == Q6_K and cfg.wgmma_q6k)
-
-
-def pick_variant(cfg, smem_optin: int, qtype: int = Q4_K, arch=None) -> MmqVariant:
-    """cfg: GemmConfig (raw, wide, kd, wgmma, wgmma_q6k, sb); arch: the device's ("sm_90"),
-    None when unknown (no wgmma). The smem guard lives here. "sb": a q4_K / q6_K weight on
-    the super-block kernels (cfg.sb: activations quantized per 256, minfer.cuda.mmq_sb).
-    (wgmma_q6k=False keeps q6_K off the Hopper kernels, SB included.)"""
-    if not cfg.raw:
-        return MmqVariant("r1")
-    if not cfg.wide:
-        return MmqVariant("narrow")
-    if wants_wgmma(cfg, qtype) and wgmma_arch(arch):
-        from minfer.cuda.mmq_sb import sb6_smem, sb_smem
-        from minfer.cuda.mmq_wgmma import wgmma6_smem, wgmma_smem
-
-        if getattr(cfg, "sb", False) and \
-                (sb6_smem() if int(qtype) == Q6_K else sb_smem()) <= smem_optin:
-            return MmqVariant("sb")
-        if (wgmma6_smem() if int(qtype) == Q6_K else wgmma_smem()) <= smem_optin:
-            return MmqVariant("wgmma")
-    need = wide_smem(cfg.kd, qtype)
-    if need > smem_optin:
-        return MmqVariant("narrow", fallback=(
-            f"MMQ wide KD={cfg.kd} needs {need} B of shared memory, over this GPU's opt-in cap "
-            f"of {smem_optin} B: using the narrow MMQ kernel instead"))
-    return MmqVariant("wide", cfg.kd)
-
-
-_WARNED: set = set()
-
-
-def _warn_once(msg: str) -> None:
-    if msg not in _WARNED:
-        _WARNED.add(msg)
-        print(f"minfer: {msg}", file=sys.stderr)
 
 
 def quantize_q8_1(rt, x, out=None):
@@ -145,31 +82,21 @@ def launch_prepass_fn(rt, fn, M: int, K: int, args: tuple) -> None:
     rt.launch(fn, ((nblk + 31) // 32,), (256,), args)
 
 
-def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
-               accumulate: bool = False, q8_scratch=None, build_opts: tuple = ()) -> MmqVariant:
-    """out f32 [M, N] (= or +=) x @ W.T. x: f32/f16 [M, K] (quantized here, into q8_scratch
-    when given) or q8_1 raw uint8 [M, K/32*40] (or, for the wgmma variant, the split operand of
-    the weight's type); w_raw: uint8 raw blocks (any shape, N*K/256*bytes in all), or a
-    WgmmaQ4K / WgmmaQ6K (the engine repacks once at load; raw bytes on the wgmma variant are
-    repacked here, per call).
-    build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs; the engine never
-    passes any). Returns the variant that ran."""
-    from minfer.cuda import mmq_sb as sb
-    from minfer.cuda import mmq_wgmma as wg
-
+def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, path, out,
+               accumulate: bool = False, q8_scratch=None, build_opts: tuple = ()) -> None:
+    """out f32 [M, N] (= or +=) x @ W.T on `path` (a minfer.cuda.paths record or its name:
+    r1, narrow, wide-kd4, wide-kd8). x: f32/f16 [M, K] (quantized here, into q8_scratch when
+    given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any shape, N*K/256*bytes in
+    all). build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs; the engine
+    never passes any)."""
+    name_ = path if isinstance(path, str) else path.name
+    if name_ not in KINDS:
+        raise GPUError(f"mmq_linear: {name_} is not a raw int8 path ({', '.join(KINDS)})")
+    kind, kd = KINDS[name_]
     qtype = int(qtype)
-    if isinstance(w_raw, (sb.SbQ4K, sb.SbQ6K)):   # x: f32 / f16, or its q8s split (aq, ta)
-        sb.mmq_sb_linear(rt, x, w_raw, M, N, K, out, accumulate, stream_k=cfg.stream_k)
-        return MmqVariant("sb")
-    if isinstance(w_raw, wg.WgmmaWeight) or (isinstance(x, tuple) and len(x) == 2):
-        if not isinstance(w_raw, wg.WgmmaWeight) or w_raw.qtype != qtype:
-            raise GPUError(f"mmq_linear: a split activation needs a repacked weight of type "
-                           f"{qtype} (WgmmaQ4K / WgmmaQ6K)")
-        wg.mmq_wgmma_linear(rt, x, w_raw, M, N, K, out, accumulate, stream_k=cfg.stream_k)
-        return MmqVariant("wgmma")
     if not has_mmq(qtype):
         raise Unsupported(f"mmq_linear: no MMQ kernel for tensor type {qtype} "
-                          "(q4_K and q6_K only; pick_gemm routes others to f16)")
+                          "(q4_K and q6_K only; choose_path routes others to f16)")
     if K % 256 or K <= 0 or M <= 0 or N <= 0:
         raise GPUError(f"mmq_linear: need M, N >= 1 and K a multiple of 256, got "
                        f"M={M} N={N} K={K}")
@@ -188,29 +115,17 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
     if da.ptr(w_raw) % 16:
         raise GPUError("mmq_linear: weight bytes not 16-byte aligned")
     da.check("mmq_linear out", out, (M, N), np.float32)
-    v = pick_variant(cfg, rt.smem_optin, qtype, rt.arch)
-    if v.fallback:
-        _warn_once(v.fallback)
-    if v.kind in ("wgmma", "sb") and x.dtype != np.uint8:   # raw weight: repacked per call
-        repack, run = ((sb.repack_sb, sb.mmq_sb_linear) if v.kind == "sb" else
-                       (wg.repack, wg.mmq_wgmma_linear))
-        wr = repack(rt, w_raw, qtype, N, K)
-        try:
-            run(rt, x, wr, M, N, K, out, accumulate, stream_k=cfg.stream_k)
-        finally:
-            rt.synchronize()
-            wr.free()
-        return v
-    if v.kind in ("wgmma", "sb"):   # raw q8_1 activations: only the mma.sync kernels read those
-        v = MmqVariant("wide", cfg.kd)
     name = _FILES[qtype]
-    entry = _ENTRY[(qtype, v.kind)]
+    entry = _ENTRY[(qtype, kind)]
     # da.arg: row views carry a plain int pointer, which pycuda does not take as an argument
     args = (da.arg(a), da.arg(w_raw), da.arg(out), np.int32(M), np.int32(N), np.int32(K),
             np.int32(1 if accumulate else 0))
-    if v.kind == "wide":
-        smem = wide_smem(v.kd, qtype)
-        fn = rt.function(name, entry, (f"-DMMQ_KD={v.kd}", *build_opts), dyn_smem=smem)
+    if kind == "wide":
+        smem = wide_smem(kd, qtype)
+        if smem > rt.smem_optin:   # choose_path's guard runs the narrow kernel instead
+            raise GPUError(f"mmq_linear: {name_} needs {smem} B of shared memory, over this "
+                           f"GPU's opt-in cap of {rt.smem_optin} B (choose_path picks narrow)")
+        fn = rt.function(name, entry, (f"-DMMQ_KD={kd}", *build_opts), dyn_smem=smem)
         bm, bn = WIDE_TILE
         threads = 256 if qtype == Q4_K else 128   # q4_K: 8 warps of 32 x 32; q6_K: 4 of 64 x 32
         rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (threads,), args, smem)
@@ -218,4 +133,3 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, cfg, out,
         fn = rt.function(name, entry)
         bm, bn = NARROW_TILE
         rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (128,), args)
-    return v

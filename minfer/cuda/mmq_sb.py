@@ -1,25 +1,20 @@
-"""Launchers for the super-block MMQ path (kernels/mmq_sb_q4k.cu, mmq_sb_q6k.cu, repack_q4k_sb /
-repack_q6k_sb in mmq_repack.cu, the q8s split and sb_token_tables entries of quantize_q8_1.cu).
+"""Launchers for the super-block MMQ path (kernels/mmq_sb_q4k.cu, repack_q4k_sb in
+mmq_repack.cu, the q8s split and sb_token_tables entries of quantize_q8_1.cu).
 
-    y[M, N] (f32) = q8s(x)[M, K] @ W[N, K].T, W q4_K / q6_K, with the activations quantized per 256
+    y[M, N] (f32) = q8s(x)[M, K] @ W[N, K].T, W q4_K, with the activations quantized per 256
     values (one scale per token and super-block) instead of q8_1's 32: the numpy oracle is
     minfer.quants.mmq_sb_ref.mmq_sb_linear_ref, the bit-exact operand twins live there too.
 
-q4_K (kernels/mmq_sb_q4k.cu): one byte per weight value (the nibble) plus 72 B of tables per
-row and 256 (1.28 B per value); per chunk the tensor core sums 32 products and one FFMA per C
-value folds the sub-scale in, the activation scale once per super-block (per-token tables).
-Both operands come as blocks per (super-block, 128-row / 128-token tile) that hold the
-shared-memory images of the tiles and their tables (mmq_sb_ref.sb_operand): the weight from
-`repack_q4k_sb`, the tokens from `sb_operand` (one launch from the activations),
-`sb_operand_rmsnorm` / `sb_operand_swiglu` (the same with the rmsnorm or the swiglu before it, in
-the same launch; the engine's path) or `sb_tokens` after a q8s split. Warp-specialized: one
-producer thread bulk-copies each stage (two copies) into a 5-slot ring, two consumer
-warpgroups own 64 weight rows each of a 128 x 128 tile. Persistent with stream-K over
-super-blocks (minfer.cuda.stream_k). sm_90 only.
-
-q6_K (kernels/mmq_sb_q6k.cu): the int8 sub-scale sc goes into three s8 planes a_i (q - 32),
-sc = a0 + 7 a1 + 49 a2 (balanced base-7 digits), the activations as signed q8s bytes; no bias,
-no min term. 3 bytes per value plus 16 B per 256. Tiles 128 tokens x 64 rows.
+One byte per weight value (the nibble) plus 72 B of tables per row and 256 (1.28 B per value);
+per chunk the tensor core sums 32 products and one FFMA per C value folds the sub-scale in, the
+activation scale once per super-block (per-token tables). Both operands come as blocks per
+(super-block, 128-row / 128-token tile) that hold the shared-memory images of the tiles and
+their tables (mmq_sb_ref.sb_operand): the weight from `repack_q4k_sb`, the tokens from
+`sb_operand` (one launch from the activations), `sb_operand_rmsnorm` / `sb_operand_swiglu` (the
+same with the rmsnorm or the swiglu before it, in the same launch; the engine's path) or
+`sb_tokens` after a q8s split. Warp-specialized: one producer thread bulk-copies each stage
+(two copies) into a 5-slot ring, two consumer warpgroups own 64 weight rows each of a 128 x 128
+tile. Persistent with stream-K over super-blocks (minfer.cuda.stream_k). sm_90 only.
 """
 
 from __future__ import annotations
@@ -30,15 +25,12 @@ import numpy as np
 
 from minfer.cuda import devarray as da
 from minfer.cuda.mmq import launch_prepass
-from minfer.cuda.mmq_wgmma import (check_raw, gate_up, launch_persistent, split_scratch_bytes,
-                                   split_views, zeroed)
+from minfer.cuda.stream_k import launch_persistent
 from minfer.errors import GPUError
-from minfer.quants.mmq_sb_ref import SB_TOP, SB_WOP
-from minfer.quants.mmq_wgmma_ref import pad_rows
+from minfer.quants.mmq_sb_ref import SB_TOP, SB_WOP, pad_rows
 
-Q4_K, Q6_K = 12, 14
+Q4_K = 12
 SB_BM, SB_BN = 128, 128
-SB6_BN = 64   # q6_K tiles: 128 tokens x 64 rows (three m64n64 accumulators per warpgroup)
 
 
 def sb_smem(stages: int = 5) -> int:
@@ -56,10 +48,59 @@ def _stages(build_opts: tuple) -> int:
     return 5
 
 
-def sb6_smem() -> int:
-    """Dynamic smem of mmq_sb_q6k (Sb6Smem::BYTES): 3 slots of A 128 x 128 B, the planes
-    3 x 64 x 128 B, da 128 x 8 B, Ts 64 x 16 B; + 1 KB alignment."""
-    return 3 * (SB_BM * 128 + 3 * SB6_BN * 128 + SB_BM * 8 + SB6_BN * 16) + 1024
+def split_scratch_bytes(T: int, K: int) -> int:
+    """Bytes of one q8s split activation [T, K] (Aq, then Ta at a 16-byte aligned offset)."""
+    return T * K + (-(T * K)) % 16 + (K // 32) * pad_rows(T) * 8
+
+
+def split_views(buf, M: int, K: int):
+    """(aq uint8 [M, K], ta f32 [K/32, Mp, 2]) carved from a uint8 scratch buffer."""
+    off = M * K + (-(M * K)) % 16
+    need = off + (K // 32) * pad_rows(M) * 8
+    if buf.nbytes < need:
+        raise GPUError(f"q8s split scratch holds {buf.nbytes} B, [{M}, {K}] needs {need}")
+    aq = da.view(da.ptr(buf), (M, K), np.uint8, base=buf)
+    ta = da.view(da.ptr(buf) + off, (K // 32, pad_rows(M), 2), np.float32, base=buf)
+    return aq, ta
+
+
+def zeroed(rt, shape, dtype, what):
+    a = da.empty(rt, shape, dtype, what)
+    if a.size:
+        rt.drv.memset_d8(da.ptr(a), 0, int(a.nbytes))
+    return a
+
+
+def check_raw(what, w_raw, N, K, block, align):
+    if K % 256 or K <= 0 or N <= 0:
+        raise GPUError(f"{what}: need N >= 1 and K a multiple of 256, got N={N} K={K}")
+    nbytes = N * (K // 256) * block
+    if not hasattr(w_raw, "gpudata") or w_raw.dtype != np.uint8 or w_raw.nbytes != nbytes:
+        raise GPUError(f"{what}: weight must be uint8 device bytes, {nbytes} B for [{N}, {K}]")
+    if da.ptr(w_raw) % align:
+        raise GPUError(f"{what}: weight bytes not {align}-byte aligned")
+    if N * K >= 2**31:
+        raise GPUError(f"{what}: [{N}, {K}] is over the kernel's 2^31-byte buffers")
+
+
+def gate_up(what: str, g, u=None) -> tuple[int, int, int, int, int]:
+    """The gate and up inputs of a swiglu prepass -> (M, F, row stride ldg, gate and up device
+    addresses): g, u f32 [M, F]; or u None and g the fused gate|up output f32 [M, 2F] (u = g +
+    F, row stride 2F). Rows must be 16-byte aligned."""
+    da.check(f"{what} g", g, (None, None), np.float32)
+    if u is None:   # the fused gate|up GEMM output: u = g + F, row stride 2F
+        M, F2 = g.shape
+        if F2 % 2:
+            raise GPUError(f"{what}: gate|up has {F2} columns, expected 2F")
+        F, ldg = F2 // 2, F2
+        gp, up = da.ptr(g), da.ptr(g) + 4 * (F2 // 2)
+    else:
+        M, F = g.shape
+        da.check(f"{what} u", u, (M, F), np.float32)
+        ldg, gp, up = F, da.ptr(g), da.ptr(u)
+    if gp % 16 or up % 16 or ldg % 4:
+        raise GPUError(f"{what}: gate / up rows not 16-byte aligned")
+    return M, F, ldg, gp, up
 
 
 def sb_token_bytes(M: int, K: int) -> int:
@@ -87,11 +128,8 @@ def sb_views(buf, M: int, K: int):
     return aq, ta, tt
 
 
-def sb_weight_bytes(N: int, K: int, qtype: int = Q4_K) -> int:
-    """Device bytes of an SbQ4K / SbQ6K [N, K]: q4_K one SB_WOP block per super-block and
-    128-row tile, q6_K three planes and the tables."""
-    if int(qtype) == Q6_K:
-        return 3 * N * K + pad_rows(N) * (K // 256) * 16
+def sb_weight_bytes(N: int, K: int) -> int:
+    """Device bytes of an SbQ4K [N, K]: one SB_WOP block per super-block and 128-row tile."""
     return K // 256 * (pad_rows(N) // 128) * SB_WOP
 
 
@@ -104,35 +142,6 @@ class SbQ4K(da.DeviceArrays):
     N: int
     K: int
     qtype = Q4_K
-
-
-@dataclass
-class SbQ6K(da.DeviceArrays):
-    """A q6_K weight [N, K] in the SB layout: planes wp uint8 [3, N, K] (int8 values), tables
-    ts float32 [K/256, Np, 4]."""
-    wp: object
-    ts: object
-    N: int
-    K: int
-    qtype = Q6_K
-
-
-def repack_sb(rt, w_raw, qtype: int, N: int, K: int, what: str = "weight"):
-    """raw q4_K / q6_K device bytes -> SbQ4K / SbQ6K."""
-    if int(qtype) == Q6_K:
-        check_raw("repack_q6k_sb", w_raw, N, K, 210, 1)
-        r = SbQ6K(da.empty(rt, (3, N, K), np.uint8, f"sb q6_K planes {what}"),
-                  zeroed(rt, (K // 256, pad_rows(N), 4), np.float32, f"sb q6_K tables {what}"),
-                  N, K)
-        fn = rt.function("mmq_repack", "repack_q6k_sb")
-        n = N * (K // 16)
-        rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(w_raw), da.arg(r.wp), da.arg(r.ts),
-                                                   np.int32(N), np.int32(K),
-                                                   np.int32(pad_rows(N))))
-        return r
-    if int(qtype) == Q4_K:
-        return repack_q4k_sb(rt, w_raw, N, K, what)
-    raise GPUError(f"repack_sb: no SB layout for tensor type {qtype}")
 
 
 def repack_q4k_sb(rt, w_raw, N: int, K: int, what: str = "weight") -> SbQ4K:
@@ -245,10 +254,9 @@ def sb_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None) -> SbTokens:
     return SbTokens(tt, M, K)
 
 
-def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
-    """x f32 / f16 [M, K] (K % 256 == 0) -> (Aq uint8 [M, K], Ta f32 [K/32, Mp, 2]), the SB
-    operand (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0); signed:
-    Aq holds q as int8 bytes (the q6_K kernel's operand), else q + 128 (q4_K's)."""
+def split_q8s(rt, x, aq=None, ta=None):
+    """x f32 / f16 [M, K] (K % 256 == 0) -> (Aq uint8 [M, K] = q + 128, Ta f32 [K/32, Mp, 2]),
+    the q8s split (into aq / ta if given; a fresh Ta is zeroed, so its padding rows are 0)."""
     what = "split_q8s"
     da.check(f"{what} x", x, (None, None), (np.float32, np.float16), require_contiguous=True)
     M, K = x.shape
@@ -259,7 +267,7 @@ def split_q8s(rt, x, aq=None, ta=None, signed: bool = False):
     ta = zeroed(rt, t_shape, np.float32, f"q8s tables ({what})") if ta is None else ta
     da.check(f"{what} aq", aq, (M, K), np.uint8, align=16)
     da.check(f"{what} ta", ta, t_shape, np.float32, align=16)
-    launch_prepass(rt, "quantize_q8s_split" + ("_s8" if signed else ""), x,
+    launch_prepass(rt, "quantize_q8s_split", x,
                    (da.arg(aq), da.arg(ta), np.int32(M), np.int32(K), np.int32(t_shape[1])),
                    block=256)
     return aq, ta
@@ -269,68 +277,49 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
                   build_opts: tuple = (), stream_k: bool = True, sms: int | None = None,
                   swiglu: bool = False) -> None:
     """out f32 [M, N] (= or +=) q8s(x) @ W.T. x f32 / f16 [M, K] (quantized here), its split
-    (aq, ta), for q4_K optionally with its token operand (aq, ta, tt), or for q4_K its
-    SbTokens. stream_k / sms / build_opts as in mmq_wgmma.mmq_wgmma_linear.
-    swiglu (q4_K): W is a gate|up weight with its rows interleaved per 16 (mmq_sb_ref.glu_rows:
+    (aq, ta), optionally with its token operand (aq, ta, tt), or its SbTokens. stream_k: split
+    the ragged last waves' tiles by k (stream_k.schedule; tuning variant no-stream-k); sms: at
+    most this many SMs; build_opts: nvcc -D options (kernel A/B builds; -DSB_STAGES=N).
+    swiglu: W is a gate|up weight with its rows interleaved per 16 (mmq_sb_ref.glu_rows:
     8 gate rows, then their 8 up rows) and out is f16 [M, N/2] = f16(silu(gate) * up), written
     by the kernel's epilogue (the f32 [M, N] never exists); silu with fast exp and division
     (swiglu.cuh swiglu1_fast; build_opts ("-DSB_GLU_EXACT",): the swiglu layer's rounding)."""
-    if not isinstance(w, (SbQ4K, SbQ6K)) or (w.N, w.K) != (N, K):
-        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K / SbQ6K of [{N}, {K}]")
-    q6 = isinstance(w, SbQ6K)
-    if swiglu and (q6 or accumulate or N % 16):
-        raise GPUError(f"mmq_sb_linear: the swiglu epilogue needs a q4_K gate|up weight with N "
-                       f"% 16 == 0 and C =, got {'q6_K' if q6 else 'q4_K'} N={N}"
-                       f"{' +=' if accumulate else ''}")
+    if not isinstance(w, SbQ4K) or (w.N, w.K) != (N, K):
+        raise GPUError(f"mmq_sb_linear: weight must be an SbQ4K of [{N}, {K}]")
+    if swiglu and (accumulate or N % 16):
+        raise GPUError(f"mmq_sb_linear: the swiglu epilogue needs a gate|up weight with N "
+                       f"% 16 == 0 and C =, got N={N}{' +=' if accumulate else ''}")
     if M <= 0 or K % 256:
         raise GPUError(f"mmq_sb_linear: need M >= 1 and K % 256 == 0, got M={M} K={K}")
-    if (M * K >= 2**31 or (3 * N * K if q6 else sb_weight_bytes(N, K)) >= 2**31 or
-            M * N >= 2**31 or sb_token_bytes(M, K) >= 2**31):
-        raise GPUError(f"mmq_sb_linear: [{M}, {N}, {K}] is too large for the kernels' 32-bit "
+    if (M * K >= 2**31 or sb_weight_bytes(N, K) >= 2**31 or M * N >= 2**31 or
+            sb_token_bytes(M, K) >= 2**31):
+        raise GPUError(f"mmq_sb_linear: [{M}, {N}, {K}] is too large for the kernel's 32-bit "
                        "offsets (every operand and table under 2^31 bytes)")
-    if isinstance(x, SbTokens):
-        if q6 or (x.M, x.K) != (M, K):
-            raise GPUError(f"mmq_sb_linear: a q4_K token operand of [{x.M}, {x.K}] for "
-                           f"{'q6_K' if q6 else 'q4_K'} [{M}, {N}, {K}]")
-    elif isinstance(x, tuple):
-        aq, ta = x[:2]
-        da.check("mmq_sb_linear aq", aq, (M, K), np.uint8, align=16)
-        da.check("mmq_sb_linear ta", ta, (K // 32, pad_rows(M), 2), np.float32, align=16)
-    elif q6:
-        da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
-        aq, ta = split_q8s(rt, x, signed=True)   # (a split passed in must match: q6_K signed)
-    else:
-        da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
     if swiglu:
         da.check("mmq_sb_linear out", out, (M, N // 2), np.float16)
     else:
         da.check("mmq_sb_linear out", out, (M, N), np.float32)
-    if not q6:   # the kernel reads the token operand (passed as x[2], or made here)
-        if isinstance(x, SbTokens):
-            tt = x.tt
-        elif isinstance(x, tuple) and len(x) > 2:
-            tt = x[2]
-        elif isinstance(x, tuple):
-            tt = sb_tokens(rt, aq, ta)
-        else:
-            tt = sb_operand(rt, x).tt
-        da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TOP), np.uint8,
-                 align=16)
-        tiles = -(-M // SB_BM) * -(-N // SB_BN)
-        entry = "mmq_sb_q4k" + ("_acc" if accumulate else "_swiglu" if swiglu else "")
-        launch_persistent(rt, entry, "mmq_sb_q4k",
-                          sb_smem(_stages(build_opts)), tiles, K // 256,
-                          (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
-                           np.int32(K)), build_opts, stream_k, sms, block=384)
-        return
-    tiles = -(-M // SB_BM) * -(-N // SB6_BN)
-    launch_persistent(rt, "mmq_sb_q6k" + ("_acc" if accumulate else ""), "mmq_sb_q6k", sb6_smem(),
-                      tiles, K // 256, (da.arg(aq), da.arg(ta), da.arg(w.wp), da.arg(w.ts),
-                                        da.arg(out), np.int32(M), np.int32(N), np.int32(K)),
-                      build_opts, stream_k, sms)
+    if isinstance(x, SbTokens):
+        if (x.M, x.K) != (M, K):
+            raise GPUError(f"mmq_sb_linear: a token operand of [{x.M}, {x.K}] for "
+                           f"[{M}, {N}, {K}]")
+        tt = x.tt
+    elif isinstance(x, tuple):
+        aq, ta = x[:2]
+        da.check("mmq_sb_linear aq", aq, (M, K), np.uint8, align=16)
+        da.check("mmq_sb_linear ta", ta, (K // 32, pad_rows(M), 2), np.float32, align=16)
+        tt = x[2] if len(x) > 2 else sb_tokens(rt, aq, ta)
+    else:
+        da.check("mmq_sb_linear x", x, (M, K), (np.float32, np.float16))
+        tt = sb_operand(rt, x).tt
+    da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TOP), np.uint8, align=16)
+    tiles = -(-M // SB_BM) * -(-N // SB_BN)
+    entry = "mmq_sb_q4k" + ("_acc" if accumulate else "_swiglu" if swiglu else "")
+    launch_persistent(rt, entry, "mmq_sb_q4k", sb_smem(_stages(build_opts)), tiles, K // 256,
+                      (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
+                       np.int32(K)), build_opts, stream_k, sms, block=384)
 
 
-__all__ = ["SB_NORM_MAX_K", "SbQ4K", "SbQ6K", "SbTokens", "sb_operand", "sb_operand_rmsnorm",
-           "sb_operand_swiglu", "repack_sb",
-           "repack_q4k_sb", "sb_tokens", "sb_smem", "sb6_smem", "sb_split_bytes",
+__all__ = ["SB_NORM_MAX_K", "SbQ4K", "SbTokens", "sb_operand", "sb_operand_rmsnorm",
+           "sb_operand_swiglu", "repack_q4k_sb", "sb_tokens", "sb_smem", "sb_split_bytes",
            "sb_token_bytes", "sb_views", "sb_weight_bytes", "split_q8s", "mmq_sb_linear"]

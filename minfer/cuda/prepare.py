@@ -81,11 +81,12 @@ def chunk_shapes(lengths, ubatch: int) -> list[tuple[int, bool]]:
 
 
 def load_kernels(routes: dict[str, tuple[str, str]]) -> list[Spec]:
-    """Modules weights.load_weights launches: dequant (f16 routes), mmq_repack (wgmma / SB)."""
+    """Modules weights.load_weights launches: dequant (f16 routes), mmq_repack (repacked paths)."""
     from minfer.cuda.dequant import KERNEL
+    from minfer.cuda.paths import TABLE
 
     out = [(KERNEL, ())]
-    if any(p in ("mmq-wgmma", "mmq-sb") for p, _ in routes.values()):
+    if any(TABLE[p].weight.startswith("repack") for p, _ in routes.values() if p in TABLE):
         out.append(("mmq_repack", ()))
     return out
 

@@ -6,9 +6,11 @@ One `Runtime` per process (made by `get_runtime()`), passed explicitly to launch
 - `launch(...)`: every kernel launch goes through it; in debug mode (RuntimeConfig.debug or
   MINFER_CUDA_DEBUG=1) it synchronizes after each launch and names the kernel and geometry
   that failed;
-- `poison(ptr, nbytes)`: in debug or poison mode (RuntimeConfig.poison, MINFER_CUDA_POISON=1;
+- `poison(ptr, nbytes)`: in debug or poison mode (RuntimeConfig.poison, MINFER_CUDA_DEBUG=poison;
   `minfer check` turns it on) callers NaN-fill a kernel's output before its launch
   (devarray.poison), so a launch that did not run leaves NaN, never stale plausible numbers.
+MINFER_CUDA_DEBUG: 1 (sync after every launch, poison, no CUDA graphs) or a comma list of
+`poison` (NaN-fill only, graphs kept) and `nographs` (eager launches, debug_flags()).
 Importing this module needs pycuda; everything that must work without a GPU lives elsewhere.
 """
 
@@ -23,13 +25,31 @@ import numpy as np
 from minfer.errors import GPUError
 
 
+def debug_flags(env=None) -> set[str]:
+    """MINFER_CUDA_DEBUG's values: "1" is {"sync", "poison", "nographs"}; else a comma list of
+    sync, poison, nographs ("" / "0": none)."""
+    v = (os.environ if env is None else env).get("MINFER_CUDA_DEBUG", "0").strip().lower()
+    if v in ("", "0"):
+        return set()
+    if v == "1":
+        return {"sync", "poison", "nographs"}
+    flags = {f.strip() for f in v.split(",") if f.strip()}
+    bad = flags - {"sync", "poison", "nographs"}
+    if bad:
+        from minfer.errors import BadInput
+
+        raise BadInput(f"MINFER_CUDA_DEBUG={v!r}: expected 1 or a comma list of sync, poison, "
+                       f"nographs (not {', '.join(sorted(bad))})")
+    return flags
+
+
 @dataclass
 class RuntimeConfig:
     device: int = 0
-    debug: bool = field(default_factory=lambda: os.environ.get("MINFER_CUDA_DEBUG", "0") == "1")
+    debug: bool = field(default_factory=lambda: "sync" in debug_flags())
     # NaN-fill outputs before their launches (also on in debug mode); unlike debug it keeps
     # CUDA graphs (the fills are captured with the launches)
-    poison: bool = field(default_factory=lambda: os.environ.get("MINFER_CUDA_POISON", "0") == "1")
+    poison: bool = field(default_factory=lambda: "poison" in debug_flags())
 
 
 # every byte 0xFF: 0xFFFF (f16) and 0xFFFFFFFF (f32) are NaNs, int32 -1 is no valid id or index

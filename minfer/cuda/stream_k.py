@@ -1,18 +1,22 @@
-"""The tile schedule of the persistent wgmma MMQ kernels (kernels/wgmma_common.cuh TileSched,
-sk_put / sk_add): whole waves of tiles round-robin over the grid, then stream-K over the last
-1-2 waves' worth. `schedule` is the launcher's choice, `sk_items` the Python twin of the
-kernels' per-block work items (tests/test_mmq_wgmma.py checks that they cover every stage of
-every tile once, with at most two parts per tile), `sk_workspace` the partial-sum slots and
-flags. Stream-K evens out the last waves' tiles over the blocks instead of leaving SMs idle.
+"""The tile schedule of the persistent SB kernel (kernels/wgmma_common.cuh TileSched, sk_put /
+sk_add): whole waves of tiles round-robin over the grid, then stream-K over the last 1-2 waves'
+worth. `schedule` is the launcher's choice, `sk_items` the Python twin of the kernels'
+per-block work items (tests/test_stream_k.py checks that they cover every stage of every tile
+once, with at most two parts per tile), `sk_workspace` the partial-sum slots and flags,
+`launch_persistent` one launch under that schedule. docs/mmq.md "Work items".
 """
 
 from __future__ import annotations
+
+import numpy as np
+
+from minfer.errors import GPUError
 
 SK_SLOT_BYTES = 256 * 64 * 4   # one block's partial sums (256 threads x 64 f32, q4_K's tile)
 
 
 def schedule(tiles: int, sms: int, persist: bool = True, stream_k: bool = True) -> tuple[int, int]:
-    """(grid, dp) of a wgmma MMQ launch: `dp` tiles run data-parallel, round-robin over the
+    """(grid, dp) of a persistent launch: `dp` tiles run data-parallel, round-robin over the
     grid, and the rest stream-K (the kernels' wgmma::TileSched). Persistent: grid = min(tiles,
     sms). With stream-K and a ragged last wave, the last 1-2 waves' tiles (between grid and
     2 * grid of them) are split by k-stages evenly over the grid, so every block's share is at
@@ -28,7 +32,7 @@ def schedule(tiles: int, sms: int, persist: bool = True, stream_k: bool = True) 
 
 def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, int, int]]]:
     """The Python twin of wgmma::TileSched::next (the same integer formulas): per block, its
-    work items (tile, k0, k1) in the order it runs them. tests/test_mmq_wgmma.py checks that
+    work items (tile, k0, k1) in the order it runs them. tests/test_stream_k.py checks that
     they cover every (tile, stage) once, with at most two parts per tile."""
     U = (tiles - dp) * KT
     out = []
@@ -51,10 +55,51 @@ def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, in
 def sk_workspace(rt):
     """(partials, flags) of the stream-K launches: SK_SLOT_BYTES per SM and one int32 flag per
     SM, zeroed once and kept by the runtime (the kernels clear every flag they raise, so graph
-    replays need no reset). One workspace per runtime: wgmma launches must not run concurrently
-    (the engine and `minfer check` issue them on one stream). Made at the first wgmma launch, an eager one (never while a CUDA
-    graph is being captured: the engine's first forward of a shape runs eagerly)."""
-    return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4), rt.sm_count * SK_SLOT_BYTES)
+    replays need no reset). One workspace per runtime: SB launches must not run concurrently
+    (the engine and `minfer check` issue them on one stream). Made at the first SB launch, an
+    eager one (never while a CUDA graph is being captured: the engine's first forward of a
+    shape runs eagerly)."""
+    return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4),
+                        rt.sm_count * SK_SLOT_BYTES)
 
 
 __all__ = ["SK_SLOT_BYTES", "schedule", "sk_items", "sk_workspace"]
+
+
+PERSIST = True     # grid <= one block per SM, each walking its work items (A/B: -DMMQ_WG_PERSIST=0)
+STREAM_K = True    # the last 1-2 waves' tiles split by k-stages (A/B: -DMMQ_WG_SK=0)
+_GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK")   # A/B options the launcher reads, not nvcc
+_OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
+
+
+def _geometry(build_opts: tuple) -> tuple[bool, bool]:
+    """(persistent, stream-K) of a kernel build: the defaults, or -D overrides (kernel A/B
+    builds; they only steer the launch geometry)."""
+    persist, sk = PERSIST, STREAM_K
+    for o in build_opts:
+        key, _, val = o.partition("=")
+        if key == "-DMMQ_WG_PERSIST":
+            persist = bool(int(val))
+        elif key == "-DMMQ_WG_SK":
+            sk = bool(int(val))
+    return persist, sk
+
+
+def launch_persistent(rt, entry: str, name: str, smem: int, tiles: int, KT: int, args,
+                      build_opts: tuple, stream_k: bool, sms: int | None,
+                      block: int = 256) -> None:
+    """One launch of the persistent kernel kernels/<name>.cu's `entry` with `block` threads:
+    the grid and the stream-K split of `tiles` tiles of KT k-units (`schedule`), the smem cap,
+    the workspace; args end before (dp, ws, flags)."""
+    persist, sk = _geometry(build_opts)
+    if smem > rt.smem_optin:
+        raise GPUError(f"{entry}: {smem} B of shared memory needed, over this GPU's opt-in cap "
+                       f"of {rt.smem_optin} B")
+    nvcc = tuple(o for o in build_opts if o.partition("=")[0] not in _GEOMETRY_ONLY)
+    fn = rt.function(name, entry, (*_OPTS, *nvcc), dyn_smem=smem)
+    sms = rt.sm_count if sms is None else min(int(sms), rt.sm_count)
+    grid, dp = schedule(tiles, sms, persist, stream_k and sk)
+    if (tiles - dp) * KT >= 2**31:
+        raise GPUError(f"{entry}: too many stream-K units ({tiles - dp} tiles x {KT} stages)")
+    ws, flags = sk_workspace(rt)
+    rt.launch(fn, (grid,), (block,), (*args, np.int32(dp), ws, flags), smem)

@@ -8,12 +8,11 @@
 - `load_weights` -> DeviceWeights: "f16" routes go up as raw GGUF bytes through one staging
   buffer (PCIe moves the compact quantized bytes) and are dequantized on the GPU to f16 [N, K]
   (fused q|k|v and gate|up members into row ranges of their group's buffer, see
-  routes.plan_fusion); "mmq-*" routes stay as their raw bytes (no f16 copy; fused members as
+  routes.plan_fusion); int8 routes stay as their raw bytes (no f16 copy; fused members as
   row ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the
-  embedding's bytes); "mmq-wgmma" / "mmq-sb" routes (q4_K / q6_K on sm_90) are then repacked
-  on the GPU into the wgmma / super-block layouts (minfer.cuda.mmq_wgmma.WgmmaQ4K / WgmmaQ6K,
-  minfer.cuda.mmq_sb.SbQ4K: a fused group as one weight, its members' row views dropped) and
-  their raw bytes freed. The embedding table stays quantized (rows
+  embedding's bytes); "sb" routes (q4_K on sm_90) are then repacked on the GPU into the
+  super-block layout (minfer.cuda.mmq_sb.SbQ4K: a fused group as one weight, its members' row
+  views dropped) and their raw bytes freed. The embedding table stays quantized (rows
   gathered with embed_rows); norms and biases go up as f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
   the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
@@ -27,6 +26,7 @@ import numpy as np
 
 from minfer.cuda import devarray as da
 from minfer.cuda import layers as L
+from minfer.cuda.paths import TABLE
 from minfer.errors import GPUError
 
 
@@ -47,40 +47,36 @@ def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
 def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
                 ubatch: int, sms: int = 0, glu_all: bool = False) -> dict[str, int]:
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
-    sms: the GPU's SM count (the wgmma kernels' stream-K workspace, one slot per SM); glu_all:
+    sms: the GPU's SM count (the SB kernel's stream-K workspace, one slot per SM); glu_all:
     every layer's gate|up GEMM writes the swiglu itself (routes.plan_glu), so the f32 gate|up
     buffer is not allocated."""
     c = model.config
     m = model
     from minfer.cuda.mmq_sb import sb_split_bytes, sb_weight_bytes
-    from minfer.cuda.mmq_wgmma import (Q4_K, Q6_K, split6_scratch_bytes, split_scratch_bytes,
-                                       wgmma_weight_bytes)
     from minfer.cuda.stream_k import SK_SLOT_BYTES
-    from minfer.cuda.routes import plan_fusion
+    from minfer.cuda.fusion import plan_fusion
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
     f16_w = 0
     raw_max = 0
     mmq_w = 0
     q8_k = 0
-    wg_k: dict[int, int] = {}   # qtype -> largest K of its wgmma routes (its split scratch)
-    sb_q4k = False                # q4_K on SB: its split scratch also holds the token tables
-    wg_groups: dict[str, int] = {}   # wgmma weight or fused group -> raw bytes
+    sb_k = 0                         # largest K of the SB routes (their operand scratch)
+    sb_groups: dict[str, int] = {}   # SB weight or fused group -> raw bytes (repack staging)
     for n, (path, _) in routes.items():
         t = m.tensor(n)
-        if path == "f16":
-            f16_w += int(np.prod(t.shape)) * 2
+        N, K = (int(s) for s in t.shape)
+        prep = TABLE[path].weight   # how the path keeps its weight on the GPU
+        if prep == "dequant-f16":
+            f16_w += N * K * 2
             raw_max = max(raw_max, int(t.data.nbytes))
-        elif path in ("mmq-wgmma", "mmq-sb"):   # repacked (q4_K 1.5 / SB 1.4, q6_K 2 / SB 3
-            qt = int(t.qtype)                    # B/weight); raw while repacking
-            wg_k[qt] = max(wg_k.get(qt, 0), int(t.shape[1]))   # (SB: the q4_K split scratch)
-            sb_q4k |= path == "mmq-sb" and qt == Q4_K
-            N, K = (int(s) for s in t.shape)
-            mmq_w += sb_weight_bytes(N, K, qt) if path == "mmq-sb" else wgmma_weight_bytes(N, K, qt)
+        elif prep == "repack-sb":   # repacked (1.28 B/weight); raw while repacking
+            sb_k = max(sb_k, K)
+            mmq_w += sb_weight_bytes(N, K)
             g = fused[n][0] if n in fused else n
-            wg_groups[g] = wg_groups.get(g, 0) + int(t.data.nbytes)
+            sb_groups[g] = sb_groups.get(g, 0) + int(t.data.nbytes)
         else:
-            q8_k = max(q8_k, int(t.shape[1]))
+            q8_k = max(q8_k, K)
             if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
                 mmq_w += int(t.data.nbytes)
     emb = int(m.tensor("token_embd.weight").data.nbytes)
@@ -92,11 +88,9 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
-            "q8_1 split scratch": (0 if Q4_K not in wg_k else sb_split_bytes(T, wg_k[Q4_K])
-                                   if sb_q4k else split_scratch_bytes(T, wg_k[Q4_K])),
-            "q8_1 split6 scratch": split6_scratch_bytes(T, wg_k[Q6_K]) if Q6_K in wg_k else 0,
-            "upload staging": raw_max, "MMQ repack staging": max(wg_groups.values(), default=0),
-            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if wg_k else 0}
+            "SB operand scratch": sb_split_bytes(T, sb_k) if sb_k else 0,
+            "upload staging": raw_max, "MMQ repack staging": max(sb_groups.values(), default=0),
+            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if sb_k else 0}
 
 
 def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:
@@ -139,7 +133,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         groups.setdefault(g, [0, K, n])[0] = max(groups.get(g, [0, K, n])[0], r0 + rows)
     qtypes: dict[str, int] = {}
     for g, (rows, K, n) in groups.items():
-        if routes[n][0] == "f16":
+        if TABLE[routes[n][0]].weight == "dequant-f16":
             w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
         else:   # MMQ: raw blocks, one row of K/256 blocks per weight row
             t = m.tensor(n)
@@ -161,7 +155,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         N, K = t.shape
         qtypes[n] = t.qtype
         raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
-        if routes[n][0] != "f16":
+        if TABLE[routes[n][0]].weight != "dequant-f16":
             # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
             # shares the embedding table's bytes
             if n in fused and fused[n][0] in glu:
@@ -203,7 +197,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     w["output_norm.weight"] = da.to_device(
         rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
     staging.free()
-    _repack_wgmma(rt, m, routes, fused, groups, w, emb)
+    _repack_sb(rt, m, routes, fused, groups, w, emb)
     return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype)
 
 
@@ -238,32 +232,25 @@ def _dequant_interleaved(rt, raw_dev: int, qtype: int, N: int, K: int, row_bytes
     rt.synchronize()
 
 
-def _repack_wgmma(rt, m, routes, fused, groups, w, emb) -> None:
-    """Each "mmq-wgmma" / "mmq-sb" weight (a fused group as one) -> WgmmaQ4K / WgmmaQ6K /
-    SbQ4K / SbQ6K,
-    raw bytes freed
-    (not the embedding's, which a tied head shares); a repacked group's member row views are
-    dropped (the group's GEMM is the only reader)."""
-    from minfer.cuda.mmq_sb import repack_sb
-    from minfer.cuda.mmq_wgmma import repack
+def _repack_sb(rt, m, routes, fused, groups, w, emb) -> None:
+    """Each "sb" weight (a fused group as one) -> SbQ4K, raw bytes freed (not the embedding's,
+    which a tied head shares); a repacked group's member row views are dropped (the group's
+    GEMM is the only reader)."""
+    from minfer.cuda.mmq_sb import repack_q4k_sb
 
-    keys: dict[str, tuple[int, int, int, str]] = {}
+    keys: dict[str, tuple[int, int]] = {}
     for n, (path, _) in routes.items():
-        if path not in ("mmq-wgmma", "mmq-sb"):
+        if TABLE[path].weight != "repack-sb":
             continue
-        qt = int(m.tensor(n).qtype)
         if n in fused:
             g = fused[n][0]
-            keys[g] = (groups[g][0], groups[g][1], qt, path)
+            keys[g] = (groups[g][0], groups[g][1])
             w.pop(n, None)
         else:
-            N, K = (int(s) for s in m.tensor(n).shape)
-            keys[n] = (N, K, qt, path)
-    for key, (N, K, qt, path) in keys.items():
+            keys[n] = tuple(int(s) for s in m.tensor(n).shape)
+    for key, (N, K) in keys.items():
         raw = w[key]
-        flat = da.reshape(raw, (raw.size,))
-        w[key] = (repack_sb(rt, flat, qt, N, K, key) if path == "mmq-sb" else
-                  repack(rt, flat, qt, N, K, key))
+        w[key] = repack_q4k_sb(rt, da.reshape(raw, (raw.size,)), N, K, key)
         rt.synchronize()
         if raw is not emb:
             raw.gpudata.free()
@@ -289,16 +276,15 @@ class DeviceBuffers:
     kc: list  # per layer f16 [max_tokens, Hkv, D]
     vc: list  # per layer f16 [max_tokens, Hkv, D]
     rope: object  # L.RopeTable for max_tokens positions
-    q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without MMQ routes)
-    q8s: object  # uint8 [q8s_bytes] split q8_1 scratch of the q4_K wgmma routes (None without)
-    q8s6: object  # uint8 [q8s6_bytes] split6 scratch of the q6_K wgmma routes (None without)
+    q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without raw int8 routes)
+    sbop: object  # uint8 [sb_bytes] SB token operand scratch (None without SB routes)
 
 
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
-                  q8s_bytes: int = 0, q8s6_bytes: int = 0, glu_all: bool = False) -> DeviceBuffers:
+                  sb_bytes: int = 0, glu_all: bool = False) -> DeviceBuffers:
     """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
-    q8s_bytes / q8s6_bytes: plan["q8_1 split scratch"] / plan["q8_1 split6 scratch"] (0: no
-    q4_K / q6_K wgmma route); glu_all: no f32 gate|up buffer (gu32 None, as plan_memory)."""
+    sb_bytes: plan["SB operand scratch"] (0: no SB route); glu_all: no f32 gate|up buffer
+    (gu32 None, as plan_memory)."""
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
     e = da.empty
@@ -319,6 +305,5 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         vc=[e(rt, (max_tokens, Hkv, D), np.float16, f"V cache {i}") for i in range(c.n_layers)],
         rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
-        q8s=e(rt, (q8s_bytes,), np.uint8, "split q8_1 scratch") if q8s_bytes else None,
-        q8s6=e(rt, (q8s6_bytes,), np.uint8, "split6 q8_1 scratch") if q8s6_bytes else None,
+        sbop=e(rt, (sb_bytes,), np.uint8, "SB operand scratch") if sb_bytes else None,
     )

@@ -1,6 +1,6 @@
-"""numpy twins of the super-block MMQ path (kernels/mmq_sb_q4k.cu, mmq_sb_q6k.cu, the q8s split
-and sb_token_tables entries of quantize_q8_1.cu, mmq_repack.cu's repack_q4k_sb /
-repack_q6k_sb) and its parity oracle.
+"""numpy twins of the super-block MMQ path (kernels/mmq_sb_q4k.cu, the q8s split and
+sb_token_tables entries of quantize_q8_1.cu, mmq_repack.cu's repack_q4k_sb) and its parity
+oracle (q4_K; its q6_K kernel is retired: slower than f16 on every shape at 3 B per weight).
 
 The SB path quantizes activations per 256 values (q8s: one scale per token and super-block,
 llama.cpp's q8_K grouping, with q8_1's rounding), so a super-block's chunks share every float
@@ -33,10 +33,6 @@ fmin = -dmin 2^-75 (da s_c / dc = s_c 2^-75).
   (128-byte swizzle: 16-byte chunk c of row r at c ^ (r % 8); rows past the matrix zero).
   `repack_q4k_sb_ref(w_raw, N, K)`: Wb [K/256, Np/128, SB_WOP] from v and Tw;
   `sb_tokens_ref(aq, ta, M, K)`: Tt [K/256, Mp/128, SB_TOP] from Aq and the token tables.
-- `repack_q6k_sb_ref(w_raw, N, K)`: q6_K for kernels/mmq_sb_q6k.cu: Wp int8 [3, N, K] =
-  a_i (q - 32) with sc = a0 + 7 a1 + 49 a2 (balanced base-7 digits in -3..3, `sb6_digits`) and
-  Ts f32 [K/256, Np, 4] = (d, 7 d, 49 d, 0) * 2^-75; its activations are the q8s split with
-  signed bytes (`split_q8s_ref(x, signed=True)`).
 - `mmq_sb_linear_ref(x, w_raw, M, N, K, qtype)`: the oracle, float64: the q8s-dequantized
   activations times the dequantized q4_K / q6_K weight (what the kernels compute, up to f32
   rounding).
@@ -46,9 +42,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer.quants.mmq_ref import decode_q4k, decode_q6k, q4k_scales, q6k_scales
-from minfer.quants.mmq_wgmma_ref import TPAD, pad_rows
+from minfer.quants.mmq_ref import decode_q4k, decode_q6k, q4k_scales
+from minfer.quants.glu import glu_rows  # noqa: F401  (the swiglu epilogue's row order)
 from minfer.quants.q8_1 import q8_blocks
+
+TPAD = 128   # table rows (Mp, Np) are padded to a multiple of this (the kernel's tile)
+
+
+def pad_rows(n: int) -> int:
+    return (n + TPAD - 1) // TPAD * TPAD
 
 QK_SB = 256
 _S74, _S75, _SM75 = np.float32(2.0**74), np.float32(2.0**75), np.float32(2.0**-75)
@@ -233,18 +235,6 @@ def sb_tokens_ref(aq: np.ndarray, ta: np.ndarray, M: int, K: int) -> np.ndarray:
                       SB_TH0)
 
 
-def glu_rows(F: int) -> np.ndarray:
-    """The row order of a gate|up weight [2F, K] for the SB kernel's swiglu epilogue: per 16
-    rows, 8 gate rows then their 8 up rows (a thread's C values hold rows r and r + 8, so it
-    holds a feature's gate and up values). -> int64 [2F], interleaved row i = plain row [gate;
-    up][perm[i]]. F % 8 == 0."""
-    if F % 8:
-        raise ValueError(f"glu_rows: F={F} is not a multiple of 8")
-    i = np.arange(2 * F)
-    blk, j = i // 16, i % 16
-    return np.where(j < 8, 8 * blk + j, F + 8 * blk + j - 8)
-
-
 def emulate_sb_q4k(tt_op: np.ndarray, wb: np.ndarray, M: int, N: int, K: int,
                    rescale: bool = True) -> np.ndarray:
     """mmq_sb_q4k.cu's arithmetic from the twins' operand blocks (Tt, Wb; float64 sums, the
@@ -293,31 +283,6 @@ def emulate_sb_q4k(tt_op: np.ndarray, wb: np.ndarray, M: int, N: int, K: int,
     return (z * dc[KS - 1, :M, None]).astype(np.float32)
 
 
-def sb6_digits(sc: np.ndarray) -> np.ndarray:
-    """int8 scales -> [3, ...] balanced base-7 digits a_i in -3..3, sc = a0 + 7 a1 + 49 a2."""
-    s = np.asarray(sc, np.int32)
-    out = []
-    for _ in range(3):
-        r = (s + 3) % 7 - 3   # numpy's % is floored: the balanced digit
-        out.append(r)
-        s = (s - r) // 7
-    assert not s.any()
-    return np.stack(out)
-
-
-def repack_q6k_sb_ref(w_raw: np.ndarray, N: int, K: int) -> tuple[np.ndarray, np.ndarray]:
-    """raw q6_K bytes [N, K/256*210] -> (Wp uint8 [3, N, K] = int8 a_i (q - 32) bytes,
-    Ts f32 [K/256, Np, 4] = (d, 7 d, 49 d, 0) * 2^-75)."""
-    _, qm = decode_q6k(w_raw, N, K)                                            # q - 32 [N, K]
-    d, sc = q6k_scales(w_raw, N, K)                                            # [N, K/256]
-    a = sb6_digits(sc.reshape(N, K // 16))                                                         # [3, N, K/16]
-    wp = (np.repeat(a, 16, axis=2) * qm.astype(np.int32)).astype(np.int8)
-    ts = np.zeros((K // QK_SB, pad_rows(N), 4), np.float32)
-    for i, m in enumerate((1, 7, 49)):
-        ts[:, :N, i] = (np.float32(m) * d * _SM75).T
-    return wp.view(np.uint8), ts
-
-
 def _dequant(w_raw: np.ndarray, qtype: int, N: int, K: int) -> np.ndarray:
     """float64 [N, K]: the q4_K / q6_K weight as the kernels' math sees it."""
     if int(qtype) == 14:
@@ -339,5 +304,5 @@ __all__ = ["QK_SB", "TPAD", "SB_WBLK", "SB_TBLK", "SB_WH0", "SB_TH0", "SB_IMG", 
            "SB_TOP", "glu_rows", "sb_pos", "sb_tokens_ref", "sb_token_tables_ref", "sb_q4k_tables_ref",
            "sb_image", "sb_unimage", "sb_operand", "sb_operand_parts", "emulate_sb_q4k",
            "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
-           "block_b16_sb", "unblock_b16_sb", "sb6_digits", "repack_q6k_sb_ref",
+           "block_b16_sb", "unblock_b16_sb",
            "mmq_sb_linear_ref"]

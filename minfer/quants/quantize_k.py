@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer.quants.quantize import F32, fp16_bytes, fp16_round, nearest_int
+from minfer.quants.rounding import F32, fp16_bytes, fp16_round, nearest_int
 
 _G = 256  # blocks side by side in the [B, n, G] layout
 

@@ -31,15 +31,15 @@ def greedy(backend, prompt: np.ndarray, n: int = 32):
 
 def test_backend_greedy_matches_reference(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.config.vocab_size, 37).astype(np.int32)
-    gpu = CudaBackend(model, GemmConfig(), max_tokens=128, ubatch=16)  # 37 = 16 + 16 + 5
+    gpu = CudaBackend(model, GemmChoice("f16"), max_tokens=128, ubatch=16)  # 37 = 16 + 16 + 5
     cpu = ReferenceBackend(model, max_tokens=128)
     g_toks, _, g_first = greedy(gpu, prompt)
-    assert gpu.argmax_last() == int(np.argmax(gpu.logits.get().reshape(-1)))
+    assert gpu.argmax_last() == int(np.argmax(gpu.buf.logits.get().reshape(-1)))
     c_toks, c_marg, c_first = greedy(cpu, prompt)
     assert np.all(np.isfinite(g_first))
     diff = float(np.max(np.abs(g_first - c_first)))

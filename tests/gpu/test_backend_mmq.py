@@ -1,4 +1,4 @@
-"""CudaBackend on the MMQ paths: raw weights only, shared q8_1 scratch, logits vs the f16 path,
+"""CudaBackend on the raw int8 paths of the table (r1, narrow, wide-kd4, wide-kd8): raw weights only, shared q8_1 scratch, logits vs the f16 path,
 the tie-aware greedy-32 gate vs the CPU reference, ragged ubatch chunks and M=1 decode.
 
 Model: a tiny synthetic Q4_K_M model (every GEMM weight q4_K/q6_K, K % 256 == 0, tied q6_K LM
@@ -12,29 +12,27 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-CFGS = {"mmq-r1": dict(mmq=True, raw=False), "mmq-narrow": dict(mmq=True, wide=False),
-        "mmq-wide-kd4": dict(mmq=True, kd=4, wgmma=False),
-        "mmq-wide-kd8": dict(mmq=True, kd=8, wgmma=False)}   # (the wgmma config: test_mmq_wgmma)
+PATHS = ["r1", "narrow", "wide-kd4", "wide-kd8"]   # (sb: test_mmq_sb_device)
 
 
 @pytest.fixture(scope="module")
 def f16_logits(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.config.vocab_size, 37).astype(np.int32)
-    b = CudaBackend(model, GemmConfig(), max_tokens=128, ubatch=16)
+    b = CudaBackend(model, GemmChoice("f16"), max_tokens=128, ubatch=16)
     return prompt, b.forward(prompt, 0)
 
 
-@pytest.mark.parametrize("path", list(CFGS))
+@pytest.mark.parametrize("path", PATHS)
 def test_mmq_backend_matches_f16(model, f16_logits, path):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
 
     prompt, ref = f16_logits
-    b = CudaBackend(model, GemmConfig(**CFGS[path]), max_tokens=128, ubatch=16)  # 16+16+5
+    b = CudaBackend(model, GemmChoice(path), max_tokens=128, ubatch=16)  # 16+16+5
     mmq = [n for n, (p, _) in b.routes.items() if p != "f16"]
     if not mmq:
         pytest.skip(f"{model.path.name}: no q4_K/q6_K GEMM weight")
@@ -51,23 +49,23 @@ def test_mmq_backend_matches_f16(model, f16_logits, path):
     assert np.all(np.isfinite(nxt)) and b.n_past == len(prompt) + 1
     # one ubatch vs ragged chunks: the shared q8_1 scratch is reused at every M
     b.reset()
-    b2 = CudaBackend(model, GemmConfig(**CFGS[path]), max_tokens=128, ubatch=64)
+    b2 = CudaBackend(model, GemmChoice(path), max_tokens=128, ubatch=64)
     one = b2.forward(prompt, 0)
     assert np.linalg.norm(one - got) / np.linalg.norm(one) < 5e-3
 
 
-@pytest.mark.parametrize("path", ["mmq-narrow", "mmq-wide-kd8"])
+@pytest.mark.parametrize("path", ["narrow", "wide-kd8"])
 def test_mmq_backend_greedy_gate(model, path):
     from minfer import engine
     from minfer.commands.check import identity_verdict
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
 
     rng = np.random.default_rng(5)
     prompt = [int(i) for i in rng.integers(0, model.config.vocab_size, 21)]
     ref = engine.run(ReferenceBackend(model), prompt, 32, 512)
-    res = engine.run(CudaBackend(model, GemmConfig(**CFGS[path]), max_tokens=64), prompt, 32,
+    res = engine.run(CudaBackend(model, GemmChoice(path), max_tokens=64), prompt, 32,
                      8)
     v, diff = identity_verdict(ref, res)
     print(f"\n{model.path.name} {path}: {v.describe()} (max |dlogit| {diff:.4f})")
@@ -77,17 +75,15 @@ def test_mmq_backend_greedy_gate(model, path):
 
 def test_mmq_backend_memory_plan(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
 
-    f = CudaBackend(model, GemmConfig(), max_tokens=32, ubatch=32, warmup=False)._plan()
-    b = CudaBackend(model, GemmConfig(mmq=True), max_tokens=32, ubatch=32, warmup=False)
+    f = CudaBackend(model, GemmChoice("f16"), max_tokens=32, ubatch=32, warmup=False)._plan()
+    b = CudaBackend(model, GemmChoice("wide-kd4"), max_tokens=32, ubatch=32, warmup=False)
     m = b._plan()
     if m["MMQ weights"] == 0 and m["f16 weights"] == f["f16 weights"]:
         pytest.skip("no MMQ weights in this model")
     assert m["f16 weights"] < f["f16 weights"]
-    keys = ("q8_1 scratch", "q8_1 split scratch", "q8_1 split6 scratch")
+    keys = ("q8_1 scratch", "SB operand scratch")
     assert not any(f[k] for k in keys)
-    # each activation layout the MMQ routes read has its scratch (on sm_90 the wgmma layouts)
-    used = {("q8_1 split6 scratch" if b.qtypes[n] == 14 else "q8_1 split scratch")
-            if p == "mmq-wgmma" else "q8_1 scratch" for n, (p, _) in b.routes.items() if p != "f16"}
-    assert used and all(m[k] > 0 for k in used) and not any(m[k] for k in set(keys) - used)
+    # the raw kernels read q8_1 activations: that scratch only
+    assert m["q8_1 scratch"] > 0 and not m["SB operand scratch"]

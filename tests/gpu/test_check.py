@@ -25,21 +25,22 @@ def test_check_passes_on_tiny_q4km(tiny_path):
     assert r.exit_code == 0, r.output
     out = r.output
     assert "check: PASS" in out
-    for path in ("f16", "mmq-r1", "mmq-narrow", "mmq-wide-kd4", "mmq-wide-kd8", "mmq-wgmma-kd4"):
-        assert f"| {path} | " in out
+    from minfer.cuda.paths import TABLE
     from minfer.cuda.runtime import get_runtime
 
-    if get_runtime().arch == "sm_90":   # the parity rows name the kernel that ran: q4_K and
-        rows = [ln for ln in out.splitlines() if "| mmq-wgmma-kd4 [" in ln]   # q6_K on wgmma
-        assert any("| q4_K " in ln for ln in rows) and any("| q6_K " in ln for ln in rows)
-        assert all("[wgmma]" in ln for ln in rows), rows
+    for path in TABLE:   # an identity row per path of the table, parity rows per int8 path
+        if TABLE[path].archs is None or get_runtime().arch in TABLE[path].archs:
+            assert f"| {path} | " in out, path
+    if get_runtime().arch == "sm_90":   # SB parity rows: q4_K only (q6_K stays f16 there)
+        rows = [ln for ln in out.splitlines() if "| sb | " in ln and "x" in ln]
+        assert any("| q4_K " in ln for ln in rows) and not any("| q6_K " in ln for ln in rows)
     assert "| q4_K " in out and "| q6_K " in out and " +=" in out
-    assert "/32 |" in out and "MMQ (mmq-wide-kd8)" in out
+    assert "/32 |" in out and "MMQ (wide-kd8)" in out
 
 
 def test_check_passes_on_8b_shape_2_layers(tmp_path):
     """The real GEMM shapes (K = 4096 and 14336, N up to 14336 and the 4096 x vocab head) through
-    every MMQ path, ragged rows included, and greedy-32 identity on a 2-layer 8B-width model."""
+    every path, ragged rows included, and greedy-32 identity on a 2-layer 8B-width model."""
     from click.testing import CliRunner
 
     from minfer.commands.check import check
@@ -53,19 +54,33 @@ def test_check_passes_on_8b_shape_2_layers(tmp_path):
     assert r.exit_code == 0, r.output
     assert "check: PASS" in r.output
     assert "4096" in r.output and "14336" in r.output   # parity rows at the 8B shapes
-    for p in ("mmq-r1", "mmq-narrow", "mmq-wide-kd4", "mmq-wide-kd8", "mmq-wgmma-kd4"):
+    for p in ("f16", "r1", "narrow", "wide-kd4", "wide-kd8"):
         assert f"| {p} | " in r.output
+
+
+def test_check_one_path(tiny_path):
+    """--gemm NAME: that path's parity and identity rows only."""
+    from click.testing import CliRunner
+
+    from minfer.commands.check import check
+
+    r = CliRunner().invoke(check, ["-m", tiny_path, "--gemm", "narrow"])
+    assert r.exit_code == 0, r.output
+    assert "| narrow | " in r.output and "| wide-kd4 | " not in r.output
+    assert ", 1 identity rows)" in r.output
 
 
 def test_check_parity_rows_fail_when_launcher_writes_nothing(tiny_path, rt, monkeypatch):
     """The gate can fail: a launcher that writes nothing (NaN-filled or untouched += output)
     fails every row."""
     import minfer.commands.check as C
-    import minfer.cuda.mmq as mmq
+    import minfer.cuda.path_ops as ops
+    from minfer.cuda.paths import TABLE
     from minfer.loader import load_model
 
-    monkeypatch.setattr(mmq, "mmq_linear", lambda *a, **k: None)
-    rows = C.parity_rows(rt, load_model(tiny_path), n_sample=16)
+    monkeypatch.setattr(ops, "launch_raw", lambda *a, **k: None)
+    rows = C.parity_rows(rt, load_model(tiny_path), n_sample=16,
+                         paths=[TABLE[p] for p in ("r1", "narrow", "wide-kd4", "wide-kd8")])
     assert rows and not any(ok for *_, ok in rows)
 
 
@@ -106,5 +121,5 @@ def test_check_on_real_model_requantized_q4km(tmp_path):
     assert r.exit_code == 0, r.output
     assert "check: PASS" in r.output
     assert "| q4_K " in r.output and "| q6_K " in r.output
-    for p in ("f16", "mmq-r1", "mmq-narrow", "mmq-wide-kd4", "mmq-wide-kd8", "mmq-wgmma-kd4"):
+    for p in ("f16", "r1", "narrow", "wide-kd4", "wide-kd8"):
         assert f"| {p} | " in r.output   # an identity row per path (exit 0: all passed)

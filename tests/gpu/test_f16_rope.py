@@ -1,4 +1,4 @@
-"""The fused q|k|v GEMM with the rope in its epilogue (gemm mode 4, MINFER_F16_ROPE, default
+"""The fused q|k|v GEMM with the rope in its epilogue (gemm mode 4, the tuning variant f16:no-rope off, default
 on): q16 and the K/V cache rows bit for bit those of the same variant's f32 product followed by
 the rope_qkv launch, on every tile variant with ragged M, N and K and pos0 > 0; against the
 numpy twin; nothing written outside the rows it owns; engine logits the same bit for bit with
@@ -98,13 +98,13 @@ def test_rope_epilogue_refuses_misfits(rt):
 
 def test_f16_rope_logits_bitwise(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
 
     c = model.config
     n = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
     runs = {}
     for rope in (True, False):
-        b = CudaBackend(model, GemmConfig(f16_rope=rope), max_tokens=128, ubatch=16)
+        b = CudaBackend(model, GemmChoice("f16", frozenset() if rope else frozenset({"rope"})), max_tokens=128, ubatch=16)
         assert bool(b.rope_epi) == (rope and not c.rope_neox and not c.qkv_bias)
         # the prefill chunks (16, 16, 5 rows) take the epilogue, the decode step the rope launch
         assert rope_epilogue_pays(16, n, b.rt.sm_count, b.rt.arch)

@@ -71,17 +71,17 @@ def _asked_free_gib(msg: str) -> tuple[float, float]:
 
 
 # -- out of memory ------------------------------------------------------------------------------
-@pytest.mark.parametrize("mmq", [False, True])
-def test_kv_cache_oom_before_any_allocation(rt, huge_ctx, monkeypatch, mmq):
+@pytest.mark.parametrize("gemm", ["f16", "wide-kd4", "auto"])
+def test_kv_cache_oom_before_any_allocation(rt, huge_ctx, monkeypatch, gemm):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
 
     allocs = _Allocs(rt)
     monkeypatch.setattr(rt, "alloc", allocs)
     rt.synchronize()
     free0, total = rt.mem_info()
     with pytest.raises(GPUError) as e:
-        CudaBackend(huge_ctx, GemmConfig(mmq=mmq), rt=rt, max_tokens=1 << 30, ubatch=512)
+        CudaBackend(huge_ctx, GemmChoice(gemm), rt=rt, max_tokens=1 << 30, ubatch=512)
     msg = str(e.value)
     assert allocs.sizes == [], f"allocated {allocs.sizes} before the memory check"
     free1, _ = rt.mem_info()
@@ -186,17 +186,18 @@ def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
     np.testing.assert_allclose(C.get(), ref, rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("mmq,graphs", [(False, True), (False, False), (True, True)])
-def test_poison_changes_no_result(rt, tiny, monkeypatch, mmq, graphs):
+@pytest.mark.parametrize("gemm,graphs", [("f16", True), ("f16", False), ("wide-kd4", True),
+                                         ("sb", True)])
+def test_poison_changes_no_result(rt, tiny, monkeypatch, gemm, graphs):
     """Every poisoned buffer is fully written before it is read: logits bit-identical."""
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
+    from minfer.cuda.config import GemmChoice
 
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, tiny.config.vocab_size, 21).astype(np.int32)
 
     def run():
-        be = CudaBackend(tiny, GemmConfig(mmq=mmq), rt=rt, max_tokens=64, ubatch=16,
+        be = CudaBackend(tiny, GemmChoice(gemm), rt=rt, max_tokens=64, ubatch=16,
                          graphs=graphs)
         out = [be.forward(prompt[:16], 0), be.forward(prompt[16:], 16)]
         t = int(np.argmax(out[-1]))

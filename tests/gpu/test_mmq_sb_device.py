@@ -1,8 +1,7 @@
-"""The super-block MMQ path on the device (sm_90 only; skips elsewhere), q4_K and q6_K: the q8s
-split, the SB repacks and q4_K's token tables bit-identical to their numpy twins, the kernel's
-parity against its float64 oracle
-on ragged shapes (= and +=, whole tiles and stream-K, a bitwise second launch), mmq_linear's
-routing, and the engine on it."""
+"""The super-block MMQ path on the device (sm_90 only; skips elsewhere), q4_K: the q8s split,
+the SB repack and the token tables bit-identical to their numpy twins, the kernel's parity
+against its float64 oracle on ragged shapes (= and +=, whole tiles and stream-K, a bitwise
+second launch), and the engine on it."""
 
 from __future__ import annotations
 
@@ -13,44 +12,44 @@ pytestmark = pytest.mark.gpu
 
 
 def _rand(rng, qtype, N, K):
-    from test_mmq_wgmma import rand_q4k, rand_q6k
+    from quant_data import rand_q4k
 
-    return (rand_q6k if qtype == 14 else rand_q4k)(rng, N, K)
+    assert qtype == 12
+    return rand_q4k(rng, N, K)
 
 
-@pytest.mark.parametrize("qtype", [12, 14])
-def test_split_and_repack_bitwise(hopper, same_bytes, qtype):
+def repack_sb(rt, w, qtype, N, K):
+    from minfer.cuda.mmq_sb import repack_q4k_sb
+
+    assert qtype == 12
+    return repack_q4k_sb(rt, w, N, K)
+
+
+def test_split_and_repack_bitwise(hopper, same_bytes):
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import repack_sb, sb_tokens, split_q8s
-    from minfer.quants.mmq_sb_ref import (repack_q4k_sb_ref, repack_q6k_sb_ref, sb_tokens_ref,
-                                          split_q8s_ref)
+    from minfer.cuda.mmq_sb import sb_tokens, split_q8s
+    from minfer.quants.mmq_sb_ref import repack_q4k_sb_ref, sb_tokens_ref, split_q8s_ref
 
     rt = hopper
     rng = np.random.default_rng(5)
-    q6 = qtype == 14
     x = rng.standard_normal((77, 1280)).astype(np.float32) * 3
     for xin in (x, x.astype(np.float16)):
-        got = split_q8s(rt, da.to_device(rt, xin), signed=q6)
-        want = split_q8s_ref(xin.astype(np.float32), signed=q6)
+        got = split_q8s(rt, da.to_device(rt, xin))
+        want = split_q8s_ref(xin.astype(np.float32))
         assert all(same_bytes(a, b) for a, b in zip(got, want))
-        if not q6:   # the token operand (images, tables), an all-zero super-block included
-            x0 = xin.astype(np.float32)
-            x0[3, 256:512] = 0
-            aq, ta = split_q8s_ref(x0)
-            got = sb_tokens(rt, da.to_device(rt, aq), da.to_device(rt, ta))
-            assert same_bytes(got, sb_tokens_ref(aq, ta, 77, 1280))
-    w = _rand(rng, qtype, 333, 1280)
-    r = repack_sb(rt, da.to_device(rt, w), qtype, 333, 1280)
-    if q6:
-        wp, tw = repack_q6k_sb_ref(w, 333, 1280)
-        assert same_bytes(r.wp, wp) and same_bytes(r.ts, tw)
-        assert r.nbytes == wp.nbytes + tw.nbytes
-    else:
-        wb = repack_q4k_sb_ref(w, 333, 1280)
-        assert same_bytes(r.wb, wb) and r.nbytes == wb.nbytes
+        # the token operand (images, tables), an all-zero super-block included
+        x0 = xin.astype(np.float32)
+        x0[3, 256:512] = 0
+        aq, ta = split_q8s_ref(x0)
+        got = sb_tokens(rt, da.to_device(rt, aq), da.to_device(rt, ta))
+        assert same_bytes(got, sb_tokens_ref(aq, ta, 77, 1280))
+    w = _rand(rng, 12, 333, 1280)
+    r = repack_sb(rt, da.to_device(rt, w), 12, 333, 1280)
+    wb = repack_q4k_sb_ref(w, 333, 1280)
+    assert same_bytes(r.wb, wb) and r.nbytes == wb.nbytes
 
 
-@pytest.mark.parametrize("qtype", [12, 14])
+@pytest.mark.parametrize("qtype", [12])
 @pytest.mark.parametrize("M,N,K,sms", [(77, 333, 1280, None), (1, 8, 256, None),
                                        (129, 200, 512, 3), (300, 1000, 4096, 5),
                                        (512, 640, 2048, 7), (65, 129, 768, 2)])
@@ -58,7 +57,7 @@ def test_sb_parity(hopper, qtype, M, N, K, sms):
     """Ragged M / N, whole tiles and stream-K (sms caps the grid below the tile count: split
     tiles), = and +=; a second launch is bitwise the first."""
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb
+    from minfer.cuda.mmq_sb import mmq_sb_linear
     from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
 
     rt = hopper
@@ -83,61 +82,34 @@ def test_sb_parity(hopper, qtype, M, N, K, sms):
     assert np.linalg.norm(acc.get() - base - ref) / np.linalg.norm(ref) < 1e-4
 
 
-def test_mmq_linear_routes_to_sb(hopper):
-    """mmq_linear on the SB config: raw q4_K / q6_K weights are repacked per call and run SB;
-    raw q8_1 activations (not the SB operand) run the wide kernel."""
-    from test_mmq_wgmma import rand_q4k, rand_q6k
-
-    from minfer.cuda import devarray as da
-    from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq import mmq_linear, quantize_q8_1
-    from minfer.quants.mmq_ref import mmq_linear_ref
-    from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
-
-    rt = hopper
-    rng = np.random.default_rng(9)
-    M, N, K = 40, 96, 512
-    cfg = GemmConfig(mmq=True, sb=True)
-    x = rng.standard_normal((M, K)).astype(np.float32)
-    xd = da.to_device(rt, x)
-    w4, w6 = rand_q4k(rng, N, K), rand_q6k(rng, N, K)
-    for w, qt, xin, kind, ref in (
-            (w4, 12, xd, "sb", mmq_sb_linear_ref(x, w4, M, N, K)),
-            (w4, 12, quantize_q8_1(rt, xd), "wide", mmq_linear_ref(x, w4, 12, M, N, K)),
-            (w6, 14, xd, "sb", mmq_sb_linear_ref(x, w6, M, N, K, 14))):
-        out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
-        v = mmq_linear(rt, xin, da.to_device(rt, w), qt, M, N, K, cfg, out)
-        assert v.kind == kind
-        assert np.linalg.norm(out.get() - ref) / np.linalg.norm(ref) < 1e-4
-
-
 def test_backend_on_sb(hopper, model):
-    """The engine on the SB config: q4_K / q6_K GEMMs route to mmq-sb with SbQ4K / SbQ6K
-    weights (fused groups as one); its logits stay close to the q8_1 wgmma engine's (a coarser
-    activation grid, not another product: greedy identity is `minfer check`'s gate)."""
+    """The engine on the sb path: q4_K GEMMs route to sb with SbQ4K weights (fused groups as
+    one), q6_K to f16; its logits stay close to the q8_1 wide engine's (a coarser activation
+    grid, not another product: greedy identity is `minfer check`'s gate)."""
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmConfig
-    from minfer.cuda.mmq_sb import SbQ4K, SbQ6K
+    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.mmq_sb import SbQ4K
 
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, model.config.vocab_size, 37).astype(np.int32)
-    b = CudaBackend(model, GemmConfig(mmq=True, sb=True), max_tokens=128, ubatch=16)
-    sb = [n for n, (p, _) in b.routes.items() if p == "mmq-sb"]
+    b = CudaBackend(model, GemmChoice("sb"), max_tokens=128, ubatch=16)
+    sb = [n for n, (p, _) in b.routes.items() if p == "sb"]
     if not sb:
         pytest.skip(f"{model.path.name}: no q4_K GEMM weight")
-    assert "mmq-sb" in b.route_summary()
+    assert "MMQ (sb)" in b.route_summary()
     for n in sb:
-        want = SbQ6K if b.qtypes[n] == 14 else SbQ4K
-        assert isinstance(b.w[b.fused[n][0] if n in b.fused else n], want), n
+        assert b.qtypes[n] == 12
+        assert isinstance(b.w[b.fused[n][0] if n in b.fused else n], SbQ4K), n
     got = b.forward(prompt, 0)
-    ref = CudaBackend(model, GemmConfig(mmq=True), max_tokens=128, ubatch=16).forward(prompt, 0)
+    ref = CudaBackend(model, GemmChoice("wide-kd4"), max_tokens=128,
+                      ubatch=16).forward(prompt, 0)
     assert np.isfinite(got).all()
     # the swiglu epilogue (default) against the plain gate|up GEMM + swiglu: the same product,
     # split differently only where stream-K cuts tiles
     if any(b.qtypes.get(n) == 12 and n.endswith("ffn_gate.weight") for n in sb):
         assert b.glu, "q4_K gate|up on SB without the swiglu epilogue"
-    plain = CudaBackend(model, GemmConfig(mmq=True, sb=True, sb_glu=False, f16_glu=False),
-                        max_tokens=128, ubatch=16)
+    plain = CudaBackend(model, GemmChoice.parse_ab("sb:no-glu", env={}), max_tokens=128,
+                        ubatch=16)
     assert not plain.glu
     pl = plain.forward(prompt, 0)
     assert np.linalg.norm(pl - got) / np.linalg.norm(pl) < 1e-3
@@ -234,9 +206,9 @@ def test_sb_swiglu_epilogue(hopper, same_bytes, M, F, K, sms):
     rounding."""
     from minfer.cuda import devarray as da
     from minfer.cuda.layers import swiglu_fused
-    from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_operand
+    from minfer.cuda.mmq_sb import mmq_sb_linear, sb_operand
     from minfer.quants.mmq_sb_ref import glu_rows
-    from test_mmq_wgmma import rand_q4k
+    from quant_data import rand_q4k
 
     rt = hopper
     rng = np.random.default_rng(M + F)
@@ -262,10 +234,9 @@ def test_sb_swiglu_epilogue(hopper, same_bytes, M, F, K, sms):
 
 
 def test_sb_linear_takes_the_token_operand(hopper):
-    """mmq_sb_linear on an SbTokens gives the bits it gives on x; a q6_K weight or another
-    shape refuses it."""
+    """mmq_sb_linear on an SbTokens gives the bits it gives on x; another shape refuses it."""
     from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import mmq_sb_linear, repack_sb, sb_operand
+    from minfer.cuda.mmq_sb import mmq_sb_linear, sb_operand
     from minfer.errors import GPUError
 
     rt = hopper
@@ -278,8 +249,5 @@ def test_sb_linear_takes_the_token_operand(hopper):
     tok = sb_operand(rt, x)
     mmq_sb_linear(rt, tok, w, M, N, K, b)
     assert np.array_equal(a.get(), b.get())
-    w6 = repack_sb(rt, da.to_device(rt, _rand(rng, 14, N, K)), 14, N, K)
-    with pytest.raises(GPUError, match="token operand"):
-        mmq_sb_linear(rt, tok, w6, M, N, K, b)
     with pytest.raises(GPUError, match="token operand"):
         mmq_sb_linear(rt, tok, w, M - 1, N, K, da.empty(rt, (M - 1, N), np.float32))

@@ -1,0 +1,169 @@
+"""Linear routes of the CUDA forward: one object per linear weight, made from its path record
+(minfer.cuda.paths), that owns the weight's activation prepass, its launch and its epilogues, so
+the forward (minfer.cuda.backend) never branches on path names.
+
+- `route.activation`: the input form its kernel reads ("none": the f16 activation; "q8_1": q8_1
+  raw blocks; "sb-operand": the SB token operand). `prepass(rt, kind, A, scratch)` makes one
+  form from an f16 activation (`PREPASS`); `norm_prepass` / `swiglu_prepass` make it from the
+  rmsnorm / swiglu launch itself where that form has such a launch (`NORM_PREPASS`,
+  `SWIGLU_PREPASS`), one activation feeding every route that reads the form.
+- `route.run(be, C, x, w, mode)`: C (mode 'f32' =, 'f16' =, 'acc' +=) x @ w.T.
+- `route.glu`: whether its gate|up GEMM can write silu(gate) * up from its epilogue
+  (`route.run_glu(be, C, x, w)`).
+`make_route(path_name, qtype, choice)` picks the class from the record's weight preparation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer.cuda import devarray as da
+from minfer.cuda.paths import Q4_K, TABLE
+from minfer.errors import Unsupported
+
+# the buffer of DeviceBuffers each activation form lives in
+SCRATCH = {"q8_1": "q8", "sb-operand": "sbop"}
+
+
+def _prepass_q8_1(rt, A, buf):
+    from minfer.cuda.mmq import quantize_q8_1
+
+    M, K = A.shape
+    q8 = da.reshape(da.rows(buf, 0, M * (K // 32) * 40), (M, K // 32 * 40))
+    da.poison(rt, q8)
+    return quantize_q8_1(rt, A, q8)
+
+
+def _prepass_sb(rt, A, buf):
+    from minfer.cuda.mmq_sb import sb_operand, sb_views
+
+    M, K = A.shape
+    tt = sb_views(buf, M, K)[2]
+    da.poison(rt, tt)
+    return sb_operand(rt, A, tt)
+
+
+def _norm_sb(rt, x, w, eps: float, buf, h16):
+    """rmsnorm(x) * w and the SB token operand in one launch (h16 written when given); None
+    where the launch does not take this width."""
+    from minfer.cuda.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
+
+    M, D = x.shape
+    if D > SB_NORM_MAX_K:
+        return None
+    tt = sb_views(buf, M, D)[2]
+    da.poison(rt, tt, *((h16,) if h16 is not None else ()))
+    return sb_operand_rmsnorm(rt, x, w, eps, tt, h16)
+
+
+def _swiglu_sb(rt, g, u, buf, M: int, F: int):
+    from minfer.cuda.mmq_sb import sb_operand_swiglu, sb_views
+
+    tt = sb_views(buf, M, F)[2]
+    da.poison(rt, tt)
+    return sb_operand_swiglu(rt, g, u, tt)
+
+
+PREPASS = {"q8_1": _prepass_q8_1, "sb-operand": _prepass_sb}
+NORM_PREPASS = {"sb-operand": _norm_sb}
+SWIGLU_PREPASS = {"sb-operand": _swiglu_sb}
+
+
+class LinearRoute:
+    activation = "none"
+
+    def __init__(self, path, qtype: int, choice):
+        self.path, self.qtype, self.choice = path, int(qtype), choice
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    glu = False
+
+    def run(self, be, C, x, w, mode: str) -> None:
+        raise NotImplementedError
+
+    def run_glu(self, be, C, x, w) -> None:
+        raise Unsupported(f"{self.name}: no swiglu epilogue")
+
+
+class F16Route(LinearRoute):
+    """gemm_f16_nt on the dequantized f16 weight; glu at M == 1: the GEMV's f32 into gu32,
+    then the interleaved swiglu launch (the GEMV has no epilogue)."""
+    glu = True
+
+    def run(self, be, C, x, w, mode: str) -> None:
+        from minfer.cuda.gemm import gemm_f16_nt
+
+        if mode == "acc":
+            gemm_f16_nt(x, w, np.float32, accumulate=C, rt=be.rt)
+            return
+        da.poison(be.rt, C)   # debug / poison mode: NaN unless the GEMM really writes C
+        gemm_f16_nt(x, w, np.float16 if mode == "f16" else np.float32, out=C, rt=be.rt)
+
+    def run_glu(self, be, C, x, w) -> None:
+        from minfer.cuda import layers as L
+        from minfer.cuda.gemm import gemm_f16_nt
+
+        M = x.shape[0]
+        da.poison(be.rt, C)
+        if M > 1:
+            gemm_f16_nt(x, w, np.float16, out=C, rt=be.rt, glu=True)
+            return
+        gu = be._part(be.buf.gu32, 0, (M, 2 * C.shape[1]))
+        gemm_f16_nt(x, w, np.float32, out=gu, rt=be.rt)
+        L.swiglu_interleaved(be.rt, C, gu)
+
+
+class RawInt8Route(LinearRoute):
+    """The seeds' int8 kernels on the raw GGUF bytes, q8_1 activations."""
+    activation = "q8_1"
+
+    def run(self, be, C, x, w, mode: str) -> None:
+        from minfer.cuda.mmq import mmq_linear
+
+        if mode == "f16":
+            raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
+        M, N = C.shape
+        K = x.shape[1] * 32 // 40
+        if mode != "acc":
+            da.poison(be.rt, C)
+        mmq_linear(be.rt, x, w, self.qtype, M, N, K, self.path, C, accumulate=mode == "acc")
+
+
+class SbRoute(LinearRoute):
+    """The super-block kernel on the repacked q4_K weight, the SB token operand; stream-K unless
+    the tuning variant no-stream-k; the swiglu epilogue on q4_K gate|up."""
+    activation = "sb-operand"
+
+    @property
+    def glu(self) -> bool:
+        return self.qtype == Q4_K
+
+    def run(self, be, C, x, w, mode: str) -> None:
+        from minfer.cuda.mmq_sb import mmq_sb_linear
+
+        if mode == "f16":
+            raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
+        M, N = C.shape
+        if mode != "acc":
+            da.poison(be.rt, C)
+        mmq_sb_linear(be.rt, x, w, M, N, x.K, C, mode == "acc",
+                      stream_k=self.choice.on("stream-k"))
+
+    def run_glu(self, be, C, x, w) -> None:
+        from minfer.cuda.mmq_sb import mmq_sb_linear
+
+        M, F = C.shape
+        da.poison(be.rt, C)
+        mmq_sb_linear(be.rt, x, w, M, 2 * F, x.K, C, stream_k=self.choice.on("stream-k"),
+                      swiglu=True)
+
+
+ROUTES = {"dequant-f16": F16Route, "raw": RawInt8Route, "repack-sb": SbRoute}
+
+
+def make_route(path_name: str, qtype: int, choice) -> LinearRoute:
+    p = TABLE[path_name]
+    return ROUTES[p.weight](p, qtype, choice)

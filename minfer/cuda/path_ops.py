@@ -1,0 +1,81 @@
+"""One calling convention for every path of minfer.cuda.paths.TABLE (what `minfer check` and
+the parity tests iterate):
+
+    w = prepare(rt, w_raw, qtype, N, K)                     # raw GGUF rows on the device
+    launch(rt, x, w, qtype, M, N, K, path, out, accumulate)  # x f32 [M, K]; out f32 [M, N]
+    twin(x, w_raw, qtype, M, N, K) -> float64 [M, N]        # numpy, on the host
+
+The engine calls the launchers themselves (minfer.cuda.backend); these adapt their arguments.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer.cuda import devarray as da
+
+
+def prepare_f16(rt, w_raw, qtype: int, N: int, K: int):
+    from minfer.cuda.dequant import dequant_f16
+
+    out = da.empty(rt, (N, K), np.float16, "f16 weight")
+    dequant_f16(rt, w_raw, qtype, N, K, out_dev=out)
+    return out
+
+
+def launch_f16(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
+               accumulate: bool = False) -> None:
+    from minfer.cuda.gemm import gemm_f16_nt
+    from minfer.cuda.layers import to_f16
+
+    if x.dtype != np.float16:
+        x16 = da.empty(rt, (M, K), np.float16, "f16 activations")
+        to_f16(rt, x16, x)
+        x = x16
+    if accumulate:
+        gemm_f16_nt(x, w, np.float32, accumulate=out, rt=rt)
+    else:
+        gemm_f16_nt(x, w, np.float32, out=out, rt=rt)
+
+
+def twin_f16(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
+    from minfer.cuda.dequant import dequant_f16_ref
+
+    a = np.asarray(x, np.float32).reshape(M, K).astype(np.float16).astype(np.float64)
+    return a @ dequant_f16_ref(w_raw, qtype, N, K).astype(np.float64).T
+
+
+def prepare_raw(rt, w_raw, qtype: int, N: int, K: int):
+    return w_raw
+
+
+def launch_raw(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
+               accumulate: bool = False) -> None:
+    from minfer.cuda.mmq import mmq_linear
+
+    mmq_linear(rt, x, w, qtype, M, N, K, path, out, accumulate=accumulate)
+
+
+def twin_q8_1(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
+    from minfer.quants.mmq_ref import mmq_linear_ref
+
+    return mmq_linear_ref(x, w_raw, qtype, M, N, K)
+
+
+def prepare_sb(rt, w_raw, qtype: int, N: int, K: int):
+    from minfer.cuda.mmq_sb import repack_q4k_sb
+
+    return repack_q4k_sb(rt, w_raw, N, K)
+
+
+def launch_sb(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
+              accumulate: bool = False) -> None:
+    from minfer.cuda.mmq_sb import mmq_sb_linear
+
+    mmq_sb_linear(rt, x, w, M, N, K, out, accumulate)
+
+
+def twin_sb(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
+    from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
+
+    return mmq_sb_linear_ref(x, w_raw, M, N, K, qtype)

@@ -1,0 +1,175 @@
+"""The GEMM path table and its chooser: the one place a GEMM path is chosen (docs/paths.md).
+
+Each path is one `GemmPath` record: what it supports (tensor types, GPU archs, K multiple),
+how it prepares the weight (dequant to f16 / raw bytes / SB repack) and the activation (none /
+q8_1 prepass / SB token operand), its launcher and numpy twin (minfer.cuda.path_ops' calling
+convention, as "module:function", resolved on use so this module imports no launcher), its
+bytes per weight on the GPU, and the tuning variants a `bench --ab` may turn off. `choose_path` picks a path per weight from (type, arch,
+shape, user choice, smem cap, memory tier), as llama.cpp's should_use_mmq does; `choose_tier`
+picks the memory tier `auto` plans for from the free device memory. Pure Python, no GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+Q4_K, Q6_K = 12, 14
+QNAMES = {Q4_K: "q4_K", Q6_K: "q6_K"}
+RAW_BYTES = {Q4_K: 144 / 256, Q6_K: 210 / 256}   # GGUF bytes per weight
+
+
+def _wide_smem(kd: int) -> Callable[[int], int]:
+    def smem(qtype: int) -> int:
+        from minfer.cuda.mmq import wide_smem
+
+        return wide_smem(kd, qtype)
+    return smem
+
+
+def _sb_smem(qtype: int) -> int:
+    from minfer.cuda.mmq_sb import sb_smem
+
+    return sb_smem()
+
+
+@dataclass(frozen=True)
+class GemmPath:
+    name: str
+    kernel: str                        # the kernel entry it launches
+    qtypes: frozenset | None           # GGUF types it takes; None: every type dequant takes
+    archs: frozenset | None            # None: any sm_80+ GPU
+    k_multiple: int                    # K must be a multiple of this
+    weight: str                        # "dequant-f16" | "raw" | "repack-sb"
+    activation: str                    # "none" | "q8_1" | "sb-operand"
+    bytes_per_weight: Mapping          # qtype -> device bytes per weight (None: any type)
+    prepare: str                       # "module:function": raw device rows -> its weight
+    launch: str                        # "module:function" of the launcher
+    twin: str                          # "module:function" of the numpy twin
+    variants: tuple = ()               # features a tuning variant may turn off (bench --ab)
+    kd: int = 0                        # wide kernels' staging depth
+    smem: Callable | None = None       # qtype -> dynamic shared memory (the smem guard)
+
+    @property
+    def int8(self) -> bool:
+        return self.weight != "dequant-f16"
+
+    def unsupported(self, qtype: int, arch, K: int) -> str:
+        """'' when this path runs a [*, K] GEMM on a weight of `qtype` on `arch`, else why not."""
+        if self.qtypes is not None and int(qtype) not in self.qtypes:
+            return f"{qname(qtype)}: no {self.name} kernel"
+        if self.archs is not None and arch not in self.archs:
+            return f"{self.name}: {arch or 'this GPU'} is not {'/'.join(sorted(self.archs))}"
+        if K % self.k_multiple:
+            return f"K={K} not a multiple of {self.k_multiple}"
+        return ""
+
+    def weight_bytes(self, qtype: int) -> float:
+        b = self.bytes_per_weight
+        return float(b[int(qtype)] if int(qtype) in b else b[None])
+
+    def ops(self):
+        """(prepare, launch, twin): minfer.cuda.path_ops' calling convention."""
+        return _resolve(self.prepare), _resolve(self.launch), _resolve(self.twin)
+
+
+def _resolve(ref: str):
+    mod, fn = ref.split(":")
+    return getattr(importlib.import_module(mod), fn)
+
+
+def qname(qtype: int) -> str:
+    try:
+        import gguf
+
+        return gguf.GGMLQuantizationType(int(qtype)).name.lower().replace("_k", "_K")
+    except (ImportError, ValueError):
+        return QNAMES.get(int(qtype), f"type {qtype}")
+
+
+_OPS = "minfer.cuda.path_ops:"
+_INT8 = dict(qtypes=frozenset({Q4_K, Q6_K}), archs=None, k_multiple=256, weight="raw",
+             activation="q8_1", bytes_per_weight=RAW_BYTES, prepare=_OPS + "prepare_raw",
+             launch=_OPS + "launch_raw", twin=_OPS + "twin_q8_1")
+
+TABLE: dict[str, GemmPath] = {p.name: p for p in (
+    GemmPath("f16", "gemm_f16_nt", None, None, 8, "dequant-f16", "none", {None: 2.0},
+             _OPS + "prepare_f16", _OPS + "launch_f16", _OPS + "twin_f16",
+             variants=("glu", "rope")),
+    # q4_K only: its q6_K kernel was slower than f16 on every shape at 3 B/weight
+    GemmPath("sb", "mmq_sb_q4k", frozenset({Q4_K}), frozenset({"sm_90"}), 256, "repack-sb",
+             "sb-operand", {Q4_K: 41984 / (128 * 256)}, _OPS + "prepare_sb", _OPS + "launch_sb",
+             _OPS + "twin_sb",
+             variants=("glu", "stream-k", "fused-prepass"), smem=_sb_smem),
+    GemmPath("wide-kd4", "mmq_raw_wide_nt_kernel", **_INT8, kd=4, smem=_wide_smem(4)),
+    GemmPath("wide-kd8", "mmq_raw_wide_nt_kernel", **_INT8, kd=8, smem=_wide_smem(8)),
+    GemmPath("narrow", "mmq_raw_nt_kernel", **_INT8),
+    GemmPath("r1", "mmq_nt_kernel", **_INT8),
+)}
+F16, SB, NARROW = TABLE["f16"], TABLE["sb"], TABLE["narrow"]
+INT8_PATHS = tuple(p for p in TABLE.values() if p.int8)
+# what `auto` runs in each memory tier, most bytes first (choose_tier)
+TIERS = {"f16": "f16", "sb": "sb", "int8": "wide-kd4"}
+# a tuning variant names a feature a path may turn off; auto takes any of them
+VARIANTS = tuple(sorted({v for p in TABLE.values() for v in p.variants}))
+CHOICES = ("auto", "mmq", *TABLE)   # --gemm / MINFER_GEMM; mmq: the seeds' MINFER_MMQ_* config
+
+
+@dataclass(frozen=True)
+class Route:
+    """choose_path's answer: the path, why a weight fell back to f16 ('' when f16 was asked
+    for or won), and a notice to print once (the smem guard's fallback)."""
+    path: GemmPath
+    why: str = ""
+    notice: str = ""
+
+
+def auto_tiers(arch) -> tuple[str, ...]:
+    """The memory tiers `auto` tries, in order: f16 (fastest), SB on sm_90 (1.28 B per q4_K
+    weight against f16's 2), then the wide int8 kernels (the raw GGUF bytes)."""
+    return ("f16", "sb", "int8") if arch in SB.archs else ("f16", "int8")
+
+
+def choose_tier(need: Mapping[str, int], free_bytes: int | None, margin: int = 256 << 20) -> str:
+    """The first tier (need's order) whose plan plus `margin` fits `free_bytes`; the last one
+    when none does (its memory check then names what is missing); the first when free memory
+    is unknown."""
+    tiers = list(need)
+    if free_bytes is None:
+        return tiers[0]
+    for t in tiers:
+        if need[t] + margin <= free_bytes:
+            return t
+    return tiers[-1]
+
+
+def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "auto",
+                smem_optin: int | None = None, tier: str = "f16", alone: bool = False) -> Route:
+    """The path of y[M, N] = x[M, K] @ W[N, K].T with W of GGUF type `qtype` on `arch`
+    ("sm_90"; None: unknown). choice: "auto" or a TABLE name (the seeds' "mmq" is resolved
+    before, GemmChoice); tier: auto's memory tier (choose_tier); smem_optin: the device's
+    opt-in shared memory (None: unbounded), a wide kernel over it runs the narrow kernel (the
+    smem guard, with a notice); alone: the weight runs as its own GEMM of a fraction of a wave
+    (a bias-free attn_v that cannot join q|k: 65 us on the int8 kernels, 24 us on f16 at the 8B
+    shape, M = 512), which int8 paths leave to f16."""
+    M, N, K = shape
+    name = TIERS[tier] if choice == "auto" else choice
+    if name not in TABLE:
+        raise ValueError(f"unknown GEMM path {name!r} (known: {', '.join(TABLE)})")
+    p = TABLE[name]
+    if not p.int8:
+        return Route(F16)
+    why = p.unsupported(qtype, arch, K)
+    if why:
+        return Route(F16, why)
+    if alone:
+        return Route(F16, "attn_v alone: faster on f16")
+    if smem_optin is not None and p.smem is not None and p.smem(qtype) > smem_optin:
+        need = p.smem(qtype)
+        if p.kd:
+            return Route(NARROW, notice=(
+                f"MMQ wide KD={p.kd} needs {need} B of shared memory, over this GPU's opt-in "
+                f"cap of {smem_optin} B: using the narrow MMQ kernel instead"))
+        return Route(F16, f"{p.name} needs {need} B of shared memory, over the cap {smem_optin}")
+    return Route(p)

@@ -1,0 +1,130 @@
+"""CPU: CudaBackend's whole forward on a fake runtime (every launch recorded, no kernel runs) for
+every path of the table, so the host side of each route object (prepass, launch, epilogue), the
+buffers and the layer loop run without a GPU: each GEMM launches the kernel of its route, the
+int8 routes' prepasses run, nothing in the forward chooses a path. The numbers are the GPU
+tests' business (tests/gpu)."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from fake_gpuarray import FakeGPUArray
+from synth_data import tiny_model
+
+
+class _Ptr(int):
+    def free(self) -> None:
+        pass
+
+
+class _Arr(FakeGPUArray):
+    def set(self, a) -> None:
+        assert np.asarray(a).size <= self.size
+
+    def get(self):
+        return np.zeros(self.shape, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+class _Memcpy2D:
+    def set_src_host(self, a):
+        pass
+
+    def set_src_device(self, p):
+        pass
+
+    def set_dst_device(self, p):
+        pass
+
+    def __call__(self, aligned=True):
+        pass
+
+
+class FakeRT:
+    sm_count, smem_optin = 132, 232448
+    poisoning = False
+
+    def __init__(self, arch: str):
+        self.arch = arch
+        self.cfg = types.SimpleNamespace(debug=False, poison=False)
+        self.drv = types.SimpleNamespace(memcpy_htod=lambda p, a: None, Memcpy2D=_Memcpy2D,
+                                         memset_d8=lambda p, b, n: None)
+        self.launches: list[tuple[str, str]] = []
+        self._next = 1 << 20
+
+    def alloc(self, nbytes: int, what: str = "buffer"):
+        p = self._next
+        self._next += (int(nbytes) + 255) // 256 * 256 + 256
+        return _Ptr(p)
+
+    def mem_info(self):
+        return 80 << 30, 80 << 30
+
+    def synchronize(self):
+        pass
+
+    def workspace(self, name, nbytes, zero_bytes):
+        return np.uintp(self.alloc(nbytes)), np.uintp(self.alloc(zero_bytes))
+
+    def function(self, name, entry, options=(), dyn_smem=0):
+        return name, entry
+
+    def launch(self, fn, grid, block, args, smem=0, stream=None):
+        self.launches.append(fn)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from minfer.loader import load_model
+
+    return load_model(tiny_model(tmp_path_factory.mktemp("fwd"), seed=3, workers=None))
+
+
+ENTRY = {"f16": ("gemm_f16", "gemm_f16_sm90a"), "sb": ("mmq_sb_q4k",),
+         "wide-kd4": ("mmq_q4k", "mmq_q6k"), "wide-kd8": ("mmq_q4k", "mmq_q6k"),
+         "narrow": ("mmq_q4k", "mmq_q6k"), "r1": ("mmq_q4k", "mmq_q6k")}
+PREPASS = {"f16": set(), "sb": {"rmsnorm_sb_operand", "q8s_sb_operand_swiglu"},
+           "wide-kd4": {"quantize_q8_1_raw_f16"}, "wide-kd8": {"quantize_q8_1_raw_f16"},
+           "narrow": {"quantize_q8_1_raw_f16"}, "r1": {"quantize_q8_1_raw_f16"}}
+
+
+@pytest.mark.parametrize("path", list(ENTRY))
+@pytest.mark.parametrize("variant", ["", "no-fused-prepass"])
+def test_forward_launches_each_route(monkeypatch, tiny, path, variant):
+    from fake_gpuarray import install
+
+    from minfer.cuda import devarray, gemm
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.paths import TABLE
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    if variant and variant[3:] not in TABLE[path].variants:
+        pytest.skip(f"{path} has no {variant}")
+    rt = FakeRT("sm_90" if path in ("sb", "f16") else "sm_80")
+    choice = GemmChoice.parse_ab(f"{path}:{variant}" if variant else path, env={})
+    be = CudaBackend(tiny, choice, rt=rt, max_tokens=64, ubatch=16, warmup=False, graphs=False)
+    int8 = {n for n, (p, _) in be.routes.items() if p != "f16"}
+    assert bool(int8) == (path != "f16")
+    assert all(be.lin[n].name == be.routes[n][0] for n in be.routes)
+    for ids, pos0 in ((np.arange(21, dtype=np.int32) % 50, 0), (np.array([3], np.int32), 21)):
+        rt.launches.clear()
+        be.forward_device(ids, pos0)
+        files = {f for f, _ in rt.launches}
+        entries = {e for _, e in rt.launches}
+        assert set(ENTRY[path]) & files, files
+        if path != "f16":
+            assert "gemm_f16" in files or "gemm_f16_sm90a" in files   # (f16 routes remain)
+            want = PREPASS[path] if not variant else {"q8s_sb_operand_f16"}
+            assert want & entries, entries
+        else:
+            assert not {f for f in files if f.startswith("mmq")}
+    assert be.n_past == 22

@@ -1,0 +1,94 @@
+"""CPU: the module graph of minfer/ (every import, module level or in a function, read with ast):
+no import cycles, and the f16 GEMM path reaches no int8 module."""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@lru_cache(maxsize=1)
+def module_graph() -> dict[str, set[str]]:
+    mods = {}
+    for p in (ROOT / "minfer").rglob("*.py"):
+        name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = p
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                graph[m] |= {a.name for a in node.names if a.name in mods}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    if full in mods:
+                        graph[m].add(full)
+                    elif base in mods:
+                        graph[m].add(base)
+        graph[m].discard(m)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        v = todo.pop()
+        for w in graph[v] - seen:
+            seen.add(w)
+            todo.append(w)
+    return seen
+
+
+def test_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles():
+    assert cycles(module_graph()) == []
+
+
+def test_f16_gemm_reaches_no_int8_module():
+    int8 = {m for m in module_graph() if m.rpartition(".")[2].startswith(("mmq", "q8_1"))}
+    assert "minfer.cuda.mmq" in int8 and "minfer.quants.mmq_sb_ref" in int8
+    assert not reach(module_graph(), "minfer.cuda.gemm") & int8

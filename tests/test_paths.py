@@ -1,0 +1,149 @@
+"""CPU: the GEMM path table, its chooser (choose_path, choose_tier, the smem guard) and the user
+choice (--gemm, MINFER_GEMM, the seeds' MINFER_MMQ_* variables, bench's tuning variants)."""
+
+import pytest
+
+from minfer.cuda.config import GemmChoice
+from minfer.cuda.mmq import wide_smem
+from minfer.cuda.paths import (CHOICES, TABLE, TIERS, VARIANTS, auto_tiers, choose_path,
+                               choose_tier)
+from minfer.errors import BadInput
+
+SHAPE = (512, 4096, 4096)
+
+
+def test_table_records():
+    assert list(TABLE) == ["f16", "sb", "wide-kd4", "wide-kd8", "narrow", "r1"]
+    for p in TABLE.values():
+        prepare, launch, twin = p.ops()   # every record resolves to the one calling convention
+        assert callable(prepare) and callable(launch) and callable(twin)
+        assert all(v in VARIANTS for v in p.variants)
+    assert TABLE["f16"].weight_bytes(12) == 2.0 and TABLE["f16"].weight_bytes(8) == 2.0
+    assert TABLE["wide-kd4"].weight_bytes(12) == 0.5625
+    assert TABLE["wide-kd8"].weight_bytes(14) == 210 / 256
+    assert TABLE["sb"].weight_bytes(12) == pytest.approx(1.28, abs=0.01)
+    # the seeds' kernels stay in the table by name
+    assert {TABLE[n].kernel for n in ("r1", "narrow", "wide-kd4", "wide-kd8")} == {
+        "mmq_nt_kernel", "mmq_raw_nt_kernel", "mmq_raw_wide_nt_kernel"}
+    assert set(CHOICES) == {"auto", "mmq", *TABLE}
+
+
+def test_choose_path_explicit():
+    assert choose_path(12, "sm_90", SHAPE, "f16").path.name == "f16"
+    for n in ("wide-kd4", "wide-kd8", "narrow", "r1"):
+        assert choose_path(12, "sm_80", SHAPE, n).path.name == n
+        assert choose_path(14, None, SHAPE, n).path.name == n
+    r = choose_path(8, "sm_90", SHAPE, "wide-kd4")        # q8_0: no int8 kernel
+    assert r.path.name == "f16" and "no wide-kd4 kernel" in r.why
+    r = choose_path(12, "sm_90", (512, 576, 576), "narrow")
+    assert r.path.name == "f16" and "K=576 not a multiple of 256" == r.why
+    assert choose_path(12, "sm_90", SHAPE, "sb").path.name == "sb"
+    r = choose_path(12, "sm_80", SHAPE, "sb")             # SB is sm_90 only
+    assert r.path.name == "f16" and "sm_90" in r.why
+    r = choose_path(14, "sm_90", SHAPE, "sb")             # its q6_K kernel is retired
+    assert r.path.name == "f16" and "q6_K" in r.why
+    assert choose_path(12, "sm_90", SHAPE, "wide-kd4", alone=True).why == \
+        "attn_v alone: faster on f16"
+    assert choose_path(12, "sm_90", SHAPE, "f16", alone=True).why == ""
+    with pytest.raises(ValueError):
+        choose_path(12, "sm_90", SHAPE, "wgmma")
+
+
+def test_choose_path_auto_tiers():
+    assert auto_tiers("sm_90") == ("f16", "sb", "int8") and auto_tiers("sm_86") == ("f16", "int8")
+    assert set(TIERS.values()) <= set(TABLE)
+    assert choose_path(12, "sm_90", SHAPE).path.name == "f16"
+    assert choose_path(12, "sm_90", SHAPE, tier="sb").path.name == "sb"
+    assert choose_path(14, "sm_90", SHAPE, tier="sb").path.name == "f16"   # q6_K stays f16
+    assert choose_path(14, "sm_90", SHAPE, tier="int8").path.name == "wide-kd4"
+    assert choose_path(8, "sm_90", SHAPE, tier="int8").path.name == "f16"
+
+
+def test_choose_tier():
+    need = {"f16": 16 << 30, "sb": 11 << 30, "int8": 6 << 30}
+    assert choose_tier(need, None) == "f16"
+    assert choose_tier(need, 20 << 30) == "f16"
+    assert choose_tier(need, 16 << 30) == "sb"        # f16 fits only without the margin
+    assert choose_tier(need, 8 << 30) == "int8"
+    assert choose_tier(need, 1 << 30) == "int8"       # none fits: the smallest (its check fails)
+
+
+def test_smem_guard():
+    assert wide_smem(4) == 100352 and wide_smem(8) == 190464
+    assert wide_smem(4, 14) == 82944 and wide_smem(8, 14) == 156672
+    r = choose_path(12, "sm_90", (1, 1, 256), "wide-kd8", 101376)
+    assert r.path.name == "narrow" and "190464" in r.notice and "narrow" in r.notice
+    assert choose_path(12, "sm_90", (1, 1, 256), "wide-kd8", 232448).path.name == "wide-kd8"
+    assert choose_path(14, "sm_90", (1, 1, 256), "wide-kd4", 90000).path.name == "wide-kd4"
+    assert choose_path(12, "sm_90", (1, 1, 256), "wide-kd4", 65536).path.name == "narrow"
+    r = choose_path(12, "sm_90", SHAPE, "sb", 100_000)   # SB over the cap: f16, said why
+    assert r.path.name == "f16" and "shared memory" in r.why
+
+
+def test_wide_smem_matches_kernel():
+    """The launcher's byte counts are the kernels' (pinned by static_assert in each header)."""
+    import re
+    from pathlib import Path
+
+    kdir = Path(__file__).parents[1] / "kernels"
+    for header, struct, qtype in (("mmq_wide_async.cuh", "WideAsyncSmem", 12),
+                                  ("mmq_wide_sync.cuh", "WideSyncSmem", 14)):
+        src = (kdir / header).read_text()
+        pinned = dict(re.findall(rf"static_assert\({struct}<(\d)>::BYTES == (\d+)", src))
+        assert set(pinned) == {"4", "8"}, header
+        assert all(wide_smem(int(kd), qtype) == int(b) for kd, b in pinned.items()), header
+
+
+@pytest.mark.parametrize("env,path", [
+    ({}, "auto"),
+    ({"MINFER_MMQ": "0"}, "f16"),
+    ({"MINFER_MMQ": "1"}, "wide-kd4"),                                  # the seeds' default
+    ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}, "wide-kd8"),
+    ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW_WIDE": "0"}, "narrow"),
+    ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW": "0"}, "r1"),
+    ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW": "1", "MINFER_MMQ_RAW_WIDE": "1",
+      "MINFER_MMQ_RAW_KD": "4"}, "wide-kd4"),                            # seeds r12's config
+    ({"MINFER_GEMM": "sb", "MINFER_MMQ": "1"}, "sb"),                   # MINFER_GEMM wins
+    ({"MINFER_GEMM": "mmq", "MINFER_MMQ_RAW_KD": "8"}, "wide-kd8"),
+])
+def test_choice_from_env(env, path):
+    assert GemmChoice.resolve(env) == GemmChoice(path)
+
+
+def test_choice_flag_wins_and_errors():
+    env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
+    assert GemmChoice.resolve(env, "f16").path == "f16"
+    assert GemmChoice.resolve(env, "mmq").path == "wide-kd8"
+    for bad in ({"MINFER_MMQ_RAW_KD": "5"}, {"MINFER_MMQ": "maybe"}, {"MINFER_GEMM": "wgmma"}):
+        with pytest.raises(BadInput):
+            GemmChoice.resolve(bad)
+    with pytest.raises(BadInput, match="bench --ab"):
+        GemmChoice.resolve({}, "f16:no-rope")   # tuning variants are not a user choice
+
+
+def test_tuning_variants():
+    c = GemmChoice.parse_ab("f16:no-rope", env={})
+    assert c == GemmChoice("f16", frozenset({"rope"})) and not c.on("rope") and c.on("glu")
+    assert c.label() == "f16:no-rope"
+    c = GemmChoice.parse_ab("sb:no-glu:no-stream-k", env={})
+    assert c.off == {"glu", "stream-k"} and c.label() == "sb:no-glu:no-stream-k"
+    assert GemmChoice.parse_ab("auto:no-fused-prepass", env={}).off == {"fused-prepass"}
+    assert GemmChoice.parse_ab("MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8", env={}).path == "wide-kd8"
+    assert GemmChoice.parse_ab("MINFER_MMQ=1", env={"MINFER_GEMM": "f16"}).path == "wide-kd4"
+    assert GemmChoice.parse_ab("", env={"MINFER_GEMM": "narrow"}).path == "narrow"
+    for bad in ("f16:no-stream-k", "wide-kd4:no-glu", "f16:rope", "f16 sb", "MINFER_FOO=1",
+                "MINFER_MMQ_SB=1"):
+        with pytest.raises(BadInput):
+            GemmChoice.parse_ab(bad, env={})
+
+
+def test_cuda_debug_sub_values():
+    """MINFER_CUDA_DEBUG carries the debug switches (no MINFER_CUDA_POISON / _GRAPHS)."""
+    from minfer.cuda.runtime import debug_flags
+
+    assert debug_flags({}) == set() and debug_flags({"MINFER_CUDA_DEBUG": "0"}) == set()
+    assert debug_flags({"MINFER_CUDA_DEBUG": "1"}) == {"sync", "poison", "nographs"}
+    assert debug_flags({"MINFER_CUDA_DEBUG": "poison"}) == {"poison"}
+    assert debug_flags({"MINFER_CUDA_DEBUG": "nographs, poison"}) == {"nographs", "poison"}
+    with pytest.raises(BadInput, match="MINFER_CUDA_DEBUG"):
+        debug_flags({"MINFER_CUDA_DEBUG": "verbose"})
