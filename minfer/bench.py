@@ -178,29 +178,6 @@ def _progress(on: bool, total: int):
     return step
 
 
-def table(rows: list[Row]) -> str:
-    """llama-bench style markdown; A/B ratio vs the first config, 'noise' inside the band."""
-    out = ["| config | backend | tokens | tok/s | ± (spread) | band | vs first |",
-           "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
-    by_n: dict[int, list[Row]] = {}
-    for r in rows:
-        by_n.setdefault(r.tokens, []).append(r)
-    for n, rs in by_n.items():
-        base = rs[0]
-        band = max(r.band for r in rs)
-        for r in rs:
-            if r is base:
-                vs = "—"
-            else:
-                ratio = r.median / base.median
-                verdict = "noise" if abs(ratio - 1) <= band else ("faster" if ratio > 1
-                                                                  else "slower")
-                vs = f"{ratio:.3f}x ({verdict})"
-            out.append(f"| {r.config} | {r.backend} | {n} | {r.median:,.1f} | "
-                       f"{r.spread / 2:,.1f} | {100 * r.band:.1f}% | {vs} |")
-    return "\n".join(out)
-
-
 def breakdown(backend, model, n: int) -> str:
     """One profiled prefill of n tokens (CUDA backends): per-op µs, TFLOP/s, ratio to ceiling."""
     if not hasattr(backend, "rt"):

@@ -1,6 +1,6 @@
 """`minfer bench` results as llama-bench writes them (-o md|json|csv) and as a plot (--plot).
 
-md: the markdown table (minfer.bench.table: median tok/s, spread, noise band, A/B verdict);
+md: the markdown table (`table`: median tok/s, spread, noise band, A/B verdict);
 json: one array of objects, one per (config, prompt length); csv: the same fields with a
 header row (samples space-separated in one field). The plot draws median tok/s against the
 prompt length, one line per config, the spread as error bars; matplotlib is the optional
@@ -36,9 +36,30 @@ def records(rows, model: str, min_ms: float) -> list[dict]:
              "samples_tok_s": list(r.tok_s)} for r in rows]
 
 
-def format_rows(rows, fmt: str = "md", model: str = "", min_ms: float = 0.0) -> str:
-    from minfer.bench import table
+def table(rows) -> str:
+    """llama-bench style markdown; A/B ratio vs the first config, 'noise' inside the band."""
+    out = ["| config | backend | tokens | tok/s | ± (spread) | band | vs first |",
+           "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    by_n: dict[int, list[Row]] = {}
+    for r in rows:
+        by_n.setdefault(r.tokens, []).append(r)
+    for n, rs in by_n.items():
+        base = rs[0]
+        band = max(r.band for r in rs)
+        for r in rs:
+            if r is base:
+                vs = "—"
+            else:
+                ratio = r.median / base.median
+                verdict = "noise" if abs(ratio - 1) <= band else ("faster" if ratio > 1
+                                                                  else "slower")
+                vs = f"{ratio:.3f}x ({verdict})"
+            out.append(f"| {r.config} | {r.backend} | {n} | {r.median:,.1f} | "
+                       f"{r.spread / 2:,.1f} | {100 * r.band:.1f}% | {vs} |")
+    return "\n".join(out)
 
+
+def format_rows(rows, fmt: str = "md", model: str = "", min_ms: float = 0.0) -> str:
     if fmt == "md":
         return table(rows)
     recs = records(rows, model, min_ms)

@@ -52,7 +52,9 @@ def test_table_noise_verdicts():
     a = B.Row("A", "cpu", 8, [100.0, 110.0, 105.0])  # band 10/105
     b = B.Row("B", "cpu", 8, [104.0, 106.0, 108.0])  # inside A's band -> noise
     c = B.Row("C", "cpu", 8, [200.0, 201.0, 202.0])  # far outside -> faster
-    t = B.table([a, b, c])
+    from minfer.bench_out import table
+
+    t = table([a, b, c])
     lines = t.splitlines()
     assert len(lines) == 5
     assert "noise" in lines[3] and "faster" in lines[4]

@@ -22,7 +22,7 @@ import pytest
 from fake_gpuarray import FakeGPUArray
 
 from minfer.cuda import prepare
-from minfer.cuda.config import GemmConfig
+from minfer.cuda.config import GemmChoice
 from minfer.errors import GPUError
 from synth_data import tiny_model
 
@@ -118,12 +118,9 @@ def fakes(monkeypatch):
     return built
 
 
-# the GEMM paths, by their documented flags (minfer/cuda/config.py ENV_KEYS)
-CONFIGS = ["", "MINFER_F16_GLU=0 MINFER_F16_ROPE=0", "MINFER_MMQ=1",
-           "MINFER_MMQ=1 MINFER_MMQ_WGMMA=0", "MINFER_MMQ=1 MINFER_MMQ_SB=1",
-           "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1", "MINFER_MMQ=1 MINFER_MMQ_RAW_WIDE=0",
-           "MINFER_MMQ=1 MINFER_MMQ_RAW=0",
-           "MINFER_MMQ=1 MINFER_MMQ_FUSED_PREPASS=0 MINFER_MMQ_STREAMK=0"]
+# every path of the table, the tuning variants, and the seeds' variables
+CONFIGS = ["", "f16:no-glu:no-rope", "MINFER_MMQ=1", "wide-kd8", "sb", "sb:no-glu",
+           "narrow", "r1", "sb:no-fused-prepass:no-stream-k", "MINFER_MMQ=1 MINFER_MMQ_RAW=0"]
 
 
 @pytest.mark.parametrize("spec", CONFIGS, ids=lambda s: s or "default")
@@ -131,7 +128,7 @@ CONFIGS = ["", "MINFER_F16_GLU=0 MINFER_F16_ROPE=0", "MINFER_MMQ=1",
 def test_prepared_kernels_cover_what_the_backend_loads(tiny, fakes, spec, arch):
     from minfer.cuda.backend import CudaBackend
 
-    cfg = GemmConfig.parse_ab(spec, env={})
+    cfg = GemmChoice.parse_ab(spec, env={})
     rt = FakeRuntime(arch)
     be = CudaBackend(tiny, cfg, rt=rt, max_tokens=300, ubatch=128, warmup=False, graphs=False)
     # the weight upload asked for nothing load_kernels (built before it) does not name
@@ -154,7 +151,7 @@ def test_warmup_runs_each_length_and_counts(tiny, fakes, monkeypatch):
     from minfer.cuda.backend import CudaBackend
 
     rt = FakeRuntime()
-    be = CudaBackend(tiny, GemmConfig(), rt=rt, max_tokens=64, ubatch=32, warmup=False,
+    be = CudaBackend(tiny, GemmChoice(), rt=rt, max_tokens=64, ubatch=32, warmup=False,
                      graphs=False)
     monkeypatch.setattr(prepare, "prebuild", lambda specs, arch, progress=False:
                         prepare.Prep(len(specs), 2.5))

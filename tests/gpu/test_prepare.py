@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda.config import GemmConfig
+from minfer.cuda.config import GemmChoice
 
 pytestmark = pytest.mark.gpu
 
@@ -27,7 +27,7 @@ def cold_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cubin_cache")
 
 
-@pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "MINFER_MMQ=1 MINFER_MMQ_SB=1"])
+@pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "sb"])
 def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monkeypatch, spec):
     from minfer import engine
     from minfer.cuda import build, prepare
@@ -48,7 +48,7 @@ def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monke
 
     monkeypatch.setattr(build, "compile_cubin", compile_cubin)
 
-    be = CudaBackend(model, GemmConfig.parse_ab(spec, env={}), max_tokens=80, ubatch=32)
+    be = CudaBackend(model, GemmChoice.parse_ab(spec, env={}), max_tokens=80, ubatch=32)
     lengths = [32, 13, 1]
     prep = be.warmup(lengths)
     assert len(compiles) == be.n_compiled   # no lazy nvcc run outside prebuild
