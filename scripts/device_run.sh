@@ -1,29 +1,80 @@
 #!/bin/bash
-# The one device call: install the carried wheels, GPU tests, `minfer check` on a real (sliced)
-# model, an 8B-shape synthetic model, `minfer bench` sustained and in single prefills; a short
-# table last. Each step runs under min(its cap, time left before the deadline).
+# The device calls, one mode each (a call is capped at 10 minutes); a short table last.
+#   gates: pytest tests/gpu on a real (sliced) model, `minfer check` over the path table on its
+#          Q4_K_M requant, and the wheel installed non-editable into a clean target, run from
+#          another directory (its kernels from the package data).
+#   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
+#          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
+#          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
+#          (minfer/ and kernels/ of an earlier commit) the same bench on that tree for before/after.
 # Prepare here (the device starts bare and takes <= 64 MiB per call):
-#   mkdir -p .whl && cp /work/shared/device-wheels/*.whl .whl/
+#   mkdir -p .whl && cp ../shared/device-wheels/*.whl .whl/
 #   python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf .devdata/smollm2-slice.gguf --max-mib 54
-# On the device (carry .whl and .devdata): bash scripts/device_run.sh [deadline_s]
-#   AB="MINFER_MMQ=0;MINFER_MMQ=1" picks the bench configs (';'-separated --ab strings).
-DEADLINE=${1:-540}; source scripts/device_lib.sh
+#   python3 -m pip wheel . --no-deps -w .devdata/minfer-wheel          (gates: the install check)
+#   mkdir -p .old && git archive OLD minfer kernels | tar -x -C .old      (perf: optional)
+# On the device (carry .whl, .devdata[, .old]): bash scripts/device_run.sh gates|perf [deadline_s]
+MODE=${1:-gates}; DEADLINE=${2:-560}; source scripts/device_lib.sh
+REPO=$PWD; M="python3 -m minfer"; S=${SLICE:-.devdata/smollm2-slice.gguf}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-M="python3 -m minfer"; S=${SLICE:-.devdata/smollm2-slice.gguf}
-IFS=';' read -r -a AB <<< "${AB:-MINFER_MMQ=0;MINFER_MMQ=1}"
-MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs tests/gpu
-step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
-step check 120 $M check -m /tmp/slice-q4km.gguf
-step synth 80 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
-step bench 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 6 --no-breakdown --ab "${AB[@]}"
-step bench_single 120 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 6 --min-ms 0 \
+
+if [ "$MODE" = gates ]; then
+  MINFER_TEST_MODEL=$S step tests 280 python3 -m pytest -q -rfEs tests/gpu
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
+  step check 150 $M check -m /tmp/slice-q4km.gguf
+  rm -rf /tmp/x && python3 -m pip install -q --no-index --no-deps --target /tmp/x \
+    .devdata/minfer-wheel/minfer-*.whl .whl/*.whl 2>/dev/null
+  (cd /tmp && step installed 120 env PYTHONPATH=/tmp/x MINFER_CACHE=/tmp/cache_inst python3 -c \
+    "import minfer.cuda.build as b; print('KERNEL_DIR', b.KERNEL_DIR); from minfer.cli import main; \
+main(['prefill', '--backend', 'cuda', '-m', '$REPO/$S', '-n', '8'])")
+  echo; echo "################ SUMMARY gates ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
+  echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -24
+  echo "--- installed (cwd /tmp, PYTHONPATH=/tmp/x only)"; grep -vE "^\s*$" "$OUT/installed.log" | tail -9
+  exit 0
+fi
+
+step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+for n in 512 3001; do   # a prompt of exactly n tokens (BOS included) under the model's tokenizer
+  python3 - "$n" /tmp/s8b.gguf > /tmp/p$n.txt <<'PY'
+import random, sys
+from minfer.loader import load_model
+from minfer.tokenizer import Tokenizer
+n, r = int(sys.argv[1]), random.Random(0)
+tok = Tokenizer.from_metadata(load_model(sys.argv[2]).metadata)
+count = lambda w: len(tok.encode(" ".join(w)))
+vocab, words = "the of and model prefill token kernel".split(), []
+while count(words) < n - 64:   # in blocks of words, then a word at a time, then letters
+    words += [r.choice(vocab) for _ in range(16)]
+while count(words) > n:
+    words.pop()
+for c in "xqzjkv" * 200:
+    if count(words) == n or count(words + [c]) > n:
+        continue
+    words.append(c)
+print(" ".join(words), end="")
+print(f"prompt of {count(words)} tokens (wanted {n})", file=sys.stderr)
+PY
+  for run in cold warm; do
+    step ${run}_$n 120 env MINFER_CACHE=/tmp/cache_$n $M prefill -m /tmp/s8b.gguf --backend cuda \
+      --prompt-file /tmp/p$n.txt -n 4
+  done
+done
+step bench_len 120 $M bench -m /tmp/s8b.gguf --tokens 512,3001 --min-ms 0 --repeats 6 --no-breakdown
+AB=(${AB:-f16 sb wide-kd4 wide-kd8})
+step bench_single 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 4 \
   --no-breakdown --ab "${AB[@]}"
-echo; echo "################ SUMMARY ($(cat "$OUT/gpu.txt"))"
-cat "$OUT/steps.txt"
-echo "--- tests";  grep -E "passed|failed|error" "$OUT/tests.log" | tail -1
-grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -8
-echo "--- check";  grep -E "FAIL|PASS|OK|exact|/32" "$OUT/check.log" | tail -16
-for f in bench bench_single; do
-  echo "--- $f (tok/s: median, spread)"
-  grep -E "^\| |rror|noise" "$OUT/$f.log" | grep -v "^| ---" | head -16
+if [ -d .old/minfer ]; then
+  (cd .old && step bench_old 100 python3 -m minfer bench -m /tmp/s8b.gguf --tokens 512,2048 \
+    --min-ms 0 --repeats 4 --no-breakdown --ab "MINFER_MMQ=0" \
+    "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1")
+fi
+step bench_sustained 100 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 3 --no-breakdown \
+  --ab f16 sb
+echo; echo "################ SUMMARY perf ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+for f in cold_512 warm_512 cold_3001 warm_3001; do
+  echo "--- prefill $f"; grep -E "^(prompt|load|prefill)|error" "$OUT/$f.log"; done
+for f in bench_len bench_single bench_old bench_sustained; do
+  [ -f "$OUT/$f.log" ] || continue
+  echo "--- $f"; grep -E "^\| |rror" "$OUT/$f.log" | grep -v "^| ---" | head -14
 done

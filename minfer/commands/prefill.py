@@ -25,6 +25,9 @@ from minfer.threads import threads_option
 
 DEFAULT_PROMPT = "The name of the capital city of France is"  # golden prompt 0 (--no-chat)
 DEFAULT_CHAT_PROMPT = "What is the capital of France?"
+# default prompt tokens per forward: the GPU runs a prompt up to 4096 tokens as one chunk (what
+# bench times); the CPU reference's attention scores grow with the chunk's square
+UBATCH = {"cuda": 4096, "cpu": 512}
 
 
 def read_prompt_file(path: str, n_ctx: int | None = None) -> str:
@@ -91,7 +94,7 @@ def check_options(prompt, prompt_file, chat, system, n_predict, ubatch, ctx_size
         raise BadInput("--system goes with --chat, not --no-chat")
     if n_predict < 0:
         raise BadInput(f"-n/--n-predict must be >= 0, got {n_predict}")
-    if ubatch < 1:
+    if ubatch is not None and ubatch < 1:
         raise BadInput(f"--ubatch must be >= 1, got {ubatch}")
     if ctx_size < 0:
         raise BadInput(f"-c/--ctx-size must be >= 0 (0: the model's context), got {ctx_size}")
@@ -154,8 +157,10 @@ def _num(x: float) -> float | None:
               help="cuda (our kernels) or cpu (the numpy reference: the correctness oracle the GPU "
                    "paths are checked against, not built for speed); default: cuda if a GPU is "
                    "usable.")
-@click.option("--ubatch", type=int, default=512, show_default=True,
-              help="Prompt tokens per forward call.")
+@click.option("--ubatch", type=int, default=None,
+              help=f"Prompt tokens per forward call (default: {UBATCH['cuda']} on cuda, so a "
+                   f"prompt up to that long is one chunk as `minfer bench` times it; "
+                   f"{UBATCH['cpu']} on cpu).")
 @click.option("--dtype", type=click.Choice(["f32", "f64"], case_sensitive=False), default=None,
               help="CPU reference precision (default f32).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -171,6 +176,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     check_options(prompt, prompt_file, chat, system, n_greedy, ubatch, ctx_size)
     dtype = dtype.lower() if dtype else None
     kind, why = pick_backend_kind(backend_kind)
+    ubatch = UBATCH[kind] if ubatch is None else ubatch
     check_backend(kind, dtype)  # before the default model is fetched
     text = read_prompt_file(prompt_file) if prompt_file is not None else prompt
     if model_path is None:
