@@ -23,7 +23,7 @@ def test_routes_f16(tiny):
         r = plan_routes(tiny, choice)
         n = tiny.config.n_layers * 7 + 1
         assert len(r) == n and all(p == "f16" and why == "" for p, why in r.values())
-        assert summarize_routes(tiny, r).startswith(f"MMQ: 0 GEMMs, f16: {n} GEMMs")
+        assert summarize_routes(tiny, r) == f"f16: {n} GEMMs"
 
 
 @pytest.mark.parametrize("path", ["wide-kd4", "wide-kd8", "narrow", "r1"])

@@ -98,6 +98,7 @@ def summarize_routes(model, routes: dict[str, tuple[str, str]]) -> str:
     nm, nf = sum(mmq.values()), sum(f16.values())
     head = f"MMQ ({', '.join(sorted(paths))})" if paths else "MMQ"
     mm = ", ".join(f"{k} {v}" for k, v in sorted(mmq.items()))
-    ff = ", ".join(f"{k} {v}" for k, v in sorted(f16.items(), key=lambda kv: -kv[1]))
-    return (f"{head}: {nm} GEMMs" + (f" ({mm})" if mm else "") + f", f16: {nf} GEMMs"
-            + (f" ({ff})" if ff else ""))
+    # a reason per f16 weight the user's path could not take; "" is f16 by choice
+    ff = ", ".join(f"{k or 'chosen'} {v}" for k, v in sorted(f16.items(), key=lambda kv: -kv[1]))
+    f16_part = f"f16: {nf} GEMMs" + (f" ({ff})" if any(f16) else "")
+    return f"{head}: {nm} GEMMs ({mm}), {f16_part}" if nm else f16_part

@@ -153,6 +153,11 @@ def _noop_launches(rt, monkeypatch):
 def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
     from minfer.cuda import backend as B
     from minfer.cuda import devarray as da
+    from minfer.cuda.gemm import gemm_f16_nt
+
+    def gemm(C, A, W):   # what the f16 route does: poison the output, then the GEMM
+        da.poison(rt, C)
+        gemm_f16_nt(A, W, np.float32, out=C, rt=rt)
 
     rng = np.random.default_rng(0)
     A = da.to_device(rt, rng.standard_normal((16, 64)).astype(np.float16), "A")
@@ -166,7 +171,7 @@ def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
 
     calls = _noop_launches(rt, monkeypatch)
     monkeypatch.setattr(rt.cfg, "poison", False)
-    B._gemm(rt, C, A, W, "f32")
+    gemm(C, A, W)
     B._dequant_f16(rt, int(raw.gpudata), t.qtype, N, K, D)
     rt.synchronize()
     assert len(calls) >= 2  # the GEMM's and the dequant's launches were skipped...
@@ -174,14 +179,14 @@ def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
     assert np.all(D.get() == 1)
 
     monkeypatch.setattr(rt.cfg, "poison", True)
-    B._gemm(rt, C, A, W, "f32")
+    gemm(C, A, W)
     B._dequant_f16(rt, int(raw.gpudata), t.qtype, N, K, D)
     rt.synchronize()
     assert np.isnan(C.get()).all() and np.isnan(D.get().astype(np.float32)).all()
 
     monkeypatch.undo()  # real launches again (poison on): the product overwrites the NaN
     monkeypatch.setattr(rt.cfg, "poison", True)
-    B._gemm(rt, C, A, W, "f32")
+    gemm(C, A, W)
     ref = A.get().astype(np.float32) @ W.get().astype(np.float32).T
     np.testing.assert_allclose(C.get(), ref, rtol=2e-3, atol=2e-3)
 
@@ -244,9 +249,9 @@ def test_check_reports_skipped_launches_as_failures(rt, tiny_path, monkeypatch):
     _noop_launches(rt, monkeypatch)
     r = CliRunner().invoke(check, ["-m", str(tiny_path), "--identity-only", "-p", "hello"])
     assert r.exit_code == 1, r.output
-    from minfer.commands.check import ALL_PATHS
+    from minfer.cuda.paths import TABLE
 
-    assert f"check: {len(ALL_PATHS)} FAILED" in r.output, r.output   # every path
+    assert f"check: {len(TABLE)} FAILED" in r.output, r.output   # every path
     assert "non-finite logits" in r.output, r.output
     assert "Traceback" not in r.output
     assert rt.cfg.poison == before  # check turned poison on for itself only
