@@ -115,6 +115,7 @@ class CudaBackend:
 
             graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
+        self._probe = None   # (layer, residual rows) after each layer: _first_nonfinite only
         self._graphs: dict[tuple[int, bool], object] = {}
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused = plan_fusion(model, self.routes)
@@ -289,10 +290,34 @@ class CudaBackend:
         bad = out.size - int(np.count_nonzero(np.isfinite(out)))
         if bad:
             T = len(np.asarray(ids))
+            where = self._first_nonfinite(ids, pos0)
             raise GPUError(f"non-finite logits from the CUDA path ({bad} of {out.size} NaN/inf "
-                           f"at positions {pos0}..{pos0 + T - 1}, backend {self.name}); run "
-                           "`minfer check` or MINFER_CUDA_DEBUG=1 to find the kernel")
+                           f"at positions {pos0}..{pos0 + T - 1}, backend {self.name}; first "
+                           f"non-finite: {where}); run `minfer check` or MINFER_CUDA_DEBUG=1 "
+                           "to find the kernel")
         return out
+
+    def _first_nonfinite(self, ids: np.ndarray, pos0: int) -> str:
+        """Where forward(ids, pos0)'s numbers first went NaN/inf: the forward rerun eagerly,
+        the residual read back after the embedding and after every layer (only on this error
+        path: it syncs per layer)."""
+        class Found(Exception):
+            pass
+
+        def probe(il: int, rows) -> None:
+            self.rt.synchronize()
+            if not np.isfinite(rows.get()).all():
+                raise Found("the token embedding" if il < 0 else f"layer {il} (blk.{il})")
+
+        graphs, self.graphs, self._probe, self.n_past = self.graphs, False, probe, pos0
+        try:
+            self.forward_device(ids, pos0)
+        except Found as e:
+            return str(e)
+        finally:
+            self.graphs, self._probe = graphs, None
+            self.n_past = pos0 + len(np.asarray(ids))
+        return "the output layer (final norm or LM head)"
 
     def argmax_last(self) -> int:
         """Greedy token of the last forward's logits, computed on the GPU."""
@@ -378,6 +403,8 @@ class CudaBackend:
         with self._op("embed"):
             _embed_rows(rt, x, self.emb, self.emb_qtype, R(b.ids, 0, T), c.d_model,
                         c.vocab_size)
+        if self._probe is not None:
+            self._probe(-1, x)
         Tu = self.ubatch
         # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
         rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
@@ -423,6 +450,8 @@ class CudaBackend:
                 gate, up = src["gate"], src["up"]
                 dq8 = self._swiglu(f16, down, gate[0], None if up[0] is gate[0] else up[0])
             self._linear(xq, f16, down, "acc", "ffn_down", dq8)
+            if self._probe is not None:   # (the final layer writes its last row only)
+                self._probe(il, xq)
         if last:
             with self._op("rmsnorm"):
                 da.poison(rt, b.last16)

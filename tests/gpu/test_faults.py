@@ -255,3 +255,32 @@ def test_check_reports_skipped_launches_as_failures(rt, tiny_path, monkeypatch):
     assert "non-finite logits" in r.output, r.output
     assert "Traceback" not in r.output
     assert rt.cfg.poison == before  # check turned poison on for itself only
+
+
+def _nan_q8_0_scale(a):  # Q8_0 block: f16 scale d at bytes 0..1, then 32 int8
+    a[0, 0:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+
+
+@pytest.mark.parametrize("name, edit, where", [
+    ("blk.1.ffn_down.weight", _nan_q8_0_scale, "layer 1 (blk.1)"),
+    ("blk.0.attn_norm.weight", lambda a: a.__setitem__(7, np.nan), "layer 0 (blk.0)"),
+    ("token_embd.weight", lambda a: a.__setitem__(slice(None), np.inf), "the token embedding"),
+    ("output_norm.weight", lambda a: a.__setitem__(0, np.nan), "the output layer"),
+])
+@pytest.mark.parametrize("graphs", [True, False])
+def test_non_finite_logits_name_the_first_bad_layer(rt, tmp_path, name, edit, where, graphs):
+    """A NaN/inf weight: forward raises naming where the residual first went non-finite (the
+    CPU reference names the same layer: tests/test_numerics_cpu.py)."""
+    from synth_data import small_parts, write_small
+
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.config import GemmChoice
+    from minfer.loader import load_model
+
+    meta, tensors = small_parts(seed=3, tied=False)
+    tensors = [(n, q, s, (lambda d: (edit(d), d)[1])(np.array(d, copy=True)) if n == name else d)
+               for n, q, s, d in tensors]
+    model = load_model(write_small(tmp_path / "m.gguf", meta, tensors))
+    be = CudaBackend(model, GemmChoice("f16"), rt=rt, max_tokens=32, ubatch=8, graphs=graphs)
+    with pytest.raises(GPUError, match=re.escape(f"first non-finite: {where}")):
+        be.forward(np.arange(1, 12, dtype=np.int32), 0)   # two chunks: the probe spans both
