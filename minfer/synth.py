@@ -62,6 +62,8 @@ class SynthShape:
 
 PRESETS: dict[str, SynthShape] = {
     "llama3-8b": SynthShape("llama", 4096, 14336, 32, 32, 8, rope_base=500000.0),
+    # 69 B weights: 129 GiB at f16, nearly all of one H200 (the memory-aware chooser's case)
+    "llama3-70b": SynthShape("llama", 8192, 28672, 80, 64, 8, rope_base=500000.0),
     "llama2-7b": SynthShape("llama", 4096, 11008, 32, 32, 32, n_ctx=4096),
     "qwen2-7b-like": SynthShape("qwen2", 3584, 18944, 28, 28, 4, qkv_bias=True,
                                 rope_base=1000000.0, rms_eps=1e-6),

@@ -301,3 +301,20 @@ def test_ctx_override_sets_context_length(tmp_path):
     assert load_model(p).config.n_ctx == 64
     with pytest.raises(BadInput, match="--ctx"):
         make_synthetic_model(tmp_path / "d.gguf", SynthOptions(n_ctx=0, **opts), progress=False)
+
+
+def test_llama3_70b_preset_outgrows_f16_on_one_h200():
+    """The 70B preset: Llama-3-70B's shape (80 layers, d 8192, d_ff 28672, 64:8 heads); its 2-D
+    weights at 2 B each (the f16 path) take 129 GiB of an H200's ~140, its Q4_K_M file ~40 GB."""
+    import math
+
+    import gguf
+
+    plan = tensor_plan(PRESETS["llama3-70b"], "q4_K_M")
+    w2d = [p for p in plan if len(p.shape) == 2]
+    n = sum(math.prod(p.shape) for p in w2d)
+    assert 69e9 < n < 72e9 and 128 << 30 < 2 * n < 130 << 30
+    file_bytes = sum(math.prod(p.shape) // gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[
+        p.qtype]][0] * gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[p.qtype]][1] for p in w2d)
+    assert 38e9 < file_bytes < 44e9
+    assert sum(p.name.endswith("ffn_down.weight") for p in plan) == 80
