@@ -13,7 +13,7 @@ rm -rf /tmp/x && python3 -m pip install -q --no-index --no-deps --target /tmp/x 
 # only the installed copy is importable from here on (no checkout on the path, cwd /tmp)
 I="env PYTHONPATH=/tmp/x python3 -m minfer"
 cd /tmp
-step kernel_dir 20 env PYTHONPATH=/tmp/x python3 -c "import minfer, minfer.cuda.build as b; \
+step kernel_dir 20 env PYTHONPATH=/tmp/x python3 -c "import minfer, minfer.cuda.runtime.build as b; \
 print(minfer.__file__, b.KERNEL_DIR, len(list(b.KERNEL_DIR.glob('*.cu')))); \
 assert str(b.KERNEL_DIR).startswith('/tmp/x/minfer/cuda/kernels')"
 step installed_prefill 150 env MINFER_CACHE=/tmp/cache_slice $I prefill --backend cuda \

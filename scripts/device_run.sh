@@ -24,8 +24,8 @@ if [ "$MODE" = gates ]; then
   rm -rf /tmp/x && python3 -m pip install -q --no-index --no-deps --target /tmp/x \
     .devdata/minfer-wheel/minfer-*.whl .whl/*.whl 2>/dev/null
   (cd /tmp && step installed 120 env PYTHONPATH=/tmp/x MINFER_CACHE=/tmp/cache_inst python3 -c \
-    "import minfer.cuda.build as b; print('KERNEL_DIR', b.KERNEL_DIR); from minfer.cli import main; \
-main(['prefill', '--backend', 'cuda', '-m', '$REPO/$S', '-n', '8'])")
+    "import minfer.cuda.runtime.build as b; print('KERNEL_DIR', b.KERNEL_DIR); \
+from minfer.cli import main; main(['prefill', '--backend', 'cuda', '-m', '$REPO/$S', '-n', '8'])")
   echo; echo "################ SUMMARY gates ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12

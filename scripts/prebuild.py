@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from minfer.cuda.build import compile_cubin, parse_ptxas
+from minfer.cuda.runtime.build import compile_cubin, parse_ptxas
 
 
 def main(args: list[str]) -> int:

@@ -31,7 +31,7 @@ def golden_q4_1() -> dict:
 
 
 def pytest_collection_modifyitems(config, items):
-    from minfer.cuda.runtime import gpu_available
+    from minfer.cuda.runtime.runtime import gpu_available
 
     if gpu_available():
         return

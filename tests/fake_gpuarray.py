@@ -1,4 +1,4 @@
-"""A CPU stand-in for pycuda's GPUArray (the constructor keywords minfer.cuda.devarray uses,
+"""A CPU stand-in for pycuda's GPUArray (the constructor keywords minfer.cuda.runtime.devarray uses,
 C-contiguous strides unless given), so devarray and the launchers that take its arrays can be
 tested without a GPU. `install(monkeypatch)` makes devarray build these."""
 
@@ -19,6 +19,6 @@ class FakeGPUArray:
 
 
 def install(monkeypatch) -> None:
-    from minfer.cuda import devarray
+    from minfer.cuda.runtime import devarray
 
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=FakeGPUArray))

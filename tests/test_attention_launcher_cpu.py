@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from minfer.cuda.attention import WG_ROWS, pick_impl, wg_smem_bytes
+from minfer.cuda.ops.attention import WG_ROWS, pick_impl, wg_smem_bytes
 
 H200 = SimpleNamespace(arch="sm_90", smem_optin=232448)
 ADA = SimpleNamespace(arch="sm_89", smem_optin=101376)

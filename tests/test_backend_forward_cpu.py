@@ -99,10 +99,12 @@ PREPASS = {"f16": set(), "sb": {"rmsnorm_sb_operand", "q8s_sb_operand_swiglu"},
 def test_forward_launches_each_route(monkeypatch, tiny, path, variant):
     from fake_gpuarray import install
 
-    from minfer.cuda import devarray, gemm
+    from minfer.cuda.runtime import devarray
+
+    from minfer.cuda.ops import gemm
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
-    from minfer.cuda.paths import TABLE
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.plan.paths import TABLE
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))

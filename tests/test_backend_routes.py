@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from minfer.cuda.backend import plan_routes, summarize_routes
-from minfer.cuda.config import GemmChoice
+from minfer.cuda.plan.config import GemmChoice
 from synth_data import tiny_model
 
 
@@ -72,7 +72,7 @@ def test_routes_sb(tiny):
 def test_routes_auto_memory_tiers(tiny):
     """auto: f16 when its plan fits the free memory with the margin, else SB (sm_90), else the
     wide int8 kernels; the chosen tier's plan is the smallest that fits."""
-    from minfer.cuda.weights import plan_memory
+    from minfer.cuda.plan.weights import plan_memory
 
     def need(choice, rt):
         return sum(plan_memory(tiny, plan_routes(tiny, choice, rt, 64, tier=None), 64, 64,
@@ -104,7 +104,7 @@ def _fuses_qkv(model, v_name: str) -> bool:
 def test_fusion_plan_f16_and_mmq(tiny):
     """q|k|v and gate|up fuse when every member shares the route (and, on MMQ, the type); on
     MMQ a layer whose attn_v has another type keeps it on f16 and fuses q|k as attn_qk."""
-    from minfer.cuda.routes import plan_fusion
+    from minfer.cuda.plan.routes import plan_fusion
 
     c = tiny.config
     f16 = plan_fusion(tiny, plan_routes(tiny, GemmChoice("f16")))
@@ -208,8 +208,8 @@ def test_sample_rows_covers_edges():
 def test_plan_groups_cover_each_part_once(tiny):
     """A layer's q|k|v (gate|up) GEMMs in output order: every part exactly once, at its
     column in its GEMM's output; fused groups as one GEMM, the rest alone."""
-    from minfer.cuda.fusion import plan_groups
-    from minfer.cuda.routes import plan_fusion
+    from minfer.cuda.plan.fusion import plan_groups
+    from minfer.cuda.plan.routes import plan_fusion
 
     c = tiny.config
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim

@@ -30,7 +30,7 @@ def _main(capsys, *argv):
 
 
 def _no_gpu():
-    from minfer.cuda.runtime import gpu_available
+    from minfer.cuda.runtime.runtime import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is present")
@@ -160,7 +160,7 @@ def test_check_message_does_not_offer_an_option_it_lacks(capsys, no_fetch):
 def test_check_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     from types import SimpleNamespace
 
-    import minfer.cuda.runtime as R
+    import minfer.cuda.runtime.runtime as R
     import minfer.fetch as F
     import minfer.loader
     from minfer.errors import BadInput

@@ -104,7 +104,7 @@ def test_prefill_checks_options_before_fetching_the_model(monkeypatch, capsys, t
     import minfer.fetch as F
 
     if "cuda" in args:
-        from minfer.cuda.runtime import gpu_available
+        from minfer.cuda.runtime.runtime import gpu_available
 
         if gpu_available():
             pytest.skip("a GPU is present")
@@ -133,7 +133,7 @@ def test_prefill_prompt_file(capsys, default_model_path, tmp_path):
 
 
 def test_prefill_cuda_without_gpu_names_cpu(capsys, default_model_path):
-    from minfer.cuda.runtime import gpu_available
+    from minfer.cuda.runtime.runtime import gpu_available
 
     if gpu_available():
         pytest.skip("a GPU is present")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.cuda.dequant import _dequant_rows, kernel_suffix
+from minfer.cuda.ops.dequant import _dequant_rows, kernel_suffix
 from minfer.quants import BY_NAME, SUPPORTED, traits_of
 from minfer.quants.testdata import nan_aware_equal, random_raw
 
@@ -86,7 +86,7 @@ def test_device_code_keeps_the_arithmetic(tmp_path):
     the host-run decoders above cannot see."""
     import re
 
-    from minfer.cuda.build import KERNEL_DIR
+    from minfer.cuda.runtime.build import KERNEL_DIR
 
     ptx = tmp_path / "dequant.ptx"
     r = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-O3", "-std=c++17", "-I",

@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from minfer.cuda.dequant import (DequantConfig, dequant_f16, dequant_f16_ref, embed_rows,
+from minfer.cuda.ops.dequant import (DequantConfig, dequant_f16, dequant_f16_ref, embed_rows,
                                  embed_rows_ref, kernel_suffix)
 from minfer.errors import BadInput, GPUError, Unsupported
 from minfer.quants import BY_NAME, SUPPORTED
@@ -38,7 +38,9 @@ class Buf:
 def test_entry_names():
     names = {kernel_suffix(BY_NAME[n]) for n in SUPPORTED}
     assert {"q4_K", "q6_K", "iq4_xs", "bf16", "f32", "q8_0"} <= names
-    src = (__import__("minfer.cuda.build", fromlist=["KERNEL_DIR"]).KERNEL_DIR / "dequant.cu")
+    from minfer.cuda.runtime.build import KERNEL_DIR
+
+    src = KERNEL_DIR / "dequant.cu"
     text = src.read_text()
     for n in names:  # every supported type has its entry pair in the kernel file
         assert f"DQ_ENTRIES({n}, " in text

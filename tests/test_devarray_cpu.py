@@ -1,5 +1,5 @@
-"""minfer.cuda.devarray without a GPU: the pointer and shape arithmetic of view / rows / reshape,
-the contiguity test, and check's messages, on a stand-in for pycuda's GPUArray."""
+"""minfer.cuda.runtime.devarray without a GPU: the pointer and shape arithmetic of view / rows /
+reshape, the contiguity test, and check's messages, on a stand-in for pycuda's GPUArray."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray, install
 
-from minfer.cuda import devarray as da
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
 
 

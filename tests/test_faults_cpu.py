@@ -81,7 +81,7 @@ def tiny_tok(tiny):
 # -- no GPU stack -------------------------------------------------------------------------------
 def _no_pycuda(monkeypatch):
     """Make `import pycuda...` fail (even where pycuda is installed) and forget any Runtime."""
-    import minfer.cuda.runtime as R
+    import minfer.cuda.runtime.runtime as R
 
     for name in ("pycuda", "pycuda.driver", "pycuda.gpuarray", "pycuda.autoinit"):
         monkeypatch.setitem(sys.modules, name, None)
@@ -89,7 +89,7 @@ def _no_pycuda(monkeypatch):
 
 
 def _fake_pycuda(monkeypatch, init_error=None, count=0):
-    import minfer.cuda.runtime as R
+    import minfer.cuda.runtime.runtime as R
 
     drv = types.ModuleType("pycuda.driver")
 
@@ -107,7 +107,7 @@ def _fake_pycuda(monkeypatch, init_error=None, count=0):
 
 
 def test_runtime_without_pycuda_names_cpu_backend(monkeypatch):
-    from minfer.cuda.runtime import Runtime, gpu_available
+    from minfer.cuda.runtime.runtime import Runtime, gpu_available
 
     _no_pycuda(monkeypatch)
     with pytest.raises(GPUError, match="pycuda is not installed.*--backend cpu"):
@@ -120,7 +120,7 @@ def test_runtime_without_pycuda_names_cpu_backend(monkeypatch):
     (None, 0, "no CUDA GPU found"),
 ])
 def test_runtime_without_driver_or_device(monkeypatch, init_error, count, msg):
-    from minfer.cuda.runtime import Runtime, gpu_available
+    from minfer.cuda.runtime.runtime import Runtime, gpu_available
 
     _fake_pycuda(monkeypatch, init_error, count)
     with pytest.raises(GPUError) as e:
@@ -181,7 +181,7 @@ class _FakeDrv:
 
 
 def _fake_runtime(drv=None, **cfg):
-    from minfer.cuda.runtime import Runtime, RuntimeConfig
+    from minfer.cuda.runtime.runtime import Runtime, RuntimeConfig
 
     rt = Runtime.__new__(Runtime)  # no device: the methods under test only use drv and cfg
     rt.cfg = RuntimeConfig(**{"debug": False, "poison": False, **cfg})
@@ -222,8 +222,8 @@ def test_alloc_out_of_memory_says_asked_and_free():
 
 
 def test_poison_fills_only_in_debug_or_poison_mode():
-    from minfer.cuda import devarray as da
-    from minfer.cuda.runtime import POISON_BYTE
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.runtime.runtime import POISON_BYTE
 
     # the fill byte makes NaN of every float the kernels write
     for dt in (np.float16, np.float32):
@@ -301,7 +301,7 @@ def test_backend_memory_check_before_any_allocation(huge_ctx_model, gemm):
     """CudaBackend's real construction path on a fake 80 GiB device: the plan is checked
     before the first allocation, and the message names asked / free and the KV cache."""
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     rt = _fake_runtime(_FakeDrv(free=79 << 30, total=80 << 30))
     rt.arch, rt.smem_optin, rt.sm_count = "sm_90", 232448, 132
@@ -329,7 +329,7 @@ def _compile_worker(cache: str, barrier, q) -> None:
     import os
 
     os.environ["MINFER_CACHE"] = cache
-    from minfer.cuda.build import compile_cubin
+    from minfer.cuda.runtime.build import compile_cubin
 
     barrier.wait(timeout=60)  # both start compiling at the same moment
     try:
@@ -361,7 +361,7 @@ def _elf_sections(data: bytes) -> list[str]:
 def test_kernel_cache_survives_two_concurrent_compiles(tmp_path):
     import multiprocessing as mp
 
-    from minfer.cuda.build import nvcc, parse_ptxas
+    from minfer.cuda.runtime.build import nvcc, parse_ptxas
 
     try:
         nvcc()

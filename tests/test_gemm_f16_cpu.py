@@ -9,8 +9,8 @@ import shutil
 import numpy as np
 import pytest
 
-from minfer.cuda.build import KERNEL_DIR, compile_cubin, parse_ptxas
-from minfer.cuda.gemm import (GEMVS, TILES, TMA, TMA_MAGIC, TMA_PARAM_PAD, VARIANTS, WGMMA,
+from minfer.cuda.runtime.build import KERNEL_DIR, compile_cubin, parse_ptxas
+from minfer.cuda.ops.gemm import (GEMVS, TILES, TMA, TMA_MAGIC, TMA_PARAM_PAD, VARIANTS, WGMMA,
                               _check_out, _check_shapes, gemm_f16_nt_ref, pick_variant)
 from minfer.errors import BadInput
 
@@ -84,7 +84,7 @@ def test_tma_magic_and_param_pad_match_the_kernel():
 
 
 def test_tma_map_rejects_bad_tensors_before_the_driver():
-    from minfer.cuda.tma import tmap_f16_2d
+    from minfer.cuda.runtime.tma import tmap_f16_2d
     from minfer.errors import GPUError
     for ptr, rows, cols, box in ((8, 16, 64, 128), (256, 16, 60, 128), (256, 16, 64, 512)):
         with pytest.raises(GPUError, match="TMA tensor map: bad"):
@@ -133,7 +133,7 @@ def test_ptxas_no_spills_sm90():
 
 
 def test_glu_twin_is_swiglu_of_the_deinterleaved_product():
-    from minfer.cuda.gemm import glu_rows
+    from minfer.cuda.ops.gemm import glu_rows
     from minfer.reference.ops import swiglu
 
     rng = np.random.default_rng(7)

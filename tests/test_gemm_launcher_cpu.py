@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray, install
 
-from minfer.cuda import devarray as da
-from minfer.cuda.gemm import MODE_ACC, MODE_F16, MODE_F32, VARIANTS, gemm_f16_nt, pick_variant
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.ops.gemm import MODE_ACC, MODE_F16, MODE_F32, VARIANTS, gemm_f16_nt, pick_variant
 from minfer.errors import BadInput, GPUError
 
 F16, F32 = np.float16, np.float32
@@ -102,7 +102,7 @@ def test_rejects_before_launching():
 
 def _rope_target(monkeypatch, T=16, Hq=4, Hkv=2, D=64, S=40, rope_dim=64, neox=False):
     """A layers.QkvRope over stand-in arrays; returns it and the struct bytes it uploaded."""
-    from minfer.cuda import layers as L
+    from minfer.cuda.ops import layers as L
 
     sent = []
 
@@ -120,7 +120,7 @@ def _rope_target(monkeypatch, T=16, Hq=4, Hkv=2, D=64, S=40, rope_dim=64, neox=F
 
 
 def test_rope_target_packs_the_struct(monkeypatch):
-    from minfer.cuda.layers import ROPE_QKV_DTYPE
+    from minfer.cuda.ops.layers import ROPE_QKV_DTYPE
 
     t, sent = _rope_target(monkeypatch, rope_dim=48)
     (raw,) = sent
@@ -133,7 +133,7 @@ def test_rope_target_packs_the_struct(monkeypatch):
 
 @pytest.mark.parametrize("M", [1, 7, 16])
 def test_rope_launch_passes_the_struct_as_c(monkeypatch, M):
-    from minfer.cuda.gemm import EPILOGUE_TILE, MODE_ROPE
+    from minfer.cuda.ops.gemm import EPILOGUE_TILE, MODE_ROPE
 
     t, _ = _rope_target(monkeypatch)
     rt = FakeRT()

@@ -90,5 +90,37 @@ def test_no_import_cycles():
 
 def test_f16_gemm_reaches_no_int8_module():
     int8 = {m for m in module_graph() if m.rpartition(".")[2].startswith(("mmq", "q8_1"))}
-    assert "minfer.cuda.mmq" in int8 and "minfer.quants.mmq_sb_ref" in int8
-    assert not reach(module_graph(), "minfer.cuda.gemm") & int8
+    assert "minfer.cuda.ops.mmq" in int8 and "minfer.quants.mmq_sb_ref" in int8
+    assert not reach(module_graph(), "minfer.cuda.ops.gemm") & int8
+
+
+# minfer/cuda's folders, bottom up: the runtime, the kernels' launchers, the planning; backend.py
+# (the engine's entry) sits above them all
+LAYERS = ("runtime", "ops", "plan")
+
+
+def cuda_layer(m: str) -> int | None:
+    parts = m.split(".")
+    if parts[:2] != ["minfer", "cuda"] or len(parts) < 3:
+        return None
+    return LAYERS.index(parts[2]) if parts[2] in LAYERS else len(LAYERS)
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports from a lower folder of minfer/cuda into a higher one (or into backend)."""
+    return sorted((m, d) for m in graph for d in graph[m]
+                  if cuda_layer(m) is not None and cuda_layer(d) is not None
+                  and cuda_layer(d) > cuda_layer(m))
+
+
+def test_layer_check_finds_upward_imports():
+    g = {"minfer.cuda.runtime.build": {"minfer.cuda.plan.paths"},
+         "minfer.cuda.plan.paths": {"minfer.cuda.ops.mmq"}, "minfer.cuda.ops.mmq": set()}
+    assert upward(g) == [("minfer.cuda.runtime.build", "minfer.cuda.plan.paths")]
+
+
+def test_cuda_folders_are_layered():
+    g = module_graph()
+    assert upward(g) == []
+    flat = {m for m in g if cuda_layer(m) == len(LAYERS) and m.count(".") == 2}
+    assert flat == {"minfer.cuda.backend"}   # every other module lives in a folder

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from minfer.cuda.build import KERNEL_DIR, KernelResources, compile_cubin, nvcc, parse_ptxas
+from minfer.cuda.runtime.build import KERNEL_DIR, KernelResources, compile_cubin, nvcc, parse_ptxas
 from minfer.errors import GPUError
 
 DEFAULT_ARCHS = ("sm_80", "sm_90")
@@ -134,7 +134,7 @@ ptxas info    : Used 255 registers, used 0 barriers, 20 bytes smem, 368 bytes cm
 def test_attention_small_geometry_compiles():
     """attention.cu's fallback block shape (attention.SMALL, for GPUs whose smem opt-in cap is
     under the default's 139 KB) builds without spills for sm_80 and sm_90 too."""
-    from minfer.cuda.attention import SMALL
+    from minfer.cuda.ops.attention import SMALL
 
     for arch in DEFAULT_ARCHS:
         _, report = compile_cubin("attention", arch, SMALL.options(), report=True)
@@ -144,7 +144,7 @@ def test_attention_small_geometry_compiles():
 def test_attention_geometry_pick():
     """The launcher takes 8 warps x 128 keys where the GPU's opt-in smem allows it (sm_90:
     227 KB), 4 x 64 under it (sm_86: 99 KB)."""
-    from minfer.cuda.attention import DEFAULT, SMALL, pick_geometry, smem_bytes
+    from minfer.cuda.ops.attention import DEFAULT, SMALL, pick_geometry, smem_bytes
 
     class _Rt:
         def __init__(self, cap):

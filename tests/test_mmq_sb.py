@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.cuda.mmq_sb import sb_smem, sb_token_bytes, sb_weight_bytes
+from minfer.cuda.ops.mmq_sb import sb_smem, sb_token_bytes, sb_weight_bytes
 from minfer.quants.mmq_ref import decode_q4k, mmq_linear_ref, q4k_scales
 from minfer.quants.mmq_sb_ref import (SB_TH0, SB_WH0, block_b16_sb, emulate_sb_q4k,
                                       mmq_sb_linear_ref, quantize_q8s, repack_q4k_sb_ref,
@@ -234,10 +234,10 @@ def test_plan_memory_sb(tmp_path):
     tables), one operand scratch for the largest K; the glu epilogue groups."""
     from synth_data import tiny_model
 
-    from minfer.cuda.config import GemmChoice
-    from minfer.cuda.mmq_sb import split_scratch_bytes, sb_split_bytes, sb_weight_bytes
-    from minfer.cuda.routes import plan_fusion, plan_glu, plan_routes
-    from minfer.cuda.weights import plan_memory
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.ops.mmq_sb import split_scratch_bytes, sb_split_bytes, sb_weight_bytes
+    from minfer.cuda.plan.routes import plan_fusion, plan_glu, plan_routes
+    from minfer.cuda.plan.weights import plan_memory
     from minfer.loader import load_model
 
     class _Rt:
@@ -282,7 +282,7 @@ def test_split_q8s_launch(monkeypatch, dtype, entry):
     from fake_gpuarray import FakeGPUArray, install
     from test_gemm_launcher_cpu import FakeRT
 
-    from minfer.cuda.mmq_sb import split_q8s
+    from minfer.cuda.ops.mmq_sb import split_q8s
     from minfer.errors import GPUError
 
     install(monkeypatch)
@@ -303,7 +303,7 @@ def test_split_q8s_launch(monkeypatch, dtype, entry):
 def test_sb_linear_refuses_oversized_problems():
     """Operands or tables at 2^31 bytes and over are refused before any launch (the kernels'
     offsets are 32-bit)."""
-    from minfer.cuda.mmq_sb import SbQ4K, mmq_sb_linear
+    from minfer.cuda.ops.mmq_sb import SbQ4K, mmq_sb_linear
     from minfer.errors import GPUError
 
     for M, N, K in ((1 << 19, 4096, 4096), (512, 1 << 19, 4096)):
@@ -326,7 +326,7 @@ class _Arr:
 def test_sb_operand_refuses_bad_input():
     """The one-launch token operand refuses, before any launch, K not a multiple of 256, an
     unaligned activation, a wrong output shape, and gate|up with an odd column count."""
-    from minfer.cuda.mmq_sb import sb_operand, sb_operand_swiglu
+    from minfer.cuda.ops.mmq_sb import sb_operand, sb_operand_swiglu
     from minfer.errors import GPUError
 
     with pytest.raises(GPUError, match="multiple of 256"):
@@ -345,7 +345,7 @@ def test_sb_operand_rmsnorm_refuses_bad_input():
     """The rmsnorm + token operand launch refuses, before any launch, f16 activations, K past
     the kernel's 8 warps x 4 super-blocks, K not a multiple of 256, a weight of another length,
     unaligned activations and an h16 of another shape."""
-    from minfer.cuda.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm
+    from minfer.cuda.ops.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm
     from minfer.errors import GPUError
 
     w = _Arr((512,), np.float32)
@@ -384,7 +384,7 @@ def test_glu_rows_pair_each_feature():
 def test_swiglu_epilogue_refuses_bad_input():
     """mmq_sb_linear's swiglu epilogue refuses, before any launch, C +=, N not a multiple of 16
     and an f32 output."""
-    from minfer.cuda.mmq_sb import SbQ4K, mmq_sb_linear
+    from minfer.cuda.ops.mmq_sb import SbQ4K, mmq_sb_linear
     from minfer.errors import GPUError
 
     x = _Arr((8, 256), np.float32)
@@ -404,8 +404,8 @@ def test_copy_interleaved_places_rows_as_glu_rows():
     row offset both land where glu_rows says."""
     from types import SimpleNamespace
 
-    from minfer.cuda.gemm import glu_rows
-    from minfer.cuda.weights import _copy_interleaved
+    from minfer.cuda.ops.gemm import glu_rows
+    from minfer.cuda.plan.weights import _copy_interleaved
 
     mem = {}   # base address -> host buffer standing in for device memory
 

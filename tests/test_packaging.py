@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from minfer.cuda.build import find_kernel_dir
+from minfer.cuda.runtime.build import find_kernel_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = sorted(p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".cu", ".cuh"))
@@ -89,7 +89,7 @@ def test_wheel_ships_every_kernel_and_resolves_them_installed(tmp_path):
     zipfile.ZipFile(whl).extractall(target)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("from minfer.cuda.build import KERNEL_DIR, kernel_path; "
+    code = ("from minfer.cuda.runtime.build import KERNEL_DIR, kernel_path; "
             "print(KERNEL_DIR); print(kernel_path('gemm_f16'))")
     env = {**os.environ, "PYTHONPATH": str(target)}
     r = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env,

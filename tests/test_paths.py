@@ -3,9 +3,9 @@ choice (--gemm, MINFER_GEMM, the seeds' MINFER_MMQ_* variables, bench's tuning v
 
 import pytest
 
-from minfer.cuda.config import GemmChoice
-from minfer.cuda.mmq import wide_smem
-from minfer.cuda.paths import (CHOICES, TABLE, TIERS, VARIANTS, auto_tiers, choose_path,
+from minfer.cuda.plan.config import GemmChoice
+from minfer.cuda.ops.mmq import wide_smem
+from minfer.cuda.plan.paths import (CHOICES, TABLE, TIERS, VARIANTS, auto_tiers, choose_path,
                                choose_tier)
 from minfer.errors import BadInput
 
@@ -139,7 +139,7 @@ def test_tuning_variants():
 
 def test_cuda_debug_sub_values():
     """MINFER_CUDA_DEBUG carries the debug switches (no MINFER_CUDA_POISON / _GRAPHS)."""
-    from minfer.cuda.runtime import debug_flags
+    from minfer.cuda.runtime.runtime import debug_flags
 
     assert debug_flags({}) == set() and debug_flags({"MINFER_CUDA_DEBUG": "0"}) == set()
     assert debug_flags({"MINFER_CUDA_DEBUG": "1"}) == {"sync", "poison", "nographs"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda.paths import TABLE
+from minfer.cuda.plan.paths import TABLE
 from quant_data import rand_weights
 
 # relative error of each activation grid against the exact product (q8_1: 1/254 of a 32-value
@@ -36,7 +36,7 @@ def test_twin_of_each_path(path, qtype):
     if qtype in (12, 14):
         exact = x.astype(np.float64) @ _dequant(w, qtype, N, K).T
     else:
-        from minfer.cuda.dequant import dequant_f16_ref
+        from minfer.cuda.ops.dequant import dequant_f16_ref
 
         exact = x.astype(np.float64) @ dequant_f16_ref(w, qtype, N, K).astype(np.float64).T
     err = np.linalg.norm(y - exact) / np.linalg.norm(exact)

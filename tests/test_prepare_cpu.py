@@ -1,4 +1,4 @@
-"""CPU: the kernels a CUDA backend prepares before the timed prefill (minfer.cuda.prepare).
+"""CPU: the kernels a CUDA backend prepares before the timed prefill (minfer.cuda.plan.prepare).
 
 - A CudaBackend built on a fake runtime (stand-in device arrays, no GPU): every module the
   weight upload and a forward of each prompt length ask the runtime for is in load_kernels /
@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray
 
-from minfer.cuda import prepare
-from minfer.cuda.config import GemmChoice
+from minfer.cuda.plan import prepare
+from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import GPUError
 from synth_data import tiny_model
 
@@ -108,7 +108,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture
 def fakes(monkeypatch):
-    from minfer.cuda import devarray, tma
+    from minfer.cuda.runtime import devarray, tma
 
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
     monkeypatch.setattr(tma, "_encoder", lambda: (lambda *a: 0))   # tensor maps: host bytes
@@ -165,7 +165,7 @@ def test_warmup_runs_each_length_and_counts(tiny, fakes, monkeypatch):
 
 
 try:
-    from minfer.cuda.build import nvcc
+    from minfer.cuda.runtime.build import nvcc
 
     nvcc()
     HAVE_NVCC = True
@@ -175,7 +175,7 @@ except GPUError:
 
 @pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found (CUDA toolkit needed to compile)")
 def test_prebuild_compiles_in_parallel_once(tmp_path, monkeypatch):
-    from minfer.cuda import build
+    from minfer.cuda.runtime import build
 
     monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
     specs = [("smoke", ()), ("smoke", ("-DMINFER_PREP_TEST=1",)), ("smoke", ())]

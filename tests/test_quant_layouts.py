@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
-from minfer.cuda.build import KERNEL_DIR
+from minfer.cuda.runtime.build import KERNEL_DIR
 from minfer.quants import BY_NAME, SUPPORTED
 from minfer.quants.layouts import BLOCK_DTYPES, Q8_1_RAW
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.cuda.gemm import RopeRef, gemm_f16_nt_ref
+from minfer.cuda.ops.gemm import RopeRef, gemm_f16_nt_ref
 from minfer.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_rope_qkv_dtype_matches_the_struct():
-    from minfer.cuda.layers import ROPE_QKV_DTYPE
+    from minfer.cuda.ops.layers import ROPE_QKV_DTYPE
 
     src = (ROOT / "kernels" / "rope.cuh").read_text()
     size = int(re.search(r"sizeof\(RopeQkv\) == (\d+)", src).group(1))
@@ -64,8 +64,8 @@ def test_twin_rotates_q_and_k_and_copies_v():
 def test_plan_rope_and_variant(tmp_path):
     from synth_data import tiny_model
 
-    from minfer.cuda.config import GemmChoice
-    from minfer.cuda.routes import plan_fusion, plan_rope, plan_routes
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.plan.routes import plan_fusion, plan_rope, plan_routes
     from minfer.loader import load_model
 
     class _Rt:
@@ -95,7 +95,7 @@ def test_plan_rope_and_variant(tmp_path):
 def test_rope_epilogue_where_the_tiles_fit_one_wave():
     # 8B qkv (N = 6144) on 132 SMs: M = 512 is 128 tiles of 128 x 192 (measured 1.04x), M = 2048
     # 384 of 128 x 256 (0.98x): the epilogue only where the tiles fit one wave; never at M = 1
-    from minfer.cuda.gemm import rope_epilogue_pays
+    from minfer.cuda.ops.gemm import rope_epilogue_pays
 
     assert rope_epilogue_pays(512, 6144, 132, "sm_90")
     assert not rope_epilogue_pays(2048, 6144, 132, "sm_90")

@@ -1,11 +1,12 @@
-"""CPU: the persistent kernels' stream-K schedule (minfer.cuda.stream_k) and its work-item twin."""
+"""CPU: the persistent kernels' stream-K schedule (minfer.cuda.ops.stream_k) and its work-item
+twin."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from minfer.cuda.stream_k import schedule, sk_items
+from minfer.cuda.ops.stream_k import schedule, sk_items
 
 
 @pytest.mark.parametrize("tiles,sms,want", [(100, 132, (100, 100)), (264, 132, (264 // 2, 264)),

@@ -1,5 +1,5 @@
 """`minfer check -m FILE [--gemm NAME]`: the parity gate and greedy-32 identity over the GEMM path
-table (minfer.cuda.paths.TABLE; --gemm: one path only).
+table (minfer.cuda.plan.paths.TABLE; --gemm: one path only).
 
 1. Parity (docs/design.md gate 1): every path of the table against its numpy twin (path_ops: f16 on
    the f16-rounded operands, the raw int8 paths on the q8_1 grid, SB on the per-256 q8s grid)
@@ -43,7 +43,7 @@ PARITY_TOL = 1e-3
 def gemm_weight_shapes(model, path=None) -> dict[tuple[int, int, int], str]:
     """(qtype, N, K) -> first weight name, for the model's GEMM weights `path` (a TABLE record;
     None: the raw int8 paths) takes (any arch)."""
-    from minfer.cuda.paths import TABLE
+    from minfer.cuda.plan.paths import TABLE
 
     path = path or TABLE["wide-kd4"]
     c = model.config
@@ -69,8 +69,8 @@ def sample_rows(rng, n: int, k: int = 256) -> np.ndarray:
 
 def table_paths(gemm: str | None = None):
     """The TABLE records check runs: all, or the one --gemm names (mmq: the seeds' config)."""
-    from minfer.cuda.config import GemmChoice
-    from minfer.cuda.paths import TABLE
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.plan.paths import TABLE
 
     if gemm in (None, "auto"):
         return list(TABLE.values())
@@ -80,8 +80,8 @@ def table_paths(gemm: str | None = None):
 def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
     """[(what, path, shape, rel_err, ok)] for each path (TABLE records; default all) on the
     model's weight shapes it takes, against its numpy twin."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.paths import choose_path
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.plan.paths import choose_path
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -119,7 +119,7 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
 
 
 def _qname(qt: int) -> str:
-    from minfer.cuda.paths import qname
+    from minfer.cuda.plan.paths import qname
 
     return qname(qt)
 
@@ -154,8 +154,8 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
     records; default all) vs the CPU reference (tie-aware)."""
     from minfer import engine
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
-    from minfer.cuda.paths import TABLE
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.plan.paths import TABLE
     from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
 
@@ -206,7 +206,7 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
     """GPU gate: parity (every GEMM path vs its numpy twin) and greedy-32 identity across paths
     (--gemm: one path; default every path of the table). Needs a CUDA GPU (it checks our
     kernels against the CPU reference)."""
-    from minfer.cuda.runtime import RuntimeConfig, get_runtime
+    from minfer.cuda.runtime.runtime import RuntimeConfig, get_runtime
     from minfer.errors import GPUError
     from minfer.loader import load_model
 

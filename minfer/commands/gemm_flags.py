@@ -1,6 +1,6 @@
 """The GEMM choice option of `minfer prefill`, `minfer bench` and `minfer check`.
 
-    @gemm_options               # adds --gemm auto|f16|mmq|<a path of minfer.cuda.paths.TABLE>
+    @gemm_options               # adds --gemm auto|f16|mmq|<a path of minfer.cuda.plan.paths.TABLE>
     def cmd(..., gemm): ...
     cfg = gemm_config(gemm=gemm)   # --gemm, else MINFER_GEMM, else the seeds' MINFER_MMQ, else auto
 
@@ -13,7 +13,7 @@ from typing import Mapping
 
 import click
 
-from minfer.cuda.paths import CHOICES
+from minfer.cuda.plan.paths import CHOICES
 
 HELP = ("GEMM path: auto (default: f16 where the model fits the GPU, else the smaller int8 "
         "paths), f16, mmq (the seeds' MINFER_MMQ_* config, wide KD=4 by default) or a path "
@@ -33,6 +33,6 @@ def gemm_overrides(gemm: str | None = None) -> dict[str, str]:
 
 def gemm_config(env: Mapping[str, str] | None = None, gemm: str | None = None):
     """GemmChoice from --gemm, else the environment."""
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     return GemmChoice.resolve(env, gemm)

@@ -42,7 +42,7 @@ def pick_backend_kind(requested: str | None) -> tuple[str, str]:
     """(kind, why): the requested backend, else cuda when a GPU is usable, else cpu."""
     if requested:
         return requested.lower(), "requested"
-    from minfer.cuda.runtime import gpu_available
+    from minfer.cuda.runtime.runtime import gpu_available
 
     if gpu_available():
         return "cuda", "auto: GPU found"
@@ -60,7 +60,7 @@ def check_backend(kind: str, dtype: str | None) -> None:
     except ImportError as e:
         raise GPUError(f"the cuda backend cannot be imported ({e}); "
                        "use --backend cpu to run on the CPU reference") from None
-    from minfer.cuda.runtime import gpu_available
+    from minfer.cuda.runtime.runtime import gpu_available
 
     if not gpu_available():
         raise GPUError("no usable CUDA GPU (or pycuda missing); "

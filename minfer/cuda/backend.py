@@ -1,11 +1,11 @@
 """CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
 
 Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
-paths.choose_path: "f16", "sb" or a raw int8 path; minfer.cuda.linear's route object runs it),
+paths.choose_path: "f16", "sb" or a raw int8 path; minfer.cuda.plan.linear's route object runs it),
 q/k/v and gate/up on one path are fused (routes.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
-[max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.weights.
-Kernels are compiled before anything is timed (minfer.cuda.prepare): the weight upload's
+[max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.plan.weights.
+Kernels are compiled before anything is timed (minfer.cuda.plan.prepare): the weight upload's
 before the upload, the forward's before `warmup_s`, in which one token is pushed through (then
 the cache is reset); `warmup(lengths)` does the same for prompt lengths (engine.run calls it
 before the timed prefill). compile_s / n_compiled / capture_s add up what that took.
@@ -24,8 +24,8 @@ they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads th
 Buffers are declared in weights.DeviceBuffers (self.buf). Positions live on the device
 (buf.pos = [pos0]; rope_qkv and attention read it), so every launch of a chunk depends only on
 (T, last): with `graphs` on (default; MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
-are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.graph); every later
-chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
+are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.runtime.graph); every
+later chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
 int8 weights: the activation is quantized once per distinct input into one reused scratch
 buffer (q8_1 for the raw kernels, the SB token operand for SB; q, k, v share h16's; gate, up
@@ -44,8 +44,8 @@ is about to write (GEMM, dequant, embed, norms, rope's q, attention, SwiGLU, log
 NaN-filled first (da.poison), and forward() raises GPUError on non-finite logits, so a kernel
 that did not run can never pass stale numbers off as a result.
 
-Profiling (bench's per-op breakdown): with `self.profile = OpProfile(rt)` (minfer.cuda.profile)
-every op is bracketed by CUDA events, labelled, with its FLOPs for GEMMs; the profile's
+Profiling (bench's per-op breakdown): with `self.profile = OpProfile(rt)`
+(minfer.cuda.runtime.profile) every op is bracketed by CUDA events, labelled, with its FLOPs for GEMMs; the profile's
 `begin_chunk` runs once a chunk's inputs are uploaded (an optional spin kernel there keeps the
 host's launch rate out of the events).
 """
@@ -58,18 +58,18 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from minfer.cuda import attention as attn_mod
-from minfer.cuda import devarray as da
-from minfer.cuda import layers as L
-from minfer.cuda import prepare
-from minfer.cuda.config import GemmChoice
-from minfer.cuda.profile import OpProfile
-from minfer.cuda.gemm import gemm_f16_nt, rope_epilogue_pays
-from minfer.cuda.routes import (plan_fusion, plan_glu, plan_rope, plan_routes,
+from minfer.cuda.ops import attention as attn_mod
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.ops import layers as L
+from minfer.cuda.plan import prepare
+from minfer.cuda.plan.config import GemmChoice
+from minfer.cuda.runtime.profile import OpProfile
+from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
+from minfer.cuda.plan.routes import (plan_fusion, plan_glu, plan_rope, plan_routes,
                                 summarize_routes)
-from minfer.cuda.fusion import plan_groups
-from minfer.cuda.linear import NORM_PREPASS, PREPASS, SCRATCH, SWIGLU_PREPASS, make_route
-from minfer.cuda.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
+from minfer.cuda.plan.fusion import plan_groups
+from minfer.cuda.plan.linear import NORM_PREPASS, PREPASS, SCRATCH, SWIGLU_PREPASS, make_route
+from minfer.cuda.plan.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
                                  load_weights, plan_memory)
 from minfer.errors import BadInput, GPUError, Unsupported
 
@@ -79,7 +79,7 @@ __all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequ
 
 # -- adapter to the dequant module --------------------------------------------------------------
 def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:
-    from minfer.cuda import dequant
+    from minfer.cuda.ops import dequant
 
     da.poison(rt, out)
     dequant.embed_rows(rt, table_dev, qtype, ids_dev, int(ids_dev.shape[0]), K, out, V=V)
@@ -91,7 +91,7 @@ class CudaBackend:
     def __init__(self, model, cfg: GemmChoice | None = None, rt=None, max_tokens: int = 4096,
                  ubatch: int = 2048, warmup: bool = True, progress: bool = False,
                  graphs: bool | None = None):
-        from minfer.cuda.runtime import get_runtime
+        from minfer.cuda.runtime.runtime import get_runtime
 
         t0 = time.perf_counter()
         self.model = model
@@ -111,7 +111,7 @@ class CudaBackend:
         self.n_past = 0
         self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch, self.max_tokens)
         if graphs is None:
-            from minfer.cuda.runtime import debug_flags
+            from minfer.cuda.runtime.runtime import debug_flags
 
             graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
@@ -123,7 +123,7 @@ class CudaBackend:
         # each layer's q|k|v and gate|up GEMMs, in output order
         self.groups = [{k: plan_groups(model, self.fused, i, k) for k in ("attn", "ffn")}
                        for i in range(c.n_layers)]
-        # each linear weight's route object: its prepass, launch and epilogues (minfer.cuda.linear)
+        # each linear weight's route object (minfer.cuda.plan.linear): prepass, launch, epilogues
         self.lin = {n: make_route(p, model.tensor(n).qtype, self.gcfg)
                     for n, (p, _) in self.routes.items()}
         plan = self._plan()
@@ -371,7 +371,7 @@ class CudaBackend:
     def _capture(self, T: int, pos0: int, last: bool):
         """Capture _chunk_ops(T, ...) into a graph (cached by (T, last)); None (graphs turned
         off, one notice) if the driver refuses."""
-        from minfer.cuda import graph
+        from minfer.cuda.runtime import graph
 
         rt = self.rt
         if self.stream is None:

@@ -1,7 +1,7 @@
 """The C k-quantizers (minfer/quants/kquants.c): built at run time, cached, loaded with ctypes.
 
-Same idea as minfer/cuda/build.py for cubins: the shared library is compiled once per (source,
-flags, compiler version, machine) with the system C compiler (`$CC`, else cc / gcc / clang) into
+Same idea as minfer/cuda/runtime/build.py for cubins: the shared library is compiled once per
+(source, flags, compiler version, machine) with the system C compiler (`$CC`, else cc / gcc / clang) into
 `$MINFER_CACHE/cc/` (default ~/.cache/minfer/cc), written to a temporary name and renamed so
 concurrent builders never see half a file. No compiler, a failed build, or a big-endian host:
 `library()` is None and minfer/quants/quantize.py uses its numpy twins (same bytes, slower).

@@ -13,7 +13,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def rt():
-    from minfer.cuda.runtime import get_runtime
+    from minfer.cuda.runtime.runtime import get_runtime
 
     return get_runtime()
 

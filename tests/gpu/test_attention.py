@@ -19,8 +19,8 @@ def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
     """attention.cu's default geometry (8 warps x 128 keys) and the earlier 4 x 64, and the
     wgmma kernel (attention_sm90a.cu, Hopper): ragged T, decode, positions past 0, GQA groups of
     1-4, rows of a block past T * G."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.attention import DEFAULT, AttnGeometry, attention
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.attention import DEFAULT, AttnGeometry, attention
 
     if geom == "wg" and rt.arch != "sm_90":
         pytest.skip("the wgmma attention kernel is sm_90 only")
@@ -45,8 +45,8 @@ def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
 
 
 def test_attention_rejects(rt):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.attention import attention
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.attention import attention
     from minfer.errors import GPUError
 
     q = da.empty(rt, (4, 4, 96), np.float16)
@@ -64,7 +64,7 @@ def test_attention_rejects(rt):
 def test_pick_impl(rt):
     """The wgmma kernel for prefill chunks of at least one block on sm_90; attention.cu for
     decode and elsewhere."""
-    from minfer.cuda.attention import pick_impl
+    from minfer.cuda.ops.attention import pick_impl
 
     hopper = rt.arch == "sm_90"
     assert pick_impl(rt, 512, 4, 128) == ("wg" if hopper else "mma")

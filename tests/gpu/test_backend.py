@@ -31,7 +31,7 @@ def greedy(backend, prompt: np.ndarray, n: int = 32):
 
 def test_backend_greedy_matches_reference(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
 
     rng = np.random.default_rng(0)

@@ -18,7 +18,7 @@ PATHS = ["r1", "narrow", "wide-kd4", "wide-kd8"]   # (sb: test_mmq_sb_device)
 @pytest.fixture(scope="module")
 def f16_logits(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, model.config.vocab_size, 37).astype(np.int32)
@@ -29,7 +29,7 @@ def f16_logits(model):
 @pytest.mark.parametrize("path", PATHS)
 def test_mmq_backend_matches_f16(model, f16_logits, path):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     prompt, ref = f16_logits
     b = CudaBackend(model, GemmChoice(path), max_tokens=128, ubatch=16)  # 16+16+5
@@ -59,7 +59,7 @@ def test_mmq_backend_greedy_gate(model, path):
     from minfer import engine
     from minfer.commands.check import identity_verdict
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
 
     rng = np.random.default_rng(5)
@@ -75,7 +75,7 @@ def test_mmq_backend_greedy_gate(model, path):
 
 def test_mmq_backend_memory_plan(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     f = CudaBackend(model, GemmChoice("f16"), max_tokens=32, ubatch=32, warmup=False)._plan()
     b = CudaBackend(model, GemmChoice("wide-kd4"), max_tokens=32, ubatch=32, warmup=False)

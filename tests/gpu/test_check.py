@@ -25,8 +25,8 @@ def test_check_passes_on_tiny_q4km(tiny_path):
     assert r.exit_code == 0, r.output
     out = r.output
     assert "check: PASS" in out
-    from minfer.cuda.paths import TABLE
-    from minfer.cuda.runtime import get_runtime
+    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.runtime.runtime import get_runtime
 
     for path in TABLE:   # an identity row per path of the table, parity rows per int8 path
         if TABLE[path].archs is None or get_runtime().arch in TABLE[path].archs:
@@ -74,8 +74,8 @@ def test_check_parity_rows_fail_when_launcher_writes_nothing(tiny_path, rt, monk
     """The gate can fail: a launcher that writes nothing (NaN-filled or untouched += output)
     fails every row."""
     import minfer.commands.check as C
-    import minfer.cuda.path_ops as ops
-    from minfer.cuda.paths import TABLE
+    import minfer.cuda.ops.path_ops as ops
+    from minfer.cuda.plan.paths import TABLE
     from minfer.loader import load_model
 
     monkeypatch.setattr(ops, "launch_raw", lambda *a, **k: None)

@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 
-from minfer.cuda.dequant import (DequantConfig, dequant_f16, dequant_f16_ref, embed_rows,
+from minfer.cuda.ops.dequant import (DequantConfig, dequant_f16, dequant_f16_ref, embed_rows,
                                  embed_rows_ref)
 from minfer.errors import Unsupported
 from minfer.quants import BY_NAME, SUPPORTED

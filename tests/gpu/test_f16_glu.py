@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 
 def test_f16_glu_logits_bitwise(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     from gpu_helpers import prefill_and_step
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda import devarray as da
-from minfer.cuda.gemm import (TILES, TMA, WGMMA, RopeRef, gemm_f16_nt, gemm_f16_nt_ref,
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.ops.gemm import (TILES, TMA, WGMMA, RopeRef, gemm_f16_nt, gemm_f16_nt_ref,
                               rope_epilogue_pays)
 from minfer.errors import BadInput, GPUError
 
@@ -21,7 +21,7 @@ BASE = 10000.0
 
 
 def _setup(rt, M, Hq, Hkv, D, rope_dim, S, seed):
-    from minfer.cuda import layers as L
+    from minfer.cuda.ops import layers as L
 
     rng = np.random.default_rng([seed, M, Hq, Hkv, D])
     K = 8 * int(rng.integers(3, 40))
@@ -35,7 +35,7 @@ def _setup(rt, M, Hq, Hkv, D, rope_dim, S, seed):
 
 @pytest.mark.parametrize("variant", sorted(TILES) + sorted(WGMMA) + sorted(TMA) + [None])
 def test_rope_epilogue_is_rope_qkv_bit_for_bit(rt, variant, same_bytes):
-    from minfer.cuda import layers as L
+    from minfer.cuda.ops import layers as L
 
     if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":
         pytest.skip("wgmma kernels need sm_90")
@@ -54,7 +54,7 @@ def test_rope_epilogue_is_rope_qkv_bit_for_bit(rt, variant, same_bytes):
         target = L.QkvRope(rt, q16, kc, vc, table, pos, rd, neox=False)
         gemm_f16_nt(dA, dW, rt=rt, variant=variant, rope=target, pos0=pos0)
         # the reference: the same variant's f32 product, then the rope launch
-        from minfer.cuda.gemm import EPILOGUE_TILE
+        from minfer.cuda.ops.gemm import EPILOGUE_TILE
 
         qkv = gemm_f16_nt(dA, dW, np.float32, rt=rt,
                           variant=variant or (EPILOGUE_TILE if M == 1 else None))
@@ -78,7 +78,7 @@ def test_rope_epilogue_is_rope_qkv_bit_for_bit(rt, variant, same_bytes):
 
 
 def test_rope_epilogue_refuses_misfits(rt):
-    from minfer.cuda import layers as L
+    from minfer.cuda.ops import layers as L
 
     a, w, table, (q16, kc, vc) = _setup(rt, 8, 2, 1, 64, 64, 16, seed=2)
     pos = da.to_device(rt, np.array([0], np.int32))
@@ -98,7 +98,7 @@ def test_rope_epilogue_refuses_misfits(rt):
 
 def test_f16_rope_logits_bitwise(model):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     c = model.config
     n = (c.n_heads + 2 * c.n_kv_heads) * c.head_dim

@@ -74,7 +74,7 @@ def _asked_free_gib(msg: str) -> tuple[float, float]:
 @pytest.mark.parametrize("gemm", ["f16", "wide-kd4", "auto"])
 def test_kv_cache_oom_before_any_allocation(rt, huge_ctx, monkeypatch, gemm):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     allocs = _Allocs(rt)
     monkeypatch.setattr(rt, "alloc", allocs)
@@ -119,7 +119,7 @@ def test_allocation_larger_than_the_device(rt):
 
 # -- launch failures ----------------------------------------------------------------------------
 def _axpy(rt, n=256):
-    from minfer.cuda import devarray as da
+    from minfer.cuda.runtime import devarray as da
 
     fn = rt.function("smoke", "axpy_f32")
     y = da.to_device(rt, np.zeros(n, np.float32), "y")
@@ -152,8 +152,8 @@ def _noop_launches(rt, monkeypatch):
 
 def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
     from minfer.cuda import backend as B
-    from minfer.cuda import devarray as da
-    from minfer.cuda.gemm import gemm_f16_nt
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.gemm import gemm_f16_nt
 
     def gemm(C, A, W):   # what the f16 route does: poison the output, then the GEMM
         da.poison(rt, C)
@@ -196,7 +196,7 @@ def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
 def test_poison_changes_no_result(rt, tiny, monkeypatch, gemm, graphs):
     """Every poisoned buffer is fully written before it is read: logits bit-identical."""
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
 
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, tiny.config.vocab_size, 21).astype(np.int32)
@@ -249,7 +249,7 @@ def test_check_reports_skipped_launches_as_failures(rt, tiny_path, monkeypatch):
     _noop_launches(rt, monkeypatch)
     r = CliRunner().invoke(check, ["-m", str(tiny_path), "--identity-only", "-p", "hello"])
     assert r.exit_code == 1, r.output
-    from minfer.cuda.paths import TABLE
+    from minfer.cuda.plan.paths import TABLE
 
     assert f"check: {len(TABLE)} FAILED" in r.output, r.output   # every path
     assert "non-finite logits" in r.output, r.output
@@ -274,7 +274,7 @@ def test_non_finite_logits_name_the_first_bad_layer(rt, tmp_path, name, edit, wh
     from synth_data import small_parts, write_small
 
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
+    from minfer.cuda.plan.config import GemmChoice
     from minfer.loader import load_model
 
     meta, tensors = small_parts(seed=3, tied=False)

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.gpu
     (1, 4, 2, 64, 64, False, 0), (7, 9, 3, 64, 32, True, 5), (33, 8, 2, 128, 128, False, 20),
     (130, 32, 8, 128, 128, True, 61), (5, 4, 2, 64, 30, False, 3), (6, 4, 2, 64, 30, True, 2)])
 def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import RopeTable, rope_qkv
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import RopeTable, rope_qkv
 
     rng = np.random.default_rng(T * 3 + Hq + int(fused))
     qd, kd = Hq * D, Hkv * D
@@ -67,8 +67,8 @@ def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
 
 
 def test_rope_qkv_rejects(rt):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import RopeTable, rope_qkv
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import RopeTable, rope_qkv
     from minfer.errors import GPUError
 
     table = RopeTable.build(rt, 8, 10000.0, 64)
@@ -85,8 +85,8 @@ def test_rope_qkv_rejects(rt):
 @pytest.mark.parametrize("T,F", [(1, 256), (13, 1000), (64, 14336), (5, 1001), (3, 6)])
 def test_swiglu_fused(rt, T, F):
     """F % 4 == 0 takes the 4-wide kernel, the others the scalar one."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import swiglu_fused
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import swiglu_fused
 
     rng = np.random.default_rng(T + F)
     gu = (rng.standard_normal((T, 2 * F)) * 3).astype(np.float32)
@@ -100,8 +100,8 @@ def test_swiglu_fused(rt, T, F):
     (200, 70, 0, 32, 8, 128)])
 def test_attention_device_pos(rt, T, pos0, off, Hq, Hkv, D):
     """attention(pos_dev=[pos0 - off], offset=off) == attention at host pos0 == numpy twin."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.attention import attention
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.attention import attention
 
     rng = np.random.default_rng(T + pos0 + off)
     S = pos0 + T + 5

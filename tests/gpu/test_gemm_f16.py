@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda import devarray as da
-from minfer.cuda.gemm import GEMVS, TILES, WGMMA, TMA, gemm_f16_nt, gemm_f16_nt_ref, pick_variant
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.ops.gemm import (GEMVS, TILES, WGMMA, TMA, gemm_f16_nt, gemm_f16_nt_ref,
+                                  pick_variant)
 from minfer.errors import BadInput, GPUError
 
 from gpu_helpers import rel_err as _rel
@@ -143,8 +144,8 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, same_bytes):
     # mode 3 on a gate|up weight interleaved per 16 rows: against the twin, and bitwise the same
     # variant's f32 product followed by the interleaved swiglu launch (the same sums, the same
     # swiglu1 rounding); N ragged against every tile (208 = 13 x 16), M = 1 on the default pick
-    from minfer.cuda.gemm import GLU_TILE, glu_rows
-    from minfer.cuda.layers import swiglu_interleaved
+    from minfer.cuda.ops.gemm import GLU_TILE, glu_rows
+    from minfer.cuda.ops.layers import swiglu_interleaved
 
     if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":
         pytest.skip("wgmma kernels need sm_90")

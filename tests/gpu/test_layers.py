@@ -17,8 +17,8 @@ pytestmark = pytest.mark.gpu
 def test_rmsnorm(rt, T, D, out):
     """16-byte pieces where D % 4 == 0 (and the rows are aligned), single values otherwise
     (D = 1002)."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import rmsnorm
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import rmsnorm
 
     rng = np.random.default_rng(T * D)
     x = (rng.standard_normal((T, D)) * 3).astype(np.float32)
@@ -37,8 +37,8 @@ def test_rmsnorm(rt, T, D, out):
     (5, 3, 64, 64, False, 0), (17, 4, 128, 128, True, 9), (1, 2, 64, 32, False, 40),
     (9, 5, 128, 64, True, 3)])
 def test_rope(rt, T, H, D, rope_dim, neox, pos0):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import RopeTable, rope, rope_to_f16
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import RopeTable, rope, rope_to_f16
 
     rng = np.random.default_rng(T + H + D)
     x = rng.standard_normal((T, H, D)).astype(np.float32)
@@ -64,8 +64,8 @@ def test_rope(rt, T, H, D, rope_dim, neox, pos0):
 
 @pytest.mark.parametrize("T,F", [(1, 256), (13, 1536), (64, 14336)])
 def test_swiglu_add_cvt(rt, T, F):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import add, swiglu, to_f16
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import add, swiglu, to_f16
 
     rng = np.random.default_rng(F)
     g = (rng.standard_normal((T, F)) * 4).astype(np.float32)
@@ -83,8 +83,8 @@ def test_swiglu_add_cvt(rt, T, F):
 
 @pytest.mark.parametrize("n", [1, 100, 49152, 128256])
 def test_argmax_first_on_ties(rt, n):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import argmax
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import argmax
 
     rng = np.random.default_rng(n)
     x = rng.standard_normal(n).astype(np.float32)
@@ -96,8 +96,8 @@ def test_argmax_first_on_ties(rt, n):
 
 
 def test_launcher_rejects_bad_shapes(rt):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import rmsnorm
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import rmsnorm
     from minfer.errors import GPUError
 
     x = da.to_device(rt, np.ones((4, 8), np.float32))

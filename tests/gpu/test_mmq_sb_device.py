@@ -19,15 +19,15 @@ def _rand(rng, qtype, N, K):
 
 
 def repack_sb(rt, w, qtype, N, K):
-    from minfer.cuda.mmq_sb import repack_q4k_sb
+    from minfer.cuda.ops.mmq_sb import repack_q4k_sb
 
     assert qtype == 12
     return repack_q4k_sb(rt, w, N, K)
 
 
 def test_split_and_repack_bitwise(hopper, same_bytes):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import sb_tokens, split_q8s
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.mmq_sb import sb_tokens, split_q8s
     from minfer.quants.mmq_sb_ref import repack_q4k_sb_ref, sb_tokens_ref, split_q8s_ref
 
     rt = hopper
@@ -56,8 +56,8 @@ def test_split_and_repack_bitwise(hopper, same_bytes):
 def test_sb_parity(hopper, qtype, M, N, K, sms):
     """Ragged M / N, whole tiles and stream-K (sms caps the grid below the tile count: split
     tiles), = and +=; a second launch is bitwise the first."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import mmq_sb_linear
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.mmq_sb import mmq_sb_linear
     from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
 
     rt = hopper
@@ -87,8 +87,8 @@ def test_backend_on_sb(hopper, model):
     one), q6_K to f16; its logits stay close to the q8_1 wide engine's (a coarser activation
     grid, not another product: greedy identity is `minfer check`'s gate)."""
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.config import GemmChoice
-    from minfer.cuda.mmq_sb import SbQ4K
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.ops.mmq_sb import SbQ4K
 
     rng = np.random.default_rng(2)
     prompt = rng.integers(0, model.config.vocab_size, 37).astype(np.int32)
@@ -124,8 +124,8 @@ def test_sb_operand_bitwise(hopper, same_bytes, M, K):
     the split + sb_tokens twins' (an all-zero super-block, ragged M, two token tiles; the
     quantizer's division fallback: quotients on and one ulp off half-integers, a super-block
     whose scale is under 2^-125)."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import SbTokens, sb_operand
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.mmq_sb import SbTokens, sb_operand
     from minfer.quants.mmq_sb_ref import sb_tokens_ref, split_q8s_ref
 
     rt = hopper
@@ -148,9 +148,9 @@ def test_sb_operand_bitwise(hopper, same_bytes, M, K):
 def test_sb_operand_swiglu_bitwise(hopper, same_bytes):
     """The swiglu + token operand launch writes exactly the bytes of swiglu into f16 followed by
     sb_operand, from the fused gate|up output [M, 2F] and from g, u apart."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import swiglu_fused
-    from minfer.cuda.mmq_sb import sb_operand, sb_operand_swiglu
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import swiglu_fused
+    from minfer.cuda.ops.mmq_sb import sb_operand, sb_operand_swiglu
 
     rt = hopper
     M, F = 77, 1280
@@ -171,9 +171,9 @@ def test_sb_operand_swiglu_bitwise(hopper, same_bytes):
 def test_sb_operand_rmsnorm_bitwise(hopper, same_bytes, M, K):
     """The rmsnorm + token operand launch writes exactly the bytes of rmsnorm into f16 followed
     by sb_operand (and the twins'), and h16 when asked: the bits of rmsnorm's f16 output."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import rmsnorm
-    from minfer.cuda.mmq_sb import SbTokens, sb_operand, sb_operand_rmsnorm
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import rmsnorm
+    from minfer.cuda.ops.mmq_sb import SbTokens, sb_operand, sb_operand_rmsnorm
     from minfer.quants.mmq_sb_ref import sb_tokens_ref, split_q8s_ref
     from minfer.reference import ops
 
@@ -204,9 +204,9 @@ def test_sb_swiglu_epilogue(hopper, same_bytes, M, F, K, sms):
     row map is exact. The engine's build (fast exp and division) stays within an f16 ulp of
     that; with stream-K (sms=3: tiles split elsewhere than the plain weight's) within f16
     rounding."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.layers import swiglu_fused
-    from minfer.cuda.mmq_sb import mmq_sb_linear, sb_operand
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import swiglu_fused
+    from minfer.cuda.ops.mmq_sb import mmq_sb_linear, sb_operand
     from minfer.quants.mmq_sb_ref import glu_rows
     from quant_data import rand_q4k
 
@@ -235,8 +235,8 @@ def test_sb_swiglu_epilogue(hopper, same_bytes, M, F, K, sms):
 
 def test_sb_linear_takes_the_token_operand(hopper):
     """mmq_sb_linear on an SbTokens gives the bits it gives on x; another shape refuses it."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.mmq_sb import mmq_sb_linear, sb_operand
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.mmq_sb import mmq_sb_linear, sb_operand
     from minfer.errors import GPUError
 
     rt = hopper

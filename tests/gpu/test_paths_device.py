@@ -1,6 +1,6 @@
-"""GPU: every path of the GEMM path table (minfer.cuda.paths.TABLE) against its numpy twin, one
+"""GPU: every path of the GEMM path table (minfer.cuda.plan.paths.TABLE) against its numpy twin, one
 parametrized harness over (path, type, shape) in the spirit of llama.cpp's test-backend-ops,
-through the table's own calling convention (minfer.cuda.path_ops: prepare, launch, twin); the
+through the table's own calling convention (minfer.cuda.ops.path_ops: prepare, launch, twin); the
 q8_1 prepass bit for bit; the launchers' refusals. A new path is one record: it is tested here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda.paths import TABLE
+from minfer.cuda.plan.paths import TABLE
 from quant_data import rand_weights
 
 pytestmark = pytest.mark.gpu
@@ -18,8 +18,8 @@ Q4_K, Q6_K, Q8_0 = 12, 14, 8
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_quantize_q8_1_bit_identical(rt, dtype):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.mmq import quantize_q8_1
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.mmq import quantize_q8_1
     from minfer.quants.q8_1 import quantize_q8_1_raw
 
     rng = np.random.default_rng(11)
@@ -37,8 +37,8 @@ def test_path_parity(rt, path, qtype, M, N, K):
     """C = and C += against the twin, rel err <= 1e-3 (DESIGN.md gate 1), every output written
     (NaN-poisoned first); a type / arch the path does not take is skipped, the smem guard's
     fallback runs (and is checked) in its place."""
-    from minfer.cuda import devarray as da
-    from minfer.cuda.paths import choose_path
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.plan.paths import choose_path
 
     p = TABLE[path]
     why = p.unsupported(qtype, rt.arch, K)
@@ -64,8 +64,8 @@ def test_path_parity(rt, path, qtype, M, N, K):
 
 
 def test_mmq_rejects_bad_shapes(rt):
-    from minfer.cuda import devarray as da
-    from minfer.cuda.mmq import mmq_linear
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.mmq import mmq_linear
     from minfer.errors import GPUError, Unsupported
 
     x = da.to_device(rt, np.zeros((4, 384), np.float32))

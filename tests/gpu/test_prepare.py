@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda.config import GemmChoice
+from minfer.cuda.plan.config import GemmChoice
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +30,8 @@ def cold_cache(tmp_path_factory):
 @pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "sb"])
 def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monkeypatch, spec):
     from minfer import engine
-    from minfer.cuda import build, prepare
+    from minfer.cuda.plan import prepare
+    from minfer.cuda.runtime import build
     from minfer.cuda.backend import CudaBackend
 
     monkeypatch.setenv("MINFER_CACHE", str(cold_cache))

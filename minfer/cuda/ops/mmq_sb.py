@@ -14,7 +14,7 @@ their tables (mmq_sb_ref.sb_operand): the weight from `repack_q4k_sb`, the token
 same with the rmsnorm or the swiglu before it, in the same launch; the engine's path) or
 `sb_tokens` after a q8s split. Warp-specialized: one producer thread bulk-copies each stage
 (two copies) into a 5-slot ring, two consumer warpgroups own 64 weight rows each of a 128 x 128
-tile. Persistent with stream-K over super-blocks (minfer.cuda.stream_k). sm_90 only.
+tile. Persistent with stream-K over super-blocks (minfer.cuda.ops.stream_k). sm_90 only.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda import devarray as da
-from minfer.cuda.mmq import launch_prepass
-from minfer.cuda.stream_k import launch_persistent
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.ops.mmq import launch_prepass
+from minfer.cuda.ops.stream_k import launch_persistent
 from minfer.errors import GPUError
 from minfer.quants.mmq_sb_ref import SB_TOP, SB_WOP, pad_rows
 

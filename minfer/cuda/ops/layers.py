@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda import devarray as da
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
 
 _F = "layers"

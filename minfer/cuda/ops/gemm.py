@@ -6,18 +6,18 @@ Epilogues: out f32 (mode 0), out f16 (mode 1), accumulate into an existing f32 [
 (mode 2, C += A @ B^T: residual adds of attn_output / ffn_down), glu (mode 3: B is a gate|up
 weight [2F, K] with its rows interleaved per 16, glu_rows; out f16 [M, F] = silu(gate) * up,
 rounded as the swiglu layer), or rope (mode 4: B is the fused q|k|v weight; the product goes
-roped into q16 and the KV cache, minfer.cuda.layers.QkvRope, bit for bit as rope_qkv does the
+roped into q16 and the KV cache, minfer.cuda.ops.layers.QkvRope, bit for bit as rope_qkv does the
 f32 product). Modes 3 and 4 at M == 1 take the smallest tile kernel (EPILOGUE_TILE), not the
 GEMV.
 
 Kernels: gemm_f16.cu (mma.sync tiles, any sm_80+; the M == 1 GEMV) and gemm_f16_sm90a.cu
 (Hopper only, built for sm_90a: cp.async-fed wgmma tiles, and the TMA-fed warp-specialized
-persistent kernels, whose operands travel as tensor maps made by minfer.cuda.tma with 48 bytes
-of parameter padding before them, TMA_PARAM_PAD). Geometry is owned here:
+persistent kernels, whose operands travel as tensor maps made by minfer.cuda.runtime.tma with 48
+bytes of parameter padding before them, TMA_PARAM_PAD). Geometry is owned here:
 `pick_variant(M, N, K, sm_count, arch)` is the one function choosing the kernel; kernels never
 choose. Contract: K % 8 == 0 (16-byte rows), M, N any size >= 1; every operand a GPUArray
-(minfer.cuda.devarray, as for every launcher), contiguous and 16-byte aligned. A problem-shape
-violation raises minfer.errors.BadInput (the numpy twin shares those checks); an operand that is
+(minfer.cuda.runtime.devarray, as for every launcher), contiguous and 16-byte aligned. A
+problem-shape violation raises minfer.errors.BadInput (the numpy twin shares those checks); an operand that is
 not such a device array raises GPUError (devarray.check, as in the other launchers); both with
 one line. Importing this module needs no GPU (the twin, the tile table and validation are pure
 Python); launching does.
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda import devarray as da
-from minfer.cuda.tma import tmap_f16_2d
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.runtime.tma import tmap_f16_2d
 from minfer.errors import BadInput
 # the glu mode's gate|up row order (shared with the SB kernel's epilogue)
 from minfer.quants.glu import glu_rows  # noqa: F401  (re-exported: tests, weights)
@@ -330,7 +330,7 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
     a: f16 [M, K], b: f16 [N, K] GPUArrays. With `accumulate` (f32 [M, N]) the product is added
     into it in place and it is returned. Otherwise the result goes to `out` (allocated if None).
     With `glu` (b interleaved per glu_rows, out_dtype float16): out f16 [M, N / 2] = silu(gate)
-    * up. With `rope` (a minfer.cuda.layers.QkvRope; b the fused q|k|v weight, N = qd + 2 kd):
+    * up. With `rope` (a minfer.cuda.ops.layers.QkvRope; b the fused q|k|v weight, N = qd + 2 kd):
     the product goes roped into its q16 and KV cache rows pos0 .. pos0 + M - 1 (pos0: the value
     its device position holds, for the bounds check) and the QkvRope is returned. `variant`
     forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
@@ -343,7 +343,7 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
     M, N, K = _check_shapes(a.shape, b.shape, a.dtype, b.dtype)
     out_dtype = _check_out(out_dtype, accumulate, M, N, glu)
     if rt is None:
-        from minfer.cuda.runtime import get_runtime
+        from minfer.cuda.runtime.runtime import get_runtime
 
         rt = get_runtime()
     if rope is not None:

@@ -2,7 +2,7 @@
 
 Each path is one `GemmPath` record: what it supports (tensor types, GPU archs, K multiple),
 how it prepares the weight (dequant to f16 / raw bytes / SB repack) and the activation (none /
-q8_1 prepass / SB token operand), its launcher and numpy twin (minfer.cuda.path_ops' calling
+q8_1 prepass / SB token operand), its launcher and numpy twin (minfer.cuda.ops.path_ops' calling
 convention, as "module:function", resolved on use so this module imports no launcher), its
 bytes per weight on the GPU, and the tuning variants a `bench --ab` may turn off. `choose_path` picks a path per weight from (type, arch,
 shape, user choice, smem cap, memory tier), as llama.cpp's should_use_mmq does; `choose_tier`
@@ -22,14 +22,14 @@ RAW_BYTES = {Q4_K: 144 / 256, Q6_K: 210 / 256}   # GGUF bytes per weight
 
 def _wide_smem(kd: int) -> Callable[[int], int]:
     def smem(qtype: int) -> int:
-        from minfer.cuda.mmq import wide_smem
+        from minfer.cuda.ops.mmq import wide_smem
 
         return wide_smem(kd, qtype)
     return smem
 
 
 def _sb_smem(qtype: int) -> int:
-    from minfer.cuda.mmq_sb import sb_smem
+    from minfer.cuda.ops.mmq_sb import sb_smem
 
     return sb_smem()
 
@@ -70,7 +70,7 @@ class GemmPath:
         return float(b[int(qtype)] if int(qtype) in b else b[None])
 
     def ops(self):
-        """(prepare, launch, twin): minfer.cuda.path_ops' calling convention."""
+        """(prepare, launch, twin): minfer.cuda.ops.path_ops' calling convention."""
         return _resolve(self.prepare), _resolve(self.launch), _resolve(self.twin)
 
 
@@ -88,7 +88,7 @@ def qname(qtype: int) -> str:
         return QNAMES.get(int(qtype), f"type {qtype}")
 
 
-_OPS = "minfer.cuda.path_ops:"
+_OPS = "minfer.cuda.ops.path_ops:"
 _INT8 = dict(qtypes=frozenset({Q4_K, Q6_K}), archs=None, k_multiple=256, weight="raw",
              activation="q8_1", bytes_per_weight=RAW_BYTES, prepare=_OPS + "prepare_raw",
              launch=_OPS + "launch_raw", twin=_OPS + "twin_q8_1")

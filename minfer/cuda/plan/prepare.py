@@ -82,8 +82,8 @@ def chunk_shapes(lengths, ubatch: int) -> list[tuple[int, bool]]:
 
 def load_kernels(routes: dict[str, tuple[str, str]]) -> list[Spec]:
     """Modules weights.load_weights launches: dequant (f16 routes), mmq_repack (repacked paths)."""
-    from minfer.cuda.dequant import KERNEL
-    from minfer.cuda.paths import TABLE
+    from minfer.cuda.ops.dequant import KERNEL
+    from minfer.cuda.plan.paths import TABLE
 
     out = [(KERNEL, ())]
     if any(TABLE[p].weight.startswith("repack") for p, _ in routes.values() if p in TABLE):
@@ -105,14 +105,14 @@ def needed_kernels(backend, lengths=(1,)) -> list[Spec]:
 
 
 def missing(specs, arch: str) -> list[Spec]:
-    from minfer.cuda.build import cubin_path
+    from minfer.cuda.runtime.build import cubin_path
 
     return [s for s in dict.fromkeys(specs) if not cubin_path(s[0], arch, s[1]).exists()]
 
 
 def prebuild(specs, arch: str, progress: bool = False, workers: int | None = None) -> Prep:
     """Compile the specs' missing cubins in parallel; Prep(n compiled, wall seconds)."""
-    from minfer.cuda.build import compile_cubin
+    from minfer.cuda.runtime.build import compile_cubin
 
     todo = missing(specs, arch)
     if not todo:

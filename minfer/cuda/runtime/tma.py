@@ -29,7 +29,7 @@ _encode = None
 def _encoder():
     global _encode
     if _encode is None:
-        from minfer.cuda.graph import libcuda
+        from minfer.cuda.runtime.graph import libcuda
 
         fn = getattr(libcuda("TMA tensor maps"), "cuTensorMapEncodeTiled", None)
         if fn is None:

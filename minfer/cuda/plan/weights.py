@@ -11,7 +11,7 @@
   routes.plan_fusion); int8 routes stay as their raw bytes (no f16 copy; fused members as
   row ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the
   embedding's bytes); "sb" routes (q4_K on sm_90) are then repacked on the GPU into the
-  super-block layout (minfer.cuda.mmq_sb.SbQ4K: a fused group as one weight, its members' row
+  super-block layout (minfer.cuda.ops.mmq_sb.SbQ4K: a fused group as one weight, its members' row
   views dropped) and their raw bytes freed. The embedding table stays quantized (rows
   gathered with embed_rows); norms and biases go up as f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda import devarray as da
-from minfer.cuda import layers as L
-from minfer.cuda.paths import TABLE
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.ops import layers as L
+from minfer.cuda.plan.paths import TABLE
 from minfer.errors import GPUError
 
 
@@ -37,7 +37,7 @@ def _size(nbytes: int) -> str:
 
 def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
     """raw GGUF rows [N, row_bytes] at raw_dev -> out f16 [N, K] (NaN-poisoned first)."""
-    from minfer.cuda import dequant
+    from minfer.cuda.ops import dequant
 
     da.poison(rt, out)
     dequant.dequant_f16(rt, raw_dev, qtype, N, K, out_dev=out)
@@ -52,9 +52,9 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     buffer is not allocated."""
     c = model.config
     m = model
-    from minfer.cuda.mmq_sb import sb_split_bytes, sb_weight_bytes
-    from minfer.cuda.stream_k import SK_SLOT_BYTES
-    from minfer.cuda.fusion import plan_fusion
+    from minfer.cuda.ops.mmq_sb import sb_split_bytes, sb_weight_bytes
+    from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
+    from minfer.cuda.plan.fusion import plan_fusion
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
     f16_w = 0
@@ -236,7 +236,7 @@ def _repack_sb(rt, m, routes, fused, groups, w, emb) -> None:
     """Each "sb" weight (a fused group as one) -> SbQ4K, raw bytes freed (not the embedding's,
     which a tied head shares); a repacked group's member row views are dropped (the group's
     GEMM is the only reader)."""
-    from minfer.cuda.mmq_sb import repack_q4k_sb
+    from minfer.cuda.ops.mmq_sb import repack_q4k_sb
 
     keys: dict[str, tuple[int, int]] = {}
     for n, (path, _) in routes.items():

@@ -4,17 +4,18 @@
                                           W raw q4_K / q6_K GGUF bytes [N, K/256*bytes]
 Kernels (the seeds' exact q8_1 paths, DESIGN.md): R1 word-level (path "r1"), narrow raw
 ("narrow"), wide raw with KD = 4 or 8 super-blocks staged per pass ("wide-kd4", "wide-kd8").
-Which one runs is minfer.cuda.paths.choose_path's answer (its smem guard included: a wide path
+Which one runs is minfer.cuda.plan.paths.choose_path's answer (its smem guard included: a wide path
 over the device's opt-in shared memory becomes "narrow" there); this launcher refuses a wide
 path over the cap rather than choosing another. numpy twin: minfer.quants.mmq_ref.mmq_linear_ref.
-Device arrays are pycuda GPUArrays (minfer.cuda.devarray); nothing here reads the environment.
+Device arrays are pycuda GPUArrays (minfer.cuda.runtime.devarray); nothing here reads the
+environment.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from minfer.cuda import devarray as da
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError, Unsupported
 
 Q4_K, Q6_K = 12, 14
@@ -26,7 +27,7 @@ _ENTRY = {  # (qtype, kind) -> entry
     (Q6_K, "r1"): "mmq_q6k_nt_kernel", (Q6_K, "narrow"): "mmq_q6k_raw_nt_kernel",
     (Q6_K, "wide"): "mmq_q6k_raw_wide_nt_kernel",
 }
-# path name (minfer.cuda.paths.TABLE) -> (kernel kind, KD)
+# path name (minfer.cuda.plan.paths.TABLE) -> (kernel kind, KD)
 KINDS = {"r1": ("r1", 0), "narrow": ("narrow", 0), "wide-kd4": ("wide", 4), "wide-kd8": ("wide", 8)}
 NARROW_TILE = (32, 64)   # (tokens, weight rows) per block, 128 threads
 WIDE_TILE = (64, 128)
@@ -84,7 +85,7 @@ def launch_prepass_fn(rt, fn, M: int, K: int, args: tuple) -> None:
 
 def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, path, out,
                accumulate: bool = False, q8_scratch=None, build_opts: tuple = ()) -> None:
-    """out f32 [M, N] (= or +=) x @ W.T on `path` (a minfer.cuda.paths record or its name:
+    """out f32 [M, N] (= or +=) x @ W.T on `path` (a minfer.cuda.plan.paths record or its name:
     r1, narrow, wide-kd4, wide-kd8). x: f32/f16 [M, K] (quantized here, into q8_scratch when
     given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any shape, N*K/256*bytes in
     all). build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs; the engine

@@ -24,7 +24,7 @@ _CAPTURE_RELAXED = 2
 
 def libcuda(purpose: str = "CUDA graphs"):
     """The driver library through ctypes, for the calls pycuda does not wrap (graphs here, TMA
-    tensor maps in minfer.cuda.tma); GPUError naming `purpose` when it cannot be opened."""
+    tensor maps in minfer.cuda.runtime.tma); GPUError naming `purpose` when it cannot be opened."""
     try:
         return ctypes.CDLL("libcuda.so.1")
     except OSError as e:

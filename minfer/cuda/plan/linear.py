@@ -1,6 +1,6 @@
 """Linear routes of the CUDA forward: one object per linear weight, made from its path record
-(minfer.cuda.paths), that owns the weight's activation prepass, its launch and its epilogues, so
-the forward (minfer.cuda.backend) never branches on path names.
+(minfer.cuda.plan.paths), that owns the weight's activation prepass, its launch and its epilogues,
+so the forward (minfer.cuda.backend) never branches on path names.
 
 - `route.activation`: the input form its kernel reads ("none": the f16 activation; "q8_1": q8_1
   raw blocks; "sb-operand": the SB token operand). `prepass(rt, kind, A, scratch)` makes one
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer.cuda import devarray as da
-from minfer.cuda.paths import Q4_K, TABLE
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.plan.paths import Q4_K, TABLE
 from minfer.errors import Unsupported
 
 # the buffer of DeviceBuffers each activation form lives in
@@ -26,7 +26,7 @@ SCRATCH = {"q8_1": "q8", "sb-operand": "sbop"}
 
 
 def _prepass_q8_1(rt, A, buf):
-    from minfer.cuda.mmq import quantize_q8_1
+    from minfer.cuda.ops.mmq import quantize_q8_1
 
     M, K = A.shape
     q8 = da.reshape(da.rows(buf, 0, M * (K // 32) * 40), (M, K // 32 * 40))
@@ -35,7 +35,7 @@ def _prepass_q8_1(rt, A, buf):
 
 
 def _prepass_sb(rt, A, buf):
-    from minfer.cuda.mmq_sb import sb_operand, sb_views
+    from minfer.cuda.ops.mmq_sb import sb_operand, sb_views
 
     M, K = A.shape
     tt = sb_views(buf, M, K)[2]
@@ -46,7 +46,7 @@ def _prepass_sb(rt, A, buf):
 def _norm_sb(rt, x, w, eps: float, buf, h16):
     """rmsnorm(x) * w and the SB token operand in one launch (h16 written when given); None
     where the launch does not take this width."""
-    from minfer.cuda.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
+    from minfer.cuda.ops.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
 
     M, D = x.shape
     if D > SB_NORM_MAX_K:
@@ -57,7 +57,7 @@ def _norm_sb(rt, x, w, eps: float, buf, h16):
 
 
 def _swiglu_sb(rt, g, u, buf, M: int, F: int):
-    from minfer.cuda.mmq_sb import sb_operand_swiglu, sb_views
+    from minfer.cuda.ops.mmq_sb import sb_operand_swiglu, sb_views
 
     tt = sb_views(buf, M, F)[2]
     da.poison(rt, tt)
@@ -94,7 +94,7 @@ class F16Route(LinearRoute):
     glu = True
 
     def run(self, be, C, x, w, mode: str) -> None:
-        from minfer.cuda.gemm import gemm_f16_nt
+        from minfer.cuda.ops.gemm import gemm_f16_nt
 
         if mode == "acc":
             gemm_f16_nt(x, w, np.float32, accumulate=C, rt=be.rt)
@@ -103,8 +103,8 @@ class F16Route(LinearRoute):
         gemm_f16_nt(x, w, np.float16 if mode == "f16" else np.float32, out=C, rt=be.rt)
 
     def run_glu(self, be, C, x, w) -> None:
-        from minfer.cuda import layers as L
-        from minfer.cuda.gemm import gemm_f16_nt
+        from minfer.cuda.ops import layers as L
+        from minfer.cuda.ops.gemm import gemm_f16_nt
 
         M = x.shape[0]
         da.poison(be.rt, C)
@@ -121,7 +121,7 @@ class RawInt8Route(LinearRoute):
     activation = "q8_1"
 
     def run(self, be, C, x, w, mode: str) -> None:
-        from minfer.cuda.mmq import mmq_linear
+        from minfer.cuda.ops.mmq import mmq_linear
 
         if mode == "f16":
             raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
@@ -142,7 +142,7 @@ class SbRoute(LinearRoute):
         return self.qtype == Q4_K
 
     def run(self, be, C, x, w, mode: str) -> None:
-        from minfer.cuda.mmq_sb import mmq_sb_linear
+        from minfer.cuda.ops.mmq_sb import mmq_sb_linear
 
         if mode == "f16":
             raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
@@ -153,7 +153,7 @@ class SbRoute(LinearRoute):
                       stream_k=self.choice.on("stream-k"))
 
     def run_glu(self, be, C, x, w) -> None:
-        from minfer.cuda.mmq_sb import mmq_sb_linear
+        from minfer.cuda.ops.mmq_sb import mmq_sb_linear
 
         M, F = C.shape
         da.poison(be.rt, C)

@@ -21,10 +21,11 @@ from pathlib import Path
 from minfer.errors import GPUError
 
 
-def find_kernel_dir(pkg: Path = Path(__file__).resolve().parent) -> Path:
-    """The CUDA sources: a source checkout's (or editable install's) top-level kernels/, else
-    the copy a wheel ships as package data (minfer/cuda/kernels, setup.py's build_py). The
-    checkout needs its pyproject.toml too, so a stray site-packages/kernels is never taken."""
+def find_kernel_dir(pkg: Path = Path(__file__).resolve().parents[1]) -> Path:
+    """The CUDA sources for the minfer/cuda package `pkg`: a source checkout's (or editable
+    install's) top-level kernels/, else the copy a wheel ships as package data
+    (minfer/cuda/kernels, setup.py's build_py). The checkout needs its pyproject.toml too, so a
+    stray site-packages/kernels is never taken."""
     root = pkg.parent.parent
     if (root / "kernels").is_dir() and (root / "pyproject.toml").is_file():
         return root / "kernels"

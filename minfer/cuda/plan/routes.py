@@ -1,5 +1,5 @@
 """The per-weight path plan of the CUDA backend: which GEMM path runs each linear weight
-(minfer.cuda.paths.choose_path decides; this module only asks it per weight), and which
+(minfer.cuda.plan.paths.choose_path decides; this module only asks it per weight), and which
 weights of a layer are fused into one GEMM.
 
 - `plan_routes`: weight name -> (path name, why) for every linear weight (attn_q/k/v/output,
@@ -8,16 +8,16 @@ weights of a layer are fused into one GEMM.
   free device memory (paths.choose_tier over weights.plan_memory).
 - `summarize_routes`: the one-line "MMQ (...): n GEMMs (q4_K a, q6_K b), f16: m GEMMs (...)"
   that bench, check and prefill print.
-- `plan_fusion`, `plan_glu`, `plan_rope`: re-exported from minfer.cuda.fusion.
+- `plan_fusion`, `plan_glu`, `plan_rope`: re-exported from minfer.cuda.plan.fusion.
 """
 
 from __future__ import annotations
 
 import sys
 
-from minfer.cuda.config import GemmChoice
-from minfer.cuda.fusion import plan_fusion, plan_glu, plan_rope  # noqa: F401  (re-exported)
-from minfer.cuda.paths import auto_tiers, choose_path, choose_tier, qname
+from minfer.cuda.plan.config import GemmChoice
+from minfer.cuda.plan.fusion import plan_fusion, plan_glu, plan_rope  # noqa: F401  (re-exported)
+from minfer.cuda.plan.paths import auto_tiers, choose_path, choose_tier, qname
 
 _LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _WARNED: set = set()
@@ -52,7 +52,7 @@ def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 
         if free is None:
             tier = tiers[0]
         else:
-            from minfer.cuda.weights import plan_memory
+            from minfer.cuda.plan.weights import plan_memory
 
             need = {t: sum(plan_memory(model, plan_routes(model, choice, rt, ubatch, tier=t),
                                        max_tokens, ubatch, getattr(rt, "sm_count", 0)).values())

@@ -1,4 +1,4 @@
-"""One calling convention for every path of minfer.cuda.paths.TABLE (what `minfer check` and
+"""One calling convention for every path of minfer.cuda.plan.paths.TABLE (what `minfer check` and
 the parity tests iterate):
 
     w = prepare(rt, w_raw, qtype, N, K)                     # raw GGUF rows on the device
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer.cuda import devarray as da
+from minfer.cuda.runtime import devarray as da
 
 
 def prepare_f16(rt, w_raw, qtype: int, N: int, K: int):
-    from minfer.cuda.dequant import dequant_f16
+    from minfer.cuda.ops.dequant import dequant_f16
 
     out = da.empty(rt, (N, K), np.float16, "f16 weight")
     dequant_f16(rt, w_raw, qtype, N, K, out_dev=out)
@@ -25,8 +25,8 @@ def prepare_f16(rt, w_raw, qtype: int, N: int, K: int):
 
 def launch_f16(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
                accumulate: bool = False) -> None:
-    from minfer.cuda.gemm import gemm_f16_nt
-    from minfer.cuda.layers import to_f16
+    from minfer.cuda.ops.gemm import gemm_f16_nt
+    from minfer.cuda.ops.layers import to_f16
 
     if x.dtype != np.float16:
         x16 = da.empty(rt, (M, K), np.float16, "f16 activations")
@@ -39,7 +39,7 @@ def launch_f16(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
 
 
 def twin_f16(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
-    from minfer.cuda.dequant import dequant_f16_ref
+    from minfer.cuda.ops.dequant import dequant_f16_ref
 
     a = np.asarray(x, np.float32).reshape(M, K).astype(np.float16).astype(np.float64)
     return a @ dequant_f16_ref(w_raw, qtype, N, K).astype(np.float64).T
@@ -51,7 +51,7 @@ def prepare_raw(rt, w_raw, qtype: int, N: int, K: int):
 
 def launch_raw(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
                accumulate: bool = False) -> None:
-    from minfer.cuda.mmq import mmq_linear
+    from minfer.cuda.ops.mmq import mmq_linear
 
     mmq_linear(rt, x, w, qtype, M, N, K, path, out, accumulate=accumulate)
 
@@ -63,14 +63,14 @@ def twin_q8_1(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
 
 
 def prepare_sb(rt, w_raw, qtype: int, N: int, K: int):
-    from minfer.cuda.mmq_sb import repack_q4k_sb
+    from minfer.cuda.ops.mmq_sb import repack_q4k_sb
 
     return repack_q4k_sb(rt, w_raw, N, K)
 
 
 def launch_sb(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
               accumulate: bool = False) -> None:
-    from minfer.cuda.mmq_sb import mmq_sb_linear
+    from minfer.cuda.ops.mmq_sb import mmq_sb_linear
 
     mmq_sb_linear(rt, x, w, M, N, K, out, accumulate)
 

@@ -108,7 +108,7 @@ class Runtime:
         key = (name, options)
         mod = self._modules.get(key)
         if mod is None:
-            from minfer.cuda.build import compile_cubin
+            from minfer.cuda.runtime.build import compile_cubin
 
             path, _ = compile_cubin(name, self.arch, options)
             try:

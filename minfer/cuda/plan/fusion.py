@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minfer.cuda.config import GemmChoice  # noqa: F401  (annotations)
-from minfer.cuda.paths import Q4_K
+from minfer.cuda.plan.config import GemmChoice  # noqa: F401  (annotations)
+from minfer.cuda.plan.paths import Q4_K
 
 
 def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[str, int, int]]:
@@ -74,7 +74,7 @@ def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
 def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
               fused: dict[str, tuple[str, int, int]]) -> set[str]:
     """The fused q|k|v group names whose GEMM writes roped q and the K/V cache rows from its
-    epilogue (gemm_f16_nt's rope mode, minfer.cuda.layers.QkvRope): on the f16 path unless the
+    epilogue (gemm_f16_nt's rope mode, minfer.cuda.ops.layers.QkvRope): on the f16 path unless the
     tuning variant no-rope, llama-order rope (a neox pair spans threads) and no q/k/v
     bias (added to the f32 product before the rope launch)."""
     c = model.config
