@@ -3,7 +3,7 @@
 //   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  j <= pos0 + t
 //   q: f16 [T, Hq, D] (token stride ldq elements), k/v cache: f16 [S, Hkv, D] (S >= pos0 + T),
 //   o: f16 [T, Hq, D] (token stride ldo), G = Hq / Hkv, scale = 1/sqrt(D).
-// Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/attention.py.
+// Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/ops/attention.py.
 //
 // Entries: attn_fwd_d64, attn_fwd_d128 (head_dim 64 / 128). pos0p: when non-null, the queries'
 // first position is *pos0p + pos0 (read on the device, pos0 then an offset), so a captured CUDA
@@ -22,7 +22,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-// Geometry (build options; the launcher, minfer/cuda/attention.py AttnGeometry, sizes the grid
+// Geometry (build options; the launcher, minfer/cuda/ops/attention.py AttnGeometry, sizes the grid
 // and smem from the same values): ATT_WARPS warps of 16 rows, ATT_KEYS keys per K/V tile.
 #ifndef ATT_WARPS
 #define ATT_WARPS 8

@@ -3,7 +3,7 @@
 //   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  j <= pos0 + t
 //   q: f16 [T, Hq, D] (token stride ldq), k/v cache: f16 [S, Hkv, D], o: f16 [T, Hq, D] (ldo).
 // minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
-// Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/attention.py (pick_impl takes
+// Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/ops/attention.py (pick_impl takes
 // this kernel for prefill on sm_90, attention.cu elsewhere and for decode).
 //
 // Entries: attn_wg_d64, attn_wg_d128 (attn_fwd_d*'s arguments).
@@ -54,7 +54,7 @@ struct AttnWgSmem {
 static_assert(AttnWgSmem<128>::BYTES <= 227 * 1024 && AttnWgSmem<64>::BYTES <= 227 * 1024,
               "within the opt-in shared memory");
 static_assert(AttnWgSmem<128>::BYTES == 230456 && AttnWgSmem<64>::BYTES == 115768,
-              "minfer/cuda/attention.py wg_smem_bytes (tests/test_attention_launcher_cpu.py)");
+              "minfer/cuda/ops/attention.py wg_smem_bytes (tests/test_attention_launcher_cpu.py)");
 static_assert(ROWS * 128 % 1024 == 0 && KEYS * 128 % 1024 == 0, "panels keep 1 KB swizzle atoms");
 
 // byte offset of 16-byte chunk cc (of D / 8) of row r in a [rows x D] panelled tile

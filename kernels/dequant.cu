@@ -22,7 +22,7 @@
 // only f32 roundings are the final add/sub and the f16 cast, as in gguf's numpy code. All
 // arithmetic still goes through __fmul_rn/__fadd_rn/__fsub_rn, which nvcc never contracts into
 // FMA, in gguf's association ((d*sc)*q - dmin*m): that also pins the signs of zeros.
-// Launcher: minfer/cuda/dequant.py. Block layouts: quant_blocks.cuh.
+// Launcher: minfer/cuda/ops/dequant.py. Block layouts: quant_blocks.cuh.
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <string.h>

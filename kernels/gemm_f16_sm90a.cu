@@ -2,7 +2,7 @@
 // f16 operands, f32 accumulate; same semantics, contract and epilogue modes as gemm_f16.cu
 // (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc, 3: glu, 4: rope; the TMA kernels
 // prefetch mode 2's residual tile into L2 ACC_PREFETCH_KTILES k-tiles before their epilogue).
-// Compiled with -arch=sm_90a by the launcher (minfer/cuda/gemm.py), which picks these entries
+// Compiled with -arch=sm_90a by the launcher (minfer/cuda/ops/gemm.py), which picks these entries
 // only on sm_90 devices.
 // minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
 //
@@ -14,7 +14,7 @@
 //   the issue of kt+1 (wait_group 1). 1-D grid of ceil(M/BM)*ceil(N/BN) blocks, BM*2 threads,
 //   stages*(BM+BN)*128 + 1024 bytes of dynamic shared memory (+1024: manual 1 KB alignment).
 // wgmma_f16_tma_128x<BN>x64_s<stages>: the same wgmma tiles fed by TMA (tensor maps made on the
-//   host, minfer/cuda/tma.py) in a warp-specialized persistent block: a producer warpgroup, two
+//   host, minfer/cuda/runtime/tma.py) in a warp-specialized persistent block: a producer warpgroup, two
 //   consumer warpgroups of 64 rows, a `stages`-deep ring on mbarriers, at most one block per SM
 //   walking the tiles (section "TMA" below). The launcher's pick on sm_90 for M > 64.
 #include "gemm_f16_common.cuh"
@@ -206,9 +206,9 @@ struct TmaSmem {
 };
 static_assert(TmaSmem<256, 4>::BYTES == 197696 && TmaSmem<128, 6>::BYTES == 197728 &&
                   TmaSmem<192, 5>::BYTES == 205904,
-              "minfer/cuda/gemm.py TmaTile.smem (tests/test_gemm_f16_cpu.py)");
+              "minfer/cuda/ops/gemm.py TmaTile.smem (tests/test_gemm_f16_cpu.py)");
 
-// A TMA tensor map (CUtensorMap's size and alignment), made on the host by minfer/cuda/tma.py
+// A TMA tensor map (CUtensorMap's size and alignment), made on the host by minfer/cuda/runtime/tma.py
 struct alignas(64) TensorMap {
     unsigned long long opaque[16];
 };
@@ -304,7 +304,7 @@ WGMMA_ENTRY(64, 64, 4, 3)
 
 // The operands come as tensor maps (A: box 64 x 128, B: box 64 x BN), by value. The maps are
 // 64-byte aligned parameters; on sm_90 the parameter block starts at constant offset 0x210, so
-// the first map sits 48 bytes into it, and pycuda's packed argument buffer must carry that hole (minfer/cuda/gemm.py TMA_PARAM_PAD). `magic` (TMA_MAGIC) is read from
+// the first map sits 48 bytes into it, and pycuda's packed argument buffer must carry that hole (minfer/cuda/ops/gemm.py TMA_PARAM_PAD). `magic` (TMA_MAGIC) is read from
 // where the layout puts it: a launch whose buffer does not match traps instead of reading M,
 // N, K from the wrong bytes.
 #define TMA_MAGIC 0x544d4131

@@ -1,5 +1,5 @@
 // layers.cu: the elementwise / row-wise layers of the llama forward (everything but GEMMs and
-// attention). Numpy twins: minfer/reference/ops.py; launchers: minfer/cuda/layers.py.
+// attention). Numpy twins: minfer/reference/ops.py; launchers: minfer/cuda/ops/layers.py.
 //
 // Entries (all row-major, contiguous unless a leading dimension `ld*` is given, in elements):
 //   rmsnorm_f32_f16 / rmsnorm_f32_f32  y[T, D] = x * (1/sqrt(mean(x^2) + eps)) * w

@@ -12,7 +12,7 @@ __device__ __forceinline__ float2 rope_rot(float a, float b, float c, float sn) 
                        __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c)));
 }
 
-// Mode 4's target, in device memory (minfer/cuda/layers.py QkvRope packs it; its numpy dtype
+// Mode 4's target, in device memory (minfer/cuda/ops/layers.py QkvRope packs it; its numpy dtype
 // is pinned against these offsets by tests/test_rope_epilogue.py): the fused qkv GEMM's row t,
 // column c (N = qd + 2 kd) goes to q16[t, c] (c < qd), kc[pos + t, c - qd] (k) or vc[pos + t,
 // c - qd - kd] (v), q and k rotated in adjacent pairs (the llama, non-neox order) for the pair
@@ -28,4 +28,4 @@ struct RopeQkv {
     int qd, kd, D, half_r;
 };
 static_assert(sizeof(RopeQkv) == 64 && offsetof(RopeQkv, qd) == 48 && offsetof(RopeQkv, half_r) == 60,
-              "minfer/cuda/layers.py ROPE_QKV_DTYPE");
+              "minfer/cuda/ops/layers.py ROPE_QKV_DTYPE");
