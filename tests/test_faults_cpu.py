@@ -264,6 +264,7 @@ def _host_backend(logits):
     be.name = "cuda"
     be.forward_device = lambda ids, pos0: None
     be.buf = types.SimpleNamespace(logits=logits)   # (weights.DeviceBuffers' logits only)
+    be.graphs, be._probe, be.n_past, be.c = False, None, 0, types.SimpleNamespace(n_layers=2)
     return be
 
 
@@ -271,8 +272,9 @@ def test_backend_forward_rejects_non_finite_logits():
     ok = [0.5, -1.0, 3.0]
     assert np.array_equal(_host_backend(_Logits(ok)).forward(np.array([1, 2], np.int32), 0), ok)
     for bad in ([0.5, np.nan, 3.0], [np.inf, 0.0, 0.0], [np.nan] * 3):
+        # the faked forward runs no layer: the locator says so rather than name one
         with pytest.raises(GPUError, match=r"non-finite logits from the CUDA path .*positions "
-                                           r"7\.\.9"):
+                                           r"7\.\.9.*first non-finite: not located"):
             _host_backend(_Logits(bad)).forward(np.array([1, 2, 3], np.int32), 7)
     be = _host_backend(None)
     be.buf.logits = _Logits(error=be.rt.drv.Error("cuMemcpyDtoH failed: an illegal memory access"))
@@ -612,5 +614,11 @@ def test_readme_exit_code_table_matches_the_code():
     assert cli.EXIT_OK == 0 and cli.EXIT_USAGE == 1 and cli.EXIT_INTERRUPTED == 130
     assert BadInput.exit_code == BadModel.exit_code == Unsupported.exit_code == 2
     assert MinferError.exit_code == 2 and GPUError.exit_code == 3
-    assert "bad input" in rows["2"] and "GPU" in rows["3"] and "--backend cpu" in rows["3"]
+    assert "bad input" in rows["2"] and "GPU" in rows["3"]
+    import signal
+
+    from minfer.signals import Interrupted
+
+    assert {Interrupted(s).exit_code for s in (signal.SIGHUP, signal.SIGTERM)} == {129, 143}
+    assert "129" in rows["130"] and "143" in rows["130"]
     assert "usage" in rows["1"] and "interrupted" in rows["130"]

@@ -304,20 +304,27 @@ class CudaBackend:
         class Found(Exception):
             pass
 
+        seen = set()
+
         def probe(il: int, rows) -> None:
             self.rt.synchronize()
             if not np.isfinite(rows.get()).all():
                 raise Found("the token embedding" if il < 0 else f"layer {il} (blk.{il})")
+            seen.add(il)
 
         graphs, self.graphs, self._probe, self.n_past = self.graphs, False, probe, pos0
         try:
             self.forward_device(ids, pos0)
         except Found as e:
             return str(e)
+        except Exception as e:   # best effort: never hide the error it would explain
+            return f"not located ({type(e).__name__} in the rerun)"
         finally:
             self.graphs, self._probe = graphs, None
             self.n_past = pos0 + len(np.asarray(ids))
-        return "the output layer (final norm or LM head)"
+        if self.c.n_layers - 1 in seen:   # every layer's output finite: the norm or LM head
+            return "the output layer (final norm or LM head)"
+        return "not located (the rerun was finite)"
 
     def argmax_last(self) -> int:
         """Greedy token of the last forward's logits, computed on the GPU."""
