@@ -3,6 +3,8 @@
 #   gates: pytest tests/gpu on a real (sliced) model, `minfer check` over the path table on its
 #          Q4_K_M requant, and the wheel installed non-editable into a clean target, run from
 #          another directory (its kernels from the package data).
+#   big:   a 70B-shape `minfer synth` model (~40 GB): prefill and bench at 512 and 2048 with
+#          `--gemm auto` choosing by free memory; peak GPU memory.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -12,7 +14,7 @@
 #   python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf .devdata/smollm2-slice.gguf --max-mib 54
 #   python3 -m pip wheel . --no-deps -w .devdata/minfer-wheel          (gates: the install check)
 #   mkdir -p .old && git archive OLD minfer kernels | tar -x -C .old      (perf: optional)
-# On the device (carry .whl, .devdata[, .old]): bash scripts/device_run.sh gates|perf [deadline_s]
+# On the device (carry .whl, .devdata[, .old]): bash scripts/device_run.sh gates|perf|big [deadline_s]
 MODE=${1:-gates}; DEADLINE=${2:-560}; source scripts/device_lib.sh
 REPO=$PWD; M="python3 -m minfer"; S=${SLICE:-.devdata/smollm2-slice.gguf}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -34,27 +36,24 @@ from minfer.cli import main; main(['prefill', '--backend', 'cuda', '-m', '$REPO/
   exit 0
 fi
 
+if [ "$MODE" = big ]; then   # a 70B-shape Q4_K_M (~40 GB): what --gemm auto picks by memory
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
+  step synth70 240 $M synth --preset llama3-70b --type q4_K_M --tokenizer-from none --quiet \
+    -o /tmp/s70.gguf
+  for n in 512 2048; do python3 scripts/prompt_of.py "$n" /tmp/s70.gguf > /tmp/p$n.txt; done
+  step prefill70 200 $M prefill -m /tmp/s70.gguf --backend cuda --prompt-file /tmp/p2048.txt -n 4
+  step bench70 200 $M bench -m /tmp/s70.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown
+  kill %1 2>/dev/null
+  echo; echo "################ SUMMARY big ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  grep -E "^(model|gemm|prompt|load|prefill)|error" "$OUT/prefill70.log"
+  grep -E "^\| |rror|gemm|backend" "$OUT/bench70.log" | grep -v "^| ---"
+  echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"
+  exit 0
+fi
+
 step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
 for n in 512 3001; do   # a prompt of exactly n tokens (BOS included) under the model's tokenizer
-  python3 - "$n" /tmp/s8b.gguf > /tmp/p$n.txt <<'PY'
-import random, sys
-from minfer.loader import load_model
-from minfer.tokenizer import Tokenizer
-n, r = int(sys.argv[1]), random.Random(0)
-tok = Tokenizer.from_metadata(load_model(sys.argv[2]).metadata)
-count = lambda w: len(tok.encode(" ".join(w)))
-vocab, words = "the of and model prefill token kernel".split(), []
-while count(words) < n - 64:   # in blocks of words, then a word at a time, then letters
-    words += [r.choice(vocab) for _ in range(16)]
-while count(words) > n:
-    words.pop()
-for c in "xqzjkv" * 200:
-    if count(words) == n or count(words + [c]) > n:
-        continue
-    words.append(c)
-print(" ".join(words), end="")
-print(f"prompt of {count(words)} tokens (wanted {n})", file=sys.stderr)
-PY
+  python3 scripts/prompt_of.py "$n" /tmp/s8b.gguf > /tmp/p$n.txt
   for run in cold warm; do
     step ${run}_$n 120 env MINFER_CACHE=/tmp/cache_$n $M prefill -m /tmp/s8b.gguf --backend cuda \
       --prompt-file /tmp/p$n.txt -n 4
