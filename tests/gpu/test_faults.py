@@ -277,7 +277,8 @@ def test_non_finite_logits_name_the_first_bad_layer(rt, tmp_path, name, edit, wh
     from minfer.cuda.plan.config import GemmChoice
     from minfer.loader import load_model
 
-    meta, tensors = small_parts(seed=3, tied=False)
+    meta, tensors = small_parts(seed=3, tied=False, d_model=128, d_ff=256, n_heads=2,
+                                n_kv_heads=1)   # head_dim 64
     tensors = [(n, q, s, (lambda d: (edit(d), d)[1])(np.array(d, copy=True)) if n == name else d)
                for n, q, s, d in tensors]
     model = load_model(write_small(tmp_path / "m.gguf", meta, tensors))
