@@ -8,6 +8,8 @@ standard deviation ~`std`. Blocks are written directly, never by quantizing floa
 - Q4_K (144 B / 256): w = d*sc*q - dmin*m with q uniform 0..15 (random nibbles), sc and m
   independent uniform 8..63 (6-bit, packed as get_scale_min_k4 reads them: real quantizers use
   the whole 6-bit range), dmin = 7.5*d so that E[w] = d*7.5*(E[sc] - E[m]) = 0.
+- Q5_K (176 B / 256): as Q4_K with a fifth bit per value (random qh), q uniform 0..31,
+  dmin = 15.5*d (llama.cpp's Q4_K_M gives attn_v this type at 70B's 8:1 GQA).
 - Q6_K (210 B / 256): w = d*sc*(q - 32), q uniform 0..63 (random ql / qh bits), |sc| uniform
   32..127 with a random sign (int8, as llama.cpp's quantizer fills them).
 - Q5_0 (22 B / 32): w = d*(q - 16), q uniform 0..31, d of random sign (llama.cpp's q5_0 d
@@ -39,14 +41,16 @@ Q6K_SC = (32, 127)  # inclusive range of |int8 scale|
 _DT = {
     "Q4_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
                       ("qs", "u1", (128,))]),
+    "Q5_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
+                      ("qh", "u1", (32,)), ("qs", "u1", (128,))]),
     "Q6_K": np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)),
                       ("d", "<f2")]),
     "Q5_0": np.dtype([("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))]),
     "Q8_0": np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
 }
-_BLOCK = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32, "Q8_0": 32}
+_BLOCK = {"Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "Q5_0": 32, "Q8_0": 32}
 _Q8_LUT = np.concatenate([[0], np.arange(-127, 128)]).astype(np.int8)  # random byte -> q8
-SUPPORTED = ("Q4_K", "Q6_K", "Q5_0", "Q8_0", "F16", "F32")
+SUPPORTED = ("Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q8_0", "F16", "F32")
 
 
 def _moments(values: np.ndarray) -> tuple[float, float]:
@@ -56,11 +60,13 @@ def _moments(values: np.ndarray) -> tuple[float, float]:
 
 def _unit_std(name: str) -> float:
     """Std of the dequantized weights of the design above for d = 1 (without the jitter)."""
-    if name == "Q4_K":
+    if name in ("Q4_K", "Q5_K"):
+        nq = 16 if name == "Q4_K" else 32
+        mid = (nq - 1) / 2   # dmin / d: E[q]
         s1, s2 = _moments(np.arange(Q4K_SC[0], Q4K_SC[1] + 1))
-        q1, q2 = _moments(np.arange(16))
-        # E[(sc q - 7.5 m)^2] with sc, q, m independent, m distributed as sc
-        return math.sqrt(s2 * q2 - 2 * 7.5 * s1 * q1 * s1 + 7.5**2 * s2)
+        q1, q2 = _moments(np.arange(nq))
+        # E[(sc q - mid m)^2] with sc, q, m independent, m distributed as sc
+        return math.sqrt(s2 * q2 - 2 * mid * s1 * q1 * s1 + mid**2 * s2)
     if name == "Q6_K":
         _, s2 = _moments(np.arange(Q6K_SC[0], Q6K_SC[1] + 1))
         _, q2 = _moments(np.arange(64) - 32)
@@ -114,9 +120,11 @@ def random_blocks(name: str, rng: np.random.Generator, rows: int, cols: int,
     dt = _DT[name]
     b = np.empty(nb, dt)
     d = _d(rng, nb, base_scale(name, std))
-    if name == "Q4_K":
+    if name in ("Q4_K", "Q5_K"):
         b["d"] = d.astype(np.float16)
-        b["dmin"] = (7.5 * d).astype(np.float16)
+        b["dmin"] = ((7.5 if name == "Q4_K" else 15.5) * d).astype(np.float16)
+        if name == "Q5_K":
+            b["qh"] = _rand_bytes(rng, nb * 32).reshape(nb, 32)
         sc = rng.integers(Q4K_SC[0], Q4K_SC[1] + 1, (nb, 8), dtype=np.uint8)
         m = rng.integers(Q4K_SC[0], Q4K_SC[1] + 1, (nb, 8), dtype=np.uint8)
         b["scales"] = pack_scale_min_k4(sc, m)

@@ -22,7 +22,7 @@ Q = gguf.GGMLQuantizationType
 
 
 # ---- blocks ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "F16"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q8_0", "F16"])
 @pytest.mark.parametrize("K", [4096, 14336])
 def test_dequantized_weights_have_the_designed_std(name, K):
     rng = np.random.default_rng(7)
