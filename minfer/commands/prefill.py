@@ -137,7 +137,7 @@ def _num(x: float) -> float | None:
 @click.option("-p", "--prompt", default=None,
               help=f"Prompt text (default: {DEFAULT_CHAT_PROMPT!r} as a chat, or "
                    f"{DEFAULT_PROMPT!r} with --no-chat).")
-@click.option("--prompt-file", type=click.Path(), default=None, help="Read the prompt (UTF-8).")
+@click.option("--prompt-file", type=click.Path(), default=None, help="Read the prompt (UTF-8) from a file; - reads stdin.")
 @click.option("--chat/--no-chat", default=None,
               help="Wrap the prompt in the model's own chat template (tokenizer.chat_template). "
                    "Default: on when no prompt is given and the model has a template.")
