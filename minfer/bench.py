@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -64,9 +63,11 @@ def parse_tokens(s: str) -> list[int]:
     return out
 
 
-def make_backend(model, kind: str, spec: str, max_tokens: int, base=None, progress=False):
+def make_backend(model, kind: str, spec: str, max_tokens: int, base=None, progress=False,
+                 warmup: bool = True):
     """A backend for `kind` ('cuda' or 'cpu') and the A/B spec (GemmChoice.parse_ab).
-    base: --gemm as MINFER_GEMM over the environment; the spec wins over both."""
+    base: --gemm as MINFER_GEMM over the environment; the spec wins over both. warmup=False:
+    the CUDA backend skips its one-token warm-up (the caller warms up its own lengths)."""
     import os
 
     from minfer.cuda.plan.config import GemmChoice
@@ -83,7 +84,7 @@ def make_backend(model, kind: str, spec: str, max_tokens: int, base=None, progre
     if kind == "cuda":
         from minfer.cuda.backend import CudaBackend
 
-        return CudaBackend(model, cfg, max_tokens=max_tokens, ubatch=max_tokens)
+        return CudaBackend(model, cfg, max_tokens=max_tokens, ubatch=max_tokens, warmup=warmup)
     raise BadInput(f"--backend {kind!r}: expected cuda or cpu")
 
 
@@ -159,12 +160,11 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
 def _progress(on: bool, total: int):
     """step(label) before each sample, step(None) at the end: a tqdm bar on stderr, only on a
     terminal (a CPU sample can take seconds and a bench minutes)."""
-    if not on:
-        return lambda label: None
-    from tqdm import tqdm
+    from minfer.progress import bar as progress_bar
 
-    bar = tqdm(total=total, desc="bench", unit="sample", file=sys.stderr, leave=False,
-               disable=None)  # None: only on a terminal
+    bar = progress_bar(on, total=total, desc="bench", unit="sample")
+    if bar is None:
+        return lambda label: None
     started = [False]
 
     def step(label):
@@ -258,11 +258,11 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
     backends = []
     for c in configs:
         t0 = time.perf_counter()
-        b = make_backend(model, kind, c, mx, base, progress=progress)
+        b = make_backend(model, kind, c, mx, base, progress=progress, warmup=False)
+        t1 = time.perf_counter()
         if hasattr(b, "warmup"):  # every kernel of every length built at once, in parallel
             b.warmup(tokens)
-        load = getattr(b, "load_s", time.perf_counter() - t0)
-        warm = getattr(b, "warmup_s", 0.0)
+        load, warm = getattr(b, "load_s", t1 - t0), time.perf_counter() - t1
         echo(f"{c or 'default'}: backend {b.name}, load {load:.2f} s, warm-up {warm:.2f} s")
         if hasattr(b, "route_summary"):
             echo(f"  {b.route_summary()}")

@@ -40,7 +40,7 @@ def table(rows) -> str:
     """llama-bench style markdown; A/B ratio vs the first config, 'noise' inside the band."""
     out = ["| config | backend | tokens | tok/s | ± (spread) | band | vs first |",
            "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
-    by_n: dict[int, list[Row]] = {}
+    by_n: dict[int, list] = {}
     for r in rows:
         by_n.setdefault(r.tokens, []).append(r)
     for n, rs in by_n.items():

@@ -12,13 +12,13 @@ reference), and decode by token.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from minfer.progress import bar as progress_bar
 from minfer.errors import BadInput, NumericError
 
 
@@ -75,16 +75,6 @@ def check_logits(logits: np.ndarray, backend_name: str, pos: int, what: str) -> 
                        f"position {pos}, backend {backend_name})")
 
 
-def _bar(progress: bool, **kw):
-    """A tqdm bar on stderr when progress is asked and stderr is a terminal, else None."""
-    if not progress:
-        return None
-    from tqdm import tqdm
-
-    bar = tqdm(file=sys.stderr, leave=False, disable=None, **kw)  # None: only on a terminal
-    return None if bar.disable else bar
-
-
 def validate(n_prompt: int, n_greedy: int, ubatch: int = 512, n_ctx: int | None = None) -> None:
     """Raise BadInput for a request that cannot run (before any work is done)."""
     if n_prompt <= 0:
@@ -127,9 +117,9 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
     hook_owner = backend if hasattr(backend, "layer_hook") else None
     n_layers = getattr(getattr(backend, "cfg", None), "n_layers", 0)
     if hook_owner is not None and n_layers:  # per layer: a single chunk can take minutes on CPU
-        bar = _bar(progress, total=len(chunks) * n_layers, desc="prefill", unit="layer")
+        bar = progress_bar(progress, total=len(chunks) * n_layers, desc="prefill", unit="layer")
     else:
-        bar = _bar(progress and len(chunks) > 1, total=len(chunks), desc="prefill",
+        bar = progress_bar(progress and len(chunks) > 1, total=len(chunks), desc="prefill",
                    unit="ubatch")
     if bar is not None and hook_owner is not None:
         hook_owner.layer_hook = bar.update
@@ -154,7 +144,7 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
     greedy: list[int] = []
     margins: list[float] = []
     pos = int(ids.size)
-    bar = _bar(progress and n_greedy > 1, total=n_greedy - 1, desc="decode", unit="tok")
+    bar = progress_bar(progress and n_greedy > 1, total=n_greedy - 1, desc="decode", unit="tok")
     try:
         t0 = time.perf_counter()
         for step in range(n_greedy):

@@ -172,11 +172,17 @@ def read_capped(path: str, cap: int, what: str) -> bytes:
         except OSError as e:
             raise BadInput(f"{path}: cannot read {what} file ({e.strerror or e})") from None
         name = path
-    if len(data) > cap:
+    check_cap(name, len(data), cap, what)
+    return data
+
+
+def check_cap(name: str, nbytes: int, cap: int, what: str = "prompt") -> None:
+    """BadInput (one line naming the cap) when `nbytes` of `name` exceed `cap`; also for text
+    read under a wider cap before the model's context was known."""
+    if nbytes > cap:
         raise BadInput(f"{name}: {what} is larger than {cap:,} bytes, the cap for this context "
                        f"({PROMPT_BYTES_PER_TOKEN} bytes per token, at least "
                        f"{PROMPT_MIN_CAP >> 20} MiB)")
-    return data
 
 
 def read_prompt_file(path: str, n_ctx: int | None = None) -> str:

@@ -22,7 +22,6 @@ Used by `minfer quantize`, `minfer synth` and the model slicer. Three properties
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Union
@@ -208,12 +207,10 @@ def _write(w, meta, entries, total: int, label: str, progress: bool) -> None:
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        if progress:
-            from tqdm import tqdm
+        from minfer.progress import bar as progress_bar
 
-            # disable=None: no bar (no \r lines) when stderr is not a terminal
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {label}",
-                       file=sys.stderr, leave=False, disable=None)
+        bar = progress_bar(progress, total=total, unit="B", unit_scale=True,
+                           desc=f"writing {label}")
         for name, qtype, shape, data, nbytes in entries:
             arr = data() if callable(data) else data
             arr = _check_data(name, qtype, arr, nbytes)

@@ -104,7 +104,7 @@ def _fuses_qkv(model, v_name: str) -> bool:
 def test_fusion_plan_f16_and_mmq(tiny):
     """q|k|v and gate|up fuse when every member shares the route (and, on MMQ, the type); on
     MMQ a layer whose attn_v has another type keeps it on f16 and fuses q|k as attn_qk."""
-    from minfer.cuda.plan.routes import plan_fusion
+    from minfer.cuda.plan.fusion import plan_fusion
 
     c = tiny.config
     f16 = plan_fusion(tiny, plan_routes(tiny, GemmChoice("f16")))
@@ -209,7 +209,7 @@ def test_plan_groups_cover_each_part_once(tiny):
     """A layer's q|k|v (gate|up) GEMMs in output order: every part exactly once, at its
     column in its GEMM's output; fused groups as one GEMM, the rest alone."""
     from minfer.cuda.plan.fusion import plan_groups
-    from minfer.cuda.plan.routes import plan_fusion
+    from minfer.cuda.plan.fusion import plan_fusion
 
     c = tiny.config
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim

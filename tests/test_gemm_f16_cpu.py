@@ -133,7 +133,7 @@ def test_ptxas_no_spills_sm90():
 
 
 def test_glu_twin_is_swiglu_of_the_deinterleaved_product():
-    from minfer.cuda.ops.gemm import glu_rows
+    from minfer.quants.glu import glu_rows
     from minfer.reference.ops import swiglu
 
     rng = np.random.default_rng(7)

@@ -236,7 +236,8 @@ def test_plan_memory_sb(tmp_path):
 
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.ops.mmq_sb import split_scratch_bytes, sb_split_bytes, sb_weight_bytes
-    from minfer.cuda.plan.routes import plan_fusion, plan_glu, plan_routes
+    from minfer.cuda.plan.fusion import plan_fusion, plan_glu
+    from minfer.cuda.plan.routes import plan_routes
     from minfer.cuda.plan.weights import plan_memory
     from minfer.loader import load_model
 
@@ -368,7 +369,7 @@ def test_sb_operand_rmsnorm_refuses_bad_input():
 def test_glu_rows_pair_each_feature():
     """glu_rows: a permutation of [gate; up] in which row r (r % 16 < 8) is the gate row and
     r + 8 the up row of feature (r / 16) 8 + r % 16, the kernel's store_swiglu map."""
-    from minfer.quants.mmq_sb_ref import glu_rows
+    from minfer.quants.glu import glu_rows
 
     F = 40
     perm = glu_rows(F)
@@ -404,7 +405,7 @@ def test_copy_interleaved_places_rows_as_glu_rows():
     row offset both land where glu_rows says."""
     from types import SimpleNamespace
 
-    from minfer.cuda.ops.gemm import glu_rows
+    from minfer.quants.glu import glu_rows
     from minfer.cuda.plan.weights import _copy_interleaved
 
     mem = {}   # base address -> host buffer standing in for device memory

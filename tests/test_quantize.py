@@ -13,7 +13,8 @@ import pytest
 from minfer.errors import BadInput, Unsupported
 from minfer.quants import dequantize
 from minfer.quants import ckernel
-from minfer.quants.quantize import C_TYPES, nearest_int, quantize, roundf, seqsum, seqsum_loop
+from minfer.quants.quantize import C_TYPES, quantize, roundf
+from minfer.quants.rounding import nearest_int, seqsum, seqsum_loop
 from minfer.quants.quantize_k import bsum, to_bnG
 from tests.conftest import GOLDEN
 

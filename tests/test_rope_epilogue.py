@@ -65,7 +65,8 @@ def test_plan_rope_and_variant(tmp_path):
     from synth_data import tiny_model
 
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.cuda.plan.routes import plan_fusion, plan_rope, plan_routes
+    from minfer.cuda.plan.fusion import plan_fusion, plan_rope
+    from minfer.cuda.plan.routes import plan_routes
     from minfer.loader import load_model
 
     class _Rt:

@@ -15,12 +15,12 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import click
 
 from minfer.commands.gemm_flags import gemm_config, gemm_options
 from minfer.errors import BadInput, GPUError
+from minfer.fileio import check_cap, prompt_cap, read_prompt_file
 from minfer.threads import threads_option
 
 DEFAULT_PROMPT = "The name of the capital city of France is"  # golden prompt 0 (--no-chat)
@@ -28,14 +28,6 @@ DEFAULT_CHAT_PROMPT = "What is the capital of France?"
 # default prompt tokens per forward: the GPU runs a prompt up to 4096 tokens as one chunk (what
 # bench times); the CPU reference's attention scores grow with the chunk's square
 UBATCH = {"cuda": 4096, "cpu": 512}
-
-
-def read_prompt_file(path: str, n_ctx: int | None = None) -> str:
-    """UTF-8 text of a prompt file ('-': stdin), read with a cap tied to the context (see
-    minfer.fileio.read_prompt_file); BadInput naming the file otherwise."""
-    from minfer.fileio import read_prompt_file as read
-
-    return read(path, n_ctx)
 
 
 def pick_backend_kind(requested: str | None) -> tuple[str, str]:
@@ -178,7 +170,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     kind, why = pick_backend_kind(backend_kind)
     ubatch = UBATCH[kind] if ubatch is None else ubatch
     check_backend(kind, dtype)  # before the default model is fetched
-    text = read_prompt_file(prompt_file) if prompt_file is not None else prompt
+    text = read_prompt_file(prompt_file) if prompt_file is not None else prompt  # capped
     if model_path is None:
         from minfer.fetch import default_model_path
 
@@ -187,12 +179,8 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     t0 = time.perf_counter()
     model = load_model(model_path)
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
-        from minfer.fileio import prompt_cap
-
-        cap = prompt_cap(model.config.n_ctx)
-        if len(text.encode("utf-8")) > cap:
-            raise BadInput(f"{prompt_file}: prompt file larger than {cap:,} bytes, the cap for "
-                           f"this model's context of {model.config.n_ctx:,} tokens")
+        check_cap("stdin" if prompt_file == "-" else prompt_file, len(text.encode("utf-8")),
+                  prompt_cap(model.config.n_ctx))
     tok = Tokenizer.from_metadata(model.metadata)
     chat, ids = prompt_ids(model.metadata, tok, text, chat, system, special)
     n_ctx = context_size(ctx_size, model.config.n_ctx, len(ids), n_greedy)

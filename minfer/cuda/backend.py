@@ -65,7 +65,8 @@ from minfer.cuda.plan import prepare
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.runtime.profile import OpProfile
 from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
-from minfer.cuda.plan.routes import (plan_fusion, plan_glu, plan_rope, plan_routes,
+from minfer.cuda.plan.fusion import plan_fusion, plan_glu, plan_rope
+from minfer.cuda.plan.routes import (plan_routes,
                                 summarize_routes)
 from minfer.cuda.plan.fusion import plan_groups
 from minfer.cuda.plan.linear import NORM_PREPASS, PREPASS, SCRATCH, SWIGLU_PREPASS, make_route
@@ -412,7 +413,6 @@ class CudaBackend:
                         c.vocab_size)
         if self._probe is not None:
             self._probe(-1, x)
-        Tu = self.ubatch
         # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
         rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
                                                                   rt.arch)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import numpy as np
 
 from minfer.quants.mmq_ref import decode_q4k, decode_q6k, q4k_scales
-from minfer.quants.glu import glu_rows  # noqa: F401  (the swiglu epilogue's row order)
 from minfer.quants.q8_1 import q8_blocks
 
 TPAD = 128   # table rows (Mp, Np) are padded to a multiple of this (the kernel's tile)
@@ -301,7 +300,7 @@ def mmq_sb_linear_ref(x: np.ndarray, w_raw: np.ndarray, M: int, N: int, K: int,
 
 
 __all__ = ["QK_SB", "TPAD", "SB_WBLK", "SB_TBLK", "SB_WH0", "SB_TH0", "SB_IMG", "SB_WOP",
-           "SB_TOP", "glu_rows", "sb_pos", "sb_tokens_ref", "sb_token_tables_ref", "sb_q4k_tables_ref",
+           "SB_TOP", "sb_pos", "sb_tokens_ref", "sb_token_tables_ref", "sb_q4k_tables_ref",
            "sb_image", "sb_unimage", "sb_operand", "sb_operand_parts", "emulate_sb_q4k",
            "quantize_q8s", "q8s_grid", "split_q8s_ref", "repack_q4k_sb_ref", "sb_scales",
            "block_b16_sb", "unblock_b16_sb",

@@ -24,9 +24,8 @@ import numpy as np
 
 from minfer.errors import BadInput, Unsupported
 
-# ggml's rounding primitives (shared with quantize_k, which this module dispatches to)
-from minfer.quants.rounding import (F32, fp16_bytes, fp16_round, nearest_int,  # noqa: F401
-                                    seqsum, seqsum_loop)
+# ggml's rounding primitives live in minfer.quants.rounding (shared with quantize_k)
+from minfer.quants.rounding import F32, fp16_bytes
 
 
 def roundf(v: np.ndarray) -> np.ndarray:

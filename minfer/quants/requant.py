@@ -152,11 +152,10 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     bar = None
     try:
         results = pool.imap(_work, items)  # ordered; workers run ahead of the writer
-        if progress:
-            from tqdm import tqdm
+        from minfer.progress import bar as progress_bar
 
-            bar = tqdm(total=n_weights, unit="w", unit_scale=True, desc=f"quantizing {ftype}",
-                       file=sys.stderr, leave=False, disable=None)  # None: terminals only
+        bar = progress_bar(progress, total=n_weights, unit="w", unit_scale=True,
+                           desc=f"quantizing {ftype}")
 
         def produce(name: str, ty: str):
             t = model.tensors[name]

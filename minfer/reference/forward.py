@@ -41,7 +41,6 @@ first compares what it will allocate with the host's headroom (minfer.hostmem).
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
@@ -168,13 +167,9 @@ class ReferenceBackend:
         names = [n for n in self.model.tensors if n != "token_embd.weight"]
         if self.cfg.tied_embeddings:
             names.append("token_embd.weight")
-        it = names
-        if progress:
-            from tqdm import tqdm
+        from minfer.progress import bar
 
-            it = tqdm(names, desc="dequantize", unit="tensor", leave=False, file=sys.stderr,
-                      disable=None)  # None: only on a terminal
-        for n in it:
+        for n in bar(progress, iterable=names, desc="dequantize", unit="tensor") or names:
             self.weight(n)
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:

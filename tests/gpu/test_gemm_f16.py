@@ -144,7 +144,8 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, same_bytes):
     # mode 3 on a gate|up weight interleaved per 16 rows: against the twin, and bitwise the same
     # variant's f32 product followed by the interleaved swiglu launch (the same sums, the same
     # swiglu1 rounding); N ragged against every tile (208 = 13 x 16), M = 1 on the default pick
-    from minfer.cuda.ops.gemm import GLU_TILE, glu_rows
+    from minfer.cuda.ops.gemm import GLU_TILE
+    from minfer.quants.glu import glu_rows
     from minfer.cuda.ops.layers import swiglu_interleaved
 
     if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":

@@ -207,7 +207,7 @@ def test_sb_swiglu_epilogue(hopper, same_bytes, M, F, K, sms):
     from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import swiglu_fused
     from minfer.cuda.ops.mmq_sb import mmq_sb_linear, sb_operand
-    from minfer.quants.mmq_sb_ref import glu_rows
+    from minfer.quants.glu import glu_rows
     from quant_data import rand_q4k
 
     rt = hopper

@@ -205,7 +205,7 @@ def swiglu_fused(rt, y, gu) -> None:
 
 def swiglu_interleaved(rt, y, gu) -> None:
     """y f16 [T, F] = silu(gate) * up from gu f32 [T, 2F], the output of a gate|up weight whose
-    rows are interleaved per 16 (gemm.glu_rows: 8 gate columns, then the same features' 8 up):
+    rows are interleaved per 16 (quants.glu.glu_rows: 8 gate columns, then the same features' 8 up):
     the glu GEMM epilogue's function where a GEMM wrote f32 (the M == 1 GEMV). It is the plain
     launch over T 2F / 16 rows of 8 features: gate at column 0, up at 8, row stride 16."""
     T, F = _gate_up_shape(y, gu, 16)

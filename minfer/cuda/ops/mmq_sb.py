@@ -280,7 +280,7 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
     (aq, ta), optionally with its token operand (aq, ta, tt), or its SbTokens. stream_k: split
     the ragged last waves' tiles by k (stream_k.schedule; tuning variant no-stream-k); sms: at
     most this many SMs; build_opts: nvcc -D options (kernel A/B builds; -DSB_STAGES=N).
-    swiglu: W is a gate|up weight with its rows interleaved per 16 (mmq_sb_ref.glu_rows:
+    swiglu: W is a gate|up weight with its rows interleaved per 16 (quants.glu.glu_rows:
     8 gate rows, then their 8 up rows) and out is f16 [M, N/2] = f16(silu(gate) * up), written
     by the kernel's epilogue (the f32 [M, N] never exists); silu with fast exp and division
     (swiglu.cuh swiglu1_fast; build_opts ("-DSB_GLU_EXACT",): the swiglu layer's rounding)."""

@@ -18,7 +18,6 @@ A cold kernel cache used to be compiled inside the first timed prefill (106 tok/
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -118,12 +117,10 @@ def prebuild(specs, arch: str, progress: bool = False, workers: int | None = Non
     if not todo:
         return Prep()
     t0 = time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from minfer.progress import bar as progress_bar
 
-        bar = tqdm(total=len(todo), desc=f"compiling {len(todo)} kernel{'s' * (len(todo) > 1)} for "
-                   f"{arch} (first run only)", unit="kernel", file=sys.stderr, leave=False, disable=None)
+    bar = progress_bar(progress, total=len(todo), unit="kernel", desc=f"compiling {len(todo)} "
+                       f"kernel{'s' * (len(todo) > 1)} for {arch} (first run only)")
     ex = ThreadPoolExecutor(max_workers=max(1, min(len(todo), workers or os.cpu_count() or 1)))
     try:
         for f in as_completed([ex.submit(compile_cubin, n, arch, o) for n, o in todo]):

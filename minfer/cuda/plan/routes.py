@@ -16,7 +16,6 @@ from __future__ import annotations
 import sys
 
 from minfer.cuda.plan.config import GemmChoice
-from minfer.cuda.plan.fusion import plan_fusion, plan_glu, plan_rope  # noqa: F401  (re-exported)
 from minfer.cuda.plan.paths import auto_tiers, choose_path, choose_tier, qname
 
 _LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")

@@ -122,7 +122,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
                  progress: bool, glu: frozenset[str] = frozenset()) -> DeviceWeights:
     """Upload every weight (see the module docstring); staging_bytes: plan["upload staging"].
     glu: fused gate|up groups (routes.plan_glu) whose rows go up interleaved per 16 (8 gate
-    rows, their 8 up rows: gemm.glu_rows) for the swiglu epilogue of the SB kernel (raw rows) or
+    rows, their 8 up rows: quants.glu.glu_rows) for the swiglu epilogue of the SB kernel (raw rows) or
     the f16 GEMM (dequantized rows); their members get no row views."""
     m, c = model, model.config
     staging = rt.alloc(max(staging_bytes, 1), "weight upload staging")
@@ -144,13 +144,10 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     emb_qtype = emb_t.qtype
     emb = da.to_device(rt, np.ascontiguousarray(emb_t.data).view(np.uint8).reshape(-1),
                        "quantized embedding table")
-    names = list(routes)
-    it = names
-    if progress:
-        from tqdm import tqdm
+    from minfer.progress import bar
 
-        it = tqdm(names, desc="upload+dequant", unit="tensor", leave=False)
-    for n in it:
+    names = list(routes)
+    for n in bar(progress, iterable=names, desc="upload+dequant", unit="tensor") or names:
         t = m.tensor(n)
         N, K = t.shape
         qtypes[n] = t.qtype
