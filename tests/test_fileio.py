@@ -266,3 +266,13 @@ def test_prompt_file_over_the_context_cap_refused(tmp_path, tiny):
                         str(big), "--greedy", "1", timeout=60)
     assert code == 2
     _one_error_line(err, f"{prompt_cap(256):,} bytes", "context")
+
+
+def test_every_progress_bar_goes_through_minfer_progress():
+    """Bars only on terminals, everywhere: no module builds a tqdm bar but minfer/progress.py
+    (a raw tqdm(...) once wrote \\r lines into redirected device logs from the GPU upload)."""
+    import re
+
+    raw = [str(p.relative_to(REPO)) for p in (REPO / "minfer").rglob("*.py")
+           if p.name != "progress.py" and re.search(r"\btqdm\(", p.read_text())]
+    assert raw == []
