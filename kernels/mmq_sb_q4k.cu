@@ -43,8 +43,8 @@
 #include "gemm_f16_common.cuh"
 #include "mmq_common.cuh"
 #include "mmq_sb_layout.cuh"
-#include "swiglu.cuh"
 #include "wgmma_common.cuh"
+#include "wgmma_int8.cuh"
 
 namespace {
 using gemm_f16::smem_u32;
@@ -78,30 +78,12 @@ static_assert(SbSmem::TT + (TBLK - TH0) <= SbSmem::STAGE && SbSmem::STAGE % 1024
 static_assert(SbSmem::X >= SbSmem::WT + (WBLK - WH0), "stage layout");
 static_assert(SbSmem::BYTES == 44 * 1024 * STAGES + 1024 + 16 * STAGES, "sb smem");
 
-// The 64 accumulator operands "+r"(d[0..63]) and their register list of an m64n128 wgmma
-// (igmma, hgmma_into)
-#define SB_D64 "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), \
-    "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), \
-    "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), \
-    "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), \
-    "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), \
-    "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), \
-    "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), \
-    "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), \
-    "+r"(d[55]), "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), \
-    "+r"(d[62]), "+r"(d[63])
-#define SB_R64 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-
 __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   // d = A B
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k32.s32.u8.u8 "
-        SB_R64
+        WG_R64
         "%64, %65, 0;\n"
-        : SB_D64
+        : WG_D64
         : "l"(a), "l"(b));
 }
 
@@ -111,9 +93,9 @@ __device__ __forceinline__ void igmma(int (&d)[64], uint64_t a, uint64_t b) {   
 __device__ __forceinline__ void hgmma_into(int (&d)[64], const uint32_t (&a)[4], uint64_t b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        SB_R64
+        WG_R64
         "{%64, %65, %66, %67}, %68, 0, 1, 1, 0;\n"
-        : SB_D64
+        : WG_D64
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
@@ -167,43 +149,6 @@ __device__ __forceinline__ void scale_dc(float (&z)[64], const float4* dc, int t
         const float4 v = dc[p * 4 + t];
 #pragma unroll
         for (int k = 8 * p; k < 8 * p + 8; ++k) z[k] *= token_factor(v, k);
-    }
-}
-
-// C[token][row] = (RED: +=) y: z[4i + j] is token m + 8i + (j & 1) (m: the tile's first token
-// + 2t) and row r + 8 (j >> 1) (r: the thread's first row); 32-byte runs of 8 rows per warp
-template <bool RED>
-__device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, int N, int m,
-                                        int r) {
-#pragma unroll
-    for (int k = 0; k < 64; ++k) {
-        const int tok = m + 8 * (k >> 2) + (k & 1), row = r + 8 * ((k >> 1) & 1);
-        if (tok < M && row < N) {
-            if (RED) atomicAdd(C + (size_t)tok * N + row, z[k]);
-            else C[(size_t)tok * N + row] = z[k];
-        }
-    }
-}
-
-// The swiglu epilogue (rows interleaved per 16: 8 gate rows, then their 8 up rows; mmq_sb_ref.
-// glu_rows): the thread's rows r and r + 8 are the gate and the up row of feature (r / 16) 8 +
-// r % 16, so H[token][feature] = f16(silu(g) u) from z[4i + j] (gate, j < 2) and z[4i + j + 2]
-// (up), no exchange; F = N / 2 features. silu with the fast intrinsics (swiglu.cuh
-// swiglu1_fast): the exact form's expf and division cost this GEMM 4-8%; -DSB_GLU_EXACT
-// builds the swiglu layer's rounding (the tests prove the row map bitwise with it).
-__device__ __forceinline__ void store_swiglu(const float (&z)[64], __half* H, int M, int F,
-                                             int m, int r) {
-    const int f = r / 16 * 8 + r % 16;
-#pragma unroll
-    for (int k = 0; k < 64; ++k) {
-        if ((k >> 1) & 1) continue;   // (the up values, read with their gate values)
-        const int tok = m + 8 * (k >> 2) + (k & 1);
-#ifdef SB_GLU_EXACT   // the swiglu layer's rounding (tests: the row map, bitwise)
-        const float y = swiglu1(z[k], z[k + 2]);
-#else
-        const float y = swiglu1_fast(z[k], z[k + 2]);
-#endif
-        if (tok < M && f < F) H[(size_t)tok * F + f] = __float2half_rn(y);
     }
 }
 
@@ -348,8 +293,6 @@ __device__ __forceinline__ void mmq_sb_body(const uint8_t* __restrict__ Tt,
 }
 
 }  // namespace
-#undef SB_D64
-#undef SB_R64
 
 extern "C" __global__ void __launch_bounds__(384, 1)
 mmq_sb_q4k(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C, int M,

@@ -1,0 +1,322 @@
+// mmq_blk.cu: the block-scaled int8 path. C[M, N] f32 = x[M, K] W[N, K]^T with both operands
+// rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8, the
+// activations with one f32 scale per (token, 128 of K), the weight with one per row; Hopper
+// wgmma m64n128k32 .s32.s8.s8, the int32 sums folded into f32 once per 128 of K (sm_90a only;
+// warp-specialized, persistent, stream-K).
+// minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
+// Why: an exact q4_K kernel folds every accumulator once per 32 of K (the sub-scale), which at
+// Hopper's int8 rate costs the whole issue width; here a fold is once per stage of 128 and one
+// FFMA per value (the row scale waits for the end):
+//   z[row][tok] += f32(S) * sa[tok],  S = sum_k qw qa over the stage (|S| < 2^21);  y = z sw[row]
+// Math and layouts: the numpy twins in minfer.quants.blk_ref (quantize_blk, blk_operand,
+// blk_weight_operand, blk_gemm). Token operand Tt: [KB][Mp/128] blocks of OP = 16896 B, one per
+// (128-K block, 128-token tile): the tile's image as the wgmma reads it (128 rows x 128 int8,
+// 128-byte swizzle), then the 128 tokens' f32 scales. Weight operand Wb: [KB][Np/128] images of
+// IMG = 16384 B, then the f32 row scales [Np] (with the rotation's 1/128).
+// Entries:
+//   blk_operand_f16 (x, ld, R, K, Rp, out): x f16 [R, K] (row stride ld) -> token operand;
+//       one warp per (token, block): the rotation (2 stages in registers, 5 by shuffles), amax,
+//       s = amax / 127, q = rint(x' / s); rows R..Rp-1 and k >= K are zeros.
+//   blk_weight_f16 (x, ld, N, K, Np, out): x f16 [N, K] -> weight operand, a warp per row (two
+//       passes: the row's amax, then the values).
+//   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
+//   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
+//       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_swiglu).
+// Block: 384 threads, 1 per SM; one producer thread bulk-copies a stage's two blocks into a
+// BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
+// and alternate two s32 accumulator buffers, so a stage's fold runs under the next stage's
+// wgmmas; stages go in straight-line groups of 8 (then 2, 1) with no wgmma in flight at a
+// branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=1 converts S by
+// the magic-number add (IADD + FADD) instead of I2F (A/B); -DBLK_STAGES=N the ring depth.
+#include <cuda_fp16.h>
+
+#include "gemm_f16_common.cuh"
+#include "wgmma_common.cuh"
+#include "wgmma_int8.cuh"
+
+namespace {
+using gemm_f16::smem_u32;
+
+constexpr int BM = 128, BN = 128, T = 256;   // tile (tokens, rows), consumer threads
+constexpr int IMG = 128 * 128, OP = IMG + 128 * 4;   // a block: image, scales
+static_assert(OP == 16896 && OP % 16 == 0, "operand block (blk_ref.BLK_OP)");
+#ifndef BLK_STAGES
+#define BLK_STAGES 6
+#endif
+#ifndef BLK_FOLD
+#define BLK_FOLD 0
+#endif
+constexpr int STAGES = BLK_STAGES;
+constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "register budget");
+
+// a stage: the weight block at W (image, then scales), the token block at X
+struct BlkSmem {
+    static constexpr int W = 0, X = 17 * 1024, STAGE = 34 * 1024;
+    static constexpr int BYTES = STAGES * STAGE + 1024 + 16 * STAGES;   // + alignment, mbarriers
+};
+static_assert(BlkSmem::BYTES <= 232448, "over the H200's opt-in shared memory");
+static_assert(BlkSmem::X >= IMG && BlkSmem::X + OP <= BlkSmem::STAGE && BlkSmem::X % 1024 == 0,
+              "stage layout");
+
+// d (+)= A B over one k32 step: A 64 weight rows, B 128 tokens, both s8 from shared memory
+template <int ACC>
+__device__ __forceinline__ void igmma_s8(int (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+        WG_R64
+        "%64, %65, p;\n}\n"
+        : WG_D64
+        : "l"(a), "l"(b), "n"(ACC));
+}
+
+// a stage's four k32 steps into d (the first one overwrites)
+__device__ __forceinline__ void stage_mma(int (&d)[64], uint32_t st, int cw) {
+    const uint64_t a = wgmma::sw128_desc(st + BlkSmem::W + cw * 64 * 128);
+    const uint64_t b = wgmma::sw128_desc(st + BlkSmem::X);
+    wgmma::fence();
+    igmma_s8<0>(d, a, b);
+#pragma unroll
+    for (int c = 1; c < 4; ++c) igmma_s8<1>(d, a + 2 * c, b + 2 * c);   // +32 B per k32 step
+    wgmma::commit();
+}
+
+__device__ __forceinline__ float s32_to_f32(int v) {
+#if BLK_FOLD == 1   // 2^23 + 2^22 + v has v in its mantissa for |v| < 2^22 (IADD + FADD)
+    return __int_as_float(v + 0x4B400000) - 12582912.f;
+#else
+    return __int2float_rn(v);
+#endif
+}
+
+// z[k] += f32(S[k]) sa(token) for the stage in shared memory at p (the thread's tokens
+// 16 q + 2t (+1), 16 q + 8 + 2t (+1) for q = 0..7), after the wgmma wait
+__device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t* p, int t) {
+    wgmma::fence_regs(d);
+    const float2* ts = reinterpret_cast<const float2*>(p + BlkSmem::X + IMG);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+        const float2 a0 = ts[8 * q + t], a1 = ts[8 * q + 4 + t];
+#pragma unroll
+        for (int k = 8 * q; k < 8 * q + 8; ++k) {
+            const float2 a = (k & 4) ? a1 : a0;
+            z[k] = fmaf(s32_to_f32(d[k]), (k & 1) ? a.y : a.x, z[k]);
+        }
+    }
+}
+
+// G stages straight-line from the block's running stage `it`: stage j into da (j even) or db,
+// folded while stage j + 1 runs; its slot released after the fold; none in flight at the end
+template <int G>
+__device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&db)[64],
+                                           uint32_t& it, uint32_t base, const uint8_t* sbase,
+                                           uint32_t bars, int cw, int t) {
+    using S = BlkSmem;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const uint32_t s = (it + j) % STAGES;
+        wgmma::mbar_wait(bars + 8 * s, ((it + j) / STAGES) & 1);
+        stage_mma(j & 1 ? db : da, base + s * S::STAGE, cw);
+        if (j > 0) {
+            const uint32_t sp = (it + j - 1) % STAGES;
+            wgmma::wait<1>();
+            fold(z, j & 1 ? da : db, sbase + sp * S::STAGE, t);
+            wgmma::mbar_arrive(bars + 8 * (STAGES + sp));
+        }
+    }
+    const uint32_t sl = (it + G - 1) % STAGES;
+    wgmma::wait<0>();
+    fold(z, (G - 1) & 1 ? db : da, sbase + sl * S::STAGE, t);
+    wgmma::mbar_arrive(bars + 8 * (STAGES + sl));
+    it += G;
+}
+
+// EPI: 0 C = (f32 [M, N]), 1 C += (reductions), 2 the swiglu epilogue (C is H f16 [M, N / 2])
+template <int EPI>
+__device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
+                                              const uint8_t* __restrict__ Wb, void* C, int M,
+                                              int N, int K, int dp, float4* ws, int* flags) {
+    using S = BlkSmem;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + 1023) & ~1023u;
+    const uint8_t* sbase = smem_raw + (base - raw);
+    const uint32_t bars = base + STAGES * S::STAGE;   // full[s] at 8s, empty[s] at 8(STAGES + s)
+    const int ntok = (M + BM - 1) / BM, nrow = (N + BN - 1) / BN, ntiles = ntok * nrow;
+    const int KB = (K + 127) / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            wgmma::mbar_init(bars + 8 * s, 1);
+            wgmma::mbar_init(bars + 8 * (STAGES + s), T);
+        }
+    }
+    __syncthreads();
+    wgmma::TileSched sched{ntiles, dp, KB, 0};
+    wgmma::Work w;
+    uint32_t it = 0;   // the block's running stage count: stage it lives in slot it % STAGES
+    if (threadIdx.x < 128) {   // producer: one thread issues every copy
+        wgmma::setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x != 0) return;
+        // (32-bit offsets: the launcher keeps both operands under 2^31 bytes)
+        const uint32_t wstep = nrow * IMG, tstep = ntok * OP;
+        while (true) {
+            asm volatile("" : "+r"(sched.ntiles));
+            if (!sched.next(w)) break;
+            uint32_t wo = w.tile / ntok * IMG + w.k0 * wstep;
+            uint32_t to = w.tile % ntok * OP + w.k0 * tstep;
+            for (int q = w.k0; q < w.k1; ++q, ++it, wo += wstep, to += tstep) {
+                const uint32_t slot = it % STAGES, st = base + slot * S::STAGE;
+                wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
+                wgmma::mbar_expect_tx(bars + 8 * slot, IMG + OP);
+                wgmma::bulk_copy(st + S::W, Wb + wo, IMG, bars + 8 * slot);
+                wgmma::bulk_copy(st + S::X, Tt + to, OP, bars + 8 * slot);
+            }
+        }
+        return;
+    }
+    wgmma::setmaxnreg_inc<CONSUMER_REGS>();
+    const int tid = threadIdx.x - 128, lane = tid & 31, warp = tid >> 5, cw = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const int rw = cw * 64 + (warp & 3) * 16 + g;   // the thread's first weight row of the tile
+    float z[64];
+    int da[64], db[64];
+    while (sched.next(w)) {
+#pragma unroll
+        for (int k = 0; k < 64; ++k) z[k] = 0.f;
+        int n = w.k1 - w.k0;
+        for (; n >= 8; n -= 8) run_stages<8>(z, da, db, it, base, sbase, bars, cw, t);
+        for (; n >= 2; n -= 2) run_stages<2>(z, da, db, it, base, sbase, bars, cw, t);
+        if (n) run_stages<1>(z, da, db, it, base, sbase, bars, cw, t);
+        // a stream-K tail publishes its values, a head adds its tail's; then the stores
+        if (w.k0 > 0) {
+            wgmma::sk_put<64, T, 128>(ws, flags, z);
+        } else {
+            if (w.k1 < KB) wgmma::sk_add<64, T, 128>(ws, flags, z);
+            const int m0 = (w.tile % ntok) * BM + 2 * t, r0 = (w.tile / ntok) * BN + rw;
+            // y = z sw (the row scales after the images: [KB][nrow] of them)
+            const float* sw = reinterpret_cast<const float*>(Wb + (size_t)KB * nrow * IMG);
+            const float w0 = sw[r0], w1 = sw[r0 + 8];
+#pragma unroll
+            for (int k = 0; k < 64; ++k) z[k] *= (k & 2) ? w1 : w0;
+            if constexpr (EPI == 2) store_swiglu(z, static_cast<__half*>(C), M, N / 2, m0, r0);
+            else store_t<EPI == 1>(z, static_cast<float*>(C), M, N, m0, r0);
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+mmq_blk(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C, int M, int N,
+        int K, int dp, float4* ws, int* flags) {
+    mmq_blk_body<0>(Tt, Wb, C, M, N, K, dp, ws, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+mmq_blk_acc(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C, int M,
+            int N, int K, int dp, float4* ws, int* flags) {
+    mmq_blk_body<1>(Tt, Wb, C, M, N, K, dp, ws, flags);
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+mmq_blk_swiglu(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, __half* H, int M,
+               int N, int K, int dp, float4* ws, int* flags) {
+    mmq_blk_body<2>(Tt, Wb, H, M, N, K, dp, ws, flags);
+}
+
+// ---- the operand prepass (weights at load, activations before each GEMM) ----
+namespace {
+// lane's 4 values k0..k0+3 of row `row` (zeros past K or for a padding row)
+__device__ __forceinline__ void load4(float (&v)[4], const __half* __restrict__ x, long long ld,
+                                      int R, int K, int row, int k0) {
+    v[0] = v[1] = v[2] = v[3] = 0.f;
+    if (row >= R) return;
+    const __half* src = x + row * ld + k0;
+    if (k0 + 3 < K && ((ld | k0) & 3) == 0) {
+        const uint2 u = *reinterpret_cast<const uint2*>(src);
+        const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+        const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+        v[0] = lo.x; v[1] = lo.y; v[2] = hi.x; v[3] = hi.y;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) v[j] = k0 + j < K ? __half2float(src[j]) : 0.f;
+    }
+}
+
+// the warp's 128 values (lane l holds 4l..4l+3) -> their Walsh-Hadamard transform, stage by
+// stage as blk_ref.fwht128: (a, b) at (i, i + h) -> (a + b, a - b); h = 1, 2 in registers,
+// h = 4 .. 64 across lanes; returns max |v| over the warp
+__device__ __forceinline__ float rotate128(float (&v)[4], int lane) {
+    float a;
+    a = v[0]; v[0] = a + v[1]; v[1] = a - v[1];
+    a = v[2]; v[2] = a + v[3]; v[3] = a - v[3];
+    a = v[0]; v[0] = a + v[2]; v[2] = a - v[2];
+    a = v[1]; v[1] = a + v[3]; v[3] = a - v[3];
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[j], m);
+            v[j] = (lane & m) ? o - v[j] : v[j] + o;
+        }
+    }
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    return amax;
+}
+
+// q = rint(v / s) in [-127, 127] (0 when s is 0), packed, into row r's swizzled image bytes
+__device__ __forceinline__ void store4(uint8_t* img, const float (&v)[4], float s, int r,
+                                       int lane) {
+    uint32_t packed = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int q = s > 0.f ? max(-127, min(127, __float2int_rn(v[j] / s))) : 0;
+        packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * j);
+    }
+    *reinterpret_cast<uint32_t*>(img + r * 128 + (((lane >> 2) ^ (r & 7)) << 4) + (lane & 3) * 4) =
+        packed;
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256)
+blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp,
+                uint8_t* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    const long long wid = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const int KB = (K + 127) / 128;
+    if (wid >= static_cast<long long>(Rp) * KB) return;
+    const int row = static_cast<int>(wid % Rp), kb = static_cast<int>(wid / Rp);
+    float v[4];
+    load4(v, x, ld, R, K, row, kb * 128 + 4 * lane);
+    const float s = rotate128(v, lane) / 127.f;
+    uint8_t* blk = out + (static_cast<size_t>(kb) * (Rp / 128) + row / 128) * OP;
+    store4(blk, v, s, row & 127, lane);
+    if (lane == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = s;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+blk_weight_f16(const __half* __restrict__ x, long long ld, int N, int K, int Np,
+               uint8_t* __restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    const int row = static_cast<int>((static_cast<long long>(blockIdx.x) * blockDim.x +
+                                      threadIdx.x) >> 5);
+    if (row >= Np) return;
+    const int KB = (K + 127) / 128;
+    float v[4], amax = 0.f;
+    for (int kb = 0; kb < KB; ++kb) {
+        load4(v, x, ld, N, K, row, kb * 128 + 4 * lane);
+        amax = fmaxf(amax, rotate128(v, lane));
+    }
+    const float s = amax / 127.f;
+    for (int kb = 0; kb < KB; ++kb) {
+        load4(v, x, ld, N, K, row, kb * 128 + 4 * lane);
+        rotate128(v, lane);
+        store4(out + (static_cast<size_t>(kb) * (Np / 128) + row / 128) * IMG, v, s, row & 127,
+               lane);
+    }
+    if (lane == 0) reinterpret_cast<float*>(out + static_cast<size_t>(KB) * Np * 128)[row] =
+        s * (1.f / 128.f);
+}

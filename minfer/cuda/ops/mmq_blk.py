@@ -1,0 +1,136 @@
+"""Launchers for the block-scaled int8 path (kernels/mmq_blk.cu; numpy twins in
+minfer.quants.blk_ref):
+
+    y[M, N] (f32) = blk(x)[M, K] @ blk(W)[N, K].T
+
+x and W are rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8,
+x with one f32 scale per (token, 128 of K), W with one per row (~1.0 B per weight on the GPU).
+`blk_weight` requantizes an f16 weight on the GPU at load, `blk_operand` the f16 activations
+before each GEMM (one warp per token and block), `mmq_blk_linear` runs the GEMM: wgmma s8,
+the int32 sums folded into f32 once per 128 of K, persistent with stream-K over 128-K stages
+(minfer.cuda.ops.stream_k). sm_90 only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.ops.stream_k import launch_persistent
+from minfer.errors import GPUError
+from minfer.quants.blk_ref import BLK_OP, blk_bytes, blk_weight_bytes, kblocks, pad128
+
+BM = BN = 128
+_OPTS = ("-arch=sm_90a",)
+
+
+def blk_smem(stages: int = 6) -> int:
+    """Dynamic smem of mmq_blk (BlkSmem::BYTES): `stages` slots of 34 KB (a weight image and a
+    token block), + 1 KB alignment and two mbarriers a slot."""
+    return stages * 34 * 1024 + 1024 + 16 * stages
+
+
+def _stages(build_opts: tuple) -> int:
+    for o in build_opts:
+        if o.startswith("-DBLK_STAGES="):
+            return int(o.split("=", 1)[1])
+    return 6
+
+
+def _check_f16(what: str, x):
+    da.check(what, x, (None, None), np.float16, align=16)
+    R, K = x.shape
+    if R <= 0 or K <= 0 or K % 8:
+        raise GPUError(f"{what}: need rows >= 1 and K a multiple of 8, got [{R}, {K}]")
+    return R, K
+
+
+@dataclass
+class BlkWeight(da.DeviceArrays):
+    """A weight [N, K] as mmq_blk's operand: wb uint8 [blk_weight_bytes(N, K)], the rotated
+    int8 images per (128-K block, 128-row tile), then the f32 row scales [Np]."""
+    wb: object
+    N: int
+    K: int
+
+
+@dataclass(frozen=True)
+class BlkTokens:
+    """mmq_blk's token operand of an activation [M, K]: tt uint8 [KB, Mp/128, BLK_OP]."""
+    tt: object
+    M: int
+    K: int
+
+
+def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
+    """f16 [N, K] on the device -> BlkWeight (blk_weight_f16, a warp per row)."""
+    N, K = _check_f16("blk_weight", w16)
+    nbytes = blk_weight_bytes(N, K)
+    if nbytes >= 2**31:
+        raise GPUError(f"blk_weight: [{N}, {K}] is too large for the kernel's 32-bit offsets")
+    wb = da.empty(rt, (nbytes,), np.uint8, f"blk int8 {what}")
+    Np = pad128(N)
+    rt.launch(rt.function("mmq_blk", "blk_weight_f16", _OPTS), ((Np * 32 + 255) // 256,), (256,),
+              (da.arg(w16), np.int64(K), np.int32(N), np.int32(K), np.int32(Np), da.arg(wb)))
+    return BlkWeight(wb, N, K)
+
+
+def blk_token_bytes(M: int, K: int) -> int:
+    return blk_bytes(M, K)
+
+
+def blk_operand(rt, x16, tt=None) -> BlkTokens:
+    """x f16 [M, K] -> BlkTokens (into tt, uint8 [KB, Mp/128, BLK_OP], if given)."""
+    M, K = _check_f16("blk_operand", x16)
+    shape = (kblocks(K), pad128(M) // 128, BLK_OP)
+    if blk_bytes(M, K) >= 2**31:
+        raise GPUError(f"blk_operand: [{M}, {K}] is too large for the kernels' 32-bit offsets")
+    tt = da.empty(rt, shape, np.uint8, "blk token operand") if tt is None else tt
+    da.check("blk_operand tt", tt, shape, np.uint8, align=16)
+    warps = pad128(M) * kblocks(K)
+    rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((warps + 7) // 8,), (256,),
+              (da.arg(x16), np.int64(K), np.int32(M), np.int32(K), np.int32(pad128(M)),
+               da.arg(tt)))
+    return BlkTokens(tt, M, K)
+
+
+def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate: bool = False,
+                   build_opts: tuple = (), stream_k: bool = True, sms: int | None = None,
+                   swiglu: bool = False) -> None:
+    """out f32 [M, N] (= or +=) blk(x) @ blk(W).T; x: BlkTokens or f16 [M, K] (its operand made
+    here). swiglu: W's rows interleaved per 16 (quants.glu.glu_rows) and out f16 [M, N/2] =
+    f16(silu(gate) * up) from the epilogue. stream_k: split the ragged last waves' tiles by k
+    (tuning variant no-stream-k); sms: at most this many SMs; build_opts: nvcc -D options
+    (-DBLK_FOLD=1, -DBLK_STAGES=N)."""
+    if not isinstance(w, BlkWeight) or (w.N, w.K) != (N, K):
+        raise GPUError(f"mmq_blk_linear: weight must be a BlkWeight of [{N}, {K}]")
+    if swiglu and (accumulate or N % 16):
+        raise GPUError(f"mmq_blk_linear: the swiglu epilogue needs N % 16 == 0 and C =, got "
+                       f"N={N}{' +=' if accumulate else ''}")
+    if M <= 0:
+        raise GPUError(f"mmq_blk_linear: need M >= 1, got M={M}")
+    if M * N >= 2**31 or blk_bytes(M, K) >= 2**31:
+        raise GPUError(f"mmq_blk_linear: [{M}, {N}, {K}] is too large for the kernel's 32-bit "
+                       "offsets")
+    da.check("mmq_blk_linear out", out, (M, N // 2) if swiglu else (M, N),
+             np.float16 if swiglu else np.float32)
+    if isinstance(x, BlkTokens):
+        if (x.M, x.K) != (M, K):
+            raise GPUError(f"mmq_blk_linear: a token operand of [{x.M}, {x.K}] for "
+                           f"[{M}, {N}, {K}]")
+        tt = x.tt
+    else:
+        da.check("mmq_blk_linear x", x, (M, K), np.float16)
+        tt = blk_operand(rt, x).tt
+    da.check("mmq_blk_linear tt", tt, (kblocks(K), pad128(M) // 128, BLK_OP), np.uint8, align=16)
+    tiles = -(-M // BM) * -(-N // BN)
+    entry = "mmq_blk" + ("_acc" if accumulate else "_swiglu" if swiglu else "")
+    launch_persistent(rt, entry, "mmq_blk", blk_smem(_stages(build_opts)), tiles, kblocks(K),
+                      (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
+                       np.int32(K)), build_opts, stream_k, sms, block=384)
+
+
+__all__ = ["BlkTokens", "BlkWeight", "blk_operand", "blk_smem", "blk_token_bytes",
+           "blk_weight", "blk_weight_bytes", "mmq_blk_linear"]

@@ -1,0 +1,178 @@
+"""The block-scaled int8 path ("blk"): numpy twins of its operands and its GEMM (kernels/mmq_blk.cu).
+
+    y[M, N] = x[M, K] @ W[N, K].T  ~=  sum_b  sa[:, b] sw[:, b]^T * (qa_b @ qw_b^T)
+
+Both operands are cut into blocks of 128 along K (the last one zero-padded), each block rotated
+by the unnormalized 128-point Walsh-Hadamard transform (7 butterfly stages: x' = x H, H H^T =
+128 I, so x'_b w'_b^T = 128 x_b w_b^T exactly in real arithmetic; zero padding keeps it exact),
+then quantized symmetric, round to nearest, to int8: s = max|x'| / 127, q = rint(x' / s), with
+one f32 scale per (token, block) for the activations and one per weight row (over all of K).
+The rotation spreads a block's outliers over its 128 values, so a shared per-128 scale keeps
+the small ones (QuaRot's argument); the weights, already on q4_K's far coarser grid, lose
+nothing measurable to a row scale (docs/perf.md's KL divergence), and a row scale leaves the
+kernel one FFMA per value and stage: z += f32(S) sa, y = z sw at the end (a per-(row, block)
+weight scale would add an FMUL to every fold, a quarter of the issue width). The weight's scale
+carries the rotation's 1/128.
+
+Token operand, one block per (128-K block, 128-token tile), `BLK_OP` bytes: the tile's image
+as the wgmma reads it (128 rows x 128 int8, 128-byte swizzle: the 16-byte chunk c of row r at
+r * 128 + (c ^ (r % 8)) * 16), then the 128 tokens' f32 scales; rows past the matrix are zero:
+[KB, Mp / 128, BLK_OP] (KB = ceil(K / 128), Mp: rows padded to 128). Weight operand: the
+images alone, [KB, Np / 128, BLK_IMG], then the f32 row scales [Np].
+
+The twins here and the kernels agree bit for bit on the operands (f32 butterflies in the same
+order, IEEE division, rint): tests/gpu compare the bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+BK = 128                      # K per block (and per kernel stage)
+BLK_IMG = 128 * BK            # a tile's image
+BLK_OP = BLK_IMG + 128 * 4    # + its rows' f32 scales
+W_SCALE = np.float32(1 / BK)  # the weight scale carries the rotation's 1/128
+
+
+def kblocks(K: int) -> int:
+    return -(-K // BK)
+
+
+def pad128(n: int) -> int:
+    return -(-n // 128) * 128
+
+
+def blk_bytes(R: int, K: int) -> int:
+    """Device bytes of an [R, K] token operand."""
+    return kblocks(K) * (pad128(R) // 128) * BLK_OP
+
+
+def blk_weight_bytes(N: int, K: int) -> int:
+    """Device bytes of an [N, K] weight operand (images, then the row scales)."""
+    return kblocks(K) * (pad128(N) // 128) * BLK_IMG + pad128(N) * 4
+
+
+def fwht128(x: np.ndarray) -> np.ndarray:
+    """The unnormalized Walsh-Hadamard transform of each 128 values along the last axis, in f32,
+    stage by stage (h = 1, 2, ..., 64: (a, b) at (i, i + h) -> (a + b, a - b)), as the kernels."""
+    y = np.asarray(x, np.float32).copy()
+    shape = y.shape
+    h = 1
+    while h < BK:
+        v = y.reshape(-1, BK // (2 * h), 2, h)
+        a, b = v[:, :, 0, :].copy(), v[:, :, 1, :].copy()
+        v[:, :, 0, :] = a + b
+        v[:, :, 1, :] = a - b
+        y = v.reshape(shape)
+        h *= 2
+    return y
+
+
+def _rotated(x: np.ndarray) -> np.ndarray:
+    """x [R, K] (its f16 values: the kernels read f16) -> f32 [R, KB, 128] rotated blocks."""
+    x = np.asarray(x, np.float16).astype(np.float32)
+    R, K = x.shape
+    xp = np.zeros((R, kblocks(K) * BK), np.float32)
+    xp[:, :K] = x
+    return fwht128(xp.reshape(R, kblocks(K), BK))
+
+
+def quantize_blk(x: np.ndarray, per_row: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """x [R, K] -> (q int8 [R, KB * 128], s f32): the rotated blocks' values and their scales,
+    s [R, KB] (activations), or per_row: s [R] over the whole row, times W_SCALE (weights)."""
+    y = _rotated(x)
+    R, KB = y.shape[:2]
+    amax = np.abs(y).max(axis=(1, 2) if per_row else -1)
+    s = amax / np.float32(127)
+    if per_row:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(s[:, None, None] > 0, np.rint(y / s[:, None, None]), 0)
+        q = np.clip(q, -127, 127).astype(np.int8).reshape(R, KB * BK)
+        return q, (s * W_SCALE).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(s[..., None] > 0, np.rint(y / s[..., None]), 0)
+    q = np.clip(q, -127, 127).astype(np.int8).reshape(R, KB * BK)
+    return q, s.astype(np.float32)
+
+
+def _swizzle(x: np.ndarray) -> np.ndarray:
+    """[..., 128 rows, 8 chunks, 16] -> position p holds chunk p ^ (r % 8) (an involution)."""
+    p = np.arange(8)[None, :] ^ (np.arange(128)[:, None] & 7)
+    idx = np.broadcast_to(p[..., None], (128, 8, 16))
+    return np.take_along_axis(x, np.broadcast_to(idx, x.shape), axis=-2)
+
+
+def _images(q: np.ndarray, Rp: int) -> np.ndarray:
+    """q int8 [R, KB*128] -> uint8 [KB, Rp/128, BLK_IMG], the tiles' swizzled images."""
+    R, KB = q.shape[0], q.shape[1] // BK
+    qp = np.zeros((Rp, KB * BK), np.int8)
+    qp[:R] = q
+    img = qp.view(np.uint8).reshape(Rp // 128, 128, KB, 8, 16).transpose(2, 0, 1, 3, 4)
+    return _swizzle(img).reshape(KB, Rp // 128, BLK_IMG)
+
+
+def blk_weight_operand(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """(q int8 [N, KB*128], s f32 [N]) -> uint8 [blk_weight_bytes]: images, then row scales."""
+    Np = pad128(q.shape[0])
+    sp = np.zeros(Np, np.float32)
+    sp[:q.shape[0]] = s
+    return np.concatenate([_images(q, Np).reshape(-1), sp.view(np.uint8)])
+
+
+def blk_operand(q: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """(q int8 [R, KB*128], s f32 [R, KB]) -> uint8 [KB, Rp/128, BLK_OP], the token blocks."""
+    R, KB = s.shape
+    Rp = pad128(R)
+    img = _images(q, Rp)
+    sp = np.zeros((Rp, KB), np.float32)
+    sp[:R] = s
+    tab = np.ascontiguousarray(sp.T.reshape(KB, Rp // 128, 128)).view(np.uint8)
+    return np.ascontiguousarray(np.concatenate([img, tab], axis=-1))
+
+
+def blk_unoperand(op: np.ndarray, R: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of blk_operand: -> (q int8 [R, KB*128], s f32 [R, KB])."""
+    KB, T = op.shape[:2]
+    img = np.asarray(op[..., :BLK_IMG], np.uint8).reshape(KB, T, 128, 8, 16)
+    q = _swizzle(img).transpose(1, 2, 0, 3, 4).reshape(T * 128, KB * BK)[:R].view(np.int8)
+    s = np.ascontiguousarray(op[..., BLK_IMG:]).view(np.float32).reshape(KB, T * 128).T[:R]
+    return q, np.ascontiguousarray(s)
+
+
+def blk_gemm(qa: np.ndarray, sa: np.ndarray, qw: np.ndarray, sw: np.ndarray) -> np.ndarray:
+    """The kernel's math in float64: (sum over blocks of sa_b * (qa_b @ qw_b^T), exact int
+    sums) * sw -> [M, N]; sa [M, KB], sw [N]."""
+    M, KB = sa.shape
+    y = np.zeros((M, sw.shape[0]), np.float64)
+    for b in range(KB):
+        S = qa[:, b * BK:(b + 1) * BK].astype(np.int64) @ qw[:, b * BK:(b + 1) * BK].astype(
+            np.int64).T
+        y += S.astype(np.float64) * sa[:, b, None].astype(np.float64)
+    return y * sw[None, :].astype(np.float64)
+
+
+def blk_linear_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The blk path's oracle: x [M, K] (its f16 values), w f32/f16 [N, K] (the dequantized
+    weight, f16 as the GPU holds it) -> float64 [M, N]."""
+    qa, sa = quantize_blk(x)
+    qw, sw = quantize_blk(w, per_row=True)
+    return blk_gemm(qa, sa, qw, sw)
+
+
+def blk_grid(x: np.ndarray, weight: bool = False) -> np.ndarray:
+    """x [R, K] -> f32 [R, K]: the values the blk path sees, rotated back (x_hat = q s H / 128;
+    weight: the row-scaled weight grid), so that x_hat @ w_hat.T equals blk_gemm up to f32
+    rounding: how the CPU reference emulates the path."""
+    x = np.asarray(x)
+    R, K = x.shape
+    q, s = quantize_blk(x, per_row=weight)
+    KB = kblocks(K)
+    s = s[:, None, None] / W_SCALE if weight else s[..., None]
+    y = q.reshape(R, KB, BK).astype(np.float32) * s
+    back = fwht128(y) / np.float32(BK)                 # H^T = H, H H = 128 I
+    return np.ascontiguousarray(back.reshape(R, KB * BK)[:, :K])
+
+
+__all__ = ["BK", "BLK_IMG", "BLK_OP", "W_SCALE", "kblocks", "pad128", "blk_bytes",
+           "blk_weight_bytes", "fwht128", "quantize_blk", "blk_operand", "blk_weight_operand",
+           "blk_unoperand", "blk_gemm", "blk_linear_ref", "blk_grid"]

@@ -1,0 +1,90 @@
+"""The block-scaled int8 path on the device (sm_90 only; skips elsewhere): the token and weight
+operands bit-identical to their numpy twins (minfer.quants.blk_ref), the GEMM's parity against
+its float64 twin on ragged M, N, K (= and +=, the swiglu epilogue, whole tiles and stream-K,
+both fold builds, a bitwise second launch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _x(rng, M, K):
+    x = (rng.standard_normal((M, K)) * 2).astype(np.float16)
+    x[:, 3 % K] *= 40                       # an outlier channel
+    if M > 2:
+        x[1] = 0                            # an all-zero row: scale 0
+    return x
+
+
+@pytest.mark.parametrize("M,K", [(1, 128), (77, 576), (130, 1000), (300, 4096)])
+def test_blk_operands_bitwise(hopper, same_bytes, M, K):
+    from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight
+    from minfer.cuda.runtime import devarray as da
+    from minfer.quants.blk_ref import blk_operand as op_ref, blk_weight_operand, quantize_blk
+
+    rt = hopper
+    rng = np.random.default_rng(M + K)
+    x = _x(rng, M, K)
+    got = blk_operand(rt, da.to_device(rt, x))
+    assert same_bytes(got.tt, op_ref(*quantize_blk(x)))
+    w = (rng.standard_normal((M, K)) * 0.05).astype(np.float16)
+    gw = blk_weight(rt, da.to_device(rt, w))
+    assert same_bytes(gw.wb, blk_weight_operand(*quantize_blk(w, per_row=True)))
+
+
+@pytest.mark.parametrize("M,N,K,sms,opts", [
+    (77, 333, 576, None, ()), (1, 16, 128, None, ()), (129, 200, 1000, 3, ()),
+    (300, 1024, 4096, 5, ()), (512, 640, 2048, 7, ("-DBLK_FOLD=1",)),
+    (65, 129, 768, 2, ("-DBLK_FOLD=1",)), (256, 512, 4096, None, ("-DBLK_STAGES=4",))])
+def test_blk_parity(hopper, M, N, K, sms, opts):
+    from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
+    from minfer.cuda.runtime import devarray as da
+    from minfer.quants.blk_ref import blk_gemm, quantize_blk
+
+    rt = hopper
+    rng = np.random.default_rng(M + N + K)
+    x = _x(rng, M, K)
+    w = (rng.standard_normal((N, K)) * 0.05).astype(np.float16)
+    ref = blk_gemm(*quantize_blk(x), *quantize_blk(w, per_row=True))
+    wb = blk_weight(rt, da.to_device(rt, w))
+    tt = blk_operand(rt, da.to_device(rt, x))
+    outs = []
+    for _ in range(2):
+        out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
+        mmq_blk_linear(rt, tt, wb, M, N, K, out, sms=sms, build_opts=opts)
+        outs.append(out.get())
+    assert np.isfinite(outs[0]).all() and np.array_equal(outs[0], outs[1])
+    assert np.linalg.norm(outs[0] - ref) / np.linalg.norm(ref) < 1e-5
+    assert np.abs(outs[0] - ref).max() / np.abs(ref).max() < 1e-4
+    base = rng.standard_normal((M, N)).astype(np.float32)
+    acc = da.to_device(rt, base)
+    mmq_blk_linear(rt, tt, wb, M, N, K, acc, accumulate=True, sms=sms, build_opts=opts)
+    assert np.linalg.norm(acc.get() - base - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.parametrize("M,F,K,sms", [(77, 256, 576, None), (200, 512, 1024, 3)])
+def test_blk_swiglu(hopper, M, F, K, sms):
+    """The swiglu epilogue (gate|up rows interleaved per 16) against the plain product's swiglu."""
+    from minfer.cuda.ops.mmq_blk import blk_weight, mmq_blk_linear
+    from minfer.cuda.runtime import devarray as da
+    from minfer.quants.blk_ref import blk_gemm, quantize_blk
+    from minfer.quants.glu import glu_rows
+
+    rt = hopper
+    rng = np.random.default_rng(F + K)
+    x = _x(rng, M, K)
+    w = (rng.standard_normal((2 * F, K)) * 0.05).astype(np.float16)[glu_rows(F)]
+    y = blk_gemm(*quantize_blk(x), *quantize_blk(w, per_row=True))
+    inv = np.argsort(glu_rows(F))
+    y = y[:, inv]
+    g, u = y[:, :F], y[:, F:]
+    ref = g / (1 + np.exp(-g)) * u
+    out = da.to_device(rt, np.full((M, F), np.nan, np.float16))
+    mmq_blk_linear(rt, da.to_device(rt, x), blk_weight(rt, da.to_device(rt, w)), M, 2 * F, K,
+                   out, swiglu=True, sms=sms)
+    got = out.get().astype(np.float64)
+    assert np.isfinite(got).all()
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
