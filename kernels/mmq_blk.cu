@@ -26,8 +26,8 @@
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
 // and alternate two s32 accumulator buffers, so a stage's fold runs under the next stage's
 // wgmmas; stages go in straight-line groups of 8 (then 2, 1) with no wgmma in flight at a
-// branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=1 converts S by
-// the magic-number add (IADD + FADD) instead of I2F (A/B); -DBLK_STAGES=N the ring depth.
+// branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=0 converts S by
+// I2F instead of the magic-number add (A/B); -DBLK_STAGES=N the ring depth.
 #include <cuda_fp16.h>
 
 #include "gemm_f16_common.cuh"
@@ -43,8 +43,8 @@ static_assert(OP == 16896 && OP % 16 == 0, "operand block (blk_ref.BLK_OP)");
 #ifndef BLK_STAGES
 #define BLK_STAGES 6
 #endif
-#ifndef BLK_FOLD
-#define BLK_FOLD 0
+#ifndef BLK_FOLD   // 1: magic-number add (IADD + FADD, no spills); 0: I2F (spills 32 B)
+#define BLK_FOLD 1
 #endif
 constexpr int STAGES = BLK_STAGES;
 constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
@@ -83,7 +83,7 @@ __device__ __forceinline__ void stage_mma(int (&d)[64], uint32_t st, int cw) {
 }
 
 __device__ __forceinline__ float s32_to_f32(int v) {
-#if BLK_FOLD == 1   // 2^23 + 2^22 + v has v in its mantissa for |v| < 2^22 (IADD + FADD)
+#if BLK_FOLD == 1   // 2^23 + 2^22 + v holds v in its mantissa for |v| < 2^22 (IADD + FADD)
     return __int_as_float(v + 0x4B400000) - 12582912.f;
 #else
     return __int2float_rn(v);

@@ -13,7 +13,7 @@ SHAPE = (512, 4096, 4096)
 
 
 def test_table_records():
-    assert list(TABLE) == ["f16", "sb", "wide-kd4", "wide-kd8", "narrow", "r1"]
+    assert list(TABLE) == ["f16", "sb", "blk", "wide-kd4", "wide-kd8", "narrow", "r1"]
     for p in TABLE.values():
         prepare, launch, twin = p.ops()   # every record resolves to the one calling convention
         assert callable(prepare) and callable(launch) and callable(twin)
@@ -22,6 +22,7 @@ def test_table_records():
     assert TABLE["wide-kd4"].weight_bytes(12) == 0.5625
     assert TABLE["wide-kd8"].weight_bytes(14) == 210 / 256
     assert TABLE["sb"].weight_bytes(12) == pytest.approx(1.28, abs=0.01)
+    assert TABLE["blk"].weight_bytes(8) == TABLE["blk"].weight_bytes(14) == 1.0
     # the seeds' kernels stay in the table by name
     assert {TABLE[n].kernel for n in ("r1", "narrow", "wide-kd4", "wide-kd8")} == {
         "mmq_nt_kernel", "mmq_raw_nt_kernel", "mmq_raw_wide_nt_kernel"}
@@ -38,6 +39,14 @@ def test_choose_path_explicit():
     r = choose_path(12, "sm_90", (512, 576, 576), "narrow")
     assert r.path.name == "f16" and "K=576 not a multiple of 256" == r.why
     assert choose_path(12, "sm_90", SHAPE, "sb").path.name == "sb"
+    # blk: any type, sm_90; the LM head at M = 1 keeps f16's GEMV
+    for q in (8, 12, 14, 3):
+        assert choose_path(q, "sm_90", SHAPE, "blk").path.name == "blk"
+    r = choose_path(12, "sm_80", SHAPE, "blk")
+    assert r.path.name == "f16" and "sm_90" in r.why
+    r = choose_path(12, "sm_90", (1, 4096, 4096), "blk")
+    assert r.path.name == "f16" and "GEMV" in r.why
+    assert choose_path(12, "sm_90", (512, 576, 576), "blk").path.name == "blk"
     r = choose_path(12, "sm_80", SHAPE, "sb")             # SB is sm_90 only
     assert r.path.name == "f16" and "sm_90" in r.why
     r = choose_path(14, "sm_90", SHAPE, "sb")             # its q6_K kernel is retired

@@ -12,8 +12,10 @@ from minfer.cuda.plan.paths import TABLE
 from quant_data import rand_weights
 
 # relative error of each activation grid against the exact product (q8_1: 1/254 of a 32-value
-# block's amax per value; q8s: per 256 values; f16: 2^-11)
-GRID_TOL = {"none": 2e-3, "q8_1": 2e-2, "sb-operand": 3e-2}
+# block's amax per value; q8s: per 256 values; f16: 2^-11; blk: the rotated int8 per 128 values
+# and the weight's int8 row grid, coarse on these random blocks whose scales vary 100x along a
+# row: 0.8% of the weight on the default model's real rows, against q4_1's own ~10%)
+GRID_TOL = {"none": 2e-3, "q8_1": 2e-2, "sb-operand": 3e-2, "blk-operand": 4e-2}
 
 
 @pytest.mark.parametrize("path", list(TABLE))

@@ -160,7 +160,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
     from minfer.reference.forward import ReferenceBackend
 
     ids = prompt_ids(model, prompt, echo)
-    refs = {((), ()): engine.run(ReferenceBackend(model), ids, n_greedy, 512)}
+    refs = {((), (), ()): engine.run(ReferenceBackend(model), ids, n_greedy, 512)}
     gc.collect()
     rows = []
     max_tokens = max(64, len(ids) + n_greedy)
@@ -180,13 +180,15 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
             grid = {n: TABLE[r].activation for n, (r, _) in be.routes.items()}
             q8 = tuple(sorted(n for n, a in grid.items() if a == "q8_1"))
             q8s = tuple(sorted(n for n, a in grid.items() if a == "sb-operand"))
-            if (q8, q8s) not in refs:
-                refs[(q8, q8s)] = engine.run(ReferenceBackend(
-                    model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s)), ids, n_greedy,
-                    512)
-            v, diff = identity_verdict(refs[(q8, q8s)], res)
-            ref_name = ("cpu" if not q8 + q8s else
-                        f"cpu+q8_1 ({len(q8)} inputs)" + (f"+q8s ({len(q8s)})" if q8s else ""))
+            blk = tuple(sorted(n for n, a in grid.items() if a == "blk-operand"))
+            if (q8, q8s, blk) not in refs:
+                refs[(q8, q8s, blk)] = engine.run(ReferenceBackend(
+                    model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s),
+                    blk_inputs=frozenset(blk)), ids, n_greedy, 512)
+            v, diff = identity_verdict(refs[(q8, q8s, blk)], res)
+            ref_name = ("cpu" if not q8 + q8s + blk else
+                        f"cpu+q8_1 ({len(q8)} inputs)" + (f"+q8s ({len(q8s)})" if q8s else "")
+                        if not blk else f"cpu+blk ({len(blk)} weights)")
             rows.append((path, v.exact, v.n, diff, v.tau, f"vs {ref_name}: {v.describe()}", v.ok))
         del be
         gc.collect()  # free this backend's device memory before the next one

@@ -136,7 +136,7 @@ class CudaBackend:
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
         self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
                                                 plan["q8_1 scratch"], plan["SB operand scratch"],
-                                                self._glu_all())
+                                                self._glu_all(), plan["blk operand scratch"])
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}
         for g in sorted(plan_rope(model, self.gcfg, self.routes, self.fused)):

@@ -26,6 +26,9 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   block (quantize_q8_1_raw, then dequantized), exactly the operand the MMQ kernels see. `minfer
   check` compares each MMQ path with a reference that rounds the same weights' inputs, so the
   gate's tau measures the kernels, not the (intended) q8_1 grid.
+- blk_inputs: names of weights on the block path: the weight requantized and the activation
+  rounded through its rotated int8 grids (minfer.quants.blk_ref.blk_grid), what `minfer check`
+  and the KL-divergence emulation compare it with.
 - q8s_inputs: the same through the per-256 q8s grid of the SB MMQ kernel
   (minfer.quants.mmq_sb_ref.quantize_q8s).
 Both off and dtype=float64 is the oracle mode.
@@ -107,7 +110,8 @@ class ReferenceBackend:
 
     def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
                  max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset(),
-                 q8s_inputs: frozenset[str] = frozenset()):
+                 q8s_inputs: frozenset[str] = frozenset(),
+                 blk_inputs: frozenset[str] = frozenset()):
         self.model = model
         self.cfg = model.config
         self.dtype = np.dtype(dtype)
@@ -117,6 +121,7 @@ class ReferenceBackend:
         self.act_quant = act_quant
         self.q8_1_inputs = frozenset(q8_1_inputs)
         self.q8s_inputs = frozenset(q8s_inputs)
+        self.blk_inputs = frozenset(blk_inputs)
         self.name = "cpu" if self.dtype == np.float32 else "cpu-f64"
         self._w: dict[str, np.ndarray] = {}
         self._k: list[np.ndarray] = []
@@ -130,7 +135,12 @@ class ReferenceBackend:
         w = self._w.get(name)
         if w is None:
             try:
-                w = self.model.dequant(name).astype(self.dtype, copy=False)
+                w = self.model.dequant(name)
+                if name in self.blk_inputs:   # the block path's requantized weight grid
+                    from minfer.quants.blk_ref import blk_grid
+
+                    w = blk_grid(w.reshape(w.shape[0], -1), weight=True)
+                w = w.astype(self.dtype, copy=False)
             except MemoryError:
                 from minfer.hostmem import out_of_memory
 
@@ -184,6 +194,11 @@ class ReferenceBackend:
             from minfer.quants.mmq_sb_ref import q8s_grid
 
             x = q8s_grid(x.astype(np.float32)).astype(self.dtype, copy=False)
+        elif name in self.blk_inputs:  # the block path's grid: rotated int8 per 128 values
+            from minfer.quants.blk_ref import blk_grid
+
+            x = blk_grid(x.reshape(-1, x.shape[-1])).reshape(x.shape).astype(self.dtype,
+                                                                                 copy=False)
         y = x @ self.weight(name).T
         bias = name[: -len(".weight")] + ".bias"
         if bias in self.model.tensors:

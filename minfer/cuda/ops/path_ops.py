@@ -79,3 +79,33 @@ def twin_sb(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
     from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
 
     return mmq_sb_linear_ref(x, w_raw, M, N, K, qtype)
+
+
+def prepare_blk(rt, w_raw, qtype: int, N: int, K: int):
+    from minfer.cuda.ops.mmq_blk import blk_weight
+
+    w16 = prepare_f16(rt, w_raw, qtype, N, K)
+    w = blk_weight(rt, w16)
+    rt.synchronize()
+    w16.gpudata.free()
+    return w
+
+
+def launch_blk(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
+               accumulate: bool = False) -> None:
+    from minfer.cuda.ops.layers import to_f16
+    from minfer.cuda.ops.mmq_blk import mmq_blk_linear
+
+    if x.dtype != np.float16:
+        x16 = da.empty(rt, (M, K), np.float16, "f16 activations")
+        to_f16(rt, x16, x)
+        x = x16
+    mmq_blk_linear(rt, x, w, M, N, K, out, accumulate)
+
+
+def twin_blk(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
+    from minfer.cuda.ops.dequant import dequant_f16_ref
+    from minfer.quants.blk_ref import blk_linear_ref
+
+    return blk_linear_ref(np.asarray(x, np.float32).reshape(M, K),
+                          dequant_f16_ref(w_raw, qtype, N, K))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minfer.cuda.plan.config import GemmChoice  # noqa: F401  (annotations)
-from minfer.cuda.plan.paths import Q4_K
+from minfer.cuda.plan.paths import Q4_K, TABLE, VIA_F16
 
 
 def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[str, int, int]]:
@@ -39,7 +39,8 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
             paths = {routes[n][0] for n in names}
             if len(paths) != 1:
                 continue
-            if paths != {"f16"} and len({model.tensor(n).qtype for n in names}) != 1:
+            if (TABLE[next(iter(paths))].weight not in VIA_F16
+                    and len({model.tensor(n).qtype for n in names}) != 1):
                 continue
             shapes = [model.tensor(n).shape for n in names]
             if len({k for _, k in shapes}) != 1:
@@ -54,8 +55,9 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
 def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
              fused: dict[str, tuple[str, int, int]]) -> set[str]:
     """The fused gate|up group names whose GEMM writes the swiglu from its epilogue (their
-    rows interleaved per 16 at load, glu_rows): q4_K on the SB kernel (mmq_sb_linear) or on the
-    f16 path (gemm_f16_nt's glu mode), unless the tuning variant no-glu; d_ff % 8 == 0."""
+    rows interleaved per 16 at load, glu_rows): q4_K on the SB kernel (mmq_sb_linear), any
+    type on the block path (mmq_blk_linear) or on the f16 path (gemm_f16_nt's glu mode),
+    unless the tuning variant no-glu; d_ff % 8 == 0."""
     out = set()
     if not choice.on("glu"):
         return out
@@ -66,7 +68,7 @@ def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
         if gate not in fused:
             continue
         path = routes[gate][0]
-        if path == "f16" or (path == "sb" and int(model.tensor(gate).qtype) == Q4_K):
+        if path in ("f16", "blk") or (path == "sb" and int(model.tensor(gate).qtype) == Q4_K):
             out.add(fused[gate][0])
     return out
 

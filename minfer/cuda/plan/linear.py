@@ -3,7 +3,8 @@
 so the forward (minfer.cuda.backend) never branches on path names.
 
 - `route.activation`: the input form its kernel reads ("none": the f16 activation; "q8_1": q8_1
-  raw blocks; "sb-operand": the SB token operand). `prepass(rt, kind, A, scratch)` makes one
+  raw blocks; "sb-operand": the SB token operand; "blk-operand": the block path's rotated int8
+  token operand). `prepass(rt, kind, A, scratch)` makes one
   form from an f16 activation (`PREPASS`); `norm_prepass` / `swiglu_prepass` make it from the
   rmsnorm / swiglu launch itself where that form has such a launch (`NORM_PREPASS`,
   `SWIGLU_PREPASS`), one activation feeding every route that reads the form.
@@ -22,7 +23,7 @@ from minfer.cuda.plan.paths import Q4_K, TABLE
 from minfer.errors import Unsupported
 
 # the buffer of DeviceBuffers each activation form lives in
-SCRATCH = {"q8_1": "q8", "sb-operand": "sbop"}
+SCRATCH = {"q8_1": "q8", "sb-operand": "sbop", "blk-operand": "blkop"}
 
 
 def _prepass_q8_1(rt, A, buf):
@@ -64,7 +65,18 @@ def _swiglu_sb(rt, g, u, buf, M: int, F: int):
     return sb_operand_swiglu(rt, g, u, tt)
 
 
-PREPASS = {"q8_1": _prepass_q8_1, "sb-operand": _prepass_sb}
+def _prepass_blk(rt, A, buf):
+    from minfer.cuda.ops.mmq_blk import blk_operand
+    from minfer.quants.blk_ref import BLK_OP, kblocks, pad128
+
+    M, K = A.shape
+    shape = (kblocks(K), pad128(M) // 128, BLK_OP)
+    tt = da.reshape(da.rows(buf, 0, int(np.prod(shape))), shape)
+    da.poison(rt, tt)
+    return blk_operand(rt, A, tt)
+
+
+PREPASS = {"q8_1": _prepass_q8_1, "sb-operand": _prepass_sb, "blk-operand": _prepass_blk}
 NORM_PREPASS = {"sb-operand": _norm_sb}
 SWIGLU_PREPASS = {"sb-operand": _swiglu_sb}
 
@@ -161,7 +173,34 @@ class SbRoute(LinearRoute):
                       swiglu=True)
 
 
-ROUTES = {"dequant-f16": F16Route, "raw": RawInt8Route, "repack-sb": SbRoute}
+class BlkRoute(LinearRoute):
+    """The block-scaled int8 kernel on the requantized weight (BlkWeight), the blk token
+    operand; stream-K unless the tuning variant no-stream-k; the swiglu epilogue."""
+    activation = "blk-operand"
+    glu = True
+
+    def run(self, be, C, x, w, mode: str) -> None:
+        from minfer.cuda.ops.mmq_blk import mmq_blk_linear
+
+        if mode == "f16":
+            raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
+        M, N = C.shape
+        if mode != "acc":
+            da.poison(be.rt, C)
+        mmq_blk_linear(be.rt, x, w, M, N, x.K, C, mode == "acc",
+                       stream_k=self.choice.on("stream-k"))
+
+    def run_glu(self, be, C, x, w) -> None:
+        from minfer.cuda.ops.mmq_blk import mmq_blk_linear
+
+        M, F = C.shape
+        da.poison(be.rt, C)
+        mmq_blk_linear(be.rt, x, w, M, 2 * F, x.K, C, stream_k=self.choice.on("stream-k"),
+                       swiglu=True)
+
+
+ROUTES = {"dequant-f16": F16Route, "raw": RawInt8Route, "repack-sb": SbRoute,
+          "requant-blk": BlkRoute}
 
 
 def make_route(path_name: str, qtype: int, choice) -> LinearRoute:

@@ -28,6 +28,12 @@ def _wide_smem(kd: int) -> Callable[[int], int]:
     return smem
 
 
+def _blk_smem(qtype: int) -> int:
+    from minfer.cuda.ops.mmq_blk import blk_smem
+
+    return blk_smem()
+
+
 def _sb_smem(qtype: int) -> int:
     from minfer.cuda.ops.mmq_sb import sb_smem
 
@@ -41,8 +47,8 @@ class GemmPath:
     qtypes: frozenset | None           # GGUF types it takes; None: every type dequant takes
     archs: frozenset | None            # None: any sm_80+ GPU
     k_multiple: int                    # K must be a multiple of this
-    weight: str                        # "dequant-f16" | "raw" | "repack-sb"
-    activation: str                    # "none" | "q8_1" | "sb-operand"
+    weight: str                        # "dequant-f16" | "raw" | "repack-sb" | "requant-blk"
+    activation: str                    # "none" | "q8_1" | "sb-operand" | "blk-operand"
     bytes_per_weight: Mapping          # qtype -> device bytes per weight (None: any type)
     prepare: str                       # "module:function": raw device rows -> its weight
     launch: str                        # "module:function" of the launcher
@@ -50,6 +56,7 @@ class GemmPath:
     variants: tuple = ()               # features a tuning variant may turn off (bench --ab)
     kd: int = 0                        # wide kernels' staging depth
     smem: Callable | None = None       # qtype -> dynamic shared memory (the smem guard)
+    gemv_f16: bool = False             # an M = 1 GEMM (the LM head) runs f16's GEMV instead
 
     @property
     def int8(self) -> bool:
@@ -102,12 +109,19 @@ TABLE: dict[str, GemmPath] = {p.name: p for p in (
              "sb-operand", {Q4_K: 41984 / (128 * 256)}, _OPS + "prepare_sb", _OPS + "launch_sb",
              _OPS + "twin_sb",
              variants=("glu", "stream-k", "fused-prepass"), smem=_sb_smem),
+    # any type: dequantized, Hadamard-rotated and requantized to int8 at load (one byte per
+    # weight + a row scale); activations int8 per (token, 128 of K)
+    GemmPath("blk", "mmq_blk", None, frozenset({"sm_90"}), 32, "requant-blk", "blk-operand",
+             {None: 1.0}, _OPS + "prepare_blk", _OPS + "launch_blk", _OPS + "twin_blk",
+             variants=("glu", "stream-k"), smem=_blk_smem, gemv_f16=True),
     GemmPath("wide-kd4", "mmq_raw_wide_nt_kernel", **_INT8, kd=4, smem=_wide_smem(4)),
     GemmPath("wide-kd8", "mmq_raw_wide_nt_kernel", **_INT8, kd=8, smem=_wide_smem(8)),
     GemmPath("narrow", "mmq_raw_nt_kernel", **_INT8),
     GemmPath("r1", "mmq_nt_kernel", **_INT8),
 )}
 F16, SB, NARROW = TABLE["f16"], TABLE["sb"], TABLE["narrow"]
+# weight preparations that dequantize to f16 at load (so any types fuse: rows of one f16 group)
+VIA_F16 = ("dequant-f16", "requant-blk")
 INT8_PATHS = tuple(p for p in TABLE.values() if p.int8)
 # what `auto` runs in each memory tier, most bytes first (choose_tier)
 TIERS = {"f16": "f16", "sb": "sb", "int8": "wide-kd4"}
@@ -165,6 +179,8 @@ def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "au
         return Route(F16, why)
     if alone:
         return Route(F16, "attn_v alone: faster on f16")
+    if p.gemv_f16 and M == 1:
+        return Route(F16, "M = 1: the f16 GEMV")
     if smem_optin is not None and p.smem is not None and p.smem(qtype) > smem_optin:
         need = p.smem(qtype)
         if p.kd:

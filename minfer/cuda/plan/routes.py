@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from minfer.cuda.plan.config import GemmChoice
-from minfer.cuda.plan.paths import auto_tiers, choose_path, choose_tier, qname
+from minfer.cuda.plan.paths import TABLE, VIA_F16, auto_tiers, choose_path, choose_tier, qname
 
 _LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _WARNED: set = set()
@@ -74,9 +74,10 @@ def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 
     if not model.config.qkv_bias:
         for i in range(model.config.n_layers):
             q, k, v = (f"blk.{i}.attn_{x}.weight" for x in "qkv")
+            same_type = (TABLE[routes[v][0]].weight in VIA_F16 or
+                         model.tensor(q).qtype == model.tensor(k).qtype == model.tensor(v).qtype)
             if routes[v][0] != "f16" and not (
-                    routes[q][0] == routes[k][0] == routes[v][0]
-                    and model.tensor(q).qtype == model.tensor(k).qtype == model.tensor(v).qtype):
+                    routes[q][0] == routes[k][0] == routes[v][0] and same_type):
                 routes[v] = route(v, alone=True)
     return routes
 

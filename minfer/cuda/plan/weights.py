@@ -26,7 +26,7 @@ import numpy as np
 
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops import layers as L
-from minfer.cuda.plan.paths import TABLE
+from minfer.cuda.plan.paths import TABLE, VIA_F16
 from minfer.errors import GPUError
 
 
@@ -55,6 +55,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     from minfer.cuda.ops.mmq_sb import sb_split_bytes, sb_weight_bytes
     from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
     from minfer.cuda.plan.fusion import plan_fusion
+    from minfer.quants.blk_ref import blk_bytes, blk_weight_bytes
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
     f16_w = 0
@@ -63,6 +64,8 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     q8_k = 0
     sb_k = 0                         # largest K of the SB routes (their operand scratch)
     sb_groups: dict[str, int] = {}   # SB weight or fused group -> raw bytes (repack staging)
+    blk_k = 0                        # largest K of the blk routes (their operand scratch)
+    blk_groups: dict[str, list] = {}  # blk weight or fused group -> [rows, K]
     for n, (path, _) in routes.items():
         t = m.tensor(n)
         N, K = (int(s) for s in t.shape)
@@ -70,6 +73,11 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
         if prep == "dequant-f16":
             f16_w += N * K * 2
             raw_max = max(raw_max, int(t.data.nbytes))
+        elif prep == "requant-blk":   # ~1 B/weight; f16 (a group at a time) while requantizing
+            blk_k = max(blk_k, K)
+            raw_max = max(raw_max, int(t.data.nbytes))
+            g = fused[n][0] if n in fused else n
+            blk_groups.setdefault(g, [0, K])[0] += N
         elif prep == "repack-sb":   # repacked (1.28 B/weight); raw while repacking
             sb_k = max(sb_k, K)
             mmq_w += sb_weight_bytes(N, K)
@@ -79,6 +87,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
             q8_k = max(q8_k, K)
             if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
                 mmq_w += int(t.data.nbytes)
+    mmq_w += sum(blk_weight_bytes(N, K) for N, K in blk_groups.values())
     emb = int(m.tensor("token_embd.weight").data.nbytes)
     kv = 2 * c.n_layers * max_tokens * c.n_kv_heads * c.head_dim * 2
     T = ubatch
@@ -90,7 +99,9 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
             "SB operand scratch": sb_split_bytes(T, sb_k) if sb_k else 0,
             "upload staging": raw_max, "MMQ repack staging": max(sb_groups.values(), default=0),
-            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if sb_k else 0}
+            "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
+            "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
+            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if sb_k or blk_k else 0}
 
 
 def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:
@@ -133,7 +144,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         groups.setdefault(g, [0, K, n])[0] = max(groups.get(g, [0, K, n])[0], r0 + rows)
     qtypes: dict[str, int] = {}
     for g, (rows, K, n) in groups.items():
-        if TABLE[routes[n][0]].weight == "dequant-f16":
+        if TABLE[routes[n][0]].weight in VIA_F16:
             w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
         else:   # MMQ: raw blocks, one row of K/256 blocks per weight row
             t = m.tensor(n)
@@ -147,12 +158,15 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     from minfer.progress import bar
 
     names = list(routes)
+    left = {}   # fused group -> members not yet uploaded (a blk group is requantized when whole)
+    for n, (g, _, _) in fused.items():
+        left[g] = left.get(g, 0) + 1
     for n in bar(progress, iterable=names, desc="upload+dequant", unit="tensor") or names:
         t = m.tensor(n)
         N, K = t.shape
         qtypes[n] = t.qtype
         raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
-        if TABLE[routes[n][0]].weight != "dequant-f16":
+        if TABLE[routes[n][0]].weight not in VIA_F16:
             # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
             # shares the embedding table's bytes
             if n in fused and fused[n][0] in glu:
@@ -170,6 +184,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         if n in fused and fused[n][0] in glu:   # f16 rows, interleaved into the group
             g, r0, _ = fused[n]
             _dequant_interleaved(rt, int(staging), t.qtype, N, K, raw.nbytes // N, w[g], r0 > 0)
+            _requant_ready(rt, n, routes, fused, left, w)
             continue
         if n in fused:  # a row range of the layer's fused q|k|v or gate|up weight
             g, r0, _ = fused[n]
@@ -179,6 +194,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         _dequant_f16(rt, int(staging), t.qtype, N, K, out)
         rt.synchronize()  # staging is reused by the next tensor
         w[n] = out
+        _requant_ready(rt, n, routes, fused, left, w)
     for i in range(c.n_layers):
         for n in ("attn_norm", "ffn_norm"):
             name = f"blk.{i}.{n}.weight"
@@ -196,6 +212,29 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     staging.free()
     _repack_sb(rt, m, routes, fused, groups, w, emb)
     return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype)
+
+
+def _requant_ready(rt, n: str, routes, fused, left: dict, w: dict) -> None:
+    """After weight n is up in f16: a "blk" weight, or its fused group once every member is, is
+    requantized to the block path's int8 operand (minfer.cuda.ops.mmq_blk.blk_weight) and its
+    f16 freed; a group's member row views are dropped (the group's GEMM is the only reader)."""
+    if TABLE[routes[n][0]].weight != "requant-blk":
+        return
+    from minfer.cuda.ops.mmq_blk import blk_weight
+
+    key = n
+    if n in fused:
+        key = fused[n][0]
+        left[key] -= 1
+        if left[key]:
+            return
+        for m, (g, _, _) in fused.items():
+            if g == key:
+                w.pop(m, None)
+    f16 = w[key]
+    w[key] = blk_weight(rt, f16, key)
+    rt.synchronize()
+    f16.gpudata.free()
 
 
 def _copy_interleaved(rt, dst, src, n: int, up: bool, dst_row0: int = 0) -> None:
@@ -275,12 +314,14 @@ class DeviceBuffers:
     rope: object  # L.RopeTable for max_tokens positions
     q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without raw int8 routes)
     sbop: object  # uint8 [sb_bytes] SB token operand scratch (None without SB routes)
+    blkop: object = None  # uint8 [blk_bytes] blk token operand scratch (None without blk routes)
 
 
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
-                  sb_bytes: int = 0, glu_all: bool = False) -> DeviceBuffers:
+                  sb_bytes: int = 0, glu_all: bool = False, blk_bytes: int = 0) -> DeviceBuffers:
     """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
-    sb_bytes: plan["SB operand scratch"] (0: no SB route); glu_all: no f32 gate|up buffer
+    sb_bytes: plan["SB operand scratch"] (0: no SB route); blk_bytes: plan["blk operand
+    scratch"] (0: no blk route); glu_all: no f32 gate|up buffer
     (gu32 None, as plan_memory)."""
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
@@ -303,4 +344,5 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
         sbop=e(rt, (sb_bytes,), np.uint8, "SB operand scratch") if sb_bytes else None,
+        blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
     )

@@ -1,0 +1,86 @@
+"""Isolated GEMM timing at the Llama-3-8B shapes: the f16 path against the block-scaled int8
+path (and its build variants), TFLOP/s or TOPS = 2 M N K / t (device machine).
+
+python3 scripts/gemm_blk_bench.py [--tokens 512,2048] [--min-ms 300]
+Each row: after a --min-ms pre-roll of back-to-back launches (the board at its power state),
+the median of 7 CUDA-event-timed batches of 10 launches; ± half the spread of those 7. The
+configs of one shape run interleaved, batch by batch. The activations' operand prepass is
+timed with the blk GEMM (it is part of the path's cost)."""
+
+import argparse
+
+import numpy as np
+
+from minfer.cuda.ops.gemm import gemm_f16_nt
+from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.runtime.runtime import get_runtime
+
+SHAPES = {"qkv": (6144, 4096), "attn_output": (4096, 4096), "gate|up": (28672, 4096),
+          "ffn_down": (4096, 14336)}
+ap = argparse.ArgumentParser()
+ap.add_argument("--tokens", default="512,2048")
+ap.add_argument("--min-ms", type=float, default=300)
+ap.add_argument("--variants", default="-,-DBLK_FOLD=0")
+a = ap.parse_args()
+rt = get_runtime()
+drv = rt.drv
+rng = np.random.default_rng(0)
+variants = [tuple(v.split()) if v != "-" else () for v in a.variants.split(",")]
+print(f"{'GEMM':12} {'M':>5} {'config':22} {'us':>9} {'T(FL)OPS':>9} {'x f16':>6}")
+for M in (int(t) for t in a.tokens.split(",")):
+    for name, (N, K) in SHAPES.items():
+        x = da.to_device(rt, (rng.standard_normal((M, K))).astype(np.float16))
+        w16 = da.to_device(rt, (rng.standard_normal((N, K)) * 0.02).astype(np.float16))
+        wb = blk_weight(rt, w16)
+        out = da.empty(rt, (M, N), np.float32, "out")
+        glu = name == "gate|up"
+        h = da.empty(rt, (M, N // 2), np.float16, "h")
+        tt = blk_operand(rt, x)
+
+        def f16():
+            if glu:
+                gemm_f16_nt(x, w16, np.float16, out=h, rt=rt, glu=True)
+            else:
+                gemm_f16_nt(x, w16, np.float32, out=out, rt=rt)
+
+        def blk(opts):
+            def run():
+                blk_operand(rt, x, tt.tt)
+                mmq_blk_linear(rt, tt, wb, M, N, K, h if glu else out, build_opts=opts,
+                               swiglu=glu)
+            return run
+
+        cfgs = {"f16": f16, **{"blk " + (" ".join(o) or "default"): blk(o) for o in variants}}
+        for fn in cfgs.values():   # compile, then the pre-roll
+            fn()
+        rt.synchronize()
+        t0, t1 = drv.Event(), drv.Event()
+        t0.record()
+        n = 0
+        while True:
+            for fn in cfgs.values():
+                fn()
+            n += 1
+            t1.record()
+            t1.synchronize()
+            if t1.time_since(t0) >= a.min_ms:
+                break
+        times = {k: [] for k in cfgs}
+        for _ in range(7):
+            for k, fn in cfgs.items():
+                t0.record()
+                for _ in range(10):
+                    fn()
+                t1.record()
+                t1.synchronize()
+                times[k].append(t1.time_since(t0) * 100)   # us per launch
+        base = float(np.median(times["f16"]))
+        for k, ts in times.items():
+            med, band = float(np.median(ts)), (max(ts) - min(ts)) / 2
+            print(f"{name:12} {M:5} {k:22} {med:7.1f}±{band:<4.1f} "
+                  f"{2 * M * N * K / med / 1e6:9.0f} {base / med:6.2f}", flush=True)
+        for arr in (x, w16, out, h):
+            arr.gpudata.free()
+        wb.wb.gpudata.free()
+        tt.tt.gpudata.free()
