@@ -26,6 +26,7 @@ COMMANDS = {
     "synth": ("minfer.commands.synth", "synth"),
     "bench": ("minfer.commands.bench", "bench"),
     "check": ("minfer.commands.check", "check"),
+    "perplexity": ("minfer.commands.perplexity", "perplexity"),
 }
 
 _cli = None

@@ -130,3 +130,44 @@ def test_forward_launches_each_route(monkeypatch, tiny, path, variant):
         else:
             assert not {f for f in files if f.startswith("mmq")}
     assert be.n_past == 22
+
+
+@pytest.mark.parametrize("path", ["f16", "wide-kd4"])
+def test_window_logits_runs_every_row_then_the_head(monkeypatch, tiny, path):
+    """CudaBackend.window_logits on the fake runtime: a fresh sequence in ubatch chunks, each a
+    non-final chunk (no last-row LM head inside it), then one norm + LM head launch pair per
+    HEAD_ROWS block of the rows >= first; the host array has those rows only."""
+    from fake_gpuarray import install
+
+    from minfer.cuda.runtime import devarray
+
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.plan.config import GemmChoice
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    rt = FakeRT("sm_90" if path == "f16" else "sm_80")
+    be = CudaBackend(tiny, GemmChoice.parse_ab(path, env={}), rt=rt, max_tokens=64, ubatch=16,
+                     warmup=False, graphs=False)
+    be.HEAD_ROWS = 4
+    heads = []
+    real_head = be._head
+    monkeypatch.setattr(be, "_head", lambda r0, m: heads.append((r0, m)) or real_head(r0, m))
+    chunks = []
+    real_chunk = be._forward_chunk
+    monkeypatch.setattr(be, "_forward_chunk",
+                        lambda ids, pos0, last: chunks.append((len(ids), pos0, last))
+                        or real_chunk(ids, pos0, last))
+    be.n_past = 5   # window_logits starts a fresh sequence whatever the cache held
+    ids = np.arange(40, dtype=np.int32) % 50
+    out = be.window_logits(ids, 21)
+    assert out.shape == (19, tiny.config.vocab_size) and out.dtype == np.float32
+    assert chunks == [(16, 0, False), (16, 16, False), (8, 32, False)]
+    # rows 21..39: chunk 2 holds 21..31 (from its row 5), chunk 3 32..39, 4 rows per launch
+    assert heads == [(5, 4), (9, 4), (13, 3), (0, 4), (4, 4)]
+    assert be.n_past == 40
+    assert be._head_out.shape == (4, tiny.config.vocab_size)
+    with pytest.raises(Exception, match="first 40 outside"):
+        be.window_logits(ids, 40)

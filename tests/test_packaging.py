@@ -1,4 +1,4 @@
-"""CPU: a non-editable install ships the CUDA sources. The wheel (built from the tree and from
+"""CPU: a non-editable install ships the CUDA sources and the package data (minfer/data). The wheel (built from the tree and from
 the sdist) holds every kernels/*.cu and *.cuh under minfer/cuda/kernels, the sdist holds the
 top-level kernels/, and an installed layout (the wheel unpacked into a target, imported from
 another directory) resolves KERNEL_DIR to the shipped copy.
@@ -90,14 +90,18 @@ def test_wheel_ships_every_kernel_and_resolves_them_installed(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code = ("from minfer.cuda.runtime.build import KERNEL_DIR, kernel_path; "
-            "print(KERNEL_DIR); print(kernel_path('gemm_f16'))")
+            "from minfer.perplexity import DEFAULT_TEXT; "
+            "print(KERNEL_DIR); print(kernel_path('gemm_f16')); print(DEFAULT_TEXT)")
     env = {**os.environ, "PYTHONPATH": str(target)}
     r = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    kdir, gemm = r.stdout.split()
+    kdir, gemm, text = r.stdout.split()
     assert Path(kdir) == target / "minfer" / "cuda" / "kernels"
     assert Path(gemm).read_bytes() == (ROOT / "kernels" / "gemm_f16.cu").read_bytes()
+    # the default text of `minfer perplexity` is package data
+    assert Path(text) == target / "minfer" / "data" / "gnu-gpl.txt"
+    assert Path(text).read_bytes() == (ROOT / "minfer" / "data" / "gnu-gpl.txt").read_bytes()
 
 
 def test_sdist_carries_kernels_and_its_wheel_ships_them(tmp_path):
@@ -113,6 +117,8 @@ def test_sdist_carries_kernels_and_its_wheel_ships_them(tmp_path):
     # what `pip install minfer-x.tar.gz` does: a wheel built from the unpacked sdist
     whl = _pip_wheel(tmp_path / "unpacked" / top, tmp_path / "whl")
     assert _wheel_kernels(whl) == KERNELS
+    assert {"minfer/data/gnu-gpl.txt", "minfer/data/README.md"} <= set(
+        zipfile.ZipFile(whl).namelist())
 
 
 def test_kernel_dir_lookup(tmp_path):

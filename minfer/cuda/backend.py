@@ -36,7 +36,9 @@ ffn_down's. `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
-gives the greedy token on the GPU.
+gives the greedy token on the GPU. `window_logits(ids, first)` (perplexity) runs a fresh
+sequence with every row through the last layer, then the same norm and LM head over rows
+first.. (a GEMM, HEAD_ROWS rows at a time), copied to the host.
 
 Faults: the memory plan is checked before anything is allocated (weights.check_memory). In
 poison mode (the runtime's debug or poison flag; `minfer check` sets it) every output a kernel
@@ -89,6 +91,8 @@ def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None
 class CudaBackend:
     """Backend protocol on the GPU. See the module docstring for the dataflow."""
 
+    HEAD_ROWS = 128  # LM head rows per launch in window_logits: [128, vocab] f32 on the device
+
     def __init__(self, model, cfg: GemmChoice | None = None, rt=None, max_tokens: int = 4096,
                  ubatch: int = 2048, warmup: bool = True, progress: bool = False,
                  graphs: bool | None = None):
@@ -117,6 +121,7 @@ class CudaBackend:
             graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._probe = None   # (layer, residual rows) after each layer: _first_nonfinite only
+        self._head_out = None  # window_logits' [HEAD_ROWS, vocab] f32 logits, made at first use
         self._graphs: dict[tuple[int, bool], object] = {}
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused = plan_fusion(model, self.routes)
@@ -333,7 +338,8 @@ class CudaBackend:
         L.argmax(self.rt, self.buf.amax, da.reshape(self.buf.logits, (self.c.vocab_size,)))
         return int(self.buf.amax.get()[0])
 
-    def forward_device(self, ids: np.ndarray, pos0: int) -> None:
+    def _checked_ids(self, ids: np.ndarray, pos0: int) -> np.ndarray:
+        """ids as int32 [T], or BadInput when they cannot run at pos0."""
         c = self.c
         ids = np.asarray(ids)
         if ids.ndim != 1 or ids.shape[0] == 0:
@@ -346,7 +352,57 @@ class CudaBackend:
                            f"{self.max_tokens}")
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise BadInput(f"forward: token id out of range [0, {c.vocab_size})")
-        ids = ids.astype(np.int32)
+        return ids.astype(np.int32)
+
+    def window_logits(self, ids: np.ndarray, first: int) -> np.ndarray:
+        """ids int32 [T] as a fresh sequence (the cache is reset, positions 0..T-1) -> host
+        float32 logits [T - first, vocab] of positions first..T-1 (perplexity's scored rows).
+        Each ubatch chunk runs as a non-final chunk (every row through the last layer), then
+        the output norm and the LM head run over its rows >= first, HEAD_ROWS at a time.
+        GPUError on non-finite logits, as forward."""
+        self.reset()
+        ids = self._checked_ids(ids, 0)
+        T, V = int(ids.shape[0]), self.c.vocab_size
+        if not 0 <= first < T:
+            raise BadInput(f"window_logits: first {first} outside [0, {T})")
+        out = np.empty((T - first, V), np.float32)
+        for s in range(0, T, self.ubatch):
+            n = min(self.ubatch, T - s)
+            self._forward_chunk(ids[s: s + n], s, last=False)
+            self.n_past = s + n
+            for r in range(max(first, s), s + n, self.HEAD_ROWS):
+                m = min(self.HEAD_ROWS, s + n - r)
+                try:
+                    out[r - first: r - first + m] = self._head(r - s, m).get()
+                except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
+                    raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
+                                   "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
+        bad = out.size - int(np.count_nonzero(np.isfinite(out)))
+        if bad:
+            raise GPUError(f"non-finite logits from the CUDA path ({bad} of {out.size} NaN/inf "
+                           f"in a window of {T} tokens, backend {self.name}); run `minfer check` "
+                           "or MINFER_CUDA_DEBUG=1 to find the kernel")
+        return out
+
+    def _head(self, row0: int, m: int):
+        """Device f32 logits [m, vocab] = (rmsnorm(x[row0:row0+m]) * output_norm) @ W_out.T,
+        x the residual rows of the chunk just run; the output buffer is allocated at first use
+        (outside the memory plan: HEAD_ROWS rows, 25 MB at vocab 49152) and reused."""
+        c, b, R = self.c, self.buf, da.rows
+        if self._head_out is None:
+            rows = min(self.HEAD_ROWS, self.ubatch)
+            self._head_out = da.empty(self.rt, (rows, c.vocab_size), np.float32, "logits rows")
+        h16 = R(b.h16, 0, m)
+        with self._op("rmsnorm"):
+            da.poison(self.rt, h16)
+            L.rmsnorm(self.rt, h16, R(b.x, row0, m), self.w["output_norm.weight"], c.rms_eps)
+        logits = R(self._head_out, 0, m)
+        self._linear(logits, h16, self.model.output_name, "f32", "lm_head")
+        return logits
+
+    def forward_device(self, ids: np.ndarray, pos0: int) -> None:
+        ids = self._checked_ids(ids, pos0)
+        T = int(ids.shape[0])
         for s in range(0, T, self.ubatch):
             chunk = ids[s: s + self.ubatch]
             self._forward_chunk(chunk, pos0 + s, last=s + len(chunk) == T)

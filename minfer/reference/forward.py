@@ -3,7 +3,8 @@
 Per layer:  h = rmsnorm(x) * attn_norm;  q, k, v = h @ Wq.T, Wk.T, Wv.T (+ bias);  rope(q, k);
             x += attention(q, K, V) @ Wo.T;  h = rmsnorm(x) * ffn_norm;
             x += (silu(h @ Wg.T) * (h @ Wu.T)) @ Wd.T
-then logits = (rmsnorm(x_last) * output_norm) @ W_out.T, for the last position only.
+then logits = (rmsnorm(x_last) * output_norm) @ W_out.T, for the last position only
+(window_logits: for the last T - first positions, the rows perplexity scores).
 
 Weights are dequantized once (model.dequant, the gguf package's reference), lazily per tensor,
 and cached in `dtype`. The embedding gathers only the rows it needs; the tied LM head needs the
@@ -106,7 +107,8 @@ def quantize_act(x: np.ndarray, qtype: int) -> np.ndarray:
 
 
 class ReferenceBackend:
-    """Backend protocol (minfer.engine.Backend) on numpy. forward(ids, pos0) -> logits [vocab]."""
+    """Backend protocol (minfer.engine.Backend) on numpy. forward(ids, pos0) -> logits [vocab];
+    window_logits(ids, first) -> logits [T - first, vocab] of a fresh sequence."""
 
     def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
                  max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset(),
@@ -238,9 +240,22 @@ class ReferenceBackend:
 
     # -- forward --------------------------------------------------------------------------
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
+        return self._run(ids, pos0, 1)[0]
+
+    def window_logits(self, ids: np.ndarray, first: int) -> np.ndarray:
+        """ids: int32 [T] as a fresh sequence (the KV cache is reset, positions 0..T-1) ->
+        float32 logits [T - first, vocab] of positions first..T-1 (perplexity's scored rows)."""
+        ids = np.asarray(ids)
+        T = int(ids.shape[0]) if ids.ndim == 1 else 0
+        if not 0 <= first < T:
+            raise BadInput(f"window_logits: first {first} outside [0, {T})")
+        self.reset()
+        return self._run(ids, 0, T - first)
+
+    def _run(self, ids: np.ndarray, pos0: int, n_out: int) -> np.ndarray:
         try:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-                return self._forward(ids, pos0)
+                return self._forward(ids, pos0, n_out)
         except MemoryError:
             from minfer.hostmem import out_of_memory
 
@@ -259,7 +274,8 @@ class ReferenceBackend:
                            f"{pos0 + off} (token id {int(ids[off])}) on the {self.name} "
                            "backend (NaN/inf/huge weights, or hyperparameters out of range)")
 
-    def _forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, pos0: int, n_out: int = 1) -> np.ndarray:
+        """-> float32 logits [n_out, vocab] of the chunk's last n_out positions."""
         c = self.cfg
         ids = np.asarray(ids)
         T = int(ids.shape[0]) if ids.ndim == 1 else -1
@@ -290,8 +306,8 @@ class ReferenceBackend:
                 k, v, q = round_f16(k), round_f16(v), round_f16(q)
             self._k[il][pos0: pos0 + T] = k
             self._v[il][pos0: pos0 + T] = v
-            if il == c.n_layers - 1:  # only the last row is needed from here on
-                q, x, pos0_q = q[-1:], x[-1:], pos0 + T - 1
+            if il == c.n_layers - 1:  # only the last n_out rows are needed from here on
+                q, x, pos0_q = q[-n_out:], x[-n_out:], pos0 + T - n_out
             else:
                 pos0_q = pos0
             a = ops.attention(q, self._k[il], self._v[il], pos0_q,
@@ -305,7 +321,7 @@ class ReferenceBackend:
             if self.layer_hook is not None:
                 self.layer_hook()
         self.n_past = pos0 + T
-        h = ops.rmsnorm(x[-1:], self.weight("output_norm.weight"), c.rms_eps)
-        logits = self._linear(h, self.model.output_name).astype(np.float32)  # [1, vocab]
+        h = ops.rmsnorm(x, self.weight("output_norm.weight"), c.rms_eps)
+        logits = self._linear(h, self.model.output_name).astype(np.float32)  # [n_out, vocab]
         self._check(logits, ids, pos0, f"the output layer (output_norm, {self.model.output_name})")
-        return logits[0]
+        return logits

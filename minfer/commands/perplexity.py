@@ -1,0 +1,165 @@
+"""`minfer perplexity`: perplexity of a model over a text, and KL divergence against the logits
+of another run (design gate 6; docs/perplexity.md). The windows, the math and the logits file
+are minfer.perplexity's; this module reads the options, runs the backend's window_logits per
+window (a progress bar by window) and prints.
+
+Options are checked before the default model is fetched; a --kld-base file's header before the
+model loads (its ctx and chunks are the defaults of a --kld-base run) and against the text's
+token ids once they are known, so a base from another text, ctx or vocabulary is refused with
+one `error:` line (exit 2) before any forward runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import click
+
+from minfer.commands.gemm_flags import gemm_config, gemm_options
+from minfer.errors import BadInput
+from minfer.threads import threads_option
+
+DEFAULT_CTX = 512
+DEFAULT_CHUNKS = 4  # 1,020 scored tokens at ctx 512; a --save-logits file of 192 MiB at vocab 49k
+
+
+def read_text(path: str) -> str:
+    from minfer.fileio import read_capped
+    from minfer.perplexity import TEXT_CAP
+
+    data = read_capped(path, TEXT_CAP, "text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{path}: invalid UTF-8 at byte offset {e.start}") from None
+
+
+def check_options(ctx: int | None, chunks: int | None, save: str | None, base: str | None):
+    if ctx is not None and ctx < 4:
+        raise BadInput(f"--ctx must be >= 4 (half of each window is scored), got {ctx}")
+    if chunks is not None and chunks < 0:
+        raise BadInput(f"--chunks must be >= 0 (0: every window of the text), got {chunks}")
+    if save is not None and base is not None:
+        raise BadInput("give either --save-logits or --kld-base, not both")
+
+
+@click.command("perplexity")
+@click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
+              help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, as for prefill).")
+@click.option("-f", "--file", "text_path", type=click.Path(dir_okay=False), default=None,
+              help="UTF-8 text to score (default: the shipped minfer/data/gnu-gpl.txt, "
+                   "~11,700 tokens).")
+@click.option("--ctx", type=int, default=None,
+              help=f"Window length in tokens (default {DEFAULT_CTX}, or the --kld-base file's); "
+                   "positions ctx/2 .. ctx-2 of each window are scored.")
+@click.option("--chunks", type=int, default=None,
+              help=f"Windows to run (default {DEFAULT_CHUNKS}, or the --kld-base file's; "
+                   "0: every window of the text).")
+@click.option("--save-logits", "save_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the scored rows' f32 logits to FILE (the base of a --kld-base run).")
+@click.option("--kld-base", "base_path", type=click.Path(dir_okay=False), default=None,
+              help="Compare with the logits of a --save-logits run: KL divergence, same top-1, "
+                   "max |dlogit|.")
+@click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"], case_sensitive=False),
+              default=None, help="cuda or cpu (the numpy reference); default: cuda if a GPU is "
+                                 "usable.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@threads_option
+@gemm_options
+def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend_kind, as_json,
+               gemm) -> None:
+    """Perplexity over a text in non-overlapping windows (as llama-perplexity), and the KL
+    divergence against a saved run's logits (as its --kl-divergence)."""
+    import numpy as np
+
+    from minfer import perplexity as P
+    from minfer.commands.prefill import UBATCH, check_backend, make_backend, pick_backend_kind
+    from minfer.fileio import check_output_path
+    from minfer.loader import load_model
+    from minfer.progress import bar as progress_bar
+    from minfer.tokenizer import Tokenizer
+
+    check_options(ctx, chunks, save_path, base_path)
+    kind, why = pick_backend_kind(backend_kind)
+    check_backend(kind, None)
+    if save_path is not None:
+        check_output_path(save_path)
+    base_hdr = base = None
+    if base_path is not None:
+        base_hdr, base = P.read_logits(base_path)
+        ctx = base_hdr["ctx"] if ctx is None else ctx
+        chunks = base_hdr["chunks"] if chunks is None else chunks
+    ctx = DEFAULT_CTX if ctx is None else ctx
+    chunks = DEFAULT_CHUNKS if chunks is None else chunks
+    text_name = str(text_path) if text_path is not None else str(P.DEFAULT_TEXT)
+    text = read_text(text_name)
+    if model_path is None:
+        from minfer.fetch import default_model_path
+
+        model_path = default_model_path()
+
+    model = load_model(model_path)
+    if ctx > model.config.n_ctx:
+        raise BadInput(f"--ctx {ctx} exceeds the model's context of {model.config.n_ctx}")
+    tok = Tokenizer.from_metadata(model.metadata)
+    ids = np.asarray(tok.encode(text), np.int32)  # BOS first when the model adds it
+    n = P.n_windows(len(ids), ctx, chunks, text_name)
+    bos = tok.bos_id if tok.add_bos else None
+    windows = [P.window(ids, i, ctx, bos) for i in range(n)]
+    hdr = P.header(model, ctx, n, windows, "")
+    if base_hdr is not None:
+        P.check_base(base_path, base_hdr, hdr)
+    first, rows = P.first_scored(ctx), P.rows_per_window(ctx)
+
+    t0 = time.perf_counter()
+    backend = make_backend(kind, model, None, ctx, min(ctx, UBATCH["cuda"]),
+                           gemm_config(gemm=gemm))
+    hdr["backend"] = backend.name
+    load_s = time.perf_counter() - t0
+    tally = P.Tally()
+    t0 = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        append = (stack.enter_context(P.write_logits(save_path, hdr))
+                  if save_path is not None else None)
+        bar = progress_bar(total=n, desc="perplexity", unit="window")
+        if bar is not None:
+            stack.callback(bar.close)
+        for i, w in enumerate(windows):
+            logits = backend.window_logits(w, first)[:rows]  # positions first .. ctx-2
+            targets = w[first + 1:]  # the next id of each (never the BOS-replaced first id)
+            if append is not None:
+                append(logits)
+            tally.add(logits, targets, None if base is None else base[i * rows:(i + 1) * rows])
+            if bar is not None:
+                bar.update()
+    run_s = time.perf_counter() - t0
+    out = {"model": str(model_path), "backend": backend.name, "backend_choice": why,
+           "text": text_name, "n_tokens": int(len(ids)), "ctx": ctx, "chunks": n,
+           "rows_per_chunk": rows, **tally.summary(), "load_s": load_s, "run_s": run_s,
+           "saved_logits": save_path, "kld_base": base_path}
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"model    {model.describe()}")
+    click.echo(f"backend  {backend.name} ({why})")
+    click.echo(f"text     {text_name}: {len(ids):,} tokens; {n} windows of {ctx} "
+               f"({rows} scored each, {out['n_scored']:,} in all)")
+    click.echo(",".join(f"[{i + 1}]{p:.4f}" for i, p in enumerate(tally.running)))
+    click.echo(f"time     {run_s:.2f} s ({run_s / n:.2f} s per window; load {load_s:.2f} s)")
+    if save_path is not None:
+        mib = n * rows * model.config.vocab_size * 4 / 2**20
+        click.echo(f"saved    {save_path} ({n * rows:,} rows of f32 logits, {mib:,.0f} MiB)")
+    k = out["kld"]
+    if k is not None:
+        click.echo(f"base     {base_path} ({base_hdr['model']}, backend {base_hdr['backend']}):"
+                   f" PPL = {k['base_ppl']:.4f} +/- {k['base_ppl_err']:.5f}")
+        click.echo(f"mean Δlog-prob   {k['mean_dlogprob']:+.6f} +/- {k['mean_dlogprob_err']:.6f}"
+                   "  (correct token, this - base)")
+        click.echo(f"mean KLD         {k['mean']:.6f} +/- {k['mean_err']:.6f}")
+        click.echo(f"99.0% KLD        {k['p99']:.6f}")
+        click.echo(f"same top-1       {100 * k['same_top1']:.2f} +/- "
+                   f"{100 * k['same_top1_err']:.2f} %")
+        click.echo(f"max |dlogit|     {k['max_abs_dlogit']:.4f}")
+    click.echo(f"PPL = {out['ppl']:.4f} +/- {out['ppl_err']:.5f}")

@@ -1,0 +1,232 @@
+"""CPU: `minfer perplexity` (minfer.perplexity, minfer/commands/perplexity.py) on a small 2-layer
+model: PPL equals a direct numpy computation from the reference forward's last-position
+logits, window by window (with and without BOS); --save-logits / --kld-base round trip
+(KLD 0, top-1 100 % against itself; a perturbed base gives the KLD computed here); refusals
+with one `error:` line; the shipped text is >= 10,000 tokens with the default tokenizer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from cli_inproc import error_lines, run_cli
+from synth_data import small_parts, write_small
+
+CTX, CHUNKS = 24, 3
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["no-bos", "bos"])
+def small(request, tmp_path_factory):
+    """(model path, add_bos) of the 2-layer small model (vocab 260, byte-level tokenizer)."""
+    meta, tensors = small_parts(seed=4)
+    meta["tokenizer.ggml.add_bos_token"] = request.param
+    p = tmp_path_factory.mktemp("ppl") / f"small-{request.param}.gguf"
+    return write_small(p, meta, tensors), request.param
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    """A few hundred tokens of the shipped text (byte-level: ~1 token per byte)."""
+    from minfer.perplexity import DEFAULT_TEXT
+
+    p = tmp_path_factory.mktemp("text") / "t.txt"
+    p.write_text(DEFAULT_TEXT.read_text()[:300])
+    return p
+
+
+def _ppl(model, text, *extra):
+    code, out, err = run_cli(["perplexity", "-m", str(model), "-f", str(text), "--backend",
+                              "cpu", "--ctx", str(CTX), "--chunks", str(CHUNKS), "--json",
+                              "-t", "1", *extra])
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _log_softmax(x):
+    x = np.asarray(x, np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())
+
+
+def test_ppl_equals_direct_numpy(small, text):
+    from minfer.loader import load_model
+    from minfer.reference.forward import ReferenceBackend
+    from minfer.tokenizer import Tokenizer
+
+    path, add_bos = small
+    model = load_model(path)
+    tok = Tokenizer.from_metadata(model.metadata)
+    ids = tok.encode(text.read_text())
+    assert (ids[0] == tok.bos_id) == add_bos
+    be = ReferenceBackend(model)
+    nll = []
+    for i in range(CHUNKS):
+        w = np.array(ids[i * CTX:(i + 1) * CTX], np.int32)
+        if add_bos:
+            w[0] = tok.bos_id
+        for j in range(CTX // 2, CTX - 1):  # position j predicts w[j + 1]
+            be.reset()
+            logits = be.forward(w[:j + 1], 0)  # the plain last-position forward
+            nll.append(-_log_softmax(logits)[w[j + 1]])
+    nll = np.array(nll)
+    ppl = np.exp(nll.mean())
+    err = ppl * np.sqrt((np.mean(nll ** 2) - nll.mean() ** 2) / (nll.size - 1))
+    r = _ppl(path, text)
+    assert r["n_scored"] == nll.size == CHUNKS * (CTX - 1 - CTX // 2)
+    assert r["ppl"] == pytest.approx(ppl, rel=1e-5)
+    assert r["ppl_err"] == pytest.approx(err, rel=1e-4)
+    assert r["running_ppl"][-1] == pytest.approx(r["ppl"])
+    assert r["kld"] is None
+
+
+def test_text_output_has_the_final_ppl_line(small, text):
+    code, out, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text), "--backend",
+                              "cpu", "--ctx", str(CTX), "--chunks", "2"])
+    assert code == 0, err
+    last = out.splitlines()[-1]
+    assert last.startswith("PPL = ") and " +/- " in last
+    assert any(ln.startswith("[1]") and ",[2]" in ln for ln in out.splitlines())
+
+
+def test_save_and_kld_round_trip(small, text, tmp_path):
+    base = tmp_path / "base.logits"
+    r0 = _ppl(small[0], text, "--save-logits", str(base))
+    assert r0["saved_logits"] == str(base) and base.is_file()
+    # ctx and chunks default to the base's
+    code, out, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text), "--backend",
+                              "cpu", "--kld-base", str(base), "--json"])
+    assert code == 0, err
+    r = json.loads(out)
+    assert (r["ctx"], r["chunks"]) == (CTX, CHUNKS)
+    k = r["kld"]
+    assert k["mean"] < 1e-12 and k["p99"] < 1e-12 and k["max_abs_dlogit"] == 0.0
+    assert k["same_top1"] == 1.0
+    assert k["base_ppl"] == pytest.approx(r["ppl"], rel=1e-12) == pytest.approx(r0["ppl"])
+    assert k["mean_dlogprob"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_perturbed_base_gives_the_kld_computed_here(small, text, tmp_path):
+    from minfer.perplexity import read_logits
+
+    base = tmp_path / "base.logits"
+    _ppl(small[0], text, "--save-logits", str(base))
+    this = np.array(read_logits(str(base))[1])  # the unperturbed logits: this run's
+    pert = tmp_path / "pert.logits"
+    shutil.copy(base, pert)
+    hdr, m = read_logits(str(pert))
+    m = np.memmap(str(pert), "<f4", "r+", offset=m.offset, shape=m.shape)
+    rng = np.random.default_rng(0)
+    m[:] = this + rng.standard_normal(this.shape).astype(np.float32) * 0.5
+    m.flush()
+    del m
+    r = _ppl(small[0], text, "--kld-base", str(pert))
+    k = r["kld"]
+    b = np.array(read_logits(str(pert))[1])
+    want = []
+    for bb, tt in zip(b, this):
+        lp, lq = _log_softmax(bb), _log_softmax(tt)
+        want.append(float((np.exp(lp) * (lp - lq)).sum()))
+    assert k["mean"] > 1e-3
+    assert k["mean"] == pytest.approx(np.mean(want), rel=1e-9)
+    assert k["p99"] == pytest.approx(np.percentile(want, 99), rel=1e-9)
+    assert k["max_abs_dlogit"] == pytest.approx(float(np.abs(b - this).max()), rel=1e-6)
+    assert k["same_top1"] == pytest.approx(np.mean(b.argmax(1) == this.argmax(1)))
+    assert r["ppl"] == pytest.approx(_ppl(small[0], text)["ppl"])  # this run is unchanged
+
+
+def test_mismatched_base_is_refused(small, text, tmp_path):
+    base = tmp_path / "base.logits"
+    _ppl(small[0], text, "--save-logits", str(base))
+    other = tmp_path / "other.txt"
+    other.write_text(text.read_text()[::-1])
+    cases = [(["-f", str(other)], "text"), (["-f", str(text), "--ctx", "16"], "--ctx"),
+             (["-f", str(text), "--chunks", "2"], "--chunks")]
+    for extra, what in cases:
+        code, out, err = run_cli(["perplexity", "-m", str(small[0]), "--backend", "cpu",
+                                  "--kld-base", str(base), *extra])
+        lines = error_lines(err)
+        assert code == 2 and len(lines) == 1 and what in lines[0], (extra, err)
+        assert "Traceback" not in err and out == ""
+    junk = tmp_path / "junk.logits"
+    junk.write_bytes(base.read_bytes()[:-4])   # truncated
+    code, _, err = run_cli(["perplexity", "-m", str(small[0]), "--backend", "cpu",
+                            "--kld-base", str(junk), "-f", str(text)])
+    assert code == 2 and "not a minfer logits file" in error_lines(err)[0]
+
+
+def test_refusals(small, text, tmp_path):
+    m = str(small[0])
+    short = tmp_path / "short.txt"
+    short.write_text("a short text of fifty-some bytes, fewer than --ctx")
+    for args, says in (
+            (["-f", str(short), "--ctx", "64"], "fewer than one window"),
+            (["-f", str(text), "--ctx", "2"], "--ctx must be >= 4"),
+            (["-f", str(text), "--chunks", "-1"], "--chunks must be >= 0"),
+            (["-f", str(text), "--ctx", "100000"], "exceeds the model's context"),
+            (["-f", str(tmp_path / "missing.txt")], "no such text file"),
+            (["-f", str(text), "--save-logits", "a", "--kld-base", "b"], "not both")):
+        code, out, err = run_cli(["perplexity", "-m", m, "--backend", "cpu", *args])
+        lines = error_lines(err)
+        assert code == 2 and len(lines) == 1 and says in lines[0], (args, err)
+
+
+def test_failed_run_leaves_no_logits_file(small, text, tmp_path, monkeypatch):
+    from minfer.reference.forward import ReferenceBackend
+    from minfer.errors import NumericError
+
+    calls = []
+
+    def boom(self, ids, first):
+        calls.append(1)
+        if len(calls) == 2:
+            raise NumericError("injected")
+        return np.zeros((len(ids) - first, self.cfg.vocab_size), np.float32)
+
+    monkeypatch.setattr(ReferenceBackend, "window_logits", boom)
+    out = tmp_path / "x.logits"
+    code, _, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text), "--backend",
+                            "cpu", "--ctx", str(CTX), "--save-logits", str(out)])
+    assert code == 3 and error_lines(err) == ["error: injected"]
+    assert list(tmp_path.iterdir()) == []   # neither the file nor its temporary
+
+
+def test_window_logits_rows_equal_forward(small):
+    """ReferenceBackend.window_logits(ids, first) row r == forward(ids[:first + r + 1]) of a
+    fresh cache (f64: the two differ only by BLAS summation order)."""
+    from minfer.loader import load_model
+    from minfer.reference.forward import ReferenceBackend
+
+    be = ReferenceBackend(load_model(small[0]), dtype=np.float64)
+    ids = np.arange(3, 3 + 20, dtype=np.int32) * 7 % 260
+    rows = be.window_logits(ids, 12)
+    assert rows.shape == (8, 260) and be.n_past == 20
+    for r in (0, 5, 7):
+        be.reset()
+        np.testing.assert_allclose(rows[r], be.forward(ids[:13 + r], 0), rtol=1e-6, atol=1e-6)
+
+
+def test_ppl_stats_and_windows():
+    from minfer import perplexity as P
+
+    nll = np.array([1.0, 2.0, 3.0, 2.0])
+    ppl, err = P.ppl_stats(nll)
+    assert ppl == pytest.approx(np.exp(2.0))
+    assert err == pytest.approx(np.exp(2.0) * np.sqrt(0.5 / 3))
+    ids = np.arange(10, 30)
+    assert P.window(ids, 1, 8, None).tolist() == list(range(18, 26))
+    assert P.window(ids, 1, 8, 1).tolist() == [1] + list(range(19, 26))
+    assert P.n_windows(20, 8, 0, "t") == 2 and P.n_windows(20, 8, 1, "t") == 1
+    assert P.n_windows(20, 8, 9, "t") == 2
+    assert P.rows_per_window(512) == 255 and P.first_scored(512) == 256
+
+
+def test_shipped_text_is_long_enough(default_model):
+    from minfer.perplexity import DEFAULT_TEXT
+    from minfer.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(default_model.metadata)
+    assert len(tok.encode(DEFAULT_TEXT.read_text(encoding="utf-8"))) >= 10_000
+    readme = (DEFAULT_TEXT.parent / "README.md").read_text()
+    assert DEFAULT_TEXT.name in readme and "verbatim" in readme
