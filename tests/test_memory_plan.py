@@ -126,3 +126,39 @@ def test_backend_refuses_a_forced_path_before_allocating(tiny, monkeypatch):
     assert msg.startswith(f"--gemm f16 needs {gb(t['f16'])} of GPU memory, "
                           f"{gb(t['sb'] + MARGIN)} free: --gemm sb ({gb(t['sb'])})"), msg
     assert e.value.exit_code == 3
+
+
+def test_prefill_prints_the_memory_line_and_upload_rate(tmp_path, monkeypatch, capsys):
+    """`minfer prefill` with a backend that carries a memory plan and upload numbers (the CUDA
+    backend's attributes): the `memory` line, `load ... (X GB at Y GB/s)`, and both in --json."""
+    import json
+    import re
+
+    from minfer.cli import main
+    from minfer.commands import prefill as cmd
+    from minfer.reference.forward import ReferenceBackend
+
+    plan = choose_tier(NEED, 80 * G)
+
+    class Planned(ReferenceBackend):
+        memory, upload_bytes, upload_s = plan, 40_100_000_000, 7.5
+
+        def route_summary(self):
+            return "f16: 1 GEMMs"
+
+    monkeypatch.setattr(cmd, "make_backend", lambda kind, model, *a: Planned(model,
+                                                                              max_tokens=64))
+    path = tiny_model(tmp_path, seed=7)
+    args = ["prefill", "-m", str(path), "--backend", "cpu", "-p", "abc", "--greedy", "1"]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert f"memory   {plan.line()}\n" in out
+    assert re.search(r"^load +\d+\.\d\d s \(40\.1 GB at 5\.3 GB/s\)", out, re.M), out
+    with pytest.raises(SystemExit):
+        main(args + ["--json"])
+    d = json.loads(capsys.readouterr().out)
+    assert d["memory"] == json.loads(json.dumps(plan.as_json()))
+    assert d["memory"]["chosen"] == "sb" and d["memory"]["tiers"]["f16"] == NEED["f16"]
+    assert d["upload_bytes"] == 40_100_000_000 and d["upload_gb_s"] == pytest.approx(5.3467, 1e-3)

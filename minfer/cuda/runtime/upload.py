@@ -7,7 +7,7 @@ slot's previous copy has left it (its event), and queues an async copy to `dst` 
 or to the slot's device buffer (dst None: the caller then queues kernels that read it, on
 `stream`, before the slot comes round again). While the GPU copies and dequantizes chunk i, the
 host reads chunk i+1 from the map: host memory stays at 2 x slot_bytes whatever the file size.
-`copy2d` is a strided device copy on the same stream (the interleaved gate|up rows).
+A large chunk is read out of the map by READERS threads (its page faults in parallel).
 `split_rows` is the pure chunk splitter. The only module of the upload that touches pycuda.
 """
 
@@ -18,6 +18,7 @@ import numpy as np
 from minfer.errors import GPUError
 
 DEFAULT_CHUNK = 64 << 20   # bytes per chunk (MINFER_UPLOAD_CHUNK_MB)
+READERS = 4                # threads that read one chunk out of the map (page faults in parallel)
 
 
 def chunk_bytes(env=None) -> int:
@@ -67,6 +68,22 @@ class Staging:
         self.used = [False, False]
         self.i = 0
         self.nbytes = 0   # bytes put so far
+        self.pool = None
+        if self.slot_bytes >= READERS << 20:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self.pool = ThreadPoolExecutor(READERS, thread_name_prefix="minfer-upload")
+
+    def _read(self, host: np.ndarray, src: np.ndarray) -> None:
+        """host[:] = src (the map's pages read in): split over the reader threads when large
+        (numpy's copy releases the GIL; the page faults of a map run in parallel)."""
+        n = host.size
+        if self.pool is None or n < READERS << 20:
+            np.copyto(host, src)
+            return
+        step = -(-n // READERS)
+        list(self.pool.map(lambda o: np.copyto(host[o:o + step], src[o:o + step]),
+                           range(0, n, step)))
 
     def put(self, src: np.ndarray, dst: int | None = None) -> int:
         """Queue src (host bytes, at most slot_bytes) -> dst (device address; None: the slot's
@@ -80,7 +97,7 @@ class Staging:
         if self.used[s]:
             self.left[s].synchronize()   # the copy queued from this slot two chunks ago
         host = self.host[s][:n]
-        np.copyto(host, src.reshape(-1).view(np.uint8))   # the host's read of the memory map
+        self._read(host, src.reshape(-1).view(np.uint8))   # the host's read of the memory map
         to = int(self.dev[s]) if dst is None else int(dst)
         try:
             drv.memcpy_htod_async(to, host, self.stream)
@@ -91,18 +108,10 @@ class Staging:
         self.nbytes += n
         return to
 
-    def copy2d(self, dst: int, src: int, width: int, height: int, src_pitch: int,
-               dst_pitch: int) -> None:
-        """Device -> device strided copy on the upload stream: `height` runs of `width` bytes."""
-        cp = self.rt.drv.Memcpy2D()
-        cp.set_src_device(int(src))
-        cp.set_dst_device(int(dst))
-        cp.src_pitch, cp.dst_pitch = int(src_pitch), int(dst_pitch)
-        cp.width_in_bytes, cp.height = int(width), int(height)
-        cp(self.stream)
-
     def close(self) -> None:
         """Wait for everything queued, free the device slots (the pinned ones go with self)."""
+        if self.pool is not None:
+            self.pool.shutdown()
         try:
             self.stream.synchronize()
         except self.rt.drv.Error as e:
