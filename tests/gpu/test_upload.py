@@ -24,7 +24,7 @@ def _weights(be) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("gemm", ["f16", "wide-kd4", "sb", "auto"])
-def test_tiny_chunks_give_the_same_weights_and_logits(rt, model, gemm, monkeypatch):
+def test_tiny_chunks_give_the_same_weights_and_logits(rt, model, gemm):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
 

@@ -1,19 +1,22 @@
 """The CUDA backend's device memory: the memory plan and its check, the weight upload
 (+ dequant), and the activation / KV-cache / scratch buffers.
 
-- `plan_memory` / `check_memory`: bytes per part (f16 weights, MMQ weights, quantized
-  embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch, upload
-  staging), checked against the device's free memory before anything is allocated
-  (GPUError naming what was asked and what is free).
-- `load_weights` -> DeviceWeights: "f16" routes go up as raw GGUF bytes through one staging
-  buffer (PCIe moves the compact quantized bytes) and are dequantized on the GPU to f16 [N, K]
-  (fused q|k|v and gate|up members into row ranges of their group's buffer, see
-  routes.plan_fusion); int8 routes stay as their raw bytes (no f16 copy; fused members as
-  row ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the
-  embedding's bytes); "sb" routes (q4_K on sm_90) are then repacked on the GPU into the
-  super-block layout (minfer.cuda.ops.mmq_sb.SbQ4K: a fused group as one weight, its members' row
-  views dropped) and their raw bytes freed. The embedding table stays quantized (rows
-  gathered with embed_rows); norms and biases go up as f32.
+- `plan_memory` / `memory_need` / `check_memory`: bytes per part (f16 weights, MMQ weights,
+  quantized embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch,
+  upload staging), checked against the device's free memory before anything is allocated
+  (GPUError naming what was asked and what is free, in GB); memory_need is what the memory
+  tiers are compared by (routes.plan_tiers) and what the backend checks.
+- `load_weights` -> DeviceWeights: every weight streams from the memory map in chunks of whole
+  rows through the pinned staging of minfer.cuda.runtime.upload (host memory: two chunks).
+  "f16" routes go up as raw GGUF bytes (PCIe moves the compact quantized bytes) and each chunk
+  is dequantized on the GPU into its rows of the f16 [N, K] weight (fused q|k|v and gate|up
+  members into row ranges of their group's buffer, see routes.plan_fusion); int8 routes stay as
+  their raw bytes, each chunk copied straight to its rows (no f16 copy; fused members as row
+  ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the embedding's
+  bytes); "sb" routes (q4_K on sm_90) are then repacked on the GPU into the super-block layout
+  (minfer.cuda.ops.mmq_sb.SbQ4K: a fused group as one weight, its members' row views dropped)
+  and their raw bytes freed. The embedding table stays quantized (rows gathered with
+  embed_rows); norms and biases go up as f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
   the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
 """
