@@ -266,6 +266,8 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
         echo(f"{c or 'default'}: backend {b.name}, load {load:.2f} s, warm-up {warm:.2f} s")
         if hasattr(b, "route_summary"):
             echo(f"  {b.route_summary()}")
+        if getattr(b, "memory", None) is not None:
+            echo(f"  memory {b.memory.line()}")
         backends.append(b)
     rows = bench(model, tokens, configs, repeats, backends, min_ms=min_ms, progress=progress)
     per = ", ".join(f"{r.tokens}: {r.prefills}" for r in rows[::len(configs)])

@@ -22,3 +22,24 @@ def install(monkeypatch) -> None:
     from minfer.cuda.runtime import devarray
 
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=FakeGPUArray))
+
+
+class FakeStream:
+    def synchronize(self):
+        pass
+
+
+class FakeEvent:
+    def record(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def upload_drv() -> dict:
+    """The driver calls of the streaming weight upload (minfer.cuda.runtime.upload), as a fake
+    drv namespace's attributes: pinned buffers are plain numpy, async copies do nothing."""
+    return dict(pagelocked_empty=lambda shape, dtype: np.empty(shape, dtype),
+                memcpy_htod_async=lambda dst, src, stream=None: None,
+                Stream=FakeStream, Event=FakeEvent)

@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from fake_gpuarray import FakeGPUArray
+from fake_gpuarray import FakeGPUArray, upload_drv
 from synth_data import tiny_model
 
 
@@ -42,19 +42,21 @@ class _Memcpy2D:
     def set_dst_device(self, p):
         pass
 
-    def __call__(self, aligned=True):
+    def __call__(self, aligned_or_stream=True):
         pass
 
 
 class FakeRT:
     sm_count, smem_optin = 132, 232448
     poisoning = False
+    stream = None
 
     def __init__(self, arch: str):
         self.arch = arch
         self.cfg = types.SimpleNamespace(debug=False, poison=False)
         self.drv = types.SimpleNamespace(memcpy_htod=lambda p, a: None, Memcpy2D=_Memcpy2D,
-                                         memset_d8=lambda p, b, n: None)
+                                         memset_d8=lambda p, b, n: None, Error=RuntimeError,
+                                         **upload_drv())
         self.launches: list[tuple[str, str]] = []
         self._next = 1 << 20
 

@@ -70,29 +70,25 @@ def test_routes_sb(tiny):
 
 
 def test_routes_auto_memory_tiers(tiny):
-    """auto: f16 when its plan fits the free memory with the margin, else SB (sm_90), else the
-    wide int8 kernels; the chosen tier's plan is the smallest that fits."""
-    from minfer.cuda.plan.weights import plan_memory
+    """auto: f16 when its plan fits the free memory with the margin, else the mixed SB tier,
+    SB (sm_90), the mixed wide tier, the wide int8 kernels; each tier's need is the backend's
+    whole plan for its routes (tests/test_memory_plan.py checks the arithmetic)."""
+    from minfer.cuda.plan.memory import MARGIN
+    from minfer.cuda.plan.routes import plan_tiers
 
-    def need(choice, rt):
-        return sum(plan_memory(tiny, plan_routes(tiny, choice, rt, 64, tier=None), 64, 64,
-                               rt.sm_count).values())
-
-    rt = _Rt(sms=1)   # (132 SMs' stream-K slots would outweigh the tiny model's weights)
-    f16 = need(GemmChoice("f16"), rt)
-    sb = need(GemmChoice("sb"), rt)
-    wide = need(GemmChoice("wide-kd4"), rt)
-    assert wide < sb < f16   # (the tiny model's q4_K share makes SB the middle tier)
-    margin = 256 << 20
-    for free, want in ((f16 + margin, "f16"), (f16 + margin - 1, "sb"), (sb + margin, "sb"),
-                       (sb + margin - 1, "wide-kd4"), (0, "wide-kd4")):
+    need = plan_tiers(tiny, GemmChoice(), _Rt(sms=1), 64, 64).tiers
+    for free, want in ((need["f16"] + MARGIN, set()), (need["mix-sb"] + MARGIN, {"sb"}),
+                       (need["sb"] + MARGIN, {"sb"}), (need["int8"] + MARGIN, {"wide-kd4"}),
+                       (0, {"wide-kd4"})):
         r = plan_routes(tiny, GemmChoice(), _Rt(free=free, sms=1), 64, max_tokens=64)
-        paths = {p for p, _ in r.values()} - {"f16"}
-        assert paths == ({want} if want != "f16" else set()), (free, want)
-    # off sm_90 there is no SB tier
-    r = plan_routes(tiny, GemmChoice(), _Rt("sm_86", free=sb + margin, sms=1), 64,
+        assert {p for p, _ in r.values()} - {"f16"} == want, (free, want)
+    # off sm_90 there is no SB tier: the mixed wide tier is next to f16
+    off = plan_tiers(tiny, GemmChoice(), _Rt("sm_86", sms=1), 64, 64).tiers
+    assert list(off) == ["f16", "mix-int8", "int8"]
+    r = plan_routes(tiny, GemmChoice(), _Rt("sm_86", free=off["mix-int8"] + MARGIN, sms=1), 64,
                     max_tokens=64)
     assert {p for p, _ in r.values()} == {"f16", "wide-kd4"}
+    assert all(".ffn_" in n for n, (p, _) in r.items() if p != "f16")
 
 
 def _fuses_qkv(model, v_name: str) -> bool:

@@ -301,9 +301,11 @@ def huge_ctx_model(tmp_path_factory):
 @pytest.mark.parametrize("gemm", ["f16", "wide-kd4", "auto"])
 def test_backend_memory_check_before_any_allocation(huge_ctx_model, gemm):
     """CudaBackend's real construction path on a fake 80 GiB device: the plan is checked
-    before the first allocation, and the message names asked / free and the KV cache."""
+    before the first allocation, and the message names asked / free and the KV cache (a forced
+    path included: no other path fits either, so the parts are named, not alternatives)."""
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.plan.memory import gb
 
     rt = _fake_runtime(_FakeDrv(free=79 << 30, total=80 << 30))
     rt.arch, rt.smem_optin, rt.sm_count = "sm_90", 232448, 132
@@ -312,16 +314,17 @@ def test_backend_memory_check_before_any_allocation(huge_ctx_model, gemm):
         CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=1 << 30,
                     warmup=False)
     msg = str(e.value)
-    for needle in ("GPU out of memory", "asked 1", "KV cache 1024.00 GiB",
-                   "79.00 GiB free of 80.00 GiB",
+    for needle in ("GPU out of memory", "needs 1374.4 GB of GPU memory", "KV cache 1099.5 GB",
+                   f"{gb(79 << 30)} free of {gb(80 << 30)}",
                    f"{1 << 30} tokens", "--ubatch"):
         assert needle in msg, msg
     # a request that fits passes the check and goes on to allocate (here: the sentinel)
     with pytest.raises(_Sentinel):
         CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=64, warmup=False)
     rt.drv._free = 1 << 20  # 1 MiB free: not even the weights fit
-    with pytest.raises(GPUError, match=r"asked [\d.]+ MiB \(f16 weights [\d.]+ MiB, .*\) "
-                                       r"plus 256 MiB margin, 1\.0 MiB free of 80\.00 GiB"):
+    with pytest.raises(GPUError, match=r"needs [\d.]+ GB of GPU memory \(f16 weights [\d.]+ GB, "
+                                       r".*\) plus the 0\.25 GB margin, 0\.00105 GB free of "
+                                       r"85\.9 GB"):
         CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=64, warmup=False)
 
 

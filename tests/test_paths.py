@@ -1,12 +1,11 @@
-"""CPU: the GEMM path table, its chooser (choose_path, choose_tier, the smem guard) and the user
+"""CPU: the GEMM path table, its chooser (choose_path, the memory tiers, the smem guard) and the user
 choice (--gemm, MINFER_GEMM, the seeds' MINFER_MMQ_* variables, bench's tuning variants)."""
 
 import pytest
 
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.ops.mmq import wide_smem
-from minfer.cuda.plan.paths import (CHOICES, TABLE, TIERS, VARIANTS, auto_tiers, choose_path,
-                               choose_tier)
+from minfer.cuda.plan.paths import CHOICES, TABLE, TIERS, VARIANTS, auto_tiers, choose_path
 from minfer.errors import BadInput
 
 SHAPE = (512, 4096, 4096)
@@ -59,8 +58,9 @@ def test_choose_path_explicit():
 
 
 def test_choose_path_auto_tiers():
-    assert auto_tiers("sm_90") == ("f16", "sb", "int8") and auto_tiers("sm_86") == ("f16", "int8")
-    assert set(TIERS.values()) <= set(TABLE)
+    assert auto_tiers("sm_90") == ("f16", "mix-sb", "sb", "mix-int8", "int8")
+    assert auto_tiers("sm_86") == ("f16", "mix-int8", "int8")
+    assert {t.path for t in TIERS.values()} <= set(TABLE)
     assert choose_path(12, "sm_90", SHAPE).path.name == "f16"
     assert choose_path(12, "sm_90", SHAPE, tier="sb").path.name == "sb"
     assert choose_path(14, "sm_90", SHAPE, tier="sb").path.name == "f16"   # q6_K stays f16
@@ -68,13 +68,16 @@ def test_choose_path_auto_tiers():
     assert choose_path(8, "sm_90", SHAPE, tier="int8").path.name == "f16"
 
 
-def test_choose_tier():
-    need = {"f16": 16 << 30, "sb": 11 << 30, "int8": 6 << 30}
-    assert choose_tier(need, None) == "f16"
-    assert choose_tier(need, 20 << 30) == "f16"
-    assert choose_tier(need, 16 << 30) == "sb"        # f16 fits only without the margin
-    assert choose_tier(need, 8 << 30) == "int8"
-    assert choose_tier(need, 1 << 30) == "int8"       # none fits: the smallest (its check fails)
+@pytest.mark.parametrize("tier,path", [("mix-sb", "sb"), ("mix-int8", "wide-kd4")])
+def test_mixed_tiers_split_by_weight_class(tier, path):
+    """A mixed tier runs the ffn's q4_K on its int8 path; attention, the LM head and q6_K stay
+    f16, saying which tier kept them there."""
+    assert choose_path(12, "sm_90", SHAPE, tier=tier, cls="ffn").path.name == path
+    for qtype, cls in ((12, "attn"), (12, "head"), (14, "ffn"), (14, "attn")):
+        r = choose_path(qtype, "sm_90", SHAPE, tier=tier, cls=cls)
+        assert (r.path.name, r.why) == ("f16", f"{tier} tier"), (qtype, cls)
+    # a forced path ignores the class: --gemm sb runs the attention's q4_K on SB too
+    assert choose_path(12, "sm_90", SHAPE, "sb", cls="attn").path.name == "sb"
 
 
 def test_smem_guard():

@@ -19,7 +19,7 @@ import types
 
 import numpy as np
 import pytest
-from fake_gpuarray import FakeGPUArray
+from fake_gpuarray import FakeGPUArray, upload_drv
 
 from minfer.cuda.plan import prepare
 from minfer.cuda.plan.config import GemmChoice
@@ -67,7 +67,7 @@ class FakeRuntime:
         self.asked: set = set()
         self._next = itertools.count(1 << 20)
         self.drv = types.SimpleNamespace(memcpy_htod=lambda *a: None, memset_d8=lambda *a: None,
-                                         Memcpy2D=_Copy2D, Stream=lambda: None, Error=RuntimeError)
+                                         Memcpy2D=_Copy2D, Error=RuntimeError, **upload_drv())
 
     def alloc(self, nbytes, what="buffer"):
         p = next(self._next) * 256

@@ -170,6 +170,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         try:
             be = CudaBackend(model, GemmChoice(path), max_tokens=max_tokens, ubatch=512)
             echo(f"{path:<13} {be.route_summary()}")
+            echo(f"{'':<13} memory {be.memory.line()}")
             res = engine.run(be, ids, n_greedy, 512)
         except GPUError as e:  # e.g. non-finite logits: this path fails, the others still run
             echo(f"{path:<13} error: {e}")

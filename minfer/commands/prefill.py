@@ -198,11 +198,15 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     compile_s, capture_s = getattr(backend, "compile_s", 0.0), getattr(backend, "capture_s", 0.0)
     n_compiled = getattr(backend, "n_compiled", 0)
     load_s = max(0.0, load_s + res.warmup_s - compile_s - capture_s)
+    mem = getattr(backend, "memory", None)   # the CUDA backend's memory plan
+    # the weights' file bytes into ready weights on the GPU, and how long that took
+    up_bytes, up_s = getattr(backend, "upload_bytes", None), getattr(backend, "upload_s", 0.0)
     out = {
         "model": str(model_path),
         "backend": backend.name,
         "backend_choice": why,
         "gemm_routes": getattr(backend, "route_summary", lambda: None)(),
+        "memory": mem.as_json() if mem is not None else None,
         "chat": chat,
         "n_prompt": len(res.prompt_ids),
         "prompt_ids": res.prompt_ids,
@@ -210,6 +214,8 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
         "greedy_text": greedy_text,
         "stopped_at_eos": stopped,
         "load_s": load_s,
+        "upload_bytes": up_bytes,
+        "upload_gb_s": _num(up_bytes / up_s / 1e9) if up_s else None,
         "compile_s": compile_s,
         "n_compiled": n_compiled,
         "capture_s": capture_s,
@@ -225,8 +231,12 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     click.echo(f"backend  {backend.name} ({why})")
     if hasattr(backend, "route_summary"):
         click.echo(f"gemm     {backend.route_summary()}")
+    if mem is not None:
+        click.echo(f"memory   {mem.line()}")
     click.echo(f"prompt   {len(ids)} tokens" + (" (chat template)" if chat else ""))
     prep = [f"{load_s:.2f} s"]
+    if up_bytes and up_s:
+        prep[0] += f" ({up_bytes / 1e9:.1f} GB at {up_bytes / up_s / 1e9:.1f} GB/s)"
     if n_compiled:
         prep.append(f"compile {compile_s:.2f} s ({n_compiled} kernels)")
     if hasattr(backend, "capture_s"):

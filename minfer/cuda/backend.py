@@ -40,6 +40,12 @@ gives the greedy token on the GPU. `window_logits(ids, first)` (perplexity) runs
 sequence with every row through the last layer, then the same norm and LM head over rows
 first.. (a GEMM, HEAD_ROWS rows at a time), copied to the host.
 
+Memory: routes.plan_tiers decides before anything is allocated (`self.memory`, a
+memory.MemoryPlan: `memory_line()` is what prefill / bench / check print); a forced --gemm path
+that does not fit is refused naming the paths that would (MemoryPlan.refusal). The weights
+stream from the memory map in chunks (`chunk` bytes, MINFER_UPLOAD_CHUNK_MB; weights.load_weights):
+`upload_bytes` of file in `upload_s`.
+
 Faults: the memory plan is checked before anything is allocated (weights.check_memory). In
 poison mode (the runtime's debug or poison flag; `minfer check` sets it) every output a kernel
 is about to write (GEMM, dequant, embed, norms, rope's q, attention, SwiGLU, logits) is
@@ -67,13 +73,12 @@ from minfer.cuda.plan import prepare
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.runtime.profile import OpProfile
 from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
-from minfer.cuda.plan.fusion import plan_fusion, plan_glu, plan_rope
-from minfer.cuda.plan.routes import (plan_routes,
-                                summarize_routes)
+from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu, plan_rope
+from minfer.cuda.plan.routes import plan_routes, plan_tiers, summarize_routes
 from minfer.cuda.plan.fusion import plan_groups
 from minfer.cuda.plan.linear import NORM_PREPASS, PREPASS, SCRATCH, SWIGLU_PREPASS, make_route
 from minfer.cuda.plan.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
-                                 load_weights, plan_memory)
+                                      load_weights, memory_need)
 from minfer.errors import BadInput, GPUError, Unsupported
 
 # public names importers use (tests, bench, commands); _dequant_f16 for tests/gpu/test_faults
@@ -95,7 +100,7 @@ class CudaBackend:
 
     def __init__(self, model, cfg: GemmChoice | None = None, rt=None, max_tokens: int = 4096,
                  ubatch: int = 2048, warmup: bool = True, progress: bool = False,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, chunk: int | None = None):
         from minfer.cuda.runtime.runtime import get_runtime
 
         t0 = time.perf_counter()
@@ -114,7 +119,16 @@ class CudaBackend:
         self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
         self.profile: OpProfile | None = None
         self.n_past = 0
-        self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch, self.max_tokens)
+        from minfer.cuda.runtime.upload import chunk_bytes
+
+        self.chunk = int(chunk or chunk_bytes())   # upload chunk bytes (MINFER_UPLOAD_CHUNK_MB)
+        # the memory decision (auto's tier, or the forced path), before anything is allocated
+        self.memory = plan_tiers(model, self.gcfg, self.rt, self.ubatch, self.max_tokens,
+                                 self.chunk)
+        if self.gcfg.path != "auto" and not self.memory.fits and self.memory.fitting():
+            raise GPUError(self.memory.refusal())
+        self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch,
+                                  tier=self.memory.chosen if self.gcfg.path == "auto" else None)
         if graphs is None:
             from minfer.cuda.runtime.runtime import debug_flags
 
@@ -136,9 +150,10 @@ class CudaBackend:
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
         self._add(prepare.prebuild(prepare.load_kernels(self.routes), self.rt.arch, progress))
-        wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"],
+        wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"] // 2,
                            progress, frozenset(self.glu))
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
+        self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds   # file into ready weights
         self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
                                                 plan["q8_1 scratch"], plan["SB operand scratch"],
                                                 self._glu_all(), plan["blk operand scratch"])
@@ -158,16 +173,14 @@ class CudaBackend:
         self.warmup_s = time.perf_counter() - t1
 
     def _plan(self) -> dict[str, int]:
-        """part -> bytes of the memory plan (weights.plan_memory; tests/gpu compare plans)."""
-        return plan_memory(self.model, self.routes, self.max_tokens, self.ubatch,
-                           self.rt.sm_count, self._glu_all())
+        """part -> bytes of the memory plan (weights.memory_need, as plan_tiers sums it; tests/gpu
+        compare plans)."""
+        return memory_need(self.model, self.gcfg, self.routes, self.max_tokens, self.ubatch,
+                           self.rt.sm_count, self.chunk)
 
     def _glu_all(self) -> bool:
-        """Every layer's gate|up GEMM writes the swiglu (no f32 gate|up buffer needed): on the
-        SB kernel (an f16 glu GEMM at M == 1 still goes through gu32)."""
-        return len(self.glu) == self.c.n_layers and all(
-            self.lin[f"blk.{i}.ffn_gate.weight"].activation != "none"
-            for i in range(self.c.n_layers))
+        """Every layer's gate|up GEMM writes the swiglu (fusion.glu_all)."""
+        return glu_all(self.model, self.routes, self.glu)
 
     def warmup(self, lengths) -> "prepare.Prep":
         """Compile (in parallel) and load every kernel forwards of `lengths` tokens need and
@@ -194,6 +207,11 @@ class CudaBackend:
         else:
             with self.profile.op(label, flops):
                 yield
+
+    def memory_line(self) -> str:
+        """The memory plan line (memory.MemoryPlan.line): what each tier needs, what is free,
+        what runs."""
+        return self.memory.line()
 
     def route_summary(self) -> str:
         """One line: which GEMMs run on MMQ (by type) and which on f16 (and why)."""

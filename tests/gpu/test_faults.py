@@ -62,12 +62,11 @@ class _Allocs:
         return self.real(nbytes, what)
 
 
-def _asked_free_gib(msg: str) -> tuple[float, float]:
-    """(asked, free) in GiB from a memory message ('12.50 GiB' or '3.4 MiB' each)."""
-    m = re.search(r"asked ([\d.]+) (GiB|MiB) .* ([\d.]+) (GiB|MiB) free of", msg)
+def _asked_free_gb(msg: str) -> tuple[float, float]:
+    """(asked, free) in GB (1e9) from a memory message ('needs 12.5 GB ... 3.4 GB free of')."""
+    m = re.search(r"needs ([\d.]+) GB of GPU memory .* ([\d.]+) GB free of", msg)
     assert m, msg
-    unit = {"GiB": 1.0, "MiB": 1 / 1024}
-    return float(m.group(1)) * unit[m.group(2)], float(m.group(3)) * unit[m.group(4)]
+    return float(m.group(1)), float(m.group(2))
 
 
 # -- out of memory ------------------------------------------------------------------------------
@@ -86,9 +85,9 @@ def test_kv_cache_oom_before_any_allocation(rt, huge_ctx, monkeypatch, gemm):
     assert allocs.sizes == [], f"allocated {allocs.sizes} before the memory check"
     free1, _ = rt.mem_info()
     assert abs(free1 - free0) < 64 << 20  # nothing large was taken (or leaked)
-    asked, free = _asked_free_gib(msg)
-    assert asked > 1000 and "KV cache 1024.00 GiB" in msg, msg  # 2 layers x 2^30 x 2 x 64 x 2 B x 2
-    assert abs(free - free0 / 2**30) < 1.0 and asked > free, (msg, free0)
+    asked, free = _asked_free_gb(msg)
+    assert asked > 1000 and "KV cache 1099.5 GB" in msg, msg  # 2 layers x 2^30 x 2 x 64 x 2 B x 2
+    assert abs(free - free0 / 1e9) < 1.0 and asked > free, (msg, free0)
     assert "\n" not in msg
 
 
@@ -99,8 +98,8 @@ def test_weights_oom_when_little_memory_is_free(rt, tiny, monkeypatch):
     monkeypatch.setattr(rt, "alloc", allocs)
     total = rt.mem_info()[1]
     monkeypatch.setattr(rt, "mem_info", lambda: (1 << 20, total))  # 1 MiB free
-    with pytest.raises(GPUError, match=r"asked [\d.]+ MiB \(f16 weights [\d.]+ MiB, .*\) "
-                                       r"plus 256 MiB margin, 1\.0 MiB free of"):
+    with pytest.raises(GPUError, match=r"needs [\d.]+ GB of GPU memory \(f16 weights [\d.]+ GB, "
+                                       r".*\) plus the 0\.25 GB margin, 0\.00105 GB free of"):
         CudaBackend(tiny, rt=rt, max_tokens=64, ubatch=16)
     assert allocs.sizes == []
 

@@ -5,6 +5,7 @@ their epilogue, from the routes (routes.plan_routes: weight name -> (path name, 
   ranges of one weight [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) run as one GEMM.
 - `plan_glu` / `plan_rope`: the fused groups whose GEMM applies the swiglu / rope in its
   epilogue (on by default where they win; tuning variants no-glu / no-rope turn them off).
+- `glu_all`: every layer's gate|up GEMM writes the swiglu (no f32 gate|up buffer needed).
 - `plan_groups`: a layer's q|k|v or gate|up GEMMs in output order (the forward's loop).
 """
 
@@ -71,6 +72,17 @@ def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
         if path in ("f16", "blk") or (path == "sb" and int(model.tensor(gate).qtype) == Q4_K):
             out.add(fused[gate][0])
     return out
+
+
+def glu_all(model, routes: dict[str, tuple[str, str]], glu: set[str]) -> bool:
+    """Every layer's gate|up GEMM writes the swiglu (glu: plan_glu's groups), so the f32 gate|up
+    buffer is not allocated: on the int8 SB kernel (an f16 glu GEMM at M == 1 still goes
+    through it)."""
+    from minfer.cuda.plan.paths import TABLE
+
+    n = model.config.n_layers
+    return len(glu) == n and all(
+        TABLE[routes[f"blk.{i}.ffn_gate.weight"][0]].activation != "none" for i in range(n))
 
 
 def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],

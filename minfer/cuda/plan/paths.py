@@ -5,8 +5,9 @@ how it prepares the weight (dequant to f16 / raw bytes / SB repack) and the acti
 q8_1 prepass / SB token operand), its launcher and numpy twin (minfer.cuda.ops.path_ops' calling
 convention, as "module:function", resolved on use so this module imports no launcher), its
 bytes per weight on the GPU, and the tuning variants a `bench --ab` may turn off. `choose_path` picks a path per weight from (type, arch,
-shape, user choice, smem cap, memory tier), as llama.cpp's should_use_mmq does; `choose_tier`
-picks the memory tier `auto` plans for from the free device memory. Pure Python, no GPU.
+shape, user choice, smem cap, memory tier, weight class), as llama.cpp's should_use_mmq does.
+`auto` plans the memory tiers of `TIERS` in order (`auto_tiers`) and runs the first that fits the
+free device memory (minfer.cuda.plan.memory.choose_tier). Pure Python, no GPU.
 """
 
 from __future__ import annotations
@@ -123,8 +124,32 @@ F16, SB, NARROW = TABLE["f16"], TABLE["sb"], TABLE["narrow"]
 # weight preparations that dequantize to f16 at load (so any types fuse: rows of one f16 group)
 VIA_F16 = ("dequant-f16", "requant-blk")
 INT8_PATHS = tuple(p for p in TABLE.values() if p.int8)
-# what `auto` runs in each memory tier, most bytes first (choose_tier)
-TIERS = {"f16": "f16", "sb": "sb", "int8": "wide-kd4"}
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A memory tier of `auto`: `path` for the weights of `classes` (routes.weight_class: attn,
+    ffn, head; None: all) and of `qtypes` (None: all), f16 for the rest."""
+    name: str
+    path: str
+    classes: frozenset | None = None
+    qtypes: frozenset | None = None
+
+    def takes(self, cls: str, qtype: int) -> bool:
+        return ((self.classes is None or cls in self.classes) and
+                (self.qtypes is None or int(qtype) in self.qtypes))
+
+
+_FFN_Q4K = dict(classes=frozenset({"ffn"}), qtypes=frozenset({Q4_K}))
+# what `auto` tries, fastest first (auto_tiers keeps those whose path runs on the GPU): the
+# mixed tiers keep attention, q6_K and the LM head on f16 and put the ffn's q4_K on int8
+TIERS: dict[str, Tier] = {t.name: t for t in (
+    Tier("f16", "f16"),
+    Tier("mix-sb", "sb", **_FFN_Q4K),
+    Tier("sb", "sb"),
+    Tier("mix-int8", "wide-kd4", **_FFN_Q4K),
+    Tier("int8", "wide-kd4"),
+)}
 # a tuning variant names a feature a path may turn off; auto takes any of them
 VARIANTS = tuple(sorted({v for p in TABLE.values() for v in p.variants}))
 CHOICES = ("auto", "mmq", *TABLE)   # --gemm / MINFER_GEMM; mmq: the seeds' MINFER_MMQ_* config
@@ -140,35 +165,31 @@ class Route:
 
 
 def auto_tiers(arch) -> tuple[str, ...]:
-    """The memory tiers `auto` tries, in order: f16 (fastest), SB on sm_90 (1.28 B per q4_K
-    weight against f16's 2), then the wide int8 kernels (the raw GGUF bytes)."""
-    return ("f16", "sb", "int8") if arch in SB.archs else ("f16", "int8")
-
-
-def choose_tier(need: Mapping[str, int], free_bytes: int | None, margin: int = 256 << 20) -> str:
-    """The first tier (need's order) whose plan plus `margin` fits `free_bytes`; the last one
-    when none does (its memory check then names what is missing); the first when free memory
-    is unknown."""
-    tiers = list(need)
-    if free_bytes is None:
-        return tiers[0]
-    for t in tiers:
-        if need[t] + margin <= free_bytes:
-            return t
-    return tiers[-1]
+    """The memory tiers `auto` tries on `arch`, fastest first (TIERS' order, those whose path
+    runs there): f16; on sm_90 mix-sb (ffn q4_K on SB) and sb (1.28 B per q4_K weight against
+    f16's 2); mix-int8 (ffn q4_K on the wide kernel) and int8 (the raw GGUF bytes)."""
+    return tuple(n for n, t in TIERS.items()
+                 if TABLE[t.path].archs is None or arch in TABLE[t.path].archs)
 
 
 def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "auto",
-                smem_optin: int | None = None, tier: str = "f16", alone: bool = False) -> Route:
+                smem_optin: int | None = None, tier: str = "f16", alone: bool = False,
+                cls: str = "") -> Route:
     """The path of y[M, N] = x[M, K] @ W[N, K].T with W of GGUF type `qtype` on `arch`
     ("sm_90"; None: unknown). choice: "auto" or a TABLE name (the seeds' "mmq" is resolved
-    before, GemmChoice); tier: auto's memory tier (choose_tier); smem_optin: the device's
+    before, GemmChoice); tier: auto's memory tier (a TIERS name), whose path runs the weight
+    when it takes the weight's class `cls` (attn, ffn, head) and type; smem_optin: the device's
     opt-in shared memory (None: unbounded), a wide kernel over it runs the narrow kernel (the
     smem guard, with a notice); alone: the weight runs as its own GEMM of a fraction of a wave
     (a bias-free attn_v that cannot join q|k: 65 us on the int8 kernels, 24 us on f16 at the 8B
     shape, M = 512), which int8 paths leave to f16."""
     M, N, K = shape
-    name = TIERS[tier] if choice == "auto" else choice
+    name = choice
+    if choice == "auto":
+        t = TIERS[tier]
+        if not t.takes(cls, qtype):
+            return Route(F16, f"{t.name} tier")
+        name = t.path
     if name not in TABLE:
         raise ValueError(f"unknown GEMM path {name!r} (known: {', '.join(TABLE)})")
     p = TABLE[name]

@@ -4,8 +4,12 @@ weights of a layer are fused into one GEMM.
 
 - `plan_routes`: weight name -> (path name, why) for every linear weight (attn_q/k/v/output,
   ffn_gate/up/down of each layer, W: [N, K]) and the LM head (M = 1); why: a short reason for
-  f16 where another path was asked for. `auto` plans the first memory tier whose plan fits the
-  free device memory (paths.choose_tier over weights.plan_memory).
+  f16 where another path was asked for (or where auto's memory tier keeps the weight's class
+  on f16). `auto` plans the first memory tier whose plan fits the free device memory.
+- `plan_tiers` -> memory.MemoryPlan: each candidate's whole plan (weights.memory_need) against
+  the free memory, decided by memory.choose_tier: auto's tiers (paths.auto_tiers), or a forced
+  path's plan (and auto's tiers as the suggestions when it does not fit).
+- `weight_class`: attn, ffn or head, what a mixed tier (paths.TIERS) splits by.
 - `summarize_routes`: the one-line "MMQ (...): n GEMMs (q4_K a, q6_K b), f16: m GEMMs (...)"
   that bench, check and prefill print.
 - `plan_fusion`, `plan_glu`, `plan_rope`: re-exported from minfer.cuda.plan.fusion.
@@ -16,7 +20,10 @@ from __future__ import annotations
 import sys
 
 from minfer.cuda.plan.config import GemmChoice
-from minfer.cuda.plan.paths import TABLE, VIA_F16, auto_tiers, choose_path, choose_tier, qname
+from dataclasses import replace
+
+from minfer.cuda.plan.memory import MemoryPlan, choose_tier
+from minfer.cuda.plan.paths import TABLE, VIA_F16, auto_tiers, choose_path, qname
 
 _LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _WARNED: set = set()
@@ -35,28 +42,48 @@ def linear_names(model) -> list[str]:
         [model.output_name]
 
 
+def weight_class(model, name: str) -> str:
+    """'head' (the LM head), 'attn' (attn_q/k/v/output) or 'ffn' (ffn_gate/up/down)."""
+    if name == model.output_name:
+        return "head"
+    return "attn" if ".attn_" in name else "ffn"
+
+
+def plan_tiers(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 512,
+               max_tokens: int = 4096, chunk: int | None = None) -> MemoryPlan:
+    """The memory decision (memory.choose_tier) for max_tokens of KV cache and ubatch-token
+    activations on rt (mem_info; free memory unknown without it): auto's tiers in order, or
+    the forced path alone (auto's tiers computed too when it does not fit: the suggestions)."""
+    choice = choice or GemmChoice()
+    free = rt.mem_info()[0] if hasattr(rt, "mem_info") else None
+    sms = getattr(rt, "sm_count", 0)
+
+    def need(c: GemmChoice, tier: str | None) -> int:
+        from minfer.cuda.plan.weights import memory_need
+
+        r = plan_routes(model, c, rt, ubatch, tier=tier or "f16")
+        return sum(memory_need(model, c, r, max_tokens, ubatch, sms, chunk).values())
+
+    auto = replace(choice, path="auto")
+    tiers = lambda: {t: need(auto, t) for t in auto_tiers(getattr(rt, "arch", None))}  # noqa: E731
+    if choice.path == "auto":
+        return choose_tier(tiers(), free)
+    plan = choose_tier({choice.path: need(choice, None)}, free, forced=choice.path)
+    return plan if plan.fits else replace(plan, alt=tiers())
+
+
 def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 512,
                 max_tokens: int | None = None, tier: str | None = None
                 ) -> dict[str, tuple[str, str]]:
     """weight name -> (path name, why) for every linear weight and the LM head. rt: the
     runtime (arch, smem_optin, mem_info; None: an unknown GPU with unbounded memory); tier:
-    auto's memory tier, else chosen from rt.mem_info() for max_tokens (weights.plan_memory)."""
+    auto's memory tier (paths.TIERS), else chosen by plan_tiers for max_tokens (None: the
+    first tier)."""
     choice = choice or GemmChoice()
     arch = getattr(rt, "arch", None)
     if choice.path == "auto" and tier is None:
-        tiers = auto_tiers(arch)
-        free = None
-        if max_tokens is not None and hasattr(rt, "mem_info"):
-            free = rt.mem_info()[0]
-        if free is None:
-            tier = tiers[0]
-        else:
-            from minfer.cuda.plan.weights import plan_memory
-
-            need = {t: sum(plan_memory(model, plan_routes(model, choice, rt, ubatch, tier=t),
-                                       max_tokens, ubatch, getattr(rt, "sm_count", 0)).values())
-                    for t in tiers}
-            tier = choose_tier(need, free)
+        tier = (auto_tiers(arch)[0] if max_tokens is None else
+                plan_tiers(model, choice, rt, ubatch, max_tokens).chosen)
     smem = getattr(rt, "smem_optin", None)
     routes: dict[str, tuple[str, str]] = {}
 
@@ -64,7 +91,8 @@ def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 
         t = model.tensor(n)
         N, K = (int(s) for s in t.shape)
         M = 1 if n == model.output_name else ubatch
-        r = choose_path(t.qtype, arch, (M, N, K), choice.path, smem, tier or "f16", alone)
+        r = choose_path(t.qtype, arch, (M, N, K), choice.path, smem, tier or "f16", alone,
+                        weight_class(model, n))
         if r.notice:
             _warn_once(r.notice)
         return r.path.name, r.why

@@ -1,19 +1,24 @@
 """The CUDA backend's device memory: the memory plan and its check, the weight upload
 (+ dequant), and the activation / KV-cache / scratch buffers.
 
-- `plan_memory` / `check_memory`: bytes per part (f16 weights, MMQ weights, quantized
-  embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch, upload
-  staging), checked against the device's free memory before anything is allocated
-  (GPUError naming what was asked and what is free).
-- `load_weights` -> DeviceWeights: "f16" routes go up as raw GGUF bytes through one staging
-  buffer (PCIe moves the compact quantized bytes) and are dequantized on the GPU to f16 [N, K]
-  (fused q|k|v and gate|up members into row ranges of their group's buffer, see
-  routes.plan_fusion); int8 routes stay as their raw bytes (no f16 copy; fused members as
-  row ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the
-  embedding's bytes); "sb" routes (q4_K on sm_90) are then repacked on the GPU into the
-  super-block layout (minfer.cuda.ops.mmq_sb.SbQ4K: a fused group as one weight, its members' row
-  views dropped) and their raw bytes freed. The embedding table stays quantized (rows
-  gathered with embed_rows); norms and biases go up as f32.
+- `plan_memory` / `memory_need` / `check_memory`: bytes per part (f16 weights, MMQ weights,
+  quantized embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch,
+  upload staging), checked against the device's free memory before anything is allocated
+  (GPUError naming what was asked and what is free, in GB); memory_need is what the memory
+  tiers are compared by (routes.plan_tiers) and what the backend checks.
+- `load_weights` -> DeviceWeights: every weight streams from the memory map in chunks of whole
+  rows through the pinned staging of minfer.cuda.runtime.upload (host memory: two chunks).
+  "f16" routes go up as raw GGUF bytes (PCIe moves the compact quantized bytes) and each chunk
+  is dequantized on the GPU into its rows of the f16 [N, K] weight (fused q|k|v and gate|up
+  members into row ranges of their group's buffer, see routes.plan_fusion); int8 routes stay as
+  their raw bytes, each chunk copied straight to its rows (no f16 copy; fused members as row
+  ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the embedding's
+  bytes); "blk" routes go up as f16 and each weight (or fused group, once whole) is requantized
+  on the GPU to the block path's int8 operand (mmq_blk.blk_weight), its f16 freed; "sb" routes
+  (q4_K on sm_90) are then repacked on the GPU into the super-block layout
+  (minfer.cuda.ops.mmq_sb.SbQ4K: a fused group as one weight, its members' row views dropped)
+  and their raw bytes freed. The embedding table stays quantized (rows gathered with
+  embed_rows); norms and biases go up as f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
   the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
 """
@@ -30,11 +35,6 @@ from minfer.cuda.plan.paths import TABLE, VIA_F16
 from minfer.errors import GPUError
 
 
-def _size(nbytes: int) -> str:
-    """'1.25 GiB' from 1 GiB up, else '3.4 MiB' (memory messages)."""
-    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
-
-
 def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
     """raw GGUF rows [N, row_bytes] at raw_dev -> out f16 [N, K] (NaN-poisoned first)."""
     from minfer.cuda.ops import dequant
@@ -45,21 +45,24 @@ def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
 
 # -- memory plan ------------------------------------------------------------------------------
 def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
-                ubatch: int, sms: int = 0, glu_all: bool = False) -> dict[str, int]:
+                ubatch: int, sms: int = 0, glu_all: bool = False,
+                chunk: int | None = None) -> dict[str, int]:
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
     sms: the GPU's SM count (the SB kernel's stream-K workspace, one slot per SM); glu_all:
-    every layer's gate|up GEMM writes the swiglu itself (routes.plan_glu), so the f32 gate|up
-    buffer is not allocated."""
+    every layer's gate|up GEMM writes the swiglu itself (fusion.glu_all), so the f32 gate|up
+    buffer is not allocated; chunk: the upload's chunk bytes (two device staging slots of
+    upload_slot; None: upload.DEFAULT_CHUNK)."""
     c = model.config
     m = model
     from minfer.cuda.ops.mmq_sb import sb_split_bytes, sb_weight_bytes
     from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
     from minfer.cuda.plan.fusion import plan_fusion
+
+    from minfer.cuda.runtime.upload import DEFAULT_CHUNK
     from minfer.quants.blk_ref import blk_bytes, blk_weight_bytes
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
     f16_w = 0
-    raw_max = 0
     mmq_w = 0
     q8_k = 0
     sb_k = 0                         # largest K of the SB routes (their operand scratch)
@@ -72,10 +75,8 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
         prep = TABLE[path].weight   # how the path keeps its weight on the GPU
         if prep == "dequant-f16":
             f16_w += N * K * 2
-            raw_max = max(raw_max, int(t.data.nbytes))
         elif prep == "requant-blk":   # ~1 B/weight; f16 (a group at a time) while requantizing
             blk_k = max(blk_k, K)
-            raw_max = max(raw_max, int(t.data.nbytes))
             g = fused[n][0] if n in fused else n
             blk_groups.setdefault(g, [0, K])[0] += N
         elif prep == "repack-sb":   # repacked (1.28 B/weight); raw while repacking
@@ -98,23 +99,35 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
             "SB operand scratch": sb_split_bytes(T, sb_k) if sb_k else 0,
-            "upload staging": raw_max, "MMQ repack staging": max(sb_groups.values(), default=0),
+            "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
+            "MMQ repack staging": max(sb_groups.values(), default=0),
             "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
             "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
             "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if sb_k or blk_k else 0}
 
 
+def memory_need(model, choice, routes: dict[str, tuple[str, str]], max_tokens: int,
+                ubatch: int, sms: int = 0, chunk: int | None = None) -> dict[str, int]:
+    """plan_memory of `routes` as the backend builds them (fusion, the glu epilogues of
+    `choice`): what the memory tiers are compared by and what check_memory checks."""
+    from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu
+
+    g = plan_glu(model, choice, routes, plan_fusion(model, routes))
+    return plan_memory(model, routes, max_tokens, ubatch, sms, glu_all(model, routes, g), chunk)
+
+
 def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:
     """GPUError before any allocation when the plan (weights, KV cache for max_tokens,
     activations for ubatch tokens, scratch) does not fit the device's free memory."""
+    from minfer.cuda.plan.memory import MARGIN, gb
+
     need = sum(plan.values())
     free, total = rt.mem_info()
-    margin = 256 << 20
-    if need + margin > free:
-        parts = ", ".join(f"{k} {_size(v)}" for k, v in plan.items() if v)
-        raise GPUError(f"GPU out of memory for this model: asked {_size(need)} ({parts}) "
-                       f"plus {margin >> 20} MiB margin, {_size(free)} free of "
-                       f"{_size(total)} (KV cache for {max_tokens} tokens, activations "
+    if need + MARGIN > free:
+        parts = ", ".join(f"{k} {gb(v)}" for k, v in plan.items() if v)
+        raise GPUError(f"GPU out of memory for this model: needs {gb(need)} of GPU memory "
+                       f"({parts}) plus the {gb(MARGIN)} margin, {gb(free)} free of "
+                       f"{gb(total)} (KV cache for {max_tokens} tokens, activations "
                        f"for {ubatch}: try a shorter prompt, fewer --greedy tokens or "
                        f"a smaller --ubatch)")
 
@@ -126,17 +139,50 @@ class DeviceWeights:
     qtypes: dict[str, int]  # linear weight name -> its GGUF qtype
     emb: object  # the quantized embedding table's raw bytes, uint8 [V * row_bytes]
     emb_qtype: int
+    nbytes: int = 0  # file bytes read into ready weights
+    seconds: float = 0.0  # how long that took (upload, dequant, repack, until synchronized)
+
+
+def _raw_rows(t) -> np.ndarray:
+    """t's bytes as uint8 [rows, row bytes]: a view into the memory map (no copy; the map is
+    read chunk by chunk into the pinned staging)."""
+    d = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
+    return d.reshape(int(t.shape[0]), -1).view(np.uint8)
+
+
+def upload_slot(model, names, chunk: int) -> int:
+    """Bytes of one staging slot: the largest chunk split_rows cuts from the tensors `names`
+    (and the embedding) for `chunk` bytes per chunk."""
+    from minfer.cuda.runtime.upload import rows_per_chunk
+
+    slot = 1
+    for n in (*names, "token_embd.weight"):
+        t = model.tensor(n)
+        N = int(t.shape[0])
+        rb = int(t.data.nbytes) // N
+        slot = max(slot, min(N, rows_per_chunk(rb, chunk)) * rb)
+    return slot
 
 
 def load_weights(rt, model, routes: dict[str, tuple[str, str]],
-                 fused: dict[str, tuple[str, int, int]], staging_bytes: int,
+                 fused: dict[str, tuple[str, int, int]], slot_bytes: int,
                  progress: bool, glu: frozenset[str] = frozenset()) -> DeviceWeights:
-    """Upload every weight (see the module docstring); staging_bytes: plan["upload staging"].
+    """Upload every weight (see the module docstring) from the memory map in chunks of at most
+    slot_bytes (upload_slot; plan["upload staging"] is two of them) through the pinned staging
+    of minfer.cuda.runtime.upload: a tensor is split by whole rows (split_rows, runs of 8 rows)
+    and each chunk copied to its rows of the weight (raw routes) or dequantized into its rows
+    of the f16 weight, on the upload stream, while the host reads the next chunk.
     glu: fused gate|up groups (routes.plan_glu) whose rows go up interleaved per 16 (8 gate
     rows, their 8 up rows: quants.glu.glu_rows) for the swiglu epilogue of the SB kernel (raw rows) or
     the f16 GEMM (dequantized rows); their members get no row views."""
+    import time
+
+    from minfer.cuda.runtime.upload import Staging, split_rows
+    from minfer.progress import bar
+
+    t0 = time.perf_counter()
     m, c = model, model.config
-    staging = rt.alloc(max(staging_bytes, 1), "weight upload staging")
+    up = Staging(rt, slot_bytes)
     w: dict[str, object] = {}
     groups: dict[str, list[int]] = {}  # fused name -> [rows, K, member]
     for n, (g, r0, rows) in fused.items():
@@ -153,71 +199,112 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
             w[g] = da.empty(rt, (rows, row_bytes), np.uint8, f"fused raw weight {g}")
     emb_t = m.tensor("token_embd.weight")
     emb_qtype = emb_t.qtype
-    emb = da.to_device(rt, np.ascontiguousarray(emb_t.data).view(np.uint8).reshape(-1),
-                       "quantized embedding table")
-    from minfer.progress import bar
-
+    emb = da.empty(rt, (int(emb_t.data.nbytes),), np.uint8, "quantized embedding table")
     names = list(routes)
-    left = {}   # fused group -> members not yet uploaded (a blk group is requantized when whole)
+    raw_head = "token_embd.weight" in routes and TABLE[
+        routes["token_embd.weight"][0]].weight not in VIA_F16   # a tied head on its bytes
+    total = int(emb_t.data.nbytes) * (1 + ("token_embd.weight" in routes and not raw_head)) + \
+        sum(int(m.tensor(n).data.nbytes) for n in names if n != "token_embd.weight")
+    pb = bar(progress, total=total, desc="upload+dequant", unit="B", unit_scale=True,
+             unit_divisor=1000)
+    stream, rt.stream = rt.stream, up.stream   # dequant kernels queue behind their copies
+    scratch: dict[int, object] = {}            # K -> f16 [1024, K] (interleaved dequant)
+    left: dict[str, int] = {}   # fused group -> members not yet up (blk: requantized when whole)
     for n, (g, _, _) in fused.items():
         left[g] = left.get(g, 0) + 1
-    for n in bar(progress, iterable=names, desc="upload+dequant", unit="tensor") or names:
-        t = m.tensor(n)
-        N, K = t.shape
-        qtypes[n] = t.qtype
-        raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(-1)
-        if TABLE[routes[n][0]].weight not in VIA_F16:
-            # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
-            # shares the embedding table's bytes
-            if n in fused and fused[n][0] in glu:
+    try:
+        def chunks(raw):
+            """(first row, rows, chunk bytes) of raw [N, row bytes], the progress bar along."""
+            for r0, n in split_rows(raw.shape[0], raw.shape[1], up.slot_bytes):
+                yield r0, n, raw[r0:r0 + n]
+                if pb is not None:
+                    pb.update(n * raw.shape[1])
+
+        def copy_rows(raw, dst: int) -> None:   # raw bytes straight into device rows
+            for r0, _, part in chunks(raw):
+                up.put(part, dst + r0 * raw.shape[1])
+
+        copy_rows(_raw_rows(emb_t), da.ptr(emb))
+        for n in names:
+            t = m.tensor(n)
+            N, K = (int(s) for s in t.shape)
+            qtypes[n] = t.qtype
+            raw = _raw_rows(t)
+            rb = raw.shape[1]
+            glu_m = n in fused and fused[n][0] in glu
+            if TABLE[routes[n][0]].weight not in VIA_F16:
+                # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
+                # shares the embedding table's bytes
+                if glu_m:
+                    g, r0, _ = fused[n]
+                    for r, k, part in chunks(raw):
+                        at = up.put(part)
+                        _copy_interleaved(rt, w[g], da.view(at, (k, rb), np.uint8), k, r0 > 0,
+                                          dst_row0=2 * r, stream=up.stream)
+                elif n in fused:
+                    g, r0, _ = fused[n]
+                    w[n] = da.rows(w[g], r0, N)
+                    copy_rows(raw, da.ptr(w[n]))
+                elif n == "token_embd.weight":
+                    w[n] = emb
+                else:
+                    w[n] = da.empty(rt, (raw.size,), np.uint8, f"raw weight {n}")
+                    copy_rows(raw, da.ptr(w[n]))
+                continue
+            if glu_m:   # f16 rows, interleaved into the group
                 g, r0, _ = fused[n]
-                _copy_interleaved(rt, w[g], raw, N, r0 > 0)
-            elif n in fused:
+                if K not in scratch:
+                    scratch[K] = da.empty(rt, (1024, K), np.float16, "glu dequant scratch")
+                for r, k, part in chunks(raw):
+                    _dequant_interleaved(rt, up.put(part), t.qtype, k, K, rb, w[g], r0 > 0,
+                                         scratch[K], dst_row0=2 * r, stream=up.stream)
+                _requant_ready(rt, n, routes, fused, left, w)
+                continue
+            if n in fused:  # a row range of the layer's fused q|k|v or gate|up weight
                 g, r0, _ = fused[n]
-                w[n] = da.rows(w[g], r0, N)
-                rt.drv.memcpy_htod(da.ptr(w[n]), raw)
+                out = da.rows(w[g], r0, N)
             else:
-                w[n] = (emb if n == "token_embd.weight" else
-                        da.to_device(rt, raw, f"raw weight {n}"))
-            continue
-        rt.drv.memcpy_htod(staging, raw)
-        if n in fused and fused[n][0] in glu:   # f16 rows, interleaved into the group
-            g, r0, _ = fused[n]
-            _dequant_interleaved(rt, int(staging), t.qtype, N, K, raw.nbytes // N, w[g], r0 > 0)
+                out = da.empty(rt, (N, K), np.float16, f"f16 weight {n}")
+            for r, k, part in chunks(raw):
+                _dequant_f16(rt, up.put(part), t.qtype, k, K, da.rows(out, r, k))
+            w[n] = out
             _requant_ready(rt, n, routes, fused, left, w)
-            continue
-        if n in fused:  # a row range of the layer's fused q|k|v or gate|up weight
-            g, r0, _ = fused[n]
-            out = da.rows(w[g], r0, N)
-        else:
-            out = da.empty(rt, (N, K), np.float16, f"f16 weight {n}")
-        _dequant_f16(rt, int(staging), t.qtype, N, K, out)
-        rt.synchronize()  # staging is reused by the next tensor
-        w[n] = out
-        _requant_ready(rt, n, routes, fused, left, w)
+        up.close()   # every copy and dequant done
+    finally:
+        rt.stream = stream
+        if pb is not None:
+            pb.close()
+    nbytes = total - (int(emb_t.data.nbytes) if "token_embd.weight" in routes and
+                      not raw_head else 0)   # file bytes: a tied f16 head read twice counts once
     for i in range(c.n_layers):
         for n in ("attn_norm", "ffn_norm"):
             name = f"blk.{i}.{n}.weight"
             w[name] = da.to_device(rt, m.dequant(name).reshape(-1).astype(np.float32), name)
+            nbytes += int(m.tensor(name).data.nbytes)
         if c.qkv_bias:
             bs = []
             for n in ("attn_q", "attn_k", "attn_v"):
                 name = f"blk.{i}.{n}.bias"
                 bs.append(m.dequant(name).reshape(-1).astype(np.float32))
                 w[name] = da.to_device(rt, bs[-1], name)
+                nbytes += int(m.tensor(name).data.nbytes)
             name = f"blk.{i}.attn_qkv.bias"  # for the fused GEMM's output
             w[name] = da.to_device(rt, np.concatenate(bs), name)
     w["output_norm.weight"] = da.to_device(
         rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
-    staging.free()
+    nbytes += int(m.tensor("output_norm.weight").data.nbytes)
     _repack_sb(rt, m, routes, fused, groups, w, emb)
-    return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype)
+    rt.synchronize()
+    return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype, nbytes=nbytes,
+                         seconds=time.perf_counter() - t0)
 
 
 def _requant_ready(rt, n: str, routes, fused, left: dict, w: dict) -> None:
-    """After weight n is up in f16: a "blk" weight, or its fused group once every member is, is
-    requantized to the block path's int8 operand (minfer.cuda.ops.mmq_blk.blk_weight) and its
-    f16 freed; a group's member row views are dropped (the group's GEMM is the only reader)."""
+    """After weight n's f16 rows are queued: a "blk" weight, or its fused group once every
+    member is up, is requantized to the block path's int8 operand (minfer.cuda.ops.mmq_blk.
+    blk_weight, queued behind the dequants) and its f16 freed once that is done; a group's
+    member row views are dropped (the group's GEMM is the only reader). One group's f16 is
+    alive at a time (plan_memory's "blk requant staging")."""
     if TABLE[routes[n][0]].weight != "requant-blk":
         return
     from minfer.cuda.ops.mmq_blk import blk_weight
@@ -237,11 +324,11 @@ def _requant_ready(rt, n: str, routes, fused, left: dict, w: dict) -> None:
     f16.gpudata.free()
 
 
-def _copy_interleaved(rt, dst, src, n: int, up: bool, dst_row0: int = 0) -> None:
+def _copy_interleaved(rt, dst, src, n: int, up: bool, dst_row0: int = 0, stream=None) -> None:
     """n rows [n, row_bytes] of a gate (up False) or up member into the fused group's buffer dst
     [2N, row_bytes] interleaved per 16 rows: runs of 8 rows at dst rows dst_row0 + 16 j (gate)
-    or + 8 (up). One 2D copy (pitch 16 rows); src is host bytes (numpy) or a device array.
-    n % 8 == 0 (plan_glu)."""
+    or + 8 (up). One 2D copy (pitch 16 rows), queued on `stream` when given; src is host
+    bytes (numpy) or a device array. n % 8 == 0 (plan_glu)."""
     rb = int(np.prod(dst.shape[1:])) * dst.dtype.itemsize
     cp = rt.drv.Memcpy2D()
     if isinstance(src, np.ndarray):
@@ -251,21 +338,24 @@ def _copy_interleaved(rt, dst, src, n: int, up: bool, dst_row0: int = 0) -> None
     cp.set_dst_device(da.ptr(dst) + dst_row0 * rb + (8 * rb if up else 0))
     cp.src_pitch, cp.dst_pitch = 8 * rb, 16 * rb
     cp.width_in_bytes, cp.height = 8 * rb, n // 8
-    cp(aligned=True)
+    if stream is not None:
+        cp(stream)
+    else:
+        cp(aligned=True)
 
 
 def _dequant_interleaved(rt, raw_dev: int, qtype: int, N: int, K: int, row_bytes: int, dst,
-                         up: bool, chunk: int = 1024) -> None:
-    """A gate (up False) or up member's quantized rows (on the device at raw_dev) dequantized to
-    f16 into the fused group's buffer dst [2N, K] interleaved per 16 rows (_copy_interleaved),
-    `chunk` rows at a time through an f16 scratch of chunk x K. N % 8 == 0 (plan_glu)."""
-    rows = min(N, chunk)
-    tmp = da.empty(rt, (rows, K), np.float16, "glu dequant scratch")
+                         up: bool, tmp, dst_row0: int = 0, stream=None) -> None:
+    """A gate (up False) or up member's N quantized rows (on the device at raw_dev) dequantized
+    to f16 into the fused group's buffer dst [2N', K] interleaved per 16 rows from dst_row0
+    (_copy_interleaved), tmp.shape[0] rows at a time through the f16 scratch tmp [rows, K]
+    (the launches and copies queued in order on rt's launch stream = `stream`). N % 8 == 0."""
+    rows = int(tmp.shape[0])
     for r in range(0, N, rows):
         n = min(rows, N - r)
         _dequant_f16(rt, raw_dev + r * row_bytes, qtype, n, K, da.rows(tmp, 0, n))
-        _copy_interleaved(rt, dst, tmp, n, up, dst_row0=2 * r)
-    rt.synchronize()
+        _copy_interleaved(rt, dst, da.rows(tmp, 0, n), n, up, dst_row0=dst_row0 + 2 * r,
+                          stream=stream)
 
 
 def _repack_sb(rt, m, routes, fused, groups, w, emb) -> None:

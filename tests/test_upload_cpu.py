@@ -1,0 +1,248 @@
+"""CPU: the streaming weight upload (minfer.cuda.runtime.upload, weights.load_weights) on a fake
+device whose memory is a numpy array: the chunk splitter's arithmetic, every copy bounded by the
+staging slot, two pinned slots whatever the model size, and the weights that land on the device
+(raw bytes, dequantized f16 rows, interleaved gate|up rows) equal to the reference, byte for
+byte, for a tiny chunk that splits every tensor and for the default one."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+
+from minfer.cuda.plan.config import GemmChoice
+from minfer.cuda.runtime.upload import chunk_bytes, rows_per_chunk, split_rows
+from minfer.errors import BadInput
+from synth_data import tiny_model
+
+
+# -- the splitter -------------------------------------------------------------------------------
+def test_split_rows():
+    # 64 MiB chunks of q4_K rows at K = 4096 (2304 B): 29120 rows (a multiple of 8) per chunk
+    assert rows_per_chunk(2304, 64 << 20) == 29120 and 29120 * 2304 <= 64 << 20
+    parts = split_rows(100_000, 2304, 64 << 20)
+    assert parts == [(0, 29120), (29120, 29120), (58240, 29120), (87360, 12640)]  # ragged last
+    assert sum(n for _, n in parts) == 100_000
+    assert split_rows(12, 100, 64 << 20) == [(0, 12)]           # smaller than a chunk: one
+    assert split_rows(20, 100, 1000) == [(0, 8), (8, 8), (16, 4)]   # 10 rows fit: 8 taken
+    assert split_rows(20, 100, 10) == [(0, 8), (8, 8), (16, 4)]     # a chunk under 8 rows: 8
+    assert split_rows(20, 100, 1000, multiple=1) == [(0, 10), (10, 10)]
+    assert split_rows(0, 100, 1000) == []
+
+
+def test_chunk_bytes_env():
+    assert chunk_bytes({}) == 64 << 20
+    assert chunk_bytes({"MINFER_UPLOAD_CHUNK_MB": "0.5"}) == 512 << 10
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(BadInput, match="MINFER_UPLOAD_CHUNK_MB"):
+            chunk_bytes({"MINFER_UPLOAD_CHUNK_MB": bad})
+
+
+# -- a fake device with memory ------------------------------------------------------------------
+BASE = 1 << 32
+
+
+class _Ptr(int):
+    def free(self):
+        pass
+
+
+class _Arr:
+    """A GPUArray stand-in over the fake memory (what load_weights and devarray use)."""
+
+    def __init__(self, shape, dtype, gpudata=None, base=None, strides=None):
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape))
+        self.gpudata, self.base = gpudata, base
+        self.strides = tuple(self.dtype.itemsize * int(np.prod(self.shape[i + 1:]))
+                             for i in range(len(self.shape)))
+
+    rt = None   # the MemRT whose memory set() writes
+
+    @property
+    def nbytes(self):
+        return self.size * self.dtype.itemsize
+
+    def set(self, a):   # a synchronous upload (the small f32 norms)
+        o = self.rt.at(self.gpudata)
+        self.rt.mem[o:o + self.nbytes] = np.ascontiguousarray(a, self.dtype).view(np.uint8).reshape(-1)
+
+
+class MemRT:
+    """Allocations in one numpy byte array; async copies, 2D copies and the dequant kernel
+    (its numpy twin) act on it; records the size of every host -> device copy."""
+
+    arch, sm_count, smem_optin, poisoning, stream = "sm_80", 4, 232448, False, None
+    cfg = types.SimpleNamespace(debug=False, poison=False, device=0)
+
+    def __init__(self, size=64 << 20):
+        self.mem = np.zeros(size, np.uint8)
+        self.top = 0
+        self.htod: list[int] = []
+        self.pinned: list[int] = []
+        self.launch_streams: set = set()
+        rt = self
+
+        class Copy2D:
+            def set_src_device(self, p):
+                self.src = int(p)
+
+            def set_src_host(self, a):
+                raise AssertionError("the chunked upload copies device -> device")
+
+            def set_dst_device(self, p):
+                self.dst = int(p)
+
+            def __call__(self, stream=None, aligned=False):
+                for j in range(self.height):
+                    s, d = rt.at(self.src + j * self.src_pitch), rt.at(self.dst + j * self.dst_pitch)
+                    rt.mem[d:d + self.width_in_bytes] = rt.mem[s:s + self.width_in_bytes]
+
+        def pinned(shape, dtype):
+            self.pinned.append(int(np.prod(shape)))
+            return np.empty(shape, dtype)
+
+        def htod(dst, src, stream=None):
+            assert stream is not None, "an async copy on the upload stream"
+            self.htod.append(int(src.nbytes))
+            d = self.at(dst)
+            self.mem[d:d + src.nbytes] = src.reshape(-1).view(np.uint8)
+
+        self.drv = types.SimpleNamespace(
+            pagelocked_empty=pinned, memcpy_htod_async=htod, Memcpy2D=Copy2D,
+            Stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
+            Event=lambda: types.SimpleNamespace(record=lambda s=None: None,
+                                                synchronize=lambda: None),
+            Error=RuntimeError)
+
+    def at(self, p: int) -> int:
+        o = int(p) - BASE
+        assert 0 <= o < self.top, hex(p)
+        return o
+
+    def alloc(self, nbytes, what="buffer"):
+        p = self.top
+        self.top += (max(int(nbytes), 1) + 255) // 256 * 256
+        assert self.top <= self.mem.size, "fake device full"
+        return _Ptr(BASE + p)
+
+    def function(self, name, entry, options=(), dyn_smem=0):
+        return types.SimpleNamespace(_minfer_name=entry)
+
+    def launch(self, fn, grid, block, args, smem=0, stream=None):
+        from minfer.cuda.ops.dequant import dequant_f16_ref, kernel_suffix
+        from minfer.quants import traits_of
+
+        assert fn._minfer_name.startswith("dq_f16_"), fn._minfer_name
+        self.launch_streams.add(id(self.stream))
+        src, nbytes, out, n = (int(a) for a in args)
+        q = next(q for q in (0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14)
+                 if fn._minfer_name == "dq_f16_" + kernel_suffix(traits_of(q)))
+        s, o = self.at(src), self.at(out)
+        y = dequant_f16_ref(self.mem[s:s + nbytes], q, 1, n)   # one flat row, as the kernel
+        self.mem[o:o + 2 * n] = y.reshape(-1).view(np.uint8)
+
+    def poison(self, *a, **kw):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def read(self, a) -> np.ndarray:
+        o = self.at(a.gpudata)
+        return self.mem[o:o + a.nbytes].view(a.dtype).reshape(a.shape)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from minfer.loader import load_model
+
+    return load_model(tiny_model(tmp_path_factory.mktemp("upload"), seed=4))
+
+
+@pytest.fixture
+def fake_arrays(monkeypatch):
+    from minfer.cuda.runtime import devarray
+
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+
+
+def _load(model, gemm: str, chunk: int):
+    from minfer.cuda.plan.fusion import plan_fusion, plan_glu
+    from minfer.cuda.plan.routes import plan_routes
+    from minfer.cuda.plan.weights import load_weights, upload_slot
+
+    rt = _Arr.rt = MemRT()
+    choice = GemmChoice(gemm)
+    routes = plan_routes(model, choice, rt, 64)
+    fused = plan_fusion(model, routes)
+    glu = frozenset(plan_glu(model, choice, routes, fused))
+    slot = upload_slot(model, routes, chunk)
+    return rt, routes, fused, glu, slot, load_weights(rt, model, routes, fused, slot, False, glu)
+
+
+@pytest.mark.parametrize("gemm", ["f16", "wide-kd4"])
+@pytest.mark.parametrize("chunk", [4 << 10, 64 << 20])
+def test_load_weights_streams_bounded_chunks(tiny, fake_arrays, gemm, chunk):
+    from minfer.cuda.ops.dequant import dequant_f16_ref
+    from minfer.quants.glu import glu_rows
+
+    rt, routes, fused, glu, slot, dw = _load(tiny, gemm, chunk)
+    m = tiny
+    big = max(int(m.tensor(n).data.nbytes) for n in routes)
+    # host memory: two pinned slots of the slot size, every copy within one
+    assert rt.pinned == [slot, slot] and max(rt.htod) <= slot
+    if chunk < big:
+        assert slot < big and len(rt.htod) > len(routes) + 1   # tensors were split
+    else:
+        assert slot == big
+    assert rt.launch_streams and id(None) not in rt.launch_streams   # on the upload stream
+    # the file bytes read into ready weights (the embedding once, norms included)
+    assert dw.nbytes >= sum(int(m.tensor(n).data.nbytes) for n in set(routes) |
+                            {"token_embd.weight"}) and dw.seconds > 0
+    emb = m.tensor("token_embd.weight")
+    assert np.array_equal(rt.read(dw.emb), emb.data.reshape(-1).view(np.uint8))
+    checked_glu = 0
+    for n, (path, _) in routes.items():
+        t = m.tensor(n)
+        N, K = t.shape
+        raw = t.data.reshape(N, -1).view(np.uint8)
+        if path != "f16":   # raw bytes, as in the file
+            if n in fused and fused[n][0] in glu:
+                continue
+            assert np.array_equal(rt.read(dw.w[n]).reshape(N, -1), raw), n
+            continue
+        ref = dequant_f16_ref(raw, t.qtype, N, K)
+        if n in fused and fused[n][0] in glu:   # interleaved per 16 rows with its partner
+            g, r0, _ = fused[n]
+            got = rt.read(dw.w[g])
+            F = got.shape[0] // 2
+            plain = glu_rows(F)          # interleaved row i = plain row plain[i]
+            rows = np.nonzero((plain >= r0) & (plain < r0 + N))[0]
+            assert np.array_equal(got[rows].view(np.uint16),
+                                  ref[plain[rows] - r0].view(np.uint16)), n
+            checked_glu += 1
+            continue
+        assert np.array_equal(rt.read(dw.w[n]).view(np.uint16), ref.view(np.uint16)), n
+    if gemm == "f16":
+        assert checked_glu == 2 * m.config.n_layers   # gate and up of every layer
+
+
+def test_staging_reads_a_large_chunk_in_parallel_and_alternates_slots():
+    from minfer.cuda.runtime.upload import READERS, Staging
+
+    rt = MemRT()
+    up = Staging(rt, 8 << 20)
+    assert up.pool is not None and rt.pinned == [8 << 20, 8 << 20]
+    src = np.random.default_rng(0).integers(0, 256, (8 << 20) - 5, dtype=np.uint8)
+    dst = int(rt.alloc(src.size))
+    assert up.put(src, dst) == dst
+    at = up.put(src[:1000])                   # no destination: the other slot's device buffer
+    assert at == int(up.dev[1]) and up.put(src[:10]) == int(up.dev[0])
+    up.close()
+    o = rt.at(dst)
+    assert np.array_equal(rt.mem[o:o + src.size], src) and up.nbytes == src.size + 1010
+    assert READERS > 1
+    with pytest.raises(Exception, match="staging slot"):
+        Staging(rt, 100).put(src[:101])
