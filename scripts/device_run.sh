@@ -36,6 +36,23 @@ from minfer.cli import main; main(['prefill', '--backend', 'cuda', '-m', '$REPO/
   exit 0
 fi
 
+if [ "$MODE" = blk ]; then   # the block-scaled int8 path: kernels, isolated GEMMs, end to end
+  MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs tests/gpu/test_blk_device.py \
+    tests/gpu/test_mmq_sb_device.py tests/gpu/test_upload.py tests/gpu/test_perplexity_device.py
+  step gemm 150 python3 scripts/gemm_blk_bench.py --tokens 512,2048
+  step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  step prefill 60 $M prefill -m /tmp/s8b.gguf --backend cuda --gemm blk -n 4
+  step bench 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
+    --ab f16 blk
+  echo; echo "################ SUMMARY blk ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
+  grep -E "^(FAILED|ERROR)|Error" "$OUT/tests.log" | head -12
+  echo "--- gemm"; cat "$OUT/gemm.log" | tail -30
+  echo "--- prefill"; grep -E "^(gemm|memory|load|prefill)|rror" "$OUT/prefill.log"
+  echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" | grep -v "^| ---"
+  exit 0
+fi
+
 if [ "$MODE" = big ]; then   # a 70B-shape Q4_K_M (~40 GB): what --gemm auto picks by memory
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
   step synth70 240 $M synth --preset llama3-70b --type q4_K_M --tokenizer-from none --quiet \
