@@ -102,6 +102,7 @@ __device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t
         for (int k = 8 * q; k < 8 * q + 8; ++k) {
             const float2 a = (k & 4) ? a1 : a0;
             z[k] = fmaf(s32_to_f32(d[k]), (k & 1) ? a.y : a.x, z[k]);
+            asm volatile("" : "+f"(z[k]));   // (keeps each conversion next to its FFMA)
         }
     }
 }
