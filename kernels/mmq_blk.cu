@@ -16,7 +16,7 @@
 // Entries:
 //   blk_operand_f16 (x, ld, R, K, Rp, out): x f16 [R, K] (row stride ld) -> token operand;
 //       one warp per (token, block): the rotation (2 stages in registers, 5 by shuffles), amax,
-//       s = amax / 127, q = rint(x' / s); rows R..Rp-1 and k >= K are zeros.
+//       s = amax / 127, q = rint(x' * (127 / amax)); rows R..Rp-1 and k >= K are zeros.
 //   blk_weight_f16 (x, ld, N, K, Np, out): x f16 [N, K] -> weight operand, a warp per row (two
 //       passes: the row's amax, then the values).
 //   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
@@ -25,9 +25,12 @@
 // Block: 384 threads, 1 per SM; one producer thread bulk-copies a stage's two blocks into a
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
 // and alternate two s32 accumulator buffers, so a stage's fold runs under the next stage's
-// wgmmas; stages go in straight-line groups of 8 (then 2, 1) with no wgmma in flight at a
-// branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=0 converts S by
-// I2F instead of the magic-number add (A/B); -DBLK_STAGES=N the ring depth.
+// wgmmas; stages go in straight-line groups of BLK_GROUP (4; then 2, 1) with no wgmma in
+// flight at a branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=1
+// converts S by the magic-number add instead of I2F (A/B); -DBLK_GROUP=N; -DBLK_STAGES=N the
+// ring depth; -DBLK_NOFOLD a
+// timing build without the folds (wrong results: what the data movement and wgmmas cost);
+// -DBLK_SERIAL one accumulator buffer, no fold under the wgmmas (A/B of the overlap).
 #include <cuda_fp16.h>
 
 #include "gemm_f16_common.cuh"
@@ -43,8 +46,11 @@ static_assert(OP == 16896 && OP % 16 == 0, "operand block (blk_ref.BLK_OP)");
 #ifndef BLK_STAGES
 #define BLK_STAGES 6
 #endif
-#ifndef BLK_FOLD   // 1: magic-number add (IADD + FADD, no spills); 0: I2F (spills 32 B)
-#define BLK_FOLD 1
+#ifndef BLK_FOLD   // 0: I2F; 1: the magic-number add (IADD + FADD: slower, docs/perf.md)
+#define BLK_FOLD 0
+#endif
+#ifndef BLK_GROUP  // stages per straight-line group (8 spills 32 B at BLK_FOLD 0)
+#define BLK_GROUP 4
 #endif
 constexpr int STAGES = BLK_STAGES;
 constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
@@ -94,6 +100,9 @@ __device__ __forceinline__ float s32_to_f32(int v) {
 // 16 q + 2t (+1), 16 q + 8 + 2t (+1) for q = 0..7), after the wgmma wait
 __device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t* p, int t) {
     wgmma::fence_regs(d);
+#ifdef BLK_NOFOLD   // timing build only (wrong results): the kernel without its folds
+    return;
+#endif
     const float2* ts = reinterpret_cast<const float2*>(p + BlkSmem::X + IMG);
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
@@ -114,6 +123,19 @@ __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&
                                            uint32_t& it, uint32_t base, const uint8_t* sbase,
                                            uint32_t bars, int cw, int t) {
     using S = BlkSmem;
+#ifdef BLK_SERIAL   // timing build: one buffer, each stage's fold after its wgmmas (no overlap)
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const uint32_t s = (it + j) % STAGES;
+        wgmma::mbar_wait(bars + 8 * s, ((it + j) / STAGES) & 1);
+        stage_mma(da, base + s * S::STAGE, cw);
+        wgmma::wait<0>();
+        fold(z, da, sbase + s * S::STAGE, t);
+        wgmma::mbar_arrive(bars + 8 * (STAGES + s));
+    }
+    it += G;
+    return;
+#endif
 #pragma unroll
     for (int j = 0; j < G; ++j) {
         const uint32_t s = (it + j) % STAGES;
@@ -186,7 +208,8 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
 #pragma unroll
         for (int k = 0; k < 64; ++k) z[k] = 0.f;
         int n = w.k1 - w.k0;
-        for (; n >= 8; n -= 8) run_stages<8>(z, da, db, it, base, sbase, bars, cw, t);
+        for (; n >= BLK_GROUP; n -= BLK_GROUP)
+            run_stages<BLK_GROUP>(z, da, db, it, base, sbase, bars, cw, t);
         for (; n >= 2; n -= 2) run_stages<2>(z, da, db, it, base, sbase, bars, cw, t);
         if (n) run_stages<1>(z, da, db, it, base, sbase, bars, cw, t);
         // a stream-K tail publishes its values, a head adds its tail's; then the stores
@@ -268,13 +291,15 @@ __device__ __forceinline__ float rotate128(float (&v)[4], int lane) {
     return amax;
 }
 
-// q = rint(v / s) in [-127, 127] (0 when s is 0), packed, into row r's swizzled image bytes
-__device__ __forceinline__ void store4(uint8_t* img, const float (&v)[4], float s, int r,
+// q = rint(v * inv) in [-127, 127] (inv = 127 / amax, 0 for an all-zero block), packed, into
+// row r's swizzled image bytes (a multiply, not a division per value: the prepass runs before
+// every GEMM)
+__device__ __forceinline__ void store4(uint8_t* img, const float (&v)[4], float inv, int r,
                                        int lane) {
     uint32_t packed = 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const int q = s > 0.f ? max(-127, min(127, __float2int_rn(v[j] / s))) : 0;
+        const int q = max(-127, min(127, __float2int_rn(v[j] * inv)));
         packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * j);
     }
     *reinterpret_cast<uint32_t*>(img + r * 128 + (((lane >> 2) ^ (r & 7)) << 4) + (lane & 3) * 4) =
@@ -292,10 +317,10 @@ blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp
     const int row = static_cast<int>(wid % Rp), kb = static_cast<int>(wid / Rp);
     float v[4];
     load4(v, x, ld, R, K, row, kb * 128 + 4 * lane);
-    const float s = rotate128(v, lane) / 127.f;
+    const float amax = rotate128(v, lane);
     uint8_t* blk = out + (static_cast<size_t>(kb) * (Rp / 128) + row / 128) * OP;
-    store4(blk, v, s, row & 127, lane);
-    if (lane == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = s;
+    store4(blk, v, amax > 0.f ? 127.f / amax : 0.f, row & 127, lane);
+    if (lane == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f;
 }
 
 extern "C" __global__ void __launch_bounds__(256)
@@ -311,13 +336,13 @@ blk_weight_f16(const __half* __restrict__ x, long long ld, int N, int K, int Np,
         load4(v, x, ld, N, K, row, kb * 128 + 4 * lane);
         amax = fmaxf(amax, rotate128(v, lane));
     }
-    const float s = amax / 127.f;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
     for (int kb = 0; kb < KB; ++kb) {
         load4(v, x, ld, N, K, row, kb * 128 + 4 * lane);
         rotate128(v, lane);
-        store4(out + (static_cast<size_t>(kb) * (Np / 128) + row / 128) * IMG, v, s, row & 127,
+        store4(out + (static_cast<size_t>(kb) * (Np / 128) + row / 128) * IMG, v, inv, row & 127,
                lane);
     }
     if (lane == 0) reinterpret_cast<float*>(out + static_cast<size_t>(KB) * Np * 128)[row] =
-        s * (1.f / 128.f);
+        amax / 127.f * (1.f / 128.f);
 }

@@ -4,8 +4,9 @@ path (and its build variants), TFLOP/s or TOPS = 2 M N K / t (device machine).
 python3 scripts/gemm_blk_bench.py [--tokens 512,2048] [--min-ms 300]
 Each row: after a --min-ms pre-roll of back-to-back launches (the board at its power state),
 the median of 7 CUDA-event-timed batches of 10 launches; ± half the spread of those 7. The
-configs of one shape run interleaved, batch by batch. The activations' operand prepass is
-timed with the blk GEMM (it is part of the path's cost)."""
+configs of one shape run interleaved, batch by batch. "blk + prepass" includes the activations'
+operand prepass (part of the path's cost), the other blk rows are the GEMM alone (build
+variants; -DBLK_NOFOLD is a timing build without the folds)."""
 
 import argparse
 
@@ -21,7 +22,7 @@ SHAPES = {"qkv": (6144, 4096), "attn_output": (4096, 4096), "gate|up": (28672, 4
 ap = argparse.ArgumentParser()
 ap.add_argument("--tokens", default="512,2048")
 ap.add_argument("--min-ms", type=float, default=300)
-ap.add_argument("--variants", default="-,-DBLK_FOLD=0")
+ap.add_argument("--variants", default="-,-DBLK_GROUP=8,-DBLK_FOLD=1 -DBLK_GROUP=8,-DBLK_NOFOLD")
 a = ap.parse_args()
 rt = get_runtime()
 drv = rt.drv
@@ -44,14 +45,16 @@ for M in (int(t) for t in a.tokens.split(",")):
             else:
                 gemm_f16_nt(x, w16, np.float32, out=out, rt=rt)
 
-        def blk(opts):
+        def blk(opts, prepass=False):
             def run():
-                blk_operand(rt, x, tt.tt)
+                if prepass:
+                    blk_operand(rt, x, tt.tt)
                 mmq_blk_linear(rt, tt, wb, M, N, K, h if glu else out, build_opts=opts,
                                swiglu=glu)
             return run
 
-        cfgs = {"f16": f16, **{"blk " + (" ".join(o) or "default"): blk(o) for o in variants}}
+        cfgs = {"f16": f16, "blk + prepass": blk((), True),
+                **{"blk " + (" ".join(o) or "default"): blk(o) for o in variants}}
         for fn in cfgs.values():   # compile, then the pre-roll
             fn()
         rt.synchronize()

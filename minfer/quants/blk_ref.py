@@ -5,7 +5,8 @@
 Both operands are cut into blocks of 128 along K (the last one zero-padded), each block rotated
 by the unnormalized 128-point Walsh-Hadamard transform (7 butterfly stages: x' = x H, H H^T =
 128 I, so x'_b w'_b^T = 128 x_b w_b^T exactly in real arithmetic; zero padding keeps it exact),
-then quantized symmetric, round to nearest, to int8: s = max|x'| / 127, q = rint(x' / s), with
+then quantized symmetric, round to nearest, to int8: s = max|x'| / 127, q = rint(x' * (127 /
+max|x'|)) (one division per block, a multiply per value, as the kernels), with
 one f32 scale per (token, block) for the activations and one per weight row (over all of K).
 The rotation spreads a block's outliers over its 128 values, so a shared per-128 scale keeps
 the small ones (QuaRot's argument); the weights, already on q4_K's far coarser grid, lose
@@ -84,14 +85,12 @@ def quantize_blk(x: np.ndarray, per_row: bool = False) -> tuple[np.ndarray, np.n
     R, KB = y.shape[:2]
     amax = np.abs(y).max(axis=(1, 2) if per_row else -1)
     s = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     if per_row:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            q = np.where(s[:, None, None] > 0, np.rint(y / s[:, None, None]), 0)
-        q = np.clip(q, -127, 127).astype(np.int8).reshape(R, KB * BK)
+        q = np.clip(np.rint(y * inv[:, None, None]), -127, 127).astype(np.int8).reshape(R, KB * BK)
         return q, (s * W_SCALE).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(s[..., None] > 0, np.rint(y / s[..., None]), 0)
-    q = np.clip(q, -127, 127).astype(np.int8).reshape(R, KB * BK)
+    q = np.clip(np.rint(y * inv[..., None]), -127, 127).astype(np.int8).reshape(R, KB * BK)
     return q, s.astype(np.float32)
 
 

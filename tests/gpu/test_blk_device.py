@@ -37,8 +37,8 @@ def test_blk_operands_bitwise(hopper, same_bytes, M, K):
 
 @pytest.mark.parametrize("M,N,K,sms,opts", [
     (77, 333, 576, None, ()), (1, 16, 128, None, ()), (129, 200, 1000, 3, ()),
-    (300, 1024, 4096, 5, ()), (512, 640, 2048, 7, ("-DBLK_FOLD=0",)),
-    (65, 129, 768, 2, ("-DBLK_FOLD=0",)), (256, 512, 4096, None, ("-DBLK_STAGES=4",))])
+    (300, 1024, 4096, 5, ()), (512, 640, 2048, 7, ("-DBLK_FOLD=1",)),
+    (65, 129, 768, 2, ("-DBLK_FOLD=1",)), (256, 512, 4096, None, ("-DBLK_STAGES=4",))])
 def test_blk_parity(hopper, M, N, K, sms, opts):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da

@@ -103,7 +103,7 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
     here). swiglu: W's rows interleaved per 16 (quants.glu.glu_rows) and out f16 [M, N/2] =
     f16(silu(gate) * up) from the epilogue. stream_k: split the ragged last waves' tiles by k
     (tuning variant no-stream-k); sms: at most this many SMs; build_opts: nvcc -D options
-    (-DBLK_FOLD=0, -DBLK_STAGES=N)."""
+    (-DBLK_FOLD=1, -DBLK_GROUP=N, -DBLK_STAGES=N)."""
     if not isinstance(w, BlkWeight) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_blk_linear: weight must be a BlkWeight of [{N}, {K}]")
     if swiglu and (accumulate or N % 16):
