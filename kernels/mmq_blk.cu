@@ -15,7 +15,7 @@
 // IMG = 16384 B, then the f32 row scales [Np] (with the rotation's 1/128).
 // Entries:
 //   blk_operand_f16 (x, ld, R, K, Rp, out): x f16 [R, K] (row stride ld) -> token operand;
-//       one warp per (token, block): the rotation (2 stages in registers, 5 by shuffles), amax,
+//       one warp per token and 4 blocks: the rotation (2 stages in registers, 5 by shuffles), amax,
 //       s = amax / 127, q = rint(x' * (127 / amax)); rows R..Rp-1 and k >= K are zeros.
 //   blk_weight_f16 (x, ld, N, K, Np, out): x f16 [N, K] -> weight operand, a warp per row (two
 //       passes: the row's amax, then the values).
@@ -307,20 +307,29 @@ __device__ __forceinline__ void store4(uint8_t* img, const float (&v)[4], float 
 }
 }  // namespace
 
+// a warp takes OPB blocks of one token: their loads in flight together (one load a warp was
+// latency-bound at ~1/3 of the memory rate)
+constexpr int OPB = 4;
+
 extern "C" __global__ void __launch_bounds__(256)
 blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp,
                 uint8_t* __restrict__ out) {
     const int lane = threadIdx.x & 31;
     const long long wid = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-    const int KB = (K + 127) / 128;
-    if (wid >= static_cast<long long>(Rp) * KB) return;
-    const int row = static_cast<int>(wid % Rp), kb = static_cast<int>(wid / Rp);
-    float v[4];
-    load4(v, x, ld, R, K, row, kb * 128 + 4 * lane);
-    const float amax = rotate128(v, lane);
-    uint8_t* blk = out + (static_cast<size_t>(kb) * (Rp / 128) + row / 128) * OP;
-    store4(blk, v, amax > 0.f ? 127.f / amax : 0.f, row & 127, lane);
-    if (lane == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f;
+    const int KB = (K + 127) / 128, KG = (KB + OPB - 1) / OPB;
+    if (wid >= static_cast<long long>(Rp) * KG) return;
+    const int row = static_cast<int>(wid % Rp), kb0 = static_cast<int>(wid / Rp) * OPB;
+    float v[OPB][4];
+#pragma unroll
+    for (int b = 0; b < OPB; ++b) load4(v[b], x, ld, R, K, row, (kb0 + b) * 128 + 4 * lane);
+#pragma unroll
+    for (int b = 0; b < OPB; ++b) {
+        if (kb0 + b >= KB) break;
+        const float amax = rotate128(v[b], lane);
+        uint8_t* blk = out + (static_cast<size_t>(kb0 + b) * (Rp / 128) + row / 128) * OP;
+        store4(blk, v[b], amax > 0.f ? 127.f / amax : 0.f, row & 127, lane);
+        if (lane == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(256)

@@ -82,14 +82,15 @@ def blk_token_bytes(M: int, K: int) -> int:
 
 
 def blk_operand(rt, x16, tt=None) -> BlkTokens:
-    """x f16 [M, K] -> BlkTokens (into tt, uint8 [KB, Mp/128, BLK_OP], if given)."""
+    """x f16 [M, K] -> BlkTokens (into tt, uint8 [KB, Mp/128, BLK_OP], if given); a warp per
+    token and 4 blocks of 128."""
     M, K = _check_f16("blk_operand", x16)
     shape = (kblocks(K), pad128(M) // 128, BLK_OP)
     if blk_bytes(M, K) >= 2**31:
         raise GPUError(f"blk_operand: [{M}, {K}] is too large for the kernels' 32-bit offsets")
     tt = da.empty(rt, shape, np.uint8, "blk token operand") if tt is None else tt
     da.check("blk_operand tt", tt, shape, np.uint8, align=16)
-    warps = pad128(M) * kblocks(K)
+    warps = pad128(M) * -(-kblocks(K) // 4)   # a warp per token and 4 blocks (OPB)
     rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((warps + 7) // 8,), (256,),
               (da.arg(x16), np.int64(K), np.int32(M), np.int32(K), np.int32(pad128(M)),
                da.arg(tt)))
