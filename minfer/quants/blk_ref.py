@@ -8,8 +8,8 @@ by the unnormalized 128-point Walsh-Hadamard transform (7 butterfly stages: x' =
 then quantized symmetric, round to nearest, to int8: s = max|x'| / 127, q = rint(x' / s), with
 one f32 scale per (token, block) for the activations and one per weight row (over all of K).
 The rotation spreads a block's outliers over its 128 values, so a shared per-128 scale keeps
-the small ones (QuaRot's argument); the weights, already on q4_K's far coarser grid, lose
-nothing measurable to a row scale (docs/perf.md's KL divergence), and a row scale leaves the
+the small ones (QuaRot's argument). The weights' row scale costs more than that grid: on SmolLM2
+it is most of the path's KL divergence (docs/perplexity.md, gate 6), but it leaves the
 kernel one FFMA per value and stage: z += f32(S) sa, y = z sw at the end (a per-(row, block)
 weight scale would add an FMUL to every fold, a quarter of the issue width). The weight's scale
 carries the rotation's 1/128.
