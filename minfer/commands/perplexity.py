@@ -7,6 +7,7 @@ Options are checked before the default model is fetched; a --kld-base file's hea
 model loads (its ctx and chunks are the defaults of a --kld-base run) and against the text's
 token ids once they are known, so a base from another text, ctx or vocabulary is refused with
 one `error:` line (exit 2) before any forward runs.
+--emulate GRID runs the CPU backend on an int8 path's number grids (minfer.reference.emulate).
 """
 
 from __future__ import annotations
@@ -36,13 +37,17 @@ def read_text(path: str) -> str:
         raise BadInput(f"{path}: invalid UTF-8 at byte offset {e.start}") from None
 
 
-def check_options(ctx: int | None, chunks: int | None, save: str | None, base: str | None):
+def check_options(ctx: int | None, chunks: int | None, save: str | None, base: str | None,
+                  emulate: str | None = None, backend: str | None = None):
     if ctx is not None and ctx < 4:
         raise BadInput(f"--ctx must be >= 4 (half of each window is scored), got {ctx}")
     if chunks is not None and chunks < 0:
         raise BadInput(f"--chunks must be >= 0 (0: every window of the text), got {chunks}")
     if save is not None and base is not None:
         raise BadInput("give either --save-logits or --kld-base, not both")
+    if emulate is not None and backend is not None and backend.lower() != "cpu":
+        raise BadInput(f"--emulate {emulate} runs on the CPU backend (--backend cpu), "
+                       f"not {backend}")
 
 
 @click.command("perplexity")
@@ -65,11 +70,15 @@ def check_options(ctx: int | None, chunks: int | None, save: str | None, base: s
 @click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"], case_sensitive=False),
               default=None, help="cuda or cpu (the numpy reference); default: cuda if a GPU is "
                                  "usable.")
+@click.option("--emulate", type=click.Choice(["q8_1", "q8s", "blk", "blk256"]), default=None,
+              help="CPU: round the GEMM inputs as that GPU path does (q8_1: the wide/narrow/r1 "
+                   "kernels, q8s: sb, blk; blk256: blk with 256-point blocks, an experiment), "
+                   "to measure its distribution gate without a GPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @threads_option
 @gemm_options
-def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend_kind, as_json,
-               gemm) -> None:
+def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend_kind, emulate,
+               as_json, gemm) -> None:
     """Perplexity over a text in non-overlapping windows (as llama-perplexity), and the KL
     divergence against a saved run's logits (as its --kl-divergence)."""
     import numpy as np
@@ -81,8 +90,8 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
     from minfer.progress import bar as progress_bar
     from minfer.tokenizer import Tokenizer
 
-    check_options(ctx, chunks, save_path, base_path)
-    kind, why = pick_backend_kind(backend_kind)
+    check_options(ctx, chunks, save_path, base_path, emulate, backend_kind)
+    kind, why = pick_backend_kind(backend_kind or ("cpu" if emulate else None))
     check_backend(kind, None)
     if save_path is not None:
         check_output_path(save_path)
@@ -114,8 +123,15 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
     first, rows = P.first_scored(ctx), P.rows_per_window(ctx)
 
     t0 = time.perf_counter()
-    backend = make_backend(kind, model, None, ctx, min(ctx, UBATCH["cuda"]),
-                           gemm_config(gemm=gemm))
+    if emulate is not None:
+        from minfer.reference.emulate import emulating_backend
+
+        backend = emulating_backend(model, emulate, ctx)
+        backend.preload(progress=True)
+        n_emulated = len(backend.q8_1_inputs | backend.q8s_inputs | backend.blk_inputs)
+    else:
+        backend = make_backend(kind, model, None, ctx, min(ctx, UBATCH["cuda"]),
+                               gemm_config(gemm=gemm))
     hdr["backend"] = backend.name
     load_s = time.perf_counter() - t0
     tally = P.Tally()
@@ -138,12 +154,16 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
     out = {"model": str(model_path), "backend": backend.name, "backend_choice": why,
            "text": text_name, "n_tokens": int(len(ids)), "ctx": ctx, "chunks": n,
            "rows_per_chunk": rows, **tally.summary(), "load_s": load_s, "run_s": run_s,
-           "saved_logits": save_path, "kld_base": base_path}
+           "saved_logits": save_path, "kld_base": base_path,
+           "emulate": None if emulate is None else {"grid": emulate, "weights": n_emulated}}
     if as_json:
         click.echo(json.dumps(out))
         return
     click.echo(f"model    {model.describe()}")
     click.echo(f"backend  {backend.name} ({why})")
+    if emulate is not None:
+        click.echo(f"emulate  {emulate}: {n_emulated} linear weights on its grid, the rest "
+                   "exact")
     click.echo(f"text     {text_name}: {len(ids):,} tokens; {n} windows of {ctx} "
                f"({rows} scored each, {out['n_scored']:,} in all)")
     click.echo(",".join(f"[{i + 1}]{p:.4f}" for i, p in enumerate(tally.running)))

@@ -9,8 +9,8 @@ then quantized symmetric, round to nearest, to int8: s = max|x'| / 127, q = rint
 max|x'|)) (one division per block, a multiply per value, as the kernels), with
 one f32 scale per (token, block) for the activations and one per weight row (over all of K).
 The rotation spreads a block's outliers over its 128 values, so a shared per-128 scale keeps
-the small ones (QuaRot's argument); the weights, already on q4_K's far coarser grid, lose
-nothing measurable to a row scale (docs/perf.md's KL divergence), and a row scale leaves the
+the small ones (QuaRot's argument). The weights' row scale costs more than that grid: on SmolLM2
+it is most of the path's KL divergence (docs/perplexity.md, gate 6), but it leaves the
 kernel one FFMA per value and stage: z += f32(S) sa, y = z sw at the end (a per-(row, block)
 weight scale would add an FMUL to every fold, a quarter of the issue width). The weight's scale
 carries the rotation's 1/128.
@@ -35,8 +35,8 @@ BLK_OP = BLK_IMG + 128 * 4    # + its rows' f32 scales
 W_SCALE = np.float32(1 / BK)  # the weight scale carries the rotation's 1/128
 
 
-def kblocks(K: int) -> int:
-    return -(-K // BK)
+def kblocks(K: int, block: int = BK) -> int:
+    return -(-K // block)
 
 
 def pad128(n: int) -> int:
@@ -53,14 +53,15 @@ def blk_weight_bytes(N: int, K: int) -> int:
     return kblocks(K) * (pad128(N) // 128) * BLK_IMG + pad128(N) * 4
 
 
-def fwht128(x: np.ndarray) -> np.ndarray:
-    """The unnormalized Walsh-Hadamard transform of each 128 values along the last axis, in f32,
-    stage by stage (h = 1, 2, ..., 64: (a, b) at (i, i + h) -> (a + b, a - b)), as the kernels."""
+def fwht128(x: np.ndarray, block: int = BK) -> np.ndarray:
+    """The unnormalized Walsh-Hadamard transform of each 128 (`block`, a power of 2) values
+    along the last axis, in f32, stage by stage (h = 1, 2, ..., 64: (a, b) at (i, i + h) ->
+    (a + b, a - b)), as the kernels."""
     y = np.asarray(x, np.float32).copy()
     shape = y.shape
     h = 1
-    while h < BK:
-        v = y.reshape(-1, BK // (2 * h), 2, h)
+    while h < block:
+        v = y.reshape(-1, block // (2 * h), 2, h)
         a, b = v[:, :, 0, :].copy(), v[:, :, 1, :].copy()
         v[:, :, 0, :] = a + b
         v[:, :, 1, :] = a - b
@@ -69,28 +70,32 @@ def fwht128(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def _rotated(x: np.ndarray) -> np.ndarray:
-    """x [R, K] (its f16 values: the kernels read f16) -> f32 [R, KB, 128] rotated blocks."""
+def _rotated(x: np.ndarray, block: int = BK) -> np.ndarray:
+    """x [R, K] (its f16 values: the kernels read f16) -> f32 [R, KB, block] rotated blocks."""
     x = np.asarray(x, np.float16).astype(np.float32)
     R, K = x.shape
-    xp = np.zeros((R, kblocks(K) * BK), np.float32)
+    KB = kblocks(K, block)
+    xp = np.zeros((R, KB * block), np.float32)
     xp[:, :K] = x
-    return fwht128(xp.reshape(R, kblocks(K), BK))
+    return fwht128(xp.reshape(R, KB, block), block)
 
 
-def quantize_blk(x: np.ndarray, per_row: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """x [R, K] -> (q int8 [R, KB * 128], s f32): the rotated blocks' values and their scales,
-    s [R, KB] (activations), or per_row: s [R] over the whole row, times W_SCALE (weights)."""
-    y = _rotated(x)
+def quantize_blk(x: np.ndarray, per_row: bool = False, block: int = BK
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """x [R, K] -> (q int8 [R, KB * block], s f32): the rotated blocks' values and their
+    scales, s [R, KB] (activations), or per_row: s [R] over the whole row, times 1 / block
+    (W_SCALE at the kernel's 128). block: 128 (the kernel); 256 only for the CPU emulation's
+    experiment (`minfer perplexity --emulate blk256`)."""
+    y = _rotated(x, block)
     R, KB = y.shape[:2]
     amax = np.abs(y).max(axis=(1, 2) if per_row else -1)
     s = amax / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     if per_row:
-        q = np.clip(np.rint(y * inv[:, None, None]), -127, 127).astype(np.int8).reshape(R, KB * BK)
-        return q, (s * W_SCALE).astype(np.float32)
-    q = np.clip(np.rint(y * inv[..., None]), -127, 127).astype(np.int8).reshape(R, KB * BK)
+        q = np.clip(np.rint(y * inv[:, None, None]), -127, 127).astype(np.int8)
+        return q.reshape(R, KB * block), (s * np.float32(1 / block)).astype(np.float32)
+    q = np.clip(np.rint(y * inv[..., None]), -127, 127).astype(np.int8).reshape(R, KB * block)
     return q, s.astype(np.float32)
 
 
@@ -158,18 +163,19 @@ def blk_linear_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return blk_gemm(qa, sa, qw, sw)
 
 
-def blk_grid(x: np.ndarray, weight: bool = False) -> np.ndarray:
+def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK) -> np.ndarray:
     """x [R, K] -> f32 [R, K]: the values the blk path sees, rotated back (x_hat = q s H / 128;
     weight: the row-scaled weight grid), so that x_hat @ w_hat.T equals blk_gemm up to f32
-    rounding: how the CPU reference emulates the path."""
+    rounding: how the CPU reference emulates the path. block: the rotation and activation
+    scale block (quantize_blk)."""
     x = np.asarray(x)
     R, K = x.shape
-    q, s = quantize_blk(x, per_row=weight)
-    KB = kblocks(K)
-    s = s[:, None, None] / W_SCALE if weight else s[..., None]
-    y = q.reshape(R, KB, BK).astype(np.float32) * s
-    back = fwht128(y) / np.float32(BK)                 # H^T = H, H H = 128 I
-    return np.ascontiguousarray(back.reshape(R, KB * BK)[:, :K])
+    q, s = quantize_blk(x, per_row=weight, block=block)
+    KB = kblocks(K, block)
+    s = s[:, None, None] * np.float32(block) if weight else s[..., None]
+    y = q.reshape(R, KB, block).astype(np.float32) * s
+    back = fwht128(y, block) / np.float32(block)       # H^T = H, H H = block I
+    return np.ascontiguousarray(back.reshape(R, KB * block)[:, :K])
 
 
 __all__ = ["BK", "BLK_IMG", "BLK_OP", "W_SCALE", "kblocks", "pad128", "blk_bytes",

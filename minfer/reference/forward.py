@@ -29,7 +29,8 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   gate's tau measures the kernels, not the (intended) q8_1 grid.
 - blk_inputs: names of weights on the block path: the weight requantized and the activation
   rounded through its rotated int8 grids (minfer.quants.blk_ref.blk_grid), what `minfer check`
-  and the KL-divergence emulation compare it with.
+  and the KL-divergence emulation compare it with; blk_block: its rotation and activation
+  scale block (128: the kernel; 256: an experiment, minfer.reference.emulate).
 - q8s_inputs: the same through the per-256 q8s grid of the SB MMQ kernel
   (minfer.quants.mmq_sb_ref.quantize_q8s).
 Both off and dtype=float64 is the oracle mode.
@@ -113,7 +114,7 @@ class ReferenceBackend:
     def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
                  max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset(),
                  q8s_inputs: frozenset[str] = frozenset(),
-                 blk_inputs: frozenset[str] = frozenset()):
+                 blk_inputs: frozenset[str] = frozenset(), blk_block: int = 128):
         self.model = model
         self.cfg = model.config
         self.dtype = np.dtype(dtype)
@@ -124,6 +125,7 @@ class ReferenceBackend:
         self.q8_1_inputs = frozenset(q8_1_inputs)
         self.q8s_inputs = frozenset(q8s_inputs)
         self.blk_inputs = frozenset(blk_inputs)
+        self.blk_block = blk_block
         self.name = "cpu" if self.dtype == np.float32 else "cpu-f64"
         self._w: dict[str, np.ndarray] = {}
         self._k: list[np.ndarray] = []
@@ -141,7 +143,7 @@ class ReferenceBackend:
                 if name in self.blk_inputs:   # the block path's requantized weight grid
                     from minfer.quants.blk_ref import blk_grid
 
-                    w = blk_grid(w.reshape(w.shape[0], -1), weight=True)
+                    w = blk_grid(w.reshape(w.shape[0], -1), weight=True, block=self.blk_block)
                 w = w.astype(self.dtype, copy=False)
             except MemoryError:
                 from minfer.hostmem import out_of_memory
@@ -199,8 +201,8 @@ class ReferenceBackend:
         elif name in self.blk_inputs:  # the block path's grid: rotated int8 per 128 values
             from minfer.quants.blk_ref import blk_grid
 
-            x = blk_grid(x.reshape(-1, x.shape[-1])).reshape(x.shape).astype(self.dtype,
-                                                                                 copy=False)
+            x = blk_grid(x.reshape(-1, x.shape[-1]), block=self.blk_block).reshape(
+                x.shape).astype(self.dtype, copy=False)
         y = x @ self.weight(name).T
         bias = name[: -len(".weight")] + ".bias"
         if bias in self.model.tensors:
