@@ -1,24 +1,23 @@
 // mmq_blk.cu: the block-scaled int8 path. C[M, N] f32 = x[M, K] W[N, K]^T with both operands
-// rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8, the
-// activations with one f32 scale per (token, 128 of K), the weight with one per row; Hopper
+// rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8 with one
+// f32 scale per (row, 128 of K) (tokens and weight rows alike); Hopper
 // wgmma m64n128k32 .s32.s8.s8, the int32 sums folded into f32 once per 128 of K (sm_90a only;
 // warp-specialized, persistent, stream-K).
 // minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
 // Why: an exact q4_K kernel folds every accumulator once per 32 of K (the sub-scale), which at
-// Hopper's int8 rate costs the whole issue width; here a fold is once per stage of 128 and one
-// FFMA per value (the row scale waits for the end):
-//   z[row][tok] += f32(S) * sa[tok],  S = sum_k qw qa over the stage (|S| < 2^21);  y = z sw[row]
+// Hopper's int8 rate costs the whole issue width; here a fold is once per stage of 128:
+//   z[row][tok] += f32(S) * (sw[row] * sa[tok]),  S = sum_k qw qa over the stage (|S| < 2^21)
+// (a per-row weight scale would save the FMUL but fails the KL-divergence gate:
+// docs/perplexity.md)
 // Math and layouts: the numpy twins in minfer.quants.blk_ref (quantize_blk, blk_operand,
-// blk_weight_operand, blk_gemm). Token operand Tt: [KB][Mp/128] blocks of OP = 16896 B, one per
-// (128-K block, 128-token tile): the tile's image as the wgmma reads it (128 rows x 128 int8,
-// 128-byte swizzle), then the 128 tokens' f32 scales. Weight operand Wb: [KB][Np/128] images of
-// IMG = 16384 B, then the f32 row scales [Np] (with the rotation's 1/128).
+// blk_gemm). Operands Tt (tokens), Wb (weight): [KB][Rp/128] blocks of OP = 16896 B, one per
+// (128-K block, 128-row tile): the tile's image as the wgmma reads it (128 rows x 128 int8,
+// 128-byte swizzle), then the 128 rows' f32 scales (the weight's with the rotation's 1/128).
 // Entries:
-//   blk_operand_f16 (x, ld, R, K, Rp, out): x f16 [R, K] (row stride ld) -> token operand;
+//   blk_operand_f16 (x, ld, R, K, Rp, out, smul): x f16 [R, K] (row stride ld) -> operand
+//       (scales times smul: 1 for tokens, 1/128 for a weight, requantized at load);
 //       one warp per token and 4 blocks: the rotation (2 stages in registers, 5 by shuffles), amax,
 //       s = amax / 127, q = rint(x' * (127 / amax)); rows R..Rp-1 and k >= K are zeros.
-//   blk_weight_f16 (x, ld, N, K, Np, out): x f16 [N, K] -> weight operand, a warp per row (two
-//       passes: the row's amax, then the values).
 //   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
 //   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
 //       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_swiglu).
@@ -62,7 +61,7 @@ struct BlkSmem {
     static constexpr int BYTES = STAGES * STAGE + 1024 + 16 * STAGES;   // + alignment, mbarriers
 };
 static_assert(BlkSmem::BYTES <= 232448, "over the H200's opt-in shared memory");
-static_assert(BlkSmem::X >= IMG && BlkSmem::X + OP <= BlkSmem::STAGE && BlkSmem::X % 1024 == 0,
+static_assert(BlkSmem::X >= OP && BlkSmem::X + OP <= BlkSmem::STAGE && BlkSmem::X % 1024 == 0,
               "stage layout");
 
 // d (+)= A B over one k32 step: A 64 weight rows, B 128 tokens, both s8 from shared memory
@@ -96,21 +95,24 @@ __device__ __forceinline__ float s32_to_f32(int v) {
 #endif
 }
 
-// z[k] += f32(S[k]) sa(token) for the stage in shared memory at p (the thread's tokens
-// 16 q + 2t (+1), 16 q + 8 + 2t (+1) for q = 0..7), after the wgmma wait
-__device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t* p, int t) {
+// z[k] += f32(S[k]) sw(row) sa(token) for the stage in shared memory at p (the thread's rows
+// rw, rw + 8; its tokens 16 q + 2t (+1), 16 q + 8 + 2t (+1) for q = 0..7), after the wgmma wait
+__device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t* p, int rw,
+                                     int t) {
     wgmma::fence_regs(d);
 #ifdef BLK_NOFOLD   // timing build only (wrong results): the kernel without its folds
     return;
 #endif
+    const float* ws = reinterpret_cast<const float*>(p + BlkSmem::W + IMG);
     const float2* ts = reinterpret_cast<const float2*>(p + BlkSmem::X + IMG);
+    const float w0 = ws[rw], w1 = ws[rw + 8];
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
         const float2 a0 = ts[8 * q + t], a1 = ts[8 * q + 4 + t];
 #pragma unroll
         for (int k = 8 * q; k < 8 * q + 8; ++k) {
             const float2 a = (k & 4) ? a1 : a0;
-            z[k] = fmaf(s32_to_f32(d[k]), (k & 1) ? a.y : a.x, z[k]);
+            z[k] = fmaf(s32_to_f32(d[k]), ((k & 2) ? w1 : w0) * ((k & 1) ? a.y : a.x), z[k]);
             asm volatile("" : "+f"(z[k]));   // (keeps each conversion next to its FFMA)
         }
     }
@@ -121,7 +123,7 @@ __device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t
 template <int G>
 __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&db)[64],
                                            uint32_t& it, uint32_t base, const uint8_t* sbase,
-                                           uint32_t bars, int cw, int t) {
+                                           uint32_t bars, int cw, int rw, int t) {
     using S = BlkSmem;
 #ifdef BLK_SERIAL   // timing build: one buffer, each stage's fold after its wgmmas (no overlap)
 #pragma unroll
@@ -130,7 +132,7 @@ __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&
         wgmma::mbar_wait(bars + 8 * s, ((it + j) / STAGES) & 1);
         stage_mma(da, base + s * S::STAGE, cw);
         wgmma::wait<0>();
-        fold(z, da, sbase + s * S::STAGE, t);
+        fold(z, da, sbase + s * S::STAGE, rw, t);
         wgmma::mbar_arrive(bars + 8 * (STAGES + s));
     }
     it += G;
@@ -144,13 +146,13 @@ __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&
         if (j > 0) {
             const uint32_t sp = (it + j - 1) % STAGES;
             wgmma::wait<1>();
-            fold(z, j & 1 ? da : db, sbase + sp * S::STAGE, t);
+            fold(z, j & 1 ? da : db, sbase + sp * S::STAGE, rw, t);
             wgmma::mbar_arrive(bars + 8 * (STAGES + sp));
         }
     }
     const uint32_t sl = (it + G - 1) % STAGES;
     wgmma::wait<0>();
-    fold(z, (G - 1) & 1 ? db : da, sbase + sl * S::STAGE, t);
+    fold(z, (G - 1) & 1 ? db : da, sbase + sl * S::STAGE, rw, t);
     wgmma::mbar_arrive(bars + 8 * (STAGES + sl));
     it += G;
 }
@@ -182,17 +184,17 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         wgmma::setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
         // (32-bit offsets: the launcher keeps both operands under 2^31 bytes)
-        const uint32_t wstep = nrow * IMG, tstep = ntok * OP;
+        const uint32_t wstep = nrow * OP, tstep = ntok * OP;
         while (true) {
             asm volatile("" : "+r"(sched.ntiles));
             if (!sched.next(w)) break;
-            uint32_t wo = w.tile / ntok * IMG + w.k0 * wstep;
+            uint32_t wo = w.tile / ntok * OP + w.k0 * wstep;
             uint32_t to = w.tile % ntok * OP + w.k0 * tstep;
             for (int q = w.k0; q < w.k1; ++q, ++it, wo += wstep, to += tstep) {
                 const uint32_t slot = it % STAGES, st = base + slot * S::STAGE;
                 wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
-                wgmma::mbar_expect_tx(bars + 8 * slot, IMG + OP);
-                wgmma::bulk_copy(st + S::W, Wb + wo, IMG, bars + 8 * slot);
+                wgmma::mbar_expect_tx(bars + 8 * slot, 2 * OP);
+                wgmma::bulk_copy(st + S::W, Wb + wo, OP, bars + 8 * slot);
                 wgmma::bulk_copy(st + S::X, Tt + to, OP, bars + 8 * slot);
             }
         }
@@ -209,20 +211,15 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         for (int k = 0; k < 64; ++k) z[k] = 0.f;
         int n = w.k1 - w.k0;
         for (; n >= BLK_GROUP; n -= BLK_GROUP)
-            run_stages<BLK_GROUP>(z, da, db, it, base, sbase, bars, cw, t);
-        for (; n >= 2; n -= 2) run_stages<2>(z, da, db, it, base, sbase, bars, cw, t);
-        if (n) run_stages<1>(z, da, db, it, base, sbase, bars, cw, t);
+            run_stages<BLK_GROUP>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        for (; n >= 2; n -= 2) run_stages<2>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        if (n) run_stages<1>(z, da, db, it, base, sbase, bars, cw, rw, t);
         // a stream-K tail publishes its values, a head adds its tail's; then the stores
         if (w.k0 > 0) {
             wgmma::sk_put<64, T, 128>(ws, flags, z);
         } else {
             if (w.k1 < KB) wgmma::sk_add<64, T, 128>(ws, flags, z);
             const int m0 = (w.tile % ntok) * BM + 2 * t, r0 = (w.tile / ntok) * BN + rw;
-            // y = z sw (the row scales after the images: [KB][nrow] of them)
-            const float* sw = reinterpret_cast<const float*>(Wb + (size_t)KB * nrow * IMG);
-            const float w0 = sw[r0], w1 = sw[r0 + 8];
-#pragma unroll
-            for (int k = 0; k < 64; ++k) z[k] *= (k & 2) ? w1 : w0;
             if constexpr (EPI == 2) store_swiglu(z, static_cast<__half*>(C), M, N / 2, m0, r0);
             else store_t<EPI == 1>(z, static_cast<float*>(C), M, N, m0, r0);
         }
@@ -313,7 +310,7 @@ constexpr int OPB = 4;
 
 extern "C" __global__ void __launch_bounds__(256)
 blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp,
-                uint8_t* __restrict__ out) {
+                uint8_t* __restrict__ out, float smul) {
     const int lane = threadIdx.x & 31;
     const long long wid = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const int KB = (K + 127) / 128, KG = (KB + OPB - 1) / OPB;
@@ -328,30 +325,6 @@ blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp
         const float amax = rotate128(v[b], lane);
         uint8_t* blk = out + (static_cast<size_t>(kb0 + b) * (Rp / 128) + row / 128) * OP;
         store4(blk, v[b], amax > 0.f ? 127.f / amax : 0.f, row & 127, lane);
-        if (lane == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f;
+        if (lane == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f * smul;
     }
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-blk_weight_f16(const __half* __restrict__ x, long long ld, int N, int K, int Np,
-               uint8_t* __restrict__ out) {
-    const int lane = threadIdx.x & 31;
-    const int row = static_cast<int>((static_cast<long long>(blockIdx.x) * blockDim.x +
-                                      threadIdx.x) >> 5);
-    if (row >= Np) return;
-    const int KB = (K + 127) / 128;
-    float v[4], amax = 0.f;
-    for (int kb = 0; kb < KB; ++kb) {
-        load4(v, x, ld, N, K, row, kb * 128 + 4 * lane);
-        amax = fmaxf(amax, rotate128(v, lane));
-    }
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
-    for (int kb = 0; kb < KB; ++kb) {
-        load4(v, x, ld, N, K, row, kb * 128 + 4 * lane);
-        rotate128(v, lane);
-        store4(out + (static_cast<size_t>(kb) * (Np / 128) + row / 128) * IMG, v, inv, row & 127,
-               lane);
-    }
-    if (lane == 0) reinterpret_cast<float*>(out + static_cast<size_t>(KB) * Np * 128)[row] =
-        amax / 127.f * (1.f / 128.f);
 }

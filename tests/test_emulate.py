@@ -98,8 +98,9 @@ def test_blk_block_256_is_a_grid_and_128_the_default():
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((9, 320)) * np.exp(rng.standard_normal((9, 320)))).astype(np.float32)
     for weight in (False, True):
-        q, s = quantize_blk(x, per_row=weight, block=256)
-        assert q.shape == (9, 512) and s.shape == ((9,) if weight else (9, 2))
+        q, s = quantize_blk(x, weight=weight, block=256)
+        assert q.shape == (9, 512) and s.shape == (9, 2)
+        assert quantize_blk(x, weight=True, per_row=True)[1].shape == (9,)   # the row grid
         g128, g256 = blk_grid(x, weight), blk_grid(x, weight, block=256)
         assert np.array_equal(g128, blk_grid(x, weight, block=128))
         for g in (g128, g256):  # a close grid, not the input

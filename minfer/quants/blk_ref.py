@@ -6,20 +6,17 @@ Both operands are cut into blocks of 128 along K (the last one zero-padded), eac
 by the unnormalized 128-point Walsh-Hadamard transform (7 butterfly stages: x' = x H, H H^T =
 128 I, so x'_b w'_b^T = 128 x_b w_b^T exactly in real arithmetic; zero padding keeps it exact),
 then quantized symmetric, round to nearest, to int8: s = max|x'| / 127, q = rint(x' * (127 /
-max|x'|)) (one division per block, a multiply per value, as the kernels), with
-one f32 scale per (token, block) for the activations and one per weight row (over all of K).
-The rotation spreads a block's outliers over its 128 values, so a shared per-128 scale keeps
-the small ones (QuaRot's argument). The weights' row scale costs more than that grid: on SmolLM2
-it is most of the path's KL divergence (docs/perplexity.md, gate 6), but it leaves the
-kernel one FFMA per value and stage: z += f32(S) sa, y = z sw at the end (a per-(row, block)
-weight scale would add an FMUL to every fold, a quarter of the issue width). The weight's scale
-carries the rotation's 1/128.
+max|x'|)) (one division per block, a multiply per value, as the kernels), with one f32 scale
+per (row, block) on both sides (tokens, weight rows). The rotation spreads a block's outliers
+over its 128 values, so a shared per-128 scale keeps the small ones (QuaRot's argument). The
+weight's scale carries the rotation's 1/128. A single scale per weight row would save the
+kernel an FMUL per value and stage, but that grid is most of the path's KL divergence on
+SmolLM2 and fails gate 6 (docs/perplexity.md; `per_row` here emulates it).
 
-Token operand, one block per (128-K block, 128-token tile), `BLK_OP` bytes: the tile's image
-as the wgmma reads it (128 rows x 128 int8, 128-byte swizzle: the 16-byte chunk c of row r at
-r * 128 + (c ^ (r % 8)) * 16), then the 128 tokens' f32 scales; rows past the matrix are zero:
-[KB, Mp / 128, BLK_OP] (KB = ceil(K / 128), Mp: rows padded to 128). Weight operand: the
-images alone, [KB, Np / 128, BLK_IMG], then the f32 row scales [Np].
+Operand, one block per (128-K block, 128-row tile), `BLK_OP` bytes: the tile's image as the
+wgmma reads it (128 rows x 128 int8, 128-byte swizzle: the 16-byte chunk c of row r at
+r * 128 + (c ^ (r % 8)) * 16), then the 128 rows' f32 scales; rows past the matrix are zero:
+[KB, Rp / 128, BLK_OP] (KB = ceil(K / 128), Rp: rows padded to 128), tokens and weights alike.
 
 The twins here and the kernels agree bit for bit on the operands (f32 butterflies in the same
 order, IEEE division, rint): tests/gpu compare the bytes.
@@ -44,13 +41,11 @@ def pad128(n: int) -> int:
 
 
 def blk_bytes(R: int, K: int) -> int:
-    """Device bytes of an [R, K] token operand."""
+    """Device bytes of an [R, K] operand (tokens or a weight)."""
     return kblocks(K) * (pad128(R) // 128) * BLK_OP
 
 
-def blk_weight_bytes(N: int, K: int) -> int:
-    """Device bytes of an [N, K] weight operand (images, then the row scales)."""
-    return kblocks(K) * (pad128(N) // 128) * BLK_IMG + pad128(N) * 4
+blk_weight_bytes = blk_bytes
 
 
 def fwht128(x: np.ndarray, block: int = BK) -> np.ndarray:
@@ -80,14 +75,15 @@ def _rotated(x: np.ndarray, block: int = BK) -> np.ndarray:
     return fwht128(xp.reshape(R, KB, block), block)
 
 
-def quantize_blk(x: np.ndarray, per_row: bool = False, block: int = BK
+def quantize_blk(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """x [R, K] -> (q int8 [R, KB * block], s f32): the rotated blocks' values and their
-    scales, s [R, KB] (activations), or per_row: s [R] over the whole row, times 1 / block
-    (W_SCALE at the kernel's 128). block: 128 (the kernel); 256 only for the CPU emulation's
-    experiment (`minfer perplexity --emulate blk256`)."""
+    """x [R, K] -> (q int8 [R, KB * block], s f32 [R, KB]): the rotated blocks' values and
+    their scales; weight: the scales times 1 / block (W_SCALE at the kernel's 128). block: 128
+    (the kernel); 256 only for the CPU emulation's experiment (`--emulate blk256`). per_row
+    (with weight; the CPU emulation of a rejected design): one scale per row, s [R]."""
     y = _rotated(x, block)
     R, KB = y.shape[:2]
+    per_row = per_row and weight
     amax = np.abs(y).max(axis=(1, 2) if per_row else -1)
     s = amax / np.float32(127)
     with np.errstate(divide="ignore"):
@@ -96,7 +92,7 @@ def quantize_blk(x: np.ndarray, per_row: bool = False, block: int = BK
         q = np.clip(np.rint(y * inv[:, None, None]), -127, 127).astype(np.int8)
         return q.reshape(R, KB * block), (s * np.float32(1 / block)).astype(np.float32)
     q = np.clip(np.rint(y * inv[..., None]), -127, 127).astype(np.int8).reshape(R, KB * block)
-    return q, s.astype(np.float32)
+    return q, (s * np.float32(1 / block) if weight else s).astype(np.float32)
 
 
 def _swizzle(x: np.ndarray) -> np.ndarray:
@@ -115,16 +111,8 @@ def _images(q: np.ndarray, Rp: int) -> np.ndarray:
     return _swizzle(img).reshape(KB, Rp // 128, BLK_IMG)
 
 
-def blk_weight_operand(q: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """(q int8 [N, KB*128], s f32 [N]) -> uint8 [blk_weight_bytes]: images, then row scales."""
-    Np = pad128(q.shape[0])
-    sp = np.zeros(Np, np.float32)
-    sp[:q.shape[0]] = s
-    return np.concatenate([_images(q, Np).reshape(-1), sp.view(np.uint8)])
-
-
 def blk_operand(q: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """(q int8 [R, KB*128], s f32 [R, KB]) -> uint8 [KB, Rp/128, BLK_OP], the token blocks."""
+    """(q int8 [R, KB*128], s f32 [R, KB]) -> uint8 [KB, Rp/128, BLK_OP], the kernel's blocks."""
     R, KB = s.shape
     Rp = pad128(R)
     img = _images(q, Rp)
@@ -144,40 +132,43 @@ def blk_unoperand(op: np.ndarray, R: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def blk_gemm(qa: np.ndarray, sa: np.ndarray, qw: np.ndarray, sw: np.ndarray) -> np.ndarray:
-    """The kernel's math in float64: (sum over blocks of sa_b * (qa_b @ qw_b^T), exact int
-    sums) * sw -> [M, N]; sa [M, KB], sw [N]."""
+    """The kernel's math in float64: sum over blocks of sa_b sw_b^T * (qa_b @ qw_b^T) (exact
+    int sums) -> [M, N]; sa [M, KB], sw [N, KB]."""
     M, KB = sa.shape
     y = np.zeros((M, sw.shape[0]), np.float64)
     for b in range(KB):
         S = qa[:, b * BK:(b + 1) * BK].astype(np.int64) @ qw[:, b * BK:(b + 1) * BK].astype(
             np.int64).T
-        y += S.astype(np.float64) * sa[:, b, None].astype(np.float64)
-    return y * sw[None, :].astype(np.float64)
+        y += S.astype(np.float64) * (sa[:, b, None].astype(np.float64) *
+                                     sw[None, :, b].astype(np.float64))
+    return y
 
 
 def blk_linear_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """The blk path's oracle: x [M, K] (its f16 values), w f32/f16 [N, K] (the dequantized
     weight, f16 as the GPU holds it) -> float64 [M, N]."""
     qa, sa = quantize_blk(x)
-    qw, sw = quantize_blk(w, per_row=True)
+    qw, sw = quantize_blk(w, weight=True)
     return blk_gemm(qa, sa, qw, sw)
 
 
-def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK) -> np.ndarray:
+def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False
+             ) -> np.ndarray:
     """x [R, K] -> f32 [R, K]: the values the blk path sees, rotated back (x_hat = q s H / 128;
-    weight: the row-scaled weight grid), so that x_hat @ w_hat.T equals blk_gemm up to f32
-    rounding: how the CPU reference emulates the path. block: the rotation and activation
-    scale block (quantize_blk)."""
+    weight: the weight grid), so that x_hat @ w_hat.T equals blk_gemm up to f32 rounding: how
+    the CPU reference emulates the path. block, per_row: as quantize_blk."""
     x = np.asarray(x)
     R, K = x.shape
-    q, s = quantize_blk(x, per_row=weight, block=block)
+    q, s = quantize_blk(x, weight=weight, block=block, per_row=per_row)
     KB = kblocks(K, block)
-    s = s[:, None, None] * np.float32(block) if weight else s[..., None]
+    if weight:
+        s = s * np.float32(block)
+    s = s[:, None, None] if s.ndim == 1 else s[..., None]
     y = q.reshape(R, KB, block).astype(np.float32) * s
     back = fwht128(y, block) / np.float32(block)       # H^T = H, H H = block I
     return np.ascontiguousarray(back.reshape(R, KB * block)[:, :K])
 
 
 __all__ = ["BK", "BLK_IMG", "BLK_OP", "W_SCALE", "kblocks", "pad128", "blk_bytes",
-           "blk_weight_bytes", "fwht128", "quantize_blk", "blk_operand", "blk_weight_operand",
+           "blk_weight_bytes", "fwht128", "quantize_blk", "blk_operand",
            "blk_unoperand", "blk_gemm", "blk_linear_ref", "blk_grid"]

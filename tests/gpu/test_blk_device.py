@@ -23,7 +23,7 @@ def _x(rng, M, K):
 def test_blk_operands_bitwise(hopper, same_bytes, M, K):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_operand as op_ref, blk_weight_operand, quantize_blk
+    from minfer.quants.blk_ref import blk_operand as op_ref, quantize_blk
 
     rt = hopper
     rng = np.random.default_rng(M + K)
@@ -32,13 +32,14 @@ def test_blk_operands_bitwise(hopper, same_bytes, M, K):
     assert same_bytes(got.tt, op_ref(*quantize_blk(x)))
     w = (rng.standard_normal((M, K)) * 0.05).astype(np.float16)
     gw = blk_weight(rt, da.to_device(rt, w))
-    assert same_bytes(gw.wb, blk_weight_operand(*quantize_blk(w, per_row=True)))
+    assert same_bytes(gw.wb, op_ref(*quantize_blk(w, weight=True)))
 
 
 @pytest.mark.parametrize("M,N,K,sms,opts", [
     (77, 333, 576, None, ()), (1, 16, 128, None, ()), (129, 200, 1000, 3, ()),
     (300, 1024, 4096, 5, ()), (512, 640, 2048, 7, ("-DBLK_FOLD=1",)),
-    (65, 129, 768, 2, ("-DBLK_FOLD=1",)), (256, 512, 4096, None, ("-DBLK_STAGES=4",))])
+    (65, 129, 768, 2, ("-DBLK_FOLD=1",)), (256, 512, 4096, None, ("-DBLK_STAGES=4",)),
+    (200, 384, 2048, None, ("-DBLK_GROUP=8",))])
 def test_blk_parity(hopper, M, N, K, sms, opts):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da
@@ -48,7 +49,7 @@ def test_blk_parity(hopper, M, N, K, sms, opts):
     rng = np.random.default_rng(M + N + K)
     x = _x(rng, M, K)
     w = (rng.standard_normal((N, K)) * 0.05).astype(np.float16)
-    ref = blk_gemm(*quantize_blk(x), *quantize_blk(w, per_row=True))
+    ref = blk_gemm(*quantize_blk(x), *quantize_blk(w, weight=True))
     wb = blk_weight(rt, da.to_device(rt, w))
     tt = blk_operand(rt, da.to_device(rt, x))
     outs = []
@@ -77,7 +78,7 @@ def test_blk_swiglu(hopper, M, F, K, sms):
     rng = np.random.default_rng(F + K)
     x = _x(rng, M, K)
     w = (rng.standard_normal((2 * F, K)) * 0.05).astype(np.float16)[glu_rows(F)]
-    y = blk_gemm(*quantize_blk(x), *quantize_blk(w, per_row=True))
+    y = blk_gemm(*quantize_blk(x), *quantize_blk(w, weight=True))
     inv = np.argsort(glu_rows(F))
     y = y[:, inv]
     g, u = y[:, :F], y[:, F:]

@@ -3,10 +3,10 @@ minfer.quants.blk_ref):
 
     y[M, N] (f32) = blk(x)[M, K] @ blk(W)[N, K].T
 
-x and W are rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8,
-x with one f32 scale per (token, 128 of K), W with one per row (~1.0 B per weight on the GPU).
-`blk_weight` requantizes an f16 weight on the GPU at load, `blk_operand` the f16 activations
-before each GEMM (one warp per token and block), `mmq_blk_linear` runs the GEMM: wgmma s8,
+x and W are rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8
+with one f32 scale per (row, 128 of K) (1.03 B per weight on the GPU). `blk_weight`
+requantizes an f16 weight on the GPU at load, `blk_operand` the f16 activations before each
+GEMM (one launch: the same kernel), `mmq_blk_linear` runs the GEMM: wgmma s8,
 the int32 sums folded into f32 once per 128 of K, persistent with stream-K over 128-K stages
 (minfer.cuda.ops.stream_k). sm_90 only.
 """
@@ -49,8 +49,8 @@ def _check_f16(what: str, x):
 
 @dataclass
 class BlkWeight(da.DeviceArrays):
-    """A weight [N, K] as mmq_blk's operand: wb uint8 [blk_weight_bytes(N, K)], the rotated
-    int8 images per (128-K block, 128-row tile), then the f32 row scales [Np]."""
+    """A weight [N, K] as mmq_blk's operand: wb uint8 [KB, Np/128, BLK_OP], per (128-K block,
+    128-row tile) the rotated int8 image and the rows' f32 scales (with the rotation's 1/128)."""
     wb: object
     N: int
     K: int
@@ -65,16 +65,20 @@ class BlkTokens:
 
 
 def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
-    """f16 [N, K] on the device -> BlkWeight (blk_weight_f16, a warp per row)."""
+    """f16 [N, K] on the device -> BlkWeight (blk_operand_f16, scales times 1/128)."""
     N, K = _check_f16("blk_weight", w16)
-    nbytes = blk_weight_bytes(N, K)
-    if nbytes >= 2**31:
+    if blk_bytes(N, K) >= 2**31:
         raise GPUError(f"blk_weight: [{N}, {K}] is too large for the kernel's 32-bit offsets")
-    wb = da.empty(rt, (nbytes,), np.uint8, f"blk int8 {what}")
-    Np = pad128(N)
-    rt.launch(rt.function("mmq_blk", "blk_weight_f16", _OPTS), ((Np * 32 + 255) // 256,), (256,),
-              (da.arg(w16), np.int64(K), np.int32(N), np.int32(K), np.int32(Np), da.arg(wb)))
+    wb = da.empty(rt, (kblocks(K), pad128(N) // 128, BLK_OP), np.uint8, f"blk int8 {what}")
+    _launch_operand(rt, w16, N, K, wb, 1 / 128)
     return BlkWeight(wb, N, K)
+
+
+def _launch_operand(rt, x16, R: int, K: int, out, smul: float) -> None:
+    warps = pad128(R) * -(-kblocks(K) // 4)   # a warp per row and 4 blocks (OPB)
+    rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((warps + 7) // 8,), (256,),
+              (da.arg(x16), np.int64(K), np.int32(R), np.int32(K), np.int32(pad128(R)),
+               da.arg(out), np.float32(smul)))
 
 
 def blk_token_bytes(M: int, K: int) -> int:
@@ -82,18 +86,14 @@ def blk_token_bytes(M: int, K: int) -> int:
 
 
 def blk_operand(rt, x16, tt=None) -> BlkTokens:
-    """x f16 [M, K] -> BlkTokens (into tt, uint8 [KB, Mp/128, BLK_OP], if given); a warp per
-    token and 4 blocks of 128."""
+    """x f16 [M, K] -> BlkTokens (into tt, uint8 [KB, Mp/128, BLK_OP], if given)."""
     M, K = _check_f16("blk_operand", x16)
     shape = (kblocks(K), pad128(M) // 128, BLK_OP)
     if blk_bytes(M, K) >= 2**31:
         raise GPUError(f"blk_operand: [{M}, {K}] is too large for the kernels' 32-bit offsets")
     tt = da.empty(rt, shape, np.uint8, "blk token operand") if tt is None else tt
     da.check("blk_operand tt", tt, shape, np.uint8, align=16)
-    warps = pad128(M) * -(-kblocks(K) // 4)   # a warp per token and 4 blocks (OPB)
-    rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((warps + 7) // 8,), (256,),
-              (da.arg(x16), np.int64(K), np.int32(M), np.int32(K), np.int32(pad128(M)),
-               da.arg(tt)))
+    _launch_operand(rt, x16, M, K, tt, 1.0)
     return BlkTokens(tt, M, K)
 
 
@@ -112,7 +112,7 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
                        f"N={N}{' +=' if accumulate else ''}")
     if M <= 0:
         raise GPUError(f"mmq_blk_linear: need M >= 1, got M={M}")
-    if M * N >= 2**31 or blk_bytes(M, K) >= 2**31:
+    if M * N >= 2**31 or blk_bytes(M, K) >= 2**31 or blk_bytes(N, K) >= 2**31:
         raise GPUError(f"mmq_blk_linear: [{M}, {N}, {K}] is too large for the kernel's 32-bit "
                        "offsets")
     da.check("mmq_blk_linear out", out, (M, N // 2) if swiglu else (M, N),

@@ -110,10 +110,10 @@ TABLE: dict[str, GemmPath] = {p.name: p for p in (
              "sb-operand", {Q4_K: 41984 / (128 * 256)}, _OPS + "prepare_sb", _OPS + "launch_sb",
              _OPS + "twin_sb",
              variants=("glu", "stream-k", "fused-prepass"), smem=_sb_smem),
-    # any type: dequantized, Hadamard-rotated and requantized to int8 at load (one byte per
-    # weight + a row scale); activations int8 per (token, 128 of K)
+    # any type: dequantized, Hadamard-rotated and requantized to int8 at load, one f32 scale
+    # per (row, 128 of K) on both operands
     GemmPath("blk", "mmq_blk", None, frozenset({"sm_90"}), 32, "requant-blk", "blk-operand",
-             {None: 1.0}, _OPS + "prepare_blk", _OPS + "launch_blk", _OPS + "twin_blk",
+             {None: 16896 / 16384}, _OPS + "prepare_blk", _OPS + "launch_blk", _OPS + "twin_blk",
              variants=("glu", "stream-k"), smem=_blk_smem, gemv_f16=True),
     GemmPath("wide-kd4", "mmq_raw_wide_nt_kernel", **_INT8, kd=4, smem=_wide_smem(4)),
     GemmPath("wide-kd8", "mmq_raw_wide_nt_kernel", **_INT8, kd=8, smem=_wide_smem(8)),
