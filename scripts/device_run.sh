@@ -44,12 +44,15 @@ if [ "$MODE" = blk ]; then   # the block-scaled int8 path: kernels, isolated GEM
   step prefill 60 $M prefill -m /tmp/s8b.gguf --backend cuda --gemm blk -n 4
   step bench 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
     --ab f16 blk
+  step ppl_f16 60 $M perplexity -m "$S" --backend cuda --gemm f16 --chunks 8 --save-logits /tmp/f16.logits
+  step ppl_blk 60 $M perplexity -m "$S" --backend cuda --gemm blk --kld-base /tmp/f16.logits
   echo; echo "################ SUMMARY blk ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)|Error" "$OUT/tests.log" | head -12
   echo "--- gemm"; cat "$OUT/gemm.log" | tail -30
   echo "--- prefill"; grep -E "^(gemm|memory|load|prefill)|rror" "$OUT/prefill.log"
   echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" | grep -v "^| ---"
+  echo "--- perplexity (slice, GPU f16 base)"; tail -3 "$OUT/ppl_f16.log"; tail -8 "$OUT/ppl_blk.log"
   exit 0
 fi
 

@@ -22,7 +22,7 @@ SHAPES = {"qkv": (6144, 4096), "attn_output": (4096, 4096), "gate|up": (28672, 4
 ap = argparse.ArgumentParser()
 ap.add_argument("--tokens", default="512,2048")
 ap.add_argument("--min-ms", type=float, default=300)
-ap.add_argument("--variants", default="-,-DBLK_GROUP=8,-DBLK_FOLD=1 -DBLK_GROUP=8,-DBLK_NOFOLD")
+ap.add_argument("--variants", default="-,-DBLK_FOLD=1,-DBLK_NOFOLD")
 a = ap.parse_args()
 rt = get_runtime()
 drv = rt.drv
