@@ -10,6 +10,7 @@ and keeps the activations as the kernel has them (rotated int8 per (token, 128))
 
 | variant | weight scale | q |
 | --- | --- | --- |
+| none | the weight exact (activations alone on the grid; a control) | - |
 | row | per row, amax/127 (the kernel's grid; a control) | rint(y / s) |
 | A | per (row, block), amax/127 | rint(y / s) |
 | B | per row, c amax/127, c in 0.50..1.00 step 0.02 by the row's squared error | clipped |
@@ -53,6 +54,8 @@ def weight_grid(y: np.ndarray, variant: str) -> np.ndarray:
     """Rotated weight blocks y f32 [R, KB, 128] -> their values on `variant`'s grid, same shape."""
     R, KB, B = y.shape
     a = np.abs(y)
+    if variant == "none":
+        return y
     if variant in ("row", "B"):
         s = a.max(axis=(1, 2), keepdims=True) / np.float32(127)
         if variant == "B":
@@ -91,7 +94,7 @@ def weight_grid(y: np.ndarray, variant: str) -> np.ndarray:
     raise ValueError(f"unknown weight grid variant {variant!r}")
 
 
-VARIANTS = ("row", "A", "B", "C", "D", "Dm")
+VARIANTS = ("none", "row", "A", "B", "C", "D", "Dm")
 
 
 def patch(variant: str) -> None:
