@@ -1,0 +1,51 @@
+"""scripts/blk_wgrid.py: the weight-grid variants of the blk emulation experiment ('row' is the
+kernel's grid bit for bit; the finer grids err less; every q stays in int8's symmetric range)."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minfer.quants import blk_ref
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wg():
+    spec = importlib.util.spec_from_file_location("blk_wgrid", REPO / "scripts" / "blk_wgrid.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _weight(R=200, K=576):
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((R, K)) * rng.gamma(1.0, 1.0, (R, 1))
+    w[3, 5] = 40.0                                   # an outlier row
+    return w.astype(np.float16).astype(np.float32)
+
+
+def test_row_is_the_kernel_grid(wg, monkeypatch):
+    w, x = _weight(), _weight(7, 576)
+    ref_w, ref_x = blk_ref.blk_grid(w, weight=True), blk_ref.blk_grid(x)
+    monkeypatch.setattr(blk_ref, "blk_grid", blk_ref.blk_grid)   # undone after the test
+    wg.patch("row")
+    assert np.array_equal(blk_ref.blk_grid(w, weight=True), ref_w)
+    assert np.array_equal(blk_ref.blk_grid(x), ref_x)             # activations untouched
+    wg.patch("A")
+    assert not np.array_equal(blk_ref.blk_grid(w, weight=True), ref_w)
+    assert np.array_equal(blk_ref.blk_grid(x), ref_x)
+
+
+@pytest.mark.parametrize("v", ["A", "B", "C", "D", "Dm"])
+def test_variants_err_less_and_stay_int8(wg, v):
+    y = blk_ref._rotated(_weight())
+    err = {u: float(((wg.weight_grid(y, u) - y) ** 2).sum()) for u in ("row", v, "A")}
+    assert err[v] <= err["row"] * (1 + 1e-6)
+    if v in ("A", "C"):
+        assert err[v] <= err["A"] * (1 + 1e-6)
+    g = wg.weight_grid(y, v)                         # g = q s: q in [-127, 127] integers
+    assert g.shape == y.shape and np.isfinite(g).all()
+    assert np.abs(g).max() <= np.abs(y).max() * (1 + 1e-6)
