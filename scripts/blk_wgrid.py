@@ -1,7 +1,8 @@
 """The blk path's weight grid, other scale layouts: `minfer perplexity --emulate blk` with the
-weight requantized on a variant grid instead of the kernel's one scale per row, to find which
-weight scale layout passes gate 6 (docs/perplexity.md). An experiment: the product is untouched;
-this patches minfer.quants.blk_ref.blk_grid (weight=True) for the one process.
+weight requantized on a variant grid, to find which weight scale layout passes gate 6
+(docs/perplexity.md). It chose the kernel's grid, A (one scale per (row, 128)); the kernel
+had one scale per row before. An experiment: this patches minfer.quants.blk_ref.blk_grid
+(weight=True) for the one process.
 
     python3 scripts/blk_wgrid.py VARIANT -m M --emulate blk -t 1 --kld-base BASE.logits
 
@@ -11,8 +12,8 @@ and keeps the activations as the kernel has them (rotated int8 per (token, 128))
 | variant | weight scale | q |
 | --- | --- | --- |
 | none | the weight exact (activations alone on the grid; a control) | - |
-| row | per row, amax/127 (the kernel's grid; a control) | rint(y / s) |
-| A | per (row, block), amax/127 | rint(y / s) |
+| row | per row, amax/127 (the kernel's first grid) | rint(y / s) |
+| A | per (row, block), amax/127 (the kernel's grid) | rint(y / s) |
 | B | per row, c amax/127, c in 0.50..1.00 step 0.02 by the row's squared error | clipped |
 | C | per (row, block), c as in B by the block's squared error | clipped |
 | D | s_row amax/127 x f per (128-row tile, block), f = max over the tile of blk amax / row amax | rint(y / (s_row f)) |
