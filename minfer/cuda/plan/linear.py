@@ -144,59 +144,50 @@ class RawInt8Route(LinearRoute):
         mmq_linear(be.rt, x, w, self.qtype, M, N, K, self.path, C, accumulate=mode == "acc")
 
 
-class SbRoute(LinearRoute):
-    """The super-block kernel on the repacked q4_K weight, the SB token operand; stream-K unless
-    the tuning variant no-stream-k; the swiglu epilogue on q4_K gate|up."""
+class TiledInt8Route(LinearRoute):
+    """A persistent wgmma int8 kernel on a prepared weight and its token operand (x: the
+    operand, x.K its width), stream-K unless the tuning variant no-stream-k, with a swiglu
+    epilogue; `linear` names its launcher (minfer.cuda.ops.<module>:<function>)."""
+    linear = ""
+
+    def _launch(self, be, *args, **kw) -> None:
+        import importlib
+
+        mod, fn = self.linear.split(":")
+        getattr(importlib.import_module(mod), fn)(be.rt, *args,
+                                                  stream_k=self.choice.on("stream-k"), **kw)
+
+    def run(self, be, C, x, w, mode: str) -> None:
+        if mode == "f16":
+            raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
+        M, N = C.shape
+        if mode != "acc":
+            da.poison(be.rt, C)
+        self._launch(be, x, w, M, N, x.K, C, mode == "acc")
+
+    def run_glu(self, be, C, x, w) -> None:
+        M, F = C.shape
+        da.poison(be.rt, C)
+        self._launch(be, x, w, M, 2 * F, x.K, C, swiglu=True)
+
+
+class SbRoute(TiledInt8Route):
+    """The super-block kernel on the repacked q4_K weight, the SB token operand; the swiglu
+    epilogue on q4_K gate|up."""
     activation = "sb-operand"
+    linear = "minfer.cuda.ops.mmq_sb:mmq_sb_linear"
 
     @property
     def glu(self) -> bool:
         return self.qtype == Q4_K
 
-    def run(self, be, C, x, w, mode: str) -> None:
-        from minfer.cuda.ops.mmq_sb import mmq_sb_linear
 
-        if mode == "f16":
-            raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
-        M, N = C.shape
-        if mode != "acc":
-            da.poison(be.rt, C)
-        mmq_sb_linear(be.rt, x, w, M, N, x.K, C, mode == "acc",
-                      stream_k=self.choice.on("stream-k"))
-
-    def run_glu(self, be, C, x, w) -> None:
-        from minfer.cuda.ops.mmq_sb import mmq_sb_linear
-
-        M, F = C.shape
-        da.poison(be.rt, C)
-        mmq_sb_linear(be.rt, x, w, M, 2 * F, x.K, C, stream_k=self.choice.on("stream-k"),
-                      swiglu=True)
-
-
-class BlkRoute(LinearRoute):
+class BlkRoute(TiledInt8Route):
     """The block-scaled int8 kernel on the requantized weight (BlkWeight), the blk token
-    operand; stream-K unless the tuning variant no-stream-k; the swiglu epilogue."""
+    operand; the swiglu epilogue on any type."""
     activation = "blk-operand"
+    linear = "minfer.cuda.ops.mmq_blk:mmq_blk_linear"
     glu = True
-
-    def run(self, be, C, x, w, mode: str) -> None:
-        from minfer.cuda.ops.mmq_blk import mmq_blk_linear
-
-        if mode == "f16":
-            raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
-        M, N = C.shape
-        if mode != "acc":
-            da.poison(be.rt, C)
-        mmq_blk_linear(be.rt, x, w, M, N, x.K, C, mode == "acc",
-                       stream_k=self.choice.on("stream-k"))
-
-    def run_glu(self, be, C, x, w) -> None:
-        from minfer.cuda.ops.mmq_blk import mmq_blk_linear
-
-        M, F = C.shape
-        da.poison(be.rt, C)
-        mmq_blk_linear(be.rt, x, w, M, 2 * F, x.K, C, stream_k=self.choice.on("stream-k"),
-                       swiglu=True)
 
 
 ROUTES = {"dequant-f16": F16Route, "raw": RawInt8Route, "repack-sb": SbRoute,
