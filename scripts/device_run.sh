@@ -56,6 +56,31 @@ if [ "$MODE" = blk ]; then   # the block-scaled int8 path: kernels, isolated GEM
   exit 0
 fi
 
+if [ "$MODE" = final ]; then   # the whole GPU suite, the blk path's figures, the gate on the slice
+  MINFER_TEST_MODEL=$S step tests 250 python3 -m pytest -q -rfEs tests/gpu
+  step gemm 90 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-,-DBLK_FOLD=1,-DBLK_NOFOLD
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  step ncu 60 "$NCU" --section SpeedOfLight --section ComputeWorkloadAnalysis -k regex:mmq_blk \
+    --launch-skip 2 --launch-count 1 python3 scripts/gemm_one.py blk 28672 4096 2048
+  step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  step bench 90 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
+    --ab f16 blk
+  step sustained 60 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 3 --no-breakdown --ab f16 blk
+  step ppl_f16 40 $M perplexity -m "$S" --backend cuda --gemm f16 --chunks 8 --save-logits /tmp/f16.logits
+  step ppl_blk 40 $M perplexity -m "$S" --backend cuda --gemm blk --kld-base /tmp/f16.logits
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
+  step check 150 $M check -m /tmp/slice-q4km.gguf
+  echo; echo "################ SUMMARY final ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
+  echo "--- gemm"; tail -26 "$OUT/gemm.log"
+  echo "--- ncu"; grep -E "Duration|SM Frequency|Compute \(SM\)|Issue Slots|Tensor is|Memory Throughput" "$OUT/ncu.log"
+  echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" "$OUT/sustained.log" | grep -v "| ---"
+  echo "--- perplexity (slice, GPU f16 base)"; tail -2 "$OUT/ppl_f16.log"; tail -7 "$OUT/ppl_blk.log"
+  echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -24
+  exit 0
+fi
+
 if [ "$MODE" = big ]; then   # a 70B-shape Q4_K_M (~40 GB): what --gemm auto picks by memory
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
   step synth70 240 $M synth --preset llama3-70b --type q4_K_M --tokenizer-from none --quiet \
