@@ -3,8 +3,8 @@
 #   gates: pytest tests/gpu on a real (sliced) model, `minfer check` over the path table on its
 #          Q4_K_M requant, and the wheel installed non-editable into a clean target, run from
 #          another directory (its kernels from the package data).
-#   big:   a 70B-shape `minfer synth` model (~40 GB): prefill and bench at 512 and 2048 with
-#          `--gemm auto` choosing by free memory; peak GPU memory.
+#   big:   a 70B-shape `minfer synth` model (~40 GB): prefill at 2048 with `--gemm auto` choosing
+#          by free memory (bench at 512 and 2048 with BENCH70=1), then `--gemm blk`; peak memory.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -87,11 +87,15 @@ if [ "$MODE" = big ]; then   # a 70B-shape Q4_K_M (~40 GB): what --gemm auto pic
     -o /tmp/s70.gguf
   for n in 512 2048; do python3 scripts/prompt_of.py "$n" /tmp/s70.gguf > /tmp/p$n.txt; done
   step prefill70 200 $M prefill -m /tmp/s70.gguf --backend cuda --prompt-file /tmp/p2048.txt -n 4
-  step bench70 200 $M bench -m /tmp/s70.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown
+  if [ -n "$BENCH70" ]; then
+    step bench70 200 $M bench -m /tmp/s70.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown
+  fi
+  step prefill70blk 150 $M prefill -m /tmp/s70.gguf --backend cuda --gemm blk \
+    --prompt-file /tmp/p2048.txt -n 4
   kill %1 2>/dev/null
   echo; echo "################ SUMMARY big ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  grep -E "^(model|gemm|prompt|load|prefill)|error" "$OUT/prefill70.log"
-  grep -E "^\| |rror|gemm|backend" "$OUT/bench70.log" | grep -v "^| ---"
+  grep -E "^(model|gemm|memory|prompt|load|prefill)|error" "$OUT/prefill70.log" "$OUT/prefill70blk.log"
+  [ -f "$OUT/bench70.log" ] && grep -E "^\| |rror|gemm|backend" "$OUT/bench70.log" | grep -v "^| ---"
   echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"
   exit 0
 fi
