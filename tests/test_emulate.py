@@ -6,12 +6,12 @@ own; blk_ref's block parameter keeps the kernel's 128 results."""
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
 from cli_inproc import error_lines, run_cli
+from ppl_data import run_ppl, short_text
 from synth_data import tiny_model
 
 CTX, CHUNKS = 32, 2
@@ -24,18 +24,11 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
-    from minfer.perplexity import DEFAULT_TEXT
-
-    p = tmp_path_factory.mktemp("text") / "t.txt"
-    p.write_text(DEFAULT_TEXT.read_text()[:400])
-    return p
+    return short_text(tmp_path_factory, 400)
 
 
 def _ppl(model, text, *extra):
-    code, out, err = run_cli(["perplexity", "-m", str(model), "-f", str(text), "--ctx",
-                              str(CTX), "--chunks", str(CHUNKS), "--json", "-t", "1", *extra])
-    assert code == 0, err
-    return json.loads(out)
+    return run_ppl(model, text, CTX, CHUNKS, *extra)
 
 
 def test_emulated_weights_follow_the_gpu_routes(tiny):

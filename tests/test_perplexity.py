@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cli_inproc import error_lines, run_cli
+from ppl_data import run_ppl, short_text
 from synth_data import small_parts, write_small
 
 CTX, CHUNKS = 24, 3
@@ -30,19 +31,11 @@ def small(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def text(tmp_path_factory):
     """A few hundred tokens of the shipped text (byte-level: ~1 token per byte)."""
-    from minfer.perplexity import DEFAULT_TEXT
-
-    p = tmp_path_factory.mktemp("text") / "t.txt"
-    p.write_text(DEFAULT_TEXT.read_text()[:300])
-    return p
+    return short_text(tmp_path_factory, 300)
 
 
 def _ppl(model, text, *extra):
-    code, out, err = run_cli(["perplexity", "-m", str(model), "-f", str(text), "--backend",
-                              "cpu", "--ctx", str(CTX), "--chunks", str(CHUNKS), "--json",
-                              "-t", "1", *extra])
-    assert code == 0, err
-    return json.loads(out)
+    return run_ppl(model, text, CTX, CHUNKS, "--backend", "cpu", *extra)
 
 
 def _log_softmax(x):
