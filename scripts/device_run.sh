@@ -5,6 +5,7 @@
 #          another directory (its kernels from the package data).
 #   big:   a 70B-shape `minfer synth` model (~40 GB): prefill at 2048 with `--gemm auto` choosing
 #          by free memory (bench at 512 and 2048 with BENCH70=1), then `--gemm blk`; peak memory.
+#          VOCAB70=128256: Llama-3's vocab, where the f16 plan no longer fits and auto goes mixed.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -84,7 +85,7 @@ fi
 if [ "$MODE" = big ]; then   # a 70B-shape Q4_K_M (~40 GB): what --gemm auto picks by memory
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
   step synth70 240 $M synth --preset llama3-70b --type q4_K_M --tokenizer-from none --quiet \
-    -o /tmp/s70.gguf
+    ${VOCAB70:+--vocab $VOCAB70} -o /tmp/s70.gguf
   for n in 512 2048; do python3 scripts/prompt_of.py "$n" /tmp/s70.gguf > /tmp/p$n.txt; done
   step prefill70 200 $M prefill -m /tmp/s70.gguf --backend cuda --prompt-file /tmp/p2048.txt -n 4
   if [ -n "$BENCH70" ]; then
