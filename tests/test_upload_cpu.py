@@ -44,8 +44,11 @@ BASE = 1 << 32
 
 
 class _Ptr(int):
+    rt = None   # the MemRT that made it (records frees)
+
     def free(self):
-        pass
+        if self.rt is not None:
+            self.rt.freed.add(int(self))
 
 
 class _Arr:
@@ -82,6 +85,9 @@ class MemRT:
         self.htod: list[int] = []
         self.pinned: list[int] = []
         self.launch_streams: set = set()
+        self.allocs: list[tuple[int, int, str]] = []   # (pointer, bytes, what) in order
+        self.freed: set[int] = set()
+        self.f16_live_max = 0   # the most f16 weight bytes alive at once
         rt = self
 
         class Copy2D:
@@ -125,7 +131,12 @@ class MemRT:
         p = self.top
         self.top += (max(int(nbytes), 1) + 255) // 256 * 256
         assert self.top <= self.mem.size, "fake device full"
-        return _Ptr(BASE + p)
+        ptr = _Ptr(BASE + p)
+        ptr.rt = self
+        self.allocs.append((int(ptr), int(nbytes), what))
+        live = sum(n for a, n, w in self.allocs if "f16 weight" in w and a not in self.freed)
+        self.f16_live_max = max(self.f16_live_max, live)
+        return ptr
 
     def function(self, name, entry, options=(), dyn_smem=0):
         return types.SimpleNamespace(_minfer_name=entry)
@@ -134,8 +145,18 @@ class MemRT:
         from minfer.cuda.ops.dequant import dequant_f16_ref, kernel_suffix
         from minfer.quants import traits_of
 
-        assert fn._minfer_name.startswith("dq_f16_"), fn._minfer_name
         self.launch_streams.add(id(self.stream))
+        if fn._minfer_name == "blk_operand_f16":   # the blk requant: its numpy twin
+            from minfer.quants.blk_ref import blk_operand, quantize_blk
+
+            x, ld, R, K, _, out, smul = args
+            xs = self.at(x)
+            w16 = self.mem[xs:xs + 2 * R * int(ld)].view(np.float16).reshape(R, int(ld))[:, :K]
+            op = blk_operand(*quantize_blk(w16, weight=float(smul) != 1.0))
+            o = self.at(out)
+            self.mem[o:o + op.nbytes] = op.reshape(-1)
+            return
+        assert fn._minfer_name.startswith("dq_f16_"), fn._minfer_name
         src, nbytes, out, n = (int(a) for a in args)
         q = next(q for q in (0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14)
                  if fn._minfer_name == "dq_f16_" + kernel_suffix(traits_of(q)))
@@ -227,6 +248,39 @@ def test_load_weights_streams_bounded_chunks(tiny, fake_arrays, gemm, chunk):
         assert np.array_equal(rt.read(dw.w[n]).view(np.uint16), ref.view(np.uint16)), n
     if gemm == "f16":
         assert checked_glu == 2 * m.config.n_layers   # gate and up of every layer
+
+
+def test_blk_load_requantizes_one_group_at_a_time(tiny, fake_arrays):
+    """--gemm blk: every weight ends as the block path's operand, bit for bit its twin's of the
+    dequantized f16 rows, and at most one fused group's f16 (or one lone weight's) is alive at
+    a time: the memory plan's "blk requant staging", not the whole model's f16."""
+    from minfer.cuda.ops.dequant import dequant_f16_ref
+    from minfer.cuda.ops.mmq_blk import BlkWeight
+    from minfer.cuda.plan.weights import plan_memory
+    from minfer.quants.blk_ref import blk_operand, quantize_blk
+
+    MemRT.arch = "sm_90"
+    try:
+        rt, routes, fused, glu, slot, dw = _load(tiny, "blk", 64 << 20)
+    finally:
+        MemRT.arch = "sm_80"
+    m = tiny
+    blk = [n for n, (p, _) in routes.items() if p == "blk"]
+    assert blk and fused
+    plan = plan_memory(m, routes, 64, 64, glu_all=True)
+    assert 0 < rt.f16_live_max <= plan["blk requant staging"]
+    assert plan["blk requant staging"] < sum(int(np.prod(m.tensor(n).shape)) * 2 for n in blk)
+    for n in blk:
+        t = m.tensor(n)
+        N, K = t.shape
+        w16 = dequant_f16_ref(t.data.reshape(N, -1).view(np.uint8), t.qtype, N, K)
+        if n in fused:
+            assert n not in dw.w   # a member of a requantized group: no row view
+            continue
+        assert isinstance(dw.w[n], BlkWeight)
+        assert np.array_equal(rt.read(dw.w[n].wb), blk_operand(*quantize_blk(w16, weight=True)))
+    for g in {fused[n][0] for n in blk if n in fused}:
+        assert isinstance(dw.w[g], BlkWeight)
 
 
 def test_staging_reads_a_large_chunk_in_parallel_and_alternates_slots():

@@ -189,8 +189,11 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         K = int(m.tensor(n).shape[1])
         groups.setdefault(g, [0, K, n])[0] = max(groups.get(g, [0, K, n])[0], r0 + rows)
     qtypes: dict[str, int] = {}
+    pending: dict[str, tuple[int, int]] = {}   # blk groups: f16 made at their first member
     for g, (rows, K, n) in groups.items():
-        if TABLE[routes[n][0]].weight in VIA_F16:
+        if TABLE[routes[n][0]].weight == "requant-blk":
+            pending[g] = (rows, K)
+        elif TABLE[routes[n][0]].weight in VIA_F16:
             w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
         else:   # MMQ: raw blocks, one row of K/256 blocks per weight row
             t = m.tensor(n)
@@ -251,6 +254,9 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
                     w[n] = da.empty(rt, (raw.size,), np.uint8, f"raw weight {n}")
                     copy_rows(raw, da.ptr(w[n]))
                 continue
+            g = fused[n][0] if n in fused else None
+            if g in pending:   # one blk group's f16 alive at a time (_requant_ready frees it)
+                w[g] = da.empty(rt, pending.pop(g), np.float16, f"fused f16 weight {g}")
             if glu_m:   # f16 rows, interleaved into the group
                 g, r0, _ = fused[n]
                 if K not in scratch:
