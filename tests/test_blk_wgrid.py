@@ -1,5 +1,6 @@
 """scripts/blk_wgrid.py: the weight-grid variants of the blk emulation experiment ('row' is the
-kernel's grid bit for bit; the finer grids err less; every q stays in int8's symmetric range)."""
+kernel's grid bit for bit; the finer grids err less; every q stays in int8's symmetric range);
+scripts/blk_signs.py: the sign-diagonal variant stays exact (its grids' product is its GEMM)."""
 
 import importlib.util
 from pathlib import Path
@@ -18,6 +19,29 @@ def wg():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_signs_variant_is_exact_and_differs(monkeypatch):
+    bs = _script("blk_signs")
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((20, 576)) + 3.0).astype(np.float32)   # a common offset
+    w = (rng.standard_normal((30, 576)) * 0.02).astype(np.float32)
+    plain = blk_ref.blk_grid(x)
+    monkeypatch.setattr(blk_ref, "_rotated", blk_ref._rotated)      # undone after the test
+    monkeypatch.setattr(blk_ref, "blk_grid", blk_ref.blk_grid)
+    bs.patch()
+    g, gw = blk_ref.blk_grid(x), blk_ref.blk_grid(w, True)
+    y = blk_ref.blk_linear_ref(x, w)
+    prod = g.astype(np.float64) @ gw.astype(np.float64).T
+    assert np.linalg.norm(prod - y) <= 1e-6 * np.linalg.norm(y)
+    assert not np.array_equal(g, plain) and np.abs(g - x).max() < 0.05 * np.abs(x).max()
 
 
 def _weight(R=200, K=576):
