@@ -15,10 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def wg():
-    spec = importlib.util.spec_from_file_location("blk_wgrid", REPO / "scripts" / "blk_wgrid.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _script("blk_wgrid")
 
 
 def _script(name):
