@@ -47,7 +47,8 @@ def test_emulated_weights_follow_the_gpu_routes(tiny):
     q4k = {n for n in kq if model.tensors[n].qtype == 12}
     assert emulated_weights(model, "q8s") == q4k - alone != kq - alone  # sb: q4_K only
     assert emulated_weights(model, "blk") == emulated_weights(model, "blk256") == linear
-    for g in ("q8_1", "q8s", "blk"):
+    assert emulated_weights(model, "q8_1-all") == linear   # the q8_1 grid on every GEMM
+    for g in ("q8_1", "q8_1-all", "q8s", "blk"):
         assert model.output_name not in emulated_weights(model, g)
 
 
@@ -62,6 +63,7 @@ def test_plain_types_take_only_blk(tmp_path):
     linear = {n for n, t in model.tensors.items() if len(t.shape) == 2 and "blk." in n}
     assert emulated_weights(model, "q8_1") == emulated_weights(model, "q8s") == frozenset()
     assert emulated_weights(model, "blk") == linear and len(linear) == 14
+    assert emulated_weights(model, "q8_1-all") == linear
 
 
 def test_emulated_grid_moves_the_logits_a_little(tiny, text, tmp_path):

@@ -70,10 +70,12 @@ def check_options(ctx: int | None, chunks: int | None, save: str | None, base: s
 @click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"], case_sensitive=False),
               default=None, help="cuda or cpu (the numpy reference); default: cuda if a GPU is "
                                  "usable.")
-@click.option("--emulate", type=click.Choice(["q8_1", "q8s", "blk", "blk256"]), default=None,
+@click.option("--emulate", type=click.Choice(["q8_1", "q8_1-all", "q8s", "blk", "blk256"]),
+              default=None,
               help="CPU: round the GEMM inputs as that GPU path does (q8_1: the wide/narrow/r1 "
-                   "kernels, q8s: sb, blk; blk256: blk with 256-point blocks, an experiment), "
-                   "to measure its distribution gate without a GPU.")
+                   "kernels, q8_1-all: their grid on every GEMM, q8s: sb, blk; blk256: blk with "
+                   "256-point blocks, an experiment), to measure its distribution gate without "
+                   "a GPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @threads_option
 @gemm_options
