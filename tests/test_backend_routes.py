@@ -70,19 +70,19 @@ def test_routes_sb(tiny):
 
 
 def test_routes_auto_memory_tiers(tiny):
-    """auto: f16 when its plan fits the free memory with the margin, else the mixed SB tier,
-    SB (sm_90), the mixed wide tier, the wide int8 kernels; each tier's need is the backend's
-    whole plan for its routes (tests/test_memory_plan.py checks the arithmetic)."""
+    """auto: f16 when its plan fits the free memory with the margin, else blk (sm_90), the
+    mixed wide tier, the wide int8 kernels; each tier's need is the backend's whole plan for
+    its routes (tests/test_memory_plan.py checks the arithmetic)."""
     from minfer.cuda.plan.memory import MARGIN
     from minfer.cuda.plan.routes import plan_tiers
 
     need = plan_tiers(tiny, GemmChoice(), _Rt(sms=1), 64, 64).tiers
-    for free, want in ((need["f16"] + MARGIN, set()), (need["mix-sb"] + MARGIN, {"sb"}),
-                       (need["sb"] + MARGIN, {"sb"}), (need["int8"] + MARGIN, {"wide-kd4"}),
-                       (0, {"wide-kd4"})):
+    assert list(need) == ["f16", "blk", "mix-int8", "int8"]
+    for free, want in ((need["f16"] + MARGIN, set()), (need["blk"] + MARGIN, {"blk"}),
+                       (need["int8"] + MARGIN, {"wide-kd4"}), (0, {"wide-kd4"})):
         r = plan_routes(tiny, GemmChoice(), _Rt(free=free, sms=1), 64, max_tokens=64)
         assert {p for p, _ in r.values()} - {"f16"} == want, (free, want)
-    # off sm_90 there is no SB tier: the mixed wide tier is next to f16
+    # off sm_90 there is no blk tier: the mixed wide tier is next to f16
     off = plan_tiers(tiny, GemmChoice(), _Rt("sm_86", sms=1), 64, 64).tiers
     assert list(off) == ["f16", "mix-int8", "int8"]
     r = plan_routes(tiny, GemmChoice(), _Rt("sm_86", free=off["mix-int8"] + MARGIN, sms=1), 64,

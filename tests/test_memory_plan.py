@@ -11,15 +11,15 @@ from minfer.cuda.plan.memory import MARGIN, choose_tier, gb
 from synth_data import tiny_model
 
 G = 10**9
-NEED = {"f16": 141_200_000_000, "mix-sb": 101_300_000_000, "sb": 73_400_000_000,
-        "mix-int8": 60_000_000_000, "int8": 40_100_000_000}
+NEED = {"f16": 141_200_000_000, "blk": 73_400_000_000, "mix-int8": 60_000_000_000,
+        "int8": 40_100_000_000}
 
 
 @pytest.mark.parametrize("free,chosen", [
     (NEED["f16"] + MARGIN, "f16"),                 # fits exactly with the margin
-    (NEED["f16"] + MARGIN - 1, "mix-sb"),          # one byte short: the mixed tier
-    (NEED["mix-sb"] + MARGIN - 1, "sb"),
-    (NEED["sb"] + MARGIN - 1, "mix-int8"),
+    (NEED["f16"] + MARGIN - 1, "blk"),             # one byte short: the block int8 tier
+    (NEED["blk"] + MARGIN - 1, "mix-int8"),        # the mixed tier
+    (NEED["mix-int8"] + MARGIN - 1, "int8"),
     (NEED["int8"] + MARGIN, "int8"),
     (1 * G, "int8"),                               # nothing fits: the smallest
     (None, "f16"),                                 # free memory unknown: the fastest
@@ -41,16 +41,17 @@ def test_plan_lines():
     p = choose_tier(NEED, 145 * G)
     assert p.line() == "f16 plan 141.2 GB of 145.0 GB free"
     p = choose_tier(NEED, 138_900_000_000)
-    assert p.line() == ("f16 would need 141.2 GB, 138.9 GB free -> mix-sb, 101.3 GB "
+    assert p.line() == ("f16 would need 141.2 GB, 138.9 GB free -> blk, 73.4 GB "
                         "(margin 0.25 GB)")
-    p = choose_tier(NEED, 80 * G)
-    assert p.line() == ("f16 would need 141.2 GB, mix-sb 101.3 GB, 80.0 GB free -> sb, "
-                        "73.4 GB (margin 0.25 GB)")
+    p = choose_tier(NEED, 70 * G)
+    assert p.line() == ("f16 would need 141.2 GB, blk 73.4 GB, 70.0 GB free -> mix-int8, "
+                        "60.0 GB (margin 0.25 GB)")
     f = choose_tier({"sb": 10_800_000_000}, 139 * G, forced="sb")
     assert f.fits and f.line() == "sb plan 10.8 GB of 139.0 GB free (--gemm sb)"
     j = p.as_json()
-    assert j["tiers"] == NEED and j["free"] == 80 * G and j["margin"] == MARGIN
-    assert (j["chosen"], j["forced"], j["reason"]) == ("sb", None, "the fastest tier that fits")
+    assert j["tiers"] == NEED and j["free"] == 70 * G and j["margin"] == MARGIN
+    assert (j["chosen"], j["forced"], j["reason"]) == ("mix-int8", None,
+                                                       "the fastest tier that fits")
 
 
 def test_forced_refusal_names_the_paths_that_fit():
@@ -58,11 +59,11 @@ def test_forced_refusal_names_the_paths_that_fit():
     assert not f.fits
     # mixed tiers are auto's only: the suggestions are the forceable paths and auto
     assert f.refusal() == ("--gemm f16 needs 141.2 GB of GPU memory, 138.9 GB free: "
-                           "--gemm sb (73.4 GB), --gemm wide-kd4 (40.1 GB) or --gemm auto fits")
-    f = choose_tier({"sb": NEED["sb"]}, 50 * G, forced="sb", alt=NEED)
-    assert f.refusal() == ("--gemm sb needs 73.4 GB of GPU memory, 50.0 GB free: "
+                           "--gemm blk (73.4 GB), --gemm wide-kd4 (40.1 GB) or --gemm auto fits")
+    f = choose_tier({"sb": 92 * G}, 50 * G, forced="sb", alt=NEED)
+    assert f.refusal() == ("--gemm sb needs 92.0 GB of GPU memory, 50.0 GB free: "
                            "--gemm wide-kd4 (40.1 GB) or --gemm auto fits")
-    f = choose_tier({"sb": NEED["sb"]}, 1 * G, forced="sb", alt=NEED)
+    f = choose_tier({"sb": 92 * G}, 1 * G, forced="sb", alt=NEED)
     assert f.fitting() == []   # nothing fits: the backend's memory check names the parts
 
 
@@ -88,9 +89,9 @@ def test_plan_tiers_on_a_model(tiny):
     from minfer.cuda.plan.routes import plan_routes, plan_tiers
 
     p = plan_tiers(tiny, GemmChoice(), _Rt(None), 64, 64)
-    assert list(p.tiers) == ["f16", "mix-sb", "sb", "mix-int8", "int8"] and p.chosen == "f16"
+    assert list(p.tiers) == ["f16", "blk", "mix-int8", "int8"] and p.chosen == "f16"
     t = p.tiers
-    assert t["f16"] > t["mix-sb"] > t["sb"] and t["mix-sb"] > t["mix-int8"] > t["int8"]
+    assert t["f16"] > t["blk"] and t["f16"] > t["mix-int8"] > t["int8"]
     for tier in t:
         free = t[tier] + MARGIN
         q = plan_tiers(tiny, GemmChoice(), _Rt(free), 64, 64)
@@ -98,12 +99,12 @@ def test_plan_tiers_on_a_model(tiny):
         assert q.chosen == first and q.fits
         r = plan_routes(tiny, GemmChoice(), _Rt(free), 64, max_tokens=64)
         on = {tiny.tensor(n).qtype for n, (path, _) in r.items() if path != "f16"}
-        if first == "mix-sb":   # ffn q4_K only
+        if first == "mix-int8":   # ffn q4_K only
             assert on == {12} and all(".ffn_" in n for n, (path, _) in r.items()
                                       if path != "f16")
-    forced = plan_tiers(tiny, GemmChoice("f16"), _Rt(t["sb"] + MARGIN), 64, 64)
+    forced = plan_tiers(tiny, GemmChoice("f16"), _Rt(t["blk"] + MARGIN), 64, 64)
     assert not forced.fits and forced.alt == {k: v for k, v in t.items()}
-    assert "--gemm sb" in forced.refusal() and "--gemm auto fits" in forced.refusal()
+    assert "--gemm blk" in forced.refusal() and "--gemm auto fits" in forced.refusal()
 
 
 def test_backend_refuses_a_forced_path_before_allocating(tiny, monkeypatch):
@@ -120,11 +121,11 @@ def test_backend_refuses_a_forced_path_before_allocating(tiny, monkeypatch):
             raise AssertionError("allocated before the refusal")
 
     with pytest.raises(GPUError) as e:
-        CudaBackend(tiny, GemmChoice("f16"), rt=Rt(t["sb"] + MARGIN), max_tokens=64,
+        CudaBackend(tiny, GemmChoice("f16"), rt=Rt(t["blk"] + MARGIN), max_tokens=64,
                     ubatch=64, warmup=False)
     msg = str(e.value)
     assert msg.startswith(f"--gemm f16 needs {gb(t['f16'])} of GPU memory, "
-                          f"{gb(t['sb'] + MARGIN)} free: --gemm sb ({gb(t['sb'])})"), msg
+                          f"{gb(t['blk'] + MARGIN)} free: --gemm blk ({gb(t['blk'])})"), msg
     assert e.value.exit_code == 3
 
 
@@ -160,5 +161,5 @@ def test_prefill_prints_the_memory_line_and_upload_rate(tmp_path, monkeypatch, c
         main(args + ["--json"])
     d = json.loads(capsys.readouterr().out)
     assert d["memory"] == json.loads(json.dumps(plan.as_json()))
-    assert d["memory"]["chosen"] == "sb" and d["memory"]["tiers"]["f16"] == NEED["f16"]
+    assert d["memory"]["chosen"] == "blk" and d["memory"]["tiers"]["f16"] == NEED["f16"]
     assert d["upload_bytes"] == 40_100_000_000 and d["upload_gb_s"] == pytest.approx(5.3467, 1e-3)

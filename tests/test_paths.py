@@ -58,17 +58,18 @@ def test_choose_path_explicit():
 
 
 def test_choose_path_auto_tiers():
-    assert auto_tiers("sm_90") == ("f16", "mix-sb", "sb", "mix-int8", "int8")
+    assert auto_tiers("sm_90") == ("f16", "blk", "mix-int8", "int8")
     assert auto_tiers("sm_86") == ("f16", "mix-int8", "int8")
     assert {t.path for t in TIERS.values()} <= set(TABLE)
     assert choose_path(12, "sm_90", SHAPE).path.name == "f16"
-    assert choose_path(12, "sm_90", SHAPE, tier="sb").path.name == "sb"
-    assert choose_path(14, "sm_90", SHAPE, tier="sb").path.name == "f16"   # q6_K stays f16
+    for q in (12, 14, 8):   # the blk tier takes every type
+        assert choose_path(q, "sm_90", SHAPE, tier="blk").path.name == "blk"
+    assert choose_path(12, "sm_90", (1, 4096, 4096), tier="blk").path.name == "f16"  # LM head
     assert choose_path(14, "sm_90", SHAPE, tier="int8").path.name == "wide-kd4"
     assert choose_path(8, "sm_90", SHAPE, tier="int8").path.name == "f16"
 
 
-@pytest.mark.parametrize("tier,path", [("mix-sb", "sb"), ("mix-int8", "wide-kd4")])
+@pytest.mark.parametrize("tier,path", [("mix-int8", "wide-kd4")])
 def test_mixed_tiers_split_by_weight_class(tier, path):
     """A mixed tier runs the ffn's q4_K on its int8 path; attention, the LM head and q6_K stay
     f16, saying which tier kept them there."""

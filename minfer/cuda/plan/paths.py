@@ -141,12 +141,13 @@ class Tier:
 
 
 _FFN_Q4K = dict(classes=frozenset({"ffn"}), qtypes=frozenset({Q4_K}))
-# what `auto` tries, fastest first (auto_tiers keeps those whose path runs on the GPU): the
-# mixed tiers keep attention, q6_K and the LM head on f16 and put the ffn's q4_K on int8
+# what `auto` tries, fastest first (auto_tiers keeps those whose path runs on the GPU): blk on
+# sm_90 (1.03 B per weight, faster than sb and smaller, so the sb tiers it replaced never won;
+# docs/paths.md), then the mixed tier keeping attention, q6_K and the LM head on f16 and the
+# ffn's q4_K on the wide kernel, then every q4_K / q6_K on it
 TIERS: dict[str, Tier] = {t.name: t for t in (
     Tier("f16", "f16"),
-    Tier("mix-sb", "sb", **_FFN_Q4K),
-    Tier("sb", "sb"),
+    Tier("blk", "blk"),
     Tier("mix-int8", "wide-kd4", **_FFN_Q4K),
     Tier("int8", "wide-kd4"),
 )}
@@ -166,8 +167,8 @@ class Route:
 
 def auto_tiers(arch) -> tuple[str, ...]:
     """The memory tiers `auto` tries on `arch`, fastest first (TIERS' order, those whose path
-    runs there): f16; on sm_90 mix-sb (ffn q4_K on SB) and sb (1.28 B per q4_K weight against
-    f16's 2); mix-int8 (ffn q4_K on the wide kernel) and int8 (the raw GGUF bytes)."""
+    runs there): f16; on sm_90 blk (1.03 B per weight against f16's 2); mix-int8 (ffn q4_K on
+    the wide kernel) and int8 (the raw GGUF bytes)."""
     return tuple(n for n, t in TIERS.items()
                  if TABLE[t.path].archs is None or arch in TABLE[t.path].archs)
 
