@@ -5,7 +5,11 @@
 #          another directory (its kernels from the package data).
 #   big:   a 70B-shape `minfer synth` model (~40 GB): prefill at 2048 with `--gemm auto` choosing
 #          by free memory (bench at 512 and 2048 with BENCH70=1), then `--gemm blk`; peak memory.
-#          VOCAB70=128256: Llama-3's vocab, where the f16 plan no longer fits and auto goes mixed.
+#          VOCAB70=128256: Llama-3's vocab, where the f16 plan no longer fits and auto runs blk.
+#   blk:   the block int8 path: its device tests, isolated GEMMs (scripts/gemm_blk_bench.py), an
+#          8B-shape prefill and bench against f16, perplexity f16 vs blk on the slice.
+#   final: the whole GPU suite, the blk GEMMs, ncu on one, bench (single and sustained), the
+#          slice's perplexity and `minfer check` on its Q4_K_M requant.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
