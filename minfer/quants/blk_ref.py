@@ -1,4 +1,4 @@
-"""The block-scaled int8 path ("blk"): numpy twins of its operands and its GEMM (kernels/mmq_blk.cu).
+"""The block-scaled int8 path ("blk"): numpy twins of its operands and GEMM (kernels/mmq_blk.cu).
 
     y[M, N] = x[M, K] @ W[N, K].T  ~=  sum_b  sa[:, b] sw[:, b]^T * (qa_b @ qw_b^T)
 
@@ -29,7 +29,6 @@ import numpy as np
 BK = 128                      # K per block (and per kernel stage)
 BLK_IMG = 128 * BK            # a tile's image
 BLK_OP = BLK_IMG + 128 * 4    # + its rows' f32 scales
-W_SCALE = np.float32(1 / BK)  # the weight scale carries the rotation's 1/128
 
 
 def kblocks(K: int, block: int = BK) -> int:
@@ -44,8 +43,6 @@ def blk_bytes(R: int, K: int) -> int:
     """Device bytes of an [R, K] operand (tokens or a weight)."""
     return kblocks(K) * (pad128(R) // 128) * BLK_OP
 
-
-blk_weight_bytes = blk_bytes
 
 
 def fwht128(x: np.ndarray, block: int = BK) -> np.ndarray:
@@ -78,9 +75,9 @@ def _rotated(x: np.ndarray, block: int = BK) -> np.ndarray:
 def quantize_blk(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False
                  ) -> tuple[np.ndarray, np.ndarray]:
     """x [R, K] -> (q int8 [R, KB * block], s f32 [R, KB]): the rotated blocks' values and
-    their scales; weight: the scales times 1 / block (W_SCALE at the kernel's 128). block: 128
-    (the kernel); 256 only for the CPU emulation's experiment (`--emulate blk256`). per_row
-    (with weight; the CPU emulation of a rejected design): one scale per row, s [R]."""
+    their scales; weight: the scales times 1 / block (the rotation's; 1/128 in the kernel).
+    block: 128 (the kernel); 256 only for the CPU emulation's experiment (`--emulate blk256`).
+    per_row (with weight; the CPU emulation of a rejected design): one scale per row, s [R]."""
     y = _rotated(x, block)
     R, KB = y.shape[:2]
     per_row = per_row and weight
@@ -169,6 +166,5 @@ def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool
     return np.ascontiguousarray(back.reshape(R, KB * block)[:, :K])
 
 
-__all__ = ["BK", "BLK_IMG", "BLK_OP", "W_SCALE", "kblocks", "pad128", "blk_bytes",
-           "blk_weight_bytes", "fwht128", "quantize_blk", "blk_operand",
-           "blk_unoperand", "blk_gemm", "blk_linear_ref", "blk_grid"]
+__all__ = ["BK", "BLK_IMG", "BLK_OP", "kblocks", "pad128", "blk_bytes", "fwht128", "quantize_blk",
+           "blk_operand", "blk_unoperand", "blk_gemm", "blk_linear_ref", "blk_grid"]

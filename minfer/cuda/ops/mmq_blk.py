@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.cuda.runtime import devarray as da
-from minfer.cuda.ops.stream_k import launch_persistent
+from minfer.cuda.ops.stream_k import build_define, launch_persistent
 from minfer.errors import GPUError
-from minfer.quants.blk_ref import BLK_OP, blk_bytes, blk_weight_bytes, kblocks, pad128
+from minfer.quants.blk_ref import BLK_OP, blk_bytes, kblocks, pad128
 
 BM = BN = 128
 _OPTS = ("-arch=sm_90a",)
@@ -30,13 +30,6 @@ def blk_smem(stages: int = 6) -> int:
     """Dynamic smem of mmq_blk (BlkSmem::BYTES): `stages` slots of 34 KB (a weight image and a
     token block), + 1 KB alignment and two mbarriers a slot."""
     return stages * 34 * 1024 + 1024 + 16 * stages
-
-
-def _stages(build_opts: tuple) -> int:
-    for o in build_opts:
-        if o.startswith("-DBLK_STAGES="):
-            return int(o.split("=", 1)[1])
-    return 6
 
 
 def _check_f16(what: str, x):
@@ -79,10 +72,6 @@ def _launch_operand(rt, x16, R: int, K: int, out, smul: float) -> None:
     rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((warps + 7) // 8,), (256,),
               (da.arg(x16), np.int64(K), np.int32(R), np.int32(K), np.int32(pad128(R)),
                da.arg(out), np.float32(smul)))
-
-
-def blk_token_bytes(M: int, K: int) -> int:
-    return blk_bytes(M, K)
 
 
 def blk_operand(rt, x16, tt=None) -> BlkTokens:
@@ -128,10 +117,10 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
     da.check("mmq_blk_linear tt", tt, (kblocks(K), pad128(M) // 128, BLK_OP), np.uint8, align=16)
     tiles = -(-M // BM) * -(-N // BN)
     entry = "mmq_blk" + ("_acc" if accumulate else "_swiglu" if swiglu else "")
-    launch_persistent(rt, entry, "mmq_blk", blk_smem(_stages(build_opts)), tiles, kblocks(K),
+    smem = blk_smem(build_define(build_opts, "BLK_STAGES", 6))
+    launch_persistent(rt, entry, "mmq_blk", smem, tiles, kblocks(K),
                       (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
                        np.int32(K)), build_opts, stream_k, sms, block=384)
 
 
-__all__ = ["BlkTokens", "BlkWeight", "blk_operand", "blk_smem", "blk_token_bytes",
-           "blk_weight", "blk_weight_bytes", "mmq_blk_linear"]
+__all__ = ["BlkTokens", "BlkWeight", "blk_operand", "blk_smem", "blk_weight", "mmq_blk_linear"]

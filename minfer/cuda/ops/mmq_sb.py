@@ -25,7 +25,7 @@ import numpy as np
 
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.mmq import launch_prepass
-from minfer.cuda.ops.stream_k import launch_persistent
+from minfer.cuda.ops.stream_k import build_define, launch_persistent
 from minfer.errors import GPUError
 from minfer.quants.mmq_sb_ref import SB_TOP, SB_WOP, pad_rows
 
@@ -38,14 +38,6 @@ def sb_smem(stages: int = 5) -> int:
     44 KB (a stage's pieces of the weight and token blocks: the tiles' images, 128 x 128 B
     each, and their tables' parts); + 1 KB alignment and two mbarriers a slot."""
     return stages * 44 * 1024 + 1024 + 16 * stages
-
-
-def _stages(build_opts: tuple) -> int:
-    """The ring depth a build of mmq_sb_q4k has (-DSB_STAGES=N, an A/B option)."""
-    for o in build_opts:
-        if o.startswith("-DSB_STAGES="):
-            return int(o.split("=", 1)[1])
-    return 5
 
 
 def split_scratch_bytes(T: int, K: int) -> int:
@@ -315,7 +307,8 @@ def mmq_sb_linear(rt, x, w: SbQ4K, M: int, N: int, K: int, out, accumulate: bool
     da.check("mmq_sb_linear tt", tt, (K // 256, pad_rows(M) // 128, SB_TOP), np.uint8, align=16)
     tiles = -(-M // SB_BM) * -(-N // SB_BN)
     entry = "mmq_sb_q4k" + ("_acc" if accumulate else "_swiglu" if swiglu else "")
-    launch_persistent(rt, entry, "mmq_sb_q4k", sb_smem(_stages(build_opts)), tiles, K // 256,
+    smem = sb_smem(build_define(build_opts, "SB_STAGES", 5))
+    launch_persistent(rt, entry, "mmq_sb_q4k", smem, tiles, K // 256,
                       (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
                        np.int32(K)), build_opts, stream_k, sms, block=384)
 

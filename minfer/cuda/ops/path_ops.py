@@ -23,15 +23,23 @@ def prepare_f16(rt, w_raw, qtype: int, N: int, K: int):
     return out
 
 
+def _f16_input(rt, x, M: int, K: int):
+    """x as f16 [M, K] (converted on the device when it is f32): what the f16 and blk launchers
+    read."""
+    from minfer.cuda.ops.layers import to_f16
+
+    if x.dtype == np.float16:
+        return x
+    x16 = da.empty(rt, (M, K), np.float16, "f16 activations")
+    to_f16(rt, x16, x)
+    return x16
+
+
 def launch_f16(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
                accumulate: bool = False) -> None:
     from minfer.cuda.ops.gemm import gemm_f16_nt
-    from minfer.cuda.ops.layers import to_f16
 
-    if x.dtype != np.float16:
-        x16 = da.empty(rt, (M, K), np.float16, "f16 activations")
-        to_f16(rt, x16, x)
-        x = x16
+    x = _f16_input(rt, x, M, K)
     if accumulate:
         gemm_f16_nt(x, w, np.float32, accumulate=out, rt=rt)
     else:
@@ -93,14 +101,9 @@ def prepare_blk(rt, w_raw, qtype: int, N: int, K: int):
 
 def launch_blk(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
                accumulate: bool = False) -> None:
-    from minfer.cuda.ops.layers import to_f16
     from minfer.cuda.ops.mmq_blk import mmq_blk_linear
 
-    if x.dtype != np.float16:
-        x16 = da.empty(rt, (M, K), np.float16, "f16 activations")
-        to_f16(rt, x16, x)
-        x = x16
-    mmq_blk_linear(rt, x, w, M, N, K, out, accumulate)
+    mmq_blk_linear(rt, _f16_input(rt, x, M, K), w, M, N, K, out, accumulate)
 
 
 def twin_blk(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:

@@ -72,6 +72,15 @@ _GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK")   # A/B options the launche
 _OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
 
 
+def build_define(build_opts: tuple, name: str, default: int) -> int:
+    """The value a kernel build gives the macro `name` (-DNAME=N among build_opts), else
+    `default` (the launchers size shared memory by their kernels' ring depths this way)."""
+    for o in build_opts:
+        if o.startswith(f"-D{name}="):
+            return int(o.split("=", 1)[1])
+    return default
+
+
 def _geometry(build_opts: tuple) -> tuple[bool, bool]:
     """(persistent, stream-K) of a kernel build: the defaults, or -D overrides (kernel A/B
     builds; they only steer the launch geometry)."""

@@ -16,10 +16,12 @@ so the forward (minfer.cuda.backend) never branches on path names.
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import numpy as np
 
 from minfer.cuda.runtime import devarray as da
-from minfer.cuda.plan.paths import Q4_K, TABLE
+from minfer.cuda.plan.paths import Q4_K, TABLE, resolve
 from minfer.errors import Unsupported
 
 # the buffer of DeviceBuffers each activation form lives in
@@ -150,12 +152,12 @@ class TiledInt8Route(LinearRoute):
     epilogue; `linear` names its launcher (minfer.cuda.ops.<module>:<function>)."""
     linear = ""
 
-    def _launch(self, be, *args, **kw) -> None:
-        import importlib
+    @cached_property
+    def _linear(self):
+        return resolve(self.linear)
 
-        mod, fn = self.linear.split(":")
-        getattr(importlib.import_module(mod), fn)(be.rt, *args,
-                                                  stream_k=self.choice.on("stream-k"), **kw)
+    def _launch(self, be, *args, **kw) -> None:
+        self._linear(be.rt, *args, stream_k=self.choice.on("stream-k"), **kw)
 
     def run(self, be, C, x, w, mode: str) -> None:
         if mode == "f16":

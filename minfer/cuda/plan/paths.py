@@ -79,10 +79,11 @@ class GemmPath:
 
     def ops(self):
         """(prepare, launch, twin): minfer.cuda.ops.path_ops' calling convention."""
-        return _resolve(self.prepare), _resolve(self.launch), _resolve(self.twin)
+        return resolve(self.prepare), resolve(self.launch), resolve(self.twin)
 
 
-def _resolve(ref: str):
+def resolve(ref: str):
+    """"module:function" -> the function (imported on use: this module imports no launcher)."""
     mod, fn = ref.split(":")
     return getattr(importlib.import_module(mod), fn)
 

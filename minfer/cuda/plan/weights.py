@@ -59,7 +59,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     from minfer.cuda.plan.fusion import plan_fusion
 
     from minfer.cuda.runtime.upload import DEFAULT_CHUNK
-    from minfer.quants.blk_ref import blk_bytes, blk_weight_bytes
+    from minfer.quants.blk_ref import blk_bytes
 
     fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
     f16_w = 0
@@ -88,7 +88,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
             q8_k = max(q8_k, K)
             if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
                 mmq_w += int(t.data.nbytes)
-    mmq_w += sum(blk_weight_bytes(N, K) for N, K in blk_groups.values())
+    mmq_w += sum(blk_bytes(N, K) for N, K in blk_groups.values())   # tokens' layout, too
     emb = int(m.tensor("token_embd.weight").data.nbytes)
     kv = 2 * c.n_layers * max_tokens * c.n_kv_heads * c.head_dim * 2
     T = ubatch
