@@ -112,7 +112,15 @@ __device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t
 #pragma unroll
         for (int k = 8 * q; k < 8 * q + 8; ++k) {
             const float2 a = (k & 4) ? a1 : a0;
+#if BLK_FOLD == 2     // timing build (wrong results): FMUL + FFMA, no conversion
+            z[k] = fmaf(__int_as_float(d[k]), ((k & 2) ? w1 : w0) * ((k & 1) ? a.y : a.x), z[k]);
+#elif BLK_FOLD == 3   // timing build (wrong results): I2F + FFMA, no FMUL
+            z[k] = fmaf(__int2float_rn(d[k]), (k & 1) ? a.y : a.x, z[k]);
+#elif BLK_FOLD == 4   // timing build (wrong results): the FFMA alone
+            z[k] = fmaf(__int_as_float(d[k]), (k & 1) ? a.y : a.x, z[k]);
+#else
             z[k] = fmaf(s32_to_f32(d[k]), ((k & 2) ? w1 : w0) * ((k & 1) ? a.y : a.x), z[k]);
+#endif
             asm volatile("" : "+f"(z[k]));   // (keeps each conversion next to its FFMA)
         }
     }
@@ -193,9 +201,14 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
             for (int q = w.k0; q < w.k1; ++q, ++it, wo += wstep, to += tstep) {
                 const uint32_t slot = it % STAGES, st = base + slot * S::STAGE;
                 wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
+#ifdef BLK_HALFLOAD   // timing build (wrong results): the weight block only (half the L2 reads)
+                wgmma::mbar_expect_tx(bars + 8 * slot, OP);
+                wgmma::bulk_copy(st + S::W, Wb + wo, OP, bars + 8 * slot);
+#else
                 wgmma::mbar_expect_tx(bars + 8 * slot, 2 * OP);
                 wgmma::bulk_copy(st + S::W, Wb + wo, OP, bars + 8 * slot);
                 wgmma::bulk_copy(st + S::X, Tt + to, OP, bars + 8 * slot);
+#endif
             }
         }
         return;

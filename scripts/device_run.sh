@@ -5,7 +5,8 @@
 #          another directory (its kernels from the package data).
 #   big:   a 70B-shape `minfer synth` model (~40 GB): prefill at 2048 with `--gemm auto` choosing
 #          by free memory (bench at 512 and 2048 with BENCH70=1), then `--gemm blk`; peak memory.
-#          VOCAB70=128256: Llama-3's vocab, where the f16 plan no longer fits and auto runs blk.
+#          VOCAB70=128256: Llama-3's vocab; HOLD_GB=N: a co-tenant process holds N GiB of the
+#          GPU first (with 12 the f16 plan no longer fits and auto runs blk).
 #   blk:   the block int8 path: its device tests, isolated GEMMs (scripts/gemm_blk_bench.py), an
 #          8B-shape prefill and bench against f16, perplexity f16 vs blk on the slice.
 #   final: the whole GPU suite, the blk GEMMs, ncu on one, bench (single and sustained), the
@@ -88,6 +89,12 @@ fi
 
 if [ "$MODE" = big ]; then   # a 70B-shape Q4_K_M (~40 GB): what --gemm auto picks by memory
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
+  if [ -n "$HOLD_GB" ]; then   # a co-tenant process holding HOLD_GB GiB of the GPU (a shared GPU)
+    python3 -c "import torch, time; x = torch.empty($HOLD_GB << 30, dtype=torch.uint8, device='cuda'); \
+print('holding', flush=True); time.sleep(3600)" > "$OUT/hold.log" 2>&1 &
+    for _ in $(seq 60); do grep -q holding "$OUT/hold.log" && break; sleep 1; done
+    echo "co-tenant holds $HOLD_GB GiB: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader) used"
+  fi
   step synth70 240 $M synth --preset llama3-70b --type q4_K_M --tokenizer-from none --quiet \
     ${VOCAB70:+--vocab $VOCAB70} -o /tmp/s70.gguf
   for n in 512 2048; do python3 scripts/prompt_of.py "$n" /tmp/s70.gguf > /tmp/p$n.txt; done
@@ -95,11 +102,11 @@ if [ "$MODE" = big ]; then   # a 70B-shape Q4_K_M (~40 GB): what --gemm auto pic
   if [ -n "$BENCH70" ]; then
     step bench70 200 $M bench -m /tmp/s70.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown
   fi
-  step prefill70blk 150 $M prefill -m /tmp/s70.gguf --backend cuda --gemm blk \
-    --prompt-file /tmp/p2048.txt -n 4
-  kill %1 2>/dev/null
+  [ -z "$HOLD_GB" ] && step prefill70blk 150 $M prefill -m /tmp/s70.gguf --backend cuda --gemm blk \
+    --prompt-file /tmp/p2048.txt -n 4   # (with HOLD_GB auto runs blk already)
+  kill $(jobs -p) 2>/dev/null
   echo; echo "################ SUMMARY big ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  grep -E "^(model|gemm|memory|prompt|load|prefill)|error" "$OUT/prefill70.log" "$OUT/prefill70blk.log"
+  grep -E "^(model|gemm|memory|prompt|load|prefill)|error" "$OUT"/prefill70*.log
   [ -f "$OUT/bench70.log" ] && grep -E "^\| |rror|gemm|backend" "$OUT/bench70.log" | grep -v "^| ---"
   echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"
   exit 0
