@@ -16,7 +16,7 @@
 // Entries:
 //   blk_operand_f16 (x, ld, R, K, Rp, out, smul): x f16 [R, K] (row stride ld) -> operand
 //       (scales times smul: 1 for tokens, 1/128 for a weight, requantized at load);
-//       one warp per token and 4 blocks: the rotation (2 stages in registers, 5 by shuffles), amax,
+//       four lanes per (row, block): the rotation (5 stages in registers, 2 by shuffles), amax,
 //       s = amax / 127, q = rint(x' * (127 / amax)); rows R..Rp-1 and k >= K are zeros.
 //   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
 //   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
@@ -260,84 +260,109 @@ mmq_blk_swiglu(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, _
 }
 
 // ---- the operand prepass (weights at load, activations before each GEMM) ----
+// Four lanes (a quad) take one (row, 128-K block): lane l of the quad holds the block's values
+// i = 32 j + 8 l + e (j, e = 0..7 / 0..3: four 16-byte loads), so the rotation's stages
+// h = 1, 2, 4 (e) and 32, 64 (j) run in registers and only h = 8, 16 (l) by shuffles: 64
+// shuffles per 8 blocks, in the twin's stage order (the same f32 sums, bit for bit). Quads go
+// row-fastest, so a warp writes 8 consecutive image rows (1 KB) of one block.
 namespace {
-// lane's 4 values k0..k0+3 of row `row` (zeros past K or for a padding row)
-__device__ __forceinline__ void load4(float (&v)[4], const __half* __restrict__ x, long long ld,
-                                      int R, int K, int row, int k0) {
-    v[0] = v[1] = v[2] = v[3] = 0.f;
+// v[8j + e] = x[row][k0 + 32 j + 8 l + e] (zeros past K or for a padding row)
+__device__ __forceinline__ void load32(float (&v)[32], const __half* __restrict__ x,
+                                       long long ld, int R, int K, int row, int k0, int l) {
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = 0.f;
     if (row >= R) return;
-    const __half* src = x + row * ld + k0;
-    if (k0 + 3 < K && ((ld | k0) & 3) == 0) {
-        const uint2 u = *reinterpret_cast<const uint2*>(src);
-        const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-        const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-        v[0] = lo.x; v[1] = lo.y; v[2] = hi.x; v[3] = hi.y;
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = k0 + j < K ? __half2float(src[j]) : 0.f;
-    }
-}
-
-// the warp's 128 values (lane l holds 4l..4l+3) -> their Walsh-Hadamard transform, stage by
-// stage as blk_ref.fwht128: (a, b) at (i, i + h) -> (a + b, a - b); h = 1, 2 in registers,
-// h = 4 .. 64 across lanes; returns max |v| over the warp
-__device__ __forceinline__ float rotate128(float (&v)[4], int lane) {
-    float a;
-    a = v[0]; v[0] = a + v[1]; v[1] = a - v[1];
-    a = v[2]; v[2] = a + v[3]; v[3] = a - v[3];
-    a = v[0]; v[0] = a + v[2]; v[2] = a - v[2];
-    a = v[1]; v[1] = a + v[3]; v[3] = a - v[3];
-#pragma unroll
-    for (int m = 1; m < 32; m <<= 1) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[j], m);
-            v[j] = (lane & m) ? o - v[j] : v[j] + o;
-        }
-    }
-    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    return amax;
-}
-
-// q = rint(v * inv) in [-127, 127] (inv = 127 / amax, 0 for an all-zero block), packed, into
-// row r's swizzled image bytes (a multiply, not a division per value: the prepass runs before
-// every GEMM)
-__device__ __forceinline__ void store4(uint8_t* img, const float (&v)[4], float inv, int r,
-                                       int lane) {
-    uint32_t packed = 0;
+    const __half* src = x + row * ld;
+    const bool vec = (ld & 7) == 0 && (reinterpret_cast<size_t>(x) & 15) == 0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const int q = max(-127, min(127, __float2int_rn(v[j] * inv)));
-        packed |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * j);
+        const int k = k0 + 32 * j + 8 * l;
+        if (vec && k + 7 < K) {
+            const uint4 u = *reinterpret_cast<const uint4*>(src + k);
+            const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float2 f = __half22float2(h[e]);
+                v[8 * j + 2 * e] = f.x;
+                v[8 * j + 2 * e + 1] = f.y;
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[8 * j + e] = k + e < K ? __half2float(src[k + e]) : 0.f;
+        }
     }
-    *reinterpret_cast<uint32_t*>(img + r * 128 + (((lane >> 2) ^ (r & 7)) << 4) + (lane & 3) * 4) =
-        packed;
+}
+
+// (a, b) at (i, i + h) -> (a + b, a - b) over the register index bit `bit` of v
+template <int bit>
+__device__ __forceinline__ void butterfly(float (&v)[32]) {
+#pragma unroll
+    for (int r = 0; r < 32; ++r) {
+        if (r & (1 << bit)) continue;
+        const float a = v[r], b = v[r | (1 << bit)];
+        v[r] = a + b;
+        v[r | (1 << bit)] = a - b;
+    }
+}
+
+// the quad's block -> its Walsh-Hadamard transform, stage by stage as blk_ref.fwht128 (h = 1,
+// 2, 4: register bits 0-2; h = 8, 16: lanes xor 1, 2; h = 32, 64: register bits 3, 4);
+// returns max |v| over the block
+__device__ __forceinline__ float rotate128(float (&v)[32], int l) {
+    butterfly<0>(v);
+    butterfly<1>(v);
+    butterfly<2>(v);
+#pragma unroll
+    for (int m = 1; m < 4; m <<= 1) {
+#pragma unroll
+        for (int r = 0; r < 32; ++r) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[r], m);
+            v[r] = (l & m) ? o - v[r] : v[r] + o;
+        }
+    }
+    butterfly<3>(v);
+    butterfly<4>(v);
+    float amax = 0.f;
+#pragma unroll
+    for (int r = 0; r < 32; ++r) amax = fmaxf(amax, fabsf(v[r]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    return fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+}
+
+// q = rint(v * inv) in [-127, 127] (inv = 127 / amax, 0 for an all-zero block) into image row
+// r: values 32 j + 8 l .. + 7 are 8 bytes of 16-byte chunk 2 j + l / 2 (a multiply, not a
+// division per value: the prepass runs before every GEMM)
+__device__ __forceinline__ void store32(uint8_t* img, const float (&v)[32], float inv, int r,
+                                        int l) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        uint32_t w[2] = {0, 0};
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int q = max(-127, min(127, __float2int_rn(v[8 * j + e] * inv)));
+            w[e >> 2] |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * (e & 3));
+        }
+        const int c = 2 * j + (l >> 1);
+        *reinterpret_cast<uint2*>(img + r * 128 + ((c ^ (r & 7)) << 4) + (l & 1) * 8) =
+            make_uint2(w[0], w[1]);
+    }
 }
 }  // namespace
-
-// a warp takes OPB blocks of one token: their loads in flight together (one load a warp was
-// latency-bound at ~1/3 of the memory rate)
-constexpr int OPB = 4;
 
 extern "C" __global__ void __launch_bounds__(256)
 blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp,
                 uint8_t* __restrict__ out, float smul) {
-    const int lane = threadIdx.x & 31;
-    const long long wid = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-    const int KB = (K + 127) / 128, KG = (KB + OPB - 1) / OPB;
-    if (wid >= static_cast<long long>(Rp) * KG) return;
-    const int row = static_cast<int>(wid % Rp), kb0 = static_cast<int>(wid / Rp) * OPB;
-    float v[OPB][4];
-#pragma unroll
-    for (int b = 0; b < OPB; ++b) load4(v[b], x, ld, R, K, row, (kb0 + b) * 128 + 4 * lane);
-#pragma unroll
-    for (int b = 0; b < OPB; ++b) {
-        if (kb0 + b >= KB) break;
-        const float amax = rotate128(v[b], lane);
-        uint8_t* blk = out + (static_cast<size_t>(kb0 + b) * (Rp / 128) + row / 128) * OP;
-        store4(blk, v[b], amax > 0.f ? 127.f / amax : 0.f, row & 127, lane);
-        if (lane == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f * smul;
-    }
+    const int l = threadIdx.x & 3;
+    const long long quad = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 2;
+    const int KB = (K + 127) / 128;
+    // (a warp's quads run together: the shuffles need all 32 lanes, so none returns early)
+    const bool live = quad < static_cast<long long>(Rp) * KB;
+    const int row = live ? static_cast<int>(quad % Rp) : R, kb = live ? static_cast<int>(quad / Rp) : 0;
+    float v[32];
+    load32(v, x, ld, R, K, row, kb * 128, l);
+    const float amax = rotate128(v, l);
+    if (!live) return;
+    uint8_t* blk = out + (static_cast<size_t>(kb) * (Rp / 128) + row / 128) * OP;
+    store32(blk, v, amax > 0.f ? 127.f / amax : 0.f, row & 127, l);
+    if (l == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f * smul;
 }

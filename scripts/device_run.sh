@@ -8,7 +8,8 @@
 #          VOCAB70=128256: Llama-3's vocab; HOLD_GB=N: a co-tenant process holds N GiB of the
 #          GPU first (with 12 the f16 plan no longer fits and auto runs blk).
 #   blk:   the block int8 path: its device tests, isolated GEMMs (scripts/gemm_blk_bench.py), an
-#          8B-shape prefill and bench against f16, perplexity f16 vs blk on the slice.
+#          8B-shape bench against f16 (AB="f16 blk ..." for more paths), single and sustained,
+#          and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, ncu on one, bench (single and sustained), the
 #          slice's perplexity and `minfer check` on its Q4_K_M requant.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
@@ -43,22 +44,21 @@ from minfer.cli import main; main(['prefill', '--backend', 'cuda', '-m', '$REPO/
 fi
 
 if [ "$MODE" = blk ]; then   # the block-scaled int8 path: kernels, isolated GEMMs, end to end
-  MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs tests/gpu/test_blk_device.py \
-    tests/gpu/test_mmq_sb_device.py tests/gpu/test_upload.py tests/gpu/test_perplexity_device.py
-  step gemm 150 python3 scripts/gemm_blk_bench.py --tokens 512,2048
+  MINFER_TEST_MODEL=$S step tests 150 python3 -m pytest -q -rfEs tests/gpu/test_blk_device.py \
+    tests/gpu/test_upload.py
+  step gemm 100 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
-  step prefill 60 $M prefill -m /tmp/s8b.gguf --backend cuda --gemm blk -n 4
-  step bench 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
-    --ab f16 blk
-  step ppl_f16 60 $M perplexity -m "$S" --backend cuda --gemm f16 --chunks 8 --save-logits /tmp/f16.logits
-  step ppl_blk 60 $M perplexity -m "$S" --backend cuda --gemm blk --kld-base /tmp/f16.logits
+  step bench 120 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
+    --ab ${AB:-f16 blk}
+  step sustained 90 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 3 --no-breakdown \
+    --ab ${AB:-f16 blk}
+  step breakdown 60 $M bench -m /tmp/s8b.gguf --tokens 2048 --min-ms 0 --repeats 1 --gemm blk
   echo; echo "################ SUMMARY blk ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)|Error" "$OUT/tests.log" | head -12
-  echo "--- gemm"; cat "$OUT/gemm.log" | tail -30
-  echo "--- prefill"; grep -E "^(gemm|memory|load|prefill)|rror" "$OUT/prefill.log"
-  echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" | grep -v "^| ---"
-  echo "--- perplexity (slice, GPU f16 base)"; tail -3 "$OUT/ppl_f16.log"; tail -8 "$OUT/ppl_blk.log"
+  echo "--- gemm"; cat "$OUT/gemm.log" | tail -14
+  echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" "$OUT/sustained.log" | grep -v "| ---"
+  echo "--- breakdown"; grep -vE "^\s*$" "$OUT/breakdown.log" | tail -24
   exit 0
 fi
 

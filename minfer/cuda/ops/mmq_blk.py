@@ -68,8 +68,8 @@ def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
 
 
 def _launch_operand(rt, x16, R: int, K: int, out, smul: float) -> None:
-    warps = pad128(R) * -(-kblocks(K) // 4)   # a warp per row and 4 blocks (OPB)
-    rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((warps + 7) // 8,), (256,),
+    quads = pad128(R) * kblocks(K)   # four lanes per (row, 128-K block)
+    rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((quads + 63) // 64,), (256,),
               (da.arg(x16), np.int64(K), np.int32(R), np.int32(K), np.int32(pad128(R)),
                da.arg(out), np.float32(smul)))
 
