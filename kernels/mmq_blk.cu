@@ -266,29 +266,21 @@ mmq_blk_swiglu(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, _
 // shuffles per 8 blocks, in the twin's stage order (the same f32 sums, bit for bit). Quads go
 // row-fastest, so a warp writes 8 consecutive image rows (1 KB) of one block.
 namespace {
-// v[8j + e] = x[row][k0 + 32 j + 8 l + e] (zeros past K or for a padding row)
+// v[8j + e] = x[row][k0 + 32 j + 8 l + e] (zeros past K or for a padding row; the launcher
+// checks K % 8 == 0 and x 16-byte aligned, so 8 values are all in or all out)
 __device__ __forceinline__ void load32(float (&v)[32], const __half* __restrict__ x,
                                        long long ld, int R, int K, int row, int k0, int l) {
 #pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = 0.f;
-    if (row >= R) return;
-    const __half* src = x + row * ld;
-    const bool vec = (ld & 7) == 0 && (reinterpret_cast<size_t>(x) & 15) == 0;
-#pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int k = k0 + 32 * j + 8 * l;
-        if (vec && k + 7 < K) {
-            const uint4 u = *reinterpret_cast<const uint4*>(src + k);
-            const __half2* h = reinterpret_cast<const __half2*>(&u);
+        uint4 u = make_uint4(0, 0, 0, 0);
+        if (row < R && k < K) u = *reinterpret_cast<const uint4*>(x + row * ld + k);
+        const __half2* h = reinterpret_cast<const __half2*>(&u);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float2 f = __half22float2(h[e]);
-                v[8 * j + 2 * e] = f.x;
-                v[8 * j + 2 * e + 1] = f.y;
-            }
-        } else {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) v[8 * j + e] = k + e < K ? __half2float(src[k + e]) : 0.f;
+        for (int e = 0; e < 4; ++e) {
+            const float2 f = __half22float2(h[e]);
+            v[8 * j + 2 * e] = f.x;
+            v[8 * j + 2 * e + 1] = f.y;
         }
     }
 }
@@ -329,18 +321,26 @@ __device__ __forceinline__ float rotate128(float (&v)[32], int l) {
     return fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
 }
 
-// q = rint(v * inv) in [-127, 127] (inv = 127 / amax, 0 for an all-zero block) into image row
-// r: values 32 j + 8 l .. + 7 are 8 bytes of 16-byte chunk 2 j + l / 2 (a multiply, not a
-// division per value: the prepass runs before every GEMM)
+// q = rint(v * inv) (inv = 127 / amax, 0 for an all-zero block; |v| <= amax keeps |q| <= 127)
+// into image row r: values 32 j + 8 l .. + 7 are 8 bytes of 16-byte chunk 2 j + l / 2. The
+// rint is the magic-number add (2^23 + 2^22 + p holds rint(p) in its low mantissa bits; the
+// multiply rounds first, as the twin's), its low byte q's two's complement: a multiply, an add
+// and 3/4 of a byte permute per value (the prepass runs before every GEMM)
+__device__ __forceinline__ uint32_t q8(float v, float inv) {
+    return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), 12582912.f));   // (_rn: no FFMA)
+}
+
 __device__ __forceinline__ void store32(uint8_t* img, const float (&v)[32], float inv, int r,
                                         int l) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        uint32_t w[2] = {0, 0};
+        uint32_t w[2];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int q = max(-127, min(127, __float2int_rn(v[8 * j + e] * inv)));
-            w[e >> 2] |= (static_cast<uint32_t>(q) & 0xFFu) << (8 * (e & 3));
+        for (int h = 0; h < 2; ++h) {
+            const float* u = v + 8 * j + 4 * h;
+            const uint32_t lo = __byte_perm(q8(u[0], inv), q8(u[1], inv), 0x0040);
+            const uint32_t hi = __byte_perm(q8(u[2], inv), q8(u[3], inv), 0x0040);
+            w[h] = __byte_perm(lo, hi, 0x5410);
         }
         const int c = 2 * j + (l >> 1);
         *reinterpret_cast<uint2*>(img + r * 128 + ((c ^ (r & 7)) << 4) + (l & 1) * 8) =

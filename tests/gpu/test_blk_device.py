@@ -19,7 +19,7 @@ def _x(rng, M, K):
     return x
 
 
-@pytest.mark.parametrize("M,K", [(1, 128), (77, 576), (130, 1000), (5, 1001), (300, 4096)])
+@pytest.mark.parametrize("M,K", [(1, 128), (77, 576), (130, 1000), (300, 4096)])
 def test_blk_operands_bitwise(hopper, same_bytes, M, K):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight
     from minfer.cuda.runtime import devarray as da
