@@ -10,8 +10,9 @@
 #   blk:   the block int8 path: its device tests, isolated GEMMs (scripts/gemm_blk_bench.py), an
 #          8B-shape bench against f16 (AB="f16 blk ..." for more paths), single and sustained,
 #          and blk's per-op breakdown at pp2048.
-#   final: the whole GPU suite, the blk GEMMs, ncu on one, bench (single and sustained), the
-#          slice's perplexity and `minfer check` on its Q4_K_M requant.
+#   final: the whole GPU suite, the blk GEMMs, ncu on one (and on its FFMA-only fold build),
+#          bench (single and sustained), the slice's perplexity, `minfer check` on its Q4_K_M
+#          requant and the installed wheel's check (as gates).
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -26,15 +27,19 @@ MODE=${1:-gates}; DEADLINE=${2:-560}; source scripts/device_lib.sh
 REPO=$PWD; M="python3 -m minfer"; S=${SLICE:-.devdata/smollm2-slice.gguf}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 
-if [ "$MODE" = gates ]; then
-  MINFER_TEST_MODEL=$S step tests 280 python3 -m pytest -q -rfEs tests/gpu
-  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
-  step check 150 $M check -m /tmp/slice-q4km.gguf
+installed_check() {   # the wheel installed non-editable into a clean target, run from /tmp
   rm -rf /tmp/x && python3 -m pip install -q --no-index --no-deps --target /tmp/x \
     .devdata/minfer-wheel/minfer-*.whl .whl/*.whl 2>/dev/null
   (cd /tmp && step installed 120 env PYTHONPATH=/tmp/x MINFER_CACHE=/tmp/cache_inst python3 -c \
     "import minfer.cuda.runtime.build as b; print('KERNEL_DIR', b.KERNEL_DIR); \
 from minfer.cli import main; main(['prefill', '--backend', 'cuda', '-m', '$REPO/$S', '-n', '8'])")
+}
+
+if [ "$MODE" = gates ]; then
+  MINFER_TEST_MODEL=$S step tests 280 python3 -m pytest -q -rfEs tests/gpu
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
+  step check 150 $M check -m /tmp/slice-q4km.gguf
+  installed_check
   echo; echo "################ SUMMARY gates ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
@@ -64,10 +69,13 @@ fi
 
 if [ "$MODE" = final ]; then   # the whole GPU suite, the blk path's figures, the gate on the slice
   MINFER_TEST_MODEL=$S step tests 250 python3 -m pytest -q -rfEs tests/gpu
-  step gemm 90 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-,-DBLK_FOLD=1,-DBLK_NOFOLD
+  step gemm 90 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-,-DBLK_FOLD=4,-DBLK_NOFOLD
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  step ncu 60 "$NCU" --section SpeedOfLight --section ComputeWorkloadAnalysis -k regex:mmq_blk \
-    --launch-skip 2 --launch-count 1 python3 scripts/gemm_one.py blk 28672 4096 2048
+  for v in "" -DBLK_FOLD=4; do   # the kernel, and its timing build with the FFMA alone as fold
+    step ncu$v 60 "$NCU" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats -k regex:mmq_blk --launch-skip 2 \
+      --launch-count 1 python3 scripts/gemm_one.py blk 28672 4096 2048 $v
+  done
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   step bench 90 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
     --ab f16 blk
@@ -76,14 +84,16 @@ if [ "$MODE" = final ]; then   # the whole GPU suite, the blk path's figures, th
   step ppl_blk 40 $M perplexity -m "$S" --backend cuda --gemm blk --kld-base /tmp/f16.logits
   step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
   step check 150 $M check -m /tmp/slice-q4km.gguf
+  installed_check
   echo; echo "################ SUMMARY final ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
   echo "--- gemm"; tail -26 "$OUT/gemm.log"
-  echo "--- ncu"; grep -E "Duration|SM Frequency|Compute \(SM\)|Issue Slots|Tensor is|Memory Throughput" "$OUT/ncu.log"
+  for f in "$OUT"/ncu*.log; do echo "--- $(basename "$f")"; grep -E "Duration|SM Frequency|Compute \(SM\)|Issue Slots|Issued Warp|No Eligible|Stall|Tensor is|Memory Throughput|Warp Cycles Per Issued" "$f" | head -14; done
   echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" "$OUT/sustained.log" | grep -v "| ---"
   echo "--- perplexity (slice, GPU f16 base)"; tail -2 "$OUT/ppl_f16.log"; tail -7 "$OUT/ppl_blk.log"
   echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -24
+  echo "--- installed (cwd /tmp, PYTHONPATH=/tmp/x only)"; grep -vE "^\s*$" "$OUT/installed.log" | tail -9
   exit 0
 fi
 
