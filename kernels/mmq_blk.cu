@@ -18,6 +18,9 @@
 //       (scales times smul: 1 for tokens, 1/128 for a weight, requantized at load);
 //       four lanes per (row, block): the rotation (5 stages in registers, 2 by shuffles), amax,
 //       s = amax / 127, q = rint(x' * (127 / amax)); rows R..Rp-1 and k >= K are zeros.
+//   rmsnorm_blk_operand (x, w, eps, h16, out, M, K, Mp): the operand of h = f16(rmsnorm(x) * w)
+//       from the residual x f32 [M, K] in the norm's launch (and h itself into h16, if not null),
+//       bit-identical to rmsnorm_f32_f16 then blk_operand_f16; a CTA per token, K <= 8192.
 //   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
 //   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
 //       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_swiglu).
@@ -34,6 +37,7 @@
 
 #include "gemm_f16_common.cuh"
 #include "wgmma_common.cuh"
+#include "rmsnorm.cuh"
 #include "wgmma_int8.cuh"
 
 namespace {
@@ -286,15 +290,35 @@ __device__ __forceinline__ void load32(float (&v)[32], const __half* __restrict_
 }
 
 // (a, b) at (i, i + h) -> (a + b, a - b) over the register index bit `bit` of v
-template <int bit>
-__device__ __forceinline__ void butterfly(float (&v)[32]) {
+template <int bit, int N>
+__device__ __forceinline__ void butterfly(float (&v)[N]) {
 #pragma unroll
-    for (int r = 0; r < 32; ++r) {
+    for (int r = 0; r < N; ++r) {
         if (r & (1 << bit)) continue;
         const float a = v[r], b = v[r | (1 << bit)];
         v[r] = a + b;
         v[r | (1 << bit)] = a - b;
     }
+}
+
+// the same butterfly across lanes: partner lane l ^ m holds index i ^ h
+template <int N>
+__device__ __forceinline__ void butterfly_x(float (&v)[N], int l, int m) {
+#pragma unroll
+    for (int r = 0; r < N; ++r) {
+        const float o = __shfl_xor_sync(0xffffffffu, v[r], m);
+        v[r] = (l & m) ? o - v[r] : v[r] + o;
+    }
+}
+
+// max |v| over the lanes l ^ 1 .. l ^ (mmax) (mmax + 1 lanes holding one block)
+template <int N>
+__device__ __forceinline__ float block_amax(const float (&v)[N], int mmax) {
+    float amax = 0.f;
+#pragma unroll
+    for (int r = 0; r < N; ++r) amax = fmaxf(amax, fabsf(v[r]));
+    for (int m = 1; m <= mmax; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    return amax;
 }
 
 // the quad's block -> its Walsh-Hadamard transform, stage by stage as blk_ref.fwht128 (h = 1,
@@ -304,21 +328,11 @@ __device__ __forceinline__ float rotate128(float (&v)[32], int l) {
     butterfly<0>(v);
     butterfly<1>(v);
     butterfly<2>(v);
-#pragma unroll
-    for (int m = 1; m < 4; m <<= 1) {
-#pragma unroll
-        for (int r = 0; r < 32; ++r) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[r], m);
-            v[r] = (l & m) ? o - v[r] : v[r] + o;
-        }
-    }
+    butterfly_x(v, l, 1);
+    butterfly_x(v, l, 2);
     butterfly<3>(v);
     butterfly<4>(v);
-    float amax = 0.f;
-#pragma unroll
-    for (int r = 0; r < 32; ++r) amax = fmaxf(amax, fabsf(v[r]));
-    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-    return fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    return block_amax(v, 2);
 }
 
 // q = rint(v * inv) (inv = 127 / amax, 0 for an all-zero block; |v| <= amax keeps |q| <= 127)
@@ -330,22 +344,27 @@ __device__ __forceinline__ uint32_t q8(float v, float inv) {
     return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), 12582912.f));   // (_rn: no FFMA)
 }
 
+// 8 values' int8 as 8 bytes
+__device__ __forceinline__ uint2 pack8(const float* u, float inv) {
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h, u += 4) {
+        const uint32_t lo = __byte_perm(q8(u[0], inv), q8(u[1], inv), 0x0040);
+        const uint32_t hi = __byte_perm(q8(u[2], inv), q8(u[3], inv), 0x0040);
+        w[h] = __byte_perm(lo, hi, 0x5410);
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+// values i .. i + 7 (i % 8 == 0) of image row r: 8 bytes of its 16-byte chunk i / 16
+__device__ __forceinline__ void store8(uint8_t* img, int r, int i, uint2 q) {
+    *reinterpret_cast<uint2*>(img + r * 128 + (((i >> 4) ^ (r & 7)) << 4) + (i & 8)) = q;
+}
+
 __device__ __forceinline__ void store32(uint8_t* img, const float (&v)[32], float inv, int r,
                                         int l) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        uint32_t w[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float* u = v + 8 * j + 4 * h;
-            const uint32_t lo = __byte_perm(q8(u[0], inv), q8(u[1], inv), 0x0040);
-            const uint32_t hi = __byte_perm(q8(u[2], inv), q8(u[3], inv), 0x0040);
-            w[h] = __byte_perm(lo, hi, 0x5410);
-        }
-        const int c = 2 * j + (l >> 1);
-        *reinterpret_cast<uint2*>(img + r * 128 + ((c ^ (r & 7)) << 4) + (l & 1) * 8) =
-            make_uint2(w[0], w[1]);
-    }
+    for (int j = 0; j < 4; ++j) store8(img, r, 32 * j + 8 * l, pack8(v + 8 * j, inv));
 }
 }  // namespace
 
@@ -365,4 +384,67 @@ blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp
     uint8_t* blk = out + (static_cast<size_t>(kb) * (Rp / 128) + row / 128) * OP;
     store32(blk, v, amax > 0.f ? 127.f / amax : 0.f, row & 127, l);
     if (l == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f * smul;
+}
+
+// rmsnorm_blk_operand: h = f16(rmsnorm(x) * w) and its operand in one launch, a CTA of 8 warps
+// per token (row m < Mp; padding rows give zeros). The row is read once, in rmsnorm.cuh's
+// chunks of 256 (chunk c to warp c % 8, lane l its values 8 l .. 8 l + 7) and summation order,
+// so h is bit-identical to layers.cu's rmsnorm_f32_f16 and the operand to blk_operand_f16's of
+// it. Within a chunk the lanes 16 b .. 16 b + 15 hold block 2 c + b: value i = 8 (l % 16) + e,
+// the rotation's h = 1, 2, 4 in registers (e), 8 .. 64 across lanes (xor 1, 2, 4, 8).
+constexpr int NORM_CH = 4;   // chunks per warp held in registers: K <= 8 x 4 x 256 = 8192
+
+extern "C" __global__ void __launch_bounds__(256)
+rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, float eps,
+                    __half* __restrict__ h16, uint8_t* __restrict__ Tt, int M, int K, int Mp) {
+    const int m = blockIdx.x, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const int NC = (K + 255) / 256, KB = (K + 127) / 128;
+    const float* xr = x + static_cast<size_t>(m) * K;
+    float v[NORM_CH][8];
+    double s = 0.0;
+#pragma unroll
+    for (int j = 0; j < NORM_CH; ++j) {   // (all loads first: rms_load8 zero-fills past K)
+        if (m < M && wi + 8 * j < NC) {
+            rms_load8(xr, K, wi + 8 * j, l, v[j]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) v[j][e] = 0.f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NORM_CH; ++j) s = rms_chunk_sum(s, v[j]);
+    const float scale = rms_finish(s, K, eps);
+#pragma unroll
+    for (int j = 0; j < NORM_CH; ++j) {
+        const int c = wi + 8 * j, k0 = c * 256 + 8 * l;
+        if (c >= NC) break;   // (warp-uniform)
+        float h[8];
+        if (m < M && k0 < K) {
+            const float4 wa = *reinterpret_cast<const float4*>(w + k0);
+            const float4 wb = *reinterpret_cast<const float4*>(w + k0 + 4);
+            const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+            __align__(16) __half hh[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                hh[e] = __float2half_rn(rms_value(v[j][e], scale, wv[e]));
+                h[e] = __half2float(hh[e]);
+            }
+            if (h16) *reinterpret_cast<uint4*>(h16 + static_cast<size_t>(m) * K + k0) =
+                *reinterpret_cast<const uint4*>(hh);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) h[e] = 0.f;
+        }
+        butterfly<0>(h);
+        butterfly<1>(h);
+        butterfly<2>(h);
+#pragma unroll
+        for (int mm = 1; mm < 16; mm <<= 1) butterfly_x(h, l, mm);
+        const float amax = block_amax(h, 8);
+        const int kb = 2 * c + (l >> 4);
+        if (kb >= KB) continue;
+        uint8_t* blk = Tt + (static_cast<size_t>(kb) * (Mp / 128) + m / 128) * OP;
+        store8(blk, m & 127, 8 * (l & 15), pack8(h, amax > 0.f ? 127.f / amax : 0.f));
+        if ((l & 15) == 0) reinterpret_cast<float*>(blk + IMG)[m & 127] = amax / 127.f;
+    }
 }

@@ -35,6 +35,35 @@ def test_blk_operands_bitwise(hopper, same_bytes, M, K):
     assert same_bytes(gw.wb, op_ref(*quantize_blk(w, weight=True)))
 
 
+@pytest.mark.parametrize("M,K", [(77, 576), (130, 4096), (1, 8192), (3, 1000)])
+def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K):
+    """The rmsnorm + blk operand launch writes exactly the bytes of rmsnorm into f16 followed by
+    blk_operand (and the twin's), and h16 when asked: the bits of rmsnorm's f16 output."""
+    from minfer.cuda.ops.layers import rmsnorm
+    from minfer.cuda.ops.mmq_blk import BlkTokens, blk_operand, blk_operand_rmsnorm
+    from minfer.cuda.runtime import devarray as da
+    from minfer.quants.blk_ref import blk_operand as op_ref, quantize_blk
+    from minfer.reference import ops
+
+    rt = hopper
+    rng = np.random.default_rng(M + K)
+    x = (rng.standard_normal((M, K)) * 3).astype(np.float32)
+    x[:, 300:310] *= 40                    # an outlier run
+    w = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    w[128:256] = 0                         # an all-zero block in every token
+    xd, wd = da.to_device(rt, x), da.to_device(rt, w)
+    h16 = da.empty(rt, (M, K), np.float16)
+    rmsnorm(rt, h16, xd, wd, 1e-5)
+    want = blk_operand(rt, h16).tt.get()
+    got = blk_operand_rmsnorm(rt, xd, wd, 1e-5)
+    assert isinstance(got, BlkTokens) and (got.M, got.K) == (M, K) and same_bytes(got.tt, want)
+    hout = da.to_device(rt, np.full((M, K), np.nan, np.float16))
+    got2 = blk_operand_rmsnorm(rt, xd, wd, 1e-5, h16=hout)
+    assert same_bytes(got2.tt, want) and same_bytes(hout, h16.get())
+    href = ops.rmsnorm(x, w, 1e-5).astype(np.float16)
+    assert same_bytes(got.tt, op_ref(*quantize_blk(href)))
+
+
 @pytest.mark.parametrize("M,N,K,sms,opts", [
     (77, 333, 576, None, ()), (1, 16, 128, None, ()), (129, 200, 1000, 3, ()),
     (300, 1024, 4096, 5, ()), (512, 640, 2048, 7, ("-DBLK_FOLD=1",)),

@@ -6,7 +6,8 @@ minfer.quants.blk_ref):
 x and W are rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8
 with one f32 scale per (row, 128 of K) (1.03 B per weight on the GPU). `blk_weight`
 requantizes an f16 weight on the GPU at load, `blk_operand` the f16 activations before each
-GEMM (one launch: the same kernel), `mmq_blk_linear` runs the GEMM: wgmma s8,
+GEMM (one launch: the same kernel; `blk_operand_rmsnorm` makes it from the residual in the
+rmsnorm's launch), `mmq_blk_linear` runs the GEMM: wgmma s8,
 the int32 sums folded into f32 once per 128 of K, persistent with stream-K over 128-K stages
 (minfer.cuda.ops.stream_k). sm_90 only.
 """
@@ -86,6 +87,35 @@ def blk_operand(rt, x16, tt=None) -> BlkTokens:
     return BlkTokens(tt, M, K)
 
 
+NORM_MAX_K = 8 * 4 * 256   # rmsnorm_blk_operand: 8 warps x NORM_CH (4) chunks of 256
+
+
+def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None) -> BlkTokens:
+    """The token operand of h = f16(rmsnorm(x) * w) in one launch (rmsnorm_blk_operand, a CTA
+    per token): bit-identical to layers.rmsnorm into f16, then blk_operand. x f32 [M, K] (K % 8
+    == 0, K <= NORM_MAX_K), w f32 [K]; h16 f16 [M, K], when given, receives h too (the input of
+    GEMMs on other routes); into tt (uint8 [KB, Mp/128, BLK_OP]) if given."""
+    what = "blk_operand_rmsnorm"
+    da.check(f"{what} x", x, (None, None), np.float32, align=16, require_contiguous=True)
+    M, K = x.shape
+    if M <= 0 or K % 8 or K > NORM_MAX_K:
+        raise GPUError(f"{what}: need M >= 1 and K a multiple of 8 up to {NORM_MAX_K} (8 warps "
+                       f"x 4 chunks of 256), got [{M}, {K}]; use layers.rmsnorm, then blk_operand")
+    da.check(f"{what} w", w, (K,), np.float32, align=16)
+    if h16 is not None:
+        da.check(f"{what} h16", h16, (M, K), np.float16, align=16, require_contiguous=True)
+    shape = (kblocks(K), pad128(M) // 128, BLK_OP)
+    if blk_bytes(M, K) >= 2**31:
+        raise GPUError(f"{what}: [{M}, {K}] is too large for the kernels' 32-bit offsets")
+    tt = da.empty(rt, shape, np.uint8, "blk token operand") if tt is None else tt
+    da.check(f"{what} tt", tt, shape, np.uint8, align=16)
+    rt.launch(rt.function("mmq_blk", "rmsnorm_blk_operand", _OPTS), (pad128(M),), (256,),
+              (da.arg(x), da.arg(w), np.float32(eps),
+               np.uintp(0) if h16 is None else da.arg(h16), da.arg(tt), np.int32(M),
+               np.int32(K), np.int32(pad128(M))))
+    return BlkTokens(tt, M, K)
+
+
 def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate: bool = False,
                    build_opts: tuple = (), stream_k: bool = True, sms: int | None = None,
                    swiglu: bool = False) -> None:
@@ -123,4 +153,5 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
                        np.int32(K)), build_opts, stream_k, sms, block=384)
 
 
-__all__ = ["BlkTokens", "BlkWeight", "blk_operand", "blk_smem", "blk_weight", "mmq_blk_linear"]
+__all__ = ["BlkTokens", "BlkWeight", "blk_operand", "blk_operand_rmsnorm", "blk_smem", "blk_weight",
+           "mmq_blk_linear"]
