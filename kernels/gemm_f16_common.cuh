@@ -100,7 +100,7 @@ __device__ __forceinline__ void store2(void* C, int N, int row, int col, float v
 }
 
 // Mode 3 (glu): B is a gate|up weight [N = 2F, K] with its rows interleaved per 16 (8 gate rows,
-// then the same 8 features' up rows: minfer.quants.mmq_sb_ref.glu_rows), so fragment ni (even)
+// then the same 8 features' up rows: minfer.quants.glu.glu_rows), so fragment ni (even)
 // holds gate and ni + 1 up of features (col0 + ni*8)/2 + 2*(lane%4) (+1), col0 % 16 == 0 and
 // N % 16 == 0 (the launcher checks). C f16 [M, F] = silu(gate) * up, rounded as the swiglu layer.
 // fn(mi, h, row) for each accumulator row of this thread inside C (row < M): rows row0 + mi*16

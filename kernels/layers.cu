@@ -4,7 +4,7 @@
 // Entries (all row-major, contiguous unless a leading dimension `ld*` is given, in elements):
 //   rmsnorm_f32_f16 / rmsnorm_f32_f32  y[T, D] = x * (1/sqrt(mean(x^2) + eps)) * w
 //       x f32 [T, ldx], w f32 [D]; one block per row; sum of squares in double (as ggml,
-//       rmsnorm.cuh, shared with quantize_q8_1.cu's rmsnorm_sb_operand).
+//       rmsnorm.cuh).
 //   rope_f32 / rope_f16                 in place on x [T, H, D] (row stride ldx per token)
 //   rope_f32_f16                        rope of f32 src into f16 dst (dst row stride ldd), e.g.
 //                                       straight into the KV cache at row pos0; dims past

@@ -1,5 +1,4 @@
-// rmsnorm.cuh: the row scale of rmsnorm, shared by layers.cu (rmsnorm_f32_*) and
-// quantize_q8_1.cu (rmsnorm_sb_operand), so the two give bit-identical f16 activations.
+// rmsnorm.cuh: the row scale of rmsnorm for layers.cu (rmsnorm_f32_*).
 //   scale = (float)(1 / sqrt(sum(x^2) / D + eps)), sum of squares in double (as ggml),
 //   y = f16/f32(x * scale * w) with the two products rounded separately (rms_value).
 // Block-wide (every thread of the block calls rms_scale / rms_finish; blockDim.x a multiple of
@@ -7,8 +6,7 @@
 // goes to warp c % warps, lane l sums the chunk's values 8l .. 8l + 7 in order (two 16-byte
 // loads; single values where D % 8 != 0 or the row is not 16-byte aligned: then thread t sums
 // t, t + blockDim.x, ...), chunks in increasing order; then a shuffle tree per warp, then warp
-// 0 over the warps. rmsnorm_sb_operand holds exactly a warp's chunks in registers (a chunk is
-// a q8s super-block), so it sums them itself (rms_chunk_sum) and reads the row once.
+// 0 over the warps.
 #pragma once
 #include <stdint.h>
 

@@ -1,5 +1,5 @@
-// swiglu.cuh: silu(g) * u for one value, shared by layers.cu (the swiglu layer) and
-// quantize_q8_1.cu (the swiglu + q8_1 prepass), so both round identically. Each operation is
+// swiglu.cuh: silu(g) * u for one value, shared by layers.cu (the swiglu layer) and the GEMMs'
+// swiglu epilogues (gemm_f16_common.cuh, wgmma_int8.cuh), so they round identically. Each operation is
 // rounded on its own (__fdiv_rn / __fadd_rn / __fmul_rn: no FMA contraction), as the numpy twin
 // minfer.reference.ops.swiglu does.
 #pragma once
@@ -10,8 +10,8 @@ __device__ __forceinline__ float swiglu1(float gv, float uv) {
 }
 
 // The same function with the fast intrinsics (__expf, __fdividef: a few ulp of f32, far under
-// the f16 rounding that follows): the q4_K SB GEMM's swiglu epilogue, where the exact form's
-// IEEE division and expf sit on the GEMM's critical path (mmq_sb_q4k.cu store_swiglu).
+// the f16 rounding that follows): the int8 wgmma GEMM's swiglu epilogue, where the exact form's
+// IEEE division and expf sit on the GEMM's critical path (wgmma_int8.cuh store_swiglu).
 __device__ __forceinline__ float swiglu1_fast(float gv, float uv) {
     return __fmul_rn(__fdividef(gv, 1.0f + __expf(-gv)), uv);
 }

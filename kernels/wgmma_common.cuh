@@ -36,14 +36,7 @@ __device__ __forceinline__ uint64_t sw128_desc(uint32_t saddr) {
     return d;
 }
 
-// K-major operand without swizzle: 8-row x 16-byte core matrices (128 contiguous bytes), `lbo`
-// bytes from a core matrix to the next along k, `sbo` bytes to the next 8 rows.
-__device__ __forceinline__ uint64_t plain_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    return static_cast<uint64_t>((saddr & 0x3FFFF) >> 4) |
-           static_cast<uint64_t>(lbo >> 4) << 16 | static_cast<uint64_t>(sbo >> 4) << 32;
-}
-
-// ---- int8 MMQ pieces (mmq_sb_q4k.cu) ----
+// ---- register fences ----
 
 template <int R>
 __device__ __forceinline__ void fence_regs(int (&d)[R]) {  // D reads stay after the wait
@@ -56,7 +49,7 @@ __device__ __forceinline__ void fence_regs(float (&d)[R]) {
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// ---- warp specialization (mmq_sb_q4k.cu): mbarriers in shared memory, bulk copies, register
+// ---- warp specialization: mbarriers in shared memory, bulk copies, register
 // reallocation between the producer and the consumer warpgroups ----
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
@@ -100,7 +93,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// ---- the tile schedule of the persistent SB kernel (data-parallel, then stream-K) ----
+// ---- the tile schedule of the persistent int8 kernel (data-parallel, then stream-K) ----
 // Tiles [0, dp) go round-robin over the grid (whole waves); the last ntiles - dp tiles are split
 // by k-stages: their U = (ntiles - dp) * KT stage units are dealt out evenly, block b taking
 // units [b U / G, (b+1) U / G) in tile-major order. The launcher (minfer.cuda.ops.stream_k.

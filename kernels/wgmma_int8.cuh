@@ -1,4 +1,4 @@
-// wgmma_int8.cuh: pieces the Hopper int8 wgmma kernels share (mmq_sb_q4k.cu, mmq_blk.cu):
+// wgmma_int8.cuh: pieces of the Hopper int8 wgmma kernel (mmq_blk.cu):
 // the register list of an m64n128 s32 accumulator and the epilogues that store a consumer
 // thread's 64 C values (C =, C +=, the swiglu of interleaved gate|up rows). The wgmma's M side
 // is the weight rows, its N side the tokens: a thread's value z[4i + j] is weight row r + 8 (j / 2)
@@ -9,7 +9,7 @@
 #include "swiglu.cuh"
 
 // The 64 accumulator operands "+r"(d[0..63]) and their register list of an m64n128 wgmma
-// (the int8 kernels' igmma, hgmma_into)
+// (the int8 kernel's igmma)
 #define WG_D64 "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), \
     "+r"(d[6]), "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), \
     "+r"(d[13]), "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), \
@@ -42,7 +42,7 @@ __device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, i
     }
 }
 
-// The swiglu epilogue (rows interleaved per 16: 8 gate rows, then their 8 up rows; mmq_sb_ref.
+// The swiglu epilogue (rows interleaved per 16: 8 gate rows, then their 8 up rows; quants.glu.
 // glu_rows): the thread's rows r and r + 8 are the gate and the up row of feature (r / 16) 8 +
 // r % 16, so H[token][feature] = f16(silu(g) u) from z[4i + j] (gate, j < 2) and z[4i + j + 2]
 // (up), no exchange; F = N / 2 features. silu with the fast intrinsics (swiglu.cuh
@@ -55,7 +55,7 @@ __device__ __forceinline__ void store_swiglu(const float (&z)[64], __half* H, in
     for (int k = 0; k < 64; ++k) {
         if ((k >> 1) & 1) continue;   // (the up values, read with their gate values)
         const int tok = m + 8 * (k >> 2) + (k & 1);
-#if defined(SB_GLU_EXACT) || defined(WG_GLU_EXACT)   // the swiglu layer's rounding (tests: the row map, bitwise)
+#ifdef WG_GLU_EXACT   // the swiglu layer's rounding (tests: the row map, bitwise)
         const float y = swiglu1(z[k], z[k + 2]);
 #else
         const float y = swiglu1_fast(z[k], z[k + 2]);

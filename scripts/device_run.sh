@@ -131,16 +131,15 @@ for n in 512 3001; do   # a prompt of exactly n tokens (BOS included) under the 
   done
 done
 step bench_len 120 $M bench -m /tmp/s8b.gguf --tokens 512,3001 --min-ms 0 --repeats 6 --no-breakdown
-AB=(${AB:-f16 sb wide-kd4 wide-kd8})
+AB=(${AB:-f16 blk wide-kd4 wide-kd8})
 step bench_single 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 4 \
   --no-breakdown --ab "${AB[@]}"
 if [ -d .old/minfer ]; then
   (cd .old && step bench_old 100 python3 -m minfer bench -m /tmp/s8b.gguf --tokens 512,2048 \
-    --min-ms 0 --repeats 4 --no-breakdown --ab "MINFER_MMQ=0" \
-    "MINFER_MMQ=1 MINFER_MMQ_SB=1 MINFER_MMQ_Q6K_F16=1")
+    --min-ms 0 --repeats 4 --no-breakdown --ab "MINFER_MMQ=0" "MINFER_MMQ=1")
 fi
 step bench_sustained 100 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 3 --no-breakdown \
-  --ab f16 sb
+  --ab f16 blk
 echo; echo "################ SUMMARY perf ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
 for f in cold_512 warm_512 cold_3001 warm_3001; do
   echo "--- prefill $f"; grep -E "^(prompt|load|prefill)|error" "$OUT/$f.log"; done

@@ -1,7 +1,7 @@
 """Build cubins into the cache ahead of a device call (same nvcc version there: the cache key
 includes it), so the call spends no device time compiling.
 
-MINFER_CACHE=.devdata/mcache python3 scripts/prebuild.py mmq_sb_q4k [-DOPT,-DOPT2 ...]
+MINFER_CACHE=.devdata/mcache python3 scripts/prebuild.py mmq_blk [-DOPT,-DOPT2 ...]
 (each argument after the kernel is one comma-separated option set; none: the plain build).
 The kernels are built as the launchers build them: arch sm_90 with -arch=sm_90a.
 """

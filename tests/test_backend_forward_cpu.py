@@ -88,17 +88,16 @@ def tiny(tmp_path_factory):
     return load_model(tiny_model(tmp_path_factory.mktemp("fwd"), seed=3, workers=None))
 
 
-ENTRY = {"f16": ("gemm_f16", "gemm_f16_sm90a"), "sb": ("mmq_sb_q4k",),
+ENTRY = {"f16": ("gemm_f16", "gemm_f16_sm90a"), "blk": ("mmq_blk",),
          "wide-kd4": ("mmq_q4k", "mmq_q6k"), "wide-kd8": ("mmq_q4k", "mmq_q6k"),
          "narrow": ("mmq_q4k", "mmq_q6k"), "r1": ("mmq_q4k", "mmq_q6k")}
-PREPASS = {"f16": set(), "sb": {"rmsnorm_sb_operand", "q8s_sb_operand_swiglu"},
+PREPASS = {"f16": set(), "blk": {"blk_operand_f16"},
            "wide-kd4": {"quantize_q8_1_raw_f16"}, "wide-kd8": {"quantize_q8_1_raw_f16"},
            "narrow": {"quantize_q8_1_raw_f16"}, "r1": {"quantize_q8_1_raw_f16"}}
 
 
 @pytest.mark.parametrize("path", list(ENTRY))
-@pytest.mark.parametrize("variant", ["", "no-fused-prepass"])
-def test_forward_launches_each_route(monkeypatch, tiny, path, variant):
+def test_forward_launches_each_route(monkeypatch, tiny, path):
     from fake_gpuarray import install
 
     from minfer.cuda.runtime import devarray
@@ -111,11 +110,9 @@ def test_forward_launches_each_route(monkeypatch, tiny, path, variant):
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
     monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
-    if variant and variant[3:] not in TABLE[path].variants:
-        pytest.skip(f"{path} has no {variant}")
-    rt = FakeRT("sm_90" if path in ("sb", "f16") else "sm_80")
-    choice = GemmChoice.parse_ab(f"{path}:{variant}" if variant else path, env={})
-    be = CudaBackend(tiny, choice, rt=rt, max_tokens=64, ubatch=16, warmup=False, graphs=False)
+    rt = FakeRT("sm_90" if path in ("blk", "f16") else "sm_80")
+    be = CudaBackend(tiny, GemmChoice(path), rt=rt, max_tokens=64, ubatch=16, warmup=False,
+                     graphs=False)
     int8 = {n for n, (p, _) in be.routes.items() if p != "f16"}
     assert bool(int8) == (path != "f16")
     assert all(be.lin[n].name == be.routes[n][0] for n in be.routes)
@@ -127,8 +124,7 @@ def test_forward_launches_each_route(monkeypatch, tiny, path, variant):
         assert set(ENTRY[path]) & files, files
         if path != "f16":
             assert "gemm_f16" in files or "gemm_f16_sm90a" in files   # (f16 routes remain)
-            want = PREPASS[path] if not variant else {"q8s_sb_operand_f16"}
-            assert want & entries, entries
+            assert PREPASS[path] & entries, entries
         else:
             assert not {f for f in files if f.startswith("mmq")}
     assert be.n_past == 22

@@ -56,19 +56,6 @@ class _Rt:
         return self.free, 1 << 40
 
 
-def test_routes_sb(tiny):
-    """sb: q4_K on the SB kernel, q6_K (no SB kernel) on f16 with its reason; off sm_90 all
-    f16."""
-    r = plan_routes(tiny, GemmChoice("sb"), _Rt())
-    q6 = [n for n in r if tiny.tensor(n).qtype == 14]
-    q4 = [n for n in r if tiny.tensor(n).qtype == 12 and not n.endswith("attn_v.weight")]
-    assert q6 and q4
-    assert all(r[n] == ("f16", "q6_K: no sb kernel") for n in q6)
-    assert all(r[n][0] == "sb" for n in q4)
-    assert "q6_K: no sb kernel" in summarize_routes(tiny, r)
-    assert {p for p, _ in plan_routes(tiny, GemmChoice("sb"), _Rt("sm_80")).values()} == {"f16"}
-
-
 def test_routes_auto_memory_tiers(tiny):
     """auto: f16 when its plan fits the free memory with the margin, else blk (sm_90), the
     mixed wide tier, the wide int8 kernels; each tier's need is the backend's whole plan for
@@ -150,7 +137,7 @@ def test_gemm_flag_wins_over_env():
     assert gemm_config(env=env) == GemmChoice("wide-kd8")
     assert gemm_config(env=env, gemm="f16") == GemmChoice("f16")
     assert gemm_config(env={}, gemm="mmq") == GemmChoice("wide-kd4")
-    assert gemm_overrides() == {} and gemm_overrides("sb") == {"MINFER_GEMM": "sb"}
+    assert gemm_overrides() == {} and gemm_overrides("blk") == {"MINFER_GEMM": "blk"}
 
 
 @pytest.mark.parametrize("cmd", ["bench", "prefill", "check"])
@@ -162,8 +149,9 @@ def test_gemm_flag_parse(cmd):
     out = CliRunner().invoke(cli, [cmd, "--help"])
     assert out.exit_code == 0 and "--gemm" in out.output
     assert "--mmq" not in out.output and "--f16-" not in out.output   # one user choice
-    bad = CliRunner().invoke(cli, [cmd, "-m", "x.gguf", "--gemm", "wgmma"])
-    assert bad.exit_code != 0 and "wgmma" in bad.output
+    for gone in ("wgmma", "sb"):   # unknown, or a retired path: the usual usage error
+        bad = CliRunner().invoke(cli, [cmd, "-m", "x.gguf", "--gemm", gone])
+        assert bad.exit_code == 2 and f"'{gone}' is not one of" in bad.output
 
 
 def _res(greedy, last, margins):

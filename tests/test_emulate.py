@@ -44,16 +44,14 @@ def test_emulated_weights_follow_the_gpu_routes(tiny):
     alone = {n for n in kq if ".attn_v." in n and model.tensors[n].qtype != model.tensors[
         n.replace("attn_v", "attn_q")].qtype}
     assert alone and emulated_weights(model, "q8_1") == kq - alone
-    q4k = {n for n in kq if model.tensors[n].qtype == 12}
-    assert emulated_weights(model, "q8s") == q4k - alone != kq - alone  # sb: q4_K only
     assert emulated_weights(model, "blk") == emulated_weights(model, "blk256") == linear
     assert emulated_weights(model, "q8_1-all") == linear   # the q8_1 grid on every GEMM
-    for g in ("q8_1", "q8_1-all", "q8s", "blk"):
+    for g in ("q8_1", "q8_1-all", "blk"):
         assert model.output_name not in emulated_weights(model, g)
 
 
 def test_plain_types_take_only_blk(tmp_path):
-    """Q8_0 / F16 weights (the 2-layer small model, K = 64 or 128): no q8_1 or q8s kernel takes
+    """Q8_0 / F16 weights (the 2-layer small model, K = 64 or 128): no q8_1 kernel takes
     them; blk takes every one (any type, K % 32 == 0)."""
     from minfer.loader import load_model
     from minfer.reference.emulate import emulated_weights
@@ -61,7 +59,7 @@ def test_plain_types_take_only_blk(tmp_path):
 
     model = load_model(write_small(tmp_path / "small.gguf", *small_parts(seed=2, tied=False)))
     linear = {n for n, t in model.tensors.items() if len(t.shape) == 2 and "blk." in n}
-    assert emulated_weights(model, "q8_1") == emulated_weights(model, "q8s") == frozenset()
+    assert emulated_weights(model, "q8_1") == frozenset()
     assert emulated_weights(model, "blk") == linear and len(linear) == 14
     assert emulated_weights(model, "q8_1-all") == linear
 

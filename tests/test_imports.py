@@ -90,7 +90,7 @@ def test_no_import_cycles():
 
 def test_f16_gemm_reaches_no_int8_module():
     int8 = {m for m in module_graph() if m.rpartition(".")[2].startswith(("mmq", "q8_1"))}
-    assert "minfer.cuda.ops.mmq" in int8 and "minfer.quants.mmq_sb_ref" in int8
+    assert "minfer.cuda.ops.mmq" in int8 and "minfer.quants.mmq_ref" in int8
     assert not reach(module_graph(), "minfer.cuda.ops.gemm") & int8
 
 

@@ -46,8 +46,8 @@ def test_plan_lines():
     p = choose_tier(NEED, 70 * G)
     assert p.line() == ("f16 would need 141.2 GB, blk 73.4 GB, 70.0 GB free -> mix-int8, "
                         "60.0 GB (margin 0.25 GB)")
-    f = choose_tier({"sb": 10_800_000_000}, 139 * G, forced="sb")
-    assert f.fits and f.line() == "sb plan 10.8 GB of 139.0 GB free (--gemm sb)"
+    f = choose_tier({"narrow": 10_800_000_000}, 139 * G, forced="narrow")
+    assert f.fits and f.line() == "narrow plan 10.8 GB of 139.0 GB free (--gemm narrow)"
     j = p.as_json()
     assert j["tiers"] == NEED and j["free"] == 70 * G and j["margin"] == MARGIN
     assert (j["chosen"], j["forced"], j["reason"]) == ("mix-int8", None,
@@ -60,10 +60,10 @@ def test_forced_refusal_names_the_paths_that_fit():
     # mixed tiers are auto's only: the suggestions are the forceable paths and auto
     assert f.refusal() == ("--gemm f16 needs 141.2 GB of GPU memory, 138.9 GB free: "
                            "--gemm blk (73.4 GB), --gemm wide-kd4 (40.1 GB) or --gemm auto fits")
-    f = choose_tier({"sb": 92 * G}, 50 * G, forced="sb", alt=NEED)
-    assert f.refusal() == ("--gemm sb needs 92.0 GB of GPU memory, 50.0 GB free: "
+    f = choose_tier({"narrow": 92 * G}, 50 * G, forced="narrow", alt=NEED)
+    assert f.refusal() == ("--gemm narrow needs 92.0 GB of GPU memory, 50.0 GB free: "
                            "--gemm wide-kd4 (40.1 GB) or --gemm auto fits")
-    f = choose_tier({"sb": 92 * G}, 1 * G, forced="sb", alt=NEED)
+    f = choose_tier({"narrow": 92 * G}, 1 * G, forced="narrow", alt=NEED)
     assert f.fitting() == []   # nothing fits: the backend's memory check names the parts
 
 

@@ -12,7 +12,7 @@ SHAPE = (512, 4096, 4096)
 
 
 def test_table_records():
-    assert list(TABLE) == ["f16", "sb", "blk", "wide-kd4", "wide-kd8", "narrow", "r1"]
+    assert list(TABLE) == ["f16", "blk", "wide-kd4", "wide-kd8", "narrow", "r1"]
     for p in TABLE.values():
         prepare, launch, twin = p.ops()   # every record resolves to the one calling convention
         assert callable(prepare) and callable(launch) and callable(twin)
@@ -20,7 +20,6 @@ def test_table_records():
     assert TABLE["f16"].weight_bytes(12) == 2.0 and TABLE["f16"].weight_bytes(8) == 2.0
     assert TABLE["wide-kd4"].weight_bytes(12) == 0.5625
     assert TABLE["wide-kd8"].weight_bytes(14) == 210 / 256
-    assert TABLE["sb"].weight_bytes(12) == pytest.approx(1.28, abs=0.01)
     assert TABLE["blk"].weight_bytes(8) == TABLE["blk"].weight_bytes(14) == 1.03125
     # the seeds' kernels stay in the table by name
     assert {TABLE[n].kernel for n in ("r1", "narrow", "wide-kd4", "wide-kd8")} == {
@@ -37,7 +36,6 @@ def test_choose_path_explicit():
     assert r.path.name == "f16" and "no wide-kd4 kernel" in r.why
     r = choose_path(12, "sm_90", (512, 576, 576), "narrow")
     assert r.path.name == "f16" and "K=576 not a multiple of 256" == r.why
-    assert choose_path(12, "sm_90", SHAPE, "sb").path.name == "sb"
     # blk: any type, sm_90; the LM head at M = 1 keeps f16's GEMV
     for q in (8, 12, 14, 3):
         assert choose_path(q, "sm_90", SHAPE, "blk").path.name == "blk"
@@ -46,15 +44,12 @@ def test_choose_path_explicit():
     r = choose_path(12, "sm_90", (1, 4096, 4096), "blk")
     assert r.path.name == "f16" and "GEMV" in r.why
     assert choose_path(12, "sm_90", (512, 576, 576), "blk").path.name == "blk"
-    r = choose_path(12, "sm_80", SHAPE, "sb")             # SB is sm_90 only
-    assert r.path.name == "f16" and "sm_90" in r.why
-    r = choose_path(14, "sm_90", SHAPE, "sb")             # its q6_K kernel is retired
-    assert r.path.name == "f16" and "q6_K" in r.why
     assert choose_path(12, "sm_90", SHAPE, "wide-kd4", alone=True).why == \
         "attn_v alone: faster on f16"
     assert choose_path(12, "sm_90", SHAPE, "f16", alone=True).why == ""
-    with pytest.raises(ValueError):
-        choose_path(12, "sm_90", SHAPE, "wgmma")
+    for gone in ("wgmma", "sb"):   # unknown, or a retired path
+        with pytest.raises(ValueError):
+            choose_path(12, "sm_90", SHAPE, gone)
 
 
 def test_choose_path_auto_tiers():
@@ -77,8 +72,8 @@ def test_mixed_tiers_split_by_weight_class(tier, path):
     for qtype, cls in ((12, "attn"), (12, "head"), (14, "ffn"), (14, "attn")):
         r = choose_path(qtype, "sm_90", SHAPE, tier=tier, cls=cls)
         assert (r.path.name, r.why) == ("f16", f"{tier} tier"), (qtype, cls)
-    # a forced path ignores the class: --gemm sb runs the attention's q4_K on SB too
-    assert choose_path(12, "sm_90", SHAPE, "sb", cls="attn").path.name == "sb"
+    # a forced path ignores the class: --gemm blk runs the attention on blk too
+    assert choose_path(12, "sm_90", SHAPE, "blk", cls="attn").path.name == "blk"
 
 
 def test_smem_guard():
@@ -89,7 +84,7 @@ def test_smem_guard():
     assert choose_path(12, "sm_90", (1, 1, 256), "wide-kd8", 232448).path.name == "wide-kd8"
     assert choose_path(14, "sm_90", (1, 1, 256), "wide-kd4", 90000).path.name == "wide-kd4"
     assert choose_path(12, "sm_90", (1, 1, 256), "wide-kd4", 65536).path.name == "narrow"
-    r = choose_path(12, "sm_90", SHAPE, "sb", 100_000)   # SB over the cap: f16, said why
+    r = choose_path(12, "sm_90", SHAPE, "blk", 100_000)   # blk over the cap: f16, said why
     assert r.path.name == "f16" and "shared memory" in r.why
 
 
@@ -116,7 +111,7 @@ def test_wide_smem_matches_kernel():
     ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW": "0"}, "r1"),
     ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW": "1", "MINFER_MMQ_RAW_WIDE": "1",
       "MINFER_MMQ_RAW_KD": "4"}, "wide-kd4"),                            # seeds r12's config
-    ({"MINFER_GEMM": "sb", "MINFER_MMQ": "1"}, "sb"),                   # MINFER_GEMM wins
+    ({"MINFER_GEMM": "blk", "MINFER_MMQ": "1"}, "blk"),                 # MINFER_GEMM wins
     ({"MINFER_GEMM": "mmq", "MINFER_MMQ_RAW_KD": "8"}, "wide-kd8"),
 ])
 def test_choice_from_env(env, path):
@@ -127,7 +122,8 @@ def test_choice_flag_wins_and_errors():
     env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
     assert GemmChoice.resolve(env, "f16").path == "f16"
     assert GemmChoice.resolve(env, "mmq").path == "wide-kd8"
-    for bad in ({"MINFER_MMQ_RAW_KD": "5"}, {"MINFER_MMQ": "maybe"}, {"MINFER_GEMM": "wgmma"}):
+    for bad in ({"MINFER_MMQ_RAW_KD": "5"}, {"MINFER_MMQ": "maybe"}, {"MINFER_GEMM": "wgmma"},
+                {"MINFER_GEMM": "sb"}):
         with pytest.raises(BadInput):
             GemmChoice.resolve(bad)
     with pytest.raises(BadInput, match="bench --ab"):
@@ -138,14 +134,14 @@ def test_tuning_variants():
     c = GemmChoice.parse_ab("f16:no-rope", env={})
     assert c == GemmChoice("f16", frozenset({"rope"})) and not c.on("rope") and c.on("glu")
     assert c.label() == "f16:no-rope"
-    c = GemmChoice.parse_ab("sb:no-glu:no-stream-k", env={})
-    assert c.off == {"glu", "stream-k"} and c.label() == "sb:no-glu:no-stream-k"
-    assert GemmChoice.parse_ab("auto:no-fused-prepass", env={}).off == {"fused-prepass"}
+    c = GemmChoice.parse_ab("blk:no-glu:no-stream-k", env={})
+    assert c.off == {"glu", "stream-k"} and c.label() == "blk:no-glu:no-stream-k"
+    assert GemmChoice.parse_ab("auto:no-stream-k", env={}).off == {"stream-k"}
     assert GemmChoice.parse_ab("MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8", env={}).path == "wide-kd8"
     assert GemmChoice.parse_ab("MINFER_MMQ=1", env={"MINFER_GEMM": "f16"}).path == "wide-kd4"
     assert GemmChoice.parse_ab("", env={"MINFER_GEMM": "narrow"}).path == "narrow"
-    for bad in ("f16:no-stream-k", "wide-kd4:no-glu", "f16:rope", "f16 sb", "MINFER_FOO=1",
-                "MINFER_MMQ_SB=1"):
+    for bad in ("f16:no-stream-k", "wide-kd4:no-glu", "f16:rope", "f16 blk", "MINFER_FOO=1",
+                "MINFER_MMQ_SB=1", "sb", "blk:no-fused-prepass"):
         with pytest.raises(BadInput):
             GemmChoice.parse_ab(bad, env={})
 

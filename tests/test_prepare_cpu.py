@@ -119,8 +119,8 @@ def fakes(monkeypatch):
 
 
 # every path of the table, the tuning variants, and the seeds' variables
-CONFIGS = ["", "f16:no-glu:no-rope", "MINFER_MMQ=1", "wide-kd8", "sb", "sb:no-glu",
-           "narrow", "r1", "sb:no-fused-prepass:no-stream-k", "MINFER_MMQ=1 MINFER_MMQ_RAW=0"]
+CONFIGS = ["", "f16:no-glu:no-rope", "MINFER_MMQ=1", "wide-kd8", "blk", "blk:no-glu",
+           "narrow", "r1", "blk:no-stream-k", "MINFER_MMQ=1 MINFER_MMQ_RAW=0"]
 
 
 @pytest.mark.parametrize("spec", CONFIGS, ids=lambda s: s or "default")

@@ -46,25 +46,3 @@ def test_q8_1_inputs_move_the_logits_a_little(tiny):
     b = ReferenceBackend(tiny, q8_1_inputs=frozenset(_k_quant_weights(tiny))).forward(ids, 0)
     d = float(np.abs(a - b).max())
     assert 0 < d < 0.5 * float(np.abs(a).max())
-
-
-def test_q8s_input_linear_is_the_sb_math(tiny):
-    """q8s_inputs: the SB kernel's grid (one scale per 256): the reference's product is the SB
-    oracle, and a different grid from q8_1's."""
-    from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
-
-    rng = np.random.default_rng(1)
-    names = [n for n in _k_quant_weights(tiny) if tiny.tensors[n].qtype == 12][:3]
-    assert names
-    for name in names:
-        t = tiny.tensors[name]
-        N, K = t.shape
-        x = rng.standard_normal((5, K)).astype(np.float32)
-        got = ReferenceBackend(tiny, dtype=np.float64, q8s_inputs=frozenset([name]))._linear(
-            x.astype(np.float64), name)
-        want = mmq_sb_linear_ref(x, np.asarray(t.data).reshape(N, -1), 5, N, K)
-        err = np.linalg.norm(got - want) / np.linalg.norm(want)
-        assert err < 1e-5, (name, err)
-        q81 = ReferenceBackend(tiny, dtype=np.float64, q8_1_inputs=frozenset([name]))._linear(
-            x.astype(np.float64), name)
-        assert np.linalg.norm(q81 - want) / np.linalg.norm(want) > 10 * err

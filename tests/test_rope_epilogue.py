@@ -80,8 +80,8 @@ def test_plan_rope_and_variant(tmp_path):
     # the tuning variant f16:no-rope (bench --ab) keeps the rope launch
     assert not plan_rope(m, GemmChoice.parse_ab("f16:no-rope", env={}), r16, fused)
     # int8 routes keep the rope launch
-    rq = plan_routes(m, GemmChoice("sb"), _Rt(), 64)
-    assert not plan_rope(m, GemmChoice("sb"), rq, plan_fusion(m, rq))
+    rq = plan_routes(m, GemmChoice("blk"), _Rt(), 64)
+    assert not plan_rope(m, GemmChoice("blk"), rq, plan_fusion(m, rq))
     # neox models (adjacent pairs only) and q/k/v biases keep it too
     from dataclasses import replace
 

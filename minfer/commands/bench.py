@@ -15,8 +15,8 @@ from minfer.threads import threads_option
 @click.option("--tokens", default="512", show_default=True,
               help="Comma-separated prompt lengths (pp512, pp2048, ...).")
 @click.option("--ab", "ab", multiple=True,
-              help='A/B config: a GEMM path with tuning variants (f16, f16:no-rope, sb, '
-                   'sb:no-glu, wide-kd8; docs/paths.md), "all" (every path of the table) or '
+              help='A/B config: a GEMM path with tuning variants (f16, f16:no-rope, blk, '
+                   'blk:no-glu, wide-kd8; docs/paths.md), "all" (every path of the table) or '
                    '"MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow as extra '
                    "arguments. Configs run interleaved in one process, their order rotated each "
                    "repeat (use --repeats as a multiple of the config count).")

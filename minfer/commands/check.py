@@ -2,19 +2,19 @@
 table (minfer.cuda.plan.paths.TABLE; --gemm: one path only).
 
 1. Parity (docs/design.md gate 1): every path of the table against its numpy twin (path_ops: f16 on
-   the f16-rounded operands, the raw int8 paths on the q8_1 grid, SB on the per-256 q8s grid)
+   the f16-rounded operands, the raw int8 paths on the q8_1 grid, blk on its rotated int8 grids)
    on each distinct (type, N, K) of the model's GEMM weights the path takes (real weights,
    random activations): M = 128, ragged M = 37 with N - 5 rows (accumulate mode), and M = 1.
    The GPU computes the full [M, N]; the float64 twin (slow in numpy at 8B shapes) is
    evaluated on a sample of weight rows that always includes the first and last tiles' edges.
-   A path this GPU cannot run (SB off sm_90) is said once; the smem guard's fallback is named
+   A path this GPU cannot run (blk off sm_90) is said once; the smem guard's fallback is named
    in the row. Gate: rel err (Frobenius) <= 1e-3.
 2. greedy-32 identity (gate 3, tie-aware, minfer.gates.compare_greedy): every path of the table
    and the CPU reference (ReferenceBackend, f32) decode 32 greedy tokens from the prompt. Each
    GPU path is compared to the CPU reference with tau = 2 * max|logit diff| at the last prompt
    position between the two engines (stated per row); exact n/32 counts reported.
    The int8 paths are compared with a reference whose int8-routed weights see their input
-   through the grid of their kernel (ReferenceBackend q8_1_inputs / q8s_inputs): the rounding
+   through the grid of their kernel (ReferenceBackend q8_1_inputs / blk_inputs): the rounding
    the kernels do on purpose is then in both engines. Measured on SmolLM2 (11-layer slice,
    Q4_K_M requant: 11 MMQ weights): every MMQ path 32/32 exact, max|dlogit| 0.10 (tau 0.20),
    where against plain f32 it was 18/32 with a near-tie stop at step 1.
@@ -177,18 +177,16 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
             rows.append((path, 0, n_greedy, float("inf"), float("nan"), f"error: {e}", False))
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
-            # through the grid of the kernel that runs them (q8_1; q8s for SB)
+            # through the grid of the kernel that runs them (q8_1; blk's rotated int8)
             grid = {n: TABLE[r].activation for n, (r, _) in be.routes.items()}
             q8 = tuple(sorted(n for n, a in grid.items() if a == "q8_1"))
-            q8s = tuple(sorted(n for n, a in grid.items() if a == "sb-operand"))
             blk = tuple(sorted(n for n, a in grid.items() if a == "blk-operand"))
-            if (q8, q8s, blk) not in refs:
-                refs[(q8, q8s, blk)] = engine.run(ReferenceBackend(
-                    model, q8_1_inputs=frozenset(q8), q8s_inputs=frozenset(q8s),
-                    blk_inputs=frozenset(blk)), ids, n_greedy, 512)
-            v, diff = identity_verdict(refs[(q8, q8s, blk)], res)
-            ref_name = ("cpu" if not q8 + q8s + blk else
-                        f"cpu+q8_1 ({len(q8)} inputs)" + (f"+q8s ({len(q8s)})" if q8s else "")
+            if (q8, blk) not in refs:
+                refs[(q8, blk)] = engine.run(ReferenceBackend(
+                    model, q8_1_inputs=frozenset(q8), blk_inputs=frozenset(blk)), ids, n_greedy,
+                    512)
+            v, diff = identity_verdict(refs[(q8, blk)], res)
+            ref_name = ("cpu" if not q8 + blk else f"cpu+q8_1 ({len(q8)} inputs)"
                         if not blk else f"cpu+blk ({len(blk)} weights)")
             rows.append((path, v.exact, v.n, diff, v.tau, f"vs {ref_name}: {v.describe()}", v.ok))
         del be
@@ -245,7 +243,7 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
     if not parity_only:
         click.echo("\ngreedy-32 identity vs the CPU reference (tie-aware; tau = 2 * max|logit "
                    "diff| at the last prompt position; MMQ paths vs the reference with the same "
-                   "input rounding: q8_1, or q8s per 256 on SB):")
+                   "input rounding: q8_1, or blk's rotated int8 on blk):")
         click.echo("| path | exact | max abs dlogit | tau | verdict | |\n"
                    "| --- | ---: | ---: | ---: | --- | --- |")
         for path, exact, n, diff, tau, detail, ok in irow:

@@ -70,10 +70,10 @@ def check_options(ctx: int | None, chunks: int | None, save: str | None, base: s
 @click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"], case_sensitive=False),
               default=None, help="cuda or cpu (the numpy reference); default: cuda if a GPU is "
                                  "usable.")
-@click.option("--emulate", type=click.Choice(["q8_1", "q8_1-all", "q8s", "blk", "blk256"]),
+@click.option("--emulate", type=click.Choice(["q8_1", "q8_1-all", "blk", "blk256"]),
               default=None,
               help="CPU: round the GEMM inputs as that GPU path does (q8_1: the wide/narrow/r1 "
-                   "kernels, q8_1-all: their grid on every GEMM, q8s: sb, blk; blk256: blk with "
+                   "kernels, q8_1-all: their grid on every GEMM, blk; blk256: blk with "
                    "256-point blocks, an experiment), to measure its distribution gate without "
                    "a GPU.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -130,7 +130,7 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
 
         backend = emulating_backend(model, emulate, ctx)
         backend.preload(progress=True)
-        n_emulated = len(backend.q8_1_inputs | backend.q8s_inputs | backend.blk_inputs)
+        n_emulated = len(backend.q8_1_inputs | backend.blk_inputs)
     else:
         backend = make_backend(kind, model, None, ctx, min(ctx, UBATCH["cuda"]),
                                gemm_config(gemm=gemm))

@@ -1,7 +1,7 @@
 """CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
 
 Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
-paths.choose_path: "f16", "sb" or a raw int8 path; minfer.cuda.plan.linear's route object runs it),
+paths.choose_path: "f16", "blk" or a raw int8 path; minfer.cuda.plan.linear's route object runs it),
 q/k/v and gate/up on one path are fused (routes.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.plan.weights.
@@ -15,7 +15,7 @@ forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
   rope_qkv (one launch): q16 = rope(q);  cache_k[pos0:] = rope(k);  cache_v[pos0:] = v (f16)
   a16 = attention(q16, cache);  x += a16 @ Wo.T (GEMM epilogue accumulates)
   h16 = rmsnorm(x) * ffn_norm;  gu32 = h16 @ [Wg; Wu].T (one GEMM);  a16 = swiglu(gu32)
-  (q4_K gate|up on the SB kernel: a16 straight from the GEMM's epilogue, routes.plan_glu)
+  (gate|up on f16 or blk: a16 straight from the GEMM's epilogue, fusion.plan_glu)
   x += a16 @ Wd.T
 Fusion: when q, k, v (resp. gate, up) all run on f16, they are dequantized into row ranges of
 one [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) f16 buffer (self.w keeps per-weight row views) and run
@@ -28,11 +28,9 @@ are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.runtim
 later chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
 int8 weights: the activation is quantized once per distinct input into one reused scratch
-buffer (q8_1 for the raw kernels, the SB token operand for SB; q, k, v share h16's; gate, up
+buffer (q8_1 for the raw kernels, the blk token operand for blk; q, k, v share h16's; gate, up
 share the FFN input's), then the route's kernel runs (attn_output / ffn_down accumulate into x).
-On SB the rmsnorm launch writes the token operand of the GEMMs after it (`_norm`,
-mmq_sb.sb_operand_rmsnorm; h16 only where an f16 GEMM also reads it) and the swiglu launch
-ffn_down's. `route_summary()` gives the one-line
+`route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
 logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `argmax_last()`
@@ -76,7 +74,7 @@ from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu, plan_rope
 from minfer.cuda.plan.routes import plan_routes, plan_tiers, summarize_routes
 from minfer.cuda.plan.fusion import plan_groups
-from minfer.cuda.plan.linear import NORM_PREPASS, PREPASS, SCRATCH, SWIGLU_PREPASS, make_route
+from minfer.cuda.plan.linear import PREPASS, SCRATCH, make_route
 from minfer.cuda.plan.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
                                       load_weights, memory_need)
 from minfer.errors import BadInput, GPUError, Unsupported
@@ -155,8 +153,8 @@ class CudaBackend:
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds   # file into ready weights
         self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
-                                                plan["q8_1 scratch"], plan["SB operand scratch"],
-                                                self._glu_all(), plan["blk operand scratch"])
+                                                plan["q8_1 scratch"], self._glu_all(),
+                                                plan["blk operand scratch"])
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}
         for g in sorted(plan_rope(model, self.gcfg, self.routes, self.fused)):
@@ -230,42 +228,20 @@ class CudaBackend:
 
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
-        prepass outputs (as _quantize). When they read one quantized form that has a fused
-        norm launch (linear.NORM_PREPASS: the SB token operand), besides f16, one launch makes
-        the norm and that form (the same bytes), writing h16 only if an f16 GEMM reads it
-        (tuning variant no-fused-prepass: two launches). Otherwise rmsnorm, then _quantize."""
-        kinds = {self.lin[n].activation for n in names}
-        q = kinds - {"none"}
-        if self.gcfg.on("fused-prepass") and len(q) == 1 and next(iter(q)) in NORM_PREPASS:
-            k = next(iter(q))
-            f16_reader = "none" in kinds
-            with self._op("rmsnorm+q8s"):
-                op = NORM_PREPASS[k](self.rt, x, self.w[wname], self.c.rms_eps,
-                                     getattr(self.buf, SCRATCH[k]), h16 if f16_reader else None)
-            if op is not None:
-                return {k: op}
+        prepass outputs (_quantize)."""
         with self._op("rmsnorm"):
             da.poison(self.rt, h16)
             L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
         return self._quantize(h16, *names)
 
-    def _swiglu(self, f16, down: str, g, u=None):
-        """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]) as the input
-        of `down`. When down's input form has a fused swiglu launch (linear.SWIGLU_PREPASS: the
-        SB token operand), that launch writes it instead (f16 is left unwritten; tuning variant
-        no-fused-prepass: two launches) and it is returned, as _quantize's dict; else None."""
-        k = self.lin[down].activation
-        if self.gcfg.on("fused-prepass") and k in SWIGLU_PREPASS:
-            M, F = f16.shape
-            with self._op("swiglu+q8s"):
-                return {k: SWIGLU_PREPASS[k](self.rt, g, u, getattr(self.buf, SCRATCH[k]), M, F)}
+    def _swiglu(self, f16, g, u=None) -> None:
+        """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F])."""
         with self._op("swiglu"):
             da.poison(self.rt, f16)
             if u is None:
                 L.swiglu_fused(self.rt, f16, g)
             else:
                 L.swiglu(self.rt, f16, g, u)
-        return None
 
     def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
         """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route object; q8: A's
@@ -525,12 +501,11 @@ class CudaBackend:
             if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu, f16
                 self._linear(f16, hq, groups[0].weight, "glu", groups[0].label, fq8,
                              groups[0].member)
-                dq8 = self._quantize(f16, down)
             else:
                 src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
                 gate, up = src["gate"], src["up"]
-                dq8 = self._swiglu(f16, down, gate[0], None if up[0] is gate[0] else up[0])
-            self._linear(xq, f16, down, "acc", "ffn_down", dq8)
+                self._swiglu(f16, gate[0], None if up[0] is gate[0] else up[0])
+            self._linear(xq, f16, down, "acc", "ffn_down")
             if self._probe is not None:   # (the final layer writes its last row only)
                 self._probe(il, xq)
         if last:

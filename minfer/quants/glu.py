@@ -1,5 +1,5 @@
 """The row order of a gate|up weight whose GEMM writes the swiglu from its epilogue (the f16
-GEMM's glu mode and the SB kernel's): per 16 rows, 8 gate rows then their 8 up rows, so a
+GEMM's glu mode and the blk kernel's): per 16 rows, 8 gate rows then their 8 up rows, so a
 thread's C values (rows r and r + 8) hold one feature's gate and up values."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ assert Q8_1_RAW.itemsize == BLOCK_BYTES and Q8_1_RAW.fields["s"][1] == 36
 
 def q8_blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     """x f32 [M, K] (K % block == 0) -> (d f32 [M, K/block] = amax/127, q int8 [M, K]): the
-    prepass's quantization of each `block` values (32: q8_1; 256: q8s), d unrounded."""
+    prepass's quantization of each `block` values (32: q8_1), d unrounded."""
     M, K = x.shape
     xb = x.astype(np.float32, copy=False).reshape(M, K // block, block)
     amax = np.abs(xb).max(axis=-1)                       # f32

@@ -31,8 +31,6 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   rounded through its rotated int8 grids (minfer.quants.blk_ref.blk_grid), what `minfer check`
   and the KL-divergence emulation compare it with; blk_block: its rotation and activation
   scale block (128: the kernel; 256: an experiment, minfer.reference.emulate).
-- q8s_inputs: the same through the per-256 q8s grid of the SB MMQ kernel
-  (minfer.quants.mmq_sb_ref.quantize_q8s).
 Both off and dtype=float64 is the oracle mode.
 
 Non-finite values: after the embedding gather, after every layer and for the logits, the hidden
@@ -113,7 +111,6 @@ class ReferenceBackend:
 
     def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
                  max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset(),
-                 q8s_inputs: frozenset[str] = frozenset(),
                  blk_inputs: frozenset[str] = frozenset(), blk_block: int = 128):
         self.model = model
         self.cfg = model.config
@@ -123,7 +120,6 @@ class ReferenceBackend:
         self.kv_f16 = kv_f16
         self.act_quant = act_quant
         self.q8_1_inputs = frozenset(q8_1_inputs)
-        self.q8s_inputs = frozenset(q8s_inputs)
         self.blk_inputs = frozenset(blk_inputs)
         self.blk_block = blk_block
         self.name = "cpu" if self.dtype == np.float32 else "cpu-f64"
@@ -194,10 +190,6 @@ class ReferenceBackend:
 
             x = dequantize_q8_1_raw(quantize_q8_1_raw(x.astype(np.float32)), x.shape[-1])
             x = x.astype(self.dtype, copy=False)
-        elif name in self.q8s_inputs:  # the SB kernel's grid: one scale per 256 values
-            from minfer.quants.mmq_sb_ref import q8s_grid
-
-            x = q8s_grid(x.astype(np.float32)).astype(self.dtype, copy=False)
         elif name in self.blk_inputs:  # the block path's grid: rotated int8 per 128 values
             from minfer.quants.blk_ref import blk_grid
 

@@ -1,5 +1,5 @@
 """GPU test fixtures (tests here skip without a GPU): `rt`, the process's minfer Runtime,
-`hopper`, the same on an sm_90 GPU (skips elsewhere: the wgmma and SB kernels), `same_bytes`
+`hopper`, the same on an sm_90 GPU (skips elsewhere: the wgmma kernels), `same_bytes`
 (a device array bitwise equal to its numpy twin), and `model`, the backend test models: a tiny synthetic Q4_K_M model made here (head_dim 64, GQA
 4:2, every GEMM weight q4_K/q6_K) and, when MINFER_TEST_MODEL names one (e.g. the default model
 sliced to fit a device call), that real GGUF too."""
@@ -21,7 +21,7 @@ def rt():
 @pytest.fixture(scope="module")
 def hopper(rt):
     if rt.arch != "sm_90":
-        pytest.skip(f"wgmma / SB kernels: sm_90 only, this GPU is {rt.arch}")
+        pytest.skip(f"wgmma kernels: sm_90 only, this GPU is {rt.arch}")
     return rt
 
 

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-PATHS = ["r1", "narrow", "wide-kd4", "wide-kd8"]   # (sb: test_mmq_sb_device)
+PATHS = ["r1", "narrow", "wide-kd4", "wide-kd8"]   # (blk: test_blk_device)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_mmq_backend_memory_plan(model):
     if m["MMQ weights"] == 0 and m["f16 weights"] == f["f16 weights"]:
         pytest.skip("no MMQ weights in this model")
     assert m["f16 weights"] < f["f16 weights"]
-    keys = ("q8_1 scratch", "SB operand scratch")
+    keys = ("q8_1 scratch", "blk operand scratch")
     assert not any(f[k] for k in keys)
     # the raw kernels read q8_1 activations: that scratch only
-    assert m["q8_1 scratch"] > 0 and not m["SB operand scratch"]
+    assert m["q8_1 scratch"] > 0 and not m["blk operand scratch"]

@@ -191,7 +191,7 @@ def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("gemm,graphs", [("f16", True), ("f16", False), ("wide-kd4", True),
-                                         ("sb", True)])
+                                         ("blk", True)])
 def test_poison_changes_no_result(rt, tiny, monkeypatch, gemm, graphs):
     """Every poisoned buffer is fully written before it is read: logits bit-identical."""
     from minfer.cuda.backend import CudaBackend

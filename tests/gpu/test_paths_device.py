@@ -79,4 +79,4 @@ def test_mmq_rejects_bad_shapes(rt):
     with pytest.raises(Unsupported):
         mmq_linear(rt, x, w, 8, 4, 4, 512, "wide-kd4", out)
     with pytest.raises(GPUError, match="not a raw int8 path"):
-        mmq_linear(rt, x, w, Q4_K, 4, 4, 512, "sb", out)
+        mmq_linear(rt, x, w, Q4_K, 4, 4, 512, "blk", out)

@@ -27,7 +27,7 @@ def cold_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cubin_cache")
 
 
-@pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "sb"])
+@pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "blk"])
 def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monkeypatch, spec):
     from minfer import engine
     from minfer.cuda.plan import prepare

@@ -1,5 +1,5 @@
 """The streaming weight upload on the GPU (minfer.cuda.runtime.upload, weights.load_weights):
-a tiny chunk (every tensor split into many row ranges, each copied and dequantized / repacked
+a tiny chunk (every tensor split into many row ranges, each copied and dequantized / requantized
 on its own) gives the same weights, bit for bit, and the same logits as the default 64 MiB
 chunk, on every path the GPU runs; the memory plan's need is what the backend checks; the
 upload rate is printed (the target is >= 5 GB/s on the H200 for a file in the page cache)."""
@@ -17,19 +17,19 @@ TINY_CHUNK = 4096 + 256   # bytes: not a multiple of a row, so the chunks are ra
 def _weights(be) -> dict[str, bytes]:
     out = {}
     for n, v in be.w.items():
-        arrays = v._arrays() if hasattr(v, "_arrays") else [v]   # repacked layouts: all arrays
+        arrays = v._arrays() if hasattr(v, "_arrays") else [v]   # prepared layouts: all arrays
         out[n] = b"".join(np.ascontiguousarray(a.get()).tobytes() for a in arrays)
     out["<embedding>"] = be.emb.get().tobytes()
     return out
 
 
-@pytest.mark.parametrize("gemm", ["f16", "wide-kd4", "sb", "auto"])
+@pytest.mark.parametrize("gemm", ["f16", "wide-kd4", "blk", "auto"])
 def test_tiny_chunks_give_the_same_weights_and_logits(rt, model, gemm):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
 
-    if gemm == "sb" and rt.arch != "sm_90":
-        pytest.skip("SB is sm_90 only")
+    if gemm == "blk" and rt.arch != "sm_90":
+        pytest.skip("blk is sm_90 only")
     prompt = np.random.default_rng(1).integers(0, model.config.vocab_size, 21).astype(np.int32)
     got = {}
     for chunk in (None, TINY_CHUNK):

@@ -32,7 +32,7 @@ import numpy as np
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.tma import tmap_f16_2d
 from minfer.errors import BadInput
-# the glu mode's gate|up row order (shared with the SB kernel's epilogue)
+# the glu mode's gate|up row order (shared with the blk kernel's epilogue)
 
 MODE_F32, MODE_F16, MODE_ACC, MODE_GLU, MODE_ROPE = 0, 1, 2, 3, 4
 # glu or rope at M == 1 (the GEMV has neither epilogue)

@@ -60,20 +60,16 @@ def quantize_q8_1(rt, x, out=None):
     return out
 
 
-def launch_prepass(rt, entry: str, x, args: tuple, block: int = 32) -> None:
+def launch_prepass(rt, entry: str, x, args: tuple) -> None:
     """One launch of a quantize_q8_1.cu entry on x f32 / f16 [M, K] (the `_f16` entry for f16):
-    vector loads of 4 (block 32: 8 lanes per q8_1 block, 32 blocks per 256-thread CTA) or 8
-    values per lane (block 256: the q8s entries, a warp per block, 8 per CTA), so x must be
-    16-byte (f32) / 8-byte (f16) aligned."""
+    vector loads of 4 values per lane (8 lanes per q8_1 block, 32 blocks per 256-thread CTA),
+    so x must be 16-byte (f32) / 8-byte (f16) aligned."""
     M, K = x.shape
     need = 16 if x.dtype == np.float32 else 8
     if da.ptr(x) % need:
         raise GPUError(f"{entry}: activations at a {need}-byte unaligned address")
     fn = rt.function("quantize_q8_1", entry if x.dtype == np.float32 else entry + "_f16")
-    if block == 256:
-        rt.launch(fn, ((M * (K // 256) + 7) // 8,), (256,), (da.arg(x), *args))
-    else:
-        launch_prepass_fn(rt, fn, M, K, (da.arg(x), *args))
+    launch_prepass_fn(rt, fn, M, K, (da.arg(x), *args))
 
 
 def launch_prepass_fn(rt, fn, M: int, K: int, args: tuple) -> None:

@@ -70,25 +70,6 @@ def twin_q8_1(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
     return mmq_linear_ref(x, w_raw, qtype, M, N, K)
 
 
-def prepare_sb(rt, w_raw, qtype: int, N: int, K: int):
-    from minfer.cuda.ops.mmq_sb import repack_q4k_sb
-
-    return repack_q4k_sb(rt, w_raw, N, K)
-
-
-def launch_sb(rt, x, w, qtype: int, M: int, N: int, K: int, path, out,
-              accumulate: bool = False) -> None:
-    from minfer.cuda.ops.mmq_sb import mmq_sb_linear
-
-    mmq_sb_linear(rt, x, w, M, N, K, out, accumulate)
-
-
-def twin_sb(x, w_raw, qtype: int, M: int, N: int, K: int) -> np.ndarray:
-    from minfer.quants.mmq_sb_ref import mmq_sb_linear_ref
-
-    return mmq_sb_linear_ref(x, w_raw, M, N, K, qtype)
-
-
 def prepare_blk(rt, w_raw, qtype: int, N: int, K: int):
     from minfer.cuda.ops.mmq_blk import blk_weight
 

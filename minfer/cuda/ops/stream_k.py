@@ -1,9 +1,9 @@
-"""The tile schedule of the persistent SB kernel (kernels/wgmma_common.cuh TileSched, sk_put /
-sk_add): whole waves of tiles round-robin over the grid, then stream-K over the last 1-2 waves'
-worth. `schedule` is the launcher's choice, `sk_items` the Python twin of the kernels'
-per-block work items (tests/test_stream_k.py checks that they cover every stage of every tile
-once, with at most two parts per tile), `sk_workspace` the partial-sum slots and flags,
-`launch_persistent` one launch under that schedule. docs/mmq.md "Work items".
+"""The tile schedule of the persistent int8 wgmma kernel (mmq_blk.cu; kernels/wgmma_common.cuh
+TileSched, sk_put / sk_add): whole waves of tiles round-robin over the grid, then stream-K over
+the last 1-2 waves' worth. `schedule` is the launcher's choice, `sk_items` the Python twin of
+the kernels' per-block work items (tests/test_stream_k.py checks that they cover every stage of
+every tile once, with at most two parts per tile), `sk_workspace` the partial-sum slots and
+flags, `launch_persistent` one launch under that schedule. docs/mmq.md "Work items".
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, in
 def sk_workspace(rt):
     """(partials, flags) of the stream-K launches: SK_SLOT_BYTES per SM and one int32 flag per
     SM, zeroed once and kept by the runtime (the kernels clear every flag they raise, so graph
-    replays need no reset). One workspace per runtime: SB launches must not run concurrently
-    (the engine and `minfer check` issue them on one stream). Made at the first SB launch, an
+    replays need no reset). One workspace per runtime: blk launches must not run concurrently
+    (the engine and `minfer check` issue them on one stream). Made at the first blk launch, an
     eager one (never while a CUDA graph is being captured: the engine's first forward of a
     shape runs eagerly)."""
     return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4),

@@ -5,7 +5,7 @@ Precedence: `--gemm NAME`, then MINFER_GEMM=NAME, then the seeds' MINFER_MMQ (0:
 seeds' MMQ config), else "auto". NAME: auto, f16, mmq or a path of minfer.cuda.plan.paths.TABLE.
 "mmq" is the seeds' config: the wide kernel at KD = MINFER_MMQ_RAW_KD (4 unless set to 8),
 MINFER_MMQ_RAW_WIDE=0 the narrow kernel, MINFER_MMQ_RAW=0 the R1 kernel.
-A tuning variant ("f16:no-rope", "sb:no-glu:no-stream-k") turns off an epilogue or scheduling
+A tuning variant ("f16:no-rope", "blk:no-glu:no-stream-k") turns off an epilogue or scheduling
 feature the code otherwise decides; only `bench --ab` takes them. The dataclass is passed
 explicitly; nothing reads the environment after `GemmChoice.resolve`.
 """
@@ -65,7 +65,7 @@ class GemmChoice:
     @classmethod
     def parse_ab(cls, spec: str, env: Mapping[str, str] | None = None) -> "GemmChoice":
         """A bench --ab config over the environment: a path name with tuning variants
-        ('f16:no-rope', 'sb', 'wide-kd8') and / or KEY=VALUE of MINFER_GEMM and the seeds'
+        ('f16:no-rope', 'blk', 'wide-kd8') and / or KEY=VALUE of MINFER_GEMM and the seeds'
         variables ('MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8'); '' is the environment's choice."""
         env = dict(os.environ if env is None else env)
         name = None

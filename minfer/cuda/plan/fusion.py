@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minfer.cuda.plan.config import GemmChoice  # noqa: F401  (annotations)
-from minfer.cuda.plan.paths import Q4_K, TABLE, VIA_F16
+from minfer.cuda.plan.paths import TABLE, VIA_F16
 
 
 def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[str, int, int]]:
@@ -56,9 +56,8 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
 def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
              fused: dict[str, tuple[str, int, int]]) -> set[str]:
     """The fused gate|up group names whose GEMM writes the swiglu from its epilogue (their
-    rows interleaved per 16 at load, glu_rows): q4_K on the SB kernel (mmq_sb_linear), any
-    type on the block path (mmq_blk_linear) or on the f16 path (gemm_f16_nt's glu mode),
-    unless the tuning variant no-glu; d_ff % 8 == 0."""
+    rows interleaved per 16 at load, glu_rows): any type on the block path (mmq_blk_linear) or
+    on the f16 path (gemm_f16_nt's glu mode), unless the tuning variant no-glu; d_ff % 8 == 0."""
     out = set()
     if not choice.on("glu"):
         return out
@@ -68,15 +67,14 @@ def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
         gate = f"blk.{i}.ffn_gate.weight"
         if gate not in fused:
             continue
-        path = routes[gate][0]
-        if path in ("f16", "blk") or (path == "sb" and int(model.tensor(gate).qtype) == Q4_K):
+        if routes[gate][0] in ("f16", "blk"):
             out.add(fused[gate][0])
     return out
 
 
 def glu_all(model, routes: dict[str, tuple[str, str]], glu: set[str]) -> bool:
     """Every layer's gate|up GEMM writes the swiglu (glu: plan_glu's groups), so the f32 gate|up
-    buffer is not allocated: on the int8 SB kernel (an f16 glu GEMM at M == 1 still goes
+    buffer is not allocated: on the int8 blk kernel (an f16 glu GEMM at M == 1 still goes
     through it)."""
     from minfer.cuda.plan.paths import TABLE
 

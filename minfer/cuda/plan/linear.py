@@ -3,11 +3,9 @@
 so the forward (minfer.cuda.backend) never branches on path names.
 
 - `route.activation`: the input form its kernel reads ("none": the f16 activation; "q8_1": q8_1
-  raw blocks; "sb-operand": the SB token operand; "blk-operand": the block path's rotated int8
-  token operand). `prepass(rt, kind, A, scratch)` makes one
-  form from an f16 activation (`PREPASS`); `norm_prepass` / `swiglu_prepass` make it from the
-  rmsnorm / swiglu launch itself where that form has such a launch (`NORM_PREPASS`,
-  `SWIGLU_PREPASS`), one activation feeding every route that reads the form.
+  raw blocks; "blk-operand": the block path's rotated int8 token operand). `PREPASS[kind](rt, A,
+  scratch)` makes one form from an f16 activation, one activation feeding every route that
+  reads the form.
 - `route.run(be, C, x, w, mode)`: C (mode 'f32' =, 'f16' =, 'acc' +=) x @ w.T.
 - `route.glu`: whether its gate|up GEMM can write silu(gate) * up from its epilogue
   (`route.run_glu(be, C, x, w)`).
@@ -21,11 +19,11 @@ from functools import cached_property
 import numpy as np
 
 from minfer.cuda.runtime import devarray as da
-from minfer.cuda.plan.paths import Q4_K, TABLE, resolve
+from minfer.cuda.plan.paths import TABLE, resolve
 from minfer.errors import Unsupported
 
 # the buffer of DeviceBuffers each activation form lives in
-SCRATCH = {"q8_1": "q8", "sb-operand": "sbop", "blk-operand": "blkop"}
+SCRATCH = {"q8_1": "q8", "blk-operand": "blkop"}
 
 
 def _prepass_q8_1(rt, A, buf):
@@ -35,36 +33,6 @@ def _prepass_q8_1(rt, A, buf):
     q8 = da.reshape(da.rows(buf, 0, M * (K // 32) * 40), (M, K // 32 * 40))
     da.poison(rt, q8)
     return quantize_q8_1(rt, A, q8)
-
-
-def _prepass_sb(rt, A, buf):
-    from minfer.cuda.ops.mmq_sb import sb_operand, sb_views
-
-    M, K = A.shape
-    tt = sb_views(buf, M, K)[2]
-    da.poison(rt, tt)
-    return sb_operand(rt, A, tt)
-
-
-def _norm_sb(rt, x, w, eps: float, buf, h16):
-    """rmsnorm(x) * w and the SB token operand in one launch (h16 written when given); None
-    where the launch does not take this width."""
-    from minfer.cuda.ops.mmq_sb import SB_NORM_MAX_K, sb_operand_rmsnorm, sb_views
-
-    M, D = x.shape
-    if D > SB_NORM_MAX_K:
-        return None
-    tt = sb_views(buf, M, D)[2]
-    da.poison(rt, tt, *((h16,) if h16 is not None else ()))
-    return sb_operand_rmsnorm(rt, x, w, eps, tt, h16)
-
-
-def _swiglu_sb(rt, g, u, buf, M: int, F: int):
-    from minfer.cuda.ops.mmq_sb import sb_operand_swiglu, sb_views
-
-    tt = sb_views(buf, M, F)[2]
-    da.poison(rt, tt)
-    return sb_operand_swiglu(rt, g, u, tt)
 
 
 def _prepass_blk(rt, A, buf):
@@ -78,9 +46,7 @@ def _prepass_blk(rt, A, buf):
     return blk_operand(rt, A, tt)
 
 
-PREPASS = {"q8_1": _prepass_q8_1, "sb-operand": _prepass_sb, "blk-operand": _prepass_blk}
-NORM_PREPASS = {"sb-operand": _norm_sb}
-SWIGLU_PREPASS = {"sb-operand": _swiglu_sb}
+PREPASS = {"q8_1": _prepass_q8_1, "blk-operand": _prepass_blk}
 
 
 class LinearRoute:
@@ -146,11 +112,13 @@ class RawInt8Route(LinearRoute):
         mmq_linear(be.rt, x, w, self.qtype, M, N, K, self.path, C, accumulate=mode == "acc")
 
 
-class TiledInt8Route(LinearRoute):
-    """A persistent wgmma int8 kernel on a prepared weight and its token operand (x: the
-    operand, x.K its width), stream-K unless the tuning variant no-stream-k, with a swiglu
-    epilogue; `linear` names its launcher (minfer.cuda.ops.<module>:<function>)."""
-    linear = ""
+class BlkRoute(LinearRoute):
+    """The block-scaled int8 kernel (persistent wgmma, minfer.cuda.ops.mmq_blk.mmq_blk_linear) on
+    the requantized weight (BlkWeight) and the blk token operand (x: the operand, x.K its width),
+    stream-K unless the tuning variant no-stream-k; the swiglu epilogue on any type."""
+    activation = "blk-operand"
+    linear = "minfer.cuda.ops.mmq_blk:mmq_blk_linear"
+    glu = True
 
     @cached_property
     def _linear(self):
@@ -173,27 +141,7 @@ class TiledInt8Route(LinearRoute):
         self._launch(be, x, w, M, 2 * F, x.K, C, swiglu=True)
 
 
-class SbRoute(TiledInt8Route):
-    """The super-block kernel on the repacked q4_K weight, the SB token operand; the swiglu
-    epilogue on q4_K gate|up."""
-    activation = "sb-operand"
-    linear = "minfer.cuda.ops.mmq_sb:mmq_sb_linear"
-
-    @property
-    def glu(self) -> bool:
-        return self.qtype == Q4_K
-
-
-class BlkRoute(TiledInt8Route):
-    """The block-scaled int8 kernel on the requantized weight (BlkWeight), the blk token
-    operand; the swiglu epilogue on any type."""
-    activation = "blk-operand"
-    linear = "minfer.cuda.ops.mmq_blk:mmq_blk_linear"
-    glu = True
-
-
-ROUTES = {"dequant-f16": F16Route, "raw": RawInt8Route, "repack-sb": SbRoute,
-          "requant-blk": BlkRoute}
+ROUTES = {"dequant-f16": F16Route, "raw": RawInt8Route, "requant-blk": BlkRoute}
 
 
 def make_route(path_name: str, qtype: int, choice) -> LinearRoute:

@@ -64,8 +64,8 @@ class MemoryPlan:
         return out + (["--gemm auto"] if ok else [])
 
     def line(self) -> str:
-        """'f16 plan 14.8 GB of 139.1 GB free'; 'f16 would need 141.2 GB, 138.9 GB free -> sb,
-        73.4 GB (margin 0.25 GB)'; 'sb plan 10.8 GB of 139.0 GB free (--gemm sb)'."""
+        """'f16 plan 14.8 GB of 139.1 GB free'; 'f16 would need 141.2 GB, 138.9 GB free -> blk,
+        73.4 GB (margin 0.25 GB)'; 'blk plan 10.8 GB of 139.0 GB free (--gemm blk)'."""
         free = "unknown free memory" if self.free is None else f"{gb(self.free)} free"
         if self.forced:
             return f"{self.chosen} plan {gb(self.need)} of {free} (--gemm {self.forced})"

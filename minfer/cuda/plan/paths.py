@@ -1,8 +1,8 @@
 """The GEMM path table and its chooser: the one place a GEMM path is chosen (docs/paths.md).
 
 Each path is one `GemmPath` record: what it supports (tensor types, GPU archs, K multiple),
-how it prepares the weight (dequant to f16 / raw bytes / SB repack) and the activation (none /
-q8_1 prepass / SB token operand), its launcher and numpy twin (minfer.cuda.ops.path_ops' calling
+how it prepares the weight (dequant to f16 / raw bytes / blk requant) and the activation (none /
+q8_1 prepass / blk token operand), its launcher and numpy twin (minfer.cuda.ops.path_ops' calling
 convention, as "module:function", resolved on use so this module imports no launcher), its
 bytes per weight on the GPU, and the tuning variants a `bench --ab` may turn off. `choose_path` picks a path per weight from (type, arch,
 shape, user choice, smem cap, memory tier, weight class), as llama.cpp's should_use_mmq does.
@@ -35,12 +35,6 @@ def _blk_smem(qtype: int) -> int:
     return blk_smem()
 
 
-def _sb_smem(qtype: int) -> int:
-    from minfer.cuda.ops.mmq_sb import sb_smem
-
-    return sb_smem()
-
-
 @dataclass(frozen=True)
 class GemmPath:
     name: str
@@ -48,8 +42,8 @@ class GemmPath:
     qtypes: frozenset | None           # GGUF types it takes; None: every type dequant takes
     archs: frozenset | None            # None: any sm_80+ GPU
     k_multiple: int                    # K must be a multiple of this
-    weight: str                        # "dequant-f16" | "raw" | "repack-sb" | "requant-blk"
-    activation: str                    # "none" | "q8_1" | "sb-operand" | "blk-operand"
+    weight: str                        # "dequant-f16" | "raw" | "requant-blk"
+    activation: str                    # "none" | "q8_1" | "blk-operand"
     bytes_per_weight: Mapping          # qtype -> device bytes per weight (None: any type)
     prepare: str                       # "module:function": raw device rows -> its weight
     launch: str                        # "module:function" of the launcher
@@ -106,11 +100,6 @@ TABLE: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath("f16", "gemm_f16_nt", None, None, 8, "dequant-f16", "none", {None: 2.0},
              _OPS + "prepare_f16", _OPS + "launch_f16", _OPS + "twin_f16",
              variants=("glu", "rope")),
-    # q4_K only: its q6_K kernel was slower than f16 on every shape at 3 B/weight
-    GemmPath("sb", "mmq_sb_q4k", frozenset({Q4_K}), frozenset({"sm_90"}), 256, "repack-sb",
-             "sb-operand", {Q4_K: 41984 / (128 * 256)}, _OPS + "prepare_sb", _OPS + "launch_sb",
-             _OPS + "twin_sb",
-             variants=("glu", "stream-k", "fused-prepass"), smem=_sb_smem),
     # any type: dequantized, Hadamard-rotated and requantized to int8 at load, one f32 scale
     # per (row, 128 of K) on both operands
     GemmPath("blk", "mmq_blk", None, frozenset({"sm_90"}), 32, "requant-blk", "blk-operand",
@@ -121,7 +110,7 @@ TABLE: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath("narrow", "mmq_raw_nt_kernel", **_INT8),
     GemmPath("r1", "mmq_nt_kernel", **_INT8),
 )}
-F16, SB, NARROW = TABLE["f16"], TABLE["sb"], TABLE["narrow"]
+F16, NARROW = TABLE["f16"], TABLE["narrow"]
 # weight preparations that dequantize to f16 at load (so any types fuse: rows of one f16 group)
 VIA_F16 = ("dequant-f16", "requant-blk")
 INT8_PATHS = tuple(p for p in TABLE.values() if p.int8)
@@ -143,8 +132,7 @@ class Tier:
 
 _FFN_Q4K = dict(classes=frozenset({"ffn"}), qtypes=frozenset({Q4_K}))
 # what `auto` tries, fastest first (auto_tiers keeps those whose path runs on the GPU): blk on
-# sm_90 (1.03 B per weight, faster than sb and smaller, so the sb tiers it replaced never won;
-# docs/paths.md), then the mixed tier keeping attention, q6_K and the LM head on f16 and the
+# sm_90 (1.03 B per weight; docs/paths.md), then the mixed tier keeping attention, q6_K and the LM head on f16 and the
 # ffn's q4_K on the wide kernel, then every q4_K / q6_K on it
 TIERS: dict[str, Tier] = {t.name: t for t in (
     Tier("f16", "f16"),

@@ -2,8 +2,8 @@
 
 A cold kernel cache used to be compiled inside the first timed prefill (106 tok/s printed for a
 ~40,000 tok/s path, issue 20). Here:
-- `load_kernels(routes)`: the modules the weight upload launches (dequant, and the MMQ repack
-  when a route needs it), built before load_weights;
+- `load_kernels(routes)`: the modules the weight upload launches (dequant, and the blk
+  operand kernel that requantizes blk weights), built before load_weights;
 - `needed_kernels(backend, lengths)`: the modules the forward of each prompt length loads,
   found by a dry pass: the backend's own chunk code runs against a `Recorder` runtime that
   notes every (source, options) the launchers ask for and launches nothing, so the list follows
@@ -80,13 +80,16 @@ def chunk_shapes(lengths, ubatch: int) -> list[tuple[int, bool]]:
 
 
 def load_kernels(routes: dict[str, tuple[str, str]]) -> list[Spec]:
-    """Modules weights.load_weights launches: dequant (f16 routes), mmq_repack (repacked paths)."""
+    """Modules weights.load_weights launches: dequant (f16 and blk routes), mmq_blk (blk routes:
+    mmq_blk.blk_weight requantizes their f16 rows)."""
     from minfer.cuda.ops.dequant import KERNEL
     from minfer.cuda.plan.paths import TABLE
 
     out = [(KERNEL, ())]
-    if any(TABLE[p].weight.startswith("repack") for p, _ in routes.values() if p in TABLE):
-        out.append(("mmq_repack", ()))
+    if any(TABLE[p].weight == "requant-blk" for p, _ in routes.values() if p in TABLE):
+        from minfer.cuda.ops.mmq_blk import _OPTS
+
+        out.append(("mmq_blk", _OPTS))
     return out
 
 

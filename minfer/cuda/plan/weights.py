@@ -14,11 +14,9 @@
   their raw bytes, each chunk copied straight to its rows (no f16 copy; fused members as row
   ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the embedding's
   bytes); "blk" routes go up as f16 and each weight (or fused group, once whole) is requantized
-  on the GPU to the block path's int8 operand (mmq_blk.blk_weight), its f16 freed; "sb" routes
-  (q4_K on sm_90) are then repacked on the GPU into the super-block layout
-  (minfer.cuda.ops.mmq_sb.SbQ4K: a fused group as one weight, its members' row views dropped)
-  and their raw bytes freed. The embedding table stays quantized (rows gathered with
-  embed_rows); norms and biases go up as f32.
+  on the GPU to the block path's int8 operand (mmq_blk.blk_weight), its f16 freed. The
+  embedding table stays quantized (rows gathered with embed_rows); norms and biases go up as
+  f32.
 - `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
   the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
 """
@@ -48,25 +46,22 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
                 ubatch: int, sms: int = 0, glu_all: bool = False,
                 chunk: int | None = None) -> dict[str, int]:
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
-    sms: the GPU's SM count (the SB kernel's stream-K workspace, one slot per SM); glu_all:
+    sms: the GPU's SM count (the blk kernel's stream-K workspace, one slot per SM); glu_all:
     every layer's gate|up GEMM writes the swiglu itself (fusion.glu_all), so the f32 gate|up
     buffer is not allocated; chunk: the upload's chunk bytes (two device staging slots of
     upload_slot; None: upload.DEFAULT_CHUNK)."""
     c = model.config
     m = model
-    from minfer.cuda.ops.mmq_sb import sb_split_bytes, sb_weight_bytes
     from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
     from minfer.cuda.plan.fusion import plan_fusion
 
     from minfer.cuda.runtime.upload import DEFAULT_CHUNK
     from minfer.quants.blk_ref import blk_bytes
 
-    fused = plan_fusion(model, routes)   # a fused group is repacked as one weight
+    fused = plan_fusion(model, routes)   # a fused group is requantized as one weight
     f16_w = 0
     mmq_w = 0
     q8_k = 0
-    sb_k = 0                         # largest K of the SB routes (their operand scratch)
-    sb_groups: dict[str, int] = {}   # SB weight or fused group -> raw bytes (repack staging)
     blk_k = 0                        # largest K of the blk routes (their operand scratch)
     blk_groups: dict[str, list] = {}  # blk weight or fused group -> [rows, K]
     for n, (path, _) in routes.items():
@@ -79,11 +74,6 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
             blk_k = max(blk_k, K)
             g = fused[n][0] if n in fused else n
             blk_groups.setdefault(g, [0, K])[0] += N
-        elif prep == "repack-sb":   # repacked (1.28 B/weight); raw while repacking
-            sb_k = max(sb_k, K)
-            mmq_w += sb_weight_bytes(N, K)
-            g = fused[n][0] if n in fused else n
-            sb_groups[g] = sb_groups.get(g, 0) + int(t.data.nbytes)
         else:
             q8_k = max(q8_k, K)
             if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
@@ -98,12 +88,10 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
-            "SB operand scratch": sb_split_bytes(T, sb_k) if sb_k else 0,
             "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
-            "MMQ repack staging": max(sb_groups.values(), default=0),
             "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
             "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
-            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if sb_k or blk_k else 0}
+            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0}
 
 
 def memory_need(model, choice, routes: dict[str, tuple[str, str]], max_tokens: int,
@@ -140,7 +128,7 @@ class DeviceWeights:
     emb: object  # the quantized embedding table's raw bytes, uint8 [V * row_bytes]
     emb_qtype: int
     nbytes: int = 0  # file bytes read into ready weights
-    seconds: float = 0.0  # how long that took (upload, dequant, repack, until synchronized)
+    seconds: float = 0.0  # how long that took (upload, dequant, requant, until synchronized)
 
 
 def _raw_rows(t) -> np.ndarray:
@@ -173,8 +161,8 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     and each chunk copied to its rows of the weight (raw routes) or dequantized into its rows
     of the f16 weight, on the upload stream, while the host reads the next chunk.
     glu: fused gate|up groups (routes.plan_glu) whose rows go up interleaved per 16 (8 gate
-    rows, their 8 up rows: quants.glu.glu_rows) for the swiglu epilogue of the SB kernel (raw rows) or
-    the f16 GEMM (dequantized rows); their members get no row views."""
+    rows, their 8 up rows: quants.glu.glu_rows) for the swiglu epilogue of the f16 GEMM or the
+    blk kernel (dequantized rows); their members get no row views."""
     import time
 
     from minfer.cuda.runtime.upload import Staging, split_rows
@@ -238,13 +226,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
             if TABLE[routes[n][0]].weight not in VIA_F16:
                 # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
                 # shares the embedding table's bytes
-                if glu_m:
-                    g, r0, _ = fused[n]
-                    for r, k, part in chunks(raw):
-                        at = up.put(part)
-                        _copy_interleaved(rt, w[g], da.view(at, (k, rb), np.uint8), k, r0 > 0,
-                                          dst_row0=2 * r, stream=up.stream)
-                elif n in fused:
+                if n in fused:
                     g, r0, _ = fused[n]
                     w[n] = da.rows(w[g], r0, N)
                     copy_rows(raw, da.ptr(w[n]))
@@ -299,7 +281,6 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     w["output_norm.weight"] = da.to_device(
         rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
     nbytes += int(m.tensor("output_norm.weight").data.nbytes)
-    _repack_sb(rt, m, routes, fused, groups, w, emb)
     rt.synchronize()
     return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype, nbytes=nbytes,
                          seconds=time.perf_counter() - t0)
@@ -364,30 +345,6 @@ def _dequant_interleaved(rt, raw_dev: int, qtype: int, N: int, K: int, row_bytes
                           stream=stream)
 
 
-def _repack_sb(rt, m, routes, fused, groups, w, emb) -> None:
-    """Each "sb" weight (a fused group as one) -> SbQ4K, raw bytes freed (not the embedding's,
-    which a tied head shares); a repacked group's member row views are dropped (the group's
-    GEMM is the only reader)."""
-    from minfer.cuda.ops.mmq_sb import repack_q4k_sb
-
-    keys: dict[str, tuple[int, int]] = {}
-    for n, (path, _) in routes.items():
-        if TABLE[path].weight != "repack-sb":
-            continue
-        if n in fused:
-            g = fused[n][0]
-            keys[g] = (groups[g][0], groups[g][1])
-            w.pop(n, None)
-        else:
-            keys[n] = tuple(int(s) for s in m.tensor(n).shape)
-    for key, (N, K) in keys.items():
-        raw = w[key]
-        w[key] = repack_q4k_sb(rt, da.reshape(raw, (raw.size,)), N, K, key)
-        rt.synchronize()
-        if raw is not emb:
-            raw.gpudata.free()
-
-
 # -- activations / cache ----------------------------------------------------------------------
 @dataclass
 class DeviceBuffers:
@@ -409,15 +366,13 @@ class DeviceBuffers:
     vc: list  # per layer f16 [max_tokens, Hkv, D]
     rope: object  # L.RopeTable for max_tokens positions
     q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without raw int8 routes)
-    sbop: object  # uint8 [sb_bytes] SB token operand scratch (None without SB routes)
     blkop: object = None  # uint8 [blk_bytes] blk token operand scratch (None without blk routes)
 
 
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
-                  sb_bytes: int = 0, glu_all: bool = False, blk_bytes: int = 0) -> DeviceBuffers:
+                  glu_all: bool = False, blk_bytes: int = 0) -> DeviceBuffers:
     """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
-    sb_bytes: plan["SB operand scratch"] (0: no SB route); blk_bytes: plan["blk operand
-    scratch"] (0: no blk route); glu_all: no f32 gate|up buffer
+    blk_bytes: plan["blk operand scratch"] (0: no blk route); glu_all: no f32 gate|up buffer
     (gu32 None, as plan_memory)."""
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
@@ -439,6 +394,5 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         vc=[e(rt, (max_tokens, Hkv, D), np.float16, f"V cache {i}") for i in range(c.n_layers)],
         rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
-        sbop=e(rt, (sb_bytes,), np.uint8, "SB operand scratch") if sb_bytes else None,
         blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
     )
