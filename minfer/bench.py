@@ -206,7 +206,7 @@ BREAKDOWN_SPIN_MS = 400.0   # longer than the host takes to launch a chunk's ops
 
 
 # non-GEMM ops with a row of their own in the breakdown (MMQ: the activation prepasses)
-NAMED_OPS = ("attention", "q8_1 prepass", "swiglu", "swiglu+q8_1")
+NAMED_OPS = ("attention", "prepass", "rmsnorm+prepass", "swiglu")
 
 
 def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> str:

@@ -91,7 +91,7 @@ def tiny(tmp_path_factory):
 ENTRY = {"f16": ("gemm_f16", "gemm_f16_sm90a"), "blk": ("mmq_blk",),
          "wide-kd4": ("mmq_q4k", "mmq_q6k"), "wide-kd8": ("mmq_q4k", "mmq_q6k"),
          "narrow": ("mmq_q4k", "mmq_q6k"), "r1": ("mmq_q4k", "mmq_q6k")}
-PREPASS = {"f16": set(), "blk": {"blk_operand_f16"},
+PREPASS = {"f16": set(), "blk": {"blk_operand_f16", "rmsnorm_blk_operand"},
            "wide-kd4": {"quantize_q8_1_raw_f16"}, "wide-kd8": {"quantize_q8_1_raw_f16"},
            "narrow": {"quantize_q8_1_raw_f16"}, "r1": {"quantize_q8_1_raw_f16"}}
 
@@ -124,9 +124,13 @@ def test_forward_launches_each_route(monkeypatch, tiny, path):
         assert set(ENTRY[path]) & files, files
         if path != "f16":
             assert "gemm_f16" in files or "gemm_f16_sm90a" in files   # (f16 routes remain)
-            assert PREPASS[path] & entries, entries
+            assert PREPASS[path] <= entries, entries
         else:
             assert not {f for f in files if f.startswith("mmq")}
+        if path == "blk":   # both norms of every layer, each ubatch, write the operand themselves
+            chunks = -(-len(ids) // 16)
+            fused = [e for _, e in rt.launches].count("rmsnorm_blk_operand")
+            assert fused == 2 * tiny.config.n_layers * chunks
     assert be.n_past == 22
 
 

@@ -90,15 +90,15 @@ def test_breakdown_table_rows_add_up():
     """The per-op table: GEMMs by time with TFLOP/s against the path's ceiling, then attention,
     the prepasses that ran, and the rest of the events; the rows sum to the events total."""
     tot = {"gemm:ffn_gate_up": [2.0, 2.0e12 * 0.5, 32], "gemm:ffn_down": [1.0, 0.0, 32],
-           "attention": [0.25, 0.0, 32], "q8_1 prepass": [0.125, 0.0, 97],
-           "swiglu+q8_1": [0.0625, 0.0, 32], "rmsnorm": [0.5, 0.0, 65]}
+           "attention": [0.25, 0.0, 32], "prepass": [0.125, 0.0, 97],
+           "rmsnorm+prepass": [0.0625, 0.0, 32], "rmsnorm": [0.5, 0.0, 65]}
     out = B.breakdown_table("cuda-wide-kd4", 512, tot, wall_ms=4.5).splitlines()
     assert "ceiling 1267 TFLOP/s" in out[0]
     cells = [[c.strip() for c in ln.strip("|").split("|")] for ln in out[3:]]
     rows = {c[0]: c for c in cells}
     assert list(rows)[:2] == ["gemm:ffn_gate_up", "gemm:ffn_down"]   # by time
     assert rows["gemm:ffn_gate_up"][4] == "500.0"                    # TFLOP/s
-    assert "swiglu" not in rows and rows["swiglu+q8_1"][1] == "32"  # only ops that ran
+    assert "swiglu" not in rows and rows["rmsnorm+prepass"][1] == "32"  # only ops that ran
     assert rows["rest (norm, rope, embed)"][2] == "500"              # 3.9375 ms - the rows
     assert rows["all ops (events) / wall less the spins"][2] == "3,938 / 4,500"
     f16 = B.breakdown_table("cuda", 512, {"gemm:x": [1.0, 1e12, 1]}, 1.0).splitlines()

@@ -74,7 +74,7 @@ from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu, plan_rope
 from minfer.cuda.plan.routes import plan_routes, plan_tiers, summarize_routes
 from minfer.cuda.plan.fusion import plan_groups
-from minfer.cuda.plan.linear import PREPASS, SCRATCH, make_route
+from minfer.cuda.plan.linear import NORM_PREPASS, PREPASS, SCRATCH, make_route
 from minfer.cuda.plan.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
                                       load_weights, memory_need)
 from minfer.errors import BadInput, GPUError, Unsupported
@@ -223,12 +223,24 @@ class CudaBackend:
         kinds = {self.lin[n].activation for n in names} - {"none"}
         if not kinds:
             return None
-        with self._op("q8_1 prepass"):
+        with self._op("prepass"):
             return {k: PREPASS[k](self.rt, A, getattr(self.buf, SCRATCH[k])) for k in kinds}
 
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
-        prepass outputs (_quantize)."""
+        prepass outputs (_quantize). When they read one quantized form that the norm's launch
+        can write (linear.NORM_PREPASS: the blk token operand), that launch makes it, writing
+        h16 only if an f16 GEMM reads it too."""
+        kinds = {self.lin[n].activation for n in names}
+        q = kinds - {"none"}
+        if len(q) == 1 and (k := next(iter(q))) in NORM_PREPASS:
+            with self._op("rmsnorm+prepass"):
+                da.poison(self.rt, h16)   # (unwritten unless an f16 GEMM reads it)
+                op = NORM_PREPASS[k](self.rt, x, self.w[wname], self.c.rms_eps,
+                                     getattr(self.buf, SCRATCH[k]),
+                                     h16 if "none" in kinds else None)
+            if op is not None:
+                return {k: op}
         with self._op("rmsnorm"):
             da.poison(self.rt, h16)
             L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)

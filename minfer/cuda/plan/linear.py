@@ -5,7 +5,7 @@ so the forward (minfer.cuda.backend) never branches on path names.
 - `route.activation`: the input form its kernel reads ("none": the f16 activation; "q8_1": q8_1
   raw blocks; "blk-operand": the block path's rotated int8 token operand). `PREPASS[kind](rt, A,
   scratch)` makes one form from an f16 activation, one activation feeding every route that
-  reads the form.
+  reads the form; `NORM_PREPASS[kind]` makes it from the residual in the rmsnorm's launch.
 - `route.run(be, C, x, w, mode)`: C (mode 'f32' =, 'f16' =, 'acc' +=) x @ w.T.
 - `route.glu`: whether its gate|up GEMM can write silu(gate) * up from its epilogue
   (`route.run_glu(be, C, x, w)`).
@@ -47,6 +47,25 @@ def _prepass_blk(rt, A, buf):
 
 
 PREPASS = {"q8_1": _prepass_q8_1, "blk-operand": _prepass_blk}
+
+
+def _norm_prepass_blk(rt, x, w, eps, buf, h16):
+    """The blk token operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when
+    given); None when K is over the fused kernel's (then rmsnorm, then PREPASS)."""
+    from minfer.cuda.ops.mmq_blk import NORM_MAX_K, blk_operand_rmsnorm
+    from minfer.quants.blk_ref import BLK_OP, kblocks, pad128
+
+    M, K = x.shape
+    if K > NORM_MAX_K:
+        return None
+    shape = (kblocks(K), pad128(M) // 128, BLK_OP)
+    tt = da.reshape(da.rows(buf, 0, int(np.prod(shape))), shape)
+    da.poison(rt, tt)
+    return blk_operand_rmsnorm(rt, x, w, eps, tt, h16)
+
+
+# forms whose prepass can run inside the rmsnorm launch: (rt, x, w, eps, scratch, h16 or None)
+NORM_PREPASS = {"blk-operand": _norm_prepass_blk}
 
 
 class LinearRoute:
