@@ -6,7 +6,8 @@
 // Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/ops/attention.py (pick_impl takes
 // this kernel for prefill on sm_90, attention.cu elsewhere and for decode).
 //
-// Entries: attn_wg_d64, attn_wg_d128 (attn_fwd_d*'s arguments).
+// Entries: attn_wg_d64, attn_wg_d128 (attn_fwd_d*'s arguments); attn_wg_d128_blk (+ ob, Tp): o
+// and/or the block path's token operand of it from the epilogue (blk_operand.cuh).
 // Structure: a block = one KV head x 128 rows, a row being a (token, query head of the group)
 // pair r = t G + g as in attention.cu (the G heads sharing a KV head share each K/V tile). 384
 // threads, warp-specialized (FlashAttention-3's layout without TMA): warpgroup 0 copies Q and
@@ -29,6 +30,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "blk_operand.cuh"
 #include "gemm_f16_common.cuh"
 #include "wgmma_common.cuh"
 
@@ -151,11 +153,41 @@ __device__ __forceinline__ void bar_arrive(int id) {
     asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
 }
 
+// the block path's token operand of o (attn_wg_d128_blk; D = 128: a head's row is one 128-K
+// block) for the thread's row: its 32 values o[8 j + 2 t4 + b] (v[2 j + b]) rotated across the
+// quad (lanes xor 1, 2: o's bits 1, 2), quantized, into image row t % 128 of block (head, t /
+// 128); ob: [Hq, Tp / 128, OP] (blk_ref.blk_operand's layout). Every lane calls it (shuffles);
+// `store` false (a row >= R) writes nothing.
+__device__ __forceinline__ void row_operand(float (&v)[32], int t4, bool store, int t, int head,
+                                            int Tp, uint8_t* __restrict__ ob) {
+    using namespace blkop;
+    butterfly<0>(v);          // h = 1
+    butterfly_x(v, t4, 1);    // h = 2
+    butterfly_x(v, t4, 2);    // h = 4
+    butterfly<1>(v);          // h = 8 .. 64: j's bits
+    butterfly<2>(v);
+    butterfly<3>(v);
+    butterfly<4>(v);
+    const float amax = block_amax(v, 2);
+    if (!store) return;
+    uint8_t* blk = ob + ((size_t)head * (Tp / 128) + t / 128) * OP;
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    const int r = t & 127;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {   // bytes 8 j + 2 t4, + 1 of the row
+        const int c = 8 * j + 2 * t4;
+        const uint32_t q = __byte_perm(q8(v[2 * j], inv), q8(v[2 * j + 1], inv), 0x0040);
+        *reinterpret_cast<uint16_t*>(blk + r * 128 + (((c >> 4) ^ (r & 7)) << 4) + (c & 15)) =
+            static_cast<uint16_t>(q);
+    }
+    if (t4 == 0) reinterpret_cast<float*>(blk + IMG)[r] = amax / 127.f;
+}
+
 template <int D>
 __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                         const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
                         int Hq, int Hkv, int pos0, const int* __restrict__ pos0p,
-                        float scale_log2) {
+                        float scale_log2, uint8_t* __restrict__ ob = nullptr, int Tp = 0) {
     using S = AttnWgSmem<D>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
@@ -348,10 +380,23 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = h ? rwb : rwa;
-        if (r >= R) continue;
-        const int t = r / G, gh = r - t * G;
-        __half* dst = o + (long)t * ldo + (long)(hk * G + gh) * D + 2 * t4;
+        const int t = min(r, R - 1) / G, gh = min(r, R - 1) - t * G;
         const float inv = h ? ib : ia;
+        if constexpr (D == 128) {
+            if (ob != nullptr) {   // the operand of o's f16 values (every lane: shuffles)
+                float v[32];
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    const float2 f = __half22float2(__floats2half2_rn(
+                        oacc[4 * j + 2 * h] * inv, oacc[4 * j + 2 * h + 1] * inv));
+                    v[2 * j] = f.x;
+                    v[2 * j + 1] = f.y;
+                }
+                row_operand(v, t4, r < R, t, hk * G + gh, Tp, ob);
+            }
+        }
+        if (r >= R || o == nullptr) continue;
+        __half* dst = o + (long)t * ldo + (long)(hk * G + gh) * D + 2 * t4;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j)
             *reinterpret_cast<__half2*>(dst + 8 * j) =
@@ -370,3 +415,12 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     }
 ATT_WG_ENTRY(64)
 ATT_WG_ENTRY(128)
+
+// attn_wg_d128's o, and (ob non-null) the block path's token operand of o, [Hq, Tp / 128, OP],
+// from the epilogue: what blk_operand_f16 makes of o, bit for bit (o may be null)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+attn_wg_d128_blk(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o,
+                 long ldo, int T, int Hq, int Hkv, int pos0, const int* pos0p, float scale_log2,
+                 uint8_t* ob, int Tp) {
+    attn_wg<128>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, pos0p, scale_log2, ob, Tp);
+}

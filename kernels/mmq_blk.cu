@@ -37,6 +37,7 @@
 
 #include "gemm_f16_common.cuh"
 #include "wgmma_common.cuh"
+#include "blk_operand.cuh"
 #include "rmsnorm.cuh"
 #include "wgmma_int8.cuh"
 
@@ -44,8 +45,8 @@ namespace {
 using gemm_f16::smem_u32;
 
 constexpr int BM = 128, BN = 128, T = 256;   // tile (tokens, rows), consumer threads
-constexpr int IMG = 128 * 128, OP = IMG + 128 * 4;   // a block: image, scales
-static_assert(OP == 16896 && OP % 16 == 0, "operand block (blk_ref.BLK_OP)");
+using blkop::IMG;
+using blkop::OP;
 #ifndef BLK_STAGES
 #define BLK_STAGES 6
 #endif
@@ -270,6 +271,8 @@ mmq_blk_swiglu(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, _
 // shuffles per 8 blocks, in the twin's stage order (the same f32 sums, bit for bit). Quads go
 // row-fastest, so a warp writes 8 consecutive image rows (1 KB) of one block.
 namespace {
+using namespace blkop;
+
 // v[8j + e] = x[row][k0 + 32 j + 8 l + e] (zeros past K or for a padding row; the launcher
 // checks K % 8 == 0 and x 16-byte aligned, so 8 values are all in or all out)
 __device__ __forceinline__ void load32(float (&v)[32], const __half* __restrict__ x,
@@ -289,38 +292,6 @@ __device__ __forceinline__ void load32(float (&v)[32], const __half* __restrict_
     }
 }
 
-// (a, b) at (i, i + h) -> (a + b, a - b) over the register index bit `bit` of v
-template <int bit, int N>
-__device__ __forceinline__ void butterfly(float (&v)[N]) {
-#pragma unroll
-    for (int r = 0; r < N; ++r) {
-        if (r & (1 << bit)) continue;
-        const float a = v[r], b = v[r | (1 << bit)];
-        v[r] = a + b;
-        v[r | (1 << bit)] = a - b;
-    }
-}
-
-// the same butterfly across lanes: partner lane l ^ m holds index i ^ h
-template <int N>
-__device__ __forceinline__ void butterfly_x(float (&v)[N], int l, int m) {
-#pragma unroll
-    for (int r = 0; r < N; ++r) {
-        const float o = __shfl_xor_sync(0xffffffffu, v[r], m);
-        v[r] = (l & m) ? o - v[r] : v[r] + o;
-    }
-}
-
-// max |v| over the lanes l ^ 1 .. l ^ (mmax) (mmax + 1 lanes holding one block)
-template <int N>
-__device__ __forceinline__ float block_amax(const float (&v)[N], int mmax) {
-    float amax = 0.f;
-#pragma unroll
-    for (int r = 0; r < N; ++r) amax = fmaxf(amax, fabsf(v[r]));
-    for (int m = 1; m <= mmax; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    return amax;
-}
-
 // the quad's block -> its Walsh-Hadamard transform, stage by stage as blk_ref.fwht128 (h = 1,
 // 2, 4: register bits 0-2; h = 8, 16: lanes xor 1, 2; h = 32, 64: register bits 3, 4);
 // returns max |v| over the block
@@ -333,32 +304,6 @@ __device__ __forceinline__ float rotate128(float (&v)[32], int l) {
     butterfly<3>(v);
     butterfly<4>(v);
     return block_amax(v, 2);
-}
-
-// q = rint(v * inv) (inv = 127 / amax, 0 for an all-zero block; |v| <= amax keeps |q| <= 127)
-// into image row r: values 32 j + 8 l .. + 7 are 8 bytes of 16-byte chunk 2 j + l / 2. The
-// rint is the magic-number add (2^23 + 2^22 + p holds rint(p) in its low mantissa bits; the
-// multiply rounds first, as the twin's), its low byte q's two's complement: a multiply, an add
-// and 3/4 of a byte permute per value (the prepass runs before every GEMM)
-__device__ __forceinline__ uint32_t q8(float v, float inv) {
-    return __float_as_uint(__fadd_rn(__fmul_rn(v, inv), 12582912.f));   // (_rn: no FFMA)
-}
-
-// 8 values' int8 as 8 bytes
-__device__ __forceinline__ uint2 pack8(const float* u, float inv) {
-    uint32_t w[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h, u += 4) {
-        const uint32_t lo = __byte_perm(q8(u[0], inv), q8(u[1], inv), 0x0040);
-        const uint32_t hi = __byte_perm(q8(u[2], inv), q8(u[3], inv), 0x0040);
-        w[h] = __byte_perm(lo, hi, 0x5410);
-    }
-    return make_uint2(w[0], w[1]);
-}
-
-// values i .. i + 7 (i % 8 == 0) of image row r: 8 bytes of its 16-byte chunk i / 16
-__device__ __forceinline__ void store8(uint8_t* img, int r, int i, uint2 q) {
-    *reinterpret_cast<uint2*>(img + r * 128 + (((i >> 4) ^ (r & 7)) << 4) + (i & 8)) = q;
 }
 
 __device__ __forceinline__ void store32(uint8_t* img, const float (&v)[32], float inv, int r,
@@ -397,6 +342,7 @@ constexpr int NORM_CH = 4;   // chunks per warp held in registers: K <= 8 x 4 x 
 extern "C" __global__ void __launch_bounds__(256)
 rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, float eps,
                     __half* __restrict__ h16, uint8_t* __restrict__ Tt, int M, int K, int Mp) {
+    using namespace blkop;
     const int m = blockIdx.x, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const int NC = (K + 255) / 256, KB = (K + 127) / 128;
     const float* xr = x + static_cast<size_t>(m) * K;

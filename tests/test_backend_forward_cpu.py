@@ -173,3 +173,35 @@ def test_window_logits_runs_every_row_then_the_head(monkeypatch, tiny, path):
     assert be._head_out.shape == (4, tiny.config.vocab_size)
     with pytest.raises(Exception, match="first 40 outside"):
         be.window_logits(ids, 40)
+
+
+def test_blk_attention_epilogue_writes_the_operand(monkeypatch, tmp_path):
+    """--gemm blk at head_dim 128 on sm_90: the attention launch writes attn_output's token
+    operand (attn_wg_d128_blk, no f16 o) where the wgmma kernel runs (a chunk of >= 128 rows);
+    the final layer's single row takes the f16 attention and the prepass; the norms write
+    their operands themselves, so the plain prepass runs for ffn_down's input alone."""
+    from fake_gpuarray import install
+    from synth_data import small_parts, write_small
+
+    from minfer.cuda.runtime import devarray
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.loader import load_model
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    model = load_model(write_small(tmp_path / "hd128.gguf",
+                                   *small_parts(seed=1, d_model=256, n_heads=2, n_kv_heads=1)))
+    L = model.config.n_layers
+    assert model.config.head_dim == 128
+    rt = FakeRT("sm_90")
+    be = CudaBackend(model, GemmChoice("blk"), rt=rt, max_tokens=128, ubatch=64, warmup=False,
+                     graphs=False)
+    rt.launches.clear()   # (the weights' requantization at load)
+    be.forward_device(np.arange(64, dtype=np.int32) % 200, 0)   # 64 tokens x G 2 = 128 rows
+    entries = [e for _, e in rt.launches]
+    assert entries.count("attn_wg_d128_blk") == L - 1 and entries.count("attn_wg_d128") == 0
+    assert entries.count("rmsnorm_blk_operand") == 2 * L
+    assert entries.count("blk_operand_f16") == L + 1   # ffn_down's, the last attn_output's

@@ -74,7 +74,7 @@ from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu, plan_rope
 from minfer.cuda.plan.routes import plan_routes, plan_tiers, summarize_routes
 from minfer.cuda.plan.fusion import plan_groups
-from minfer.cuda.plan.linear import NORM_PREPASS, PREPASS, SCRATCH, make_route
+from minfer.cuda.plan.linear import ATTN_OPERAND, NORM_PREPASS, PREPASS, SCRATCH, make_route
 from minfer.cuda.plan.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
                                       load_weights, memory_need)
 from minfer.errors import BadInput, GPUError, Unsupported
@@ -245,6 +245,20 @@ class CudaBackend:
             da.poison(self.rt, h16)
             L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
         return self._quantize(h16, *names)
+
+    def _attn_operand(self, name: str, T: int):
+        """(the array the attention launch writes the input form of GEMM `name` into, that
+        form as _quantize's dict) where its epilogue can (linear.ATTN_OPERAND,
+        attention.operand_fuses: the blk token operand at head_dim 128 on sm_90); else
+        (None, None): the attention writes f16 and _linear makes the form."""
+        k = self.lin[name].activation
+        c = self.c
+        if k not in ATTN_OPERAND or not attn_mod.operand_fuses(
+                self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim):
+            return None, None
+        tt, op = ATTN_OPERAND[k](self.rt, getattr(self.buf, SCRATCH[k]), T,
+                                 c.n_heads * c.head_dim)
+        return tt, {k: op}
 
     def _swiglu(self, f16, g, u=None) -> None:
         """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F])."""
@@ -500,11 +514,13 @@ class CudaBackend:
             t0, Tq = (T - 1, 1) if final else (0, T)
             xq = R(b.x, t0, Tq)
             a16 = R(b.a16, 0, Tq)
+            tt, aq = self._attn_operand(p + "attn_output.weight", Tq)
             with self._op("attention"):
                 da.poison(rt, a16)
                 attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
-                                   b.kc[il], b.vc[il], pos0 + t0, b.pos, t0)
-            self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output")
+                                   b.kc[il], b.vc[il], pos0 + t0, b.pos, t0, operand=tt,
+                                   o_out=tt is None)
+            self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output", aq)
             hq = R(b.h16, 0, Tq)
             f16 = R(b.f16, 0, Tq)
             down = p + "ffn_down.weight"

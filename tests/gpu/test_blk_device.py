@@ -118,3 +118,35 @@ def test_blk_swiglu(hopper, M, F, K, sms):
     got = out.get().astype(np.float64)
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
+
+
+@pytest.mark.parametrize("T,Hq,Hkv,pos0", [(64, 32, 8, 0), (300, 8, 2, 17), (130, 4, 4, 0)])
+def test_attention_epilogue_operand_bitwise(hopper, same_bytes, T, Hq, Hkv, pos0):
+    """The wgmma attention's epilogue writes the block path's token operand of o: the bytes
+    blk_operand makes of the plain kernel's o (padding token rows untouched), with o itself
+    too, or without it (o_out=False)."""
+    from minfer.cuda.ops.attention import attention, operand_fuses
+    from minfer.cuda.ops.mmq_blk import blk_operand
+    from minfer.cuda.runtime import devarray as da
+    from minfer.quants.blk_ref import BLK_OP, pad128
+
+    rt = hopper
+    assert operand_fuses(rt, T, Hq // Hkv, 128)
+    rng = np.random.default_rng(T + Hq)
+    S = pos0 + T
+    q = da.to_device(rt, rng.standard_normal((T, Hq, 128)).astype(np.float16))
+    kc = da.to_device(rt, rng.standard_normal((S, Hkv, 128)).astype(np.float16))
+    vc = da.to_device(rt, (rng.standard_normal((S, Hkv, 128)) * 3).astype(np.float16))
+    o = da.empty(rt, (T, Hq, 128), np.float16)
+    attention(rt, o, q, kc, vc, pos0)
+    want = blk_operand(rt, da.reshape(o, (T, Hq * 128))).tt.get()
+    shape = (Hq, pad128(T) // 128, BLK_OP)
+    for o_out in (True, False):
+        tt = da.to_device(rt, np.zeros(shape, np.uint8))
+        o2 = da.to_device(rt, np.full((T, Hq, 128), np.nan, np.float16))
+        attention(rt, o2, q, kc, vc, pos0, operand=tt, o_out=o_out)
+        assert same_bytes(tt, want)
+        if o_out:
+            assert same_bytes(o2, o.get())
+        else:
+            assert np.isnan(o2.get().astype(np.float32)).all()

@@ -60,6 +60,12 @@ def pick_impl(rt, T: int, G: int, head_dim: int) -> str:
     return "mma"
 
 
+def operand_fuses(rt, T: int, G: int, head_dim: int) -> bool:
+    """Whether attention() can write the block path's token operand of o from its epilogue:
+    the wgmma kernel (pick_impl "wg") at head_dim 128 (one head's row is one 128-K block)."""
+    return head_dim == 128 and pick_impl(rt, T, G, head_dim) == "wg"
+
+
 def smem_bytes(head_dim: int, geom: AttnGeometry = DEFAULT) -> int:
     return STAGES * 2 * geom.keys * (head_dim + PAD) * 2  # STAGES x (K and V tiles), f16
 
@@ -71,7 +77,8 @@ def pick_geometry(rt, head_dim: int) -> AttnGeometry:
 
 
 def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
-              geom: AttnGeometry | None = None, impl: str | None = None) -> None:
+              geom: AttnGeometry | None = None, impl: str | None = None, operand=None,
+              o_out: bool = True) -> None:
     """o f16 [T, Hq, D] = causal softmax(q k^T / sqrt(D)) v.
 
     q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
@@ -81,6 +88,10 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
     still be what that sum will be: the bounds are checked against it here.
     geom: attention.cu's block shape (default: pick_geometry's; giving one means that kernel).
     impl: "mma" or "wg" (default: pick_impl's).
+    operand: uint8 [Hq, pad128(T) / 128, BLK_OP] receives the block path's token operand of o
+    (blk_ref.blk_operand of o's f16 values: what mmq_blk.blk_operand makes of o, bit for bit)
+    from the epilogue, where operand_fuses (else GPUError); o_out False: o is not written
+    (then operand is required).
     """
     da.check("attention q", q, (None, None, None), np.float16, align=16)
     T, Hq, D = q.shape
@@ -99,11 +110,23 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
     G = Hq // Hkv
     if impl is None:
         impl = "mma" if geom is not None else pick_impl(rt, T, G, D)
+    extra = ()
+    if operand is not None or not o_out:
+        from minfer.quants.blk_ref import BLK_OP, pad128
+
+        if operand is None or impl != "wg" or D != 128:
+            raise GPUError(f"attention: the token operand from the epilogue needs the wgmma "
+                           f"kernel at head_dim 128 (kernel {impl}, head_dim {D})"
+                           if operand is not None else "attention: o_out False needs operand")
+        da.check("attention operand", operand, (Hq, pad128(T) // 128, BLK_OP), np.uint8,
+                 align=16)
+        extra = (da.arg(operand), np.int32(pad128(T)))
     if impl == "wg":
         if rt.arch != "sm_90":
             raise GPUError(f"attention: the wgmma kernel needs sm_90, this GPU is {rt.arch}")
         rows, threads, smem = WG_ROWS, 384, wg_smem_bytes(D)
-        fn = rt.function("attention_sm90a", f"attn_wg_d{D}", ("-arch=sm_90a",), dyn_smem=smem)
+        fn = rt.function("attention_sm90a", f"attn_wg_d{D}" + ("_blk" if extra else ""),
+                         ("-arch=sm_90a",), dyn_smem=smem)
     elif impl == "mma":
         geom = pick_geometry(rt, D) if geom is None else geom
         rows, threads, smem = geom.rows, 32 * geom.warps, smem_bytes(D, geom)
@@ -117,6 +140,7 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
     # with pos_dev the kernel adds the device value to its pos0 argument (the offset)
     p_arg, p_ptr = (pos0, np.uintp(0)) if pos_dev is None else (offset, da.arg(pos_dev))
     rt.launch(fn, ((T * G + rows - 1) // rows, Hkv), (threads,),
-              (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc), da.arg(o),
-               np.int64(Hq * D), np.int32(T), np.int32(Hq), np.int32(Hkv), np.int32(p_arg),
-               p_ptr, scale_log2), smem=smem)
+              (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc),
+               da.arg(o) if o_out else np.uintp(0), np.int64(Hq * D), np.int32(T),
+               np.int32(Hq), np.int32(Hkv), np.int32(p_arg), p_ptr, scale_log2, *extra),
+              smem=smem)

@@ -5,7 +5,8 @@ so the forward (minfer.cuda.backend) never branches on path names.
 - `route.activation`: the input form its kernel reads ("none": the f16 activation; "q8_1": q8_1
   raw blocks; "blk-operand": the block path's rotated int8 token operand). `PREPASS[kind](rt, A,
   scratch)` makes one form from an f16 activation, one activation feeding every route that
-  reads the form; `NORM_PREPASS[kind]` makes it from the residual in the rmsnorm's launch.
+  reads the form; `NORM_PREPASS[kind]` makes it from the residual in the rmsnorm's launch,
+  `ATTN_OPERAND[kind]` the attention launch from its epilogue.
 - `route.run(be, C, x, w, mode)`: C (mode 'f32' =, 'f16' =, 'acc' +=) x @ w.T.
 - `route.glu`: whether its gate|up GEMM can write silu(gate) * up from its epilogue
   (`route.run_glu(be, C, x, w)`).
@@ -35,15 +36,20 @@ def _prepass_q8_1(rt, A, buf):
     return quantize_q8_1(rt, A, q8)
 
 
-def _prepass_blk(rt, A, buf):
-    from minfer.cuda.ops.mmq_blk import blk_operand
+def _blk_scratch(rt, buf, M: int, K: int):
+    """The blk token operand of [M, K] as a view of the scratch buffer (poisoned)."""
     from minfer.quants.blk_ref import BLK_OP, kblocks, pad128
 
-    M, K = A.shape
     shape = (kblocks(K), pad128(M) // 128, BLK_OP)
     tt = da.reshape(da.rows(buf, 0, int(np.prod(shape))), shape)
     da.poison(rt, tt)
-    return blk_operand(rt, A, tt)
+    return tt
+
+
+def _prepass_blk(rt, A, buf):
+    from minfer.cuda.ops.mmq_blk import blk_operand
+
+    return blk_operand(rt, A, _blk_scratch(rt, buf, *A.shape))
 
 
 PREPASS = {"q8_1": _prepass_q8_1, "blk-operand": _prepass_blk}
@@ -58,14 +64,21 @@ def _norm_prepass_blk(rt, x, w, eps, buf, h16):
     M, K = x.shape
     if K > NORM_MAX_K:
         return None
-    shape = (kblocks(K), pad128(M) // 128, BLK_OP)
-    tt = da.reshape(da.rows(buf, 0, int(np.prod(shape))), shape)
-    da.poison(rt, tt)
-    return blk_operand_rmsnorm(rt, x, w, eps, tt, h16)
+    return blk_operand_rmsnorm(rt, x, w, eps, _blk_scratch(rt, buf, M, K), h16)
+
+
+def _attn_operand_blk(rt, buf, M: int, K: int):
+    from minfer.cuda.ops.mmq_blk import BlkTokens
+
+    tt = _blk_scratch(rt, buf, M, K)
+    return tt, BlkTokens(tt, M, K)
 
 
 # forms whose prepass can run inside the rmsnorm launch: (rt, x, w, eps, scratch, h16 or None)
 NORM_PREPASS = {"blk-operand": _norm_prepass_blk}
+# forms the attention launch can write from its epilogue (attention.operand_fuses): (rt,
+# scratch, M, K) -> (the array it writes, the GEMM's input form)
+ATTN_OPERAND = {"blk-operand": _attn_operand_blk}
 
 
 class LinearRoute:
