@@ -10,9 +10,10 @@
 #   blk:   the block int8 path: its device tests, isolated GEMMs (scripts/gemm_blk_bench.py), an
 #          8B-shape bench against f16 (AB="f16 blk ..." for more paths), single and sustained,
 #          and blk's per-op breakdown at pp2048.
-#   final: the whole GPU suite, the blk GEMMs, ncu on one (and on its FFMA-only fold build),
-#          bench (single and sustained), the slice's perplexity, `minfer check` on its Q4_K_M
-#          requant and the installed wheel's check (as gates).
+#   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
+#          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
+#   profile: ncu on the blk gate|up GEMM and on its FFMA-only fold build; the installed wheel's
+#          check (as gates).
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -70,12 +71,6 @@ fi
 if [ "$MODE" = final ]; then   # the whole GPU suite, the blk path's figures, the gate on the slice
   MINFER_TEST_MODEL=$S step tests 250 python3 -m pytest -q -rfEs tests/gpu
   step gemm 90 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-,-DBLK_FOLD=4,-DBLK_NOFOLD
-  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  for v in "" -DBLK_FOLD=4; do   # the kernel, and its timing build with the FFMA alone as fold
-    step ncu$v 60 "$NCU" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
-      --section WarpStateStats --section SchedulerStats -k regex:mmq_blk --launch-skip 2 \
-      --launch-count 1 python3 scripts/gemm_one.py blk 28672 4096 2048 $v
-  done
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   step bench 90 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
     --ab f16 blk
@@ -84,15 +79,28 @@ if [ "$MODE" = final ]; then   # the whole GPU suite, the blk path's figures, th
   step ppl_blk 40 $M perplexity -m "$S" --backend cuda --gemm blk --kld-base /tmp/f16.logits
   step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
   step check 150 $M check -m /tmp/slice-q4km.gguf
-  installed_check
+  step breakdown 60 $M bench -m /tmp/s8b.gguf --tokens 2048 --min-ms 0 --repeats 1 --gemm blk
   echo; echo "################ SUMMARY final ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
   echo "--- gemm"; tail -26 "$OUT/gemm.log"
-  for f in "$OUT"/ncu*.log; do echo "--- $(basename "$f")"; grep -E "Duration|SM Frequency|Compute \(SM\)|Issue Slots|Issued Warp|No Eligible|Stall|Tensor is|Memory Throughput|Warp Cycles Per Issued" "$f" | head -14; done
   echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" "$OUT/sustained.log" | grep -v "| ---"
   echo "--- perplexity (slice, GPU f16 base)"; tail -2 "$OUT/ppl_f16.log"; tail -7 "$OUT/ppl_blk.log"
   echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -24
+  echo "--- breakdown"; grep -E "^\| " "$OUT/breakdown.log" | tail -12
+  exit 0
+fi
+
+if [ "$MODE" = profile ]; then   # ncu on the blk GEMM and its FFMA-only fold; the installed wheel
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for v in "" -DBLK_FOLD=4; do
+    step ncu$v 60 "$NCU" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats -k regex:mmq_blk --launch-skip 2 \
+      --launch-count 1 python3 scripts/gemm_one.py blk 28672 4096 2048 $v
+  done
+  installed_check
+  echo; echo "################ SUMMARY profile ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in "$OUT"/ncu*.log; do echo "--- $(basename "$f")"; grep -E "Duration|SM Frequency|Compute \(SM\)|Issue Slots|Issued Warp|No Eligible|Stall|Tensor is|Memory Throughput|Warp Cycles Per Issued" "$f" | head -14; done
   echo "--- installed (cwd /tmp, PYTHONPATH=/tmp/x only)"; grep -vE "^\s*$" "$OUT/installed.log" | tail -9
   exit 0
 fi
