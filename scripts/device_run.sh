@@ -70,7 +70,7 @@ fi
 
 if [ "$MODE" = final ]; then   # the whole GPU suite, the blk path's figures, the gate on the slice
   MINFER_TEST_MODEL=$S step tests 250 python3 -m pytest -q -rfEs tests/gpu
-  step gemm 90 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-,-DBLK_FOLD=4,-DBLK_NOFOLD
+  step gemm 90 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   step bench 90 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
     --ab f16 blk
