@@ -117,15 +117,19 @@ print('holding', flush=True); time.sleep(3600)" > "$OUT/hold.log" 2>&1 &
     ${VOCAB70:+--vocab $VOCAB70} -o /tmp/s70.gguf
   for n in 512 2048; do python3 scripts/prompt_of.py "$n" /tmp/s70.gguf > /tmp/p$n.txt; done
   step prefill70 200 $M prefill -m /tmp/s70.gguf --backend cuda --prompt-file /tmp/p2048.txt -n 4
-  if [ -n "$BENCH70" ]; then
+  if [ -n "$BENCH70" ]; then   # single prefills, sustained, the per-op breakdown at pp2048
     step bench70 200 $M bench -m /tmp/s70.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown
+    step sustained70 120 $M bench -m /tmp/s70.gguf --tokens 512,2048 --repeats 3 --no-breakdown
+    step breakdown70 90 $M bench -m /tmp/s70.gguf --tokens 2048 --min-ms 0 --repeats 1
   fi
   [ -z "$HOLD_GB" ] && step prefill70blk 150 $M prefill -m /tmp/s70.gguf --backend cuda --gemm blk \
     --prompt-file /tmp/p2048.txt -n 4   # (with HOLD_GB auto runs blk already)
   kill $(jobs -p) 2>/dev/null
   echo; echo "################ SUMMARY big ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   grep -E "^(model|gemm|memory|prompt|load|prefill)|error" "$OUT"/prefill70*.log
-  [ -f "$OUT/bench70.log" ] && grep -E "^\| |rror|gemm|backend" "$OUT/bench70.log" | grep -v "^| ---"
+  for f in bench70 sustained70 breakdown70; do
+    [ -f "$OUT/$f.log" ] && grep -E "^\| |rror|gemm|backend" "$OUT/$f.log" | grep -v "^| ---"
+  done
   echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"
   exit 0
 fi
