@@ -150,3 +150,25 @@ def test_attention_epilogue_operand_bitwise(hopper, same_bytes, T, Hq, Hkv, pos0
             assert same_bytes(o2, o.get())
         else:
             assert np.isnan(o2.get().astype(np.float32)).all()
+
+
+def test_fused_operands_give_the_unfused_logits(hopper, tmp_path, monkeypatch):
+    """A blk forward at head_dim 128 whose norm and attention launches write the GEMMs' token
+    operands gives the logits, bit for bit, of the same forward with one prepass launch per
+    GEMM (linear.NORM_PREPASS and ATTN_OPERAND emptied): the wiring of the fused forms."""
+    from synth_data import small_parts, write_small
+
+    from minfer.cuda import backend as B
+    from minfer.cuda.ops.attention import operand_fuses
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.loader import load_model
+
+    model = load_model(write_small(tmp_path / "hd128.gguf",
+                                   *small_parts(seed=2, d_model=256, n_heads=2, n_kv_heads=1)))
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, 70).astype(np.int32)
+    assert operand_fuses(hopper, len(ids), 2, 128)   # 70 tokens x 2 heads a KV head >= 128 rows
+    fused = B.CudaBackend(model, GemmChoice("blk"), max_tokens=96, ubatch=96).forward(ids, 0)
+    monkeypatch.setattr(B, "NORM_PREPASS", {})
+    monkeypatch.setattr(B, "ATTN_OPERAND", {})
+    plain = B.CudaBackend(model, GemmChoice("blk"), max_tokens=96, ubatch=96).forward(ids, 0)
+    assert np.all(np.isfinite(fused)) and np.array_equal(fused, plain)
