@@ -30,15 +30,16 @@
 // wgmmas; stages go in straight-line groups of BLK_GROUP (4; then 2, 1) with no wgmma in
 // flight at a branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=1
 // converts S by the magic-number add instead of I2F (A/B); -DBLK_GROUP=N; -DBLK_STAGES=N the
-// ring depth; -DBLK_NOFOLD a
-// timing build without the folds (wrong results: what the data movement and wgmmas cost);
-// -DBLK_SERIAL one accumulator buffer, no fold under the wgmmas (A/B of the overlap).
+// ring depth. Timing builds (wrong results; docs/perf.md "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the
+// fold without its I2F | FMUL | both; -DBLK_NOFOLD no fold (what the data movement and wgmmas
+// cost); -DBLK_HALFLOAD the weight block copied alone (half the L2 reads); -DBLK_SERIAL one
+// accumulator buffer, no fold under the wgmmas (A/B of the overlap).
 #include <cuda_fp16.h>
 
-#include "gemm_f16_common.cuh"
-#include "wgmma_common.cuh"
 #include "blk_operand.cuh"
+#include "gemm_f16_common.cuh"
 #include "rmsnorm.cuh"
+#include "wgmma_common.cuh"
 #include "wgmma_int8.cuh"
 
 namespace {
