@@ -205,3 +205,11 @@ def test_blk_attention_epilogue_writes_the_operand(monkeypatch, tmp_path):
     assert entries.count("attn_wg_d128_blk") == L - 1 and entries.count("attn_wg_d128") == 0
     assert entries.count("rmsnorm_blk_operand") == 2 * L
     assert entries.count("blk_operand_f16") == L + 1   # ffn_down's, the last attn_output's
+    # the tuning variant blk:no-fused-prepass: the norm, the attention, one prepass per GEMM
+    be = CudaBackend(model, GemmChoice("blk", frozenset({"fused-prepass"})), rt=rt,
+                     max_tokens=128, ubatch=64, warmup=False, graphs=False)
+    rt.launches.clear()
+    be.forward_device(np.arange(64, dtype=np.int32) % 200, 0)
+    entries = [e for _, e in rt.launches]
+    assert "rmsnorm_blk_operand" not in entries and "attn_wg_d128_blk" not in entries
+    assert entries.count("attn_wg_d128") == L - 1 and entries.count("blk_operand_f16") == 4 * L

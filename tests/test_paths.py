@@ -137,11 +137,12 @@ def test_tuning_variants():
     c = GemmChoice.parse_ab("blk:no-glu:no-stream-k", env={})
     assert c.off == {"glu", "stream-k"} and c.label() == "blk:no-glu:no-stream-k"
     assert GemmChoice.parse_ab("auto:no-stream-k", env={}).off == {"stream-k"}
+    assert GemmChoice.parse_ab("blk:no-fused-prepass", env={}).off == {"fused-prepass"}
     assert GemmChoice.parse_ab("MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8", env={}).path == "wide-kd8"
     assert GemmChoice.parse_ab("MINFER_MMQ=1", env={"MINFER_GEMM": "f16"}).path == "wide-kd4"
     assert GemmChoice.parse_ab("", env={"MINFER_GEMM": "narrow"}).path == "narrow"
     for bad in ("f16:no-stream-k", "wide-kd4:no-glu", "f16:rope", "f16 blk", "MINFER_FOO=1",
-                "MINFER_MMQ_SB=1", "sb", "blk:no-fused-prepass"):
+                "MINFER_MMQ_SB=1", "sb", "f16:no-fused-prepass"):
         with pytest.raises(BadInput):
             GemmChoice.parse_ab(bad, env={})
 

@@ -30,6 +30,9 @@ Profiling runs eagerly (events need the launches one by one).
 int8 weights: the activation is quantized once per distinct input into one reused scratch
 buffer (q8_1 for the raw kernels, the blk token operand for blk; q, k, v share h16's; gate, up
 share the FFN input's), then the route's kernel runs (attn_output / ffn_down accumulate into x).
+On blk the rmsnorm launch writes the operand of the GEMMs after it (`_norm`, linear.NORM_PREPASS)
+and the wgmma attention attn_output's from its epilogue (`_attn_operand`, linear.ATTN_OPERAND),
+bit for bit the prepass's bytes (tuning variant blk:no-fused-prepass: separate launches).
 `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
@@ -230,10 +233,11 @@ class CudaBackend:
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
         prepass outputs (_quantize). When they read one quantized form that the norm's launch
         can write (linear.NORM_PREPASS: the blk token operand), that launch makes it, writing
-        h16 only if an f16 GEMM reads it too."""
+        h16 only if an f16 GEMM reads it too (tuning variant no-fused-prepass: two launches)."""
         kinds = {self.lin[n].activation for n in names}
         q = kinds - {"none"}
-        if len(q) == 1 and (k := next(iter(q))) in NORM_PREPASS:
+        k = next(iter(q)) if len(q) == 1 else None
+        if self.gcfg.on("fused-prepass") and k in NORM_PREPASS:
             with self._op("rmsnorm+prepass"):
                 da.poison(self.rt, h16)   # (unwritten unless an f16 GEMM reads it)
                 op = NORM_PREPASS[k](self.rt, x, self.w[wname], self.c.rms_eps,
@@ -250,11 +254,12 @@ class CudaBackend:
         """(the array the attention launch writes the input form of GEMM `name` into, that
         form as _quantize's dict) where its epilogue can (linear.ATTN_OPERAND,
         attention.operand_fuses: the blk token operand at head_dim 128 on sm_90); else
-        (None, None): the attention writes f16 and _linear makes the form."""
+        (None, None): the attention writes f16 and _linear makes the form (as with the tuning
+        variant no-fused-prepass)."""
         k = self.lin[name].activation
         c = self.c
-        if k not in ATTN_OPERAND or not attn_mod.operand_fuses(
-                self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim):
+        if (not self.gcfg.on("fused-prepass") or k not in ATTN_OPERAND
+                or not attn_mod.operand_fuses(self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim)):
             return None, None
         tt, op = ATTN_OPERAND[k](self.rt, getattr(self.buf, SCRATCH[k]), T,
                                  c.n_heads * c.head_dim)

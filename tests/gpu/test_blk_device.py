@@ -152,10 +152,10 @@ def test_attention_epilogue_operand_bitwise(hopper, same_bytes, T, Hq, Hkv, pos0
             assert np.isnan(o2.get().astype(np.float32)).all()
 
 
-def test_fused_operands_give_the_unfused_logits(hopper, tmp_path, monkeypatch):
+def test_fused_operands_give_the_unfused_logits(hopper, tmp_path):
     """A blk forward at head_dim 128 whose norm and attention launches write the GEMMs' token
     operands gives the logits, bit for bit, of the same forward with one prepass launch per
-    GEMM (linear.NORM_PREPASS and ATTN_OPERAND emptied): the wiring of the fused forms."""
+    GEMM (the tuning variant blk:no-fused-prepass): the wiring of the fused forms."""
     from synth_data import small_parts, write_small
 
     from minfer.cuda import backend as B
@@ -168,7 +168,6 @@ def test_fused_operands_give_the_unfused_logits(hopper, tmp_path, monkeypatch):
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, 70).astype(np.int32)
     assert operand_fuses(hopper, len(ids), 2, 128)   # 70 tokens x 2 heads a KV head >= 128 rows
     fused = B.CudaBackend(model, GemmChoice("blk"), max_tokens=96, ubatch=96).forward(ids, 0)
-    monkeypatch.setattr(B, "NORM_PREPASS", {})
-    monkeypatch.setattr(B, "ATTN_OPERAND", {})
-    plain = B.CudaBackend(model, GemmChoice("blk"), max_tokens=96, ubatch=96).forward(ids, 0)
+    plain = B.CudaBackend(model, GemmChoice("blk", frozenset({"fused-prepass"})), max_tokens=96,
+                          ubatch=96).forward(ids, 0)
     assert np.all(np.isfinite(fused)) and np.array_equal(fused, plain)
