@@ -170,8 +170,8 @@ __device__ __forceinline__ void row_operand(float (&v)[32], int t4, bool store, 
     butterfly<4>(v);
     const float amax = block_amax(v, 2);
     if (!store) return;
-    uint8_t* blk = ob + ((size_t)head * (Tp / 128) + t / 128) * OP;
-    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    uint8_t* blk = block_at(ob, head, Tp, t);
+    const float inv = q8_inv(amax);
     const int r = t & 127;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {   // bytes 8 j + 2 t4, + 1 of the row
@@ -180,7 +180,7 @@ __device__ __forceinline__ void row_operand(float (&v)[32], int t4, bool store, 
         *reinterpret_cast<uint16_t*>(blk + r * 128 + (((c >> 4) ^ (r & 7)) << 4) + (c & 15)) =
             static_cast<uint16_t>(q);
     }
-    if (t4 == 0) reinterpret_cast<float*>(blk + IMG)[r] = amax / 127.f;
+    if (t4 == 0) store_scale(blk, r, amax);
 }
 
 template <int D>

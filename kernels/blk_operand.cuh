@@ -64,6 +64,19 @@ __device__ __forceinline__ uint2 pack8(const float* u, float inv) {
     return make_uint2(w[0], w[1]);
 }
 
+// block kb of row `row` in an operand of Rp rows ([KB, Rp / 128, OP]): its tile's image and scales
+__device__ __forceinline__ uint8_t* block_at(uint8_t* op, int kb, int Rp, int row) {
+    return op + (static_cast<size_t>(kb) * (Rp / 128) + row / 128) * OP;
+}
+
+// the multiplier q8 takes for a block of max |v| amax (0 for an all-zero block)
+__device__ __forceinline__ float q8_inv(float amax) { return amax > 0.f ? 127.f / amax : 0.f; }
+
+// image row r's scale: amax / 127 (times smul: a weight's 1/128)
+__device__ __forceinline__ void store_scale(uint8_t* blk, int r, float amax, float smul = 1.f) {
+    reinterpret_cast<float*>(blk + IMG)[r] = amax / 127.f * smul;
+}
+
 // values i .. i + 7 (i % 8 == 0) of image row r: 8 bytes of its 16-byte chunk i / 16
 __device__ __forceinline__ void store8(uint8_t* img, int r, int i, uint2 q) {
     *reinterpret_cast<uint2*>(img + r * 128 + (((i >> 4) ^ (r & 7)) << 4) + (i & 8)) = q;

@@ -322,14 +322,15 @@ blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp
     const int KB = (K + 127) / 128;
     // (a warp's quads run together: the shuffles need all 32 lanes, so none returns early)
     const bool live = quad < static_cast<long long>(Rp) * KB;
-    const int row = live ? static_cast<int>(quad % Rp) : R, kb = live ? static_cast<int>(quad / Rp) : 0;
+    const int row = live ? static_cast<int>(quad % Rp) : R;
+    const int kb = live ? static_cast<int>(quad / Rp) : 0;
     float v[32];
     load32(v, x, ld, R, K, row, kb * 128, l);
     const float amax = rotate128(v, l);
     if (!live) return;
-    uint8_t* blk = out + (static_cast<size_t>(kb) * (Rp / 128) + row / 128) * OP;
-    store32(blk, v, amax > 0.f ? 127.f / amax : 0.f, row & 127, l);
-    if (l == 0) reinterpret_cast<float*>(blk + IMG)[row & 127] = amax / 127.f * smul;
+    uint8_t* blk = block_at(out, kb, Rp, row);
+    store32(blk, v, q8_inv(amax), row & 127, l);
+    if (l == 0) store_scale(blk, row & 127, amax, smul);
 }
 
 // rmsnorm_blk_operand: h = f16(rmsnorm(x) * w) and its operand in one launch, a CTA of 8 warps
@@ -390,8 +391,8 @@ rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, fl
         const float amax = block_amax(h, 8);
         const int kb = 2 * c + (l >> 4);
         if (kb >= KB) continue;
-        uint8_t* blk = Tt + (static_cast<size_t>(kb) * (Mp / 128) + m / 128) * OP;
-        store8(blk, m & 127, 8 * (l & 15), pack8(h, amax > 0.f ? 127.f / amax : 0.f));
-        if ((l & 15) == 0) reinterpret_cast<float*>(blk + IMG)[m & 127] = amax / 127.f;
+        uint8_t* blk = block_at(Tt, kb, Mp, m);
+        store8(blk, m & 127, 8 * (l & 15), pack8(h, q8_inv(amax)));
+        if ((l & 15) == 0) store_scale(blk, m & 127, amax);
     }
 }

@@ -39,9 +39,14 @@ def pad128(n: int) -> int:
     return -(-n // 128) * 128
 
 
+def blk_shape(R: int, K: int) -> tuple[int, int, int]:
+    """The uint8 array of an [R, K] operand (tokens or a weight): [KB, Rp / 128, BLK_OP]."""
+    return kblocks(K), pad128(R) // 128, BLK_OP
+
+
 def blk_bytes(R: int, K: int) -> int:
     """Device bytes of an [R, K] operand (tokens or a weight)."""
-    return kblocks(K) * (pad128(R) // 128) * BLK_OP
+    return int(np.prod(blk_shape(R, K)))
 
 
 

@@ -112,14 +112,13 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
         impl = "mma" if geom is not None else pick_impl(rt, T, G, D)
     extra = ()
     if operand is not None or not o_out:
-        from minfer.quants.blk_ref import BLK_OP, pad128
+        from minfer.quants.blk_ref import blk_shape, pad128
 
         if operand is None or impl != "wg" or D != 128:
             raise GPUError(f"attention: the token operand from the epilogue needs the wgmma "
                            f"kernel at head_dim 128 (kernel {impl}, head_dim {D})"
                            if operand is not None else "attention: o_out False needs operand")
-        da.check("attention operand", operand, (Hq, pad128(T) // 128, BLK_OP), np.uint8,
-                 align=16)
+        da.check("attention operand", operand, blk_shape(T, Hq * D), np.uint8, align=16)
         extra = (da.arg(operand), np.int32(pad128(T)))
     if impl == "wg":
         if rt.arch != "sm_90":

@@ -21,7 +21,7 @@ import numpy as np
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.stream_k import build_define, launch_persistent
 from minfer.errors import GPUError
-from minfer.quants.blk_ref import BLK_OP, blk_bytes, kblocks, pad128
+from minfer.quants.blk_ref import blk_bytes, blk_shape, kblocks, pad128
 
 BM = BN = 128
 _OPTS = ("-arch=sm_90a",)
@@ -63,7 +63,7 @@ def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
     N, K = _check_f16("blk_weight", w16)
     if blk_bytes(N, K) >= 2**31:
         raise GPUError(f"blk_weight: [{N}, {K}] is too large for the kernel's 32-bit offsets")
-    wb = da.empty(rt, (kblocks(K), pad128(N) // 128, BLK_OP), np.uint8, f"blk int8 {what}")
+    wb = da.empty(rt, blk_shape(N, K), np.uint8, f"blk int8 {what}")
     _launch_operand(rt, w16, N, K, wb, 1 / 128)
     return BlkWeight(wb, N, K)
 
@@ -75,14 +75,19 @@ def _launch_operand(rt, x16, R: int, K: int, out, smul: float) -> None:
                da.arg(out), np.float32(smul)))
 
 
+def _token_out(rt, what: str, M: int, K: int, tt):
+    """The token operand array of [M, K]: tt checked, or a new one."""
+    if blk_bytes(M, K) >= 2**31:
+        raise GPUError(f"{what}: [{M}, {K}] is too large for the kernels' 32-bit offsets")
+    tt = da.empty(rt, blk_shape(M, K), np.uint8, "blk token operand") if tt is None else tt
+    da.check(f"{what} tt", tt, blk_shape(M, K), np.uint8, align=16)
+    return tt
+
+
 def blk_operand(rt, x16, tt=None) -> BlkTokens:
     """x f16 [M, K] -> BlkTokens (into tt, uint8 [KB, Mp/128, BLK_OP], if given)."""
     M, K = _check_f16("blk_operand", x16)
-    shape = (kblocks(K), pad128(M) // 128, BLK_OP)
-    if blk_bytes(M, K) >= 2**31:
-        raise GPUError(f"blk_operand: [{M}, {K}] is too large for the kernels' 32-bit offsets")
-    tt = da.empty(rt, shape, np.uint8, "blk token operand") if tt is None else tt
-    da.check("blk_operand tt", tt, shape, np.uint8, align=16)
+    tt = _token_out(rt, "blk_operand", M, K, tt)
     _launch_operand(rt, x16, M, K, tt, 1.0)
     return BlkTokens(tt, M, K)
 
@@ -104,11 +109,7 @@ def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None) -> BlkTokens:
     da.check(f"{what} w", w, (K,), np.float32, align=16)
     if h16 is not None:
         da.check(f"{what} h16", h16, (M, K), np.float16, align=16, require_contiguous=True)
-    shape = (kblocks(K), pad128(M) // 128, BLK_OP)
-    if blk_bytes(M, K) >= 2**31:
-        raise GPUError(f"{what}: [{M}, {K}] is too large for the kernels' 32-bit offsets")
-    tt = da.empty(rt, shape, np.uint8, "blk token operand") if tt is None else tt
-    da.check(f"{what} tt", tt, shape, np.uint8, align=16)
+    tt = _token_out(rt, what, M, K, tt)
     rt.launch(rt.function("mmq_blk", "rmsnorm_blk_operand", _OPTS), (pad128(M),), (256,),
               (da.arg(x), da.arg(w), np.float32(eps),
                np.uintp(0) if h16 is None else da.arg(h16), da.arg(tt), np.int32(M),
@@ -144,7 +145,7 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
     else:
         da.check("mmq_blk_linear x", x, (M, K), np.float16)
         tt = blk_operand(rt, x).tt
-    da.check("mmq_blk_linear tt", tt, (kblocks(K), pad128(M) // 128, BLK_OP), np.uint8, align=16)
+    da.check("mmq_blk_linear tt", tt, blk_shape(M, K), np.uint8, align=16)
     tiles = -(-M // BM) * -(-N // BN)
     entry = "mmq_blk" + ("_acc" if accumulate else "_swiglu" if swiglu else "")
     smem = blk_smem(build_define(build_opts, "BLK_STAGES", 6))

@@ -38,10 +38,9 @@ def _prepass_q8_1(rt, A, buf):
 
 def _blk_scratch(rt, buf, M: int, K: int):
     """The blk token operand of [M, K] as a view of the scratch buffer (poisoned)."""
-    from minfer.quants.blk_ref import BLK_OP, kblocks, pad128
+    from minfer.quants.blk_ref import blk_bytes, blk_shape
 
-    shape = (kblocks(K), pad128(M) // 128, BLK_OP)
-    tt = da.reshape(da.rows(buf, 0, int(np.prod(shape))), shape)
+    tt = da.reshape(da.rows(buf, 0, blk_bytes(M, K)), blk_shape(M, K))
     da.poison(rt, tt)
     return tt
 
@@ -59,7 +58,6 @@ def _norm_prepass_blk(rt, x, w, eps, buf, h16):
     """The blk token operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when
     given); None when K is over the fused kernel's (then rmsnorm, then PREPASS)."""
     from minfer.cuda.ops.mmq_blk import NORM_MAX_K, blk_operand_rmsnorm
-    from minfer.quants.blk_ref import BLK_OP, kblocks, pad128
 
     M, K = x.shape
     if K > NORM_MAX_K:
