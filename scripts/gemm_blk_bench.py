@@ -6,9 +6,7 @@ Each row: after a --min-ms pre-roll of back-to-back launches (the board at its p
 the median of 7 CUDA-event-timed batches of 10 launches; ± half the spread of those 7. The
 configs of one shape run interleaved, batch by batch. "blk + prepass" includes the activations'
 operand prepass (part of the path's cost), the other blk rows are the GEMM alone (build
-variants; -DBLK_NOFOLD is a timing build without the folds); "blk per-token" reads a token
-operand with one scale per token (mmq_blk_tok: the fold without its FMUL), as the GEMMs after an
-rmsnorm do."""
+variants; -DBLK_NOFOLD is a timing build without the folds)."""
 
 import argparse
 
@@ -40,7 +38,6 @@ for M in (int(t) for t in a.tokens.split(",")):
         glu = name == "gate|up"
         h = da.empty(rt, (M, N // 2), np.float16, "h")
         tt = blk_operand(rt, x)
-        tok = blk_operand(rt, x, per_token=True)
 
         def f16():
             if glu:
@@ -48,17 +45,16 @@ for M in (int(t) for t in a.tokens.split(",")):
             else:
                 gemm_f16_nt(x, w16, np.float32, out=out, rt=rt)
 
-        def blk(opts, prepass=False, x_op=tt):
+        def blk(opts, prepass=False):
             def run():
                 if prepass:
-                    blk_operand(rt, x, x_op.tt, per_token=x_op.per_token)
-                mmq_blk_linear(rt, x_op, wb, M, N, K, h if glu else out, build_opts=opts,
+                    blk_operand(rt, x, tt.tt)
+                mmq_blk_linear(rt, tt, wb, M, N, K, h if glu else out, build_opts=opts,
                                swiglu=glu)
             return run
 
         cfgs = {"f16": f16, "blk + prepass": blk((), True),
-                **{"blk " + (" ".join(o) or "default"): blk(o) for o in variants},
-                "blk per-token": blk((), x_op=tok)}
+                **{"blk " + (" ".join(o) or "default"): blk(o) for o in variants}}
         for fn in cfgs.values():   # compile, then the pre-roll
             fn()
         rt.synchronize()
@@ -91,4 +87,3 @@ for M in (int(t) for t in a.tokens.split(",")):
             arr.gpudata.free()
         wb.wb.gpudata.free()
         tt.tt.gpudata.free()
-        tok.tt.gpudata.free()

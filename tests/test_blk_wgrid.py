@@ -1,6 +1,7 @@
 """scripts/blk_wgrid.py: the weight-grid variants of the blk emulation experiment ('row' is the
 kernel's grid bit for bit; the finer grids err less; every q stays in int8's symmetric range);
-scripts/blk_signs.py: the sign-diagonal variant stays exact (its grids' product is its GEMM)."""
+scripts/blk_signs.py: the sign-diagonal variant stays exact (its grids' product is its GEMM);
+scripts/blk_agrid.py: its per-token and wider-rotation grids, and the reference it patches."""
 
 import importlib.util
 from pathlib import Path
@@ -75,3 +76,50 @@ def test_variants_err_less_and_stay_int8(wg, v):
     g = wg.weight_grid(y, v)                         # g = q s: q in [-127, 127] integers
     assert g.shape == y.shape and np.isfinite(g).all()
     assert np.abs(g).max() <= np.abs(y).max() * (1 + 1e-6)
+
+
+def test_agrid_grids(monkeypatch):
+    """scripts/blk_agrid.py: at rot 128 its weight grid is the kernel's bit for bit; its token
+    grid takes one scale per row (a quiet block of a loud row loses, a one-block row does not),
+    and the rot256 grids of x and W still multiply to about x W^T."""
+    ag = _script("blk_agrid")
+    rng = np.random.default_rng(2)
+    w = _weight()
+    assert np.array_equal(ag.grid(w, True), blk_ref.blk_grid(w, weight=True))
+    x = rng.standard_normal((6, 576)).astype(np.float16).astype(np.float32)
+    x[:, 128:256] *= 50                               # one loud block per row
+    err_tok = np.abs(ag.grid(x, False) - x)[:, :128].max()
+    err_blk = np.abs(blk_ref.blk_grid(x) - x)[:, :128].max()
+    assert err_tok > 10 * err_blk
+    assert np.array_equal(ag.grid(x[:, :128], False), blk_ref.blk_grid(x[:, :128]))
+    xs, ws = x[:, :512], w[:, :512]
+    y = xs.astype(np.float64) @ ws.astype(np.float64).T
+    for rot in (256, 512):
+        prod = ag.grid(xs, False, rot).astype(np.float64) @ ag.grid(ws, True, rot).T
+        assert np.linalg.norm(prod - y) < 0.05 * np.linalg.norm(y)
+        assert not np.array_equal(ag.grid(ws, True, rot), ag.grid(ws, True))
+
+
+def test_agrid_patch_routes_the_reference(tmp_path, monkeypatch):
+    """blk_agrid.patch('norm') changes exactly the reference's GEMMs after a norm."""
+    from synth_data import small_parts, write_small
+
+    from minfer.loader import load_model
+    from minfer.reference.forward import ReferenceBackend
+
+    ag = _script("blk_agrid")
+    monkeypatch.setattr(ReferenceBackend, "weight", ReferenceBackend.weight)   # undone after
+    monkeypatch.setattr(ReferenceBackend, "_linear", ReferenceBackend._linear)
+    model = load_model(write_small(tmp_path / "s.gguf", *small_parts(seed=4, d_model=384)))
+    names = frozenset(n for n in model.tensors if n.startswith("blk.") and n.endswith(
+        ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+         "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")))
+    ids = np.arange(12, dtype=np.int32) % 200
+    base = ReferenceBackend(model, blk_inputs=names).forward(ids, 0)
+    ag.patch("norm")
+    be = ReferenceBackend(model, blk_inputs=names)
+    got = be.forward(ids, 0)
+    assert np.isfinite(got).all() and not np.array_equal(got, base)
+    assert np.abs(got - base).max() < 0.1 * np.abs(base).max()
+    assert np.array_equal(be.weight("blk.0.ffn_down.weight"),        # not in the group
+                          ReferenceBackend(model, blk_inputs=names).weight("blk.0.ffn_down.weight"))

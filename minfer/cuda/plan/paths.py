@@ -104,8 +104,7 @@ TABLE: dict[str, GemmPath] = {p.name: p for p in (
     # per (row, 128 of K) on both operands
     GemmPath("blk", "mmq_blk", None, frozenset({"sm_90"}), 32, "requant-blk", "blk-operand",
              {None: 16896 / 16384}, _OPS + "prepare_blk", _OPS + "launch_blk", _OPS + "twin_blk",
-             variants=("glu", "stream-k", "fused-prepass", "token-scale"), smem=_blk_smem,
-             gemv_f16=True),
+             variants=("glu", "stream-k", "fused-prepass"), smem=_blk_smem, gemv_f16=True),
     GemmPath("wide-kd4", "mmq_raw_wide_nt_kernel", **_INT8, kd=4, smem=_wide_smem(4)),
     GemmPath("wide-kd8", "mmq_raw_wide_nt_kernel", **_INT8, kd=8, smem=_wide_smem(8)),
     GemmPath("narrow", "mmq_raw_nt_kernel", **_INT8),
