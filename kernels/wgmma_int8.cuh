@@ -27,18 +27,24 @@
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 
 
-// C[token][row] = (RED: +=) y: z[4i + j] is token m + 8i + (j & 1) (m: the tile's first token
-// + 2t) and row r + 8 (j >> 1) (r: the thread's first row); 32-byte runs of 8 rows per warp
-template <bool RED>
+// C[token][row] = (ACC: +=) y: z[4i + j] is token m + 8i + (j & 1) (m: the tile's first token
+// + 2t) and row r + 8 (j >> 1) (r: the thread's first row); 32-byte runs of 8 rows per warp.
+// C += loads all 64 values first, then stores the sums: one CTA writes each value (stream-K
+// tails hand theirs to the head), and on the H200 this beat atomic adds by 7% on attn_output
+// at M = 2048 (docs/perf.md); an L2 prefetch of C before the epilogue gained nothing.
+template <bool ACC>
 __device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, int N, int m,
                                         int r) {
+    float c[64];
 #pragma unroll
     for (int k = 0; k < 64; ++k) {
         const int tok = m + 8 * (k >> 2) + (k & 1), row = r + 8 * ((k >> 1) & 1);
-        if (tok < M && row < N) {
-            if (RED) atomicAdd(C + (size_t)tok * N + row, z[k]);
-            else C[(size_t)tok * N + row] = z[k];
-        }
+        c[k] = (ACC && tok < M && row < N) ? C[(size_t)tok * N + row] : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < 64; ++k) {
+        const int tok = m + 8 * (k >> 2) + (k & 1), row = r + 8 * ((k >> 1) & 1);
+        if (tok < M && row < N) C[(size_t)tok * N + row] = ACC ? c[k] + z[k] : z[k];
     }
 }
 

@@ -6,7 +6,8 @@ Each row: after a --min-ms pre-roll of back-to-back launches (the board at its p
 the median of 7 CUDA-event-timed batches of 10 launches; ± half the spread of those 7. The
 configs of one shape run interleaved, batch by batch. "blk + prepass" includes the activations'
 operand prepass (part of the path's cost), the other blk rows are the GEMM alone (build
-variants; -DBLK_NOFOLD is a timing build without the folds)."""
+variants; -DBLK_NOFOLD is a timing build without the folds). attn_output and ffn_down run
+C += (the forward adds them to the residual), qkv C =, gate|up its swiglu epilogue."""
 
 import argparse
 
@@ -34,14 +35,18 @@ for M in (int(t) for t in a.tokens.split(",")):
         x = da.to_device(rt, (rng.standard_normal((M, K))).astype(np.float16))
         w16 = da.to_device(rt, (rng.standard_normal((N, K)) * 0.02).astype(np.float16))
         wb = blk_weight(rt, w16)
-        out = da.empty(rt, (M, N), np.float32, "out")
+        out = da.to_device(rt, np.zeros((M, N), np.float32))
         glu = name == "gate|up"
         h = da.empty(rt, (M, N // 2), np.float16, "h")
         tt = blk_operand(rt, x)
 
+        acc = name in ("attn_output", "ffn_down")   # C += the residual, as in the forward
+
         def f16():
             if glu:
                 gemm_f16_nt(x, w16, np.float16, out=h, rt=rt, glu=True)
+            elif acc:
+                gemm_f16_nt(x, w16, np.float32, accumulate=out, rt=rt)
             else:
                 gemm_f16_nt(x, w16, np.float32, out=out, rt=rt)
 
@@ -49,8 +54,8 @@ for M in (int(t) for t in a.tokens.split(",")):
             def run():
                 if prepass:
                     blk_operand(rt, x, tt.tt)
-                mmq_blk_linear(rt, tt, wb, M, N, K, h if glu else out, build_opts=opts,
-                               swiglu=glu)
+                mmq_blk_linear(rt, tt, wb, M, N, K, h if glu else out, accumulate=acc,
+                               build_opts=opts, swiglu=glu)
             return run
 
         cfgs = {"f16": f16, "blk + prepass": blk((), True),
