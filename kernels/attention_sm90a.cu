@@ -177,8 +177,7 @@ __device__ __forceinline__ void row_operand(float (&v)[32], int t4, bool store, 
     for (int j = 0; j < 16; ++j) {   // bytes 8 j + 2 t4, + 1 of the row
         const int c = 8 * j + 2 * t4;
         const uint32_t q = __byte_perm(q8(v[2 * j], inv), q8(v[2 * j + 1], inv), 0x0040);
-        *reinterpret_cast<uint16_t*>(blk + r * 128 + (((c >> 4) ^ (r & 7)) << 4) + (c & 15)) =
-            static_cast<uint16_t>(q);
+        *reinterpret_cast<uint16_t*>(img_at(blk, r, c)) = static_cast<uint16_t>(q);
     }
     if (t4 == 0) store_scale(blk, r, amax);
 }

@@ -77,9 +77,14 @@ __device__ __forceinline__ void store_scale(uint8_t* blk, int r, float amax, flo
     reinterpret_cast<float*>(blk + IMG)[r] = amax / 127.f * smul;
 }
 
+// value i of image row r: byte i % 16 of its 16-byte chunk i / 16, swizzled
+__device__ __forceinline__ uint8_t* img_at(uint8_t* img, int r, int i) {
+    return img + r * 128 + (((i >> 4) ^ (r & 7)) << 4) + (i & 15);
+}
+
 // values i .. i + 7 (i % 8 == 0) of image row r: 8 bytes of its 16-byte chunk i / 16
 __device__ __forceinline__ void store8(uint8_t* img, int r, int i, uint2 q) {
-    *reinterpret_cast<uint2*>(img + r * 128 + (((i >> 4) ^ (r & 7)) << 4) + (i & 8)) = q;
+    *reinterpret_cast<uint2*>(img_at(img, r, i & ~7)) = q;   // (i & ~7: i % 8 == 0, said)
 }
 
 }  // namespace blkop

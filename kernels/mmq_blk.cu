@@ -171,7 +171,7 @@ __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&
     it += G;
 }
 
-// EPI: 0 C = (f32 [M, N]), 1 C += (reductions), 2 the swiglu epilogue (C is H f16 [M, N / 2])
+// EPI: 0 C = (f32 [M, N]), 1 C += (the residual), 2 the swiglu epilogue (C is H f16 [M, N / 2])
 template <int EPI>
 __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
                                               const uint8_t* __restrict__ Wb, void* C, int M,

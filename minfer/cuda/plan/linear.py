@@ -15,12 +15,10 @@ so the forward (minfer.cuda.backend) never branches on path names.
 
 from __future__ import annotations
 
-from functools import cached_property
-
 import numpy as np
 
 from minfer.cuda.runtime import devarray as da
-from minfer.cuda.plan.paths import TABLE, resolve
+from minfer.cuda.plan.paths import TABLE
 from minfer.errors import Unsupported
 
 # the buffer of DeviceBuffers each activation form lives in
@@ -147,15 +145,12 @@ class BlkRoute(LinearRoute):
     the requantized weight (BlkWeight) and the blk token operand (x: the operand, x.K its width),
     stream-K unless the tuning variant no-stream-k; the swiglu epilogue on any type."""
     activation = "blk-operand"
-    linear = "minfer.cuda.ops.mmq_blk:mmq_blk_linear"
     glu = True
 
-    @cached_property
-    def _linear(self):
-        return resolve(self.linear)
-
     def _launch(self, be, *args, **kw) -> None:
-        self._linear(be.rt, *args, stream_k=self.choice.on("stream-k"), **kw)
+        from minfer.cuda.ops.mmq_blk import mmq_blk_linear
+
+        mmq_blk_linear(be.rt, *args, stream_k=self.choice.on("stream-k"), **kw)
 
     def run(self, be, C, x, w, mode: str) -> None:
         if mode == "f16":
