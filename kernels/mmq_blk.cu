@@ -7,6 +7,7 @@
 // Why: an exact q4_K kernel folds every accumulator once per 32 of K (the sub-scale), which at
 // Hopper's int8 rate costs the whole issue width; here a fold is once per stage of 128:
 //   z[row][tok] += f32(S) * (sw[row] * sa[tok]),  S = sum_k qw qa over the stage (|S| < 2^21)
+// (or, with one token scale over all blocks, z += f32(S) sw[row] and z *= sa[tok] at the end)
 // (a per-row weight scale would save the FMUL but fails the KL-divergence gate:
 // docs/perplexity.md)
 // Math and layouts: the numpy twins in minfer.quants.blk_ref (quantize_blk, blk_operand,
@@ -18,12 +19,18 @@
 //       (scales times smul: 1 for tokens, 1/128 for a weight, requantized at load);
 //       four lanes per (row, block): the rotation (5 stages in registers, 2 by shuffles), amax,
 //       s = amax / 127, q = rint(x' * (127 / amax)); rows R..Rp-1 and k >= K are zeros.
-//   rmsnorm_blk_operand (x, w, eps, h16, out, M, K, Mp): the operand of h = f16(rmsnorm(x) * w)
-//       from the residual x f32 [M, K] in the norm's launch (and h itself into h16, if not null),
-//       bit-identical to rmsnorm_f32_f16 then blk_operand_f16; a CTA per token, K <= 8192.
+//   blk_operand_f16_tok (x, ld, R, K, Rp, out): the same with one scale per token (the max over
+//       its blocks, written into every block's slot): a warp per row.
+//   rmsnorm_blk_operand (x, w, eps, h16, out, M, K, Mp, tok): the operand of h = f16(rmsnorm(x)
+//       * w) from the residual x f32 [M, K] in the norm's launch (and h itself into h16, if not
+//       null), bit-identical to rmsnorm_f32_f16 then blk_operand_f16 (tok: _tok); a CTA per
+//       token, K <= 8192.
 //   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
 //   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
 //       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_swiglu).
+//   mmq_blk_tok, mmq_blk_tok_swiglu: the same on a token operand with one scale per token: the fold is z += f32(S) sw(row) (I2F, FFMA), the token's scale applied once
+//       before the epilogue. The GEMMs after an rmsnorm take it (blk_ref.token_scaled: their
+//       input's blocks share one scale at a small cost in accuracy, docs/blk.md).
 // Block: 384 threads, 1 per SM; one producer thread bulk-copies a stage's two blocks into a
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
 // and alternate two s32 accumulator buffers, so a stage's fold runs under the next stage's
@@ -103,6 +110,9 @@ __device__ __forceinline__ float s32_to_f32(int v) {
 
 // z[k] += f32(S[k]) sw(row) sa(token) for the stage in shared memory at p (the thread's rows
 // rw, rw + 8; its tokens 16 q + 2t (+1), 16 q + 8 + 2t (+1) for q = 0..7), after the wgmma wait
+// (TOK: the token operand's scale is per token, the same in every block: applied once, by
+// scale_tokens before the epilogue, so the fold is I2F + FFMA)
+template <bool TOK>
 __device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t* p, int rw,
                                      int t) {
     wgmma::fence_regs(d);
@@ -118,6 +128,11 @@ __device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t
 #pragma unroll
         for (int k = 8 * q; k < 8 * q + 8; ++k) {
             const float2 a = (k & 4) ? a1 : a0;
+            if constexpr (TOK) {
+                z[k] = fmaf(s32_to_f32(d[k]), (k & 2) ? w1 : w0, z[k]);
+                asm volatile("" : "+f"(z[k]));
+                continue;
+            }
 #if BLK_FOLD == 2     // timing build (wrong results): FMUL + FFMA, no conversion
             z[k] = fmaf(__int_as_float(d[k]), ((k & 2) ? w1 : w0) * ((k & 1) ? a.y : a.x), z[k]);
 #elif BLK_FOLD == 3   // timing build (wrong results): I2F + FFMA, no FMUL
@@ -134,7 +149,7 @@ __device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t
 
 // G stages straight-line from the block's running stage `it`: stage j into da (j even) or db,
 // folded while stage j + 1 runs; its slot released after the fold; none in flight at the end
-template <int G>
+template <int G, bool TOK>
 __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&db)[64],
                                            uint32_t& it, uint32_t base, const uint8_t* sbase,
                                            uint32_t bars, int cw, int rw, int t) {
@@ -146,7 +161,7 @@ __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&
         wgmma::mbar_wait(bars + 8 * s, ((it + j) / STAGES) & 1);
         stage_mma(da, base + s * S::STAGE, cw);
         wgmma::wait<0>();
-        fold(z, da, sbase + s * S::STAGE, rw, t);
+        fold<TOK>(z, da, sbase + s * S::STAGE, rw, t);
         wgmma::mbar_arrive(bars + 8 * (STAGES + s));
     }
     it += G;
@@ -160,19 +175,34 @@ __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&
         if (j > 0) {
             const uint32_t sp = (it + j - 1) % STAGES;
             wgmma::wait<1>();
-            fold(z, j & 1 ? da : db, sbase + sp * S::STAGE, rw, t);
+            fold<TOK>(z, j & 1 ? da : db, sbase + sp * S::STAGE, rw, t);
             wgmma::mbar_arrive(bars + 8 * (STAGES + sp));
         }
     }
     const uint32_t sl = (it + G - 1) % STAGES;
     wgmma::wait<0>();
-    fold(z, (G - 1) & 1 ? db : da, sbase + sl * S::STAGE, rw, t);
+    fold<TOK>(z, (G - 1) & 1 ? db : da, sbase + sl * S::STAGE, rw, t);
     wgmma::mbar_arrive(bars + 8 * (STAGES + sl));
     it += G;
 }
 
-// EPI: 0 C = (f32 [M, N]), 1 C += (the residual), 2 the swiglu epilogue (C is H f16 [M, N / 2])
-template <int EPI>
+// z[k] *= the per-token scale of its token (TOK operands; tile tokens m0 .. m0 + 127 of the
+// token operand Tt, read from its first block: every block holds the same scales)
+__device__ __forceinline__ void scale_tokens(float (&z)[64], const uint8_t* __restrict__ Tt,
+                                             int tile_tok, int t) {
+    const float2* ts = reinterpret_cast<const float2*>(Tt + static_cast<size_t>(tile_tok) * OP
+                                                       + IMG);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {   // tokens 8 j + 2 t (+1): z[4 j .. 4 j + 3]
+        const float2 a = ts[4 * j + t];
+#pragma unroll
+        for (int k = 4 * j; k < 4 * j + 4; ++k) z[k] *= (k & 1) ? a.y : a.x;
+    }
+}
+
+// EPI: 0 C = (f32 [M, N]), 1 C += (reductions), 2 the swiglu epilogue (C is H f16 [M, N / 2]);
+// TOK: the token operand has one scale per token (its fold leaves it to the epilogue)
+template <int EPI, bool TOK>
 __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
                                               const uint8_t* __restrict__ Wb, void* C, int M,
                                               int N, int K, int dp, float4* ws, int* flags) {
@@ -220,6 +250,9 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         return;
     }
     wgmma::setmaxnreg_inc<CONSUMER_REGS>();
+    int Mc = M;   // (ntok anew on this side: one held across the register reallocation spills)
+    asm volatile("" : "+r"(Mc));
+    const int ntok_c = (Mc + BM - 1) / BM;
     const int tid = threadIdx.x - 128, lane = tid & 31, warp = tid >> 5, cw = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
     const int rw = cw * 64 + (warp & 3) * 16 + g;   // the thread's first weight row of the tile
@@ -230,15 +263,16 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         for (int k = 0; k < 64; ++k) z[k] = 0.f;
         int n = w.k1 - w.k0;
         for (; n >= BLK_GROUP; n -= BLK_GROUP)
-            run_stages<BLK_GROUP>(z, da, db, it, base, sbase, bars, cw, rw, t);
-        for (; n >= 2; n -= 2) run_stages<2>(z, da, db, it, base, sbase, bars, cw, rw, t);
-        if (n) run_stages<1>(z, da, db, it, base, sbase, bars, cw, rw, t);
+            run_stages<BLK_GROUP, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        for (; n >= 2; n -= 2) run_stages<2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        if (n) run_stages<1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
         // a stream-K tail publishes its values, a head adds its tail's; then the stores
         if (w.k0 > 0) {
             wgmma::sk_put<64, T, 128>(ws, flags, z);
         } else {
             if (w.k1 < KB) wgmma::sk_add<64, T, 128>(ws, flags, z);
-            const int m0 = (w.tile % ntok) * BM + 2 * t, r0 = (w.tile / ntok) * BN + rw;
+            const int m0 = (w.tile % ntok_c) * BM + 2 * t, r0 = (w.tile / ntok_c) * BN + rw;
+            if constexpr (TOK) scale_tokens(z, Tt, m0 / BM, t);
             if constexpr (EPI == 2) store_swiglu(z, static_cast<__half*>(C), M, N / 2, m0, r0);
             else store_t<EPI == 1>(z, static_cast<float*>(C), M, N, m0, r0);
         }
@@ -247,23 +281,20 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(384, 1)
-mmq_blk(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C, int M, int N,
-        int K, int dp, float4* ws, int* flags) {
-    mmq_blk_body<0>(Tt, Wb, C, M, N, K, dp, ws, flags);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1)
-mmq_blk_acc(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, float* C, int M,
-            int N, int K, int dp, float4* ws, int* flags) {
-    mmq_blk_body<1>(Tt, Wb, C, M, N, K, dp, ws, flags);
-}
-
-extern "C" __global__ void __launch_bounds__(384, 1)
-mmq_blk_swiglu(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, __half* H, int M,
-               int N, int K, int dp, float4* ws, int* flags) {
-    mmq_blk_body<2>(Tt, Wb, H, M, N, K, dp, ws, flags);
-}
+// the entries: NAME (C =), NAME_swiglu and (mmq_blk only) NAME_acc; NAME mmq_blk (token scales
+// per block) or mmq_blk_tok (per token: the GEMMs after an rmsnorm, none of which adds to C;
+// its C += would spill)
+#define MMQ_BLK_ENTRY(NAME, EPI, TOK, CT)                                                       \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                        \
+    NAME(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, CT* C, int M, int N,   \
+         int K, int dp, float4* ws, int* flags) {                                               \
+        mmq_blk_body<EPI, TOK>(Tt, Wb, C, M, N, K, dp, ws, flags);                              \
+    }
+MMQ_BLK_ENTRY(mmq_blk, 0, false, float)
+MMQ_BLK_ENTRY(mmq_blk_acc, 1, false, float)
+MMQ_BLK_ENTRY(mmq_blk_swiglu, 2, false, __half)
+MMQ_BLK_ENTRY(mmq_blk_tok, 0, true, float)
+MMQ_BLK_ENTRY(mmq_blk_tok_swiglu, 2, true, __half)
 
 // ---- the operand prepass (weights at load, activations before each GEMM) ----
 // Four lanes (a quad) take one (row, 128-K block): lane l of the quad holds the block's values
@@ -333,6 +364,34 @@ blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp
     if (l == 0) store_scale(blk, row & 127, amax, smul);
 }
 
+// blk_operand_f16_tok: blk_operand_f16 with one scale per row (its max over all blocks; tokens
+// only): a warp per row, its quads on blocks q, q + 8, ..; the row rotated twice (for the max,
+// then for the bytes: the rotation is cheaper than holding a long row)
+extern "C" __global__ void __launch_bounds__(256)
+blk_operand_f16_tok(const __half* __restrict__ x, long long ld, int R, int K, int Rp,
+                    uint8_t* __restrict__ out) {
+    const int l = threadIdx.x & 3, qd = (threadIdx.x >> 2) & 7;
+    const int row = blockIdx.x * 8 + (threadIdx.x >> 5);   // (the grid covers Rp rows exactly)
+    const int KB = (K + 127) / 128;
+    float v[32], amax = 0.f;
+    for (int kb0 = 0; kb0 < KB; kb0 += 8) {   // (warp-uniform: the shuffles need every lane)
+        load32(v, x, ld, R, K, row, (kb0 + qd) * 128, l);
+        amax = fmaxf(amax, rotate128(v, l));
+    }
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float inv = q8_inv(amax);
+    for (int kb0 = 0; kb0 < KB; kb0 += 8) {
+        const int kb = kb0 + qd;
+        load32(v, x, ld, R, K, row, kb * 128, l);
+        rotate128(v, l);
+        if (kb >= KB) continue;
+        uint8_t* blk = block_at(out, kb, Rp, row);
+        store32(blk, v, inv, row & 127, l);
+        if (l == 0) store_scale(blk, row & 127, amax);
+    }
+}
+
 // rmsnorm_blk_operand: h = f16(rmsnorm(x) * w) and its operand in one launch, a CTA of 8 warps
 // per token (row m < Mp; padding rows give zeros). The row is read once, in rmsnorm.cuh's
 // chunks of 256 (chunk c to warp c % 8, lane l its values 8 l .. 8 l + 7) and summation order,
@@ -343,7 +402,8 @@ constexpr int NORM_CH = 4;   // chunks per warp held in registers: K <= 8 x 4 x 
 
 extern "C" __global__ void __launch_bounds__(256)
 rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, float eps,
-                    __half* __restrict__ h16, uint8_t* __restrict__ Tt, int M, int K, int Mp) {
+                    __half* __restrict__ h16, uint8_t* __restrict__ Tt, int M, int K, int Mp,
+                    int tok) {
     using namespace blkop;
     const int m = blockIdx.x, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const int NC = (K + 255) / 256, KB = (K + 127) / 128;
@@ -362,12 +422,12 @@ rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, fl
 #pragma unroll
     for (int j = 0; j < NORM_CH; ++j) s = rms_chunk_sum(s, v[j]);
     const float scale = rms_finish(s, K, eps);
+    float h[NORM_CH][8], am[NORM_CH];   // the rotated blocks (lanes 16 b .. of chunk j), max |h|
+    float rmax = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_CH; ++j) {
         const int c = wi + 8 * j, k0 = c * 256 + 8 * l;
-        if (c >= NC) break;   // (warp-uniform)
-        float h[8];
-        if (m < M && k0 < K) {
+        if (m < M && c < NC && k0 < K) {
             const float4 wa = *reinterpret_cast<const float4*>(w + k0);
             const float4 wb = *reinterpret_cast<const float4*>(w + k0 + 4);
             const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
@@ -375,24 +435,39 @@ rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, fl
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 hh[e] = __float2half_rn(rms_value(v[j][e], scale, wv[e]));
-                h[e] = __half2float(hh[e]);
+                h[j][e] = __half2float(hh[e]);
             }
             if (h16) *reinterpret_cast<uint4*>(h16 + static_cast<size_t>(m) * K + k0) =
                 *reinterpret_cast<const uint4*>(hh);
         } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) h[e] = 0.f;
+            for (int e = 0; e < 8; ++e) h[j][e] = 0.f;
         }
-        butterfly<0>(h);
-        butterfly<1>(h);
-        butterfly<2>(h);
+        if (c >= NC) continue;   // (warp-uniform)
+        butterfly<0>(h[j]);
+        butterfly<1>(h[j]);
+        butterfly<2>(h[j]);
 #pragma unroll
-        for (int mm = 1; mm < 16; mm <<= 1) butterfly_x(h, l, mm);
-        const float amax = block_amax(h, 8);
-        const int kb = 2 * c + (l >> 4);
-        if (kb >= KB) continue;
+        for (int mm = 1; mm < 16; mm <<= 1) butterfly_x(h[j], l, mm);
+        am[j] = block_amax(h[j], 8);
+        rmax = fmaxf(rmax, am[j]);
+    }
+    if (tok) {   // one scale per token: the max over the row's blocks (lanes, then warps)
+        __shared__ float wmax[8];
+        rmax = fmaxf(rmax, __shfl_xor_sync(0xffffffffu, rmax, 16));
+        if (l == 0) wmax[wi] = rmax;
+        __syncthreads();
+        rmax = wmax[0];
+#pragma unroll
+        for (int i = 1; i < 8; ++i) rmax = fmaxf(rmax, wmax[i]);
+    }
+#pragma unroll
+    for (int j = 0; j < NORM_CH; ++j) {
+        const int c = wi + 8 * j, kb = 2 * c + (l >> 4);
+        if (kb >= KB) break;   // (c >= NC too)
+        const float amax = tok ? rmax : am[j];
         uint8_t* blk = block_at(Tt, kb, Mp, m);
-        store8(blk, m & 127, 8 * (l & 15), pack8(h, q8_inv(amax)));
+        store8(blk, m & 127, 8 * (l & 15), pack8(h[j], q8_inv(amax)));
         if ((l & 15) == 0) store_scale(blk, m & 127, amax);
     }
 }

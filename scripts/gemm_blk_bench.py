@@ -6,8 +6,10 @@ Each row: after a --min-ms pre-roll of back-to-back launches (the board at its p
 the median of 7 CUDA-event-timed batches of 10 launches; ± half the spread of those 7. The
 configs of one shape run interleaved, batch by batch. "blk + prepass" includes the activations'
 operand prepass (part of the path's cost), the other blk rows are the GEMM alone (build
-variants; -DBLK_NOFOLD is a timing build without the folds). attn_output and ffn_down run
-C += (the forward adds them to the residual), qkv C =, gate|up its swiglu epilogue."""
+variants; -DBLK_NOFOLD is a timing build without the folds); "blk per-token" reads a token
+operand with one scale per token (mmq_blk_tok: the fold without its FMUL), as the GEMMs after an
+rmsnorm do (qkv and gate|up only). attn_output and ffn_down run C += (the forward adds them to
+the residual), qkv C =, gate|up its swiglu epilogue."""
 
 import argparse
 
@@ -39,6 +41,7 @@ for M in (int(t) for t in a.tokens.split(",")):
         glu = name == "gate|up"
         h = da.empty(rt, (M, N // 2), np.float16, "h")
         tt = blk_operand(rt, x)
+        tok = blk_operand(rt, x, per_token=True)
 
         acc = name in ("attn_output", "ffn_down")   # C += the residual, as in the forward
 
@@ -50,16 +53,17 @@ for M in (int(t) for t in a.tokens.split(",")):
             else:
                 gemm_f16_nt(x, w16, np.float32, out=out, rt=rt)
 
-        def blk(opts, prepass=False):
+        def blk(opts, prepass=False, x_op=tt):
             def run():
                 if prepass:
-                    blk_operand(rt, x, tt.tt)
-                mmq_blk_linear(rt, tt, wb, M, N, K, h if glu else out, accumulate=acc,
+                    blk_operand(rt, x, x_op.tt, per_token=x_op.per_token)
+                mmq_blk_linear(rt, x_op, wb, M, N, K, h if glu else out, accumulate=acc,
                                build_opts=opts, swiglu=glu)
             return run
 
         cfgs = {"f16": f16, "blk + prepass": blk((), True),
-                **{"blk " + (" ".join(o) or "default"): blk(o) for o in variants}}
+                **{"blk " + (" ".join(o) or "default"): blk(o) for o in variants},
+                **({} if acc else {"blk per-token": blk((), x_op=tok)})}
         for fn in cfgs.values():   # compile, then the pre-roll
             fn()
         rt.synchronize()
@@ -92,3 +96,4 @@ for M in (int(t) for t in a.tokens.split(",")):
             arr.gpudata.free()
         wb.wb.gpudata.free()
         tt.tt.gpudata.free()
+        tok.tt.gpudata.free()

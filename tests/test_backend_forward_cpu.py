@@ -179,7 +179,8 @@ def test_blk_attention_epilogue_writes_the_operand(monkeypatch, tmp_path):
     """--gemm blk at head_dim 128 on sm_90: the attention launch writes attn_output's token
     operand (attn_wg_d128_blk, no f16 o) where the wgmma kernel runs (a chunk of >= 128 rows);
     the final layer's single row takes the f16 attention and the prepass; the norms write
-    their operands themselves, so the plain prepass runs for ffn_down's input alone."""
+    their operands themselves, and ffn_down runs on f16 (blk's f16_kinds), so no plain prepass
+    runs but the last attn_output's."""
     from fake_gpuarray import install
     from synth_data import small_parts, write_small
 
@@ -204,7 +205,8 @@ def test_blk_attention_epilogue_writes_the_operand(monkeypatch, tmp_path):
     entries = [e for _, e in rt.launches]
     assert entries.count("attn_wg_d128_blk") == L - 1 and entries.count("attn_wg_d128") == 0
     assert entries.count("rmsnorm_blk_operand") == 2 * L
-    assert entries.count("blk_operand_f16") == L + 1   # ffn_down's, the last attn_output's
+    assert entries.count("blk_operand_f16") == 1   # the last attn_output's
+    assert sum(e.startswith("mmq_blk") for e in entries) == 3 * L   # qkv, attn_output, gate|up
     # the tuning variant blk:no-fused-prepass: the norm, the attention, one prepass per GEMM
     be = CudaBackend(model, GemmChoice("blk", frozenset({"fused-prepass"})), rt=rt,
                      max_tokens=128, ubatch=64, warmup=False, graphs=False)
@@ -212,4 +214,45 @@ def test_blk_attention_epilogue_writes_the_operand(monkeypatch, tmp_path):
     be.forward_device(np.arange(64, dtype=np.int32) % 200, 0)
     entries = [e for _, e in rt.launches]
     assert "rmsnorm_blk_operand" not in entries and "attn_wg_d128_blk" not in entries
-    assert entries.count("attn_wg_d128") == L - 1 and entries.count("blk_operand_f16") == 4 * L
+    assert entries.count("attn_wg_d128") == L - 1 and entries.count("blk_operand_f16") == L
+    assert entries.count("blk_operand_f16_tok") == 2 * L   # the inputs of q|k|v and gate|up
+
+
+def test_blk_token_scales_go_to_the_gemms_after_a_norm(monkeypatch, tmp_path):
+    """On blk the GEMMs after an rmsnorm (q|k|v, gate|up) read a per-token operand through the
+    mmq_blk_tok entries, attn_output a per-(token, 128) one through mmq_blk, ffn_down runs on
+    f16; the tuning variant blk:no-token-scale runs mmq_blk everywhere, blk:no-exact-down
+    ffn_down too (a per-(token, 128) operand)."""
+    from fake_gpuarray import install
+    from synth_data import small_parts, write_small
+
+    from minfer.cuda.runtime import devarray
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.loader import load_model
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    model = load_model(write_small(tmp_path / "hd128.gguf",
+                                   *small_parts(seed=1, d_model=256, n_heads=2, n_kv_heads=1)))
+    L = model.config.n_layers
+    rt = FakeRT("sm_90")
+    for off, tok in ((frozenset(), True), (frozenset({"token-scale", "exact-down"}), False)):
+        be = CudaBackend(model, GemmChoice("blk", off), rt=rt, max_tokens=128, ubatch=64,
+                         warmup=False, graphs=False)
+        forms = {n.split(".")[-2]: be.lin[n].activation for n in be.lin}
+        want = "blk-operand-tok" if tok else "blk-operand"
+        assert all(forms[k] == want for k in ("attn_q", "attn_k", "attn_v", "ffn_gate",
+                                              "ffn_up")), forms
+        assert forms["attn_output"] == "blk-operand"
+        assert forms["ffn_down"] == ("none" if tok else "blk-operand")
+        rt.launches.clear()
+        be.forward_device(np.arange(64, dtype=np.int32) % 200, 0)
+        entries = [e for _, e in rt.launches]
+        assert entries.count("mmq_blk_tok_swiglu") == (L if tok else 0)
+        assert entries.count("mmq_blk_swiglu") == (0 if tok else L)
+        assert entries.count("mmq_blk_acc") == (1 if tok else 2) * L
+        assert "mmq_blk_tok_acc" not in entries
+        assert (entries.count("mmq_blk_tok") > 0) == tok

@@ -57,18 +57,23 @@ class _Rt:
 
 
 def test_routes_auto_memory_tiers(tiny):
-    """auto: f16 when its plan fits the free memory with the margin, else blk (sm_90), the
-    mixed wide tier, the wide int8 kernels; each tier's need is the backend's whole plan for
+    """auto: f16 when its plan fits the free memory with the margin, else blk (sm_90; ffn_down
+    on f16), blk-all (ffn_down too), the mixed wide tier, the wide int8 kernels; each tier's need is the backend's whole plan for
     its routes (tests/test_memory_plan.py checks the arithmetic)."""
     from minfer.cuda.plan.memory import MARGIN
     from minfer.cuda.plan.routes import plan_tiers
 
     need = plan_tiers(tiny, GemmChoice(), _Rt(sms=1), 64, 64).tiers
-    assert list(need) == ["f16", "blk", "mix-int8", "int8"]
-    for free, want in ((need["f16"] + MARGIN, set()), (need["blk"] + MARGIN, {"blk"}),
-                       (need["int8"] + MARGIN, {"wide-kd4"}), (0, {"wide-kd4"})):
+    assert list(need) == ["f16", "blk", "blk-all", "mix-int8", "int8"]
+    assert need["blk-all"] < need["blk"] < need["f16"]
+    for free, want, down in ((need["f16"] + MARGIN, set(), "f16"),
+                             (need["blk"] + MARGIN, {"blk"}, "f16"),
+                             (need["blk-all"] + MARGIN, {"blk"}, "blk"),
+                             (need["int8"] + MARGIN, {"wide-kd4"}, "wide-kd4"),
+                             (0, {"wide-kd4"}, "wide-kd4")):
         r = plan_routes(tiny, GemmChoice(), _Rt(free=free, sms=1), 64, max_tokens=64)
         assert {p for p, _ in r.values()} - {"f16"} == want, (free, want)
+        assert r["blk.0.ffn_down.weight"][0] == down, (free, down)
     # off sm_90 there is no blk tier: the mixed wide tier is next to f16
     off = plan_tiers(tiny, GemmChoice(), _Rt("sm_86", sms=1), 64, 64).tiers
     assert list(off) == ["f16", "mix-int8", "int8"]

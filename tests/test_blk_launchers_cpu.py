@@ -1,7 +1,7 @@
 """The launchers of the blk token operand's fused forms without a GPU (a recording fake runtime
 and devarray's stand-in arrays): the attention epilogue's operand (attention(operand=, o_out=))
-and the rmsnorm's (blk_operand_rmsnorm): what they launch, and what they refuse before
-launching anything."""
+and the rmsnorm's (blk_operand_rmsnorm), per block or per token: what they launch, and what they
+refuse before launching anything; which GEMM entry each operand form takes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from fake_gpuarray import install
 
 from minfer.cuda.ops.attention import attention, operand_fuses
-from minfer.cuda.ops.mmq_blk import NORM_MAX_K, blk_operand_rmsnorm
+from minfer.cuda.ops.mmq_blk import (NORM_MAX_K, BlkTokens, BlkWeight, blk_operand,
+                                     blk_operand_rmsnorm, mmq_blk_linear)
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
 from minfer.quants.blk_ref import BLK_OP, kblocks, pad128
@@ -26,6 +27,12 @@ class FakeRT:
 
     def function(self, name, entry, options=(), dyn_smem=0):
         return name, entry
+
+    def alloc(self, nbytes, what):
+        return np.uintp(0xE00000)
+
+    def workspace(self, what, nbytes, zeroed):   # (stream-K's partials and flags)
+        return np.uintp(0xF00000), np.uintp(0xF80000)
 
     def launch(self, fn, grid, block, args, smem=0, stream=None):
         self.launches.append((fn, grid, [int(x) for x in args]))
@@ -83,9 +90,45 @@ def test_rmsnorm_operand_launch_and_refusals():
     assert (got.M, got.K) == (M, K)
     (fn, grid, args), = rt.launches
     assert fn == ("mmq_blk", "rmsnorm_blk_operand") and grid == (256,)   # a CTA per token row
-    assert args[3] == 0 and args[-3:] == [M, K, 256]                     # no h16
+    assert args[3] == 0 and args[-4:] == [M, K, 256, 0]                  # no h16, per block
+    assert not got.per_token
+    got = blk_operand_rmsnorm(rt, x, w, 1e-5, tt, per_token=True)
+    assert got.per_token and rt.launches[-1][2][-1] == 1
     for bad in ((4, NORM_MAX_K + 256), (4, 100)):
         with pytest.raises(GPUError, match="K a multiple of 8 up to 8192"):
             blk_operand_rmsnorm(rt, da.view(0x100000, bad, F32), da.view(0x200000, bad[1:], F32),
                                 1e-5)
-    assert len(rt.launches) == 1
+    assert len(rt.launches) == 2
+
+
+def test_per_token_operand_picks_its_prepass_and_gemm_entries():
+    """A per-token operand: blk_operand_f16_tok (a warp per row), then the mmq_blk_tok entries
+    (C =, swiglu; no C +=), a per-block operand the mmq_blk ones (C =, C +=, swiglu)."""
+    rt = FakeRT()
+    M, N, K = 130, 256, 576
+    x16 = da.view(0x100000, (M, K), F16)
+    tt = da.view(0x800000, (kblocks(K), pad128(M) // 128, BLK_OP), U8)
+    op = blk_operand(rt, x16, tt, per_token=True)
+    (fn, grid, args), = rt.launches
+    assert fn == ("mmq_blk", "blk_operand_f16_tok") and grid == (pad128(M) // 8,)
+    assert op.per_token and args[2:5] == [M, K, pad128(M)]
+    blk_operand(rt, x16, tt)
+    assert rt.launches[-1][0] == ("mmq_blk", "blk_operand_f16")
+    w = BlkWeight(da.view(0x900000, (kblocks(K), N // 128, BLK_OP), U8), N, K)
+    out = da.view(0xA00000, (M, N), F32)
+    for per_token, entry in ((True, "mmq_blk_tok"), (False, "mmq_blk")):
+        x = BlkTokens(tt, M, K, per_token)
+        rt.launches.clear()
+        mmq_blk_linear(rt, x, w, M, N, K, out)
+        if per_token:
+            with pytest.raises(GPUError, match="per-token"):
+                mmq_blk_linear(rt, x, w, M, N, K, out, accumulate=True)
+        else:
+            mmq_blk_linear(rt, x, w, M, N, K, out, accumulate=True)
+        mmq_blk_linear(rt, x, w, M, N, K, da.view(0xA00000, (M, N // 2), F16), swiglu=True)
+        want = [entry, entry + "_swiglu"] if per_token else [entry, entry + "_acc",
+                                                              entry + "_swiglu"]
+        assert [f[1] for f, _, _ in rt.launches] == want
+    rt.launches.clear()
+    mmq_blk_linear(rt, x16, w, M, N, K, out, per_token=True)   # the operand made here
+    assert [f[1] for f, _, _ in rt.launches] == ["blk_operand_f16_tok", "mmq_blk_tok"]

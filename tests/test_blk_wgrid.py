@@ -101,7 +101,8 @@ def test_agrid_grids(monkeypatch):
 
 
 def test_agrid_patch_routes_the_reference(tmp_path, monkeypatch):
-    """blk_agrid.patch('norm') changes exactly the reference's GEMMs after a norm."""
+    """blk_agrid.patch('norm:rot256') changes exactly the reference's GEMMs after a norm (whose
+    per-token grid with 128-point rotations is the kernel's own)."""
     from synth_data import small_parts, write_small
 
     from minfer.loader import load_model
@@ -116,7 +117,7 @@ def test_agrid_patch_routes_the_reference(tmp_path, monkeypatch):
          "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")))
     ids = np.arange(12, dtype=np.int32) % 200
     base = ReferenceBackend(model, blk_inputs=names).forward(ids, 0)
-    ag.patch("norm")
+    ag.patch("norm:rot256")
     be = ReferenceBackend(model, blk_inputs=names)
     got = be.forward(ids, 0)
     assert np.isfinite(got).all() and not np.array_equal(got, base)

@@ -44,7 +44,10 @@ def test_emulated_weights_follow_the_gpu_routes(tiny):
     alone = {n for n in kq if ".attn_v." in n and model.tensors[n].qtype != model.tensors[
         n.replace("attn_v", "attn_q")].qtype}
     assert alone and emulated_weights(model, "q8_1") == kq - alone
-    assert emulated_weights(model, "blk") == emulated_weights(model, "blk256") == linear
+    # blk leaves ffn_down to f16 (paths.GemmPath.f16_kinds)
+    down = {n for n in linear if ".ffn_down." in n}
+    assert down and emulated_weights(model, "blk") == emulated_weights(model, "blk256") == \
+        linear - down
     assert emulated_weights(model, "q8_1-all") == linear   # the q8_1 grid on every GEMM
     for g in ("q8_1", "q8_1-all", "blk"):
         assert model.output_name not in emulated_weights(model, g)
@@ -52,7 +55,7 @@ def test_emulated_weights_follow_the_gpu_routes(tiny):
 
 def test_plain_types_take_only_blk(tmp_path):
     """Q8_0 / F16 weights (the 2-layer small model, K = 64 or 128): no q8_1 kernel takes
-    them; blk takes every one (any type, K % 32 == 0)."""
+    them; blk takes every one (any type, K % 32 == 0) but ffn_down (f16 for accuracy)."""
     from minfer.loader import load_model
     from minfer.reference.emulate import emulated_weights
     from synth_data import small_parts, write_small
@@ -60,7 +63,8 @@ def test_plain_types_take_only_blk(tmp_path):
     model = load_model(write_small(tmp_path / "small.gguf", *small_parts(seed=2, tied=False)))
     linear = {n for n, t in model.tensors.items() if len(t.shape) == 2 and "blk." in n}
     assert emulated_weights(model, "q8_1") == frozenset()
-    assert emulated_weights(model, "blk") == linear and len(linear) == 14
+    down = {n for n in linear if ".ffn_down." in n}
+    assert emulated_weights(model, "blk") == linear - down and len(linear) == 14
     assert emulated_weights(model, "q8_1-all") == linear
 
 

@@ -89,7 +89,7 @@ def test_plan_tiers_on_a_model(tiny):
     from minfer.cuda.plan.routes import plan_routes, plan_tiers
 
     p = plan_tiers(tiny, GemmChoice(), _Rt(None), 64, 64)
-    assert list(p.tiers) == ["f16", "blk", "mix-int8", "int8"] and p.chosen == "f16"
+    assert list(p.tiers) == ["f16", "blk", "blk-all", "mix-int8", "int8"] and p.chosen == "f16"
     t = p.tiers
     assert t["f16"] > t["blk"] and t["f16"] > t["mix-int8"] > t["int8"]
     for tier in t:

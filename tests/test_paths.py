@@ -53,7 +53,7 @@ def test_choose_path_explicit():
 
 
 def test_choose_path_auto_tiers():
-    assert auto_tiers("sm_90") == ("f16", "blk", "mix-int8", "int8")
+    assert auto_tiers("sm_90") == ("f16", "blk", "blk-all", "mix-int8", "int8")
     assert auto_tiers("sm_86") == ("f16", "mix-int8", "int8")
     assert {t.path for t in TIERS.values()} <= set(TABLE)
     assert choose_path(12, "sm_90", SHAPE).path.name == "f16"
@@ -62,6 +62,18 @@ def test_choose_path_auto_tiers():
     assert choose_path(12, "sm_90", (1, 4096, 4096), tier="blk").path.name == "f16"  # LM head
     assert choose_path(14, "sm_90", SHAPE, tier="int8").path.name == "wide-kd4"
     assert choose_path(8, "sm_90", SHAPE, tier="int8").path.name == "f16"
+
+
+def test_blk_leaves_ffn_down_to_f16():
+    """blk runs ffn_down on f16 (its int8 grid costs most of the path's KL divergence) unless
+    the tuning variant no-exact-down or auto's memory tier blk-all says otherwise."""
+    r = choose_path(12, "sm_90", SHAPE, "blk", kind="ffn_down")
+    assert (r.path.name, r.why) == ("f16", "ffn_down: f16 for accuracy")
+    assert choose_path(12, "sm_90", SHAPE, "blk", kind="ffn_gate").path.name == "blk"
+    assert choose_path(12, "sm_90", SHAPE, "blk", kind="ffn_down", exact=False).path.name == "blk"
+    assert choose_path(12, "sm_90", SHAPE, tier="blk", kind="ffn_down").path.name == "f16"
+    assert choose_path(12, "sm_90", SHAPE, tier="blk-all", kind="ffn_down").path.name == "blk"
+    assert choose_path(12, "sm_90", SHAPE, "wide-kd4", kind="ffn_down").path.name == "wide-kd4"
 
 
 @pytest.mark.parametrize("tier,path", [("mix-int8", "wide-kd4")])

@@ -145,7 +145,7 @@ class CudaBackend:
         self.groups = [{k: plan_groups(model, self.fused, i, k) for k in ("attn", "ffn")}
                        for i in range(c.n_layers)]
         # each linear weight's route object (minfer.cuda.plan.linear): prepass, launch, epilogues
-        self.lin = {n: make_route(p, model.tensor(n).qtype, self.gcfg)
+        self.lin = {n: make_route(p, model.tensor(n).qtype, self.gcfg, n)
                     for n, (p, _) in self.routes.items()}
         plan = self._plan()
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
@@ -226,6 +226,8 @@ class CudaBackend:
         kinds = {self.lin[n].activation for n in names} - {"none"}
         if not kinds:
             return None
+        if len({SCRATCH[k] for k in kinds}) < len(kinds):   # (plan-time invariant: one form)
+            raise AssertionError(f"{names}: forms {sorted(kinds)} would share one scratch")
         with self._op("prepass"):
             return {k: PREPASS[k](self.rt, A, getattr(self.buf, SCRATCH[k])) for k in kinds}
 

@@ -13,6 +13,13 @@ weight's scale carries the rotation's 1/128. A single scale per weight row would
 kernel an FMUL per value and stage, but that grid is most of the path's KL divergence on
 SmolLM2 and fails gate 6 (docs/perplexity.md; `per_row` here emulates it).
 
+The GEMMs after an rmsnorm (token_scaled: attn_q, attn_k, attn_v, ffn_gate, ffn_up) take their
+activations with one scale per token instead (the max over all its rotated blocks, the same
+value in every block's slot): the kernel's fold then skips the FMUL of sa (mmq_blk_tok, sa
+applied once at the end), for a small cost in accuracy (gate 6 still passes: docs/blk.md).
+attn_output's and ffn_down's inputs keep a scale per block: attention writes a head's block at
+a time, and the swiglu output's blocks differ most.
+
 Operand, one block per (128-K block, 128-row tile), `BLK_OP` bytes: the tile's image as the
 wgmma reads it (128 rows x 128 int8, 128-byte swizzle: the 16-byte chunk c of row r at
 r * 128 + (c ^ (r % 8)) * 16), then the 128 rows' f32 scales; rows past the matrix are zero:
@@ -29,6 +36,17 @@ import numpy as np
 BK = 128                      # K per block (and per kernel stage)
 BLK_IMG = 128 * BK            # a tile's image
 BLK_OP = BLK_IMG + 128 * 4    # + its rows' f32 scales
+
+
+# the GEMM inputs the rmsnorm makes: one activation scale per token (a weight name's kind)
+TOKEN_SCALED = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
+
+
+def token_scaled(name: str) -> bool:
+    """Whether the blk GEMM of weight `name` ('blk.3.ffn_up.weight') reads its activations with
+    one scale per token (else one per (token, 128))."""
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-2] in TOKEN_SCALED
 
 
 def kblocks(K: int, block: int = BK) -> int:
@@ -77,16 +95,21 @@ def _rotated(x: np.ndarray, block: int = BK) -> np.ndarray:
     return fwht128(xp.reshape(R, KB, block), block)
 
 
-def quantize_blk(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def quantize_blk(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False,
+                 per_token: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """x [R, K] -> (q int8 [R, KB * block], s f32 [R, KB]): the rotated blocks' values and
     their scales; weight: the scales times 1 / block (the rotation's; 1/128 in the kernel).
     block: 128 (the kernel); 256 only for the CPU emulation's experiment (`--emulate blk256`).
-    per_row (with weight; the CPU emulation of a rejected design): one scale per row, s [R]."""
+    per_row (with weight; the CPU emulation of a rejected design): one scale per row, s [R].
+    per_token (activations): one scale per row over all its blocks, s [R, KB] with equal columns
+    (the operand stores it in every block)."""
     y = _rotated(x, block)
     R, KB = y.shape[:2]
     per_row = per_row and weight
-    amax = np.abs(y).max(axis=(1, 2) if per_row else -1)
+    if per_token and not weight:
+        amax = np.broadcast_to(np.abs(y).max(axis=(1, 2))[:, None], (R, KB))
+    else:
+        amax = np.abs(y).max(axis=(1, 2) if per_row else -1)
     s = amax / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
@@ -146,22 +169,23 @@ def blk_gemm(qa: np.ndarray, sa: np.ndarray, qw: np.ndarray, sw: np.ndarray) -> 
     return y
 
 
-def blk_linear_ref(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+def blk_linear_ref(x: np.ndarray, w: np.ndarray, per_token: bool = False) -> np.ndarray:
     """The blk path's oracle: x [M, K] (its f16 values), w f32/f16 [N, K] (the dequantized
-    weight, f16 as the GPU holds it) -> float64 [M, N]."""
-    qa, sa = quantize_blk(x)
+    weight, f16 as the GPU holds it) -> float64 [M, N]; per_token: x's operand as
+    quantize_blk's."""
+    qa, sa = quantize_blk(x, per_token=per_token)
     qw, sw = quantize_blk(w, weight=True)
     return blk_gemm(qa, sa, qw, sw)
 
 
-def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False
-             ) -> np.ndarray:
+def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False,
+             per_token: bool = False) -> np.ndarray:
     """x [R, K] -> f32 [R, K]: the values the blk path sees, rotated back (x_hat = q s H / 128;
     weight: the weight grid), so that x_hat @ w_hat.T equals blk_gemm up to f32 rounding: how
-    the CPU reference emulates the path. block, per_row: as quantize_blk."""
+    the CPU reference emulates the path. block, per_row, per_token: as quantize_blk."""
     x = np.asarray(x)
     R, K = x.shape
-    q, s = quantize_blk(x, weight=weight, block=block, per_row=per_row)
+    q, s = quantize_blk(x, weight=weight, block=block, per_row=per_row, per_token=per_token)
     KB = kblocks(K, block)
     if weight:
         s = s * np.float32(block)
@@ -171,5 +195,5 @@ def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool
     return np.ascontiguousarray(back.reshape(R, KB * block)[:, :K])
 
 
-__all__ = ["BK", "BLK_IMG", "BLK_OP", "kblocks", "pad128", "blk_bytes", "fwht128", "quantize_blk",
+__all__ = ["BK", "BLK_IMG", "BLK_OP", "TOKEN_SCALED", "token_scaled", "kblocks", "pad128", "blk_bytes", "fwht128", "quantize_blk",
            "blk_operand", "blk_unoperand", "blk_gemm", "blk_linear_ref", "blk_grid"]

@@ -29,7 +29,8 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   gate's tau measures the kernels, not the (intended) q8_1 grid.
 - blk_inputs: names of weights on the block path: the weight requantized and the activation
   rounded through its rotated int8 grids (minfer.quants.blk_ref.blk_grid), what `minfer check`
-  and the KL-divergence emulation compare it with; blk_block: its rotation and activation
+  and the KL-divergence emulation compare it with (one activation scale per token on the GEMMs
+  after an rmsnorm: blk_ref.token_scaled, as the kernel); blk_block: its rotation and activation
   scale block (128: the kernel; 256: an experiment, minfer.reference.emulate).
 Both off and dtype=float64 is the oracle mode.
 
@@ -191,10 +192,11 @@ class ReferenceBackend:
             x = dequantize_q8_1_raw(quantize_q8_1_raw(x.astype(np.float32)), x.shape[-1])
             x = x.astype(self.dtype, copy=False)
         elif name in self.blk_inputs:  # the block path's grid: rotated int8 per 128 values
-            from minfer.quants.blk_ref import blk_grid
+            from minfer.quants.blk_ref import blk_grid, token_scaled
 
-            x = blk_grid(x.reshape(-1, x.shape[-1]), block=self.blk_block).reshape(
-                x.shape).astype(self.dtype, copy=False)
+            x = blk_grid(x.reshape(-1, x.shape[-1]), block=self.blk_block,
+                         per_token=token_scaled(name)).reshape(x.shape).astype(self.dtype,
+                                                                               copy=False)
         y = x @ self.weight(name).T
         bias = name[: -len(".weight")] + ".bias"
         if bias in self.model.tensors:

@@ -1,7 +1,8 @@
 """The block-scaled int8 path on the device (sm_90 only; skips elsewhere): the token and weight
 operands bit-identical to their numpy twins (minfer.quants.blk_ref), the GEMM's parity against
 its float64 twin on ragged M, N, K (= and +=, the swiglu epilogue, whole tiles and stream-K,
-both fold builds, a bitwise second launch)."""
+both fold builds, a bitwise second launch), with one activation scale per (token, 128) and per
+token (the mmq_blk_tok entries)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ def _x(rng, M, K):
     return x
 
 
-@pytest.mark.parametrize("M,K", [(1, 128), (77, 576), (130, 1000), (300, 4096)])
-def test_blk_operands_bitwise(hopper, same_bytes, M, K):
+@pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("M,K", [(1, 128), (77, 576), (130, 1000), (300, 4096), (9, 2944)])
+def test_blk_operands_bitwise(hopper, same_bytes, M, K, per_token):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight
     from minfer.cuda.runtime import devarray as da
     from minfer.quants.blk_ref import blk_operand as op_ref, quantize_blk
@@ -28,15 +30,17 @@ def test_blk_operands_bitwise(hopper, same_bytes, M, K):
     rt = hopper
     rng = np.random.default_rng(M + K)
     x = _x(rng, M, K)
-    got = blk_operand(rt, da.to_device(rt, x))
-    assert same_bytes(got.tt, op_ref(*quantize_blk(x)))
+    got = blk_operand(rt, da.to_device(rt, x), per_token=per_token)
+    assert got.per_token == per_token
+    assert same_bytes(got.tt, op_ref(*quantize_blk(x, per_token=per_token)))
     w = (rng.standard_normal((M, K)) * 0.05).astype(np.float16)
     gw = blk_weight(rt, da.to_device(rt, w))
     assert same_bytes(gw.wb, op_ref(*quantize_blk(w, weight=True)))
 
 
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("M,K", [(77, 576), (130, 4096), (1, 8192), (3, 1000)])
-def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K):
+def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K, per_token):
     """The rmsnorm + blk operand launch writes exactly the bytes of rmsnorm into f16 followed by
     blk_operand (and the twin's), and h16 when asked: the bits of rmsnorm's f16 output."""
     from minfer.cuda.ops.layers import rmsnorm
@@ -54,22 +58,24 @@ def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K):
     xd, wd = da.to_device(rt, x), da.to_device(rt, w)
     h16 = da.empty(rt, (M, K), np.float16)
     rmsnorm(rt, h16, xd, wd, 1e-5)
-    want = blk_operand(rt, h16).tt.get()
-    got = blk_operand_rmsnorm(rt, xd, wd, 1e-5)
-    assert isinstance(got, BlkTokens) and (got.M, got.K) == (M, K) and same_bytes(got.tt, want)
+    want = blk_operand(rt, h16, per_token=per_token).tt.get()
+    got = blk_operand_rmsnorm(rt, xd, wd, 1e-5, per_token=per_token)
+    assert isinstance(got, BlkTokens) and (got.M, got.K, got.per_token) == (M, K, per_token)
+    assert same_bytes(got.tt, want)
     hout = da.to_device(rt, np.full((M, K), np.nan, np.float16))
-    got2 = blk_operand_rmsnorm(rt, xd, wd, 1e-5, h16=hout)
+    got2 = blk_operand_rmsnorm(rt, xd, wd, 1e-5, h16=hout, per_token=per_token)
     assert same_bytes(got2.tt, want) and same_bytes(hout, h16.get())
     href = ops.rmsnorm(x, w, 1e-5).astype(np.float16)
-    assert same_bytes(got.tt, op_ref(*quantize_blk(href)))
+    assert same_bytes(got.tt, op_ref(*quantize_blk(href, per_token=per_token)))
 
 
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("M,N,K,sms,opts", [
     (77, 333, 576, None, ()), (1, 16, 128, None, ()), (129, 200, 1000, 3, ()),
     (300, 1024, 4096, 5, ()), (512, 640, 2048, 7, ("-DBLK_FOLD=1",)),
     (65, 129, 768, 2, ("-DBLK_FOLD=1",)), (256, 512, 4096, None, ("-DBLK_STAGES=4",)),
     (200, 384, 2048, None, ("-DBLK_GROUP=8",))])
-def test_blk_parity(hopper, M, N, K, sms, opts):
+def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da
     from minfer.quants.blk_ref import blk_gemm, quantize_blk
@@ -78,9 +84,9 @@ def test_blk_parity(hopper, M, N, K, sms, opts):
     rng = np.random.default_rng(M + N + K)
     x = _x(rng, M, K)
     w = (rng.standard_normal((N, K)) * 0.05).astype(np.float16)
-    ref = blk_gemm(*quantize_blk(x), *quantize_blk(w, weight=True))
+    ref = blk_gemm(*quantize_blk(x, per_token=per_token), *quantize_blk(w, weight=True))
     wb = blk_weight(rt, da.to_device(rt, w))
-    tt = blk_operand(rt, da.to_device(rt, x))
+    tt = blk_operand(rt, da.to_device(rt, x), per_token=per_token)
     outs = []
     for _ in range(2):
         out = da.to_device(rt, np.full((M, N), np.nan, np.float32))
@@ -89,14 +95,17 @@ def test_blk_parity(hopper, M, N, K, sms, opts):
     assert np.isfinite(outs[0]).all() and np.array_equal(outs[0], outs[1])
     assert np.linalg.norm(outs[0] - ref) / np.linalg.norm(ref) < 1e-5
     assert np.abs(outs[0] - ref).max() / np.abs(ref).max() < 1e-4
+    if per_token:   # (no C += entry: no GEMM after a norm adds to C)
+        return
     base = rng.standard_normal((M, N)).astype(np.float32)
     acc = da.to_device(rt, base)
     mmq_blk_linear(rt, tt, wb, M, N, K, acc, accumulate=True, sms=sms, build_opts=opts)
     assert np.linalg.norm(acc.get() - base - ref) / np.linalg.norm(ref) < 1e-5
 
 
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("M,F,K,sms", [(77, 256, 576, None), (200, 512, 1024, 3)])
-def test_blk_swiglu(hopper, M, F, K, sms):
+def test_blk_swiglu(hopper, M, F, K, sms, per_token):
     """The swiglu epilogue (gate|up rows interleaved per 16) against the plain product's swiglu."""
     from minfer.cuda.ops.mmq_blk import blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da
@@ -107,14 +116,14 @@ def test_blk_swiglu(hopper, M, F, K, sms):
     rng = np.random.default_rng(F + K)
     x = _x(rng, M, K)
     w = (rng.standard_normal((2 * F, K)) * 0.05).astype(np.float16)[glu_rows(F)]
-    y = blk_gemm(*quantize_blk(x), *quantize_blk(w, weight=True))
+    y = blk_gemm(*quantize_blk(x, per_token=per_token), *quantize_blk(w, weight=True))
     inv = np.argsort(glu_rows(F))
     y = y[:, inv]
     g, u = y[:, :F], y[:, F:]
     ref = g / (1 + np.exp(-g)) * u
     out = da.to_device(rt, np.full((M, F), np.nan, np.float16))
     mmq_blk_linear(rt, da.to_device(rt, x), blk_weight(rt, da.to_device(rt, w)), M, 2 * F, K,
-                   out, swiglu=True, sms=sms)
+                   out, swiglu=True, sms=sms, per_token=per_token)
     got = out.get().astype(np.float64)
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
@@ -171,3 +180,4 @@ def test_fused_operands_give_the_unfused_logits(hopper, tmp_path):
     plain = B.CudaBackend(model, GemmChoice("blk", frozenset({"fused-prepass"})), max_tokens=96,
                           ubatch=96).forward(ids, 0)
     assert np.all(np.isfinite(fused)) and np.array_equal(fused, plain)
+

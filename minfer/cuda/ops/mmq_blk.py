@@ -4,7 +4,8 @@ minfer.quants.blk_ref):
     y[M, N] (f32) = blk(x)[M, K] @ blk(W)[N, K].T
 
 x and W are rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8
-with one f32 scale per (row, 128 of K) (1.03 B per weight on the GPU). `blk_weight`
+with one f32 scale per (row, 128 of K) (1.03 B per weight on the GPU), or, for a token operand
+made `per_token`, one scale per token (the GEMM's fold is shorter: mmq_blk_tok). `blk_weight`
 requantizes an f16 weight on the GPU at load, `blk_operand` the f16 activations before each
 GEMM (one launch: the same kernel; `blk_operand_rmsnorm` makes it from the residual in the
 rmsnorm's launch), `mmq_blk_linear` runs the GEMM: wgmma s8,
@@ -52,10 +53,12 @@ class BlkWeight(da.DeviceArrays):
 
 @dataclass(frozen=True)
 class BlkTokens:
-    """mmq_blk's token operand of an activation [M, K]: tt uint8 [KB, Mp/128, BLK_OP]."""
+    """mmq_blk's token operand of an activation [M, K]: tt uint8 [KB, Mp/128, BLK_OP];
+    per_token: one scale per token (in every block's slot), read by the mmq_blk_tok entries."""
     tt: object
     M: int
     K: int
+    per_token: bool = False
 
 
 def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
@@ -68,11 +71,15 @@ def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
     return BlkWeight(wb, N, K)
 
 
-def _launch_operand(rt, x16, R: int, K: int, out, smul: float) -> None:
+def _launch_operand(rt, x16, R: int, K: int, out, smul: float, per_token: bool = False) -> None:
+    args = (da.arg(x16), np.int64(K), np.int32(R), np.int32(K), np.int32(pad128(R)), da.arg(out))
+    if per_token:   # a warp per row
+        rt.launch(rt.function("mmq_blk", "blk_operand_f16_tok", _OPTS), (pad128(R) // 8,),
+                  (256,), args)
+        return
     quads = pad128(R) * kblocks(K)   # four lanes per (row, 128-K block)
     rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((quads + 63) // 64,), (256,),
-              (da.arg(x16), np.int64(K), np.int32(R), np.int32(K), np.int32(pad128(R)),
-               da.arg(out), np.float32(smul)))
+              (*args, np.float32(smul)))
 
 
 def _token_out(rt, what: str, M: int, K: int, tt):
@@ -84,22 +91,25 @@ def _token_out(rt, what: str, M: int, K: int, tt):
     return tt
 
 
-def blk_operand(rt, x16, tt=None) -> BlkTokens:
-    """x f16 [M, K] -> BlkTokens (into tt, uint8 [KB, Mp/128, BLK_OP], if given)."""
+def blk_operand(rt, x16, tt=None, per_token: bool = False) -> BlkTokens:
+    """x f16 [M, K] -> BlkTokens (into tt, uint8 [KB, Mp/128, BLK_OP], if given); per_token:
+    one scale per token (blk_operand_f16_tok)."""
     M, K = _check_f16("blk_operand", x16)
     tt = _token_out(rt, "blk_operand", M, K, tt)
-    _launch_operand(rt, x16, M, K, tt, 1.0)
-    return BlkTokens(tt, M, K)
+    _launch_operand(rt, x16, M, K, tt, 1.0, per_token)
+    return BlkTokens(tt, M, K, per_token)
 
 
 NORM_MAX_K = 8 * 4 * 256   # rmsnorm_blk_operand: 8 warps x NORM_CH (4) chunks of 256
 
 
-def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None) -> BlkTokens:
+def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None, per_token: bool = False
+                        ) -> BlkTokens:
     """The token operand of h = f16(rmsnorm(x) * w) in one launch (rmsnorm_blk_operand, a CTA
     per token): bit-identical to layers.rmsnorm into f16, then blk_operand. x f32 [M, K] (K % 8
     == 0, K <= NORM_MAX_K), w f32 [K]; h16 f16 [M, K], when given, receives h too (the input of
-    GEMMs on other routes); into tt (uint8 [KB, Mp/128, BLK_OP]) if given."""
+    GEMMs on other routes); into tt (uint8 [KB, Mp/128, BLK_OP]) if given; per_token: one
+    scale per token (as blk_operand's)."""
     what = "blk_operand_rmsnorm"
     da.check(f"{what} x", x, (None, None), np.float32, align=16, require_contiguous=True)
     M, K = x.shape
@@ -113,15 +123,15 @@ def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None) -> BlkTokens:
     rt.launch(rt.function("mmq_blk", "rmsnorm_blk_operand", _OPTS), (pad128(M),), (256,),
               (da.arg(x), da.arg(w), np.float32(eps),
                np.uintp(0) if h16 is None else da.arg(h16), da.arg(tt), np.int32(M),
-               np.int32(K), np.int32(pad128(M))))
-    return BlkTokens(tt, M, K)
+               np.int32(K), np.int32(pad128(M)), np.int32(per_token)))
+    return BlkTokens(tt, M, K, per_token)
 
 
 def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate: bool = False,
                    build_opts: tuple = (), stream_k: bool = True, sms: int | None = None,
-                   swiglu: bool = False) -> None:
-    """out f32 [M, N] (= or +=) blk(x) @ blk(W).T; x: BlkTokens or f16 [M, K] (its operand made
-    here). swiglu: W's rows interleaved per 16 (quants.glu.glu_rows) and out f16 [M, N/2] =
+                   swiglu: bool = False, per_token: bool = False) -> None:
+    """out f32 [M, N] (= or +=) blk(x) @ blk(W).T; x: BlkTokens (its per_token picks the
+    mmq_blk_tok entries) or f16 [M, K] (its operand made here, per_token as blk_operand's). swiglu: W's rows interleaved per 16 (quants.glu.glu_rows) and out f16 [M, N/2] =
     f16(silu(gate) * up) from the epilogue. stream_k: split the ragged last waves' tiles by k
     (tuning variant no-stream-k); sms: at most this many SMs; build_opts: nvcc -D options
     (-DBLK_FOLD=1, -DBLK_GROUP=N, -DBLK_STAGES=N)."""
@@ -141,13 +151,16 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
         if (x.M, x.K) != (M, K):
             raise GPUError(f"mmq_blk_linear: a token operand of [{x.M}, {x.K}] for "
                            f"[{M}, {N}, {K}]")
-        tt = x.tt
     else:
         da.check("mmq_blk_linear x", x, (M, K), np.float16)
-        tt = blk_operand(rt, x).tt
+        x = blk_operand(rt, x, per_token=per_token)
+    if x.per_token and accumulate:   # (no GEMM after a norm adds to C: no such entry)
+        raise GPUError("mmq_blk_linear: a per-token operand has no C += entry")
+    tt = x.tt
     da.check("mmq_blk_linear tt", tt, blk_shape(M, K), np.uint8, align=16)
     tiles = -(-M // BM) * -(-N // BN)
-    entry = "mmq_blk" + ("_acc" if accumulate else "_swiglu" if swiglu else "")
+    entry = ("mmq_blk_tok" if x.per_token else "mmq_blk") + (
+        "_acc" if accumulate else "_swiglu" if swiglu else "")
     smem = blk_smem(build_define(build_opts, "BLK_STAGES", 6))
     launch_persistent(rt, entry, "mmq_blk", smem, tiles, kblocks(K),
                       (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),

@@ -3,17 +3,21 @@
 so the forward (minfer.cuda.backend) never branches on path names.
 
 - `route.activation`: the input form its kernel reads ("none": the f16 activation; "q8_1": q8_1
-  raw blocks; "blk-operand": the block path's rotated int8 token operand). `PREPASS[kind](rt, A,
+  raw blocks; "blk-operand": the block path's rotated int8 token operand; "blk-operand-tok": the
+  same with one scale per token, for the GEMMs after an rmsnorm (blk_ref.token_scaled)). `PREPASS[kind](rt, A,
   scratch)` makes one form from an f16 activation, one activation feeding every route that
   reads the form; `NORM_PREPASS[kind]` makes it from the residual in the rmsnorm's launch,
   `ATTN_OPERAND[kind]` the attention launch from its epilogue.
 - `route.run(be, C, x, w, mode)`: C (mode 'f32' =, 'f16' =, 'acc' +=) x @ w.T.
 - `route.glu`: whether its gate|up GEMM can write silu(gate) * up from its epilogue
   (`route.run_glu(be, C, x, w)`).
-`make_route(path_name, qtype, choice)` picks the class from the record's weight preparation.
+`make_route(path_name, qtype, choice, name)` picks the class from the record's weight
+preparation.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 
@@ -22,7 +26,9 @@ from minfer.cuda.plan.paths import TABLE
 from minfer.errors import Unsupported
 
 # the buffer of DeviceBuffers each activation form lives in
-SCRATCH = {"q8_1": "q8", "blk-operand": "blkop"}
+# the buffer of DeviceBuffers each activation form lives in (one input is read in one form: the
+# forms that share a buffer never meet on one activation)
+SCRATCH = {"q8_1": "q8", "blk-operand": "blkop", "blk-operand-tok": "blkop"}
 
 
 def _prepass_q8_1(rt, A, buf):
@@ -43,16 +49,17 @@ def _blk_scratch(rt, buf, M: int, K: int):
     return tt
 
 
-def _prepass_blk(rt, A, buf):
+def _prepass_blk(rt, A, buf, per_token: bool = False):
     from minfer.cuda.ops.mmq_blk import blk_operand
 
-    return blk_operand(rt, A, _blk_scratch(rt, buf, *A.shape))
+    return blk_operand(rt, A, _blk_scratch(rt, buf, *A.shape), per_token)
 
 
-PREPASS = {"q8_1": _prepass_q8_1, "blk-operand": _prepass_blk}
+PREPASS = {"q8_1": _prepass_q8_1, "blk-operand": _prepass_blk,
+           "blk-operand-tok": partial(_prepass_blk, per_token=True)}
 
 
-def _norm_prepass_blk(rt, x, w, eps, buf, h16):
+def _norm_prepass_blk(rt, x, w, eps, buf, h16, per_token: bool = False):
     """The blk token operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when
     given); None when K is over the fused kernel's (then rmsnorm, then PREPASS)."""
     from minfer.cuda.ops.mmq_blk import NORM_MAX_K, blk_operand_rmsnorm
@@ -60,7 +67,7 @@ def _norm_prepass_blk(rt, x, w, eps, buf, h16):
     M, K = x.shape
     if K > NORM_MAX_K:
         return None
-    return blk_operand_rmsnorm(rt, x, w, eps, _blk_scratch(rt, buf, M, K), h16)
+    return blk_operand_rmsnorm(rt, x, w, eps, _blk_scratch(rt, buf, M, K), h16, per_token)
 
 
 def _attn_operand_blk(rt, buf, M: int, K: int):
@@ -71,7 +78,8 @@ def _attn_operand_blk(rt, buf, M: int, K: int):
 
 
 # forms whose prepass can run inside the rmsnorm launch: (rt, x, w, eps, scratch, h16 or None)
-NORM_PREPASS = {"blk-operand": _norm_prepass_blk}
+NORM_PREPASS = {"blk-operand": _norm_prepass_blk,
+                "blk-operand-tok": partial(_norm_prepass_blk, per_token=True)}
 # forms the attention launch can write from its epilogue (attention.operand_fuses): (rt,
 # scratch, M, K) -> (the array it writes, the GEMM's input form)
 ATTN_OPERAND = {"blk-operand": _attn_operand_blk}
@@ -80,7 +88,7 @@ ATTN_OPERAND = {"blk-operand": _attn_operand_blk}
 class LinearRoute:
     activation = "none"
 
-    def __init__(self, path, qtype: int, choice):
+    def __init__(self, path, qtype: int, choice, name: str = ""):
         self.path, self.qtype, self.choice = path, int(qtype), choice
 
     @property
@@ -143,9 +151,17 @@ class RawInt8Route(LinearRoute):
 class BlkRoute(LinearRoute):
     """The block-scaled int8 kernel (persistent wgmma, minfer.cuda.ops.mmq_blk.mmq_blk_linear) on
     the requantized weight (BlkWeight) and the blk token operand (x: the operand, x.K its width),
-    stream-K unless the tuning variant no-stream-k; the swiglu epilogue on any type."""
-    activation = "blk-operand"
+    stream-K unless the tuning variant no-stream-k; the swiglu epilogue on any type. The GEMMs
+    after an rmsnorm (blk_ref.token_scaled) read the operand with one scale per token (a
+    shorter fold) unless the tuning variant no-token-scale."""
     glu = True
+
+    def __init__(self, path, qtype: int, choice, name: str = ""):
+        from minfer.quants.blk_ref import token_scaled
+
+        super().__init__(path, qtype, choice, name)
+        tok = token_scaled(name) and choice.on("token-scale")
+        self.activation = "blk-operand-tok" if tok else "blk-operand"
 
     def _launch(self, be, *args, **kw) -> None:
         from minfer.cuda.ops.mmq_blk import mmq_blk_linear
@@ -169,6 +185,7 @@ class BlkRoute(LinearRoute):
 ROUTES = {"dequant-f16": F16Route, "raw": RawInt8Route, "requant-blk": BlkRoute}
 
 
-def make_route(path_name: str, qtype: int, choice) -> LinearRoute:
+def make_route(path_name: str, qtype: int, choice, name: str = "") -> LinearRoute:
+    """The route of weight `name` (its role decides blk's token operand form) on `path_name`."""
     p = TABLE[path_name]
-    return ROUTES[p.weight](p, qtype, choice)
+    return ROUTES[p.weight](p, qtype, choice, name)

@@ -52,6 +52,8 @@ class GemmPath:
     kd: int = 0                        # wide kernels' staging depth
     smem: Callable | None = None       # qtype -> dynamic shared memory (the smem guard)
     gemv_f16: bool = False             # an M = 1 GEMM (the LM head) runs f16's GEMV instead
+    f16_kinds: frozenset = frozenset()  # weight kinds left to f16 for accuracy (tuning
+    #                                     variant exact-down; auto's tier blk-all takes them)
 
     @property
     def int8(self) -> bool:
@@ -101,10 +103,12 @@ TABLE: dict[str, GemmPath] = {p.name: p for p in (
              _OPS + "prepare_f16", _OPS + "launch_f16", _OPS + "twin_f16",
              variants=("glu", "rope")),
     # any type: dequantized, Hadamard-rotated and requantized to int8 at load, one f32 scale
-    # per (row, 128 of K) on both operands
+    # per (row, 128 of K) on both operands (per token on the GEMMs after an rmsnorm); ffn_down
+    # stays f16: its int8 grid is most of the path's KL divergence (docs/blk.md, "Accuracy")
     GemmPath("blk", "mmq_blk", None, frozenset({"sm_90"}), 32, "requant-blk", "blk-operand",
              {None: 16896 / 16384}, _OPS + "prepare_blk", _OPS + "launch_blk", _OPS + "twin_blk",
-             variants=("glu", "stream-k", "fused-prepass"), smem=_blk_smem, gemv_f16=True),
+             variants=("glu", "stream-k", "fused-prepass", "token-scale", "exact-down"),
+             smem=_blk_smem, gemv_f16=True, f16_kinds=frozenset({"ffn_down"})),
     GemmPath("wide-kd4", "mmq_raw_wide_nt_kernel", **_INT8, kd=4, smem=_wide_smem(4)),
     GemmPath("wide-kd8", "mmq_raw_wide_nt_kernel", **_INT8, kd=8, smem=_wide_smem(8)),
     GemmPath("narrow", "mmq_raw_nt_kernel", **_INT8),
@@ -119,11 +123,13 @@ INT8_PATHS = tuple(p for p in TABLE.values() if p.int8)
 @dataclass(frozen=True)
 class Tier:
     """A memory tier of `auto`: `path` for the weights of `classes` (routes.weight_class: attn,
-    ffn, head; None: all) and of `qtypes` (None: all), f16 for the rest."""
+    ffn, head; None: all) and of `qtypes` (None: all), f16 for the rest; exact=False: the path
+    takes even the kinds it leaves to f16 for accuracy (GemmPath.f16_kinds)."""
     name: str
     path: str
     classes: frozenset | None = None
     qtypes: frozenset | None = None
+    exact: bool = True
 
     def takes(self, cls: str, qtype: int) -> bool:
         return ((self.classes is None or cls in self.classes) and
@@ -132,11 +138,13 @@ class Tier:
 
 _FFN_Q4K = dict(classes=frozenset({"ffn"}), qtypes=frozenset({Q4_K}))
 # what `auto` tries, fastest first (auto_tiers keeps those whose path runs on the GPU): blk on
-# sm_90 (1.03 B per weight; docs/paths.md), then the mixed tier keeping attention, q6_K and the LM head on f16 and the
-# ffn's q4_K on the wide kernel, then every q4_K / q6_K on it
+# sm_90 (1.03 B per weight, ffn_down on f16; docs/paths.md), blk-all (ffn_down too), then the
+# mixed tier keeping attention, q6_K and the LM head on f16 and the ffn's q4_K on the wide
+# kernel, then every q4_K / q6_K on it
 TIERS: dict[str, Tier] = {t.name: t for t in (
     Tier("f16", "f16"),
     Tier("blk", "blk"),
+    Tier("blk-all", "blk", exact=False),
     Tier("mix-int8", "wide-kd4", **_FFN_Q4K),
     Tier("int8", "wide-kd4"),
 )}
@@ -156,7 +164,8 @@ class Route:
 
 def auto_tiers(arch) -> tuple[str, ...]:
     """The memory tiers `auto` tries on `arch`, fastest first (TIERS' order, those whose path
-    runs there): f16; on sm_90 blk (1.03 B per weight against f16's 2); mix-int8 (ffn q4_K on
+    runs there): f16; on sm_90 blk (1.03 B per weight against f16's 2, ffn_down on f16) and
+    blk-all (ffn_down too); mix-int8 (ffn q4_K on
     the wide kernel) and int8 (the raw GGUF bytes)."""
     return tuple(n for n, t in TIERS.items()
                  if TABLE[t.path].archs is None or arch in TABLE[t.path].archs)
@@ -164,7 +173,7 @@ def auto_tiers(arch) -> tuple[str, ...]:
 
 def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "auto",
                 smem_optin: int | None = None, tier: str = "f16", alone: bool = False,
-                cls: str = "") -> Route:
+                cls: str = "", kind: str = "", exact: bool = True) -> Route:
     """The path of y[M, N] = x[M, K] @ W[N, K].T with W of GGUF type `qtype` on `arch`
     ("sm_90"; None: unknown). choice: "auto" or a TABLE name (the seeds' "mmq" is resolved
     before, GemmChoice); tier: auto's memory tier (a TIERS name), whose path runs the weight
@@ -172,14 +181,16 @@ def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "au
     opt-in shared memory (None: unbounded), a wide kernel over it runs the narrow kernel (the
     smem guard, with a notice); alone: the weight runs as its own GEMM of a fraction of a wave
     (a bias-free attn_v that cannot join q|k: 65 us on the int8 kernels, 24 us on f16 at the 8B
-    shape, M = 512), which int8 paths leave to f16."""
+    shape, M = 512), which int8 paths leave to f16; kind: the weight's kind (ffn_down, ...),
+    which a path may leave to f16 for accuracy (GemmPath.f16_kinds) unless not `exact` (the
+    tuning variant no-exact-down) or auto's tier says so."""
     M, N, K = shape
     name = choice
     if choice == "auto":
         t = TIERS[tier]
         if not t.takes(cls, qtype):
             return Route(F16, f"{t.name} tier")
-        name = t.path
+        name, exact = t.path, exact and t.exact
     if name not in TABLE:
         raise ValueError(f"unknown GEMM path {name!r} (known: {', '.join(TABLE)})")
     p = TABLE[name]
@@ -190,6 +201,8 @@ def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "au
         return Route(F16, why)
     if alone:
         return Route(F16, "attn_v alone: faster on f16")
+    if exact and kind in p.f16_kinds:
+        return Route(F16, f"{kind}: f16 for accuracy")
     if p.gemv_f16 and M == 1:
         return Route(F16, "M = 1: the f16 GEMV")
     if smem_optin is not None and p.smem is not None and p.smem(qtype) > smem_optin:

@@ -92,7 +92,7 @@ def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 
         N, K = (int(s) for s in t.shape)
         M = 1 if n == model.output_name else ubatch
         r = choose_path(t.qtype, arch, (M, N, K), choice.path, smem, tier or "f16", alone,
-                        weight_class(model, n))
+                        weight_class(model, n), n.split(".")[-2], choice.on("exact-down"))
         if r.notice:
             _warn_once(r.notice)
         return r.path.name, r.why
