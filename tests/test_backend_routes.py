@@ -83,6 +83,27 @@ def test_routes_auto_memory_tiers(tiny):
     assert all(".ffn_" in n for n, (p, _) in r.items() if p != "f16")
 
 
+def test_routes_auto_runs_blk_first_on_wide_models(tiny, monkeypatch):
+    """From paths.BLK_AUTO_WIDTH (the 8B width) auto runs blk on sm_90 when it fits (ffn_down
+    and the LM head on f16), blk-all when only that fits; off sm_90 f16 as before."""
+    from dataclasses import replace as dc_replace
+
+    from minfer.cuda.plan.memory import MARGIN
+    from minfer.cuda.plan.paths import BLK_AUTO_WIDTH
+    from minfer.cuda.plan.routes import plan_tiers
+
+    monkeypatch.setattr(tiny, "config", dc_replace(tiny.config, d_model=BLK_AUTO_WIDTH))
+    need = plan_tiers(tiny, GemmChoice(), _Rt(sms=1), 64, 64).tiers
+    assert list(need) == ["blk", "blk-all", "mix-int8", "int8"]
+    r = plan_routes(tiny, GemmChoice(), _Rt(sms=1), 64, max_tokens=64)
+    assert r["blk.0.ffn_gate.weight"][0] == "blk" and r["blk.0.ffn_down.weight"][0] == "f16"
+    r = plan_routes(tiny, GemmChoice(), _Rt(free=need["blk-all"] + MARGIN, sms=1), 64,
+                    max_tokens=64)
+    assert r["blk.0.ffn_down.weight"][0] == "blk"
+    r = plan_routes(tiny, GemmChoice(), _Rt("sm_86", sms=1), 64, max_tokens=64)
+    assert {p for p, _ in r.values()} == {"f16"}
+
+
 def _fuses_qkv(model, v_name: str) -> bool:
     """attn_v shares q's and k's type (all MMQ types here): it may join them in one GEMM."""
     p = v_name[: -len("attn_v.weight")]

@@ -5,7 +5,8 @@ import pytest
 
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.ops.mmq import wide_smem
-from minfer.cuda.plan.paths import CHOICES, TABLE, TIERS, VARIANTS, auto_tiers, choose_path
+from minfer.cuda.plan.paths import (BLK_AUTO_WIDTH, CHOICES, TABLE, TIERS, VARIANTS, auto_tiers,
+                                    choose_path)
 from minfer.errors import BadInput
 
 SHAPE = (512, 4096, 4096)
@@ -55,6 +56,10 @@ def test_choose_path_explicit():
 def test_choose_path_auto_tiers():
     assert auto_tiers("sm_90") == ("f16", "blk", "blk-all", "mix-int8", "int8")
     assert auto_tiers("sm_86") == ("f16", "mix-int8", "int8")
+    # from BLK_AUTO_WIDTH (the 8B shape) blk goes first on sm_90 (f16 needs more memory)
+    assert auto_tiers("sm_90", BLK_AUTO_WIDTH) == ("blk", "blk-all", "mix-int8", "int8")
+    assert auto_tiers("sm_90", BLK_AUTO_WIDTH - 1)[0] == "f16"
+    assert auto_tiers("sm_86", 8192) == ("f16", "mix-int8", "int8")
     assert {t.path for t in TIERS.values()} <= set(TABLE)
     assert choose_path(12, "sm_90", SHAPE).path.name == "f16"
     for q in (12, 14, 8):   # the blk tier takes every type

@@ -162,13 +162,23 @@ class Route:
     notice: str = ""
 
 
-def auto_tiers(arch) -> tuple[str, ...]:
-    """The memory tiers `auto` tries on `arch`, fastest first (TIERS' order, those whose path
-    runs there): f16; on sm_90 blk (1.03 B per weight against f16's 2, ffn_down on f16) and
-    blk-all (ffn_down too); mix-int8 (ffn q4_K on
-    the wide kernel) and int8 (the raw GGUF bytes)."""
-    return tuple(n for n, t in TIERS.items()
-                 if TABLE[t.path].archs is None or arch in TABLE[t.path].archs)
+# the model width from which `auto` runs blk ahead of f16 on sm_90: at the 8B shape (d 4096,
+# H200) blk is 1.25x f16 sustained and passes gate 6 (docs/perf.md); narrower models keep the
+# exact f16 path, where blk's operand launches weigh more against small GEMMs
+BLK_AUTO_WIDTH = 4096
+
+
+def auto_tiers(arch, width: int = 0) -> tuple[str, ...]:
+    """The memory tiers `auto` tries on `arch` for a model of `width` (d_model), fastest first
+    (TIERS' order, those whose path runs there): f16; on sm_90 blk (1.03 B per weight against
+    f16's 2, ffn_down on f16) and blk-all (ffn_down too); mix-int8 (ffn q4_K on the wide kernel)
+    and int8 (the raw GGUF bytes). From BLK_AUTO_WIDTH on sm_90 blk goes first and f16 is not
+    tried (it needs more memory than blk: where blk does not fit, neither does f16)."""
+    tiers = tuple(n for n, t in TIERS.items()
+                  if TABLE[t.path].archs is None or arch in TABLE[t.path].archs)
+    if "blk" in tiers and width >= BLK_AUTO_WIDTH:
+        return tuple(t for t in tiers if t != "f16")
+    return tiers
 
 
 def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "auto",

@@ -65,7 +65,8 @@ def plan_tiers(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 5
         return sum(memory_need(model, c, r, max_tokens, ubatch, sms, chunk).values())
 
     auto = replace(choice, path="auto")
-    tiers = lambda: {t: need(auto, t) for t in auto_tiers(getattr(rt, "arch", None))}  # noqa: E731
+    tiers = lambda: {t: need(auto, t)   # noqa: E731
+                     for t in auto_tiers(getattr(rt, "arch", None), model.config.d_model)}
     if choice.path == "auto":
         return choose_tier(tiers(), free)
     plan = choose_tier({choice.path: need(choice, None)}, free, forced=choice.path)
@@ -82,7 +83,7 @@ def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 
     choice = choice or GemmChoice()
     arch = getattr(rt, "arch", None)
     if choice.path == "auto" and tier is None:
-        tier = (auto_tiers(arch)[0] if max_tokens is None else
+        tier = (auto_tiers(arch, model.config.d_model)[0] if max_tokens is None else
                 plan_tiers(model, choice, rt, ubatch, max_tokens).chosen)
     smem = getattr(rt, "smem_optin", None)
     routes: dict[str, tuple[str, str]] = {}
