@@ -1,13 +1,14 @@
 // mmq_blk.cu: the block-scaled int8 path. C[M, N] f32 = x[M, K] W[N, K]^T with both operands
 // rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8 with one
-// f32 scale per (row, 128 of K) (tokens and weight rows alike); Hopper
-// wgmma m64n128k32 .s32.s8.s8, the int32 sums folded into f32 once per 128 of K (sm_90a only;
-// warp-specialized, persistent, stream-K).
+// f32 scale per (token, 128 of K) or per token, and per (weight row, 256 of K: a pair of
+// blocks); Hopper wgmma m64n128k32 .s32.s8.s8, the int32 sums folded into f32 once per 128 of
+// K, or per 256 with per-token scales (sm_90a only; warp-specialized, persistent, stream-K).
 // minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
 // Why: an exact q4_K kernel folds every accumulator once per 32 of K (the sub-scale), which at
 // Hopper's int8 rate costs the whole issue width; here a fold is once per stage of 128:
 //   z[row][tok] += f32(S) * (sw[row] * sa[tok]),  S = sum_k qw qa over the stage (|S| < 2^21)
-// (or, with one token scale over all blocks, z += f32(S) sw[row] and z *= sa[tok] at the end)
+// (or, with one token scale over all blocks, z += f32(S) sw[row] once per pair of blocks, S
+// over both (|S| < 2^22), and z *= sa[tok] at the end)
 // (a per-row weight scale would save the FMUL but fails the KL-divergence gate:
 // docs/perplexity.md)
 // Math and layouts: the numpy twins in minfer.quants.blk_ref (quantize_blk, blk_operand,
@@ -15,10 +16,12 @@
 // (128-K block, 128-row tile): the tile's image as the wgmma reads it (128 rows x 128 int8,
 // 128-byte swizzle), then the 128 rows' f32 scales (the weight's with the rotation's 1/128).
 // Entries:
-//   blk_operand_f16 (x, ld, R, K, Rp, out, smul): x f16 [R, K] (row stride ld) -> operand
-//       (scales times smul: 1 for tokens, 1/128 for a weight, requantized at load);
-//       four lanes per (row, block): the rotation (5 stages in registers, 2 by shuffles), amax,
-//       s = amax / 127, q = rint(x' * (127 / amax)); rows R..Rp-1 and k >= K are zeros.
+//   blk_operand_f16 (x, ld, R, K, Rp, out, smul, pair): x f16 [R, K] (row stride ld) ->
+//       operand (scales times smul: 1 for tokens, 1/128 for a weight, requantized at load;
+//       pair: 1, or 2 for a weight: one scale per (row, pair of blocks), in both slots);
+//       four lanes per (row, block or pair): the rotation (5 stages in registers, 2 by
+//       shuffles), amax, s = amax / 127, q = rint(x' * (127 / amax)); rows R..Rp-1 and k >= K
+//       are zeros.
 //   blk_operand_f16_tok (x, ld, R, K, Rp, out): the same with one scale per token (the max over
 //       its blocks, written into every block's slot): a warp per row.
 //   rmsnorm_blk_operand (x, w, eps, h16, out, M, K, Mp, tok): the operand of h = f16(rmsnorm(x)
@@ -28,19 +31,21 @@
 //   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
 //   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
 //       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_swiglu).
-//   mmq_blk_tok, mmq_blk_tok_swiglu: the same on a token operand with one scale per token: the fold is z += f32(S) sw(row) (I2F, FFMA), the token's scale applied once
-//       before the epilogue. The GEMMs after an rmsnorm take it (blk_ref.token_scaled: their
-//       input's blocks share one scale at a small cost in accuracy, docs/blk.md).
+//   mmq_blk_tok, mmq_blk_tok_swiglu: the same on a token operand with one scale per token: the
+//       fold is z += f32(S) sw(row) (I2F, FFMA) once per pair of blocks 2i, 2i + 1, the
+//       token's scale applied once before the epilogue. The GEMMs after an rmsnorm take it
+//       (blk_ref.token_scaled: their input's blocks share one scale at a small cost in
+//       accuracy, docs/blk.md).
 // Block: 384 threads, 1 per SM; one producer thread bulk-copies a stage's two blocks into a
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
-// and alternate two s32 accumulator buffers, so a stage's fold runs under the next stage's
-// wgmmas; stages go in straight-line groups of BLK_GROUP (4; then 2, 1) with no wgmma in
-// flight at a branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=1
+// and alternate two s32 accumulator buffers, so a unit's fold (a stage, or mmq_blk_tok's pair)
+// runs under the next unit's wgmmas; units go in straight-line groups of BLK_GROUP (4; then 2,
+// 1) with no wgmma in flight at a branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=1
 // converts S by the magic-number add instead of I2F (A/B); -DBLK_GROUP=N; -DBLK_STAGES=N the
 // ring depth. Timing builds (wrong results; docs/perf.md "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the
 // fold without its I2F | FMUL | both; -DBLK_NOFOLD no fold (what the data movement and wgmmas
-// cost); -DBLK_HALFLOAD the weight block copied alone (half the L2 reads); -DBLK_SERIAL one
-// accumulator buffer, no fold under the wgmmas (A/B of the overlap).
+// cost); -DBLK_HALFLOAD the weight block copied alone (half the L2 reads); -DBLK_SERIAL each
+// unit folded right after its wgmmas, none under them (A/B of the overlap).
 #include <cuda_fp16.h>
 
 #include "blk_operand.cuh"
@@ -89,12 +94,13 @@ __device__ __forceinline__ void igmma_s8(int (&d)[64], uint64_t a, uint64_t b) {
         : "l"(a), "l"(b), "n"(ACC));
 }
 
-// a stage's four k32 steps into d (the first one overwrites)
+// a stage's four k32 steps into d (FIRST: the first one overwrites d, else all add to it)
+template <bool FIRST>
 __device__ __forceinline__ void stage_mma(int (&d)[64], uint32_t st, int cw) {
     const uint64_t a = wgmma::sw128_desc(st + BlkSmem::W + cw * 64 * 128);
     const uint64_t b = wgmma::sw128_desc(st + BlkSmem::X);
     wgmma::fence();
-    igmma_s8<0>(d, a, b);
+    igmma_s8<FIRST ? 0 : 1>(d, a, b);
 #pragma unroll
     for (int c = 1; c < 4; ++c) igmma_s8<1>(d, a + 2 * c, b + 2 * c);   // +32 B per k32 step
     wgmma::commit();
@@ -147,43 +153,46 @@ __device__ __forceinline__ void fold(float (&z)[64], int (&d)[64], const uint8_t
     }
 }
 
-// G stages straight-line from the block's running stage `it`: stage j into da (j even) or db,
-// folded while stage j + 1 runs; its slot released after the fold; none in flight at the end
-template <int G, bool TOK>
+// G units of P stages straight-line from the block's running stage `it`: unit u's stages all
+// into da (u even) or db, the unit folded once (P = 2: the token-scaled GEMMs, whose weight
+// scales a pair of blocks shares: |S| < 2^22 still) while unit u + 1 runs; its slots released
+// after the fold; none in flight at the end
+template <int G, int P, bool TOK>
 __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&db)[64],
                                            uint32_t& it, uint32_t base, const uint8_t* sbase,
                                            uint32_t bars, int cw, int rw, int t) {
     using S = BlkSmem;
-#ifdef BLK_SERIAL   // timing build: one buffer, each stage's fold after its wgmmas (no overlap)
+    static_assert(P == 1 || TOK, "a fold per pair needs the per-token operand");
+    // the fold of unit v (its last stage's scales: a pair's are equal), then its slots' release
+    auto fold_unit = [&](int v, int (&d)[64]) {
+        fold<TOK>(z, d, sbase + (it + v * P + P - 1) % STAGES * S::STAGE, rw, t);
 #pragma unroll
-    for (int j = 0; j < G; ++j) {
-        const uint32_t s = (it + j) % STAGES;
-        wgmma::mbar_wait(bars + 8 * s, ((it + j) / STAGES) & 1);
-        stage_mma(da, base + s * S::STAGE, cw);
+        for (int j = 0; j < P; ++j) wgmma::mbar_arrive(bars + 8 * (STAGES + (it + v * P + j) % STAGES));
+    };
+#pragma unroll
+    for (int u = 0; u < G; ++u) {
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            const uint32_t q = it + u * P + j, slot = q % STAGES;
+            wgmma::mbar_wait(bars + 8 * slot, (q / STAGES) & 1);
+            if (j == 0) stage_mma<true>(u & 1 ? db : da, base + slot * S::STAGE, cw);
+            else stage_mma<false>(u & 1 ? db : da, base + slot * S::STAGE, cw);
+        }
+#ifdef BLK_SERIAL   // timing build: each unit's fold right after its wgmmas (no overlap)
         wgmma::wait<0>();
-        fold<TOK>(z, da, sbase + s * S::STAGE, rw, t);
-        wgmma::mbar_arrive(bars + 8 * (STAGES + s));
-    }
-    it += G;
-    return;
+        fold_unit(u, u & 1 ? db : da);
+        continue;
 #endif
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-        const uint32_t s = (it + j) % STAGES;
-        wgmma::mbar_wait(bars + 8 * s, ((it + j) / STAGES) & 1);
-        stage_mma(j & 1 ? db : da, base + s * S::STAGE, cw);
-        if (j > 0) {
-            const uint32_t sp = (it + j - 1) % STAGES;
-            wgmma::wait<1>();
-            fold<TOK>(z, j & 1 ? da : db, sbase + sp * S::STAGE, rw, t);
-            wgmma::mbar_arrive(bars + 8 * (STAGES + sp));
+        if (u > 0) {
+            wgmma::wait<P>();
+            fold_unit(u - 1, u & 1 ? da : db);
         }
     }
-    const uint32_t sl = (it + G - 1) % STAGES;
+#ifndef BLK_SERIAL
     wgmma::wait<0>();
-    fold<TOK>(z, (G - 1) & 1 ? db : da, sbase + sl * S::STAGE, rw, t);
-    wgmma::mbar_arrive(bars + 8 * (STAGES + sl));
-    it += G;
+    fold_unit(G - 1, (G - 1) & 1 ? db : da);
+#endif
+    it += G * P;
 }
 
 // z[k] *= the per-token scale of its token (TOK operands; tile tokens m0 .. m0 + 127 of the
@@ -262,10 +271,24 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
 #pragma unroll
         for (int k = 0; k < 64; ++k) z[k] = 0.f;
         int n = w.k1 - w.k0;
-        for (; n >= BLK_GROUP; n -= BLK_GROUP)
-            run_stages<BLK_GROUP, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-        for (; n >= 2; n -= 2) run_stages<2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-        if (n) run_stages<1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        if constexpr (TOK) {   // a fold per pair of blocks 2i, 2i + 1 (the weight's scale)
+            if (w.k0 & 1) {    // (a stream-K part may start at an odd block)
+                run_stages<1, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+                --n;
+            }
+            for (; n >= 2 * BLK_GROUP; n -= 2 * BLK_GROUP)
+                run_stages<BLK_GROUP, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+            for (; n >= 4; n -= 4) run_stages<2, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+            if (n >= 2) {
+                run_stages<1, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+                n -= 2;
+            }
+        } else {
+            for (; n >= BLK_GROUP; n -= BLK_GROUP)
+                run_stages<BLK_GROUP, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+            for (; n >= 2; n -= 2) run_stages<2, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        }
+        if (n) run_stages<1, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
         // a stream-K tail publishes its values, a head adds its tail's; then the stores
         if (w.k0 > 0) {
             wgmma::sk_put<64, T, 128>(ws, flags, z);
@@ -347,21 +370,30 @@ __device__ __forceinline__ void store32(uint8_t* img, const float (&v)[32], floa
 
 extern "C" __global__ void __launch_bounds__(256)
 blk_operand_f16(const __half* __restrict__ x, long long ld, int R, int K, int Rp,
-                uint8_t* __restrict__ out, float smul) {
+                uint8_t* __restrict__ out, float smul, int pair) {
     const int l = threadIdx.x & 3;
     const long long quad = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 2;
-    const int KB = (K + 127) / 128;
+    const int KB = (K + 127) / 128, KG = (KB + pair - 1) / pair;
     // (a warp's quads run together: the shuffles need all 32 lanes, so none returns early)
-    const bool live = quad < static_cast<long long>(Rp) * KB;
+    const bool live = quad < static_cast<long long>(Rp) * KG;
     const int row = live ? static_cast<int>(quad % Rp) : R;
-    const int kb = live ? static_cast<int>(quad / Rp) : 0;
-    float v[32];
+    const int kb = live ? static_cast<int>(quad / Rp) * pair : 0;
+    float v[32], u[32];
     load32(v, x, ld, R, K, row, kb * 128, l);
-    const float amax = rotate128(v, l);
+    float amax = rotate128(v, l);
+    if (pair == 2) {   // (a weight: one scale per pair of blocks; the launch's, so warp-uniform)
+        load32(u, x, ld, R, K, row, (kb + 1) * 128, l);   // (zeros past K)
+        amax = fmaxf(amax, rotate128(u, l));
+    }
     if (!live) return;
     uint8_t* blk = block_at(out, kb, Rp, row);
     store32(blk, v, q8_inv(amax), row & 127, l);
     if (l == 0) store_scale(blk, row & 127, amax, smul);
+    if (pair == 2 && kb + 1 < KB) {
+        blk = block_at(out, kb + 1, Rp, row);
+        store32(blk, u, q8_inv(amax), row & 127, l);
+        if (l == 0) store_scale(blk, row & 127, amax, smul);
+    }
 }
 
 // blk_operand_f16_tok: blk_operand_f16 with one scale per row (its max over all blocks; tokens

@@ -119,9 +119,9 @@ def patch(variant: str) -> None:
 
     orig = blk_ref.blk_grid
 
-    def blk_grid(x, weight=False, block=blk_ref.BK):
+    def blk_grid(x, weight=False, block=blk_ref.BK, **kw):
         if not weight:
-            return orig(x, block=block)
+            return orig(x, block=block, **kw)
         R, K = np.asarray(x).shape
         y = blk_ref._rotated(x, block)
         back = blk_ref.fwht128(weight_grid(y, variant), block) / np.float32(block)

@@ -12,8 +12,8 @@
 #          and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
-#   profile: ncu on the blk gate|up GEMM and on its FFMA-only fold build; the installed wheel's
-#          check (as gates).
+#   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
+#          block) and f16's gate|up; the installed wheel's check (as gates).
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -93,10 +93,11 @@ fi
 
 if [ "$MODE" = profile ]; then   # ncu on the blk GEMM and its FFMA-only fold; the installed wheel
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  for v in "" -DBLK_FOLD=4; do
-    step ncu$v 60 "$NCU" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
-      --section WarpStateStats --section SchedulerStats -k regex:mmq_blk --launch-skip 2 \
-      --launch-count 1 python3 scripts/gemm_one.py blk 28672 4096 2048 $v
+  for g in "blk-tok 28672" "blk 4096" "f16 28672"; do   # gate|up as the forward runs it, attn_output
+    set -- $g
+    step ncu_$1_$2 60 "$NCU" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
+      --section WarpStateStats --section SchedulerStats -k regex:'mmq_blk|wgmma_f16' --launch-skip 2 \
+      --launch-count 1 python3 scripts/gemm_one.py $1 $2 4096 2048
   done
   installed_check
   echo; echo "################ SUMMARY profile ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"

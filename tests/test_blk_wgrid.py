@@ -50,18 +50,19 @@ def _weight(R=200, K=576):
 
 
 def test_row_and_A_are_the_product_grids(wg, monkeypatch):
-    """'row' is blk_ref's per_row emulation bit for bit; 'A' the kernel's grid (per (row, 128)),
-    up to its quotient y / s where the kernel multiplies by 127 / amax (a last-bit difference
+    """'row' is blk_ref's per_row emulation bit for bit; 'A' the grid per (row, 128) (pair=1;
+    the kernel's shares a scale per pair of blocks), up to its quotient y / s where the kernel multiplies by 127 / amax (a last-bit difference
     that moves a value by at most one int8 step, rarely)."""
     w, x = _weight(), _weight(7, 576)
-    row, ref_w = blk_ref.blk_grid(w, weight=True, per_row=True), blk_ref.blk_grid(w, weight=True)
+    row = blk_ref.blk_grid(w, weight=True, per_row=True)
+    ref_w = blk_ref.blk_grid(w, weight=True, pair=1)
     ref_x = blk_ref.blk_grid(x)
     monkeypatch.setattr(blk_ref, "blk_grid", blk_ref.blk_grid)   # undone after the test
     wg.patch("row")
     assert np.array_equal(blk_ref.blk_grid(w, weight=True), row)
     assert np.array_equal(blk_ref.blk_grid(x), ref_x)             # activations untouched
     wg.patch("A")
-    a = blk_ref.blk_grid(w, weight=True)
+    a = blk_ref.blk_grid(w, weight=True, pair=1)
     assert np.mean(a == ref_w) > 0.99 and not np.array_equal(a, row)
     assert np.array_equal(blk_ref.blk_grid(x), ref_x)
 
@@ -79,13 +80,14 @@ def test_variants_err_less_and_stay_int8(wg, v):
 
 
 def test_agrid_grids(monkeypatch):
-    """scripts/blk_agrid.py: at rot 128 its weight grid is the kernel's bit for bit; its token
+    """scripts/blk_agrid.py: at rot 128 its weight grid is blk_ref's per (row, 128) (pair=1)
+    bit for bit; its token
     grid takes one scale per row (a quiet block of a loud row loses, a one-block row does not),
     and the rot256 grids of x and W still multiply to about x W^T."""
     ag = _script("blk_agrid")
     rng = np.random.default_rng(2)
     w = _weight()
-    assert np.array_equal(ag.grid(w, True), blk_ref.blk_grid(w, weight=True))
+    assert np.array_equal(ag.grid(w, True), blk_ref.blk_grid(w, weight=True, pair=1))
     x = rng.standard_normal((6, 576)).astype(np.float16).astype(np.float32)
     x[:, 128:256] *= 50                               # one loud block per row
     err_tok = np.abs(ag.grid(x, False) - x)[:, :128].max()

@@ -151,10 +151,12 @@ class MemRT:
         if fn._minfer_name == "blk_operand_f16":   # the blk requant: its numpy twin
             from minfer.quants.blk_ref import blk_operand, quantize_blk
 
-            x, ld, R, K, _, out, smul = args
+            x, ld, R, K, _, out, smul, pair = args
             xs = self.at(x)
             w16 = self.mem[xs:xs + 2 * R * int(ld)].view(np.float16).reshape(R, int(ld))[:, :K]
-            op = blk_operand(*quantize_blk(w16, weight=float(smul) != 1.0))
+            weight = float(smul) != 1.0
+            assert int(pair) == (2 if weight else 1)   # (a weight: a scale per pair of blocks)
+            op = blk_operand(*quantize_blk(w16, weight=weight))
             o = self.at(out)
             self.mem[o:o + op.nbytes] = op.reshape(-1)
             return

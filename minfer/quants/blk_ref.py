@@ -7,18 +7,19 @@ by the unnormalized 128-point Walsh-Hadamard transform (7 butterfly stages: x' =
 128 I, so x'_b w'_b^T = 128 x_b w_b^T exactly in real arithmetic; zero padding keeps it exact),
 then quantized symmetric, round to nearest, to int8: s = max|x'| / 127, q = rint(x' * (127 /
 max|x'|)) (one division per block, a multiply per value, as the kernels), with one f32 scale
-per (row, block) on both sides (tokens, weight rows). The rotation spreads a block's outliers
-over its 128 values, so a shared per-128 scale keeps the small ones (QuaRot's argument). The
-weight's scale carries the rotation's 1/128. A single scale per weight row would save the
-kernel an FMUL per value and stage, but that grid is most of the path's KL divergence on
-SmolLM2 and fails gate 6 (docs/perplexity.md; `per_row` here emulates it).
+per (token, block) and per (weight row, pair of blocks: WPAIR). The rotation spreads a block's
+outliers over its 128 values, so a shared per-128 scale keeps the small ones (QuaRot's
+argument). The weight's scale carries the rotation's 1/128. A single scale per weight row
+would save the kernel an FMUL per value and stage, but that grid is most of the path's KL
+divergence on SmolLM2 and fails gate 6 (docs/perplexity.md; `per_row` here emulates it).
 
 The GEMMs after an rmsnorm (token_scaled: attn_q, attn_k, attn_v, ffn_gate, ffn_up) take their
 activations with one scale per token instead (the max over all its rotated blocks, the same
 value in every block's slot): the kernel's fold then skips the FMUL of sa (mmq_blk_tok, sa
-applied once at the end), for a small cost in accuracy (gate 6 still passes: docs/blk.md).
-attn_output's and ffn_down's inputs keep a scale per block: attention writes a head's block at
-a time, and the swiglu output's blocks differ most.
+applied once at the end) and, the weight scale being shared by a pair of blocks, runs once per
+256 of K; a small cost in accuracy (gate 6 still passes: docs/blk.md). attn_output's input
+keeps a scale per block: attention writes a head's block at a time. (ffn_down runs on f16:
+its swiglu input is most of the int8 grid's error.)
 
 Operand, one block per (128-K block, 128-row tile), `BLK_OP` bytes: the tile's image as the
 wgmma reads it (128 rows x 128 int8, 128-byte swizzle: the 16-byte chunk c of row r at
@@ -36,6 +37,7 @@ import numpy as np
 BK = 128                      # K per block (and per kernel stage)
 BLK_IMG = 128 * BK            # a tile's image
 BLK_OP = BLK_IMG + 128 * 4    # + its rows' f32 scales
+WPAIR = 2                     # a weight row's consecutive blocks sharing one scale
 
 
 # the GEMM inputs the rmsnorm makes: one activation scale per token (a weight name's kind)
@@ -96,18 +98,26 @@ def _rotated(x: np.ndarray, block: int = BK) -> np.ndarray:
 
 
 def quantize_blk(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False,
-                 per_token: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                 per_token: bool = False, pair: int = WPAIR) -> tuple[np.ndarray, np.ndarray]:
     """x [R, K] -> (q int8 [R, KB * block], s f32 [R, KB]): the rotated blocks' values and
     their scales; weight: the scales times 1 / block (the rotation's; 1/128 in the kernel).
     block: 128 (the kernel); 256 only for the CPU emulation's experiment (`--emulate blk256`).
     per_row (with weight; the CPU emulation of a rejected design): one scale per row, s [R].
     per_token (activations): one scale per row over all its blocks, s [R, KB] with equal columns
-    (the operand stores it in every block)."""
+    (the operand stores it in every block). A weight (block 128) has one scale per (row, `pair`
+    blocks: WPAIR), stored in each block's slot (the last group of a KB not a multiple of `pair`
+    shorter); pair=1: one per (row, block), the grid before the pairs (experiments)."""
     y = _rotated(x, block)
     R, KB = y.shape[:2]
     per_row = per_row and weight
     if per_token and not weight:
         amax = np.broadcast_to(np.abs(y).max(axis=(1, 2))[:, None], (R, KB))
+    elif weight and not per_row and block == BK and pair > 1:   # a scale per `pair` blocks
+        amax = np.abs(y).max(axis=-1)
+        KBp = -(-KB // pair) * pair
+        pad = np.zeros((R, KBp), np.float32)
+        pad[:, :KB] = amax
+        amax = np.repeat(pad.reshape(R, -1, pair).max(axis=-1), pair, axis=1)[:, :KB]
     else:
         amax = np.abs(y).max(axis=(1, 2) if per_row else -1)
     s = amax / np.float32(127)
@@ -179,13 +189,14 @@ def blk_linear_ref(x: np.ndarray, w: np.ndarray, per_token: bool = False) -> np.
 
 
 def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False,
-             per_token: bool = False) -> np.ndarray:
+             per_token: bool = False, pair: int = WPAIR) -> np.ndarray:
     """x [R, K] -> f32 [R, K]: the values the blk path sees, rotated back (x_hat = q s H / 128;
     weight: the weight grid), so that x_hat @ w_hat.T equals blk_gemm up to f32 rounding: how
-    the CPU reference emulates the path. block, per_row, per_token: as quantize_blk."""
+    the CPU reference emulates the path. block, per_row, per_token, pair: as quantize_blk."""
     x = np.asarray(x)
     R, K = x.shape
-    q, s = quantize_blk(x, weight=weight, block=block, per_row=per_row, per_token=per_token)
+    q, s = quantize_blk(x, weight=weight, block=block, per_row=per_row, per_token=per_token,
+                        pair=pair)
     KB = kblocks(K, block)
     if weight:
         s = s * np.float32(block)
@@ -195,5 +206,5 @@ def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool
     return np.ascontiguousarray(back.reshape(R, KB * block)[:, :K])
 
 
-__all__ = ["BK", "BLK_IMG", "BLK_OP", "TOKEN_SCALED", "token_scaled", "kblocks", "pad128", "blk_bytes", "fwht128", "quantize_blk",
+__all__ = ["BK", "BLK_IMG", "BLK_OP", "WPAIR", "TOKEN_SCALED", "token_scaled", "kblocks", "pad128", "blk_bytes", "fwht128", "quantize_blk",
            "blk_operand", "blk_unoperand", "blk_gemm", "blk_linear_ref", "blk_grid"]

@@ -2,7 +2,8 @@
 operands bit-identical to their numpy twins (minfer.quants.blk_ref), the GEMM's parity against
 its float64 twin on ragged M, N, K (= and +=, the swiglu epilogue, whole tiles and stream-K,
 both fold builds, a bitwise second launch), with one activation scale per (token, 128) and per
-token (the mmq_blk_tok entries)."""
+token (the mmq_blk_tok entries, whose fold runs once per pair of blocks: the weight's scale;
+K = 576, 1000, 2944: an odd block count, and stream-K parts starting at odd blocks)."""
 
 from __future__ import annotations
 

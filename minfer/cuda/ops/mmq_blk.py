@@ -4,8 +4,9 @@ minfer.quants.blk_ref):
     y[M, N] (f32) = blk(x)[M, K] @ blk(W)[N, K].T
 
 x and W are rotated by a 128-point Walsh-Hadamard transform per 128 of K and quantized to int8
-with one f32 scale per (row, 128 of K) (1.03 B per weight on the GPU), or, for a token operand
-made `per_token`, one scale per token (the GEMM's fold is shorter: mmq_blk_tok). `blk_weight`
+with one f32 scale per (token, 128 of K) and per (weight row, 256 of K: a pair of blocks) (1.03
+B per weight on the GPU), or, for a token operand made `per_token`, one scale per token (the
+GEMM's fold is shorter and runs once per pair: mmq_blk_tok). `blk_weight`
 requantizes an f16 weight on the GPU at load, `blk_operand` the f16 activations before each
 GEMM (one launch: the same kernel; `blk_operand_rmsnorm` makes it from the residual in the
 rmsnorm's launch), `mmq_blk_linear` runs the GEMM: wgmma s8,
@@ -22,7 +23,7 @@ import numpy as np
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.stream_k import build_define, launch_persistent
 from minfer.errors import GPUError
-from minfer.quants.blk_ref import blk_bytes, blk_shape, kblocks, pad128
+from minfer.quants.blk_ref import WPAIR, blk_bytes, blk_shape, kblocks, pad128
 
 BM = BN = 128
 _OPTS = ("-arch=sm_90a",)
@@ -62,24 +63,26 @@ class BlkTokens:
 
 
 def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
-    """f16 [N, K] on the device -> BlkWeight (blk_operand_f16, scales times 1/128)."""
+    """f16 [N, K] on the device -> BlkWeight (blk_operand_f16, scales times 1/128, one per
+    (row, pair of blocks): blk_ref.WPAIR)."""
     N, K = _check_f16("blk_weight", w16)
     if blk_bytes(N, K) >= 2**31:
         raise GPUError(f"blk_weight: [{N}, {K}] is too large for the kernel's 32-bit offsets")
     wb = da.empty(rt, blk_shape(N, K), np.uint8, f"blk int8 {what}")
-    _launch_operand(rt, w16, N, K, wb, 1 / 128)
+    _launch_operand(rt, w16, N, K, wb, 1 / 128, pair=WPAIR)
     return BlkWeight(wb, N, K)
 
 
-def _launch_operand(rt, x16, R: int, K: int, out, smul: float, per_token: bool = False) -> None:
+def _launch_operand(rt, x16, R: int, K: int, out, smul: float, per_token: bool = False,
+                    pair: int = 1) -> None:
     args = (da.arg(x16), np.int64(K), np.int32(R), np.int32(K), np.int32(pad128(R)), da.arg(out))
     if per_token:   # a warp per row
         rt.launch(rt.function("mmq_blk", "blk_operand_f16_tok", _OPTS), (pad128(R) // 8,),
                   (256,), args)
         return
-    quads = pad128(R) * kblocks(K)   # four lanes per (row, 128-K block)
+    quads = pad128(R) * -(-kblocks(K) // pair)   # four lanes per (row, block or pair)
     rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((quads + 63) // 64,), (256,),
-              (*args, np.float32(smul)))
+              (*args, np.float32(smul), np.int32(pair)))
 
 
 def _token_out(rt, what: str, M: int, K: int, tt):
