@@ -15,8 +15,9 @@ import click
 
 from minfer.cuda.plan.paths import CHOICES
 
-HELP = ("GEMM path: auto (default: f16 where the model fits the GPU, else the smaller int8 "
-        "paths), f16, mmq (the seeds' MINFER_MMQ_* config, wide KD=4 by default) or a path "
+HELP = ("GEMM path: auto (default: on sm_90 from d_model 4096 the int8 blk path, lossy and "
+        "gate-checked; else f16 where the model fits the GPU, then the smaller int8 paths), "
+        "f16 (exact), mmq (the seeds' MINFER_MMQ_* config, wide KD=4 by default) or a path "
         "by name (docs/paths.md; MINFER_GEMM).")
 
 
