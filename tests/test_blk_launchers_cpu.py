@@ -10,7 +10,7 @@ import pytest
 from fake_gpuarray import install
 
 from minfer.cuda.ops.attention import attention, operand_fuses
-from minfer.cuda.ops.mmq_blk import (NORM_MAX_K, BlkTokens, BlkWeight, blk_operand,
+from minfer.cuda.ops.mmq_blk import (NORM_MAX_K, BlkTokens, BlkWeight, blk_operand, blk_weight,
                                      blk_operand_rmsnorm, mmq_blk_linear)
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
@@ -114,6 +114,13 @@ def test_per_token_operand_picks_its_prepass_and_gemm_entries():
     assert op.per_token and args[2:5] == [M, K, pad128(M)]
     blk_operand(rt, x16, tt)
     assert rt.launches[-1][0] == ("mmq_blk", "blk_operand_f16")
+    assert rt.launches[-1][2][-1] == 1                   # tokens: a scale per block
+    quads = pad128(M) * kblocks(K)
+    assert rt.launches[-1][1] == ((quads + 63) // 64,)
+    blk_weight(rt, x16)                                  # a weight: a scale per pair of blocks
+    (fn, grid, args) = rt.launches[-1]
+    assert fn == ("mmq_blk", "blk_operand_f16") and args[-1] == 2
+    assert grid == ((pad128(M) * -(-kblocks(K) // 2) + 63) // 64,)
     w = BlkWeight(da.view(0x900000, (kblocks(K), N // 128, BLK_OP), U8), N, K)
     out = da.view(0xA00000, (M, N), F32)
     for per_token, entry in ((True, "mmq_blk_tok"), (False, "mmq_blk")):

@@ -107,3 +107,24 @@ def test_blk_block_256_is_a_grid_and_128_the_default():
         # on the grid already: the 256 grid maps onto itself up to f32 rounding of H
         again = blk_grid(g256, weight, block=256)
         assert np.abs(again - g256).max() <= 1e-3 * np.abs(x).max()
+
+
+def test_weight_scales_are_shared_by_pairs_of_blocks():
+    """A blk weight has one scale per (row, pair of 128-K blocks): the pair's larger block sets
+    it, both slots hold it, an odd last block keeps its own; activations stay per block, and
+    pair=1 gives the per-block grid back."""
+    from minfer.quants.blk_ref import WPAIR, quantize_blk
+
+    assert WPAIR == 2
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 576)).astype(np.float16).astype(np.float32)   # 5 blocks
+    x[:, 128:256] *= 30                                # block 1 loud: it sets pair (0, 1)
+    _, s = quantize_blk(x, weight=True)
+    _, s1 = quantize_blk(x, weight=True, pair=1)
+    assert s.shape == s1.shape == (5, 5)
+    assert np.array_equal(s[:, 0], s[:, 1]) and np.array_equal(s[:, 0], s1[:, 1])
+    assert np.array_equal(s[:, 2], s[:, 3]) and np.array_equal(s[:, 2], s1[:, 2:4].max(axis=1))
+    assert np.array_equal(s[:, 4], s1[:, 4])           # the odd last block alone
+    assert (s1[:, 0] < s[:, 0]).all()                  # the quiet block shares the loud scale
+    _, sa = quantize_blk(x)
+    assert not np.array_equal(sa[:, 0], sa[:, 1])      # tokens: per block
