@@ -40,9 +40,9 @@
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
 // and alternate two s32 accumulator buffers, so a unit's fold (a stage, or mmq_blk_tok's pair)
 // runs under the next unit's wgmmas; units go in straight-line groups of BLK_GROUP (4; then 2,
-// 1) with no wgmma in flight at a branch (ptxas serializes every wgmma otherwise). Build options: -DBLK_FOLD=1
-// converts S by the magic-number add instead of I2F (A/B); -DBLK_GROUP=N; -DBLK_STAGES=N the
-// ring depth. Timing builds (wrong results; docs/perf.md "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the
+// 1) with no wgmma in flight at a branch (ptxas serializes every wgmma otherwise). Build
+// options: -DBLK_FOLD=1 converts S by the magic-number add instead of I2F (A/B);
+// -DBLK_GROUP=N; -DBLK_STAGES=N the ring depth. Timing builds (wrong results; docs/perf.md "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the
 // fold without its I2F | FMUL | both; -DBLK_NOFOLD no fold (what the data movement and wgmmas
 // cost); -DBLK_HALFLOAD the weight block copied alone (half the L2 reads); -DBLK_SERIAL each
 // unit folded right after its wgmmas, none under them (A/B of the overlap).
@@ -167,7 +167,8 @@ __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&
     auto fold_unit = [&](int v, int (&d)[64]) {
         fold<TOK>(z, d, sbase + (it + v * P + P - 1) % STAGES * S::STAGE, rw, t);
 #pragma unroll
-        for (int j = 0; j < P; ++j) wgmma::mbar_arrive(bars + 8 * (STAGES + (it + v * P + j) % STAGES));
+        for (int j = 0; j < P; ++j)
+            wgmma::mbar_arrive(bars + 8 * (STAGES + (it + v * P + j) % STAGES));
     };
 #pragma unroll
     for (int u = 0; u < G; ++u) {
@@ -278,7 +279,8 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
             }
             for (; n >= 2 * BLK_GROUP; n -= 2 * BLK_GROUP)
                 run_stages<BLK_GROUP, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-            for (; n >= 4; n -= 4) run_stages<2, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+            for (; n >= 4; n -= 4)
+                run_stages<2, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
             if (n >= 2) {
                 run_stages<1, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
                 n -= 2;
@@ -286,7 +288,8 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         } else {
             for (; n >= BLK_GROUP; n -= BLK_GROUP)
                 run_stages<BLK_GROUP, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-            for (; n >= 2; n -= 2) run_stages<2, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+            for (; n >= 2; n -= 2)
+                run_stages<2, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
         }
         if (n) run_stages<1, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
         // a stream-K tail publishes its values, a head adds its tail's; then the stores

@@ -58,8 +58,9 @@ class _Rt:
 
 def test_routes_auto_memory_tiers(tiny):
     """auto: f16 when its plan fits the free memory with the margin, else blk (sm_90; ffn_down
-    on f16), blk-all (ffn_down too), the mixed wide tier, the wide int8 kernels; each tier's need is the backend's whole plan for
-    its routes (tests/test_memory_plan.py checks the arithmetic)."""
+    on f16), blk-all (ffn_down too), the mixed wide tier, the wide int8 kernels; each tier's
+    need is the backend's whole plan for its routes (tests/test_memory_plan.py checks the
+    arithmetic)."""
     from minfer.cuda.plan.memory import MARGIN
     from minfer.cuda.plan.routes import plan_tiers
 

@@ -206,5 +206,6 @@ def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool
     return np.ascontiguousarray(back.reshape(R, KB * block)[:, :K])
 
 
-__all__ = ["BK", "BLK_IMG", "BLK_OP", "WPAIR", "TOKEN_SCALED", "token_scaled", "kblocks", "pad128", "blk_bytes", "fwht128", "quantize_blk",
+__all__ = ["BK", "BLK_IMG", "BLK_OP", "WPAIR", "TOKEN_SCALED", "token_scaled", "kblocks", "pad128",
+           "blk_bytes", "fwht128", "quantize_blk",
            "blk_operand", "blk_unoperand", "blk_gemm", "blk_linear_ref", "blk_grid"]
