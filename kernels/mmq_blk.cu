@@ -40,12 +40,13 @@
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
 // and alternate two s32 accumulator buffers, so a unit's fold (a stage, or mmq_blk_tok's pair)
 // runs under the next unit's wgmmas; units go in straight-line groups of BLK_GROUP (4; then 2,
-// 1) with no wgmma in flight at a branch (ptxas serializes every wgmma otherwise). Build
-// options: -DBLK_FOLD=1 converts S by the magic-number add instead of I2F (A/B);
-// -DBLK_GROUP=N; -DBLK_STAGES=N the ring depth. Timing builds (wrong results; docs/perf.md "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the
-// fold without its I2F | FMUL | both; -DBLK_NOFOLD no fold (what the data movement and wgmmas
-// cost); -DBLK_HALFLOAD the weight block copied alone (half the L2 reads); -DBLK_SERIAL each
-// unit folded right after its wgmmas, none under them (A/B of the overlap).
+// 1) with no wgmma in flight at a branch (ptxas serializes every wgmma otherwise).
+// Build options: -DBLK_FOLD=1 converts S by the magic-number add instead of I2F (A/B);
+// -DBLK_GROUP=N; -DBLK_STAGES=N the ring depth. Timing builds (wrong results; docs/perf.md
+// "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the fold without its I2F | FMUL | both; -DBLK_NOFOLD no
+// fold (what the data movement and wgmmas cost); -DBLK_HALFLOAD the weight block copied alone
+// (half the L2 reads); -DBLK_SERIAL each unit folded right after its wgmmas, none under them
+// (A/B of the overlap).
 #include <cuda_fp16.h>
 
 #include "blk_operand.cuh"
