@@ -1,8 +1,8 @@
 """One GEMM, launched a few times, for `ncu` (device machine):
 
 python3 scripts/gemm_one.py PATH N K M [nvcc -D options...]
-PATH f16 | blk | blk-tok (blk on a per-token operand: the GEMMs after an rmsnorm); the gate|up shape (N = 28672) runs the swiglu epilogue. Under ncu, profile the
-third launch: ncu -k regex:'mmq_blk|wgmma_f16' --launch-skip 2 --launch-count 1 ..."""
+PATH f16 | blk | blk-tok (blk on a per-token operand: the GEMMs after an rmsnorm); the gate|up
+shape (N = 28672) runs the swiglu epilogue. Under ncu, profile the third launch: ncu -k regex:'mmq_blk|wgmma_f16' --launch-skip 2 --launch-count 1 ..."""
 
 import sys
 

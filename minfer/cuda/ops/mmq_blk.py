@@ -134,8 +134,9 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
                    build_opts: tuple = (), stream_k: bool = True, sms: int | None = None,
                    swiglu: bool = False, per_token: bool = False) -> None:
     """out f32 [M, N] (= or +=) blk(x) @ blk(W).T; x: BlkTokens (its per_token picks the
-    mmq_blk_tok entries) or f16 [M, K] (its operand made here, per_token as blk_operand's). swiglu: W's rows interleaved per 16 (quants.glu.glu_rows) and out f16 [M, N/2] =
-    f16(silu(gate) * up) from the epilogue. stream_k: split the ragged last waves' tiles by k
+    mmq_blk_tok entries: C = and swiglu only) or f16 [M, K] (its operand made here, per_token
+    as blk_operand's). swiglu: W's rows interleaved per 16 (quants.glu.glu_rows) and out f16
+    [M, N/2] = f16(silu(gate) * up) from the epilogue. stream_k: split the ragged last waves' tiles by k
     (tuning variant no-stream-k); sms: at most this many SMs; build_opts: nvcc -D options
     (-DBLK_FOLD=1, -DBLK_GROUP=N, -DBLK_STAGES=N)."""
     if not isinstance(w, BlkWeight) or (w.N, w.K) != (N, K):

@@ -4,9 +4,9 @@ so the forward (minfer.cuda.backend) never branches on path names.
 
 - `route.activation`: the input form its kernel reads ("none": the f16 activation; "q8_1": q8_1
   raw blocks; "blk-operand": the block path's rotated int8 token operand; "blk-operand-tok": the
-  same with one scale per token, for the GEMMs after an rmsnorm (blk_ref.token_scaled)). `PREPASS[kind](rt, A,
-  scratch)` makes one form from an f16 activation, one activation feeding every route that
-  reads the form; `NORM_PREPASS[kind]` makes it from the residual in the rmsnorm's launch,
+  same with one scale per token, for the GEMMs after an rmsnorm (blk_ref.token_scaled)).
+  `PREPASS[kind](rt, A, scratch)` makes one form from an f16 activation, one activation
+  feeding every route that reads the form; `NORM_PREPASS[kind]` makes it from the residual in the rmsnorm's launch,
   `ATTN_OPERAND[kind]` the attention launch from its epilogue.
 - `route.run(be, C, x, w, mode)`: C (mode 'f32' =, 'f16' =, 'acc' +=) x @ w.T.
 - `route.glu`: whether its gate|up GEMM can write silu(gate) * up from its epilogue
@@ -25,7 +25,6 @@ from minfer.cuda.runtime import devarray as da
 from minfer.cuda.plan.paths import TABLE
 from minfer.errors import Unsupported
 
-# the buffer of DeviceBuffers each activation form lives in
 # the buffer of DeviceBuffers each activation form lives in (one input is read in one form: the
 # forms that share a buffer never meet on one activation)
 SCRATCH = {"q8_1": "q8", "blk-operand": "blkop", "blk-operand-tok": "blkop"}
