@@ -272,25 +272,25 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
     while (sched.next(w)) {
 #pragma unroll
         for (int k = 0; k < 64; ++k) z[k] = 0.f;
+        // P stages per fold: per-token operands fold once per pair of blocks 2i, 2i + 1 (the
+        // weight's scale), so a stream-K part that starts at an odd block takes that one alone
+        constexpr int P = TOK ? 2 : 1;
         int n = w.k1 - w.k0;
-        if constexpr (TOK) {   // a fold per pair of blocks 2i, 2i + 1 (the weight's scale)
-            if (w.k0 & 1) {    // (a stream-K part may start at an odd block)
+        if constexpr (P == 2) {
+            if (w.k0 & 1) {
                 run_stages<1, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
                 --n;
             }
-            for (; n >= 2 * BLK_GROUP; n -= 2 * BLK_GROUP)
-                run_stages<BLK_GROUP, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-            for (; n >= 4; n -= 4)
-                run_stages<2, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        }
+        for (; n >= P * BLK_GROUP; n -= P * BLK_GROUP)
+            run_stages<BLK_GROUP, P, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        for (; n >= 2 * P; n -= 2 * P)
+            run_stages<2, P, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        if constexpr (P == 2) {
             if (n >= 2) {
                 run_stages<1, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
                 n -= 2;
             }
-        } else {
-            for (; n >= BLK_GROUP; n -= BLK_GROUP)
-                run_stages<BLK_GROUP, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-            for (; n >= 2; n -= 2)
-                run_stages<2, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
         }
         if (n) run_stages<1, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
         // a stream-K tail publishes its values, a head adds its tail's; then the stores

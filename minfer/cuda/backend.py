@@ -147,6 +147,11 @@ class CudaBackend:
         # each linear weight's route object (minfer.cuda.plan.linear): prepass, launch, epilogues
         self.lin = {n: make_route(p, model.tensor(n).qtype, self.gcfg, n)
                     for n, (p, _) in self.routes.items()}
+        for gs in self.groups:   # one input's forms never share a scratch buffer (SCRATCH)
+            for groups in gs.values():
+                kinds = {self.lin[g.member].activation for g in groups} - {"none"}
+                if len({SCRATCH[k] for k in kinds}) < len(kinds):
+                    raise AssertionError(f"forms {sorted(kinds)} of one input share a scratch")
         plan = self._plan()
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
@@ -226,8 +231,6 @@ class CudaBackend:
         kinds = {self.lin[n].activation for n in names} - {"none"}
         if not kinds:
             return None
-        if len({SCRATCH[k] for k in kinds}) < len(kinds):   # (plan-time invariant: one form)
-            raise AssertionError(f"{names}: forms {sorted(kinds)} would share one scratch")
         with self._op("prepass"):
             return {k: PREPASS[k](self.rt, A, getattr(self.buf, SCRATCH[k])) for k in kinds}
 

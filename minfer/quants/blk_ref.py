@@ -110,16 +110,13 @@ def quantize_blk(x: np.ndarray, weight: bool = False, block: int = BK, per_row: 
     y = _rotated(x, block)
     R, KB = y.shape[:2]
     per_row = per_row and weight
-    if per_token and not weight:
-        amax = np.broadcast_to(np.abs(y).max(axis=(1, 2))[:, None], (R, KB))
-    elif weight and not per_row and block == BK and pair > 1:   # a scale per `pair` blocks
-        amax = np.abs(y).max(axis=-1)
-        KBp = -(-KB // pair) * pair
-        pad = np.zeros((R, KBp), np.float32)
-        pad[:, :KB] = amax
-        amax = np.repeat(pad.reshape(R, -1, pair).max(axis=-1), pair, axis=1)[:, :KB]
-    else:
-        amax = np.abs(y).max(axis=(1, 2) if per_row else -1)
+    if per_row:
+        amax = np.abs(y).max(axis=(1, 2))
+    else:   # one scale per group of g consecutive blocks, in each block's slot
+        g = (pair if block == BK else 1) if weight else (KB if per_token else 1)
+        bmax = np.zeros((R, -(-KB // g) * g), np.float32)
+        bmax[:, :KB] = np.abs(y).max(axis=-1)
+        amax = np.repeat(bmax.reshape(R, -1, g).max(axis=-1), g, axis=1)[:, :KB]
     s = amax / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
