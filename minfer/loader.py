@@ -30,6 +30,43 @@ _ARCHS = {"llama": {"rope_neox": False}, "qwen2": {"rope_neox": True}}
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """RoPE beyond (base, dims) as llama.cpp applies it: ggml_rope_ext's freq_scale, ext_factor,
+    attn_factor, beta_fast/slow, n_ctx_orig and freq_factors, resolved from the file the way
+    llama_context does (src/llama-context.cpp). The default is plain RoPE.
+
+    kind: "none" (or "linear" with factor 1: plain), "linear" (positions / factor), "yarn";
+    the llama3 factors (rope_freqs.weight) combine with any kind. freq_factors: [rope_dim/2]
+    f32 values dividing each pair's angle. attn_factor: ggml's mscale, multiplying cos and sin.
+    """
+
+    kind: str = "none"
+    freq_scale: float = 1.0
+    ext_factor: float = 0.0
+    attn_factor: float = 1.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    n_ctx_orig: int = 0
+    freq_factors: tuple[float, ...] | None = None
+
+    @property
+    def plain(self) -> bool:
+        return (self.freq_scale == 1.0 and self.ext_factor == 0.0 and self.attn_factor == 1.0
+                and self.freq_factors is None)
+
+    def describe(self) -> str:
+        """'' for plain RoPE, else a few words: 'rope llama3 factors', 'rope yarn x4', ..."""
+        if self.plain:
+            return ""
+        parts = []
+        if self.freq_factors is not None:
+            parts.append("llama3 factors")
+        if self.freq_scale != 1.0 or self.ext_factor:
+            parts.append(f"{self.kind} x{1.0 / self.freq_scale:g}")
+        return "rope " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     arch: str
     n_layers: int
@@ -46,6 +83,7 @@ class ModelConfig:
     tied_embeddings: bool
     qkv_bias: bool
     rope_dim: int
+    rope_scaling: RopeScaling = RopeScaling()
 
 
 @dataclass(frozen=True)
@@ -85,7 +123,9 @@ def _layer_tensor_names(i: int, cfg_bias: bool) -> list[str]:
 class GGUFModel:
     """An opened GGUF model: config, metadata, tensors (memory-mapped)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, strict: bool = True):
+        """strict=False (`minfer inspect`): a metadata key or tensor minfer does not understand
+        is recorded in self.refusal instead of raised, so the file can still be shown."""
         from minfer.gguf_header import open_gguf, tensor_view
 
         self.path = Path(path)
@@ -107,7 +147,17 @@ class GGUFModel:
         if c.n_layers * 9 > len(self.tensors):
             raise BadModel(f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
                            f"only {len(self.tensors)} tensors")
-        self._check_tensors()
+        expected = self._check_tensors()
+        self.refusal: str | None = None
+        from minfer.arch_keys import check_keys, check_tensor_names
+
+        try:  # what minfer would otherwise silently ignore
+            check_keys(self.path, c.arch, self.metadata)
+            check_tensor_names(self.path, c.arch, expected, self.tensors)
+        except Unsupported as e:
+            if strict:
+                raise
+            self.refusal = str(e)
 
     @functools.cached_property
     def reader(self):
@@ -181,6 +231,7 @@ class GGUFModel:
         vocab = self._int(f"{a}.vocab_size", emb.shape[0])
         tied = "output.weight" not in self.tensors
         bias = "blk.0.attn_q.bias" in self.tensors
+        n_ctx = self._int(f"{a}.context_length")
         return ModelConfig(
             arch=a,
             n_layers=self._int(f"{a}.block_count", hi=1 << 16),
@@ -190,16 +241,64 @@ class GGUFModel:
             n_kv_heads=n_kv,
             head_dim=head_dim,
             vocab_size=vocab,
-            n_ctx=self._int(f"{a}.context_length"),
+            n_ctx=n_ctx,
             rope_base=self._float(f"{a}.rope.freq_base", 10000.0),
             rms_eps=self._float(f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
             rope_neox=_ARCHS[a]["rope_neox"],
             tied_embeddings=tied,
             qkv_bias=bias,
             rope_dim=rope_dim,
+            rope_scaling=self._rope_scaling(a, rope_dim, n_ctx),
         )
 
-    def _check_tensors(self) -> None:
+    def _rope_scaling(self, a: str, rope_dim: int, n_ctx: int) -> RopeScaling:
+        """The file's RoPE scaling, resolved as llama.cpp's llama_context does (f32 math)."""
+        f32 = np.float32
+        kt = f"{a}.rope.scaling.type"
+        kind = self.metadata.get(kt, "linear")  # llama.cpp's default when the key is absent
+        if not isinstance(kind, str):
+            raise BadModel(f"{self.path}: metadata key {kt!r} = {_show(kind)} must be a string, "
+                           f"not {_kind(kind)}")
+        if kind not in ("none", "linear", "yarn"):
+            raise Unsupported(f"{self.path}: metadata key {kt!r} = {_show(kind)}: RoPE scaling "
+                              "type not implemented (supported: none, linear, yarn)")
+        kf = f"{a}.rope.scaling.factor"
+        if kf not in self.metadata and f"{a}.rope.scale_linear" in self.metadata:
+            kf = f"{a}.rope.scale_linear"  # the old key, as llama.cpp falls back to it
+        factor = self.metadata.get(kf, 0.0)
+        if factor != 0.0:  # 0 means "no scaling" to llama.cpp
+            factor = self._float(kf, 1.0)
+        freq_scale = f32(1.0) if factor == 0.0 or kind == "none" else f32(1.0) / f32(factor)
+        ext = 1.0 if kind == "yarn" else 0.0
+        attn = f32(1.0)
+        if ext:  # llama_context: get_mscale(factor, 1), cancelled by ggml's own YaRN mscale
+            fac = f32(1.0) / freq_scale
+            attn = f32(1.0) if fac <= 1 else f32(f32(0.1) * np.log(fac) + f32(1.0))
+            attn = attn * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fac)))
+        attn = f32(attn * f32(self._float(f"{a}.rope.scaling.attn_factor", 1.0)))
+        n_orig = self._int(f"{a}.rope.scaling.original_context_length", n_ctx)
+        return RopeScaling(kind=kind, freq_scale=float(freq_scale), ext_factor=ext,
+                           attn_factor=float(attn), n_ctx_orig=n_orig,
+                           freq_factors=self._freq_factors(rope_dim))
+
+    def _freq_factors(self, rope_dim: int) -> tuple[float, ...] | None:
+        """rope_freqs.weight (the llama3 factors): f32 [rope_dim/2], finite and > 0."""
+        t = self.tensors.get("rope_freqs.weight")
+        if t is None:
+            return None
+        name = "rope_freqs.weight"
+        if t.qtype != 0 or t.shape != (rope_dim // 2,):
+            raise BadModel(f"{self.path}: tensor {name!r} is {t.type_name} {list(t.shape)}, "
+                           f"expected F32 [{rope_dim // 2}] (rope.dimension_count / 2)")
+        v = np.asarray(t.data, dtype=np.float32).reshape(-1)
+        if not (np.isfinite(v).all() and (v > 0).all()):
+            raise BadModel(f"{self.path}: tensor {name!r} holds values that are not finite "
+                           "and > 0 (RoPE frequency factors divide the angle)")
+        return tuple(float(x) for x in v)
+
+    def _check_tensors(self) -> set[str]:
+        """BadModel/Unsupported for a missing tensor, a wrong shape or type; -> the names of
+        the tensors the graph uses (arch_keys.EXTRA_TENSORS aside)."""
         from minfer.quants import traits_of
 
         c = self.config
@@ -247,6 +346,7 @@ class GGUFModel:
             if m and int(m.group(1)) >= c.n_layers:
                 raise BadModel(f"{self.path}: tensor {name!r} lies beyond the metadata's "
                                f"'{a}.block_count' = {c.n_layers}")
+        return set(want)
 
     # -- tensors --------------------------------------------------------------------------
     def tensor(self, name: str) -> TensorInfo:
@@ -275,9 +375,11 @@ class GGUFModel:
 
     def describe(self) -> str:
         c = self.config
+        rope = c.rope_scaling.describe()
         return (f"{self.path.name}: {c.arch}, {c.n_layers} layers, d={c.d_model}, ff={c.d_ff}, "
-                f"heads {c.n_heads}:{c.n_kv_heads}, vocab {c.vocab_size}")
+                f"heads {c.n_heads}:{c.n_kv_heads}, vocab {c.vocab_size}"
+                + (f", {rope}" if rope else ""))
 
 
-def load_model(path: str | os.PathLike) -> GGUFModel:
-    return GGUFModel(path)
+def load_model(path: str | os.PathLike, strict: bool = True) -> GGUFModel:
+    return GGUFModel(path, strict)

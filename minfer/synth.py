@@ -58,6 +58,12 @@ class SynthShape:
     rope_base: float = 10000.0
     rms_eps: float = 1e-5
     n_ctx: int = 8192
+    # RoPE scaling as converters write it: "llama3" (rope_freqs.weight from HF's llama3 rule,
+    # low/high frequency factors 1 and 4), "linear" or "yarn" (rope.scaling.* keys); factor and
+    # the original context it stretches
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_orig_ctx: int = 8192
 
 
 PRESETS: dict[str, SynthShape] = {
@@ -67,8 +73,24 @@ PRESETS: dict[str, SynthShape] = {
     "llama2-7b": SynthShape("llama", 4096, 11008, 32, 32, 32, n_ctx=4096),
     "qwen2-7b-like": SynthShape("qwen2", 3584, 18944, 28, 28, 4, qkv_bias=True,
                                 rope_base=1000000.0, rms_eps=1e-6),
+    # Llama 3.1 / 3.3: the llama3 RoPE factors, 128k context
+    "llama3.1-8b": SynthShape("llama", 4096, 14336, 32, 32, 8, rope_base=500000.0,
+                              n_ctx=131072, rope_scaling="llama3", rope_factor=8.0),
+    # Qwen2.5's long-context recipe: YaRN x4 over 32k
+    "qwen2-7b-yarn": SynthShape("qwen2", 3584, 18944, 28, 28, 4, qkv_bias=True,
+                                rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
+                                rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=32768),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
+    # tiny files whose RoPE scaling moves the logits within a few hundred positions (an
+    # original context of 256 / 64): the llama.cpp oracle tests (tests/golden/families)
+    "tiny-llama3": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, rope_scaling="llama3",
+                              rope_factor=8.0, rope_orig_ctx=256),
+    "tiny-linear": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, rope_scaling="linear",
+                              rope_factor=4.0),
+    "tiny-qwen2-yarn": SynthShape("qwen2", 256, 512, 2, 4, 2, qkv_bias=True, n_ctx=4096,
+                                  rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=64),
 }
+ROPE_SCALINGS = ("none", "llama3", "linear", "yarn")
 
 # the --type choices: file types whose mix uses only types minfer.synth_blocks can write
 # (Q4_K, Q6_K, Q5_0, Q8_0, F16); file_type values from minfer.quants.mix.FTYPES
@@ -131,6 +153,8 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
             (p + "ffn_up.weight", (s.d_ff, s.d_model), "weight"),
             (p + "ffn_down.weight", (s.d_model, s.d_ff), "weight"),
         ]
+    if s.rope_scaling == "llama3":
+        items.append(("rope_freqs.weight", (hd // 2,), "rope_freqs"))
     items.append(("output_norm.weight", (s.d_model,), "norm"))
     if not s.tied:
         items.append(("output.weight", (s.vocab, s.d_model), "weight"))
@@ -139,10 +163,33 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
 
 
 # ---- values ---------------------------------------------------------------------------------
-def make_tensor(plan: TensorPlan, seed: int, index: int) -> np.ndarray:
+def llama3_rope_factors(head_dim: int, base: float, factor: float, orig_ctx: int,
+                        low: float = 1.0, high: float = 4.0) -> np.ndarray:
+    """rope_freqs.weight f32 [head_dim/2] as convert_hf_to_gguf.py derives it from a Llama 3.1
+    config's rope_scaling (rope_type llama3): 1 for short wavelengths, `factor` for long
+    ones, a smooth blend between."""
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < orig_ctx / high:
+            out.append(1.0)
+        elif wavelen > orig_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (orig_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def make_tensor(plan: TensorPlan, seed: int, index: int,
+                shape: SynthShape | None = None) -> np.ndarray:
     """The data of one tensor: seeded by (seed, index) alone, so any worker can make it."""
     from minfer.synth_blocks import random_blocks
 
+    if plan.kind == "rope_freqs":
+        return llama3_rope_factors(2 * plan.shape[0], shape.rope_base, shape.rope_factor,
+                                   shape.rope_orig_ctx)
     rng = np.random.default_rng([seed, index])
     if plan.kind == "norm":
         return rng.uniform(0.9, 1.1, plan.shape).astype(np.float32)
@@ -152,11 +199,12 @@ def make_tensor(plan: TensorPlan, seed: int, index: int) -> np.ndarray:
     return random_blocks(plan.qtype, rng, rows, cols, 1.0 / np.sqrt(cols))
 
 
-def _produce(plans: list[TensorPlan], seed: int, workers: int) -> Iterator[np.ndarray]:
+def _produce(plans: list[TensorPlan], seed: int, workers: int,
+             shape: SynthShape | None = None) -> Iterator[np.ndarray]:
     """Tensor data in plan order, made by `workers` processes at most 2*workers ahead."""
     if workers <= 1:
         for i, p in enumerate(plans):
-            yield make_tensor(p, seed, i)
+            yield make_tensor(p, seed, i, shape)
         return
     import multiprocessing
 
@@ -174,7 +222,8 @@ def _produce(plans: list[TensorPlan], seed: int, workers: int) -> Iterator[np.nd
         nxt = 0
         while nxt < len(plans) or pending:
             while nxt < len(plans) and len(pending) < 2 * workers:
-                pending.append(pool.apply_async(_make_unless_stopped, (plans[nxt], seed, nxt)))
+                pending.append(pool.apply_async(_make_unless_stopped,
+                                               (plans[nxt], seed, nxt, shape)))
                 nxt += 1
             yield pending.popleft().get()
     finally:
@@ -197,8 +246,9 @@ def _worker_init(stop) -> None:
     _stop = stop
 
 
-def _make_unless_stopped(plan: TensorPlan, seed: int, index: int) -> np.ndarray | None:
-    return None if _stop.is_set() else make_tensor(plan, seed, index)
+def _make_unless_stopped(plan: TensorPlan, seed: int, index: int,
+                        shape: SynthShape | None = None) -> np.ndarray | None:
+    return None if _stop.is_set() else make_tensor(plan, seed, index, shape)
 
 
 # ---- tokenizer ------------------------------------------------------------------------------
@@ -272,6 +322,12 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
     hd = shape.d_model // shape.n_heads
     u32 = lambda x: gguf.GGUFValue(int(x), V.UINT32)  # noqa: E731
     f32 = lambda x: gguf.GGUFValue(float(x), V.FLOAT32)  # noqa: E731
+    rope: dict[str, Any] = {}
+    if shape.rope_scaling in ("linear", "yarn"):
+        rope = {f"{a}.rope.scaling.type": gguf.GGUFValue(shape.rope_scaling, V.STRING),
+                f"{a}.rope.scaling.factor": f32(shape.rope_factor)}
+        if shape.rope_scaling == "yarn":
+            rope[f"{a}.rope.scaling.original_context_length"] = u32(shape.rope_orig_ctx)
     return {
         "general.name": gguf.GGUFValue(name, V.STRING),
         "general.file_type": u32(MIX_FTYPES[ftype][0]),
@@ -286,7 +342,7 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
         f"{a}.attention.layer_norm_rms_epsilon": f32(shape.rms_eps),
         f"{a}.rope.dimension_count": u32(hd),
         f"{a}.vocab_size": u32(shape.vocab),
-    }
+    } | rope
 
 
 def resolve_shape(opts: SynthOptions) -> SynthShape:
@@ -323,7 +379,7 @@ def make_synthetic_model(out: str | os.PathLike, opts: SynthOptions,
     workers = opts.workers if opts.workers is not None else (os.cpu_count() or 1)
     if workers < 1:
         raise BadInput(f"--workers must be >= 1, not {workers}")
-    stream = _produce(plans, opts.seed, min(workers, len(plans)))
+    stream = _produce(plans, opts.seed, min(workers, len(plans)), shape)
     # write_gguf calls each entry's callable once, in order: the stream yields in plan order
     try:
         path = write_gguf(out, shape.arch, meta,

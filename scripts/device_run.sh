@@ -12,6 +12,8 @@
 #          and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
+#   families: the GPU suite (the RoPE-scaled families against llama.cpp's logits included), and
+#          `bench --ab f16 blk` on llama3-8b and llama3.1-8b (rope_freqs) shapes, one after the other.
 #   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
 #          block) and f16's gate|up; the installed wheel's check (as gates).
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
@@ -46,6 +48,21 @@ if [ "$MODE" = gates ]; then
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
   echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -24
   echo "--- installed (cwd /tmp, PYTHONPATH=/tmp/x only)"; grep -vE "^\s*$" "$OUT/installed.log" | tail -9
+  exit 0
+fi
+
+if [ "$MODE" = families ]; then   # RoPE-scaled files: the GPU suite, llama.cpp's logits, speed
+  MINFER_TEST_MODEL=$S step tests 300 python3 -m pytest -q -rfEs tests/gpu
+  for p in llama3-8b llama3.1-8b; do
+    step synth_$p 90 $M synth --preset $p --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
+    step bench_$p 110 $M bench -m /tmp/$p.gguf --tokens 512,2048 --min-ms 0 --repeats 3 \
+      --no-breakdown --ab f16 blk
+  done
+  echo; echo "################ SUMMARY families ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
+  grep -E "^(FAILED|ERROR)|^family|^cuda f16" "$OUT/tests.log" | head -16
+  for p in llama3-8b llama3.1-8b; do echo "--- bench $p"; grep -E "^\| |^model|rror" \
+    "$OUT/bench_$p.log" | grep -v "| ---"; done
   exit 0
 fi
 

@@ -235,8 +235,9 @@ def test_inspect_escapes_metadata(tmp_path, tiny, capsys):
     code, text, err = _main(capsys, ["inspect", str(out)])
     assert code == 0, err
     assert "\x1b" not in text and "\r" not in text
-    lines = [x for x in text.splitlines() if "key" in x and "evil" in x]
+    lines = [x for x in text.splitlines() if x.startswith("  ") and "evil" in x]
     assert lines == ["  evil\\nkey = 'red \\x1b[31m text\\r\\nline'"], lines
+
 
 
 def test_stdout_full_and_closed_pipe(default_model_path):

@@ -23,7 +23,8 @@ def as_dict(m, all_metadata: bool) -> dict:
                 "bytes": int(t.data.nbytes)} for t in m.tensors.values()]
     return {"file": str(m.path), "config": dataclasses.asdict(m.config), "metadata": meta,
             "metadata_array_lengths": arrays, "tensors": tensors,
-            "n_tensors": len(tensors), "bytes": sum(t["bytes"] for t in tensors)}
+            "n_tensors": len(tensors), "bytes": sum(t["bytes"] for t in tensors),
+            "refusal": m.refusal}
 
 
 @click.command("inspect")
@@ -37,7 +38,7 @@ def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
     from minfer.fileio import escape_controls as esc
     from minfer.loader import load_model
 
-    m = load_model(file)
+    m = load_model(file, strict=False)
     if as_json:
         # bytes values (a non-UTF-8 string in the file) as text rather than a crash
         click.echo(json.dumps(as_dict(m, all_metadata), ensure_ascii=False,
@@ -45,6 +46,8 @@ def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
                               if isinstance(o, bytes) else str(o)))
         return
     click.echo(esc(m.describe()))
+    if m.refusal:
+        click.echo(esc(f"refused  for running: {m.refusal}"))
     click.echo("\nmetadata:")
     for k, v in m.metadata.items():
         if isinstance(v, list) and len(v) > LONG and not all_metadata:

@@ -296,8 +296,8 @@ class ReferenceBackend:
             q = self._linear(h, p + "attn_q.weight").reshape(T, H, D)
             k = self._linear(h, p + "attn_k.weight").reshape(T, Hkv, D)
             v = self._linear(h, p + "attn_v.weight").reshape(T, Hkv, D)
-            q = ops.rope(q, pos, c.rope_base, c.rope_dim, c.rope_neox)
-            k = ops.rope(k, pos, c.rope_base, c.rope_dim, c.rope_neox)
+            q = ops.rope(q, pos, c.rope_base, c.rope_dim, c.rope_neox, c.rope_scaling)
+            k = ops.rope(k, pos, c.rope_base, c.rope_dim, c.rope_neox, c.rope_scaling)
             if self.kv_f16:
                 k, v, q = round_f16(k), round_f16(v), round_f16(q)
             self._k[il][pos0: pos0 + T] = k

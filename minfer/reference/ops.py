@@ -30,36 +30,81 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x * scale[..., None]) * np.asarray(w, dtype=ft)
 
 
-def rope_cos_sin(pos: np.ndarray, base: float, rope_dim: int,
-                 dtype: np.dtype = np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin of theta[t, i] = pos[t] * base^(-2i/rope_dim), i < rope_dim/2.  -> 2 x [T, rope_dim/2].
+def yarn_corr_dims(rope_dim: int, n_ctx_orig: int, base: float, beta_fast: float,
+                   beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims: the pair range YaRN ramps over, in float like ggml."""
+    f32 = np.float32
+
+    def corr(n_rot: float) -> np.float32:
+        return f32(f32(rope_dim) * np.log(f32(n_ctx_orig) / (f32(n_rot) * f32(2.0) * f32(np.pi)))
+                   / (f32(2.0) * np.log(f32(base))))
+
+    return (max(0.0, float(np.floor(corr(beta_fast)))),
+            min(float(rope_dim - 1), float(np.ceil(corr(beta_slow)))))
+
+
+def rope_cos_sin(pos: np.ndarray, base: float, rope_dim: int, dtype: np.dtype = np.float32,
+                 scaling=None) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin of theta[t, i] = pos[t] * base^(-2i/rope_dim), i < rope_dim/2, as scaled by
+    `scaling` (minfer.loader.RopeScaling; None: plain).  -> 2 x [T, rope_dim/2].
 
     float32: ggml's ggml_rope_cache_init: theta_scale = powf(base, -2/n_dims) and a running
-    product theta = p; theta *= theta_scale per pair, all in float, then cosf/sinf (correctly
-    rounded: cos of the float theta computed in double, rounded to float). float64: the exact
+    product theta = p; theta *= theta_scale per pair, all in float, then rope_yarn: the angle
+    divided by the pair's freq factor (llama3), scaled by freq_scale (linear, YaRN), YaRN's
+    ramp between the two, and cosf/sinf (correctly rounded: cos of the float theta computed in
+    double, rounded to float) times mscale (YaRN's attention factor). Plain RoPE takes none of
+    these steps, so its values are the unscaled formula's bit for bit. float64: the same
     formula in double.
     """
     pos = np.asarray(pos)
     half = rope_dim // 2
-    if np.dtype(dtype) == np.float64:
+    ft = np.dtype(dtype)
+    if ft == np.float64:
         inv = float(base) ** (-2.0 * np.arange(half, dtype=np.float64) / rope_dim)
         theta = pos.astype(np.float64)[:, None] * inv[None, :]
-        return np.cos(theta), np.sin(theta)
-    theta_scale = np.float32(np.float32(base) ** np.float32(-2.0 / rope_dim))
-    theta = np.empty((pos.shape[0], half), dtype=np.float32)
-    th = pos.astype(np.float32)
-    for i in range(half):  # the running product, rounded to float at every step like ggml
-        theta[:, i] = th
-        th = (th * theta_scale).astype(np.float32)
+    else:
+        ft = np.dtype(np.float32)
+        theta_scale = np.float32(np.float32(base) ** np.float32(-2.0 / rope_dim))
+        theta = np.empty((pos.shape[0], half), dtype=np.float32)
+        th = pos.astype(np.float32)
+        for i in range(half):  # the running product, rounded to float at every step like ggml
+            theta[:, i] = th
+            th = (th * theta_scale).astype(np.float32)
+    mscale = None
+    if scaling is not None and not scaling.plain:
+        theta, mscale = _scaled_theta(theta, base, rope_dim, scaling, ft)
     t64 = theta.astype(np.float64)
-    return np.cos(t64).astype(np.float32), np.sin(t64).astype(np.float32)
+    c, s = np.cos(t64).astype(ft), np.sin(t64).astype(ft)
+    if mscale is not None and mscale != 1.0:
+        c, s = c * ft.type(mscale), s * ft.type(mscale)
+    return c, s
 
 
-def rope(x: np.ndarray, pos: np.ndarray, base: float, rope_dim: int, neox: bool) -> np.ndarray:
+def _scaled_theta(theta: np.ndarray, base: float, rope_dim: int, sc, ft: np.dtype):
+    """ggml's rope_yarn on theta [T, half] (the extrapolated angle) -> (theta, mscale)."""
+    f = ft.type
+    if sc.freq_factors is not None:
+        theta = (theta / np.asarray(sc.freq_factors, dtype=ft)[None, :]).astype(ft)
+    interp = (f(sc.freq_scale) * theta).astype(ft)
+    mscale = f(sc.attn_factor)
+    if sc.ext_factor == 0.0:
+        return interp, mscale
+    lo, hi = yarn_corr_dims(rope_dim, sc.n_ctx_orig, base, sc.beta_fast, sc.beta_slow)
+    i = np.arange(theta.shape[1], dtype=ft)  # ggml's i0 / 2
+    y = (i - f(lo)) / f(max(0.001, hi - lo))
+    mix = ((f(1) - np.minimum(f(1), np.maximum(f(0), y))) * f(sc.ext_factor)).astype(ft)
+    out = (interp * (f(1) - mix) + theta * mix).astype(ft)
+    mscale = f(mscale * (f(1) + f(0.1) * np.log(f(1) / f(sc.freq_scale))))
+    return out, mscale
+
+
+def rope(x: np.ndarray, pos: np.ndarray, base: float, rope_dim: int, neox: bool,
+         scaling=None) -> np.ndarray:
     """Rotary position embedding.  x: [T, H, head_dim], pos: int [T] -> [T, H, head_dim].
 
     neox=False (llama, ggml "normal" mode): rotate adjacent pairs (x[2i], x[2i+1]) by theta_i.
     neox=True: rotate (x[i], x[i + rope_dim/2]). Dimensions past rope_dim pass through.
+    scaling: minfer.loader.RopeScaling (linear, YaRN, llama3 factors), None for plain RoPE.
     """
     ft = _ftype(x)
     x = np.asarray(x, dtype=ft)
@@ -68,7 +113,7 @@ def rope(x: np.ndarray, pos: np.ndarray, base: float, rope_dim: int, neox: bool)
         raise ValueError(f"rope: rope_dim {rope_dim} must be even and <= head_dim {D}")
     if np.asarray(pos).shape != (T,):
         raise ValueError(f"rope: pos has shape {np.asarray(pos).shape}, expected ({T},)")
-    cos, sin = rope_cos_sin(pos, base, rope_dim, ft)
+    cos, sin = rope_cos_sin(pos, base, rope_dim, ft, scaling)
     cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, rope_dim/2]
     out = x.copy()
     if neox:

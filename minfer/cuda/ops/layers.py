@@ -29,10 +29,13 @@ class RopeTable:
     base: float
 
     @classmethod
-    def build(cls, rt, n_pos: int, base: float, rope_dim: int) -> "RopeTable":
+    def build(cls, rt, n_pos: int, base: float, rope_dim: int, scaling=None) -> "RopeTable":
+        """scaling: minfer.loader.RopeScaling (linear, YaRN, llama3 factors, mscale): all of it
+        lives in the table, so every kernel that reads it (rope, rope_qkv, the fused GEMM
+        epilogue) applies it."""
         from minfer.reference.ops import rope_cos_sin
 
-        c, s = rope_cos_sin(np.arange(n_pos), base, rope_dim, np.float32)
+        c, s = rope_cos_sin(np.arange(n_pos), base, rope_dim, np.float32, scaling)
         return cls(da.to_device(rt, c.astype(np.float32), "rope cos table"),
                    da.to_device(rt, s.astype(np.float32), "rope sin table"), n_pos, rope_dim,
                    base)

@@ -392,7 +392,7 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         ids=e(rt, (T,), np.int32, "token ids"),
         kc=[e(rt, (max_tokens, Hkv, D), np.float16, f"K cache {i}") for i in range(c.n_layers)],
         vc=[e(rt, (max_tokens, Hkv, D), np.float16, f"V cache {i}") for i in range(c.n_layers)],
-        rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim),
+        rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim, c.rope_scaling),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
         blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
     )
