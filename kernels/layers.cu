@@ -5,6 +5,9 @@
 //   rmsnorm_f32_f16 / rmsnorm_f32_f32  y[T, D] = x * (1/sqrt(mean(x^2) + eps)) * w
 //       x f32 [T, ldx], w f32 [D]; one block per row; sum of squares in double (as ggml,
 //       rmsnorm.cuh).
+//   head_rmsnorm_f32                    in place on x [T, H, D] (row stride ldx per token):
+//                                       each head's D values rmsnorm'd with w [D] (qwen3's
+//                                       attn_q_norm / attn_k_norm); grid (T, H), block (128)
 //   rope_f32 / rope_f16                 in place on x [T, H, D] (row stride ldx per token)
 //   rope_f32_f16                        rope of f32 src into f16 dst (dst row stride ldd), e.g.
 //                                       straight into the KV cache at row pos0; dims past
@@ -93,6 +96,14 @@ extern "C" __global__ void rmsnorm_f32_f16(__half* y, int ldy, const float* x, i
 extern "C" __global__ void rmsnorm_f32_f32(float* y, int ldy, const float* x, int ldx,
                                            const float* w, int D, float eps) {
     rmsnorm_row<float>(y, ldy, x, ldx, w, D, eps);
+}
+
+// ---- head_rmsnorm: grid (T, H), block (128) ----------------------------------------------------
+// In place is safe: rms_scale's last __syncthreads (rms_finish) follows every read of the row.
+extern "C" __global__ void head_rmsnorm_f32(float* x, long ldx, int D, const float* w, float eps) {
+    float* xr = x + (size_t)blockIdx.x * ldx + (size_t)blockIdx.y * D;
+    const float scale = rms_scale(xr, D, eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) xr[i] = rms_value(xr[i], scale, w[i]);
 }
 
 // ---- rope: grid (T, ceil(H*D/2 / 128)), block (128): one thread per (head, pair) ---------------

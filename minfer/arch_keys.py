@@ -58,11 +58,13 @@ WHY = {
 }
 
 # Tensors beyond the llama layer set (token_embd, output_norm, output, and per layer attn_norm,
-# attn_q|k|v, attn_output, ffn_norm, ffn_gate|up|down, optional attn_q|k|v bias) that an
+# attn_q|k|v, attn_output, ffn_norm, ffn_gate|up|down, optional attn_q|k|v bias; qwen3's
+# attn_q_norm / attn_k_norm) that an
 # architecture may carry, with what they are.
 EXTRA_TENSORS = {
     "llama": {"rope_freqs.weight": "the llama3 RoPE frequency factors"},
     "qwen2": {},
+    "qwen3": {},
 }
 
 

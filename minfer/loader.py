@@ -25,8 +25,11 @@ from minfer.errors import BadModel, Unsupported
 _BLK = re.compile(r"blk\.(\d+)\.")
 
 # Architectures whose graph is the llama one (RMSNorm, RoPE, GQA attention, SwiGLU).
-# rope_neox: rotate halves (NEOX) instead of adjacent pairs (llama.cpp LLAMA_ROPE_TYPE_NORM).
-_ARCHS = {"llama": {"rope_neox": False}, "qwen2": {"rope_neox": True}}
+# rope_neox: rotate halves (NEOX) instead of adjacent pairs (llama.cpp LLAMA_ROPE_TYPE_NORM);
+# qk_norm: an RMSNorm over each head of q and k before RoPE (attn_q_norm, attn_k_norm [head_dim]).
+_ARCHS = {"llama": {"rope_neox": False, "qk_norm": False},
+          "qwen2": {"rope_neox": True, "qk_norm": False},
+          "qwen3": {"rope_neox": True, "qk_norm": True}}
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class ModelConfig:
     qkv_bias: bool
     rope_dim: int
     rope_scaling: RopeScaling = RopeScaling()
+    qk_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -249,6 +253,7 @@ class GGUFModel:
             qkv_bias=bias,
             rope_dim=rope_dim,
             rope_scaling=self._rope_scaling(a, rope_dim, n_ctx),
+            qk_norm=_ARCHS[a]["qk_norm"],
         )
 
     def _rope_scaling(self, a: str, rope_dim: int, n_ctx: int) -> RopeScaling:
@@ -327,6 +332,9 @@ class GGUFModel:
                 p + "ffn_up.weight": ((c.d_ff, c.d_model), (kf, kd)),
                 p + "ffn_down.weight": ((c.d_model, c.d_ff), (kd, kf)),
             })
+            if c.qk_norm:
+                want[p + "attn_q_norm.weight"] = ((hd,), (f"{a}.attention.key_length",))
+                want[p + "attn_k_norm.weight"] = ((hd,), (f"{a}.attention.key_length",))
             if c.qkv_bias:
                 want[p + "attn_q.bias"] = ((c.n_heads * hd,), (kq,))
                 want[p + "attn_k.bias"] = ((c.n_kv_heads * hd,), (kk,))

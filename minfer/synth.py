@@ -46,7 +46,7 @@ from minfer.errors import BadInput
 
 @dataclass(frozen=True)
 class SynthShape:
-    arch: str  # GGUF general.architecture: "llama" or "qwen2"
+    arch: str  # GGUF general.architecture: "llama", "qwen2" or "qwen3"
     d_model: int
     d_ff: int
     n_layers: int
@@ -64,6 +64,11 @@ class SynthShape:
     rope_scaling: str = "none"
     rope_factor: float = 1.0
     rope_orig_ctx: int = 8192
+    head_dim: int = 0  # 0: d_model / n_heads; else written as attention.key_length
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
 
 
 PRESETS: dict[str, SynthShape] = {
@@ -80,7 +85,13 @@ PRESETS: dict[str, SynthShape] = {
     "qwen2-7b-yarn": SynthShape("qwen2", 3584, 18944, 28, 28, 4, qkv_bias=True,
                                 rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
                                 rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=32768),
+    # Qwen3-8B: per-head q/k RMSNorm, NEOX RoPE, no biases, head_dim 128
+    "qwen3-8b": SynthShape("qwen3", 4096, 12288, 36, 32, 8, rope_base=1000000.0, rms_eps=1e-6,
+                           n_ctx=40960),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
+    # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
+    "tiny-qwen3": SynthShape("qwen3", 256, 512, 2, 4, 2, tied=True, head_dim=128, n_ctx=4096,
+                             rms_eps=1e-6),
     # tiny files whose RoPE scaling moves the logits within a few hundred positions (an
     # original context of 256 / 64): the llama.cpp oracle tests (tests/golden/families)
     "tiny-llama3": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, rope_scaling="llama3",
@@ -131,7 +142,7 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
     if ftype not in FTYPES:
         raise BadInput(f"unknown --type {ftype!r} (choose from {', '.join(FTYPES)})")
     s = shape
-    hd = s.d_model // s.n_heads
+    hd = s.hd
     items: list[tuple[str, tuple[int, ...], str]] = [
         ("token_embd.weight", (s.vocab, s.d_model), "weight")]
     for i in range(s.n_layers):
@@ -142,6 +153,9 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
             (p + "attn_k.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
             (p + "attn_v.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
         ]
+        if s.arch == "qwen3":  # per-head q/k norms (llama.cpp: attn_q_norm, attn_k_norm)
+            items += [(p + "attn_q_norm.weight", (hd,), "norm"),
+                      (p + "attn_k_norm.weight", (hd,), "norm")]
         if s.qkv_bias:
             items += [(p + "attn_q.bias", (s.n_heads * hd,), "bias"),
                       (p + "attn_k.bias", (s.n_kv_heads * hd,), "bias"),
@@ -319,7 +333,7 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
 
     V = gguf.GGUFValueType
     a = shape.arch
-    hd = shape.d_model // shape.n_heads
+    hd = shape.hd
     u32 = lambda x: gguf.GGUFValue(int(x), V.UINT32)  # noqa: E731
     f32 = lambda x: gguf.GGUFValue(float(x), V.FLOAT32)  # noqa: E731
     rope: dict[str, Any] = {}
@@ -342,7 +356,8 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
         f"{a}.attention.layer_norm_rms_epsilon": f32(shape.rms_eps),
         f"{a}.rope.dimension_count": u32(hd),
         f"{a}.vocab_size": u32(shape.vocab),
-    } | rope
+    } | rope | ({f"{a}.attention.key_length": u32(hd), f"{a}.attention.value_length": u32(hd)}
+                if shape.head_dim else {})
 
 
 def resolve_shape(opts: SynthOptions) -> SynthShape:

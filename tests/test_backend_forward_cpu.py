@@ -256,3 +256,39 @@ def test_blk_token_scales_go_to_the_gemms_after_a_norm(monkeypatch, tmp_path):
         assert entries.count("mmq_blk_acc") == (1 if tok else 2) * L
         assert "mmq_blk_tok_acc" not in entries
         assert (entries.count("mmq_blk_tok") > 0) == tok
+
+
+@pytest.mark.parametrize("path", ["f16", "blk", "wide-kd4"])
+def test_qwen3_norms_q_and_k_before_the_rope(monkeypatch, tmp_path, path):
+    """qwen3 (tiny-qwen3: head_dim 128 over d_model 256): each layer's q and k get their
+    per-head rmsnorm launch (head_rmsnorm_f32) after the q|k|v GEMMs and before rope_qkv, on
+    every path; the f16 path's rope epilogue is off (the norm needs the GEMM's output)."""
+    from fake_gpuarray import install
+
+    from minfer.cuda.runtime import devarray
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.loader import load_model
+    from minfer.synth import SynthOptions, make_synthetic_model
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    p = tmp_path / "q3.gguf"
+    make_synthetic_model(p, SynthOptions(preset="tiny-qwen3", qtype="q4_K_M", vocab=1024,
+                                         tokenizer_from=None, workers=1), progress=False)
+    model = load_model(p)
+    rt = FakeRT("sm_90" if path in ("blk", "f16") else "sm_80")
+    be = CudaBackend(model, GemmChoice(path), rt=rt, max_tokens=64, ubatch=16, warmup=False,
+                     graphs=False)
+    assert not be.rope_epi
+    rt.launches.clear()
+    be.forward_device(np.arange(21, dtype=np.int32) % 50, 0)
+    entries = [e for _, e in rt.launches]
+    L, chunks = model.config.n_layers, 2
+    assert entries.count("head_rmsnorm_f32") == 2 * L * chunks
+    ropes = [i for i, e in enumerate(entries) if e.startswith("rope_qkv")]
+    norms = [i for i, e in enumerate(entries) if e == "head_rmsnorm_f32"]
+    assert len(ropes) == L * chunks
+    assert all(norms[2 * j + 1] < ropes[j] for j in range(len(ropes)))   # q, k, then the rope

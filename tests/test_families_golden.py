@@ -4,9 +4,9 @@ tests/golden/families/ holds llama.cpp's answers (scripts/llama_oracle.py: libll
 for the tiny F16 files of tests/families_data.FAMILIES, rebuilt here byte for byte. Per
 family: the tokenizer gives llama.cpp's prompt ids; the reference's logits at the kept prompt
 positions are within 0.03 of llama.cpp's; the 32 greedy ids are tie-aware identical (gate 3).
-The RoPE scaling families also show that the test has teeth: with the scaling dropped (what
-minfer did before it read rope_freqs.weight and rope.scaling.*) the logits move by far more
-than the tolerance.
+Each family also shows that the test has teeth: with its feature dropped (the RoPE scaling
+minfer ignored before it read rope_freqs.weight and rope.scaling.*; qwen3's q/k norms) the
+logits move by far more than the tolerance.
 """
 
 from __future__ import annotations
@@ -64,13 +64,21 @@ def test_family_matches_llamacpp(family_files, preset, report):
            f"max |dlogit| {err:.4f}, greedy {v.describe()}")
 
 
-@pytest.mark.parametrize("preset", [p for p in FAMILIES if p != "tiny"])
-def test_dropping_the_rope_scaling_is_caught(family_files, preset):
+# what each family adds over plain llama, and the config that drops it
+DROPS = [("tiny-llama3", "rope_scaling"), ("tiny-linear", "rope_scaling"),
+         ("tiny-qwen2-yarn", "rope_scaling"), ("tiny-qwen3", "qk_norm")]
+
+
+@pytest.mark.parametrize("preset, feature", DROPS)
+def test_dropping_the_family_feature_is_caught(family_files, preset, feature):
+    """Without its feature (what minfer did before it read it) a family's logits move far past
+    the tolerance: the golden comparison has teeth."""
     from minfer.loader import RopeScaling, load_model
 
     g, want = _golden(preset)
     m = load_model(family_files[preset])
-    assert not m.config.rope_scaling.plain
-    object.__setattr__(m, "config", replace(m.config, rope_scaling=RopeScaling()))
+    plain = {"rope_scaling": RopeScaling(), "qk_norm": False}[feature]
+    assert getattr(m.config, feature) != plain
+    object.__setattr__(m, "config", replace(m.config, **{feature: plain}))
     err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
-    assert err > 10 * TOL, f"{preset}: plain RoPE is only {err:.4f} off llama.cpp"
+    assert err > 10 * TOL, f"{preset} without {feature}: only {err:.4f} off llama.cpp"

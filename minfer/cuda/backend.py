@@ -12,6 +12,7 @@ before the timed prefill). compile_s / n_compiled / capture_s add up what that t
 
 forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
   h16 = rmsnorm(x) * attn_norm;  qkv32 = h16 @ [Wq; Wk; Wv].T (one GEMM on the fused weight)
+  (qwen3: head_rmsnorm on each head of q and k, in place in qkv32)
   rope_qkv (one launch): q16 = rope(q);  cache_k[pos0:] = rope(k);  cache_v[pos0:] = v (f16)
   a16 = attention(q16, cache);  x += a16 @ Wo.T (GEMM epilogue accumulates)
   h16 = rmsnorm(x) * ffn_norm;  gu32 = h16 @ [Wg; Wu].T (one GEMM);  a16 = swiglu(gu32)
@@ -515,6 +516,11 @@ class CudaBackend:
                                 pos0=pos0)
             else:   # each GEMM into its part of qkv32, then one rope launch reads q, k, v
                 src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
+                if c.qk_norm:   # qwen3: each head of q and k rmsnorm'd before the rope
+                    with self._op("rmsnorm"):
+                        for part, H_ in (("q", H), ("k", Hkv)):
+                            L.head_rmsnorm(rt, src[part][0], src[part][1], H_, D,
+                                           self.w[f"{p}attn_{part}_norm.weight"], c.rms_eps)
                 with self._op("rope"):
                     da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: positions on device)
                     L.rope_qkv(rt, R(b.q16, 0, T), *(src[k][0] for k in "qkv"), b.kc[il],

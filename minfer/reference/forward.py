@@ -1,6 +1,7 @@
 """The numpy CPU forward (llama.cpp's llm_build_llama graph): the oracle for every GPU path.
 
-Per layer:  h = rmsnorm(x) * attn_norm;  q, k, v = h @ Wq.T, Wk.T, Wv.T (+ bias);  rope(q, k);
+Per layer:  h = rmsnorm(x) * attn_norm;  q, k, v = h @ Wq.T, Wk.T, Wv.T (+ bias);
+            (qwen3: q, k = rmsnorm per head * attn_q_norm, attn_k_norm);  rope(q, k);
             x += attention(q, K, V) @ Wo.T;  h = rmsnorm(x) * ffn_norm;
             x += (silu(h @ Wg.T) * (h @ Wu.T)) @ Wd.T
 then logits = (rmsnorm(x_last) * output_norm) @ W_out.T, for the last position only
@@ -296,6 +297,9 @@ class ReferenceBackend:
             q = self._linear(h, p + "attn_q.weight").reshape(T, H, D)
             k = self._linear(h, p + "attn_k.weight").reshape(T, Hkv, D)
             v = self._linear(h, p + "attn_v.weight").reshape(T, Hkv, D)
+            if c.qk_norm:  # qwen3: each head of q and k RMS-normalized before RoPE
+                q = ops.rmsnorm(q, self.weight(p + "attn_q_norm.weight"), c.rms_eps)
+                k = ops.rmsnorm(k, self.weight(p + "attn_k_norm.weight"), c.rms_eps)
             q = ops.rope(q, pos, c.rope_base, c.rope_dim, c.rope_neox, c.rope_scaling)
             k = ops.rope(k, pos, c.rope_base, c.rope_dim, c.rope_neox, c.rope_scaling)
             if self.kv_f16:

@@ -33,6 +33,29 @@ def test_rmsnorm(rt, T, D, out):
         assert np.array_equal(got, ref.astype(np.float16)) or _rel(got, ref) < 1e-3
 
 
+@pytest.mark.parametrize("T,H,D,col,ld", [(5, 4, 128, 0, 1024), (7, 2, 128, 512, 1024),
+                                           (3, 3, 64, 64, 452), (1, 8, 128, 0, 1024)])
+def test_head_rmsnorm(rt, T, H, D, col, ld):
+    """qwen3's q/k norms in place on H heads of D at column col of [T, ld] rows (a part of the
+    fused q|k|v output, ragged strides too); the other columns untouched."""
+    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.ops.layers import head_rmsnorm
+
+    rng = np.random.default_rng(T * H + D)
+    x = (rng.standard_normal((T, ld)) * 3).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, D).astype(np.float32)
+    xd = da.to_device(rt, x)
+    head_rmsnorm(rt, xd, col, H, D, da.to_device(rt, w), 1e-6)
+    got = xd.get()
+    ref = x.copy()
+    ref[:, col: col + H * D] = ops.rmsnorm(x[:, col: col + H * D].reshape(T, H, D), w,
+                                           1e-6).reshape(T, H * D)
+    assert _rel(got, ref) < 1e-6
+    mask = np.ones(ld, bool)
+    mask[col: col + H * D] = False
+    assert np.array_equal(got[:, mask], x[:, mask])
+
+
 @pytest.mark.parametrize("T,H,D,rope_dim,neox,pos0", [
     (5, 3, 64, 64, False, 0), (17, 4, 128, 128, True, 9), (1, 2, 64, 32, False, 40),
     (9, 5, 128, 64, True, 3)])

@@ -1,4 +1,5 @@
-"""Launchers for kernels/layers.cu: rmsnorm, rope, rope_qkv (fused rope + KV append), swiglu,
+"""Launchers for kernels/layers.cu: rmsnorm, head_rmsnorm (qwen3's q/k norms), rope, rope_qkv
+(fused rope + KV append), swiglu,
 add, f32->f16 copy, argmax.
 
 Each launcher validates shapes/dtypes (GPUError with a one-line message) and launches through
@@ -96,6 +97,19 @@ def _cols(name: str, a, start: int, n: int):
     if start < 0 or start + n > a.shape[1]:
         raise GPUError(f"{name}: columns [{start}, {start + n}) outside its {a.shape[1]}")
     return np.uintp(da.ptr(a) + 4 * start), int(a.shape[1])
+
+
+def head_rmsnorm(rt, x, col: int, H: int, D: int, w, eps: float) -> None:
+    """In place: columns [col, col + H*D) of x f32 [T, *] as [T, H, D], each head's D values
+    rmsnorm'd and scaled by w f32 [D] (qwen3's q/k norms, before RoPE). Numpy twin:
+    reference ops.rmsnorm over the last axis of [T, H, D]."""
+    if D > 1024 or D % 2:
+        raise GPUError(f"head_rmsnorm: head_dim {D} must be even and <= 1024")
+    xp, ld = _cols("head_rmsnorm x", x, col, H * D)
+    da.check("head_rmsnorm w", w, (D,), np.float32)
+    T = int(x.shape[0])
+    rt.launch(rt.function(_F, "head_rmsnorm_f32"), (T, H), (128,),
+              (xp, np.int64(ld), np.int32(D), da.arg(w), np.float32(eps)))
 
 
 def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rope_dim: int,

@@ -87,10 +87,10 @@ def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
               fused: dict[str, tuple[str, int, int]]) -> set[str]:
     """The fused q|k|v group names whose GEMM writes roped q and the K/V cache rows from its
     epilogue (gemm_f16_nt's rope mode, minfer.cuda.ops.layers.QkvRope): on the f16 path unless the
-    tuning variant no-rope, llama-order rope (a neox pair spans threads) and no q/k/v
-    bias (added to the f32 product before the rope launch)."""
+    tuning variant no-rope, llama-order rope (a neox pair spans threads), no q/k/v
+    bias (added to the f32 product before the rope launch) and no q/k norms (qwen3)."""
     c = model.config
-    if not choice.on("rope") or c.rope_neox or c.qkv_bias or c.head_dim % 2:
+    if not choice.on("rope") or c.rope_neox or c.qkv_bias or c.qk_norm or c.head_dim % 2:
         return set()
     out = set()
     for i in range(c.n_layers):
