@@ -119,3 +119,16 @@ def _equal(value: Any, want: Any) -> bool:
 def _short(v: Any) -> str:
     r = ascii(v)
     return r if len(r) <= 40 else r[:37] + "..."
+
+
+# Architectures the CUDA backend runs (its kernels: rmsnorm, SwiGLU, RoPE, causal GQA
+# attention, qwen3's head norms); the others run on the CPU reference only.
+GPU_ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def gpu_unsupported(cfg) -> str:
+    """'' when the CUDA backend runs a model of this config, else why not (one clause)."""
+    if cfg.arch not in GPU_ARCHS:
+        return (f"architecture {cfg.arch!r} runs on the CPU reference only (--backend cpu); "
+                f"the CUDA backend runs {', '.join(GPU_ARCHS)}")
+    return ""

@@ -168,7 +168,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     check_options(prompt, prompt_file, chat, system, n_greedy, ubatch, ctx_size)
     dtype = dtype.lower() if dtype else None
     kind, why = pick_backend_kind(backend_kind)
-    ubatch = UBATCH[kind] if ubatch is None else ubatch
+    ubatch_opt, ubatch = ubatch, UBATCH[kind] if ubatch is None else ubatch
     check_backend(kind, dtype)  # before the default model is fetched
     text = read_prompt_file(prompt_file) if prompt_file is not None else prompt  # capped
     if model_path is None:
@@ -178,6 +178,11 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
 
     t0 = time.perf_counter()
     model = load_model(model_path)
+    from minfer.arch_keys import gpu_unsupported
+
+    if kind == "cuda" and why.startswith("auto") and gpu_unsupported(model.config):
+        kind, why = "cpu", f"auto: {model.config.arch} runs on the CPU reference only"
+        ubatch = UBATCH[kind] if ubatch_opt is None else ubatch_opt
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
         check_cap("stdin" if prompt_file == "-" else prompt_file, len(text.encode("utf-8")),
                   prompt_cap(model.config.n_ctx))

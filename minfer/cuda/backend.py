@@ -112,6 +112,10 @@ class CudaBackend:
         self.rt = rt or get_runtime()
         label = self.gcfg.label()
         self.name = "cuda" if label in ("auto", "f16") else f"cuda-{label}"
+        from minfer.arch_keys import gpu_unsupported
+
+        if gpu_unsupported(c):
+            raise Unsupported(f"cuda backend: {gpu_unsupported(c)}")
         if c.head_dim not in attn_mod.HEAD_DIMS:
             raise Unsupported(f"cuda backend: head_dim {c.head_dim} not supported "
                               f"(supported: {attn_mod.HEAD_DIMS})")
