@@ -1,5 +1,5 @@
 """Packaging hook: the CUDA sources ship inside the package (minfer/cuda/kernels) although the
-repository keeps them at the top (kernels/, DESIGN.md's layout). Everything else is in
+repository keeps them at the top (kernels/, docs/design.md's layout). Everything else is in
 pyproject.toml; MANIFEST.in puts kernels/ into the sdist, so a wheel built from it has them too.
 An editable install copies nothing: minfer/cuda/runtime/build.py finds the checkout's kernels/
 first."""

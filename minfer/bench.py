@@ -89,8 +89,8 @@ def make_backend(model, kind: str, spec: str, max_tokens: int, base=None, progre
 
 
 def expand_configs(configs: list[str]) -> list[str]:
-    """--ab all: every path of the GEMM path table (minfer.cuda.plan.paths.TABLE), in its order."""
-    from minfer.cuda.plan.paths import TABLE
+    """--ab all: every path of the GEMM path table (minfer.cuda.paths.TABLE), in its order."""
+    from minfer.cuda.paths import TABLE
 
     out: list[str] = []
     for c in configs:
@@ -213,7 +213,7 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
     """The per-op table of one profiled prefill: tot = OpProfile.collect() (label -> [ms,
     flops, calls]); GEMMs by time with TFLOP/s against the path's ceiling, then NAMED_OPS
     (attention always), then the rest of the events (norms, rope, embedding)."""
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
 
     path = TABLE.get(name.removeprefix("cuda-").split(":")[0])   # the backend's --gemm path
     ceil = INT8_CEIL if path is not None and path.int8 else F16_CEIL

@@ -12,6 +12,9 @@
 #          and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
+#   refactor: a restructure checked against the tree in .old/ (git archive OLD minfer kernels):
+#          every path's logits bitwise on the slice's Q4_K_M and a 2-layer 8B shape, `minfer
+#          check`, and bench A B A (new, old, new) at pp512 / pp2048.
 #   families: the GPU suite (the RoPE-scaled families against llama.cpp's logits included), and
 #          `bench --ab f16 blk` on llama3-8b and llama3.1-8b (rope_freqs) shapes, one after the other.
 #   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
@@ -48,6 +51,30 @@ if [ "$MODE" = gates ]; then
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
   echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -24
   echo "--- installed (cwd /tmp, PYTHONPATH=/tmp/x only)"; grep -vE "^\s*$" "$OUT/installed.log" | tail -9
+  exit 0
+fi
+
+if [ "$MODE" = refactor ]; then   # a restructure's before / after (.old/: the earlier tree)
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --quiet --type q4_K_M
+  step synth2 60 $M synth --preset llama3-8b --layers 2 --type q4_K_M --vocab 8192 \
+    --tokenizer-from none --quiet -o /tmp/l8b2.gguf
+  for m in slice-q4km l8b2; do   # every path's logits, new tree then old tree, bitwise
+    step new_$m 90 python3 scripts/logits_dump.py /tmp/$m.gguf /tmp/new_$m.npz
+    (cd .old && step old_$m 90 env PYTHONPATH=/tmp/site:$REPO/.old python3 \
+      $REPO/scripts/logits_dump.py /tmp/$m.gguf /tmp/old_$m.npz)
+    python3 scripts/logits_dump.py --compare /tmp/old_$m.npz /tmp/new_$m.npz > "$OUT/cmp_$m.txt"
+  done
+  step check 120 $M check -m /tmp/slice-q4km.gguf
+  step synth8b 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  for t in new old new2; do   # A B A: the trees one after the other, the noise from the repeat
+    d=$REPO; [ $t = old ] && d=$REPO/.old
+    (cd $d && step bench_$t 60 env PYTHONPATH=/tmp/site:$d python3 -m minfer bench -m /tmp/s8b.gguf \
+      --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown --ab f16 blk)
+  done
+  echo; echo "################ SUMMARY refactor ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for m in slice-q4km l8b2; do echo "--- logits old vs new: $m"; cat "$OUT/cmp_$m.txt"; done
+  echo "--- check"; grep -E "FAIL|PASS|/32 \|" "$OUT/check.log" | tail -12
+  for t in new old new2; do echo "--- bench $t"; grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
   exit 0
 fi
 

@@ -105,7 +105,7 @@ def test_forward_launches_each_route(monkeypatch, tiny, path):
     from minfer.cuda.ops import gemm
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
@@ -242,12 +242,12 @@ def test_blk_token_scales_go_to_the_gemms_after_a_norm(monkeypatch, tmp_path):
     for off, tok in ((frozenset(), True), (frozenset({"token-scale", "exact-down"}), False)):
         be = CudaBackend(model, GemmChoice("blk", off), rt=rt, max_tokens=128, ubatch=64,
                          warmup=False, graphs=False)
-        forms = {n.split(".")[-2]: be.lin[n].activation for n in be.lin}
-        want = "blk-operand-tok" if tok else "blk-operand"
+        forms = {n.split(".")[-2]: getattr(be.lin[n].operand, "name", "none") for n in be.lin}
+        want = "blk-tok" if tok else "blk"
         assert all(forms[k] == want for k in ("attn_q", "attn_k", "attn_v", "ffn_gate",
                                               "ffn_up")), forms
-        assert forms["attn_output"] == "blk-operand"
-        assert forms["ffn_down"] == ("none" if tok else "blk-operand")
+        assert forms["attn_output"] == "blk"
+        assert forms["ffn_down"] == ("none" if tok else "blk")
         rt.launches.clear()
         be.forward_device(np.arange(64, dtype=np.int32) % 200, 0)
         entries = [e for _, e in rt.launches]

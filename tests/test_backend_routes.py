@@ -90,7 +90,7 @@ def test_routes_auto_runs_blk_first_on_wide_models(tiny, monkeypatch):
     from dataclasses import replace as dc_replace
 
     from minfer.cuda.plan.memory import MARGIN
-    from minfer.cuda.plan.paths import BLK_AUTO_WIDTH
+    from minfer.cuda.paths import BLK_AUTO_WIDTH
     from minfer.cuda.plan.routes import plan_tiers
 
     monkeypatch.setattr(tiny, "config", dc_replace(tiny.config, d_model=BLK_AUTO_WIDTH))

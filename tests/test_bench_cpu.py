@@ -34,7 +34,7 @@ def test_gemm_choice_env_and_ab():
 
 
 def test_ab_all_is_the_table():
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
 
     assert B.expand_configs(["all"]) == list(TABLE)
     assert B.expand_configs(["f16:no-rope", "all"])[:2] == ["f16:no-rope", "f16"]

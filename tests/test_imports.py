@@ -94,9 +94,9 @@ def test_f16_gemm_reaches_no_int8_module():
     assert not reach(module_graph(), "minfer.cuda.ops.gemm") & int8
 
 
-# minfer/cuda's folders, bottom up: the runtime, the kernels' launchers, the planning; backend.py
-# (the engine's entry) sits above them all
-LAYERS = ("runtime", "ops", "plan")
+# minfer/cuda's folders, bottom up: the runtime, the kernels' launchers, the GEMM path families,
+# the planning; backend.py (the engine's entry) sits above them all
+LAYERS = ("runtime", "ops", "paths", "plan")
 
 
 def cuda_layer(m: str) -> int | None:
@@ -114,9 +114,9 @@ def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 
 def test_layer_check_finds_upward_imports():
-    g = {"minfer.cuda.runtime.build": {"minfer.cuda.plan.paths"},
-         "minfer.cuda.plan.paths": {"minfer.cuda.ops.mmq"}, "minfer.cuda.ops.mmq": set()}
-    assert upward(g) == [("minfer.cuda.runtime.build", "minfer.cuda.plan.paths")]
+    g = {"minfer.cuda.runtime.build": {"minfer.cuda.paths"},
+         "minfer.cuda.paths": {"minfer.cuda.ops.mmq"}, "minfer.cuda.ops.mmq": set()}
+    assert upward(g) == [("minfer.cuda.runtime.build", "minfer.cuda.paths")]
 
 
 def test_cuda_folders_are_layered():
@@ -124,3 +124,41 @@ def test_cuda_folders_are_layered():
     assert upward(g) == []
     flat = {m for m in g if cuda_layer(m) == len(LAYERS) and m.count(".") == 2}
     assert flat == {"minfer.cuda.backend"}   # every other module lives in a folder
+
+
+def _path_name_comparisons(tree, names: set[str]) -> list[int]:
+    """Lines of `tree` comparing something with a path name string (==, !=, in, not in)."""
+    def consts(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            for e in node.elts:
+                yield from consts(e)
+
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            vals = [v for side in (node.left, *node.comparators) for v in consts(side)]
+            if any(v in names for v in vals):
+                out.append(node.lineno)
+    return out
+
+
+def test_no_path_name_comparisons_outside_the_path_folder():
+    """What a path does is asked of its object (minfer/cuda/paths/), never decided elsewhere by
+    comparing its name: a new path family is then a change in one folder."""
+    from minfer.cuda.paths import TABLE
+
+    names = set(TABLE) | {"dequant-f16", "raw", "requant-blk", "blk-operand", "blk-operand-tok"}
+    bad = []
+    for p in (ROOT / "minfer").rglob("*.py"):
+        if "paths" in p.relative_to(ROOT / "minfer").parts[:2]:
+            continue
+        for line in _path_name_comparisons(ast.parse(p.read_text()), names):
+            bad.append(f"{p.relative_to(ROOT)}:{line}")
+    assert not bad, bad
+
+
+def test_path_name_comparison_finder_finds_them():
+    tree = ast.parse("a == 'blk'\nb in ('f16', 'x')\nc != 'other'\nd = 'f16'")
+    assert _path_name_comparisons(tree, {"blk", "f16"}) == [1, 2]

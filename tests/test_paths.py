@@ -5,8 +5,8 @@ import pytest
 
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.ops.mmq import wide_smem
-from minfer.cuda.plan.paths import (BLK_AUTO_WIDTH, CHOICES, TABLE, TIERS, VARIANTS, auto_tiers,
-                                    choose_path)
+from minfer.cuda.paths import (BLK_AUTO_WIDTH, CHOICES, TABLE, TIERS, VARIANTS, GemmPath,
+                               auto_tiers, choose_path)
 from minfer.errors import BadInput
 
 SHAPE = (512, 4096, 4096)
@@ -15,9 +15,12 @@ SHAPE = (512, 4096, 4096)
 def test_table_records():
     assert list(TABLE) == ["f16", "blk", "wide-kd4", "wide-kd8", "narrow", "r1"]
     for p in TABLE.values():
-        prepare, launch, twin = p.ops()   # every record resolves to the one calling convention
-        assert callable(prepare) and callable(launch) and callable(twin)
+        # every path is a family object of the one calling convention (paths/base.py)
+        assert isinstance(p, GemmPath) and type(p).route is not GemmPath.route
+        assert type(p).prepare is not GemmPath.prepare and type(p).twin is not GemmPath.twin
         assert all(v in VARIANTS for v in p.variants)
+        r = p.route(12, GemmChoice(p.name), "blk.0.attn_q.weight")
+        assert r.path is p and (r.operand is None) == (not p.int8)
     assert TABLE["f16"].weight_bytes(12) == 2.0 and TABLE["f16"].weight_bytes(8) == 2.0
     assert TABLE["wide-kd4"].weight_bytes(12) == 0.5625
     assert TABLE["wide-kd8"].weight_bytes(14) == 210 / 256

@@ -1,10 +1,12 @@
 """`minfer check -m FILE [--gemm NAME]`: the parity gate and greedy-32 identity over the GEMM path
-table (minfer.cuda.plan.paths.TABLE; --gemm: one path only).
+table (minfer.cuda.paths.TABLE; --gemm: one path only).
 
-1. Parity (docs/design.md gate 1): every path of the table against its numpy twin (path_ops: f16 on
-   the f16-rounded operands, the raw int8 paths on the q8_1 grid, blk on its rotated int8 grids)
-   on each distinct (type, N, K) of the model's GEMM weights the path takes (real weights,
-   random activations): M = 128, ragged M = 37 with N - 5 rows (accumulate mode), and M = 1.
+1. Parity (docs/design.md gate 1): every path of the table against its numpy twin (the path
+   object's `twin`: f16 on the f16-rounded operands, the raw int8 paths on the q8_1 grid, blk on
+   its rotated int8 grids) on each distinct (type, N, K) of the model's GEMM weights the path
+   takes (real weights, random f16 activations): M = 128, ragged M = 37 with N - 5 rows
+   (accumulate mode), and M = 1. The GPU side runs exactly what the forward runs for that
+   weight: the path's `prepare`, its route's operand prepass and `run`.
    The GPU computes the full [M, N]; the float64 twin (slow in numpy at 8B shapes) is
    evaluated on a sample of weight rows that always includes the first and last tiles' edges.
    A path this GPU cannot run (blk off sm_90) is said once; the smem guard's fallback is named
@@ -43,9 +45,9 @@ PARITY_TOL = 1e-3
 def gemm_weight_shapes(model, path=None) -> dict[tuple[int, int, int], str]:
     """(qtype, N, K) -> first weight name, for the model's GEMM weights `path` (a TABLE record;
     None: the raw int8 paths) takes (any arch)."""
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
 
-    path = path or TABLE["wide-kd4"]
+    path = path or next(p for p in TABLE.values() if p.int8 and p.archs is None)
     c = model.config
     names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
              for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -70,7 +72,7 @@ def sample_rows(rng, n: int, k: int = 256) -> np.ndarray:
 def table_paths(gemm: str | None = None):
     """The TABLE records check runs: all, or the one --gemm names (mmq: the seeds' config)."""
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
 
     if gemm in (None, "auto"):
         return list(TABLE.values())
@@ -80,8 +82,9 @@ def table_paths(gemm: str | None = None):
 def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
     """[(what, path, shape, rel_err, ok)] for each path (TABLE records; default all) on the
     model's weight shapes it takes, against its numpy twin."""
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.paths import choose_path
     from minfer.cuda.runtime import devarray as da
-    from minfer.cuda.plan.paths import choose_path
 
     rng = np.random.default_rng(seed)
     rows = []
@@ -94,18 +97,21 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
             raw = np.ascontiguousarray(model.tensor(name).data).view(np.uint8).reshape(N, -1)
             for M, n, acc in ((128, N, False), (37, max(1, N - 5), True), (1, N, False)):
                 cols = sample_rows(rng, n, n_sample)
-                x = rng.standard_normal((M, K)).astype(np.float32)
+                x16 = rng.standard_normal((M, K)).astype(np.float16)   # as the forward's h16
+                x = x16.astype(np.float32)
                 r = choose_path(qt, rt.arch, (M, n, K), p.name, rt.smem_optin)
-                prepare, launch, twin = r.path.ops()
-                ref = twin(x, np.ascontiguousarray(raw[cols]), qt, M, len(cols), K)
+                route = r.path.route(qt, GemmChoice(r.path.name), name)
+                ref = r.path.twin(x, np.ascontiguousarray(raw[cols]), qt, M, len(cols), K, name)
                 base = (rng.standard_normal((M, n)).astype(np.float32)
                         * float(np.abs(ref).mean())
                         if acc else np.full((M, n), np.nan, np.float32))
-                xd = da.to_device(rt, x, "parity x")
-                wd = prepare(rt, da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1),
-                                              "parity w"), qt, n, K)
+                wd = r.path.prepare(rt, da.to_device(
+                    rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w"), qt, n, K)
                 out = da.to_device(rt, base, "parity out")
-                launch(rt, xd, wd, qt, M, n, K, r.path, out, acc)
+                scratch = parity_scratch(rt, M, K)
+                xd = da.to_device(rt, x16, "parity x")
+                xin = xd if route.operand is None else route.operand.prepass(rt, xd, scratch)
+                route.run(rt, scratch, out, xin, wd, "acc" if acc else "f32")
                 y = out.get()[:, cols].astype(np.float64)
                 if acc:
                     y -= base[:, cols]
@@ -114,12 +120,24 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
                 shape = f"{M}x{n}x{K}" + (" +=" if acc else "")
                 ran = p.name if r.path is p else f"{p.name} [{r.path.name}]"   # the smem guard
                 rows.append((f"{_qname(qt)} {name}", ran, shape, err, err <= PARITY_TOL))
-                del xd, wd, out
+                del xd, xin, wd, out, scratch
     return rows
 
 
+def parity_scratch(rt, M: int, K: int):
+    """The scratch buffers a route's operand of [M, K] lives in (the forward's DeviceBuffers
+    fields q8 and blkop, sized for one activation)."""
+    from types import SimpleNamespace
+
+    from minfer.cuda.runtime import devarray as da
+    from minfer.quants.blk_ref import blk_bytes
+
+    return SimpleNamespace(q8=da.empty(rt, (M * K // 32 * 40,), np.uint8, "parity q8_1"),
+                           blkop=da.empty(rt, (blk_bytes(M, K),), np.uint8, "parity blk"))
+
+
 def _qname(qt: int) -> str:
-    from minfer.cuda.plan.paths import qname
+    from minfer.cuda.paths import qname
 
     return qname(qt)
 
@@ -149,18 +167,32 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
     return ids
 
 
+def reference_inputs(routes: dict[str, tuple[str, str]]) -> dict:
+    """ReferenceBackend keyword arguments rounding the inputs of every weight on an int8 path
+    through that path's grid (GemmPath.reference_inputs)."""
+    from minfer.cuda.paths import TABLE
+
+    by_path: dict[str, set] = {}
+    for n, (p, _) in routes.items():
+        by_path.setdefault(p, set()).add(n)
+    kw: dict = {}
+    for p, names in by_path.items():
+        for k, v in TABLE[p].reference_inputs(frozenset(names)).items():
+            kw[k] = kw.get(k, frozenset()) | v
+    return kw
+
+
 def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths=None):
     """[(path, exact, n, max_diff, tau, detail, ok)] greedy identity of every path (TABLE
     records; default all) vs the CPU reference (tie-aware)."""
     from minfer import engine
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.cuda.plan.paths import TABLE
     from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
 
     ids = prompt_ids(model, prompt, echo)
-    refs = {((), (), ()): engine.run(ReferenceBackend(model), ids, n_greedy, 512)}
+    refs = {(): engine.run(ReferenceBackend(model), ids, n_greedy, 512)}
     gc.collect()
     rows = []
     max_tokens = max(64, len(ids) + n_greedy)
@@ -178,16 +210,13 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
             # through the grid of the kernel that runs them (q8_1; blk's rotated int8)
-            grid = {n: TABLE[r].activation for n, (r, _) in be.routes.items()}
-            q8 = tuple(sorted(n for n, a in grid.items() if a == "q8_1"))
-            blk = tuple(sorted(n for n, a in grid.items() if a == "blk-operand"))
-            if (q8, blk) not in refs:
-                refs[(q8, blk)] = engine.run(ReferenceBackend(
-                    model, q8_1_inputs=frozenset(q8), blk_inputs=frozenset(blk)), ids, n_greedy,
-                    512)
-            v, diff = identity_verdict(refs[(q8, blk)], res)
-            ref_name = ("cpu" if not q8 + blk else f"cpu+q8_1 ({len(q8)} inputs)"
-                        if not blk else f"cpu+blk ({len(blk)} weights)")
+            kw = reference_inputs(be.routes)
+            key = tuple(sorted((k, tuple(sorted(v))) for k, v in kw.items()))
+            if key not in refs:
+                refs[key] = engine.run(ReferenceBackend(model, **kw), ids, n_greedy, 512)
+            v, diff = identity_verdict(refs[key], res)
+            ref_name = "cpu" + "".join(f"+{k.split('_inputs')[0]} ({len(v_)} weights)"
+                                       for k, v_ in sorted(kw.items()))
             rows.append((path, v.exact, v.n, diff, v.tau, f"vs {ref_name}: {v.describe()}", v.ok))
         del be
         gc.collect()  # free this backend's device memory before the next one

@@ -1,6 +1,6 @@
 """The GEMM choice option of `minfer prefill`, `minfer bench` and `minfer check`.
 
-    @gemm_options               # adds --gemm auto|f16|mmq|<a path of minfer.cuda.plan.paths.TABLE>
+    @gemm_options               # adds --gemm auto|f16|mmq|<a path of minfer.cuda.paths.TABLE>
     def cmd(..., gemm): ...
     cfg = gemm_config(gemm=gemm)   # --gemm, else MINFER_GEMM, else the seeds' MINFER_MMQ, else auto
 
@@ -13,7 +13,7 @@ from typing import Mapping
 
 import click
 
-from minfer.cuda.plan.paths import CHOICES
+from minfer.cuda.paths import CHOICES
 
 HELP = ("GEMM path: auto (default: on sm_90 from d_model 4096 the int8 blk path, lossy and "
         "gate-checked; else f16 where the model fits the GPU, then the smaller int8 paths), "

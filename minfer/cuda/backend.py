@@ -1,7 +1,7 @@
 """CudaBackend: the whole llama forward on the GPU (Backend protocol, docs/CONTRACTS.md).
 
 Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
-paths.choose_path: "f16", "blk" or a raw int8 path; minfer.cuda.plan.linear's route object runs it),
+minfer.cuda.paths.choose_path: f16, blk or a raw int8 path; the path object's route runs it),
 q/k/v and gate/up on one path are fused (routes.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.plan.weights.
@@ -31,8 +31,8 @@ Profiling runs eagerly (events need the launches one by one).
 int8 weights: the activation is quantized once per distinct input into one reused scratch
 buffer (q8_1 for the raw kernels, the blk token operand for blk; q, k, v share h16's; gate, up
 share the FFN input's), then the route's kernel runs (attn_output / ffn_down accumulate into x).
-On blk the rmsnorm launch writes the operand of the GEMMs after it (`_norm`, linear.NORM_PREPASS)
-and the wgmma attention attn_output's from its epilogue (`_attn_operand`, linear.ATTN_OPERAND),
+On blk the rmsnorm launch writes the operand of the GEMMs after it (`_norm`, Operand.norm)
+and the wgmma attention attn_output's from its epilogue (`_attn_operand`, Operand.attn),
 bit for bit the prepass's bytes (tuning variant blk:no-fused-prepass: separate launches).
 `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
@@ -78,7 +78,7 @@ from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu, plan_rope
 from minfer.cuda.plan.routes import plan_routes, plan_tiers, summarize_routes
 from minfer.cuda.plan.fusion import plan_groups
-from minfer.cuda.plan.linear import ATTN_OPERAND, NORM_PREPASS, PREPASS, SCRATCH, make_route
+from minfer.cuda.paths import TABLE
 from minfer.cuda.plan.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
                                       load_weights, memory_need)
 from minfer.errors import BadInput, GPUError, Unsupported
@@ -111,7 +111,8 @@ class CudaBackend:
         self.gcfg = cfg or GemmChoice.resolve()
         self.rt = rt or get_runtime()
         label = self.gcfg.label()
-        self.name = "cuda" if label in ("auto", "f16") else f"cuda-{label}"
+        plain = label == "auto" or (label in TABLE and not TABLE[label].int8)   # f16
+        self.name = "cuda" if plain else f"cuda-{label}"
         from minfer.arch_keys import gpu_unsupported
 
         if gpu_unsupported(c):
@@ -149,14 +150,15 @@ class CudaBackend:
         # each layer's q|k|v and gate|up GEMMs, in output order
         self.groups = [{k: plan_groups(model, self.fused, i, k) for k in ("attn", "ffn")}
                        for i in range(c.n_layers)]
-        # each linear weight's route object (minfer.cuda.plan.linear): prepass, launch, epilogues
-        self.lin = {n: make_route(p, model.tensor(n).qtype, self.gcfg, n)
+        # each linear weight's route object (its path family's): operand, launch, epilogues
+        self.lin = {n: TABLE[p].route(model.tensor(n).qtype, self.gcfg, n)
                     for n, (p, _) in self.routes.items()}
-        for gs in self.groups:   # one input's forms never share a scratch buffer (SCRATCH)
+        for gs in self.groups:   # one input's forms never share a scratch buffer
             for groups in gs.values():
-                kinds = {self.lin[g.member].activation for g in groups} - {"none"}
-                if len({SCRATCH[k] for k in kinds}) < len(kinds):
-                    raise AssertionError(f"forms {sorted(kinds)} of one input share a scratch")
+                kinds = {self.lin[g.member].operand for g in groups} - {None}
+                if len({k.scratch for k in kinds}) < len(kinds):
+                    raise AssertionError(f"forms {sorted(k.name for k in kinds)} of one input "
+                                         "share a scratch")
         plan = self._plan()
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
@@ -229,30 +231,29 @@ class CudaBackend:
         return summarize_routes(self.model, self.routes)
 
     def _quantize(self, A, *names: str):
-        """A f16 [M, K] -> the input forms the routes of the GEMMs `names` read, made once each
-        into their scratch (linear.PREPASS): a dict form -> operand, or None when all read A
-        itself. The scratch is reused by the next activation (the GEMMs that read it are
+        """A f16 [M, K] -> the operands the routes of the GEMMs `names` read, made once each
+        into their scratch (Operand.prepass): a dict Operand -> operand, or None when all read
+        A itself. The scratch is reused by the next activation (the GEMMs that read it are
         queued before, on the same stream)."""
-        kinds = {self.lin[n].activation for n in names} - {"none"}
+        kinds = {self.lin[n].operand for n in names} - {None}
         if not kinds:
             return None
         with self._op("prepass"):
-            return {k: PREPASS[k](self.rt, A, getattr(self.buf, SCRATCH[k])) for k in kinds}
+            return {k: k.prepass(self.rt, A, self.buf) for k in kinds}
 
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
-        prepass outputs (_quantize). When they read one quantized form that the norm's launch
-        can write (linear.NORM_PREPASS: the blk token operand), that launch makes it, writing
-        h16 only if an f16 GEMM reads it too (tuning variant no-fused-prepass: two launches)."""
-        kinds = {self.lin[n].activation for n in names}
-        q = kinds - {"none"}
+        operands (_quantize). When they read one operand that the norm's launch can write
+        (Operand.norm: the blk token operand), that launch makes it, writing h16 only if an
+        f16 GEMM reads it too (tuning variant no-fused-prepass: two launches)."""
+        kinds = {self.lin[n].operand for n in names}
+        q = kinds - {None}
         k = next(iter(q)) if len(q) == 1 else None
-        if self.gcfg.on("fused-prepass") and k in NORM_PREPASS:
+        if self.gcfg.on("fused-prepass") and k is not None and k.norm is not None:
             with self._op("rmsnorm+prepass"):
                 da.poison(self.rt, h16)   # (unwritten unless an f16 GEMM reads it)
-                op = NORM_PREPASS[k](self.rt, x, self.w[wname], self.c.rms_eps,
-                                     getattr(self.buf, SCRATCH[k]),
-                                     h16 if "none" in kinds else None)
+                op = k.norm(self.rt, x, self.w[wname], self.c.rms_eps, self.buf,
+                            h16 if None in kinds else None)
             if op is not None:
                 return {k: op}
         with self._op("rmsnorm"):
@@ -262,17 +263,15 @@ class CudaBackend:
 
     def _attn_operand(self, name: str, T: int):
         """(the array the attention launch writes the input form of GEMM `name` into, that
-        form as _quantize's dict) where its epilogue can (linear.ATTN_OPERAND,
-        attention.operand_fuses: the blk token operand at head_dim 128 on sm_90); else
-        (None, None): the attention writes f16 and _linear makes the form (as with the tuning
-        variant no-fused-prepass)."""
-        k = self.lin[name].activation
+        form as _quantize's dict) where its epilogue can (Operand.attn, attention.operand_fuses:
+        the blk token operand at head_dim 128 on sm_90); else (None, None): the attention
+        writes f16 and _linear makes the form (as with the tuning variant no-fused-prepass)."""
+        k = self.lin[name].operand
         c = self.c
-        if (not self.gcfg.on("fused-prepass") or k not in ATTN_OPERAND
+        if (not self.gcfg.on("fused-prepass") or k is None or k.attn is None
                 or not attn_mod.operand_fuses(self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim)):
             return None, None
-        tt, op = ATTN_OPERAND[k](self.rt, getattr(self.buf, SCRATCH[k]), T,
-                                 c.n_heads * c.head_dim)
+        tt, op = k.attn(self.rt, self.buf, T, c.n_heads * c.head_dim)
         return tt, {k: op}
 
     def _swiglu(self, f16, g, u=None) -> None:
@@ -293,15 +292,15 @@ class CudaBackend:
         M, K = A.shape
         N = C.shape[1]
         r = self.lin[member or name]
-        if r.activation != "none" and q8 is None:   # (its own op: not inside the GEMM's events)
+        if r.operand is not None and q8 is None:   # (its own op: not inside the GEMM's events)
             q8 = self._quantize(A, member or name)
-        x = A if r.activation == "none" else q8[r.activation]
+        x = A if r.operand is None else q8[r.operand]
         if mode == "glu":
             with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
-                r.run_glu(self, C, x, self.w[name])
+                r.run_glu(self.rt, self.buf, C, x, self.w[name])
             return
         with self._op("gemm:" + label, 2.0 * M * N * K):
-            r.run(self, C, x, self.w[name], mode)
+            r.run(self.rt, self.buf, C, x, self.w[name], mode)
 
     def _run_groups(self, groups, flat, A, T: int, q8, bias: bool = False) -> dict:
         """Each GEMM of `groups` (fusion.plan_groups) on A into its own part of `flat` (the

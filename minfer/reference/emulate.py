@@ -37,9 +37,11 @@ def emulated_weights(model, grid: str) -> frozenset[str]:
 
     if not GRIDS[grid][0]:   # every GEMM
         return frozenset(n for n in linear_names(model) if n != model.output_name)
+    from minfer.cuda.paths import TABLE
+
     routes = plan_routes(model, GemmChoice(GRIDS[grid][0]), _H200, ubatch=512)
     return frozenset(n for n, (path, _) in routes.items()
-                     if path != "f16" and n != model.output_name)
+                     if TABLE[path].int8 and n != model.output_name)
 
 
 def emulating_backend(model, grid: str, max_tokens: int):

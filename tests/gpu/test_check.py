@@ -25,7 +25,7 @@ def test_check_passes_on_tiny_q4km(tiny_path):
     assert r.exit_code == 0, r.output
     out = r.output
     assert "check: PASS" in out
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
     from minfer.cuda.runtime.runtime import get_runtime
 
     for path in TABLE:   # an identity row per path of the table, parity rows per int8 path
@@ -71,11 +71,11 @@ def test_check_parity_rows_fail_when_launcher_writes_nothing(tiny_path, rt, monk
     """The gate can fail: a launcher that writes nothing (NaN-filled or untouched += output)
     fails every row."""
     import minfer.commands.check as C
-    import minfer.cuda.ops.path_ops as ops
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
+    from minfer.cuda.paths.q8_1 import RawInt8Route
     from minfer.loader import load_model
 
-    monkeypatch.setattr(ops, "launch_raw", lambda *a, **k: None)
+    monkeypatch.setattr(RawInt8Route, "run", lambda *a, **k: None)
     rows = C.parity_rows(rt, load_model(tiny_path), n_sample=16,
                          paths=[TABLE[p] for p in ("r1", "narrow", "wide-kd4", "wide-kd8")])
     assert rows and not any(ok for *_, ok in rows)

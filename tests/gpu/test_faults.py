@@ -248,7 +248,7 @@ def test_check_reports_skipped_launches_as_failures(rt, tiny_path, monkeypatch):
     _noop_launches(rt, monkeypatch)
     r = CliRunner().invoke(check, ["-m", str(tiny_path), "--identity-only", "-p", "hello"])
     assert r.exit_code == 1, r.output
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
 
     assert f"check: {len(TABLE)} FAILED" in r.output, r.output   # every path
     assert "non-finite logits" in r.output, r.output

@@ -1,14 +1,15 @@
-"""GPU: every path of the GEMM path table (minfer.cuda.plan.paths.TABLE) against its numpy twin, one
+"""GPU: every path of the GEMM path table (minfer.cuda.paths.TABLE) against its numpy twin, one
 parametrized harness over (path, type, shape) in the spirit of llama.cpp's test-backend-ops,
-through the table's own calling convention (minfer.cuda.ops.path_ops: prepare, launch, twin); the
-q8_1 prepass bit for bit; the launchers' refusals. A new path is one record: it is tested here."""
+through each path object's own calling convention (minfer.cuda.paths: prepare, the route's
+operand prepass and run, twin: what the forward runs); the q8_1 prepass bit for bit; the
+launchers' refusals. A new path family is one object in the table: it is tested here."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from minfer.cuda.plan.paths import TABLE
+from minfer.cuda.paths import TABLE
 from quant_data import rand_weights
 
 pytestmark = pytest.mark.gpu
@@ -29,16 +30,34 @@ def test_quantize_q8_1_bit_identical(rt, dtype):
     np.testing.assert_array_equal(got, quantize_q8_1_raw(x.astype(np.float32)))
 
 
-@pytest.mark.parametrize("path", list(TABLE))
+def _run(rt, route, x16, wd, out, mode: str) -> None:
+    """The forward's launch of `route`: its operand made from the f16 activation, then run."""
+    from minfer.commands.check import parity_scratch
+    from minfer.cuda.runtime import devarray as da
+
+    M, K = x16.shape
+    scratch = parity_scratch(rt, M, K)
+    xd = da.to_device(rt, x16)
+    xin = xd if route.operand is None else route.operand.prepass(rt, xd, scratch)
+    route.run(rt, scratch, out, xin, wd, mode)
+
+
+# blk's routes read a per-(token, 128) operand, or one scale per token after an rmsnorm
+WEIGHTS = {"blk": ("blk.0.attn_output.weight", "blk.0.ffn_gate.weight")}
+
+
+@pytest.mark.parametrize("path, name", [(p, n) for p in TABLE
+                                        for n in WEIGHTS.get(p, ("blk.0.attn_output.weight",))])
 @pytest.mark.parametrize("qtype", [Q4_K, Q6_K, Q8_0])
 @pytest.mark.parametrize("M,N,K", [(1, 9, 256), (37, 200, 512), (64, 128, 1024),
                                    (130, 333, 2048)])
-def test_path_parity(rt, path, qtype, M, N, K):
-    """C = and C += against the twin, rel err <= 1e-3 (DESIGN.md gate 1), every output written
+def test_path_parity(rt, path, name, qtype, M, N, K):
+    """C = and C += against the twin, rel err <= 1e-3 (docs/design.md, gate 1), every output written
     (NaN-poisoned first); a type / arch the path does not take is skipped, the smem guard's
     fallback runs (and is checked) in its place."""
+    from minfer.cuda.paths import choose_path
+    from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray as da
-    from minfer.cuda.plan.paths import choose_path
 
     p = TABLE[path]
     why = p.unsupported(qtype, rt.arch, K)
@@ -49,20 +68,20 @@ def test_path_parity(rt, path, qtype, M, N, K):
         assert r.path.name == "f16" and "GEMV" in r.why   # decode still runs p at M = 1
         r = type(r)(p)
     assert r.path is p or (p.kd and r.path.name == "narrow" and r.notice)
-    prepare, launch, twin = r.path.ops()
+    route = r.path.route(qtype, GemmChoice(r.path.name), name)
     rng = np.random.default_rng(M + N + K + qtype)
     w = rand_weights(rng, qtype, N, K)
-    x = rng.standard_normal((M, K)).astype(np.float32)
-    ref = twin(x, w, qtype, M, N, K)
-    wd = prepare(rt, da.to_device(rt, np.ascontiguousarray(w).reshape(-1)), qtype, N, K)
+    x16 = rng.standard_normal((M, K)).astype(np.float16)   # the forward's f16 activation
+    ref = r.path.twin(x16.astype(np.float32), w, qtype, M, N, K, name)
+    wd = r.path.prepare(rt, da.to_device(rt, np.ascontiguousarray(w).reshape(-1)), qtype, N, K)
     out = da.to_device(rt, np.full((M, N), np.nan, np.float32))   # poisoned: all must be written
-    launch(rt, da.to_device(rt, x), wd, qtype, M, N, K, r.path, out)
+    _run(rt, route, x16, wd, out, "f32")
     y = out.get()
     assert np.isfinite(y).all()
     assert np.linalg.norm(y - ref) <= 1e-3 * np.linalg.norm(ref)
     base = rng.standard_normal((M, N)).astype(np.float32)
     acc = da.to_device(rt, base)
-    launch(rt, da.to_device(rt, x), wd, qtype, M, N, K, r.path, acc, True)
+    _run(rt, route, x16, wd, acc, "acc")
     assert np.linalg.norm(acc.get() - (base + ref)) <= 1e-3 * np.linalg.norm(base + ref)
 
 
@@ -75,8 +94,8 @@ def test_mmq_rejects_bad_shapes(rt):
     w = da.to_device(rt, np.zeros(4 * 2 * 144, np.uint8))
     out = da.to_device(rt, np.zeros((4, 4), np.float32))
     with pytest.raises(GPUError):
-        mmq_linear(rt, x, w, Q4_K, 4, 4, 384, "wide-kd4", out)
+        mmq_linear(rt, x, w, Q4_K, 4, 4, 384, "wide", 4, out)
     with pytest.raises(Unsupported):
-        mmq_linear(rt, x, w, 8, 4, 4, 512, "wide-kd4", out)
-    with pytest.raises(GPUError, match="not a raw int8 path"):
-        mmq_linear(rt, x, w, Q4_K, 4, 4, 512, "blk", out)
+        mmq_linear(rt, x, w, 8, 4, 4, 512, "wide", 4, out)
+    with pytest.raises(GPUError, match="kernel family 'blk'"):
+        mmq_linear(rt, x, w, Q4_K, 4, 4, 512, "blk", 0, out)

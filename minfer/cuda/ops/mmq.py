@@ -2,11 +2,11 @@
 
     y[M, N] (f32) = x[M, K] @ W[N, K].T,  x quantized to q8_1 raw blocks by the prepass,
                                           W raw q4_K / q6_K GGUF bytes [N, K/256*bytes]
-Kernels (the seeds' exact q8_1 paths, DESIGN.md): R1 word-level (path "r1"), narrow raw
-("narrow"), wide raw with KD = 4 or 8 super-blocks staged per pass ("wide-kd4", "wide-kd8").
-Which one runs is minfer.cuda.plan.paths.choose_path's answer (its smem guard included: a wide path
-over the device's opt-in shared memory becomes "narrow" there); this launcher refuses a wide
-path over the cap rather than choosing another. numpy twin: minfer.quants.mmq_ref.mmq_linear_ref.
+Kernel families (the seeds' exact q8_1 paths, docs/design.md): R1 word-level, narrow raw, wide raw
+with KD = 4 or 8 super-blocks staged per pass. Which one runs is the chooser's answer
+(minfer.cuda.paths: its smem guard included, a wide path over the device's opt-in shared
+memory becomes narrow there); this launcher refuses a wide kernel over the cap rather than
+choosing another. numpy twin: minfer.quants.mmq_ref.mmq_linear_ref.
 Device arrays are pycuda GPUArrays (minfer.cuda.runtime.devarray); nothing here reads the
 environment.
 """
@@ -27,8 +27,7 @@ _ENTRY = {  # (qtype, kind) -> entry
     (Q6_K, "r1"): "mmq_q6k_nt_kernel", (Q6_K, "narrow"): "mmq_q6k_raw_nt_kernel",
     (Q6_K, "wide"): "mmq_q6k_raw_wide_nt_kernel",
 }
-# path name (minfer.cuda.plan.paths.TABLE) -> (kernel kind, KD)
-KINDS = {"r1": ("r1", 0), "narrow": ("narrow", 0), "wide-kd4": ("wide", 4), "wide-kd8": ("wide", 8)}
+FAMILIES = ("r1", "narrow", "wide")   # the kernel families (entries per type: _ENTRY)
 NARROW_TILE = (32, 64)   # (tokens, weight rows) per block, 128 threads
 WIDE_TILE = (64, 128)
 
@@ -79,17 +78,17 @@ def launch_prepass_fn(rt, fn, M: int, K: int, args: tuple) -> None:
     rt.launch(fn, ((nblk + 31) // 32,), (256,), args)
 
 
-def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, path, out,
+def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, family: str, kd: int, out,
                accumulate: bool = False, q8_scratch=None, build_opts: tuple = ()) -> None:
-    """out f32 [M, N] (= or +=) x @ W.T on `path` (a minfer.cuda.plan.paths record or its name:
-    r1, narrow, wide-kd4, wide-kd8). x: f32/f16 [M, K] (quantized here, into q8_scratch when
-    given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any shape, N*K/256*bytes in
-    all). build_opts: extra nvcc -D options for the wide kernel (kernel A/B runs; the engine
-    never passes any)."""
-    name_ = path if isinstance(path, str) else path.name
-    if name_ not in KINDS:
-        raise GPUError(f"mmq_linear: {name_} is not a raw int8 path ({', '.join(KINDS)})")
-    kind, kd = KINDS[name_]
+    """out f32 [M, N] (= or +=) x @ W.T on the kernel `family` (r1, narrow, or wide at KD =
+    kd 4 or 8: the q8_1 paths of minfer.cuda.paths.q8_1). x: f32/f16 [M, K] (quantized here,
+    into q8_scratch when given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any
+    shape, N*K/256*bytes in all). build_opts: extra nvcc -D options for the wide kernel (kernel
+    A/B runs; the engine never passes any)."""
+    if family not in FAMILIES or (family == "wide") != (kd in (4, 8)):
+        raise GPUError(f"mmq_linear: kernel family {family!r} at KD {kd}: expected r1, narrow "
+                       "or wide at KD 4 / 8")
+    kind, name_ = family, family + (f" KD={kd}" if kd else "")
     qtype = int(qtype)
     if not has_mmq(qtype):
         raise Unsupported(f"mmq_linear: no MMQ kernel for tensor type {qtype} "

@@ -1,8 +1,8 @@
 """GemmChoice: the user's GEMM choice, resolved once from `--gemm`, the environment and the seeds'
-variables; the per-weight path is then minfer.cuda.plan.paths.choose_path's (docs/paths.md).
+variables; the per-weight path is then minfer.cuda.paths.choose_path's (docs/paths.md).
 
 Precedence: `--gemm NAME`, then MINFER_GEMM=NAME, then the seeds' MINFER_MMQ (0: f16, 1: the
-seeds' MMQ config), else "auto". NAME: auto, f16, mmq or a path of minfer.cuda.plan.paths.TABLE.
+seeds' MMQ config), else "auto". NAME: auto, f16, mmq or a path of minfer.cuda.paths.TABLE.
 "mmq" is the seeds' config: the wide kernel at KD = MINFER_MMQ_RAW_KD (4 unless set to 8),
 MINFER_MMQ_RAW_WIDE=0 the narrow kernel, MINFER_MMQ_RAW=0 the R1 kernel.
 A tuning variant ("f16:no-rope", "blk:no-glu:no-stream-k") turns off an epilogue or scheduling
@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from minfer.cuda.plan.paths import CHOICES, TABLE, VARIANTS
+from minfer.cuda.paths import CHOICES, TABLE, VARIANTS
 from minfer.errors import BadInput
 
 SEED_KEYS = ("MINFER_MMQ", "MINFER_MMQ_RAW", "MINFER_MMQ_RAW_WIDE", "MINFER_MMQ_RAW_KD")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minfer.cuda.plan.config import GemmChoice  # noqa: F401  (annotations)
-from minfer.cuda.plan.paths import TABLE, VIA_F16
+from minfer.cuda.paths import TABLE
 
 
 def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[str, int, int]]:
@@ -40,7 +40,7 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
             paths = {routes[n][0] for n in names}
             if len(paths) != 1:
                 continue
-            if (TABLE[next(iter(paths))].weight not in VIA_F16
+            if (not TABLE[next(iter(paths))].via_f16
                     and len({model.tensor(n).qtype for n in names}) != 1):
                 continue
             shapes = [model.tensor(n).shape for n in names]
@@ -67,7 +67,7 @@ def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
         gate = f"blk.{i}.ffn_gate.weight"
         if gate not in fused:
             continue
-        if routes[gate][0] in ("f16", "blk"):
+        if TABLE[routes[gate][0]].glu:
             out.add(fused[gate][0])
     return out
 
@@ -76,11 +76,9 @@ def glu_all(model, routes: dict[str, tuple[str, str]], glu: set[str]) -> bool:
     """Every layer's gate|up GEMM writes the swiglu (glu: plan_glu's groups), so the f32 gate|up
     buffer is not allocated: on the int8 blk kernel (an f16 glu GEMM at M == 1 still goes
     through it)."""
-    from minfer.cuda.plan.paths import TABLE
-
     n = model.config.n_layers
     return len(glu) == n and all(
-        TABLE[routes[f"blk.{i}.ffn_gate.weight"][0]].activation != "none" for i in range(n))
+        TABLE[routes[f"blk.{i}.ffn_gate.weight"][0]].int8 for i in range(n))
 
 
 def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
@@ -96,7 +94,7 @@ def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
     for i in range(c.n_layers):
         q = f"blk.{i}.attn_q.weight"
         group = fused.get(q, ("",))[0]
-        if group.endswith(".attn_qkv.weight") and routes[q][0] == "f16":
+        if group.endswith(".attn_qkv.weight") and TABLE[routes[q][0]].rope:
             out.add(group)
     return out
 

@@ -53,7 +53,7 @@ class MemoryPlan:
     def fitting(self) -> list[str]:
         """The --gemm values that would fit instead of a forced path: the unmixed auto tiers'
         paths that fit (fastest first) and `auto` when any tier fits."""
-        from minfer.cuda.plan.paths import TIERS
+        from minfer.cuda.paths import TIERS
 
         if self.free is None:
             return []

@@ -80,16 +80,14 @@ def chunk_shapes(lengths, ubatch: int) -> list[tuple[int, bool]]:
 
 
 def load_kernels(routes: dict[str, tuple[str, str]]) -> list[Spec]:
-    """Modules weights.load_weights launches: dequant (f16 and blk routes), mmq_blk (blk routes:
-    mmq_blk.blk_weight requantizes their f16 rows)."""
+    """Modules weights.load_weights launches: dequant (the embedding rows, f16 routes), and
+    each route's path's own (GemmPath.load_kernels: blk's requantizing operand kernel)."""
     from minfer.cuda.ops.dequant import KERNEL
-    from minfer.cuda.plan.paths import TABLE
+    from minfer.cuda.paths import TABLE
 
     out = [(KERNEL, ())]
-    if any(TABLE[p].weight == "requant-blk" for p, _ in routes.values() if p in TABLE):
-        from minfer.cuda.ops.mmq_blk import _OPTS
-
-        out.append(("mmq_blk", _OPTS))
+    for name in sorted({p for p, _ in routes.values() if p in TABLE}):
+        out += [s for s in TABLE[name].load_kernels() if s not in out]
     return out
 
 

@@ -1,5 +1,5 @@
 """The per-weight path plan of the CUDA backend: which GEMM path runs each linear weight
-(minfer.cuda.plan.paths.choose_path decides; this module only asks it per weight), and which
+(minfer.cuda.paths.choose_path decides; this module only asks it per weight), and which
 weights of a layer are fused into one GEMM.
 
 - `plan_routes`: weight name -> (path name, why) for every linear weight (attn_q/k/v/output,
@@ -23,7 +23,7 @@ from minfer.cuda.plan.config import GemmChoice
 from dataclasses import replace
 
 from minfer.cuda.plan.memory import MemoryPlan, choose_tier
-from minfer.cuda.plan.paths import TABLE, VIA_F16, auto_tiers, choose_path, qname
+from minfer.cuda.paths import TABLE, auto_tiers, choose_path, qname
 
 _LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _WARNED: set = set()
@@ -103,9 +103,9 @@ def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 
     if not model.config.qkv_bias:
         for i in range(model.config.n_layers):
             q, k, v = (f"blk.{i}.attn_{x}.weight" for x in "qkv")
-            same_type = (TABLE[routes[v][0]].weight in VIA_F16 or
+            same_type = (TABLE[routes[v][0]].via_f16 or
                          model.tensor(q).qtype == model.tensor(k).qtype == model.tensor(v).qtype)
-            if routes[v][0] != "f16" and not (
+            if TABLE[routes[v][0]].int8 and not (
                     routes[q][0] == routes[k][0] == routes[v][0] and same_type):
                 routes[v] = route(v, alone=True)
     return routes
@@ -118,7 +118,7 @@ def summarize_routes(model, routes: dict[str, tuple[str, str]]) -> str:
     f16: dict[str, int] = {}
     paths = set()
     for n, (path, why) in routes.items():
-        if path == "f16":
+        if not TABLE[path].int8:
             f16[why] = f16.get(why, 0) + 1
         else:
             paths.add(path)

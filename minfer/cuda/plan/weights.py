@@ -29,7 +29,7 @@ import numpy as np
 
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops import layers as L
-from minfer.cuda.plan.paths import TABLE, VIA_F16
+from minfer.cuda.paths import TABLE
 from minfer.errors import GPUError
 
 
@@ -67,10 +67,10 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     for n, (path, _) in routes.items():
         t = m.tensor(n)
         N, K = (int(s) for s in t.shape)
-        prep = TABLE[path].weight   # how the path keeps its weight on the GPU
-        if prep == "dequant-f16":
+        p = TABLE[path]   # how the path keeps its weight on the GPU
+        if p.via_f16 and not p.requant:
             f16_w += N * K * 2
-        elif prep == "requant-blk":   # ~1 B/weight; f16 (a group at a time) while requantizing
+        elif p.requant:   # ~1 B/weight; f16 (a group at a time) while requantizing
             blk_k = max(blk_k, K)
             g = fused[n][0] if n in fused else n
             blk_groups.setdefault(g, [0, K])[0] += N
@@ -179,9 +179,9 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     qtypes: dict[str, int] = {}
     pending: dict[str, tuple[int, int]] = {}   # blk groups: f16 made at their first member
     for g, (rows, K, n) in groups.items():
-        if TABLE[routes[n][0]].weight == "requant-blk":
+        if TABLE[routes[n][0]].requant:
             pending[g] = (rows, K)
-        elif TABLE[routes[n][0]].weight in VIA_F16:
+        elif TABLE[routes[n][0]].via_f16:
             w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
         else:   # MMQ: raw blocks, one row of K/256 blocks per weight row
             t = m.tensor(n)
@@ -193,7 +193,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     emb = da.empty(rt, (int(emb_t.data.nbytes),), np.uint8, "quantized embedding table")
     names = list(routes)
     raw_head = "token_embd.weight" in routes and TABLE[
-        routes["token_embd.weight"][0]].weight not in VIA_F16   # a tied head on its bytes
+        routes["token_embd.weight"][0]].via_f16 is False   # a tied head on its raw bytes
     total = int(emb_t.data.nbytes) * (1 + ("token_embd.weight" in routes and not raw_head)) + \
         sum(int(m.tensor(n).data.nbytes) for n in names if n != "token_embd.weight")
     pb = bar(progress, total=total, desc="upload+dequant", unit="B", unit_scale=True,
@@ -223,7 +223,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
             raw = _raw_rows(t)
             rb = raw.shape[1]
             glu_m = n in fused and fused[n][0] in glu
-            if TABLE[routes[n][0]].weight not in VIA_F16:
+            if not TABLE[routes[n][0]].via_f16:
                 # MMQ: the raw q4_K / q6_K bytes are the weight (no f16 copy); a tied LM head
                 # shares the embedding table's bytes
                 if n in fused:
@@ -293,7 +293,7 @@ def _requant_ready(rt, n: str, routes, fused, left: dict, w: dict) -> None:
     blk_weight, queued behind the dequants) and its f16 freed once that is done; a group's
     member row views are dropped (the group's GEMM is the only reader). One group's f16 is
     alive at a time (plan_memory's "blk requant staging")."""
-    if TABLE[routes[n][0]].weight != "requant-blk":
+    if not TABLE[routes[n][0]].requant:
         return
     from minfer.cuda.ops.mmq_blk import blk_weight
 

@@ -1,0 +1,143 @@
+"""What every GEMM path family is: a `GemmPath` (the table's record and the family's behaviour),
+the per-weight `LinearRoute` it makes, and the `Operand` forms its kernels read.
+
+A family (f16.py, q8_1.py, blk.py) subclasses GemmPath and LinearRoute; everything about the
+path lives there: which weights it takes and why not (`unsupported`), device bytes per weight,
+the weight's preparation (`prepare`: raw GGUF rows on the device -> the path's weight), the
+activation operand (`Operand`: a prepass, or a producer fused into the rmsnorm or attention
+launch), the launches with their epilogues (`LinearRoute.run` / `run_glu`), the numpy twin
+(`twin`), the kernels it needs compiled at load (`load_kernels`) and its tuning variants. The
+forward, `minfer check`, the tests and `bench --ab` all call these same objects.
+
+Calling convention of a route (y[M, N] = x[M, K] @ W[N, K].T):
+    A f16 [M, K]  --operand.prepass(rt, A, scratch)-->  x  (A itself when operand is None)
+    route.run(rt, scratch, C, x, w, mode)   mode 'f32' / 'f16': C = x @ w.T; 'acc': C +=
+    route.run_glu(rt, scratch, C, x, w)     C f16 [M, F] = silu(gate) * up (glu routes)
+scratch: the backend's DeviceBuffers (an operand lives in getattr(scratch, operand.scratch);
+the f16 GEMV's glu at M == 1 uses its f32 gate|up buffer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+Q4_K, Q6_K = 12, 14
+RAW_BYTES = {Q4_K: 144 / 256, Q6_K: 210 / 256}   # GGUF bytes per weight
+
+Spec = tuple[str, tuple[str, ...]]   # (kernels/<name>.cu, nvcc options): Runtime.module's key
+
+
+def qname(qtype: int) -> str:
+    try:
+        import gguf
+
+        return gguf.GGMLQuantizationType(int(qtype)).name.lower().replace("_k", "_K")
+    except (ImportError, ValueError):
+        return {Q4_K: "q4_K", Q6_K: "q6_K"}.get(int(qtype), f"type {qtype}")
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An activation form a family's kernel reads, made from the f16 activation.
+    prepass(rt, A f16 [M, K], buf) -> the operand, in buf (the scratch buffer `scratch`
+    names); norm(rt, x f32, w, eps, buf, h16 or None) -> the operand of rmsnorm(x) * w from
+    the norm's launch (None when it cannot: then rmsnorm, then prepass); attn(rt, buf, M, K)
+    -> (the array the attention launch writes, the operand) from the attention's epilogue.
+    Forms sharing a scratch buffer never meet on one activation (the backend asserts it)."""
+    name: str
+    scratch: str
+    prepass: Callable
+    norm: Callable | None = None
+    attn: Callable | None = None
+
+
+@dataclass(frozen=True)
+class GemmPath:
+    """A path of the table. Subclasses set the class flags and implement route / prepare /
+    twin; the fields are the record minfer.cuda.paths.table's chooser reads."""
+    name: str
+    kernel: str                        # the kernel entry it launches
+    qtypes: frozenset | None           # GGUF types it takes; None: every type dequant takes
+    archs: frozenset | None            # None: any sm_80+ GPU
+    k_multiple: int                    # K must be a multiple of this
+    bytes_per_weight: Mapping          # qtype -> device bytes per weight (None: any type)
+    variants: tuple = ()               # features a tuning variant may turn off (bench --ab)
+    kd: int = 0                        # wide kernels' staging depth
+    gemv_f16: bool = False             # an M = 1 GEMM (the LM head) runs f16's GEMV instead
+    f16_kinds: frozenset = frozenset()  # weight kinds left to f16 for accuracy (tuning
+    #                                     variant exact-down; auto's tier blk-all takes them)
+
+    int8 = False          # an int8 kernel (the MMQ families), not the exact f16 path
+    via_f16 = False       # the weight goes up as f16 rows at load (dequantized on the GPU)
+    requant = False       # ... and is requantized from them (per weight, or fused group)
+    glu = False           # a gate|up GEMM on it can write the swiglu from its epilogue
+    rope = False          # a q|k|v GEMM on it can rope from its epilogue (f16)
+    operand = None        # the Operand its kernels read (None: the f16 activation itself)
+
+    def unsupported(self, qtype: int, arch, K: int) -> str:
+        """'' when this path runs a [*, K] GEMM on a weight of `qtype` on `arch`, else why not."""
+        if self.qtypes is not None and int(qtype) not in self.qtypes:
+            return f"{qname(qtype)}: no {self.name} kernel"
+        if self.archs is not None and arch not in self.archs:
+            return f"{self.name}: {arch or 'this GPU'} is not {'/'.join(sorted(self.archs))}"
+        if K % self.k_multiple:
+            return f"K={K} not a multiple of {self.k_multiple}"
+        return ""
+
+    def weight_bytes(self, qtype: int) -> float:
+        b = self.bytes_per_weight
+        return float(b[int(qtype)] if int(qtype) in b else b[None])
+
+    def smem(self, qtype: int) -> int | None:
+        """Dynamic shared memory its kernel needs for `qtype` (the smem guard); None: no opt-in."""
+        return None
+
+    def route(self, qtype: int, choice, name: str = "") -> "LinearRoute":
+        """The route object of weight `name` (its role may decide the operand) of `qtype`."""
+        raise NotImplementedError
+
+    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
+        """Raw GGUF rows on the device (uint8) -> this path's weight (tests, minfer check; the
+        backend's streaming upload, minfer.cuda.plan.weights, makes the same bytes)."""
+        raise NotImplementedError
+
+    def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
+        """numpy float64 [M, N] of what the route of weight `name` computes from x (f32 values
+        the f16 activation holds) and the raw GGUF rows w_raw."""
+        raise NotImplementedError
+
+    def load_kernels(self) -> list[Spec]:
+        """Modules the weight upload launches for this path (compiled before it)."""
+        from minfer.cuda.ops.dequant import KERNEL
+
+        return [(KERNEL, ())] if self.via_f16 else []
+
+    def reference_inputs(self, names: frozenset) -> dict:
+        """ReferenceBackend keyword arguments that round the inputs of `names` (the weights on
+        this path) through its kernel's grid: what `minfer check` compares it with."""
+        return {}
+
+
+class LinearRoute:
+    """One linear weight on one path: its operand form, its launches."""
+
+    def __init__(self, path: GemmPath, qtype: int, choice, name: str = ""):
+        self.path, self.qtype, self.choice, self.weight = path, int(qtype), choice, name
+        self.operand = path.operand
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def glu(self) -> bool:
+        return self.path.glu
+
+    def run(self, rt, scratch, C, x, w, mode: str) -> None:
+        raise NotImplementedError
+
+    def run_glu(self, rt, scratch, C, x, w) -> None:
+        from minfer.errors import Unsupported
+
+        raise Unsupported(f"{self.name}: no swiglu epilogue")

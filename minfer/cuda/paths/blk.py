@@ -1,0 +1,136 @@
+"""The block-scaled int8 path (sm_90; docs/blk.md): any type dequantized to f16 at load, then
+Hadamard-rotated and requantized to int8 with one f32 scale per (row, 256 of K); activations
+as a rotated int8 token operand with one scale per (token, 128 of K), or per token on the
+GEMMs after an rmsnorm (blk_ref.token_scaled; tuning variant no-token-scale); the persistent
+wgmma kernel with stream-K (minfer.cuda.ops.mmq_blk; no-stream-k) and the swiglu epilogue
+(no-glu). The operand is made by a prepass, or by the rmsnorm launch and the wgmma attention's
+epilogue (no-fused-prepass: separate prepasses). ffn_down stays on f16 for accuracy (f16_kinds;
+no-exact-down). Lossy: gate 6 (KL divergence) holds it. Twin: minfer.quants.blk_ref."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+
+from minfer.cuda.paths.base import GemmPath, LinearRoute, Operand
+from minfer.cuda.runtime import devarray as da
+
+
+def _scratch(rt, buf, M: int, K: int):
+    """The blk token operand of [M, K] as a view of the scratch buffer (poisoned)."""
+    from minfer.quants.blk_ref import blk_bytes, blk_shape
+
+    tt = da.reshape(da.rows(buf, 0, blk_bytes(M, K)), blk_shape(M, K))
+    da.poison(rt, tt)
+    return tt
+
+
+def _prepass(rt, A, scratch, per_token: bool = False):
+    from minfer.cuda.ops.mmq_blk import blk_operand
+
+    return blk_operand(rt, A, _scratch(rt, scratch.blkop, *A.shape), per_token)
+
+
+def _norm(rt, x, w, eps, scratch, h16, per_token: bool = False):
+    """The operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when given);
+    None when K is over the fused kernel's (then rmsnorm, then the prepass)."""
+    from minfer.cuda.ops.mmq_blk import NORM_MAX_K, blk_operand_rmsnorm
+
+    M, K = x.shape
+    if K > NORM_MAX_K:
+        return None
+    return blk_operand_rmsnorm(rt, x, w, eps, _scratch(rt, scratch.blkop, M, K), h16, per_token)
+
+
+def _attn(rt, scratch, M: int, K: int):
+    from minfer.cuda.ops.mmq_blk import BlkTokens
+
+    tt = _scratch(rt, scratch.blkop, M, K)
+    return tt, BlkTokens(tt, M, K)
+
+
+BLK_OPERAND = Operand("blk", "blkop", _prepass, _norm, _attn)
+BLK_TOKEN_OPERAND = Operand("blk-tok", "blkop", partial(_prepass, per_token=True),
+                            partial(_norm, per_token=True))
+
+
+class BlkRoute(LinearRoute):
+    """mmq_blk_linear on the requantized weight (BlkWeight) and the token operand (x.K its
+    width); the GEMMs after an rmsnorm read the per-token operand unless no-token-scale."""
+
+    def __init__(self, path, qtype: int, choice, name: str = ""):
+        from minfer.quants.blk_ref import token_scaled
+
+        super().__init__(path, qtype, choice, name)
+        tok = token_scaled(name) and choice.on("token-scale")
+        self.operand = BLK_TOKEN_OPERAND if tok else BLK_OPERAND
+
+    def _launch(self, rt, *args, **kw) -> None:
+        from minfer.cuda.ops.mmq_blk import mmq_blk_linear
+
+        mmq_blk_linear(rt, *args, stream_k=self.choice.on("stream-k"), **kw)
+
+    def run(self, rt, scratch, C, x, w, mode: str) -> None:
+        from minfer.errors import Unsupported
+
+        if mode == "f16":
+            raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
+        M, N = C.shape
+        if mode != "acc":
+            da.poison(rt, C)
+        self._launch(rt, x, w, M, N, x.K, C, mode == "acc")
+
+    def run_glu(self, rt, scratch, C, x, w) -> None:
+        M, F = C.shape
+        da.poison(rt, C)
+        self._launch(rt, x, w, M, 2 * F, x.K, C, swiglu=True)
+
+
+@dataclass(frozen=True)
+class BlkPath(GemmPath):
+    int8 = True
+    via_f16 = True
+    requant = True
+    glu = True
+    operand = BLK_OPERAND   # the route's may be the per-token form
+
+    def smem(self, qtype: int) -> int | None:
+        from minfer.cuda.ops.mmq_blk import blk_smem
+
+        return blk_smem()
+
+    def route(self, qtype: int, choice, name: str = "") -> BlkRoute:
+        return BlkRoute(self, qtype, choice, name)
+
+    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
+        from minfer.cuda.ops.mmq_blk import blk_weight
+        from minfer.cuda.paths.f16 import F16
+
+        w16 = F16.prepare(rt, w_raw, qtype, N, K)
+        w = blk_weight(rt, w16)
+        rt.synchronize()
+        w16.gpudata.free()
+        return w
+
+    def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
+        from minfer.cuda.ops.dequant import dequant_f16_ref
+        from minfer.quants.blk_ref import blk_linear_ref, token_scaled
+
+        return blk_linear_ref(np.asarray(x, np.float32).reshape(M, K),
+                              dequant_f16_ref(w_raw, qtype, N, K), per_token=token_scaled(name))
+
+    def load_kernels(self):
+        from minfer.cuda.ops.mmq_blk import _OPTS
+
+        return super().load_kernels() + [("mmq_blk", _OPTS)]
+
+    def reference_inputs(self, names: frozenset) -> dict:
+        return {"blk_inputs": frozenset(names)}
+
+
+# any type; ffn_down stays f16: its int8 grid is most of the path's KL divergence (docs/blk.md)
+BLK = BlkPath("blk", "mmq_blk", None, frozenset({"sm_90"}), 32, {None: 16896 / 16384},
+              variants=("glu", "stream-k", "fused-prepass", "token-scale", "exact-down"),
+              gemv_f16=True, f16_kinds=frozenset({"ffn_down"}))

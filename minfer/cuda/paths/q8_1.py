@@ -1,0 +1,80 @@
+"""The seeds' exact int8 family (docs/design.md, seeds r15/r16): q4_K / q6_K weights kept as their
+raw GGUF bytes, activations quantized to q8_1 raw blocks (40 B per 32 values) by a prepass,
+the MMQ kernels (minfer.cuda.ops.mmq): R1 word-level (r1), narrow raw (narrow), wide raw with
+KD = 4 or 8 super-blocks staged per pass (wide-kd4, wide-kd8; over the GPU's opt-in shared
+memory the chooser runs narrow: the smem guard). Twin: minfer.quants.mmq_ref on the q8_1 grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from minfer.cuda.paths.base import Q4_K, Q6_K, RAW_BYTES, GemmPath, LinearRoute, Operand
+from minfer.cuda.runtime import devarray as da
+
+
+def _prepass_q8_1(rt, A, buf):
+    from minfer.cuda.ops.mmq import quantize_q8_1
+
+    M, K = A.shape
+    q8 = da.reshape(da.rows(buf, 0, M * (K // 32) * 40), (M, K // 32 * 40))
+    da.poison(rt, q8)
+    return quantize_q8_1(rt, A, q8)
+
+
+Q8_1 = Operand("q8_1", "q8", lambda rt, A, scratch: _prepass_q8_1(rt, A, scratch.q8))
+
+
+class RawInt8Route(LinearRoute):
+    """The MMQ kernel of the path on the raw GGUF bytes, reading the q8_1 operand."""
+
+    def run(self, rt, scratch, C, x, w, mode: str) -> None:
+        from minfer.cuda.ops.mmq import mmq_linear
+        from minfer.errors import Unsupported
+
+        if mode == "f16":
+            raise Unsupported(f"{self.name} writes f32, this GEMM needs f16 output")
+        M, N = C.shape
+        K = x.shape[1] * 32 // 40
+        if mode != "acc":
+            da.poison(rt, C)
+        p = self.path
+        mmq_linear(rt, x, w, self.qtype, M, N, K, p.family, p.kd, C, accumulate=mode == "acc")
+
+
+@dataclass(frozen=True)
+class RawInt8Path(GemmPath):
+    family: str = "wide"   # the kernel family: r1, narrow, wide (minfer.cuda.ops.mmq)
+    int8 = True
+    operand = Q8_1
+
+    def smem(self, qtype: int) -> int | None:
+        from minfer.cuda.ops.mmq import wide_smem
+
+        return wide_smem(self.kd, qtype) if self.kd else None
+
+    def route(self, qtype: int, choice, name: str = "") -> RawInt8Route:
+        return RawInt8Route(self, qtype, choice, name)
+
+    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
+        return w_raw
+
+    def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
+        from minfer.quants.mmq_ref import mmq_linear_ref
+
+        return mmq_linear_ref(np.asarray(x, np.float32), w_raw, qtype, M, N, K)
+
+    def reference_inputs(self, names: frozenset) -> dict:
+        return {"q8_1_inputs": frozenset(names)}
+
+
+def _raw(name: str, kernel: str, family: str, kd: int = 0) -> RawInt8Path:
+    return RawInt8Path(name, kernel, frozenset({Q4_K, Q6_K}), None, 256, RAW_BYTES, kd=kd,
+                       family=family)
+
+
+WIDE_KD4 = _raw("wide-kd4", "mmq_raw_wide_nt_kernel", "wide", 4)
+WIDE_KD8 = _raw("wide-kd8", "mmq_raw_wide_nt_kernel", "wide", 8)
+NARROW = _raw("narrow", "mmq_raw_nt_kernel", "narrow")
+R1 = _raw("r1", "mmq_nt_kernel", "r1")
