@@ -5,7 +5,7 @@ table (minfer.cuda.paths.TABLE; --gemm: one path only).
    object's `twin`: f16 on the f16-rounded operands, the raw int8 paths on the q8_1 grid, blk on
    its rotated int8 grids) on each distinct (type, N, K) of the model's GEMM weights the path
    takes (real weights, random f16 activations): M = 128, ragged M = 37 with N - 5 rows
-   (accumulate mode), and M = 1. The GPU side runs exactly what the forward runs for that
+   (accumulate mode where the route has one), and M = 1. The GPU side runs exactly what the forward runs for that
    weight: the path's `prepare`, its route's operand prepass and `run`.
    The GPU computes the full [M, N]; the float64 twin (slow in numpy at 8B shapes) is
    evaluated on a sample of weight rows that always includes the first and last tiles' edges.
@@ -101,6 +101,7 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
                 x = x16.astype(np.float32)
                 r = choose_path(qt, rt.arch, (M, n, K), p.name, rt.smem_optin)
                 route = r.path.route(qt, GemmChoice(r.path.name), name)
+                acc = acc and route.accumulates   # (blk's per-token GEMMs never add to C)
                 ref = r.path.twin(x, np.ascontiguousarray(raw[cols]), qt, M, len(cols), K, name)
                 base = (rng.standard_normal((M, n)).astype(np.float32)
                         * float(np.abs(ref).mean())

@@ -79,6 +79,8 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
     y = out.get()
     assert np.isfinite(y).all()
     assert np.linalg.norm(y - ref) <= 1e-3 * np.linalg.norm(ref)
+    if not route.accumulates:   # blk's per-token GEMMs (after a norm) never add to C
+        return
     base = rng.standard_normal((M, N)).astype(np.float32)
     acc = da.to_device(rt, base)
     _run(rt, route, x16, wd, acc, "acc")

@@ -134,6 +134,11 @@ class LinearRoute:
     def glu(self) -> bool:
         return self.path.glu
 
+    @property
+    def accumulates(self) -> bool:
+        """run(..., 'acc') exists: C += x @ w.T (attn_output and ffn_down's epilogue)."""
+        return True
+
     def run(self, rt, scratch, C, x, w, mode: str) -> None:
         raise NotImplementedError
 

@@ -67,6 +67,10 @@ class BlkRoute(LinearRoute):
         tok = token_scaled(name) and choice.on("token-scale")
         self.operand = BLK_TOKEN_OPERAND if tok else BLK_OPERAND
 
+    @property
+    def accumulates(self) -> bool:
+        return self.operand is not BLK_TOKEN_OPERAND   # no GEMM after a norm adds to C
+
     def _launch(self, rt, *args, **kw) -> None:
         from minfer.cuda.ops.mmq_blk import mmq_blk_linear
 
