@@ -63,31 +63,6 @@ def parse_tokens(s: str) -> list[int]:
     return out
 
 
-def make_backend(model, kind: str, spec: str, max_tokens: int, base=None, progress=False,
-                 warmup: bool = True):
-    """A backend for `kind` ('cuda' or 'cpu') and the A/B spec (GemmChoice.parse_ab).
-    base: --gemm as MINFER_GEMM over the environment; the spec wins over both. warmup=False:
-    the CUDA backend skips its one-token warm-up (the caller warms up its own lengths)."""
-    import os
-
-    from minfer.cuda.plan.config import GemmChoice
-
-    env = {**os.environ, **(base or {})}
-    cfg = GemmChoice.parse_ab(spec, env)  # validated for the cpu backend too
-    if kind == "cpu":
-        from minfer.reference.forward import ReferenceBackend
-
-        b = ReferenceBackend(model, max_tokens=max_tokens)
-        if hasattr(b, "preload"):
-            b.preload(progress=progress)
-        return b
-    if kind == "cuda":
-        from minfer.cuda.backend import CudaBackend
-
-        return CudaBackend(model, cfg, max_tokens=max_tokens, ubatch=max_tokens, warmup=warmup)
-    raise BadInput(f"--backend {kind!r}: expected cuda or cpu")
-
-
 def expand_configs(configs: list[str]) -> list[str]:
     """--ab all: every path of the GEMM path table (minfer.cuda.paths.TABLE), in its order."""
     from minfer.cuda.paths import TABLE
@@ -245,10 +220,13 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
 
 
 def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
-        profile: bool = True, echo=print, base=None, min_ms: float = 500.0, out=None,
+        profile: bool = True, echo=print, choices=None, min_ms: float = 500.0, out=None,
         fmt: str = "md", progress: bool = False) -> list[Row]:
-    """Load, bench, print. The results table goes to `out` (default: echo) in `fmt` (md, json,
-    csv: minfer.bench_out), everything else to echo."""
+    """Load, bench, print. configs: the --ab labels; choices: their resolved GemmChoices
+    (minfer.commands.gemm_flags.gemm_choice; None: auto for each). The results table goes to
+    `out` (default: echo) in `fmt` (md, json, csv: minfer.bench_out), everything else to
+    echo."""
+    from minfer.engine import make_backend
     from minfer.bench_out import format_rows
     from minfer.loader import load_model
 
@@ -256,9 +234,9 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
     configs = expand_configs(configs or [""])
     mx = max(tokens)
     backends = []
-    for c in configs:
+    for c, choice in zip(configs, choices or [None] * len(configs)):
         t0 = time.perf_counter()
-        b = make_backend(model, kind, c, mx, base, progress=progress, warmup=False)
+        b = make_backend(kind, model, choice, mx, mx, None, progress)
         t1 = time.perf_counter()
         if hasattr(b, "warmup"):  # every kernel of every length built at once, in parallel
             b.warmup(tokens)

@@ -166,3 +166,26 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
             bar.close()
     return RunResult([int(i) for i in ids], greedy, last_logits, prefill_s, decode_s, margins,
                      warmup_s)
+
+
+def make_backend(kind: str, model, choice=None, max_tokens: int = 4096,
+                 ubatch: int | None = None, dtype: str | None = None, progress: bool = True,
+                 warmup: bool = False):
+    """The one place a backend is built (prefill, perplexity, bench, check): 'cpu' (the numpy
+    reference; dtype 'f64' for the float64 oracle, weights dequantized now) or 'cuda'
+    (CudaBackend on `choice`, a resolved minfer.cuda.plan.config.GemmChoice; None: auto).
+    warmup=False: no one-token warm-up (engine.run and bench warm up the lengths they run)."""
+    if kind == "cpu":
+        from minfer.reference.forward import ReferenceBackend
+
+        be = ReferenceBackend(model, dtype=np.float64 if dtype == "f64" else np.float32,
+                              max_tokens=max_tokens)
+        be.preload(progress=progress)
+        return be
+    if kind != "cuda":
+        raise BadInput(f"backend {kind!r}: expected cuda or cpu")
+    from minfer.cuda.backend import CudaBackend
+
+    return CudaBackend(model, choice, max_tokens=max_tokens,
+                       ubatch=max_tokens if ubatch is None else ubatch, progress=progress,
+                       warmup=warmup)

@@ -84,7 +84,9 @@ def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
             return True
 
     model = load_model(tiny)
-    bes = [B.make_backend(model, "cpu", "", 4)]
+    from minfer.engine import make_backend
+
+    bes = [make_backend("cpu", model, None, 4, progress=False)]
     for stream, shown in ((Tty(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, "stderr", stream)
         rows = B.bench(model, [2, 4], [""], 2, bes, min_ms=0, progress=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from minfer.bench_out import FORMATS
-from minfer.commands.gemm_flags import gemm_options, gemm_overrides
+from minfer.commands.gemm_flags import gemm_choice, gemm_options
 from minfer.threads import threads_option
 
 
@@ -43,7 +43,7 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
           gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     --gemm applies to every config over the environment; an --ab config wins over both."""
-    from minfer.bench import parse_tokens, run
+    from minfer.bench import expand_configs, parse_tokens, run
     from minfer.bench_out import check_plot_path, plot
     from minfer.commands.prefill import check_backend
     from minfer.errors import BadInput
@@ -66,8 +66,10 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
 
         model_path = default_model_path()
     echo = click.echo if fmt == "md" else (lambda s="": click.echo(s, err=True))
+    configs = expand_configs(configs or [""])
+    choices = [gemm_choice(gemm, c) for c in configs]   # validated for the cpu backend too
     rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
-               echo=echo, base=gemm_overrides(gemm), min_ms=min_ms, out=click.echo, fmt=fmt,
+               echo=echo, choices=choices, min_ms=min_ms, out=click.echo, fmt=fmt,
                progress=True)
     if plot_path is not None:
         from pathlib import Path

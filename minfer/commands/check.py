@@ -71,12 +71,12 @@ def sample_rows(rng, n: int, k: int = 256) -> np.ndarray:
 
 def table_paths(gemm: str | None = None):
     """The TABLE records check runs: all, or the one --gemm names (mmq: the seeds' config)."""
-    from minfer.cuda.plan.config import GemmChoice
+    from minfer.commands.gemm_flags import gemm_choice
     from minfer.cuda.paths import TABLE
 
     if gemm in (None, "auto"):
         return list(TABLE.values())
-    return [TABLE[GemmChoice.resolve({}, gemm).path]]
+    return [TABLE[gemm_choice(gemm).path]]
 
 
 def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
@@ -187,7 +187,6 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
     """[(path, exact, n, max_diff, tau, detail, ok)] greedy identity of every path (TABLE
     records; default all) vs the CPU reference (tie-aware)."""
     from minfer import engine
-    from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
@@ -201,7 +200,8 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         path = p.name
         be = None
         try:
-            be = CudaBackend(model, GemmChoice(path), max_tokens=max_tokens, ubatch=512)
+            be = engine.make_backend("cuda", model, GemmChoice(path), max_tokens, 512, None,
+                                     False, True)
             echo(f"{path:<13} {be.route_summary()}")
             echo(f"{'':<13} memory {be.memory.line()}")
             res = engine.run(be, ids, n_greedy, 512)

@@ -2,7 +2,10 @@
 
     @gemm_options               # adds --gemm auto|f16|mmq|<a path of minfer.cuda.paths.TABLE>
     def cmd(..., gemm): ...
-    cfg = gemm_config(gemm=gemm)   # --gemm, else MINFER_GEMM, else the seeds' MINFER_MMQ, else auto
+    choice = gemm_choice(gemm)  # --gemm, else MINFER_GEMM, else the seeds' MINFER_MMQ, else auto
+
+gemm_choice is the one place the GEMM choice is read from the environment (prefill, perplexity,
+bench, check); everything below takes the GemmChoice it returns.
 
 Not a command module (minfer.cli lists those).
 """
@@ -27,13 +30,16 @@ def gemm_options(f):
                         help=HELP)(f)
 
 
-def gemm_overrides(gemm: str | None = None) -> dict[str, str]:
-    """The --gemm value as environment overrides ({} when not given)."""
-    return {} if gemm is None else {"MINFER_GEMM": gemm}
+def gemm_choice(gemm: str | None = None, ab: str | None = None,
+                env: Mapping[str, str] | None = None):
+    """The GemmChoice of --gemm, else the environment (MINFER_GEMM, the seeds' MINFER_MMQ_*),
+    else auto; with `ab` (a bench --ab config, tuning variants allowed) that config over both.
+    env: the process environment unless given (tests)."""
+    import os
 
-
-def gemm_config(env: Mapping[str, str] | None = None, gemm: str | None = None):
-    """GemmChoice from --gemm, else the environment."""
     from minfer.cuda.plan.config import GemmChoice
 
+    env = os.environ if env is None else env
+    if ab is not None:
+        return GemmChoice.parse_ab(ab, env, gemm)
     return GemmChoice.resolve(env, gemm)

@@ -18,7 +18,7 @@ import time
 
 import click
 
-from minfer.commands.gemm_flags import gemm_config, gemm_options
+from minfer.commands.gemm_flags import gemm_choice, gemm_options
 from minfer.errors import BadInput
 from minfer.threads import threads_option
 
@@ -86,7 +86,8 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
     import numpy as np
 
     from minfer import perplexity as P
-    from minfer.commands.prefill import UBATCH, check_backend, make_backend, pick_backend_kind
+    from minfer.commands.prefill import UBATCH, check_backend, pick_backend_kind
+    from minfer.engine import make_backend
     from minfer.fileio import check_output_path
     from minfer.loader import load_model
     from minfer.progress import bar as progress_bar
@@ -95,6 +96,7 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
     check_options(ctx, chunks, save_path, base_path, emulate, backend_kind)
     kind, why = pick_backend_kind(backend_kind or ("cpu" if emulate else None))
     check_backend(kind, None)
+    choice = gemm_choice(gemm)   # --gemm / the environment, resolved once
     if save_path is not None:
         check_output_path(save_path)
     base_hdr = base = None
@@ -132,8 +134,7 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
         backend.preload(progress=True)
         n_emulated = len(backend.q8_1_inputs | backend.blk_inputs)
     else:
-        backend = make_backend(kind, model, None, ctx, min(ctx, UBATCH["cuda"]),
-                               gemm_config(gemm=gemm))
+        backend = make_backend(kind, model, choice, ctx, min(ctx, UBATCH["cuda"]))
     hdr["backend"] = backend.name
     load_s = time.perf_counter() - t0
     tally = P.Tally()

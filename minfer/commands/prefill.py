@@ -18,7 +18,8 @@ import time
 
 import click
 
-from minfer.commands.gemm_flags import gemm_config, gemm_options
+from minfer.commands.gemm_flags import gemm_choice, gemm_options
+from minfer.engine import make_backend
 from minfer.errors import BadInput, GPUError
 from minfer.fileio import check_cap, prompt_cap, read_prompt_file
 from minfer.threads import threads_option
@@ -59,23 +60,6 @@ def check_backend(kind: str, dtype: str | None) -> None:
                        "use --backend cpu to run on the CPU reference")
 
 
-def make_backend(kind: str, model, dtype: str | None, max_tokens: int, ubatch: int,
-                 gemm=None):
-    if kind == "cpu":
-        import numpy as np
-
-        from minfer.reference.forward import ReferenceBackend
-
-        be = ReferenceBackend(model, dtype=np.float64 if dtype == "f64" else np.float32,
-                              max_tokens=max_tokens)
-        be.preload(progress=True)
-        return be
-    check_backend(kind, None)
-    from minfer.cuda.backend import CudaBackend
-
-    # no one-token warm-up here: engine.run warms up the run's chunk lengths and decode's at once
-    return CudaBackend(model, gemm, max_tokens=max_tokens, ubatch=ubatch, progress=True,
-                       warmup=False)
 
 
 def check_options(prompt, prompt_file, chat, system, n_predict, ubatch, ctx_size) -> None:
@@ -170,6 +154,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     kind, why = pick_backend_kind(backend_kind)
     ubatch_opt, ubatch = ubatch, UBATCH[kind] if ubatch is None else ubatch
     check_backend(kind, dtype)  # before the default model is fetched
+    choice = gemm_choice(gemm)   # --gemm / the environment, resolved once
     text = read_prompt_file(prompt_file) if prompt_file is not None else prompt  # capped
     if model_path is None:
         from minfer.fetch import default_model_path
@@ -191,8 +176,8 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     n_ctx = context_size(ctx_size, model.config.n_ctx, len(ids), n_greedy)
     engine.validate(len(ids), n_greedy, ubatch, n_ctx)  # before loading weights
     stop_ids = tok.eog_ids if (chat if stop_at_eos is None else stop_at_eos) else ()
-    backend = make_backend(kind, model, dtype, len(ids) + n_greedy, ubatch,
-                           gemm_config(gemm=gemm))
+    # no one-token warm-up: engine.run warms up the run's chunk lengths and decode's at once
+    backend = make_backend(kind, model, choice, len(ids) + n_greedy, ubatch, dtype)
     load_s = time.perf_counter() - t0
 
     res = engine.run(backend, ids, n_greedy=n_greedy, ubatch=ubatch, progress=True, n_ctx=n_ctx,

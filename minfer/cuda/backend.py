@@ -108,7 +108,7 @@ class CudaBackend:
         t0 = time.perf_counter()
         self.model = model
         self.c = c = model.config
-        self.gcfg = cfg or GemmChoice.resolve()
+        self.gcfg = cfg or GemmChoice()   # auto unless the caller resolved a choice
         self.rt = rt or get_runtime()
         label = self.gcfg.label()
         plain = label == "auto" or (label in TABLE and not TABLE[label].int8)   # f16

@@ -6,13 +6,13 @@ seeds' MMQ config), else "auto". NAME: auto, f16, mmq or a path of minfer.cuda.p
 "mmq" is the seeds' config: the wide kernel at KD = MINFER_MMQ_RAW_KD (4 unless set to 8),
 MINFER_MMQ_RAW_WIDE=0 the narrow kernel, MINFER_MMQ_RAW=0 the R1 kernel.
 A tuning variant ("f16:no-rope", "blk:no-glu:no-stream-k") turns off an epilogue or scheduling
-feature the code otherwise decides; only `bench --ab` takes them. The dataclass is passed
-explicitly; nothing reads the environment after `GemmChoice.resolve`.
+feature the code otherwise decides; only `bench --ab` takes them. The environment is an
+argument here: the one function that reads the process environment for it is the CLI's
+(minfer.commands.gemm_flags.gemm_choice); below it the dataclass is passed explicitly.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -35,11 +35,10 @@ class GemmChoice:
         return self.path + "".join(f":no-{f}" for f in sorted(self.off))
 
     @classmethod
-    def resolve(cls, env: Mapping[str, str] | None = None, gemm: str | None = None,
+    def resolve(cls, env: Mapping[str, str], gemm: str | None = None,
                 variants: bool = False) -> "GemmChoice":
-        """From `gemm` (the --gemm value), else env (default os.environ). variants: accept
-        "name:no-feature" tuning variants (bench --ab)."""
-        env = os.environ if env is None else env
+        """From `gemm` (the --gemm value), else env (MINFER_GEMM, the seeds' variables).
+        variants: accept "name:no-feature" tuning variants (bench --ab)."""
         spec = gemm or env.get("MINFER_GEMM") or ""
         if not spec and env.get("MINFER_MMQ", "") != "":
             spec = "mmq" if _flag("MINFER_MMQ", env["MINFER_MMQ"]) else "f16"
@@ -63,11 +62,15 @@ class GemmChoice:
         return cls(name, frozenset(off))
 
     @classmethod
-    def parse_ab(cls, spec: str, env: Mapping[str, str] | None = None) -> "GemmChoice":
-        """A bench --ab config over the environment: a path name with tuning variants
-        ('f16:no-rope', 'blk', 'wide-kd8') and / or KEY=VALUE of MINFER_GEMM and the seeds'
-        variables ('MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8'); '' is the environment's choice."""
-        env = dict(os.environ if env is None else env)
+    def parse_ab(cls, spec: str, env: Mapping[str, str], gemm: str | None = None
+                 ) -> "GemmChoice":
+        """A bench --ab config over `gemm` (the --gemm value) over the environment: a path
+        name with tuning variants ('f16:no-rope', 'blk', 'wide-kd8') and / or KEY=VALUE of
+        MINFER_GEMM and the seeds' variables ('MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8'); '' is
+        --gemm's choice, else the environment's."""
+        env = dict(env)
+        if gemm is not None:
+            env["MINFER_GEMM"] = gemm   # --gemm over the environment; the spec over both
         name = None
         for tok in spec.split():
             if "=" not in tok:
