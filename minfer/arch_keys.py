@@ -29,6 +29,13 @@ USED = (
     "{a}.rope.scaling.attn_factor", "{a}.rope.scaling.original_context_length",
 )
 
+# Keys the loader reads for one architecture only (minfer.loader.GGUFModel._gemma for gemma3:
+# llama_model_gemma3::load_arch_hparams); for the others they stay refused (WHY).
+USED_BY_ARCH = {
+    "gemma3": ("{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
+               "{a}.rope.freq_base_swa", "{a}.final_logit_softcapping"),
+}
+
 # Keys that change nothing the forward computes, whatever their value.
 INERT = (
     "{a}.rope.scaling.finetuned",  # llama.cpp stores it and never uses it
@@ -59,12 +66,13 @@ WHY = {
 
 # Tensors beyond the llama layer set (token_embd, output_norm, output, and per layer attn_norm,
 # attn_q|k|v, attn_output, ffn_norm, ffn_gate|up|down, optional attn_q|k|v bias; qwen3's
-# attn_q_norm / attn_k_norm) that an
+# attn_q_norm / attn_k_norm; gemma3's those and post_attention_norm / post_ffw_norm) that an
 # architecture may carry, with what they are.
 EXTRA_TENSORS = {
     "llama": {"rope_freqs.weight": "the llama3 RoPE frequency factors"},
     "qwen2": {},
     "qwen3": {},
+    "gemma3": {},  # post_attention_norm / post_ffw_norm and q/k norms are in the loader's set
 }
 
 
@@ -74,7 +82,8 @@ def _named(a: str, keys) -> set[str]:
 
 def check_keys(path: Any, arch: str, metadata: dict[str, Any]) -> None:
     """Unsupported naming the first metadata key minfer does not understand for `arch`."""
-    used, inert = _named(arch, USED), _named(arch, INERT)
+    used = _named(arch, USED) | _named(arch, USED_BY_ARCH.get(arch, ()))
+    inert = _named(arch, INERT)
     at = {k.format(a=arch): v for k, v in INERT_AT.items()}
     why = {k.format(a=arch): v for k, v in WHY.items()}
     for key, value in metadata.items():
@@ -122,7 +131,8 @@ def _short(v: Any) -> str:
 
 
 # Architectures the CUDA backend runs (its kernels: rmsnorm, SwiGLU, RoPE, causal GQA
-# attention, qwen3's head norms); the others run on the CPU reference only.
+# attention, qwen3's head norms); the others (gemma3: GeGLU, post norms, sliding windows) run
+# on the CPU reference only.
 GPU_ARCHS = ("llama", "qwen2", "qwen3")
 
 

@@ -14,7 +14,7 @@ import functools
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,16 @@ from minfer.errors import BadModel, Unsupported
 
 _BLK = re.compile(r"blk\.(\d+)\.")
 
-# Architectures whose graph is the llama one (RMSNorm, RoPE, GQA attention, SwiGLU).
-# rope_neox: rotate halves (NEOX) instead of adjacent pairs (llama.cpp LLAMA_ROPE_TYPE_NORM);
-# qk_norm: an RMSNorm over each head of q and k before RoPE (attn_q_norm, attn_k_norm [head_dim]).
-_ARCHS = {"llama": {"rope_neox": False, "qk_norm": False},
-          "qwen2": {"rope_neox": True, "qk_norm": False},
-          "qwen3": {"rope_neox": True, "qk_norm": True}}
+# Architectures whose graph is the llama one (RMSNorm, RoPE, GQA attention, SwiGLU) or a small
+# variation of it. rope_neox: rotate halves (NEOX) instead of adjacent pairs (llama.cpp
+# LLAMA_ROPE_TYPE_NORM); qk_norm: an RMSNorm over each head of q and k before RoPE (attn_q_norm,
+# attn_k_norm [head_dim]); gemma: llama.cpp's gemma3 graph (src/models/gemma3.cpp): embeddings
+# times sqrt(d_model), post-attention and post-FFN norms, GeGLU, q pre-scaled, sliding-window
+# layers with their own RoPE base, optional final logit soft-cap (ModelConfig's gemma fields).
+_ARCHS = {"llama": {"rope_neox": False, "qk_norm": False, "gemma": False},
+          "qwen2": {"rope_neox": True, "qk_norm": False, "gemma": False},
+          "qwen3": {"rope_neox": True, "qk_norm": True, "gemma": False},
+          "gemma3": {"rope_neox": True, "qk_norm": True, "gemma": True}}
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,30 @@ class ModelConfig:
     rope_dim: int
     rope_scaling: RopeScaling = RopeScaling()
     qk_norm: bool = False
+    # gemma3 (llama.cpp src/models/gemma3.cpp); the defaults are the llama graph, bit for bit
+    embed_scale: float = 1.0  # the gathered embeddings times this (gemma: sqrtf(d_model))
+    ffn_gelu: bool = False  # GeGLU: gelu(gate) * up, ggml's tanh GELU (its f16 table on f32)
+    post_norms: bool = False  # RMSNorm of the attention / FFN output (post_attention_norm,
+    # post_ffw_norm) before its residual add
+    attn_scale: float = 0.0  # 0: softmax(q.k / sqrt(head_dim)); else q times this (after RoPE,
+    # before the KV rounding) and an unscaled softmax, as gemma3's ggml_scale(Qcur) then kq 1.0
+    sliding_window: int = 0  # n_swa: a local layer's query at p sees keys p - n_swa < j <= p
+    swa_layers: tuple[bool, ...] = ()  # per layer: True = local (sliding window); () = none
+    rope_base_swa: float = 10000.0  # the local layers' RoPE base (rope.freq_base_swa)
+    logit_softcap: float = 0.0  # 0: none; else logits = cap * tanh(logits / cap)
+
+    def is_local(self, il: int) -> bool:
+        """Layer il attends within the sliding window (llama.cpp hparams.is_swa)."""
+        return self.sliding_window > 0 and bool(self.swa_layers) and self.swa_layers[il]
+
+    def layer_rope(self, il: int) -> tuple[float, RopeScaling]:
+        """(RoPE base, scaling) of layer il: a local layer has rope_base_swa and a freq scale of
+        1 (llama.cpp get_rope_freq_base / get_rope_freq_scale: rope_freq_scale_train_swa), the
+        rest of the scaling (YaRN's ext and attention factors) as the context resolved it."""
+        if not self.is_local(il):
+            return self.rope_base, self.rope_scaling
+        sc = self.rope_scaling
+        return self.rope_base_swa, sc if sc.freq_scale == 1.0 else replace(sc, freq_scale=1.0)
 
 
 @dataclass(frozen=True)
@@ -236,9 +264,12 @@ class GGUFModel:
         tied = "output.weight" not in self.tensors
         bias = "blk.0.attn_q.bias" in self.tensors
         n_ctx = self._int(f"{a}.context_length")
+        n_layers = self._int(f"{a}.block_count", hi=1 << 16)
+        gemma = self._gemma(a, n_layers, d_model, n_heads, head_dim) if _ARCHS[a]["gemma"] \
+            else {}
         return ModelConfig(
             arch=a,
-            n_layers=self._int(f"{a}.block_count", hi=1 << 16),
+            n_layers=n_layers,
             d_model=d_model,
             d_ff=self._int(f"{a}.feed_forward_length"),
             n_heads=n_heads,
@@ -254,7 +285,43 @@ class GGUFModel:
             rope_dim=rope_dim,
             rope_scaling=self._rope_scaling(a, rope_dim, n_ctx),
             qk_norm=_ARCHS[a]["qk_norm"],
+            **gemma,
         )
+
+    def _gemma(self, a: str, n_layers: int, d_model: int, n_heads: int,
+               head_dim: int) -> dict[str, Any]:
+        """gemma3's ModelConfig fields, read as llama_model_gemma3::load_arch_hparams does."""
+        f32 = np.float32
+        out: dict[str, Any] = {
+            "embed_scale": float(np.sqrt(f32(d_model))),  # sqrtf(n_embd)
+            "ffn_gelu": True, "post_norms": True,
+            # gemma_pytorch: query_pre_attn_scalar; llama.cpp by model type: 27B (62 layers)
+            # 1/sqrt(n_embd / n_head) (integer division), else 1/sqrt(head_dim), in float
+            "attn_scale": float(f32(1.0) / np.sqrt(f32(d_model // n_heads if n_layers == 62
+                                                       else head_dim))),
+        }
+        kw = f"{a}.attention.sliding_window"
+        n_swa = self._int(kw, lo=0) if kw in self.metadata else 0
+        if n_swa > 0:  # LLAMA_SWA_TYPE_STANDARD, load_swa_pattern(ml, 6), dense_first false
+            kp = f"{a}.attention.sliding_window_pattern"
+            pat = self.metadata.get(kp, 6)
+            if isinstance(pat, list):  # per-layer flags (bool or integer; missing: global)
+                if not all(isinstance(x, int) for x in pat) or len(pat) > 512:
+                    raise BadModel(f"{self.path}: metadata key {kp!r} = {_show(pat)} must be "
+                                   "an integer or an array of at most 512 bools/integers")
+                flags = tuple(bool(pat[i]) if i < len(pat) else False
+                              for i in range(n_layers))
+            else:
+                n = self._int(kp, lo=0) if kp in self.metadata else 6
+                flags = tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
+            out |= {"sliding_window": n_swa, "swa_layers": flags,
+                    "rope_base_swa": self._float(f"{a}.rope.freq_base_swa", 10000.0)}
+        kc = f"{a}.final_logit_softcapping"
+        cap = self.metadata.get(kc, 0.0)
+        if cap != 0.0:  # 0 (or absent): no soft-cap, as llama.cpp's `if (f_final_...)`
+            cap = self._float(kc, 0.0)
+        out["logit_softcap"] = float(f32(cap))
+        return out
 
     def _rope_scaling(self, a: str, rope_dim: int, n_ctx: int) -> RopeScaling:
         """The file's RoPE scaling, resolved as llama.cpp's llama_context does (f32 math)."""
@@ -332,6 +399,9 @@ class GGUFModel:
                 p + "ffn_up.weight": ((c.d_ff, c.d_model), (kf, kd)),
                 p + "ffn_down.weight": ((c.d_model, c.d_ff), (kd, kf)),
             })
+            if c.post_norms:
+                want[p + "post_attention_norm.weight"] = ((c.d_model,), (kd,))
+                want[p + "post_ffw_norm.weight"] = ((c.d_model,), (kd,))
             if c.qk_norm:
                 want[p + "attn_q_norm.weight"] = ((hd,), (f"{a}.attention.key_length",))
                 want[p + "attn_k_norm.weight"] = ((hd,), (f"{a}.attention.key_length",))
@@ -384,9 +454,13 @@ class GGUFModel:
     def describe(self) -> str:
         c = self.config
         rope = c.rope_scaling.describe()
+        swa = ""
+        if c.sliding_window:
+            swa = (f", sliding window {c.sliding_window} on {sum(c.swa_layers)} of "
+                   f"{c.n_layers} layers")
         return (f"{self.path.name}: {c.arch}, {c.n_layers} layers, d={c.d_model}, ff={c.d_ff}, "
                 f"heads {c.n_heads}:{c.n_kv_heads}, vocab {c.vocab_size}"
-                + (f", {rope}" if rope else ""))
+                + (f", {rope}" if rope else "") + swa)
 
 
 def load_model(path: str | os.PathLike, strict: bool = True) -> GGUFModel:

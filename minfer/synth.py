@@ -1,9 +1,10 @@
-"""Synthetic llama-family GGUF models at production shape (Llama-3-8B, Llama-2-7B, Qwen2-7B, ...).
+"""Synthetic GGUF models at production shape (Llama-3-8B, Llama-2-7B, Qwen2-7B, Gemma-3-12B, ...).
 
 `make_synthetic_model(out, SynthOptions(preset="llama3-8b", qtype="q4_K_M", seed=0))` writes a
-valid GGUF that minfer, llama.cpp and gguf's reader all load: llama metadata, the tensor names
-and shapes of the real model, the tensor-type mix llama.cpp's quantizer would choose, and
-random weights written directly as well-formed quantized blocks (minfer.synth_blocks).
+valid GGUF that minfer, llama.cpp and gguf's reader all load: the metadata llama.cpp's converter
+writes for the architecture, the tensor names and shapes of the real model, the tensor-type mix
+llama.cpp's quantizer would choose, and random weights written directly as well-formed quantized
+blocks (minfer.synth_blocks).
 
 Why the values do not matter for benchmarks: the work of a quantized GEMM (bytes loaded,
 dequant / integer-dot instructions, mma count) depends on the shapes and types only. No kernel
@@ -46,7 +47,7 @@ from minfer.errors import BadInput
 
 @dataclass(frozen=True)
 class SynthShape:
-    arch: str  # GGUF general.architecture: "llama", "qwen2" or "qwen3"
+    arch: str  # GGUF general.architecture: "llama", "qwen2", "qwen3" or "gemma3"
     d_model: int
     d_ff: int
     n_layers: int
@@ -65,6 +66,9 @@ class SynthShape:
     rope_factor: float = 1.0
     rope_orig_ctx: int = 8192
     head_dim: int = 0  # 0: d_model / n_heads; else written as attention.key_length
+    # gemma3: attention.sliding_window (0: none); the local/global pattern is llama.cpp's
+    # default (every 6th layer global), as the converter writes no sliding_window_pattern
+    sliding_window: int = 0
 
     @property
     def hd(self) -> int:
@@ -88,6 +92,11 @@ PRESETS: dict[str, SynthShape] = {
     # Qwen3-8B: per-head q/k RMSNorm, NEOX RoPE, no biases, head_dim 128
     "qwen3-8b": SynthShape("qwen3", 4096, 12288, 36, 32, 8, rope_base=1000000.0, rms_eps=1e-6,
                            n_ctx=40960),
+    # Gemma 3 12B's shape: GeGLU, post norms, q/k norms, 5 local layers (window 1024, RoPE base
+    # 10000) per global one (base 1e6, linear RoPE x8), head_dim 256 over d_model 3840, tied
+    "gemma3-12b": SynthShape("gemma3", 3840, 15360, 48, 16, 8, tied=True, head_dim=256,
+                             rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
+                             rope_scaling="linear", rope_factor=8.0, sliding_window=1024),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
     # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
     "tiny-qwen3": SynthShape("qwen3", 256, 512, 2, 4, 2, tied=True, head_dim=128, n_ctx=4096,
@@ -100,6 +109,12 @@ PRESETS: dict[str, SynthShape] = {
                               rope_factor=4.0),
     "tiny-qwen2-yarn": SynthShape("qwen2", 256, 512, 2, 4, 2, qkv_bias=True, n_ctx=4096,
                                   rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=64),
+    # gemma3 with a window of 32 (a few hundred prompt tokens cross it many times), 6 layers
+    # (0-4 local, 5 global: the default pattern), 1 KV head as Gemma 3 270M, head_dim 128 (its
+    # 1/sqrt(128) q scale is not a power of two), linear RoPE x8 on the global layer only
+    "tiny-gemma3": SynthShape("gemma3", 256, 512, 6, 4, 1, tied=True, head_dim=128,
+                              rope_base=1000000.0, rms_eps=1e-6, n_ctx=4096,
+                              rope_scaling="linear", rope_factor=8.0, sliding_window=32),
 }
 ROPE_SCALINGS = ("none", "llama3", "linear", "yarn")
 
@@ -153,20 +168,24 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
             (p + "attn_k.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
             (p + "attn_v.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
         ]
-        if s.arch == "qwen3":  # per-head q/k norms (llama.cpp: attn_q_norm, attn_k_norm)
+        if s.arch in ("qwen3", "gemma3"):  # per-head q/k norms (attn_q_norm, attn_k_norm)
             items += [(p + "attn_q_norm.weight", (hd,), "norm"),
                       (p + "attn_k_norm.weight", (hd,), "norm")]
         if s.qkv_bias:
             items += [(p + "attn_q.bias", (s.n_heads * hd,), "bias"),
                       (p + "attn_k.bias", (s.n_kv_heads * hd,), "bias"),
                       (p + "attn_v.bias", (s.n_kv_heads * hd,), "bias")]
+        items.append((p + "attn_output.weight", (s.d_model, s.n_heads * hd), "weight"))
+        if s.arch == "gemma3":  # the attention output's norm (HF post_attention_layernorm)
+            items.append((p + "post_attention_norm.weight", (s.d_model,), "norm"))
         items += [
-            (p + "attn_output.weight", (s.d_model, s.n_heads * hd), "weight"),
             (p + "ffn_norm.weight", (s.d_model,), "norm"),
             (p + "ffn_gate.weight", (s.d_ff, s.d_model), "weight"),
             (p + "ffn_up.weight", (s.d_ff, s.d_model), "weight"),
             (p + "ffn_down.weight", (s.d_model, s.d_ff), "weight"),
         ]
+        if s.arch == "gemma3":  # the FFN output's norm (HF post_feedforward_layernorm)
+            items.append((p + "post_ffw_norm.weight", (s.d_model,), "norm"))
     if s.rope_scaling == "llama3":
         items.append(("rope_freqs.weight", (hd // 2,), "rope_freqs"))
     items.append(("output_norm.weight", (s.d_model,), "norm"))
@@ -342,6 +361,26 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
                 f"{a}.rope.scaling.factor": f32(shape.rope_factor)}
         if shape.rope_scaling == "yarn":
             rope[f"{a}.rope.scaling.original_context_length"] = u32(shape.rope_orig_ctx)
+    if a == "gemma3":
+        # convert_hf_to_gguf.py's Gemma3Model: key/value length always, the window; no
+        # rope.dimension_count nor vocab_size (llama.cpp takes head_dim and the table's rows).
+        # Norm weights are stored as HF's (1 + w) already: the generator's ~1 values fit.
+        gem = {f"{a}.attention.key_length": u32(hd), f"{a}.attention.value_length": u32(hd)}
+        if shape.sliding_window:
+            gem[f"{a}.attention.sliding_window"] = u32(shape.sliding_window)
+        return {
+            "general.name": gguf.GGUFValue(name, V.STRING),
+            "general.file_type": u32(MIX_FTYPES[ftype][0]),
+            "general.quantization_version": u32(gguf.GGML_QUANT_VERSION),
+            f"{a}.context_length": u32(shape.n_ctx),
+            f"{a}.embedding_length": u32(shape.d_model),
+            f"{a}.block_count": u32(shape.n_layers),
+            f"{a}.feed_forward_length": u32(shape.d_ff),
+            f"{a}.attention.head_count": u32(shape.n_heads),
+            f"{a}.attention.layer_norm_rms_epsilon": f32(shape.rms_eps),
+            f"{a}.rope.freq_base": f32(shape.rope_base),
+            f"{a}.attention.head_count_kv": u32(shape.n_kv_heads),
+        } | gem | rope
     return {
         "general.name": gguf.GGUFValue(name, V.STRING),
         "general.file_type": u32(MIX_FTYPES[ftype][0]),

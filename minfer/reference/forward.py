@@ -7,6 +7,14 @@ Per layer:  h = rmsnorm(x) * attn_norm;  q, k, v = h @ Wq.T, Wk.T, Wv.T (+ bias)
 then logits = (rmsnorm(x_last) * output_norm) @ W_out.T, for the last position only
 (window_logits: for the last T - first positions, the rows perplexity scores).
 
+gemma3 (llama.cpp src/models/gemma3.cpp; ModelConfig's gemma fields): x starts as the
+embeddings times sqrt(d_model); q, k get the per-head norms, then RoPE with the layer's base
+(local layers: rope_base_swa, no freq scaling); q is multiplied by attn_scale and the softmax
+is unscaled; local layers attend within the sliding window; the attention output and the FFN
+output are each RMS-normalized (post_attention_norm, post_ffw_norm) before their residual add;
+the FFN is GeGLU (gelu(h @ Wg.T) * (h @ Wu.T), ggml's tanh GELU); the logits are soft-capped
+when the file says so.
+
 Weights are dequantized once (model.dequant, the gguf package's reference), lazily per tensor,
 and cached in `dtype`. The embedding gathers only the rows it needs; the tied LM head needs the
 whole table and caches it.
@@ -290,6 +298,8 @@ class ReferenceBackend:
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         pos = np.arange(pos0, pos0 + T)
         x = self.model.dequant("token_embd.weight", rows=ids).astype(ft)  # [T, d_model]
+        if c.embed_scale != 1.0:  # gemma: ggml_scale(inpL, sqrtf(n_embd))
+            x = x * ft.type(c.embed_scale)
         self._check(x, ids, pos0, "the embedding (token_embd.weight)")
         for il in range(c.n_layers):
             p = f"blk.{il}."
@@ -297,11 +307,14 @@ class ReferenceBackend:
             q = self._linear(h, p + "attn_q.weight").reshape(T, H, D)
             k = self._linear(h, p + "attn_k.weight").reshape(T, Hkv, D)
             v = self._linear(h, p + "attn_v.weight").reshape(T, Hkv, D)
-            if c.qk_norm:  # qwen3: each head of q and k RMS-normalized before RoPE
+            if c.qk_norm:  # qwen3, gemma3: each head of q and k RMS-normalized before RoPE
                 q = ops.rmsnorm(q, self.weight(p + "attn_q_norm.weight"), c.rms_eps)
                 k = ops.rmsnorm(k, self.weight(p + "attn_k_norm.weight"), c.rms_eps)
-            q = ops.rope(q, pos, c.rope_base, c.rope_dim, c.rope_neox, c.rope_scaling)
-            k = ops.rope(k, pos, c.rope_base, c.rope_dim, c.rope_neox, c.rope_scaling)
+            base, scaling = c.layer_rope(il)  # gemma3's local layers: their own base
+            q = ops.rope(q, pos, base, c.rope_dim, c.rope_neox, scaling)
+            k = ops.rope(k, pos, base, c.rope_dim, c.rope_neox, scaling)
+            if c.attn_scale:  # gemma3: ggml_scale(Qcur, f_attention_scale), kq_scale 1
+                q = q * ft.type(c.attn_scale)
             if self.kv_f16:
                 k, v, q = round_f16(k), round_f16(v), round_f16(q)
             self._k[il][pos0: pos0 + T] = k
@@ -311,17 +324,30 @@ class ReferenceBackend:
             else:
                 pos0_q = pos0
             a = ops.attention(q, self._k[il], self._v[il], pos0_q,
-                              p_round=round_f16 if self.kv_f16 else None)
-            x = x + self._linear(a.reshape(a.shape[0], H * D), p + "attn_output.weight")
+                              p_round=round_f16 if self.kv_f16 else None,
+                              window=c.sliding_window if c.is_local(il) else 0,
+                              scale=1.0 if c.attn_scale else None)
+            a = self._linear(a.reshape(a.shape[0], H * D), p + "attn_output.weight")
+            if c.post_norms:  # gemma3: post_attention_norm before the residual add
+                a = ops.rmsnorm(a, self.weight(p + "post_attention_norm.weight"), c.rms_eps)
+            x = x + a
             h = ops.rmsnorm(x, self.weight(p + "ffn_norm.weight"), c.rms_eps)
             g = self._linear(h, p + "ffn_gate.weight")
             u = self._linear(h, p + "ffn_up.weight")
-            x = x + self._linear(ops.swiglu(g, u), p + "ffn_down.weight")
+            f = self._linear(ops.geglu(g, u) if c.ffn_gelu else ops.swiglu(g, u),
+                             p + "ffn_down.weight")
+            if c.post_norms:  # gemma3: post_ffw_norm before the residual add
+                f = ops.rmsnorm(f, self.weight(p + "post_ffw_norm.weight"), c.rms_eps)
+            x = x + f
             self._check(x, ids, pos0, f"layer {il} (blk.{il})")
             if self.layer_hook is not None:
                 self.layer_hook()
         self.n_past = pos0 + T
         h = ops.rmsnorm(x, self.weight("output_norm.weight"), c.rms_eps)
         logits = self._linear(h, self.model.output_name).astype(np.float32)  # [n_out, vocab]
+        if c.logit_softcap:  # gemma: scale by 1/cap, tanh, scale by cap (ggml, in float)
+            cap = np.float32(c.logit_softcap)
+            t = (logits * (np.float32(1.0) / cap)).astype(np.float64)
+            logits = np.tanh(t).astype(np.float32) * cap
         self._check(logits, ids, pos0, f"the output layer (output_norm, {self.model.output_name})")
         return logits

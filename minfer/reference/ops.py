@@ -138,6 +138,55 @@ def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     return silu(g) * np.asarray(u, dtype=ft)
 
 
+# ggml's tanh GELU (ggml-cpu/vec.h): ggml_gelu_f32, and the f16 table the CPU uses on f32
+# input (GGML_GELU_FP16 is defined): x <= -10 -> 0, x >= 10 -> x, else table[f16(x)] (the f16
+# rounding of ggml_gelu_f32 at the f16 value of x)
+_GELU_COEF_A = np.float32(0.044715)
+_SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+_GELU_TABLE: np.ndarray | None = None
+
+
+def gelu_f32(x: np.ndarray) -> np.ndarray:
+    """ggml_gelu_f32 in float: 0.5f*x*(1.0f + tanhf(SQRT_2_OVER_PI*x*(1.0f + GELU_COEF_A*x*x))),
+    evaluated left to right as C does; tanhf correctly rounded (tanh in double, to float)."""
+    f = np.float32
+    x = np.asarray(x, dtype=np.float32)
+    inner = (_SQRT_2_OVER_PI * x) * (f(1.0) + (_GELU_COEF_A * x) * x)
+    t = np.tanh(inner.astype(np.float64)).astype(np.float32)
+    return (f(0.5) * x) * (f(1.0) + t)
+
+
+def _gelu_table() -> np.ndarray:
+    """ggml_table_gelu_f16 as float32 values: index = the f16 bit pattern of x."""
+    global _GELU_TABLE
+    if _GELU_TABLE is None:
+        xs = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+        with np.errstate(invalid="ignore", over="ignore"):
+            _GELU_TABLE = gelu_f32(xs.astype(np.float32)).astype(np.float16).astype(np.float32)
+    return _GELU_TABLE
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation. float32: ggml's CPU op bit for bit (its f16 table, see above);
+    float64: the formula in double (the oracle mode)."""
+    x = np.asarray(x)
+    if x.dtype == np.float64:
+        c = np.sqrt(2.0 / np.pi)
+        return 0.5 * x * (1.0 + np.tanh(c * x * (1.0 + 0.044715 * x * x)))
+    x = x.astype(np.float32, copy=False)
+    idx = x.astype(np.float16).view(np.uint16)
+    y = _gelu_table()[idx]
+    y = np.where(x >= np.float32(10.0), x, y)
+    return np.where(x <= np.float32(-10.0), np.float32(0.0), y).astype(np.float32)
+
+
+def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """gelu(g) * u, elementwise (ggml_geglu_split: llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR).
+    g, u: [T, F]."""
+    ft = _ftype(g, u)
+    return gelu(np.asarray(g, dtype=ft)) * np.asarray(u, dtype=ft)
+
+
 def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
     """y = x @ W.T (+ b).  x: [T, K], w: [N, K] -> [T, N]."""
     ft = _ftype(x, w)
@@ -162,14 +211,18 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
-              p_round=None) -> np.ndarray:
-    """Causal GQA attention, softmax scale 1/sqrt(D).
+              p_round=None, window: int = 0, scale: float | None = None) -> np.ndarray:
+    """Causal GQA attention, softmax scale 1/sqrt(D) (or `scale`).
 
     q: [T, Hq, D] at positions pos0..pos0+T-1; k, v: [S, Hkv, D] the cached keys/values of
     positions 0..S-1 (S >= pos0 + T; extra rows are ignored). Query head h reads KV head
     h // (Hq / Hkv). Query t sees keys 0..pos0+t.  -> [T, Hq, D].
     p_round: optional rounding of the softmax probabilities before P @ V (the f16-KV emulation
     of llama.cpp, whose f16 mul_mat converts P to f16).
+    window: > 0 for a sliding window: the query at position p also loses the keys j with
+    p - j >= window (llama.cpp is_masked_swa, LLAMA_SWA_TYPE_STANDARD), so it sees `window`
+    keys at most, itself included.
+    scale: the softmax scale; None: 1/sqrt(D); 1.0 skips the multiplication (q pre-scaled).
     """
     ft = _ftype(q, k, v)
     T, Hq, D = q.shape
@@ -185,8 +238,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
     qh = np.asarray(q, dtype=ft).reshape(T, Hkv, G, D).transpose(1, 2, 0, 3)  # [Hkv, G, T, D]
     kh = np.asarray(k[:S], dtype=ft).transpose(1, 0, 2)[:, None]  # [Hkv, 1, S, D]
     vh = np.asarray(v[:S], dtype=ft).transpose(1, 0, 2)[:, None]  # [Hkv, 1, S, D]
-    s = (qh @ kh.transpose(0, 1, 3, 2)) * ft.type(1.0 / np.sqrt(D))  # [Hkv, G, T, S]
-    mask = np.arange(S)[None, :] > (pos0 + np.arange(T))[:, None]  # [T, S]: key after query
+    s = qh @ kh.transpose(0, 1, 3, 2)  # [Hkv, G, T, S]
+    if scale is None:
+        s = s * ft.type(1.0 / np.sqrt(D))
+    elif scale != 1.0:
+        s = s * ft.type(scale)
+    qpos = (pos0 + np.arange(T))[:, None]
+    mask = np.arange(S)[None, :] > qpos  # [T, S]: key after query
+    if window > 0:
+        mask |= qpos - np.arange(S)[None, :] >= window  # key out of the sliding window
     s[..., mask] = -np.inf
     pr = softmax(s, axis=-1)
     if p_round is not None:
