@@ -5,8 +5,10 @@ for the tiny F16 files of tests/families_data.FAMILIES, rebuilt here byte for by
 family: the tokenizer gives llama.cpp's prompt ids; the reference's logits at the kept prompt
 positions are within 0.03 of llama.cpp's; the 32 greedy ids are tie-aware identical (gate 3).
 Each family also shows that the test has teeth: with its feature dropped (the RoPE scaling
-minfer ignored before it read rope_freqs.weight and rope.scaling.*; qwen3's q/k norms) the
-logits move by far more than the tolerance.
+minfer ignored before it read rope_freqs.weight and rope.scaling.*; qwen3's q/k norms; gemma3's
+sliding window, local RoPE base, post norms, GeGLU, embedding scale) the logits move by far
+more than the tolerance; for gemma3 so do a window one position too wide or too narrow and
+the RoPE scaling applied to the local layers too.
 """
 
 from __future__ import annotations
@@ -66,19 +68,57 @@ def test_family_matches_llamacpp(family_files, preset, report):
 
 # what each family adds over plain llama, and the config that drops it
 DROPS = [("tiny-llama3", "rope_scaling"), ("tiny-linear", "rope_scaling"),
-         ("tiny-qwen2-yarn", "rope_scaling"), ("tiny-qwen3", "qk_norm")]
+         ("tiny-qwen2-yarn", "rope_scaling"), ("tiny-qwen3", "qk_norm"),
+         ("tiny-gemma3", "sliding_window"), ("tiny-gemma3", "rope_base_swa"),
+         ("tiny-gemma3", "post_norms"), ("tiny-gemma3", "ffn_gelu"),
+         ("tiny-gemma3", "embed_scale"), ("tiny-gemma3", "qk_norm")]
+
+
+def _plain(cfg, feature):
+    """The config value that drops `feature` (what minfer computed without it)."""
+    from minfer.loader import RopeScaling
+
+    return {"rope_scaling": RopeScaling(), "qk_norm": False, "sliding_window": 0,
+            "rope_base_swa": cfg.rope_base,  # local layers on the global base
+            "post_norms": False, "ffn_gelu": False, "embed_scale": 1.0}[feature]
 
 
 @pytest.mark.parametrize("preset, feature", DROPS)
 def test_dropping_the_family_feature_is_caught(family_files, preset, feature):
     """Without its feature (what minfer did before it read it) a family's logits move far past
     the tolerance: the golden comparison has teeth."""
-    from minfer.loader import RopeScaling, load_model
+    from minfer.loader import load_model
 
     g, want = _golden(preset)
     m = load_model(family_files[preset])
-    plain = {"rope_scaling": RopeScaling(), "qk_norm": False}[feature]
+    plain = _plain(m.config, feature)
     assert getattr(m.config, feature) != plain
     object.__setattr__(m, "config", replace(m.config, **{feature: plain}))
     err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
     assert err > 10 * TOL, f"{preset} without {feature}: only {err:.4f} off llama.cpp"
+
+
+@pytest.mark.parametrize("change", ["window + 1", "window - 1", "local layers scaled"])
+def test_gemma3_window_edge_and_local_rope_are_caught(family_files, monkeypatch, change):
+    """llama.cpp's exact rules matter: a local query at p sees keys p - window < j <= p (one
+    more or one fewer moves the logits past 10x the tolerance), and the RoPE scaling (linear x8)
+    applies to the global layers only (local ones: rope_freq_scale_train_swa = 1)."""
+    from minfer.loader import ModelConfig, load_model
+    from minfer.reference import ops
+
+    g, want = _golden("tiny-gemma3")
+    m = load_model(family_files["tiny-gemma3"])
+    if change == "local layers scaled":
+        assert not m.config.rope_scaling.plain
+        monkeypatch.setattr(ModelConfig, "layer_rope", lambda c, il: (
+            c.rope_base_swa if c.is_local(il) else c.rope_base, c.rope_scaling))
+    else:
+        step = 1 if change == "window + 1" else -1
+        attention = ops.attention
+
+        def shifted(*a, window=0, **k):
+            return attention(*a, window=window + step if window else 0, **k)
+
+        monkeypatch.setattr(ops, "attention", shifted)
+    err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
+    assert err > 10 * TOL, f"tiny-gemma3 with the {change}: only {err:.4f} off llama.cpp"
