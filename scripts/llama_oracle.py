@@ -7,9 +7,14 @@ their margins, and its logits at POSITIONS of the prompt (float32). The syntheti
 deterministic, so CI rebuilds it and needs no llama.cpp.
 
     python3 scripts/llama_oracle.py --llama /tmp/llama.cpp [--presets tiny-llama3,...]
+    python3 scripts/llama_oracle.py --llama /tmp/llama.cpp --gemma3 models/gemma-3-270m-q4_k_m.gguf
 
 --llama: a llama.cpp tree built for the CPU with the `llama` target (../shared/llamacpp/
 README.md; `cmake --build build --target llama`).
+--gemma3: the real Gemma 3 270M Q4_K_M (scripts/fetch_gemma3.py) instead of the presets: for
+each of REAL_PROMPTS, llama.cpp's prompt ids, 32 greedy ids and margins, and its top-20 logits
+at the last prompt position (ids and values; not the full 262144-wide rows) go to
+tests/golden/gemma3-270m/ (tests/test_gemma3_real.py).
 """
 
 from __future__ import annotations
@@ -40,11 +45,54 @@ def build(llama: Path, out: Path) -> Path:
     return exe
 
 
+GEMMA3_GOLDEN = ROOT / "tests" / "golden" / "gemma3-270m"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+# name -> text: plain text, and Gemma's chat turn markup (special tokens parsed)
+REAL_PROMPTS = {
+    "france": "The capital of France is",
+    "chat": "<start_of_turn>user\nWhat is 2+2? Answer in one sentence.<end_of_turn>\n"
+            "<start_of_turn>model\n",
+}
+TOP = 20
+
+
+def real_gemma3(exe: Path, model: Path, tmp: Path) -> None:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(model, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    if h.hexdigest() != GEMMA3_SHA256:
+        sys.exit(f"{model}: sha256 {h.hexdigest()} is not Gemma 3 270M Q4_K_M's")
+    GEMMA3_GOLDEN.mkdir(parents=True, exist_ok=True)
+    for name, text in REAL_PROMPTS.items():
+        (tmp / f"{name}.txt").write_text(text)
+        subprocess.run([str(exe), str(model), str(tmp / f"{name}.txt"), str(tmp / name)],
+                       check=True, stderr=subprocess.DEVNULL)
+        res = json.loads((tmp / f"{name}.json").read_text())
+        V, T = res["n_vocab"], len(res["ids"])
+        last = np.fromfile(tmp / f"{name}.f32", dtype=np.float32).reshape(T, V)[-1]
+        top = np.argsort(-last, kind="stable")[:TOP]
+        res |= {"prompt": text, "model": model.name, "sha256": GEMMA3_SHA256,
+                "top_ids": [int(i) for i in top],
+                "top_logits": [float(last[i]) for i in top],
+                "source": "llama.cpp (llama-cpp-python 0.3.36's vendored tree), CPU, "
+                          "scripts/llama_oracle.cpp"}
+        (GEMMA3_GOLDEN / f"{name}.json").write_text(json.dumps(res) + "\n")
+        print(f"gemma3 {name}: {T} prompt tokens, greedy {res['greedy'][:8]}...")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama", type=Path, required=True, help="a llama.cpp CPU build tree")
     ap.add_argument("--presets", default=",".join(FAMILIES))
+    ap.add_argument("--gemma3", type=Path, help="the real Gemma 3 270M Q4_K_M file instead")
     a = ap.parse_args()
+    if a.gemma3 is not None:
+        with tempfile.TemporaryDirectory() as td:
+            real_gemma3(build(a.llama, Path(td)), a.gemma3, Path(td))
+        return
     GOLDEN.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
