@@ -16,7 +16,8 @@
 #          every path's logits bitwise on the slice's Q4_K_M and a 2-layer 8B shape, `minfer
 #          check`, and bench A B A (new, old, new) at pp512 / pp2048.
 #   families: the GPU suite (the RoPE-scaled families against llama.cpp's logits included), and
-#          `bench --ab f16 blk` on llama3-8b and llama3.1-8b (rope_freqs) shapes, one after the other.
+#          `bench --ab f16 blk` on the llama3-8b, llama3.1-8b (rope_freqs) and qwen3-8b shapes, one
+#          after the other (FAMILY_PRESETS to choose).
 #   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
 #          block) and f16's gate|up; the installed wheel's check (as gates).
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
@@ -80,7 +81,7 @@ fi
 
 if [ "$MODE" = families ]; then   # RoPE-scaled files: the GPU suite, llama.cpp's logits, speed
   MINFER_TEST_MODEL=$S step tests 300 python3 -m pytest -q -rfEs tests/gpu
-  for p in llama3-8b llama3.1-8b; do
+  for p in ${FAMILY_PRESETS:-llama3-8b llama3.1-8b qwen3-8b}; do
     step synth_$p 90 $M synth --preset $p --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
     step bench_$p 110 $M bench -m /tmp/$p.gguf --tokens 512,2048 --min-ms 0 --repeats 3 \
       --no-breakdown --ab f16 blk
@@ -88,7 +89,7 @@ if [ "$MODE" = families ]; then   # RoPE-scaled files: the GPU suite, llama.cpp'
   echo; echo "################ SUMMARY families ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)|^family|^cuda f16" "$OUT/tests.log" | head -16
-  for p in llama3-8b llama3.1-8b; do echo "--- bench $p"; grep -E "^\| |^model|rror" \
+  for p in ${FAMILY_PRESETS:-llama3-8b llama3.1-8b qwen3-8b}; do echo "--- bench $p"; grep -E "^\| |^model|rror" \
     "$OUT/bench_$p.log" | grep -v "| ---"; done
   exit 0
 fi

@@ -264,7 +264,8 @@ def _host_backend(logits):
     be.name = "cuda"
     be.forward_device = lambda ids, pos0: None
     be.buf = types.SimpleNamespace(logits=logits)   # (weights.DeviceBuffers' logits only)
-    be.graphs, be._probe, be.n_past, be.c = False, None, 0, types.SimpleNamespace(n_layers=2)
+    be.graphs, be.n_past, be.c = False, 0, types.SimpleNamespace(n_layers=2)
+    be.fwd = types.SimpleNamespace(probe=None)
     return be
 
 

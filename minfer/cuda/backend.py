@@ -10,7 +10,9 @@ before the upload, the forward's before `warmup_s`, in which one token is pushed
 the cache is reset); `warmup(lengths)` does the same for prompt lengths (engine.run calls it
 before the timed prefill). compile_s / n_compiled / capture_s add up what that took.
 
-forward(ids, pos0), per layer, T tokens (f32 residual x, f16 GEMM operands):
+forward(ids, pos0) runs each chunk's launches through a `Forward` (minfer.cuda.forward: the
+loop below, over the routes, weights and buffers made here), per layer, T tokens (f32
+residual x, f16 GEMM operands):
   h16 = rmsnorm(x) * attn_norm;  qkv32 = h16 @ [Wq; Wk; Wv].T (one GEMM on the fused weight)
   (qwen3: head_rmsnorm on each head of q and k, in place in qkv32)
   rope_qkv (one launch): q16 = rope(q);  cache_k[pos0:] = rope(k);  cache_v[pos0:] = v (f16)
@@ -64,35 +66,25 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
 
 import numpy as np
 
+from minfer.cuda.forward import Forward
 from minfer.cuda.ops import attention as attn_mod
-from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops import layers as L
+from minfer.cuda.paths import TABLE
 from minfer.cuda.plan import prepare
 from minfer.cuda.plan.config import GemmChoice
-from minfer.cuda.runtime.profile import OpProfile
-from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
-from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu, plan_rope
+from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu, plan_groups, plan_rope
 from minfer.cuda.plan.routes import plan_routes, plan_tiers, summarize_routes
-from minfer.cuda.plan.fusion import plan_groups
-from minfer.cuda.paths import TABLE
+from minfer.cuda.runtime import devarray as da
+from minfer.cuda.runtime.profile import OpProfile
 from minfer.cuda.plan.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
                                       load_weights, memory_need)
 from minfer.errors import BadInput, GPUError, Unsupported
 
 # public names importers use (tests, bench, commands); _dequant_f16 for tests/gpu/test_faults
 __all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequant_f16"]
-
-
-# -- adapter to the dequant module --------------------------------------------------------------
-def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:
-    from minfer.cuda.ops import dequant
-
-    da.poison(rt, out)
-    dequant.embed_rows(rt, table_dev, qtype, ids_dev, int(ids_dev.shape[0]), K, out, V=V)
 
 
 class CudaBackend:
@@ -124,7 +116,6 @@ class CudaBackend:
             max_tokens = c.n_ctx
         self.max_tokens = int(max_tokens)
         self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
-        self.profile: OpProfile | None = None
         self.n_past = 0
         from minfer.cuda.runtime.upload import chunk_bytes
 
@@ -141,7 +132,6 @@ class CudaBackend:
 
             graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
-        self._probe = None   # (layer, residual rows) after each layer: _first_nonfinite only
         self._head_out = None  # window_logits' [HEAD_ROWS, vocab] f32 logits, made at first use
         self._graphs: dict[tuple[int, bool], object] = {}
         self.stream = None  # the capture / replay stream (made at the first capture)
@@ -177,6 +167,8 @@ class CudaBackend:
             b = self.buf
             self.rope_epi[g] = L.QkvRope(self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.pos,
                                          c.rope_dim, c.rope_neox)
+        self.fwd = Forward(self.rt, model, self.gcfg, self.lin, self.groups, self.glu,
+                           self.rope_epi, wts, self.buf)
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -184,6 +176,15 @@ class CudaBackend:
             self.warmup([1])
         self.rt.synchronize()
         self.warmup_s = time.perf_counter() - t1
+
+    @property
+    def profile(self):
+        """The per-op event profile (bench's breakdown; None: off), kept by the Forward."""
+        return self.fwd.profile
+
+    @profile.setter
+    def profile(self, p) -> None:
+        self.fwd.profile = p
 
     def _plan(self) -> dict[str, int]:
         """part -> bytes of the memory plan (weights.memory_need, as plan_tiers sums it; tests/gpu
@@ -213,14 +214,6 @@ class CudaBackend:
     def synchronize(self) -> None:
         self.rt.synchronize()
 
-    @contextmanager
-    def _op(self, label: str, flops: float = 0.0):
-        if self.profile is None:
-            yield
-        else:
-            with self.profile.op(label, flops):
-                yield
-
     def memory_line(self) -> str:
         """The memory plan line (memory.MemoryPlan.line): what each tier needs, what is free,
         what runs."""
@@ -229,93 +222,6 @@ class CudaBackend:
     def route_summary(self) -> str:
         """One line: which GEMMs run on MMQ (by type) and which on f16 (and why)."""
         return summarize_routes(self.model, self.routes)
-
-    def _quantize(self, A, *names: str):
-        """A f16 [M, K] -> the operands the routes of the GEMMs `names` read, made once each
-        into their scratch (Operand.prepass): a dict Operand -> operand, or None when all read
-        A itself. The scratch is reused by the next activation (the GEMMs that read it are
-        queued before, on the same stream)."""
-        kinds = {self.lin[n].operand for n in names} - {None}
-        if not kinds:
-            return None
-        with self._op("prepass"):
-            return {k: k.prepass(self.rt, A, self.buf) for k in kinds}
-
-    def _norm(self, h16, x, wname: str, *names: str):
-        """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
-        operands (_quantize). When they read one operand that the norm's launch can write
-        (Operand.norm: the blk token operand), that launch makes it, writing h16 only if an
-        f16 GEMM reads it too (tuning variant no-fused-prepass: two launches)."""
-        kinds = {self.lin[n].operand for n in names}
-        q = kinds - {None}
-        k = next(iter(q)) if len(q) == 1 else None
-        if self.gcfg.on("fused-prepass") and k is not None and k.norm is not None:
-            with self._op("rmsnorm+prepass"):
-                da.poison(self.rt, h16)   # (unwritten unless an f16 GEMM reads it)
-                op = k.norm(self.rt, x, self.w[wname], self.c.rms_eps, self.buf,
-                            h16 if None in kinds else None)
-            if op is not None:
-                return {k: op}
-        with self._op("rmsnorm"):
-            da.poison(self.rt, h16)
-            L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
-        return self._quantize(h16, *names)
-
-    def _attn_operand(self, name: str, T: int):
-        """(the array the attention launch writes the input form of GEMM `name` into, that
-        form as _quantize's dict) where its epilogue can (Operand.attn, attention.operand_fuses:
-        the blk token operand at head_dim 128 on sm_90); else (None, None): the attention
-        writes f16 and _linear makes the form (as with the tuning variant no-fused-prepass)."""
-        k = self.lin[name].operand
-        c = self.c
-        if (not self.gcfg.on("fused-prepass") or k is None or k.attn is None
-                or not attn_mod.operand_fuses(self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim)):
-            return None, None
-        tt, op = k.attn(self.rt, self.buf, T, c.n_heads * c.head_dim)
-        return tt, {k: op}
-
-    def _swiglu(self, f16, g, u=None) -> None:
-        """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F])."""
-        with self._op("swiglu"):
-            da.poison(self.rt, f16)
-            if u is None:
-                L.swiglu_fused(self.rt, f16, g)
-            else:
-                L.swiglu(self.rt, f16, g, u)
-
-    def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
-        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route object; q8: A's
-        prepass outputs (from _quantize), made here when not given. A fused weight (q|k|v,
-        gate|up: not in routes) takes the route of `member`, one of its members (plan_fusion:
-        all share it). Mode 'glu' (a plan_glu gate|up group): C f16 [M, F] = silu(gate) * up
-        from the GEMM's epilogue."""
-        M, K = A.shape
-        N = C.shape[1]
-        r = self.lin[member or name]
-        if r.operand is not None and q8 is None:   # (its own op: not inside the GEMM's events)
-            q8 = self._quantize(A, member or name)
-        x = A if r.operand is None else q8[r.operand]
-        if mode == "glu":
-            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
-                r.run_glu(self.rt, self.buf, C, x, self.w[name])
-            return
-        with self._op("gemm:" + label, 2.0 * M * N * K):
-            r.run(self.rt, self.buf, C, x, self.w[name], mode)
-
-    def _run_groups(self, groups, flat, A, T: int, q8, bias: bool = False) -> dict:
-        """Each GEMM of `groups` (fusion.plan_groups) on A into its own part of `flat` (the
-        ubatch-sized f32 buffer: parts one after another, Tu rows each), plus its bias ->
-        part name -> (output, first column)."""
-        src, off = {}, 0
-        for g in groups:
-            out = self._part(flat, self.ubatch * off, (T, g.width))
-            off += g.width
-            self._linear(out, A, g.weight, "f32", g.label, q8, g.member)
-            if bias:
-                with self._op("bias"):
-                    L.add_bias(self.rt, out, self.w[g.weight.replace(".weight", ".bias")])
-            src.update({part: (out, col) for part, col in g.parts})
-        return src
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one.
@@ -352,7 +258,7 @@ class CudaBackend:
                 raise Found("the token embedding" if il < 0 else f"layer {il} (blk.{il})")
             seen.add(il)
 
-        graphs, self.graphs, self._probe, self.n_past = self.graphs, False, probe, pos0
+        graphs, self.graphs, self.fwd.probe, self.n_past = self.graphs, False, probe, pos0
         try:
             self.forward_device(ids, pos0)
         except Found as e:
@@ -360,7 +266,7 @@ class CudaBackend:
         except Exception as e:   # best effort: never hide the error it would explain
             return f"not located ({type(e).__name__} in the rerun)"
         finally:
-            self.graphs, self._probe = graphs, None
+            self.graphs, self.fwd.probe = graphs, None
             self.n_past = pos0 + len(np.asarray(ids))
         if self.c.n_layers - 1 in seen:   # every layer's output finite: the norm or LM head
             return "the output layer (final norm or LM head)"
@@ -419,19 +325,15 @@ class CudaBackend:
         return out
 
     def _head(self, row0: int, m: int):
-        """Device f32 logits [m, vocab] = (rmsnorm(x[row0:row0+m]) * output_norm) @ W_out.T,
-        x the residual rows of the chunk just run; the output buffer is allocated at first use
-        (outside the memory plan: HEAD_ROWS rows, 25 MB at vocab 49152) and reused."""
-        c, b, R = self.c, self.buf, da.rows
+        """Device f32 logits [m, vocab] of residual rows row0.. of the chunk just run (Forward.
+        head); the output buffer is allocated at first use (outside the memory plan: HEAD_ROWS
+        rows, 25 MB at vocab 49152) and reused."""
         if self._head_out is None:
             rows = min(self.HEAD_ROWS, self.ubatch)
-            self._head_out = da.empty(self.rt, (rows, c.vocab_size), np.float32, "logits rows")
-        h16 = R(b.h16, 0, m)
-        with self._op("rmsnorm"):
-            da.poison(self.rt, h16)
-            L.rmsnorm(self.rt, h16, R(b.x, row0, m), self.w["output_norm.weight"], c.rms_eps)
-        logits = R(self._head_out, 0, m)
-        self._linear(logits, h16, self.model.output_name, "f32", "lm_head")
+            self._head_out = da.empty(self.rt, (rows, self.c.vocab_size), np.float32,
+                                      "logits rows")
+        logits = da.rows(self._head_out, 0, m)
+        self.fwd.head(row0, m, logits)
         return logits
 
     def forward_device(self, ids: np.ndarray, pos0: int) -> None:
@@ -441,12 +343,6 @@ class CudaBackend:
             chunk = ids[s: s + self.ubatch]
             self._forward_chunk(chunk, pos0 + s, last=s + len(chunk) == T)
         self.n_past = pos0 + T
-
-    @staticmethod
-    def _part(flat, start: int, shape):
-        """View of `flat` (1-D) elements [start, start + prod(shape)) as `shape` (no copy)."""
-        n = int(np.prod(shape))
-        return da.reshape(da.rows(flat, start, n), shape)
 
     def _forward_chunk(self, ids: np.ndarray, pos0: int, last: bool) -> None:
         T = len(ids)
@@ -461,13 +357,13 @@ class CudaBackend:
                 return
             # first sighting: run eagerly (kernels get built and loaded outside any capture),
             # then record the graph for the next chunk of this shape (recording runs nothing)
-            self._chunk_ops(T, pos0, last)
+            self.fwd.chunk(T, pos0, last)
             self._capture(T, pos0, last)
             return
-        self._chunk_ops(T, pos0, last)
+        self.fwd.chunk(T, pos0, last)
 
     def _capture(self, T: int, pos0: int, last: bool):
-        """Capture _chunk_ops(T, ...) into a graph (cached by (T, last)); None (graphs turned
+        """Capture Forward.chunk(T, ...) into a graph (cached by (T, last)); None (graphs turned
         off, one notice) if the driver refuses."""
         from minfer.cuda.runtime import graph
 
@@ -477,7 +373,7 @@ class CudaBackend:
         rt.synchronize()  # the capture stream syncs with the legacy one: leave it idle first
         rt.stream = self.stream
         try:
-            g = graph.capture(self.stream, lambda: self._chunk_ops(T, pos0, last))
+            g = graph.capture(self.stream, lambda: self.fwd.chunk(T, pos0, last))
         except Exception as e:  # driver refusal (a real input error re-raises eagerly)
             print(f"cuda backend: CUDA graph capture failed ({e}); running without graphs",
                   file=sys.stderr)
@@ -488,76 +384,3 @@ class CudaBackend:
         self._graphs[(T, bool(last))] = g
         return g
 
-    def _chunk_ops(self, ids_T: int, pos0: int, last: bool) -> None:
-        """Every launch of one chunk of T tokens (ids and the position already on the device).
-        pos0 serves the host-side checks only: the kernels read the position from buf.pos."""
-        rt, c, b = self.rt, self.c, self.buf
-        T = ids_T
-        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-        qd, kd = H * D, Hkv * D
-        R = da.rows
-        x = R(b.x, 0, T)
-        h16 = R(b.h16, 0, T)
-        with self._op("embed"):
-            _embed_rows(rt, x, self.emb, self.emb_qtype, R(b.ids, 0, T), c.d_model,
-                        c.vocab_size)
-        if self._probe is not None:
-            self._probe(-1, x)
-        # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
-        rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
-                                                                  rt.arch)
-        for il in range(c.n_layers):
-            p = f"blk.{il}."
-            final = last and il == c.n_layers - 1
-            groups = self.groups[il]["attn"]
-            hq8 = self._norm(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
-            if rope_in_gemm and groups[0].weight in self.rope_epi:   # no rope launch after it
-                g = groups[0]
-                with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
-                    da.poison(rt, R(b.q16, 0, T))
-                    gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight],
-                                pos0=pos0)
-            else:   # each GEMM into its part of qkv32, then one rope launch reads q, k, v
-                src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
-                if c.qk_norm:   # qwen3: each head of q and k rmsnorm'd before the rope
-                    with self._op("rmsnorm"):
-                        for part, H_ in (("q", H), ("k", Hkv)):
-                            L.head_rmsnorm(rt, src[part][0], src[part][1], H_, D,
-                                           self.w[f"{p}attn_{part}_norm.weight"], c.rms_eps)
-                with self._op("rope"):
-                    da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: positions on device)
-                    L.rope_qkv(rt, R(b.q16, 0, T), *(src[k][0] for k in "qkv"), b.kc[il],
-                               b.vc[il], b.rope, pos0, b.pos, c.rope_dim, c.rope_neox,
-                               tuple(src[k][1] for k in "qkv"))
-            # from here on the final layer needs the last position only
-            t0, Tq = (T - 1, 1) if final else (0, T)
-            xq = R(b.x, t0, Tq)
-            a16 = R(b.a16, 0, Tq)
-            tt, aq = self._attn_operand(p + "attn_output.weight", Tq)
-            with self._op("attention"):
-                da.poison(rt, a16)
-                attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
-                                   b.kc[il], b.vc[il], pos0 + t0, b.pos, t0, operand=tt,
-                                   o_out=tt is None)
-            self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output", aq)
-            hq = R(b.h16, 0, Tq)
-            f16 = R(b.f16, 0, Tq)
-            down = p + "ffn_down.weight"
-            groups = self.groups[il]["ffn"]
-            fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
-            if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu, f16
-                self._linear(f16, hq, groups[0].weight, "glu", groups[0].label, fq8,
-                             groups[0].member)
-            else:
-                src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
-                gate, up = src["gate"], src["up"]
-                self._swiglu(f16, gate[0], None if up[0] is gate[0] else up[0])
-            self._linear(xq, f16, down, "acc", "ffn_down")
-            if self._probe is not None:   # (the final layer writes its last row only)
-                self._probe(il, xq)
-        if last:
-            with self._op("rmsnorm"):
-                da.poison(rt, b.last16)
-                L.rmsnorm(rt, b.last16, R(b.x, T - 1, 1), self.w["output_norm.weight"],
-                          c.rms_eps)
-            self._linear(b.logits, b.last16, self.model.output_name, "f32", "lm_head")

@@ -29,6 +29,7 @@ def test_f16_path_matches_llamacpp(tmp_path, preset, report):
     g = json.loads((GOLDEN / f"{preset}.json").read_text())
     want = np.load(GOLDEN / f"{preset}.npy")
     m = load_model(synth_family(preset, tmp_path))
+    _gpu_runs(m)
     be = CudaBackend(m, GemmChoice("f16"), max_tokens=512, ubatch=512)
     res = engine.run(be, g["ids"], n_greedy=32)
     err = float(np.abs(res.last_logits - want[-1]).max())
@@ -37,6 +38,15 @@ def test_f16_path_matches_llamacpp(tmp_path, preset, report):
                                                                             want[-1]))
     assert v.ok, f"{preset}: {v.describe()}"
     report(f"cuda f16 {preset}: max |dlogit| vs llama.cpp {err:.4f}, greedy {v.describe()}")
+
+
+def _gpu_runs(model) -> None:
+    """Skip a family the CUDA backend does not run (arch_keys.gpu_unsupported: CPU only)."""
+    from minfer.arch_keys import gpu_unsupported
+
+    why = gpu_unsupported(model.config)
+    if why:
+        pytest.skip(why)
 
 
 @pytest.mark.parametrize("preset", [p for p in FAMILIES if p != "tiny"])
@@ -49,6 +59,9 @@ def test_check_passes_on_scaled_family(tmp_path, preset):
     path = tmp_path / f"{preset}-q4km.gguf"
     make_synthetic_model(path, SynthOptions(preset=preset, qtype="q4_K_M", vocab=1024,
                                             tokenizer_from=None, workers=1), progress=False)
+    from minfer.loader import load_model
+
+    _gpu_runs(load_model(path))
     r = CliRunner().invoke(check, ["-m", str(path), "-p", "The quick brown fox " * 24])
     assert r.exit_code == 0, r.output
     assert "check: PASS" in r.output

@@ -5,7 +5,7 @@ A cold kernel cache used to be compiled inside the first timed prefill (106 tok/
 - `load_kernels(routes)`: the modules the weight upload launches (dequant, and the blk
   operand kernel that requantizes blk weights), built before load_weights;
 - `needed_kernels(backend, lengths)`: the modules the forward of each prompt length loads,
-  found by a dry pass: the backend's own chunk code runs against a `Recorder` runtime that
+  found by a dry pass: the backend's own Forward runs against a `Recorder` runtime that
   notes every (source, options) the launchers ask for and launches nothing, so the list follows
   the routes, shapes and flags exactly as the real run will (a list recorded by a previous run
   would be empty on a cold cache, a declared list would drift from the launchers);
@@ -92,15 +92,13 @@ def load_kernels(routes: dict[str, tuple[str, str]]) -> list[Spec]:
 
 
 def needed_kernels(backend, lengths=(1,)) -> list[Spec]:
-    """Every module backend.forward loads for prompts of `lengths` (a dry pass of its chunks)."""
+    """Every module backend.forward loads for prompts of `lengths`: a dry pass of the
+    backend's own Forward (minfer.cuda.forward) on a recording runtime."""
     rec = Recorder(backend.rt)
-    real, backend.rt = backend.rt, rec
-    try:
-        for T, last in chunk_shapes([min(int(n), backend.max_tokens) for n in lengths],
-                                    backend.ubatch):
-            backend._chunk_ops(T, 0, last)
-    finally:
-        backend.rt = real
+    fwd = backend.fwd.with_runtime(rec)
+    for T, last in chunk_shapes([min(int(n), backend.max_tokens) for n in lengths],
+                                backend.ubatch):
+        fwd.chunk(T, 0, last)
     return sorted(rec.specs)
 
 

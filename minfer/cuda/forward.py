@@ -1,0 +1,244 @@
+"""Forward: every launch of one chunk of the llama forward on the GPU, as plain as the CPU
+reference's loop (minfer.reference.forward.ReferenceBackend._forward), over what the backend
+planned and allocated: the runtime, the model config, each linear weight's route object (its
+path family's: minfer.cuda.paths), the fused GEMM groups and epilogues, the device weights and
+the buffers (minfer.cuda.plan.weights.DeviceBuffers). It never chooses a path: each GEMM asks
+its route. CudaBackend runs it per chunk (eagerly, or recorded into a CUDA graph); the kernel
+prebuild dry-runs the same object on a recording runtime (`with_runtime`,
+minfer.cuda.plan.prepare.needed_kernels).
+
+Per layer, T tokens (f32 residual x, f16 GEMM operands; the module docstring of
+minfer.cuda.backend has the dataflow): rmsnorm -> q|k|v GEMMs (rope in the f16 epilogue, or
+(qwen3: head norms, then) one rope_qkv launch) -> attention -> attn_output += -> rmsnorm ->
+gate|up GEMMs (swiglu in the epilogue, or a swiglu launch) -> ffn_down +=; the last layer of
+the last chunk for its last row only, then the output norm and the LM head GEMV. `profile`
+(an OpProfile) brackets each op with events; `probe(layer, rows)` sees the residual after the
+embedding (layer -1) and after each layer (the non-finite locator).
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import contextmanager
+
+import numpy as np
+
+from minfer.cuda.ops import attention as attn_mod
+from minfer.cuda.ops import layers as L
+from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
+from minfer.cuda.runtime import devarray as da
+
+
+# -- adapter to the dequant module --------------------------------------------------------------
+def _embed_rows(rt, out, table_dev, qtype: int, ids_dev, K: int, V: int) -> None:
+    from minfer.cuda.ops import dequant
+
+    da.poison(rt, out)
+    dequant.embed_rows(rt, table_dev, qtype, ids_dev, int(ids_dev.shape[0]), K, out, V=V)
+
+
+class Forward:
+    """One chunk's launches over a planned, loaded model (see the module docstring)."""
+
+    def __init__(self, rt, model, choice, lin, groups, glu, rope_epi, weights, buf):
+        self.rt, self.model, self.c, self.gcfg = rt, model, model.config, choice
+        self.lin = lin            # weight name -> its route object (paths.LinearRoute)
+        self.groups = groups      # per layer {"attn", "ffn"}: fusion.plan_groups
+        self.glu = glu            # gate|up groups whose GEMM writes the swiglu (plan_glu)
+        self.rope_epi = rope_epi  # q|k|v groups whose GEMM ropes (layers.QkvRope per group)
+        self.w, self.emb, self.emb_qtype = weights.w, weights.emb, weights.emb_qtype
+        self.buf = buf
+        self.ubatch = int(buf.x.shape[0])   # the rows every activation buffer holds
+        self.profile = None
+        self.probe = None
+
+    def with_runtime(self, rt) -> "Forward":
+        """The same forward on another runtime (prepare.Recorder: the kernel prebuild)."""
+        f = copy.copy(self)
+        f.rt = rt
+        return f
+
+    @contextmanager
+    def _op(self, label: str, flops: float = 0.0):
+        if self.profile is None:
+            yield
+        else:
+            with self.profile.op(label, flops):
+                yield
+
+    def _quantize(self, A, *names: str):
+        """A f16 [M, K] -> the operands the routes of the GEMMs `names` read, made once each
+        into their scratch (Operand.prepass): a dict Operand -> operand, or None when all read
+        A itself. The scratch is reused by the next activation (the GEMMs that read it are
+        queued before, on the same stream)."""
+        kinds = {self.lin[n].operand for n in names} - {None}
+        if not kinds:
+            return None
+        with self._op("prepass"):
+            return {k: k.prepass(self.rt, A, self.buf) for k in kinds}
+
+    def _norm(self, h16, x, wname: str, *names: str):
+        """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
+        operands (_quantize). When they read one operand that the norm's launch can write
+        (Operand.norm: the blk token operand), that launch makes it, writing h16 only if an
+        f16 GEMM reads it too (tuning variant no-fused-prepass: two launches)."""
+        kinds = {self.lin[n].operand for n in names}
+        q = kinds - {None}
+        k = next(iter(q)) if len(q) == 1 else None
+        if self.gcfg.on("fused-prepass") and k is not None and k.norm is not None:
+            with self._op("rmsnorm+prepass"):
+                da.poison(self.rt, h16)   # (unwritten unless an f16 GEMM reads it)
+                op = k.norm(self.rt, x, self.w[wname], self.c.rms_eps, self.buf,
+                            h16 if None in kinds else None)
+            if op is not None:
+                return {k: op}
+        with self._op("rmsnorm"):
+            da.poison(self.rt, h16)
+            L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
+        return self._quantize(h16, *names)
+
+    def _attn_operand(self, name: str, T: int):
+        """(the array the attention launch writes the input form of GEMM `name` into, that
+        form as _quantize's dict) where its epilogue can (Operand.attn, attention.operand_fuses:
+        the blk token operand at head_dim 128 on sm_90); else (None, None): the attention
+        writes f16 and _linear makes the form (as with the tuning variant no-fused-prepass)."""
+        k = self.lin[name].operand
+        c = self.c
+        if (not self.gcfg.on("fused-prepass") or k is None or k.attn is None
+                or not attn_mod.operand_fuses(self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim)):
+            return None, None
+        tt, op = k.attn(self.rt, self.buf, T, c.n_heads * c.head_dim)
+        return tt, {k: op}
+
+    def _swiglu(self, f16, g, u=None) -> None:
+        """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F])."""
+        with self._op("swiglu"):
+            da.poison(self.rt, f16)
+            if u is None:
+                L.swiglu_fused(self.rt, f16, g)
+            else:
+                L.swiglu(self.rt, f16, g, u)
+
+    def _linear(self, C, A, name: str, mode: str, label: str, q8=None, member=None) -> None:
+        """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route object; q8: A's
+        prepass outputs (from _quantize), made here when not given. A fused weight (q|k|v,
+        gate|up: not in routes) takes the route of `member`, one of its members (plan_fusion:
+        all share it). Mode 'glu' (a plan_glu gate|up group): C f16 [M, F] = silu(gate) * up
+        from the GEMM's epilogue."""
+        M, K = A.shape
+        N = C.shape[1]
+        r = self.lin[member or name]
+        if r.operand is not None and q8 is None:   # (its own op: not inside the GEMM's events)
+            q8 = self._quantize(A, member or name)
+        x = A if r.operand is None else q8[r.operand]
+        if mode == "glu":
+            with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
+                r.run_glu(self.rt, self.buf, C, x, self.w[name])
+            return
+        with self._op("gemm:" + label, 2.0 * M * N * K):
+            r.run(self.rt, self.buf, C, x, self.w[name], mode)
+
+    def _run_groups(self, groups, flat, A, T: int, q8, bias: bool = False) -> dict:
+        """Each GEMM of `groups` (fusion.plan_groups) on A into its own part of `flat` (the
+        ubatch-sized f32 buffer: parts one after another, Tu rows each), plus its bias ->
+        part name -> (output, first column)."""
+        src, off = {}, 0
+        for g in groups:
+            out = self._part(flat, self.ubatch * off, (T, g.width))
+            off += g.width
+            self._linear(out, A, g.weight, "f32", g.label, q8, g.member)
+            if bias:
+                with self._op("bias"):
+                    L.add_bias(self.rt, out, self.w[g.weight.replace(".weight", ".bias")])
+            src.update({part: (out, col) for part, col in g.parts})
+        return src
+
+    @staticmethod
+    def _part(flat, start: int, shape):
+        """View of `flat` (1-D) elements [start, start + prod(shape)) as `shape` (no copy)."""
+        n = int(np.prod(shape))
+        return da.reshape(da.rows(flat, start, n), shape)
+
+    def chunk(self, ids_T: int, pos0: int, last: bool) -> None:
+        """Every launch of one chunk of T tokens (ids and the position already on the device).
+        pos0 serves the host-side checks only: the kernels read the position from buf.pos."""
+        rt, c, b = self.rt, self.c, self.buf
+        T = ids_T
+        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        qd, kd = H * D, Hkv * D
+        R = da.rows
+        x = R(b.x, 0, T)
+        h16 = R(b.h16, 0, T)
+        with self._op("embed"):
+            _embed_rows(rt, x, self.emb, self.emb_qtype, R(b.ids, 0, T), c.d_model,
+                        c.vocab_size)
+        if self.probe is not None:
+            self.probe(-1, x)
+        # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
+        rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
+                                                                  rt.arch)
+        for il in range(c.n_layers):
+            p = f"blk.{il}."
+            final = last and il == c.n_layers - 1
+            groups = self.groups[il]["attn"]
+            hq8 = self._norm(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
+            if rope_in_gemm and groups[0].weight in self.rope_epi:   # no rope launch after it
+                g = groups[0]
+                with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
+                    da.poison(rt, R(b.q16, 0, T))
+                    gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight],
+                                pos0=pos0)
+            else:   # each GEMM into its part of qkv32, then one rope launch reads q, k, v
+                src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
+                if c.qk_norm:   # qwen3: each head of q and k rmsnorm'd before the rope
+                    with self._op("rmsnorm"):
+                        for part, H_ in (("q", H), ("k", Hkv)):
+                            L.head_rmsnorm(rt, src[part][0], src[part][1], H_, D,
+                                           self.w[f"{p}attn_{part}_norm.weight"], c.rms_eps)
+                with self._op("rope"):
+                    da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: positions on device)
+                    L.rope_qkv(rt, R(b.q16, 0, T), *(src[k][0] for k in "qkv"), b.kc[il],
+                               b.vc[il], b.rope, pos0, b.pos, c.rope_dim, c.rope_neox,
+                               tuple(src[k][1] for k in "qkv"))
+            # from here on the final layer needs the last position only
+            t0, Tq = (T - 1, 1) if final else (0, T)
+            xq = R(b.x, t0, Tq)
+            a16 = R(b.a16, 0, Tq)
+            tt, aq = self._attn_operand(p + "attn_output.weight", Tq)
+            with self._op("attention"):
+                da.poison(rt, a16)
+                attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
+                                   b.kc[il], b.vc[il], pos0 + t0, b.pos, t0, operand=tt,
+                                   o_out=tt is None)
+            self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output", aq)
+            hq = R(b.h16, 0, Tq)
+            f16 = R(b.f16, 0, Tq)
+            down = p + "ffn_down.weight"
+            groups = self.groups[il]["ffn"]
+            fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
+            if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu, f16
+                self._linear(f16, hq, groups[0].weight, "glu", groups[0].label, fq8,
+                             groups[0].member)
+            else:
+                src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
+                gate, up = src["gate"], src["up"]
+                self._swiglu(f16, gate[0], None if up[0] is gate[0] else up[0])
+            self._linear(xq, f16, down, "acc", "ffn_down")
+            if self.probe is not None:   # (the final layer writes its last row only)
+                self.probe(il, xq)
+        if last:
+            with self._op("rmsnorm"):
+                da.poison(rt, b.last16)
+                L.rmsnorm(rt, b.last16, R(b.x, T - 1, 1), self.w["output_norm.weight"],
+                          c.rms_eps)
+            self._linear(b.logits, b.last16, self.model.output_name, "f32", "lm_head")
+
+    def head(self, row0: int, m: int, out):
+        """out f32 [m, vocab] = (rmsnorm(x[row0:row0+m]) * output_norm) @ W_out.T, x the
+        residual rows of the chunk just run (perplexity's scored rows)."""
+        c, b, R = self.c, self.buf, da.rows
+        h16 = R(b.h16, 0, m)
+        with self._op("rmsnorm"):
+            da.poison(self.rt, h16)
+            L.rmsnorm(self.rt, h16, R(b.x, row0, m), self.w["output_norm.weight"], c.rms_eps)
+        self._linear(out, h16, self.model.output_name, "f32", "lm_head")
