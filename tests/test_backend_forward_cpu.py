@@ -292,3 +292,38 @@ def test_qwen3_norms_q_and_k_before_the_rope(monkeypatch, tmp_path, path):
     norms = [i for i, e in enumerate(entries) if e == "head_rmsnorm_f32"]
     assert len(ropes) == L * chunks
     assert all(norms[2 * j + 1] < ropes[j] for j in range(len(ropes)))   # q, k, then the rope
+
+
+def test_the_plan_is_computed_once(monkeypatch, tiny):
+    """CudaBackend takes make_plan's frozen Plan: one route plan and one fusion per candidate
+    (a forced path that fits: one), none recomputed by the backend, the memory check or the
+    upload; the plan's parts are what the memory line was decided by."""
+    from fake_gpuarray import install
+
+    from minfer.cuda import backend as B
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.plan import plan as P
+    from minfer.cuda.plan import routes
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.runtime import devarray
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    calls = {"routes": 0, "fusion": 0}
+
+    def counted(name, f):
+        def g(*a, **k):
+            calls[name] += 1
+            return f(*a, **k)
+        return g
+
+    monkeypatch.setattr(routes, "plan_routes", counted("routes", routes.plan_routes))
+    monkeypatch.setattr(P, "plan_fusion", counted("fusion", P.plan_fusion))
+    be = B.CudaBackend(tiny, GemmChoice("f16"), rt=FakeRT("sm_90"), max_tokens=64, ubatch=16,
+                       warmup=False, graphs=False)
+    assert calls == {"routes": 1, "fusion": 1}
+    assert be.memory.need == be.plan.need == sum(be._plan().values())
+    assert be.routes == dict(be.plan.routes) and be.fwd.groups is be.plan.groups
+    with pytest.raises(Exception):
+        be.plan.routes["x"] = ("f16", "")   # frozen: a mapping no one edits after planning

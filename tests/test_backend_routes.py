@@ -8,6 +8,7 @@ import pytest
 
 from minfer.cuda.backend import plan_routes, summarize_routes
 from minfer.cuda.plan.config import GemmChoice
+from minfer.cuda.plan.plan import make_plan
 from synth_data import tiny_model
 
 
@@ -62,7 +63,7 @@ def test_routes_auto_memory_tiers(tiny):
     need is the backend's whole plan for its routes (tests/test_memory_plan.py checks the
     arithmetic)."""
     from minfer.cuda.plan.memory import MARGIN
-    from minfer.cuda.plan.routes import plan_tiers
+    from minfer.cuda.plan.plan import plan_tiers
 
     need = plan_tiers(tiny, GemmChoice(), _Rt(sms=1), 64, 64).tiers
     assert list(need) == ["f16", "blk", "blk-all", "mix-int8", "int8"]
@@ -72,14 +73,13 @@ def test_routes_auto_memory_tiers(tiny):
                              (need["blk-all"] + MARGIN, {"blk"}, "blk"),
                              (need["int8"] + MARGIN, {"wide-kd4"}, "wide-kd4"),
                              (0, {"wide-kd4"}, "wide-kd4")):
-        r = plan_routes(tiny, GemmChoice(), _Rt(free=free, sms=1), 64, max_tokens=64)
+        r = dict(make_plan(tiny, GemmChoice(), _Rt(free=free, sms=1), 64, 64).routes)
         assert {p for p, _ in r.values()} - {"f16"} == want, (free, want)
         assert r["blk.0.ffn_down.weight"][0] == down, (free, down)
     # off sm_90 there is no blk tier: the mixed wide tier is next to f16
     off = plan_tiers(tiny, GemmChoice(), _Rt("sm_86", sms=1), 64, 64).tiers
     assert list(off) == ["f16", "mix-int8", "int8"]
-    r = plan_routes(tiny, GemmChoice(), _Rt("sm_86", free=off["mix-int8"] + MARGIN, sms=1), 64,
-                    max_tokens=64)
+    r = dict(make_plan(tiny, GemmChoice(), _Rt("sm_86", free=off["mix-int8"] + MARGIN, sms=1), 64, 64).routes)
     assert {p for p, _ in r.values()} == {"f16", "wide-kd4"}
     assert all(".ffn_" in n for n, (p, _) in r.items() if p != "f16")
 
@@ -91,17 +91,16 @@ def test_routes_auto_runs_blk_first_on_wide_models(tiny, monkeypatch):
 
     from minfer.cuda.plan.memory import MARGIN
     from minfer.cuda.paths import BLK_AUTO_WIDTH
-    from minfer.cuda.plan.routes import plan_tiers
+    from minfer.cuda.plan.plan import plan_tiers
 
     monkeypatch.setattr(tiny, "config", dc_replace(tiny.config, d_model=BLK_AUTO_WIDTH))
     need = plan_tiers(tiny, GemmChoice(), _Rt(sms=1), 64, 64).tiers
     assert list(need) == ["blk", "blk-all", "mix-int8", "int8"]
-    r = plan_routes(tiny, GemmChoice(), _Rt(sms=1), 64, max_tokens=64)
+    r = dict(make_plan(tiny, GemmChoice(), _Rt(sms=1), 64, 64).routes)
     assert r["blk.0.ffn_gate.weight"][0] == "blk" and r["blk.0.ffn_down.weight"][0] == "f16"
-    r = plan_routes(tiny, GemmChoice(), _Rt(free=need["blk-all"] + MARGIN, sms=1), 64,
-                    max_tokens=64)
+    r = dict(make_plan(tiny, GemmChoice(), _Rt(free=need["blk-all"] + MARGIN, sms=1), 64, 64).routes)
     assert r["blk.0.ffn_down.weight"][0] == "blk"
-    r = plan_routes(tiny, GemmChoice(), _Rt("sm_86", sms=1), 64, max_tokens=64)
+    r = dict(make_plan(tiny, GemmChoice(), _Rt("sm_86", sms=1), 64, 64).routes)
     assert {p for p, _ in r.values()} == {"f16"}
 
 

@@ -95,8 +95,8 @@ def test_f16_gemm_reaches_no_int8_module():
 
 
 # minfer/cuda's folders, bottom up: the runtime, the kernels' launchers, the GEMM path families,
-# the planning; backend.py (the engine's entry) sits above them all
-LAYERS = ("runtime", "ops", "paths", "plan")
+# the planning (pure), loading a plan onto the GPU; forward.py and backend.py sit above them
+LAYERS = ("runtime", "ops", "paths", "plan", "load")
 
 
 def cuda_layer(m: str) -> int | None:

@@ -1,4 +1,4 @@
-"""CPU: the memory decision (minfer.cuda.plan.memory, routes.plan_tiers) with fake free memory:
+"""CPU: the memory decision (minfer.cuda.plan.memory, plan.plan_tiers) with fake free memory:
 which tier auto runs, the printed plan line, the --json numbers, and the refusal of a forced
 path that does not fit (before anything is allocated)."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from minfer.cuda.plan.config import GemmChoice
+from minfer.cuda.plan.plan import make_plan
 from minfer.cuda.plan.memory import MARGIN, choose_tier, gb
 from synth_data import tiny_model
 
@@ -86,7 +87,8 @@ class _Rt:
 def test_plan_tiers_on_a_model(tiny):
     """Each tier's need is the backend's whole plan for its routes; the tiers shrink as more
     weights leave f16; auto picks by the free memory, and the routes follow the tier."""
-    from minfer.cuda.plan.routes import plan_routes, plan_tiers
+    from minfer.cuda.plan.plan import plan_tiers
+    from minfer.cuda.plan.routes import plan_routes
 
     p = plan_tiers(tiny, GemmChoice(), _Rt(None), 64, 64)
     assert list(p.tiers) == ["f16", "blk", "blk-all", "mix-int8", "int8"] and p.chosen == "f16"
@@ -97,7 +99,7 @@ def test_plan_tiers_on_a_model(tiny):
         q = plan_tiers(tiny, GemmChoice(), _Rt(free), 64, 64)
         first = next(x for x in t if t[x] + MARGIN <= free)
         assert q.chosen == first and q.fits
-        r = plan_routes(tiny, GemmChoice(), _Rt(free), 64, max_tokens=64)
+        r = dict(make_plan(tiny, GemmChoice(), _Rt(free), 64, 64).routes)
         on = {tiny.tensor(n).qtype for n, (path, _) in r.items() if path != "f16"}
         if first == "mix-int8":   # ffn q4_K only
             assert on == {12} and all(".ffn_" in n for n, (path, _) in r.items()
@@ -109,7 +111,7 @@ def test_plan_tiers_on_a_model(tiny):
 
 def test_backend_refuses_a_forced_path_before_allocating(tiny, monkeypatch):
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.plan.routes import plan_tiers
+    from minfer.cuda.plan.plan import plan_tiers
     from minfer.errors import GPUError
 
     t = plan_tiers(tiny, GemmChoice(), _Rt(None), 64, 64).tiers

@@ -1,4 +1,4 @@
-"""CPU: the kernels a CUDA backend prepares before the timed prefill (minfer.cuda.plan.prepare).
+"""CPU: the kernels a CUDA backend prepares before the timed prefill (minfer.cuda.load.prepare).
 
 - A CudaBackend built on a fake runtime (stand-in device arrays, no GPU): every module the
   weight upload and a forward of each prompt length ask the runtime for is in load_kernels /
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray, upload_drv
 
-from minfer.cuda.plan import prepare
+from minfer.cuda.load import prepare
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import GPUError
 from synth_data import tiny_model

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from minfer.cuda.plan.config import GemmChoice
-from minfer.cuda.runtime.upload import chunk_bytes, rows_per_chunk, split_rows
-from minfer.errors import BadInput
+from minfer.cuda.runtime.upload import rows_per_chunk, split_rows
 from synth_data import tiny_model
 
 
@@ -29,14 +28,6 @@ def test_split_rows():
     assert split_rows(20, 100, 10) == [(0, 8), (8, 8), (16, 4)]     # a chunk under 8 rows: 8
     assert split_rows(20, 100, 1000, multiple=1) == [(0, 10), (10, 10)]
     assert split_rows(0, 100, 1000) == []
-
-
-def test_chunk_bytes_env():
-    assert chunk_bytes({}) == 64 << 20
-    assert chunk_bytes({"MINFER_UPLOAD_CHUNK_MB": "0.5"}) == 512 << 10
-    for bad in ("0", "-1", "x"):
-        with pytest.raises(BadInput, match="MINFER_UPLOAD_CHUNK_MB"):
-            chunk_bytes({"MINFER_UPLOAD_CHUNK_MB": bad})
 
 
 # -- a fake device with memory ------------------------------------------------------------------
@@ -196,7 +187,8 @@ def fake_arrays(monkeypatch):
 def _load(model, gemm: str, chunk: int):
     from minfer.cuda.plan.fusion import plan_fusion, plan_glu
     from minfer.cuda.plan.routes import plan_routes
-    from minfer.cuda.plan.weights import load_weights, upload_slot
+    from minfer.cuda.load.weights import load_weights
+    from minfer.cuda.plan.sizes import upload_slot
 
     rt = _Arr.rt = MemRT()
     choice = GemmChoice(gemm)
@@ -260,7 +252,7 @@ def test_blk_load_requantizes_one_group_at_a_time(tiny, fake_arrays):
     a time: the memory plan's "blk requant staging", not the whole model's f16."""
     from minfer.cuda.ops.dequant import dequant_f16_ref
     from minfer.cuda.ops.mmq_blk import BlkWeight
-    from minfer.cuda.plan.weights import plan_memory
+    from minfer.cuda.plan.sizes import plan_memory
     from minfer.quants.blk_ref import blk_operand, quantize_blk
 
     MemRT.arch = "sm_90"

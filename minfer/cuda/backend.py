@@ -4,8 +4,8 @@ Construction (timed as `load_s`): every linear weight gets a route (routes.plan_
 minfer.cuda.paths.choose_path: f16, blk or a raw int8 path; the path object's route runs it),
 q/k/v and gate/up on one path are fused (routes.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
-[max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.plan.weights.
-Kernels are compiled before anything is timed (minfer.cuda.plan.prepare): the weight upload's
+[max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.load.
+Kernels are compiled before anything is timed (minfer.cuda.load.prepare): the weight upload's
 before the upload, the forward's before `warmup_s`, in which one token is pushed through (then
 the cache is reset); `warmup(lengths)` does the same for prompt lengths (engine.run calls it
 before the timed prefill). compile_s / n_compiled / capture_s add up what that took.
@@ -44,13 +44,13 @@ gives the greedy token on the GPU. `window_logits(ids, first)` (perplexity) runs
 sequence with every row through the last layer, then the same norm and LM head over rows
 first.. (a GEMM, HEAD_ROWS rows at a time), copied to the host.
 
-Memory: routes.plan_tiers decides before anything is allocated (`self.memory`, a
+Memory: plan.make_plan decides before anything is allocated (`self.memory`, a
 memory.MemoryPlan: `memory_line()` is what prefill / bench / check print); a forced --gemm path
 that does not fit is refused naming the paths that would (MemoryPlan.refusal). The weights
-stream from the memory map in chunks (`chunk` bytes, MINFER_UPLOAD_CHUNK_MB; weights.load_weights):
+stream from the memory map in chunks (`chunk` bytes, 64 MiB by default; load.weights):
 `upload_bytes` of file in `upload_s`.
 
-Faults: the memory plan is checked before anything is allocated (weights.check_memory). In
+Faults: the memory plan is checked before anything is allocated (plan.sizes.check_memory). In
 poison mode (the runtime's debug or poison flag; `minfer check` sets it) every output a kernel
 is about to write (GEMM, dequant, embed, norms, rope's q, attention, SwiGLU, logits) is
 NaN-filled first (da.poison), and forward() raises GPUError on non-finite logits, so a kernel
@@ -73,14 +73,15 @@ from minfer.cuda.forward import Forward
 from minfer.cuda.ops import attention as attn_mod
 from minfer.cuda.ops import layers as L
 from minfer.cuda.paths import TABLE
-from minfer.cuda.plan import prepare
+from minfer.cuda.load import prepare
+from minfer.cuda.load.buffers import DeviceBuffers, alloc_buffers
+from minfer.cuda.load.weights import _dequant_f16, load_weights
 from minfer.cuda.plan.config import GemmChoice
-from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu, plan_groups, plan_rope
-from minfer.cuda.plan.routes import plan_routes, plan_tiers, summarize_routes
+from minfer.cuda.plan.plan import make_plan
+from minfer.cuda.plan.routes import plan_routes, summarize_routes
+from minfer.cuda.plan.sizes import check_memory
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.profile import OpProfile
-from minfer.cuda.plan.weights import (DeviceBuffers, _dequant_f16, alloc_buffers, check_memory,
-                                      load_weights, memory_need)
 from minfer.errors import BadInput, GPUError, Unsupported
 
 # public names importers use (tests, bench, commands); _dequant_f16 for tests/gpu/test_faults
@@ -117,16 +118,16 @@ class CudaBackend:
         self.max_tokens = int(max_tokens)
         self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
         self.n_past = 0
-        from minfer.cuda.runtime.upload import chunk_bytes
+        from minfer.cuda.runtime.upload import DEFAULT_CHUNK
 
-        self.chunk = int(chunk or chunk_bytes())   # upload chunk bytes (MINFER_UPLOAD_CHUNK_MB)
-        # the memory decision (auto's tier, or the forced path), before anything is allocated
-        self.memory = plan_tiers(model, self.gcfg, self.rt, self.ubatch, self.max_tokens,
-                                 self.chunk)
+        self.chunk = int(chunk or DEFAULT_CHUNK)   # upload chunk bytes
+        # the plan, computed once (routes, fusion, epilogues, memory: minfer.cuda.plan.plan),
+        # before anything is allocated
+        self.plan = make_plan(model, self.gcfg, self.rt, self.max_tokens, self.ubatch,
+                              self.chunk)
+        self.memory, self.routes = self.plan.memory, dict(self.plan.routes)
         if self.gcfg.path != "auto" and not self.memory.fits and self.memory.fitting():
             raise GPUError(self.memory.refusal())
-        self.routes = plan_routes(model, self.gcfg, self.rt, self.ubatch,
-                                  tier=self.memory.chosen if self.gcfg.path == "auto" else None)
         if graphs is None:
             from minfer.cuda.runtime.runtime import debug_flags
 
@@ -135,11 +136,7 @@ class CudaBackend:
         self._head_out = None  # window_logits' [HEAD_ROWS, vocab] f32 logits, made at first use
         self._graphs: dict[tuple[int, bool], object] = {}
         self.stream = None  # the capture / replay stream (made at the first capture)
-        self.fused = plan_fusion(model, self.routes)
-        self.glu = plan_glu(model, self.gcfg, self.routes, self.fused)
-        # each layer's q|k|v and gate|up GEMMs, in output order
-        self.groups = [{k: plan_groups(model, self.fused, i, k) for k in ("attn", "ffn")}
-                       for i in range(c.n_layers)]
+        self.fused, self.glu, self.groups = self.plan.fused, self.plan.glu, self.plan.groups
         # each linear weight's route object (its path family's): operand, launch, epilogues
         self.lin = {n: TABLE[p].route(model.tensor(n).qtype, self.gcfg, n)
                     for n, (p, _) in self.routes.items()}
@@ -149,7 +146,7 @@ class CudaBackend:
                 if len({k.scratch for k in kinds}) < len(kinds):
                     raise AssertionError(f"forms {sorted(k.name for k in kinds)} of one input "
                                          "share a scratch")
-        plan = self._plan()
+        plan = self.plan.parts
         check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
         self._add(prepare.prebuild(prepare.load_kernels(self.routes), self.rt.arch, progress))
@@ -158,11 +155,11 @@ class CudaBackend:
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds   # file into ready weights
         self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
-                                                plan["q8_1 scratch"], self._glu_all(),
+                                                plan["q8_1 scratch"], self.plan.glu_all,
                                                 plan["blk operand scratch"])
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}
-        for g in sorted(plan_rope(model, self.gcfg, self.routes, self.fused)):
+        for g in sorted(self.plan.rope):
             il = int(g.split(".")[1])   # blk.<il>.attn_qkv.weight
             b = self.buf
             self.rope_epi[g] = L.QkvRope(self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.pos,
@@ -187,14 +184,9 @@ class CudaBackend:
         self.fwd.profile = p
 
     def _plan(self) -> dict[str, int]:
-        """part -> bytes of the memory plan (weights.memory_need, as plan_tiers sums it; tests/gpu
-        compare plans)."""
-        return memory_need(self.model, self.gcfg, self.routes, self.max_tokens, self.ubatch,
-                           self.rt.sm_count, self.chunk)
-
-    def _glu_all(self) -> bool:
-        """Every layer's gate|up GEMM writes the swiglu (fusion.glu_all)."""
-        return glu_all(self.model, self.routes, self.glu)
+        """part -> bytes of the plan's memory (what the tiers were compared by; tests/gpu
+        compare it with the device's use)."""
+        return dict(self.plan.parts)
 
     def warmup(self, lengths) -> "prepare.Prep":
         """Compile (in parallel) and load every kernel forwards of `lengths` tokens need and

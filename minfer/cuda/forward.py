@@ -2,10 +2,10 @@
 reference's loop (minfer.reference.forward.ReferenceBackend._forward), over what the backend
 planned and allocated: the runtime, the model config, each linear weight's route object (its
 path family's: minfer.cuda.paths), the fused GEMM groups and epilogues, the device weights and
-the buffers (minfer.cuda.plan.weights.DeviceBuffers). It never chooses a path: each GEMM asks
+the buffers (minfer.cuda.load.buffers.DeviceBuffers). It never chooses a path: each GEMM asks
 its route. CudaBackend runs it per chunk (eagerly, or recorded into a CUDA graph); the kernel
 prebuild dry-runs the same object on a recording runtime (`with_runtime`,
-minfer.cuda.plan.prepare.needed_kernels).
+minfer.cuda.load.prepare.needed_kernels).
 
 Per layer, T tokens (f32 residual x, f16 GEMM operands; the module docstring of
 minfer.cuda.backend has the dataflow): rmsnorm -> q|k|v GEMMs (rope in the f16 epilogue, or

@@ -30,7 +30,7 @@ def cold_cache(tmp_path_factory):
 @pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "blk"])
 def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monkeypatch, spec):
     from minfer import engine
-    from minfer.cuda.plan import prepare
+    from minfer.cuda.load import prepare
     from minfer.cuda.runtime import build
     from minfer.cuda.backend import CudaBackend
 

@@ -47,13 +47,13 @@ def test_tiny_chunks_give_the_same_weights_and_logits(rt, model, gemm):
     assert np.array_equal(l0.view(np.uint32), l1.view(np.uint32))
 
 
-def test_chunk_from_the_environment(rt, model, monkeypatch):
+def test_chunk_sizes_the_staging(rt, model):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
 
-    monkeypatch.setenv("MINFER_UPLOAD_CHUNK_MB", "0.01")
-    be = CudaBackend(model, GemmChoice("f16"), max_tokens=32, ubatch=16, warmup=False)
-    from minfer.cuda.plan.weights import upload_slot
+    be = CudaBackend(model, GemmChoice("f16"), max_tokens=32, ubatch=16, warmup=False,
+                     chunk=int(0.01 * (1 << 20)))
+    from minfer.cuda.plan.sizes import upload_slot
 
     assert be.chunk == int(0.01 * (1 << 20))
     assert be._plan()["upload staging"] == 2 * upload_slot(model, be.routes, be.chunk)

@@ -99,7 +99,7 @@ class GemmPath:
 
     def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
         """Raw GGUF rows on the device (uint8) -> this path's weight (tests, minfer check; the
-        backend's streaming upload, minfer.cuda.plan.weights, makes the same bytes)."""
+        backend's streaming upload, minfer.cuda.load.weights, makes the same bytes)."""
         raise NotImplementedError
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):

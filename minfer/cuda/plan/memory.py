@@ -2,7 +2,7 @@
 what the GPU has free (docs/paths.md, "Memory tiers"). Pure Python, no GPU.
 
 - `choose_tier(need, free, forced)` -> MemoryPlan: for `--gemm auto`, `need` holds each memory
-  tier's whole plan in bytes (weights, KV cache, activations, scratch: weights.plan_memory), in
+  tier's whole plan in bytes (weights, KV cache, activations, scratch: sizes.plan_memory), in
   paths.auto_tiers' order (fastest first), and the first whose need plus MARGIN fits `free` is
   chosen (the smallest when none does: its memory check then names what is missing); for a forced
   path (`--gemm NAME`) `need` holds that path's plan and `alt` the auto tiers' (the refusal's

@@ -6,9 +6,6 @@ weights of a layer are fused into one GEMM.
   ffn_gate/up/down of each layer, W: [N, K]) and the LM head (M = 1); why: a short reason for
   f16 where another path was asked for (or where auto's memory tier keeps the weight's class
   on f16). `auto` plans the first memory tier whose plan fits the free device memory.
-- `plan_tiers` -> memory.MemoryPlan: each candidate's whole plan (weights.memory_need) against
-  the free memory, decided by memory.choose_tier: auto's tiers (paths.auto_tiers), or a forced
-  path's plan (and auto's tiers as the suggestions when it does not fit).
 - `weight_class`: attn, ffn or head, what a mixed tier (paths.TIERS) splits by.
 - `summarize_routes`: the one-line "MMQ (...): n GEMMs (q4_K a, q6_K b), f16: m GEMMs (...)"
   that bench, check and prefill print.
@@ -19,11 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from minfer.cuda.plan.config import GemmChoice
-from dataclasses import replace
-
-from minfer.cuda.plan.memory import MemoryPlan, choose_tier
 from minfer.cuda.paths import TABLE, auto_tiers, choose_path, qname
+from minfer.cuda.plan.config import GemmChoice
 
 _LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _WARNED: set = set()
@@ -49,42 +43,15 @@ def weight_class(model, name: str) -> str:
     return "attn" if ".attn_" in name else "ffn"
 
 
-def plan_tiers(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 512,
-               max_tokens: int = 4096, chunk: int | None = None) -> MemoryPlan:
-    """The memory decision (memory.choose_tier) for max_tokens of KV cache and ubatch-token
-    activations on rt (mem_info; free memory unknown without it): auto's tiers in order, or
-    the forced path alone (auto's tiers computed too when it does not fit: the suggestions)."""
-    choice = choice or GemmChoice()
-    free = rt.mem_info()[0] if hasattr(rt, "mem_info") else None
-    sms = getattr(rt, "sm_count", 0)
-
-    def need(c: GemmChoice, tier: str | None) -> int:
-        from minfer.cuda.plan.weights import memory_need
-
-        r = plan_routes(model, c, rt, ubatch, tier=tier or "f16")
-        return sum(memory_need(model, c, r, max_tokens, ubatch, sms, chunk).values())
-
-    auto = replace(choice, path="auto")
-    tiers = lambda: {t: need(auto, t)   # noqa: E731
-                     for t in auto_tiers(getattr(rt, "arch", None), model.config.d_model)}
-    if choice.path == "auto":
-        return choose_tier(tiers(), free)
-    plan = choose_tier({choice.path: need(choice, None)}, free, forced=choice.path)
-    return plan if plan.fits else replace(plan, alt=tiers())
-
-
 def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 512,
-                max_tokens: int | None = None, tier: str | None = None
-                ) -> dict[str, tuple[str, str]]:
+                tier: str | None = None) -> dict[str, tuple[str, str]]:
     """weight name -> (path name, why) for every linear weight and the LM head. rt: the
-    runtime (arch, smem_optin, mem_info; None: an unknown GPU with unbounded memory); tier:
-    auto's memory tier (paths.TIERS), else chosen by plan_tiers for max_tokens (None: the
-    first tier)."""
+    runtime (arch, smem_optin; None: an unknown GPU); tier: auto's memory tier (paths.TIERS;
+    None: the first; the one that fits the free memory is plan.make_plan's choice)."""
     choice = choice or GemmChoice()
     arch = getattr(rt, "arch", None)
-    if choice.path == "auto" and tier is None:
-        tier = (auto_tiers(arch, model.config.d_model)[0] if max_tokens is None else
-                plan_tiers(model, choice, rt, ubatch, max_tokens).chosen)
+    if choice.path == "auto" and tier is None:   # (the tier that fits: plan.make_plan)
+        tier = auto_tiers(arch, model.config.d_model)[0]
     smem = getattr(rt, "smem_optin", None)
     routes: dict[str, tuple[str, str]] = {}
 

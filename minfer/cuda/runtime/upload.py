@@ -17,26 +17,8 @@ import numpy as np
 
 from minfer.errors import GPUError
 
-DEFAULT_CHUNK = 64 << 20   # bytes per chunk (MINFER_UPLOAD_CHUNK_MB)
+DEFAULT_CHUNK = 64 << 20   # bytes per chunk (the backend's chunk= for another; tests use tiny ones)
 READERS = 4                # threads that read one chunk out of the map (page faults in parallel)
-
-
-def chunk_bytes(env=None) -> int:
-    """MINFER_UPLOAD_CHUNK_MB (MiB, may be fractional; tests use tiny chunks), else 64 MiB."""
-    import os
-
-    from minfer.errors import BadInput
-
-    v = (os.environ if env is None else env).get("MINFER_UPLOAD_CHUNK_MB", "").strip()
-    if not v:
-        return DEFAULT_CHUNK
-    try:
-        n = int(float(v) * (1 << 20))
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise BadInput(f"MINFER_UPLOAD_CHUNK_MB={v!r}: expected a positive number of MiB")
-    return n
 
 
 def split_rows(rows: int, row_bytes: int, chunk: int, multiple: int = 8) -> list[tuple[int, int]]:
@@ -61,8 +43,8 @@ class Staging:
         try:
             self.host = [drv.pagelocked_empty((self.slot_bytes,), np.uint8) for _ in range(2)]
         except drv.Error as e:
-            raise GPUError(f"pinned host staging of 2 x {self.slot_bytes >> 20} MiB failed ({e}); "
-                           "set MINFER_UPLOAD_CHUNK_MB smaller") from None
+            raise GPUError(f"pinned host staging of 2 x {self.slot_bytes >> 20} MiB failed ({e}): "
+                           "out of pinnable host memory") from None
         self.stream = drv.Stream()
         self.left = [drv.Event() for _ in range(2)]   # slot i's host bytes have been copied
         self.used = [False, False]

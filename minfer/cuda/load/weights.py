@@ -1,24 +1,16 @@
-"""The CUDA backend's device memory: the memory plan and its check, the weight upload
-(+ dequant), and the activation / KV-cache / scratch buffers.
+"""The weight upload (+ dequant / requant on the GPU) into DeviceWeights.
 
-- `plan_memory` / `memory_need` / `check_memory`: bytes per part (f16 weights, MMQ weights,
-  quantized embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch,
-  upload staging), checked against the device's free memory before anything is allocated
-  (GPUError naming what was asked and what is free, in GB); memory_need is what the memory
-  tiers are compared by (routes.plan_tiers) and what the backend checks.
-- `load_weights` -> DeviceWeights: every weight streams from the memory map in chunks of whole
-  rows through the pinned staging of minfer.cuda.runtime.upload (host memory: two chunks).
-  "f16" routes go up as raw GGUF bytes (PCIe moves the compact quantized bytes) and each chunk
-  is dequantized on the GPU into its rows of the f16 [N, K] weight (fused q|k|v and gate|up
-  members into row ranges of their group's buffer, see routes.plan_fusion); int8 routes stay as
-  their raw bytes, each chunk copied straight to its rows (no f16 copy; fused members as row
-  ranges of their group's raw [rows, row bytes] buffer; a tied LM head shares the embedding's
-  bytes); "blk" routes go up as f16 and each weight (or fused group, once whole) is requantized
-  on the GPU to the block path's int8 operand (mmq_blk.blk_weight), its f16 freed. The
-  embedding table stays quantized (rows gathered with embed_rows); norms and biases go up as
-  f32.
-- `alloc_buffers` -> DeviceBuffers: everything forward writes, sized for `ubatch` tokens, plus
-  the f16 KV cache [max_tokens, Hkv, D] per layer and the rope table.
+`load_weights` -> DeviceWeights: every weight streams from the memory map in chunks of whole
+rows through the pinned staging of minfer.cuda.runtime.upload (host memory: two chunks). A
+path that dequantizes (the family's `via_f16`: f16, blk) gets raw GGUF bytes up (PCIe moves the
+compact quantized bytes) and each chunk dequantized on the GPU into its rows of the f16 [N, K]
+weight (fused q|k|v and gate|up members into row ranges of their group's buffer, see
+minfer.cuda.plan.fusion); the raw int8 paths keep their raw bytes, each chunk copied straight
+to its rows (no f16 copy; fused members as row ranges of their group's raw [rows, row bytes]
+buffer; a tied LM head shares the embedding's bytes); a path that requantizes (blk) has each
+weight (or fused group, once whole) requantized on the GPU to its int8 operand
+(mmq_blk.blk_weight), its f16 freed. The embedding table stays quantized (rows gathered with
+embed_rows); norms and biases go up as f32.
 """
 
 from __future__ import annotations
@@ -27,10 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda.runtime import devarray as da
-from minfer.cuda.ops import layers as L
 from minfer.cuda.paths import TABLE
-from minfer.errors import GPUError
+from minfer.cuda.runtime import devarray as da
 
 
 def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
@@ -41,86 +31,6 @@ def _dequant_f16(rt, raw_dev, qtype: int, N: int, K: int, out) -> None:
     dequant.dequant_f16(rt, raw_dev, qtype, N, K, out_dev=out)
 
 
-# -- memory plan ------------------------------------------------------------------------------
-def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
-                ubatch: int, sms: int = 0, glu_all: bool = False,
-                chunk: int | None = None) -> dict[str, int]:
-    """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
-    sms: the GPU's SM count (the blk kernel's stream-K workspace, one slot per SM); glu_all:
-    every layer's gate|up GEMM writes the swiglu itself (fusion.glu_all), so the f32 gate|up
-    buffer is not allocated; chunk: the upload's chunk bytes (two device staging slots of
-    upload_slot; None: upload.DEFAULT_CHUNK)."""
-    c = model.config
-    m = model
-    from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
-    from minfer.cuda.plan.fusion import plan_fusion
-
-    from minfer.cuda.runtime.upload import DEFAULT_CHUNK
-    from minfer.quants.blk_ref import blk_bytes
-
-    fused = plan_fusion(model, routes)   # a fused group is requantized as one weight
-    f16_w = 0
-    mmq_w = 0
-    q8_k = 0
-    blk_k = 0                        # largest K of the blk routes (their operand scratch)
-    blk_groups: dict[str, list] = {}  # blk weight or fused group -> [rows, K]
-    for n, (path, _) in routes.items():
-        t = m.tensor(n)
-        N, K = (int(s) for s in t.shape)
-        p = TABLE[path]   # how the path keeps its weight on the GPU
-        if p.via_f16 and not p.requant:
-            f16_w += N * K * 2
-        elif p.requant:   # ~1 B/weight; f16 (a group at a time) while requantizing
-            blk_k = max(blk_k, K)
-            g = fused[n][0] if n in fused else n
-            blk_groups.setdefault(g, [0, K])[0] += N
-        else:
-            q8_k = max(q8_k, K)
-            if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
-                mmq_w += int(t.data.nbytes)
-    mmq_w += sum(blk_bytes(N, K) for N, K in blk_groups.values())   # tokens' layout, too
-    emb = int(m.tensor("token_embd.weight").data.nbytes)
-    kv = 2 * c.n_layers * max_tokens * c.n_kv_heads * c.head_dim * 2
-    T = ubatch
-    qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 +
-               c.d_ff * ((0 if glu_all else 4 + 4) + 2))
-    act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
-    return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
-            "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
-            "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
-            "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
-            "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
-            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0}
-
-
-def memory_need(model, choice, routes: dict[str, tuple[str, str]], max_tokens: int,
-                ubatch: int, sms: int = 0, chunk: int | None = None) -> dict[str, int]:
-    """plan_memory of `routes` as the backend builds them (fusion, the glu epilogues of
-    `choice`): what the memory tiers are compared by and what check_memory checks."""
-    from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu
-
-    g = plan_glu(model, choice, routes, plan_fusion(model, routes))
-    return plan_memory(model, routes, max_tokens, ubatch, sms, glu_all(model, routes, g), chunk)
-
-
-def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:
-    """GPUError before any allocation when the plan (weights, KV cache for max_tokens,
-    activations for ubatch tokens, scratch) does not fit the device's free memory."""
-    from minfer.cuda.plan.memory import MARGIN, gb
-
-    need = sum(plan.values())
-    free, total = rt.mem_info()
-    if need + MARGIN > free:
-        parts = ", ".join(f"{k} {gb(v)}" for k, v in plan.items() if v)
-        raise GPUError(f"GPU out of memory for this model: needs {gb(need)} of GPU memory "
-                       f"({parts}) plus the {gb(MARGIN)} margin, {gb(free)} free of "
-                       f"{gb(total)} (KV cache for {max_tokens} tokens, activations "
-                       f"for {ubatch}: try a shorter prompt, fewer --greedy tokens or "
-                       f"a smaller --ubatch)")
-
-
-# -- weights ----------------------------------------------------------------------------------
 @dataclass
 class DeviceWeights:
     w: dict[str, object]  # name -> f16 [N, K] | raw uint8 (MMQ) | WgmmaQ4K/Q6K | f32 norm / bias
@@ -136,20 +46,6 @@ def _raw_rows(t) -> np.ndarray:
     read chunk by chunk into the pinned staging)."""
     d = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
     return d.reshape(int(t.shape[0]), -1).view(np.uint8)
-
-
-def upload_slot(model, names, chunk: int) -> int:
-    """Bytes of one staging slot: the largest chunk split_rows cuts from the tensors `names`
-    (and the embedding) for `chunk` bytes per chunk."""
-    from minfer.cuda.runtime.upload import rows_per_chunk
-
-    slot = 1
-    for n in (*names, "token_embd.weight"):
-        t = model.tensor(n)
-        N = int(t.shape[0])
-        rb = int(t.data.nbytes) // N
-        slot = max(slot, min(N, rows_per_chunk(rb, chunk)) * rb)
-    return slot
 
 
 def load_weights(rt, model, routes: dict[str, tuple[str, str]],
@@ -344,56 +240,3 @@ def _dequant_interleaved(rt, raw_dev: int, qtype: int, N: int, K: int, row_bytes
         _dequant_f16(rt, raw_dev + r * row_bytes, qtype, n, K, da.rows(tmp, 0, n))
         _copy_interleaved(rt, dst, da.rows(tmp, 0, n), n, up, dst_row0=dst_row0 + 2 * r,
                           stream=stream)
-
-
-# -- activations / cache ----------------------------------------------------------------------
-@dataclass
-class DeviceBuffers:
-    """Activations for T = ubatch tokens (a chunk uses rows [0, T)), the KV cache, scratch."""
-    x: object  # f32 [T, d_model] residual
-    h16: object  # f16 [T, d_model] normed h
-    qkv32: object  # f32 [T * (H + 2 Hkv) * D]: [T, Nq + 2 Nkv] fused, else three [T, N] parts
-    q16: object  # f16 [T, H, D] roped q
-    a16: object  # f16 [T, H * D] attention out
-    gu32: object  # f32 [T * 2 d_ff]: [T, 2 d_ff] fused gate|up, else two [T, d_ff] parts
-    #              (None when every layer's gate|up GEMM writes the swiglu: plan_glu)
-    f16: object  # f16 [T, d_ff] SwiGLU out
-    pos: object  # int32 [1]: the chunk's pos0, read on the device (graph replay at any pos)
-    last16: object  # f16 [1, d_model] the last row, normed
-    logits: object  # f32 [1, vocab]
-    amax: object  # int32 [1] argmax of the logits
-    ids: object  # int32 [T] token ids
-    kc: list  # per layer f16 [max_tokens, Hkv, D]
-    vc: list  # per layer f16 [max_tokens, Hkv, D]
-    rope: object  # L.RopeTable for max_tokens positions
-    q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without raw int8 routes)
-    blkop: object = None  # uint8 [blk_bytes] blk token operand scratch (None without blk routes)
-
-
-def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
-                  glu_all: bool = False, blk_bytes: int = 0) -> DeviceBuffers:
-    """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
-    blk_bytes: plan["blk operand scratch"] (0: no blk route); glu_all: no f32 gate|up buffer
-    (gu32 None, as plan_memory)."""
-    T = ubatch
-    H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
-    e = da.empty
-    return DeviceBuffers(
-        x=e(rt, (T, c.d_model), np.float32, "residual x"),
-        h16=e(rt, (T, c.d_model), np.float16, "normed h"),
-        qkv32=e(rt, (T * (H + 2 * Hkv) * D,), np.float32, "q|k|v"),
-        q16=e(rt, (T, H, D), np.float16, "q f16"),
-        a16=e(rt, (T, H * D), np.float16, "attention out"),
-        gu32=None if glu_all else e(rt, (T * 2 * c.d_ff,), np.float32, "ffn gate|up"),
-        f16=e(rt, (T, c.d_ff), np.float16, "ffn act"),
-        pos=e(rt, (1,), np.int32, "chunk position pos0"),
-        last16=e(rt, (1, c.d_model), np.float16, "last row"),
-        logits=e(rt, (1, c.vocab_size), np.float32, "logits"),
-        amax=e(rt, (1,), np.int32, "argmax"),
-        ids=e(rt, (T,), np.int32, "token ids"),
-        kc=[e(rt, (max_tokens, Hkv, D), np.float16, f"K cache {i}") for i in range(c.n_layers)],
-        vc=[e(rt, (max_tokens, Hkv, D), np.float16, f"V cache {i}") for i in range(c.n_layers)],
-        rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim, c.rope_scaling),
-        q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
-        blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
-    )

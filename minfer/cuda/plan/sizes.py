@@ -1,0 +1,107 @@
+"""How much device memory a plan takes, part by part, and the check against what is free.
+
+- `plan_memory` / `memory_need` / `check_memory`: bytes per part (f16 weights, MMQ weights,
+  quantized embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch,
+  upload staging), checked against the device's free memory before anything is allocated
+  (GPUError naming what was asked and what is free, in GB); memory_need is what the memory
+  tiers are compared by (minfer.cuda.plan.plan) and what the backend checks.
+- `upload_slot`: one staging slot of the weight upload (minfer.cuda.load.weights).
+Pure arithmetic on the model and the routes; the upload and the buffers are minfer.cuda.load's.
+"""
+
+from __future__ import annotations
+
+from minfer.cuda.paths import TABLE
+from minfer.errors import GPUError
+
+
+def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
+                ubatch: int, sms: int = 0, glu_all: bool = False,
+                chunk: int | None = None, fused=None) -> dict[str, int]:
+    """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
+    sms: the GPU's SM count (the blk kernel's stream-K workspace, one slot per SM); glu_all:
+    every layer's gate|up GEMM writes the swiglu itself (fusion.glu_all), so the f32 gate|up
+    buffer is not allocated; chunk: the upload's chunk bytes (two device staging slots of
+    upload_slot; None: upload.DEFAULT_CHUNK); fused: plan_fusion's answer (None: computed)."""
+    c = model.config
+    m = model
+    from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
+    from minfer.cuda.plan.fusion import plan_fusion
+
+    from minfer.cuda.runtime.upload import DEFAULT_CHUNK
+    from minfer.quants.blk_ref import blk_bytes
+
+    fused = plan_fusion(model, routes) if fused is None else fused   # a group requantizes as one
+    f16_w = 0
+    mmq_w = 0
+    q8_k = 0
+    blk_k = 0                        # largest K of the blk routes (their operand scratch)
+    blk_groups: dict[str, list] = {}  # blk weight or fused group -> [rows, K]
+    for n, (path, _) in routes.items():
+        t = m.tensor(n)
+        N, K = (int(s) for s in t.shape)
+        p = TABLE[path]   # how the path keeps its weight on the GPU
+        if p.via_f16 and not p.requant:
+            f16_w += N * K * 2
+        elif p.requant:   # ~1 B/weight; f16 (a group at a time) while requantizing
+            blk_k = max(blk_k, K)
+            g = fused[n][0] if n in fused else n
+            blk_groups.setdefault(g, [0, K])[0] += N
+        else:
+            q8_k = max(q8_k, K)
+            if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
+                mmq_w += int(t.data.nbytes)
+    mmq_w += sum(blk_bytes(N, K) for N, K in blk_groups.values())   # tokens' layout, too
+    emb = int(m.tensor("token_embd.weight").data.nbytes)
+    kv = 2 * c.n_layers * max_tokens * c.n_kv_heads * c.head_dim * 2
+    T = ubatch
+    qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 +
+               c.d_ff * ((0 if glu_all else 4 + 4) + 2))
+    act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
+    return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
+            "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
+            "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
+            "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
+            "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
+            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0}
+
+
+def memory_need(model, choice, routes: dict[str, tuple[str, str]], max_tokens: int,
+                ubatch: int, sms: int = 0, chunk: int | None = None) -> dict[str, int]:
+    """plan_memory of `routes` as the backend builds them (fusion, the glu epilogues of
+    `choice`): what the memory tiers are compared by and what check_memory checks."""
+    from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu
+
+    g = plan_glu(model, choice, routes, plan_fusion(model, routes))
+    return plan_memory(model, routes, max_tokens, ubatch, sms, glu_all(model, routes, g), chunk)
+
+
+def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None:
+    """GPUError before any allocation when the plan (weights, KV cache for max_tokens,
+    activations for ubatch tokens, scratch) does not fit the device's free memory."""
+    from minfer.cuda.plan.memory import MARGIN, gb
+
+    need = sum(plan.values())
+    free, total = rt.mem_info()
+    if need + MARGIN > free:
+        parts = ", ".join(f"{k} {gb(v)}" for k, v in plan.items() if v)
+        raise GPUError(f"GPU out of memory for this model: needs {gb(need)} of GPU memory "
+                       f"({parts}) plus the {gb(MARGIN)} margin, {gb(free)} free of "
+                       f"{gb(total)} (KV cache for {max_tokens} tokens, activations "
+                       f"for {ubatch}: try a shorter prompt, fewer --greedy tokens or "
+                       f"a smaller --ubatch)")
+
+
+def upload_slot(model, names, chunk: int) -> int:
+    """Bytes of one staging slot: the largest chunk split_rows cuts from the tensors `names`
+    (and the embedding) for `chunk` bytes per chunk."""
+    from minfer.cuda.runtime.upload import rows_per_chunk
+
+    slot = 1
+    for n in (*names, "token_embd.weight"):
+        t = model.tensor(n)
+        N = int(t.shape[0])
+        rb = int(t.data.nbytes) // N
+        slot = max(slot, min(N, rows_per_chunk(rb, chunk)) * rb)
+    return slot
