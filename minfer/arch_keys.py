@@ -41,6 +41,10 @@ INERT = (
     "{a}.rope.scaling.finetuned",  # llama.cpp stores it and never uses it
     "{a}.tensor_data_layout",      # how the converter laid out the source checkpoint
 )
+# Keys one architecture's llama.cpp graph reads and then disables: minfer follows the oracle
+# (Phi-3's window: llama.cpp turns SWA off for phi3, ggml-org/llama.cpp#13676, so its logits
+# are those of full causal attention; docs/families.md says so).
+INERT_BY_ARCH = {"phi3": ("{a}.attention.sliding_window",)}
 # Whole namespaces with no effect on the numbers: descriptions (general.*), the tokenizer's
 # (read and checked by minfer.tokenizer), imatrix provenance, and the reader's pseudo-keys.
 INERT_PREFIXES = ("general.", "tokenizer.", "quantize.imatrix.", "GGUF.")
@@ -73,6 +77,7 @@ EXTRA_TENSORS = {
     "qwen2": {},
     "qwen3": {},
     "gemma3": {},  # post_attention_norm / post_ffw_norm and q/k norms are in the loader's set
+    "phi3": {},    # attn_qkv and the 2-ff ffn_up are split into the llama set by the loader
 }
 
 
@@ -83,7 +88,7 @@ def _named(a: str, keys) -> set[str]:
 def check_keys(path: Any, arch: str, metadata: dict[str, Any]) -> None:
     """Unsupported naming the first metadata key minfer does not understand for `arch`."""
     used = _named(arch, USED) | _named(arch, USED_BY_ARCH.get(arch, ()))
-    inert = _named(arch, INERT)
+    inert = _named(arch, INERT) | _named(arch, INERT_BY_ARCH.get(arch, ()))
     at = {k.format(a=arch): v for k, v in INERT_AT.items()}
     why = {k.format(a=arch): v for k, v in WHY.items()}
     for key, value in metadata.items():
@@ -133,7 +138,7 @@ def _short(v: Any) -> str:
 # Architectures the CUDA backend runs (its kernels: rmsnorm, SwiGLU, RoPE, causal GQA
 # attention, qwen3's head norms); the others (gemma3: GeGLU, post norms, sliding windows) run
 # on the CPU reference only.
-GPU_ARCHS = ("llama", "qwen2", "qwen3")
+GPU_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
 
 
 def gpu_unsupported(cfg) -> str:

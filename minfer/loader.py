@@ -33,7 +33,10 @@ _BLK = re.compile(r"blk\.(\d+)\.")
 _ARCHS = {"llama": {"rope_neox": False, "qk_norm": False, "gemma": False},
           "qwen2": {"rope_neox": True, "qk_norm": False, "gemma": False},
           "qwen3": {"rope_neox": True, "qk_norm": True, "gemma": False},
-          "gemma3": {"rope_neox": True, "qk_norm": True, "gemma": True}}
+          "gemma3": {"rope_neox": True, "qk_norm": True, "gemma": True},
+          # llama's graph on fused weights (attn_qkv, gate|up in ffn_up): _split_fused
+          "phi3": {"rope_neox": True, "qk_norm": False, "gemma": False}}
+_FUSED_ARCHS = ("phi3",)
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,8 @@ class GGUFModel:
             for t in h.tensors}
         self.config = self._config()  # type and range of every key: BadModel naming it
         c = self.config
+        if c.arch in _FUSED_ARCHS:
+            self._split_fused()
         if c.n_layers * 9 > len(self.tensors):
             raise BadModel(f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
                            f"only {len(self.tensors)} tensors")
@@ -425,6 +430,32 @@ class GGUFModel:
                 raise BadModel(f"{self.path}: tensor {name!r} lies beyond the metadata's "
                                f"'{a}.block_count' = {c.n_layers}")
         return set(want)
+
+    def _split_fused(self) -> None:
+        """Fused weights as the llama set, row views of the file's bytes (no copy; llama.cpp's
+        create_tensor_qkv reads either form): attn_qkv [(H + 2 Hkv) D, d] -> attn_q, attn_k,
+        attn_v; ffn_up [2 ff, d] without an ffn_gate -> ffn_gate (the first ff rows, the gate
+        half of ggml_swiglu's LLM_FFN_SEQ split) and ffn_up (the rest)."""
+        c = self.config
+        qd, kd, ff = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.d_ff
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            parts = []
+            if p + "attn_qkv.weight" in self.tensors:
+                parts.append(("attn_qkv", qd + 2 * kd, (("attn_q", 0, qd), ("attn_k", qd, kd),
+                                                        ("attn_v", qd + kd, kd))))
+            if p + "ffn_up.weight" in self.tensors and p + "ffn_gate.weight" not in self.tensors:
+                parts.append(("ffn_up", 2 * ff, (("ffn_gate", 0, ff), ("ffn_up", ff, ff))))
+            for fused, rows, split in parts:
+                t = self.tensors.pop(p + fused + ".weight")
+                if len(t.shape) != 2 or t.shape[0] != rows:
+                    raise BadModel(f"{self.path}: tensor {t.name!r} has shape {list(t.shape)}, "
+                                   f"expected {rows} rows (the fused {fused} of the metadata's "
+                                   "heads and feed_forward_length)")
+                for n, r0, nr in split:
+                    name = p + n + ".weight"
+                    self.tensors[name] = TensorInfo(name, t.qtype, (nr, t.shape[1]),
+                                                    t.data[r0: r0 + nr])
 
     # -- tensors --------------------------------------------------------------------------
     def tensor(self, name: str) -> TensorInfo:

@@ -97,7 +97,12 @@ PRESETS: dict[str, SynthShape] = {
     "gemma3-12b": SynthShape("gemma3", 3840, 15360, 48, 16, 8, tied=True, head_dim=256,
                              rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
                              rope_scaling="linear", rope_factor=8.0, sliding_window=1024),
+    # Phi-3-mini-4k: fused q|k|v and gate|up, MHA, head_dim 96 (CPU only: the CUDA attention
+    # takes 64 / 128), a window llama.cpp disables
+    "phi3-mini": SynthShape("phi3", 3072, 8192, 32, 32, 32, vocab=32064, n_ctx=4096,
+                            sliding_window=2047),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
+    "tiny-phi3": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32),
     # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
     "tiny-qwen3": SynthShape("qwen3", 256, 512, 2, 4, 2, tied=True, head_dim=128, n_ctx=4096,
                              rms_eps=1e-6),
@@ -162,12 +167,16 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
         ("token_embd.weight", (s.vocab, s.d_model), "weight")]
     for i in range(s.n_layers):
         p = f"blk.{i}."
-        items += [
-            (p + "attn_norm.weight", (s.d_model,), "norm"),
-            (p + "attn_q.weight", (s.n_heads * hd, s.d_model), "weight"),
-            (p + "attn_k.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
-            (p + "attn_v.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
-        ]
+        items.append((p + "attn_norm.weight", (s.d_model,), "norm"))
+        if s.arch == "phi3":   # one fused q|k|v weight, as Phi-3's converter writes it
+            items.append((p + "attn_qkv.weight", ((s.n_heads + 2 * s.n_kv_heads) * hd,
+                                                  s.d_model), "weight"))
+        else:
+            items += [
+                (p + "attn_q.weight", (s.n_heads * hd, s.d_model), "weight"),
+                (p + "attn_k.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
+                (p + "attn_v.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
+            ]
         if s.arch in ("qwen3", "gemma3"):  # per-head q/k norms (attn_q_norm, attn_k_norm)
             items += [(p + "attn_q_norm.weight", (hd,), "norm"),
                       (p + "attn_k_norm.weight", (hd,), "norm")]
@@ -178,12 +187,13 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
         items.append((p + "attn_output.weight", (s.d_model, s.n_heads * hd), "weight"))
         if s.arch == "gemma3":  # the attention output's norm (HF post_attention_layernorm)
             items.append((p + "post_attention_norm.weight", (s.d_model,), "norm"))
-        items += [
-            (p + "ffn_norm.weight", (s.d_model,), "norm"),
-            (p + "ffn_gate.weight", (s.d_ff, s.d_model), "weight"),
-            (p + "ffn_up.weight", (s.d_ff, s.d_model), "weight"),
-            (p + "ffn_down.weight", (s.d_model, s.d_ff), "weight"),
-        ]
+        items.append((p + "ffn_norm.weight", (s.d_model,), "norm"))
+        if s.arch == "phi3":   # gate|up fused in ffn_up [2 ff, d], the gate first
+            items.append((p + "ffn_up.weight", (2 * s.d_ff, s.d_model), "weight"))
+        else:
+            items += [(p + "ffn_gate.weight", (s.d_ff, s.d_model), "weight"),
+                      (p + "ffn_up.weight", (s.d_ff, s.d_model), "weight")]
+        items.append((p + "ffn_down.weight", (s.d_model, s.d_ff), "weight"))
         if s.arch == "gemma3":  # the FFN output's norm (HF post_feedforward_layernorm)
             items.append((p + "post_ffw_norm.weight", (s.d_model,), "norm"))
     if s.rope_scaling == "llama3":
@@ -285,12 +295,19 @@ def _make_unless_stopped(plan: TensorPlan, seed: int, index: int,
 
 
 # ---- tokenizer ------------------------------------------------------------------------------
-def generated_tokenizer(vocab: int) -> dict[str, Any]:
-    """A byte-level BPE tokenizer of exactly `vocab` tokens (see the module docstring)."""
+SPECIALS = ("<|endoftext|>", "<|im_start|>")
+# Phi-3: llama.cpp's vocab sets its special tokens' whitespace rule on these by name
+# (llama_vocab::load: token_to_id.at, so a Phi-3 vocab must hold them)
+SPECIALS_BY_ARCH = {"phi3": SPECIALS + ("</s>", "<s>", "<unk>")}
+
+
+def generated_tokenizer(vocab: int, specials: tuple[str, ...] = SPECIALS) -> dict[str, Any]:
+    """A byte-level BPE tokenizer of exactly `vocab` tokens (see the module docstring); the
+    control tokens `specials` last, the first of them EOS."""
     import gguf
 
     V = gguf.GGUFValueType
-    n_special = 2
+    n_special = len(specials)
     n_pairs = vocab - 256 - n_special
     if n_pairs < 0 or n_pairs > 256 * 256:
         raise BadInput(f"a generated vocab must have 258..{256 * 256 + 258} tokens, not {vocab}")
@@ -298,10 +315,10 @@ def generated_tokenizer(vocab: int) -> dict[str, Any]:
 
     chars = [bytes_to_unicode()[b] for b in range(256)]  # GPT-2 byte-level alphabet
     pairs = [(a, b) for a in range(256) for b in range(256)][:n_pairs]
-    tokens = chars + [chars[a] + chars[b] for a, b in pairs] + ["<|endoftext|>", "<|im_start|>"]
+    tokens = chars + [chars[a] + chars[b] for a, b in pairs] + list(specials)
     merges = [f"{chars[a]} {chars[b]}" for a, b in pairs]
     types = [1] * (vocab - n_special) + [3] * n_special  # 1 normal, 3 control
-    eos = vocab - 2
+    eos = vocab - n_special
     return {
         "tokenizer.ggml.model": gguf.GGUFValue("gpt2", V.STRING),
         "tokenizer.ggml.pre": gguf.GGUFValue("gpt-2", V.STRING),
@@ -314,8 +331,8 @@ def generated_tokenizer(vocab: int) -> dict[str, Any]:
     }
 
 
-def tokenizer_metadata(source: str | os.PathLike | None,
-                       vocab: int | None) -> tuple[dict[str, Any], int, str]:
+def tokenizer_metadata(source: str | os.PathLike | None, vocab: int | None,
+                       specials: tuple[str, ...] = SPECIALS) -> tuple[dict[str, Any], int, str]:
     """(tokenizer.* metadata, vocab size, a line saying where it came from)."""
     path = None
     if source == "default":
@@ -341,7 +358,7 @@ def tokenizer_metadata(source: str | os.PathLike | None,
     else:
         why = "no tokenizer source on disk" if source == "default" else "no tokenizer source"
     v = vocab if vocab is not None else 49152
-    return generated_tokenizer(v), v, f"generated byte-level BPE vocab of {v} ({why})"
+    return generated_tokenizer(v, specials), v, f"generated byte-level BPE vocab of {v} ({why})"
 
 
 # ---- the model ------------------------------------------------------------------------------
@@ -382,8 +399,10 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
         if shape.sliding_window:
             kv[f"{a}.attention.sliding_window"] = u32(shape.sliding_window)
         return common | kv | rope
+    window = {f"{a}.attention.sliding_window": u32(shape.sliding_window)} \
+        if shape.sliding_window else {}
     return common | {f"{a}.rope.dimension_count": u32(hd), f"{a}.vocab_size": u32(shape.vocab)} \
-        | rope | (kv if shape.head_dim else {})
+        | rope | (kv if shape.head_dim else {}) | window
 
 
 def resolve_shape(opts: SynthOptions) -> SynthShape:
@@ -412,7 +431,8 @@ def make_synthetic_model(out: str | os.PathLike, opts: SynthOptions,
     shape = resolve_shape(opts)
     if opts.qtype not in FTYPES:
         raise BadInput(f"unknown --type {opts.qtype!r} (choose from {', '.join(FTYPES)})")
-    tok_meta, vocab, tok_line = tokenizer_metadata(opts.tokenizer_from, opts.vocab)
+    tok_meta, vocab, tok_line = tokenizer_metadata(opts.tokenizer_from, opts.vocab,
+                                                   SPECIALS_BY_ARCH.get(shape.arch, SPECIALS))
     shape = replace(shape, vocab=vocab)
     plans = tensor_plan(shape, opts.qtype)
     name = f"synthetic {opts.preset} {opts.qtype} L{shape.n_layers} seed {opts.seed}"

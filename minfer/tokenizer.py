@@ -131,6 +131,24 @@ def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
     return v
 
 
+_C_SPACE = " \t\n\v\f\r"   # C isspace()
+
+
+def _rstrip_ids(meta: Mapping[str, Any], texts: Sequence[str], special: Sequence[int]) -> set:
+    """Special tokens that strip the whitespace after them in a prompt (llama.cpp's
+    LLAMA_TOKEN_ATTR_RSTRIP): a model whose general.name names Phi-3 gets it on every special
+    token and </s>, except <unk>, <s> and <|endoftext|> (llama_vocab::load)."""
+    name = str(meta.get("general.name", "")).lower()
+    if "phi-3" not in name and "phi3" not in name:
+        return set()
+    named = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+    index = {t: i for i, t in enumerate(texts) if t in named}
+    missing = [t for t in named if t not in index]
+    if missing:   # llama.cpp fails to load such a vocab (token_to_id.at)
+        raise BadModel(f"tokenizer: a Phi-3 vocabulary (general.name) without {missing}")
+    return (set(special) | {index["</s>"]}) - {index[t] for t in named[1:]}
+
+
 class Tokenizer:
     """Text <-> token ids, as llama.cpp does it for this GGUF's vocabulary."""
 
@@ -214,6 +232,7 @@ class Tokenizer:
         special.sort(key=lambda i: -len(texts[i].encode("utf-8", "surrogatepass")))
         self._special_all = [(texts[i], i) for i in special]
         self._special_user = [(texts[i], i) for i in special if types[i] == T_USER_DEFINED]
+        self._rstrip = _rstrip_ids(meta, texts, special)
 
         self._hf = self._build_bpe(meta) if self.kind == "bpe" else self._build_spm(meta)
         self._hf_lock = threading.Lock()
@@ -301,6 +320,8 @@ class Tokenizer:
                 for j, p in enumerate(parts):
                     if j:
                         out.append(tid)
+                        if tid in self._rstrip:   # the token eats the whitespace after it
+                            p = p.lstrip(_C_SPACE)
                     if p:
                         out.append(p)
             frags = out

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from families_data import FAMILIES, GOLDEN, PROMPT, positions, synth_family  # noqa: E402
+from families_data import (FAMILIES, GOLDEN, PROMPT, SPECIAL_PROMPT, positions,  # noqa: E402
+                           synth_family)
 
 
 def build(llama: Path, out: Path) -> Path:
@@ -98,11 +99,15 @@ def main() -> None:
         tmp = Path(td)
         exe = build(a.llama, tmp)
         (tmp / "prompt.txt").write_text(PROMPT)
+        (tmp / "special.txt").write_text(SPECIAL_PROMPT)
         for preset in a.presets.split(","):
             model = synth_family(preset, tmp)
             subprocess.run([str(exe), str(model), str(tmp / "prompt.txt"), str(tmp / preset)],
                            check=True, stderr=subprocess.DEVNULL)
             res = json.loads((tmp / f"{preset}.json").read_text())
+            subprocess.run([str(exe), str(model), str(tmp / "special.txt"), str(tmp / "sp"), "1"],
+                           check=True, stderr=subprocess.DEVNULL)
+            res["special_ids"] = json.loads((tmp / "sp.json").read_text())["ids"]
             V, T = res["n_vocab"], len(res["ids"])
             logits = np.fromfile(tmp / f"{preset}.f32", dtype=np.float32).reshape(T, V)
             pos = positions(T)

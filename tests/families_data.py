@@ -14,6 +14,7 @@ FAMILIES = {
     "tiny-linear": "llama with linear RoPE scaling x4",
     "tiny-qwen2-yarn": "qwen2 (qkv bias, NEOX RoPE) with YaRN x4 over an original 64",
     "tiny-qwen3": "qwen3 (per-head q/k RMSNorm, NEOX RoPE, head_dim 128 over d_model 256)",
+    "tiny-phi3": "phi3 (fused attn_qkv and gate|up, NEOX RoPE; the window llama.cpp disables)",
     "tiny-gemma3": "gemma3 (sliding window 32 on layers 0-4, GeGLU, post norms, q/k norms, "
                    "embeddings x sqrt(d), q x 1/sqrt(128), linear RoPE x8 on the global layer)",
 }
@@ -25,6 +26,10 @@ PROMPT = ("The quick brown fox jumps over the lazy dog while the river keeps run
           "the llama3 factors each stretch the angles of the slow pairs so that positions far "
           "past the training window still look familiar to the model, and minfer must apply "
           "them exactly as llama.cpp does.")
+
+
+# special tokens with whitespace after them (Phi-3's rule strips it: llama.cpp's RSTRIP)
+SPECIAL_PROMPT = "<|im_start|>  user\n hi<|endoftext|>\n  there <|im_start|>\tx"
 
 
 def positions(T: int) -> list[int]:

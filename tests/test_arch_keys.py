@@ -155,3 +155,14 @@ def test_scaled_table_f32_tracks_f64():
     c, s = rope_cos_sin(pos[:1], 10000.0, 64, np.float32, RopeScaling(
         "yarn", freq_scale=0.25, ext_factor=1.0, n_ctx_orig=512))
     assert c[0, 0] == pytest.approx(1 + 0.1 * np.log(4), rel=1e-6)
+
+
+def test_phi3_window_follows_llamacpp(tmp_path):
+    """llama.cpp disables Phi-3's sliding window (its logits are full attention's), so minfer
+    accepts the key for phi3 only; for llama it is still refused."""
+    from minfer.arch_keys import check_keys
+    from minfer.errors import Unsupported
+
+    check_keys("f", "phi3", {"phi3.attention.sliding_window": 2047})
+    with pytest.raises(Unsupported, match="sliding-window"):
+        check_keys("f", "llama", {"llama.attention.sliding_window": 2047})

@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from families_data import FAMILIES, GOLDEN, PROMPT, synth_family
+from families_data import FAMILIES, GOLDEN, PROMPT, SPECIAL_PROMPT, synth_family
 
 TOL = 0.03  # max |dlogit| against llama.cpp on an F16 file (the issue's bar)
 
@@ -51,8 +51,10 @@ def test_family_matches_llamacpp(family_files, preset, report):
 
     g, want = _golden(preset)
     m = load_model(family_files[preset])
-    ids = Tokenizer.from_metadata(m.metadata).encode(PROMPT, parse_special=True)
+    tok = Tokenizer.from_metadata(m.metadata)
+    ids = tok.encode(PROMPT, parse_special=True)
     assert ids == g["ids"], "tokenizer ids differ from llama.cpp's"
+    assert tok.encode(SPECIAL_PROMPT, parse_special=True) == g["special_ids"]
 
     got = _logits(m, ids)[g["positions"]]
     err = float(np.abs(got - want).max())
@@ -122,3 +124,19 @@ def test_gemma3_window_edge_and_local_rope_are_caught(family_files, monkeypatch,
         monkeypatch.setattr(ops, "attention", shifted)
     err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
     assert err > 10 * TOL, f"tiny-gemma3 with the {change}: only {err:.4f} off llama.cpp"
+
+
+def test_phi3_fused_weights_split_as_llamacpp(family_files):
+    """phi3's attn_qkv and 2-ff ffn_up are read as row views (the gate half first): swapping
+    the halves, as a wrong split would, moves the logits far past the tolerance."""
+    from minfer.loader import load_model
+
+    g, want = _golden("tiny-phi3")
+    m = load_model(family_files["tiny-phi3"])
+    assert not any(n.endswith(("attn_qkv.weight",)) for n in m.tensors)
+    for i in range(m.config.n_layers):
+        gate, up = (f"blk.{i}.ffn_{x}.weight" for x in ("gate", "up"))
+        assert m.tensors[gate].data.base is not None   # a view into the file's map, no copy
+        m.tensors[gate], m.tensors[up] = m.tensors[up], m.tensors[gate]
+    err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
+    assert err > 10 * TOL, err
