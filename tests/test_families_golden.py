@@ -140,3 +140,18 @@ def test_phi3_fused_weights_split_as_llamacpp(family_files):
         m.tensors[gate], m.tensors[up] = m.tensors[up], m.tensors[gate]
     err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
     assert err > 10 * TOL, err
+
+
+def test_tekken_pre_tokenizer_gives_llamacpp_ids(tmp_path):
+    """tokenizer.ggml.pre = tekken (Mistral Nemo and later): llama.cpp's ids on mixed case,
+    accents, digits, slashes and CRLF (golden: scripts/llama_oracle.cpp on this small model)."""
+    from synth_data import small_parts, write_small
+
+    from minfer.loader import load_model
+    from minfer.tokenizer import Tokenizer
+
+    g = json.loads((GOLDEN / "tekken-ids.json").read_text())
+    meta, tensors = small_parts(vocab=1024, d_model=64)
+    meta["tokenizer.ggml.pre"] = "tekken"
+    m = load_model(write_small(tmp_path / "tekken.gguf", meta, tensors))
+    assert Tokenizer.from_metadata(m.metadata).encode(g["text"], parse_special=True) == g["ids"]
