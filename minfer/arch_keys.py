@@ -32,6 +32,7 @@ USED = (
 # Keys the loader reads for one architecture only (minfer.loader.GGUFModel._gemma for gemma3:
 # llama_model_gemma3::load_arch_hparams); for the others they stay refused (WHY).
 USED_BY_ARCH = {
+    "llama": ("{a}.attention.sliding_window",),   # Mistral 7B v0.1: loader._mistral_window
     "gemma3": ("{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
                "{a}.rope.freq_base_swa", "{a}.final_logit_softcapping"),
 }

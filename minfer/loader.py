@@ -271,7 +271,7 @@ class GGUFModel:
         n_ctx = self._int(f"{a}.context_length")
         n_layers = self._int(f"{a}.block_count", hi=1 << 16)
         gemma = self._gemma(a, n_layers, d_model, n_heads, head_dim) if _ARCHS[a]["gemma"] \
-            else {}
+            else self._mistral_window(a, n_layers)
         return ModelConfig(
             arch=a,
             n_layers=n_layers,
@@ -292,6 +292,29 @@ class GGUFModel:
             qk_norm=_ARCHS[a]["qk_norm"],
             **gemma,
         )
+
+    def _mistral_window(self, a: str, n_layers: int) -> dict[str, Any]:
+        """A llama file's attention.sliding_window (Mistral 7B v0.1: 4096): every layer local,
+        on the model's own RoPE, as HF's MistralAttention applies it. llama.cpp's llama graph
+        ignores the key (full attention): the two agree up to the window's width, past it
+        minfer follows the model (docs/families.md)."""
+        kw = f"{a}.attention.sliding_window"
+        if a != "llama" or kw not in self.metadata:
+            return {}
+        n_swa = self._int(kw, lo=0)
+        if n_swa == 0:
+            return {}
+        if not self._rope_plain(a):
+            raise Unsupported(f"{self.path}: metadata key {kw!r} = {n_swa} with RoPE scaling: "
+                              "a sliding window over scaled RoPE is not implemented")
+        return {"sliding_window": n_swa, "swa_layers": (True,) * n_layers,
+                "rope_base_swa": self._float(f"{a}.rope.freq_base", 10000.0)}
+
+    def _rope_plain(self, a: str) -> bool:
+        """No RoPE scaling key and no frequency factors in the file."""
+        return ("rope_freqs.weight" not in self.tensors and
+                not any(k.startswith(f"{a}.rope.scaling.") and k != f"{a}.rope.scaling.finetuned"
+                        for k in self.metadata))
 
     def _gemma(self, a: str, n_layers: int, d_model: int, n_heads: int,
                head_dim: int) -> dict[str, Any]:

@@ -26,7 +26,6 @@ def _load(path, strict=True):
 
 
 @pytest.mark.parametrize("key, value, needle", [
-    ("llama.attention.sliding_window", 4096, "sliding-window attention is not implemented"),
     ("llama.expert_count", 8, "mixture-of-experts"),
     ("llama.attention.scale", 0.5, "custom attention scale"),
     ("llama.rope.scaling.yarn_beta_fast", 16.0, "not understood"),
@@ -159,10 +158,12 @@ def test_scaled_table_f32_tracks_f64():
 
 def test_phi3_window_follows_llamacpp(tmp_path):
     """llama.cpp disables Phi-3's sliding window (its logits are full attention's), so minfer
-    accepts the key for phi3 only; for llama it is still refused."""
+    accepts the key for phi3; llama (Mistral) applies it (test_mistral_window_*); an
+    architecture without a window implementation refuses it."""
     from minfer.arch_keys import check_keys
     from minfer.errors import Unsupported
 
     check_keys("f", "phi3", {"phi3.attention.sliding_window": 2047})
+    check_keys("f", "llama", {"llama.attention.sliding_window": 4096})
     with pytest.raises(Unsupported, match="sliding-window"):
-        check_keys("f", "llama", {"llama.attention.sliding_window": 2047})
+        check_keys("f", "qwen3", {"qwen3.attention.sliding_window": 2047})

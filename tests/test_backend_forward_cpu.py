@@ -327,3 +327,30 @@ def test_the_plan_is_computed_once(monkeypatch, tiny):
     assert be.routes == dict(be.plan.routes) and be.fwd.groups is be.plan.groups
     with pytest.raises(Exception):
         be.plan.routes["x"] = ("f16", "")   # frozen: a mapping no one edits after planning
+
+
+def test_cuda_refuses_a_run_past_the_sliding_window(monkeypatch, tmp_path):
+    """The CUDA attention has no window: a Mistral-style file runs on it while every position
+    is inside the window (where it masks nothing), and is refused, naming it, past it."""
+    from fake_gpuarray import install
+    from synth_data import small_parts, write_small
+
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.runtime import devarray
+    from minfer.errors import Unsupported
+    from minfer.loader import load_model
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    meta, tensors = small_parts(d_model=256, n_heads=4, n_kv_heads=2)
+    meta["llama.attention.sliding_window"] = 32
+    model = load_model(write_small(tmp_path / "w.gguf", meta, tensors))
+    with pytest.raises(Unsupported, match="sliding window of 32"):
+        CudaBackend(model, GemmChoice("f16"), rt=FakeRT("sm_90"), max_tokens=33, ubatch=16,
+                    warmup=False, graphs=False)
+    be = CudaBackend(model, GemmChoice("f16"), rt=FakeRT("sm_90"), max_tokens=32, ubatch=16,
+                     warmup=False, graphs=False)
+    be.forward_device(np.arange(20, dtype=np.int32), 0)

@@ -133,14 +133,31 @@ def test_keys_it_cannot_honour_are_refused(tmp_path, key, value, needle):
     assert key in str(e.value)
 
 
-def test_llama_still_refuses_a_sliding_window(tmp_path):
+def test_mistral_window_applies_past_its_width_only(tmp_path):
+    """A llama file with attention.sliding_window (Mistral 7B v0.1): every layer local on the
+    model's RoPE. Rows before the window's width equal full attention's exactly (the window
+    masks nothing there), rows past it differ; with RoPE scaling it is refused."""
+    import numpy as np
+
     from minfer.errors import Unsupported
+    from minfer.reference.forward import ReferenceBackend
     from synth_data import small_parts, write_small
 
     meta, tensors = small_parts()
-    meta["llama.attention.sliding_window"] = 64
-    with pytest.raises(Unsupported, match="sliding-window attention is not implemented"):
-        _load(write_small(tmp_path / "l.gguf", meta, tensors))
+    plain = _load(write_small(tmp_path / "p.gguf", meta, tensors))
+    meta["llama.attention.sliding_window"] = 16
+    m = _load(write_small(tmp_path / "w.gguf", meta, tensors))
+    c = m.config
+    assert c.sliding_window == 16 and all(c.is_local(i) for i in range(c.n_layers))
+    assert c.layer_rope(0) == (c.rope_base, c.rope_scaling)
+    ids = np.arange(40) % 200 + 3
+    a = ReferenceBackend(plain).window_logits(ids, 0)
+    b = ReferenceBackend(m).window_logits(ids, 0)
+    assert np.array_equal(a[:16], b[:16])
+    assert np.abs(a[16:] - b[16:]).max() > 1e-3
+    meta["llama.rope.scaling.type"], meta["llama.rope.scaling.factor"] = "linear", 2.0
+    with pytest.raises(Unsupported, match="sliding window over scaled RoPE"):
+        _load(write_small(tmp_path / "s.gguf", meta, tensors))
 
 
 @pytest.mark.parametrize("tensor", ["blk.1.post_ffw_norm.weight",

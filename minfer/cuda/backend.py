@@ -115,6 +115,11 @@ class CudaBackend:
                               f"(supported: {attn_mod.HEAD_DIMS})")
         if max_tokens > c.n_ctx:
             max_tokens = c.n_ctx
+        if c.sliding_window and max_tokens > c.sliding_window:   # no window in the kernels
+            raise Unsupported(f"cuda backend: {max_tokens} positions pass the model's sliding "
+                              f"window of {c.sliding_window}, which the CUDA attention does not "
+                              "apply (within it the window changes nothing); use --backend "
+                              "cpu or fewer tokens")
         self.max_tokens = int(max_tokens)
         self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
         self.n_past = 0
