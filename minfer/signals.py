@@ -6,8 +6,8 @@ KeyboardInterrupt, so every `except BaseException` / `finally` cleanup that alre
 Ctrl-C handles SIGTERM and SIGHUP too. Only the first signal raises: a second one during
 cleanup is dropped, so removing a temporary file cannot itself be interrupted. `deferred()`
 holds a signal over a step that must not be cut (starting or stopping a process pool).
-`late()` covers the stretch after the command has finished (interpreter shutdown): a signal
-there prints its one line and exits at once.
+`late()` ends the process after the command has finished, in place of the interpreter's
+shutdown: a signal there prints its one line and exits at once, up to the last instruction.
 Stdlib only: this module is imported before numpy, click or anything that takes time.
 """
 
@@ -41,10 +41,16 @@ _raised: int | bool = False  # the first handled signal's number, once one came
 
 _defer_depth = 0
 _pending: int | None = None
+_final: tuple[int, bool] | None = None  # (exit code, line printed) once late() runs
+_owner = os.getpid()  # the process install() ran in
 
 
 def _raise(signum, frame):
     global _raised, _pending
+    if os.getpid() != _owner:  # a forked child before its own setup: just end, silently
+        os._exit(128 + signum)
+    if _final is not None:  # the command is over (late()): its line and exit, now
+        _exit_now(signum)
     if _raised:  # cleanup of the first signal is running: let it finish
         return
     _raised = signum
@@ -57,14 +63,14 @@ def _raise(signum, frame):
 def install() -> dict:
     """Make SIGINT/SIGTERM/SIGHUP raise Interrupted (main thread only; a no-op elsewhere).
     Returns what `restore()` needs to put the previous handlers back."""
-    global _raised, _pending
+    global _raised, _pending, _final, _owner
     prev = {"hook": sys.unraisablehook}
     for s in HANDLED:
         try:
             prev[s] = signal.getsignal(s)
         except (ValueError, OSError):
             pass
-    _raised, _pending = False, None
+    _raised, _pending, _final, _owner = False, None, None, os.getpid()
     sys.unraisablehook = _unraisable
     for s in HANDLED:
         try:
@@ -78,7 +84,7 @@ def install() -> dict:
 
 def restore(prev: dict) -> None:
     """Undo install() (for main() called in-process, by tests or another tool)."""
-    global _raised, _pending
+    global _raised, _pending, _final
     sys.unraisablehook = prev.get("hook", sys.__unraisablehook__)
     for s in HANDLED:
         if s in prev and prev[s] is not None:
@@ -86,12 +92,13 @@ def restore(prev: dict) -> None:
                 signal.signal(s, prev[s])
             except (ValueError, OSError):
                 pass
-    _raised, _pending = False, None
+    _raised, _pending, _final = False, None, None
 
 
 def _unraisable(u) -> None:
-    # a signal that landed in a __del__ is taken up by main() (see swallowed): no traceback
-    if not isinstance(u.exc_value, Interrupted):
+    # a signal that landed in a __del__ is taken up by main() (see swallowed): no traceback;
+    # a MemoryError there: main() names the shortage once
+    if not isinstance(u.exc_value, (Interrupted, MemoryError)):
         sys.__unraisablehook__(u)
 
 
@@ -123,38 +130,69 @@ def _isatty(f) -> bool:
 
 
 def late(code: int, printed: bool) -> None:
-    """From here to the process's end a signal prints its line (unless one was already
-    printed) and exits with its code at once: no traceback from interpreter shutdown.
-    Called when the command is done and its files closed; then the signals are blocked, so
-    one arriving after CPython's shutdown has reset the handlers cannot kill the process
-    silently (one already pending is taken now)."""
-    def _late(signum, frame):
-        e = Interrupted(signum)
-        try:
-            sys.stdout.flush()
-        except (OSError, ValueError):
-            pass
-        if not printed:
-            try:
-                sys.stderr.write(message(e) + "\n")
-                sys.stderr.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code if printed else e.exit_code)
+    """End the process (never returns) once the command is done and its files are closed.
+    From here a signal prints its line (unless one was already printed) and exits with its
+    code at once. Python's own shutdown is not used: it resets the handlers, so a signal
+    there would be lost or kill the process silently. Instead: stop any worker process left
+    (they ignore SIGTERM, so the exit would wait on them forever), run the atexit handlers,
+    flush, then block the signals and take one that is pending before os._exit."""
+    global _final
+    _final = (code, printed)  # _raise now exits at once (see _exit_now)
+    import atexit
 
-    mine = [s for s in HANDLED if signal.getsignal(s) != signal.SIG_IGN]
-    for s in mine:
+    for step in (_kill_children, _join_threads, atexit._run_exitfuncs, _flush):
         try:
-            signal.signal(s, _late)
-        except (ValueError, OSError):
+            step()
+        except Exception:  # (a MemoryError under a tight ulimit -v): the exit still comes
             pass
+    mine = [s for s in HANDLED if signal.getsignal(s) == _raise]
     try:
-        signal.pthread_sigmask(signal.SIG_BLOCK, mine)
+        signal.pthread_sigmask(signal.SIG_BLOCK, mine)  # none is lost between here and _exit
         pending = signal.sigpending() & set(mine)
     except (AttributeError, OSError, ValueError):
-        return
+        pending = set()
     if pending:
-        _late(min(pending), None)
+        _exit_now(min(pending))
+    os._exit(code)
+
+
+def _exit_now(signum: int) -> None:
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDLED)  # a second signal: no second line
+    except (AttributeError, OSError, ValueError):
+        pass
+    code, printed = _final
+    if not printed:
+        e = Interrupted(signum)
+        code = e.exit_code
+        try:
+            sys.stderr.write(message(e) + "\n")
+        except (OSError, ValueError, AttributeError):
+            pass
+    _flush()
+    os._exit(code)
+
+
+def _flush() -> None:
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def _join_threads() -> None:
+    if "threading" in sys.modules:  # what Python's shutdown does first: non-daemon threads
+        sys.modules["threading"]._shutdown()
+
+
+def _kill_children() -> None:
+    # a command's normal and error paths join their pools; one left (a pool whose start failed
+    # halfway) has workers that ignore SIGTERM, and the exit would wait on them forever
+    if "multiprocessing" in sys.modules:
+        from minfer.pools import stop_strays
+
+        stop_strays()
 
 
 class deferred:

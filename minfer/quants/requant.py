@@ -146,9 +146,11 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     stop = ctx.Event()
     from minfer.signals import deferred
 
+    from minfer.pools import start_pool
+
     with deferred():  # a signal now would leave started workers behind: take it after
-        pool = ctx.Pool(min(threads, max(1, len(items))), initializer=_worker_init,
-                        initargs=(str(in_path), forked, stop))
+        pool = start_pool(ctx, min(threads, max(1, len(items))), initializer=_worker_init,
+                          initargs=(str(in_path), forked, stop))
     bar = None
     try:
         results = pool.imap(_work, items)  # ordered; workers run ahead of the writer
