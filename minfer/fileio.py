@@ -9,9 +9,10 @@ Rules (docs/errors.md):
   the end; on any error or signal the temporary file is removed. An existing NAME that is not a
   regular file (a device such as /dev/null or /dev/full, a FIFO, a directory) is refused and
   never replaced.
-- OS errors become one line: a full disk or quota (ENOSPC, EDQUOT, EFBIG, EIO) is a
-  ResourceError (exit 3); a bad path (no such folder, no permission, read-only or pseudo file
-  system such as /proc or /sys) is BadInput (exit 2).
+- OS errors become one line: a full disk or quota (ENOSPC, EDQUOT, EFBIG, EIO), or out of
+  memory (ENOMEM: a map beyond `ulimit -v`) is a ResourceError (exit 3); a bad path (no such
+  folder, no permission, read-only or pseudo file system such as /proc or /sys) is BadInput
+  (exit 2).
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def check_input_file(path: str | os.PathLike, what: str = "input",
         # "no such file" for models (the loader's old wording), "no such prompt file" etc.
         raise exc(f"{path}: no such {'' if what == 'model' else what + ' '}file") from None
     except OSError as e:
-        raise exc(f"{path}: cannot read {what} file ({e.strerror or e})") from None
+        raise read_error(e, path, f"read {what} file", exc) from None
     kind = _kind(st.st_mode)
     if kind is not None:
         raise exc(f"{path}: is {kind}, not a {what} file")
@@ -89,6 +90,23 @@ def os_error(e: OSError, path: str | os.PathLike, doing: str) -> MinferError:
     if e.errno in _RESOURCE_ERRNOS or e.errno is None:
         return ResourceError(f"{path}: cannot {doing} ({why})")
     return BadInput(f"{path}: cannot {doing} ({why})")
+
+
+def read_error(e: OSError, path: str | os.PathLike, doing: str,
+               exc: type[MinferError] = BadInput) -> MinferError:
+    """The MinferError for an OSError met while `doing` (e.g. "read") on an input: out of
+    memory or file handles (ENOMEM: a map beyond `ulimit -v`) is a ResourceError (exit 3),
+    anything else `exc` (exit 2)."""
+    why = e.strerror or str(e) or type(e).__name__
+    if e.errno == errno.ENOMEM:
+        from minfer.hostmem import fmt_bytes, headroom
+
+        room, limit = headroom()
+        have = f"; {fmt_bytes(room)} available ({limit})" if room is not None else ""
+        return ResourceError(f"{path}: cannot {doing}: out of host memory ({why}){have}")
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        return ResourceError(f"{path}: cannot {doing}: out of file handles ({why})")
+    return exc(f"{path}: cannot {doing} ({why})")
 
 
 def check_output_path(path: str | os.PathLike) -> Path:
@@ -170,7 +188,7 @@ def read_capped(path: str, cap: int, what: str) -> bytes:
             with open(path, "rb") as f:
                 data = f.read(cap + 1)
         except OSError as e:
-            raise BadInput(f"{path}: cannot read {what} file ({e.strerror or e})") from None
+            raise read_error(e, path, f"read {what} file") from None
         name = path
     check_cap(name, len(data), cap, what)
     return data

@@ -34,6 +34,7 @@ with sub_type ARRAY; gguf_write refuses to write them.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import struct
@@ -379,8 +380,11 @@ def _open(path: str | os.PathLike, keep_map: bool) -> tuple[GGUFHeader, np.memma
         raise BadModel(f"{p}: no such file") from None
     except IsADirectoryError:
         raise BadModel(f"{p}: is a directory, not a GGUF file") from None
-    except OSError as e:  # permission, I/O error, special file
-        raise BadModel(f"{p}: cannot read ({e.strerror or e})") from None
+    except OSError as e:  # permission, I/O error, special file; ENOMEM: exit 3
+        from minfer.fileio import read_error
+
+        raise read_error(e, p, "map the file" if e.errno == errno.ENOMEM else "read",
+                         BadModel) from None
     except ValueError as e:  # mmap of something that is not a regular file
         raise BadModel(f"{p}: cannot map ({e})") from None
     return header, data

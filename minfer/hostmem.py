@@ -7,11 +7,17 @@ with one line naming both numbers. The headroom is the smallest of:
   RLIMIT_AS  - the current address space    `ulimit -v` (the file's memory map counts here)
   RLIMIT_DATA - the current data segment    `ulimit -d` (counted like RLIMIT_AS since Linux 4.7)
 Each one that cannot be read (not Linux, no /proc) is left out; None when none can be.
+`starved(e)` tells the CLI whether an exception escaping a command means memory ran out.
 """
 
 from __future__ import annotations
 
-import resource
+import errno
+
+try:
+    import resource  # an extension module: loaded early (minfer.cli) while memory is there
+except ImportError:  # starved already, or not Unix: no limits to read
+    resource = None
 
 from minfer.errors import ResourceError
 
@@ -45,15 +51,26 @@ def headroom() -> tuple[int | None, str]:
     avail = mem_available()
     if avail is not None:
         cands.append((avail, "MemAvailable"))
-    for lim, field, name in ((resource.RLIMIT_AS, "VmSize", "ulimit -v"),
-                             (resource.RLIMIT_DATA, "VmData", "ulimit -d")):
-        soft = resource.getrlimit(lim)[0]
+    for soft, field, name in _limits():
         used = _status_kib(field)
-        if soft != resource.RLIM_INFINITY and used is not None:
+        if used is not None:
             cands.append((max(soft - used, 0), name))
     if not cands:
         return None, ""
     return min(cands)
+
+
+def _limits() -> list[tuple[int, str, str]]:
+    """(soft limit, /proc/self/status field, its name) for each finite address-space limit."""
+    if resource is None:
+        return []
+    out = []
+    for lim, field, name in ((resource.RLIMIT_AS, "VmSize", "ulimit -v"),
+                             (resource.RLIMIT_DATA, "VmData", "ulimit -d")):
+        soft = resource.getrlimit(lim)[0]
+        if soft != resource.RLIM_INFINITY:
+            out.append((soft, field, name))
+    return out
 
 
 def fmt_bytes(n: float) -> str:
@@ -81,3 +98,39 @@ def out_of_memory(what: str) -> ResourceError:
     room, limit = headroom()
     have = f"; {fmt_bytes(room)} available ({limit})" if room is not None else ""
     return ResourceError(f"out of host memory while {what}{have}")
+
+
+# what failing allocations look like where they are not a MemoryError (a worker's MemoryError
+# comes back as a pool's MaybeEncodingError naming it)
+_NO_MEMORY_TEXT = ("failed to map segment", "cannot allocate memory", "can't start new thread",
+                   "out of memory", "memoryerror")
+
+
+def starved(e: BaseException) -> str | None:
+    """The one-line message when `e` (escaping a command) means host memory ran out, else None.
+    Besides a MemoryError or ENOMEM in its chain: under an address-space limit (ulimit -v / -d)
+    a module may fail to load with an ImportError or SystemError that names no memory at all."""
+    seen, chain = set(), e
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        if (isinstance(chain, MemoryError)
+                or (isinstance(chain, OSError) and chain.errno == errno.ENOMEM)
+                or any(t in str(chain).lower() for t in _NO_MEMORY_TEXT)):
+            break
+        chain = chain.__cause__ or chain.__context__
+    else:
+        # (no `resource` module: it could not load at start, so memory was short already)
+        if not (isinstance(e, (ImportError, SystemError)) and (resource is None or _limits())):
+            return None
+        chain = e
+    lines = [x.strip() for x in str(chain).splitlines() if x.strip()]
+    # the line that names the memory (numpy's ImportError: a page of advice, then the cause)
+    text = next((x for x in lines if any(t in x.lower() for t in _NO_MEMORY_TEXT)),
+                lines[0] if lines else getattr(chain, "name", None) or "")
+    if not isinstance(chain, MemoryError) and "memoryerror" in text.lower():
+        text = "MemoryError in a worker process"  # a pool's MaybeEncodingError: the result's repr
+    text = text if len(text) <= 160 else text[:157] + "..."
+    why = f"{type(chain).__name__}: {text}" if text else type(chain).__name__
+    room, limit = headroom()
+    have = f"; {fmt_bytes(room)} available ({limit})" if room is not None else ""
+    return f"out of host memory ({why}){have}"

@@ -228,7 +228,9 @@ def read_logits(path: str) -> tuple[dict, np.ndarray]:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise bad from None
     except OSError as e:
-        raise BadInput(f"{path}: cannot read logits file ({e.strerror or e})") from None
+        from minfer.fileio import read_error
+
+        raise read_error(e, path, "read logits file") from None
     return hdr, np.memmap(path, "<f4", "r", offset=start, shape=(rows, vocab))
 
 

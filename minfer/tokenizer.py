@@ -83,6 +83,10 @@ _PRE: dict[str, _Pre] = {
     "falcon": _Pre((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]")),
 }
 
+# host memory to build the HF tokenizer, per token and merge (~215 B measured on SmolLM2's 49k
+# + 49k; twice that and more for the allocator's slack)
+BUILD_BYTES_PER_ENTRY = 512
+
 # llama.cpp forces these texts to CONTROL (end-of-generation detection in llama_vocab::load)
 _EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
                         "<|endoftext|>", "<|eom_id|>", "<EOT>"})
@@ -240,6 +244,12 @@ class Tokenizer:
         self._special_user = [(texts[i], i) for i in special if types[i] == T_USER_DEFINED]
         self._rstrip = _rstrip_ids(meta, texts, special)
 
+        # the Rust tokenizer aborts the process when an allocation fails: refuse before it
+        from minfer.hostmem import require
+
+        merges = meta.get("tokenizer.ggml.merges")
+        n_merges = len(merges) if isinstance(merges, (list, tuple)) else 0
+        require(BUILD_BYTES_PER_ENTRY * (n + n_merges), "building the tokenizer")
         self._hf = self._build_bpe(meta) if self.kind == "bpe" else self._build_spm(meta)
         self._hf_lock = threading.Lock()
         self._pieces: dict[bool, list[bytes]] = {}
