@@ -11,7 +11,9 @@ click group) is built on first use.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import io
 import os
 import sys
 
@@ -100,97 +102,184 @@ def __getattr__(name: str):
 
 
 def _stdout_failed(e: OSError) -> int:
-    """A write to stdout failed (closed pipe, full disk): one line (none for a closed pipe,
-    as other tools), exit 3; stdout then points at /dev/null so shutdown's flush is quiet."""
+    """A write to stdout failed (closed pipe, full disk): one line (none for a closed pipe or
+    a closed fd 1, as other tools), exit 3; stdout then points at /dev/null so shutdown's
+    flush is quiet."""
     try:
         fd = os.open(os.devnull, os.O_WRONLY)
         os.dup2(fd, sys.stdout.fileno())
         os.close(fd)
     except (OSError, ValueError, AttributeError):
         pass
-    if e.errno != errno.EPIPE:
+    if e.errno not in (errno.EPIPE, errno.EBADF):
         _say_error(f"cannot write to standard output ({e.strerror or e})")
     return EXIT_RESOURCE
 
 
 def _say_error(msg: str) -> None:
-    from minfer.fileio import escape_controls
-
     try:
-        sys.stderr.write(f"error: {escape_controls(msg)}\n")
+        try:
+            from minfer.fileio import escape_controls
+        except Exception:  # starved of memory, this module does not load: ASCII, escaped
+            line = f"error: {ascii(msg)[1:-1]}\n"
+        else:
+            line = f"error: {escape_controls(msg)}\n"
+        sys.stderr.write(line)
         sys.stderr.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         pass
+    except MemoryError:  # too little left even to build the line: the fixed words
+        try:
+            os.write(2, b"error: out of host memory\n")
+        except OSError:
+            pass
+
+
+class _ClosedStdout(io.TextIOBase):
+    """sys.stdout when fd 1 was closed at start (`>&-`): a write fails as on a closed pipe."""
+
+    def writable(self):
+        return True
+
+    def write(self, s):
+        raise OSError(errno.EBADF, "standard output is closed")
+
+
+def _reopen_std() -> None:
+    """A closed fd 0, 1 or 2 gets /dev/null, so the next open() (an output file) cannot land
+    on it and children inherit a harmless one; Python left sys.std* None for it."""
+    for fd, name, mode in ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY),
+                           (2, "stderr", os.O_WRONLY)):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        try:
+            got = os.open(os.devnull, mode)
+            if got != fd:
+                os.dup2(got, fd)
+                os.close(got)
+        except OSError:
+            continue
+        if getattr(sys, name) is None:
+            if fd == 1:
+                sys.stdout = _ClosedStdout()
+            else:
+                setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))
 
 
 def main(argv: list[str] | None = None) -> None:
     """The `minfer` command. With argv=None (the console script, `python -m minfer`) the
-    process ends here; with an argv (tests, in-process callers) the signal handlers are put
-    back before the SystemExit."""
+    process ends here, in signals.late(); with an argv (tests, in-process callers) the signal
+    handlers are put back before the SystemExit."""
     from minfer import signals
 
     prev = signals.install()  # before click, numpy or any command module is imported
+    _reopen_std()
+    try:  # the error path's modules, while memory is there (a tight `ulimit -v`)
+        import minfer.fileio  # noqa: F401
+        import minfer.hostmem  # noqa: F401
+    except Exception:
+        pass
     try:
-        code, printed = _run(argv)
-        e = signals.swallowed()
-        if e is not None and not printed:  # raised where Python ignores exceptions (__del__)
-            sys.stderr.write(signals.message(e) + "\n")
-            code, printed = e.exit_code, True
+        try:
+            code, printed = _run(argv)
+            e = signals.swallowed()
+            if e is not None and not printed:  # raised where Python ignores it (__del__)
+                raise e
+        except KeyboardInterrupt as e:  # a signal in the few steps after _run's own handlers
+            code, printed = _interrupted(e), True
+        if argv is None:
+            signals.late(code, printed)  # does not return
     finally:
         if argv is not None:
             signals.restore(prev)
-    if argv is None:
-        signals.late(code, printed)
     sys.exit(code)
+
+
+def _interrupted(e: KeyboardInterrupt) -> int:
+    """Print the interruption's line; its exit code."""
+    from minfer.signals import Interrupted, message
+
+    if not isinstance(e, Interrupted):
+        e = Interrupted()
+    try:
+        sys.stderr.write(message(e) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    return e.exit_code
 
 
 def _run(argv: list[str] | None) -> tuple[int, bool]:
     """(exit code, whether an interruption line was printed)."""
-    from minfer.signals import Interrupted, message
+    import warnings
 
     try:
-        import click
-
-        from minfer.errors import MinferError
-
-        group = _group()
-        args = sys.argv[1:] if argv is None else list(argv)
-        real_stdout = sys.stdout
-        sys.stdout = _GuardedStdout(real_stdout)
-        try:
-            try:
-                # make_context + invoke, not group.main(): click's main turns a
-                # KeyboardInterrupt into Abort after printing an empty line
-                with group.make_context("minfer", args) as ctx:
-                    rv = group.invoke(ctx)
-                code = rv if isinstance(rv, int) else EXIT_OK
-            except click.exceptions.Exit as e:
-                code = e.exit_code
-            except click.exceptions.Abort:
-                sys.stderr.write(message(Interrupted()) + "\n")
-                return EXIT_INTERRUPTED, True
-            except click.ClickException as e:  # usage errors, option values click checks
-                e.show()
-                code = EXIT_USAGE
-            except MinferError as e:
-                _say_error(str(e))
-                code = e.exit_code
-            sys.stdout.flush()  # a full disk or closed pipe on stdout shows here, not at exit
-            return code, False
-        except _StdoutFailed as e:
-            sys.stdout = real_stdout
-            return _stdout_failed(e.args[0]), False
-        finally:
-            sys.stdout = real_stdout
+        # in-process callers get their warning filters back; the process's own end keeps it
+        with warnings.catch_warnings() if argv is not None else contextlib.nullcontext():
+            if not sys.warnoptions:  # numpy's RuntimeWarnings etc.: an error is one line
+                warnings.simplefilter("ignore")
+            return _invoke(argv)
     except KeyboardInterrupt as e:  # Interrupted, or a KeyboardInterrupt raised by other code
-        if not isinstance(e, Interrupted):
-            e = Interrupted()
+        return _interrupted(e), True
+    except Exception as e:  # out of host memory anywhere, even in an import: exit 3
         try:
-            sys.stderr.write(message(e) + "\n")
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass
-        return e.exit_code, True
+            err = _starved(e)
+        except MemoryError:
+            err = "out of host memory"
+        if err is None:
+            raise
+        _say_error(err)
+        return EXIT_RESOURCE, False
+
+
+def _starved(e: BaseException) -> str | None:
+    try:
+        from minfer.hostmem import starved
+    except Exception:  # too little memory to import even that
+        starved = isinstance(e, (MemoryError, ImportError, SystemError))
+        return "out of host memory" if starved else None
+    return starved(e)
+
+
+def _invoke(argv: list[str] | None) -> tuple[int, bool]:
+    from minfer.signals import Interrupted, message
+
+    import click
+
+    from minfer.errors import MinferError
+
+    group = _group()
+    args = sys.argv[1:] if argv is None else list(argv)
+    real_stdout = sys.stdout
+    sys.stdout = _GuardedStdout(real_stdout)
+    try:
+        try:
+            # make_context + invoke, not group.main(): click's main turns a
+            # KeyboardInterrupt into Abort after printing an empty line
+            with group.make_context("minfer", args) as ctx:
+                rv = group.invoke(ctx)
+            code = rv if isinstance(rv, int) else EXIT_OK
+        except click.exceptions.Exit as e:
+            code = e.exit_code
+        except click.exceptions.Abort:
+            sys.stderr.write(message(Interrupted()) + "\n")
+            return EXIT_INTERRUPTED, True
+        except click.ClickException as e:  # usage errors, option values click checks
+            e.show()
+            code = EXIT_USAGE
+        except MinferError as e:
+            _say_error(str(e))
+            code = e.exit_code
+        sys.stdout.flush()  # a full disk or closed pipe on stdout shows here, not at exit
+        return code, False
+    except _StdoutFailed as e:
+        sys.stdout = real_stdout
+        return _stdout_failed(e.args[0]), False
+    finally:
+        sys.stdout = real_stdout
 
 
 class _StdoutFailed(Exception):
