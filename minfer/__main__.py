@@ -1,4 +1,4 @@
-from minfer import signals
+from minfer.host import signals
 
 signals.install()  # before minfer.cli imports click and the command imports numpy
 

@@ -49,7 +49,7 @@ def _load_command(name: str):
         return None
     for p in cmd.params:
         # click refuses a directory with a 3-line usage error, exit 1; the commands' own checks
-        # (minfer.fileio) refuse it with one `error:` line, exit 2 (bad input)
+        # (minfer.host.fileio) refuse it with one `error:` line, exit 2 (bad input)
         if isinstance(p.type, click.Path) and not p.type.dir_okay:
             p.type.dir_okay = True
     return cmd
@@ -119,7 +119,7 @@ def _stdout_failed(e: OSError) -> int:
 def _say_error(msg: str) -> None:
     try:
         try:
-            from minfer.fileio import escape_controls
+            from minfer.host.fileio import escape_controls
         except Exception:  # starved of memory, this module does not load: ASCII, escaped
             line = f"error: {ascii(msg)[1:-1]}\n"
         else:
@@ -173,13 +173,13 @@ def main(argv: list[str] | None = None) -> None:
     """The `minfer` command. With argv=None (the console script, `python -m minfer`) the
     process ends here, in signals.late(); with an argv (tests, in-process callers) the signal
     handlers are put back before the SystemExit."""
-    from minfer import signals
+    from minfer.host import signals
 
     prev = signals.install()  # before click, numpy or any command module is imported
     _reopen_std()
     try:  # the error path's modules, while memory is there (a tight `ulimit -v`)
-        import minfer.fileio  # noqa: F401
-        import minfer.hostmem  # noqa: F401
+        import minfer.host.fileio  # noqa: F401
+        import minfer.host.hostmem  # noqa: F401
     except Exception:
         pass
     try:
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _interrupted(e: KeyboardInterrupt) -> int:
     """Print the interruption's line; its exit code."""
-    from minfer.signals import Interrupted, message
+    from minfer.host.signals import Interrupted, message
 
     if not isinstance(e, Interrupted):
         e = Interrupted()
@@ -237,7 +237,7 @@ def _run(argv: list[str] | None) -> tuple[int, bool]:
 
 def _starved(e: BaseException) -> str | None:
     try:
-        from minfer.hostmem import starved
+        from minfer.host.hostmem import starved
     except Exception:  # too little memory to import even that
         starved = isinstance(e, (MemoryError, ImportError, SystemError))
         return "out of host memory" if starved else None
@@ -245,7 +245,7 @@ def _starved(e: BaseException) -> str | None:
 
 
 def _invoke(argv: list[str] | None) -> tuple[int, bool]:
-    from minfer.signals import Interrupted, message
+    from minfer.host.signals import Interrupted, message
 
     import click
 

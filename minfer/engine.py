@@ -18,7 +18,7 @@ from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from minfer.progress import bar as progress_bar
+from minfer.host.progress import bar as progress_bar
 from minfer.errors import BadInput, NumericError
 
 

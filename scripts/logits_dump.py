@@ -21,7 +21,7 @@ import numpy as np
 def dump(model_path: str, out: str, paths: list[str], n: int) -> None:
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     m = load_model(model_path)
     ids = np.random.default_rng(0).integers(0, m.config.vocab_size, n).astype(np.int32)

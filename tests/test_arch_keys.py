@@ -1,4 +1,4 @@
-"""CPU: what the loader refuses by name instead of ignoring (minfer.arch_keys), and how it reads
+"""CPU: what the loader refuses by name instead of ignoring (minfer.gguf.arch_keys), and how it reads
 RoPE scaling (rope_freqs.weight, rope.scaling.*) into ModelConfig.rope_scaling."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def _write(tmp_path, meta_extra=None, tensors_extra=(), drop=()):
 
 
 def _load(path, strict=True):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(path, strict)
 
@@ -117,7 +117,7 @@ def test_rope_freqs_is_read_and_checked(tmp_path):
     meta, tensors = small_parts()
     meta = {k.replace("llama.", "qwen2."): v for k, v in meta.items()}
     meta["general.architecture"] = "qwen2"
-    from minfer.gguf_write import write_gguf
+    from minfer.gguf.write import write_gguf
 
     p = write_gguf(tmp_path / "q.gguf", "qwen2", meta,
                    tensors + [("rope_freqs.weight", Q.F32, (8,), ff)], progress=False)
@@ -127,7 +127,7 @@ def test_rope_freqs_is_read_and_checked(tmp_path):
 
 def test_scaled_table_equals_the_plain_one_when_plain():
     """A plain RopeScaling leaves the cos/sin table bit for bit as before."""
-    from minfer.loader import RopeScaling
+    from minfer.gguf.loader import RopeScaling
     from minfer.reference.ops import rope_cos_sin
 
     pos = np.arange(300)
@@ -139,7 +139,7 @@ def test_scaled_table_equals_the_plain_one_when_plain():
 
 def test_scaled_table_f32_tracks_f64():
     """The f32 table (ggml's float steps) and the f64 oracle agree for each scaling kind."""
-    from minfer.loader import RopeScaling
+    from minfer.gguf.loader import RopeScaling
     from minfer.reference.ops import rope_cos_sin
 
     pos = np.arange(2048)
@@ -160,7 +160,7 @@ def test_phi3_window_follows_llamacpp(tmp_path):
     """llama.cpp disables Phi-3's sliding window (its logits are full attention's), so minfer
     accepts the key for phi3; llama (Mistral) applies it (test_mistral_window_*); an
     architecture without a window implementation refuses it."""
-    from minfer.arch_keys import check_keys
+    from minfer.gguf.arch_keys import check_keys
     from minfer.errors import Unsupported
 
     check_keys("f", "phi3", {"phi3.attention.sliding_window": 2047})

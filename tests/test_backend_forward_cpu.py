@@ -83,7 +83,7 @@ class FakeRT:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("fwd"), seed=3, workers=None))
 
@@ -188,7 +188,7 @@ def test_blk_attention_epilogue_writes_the_operand(monkeypatch, tmp_path):
     from minfer.cuda.ops import gemm
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
@@ -230,7 +230,7 @@ def test_blk_token_scales_go_to_the_gemms_after_a_norm(monkeypatch, tmp_path):
     from minfer.cuda.ops import gemm
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
@@ -269,8 +269,8 @@ def test_qwen3_norms_q_and_k_before_the_rope(monkeypatch, tmp_path, path):
     from minfer.cuda.ops import gemm
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.loader import load_model
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from minfer.gguf.loader import load_model
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
@@ -340,7 +340,7 @@ def test_cuda_refuses_a_run_past_the_sliding_window(monkeypatch, tmp_path):
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray
     from minfer.errors import Unsupported
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))

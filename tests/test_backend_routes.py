@@ -14,7 +14,7 @@ from synth_data import tiny_model
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("routes"), seed=3))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minfer import bench as B
+from minfer.tools import bench as B
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import BadInput
 from synth_data import tiny_model
@@ -52,7 +52,7 @@ def test_table_noise_verdicts():
     a = B.Row("A", "cpu", 8, [100.0, 110.0, 105.0])  # band 10/105
     b = B.Row("B", "cpu", 8, [104.0, 106.0, 108.0])  # inside A's band -> noise
     c = B.Row("C", "cpu", 8, [200.0, 201.0, 202.0])  # far outside -> faster
-    from minfer.bench_out import table
+    from minfer.tools.bench_out import table
 
     t = table([a, b, c])
     lines = t.splitlines()

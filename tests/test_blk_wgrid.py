@@ -107,7 +107,7 @@ def test_agrid_patch_routes_the_reference(tmp_path, monkeypatch):
     per-token grid with 128-point rotations is the kernel's own)."""
     from synth_data import small_parts, write_small
 
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
 
     ag = _script("blk_agrid")

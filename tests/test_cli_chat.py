@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minfer import chat
+from minfer.text import chat
 from minfer.cli import main
 from minfer.errors import BadInput, BadModel
 from synth_data import tiny_model
@@ -21,16 +21,16 @@ SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging F
 @pytest.fixture(autouse=True)
 def _reuse_loaded_model(monkeypatch, default_model, default_model_path):
     """The command gets the session's already-opened default model (opening costs seconds)."""
-    import minfer.loader
+    import minfer.gguf.loader
 
-    real = minfer.loader.load_model
-    monkeypatch.setattr(minfer.loader, "load_model",
+    real = minfer.gguf.loader.load_model
+    monkeypatch.setattr(minfer.gguf.loader, "load_model",
                         lambda p: default_model if str(p) == str(default_model_path) else real(p))
 
 
 @pytest.fixture(scope="module")
 def tok(default_model):
-    from minfer.tokenizer import Tokenizer
+    from minfer.text.tokenizer import Tokenizer
 
     return Tokenizer.from_metadata(default_model.metadata)
 

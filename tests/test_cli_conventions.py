@@ -39,7 +39,7 @@ def _no_gpu():
 @pytest.fixture
 def no_fetch(monkeypatch, tmp_path):
     """An empty models folder whose fetch fails the test: a command must stop before it."""
-    import minfer.fetch as F
+    import minfer.tools.fetch as F
 
     monkeypatch.setenv("MINFER_MODELS", str(tmp_path / "models"))
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("model fetched"))
@@ -76,8 +76,8 @@ def test_bench_csv_and_md(capsys, tiny):
 
 
 def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
-    from minfer import bench as B
-    from minfer.loader import load_model
+    from minfer.tools import bench as B
+    from minfer.gguf.loader import load_model
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -97,10 +97,10 @@ def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
 
 def test_bench_plot_without_matplotlib_fails_before_benchmarking(monkeypatch, capsys, tiny,
                                                                    tmp_path):
-    import minfer.bench
+    import minfer.tools.bench
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
-    monkeypatch.setattr(minfer.bench, "run", lambda *a, **k: pytest.fail("benchmarked"))
+    monkeypatch.setattr(minfer.tools.bench, "run", lambda *a, **k: pytest.fail("benchmarked"))
     code, out, err = _main(capsys, *BENCH[:1], "-m", str(tiny), *BENCH[1:], "--plot",
                            str(tmp_path / "p.png"))
     assert code == 3 and out == ""
@@ -122,13 +122,13 @@ def test_bench_plot_writes_an_image(capsys, tiny, tmp_path):
 
 # -- defaults and checks before the default model is fetched ---------------------------------------
 def test_bench_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
-    import minfer.bench
-    import minfer.fetch as F
+    import minfer.tools.bench
+    import minfer.tools.fetch as F
 
     seen = {}
     default = tmp_path / "default.gguf"
     monkeypatch.setattr(F, "default_model_path", lambda fetch=True: default)
-    monkeypatch.setattr(minfer.bench, "run", lambda path, *a, **k: seen.setdefault("p", path)
+    monkeypatch.setattr(minfer.tools.bench, "run", lambda path, *a, **k: seen.setdefault("p", path)
                         and [])
     code, _, err = _main(capsys, "bench", "--backend", "cpu", "--no-breakdown")
     assert code == 0, err
@@ -163,8 +163,8 @@ def test_check_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     from types import SimpleNamespace
 
     import minfer.cuda.runtime.runtime as R
-    import minfer.fetch as F
-    import minfer.loader
+    import minfer.tools.fetch as F
+    import minfer.gguf.loader
     from minfer.errors import BadInput
 
     default = tmp_path / "default.gguf"
@@ -174,7 +174,7 @@ def test_check_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     def load(path):
         raise BadInput(f"loading {path}")
 
-    monkeypatch.setattr(minfer.loader, "load_model", load)
+    monkeypatch.setattr(minfer.gguf.loader, "load_model", load)
     code, out, err = _main(capsys, "check")
     assert code == 2 and err.strip() == f"error: loading {default}"
 
@@ -184,7 +184,7 @@ def test_inspect_json(tiny):
     r = CliRunner().invoke(cli, ["inspect", str(tiny), "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     m = load_model(tiny)
     assert d["n_tensors"] == len(m.tensors) == len(d["tensors"])
@@ -207,7 +207,7 @@ def test_synth_type_and_preset_in_any_case(tmp_path):
                                  "--workers", "1", "--quiet"])
     assert r.exit_code == 0, r.output
     assert "q4_K_M" in r.output and "tiny" in r.output
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     assert load_model(out).tensor("blk.0.ffn_gate.weight").type_name == "Q4_K"
 

@@ -29,7 +29,7 @@ def _make_corpus_module():
 def files(tmp_path_factory):
     import gguf
 
-    from minfer.gguf_header import scan_gguf
+    from minfer.gguf.header import scan_gguf
 
     mc = _make_corpus_module()
     d = tmp_path_factory.mktemp("cli_errors")

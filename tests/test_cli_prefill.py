@@ -15,14 +15,14 @@ from test_golden import MAX_DIFF
 def _reuse_loaded_model(monkeypatch, default_model, default_model_path):
     """Opening the GGUF costs ~8 s on 2 cores (gguf's reader parses 98k vocab/merge strings):
     the command gets the session's already-opened default model instead."""
-    import minfer.loader
+    import minfer.gguf.loader
 
-    real = minfer.loader.load_model
+    real = minfer.gguf.loader.load_model
 
     def load(path):
         return default_model if str(path) == str(default_model_path) else real(path)
 
-    monkeypatch.setattr(minfer.loader, "load_model", load)
+    monkeypatch.setattr(minfer.gguf.loader, "load_model", load)
 
 
 def _run(capsys, *args):
@@ -44,13 +44,13 @@ def test_prefill_json_default_prompt(capsys, default_model_path, golden_q4_1):
     assert d["backend"] == "cpu" and d["model"] == str(default_model_path)
     assert d["prompt_ids"] == p0["prompt_ids"] and d["n_prompt"] == len(p0["prompt_ids"])
     assert len(d["greedy_ids"]) == 4 and d["prefill_tok_s"] > 0 and d["decode_tok_s"] > 0
-    from minfer.gates import compare_greedy
+    from minfer.tools.gates import compare_greedy
 
     v = compare_greedy(d["greedy_ids"], p0["greedy32_ids"][:4],
                        p0["greedy32_top1_top2_margin"][:4], tau=2 * MAX_DIFF)
     assert v.ok, v.describe()
-    from minfer.loader import load_model
-    from minfer.tokenizer import Tokenizer
+    from minfer.gguf.loader import load_model
+    from minfer.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(load_model(default_model_path).metadata)
     assert d["greedy_text"] == tok.decode(d["greedy_ids"])
@@ -101,7 +101,7 @@ def test_prefill_n_predict_and_ctx_size(capsys, default_model_path):
 def test_prefill_checks_options_before_fetching_the_model(monkeypatch, capsys, tmp_path, args,
                                                           code, needle):
     """Options and the backend are checked before the 93 MB default model is fetched."""
-    import minfer.fetch as F
+    import minfer.tools.fetch as F
 
     if "cuda" in args:
         from minfer.cuda.runtime.runtime import gpu_available

@@ -61,7 +61,7 @@ def _tmp_files(folder: Path) -> list[str]:
 
 
 def _n_tensors(path: Path) -> int:
-    from minfer.gguf_header import read_header
+    from minfer.gguf.header import read_header
 
     return len(read_header(path).tensors)
 
@@ -194,7 +194,7 @@ def test_fetch_under_a_file_size_limit_is_exit_3(tmp_path):
 
 
 def test_fetch_on_a_full_disk_is_exit_3(monkeypatch, capsys, tmp_path):
-    import minfer.fetch as fetch
+    import minfer.tools.fetch as fetch
     from minfer.cli import main
 
     def pip(cmd, **kw):
@@ -214,7 +214,7 @@ def test_fetch_on_a_full_disk_is_exit_3(monkeypatch, capsys, tmp_path):
 # -- 5. a signal after the output is complete, before the process is gone ----------------------
 HOOKED = r"""
 import atexit, pathlib, signal, sys, time
-from minfer import signals
+from minfer.host import signals
 marker, mode = sys.argv[1], sys.argv[2]
 def last_step():  # the end of the process, after the command: what shutdown does there
     if mode == "blocked":  # as if the signal came after the last check: held, not lost
@@ -274,8 +274,8 @@ def test_pool_that_fails_to_start_leaves_no_worker(monkeypatch):
     import multiprocessing
     import threading
 
-    from minfer.pools import start_pool
-    from minfer.signals import ignore_in_worker
+    from minfer.host.pools import start_pool
+    from minfer.host.signals import ignore_in_worker
 
     started = []
     real_start = threading.Thread.start
@@ -301,9 +301,9 @@ def test_pool_that_fails_to_start_leaves_no_worker(monkeypatch):
 def test_tokenizer_refused_before_the_rust_allocator_aborts(monkeypatch):
     from synth_data import small_parts
 
-    from minfer import hostmem
+    from minfer.host import hostmem
     from minfer.errors import ResourceError
-    from minfer.tokenizer import Tokenizer
+    from minfer.text.tokenizer import Tokenizer
 
     meta, _ = small_parts(0)
     monkeypatch.setattr(hostmem, "headroom", lambda: (4096, "ulimit -v"))
@@ -312,7 +312,7 @@ def test_tokenizer_refused_before_the_rust_allocator_aborts(monkeypatch):
 
 
 def test_import_error_without_a_memory_limit_is_a_bug(monkeypatch):
-    from minfer import hostmem
+    from minfer.host import hostmem
 
     monkeypatch.setattr(hostmem, "_limits", lambda: [])
     assert hostmem.starved(ImportError("cannot import name 'x'")) is None

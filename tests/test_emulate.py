@@ -32,7 +32,7 @@ def _ppl(model, text, *extra):
 
 
 def test_emulated_weights_follow_the_gpu_routes(tiny):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from minfer.reference.emulate import emulated_weights
 
     model = load_model(tiny)
@@ -56,7 +56,7 @@ def test_emulated_weights_follow_the_gpu_routes(tiny):
 def test_plain_types_take_only_blk(tmp_path):
     """Q8_0 / F16 weights (the 2-layer small model, K = 64 or 128): no q8_1 kernel takes
     them; blk takes every one (any type, K % 32 == 0) but ffn_down (f16 for accuracy)."""
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from minfer.reference.emulate import emulated_weights
     from synth_data import small_parts, write_small
 

@@ -1,12 +1,13 @@
 """engine.run (chunking, greedy feedback, validation) on a scripted fake backend, and the
-tie-aware greedy gate (minfer.gates)."""
+tie-aware greedy gate (minfer.tools.gates)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from minfer import engine, gates
+from minfer import engine
+from minfer.tools import gates
 from minfer.errors import BadInput
 
 

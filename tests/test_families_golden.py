@@ -44,10 +44,10 @@ def _logits(model, ids):
 @pytest.mark.parametrize("preset", list(FAMILIES))
 def test_family_matches_llamacpp(family_files, preset, report):
     from minfer import engine
-    from minfer.gates import compare_greedy, tau_from
-    from minfer.loader import load_model
+    from minfer.tools.gates import compare_greedy, tau_from
+    from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
-    from minfer.tokenizer import Tokenizer
+    from minfer.text.tokenizer import Tokenizer
 
     g, want = _golden(preset)
     m = load_model(family_files[preset])
@@ -78,7 +78,7 @@ DROPS = [("tiny-llama3", "rope_scaling"), ("tiny-linear", "rope_scaling"),
 
 def _plain(cfg, feature):
     """The config value that drops `feature` (what minfer computed without it)."""
-    from minfer.loader import RopeScaling
+    from minfer.gguf.loader import RopeScaling
 
     return {"rope_scaling": RopeScaling(), "qk_norm": False, "sliding_window": 0,
             "rope_base_swa": cfg.rope_base,  # local layers on the global base
@@ -89,7 +89,7 @@ def _plain(cfg, feature):
 def test_dropping_the_family_feature_is_caught(family_files, preset, feature):
     """Without its feature (what minfer did before it read it) a family's logits move far past
     the tolerance: the golden comparison has teeth."""
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     g, want = _golden(preset)
     m = load_model(family_files[preset])
@@ -105,7 +105,7 @@ def test_gemma3_window_edge_and_local_rope_are_caught(family_files, monkeypatch,
     """llama.cpp's exact rules matter: a local query at p sees keys p - window < j <= p (one
     more or one fewer moves the logits past 10x the tolerance), and the RoPE scaling (linear x8)
     applies to the global layers only (local ones: rope_freq_scale_train_swa = 1)."""
-    from minfer.loader import ModelConfig, load_model
+    from minfer.gguf.loader import ModelConfig, load_model
     from minfer.reference import ops
 
     g, want = _golden("tiny-gemma3")
@@ -129,7 +129,7 @@ def test_gemma3_window_edge_and_local_rope_are_caught(family_files, monkeypatch,
 def test_phi3_fused_weights_split_as_llamacpp(family_files):
     """phi3's attn_qkv and 2-ff ffn_up are read as row views (the gate half first): swapping
     the halves, as a wrong split would, moves the logits far past the tolerance."""
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     g, want = _golden("tiny-phi3")
     m = load_model(family_files["tiny-phi3"])
@@ -147,8 +147,8 @@ def test_tekken_pre_tokenizer_gives_llamacpp_ids(tmp_path):
     accents, digits, slashes and CRLF (golden: scripts/llama_oracle.cpp on this small model)."""
     from synth_data import small_parts, write_small
 
-    from minfer.loader import load_model
-    from minfer.tokenizer import Tokenizer
+    from minfer.gguf.loader import load_model
+    from minfer.text.tokenizer import Tokenizer
 
     g = json.loads((GOLDEN / "tekken-ids.json").read_text())
     meta, tensors = small_parts(vocab=1024, d_model=64)

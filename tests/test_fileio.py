@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from minfer.errors import BadInput, ResourceError
-from minfer.fileio import (atomic_output, check_input_file, escape_controls, prompt_cap,
+from minfer.host.fileio import (atomic_output, check_input_file, escape_controls, prompt_cap,
                            read_prompt_file)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -223,8 +223,8 @@ def test_newline_in_path_stays_one_line(tmp_path, capsys):
 
 
 def test_inspect_escapes_metadata(tmp_path, tiny, capsys):
-    from minfer.gguf_write import metadata_from_reader, write_gguf
-    from minfer.loader import load_model
+    from minfer.gguf.write import metadata_from_reader, write_gguf
+    from minfer.gguf.loader import load_model
 
     m = load_model(tiny)
     meta = metadata_from_reader(m)
@@ -270,7 +270,7 @@ def test_prompt_file_over_the_context_cap_refused(tmp_path, tiny):
 
 
 def test_every_progress_bar_goes_through_minfer_progress():
-    """Bars only on terminals, everywhere: no module builds a tqdm bar but minfer/progress.py
+    """Bars only on terminals, everywhere: no module builds a tqdm bar but minfer/host/progress.py
     (a raw tqdm(...) once wrote \\r lines into redirected device logs from the GPU upload)."""
     import re
 

@@ -1,11 +1,11 @@
-"""GGUF fuzzing: >= 10,000 mutated files fed to minfer.loader.load_model.
+"""GGUF fuzzing: >= 10,000 mutated files fed to minfer.gguf.loader.load_model.
 
 Every case must either load (and build its tokenizer, encode, decode) or raise a MinferError (one-line message): no other exception,
 no hang (a per-case alarm), bounded memory (peak RSS growth of the worker after warm-up, and an
 address-space limit that turns a runaway allocation into a failure instead of an OOM).
 
 Seeds: tests/fuzz_corpus/make_corpus.py (tiny valid llama/qwen2 models). Mutations are aimed
-with the layout that minfer.gguf_header.scan_gguf records (where each count, length, type,
+with the layout that minfer.gguf.header.scan_gguf records (where each count, length, type,
 dim and offset lives): truncations, bit flips, field rewrites to absurd values, byte
 overwrites, inserted/deleted spans, splices of two seeds, and stacks of those.
 The cases run in two worker processes (CI has 2 cores), each reusing one temp path.
@@ -95,9 +95,9 @@ def _worker(corpus: Path, n_cases: int, seed: int, out: Path, tmp: Path) -> None
     import signal
 
     from minfer.errors import MinferError
-    from minfer.gguf_header import scan_gguf
-    from minfer.loader import load_model
-    from minfer.tokenizer import Tokenizer
+    from minfer.gguf.header import scan_gguf
+    from minfer.gguf.loader import load_model
+    from minfer.text.tokenizer import Tokenizer
 
     seeds = sorted(corpus.glob("*.gguf"))
     datas = [p.read_bytes() for p in seeds]
@@ -183,8 +183,8 @@ def corpus(tmp_path_factory):
 
 
 def test_seeds_are_valid(corpus):
-    from minfer.gguf_header import read_header
-    from minfer.loader import load_model
+    from minfer.gguf.header import read_header
+    from minfer.gguf.loader import load_model
 
     seeds = sorted(corpus.glob("*.gguf"))
     assert len(seeds) >= 4

@@ -15,8 +15,8 @@ def _gemma_file(tmp_path, extra=None, drop=(), drop_tensors=(), layers=None, nam
     """The tiny-gemma3 preset (F16, a generated vocab of 260) with metadata changes."""
     import gguf
 
-    from minfer.gguf_write import write_gguf
-    from minfer.synth import PRESETS, generated_tokenizer, make_tensor, model_metadata, \
+    from minfer.gguf.write import write_gguf
+    from minfer.tools.synth import PRESETS, generated_tokenizer, make_tensor, model_metadata, \
         tensor_plan
 
     shape = replace(PRESETS["tiny-gemma3"], vocab=260)
@@ -31,7 +31,7 @@ def _gemma_file(tmp_path, extra=None, drop=(), drop_tensors=(), layers=None, nam
 
 
 def _load(path):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(path)
 
@@ -109,7 +109,7 @@ def test_softcap_bounds_the_logits(tmp_path):
 
 def test_attention_scale_of_the_27b():
     """llama.cpp by model type: 62 layers (27B) 1/sqrt(n_embd / n_head), else 1/sqrt(head_dim)."""
-    from minfer.loader import GGUFModel
+    from minfer.gguf.loader import GGUFModel
 
     m = GGUFModel.__new__(GGUFModel)
     m.path, m.metadata = "x.gguf", {}
@@ -170,7 +170,7 @@ def test_a_missing_gemma3_tensor_is_named(tmp_path, tensor):
 
 
 def test_cuda_refuses_it_by_name(tmp_path):
-    from minfer.arch_keys import GPU_ARCHS, gpu_unsupported
+    from minfer.gguf.arch_keys import GPU_ARCHS, gpu_unsupported
 
     assert "gemma3" not in GPU_ARCHS
     why = gpu_unsupported(_load(_gemma_file(tmp_path)).config)
@@ -178,8 +178,8 @@ def test_cuda_refuses_it_by_name(tmp_path):
 
 
 def test_gemma3_12b_preset_has_the_real_shape():
-    from minfer.arch_keys import check_keys
-    from minfer.synth import PRESETS, model_metadata, tensor_plan
+    from minfer.gguf.arch_keys import check_keys
+    from minfer.tools.synth import PRESETS, model_metadata, tensor_plan
 
     s = PRESETS["gemma3-12b"]
     plan = {p.name: (p.shape, p.qtype) for p in tensor_plan(s, "q4_K_M")}

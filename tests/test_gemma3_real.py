@@ -42,7 +42,7 @@ def _golden(name):
 @pytest.fixture(scope="module")
 def gemma3():
     """(model, a reference backend with every weight dequantized once)."""
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
 
     m = load_model(MODEL)
@@ -77,7 +77,7 @@ def test_config_is_llamacpps(gemma3):
 @needs_model
 @pytest.mark.parametrize("name", PROMPTS)
 def test_tokenizer_ids_are_llamacpps(gemma3, name):
-    from minfer.tokenizer import Tokenizer
+    from minfer.text.tokenizer import Tokenizer
 
     g = _golden(name)
     ids = Tokenizer.from_metadata(gemma3[0].metadata).encode(g["prompt"], parse_special=True)
@@ -88,7 +88,7 @@ def test_tokenizer_ids_are_llamacpps(gemma3, name):
 @pytest.mark.parametrize("name", PROMPTS)
 def test_logits_and_greedy_match_llamacpp(gemma3, name, report):
     from minfer import engine
-    from minfer.gates import compare_greedy
+    from minfer.tools.gates import compare_greedy
 
     g = _golden(name)
     res = engine.run(gemma3[1], g["ids"], n_greedy=32, warmup=False)

@@ -1,4 +1,4 @@
-"""minfer.gguf_header: every structural violation is a one-line BadModel naming file, field, value.
+"""minfer.gguf.header: every structural violation is a one-line BadModel naming file, field, value.
 
 Each test damages one field of a valid seed (tests/fuzz_corpus/make_corpus.py) at a position
 found from the seed's own bytes, and checks the message; the real model must pass quickly.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from minfer.errors import BadModel
-from minfer.gguf_header import read_header, scan_gguf
+from minfer.gguf.header import read_header, scan_gguf
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""minfer.gguf_write: byte-exact round trip, metadata types kept, streaming order, atomicity."""
+"""minfer.gguf.write: byte-exact round trip, metadata types kept, streaming order, atomicity."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from minfer.errors import BadInput
-from minfer.gguf_header import read_header, tensor_bytes
-from minfer.gguf_write import metadata_from_reader, write_gguf
+from minfer.gguf.header import read_header, tensor_bytes
+from minfer.gguf.write import metadata_from_reader, write_gguf
 
 V = gguf.GGUFValueType
 Q = gguf.GGMLQuantizationType

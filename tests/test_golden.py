@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 
 from golden_data import GOLDEN, golden
-from minfer import engine, gates
+from minfer import engine
+from minfer.tools import gates
 from minfer.reference.forward import ReferenceBackend
 
 MAX_DIFF, MEAN_DIFF, MIN_CORR = 1.0, 0.25, 0.998
@@ -145,7 +146,7 @@ def test_q4_k_m_requant_vs_llamacpp(requant_q4_k_m, report):
     0.77, mean 0.39 / 0.25 / 0.23, corr 0.9983 / 0.9996 / 0.9996; greedy identical through
     step 19 / 17 / 4, each time up to a llama.cpp near-tie. Tolerance: max 1.5, mean 0.5,
     corr 0.997 (prompt 0, the worst, is the one tested: 9 tokens, cheap in CI)."""
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     g = golden("q4_k_m")["prompts"][0]
     be = ReferenceBackend(load_model(requant_q4_k_m))

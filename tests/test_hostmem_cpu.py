@@ -18,13 +18,13 @@ from synth_data import small_parts, write_small  # noqa: E402
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(write_small(tmp_path_factory.mktemp("hm") / "m.gguf", *small_parts()))
 
 
 def test_headroom_reads_this_machine():
-    from minfer import hostmem
+    from minfer.host import hostmem
 
     room, limit = hostmem.headroom()
     assert room is not None and room > 0  # Linux: /proc/meminfo at least
@@ -34,7 +34,7 @@ def test_headroom_reads_this_machine():
 
 
 def test_headroom_sees_rlimit_as():
-    code = ("import resource; from minfer import hostmem; "
+    code = ("import resource; from minfer.host import hostmem; "
             "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY)); "
             "r, l = hostmem.headroom(); print(r, l)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -44,7 +44,7 @@ def test_headroom_sees_rlimit_as():
 
 
 def test_preload_refused_when_weights_do_not_fit(small_model, monkeypatch):
-    from minfer import hostmem
+    from minfer.host import hostmem
     from minfer.errors import ResourceError
     from minfer.reference.forward import ReferenceBackend
 
@@ -67,7 +67,7 @@ def test_preload_refused_when_weights_do_not_fit(small_model, monkeypatch):
 
 
 def test_forward_refused_when_attention_does_not_fit(small_model, monkeypatch):
-    from minfer import hostmem
+    from minfer.host import hostmem
     from minfer.errors import ResourceError
     from minfer.reference.forward import ReferenceBackend
 
@@ -118,7 +118,7 @@ def test_huge_tensor_in_a_sparse_file_is_exit_3(tmp_path):
     import struct
 
     from cli_inproc import run_cli
-    from minfer.gguf_header import read_header
+    from minfer.gguf.header import read_header
 
     meta, tensors = small_parts(tied=True)
     meta.pop("llama.vocab_size")  # the vocab is the table's row count

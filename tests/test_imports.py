@@ -179,3 +179,37 @@ def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
             builders.append(rel)
     assert readers == ["minfer/commands/gemm_flags.py"], readers
     assert builders == ["minfer/engine.py"], builders
+
+
+# minfer/'s top-level groups and what each may not import (bottom up): the host side (signals,
+# threads, files, memory, pools, progress) and text know nothing of models; the file format and
+# the quant types know no backend; the CUDA backend and the CPU reference know no command; the
+# tools (bench, perplexity, synth, fetch, gates) sit under the commands, the commands under the CLI
+TOP = ("cli", "commands", "tools", "engine", "cuda", "reference", "gguf", "quants", "text",
+       "host", "errors")
+FORBIDDEN = {
+    "errors": set(TOP) - {"errors"},
+    "host": set(TOP) - {"host", "errors"},
+    "text": set(TOP) - {"text", "host", "errors"},
+    "gguf": {"cli", "commands", "tools", "engine", "cuda", "reference", "text"},
+    "quants": {"cli", "commands", "tools", "engine", "cuda", "reference", "text"},
+    "reference": {"cli", "commands", "tools", "engine", "text"},
+    "cuda": {"cli", "commands", "tools", "engine", "text"},
+    "engine": {"cli", "commands", "tools", "text"},
+    "tools": {"cli", "commands"},
+    "commands": {"cli"},
+    "cli": set(),
+}
+
+
+def _group(m: str) -> str | None:
+    parts = m.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in TOP else None
+
+
+def test_top_level_is_grouped_by_what_each_part_owns():
+    entries = {p.name for p in (ROOT / "minfer").iterdir() if p.name != "__pycache__"}
+    assert len(entries - {"__init__.py", "__main__.py", "data"}) <= 12, sorted(entries)
+    bad = sorted((m, d) for m, ds in module_graph().items() for d in ds
+                 if _group(m) and _group(d) in FORBIDDEN[_group(m)])
+    assert not bad, bad

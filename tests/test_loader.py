@@ -1,4 +1,4 @@
-"""minfer.loader (on minfer.gguf_header) against the reference, gguf.GGUFReader.
+"""minfer.gguf.loader (on minfer.gguf.header) against the reference, gguf.GGUFReader.
 
 On the default model, the fuzz seeds, tiny synthetic models and odd hand-made files, the loader's
 metadata must equal what the reference's `field.contents()` gives (same keys, order, values and
@@ -16,9 +16,9 @@ import gguf
 import numpy as np
 import pytest
 
-from minfer.gguf_header import open_gguf, tensor_view
-from minfer.gguf_write import metadata_from_reader
-from minfer.loader import load_model
+from minfer.gguf.header import open_gguf, tensor_view
+from minfer.gguf.write import metadata_from_reader
+from minfer.gguf.loader import load_model
 
 HERE = Path(__file__).resolve().parent
 Q = gguf.GGMLQuantizationType
@@ -96,7 +96,7 @@ def test_fuzz_seeds_are_faithful(tmp_path):
 
 @pytest.mark.parametrize("qtype", ["q4_K_M", "f16"])
 def test_synthetic_models_are_faithful(tmp_path, qtype):
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     p = tmp_path / f"tiny-{qtype}.gguf"
     make_synthetic_model(p, SynthOptions(preset="tiny", qtype=qtype, seed=1, vocab=300,
@@ -154,7 +154,7 @@ def test_odd_files_are_faithful(tmp_path):
 
 def test_nested_arrays_are_not_written_back(tmp_path):
     from minfer.errors import BadInput
-    from minfer.gguf_write import write_gguf
+    from minfer.gguf.write import write_gguf
 
     sys.path.insert(0, str(HERE / "fuzz_corpus"))
     try:
@@ -181,7 +181,7 @@ def test_mutated_files_we_accept_read_as_the_reference_reads_them(tmp_path):
         from test_fuzz_gguf import mutate
     finally:
         del sys.path[:2]
-    from minfer.gguf_header import scan_gguf
+    from minfer.gguf.header import scan_gguf
 
     seeds = make_corpus(tmp_path / "seeds")
     datas = [p.read_bytes() for p in seeds]

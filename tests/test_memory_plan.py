@@ -71,7 +71,7 @@ def test_forced_refusal_names_the_paths_that_fit():
 # -- on a model: plan_tiers, and the backend's refusal before any allocation ---------------------
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("memplan"), seed=3))
 

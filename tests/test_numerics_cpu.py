@@ -169,7 +169,7 @@ def test_wrong_alignment_refused(parts, tmp_path):
     # written with alignment 64, then the key rewritten to 32 in place (same bytes elsewhere)
     meta, tensors = parts
     p = write_small(tmp_path / "m.gguf", {**meta, "general.alignment": 64}, tensors)
-    from minfer.gguf_header import read_header
+    from minfer.gguf.header import read_header
 
     assert read_header(p).alignment == 64
     buf = bytearray(p.read_bytes())

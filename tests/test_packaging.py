@@ -90,7 +90,7 @@ def test_wheel_ships_every_kernel_and_resolves_them_installed(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code = ("from minfer.cuda.runtime.build import KERNEL_DIR, kernel_path; "
-            "from minfer.perplexity import DEFAULT_TEXT; "
+            "from minfer.tools.perplexity import DEFAULT_TEXT; "
             "print(KERNEL_DIR); print(kernel_path('gemm_f16')); print(DEFAULT_TEXT)")
     env = {**os.environ, "PYTHONPATH": str(target)}
     r = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env,

@@ -1,4 +1,4 @@
-"""CPU: `minfer perplexity` (minfer.perplexity, minfer/commands/perplexity.py) on a small 2-layer
+"""CPU: `minfer perplexity` (minfer.tools.perplexity, minfer/commands/perplexity.py) on a small 2-layer
 model: PPL equals a direct numpy computation from the reference forward's last-position
 logits, window by window (with and without BOS); --save-logits / --kld-base round trip
 (KLD 0, top-1 100 % against itself; a perturbed base gives the KLD computed here); refusals
@@ -44,9 +44,9 @@ def _log_softmax(x):
 
 
 def test_ppl_equals_direct_numpy(small, text):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
-    from minfer.tokenizer import Tokenizer
+    from minfer.text.tokenizer import Tokenizer
 
     path, add_bos = small
     model = load_model(path)
@@ -101,7 +101,7 @@ def test_save_and_kld_round_trip(small, text, tmp_path):
 
 
 def test_perturbed_base_gives_the_kld_computed_here(small, text, tmp_path):
-    from minfer.perplexity import read_logits
+    from minfer.tools.perplexity import read_logits
 
     base = tmp_path / "base.logits"
     _ppl(small[0], text, "--save-logits", str(base))
@@ -188,7 +188,7 @@ def test_failed_run_leaves_no_logits_file(small, text, tmp_path, monkeypatch):
 def test_window_logits_rows_equal_forward(small):
     """ReferenceBackend.window_logits(ids, first) row r == forward(ids[:first + r + 1]) of a
     fresh cache (f64: the two differ only by BLAS summation order)."""
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(load_model(small[0]), dtype=np.float64)
@@ -201,7 +201,7 @@ def test_window_logits_rows_equal_forward(small):
 
 
 def test_ppl_stats_and_windows():
-    from minfer import perplexity as P
+    from minfer.tools import perplexity as P
 
     nll = np.array([1.0, 2.0, 3.0, 2.0])
     ppl, err = P.ppl_stats(nll)
@@ -216,8 +216,8 @@ def test_ppl_stats_and_windows():
 
 
 def test_shipped_text_is_long_enough(default_model):
-    from minfer.perplexity import DEFAULT_TEXT
-    from minfer.tokenizer import Tokenizer
+    from minfer.tools.perplexity import DEFAULT_TEXT
+    from minfer.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_metadata(default_model.metadata)
     assert len(tok.encode(DEFAULT_TEXT.read_text(encoding="utf-8"))) >= 10_000

@@ -67,7 +67,7 @@ def test_plan_rope_and_variant(tmp_path):
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.plan.fusion import plan_fusion, plan_rope
     from minfer.cuda.plan.routes import plan_routes
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     class _Rt:
         arch, smem_optin = "sm_90", 232448

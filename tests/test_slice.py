@@ -1,4 +1,4 @@
-"""minfer.slice / scripts/slice_model.py: first N layers, metadata kept, the size cap honoured."""
+"""minfer.gguf.slice / scripts/slice_model.py: first N layers, metadata kept, the size cap honoured."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from minfer.errors import BadInput
-from minfer.gguf_header import read_header, tensor_bytes
-from minfer.loader import load_model
-from minfer.slice import plan_slice, slice_model
+from minfer.gguf.header import read_header, tensor_bytes
+from minfer.gguf.loader import load_model
+from minfer.gguf.slice import plan_slice, slice_model
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 2**20

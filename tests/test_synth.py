@@ -1,4 +1,4 @@
-"""minfer.synth: block designs (dequantized stats), llama.cpp's type mix, valid loadable models,
+"""minfer.tools.synth: block designs (dequantized stats), llama.cpp's type mix, valid loadable models,
 determinism, and finite, well-scaled activations through every layer."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from minfer.errors import BadInput
-from minfer.gguf_header import read_header
-from minfer.loader import load_model
-from minfer.synth import PRESETS, SynthOptions, SynthShape, make_synthetic_model, tensor_plan
-from minfer.synth_blocks import pack_scale_min_k4, random_blocks
+from minfer.gguf.header import read_header
+from minfer.gguf.loader import load_model
+from minfer.tools.synth import PRESETS, SynthOptions, SynthShape, make_synthetic_model, tensor_plan
+from minfer.tools.synth_blocks import pack_scale_min_k4, random_blocks
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 Q = gguf.GGMLQuantizationType
@@ -132,7 +132,7 @@ def test_generated_vocab_when_no_tokenizer_source(tmp_path):
     assert all(a + b in toks for a, b in (x.split(" ") for x in merges[:50]))
     assert "generated" in r["tokenizer"]
     try:
-        from minfer.tokenizer import Tokenizer
+        from minfer.text.tokenizer import Tokenizer
     except ImportError:
         return
     tk = Tokenizer.from_metadata(m.metadata)  # the generated vocab is a working BPE
@@ -284,7 +284,7 @@ def test_cli_synth(tmp_path):
 
 
 def test_block_layouts_match_ggml_sizes():
-    from minfer.synth_blocks import _BLOCK, _DT
+    from minfer.tools.synth_blocks import _BLOCK, _DT
 
     for name, dt in _DT.items():
         assert (_BLOCK[name], dt.itemsize) == gguf.GGML_QUANT_SIZES[Q[name]], name
@@ -292,8 +292,8 @@ def test_block_layouts_match_ggml_sizes():
 
 def test_ctx_override_sets_context_length(tmp_path):
     from minfer.errors import BadInput
-    from minfer.loader import load_model
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from minfer.gguf.loader import load_model
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     opts = dict(preset="tiny", qtype="q8_0", seed=0, vocab=300, tokenizer_from=None, workers=1)
     p = tmp_path / "c.gguf"

@@ -36,7 +36,7 @@ def _blas_threads() -> set[int]:
 
 
 def test_physical_cores_within_affinity():
-    from minfer.threads import physical_cores
+    from minfer.host.threads import physical_cores
 
     n = physical_cores()
     assert 1 <= n <= len(os.sched_getaffinity(0))
@@ -53,7 +53,7 @@ def test_threads_option_limits_the_blas_pool(small_path, restore_threads):
 
 
 def test_threads_env_fallback_without_threadpoolctl(monkeypatch):
-    from minfer import threads
+    from minfer.host import threads
 
     for k in threads._ENV:
         monkeypatch.delenv(k, raising=False)
@@ -86,7 +86,7 @@ class _TTY(io.StringIO):
 
 def _run_with_stderr(monkeypatch, stream, model_path, n_prompt, n_greedy, ubatch=512):
     from minfer import engine
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(load_model(model_path), max_tokens=n_prompt + n_greedy)
@@ -115,7 +115,7 @@ def test_progress_multi_chunk_counts_layers_of_all_chunks(monkeypatch, small_pat
 
 
 def test_layer_hook_called_once_per_layer(small_path):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(load_model(small_path), max_tokens=8)

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minfer.errors import BadInput, BadModel, Unsupported
-from minfer.tokenizer import (_PRE, T_BYTE, T_CONTROL, T_NORMAL, T_USER_DEFINED, Tokenizer,
+from minfer.text.tokenizer import (_PRE, T_BYTE, T_CONTROL, T_NORMAL, T_USER_DEFINED, Tokenizer,
                               bytes_to_unicode)
 
 KINDS = ["q4_1", "q4_k_m", "q6_k", "q8_0", "f16"]

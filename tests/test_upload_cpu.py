@@ -172,7 +172,7 @@ class MemRT:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("upload"), seed=4))
 

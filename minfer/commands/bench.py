@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from minfer.bench_out import FORMATS
+from minfer.tools.bench_out import FORMATS
 from minfer.commands.gemm_flags import gemm_choice, gemm_options
-from minfer.threads import threads_option
+from minfer.host.threads import threads_option
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
@@ -43,8 +43,8 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
           gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     --gemm applies to every config over the environment; an --ab config wins over both."""
-    from minfer.bench import expand_configs, parse_tokens, run
-    from minfer.bench_out import check_plot_path, plot
+    from minfer.tools.bench import expand_configs, parse_tokens, run
+    from minfer.tools.bench_out import check_plot_path, plot
     from minfer.commands.prefill import check_backend
     from minfer.errors import BadInput
 
@@ -62,7 +62,7 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
     if plot_path is not None:
         check_plot_path(plot_path)
     if model_path is None:
-        from minfer.fetch import default_model_path
+        from minfer.tools.fetch import default_model_path
 
         model_path = default_model_path()
     echo = click.echo if fmt == "md" else (lambda s="": click.echo(s, err=True))

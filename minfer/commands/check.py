@@ -11,7 +11,7 @@ table (minfer.cuda.paths.TABLE; --gemm: one path only).
    evaluated on a sample of weight rows that always includes the first and last tiles' edges.
    A path this GPU cannot run (blk off sm_90) is said once; the smem guard's fallback is named
    in the row. Gate: rel err (Frobenius) <= 1e-3.
-2. greedy-32 identity (gate 3, tie-aware, minfer.gates.compare_greedy): every path of the table
+2. greedy-32 identity (gate 3, tie-aware, minfer.tools.gates.compare_greedy): every path of the table
    and the CPU reference (ReferenceBackend, f32) decode 32 greedy tokens from the prompt. Each
    GPU path is compared to the CPU reference with tau = 2 * max|logit diff| at the last prompt
    position between the two engines (stated per row); exact n/32 counts reported.
@@ -36,7 +36,7 @@ import click
 import numpy as np
 
 from minfer.commands.gemm_flags import gemm_options
-from minfer.threads import threads_option
+from minfer.host.threads import threads_option
 
 QNAME = {12: "q4_K", 14: "q6_K"}
 PARITY_TOL = 1e-3
@@ -145,7 +145,7 @@ def _qname(qt: int) -> str:
 
 def identity_verdict(ref, res):
     """(GreedyVerdict, max|logit diff|) of engine result `res` vs the CPU reference `ref`."""
-    from minfer import gates
+    from minfer.tools import gates
 
     diff = gates.logit_error(res.last_logits, ref.last_logits)
     v = gates.compare_greedy(res.greedy_ids, ref.greedy_ids, ref.step_margins, 2.0 * diff)
@@ -156,7 +156,7 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
     """The prompt's token ids; a model whose tokenizer minfer cannot build gets 16 fixed
     pseudo-random ids instead (said on one line): identity needs ids, not text."""
     from minfer.errors import BadInput, MinferError
-    from minfer.tokenizer import Tokenizer
+    from minfer.text.tokenizer import Tokenizer
 
     try:
         ids = Tokenizer.from_metadata(model.metadata).encode(prompt)
@@ -239,7 +239,7 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
     kernels against the CPU reference)."""
     from minfer.cuda.runtime.runtime import RuntimeConfig, get_runtime
     from minfer.errors import GPUError
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     try:  # before the default model is fetched
         rt = get_runtime(RuntimeConfig(poison=True))
@@ -250,7 +250,7 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
                        f"a CUDA GPU: {reason} (the CPU reference alone: minfer prefill "
                        f"--backend cpu)") from None
     if model_path is None:
-        from minfer.fetch import default_model_path
+        from minfer.tools.fetch import default_model_path
 
         model_path = default_model_path()
     model = load_model(model_path)

@@ -1,6 +1,6 @@
 """`minfer perplexity`: perplexity of a model over a text, and KL divergence against the logits
 of another run (design gate 6; docs/perplexity.md). The windows, the math and the logits file
-are minfer.perplexity's; this module reads the options, runs the backend's window_logits per
+are minfer.tools.perplexity's; this module reads the options, runs the backend's window_logits per
 window (a progress bar by window) and prints.
 
 Options are checked before the default model is fetched; a --kld-base file's header before the
@@ -20,15 +20,15 @@ import click
 
 from minfer.commands.gemm_flags import gemm_choice, gemm_options
 from minfer.errors import BadInput
-from minfer.threads import threads_option
+from minfer.host.threads import threads_option
 
 DEFAULT_CTX = 512
 DEFAULT_CHUNKS = 4  # 1,020 scored tokens at ctx 512; a --save-logits file of 192 MiB at vocab 49k
 
 
 def read_text(path: str) -> str:
-    from minfer.fileio import read_capped
-    from minfer.perplexity import TEXT_CAP
+    from minfer.host.fileio import read_capped
+    from minfer.tools.perplexity import TEXT_CAP
 
     data = read_capped(path, TEXT_CAP, "text")
     try:
@@ -85,13 +85,13 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
     divergence against a saved run's logits (as its --kl-divergence)."""
     import numpy as np
 
-    from minfer import perplexity as P
+    from minfer.tools import perplexity as P
     from minfer.commands.prefill import UBATCH, check_backend, pick_backend_kind
     from minfer.engine import make_backend
-    from minfer.fileio import check_output_path
-    from minfer.loader import load_model
-    from minfer.progress import bar as progress_bar
-    from minfer.tokenizer import Tokenizer
+    from minfer.host.fileio import check_output_path
+    from minfer.gguf.loader import load_model
+    from minfer.host.progress import bar as progress_bar
+    from minfer.text.tokenizer import Tokenizer
 
     check_options(ctx, chunks, save_path, base_path, emulate, backend_kind)
     kind, why = pick_backend_kind(backend_kind or ("cpu" if emulate else None))
@@ -109,7 +109,7 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
     text_name = str(text_path) if text_path is not None else str(P.DEFAULT_TEXT)
     text = read_text(text_name)
     if model_path is None:
-        from minfer.fetch import default_model_path
+        from minfer.tools.fetch import default_model_path
 
         model_path = default_model_path()
 

@@ -21,8 +21,8 @@ import click
 from minfer.commands.gemm_flags import gemm_choice, gemm_options
 from minfer.engine import make_backend
 from minfer.errors import BadInput, GPUError
-from minfer.fileio import check_cap, prompt_cap, read_prompt_file
-from minfer.threads import threads_option
+from minfer.host.fileio import check_cap, prompt_cap, read_prompt_file
+from minfer.host.threads import threads_option
 
 DEFAULT_PROMPT = "The name of the capital city of France is"  # golden prompt 0 (--no-chat)
 DEFAULT_CHAT_PROMPT = "What is the capital of France?"
@@ -80,7 +80,7 @@ def prompt_ids(meta, tok, text: str | None, chat: bool | None, system: str | Non
                special: bool) -> tuple[bool, list[int]]:
     """(chat used, token ids). chat None: a chat when no prompt was given and the model has a
     template (or --system was given); the default prompt goes with the mode."""
-    from minfer import chat as chat_mod
+    from minfer.text import chat as chat_mod
 
     if chat is None:
         chat = system is not None or (text is None and chat_mod.has_template(meta))
@@ -146,8 +146,8 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
             ctx_size, backend_kind, ubatch, dtype, as_json, gemm) -> None:
     """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text."""
     from minfer import engine
-    from minfer.loader import load_model
-    from minfer.tokenizer import Tokenizer
+    from minfer.gguf.loader import load_model
+    from minfer.text.tokenizer import Tokenizer
 
     check_options(prompt, prompt_file, chat, system, n_greedy, ubatch, ctx_size)
     dtype = dtype.lower() if dtype else None
@@ -157,13 +157,13 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     choice = gemm_choice(gemm)   # --gemm / the environment, resolved once
     text = read_prompt_file(prompt_file) if prompt_file is not None else prompt  # capped
     if model_path is None:
-        from minfer.fetch import default_model_path
+        from minfer.tools.fetch import default_model_path
 
         model_path = default_model_path()
 
     t0 = time.perf_counter()
     model = load_model(model_path)
-    from minfer.arch_keys import gpu_unsupported
+    from minfer.gguf.arch_keys import gpu_unsupported
 
     if kind == "cuda" and why.startswith("auto") and gpu_unsupported(model.config):
         kind, why = "cpu", f"auto: {model.config.arch} runs on the CPU reference only"

@@ -31,7 +31,7 @@ def quantize(in_path: str, out_path: str, ftype: str, threads: int | None, quiet
         for ty in st.types.values():
             counts[ty] = counts.get(ty, 0) + 1
         mix = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
-        from minfer.fileio import escape_controls
+        from minfer.host.fileio import escape_controls
 
         click.echo(f"{escape_controls(out_path)}: {st.n_tensors} tensors ({mix}), "
                    f"{st.in_bytes / 2**20:.1f} MiB -> {st.out_bytes / 2**20:.1f} MiB")

@@ -1,10 +1,10 @@
-"""`minfer synth -o OUT`: write a synthetic llama-family GGUF at production shape (minfer.synth)."""
+"""`minfer synth -o OUT`: write a synthetic llama-family GGUF at production shape (minfer.tools.synth)."""
 
 from __future__ import annotations
 
 import click
 
-from minfer.synth import FTYPES, PRESETS
+from minfer.tools.synth import FTYPES, PRESETS
 
 
 @click.command("synth")
@@ -30,14 +30,14 @@ from minfer.synth import FTYPES, PRESETS
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, workers, quiet) -> None:
     """Write a valid llama GGUF of random, well-formed quantized weights at any shape."""
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     src = None if tokenizer_from.lower() == "none" else tokenizer_from
     opts = SynthOptions(preset=preset, layers=layers, n_ctx=n_ctx, qtype=qtype, seed=seed,
                         vocab=vocab, tokenizer_from=src, workers=workers)
     r = make_synthetic_model(out, opts, progress=not quiet)
     s = r["shape"]
-    from minfer.fileio import escape_controls
+    from minfer.host.fileio import escape_controls
 
     name = escape_controls(str(r["path"]))
     click.echo(f"{name}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "

@@ -106,7 +106,7 @@ class CudaBackend:
         label = self.gcfg.label()
         plain = label == "auto" or (label in TABLE and not TABLE[label].int8)   # f16
         self.name = "cuda" if plain else f"cuda-{label}"
-        from minfer.arch_keys import gpu_unsupported
+        from minfer.gguf.arch_keys import gpu_unsupported
 
         if gpu_unsupported(c):
             raise Unsupported(f"cuda backend: {gpu_unsupported(c)}")

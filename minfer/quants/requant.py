@@ -4,7 +4,7 @@ Each tensor gets the type minfer.quants.mix picks; a tensor whose type does not 
 byte for byte (llama.cpp does the same), any other is dequantized to float32 (the reference
 dequant, = ggml's to_float) and quantized with minfer.quants.quantize. Work is split into row
 chunks run by a process pool (every core), results come back in order and stream into
-minfer.gguf_write.write_gguf, which writes atomically (temporary name, then rename).
+minfer.gguf.write.write_gguf, which writes atomically (temporary name, then rename).
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ _worker_stop = None
 
 def _worker_init(path: str, forked: bool, stop) -> None:
     global _worker_model, _worker_stop
-    from minfer.signals import ignore_in_worker
+    from minfer.host.signals import ignore_in_worker
 
     ignore_in_worker()  # the parent handles SIGINT/SIGTERM/SIGHUP and drains us (see _drain)
     _worker_stop = stop
     if not forked:  # a forked worker already has the parent's opened (memory-mapped) model
-        from minfer.loader import load_model
+        from minfer.gguf.loader import load_model
 
         _worker_model = load_model(path)
 
@@ -80,7 +80,7 @@ def _drain(pool, stop) -> None:
 
 
 def check_output_path(in_path: Path, out_path: Path) -> None:
-    from minfer.fileio import check_output_path as check_out
+    from minfer.host.fileio import check_output_path as check_out
 
     check_out(out_path)  # a device, FIFO or directory there is refused, never replaced
     parent = out_path.parent
@@ -96,8 +96,8 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
                    threads: int | None = None, progress: bool = True) -> QuantizeStats:
     import gguf
 
-    from minfer.gguf_write import metadata_from_reader, write_gguf
-    from minfer.loader import load_model
+    from minfer.gguf.write import metadata_from_reader, write_gguf
+    from minfer.gguf.loader import load_model
     from minfer.quants.mix import FTYPES, GGML_QNT_VERSION, MixModel, TensorDesc, ftype_key, plan_types
 
     in_path, out_path = Path(in_path), Path(out_path)
@@ -144,9 +144,9 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     _worker_model = model  # inherited by forked workers (opening the model again takes seconds)
     # the pool is made before any progress-bar thread exists (fork copies no running thread)
     stop = ctx.Event()
-    from minfer.signals import deferred
+    from minfer.host.signals import deferred
 
-    from minfer.pools import start_pool
+    from minfer.host.pools import start_pool
 
     with deferred():  # a signal now would leave started workers behind: take it after
         pool = start_pool(ctx, min(threads, max(1, len(items))), initializer=_worker_init,
@@ -154,7 +154,7 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     bar = None
     try:
         results = pool.imap(_work, items)  # ordered; workers run ahead of the writer
-        from minfer.progress import bar as progress_bar
+        from minfer.host.progress import bar as progress_bar
 
         bar = progress_bar(progress, total=n_weights, unit="w", unit_scale=True,
                            desc=f"quantizing {ftype}")

@@ -49,7 +49,7 @@ GEMMs) and a NaN/inf raises NumericError (exit 3) naming the first layer whose o
 non-finite and the position and token: an argmax over NaN logits is never decoded. numpy's
 overflow warnings are silenced in the forward, since this check reports them as one line.
 A MemoryError anywhere in the backend becomes a ResourceError (exit 3, one line); preload()
-first compares what it will allocate with the host's headroom (minfer.hostmem).
+first compares what it will allocate with the host's headroom (minfer.host.hostmem).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class ReferenceBackend:
                     w = blk_grid(w.reshape(w.shape[0], -1), weight=True, block=self.blk_block)
                 w = w.astype(self.dtype, copy=False)
             except MemoryError:
-                from minfer.hostmem import out_of_memory
+                from minfer.host.hostmem import out_of_memory
 
                 raise out_of_memory(f"converting {name} to {self.dtype}") from None
             self._w[name] = w
@@ -181,13 +181,13 @@ class ReferenceBackend:
     def preload(self, progress: bool = False) -> None:
         """Dequantize every weight now (so load time is not billed to the first forward).
         ResourceError first when they cannot fit the host's memory headroom."""
-        from minfer.hostmem import require
+        from minfer.host.hostmem import require
 
         require(self.preload_bytes(), f"the CPU backend's {self.dtype} weights")
         names = [n for n in self.model.tensors if n != "token_embd.weight"]
         if self.cfg.tied_embeddings:
             names.append("token_embd.weight")
-        from minfer.progress import bar
+        from minfer.host.progress import bar
 
         for n in bar(progress, iterable=names, desc="dequantize", unit="tensor") or names:
             self.weight(n)
@@ -223,7 +223,7 @@ class ReferenceBackend:
             return
         new_cap = min(max(n_tokens, 2 * cap, 16), c.n_ctx)
         shape = (new_cap, c.n_kv_heads, c.head_dim)
-        from minfer.hostmem import out_of_memory, require
+        from minfer.host.hostmem import out_of_memory, require
 
         require(2 * c.n_layers * new_cap * c.n_kv_heads * c.head_dim * self.dtype.itemsize,
                 f"the CPU backend's KV cache of {new_cap} positions")
@@ -262,7 +262,7 @@ class ReferenceBackend:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
                 return self._forward(ids, pos0, n_out)
         except MemoryError:
-            from minfer.hostmem import out_of_memory
+            from minfer.host.hostmem import out_of_memory
 
             raise out_of_memory(f"running the CPU forward at position {pos0}") from None
 
@@ -291,7 +291,7 @@ class ReferenceBackend:
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise BadInput(f"forward: token id out of range [0, {c.vocab_size})")
         self.reserve(pos0 + T)
-        from minfer.hostmem import require
+        from minfer.host.hostmem import require
 
         require(self.forward_bytes(T, pos0 + T), f"the CPU forward of {T} tokens")
         ft = self.dtype

@@ -46,7 +46,7 @@ def yarn_corr_dims(rope_dim: int, n_ctx_orig: int, base: float, beta_fast: float
 def rope_cos_sin(pos: np.ndarray, base: float, rope_dim: int, dtype: np.dtype = np.float32,
                  scaling=None) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin of theta[t, i] = pos[t] * base^(-2i/rope_dim), i < rope_dim/2, as scaled by
-    `scaling` (minfer.loader.RopeScaling; None: plain).  -> 2 x [T, rope_dim/2].
+    `scaling` (minfer.gguf.loader.RopeScaling; None: plain).  -> 2 x [T, rope_dim/2].
 
     float32: ggml's ggml_rope_cache_init: theta_scale = powf(base, -2/n_dims) and a running
     product theta = p; theta *= theta_scale per pair, all in float, then rope_yarn: the angle
@@ -104,7 +104,7 @@ def rope(x: np.ndarray, pos: np.ndarray, base: float, rope_dim: int, neox: bool,
 
     neox=False (llama, ggml "normal" mode): rotate adjacent pairs (x[2i], x[2i+1]) by theta_i.
     neox=True: rotate (x[i], x[i + rope_dim/2]). Dimensions past rope_dim pass through.
-    scaling: minfer.loader.RopeScaling (linear, YaRN, llama3 factors), None for plain RoPE.
+    scaling: minfer.gguf.loader.RopeScaling (linear, YaRN, llama3 factors), None for plain RoPE.
     """
     ft = _ftype(x)
     x = np.asarray(x, dtype=ft)

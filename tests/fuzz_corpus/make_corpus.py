@@ -1,7 +1,7 @@
 """Seed corpus for the GGUF fuzz tests: tiny, valid, llama-shaped models (a few KB each).
 
 Deterministic (fixed seeds). `python tests/fuzz_corpus/make_corpus.py DIR` writes them to DIR;
-the fuzz tests call `make_corpus(dir)` on a temp dir. Each seed loads with minfer.loader and
+the fuzz tests call `make_corpus(dir)` on a temp dir. Each seed loads with minfer.gguf.loader and
 varies what the header holds: tensor types (F32, F16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K),
 custom alignment, tokenizer arrays (strings, int32 token types, float scores), nested arrays,
 biases (qwen2), an output head.

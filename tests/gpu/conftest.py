@@ -49,7 +49,7 @@ def _models() -> list[str]:
 
 @pytest.fixture(scope="module", params=_models())
 def model(request, tmp_path_factory):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     if request.param == "synth-tiny":
         from synth_data import tiny_model

@@ -171,7 +171,7 @@ def test_fused_operands_give_the_unfused_logits(hopper, tmp_path):
     from minfer.cuda import backend as B
     from minfer.cuda.ops.attention import operand_fuses
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     model = load_model(write_small(tmp_path / "hd128.gguf",
                                    *small_parts(seed=2, d_model=256, n_heads=2, n_kv_heads=1)))

@@ -41,7 +41,7 @@ def test_check_passes_on_8b_shape_2_layers(tmp_path):
     from click.testing import CliRunner
 
     from minfer.commands.check import check
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     path = tmp_path / "l8b2.gguf"
     make_synthetic_model(path, SynthOptions(preset="llama3-8b", layers=2, qtype="q4_K_M",
@@ -73,7 +73,7 @@ def test_check_parity_rows_fail_when_launcher_writes_nothing(tiny_path, rt, monk
     import minfer.commands.check as C
     from minfer.cuda.paths import TABLE
     from minfer.cuda.paths.q8_1 import RawInt8Route
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     monkeypatch.setattr(RawInt8Route, "run", lambda *a, **k: None)
     rows = C.parity_rows(rt, load_model(tiny_path), n_sample=16,
@@ -86,7 +86,7 @@ def _real_model():
     import os
     from pathlib import Path
 
-    from minfer.fetch import default_model_path
+    from minfer.tools.fetch import default_model_path
 
     try:
         p = default_model_path(fetch=False)

@@ -23,8 +23,8 @@ def test_f16_path_matches_llamacpp(tmp_path, preset, report):
     from minfer import engine
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.gates import compare_greedy, tau_from
-    from minfer.loader import load_model
+    from minfer.tools.gates import compare_greedy, tau_from
+    from minfer.gguf.loader import load_model
 
     g = json.loads((GOLDEN / f"{preset}.json").read_text())
     want = np.load(GOLDEN / f"{preset}.npy")
@@ -42,7 +42,7 @@ def test_f16_path_matches_llamacpp(tmp_path, preset, report):
 
 def _gpu_runs(model) -> None:
     """Skip a family the CUDA backend does not run (arch_keys.gpu_unsupported: CPU only)."""
-    from minfer.arch_keys import gpu_unsupported
+    from minfer.gguf.arch_keys import gpu_unsupported
 
     why = gpu_unsupported(model.config)
     if why:
@@ -54,12 +54,12 @@ def test_check_passes_on_scaled_family(tmp_path, preset):
     from click.testing import CliRunner
 
     from minfer.commands.check import check
-    from minfer.synth import SynthOptions, make_synthetic_model
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     path = tmp_path / f"{preset}-q4km.gguf"
     make_synthetic_model(path, SynthOptions(preset=preset, qtype="q4_K_M", vocab=1024,
                                             tokenizer_from=None, workers=1), progress=False)
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     _gpu_runs(load_model(path))
     r = CliRunner().invoke(check, ["-m", str(path), "-p", "The quick brown fox " * 24])

@@ -39,14 +39,14 @@ def tiny_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny(tiny_path):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_path)
 
 
 @pytest.fixture(scope="module")
 def huge_ctx(tmp_path_factory):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     return load_model(_synth(tmp_path_factory, "tiny-ctx1g", n_ctx=1 << 30))
 
@@ -274,7 +274,7 @@ def test_non_finite_logits_name_the_first_bad_layer(rt, tmp_path, name, edit, wh
 
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
 
     meta, tensors = small_parts(seed=3, tied=False, d_model=128, d_ff=256, n_heads=2,
                                 n_kv_heads=1)   # head_dim 64

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from minfer.loader import load_model
+    from minfer.gguf.loader import load_model
     from synth_data import tiny_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("synth"), seed=5, workers=None))

@@ -116,7 +116,7 @@ def prebuild(specs, arch: str, progress: bool = False, workers: int | None = Non
     if not todo:
         return Prep()
     t0 = time.perf_counter()
-    from minfer.progress import bar as progress_bar
+    from minfer.host.progress import bar as progress_bar
 
     bar = progress_bar(progress, total=len(todo), unit="kernel", desc=f"compiling {len(todo)} "
                        f"kernel{'s' * (len(todo) > 1)} for {arch} (first run only)")

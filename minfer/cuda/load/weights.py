@@ -62,7 +62,7 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     import time
 
     from minfer.cuda.runtime.upload import Staging, split_rows
-    from minfer.progress import bar
+    from minfer.host.progress import bar
 
     t0 = time.perf_counter()
     m, c = model, model.config

@@ -31,7 +31,7 @@ class RopeTable:
 
     @classmethod
     def build(cls, rt, n_pos: int, base: float, rope_dim: int, scaling=None) -> "RopeTable":
-        """scaling: minfer.loader.RopeScaling (linear, YaRN, llama3 factors, mscale): all of it
+        """scaling: minfer.gguf.loader.RopeScaling (linear, YaRN, llama3 factors, mscale): all of it
         lives in the table, so every kernel that reads it (rope, rope_qkv, the fused GEMM
         epilogue) applies it."""
         from minfer.reference.ops import rope_cos_sin

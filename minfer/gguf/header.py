@@ -363,7 +363,7 @@ def _check_layout(name: str, infos: list, alignment: int, data_start: int,
 
 def _open(path: str | os.PathLike, keep_map: bool) -> tuple[GGUFHeader, np.memmap | None]:
     p = Path(path)
-    from minfer.fileio import check_input_file
+    from minfer.host.fileio import check_input_file
 
     check_input_file(p, "model", BadModel)  # by type, before an open() a FIFO would block
     try:
@@ -381,7 +381,7 @@ def _open(path: str | os.PathLike, keep_map: bool) -> tuple[GGUFHeader, np.memma
     except IsADirectoryError:
         raise BadModel(f"{p}: is a directory, not a GGUF file") from None
     except OSError as e:  # permission, I/O error, special file; ENOMEM: exit 3
-        from minfer.fileio import read_error
+        from minfer.host.fileio import read_error
 
         raise read_error(e, p, "map the file" if e.errno == errno.ENOMEM else "read",
                          BadModel) from None

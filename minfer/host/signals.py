@@ -190,7 +190,7 @@ def _kill_children() -> None:
     # a command's normal and error paths join their pools; one left (a pool whose start failed
     # halfway) has workers that ignore SIGTERM, and the exit would wait on them forever
     if "multiprocessing" in sys.modules:
-        from minfer.pools import stop_strays
+        from minfer.host.pools import stop_strays
 
         stop_strays()
 

@@ -14,7 +14,7 @@ Used by `minfer quantize`, `minfer synth` and the model slicer. Three properties
   The header needs every tensor's size first, so the infos are written up front (from qtype and
   shape) and each callable is called only when its data is written, once, in order: an 8B model
   is never held in memory at once.
-- Atomic (minfer.fileio.atomic_output). The file is written under a temporary name in the
+- Atomic (minfer.host.fileio.atomic_output). The file is written under a temporary name in the
   destination folder and renamed into place at the end; an error or a signal removes the
   temporary file, and an existing output that is not a regular file is refused.
 """
@@ -29,7 +29,7 @@ from typing import Any, Union
 import numpy as np
 
 from minfer.errors import BadInput
-from minfer.fileio import atomic_output
+from minfer.host.fileio import atomic_output
 
 TensorData = Union[np.ndarray, Callable[[], np.ndarray]]
 TensorEntry = tuple[str, int, tuple[int, ...], TensorData]  # (name, qtype, shape, data)
@@ -46,7 +46,7 @@ def _typed_value(key: str, value: Any):
     V = gguf.GGUFValueType
     if isinstance(value, gguf.GGUFValue):
         if value.type == V.ARRAY and value.sub_type == V.ARRAY and value.value:
-            # minfer.gguf_header gives nested arrays flattened: writing them would lie
+            # minfer.gguf.header gives nested arrays flattened: writing them would lie
             raise BadInput(f"metadata {key!r}: nested arrays are not supported")
         return value
     if isinstance(value, gguf.ReaderField):
@@ -107,7 +107,7 @@ def metadata_from_reader(reader) -> dict[str, Any]:
     """
     import gguf
 
-    header = getattr(reader, "header", reader)  # minfer.loader.GGUFModel -> its GGUFHeader
+    header = getattr(reader, "header", reader)  # minfer.gguf.loader.GGUFModel -> its GGUFHeader
     if hasattr(header, "kv"):  # the fast parser's values are GGUFValues already
         return {k: gguf.GGUFValue(list(v.value) if isinstance(v.value, list) else v.value,
                                   v.type, v.sub_type) for k, v in header.kv.items()}
@@ -165,7 +165,7 @@ def write_gguf(path: str | os.PathLike, arch: str, metadata: Mapping[str, Any],
     """Write a GGUF v3 file atomically; returns its path. See the module docstring."""
     import gguf
 
-    from minfer.fileio import check_output_path
+    from minfer.host.fileio import check_output_path
 
     path = check_output_path(path)  # a device, FIFO or directory there is never replaced
     meta = {k: _typed_value(k, v) for k, v in metadata.items()}
@@ -207,7 +207,7 @@ def _write(w, meta, entries, total: int, label: str, progress: bool) -> None:
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        from minfer.progress import bar as progress_bar
+        from minfer.host.progress import bar as progress_bar
 
         bar = progress_bar(progress, total=total, unit="B", unit_scale=True,
                            desc=f"writing {label}")

@@ -245,7 +245,7 @@ class Tokenizer:
         self._rstrip = _rstrip_ids(meta, texts, special)
 
         # the Rust tokenizer aborts the process when an allocation fails: refuse before it
-        from minfer.hostmem import require
+        from minfer.host.hostmem import require
 
         merges = meta.get("tokenizer.ggml.merges")
         n_merges = len(merges) if isinstance(merges, (list, tuple)) else 0

@@ -4,7 +4,7 @@
 valid GGUF that minfer, llama.cpp and gguf's reader all load: the metadata llama.cpp's converter
 writes for the architecture, the tensor names and shapes of the real model, the tensor-type mix
 llama.cpp's quantizer would choose, and random weights written directly as well-formed quantized
-blocks (minfer.synth_blocks).
+blocks (minfer.tools.synth_blocks).
 
 Why the values do not matter for benchmarks: the work of a quantized GEMM (bytes loaded,
 dequant / integer-dot instructions, mma count) depends on the shapes and types only. No kernel
@@ -123,7 +123,7 @@ PRESETS: dict[str, SynthShape] = {
 }
 ROPE_SCALINGS = ("none", "llama3", "linear", "yarn")
 
-# the --type choices: file types whose mix uses only types minfer.synth_blocks can write
+# the --type choices: file types whose mix uses only types minfer.tools.synth_blocks can write
 # (Q4_K, Q6_K, Q5_0, Q8_0, F16); file_type values from minfer.quants.mix.FTYPES
 FTYPES = ("q4_K_M", "q6_K", "q8_0", "f16")
 
@@ -228,7 +228,7 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float, orig_ctx: int
 def make_tensor(plan: TensorPlan, seed: int, index: int,
                 shape: SynthShape | None = None) -> np.ndarray:
     """The data of one tensor: seeded by (seed, index) alone, so any worker can make it."""
-    from minfer.synth_blocks import random_blocks
+    from minfer.tools.synth_blocks import random_blocks
 
     if plan.kind == "rope_freqs":
         return llama3_rope_factors(2 * plan.shape[0], shape.rope_base, shape.rope_factor,
@@ -251,7 +251,7 @@ def _produce(plans: list[TensorPlan], seed: int, workers: int,
         return
     import multiprocessing
 
-    from minfer.signals import deferred
+    from minfer.host.signals import deferred
 
     ctx = multiprocessing.get_context("fork")
     stop = ctx.Event()
@@ -283,7 +283,7 @@ _stop = None  # the pool's stop event, in each worker process (set by _worker_in
 
 def _worker_init(stop) -> None:
     global _stop
-    from minfer.signals import ignore_in_worker
+    from minfer.host.signals import ignore_in_worker
 
     ignore_in_worker()
     _stop = stop
@@ -316,7 +316,7 @@ def generated_tokenizer(vocab: int, specials: tuple[str, ...] = SPECIALS,
     n_pairs = vocab - 256 - n_special
     if n_pairs < 0 or n_pairs > 256 * 256:
         raise BadInput(f"a generated vocab must have 258..{256 * 256 + 258} tokens, not {vocab}")
-    from minfer.tokenizer import bytes_to_unicode
+    from minfer.text.tokenizer import bytes_to_unicode
 
     chars = [bytes_to_unicode()[b] for b in range(256)]  # GPT-2 byte-level alphabet
     pairs = [(a, b) for a in range(256) for b in range(256)][:n_pairs]
@@ -342,7 +342,7 @@ def tokenizer_metadata(source: str | os.PathLike | None, vocab: int | None,
     """(tokenizer.* metadata, vocab size, a line saying where it came from)."""
     path = None
     if source == "default":
-        from minfer.fetch import default_model_path
+        from minfer.tools.fetch import default_model_path
 
         p = default_model_path(fetch=False)
         path = p if p.exists() else None
@@ -351,7 +351,7 @@ def tokenizer_metadata(source: str | os.PathLike | None, vocab: int | None,
         if not path.is_file():
             raise BadInput(f"--tokenizer-from {path}: no such file")
     if path is not None:
-        from minfer.gguf_header import read_header
+        from minfer.gguf.header import read_header
 
         meta = {k: v for k, v in read_header(path).kv.items() if k.startswith("tokenizer.")}
         tok = meta.get("tokenizer.ggml.tokens")
@@ -431,7 +431,7 @@ def make_synthetic_model(out: str | os.PathLike, opts: SynthOptions,
     """Write the model; returns a summary (path, bytes, tensors, tokenizer line, seconds)."""
     import time
 
-    from minfer.gguf_write import write_gguf
+    from minfer.gguf.write import write_gguf
 
     t0 = time.perf_counter()
     shape = resolve_shape(opts)

@@ -1,6 +1,6 @@
 """GGUF model loading: metadata -> ModelConfig, tensors memory-mapped, reference dequant.
 
-The header is validated and parsed in one pass by minfer.gguf_header (fast: no numpy object
+The header is validated and parsed in one pass by minfer.gguf.header (fast: no numpy object
 per metadata item); the file is memory-mapped once, read-only, and each tensor's data is a numpy
 view into that map, only read when dequantized. Metadata and tensor data are what the `gguf`
 package's GGUFReader gives (tests/test_loader.py holds us to it); `GGUFModel.reader` opens that
@@ -161,7 +161,7 @@ class GGUFModel:
     def __init__(self, path: str | os.PathLike, strict: bool = True):
         """strict=False (`minfer inspect`): a metadata key or tensor minfer does not understand
         is recorded in self.refusal instead of raised, so the file can still be shown."""
-        from minfer.gguf_header import open_gguf, tensor_view
+        from minfer.gguf.header import open_gguf, tensor_view
 
         self.path = Path(path)
         self.header, self._map = open_gguf(self.path)  # validates every count/length/offset
@@ -186,7 +186,7 @@ class GGUFModel:
                            f"only {len(self.tensors)} tensors")
         expected = self._check_tensors()
         self.refusal: str | None = None
-        from minfer.arch_keys import check_keys, check_tensor_names
+        from minfer.gguf.arch_keys import check_keys, check_tensor_names
 
         try:  # what minfer would otherwise silently ignore
             check_keys(self.path, c.arch, self.metadata)

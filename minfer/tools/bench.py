@@ -135,7 +135,7 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
 def _progress(on: bool, total: int):
     """step(label) before each sample, step(None) at the end: a tqdm bar on stderr, only on a
     terminal (a CPU sample can take seconds and a bench minutes)."""
-    from minfer.progress import bar as progress_bar
+    from minfer.host.progress import bar as progress_bar
 
     bar = progress_bar(on, total=total, desc="bench", unit="sample")
     if bar is None:
@@ -224,11 +224,11 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
         fmt: str = "md", progress: bool = False) -> list[Row]:
     """Load, bench, print. configs: the --ab labels; choices: their resolved GemmChoices
     (minfer.commands.gemm_flags.gemm_choice; None: auto for each). The results table goes to
-    `out` (default: echo) in `fmt` (md, json, csv: minfer.bench_out), everything else to
+    `out` (default: echo) in `fmt` (md, json, csv: minfer.tools.bench_out), everything else to
     echo."""
     from minfer.engine import make_backend
-    from minfer.bench_out import format_rows
-    from minfer.loader import load_model
+    from minfer.tools.bench_out import format_rows
+    from minfer.gguf.loader import load_model
 
     model = load_model(model_path)
     configs = expand_configs(configs or [""])

@@ -99,7 +99,7 @@ def read_error(e: OSError, path: str | os.PathLike, doing: str,
     anything else `exc` (exit 2)."""
     why = e.strerror or str(e) or type(e).__name__
     if e.errno == errno.ENOMEM:
-        from minfer.hostmem import fmt_bytes, headroom
+        from minfer.host.hostmem import fmt_bytes, headroom
 
         room, limit = headroom()
         have = f"; {fmt_bytes(room)} available ({limit})" if room is not None else ""

@@ -18,18 +18,18 @@ from typing import Any
 
 from minfer.errors import Unsupported
 
-# Keys the loader reads for every supported architecture (minfer.loader.GGUFModel._config).
+# Keys the loader reads for every supported architecture (minfer.gguf.loader.GGUFModel._config).
 USED = (
     "{a}.block_count", "{a}.context_length", "{a}.embedding_length", "{a}.feed_forward_length",
     "{a}.attention.head_count", "{a}.attention.head_count_kv", "{a}.attention.key_length",
     "{a}.attention.value_length", "{a}.attention.layer_norm_rms_epsilon",
     "{a}.rope.dimension_count", "{a}.rope.freq_base", "{a}.vocab_size",
-    # RoPE scaling (minfer.loader.rope_scaling)
+    # RoPE scaling (minfer.gguf.loader.rope_scaling)
     "{a}.rope.scaling.type", "{a}.rope.scaling.factor", "{a}.rope.scale_linear",
     "{a}.rope.scaling.attn_factor", "{a}.rope.scaling.original_context_length",
 )
 
-# Keys the loader reads for one architecture only (minfer.loader.GGUFModel._gemma for gemma3:
+# Keys the loader reads for one architecture only (minfer.gguf.loader.GGUFModel._gemma for gemma3:
 # llama_model_gemma3::load_arch_hparams); for the others they stay refused (WHY).
 USED_BY_ARCH = {
     "llama": ("{a}.attention.sliding_window",),   # Mistral 7B v0.1: loader._mistral_window
@@ -47,7 +47,7 @@ INERT = (
 # are those of full causal attention; docs/families.md says so).
 INERT_BY_ARCH = {"phi3": ("{a}.attention.sliding_window",)}
 # Whole namespaces with no effect on the numbers: descriptions (general.*), the tokenizer's
-# (read and checked by minfer.tokenizer), imatrix provenance, and the reader's pseudo-keys.
+# (read and checked by minfer.text.tokenizer), imatrix provenance, and the reader's pseudo-keys.
 INERT_PREFIXES = ("general.", "tokenizer.", "quantize.imatrix.", "GGUF.")
 
 # Keys that are inert only at the value llama.cpp assumes (llama.cpp does not read them for

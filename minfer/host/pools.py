@@ -3,7 +3,7 @@
 multiprocessing.Pool() forks its workers, then starts three threads. When a fork or a thread
 fails halfway (`Cannot allocate memory`, `can't start new thread`: a tight `ulimit -v`), the
 constructor raises with workers already running, and its worker-handler thread alive,
-re-forking any that die. minfer's workers ignore SIGTERM (minfer.signals.ignore_in_worker),
+re-forking any that die. minfer's workers ignore SIGTERM (minfer.host.signals.ignore_in_worker),
 so Pool's own cleanup (terminate, then join) and the interpreter's exit would wait on them
 forever. start_pool stops the handler first, then kills the workers (they hold no task yet).
 Uses Pool's private attributes (_pool, _worker_handler, _change_notifier), as of CPython 3.11.

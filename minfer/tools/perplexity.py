@@ -35,7 +35,7 @@ import numpy as np
 
 from minfer.errors import BadInput
 
-DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "gnu-gpl.txt"
+DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "data" / "gnu-gpl.txt"
 TEXT_CAP = 16 << 20  # bytes of text read at most
 MAGIC = b"MINFER-LOGITS-1\n"
 ALIGN = 64
@@ -183,9 +183,9 @@ def header(model, ctx: int, chunks: int, windows: list[np.ndarray], backend: str
 @contextlib.contextmanager
 def write_logits(path: str, hdr: dict):
     """`with write_logits(path, hdr) as append: append(rows)` for each window's scored logits
-    [rows, vocab]: the file appears (renamed from a temporary, minfer.fileio) only when the
+    [rows, vocab]: the file appears (renamed from a temporary, minfer.host.fileio) only when the
     block ends normally with every row of the header written."""
-    from minfer.fileio import open_output
+    from minfer.host.fileio import open_output
 
     with open_output(path, "wb") as f:
         head = json.dumps(hdr).encode()
@@ -206,7 +206,7 @@ def write_logits(path: str, hdr: dict):
 def read_logits(path: str) -> tuple[dict, np.ndarray]:
     """(header, float32 memmap [chunks * rows, vocab]) of a --save-logits file; BadInput (one
     line) for anything else."""
-    from minfer.fileio import check_input_file
+    from minfer.host.fileio import check_input_file
 
     st = check_input_file(path, "logits")
     bad = BadInput(f"{path}: not a minfer logits file (made by `minfer perplexity "
@@ -228,7 +228,7 @@ def read_logits(path: str) -> tuple[dict, np.ndarray]:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
         raise bad from None
     except OSError as e:
-        from minfer.fileio import read_error
+        from minfer.host.fileio import read_error
 
         raise read_error(e, path, "read logits file") from None
     return hdr, np.memmap(path, "<f4", "r", offset=start, shape=(rows, vocab))

@@ -1,7 +1,7 @@
 """Slice a GGUF model to its first N layers under a size cap (the device takes <= 64 MiB per call).
 
 `slice_model(src, dst, layers=None, max_mib=60.0)` keeps token_embd, output_norm, output (if
-present) and blk.0 .. blk.N-1, copies the metadata with its value types (minfer.gguf_header)
+present) and blk.0 .. blk.N-1, copies the metadata with its value types (minfer.gguf.header)
 and sets `<arch>.block_count` = N. With layers=None it picks the largest N whose file fits
 `max_mib`; with layers given it checks that N fits. The output size is computed exactly from
 the header layout before anything is written (metadata + tensor infos + aligned tensor data),
@@ -76,7 +76,7 @@ def _metadata(header, n: int) -> dict:
 
 def plan_slice(src: str | os.PathLike, layers: int | None = None,
                max_mib: float = 60.0) -> SlicePlan:
-    from minfer.gguf_header import read_header
+    from minfer.gguf.header import read_header
 
     h = read_header(src)
     if "general.architecture" not in h.kv:
@@ -118,8 +118,8 @@ def plan_slice(src: str | os.PathLike, layers: int | None = None,
 def slice_model(src: str | os.PathLike, dst: str | os.PathLike, layers: int | None = None,
                 max_mib: float = 60.0, progress: bool = False) -> SlicePlan:
     """Write the first N layers of `src` to `dst` (see the module docstring)."""
-    from minfer.gguf_header import read_header, tensor_bytes
-    from minfer.gguf_write import write_gguf
+    from minfer.gguf.header import read_header, tensor_bytes
+    from minfer.gguf.write import write_gguf
 
     if Path(dst).resolve() == Path(src).resolve():
         raise BadInput(f"{dst}: output would overwrite the input")

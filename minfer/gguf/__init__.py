@@ -1,0 +1,1 @@
+"""The GGUF file: the header reader (header.py), the loader and model config (loader.py), the keys and tensors each architecture understands (arch_keys.py), atomic writing (write.py), slicing a model (slice.py)."""

@@ -1,0 +1,1 @@
+"""Text and tokens: the tokenizer from GGUF metadata (llama.cpp's ids) and the chat templates."""
