@@ -100,7 +100,7 @@ def check_keys(path: Any, arch: str, metadata: dict[str, Any]) -> None:
         if key in at and _equal(value, at[key]):
             continue
         reason = why.get(key, f"not understood for architecture {arch!r}")
-        raise Unsupported(f"{path}: metadata key {key!r} = {_short(value)}: {reason} "
+        raise Unsupported(f"{path}: metadata key {key!r} = {show(value)}: {reason} "
                           "(minfer refuses what it would otherwise silently ignore)")
 
 
@@ -131,9 +131,10 @@ def _equal(value: Any, want: Any) -> bool:
     return not isinstance(value, (bool, str, list)) and value == want
 
 
-def _short(v: Any) -> str:
+def show(v: Any, n: int = 40) -> str:
+    """A metadata value for an error line: repr (control characters escaped), cut to n."""
     r = ascii(v)
-    return r if len(r) <= 40 else r[:37] + "..."
+    return r if len(r) <= n else r[:n - 3] + "..."
 
 
 # Architectures the CUDA backend runs (its kernels: rmsnorm, SwiGLU, RoPE, causal GQA

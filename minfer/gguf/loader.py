@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from minfer.errors import BadModel, Unsupported
+from minfer.gguf.arch_keys import show
 
 _BLK = re.compile(r"blk\.(\d+)\.")
 
@@ -136,9 +137,7 @@ class TensorInfo:
 
 
 def _show(v: Any) -> str:
-    """A metadata value for an error line: repr (control characters escaped), cut short."""
-    r = ascii(v)
-    return r if len(r) <= 60 else r[:57] + "..."
+    return show(v, 60)
 
 
 def _kind(v: Any) -> str:
