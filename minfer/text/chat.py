@@ -61,24 +61,26 @@ def _environment():
 
 
 def render(meta: Mapping[str, Any], tok, msgs: list[dict[str, str]],
-           add_generation_prompt: bool = True) -> str:
-    """The prompt text the model's template makes of msgs (BadInput when it has none)."""
+           add_generation_prompt: bool = True, what: str = "--chat") -> str:
+    """The prompt text the model's template makes of msgs (BadInput when it has none). `what`
+    names the request in error lines (a prompt file's "messages", say)."""
     from jinja2.exceptions import TemplateError
 
     if not has_template(meta):
-        raise BadInput("--chat: this model has no tokenizer.chat_template in its GGUF "
-                       "metadata; give the prompt as plain text (--no-chat)")
+        raise BadInput(f"{what}: this model has no tokenizer.chat_template in its GGUF "
+                       "metadata; give the prompt as plain text" +
+                       (" (--no-chat)" if what == "--chat" else ""))
     special = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
     try:
         text = _environment().from_string(meta[TEMPLATE_KEY]).render(
             messages=msgs, add_generation_prompt=add_generation_prompt,
             bos_token=special(tok.bos_id), eos_token=special(tok.eos_id))
     except TemplateRefused as e:  # e.g. "system role not supported": the request is refused
-        raise BadInput(f"--chat: the model's chat template refused the messages: {e}") from None
+        raise BadInput(f"{what}: the model's chat template refused the messages: {e}") from None
     except TemplateError as e:
-        raise BadModel(f"--chat: the model's chat template does not render ({e})") from None
+        raise BadModel(f"{what}: the model's chat template does not render ({e})") from None
     except Exception as e:  # a template's runtime error (a bad index, a sandbox refusal)
-        raise BadModel(f"--chat: the model's chat template does not render "
+        raise BadModel(f"{what}: the model's chat template does not render "
                        f"({type(e).__name__}: {e})") from None
     bos = special(tok.bos_id)
     if tok.add_bos and bos and text.startswith(bos):  # the tokenizer adds it (llama.cpp)
@@ -90,17 +92,26 @@ def encode(meta: Mapping[str, Any], tok, user: str, system: str | None = None,
            parse_special: bool = True) -> list[int]:
     """Token ids of the chat prompt: the template's markers as special tokens; the messages'
     own special-token text as special tokens too unless parse_special is False."""
-    msgs = messages(user, system)
+    return encode_messages(meta, tok, messages(user, system), parse_special)
+
+
+def encode_messages(meta: Mapping[str, Any], tok, msgs: list[dict[str, str]],
+                    parse_special: bool = True, what: str = "--chat",
+                    add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a whole conversation (HF's [{"role": ..., "content": ...}, ...]) through
+    the template (with the assistant's generation prompt after it unless told not to);
+    special tokens as in encode()."""
+    gen = add_generation_prompt
     contents = [m["content"] for m in msgs]
     if parse_special or not any(isinstance(f, int) for c in contents
                                 for f in tok._partition(c, True)):
-        return tok.encode(render(meta, tok, msgs), parse_special=True)
+        return tok.encode(render(meta, tok, msgs, gen, what), parse_special=True)
     # Render with placeholders where the messages go, then encode the template's pieces with
     # special tokens and the messages as plain text.
     marks = [f"\x00minfer-msg-{i}\x00" for i in range(len(msgs))]
-    text = render(meta, tok, [dict(m, content=k) for m, k in zip(msgs, marks)])
+    text = render(meta, tok, [dict(m, content=k) for m, k in zip(msgs, marks)], gen, what)
     if any(text.count(k) != 1 for k in marks):
-        raise BadInput("--no-special with --chat: this model's template rewrites the message "
+        raise BadInput(f"--no-special with {what}: this model's template rewrites the message "
                        "text, so it cannot be kept apart from the template's special tokens")
     ids = tok.encode("", add_eos=False)  # BOS when the tokenizer adds one
     rest = text
