@@ -184,9 +184,10 @@ def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
 # minfer/'s top-level groups and what each may not import (bottom up): the host side (signals,
 # threads, files, memory, pools, progress) and text know nothing of models; the file format and
 # the quant types know no backend; the CUDA backend and the CPU reference know no command; the
-# tools (bench, perplexity, synth, fetch, gates) sit under the commands, the commands under the CLI
-TOP = ("cli", "commands", "tools", "engine", "cuda", "reference", "gguf", "quants", "text",
-       "host", "errors")
+# tools (bench, perplexity, synth, fetch, gates) sit under the commands, the commands under the CLI;
+# batch (many prompts: the prompt file, the results) sits under the commands too
+TOP = ("cli", "commands", "tools", "batch", "engine", "cuda", "reference", "gguf", "quants",
+       "text", "host", "errors")
 FORBIDDEN = {
     "errors": set(TOP) - {"errors"},
     "host": set(TOP) - {"host", "errors"},
@@ -197,6 +198,7 @@ FORBIDDEN = {
     "cuda": {"cli", "commands", "tools", "engine", "text"},
     "engine": {"cli", "commands", "tools", "text"},
     "tools": {"cli", "commands"},
+    "batch": {"cli", "commands"},
     "commands": {"cli"},
     "cli": set(),
 }

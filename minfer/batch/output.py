@@ -1,0 +1,126 @@
+"""The results of a prompt file as JSONL: one JSON object a line (UTF-8, ensure_ascii=False).
+
+To standard output (path None or "-"): each line written and flushed as it comes. To a file:
+the lines go to a temporary file in the same directory (fileio.atomic_output's `.NAME.tmp-PID`),
+which commit() flushes, fsyncs and renames over the path; leaving the `with` block without
+commit() (an exception, a signal, a bug) removes the temporary file and leaves the path as it
+was: never a torn or half-written file. An output that cannot be a replaced regular file (a
+directory, a device, a path in a missing directory) is refused when the writer is made, before
+any work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+from minfer.host.fileio import atomic_output, check_output_path, os_error
+
+
+class _Abort(Exception):
+    """Thrown into atomic_output to make it remove its temporary file."""
+
+
+class ResultWriter:
+    """A context manager: write(record) per prompt, commit() at the end."""
+
+    def __init__(self, path: str | None):
+        self.path = None if path in (None, "-") else str(path)
+        self._done = False
+        self._f = None
+        self._atomic = None
+        if self.path is None:
+            return
+        check_output_path(self.path)  # a directory, a missing directory, a device: refused
+        atomic = atomic_output(self.path)
+        tmp = atomic.__enter__()
+        try:
+            self._f = open(tmp, "wb")
+        except BaseException as e:
+            atomic.__exit__(type(e), e, e.__traceback__)
+            if isinstance(e, OSError):
+                raise os_error(e, self.path, "create output") from None
+            raise
+        self._atomic = atomic
+
+    def write(self, record: dict) -> None:
+        """One record as one line of JSON."""
+        if self._done:
+            raise RuntimeError("ResultWriter.write after commit or close")
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        if self._f is None:
+            out = sys.stdout
+            buf = getattr(out, "buffer", None)
+            if buf is None:
+                out.write(line)
+            else:
+                out.flush()  # keep anything printed before in front
+                buf.write(line.encode("utf-8"))
+                buf.flush()
+            return
+        try:
+            self._f.write(line.encode("utf-8"))
+        except OSError as e:
+            raise os_error(e, self.path, "write output") from None
+
+    def commit(self) -> None:
+        """Make the output final: flush stdout, or fsync and rename the file into place."""
+        if self._done:
+            raise RuntimeError("ResultWriter.commit twice or after close")
+        self._done = True
+        if self._f is None:
+            sys.stdout.flush()
+            return
+        f, atomic, self._f = self._f, self._take_atomic(), None
+        try:
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                f.close()
+            atomic.__exit__(_Abort, _Abort(), None)
+            if isinstance(e, OSError):
+                raise os_error(e, self.path, "write output") from None
+            raise
+        atomic.__exit__(None, None, None)  # os.replace; an OSError there is one line
+        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+
+    def close(self) -> None:
+        """Without commit(): drop the temporary file; the path is left as it was."""
+        if self._done:
+            return
+        self._done = True
+        f, atomic, self._f = self._f, self._take_atomic(), None
+        if f is not None:
+            with contextlib.suppress(OSError):
+                f.close()
+        if atomic is not None:
+            atomic.__exit__(_Abort, _Abort(), None)  # removes the temporary file
+
+    def _take_atomic(self):
+        atomic, self._atomic = self._atomic, None
+        return atomic
+
+    def __enter__(self) -> "ResultWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _fsync_dir(path: str) -> None:
+    """The rename made durable where the file system allows it (best effort)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
