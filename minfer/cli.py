@@ -52,6 +52,13 @@ def _load_command(name: str):
         # (minfer.host.fileio) refuse it with one `error:` line, exit 2 (bad input)
         if isinstance(p.type, click.Path) and not p.type.dir_okay:
             p.type.dir_okay = True
+    # every command: -q/-v, and llama.cpp's flags that mean nothing here (one note each), where
+    # the command does not use the name itself
+    from minfer.commands import llamacpp_flags
+    from minfer.host import log
+
+    taken = {o for p in cmd.params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
+    cmd.params.extend(log.options(taken) + llamacpp_flags.options(name, taken))
     return cmd
 
 
@@ -251,6 +258,9 @@ def _invoke(argv: list[str] | None) -> tuple[int, bool]:
 
     from minfer.errors import MinferError
 
+    from minfer.host.log import setup
+
+    setup()   # notes at INFO until the command's -q / -v
     group = _group()
     args = sys.argv[1:] if argv is None else list(argv)
     real_stdout = sys.stdout

@@ -67,7 +67,7 @@ def test_prefill_text_output(capsys, default_model_path):
 
 @pytest.mark.parametrize("args,code,msg", [
     (["-p", ""], 2, "empty prompt"),
-    (["--greedy", "-1"], 2, "-n/--n-predict must be >= 0"),
+    (["--greedy", "-3"], 2, "-n/--n-predict must be >= 0"),
     (["-n", "9000", "--no-chat"], 2, "9 tokens + 9000 greedy tokens = 9009 exceeds the model's "
                                     "context of 8192"),
     (["-c", "-1"], 2, "-c/--ctx-size must be >= 0"),

@@ -12,15 +12,16 @@ from minfer.host.threads import threads_option
 @click.command("bench", context_settings={"ignore_unknown_options": False})
 @click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
               help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, as for prefill).")
-@click.option("--tokens", default="512", show_default=True,
-              help="Comma-separated prompt lengths (pp512, pp2048, ...).")
+@click.option("-p", "--tokens", "--n-prompt", "tokens", default="512", show_default=True,
+              help="Comma-separated prompt lengths (pp512, pp2048, ...), as llama-bench's -p.")
 @click.option("--ab", "ab", multiple=True,
               help='A/B config: a GEMM path with tuning variants (f16, f16:no-rope, blk, '
                    'blk:no-glu, wide-kd8; docs/paths.md), "all" (every path of the table) or '
                    '"MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow as extra '
                    "arguments. Configs run interleaved in one process, their order rotated each "
                    "repeat (use --repeats as a multiple of the config count).")
-@click.option("--repeats", default=3, show_default=True, type=int)
+@click.option("-r", "--repeats", "--repetitions", "repeats", default=3, show_default=True,
+              type=int, help="Samples per config and length, as llama-bench's -r.")
 @click.option("--backend", "kind", default="cuda", show_default=True,
               type=click.Choice(["cuda", "cpu"], case_sensitive=False))
 @click.option("--min-ms", default=500.0, show_default=True, type=float,

@@ -56,7 +56,7 @@ def check_options(ctx: int | None, chunks: int | None, save: str | None, base: s
 @click.option("-f", "--file", "text_path", type=click.Path(dir_okay=False), default=None,
               help="UTF-8 text to score (default: the shipped minfer/data/gnu-gpl.txt, "
                    "~11,700 tokens).")
-@click.option("--ctx", type=int, default=None,
+@click.option("-c", "--ctx", "--ctx-size", "ctx", type=int, default=None,
               help=f"Window length in tokens (default {DEFAULT_CTX}, or the --kld-base file's); "
                    "positions ctx/2 .. ctx-2 of each window are scored.")
 @click.option("--chunks", type=int, default=None,

@@ -68,12 +68,20 @@ def check_options(prompt, prompt_file, chat, system, n_predict, ubatch, ctx_size
         raise BadInput("give either -p/--prompt or --prompt-file, not both")
     if system is not None and chat is False:
         raise BadInput("--system goes with --chat, not --no-chat")
-    if n_predict < 0:
-        raise BadInput(f"-n/--n-predict must be >= 0, got {n_predict}")
+    if n_predict < -2:
+        raise BadInput(f"-n/--n-predict must be >= 0, or -1 (until the end of generation or "
+                       f"of the context), got {n_predict}")
     if ubatch is not None and ubatch < 1:
         raise BadInput(f"--ubatch must be >= 1, got {ubatch}")
     if ctx_size < 0:
         raise BadInput(f"-c/--ctx-size must be >= 0 (0: the model's context), got {ctx_size}")
+
+
+def file_prompt(path: str) -> str:
+    """A -f/--prompt-file prompt as llama.cpp's -f reads it: the file as is, less one
+    trailing newline (an editor's or `echo`'s, not part of the prompt)."""
+    text = read_prompt_file(path)
+    return text[:-1] if text.endswith("\n") else text
 
 
 def prompt_ids(meta, tok, text: str | None, chat: bool | None, system: str | None,
@@ -113,16 +121,20 @@ def _num(x: float) -> float | None:
 @click.option("-p", "--prompt", default=None,
               help=f"Prompt text (default: {DEFAULT_CHAT_PROMPT!r} as a chat, or "
                    f"{DEFAULT_PROMPT!r} with --no-chat).")
-@click.option("--prompt-file", type=click.Path(), default=None, help="Read the prompt (UTF-8) from a file; - reads stdin.")
+@click.option("-f", "--file", "--prompt-file", "prompt_file", type=click.Path(), default=None,
+              help="Read the prompt (UTF-8) from a file; - reads stdin. One trailing newline "
+                   "is dropped, as llama.cpp's -f does.")
 @click.option("--chat/--no-chat", default=None,
               help="Wrap the prompt in the model's own chat template (tokenizer.chat_template). "
                    "Default: on when no prompt is given and the model has a template.")
-@click.option("--system", default=None, help="System message for --chat (implies --chat).")
+@click.option("-sys", "--system", "--system-prompt", "system", default=None, help="System message for --chat (implies --chat).")
 @click.option("--special/--no-special", default=True,
               help="Special-token text in the prompt (<|im_start|>) is the special token, as "
                    "in llama.cpp (default); --no-special: plain text.")
 @click.option("-n", "--n-predict", "--greedy", "n_greedy", type=int, default=32,
-              show_default=True, help="Tokens to generate after the prompt (greedy argmax).")
+              show_default=True, help="Tokens to generate after the prompt (greedy argmax); "
+                                      "-1: until the end of generation (EOS) or of the context "
+                                      "(-c), as llama.cpp (-2 the same).")
 @click.option("--stop-at-eos/--no-stop-at-eos", default=None,
               help="Stop generating at the end-of-generation token (EOS/EOT). Default: on with "
                    "--chat, off otherwise (decoding runs through EOS).")
@@ -133,7 +145,7 @@ def _num(x: float) -> float | None:
               help="cuda (our kernels) or cpu (the numpy reference: the correctness oracle the GPU "
                    "paths are checked against, not built for speed); default: cuda if a GPU is "
                    "usable.")
-@click.option("--ubatch", type=int, default=None,
+@click.option("-ub", "--ubatch", "--ubatch-size", "ubatch", type=int, default=None,
               help=f"Prompt tokens per forward call (default: {UBATCH['cuda']} on cuda, so a "
                    f"prompt up to that long is one chunk as `minfer bench` times it; "
                    f"{UBATCH['cpu']} on cpu).")
@@ -155,7 +167,14 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     ubatch_opt, ubatch = ubatch, UBATCH[kind] if ubatch is None else ubatch
     check_backend(kind, dtype)  # before the default model is fetched
     choice = gemm_choice(gemm)   # --gemm / the environment, resolved once
-    text = read_prompt_file(prompt_file) if prompt_file is not None else prompt  # capped
+    text = file_prompt(prompt_file) if prompt_file is not None else prompt  # capped
+    if text is not None and "\0" in text:   # kept, as llama.cpp keeps them, but said
+        from minfer.host.log import log
+
+        where = "stdin" if prompt_file == "-" else prompt_file or "-p"
+        log.warning(f"{where}: the prompt holds {text.count(chr(0))} NUL byte(s), the first at "
+                    f"character {text.index(chr(0))}; tokenized as text, as llama.cpp does "
+                    "(a UTF-16 or binary file?)")
     if model_path is None:
         from minfer.tools.fetch import default_model_path
 
@@ -173,7 +192,11 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
                   prompt_cap(model.config.n_ctx))
     tok = Tokenizer.from_metadata(model.metadata)
     chat, ids = prompt_ids(model.metadata, tok, text, chat, system, special)
-    n_ctx = context_size(ctx_size, model.config.n_ctx, len(ids), n_greedy)
+    until_end = n_greedy < 0   # -n -1: until EOS or the end of the context, as llama.cpp
+    n_ctx = context_size(ctx_size, model.config.n_ctx, len(ids), 0 if until_end else n_greedy)
+    if until_end:
+        n_greedy = max(n_ctx - len(ids), 0)
+        stop_at_eos = True if stop_at_eos is None else stop_at_eos
     engine.validate(len(ids), n_greedy, ubatch, n_ctx)  # before loading weights
     stop_ids = tok.eog_ids if (chat if stop_at_eos is None else stop_at_eos) else ()
     # no one-token warm-up: engine.run warms up the run's chunk lengths and decode's at once

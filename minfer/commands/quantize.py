@@ -1,4 +1,4 @@
-"""`minfer quantize IN OUT --type q4_K_M`: requantize a GGUF model like llama.cpp's llama-quantize.
+"""`minfer quantize IN OUT q4_K_M` (or --type q4_K_M): requantize a GGUF model like llama.cpp's llama-quantize.
 
 Tensor types follow llama.cpp's mix (minfer/quants/mix.py) and the bytes its reference
 quantizers write (minfer/quants/quantize.py): requantizing the default model reproduces
@@ -9,22 +9,58 @@ from __future__ import annotations
 
 import click
 
+from minfer.host.log import quiet_option
+
 TYPES = ("q4_K_M", "q4_K_S", "q6_K", "q8_0", "f16")
+# llama-quantize also takes a type by its llama_ftype number
+FTYPE_IDS = {"15": "q4_K_M", "14": "q4_K_S", "18": "q6_K", "7": "q8_0", "1": "f16"}
+
+
+def positional_type(rest: tuple[str, ...], ftype: str | None) -> tuple[str, int | None]:
+    """(type, threads) of llama-quantize's `IN OUT TYPE [NTHREADS]` tail and --type."""
+    if len(rest) > 2:
+        raise click.UsageError(f"unexpected extra arguments {' '.join(rest[2:])!r} "
+                               "(quantize IN OUT TYPE [NTHREADS])")
+    threads = None
+    if len(rest) == 2:
+        if not rest[1].isdigit() or int(rest[1]) < 1:
+            raise click.BadParameter(f"{rest[1]!r} is not a positive thread count",
+                                     param_hint="NTHREADS")
+        threads = int(rest[1])
+    given = FTYPE_IDS.get(rest[0], rest[0]) if rest else None
+    if given is not None:
+        canon = next((t for t in TYPES if t.lower() == given.lower()), None)
+        if canon is None:
+            raise click.BadParameter(f"{rest[0]!r} is not one of {', '.join(TYPES)}",
+                                     param_hint="TYPE")
+        if ftype is not None and ftype.lower() != canon.lower():
+            raise click.UsageError(f"two types: {rest[0]} and --type {ftype}")
+        ftype = canon
+    if ftype is None:
+        raise click.UsageError(f"missing the output type: quantize IN OUT TYPE or --type TYPE "
+                               f"({', '.join(TYPES)})")
+    return ftype, threads
 
 
 @click.command("quantize")
 @click.argument("in_path", metavar="IN", type=click.Path())
 @click.argument("out_path", metavar="OUT", type=click.Path())
-@click.option("--type", "ftype", required=True, type=click.Choice(TYPES, case_sensitive=False),
-              help="Output file type (llama.cpp's tensor mix for it).")
-@click.option("--threads", type=click.IntRange(min=1), default=None,
-              help="Worker processes (default: every core).")
-@click.option("--quiet", is_flag=True, help="No progress bar, no summary.")
-def quantize(in_path: str, out_path: str, ftype: str, threads: int | None, quiet: bool) -> None:
-    """Quantize model IN to OUT (written atomically: nothing is left behind on error or Ctrl-C)."""
+@click.argument("rest", metavar="[TYPE [NTHREADS]]", nargs=-1)
+@click.option("--type", "ftype", default=None, type=click.Choice(TYPES, case_sensitive=False),
+              help="Output file type (llama.cpp's tensor mix for it); or TYPE after OUT, as "
+                   "llama-quantize takes it (a name or its number: 15 = q4_K_M).")
+@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
+              help="Worker processes (default: every core); or NTHREADS after TYPE.")
+@quiet_option
+def quantize(in_path: str, out_path: str, rest: tuple[str, ...], ftype: str | None,
+             threads: int | None, quiet: bool) -> None:
+    """Quantize model IN to OUT (written atomically: nothing is left behind on error or Ctrl-C),
+    as `llama-quantize IN OUT TYPE [NTHREADS]`."""
     from minfer.quants.mix import ftype_key
     from minfer.quants.requant import quantize_model
 
+    ftype, n = positional_type(rest, ftype)
+    threads = threads if threads is not None else n
     st = quantize_model(in_path, out_path, ftype_key(ftype), threads=threads, progress=not quiet)
     if not quiet:
         counts: dict[str, int] = {}

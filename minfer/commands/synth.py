@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from minfer.host.log import quiet_option
+
 from minfer.tools.synth import FTYPES, PRESETS
 
 
@@ -26,8 +28,9 @@ from minfer.tools.synth import FTYPES, PRESETS
 @click.option("--tokenizer-from", "tokenizer_from", default="default", show_default=True,
               help="GGUF whose tokenizer.* metadata to copy ('default': the default model if "
                    "on disk; 'none': generate one).")
-@click.option("--workers", type=int, default=None, help="Processes (default: all cores).")
-@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("-t", "--threads", "--workers", "workers", type=click.IntRange(min=1),
+              default=None, help="Worker processes (default: all cores).")
+@quiet_option
 def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, workers, quiet) -> None:
     """Write a valid llama GGUF of random, well-formed quantized weights at any shape."""
     from minfer.tools.synth import SynthOptions, make_synthetic_model
