@@ -109,16 +109,18 @@ def __getattr__(name: str):
 
 
 def _stdout_failed(e: OSError) -> int:
-    """A write to stdout failed (closed pipe, full disk): one line (none for a closed pipe or
-    a closed fd 1, as other tools), exit 3; stdout then points at /dev/null so shutdown's
-    flush is quiet."""
+    """A write to stdout failed: a closed pipe (`minfer inspect M | head`) is the reader
+    having seen enough, exit 0 quietly; a closed fd 1 exit 3 quietly; anything else (a full
+    disk) one line, exit 3. stdout then points at /dev/null so shutdown's flush is quiet."""
     try:
         fd = os.open(os.devnull, os.O_WRONLY)
         os.dup2(fd, sys.stdout.fileno())
         os.close(fd)
     except (OSError, ValueError, AttributeError):
         pass
-    if e.errno not in (errno.EPIPE, errno.EBADF):
+    if e.errno == errno.EPIPE:
+        return EXIT_OK
+    if e.errno != errno.EBADF:
         _say_error(f"cannot write to standard output ({e.strerror or e})")
     return EXIT_RESOURCE
 

@@ -76,11 +76,17 @@ def test_bench_cli_cpu(tiny_model_path):
     from minfer.cli import cli
 
     r = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model_path), "--tokens", "3",
-                                 "--backend", "cpu", "--repeats", "1", "--ab", "",
-                                 "MINFER_MMQ=1", "f16:no-rope"])
+                                 "--backend", "cpu", "--repeats", "1"])
     assert r.exit_code == 0, r.output
     assert "| config | backend | tokens | tok/s |" in r.output
-    assert "MINFER_MMQ=1" in r.output and "f16:no-rope" in r.output
+    # GPU paths on the CPU backend: refused, never the CPU's rows under their names
+    from cli_inproc import run_cli
+
+    code, out, err = run_cli(["bench", "-m", str(tiny_model_path), "--tokens", "3",
+                              "--backend", "cpu", "--repeats", "1", "--ab", "",
+                              "MINFER_MMQ=1", "f16:no-rope"])
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("error: --ab 'MINFER_MMQ=1': a GPU GEMM path")
     bad = CliRunner().invoke(cli, ["bench", "-m", str(tiny_model_path), "--tokens", "x",
                                    "--backend", "cpu"])
     assert bad.exit_code != 0

@@ -254,7 +254,7 @@ def test_stdout_full_and_closed_pipe(default_model_path):
     p.stdout.readline()
     p.stdout.close()  # like `| head -1`
     err = p.stderr.read().decode()
-    assert p.wait(timeout=60) == 3
+    assert p.wait(timeout=60) == 0   # the reader had enough: not an error (issue 36)
     assert err == "", err
 
 

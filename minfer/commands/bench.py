@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from minfer.tools.bench_out import FORMATS
-from minfer.commands.gemm_flags import gemm_choice, gemm_options
+from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
 from minfer.host.threads import threads_option
 
 
@@ -60,6 +60,7 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
     n_tokens = parse_tokens(tokens)
     kind, fmt = kind.lower(), fmt.lower()
     check_backend(kind, None)
+    check_gemm_backend(kind, gemm, configs)   # never the CPU's rows under a GPU path's name
     if plot_path is not None:
         check_plot_path(plot_path)
     if model_path is None:

@@ -17,6 +17,7 @@ from typing import Mapping
 import click
 
 from minfer.cuda.paths import CHOICES
+from minfer.errors import BadInput
 
 HELP = ("GEMM path: auto (default: on sm_90 from d_model 4096 the int8 blk path, lossy and "
         "gate-checked; else f16 where the model fits the GPU, then the smaller int8 paths), "
@@ -43,3 +44,18 @@ def gemm_choice(gemm: str | None = None, ab: str | None = None,
     if ab is not None:
         return GemmChoice.parse_ab(ab, env, gemm)
     return GemmChoice.resolve(env, gemm)
+
+
+def check_gemm_backend(kind: str, gemm: str | None, configs=(), why: str = "") -> None:
+    """BadInput (exit 2) when --gemm or a bench --ab config names a GPU path and the backend
+    is the CPU reference, which has no GEMM paths: running it anyway would print the CPU's
+    figures under the path's name (two rows of one CPU run reported as an A/B)."""
+    if kind != "cpu":
+        return
+    asked = [f"--gemm {gemm}"] if gemm not in (None, "auto") else []
+    asked += [f"--ab {c!r}" for c in configs if c.strip()]
+    if asked:
+        how = f" ({why})" if why else ""
+        raise BadInput(f"{asked[0]}: a GPU GEMM path, and the backend is cpu{how}, the numpy "
+                       "reference, which has none; run it with --backend cuda on a GPU, or "
+                       "leave it out")

@@ -18,7 +18,7 @@ import time
 
 import click
 
-from minfer.commands.gemm_flags import gemm_choice, gemm_options
+from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
 from minfer.errors import BadInput
 from minfer.host.threads import threads_option
 
@@ -96,6 +96,8 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, backend
     check_options(ctx, chunks, save_path, base_path, emulate, backend_kind)
     kind, why = pick_backend_kind(backend_kind or ("cpu" if emulate else None))
     check_backend(kind, None)
+    if emulate is None:   # --emulate GRID is the CPU's stand-in for a GPU path
+        check_gemm_backend(kind, gemm, why=why)
     choice = gemm_choice(gemm)   # --gemm / the environment, resolved once
     if save_path is not None:
         check_output_path(save_path)

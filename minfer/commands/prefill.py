@@ -18,7 +18,7 @@ import time
 
 import click
 
-from minfer.commands.gemm_flags import gemm_choice, gemm_options
+from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
 from minfer.engine import make_backend
 from minfer.errors import BadInput, GPUError
 from minfer.host.fileio import check_cap, prompt_cap, read_prompt_file
@@ -166,6 +166,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     kind, why = pick_backend_kind(backend_kind)
     ubatch_opt, ubatch = ubatch, UBATCH[kind] if ubatch is None else ubatch
     check_backend(kind, dtype)  # before the default model is fetched
+    check_gemm_backend(kind, gemm, why=why)
     choice = gemm_choice(gemm)   # --gemm / the environment, resolved once
     text = file_prompt(prompt_file) if prompt_file is not None else prompt  # capped
     if text is not None and "\0" in text:   # kept, as llama.cpp keeps them, but said
@@ -187,6 +188,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     if kind == "cuda" and why.startswith("auto") and gpu_unsupported(model.config):
         kind, why = "cpu", f"auto: {model.config.arch} runs on the CPU reference only"
         ubatch = UBATCH[kind] if ubatch_opt is None else ubatch_opt
+        check_gemm_backend(kind, gemm, why=why)
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
         check_cap("stdin" if prompt_file == "-" else prompt_file, len(text.encode("utf-8")),
                   prompt_cap(model.config.n_ctx))
