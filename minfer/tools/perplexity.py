@@ -19,7 +19,8 @@ backend), zero padding to a multiple of 64 bytes, then float32 logits [chunks * 
 row-major, the scored rows only. f32, not f16: f16 logits carry a rounding of ~1e-2 at logit
 magnitudes of 10-20, which biases a mean KLD gated at 0.003; hence `minfer perplexity`'s modest
 default of 4 chunks (192 MiB at vocab 49,152 and ctx 512; --chunks 0 takes the whole text). The
-file is read through a memory map, one chunk at a time.
+file is read through a memory map, one chunk at a time. llama.cpp's own base file (16-bit
+log-probs) is minfer.tools.llamacpp_logits'; compare_logprobs sums its KLD as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -130,6 +131,22 @@ def compare_rows(base: np.ndarray, this: np.ndarray) -> tuple[np.ndarray, np.nda
     return np.maximum(kld, 0.0), same, dmax  # (rounding can leave -1e-17 for equal rows)
 
 
+def compare_logprobs(base_lp: np.ndarray, this: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(KL(base || this) [n], same argmax [n] bool) of a llama.cpp base's log-probs [n, vocab]
+    (minfer.tools.llamacpp_logits) and this run's logits, summed as llama.cpp's
+    --kl-divergence sums them: over the base's entries above -16 only (the rest are its
+    clamp), not renormalized."""
+    n = base_lp.shape[0]
+    kld = np.empty(n, np.float64)
+    same = np.empty(n, bool)
+    for s in range(0, n, ROW_BLOCK):
+        lp = np.asarray(base_lp[s: s + ROW_BLOCK], np.float64)
+        lq = log_softmax(this[s: s + ROW_BLOCK])
+        kld[s: s + ROW_BLOCK] = np.where(lp > -16.0, np.exp(lp) * (lp - lq), 0.0).sum(axis=-1)
+        same[s: s + ROW_BLOCK] = lp.argmax(axis=-1) == lq.argmax(axis=-1)
+    return kld, same
+
+
 @dataclass
 class Tally:
     """Per-row results accumulated over the windows."""
@@ -138,18 +155,27 @@ class Tally:
     base_nll: list[np.ndarray] = field(default_factory=list)
     kld: list[np.ndarray] = field(default_factory=list)
     same: list[np.ndarray] = field(default_factory=list)
-    dmax: float = 0.0
+    dmax: float | None = 0.0   # None against a llama.cpp base (log-probs, not logits)
 
-    def add(self, logits: np.ndarray, targets: np.ndarray, base: np.ndarray | None = None):
-        """logits (and the base's) [rows, vocab] of one window, targets int [rows]."""
+    def add(self, logits: np.ndarray, targets: np.ndarray, base: np.ndarray | None = None,
+            base_lp: np.ndarray | None = None):
+        """logits (and the base's) [rows, vocab] of one window, targets int [rows]; base_lp
+        instead of base: a llama.cpp base's log-probs (no logits there: max |dlogit| None)."""
         self.nll.append(-target_logprobs(logits, targets))
         self.running.append(ppl_stats(np.concatenate(self.nll))[0])
-        if base is not None:
+        if base_lp is not None:
+            lp = np.asarray(base_lp, np.float64)
+            self.base_nll.append(-lp[np.arange(len(targets)), targets])
+            kld, same = compare_logprobs(lp, logits)
+            self.kld.append(kld)
+            self.same.append(same)
+            self.dmax = None
+        elif base is not None:
             self.base_nll.append(-target_logprobs(base, targets))
             kld, same, dmax = compare_rows(base, logits)
             self.kld.append(kld)
             self.same.append(same)
-            self.dmax = max(self.dmax, dmax)
+            self.dmax = None if self.dmax is None else max(self.dmax, dmax)
 
     def summary(self) -> dict:
         nll = np.concatenate(self.nll)
