@@ -60,7 +60,7 @@ def test_prefill_text_output(capsys, default_model_path):
     code, out, err = _run(capsys, "--backend", "cpu", "-p", "Hello", "--greedy", "2",
                           "--dtype", "f64")
     assert code == 0, err
-    assert "cpu-f64 (requested)" in out and "prompt   1 tokens" in out
+    assert "cpu-f64 (requested)" in out and "prompt   1 token\n" in out   # not "1 tokens"
     for word in ("prefill", "decode", "load", "greedy", "text"):
         assert word in out
 

@@ -36,6 +36,7 @@ def as_dict(m, all_metadata: bool) -> dict:
 def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
     """Print a GGUF model's metadata and its tensors (name, type, shape, bytes)."""
     from minfer.host.fileio import escape_controls as esc
+    from minfer.host.words import plural
     from minfer.gguf.loader import load_model
 
     m = load_model(file, strict=False)
@@ -64,5 +65,5 @@ def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
         total += n
         counts[t.type_name] = counts.get(t.type_name, 0) + 1
         click.echo(f"{esc(t.name):<32} {t.type_name:<7} {'x'.join(map(str, t.shape)):<16} {n:>12,}")
-    click.echo(f"\n{len(m.tensors)} tensors, {total:,} bytes; types: "
+    click.echo(f"\n{plural(len(m.tensors), 'tensor')}, {total:,} bytes; types: "
                + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))

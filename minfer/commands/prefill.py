@@ -23,6 +23,7 @@ from minfer.engine import make_backend
 from minfer.errors import BadInput, GPUError
 from minfer.host.fileio import check_cap, prompt_cap, read_prompt_file
 from minfer.host.threads import threads_option
+from minfer.host.words import plural
 
 DEFAULT_PROMPT = "The name of the capital city of France is"  # golden prompt 0 (--no-chat)
 DEFAULT_CHAT_PROMPT = "What is the capital of France?"
@@ -106,7 +107,7 @@ def context_size(ctx_size: int, model_ctx: int, n_prompt: int, n_predict: int) -
     if ctx_size > model_ctx:
         raise BadInput(f"-c/--ctx-size {ctx_size} exceeds the model's context of {model_ctx}")
     if n_prompt + n_predict > ctx_size:
-        raise BadInput(f"prompt of {n_prompt} tokens + {n_predict} generated tokens = "
+        raise BadInput(f"prompt of {plural(n_prompt, 'token')} + {n_predict} generated tokens = "
                        f"{n_prompt + n_predict} exceeds -c/--ctx-size {ctx_size}")
     return ctx_size
 
@@ -248,19 +249,20 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
         click.echo(f"gemm     {backend.route_summary()}")
     if mem is not None:
         click.echo(f"memory   {mem.line()}")
-    click.echo(f"prompt   {len(ids)} tokens" + (" (chat template)" if chat else ""))
+    click.echo(f"prompt   {plural(len(ids), 'token')}" + (" (chat template)" if chat else ""))
     prep = [f"{load_s:.2f} s"]
     if up_bytes and up_s:
         prep[0] += f" ({up_bytes / 1e9:.1f} GB at {up_bytes / up_s / 1e9:.1f} GB/s)"
     if n_compiled:
-        prep.append(f"compile {compile_s:.2f} s ({n_compiled} kernels)")
+        prep.append(f"compile {compile_s:.2f} s ({plural(n_compiled, 'kernel')})")
     if hasattr(backend, "capture_s"):
         prep.append(f"capture {capture_s:.2f} s")
     click.echo(f"load     {' · '.join(prep)}")
     click.echo(f"prefill  {res.prefill_tok_s:,.1f} tok/s ({res.prefill_s * 1e3:.1f} ms)")
     if len(res.greedy_ids) > 1:
-        click.echo(f"decode   {res.decode_tok_s:,.1f} tok/s ({len(res.greedy_ids) - 1} "
-                   f"single-token steps, {res.decode_s * 1e3:.1f} ms)")
+        click.echo(f"decode   {res.decode_tok_s:,.1f} tok/s ("
+                   f"{plural(len(res.greedy_ids) - 1, 'single-token step')}, "
+                   f"{res.decode_s * 1e3:.1f} ms)")
     click.echo(f"greedy   {res.greedy_ids}" + (" (stopped at end of generation)" if stopped
                                                  else ""))
     click.echo(f"text     {greedy_text!r}")

@@ -68,8 +68,9 @@ def quantize(in_path: str, out_path: str, rest: tuple[str, ...], ftype: str | No
             counts[ty] = counts.get(ty, 0) + 1
         mix = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
         from minfer.host.fileio import escape_controls
+        from minfer.host.words import plural
 
-        click.echo(f"{escape_controls(out_path)}: {st.n_tensors} tensors ({mix}), "
+        click.echo(f"{escape_controls(out_path)}: {plural(st.n_tensors, 'tensor')} ({mix}), "
                    f"{st.in_bytes / 2**20:.1f} MiB -> {st.out_bytes / 2**20:.1f} MiB")
-        click.echo(f"quantized {st.n_quantized} tensors, {st.n_weights / 1e6:.1f} M weights in "
+        click.echo(f"quantized {plural(st.n_quantized, 'tensor')}, {st.n_weights / 1e6:.1f} M weights in "
                    f"{st.seconds:.1f} s ({st.weights_per_s / 1e6:.1f} M weights/s)")

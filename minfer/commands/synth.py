@@ -41,10 +41,11 @@ def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, worker
     r = make_synthetic_model(out, opts, progress=not quiet)
     s = r["shape"]
     from minfer.host.fileio import escape_controls
+    from minfer.host.words import plural
 
     name = escape_controls(str(r["path"]))
-    click.echo(f"{name}: {s.arch} {preset}, {s.n_layers} layers, d={s.d_model}, "
+    click.echo(f"{name}: {s.arch} {preset}, {plural(s.n_layers, 'layer')}, d={s.d_model}, "
                f"ff={s.d_ff}, heads {s.n_heads}:{s.n_kv_heads}, vocab {s.vocab}, {qtype}, "
                f"seed {seed}")
-    click.echo(f"  {r['tensors']} tensors, {r['bytes'] / 2**20:,.1f} MiB in {r['seconds']:.1f} s; "
+    click.echo(f"  {plural(r['tensors'], 'tensor')}, {r['bytes'] / 2**20:,.1f} MiB in {r['seconds']:.1f} s; "
                f"{r['tokenizer']}")

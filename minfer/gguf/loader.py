@@ -22,6 +22,7 @@ import numpy as np
 
 from minfer.errors import BadModel, Unsupported
 from minfer.gguf.arch_keys import show
+from minfer.host.words import plural
 
 _BLK = re.compile(r"blk\.(\d+)\.")
 
@@ -510,8 +511,9 @@ class GGUFModel:
         swa = ""
         if c.sliding_window:
             swa = (f", sliding window {c.sliding_window} on {sum(c.swa_layers)} of "
-                   f"{c.n_layers} layers")
-        return (f"{self.path.name}: {c.arch}, {c.n_layers} layers, d={c.d_model}, ff={c.d_ff}, "
+                   f"{plural(c.n_layers, 'layer')}")
+        return (f"{self.path.name}: {c.arch}, {plural(c.n_layers, 'layer')}, d={c.d_model}, "
+                f"ff={c.d_ff}, "
                 f"heads {c.n_heads}:{c.n_kv_heads}, vocab {c.vocab_size}"
                 + (f", {rope}" if rope else "") + swa)
 

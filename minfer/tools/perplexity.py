@@ -57,8 +57,10 @@ def n_windows(n_tokens: int, ctx: int, chunks: int, name: str) -> int:
     """Windows the run takes: all the text holds (chunks 0) or at most `chunks`; BadInput when
     the text is shorter than one window."""
     if n_tokens < ctx:
-        raise BadInput(f"{name}: the text is {n_tokens} tokens, fewer than one window of --ctx "
-                       f"{ctx}; give a longer text or a smaller --ctx")
+        from minfer.host.words import plural
+
+        raise BadInput(f"{name}: the text is {plural(n_tokens, 'token')}, fewer than one window "
+                       f"of --ctx {ctx}; give a longer text or a smaller --ctx")
     avail = n_tokens // ctx
     return avail if chunks == 0 else min(chunks, avail)
 
