@@ -43,6 +43,7 @@ def no_fetch(monkeypatch, tmp_path):
 
     monkeypatch.setenv("MINFER_MODELS", str(tmp_path / "models"))
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("model fetched"))
+    monkeypatch.setattr(F, "_fetch", lambda *a, **k: pytest.fail("model fetched"))
     return tmp_path / "models"
 
 

@@ -110,6 +110,7 @@ def test_prefill_checks_options_before_fetching_the_model(monkeypatch, capsys, t
             pytest.skip("a GPU is present")
     monkeypatch.setenv("MINFER_MODELS", str(tmp_path / "empty"))
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("model fetched"))
+    monkeypatch.setattr(F, "_fetch", lambda *a, **k: pytest.fail("model fetched"))
     with pytest.raises(SystemExit) as e:
         main(["prefill", *args])
     err = capsys.readouterr().err

@@ -202,6 +202,9 @@ def test_fetch_on_a_full_disk_is_exit_3(monkeypatch, capsys, tmp_path):
                                            "to an OSError: [Errno 28] No space left on device\n")
 
     monkeypatch.setenv("MINFER_MODELS", str(tmp_path))
+    for k, v in (("PIP_NO_INDEX", "1"), ("PIP_CONFIG_FILE", os.devnull)):  # pip's path, not HTTP
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
     monkeypatch.setattr(fetch.subprocess, "run", pip)
     with pytest.raises(SystemExit) as ei:
         main(["prefill", "--backend", "cpu", "-p", "hi", "--greedy", "1"])

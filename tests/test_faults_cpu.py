@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import struct
 import subprocess
@@ -499,7 +500,16 @@ def _all_files(d: Path) -> list[str]:
 def models_dir(tmp_path, monkeypatch):
     d = tmp_path / "models"
     monkeypatch.setenv("MINFER_MODELS", str(d))
+    no_http_index(monkeypatch)
     return d
+
+
+def no_http_index(monkeypatch):
+    """pip's settings with no index and no find-links: the HTTP fetch finds no route at once
+    and the (faked) pip path runs, as on a machine whose index only pip can reach."""
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
 
 
 @pytest.mark.parametrize("where", ["download", "extract", "verify"])

@@ -159,6 +159,18 @@ def test_sigint_after_final_rename(tmp_path, tiny):
     pytest.skip("the process always exited before the signal")
 
 
+PIP_ONLY = r"""
+import sys
+import minfer.tools.fetch_http as H
+def no_route(*a, **k):
+    raise H.NoRoute("no route (test)")
+H.fetch_wheel = no_route
+sys.argv = ["minfer", *sys.argv[1:]]
+from minfer.cli import main
+main()
+"""
+
+
 def test_fetch_sigterm_kills_pip_and_removes_temp_folder(tmp_path):
     # an index that accepts connections and never answers: pip hangs in its download
     srv = socket.socket()
@@ -170,7 +182,11 @@ def test_fetch_sigterm_kills_pip_and_removes_temp_folder(tmp_path):
                PIP_CONFIG_FILE=os.devnull, http_proxy="", https_proxy="", HTTP_PROXY="",
                HTTPS_PROXY="", no_proxy="*")
     try:
-        proc = _start(["prefill", "--backend", "cpu", "-p", "hi"], tmp_path, **env)
+        # the HTTP fetch (minfer.tools.fetch_http) told there is no route: pip's path
+        proc = subprocess.Popen([sys.executable, "-c", PIP_ONLY, "prefill", "--backend", "cpu",
+                                 "-p", "hi"], cwd=tmp_path, env=_env(**env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=_preexec)
 
         def pip_child():
             kids = [p for p in _group_alive(proc.pid) if p != proc.pid]
