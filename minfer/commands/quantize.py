@@ -51,7 +51,7 @@ def positional_type(rest: tuple[str, ...], ftype: str | None) -> tuple[str, int 
                    "llama-quantize takes it (a name or its number: 15 = q4_K_M).")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: every core); or NTHREADS after TYPE.")
-@quiet_option
+@quiet_option("No summary on stdout; only errors on stderr (no notes, no progress bar).")
 def quantize(in_path: str, out_path: str, rest: tuple[str, ...], ftype: str | None,
              threads: int | None, quiet: bool) -> None:
     """Quantize model IN to OUT (written atomically: nothing is left behind on error or Ctrl-C),

@@ -30,7 +30,7 @@ from minfer.tools.synth import FTYPES, PRESETS
                    "on disk; 'none': generate one).")
 @click.option("-t", "--threads", "--workers", "workers", type=click.IntRange(min=1),
               default=None, help="Worker processes (default: all cores).")
-@quiet_option
+@quiet_option()
 def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, workers, quiet) -> None:
     """Write a valid llama GGUF of random, well-formed quantized weights at any shape."""
     from minfer.tools.synth import SynthOptions, make_synthetic_model

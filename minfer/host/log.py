@@ -61,11 +61,11 @@ VERBOSE = (("-v", "--verbose"), dict(is_flag=True, is_eager=True, callback=_set_
                                      help="Debug lines on stderr too."))
 
 
-def quiet_option(f):
+def quiet_option(help: str | None = None):
     """Decorator: -q/--quiet passed to the command as `quiet` (quantize, synth print less);
     eager, so it is in force before any other option's callback logs. Other commands get
     -q and -v from the CLI (minfer.cli) without a parameter."""
-    return click.option(*QUIET[0], **QUIET[1])(f)
+    return click.option(*QUIET[0], **{**QUIET[1], **({"help": help} if help else {})})
 
 
 def options(taken: set[str]) -> list[click.Option]:
