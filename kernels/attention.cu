@@ -1,13 +1,16 @@
 // attention.cu: causal GQA flash attention over the f16 KV cache (prefill and decode).
 //
-//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  j <= pos0 + t
-//   q: f16 [T, Hq, D] (token stride ldq elements), k/v cache: f16 [S, Hkv, D] (S >= pos0 + T),
+//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  lo_t <= j <= slot_t
+//   q: f16 [T, Hq, D] (token stride ldq elements), k/v cache: f16 [S, Hkv, D] (S > slot_t),
 //   o: f16 [T, Hq, D] (token stride ldo), G = Hq / Hkv, scale = 1/sqrt(D).
-// Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/ops/attention.py.
+// Numpy twin: minfer.reference.ops.attention (packed: ops.attention_packed); launcher:
+// minfer/cuda/ops/attention.py.
 //
-// Entries: attn_fwd_d64, attn_fwd_d128 (head_dim 64 / 128). pos0p: when non-null, the queries'
-// first position is *pos0p + pos0 (read on the device, pos0 then an offset), so a captured CUDA
-// graph serves every position (the launcher still validates the host's value).
+// Entries: attn_fwd_d64, attn_fwd_d128 (head_dim 64 / 128). tok: int2 [T] (slot, lo) per query
+// token, read on the device (so a captured CUDA graph serves every layout): the token's own KV
+// slot and its sequence's first slot, so packed prompts never attend across each other (the
+// varlen convention). slot and lo must be non-decreasing in t (the engine lays sequences out
+// in order). tok null: slot = pos0 + t, lo = 0 (one sequence, the host's pos0).
 // Structure (FlashAttention-2 style): one block = one KV head x ATT_ROWS "rows", a row being a
 // (token, query head of the group) pair flattened as r = t * G + g, so the G heads sharing a KV
 // head share each K/V tile load, and decode (T = 1) still fills G rows of the tile. ATT_WARPS
@@ -85,10 +88,15 @@ __device__ __forceinline__ void load_kv_tile(__half* s, const __half* base, long
     }
 }
 
+// (slot, lo) of query token t: from tok, or (pos0 + t, 0) for one sequence at host pos0
+__device__ __forceinline__ int2 tok_at(const int2* __restrict__ tok, int pos0, int t) {
+    return tok != nullptr ? tok[t] : make_int2(pos0 + t, 0);
+}
+
 template <int D>
 __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                          const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
-                         int Hq, int Hkv, int pos0, const int* __restrict__ pos0p,
+                         int Hq, int Hkv, int pos0, const int2* __restrict__ tok,
                          float scale_log2) {
     static_assert(D % 16 == 0 && D <= 128, "head_dim must be a multiple of 16, at most 128");
     constexpr int LDS = D + ATT_PAD;
@@ -98,7 +106,6 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
     // stage st: K at st * 2 * TILE, V after it; [64][LDS] each; stage 0's K holds Q first
     constexpr int TILE = ATT_KEYS * LDS;
     __half* sK = reinterpret_cast<__half*>(smem_raw);
-    if (pos0p != nullptr) pos0 += *pos0p;
 
     const int G = Hq / Hkv;
     const int hk = blockIdx.y;
@@ -129,14 +136,18 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
                 sK + (warp * 16 + (lane & 15)) * LDS + kk * 16 + (lane >> 4) * 8);
     __syncthreads();
 
-    // the two rows this thread owns in the C fragments, and their last visible key
+    // the two rows this thread owns in the C fragments: their first and last visible keys
     const int ra = min(r0 + warp * 16 + (lane >> 2), R - 1);
     const int rb = min(r0 + warp * 16 + (lane >> 2) + 8, R - 1);
-    const int lim_a = pos0 + ra / G, lim_b = pos0 + rb / G;
+    const int2 ta = tok_at(tok, pos0, ra / G), tb = tok_at(tok, pos0, rb / G);
+    const int lim_a = ta.x, lim_b = tb.x, lo_a = ta.y, lo_b = tb.y;
     const bool warp_active = r0 + warp * 16 < R;
-    const int r_last = min(r0 + ATT_ROWS, R) - 1;
-    const int n_keys = pos0 + r_last / G + 1;       // keys the block may see
-    const int key_min_lim = pos0 + r0 / G;           // smallest row limit in the block
+    const int2 tfirst = tok_at(tok, pos0, r0 / G);
+    const int2 tlast = tok_at(tok, pos0, (min(r0 + ATT_ROWS, R) - 1) / G);
+    const int n_keys = tlast.x + 1;                  // keys the block may see (slots monotone)
+    const int key_min_lim = tfirst.x;                // smallest row limit in the block
+    const int key_max_lo = tlast.y;                  // largest first key in the block
+    const int kt0 = tfirst.y / ATT_KEYS;             // the first tile any row sees
     const int n_tiles = (n_keys + ATT_KEYS - 1) / ATT_KEYS;
 
     float oacc[DT][4];
@@ -144,17 +155,21 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
     for (int i = 0; i < DT; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
 
-    // prologue: tile 0 -> stage 0 (one commit group per tile: K and V together)
-    load_kv_tile<D>(sK, kc + (long)hk * D, ldkv, min(ATT_KEYS, n_keys));
-    load_kv_tile<D>(sK + TILE, vc + (long)hk * D, ldkv, min(ATT_KEYS, n_keys));
+    // prologue: tile kt0 -> stage 0 (one commit group per tile: K and V together)
+    {
+        const long kv0 = (long)kt0 * ATT_KEYS * ldkv + (long)hk * D;
+        const int nv0 = min(ATT_KEYS, n_keys - kt0 * ATT_KEYS);
+        load_kv_tile<D>(sK, kc + kv0, ldkv, nv0);
+        load_kv_tile<D>(sK + TILE, vc + kv0, ldkv, nv0);
+    }
     cp_commit();
-    for (int kt = 0; kt < n_tiles; kt++) {
+    for (int kt = kt0; kt < n_tiles; kt++) {
         const int k0 = kt * ATT_KEYS;
-        const __half* sKt = sK + (kt & 1) * 2 * TILE;
+        const __half* sKt = sK + ((kt - kt0) & 1) * 2 * TILE;
         const __half* sV = sKt + TILE;
         if (kt + 1 < n_tiles) {  // the other stage was last read in iteration kt - 1 (synced)
             const int k1 = k0 + ATT_KEYS, nv1 = min(ATT_KEYS, n_keys - k1);
-            __half* dst = sK + ((kt + 1) & 1) * 2 * TILE;
+            __half* dst = sK + ((kt - kt0 + 1) & 1) * 2 * TILE;
             load_kv_tile<D>(dst, kc + (long)k1 * ldkv + (long)hk * D, ldkv, nv1);
             load_kv_tile<D>(dst + TILE, vc + (long)k1 * ldkv + (long)hk * D, ldkv, nv1);
         }
@@ -178,15 +193,16 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
                     mma16816(s[j + 1], qf[kk], b2, b3);
                 }
             }
-            // causal mask on the tiles that reach past the smallest row limit
-            if (k0 + ATT_KEYS - 1 > key_min_lim) {
+            // causal mask on the tiles that reach past the smallest row limit, the sequence
+            // mask on those before the largest first key
+            if (k0 + ATT_KEYS - 1 > key_min_lim || k0 < key_max_lo) {
 #pragma unroll
                 for (int j = 0; j < ATT_KEYS / 8; j++) {
                     const int key = k0 + j * 8 + (lane & 3) * 2;
-                    if (key > lim_a) s[j][0] = -INFINITY;
-                    if (key + 1 > lim_a) s[j][1] = -INFINITY;
-                    if (key > lim_b) s[j][2] = -INFINITY;
-                    if (key + 1 > lim_b) s[j][3] = -INFINITY;
+                    if (key > lim_a || key < lo_a) s[j][0] = -INFINITY;
+                    if (key + 1 > lim_a || key + 1 < lo_a) s[j][1] = -INFINITY;
+                    if (key > lim_b || key < lo_b) s[j][2] = -INFINITY;
+                    if (key + 1 > lim_b || key + 1 < lo_b) s[j][3] = -INFINITY;
                 }
             }
             // online softmax (rows a and b; the 4 threads of a quad share a row)
@@ -201,11 +217,13 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
                 mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, off));
                 mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, off));
             }
+            // a row whose keys all lie in later tiles (a packed sequence starting after the
+            // block's first) keeps max -inf: its reference max is 0 then, so exp2 gives 0, not NaN
             const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
-            // every row sees key 0 in tile 0, so mna/mnb are finite from here on
-            const float ca = exp2f((m_a - mna) * scale_log2), cb = exp2f((m_b - mnb) * scale_log2);
+            const float ua = mna == -INFINITY ? 0.f : mna, ub = mnb == -INFINITY ? 0.f : mnb;
+            const float ca = exp2f((m_a - ua) * scale_log2), cb = exp2f((m_b - ub) * scale_log2);
             m_a = mna; m_b = mnb;
-            const float ma_s = mna * scale_log2, mb_s = mnb * scale_log2;
+            const float ma_s = ua * scale_log2, mb_s = ub * scale_log2;
             float sa = 0.f, sb = 0.f;
 #pragma unroll
             for (int j = 0; j < ATT_KEYS / 8; j++) {
@@ -275,9 +293,9 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
 #define ATT_ENTRY(DD)                                                                           \
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                \
         attn_fwd_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o, \
-                       long ldo, int T, int Hq, int Hkv, int pos0, const int* pos0p,             \
+                       long ldo, int T, int Hq, int Hkv, int pos0, const int2* tok,              \
                        float scale_log2) {                                                      \
-        attn_fwd<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, pos0p, scale_log2);              \
+        attn_fwd<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2);                \
     }
 ATT_ENTRY(64)
 ATT_ENTRY(128)

@@ -1,6 +1,7 @@
 // attention_sm90a.cu: causal GQA flash attention for prefill on Hopper tensor cores (wgmma,
 // sm_90a only), the contract of attention.cu's attn_fwd_d64 / attn_fwd_d128:
-//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  j <= pos0 + t
+//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  lo_t <= j <= slot_t
+//   (tok: int2 [T] (slot, lo) per query token, as attention.cu; null: slot pos0 + t, lo 0)
 //   q: f16 [T, Hq, D] (token stride ldq), k/v cache: f16 [S, Hkv, D], o: f16 [T, Hq, D] (ldo).
 // minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
 // Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/ops/attention.py (pick_impl takes
@@ -182,23 +183,30 @@ __device__ __forceinline__ void row_operand(float (&v)[32], int t4, bool store, 
     if (t4 == 0) store_scale(blk, r, amax);
 }
 
+// (slot, lo) of query token t: from tok, or (pos0 + t, 0) for one sequence at host pos0
+__device__ __forceinline__ int2 tok_at(const int2* __restrict__ tok, int pos0, int t) {
+    return tok != nullptr ? tok[t] : make_int2(pos0 + t, 0);
+}
+
 template <int D>
 __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                         const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
-                        int Hq, int Hkv, int pos0, const int* __restrict__ pos0p,
+                        int Hq, int Hkv, int pos0, const int2* __restrict__ tok,
                         float scale_log2, uint8_t* __restrict__ ob = nullptr, int Tp = 0) {
     using S = AttnWgSmem<D>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
     // mbarriers: qfull at 0, full[s] at 8 (1 + s), empty[s] at 8 (1 + STAGES + s)
     const uint32_t bars = base + S::BARS;
-    if (pos0p != nullptr) pos0 += *pos0p;
 
     const int G = Hq / Hkv, hk = blockIdx.y, R = T * G;
     const int r0 = (gridDim.x - 1 - blockIdx.x) * ROWS;   // last rows first
     const long ldkv = (long)Hkv * D;
-    const int n_keys = pos0 + (min(r0 + ROWS, R) - 1) / G + 1;   // keys the block may see
-    const int n_tiles = (n_keys + KEYS - 1) / KEYS;
+    const int2 tfirst = tok_at(tok, pos0, r0 / G);
+    const int2 tlast = tok_at(tok, pos0, (min(r0 + ROWS, R) - 1) / G);
+    const int n_keys = tlast.x + 1;   // keys the block may see (slots non-decreasing in t)
+    const int kt0 = tfirst.y / KEYS;  // the first tile any of its rows sees
+    const int n_tiles = (n_keys + KEYS - 1) / KEYS - kt0;   // tiles kt0 .. kt0 + n_tiles - 1
     if (threadIdx.x == 0) {
         wgmma::mbar_init(bars, 128);
         for (int s = 0; s < STAGES; ++s) {
@@ -220,7 +228,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
         }
         wgmma::cp_async_arrive(bars);
         for (int kt = 0; kt < n_tiles; ++kt) {
-            const int s = kt % STAGES, k0 = kt * KEYS, nv = min(KEYS, n_keys - k0);
+            const int s = kt % STAGES, k0 = (kt0 + kt) * KEYS, nv = min(KEYS, n_keys - k0);
             wgmma::mbar_wait(bars + 8 * (1 + STAGES + s), ((kt / STAGES) & 1) ^ 1);   // free
             const uint32_t st = base + S::KV + s * 2 * S::TILE;
             load_kv<D>(st, kc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
@@ -235,8 +243,11 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     const int g = lane >> 2, t4 = lane & 3;
     // the two rows this thread owns in the fragments (clamped: rows >= R compute, never store)
     const int rwa = r0 + cw * 64 + warp * 16 + g, rwb = rwa + 8;
-    const int lim_a = pos0 + min(rwa, R - 1) / G, lim_b = pos0 + min(rwb, R - 1) / G;
-    const int key_min_lim = pos0 + r0 / G;   // the block's smallest row limit
+    const int2 ta = tok_at(tok, pos0, min(rwa, R - 1) / G);
+    const int2 tb = tok_at(tok, pos0, min(rwb, R - 1) / G);
+    const int lim_a = ta.x, lim_b = tb.x, lo_a = ta.y, lo_b = tb.y;
+    const int key_min_lim = tfirst.x;   // the block's smallest row limit
+    const int key_max_lo = tlast.y;     // and largest first key
     const uint32_t qa = base + S::Q + cw * 64 * 128;   // this warpgroup's 64 Q rows
 
     float oacc[D / 2];
@@ -262,17 +273,18 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
         for (int ks = 0; ks < 8; ++ks) wg_pv(oacc, pa[ks], desc_mn(sv + ks * 2048));
     };
     // the online softmax of tile k0's S (rows a = g, b = g + 8; a quad's 4 threads share a
-    // row): the causal mask where the tile reaches past the block's smallest row limit, the new
-    // maxima (ca, cb: O's rescale), s = 2^(s scale - max scale), the row sums into l
+    // row): the causal mask where the tile reaches past the block's smallest row limit and the
+    // sequence mask where it starts before the largest first key, the new maxima (ca, cb: O's
+    // rescale), s = 2^(s scale - max scale), the row sums into l
     auto softmax = [&](int k0) {
-        if (k0 + KEYS - 1 > key_min_lim) {
+        if (k0 + KEYS - 1 > key_min_lim || k0 < key_max_lo) {
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
                 const int key = k0 + 8 * j + 2 * t4;
-                if (key > lim_a) s[4 * j] = -INFINITY;
-                if (key + 1 > lim_a) s[4 * j + 1] = -INFINITY;
-                if (key > lim_b) s[4 * j + 2] = -INFINITY;
-                if (key + 1 > lim_b) s[4 * j + 3] = -INFINITY;
+                if (key > lim_a || key < lo_a) s[4 * j] = -INFINITY;
+                if (key + 1 > lim_a || key + 1 < lo_a) s[4 * j + 1] = -INFINITY;
+                if (key > lim_b || key < lo_b) s[4 * j + 2] = -INFINITY;
+                if (key + 1 > lim_b || key + 1 < lo_b) s[4 * j + 3] = -INFINITY;
             }
         }
         float mxa = -INFINITY, mxb = -INFINITY;
@@ -287,12 +299,14 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, off));
         }
         const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
-        // every row sees key 0 in tile 0, so mna / mnb are finite from here on (ca = 0 there)
-        ca = ex2((m_a - mna) * scale_log2);
-        cb = ex2((m_b - mnb) * scale_log2);
+        // a row whose keys all lie in later tiles (a packed sequence starting after the block's
+        // first) keeps max -inf: its reference max is 0 then, so ex2 gives 0, not NaN
+        const float ua = mna == -INFINITY ? 0.f : mna, ub = mnb == -INFINITY ? 0.f : mnb;
+        ca = ex2((m_a - ua) * scale_log2);
+        cb = ex2((m_b - ub) * scale_log2);
         m_a = mna;
         m_b = mnb;
-        const float ma_s = mna * scale_log2, mb_s = mnb * scale_log2;
+        const float ma_s = ua * scale_log2, mb_s = ub * scale_log2;
         float sa = 0.f, sb = 0.f;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
@@ -345,7 +359,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     turn_over(0);
     wgmma::wait<0>();
     wgmma::fence_regs(s);
-    softmax(0);
+    softmax(kt0 * KEYS);
     rescale_pack();
     for (int kt = 1; kt < n_tiles; ++kt) {
         await_tile(kt);
@@ -358,7 +372,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
         turn_over(kt);
         wgmma::wait<1>();   // S of tile kt
         wgmma::fence_regs(s);
-        softmax(kt * KEYS);
+        softmax((kt0 + kt) * KEYS);
         wgmma::wait<0>();   // P V of tile kt - 1: O and pa are free, so is its stage
         wgmma::fence_regs(oacc);
         wgmma::mbar_arrive(bars + 8 * (1 + STAGES + (kt - 1) % STAGES));
@@ -408,9 +422,9 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
 #define ATT_WG_ENTRY(DD)                                                                       \
     extern "C" __global__ void __launch_bounds__(THREADS, 1)                                   \
         attn_wg_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o, \
-                      long ldo, int T, int Hq, int Hkv, int pos0, const int* pos0p,             \
+                      long ldo, int T, int Hq, int Hkv, int pos0, const int2* tok,              \
                       float scale_log2) {                                                      \
-        attn_wg<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, pos0p, scale_log2);              \
+        attn_wg<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2);                \
     }
 ATT_WG_ENTRY(64)
 ATT_WG_ENTRY(128)
@@ -419,7 +433,7 @@ ATT_WG_ENTRY(128)
 // from the epilogue: what blk_operand_f16 makes of o, bit for bit (o may be null)
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attn_wg_d128_blk(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o,
-                 long ldo, int T, int Hq, int Hkv, int pos0, const int* pos0p, float scale_log2,
+                 long ldo, int T, int Hq, int Hkv, int pos0, const int2* tok, float scale_log2,
                  uint8_t* ob, int Tp) {
-    attn_wg<128>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, pos0p, scale_log2, ob, Tp);
+    attn_wg<128>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2, ob, Tp);
 }

@@ -150,13 +150,14 @@ __device__ __forceinline__ void epilogue_rope(const RopeQkv* __restrict__ rp, in
                                               int lane) {
     constexpr int B = NI < 16 ? NI : 16;   // fragments per batch of table loads
     const RopeQkv r = *rp;
-    const int t = lane & 3, pos0 = r.pos[0], kv0 = r.qd + r.kd;
+    const int t = lane & 3, kv0 = r.qd + r.kd;
     const bool reuse = 128 % r.D == 0;   // batch b's angles are batch 0's
     const int hc0 = (col0 + 2 * t) % r.D;   // fragment 0's column offset inside its head
     for_rows<MI>(M, row0, lane, [&](int mi, int h, int row) {
-        const long p_abs = static_cast<long>(pos0) + row;
-        const float* cr = r.cos_t + p_abs * r.half_r;
-        const float* sr = r.sin_t + p_abs * r.half_r;
+        const int2 tp = r.tok[row];   // (KV slot, first slot of its sequence)
+        const long p_abs = tp.x, p_rot = tp.x - tp.y;
+        const float* cr = r.cos_t + p_rot * r.half_r;
+        const float* sr = r.sin_t + p_rot * r.half_r;
         float cs[B], sn[B];
         unsigned on = 0;   // bit j: fragment b + j's pair is inside rope_dim
         int hc = hc0;

@@ -15,10 +15,11 @@
 //       angles: cos/sin tables f32 [n_pos, rope_dim/2] indexed by absolute position pos0 + t,
 //       computed on the host by the reference's formula (bit-identical angles).
 //       neox=0: pairs (2i, 2i+1); neox=1: pairs (i, i + rope_dim/2).
-//   rope_qkv_f32_f16                    one launch per layer for the attention inputs, positions
-//                                       read from the device (pos[0] = pos0, so a captured CUDA
-//                                       graph serves every pos0): q16 [T, Hq, D] = rope(q),
-//                                       kc[pos0 + t] = rope(k), vc[pos0 + t] = v, all f16; q/k/v
+//   rope_qkv_f32_f16                    one launch per layer for the attention inputs, token
+//                                       layout read from the device (tok[t] = (slot, lo): a
+//                                       captured CUDA graph serves every layout): q16 [T, Hq, D]
+//                                       = rope(q) at position slot - lo, kc[slot] = rope(k),
+//                                       vc[slot] = v, all f16; q/k/v
 //                                       f32 rows of strides ldq/ldk/ldv (views into one fused
 //                                       [T, (Hq + 2 Hkv) D] GEMM output, or three buffers).
 //                                       grid (T, ceil((Hq + 2 Hkv) D/2 / 128)), block (128)
@@ -32,6 +33,12 @@
 //   cvt_f32_f16                         dst f16 [T, W] (stride ldd) = src f32 [T, W] (stride lds);
 //                                       the KV-cache append of V (dst = cache + pos0 * W)
 //   argmax_f32                          out[0] = first index of the max of x[n] (one block)
+//   rmsnorm_rows_f32_f16                rmsnorm of rows x[rows[i]] into y row i (grid (m))
+//   row_stats_f32                       per row i of logits [m, V]: stats[i] = (argmax (first
+//                                       on ties), top1 - top2, logits[targets[i]] - logsumexp
+//                                       (NaN when targets[i] < 0), logsumexp); grid (m), 1024
+//                                       threads: greedy ids and prompt log-probs on the GPU, so
+//                                       a batch never copies [m, V] logits to the host
 // Products that the reference rounds separately are written with __fmul_rn/__fadd_rn so the
 // compiler does not contract them into FMAs (keeps GPU and numpy within an ulp).
 #include <cuda_fp16.h>
@@ -67,10 +74,10 @@ template <> __device__ __forceinline__ void store4<__half>(__half* y, const floa
 
 template <typename OutT>
 __device__ void rmsnorm_row(OutT* __restrict__ y, int ldy, const float* __restrict__ x, int ldx,
-                            const float* __restrict__ w, int D, float eps) {
-    const int row = blockIdx.x;
-    const float* xr = x + (size_t)row * ldx;
-    OutT* yr = y + (size_t)row * ldy;
+                            const float* __restrict__ w, int D, float eps,
+                            const int* __restrict__ rows = nullptr) {
+    const float* xr = x + (size_t)(rows != nullptr ? rows[blockIdx.x] : blockIdx.x) * ldx;
+    OutT* yr = y + (size_t)blockIdx.x * ldy;
     const float scale = rms_scale(xr, D, eps);
     const bool vec = (D & 3) == 0 && ((uintptr_t)xr & 15) == 0 && ((uintptr_t)w & 15) == 0 &&
                      ((uintptr_t)yr & (4 * sizeof(OutT) - 1)) == 0;
@@ -92,6 +99,12 @@ __device__ void rmsnorm_row(OutT* __restrict__ y, int ldy, const float* __restri
 extern "C" __global__ void rmsnorm_f32_f16(__half* y, int ldy, const float* x, int ldx,
                                            const float* w, int D, float eps) {
     rmsnorm_row<__half>(y, ldy, x, ldx, w, D, eps);
+}
+// y row i = rmsnorm(x row rows[i]): the rows of a packed batch that need logits, gathered
+extern "C" __global__ void rmsnorm_rows_f32_f16(__half* y, int ldy, const float* x, int ldx,
+                                                const int* rows, const float* w, int D,
+                                                float eps) {
+    rmsnorm_row<__half>(y, ldy, x, ldx, w, D, eps, rows);
 }
 extern "C" __global__ void rmsnorm_f32_f32(float* y, int ldy, const float* x, int ldx,
                                            const float* w, int D, float eps) {
@@ -207,15 +220,16 @@ __device__ __forceinline__ void rope_qkv_body(__half* __restrict__ q16,
                                               int Hq, int Hkv, int D, int rope_dim, int neox,
                                               const float* __restrict__ cos_t,
                                               const float* __restrict__ sin_t,
-                                              const int* __restrict__ pos) {
+                                              const int2* __restrict__ tok) {
     const int t = blockIdx.x;
     const int groups = D >> (W == 2 ? 1 : 2), half_r = rope_dim >> 1;   // D / W
     const int nq = Hq * groups, nk = Hkv * groups;
     const int idx = blockIdx.y * blockDim.x + threadIdx.x;  // (part, head, group) flattened
     if (idx >= nq + 2 * nk) return;
-    const long p_abs = (long)pos[0] + t;
-    const float* cr = cos_t + p_abs * half_r;
-    const float* sr = sin_t + p_abs * half_r;
+    const int2 tp = tok[t];   // (KV slot, its sequence's first slot): position slot - lo
+    const long p_abs = tp.x;
+    const float* cr = cos_t + (long)(tp.x - tp.y) * half_r;
+    const float* sr = sin_t + (long)(tp.x - tp.y) * half_r;
     auto rope = [&](__half* d, const float* s, int g) {
         if constexpr (W == 2) rope_pair_f16(d, s, g, half_r, neox, cr, sr);
         else rope_quad_f16(d, s, g, half_r, neox, cr, sr);
@@ -244,14 +258,14 @@ __device__ __forceinline__ void rope_qkv_body(__half* __restrict__ q16,
         const float *__restrict__ ks, long ldk, const float *__restrict__ vs, long ldv,        \
         __half *__restrict__ kc, __half *__restrict__ vc, int Hq, int Hkv, int D, int rope_dim, \
         int neox, const float *__restrict__ cos_t, const float *__restrict__ sin_t,            \
-        const int *__restrict__ pos
+        const int2 *__restrict__ tok
 extern "C" __global__ void rope_qkv_f32_f16(ROPE_QKV_ARGS) {
     rope_qkv_body<2>(q16, qs, ldq, ks, ldk, vs, ldv, kc, vc, Hq, Hkv, D, rope_dim, neox, cos_t,
-                     sin_t, pos);
+                     sin_t, tok);
 }
 extern "C" __global__ void rope_qkv_f32_f16_v4(ROPE_QKV_ARGS) {
     rope_qkv_body<4>(q16, qs, ldq, ks, ldk, vs, ldv, kc, vc, Hq, Hkv, D, rope_dim, neox, cos_t,
-                     sin_t, pos);
+                     sin_t, tok);
 }
 #undef ROPE_QKV_ARGS
 
@@ -330,4 +344,61 @@ extern "C" __global__ void add_bias_f32(float* y, const float* b, int N) {
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < N) y[(long)t * N + i] = __fadd_rn(y[(long)t * N + i], b[i]);
+}
+
+// ---- row_stats: grid (m), block (1024) --------------------------------------------------------
+// (best, index, second) of a row merged pairwise; on equal values the smaller index wins and the
+// other value is the second (a tie has margin 0, as numpy's partition gives)
+struct Top2 {
+    float v1, v2;
+    int i1;
+};
+__device__ __forceinline__ Top2 top2_merge(Top2 a, Top2 b) {
+    const bool b_wins = b.v1 > a.v1 || (b.v1 == a.v1 && b.i1 < a.i1);
+    const Top2 w = b_wins ? b : a, l = b_wins ? a : b;
+    return Top2{w.v1, fmaxf(w.v2, l.v1), w.i1};
+}
+extern "C" __global__ void __launch_bounds__(1024)
+row_stats_f32(float* stats, const float* logits, const int* targets, int V) {
+    const float* x = logits + (size_t)blockIdx.x * V;
+    __shared__ Top2 st[32];
+    __shared__ float ss[32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    Top2 t{-INFINITY, -INFINITY, 0x7fffffff};
+    for (int i = threadIdx.x; i < V; i += blockDim.x) t = top2_merge(t, Top2{x[i], -INFINITY, i});
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        t = top2_merge(t, Top2{__shfl_xor_sync(0xffffffffu, t.v1, o),
+                               __shfl_xor_sync(0xffffffffu, t.v2, o),
+                               __shfl_xor_sync(0xffffffffu, t.i1, o)});
+    if (lane == 0) st[warp] = t;
+    __syncthreads();
+    if (warp == 0) {
+        t = lane < nw ? st[lane] : Top2{-INFINITY, -INFINITY, 0x7fffffff};
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            t = top2_merge(t, Top2{__shfl_xor_sync(0xffffffffu, t.v1, o),
+                                   __shfl_xor_sync(0xffffffffu, t.v2, o),
+                                   __shfl_xor_sync(0xffffffffu, t.i1, o)});
+        if (lane == 0) st[0] = t;
+    }
+    __syncthreads();
+    const float mx = st[0].v1;
+    float s = 0.f;   // sum of exp(x - max), f32 (the twin sums in f64: within 1e-6 relative)
+    for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(x[i] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) ss[warp] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float tot = 0.f;
+        for (int w = 0; w < nw; ++w) tot += ss[w];
+        const float lse = mx + logf(tot);
+        const int tg = targets[blockIdx.x];
+        float* o = stats + 4 * (size_t)blockIdx.x;
+        o[0] = (float)st[0].i1;
+        o[1] = st[0].v1 - st[0].v2;
+        o[2] = tg >= 0 && tg < V ? x[tg] - lse : __int_as_float(0x7fc00000);
+        o[3] = lse;
+    }
 }

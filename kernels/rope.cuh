@@ -16,15 +16,16 @@ __device__ __forceinline__ float2 rope_rot(float a, float b, float c, float sn) 
 // is pinned against these offsets by tests/test_rope_epilogue.py): the fused qkv GEMM's row t,
 // column c (N = qd + 2 kd) goes to q16[t, c] (c < qd), kc[pos + t, c - qd] (k) or vc[pos + t,
 // c - qd - kd] (v), q and k rotated in adjacent pairs (the llama, non-neox order) for the pair
-// index (c mod D) / 2 < half_r, with cos_t / sin_t [n_pos, half_r] at the absolute position
-// pos[0] + t (read on the device, as rope_qkv does, so a captured graph serves every pos0).
+// index (c mod D) / 2 < half_r, with cos_t / sin_t [n_pos, half_r] at the position slot - lo of
+// row t's tok[t] = (KV slot, its sequence's first slot), read on the device as rope_qkv reads
+// it, so a captured graph serves every layout.
 struct RopeQkv {
     __half* q16;          // [T, qd]
     __half* kc;           // [S, kd] this layer's K cache
     __half* vc;           // [S, kd] this layer's V cache
     const float* cos_t;   // [n_pos, half_r]
     const float* sin_t;   // [n_pos, half_r]
-    const int* pos;       // [1]: pos0
+    const int2* tok;      // [T]: (slot, lo) per row
     int qd, kd, D, half_r;
 };
 static_assert(sizeof(RopeQkv) == 64 && offsetof(RopeQkv, qd) == 48 && offsetof(RopeQkv, half_r) == 60,

@@ -114,7 +114,7 @@ def _rope_target(monkeypatch, T=16, Hq=4, Hkv=2, D=64, S=40, rope_dim=64, neox=F
     table = L.RopeTable(da.view(0x50000, (S, rope_dim // 2), F32),
                         da.view(0x60000, (S, rope_dim // 2), F32), S, rope_dim, 10000.0)
     t = L.QkvRope(FakeRT(), da.view(0x10000, (T, Hq, D), F16), da.view(0x20000, (S, Hkv, D), F16),
-                  da.view(0x30000, (S, Hkv, D), F16), table, da.view(0x40000, (1,), np.int32),
+                  da.view(0x30000, (S, Hkv, D), F16), table, da.view(0x40000, (T, 2), np.int32),
                   rope_dim, neox)
     return t, sent
 
@@ -126,7 +126,7 @@ def test_rope_target_packs_the_struct(monkeypatch):
     (raw,) = sent
     rec = np.frombuffer(raw.tobytes(), ROPE_QKV_DTYPE)[0]
     assert raw.nbytes == 64
-    assert [int(rec[f]) for f in ("q16", "kc", "vc", "cos", "sin", "pos")] == \
+    assert [int(rec[f]) for f in ("q16", "kc", "vc", "cos", "sin", "tok")] == \
         [0x10000, 0x20000, 0x30000, 0x50000, 0x60000, 0x40000]
     assert [int(rec[f]) for f in ("qd", "kd", "D", "half_r")] == [256, 128, 64, 24]
 
@@ -139,7 +139,7 @@ def test_rope_launch_passes_the_struct_as_c(monkeypatch, M):
     rt = FakeRT()
     rt.arch = "sm_80"   # (the mma.sync tiles: no tensor maps to make)
     a, b = da.view(0x100000, (M, 72), F16), da.view(0x400000, (512, 72), F16)
-    assert gemm_f16_nt(a, b, rt=rt, rope=t, pos0=3) is t
+    assert gemm_f16_nt(a, b, rt=rt, rope=t, hi=3 + M) is t
     fn, grid, block, args, smem = _launch(rt)
     v = EPILOGUE_TILE if M == 1 else pick_variant(M, 512, 72, rt.sm_count, rt.arch)
     assert fn[1] == v   # M == 1: a tile kernel (the GEMV has no rope epilogue)
@@ -150,8 +150,8 @@ def test_rope_launch_refuses_misfits(monkeypatch):
     t, _ = _rope_target(monkeypatch)   # T = 16 rows of q16, 40 cache rows, N = 512
     rt = FakeRT()
     a, b = da.view(0x100000, (8, 72), F16), da.view(0x400000, (512, 72), F16)
-    with pytest.raises(GPUError, match=r"positions \[35, 43\) exceed"):
-        gemm_f16_nt(a, b, rt=rt, rope=t, pos0=35)
+    with pytest.raises(GPUError, match=r"slots \(below 43\) exceed the cache's 40 rows"):
+        gemm_f16_nt(a, b, rt=rt, rope=t, hi=43)
     with pytest.raises(GPUError, match="the GEMM has 504 columns"):
         gemm_f16_nt(a, da.view(0x400000, (504, 72), F16), rt=rt, rope=t)
     with pytest.raises(GPUError, match="17 rows, q16 holds 16"):

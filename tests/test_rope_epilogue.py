@@ -27,7 +27,7 @@ def test_rope_qkv_dtype_matches_the_struct():
     # the struct's fields in order: six pointers, then four int32
     body = re.search(r"struct RopeQkv \{(.*?)\};", src, re.S).group(1)
     names = re.findall(r"(\w+);", body.replace("int qd, kd, D, half_r;", "qd; kd; D; half_r;"))
-    assert names == ["q16", "kc", "vc", "cos_t", "sin_t", "pos", "qd", "kd", "D", "half_r"]
+    assert names == ["q16", "kc", "vc", "cos_t", "sin_t", "tok", "qd", "kd", "D", "half_r"]
     assert [ROPE_QKV_DTYPE.fields[n][0].itemsize for n in ROPE_QKV_DTYPE.names] == [8] * 6 + [4] * 4
 
 

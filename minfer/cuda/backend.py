@@ -15,7 +15,7 @@ loop below, over the routes, weights and buffers made here), per layer, T tokens
 residual x, f16 GEMM operands):
   h16 = rmsnorm(x) * attn_norm;  qkv32 = h16 @ [Wq; Wk; Wv].T (one GEMM on the fused weight)
   (qwen3: head_rmsnorm on each head of q and k, in place in qkv32)
-  rope_qkv (one launch): q16 = rope(q);  cache_k[pos0:] = rope(k);  cache_v[pos0:] = v (f16)
+  rope_qkv (one launch): q16 = rope(q);  cache_k[slot] = rope(k);  cache_v[slot] = v (f16)
   a16 = attention(q16, cache);  x += a16 @ Wo.T (GEMM epilogue accumulates)
   h16 = rmsnorm(x) * ffn_norm;  gu32 = h16 @ [Wg; Wu].T (one GEMM);  a16 = swiglu(gu32)
   (gate|up on f16 or blk: a16 straight from the GEMM's epilogue, fusion.plan_glu)
@@ -24,9 +24,9 @@ Fusion: when q, k, v (resp. gate, up) all run on f16, they are dequantized into 
 one [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) f16 buffer (self.w keeps per-weight row views) and run
 as one GEMM: fewer launches and a wide N for the small k/v products. Otherwise (MMQ routes)
 they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads them.
-Buffers are declared in weights.DeviceBuffers (self.buf). Positions live on the device
-(buf.pos = [pos0]; rope_qkv and attention read it), so every launch of a chunk depends only on
-(T, last): with `graphs` on (default; MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
+Buffers are declared in weights.DeviceBuffers (self.buf). The token layout lives on the
+device (buf.tok: (KV slot, first slot of its sequence) per token; rope_qkv, the rope epilogue
+and attention read it), so every launch of a chunk depends only on (T, last): with `graphs` on (default; MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
 are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.runtime.graph); every
 later chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
@@ -43,6 +43,12 @@ logits = (rmsnorm(x[-1]) * output_norm) @ W_out.T (GEMV), copied to the host; `a
 gives the greedy token on the GPU. `window_logits(ids, first)` (perplexity) runs a fresh
 sequence with every row through the last layer, then the same norm and LM head over rows
 first.. (a GEMM, HEAD_ROWS rows at a time), copied to the host.
+Many sequences (minfer.batch): `packed(ids, tok, rows, targets)` runs one chunk of tokens of
+many sequences, each token at its own KV slot and position (tok), every row through the last
+layer, then the norm, LM head and row_stats over the rows asked for (HEAD_ROWS at a time): the
+host gets [m, 4] numbers (greedy id, margin, log-prob, logsumexp), never [m, vocab] logits.
+`copy_kv(src, dst, n)` copies cache rows between sequences (a shared prefix computed once).
+The cache then has `kv_slots` rows (fit_kv_slots: what the free memory holds), beyond n_ctx.
 
 Memory: plan.make_plan decides before anything is allocated (`self.memory`, a
 memory.MemoryPlan: `memory_line()` is what prefill / bench / check print); a forced --gemm path
@@ -95,7 +101,8 @@ class CudaBackend:
 
     def __init__(self, model, cfg: GemmChoice | None = None, rt=None, max_tokens: int = 4096,
                  ubatch: int = 2048, warmup: bool = True, progress: bool = False,
-                 graphs: bool | None = None, chunk: int | None = None):
+                 graphs: bool | None = None, chunk: int | None = None,
+                 kv_slots: int | None = None):
         from minfer.cuda.runtime.runtime import get_runtime
 
         t0 = time.perf_counter()
@@ -115,20 +122,23 @@ class CudaBackend:
                               f"(supported: {attn_mod.HEAD_DIMS})")
         if max_tokens > c.n_ctx:
             max_tokens = c.n_ctx
+        if kv_slots is not None:   # many sequences: slots past the context, positions within it
+            max_tokens = min(max_tokens, kv_slots)
         if c.sliding_window and max_tokens > c.sliding_window:   # no window in the kernels
             raise Unsupported(f"cuda backend: {max_tokens} positions pass the model's sliding "
                               f"window of {c.sliding_window}, which the CUDA attention does not "
                               "apply (within it the window changes nothing); use --backend "
                               "cpu or fewer tokens")
-        self.max_tokens = int(max_tokens)
-        self.ubatch = int(max(1, min(ubatch, self.max_tokens)))
+        self.max_tokens = int(max_tokens)   # one sequence's positions
+        self.kv_slots = int(kv_slots or max_tokens)   # KV cache rows
+        self.ubatch = int(max(1, min(ubatch, self.kv_slots)))
         self.n_past = 0
         from minfer.cuda.runtime.upload import DEFAULT_CHUNK
 
         self.chunk = int(chunk or DEFAULT_CHUNK)   # upload chunk bytes
         # the plan, computed once (routes, fusion, epilogues, memory: minfer.cuda.plan.plan),
         # before anything is allocated
-        self.plan = make_plan(model, self.gcfg, self.rt, self.max_tokens, self.ubatch,
+        self.plan = make_plan(model, self.gcfg, self.rt, self.kv_slots, self.ubatch,
                               self.chunk)
         self.memory, self.routes = self.plan.memory, dict(self.plan.routes)
         if self.gcfg.path != "auto" and not self.memory.fits and self.memory.fitting():
@@ -152,14 +162,14 @@ class CudaBackend:
                     raise AssertionError(f"forms {sorted(k.name for k in kinds)} of one input "
                                          "share a scratch")
         plan = self.plan.parts
-        check_memory(self.rt, plan, self.max_tokens, self.ubatch)  # before any allocation
+        check_memory(self.rt, plan, self.kv_slots, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
         self._add(prepare.prebuild(prepare.load_kernels(self.routes), self.rt.arch, progress))
         wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"] // 2,
                            progress, frozenset(self.glu))
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds   # file into ready weights
-        self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.max_tokens, self.ubatch,
+        self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.kv_slots, self.ubatch,
                                                 plan["q8_1 scratch"], self.plan.glu_all,
                                                 plan["blk operand scratch"])
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
@@ -167,7 +177,7 @@ class CudaBackend:
         for g in sorted(self.plan.rope):
             il = int(g.split(".")[1])   # blk.<il>.attn_qkv.weight
             b = self.buf
-            self.rope_epi[g] = L.QkvRope(self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.pos,
+            self.rope_epi[g] = L.QkvRope(self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.tok,
                                          c.rope_dim, c.rope_neox)
         self.fwd = Forward(self.rt, model, self.gcfg, self.lin, self.groups, self.glu,
                            self.rope_epi, wts, self.buf)
@@ -321,16 +331,95 @@ class CudaBackend:
                            "or MINFER_CUDA_DEBUG=1 to find the kernel")
         return out
 
-    def _head(self, row0: int, m: int):
-        """Device f32 logits [m, vocab] of residual rows row0.. of the chunk just run (Forward.
-        head); the output buffer is allocated at first use (outside the memory plan: HEAD_ROWS
-        rows, 25 MB at vocab 49152) and reused."""
+    def packed(self, ids: np.ndarray, tok: np.ndarray, rows: np.ndarray,
+               targets: np.ndarray) -> np.ndarray:
+        """One chunk of many sequences' tokens: ids int32 [T] (T <= ubatch), tok int32 [T, 2]
+        (KV slot, first slot of the token's sequence: position slot - lo, keys lo..slot; both
+        non-decreasing in t), rows int32 [m] (chunk rows that need logits, m <= T), targets
+        int32 [m] (each row's next token, or -1) -> host float32 [m, 4]: (greedy id, top1 -
+        top2, log-prob of the target (NaN for -1), logsumexp) per row (ops.row_stats).
+        Every row goes through every layer; the LM head runs HEAD_ROWS rows at a time.
+        Numpy twin: ReferenceBackend.packed. GPUError on non-finite logits."""
+        ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
+        T, m, b = ids.shape[0], rows.shape[0], self.buf
+        self.n_past = 0   # the single-sequence protocol starts over after a batch
+        self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False)
+        if m == 0:
+            return np.empty((0, 4), np.float32)
+        R = da.rows
+        R(b.rows, 0, m).set(rows)
+        R(b.targets, 0, m).set(targets)
+        for r in range(0, m, self.HEAD_ROWS):
+            k = min(self.HEAD_ROWS, m - r)
+            logits = self._head(0, k, R(b.rows, r, k))
+            L.row_stats(self.rt, R(b.stats, r, k), logits, R(b.targets, r, k))
+        try:
+            out = R(b.stats, 0, m).get()
+        except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
+            raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
+                           "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
+        bad = m - int(np.count_nonzero(np.isfinite(out[:, 3])))
+        if bad:
+            raise GPUError(f"non-finite logits from the CUDA path ({bad} of {m} rows of a "
+                           f"packed chunk of {T} tokens, slots {int(tok[0, 0])}.."
+                           f"{int(tok[-1, 0])}, backend {self.name}); run `minfer check` or "
+                           "MINFER_CUDA_DEBUG=1 to find the kernel")
+        return out
+
+    def _checked_packed(self, ids, tok, rows, targets):
+        """packed()'s arguments as int32 arrays, or BadInput naming what cannot run."""
+        c = self.c
+        ids, tok = np.asarray(ids, np.int64), np.asarray(tok, np.int64)
+        rows, targets = np.asarray(rows, np.int64), np.asarray(targets, np.int64)
+        T = ids.shape[0] if ids.ndim == 1 else 0
+        if not 0 < T <= self.ubatch:
+            raise BadInput(f"packed: ids must be 1-D with 1..{self.ubatch} tokens, got shape "
+                           f"{ids.shape}")
+        if tok.shape != (T, 2) or rows.ndim != 1 or targets.shape != rows.shape:
+            raise BadInput(f"packed: tok {tok.shape}, rows {rows.shape}, targets "
+                           f"{targets.shape} for {T} tokens (expected [T, 2], [m], [m])")
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise BadInput(f"packed: token id out of range [0, {c.vocab_size})")
+        slot, lo = tok[:, 0], tok[:, 1]
+        if (lo < 0).any() or (slot < lo).any() or slot.max() >= self.kv_slots:
+            raise BadInput(f"packed: slots must satisfy 0 <= lo <= slot < {self.kv_slots}")
+        if (np.diff(slot) < 0).any() or (np.diff(lo) < 0).any():
+            raise BadInput("packed: slots and sequence starts must be non-decreasing")
+        if (slot - lo).max() >= self.max_tokens:
+            raise BadInput(f"packed: position {int((slot - lo).max())} past the backend's "
+                           f"{self.max_tokens} positions")
+        if rows.size > T or (rows.size and (rows.min() < 0 or rows.max() >= T)):
+            raise BadInput(f"packed: {rows.size} rows, each in [0, {T}), expected")
+        if rows.size and (targets.max() >= c.vocab_size or targets.min() < -1):
+            raise BadInput(f"packed: targets must be -1 or token ids below {c.vocab_size}")
+        i32 = np.int32
+        return (ids.astype(i32), np.ascontiguousarray(tok, i32), rows.astype(i32),
+                targets.astype(i32))
+
+    def copy_kv(self, src: int, dst: int, n: int) -> None:
+        """KV cache rows src..src+n-1 copied to dst..dst+n-1 in every layer (a shared prefix,
+        computed once, given to another sequence). Ordered after the chunks before it."""
+        if n <= 0:
+            return
+        if min(src, dst) < 0 or max(src, dst) + n > self.kv_slots or abs(src - dst) < n:
+            raise BadInput(f"copy_kv: rows {src}+{n} -> {dst}+{n} outside the cache's "
+                           f"{self.kv_slots} rows or overlapping")
+        row = self.c.n_kv_heads * self.c.head_dim * 2   # bytes of one f16 cache row
+        for cache in (*self.buf.kc, *self.buf.vc):
+            base = int(da.ptr(cache))
+            self.rt.drv.memcpy_dtod(base + dst * row, base + src * row, n * row)
+
+    def _head(self, row0: int, m: int, rows=None):
+        """Device f32 logits [m, vocab] of residual rows row0.. of the chunk just run, or of
+        the rows the int32 device array `rows` [m] names (Forward.head); the output buffer
+        is allocated at first use (outside the memory plan: HEAD_ROWS rows, 25 MB at vocab
+        49152) and reused."""
         if self._head_out is None:
-            rows = min(self.HEAD_ROWS, self.ubatch)
-            self._head_out = da.empty(self.rt, (rows, self.c.vocab_size), np.float32,
+            n = min(self.HEAD_ROWS, self.ubatch)
+            self._head_out = da.empty(self.rt, (n, self.c.vocab_size), np.float32,
                                       "logits rows")
         logits = da.rows(self._head_out, 0, m)
-        self.fwd.head(row0, m, logits)
+        self.fwd.head(row0, m, logits, rows)
         return logits
 
     def forward_device(self, ids: np.ndarray, pos0: int) -> None:
@@ -342,9 +431,15 @@ class CudaBackend:
         self.n_past = pos0 + T
 
     def _forward_chunk(self, ids: np.ndarray, pos0: int, last: bool) -> None:
+        self._run_chunk(ids, L.tok_layout(pos0, len(ids)), pos0 + len(ids), last)
+
+    def _run_chunk(self, ids: np.ndarray, tok: np.ndarray, hi: int, last: bool) -> None:
+        """One chunk: ids int32 [T] with their layout tok int32 [T, 2] uploaded, then the
+        chunk's launches (a graph replay after the first of its (T, last)); hi: one past the
+        largest slot (host-side checks)."""
         T = len(ids)
         da.rows(self.buf.ids, 0, T).set(ids)
-        self.buf.pos.set(np.array([pos0], np.int32))
+        da.rows(self.buf.tok, 0, T).set(tok)
         if self.profile is not None:
             self.profile.begin_chunk()
         if self.graphs and self.profile is None:
@@ -354,12 +449,12 @@ class CudaBackend:
                 return
             # first sighting: run eagerly (kernels get built and loaded outside any capture),
             # then record the graph for the next chunk of this shape (recording runs nothing)
-            self.fwd.chunk(T, pos0, last)
-            self._capture(T, pos0, last)
+            self.fwd.chunk(T, hi, last)
+            self._capture(T, hi, last)
             return
-        self.fwd.chunk(T, pos0, last)
+        self.fwd.chunk(T, hi, last)
 
-    def _capture(self, T: int, pos0: int, last: bool):
+    def _capture(self, T: int, hi: int, last: bool):
         """Capture Forward.chunk(T, ...) into a graph (cached by (T, last)); None (graphs turned
         off, one notice) if the driver refuses."""
         from minfer.cuda.runtime import graph
@@ -370,7 +465,7 @@ class CudaBackend:
         rt.synchronize()  # the capture stream syncs with the legacy one: leave it idle first
         rt.stream = self.stream
         try:
-            g = graph.capture(self.stream, lambda: self.fwd.chunk(T, pos0, last))
+            g = graph.capture(self.stream, lambda: self.fwd.chunk(T, hi, last))
         except Exception as e:  # driver refusal (a real input error re-raises eagerly)
             print(f"cuda backend: CUDA graph capture failed ({e}); running without graphs",
                   file=sys.stderr)

@@ -159,9 +159,11 @@ class Forward:
         n = int(np.prod(shape))
         return da.reshape(da.rows(flat, start, n), shape)
 
-    def chunk(self, ids_T: int, pos0: int, last: bool) -> None:
-        """Every launch of one chunk of T tokens (ids and the position already on the device).
-        pos0 serves the host-side checks only: the kernels read the position from buf.pos."""
+    def chunk(self, ids_T: int, hi: int, last: bool) -> None:
+        """Every launch of one chunk of T tokens (ids and their layout buf.tok, (slot, lo) per
+        token, already on the device: the kernels read the positions from it). hi: one past
+        the largest KV slot of the layout, for the host-side checks only. last: the chunk ends
+        one sequence whose last row alone goes through the final layer and the LM head."""
         rt, c, b = self.rt, self.c, self.buf
         T = ids_T
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
@@ -187,7 +189,7 @@ class Forward:
                 with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
                     da.poison(rt, R(b.q16, 0, T))
                     gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight],
-                                pos0=pos0)
+                                hi=hi)
             else:   # each GEMM into its part of qkv32, then one rope launch reads q, k, v
                 src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
                 if c.qk_norm:   # qwen3: each head of q and k rmsnorm'd before the rope
@@ -196,9 +198,9 @@ class Forward:
                             L.head_rmsnorm(rt, src[part][0], src[part][1], H_, D,
                                            self.w[f"{p}attn_{part}_norm.weight"], c.rms_eps)
                 with self._op("rope"):
-                    da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: positions on device)
+                    da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: the layout on device)
                     L.rope_qkv(rt, R(b.q16, 0, T), *(src[k][0] for k in "qkv"), b.kc[il],
-                               b.vc[il], b.rope, pos0, b.pos, c.rope_dim, c.rope_neox,
+                               b.vc[il], b.rope, hi, R(b.tok, 0, T), c.rope_dim, c.rope_neox,
                                tuple(src[k][1] for k in "qkv"))
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
@@ -208,7 +210,7 @@ class Forward:
             with self._op("attention"):
                 da.poison(rt, a16)
                 attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
-                                   b.kc[il], b.vc[il], pos0 + t0, b.pos, t0, operand=tt,
+                                   b.kc[il], b.vc[il], 0, R(b.tok, t0, Tq), hi, operand=tt,
                                    o_out=tt is None)
             self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output", aq)
             hq = R(b.h16, 0, Tq)
@@ -233,12 +235,17 @@ class Forward:
                           c.rms_eps)
             self._linear(b.logits, b.last16, self.model.output_name, "f32", "lm_head")
 
-    def head(self, row0: int, m: int, out):
-        """out f32 [m, vocab] = (rmsnorm(x[row0:row0+m]) * output_norm) @ W_out.T, x the
-        residual rows of the chunk just run (perplexity's scored rows)."""
+    def head(self, row0: int, m: int, out, rows=None):
+        """out f32 [m, vocab] = (rmsnorm(x[r]) * output_norm) @ W_out.T for the residual rows
+        r = row0 .. row0 + m - 1 of the chunk just run (perplexity's scored rows), or r =
+        rows[0 .. m - 1] (int32 device array: a packed batch's rows that need logits)."""
         c, b, R = self.c, self.buf, da.rows
         h16 = R(b.h16, 0, m)
         with self._op("rmsnorm"):
             da.poison(self.rt, h16)
-            L.rmsnorm(self.rt, h16, R(b.x, row0, m), self.w["output_norm.weight"], c.rms_eps)
+            if rows is None:
+                L.rmsnorm(self.rt, h16, R(b.x, row0, m), self.w["output_norm.weight"],
+                          c.rms_eps)
+            else:
+                L.rmsnorm_rows(self.rt, h16, b.x, rows, self.w["output_norm.weight"], c.rms_eps)
         self._linear(out, h16, self.model.output_name, "f32", "lm_head")

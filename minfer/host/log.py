@@ -15,6 +15,7 @@ import sys
 import click
 
 log = logging.getLogger("minfer")
+log.setLevel(logging.INFO)   # bars on by default, also for a library caller: quiet only after -q
 
 
 class _Stderr(logging.Handler):

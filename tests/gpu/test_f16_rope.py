@@ -49,10 +49,10 @@ def test_rope_epilogue_is_rope_qkv_bit_for_bit(rt, variant, same_bytes):
             continue
         S = pos0 + M + 3
         a, w, table, (q16, kc, vc) = _setup(rt, M, Hq, Hkv, D, rd, S, seed=1)
-        pos = da.to_device(rt, np.array([pos0], np.int32))
+        pos = da.to_device(rt, L.tok_layout(pos0, M))
         dA, dW = da.to_device(rt, a), da.to_device(rt, w)
         target = L.QkvRope(rt, q16, kc, vc, table, pos, rd, neox=False)
-        gemm_f16_nt(dA, dW, rt=rt, variant=variant, rope=target, pos0=pos0)
+        gemm_f16_nt(dA, dW, rt=rt, variant=variant, rope=target, hi=pos0 + M)
         # the reference: the same variant's f32 product, then the rope launch
         from minfer.cuda.ops.gemm import EPILOGUE_TILE
 
@@ -61,7 +61,7 @@ def test_rope_epilogue_is_rope_qkv_bit_for_bit(rt, variant, same_bytes):
         rq, rk, rv = (da.to_device(rt, np.full(x.shape, np.nan, np.float16))
                       for x in (q16, kc, vc))
         qd, kd = Hq * D, Hkv * D
-        L.rope_qkv(rt, rq, qkv, qkv, qkv, rk, rv, table, pos0, pos, rd, False,
+        L.rope_qkv(rt, rq, qkv, qkv, qkv, rk, rv, table, pos0 + M, pos, rd, False,
                    (0, qd, qd + kd))
         rt.synchronize()
         tag = f"{variant} M={M} D={D} rope_dim={rd} pos0={pos0}"
@@ -81,13 +81,13 @@ def test_rope_epilogue_refuses_misfits(rt):
     from minfer.cuda.ops import layers as L
 
     a, w, table, (q16, kc, vc) = _setup(rt, 8, 2, 1, 64, 64, 16, seed=2)
-    pos = da.to_device(rt, np.array([0], np.int32))
+    pos = da.to_device(rt, L.tok_layout(0, 8))
     dA, dW = da.to_device(rt, a), da.to_device(rt, w)
     with pytest.raises(GPUError, match="neox"):
         L.QkvRope(rt, q16, kc, vc, table, pos, 64, neox=True)
     target = L.QkvRope(rt, q16, kc, vc, table, pos, 64, neox=False)
     with pytest.raises(GPUError, match="exceed the cache"):
-        gemm_f16_nt(dA, dW, rt=rt, rope=target, pos0=10)   # rows 10 .. 17 of a 16-row cache
+        gemm_f16_nt(dA, dW, rt=rt, rope=target, hi=18)   # rows 10 .. 17 of a 16-row cache
     with pytest.raises(GPUError, match="columns"):
         gemm_f16_nt(dA, dW[:200], rt=rt, rope=target)
     with pytest.raises(BadInput, match="no out, accumulate or glu"):

@@ -1,5 +1,5 @@
 """Fused kernels of the CUDA backend vs numpy twins: rope_qkv (rope of q and k + KV-cache
-append at a device-side pos0), swiglu over the fused gate|up output, attention with the position
+append at the device-side token layout), swiglu over the fused gate|up output, attention with the position
 read from the device. Ragged shapes, NaN-poisoned outputs, cache rows outside the chunk checked
 untouched."""
 
@@ -37,14 +37,16 @@ def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
     vc0[pos0: pos0 + T] = np.nan
     kc, vc = da.to_device(rt, kc0), da.to_device(rt, vc0)
     q16 = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
-    pos = da.to_device(rt, np.array([pos0], np.int32))
+    from minfer.cuda.ops.layers import tok_layout
+
+    pos, hi = da.to_device(rt, tok_layout(pos0, T)), pos0 + T
     if fused:
         qkv = da.to_device(rt, np.concatenate([q, k, v], axis=1))
-        rope_qkv(rt, q16, qkv, qkv, qkv, kc, vc, table, pos0, pos, rope_dim, neox,
+        rope_qkv(rt, q16, qkv, qkv, qkv, kc, vc, table, hi, pos, rope_dim, neox,
                  (0, qd, qd + kd))
     else:
         rope_qkv(rt, q16, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), kc, vc,
-                 table, pos0, pos, rope_dim, neox)
+                 table, hi, pos, rope_dim, neox)
     p = np.arange(pos0, pos0 + T)
     rq = ops.rope(q.reshape(T, Hq, D), p, base, rope_dim, neox)
     rk = ops.rope(k.reshape(T, Hkv, D), p, base, rope_dim, neox)
@@ -60,7 +62,7 @@ def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
         q1 = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
         srcs = ((qkv,) * 3, (0, qd, qd + kd)) if fused else (
             tuple(da.to_device(rt, a) for a in (q, k, v)), (0, 0, 0))
-        rope_qkv(rt, q1, *srcs[0], kc1, vc1, table, pos0, pos, rope_dim, neox, srcs[1],
+        rope_qkv(rt, q1, *srcs[0], kc1, vc1, table, hi, pos, rope_dim, neox, srcs[1],
                  wide=False)
         for a, b in ((q1, q16), (kc1, kc), (vc1, vc)):
             assert np.array_equal(a.get().view(np.uint16), b.get().view(np.uint16))
@@ -74,12 +76,14 @@ def test_rope_qkv_rejects(rt):
     table = RopeTable.build(rt, 8, 10000.0, 64)
     q16 = da.empty(rt, (4, 2, 64), np.float16)
     kc = da.empty(rt, (8, 1, 64), np.float16)
-    pos = da.to_device(rt, np.array([6], np.int32))
+    from minfer.cuda.ops.layers import tok_layout
+
+    pos = da.to_device(rt, tok_layout(6, 4))
     qkv = da.empty(rt, (4, 256), np.float32)
     with pytest.raises(GPUError, match="exceed the cache"):
-        rope_qkv(rt, q16, qkv, qkv, qkv, kc, kc, table, 6, pos, 64, False, (0, 128, 192))
+        rope_qkv(rt, q16, qkv, qkv, qkv, kc, kc, table, 10, pos, 64, False, (0, 128, 192))
     with pytest.raises(GPUError, match="columns"):
-        rope_qkv(rt, q16, qkv, qkv, qkv, kc, kc, table, 0, pos, 64, False, (0, 128, 200))
+        rope_qkv(rt, q16, qkv, qkv, qkv, kc, kc, table, 4, pos, 64, False, (0, 128, 200))
 
 
 @pytest.mark.parametrize("T,F", [(1, 256), (13, 1000), (64, 14336), (5, 1001), (3, 6)])
@@ -96,10 +100,11 @@ def test_swiglu_fused(rt, T, F):
 
 
 @pytest.mark.parametrize("T,pos0,off,Hq,Hkv,D", [
-    (1, 0, 0, 4, 4, 64), (77, 13, 0, 9, 3, 64), (1, 300, 129, 32, 8, 128),
+    (1, 0, 0, 4, 4, 64), (77, 13, 128, 9, 3, 64), (1, 300, 128, 32, 8, 128),
     (200, 70, 0, 32, 8, 128)])
 def test_attention_device_pos(rt, T, pos0, off, Hq, Hkv, D):
-    """attention(pos_dev=[pos0 - off], offset=off) == attention at host pos0 == numpy twin."""
+    """attention(tok = the layout of positions pos0.., placed at slot offset `off` with lo =
+    off, the cache shifted by off) == attention at host pos0 == numpy twin."""
     from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.attention import attention
 
@@ -114,7 +119,12 @@ def test_attention_device_pos(rt, T, pos0, off, Hq, Hkv, D):
     o1 = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
     o2 = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
     attention(rt, o1, qd, kd, vd, pos0)
-    attention(rt, o2, qd, kd, vd, pos0, da.to_device(rt, np.array([pos0 - off], np.int32)), off)
+    from minfer.cuda.ops.layers import tok_layout
+
+    tok = tok_layout(pos0, T) + off   # slots shifted by off, lo = off
+    other = rng.standard_normal((off, Hkv, D)).astype(np.float16)   # another sequence's rows
+    ks, vs = (da.to_device(rt, np.concatenate([other, a])) for a in (k, v))
+    attention(rt, o2, qd, ks, vs, 0, da.to_device(rt, tok), off + pos0 + T)
     ref = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), pos0)
     assert _rel(o1.get(), ref) < 2e-3
     assert np.array_equal(o1.get(), o2.get())

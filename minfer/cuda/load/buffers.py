@@ -22,7 +22,11 @@ class DeviceBuffers:
     gu32: object  # f32 [T * 2 d_ff]: [T, 2 d_ff] fused gate|up, else two [T, d_ff] parts
     #              (None when every layer's gate|up GEMM writes the swiglu: plan_glu)
     f16: object  # f16 [T, d_ff] SwiGLU out
-    pos: object  # int32 [1]: the chunk's pos0, read on the device (graph replay at any pos)
+    tok: object  # int32 [T, 2]: (KV slot, first slot of its sequence) per token, read on the
+    #             device (graph replay at any layout: layers.tok_layout)
+    rows: object  # int32 [T]: the chunk rows whose logits a packed batch needs (head rows)
+    targets: object  # int32 [T]: each head row's next token (its log-prob), or -1
+    stats: object  # f32 [T, 4]: each head row's (argmax, top1 - top2, log-prob, logsumexp)
     last16: object  # f16 [1, d_model] the last row, normed
     logits: object  # f32 [1, vocab]
     amax: object  # int32 [1] argmax of the logits
@@ -42,6 +46,16 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
     e = da.empty
+
+    def kv(what: str):
+        """A zero-filled cache: a packed chunk's attention loads whole key tiles, whose rows
+        outside a sequence (another's, or the gap before a 128-aligned start) it masks; masked
+        keys weigh 0, and 0 * v must not be 0 * NaN from uninitialised memory."""
+        a = e(rt, (max_tokens, Hkv, D), np.float16, what)
+        step = 1 << 30   # pycuda passes the count as a 32-bit unsigned int
+        for off in range(0, max_tokens * Hkv * D * 2, step):
+            rt.drv.memset_d8(da.ptr(a) + off, 0, min(step, max_tokens * Hkv * D * 2 - off))
+        return a
     return DeviceBuffers(
         x=e(rt, (T, c.d_model), np.float32, "residual x"),
         h16=e(rt, (T, c.d_model), np.float16, "normed h"),
@@ -50,14 +64,19 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         a16=e(rt, (T, H * D), np.float16, "attention out"),
         gu32=None if glu_all else e(rt, (T * 2 * c.d_ff,), np.float32, "ffn gate|up"),
         f16=e(rt, (T, c.d_ff), np.float16, "ffn act"),
-        pos=e(rt, (1,), np.int32, "chunk position pos0"),
+        tok=e(rt, (T, 2), np.int32, "token layout (slot, lo)"),
+        rows=e(rt, (T,), np.int32, "head rows"),
+        targets=e(rt, (T,), np.int32, "head row targets"),
+        stats=e(rt, (T, 4), np.float32, "head row stats"),
         last16=e(rt, (1, c.d_model), np.float16, "last row"),
         logits=e(rt, (1, c.vocab_size), np.float32, "logits"),
         amax=e(rt, (1,), np.int32, "argmax"),
         ids=e(rt, (T,), np.int32, "token ids"),
-        kc=[e(rt, (max_tokens, Hkv, D), np.float16, f"K cache {i}") for i in range(c.n_layers)],
-        vc=[e(rt, (max_tokens, Hkv, D), np.float16, f"V cache {i}") for i in range(c.n_layers)],
-        rope=L.RopeTable.build(rt, max_tokens, c.rope_base, c.rope_dim, c.rope_scaling),
+        kc=[kv(f"K cache {i}") for i in range(c.n_layers)],
+        vc=[kv(f"V cache {i}") for i in range(c.n_layers)],
+        # positions of one sequence stay below the context (slots may not, packed)
+        rope=L.RopeTable.build(rt, min(max_tokens, c.n_ctx), c.rope_base, c.rope_dim,
+                               c.rope_scaling),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
         blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
     )

@@ -98,7 +98,7 @@ def needed_kernels(backend, lengths=(1,)) -> list[Spec]:
     fwd = backend.fwd.with_runtime(rec)
     for T, last in chunk_shapes([min(int(n), backend.max_tokens) for n in lengths],
                                 backend.ubatch):
-        fwd.chunk(T, 0, last)
+        fwd.chunk(T, T, last)
     return sorted(rec.specs)
 
 

@@ -76,16 +76,18 @@ def pick_geometry(rt, head_dim: int) -> AttnGeometry:
     return DEFAULT if smem_bytes(head_dim, DEFAULT) <= rt.smem_optin else SMALL
 
 
-def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
+def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
               geom: AttnGeometry | None = None, impl: str | None = None, operand=None,
               o_out: bool = True) -> None:
     """o f16 [T, Hq, D] = causal softmax(q k^T / sqrt(D)) v.
 
     q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
     positions 0..pos0+T-1 (S >= pos0 + T; rows past that are never read).
-    pos_dev: optional int32 [1] device array; the kernel then takes the first position as
-    *pos_dev + offset, read on the device (CUDA-graph replay at any position). `pos0` must
-    still be what that sum will be: the bounds are checked against it here.
+    tok: optional int32 [T, 2] device array of (slot, lo) per token (the packed layout,
+    minfer.cuda.ops.layers.tok_layout): token t sees keys lo..slot, read on the device (a
+    CUDA graph serves every layout); pos0 is then ignored and `hi` (one past the largest slot,
+    known to the host) is what the bounds are checked against. Numpy twin of the packed form:
+    minfer.reference.ops.attention_packed.
     geom: attention.cu's block shape (default: pick_geometry's; giving one means that kernel).
     impl: "mma" or "wg" (default: pick_impl's).
     operand: uint8 [Hq, pad128(T) / 128, BLK_OP] receives the block path's token operand of o
@@ -103,10 +105,13 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
         raise GPUError(f"attention: head_dim {D} not supported (supported: {HEAD_DIMS})")
     if Hq % Hkv:
         raise GPUError(f"attention: {Hq} query heads not a multiple of {Hkv} KV heads")
-    if pos0 < 0 or pos0 + T > S:
+    if tok is not None:
+        da.check("attention tok", tok, (T, 2), np.int32, align=8)
+        if hi is None or not 0 < hi <= S:
+            raise GPUError(f"attention: the layout's slots (below {hi}) exceed the cache's {S} "
+                           "rows")
+    elif pos0 < 0 or pos0 + T > S:
         raise GPUError(f"attention: positions [{pos0}, {pos0 + T}) exceed the cache's {S} rows")
-    if pos_dev is not None:
-        da.check("attention pos", pos_dev, (1,), np.int32)
     G = Hq // Hkv
     if impl is None:
         impl = "mma" if geom is not None else pick_impl(rt, T, G, D)
@@ -136,8 +141,7 @@ def attention(rt, o, q, kc, vc, pos0: int, pos_dev=None, offset: int = 0,
     else:
         raise GPUError(f"attention: unknown kernel {impl!r} (mma, wg)")
     scale_log2 = np.float32(math.log2(math.e) / math.sqrt(D))
-    # with pos_dev the kernel adds the device value to its pos0 argument (the offset)
-    p_arg, p_ptr = (pos0, np.uintp(0)) if pos_dev is None else (offset, da.arg(pos_dev))
+    p_arg, p_ptr = (pos0, np.uintp(0)) if tok is None else (0, da.arg(tok))
     rt.launch(fn, ((T * G + rows - 1) // rows, Hkv), (threads,),
               (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc),
                da.arg(o) if o_out else np.uintp(0), np.int64(Hq * D), np.int32(T),

@@ -323,15 +323,15 @@ def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool = False):
 # ---- device side ------------------------------------------------------------------------------
 def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None,
                 variant: str | None = None, stream=None, glu: bool = False, rope=None,
-                pos0: int = 0):
+                hi: int | None = None):
     """C = A @ B^T on the GPU (same semantics as gemm_f16_nt_ref); returns C (a GPUArray).
 
     a: f16 [M, K], b: f16 [N, K] GPUArrays. With `accumulate` (f32 [M, N]) the product is added
     into it in place and it is returned. Otherwise the result goes to `out` (allocated if None).
     With `glu` (b interleaved per glu_rows, out_dtype float16): out f16 [M, N / 2] = silu(gate)
     * up. With `rope` (a minfer.cuda.ops.layers.QkvRope; b the fused q|k|v weight, N = qd + 2 kd):
-    the product goes roped into its q16 and KV cache rows pos0 .. pos0 + M - 1 (pos0: the value
-    its device position holds, for the bounds check) and the QkvRope is returned. `variant`
+    the product goes roped into its q16 and the KV cache rows of its device layout (hi: one past
+    the layout's largest slot, for the bounds check; default M) and the QkvRope is returned. `variant`
     forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
     """
     # 16-byte aligned for cp.async / vector loads; contiguous: the kernels take rows of K (A, B)
@@ -349,7 +349,7 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         if glu or accumulate is not None or out is not None:
             raise BadInput("gemm_f16_nt: rope writes q16 and the KV cache: no out, accumulate "
                            "or glu")
-        rope.check(M, N, pos0)
+        rope.check(M, N, M if hi is None else hi)
     v = variant or pick_variant(M, N, K, rt.sm_count, rt.arch)
     if (glu or rope is not None) and v in GEMVS and variant is None:
         v = EPILOGUE_TILE

@@ -1,6 +1,6 @@
-"""Launchers for kernels/layers.cu: rmsnorm, head_rmsnorm (qwen3's q/k norms), rope, rope_qkv
-(fused rope + KV append), swiglu,
-add, f32->f16 copy, argmax.
+"""Launchers for kernels/layers.cu: rmsnorm (and of gathered rows), head_rmsnorm (qwen3's q/k
+norms), rope, rope_qkv (fused rope + KV append), swiglu, add, f32->f16 copy, argmax, row_stats
+(greedy ids and log-probs of logits rows).
 
 Each launcher validates shapes/dtypes (GPUError with a one-line message) and launches through
 `rt.launch`. Numpy twins: minfer.reference.ops (rmsnorm, rope, swiglu); the tests in
@@ -52,6 +52,34 @@ def rmsnorm(rt, y, x, w, eps: float) -> None:
     fn = rt.function(_F, entry)
     rt.launch(fn, (T,), (256,), (da.arg(y), np.int32(D), da.arg(x), np.int32(D), da.arg(w),
                                  np.int32(D), np.float32(eps)))
+
+
+def rmsnorm_rows(rt, y, x, rows, w, eps: float) -> None:
+    """y f16 [m, D] row i = rmsnorm(x f32 [T, D] row rows[i]) * w (rows: int32 [m] device
+    array, values in [0, T): the caller's). Numpy twin: ops.rmsnorm(x[rows], w)."""
+    da.check("rmsnorm x", x, (None, None), np.float32)
+    T, D = x.shape
+    da.check("rmsnorm w", w, (D,), np.float32)
+    da.check("rmsnorm y", y, (None, D), np.float16)
+    m = int(y.shape[0])
+    da.check("rmsnorm rows", rows, (m,), np.int32)
+    rt.launch(rt.function(_F, "rmsnorm_rows_f32_f16"), (m,), (256,),
+              (da.arg(y), np.int32(D), da.arg(x), np.int32(D), da.arg(rows), da.arg(w),
+               np.int32(D), np.float32(eps)))
+
+
+def row_stats(rt, stats, logits, targets) -> None:
+    """stats f32 [m, 4] = per row of logits f32 [m, V]: (argmax (first on ties), top1 - top2,
+    logits[targets[i]] - logsumexp (NaN where targets[i] < 0), logsumexp); targets int32 [m].
+    Numpy twin: minfer.reference.ops.row_stats."""
+    da.check("row_stats logits", logits, (None, None), np.float32)
+    m, V = logits.shape
+    if V >= 1 << 24:
+        raise GPUError(f"row_stats: vocabulary {V} past 2^24 (the argmax is stored as f32)")
+    da.check("row_stats targets", targets, (m,), np.int32)
+    da.check("row_stats out", stats, (m, 4), np.float32)
+    rt.launch(rt.function(_F, "row_stats_f32"), (m,), (1024,),
+              (da.arg(stats), da.arg(logits), da.arg(targets), np.int32(V)))
 
 
 def _rope_check(x, table: RopeTable, pos0: int, rope_dim: int):
@@ -112,15 +140,26 @@ def head_rmsnorm(rt, x, col: int, H: int, D: int, w, eps: float) -> None:
               (xp, np.int64(ld), np.int32(D), da.arg(w), np.float32(eps)))
 
 
-def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rope_dim: int,
+def tok_layout(pos0: int, T: int) -> np.ndarray:
+    """int32 [T, 2] (slot, lo) of one sequence's tokens pos0..pos0+T-1: the layout every
+    kernel that places a token reads (rope_qkv, the rope epilogue, attention); a packed batch
+    gives each token its own slot and its sequence's first slot lo (position slot - lo)."""
+    out = np.zeros((T, 2), np.int32)
+    out[:, 0] = np.arange(pos0, pos0 + T)
+    return out
+
+
+def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, hi: int, tok, rope_dim: int,
              neox: bool, cols=(0, 0, 0), wide: bool | None = None) -> None:
-    """One launch: q16 f16 [T, Hq, D] = rope(q); kc[pos0 + t] = rope(k); vc[pos0 + t] = v.
+    """One launch: q16 f16 [T, Hq, D] = rope(q); kc[slot_t] = rope(k); vc[slot_t] = v, at
+    position slot_t - lo_t.
 
     q, k, v: f32 2-D device arrays whose columns cols[i] .. cols[i] + H*D hold the [T, H*D]
     part (three buffers, or the same fused [T, (Hq + 2 Hkv) D] GEMM output three times);
-    kc, vc: f16 [S, Hkv, D] caches. pos_dev: int32 [1] device array holding pos0 (the kernel
-    reads the position from it, so a captured graph serves any pos0); `pos0` is the value it
-    holds, used here for the bounds checks. Numpy twin: reference ops.rope + f16 casts.
+    kc, vc: f16 [S, Hkv, D] caches. tok: int32 [T, 2] device array of (slot, lo) per token
+    (tok_layout), read by the kernel (a captured graph serves any layout); hi: one past its
+    largest slot, known to the host, for the bounds check (the caller keeps slot - lo inside
+    the table). Numpy twin: reference ops.rope + f16 casts.
     wide: the two-pairs-per-thread kernel (bit-identical); None picks it where the shapes and
     alignment allow (tests force either).
     """
@@ -129,7 +168,7 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rop
     da.check("rope_qkv k cache", kc, (None, None, D), np.float16)
     S, Hkv, _ = kc.shape
     da.check("rope_qkv v cache", vc, (S, Hkv, D), np.float16)
-    da.check("rope_qkv pos", pos_dev, (1,), np.int32)
+    da.check("rope_qkv tok", tok, (T, 2), np.int32, align=8)
     qp, ldq = _cols("rope_qkv q", q, cols[0], Hq * D)
     kp, ldk = _cols("rope_qkv k", k, cols[1], Hkv * D)
     vp, ldv = _cols("rope_qkv v", v, cols[2], Hkv * D)
@@ -138,9 +177,9 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rop
             raise GPUError(f"rope_qkv {name}: {a.shape[0]} rows, expected T = {T}")
     if ldv % 2 or cols[2] % 2:
         raise GPUError("rope_qkv v: row stride and column offset must be even (float2 loads)")
-    if pos0 < 0 or pos0 + T > S:
-        raise GPUError(f"rope_qkv: positions [{pos0}, {pos0 + T}) exceed the cache's {S} rows")
-    _rope_check(q16, table, pos0, rope_dim)
+    if not 0 < hi <= S:
+        raise GPUError(f"rope_qkv: the layout's slots (below {hi}) exceed the cache's {S} rows")
+    _rope_check(q16, table, 0, rope_dim)
     # two pairs per thread (16-byte loads) where every row start is 16-byte aligned
     can_wide = D % 4 == 0 and rope_dim % 4 == 0 and all(
         int(p) % 16 == 0 and ld % 4 == 0 for p, ld in ((qp, ldq), (kp, ldk), (vp, ldv)))
@@ -153,12 +192,12 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, pos0: int, pos_dev, rop
     rt.launch(fn, (T, (nthreads + 127) // 128), (128,),
               (da.arg(q16), qp, np.int64(ldq), kp, np.int64(ldk), vp, np.int64(ldv), da.arg(kc),
                da.arg(vc), np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(rope_dim),
-               np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), da.arg(pos_dev)))
+               np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), da.arg(tok)))
 
 
 # kernels/rope.cuh RopeQkv: gemm mode 4's target (its static_assert pins these offsets)
 ROPE_QKV_DTYPE = np.dtype([("q16", "<u8"), ("kc", "<u8"), ("vc", "<u8"), ("cos", "<u8"),
-                           ("sin", "<u8"), ("pos", "<u8"), ("qd", "<i4"), ("kd", "<i4"),
+                           ("sin", "<u8"), ("tok", "<u8"), ("qd", "<i4"), ("kd", "<i4"),
                            ("D", "<i4"), ("half_r", "<i4")])
 
 
@@ -168,15 +207,16 @@ class QkvRope:
     its accumulators: q16 f16 [T, Hq, D] = rope(q), kc[pos0 + t] = rope(k), vc[pos0 + t] = v,
     bit for bit as rope_qkv. Non-neox (adjacent pairs) only: a pair must sit in one thread's
     accumulators. Packed once into a 64-byte device struct (ROPE_QKV_DTYPE), per layer (its
-    caches); the position is read from pos_dev on the device, as rope_qkv reads it."""
+    caches); the layout is read from tok (int32 [T, 2] (slot, lo) per row) on the device, as
+    rope_qkv reads it."""
 
-    def __init__(self, rt, q16, kc, vc, table: RopeTable, pos_dev, rope_dim: int, neox: bool):
+    def __init__(self, rt, q16, kc, vc, table: RopeTable, tok, rope_dim: int, neox: bool):
         da.check("qkv rope q16", q16, (None, None, None), np.float16)
         self.T, Hq, D = q16.shape
         da.check("qkv rope k cache", kc, (None, None, D), np.float16)
         self.S, Hkv, _ = kc.shape
         da.check("qkv rope v cache", vc, (self.S, Hkv, D), np.float16)
-        da.check("qkv rope pos", pos_dev, (1,), np.int32)
+        da.check("qkv rope tok", tok, (self.T, 2), np.int32, align=8)
         if neox:
             raise GPUError("qkv rope epilogue: neox rope pairs (i, i + rope_dim/2) span "
                            "threads; use rope_qkv")
@@ -186,22 +226,23 @@ class QkvRope:
         self.qd, self.kd, self.n_pos = Hq * D, Hkv * D, table.n_pos
         rec = np.zeros((), ROPE_QKV_DTYPE)
         for f, a in (("q16", q16), ("kc", kc), ("vc", vc), ("cos", table.cos),
-                     ("sin", table.sin), ("pos", pos_dev)):
+                     ("sin", table.sin), ("tok", tok)):
             rec[f] = da.ptr(a)
         rec["qd"], rec["kd"], rec["D"], rec["half_r"] = self.qd, self.kd, D, rope_dim // 2
         self.dev = da.to_device(rt, np.frombuffer(rec.tobytes(), np.uint8), "qkv rope target")
-        self._keep = (q16, kc, vc, table, pos_dev)   # the struct points into them
+        self._keep = (q16, kc, vc, table, tok)   # the struct points into them
 
-    def check(self, M: int, N: int, pos0: int) -> None:
-        """A GEMM of M rows, N columns at absolute positions pos0 .. pos0 + M - 1 fits."""
+    def check(self, M: int, N: int, hi: int) -> None:
+        """A GEMM of M rows, N columns whose tokens' slots are below hi fits (the caller keeps
+        each slot - lo inside the table)."""
         if N != self.qd + 2 * self.kd:
             raise GPUError(f"qkv rope epilogue: the GEMM has {N} columns, expected q + k + v = "
                            f"{self.qd + 2 * self.kd}")
         if M > self.T:
             raise GPUError(f"qkv rope epilogue: {M} rows, q16 holds {self.T}")
-        if pos0 < 0 or pos0 + M > min(self.S, self.n_pos):
-            raise GPUError(f"qkv rope epilogue: positions [{pos0}, {pos0 + M}) exceed the "
-                           f"cache's {self.S} rows or the table's {self.n_pos}")
+        if not 0 < hi <= self.S:
+            raise GPUError(f"qkv rope epilogue: the layout's slots (below {hi}) exceed the "
+                           f"cache's {self.S} rows")
 
 
 def _gate_up_shape(y, gu, per: int) -> tuple[int, int]:

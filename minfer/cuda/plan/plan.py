@@ -87,10 +87,32 @@ def make_plan(model, choice: GemmChoice | None = None, rt=None, max_tokens: int 
     return replace(plan, memory=memory)
 
 
+def kv_slot_bytes(c) -> int:
+    """Bytes of one KV cache slot over every layer (f16 K and V)."""
+    return 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
+
+
+def fit_kv_slots(model, choice: GemmChoice | None, rt, ubatch: int, want: int,
+                 chunk: int | None = None, align: int = 128, extra: int = 0) -> int:
+    """The most KV slots, at most `want` and a multiple of `align`, that the free memory holds
+    beside the rest of the plan (its fastest tier that fits with `align` slots) plus `extra`
+    bytes allocated outside the plan, 5 % of the rest kept back: a batch's KV cache, sized
+    so its waves never run out of memory. 0 when not even `align` slots fit."""
+    from minfer.cuda.plan.memory import MARGIN
+
+    plan = make_plan(model, choice, rt, align, ubatch, chunk)
+    free = rt.mem_info()[0]
+    per = kv_slot_bytes(model.config)
+    rest = plan.need - align * per
+    avail = int((free - MARGIN - rest - extra) * 0.95)
+    return max(0, min(int(want), avail // per) // align * align)
+
+
 def plan_tiers(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 512,
                max_tokens: int = 4096, chunk: int | None = None) -> MemoryPlan:
     """make_plan's memory decision alone (memory.MemoryPlan: each tier's need, the choice)."""
     return make_plan(model, choice, rt, max_tokens, ubatch, chunk).memory
 
 
-__all__ = ["Plan", "plan_for", "make_plan", "plan_tiers", "GemmGroup"]
+__all__ = ["Plan", "plan_for", "make_plan", "plan_tiers", "GemmGroup", "fit_kv_slots",
+           "kv_slot_bytes"]

@@ -58,7 +58,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 +
                c.d_ff * ((0 if glu_all else 4 + 4) + 2))
-    act += c.vocab_size * 4 + (max_tokens * c.rope_dim) * 4
+    act += c.vocab_size * 4 + (min(max_tokens, c.n_ctx) * c.rope_dim) * 4   # rope table
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
             "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
