@@ -5,7 +5,15 @@ Per layer:  h = rmsnorm(x) * attn_norm;  q, k, v = h @ Wq.T, Wk.T, Wv.T (+ bias)
             x += attention(q, K, V) @ Wo.T;  h = rmsnorm(x) * ffn_norm;
             x += (silu(h @ Wg.T) * (h @ Wu.T)) @ Wd.T
 then logits = (rmsnorm(x_last) * output_norm) @ W_out.T, for the last position only
-(window_logits: for the last T - first positions, the rows perplexity scores).
+(window_logits: for the last T - first positions, the rows perplexity scores). The layer body
+is ReferenceBackend._layer, shared by the single-sequence _forward and the packed forward.
+
+Packed (issue 34; the oracle of CudaBackend.packed, the GPU's packed prefill and batched
+decode): packed(ids, tok, rows, targets) runs a chunk of many sequences' tokens, each token t
+with its KV slot and its sequence's first slot lo (tok[t] = (slot, lo): RoPE position
+slot - lo, keys in cache rows lo..slot), every token through every layer, then the LM head and
+ops.row_stats only for `rows`. copy_kv shares a computed prefix; reserve_slots sizes the cache
+past n_ctx. forward() and packed() share the cache storage (see the KV cache section).
 
 gemma3 (llama.cpp src/models/gemma3.cpp; ModelConfig's gemma fields): x starts as the
 embeddings times sqrt(d_model); q, k get the per-head norms, then RoPE with the layer's base
@@ -117,7 +125,9 @@ def quantize_act(x: np.ndarray, qtype: int) -> np.ndarray:
 
 class ReferenceBackend:
     """Backend protocol (minfer.engine.Backend) on numpy. forward(ids, pos0) -> logits [vocab];
-    window_logits(ids, first) -> logits [T - first, vocab] of a fresh sequence."""
+    window_logits(ids, first) -> logits [T - first, vocab] of a fresh sequence; packed(ids,
+    tok, rows, targets) -> [m, 4] row stats of many sequences at once (with copy_kv,
+    reserve_slots, kv_slots: minfer.batch's backend protocol)."""
 
     def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
                  max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset(),
@@ -213,15 +223,39 @@ class ReferenceBackend:
         return y
 
     # -- KV cache -------------------------------------------------------------------------
+    # One cache (per layer, [kv_slots, n_kv_heads, head_dim] for K and for V) serves both
+    # protocols: forward()/window_logits() keep one sequence in rows 0..n_past-1, packed() and
+    # copy_kv() address rows (slots) directly. A packed() call sets n_past to 0 (the single-
+    # sequence protocol starts over, as on the GPU); reset() only sets n_past, it clears no rows.
+    @property
+    def kv_slots(self) -> int:
+        """The KV cache's rows now (grows with reserve / reserve_slots, never shrinks)."""
+        return int(self._k[0].shape[0]) if self._k else 0
+
     def reserve(self, n_tokens: int) -> None:
         """Make the KV cache hold n_tokens positions (grows, keeps contents)."""
         c = self.cfg
         if n_tokens > c.n_ctx:
             raise BadInput(f"{n_tokens} tokens exceed the model's context of {c.n_ctx}")
-        cap = self._k[0].shape[0] if self._k else 0
+        cap = self.kv_slots
         if n_tokens <= cap and self._k:
             return
-        new_cap = min(max(n_tokens, 2 * cap, 16), c.n_ctx)
+        self._grow(min(max(n_tokens, 2 * cap, 16), c.n_ctx))
+
+    def reserve_slots(self, n: int) -> None:
+        """Make the KV cache hold n slots (rows) for packed() and copy_kv(): many sequences, so
+        n may exceed n_ctx (each sequence's positions stay below it). Grows to exactly n when
+        larger than now, keeps contents."""
+        n = int(n)
+        if n < 0:
+            raise BadInput(f"reserve_slots: {n} slots")
+        if n > self.kv_slots:
+            self._grow(n)
+
+    def _grow(self, new_cap: int) -> None:
+        """The caches reallocated with new_cap rows, the old rows copied, the rest zero."""
+        c = self.cfg
+        cap = self.kv_slots
         shape = (new_cap, c.n_kv_heads, c.head_dim)
         from minfer.host.hostmem import out_of_memory, require
 
@@ -237,6 +271,19 @@ class ReferenceBackend:
             v_new[i][:cap] = self._v[i]
         self._k, self._v = k_new, v_new
 
+    def copy_kv(self, src: int, dst: int, n: int) -> None:
+        """KV cache rows (slots) src..src+n-1 copied to dst..dst+n-1 in every layer (a shared
+        prefix, computed once, given to another sequence). BadInput for rows outside the cache
+        or overlapping ranges (as CudaBackend.copy_kv)."""
+        src, dst, n = int(src), int(dst), int(n)
+        if n <= 0:
+            return
+        if min(src, dst) < 0 or max(src, dst) + n > self.kv_slots or abs(src - dst) < n:
+            raise BadInput(f"copy_kv: rows {src}+{n} -> {dst}+{n} outside the cache's "
+                           f"{self.kv_slots} rows or overlapping")
+        for cache in (*self._k, *self._v):
+            cache[dst: dst + n] = cache[src: src + n]
+
     def reset(self) -> None:
         self.n_past = 0
 
@@ -244,6 +291,8 @@ class ReferenceBackend:
         pass
 
     # -- forward --------------------------------------------------------------------------
+    HEAD_ROWS = 256  # packed(): the LM head's rows per block ([HEAD_ROWS, vocab] f32 at most)
+
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         return self._run(ids, pos0, 1)[0]
 
@@ -266,18 +315,90 @@ class ReferenceBackend:
 
             raise out_of_memory(f"running the CPU forward at position {pos0}") from None
 
-    def _check(self, x: np.ndarray, ids: np.ndarray, pos0: int, where: str) -> None:
-        """NumericError naming `where`, the first position and its token, when x [T', d]
-        (the last T' rows of the chunk ids at pos0) holds NaN or inf."""
+    def _check(self, x: np.ndarray, ids: np.ndarray, pos: np.ndarray, where: str,
+               slots: np.ndarray | None = None) -> None:
+        """NumericError naming `where`, the first row's position (and KV slot, packed) and its
+        token, when x [T', d] holds NaN or inf; ids, pos (and slots) [T']: those of x's rows."""
         if np.isfinite(x).all():
             return
         bad = ~np.isfinite(x)
         row = int(np.argmax(bad.any(axis=-1)))
-        off = ids.shape[0] - x.shape[0] + row  # the last layer keeps only the last row
         kind = "NaN" if np.isnan(x[row]).any() else "inf"
+        at = f"slot {int(slots[row])}, " if slots is not None else ""
         raise NumericError(f"non-finite values ({kind}) in the output of {where} at position "
-                           f"{pos0 + off} (token id {int(ids[off])}) on the {self.name} "
+                           f"{int(pos[row])} ({at}token id {int(ids[row])}) on the {self.name} "
                            "backend (NaN/inf/huge weights, or hyperparameters out of range)")
+
+    def _embed(self, ids: np.ndarray) -> np.ndarray:
+        """The residual stream's start [T, d_model]: the embedding rows of ids (gemma: scaled)."""
+        c = self.cfg
+        x = self.model.dequant("token_embd.weight", rows=ids).astype(self.dtype)
+        if c.embed_scale != 1.0:  # gemma: ggml_scale(inpL, sqrtf(n_embd))
+            x = x * self.dtype.type(c.embed_scale)
+        return x
+
+    def _attn_kw(self, il: int) -> dict:
+        """ops.attention's keyword arguments for layer il (f16 P rounding, window, scale)."""
+        c = self.cfg
+        return dict(p_round=round_f16 if self.kv_f16 else None,
+                    window=c.sliding_window if c.is_local(il) else 0,
+                    scale=1.0 if c.attn_scale else None)
+
+    def _layer(self, il: int, x: np.ndarray, pos: np.ndarray, write, attend,
+               keep: slice | None = None) -> np.ndarray:
+        """Layer il on the residual x [T, d_model] whose rows sit at RoPE positions pos [T]
+        -> the new residual (of the rows `keep`, default all). K and V (after RoPE, f16-rounded
+        with kv_f16) go into cache rows `write` (a slice or an int array [T]); then `attend(il,
+        q)` with q [T', H, D] (the rows kept) returns the attention output [T', H, D] over the
+        cache. Shared by _forward (one sequence) and _packed (runs of many)."""
+        c = self.cfg
+        ft = self.dtype
+        T = x.shape[0]
+        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+        p = f"blk.{il}."
+        h = ops.rmsnorm(x, self.weight(p + "attn_norm.weight"), c.rms_eps)
+        q = self._linear(h, p + "attn_q.weight").reshape(T, H, D)
+        k = self._linear(h, p + "attn_k.weight").reshape(T, Hkv, D)
+        v = self._linear(h, p + "attn_v.weight").reshape(T, Hkv, D)
+        if c.qk_norm:  # qwen3, gemma3: each head of q and k RMS-normalized before RoPE
+            q = ops.rmsnorm(q, self.weight(p + "attn_q_norm.weight"), c.rms_eps)
+            k = ops.rmsnorm(k, self.weight(p + "attn_k_norm.weight"), c.rms_eps)
+        base, scaling = c.layer_rope(il)  # gemma3's local layers: their own base
+        q = ops.rope(q, pos, base, c.rope_dim, c.rope_neox, scaling)
+        k = ops.rope(k, pos, base, c.rope_dim, c.rope_neox, scaling)
+        if c.attn_scale:  # gemma3: ggml_scale(Qcur, f_attention_scale), kq_scale 1
+            q = q * ft.type(c.attn_scale)
+        if self.kv_f16:
+            k, v, q = round_f16(k), round_f16(v), round_f16(q)
+        self._k[il][write] = k
+        self._v[il][write] = v
+        if keep is not None:
+            q, x = q[keep], x[keep]
+        a = attend(il, q)
+        a = self._linear(a.reshape(a.shape[0], H * D), p + "attn_output.weight")
+        if c.post_norms:  # gemma3: post_attention_norm before the residual add
+            a = ops.rmsnorm(a, self.weight(p + "post_attention_norm.weight"), c.rms_eps)
+        x = x + a
+        h = ops.rmsnorm(x, self.weight(p + "ffn_norm.weight"), c.rms_eps)
+        g = self._linear(h, p + "ffn_gate.weight")
+        u = self._linear(h, p + "ffn_up.weight")
+        f = self._linear(ops.geglu(g, u) if c.ffn_gelu else ops.swiglu(g, u),
+                         p + "ffn_down.weight")
+        if c.post_norms:  # gemma3: post_ffw_norm before the residual add
+            f = ops.rmsnorm(f, self.weight(p + "post_ffw_norm.weight"), c.rms_eps)
+        return x + f
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        """float32 logits [T', vocab] of residual rows x [T', d_model]: the output norm, the
+        LM head, gemma's soft cap."""
+        c = self.cfg
+        h = ops.rmsnorm(x, self.weight("output_norm.weight"), c.rms_eps)
+        logits = self._linear(h, self.model.output_name).astype(np.float32)
+        if c.logit_softcap:  # gemma: scale by 1/cap, tanh, scale by cap (ggml, in float)
+            cap = np.float32(c.logit_softcap)
+            t = (logits * (np.float32(1.0) / cap)).astype(np.float64)
+            logits = np.tanh(t).astype(np.float32) * cap
+        return logits
 
     def _forward(self, ids: np.ndarray, pos0: int, n_out: int = 1) -> np.ndarray:
         """-> float32 logits [n_out, vocab] of the chunk's last n_out positions."""
@@ -294,60 +415,130 @@ class ReferenceBackend:
         from minfer.host.hostmem import require
 
         require(self.forward_bytes(T, pos0 + T), f"the CPU forward of {T} tokens")
-        ft = self.dtype
-        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         pos = np.arange(pos0, pos0 + T)
-        x = self.model.dequant("token_embd.weight", rows=ids).astype(ft)  # [T, d_model]
-        if c.embed_scale != 1.0:  # gemma: ggml_scale(inpL, sqrtf(n_embd))
-            x = x * ft.type(c.embed_scale)
-        self._check(x, ids, pos0, "the embedding (token_embd.weight)")
+        x = self._embed(ids)  # [T, d_model]
+        self._check(x, ids, pos, "the embedding (token_embd.weight)")
+
+        def attend(il, q):  # the last layer's q: only its last rows
+            return ops.attention(q, self._k[il], self._v[il], pos0 + T - q.shape[0],
+                                 **self._attn_kw(il))
+
         for il in range(c.n_layers):
-            p = f"blk.{il}."
-            h = ops.rmsnorm(x, self.weight(p + "attn_norm.weight"), c.rms_eps)
-            q = self._linear(h, p + "attn_q.weight").reshape(T, H, D)
-            k = self._linear(h, p + "attn_k.weight").reshape(T, Hkv, D)
-            v = self._linear(h, p + "attn_v.weight").reshape(T, Hkv, D)
-            if c.qk_norm:  # qwen3, gemma3: each head of q and k RMS-normalized before RoPE
-                q = ops.rmsnorm(q, self.weight(p + "attn_q_norm.weight"), c.rms_eps)
-                k = ops.rmsnorm(k, self.weight(p + "attn_k_norm.weight"), c.rms_eps)
-            base, scaling = c.layer_rope(il)  # gemma3's local layers: their own base
-            q = ops.rope(q, pos, base, c.rope_dim, c.rope_neox, scaling)
-            k = ops.rope(k, pos, base, c.rope_dim, c.rope_neox, scaling)
-            if c.attn_scale:  # gemma3: ggml_scale(Qcur, f_attention_scale), kq_scale 1
-                q = q * ft.type(c.attn_scale)
-            if self.kv_f16:
-                k, v, q = round_f16(k), round_f16(v), round_f16(q)
-            self._k[il][pos0: pos0 + T] = k
-            self._v[il][pos0: pos0 + T] = v
-            if il == c.n_layers - 1:  # only the last n_out rows are needed from here on
-                q, x, pos0_q = q[-n_out:], x[-n_out:], pos0 + T - n_out
-            else:
-                pos0_q = pos0
-            a = ops.attention(q, self._k[il], self._v[il], pos0_q,
-                              p_round=round_f16 if self.kv_f16 else None,
-                              window=c.sliding_window if c.is_local(il) else 0,
-                              scale=1.0 if c.attn_scale else None)
-            a = self._linear(a.reshape(a.shape[0], H * D), p + "attn_output.weight")
-            if c.post_norms:  # gemma3: post_attention_norm before the residual add
-                a = ops.rmsnorm(a, self.weight(p + "post_attention_norm.weight"), c.rms_eps)
-            x = x + a
-            h = ops.rmsnorm(x, self.weight(p + "ffn_norm.weight"), c.rms_eps)
-            g = self._linear(h, p + "ffn_gate.weight")
-            u = self._linear(h, p + "ffn_up.weight")
-            f = self._linear(ops.geglu(g, u) if c.ffn_gelu else ops.swiglu(g, u),
-                             p + "ffn_down.weight")
-            if c.post_norms:  # gemma3: post_ffw_norm before the residual add
-                f = ops.rmsnorm(f, self.weight(p + "post_ffw_norm.weight"), c.rms_eps)
-            x = x + f
-            self._check(x, ids, pos0, f"layer {il} (blk.{il})")
+            # the last layer: only the last n_out rows are needed past its KV write
+            keep = slice(T - n_out, T) if il == c.n_layers - 1 else None
+            x = self._layer(il, x, pos, slice(pos0, pos0 + T), attend, keep)
+            n = x.shape[0]
+            self._check(x, ids[T - n:], pos[T - n:], f"layer {il} (blk.{il})")
             if self.layer_hook is not None:
                 self.layer_hook()
         self.n_past = pos0 + T
-        h = ops.rmsnorm(x, self.weight("output_norm.weight"), c.rms_eps)
-        logits = self._linear(h, self.model.output_name).astype(np.float32)  # [n_out, vocab]
-        if c.logit_softcap:  # gemma: scale by 1/cap, tanh, scale by cap (ggml, in float)
-            cap = np.float32(c.logit_softcap)
-            t = (logits * (np.float32(1.0) / cap)).astype(np.float64)
-            logits = np.tanh(t).astype(np.float32) * cap
-        self._check(logits, ids, pos0, f"the output layer (output_norm, {self.model.output_name})")
+        logits = self._head(x)  # [n_out, vocab]
+        self._check(logits, ids[T - n_out:], pos[T - n_out:],
+                    f"the output layer (output_norm, {self.model.output_name})")
         return logits
+
+    # -- packed: many sequences in one forward --------------------------------------------
+    def packed(self, ids: np.ndarray, tok: np.ndarray, rows: np.ndarray,
+               targets: np.ndarray) -> np.ndarray:
+        """One chunk of many sequences' tokens (the oracle of CudaBackend.packed: packed
+        prefill and batched decode).
+
+        ids int32 [T]; tok int32 [T, 2] = (slot, lo) per token: token t writes its K and V
+        (after RoPE) into cache row slot, sits at RoPE position slot - lo (lo: the first slot of
+        its sequence; below n_ctx) and attends to cache rows lo..slot (written by earlier
+        tokens of this call, by earlier calls, or by copy_kv). Slots and lo are non-decreasing
+        in t; a repeated slot must repeat its token (same id and lo: the decode steps' padding).
+        rows int32 [m]: chunk rows (in [0, T), any order, repeats allowed) whose logits are
+        wanted; targets int32 [m]: a token id or -1 per row.
+        -> float32 [m, 4] per row (ops.row_stats of its logits: output norm, LM head, soft cap):
+        (argmax id as float (first index on ties), top1 - top2 logit margin,
+        logits[target] - logsumexp (NaN for -1), logsumexp).
+
+        Every token goes through every layer; the linear ops take all T rows at once and the
+        attention runs per run of tokens (consecutive slots, one lo); the LM head takes
+        HEAD_ROWS rows at a time. The cache must hold the slots (reserve_slots); n_past is not
+        read and is set to 0. BadInput for what cannot run, NumericError for NaN/inf (naming
+        the layer, position, slot and token), ResourceError for host memory."""
+        ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+                return self._packed(ids, tok, rows, targets)
+        except MemoryError:
+            from minfer.host.hostmem import out_of_memory
+
+            raise out_of_memory(f"running the CPU packed forward of {ids.shape[0]} tokens "
+                                f"(slots {int(tok[0, 0])}..{int(tok[-1, 0])})") from None
+
+    def _checked_packed(self, ids, tok, rows, targets):
+        """packed()'s arguments as int64 arrays, or BadInput naming what cannot run."""
+        c = self.cfg
+        arrs = [np.asarray(a) for a in (ids, tok, rows, targets)]
+        for name, a in zip(("ids", "tok", "rows", "targets"), arrs):
+            if a.size and a.dtype.kind not in "iu":
+                raise BadInput(f"packed: {name} must be integers, not {a.dtype}")
+        ids, tok, rows, targets = (a.astype(np.int64) for a in arrs)
+        T = ids.shape[0] if ids.ndim == 1 else 0
+        if T == 0:
+            raise BadInput(f"packed: ids must be a non-empty 1-D array, got shape {ids.shape}")
+        if tok.shape != (T, 2) or rows.ndim != 1 or targets.shape != rows.shape:
+            raise BadInput(f"packed: tok {tok.shape}, rows {rows.shape}, targets "
+                           f"{targets.shape} for {T} tokens (expected [T, 2], [m], [m])")
+        if ids.min() < 0 or ids.max() >= c.vocab_size:
+            raise BadInput(f"packed: token id out of range [0, {c.vocab_size})")
+        slot, lo = tok[:, 0], tok[:, 1]
+        if (lo < 0).any() or (slot < lo).any() or slot.max() >= self.kv_slots:
+            raise BadInput(f"packed: slots must satisfy 0 <= lo <= slot < {self.kv_slots} (the "
+                           f"KV cache's slots; reserve_slots grows it), got slot "
+                           f"{int(slot.max())}, lo {int(lo.min())}")
+        if (np.diff(slot) < 0).any() or (np.diff(lo) < 0).any():
+            raise BadInput("packed: slots and sequence starts must be non-decreasing")
+        same = np.flatnonzero(np.diff(slot) == 0)
+        if same.size and ((ids[same] != ids[same + 1]).any() or (lo[same] != lo[same + 1]).any()):
+            raise BadInput("packed: a repeated slot must repeat its token (same id and lo)")
+        if (slot - lo).max() >= c.n_ctx:
+            raise BadInput(f"packed: position {int((slot - lo).max())} past the model's context "
+                           f"of {c.n_ctx}")
+        if rows.size and (rows.min() < 0 or rows.max() >= T):
+            raise BadInput(f"packed: rows must be in [0, {T}), got {int(rows.min())}.."
+                           f"{int(rows.max())}")
+        if rows.size and (targets.max() >= c.vocab_size or targets.min() < -1):
+            raise BadInput(f"packed: targets must be -1 or token ids below {c.vocab_size}")
+        return ids, tok, rows, targets
+
+    def _packed(self, ids, tok, rows, targets) -> np.ndarray:
+        c = self.cfg
+        T, m = ids.shape[0], rows.shape[0]
+        slot, lo = tok[:, 0], tok[:, 1]
+        pos = slot - lo
+        from minfer.host.hostmem import require
+
+        require(self.forward_bytes(T, int(pos.max()) + 1), f"the CPU packed forward of {T} tokens")
+        # runs: maximal stretches of consecutive slots of one sequence (one lo)
+        brk = np.flatnonzero((lo[1:] != lo[:-1]) | (slot[1:] != slot[:-1] + 1)) + 1
+        runs = [(int(s), int(e), int(lo[s]), int(pos[s]))
+                for s, e in zip(np.r_[0, brk], np.r_[brk, T])]
+
+        def attend(il, q):
+            kw = self._attn_kw(il)
+            K, V = self._k[il], self._v[il]
+            a = np.empty_like(q)
+            for s, e, l0, p0 in runs:
+                a[s:e] = ops.attention(q[s:e], K[l0:], V[l0:], p0, **kw)
+            return a
+
+        x = self._embed(ids)
+        self._check(x, ids, pos, "the embedding (token_embd.weight)", slot)
+        for il in range(c.n_layers):
+            x = self._layer(il, x, pos, slot, attend)
+            self._check(x, ids, pos, f"layer {il} (blk.{il})", slot)
+            if self.layer_hook is not None:
+                self.layer_hook()
+        self.n_past = 0  # the single-sequence protocol starts over after a packed call
+        out = np.empty((m, 4), np.float32)
+        for r in range(0, m, self.HEAD_ROWS):
+            rr = rows[r: r + self.HEAD_ROWS]
+            logits = self._head(x[rr])
+            self._check(logits, ids[rr], pos[rr],
+                        f"the output layer (output_norm, {self.model.output_name})", slot[rr])
+            out[r: r + rr.shape[0]] = ops.row_stats(logits, targets[r: r + rr.shape[0]])
+        return out

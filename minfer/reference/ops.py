@@ -253,3 +253,38 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
         pr = p_round(pr)
     o = pr @ vh  # [Hkv, G, T, D]
     return o.transpose(2, 0, 1, 3).reshape(T, Hq, D)
+
+
+def row_stats(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Per row i of logits f32 [m, V]: (argmax (the first index on ties) as float, top1 - top2
+    (the two largest values, a tie counted twice: margin 0; +inf when V == 1), logits[i,
+    targets[i]] - logsumexp (NaN when targets[i] < 0 or >= V), logsumexp) -> f32 [m, 4].
+    logsumexp and the log-prob in float64, stored as f32; the margin a float32 difference.
+    The twin of the CUDA kernel row_stats_f32 (kernels/layers.cu: logsumexp summed in f32)."""
+    x = np.asarray(logits, dtype=np.float32)
+    t = np.asarray(targets).astype(np.int64)
+    if x.ndim != 2 or t.shape != (x.shape[0],):
+        raise ValueError(f"row_stats: logits {x.shape}, targets {t.shape} (expected [m, V], [m])")
+    m, V = x.shape
+    out = np.empty((m, 4), np.float32)
+    if m == 0:
+        return out
+    if V == 0:
+        raise ValueError("row_stats: an empty vocabulary")
+    r = np.arange(m)
+    i1 = np.argmax(x, axis=1)
+    v1 = x[r, i1]
+    v2 = np.partition(x, V - 2, axis=1)[:, V - 2] if V > 1 else np.full(m, -np.inf, np.float32)
+    out[:, 0] = i1
+    out[:, 1] = v1 - v2
+    ok = (t >= 0) & (t < V)
+    for s in range(0, m, 64):  # [64, V] float64 at a time
+        xb = x[s: s + 64].astype(np.float64)
+        mx = xb.max(axis=1)
+        lse = mx + np.log(np.exp(xb - mx[:, None]).sum(axis=1))
+        tb, okb = t[s: s + 64], ok[s: s + 64]
+        lp = np.full(xb.shape[0], np.nan)
+        lp[okb] = xb[np.flatnonzero(okb), tb[okb]] - lse[okb]
+        out[s: s + 64, 2] = lp
+        out[s: s + 64, 3] = lse
+    return out
