@@ -170,11 +170,12 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
 
 def make_backend(kind: str, model, choice=None, max_tokens: int = 4096,
                  ubatch: int | None = None, dtype: str | None = None, progress: bool = True,
-                 warmup: bool = False):
+                 warmup: bool = False, kv_slots: int | None = None):
     """The one place a backend is built (prefill, perplexity, bench, check): 'cpu' (the numpy
     reference; dtype 'f64' for the float64 oracle, weights dequantized now) or 'cuda'
     (CudaBackend on `choice`, a resolved minfer.cuda.plan.config.GemmChoice; None: auto).
-    warmup=False: no one-token warm-up (engine.run and bench warm up the lengths they run)."""
+    warmup=False: no one-token warm-up (engine.run and bench warm up the lengths they run).
+    kv_slots: the CUDA KV cache's rows for many sequences (minfer.batch; default max_tokens)."""
     if kind == "cpu":
         from minfer.reference.forward import ReferenceBackend
 
@@ -188,4 +189,4 @@ def make_backend(kind: str, model, choice=None, max_tokens: int = 4096,
 
     return CudaBackend(model, choice, max_tokens=max_tokens,
                        ubatch=max_tokens if ubatch is None else ubatch, progress=progress,
-                       warmup=warmup)
+                       warmup=warmup, kv_slots=kv_slots)

@@ -20,6 +20,9 @@
 #          after the other (FAMILY_PRESETS to choose).
 #   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
 #          block) and f16's gate|up; the installed wheel's check (as gates).
+#   batch: many prompts on an 8B-shape synth model: bench --batch (256 x 128, 1024 x 32, 2000
+#          log-uniform 16..2048, a 1024-token shared prefix with and without sharing, decode of
+#          64 sequences) and a 10,000-prompt file end to end (peak host and GPU memory).
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -76,6 +79,27 @@ if [ "$MODE" = refactor ]; then   # a restructure's before / after (.old/: the e
   for m in slice-q4km l8b2; do echo "--- logits old vs new: $m"; cat "$OUT/cmp_$m.txt"; done
   echo "--- check"; grep -E "FAIL|PASS|/32 \|" "$OUT/check.log" | tail -12
   for t in new old new2; do echo "--- bench $t"; grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
+  exit 0
+fi
+
+if [ "$MODE" = batch ]; then   # many prompts (issue 34): packed prefill, shared prefixes, decode
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
+  step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  B="$M bench -m /tmp/s8b.gguf --no-breakdown"
+  step b256x128 110 $B --batch 256 --tokens 128 --repeats 3 --ab f16 blk
+  step b1024x32 100 $B --batch 1024 --tokens 32 --repeats 3 --ab f16 blk
+  step blogu 120 $B --batch 2000 --log-uniform 16:2048 --repeats 2
+  step bprefix 100 $B --batch 256 --tokens 64 --shared-prefix 1024 --repeats 2
+  step bdecode 80 $B --batch 64 --tokens 128 -n 65 --repeats 2
+  python3 scripts/prompt_lines.py 10000 /tmp/p10k.txt
+  step file10k 150 python3 scripts/peak_rss.py $M prefill -m /tmp/s8b.gguf --prompts /tmp/p10k.txt \
+    --prompts-format lines -n 8 -o /tmp/o10k.jsonl
+  kill $(jobs -p) 2>/dev/null
+  echo; echo "################ SUMMARY batch ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in b256x128 b1024x32 blogu bprefix bdecode; do echo "--- $f"; grep -E "^\| |rror|^model|prompts," \
+    "$OUT/$f.log" | grep -v "| ---"; done
+  echo "--- file10k"; grep -vE "^\s*$" "$OUT/file10k.log" | tail -9; wc -l /tmp/o10k.jsonl; head -c 300 /tmp/o10k.jsonl
+  echo; echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"
   exit 0
 fi
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import click
 
 from minfer.tools.bench_out import FORMATS
@@ -37,11 +39,27 @@ from minfer.host.threads import threads_option
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also draw tok/s against prompt length per config into this image "
                    "(.png, .svg, ...; needs matplotlib: the extra `plot`).")
+@click.option("--batch", "batch", type=int, default=None,
+              help="Time N prompts of --tokens L as one packed run (aggregate prefill tok/s), "
+                   "interleaved with one L-token prompt alone.")
+@click.option("--shared-prefix", type=int, default=0, show_default=True,
+              help="With --batch: the prompts share a first P tokens; timed with and without "
+                   "prefix sharing.")
+@click.option("--log-uniform", "log_uniform", default=None, metavar="A:B",
+              help="With --batch: prompt lengths log-uniform in A..B (seeded) instead of "
+                   "--tokens; the single-prompt figure is at B.")
+@click.option("--prompts", "prompts_path", type=click.Path(), default=None,
+              help="Time the prompts of a file (as prefill --prompts reads it) as the batch.")
+@click.option("-n", "--n-predict", "--n-gen", "n_predict", default="0", show_default=True,
+              help="With --batch / --prompts: greedy ids per prompt (batched decode, timed "
+                   "apart). Without them ignored, as llama-bench's tg rows (prefill only).")
+@click.option("-ub", "--ubatch", "ubatch", type=int, default=None,
+              help="With --batch / --prompts: packed tokens per forward (default 2048).")
 @threads_option
 @gemm_options
 @click.argument("more_ab", nargs=-1)
-def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot_path, more_ab,
-          gemm) -> None:
+def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot_path, batch,
+          shared_prefix, log_uniform, prompts_path, n_predict, ubatch, more_ab, gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     --gemm applies to every config over the environment; an --ab config wins over both."""
     from minfer.tools.bench import expand_configs, parse_tokens, run
@@ -70,6 +88,21 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
     echo = click.echo if fmt == "md" else (lambda s="": click.echo(s, err=True))
     configs = expand_configs(configs or [""])
     choices = [gemm_choice(gemm, c) for c in configs]   # validated for the cpu backend too
+    if not re.fullmatch(r"\d+(,\d+)*", n_predict):
+        raise BadInput(f"-n {n_predict!r}: expected a count of tokens")
+    if batch is None and prompts_path is None:
+        if n_predict != "0":
+            from minfer.host.log import log
+
+            log.warning(f"-n {n_predict} ignored: minfer bench times prefill only (llama-bench's "
+                        "tg rows); -n counts with --batch or --prompts")
+    else:
+        if "," in n_predict:
+            raise BadInput(f"-n {n_predict}: one count with --batch / --prompts")
+        n_predict = int(n_predict)
+        return _bench_batch(model_path, batch, n_tokens, shared_prefix, prompts_path,
+                            n_predict, configs, choices, repeats, kind, echo, ubatch,
+                            log_uniform)
     rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
                echo=echo, choices=choices, min_ms=min_ms, out=click.echo, fmt=fmt,
                progress=True)
@@ -78,3 +111,47 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
 
         plot(rows, plot_path, title=f"{Path(model_path).name}, {kind}, min-ms {min_ms:g}")
         echo(f"plot: {plot_path}")
+
+
+def _bench_batch(model_path, batch, n_tokens, prefix, prompts_path, n_predict, configs, choices,
+                 repeats, kind, echo, ubatch, log_uniform) -> None:
+    from minfer.errors import BadInput
+    from minfer.tools import bench_batch
+
+    if len(n_tokens) != 1:
+        raise BadInput("--batch takes one prompt length (--tokens L)")
+    if n_predict < 0:
+        raise BadInput(f"-n {n_predict}: must be >= 0 with --batch")
+    if batch is not None and batch < 1:
+        raise BadInput(f"--batch {batch}: need at least 1 prompt")
+    prompts = None
+    if log_uniform is not None:
+        import numpy as np
+
+        from minfer.gguf.loader import load_model
+
+        try:
+            a, b = (int(x) for x in log_uniform.split(":"))
+        except ValueError:
+            raise BadInput(f"--log-uniform {log_uniform!r}: expected A:B") from None
+        if not 1 <= a <= b or batch is None:
+            raise BadInput("--log-uniform A:B needs 1 <= A <= B and --batch N")
+        rng = np.random.default_rng(0)
+        lens = np.exp(rng.uniform(np.log(a), np.log(b + 1), batch)).astype(int).clip(a, b)
+        vocab = load_model(model_path).config.vocab_size
+        prompts = [rng.integers(0, vocab, n, dtype=np.int32) for n in lens]
+        n_tokens = [b]
+    if prompts_path is not None:
+        from minfer.batch.prompts import make_encoder, open_prompts
+        from minfer.gguf.loader import load_model
+        from minfer.text.tokenizer import Tokenizer
+
+        model = load_model(model_path)
+        enc = make_encoder(model.metadata, Tokenizer.from_metadata(model.metadata), None,
+                           None, True)
+        with open_prompts(prompts_path, "jsonl", enc) as src:
+            src.scan(model.config.n_ctx, n_predict)
+            prompts = [p.ids for p in src]
+    bench_batch.run(model_path, batch or 0, n_tokens[0], prefix, n_predict, configs,
+                    [c if kind == "cuda" else None for c in choices], repeats, kind, echo,
+                    ubatch, prompts)

@@ -224,16 +224,74 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
     return rows
 
 
+def batch_prompts(model, ub: int, seed: int = 0) -> list[np.ndarray]:
+    """The batch row's prompts: ragged lengths 1 .. ub + 1 (one spanning two chunks of ub), a
+    duplicate, two sharing a 24-token prefix with a third."""
+    rng = np.random.default_rng(seed)
+    r = lambda n: rng.integers(0, model.config.vocab_size, n).astype(np.int32)  # noqa: E731
+    ps = [r(n) for n in (1, 2, 7, ub - 1, ub, ub + 1, 33)]
+    head = r(24)
+    ps += [ps[2].copy()] + [np.concatenate([head, r(n)]) for n in (1, 9, 40)]
+    return ps
+
+
+def batch_rows(model, echo=click.echo, paths=None, ub: int = 64, n_greedy: int = 32):
+    """[(path, exact prompts, n, max |dlogprob|, tau, detail, ok)]: every path's packed run of
+    batch_prompts (chunks of ub tokens, shared prefixes on) against each prompt alone on the
+    same path (tie-aware greedy-32 per prompt; tau = 2 * max |dlogprob| over the prompt rows,
+    at least 1e-3)."""
+    from minfer import engine
+    from minfer.batch.api import Engine
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.errors import GPUError
+    from minfer.tools import gates
+
+    prompts = batch_prompts(model, ub)
+    rows = []
+    for p in paths or table_paths():
+        eng = None
+        try:
+            eng = Engine(model, "cuda", GemmChoice(p.name), ub)
+            got = {}
+            eng.run(enumerate(prompts), [len(x) for x in prompts], n_greedy,
+                    lambda r: got.__setitem__(r.key, r), logprobs=True)
+            be, dlp, alone = eng.backend, 0.0, []
+            for i, ids in enumerate(prompts):
+                alone.append(engine.run(be, ids, n_greedy, ub, warmup=False))
+                if len(ids) > 1:
+                    lg = be.window_logits(ids, 0)[:-1].astype(np.float64)
+                    m = lg.max(1, keepdims=True)
+                    lse = m[:, 0] + np.log(np.exp(lg - m).sum(1))
+                    ref = lg[np.arange(len(ids) - 1), ids[1:]] - lse
+                    dlp = max(dlp, float(np.abs(got[i].logprobs - ref).max()))
+            tau = max(2 * dlp, 1e-3)
+            vs = [gates.compare_greedy(got[i].greedy, a.greedy_ids, a.step_margins, tau)
+                  for i, a in enumerate(alone)]
+            bad = [i for i, v in enumerate(vs) if not v.ok]
+            exact = sum(v.exact == v.n for v in vs)
+            detail = (f"{exact}/{len(vs)} prompts 32/32 exact" if not bad else
+                      f"prompt {bad[0]}: {vs[bad[0]].describe()}")
+            rows.append((p.name, exact, len(vs), dlp, tau, detail, not bad))
+        except GPUError as e:
+            echo(f"{p.name:<13} batch error: {e}")
+            rows.append((p.name, 0, len(prompts), float("inf"), float("nan"), f"error: {e}",
+                         False))
+        del eng
+        gc.collect()
+    return rows
+
+
 @click.command("check")
 @click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
               help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, as for prefill).")
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True)
 @click.option("--parity-only", is_flag=True, help="Skip the greedy-32 identity runs.")
 @click.option("--identity-only", is_flag=True, help="Skip the parity gate.")
+@click.option("--no-batch", is_flag=True, help="Skip the packed-batch rows.")
 @threads_option
 @gemm_options
 def check(model_path: str | None, prompt: str, parity_only: bool, identity_only: bool,
-          gemm) -> int:
+          no_batch: bool, gemm) -> int:
     """GPU gate: parity (every GEMM path vs its numpy twin) and greedy-32 identity across paths
     (--gemm: one path; default every path of the table). Needs a CUDA GPU (it checks our
     kernels against the CPU reference)."""
@@ -261,6 +319,7 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
         paths = table_paths(gemm)
         prow = [] if identity_only else parity_rows(rt, model, paths=paths)
         irow = [] if parity_only else identity_rows(model, prompt, paths=paths)
+        brow = [] if parity_only or no_batch else batch_rows(model, paths=paths)
     finally:
         rt.cfg.poison = was
     if not identity_only:
@@ -279,9 +338,19 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
         for path, exact, n, diff, tau, detail, ok in irow:
             click.echo(f"| {path} | {exact}/{n} | {diff:.4f} | {tau:.4f} | {detail} | "
                        f"{'ok' if ok else 'FAIL'} |")
-    fails = sum(not r[-1] for r in prow) + sum(not r[-1] for r in irow)
+    if brow:
+        click.echo("\npacked batch vs each prompt alone, same path (11 prompts: lengths 1 .. 65 "
+                   "in chunks of 64, a duplicate, 3 sharing a prefix; tie-aware greedy-32 per "
+                   "prompt, tau = 2 * max |dlogprob| over every prompt row):")
+        click.echo("| path | prompts exact | max abs dlogprob | tau | verdict | |\n"
+                   "| --- | ---: | ---: | ---: | --- | --- |")
+        for path, exact, n, diff, tau, detail, ok in brow:
+            click.echo(f"| {path} | {exact}/{n} | {diff:.2e} | {tau:.4f} | {detail} | "
+                       f"{'ok' if ok else 'FAIL'} |")
+    fails = sum(not r[-1] for r in prow) + sum(not r[-1] for r in irow) + sum(
+        not r[-1] for r in brow)
     click.echo(f"\ncheck: {'PASS' if not fails else f'{fails} FAILED'} ({len(prow)} parity rows, "
-               f"{len(irow)} identity rows)")
+               f"{len(irow)} identity rows, {len(brow)} batch rows)")
     if fails:
         sys.exit(1)
     return 0

@@ -78,6 +78,22 @@ def check_options(prompt, prompt_file, chat, system, n_predict, ubatch, ctx_size
         raise BadInput(f"-c/--ctx-size must be >= 0 (0: the model's context), got {ctx_size}")
 
 
+def check_batch_options(prompts_path, prompt, prompt_file, as_json, output, logprobs,
+                        prefix_share) -> None:
+    """--prompts and the options that go with it (or only with it)."""
+    if prompts_path is None:
+        for flag, given in (("-o/--output", output is not None), ("--logprobs", logprobs),
+                            ("--no-prefix-share", not prefix_share)):
+            if given:
+                raise BadInput(f"{flag} goes with --prompts FILE")
+        return
+    if prompt is not None or prompt_file is not None:
+        raise BadInput("give either --prompts FILE or one prompt (-p / -f), not both")
+    if as_json:
+        raise BadInput("--json: with --prompts the results are JSON lines already (stdout, or "
+                       "-o FILE); the summary goes to stderr")
+
+
 def file_prompt(path: str) -> str:
     """A -f/--prompt-file prompt as llama.cpp's -f reads it: the file as is, less one
     trailing newline (an editor's or `echo`'s, not part of the prompt)."""
@@ -153,16 +169,34 @@ def _num(x: float) -> float | None:
 @click.option("--dtype", type=click.Choice(["f32", "f64"], case_sensitive=False), default=None,
               help="CPU reference precision (default f32).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option("--prompts", "prompts_path", type=click.Path(), default=None,
+              help="Many prompts, one a line (- reads stdin), packed into shared forwards: "
+                   "JSONL results in input order on stdout or -o (docs/batch.md).")
+@click.option("--prompts-format", type=click.Choice(["jsonl", "lines"]), default="jsonl",
+              show_default=True, help="jsonl: a JSON string, {\"prompt\": ...} or "
+                                      "{\"messages\": [...]} a line; lines: plain text.")
+@click.option("-o", "--output", "output", type=click.Path(), default=None,
+              help="With --prompts: write the JSONL results to FILE (atomically) instead of "
+                   "stdout.")
+@click.option("--logprobs", is_flag=True,
+              help="With --prompts: each prompt token's log-probability after the first, and "
+                   "their sum (an eval harness's log-likelihood).")
+@click.option("--prefix-share/--no-prefix-share", default=True,
+              help="With --prompts: compute a prefix that prompts share once (default on).")
 @threads_option
 @gemm_options
 def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, stop_at_eos,
-            ctx_size, backend_kind, ubatch, dtype, as_json, gemm) -> None:
-    """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text."""
+            ctx_size, backend_kind, ubatch, dtype, as_json, prompts_path, prompts_format,
+            output, logprobs, prefix_share, gemm) -> None:
+    """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text.
+    With --prompts FILE: every prompt of the file, packed, results as JSONL."""
     from minfer import engine
     from minfer.gguf.loader import load_model
     from minfer.text.tokenizer import Tokenizer
 
     check_options(prompt, prompt_file, chat, system, n_greedy, ubatch, ctx_size)
+    check_batch_options(prompts_path, prompt, prompt_file, as_json, output, logprobs,
+                        prefix_share)
     dtype = dtype.lower() if dtype else None
     kind, why = pick_backend_kind(backend_kind)
     ubatch_opt, ubatch = ubatch, UBATCH[kind] if ubatch is None else ubatch
@@ -190,6 +224,15 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
         kind, why = "cpu", f"auto: {model.config.arch} runs on the CPU reference only"
         ubatch = UBATCH[kind] if ubatch_opt is None else ubatch_opt
         check_gemm_backend(kind, gemm, why=why)
+    if prompts_path is not None:
+        from minfer.commands.prefill_batch import run_prompts
+
+        n_ctx = context_size(ctx_size, model.config.n_ctx, 0, 0)
+        return run_prompts(path=prompts_path, fmt=prompts_format, out=output, model=model,
+                           kind=kind, why=why, choice=choice if kind == "cuda" else None,
+                           chat=chat, system=system, special=special, n_predict=n_greedy,
+                           stop_at_eos=stop_at_eos, n_ctx=n_ctx, ubatch=ubatch_opt,
+                           logprobs=logprobs, share=prefix_share)
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
         check_cap("stdin" if prompt_file == "-" else prompt_file, len(text.encode("utf-8")),
                   prompt_cap(model.config.n_ctx))

@@ -150,6 +150,7 @@ class CudaBackend:
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._head_out = None  # window_logits' [HEAD_ROWS, vocab] f32 logits, made at first use
         self._graphs: dict[tuple[int, bool], object] = {}
+        self._packed_seen: dict[int, int] = {}   # packed chunks run, by size
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused, self.glu, self.groups = self.plan.fused, self.plan.glu, self.plan.groups
         # each linear weight's route object (its path family's): operand, launch, epilogues
@@ -343,7 +344,9 @@ class CudaBackend:
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
         T, m, b = ids.shape[0], rows.shape[0], self.buf
         self.n_past = 0   # the single-sequence protocol starts over after a batch
-        self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False)
+        seen = self._packed_seen.get(T, 0)   # a graph from a size's second chunk on
+        self._packed_seen[T] = seen + 1
+        self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False, capture=seen > 0)
         if m == 0:
             return np.empty((0, 4), np.float32)
         R = da.rows
@@ -433,10 +436,12 @@ class CudaBackend:
     def _forward_chunk(self, ids: np.ndarray, pos0: int, last: bool) -> None:
         self._run_chunk(ids, L.tok_layout(pos0, len(ids)), pos0 + len(ids), last)
 
-    def _run_chunk(self, ids: np.ndarray, tok: np.ndarray, hi: int, last: bool) -> None:
+    def _run_chunk(self, ids: np.ndarray, tok: np.ndarray, hi: int, last: bool,
+                   capture: bool = True) -> None:
         """One chunk: ids int32 [T] with their layout tok int32 [T, 2] uploaded, then the
         chunk's launches (a graph replay after the first of its (T, last)); hi: one past the
-        largest slot (host-side checks)."""
+        largest slot (host-side checks). capture False: no graph is recorded for a new shape
+        (a packed batch's odd chunk sizes: one eager run costs less than a capture)."""
         T = len(ids)
         da.rows(self.buf.ids, 0, T).set(ids)
         da.rows(self.buf.tok, 0, T).set(tok)
@@ -450,7 +455,8 @@ class CudaBackend:
             # first sighting: run eagerly (kernels get built and loaded outside any capture),
             # then record the graph for the next chunk of this shape (recording runs nothing)
             self.fwd.chunk(T, hi, last)
-            self._capture(T, hi, last)
+            if capture:
+                self._capture(T, hi, last)
             return
         self.fwd.chunk(T, hi, last)
 

@@ -1,0 +1,162 @@
+"""The runner of many prompts: waves of packed prefill chunks, then batched greedy decode, on any
+backend with `packed(ids, tok, rows, targets) -> [m, 4]` and `copy_kv(src, dst, n)` (CUDA, and the
+CPU reference that checks it).
+
+  for each wave (schedule.waves: as many prompts, in input order, as the KV slots hold):
+    prefill: schedule.prefill_chunks packs the prompts' tokens into chunks of <= ubatch
+             (a prompt may span chunks; a shared prefix is computed once by its owner and
+             copied with copy_kv); each chunk is one packed() call returning, per row that
+             needs it, (greedy id, margin, log-prob of the next prompt token, logsumexp)
+    decode:  one packed() call per step over every live sequence (padded to a bucket size so
+             the CUDA graphs stay few), each at its own slot and position, until its EOS (a
+             stop id) or n_predict ids
+    results: one Result per prompt, handed to `emit` in input order (waves are consecutive
+             runs of the input, emitted whole, sorted by key)
+
+Timing: prefill_s and decode_s are wall clocks around the two phases (packed() returns host
+numbers, so each call's device work is inside them); the CUDA graph captures of new chunk
+sizes fall inside too, as a user's run pays them (bench warms them up first).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Collection, Iterable
+
+import numpy as np
+
+from minfer.batch import schedule
+from minfer.host.progress import bar as progress_bar
+
+# decode step sizes: few CUDA graphs, at most a third of a step padding past 64
+DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+@dataclass
+class Result:
+    key: int                 # the prompt's index in the input
+    n_prompt: int            # prompt tokens
+    greedy: list[int]        # greedy ids (the first from the prompt's last row)
+    margins: list[float]     # top1 - top2 logit at each greedy step (the tie-aware gate)
+    eos: bool                # stopped at a stop id (the last of `greedy`)
+    logprobs: np.ndarray | None = None   # f32 [n_prompt - 1]: log p(ids[p + 1] | ids[:p + 1])
+
+
+@dataclass
+class Totals:
+    prompts: int = 0
+    prompt_tokens: int = 0
+    computed_tokens: int = 0   # prompt tokens run through the model (shared prefixes once)
+    generated: int = 0         # greedy ids, the first (from the prefill) included
+    decode_tokens: int = 0     # tokens fed back in decode steps (padding excluded)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    waves: int = 0
+    chunks: int = 0
+    decode_steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("nan")
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+def run(backend, prompts: Iterable[tuple[int, np.ndarray]], n_predict: int, *,
+        kv_slots: int, ubatch: int, logprobs: bool = False, share: bool = True,
+        stop_ids: Collection[int] = (), emit: Callable[[Result], None] = lambda r: None,
+        progress: bool = False, n_prompts: int | None = None) -> Totals:
+    """Run every (key, ids) prompt of `prompts` (keys increasing: the input order) and hand
+    each Result to `emit` in input order; -> Totals. n_predict >= 1 greedy ids each (fewer
+    after a stop id); logprobs: each prompt token's log-probability after the first."""
+    tot = Totals()
+    bar = progress_bar(progress, total=n_prompts, desc="prompts", unit="prompt")
+    try:
+        # with logprobs a sharer takes one row less (the owner's last shared row scores the
+        # owner's next token, not the sharer's): schedule.waves plans it so
+        for wave in schedule.waves(prompts, kv_slots, n_predict, share, logprobs=logprobs):
+            results = _wave(backend, wave, n_predict, ubatch, logprobs, stop_ids, tot, bar)
+            for key in sorted(results):
+                emit(results[key])
+            tot.waves += 1
+    finally:
+        if bar is not None:
+            bar.close()
+    return tot
+
+
+def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop_ids,
+          tot: Totals, bar) -> dict[int, Result]:
+    seqs = {s.key: s for s in wave}
+    res = {s.key: Result(s.key, len(s.ids), [], [], False,
+                         np.full(len(s.ids) - 1, np.nan, np.float32) if logprobs else None)
+           for s in wave}
+    backend.synchronize()
+    t0 = time.perf_counter()
+    for ch in schedule.prefill_chunks(wave, ubatch, logprobs):
+        for src, dst, n in ch.copies:
+            backend.copy_kv(src, dst, n)
+        st = backend.packed(ch.ids, ch.tok, ch.rows, ch.targets)
+        tot.chunks += 1
+        tot.computed_tokens += len(ch.ids)
+        done = 0
+        for i, (key, p) in enumerate(ch.owners):
+            r = res[key]
+            if logprobs and p < r.n_prompt - 1:
+                r.logprobs[p] = st[i, 2]
+            if p == r.n_prompt - 1 and n_predict > 0:
+                r.greedy.append(int(st[i, 0]))
+                r.margins.append(float(st[i, 1]))
+                done += 1
+        if bar is not None and done:
+            bar.update(done)
+    if logprobs:   # a sharer's prefix rows are its owner's (the same tokens before them)
+        schedule.copy_shared_logprobs(wave, {k: r.logprobs for k, r in res.items()})
+    tot.prefill_s += time.perf_counter() - t0
+    tot.prompts += len(wave)
+    tot.prompt_tokens += sum(len(s.ids) for s in wave)
+
+    # batched greedy decode: every live sequence feeds its newest id at its next slot
+    t0 = time.perf_counter()
+    cur = {k: len(s.ids) for k, s in seqs.items()}   # tokens in the cache
+    live = []
+    for k in sorted(seqs, key=lambda k: seqs[k].base):
+        r = res[k]
+        if r.greedy and r.greedy[-1] in stop_ids:
+            r.eos = True
+        elif n_predict > 1:
+            live.append(k)
+    while live:
+        tot.decode_steps += 1
+        for g in range(0, len(live), ubatch):
+            grp = live[g: g + ubatch]
+            n = len(grp)
+            ids = np.array([res[k].greedy[-1] for k in grp], np.int32)
+            tok = np.array([(seqs[k].base + cur[k], seqs[k].base) for k in grp], np.int32)
+            pad = schedule.bucket(n, DECODE_BUCKETS, ubatch) - n   # repeats of the last row: the same slot, same values
+            if pad:
+                ids = np.concatenate([ids, np.repeat(ids[-1:], pad)])
+                tok = np.concatenate([tok, np.repeat(tok[-1:], pad, axis=0)])
+            st = backend.packed(ids, tok, np.arange(n, dtype=np.int32),
+                                np.full(n, -1, np.int32))
+            tot.decode_tokens += n
+            for i, k in enumerate(grp):
+                cur[k] += 1
+                res[k].greedy.append(int(st[i, 0]))
+                res[k].margins.append(float(st[i, 1]))
+        nxt = []
+        for k in live:
+            r = res[k]
+            if r.greedy[-1] in stop_ids:
+                r.eos = True
+            elif len(r.greedy) < n_predict:
+                nxt.append(k)
+        live = nxt
+    backend.synchronize()
+    tot.decode_s += time.perf_counter() - t0
+    tot.generated += sum(len(r.greedy) for r in res.values())
+    return res

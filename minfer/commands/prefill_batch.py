@@ -1,0 +1,81 @@
+"""`minfer prefill --prompts FILE`: every prompt of a file through one loaded model, packed.
+
+Pass 1 reads, validates and tokenizes every line before any GPU work (minfer.batch.prompts);
+then minfer.batch.api.Engine runs them (packed prefill chunks, batched greedy decode, shared
+prefixes once, waves as the KV memory allows) and each result is one JSONL record, in input
+order, on stdout or in -o FILE (written atomically). A summary goes to stderr.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from minfer.errors import BadInput
+from minfer.host.log import log
+from minfer.host.words import plural
+
+
+def record(pid, r, tok, logprobs: bool) -> dict:
+    """The JSONL record of one prompt's runner.Result."""
+    out = {"id": pid, "n_prompt": r.n_prompt, "greedy_ids": r.greedy,
+           "text": tok.decode(r.greedy), "stopped_at_eos": r.eos}
+    if logprobs:
+        lp = [round(float(x), 6) for x in r.logprobs]
+        out["logprobs"] = lp
+        out["logprob_sum"] = round(math.fsum(lp), 6)
+    return out
+
+
+def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: str, choice,
+                chat, system, special: bool, n_predict: int, stop_at_eos, n_ctx: int,
+                ubatch: int | None, logprobs: bool, share: bool) -> None:
+    from minfer.batch.api import Engine
+    from minfer.batch.output import ResultWriter
+    from minfer.batch.prompts import make_encoder, open_prompts
+    from minfer.text.tokenizer import Tokenizer
+
+    if n_predict < 0:
+        raise BadInput("-n -1 (until the end of generation) runs one prompt; with --prompts "
+                       "give a number of tokens (0: log-probs only)")
+    tok = Tokenizer.from_metadata(model.metadata)
+    encode = make_encoder(model.metadata, tok, chat, system, special)
+    use_chat = chat is True or (chat is None and system is not None)
+    stop_ids = tok.eog_ids if (use_chat if stop_at_eos is None else stop_at_eos) else ()
+    with open_prompts(path, fmt, encode) as src, ResultWriter(out) as writer:
+        t0 = time.perf_counter()
+        lengths = src.scan(n_ctx, n_predict)   # every line checked before any GPU work
+        scan_s = time.perf_counter() - t0
+        engine = Engine(model, kind, choice, ubatch, progress=True)
+        pids: dict[int, object] = {}
+
+        def keyed():
+            for p in src:
+                pids[p.index] = p.id
+                yield p.index, p.ids
+
+        def emit(r) -> None:
+            writer.write(record(pids.pop(r.key), r, tok, logprobs))
+
+        t1 = time.perf_counter()
+        tot = engine.run(keyed(), lengths, n_predict, emit, logprobs=logprobs, share=share,
+                         stop_ids=stop_ids)
+        wall = time.perf_counter() - t1
+        writer.commit()
+    be = engine.backend
+    lines = [f"prompts  {plural(tot.prompts, 'prompt')}, {plural(tot.prompt_tokens, 'token')}"
+             f" ({tot.computed_tokens:,} computed"
+             + (", shared prefixes once" if tot.computed_tokens < tot.prompt_tokens else "")
+             + f"), read and checked in {scan_s:.2f} s",
+             f"backend  {be.name} ({why}), KV {engine.kv_slots:,} slots, "
+             f"{plural(tot.waves, 'wave')}, {plural(tot.chunks, 'chunk')} of <= {engine.ubatch}",
+             f"prefill  {tot.prefill_tok_s:,.1f} tok/s aggregate ({tot.prefill_s:.2f} s)"]
+    if tot.decode_steps:
+        lines.append(f"decode   {tot.decode_tok_s:,.1f} tok/s ({tot.decode_tokens:,} tokens in "
+                     f"{plural(tot.decode_steps, 'batched step')}, {tot.decode_s:.2f} s)")
+    lines.append(f"total    {wall:.2f} s, results "
+                 + ("on stdout" if out in (None, "-") else f"in {out}"))
+    for ln in lines:
+        log.info(ln)
+    sys.stderr.flush()

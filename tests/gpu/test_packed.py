@@ -1,0 +1,173 @@
+"""Packed many-sequence chunks on the GPU (issue 34): the device token layout (slot, lo) in both
+attention kernels against the numpy twin and against each sequence run alone (bit for bit at
+128-aligned starts), rmsnorm_rows, row_stats against ops.row_stats, and CudaBackend.packed /
+copy_kv against single-sequence forwards and the CPU reference's packed()."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_helpers import rel_err
+
+pytestmark = pytest.mark.gpu
+
+
+def _layout(lengths, align=128):
+    """tok int32 [sum, 2] of sequences at bases 0, align*k, ... (each rounded up)."""
+    rows, base = [], 0
+    for n in lengths:
+        rows += [(base + p, base) for p in range(n)]
+        base += -(-n // align) * align
+    return np.array(rows, np.int32), base
+
+
+@pytest.mark.parametrize("impl", ["mma", "wg"])
+@pytest.mark.parametrize("D,Hq,Hkv", [(64, 4, 2), (128, 32, 8)])
+def test_packed_attention(rt, impl, D, Hq, Hkv):
+    from minfer.cuda.ops.attention import attention
+    from minfer.cuda.runtime import devarray as da
+    from minfer.reference import ops
+
+    if impl == "wg" and rt.arch != "sm_90":
+        pytest.skip("the wgmma attention needs sm_90")
+    lengths = [5, 200, 1, 37, 129]
+    tok, S = _layout(lengths)
+    T = len(tok)
+    rng = np.random.default_rng(D + Hq)
+    q = (rng.standard_normal((T, Hq, D)) * 2).astype(np.float16)
+    k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float16)
+    v = rng.standard_normal((S, Hkv, D)).astype(np.float16)
+    kd, vd = da.to_device(rt, k), da.to_device(rt, v)
+    o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
+    attention(rt, o, da.to_device(rt, q), kd, vd, 0, da.to_device(rt, tok), S, impl=impl)
+    got = o.get()
+    t0 = 0
+    for n in lengths:
+        b = int(tok[t0, 1])
+        ref = ops.attention(q[t0:t0 + n].astype(np.float64), k[b:b + n].astype(np.float64),
+                            v[b:b + n].astype(np.float64), 0)
+        assert rel_err(got[t0:t0 + n], ref) < 2e-3, f"sequence of {n} at slot {b}"
+        # alone: the same rows at positions 0.. of a cache holding only them, bit for bit
+        alone = da.to_device(rt, np.full((n, Hq, D), np.nan, np.float16))
+        attention(rt, alone, da.to_device(rt, q[t0:t0 + n]), da.to_device(rt, k[b:b + n]),
+                  da.to_device(rt, v[b:b + n]), 0, impl=impl)
+        assert np.array_equal(alone.get().view(np.uint16), got[t0:t0 + n].view(np.uint16)), \
+            f"{impl}: sequence of {n} at slot {b} differs from its lone run"
+        t0 += n
+
+
+def test_rmsnorm_rows(rt):
+    from minfer.cuda.ops import layers as L
+    from minfer.cuda.runtime import devarray as da
+    from minfer.reference import ops
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, 576)).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    rows = np.array([39, 0, 7, 7, 21], np.int32)
+    y = da.to_device(rt, np.full((5, 576), np.nan, np.float16))
+    L.rmsnorm_rows(rt, y, da.to_device(rt, x), da.to_device(rt, rows), da.to_device(rt, w), 1e-5)
+    full = da.to_device(rt, np.full((40, 576), np.nan, np.float16))
+    L.rmsnorm(rt, full, da.to_device(rt, x), da.to_device(rt, w), 1e-5)
+    assert np.array_equal(y.get(), full.get()[rows])   # the same kernel body, gathered
+    assert rel_err(y.get(), ops.rmsnorm(x[rows], w, 1e-5)) < 1e-3
+
+
+@pytest.mark.parametrize("V", [1, 7, 49152, 128256])
+def test_row_stats(rt, V):
+    from minfer.cuda.ops import layers as L
+    from minfer.cuda.runtime import devarray as da
+    from minfer.reference import ops
+
+    rng = np.random.default_rng(V)
+    m = 6
+    x = (rng.standard_normal((m, V)) * 4).astype(np.float32)
+    if V > 2:
+        x[1, V // 3] = x[1, V - 1] = x[1].max() + 1   # a tie: the first index, margin 0
+    tg = rng.integers(0, V, m).astype(np.int32)
+    tg[2] = -1
+    out = da.to_device(rt, np.full((m, 4), np.nan, np.float32))
+    L.row_stats(rt, out, da.to_device(rt, x), da.to_device(rt, tg))
+    got, ref = out.get(), ops.row_stats(x, tg)
+    assert np.array_equal(got[:, 0], ref[:, 0])
+    np.testing.assert_allclose(got[:, 1], ref[:, 1], atol=1e-5)
+    assert np.isnan(got[2, 2]) and np.isnan(ref[2, 2])
+    np.testing.assert_allclose(got[:, 2:], ref[:, 2:], rtol=1e-5, atol=1e-5)
+
+
+def _prompts(model, lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, model.config.vocab_size, n).astype(np.int32) for n in lengths]
+
+
+def test_backend_packed_matches_lone_runs_and_the_reference(model):
+    """Ragged prompts in two chunks (one spanning them), every prompt token's log-prob and the
+    last row's greedy id: against each prompt alone on the GPU (window_logits) and the CPU
+    reference's packed forward; then a shared prefix through copy_kv."""
+    from minfer.cuda.backend import CudaBackend
+    from minfer.reference.forward import ReferenceBackend
+    from minfer.reference import ops
+
+    lengths = [1, 9, 30, 2, 17]
+    prompts = _prompts(model, lengths)
+    tok, S = _layout(lengths)
+    ids = np.concatenate(prompts)
+    T = len(ids)
+    ends = np.cumsum(lengths)
+    nxt = np.concatenate([np.append(p[1:], -1) for p in prompts]).astype(np.int32)
+    gpu = CudaBackend(model, max_tokens=64, ubatch=40, kv_slots=S + 256)
+    cpu = ReferenceBackend(model, max_tokens=64)
+    cpu.reserve_slots(S + 256)
+    got, ref = [], []
+    for s in range(0, T, 40):   # two chunks: the 30-token prompt spans them
+        r = np.arange(s, min(s + 40, T))
+        got.append(gpu.packed(ids[r], tok[r], r - s, nxt[r]))
+        ref.append(cpu.packed(ids[r], tok[r], r - s, nxt[r]))
+    got, ref = np.concatenate(got), np.concatenate(ref)
+    lp, lp_ref = got[:, 2], ref[:, 2]
+    assert np.array_equal(np.isnan(lp), nxt < 0)
+    ok = nxt >= 0
+    # GPU f16 vs the CPU reference: the f16 path's usual distance (a wrong position or a
+    # sequence attending across another is nats off)
+    d = np.abs(lp[ok] - lp_ref[ok])
+    print(f"\npacked GPU vs CPU log-probs: max |d| {d.max():.4f}, mean {d.mean():.4f}")
+    assert d.mean() < 0.03 and d.max() < 0.25
+    for i, p in enumerate(prompts):   # the same prompt alone on the GPU
+        rows = slice(ends[i] - len(p), ends[i])
+        logits = gpu.window_logits(p, 0)
+        alone = ops.row_stats(logits, nxt[rows])
+        assert np.abs(got[rows, 3] - alone[:, 3]).max() < 1e-3
+        k = np.isfinite(alone[:, 2])
+        assert np.abs(got[rows, 2][k] - alone[k, 2]).max() < 1e-3
+        clear = alone[:, 1] > 1e-2   # greedy ids equal where the margin is not a near-tie
+        assert np.array_equal(got[rows, 0][clear], alone[clear, 0])
+    # a shared prefix: B = A[:20] + 6 own tokens; A's 20 rows copied, B's own tokens alone
+    a = prompts[2]
+    b = np.concatenate([a[:20], _prompts(model, [6], seed=5)[0]])
+    bb = S   # B's base (128-aligned)
+    gpu.copy_kv(int(tok[ends[1], 0]), bb, 20)   # A sits after the 1- and 9-token prompts
+    own = np.arange(20, 26)
+    shared = gpu.packed(b[own], np.stack([bb + own, np.full(6, bb)], 1), [5], [-1])
+    alone = ops.row_stats(gpu.window_logits(b, 25), np.array([-1], np.int32))
+    assert abs(shared[0, 3] - alone[0, 3]) < 1e-3
+    if alone[0, 1] > 1e-2:
+        assert shared[0, 0] == alone[0, 0]
+
+
+def test_backend_packed_refusals(model):
+    from minfer.cuda.backend import CudaBackend
+    from minfer.errors import BadInput
+
+    gpu = CudaBackend(model, max_tokens=32, ubatch=16, kv_slots=256, warmup=False)
+    ids = np.zeros(4, np.int32)
+    tok = np.stack([np.arange(4), np.zeros(4)], 1).astype(np.int32)
+    for bad, msg in (((ids, tok[::-1], [0], [-1]), "non-decreasing"),
+                     ((ids, tok + 300, [0], [-1]), "slots must"),
+                     ((ids, tok * [1, 0] + [40, 0], [0], [-1]), "position 43"),
+                     ((ids, tok, [4], [-1]), "rows"),
+                     ((np.zeros(17, np.int32), np.zeros((17, 2), np.int32), [], []), "1..16")):
+        with pytest.raises(BadInput, match=msg):
+            gpu.packed(*bad)
+    with pytest.raises(BadInput, match="overlapping"):
+        gpu.copy_kv(0, 10, 20)

@@ -1,0 +1,214 @@
+"""CPU: many prompts through minfer.batch (the runner, the Engine API, `prefill --prompts`) on the
+CPU reference's packed forward, against each prompt run alone (engine.run, window_logits)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cli_inproc import error_lines, run_cli
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from synth_data import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("batch"), seed=11, vocab=512, n_ctx=256)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    from minfer.batch.api import Engine
+
+    return Engine(str(tiny), backend="cpu", ubatch=48)
+
+
+def _prompts(vocab: int) -> list[np.ndarray]:
+    """Ragged (1 .. 2 chunks of 48 + 1), a duplicate, three sharing a 30-token prefix."""
+    rng = np.random.default_rng(3)
+    r = lambda n: rng.integers(0, vocab, n).astype(np.int32)  # noqa: E731
+    ps = [r(n) for n in (1, 5, 49, 2, 97, 20)]
+    head = r(30)
+    ps += [ps[1].copy()] + [np.concatenate([head, r(n)]) for n in (3, 1, 17)]
+    return ps
+
+
+def _alone(engine, ids, n):
+    from minfer import engine as eng
+
+    be = engine.backend
+    res = eng.run(be, ids, n, 48, warmup=False)
+    lp = None
+    if len(ids) > 1:
+        lg = be.window_logits(ids, 0)[:-1].astype(np.float64)
+        m = lg.max(1, keepdims=True)
+        lse = m[:, 0] + np.log(np.exp(lg - m).sum(1))
+        lp = lg[np.arange(len(ids) - 1), ids[1:]] - lse
+    return res, lp
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_packed_equals_each_prompt_alone(engine, share):
+    prompts = _prompts(engine.model.config.vocab_size)
+    out = engine.prefill(prompts, n_predict=6, logprobs=True, share_prefix=share)
+    assert [c.index for c in out] == list(range(len(prompts)))   # input order
+    for c, ids in zip(out, prompts):
+        res, lp = _alone(engine, ids, 6)
+        assert c.prompt_tokens == len(ids)
+        # greedy: identical up to a near-tie (the CPU runs differ by BLAS blocking only)
+        for k, (a, b) in enumerate(zip(c.tokens, res.greedy_ids)):
+            if res.step_margins[k] < 1e-3:
+                break
+            assert a == b, f"prompt {c.index} step {k}"
+        assert len(c.tokens) == 6
+        if lp is None:
+            assert c.logprobs == []
+        else:
+            assert np.abs(np.array(c.logprobs) - lp).max() < 1e-3
+            assert c.logprob_sum == pytest.approx(float(np.sum(c.logprobs)), abs=1e-9)
+
+
+def test_waves_give_the_same_results(tiny):
+    """A KV cache of 3 slot blocks: the 10 prompts run in several waves, with equal results."""
+    from minfer.batch import run as runner
+    from minfer.batch.api import Engine
+
+    one = Engine(str(tiny), backend="cpu", ubatch=48)
+    prompts = _prompts(one.model.config.vocab_size)
+    full = one.prefill(prompts, n_predict=3, logprobs=True)
+    got = []
+    tot = runner.run(one.backend, enumerate(prompts), 3, kv_slots=3 * 128, ubatch=48,
+                     logprobs=True, emit=got.append)
+    assert tot.waves > 2 and [r.key for r in got] == list(range(len(prompts)))
+    for a, b in zip(got, full):
+        assert a.greedy == b.tokens
+        assert np.allclose(a.logprobs, b.logprobs, atol=1e-5, equal_nan=True)
+
+
+def test_shared_prefixes_are_computed_once(engine):
+    from minfer.batch import run as runner
+
+    prompts = _prompts(engine.model.config.vocab_size)
+    on, off = [], []
+    t_on = runner.run(engine.backend, enumerate(prompts), 1, kv_slots=engine.kv_slots,
+                      ubatch=48, emit=on.append)
+    t_off = runner.run(engine.backend, enumerate(prompts), 1, kv_slots=engine.kv_slots,
+                       ubatch=48, share=False, emit=off.append)
+    assert t_off.computed_tokens == t_on.prompt_tokens == sum(map(len, prompts))
+    # the duplicate's 4 rows and two sharers' 29 + 29 rows... at least the 30-token head twice
+    assert t_on.computed_tokens <= t_off.computed_tokens - 2 * 29
+    assert [r.greedy for r in on] == [r.greedy for r in off]
+
+
+def test_stop_ids_end_a_sequence(engine):
+    from minfer.batch import run as runner
+
+    prompts = _prompts(engine.model.config.vocab_size)[:4]
+    free = []
+    runner.run(engine.backend, enumerate(prompts), 5, kv_slots=engine.kv_slots, ubatch=48,
+               emit=free.append)
+    stop = {free[0].greedy[2]}
+    got = []
+    runner.run(engine.backend, enumerate(prompts), 5, kv_slots=engine.kv_slots, ubatch=48,
+               emit=got.append, stop_ids=stop)
+    for a, b in zip(got, free):
+        k = next((i for i, t in enumerate(b.greedy) if t in stop), None)
+        assert a.greedy == (b.greedy if k is None else b.greedy[:k + 1])
+        assert a.eos == (k is not None)
+
+
+def test_zero_predict_scores_only(engine):
+    prompts = _prompts(engine.model.config.vocab_size)[:3]
+    out = engine.prefill(prompts, n_predict=0, logprobs=True)
+    assert all(c.tokens == [] for c in out)
+    assert all(len(c.logprobs) == len(p) - 1 for c, p in zip(out, prompts))
+
+
+def test_api_refusals(engine):
+    from minfer.errors import BadInput
+
+    n_ctx = engine.model.config.n_ctx
+    with pytest.raises(BadInput, match="exceeds the model's context"):
+        engine.prefill([np.zeros(n_ctx, np.int32)], n_predict=1)
+    with pytest.raises(BadInput, match="0 tokens"):
+        engine.prefill([[]])
+    with pytest.raises(BadInput, match="out of range"):
+        engine.prefill([[10 ** 6]])
+    with pytest.raises(BadInput, match='"prompt" or "messages"'):
+        engine.prefill([{"text": "x"}])
+
+
+def test_a_prompt_exactly_at_the_context(engine):
+    n_ctx = engine.model.config.n_ctx
+    ids = np.arange(n_ctx - 2, dtype=np.int32) % 300
+    out = engine.prefill([ids, ids[:3]], n_predict=2)
+    assert [len(c.tokens) for c in out] == [2, 2]
+
+
+def test_cli_prompts_file(tmp_path, tiny):
+    p = tmp_path / "p.jsonl"
+    p.write_text('"hello there"\n{"prompt": "abc", "id": "x"}\n\n"hello there"\n"q"\n')
+    out = tmp_path / "out.jsonl"
+    code, stdout, stderr = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny),
+                                    "--backend", "cpu", "-n", "3", "--logprobs", "-o", str(out)])
+    assert code == 0, stderr
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in recs] == [0, "x", 2, 3]
+    assert recs[0]["greedy_ids"] == recs[2]["greedy_ids"]   # duplicates
+    for r in recs:
+        assert len(r["greedy_ids"]) == 3 and len(r["logprobs"]) == r["n_prompt"] - 1
+        assert r["logprob_sum"] == pytest.approx(sum(r["logprobs"]), abs=1e-4)
+        assert set(r) == {"id", "n_prompt", "greedy_ids", "text", "stopped_at_eos",
+                          "logprobs", "logprob_sum"}
+    assert "prompts  4 prompts" in stderr and "tok/s aggregate" in stderr
+    # stdout mode: the same records
+    code, stdout, _ = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny), "--backend",
+                               "cpu", "-n", "3", "--logprobs", "-q"])
+    assert code == 0 and [json.loads(x) for x in stdout.splitlines()] == recs
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-p", "x"], "either --prompts FILE or one prompt"),
+    (["--json"], "--json: with --prompts"),
+    (["-n", "-1"], "-n -1"),
+])
+def test_cli_prompts_refusals(tmp_path, tiny, args, needle):
+    p = tmp_path / "p.jsonl"
+    p.write_text('"a"\n')
+    code, _, stderr = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny), "--backend",
+                               "cpu", *args])
+    assert code == 2 and len(error_lines(stderr)) == 1 and needle in stderr
+
+
+def test_cli_batch_flags_need_prompts(tiny):
+    for flag in (["--logprobs"], ["-o", "x.jsonl"], ["--no-prefix-share"]):
+        code, _, stderr = run_cli(["prefill", "-m", str(tiny), "--backend", "cpu", *flag])
+        assert code == 2 and "goes with --prompts FILE" in stderr
+
+
+def test_cli_bad_line_before_any_work(tmp_path, tiny):
+    p = tmp_path / "p.jsonl"
+    p.write_text('"a"\n{"promt": "b"}\n')
+    out = tmp_path / "o.jsonl"
+    code, _, stderr = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny), "--backend",
+                               "cpu", "-o", str(out)])
+    assert code == 2 and error_lines(stderr) and "line 2" in error_lines(stderr)[0]
+    assert not out.exists()
+
+
+def test_bench_batch_cpu(tiny):
+    code, out, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", "--batch", "6",
+                              "--tokens", "9", "--shared-prefix", "20", "-n", "3", "-r", "1"])
+    assert code == 0, err
+    rows = [ln for ln in out.splitlines() if ln.startswith("| default")]
+    assert len(rows) == 2 and "| on (" in rows[0] and "| off (174 computed)" in rows[1]
+    code, out, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", "--batch", "5",
+                              "--log-uniform", "2:40", "-r", "1"])
+    assert code == 0, err
+    assert "5 prompts" in out
+    for bad, needle in ((["--batch", "0"], "--batch 0"), (["--batch", "2", "-n", "1,2"], "one count"),
+                        (["--log-uniform", "5:2", "--batch", "2"], "1 <= A <= B")):
+        code, _, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", *bad])
+        assert code == 2 and needle in err, err
