@@ -354,3 +354,53 @@ def test_cuda_refuses_a_run_past_the_sliding_window(monkeypatch, tmp_path):
     be = CudaBackend(model, GemmChoice("f16"), rt=FakeRT("sm_90"), max_tokens=32, ubatch=16,
                      warmup=False, graphs=False)
     be.forward_device(np.arange(20, dtype=np.int32), 0)
+
+
+@pytest.mark.parametrize("path", ["f16", "blk", "wide-kd4"])
+def test_packed_launches_and_checks(monkeypatch, tiny, path):
+    """CudaBackend.packed on the fake runtime: the chunk's layers, then per HEAD_ROWS block of
+    the asked rows one gathered rmsnorm, the LM head and row_stats; its host checks refuse
+    what the kernels could not run; copy_kv copies every layer's K and V rows."""
+    from fake_gpuarray import install
+
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.runtime import devarray
+    from minfer.errors import BadInput
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    rt = FakeRT("sm_90" if path in ("blk", "f16") else "sm_80")
+    copies = []
+    rt.drv.memcpy_dtod = lambda dst, src, n: copies.append((dst, src, n))
+    be = CudaBackend(tiny, GemmChoice(path), rt=rt, max_tokens=64, ubatch=16, warmup=False,
+                     graphs=False, kv_slots=512)
+    assert (be.kv_slots, be.max_tokens) == (512, 64) and be.buf.kc[0].shape[0] == 512
+    be.HEAD_ROWS = 4
+    tok = np.array([(p, 0) for p in range(5)] + [(128 + p, 128) for p in range(9)], np.int32)
+    ids = np.arange(14, dtype=np.int32) % 50
+    rt.launches.clear()
+    out = be.packed(ids, tok, np.arange(14), np.r_[ids[1:], -1])
+    entries = [e for _, e in rt.launches]
+    assert out.shape == (14, 4) and out.dtype == np.float32
+    assert entries.count("rmsnorm_rows_f32_f16") == entries.count("row_stats_f32") == 4
+    assert "attn_wg_d64" in entries or "attn_fwd_d64" in entries
+    D = tiny.config.n_kv_heads * tiny.config.head_dim * 2
+    be.copy_kv(128, 256, 9)
+    assert len(copies) == 2 * tiny.config.n_layers
+    assert all(d - s == 128 * D and n == 9 * D for d, s, n in copies)
+    ok = (ids[:3], tok[:3], [2], [-1])
+    be.packed(*ok)
+    for bad, msg in (((ids[:3], tok[:3][::-1], [2], [-1]), "non-decreasing"),
+                     ((ids[:3], tok[:3] + 600, [2], [-1]), "slots must"),
+                     ((ids[:3], tok[:3] + [70, 0], [2], [-1]), "position 72"),
+                     ((ids[:3], tok[:3], [3], [-1]), "rows"),
+                     ((ids[:3], tok[:3], [2], [10 ** 6]), "targets"),
+                     ((np.zeros(17, np.int32), np.zeros((17, 2), np.int32), [], []), "1..16"),
+                     ((ids[:3] + 10 ** 6, tok[:3], [2], [-1]), "token id")):
+        with pytest.raises(BadInput, match=msg):
+            be.packed(*bad)
+    with pytest.raises(BadInput, match="overlapping"):
+        be.copy_kv(0, 4, 8)
