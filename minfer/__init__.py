@@ -1,3 +1,14 @@
-"""minfer: a prefill inference engine for llama-style GGUF models on NVIDIA GPUs."""
+"""minfer: a prefill inference engine for llama-style GGUF models on NVIDIA GPUs.
+
+The Python API: `minfer.Engine` (minfer.batch.api), imported on first use so that `import minfer`
+stays light (the CLI's start-up)."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in ("Engine", "Completion"):
+        from minfer.batch import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'minfer' has no attribute {name!r}")

@@ -20,9 +20,9 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    from minfer.batch.api import Engine
+    import minfer   # the README's entry point
 
-    return Engine(str(tiny), backend="cpu", ubatch=48)
+    return minfer.Engine(str(tiny), backend="cpu", ubatch=48)
 
 
 def _prompts(vocab: int) -> list[np.ndarray]:
