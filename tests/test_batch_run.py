@@ -212,3 +212,35 @@ def test_bench_batch_cpu(tiny):
                         (["--log-uniform", "5:2", "--batch", "2"], "1 <= A <= B")):
         code, _, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", *bad])
         assert code == 2 and needle in err, err
+
+
+def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
+    """A NaN embedding row (token 7): the error names the prompt whose chunk met it, not the
+    others; the CLI names its line and id."""
+    import numpy as np
+
+    from minfer.batch import run as runner
+    from minfer.batch.api import Engine
+    from minfer.errors import NumericError
+    from synth_data import small_parts, write_small
+
+    meta, tensors = small_parts(seed=1, tied=False)   # (tied: every logit row 7 NaN)
+    name, qt, shape, data = tensors[0]
+    data = data.copy()
+    data[7] = np.nan
+    tensors[0] = (name, qt, shape, data)
+    path = write_small(tmp_path / "nan.gguf", meta, tensors)
+    eng = Engine(str(path), backend="cpu", ubatch=3)
+    eng.prepare(128, 512)
+    with pytest.raises(NumericError, match=r"\[the prefill chunk of prompt 1\]"):
+        runner.run(eng.backend, enumerate([np.array([1, 2, 3]), np.array([4, 7, 5])]), 2,
+                   kv_slots=eng.kv_slots, ubatch=3, share=False)
+    tok = eng.tok
+    seven = next(c for c in map(chr, range(1, 127)) if 7 in tok.encode(c))   # (a byte vocab)
+    p = tmp_path / "p.jsonl"
+    p.write_text('"ab"\n\n' + json.dumps({"prompt": "a" + seven, "id": "q"}) + "\n")
+    out = tmp_path / "o.jsonl"
+    code, _, err = run_cli(["prefill", "--prompts", str(p), "-m", str(path), "--backend",
+                            "cpu", "-n", "1", "--no-prefix-share", "-ub", "2", "-o", str(out)])
+    assert code == 3 and len(error_lines(err)) == 1, err
+    assert f"[the prefill chunk of {p} line 3 (id 'q')]" in err and not out.exists()

@@ -145,10 +145,12 @@ class Engine:
 
     def run(self, prompts: Iterable[tuple[int, np.ndarray]], lengths: Sequence[int],
             n_predict: int, emit: Callable[[runner.Result], None], *, logprobs: bool = False,
-            share: bool = True, stop_ids=()) -> runner.Totals:
+            share: bool = True, stop_ids=(),
+            describe: Callable[[int], str] = lambda k: f"prompt {k}") -> runner.Totals:
         """Every (key, ids) of `prompts` (lengths: their token counts, in the same order, read
         first: the KV cache and the waves are planned from them) -> emit(Result) per prompt in
-        input order; returns the run's Totals."""
+        input order; returns the run's Totals. describe(key) names a prompt in a GPU fault's
+        or a NaN's message."""
         self.check(lengths, n_predict)
         if not len(lengths):
             return runner.Totals()
@@ -158,7 +160,7 @@ class Engine:
         return runner.run(self.backend, prompts, n_predict, kv_slots=self.kv_slots,
                           ubatch=self.ubatch, logprobs=logprobs, share=share,
                           stop_ids=stop_ids, emit=emit, progress=self.progress,
-                          n_prompts=len(lengths))
+                          n_prompts=len(lengths), describe=describe)
 
     def prepare(self, need: int, want: int) -> None:
         """The backend, with at least `need` KV slots (the longest prompt's) and up to `want`

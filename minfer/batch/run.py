@@ -27,6 +27,7 @@ from typing import Callable, Collection, Iterable
 import numpy as np
 
 from minfer.batch import schedule
+from minfer.errors import GPUError, NumericError
 from minfer.host.progress import bar as progress_bar
 
 # decode step sizes: few CUDA graphs, at most a third of a step padding past 64
@@ -69,17 +70,21 @@ class Totals:
 def run(backend, prompts: Iterable[tuple[int, np.ndarray]], n_predict: int, *,
         kv_slots: int, ubatch: int, logprobs: bool = False, share: bool = True,
         stop_ids: Collection[int] = (), emit: Callable[[Result], None] = lambda r: None,
-        progress: bool = False, n_prompts: int | None = None) -> Totals:
+        progress: bool = False, n_prompts: int | None = None,
+        describe: Callable[[int], str] = lambda k: f"prompt {k}") -> Totals:
     """Run every (key, ids) prompt of `prompts` (keys increasing: the input order) and hand
-    each Result to `emit` in input order; -> Totals. n_predict >= 1 greedy ids each (fewer
-    after a stop id); logprobs: each prompt token's log-probability after the first."""
+    each Result to `emit` in input order; -> Totals. n_predict greedy ids each (fewer after a
+    stop id); logprobs: each prompt token's log-probability after the first. A GPU fault or
+    non-finite numbers in a forward re-raise naming the prompts of that forward (describe(key):
+    how a prompt is named, e.g. its line in the file)."""
     tot = Totals()
     bar = progress_bar(progress, total=n_prompts, desc="prompts", unit="prompt")
     try:
         # with logprobs a sharer takes one row less (the owner's last shared row scores the
         # owner's next token, not the sharer's): schedule.waves plans it so
         for wave in schedule.waves(prompts, kv_slots, n_predict, share, logprobs=logprobs):
-            results = _wave(backend, wave, n_predict, ubatch, logprobs, stop_ids, tot, bar)
+            results = _wave(backend, wave, n_predict, ubatch, logprobs, stop_ids, tot, bar,
+                            describe)
             for key in sorted(results):
                 emit(results[key])
             tot.waves += 1
@@ -89,8 +94,19 @@ def run(backend, prompts: Iterable[tuple[int, np.ndarray]], n_predict: int, *,
     return tot
 
 
+def _named(describe, keys, what: str, call):
+    """call(), its GPUError / NumericError re-raised with the prompts it ran named."""
+    try:
+        return call()
+    except (GPUError, NumericError) as e:
+        ks = sorted(set(keys))
+        names = ", ".join(describe(k) for k in ks[:3]) + (f" and {len(ks) - 3} more"
+                                                           if len(ks) > 3 else "")
+        raise type(e)(f"{e} [{what} of {names}]") from None
+
+
 def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop_ids,
-          tot: Totals, bar) -> dict[int, Result]:
+          tot: Totals, bar, describe) -> dict[int, Result]:
     seqs = {s.key: s for s in wave}
     res = {s.key: Result(s.key, len(s.ids), [], [], False,
                          np.full(len(s.ids) - 1, np.nan, np.float32) if logprobs else None)
@@ -100,7 +116,9 @@ def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop
     for ch in schedule.prefill_chunks(wave, ubatch, logprobs):
         for src, dst, n in ch.copies:
             backend.copy_kv(src, dst, n)
-        st = backend.packed(ch.ids, ch.tok, ch.rows, ch.targets)
+        keys = _chunk_keys(wave, ch)
+        st = _named(describe, keys, "the prefill chunk",
+                    lambda: backend.packed(ch.ids, ch.tok, ch.rows, ch.targets))
         tot.chunks += 1
         tot.computed_tokens += len(ch.ids)
         done = 0
@@ -141,8 +159,9 @@ def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop
             if pad:
                 ids = np.concatenate([ids, np.repeat(ids[-1:], pad)])
                 tok = np.concatenate([tok, np.repeat(tok[-1:], pad, axis=0)])
-            st = backend.packed(ids, tok, np.arange(n, dtype=np.int32),
-                                np.full(n, -1, np.int32))
+            st = _named(describe, grp, f"decode step {len(res[grp[0]].greedy)}",
+                        lambda: backend.packed(ids, tok, np.arange(n, dtype=np.int32),
+                                               np.full(n, -1, np.int32)))
             tot.decode_tokens += n
             for i, k in enumerate(grp):
                 cur[k] += 1
@@ -160,3 +179,9 @@ def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop
     tot.decode_s += time.perf_counter() - t0
     tot.generated += sum(len(r.greedy) for r in res.values())
     return res
+
+
+def _chunk_keys(wave: list, ch) -> list[int]:
+    """The keys of the sequences whose tokens a chunk holds (by their lo: a sequence's base)."""
+    by_base = {s.base: s.key for s in wave}
+    return [by_base[int(b)] for b in np.unique(ch.tok[:, 1])]

@@ -48,19 +48,23 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
         lengths = src.scan(n_ctx, n_predict)   # every line checked before any GPU work
         scan_s = time.perf_counter() - t0
         engine = Engine(model, kind, choice, ubatch, progress=True)
-        pids: dict[int, object] = {}
+        pids: dict[int, tuple[object, int]] = {}   # key -> (id, line): the prompts in flight
 
         def keyed():
             for p in src:
-                pids[p.index] = p.id
+                pids[p.index] = (p.id, p.line)
                 yield p.index, p.ids
 
         def emit(r) -> None:
-            writer.write(record(pids.pop(r.key), r, tok, logprobs))
+            writer.write(record(pids.pop(r.key)[0], r, tok, logprobs))
+
+        def describe(key: int) -> str:
+            pid, line = pids.get(key, (key, None))
+            return f"{path} line {line} (id {pid!r})" if line else f"prompt {key}"
 
         t1 = time.perf_counter()
         tot = engine.run(keyed(), lengths, n_predict, emit, logprobs=logprobs, share=share,
-                         stop_ids=stop_ids)
+                         stop_ids=stop_ids, describe=describe)
         wall = time.perf_counter() - t1
         writer.commit()
     be = engine.backend
