@@ -398,7 +398,7 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
                      ((ids[:3], tok[:3] + [70, 0], [2], [-1]), "position 72"),
                      ((ids[:3], tok[:3], [3], [-1]), "rows"),
                      ((ids[:3], tok[:3], [2], [10 ** 6]), "targets"),
-                     ((np.zeros(17, np.int32), np.zeros((17, 2), np.int32), [], []), "1..16"),
+                     ((np.zeros(17, np.int32), np.zeros((17, 2), np.int32), [], []), "1..16 tokens"),
                      ((ids[:3] + 10 ** 6, tok[:3], [2], [-1]), "token id")):
         with pytest.raises(BadInput, match=msg):
             be.packed(*bad)

@@ -371,30 +371,12 @@ class CudaBackend:
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int32 arrays, or BadInput naming what cannot run."""
-        c = self.c
-        ids, tok = np.asarray(ids, np.int64), np.asarray(tok, np.int64)
-        rows, targets = np.asarray(rows, np.int64), np.asarray(targets, np.int64)
-        T = ids.shape[0] if ids.ndim == 1 else 0
-        if not 0 < T <= self.ubatch:
-            raise BadInput(f"packed: ids must be 1-D with 1..{self.ubatch} tokens, got shape "
-                           f"{ids.shape}")
-        if tok.shape != (T, 2) or rows.ndim != 1 or targets.shape != rows.shape:
-            raise BadInput(f"packed: tok {tok.shape}, rows {rows.shape}, targets "
-                           f"{targets.shape} for {T} tokens (expected [T, 2], [m], [m])")
-        if ids.min() < 0 or ids.max() >= c.vocab_size:
-            raise BadInput(f"packed: token id out of range [0, {c.vocab_size})")
-        slot, lo = tok[:, 0], tok[:, 1]
-        if (lo < 0).any() or (slot < lo).any() or slot.max() >= self.kv_slots:
-            raise BadInput(f"packed: slots must satisfy 0 <= lo <= slot < {self.kv_slots}")
-        if (np.diff(slot) < 0).any() or (np.diff(lo) < 0).any():
-            raise BadInput("packed: slots and sequence starts must be non-decreasing")
-        if (slot - lo).max() >= self.max_tokens:
-            raise BadInput(f"packed: position {int((slot - lo).max())} past the backend's "
-                           f"{self.max_tokens} positions")
-        if rows.size > T or (rows.size and (rows.min() < 0 or rows.max() >= T)):
-            raise BadInput(f"packed: {rows.size} rows, each in [0, {T}), expected")
-        if rows.size and (targets.max() >= c.vocab_size or targets.min() < -1):
-            raise BadInput(f"packed: targets must be -1 or token ids below {c.vocab_size}")
+        from minfer.reference.layout import check_packed
+
+        ids, tok, rows, targets = check_packed(
+            ids, tok, rows, targets, vocab=self.c.vocab_size, kv_slots=self.kv_slots,
+            n_pos=self.max_tokens, what_pos=f"the backend's {self.max_tokens} positions",
+            max_tokens=self.ubatch, max_rows=True)
         i32 = np.int32
         return (ids.astype(i32), np.ascontiguousarray(tok, i32), rows.astype(i32),
                 targets.astype(i32))

@@ -471,39 +471,11 @@ class ReferenceBackend:
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int64 arrays, or BadInput naming what cannot run."""
+        from minfer.reference.layout import check_packed
+
         c = self.cfg
-        arrs = [np.asarray(a) for a in (ids, tok, rows, targets)]
-        for name, a in zip(("ids", "tok", "rows", "targets"), arrs):
-            if a.size and a.dtype.kind not in "iu":
-                raise BadInput(f"packed: {name} must be integers, not {a.dtype}")
-        ids, tok, rows, targets = (a.astype(np.int64) for a in arrs)
-        T = ids.shape[0] if ids.ndim == 1 else 0
-        if T == 0:
-            raise BadInput(f"packed: ids must be a non-empty 1-D array, got shape {ids.shape}")
-        if tok.shape != (T, 2) or rows.ndim != 1 or targets.shape != rows.shape:
-            raise BadInput(f"packed: tok {tok.shape}, rows {rows.shape}, targets "
-                           f"{targets.shape} for {T} tokens (expected [T, 2], [m], [m])")
-        if ids.min() < 0 or ids.max() >= c.vocab_size:
-            raise BadInput(f"packed: token id out of range [0, {c.vocab_size})")
-        slot, lo = tok[:, 0], tok[:, 1]
-        if (lo < 0).any() or (slot < lo).any() or slot.max() >= self.kv_slots:
-            raise BadInput(f"packed: slots must satisfy 0 <= lo <= slot < {self.kv_slots} (the "
-                           f"KV cache's slots; reserve_slots grows it), got slot "
-                           f"{int(slot.max())}, lo {int(lo.min())}")
-        if (np.diff(slot) < 0).any() or (np.diff(lo) < 0).any():
-            raise BadInput("packed: slots and sequence starts must be non-decreasing")
-        same = np.flatnonzero(np.diff(slot) == 0)
-        if same.size and ((ids[same] != ids[same + 1]).any() or (lo[same] != lo[same + 1]).any()):
-            raise BadInput("packed: a repeated slot must repeat its token (same id and lo)")
-        if (slot - lo).max() >= c.n_ctx:
-            raise BadInput(f"packed: position {int((slot - lo).max())} past the model's context "
-                           f"of {c.n_ctx}")
-        if rows.size and (rows.min() < 0 or rows.max() >= T):
-            raise BadInput(f"packed: rows must be in [0, {T}), got {int(rows.min())}.."
-                           f"{int(rows.max())}")
-        if rows.size and (targets.max() >= c.vocab_size or targets.min() < -1):
-            raise BadInput(f"packed: targets must be -1 or token ids below {c.vocab_size}")
-        return ids, tok, rows, targets
+        return check_packed(ids, tok, rows, targets, vocab=c.vocab_size, kv_slots=self.kv_slots,
+                            n_pos=c.n_ctx, what_pos=f"the model's context of {c.n_ctx}")
 
     def _packed(self, ids, tok, rows, targets) -> np.ndarray:
         c = self.cfg

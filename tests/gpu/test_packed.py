@@ -166,7 +166,7 @@ def test_backend_packed_refusals(model):
                      ((ids, tok + 300, [0], [-1]), "slots must"),
                      ((ids, tok * [1, 0] + [40, 0], [0], [-1]), "position 43"),
                      ((ids, tok, [4], [-1]), "rows"),
-                     ((np.zeros(17, np.int32), np.zeros((17, 2), np.int32), [], []), "1..16")):
+                     ((np.zeros(17, np.int32), np.zeros((17, 2), np.int32), [], []), "1..16 tokens")):
         with pytest.raises(BadInput, match=msg):
             gpu.packed(*bad)
     with pytest.raises(BadInput, match="overlapping"):
