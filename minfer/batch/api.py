@@ -156,20 +156,23 @@ class Engine:
             return runner.Totals()
         need = max(footprint(int(n), n_predict) for n in lengths)
         want = sum(footprint(int(n), n_predict) for n in lengths)
-        self.prepare(need, want)
+        self.prepare(need, want, max(int(n) for n in lengths) + n_predict)
         return runner.run(self.backend, prompts, n_predict, kv_slots=self.kv_slots,
                           ubatch=self.ubatch, logprobs=logprobs, share=share,
                           stop_ids=stop_ids, emit=emit, progress=self.progress,
                           n_prompts=len(lengths), describe=describe)
 
-    def prepare(self, need: int, want: int) -> None:
+    def prepare(self, need: int, want: int, positions: int | None = None) -> None:
         """The backend, with at least `need` KV slots (the longest prompt's) and up to `want`
-        (every prompt at once) as memory allows; built once, grown when a call needs more."""
-        if self.backend is not None and need <= self.kv_slots:
+        (every prompt at once) as memory allows, for sequences of `positions` tokens at most
+        (default: the context); built once, rebuilt when a call needs more."""
+        c = self.model.config
+        positions = min(positions or c.n_ctx, c.n_ctx)
+        if self.backend is not None and need <= self.kv_slots and positions <= getattr(
+                self.backend, "max_tokens", c.n_ctx):
             return
         from minfer.engine import make_backend
 
-        c = self.model.config
         if self.kind == "cpu":   # one set of dequantized weights, the cache grown in place
             slots = max(need, min(want, CPU_SLOTS))
             if self.backend is None:
@@ -191,7 +194,10 @@ class Engine:
                 raise GPUError(f"GPU out of memory for the KV cache: the longest prompt needs "
                                f"{need} slots, the free memory holds {slots} beside the model "
                                "(try a smaller --ubatch, or fewer -n tokens)")
-            self.backend = make_backend("cuda", self.model, choice, c.n_ctx, self.ubatch,
+            # positions: what the calls need, at least a chunk's worth (a sliding-window model
+            # runs on the GPU only within its window: CudaBackend refuses more)
+            pos = max(positions, min(self.ubatch, c.n_ctx, c.sliding_window or c.n_ctx))
+            self.backend = make_backend("cuda", self.model, choice, pos, self.ubatch,
                                         progress=self.progress, kv_slots=slots)
-            self.backend.warmup(sorted({min(self.ubatch, c.n_ctx), 1}))
+            self.backend.warmup(sorted({min(self.ubatch, pos), 1}))
         self.kv_slots = slots

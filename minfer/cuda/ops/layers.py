@@ -82,13 +82,16 @@ def row_stats(rt, stats, logits, targets) -> None:
               (da.arg(stats), da.arg(logits), da.arg(targets), np.int32(V)))
 
 
-def _rope_check(x, table: RopeTable, pos0: int, rope_dim: int):
+def _rope_check(x, table: RopeTable, pos0: int | None, rope_dim: int):
+    """(T, H, D) of x; GPUError for a rope_dim the table or x cannot take, or positions pos0 ..
+    pos0 + T - 1 outside the table (pos0 None: the positions come from a device layout, which
+    its caller keeps inside the table)."""
     T, H, D = x.shape
     if rope_dim % 2 or rope_dim > D or D % 2:
         raise GPUError(f"rope: rope_dim {rope_dim} must be even and <= head_dim {D} (even)")
     if rope_dim != table.rope_dim:
         raise GPUError(f"rope: table built for rope_dim {table.rope_dim}, asked {rope_dim}")
-    if pos0 < 0 or pos0 + T > table.n_pos:
+    if pos0 is not None and (pos0 < 0 or pos0 + T > table.n_pos):
         raise GPUError(f"rope: positions [{pos0}, {pos0 + T}) outside the table's "
                        f"{table.n_pos} positions")
     return T, H, D
@@ -179,7 +182,7 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, hi: int, tok, rope_dim:
         raise GPUError("rope_qkv v: row stride and column offset must be even (float2 loads)")
     if not 0 < hi <= S:
         raise GPUError(f"rope_qkv: the layout's slots (below {hi}) exceed the cache's {S} rows")
-    _rope_check(q16, table, 0, rope_dim)
+    _rope_check(q16, table, None, rope_dim)   # (packed: T may pass the context, not positions)
     # two pairs per thread (16-byte loads) where every row start is 16-byte aligned
     can_wide = D % 4 == 0 and rope_dim % 4 == 0 and all(
         int(p) % 16 == 0 and ld % 4 == 0 for p, ld in ((qp, ldq), (kp, ldk), (vp, ldv)))
@@ -220,7 +223,7 @@ class QkvRope:
         if neox:
             raise GPUError("qkv rope epilogue: neox rope pairs (i, i + rope_dim/2) span "
                            "threads; use rope_qkv")
-        _rope_check(q16, table, 0, rope_dim)
+        _rope_check(q16, table, None, rope_dim)   # (packed: T may pass the context, not positions)
         if D < 8:
             raise GPUError(f"qkv rope epilogue: head_dim {D} < 8 (a fragment steps 8 columns)")
         self.qd, self.kd, self.n_pos = Hq * D, Hkv * D, table.n_pos
