@@ -244,3 +244,15 @@ def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
                             "cpu", "-n", "1", "--no-prefix-share", "-ub", "2", "-o", str(out)])
     assert code == 3 and len(error_lines(err)) == 1, err
     assert f"[the prefill chunk of {p} line 3 (id 'q')]" in err and not out.exists()
+
+
+def test_a_small_first_call_does_not_shrink_later_ones(tiny):
+    """The CPU cache grows for a later, larger call (one wave), up to CPU_SLOTS."""
+    from minfer.batch.api import Engine
+
+    eng = Engine(str(tiny), backend="cpu", ubatch=48)
+    prompts = _prompts(eng.model.config.vocab_size)
+    eng.prefill(prompts[:1], n_predict=1)
+    small = eng.kv_slots
+    tot = eng.run(enumerate(prompts), [len(p) for p in prompts], 2, lambda r: None)
+    assert tot.waves == 1 and eng.kv_slots > small

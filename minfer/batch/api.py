@@ -168,13 +168,14 @@ class Engine:
         (default: the context); built once, rebuilt when a call needs more."""
         c = self.model.config
         positions = min(positions or c.n_ctx, c.n_ctx)
-        if self.backend is not None and need <= self.kv_slots and positions <= getattr(
-                self.backend, "max_tokens", c.n_ctx):
+        cpu_grows = self.kind == "cpu" and self.kv_slots < min(want, CPU_SLOTS)   # (cheap)
+        if self.backend is not None and need <= self.kv_slots and not cpu_grows and \
+                positions <= getattr(self.backend, "max_tokens", c.n_ctx):
             return
         from minfer.engine import make_backend
 
         if self.kind == "cpu":   # one set of dequantized weights, the cache grown in place
-            slots = max(need, min(want, CPU_SLOTS))
+            slots = max(need, min(want, CPU_SLOTS), self.kv_slots)
             if self.backend is None:
                 self.backend = make_backend("cpu", self.model, max_tokens=128,
                                             progress=self.progress)
