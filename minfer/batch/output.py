@@ -1,4 +1,5 @@
-"""The results of a prompt file as JSONL: one JSON object a line (UTF-8, ensure_ascii=False).
+"""The results of a prompt file as JSONL: one JSON object a line (UTF-8, ensure_ascii=False; the
+line breaks JSON allows raw in a string, U+0085, U+2028 and U+2029, written as \\u escapes).
 
 To standard output (path None or "-"): each line written and flushed as it comes. To a file:
 the lines go to a temporary file in the same directory (fileio.atomic_output's `.NAME.tmp-PID`),
@@ -17,6 +18,11 @@ import os
 import sys
 
 from minfer.host.fileio import atomic_output, check_output_path, os_error
+
+
+# characters str.splitlines() (and some JSONL readers) break lines at, which JSON leaves raw in a
+# string: written as \u escapes, so a record is one line whichever way its reader splits
+_LINE_BREAKS = {c: f"\\u{c:04x}" for c in (0x85, 0x2028, 0x2029)}
 
 
 class _Abort(Exception):
@@ -49,7 +55,12 @@ class ResultWriter:
         """One record as one line of JSON."""
         if self._done:
             raise RuntimeError("ResultWriter.write after commit or close")
-        line = json.dumps(record, ensure_ascii=False) + "\n"
+        line = json.dumps(record, ensure_ascii=False).translate(_LINE_BREAKS) + "\n"
+        try:
+            data = line.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (no UTF-8 form): as a JSON \u escape
+            line = json.dumps(record) + "\n"
+            data = line.encode("ascii")
         if self._f is None:
             out = sys.stdout
             buf = getattr(out, "buffer", None)
@@ -57,11 +68,11 @@ class ResultWriter:
                 out.write(line)
             else:
                 out.flush()  # keep anything printed before in front
-                buf.write(line.encode("utf-8"))
+                buf.write(data)
                 buf.flush()
             return
         try:
-            self._f.write(line.encode("utf-8"))
+            self._f.write(data)
         except OSError as e:
             raise os_error(e, self.path, "write output") from None
 

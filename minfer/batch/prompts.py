@@ -11,8 +11,9 @@ Formats (docs/batch.md, "Prompt files"):
   empty line is an empty prompt, refused (a final "\\n" only ends the last line).
 
 Pass 1 (PromptSource.scan) refuses, naming the line number, in one BadInput (exit 2): invalid
-UTF-8, a NUL byte (or a \\u0000 escape), invalid JSON (duplicate keys and NaN included), a value
-of the wrong type or shape, an unknown key, a bad "messages" list, a line over the byte cap
+UTF-8, a NUL byte (or a \\u0000 escape in a prompt, a message or an "id"), a lone surrogate
+escape there (the results are UTF-8), invalid JSON (duplicate keys and NaN included), a value of
+the wrong type or shape, an unknown key, a bad "messages" list, a line over the byte cap
 (fileio.prompt_cap of the context), an empty prompt, a prompt of 0 tokens, a prompt whose tokens
 plus the generated ones exceed the context; and a file with no prompt at all. It returns the
 token counts, so a runner can plan its batches before any GPU work. Pass 2 (iterating the source)
@@ -150,6 +151,8 @@ def parse_line(raw: bytes, fmt: str) -> tuple[object, str | None, list | None] |
     pid = v.get("id")
     if "id" in v and (isinstance(pid, bool) or not isinstance(pid, (str, int))):
         raise _LineError(f'"id" must be a string or an integer, not {_kind(pid)}')
+    if isinstance(pid, str):  # echoed in the UTF-8 results: a lone surrogate cannot be written
+        _text(pid, '"id"')
     if "messages" in v:
         return pid, None, _messages(v["messages"])
     text = v["prompt"]
