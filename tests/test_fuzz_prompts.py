@@ -593,10 +593,6 @@ def test_writer_escapes_a_lone_surrogate(tmp_path):
     assert lines[1] == '{"id": 1, "text": "é"}'  # UTF-8 as before where it can be
 
 
-@pytest.mark.xfail(strict=True, reason="minfer/batch/api.py Engine.prepare builds the CPU backend "
-                   "with max_tokens=128, and ReferenceBackend.reserve(128) refuses a model whose "
-                   "context is under 128: every --prompts run fails with one error line naming "
-                   "no prompt line (fix: max_tokens=min(128, c.n_ctx))")
 def test_a_model_context_under_128_runs_a_prompt_file(tmp_path):
     from synth_data import tiny_model
 

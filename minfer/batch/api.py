@@ -177,7 +177,7 @@ class Engine:
         if self.kind == "cpu":   # one set of dequantized weights, the cache grown in place
             slots = max(need, min(want, CPU_SLOTS), self.kv_slots)
             if self.backend is None:
-                self.backend = make_backend("cpu", self.model, max_tokens=128,
+                self.backend = make_backend("cpu", self.model, max_tokens=min(128, c.n_ctx),
                                             progress=self.progress)
             self.backend.reserve_slots(slots)
         else:
