@@ -404,3 +404,14 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
             be.packed(*bad)
     with pytest.raises(BadInput, match="overlapping"):
         be.copy_kv(0, 4, 8)
+    # non-finite stats: the chunk rerun eagerly with a probe per layer names where (here every
+    # layer's residual reads back finite: the output layer)
+    from minfer.errors import GPUError
+
+    real_get = _Arr.get
+    monkeypatch.setattr(_Arr, "get", lambda self: np.full(self.shape, np.nan, self.dtype)
+                        if self.shape[-1:] == (4,) else real_get(self))
+    rt.launches.clear()
+    with pytest.raises(GPUError, match=r"slots 0\.\.2, .*first non-finite: the output layer"):
+        be.packed(*ok)
+    assert [e for _, e in rt.launches].count("rmsnorm_rows_f32_f16") == 1   # not rerun

@@ -252,7 +252,14 @@ class CudaBackend:
         return out
 
     def _first_nonfinite(self, ids: np.ndarray, pos0: int) -> str:
-        """Where forward(ids, pos0)'s numbers first went NaN/inf: the forward rerun eagerly,
+        """Where forward(ids, pos0)'s numbers first went NaN/inf (_locate)."""
+        try:
+            return self._locate(lambda: self.forward_device(ids, pos0), pos0)
+        finally:
+            self.n_past = pos0 + len(np.asarray(ids))
+
+    def _locate(self, rerun, n_past: int = 0) -> str:
+        """Where a forward's numbers first went NaN/inf: rerun() (the forward again) eagerly,
         the residual read back after the embedding and after every layer (only on this error
         path: it syncs per layer)."""
         class Found(Exception):
@@ -266,16 +273,15 @@ class CudaBackend:
                 raise Found("the token embedding" if il < 0 else f"layer {il} (blk.{il})")
             seen.add(il)
 
-        graphs, self.graphs, self.fwd.probe, self.n_past = self.graphs, False, probe, pos0
+        graphs, self.graphs, self.fwd.probe, self.n_past = self.graphs, False, probe, n_past
         try:
-            self.forward_device(ids, pos0)
+            rerun()
         except Found as e:
             return str(e)
         except Exception as e:   # best effort: never hide the error it would explain
             return f"not located ({type(e).__name__} in the rerun)"
         finally:
             self.graphs, self.fwd.probe = graphs, None
-            self.n_past = pos0 + len(np.asarray(ids))
         if self.c.n_layers - 1 in seen:   # every layer's output finite: the norm or LM head
             return "the output layer (final norm or LM head)"
         return "not located (the rerun was finite)"
@@ -363,10 +369,12 @@ class CudaBackend:
                            "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
         bad = m - int(np.count_nonzero(np.isfinite(out[:, 3])))
         if bad:
+            hi = int(tok[-1, 0]) + 1
+            where = self._locate(lambda: self.fwd.chunk(T, hi, False))
             raise GPUError(f"non-finite logits from the CUDA path ({bad} of {m} rows of a "
-                           f"packed chunk of {T} tokens, slots {int(tok[0, 0])}.."
-                           f"{int(tok[-1, 0])}, backend {self.name}); run `minfer check` or "
-                           "MINFER_CUDA_DEBUG=1 to find the kernel")
+                           f"packed chunk of {T} tokens, slots {int(tok[0, 0])}..{hi - 1}, "
+                           f"backend {self.name}; first non-finite: {where}); run `minfer "
+                           "check` or MINFER_CUDA_DEBUG=1 to find the kernel")
         return out
 
     def _checked_packed(self, ids, tok, rows, targets):
