@@ -140,6 +140,17 @@ def test_api_refusals(engine):
         engine.prefill([{"text": "x"}])
 
 
+def test_api_ids_text_and_close(tiny):
+    import minfer
+
+    with minfer.Engine(str(tiny), backend="cpu") as eng:
+        out = eng.prefill([{"prompt": "abc", "id": "first"}, "abc", [97, 98, 99]], n_predict=3)
+        assert [c.id for c in out] == ["first", 1, 2]
+        assert out[0].tokens == out[1].tokens == out[2].tokens   # the same ids three ways
+        assert out[0].text == eng.tok.decode(out[0].tokens)
+    assert eng.backend is None
+
+
 def test_a_prompt_exactly_at_the_context(engine):
     n_ctx = engine.model.config.n_ctx
     ids = np.arange(n_ctx - 2, dtype=np.int32) % 300

@@ -36,6 +36,7 @@ CUDA_SLOTS = 32768                    # the GPU's KV slots at least, where memor
 class Completion:
     """One prompt's result (Engine.prefill)."""
     index: int                       # the prompt's position in the call
+    id: object                       # a dict prompt's "id", else the index
     prompt_tokens: int
     tokens: list[int]                # greedy ids
     text: str                        # their text
@@ -117,18 +118,34 @@ class Engine:
         """One Completion per prompt, in order: n_predict greedy ids (fewer when stop_at_eos
         meets an end-of-generation id), and with logprobs each prompt token's log-probability
         after the first (logprob_sum: the log-likelihood an eval harness asks for)."""
+        prompts = list(prompts)
         ids = [self.encode(p, chat, system) for p in prompts]
         out: list[Completion] = []
         stop = self.tok.eog_ids if stop_at_eos else ()
 
         def emit(r: runner.Result) -> None:
-            out.append(Completion(r.key, r.n_prompt, r.greedy, self.tok.decode(r.greedy),
+            p = prompts[r.key]
+            pid = p.get("id", r.key) if isinstance(p, dict) else r.key
+            out.append(Completion(r.key, pid, r.n_prompt, r.greedy, self.tok.decode(r.greedy),
                                   r.eos, None if r.logprobs is None else
                                   [float(x) for x in r.logprobs], r.margins))
 
         self.run(enumerate(ids), [len(i) for i in ids], n_predict, emit, logprobs=logprobs,
                  share=share_prefix, stop_ids=stop)
         return out
+
+    def close(self) -> None:
+        """Free the backend (its GPU memory: weights, KV cache); the next call builds it anew."""
+        self.backend, self.kv_slots = None, 0
+        import gc
+
+        gc.collect()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # -- the streaming form ------------------------------------------------------------------
     def check(self, lengths: Sequence[int], n_predict: int) -> None:
