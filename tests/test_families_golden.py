@@ -8,7 +8,9 @@ Each family also shows that the test has teeth: with its feature dropped (the Ro
 minfer ignored before it read rope_freqs.weight and rope.scaling.*; qwen3's q/k norms; gemma3's
 sliding window, local RoPE base, post norms, GeGLU, embedding scale) the logits move by far
 more than the tolerance; for gemma3 so do a window one position too wide or too narrow and
-the RoPE scaling applied to the local layers too.
+the RoPE scaling applied to the local layers too; for gemma2 dropping the attention or the
+final soft-cap or the window, the odd layers local instead of the even ones, and the 27B's
+query scale on this shape.
 """
 
 from __future__ import annotations
@@ -73,7 +75,9 @@ DROPS = [("tiny-llama3", "rope_scaling"), ("tiny-linear", "rope_scaling"),
          ("tiny-qwen2-yarn", "rope_scaling"), ("tiny-qwen3", "qk_norm"),
          ("tiny-gemma3", "sliding_window"), ("tiny-gemma3", "rope_base_swa"),
          ("tiny-gemma3", "post_norms"), ("tiny-gemma3", "ffn_gelu"),
-         ("tiny-gemma3", "embed_scale"), ("tiny-gemma3", "qk_norm")]
+         ("tiny-gemma3", "embed_scale"), ("tiny-gemma3", "qk_norm"),
+         ("tiny-gemma2", "attn_softcap"), ("tiny-gemma2", "logit_softcap"),
+         ("tiny-gemma2", "sliding_window")]
 
 
 def _plain(cfg, feature):
@@ -82,7 +86,8 @@ def _plain(cfg, feature):
 
     return {"rope_scaling": RopeScaling(), "qk_norm": False, "sliding_window": 0,
             "rope_base_swa": cfg.rope_base,  # local layers on the global base
-            "post_norms": False, "ffn_gelu": False, "embed_scale": 1.0}[feature]
+            "post_norms": False, "ffn_gelu": False, "embed_scale": 1.0,
+            "attn_softcap": 0.0, "logit_softcap": 0.0}[feature]
 
 
 @pytest.mark.parametrize("preset, feature", DROPS)
@@ -124,6 +129,27 @@ def test_gemma3_window_edge_and_local_rope_are_caught(family_files, monkeypatch,
         monkeypatch.setattr(ops, "attention", shifted)
     err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
     assert err > 10 * TOL, f"tiny-gemma3 with the {change}: only {err:.4f} off llama.cpp"
+
+
+@pytest.mark.parametrize("change", ["odd layers local", "27B query scale"])
+def test_gemma2_layer_pattern_and_query_scale_are_caught(family_files, change):
+    """llama.cpp's gemma2 rules: the even layers are local (load_swa_pattern(ml, 2): il % 2 <
+    1), and q is scaled by 1/sqrt(key_length) (1/sqrt(n_embd / n_head) only for the 46-layer
+    27B): the other choice moves the logits past 10x the tolerance."""
+    from minfer.gguf.loader import load_model
+
+    g, want = _golden("tiny-gemma2")
+    m = load_model(family_files["tiny-gemma2"])
+    c = m.config
+    assert c.swa_layers == (True, False, True, False)
+    assert c.attn_scale == float(np.float32(1) / np.sqrt(np.float32(128)))
+    if change == "odd layers local":
+        new = replace(c, swa_layers=tuple(not x for x in c.swa_layers))
+    else:
+        new = replace(c, attn_scale=float(np.float32(1) / np.sqrt(np.float32(256 // 4))))
+    object.__setattr__(m, "config", new)
+    err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
+    assert err > 10 * TOL, f"tiny-gemma2 with the {change}: only {err:.4f} off llama.cpp"
 
 
 def test_phi3_fused_weights_split_as_llamacpp(family_files):

@@ -29,10 +29,14 @@ USED = (
     "{a}.rope.scaling.attn_factor", "{a}.rope.scaling.original_context_length",
 )
 
-# Keys the loader reads for one architecture only (minfer.gguf.loader.GGUFModel._gemma for gemma3:
-# llama_model_gemma3::load_arch_hparams); for the others they stay refused (WHY).
+# Keys the loader reads for one architecture only (minfer.gguf.loader.GGUFModel._gemma for gemma3
+# and gemma2: llama_model_gemma3 / llama_model_gemma2::load_arch_hparams); for the others they
+# stay refused (WHY).
 USED_BY_ARCH = {
     "llama": ("{a}.attention.sliding_window",),   # Mistral 7B v0.1: loader._mistral_window
+    "gemma2": ("{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
+               "{a}.rope.freq_base_swa", "{a}.attn_logit_softcapping",
+               "{a}.final_logit_softcapping"),
     "gemma3": ("{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
                "{a}.rope.freq_base_swa", "{a}.final_logit_softcapping"),
 }
@@ -71,12 +75,14 @@ WHY = {
 
 # Tensors beyond the llama layer set (token_embd, output_norm, output, and per layer attn_norm,
 # attn_q|k|v, attn_output, ffn_norm, ffn_gate|up|down, optional attn_q|k|v bias; qwen3's
-# attn_q_norm / attn_k_norm; gemma3's those and post_attention_norm / post_ffw_norm) that an
+# attn_q_norm / attn_k_norm; gemma3's those and post_attention_norm / post_ffw_norm; gemma2's
+# post norms) that an
 # architecture may carry, with what they are.
 EXTRA_TENSORS = {
     "llama": {"rope_freqs.weight": "the llama3 RoPE frequency factors"},
     "qwen2": {},
     "qwen3": {},
+    "gemma2": {},  # post_attention_norm / post_ffw_norm are in the loader's set
     "gemma3": {},  # post_attention_norm / post_ffw_norm and q/k norms are in the loader's set
     "phi3": {},    # attn_qkv and the 2-ff ffn_up are split into the llama set by the loader
 }
@@ -138,8 +144,8 @@ def show(v: Any, n: int = 40) -> str:
 
 
 # Architectures the CUDA backend runs (its kernels: rmsnorm, SwiGLU, RoPE, causal GQA
-# attention, qwen3's head norms); the others (gemma3: GeGLU, post norms, sliding windows) run
-# on the CPU reference only.
+# attention, qwen3's head norms); the others (gemma3, gemma2: GeGLU, post norms, sliding
+# windows; gemma2's attention soft-cap) run on the CPU reference only.
 GPU_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
 
 

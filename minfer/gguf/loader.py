@@ -31,10 +31,13 @@ _BLK = re.compile(r"blk\.(\d+)\.")
 # LLAMA_ROPE_TYPE_NORM); qk_norm: an RMSNorm over each head of q and k before RoPE (attn_q_norm,
 # attn_k_norm [head_dim]); gemma: llama.cpp's gemma3 graph (src/models/gemma3.cpp): embeddings
 # times sqrt(d_model), post-attention and post-FFN norms, GeGLU, q pre-scaled, sliding-window
-# layers with their own RoPE base, optional final logit soft-cap (ModelConfig's gemma fields).
+# layers with their own RoPE base, optional final logit soft-cap (ModelConfig's gemma fields);
+# gemma2 (src/models/gemma2.cpp) is the same graph without the q/k norms, with attention and
+# final logit soft-capping and every other layer local (GGUFModel._gemma).
 _ARCHS = {"llama": {"rope_neox": False, "qk_norm": False, "gemma": False},
           "qwen2": {"rope_neox": True, "qk_norm": False, "gemma": False},
           "qwen3": {"rope_neox": True, "qk_norm": True, "gemma": False},
+          "gemma2": {"rope_neox": True, "qk_norm": False, "gemma": True},
           "gemma3": {"rope_neox": True, "qk_norm": True, "gemma": True},
           # llama's graph on fused weights (attn_qkv, gate|up in ffn_up): _split_fused
           "phi3": {"rope_neox": True, "qk_norm": False, "gemma": False}}
@@ -107,7 +110,11 @@ class ModelConfig:
     sliding_window: int = 0  # n_swa: a local layer's query at p sees keys p - n_swa < j <= p
     swa_layers: tuple[bool, ...] = ()  # per layer: True = local (sliding window); () = none
     rope_base_swa: float = 10000.0  # the local layers' RoPE base (rope.freq_base_swa)
+    swa_rope_scaled: bool = False  # the local layers keep the file's RoPE freq scale (gemma2:
+    # rope_freq_scale_train_swa = rope_freq_scale_train); False: theirs is 1 (gemma3)
     logit_softcap: float = 0.0  # 0: none; else logits = cap * tanh(logits / cap)
+    attn_softcap: float = 0.0  # 0: none; else attention scores = cap * tanh(scores / cap)
+    # before the mask and softmax (gemma2: attn_logit_softcapping)
 
     def is_local(self, il: int) -> bool:
         """Layer il attends within the sliding window (llama.cpp hparams.is_swa)."""
@@ -116,11 +123,14 @@ class ModelConfig:
     def layer_rope(self, il: int) -> tuple[float, RopeScaling]:
         """(RoPE base, scaling) of layer il: a local layer has rope_base_swa and a freq scale of
         1 (llama.cpp get_rope_freq_base / get_rope_freq_scale: rope_freq_scale_train_swa), the
-        rest of the scaling (YaRN's ext and attention factors) as the context resolved it."""
+        rest of the scaling (YaRN's ext and attention factors) as the context resolved it;
+        with swa_rope_scaled (gemma2) the file's freq scale as the global layers."""
         if not self.is_local(il):
             return self.rope_base, self.rope_scaling
         sc = self.rope_scaling
-        return self.rope_base_swa, sc if sc.freq_scale == 1.0 else replace(sc, freq_scale=1.0)
+        if self.swa_rope_scaled or sc.freq_scale == 1.0:
+            return self.rope_base_swa, sc
+        return self.rope_base_swa, replace(sc, freq_scale=1.0)
 
 
 @dataclass(frozen=True)
@@ -224,13 +234,21 @@ class GGUFModel:
         return v
 
     def _float(self, key: str, default: float) -> float:
-        """A positive finite float hyperparameter (ints accepted, bools and strings not)."""
+        """A positive finite float hyperparameter (ints accepted, bools and strings not).
+        llama.cpp holds these as float32 and so does the forward: a value (a FLOAT64 or an
+        integer key) that float32 turns into inf or 0 is refused too (a RoPE factor of 1e300
+        would scale the angles by 0, a base of 1e-300 divide by 0)."""
         v = self._get(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise BadModel(f"{self.path}: metadata key {key!r} = {_show(v)} must be a number, "
                            f"not {_kind(v)}")
         if not (math.isfinite(v) and v > 0):
             raise BadModel(f"{self.path}: metadata key {key!r} = {v!r} must be finite and > 0")
+        with np.errstate(over="ignore", under="ignore"):
+            as_f32 = float(np.float32(v))
+        if not 0 < as_f32 < math.inf:
+            raise BadModel(f"{self.path}: metadata key {key!r} = {v!r} is out of float32's "
+                           "range (the hyperparameters are float32, as in llama.cpp)")
         return float(v)
 
     def _config(self) -> ModelConfig:
@@ -318,21 +336,29 @@ class GGUFModel:
 
     def _gemma(self, a: str, n_layers: int, d_model: int, n_heads: int,
                head_dim: int) -> dict[str, Any]:
-        """gemma3's ModelConfig fields, read as llama_model_gemma3::load_arch_hparams does."""
+        """The gemma ModelConfig fields, read as llama.cpp's load_arch_hparams does:
+        llama_model_gemma3's for gemma3, llama_model_gemma2's for gemma2."""
         f32 = np.float32
+        g2 = a == "gemma2"
+        # gemma_pytorch: query_pre_attn_scalar; llama.cpp by model type: the 27B (gemma3: 62
+        # layers, gemma2: 46) 1/sqrt(n_embd / n_head) (integer division), else 1/sqrt(head_dim),
+        # in float
+        big = n_layers == (46 if g2 else 62)
         out: dict[str, Any] = {
             "embed_scale": float(np.sqrt(f32(d_model))),  # sqrtf(n_embd)
             "ffn_gelu": True, "post_norms": True,
-            # gemma_pytorch: query_pre_attn_scalar; llama.cpp by model type: 27B (62 layers)
-            # 1/sqrt(n_embd / n_head) (integer division), else 1/sqrt(head_dim), in float
-            "attn_scale": float(f32(1.0) / np.sqrt(f32(d_model // n_heads if n_layers == 62
-                                                       else head_dim))),
+            "attn_scale": float(f32(1.0) / np.sqrt(f32(d_model // n_heads if big else head_dim))),
         }
         kw = f"{a}.attention.sliding_window"
-        n_swa = self._int(kw, lo=0) if kw in self.metadata else 0
-        if n_swa > 0:  # LLAMA_SWA_TYPE_STANDARD, load_swa_pattern(ml, 6), dense_first false
+        if g2:  # always LLAMA_SWA_TYPE_STANDARD, n_swa 4096 unless the file says (0 would mask
+            # every key of a local layer: refused)
+            n_swa = self._int(kw, 4096, lo=1)
+        else:  # the window only with a key > 0 (else LLAMA_SWA_TYPE_NONE)
+            n_swa = self._int(kw, lo=0) if kw in self.metadata else 0
+        if n_swa > 0:  # load_swa_pattern(ml, 6 / 2), dense_first false
             kp = f"{a}.attention.sliding_window_pattern"
-            pat = self.metadata.get(kp, 6)
+            n_pat = 2 if g2 else 6
+            pat = self.metadata.get(kp, n_pat)
             if isinstance(pat, list):  # per-layer flags (bool or integer; missing: global)
                 if not all(isinstance(x, int) for x in pat) or len(pat) > 512:
                     raise BadModel(f"{self.path}: metadata key {kp!r} = {_show(pat)} must be "
@@ -340,11 +366,19 @@ class GGUFModel:
                 flags = tuple(bool(pat[i]) if i < len(pat) else False
                               for i in range(n_layers))
             else:
-                n = self._int(kp, lo=0) if kp in self.metadata else 6
+                n = self._int(kp, lo=0) if kp in self.metadata else n_pat
                 flags = tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
-            out |= {"sliding_window": n_swa, "swa_layers": flags,
-                    "rope_base_swa": self._float(f"{a}.rope.freq_base_swa", 10000.0)}
+            # gemma3: the local base defaults to 10000, the local freq scale is 1; gemma2: both
+            # default to the global ones (rope_freq_base_train_swa = rope_freq_base_train)
+            base_swa = self._float(f"{a}.rope.freq_base", 10000.0) if g2 else 10000.0
+            out |= {"sliding_window": n_swa, "swa_layers": flags, "swa_rope_scaled": g2,
+                    "rope_base_swa": self._float(f"{a}.rope.freq_base_swa", base_swa)}
         kc = f"{a}.final_logit_softcapping"
+        if g2:  # both caps always on (llama_hparams' defaults 30 and 50 when absent); 0 would
+            # divide by zero in llama.cpp's graph: refused by _float
+            out["logit_softcap"] = float(f32(self._float(kc, 30.0)))
+            out["attn_softcap"] = float(f32(self._float(f"{a}.attn_logit_softcapping", 50.0)))
+            return out
         cap = self.metadata.get(kc, 0.0)
         if cap != 0.0:  # 0 (or absent): no soft-cap, as llama.cpp's `if (f_final_...)`
             cap = self._float(kc, 0.0)

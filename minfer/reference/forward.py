@@ -21,7 +21,10 @@ embeddings times sqrt(d_model); q, k get the per-head norms, then RoPE with the 
 is unscaled; local layers attend within the sliding window; the attention output and the FFN
 output are each RMS-normalized (post_attention_norm, post_ffw_norm) before their residual add;
 the FFN is GeGLU (gelu(h @ Wg.T) * (h @ Wu.T), ggml's tanh GELU); the logits are soft-capped
-when the file says so.
+when the file says so. gemma2 (src/models/gemma2.cpp) is that graph without the q/k norms,
+with every other layer local (on the global RoPE unless rope.freq_base_swa says otherwise),
+the attention scores soft-capped (ops.attention's softcap: cap * tanh(s / cap) before the
+mask) and the logits always soft-capped.
 
 Weights are dequantized once (model.dequant, the gguf package's reference), lazily per tensor,
 and cached in `dtype`. The embedding gathers only the rows it needs; the tied LM head needs the
@@ -338,11 +341,15 @@ class ReferenceBackend:
         return x
 
     def _attn_kw(self, il: int) -> dict:
-        """ops.attention's keyword arguments for layer il (f16 P rounding, window, scale)."""
+        """ops.attention's keyword arguments for layer il (f16 P rounding, window, scale,
+        gemma2's soft cap)."""
         c = self.cfg
-        return dict(p_round=round_f16 if self.kv_f16 else None,
-                    window=c.sliding_window if c.is_local(il) else 0,
-                    scale=1.0 if c.attn_scale else None)
+        kw = dict(p_round=round_f16 if self.kv_f16 else None,
+                  window=c.sliding_window if c.is_local(il) else 0,
+                  scale=1.0 if c.attn_scale else None)
+        if c.attn_softcap:
+            kw["softcap"] = c.attn_softcap
+        return kw
 
     def _layer(self, il: int, x: np.ndarray, pos: np.ndarray, write, attend,
                keep: slice | None = None) -> np.ndarray:
@@ -363,7 +370,7 @@ class ReferenceBackend:
         if c.qk_norm:  # qwen3, gemma3: each head of q and k RMS-normalized before RoPE
             q = ops.rmsnorm(q, self.weight(p + "attn_q_norm.weight"), c.rms_eps)
             k = ops.rmsnorm(k, self.weight(p + "attn_k_norm.weight"), c.rms_eps)
-        base, scaling = c.layer_rope(il)  # gemma3's local layers: their own base
+        base, scaling = c.layer_rope(il)  # gemma's local layers: their own base
         q = ops.rope(q, pos, base, c.rope_dim, c.rope_neox, scaling)
         k = ops.rope(k, pos, base, c.rope_dim, c.rope_neox, scaling)
         if c.attn_scale:  # gemma3: ggml_scale(Qcur, f_attention_scale), kq_scale 1

@@ -211,7 +211,8 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
-              p_round=None, window: int = 0, scale: float | None = None) -> np.ndarray:
+              p_round=None, window: int = 0, scale: float | None = None,
+              softcap: float = 0.0) -> np.ndarray:
     """Causal GQA attention, softmax scale 1/sqrt(D) (or `scale`).
 
     q: [T, Hq, D] at positions pos0..pos0+T-1; k, v: [S, Hkv, D] the cached keys/values of
@@ -223,6 +224,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
     p - j >= window (llama.cpp is_masked_swa, LLAMA_SWA_TYPE_STANDARD), so it sees `window`
     keys at most, itself included.
     scale: the softmax scale; None: 1/sqrt(D); 1.0 skips the multiplication (q pre-scaled).
+    softcap: > 0 for attention logit soft-capping (gemma2): the scaled scores become
+    softcap * tanh(scores / softcap) before the mask and softmax, as llama.cpp's build_attn
+    (ggml_scale by 1/softcap, ggml_tanh, ggml_scale by softcap; the flash-attention kernel
+    folds 1/softcap into its scale the same way), tanh correctly rounded in float32.
     """
     ft = _ftype(q, k, v)
     T, Hq, D = q.shape
@@ -243,6 +248,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
         s = s * ft.type(1.0 / np.sqrt(D))
     elif scale != 1.0:
         s = s * ft.type(scale)
+    if softcap:
+        cap = ft.type(softcap)
+        t = s * (ft.type(1.0) / cap)
+        s = np.tanh(t.astype(np.float64)).astype(ft) * cap
     qpos = (pos0 + np.arange(T))[:, None]
     mask = np.arange(S)[None, :] > qpos  # [T, S]: key after query
     if window > 0:

@@ -47,7 +47,7 @@ from minfer.errors import BadInput
 
 @dataclass(frozen=True)
 class SynthShape:
-    arch: str  # GGUF general.architecture: "llama", "qwen2", "qwen3" or "gemma3"
+    arch: str  # GGUF general.architecture: "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"
     d_model: int
     d_ff: int
     n_layers: int
@@ -67,8 +67,12 @@ class SynthShape:
     rope_orig_ctx: int = 8192
     head_dim: int = 0  # 0: d_model / n_heads; else written as attention.key_length
     # gemma3: attention.sliding_window (0: none); the local/global pattern is llama.cpp's
-    # default (every 6th layer global), as the converter writes no sliding_window_pattern
+    # default (every 6th layer global; gemma2: every other), as the converter writes no
+    # sliding_window_pattern
     sliding_window: int = 0
+    # gemma2: attn_logit_softcapping and final_logit_softcapping (the converter writes both)
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
 
     @property
     def hd(self) -> int:
@@ -101,6 +105,12 @@ PRESETS: dict[str, SynthShape] = {
     # takes 64 / 128), a window llama.cpp disables
     "phi3-mini": SynthShape("phi3", 3072, 8192, 32, 32, 32, vocab=32064, n_ctx=4096,
                             sliding_window=2047),
+    # Gemma 2 9B's shape: GeGLU, post norms, no q/k norms, every other layer local (window
+    # 4096), one RoPE base (10000: the converter writes none), attention soft-cap 50, final 30,
+    # head_dim 256 over d_model 3584, tied
+    "gemma2-9b": SynthShape("gemma2", 3584, 14336, 42, 16, 8, tied=True, head_dim=256,
+                            rms_eps=1e-6, n_ctx=8192, sliding_window=4096,
+                            attn_softcap=50.0, final_softcap=30.0),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
     "tiny-phi3": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32),
     # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
@@ -120,6 +130,13 @@ PRESETS: dict[str, SynthShape] = {
     "tiny-gemma3": SynthShape("gemma3", 256, 512, 6, 4, 1, tied=True, head_dim=128,
                               rope_base=1000000.0, rms_eps=1e-6, n_ctx=4096,
                               rope_scaling="linear", rope_factor=8.0, sliding_window=32),
+    # gemma2 with a window of 32 on layers 0 and 2 (llama.cpp's default pattern: every other
+    # layer local), 2 KV heads, head_dim 128 over d_model 256 (q x 1/sqrt(128)); soft caps small
+    # enough to bend this model's attention scores (std ~1) and logits, where Gemma 2's 50 / 30
+    # would not
+    "tiny-gemma2": SynthShape("gemma2", 256, 512, 4, 4, 2, tied=True, head_dim=128,
+                              rms_eps=1e-6, n_ctx=4096, sliding_window=32, attn_softcap=2.0,
+                              final_softcap=10.0),
 }
 ROPE_SCALINGS = ("none", "llama3", "linear", "yarn")
 
@@ -185,7 +202,8 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
                       (p + "attn_k.bias", (s.n_kv_heads * hd,), "bias"),
                       (p + "attn_v.bias", (s.n_kv_heads * hd,), "bias")]
         items.append((p + "attn_output.weight", (s.d_model, s.n_heads * hd), "weight"))
-        if s.arch == "gemma3":  # the attention output's norm (HF post_attention_layernorm)
+        if s.arch in ("gemma2", "gemma3"):  # the attention output's norm (HF
+            # post_attention_layernorm)
             items.append((p + "post_attention_norm.weight", (s.d_model,), "norm"))
         items.append((p + "ffn_norm.weight", (s.d_model,), "norm"))
         if s.arch == "phi3":   # gate|up fused in ffn_up [2 ff, d], the gate first
@@ -194,7 +212,8 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
             items += [(p + "ffn_gate.weight", (s.d_ff, s.d_model), "weight"),
                       (p + "ffn_up.weight", (s.d_ff, s.d_model), "weight")]
         items.append((p + "ffn_down.weight", (s.d_model, s.d_ff), "weight"))
-        if s.arch == "gemma3":  # the FFN output's norm (HF post_feedforward_layernorm)
+        if s.arch in ("gemma2", "gemma3"):  # the FFN output's norm (HF
+            # post_feedforward_layernorm)
             items.append((p + "post_ffw_norm.weight", (s.d_model,), "norm"))
     if s.rope_scaling == "llama3":
         items.append(("rope_freqs.weight", (hd // 2,), "rope_freqs"))
@@ -405,6 +424,17 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
         if shape.sliding_window:
             kv[f"{a}.attention.sliding_window"] = u32(shape.sliding_window)
         return common | kv | rope
+    if a == "gemma2":
+        # convert_hf_to_gguf.py's Gemma2Model: no rope.freq_base (llama.cpp's 10000), nor
+        # rope.dimension_count, nor vocab_size; key/value length, both soft caps, the window
+        del common[f"{a}.rope.freq_base"]
+        if shape.rope_base != 10000.0:
+            raise BadInput(f"gemma2: the converter writes no rope.freq_base, so the RoPE base "
+                           f"is 10000, not {shape.rope_base:g}")
+        return common | kv | rope | {
+            f"{a}.attn_logit_softcapping": f32(shape.attn_softcap),
+            f"{a}.final_logit_softcapping": f32(shape.final_softcap),
+            f"{a}.attention.sliding_window": u32(shape.sliding_window)}
     window = {f"{a}.attention.sliding_window": u32(shape.sliding_window)} \
         if shape.sliding_window else {}
     return common | {f"{a}.rope.dimension_count": u32(hd), f"{a}.vocab_size": u32(shape.vocab)} \
