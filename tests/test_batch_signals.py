@@ -28,6 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from proc_helpers import group_alive as _group_alive
+from proc_helpers import wait_for
+
 REPO = Path(__file__).resolve().parent.parent
 N_PROMPTS = 1500
 WORDS = ("alpha beta gamma delta river stone cloud light north quiet seven amber "
@@ -49,22 +52,6 @@ def _start(args, cwd) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "minfer", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_preexec)
-
-
-def _group_alive(pgid: int) -> list[int]:
-    """Pids still running in process group pgid (zombies excluded)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(d))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -95,19 +82,6 @@ def _tmp_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name)
 
 
-def _wait_for(cond, proc, timeout=120.0, step=0.002):
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        got = cond()
-        if got:
-            return got
-        if proc.poll() is not None:
-            return None
-        time.sleep(step)
-    proc.kill()
-    pytest.fail("timed out waiting for the moment to signal")
-
-
 def _size(p: Path) -> int:
     try:
         return p.stat().st_size
@@ -132,7 +106,7 @@ def test_signal_leaves_no_output(tmp_path, tiny, prompts, sig, moment):
         want, step = (lambda: _size(tmp) >= 0), 0.002
     else:
         want, step = (lambda: _records(tmp) >= N_PROMPTS // 2), 0.01
-    assert _wait_for(want, proc, step=step), f"the run ended first: {proc.communicate()}"
+    assert wait_for(want, proc, timeout=120.0, step=step), f"the run ended first: {proc.communicate()}"
     done = _records(tmp)
     os.killpg(proc.pid, sig)
     out, err = proc.communicate(timeout=120)

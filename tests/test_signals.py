@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from proc_helpers import group_alive as _group_alive
+from proc_helpers import wait_for
+
 REPO = Path(__file__).resolve().parent.parent
 EXIT = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated"),
         signal.SIGHUP: (129, "terminated")}
@@ -39,35 +42,6 @@ def _start(args, cwd, **env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "minfer", *args], cwd=cwd, env=_env(**env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             preexec_fn=_preexec)
-
-
-def _wait_for(cond, proc, timeout=60.0, step=0.01):
-    t_end = time.monotonic() + timeout
-    while time.monotonic() < t_end:
-        got = cond()
-        if got:
-            return got
-        if proc.poll() is not None:
-            return None
-        time.sleep(step)
-    proc.kill()
-    pytest.fail("timed out waiting for the moment to signal")
-
-
-def _group_alive(pgid: int) -> list[int]:
-    """Pids still running in process group pgid (zombies excluded)."""
-    out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{d}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(d))
-    return out
 
 
 def _finish(proc, timeout=60):
@@ -95,7 +69,7 @@ def _tmp_files(folder: Path) -> list[str]:
 def test_quantize_signal_leaves_nothing(tmp_path, default_model_path, sig):
     proc = _start(["quantize", str(default_model_path), "out.gguf", "--type", "q8_0",
                    "--threads", "2"], tmp_path)
-    assert _wait_for(lambda: _tmp_files(tmp_path), proc), "quantize ended before writing"
+    assert wait_for(lambda: _tmp_files(tmp_path), proc), "quantize ended before writing"
     time.sleep(0.3)  # the workers are busy now
     os.killpg(proc.pid, sig)
     code, _, err = _finish(proc)
@@ -112,7 +86,7 @@ def test_quantize_signal_leaves_nothing(tmp_path, default_model_path, sig):
 def test_synth_sigterm_leaves_nothing(tmp_path):
     proc = _start(["synth", "-o", "s.gguf", "--preset", "llama2-7b", "--layers", "2",
                    "--vocab", "1024", "--tokenizer-from", "none", "--workers", "2"], tmp_path)
-    assert _wait_for(lambda: _tmp_files(tmp_path), proc), "synth ended before writing"
+    assert wait_for(lambda: _tmp_files(tmp_path), proc), "synth ended before writing"
     os.killpg(proc.pid, signal.SIGTERM)
     code, _, err = _finish(proc)
     assert code == 143, err[-2000:]
@@ -132,7 +106,7 @@ def _maps_numpy(pid: int) -> bool:
 def test_sigint_during_imports_no_traceback(tmp_path, tiny):
     # numpy's extension modules being mapped = the command's heavy imports are under way
     proc = _start(["inspect", str(tiny)], tmp_path)
-    assert _wait_for(lambda: _maps_numpy(proc.pid), proc, step=0.001)
+    assert wait_for(lambda: _maps_numpy(proc.pid), proc, step=0.001)
     os.killpg(proc.pid, signal.SIGINT)
     code, _, err = _finish(proc)
     assert code == 130, err[-2000:]
@@ -146,7 +120,7 @@ def test_sigint_after_final_rename(tmp_path, tiny):
         out.unlink(missing_ok=True)
         proc = _start(["quantize", str(tiny), "q.gguf", "--type", "q8_0", "--threads", "2",
                        "--quiet"], tmp_path)
-        if _wait_for(out.exists, proc, step=0.001) and proc.poll() is None:
+        if wait_for(out.exists, proc, step=0.001) and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
             code, _, err = _finish(proc)
             if code == 0:  # the signal came after the process's last instruction
@@ -193,7 +167,7 @@ def test_fetch_sigterm_kills_pip_and_removes_temp_folder(tmp_path):
             temp = models.is_dir() and [p for p in models.iterdir() if p.is_dir()]
             return kids if kids and temp else None
 
-        kids = _wait_for(pip_child, proc, step=0.05)
+        kids = wait_for(pip_child, proc, step=0.05)
         assert kids, "the fetch ended before pip started"
         time.sleep(0.3)
         os.kill(proc.pid, signal.SIGTERM)  # the parent only: it must stop pip itself
