@@ -291,3 +291,17 @@ def test_ten_thousand_tiny_prompts(tiny):
     for k in (0, 4_321, 9_999):
         res, _ = _alone(eng, again[k], 1)
         assert seen[k].greedy == res.greedy_ids or res.step_margins[0] < 1e-3
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_bench_batch_formats(tiny, fmt):
+    code, out, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", "--batch", "3",
+                              "--tokens", "5", "-r", "1", "-o", fmt])
+    assert code == 0, err
+    if fmt == "json":
+        (rec,) = json.loads(out)
+        assert rec["prompts"] == 3 and rec["tokens"] == 15 and rec["prefill_tok_s_median"] > 0
+    else:
+        head, row = out.strip().splitlines()
+        assert "prefill_tok_s" in head.split(",") and row.count(",") == head.count(",")
+    assert "backend cpu" in err   # the notes on stderr, the records alone on stdout

@@ -102,7 +102,7 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
         n_predict = int(n_predict)
         return _bench_batch(model_path, batch, n_tokens, shared_prefix, prompts_path,
                             n_predict, configs, choices, repeats, kind, echo, ubatch,
-                            log_uniform)
+                            log_uniform, fmt)
     rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
                echo=echo, choices=choices, min_ms=min_ms, out=click.echo, fmt=fmt,
                progress=True)
@@ -114,7 +114,7 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
 
 
 def _bench_batch(model_path, batch, n_tokens, prefix, prompts_path, n_predict, configs, choices,
-                 repeats, kind, echo, ubatch, log_uniform) -> None:
+                 repeats, kind, echo, ubatch, log_uniform, fmt) -> None:
     from minfer.errors import BadInput
     from minfer.tools import bench_batch
 
@@ -154,4 +154,4 @@ def _bench_batch(model_path, batch, n_tokens, prefix, prompts_path, n_predict, c
             prompts = [p.ids for p in src]
     bench_batch.run(model_path, batch or 0, n_tokens[0], prefix, n_predict, configs,
                     [c if kind == "cuda" else None for c in choices], repeats, kind, echo,
-                    ubatch, prompts)
+                    ubatch, prompts, out=click.echo, fmt=fmt)

@@ -36,8 +36,10 @@ def _med(xs: list[float]) -> str:
 
 def run(model_path: str, n: int, length: int, prefix: int, n_predict: int, configs: list,
         choices: list, repeats: int, kind: str, echo=print, ubatch: int | None = None,
-        prompts: list | None = None) -> list[dict]:
-    """Load, warm up, time, print one table row per config (and sharing mode); -> the rows."""
+        prompts: list | None = None, out=None, fmt: str = "md") -> list[dict]:
+    """Load, warm up, time; the results to `out` (default echo) as a markdown table (one row
+    per config and sharing mode), or JSON / CSV records (fmt), the rest to echo; -> the
+    rows."""
     from minfer.batch.api import Engine
     from minfer.gguf.loader import load_model
 
@@ -75,18 +77,43 @@ def run(model_path: str, n: int, length: int, prefix: int, n_predict: int, confi
                    "single_tokens": len(single), "single_tok_s": res["single"]}
             rows.append(row)
         eng.backend = None
+    out = out or echo
+    if fmt != "md":
+        out(_records(rows, str(model_path), fmt))
+        return rows
     echo("")
     echo(f"{model.describe()}; {len(prompts)} prompts, {sum(lengths):,} tokens "
          f"(lengths {min(lengths)}..{max(lengths)}), -n {n_predict}; {repeats} samples, "
          "interleaved with one prompt alone; median (± half the spread)")
-    echo("")
-    echo("| config | prefix share | batched prefill tok/s | single prompt tok/s (len) | "
-         "ratio | decode tok/s |")
-    echo("| --- | --- | ---: | ---: | ---: | ---: |")
+    lines = ["", "| config | prefix share | batched prefill tok/s | single prompt tok/s (len) | "
+             "ratio | decode tok/s |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
         ratio = statistics.median(r["prefill_tok_s"]) / statistics.median(r["single_tok_s"])
-        echo(f"| {r['config']} | {'on' if r['share'] else 'off'} "
+        lines.append(f"| {r['config']} | {'on' if r['share'] else 'off'} "
              f"({r['computed']:,} computed) | {_med(r['prefill_tok_s'])} | "
              f"{_med(r['single_tok_s'])} ({r['single_tokens']}) | {ratio:.2f}x | "
              + (_med(r["decode_tok_s"]) if r["decode_tok_s"] else "-") + " |")
+    out("\n".join(lines))
     return rows
+
+
+def _records(rows: list[dict], model: str, fmt: str) -> str:
+    """JSON (an array) or CSV (a header, samples space-separated) of the rows, medians added."""
+    import csv
+    import io
+    import json
+
+    recs = [{"model": model, **r,
+             "prefill_tok_s_median": statistics.median(r["prefill_tok_s"]),
+             "single_tok_s_median": statistics.median(r["single_tok_s"]),
+             "decode_tok_s_median": (statistics.median(r["decode_tok_s"])
+                                     if r["decode_tok_s"] else None)} for r in rows]
+    if fmt == "json":
+        return json.dumps(recs)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(recs[0]), lineterminator="\n")
+    w.writeheader()
+    for r in recs:
+        w.writerow({k: " ".join(f"{x:g}" for x in v) if isinstance(v, list) else v
+                    for k, v in r.items()})
+    return buf.getvalue().rstrip("\n")
