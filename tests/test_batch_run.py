@@ -220,7 +220,9 @@ def test_bench_batch_cpu(tiny):
     assert code == 0, err
     assert "5 prompts" in out
     for bad, needle in ((["--batch", "0"], "--batch 0"), (["--batch", "2", "-n", "1,2"], "one count"),
-                        (["--log-uniform", "5:2", "--batch", "2"], "1 <= A <= B")):
+                        (["--log-uniform", "5:2", "--batch", "2"], "1 <= A <= B"),
+                        (["--shared-prefix", "4"], "goes with --batch"),
+                        (["--batch", "2", "--plot", "x.png"], "--plot draws")):
         code, _, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", *bad])
         assert code == 2 and needle in err, err
 
