@@ -76,6 +76,13 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
     if repeats < 1:
         raise BadInput(f"--repeats {repeats}: need at least 1")
     n_tokens = parse_tokens(tokens)
+    batched = batch is not None or prompts_path is not None
+    for flag, given in (("--shared-prefix", shared_prefix != 0), ("--log-uniform",
+                        log_uniform is not None), ("-ub/--ubatch", ubatch is not None)):
+        if given and not batched:
+            raise BadInput(f"{flag} goes with --batch N (or --prompts FILE)")
+    if batched and plot_path is not None:
+        raise BadInput("--plot draws single-prompt rows; with --batch use -o json or csv")
     kind, fmt = kind.lower(), fmt.lower()
     check_backend(kind, None)
     check_gemm_backend(kind, gemm, configs)   # never the CPU's rows under a GPU path's name
@@ -88,13 +95,6 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
     echo = click.echo if fmt == "md" else (lambda s="": click.echo(s, err=True))
     configs = expand_configs(configs or [""])
     choices = [gemm_choice(gemm, c) for c in configs]   # validated for the cpu backend too
-    batched = batch is not None or prompts_path is not None
-    for flag, given in (("--shared-prefix", shared_prefix != 0), ("--log-uniform",
-                        log_uniform is not None), ("-ub/--ubatch", ubatch is not None)):
-        if given and not batched:
-            raise BadInput(f"{flag} goes with --batch N (or --prompts FILE)")
-    if batched and plot_path is not None:
-        raise BadInput("--plot draws single-prompt rows; with --batch use -o json or csv")
     if not re.fullmatch(r"\d+(,\d+)*", n_predict):
         raise BadInput(f"-n {n_predict!r}: expected a count of tokens")
     if batch is None and prompts_path is None:
