@@ -307,3 +307,18 @@ def test_bench_batch_formats(tiny, fmt):
         head, row = out.strip().splitlines()
         assert "prefill_tok_s" in head.split(",") and row.count(",") == head.count(",")
     assert "backend cpu" in err   # the notes on stderr, the records alone on stdout
+
+
+def test_cli_prompts_f64(tmp_path, tiny):
+    """--dtype f64 reaches the packed CPU reference (the oracle mode), with equal greedy ids."""
+    p = tmp_path / "p.jsonl"
+    p.write_text('"hello"\n"abc"\n')
+    outs = []
+    for extra in ([], ["--dtype", "f64"]):
+        code, out, err = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny), "--backend",
+                                  "cpu", "-n", "4", "--logprobs", "-q", *extra])
+        assert code == 0, err
+        outs.append([json.loads(x) for x in out.splitlines()])
+    assert [r["greedy_ids"] for r in outs[0]] == [r["greedy_ids"] for r in outs[1]]
+    d = max(abs(a - b) for r0, r1 in zip(*outs) for a, b in zip(r0["logprobs"], r1["logprobs"]))
+    assert 0 < d < 1e-3   # f32 and f64 differ, a little

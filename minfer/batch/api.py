@@ -53,10 +53,11 @@ class Engine:
     """A loaded model and its backend, for many prompts. model: a GGUF path (None: the default
     model, fetched once); backend: "cuda", "cpu" or None (cuda when a GPU is usable); gemm:
     the GEMM path ("auto", "f16", "blk", ...: `minfer paths`); ubatch: packed tokens per
-    forward; progress: bars on stderr (a terminal only)."""
+    forward; progress: bars on stderr (a terminal only); dtype: the CPU reference's precision
+    ("f32" default, "f64": the float64 oracle)."""
 
     def __init__(self, model=None, backend: str | None = None, gemm: str | None = "auto",
-                 ubatch: int | None = None, progress: bool = False):
+                 ubatch: int | None = None, progress: bool = False, dtype: str | None = None):
         from minfer.gguf.loader import load_model
         from minfer.text.tokenizer import Tokenizer
 
@@ -70,6 +71,9 @@ class Engine:
         if self.kind == "cpu" and gemm not in (None, "auto") and not getattr(gemm, "path",
                                                                              "") == "auto":
             raise BadInput(f"gemm {gemm!r} is a GPU path; the cpu backend runs the reference")
+        if dtype not in (None, "f32", "f64") or (dtype and self.kind != "cpu"):
+            raise BadInput(f"dtype {dtype!r}: f32 or f64, on the cpu backend only")
+        self.dtype = dtype
         if model is None:
             from minfer.tools.fetch import default_model_path
 
@@ -195,7 +199,7 @@ class Engine:
             slots = max(need, min(want, CPU_SLOTS), self.kv_slots)
             if self.backend is None:
                 self.backend = make_backend("cpu", self.model, max_tokens=min(128, c.n_ctx),
-                                            progress=self.progress)
+                                            dtype=self.dtype, progress=self.progress)
             self.backend.reserve_slots(slots)
         else:
             from minfer.cuda.plan.plan import fit_kv_slots

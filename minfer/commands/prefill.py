@@ -232,7 +232,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
                            kind=kind, why=why, choice=choice if kind == "cuda" else None,
                            chat=chat, system=system, special=special, n_predict=n_greedy,
                            stop_at_eos=stop_at_eos, n_ctx=n_ctx, ubatch=ubatch_opt,
-                           logprobs=logprobs, share=prefix_share)
+                           logprobs=logprobs, share=prefix_share, dtype=dtype)
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
         check_cap("stdin" if prompt_file == "-" else prompt_file, len(text.encode("utf-8")),
                   prompt_cap(model.config.n_ctx))

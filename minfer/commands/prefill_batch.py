@@ -30,7 +30,8 @@ def record(pid, r, tok, logprobs: bool) -> dict:
 
 def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: str, choice,
                 chat, system, special: bool, n_predict: int, stop_at_eos, n_ctx: int,
-                ubatch: int | None, logprobs: bool, share: bool) -> None:
+                ubatch: int | None, logprobs: bool, share: bool, dtype: str | None = None
+                ) -> None:
     from minfer.batch.api import Engine
     from minfer.batch.output import ResultWriter
     from minfer.batch.prompts import make_encoder, open_prompts
@@ -47,7 +48,7 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
         t0 = time.perf_counter()
         lengths = src.scan(n_ctx, n_predict)   # every line checked before any GPU work
         scan_s = time.perf_counter() - t0
-        engine = Engine(model, kind, choice, ubatch, progress=True)
+        engine = Engine(model, kind, choice, ubatch, progress=True, dtype=dtype)
         pids: dict[int, tuple[object, int]] = {}   # key -> (id, line): the prompts in flight
 
         def keyed():
