@@ -10,7 +10,9 @@
 // Build (scripts/llama_oracle.py does it): against a llama.cpp CPU build tree,
 //   g++ -O2 -std=c++17 llama_oracle.cpp -I$LL/include -I$LL/ggml/include \
 //       -L$LL/build/bin -lllama -lggml -lggml-base -Wl,-rpath,$LL/build/bin
-// Usage: llama_oracle MODEL PROMPT_FILE OUT [n_predict=32]
+// Usage: llama_oracle MODEL PROMPT_FILE OUT [n_predict=32] [n_ctx]
+// n_ctx: the context (llama_context_params.n_ctx; 0: the model's own, as llama.cpp's -c 0);
+// default n_prompt + n_predict + 8. It decides phi3's long / short RoPE factors.
 #include "llama.h"
 
 #include <cstdio>
@@ -36,7 +38,7 @@ static int argmax2(const float* l, int n, float* margin) {
 }
 
 int main(int argc, char** argv) {
-    if (argc < 4) die("usage: llama_oracle MODEL PROMPT_FILE OUT [n_predict]");
+    if (argc < 4) die("usage: llama_oracle MODEL PROMPT_FILE OUT [n_predict] [n_ctx]");
     const int n_predict = argc > 4 ? std::atoi(argv[4]) : 32;
     std::ifstream pf(argv[2], std::ios::binary);
     if (!pf) die("cannot read the prompt file");
@@ -58,7 +60,7 @@ int main(int argc, char** argv) {
     ids.resize(n);
 
     llama_context_params cp = llama_context_default_params();
-    cp.n_ctx = n + n_predict + 8;
+    cp.n_ctx = argc > 5 ? (uint32_t)std::atoi(argv[5]) : (uint32_t)(n + n_predict + 8);
     cp.n_batch = cp.n_ubatch = n;
     cp.n_threads = cp.n_threads_batch = 2;
     llama_context* ctx = llama_init_from_model(model, cp);

@@ -7,6 +7,8 @@ their margins, and its logits at POSITIONS of the prompt (float32). The syntheti
 deterministic, so CI rebuilds it and needs no llama.cpp.
 
     python3 scripts/llama_oracle.py --llama /tmp/llama.cpp [--presets tiny-llama3,...]
+    (a preset's golden runs at llama.cpp's context ORACLE_CTX, else prompt + 40; the CTX_GOLDEN
+    runs of the preset too, at theirs: tiny-phi3-long and tiny-phi3-long@512)
     python3 scripts/llama_oracle.py --llama /tmp/llama.cpp --gemma3 models/gemma-3-270m-q4_k_m.gguf
 
 --llama: a llama.cpp tree built for the CPU with the `llama` target (../shared/llamacpp/
@@ -32,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from families_data import (FAMILIES, GOLDEN, PROMPT, SPECIAL_PROMPT, positions,  # noqa: E402
-                           synth_family)
+from families_data import (CTX_GOLDEN, FAMILIES, GOLDEN, ORACLE_CTX, PROMPT,  # noqa: E402
+                           SPECIAL_PROMPT, positions, synth_family)
 
 
 def build(llama: Path, out: Path) -> Path:
@@ -87,7 +89,8 @@ def real_gemma3(exe: Path, model: Path, tmp: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama", type=Path, required=True, help="a llama.cpp CPU build tree")
-    ap.add_argument("--presets", default=",".join(FAMILIES))
+    ap.add_argument("--presets", default=",".join(FAMILIES),
+                    help="presets of FAMILIES (or names of CTX_GOLDEN)")
     ap.add_argument("--gemma3", type=Path, help="the real Gemma 3 270M Q4_K_M file instead")
     a = ap.parse_args()
     if a.gemma3 is not None:
@@ -100,10 +103,18 @@ def main() -> None:
         exe = build(a.llama, tmp)
         (tmp / "prompt.txt").write_text(PROMPT)
         (tmp / "special.txt").write_text(SPECIAL_PROMPT)
-        for preset in a.presets.split(","):
+        runs = []  # (golden name, preset, llama.cpp's n_ctx or None: prompt + 40)
+        for name in a.presets.split(","):
+            if name in CTX_GOLDEN:
+                runs.append((name, *CTX_GOLDEN[name]))
+                continue
+            runs.append((name, name, ORACLE_CTX.get(name)))
+            runs += [(g, p, c) for g, (p, c) in CTX_GOLDEN.items() if p == name]
+        for name, preset, n_ctx in runs:
             model = synth_family(preset, tmp)
-            subprocess.run([str(exe), str(model), str(tmp / "prompt.txt"), str(tmp / preset)],
-                           check=True, stderr=subprocess.DEVNULL)
+            ctx = [] if n_ctx is None else ["32", str(n_ctx)]
+            subprocess.run([str(exe), str(model), str(tmp / "prompt.txt"), str(tmp / preset)]
+                           + ctx, check=True, stderr=subprocess.DEVNULL)
             res = json.loads((tmp / f"{preset}.json").read_text())
             subprocess.run([str(exe), str(model), str(tmp / "special.txt"), str(tmp / "sp"), "1"],
                            check=True, stderr=subprocess.DEVNULL)
@@ -111,12 +122,14 @@ def main() -> None:
             V, T = res["n_vocab"], len(res["ids"])
             logits = np.fromfile(tmp / f"{preset}.f32", dtype=np.float32).reshape(T, V)
             pos = positions(T)
-            np.save(GOLDEN / f"{preset}.npy", logits[pos])
+            np.save(GOLDEN / f"{name}.npy", logits[pos])
+            if n_ctx is not None:
+                res["n_ctx"] = n_ctx
             res |= {"preset": preset, "positions": pos,
                     "source": "llama.cpp (llama-cpp-python 0.3.36's vendored tree), CPU, "
                               "scripts/llama_oracle.cpp"}
-            (GOLDEN / f"{preset}.json").write_text(json.dumps(res) + "\n")
-            print(f"{preset}: {T} prompt tokens, greedy {res['greedy'][:8]}...")
+            (GOLDEN / f"{name}.json").write_text(json.dumps(res) + "\n")
+            print(f"{name}: {T} prompt tokens, greedy {res['greedy'][:8]}...")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,10 @@ sliding window, local RoPE base, post norms, GeGLU, embedding scale) the logits 
 more than the tolerance; for gemma3 so do a window one position too wide or too narrow and
 the RoPE scaling applied to the local layers too; for gemma2 dropping the attention or the
 final soft-cap or the window, the odd layers local instead of the even ones, and the 27B's
-query scale on this shape.
+query scale on this shape; for phi3's long-context RoPE (tiny-phi3-long: rope_factors_long /
+_short, rope.scaling.attn_factor) the long factors at the model's context and the short ones
+at llama.cpp's -c 512 (its original context) both match, and dropping the factors, the
+attention factor, or taking the other set is caught.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from families_data import FAMILIES, GOLDEN, PROMPT, SPECIAL_PROMPT, synth_family
+from families_data import (CTX_GOLDEN, FAMILIES, GOLDEN, PROMPT, SPECIAL_PROMPT,
+                           synth_family)
 
 TOL = 0.03  # max |dlogit| against llama.cpp on an F16 file (the issue's bar)
 
@@ -77,7 +81,7 @@ DROPS = [("tiny-llama3", "rope_scaling"), ("tiny-linear", "rope_scaling"),
          ("tiny-gemma3", "post_norms"), ("tiny-gemma3", "ffn_gelu"),
          ("tiny-gemma3", "embed_scale"), ("tiny-gemma3", "qk_norm"),
          ("tiny-gemma2", "attn_softcap"), ("tiny-gemma2", "logit_softcap"),
-         ("tiny-gemma2", "sliding_window")]
+         ("tiny-gemma2", "sliding_window"), ("tiny-phi3-long", "rope_scaling")]
 
 
 def _plain(cfg, feature):
@@ -181,3 +185,63 @@ def test_tekken_pre_tokenizer_gives_llamacpp_ids(tmp_path):
     meta["tokenizer.ggml.pre"] = "tekken"
     m = load_model(write_small(tmp_path / "tekken.gguf", meta, tensors))
     assert Tokenizer.from_metadata(m.metadata).encode(g["text"], parse_special=True) == g["ids"]
+
+
+# phi3's long-context RoPE (Phi-3-mini-128k, Phi-3.5-mini): llama.cpp's two runs of the one file
+# (tests/families_data.CTX_GOLDEN): at the model's context (4096 > the original 512: the long
+# factors, what minfer's loader picks) and at -c 512 (the short ones: for_context(512))
+PHI3_LONG = {"tiny-phi3-long": None, "tiny-phi3-long@512": 512}
+
+
+def _phi3_long(family_files, n_ctx):
+    from minfer.gguf.loader import load_model
+
+    m = load_model(family_files["tiny-phi3-long"])
+    if n_ctx is not None:
+        object.__setattr__(m, "config", m.config.for_context(n_ctx))
+    return m
+
+
+@pytest.mark.parametrize("golden", list(PHI3_LONG))
+def test_phi3_long_and_short_factors_match_llamacpp(family_files, golden, report):
+    """The factor set llama.cpp picks for its context (long past the original context, short up
+    to it) and the attention factor: logits within the tolerance, greedy tie-aware identical."""
+    from minfer import engine
+    from minfer.reference.forward import ReferenceBackend
+    from minfer.tools.gates import compare_greedy, tau_from
+
+    g, want = _golden(golden)
+    assert CTX_GOLDEN.get(golden, ("tiny-phi3-long", None))[1] == PHI3_LONG[golden]
+    m = _phi3_long(family_files, PHI3_LONG[golden])
+    sc = m.config.rope_scaling
+    assert sc.longrope_long == (PHI3_LONG[golden] is None)
+    assert sc.freq_factors == sc.longrope[0 if sc.longrope_long else 1]
+    assert sc.attn_factor == pytest.approx(float(np.sqrt(1 + np.log(8) / np.log(512))), 1e-7)
+    err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
+    assert err <= TOL, f"{golden}: max |dlogit| {err:.4f} vs llama.cpp > {TOL}"
+    res = engine.run(ReferenceBackend(m), g["ids"], n_greedy=32, warmup=False)
+    v = compare_greedy(res.greedy_ids, g["greedy"], g["margins"],
+                       tau_from(res.last_logits, want[-1]))
+    assert v.ok, f"{golden}: {v.describe()}"
+    report(f"family {golden} ({sc.describe()}): max |dlogit| {err:.4f}, greedy {v.describe()}")
+
+
+@pytest.mark.parametrize("golden", list(PHI3_LONG))
+@pytest.mark.parametrize("change", ["no factors", "no attn factor", "other factors"])
+def test_phi3_long_rope_parts_are_caught(family_files, golden, change):
+    """Each part of phi3's long-context RoPE moves the logits past 10x the tolerance: the
+    factors dropped (attention factor kept), the attention factor dropped (factors kept), the
+    other factor set (long for short, short for long)."""
+    g, want = _golden(golden)
+    m = _phi3_long(family_files, PHI3_LONG[golden])
+    sc = m.config.rope_scaling
+    if change == "no factors":
+        sc = replace(sc, freq_factors=None, longrope=None)
+    elif change == "no attn factor":
+        sc = replace(sc, attn_factor=1.0)
+    else:
+        sc = sc.for_context(512 if sc.longrope_long else 4096)
+        assert sc.freq_factors != m.config.rope_scaling.freq_factors
+    object.__setattr__(m, "config", replace(m.config, rope_scaling=sc))
+    err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
+    assert err > 10 * TOL, f"{golden} with {change}: only {err:.4f} off llama.cpp"

@@ -13,7 +13,7 @@ with `python tests/test_fuzz_families.py --case N [DIR]`):
   struct  test_fuzz_gguf.mutate: truncations, bit flips, aimed rewrites of counts, lengths,
           types, dims and offsets, byte overwrites, inserted/deleted spans, splices
   data    NaN / inf / huge / tiny / zero / negative values written into a tensor's data: F32
-          elements (norms, biases, rope_freqs.weight), F16 elements, a Q8_0 block's f16 scale
+          elements (norms, biases, rope_freqs / rope_factors_*.weight), F16 elements, a Q8_0 block's f16 scale
           or its int8s; one element, the prompt's embedding rows, or the whole tensor; or a
           tensor retyped to a type of the same size (F16 -> BF16 / I16, F32 -> I32)
   meta    1-3 of the family's own keys (head counts, key/value length, RoPE base, dimension
@@ -298,6 +298,9 @@ _F16_SPECIAL = [0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE00, 0x7BFF, 0xFBFF, 0x0000, 
 _SAME_SIZE = {1: (30, 30, 30, 17), 0: (26,)}
 
 
+_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+
+
 def mutate_data(buf: bytearray, seed, rng: random.Random, retype: dict) -> str:
     """A special value written into one tensor's data, in place (or, 1 time in 10, the tensor
     retyped in `retype`) -> what was done."""
@@ -307,11 +310,13 @@ def mutate_data(buf: bytearray, seed, rng: random.Random, retype: dict) -> str:
         t = rng.choice([t for t in ts if t.qtype in _SAME_SIZE])
         retype[t.name] = rng.choice(_SAME_SIZE[t.qtype])
         return f"{t.name} type {t.qtype} -> {retype[t.name]}"
-    # rope_freqs and the embedding rows of the prompt are the aimed targets
+    # RoPE factors (rope_freqs, phi3's rope_factors_long / _short) and the embedding rows of
+    # the prompt are the aimed targets
     names = [t.name for t in ts]
     r = rng.random()
-    if r < 0.12 and "rope_freqs.weight" in names:
-        t = ts[names.index("rope_freqs.weight")]
+    factors = [n for n in names if n in _FACTORS]
+    if r < 0.12 and factors:
+        t = ts[names.index(rng.choice(factors))]
     elif r < 0.3:
         t = ts[names.index("token_embd.weight")]
     else:
@@ -612,6 +617,7 @@ def test_seeds_cover_every_family_and_rebuild(seed_dir, monkeypatch):
     names = {s["preset"]: {t.name for t in s["layout"].tensors} for s in seeds}
     assert "rope_freqs.weight" in names["tiny-llama3"]
     assert "blk.0.attn_qkv.weight" in names["tiny-phi3"]
+    assert "rope_factors_long.weight" in names["tiny-phi3-long"]
 
 
 def test_cases_are_seeded(seed_dir):

@@ -84,7 +84,9 @@ EXTRA_TENSORS = {
     "qwen3": {},
     "gemma2": {},  # post_attention_norm / post_ffw_norm are in the loader's set
     "gemma3": {},  # post_attention_norm / post_ffw_norm and q/k norms are in the loader's set
-    "phi3": {},    # attn_qkv and the 2-ff ffn_up are split into the llama set by the loader
+    # attn_qkv and the 2-ff ffn_up are split into the llama set by the loader
+    "phi3": {"rope_factors_long.weight": "the long-context RoPE factors (Phi-3 128k, 3.5)",
+             "rope_factors_short.weight": "the short-context RoPE factors (Phi-3 128k, 3.5)"},
 }
 
 

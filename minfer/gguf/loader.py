@@ -53,6 +53,9 @@ class RopeScaling:
     kind: "none" (or "linear" with factor 1: plain), "linear" (positions / factor), "yarn";
     the llama3 factors (rope_freqs.weight) combine with any kind. freq_factors: [rope_dim/2]
     f32 values dividing each pair's angle. attn_factor: ggml's mscale, multiplying cos and sin.
+    longrope: phi3's (long, short) factors (rope_factors_long / _short.weight); freq_factors
+    then holds the pair llama_model::get_rope_factors picks for the context `longrope_ctx`
+    (for_context: long when that context, padded to 256, exceeds n_ctx_orig).
     """
 
     kind: str = "none"
@@ -63,22 +66,54 @@ class RopeScaling:
     beta_slow: float = 1.0
     n_ctx_orig: int = 0
     freq_factors: tuple[float, ...] | None = None
+    longrope: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    longrope_ctx: int = 0
 
     @property
     def plain(self) -> bool:
         return (self.freq_scale == 1.0 and self.ext_factor == 0.0 and self.attn_factor == 1.0
                 and self.freq_factors is None)
 
+    @property
+    def longrope_long(self) -> bool:
+        """phi3: the long factors are the ones in use (False: the short ones, or none)."""
+        return self.longrope is not None and uses_long_factors(self.longrope_ctx,
+                                                               self.n_ctx_orig)
+
+    def for_context(self, n_ctx: int) -> RopeScaling:
+        """The scaling of a run whose context (llama.cpp's n_ctx, one sequence) is n_ctx: phi3's
+        long or short factors as llama_model::get_rope_factors chooses them; the rest as is."""
+        if self.longrope is None:
+            return self
+        long = uses_long_factors(n_ctx, self.n_ctx_orig)
+        return replace(self, freq_factors=self.longrope[0 if long else 1], longrope_ctx=n_ctx)
+
     def describe(self) -> str:
         """'' for plain RoPE, else a few words: 'rope llama3 factors', 'rope yarn x4', ..."""
         if self.plain:
             return ""
         parts = []
-        if self.freq_factors is not None:
+        if self.longrope is not None:
+            parts.append(f"longrope {'long' if self.longrope_long else 'short'} factors "
+                         f"(context {self.longrope_ctx} vs {self.n_ctx_orig})")
+        elif self.freq_factors is not None:
             parts.append("llama3 factors")
         if self.freq_scale != 1.0 or self.ext_factor:
             parts.append(f"{self.kind} x{1.0 / self.freq_scale:g}")
+        if self.longrope is not None and self.attn_factor != 1.0:
+            parts.append(f"attn factor {self.attn_factor:.4g}")
         return "rope " + ", ".join(parts)
+
+
+# llama_context pads the context to 256 (GGML_PAD(n_ctx, 256)); with one sequence n_ctx_seq is
+# that padded context
+CTX_PAD = 256
+
+
+def uses_long_factors(n_ctx: int, n_ctx_orig: int) -> bool:
+    """llama_model::get_rope_factors: phi3's long factors when n_ctx_seq > n_ctx_orig_yarn,
+    n_ctx_seq being the context padded to 256 (one sequence); else the short ones."""
+    return -(-n_ctx // CTX_PAD) * CTX_PAD > n_ctx_orig
 
 
 @dataclass(frozen=True)
@@ -115,6 +150,13 @@ class ModelConfig:
     logit_softcap: float = 0.0  # 0: none; else logits = cap * tanh(logits / cap)
     attn_softcap: float = 0.0  # 0: none; else attention scores = cap * tanh(scores / cap)
     # before the mask and softmax (gemma2: attn_logit_softcapping)
+
+    def for_context(self, n_ctx: int) -> ModelConfig:
+        """The config of a run with context n_ctx (llama.cpp's -c): phi3's long / short RoPE
+        factors chosen for it (RopeScaling.for_context); everything else the same. The loader
+        chooses for the model's own context_length (llama.cpp's -c 0)."""
+        sc = self.rope_scaling.for_context(n_ctx)
+        return self if sc is self.rope_scaling else replace(self, rope_scaling=sc)
 
     def is_local(self, il: int) -> bool:
         """Layer il attends within the sliding window (llama.cpp hparams.is_swa)."""
@@ -411,16 +453,36 @@ class GGUFModel:
             attn = attn * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fac)))
         attn = f32(attn * f32(self._float(f"{a}.rope.scaling.attn_factor", 1.0)))
         n_orig = self._int(f"{a}.rope.scaling.original_context_length", n_ctx)
-        return RopeScaling(kind=kind, freq_scale=float(freq_scale), ext_factor=ext,
-                           attn_factor=float(attn), n_ctx_orig=n_orig,
-                           freq_factors=self._freq_factors(rope_dim))
+        sc = RopeScaling(kind=kind, freq_scale=float(freq_scale), ext_factor=ext,
+                         attn_factor=float(attn), n_ctx_orig=n_orig,
+                         freq_factors=self._freq_factors(rope_dim),
+                         longrope=self._longrope(a, rope_dim))
+        return sc.for_context(n_ctx)
+
+    def _longrope(self, a: str, rope_dim: int
+                  ) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """phi3's rope_factors_long / rope_factors_short.weight (Phi-3-mini-128k, Phi-3.5-mini:
+        HF's longrope long_factor / short_factor, written by convert_hf_to_gguf.py), both or
+        neither. Another architecture's graph has no place for them: arch_keys refuses them."""
+        names = ("rope_factors_long.weight", "rope_factors_short.weight")
+        have = [n in self.tensors for n in names]
+        if a != "phi3" or not any(have):
+            return None
+        if not all(have):
+            one, other = (names[0], names[1]) if have[0] else (names[1], names[0])
+            raise BadModel(f"{self.path}: tensor {one!r} without {other!r} (phi3's long-context "
+                           "RoPE factors come as a pair)")
+        return self._factors(names[0], rope_dim), self._factors(names[1], rope_dim)
 
     def _freq_factors(self, rope_dim: int) -> tuple[float, ...] | None:
         """rope_freqs.weight (the llama3 factors): f32 [rope_dim/2], finite and > 0."""
-        t = self.tensors.get("rope_freqs.weight")
-        if t is None:
+        if "rope_freqs.weight" not in self.tensors:
             return None
-        name = "rope_freqs.weight"
+        return self._factors("rope_freqs.weight", rope_dim)
+
+    def _factors(self, name: str, rope_dim: int) -> tuple[float, ...]:
+        """A RoPE frequency-factor tensor: f32 [rope_dim/2], finite and > 0."""
+        t = self.tensors[name]
         if t.qtype != 0 or t.shape != (rope_dim // 2,):
             raise BadModel(f"{self.path}: tensor {name!r} is {t.type_name} {list(t.shape)}, "
                            f"expected F32 [{rope_dim // 2}] (rope.dimension_count / 2)")

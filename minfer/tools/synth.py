@@ -61,7 +61,9 @@ class SynthShape:
     n_ctx: int = 8192
     # RoPE scaling as converters write it: "llama3" (rope_freqs.weight from HF's llama3 rule,
     # low/high frequency factors 1 and 4), "linear" or "yarn" (rope.scaling.* keys); factor and
-    # the original context it stretches
+    # the original context it stretches; "longrope" (phi3: Phi-3-mini-128k / Phi-3.5-mini's
+    # rope_factors_long / _short.weight and rope.scaling.attn_factor from n_ctx over the
+    # original context, no scaling type: longrope_factors, model_metadata)
     rope_scaling: str = "none"
     rope_factor: float = 1.0
     rope_orig_ctx: int = 8192
@@ -124,6 +126,12 @@ PRESETS: dict[str, SynthShape] = {
                               rope_factor=4.0),
     "tiny-qwen2-yarn": SynthShape("qwen2", 256, 512, 2, 4, 2, qkv_bias=True, n_ctx=4096,
                                   rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=64),
+    # phi3 with Phi-3-mini-128k's long-context RoPE (what convert_hf_to_gguf.py's Phi3MiniModel
+    # writes): rope_factors_long / _short.weight, an original context of 512 in a context of
+    # 4096 (attn_factor sqrt(1 + ln 8 / ln 512)); llama.cpp takes the long factors for a
+    # context past 512 (minfer's default: the model's 4096), the short ones up to 512
+    "tiny-phi3-long": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32,
+                                 rope_scaling="longrope", rope_orig_ctx=512),
     # gemma3 with a window of 32 (a few hundred prompt tokens cross it many times), 6 layers
     # (0-4 local, 5 global: the default pattern), 1 KV head as Gemma 3 270M, head_dim 128 (its
     # 1/sqrt(128) q scale is not a power of two), linear RoPE x8 on the global layer only
@@ -138,7 +146,7 @@ PRESETS: dict[str, SynthShape] = {
                               rms_eps=1e-6, n_ctx=4096, sliding_window=32, attn_softcap=2.0,
                               final_softcap=10.0),
 }
-ROPE_SCALINGS = ("none", "llama3", "linear", "yarn")
+ROPE_SCALINGS = ("none", "llama3", "linear", "yarn", "longrope")
 
 # the --type choices: file types whose mix uses only types minfer.tools.synth_blocks can write
 # (Q4_K, Q6_K, Q5_0, Q8_0, F16); file_type values from minfer.quants.mix.FTYPES
@@ -180,8 +188,11 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
         raise BadInput(f"unknown --type {ftype!r} (choose from {', '.join(FTYPES)})")
     s = shape
     hd = s.hd
-    items: list[tuple[str, tuple[int, ...], str]] = [
-        ("token_embd.weight", (s.vocab, s.d_model), "weight")]
+    items: list[tuple[str, tuple[int, ...], str]] = []
+    if s.rope_scaling == "longrope":  # the converter's generate_extra_tensors: first
+        items += [("rope_factors_long.weight", (hd // 2,), "rope_long"),
+                  ("rope_factors_short.weight", (hd // 2,), "rope_short")]
+    items.append(("token_embd.weight", (s.vocab, s.d_model), "weight"))
     for i in range(s.n_layers):
         p = f"blk.{i}."
         items.append((p + "attn_norm.weight", (s.d_model,), "norm"))
@@ -244,6 +255,25 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float, orig_ctx: int
     return np.asarray(out, dtype=np.float32)
 
 
+def longrope_factors(n: int, long: bool, scale: float) -> np.ndarray:
+    """rope_factors_long / _short.weight f32 [n] (HF's long_factor / short_factor): made-up
+    values of the real ones' form, rising with the pair index (the slow pairs stretched most):
+    long from 1 to 2 x scale (Phi-3-mini-128k's: 1.03 .. 64 for a scale of 32), short from 1 to
+    1.5."""
+    x = np.arange(n, dtype=np.float64) / max(n - 1, 1)
+    top = 2.0 * scale if long else 1.5
+    return (top ** (x * x)).astype(np.float32)
+
+
+def longrope_attn_factor(n_ctx: int, orig_ctx: int) -> float:
+    """convert_hf_to_gguf.py's Phi3MiniModel: sqrt(1 + ln(scale) / ln(orig)) for scale =
+    max_position_embeddings / original_max_position_embeddings > 1, else 1."""
+    import math
+
+    scale = n_ctx / orig_ctx
+    return math.sqrt(1 + math.log(scale) / math.log(orig_ctx)) if scale > 1.0 else 1.0
+
+
 def make_tensor(plan: TensorPlan, seed: int, index: int,
                 shape: SynthShape | None = None) -> np.ndarray:
     """The data of one tensor: seeded by (seed, index) alone, so any worker can make it."""
@@ -252,6 +282,9 @@ def make_tensor(plan: TensorPlan, seed: int, index: int,
     if plan.kind == "rope_freqs":
         return llama3_rope_factors(2 * plan.shape[0], shape.rope_base, shape.rope_factor,
                                    shape.rope_orig_ctx)
+    if plan.kind in ("rope_long", "rope_short"):
+        return longrope_factors(plan.shape[0], plan.kind == "rope_long",
+                                shape.n_ctx / shape.rope_orig_ctx)
     rng = np.random.default_rng([seed, index])
     if plan.kind == "norm":
         return rng.uniform(0.9, 1.1, plan.shape).astype(np.float32)
@@ -403,6 +436,12 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
                 f"{a}.rope.scaling.factor": f32(shape.rope_factor)}
         if shape.rope_scaling == "yarn":
             rope[f"{a}.rope.scaling.original_context_length"] = u32(shape.rope_orig_ctx)
+    elif shape.rope_scaling == "longrope":  # Phi3MiniModel: no type, no factor
+        if a != "phi3":
+            raise BadInput(f"longrope RoPE factors are phi3's, not {a}'s")
+        rope = {f"{a}.rope.scaling.original_context_length": u32(shape.rope_orig_ctx),
+                f"{a}.rope.scaling.attn_factor": f32(longrope_attn_factor(
+                    shape.n_ctx, shape.rope_orig_ctx))}
     kv = {f"{a}.attention.key_length": u32(hd), f"{a}.attention.value_length": u32(hd)}
     common = {
         "general.name": gguf.GGUFValue(name, V.STRING),
