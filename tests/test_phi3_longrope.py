@@ -157,3 +157,25 @@ def test_synth_preset_writes_what_the_converter_writes(tmp_path):
     assert not any(k in kv for k in ("phi3.rope.scaling.type", "phi3.rope.scaling.factor"))
     assert [(t.name, t.qtype, t.shape) for t in h.tensors[:2]] == [(LONG, 0, (32,)),
                                                                   (SHORT, 0, (32,))]
+
+
+def test_prefill_and_perplexity_choose_for_their_context(tmp_path):
+    """-c picks the factors as llama.cpp's -c does: prefill's model line and its numbers
+    follow it (context 1024 over an original 256: long; -c 256: short)."""
+    import json
+
+    from cli_inproc import run_cli
+
+    path = str(_write(tmp_path / "l.gguf"))
+    runs = {}
+    for c in ("0", "256"):
+        code, out, err = run_cli(["prefill", "-m", path, "--backend", "cpu", "-p", "abc",
+                                  "-n", "4", "-c", c])
+        assert code == 0, err
+        runs[c] = out
+    assert "long factors (context 1024" in runs["0"]
+    assert "short factors (context 256" in runs["256"]
+    code, out, err = run_cli(["perplexity", "-m", path, "--backend", "cpu", "-c", "64",
+                              "--chunks", "1", "--json"])
+    assert code == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["ppl"] > 0

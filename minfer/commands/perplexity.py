@@ -144,6 +144,7 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, lc_path
     model = load_model(model_path)
     if ctx > model.config.n_ctx:
         raise BadInput(f"--ctx {ctx} exceeds the model's context of {model.config.n_ctx}")
+    model.config = model.config.for_context(ctx)   # phi3: llama-perplexity's -c picks the factors
     tok = Tokenizer.from_metadata(model.metadata)
     if lbase is None:
         ids = np.asarray(tok.encode(text), np.int32)  # BOS first when the model adds it

@@ -228,6 +228,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
         from minfer.commands.prefill_batch import run_prompts
 
         n_ctx = context_size(ctx_size, model.config.n_ctx, 0, 0)
+        model.config = model.config.for_context(n_ctx)   # phi3: long or short RoPE factors
         return run_prompts(path=prompts_path, fmt=prompts_format, out=output, model=model,
                            kind=kind, why=why, choice=choice if kind == "cuda" else None,
                            chat=chat, system=system, special=special, n_predict=n_greedy,
@@ -240,6 +241,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     chat, ids = prompt_ids(model.metadata, tok, text, chat, system, special)
     until_end = n_greedy < 0   # -n -1: until EOS or the end of the context, as llama.cpp
     n_ctx = context_size(ctx_size, model.config.n_ctx, len(ids), 0 if until_end else n_greedy)
+    model.config = model.config.for_context(n_ctx)   # phi3: long or short RoPE factors, as -c
     if until_end:
         n_greedy = max(n_ctx - len(ids), 0)
         stop_at_eos = True if stop_at_eos is None else stop_at_eos
