@@ -48,12 +48,12 @@ from minfer.cli import main; main(['prefill', '--backend', 'cuda', '-m', '$REPO/
 if [ "$MODE" = gates ]; then
   MINFER_TEST_MODEL=$S step tests 280 python3 -m pytest -q -rfEs tests/gpu
   step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
-  step check 150 $M check -m /tmp/slice-q4km.gguf
+  step check 220 $M check -m /tmp/slice-q4km.gguf
   installed_check
   echo; echo "################ SUMMARY gates ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
-  echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -24
+  echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -34
   echo "--- installed (cwd /tmp, PYTHONPATH=/tmp/x only)"; grep -vE "^\s*$" "$OUT/installed.log" | tail -9
   exit 0
 fi
