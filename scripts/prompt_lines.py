@@ -1,4 +1,4 @@
-"""Write N plain-text prompts, one a line (5 to 120 pseudo-random words each, seeded), for
+"""Write N plain-text prompts, one a line (3 to 60 pseudo-random words each, seeded), for
 `minfer prefill --prompts FILE --prompts-format lines`. Usage: prompt_lines.py N OUT"""
 
 import random
@@ -10,4 +10,4 @@ words = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "su", "ta", "ro", "vi") for
          ("", "n", "ri", "to", "lem", "sa", "dor", "quin", "pe", "mo")]
 with open(out, "w") as f:
     for _ in range(n):
-        f.write(" ".join(r.choice(words) for _ in range(r.randint(5, 120))) + "\n")
+        f.write(" ".join(r.choice(words) for _ in range(r.randint(3, 60))) + "\n")
