@@ -20,6 +20,8 @@
 #          after the other (FAMILY_PRESETS to choose).
 #   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
 #          block) and f16's gate|up; the installed wheel's check (as gates).
+#   packed: the packed layout's GPU tests (attention, rope, backend, graphs, blk) and the first
+#          batch figures (256 x 128 on f16 and blk, a shared prefix, decode of 64), one call.
 #   batch: many prompts on an 8B-shape synth model: bench --batch (256 x 128, 1024 x 32, 2000
 #          log-uniform 16..2048, a 1024-token shared prefix with and without sharing, decode of
 #          64 sequences) and a 10,000-prompt file end to end (peak host and GPU memory).
@@ -79,6 +81,23 @@ if [ "$MODE" = refactor ]; then   # a restructure's before / after (.old/: the e
   for m in slice-q4km l8b2; do echo "--- logits old vs new: $m"; cat "$OUT/cmp_$m.txt"; done
   echo "--- check"; grep -E "FAIL|PASS|/32 \|" "$OUT/check.log" | tail -12
   for t in new old new2; do echo "--- bench $t"; grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
+  exit 0
+fi
+
+if [ "$MODE" = packed ]; then   # one call for the packed layout: its GPU tests, then the first figures
+  MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs tests/gpu/test_packed.py \
+    tests/gpu/test_attention.py tests/gpu/test_fused_layers.py tests/gpu/test_f16_rope.py \
+    tests/gpu/test_backend.py tests/gpu/test_backend_graphs.py tests/gpu/test_blk_device.py
+  step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  B="$M bench -m /tmp/s8b.gguf --no-breakdown"
+  step b256x128 100 $B --batch 256 --tokens 128 --repeats 2 --ab f16 blk
+  step bprefix 70 $B --batch 256 --tokens 64 --shared-prefix 1024 --repeats 1
+  step bdecode 60 $B --batch 64 --tokens 128 -n 65 --repeats 1
+  echo; echo "################ SUMMARY packed ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
+  grep -E "^(FAILED|ERROR)|packed GPU vs CPU" "$OUT/tests.log" | head -16
+  for f in b256x128 bprefix bdecode; do echo "--- $f"; grep -E "^\| |rror|prompts," \
+    "$OUT/$f.log" | grep -v "| ---"; done
   exit 0
 fi
 
