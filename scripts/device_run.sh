@@ -85,7 +85,7 @@ if [ "$MODE" = refactor ]; then   # a restructure's before / after (.old/: the e
 fi
 
 if [ "$MODE" = packed ]; then   # one call for the packed layout: its GPU tests, then the first figures
-  MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs tests/gpu/test_packed.py \
+  MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -s -rfEs tests/gpu/test_packed.py \
     tests/gpu/test_attention.py tests/gpu/test_fused_layers.py tests/gpu/test_f16_rope.py \
     tests/gpu/test_backend.py tests/gpu/test_backend_graphs.py tests/gpu/test_blk_device.py
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
