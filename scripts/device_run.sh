@@ -101,6 +101,22 @@ if [ "$MODE" = packed ]; then   # one call for the packed layout: its GPU tests,
   exit 0
 fi
 
+if [ "$MODE" = packed2 ]; then   # the packed backend test, check's batch rows, the other targets
+  MINFER_TEST_MODEL=$S step tests 60 python3 -m pytest -q -s -rfEs tests/gpu/test_packed.py
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
+  step checkb 150 $M check -m /tmp/slice-q4km.gguf --identity-only
+  [ -f /tmp/s8b.gguf ] || step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  B="$M bench -m /tmp/s8b.gguf --no-breakdown"
+  step b1024x32 60 $B --batch 1024 --tokens 32 --repeats 2 --ab f16 blk
+  step blogu 100 $B --batch 2000 --log-uniform 16:2048 --repeats 1
+  echo; echo "################ SUMMARY packed2 ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  grep -E "passed|failed|^FAILED|packed vs alone|packed GPU" "$OUT/tests.log" | head -8
+  echo "--- check"; grep -E "FAIL|PASS|exact|/32|/11" "$OUT/checkb.log" | tail -24
+  for f in b1024x32 blogu; do echo "--- $f"; grep -E "^\| |rror|prompts," \
+    "$OUT/$f.log" | grep -v "| ---"; done
+  exit 0
+fi
+
 if [ "$MODE" = batch ]; then   # many prompts (issue 34): packed prefill, shared prefixes, decode
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
