@@ -3,11 +3,9 @@ batch of `minfer check`, per GEMM path; and the lone run's logits at a decode st
 batched forward of the same tokens at M = 1, 16. Usage: probe_decode.py MODEL PATH..."""
 import sys
 
-import numpy as np
-
 from minfer import engine
 from minfer.batch.api import Engine
-from minfer.commands.check import batch_prompts
+from minfer.commands.check import batch_prompts, decode_gap
 from minfer.cuda.plan.config import GemmChoice
 from minfer.gguf.loader import load_model
 
@@ -25,18 +23,6 @@ for path in sys.argv[2:]:
         k = lambda a, b: next((j for j in range(32) if a[j] != b[j]), 32)  # noqa: E731
         print(f"{path} prompt {i}: batch==lone through {k(f, l_)}, one-batch==lone through "
               f"{k(o, l_)}, batch==one-batch through {k(f, o)}")
-        # one decode token at M = 1 (forward) vs in a packed call padded to 16 rows
-        seq = np.concatenate([ps[i], np.array(l_[:5], np.int32)])
-        be = eng.backend
-        be.reset()
-        be.forward(seq[:-1], 0)
-        a = be.forward(seq[-1:], len(seq) - 1)
-        be.reset()
-        be.forward(seq[:-1], 0)
-        tok = np.array([[len(seq) - 1, 0]] * 16, np.int32)
-        st = be.packed(np.repeat(seq[-1:], 16), tok, np.array([0]), np.array([-1]))
-        m = a.max()
-        lse = m + np.log(np.exp(a - m).sum())
-        print(f"   decode token: M=1 argmax {a.argmax()} lse {lse:.5f} | packed M=16 argmax "
-              f"{int(st[0, 0])} lse {st[0, 3]:.5f}")
+        gap = decode_gap(eng.backend, ps[i], l_[:5], 16)   # a decode step, M = 1 vs 16
+        print(f"   decode step: |d logsumexp|, |d top logit| at M = 1 vs 16: {gap:.5f}")
     del eng

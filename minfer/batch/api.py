@@ -68,8 +68,7 @@ class Engine:
         self.kind = str(backend).lower()
         if self.kind not in ("cuda", "cpu"):
             raise BadInput(f"backend {backend!r}: expected cuda or cpu")
-        if self.kind == "cpu" and gemm not in (None, "auto") and not getattr(gemm, "path",
-                                                                             "") == "auto":
+        if self.kind == "cpu" and getattr(gemm, "path", gemm) not in (None, "auto"):
             raise BadInput(f"gemm {gemm!r} is a GPU path; the cpu backend runs the reference")
         if dtype not in (None, "f32", "f64") or (dtype and self.kind != "cpu"):
             raise BadInput(f"dtype {dtype!r}: f32 or f64, on the cpu backend only")

@@ -37,6 +37,7 @@ import numpy as np
 
 from minfer.commands.gemm_flags import gemm_options
 from minfer.host.threads import threads_option
+from minfer.reference import ops
 
 QNAME = {12: "q4_K", 14: "q6_K"}
 PARITY_TOL = 1e-3
@@ -250,14 +251,14 @@ def decode_gap(be, ids, first, m: int) -> float:
     seq = np.concatenate([np.asarray(ids, np.int32), np.asarray(first, np.int32)])
     be.reset()
     be.forward(seq[:-1], 0)
-    a = be.forward(seq[-1:], len(seq) - 1).astype(np.float64)
+    a = be.forward(seq[-1:], len(seq) - 1)
     t = int(a.argmax())
-    lse = a.max() + np.log(np.exp(a - a.max()).sum())
+    lse = float(ops.row_stats(a[None], np.array([t], np.int32))[0, 3])
     be.reset()
     be.forward(seq[:-1], 0)
     tok = np.array([[len(seq) - 1, 0]] * m, np.int32)
     st = be.packed(np.repeat(seq[-1:], m), tok, np.array([0]), np.array([t]))
-    return max(abs(float(st[0, 3]) - lse), abs(float(st[0, 2] + st[0, 3]) - a[t]))
+    return max(abs(float(st[0, 3]) - lse), abs(float(st[0, 2] + st[0, 3]) - float(a[t])))
 
 
 def batch_rows(model, echo=click.echo, paths=None, ub: int = 64, n_greedy: int = 32):
@@ -286,11 +287,8 @@ def batch_rows(model, echo=click.echo, paths=None, ub: int = 64, n_greedy: int =
             m_dec = bucket_of(len(prompts))
             for i, ids in enumerate(prompts):
                 alone.append(engine.run(be, ids, n_greedy, ub, warmup=False))
-                if len(ids) > 1:
-                    lg = be.window_logits(ids, 0)[:-1].astype(np.float64)
-                    m = lg.max(1, keepdims=True)
-                    lse = m[:, 0] + np.log(np.exp(lg - m).sum(1))
-                    ref = lg[np.arange(len(ids) - 1), ids[1:]] - lse
+                if len(ids) > 1:   # every prompt row's log-prob, alone (the numpy twin's)
+                    ref = ops.row_stats(be.window_logits(ids, 0)[:-1], ids[1:])[:, 2]
                     dlp = max(dlp, float(np.abs(got[i].logprobs - ref).max()))
                 dlp = max(dlp, decode_gap(be, ids, alone[-1].greedy_ids[:1], m_dec))
             tau = max(2 * dlp, 1e-3)
