@@ -22,9 +22,9 @@
 #          block) and f16's gate|up; the installed wheel's check (as gates).
 #   packed: the packed layout's GPU tests (attention, rope, backend, graphs, blk) and the first
 #          batch figures (256 x 128 on f16 and blk, a shared prefix, decode of 64), one call.
-#   batch: many prompts on an 8B-shape synth model: bench --batch (256 x 128, 1024 x 32, 2000
-#          log-uniform 16..2048, a 1024-token shared prefix with and without sharing, decode of
-#          64 sequences) and a 10,000-prompt file end to end (peak host and GPU memory).
+#   batch: many prompts on an 8B-shape synth model: the attention and packed GPU tests, decode
+#          of 64 sequences, a 10,000-prompt file end to end (peak host and GPU memory), bench
+#          --batch 256 x 128 on f16 and blk (packed2 has 1024 x 32 and the log-uniform file).
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -117,21 +117,22 @@ if [ "$MODE" = packed2 ]; then   # the packed backend test, check's batch rows, 
   exit 0
 fi
 
-if [ "$MODE" = batch ]; then   # many prompts (issue 34): packed prefill, shared prefixes, decode
+if [ "$MODE" = batch ]; then   # many prompts (issue 34): decode steps, a 10,000-prompt file, packed prefill
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
+  MINFER_TEST_MODEL=$S step tests 150 python3 -m pytest -q -rfEs tests/gpu/test_attention.py \
+    tests/gpu/test_packed.py
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   B="$M bench -m /tmp/s8b.gguf --no-breakdown"
-  step b256x128 110 $B --batch 256 --tokens 128 --repeats 3 --ab f16 blk
-  step b1024x32 100 $B --batch 1024 --tokens 32 --repeats 3 --ab f16 blk
-  step blogu 120 $B --batch 2000 --log-uniform 16:2048 --repeats 2
-  step bprefix 100 $B --batch 256 --tokens 64 --shared-prefix 1024 --repeats 2
-  step bdecode 80 $B --batch 64 --tokens 128 -n 65 --repeats 2
+  step bdecode 90 $B --batch 64 --tokens 128 -n 65 --repeats 2
   python3 scripts/prompt_lines.py 10000 /tmp/p10k.txt
   step file10k 150 python3 scripts/peak_rss.py $M prefill -m /tmp/s8b.gguf --prompts /tmp/p10k.txt \
     --prompts-format lines -n 8 -o /tmp/o10k.jsonl
+  step b256x128 100 $B --batch 256 --tokens 128 --repeats 2 --ab f16 blk
   kill $(jobs -p) 2>/dev/null
   echo; echo "################ SUMMARY batch ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  for f in b256x128 b1024x32 blogu bprefix bdecode; do echo "--- $f"; grep -E "^\| |rror|^model|prompts," \
+  echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
+  for f in bdecode b256x128; do echo "--- $f"; grep -E "^\| |rror|^model|prompts,|decode" \
     "$OUT/$f.log" | grep -v "| ---"; done
   echo "--- file10k"; grep -vE "^\s*$" "$OUT/file10k.log" | tail -9; wc -l /tmp/o10k.jsonl; head -c 300 /tmp/o10k.jsonl
   echo; echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"

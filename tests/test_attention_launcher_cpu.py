@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from minfer.cuda.ops.attention import WG_ROWS, pick_impl, wg_smem_bytes
+import numpy as np
+
+from minfer.cuda.ops.attention import WG_ROWS, per_token_pays, pick_impl, wg_smem_bytes
 
 H200 = SimpleNamespace(arch="sm_90", smem_optin=232448)
 ADA = SimpleNamespace(arch="sm_89", smem_optin=101376)
@@ -28,3 +30,18 @@ def test_pick_impl():
     assert pick_impl(H200, 2048, 1, 64) == "wg"
     assert pick_impl(ADA, 2048, 4, 128) == "mma"
     assert pick_impl(SimpleNamespace(arch="sm_90", smem_optin=200 * 1024), 512, 4, 128) == "mma"
+
+
+def test_per_token_for_decode_layouts():
+    """attention_tok.cu for a decode step's layout (at most 2 tokens per sequence on average,
+    padding rows repeated), on any GPU; never for a prefill chunk of a few long runs."""
+    decode = np.array([(5, 0), (130, 128), (300, 256), (300, 256)], np.int32)
+    assert per_token_pays(decode)
+    assert per_token_pays(np.array([(7, 0)], np.int32))            # one sequence's decode
+    assert per_token_pays(np.array([(0, 0), (1, 0)], np.int32))
+    assert not per_token_pays(np.array([(p, 0) for p in range(3)], np.int32))
+    chunk = np.array([(p, 0) for p in range(40)] + [(128 + p, 128) for p in range(9)], np.int32)
+    assert not per_token_pays(chunk)
+    assert not per_token_pays(np.zeros((0, 2), np.int32))
+    for rt in (H200, ADA):
+        assert pick_impl(rt, 64, 4, 128, per_token=True) == "tok"

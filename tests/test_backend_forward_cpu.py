@@ -387,6 +387,15 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
     assert out.shape == (14, 4) and out.dtype == np.float32
     assert entries.count("rmsnorm_rows_f32_f16") == entries.count("row_stats_f32") == 4
     assert "attn_wg_d64" in entries or "attn_fwd_d64" in entries
+    assert "attn_tok_d64" not in entries
+    # a decode step's layout (one token per sequence, the last row repeated as padding): the
+    # one-token-per-block attention in every layer, no tile kernel
+    rt.launches.clear()
+    be.packed(np.array([5, 7, 7], np.int32), np.array([(5, 0), (137, 128), (137, 128)], np.int32),
+              np.arange(2), np.full(2, -1))
+    entries = [e for _, e in rt.launches]
+    assert entries.count("attn_tok_d64") == tiny.config.n_layers
+    assert not any(e.startswith(("attn_wg", "attn_fwd")) for e in entries)
     D = tiny.config.n_kv_heads * tiny.config.head_dim * 2
     be.copy_kv(128, 256, 9)
     assert len(copies) == 2 * tiny.config.n_layers

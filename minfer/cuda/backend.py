@@ -26,8 +26,10 @@ as one GEMM: fewer launches and a wide N for the small k/v products. Otherwise (
 they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads them.
 Buffers are declared in weights.DeviceBuffers (self.buf). The token layout lives on the
 device (buf.tok: (KV slot, first slot of its sequence) per token; rope_qkv, the rope epilogue
-and attention read it), so every launch of a chunk depends only on (T, last): with `graphs` on (default; MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each (T, last) runs eagerly (kernels
-are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.runtime.graph); every
+and attention read it), so every launch of a chunk depends only on (T, last, per_token: a
+decode step's layout runs the one-token-per-block attention): with `graphs` on (default;
+MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each shape runs
+eagerly (kernels are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.runtime.graph); every
 later chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
 int8 weights: the activation is quantized once per distinct input into one reused scratch
@@ -149,7 +151,7 @@ class CudaBackend:
             graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._head_out = None  # window_logits' [HEAD_ROWS, vocab] f32 logits, made at first use
-        self._graphs: dict[tuple[int, bool], object] = {}
+        self._graphs: dict[tuple[int, bool, bool], object] = {}
         self._packed_seen: dict[int, int] = {}   # packed chunks run, by size
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused, self.glu, self.groups = self.plan.fused, self.plan.glu, self.plan.groups
@@ -350,9 +352,11 @@ class CudaBackend:
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
         T, m, b = ids.shape[0], rows.shape[0], self.buf
         self.n_past = 0   # the single-sequence protocol starts over after a batch
-        seen = self._packed_seen.get(T, 0)   # a graph from a size's second chunk on
-        self._packed_seen[T] = seen + 1
-        self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False, capture=seen > 0)
+        one = attn_mod.per_token_pays(tok)   # a decode step: attention one token per block
+        seen = self._packed_seen.get((T, one), 0)   # a graph from a shape's second chunk on
+        self._packed_seen[(T, one)] = seen + 1
+        self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False, capture=seen > 0,
+                        per_token=one)
         if m == 0:
             return np.empty((0, 4), np.float32)
         R = da.rows
@@ -370,7 +374,7 @@ class CudaBackend:
         bad = m - int(np.count_nonzero(np.isfinite(out[:, 3])))
         if bad:
             hi = int(tok[-1, 0]) + 1
-            where = self._locate(lambda: self.fwd.chunk(T, hi, False))
+            where = self._locate(lambda: self.fwd.chunk(T, hi, False, one))
             raise GPUError(f"non-finite logits from the CUDA path ({bad} of {m} rows of a "
                            f"packed chunk of {T} tokens, slots {int(tok[0, 0])}..{hi - 1}, "
                            f"backend {self.name}; first non-finite: {where}); run `minfer "
@@ -427,32 +431,35 @@ class CudaBackend:
         self._run_chunk(ids, L.tok_layout(pos0, len(ids)), pos0 + len(ids), last)
 
     def _run_chunk(self, ids: np.ndarray, tok: np.ndarray, hi: int, last: bool,
-                   capture: bool = True) -> None:
+                   capture: bool = True, per_token: bool | None = None) -> None:
         """One chunk: ids int32 [T] with their layout tok int32 [T, 2] uploaded, then the
-        chunk's launches (a graph replay after the first of its (T, last)); hi: one past the
-        largest slot (host-side checks). capture False: no graph is recorded for a new shape
-        (a packed batch's odd chunk sizes: one eager run costs less than a capture)."""
+        chunk's launches (a graph replay after the first of its shape (T, last, per_token));
+        hi: one past the largest slot (host-side checks). capture False: no graph is recorded
+        for a new shape (a packed batch's odd chunk sizes: one eager run costs less than a
+        capture). per_token: Forward.chunk's (None: T == 1)."""
         T = len(ids)
+        per_token = T == 1 if per_token is None else bool(per_token)
+        key = (T, bool(last), per_token)
         da.rows(self.buf.ids, 0, T).set(ids)
         da.rows(self.buf.tok, 0, T).set(tok)
         if self.profile is not None:
             self.profile.begin_chunk()
         if self.graphs and self.profile is None:
-            g = self._graphs.get((T, bool(last)))
+            g = self._graphs.get(key)
             if g is not None:
                 g.launch(self.stream)
                 return
             # first sighting: run eagerly (kernels get built and loaded outside any capture),
             # then record the graph for the next chunk of this shape (recording runs nothing)
-            self.fwd.chunk(T, hi, last)
+            self.fwd.chunk(T, hi, last, per_token)
             if capture:
-                self._capture(T, hi, last)
+                self._capture(T, hi, last, per_token)
             return
-        self.fwd.chunk(T, hi, last)
+        self.fwd.chunk(T, hi, last, per_token)
 
-    def _capture(self, T: int, hi: int, last: bool):
-        """Capture Forward.chunk(T, ...) into a graph (cached by (T, last)); None (graphs turned
-        off, one notice) if the driver refuses."""
+    def _capture(self, T: int, hi: int, last: bool, per_token: bool):
+        """Capture Forward.chunk(T, ...) into a graph (cached by (T, last, per_token)); None
+        (graphs turned off, one notice) if the driver refuses."""
         from minfer.cuda.runtime import graph
 
         rt = self.rt
@@ -461,7 +468,7 @@ class CudaBackend:
         rt.synchronize()  # the capture stream syncs with the legacy one: leave it idle first
         rt.stream = self.stream
         try:
-            g = graph.capture(self.stream, lambda: self.fwd.chunk(T, hi, last))
+            g = graph.capture(self.stream, lambda: self.fwd.chunk(T, hi, last, per_token))
         except Exception as e:  # driver refusal (a real input error re-raises eagerly)
             print(f"cuda backend: CUDA graph capture failed ({e}); running without graphs",
                   file=sys.stderr)
@@ -469,6 +476,6 @@ class CudaBackend:
             return None
         finally:
             rt.stream = None
-        self._graphs[(T, bool(last))] = g
+        self._graphs[(T, bool(last), per_token)] = g
         return g
 

@@ -97,7 +97,7 @@ class Forward:
             L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
         return self._quantize(h16, *names)
 
-    def _attn_operand(self, name: str, T: int):
+    def _attn_operand(self, name: str, T: int, per_token: bool):
         """(the array the attention launch writes the input form of GEMM `name` into, that
         form as _quantize's dict) where its epilogue can (Operand.attn, attention.operand_fuses:
         the blk token operand at head_dim 128 on sm_90); else (None, None): the attention
@@ -105,7 +105,8 @@ class Forward:
         k = self.lin[name].operand
         c = self.c
         if (not self.gcfg.on("fused-prepass") or k is None or k.attn is None
-                or not attn_mod.operand_fuses(self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim)):
+                or not attn_mod.operand_fuses(self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim,
+                                              per_token)):
             return None, None
         tt, op = k.attn(self.rt, self.buf, T, c.n_heads * c.head_dim)
         return tt, {k: op}
@@ -159,13 +160,16 @@ class Forward:
         n = int(np.prod(shape))
         return da.reshape(da.rows(flat, start, n), shape)
 
-    def chunk(self, ids_T: int, hi: int, last: bool) -> None:
+    def chunk(self, ids_T: int, hi: int, last: bool, per_token: bool | None = None) -> None:
         """Every launch of one chunk of T tokens (ids and their layout buf.tok, (slot, lo) per
         token, already on the device: the kernels read the positions from it). hi: one past
         the largest KV slot of the layout, for the host-side checks only. last: the chunk ends
-        one sequence whose last row alone goes through the final layer and the LM head."""
+        one sequence whose last row alone goes through the final layer and the LM head.
+        per_token: the layout is a decode step's (attention.per_token_pays: the one-token-per-
+        block attention kernel); None: T == 1 (one sequence's decode)."""
         rt, c, b = self.rt, self.c, self.buf
         T = ids_T
+        per_token = T == 1 if per_token is None else per_token
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         qd, kd = H * D, Hkv * D
         R = da.rows
@@ -206,12 +210,14 @@ class Forward:
             t0, Tq = (T - 1, 1) if final else (0, T)
             xq = R(b.x, t0, Tq)
             a16 = R(b.a16, 0, Tq)
-            tt, aq = self._attn_operand(p + "attn_output.weight", Tq)
+            one = per_token or Tq == 1   # (a last chunk's final layer: its last row alone)
+            tt, aq = self._attn_operand(p + "attn_output.weight", Tq, one)
             with self._op("attention"):
                 da.poison(rt, a16)
                 attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
                                    b.kc[il], b.vc[il], 0, R(b.tok, t0, Tq), hi, operand=tt,
-                                   o_out=tt is None)
+                                   o_out=tt is None,
+                                   impl="tok" if one else None)
             self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output", aq)
             hq = R(b.h16, 0, Tq)
             f16 = R(b.f16, 0, Tq)

@@ -492,18 +492,9 @@ class ReferenceBackend:
         from minfer.host.hostmem import require
 
         require(self.forward_bytes(T, int(pos.max()) + 1), f"the CPU packed forward of {T} tokens")
-        # runs: maximal stretches of consecutive slots of one sequence (one lo)
-        brk = np.flatnonzero((lo[1:] != lo[:-1]) | (slot[1:] != slot[:-1] + 1)) + 1
-        runs = [(int(s), int(e), int(lo[s]), int(pos[s]))
-                for s, e in zip(np.r_[0, brk], np.r_[brk, T])]
 
         def attend(il, q):
-            kw = self._attn_kw(il)
-            K, V = self._k[il], self._v[il]
-            a = np.empty_like(q)
-            for s, e, l0, p0 in runs:
-                a[s:e] = ops.attention(q[s:e], K[l0:], V[l0:], p0, **kw)
-            return a
+            return ops.attention_packed(q, self._k[il], self._v[il], tok, **self._attn_kw(il))
 
         x = self._embed(ids)
         self._check(x, ids, pos, "the embedding (token_embd.weight)", slot)

@@ -264,6 +264,27 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
     return o.transpose(2, 0, 1, 3).reshape(T, Hq, D)
 
 
+def packed_runs(tok: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """The runs of a packed layout tok int [T, 2] of (slot, lo): maximal stretches of
+    consecutive slots of one sequence (one lo) -> (first row, end row, lo, position of the
+    first row). A decode step's padding (a repeated row) starts a run of its own."""
+    slot, lo = tok[:, 0], tok[:, 1]
+    brk = np.flatnonzero((lo[1:] != lo[:-1]) | (slot[1:] != slot[:-1] + 1)) + 1
+    return [(int(s), int(e), int(lo[s]), int(slot[s] - lo[s]))
+            for s, e in zip(np.r_[0, brk], np.r_[brk, len(tok)])]
+
+
+def attention_packed(q: np.ndarray, k: np.ndarray, v: np.ndarray, tok: np.ndarray,
+                     **kw) -> np.ndarray:
+    """attention() over a packed layout (the twin of the GPU kernels with tok): q [T, Hq, D],
+    token t at cache row slot_t = tok[t, 0] of its sequence starting at lo_t = tok[t, 1]
+    (RoPE position slot - lo) sees keys k, v [S, Hkv, D] rows lo_t..slot_t. kw: attention's."""
+    out = np.empty_like(q)
+    for s, e, l0, p0 in packed_runs(tok):
+        out[s:e] = attention(q[s:e], k[l0:], v[l0:], p0, **kw)
+    return out
+
+
 def row_stats(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """Per row i of logits f32 [m, V]: (argmax (the first index on ties) as float, top1 - top2
     (the two largest values, a tie counted twice: margin 0; +inf when V == 1), logits[i,

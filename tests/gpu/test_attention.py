@@ -14,18 +14,18 @@ pytestmark = pytest.mark.gpu
     (1, 0, 4, 4, 64), (5, 0, 9, 3, 64), (77, 0, 9, 3, 64), (64, 0, 8, 2, 128),
     (130, 21, 32, 8, 128), (1, 300, 32, 8, 128), (1, 1000, 9, 3, 64), (257, 100, 4, 1, 128),
     (513, 0, 8, 8, 64)])
-@pytest.mark.parametrize("geom", ["default", "4x64", "wg"])
+@pytest.mark.parametrize("geom", ["default", "4x64", "wg", "tok"])
 def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
-    """attention.cu's default geometry (8 warps x 128 keys) and the earlier 4 x 64, and the
-    wgmma kernel (attention_sm90a.cu, Hopper): ragged T, decode, positions past 0, GQA groups of
-    1-4, rows of a block past T * G."""
+    """attention.cu's default geometry (8 warps x 128 keys) and the earlier 4 x 64, the wgmma
+    kernel (attention_sm90a.cu, Hopper) and the one-token-per-block kernel (attention_tok.cu):
+    ragged T, decode, positions past 0, GQA groups of 1-4, rows of a block past T * G."""
     from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.attention import DEFAULT, AttnGeometry, attention
 
     if geom == "wg" and rt.arch != "sm_90":
         pytest.skip("the wgmma attention kernel is sm_90 only")
-    g = {"default": DEFAULT, "4x64": AttnGeometry(4, 64), "wg": None}[geom]
-    impl = "wg" if geom == "wg" else "mma"
+    g = {"default": DEFAULT, "4x64": AttnGeometry(4, 64), "wg": None, "tok": None}[geom]
+    impl = geom if geom in ("wg", "tok") else "mma"
 
     rng = np.random.default_rng(T * 7 + pos0 + D)
     S = pos0 + T + 37  # rows past pos0 + T hold garbage (NaN) that must never be read
@@ -70,3 +70,4 @@ def test_pick_impl(rt):
     assert pick_impl(rt, 512, 4, 128) == ("wg" if hopper else "mma")
     assert pick_impl(rt, 1, 4, 128) == "mma"
     assert pick_impl(rt, 31, 4, 64) == "mma"
+    assert pick_impl(rt, 64, 4, 128, per_token=True) == "tok"

@@ -22,7 +22,7 @@ def _layout(lengths, align=128):
     return np.array(rows, np.int32), base
 
 
-@pytest.mark.parametrize("impl", ["mma", "wg"])
+@pytest.mark.parametrize("impl", ["mma", "wg", "tok"])
 @pytest.mark.parametrize("D,Hq,Hkv", [(64, 4, 2), (128, 32, 8)])
 def test_packed_attention(rt, impl, D, Hq, Hkv):
     from minfer.cuda.ops.attention import attention
@@ -55,6 +55,39 @@ def test_packed_attention(rt, impl, D, Hq, Hkv):
         assert np.array_equal(alone.get().view(np.uint16), got[t0:t0 + n].view(np.uint16)), \
             f"{impl}: sequence of {n} at slot {b} differs from its lone run"
         t0 += n
+
+
+@pytest.mark.parametrize("D,Hq,Hkv", [(64, 9, 3), (128, 32, 8), (128, 64, 8), (128, 16, 1)])
+def test_decode_step_attention(rt, D, Hq, Hkv):
+    """A decode step's layout (one token per sequence, each at the end of its own keys, the
+    last row repeated as the runner pads): attention_tok.cu, groups of 3 / 4 / 8 (two blocks
+    per token) / 16, key ranges 1 .. 3,000, against the numpy twin and the tile kernel."""
+    from minfer.cuda.ops.attention import attention, per_token_pays
+    from minfer.cuda.runtime import devarray as da
+    from minfer.reference import ops
+
+    lengths = [1, 130, 3000, 17, 128, 255, 64, 2, 2]
+    tok_all, S = _layout(lengths)
+    ends = np.cumsum(lengths) - 1
+    tok = np.concatenate([tok_all[ends], tok_all[ends[-1:]]])   # the runner's padding row
+    assert per_token_pays(tok) and not per_token_pays(tok_all)
+    T = len(tok)
+    rng = np.random.default_rng(D * Hq + Hkv)
+    q = (rng.standard_normal((T, Hq, D)) * 2).astype(np.float16)
+    k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float16)
+    v = rng.standard_normal((S, Hkv, D)).astype(np.float16)
+    kd, vd, qd, td = (da.to_device(rt, a) for a in (k, v, q, tok))
+    out = {}
+    for impl in ("tok", "mma"):
+        o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
+        attention(rt, o, qd, kd, vd, 0, td, S, impl=impl)
+        out[impl] = o.get()
+    ref = ops.attention_packed(q.astype(np.float64), k.astype(np.float64),
+                               v.astype(np.float64), tok)
+    assert np.all(np.isfinite(out["tok"]))
+    assert rel_err(out["tok"], ref) < 1e-3, rel_err(out["tok"], ref)   # f32 p: tighter
+    assert rel_err(out["mma"], ref) < 2e-3
+    assert np.array_equal(out["tok"][-1].view(np.uint16), out["tok"][-2].view(np.uint16))
 
 
 def test_rmsnorm_rows(rt):

@@ -1,5 +1,6 @@
 """Launcher for the causal GQA flash attention over the f16 KV cache: kernels/attention.cu
-(mma.sync, any GPU) and kernels/attention_sm90a.cu (wgmma, Hopper prefill); `pick_impl` chooses.
+(mma.sync, any GPU), kernels/attention_sm90a.cu (wgmma, Hopper prefill) and
+kernels/attention_tok.cu (one token per block: decode steps); `pick_impl` chooses.
 
 Numpy twin: minfer.reference.ops.attention(q, k, v, pos0). In both kernels a block covers rows
 of one KV head, a row being a (token, group-head) pair (attention.cu: 16 x warps rows, its
@@ -51,19 +52,34 @@ def wg_smem_bytes(head_dim: int) -> int:
     return (WG_ROWS + 2 * WG_STAGES * 128) * head_dim * 2 + 8 * (1 + 2 * WG_STAGES) + 1024
 
 
-def pick_impl(rt, T: int, G: int, head_dim: int) -> str:
-    """"wg" (attention_sm90a.cu) for chunks of at least one 128-row block on sm_90, where its
-    shared memory fits; "mma" (attention.cu) on other GPUs and for smaller chunks (decode: a
-    block of 128 rows would hold G of them)."""
+TOK_WARPS, TOK_G = 8, 4   # attention_tok.cu: threads of a block / query heads per block
+TOK_ROWS_PER_SEQ = 2     # per_token_pays: at most this many tokens per sequence on average
+
+
+def per_token_pays(tok: np.ndarray) -> bool:
+    """Whether a chunk's layout (tok int32 [T, 2] of (slot, lo)) is a decode step's, where
+    attention_tok.cu (one token per block, reading its own keys once) beats the tile kernels,
+    whose 128-row blocks scan every key of every sequence they hold: at most TOK_ROWS_PER_SEQ
+    tokens per sequence (sequence = distinct lo; a decode step's padding repeats a row)."""
+    T = int(tok.shape[0])
+    return T > 0 and T <= TOK_ROWS_PER_SEQ * len(np.unique(tok[:, 1]))
+
+
+def pick_impl(rt, T: int, G: int, head_dim: int, per_token: bool = False) -> str:
+    """"tok" (attention_tok.cu) for a decode step's layout (per_token: per_token_pays);
+    else "wg" (attention_sm90a.cu) for chunks of at least one 128-row block on sm_90, where its
+    shared memory fits; "mma" (attention.cu) on other GPUs and for smaller chunks."""
+    if per_token:
+        return "tok"
     if rt.arch == "sm_90" and T * G >= WG_ROWS and wg_smem_bytes(head_dim) <= rt.smem_optin:
         return "wg"
     return "mma"
 
 
-def operand_fuses(rt, T: int, G: int, head_dim: int) -> bool:
+def operand_fuses(rt, T: int, G: int, head_dim: int, per_token: bool = False) -> bool:
     """Whether attention() can write the block path's token operand of o from its epilogue:
     the wgmma kernel (pick_impl "wg") at head_dim 128 (one head's row is one 128-K block)."""
-    return head_dim == 128 and pick_impl(rt, T, G, head_dim) == "wg"
+    return head_dim == 128 and pick_impl(rt, T, G, head_dim, per_token) == "wg"
 
 
 def smem_bytes(head_dim: int, geom: AttnGeometry = DEFAULT) -> int:
@@ -89,7 +105,8 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
     known to the host) is what the bounds are checked against. Numpy twin of the packed form:
     minfer.reference.ops.attention_packed.
     geom: attention.cu's block shape (default: pick_geometry's; giving one means that kernel).
-    impl: "mma" or "wg" (default: pick_impl's).
+    impl: "mma", "wg" or "tok" (default: pick_impl's for a prefill layout; the caller passes
+    "tok" for a decode step's, per_token_pays).
     operand: uint8 [Hq, pad128(T) / 128, BLK_OP] receives the block path's token operand of o
     (blk_ref.blk_operand of o's f16 values: what mmq_blk.blk_operand makes of o, bit for bit)
     from the epilogue, where operand_fuses (else GPUError); o_out False: o is not written
@@ -131,6 +148,9 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
         rows, threads, smem = WG_ROWS, 384, wg_smem_bytes(D)
         fn = rt.function("attention_sm90a", f"attn_wg_d{D}" + ("_blk" if extra else ""),
                          ("-arch=sm_90a",), dyn_smem=smem)
+    elif impl == "tok":
+        rows, threads, smem = 1, 32 * TOK_WARPS, 0
+        fn = rt.function("attention_tok", f"attn_tok_d{D}")
     elif impl == "mma":
         geom = pick_geometry(rt, D) if geom is None else geom
         rows, threads, smem = geom.rows, 32 * geom.warps, smem_bytes(D, geom)
@@ -139,10 +159,11 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
                            f"GPU's {rt.smem_optin}")
         fn = rt.function("attention", f"attn_fwd_d{D}", geom.options(), dyn_smem=smem)
     else:
-        raise GPUError(f"attention: unknown kernel {impl!r} (mma, wg)")
+        raise GPUError(f"attention: unknown kernel {impl!r} (mma, wg, tok)")
     scale_log2 = np.float32(math.log2(math.e) / math.sqrt(D))
     p_arg, p_ptr = (pos0, np.uintp(0)) if tok is None else (0, da.arg(tok))
-    rt.launch(fn, ((T * G + rows - 1) // rows, Hkv), (threads,),
+    grid = ((T, Hkv, -(-G // TOK_G)) if impl == "tok" else ((T * G + rows - 1) // rows, Hkv))
+    rt.launch(fn, grid, (threads,),
               (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc),
                da.arg(o) if o_out else np.uintp(0), np.int64(Hq * D), np.int32(T),
                np.int32(Hq), np.int32(Hkv), np.int32(p_arg), p_ptr, scale_log2, *extra),
