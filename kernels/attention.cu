@@ -1,8 +1,10 @@
 // attention.cu: causal GQA flash attention over the f16 KV cache (prefill and decode).
 //
-//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  lo_t <= j <= slot_t
+//   o[t, h, :] = softmax_j( cap(q[t, h, :] . k[j, h/G, :] * scale) ) v[j, h/G, :],
+//   lo_t <= j <= slot_t and slot_t - j < window (window > 0; cap: tanh soft-cap, cap_s > 0)
 //   q: f16 [T, Hq, D] (token stride ldq elements), k/v cache: f16 [S, Hkv, D] (S > slot_t),
-//   o: f16 [T, Hq, D] (token stride ldo), G = Hq / Hkv, scale = 1/sqrt(D).
+//   o: f16 [T, Hq, D] (token stride ldo), G = Hq / Hkv, scale (1/sqrt(D) by
+//   default) as scale_log2 = scale log2(e); window, cap_s: attention_common.cuh.
 // Numpy twin: minfer.reference.ops.attention (packed: ops.attention_packed); launcher:
 // minfer/cuda/ops/attention.py.
 //
@@ -24,6 +26,8 @@
 // last rows first (causal: the last rows see the most keys), so the long blocks start early.
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include "attention_common.cuh"   // tok_at (window), softcap
 
 // Geometry (build options; the launcher, minfer/cuda/ops/attention.py AttnGeometry, sizes the grid
 // and smem from the same values): ATT_WARPS warps of 16 rows, ATT_KEYS keys per K/V tile.
@@ -88,16 +92,11 @@ __device__ __forceinline__ void load_kv_tile(__half* s, const __half* base, long
     }
 }
 
-// (slot, lo) of query token t: from tok, or (pos0 + t, 0) for one sequence at host pos0
-__device__ __forceinline__ int2 tok_at(const int2* __restrict__ tok, int pos0, int t) {
-    return tok != nullptr ? tok[t] : make_int2(pos0 + t, 0);
-}
-
 template <int D>
 __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                          const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
                          int Hq, int Hkv, int pos0, const int2* __restrict__ tok,
-                         float scale_log2) {
+                         float scale_log2, int window, float cap_s) {
     static_assert(D % 16 == 0 && D <= 128, "head_dim must be a multiple of 16, at most 128");
     constexpr int LDS = D + ATT_PAD;
     constexpr int KSTEPS = D / 16;   // k-steps of QK^T
@@ -139,11 +138,11 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
     // the two rows this thread owns in the C fragments: their first and last visible keys
     const int ra = min(r0 + warp * 16 + (lane >> 2), R - 1);
     const int rb = min(r0 + warp * 16 + (lane >> 2) + 8, R - 1);
-    const int2 ta = tok_at(tok, pos0, ra / G), tb = tok_at(tok, pos0, rb / G);
+    const int2 ta = tok_at(tok, pos0, ra / G, window), tb = tok_at(tok, pos0, rb / G, window);
     const int lim_a = ta.x, lim_b = tb.x, lo_a = ta.y, lo_b = tb.y;
     const bool warp_active = r0 + warp * 16 < R;
-    const int2 tfirst = tok_at(tok, pos0, r0 / G);
-    const int2 tlast = tok_at(tok, pos0, (min(r0 + ATT_ROWS, R) - 1) / G);
+    const int2 tfirst = tok_at(tok, pos0, r0 / G, window);
+    const int2 tlast = tok_at(tok, pos0, (min(r0 + ATT_ROWS, R) - 1) / G, window);
     const int n_keys = tlast.x + 1;                  // keys the block may see (slots monotone)
     const int key_min_lim = tfirst.x;                // smallest row limit in the block
     const int key_max_lo = tlast.y;                  // largest first key in the block
@@ -193,8 +192,14 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
                     mma16816(s[j + 1], qf[kk], b2, b3);
                 }
             }
+            if (cap_s > 0.f) {   // (a model's option: uniform over the launch)
+#pragma unroll
+                for (int j = 0; j < ATT_KEYS / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) s[j][e] = softcap(s[j][e], cap_s);
+            }
             // causal mask on the tiles that reach past the smallest row limit, the sequence
-            // mask on those before the largest first key
+            // (and window) mask on those before the largest first key
             if (k0 + ATT_KEYS - 1 > key_min_lim || k0 < key_max_lo) {
 #pragma unroll
                 for (int j = 0; j < ATT_KEYS / 8; j++) {
@@ -294,8 +299,8 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
     extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)                                \
         attn_fwd_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o, \
                        long ldo, int T, int Hq, int Hkv, int pos0, const int2* tok,              \
-                       float scale_log2) {                                                      \
-        attn_fwd<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2);                \
+                       float scale_log2, int window, float cap_s) {                             \
+        attn_fwd<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2, window, cap_s); \
     }
 ATT_ENTRY(64)
 ATT_ENTRY(128)

@@ -1,13 +1,15 @@
 // attention_sm90a.cu: causal GQA flash attention for prefill on Hopper tensor cores (wgmma,
 // sm_90a only), the contract of attention.cu's attn_fwd_d64 / attn_fwd_d128:
-//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  lo_t <= j <= slot_t
+//   o[t, h, :] = softmax_j( cap(q[t, h, :] . k[j, h/G, :] * scale) ) v[j, h/G, :],
+//   lo_t <= j <= slot_t and slot_t - j < window (window > 0; cap: tanh soft-cap, cap_s > 0)
 //   (tok: int2 [T] (slot, lo) per query token, as attention.cu; null: slot pos0 + t, lo 0)
 //   q: f16 [T, Hq, D] (token stride ldq), k/v cache: f16 [S, Hkv, D], o: f16 [T, Hq, D] (ldo).
 // minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
 // Numpy twin: minfer.reference.ops.attention; launcher: minfer/cuda/ops/attention.py (pick_impl takes
 // this kernel for prefill on sm_90, attention.cu elsewhere and for decode).
 //
-// Entries: attn_wg_d64, attn_wg_d128 (attn_fwd_d*'s arguments); attn_wg_d128_blk (+ ob, Tp): o
+// Entries: attn_wg_d64, attn_wg_d128 (attn_fwd_d*'s arguments: + window, cap_s, as
+// attention_common.cuh); attn_wg_d128_blk (+ ob, Tp): o
 // and/or the block path's token operand of it from the epilogue (blk_operand.cuh).
 // Structure: a block = one KV head x 128 rows, a row being a (token, query head of the group)
 // pair r = t G + g as in attention.cu (the G heads sharing a KV head share each K/V tile). 384
@@ -31,6 +33,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "attention_common.cuh"   // tok_at (window), softcap
 #include "blk_operand.cuh"
 #include "gemm_f16_common.cuh"
 #include "wgmma_common.cuh"
@@ -183,16 +186,12 @@ __device__ __forceinline__ void row_operand(float (&v)[32], int t4, bool store, 
     if (t4 == 0) store_scale(blk, r, amax);
 }
 
-// (slot, lo) of query token t: from tok, or (pos0 + t, 0) for one sequence at host pos0
-__device__ __forceinline__ int2 tok_at(const int2* __restrict__ tok, int pos0, int t) {
-    return tok != nullptr ? tok[t] : make_int2(pos0 + t, 0);
-}
-
 template <int D>
 __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                         const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
                         int Hq, int Hkv, int pos0, const int2* __restrict__ tok,
-                        float scale_log2, uint8_t* __restrict__ ob = nullptr, int Tp = 0) {
+                        float scale_log2, int window, float cap_s,
+                        uint8_t* __restrict__ ob = nullptr, int Tp = 0) {
     using S = AttnWgSmem<D>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
@@ -202,8 +201,8 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     const int G = Hq / Hkv, hk = blockIdx.y, R = T * G;
     const int r0 = (gridDim.x - 1 - blockIdx.x) * ROWS;   // last rows first
     const long ldkv = (long)Hkv * D;
-    const int2 tfirst = tok_at(tok, pos0, r0 / G);
-    const int2 tlast = tok_at(tok, pos0, (min(r0 + ROWS, R) - 1) / G);
+    const int2 tfirst = tok_at(tok, pos0, r0 / G, window);
+    const int2 tlast = tok_at(tok, pos0, (min(r0 + ROWS, R) - 1) / G, window);
     const int n_keys = tlast.x + 1;   // keys the block may see (slots non-decreasing in t)
     const int kt0 = tfirst.y / KEYS;  // the first tile any of its rows sees
     const int n_tiles = (n_keys + KEYS - 1) / KEYS - kt0;   // tiles kt0 .. kt0 + n_tiles - 1
@@ -243,8 +242,8 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     const int g = lane >> 2, t4 = lane & 3;
     // the two rows this thread owns in the fragments (clamped: rows >= R compute, never store)
     const int rwa = r0 + cw * 64 + warp * 16 + g, rwb = rwa + 8;
-    const int2 ta = tok_at(tok, pos0, min(rwa, R - 1) / G);
-    const int2 tb = tok_at(tok, pos0, min(rwb, R - 1) / G);
+    const int2 ta = tok_at(tok, pos0, min(rwa, R - 1) / G, window);
+    const int2 tb = tok_at(tok, pos0, min(rwb, R - 1) / G, window);
     const int lim_a = ta.x, lim_b = tb.x, lo_a = ta.y, lo_b = tb.y;
     const int key_min_lim = tfirst.x;   // the block's smallest row limit
     const int key_max_lo = tlast.y;     // and largest first key
@@ -277,6 +276,10 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     // sequence mask where it starts before the largest first key, the new maxima (ca, cb: O's
     // rescale), s = 2^(s scale - max scale), the row sums into l
     auto softmax = [&](int k0) {
+        if (cap_s > 0.f) {   // (a model's option: uniform over the launch)
+#pragma unroll
+            for (int j = 0; j < 64; ++j) s[j] = softcap(s[j], cap_s);
+        }
         if (k0 + KEYS - 1 > key_min_lim || k0 < key_max_lo) {
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
@@ -423,8 +426,8 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     extern "C" __global__ void __launch_bounds__(THREADS, 1)                                   \
         attn_wg_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o, \
                       long ldo, int T, int Hq, int Hkv, int pos0, const int2* tok,              \
-                      float scale_log2) {                                                      \
-        attn_wg<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2);                \
+                      float scale_log2, int window, float cap_s) {                             \
+        attn_wg<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2, window, cap_s); \
     }
 ATT_WG_ENTRY(64)
 ATT_WG_ENTRY(128)
@@ -434,6 +437,7 @@ ATT_WG_ENTRY(128)
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
 attn_wg_d128_blk(const __half* q, long ldq, const __half* kc, const __half* vc, __half* o,
                  long ldo, int T, int Hq, int Hkv, int pos0, const int2* tok, float scale_log2,
-                 uint8_t* ob, int Tp) {
-    attn_wg<128>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2, ob, Tp);
+                 int window, float cap_s, uint8_t* ob, int Tp) {
+    attn_wg<128>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2, window, cap_s, ob,
+                 Tp);
 }

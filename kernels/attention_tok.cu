@@ -1,8 +1,10 @@
 // attention_tok.cu: causal GQA attention one query token per block (batched decode).
 //
-//   o[t, h, :] = softmax_j( q[t, h, :] . k[j, h/G, :] * scale ) v[j, h/G, :],  lo_t <= j <= slot_t
+//   o[t, h, :] = softmax_j( cap(q[t, h, :] . k[j, h/G, :] * scale) ) v[j, h/G, :],
+//   lo_t <= j <= slot_t and slot_t - j < window (window > 0; cap: tanh soft-cap, cap_s > 0)
 //   q: f16 [T, Hq, D] (token stride ldq elements), k/v cache: f16 [S, Hkv, D] (S > slot_t),
-//   o: f16 [T, Hq, D] (token stride ldo), G = Hq / Hkv, scale = 1/sqrt(D).
+//   o: f16 [T, Hq, D] (token stride ldo), G = Hq / Hkv, scale (1/sqrt(D) by
+//   default) as scale_log2 = scale log2(e); window, cap_s: attention_common.cuh.
 // The contract of attention.cu (same arguments, same tok convention: int2 [T] (slot, lo) per
 // token, or null for (pos0 + t, 0)); numpy twin minfer.reference.ops.attention_packed; launcher
 // minfer/cuda/ops/attention.py (impl "tok").
@@ -19,6 +21,8 @@
 // through smem at the end. Everything in f32 (p is not rounded to f16 as in the tile kernels).
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include "attention_common.cuh"   // tok_at (window), softcap
 
 #define TOK_WARPS 8
 #define TOK_G 4    // query heads of the group per block (grid z: G > 4)
@@ -45,7 +49,7 @@ template <int D>
 __device__ void attn_tok(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                          const __half* __restrict__ vc, __half* __restrict__ o, long ldo,
                          int Hq, int Hkv, int pos0, const int2* __restrict__ tok,
-                         float scale_log2) {
+                         float scale_log2, int window, float cap_s) {
     constexpr int E = D / 32;   // elements of a row per lane
     __shared__ float s_m[TOK_WARPS][TOK_G], s_l[TOK_WARPS][TOK_G];
     __shared__ float s_o[TOK_WARPS][TOK_G][D];
@@ -53,7 +57,7 @@ __device__ void attn_tok(const __half* __restrict__ q, long ldq, const __half* _
     const int t = blockIdx.x, hk = blockIdx.y, G = Hq / Hkv;
     const int g0 = blockIdx.z * TOK_G, ng = min(TOK_G, G - g0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int2 tk = tok != nullptr ? tok[t] : make_int2(pos0 + t, 0);
+    const int2 tk = tok_at(tok, pos0, t, window);
     const int last = tk.x;
     const long ldkv = (long)Hkv * D;
     const __half* kb = kc + (long)hk * D + lane * E;
@@ -88,6 +92,7 @@ __device__ void attn_tok(const __half* __restrict__ q, long ldq, const __half* _
                 for (int e = 0; e < E; e++) d = fmaf(qr[g][e], kr[c][e], d);
 #pragma unroll
                 for (int off = 16; off >= 1; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+                if (cap_s > 0.f) d = softcap(d, cap_s);
                 s[c] = j0 + c <= last ? d : -INFINITY;
             }
             float mx = s[0];   // key j0 <= last: finite
@@ -142,9 +147,9 @@ __device__ void attn_tok(const __half* __restrict__ q, long ldq, const __half* _
     extern "C" __global__ void __launch_bounds__(TOK_WARPS * 32, 2)                           \
         attn_tok_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc,         \
                        __half* o, long ldo, int T, int Hq, int Hkv, int pos0, const int2* tok, \
-                       float scale_log2) {                                                    \
+                       float scale_log2, int window, float cap_s) {                           \
         (void)T;                                                                              \
-        attn_tok<DD>(q, ldq, kc, vc, o, ldo, Hq, Hkv, pos0, tok, scale_log2);                 \
+        attn_tok<DD>(q, ldq, kc, vc, o, ldo, Hq, Hkv, pos0, tok, scale_log2, window, cap_s);  \
     }
 TOK_ENTRY(64)
 TOK_ENTRY(128)

@@ -329,9 +329,10 @@ def test_the_plan_is_computed_once(monkeypatch, tiny):
         be.plan.routes["x"] = ("f16", "")   # frozen: a mapping no one edits after planning
 
 
-def test_cuda_refuses_a_run_past_the_sliding_window(monkeypatch, tmp_path):
-    """The CUDA attention has no window: a Mistral-style file runs on it while every position
-    is inside the window (where it masks nothing), and is refused, naming it, past it."""
+def test_cuda_applies_the_sliding_window(monkeypatch, tmp_path):
+    """A Mistral-style file (llama.attention.sliding_window on every layer) runs on CUDA past
+    its window: every layer's attention launch carries the window (attention_common.cuh's
+    `window` argument, after scale_log2) and no soft-cap; a file without the key passes 0."""
     from fake_gpuarray import install
     from synth_data import small_parts, write_small
 
@@ -339,21 +340,25 @@ def test_cuda_refuses_a_run_past_the_sliding_window(monkeypatch, tmp_path):
     from minfer.cuda.ops import gemm
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray
-    from minfer.errors import Unsupported
     from minfer.gguf.loader import load_model
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
     monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
-    meta, tensors = small_parts(d_model=256, n_heads=4, n_kv_heads=2)
-    meta["llama.attention.sliding_window"] = 32
-    model = load_model(write_small(tmp_path / "w.gguf", meta, tensors))
-    with pytest.raises(Unsupported, match="sliding window of 32"):
-        CudaBackend(model, GemmChoice("f16"), rt=FakeRT("sm_90"), max_tokens=33, ubatch=16,
-                    warmup=False, graphs=False)
-    be = CudaBackend(model, GemmChoice("f16"), rt=FakeRT("sm_90"), max_tokens=32, ubatch=16,
-                     warmup=False, graphs=False)
-    be.forward_device(np.arange(20, dtype=np.int32), 0)
+    for window in (32, 0):
+        meta, tensors = small_parts(d_model=256, n_heads=4, n_kv_heads=2)
+        if window:
+            meta["llama.attention.sliding_window"] = window
+        model = load_model(write_small(tmp_path / f"w{window}.gguf", meta, tensors))
+        rt = FakeRT("sm_90")
+        args = []
+        rt.launch = lambda fn, grid, block, a, smem=0, stream=None: args.append((fn[1], a))
+        be = CudaBackend(model, GemmChoice("f16"), rt=rt, max_tokens=80, ubatch=16,
+                         warmup=False, graphs=False)
+        be.forward_device(np.arange(40, dtype=np.int32), 0)
+        attn = [a for e, a in args if e.startswith(("attn_wg", "attn_fwd", "attn_tok"))]
+        assert len(attn) == 3 * model.config.n_layers   # 40 tokens: 3 chunks of <= 16
+        assert all(int(a[12]) == window and float(a[13]) == 0.0 for a in attn)
 
 
 @pytest.mark.parametrize("path", ["f16", "blk", "wide-kd4"])

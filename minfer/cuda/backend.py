@@ -126,11 +126,6 @@ class CudaBackend:
             max_tokens = c.n_ctx
         if kv_slots is not None:   # many sequences: slots past the context, positions within it
             max_tokens = min(max_tokens, kv_slots)
-        if c.sliding_window and max_tokens > c.sliding_window:   # no window in the kernels
-            raise Unsupported(f"cuda backend: {max_tokens} positions pass the model's sliding "
-                              f"window of {c.sliding_window}, which the CUDA attention does not "
-                              "apply (within it the window changes nothing); use --backend "
-                              "cpu or fewer tokens")
         self.max_tokens = int(max_tokens)   # one sequence's positions
         self.kv_slots = int(kv_slots or max_tokens)   # KV cache rows
         self.ubatch = int(max(1, min(ubatch, self.kv_slots)))

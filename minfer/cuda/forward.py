@@ -51,6 +51,10 @@ class Forward:
         self.ubatch = int(buf.x.shape[0])   # the rows every activation buffer holds
         self.profile = None
         self.probe = None
+        c = self.c   # each layer's attention options: its window, the model's scale and cap
+        self.attn_opts = [dict(window=c.sliding_window if c.is_local(il) else 0,
+                               softcap=c.attn_softcap, scale=c.attn_scale or None)
+                          for il in range(c.n_layers)]
 
     def with_runtime(self, rt) -> "Forward":
         """The same forward on another runtime (prepare.Recorder: the kernel prebuild)."""
@@ -216,8 +220,8 @@ class Forward:
                 da.poison(rt, a16)
                 attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
                                    b.kc[il], b.vc[il], 0, R(b.tok, t0, Tq), hi, operand=tt,
-                                   o_out=tt is None,
-                                   impl="tok" if one else None)
+                                   o_out=tt is None, impl="tok" if one else None,
+                                   **self.attn_opts[il])
             self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output", aq)
             hq = R(b.h16, 0, Tq)
             f16 = R(b.f16, 0, Tq)

@@ -44,6 +44,46 @@ def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
     assert rel < 2e-3, rel  # f16 P and f16 output: ~5e-4 typical
 
 
+@pytest.mark.parametrize("impl", ["mma", "wg", "tok"])
+@pytest.mark.parametrize("D,Hq,Hkv", [(64, 9, 3), (128, 32, 8)])
+@pytest.mark.parametrize("window,softcap,scale", [
+    (1, 0.0, None), (37, 0.0, None), (128, 0.0, None), (300, 0.0, None), (0, 5.0, None),
+    (0, 0.0, 0.3), (100, 3.0, 0.05)])
+def test_window_softcap_scale(rt, impl, D, Hq, Hkv, window, softcap, scale):
+    """A model's per-layer attention options (attention_common.cuh) in every kernel, on a
+    packed layout (sequences of 1 .. 700 tokens, windows narrower and wider than a tile and
+    than a sequence): the sliding window, soft-capped scores (gemma2) and a given softmax
+    scale (gemma's query scale) against the numpy twin."""
+    from minfer.cuda.ops.attention import attention
+    from minfer.cuda.runtime import devarray as da
+
+    if impl == "wg" and rt.arch != "sm_90":
+        pytest.skip("the wgmma attention kernel is sm_90 only")
+    lengths, rows, base = [700, 1, 37, 129, 300], [], 0
+    for n in lengths:
+        rows += [(base + p, base) for p in range(n)]
+        base += -(-n // 128) * 128
+    tok, S = np.array(rows, np.int32), base
+    T = len(tok)
+    rng = np.random.default_rng(D + window + Hq)
+    q = (rng.standard_normal((T, Hq, D)) * 2).astype(np.float16)
+    k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float16)
+    v = rng.standard_normal((S, Hkv, D)).astype(np.float16)
+    o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
+    attention(rt, o, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), 0,
+              da.to_device(rt, tok), S, impl=impl, window=window, softcap=softcap, scale=scale)
+    got = o.get().astype(np.float64)
+    ref = ops.attention_packed(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                               tok, window=window, softcap=softcap, scale=scale)
+    assert np.all(np.isfinite(got)), "unwritten or NaN output"
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert rel < 2e-3, rel
+    if window == 1:   # each query sees itself alone: o is its own v
+        G = Hq // Hkv
+        assert np.allclose(got, np.repeat(v[tok[:, 0]], G, axis=1).astype(np.float64),
+                           atol=1e-3)
+
+
 def test_attention_rejects(rt):
     from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.attention import attention

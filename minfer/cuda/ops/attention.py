@@ -94,8 +94,9 @@ def pick_geometry(rt, head_dim: int) -> AttnGeometry:
 
 def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
               geom: AttnGeometry | None = None, impl: str | None = None, operand=None,
-              o_out: bool = True) -> None:
-    """o f16 [T, Hq, D] = causal softmax(q k^T / sqrt(D)) v.
+              o_out: bool = True, scale: float | None = None, window: int = 0,
+              softcap: float = 0.0) -> None:
+    """o f16 [T, Hq, D] = causal softmax(q k^T * scale) v, scale 1 / sqrt(D) unless given.
 
     q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
     positions 0..pos0+T-1 (S >= pos0 + T; rows past that are never read).
@@ -111,6 +112,9 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
     (blk_ref.blk_operand of o's f16 values: what mmq_blk.blk_operand makes of o, bit for bit)
     from the epilogue, where operand_fuses (else GPUError); o_out False: o is not written
     (then operand is required).
+    window > 0: a sliding-window layer's (keys with slot - key < window); softcap > 0: the
+    scaled scores become softcap * tanh(score / softcap) (gemma2); both as the twin's
+    (kernels/attention_common.cuh).
     """
     da.check("attention q", q, (None, None, None), np.float16, align=16)
     T, Hq, D = q.shape
@@ -120,6 +124,9 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
     da.check("attention out", o, (T, Hq, D), np.float16, align=4)
     if D not in HEAD_DIMS:
         raise GPUError(f"attention: head_dim {D} not supported (supported: {HEAD_DIMS})")
+    if window < 0 or not softcap >= 0 or (scale is not None and not scale > 0):
+        raise GPUError(f"attention: bad options (window {window}, softcap {softcap}, "
+                       f"scale {scale})")
     if Hq % Hkv:
         raise GPUError(f"attention: {Hq} query heads not a multiple of {Hkv} KV heads")
     if tok is not None:
@@ -160,11 +167,14 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
         fn = rt.function("attention", f"attn_fwd_d{D}", geom.options(), dyn_smem=smem)
     else:
         raise GPUError(f"attention: unknown kernel {impl!r} (mma, wg, tok)")
-    scale_log2 = np.float32(math.log2(math.e) / math.sqrt(D))
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    scale_log2 = np.float32(math.log2(math.e) * scale)
+    cap_s = np.float32(softcap / scale if softcap > 0 else 0.0)   # attention_common.cuh
     p_arg, p_ptr = (pos0, np.uintp(0)) if tok is None else (0, da.arg(tok))
     grid = ((T, Hkv, -(-G // TOK_G)) if impl == "tok" else ((T * G + rows - 1) // rows, Hkv))
     rt.launch(fn, grid, (threads,),
               (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc),
                da.arg(o) if o_out else np.uintp(0), np.int64(Hq * D), np.int32(T),
-               np.int32(Hq), np.int32(Hkv), np.int32(p_arg), p_ptr, scale_log2, *extra),
+               np.int32(Hq), np.int32(Hkv), np.int32(p_arg), p_ptr, scale_log2,
+               np.int32(window), cap_s, *extra),
               smem=smem)
