@@ -429,3 +429,60 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
     with pytest.raises(GPUError, match=r"slots 0\.\.2, .*first non-finite: the output layer"):
         be.packed(*ok)
     assert [e for _, e in rt.launches].count("rmsnorm_rows_f32_f16") == 1   # not rerun
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2"])
+@pytest.mark.parametrize("path", ["f16", "blk"])
+def test_gemma_forward_launches(monkeypatch, tmp_path, preset, path):
+    """gemma on CUDA (fake runtime): the embedding scaled once, per layer one post-norm add
+    after attn_output and one after ffn_down (post32), GeGLU instead of any swiglu (no glu
+    epilogue), the local layers' rope_qkv reading the second RoPE table where their base
+    differs, each attention launch with its layer's window, the query scale and gemma2's
+    soft-cap; the final logits soft-capped (gemma2) after the LM head."""
+    import math
+
+    from fake_gpuarray import install
+    from families_data import synth_family
+
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.runtime import devarray
+    from minfer.gguf.loader import load_model
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    model = load_model(synth_family(preset, tmp_path))
+    c = model.config
+    rt = FakeRT("sm_90")
+    calls = []
+    rt.launch = lambda fn, grid, block, a, smem=0, stream=None: calls.append((fn[1], a))
+    be = CudaBackend(model, GemmChoice(path), rt=rt, max_tokens=256, ubatch=64, warmup=False,
+                     graphs=False)
+    assert be.buf.post32 is not None and not be.glu
+    calls.clear()
+    be.forward_device(np.arange(40, dtype=np.int32), 0)   # one chunk: the last
+    entries = [e for e, _ in calls]
+    L = c.n_layers
+    assert entries.count("scale_f32") == 1 and entries.index("scale_f32") < 3
+    assert entries.count("rmsnorm_add_f32") == 2 * L
+    assert entries.count("geglu_f32_f16") == L and not any("swiglu" in e for e in entries)
+    assert entries.count("softcap_f32") == (1 if c.logit_softcap else 0)
+    if c.logit_softcap:
+        assert entries[-1] == "softcap_f32"
+    ropes = [a[14] for e, a in calls if e.startswith("rope_qkv")]   # the cos table's pointer
+    attn = [a for e, a in calls if e.startswith(("attn_wg", "attn_fwd", "attn_tok"))]
+    assert len(ropes) == len(attn) == L
+    glob = int(devarray.ptr(be.buf.rope.cos))
+    for il in range(L):
+        local = c.is_local(il)
+        assert int(attn[il][12]) == (c.sliding_window if local else 0)
+        scale = c.attn_scale
+        assert math.isclose(float(attn[il][11]), math.log2(math.e) * scale, rel_tol=1e-6)
+        cap_s = c.attn_softcap / scale if c.attn_softcap else 0.0
+        assert math.isclose(float(attn[il][13]), cap_s, rel_tol=1e-6)
+        differs = c.layer_rope(il) != (c.rope_base, c.rope_scaling)
+        assert (int(ropes[il]) != glob) == differs
+    assert any(c.layer_rope(il) != (c.rope_base, c.rope_scaling) for il in range(L)) \
+        == (be.buf.rope_swa is not None)

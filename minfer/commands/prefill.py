@@ -221,7 +221,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     from minfer.gguf.arch_keys import gpu_unsupported
 
     if kind == "cuda" and why.startswith("auto") and gpu_unsupported(model.config):
-        kind, why = "cpu", f"auto: {model.config.arch} runs on the CPU reference only"
+        kind, why = "cpu", f"auto: {gpu_unsupported(model.config).split(' (')[0]}"
         ubatch = UBATCH[kind] if ubatch_opt is None else ubatch_opt
         check_gemm_backend(kind, gemm, why=why)
     if prompts_path is not None:

@@ -117,11 +117,8 @@ class CudaBackend:
         self.name = "cuda" if plain else f"cuda-{label}"
         from minfer.gguf.arch_keys import gpu_unsupported
 
-        if gpu_unsupported(c):
+        if gpu_unsupported(c):   # (an architecture or head_dim the kernels lack)
             raise Unsupported(f"cuda backend: {gpu_unsupported(c)}")
-        if c.head_dim not in attn_mod.HEAD_DIMS:
-            raise Unsupported(f"cuda backend: head_dim {c.head_dim} not supported "
-                              f"(supported: {attn_mod.HEAD_DIMS})")
         if max_tokens > c.n_ctx:
             max_tokens = c.n_ctx
         if kv_slots is not None:   # many sequences: slots past the context, positions within it

@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from minfer.cuda.ops import attention as attn_mod
+from minfer.cuda.ops import gemma_layers as G
 from minfer.cuda.ops import layers as L
 from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.runtime import devarray as da
@@ -51,7 +52,10 @@ class Forward:
         self.ubatch = int(buf.x.shape[0])   # the rows every activation buffer holds
         self.profile = None
         self.probe = None
-        c = self.c   # each layer's attention options: its window, the model's scale and cap
+        c = self.c   # each layer's RoPE table (gemma: the local layers' own base)
+        self.rope = [buf.rope_swa if buf.rope_swa is not None and c.layer_rope(il)
+                     != (c.rope_base, c.rope_scaling) else buf.rope for il in range(c.n_layers)]
+        # each layer's attention options: its window, the model's scale and soft-cap
         self.attn_opts = [dict(window=c.sliding_window if c.is_local(il) else 0,
                                softcap=c.attn_softcap, scale=c.attn_scale or None)
                           for il in range(c.n_layers)]
@@ -115,8 +119,26 @@ class Forward:
         tt, op = k.attn(self.rt, self.buf, T, c.n_heads * c.head_dim)
         return tt, {k: op}
 
+    def _residual(self, x, A, name: str, label: str, q8, post: str) -> None:
+        """x f32 [M, d_model] += A @ W[name].T; with post norms (gemma) the product goes to
+        post32 first and x += rmsnorm(it) * w[post]."""
+        if not self.c.post_norms:
+            self._linear(x, A, name, "acc", label, q8)
+            return
+        t = da.rows(self.buf.post32, 0, int(x.shape[0]))
+        da.poison(self.rt, t)
+        self._linear(t, A, name, "f32", label, q8)
+        with self._op("rmsnorm"):
+            G.rmsnorm_add(self.rt, x, t, self.w[post], self.c.rms_eps)
+
     def _swiglu(self, f16, g, u=None) -> None:
-        """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F])."""
+        """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]); GeGLU
+        (gelu(g) * u) for gemma."""
+        if self.c.ffn_gelu:
+            with self._op("geglu"):
+                da.poison(self.rt, f16)
+                G.geglu(self.rt, f16, g, u)
+            return
         with self._op("swiglu"):
             da.poison(self.rt, f16)
             if u is None:
@@ -182,6 +204,8 @@ class Forward:
         with self._op("embed"):
             _embed_rows(rt, x, self.emb, self.emb_qtype, R(b.ids, 0, T), c.d_model,
                         c.vocab_size)
+            if c.embed_scale != 1.0:   # gemma: times sqrt(d_model)
+                G.scale(rt, x, c.embed_scale)
         if self.probe is not None:
             self.probe(-1, x)
         # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
@@ -208,7 +232,8 @@ class Forward:
                 with self._op("rope"):
                     da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: the layout on device)
                     L.rope_qkv(rt, R(b.q16, 0, T), *(src[k][0] for k in "qkv"), b.kc[il],
-                               b.vc[il], b.rope, hi, R(b.tok, 0, T), c.rope_dim, c.rope_neox,
+                               b.vc[il], self.rope[il], hi, R(b.tok, 0, T), c.rope_dim,
+                               c.rope_neox,
                                tuple(src[k][1] for k in "qkv"))
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
@@ -222,7 +247,8 @@ class Forward:
                                    b.kc[il], b.vc[il], 0, R(b.tok, t0, Tq), hi, operand=tt,
                                    o_out=tt is None, impl="tok" if one else None,
                                    **self.attn_opts[il])
-            self._linear(xq, a16, p + "attn_output.weight", "acc", "attn_output", aq)
+            self._residual(xq, a16, p + "attn_output.weight", "attn_output", aq,
+                           p + "post_attention_norm.weight")
             hq = R(b.h16, 0, Tq)
             f16 = R(b.f16, 0, Tq)
             down = p + "ffn_down.weight"
@@ -235,7 +261,7 @@ class Forward:
                 src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
                 gate, up = src["gate"], src["up"]
                 self._swiglu(f16, gate[0], None if up[0] is gate[0] else up[0])
-            self._linear(xq, f16, down, "acc", "ffn_down")
+            self._residual(xq, f16, down, "ffn_down", None, p + "post_ffw_norm.weight")
             if self.probe is not None:   # (the final layer writes its last row only)
                 self.probe(il, xq)
         if last:
@@ -244,6 +270,7 @@ class Forward:
                 L.rmsnorm(rt, b.last16, R(b.x, T - 1, 1), self.w["output_norm.weight"],
                           c.rms_eps)
             self._linear(b.logits, b.last16, self.model.output_name, "f32", "lm_head")
+            self._softcap(b.logits)
 
     def head(self, row0: int, m: int, out, rows=None):
         """out f32 [m, vocab] = (rmsnorm(x[r]) * output_norm) @ W_out.T for the residual rows
@@ -259,3 +286,10 @@ class Forward:
             else:
                 L.rmsnorm_rows(self.rt, h16, b.x, rows, self.w["output_norm.weight"], c.rms_eps)
         self._linear(out, h16, self.model.output_name, "f32", "lm_head")
+        self._softcap(out)
+
+    def _softcap(self, logits) -> None:
+        """gemma's final logit soft-capping, in place on f32 logits rows."""
+        if self.c.logit_softcap:
+            with self._op("softcap"):
+                G.softcap(self.rt, logits, self.c.logit_softcap)

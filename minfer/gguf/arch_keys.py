@@ -146,9 +146,10 @@ def show(v: Any, n: int = 40) -> str:
 
 
 # Architectures the CUDA backend runs (its kernels: rmsnorm, SwiGLU, RoPE, causal GQA
-# attention, qwen3's head norms); the others (gemma3, gemma2: GeGLU, post norms, sliding
-# windows; gemma2's attention soft-cap) run on the CPU reference only.
-GPU_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+# attention with windows and soft-caps, qwen3's head norms, gemma_layers.cu): every one the
+# loader reads; an architecture added to the loader first runs on the CPU reference alone.
+GPU_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+GPU_HEAD_DIMS = (64, 128)   # the attention kernels' entries (minfer.cuda.ops.attention)
 
 
 def gpu_unsupported(cfg) -> str:
@@ -156,4 +157,7 @@ def gpu_unsupported(cfg) -> str:
     if cfg.arch not in GPU_ARCHS:
         return (f"architecture {cfg.arch!r} runs on the CPU reference only (--backend cpu); "
                 f"the CUDA backend runs {', '.join(GPU_ARCHS)}")
+    if cfg.head_dim not in GPU_HEAD_DIMS:
+        return (f"head_dim {cfg.head_dim} runs on the CPU reference only (--backend cpu); "
+                f"the CUDA attention takes {' and '.join(map(str, GPU_HEAD_DIMS))}")
     return ""

@@ -34,13 +34,27 @@ class DeviceBuffers:
     kc: list  # per layer f16 [max_tokens, Hkv, D]
     vc: list  # per layer f16 [max_tokens, Hkv, D]
     rope: object  # L.RopeTable for max_tokens positions
+    rope_swa: object  # the local layers' L.RopeTable where their (base, scaling) differ
+    #                  (gemma: rope.freq_base_swa; ModelConfig.layer_rope), else None
+    post32: object  # f32 [T, d_model]: an attention / FFN output before its post norm
+    #                (gemma's post_norms), else None
     q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without raw int8 routes)
     blkop: object = None  # uint8 [blk_bytes] blk token operand scratch (None without blk routes)
 
 
+def local_rope(c):
+    """(base, scaling) of the local layers where it differs from the global layers' (gemma's
+    rope.freq_base_swa), else None: then one RoPE table serves every layer."""
+    ropes = {c.layer_rope(il) for il in range(c.n_layers)} - {(c.rope_base, c.rope_scaling)}
+    if len(ropes) > 1:
+        raise ValueError(f"more than two RoPE tables: {sorted(ropes, key=str)}")
+    return next(iter(ropes)) if ropes else None
+
+
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
                   glu_all: bool = False, blk_bytes: int = 0) -> DeviceBuffers:
-    """c: the model config; q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
+    """c: the model config (layer_rope: a second RoPE table where the local layers have
+    their own; post_norms: the post32 buffer); q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
     blk_bytes: plan["blk operand scratch"] (0: no blk route); glu_all: no f32 gate|up buffer
     (gu32 None, as plan_memory)."""
     T = ubatch
@@ -77,6 +91,10 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         # positions of one sequence stay below the context (slots may not, packed)
         rope=L.RopeTable.build(rt, min(max_tokens, c.n_ctx), c.rope_base, c.rope_dim,
                                c.rope_scaling),
+        rope_swa=(L.RopeTable.build(rt, min(max_tokens, c.n_ctx), *local_rope(c)[0:1],
+                                    c.rope_dim, local_rope(c)[1])
+                  if local_rope(c) else None),
+        post32=e(rt, (T, c.d_model), np.float32, "post-norm input") if c.post_norms else None,
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
         blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
     )

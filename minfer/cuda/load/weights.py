@@ -161,8 +161,9 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     nbytes = total - (int(emb_t.data.nbytes) if "token_embd.weight" in routes and
                       not raw_head else 0)   # file bytes: a tied f16 head read twice counts once
     for i in range(c.n_layers):
-        for n in ("attn_norm", "ffn_norm") + (("attn_q_norm", "attn_k_norm") if c.qk_norm
-                                              else ()):
+        for n in (("attn_norm", "ffn_norm")
+                  + (("attn_q_norm", "attn_k_norm") if c.qk_norm else ())
+                  + (("post_attention_norm", "post_ffw_norm") if c.post_norms else ())):
             name = f"blk.{i}.{n}.weight"
             w[name] = da.to_device(rt, m.dequant(name).reshape(-1).astype(np.float32), name)
             nbytes += int(m.tensor(name).data.nbytes)

@@ -16,9 +16,9 @@ import numpy as np
 
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
+from minfer.gguf.arch_keys import GPU_HEAD_DIMS as HEAD_DIMS   # the entries: 64, 128
 
 PAD = 8  # ATT_PAD in attention.cu
-HEAD_DIMS = (64, 128)
 STAGES = 2  # K/V tiles in flight (attention.cu's double buffer)
 
 

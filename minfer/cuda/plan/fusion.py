@@ -57,9 +57,10 @@ def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
              fused: dict[str, tuple[str, int, int]]) -> set[str]:
     """The fused gate|up group names whose GEMM writes the swiglu from its epilogue (their
     rows interleaved per 16 at load, glu_rows): any type on the block path (mmq_blk_linear) or
-    on the f16 path (gemm_f16_nt's glu mode), unless the tuning variant no-glu; d_ff % 8 == 0."""
+    on the f16 path (gemm_f16_nt's glu mode), unless the tuning variant no-glu; d_ff % 8 == 0;
+    not for GeGLU (gemma: the separate geglu launch)."""
     out = set()
-    if not choice.on("glu"):
+    if not choice.on("glu") or model.config.ffn_gelu:   # (the epilogues compute silu)
         return out
     if model.config.d_ff % 8:
         return out
@@ -86,9 +87,11 @@ def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
     """The fused q|k|v group names whose GEMM writes roped q and the K/V cache rows from its
     epilogue (gemm_f16_nt's rope mode, minfer.cuda.ops.layers.QkvRope): on the f16 path unless the
     tuning variant no-rope, llama-order rope (a neox pair spans threads), no q/k/v
-    bias (added to the f32 product before the rope launch) and no q/k norms (qwen3)."""
+    bias (added to the f32 product before the rope launch), no q/k norms (qwen3) and one RoPE
+    table for every layer (not gemma's local base)."""
     c = model.config
-    if not choice.on("rope") or c.rope_neox or c.qkv_bias or c.qk_norm or c.head_dim % 2:
+    if (not choice.on("rope") or c.rope_neox or c.qkv_bias or c.qk_norm or c.head_dim % 2
+            or any(c.layer_rope(i) != c.layer_rope(0) for i in range(c.n_layers))):
         return set()
     out = set()
     for i in range(c.n_layers):

@@ -58,7 +58,11 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 +
                c.d_ff * ((0 if glu_all else 4 + 4) + 2))
-    act += c.vocab_size * 4 + (min(max_tokens, c.n_ctx) * c.rope_dim) * 4   # rope table
+    from minfer.cuda.load.buffers import local_rope
+
+    tables = 2 if local_rope(c) else 1   # gemma's local layers: their own base
+    act += c.vocab_size * 4 + tables * (min(max_tokens, c.n_ctx) * c.rope_dim) * 4   # rope
+    act += T * c.d_model * 4 if c.post_norms else 0   # post32
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
             "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),

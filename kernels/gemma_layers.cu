@@ -1,0 +1,60 @@
+// gemma_layers.cu: the small ops gemma2 / gemma3 add to the llama forward (llama.cpp
+// src/models/gemma2.cpp, gemma3.cpp). Numpy twins in minfer/reference (ops.gelu / ops.geglu,
+// ops.rmsnorm, ReferenceBackend._embed / _head); launchers: minfer/cuda/ops/gemma_layers.py.
+//
+// Entries:
+//   scale_f32          y[n] *= s                        the embeddings times sqrt(d_model)
+//   geglu_f32_f16      y f16 [T, F] = gelu(g) * u       g/u f32 rows of stride ldg (the fused
+//                                                       gate|up output: u = g + F, ldg = 2F);
+//                                                       grid (ceil(F/256), T), block (256)
+//   rmsnorm_add_f32    x[T, D] += rmsnorm(t) * w        t f32 [T, D]: the attention / FFN output
+//                                                       (post_attention_norm, post_ffw_norm)
+//                                                       before the residual add; grid (T), 256
+//   softcap_f32        y[n] = tanh(y * (1 / cap)) * cap final logit soft-capping (1 / cap: inv)
+// Each product the reference rounds on its own is __fmul_rn / __fadd_rn (no FMA contraction).
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "rmsnorm.cuh"   // rms_scale, rms_value
+
+// GELU (tanh form) as the reference's float32 mode, which is ggml's CPU op: a table indexed by
+// x rounded to f16 holding f16(gelu_f32(x_f16)); x >= 10 passes, x <= -10 gives 0. The table's
+// value is computed here (tanhf within 2 ulp of f32, then rounded to f16: equal to the table
+// but where tanhf's last bits cross an f16 rounding boundary, 1 f16 ulp).
+__device__ __forceinline__ float gelu_ggml(float x) {
+    if (x >= 10.f) return x;
+    if (x <= -10.f) return 0.f;
+    const float h = __half2float(__float2half_rn(x));
+    const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, h),
+                                  __fadd_rn(1.f, __fmul_rn(__fmul_rn(0.044715f, h), h)));
+    const float y = __fmul_rn(__fmul_rn(0.5f, h), __fadd_rn(1.f, tanhf(inner)));
+    return __half2float(__float2half_rn(y));
+}
+
+extern "C" __global__ void scale_f32(float* y, long n, float s) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fmul_rn(y[i], s);
+}
+
+extern "C" __global__ void geglu_f32_f16(__half* y, long ldy, const float* g, const float* u,
+                                         long ldg, int F) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= F) return;
+    y[t * ldy + i] = __float2half_rn(__fmul_rn(gelu_ggml(g[t * ldg + i]), u[t * ldg + i]));
+}
+
+// in place on x is safe: t is another buffer, and each thread adds only the values it reads
+extern "C" __global__ void rmsnorm_add_f32(float* x, const float* t, const float* w, int D,
+                                           float eps) {
+    const float* tr = t + (size_t)blockIdx.x * D;
+    float* xr = x + (size_t)blockIdx.x * D;
+    const float scale = rms_scale(tr, D, eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x)
+        xr[i] = __fadd_rn(xr[i], rms_value(tr[i], scale, w[i]));
+}
+
+extern "C" __global__ void softcap_f32(float* y, long n, float cap, float inv) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = __fmul_rn(tanhf(__fmul_rn(y[i], inv)), cap);
+}
