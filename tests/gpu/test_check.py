@@ -64,7 +64,7 @@ def test_check_one_path(tiny_path):
     r = CliRunner().invoke(check, ["-m", tiny_path, "--gemm", "narrow"])
     assert r.exit_code == 0, r.output
     assert "| narrow | " in r.output and "| wide-kd4 | " not in r.output
-    assert ", 1 identity rows)" in r.output
+    assert ", 1 identity rows, 1 batch rows)" in r.output
 
 
 def test_check_parity_rows_fail_when_launcher_writes_nothing(tiny_path, rt, monkeypatch):

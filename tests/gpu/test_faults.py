@@ -250,7 +250,8 @@ def test_check_reports_skipped_launches_as_failures(rt, tiny_path, monkeypatch):
     assert r.exit_code == 1, r.output
     from minfer.cuda.paths import TABLE
 
-    assert f"check: {len(TABLE)} FAILED" in r.output, r.output   # every path
+    # every path, its identity row and its batch row
+    assert f"check: {2 * len(TABLE)} FAILED" in r.output, r.output
     assert "non-finite logits" in r.output, r.output
     assert "Traceback" not in r.output
     assert rt.cfg.poison == before  # check turned poison on for itself only

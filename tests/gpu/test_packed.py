@@ -74,6 +74,7 @@ def test_decode_step_attention(rt, D, Hq, Hkv):
     T = len(tok)
     rng = np.random.default_rng(D * Hq + Hkv)
     q = (rng.standard_normal((T, Hq, D)) * 2).astype(np.float16)
+    q[-1] = q[-2]   # the padding row repeats its token, query included
     k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float16)
     v = rng.standard_normal((S, Hkv, D)).astype(np.float16)
     kd, vd, qd, td = (da.to_device(rt, a) for a in (k, v, q, tok))
