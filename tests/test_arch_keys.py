@@ -167,3 +167,22 @@ def test_phi3_window_follows_llamacpp(tmp_path):
     check_keys("f", "llama", {"llama.attention.sliding_window": 4096})
     with pytest.raises(Unsupported, match="sliding-window"):
         check_keys("f", "qwen3", {"qwen3.attention.sliding_window": 2047})
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2", "tiny-qwen3"])
+def test_cuda_runs_every_family_at_the_kernels_head_dims(tmp_path, preset):
+    """CUDA runs every architecture the loader reads (gemma: gemma_layers.cu and the
+    attention's window and soft-cap) at head_dim 64 / 128; the real Gemma files' 256 (and
+    Phi-3-mini's 96) is refused by name, and `prefill`'s automatic choice takes the CPU."""
+    from dataclasses import replace
+
+    from families_data import synth_family
+
+    from minfer.gguf.arch_keys import GPU_ARCHS, gpu_unsupported
+    from minfer.gguf.loader import load_model
+
+    c = load_model(synth_family(preset, tmp_path)).config
+    assert c.arch in GPU_ARCHS and gpu_unsupported(c) == ""
+    for d in (96, 256):
+        why = gpu_unsupported(replace(c, head_dim=d))
+        assert f"head_dim {d}" in why and "CPU reference only" in why

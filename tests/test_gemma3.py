@@ -169,21 +169,6 @@ def test_a_missing_gemma3_tensor_is_named(tmp_path, tensor):
         _load(_gemma_file(tmp_path, drop_tensors=(tensor,)))
 
 
-def test_cuda_runs_it_at_the_kernels_head_dims(tmp_path):
-    """CUDA runs gemma3 (gemma_layers.cu, the attention's window and soft-cap) at head_dim 64 /
-    128; the real files' 256 is refused by name (and `prefill`'s automatic choice takes the
-    CPU)."""
-    from dataclasses import replace
-
-    from minfer.gguf.arch_keys import GPU_ARCHS, gpu_unsupported
-
-    assert "gemma3" in GPU_ARCHS
-    c = _load(_gemma_file(tmp_path)).config
-    assert gpu_unsupported(replace(c, head_dim=128)) == ""
-    why = gpu_unsupported(replace(c, head_dim=256))
-    assert "head_dim 256" in why and "CPU reference only" in why
-
-
 def test_gemma3_12b_preset_has_the_real_shape():
     from minfer.gguf.arch_keys import check_keys
     from minfer.tools.synth import PRESETS, model_metadata, tensor_plan

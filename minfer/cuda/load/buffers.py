@@ -42,15 +42,6 @@ class DeviceBuffers:
     blkop: object = None  # uint8 [blk_bytes] blk token operand scratch (None without blk routes)
 
 
-def local_rope(c):
-    """(base, scaling) of the local layers where it differs from the global layers' (gemma's
-    rope.freq_base_swa), else None: then one RoPE table serves every layer."""
-    ropes = {c.layer_rope(il) for il in range(c.n_layers)} - {(c.rope_base, c.rope_scaling)}
-    if len(ropes) > 1:
-        raise ValueError(f"more than two RoPE tables: {sorted(ropes, key=str)}")
-    return next(iter(ropes)) if ropes else None
-
-
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
                   glu_all: bool = False, blk_bytes: int = 0) -> DeviceBuffers:
     """c: the model config (layer_rope: a second RoPE table where the local layers have
@@ -91,9 +82,9 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         # positions of one sequence stay below the context (slots may not, packed)
         rope=L.RopeTable.build(rt, min(max_tokens, c.n_ctx), c.rope_base, c.rope_dim,
                                c.rope_scaling),
-        rope_swa=(L.RopeTable.build(rt, min(max_tokens, c.n_ctx), *local_rope(c)[0:1],
-                                    c.rope_dim, local_rope(c)[1])
-                  if local_rope(c) else None),
+        rope_swa=(L.RopeTable.build(rt, min(max_tokens, c.n_ctx), *L.local_rope(c)[0:1],
+                                    c.rope_dim, L.local_rope(c)[1])
+                  if L.local_rope(c) else None),
         post32=e(rt, (T, c.d_model), np.float32, "post-norm input") if c.post_norms else None,
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
         blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,

@@ -42,6 +42,15 @@ class RopeTable:
                    base)
 
 
+def local_rope(c):
+    """(base, scaling) of the local layers where it differs from the global layers' (gemma's
+    rope.freq_base_swa), else None: then one RoPE table serves every layer."""
+    ropes = {c.layer_rope(il) for il in range(c.n_layers)} - {(c.rope_base, c.rope_scaling)}
+    if len(ropes) > 1:
+        raise ValueError(f"more than two RoPE tables: {sorted(ropes, key=str)}")
+    return next(iter(ropes)) if ropes else None
+
+
 def rmsnorm(rt, y, x, w, eps: float) -> None:
     """y[T, D] (f16 or f32) = rmsnorm(x f32 [T, D]) * w f32 [D]."""
     da.check("rmsnorm x", x, (None, None), np.float32)

@@ -58,7 +58,7 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 +
                c.d_ff * ((0 if glu_all else 4 + 4) + 2))
-    from minfer.cuda.load.buffers import local_rope
+    from minfer.cuda.ops.layers import local_rope
 
     tables = 2 if local_rope(c) else 1   # gemma's local layers: their own base
     act += c.vocab_size * 4 + tables * (min(max_tokens, c.n_ctx) * c.rope_dim) * 4   # rope
