@@ -8,7 +8,9 @@
 // Numpy twin: minfer.reference.ops.attention (packed: ops.attention_packed); launcher:
 // minfer/cuda/ops/attention.py.
 //
-// Entries: attn_fwd_d64, attn_fwd_d128 (head_dim 64 / 128). tok: int2 [T] (slot, lo) per query
+// Entries: attn_fwd_d64, _d96, _d128, _d256 (head_dim; _d256 only in builds of at most 4 warps x
+// 64 keys, the launcher's pick_geometry for it: 8 x 128 would spill its registers and need
+// 270 KB of smem for the two stages of K and V tiles). tok: int2 [T] (slot, lo) per query
 // token, read on the device (so a captured CUDA graph serves every layout): the token's own KV
 // slot and its sequence's first slot, so packed prompts never attend across each other (the
 // varlen convention). slot and lo must be non-decreasing in t (the engine lays sequences out
@@ -97,7 +99,7 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
                          const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
                          int Hq, int Hkv, int pos0, const int2* __restrict__ tok,
                          float scale_log2, int window, float cap_s) {
-    static_assert(D % 16 == 0 && D <= 128, "head_dim must be a multiple of 16, at most 128");
+    static_assert(D % 16 == 0 && D <= 256, "head_dim must be a multiple of 16, at most 256");
     constexpr int LDS = D + ATT_PAD;
     constexpr int KSTEPS = D / 16;   // k-steps of QK^T
     constexpr int DT = D / 8;        // n-tiles of O
@@ -303,4 +305,8 @@ __device__ void attn_fwd(const __half* __restrict__ q, long ldq, const __half* _
         attn_fwd<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2, window, cap_s); \
     }
 ATT_ENTRY(64)
+ATT_ENTRY(96)
 ATT_ENTRY(128)
+#if ATT_KEYS <= 64 && ATT_WARPS <= 4   // 256 in the 4 x 64 build only: 8 x 128 would spill
+ATT_ENTRY(256)
+#endif

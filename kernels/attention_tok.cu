@@ -9,7 +9,7 @@
 // token, or null for (pos0 + t, 0)); numpy twin minfer.reference.ops.attention_packed; launcher
 // minfer/cuda/ops/attention.py (impl "tok").
 //
-// Entries: attn_tok_d64, attn_tok_d128.
+// Entries: attn_tok_d64, _d96, _d128, _d256 (head_dim).
 // Why: the tile kernels put 128 (token, head) rows against each 128-key tile. In a decode step
 // every token is its own sequence, so a tile's keys serve only the G rows of one token while
 // the block scans the keys of all its sequences (64 sequences of ~200 keys: 2 blocks per KV
@@ -30,18 +30,31 @@
 
 static_assert(sizeof(__half2) == 4, "half2 is 4 bytes");
 
-// E halves of row `p` (E = 4: one 8-byte load; E = 2: one 4-byte load) as floats
+// E halves of row `p` as floats: E = 8 one 16-byte load, E = 4 one 8-byte load, E = 2 one
+// 4-byte load; else (E = 3: head_dim 96, rows at 6-byte steps) one half at a time
 template <int E>
 __device__ __forceinline__ void load_row(float* f, const __half* p) {
-    if constexpr (E == 4) {
-        const uint2 u = *reinterpret_cast<const uint2*>(p);
-        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-        f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
-    } else {
-        static_assert(E == 2, "head_dim 64 or 128");
+    if constexpr (E == 8 || E == 4) {
+        constexpr int W = E / 4;   // 8-byte words
+        uint2 u[W];
+        if constexpr (W == 2) {
+            const uint4 w = *reinterpret_cast<const uint4*>(p);
+            u[0] = make_uint2(w.x, w.y); u[1] = make_uint2(w.z, w.w);
+        } else {
+            u[0] = *reinterpret_cast<const uint2*>(p);
+        }
+#pragma unroll
+        for (int i = 0; i < W; i++) {
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u[i].x));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u[i].y));
+            f[4 * i] = a.x; f[4 * i + 1] = a.y; f[4 * i + 2] = b.x; f[4 * i + 3] = b.y;
+        }
+    } else if constexpr (E == 2) {
         const float2 a = __half22float2(*reinterpret_cast<const __half2*>(p));
         f[0] = a.x; f[1] = a.y;
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; e++) f[e] = __half2float(p[e]);
     }
 }
 
@@ -143,13 +156,17 @@ __device__ void attn_tok(const __half* __restrict__ q, long ldq, const __half* _
     }
 }
 
-#define TOK_ENTRY(DD)                                                                          \
-    extern "C" __global__ void __launch_bounds__(TOK_WARPS * 32, 2)                           \
+// head_dim 256 holds 4 x 8 floats each of q, o, k and v per lane: one block per SM's share
+// of registers (2 would cap them at 128 and spill)
+#define TOK_ENTRY(DD, MINB)                                                                    \
+    extern "C" __global__ void __launch_bounds__(TOK_WARPS * 32, MINB)                        \
         attn_tok_d##DD(const __half* q, long ldq, const __half* kc, const __half* vc,         \
                        __half* o, long ldo, int T, int Hq, int Hkv, int pos0, const int2* tok, \
                        float scale_log2, int window, float cap_s) {                           \
         (void)T;                                                                              \
         attn_tok<DD>(q, ldq, kc, vc, o, ldo, Hq, Hkv, pos0, tok, scale_log2, window, cap_s);  \
     }
-TOK_ENTRY(64)
-TOK_ENTRY(128)
+TOK_ENTRY(64, 2)
+TOK_ENTRY(96, 2)
+TOK_ENTRY(128, 2)
+TOK_ENTRY(256, 1)

@@ -172,8 +172,9 @@ def test_phi3_window_follows_llamacpp(tmp_path):
 @pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2", "tiny-qwen3"])
 def test_cuda_runs_every_family_at_the_kernels_head_dims(tmp_path, preset):
     """CUDA runs every architecture the loader reads (gemma: gemma_layers.cu and the
-    attention's window and soft-cap) at head_dim 64 / 128; the real Gemma files' 256 (and
-    Phi-3-mini's 96) is refused by name, and `prefill`'s automatic choice takes the CPU."""
+    attention's window and soft-cap) at the kernels' head dims (64, Phi-3-mini's 96, 128, the
+    real Gemma files' 256); another is refused by name, and `prefill`'s automatic choice
+    takes the CPU."""
     from dataclasses import replace
 
     from families_data import synth_family
@@ -183,6 +184,8 @@ def test_cuda_runs_every_family_at_the_kernels_head_dims(tmp_path, preset):
 
     c = load_model(synth_family(preset, tmp_path)).config
     assert c.arch in GPU_ARCHS and gpu_unsupported(c) == ""
-    for d in (96, 256):
+    for d in (64, 96, 128, 256):
+        assert gpu_unsupported(replace(c, head_dim=d)) == ""
+    for d in (80, 512):
         why = gpu_unsupported(replace(c, head_dim=d))
         assert f"head_dim {d}" in why and "CPU reference only" in why

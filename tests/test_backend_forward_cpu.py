@@ -431,9 +431,10 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
     assert [e for _, e in rt.launches].count("rmsnorm_rows_f32_f16") == 1   # not rerun
 
 
-@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2"])
+@pytest.mark.parametrize("preset,head_dim", [("tiny-gemma3", 0), ("tiny-gemma2", 0),
+                                             ("tiny-gemma3", 256)])
 @pytest.mark.parametrize("path", ["f16", "blk"])
-def test_gemma_forward_launches(monkeypatch, tmp_path, preset, path):
+def test_gemma_forward_launches(monkeypatch, tmp_path, preset, head_dim, path):
     """gemma on CUDA (fake runtime): the embedding scaled once, per layer one post-norm add
     after attn_output and one after ffn_down (post32), GeGLU instead of any swiglu (no glu
     epilogue), the local layers' rope_qkv reading the second RoPE table where their base
@@ -453,6 +454,12 @@ def test_gemma_forward_launches(monkeypatch, tmp_path, preset, path):
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
     monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    if head_dim:   # the real Gemma files' 256: attention.cu's entry, not the wgmma kernel's
+        from dataclasses import replace
+
+        from minfer.tools import synth
+        monkeypatch.setitem(synth.PRESETS, preset, replace(synth.PRESETS[preset],
+                                                          head_dim=head_dim))
     model = load_model(synth_family(preset, tmp_path))
     c = model.config
     rt = FakeRT("sm_90")
@@ -474,6 +481,11 @@ def test_gemma_forward_launches(monkeypatch, tmp_path, preset, path):
     ropes = [a[14] for e, a in calls if e.startswith("rope_qkv")]   # the cos table's pointer
     attn = [a for e, a in calls if e.startswith(("attn_wg", "attn_fwd", "attn_tok"))]
     assert len(ropes) == len(attn) == L
+    if head_dim:
+        assert c.head_dim == head_dim
+        kernels = {e for e in entries if e.startswith("attn")}
+        assert f"attn_fwd_d{head_dim}" in kernels and kernels <= {f"attn_fwd_d{head_dim}",
+                                                                 f"attn_tok_d{head_dim}"}
     glob = int(devarray.ptr(be.buf.rope.cos))
     for il in range(L):
         local = c.is_local(il)

@@ -133,12 +133,15 @@ ptxas info    : Used 255 registers, used 0 barriers, 20 bytes smem, 368 bytes cm
 @pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found")
 def test_attention_small_geometry_compiles():
     """attention.cu's fallback block shape (attention.SMALL, for GPUs whose smem opt-in cap is
-    under the default's 139 KB) builds without spills for sm_80 and sm_90 too."""
+    under the default's 139 KB, and for head_dim 256 everywhere) builds without spills for
+    sm_80 and sm_90 too, with the head_dim 256 entry the default build leaves out."""
     from minfer.cuda.ops.attention import SMALL
 
     for arch in DEFAULT_ARCHS:
         _, report = compile_cubin("attention", arch, SMALL.options(), report=True)
-        assert not problems(parse_ptxas(report), set()), (arch, report)
+        res = parse_ptxas(report)
+        assert not problems(res, set()), (arch, report)
+        assert {f"attn_fwd_d{d}" for d in (64, 96, 128, 256)} <= set(res), sorted(res)
 
 
 def test_attention_geometry_pick():
@@ -154,3 +157,5 @@ def test_attention_geometry_pick():
     assert pick_geometry(_Rt(232448), 128) == DEFAULT
     assert pick_geometry(_Rt(101376), 128) == SMALL and smem_bytes(128, SMALL) <= 101376
     assert pick_geometry(_Rt(101376), 64) == DEFAULT   # (64 + 8) x 2 x 2 x 128 x 2 = 73,728 B
+    assert pick_geometry(_Rt(232448), 96) == DEFAULT
+    assert pick_geometry(_Rt(232448), 256) == SMALL   # attention.cu's _d256 build

@@ -149,7 +149,7 @@ def show(v: Any, n: int = 40) -> str:
 # attention with windows and soft-caps, qwen3's head norms, gemma_layers.cu): every one the
 # loader reads; an architecture added to the loader first runs on the CPU reference alone.
 GPU_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
-GPU_HEAD_DIMS = (64, 128)   # the attention kernels' entries (minfer.cuda.ops.attention)
+GPU_HEAD_DIMS = (64, 96, 128, 256)   # the attention kernels' entries (minfer.cuda.ops.attention)
 
 
 def gpu_unsupported(cfg) -> str:
@@ -159,5 +159,5 @@ def gpu_unsupported(cfg) -> str:
                 f"the CUDA backend runs {', '.join(GPU_ARCHS)}")
     if cfg.head_dim not in GPU_HEAD_DIMS:
         return (f"head_dim {cfg.head_dim} runs on the CPU reference only (--backend cpu); "
-                f"the CUDA attention takes {' and '.join(map(str, GPU_HEAD_DIMS))}")
+                f"the CUDA attention takes {', '.join(map(str, GPU_HEAD_DIMS))}")
     return ""

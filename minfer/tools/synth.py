@@ -103,13 +103,12 @@ PRESETS: dict[str, SynthShape] = {
     "gemma3-12b": SynthShape("gemma3", 3840, 15360, 48, 16, 8, tied=True, head_dim=256,
                              rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
                              rope_scaling="linear", rope_factor=8.0, sliding_window=1024),
-    # Gemma 3 27B's shape: gemma3-12b's graph at head_dim 128 (the one Gemma size the CUDA
+    # Gemma 3 27B's shape: gemma3-12b's graph at head_dim 128 (the one Gemma size the wgmma
     # attention takes), 32:16 heads over d_model 5376 (`--layers 18`: ~8B of weights)
     "gemma3-27b": SynthShape("gemma3", 5376, 21504, 62, 32, 16, tied=True, head_dim=128,
                              rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
                              rope_scaling="linear", rope_factor=8.0, sliding_window=1024),
-    # Phi-3-mini-4k: fused q|k|v and gate|up, MHA, head_dim 96 (CPU only: the CUDA attention
-    # takes 64 / 128), a window llama.cpp disables
+    # Phi-3-mini-4k: fused q|k|v and gate|up, MHA, head_dim 96, a window llama.cpp disables
     "phi3-mini": SynthShape("phi3", 3072, 8192, 32, 32, 32, vocab=32064, n_ctx=4096,
                             sliding_window=2047),
     # Gemma 2 9B's shape: GeGLU, post norms, no q/k norms, every other layer local (window

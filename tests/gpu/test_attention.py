@@ -13,17 +13,20 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("T,pos0,Hq,Hkv,D", [
     (1, 0, 4, 4, 64), (5, 0, 9, 3, 64), (77, 0, 9, 3, 64), (64, 0, 8, 2, 128),
     (130, 21, 32, 8, 128), (1, 300, 32, 8, 128), (1, 1000, 9, 3, 64), (257, 100, 4, 1, 128),
-    (513, 0, 8, 8, 64)])
+    (513, 0, 8, 8, 64), (1, 0, 4, 4, 96), (77, 5, 32, 32, 96), (200, 0, 8, 4, 256),
+    (1, 700, 8, 4, 256), (33, 0, 4, 1, 256)])
 @pytest.mark.parametrize("geom", ["default", "4x64", "wg", "tok"])
 def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
     """attention.cu's default geometry (8 warps x 128 keys) and the earlier 4 x 64, the wgmma
     kernel (attention_sm90a.cu, Hopper) and the one-token-per-block kernel (attention_tok.cu):
     ragged T, decode, positions past 0, GQA groups of 1-4, rows of a block past T * G."""
     from minfer.cuda.runtime import devarray as da
-    from minfer.cuda.ops.attention import DEFAULT, AttnGeometry, attention
+    from minfer.cuda.ops.attention import DEFAULT, WG_HEAD_DIMS, AttnGeometry, attention
 
-    if geom == "wg" and rt.arch != "sm_90":
-        pytest.skip("the wgmma attention kernel is sm_90 only")
+    if geom == "wg" and (rt.arch != "sm_90" or D not in WG_HEAD_DIMS):
+        pytest.skip("the wgmma attention kernel is sm_90 only, at head_dim 64 / 128")
+    if geom == "default" and D > 128:
+        pytest.skip("head_dim 256 runs 4 x 64 (pick_geometry)")
     g = {"default": DEFAULT, "4x64": AttnGeometry(4, 64), "wg": None, "tok": None}[geom]
     impl = geom if geom in ("wg", "tok") else "mma"
 
@@ -45,7 +48,7 @@ def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
 
 
 @pytest.mark.parametrize("impl", ["mma", "wg", "tok"])
-@pytest.mark.parametrize("D,Hq,Hkv", [(64, 9, 3), (128, 32, 8)])
+@pytest.mark.parametrize("D,Hq,Hkv", [(64, 9, 3), (96, 8, 8), (128, 32, 8), (256, 8, 4)])
 @pytest.mark.parametrize("window,softcap,scale", [
     (1, 0.0, None), (37, 0.0, None), (128, 0.0, None), (300, 0.0, None), (0, 5.0, None),
     (0, 0.0, 0.3), (100, 3.0, 0.05)])
@@ -54,11 +57,11 @@ def test_window_softcap_scale(rt, impl, D, Hq, Hkv, window, softcap, scale):
     packed layout (sequences of 1 .. 700 tokens, windows narrower and wider than a tile and
     than a sequence): the sliding window, soft-capped scores (gemma2) and a given softmax
     scale (gemma's query scale) against the numpy twin."""
-    from minfer.cuda.ops.attention import attention
+    from minfer.cuda.ops.attention import WG_HEAD_DIMS, attention
     from minfer.cuda.runtime import devarray as da
 
-    if impl == "wg" and rt.arch != "sm_90":
-        pytest.skip("the wgmma attention kernel is sm_90 only")
+    if impl == "wg" and (rt.arch != "sm_90" or D not in WG_HEAD_DIMS):
+        pytest.skip("the wgmma attention kernel is sm_90 only, at head_dim 64 / 128")
     lengths, rows, base = [700, 1, 37, 129, 300], [], 0
     for n in lengths:
         rows += [(base + p, base) for p in range(n)]
@@ -89,10 +92,14 @@ def test_attention_rejects(rt):
     from minfer.cuda.ops.attention import attention
     from minfer.errors import GPUError
 
+    q = da.empty(rt, (4, 4, 80), np.float16)
+    kv = da.empty(rt, (8, 2, 80), np.float16)
+    with pytest.raises(GPUError, match="head_dim 80"):
+        attention(rt, da.empty(rt, (4, 4, 80), np.float16), q, kv, kv, 0)
     q = da.empty(rt, (4, 4, 96), np.float16)
     kv = da.empty(rt, (8, 2, 96), np.float16)
-    with pytest.raises(GPUError, match="head_dim 96"):
-        attention(rt, da.empty(rt, (4, 4, 96), np.float16), q, kv, kv, 0)
+    with pytest.raises(GPUError, match="wgmma kernel needs"):
+        attention(rt, da.empty(rt, (4, 4, 96), np.float16), q, kv, kv, 0, impl="wg")
     q = da.empty(rt, (4, 4, 64), np.float16)
     kv = da.empty(rt, (8, 2, 64), np.float16)
     with pytest.raises(GPUError, match="exceed"):
@@ -111,3 +118,4 @@ def test_pick_impl(rt):
     assert pick_impl(rt, 1, 4, 128) == "mma"
     assert pick_impl(rt, 31, 4, 64) == "mma"
     assert pick_impl(rt, 64, 4, 128, per_token=True) == "tok"
+    assert pick_impl(rt, 512, 4, 96) == pick_impl(rt, 512, 4, 256) == "mma"

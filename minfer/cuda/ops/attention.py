@@ -16,7 +16,7 @@ import numpy as np
 
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
-from minfer.gguf.arch_keys import GPU_HEAD_DIMS as HEAD_DIMS   # the entries: 64, 128
+from minfer.gguf.arch_keys import GPU_HEAD_DIMS as HEAD_DIMS   # the entries: 64, 96, 128, 256
 
 PAD = 8  # ATT_PAD in attention.cu
 STAGES = 2  # K/V tiles in flight (attention.cu's double buffer)
@@ -44,6 +44,7 @@ SMALL = AttnGeometry(warps=4, keys=64)   # where DEFAULT's smem is over the GPU'
 
 
 WG_ROWS, WG_STAGES = 128, 3   # attention_sm90a.cu: 2 consumer warpgroups of 64 rows, 3 stages
+WG_HEAD_DIMS = (64, 128)      # its entries (96 and 256 run attention.cu)
 
 
 def wg_smem_bytes(head_dim: int) -> int:
@@ -67,11 +68,13 @@ def per_token_pays(tok: np.ndarray) -> bool:
 
 def pick_impl(rt, T: int, G: int, head_dim: int, per_token: bool = False) -> str:
     """"tok" (attention_tok.cu) for a decode step's layout (per_token: per_token_pays);
-    else "wg" (attention_sm90a.cu) for chunks of at least one 128-row block on sm_90, where its
-    shared memory fits; "mma" (attention.cu) on other GPUs and for smaller chunks."""
+    else "wg" (attention_sm90a.cu) for chunks of at least one 128-row block on sm_90, at its
+    head dims, where its shared memory fits; "mma" (attention.cu) on other GPUs, for smaller
+    chunks and for head_dim 96 / 256."""
     if per_token:
         return "tok"
-    if rt.arch == "sm_90" and T * G >= WG_ROWS and wg_smem_bytes(head_dim) <= rt.smem_optin:
+    if (rt.arch == "sm_90" and T * G >= WG_ROWS and head_dim in WG_HEAD_DIMS
+            and wg_smem_bytes(head_dim) <= rt.smem_optin):
         return "wg"
     return "mma"
 
@@ -88,7 +91,11 @@ def smem_bytes(head_dim: int, geom: AttnGeometry = DEFAULT) -> int:
 
 def pick_geometry(rt, head_dim: int) -> AttnGeometry:
     """DEFAULT, or SMALL where DEFAULT's shared memory is over the GPU's opt-in cap (139 KB at
-    head_dim 128: sm_86 / sm_89 allow 99 KB)."""
+    head_dim 128: sm_86 / sm_89 allow 99 KB) and at head_dim 256 (DEFAULT would need 270 KB
+    and spill: 8 warps x 128 keys of scores beside a 256-wide O; SMALL holds it in 255
+    registers, no spill)."""
+    if head_dim > 128:
+        return SMALL
     return DEFAULT if smem_bytes(head_dim, DEFAULT) <= rt.smem_optin else SMALL
 
 
@@ -150,8 +157,9 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
         da.check("attention operand", operand, blk_shape(T, Hq * D), np.uint8, align=16)
         extra = (da.arg(operand), np.int32(pad128(T)))
     if impl == "wg":
-        if rt.arch != "sm_90":
-            raise GPUError(f"attention: the wgmma kernel needs sm_90, this GPU is {rt.arch}")
+        if rt.arch != "sm_90" or D not in WG_HEAD_DIMS:
+            raise GPUError(f"attention: the wgmma kernel needs sm_90 (this GPU is {rt.arch}) "
+                           f"and head_dim {' or '.join(map(str, WG_HEAD_DIMS))} (got {D})")
         rows, threads, smem = WG_ROWS, 384, wg_smem_bytes(D)
         fn = rt.function("attention_sm90a", f"attn_wg_d{D}" + ("_blk" if extra else ""),
                          ("-arch=sm_90a",), dyn_smem=smem)
