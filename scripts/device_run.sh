@@ -17,7 +17,8 @@
 #          check`, and bench A B A (new, old, new) at pp512 / pp2048.
 #   families: the GPU suite (the RoPE-scaled families against llama.cpp's logits included), and
 #          `bench --ab f16 blk` on the llama3-8b, llama3.1-8b (rope_freqs) and qwen3-8b shapes, one
-#          after the other (FAMILY_PRESETS to choose).
+#          after the other (FAMILY_PRESETS to choose: every preset runs on the GPU, gemma2-9b /
+#          gemma3-12b at head_dim 256 and phi3-mini at 96 included).
 #   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
 #          block) and f16's gate|up; the installed wheel's check (as gates).
 #   packed: the packed layout's GPU tests (attention, rope, backend, graphs, blk) and the first
