@@ -18,7 +18,8 @@
 #   families: the GPU suite (the RoPE-scaled families against llama.cpp's logits included), and
 #          `bench --ab f16 blk` on the llama3-8b, llama3.1-8b (rope_freqs) and qwen3-8b shapes, one
 #          after the other (FAMILY_PRESETS to choose: every preset runs on the GPU, gemma2-9b /
-#          gemma3-12b at head_dim 256 and phi3-mini at 96 included).
+#          gemma3-12b at head_dim 256 and phi3-mini at 96 included; FAMILY_TESTS=0 skips the
+#          suite, BREAKDOWN=1 adds blk's per-op breakdown at 2048 per preset).
 #   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
 #          block) and f16's gate|up; the installed wheel's check (as gates).
 #   packed: the packed layout's GPU tests (attention, rope, backend, graphs, blk) and the first
@@ -26,6 +27,11 @@
 #   batch: many prompts on an 8B-shape synth model (gates runs their GPU tests): decode
 #          of 64 sequences, a 10,000-prompt file end to end (peak host and GPU memory), bench
 #          --batch 256 x 128 on f16 and blk (packed2 has 1024 x 32 and the log-uniform file).
+#   many:  every many-prompts row of docs/perf.md in one call (8B-shape synth model): 256 x 128 and
+#          1024 x 32 on f16 and blk, the log-uniform file, a shared prefix on / off, decode of
+#          64, a 10,000-prompt file end to end (peak host and GPU memory).
+#   attn:  the prefill attention alone (scripts/attn_one.py: 2,048 .. 32,768 tokens, the wgmma
+#          kernel and attention.cu at 8,192) and ncu on the wgmma kernel at 8,192.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -136,18 +142,56 @@ if [ "$MODE" = batch ]; then   # many prompts (issue 34): decode steps, a 10,000
   exit 0
 fi
 
+if [ "$MODE" = many ]; then   # issue 34's rows, one call
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
+  step synth 60 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  B="$M bench -m /tmp/s8b.gguf --no-breakdown"
+  step b256x128 90 $B --batch 256 --tokens 128 --repeats 2 --ab f16 blk
+  step b1024x32 70 $B --batch 1024 --tokens 32 --repeats 2 --ab f16 blk
+  step blogu 90 $B --batch 2000 --log-uniform 16:2048 --repeats 1
+  step bprefix 60 $B --batch 256 --tokens 64 --shared-prefix 1024 --repeats 1
+  step bdecode 50 $B --batch 64 --tokens 128 -n 65 --repeats 2
+  python3 scripts/prompt_lines.py 10000 /tmp/p10k.txt
+  step file10k 100 python3 scripts/peak_rss.py $M prefill -m /tmp/s8b.gguf --prompts /tmp/p10k.txt \
+    --prompts-format lines -n 8 -o /tmp/o10k.jsonl
+  kill $(jobs -p) 2>/dev/null
+  echo; echo "################ SUMMARY many ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in b256x128 b1024x32 blogu bprefix bdecode; do echo "--- $f"; grep -E "^\| |rror|prompts," \
+    "$OUT/$f.log" | grep -v "| ---"; done
+  echo "--- file10k"; grep -vE "^\s*$" "$OUT/file10k.log" | tail -9; wc -l /tmp/o10k.jsonl
+  echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"
+  exit 0
+fi
+
+if [ "$MODE" = attn ]; then   # the prefill attention alone, and ncu on the wgmma kernel
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  step time 60 python3 scripts/attn_one.py --tokens 2048,8192,16384,32768
+  step timemma 40 python3 scripts/attn_one.py --tokens 8192 --impl mma
+  step ncu 90 "$NCU" --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+    --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+    -k regex:attn_wg --launch-skip 2 --launch-count 1 python3 scripts/attn_one.py --tokens 8192 --launches 1
+  echo; echo "################ SUMMARY attn ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  cat "$OUT/time.log" "$OUT/timemma.log"
+  grep -E "Throughput|Duration|SM Frequency|Issue Slots|Pipe|highest|Registers Per|Spilling" "$OUT/ncu.log"
+  exit 0
+fi
+
 if [ "$MODE" = families ]; then   # RoPE-scaled files: the GPU suite, llama.cpp's logits, speed
-  MINFER_TEST_MODEL=$S step tests 300 python3 -m pytest -q -rfEs tests/gpu
+  [ "${FAMILY_TESTS:-1}" = 1 ] && MINFER_TEST_MODEL=$S step tests 300 python3 -m pytest -q -rfEs tests/gpu
   for p in ${FAMILY_PRESETS:-llama3-8b llama3.1-8b qwen3-8b}; do
     step synth_$p 90 $M synth --preset $p --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
     step bench_$p 110 $M bench -m /tmp/$p.gguf --tokens 512,2048 --min-ms 0 --repeats 3 \
       --no-breakdown --ab f16 blk
+    [ "${BREAKDOWN:-0}" = 1 ] && step brk_$p 40 $M bench -m /tmp/$p.gguf --tokens 2048 --min-ms 0 \
+      --repeats 1 --gemm blk
+    rm -f /tmp/$p.gguf
   done
   echo; echo "################ SUMMARY families ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)|^family|^cuda f16" "$OUT/tests.log" | head -16
   for p in ${FAMILY_PRESETS:-llama3-8b llama3.1-8b qwen3-8b}; do echo "--- bench $p"; grep -E "^\| |^model|rror" \
-    "$OUT/bench_$p.log" | grep -v "| ---"; done
+    "$OUT/bench_$p.log" | grep -v "| ---"; [ -f "$OUT/brk_$p.log" ] && grep -E \
+    "^\| (gemm|attention|rest|all)" "$OUT/brk_$p.log"; done
   exit 0
 fi
 
