@@ -7,6 +7,7 @@
 //      tile kernels only: gemm_f16_common.cuh epilogue_glu)
 //   4: rope: C is a RopeQkv* (rope.cuh); B the fused q|k|v weight, the product goes roped into
 //      q16 and the KV cache rows (tile kernels only: gemm_f16_common.cuh epilogue_rope)
+//   5: as 3 with gemma's GELU (geglu: gelu(gate) * up, swiglu.cuh gelu_ggml)
 //
 // Variants (the launcher, minfer/cuda/ops/gemm.py, picks one; kernels never choose):
 //   gemm_f16_nt_<BM>x<BN>x<BK>_w<warps>_s<stages>: tensor-core tile kernel.

@@ -2,13 +2,13 @@
 // cp.async, ldmatrix, mma.sync m16n8k16, the XOR smem swizzle, grouped block order, and the
 // epilogue (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc, 3: C f16 [M, N/2] =
 // swiglu of B rows interleaved per 16, 4: rope: C is a RopeQkv*, the fused qkv output goes
-// roped into q16 and the KV cache) over m16n8 accumulator fragments acc[MI][NI][4] (rows
+// roped into q16 and the KV cache, 5: as 3 with gemma's GELU: geglu) over m16n8 accumulator fragments acc[MI][NI][4] (rows
 // row0 + mi*16 + lane/4 (+8), cols col0 + ni*8 + 2*(lane%4)).
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "swiglu.cuh"   // swiglu1: the swiglu layer's rounding
+#include "swiglu.cuh"   // glu1: the swiglu / geglu layers' rounding
 #include "rope.cuh"     // rope_rot, RopeQkv: the rope kernels' rounding
 
 static_assert(sizeof(half) == 2, "f16 is 2 bytes");
@@ -102,7 +102,8 @@ __device__ __forceinline__ void store2(void* C, int N, int row, int col, float v
 // Mode 3 (glu): B is a gate|up weight [N = 2F, K] with its rows interleaved per 16 (8 gate rows,
 // then the same 8 features' up rows: minfer.quants.glu.glu_rows), so fragment ni (even)
 // holds gate and ni + 1 up of features (col0 + ni*8)/2 + 2*(lane%4) (+1), col0 % 16 == 0 and
-// N % 16 == 0 (the launcher checks). C f16 [M, F] = silu(gate) * up, rounded as the swiglu layer.
+// N % 16 == 0 (the launcher checks). C f16 [M, F] = act(gate) * up, rounded as the swiglu /
+// geglu layer (swiglu.cuh glu1: ACT 0 silu, mode 3; ACT 1 gemma's GELU, mode 5).
 // fn(mi, h, row) for each accumulator row of this thread inside C (row < M): rows row0 + mi*16
 // + h*8 + lane/4
 template <int MI, class Fn>
@@ -116,7 +117,7 @@ __device__ __forceinline__ void for_rows(int M, int row0, int lane, Fn&& fn) {
         }
 }
 
-template <int MI, int NI>
+template <int ACT, int MI, int NI>
 __device__ __forceinline__ void epilogue_glu(half* C, int M, int N, int row0, int col0,
                                              const float (&acc)[MI][NI][4], int lane) {
     static_assert(NI % 2 == 0, "gate and up fragments in pairs");
@@ -127,8 +128,8 @@ __device__ __forceinline__ void epilogue_glu(half* C, int M, int N, int row0, in
             const int col = col0 + ni * 8;
             if (col >= N) continue;
             *reinterpret_cast<half2*>(C + static_cast<size_t>(row) * F + col / 2 + 2 * t) =
-                __floats2half2_rn(swiglu1(acc[mi][ni][2 * h], acc[mi][ni + 1][2 * h]),
-                                  swiglu1(acc[mi][ni][2 * h + 1], acc[mi][ni + 1][2 * h + 1]));
+                __floats2half2_rn(glu1<ACT>(acc[mi][ni][2 * h], acc[mi][ni + 1][2 * h]),
+                                  glu1<ACT>(acc[mi][ni][2 * h + 1], acc[mi][ni + 1][2 * h + 1]));
         }
     });
 }
@@ -203,8 +204,8 @@ __device__ __forceinline__ void epilogue_rope(const RopeQkv* __restrict__ rp, in
 template <int MODE, int MI, int NI>
 __device__ __forceinline__ void epilogue(void* C, int M, int N, int row0, int col0,
                                          float (&acc)[MI][NI][4], int lane) {
-    if (MODE == 3) {
-        epilogue_glu<MI, NI>(static_cast<half*>(C), M, N, row0, col0, acc, lane);
+    if (MODE == 3 || MODE == 5) {
+        epilogue_glu<MODE == 5, MI, NI>(static_cast<half*>(C), M, N, row0, col0, acc, lane);
         return;
     }
     const bool vec = (N & 1) == 0;
@@ -265,7 +266,8 @@ __device__ __forceinline__ void store_tile(int mode, void* C, int M, int N, int 
     if (mode == 0) epilogue<0, MI, NI>(C, M, N, row0, col0, acc, lane);
     else if (mode == 1) epilogue<1, MI, NI>(C, M, N, row0, col0, acc, lane);
     else if (mode == 2) epilogue<2, MI, NI>(C, M, N, row0, col0, acc, lane);
-    else if (mode == 3) epilogue<3, MI, NI>(C, M, N, row0, col0, acc, lane);   // glu
+    else if (mode == 3) epilogue<3, MI, NI>(C, M, N, row0, col0, acc, lane);   // glu: silu
+    else if (mode == 5) epilogue<5, MI, NI>(C, M, N, row0, col0, acc, lane);   // glu: gelu
     else epilogue_rope<MI, NI>(static_cast<const RopeQkv*>(C), M, N, row0, col0, acc, lane);
 }
 

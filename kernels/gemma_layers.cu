@@ -16,20 +16,7 @@
 #include <stdint.h>
 
 #include "rmsnorm.cuh"   // rms_scale, rms_value
-
-// GELU (tanh form) as the reference's float32 mode, which is ggml's CPU op: a table indexed by
-// x rounded to f16 holding f16(gelu_f32(x_f16)); x >= 10 passes, x <= -10 gives 0. The table's
-// value is computed here (tanhf within 2 ulp of f32, then rounded to f16: equal to the table
-// but where tanhf's last bits cross an f16 rounding boundary, 1 f16 ulp).
-__device__ __forceinline__ float gelu_ggml(float x) {
-    if (x >= 10.f) return x;
-    if (x <= -10.f) return 0.f;
-    const float h = __half2float(__float2half_rn(x));
-    const float inner = __fmul_rn(__fmul_rn(0.79788456080286535587989211986876f, h),
-                                  __fadd_rn(1.f, __fmul_rn(__fmul_rn(0.044715f, h), h)));
-    const float y = __fmul_rn(__fmul_rn(0.5f, h), __fadd_rn(1.f, tanhf(inner)));
-    return __half2float(__float2half_rn(y));
-}
+#include "swiglu.cuh"    // geglu1: the glu GEMM epilogue's rounding too
 
 extern "C" __global__ void scale_f32(float* y, long n, float s) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -41,7 +28,7 @@ extern "C" __global__ void geglu_f32_f16(__half* y, long ldy, const float* g, co
     const int t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= F) return;
-    y[t * ldy + i] = __float2half_rn(__fmul_rn(gelu_ggml(g[t * ldg + i]), u[t * ldg + i]));
+    y[t * ldy + i] = __float2half_rn(geglu1(g[t * ldg + i], u[t * ldg + i]));
 }
 
 // in place on x is safe: t is another buffer, and each thread adds only the values it reads

@@ -30,8 +30,9 @@
 //       token, K <= 8192.
 //   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
 //   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
-//       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_swiglu).
-//   mmq_blk_tok, mmq_blk_tok_swiglu: the same on a token operand with one scale per token: the
+//       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_glu).
+//   mmq_blk_geglu: the same with gemma's GELU: H = gelu(gate) * up.
+//   mmq_blk_tok, mmq_blk_tok_swiglu, mmq_blk_tok_geglu: the same on a token operand with one scale per token: the
 //       fold is z += f32(S) sw(row) (I2F, FFMA) once per pair of blocks 2i, 2i + 1, the
 //       token's scale applied once before the epilogue. The GEMMs after an rmsnorm take it
 //       (blk_ref.token_scaled: their input's blocks share one scale at a small cost in
@@ -211,7 +212,8 @@ __device__ __forceinline__ void scale_tokens(float (&z)[64], const uint8_t* __re
     }
 }
 
-// EPI: 0 C = (f32 [M, N]), 1 C += (reductions), 2 the swiglu epilogue (C is H f16 [M, N / 2]);
+// EPI: 0 C = (f32 [M, N]), 1 C += (reductions), 2 / 3 the swiglu / geglu epilogue (C is H f16
+// [M, N / 2]);
 // TOK: the token operand has one scale per token (its fold leaves it to the epilogue)
 template <int EPI, bool TOK>
 __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
@@ -300,7 +302,8 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
             if (w.k1 < KB) wgmma::sk_add<64, T, 128>(ws, flags, z);
             const int m0 = (w.tile % ntok_c) * BM + 2 * t, r0 = (w.tile / ntok_c) * BN + rw;
             if constexpr (TOK) scale_tokens(z, Tt, m0 / BM, t);
-            if constexpr (EPI == 2) store_swiglu(z, static_cast<__half*>(C), M, N / 2, m0, r0);
+            if constexpr (EPI >= 2)
+                store_glu<EPI - 2>(z, static_cast<__half*>(C), M, N / 2, m0, r0);
             else store_t<EPI == 1>(z, static_cast<float*>(C), M, N, m0, r0);
         }
     }
@@ -308,7 +311,7 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
 
 }  // namespace
 
-// the entries: NAME (C =), NAME_swiglu and (mmq_blk only) NAME_acc; NAME mmq_blk (token scales
+// the entries: NAME (C =), NAME_swiglu, NAME_geglu and (mmq_blk only) NAME_acc; NAME mmq_blk (token scales
 // per block) or mmq_blk_tok (per token: the GEMMs after an rmsnorm, none of which adds to C;
 // its C += would spill)
 #define MMQ_BLK_ENTRY(NAME, EPI, TOK, CT)                                                       \
@@ -320,8 +323,10 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
 MMQ_BLK_ENTRY(mmq_blk, 0, false, float)
 MMQ_BLK_ENTRY(mmq_blk_acc, 1, false, float)
 MMQ_BLK_ENTRY(mmq_blk_swiglu, 2, false, __half)
+MMQ_BLK_ENTRY(mmq_blk_geglu, 3, false, __half)
 MMQ_BLK_ENTRY(mmq_blk_tok, 0, true, float)
 MMQ_BLK_ENTRY(mmq_blk_tok_swiglu, 2, true, __half)
+MMQ_BLK_ENTRY(mmq_blk_tok_geglu, 3, true, __half)
 
 // ---- the operand prepass (weights at load, activations before each GEMM) ----
 // Four lanes (a quad) take one (row, 128-K block): lane l of the quad holds the block's values

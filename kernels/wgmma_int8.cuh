@@ -1,6 +1,6 @@
 // wgmma_int8.cuh: pieces of the Hopper int8 wgmma kernel (mmq_blk.cu):
 // the register list of an m64n128 s32 accumulator and the epilogues that store a consumer
-// thread's 64 C values (C =, C +=, the swiglu of interleaved gate|up rows). The wgmma's M side
+// thread's 64 C values (C =, C +=, the swiglu / geglu of interleaved gate|up rows). The wgmma's M side
 // is the weight rows, its N side the tokens: a thread's value z[4i + j] is weight row r + 8 (j / 2)
 // and token m + 8i + (j % 2) (r, m: the thread's first row and token, m = tile's first + 2t).
 #pragma once
@@ -48,23 +48,25 @@ __device__ __forceinline__ void store_t(const float (&z)[64], float* C, int M, i
     }
 }
 
-// The swiglu epilogue (rows interleaved per 16: 8 gate rows, then their 8 up rows; quants.glu.
+// The glu epilogue (rows interleaved per 16: 8 gate rows, then their 8 up rows; quants.glu.
 // glu_rows): the thread's rows r and r + 8 are the gate and the up row of feature (r / 16) 8 +
-// r % 16, so H[token][feature] = f16(silu(g) u) from z[4i + j] (gate, j < 2) and z[4i + j + 2]
-// (up), no exchange; F = N / 2 features. silu with the fast intrinsics (swiglu.cuh
-// swiglu1_fast): the exact form's expf and division cost this GEMM 4-8%; -DWG_GLU_EXACT
-// builds the swiglu layer's rounding (the tests prove the row map bitwise with it).
-__device__ __forceinline__ void store_swiglu(const float (&z)[64], __half* H, int M, int F,
-                                             int m, int r) {
+// r % 16, so H[token][feature] = f16(act(g) u) from z[4i + j] (gate, j < 2) and z[4i + j + 2]
+// (up), no exchange; F = N / 2 features; ACT 0 silu (swiglu), 1 gemma's GELU (geglu). With the
+// fast intrinsics (swiglu.cuh glu1_fast): the exact forms' expf / tanhf and division cost this
+// GEMM 4-8%; -DWG_GLU_EXACT builds the layers' rounding (the tests prove the row map bitwise
+// with it).
+template <int ACT>
+__device__ __forceinline__ void store_glu(const float (&z)[64], __half* H, int M, int F, int m,
+                                          int r) {
     const int f = r / 16 * 8 + r % 16;
 #pragma unroll
     for (int k = 0; k < 64; ++k) {
         if ((k >> 1) & 1) continue;   // (the up values, read with their gate values)
         const int tok = m + 8 * (k >> 2) + (k & 1);
-#ifdef WG_GLU_EXACT   // the swiglu layer's rounding (tests: the row map, bitwise)
-        const float y = swiglu1(z[k], z[k + 2]);
+#ifdef WG_GLU_EXACT   // the layers' rounding (tests: the row map, bitwise)
+        const float y = glu1<ACT>(z[k], z[k + 2]);
 #else
-        const float y = swiglu1_fast(z[k], z[k + 2]);
+        const float y = glu1_fast<ACT>(z[k], z[k + 2]);
 #endif
         if (tok < M && f < F) H[(size_t)tok * F + f] = __float2half_rn(y);
     }

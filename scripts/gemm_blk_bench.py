@@ -58,7 +58,7 @@ for M in (int(t) for t in a.tokens.split(",")):
                 if prepass:
                     blk_operand(rt, x, x_op.tt, per_token=x_op.per_token)
                 mmq_blk_linear(rt, x_op, wb, M, N, K, h if glu else out, accumulate=acc,
-                               build_opts=opts, swiglu=glu)
+                               build_opts=opts, glu=glu)
             return run
 
         cfgs = {"f16": f16, "blk + prepass": blk((), True),

@@ -25,7 +25,7 @@ if path.startswith("blk"):
     wb, tt = blk_weight(rt, w16), blk_operand(rt, x, per_token=path == "blk-tok")
 for _ in range(4):
     if path.startswith("blk"):
-        mmq_blk_linear(rt, tt, wb, M, N, K, out, build_opts=opts, swiglu=glu)
+        mmq_blk_linear(rt, tt, wb, M, N, K, out, build_opts=opts, glu=glu)
     else:
         gemm_f16_nt(x, w16, np.float16 if glu else np.float32, out=out, rt=rt, glu=glu)
 rt.synchronize()

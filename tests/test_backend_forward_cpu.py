@@ -433,11 +433,12 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
 
 @pytest.mark.parametrize("preset,head_dim", [("tiny-gemma3", 0), ("tiny-gemma2", 0),
                                              ("tiny-gemma3", 256)])
-@pytest.mark.parametrize("path", ["f16", "blk"])
+@pytest.mark.parametrize("path", ["f16", "blk", "f16:no-glu"])
 def test_gemma_forward_launches(monkeypatch, tmp_path, preset, head_dim, path):
     """gemma on CUDA (fake runtime): the embedding scaled once, per layer one post-norm add
-    after attn_output and one after ffn_down (post32), GeGLU instead of any swiglu (no glu
-    epilogue), the local layers' rope_qkv reading the second RoPE table where their base
+    after attn_output and one after ffn_down (post32), GeGLU instead of any swiglu (from the
+    gate|up GEMM's epilogue: the blk kernel's _geglu entry, the f16 GEMM's mode 5; with
+    no-glu the geglu launch after an f32 GEMM), the local layers' rope_qkv reading the second RoPE table where their base
     differs, each attention launch with its layer's window, the query scale and gemma2's
     soft-cap; the final logits soft-capped (gemma2) after the LM head."""
     import math
@@ -465,16 +466,29 @@ def test_gemma_forward_launches(monkeypatch, tmp_path, preset, head_dim, path):
     rt = FakeRT("sm_90")
     calls = []
     rt.launch = lambda fn, grid, block, a, smem=0, stream=None: calls.append((fn[1], a))
-    be = CudaBackend(model, GemmChoice(path), rt=rt, max_tokens=256, ubatch=64, warmup=False,
+    choice = GemmChoice.resolve({}, path, variants=True)
+    be = CudaBackend(model, choice, rt=rt, max_tokens=256, ubatch=64, warmup=False,
                      graphs=False)
-    assert be.buf.post32 is not None and not be.glu
+    glu = choice.on("glu")
+    assert be.buf.post32 is not None and bool(be.glu) == glu
     calls.clear()
     be.forward_device(np.arange(40, dtype=np.int32), 0)   # one chunk: the last
     entries = [e for e, _ in calls]
     L = c.n_layers
     assert entries.count("scale_f32") == 1 and entries.index("scale_f32") < 3
     assert entries.count("rmsnorm_add_f32") == 2 * L
-    assert entries.count("geglu_f32_f16") == L and not any("swiglu" in e for e in entries)
+    assert not any("swiglu" in e for e in entries)
+    gegl = [a for e, a in calls if e == "geglu_f32_f16"]
+    if not glu:
+        assert len(gegl) == L
+    elif path == "blk":
+        assert not gegl and entries.count("mmq_blk_tok_geglu") == L
+    else:   # the last layer's FFN runs its last row alone: the GEMV's f32, then the
+        # interleaved geglu (gate|up row stride 16, 8 features a row)
+        modes = [int(a[-2] if e.startswith("wgmma_f16_tma") else a[-1]) for e, a in calls
+                 if e.startswith(("gemm_f16_nt", "wgmma_f16"))]
+        assert modes.count(gemm.MODE_GEGLU) == L - 1 and gemm.MODE_GLU not in modes
+        assert len(gegl) == 1 and int(gegl[0][4]) == 16 and int(gegl[0][5]) == 8
     assert entries.count("softcap_f32") == (1 if c.logit_softcap else 0)
     if c.logit_softcap:
         assert entries[-1] == "softcap_f32"

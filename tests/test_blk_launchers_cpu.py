@@ -132,9 +132,12 @@ def test_per_token_operand_picks_its_prepass_and_gemm_entries():
                 mmq_blk_linear(rt, x, w, M, N, K, out, accumulate=True)
         else:
             mmq_blk_linear(rt, x, w, M, N, K, out, accumulate=True)
-        mmq_blk_linear(rt, x, w, M, N, K, da.view(0xA00000, (M, N // 2), F16), swiglu=True)
-        want = [entry, entry + "_swiglu"] if per_token else [entry, entry + "_acc",
-                                                              entry + "_swiglu"]
+        for glu in (True, "gelu"):
+            mmq_blk_linear(rt, x, w, M, N, K, da.view(0xA00000, (M, N // 2), F16), glu=glu)
+        with pytest.raises(GPUError, match="'tanh' is not one of"):
+            mmq_blk_linear(rt, x, w, M, N, K, da.view(0xA00000, (M, N // 2), F16), glu="tanh")
+        glus = [entry + "_swiglu", entry + "_geglu"]
+        want = [entry] + glus if per_token else [entry, entry + "_acc"] + glus
         assert [f[1] for f, _, _ in rt.launches] == want
     rt.launches.clear()
     mmq_blk_linear(rt, x16, w, M, N, K, out, per_token=True)   # the operand made here

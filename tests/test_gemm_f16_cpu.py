@@ -148,3 +148,22 @@ def test_glu_twin_is_swiglu_of_the_deinterleaved_product():
         gemm_f16_nt_ref(a, w[:40], np.float16, glu=True)
     with pytest.raises(BadInput, match="glu writes float16"):
         gemm_f16_nt_ref(a, w, np.float32, glu=True)
+    with pytest.raises(BadInput, match="'relu' is not one of"):
+        gemm_f16_nt_ref(a, w[glu_rows(F)], np.float16, glu="relu")
+
+
+def test_geglu_twin_is_geglu_of_the_deinterleaved_product():
+    """glu="gelu" (gemma): ops.geglu (ggml's f16-table GELU) of the de-interleaved product;
+    glu=True stays silu."""
+    from minfer.quants.glu import glu_rows
+    from minfer.reference.ops import geglu
+
+    rng = np.random.default_rng(8)
+    M, F, K = 6, 32, 48
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    w = (rng.standard_normal((2 * F, K)) * 0.3).astype(np.float16)
+    c = a.astype(np.float32) @ w.astype(np.float32).T
+    want = geglu(c[:, :F], c[:, F:]).astype(np.float16)
+    got = gemm_f16_nt_ref(a, w[glu_rows(F)], np.float16, glu="gelu")
+    assert got.shape == (M, F) and np.array_equal(got, want)
+    assert not np.array_equal(got, gemm_f16_nt_ref(a, w[glu_rows(F)], np.float16, glu=True))

@@ -163,3 +163,23 @@ def test_rope_launch_refuses_misfits(monkeypatch):
         _rope_target(monkeypatch, neox=True)
     with pytest.raises(GPUError, match="head_dim 4 < 8"):
         _rope_target(monkeypatch, D=4, rope_dim=4)
+
+
+@pytest.mark.parametrize("M", [1, 300])
+@pytest.mark.parametrize("glu,mode", [(True, 3), ("silu", 3), ("gelu", 5)])
+def test_glu_launch_mode(glu, mode, M):
+    """glu True / "silu" launch the swiglu epilogue (mode 3), "gelu" gemma's geglu (mode 5), on
+    a tile kernel even at M == 1 (the GEMV has no epilogue); out is f16 [M, N / 2]."""
+    from minfer.cuda.ops.gemm import EPILOGUE_TILE, MODE_GEGLU, MODE_GLU
+
+    assert (MODE_GLU, MODE_GEGLU) == (3, 5)
+    rt = FakeRT()
+    rt.arch = "sm_80"   # (the mma.sync tiles: no tensor maps to make)
+    a, b = da.view(0x100000, (M, 64), F16), da.view(0x400000, (256, 64), F16)
+    out = da.view(0x800000, (M, 128), F16)
+    gemm_f16_nt(a, b, F16, out=out, rt=rt, glu=glu)
+    fn, _, _, args, _ = _launch(rt)
+    assert fn[1] == (EPILOGUE_TILE if M == 1 else pick_variant(M, 256, 64, rt.sm_count, rt.arch))
+    assert args == [0x100000, 0x400000, 0x800000, M, 256, 64, mode]
+    with pytest.raises(BadInput, match="'tanh' is not one of"):
+        gemm_f16_nt(a, b, F16, out=out, rt=rt, glu="tanh")

@@ -150,8 +150,8 @@ class Forward:
         """C (mode 'f32' =, 'f16' =, 'acc' +=) A @ W.T on the weight's route object; q8: A's
         prepass outputs (from _quantize), made here when not given. A fused weight (q|k|v,
         gate|up: not in routes) takes the route of `member`, one of its members (plan_fusion:
-        all share it). Mode 'glu' (a plan_glu gate|up group): C f16 [M, F] = silu(gate) * up
-        from the GEMM's epilogue."""
+        all share it). Mode 'glu' (a plan_glu gate|up group): C f16 [M, F] = act(gate) * up
+        from the GEMM's epilogue (act: the model's, silu or gemma's gelu)."""
         M, K = A.shape
         N = C.shape[1]
         r = self.lin[member or name]
@@ -160,7 +160,8 @@ class Forward:
         x = A if r.operand is None else q8[r.operand]
         if mode == "glu":
             with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
-                r.run_glu(self.rt, self.buf, C, x, self.w[name])
+                r.run_glu(self.rt, self.buf, C, x, self.w[name],
+                          "gelu" if self.c.ffn_gelu else "silu")
             return
         with self._op("gemm:" + label, 2.0 * M * N * K):
             r.run(self.rt, self.buf, C, x, self.w[name], mode)
@@ -254,7 +255,7 @@ class Forward:
             down = p + "ffn_down.weight"
             groups = self.groups[il]["ffn"]
             fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
-            if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu, f16
+            if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu / geglu
                 self._linear(f16, hq, groups[0].weight, "glu", groups[0].label, fq8,
                              groups[0].member)
             else:

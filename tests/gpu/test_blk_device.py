@@ -104,10 +104,13 @@ def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
     assert np.linalg.norm(acc.get() - base - ref) / np.linalg.norm(ref) < 1e-5
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu"])
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("M,F,K,sms", [(77, 256, 576, None), (200, 512, 1024, 3)])
-def test_blk_swiglu(hopper, M, F, K, sms, per_token):
-    """The swiglu epilogue (gate|up rows interleaved per 16) against the plain product's swiglu."""
+def test_blk_swiglu(hopper, M, F, K, sms, per_token, act):
+    """The glu epilogue (gate|up rows interleaved per 16) against the plain product's swiglu /
+    geglu (gemma's GELU: the formula in double, f16 rounding inside the kernel's)."""
+    from minfer.reference.ops import gelu
     from minfer.cuda.ops.mmq_blk import blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da
     from minfer.quants.blk_ref import blk_gemm, quantize_blk
@@ -121,10 +124,10 @@ def test_blk_swiglu(hopper, M, F, K, sms, per_token):
     inv = np.argsort(glu_rows(F))
     y = y[:, inv]
     g, u = y[:, :F], y[:, F:]
-    ref = g / (1 + np.exp(-g)) * u
+    ref = (gelu(g.astype(np.float64)) if act == "gelu" else g / (1 + np.exp(-g))) * u
     out = da.to_device(rt, np.full((M, F), np.nan, np.float16))
     mmq_blk_linear(rt, da.to_device(rt, x), blk_weight(rt, da.to_device(rt, w)), M, 2 * F, K,
-                   out, swiglu=True, sms=sms, per_token=per_token)
+                   out, glu=act, sms=sms, per_token=per_token)
     got = out.get().astype(np.float64)
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3

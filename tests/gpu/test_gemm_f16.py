@@ -139,12 +139,15 @@ def test_launcher_rejects(rt):
         gemm_f16_nt(a, b, rt=rt, variant="gemv_f16_r4")
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu"])
 @pytest.mark.parametrize("variant", sorted(TILES) + sorted(WGMMA) + sorted(TMA) + [None])
-def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, same_bytes):
-    # mode 3 on a gate|up weight interleaved per 16 rows: against the twin, and bitwise the same
-    # variant's f32 product followed by the interleaved swiglu launch (the same sums, the same
-    # swiglu1 rounding); N ragged against every tile (208 = 13 x 16), M = 1 on the default pick
+def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, act, same_bytes):
+    # modes 3 / 5 on a gate|up weight interleaved per 16 rows: against the twin, and bitwise the
+    # same variant's f32 product followed by the interleaved swiglu / geglu launch (the same
+    # sums, the same glu1 rounding); N ragged against every tile (208 = 13 x 16), M = 1 on the
+    # default pick
     from minfer.cuda.ops.gemm import GLU_TILE
+    from minfer.cuda.ops.gemma_layers import geglu_interleaved
     from minfer.quants.glu import glu_rows
     from minfer.cuda.ops.layers import swiglu_interleaved
 
@@ -158,13 +161,13 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, same_bytes):
         w = _rand(rng, (2 * F, K), 0.1)[glu_rows(F)]   # [gate; up], interleaved
         dA, dW = da.to_device(rt, a), da.to_device(rt, w)
         out = da.to_device(rt, np.full((M, F), np.nan, np.float16))
-        gemm_f16_nt(dA, dW, np.float16, out=out, rt=rt, variant=variant, glu=True)
+        gemm_f16_nt(dA, dW, np.float16, out=out, rt=rt, variant=variant, glu=act)
         # (M == 1 by default: glu takes GLU_TILE, where f32 out would take the GEMV)
         gu = gemm_f16_nt(dA, dW, np.float32, rt=rt,
                          variant=variant or (GLU_TILE if M == 1 else None))
         ref = da.empty(rt, (M, F), np.float16)
-        swiglu_interleaved(rt, ref, gu)
+        (geglu_interleaved if act == "gelu" else swiglu_interleaved)(rt, ref, gu)
         rt.synchronize()
         got = out.get()
-        assert _rel(got, gemm_f16_nt_ref(a, w, np.float16, glu=True)) <= 1e-3, (variant, M, F)
-        assert same_bytes(out, ref.get()), f"{variant} {M}x{F}x{K}: glu != f32 GEMM + swiglu"
+        assert _rel(got, gemm_f16_nt_ref(a, w, np.float16, glu=act)) <= 1e-3, (variant, M, F)
+        assert same_bytes(out, ref.get()), f"{variant} {M}x{F}x{K}: {act} glu != f32 GEMM + layer"

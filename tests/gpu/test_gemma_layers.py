@@ -32,7 +32,7 @@ def test_scale_and_softcap(rt):
     assert np.abs(got).max() <= 30.0
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "interleaved"])
 @pytest.mark.parametrize("T,F", [(1, 64), (33, 1000), (130, 2048)])
 def test_geglu(rt, T, F, fused):
     from minfer.cuda.ops import gemma_layers as G
@@ -43,7 +43,11 @@ def test_geglu(rt, T, F, fused):
     g[0, :8] = [-11, -10, -9.99, 0, 9.99, 10, 11, np.float32(1e-8)]   # the table's clamps
     u = (rng.standard_normal((T, F)) * 2).astype(np.float32)
     y = da.to_device(rt, np.full((T, F), np.nan, np.float16))
-    if fused:
+    if fused == "interleaved":   # the glu GEMM's row order (the M == 1 GEMV's output)
+        from minfer.quants.glu import glu_rows
+
+        G.geglu_interleaved(rt, y, da.to_device(rt, np.concatenate([g, u], 1)[:, glu_rows(F)]))
+    elif fused:
         G.geglu(rt, y, da.to_device(rt, np.concatenate([g, u], axis=1)))
     else:
         G.geglu(rt, y, da.to_device(rt, g), da.to_device(rt, u))

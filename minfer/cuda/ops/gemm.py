@@ -5,7 +5,7 @@
 Epilogues: out f32 (mode 0), out f16 (mode 1), accumulate into an existing f32 [M, N] buffer
 (mode 2, C += A @ B^T: residual adds of attn_output / ffn_down), glu (mode 3: B is a gate|up
 weight [2F, K] with its rows interleaved per 16, glu_rows; out f16 [M, F] = silu(gate) * up,
-rounded as the swiglu layer), or rope (mode 4: B is the fused q|k|v weight; the product goes
+rounded as the swiglu layer; mode 5 with gemma's GELU, as the geglu layer), or rope (mode 4: B is the fused q|k|v weight; the product goes
 roped into q16 and the KV cache, minfer.cuda.ops.layers.QkvRope, bit for bit as rope_qkv does the
 f32 product). Modes 3 and 4 at M == 1 take the smallest tile kernel (EPILOGUE_TILE), not the
 GEMV.
@@ -32,9 +32,9 @@ import numpy as np
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.tma import tmap_f16_2d
 from minfer.errors import BadInput
-# the glu mode's gate|up row order (shared with the blk kernel's epilogue)
+from minfer.quants.glu import glu_act   # the glu modes' activations (the blk kernel's too)
 
-MODE_F32, MODE_F16, MODE_ACC, MODE_GLU, MODE_ROPE = 0, 1, 2, 3, 4
+MODE_F32, MODE_F16, MODE_ACC, MODE_GLU, MODE_ROPE, MODE_GEGLU = 0, 1, 2, 3, 4, 5
 # glu or rope at M == 1 (the GEMV has neither epilogue)
 EPILOGUE_TILE = GLU_TILE = "gemm_f16_nt_32x64x64_w1x4_s4"
 # wgmma_f16_tma_*: the sm_90 parameter block starts at constant offset 0x210, so the first
@@ -244,10 +244,11 @@ class RopeRef:
 
 
 def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
-                    accumulate: np.ndarray | None = None, glu: bool = False,
+                    accumulate: np.ndarray | None = None, glu: bool | str = False,
                     rope: RopeRef | None = None):
     """(a.f32 @ b.f32.T) -> out_dtype; with `accumulate` (f32 [M, N]): accumulate + a @ b.T;
-    with `glu` (b interleaved per glu_rows): f16 silu(gate) * up [M, N / 2], each op in f32;
+    with `glu` (b interleaved per glu_rows; True or "silu", "gelu": quants.glu.glu_act): f16
+    act(gate) * up [M, N / 2], each op in f32 (ops.swiglu / ops.geglu);
     with `rope` (b the fused q|k|v weight): f16 (q [M, qd], k [M, kd], v [M, kd]), q and k
     roped in adjacent pairs at positions pos0 .. pos0 + M - 1 (what the device writes to q16
     and the KV cache rows).
@@ -273,10 +274,11 @@ def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
         q, k = c[:, :rope.qd], c[:, rope.qd:rope.qd + rope.kd]
         return roped(q), roped(k), c[:, rope.qd + rope.kd:].astype(np.float16)
     if glu:
-        from minfer.reference.ops import swiglu
+        from minfer.reference.ops import geglu, swiglu
 
+        act = geglu if glu_act(glu) == "gelu" else swiglu
         c = c.reshape(M, N // 16, 2, 8)   # per 16 columns: 8 gate, then the same 8 features' up
-        return swiglu(c[:, :, 0], c[:, :, 1]).astype(np.float16).reshape(M, N // 2)
+        return act(c[:, :, 0], c[:, :, 1]).astype(np.float16).reshape(M, N // 2)
     if accumulate is not None:
         return accumulate.astype(np.float32) + c
     return c.astype(out_dtype)
@@ -301,8 +303,12 @@ def _check_shapes(ashape, bshape, adt, bdt) -> tuple[int, int, int]:
     return int(M), int(N), int(K)
 
 
-def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool = False):
+def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool | str = False):
     out_dtype = np.dtype(out_dtype)
+    try:
+        glu = glu_act(glu)
+    except ValueError as e:
+        raise BadInput(f"gemm_f16_nt: {e}") from None
     if glu:
         if accumulate is not None or out_dtype != np.float16:
             raise BadInput("gemm_f16_nt: glu writes float16 and does not accumulate")
@@ -322,14 +328,14 @@ def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool = False):
 
 # ---- device side ------------------------------------------------------------------------------
 def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None,
-                variant: str | None = None, stream=None, glu: bool = False, rope=None,
+                variant: str | None = None, stream=None, glu: bool | str = False, rope=None,
                 hi: int | None = None):
     """C = A @ B^T on the GPU (same semantics as gemm_f16_nt_ref); returns C (a GPUArray).
 
     a: f16 [M, K], b: f16 [N, K] GPUArrays. With `accumulate` (f32 [M, N]) the product is added
     into it in place and it is returned. Otherwise the result goes to `out` (allocated if None).
-    With `glu` (b interleaved per glu_rows, out_dtype float16): out f16 [M, N / 2] = silu(gate)
-    * up. With `rope` (a minfer.cuda.ops.layers.QkvRope; b the fused q|k|v weight, N = qd + 2 kd):
+    With `glu` (b interleaved per glu_rows, out_dtype float16; True or "silu", "gelu"): out f16
+    [M, N / 2] = act(gate) * up. With `rope` (a minfer.cuda.ops.layers.QkvRope; b the fused q|k|v weight, N = qd + 2 kd):
     the product goes roped into its q16 and the KV cache rows of its device layout (hi: one past
     the layout's largest slot, for the bounds check; default M) and the QkvRope is returned. `variant`
     forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
@@ -376,7 +382,9 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         elif tuple(out.shape) != (M, No) or np.dtype(out.dtype) != out_dtype:
             raise BadInput(f"gemm_f16_nt: out is {tuple(out.shape)} {np.dtype(out.dtype)}, "
                            f"expected ({M}, {No}) {out_dtype}")
-        c, mode = out, (MODE_GLU if glu else MODE_F32 if out_dtype == np.float32 else MODE_F16)
+        act = glu_act(glu)
+        c, mode = out, (MODE_GEGLU if act == "gelu" else MODE_GLU if act else
+                        MODE_F32 if out_dtype == np.float32 else MODE_F16)
     fn = rt.function(kern.file, kern.entry, options=kern.options, dyn_smem=kern.smem)
     i32 = np.int32
     if isinstance(kern, Gemv):

@@ -24,6 +24,7 @@ from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.stream_k import build_define, launch_persistent
 from minfer.errors import GPUError
 from minfer.quants.blk_ref import WPAIR, blk_bytes, blk_shape, kblocks, pad128
+from minfer.quants.glu import glu_act
 
 BM = BN = 128
 _OPTS = ("-arch=sm_90a",)
@@ -132,25 +133,29 @@ def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None, per_token: bool
 
 def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate: bool = False,
                    build_opts: tuple = (), stream_k: bool = True, sms: int | None = None,
-                   swiglu: bool = False, per_token: bool = False) -> None:
+                   glu: bool | str = False, per_token: bool = False) -> None:
     """out f32 [M, N] (= or +=) blk(x) @ blk(W).T; x: BlkTokens (its per_token picks the
-    mmq_blk_tok entries: C = and swiglu only) or f16 [M, K] (its operand made here, per_token
-    as blk_operand's). swiglu: W's rows interleaved per 16 (quants.glu.glu_rows) and out f16
-    [M, N/2] = f16(silu(gate) * up) from the epilogue. stream_k: split the ragged last waves' tiles by k
+    mmq_blk_tok entries: C = and glu only) or f16 [M, K] (its operand made here, per_token
+    as blk_operand's). glu (True or "silu", "gelu": quants.glu.glu_act): W's rows interleaved
+    per 16 (quants.glu.glu_rows) and out f16 [M, N/2] = f16(act(gate) * up) from the epilogue. stream_k: split the ragged last waves' tiles by k
     (tuning variant no-stream-k); sms: at most this many SMs; build_opts: nvcc -D options
     (-DBLK_FOLD=1, -DBLK_GROUP=N, -DBLK_STAGES=N)."""
     if not isinstance(w, BlkWeight) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_blk_linear: weight must be a BlkWeight of [{N}, {K}]")
-    if swiglu and (accumulate or N % 16):
-        raise GPUError(f"mmq_blk_linear: the swiglu epilogue needs N % 16 == 0 and C =, got "
+    try:
+        act = glu_act(glu)
+    except ValueError as e:
+        raise GPUError(f"mmq_blk_linear: {e}") from None
+    if act and (accumulate or N % 16):
+        raise GPUError(f"mmq_blk_linear: the glu epilogue needs N % 16 == 0 and C =, got "
                        f"N={N}{' +=' if accumulate else ''}")
     if M <= 0:
         raise GPUError(f"mmq_blk_linear: need M >= 1, got M={M}")
     if M * N >= 2**31 or blk_bytes(M, K) >= 2**31 or blk_bytes(N, K) >= 2**31:
         raise GPUError(f"mmq_blk_linear: [{M}, {N}, {K}] is too large for the kernel's 32-bit "
                        "offsets")
-    da.check("mmq_blk_linear out", out, (M, N // 2) if swiglu else (M, N),
-             np.float16 if swiglu else np.float32)
+    da.check("mmq_blk_linear out", out, (M, N // 2) if act else (M, N),
+             np.float16 if act else np.float32)
     if isinstance(x, BlkTokens):
         if (x.M, x.K) != (M, K):
             raise GPUError(f"mmq_blk_linear: a token operand of [{x.M}, {x.K}] for "
@@ -164,7 +169,7 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
     da.check("mmq_blk_linear tt", tt, blk_shape(M, K), np.uint8, align=16)
     tiles = -(-M // BM) * -(-N // BN)
     entry = ("mmq_blk_tok" if x.per_token else "mmq_blk") + (
-        "_acc" if accumulate else "_swiglu" if swiglu else "")
+        "_acc" if accumulate else {"silu": "_swiglu", "gelu": "_geglu"}.get(act, ""))
     smem = blk_smem(build_define(build_opts, "BLK_STAGES", 6))
     launch_persistent(rt, entry, "mmq_blk", smem, tiles, kblocks(K),
                       (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),

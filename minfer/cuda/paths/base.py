@@ -12,7 +12,8 @@ forward, `minfer check`, the tests and `bench --ab` all call these same objects.
 Calling convention of a route (y[M, N] = x[M, K] @ W[N, K].T):
     A f16 [M, K]  --operand.prepass(rt, A, scratch)-->  x  (A itself when operand is None)
     route.run(rt, scratch, C, x, w, mode)   mode 'f32' / 'f16': C = x @ w.T; 'acc': C +=
-    route.run_glu(rt, scratch, C, x, w)     C f16 [M, F] = silu(gate) * up (glu routes)
+    route.run_glu(rt, scratch, C, x, w, act)   C f16 [M, F] = act(gate) * up (glu routes;
+                                               act "silu" or "gelu": quants.glu.GLU_ACTS)
 scratch: the backend's DeviceBuffers (an operand lives in getattr(scratch, operand.scratch);
 the f16 GEMV's glu at M == 1 uses its f32 gate|up buffer).
 """
@@ -71,7 +72,7 @@ class GemmPath:
     int8 = False          # an int8 kernel (the MMQ families), not the exact f16 path
     via_f16 = False       # the weight goes up as f16 rows at load (dequantized on the GPU)
     requant = False       # ... and is requantized from them (per weight, or fused group)
-    glu = False           # a gate|up GEMM on it can write the swiglu from its epilogue
+    glu = False           # a gate|up GEMM on it can write the swiglu / geglu from its epilogue
     rope = False          # a q|k|v GEMM on it can rope from its epilogue (f16)
     operand = None        # the Operand its kernels read (None: the f16 activation itself)
 
@@ -142,7 +143,7 @@ class LinearRoute:
     def run(self, rt, scratch, C, x, w, mode: str) -> None:
         raise NotImplementedError
 
-    def run_glu(self, rt, scratch, C, x, w) -> None:
+    def run_glu(self, rt, scratch, C, x, w, act: str = "silu") -> None:
         from minfer.errors import Unsupported
 
-        raise Unsupported(f"{self.name}: no swiglu epilogue")
+        raise Unsupported(f"{self.name}: no glu epilogue")

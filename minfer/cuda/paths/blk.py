@@ -2,7 +2,7 @@
 Hadamard-rotated and requantized to int8 with one f32 scale per (row, 256 of K); activations
 as a rotated int8 token operand with one scale per (token, 128 of K), or per token on the
 GEMMs after an rmsnorm (blk_ref.token_scaled; tuning variant no-token-scale); the persistent
-wgmma kernel with stream-K (minfer.cuda.ops.mmq_blk; no-stream-k) and the swiglu epilogue
+wgmma kernel with stream-K (minfer.cuda.ops.mmq_blk; no-stream-k) and the swiglu / geglu epilogue
 (no-glu). The operand is made by a prepass, or by the rmsnorm launch and the wgmma attention's
 epilogue (no-fused-prepass: separate prepasses). ffn_down stays on f16 for accuracy (f16_kinds;
 no-exact-down). Lossy: gate 6 (KL divergence) holds it. Twin: minfer.quants.blk_ref."""
@@ -86,10 +86,10 @@ class BlkRoute(LinearRoute):
             da.poison(rt, C)
         self._launch(rt, x, w, M, N, x.K, C, mode == "acc")
 
-    def run_glu(self, rt, scratch, C, x, w) -> None:
+    def run_glu(self, rt, scratch, C, x, w, act: str = "silu") -> None:
         M, F = C.shape
         da.poison(rt, C)
-        self._launch(rt, x, w, M, 2 * F, x.K, C, swiglu=True)
+        self._launch(rt, x, w, M, 2 * F, x.K, C, glu=act)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from minfer.cuda.runtime import devarray as da
 
 class F16Route(LinearRoute):
     """gemm_f16_nt on the dequantized f16 weight; glu at M == 1: the GEMV's f32 into the
-    scratch's gate|up buffer, then the interleaved swiglu launch (the GEMV has no epilogue)."""
+    scratch's gate|up buffer, then the interleaved swiglu / geglu launch (the GEMV has no
+    epilogue)."""
 
     def run(self, rt, scratch, C, x, w, mode: str) -> None:
         from minfer.cuda.ops.gemm import gemm_f16_nt
@@ -27,18 +28,19 @@ class F16Route(LinearRoute):
         da.poison(rt, C)   # debug / poison mode: NaN unless the GEMM really writes C
         gemm_f16_nt(x, w, np.float16 if mode == "f16" else np.float32, out=C, rt=rt)
 
-    def run_glu(self, rt, scratch, C, x, w) -> None:
+    def run_glu(self, rt, scratch, C, x, w, act: str = "silu") -> None:
+        from minfer.cuda.ops import gemma_layers as G
         from minfer.cuda.ops import layers as L
         from minfer.cuda.ops.gemm import gemm_f16_nt
 
         M = x.shape[0]
         da.poison(rt, C)
         if M > 1:
-            gemm_f16_nt(x, w, np.float16, out=C, rt=rt, glu=True)
+            gemm_f16_nt(x, w, np.float16, out=C, rt=rt, glu=act)
             return
         gu = da.reshape(da.rows(scratch.gu32, 0, 2 * C.shape[1]), (M, 2 * C.shape[1]))
         gemm_f16_nt(x, w, np.float32, out=gu, rt=rt)
-        L.swiglu_interleaved(rt, C, gu)
+        (G.geglu_interleaved if act == "gelu" else L.swiglu_interleaved)(rt, C, gu)
 
 
 @dataclass(frozen=True)

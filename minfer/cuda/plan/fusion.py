@@ -5,7 +5,7 @@ their epilogue, from the routes (routes.plan_routes: weight name -> (path name, 
   ranges of one weight [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) run as one GEMM.
 - `plan_glu` / `plan_rope`: the fused groups whose GEMM applies the swiglu / rope in its
   epilogue (on by default where they win; tuning variants no-glu / no-rope turn them off).
-- `glu_all`: every layer's gate|up GEMM writes the swiglu (no f32 gate|up buffer needed).
+- `glu_all`: every layer's gate|up GEMM writes the swiglu / geglu (no f32 gate|up buffer needed).
 - `plan_groups`: a layer's q|k|v or gate|up GEMMs in output order (the forward's loop).
 """
 
@@ -55,12 +55,12 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
 
 def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
              fused: dict[str, tuple[str, int, int]]) -> set[str]:
-    """The fused gate|up group names whose GEMM writes the swiglu from its epilogue (their
-    rows interleaved per 16 at load, glu_rows): any type on the block path (mmq_blk_linear) or
-    on the f16 path (gemm_f16_nt's glu mode), unless the tuning variant no-glu; d_ff % 8 == 0;
-    not for GeGLU (gemma: the separate geglu launch)."""
+    """The fused gate|up group names whose GEMM writes the swiglu (gemma: the geglu) from its
+    epilogue (their rows interleaved per 16 at load, glu_rows): any type on the block path
+    (mmq_blk_linear) or on the f16 path (gemm_f16_nt's glu modes), unless the tuning variant
+    no-glu; d_ff % 8 == 0."""
     out = set()
-    if not choice.on("glu") or model.config.ffn_gelu:   # (the epilogues compute silu)
+    if not choice.on("glu"):
         return out
     if model.config.d_ff % 8:
         return out
