@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #include "rmsnorm.cuh"   // rms_scale, rms_value
-#include "swiglu.cuh"    // geglu1: the glu GEMM epilogue's rounding too
+#include "swiglu.cuh"    // glu_rows_f32_f16: the glu GEMM epilogue's rounding too
 
 extern "C" __global__ void scale_f32(float* y, long n, float s) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -25,10 +25,7 @@ extern "C" __global__ void scale_f32(float* y, long n, float s) {
 
 extern "C" __global__ void geglu_f32_f16(__half* y, long ldy, const float* g, const float* u,
                                          long ldg, int F) {
-    const int t = blockIdx.y;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= F) return;
-    y[t * ldy + i] = __float2half_rn(geglu1(g[t * ldg + i], u[t * ldg + i]));
+    glu_rows_f32_f16<1>(y, ldy, g, u, ldg, F);
 }
 
 // in place on x is safe: t is another buffer, and each thread adds only the values it reads

@@ -273,10 +273,7 @@ extern "C" __global__ void rope_qkv_f32_f16_v4(ROPE_QKV_ARGS) {
 
 extern "C" __global__ void swiglu_f32_f16(__half* y, long ldy, const float* g, const float* u,
                                           long ldg, int F) {
-    const int t = blockIdx.y;
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= F) return;
-    y[t * ldy + i] = __float2half_rn(swiglu1(g[t * ldg + i], u[t * ldg + i]));
+    glu_rows_f32_f16<0>(y, ldy, g, u, ldg, F);
 }
 
 // same function, 4 columns per thread (16-byte loads, 8-byte stores); the launcher picks it when

@@ -61,3 +61,14 @@ __device__ __forceinline__ float glu1_fast(float gv, float uv) {
     if constexpr (ACT == 0) return swiglu1_fast(gv, uv);
     else return __fmul_rn(gelu_ggml_fast(gv), uv);
 }
+
+// the layers' body: y f16 [T, F] = act(g) * u, g / u f32 rows of stride ldg; grid
+// (ceil(F / 256), T), block 256 (layers.cu swiglu_f32_f16, gemma_layers.cu geglu_f32_f16)
+template <int ACT>
+__device__ __forceinline__ void glu_rows_f32_f16(__half* y, long ldy, const float* g,
+                                                 const float* u, long ldg, int F) {
+    const int t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= F) return;
+    y[t * ldy + i] = __float2half_rn(glu1<ACT>(g[t * ldg + i], u[t * ldg + i]));
+}
