@@ -10,26 +10,27 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(params=["model", "tiny-gemma3", "tiny-gemma2"])
-def glu_model(request, tmp_path):
-    """The test model (SwiGLU) and the gemma families' tiny files (GeGLU)."""
-    if request.param == "model":
-        return request.getfixturevalue("model")
+def test_f16_glu_logits_bitwise(model):
+    _glu_on_off_bitwise(model)
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2"])
+def test_f16_geglu_logits_bitwise(tmp_path, preset):
+    """gemma's GeGLU (the GEMM's mode 5) against the f32 GEMM + geglu launch."""
     from families_data import synth_family
 
     from minfer.gguf.loader import load_model
 
-    return load_model(synth_family(request.param, tmp_path))
+    _glu_on_off_bitwise(load_model(synth_family(preset, tmp_path)))
 
 
-def test_f16_glu_logits_bitwise(glu_model):
+def _glu_on_off_bitwise(model):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
 
     from gpu_helpers import prefill_and_step
 
     runs = {}
-    model = glu_model
     for glu in (True, False):
         b = CudaBackend(model, GemmChoice("f16", frozenset() if glu else frozenset({"glu"})), max_tokens=128, ubatch=16)
         assert bool(b.glu) == (glu and model.config.d_ff % 8 == 0)
