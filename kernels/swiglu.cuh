@@ -33,16 +33,15 @@ __device__ __forceinline__ float gelu_ggml(float x) {
     return __half2float(__float2half_rn(y));
 }
 
-// gelu_ggml in a few MUFU and FMA steps, for the int8 GEMM's epilogue (a few ulp of f32 before
-// the f16 rounding; no branches: past +-10 the form itself gives h and -0): with v = sqrt(2/pi)
-// h (1 + 0.044715 h^2), 0.5 h (1 + tanh v) = h / (1 + e^-2v) = h / (1 + 2^a),
-// a = h (-2.3022082 - 0.10294324 h^2) (-2 sqrt(2/pi) log2(e), times 0.044715)
+// gelu_ggml with tanh from __expf and __fdividef (a few ulp of f32 before the f16 rounding):
+// 1 + tanh(v) = 2 / (1 + e^-2v), which cancels nowhere (2 sigmoid(2v))
 __device__ __forceinline__ float gelu_ggml_fast(float x) {
+    if (x >= 10.f) return x;
+    if (x <= -10.f) return 0.f;
     const float h = __half2float(__float2half_rn(x));
-    const float a = h * fmaf(-0.10294324f, h * h, -2.3022082f);
-    float e;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(a));
-    return __half2float(__float2half_rn(__fdividef(h, 1.f + e)));
+    const float inner = 0.79788456080286535587989211986876f * h * (1.f + 0.044715f * h * h);
+    const float one_plus_tanh = __fdividef(2.f, 1.f + __expf(-2.f * inner));
+    return __half2float(__float2half_rn(0.5f * h * one_plus_tanh));
 }
 
 __device__ __forceinline__ float geglu1(float gv, float uv) {
