@@ -30,6 +30,9 @@
 // accumulator in flight across the loop edge, where ptxas would serialize the wgmmas). Blocks
 // are issued last rows first (causal: the last rows see the most keys).
 // Dynamic smem AttnWgSmem<D>::BYTES (D = 128: 225 KB; 64: 113 KB).
+// Timing builds (wrong results; scripts/attn_one.py --opts, device_run.sh attn): -DATT_WG_NOLOAD
+// the producer copies the first STAGES K/V tiles only, so the consumers' time alone shows what
+// the loads cost; -DATT_WG_NOEXP the softmax without its ex2 (what the MUFU work costs).
 #include <cuda_fp16.h>
 #include <stdint.h>
 
@@ -146,9 +149,13 @@ __device__ __forceinline__ uint32_t pack_h2(float lo, float hi) {
 }
 
 __device__ __forceinline__ float ex2(float x) {   // 2^x, MUFU.EX2 alone (P is f16 anyway)
+#ifdef ATT_WG_NOEXP   // timing build: no MUFU (a value in [0, 1], as 2^x of x <= 0)
+    return __saturatef(x + 1.f);
+#else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
+#endif
 }
 __device__ __forceinline__ void bar_sync(int id) {
     asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
@@ -230,8 +237,14 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             const int s = kt % STAGES, k0 = (kt0 + kt) * KEYS, nv = min(KEYS, n_keys - k0);
             wgmma::mbar_wait(bars + 8 * (1 + STAGES + s), ((kt / STAGES) & 1) ^ 1);   // free
             const uint32_t st = base + S::KV + s * 2 * S::TILE;
-            load_kv<D>(st, kc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
-            load_kv<D>(st + S::TILE, vc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
+#ifdef ATT_WG_NOLOAD   // timing build: each stage keeps the tile it got first
+            if (kt < STAGES)
+#endif
+            {
+                load_kv<D>(st, kc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
+                load_kv<D>(st + S::TILE, vc + (long)k0 * ldkv + (long)hk * D, ldkv, nv,
+                           threadIdx.x);
+            }
             wgmma::cp_async_arrive(bars + 8 * (1 + s));
         }
         gemm_f16::cp_async_wait<0>();   // (a thread's copies complete before it exits)

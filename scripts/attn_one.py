@@ -1,9 +1,11 @@
 """The prefill attention alone, timed with CUDA events, for `ncu` and A/B timing (device).
 
 python3 scripts/attn_one.py [--tokens 2048,8192,16384] [--impl wg|mma] [--heads 32:8]
-    [--head-dim 128] [--launches 10]
+    [--head-dim 128] [--launches 10] [--opts=-DATT_WG_NOLOAD,-DATT_WG_NOEXP]
 Prints per length: µs per launch (median of 7 groups, ± half the spread) and TFLOP/s with the
-causal FLOPs counted once (4 T^2 / 2 Hq D). Under ncu, profile one launch:
+causal FLOPs counted once (4 T^2 / 2 Hq D). --opts: the wgmma kernel's timing builds
+(kernels/attention_sm90a.cu's header; wrong results: what the loads / the ex2 cost).
+Under ncu, profile one launch:
 ncu -k regex:attn_wg --launch-skip 2 --launch-count 1 python3 scripts/attn_one.py --tokens 8192
 """
 
@@ -22,14 +24,16 @@ ap.add_argument("--impl", default="wg")
 ap.add_argument("--heads", default="32:8")
 ap.add_argument("--head-dim", type=int, default=128)
 ap.add_argument("--launches", type=int, default=10)
+ap.add_argument("--opts", default="", help="comma-separated nvcc -D options (timing builds)")
 a = ap.parse_args()
 Hq, Hkv = map(int, a.heads.split(":"))
 D, rt, rng = a.head_dim, get_runtime(), np.random.default_rng(0)
+opts = tuple(o for o in a.opts.split(",") if o)
 for T in map(int, a.tokens.split(",")):
     q, k, v = (da.to_device(rt, rng.standard_normal((T, h, D)).astype(np.float16))
                for h in (Hq, Hkv, Hkv))
     o = da.empty(rt, (T, Hq, D), np.float16, "o")
-    run = lambda: attention(rt, o, q, k, v, 0, impl=a.impl)   # noqa: E731
+    run = lambda: attention(rt, o, q, k, v, 0, impl=a.impl, build_opts=opts)   # noqa: E731
     for _ in range(3):
         run()
     rt.synchronize()
@@ -43,6 +47,6 @@ for T in map(int, a.tokens.split(",")):
         us.append(t1.time_since(t0) * 1e3 / a.launches)
     med = float(np.median(us))
     flop = 4 * T * T / 2 * Hq * D
-    print(f"attention {a.impl} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
+    print(f"attention {a.impl}{' ' + a.opts if opts else ''} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
           f"{(max(us) - min(us)) / 2:.1f} µs  {flop / med / 1e6:6.1f} TFLOP/s", flush=True)
     del q, k, v, o

@@ -31,7 +31,8 @@
 #          1024 x 32 on f16 and blk, the log-uniform file, a shared prefix on / off, decode of
 #          64, a 10,000-prompt file end to end (peak host and GPU memory).
 #   attn:  the prefill attention alone (scripts/attn_one.py: 2,048 .. 32,768 tokens, the wgmma
-#          kernel and attention.cu at 8,192) and ncu on the wgmma kernel at 8,192.
+#          kernel and attention.cu at 8,192; the wgmma kernel's timing builds without its loads
+#          / its ex2) and ncu on the wgmma kernel at 8,192.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -167,11 +168,14 @@ if [ "$MODE" = attn ]; then   # the prefill attention alone, and ncu on the wgmm
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   step time 60 python3 scripts/attn_one.py --tokens 2048,8192,16384,32768
   step timemma 40 python3 scripts/attn_one.py --tokens 8192 --impl mma
+  for o in -DATT_WG_NOLOAD -DATT_WG_NOEXP -DATT_WG_NOLOAD,-DATT_WG_NOEXP; do   # timing builds
+    step "time_${o//[^A-Z_]/}" 40 python3 scripts/attn_one.py --tokens 8192,16384 --opts=$o
+  done
   step ncu 90 "$NCU" --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
     --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
     -k regex:attn_wg --launch-skip 2 --launch-count 1 python3 scripts/attn_one.py --tokens 8192 --launches 1
   echo; echo "################ SUMMARY attn ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  cat "$OUT/time.log" "$OUT/timemma.log"
+  cat "$OUT/time.log" "$OUT/timemma.log" "$OUT"/time_*.log
   grep -E "Throughput|Duration|SM Frequency|Issue Slots|Pipe|highest|Registers Per|Spilling" "$OUT/ncu.log"
   exit 0
 fi

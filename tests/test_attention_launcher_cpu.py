@@ -45,3 +45,25 @@ def test_per_token_for_decode_layouts():
     assert not per_token_pays(np.zeros((0, 2), np.int32))
     for rt in (H200, ADA):
         assert pick_impl(rt, 64, 4, 128, per_token=True) == "tok"
+
+
+def test_timing_build_options_reach_the_wgmma_build(monkeypatch):
+    """build_opts (the timing builds: -DATT_WG_NOLOAD ...) join the wgmma kernel's nvcc
+    options; without them it builds as the forward does (-arch=sm_90a alone)."""
+    from fake_gpuarray import install
+
+    from minfer.cuda.ops.attention import attention
+    from minfer.cuda.runtime import devarray as da
+
+    install(monkeypatch)
+    rt = SimpleNamespace(arch="sm_90", smem_optin=232448, builds=[],
+                         launch=lambda *a, **k: None)
+    rt.function = lambda name, entry, options=(), dyn_smem=0: rt.builds.append(
+        (name, entry, tuple(options))) or (name, entry)
+    T, Hq, Hkv, D = 256, 8, 2, 128
+    q, o = da.view(0x100000, (T, Hq, D), np.float16), da.view(0x300000, (T, Hq, D), np.float16)
+    k, v = (da.view(p, (T, Hkv, D), np.float16) for p in (0x500000, 0x700000))
+    attention(rt, o, q, k, v, 0)
+    attention(rt, o, q, k, v, 0, build_opts=("-DATT_WG_NOLOAD",))
+    assert rt.builds == [("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a",)),
+                         ("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a", "-DATT_WG_NOLOAD"))]

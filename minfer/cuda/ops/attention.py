@@ -102,7 +102,7 @@ def pick_geometry(rt, head_dim: int) -> AttnGeometry:
 def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
               geom: AttnGeometry | None = None, impl: str | None = None, operand=None,
               o_out: bool = True, scale: float | None = None, window: int = 0,
-              softcap: float = 0.0) -> None:
+              softcap: float = 0.0, build_opts: tuple = ()) -> None:
     """o f16 [T, Hq, D] = causal softmax(q k^T * scale) v, scale 1 / sqrt(D) unless given.
 
     q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
@@ -122,6 +122,8 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
     window > 0: a sliding-window layer's (keys with slot - key < window); softcap > 0: the
     scaled scores become softcap * tanh(score / softcap) (gemma2); both as the twin's
     (kernels/attention_common.cuh).
+    build_opts: nvcc -D options of the wgmma kernel's timing builds (attention_sm90a.cu's
+    header: -DATT_WG_NOLOAD, -DATT_WG_NOEXP; wrong results, scripts/attn_one.py).
     """
     da.check("attention q", q, (None, None, None), np.float16, align=16)
     T, Hq, D = q.shape
@@ -162,7 +164,7 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
                            f"and head_dim {' or '.join(map(str, WG_HEAD_DIMS))} (got {D})")
         rows, threads, smem = WG_ROWS, 384, wg_smem_bytes(D)
         fn = rt.function("attention_sm90a", f"attn_wg_d{D}" + ("_blk" if extra else ""),
-                         ("-arch=sm_90a",), dyn_smem=smem)
+                         ("-arch=sm_90a", *build_opts), dyn_smem=smem)
     elif impl == "tok":
         rows, threads, smem = 1, 32 * TOK_WARPS, 0
         fn = rt.function("attention_tok", f"attn_tok_d{D}")
