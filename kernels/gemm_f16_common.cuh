@@ -2,8 +2,8 @@
 // cp.async, ldmatrix, mma.sync m16n8k16, the XOR smem swizzle, grouped block order, and the
 // epilogue (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc, 3: C f16 [M, N/2] =
 // swiglu of B rows interleaved per 16, 4: rope: C is a RopeQkv*, the fused qkv output goes
-// roped into q16 and the KV cache, 5: as 3 with gemma's GELU: geglu) over m16n8 accumulator fragments acc[MI][NI][4] (rows
-// row0 + mi*16 + lane/4 (+8), cols col0 + ni*8 + 2*(lane%4)).
+// roped into q16 and the KV cache, 5: as 3 with gemma's GELU: geglu) over m16n8 accumulator
+// fragments acc[MI][NI][4] (rows row0 + mi*16 + lane/4 (+8), cols col0 + ni*8 + 2*(lane%4)).
 #pragma once
 #include <cuda_fp16.h>
 #include <stdint.h>

@@ -1,7 +1,8 @@
 // gemm_f16_sm90a.cu: C[M, N] = A[M, K] @ B[N, K]^T on Hopper tensor cores (wgmma, sm_90a only),
 // f16 operands, f32 accumulate; same semantics, contract and epilogue modes as gemm_f16.cu
-// (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc, 3: glu, 4: rope, 5: geglu; the TMA kernels
-// prefetch mode 2's residual tile into L2 ACC_PREFETCH_KTILES k-tiles before their epilogue).
+// (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc, 3: glu, 4: rope, 5: geglu; the TMA
+// kernels prefetch mode 2's residual tile into L2 ACC_PREFETCH_KTILES k-tiles before their
+// epilogue).
 // Compiled with -arch=sm_90a by the launcher (minfer/cuda/ops/gemm.py), which picks these entries
 // only on sm_90 devices.
 // minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)

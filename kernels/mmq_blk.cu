@@ -32,8 +32,9 @@
 //   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
 //       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_glu).
 //   mmq_blk_geglu: the same with gemma's GELU: H = gelu(gate) * up.
-//   mmq_blk_tok, mmq_blk_tok_swiglu, mmq_blk_tok_geglu: the same on a token operand with one scale per token: the
-//       fold is z += f32(S) sw(row) (I2F, FFMA) once per pair of blocks 2i, 2i + 1, the
+//   mmq_blk_tok, mmq_blk_tok_swiglu, mmq_blk_tok_geglu: the same on a token operand with one
+//       scale per token: the fold is z += f32(S) sw(row) (I2F, FFMA) once per pair of blocks
+//       2i, 2i + 1, the
 //       token's scale applied once before the epilogue. The GEMMs after an rmsnorm take it
 //       (blk_ref.token_scaled: their input's blocks share one scale at a small cost in
 //       accuracy, docs/blk.md).
@@ -311,9 +312,9 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
 
 }  // namespace
 
-// the entries: NAME (C =), NAME_swiglu, NAME_geglu and (mmq_blk only) NAME_acc; NAME mmq_blk (token scales
-// per block) or mmq_blk_tok (per token: the GEMMs after an rmsnorm, none of which adds to C;
-// its C += would spill)
+// the entries: NAME (C =), NAME_swiglu, NAME_geglu and (mmq_blk only) NAME_acc; NAME mmq_blk
+// (token scales per block) or mmq_blk_tok (per token: the GEMMs after an rmsnorm, none of
+// which adds to C; its C += would spill)
 #define MMQ_BLK_ENTRY(NAME, EPI, TOK, CT)                                                       \
     extern "C" __global__ void __launch_bounds__(384, 1)                                        \
     NAME(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, CT* C, int M, int N,   \

@@ -1,8 +1,9 @@
 // wgmma_int8.cuh: pieces of the Hopper int8 wgmma kernel (mmq_blk.cu):
 // the register list of an m64n128 s32 accumulator and the epilogues that store a consumer
-// thread's 64 C values (C =, C +=, the swiglu / geglu of interleaved gate|up rows). The wgmma's M side
-// is the weight rows, its N side the tokens: a thread's value z[4i + j] is weight row r + 8 (j / 2)
-// and token m + 8i + (j % 2) (r, m: the thread's first row and token, m = tile's first + 2t).
+// thread's 64 C values (C =, C +=, the swiglu / geglu of interleaved gate|up rows). The wgmma's
+// M side is the weight rows, its N side the tokens: a thread's value z[4i + j] is weight row
+// r + 8 (j / 2) and token m + 8i + (j % 2) (r, m: the thread's first row and token, m = tile's
+// first + 2t).
 #pragma once
 #include <cuda_fp16.h>
 

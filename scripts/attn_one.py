@@ -47,6 +47,7 @@ for T in map(int, a.tokens.split(",")):
         us.append(t1.time_since(t0) * 1e3 / a.launches)
     med = float(np.median(us))
     flop = 4 * T * T / 2 * Hq * D
-    print(f"attention {a.impl}{' ' + a.opts if opts else ''} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
+    name = a.impl + (" " + a.opts if opts else "")
+    print(f"attention {name} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
           f"{(max(us) - min(us)) / 2:.1f} µs  {flop / med / 1e6:6.1f} TFLOP/s", flush=True)
     del q, k, v, o

@@ -24,9 +24,6 @@
 #          block) and f16's gate|up; the installed wheel's check (as gates).
 #   packed: the packed layout's GPU tests (attention, rope, backend, graphs, blk) and the first
 #          batch figures (256 x 128 on f16 and blk, a shared prefix, decode of 64), one call.
-#   batch: many prompts on an 8B-shape synth model (gates runs their GPU tests): decode
-#          of 64 sequences, a 10,000-prompt file end to end (peak host and GPU memory), bench
-#          --batch 256 x 128 on f16 and blk (packed2 has 1024 x 32 and the log-uniform file).
 #   many:  every many-prompts row of docs/perf.md in one call (8B-shape synth model): 256 x 128 and
 #          1024 x 32 on f16 and blk, the log-uniform file, a shared prefix on / off, decode of
 #          64, a 10,000-prompt file end to end (peak host and GPU memory).
@@ -122,24 +119,6 @@ if [ "$MODE" = packed2 ]; then   # the packed backend test, check's batch rows, 
   echo "--- check"; grep -E "FAIL|PASS|exact|/32|/11" "$OUT/checkb.log" | tail -24
   for f in b1024x32 blogu; do echo "--- $f"; grep -E "^\| |rror|prompts," \
     "$OUT/$f.log" | grep -v "| ---"; done
-  exit 0
-fi
-
-if [ "$MODE" = batch ]; then   # many prompts (issue 34): decode steps, a 10,000-prompt file, packed prefill
-  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader -lms 250 > "$OUT/mem.log" &
-  step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
-  B="$M bench -m /tmp/s8b.gguf --no-breakdown"
-  step bdecode 90 $B --batch 64 --tokens 128 -n 65 --repeats 2
-  python3 scripts/prompt_lines.py 10000 /tmp/p10k.txt
-  step file10k 150 python3 scripts/peak_rss.py $M prefill -m /tmp/s8b.gguf --prompts /tmp/p10k.txt \
-    --prompts-format lines -n 8 -o /tmp/o10k.jsonl
-  step b256x128 100 $B --batch 256 --tokens 128 --repeats 2 --ab f16 blk
-  kill $(jobs -p) 2>/dev/null
-  echo; echo "################ SUMMARY batch ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  for f in bdecode b256x128; do echo "--- $f"; grep -E "^\| |rror|^model|prompts,|decode" \
-    "$OUT/$f.log" | grep -v "| ---"; done
-  echo "--- file10k"; grep -vE "^\s*$" "$OUT/file10k.log" | tail -9; wc -l /tmp/o10k.jsonl; head -c 300 /tmp/o10k.jsonl
-  echo; echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"
   exit 0
 fi
 

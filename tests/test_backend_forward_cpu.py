@@ -438,9 +438,10 @@ def test_gemma_forward_launches(monkeypatch, tmp_path, preset, head_dim, path):
     """gemma on CUDA (fake runtime): the embedding scaled once, per layer one post-norm add
     after attn_output and one after ffn_down (post32), GeGLU instead of any swiglu (from the
     gate|up GEMM's epilogue: the blk kernel's _geglu entry, the f16 GEMM's mode 5; with
-    no-glu the geglu launch after an f32 GEMM), the local layers' rope_qkv reading the second RoPE table where their base
-    differs, each attention launch with its layer's window, the query scale and gemma2's
-    soft-cap; the final logits soft-capped (gemma2) after the LM head."""
+    no-glu the geglu launch after an f32 GEMM), the local layers' rope_qkv reading the second
+    RoPE table where their base differs, each attention launch with its layer's window, the
+    query scale and gemma2's soft-cap; the final logits soft-capped (gemma2) after the LM
+    head."""
     import math
 
     from fake_gpuarray import install

@@ -46,6 +46,7 @@ class Forward:
         self.lin = lin            # weight name -> its route object (paths.LinearRoute)
         self.groups = groups      # per layer {"attn", "ffn"}: fusion.plan_groups
         self.glu = glu            # gate|up groups whose GEMM writes the swiglu (plan_glu)
+        self.glu_act = "gelu" if model.config.ffn_gelu else "silu"   # their activation
         self.rope_epi = rope_epi  # q|k|v groups whose GEMM ropes (layers.QkvRope per group)
         self.w, self.emb, self.emb_qtype = weights.w, weights.emb, weights.emb_qtype
         self.buf = buf
@@ -160,8 +161,7 @@ class Forward:
         x = A if r.operand is None else q8[r.operand]
         if mode == "glu":
             with self._op("gemm:" + label, 2.0 * M * 2 * N * K):
-                r.run_glu(self.rt, self.buf, C, x, self.w[name],
-                          "gelu" if self.c.ffn_gelu else "silu")
+                r.run_glu(self.rt, self.buf, C, x, self.w[name], self.glu_act)
             return
         with self._op("gemm:" + label, 2.0 * M * N * K):
             r.run(self.rt, self.buf, C, x, self.w[name], mode)

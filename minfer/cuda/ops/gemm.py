@@ -5,10 +5,10 @@
 Epilogues: out f32 (mode 0), out f16 (mode 1), accumulate into an existing f32 [M, N] buffer
 (mode 2, C += A @ B^T: residual adds of attn_output / ffn_down), glu (mode 3: B is a gate|up
 weight [2F, K] with its rows interleaved per 16, glu_rows; out f16 [M, F] = silu(gate) * up,
-rounded as the swiglu layer; mode 5 with gemma's GELU, as the geglu layer), or rope (mode 4: B is the fused q|k|v weight; the product goes
-roped into q16 and the KV cache, minfer.cuda.ops.layers.QkvRope, bit for bit as rope_qkv does the
-f32 product). Modes 3 and 4 at M == 1 take the smallest tile kernel (EPILOGUE_TILE), not the
-GEMV.
+rounded as the swiglu layer; mode 5 with gemma's GELU, as the geglu layer), or rope (mode 4: B
+is the fused q|k|v weight; the product goes roped into q16 and the KV cache,
+minfer.cuda.ops.layers.QkvRope, bit for bit as rope_qkv does the f32 product). Modes 3, 4 and
+5 at M == 1 take the smallest tile kernel (EPILOGUE_TILE), not the GEMV.
 
 Kernels: gemm_f16.cu (mma.sync tiles, any sm_80+; the M == 1 GEMV) and gemm_f16_sm90a.cu
 (Hopper only, built for sm_90a: cp.async-fed wgmma tiles, and the TMA-fed warp-specialized
@@ -256,7 +256,7 @@ def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
     a: f16 [M, K], b: f16 [N, K]. Returns a new array (the device version writes in place).
     """
     M, N, K = _check_shapes(a.shape, b.shape, a.dtype, b.dtype)
-    out_dtype = _check_out(out_dtype, accumulate, M, N, glu)
+    out_dtype, act = _check_out(out_dtype, accumulate, M, N, glu)
     c = a.astype(np.float32) @ b.astype(np.float32).T
     if rope is not None:
         from minfer.reference.ops import rope as rope_op
@@ -273,12 +273,12 @@ def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
 
         q, k = c[:, :rope.qd], c[:, rope.qd:rope.qd + rope.kd]
         return roped(q), roped(k), c[:, rope.qd + rope.kd:].astype(np.float16)
-    if glu:
+    if act:
         from minfer.reference.ops import geglu, swiglu
 
-        act = geglu if glu_act(glu) == "gelu" else swiglu
+        fn = geglu if act == "gelu" else swiglu
         c = c.reshape(M, N // 16, 2, 8)   # per 16 columns: 8 gate, then the same 8 features' up
-        return act(c[:, :, 0], c[:, :, 1]).astype(np.float16).reshape(M, N // 2)
+        return fn(c[:, :, 0], c[:, :, 1]).astype(np.float16).reshape(M, N // 2)
     if accumulate is not None:
         return accumulate.astype(np.float32) + c
     return c.astype(out_dtype)
@@ -304,6 +304,7 @@ def _check_shapes(ashape, bshape, adt, bdt) -> tuple[int, int, int]:
 
 
 def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool | str = False):
+    """(out dtype, the glu epilogue's activation or None: quants.glu.glu_act), checked."""
     out_dtype = np.dtype(out_dtype)
     try:
         glu = glu_act(glu)
@@ -323,7 +324,7 @@ def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool | str = False):
         if tuple(accumulate.shape) != (M, N):
             raise BadInput(f"gemm_f16_nt: accumulate buffer is {tuple(accumulate.shape)}, "
                            f"expected [M, N] = ({M}, {N})")
-    return out_dtype
+    return out_dtype, glu
 
 
 # ---- device side ------------------------------------------------------------------------------
@@ -335,10 +336,11 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
     a: f16 [M, K], b: f16 [N, K] GPUArrays. With `accumulate` (f32 [M, N]) the product is added
     into it in place and it is returned. Otherwise the result goes to `out` (allocated if None).
     With `glu` (b interleaved per glu_rows, out_dtype float16; True or "silu", "gelu"): out f16
-    [M, N / 2] = act(gate) * up. With `rope` (a minfer.cuda.ops.layers.QkvRope; b the fused q|k|v weight, N = qd + 2 kd):
-    the product goes roped into its q16 and the KV cache rows of its device layout (hi: one past
-    the layout's largest slot, for the bounds check; default M) and the QkvRope is returned. `variant`
-    forces a kernel entry (tests, benchmarks); by default pick_variant chooses.
+    [M, N / 2] = act(gate) * up. With `rope` (a minfer.cuda.ops.layers.QkvRope; b the fused
+    q|k|v weight, N = qd + 2 kd): the product goes roped into its q16 and the KV cache rows of
+    its device layout (hi: one past the layout's largest slot, for the bounds check; default M)
+    and the QkvRope is returned. `variant` forces a kernel entry (tests, benchmarks); by default
+    pick_variant chooses.
     """
     # 16-byte aligned for cp.async / vector loads; contiguous: the kernels take rows of K (A, B)
     # and N (C) elements
@@ -346,7 +348,7 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         if x is not None:
             da.check(f"gemm_f16_nt {name}", x, align=16, require_contiguous=True)
     M, N, K = _check_shapes(a.shape, b.shape, a.dtype, b.dtype)
-    out_dtype = _check_out(out_dtype, accumulate, M, N, glu)
+    out_dtype, glu = _check_out(out_dtype, accumulate, M, N, glu)
     if rt is None:
         from minfer.cuda.runtime.runtime import get_runtime
 
@@ -382,8 +384,7 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         elif tuple(out.shape) != (M, No) or np.dtype(out.dtype) != out_dtype:
             raise BadInput(f"gemm_f16_nt: out is {tuple(out.shape)} {np.dtype(out.dtype)}, "
                            f"expected ({M}, {No}) {out_dtype}")
-        act = glu_act(glu)
-        c, mode = out, (MODE_GEGLU if act == "gelu" else MODE_GLU if act else
+        c, mode = out, (MODE_GEGLU if glu == "gelu" else MODE_GLU if glu else
                         MODE_F32 if out_dtype == np.float32 else MODE_F16)
     fn = rt.function(kern.file, kern.entry, options=kern.options, dyn_smem=kern.smem)
     i32 = np.int32

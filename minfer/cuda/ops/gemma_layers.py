@@ -54,12 +54,10 @@ def geglu_interleaved(rt, y, gu) -> None:
     rows are interleaved per 16 (quants.glu.glu_rows): the geglu GEMM epilogue's function where
     a GEMM wrote f32 (the M == 1 GEMV), as layers.swiglu_interleaved: T 2F / 16 rows of 8
     features, gate at column 0, up at 8, row stride 16."""
-    da.check("geglu gu", gu, (None, None), np.float32)
-    T, F2 = gu.shape
-    if F2 % 16:
-        raise GPUError(f"geglu gu: {F2} columns, expected 2F with 2F % 16 == 0")
-    da.check("geglu y", y, (T, F2 // 2), np.float16)
-    _geglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * 8, 16, T * F2 // 16, 8)
+    from minfer.cuda.ops.layers import gate_up_shape
+
+    T, F = gate_up_shape(y, gu, 16, "geglu")
+    _geglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * 8, 16, T * F // 8, 8)
 
 
 def _geglu_launch(rt, y, g: int, u: int, ldg: int, T: int, F: int) -> None:

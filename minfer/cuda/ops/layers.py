@@ -257,19 +257,20 @@ class QkvRope:
                            f"cache's {self.S} rows")
 
 
-def _gate_up_shape(y, gu, per: int) -> tuple[int, int]:
-    """(T, F) of a swiglu's f32 gate|up input gu [T, 2F] (2F % per == 0) and f16 output y."""
-    da.check("swiglu gu", gu, (None, None), np.float32)
+def gate_up_shape(y, gu, per: int, op: str = "swiglu") -> tuple[int, int]:
+    """(T, F) of a glu layer's f32 gate|up input gu [T, 2F] (2F % per == 0) and f16 output y
+    (op: the layer's name in the errors)."""
+    da.check(f"{op} gu", gu, (None, None), np.float32)
     T, F2 = gu.shape
     if F2 % per:
-        raise GPUError(f"swiglu gu: {F2} columns, expected 2F with 2F % {per} == 0")
-    da.check("swiglu y", y, (T, F2 // 2), np.float16)
+        raise GPUError(f"{op} gu: {F2} columns, expected 2F with 2F % {per} == 0")
+    da.check(f"{op} y", y, (T, F2 // 2), np.float16)
     return T, F2 // 2
 
 
 def swiglu_fused(rt, y, gu) -> None:
     """y f16 [T, F] = silu(gu[:, :F]) * gu[:, F:], gu f32 [T, 2F] (the fused gate|up GEMM)."""
-    T, F = _gate_up_shape(y, gu, 2)
+    T, F = gate_up_shape(y, gu, 2)
     _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * F, 2 * F, T, F)
 
 
@@ -278,7 +279,7 @@ def swiglu_interleaved(rt, y, gu) -> None:
     rows are interleaved per 16 (quants.glu.glu_rows: 8 gate columns, then the same features' 8 up):
     the glu GEMM epilogue's function where a GEMM wrote f32 (the M == 1 GEMV). It is the plain
     launch over T 2F / 16 rows of 8 features: gate at column 0, up at 8, row stride 16."""
-    T, F = _gate_up_shape(y, gu, 16)
+    T, F = gate_up_shape(y, gu, 16)
     _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * 8, 16, T * F // 8, 8)
 
 

@@ -137,9 +137,10 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
     """out f32 [M, N] (= or +=) blk(x) @ blk(W).T; x: BlkTokens (its per_token picks the
     mmq_blk_tok entries: C = and glu only) or f16 [M, K] (its operand made here, per_token
     as blk_operand's). glu (True or "silu", "gelu": quants.glu.glu_act): W's rows interleaved
-    per 16 (quants.glu.glu_rows) and out f16 [M, N/2] = f16(act(gate) * up) from the epilogue. stream_k: split the ragged last waves' tiles by k
-    (tuning variant no-stream-k); sms: at most this many SMs; build_opts: nvcc -D options
-    (-DBLK_FOLD=1, -DBLK_GROUP=N, -DBLK_STAGES=N)."""
+    per 16 (quants.glu.glu_rows) and out f16 [M, N/2] = f16(act(gate) * up) from the epilogue.
+    stream_k: split the ragged last waves' tiles by k (tuning variant no-stream-k); sms: at
+    most this many SMs; build_opts: nvcc -D options (-DBLK_FOLD=1, -DBLK_GROUP=N,
+    -DBLK_STAGES=N)."""
     if not isinstance(w, BlkWeight) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_blk_linear: weight must be a BlkWeight of [{N}, {K}]")
     try:
