@@ -9,13 +9,20 @@
 // this kernel for prefill on sm_90, attention.cu elsewhere and for decode).
 //
 // Entries: attn_wg_d64, attn_wg_d128 (attn_fwd_d*'s arguments: + window, cap_s, as
-// attention_common.cuh); attn_wg_d128_blk (+ ob, Tp): o
-// and/or the block path's token operand of it from the epilogue (blk_operand.cuh).
-// Structure: a block = one KV head x 128 rows, a row being a (token, query head of the group)
-// pair r = t G + g as in attention.cu (the G heads sharing a KV head share each K/V tile). 384
-// threads, warp-specialized (FlashAttention-3's layout without TMA): warpgroup 0 copies Q and
-// then the 128-key K/V tiles into a 3-stage ring with cp.async, each thread's copies arriving
-// on the stage's `full` mbarrier (cp.async.mbarrier.arrive); warpgroups 1, 2 own 64 rows each
+// attention_common.cuh); attn_wg_d128_blk (+ ob, Tp): o and/or the block path's token operand
+// of it from the epilogue (blk_operand.cuh); attn_wg_tma_d64 / _d128: the same with the K/V
+// tiles loaded by TMA (the caches as tensor maps; + ob, Tp at D = 128).
+// Work: an item = one KV head x 128 rows, a row being a (token, query head of the group) pair
+// r = t G + g as in attention.cu (the G heads sharing a KV head share each K/V tile). Items go
+// longest first (causal: the last rows see the most keys) to a grid of any size (item_at): one
+// block per item, or persistent, a block per SM walking items, where the next item's Q rows
+// and K/V tiles load under the current one's tail (the launcher's wg_blocks chooses).
+// Structure: 384 threads, warp-specialized (FlashAttention-3's layout): warpgroup 0 copies each
+// item's Q rows (cp.async; each consumer's 64 once that consumer has read its last, qempty)
+// and then the 128-key K/V tiles into a 3-stage ring: by TMA (one thread, the stage's `full`
+// mbarrier counting the bytes) or cp.async (each thread's copies arriving on `full`,
+// cp.async.mbarrier.arrive), a tile reaching past the item's last key always by cp.async (its
+// rows past that key zero-filled); warpgroups 1, 2 own 64 rows each
 // and per tile compute S = Q K^T with wgmma m64n128k16 (Q and K from shared memory, K-major:
 // D contiguous), the online softmax on the S fragment (f32, ex2.approx; the causal mask only
 // on the diagonal tiles), then O += P V with P from registers (the S accumulator rounded to
@@ -26,9 +33,9 @@
 // (FlashAttention-3's intra-warpgroup overlap); the consumers take turns issuing (named
 // barriers), so one's softmax also runs under the other's wgmmas. Tiles in shared memory are
 // 64-column panels of 128-byte rows in the 128-byte-swizzle pattern (16-byte chunk c of row r
-// at r * 128 + ((c ^ r % 8) * 16)). The wgmma pipeline is drained within each iteration (no
-// accumulator in flight across the loop edge, where ptxas would serialize the wgmmas). Blocks
-// are issued last rows first (causal: the last rows see the most keys).
+// at r * 128 + ((c ^ r % 8) * 16): TMA's SWIZZLE_128B). The wgmma pipeline is drained within
+// each iteration (no accumulator in flight across the loop edge, where ptxas would serialize
+// the wgmmas).
 // Dynamic smem AttnWgSmem<D>::BYTES (D = 128: 225 KB; 64: 113 KB).
 // Timing builds (wrong results; scripts/attn_one.py --opts, device_run.sh attn): -DATT_WG_NOLOAD
 // the producer copies the first STAGES K/V tiles only, so the consumers' time alone shows what
@@ -57,12 +64,13 @@ struct AttnWgSmem {
     static constexpr int Q = 0;   // [ROWS x D] as D / 64 panels of 128-byte rows (as K and V)
     static constexpr int KV = ROWS * D * 2;             // stage s: K at KV + 2 s TILE, V + TILE
     static constexpr int TILE = KEYS * D * 2;
-    static constexpr int BARS = KV + STAGES * 2 * TILE;   // qfull, full[STAGES], empty[STAGES]
-    static constexpr int BYTES = BARS + 8 * (1 + 2 * STAGES) + 1024;   // + 1 KB alignment
+    // qfull[2], qempty[2] (one per consumer's 64 Q rows), full[STAGES], empty[STAGES]
+    static constexpr int BARS = KV + STAGES * 2 * TILE;
+    static constexpr int BYTES = BARS + 8 * (4 + 2 * STAGES) + 1024;   // + 1 KB alignment
 };
 static_assert(AttnWgSmem<128>::BYTES <= 227 * 1024 && AttnWgSmem<64>::BYTES <= 227 * 1024,
               "within the opt-in shared memory");
-static_assert(AttnWgSmem<128>::BYTES == 230456 && AttnWgSmem<64>::BYTES == 115768,
+static_assert(AttnWgSmem<128>::BYTES == 230480 && AttnWgSmem<64>::BYTES == 115792,
               "minfer/cuda/ops/attention.py wg_smem_bytes (tests/test_attention_launcher_cpu.py)");
 static_assert(ROWS * 128 % 1024 == 0 && KEYS * 128 % 1024 == 0, "panels keep 1 KB swizzle atoms");
 
@@ -193,59 +201,121 @@ __device__ __forceinline__ void row_operand(float (&v)[32], int t4, bool store, 
     if (t4 == 0) store_scale(blk, r, amax);
 }
 
+// A work item: one KV head's 128 rows [r0, r0 + 128); the tiles kt0 .. kt0 + n_tiles - 1 of keys
+// its rows may see (slots and first keys non-decreasing in t: the first row has the smallest
+// limit and first key, the last row the largest)
+struct Item {
+    int hk, r0;
+    int2 tfirst, tlast;   // (slot, first key) of its first and last row's token
+    int kt0, n_tiles;
+};
+
+// The block's j-th item, false past its last. Items go longest first (the last rows of a causal
+// prefill see the most keys; item i: row block nrb - 1 - i / Hkv of head i % Hkv) and are dealt
+// to the grid in rounds, snaking (even rounds: block b takes the b-th of the round, odd rounds
+// the (gridDim - 1 - b)-th), so the blocks' totals stay within about one item of each other.
+// A grid of nrb * Hkv blocks is one item each; a persistent grid (<= the SMs) walks several.
+__device__ __forceinline__ bool item_at(int j, const int2* __restrict__ tok, int pos0, int T,
+                                        int G, int Hkv, int window, Item& it) {
+    const int nb = gridDim.x, b = blockIdx.x, R = T * G, nrb = (R + ROWS - 1) / ROWS;
+    const int i = j * nb + ((j & 1) ? nb - 1 - b : b);
+    if (i >= nrb * Hkv) return false;
+#ifdef ATT_WG_HEADMAJOR   // A/B: a head's row blocks consecutive (longest first within it)
+    it.hk = i / nrb;
+    it.r0 = (nrb - 1 - i % nrb) * ROWS;
+#else
+    it.hk = i % Hkv;
+    it.r0 = (nrb - 1 - i / Hkv) * ROWS;
+#endif
+    it.tfirst = tok_at(tok, pos0, it.r0 / G, window);
+    it.tlast = tok_at(tok, pos0, (min(it.r0 + ROWS, R) - 1) / G, window);
+    it.kt0 = it.tfirst.y / KEYS;
+    it.n_tiles = (it.tlast.x + KEYS) / KEYS - it.kt0;   // through the tile of key tlast.x
+    return true;
+}
+
 template <int D>
 __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __restrict__ kc,
                         const __half* __restrict__ vc, __half* __restrict__ o, long ldo, int T,
                         int Hq, int Hkv, int pos0, const int2* __restrict__ tok,
                         float scale_log2, int window, float cap_s,
-                        uint8_t* __restrict__ ob = nullptr, int Tp = 0) {
+                        uint8_t* __restrict__ ob = nullptr, int Tp = 0,
+                        const wgmma::TensorMap* mk = nullptr,
+                        const wgmma::TensorMap* mv = nullptr) {
     using S = AttnWgSmem<D>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    // mbarriers: qfull at 0, full[s] at 8 (1 + s), empty[s] at 8 (1 + STAGES + s)
+    // mbarriers: qfull[w] at 8 w, qempty[w] at 8 (2 + w), full[s] at 8 (4 + s), empty[s] at
+    // 8 (4 + STAGES + s)
     const uint32_t bars = base + S::BARS;
+    auto qfull = [&](int w) { return bars + 8 * w; };
+    auto qempty = [&](int w) { return bars + 8 * (2 + w); };
+    auto full = [&](int ring) { return bars + 8 * (4 + ring % STAGES); };
+    auto empty = [&](int ring) { return bars + 8 * (4 + STAGES + ring % STAGES); };
+    auto stage = [&](int ring) { return base + S::KV + (ring % STAGES) * 2 * S::TILE; };
 
-    const int G = Hq / Hkv, hk = blockIdx.y, R = T * G;
-    const int r0 = (gridDim.x - 1 - blockIdx.x) * ROWS;   // last rows first
+    const int G = Hq / Hkv, R = T * G;
     const long ldkv = (long)Hkv * D;
-    const int2 tfirst = tok_at(tok, pos0, r0 / G, window);
-    const int2 tlast = tok_at(tok, pos0, (min(r0 + ROWS, R) - 1) / G, window);
-    const int n_keys = tlast.x + 1;   // keys the block may see (slots non-decreasing in t)
-    const int kt0 = tfirst.y / KEYS;  // the first tile any of its rows sees
-    const int n_tiles = (n_keys + KEYS - 1) / KEYS - kt0;   // tiles kt0 .. kt0 + n_tiles - 1
     if (threadIdx.x == 0) {
-        wgmma::mbar_init(bars, 128);
+        for (int w = 0; w < 2; ++w) {
+            wgmma::mbar_init(qfull(w), 128);    // the producer's threads
+            wgmma::mbar_init(qempty(w), 128);   // a consumer's
+        }
         for (int s = 0; s < STAGES; ++s) {
-            wgmma::mbar_init(bars + 8 * (1 + s), 128);             // the producer's threads
-            wgmma::mbar_init(bars + 8 * (1 + STAGES + s), 256);    // the consumers' threads
+            wgmma::mbar_init(full(s), 128);
+            wgmma::mbar_init(empty(s), 256);    // both consumers'
         }
     }
     __syncthreads();
 
-    if (threadIdx.x < 128) {   // producer warpgroup: Q, then the K/V ring
-        wgmma::setmaxnreg_dec<PRODUCER_REGS>();
+    Item it;
+    if (threadIdx.x < 128) {   // producer warpgroup: per item each consumer's Q rows, then the
+        wgmma::setmaxnreg_dec<PRODUCER_REGS>();   // K/V tiles into the ring (`ring`: tiles so far)
         constexpr int CH = D / 8;
-        for (int c = threadIdx.x; c < ROWS * CH; c += 128) {
-            const int i = c / CH, cc = c - i * CH, r = r0 + i;
-            const bool ok = r < R;
-            const int t = ok ? r / G : 0, gh = ok ? r - t * G : 0;
-            cp_async16(base + S::Q + chunk_at(ROWS, i, cc),
-                       q + (long)t * ldq + (long)(hk * G + gh) * D + cc * 8, ok);
-        }
-        wgmma::cp_async_arrive(bars);
-        for (int kt = 0; kt < n_tiles; ++kt) {
-            const int s = kt % STAGES, k0 = (kt0 + kt) * KEYS, nv = min(KEYS, n_keys - k0);
-            wgmma::mbar_wait(bars + 8 * (1 + STAGES + s), ((kt / STAGES) & 1) ^ 1);   // free
-            const uint32_t st = base + S::KV + s * 2 * S::TILE;
-#ifdef ATT_WG_NOLOAD   // timing build: each stage keeps the tile it got first
-            if (kt < STAGES)
-#endif
-            {
-                load_kv<D>(st, kc + (long)k0 * ldkv + (long)hk * D, ldkv, nv, threadIdx.x);
-                load_kv<D>(st + S::TILE, vc + (long)k0 * ldkv + (long)hk * D, ldkv, nv,
-                           threadIdx.x);
+        int ring = 0;
+        for (int j = 0; item_at(j, tok, pos0, T, G, Hkv, window, it); ++j) {
+            const int n_keys = it.tlast.x + 1;
+            for (int w = 0; w < 2; ++w) {   // rows 64 w .. 64 w + 63, once consumer w is done
+                if (j > 0) wgmma::mbar_wait(qempty(w), (j - 1) & 1);   // with the last item's
+                for (int c = threadIdx.x; c < 64 * CH; c += 128) {
+                    const int i = 64 * w + c / CH, cc = c % CH, r = it.r0 + i;
+                    const bool ok = r < R;
+                    const int t = ok ? r / G : 0, gh = ok ? r - t * G : 0;
+                    cp_async16(base + S::Q + chunk_at(ROWS, i, cc),
+                               q + (long)t * ldq + (long)(it.hk * G + gh) * D + cc * 8, ok);
+                }
+                wgmma::cp_async_arrive(qfull(w));
             }
-            wgmma::cp_async_arrive(bars + 8 * (1 + s));
+            for (int kt = 0; kt < it.n_tiles; ++kt, ++ring) {
+                const int k0 = (it.kt0 + kt) * KEYS, nv = min(KEYS, n_keys - k0);
+                wgmma::mbar_wait(empty(ring), ((ring / STAGES) & 1) ^ 1);   // free
+#ifdef ATT_WG_NOLOAD   // timing build: each stage keeps the tile it got first
+                if (ring >= STAGES) {
+                    wgmma::mbar_arrive(full(ring));
+                    continue;
+                }
+#endif
+                if (mk != nullptr && nv == KEYS) {   // TMA: one thread, the tile's bytes
+                    if (threadIdx.x == 0) {
+                        wgmma::mbar_expect_tx(full(ring), 2 * S::TILE);
+#pragma unroll
+                        for (int p = 0; p < D / 64; ++p) {   // 64-column panels
+                            const uint32_t pan = stage(ring) + p * KEYS * 128;
+                            wgmma::tma_load_2d(pan, mk, it.hk * D + 64 * p, k0, full(ring));
+                            wgmma::tma_load_2d(pan + S::TILE, mv, it.hk * D + 64 * p, k0,
+                                               full(ring));
+                        }
+                    } else {
+                        wgmma::mbar_arrive(full(ring));
+                    }
+                    continue;
+                }
+                // cp.async (a partial tile: its rows past the last key zero-filled)
+                const long off = (long)k0 * ldkv + (long)it.hk * D;
+                load_kv<D>(stage(ring), kc + off, ldkv, nv, threadIdx.x);
+                load_kv<D>(stage(ring) + S::TILE, vc + off, ldkv, nv, threadIdx.x);
+                wgmma::cp_async_arrive(full(ring));
+            }
         }
         gemm_f16::cp_async_wait<0>();   // (a thread's copies complete before it exits)
         return;
@@ -253,24 +323,16 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     wgmma::setmaxnreg_inc<CONSUMER_REGS>();
     const int cw = (threadIdx.x >> 7) - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    // the two rows this thread owns in the fragments (clamped: rows >= R compute, never store)
-    const int rwa = r0 + cw * 64 + warp * 16 + g, rwb = rwa + 8;
-    const int2 ta = tok_at(tok, pos0, min(rwa, R - 1) / G, window);
-    const int2 tb = tok_at(tok, pos0, min(rwb, R - 1) / G, window);
-    const int lim_a = ta.x, lim_b = tb.x, lo_a = ta.y, lo_b = tb.y;
-    const int key_min_lim = tfirst.x;   // the block's smallest row limit
-    const int key_max_lo = tlast.y;     // and largest first key
     const uint32_t qa = base + S::Q + cw * 64 * 128;   // this warpgroup's 64 Q rows
 
     float oacc[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+    float m_a, m_b, l_a, l_b;
     float s[64];          // S of the current tile, then its probabilities (f32)
     uint32_t pa[8][4];    // P of the previous tile: the A fragments of its P V
     float ca = 0.f, cb = 0.f;   // O's rescale for the current tile's new row maxima
+    int lim_a, lim_b, lo_a, lo_b;   // the two rows' last and first keys (this item)
 
-    // S = Q K^T of tile kt (D / 16 k-steps, 32 bytes apart within a panel; issue only)
+    // S = Q K^T of the tile at sk (D / 16 k-steps, 32 bytes apart within a panel; issue only)
     auto issue_qk = [&](uint32_t sk) {
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
@@ -285,7 +347,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
         for (int ks = 0; ks < 8; ++ks) wg_pv(oacc, pa[ks], desc_mn(sv + ks * 2048));
     };
     // the online softmax of tile k0's S (rows a = g, b = g + 8; a quad's 4 threads share a
-    // row): the causal mask where the tile reaches past the block's smallest row limit and the
+    // row): the causal mask where the tile reaches past the item's smallest row limit and the
     // sequence mask where it starts before the largest first key, the new maxima (ca, cb: O's
     // rescale), s = 2^(s scale - max scale), the row sums into l
     auto softmax = [&](int k0) {
@@ -293,7 +355,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
 #pragma unroll
             for (int j = 0; j < 64; ++j) s[j] = softcap(s[j], cap_s);
         }
-        if (k0 + KEYS - 1 > key_min_lim || k0 < key_max_lo) {
+        if (k0 + KEYS - 1 > it.tfirst.x || k0 < it.tlast.y) {
 #pragma unroll
             for (int j = 0; j < 16; ++j) {
                 const int key = k0 + 8 * j + 2 * t4;
@@ -315,7 +377,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, off));
         }
         const float mna = fmaxf(m_a, mxa), mnb = fmaxf(m_b, mxb);
-        // a row whose keys all lie in later tiles (a packed sequence starting after the block's
+        // a row whose keys all lie in later tiles (a packed sequence starting after the item's
         // first) keeps max -inf: its reference max is 0 then, so ex2 gives 0, not NaN
         const float ua = mna == -INFINITY ? 0.f : mna, ub = mnb == -INFINITY ? 0.f : mnb;
         ca = ex2((m_a - ua) * scale_log2);
@@ -353,83 +415,104 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             pa[ks][3] = pack_h2(s[8 * ks + 6], s[8 * ks + 7]);
         }
     };
-    auto stage = [&](int kt) { return base + S::KV + (kt % STAGES) * 2 * S::TILE; };
-    auto await_tile = [&](int kt) {
-        wgmma::mbar_wait(bars + 8 * (1 + kt % STAGES), (kt / STAGES) & 1);
+    auto await_tile = [&](int ring) {
+        wgmma::mbar_wait(full(ring), (ring / STAGES) & 1);
         wgmma::fence_proxy_async();   // cp.async writes (generic proxy) -> wgmma reads
     };
-    // the turns: each S issue in turn (named barriers 1 + cw), handed over once issued
+    // the turns: each S issue in turn (named barriers 1 + cw), handed over once issued; per
+    // item warpgroup 1 opens (warpgroup 0 issues first) and its last issue hands over nothing,
+    // so every item leaves both barriers as it found them
     auto turn_over = [&](int kt) {
-        if (!(cw == 1 && kt + 1 == n_tiles)) bar_arrive(2 - cw);   // (the last turn: none left)
+        if (!(cw == 1 && kt + 1 == it.n_tiles)) bar_arrive(2 - cw);
     };
 
-    // Software pipeline (FlashAttention-3's intra-warpgroup overlap): tile kt's S = Q K^T and
-    // tile kt - 1's O += P V are issued together; tile kt's softmax runs under that P V.
-    if (cw == 1) bar_arrive(1);   // warpgroup 0 takes the first turn
-    wgmma::mbar_wait(bars, 0);    // Q
-    await_tile(0);
-    bar_sync(1 + cw);
-    wgmma::fence();
-    issue_qk(stage(0));
-    wgmma::commit();
-    turn_over(0);
-    wgmma::wait<0>();
-    wgmma::fence_regs(s);
-    softmax(kt0 * KEYS);
-    rescale_pack();
-    for (int kt = 1; kt < n_tiles; ++kt) {
-        await_tile(kt);
+    int ring = 0;   // tiles consumed so far (all items): the ring's stage and phase
+    for (int j = 0; item_at(j, tok, pos0, T, G, Hkv, window, it); ++j) {
+        // the two rows this thread owns in the fragments (clamped: rows >= R compute, never
+        // store)
+        const int rwa = it.r0 + cw * 64 + warp * 16 + g, rwb = rwa + 8;
+        {
+            const int2 ta = tok_at(tok, pos0, min(rwa, R - 1) / G, window);
+            const int2 tb = tok_at(tok, pos0, min(rwb, R - 1) / G, window);
+            lim_a = ta.x, lim_b = tb.x, lo_a = ta.y, lo_b = tb.y;
+        }
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) oacc[i] = 0.f;
+        m_a = m_b = -INFINITY;
+        l_a = l_b = 0.f;
+
+        // Software pipeline (FlashAttention-3's intra-warpgroup overlap): tile kt's S = Q K^T
+        // and tile kt - 1's O += P V are issued together; tile kt's softmax runs under that P V.
+        if (cw == 1) bar_arrive(1);   // warpgroup 0 takes the first turn
+        wgmma::mbar_wait(qfull(cw), j & 1);   // this warpgroup's Q rows
+        await_tile(ring);
         bar_sync(1 + cw);
         wgmma::fence();
-        issue_qk(stage(kt));
+        issue_qk(stage(ring));
         wgmma::commit();
-        issue_pv(stage(kt - 1) + S::TILE);
-        wgmma::commit();
-        turn_over(kt);
-        wgmma::wait<1>();   // S of tile kt
+        turn_over(0);
+        wgmma::wait<0>();
         wgmma::fence_regs(s);
-        softmax((kt0 + kt) * KEYS);
-        wgmma::wait<0>();   // P V of tile kt - 1: O and pa are free, so is its stage
-        wgmma::fence_regs(oacc);
-        wgmma::mbar_arrive(bars + 8 * (1 + STAGES + (kt - 1) % STAGES));
+        if (it.n_tiles == 1) wgmma::mbar_arrive(qempty(cw));   // Q read for the last time
+        softmax(it.kt0 * KEYS);
         rescale_pack();
-    }
-    wgmma::fence();
-    issue_pv(stage(n_tiles - 1) + S::TILE);
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_regs(oacc);
+        for (int kt = 1; kt < it.n_tiles; ++kt) {
+            await_tile(ring + kt);
+            bar_sync(1 + cw);
+            wgmma::fence();
+            issue_qk(stage(ring + kt));
+            wgmma::commit();
+            issue_pv(stage(ring + kt - 1) + S::TILE);
+            wgmma::commit();
+            turn_over(kt);
+            wgmma::wait<1>();   // S of tile kt
+            wgmma::fence_regs(s);
+            if (kt + 1 == it.n_tiles) wgmma::mbar_arrive(qempty(cw));   // the next item's Q
+            softmax((it.kt0 + kt) * KEYS);
+            wgmma::wait<0>();   // P V of tile kt - 1: O and pa are free, so is its stage
+            wgmma::fence_regs(oacc);
+            wgmma::mbar_arrive(empty(ring + kt - 1));
+            rescale_pack();
+        }
+        ring += it.n_tiles;
+        wgmma::fence();
+        issue_pv(stage(ring - 1) + S::TILE);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_regs(oacc);
+        wgmma::mbar_arrive(empty(ring - 1));
 
 #pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
-        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
-    }
-    const float ia = 1.f / l_a, ib = 1.f / l_b;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = h ? rwb : rwa;
-        const int t = min(r, R - 1) / G, gh = min(r, R - 1) - t * G;
-        const float inv = h ? ib : ia;
-        if constexpr (D == 128) {
-            if (ob != nullptr) {   // the operand of o's f16 values (every lane: shuffles)
-                float v[32];
-#pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    const float2 f = __half22float2(__floats2half2_rn(
-                        oacc[4 * j + 2 * h] * inv, oacc[4 * j + 2 * h + 1] * inv));
-                    v[2 * j] = f.x;
-                    v[2 * j + 1] = f.y;
-                }
-                row_operand(v, t4, r < R, t, hk * G + gh, Tp, ob);
-            }
+        for (int off = 1; off <= 2; off <<= 1) {
+            l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+            l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
         }
-        if (r >= R || o == nullptr) continue;
-        __half* dst = o + (long)t * ldo + (long)(hk * G + gh) * D + 2 * t4;
+        const float ia = 1.f / l_a, ib = 1.f / l_b;
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j)
-            *reinterpret_cast<__half2*>(dst + 8 * j) =
-                __floats2half2_rn(oacc[4 * j + 2 * h] * inv, oacc[4 * j + 2 * h + 1] * inv);
+        for (int h = 0; h < 2; ++h) {
+            const int r = h ? rwb : rwa;
+            const int t = min(r, R - 1) / G, gh = min(r, R - 1) - t * G;
+            const float inv = h ? ib : ia;
+            if constexpr (D == 128) {
+                if (ob != nullptr) {   // the operand of o's f16 values (every lane: shuffles)
+                    float v[32];
+#pragma unroll
+                    for (int jj = 0; jj < 16; ++jj) {
+                        const float2 f = __half22float2(__floats2half2_rn(
+                            oacc[4 * jj + 2 * h] * inv, oacc[4 * jj + 2 * h + 1] * inv));
+                        v[2 * jj] = f.x;
+                        v[2 * jj + 1] = f.y;
+                    }
+                    row_operand(v, t4, r < R, t, it.hk * G + gh, Tp, ob);
+                }
+            }
+            if (r >= R || o == nullptr) continue;
+            __half* dst = o + (long)t * ldo + (long)(it.hk * G + gh) * D + 2 * t4;
+#pragma unroll
+            for (int jj = 0; jj < D / 8; ++jj)
+                *reinterpret_cast<__half2*>(dst + 8 * jj) = __floats2half2_rn(
+                    oacc[4 * jj + 2 * h] * inv, oacc[4 * jj + 2 * h + 1] * inv);
+        }
     }
 }
 
@@ -444,6 +527,26 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     }
 ATT_WG_ENTRY(64)
 ATT_WG_ENTRY(128)
+
+// attn_wg_d*'s o with the full K/V tiles loaded by TMA (the caches as 2-D f16 [S, Hkv D] tensor
+// maps mk, mv, box 64 x KEYS, 128-byte swizzle; a tile past the item's last key still by
+// cp.async: its rows zero-filled), and (ob non-null) the token operand as attn_wg_d128_blk.
+// The maps are 64-byte aligned parameters (gemm_f16_sm90a.cu's TMA_ENTRY: 48 bytes of padding
+// first, minfer/cuda/ops/gemm.py TMA_PARAM_PAD); `magic` traps a mismatched argument layout.
+#define ATT_WG_TMA_MAGIC 0x41545431
+#define ATT_WG_TMA_ENTRY(DD)                                                                   \
+    extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_wg_tma_d##DD(                \
+        const __grid_constant__ wgmma::TensorMap mk,                                           \
+        const __grid_constant__ wgmma::TensorMap mv, const __half* q, long ldq,                \
+        const __half* kc, const __half* vc, __half* o, long ldo, int T, int Hq, int Hkv,       \
+        int pos0, const int2* tok, float scale_log2, int window, float cap_s, uint8_t* ob,     \
+        int Tp, int magic) {                                                                   \
+        if (magic != ATT_WG_TMA_MAGIC) __trap();                                               \
+        attn_wg<DD>(q, ldq, kc, vc, o, ldo, T, Hq, Hkv, pos0, tok, scale_log2, window, cap_s,  \
+                    DD == 128 ? ob : nullptr, Tp, &mk, &mv);                                   \
+    }
+ATT_WG_TMA_ENTRY(64)
+ATT_WG_TMA_ENTRY(128)
 
 // attn_wg_d128's o, and (ob non-null) the block path's token operand of o, [Hq, Tp / 128, OP],
 // from the epilogue: what blk_operand_f16 makes of o, bit for bit (o may be null)

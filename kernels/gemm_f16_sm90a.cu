@@ -25,6 +25,8 @@ namespace {
 using namespace gemm_f16;
 using wgmma::fence_proxy_async;
 using wgmma::sw128_desc;
+using wgmma::TensorMap;
+using wgmma::tma_load_2d;
 
 template <int R>
 __device__ __forceinline__ void fence_regs(float (&d)[R]) {  // keep acc out of reordering
@@ -208,22 +210,6 @@ struct TmaSmem {
 static_assert(TmaSmem<256, 4>::BYTES == 197696 && TmaSmem<128, 6>::BYTES == 197728 &&
                   TmaSmem<192, 5>::BYTES == 205904,
               "minfer/cuda/ops/gemm.py TmaTile.smem (tests/test_gemm_f16_cpu.py)");
-
-// A TMA tensor map (CUtensorMap's size and alignment), made on the host by minfer/cuda/runtime/tma.py
-struct alignas(64) TensorMap {
-    unsigned long long opaque[16];
-};
-static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
-
-// box {64 halves, rows} at (k0, row0) of a 2-D f16 tensor map -> shared memory in the map's
-// swizzle, rows and columns past the tensor zero-filled; completes as transactions on `bar`
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TensorMap* map, int k0, int row0,
-                                            uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-        "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)),
-        "r"(k0), "r"(row0), "r"(bar) : "memory");
-}
 
 template <int BN, int STAGES>
 __device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* tb,

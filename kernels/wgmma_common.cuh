@@ -84,6 +84,22 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
         ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
+// A TMA tensor map (CUtensorMap's size and alignment), made on the host by
+// minfer/cuda/runtime/tma.py
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
+
+// box {64 halves, rows} at (k0, row0) of a 2-D f16 tensor map -> shared memory in the map's
+// swizzle, rows and columns past the tensor zero-filled; completes as transactions on `bar`
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const TensorMap* map, int k0, int row0,
+                                            uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)),
+        "r"(k0), "r"(row0), "r"(bar) : "memory");
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));

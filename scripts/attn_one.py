@@ -1,10 +1,12 @@
 """The prefill attention alone, timed with CUDA events, for `ncu` and A/B timing (device).
 
 python3 scripts/attn_one.py [--tokens 2048,8192,16384] [--impl wg|mma] [--heads 32:8]
-    [--head-dim 128] [--launches 10] [--opts=-DATT_WG_NOLOAD,-DATT_WG_NOEXP]
+    [--head-dim 128] [--launches 10] [--opts=-DATT_WG_NOLOAD,-DATT_WG_NOEXP] [--grid sm,items]
 Prints per length: µs per launch (median of 7 groups, ± half the spread) and TFLOP/s with the
 causal FLOPs counted once (4 T^2 / 2 Hq D). --opts: the wgmma kernel's timing builds
-(kernels/attention_sm90a.cu's header; wrong results: what the loads / the ex2 cost).
+(kernels/attention_sm90a.cu's header; wrong results: what the loads / the ex2 cost). --grid:
+the wgmma kernel's grids to compare, their groups interleaved (sm: persistent, one block per
+SM; items: one block per item; default: wg_blocks' choice).
 Under ncu, profile one launch:
 ncu -k regex:attn_wg --launch-skip 2 --launch-count 1 python3 scripts/attn_one.py --tokens 8192
 """
@@ -14,7 +16,7 @@ import argparse
 import numpy as np
 import pycuda.driver as drv
 
-from minfer.cuda.ops.attention import attention
+from minfer.cuda.ops.attention import attention, wg_blocks
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.runtime import get_runtime
 
@@ -25,6 +27,7 @@ ap.add_argument("--heads", default="32:8")
 ap.add_argument("--head-dim", type=int, default=128)
 ap.add_argument("--launches", type=int, default=10)
 ap.add_argument("--opts", default="", help="comma-separated nvcc -D options (timing builds)")
+ap.add_argument("--grid", default="default", help="comma-separated: default, sm, items")
 a = ap.parse_args()
 Hq, Hkv = map(int, a.heads.split(":"))
 D, rt, rng = a.head_dim, get_runtime(), np.random.default_rng(0)
@@ -33,21 +36,29 @@ for T in map(int, a.tokens.split(",")):
     q, k, v = (da.to_device(rt, rng.standard_normal((T, h, D)).astype(np.float16))
                for h in (Hq, Hkv, Hkv))
     o = da.empty(rt, (T, Hq, D), np.float16, "o")
-    run = lambda: attention(rt, o, q, k, v, 0, impl=a.impl, build_opts=opts)   # noqa: E731
-    for _ in range(3):
-        run()
-    rt.synchronize()
-    t0, t1, us = drv.Event(), drv.Event(), []
-    for _ in range(7):
-        t0.record()
-        for _ in range(a.launches):
+    grids = {g: {"default": None, "sm": wg_blocks(rt.sm_count, T, Hq // Hkv, Hkv, True),
+                 "items": wg_blocks(rt.sm_count, T, Hq // Hkv, Hkv, False)}[g]
+             for g in a.grid.split(",")}
+    runs = {g: (lambda b=b: attention(rt, o, q, k, v, 0, impl=a.impl, build_opts=opts,
+                                      blocks=b if a.impl == "wg" else None))
+            for g, b in grids.items()}
+    for run in runs.values():
+        for _ in range(3):
             run()
-        t1.record()
-        t1.synchronize()
-        us.append(t1.time_since(t0) * 1e3 / a.launches)
-    med = float(np.median(us))
+    rt.synchronize()
+    t0, t1, us = drv.Event(), drv.Event(), {g: [] for g in runs}
+    for _ in range(7):   # the grids' groups interleaved
+        for g, run in runs.items():
+            t0.record()
+            for _ in range(a.launches):
+                run()
+            t1.record()
+            t1.synchronize()
+            us[g].append(t1.time_since(t0) * 1e3 / a.launches)
     flop = 4 * T * T / 2 * Hq * D
-    name = a.impl + (" " + a.opts if opts else "")
-    print(f"attention {name} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
-          f"{(max(us) - min(us)) / 2:.1f} µs  {flop / med / 1e6:6.1f} TFLOP/s", flush=True)
+    for g, u in us.items():
+        med = float(np.median(u))
+        name = a.impl + ("" if g == "default" else f" grid={g}") + (" " + a.opts if opts else "")
+        print(f"attention {name} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
+              f"{(max(u) - min(u)) / 2:.1f} µs  {flop / med / 1e6:6.1f} TFLOP/s", flush=True)
     del q, k, v, o

@@ -6,17 +6,20 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
-from minfer.cuda.ops.attention import WG_ROWS, per_token_pays, pick_impl, wg_smem_bytes
+from minfer.cuda.ops.attention import (WG_ROWS, per_token_pays, pick_impl, wg_blocks, wg_items,
+                                       wg_smem_bytes)
+from minfer.errors import GPUError
 
 H200 = SimpleNamespace(arch="sm_90", smem_optin=232448)
 ADA = SimpleNamespace(arch="sm_89", smem_optin=101376)
 
 
 def test_wg_smem_matches_the_kernel():
-    # attention_sm90a.cu: static_assert(AttnWgSmem<128>::BYTES == 230456 && <64> == 115768)
-    assert wg_smem_bytes(128) == 230456
-    assert wg_smem_bytes(64) == 115768
+    # attention_sm90a.cu: static_assert(AttnWgSmem<128>::BYTES == 230480 && <64> == 115792)
+    assert wg_smem_bytes(128) == 230480
+    assert wg_smem_bytes(64) == 115792
     assert wg_smem_bytes(128) <= H200.smem_optin
 
 
@@ -49,21 +52,48 @@ def test_per_token_for_decode_layouts():
 
 def test_timing_build_options_reach_the_wgmma_build(monkeypatch):
     """build_opts (the timing builds: -DATT_WG_NOLOAD ...) join the wgmma kernel's nvcc
-    options; without them it builds as the forward does (-arch=sm_90a alone)."""
+    options; without them it builds as the forward does (-arch=sm_90a alone). The grid is
+    wg_blocks' unless given; with TMA the caches travel as [S, Hkv D] tensor maps of 128-key
+    boxes after the parameter padding, the magic last."""
     from fake_gpuarray import install
 
-    from minfer.cuda.ops.attention import attention
+    import minfer.cuda.ops.attention as att
+    from minfer.cuda.ops.gemm import TMA_PARAM_PAD
     from minfer.cuda.runtime import devarray as da
 
     install(monkeypatch)
-    rt = SimpleNamespace(arch="sm_90", smem_optin=232448, builds=[],
-                         launch=lambda *a, **k: None)
+    maps = []
+    monkeypatch.setattr(att, "tmap_f16_2d", lambda *a: maps.append(a) or np.zeros(128, np.uint8))
+    rt = SimpleNamespace(arch="sm_90", smem_optin=232448, sm_count=132, builds=[], grids=[],
+                         args=[])
+    rt.launch = lambda fn, grid, block, args, **k: rt.grids.append(grid) or rt.args.append(args)
     rt.function = lambda name, entry, options=(), dyn_smem=0: rt.builds.append(
         (name, entry, tuple(options))) or (name, entry)
     T, Hq, Hkv, D = 256, 8, 2, 128
     q, o = da.view(0x100000, (T, Hq, D), np.float16), da.view(0x300000, (T, Hq, D), np.float16)
-    k, v = (da.view(p, (T, Hkv, D), np.float16) for p in (0x500000, 0x700000))
-    attention(rt, o, q, k, v, 0)
-    attention(rt, o, q, k, v, 0, build_opts=("-DATT_WG_NOLOAD",))
+    k, v = (da.view(p, (T + 5, Hkv, D), np.float16) for p in (0x500000, 0x700000))
+    att.attention(rt, o, q, k, v, 0, tma=False)
+    att.attention(rt, o, q, k, v, 0, build_opts=("-DATT_WG_NOLOAD",), tma=False)
+    att.attention(rt, o, q, k, v, 0, tma=True)
     assert rt.builds == [("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a",)),
-                         ("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a", "-DATT_WG_NOLOAD"))]
+                         ("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a", "-DATT_WG_NOLOAD")),
+                         ("attention_sm90a", "attn_wg_tma_d128", ("-arch=sm_90a",))]
+    assert maps == [(0x500000, T + 5, Hkv * D, 128), (0x700000, T + 5, Hkv * D, 128)]
+    a = rt.args[-1]
+    assert a[0] is TMA_PARAM_PAD and len(a) == 3 + 14 + 2 + 1 and a[-1] == att.WG_TMA_MAGIC
+    assert len(rt.args[0]) == 14
+    # 256 x 4 rows = 8 row blocks x 2 KV heads: 16 items, under the SMs
+    assert rt.grids == [(16,)] * 3
+    att.attention(rt, o, q, k, v, 0, blocks=3)
+    assert rt.grids[-1] == (3,)
+    with pytest.raises(GPUError, match="blocks 0"):
+        att.attention(rt, o, q, k, v, 0, blocks=0)
+
+
+def test_wg_grid():
+    """The wgmma kernel's items (128 rows of one KV head) and its grid: one block per SM when
+    persistent (never more blocks than items), else one per item."""
+    assert wg_items(2048, 4, 8) == 512 and wg_items(33, 4, 8) == 16 and wg_items(1, 1, 1) == 1
+    assert wg_blocks(132, 2048, 4, 8, persistent=True) == 132
+    assert wg_blocks(132, 2048, 4, 8, persistent=False) == 512
+    assert wg_blocks(132, 100, 4, 2, persistent=True) == 8

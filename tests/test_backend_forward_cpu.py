@@ -81,6 +81,16 @@ class FakeRT:
         self.launches.append(fn)
 
 
+def fake_tensor_maps(monkeypatch):
+    """The f16 GEMM's TMA tensor maps without a driver; the wgmma attention on its cp.async
+    entries, whose arguments the tests below read by position (its TMA entries' layout is
+    test_attention_launcher_cpu's)."""
+    from minfer.cuda.ops import attention, gemm
+
+    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    monkeypatch.setattr(attention, "WG_TMA", False)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from minfer.gguf.loader import load_model
@@ -109,7 +119,7 @@ def test_forward_launches_each_route(monkeypatch, tiny, path):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     rt = FakeRT("sm_90" if path in ("blk", "f16") else "sm_80")
     be = CudaBackend(tiny, GemmChoice(path), rt=rt, max_tokens=64, ubatch=16, warmup=False,
                      graphs=False)
@@ -149,7 +159,7 @@ def test_window_logits_runs_every_row_then_the_head(monkeypatch, tiny, path):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     rt = FakeRT("sm_90" if path == "f16" else "sm_80")
     be = CudaBackend(tiny, GemmChoice.parse_ab(path, env={}), rt=rt, max_tokens=64, ubatch=16,
                      warmup=False, graphs=False)
@@ -192,7 +202,7 @@ def test_blk_attention_epilogue_writes_the_operand(monkeypatch, tmp_path):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     model = load_model(write_small(tmp_path / "hd128.gguf",
                                    *small_parts(seed=1, d_model=256, n_heads=2, n_kv_heads=1)))
     L = model.config.n_layers
@@ -234,7 +244,7 @@ def test_blk_token_scales_go_to_the_gemms_after_a_norm(monkeypatch, tmp_path):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     model = load_model(write_small(tmp_path / "hd128.gguf",
                                    *small_parts(seed=1, d_model=256, n_heads=2, n_kv_heads=1)))
     L = model.config.n_layers
@@ -274,7 +284,7 @@ def test_qwen3_norms_q_and_k_before_the_rope(monkeypatch, tmp_path, path):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     p = tmp_path / "q3.gguf"
     make_synthetic_model(p, SynthOptions(preset="tiny-qwen3", qtype="q4_K_M", vocab=1024,
                                          tokenizer_from=None, workers=1), progress=False)
@@ -309,7 +319,7 @@ def test_the_plan_is_computed_once(monkeypatch, tiny):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     calls = {"routes": 0, "fusion": 0}
 
     def counted(name, f):
@@ -344,7 +354,7 @@ def test_cuda_applies_the_sliding_window(monkeypatch, tmp_path):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     for window in (32, 0):
         meta, tensors = small_parts(d_model=256, n_heads=4, n_kv_heads=2)
         if window:
@@ -376,7 +386,7 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     rt = FakeRT("sm_90" if path in ("blk", "f16") else "sm_80")
     copies = []
     rt.drv.memcpy_dtod = lambda dst, src, n: copies.append((dst, src, n))
@@ -455,7 +465,7 @@ def test_gemma_forward_launches(monkeypatch, tmp_path, preset, head_dim, path):
 
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
+    fake_tensor_maps(monkeypatch)
     if head_dim:   # the real Gemma files' 256: attention.cu's entry, not the wgmma kernel's
         from dataclasses import replace
 

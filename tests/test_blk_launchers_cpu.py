@@ -54,13 +54,13 @@ def test_attention_writes_the_operand_from_the_wgmma_epilogue():
     o, q, kc, vc = _attn(70, 8, 4, 128)                 # 70 tokens x 2 heads a KV head
     tt = da.view(0x800000, (8, pad128(70) // 128, BLK_OP), U8)
     assert operand_fuses(rt, 70, 2, 128) and not operand_fuses(rt, 60, 2, 128)
-    attention(rt, o, q, kc, vc, 0, operand=tt, o_out=False)
+    attention(rt, o, q, kc, vc, 0, operand=tt, o_out=False, tma=False)
     (fn, grid, args), = rt.launches
-    assert fn == ("attention_sm90a", "attn_wg_d128_blk") and grid == (2, 4)
+    assert fn == ("attention_sm90a", "attn_wg_d128_blk") and grid == (8,)   # 2 x 4 items
     assert args[4] == 0 and args[-2:] == [0x800000, 128]   # no o; the operand, Tp
-    attention(rt, o, q, kc, vc, 0, operand=tt)
+    attention(rt, o, q, kc, vc, 0, operand=tt, tma=False)
     assert rt.launches[-1][2][4] == 0x400000                 # o written too
-    attention(rt, o, q, kc, vc, 0)
+    attention(rt, o, q, kc, vc, 0, tma=False)
     assert rt.launches[-1][0] == ("attention_sm90a", "attn_wg_d128")
 
 

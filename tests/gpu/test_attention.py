@@ -119,3 +119,45 @@ def test_pick_impl(rt):
     assert pick_impl(rt, 31, 4, 64) == "mma"
     assert pick_impl(rt, 64, 4, 128, per_token=True) == "tok"
     assert pick_impl(rt, 512, 4, 96) == pick_impl(rt, 512, 4, 256) == "mma"
+
+
+@pytest.mark.parametrize("D,Hq,Hkv,window", [(128, 32, 8, 0), (64, 9, 3, 0), (128, 8, 2, 200)])
+@pytest.mark.parametrize("packed", [False, True])
+def test_wg_persistent_grid_bitwise(rt, D, Hq, Hkv, window, packed):
+    """The wgmma kernel's grid and its loads are a schedule, not a result: 1, 3 and 7 blocks
+    walking many items each (the K/V ring and the Q rows carried from item to item, items of
+    different lengths, snaking rounds) write the bits one block per item writes, and the
+    default grid (wg_blocks) the same, with the K/V tiles by cp.async or TMA; on one sequence
+    past pos0 and on a packed layout with a window."""
+    from minfer.cuda.ops.attention import attention, wg_items
+    from minfer.cuda.runtime import devarray as da
+
+    if rt.arch != "sm_90":
+        pytest.skip("the wgmma attention kernel is sm_90 only")
+    rng = np.random.default_rng(D + Hq + window)
+    if packed:
+        lengths, rows, base = [300, 1, 129, 37, 260], [], 0
+        for n in lengths:
+            rows += [(base + p, base) for p in range(n)]
+            base += -(-n // 128) * 128
+        tok, S, pos0 = da.to_device(rt, np.array(rows, np.int32)), base, 0
+        T = len(rows)
+    else:
+        T, pos0, tok = 611, 90, None
+        S = pos0 + T
+    q = (rng.standard_normal((T, Hq, D)) * 2).astype(np.float16)
+    k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float16)
+    v = rng.standard_normal((S, Hkv, D)).astype(np.float16)
+    q, k, v = (da.to_device(rt, x) for x in (q, k, v))
+    n = wg_items(T, Hq // Hkv, Hkv)
+    outs = {}
+    for blocks in (n, 1, 3, 7, None):
+        for tma in (False, True):
+            o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
+            attention(rt, o, q, k, v, pos0, tok, S if packed else None, impl="wg",
+                      window=window, blocks=blocks, tma=tma)
+            outs[blocks, tma] = o.get()
+    ref = outs[n, False]
+    assert np.all(np.isfinite(ref))
+    for key, got in outs.items():
+        assert np.array_equal(got.view(np.uint16), ref.view(np.uint16)), key

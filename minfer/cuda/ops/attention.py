@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minfer.cuda.ops.gemm import TMA_PARAM_PAD
 from minfer.cuda.runtime import devarray as da
+from minfer.cuda.runtime.tma import tmap_f16_2d
 from minfer.errors import GPUError
 from minfer.gguf.arch_keys import GPU_HEAD_DIMS as HEAD_DIMS   # the entries: 64, 96, 128, 256
 
@@ -45,12 +47,29 @@ SMALL = AttnGeometry(warps=4, keys=64)   # where DEFAULT's smem is over the GPU'
 
 WG_ROWS, WG_STAGES = 128, 3   # attention_sm90a.cu: 2 consumer warpgroups of 64 rows, 3 stages
 WG_HEAD_DIMS = (64, 128)      # its entries (96 and 256 run attention.cu)
+WG_PERSISTENT = True          # wg_blocks' default: one block per SM walking the items
+WG_TMA = True                 # full K/V tiles by TMA (attn_wg_tma_d*), else cp.async
+WG_TMA_MAGIC = 0x41545431     # attention_sm90a.cu ATT_WG_TMA_MAGIC
 
 
 def wg_smem_bytes(head_dim: int) -> int:
     """attention_sm90a.cu's AttnWgSmem: Q [128, D], WG_STAGES stages of K and V [128, D] (f16),
-    1 + 2 WG_STAGES mbarriers, + 1 KB for the alignment."""
-    return (WG_ROWS + 2 * WG_STAGES * 128) * head_dim * 2 + 8 * (1 + 2 * WG_STAGES) + 1024
+    4 + 2 WG_STAGES mbarriers, + 1 KB for the alignment."""
+    return (WG_ROWS + 2 * WG_STAGES * 128) * head_dim * 2 + 8 * (4 + 2 * WG_STAGES) + 1024
+
+
+def wg_items(T: int, G: int, Hkv: int) -> int:
+    """The wgmma kernel's work items: 128-row blocks (a row = a (token, group head) pair) per
+    KV head."""
+    return -(-T * G // WG_ROWS) * Hkv
+
+
+def wg_blocks(sm_count: int, T: int, G: int, Hkv: int, persistent: bool = WG_PERSISTENT) -> int:
+    """The wgmma kernel's grid: persistent, one block per SM (its shared memory allows one)
+    walking the items longest first, the next item's Q and K/V loading under the last one's
+    tail; else one block per item."""
+    n = wg_items(T, G, Hkv)
+    return min(n, sm_count) if persistent else n
 
 
 TOK_WARPS, TOK_G = 8, 4   # attention_tok.cu: threads of a block / query heads per block
@@ -102,7 +121,8 @@ def pick_geometry(rt, head_dim: int) -> AttnGeometry:
 def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
               geom: AttnGeometry | None = None, impl: str | None = None, operand=None,
               o_out: bool = True, scale: float | None = None, window: int = 0,
-              softcap: float = 0.0, build_opts: tuple = ()) -> None:
+              softcap: float = 0.0, build_opts: tuple = (), blocks: int | None = None,
+              tma: bool | None = None) -> None:
     """o f16 [T, Hq, D] = causal softmax(q k^T * scale) v, scale 1 / sqrt(D) unless given.
 
     q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
@@ -124,6 +144,9 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
     (kernels/attention_common.cuh).
     build_opts: nvcc -D options of the wgmma kernel's timing builds (attention_sm90a.cu's
     header: -DATT_WG_NOLOAD, -DATT_WG_NOEXP; wrong results, scripts/attn_one.py).
+    blocks: the wgmma kernel's grid (default wg_blocks'); any count from 1 up computes the same
+    output, bit for bit (the items are independent; tests and A/B timing).
+    tma: the wgmma kernel's K/V loads by TMA (default WG_TMA) or cp.async; the same bits.
     """
     da.check("attention q", q, (None, None, None), np.float16, align=16)
     T, Hq, D = q.shape
@@ -163,8 +186,12 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
             raise GPUError(f"attention: the wgmma kernel needs sm_90 (this GPU is {rt.arch}) "
                            f"and head_dim {' or '.join(map(str, WG_HEAD_DIMS))} (got {D})")
         rows, threads, smem = WG_ROWS, 384, wg_smem_bytes(D)
-        fn = rt.function("attention_sm90a", f"attn_wg_d{D}" + ("_blk" if extra else ""),
-                         ("-arch=sm_90a", *build_opts), dyn_smem=smem)
+        n_blocks = wg_blocks(rt.sm_count, T, G, Hkv) if blocks is None else int(blocks)
+        if not 1 <= n_blocks:
+            raise GPUError(f"attention: blocks {blocks} (the wgmma kernel's grid) must be >= 1")
+        tma = WG_TMA if tma is None else bool(tma)
+        entry = f"attn_wg_tma_d{D}" if tma else f"attn_wg_d{D}" + ("_blk" if extra else "")
+        fn = rt.function("attention_sm90a", entry, ("-arch=sm_90a", *build_opts), dyn_smem=smem)
     elif impl == "tok":
         rows, threads, smem = 1, 32 * TOK_WARPS, 0
         fn = rt.function("attention_tok", f"attn_tok_d{D}")
@@ -181,10 +208,15 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
     scale_log2 = np.float32(math.log2(math.e) * scale)
     cap_s = np.float32(softcap / scale if softcap > 0 else 0.0)   # attention_common.cuh
     p_arg, p_ptr = (pos0, np.uintp(0)) if tok is None else (0, da.arg(tok))
-    grid = ((T, Hkv, -(-G // TOK_G)) if impl == "tok" else ((T * G + rows - 1) // rows, Hkv))
-    rt.launch(fn, grid, (threads,),
-              (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc),
-               da.arg(o) if o_out else np.uintp(0), np.int64(Hq * D), np.int32(T),
-               np.int32(Hq), np.int32(Hkv), np.int32(p_arg), p_ptr, scale_log2,
-               np.int32(window), cap_s, *extra),
-              smem=smem)
+    grid = ((T, Hkv, -(-G // TOK_G)) if impl == "tok" else (n_blocks,) if impl == "wg"
+            else ((T * G + rows - 1) // rows, Hkv))
+    args = (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc),
+            da.arg(o) if o_out else np.uintp(0), np.int64(Hq * D), np.int32(T), np.int32(Hq),
+            np.int32(Hkv), np.int32(p_arg), p_ptr, scale_log2, np.int32(window), cap_s)
+    if impl == "wg" and tma:   # the caches as [S, Hkv D] tensor maps, boxes of 128 keys
+        maps = tuple(tmap_f16_2d(da.ptr(c), S, Hkv * D, WG_ROWS) for c in (kc, vc))
+        args = (TMA_PARAM_PAD, *maps, *args, *(extra or (np.uintp(0), np.int32(0))),
+                np.int32(WG_TMA_MAGIC))
+    else:
+        args = (*args, *extra)
+    rt.launch(fn, grid, (threads,), args, smem=smem)
