@@ -220,13 +220,8 @@ __device__ __forceinline__ bool item_at(int j, const int2* __restrict__ tok, int
     const int nb = gridDim.x, b = blockIdx.x, R = T * G, nrb = (R + ROWS - 1) / ROWS;
     const int i = j * nb + ((j & 1) ? nb - 1 - b : b);
     if (i >= nrb * Hkv) return false;
-#ifdef ATT_WG_HEADMAJOR   // A/B: a head's row blocks consecutive (longest first within it)
-    it.hk = i / nrb;
-    it.r0 = (nrb - 1 - i % nrb) * ROWS;
-#else
-    it.hk = i % Hkv;
+    it.hk = i % Hkv;   // (a head's row blocks in a row instead: 0.63-0.78x at 2,048-16,384)
     it.r0 = (nrb - 1 - i / Hkv) * ROWS;
-#endif
     it.tfirst = tok_at(tok, pos0, it.r0 / G, window);
     it.tlast = tok_at(tok, pos0, (min(it.r0 + ROWS, R) - 1) / G, window);
     it.kt0 = it.tfirst.y / KEYS;

@@ -82,8 +82,14 @@ def test_timing_build_options_reach_the_wgmma_build(monkeypatch):
     a = rt.args[-1]
     assert a[0] is TMA_PARAM_PAD and len(a) == 3 + 14 + 2 + 1 and a[-1] == att.WG_TMA_MAGIC
     assert len(rt.args[0]) == 14
+    from minfer.quants.blk_ref import blk_shape   # the token operand from the epilogue
+    tt = da.view(0x900000, blk_shape(T, Hq * D), np.uint8)
+    att.attention(rt, o, q, k, v, 0, operand=tt, o_out=False, tma=True)
+    a = rt.args[-1]
+    assert rt.builds[-1][1] == "attn_wg_tma_d128" and int(a[3 + 4]) == 0   # no o
+    assert int(a[-3]) == 0x900000 and int(a[-2]) == 256                     # ob, Tp
     # 256 x 4 rows = 8 row blocks x 2 KV heads: 16 items, under the SMs
-    assert rt.grids == [(16,)] * 3
+    assert rt.grids == [(16,)] * 4
     att.attention(rt, o, q, k, v, 0, blocks=3)
     assert rt.grids[-1] == (3,)
     with pytest.raises(GPUError, match="blocks 0"):
