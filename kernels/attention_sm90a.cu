@@ -64,13 +64,13 @@ struct AttnWgSmem {
     static constexpr int Q = 0;   // [ROWS x D] as D / 64 panels of 128-byte rows (as K and V)
     static constexpr int KV = ROWS * D * 2;             // stage s: K at KV + 2 s TILE, V + TILE
     static constexpr int TILE = KEYS * D * 2;
-    // qfull[2], qempty[2] (one per consumer's 64 Q rows); full and empty [K, V][STAGES]
+    // qfull[2], qempty[2] (one per consumer's 64 Q rows), full[STAGES], empty[STAGES]
     static constexpr int BARS = KV + STAGES * 2 * TILE;
-    static constexpr int BYTES = BARS + 8 * (4 + 4 * STAGES) + 1024;   // + 1 KB alignment
+    static constexpr int BYTES = BARS + 8 * (4 + 2 * STAGES) + 1024;   // + 1 KB alignment
 };
 static_assert(AttnWgSmem<128>::BYTES <= 227 * 1024 && AttnWgSmem<64>::BYTES <= 227 * 1024,
               "within the opt-in shared memory");
-static_assert(AttnWgSmem<128>::BYTES == 230528 && AttnWgSmem<64>::BYTES == 115840,
+static_assert(AttnWgSmem<128>::BYTES == 230480 && AttnWgSmem<64>::BYTES == 115792,
               "minfer/cuda/ops/attention.py wg_smem_bytes (tests/test_attention_launcher_cpu.py)");
 static_assert(ROWS * 128 % 1024 == 0 && KEYS * 128 % 1024 == 0, "panels keep 1 KB swizzle atoms");
 
@@ -240,16 +240,13 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     using S = AttnWgSmem<D>;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023) & ~1023u;
-    // mbarriers: qfull[w] at 8 w, qempty[w] at 8 (2 + w); a tile's K (v 0) and V (v 1) each
-    // have their own: full at 8 (4 + v STAGES + s), empty at 8 (4 + (2 + v) STAGES + s), so a
-    // K slot frees once both consumers' S of it is done, a tile before its V's
+    // mbarriers: qfull[w] at 8 w, qempty[w] at 8 (2 + w), full[s] at 8 (4 + s), empty[s] at
+    // 8 (4 + STAGES + s)
     const uint32_t bars = base + S::BARS;
     auto qfull = [&](int w) { return bars + 8 * w; };
     auto qempty = [&](int w) { return bars + 8 * (2 + w); };
-    auto full = [&](int v, int ring) { return bars + 8 * (4 + v * STAGES + ring % STAGES); };
-    auto empty = [&](int v, int ring) {
-        return bars + 8 * (4 + (2 + v) * STAGES + ring % STAGES);
-    };
+    auto full = [&](int ring) { return bars + 8 * (4 + ring % STAGES); };
+    auto empty = [&](int ring) { return bars + 8 * (4 + STAGES + ring % STAGES); };
     auto stage = [&](int ring) { return base + S::KV + (ring % STAGES) * 2 * S::TILE; };
 
     const int G = Hq / Hkv, R = T * G;
@@ -259,9 +256,9 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             wgmma::mbar_init(qfull(w), 128);    // the producer's threads
             wgmma::mbar_init(qempty(w), 128);   // a consumer's
         }
-        for (int s = 0; s < 2 * STAGES; ++s) {
-            wgmma::mbar_init(full(s / STAGES, s), 128);
-            wgmma::mbar_init(empty(s / STAGES, s), 256);    // both consumers'
+        for (int s = 0; s < STAGES; ++s) {
+            wgmma::mbar_init(full(s), 128);
+            wgmma::mbar_init(empty(s), 256);    // both consumers'
         }
     }
     __syncthreads();
@@ -270,36 +267,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
     if (threadIdx.x < 128) {   // producer warpgroup: per item each consumer's Q rows, then the
         wgmma::setmaxnreg_dec<PRODUCER_REGS>();   // K/V tiles into the ring (`ring`: tiles so far)
         constexpr int CH = D / 8;
-        // K (v 0) or V (v 1) of tile `ring` (keys k0 .. k0 + nv - 1 of KV head hk) into its
-        // stage once free: by TMA (one thread; the bytes counted on `full`) or, for a tile past
-        // the item's last key, by cp.async (its rows past that key zero-filled)
-        auto load_half = [&](int v, int ring, int hk, int k0, int nv) {
-            wgmma::mbar_wait(empty(v, ring), ((ring / STAGES) & 1) ^ 1);
-            const uint32_t dst = stage(ring) + v * S::TILE;
-#ifdef ATT_WG_NOLOAD   // timing build: each stage keeps the tile it got first
-            if (ring >= STAGES) {
-                wgmma::mbar_arrive(full(v, ring));
-                return;
-            }
-#endif
-            if (mk != nullptr && nv == KEYS) {
-                if (threadIdx.x == 0) {
-                    wgmma::mbar_expect_tx(full(v, ring), S::TILE);
-#pragma unroll
-                    for (int p = 0; p < D / 64; ++p)   // 64-column panels
-                        wgmma::tma_load_2d(dst + p * KEYS * 128, v ? mv : mk, hk * D + 64 * p,
-                                           k0, full(v, ring));
-                } else {
-                    wgmma::mbar_arrive(full(v, ring));
-                }
-                return;
-            }
-            load_kv<D>(dst, (v ? vc : kc) + (long)k0 * ldkv + (long)hk * D, ldkv, nv,
-                       threadIdx.x);
-            wgmma::cp_async_arrive(full(v, ring));
-        };
         int ring = 0;
-        int pend = -1, pend_hk = 0, pend_k0 = 0, pend_nv = 0;   // the V tile one behind K
         for (int j = 0; item_at(j, tok, pos0, T, G, Hkv, window, it); ++j) {
             const int n_keys = it.tlast.x + 1;
             for (int w = 0; w < 2; ++w) {   // rows 64 w .. 64 w + 63, once consumer w is done
@@ -313,16 +281,37 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
                 }
                 wgmma::cp_async_arrive(qfull(w));
             }
-            // K runs a tile ahead of V: the consumers read K(kt) with V(kt - 1) and free it
-            // first, so K(kt + 1) can load before V(kt)'s slot is free
             for (int kt = 0; kt < it.n_tiles; ++kt, ++ring) {
                 const int k0 = (it.kt0 + kt) * KEYS, nv = min(KEYS, n_keys - k0);
-                load_half(0, ring, it.hk, k0, nv);
-                if (pend >= 0) load_half(1, pend, pend_hk, pend_k0, pend_nv);
-                pend = ring, pend_hk = it.hk, pend_k0 = k0, pend_nv = nv;
+                wgmma::mbar_wait(empty(ring), ((ring / STAGES) & 1) ^ 1);   // free
+#ifdef ATT_WG_NOLOAD   // timing build: each stage keeps the tile it got first
+                if (ring >= STAGES) {
+                    wgmma::mbar_arrive(full(ring));
+                    continue;
+                }
+#endif
+                if (mk != nullptr && nv == KEYS) {   // TMA: one thread, the tile's bytes
+                    if (threadIdx.x == 0) {
+                        wgmma::mbar_expect_tx(full(ring), 2 * S::TILE);
+#pragma unroll
+                        for (int p = 0; p < D / 64; ++p) {   // 64-column panels
+                            const uint32_t pan = stage(ring) + p * KEYS * 128;
+                            wgmma::tma_load_2d(pan, mk, it.hk * D + 64 * p, k0, full(ring));
+                            wgmma::tma_load_2d(pan + S::TILE, mv, it.hk * D + 64 * p, k0,
+                                               full(ring));
+                        }
+                    } else {
+                        wgmma::mbar_arrive(full(ring));
+                    }
+                    continue;
+                }
+                // cp.async (a partial tile: its rows past the last key zero-filled)
+                const long off = (long)k0 * ldkv + (long)it.hk * D;
+                load_kv<D>(stage(ring), kc + off, ldkv, nv, threadIdx.x);
+                load_kv<D>(stage(ring) + S::TILE, vc + off, ldkv, nv, threadIdx.x);
+                wgmma::cp_async_arrive(full(ring));
             }
         }
-        if (pend >= 0) load_half(1, pend, pend_hk, pend_k0, pend_nv);
         gemm_f16::cp_async_wait<0>();   // (a thread's copies complete before it exits)
         return;
     }
@@ -421,8 +410,8 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             pa[ks][3] = pack_h2(s[8 * ks + 6], s[8 * ks + 7]);
         }
     };
-    auto await_tile = [&](int v, int ring) {   // K (v 0) or V (v 1) of tile `ring`
-        wgmma::mbar_wait(full(v, ring), (ring / STAGES) & 1);
+    auto await_tile = [&](int ring) {
+        wgmma::mbar_wait(full(ring), (ring / STAGES) & 1);
         wgmma::fence_proxy_async();   // cp.async writes (generic proxy) -> wgmma reads
     };
     // the turns: each S issue in turn (named barriers 1 + cw), handed over once issued; per
@@ -451,7 +440,7 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
         // and tile kt - 1's O += P V are issued together; tile kt's softmax runs under that P V.
         if (cw == 1) bar_arrive(1);   // warpgroup 0 takes the first turn
         wgmma::mbar_wait(qfull(cw), j & 1);   // this warpgroup's Q rows
-        await_tile(0, ring);
+        await_tile(ring);
         bar_sync(1 + cw);
         wgmma::fence();
         issue_qk(stage(ring));
@@ -459,13 +448,11 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
         turn_over(0);
         wgmma::wait<0>();
         wgmma::fence_regs(s);
-        wgmma::mbar_arrive(empty(0, ring));   // K of tile 0 read
         if (it.n_tiles == 1) wgmma::mbar_arrive(qempty(cw));   // Q read for the last time
         softmax(it.kt0 * KEYS);
         rescale_pack();
         for (int kt = 1; kt < it.n_tiles; ++kt) {
-            await_tile(0, ring + kt);
-            await_tile(1, ring + kt - 1);
+            await_tile(ring + kt);
             bar_sync(1 + cw);
             wgmma::fence();
             issue_qk(stage(ring + kt));
@@ -473,24 +460,22 @@ __device__ void attn_wg(const __half* __restrict__ q, long ldq, const __half* __
             issue_pv(stage(ring + kt - 1) + S::TILE);
             wgmma::commit();
             turn_over(kt);
-            wgmma::wait<1>();   // S of tile kt: its K slot is free
+            wgmma::wait<1>();   // S of tile kt
             wgmma::fence_regs(s);
-            wgmma::mbar_arrive(empty(0, ring + kt));
             if (kt + 1 == it.n_tiles) wgmma::mbar_arrive(qempty(cw));   // the next item's Q
             softmax((it.kt0 + kt) * KEYS);
             wgmma::wait<0>();   // P V of tile kt - 1: O and pa are free, so is its stage
             wgmma::fence_regs(oacc);
-            wgmma::mbar_arrive(empty(1, ring + kt - 1));
+            wgmma::mbar_arrive(empty(ring + kt - 1));
             rescale_pack();
         }
         ring += it.n_tiles;
-        await_tile(1, ring - 1);
         wgmma::fence();
         issue_pv(stage(ring - 1) + S::TILE);
         wgmma::commit();
         wgmma::wait<0>();
         wgmma::fence_regs(oacc);
-        wgmma::mbar_arrive(empty(1, ring - 1));
+        wgmma::mbar_arrive(empty(ring - 1));
 
 #pragma unroll
         for (int off = 1; off <= 2; off <<= 1) {

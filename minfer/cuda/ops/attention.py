@@ -58,8 +58,8 @@ WG_TMA_MAGIC = 0x41545431     # attention_sm90a.cu ATT_WG_TMA_MAGIC
 
 def wg_smem_bytes(head_dim: int) -> int:
     """attention_sm90a.cu's AttnWgSmem: Q [128, D], WG_STAGES stages of K and V [128, D] (f16),
-    4 + 4 WG_STAGES mbarriers, + 1 KB for the alignment."""
-    return (WG_ROWS + 2 * WG_STAGES * 128) * head_dim * 2 + 8 * (4 + 4 * WG_STAGES) + 1024
+    4 + 2 WG_STAGES mbarriers, + 1 KB for the alignment."""
+    return (WG_ROWS + 2 * WG_STAGES * 128) * head_dim * 2 + 8 * (4 + 2 * WG_STAGES) + 1024
 
 
 def wg_items(T: int, G: int, Hkv: int) -> int:
