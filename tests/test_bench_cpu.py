@@ -174,3 +174,32 @@ def test_bench_samples_a_preroll_then_back_to_back_prefills(monkeypatch):
     fast, slow = rows
     assert (fast.prefills, slow.prefills) == (7, 1)
     assert fast.tok_s == pytest.approx([10 / 0.03] * 2) and slow.tok_s == pytest.approx([20.0] * 2)
+
+
+@pytest.mark.parametrize("n,ubatch,window", [(1, 4096, 0), (2048, 4096, 0), (5000, 2048, 0),
+                                             (4097, 4096, 0), (3000, 1024, 700), (300, 64, 1)])
+def test_attention_flops_count_the_rows_the_forward_computes(n, ubatch, window):
+    """The breakdown's attention FLOPs: 4 Hq D per (query row, visible key), keys capped at a
+    local layer's window, the last chunk's final layer its last row alone; against a count
+    row by row."""
+    from types import SimpleNamespace
+
+    L, H, D = 3, 4, 64
+    c = SimpleNamespace(n_layers=L, n_heads=H, head_dim=D, sliding_window=window,
+                        is_local=lambda il: window > 0 and il % 2 == 0)
+    want = 0
+    last0 = (n - 1) // ubatch * ubatch
+    for il in range(L):
+        rows = range(n) if il < L - 1 else [*range(last0), n - 1]
+        w = window if c.is_local(il) else n
+        want += sum(min(t + 1, w) for t in rows)
+    assert B.attention_flops(c, n, ubatch) == 4.0 * H * D * want
+
+
+def test_breakdown_attention_row_has_its_rate():
+    """With the attention's FLOPs the breakdown prints its TFLOP/s (no int8 ceiling ratio)."""
+    tot = {"gemm:x": [1.0, 1e12, 1], "attention": [0.5, 2.5e11, 32]}
+    out = B.breakdown_table("cuda-blk", 2048, tot, 1.6).splitlines()
+    row = next(ln for ln in out if ln.startswith("| attention |"))
+    assert [c.strip() for c in row.strip("|").split("|")] == ["attention", "32", "500", "33.3",
+                                                              "500.0", ""]

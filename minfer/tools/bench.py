@@ -174,7 +174,31 @@ def breakdown(backend, model, n: int) -> str:
         backend.profile = None
         backend.reset()
     wall_ms = (time.perf_counter() - t0) * 1e3 - prof.spun_ms
+    if "attention" in tot:
+        tot["attention"][1] = attention_flops(model.config, n, backend.ubatch)
     return breakdown_table(backend.name, n, tot, wall_ms)
+
+
+def attention_flops(c, n: int, ubatch: int) -> float:
+    """The attention FLOPs of a prefill of n tokens from position 0 in chunks of ubatch: 4 Hq D
+    per (query row, visible key) (Q K^T and P V), the causal triangle counted once, a local
+    layer's keys capped at its window; the last chunk's final layer computes its last row
+    alone (Forward.chunk)."""
+    def keys(lo: int, hi: int, w: int) -> int:   # sum over t in [lo, hi) of min(t + 1, w)
+        def upto(m: int) -> int:                 # ... over t in [0, m)
+            k = min(m, w)
+            return k * (k + 1) // 2 + (m - k) * w
+        return upto(hi) - upto(lo)
+
+    last0 = (n - 1) // ubatch * ubatch   # the last chunk's first row
+    total = 0
+    for il in range(c.n_layers):
+        w = c.sliding_window if c.is_local(il) else n
+        if il == c.n_layers - 1:
+            total += keys(0, last0, w) + keys(n - 1, n, w)
+        else:
+            total += keys(0, n, w)
+    return 4.0 * c.n_heads * c.head_dim * total
 
 
 BREAKDOWN_SPIN_MS = 400.0   # longer than the host takes to launch a chunk's ops one by one
@@ -207,10 +231,12 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
                          f"{tf:,.1f} | {tf * 1e12 / ceil:.2f} |")
     named = 0.0
     for label in NAMED_OPS:
-        ms, _, cnt = tot.get(label, [0.0, 0, 0])
+        ms, flops, cnt = tot.get(label, [0.0, 0, 0])
         if cnt or label == "attention":
             named += ms
-            lines.append(f"| {label} | {cnt} | {ms * 1e3:,.0f} | {100 * ms / ev_ms:.1f} | | |")
+            tf = f"{flops / (ms * 1e-3) / 1e12:,.1f}" if flops and ms > 0 else ""
+            lines.append(f"| {label} | {cnt} | {ms * 1e3:,.0f} | {100 * ms / ev_ms:.1f} | "
+                         f"{tf} | |")   # (attention: attention_flops; f16, no int8 ceiling)
     rest = ev_ms - gemm_ms - named
     lines.append(f"| rest (norm, rope, embed) | | {rest * 1e3:,.0f} | "
                  f"{100 * rest / ev_ms:.1f} | | |")
