@@ -2,11 +2,13 @@
 
 python3 scripts/attn_one.py [--tokens 2048,8192,16384] [--impl wg|mma] [--heads 32:8]
     [--head-dim 128] [--launches 10] [--opts=-DATT_WG_NOLOAD,-DATT_WG_NOEXP] [--grid sm,items]
+    [--loads tma,cp]
 Prints per length: µs per launch (median of 7 groups, ± half the spread) and TFLOP/s with the
 causal FLOPs counted once (4 T^2 / 2 Hq D). --opts: the wgmma kernel's timing builds
 (kernels/attention_sm90a.cu's header; wrong results: what the loads / the ex2 cost). --grid:
 the wgmma kernel's grids to compare, their groups interleaved (sm: persistent, one block per
-SM; items: one block per item; default: wg_blocks' choice).
+SM; items: one block per item; default: wg_blocks' choice); --loads: its K/V loads (tma, cp:
+cp.async; default: the launcher's), every grid with every load.
 Under ncu, profile one launch:
 ncu -k regex:attn_wg --launch-skip 2 --launch-count 1 python3 scripts/attn_one.py --tokens 8192
 """
@@ -28,6 +30,7 @@ ap.add_argument("--head-dim", type=int, default=128)
 ap.add_argument("--launches", type=int, default=10)
 ap.add_argument("--opts", default="", help="comma-separated nvcc -D options (timing builds)")
 ap.add_argument("--grid", default="default", help="comma-separated: default, sm, items")
+ap.add_argument("--loads", default="default", help="comma-separated: default, tma, cp")
 a = ap.parse_args()
 Hq, Hkv = map(int, a.heads.split(":"))
 D, rt, rng = a.head_dim, get_runtime(), np.random.default_rng(0)
@@ -39,9 +42,12 @@ for T in map(int, a.tokens.split(",")):
     grids = {g: {"default": None, "sm": wg_blocks(rt.sm_count, T, Hq // Hkv, Hkv, True),
                  "items": wg_blocks(rt.sm_count, T, Hq // Hkv, Hkv, False)}[g]
              for g in a.grid.split(",")}
-    runs = {g: (lambda b=b: attention(rt, o, q, k, v, 0, impl=a.impl, build_opts=opts,
-                                      blocks=b if a.impl == "wg" else None))
-            for g, b in grids.items()}
+    loads = {x: {"default": None, "tma": True, "cp": False}[x] for x in a.loads.split(",")}
+    wg = a.impl == "wg"
+    runs = {" ".join(n for n in (g, x) if n != "default"):
+            (lambda b=b, t=t: attention(rt, o, q, k, v, 0, impl=a.impl, build_opts=opts,
+                                        blocks=b if wg else None, tma=t if wg else None))
+            for g, b in grids.items() for x, t in loads.items()}
     for run in runs.values():
         for _ in range(3):
             run()
@@ -58,7 +64,7 @@ for T in map(int, a.tokens.split(",")):
     flop = 4 * T * T / 2 * Hq * D
     for g, u in us.items():
         med = float(np.median(u))
-        name = a.impl + ("" if g == "default" else f" grid={g}") + (" " + a.opts if opts else "")
+        name = a.impl + (f" {g}" if g else "") + (" " + a.opts if opts else "")
         print(f"attention {name} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
               f"{(max(u) - min(u)) / 2:.1f} µs  {flop / med / 1e6:6.1f} TFLOP/s", flush=True)
     del q, k, v, o

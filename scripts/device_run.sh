@@ -28,8 +28,9 @@
 #          1024 x 32 on f16 and blk, the log-uniform file, a shared prefix on / off, decode of
 #          64, a 10,000-prompt file end to end (peak host and GPU memory).
 #   attn:  the prefill attention alone (scripts/attn_one.py: 2,048 .. 32,768 tokens, the wgmma
-#          kernel and attention.cu at 8,192; the wgmma kernel's timing builds without its loads
-#          / its ex2) and ncu on the wgmma kernel at 8,192.
+#          kernel persistent or a block per item, K/V by TMA or cp.async, interleaved; attention.cu
+#          at 8,192; the wgmma kernel's timing builds without its loads / its ex2) and ncu on the
+#          wgmma kernel at 8,192.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -145,7 +146,7 @@ fi
 
 if [ "$MODE" = attn ]; then   # the prefill attention alone, and ncu on the wgmma kernel
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  step time 60 python3 scripts/attn_one.py --tokens 2048,8192,16384,32768
+  step time 90 python3 scripts/attn_one.py --tokens 2048,8192,16384,32768 --grid sm,items --loads tma,cp
   step timemma 40 python3 scripts/attn_one.py --tokens 8192 --impl mma
   for o in -DATT_WG_NOLOAD -DATT_WG_NOEXP -DATT_WG_NOLOAD,-DATT_WG_NOEXP; do   # timing builds
     step "time_${o//[^A-Z_]/}" 40 python3 scripts/attn_one.py --tokens 8192,16384 --opts=$o
