@@ -53,7 +53,7 @@ for T in map(int, a.tokens.split(",")):
             run()
     rt.synchronize()
     t0, t1, us = drv.Event(), drv.Event(), {g: [] for g in runs}
-    for _ in range(7):   # the grids' groups interleaved
+    for _ in range(7):   # the configs' groups interleaved
         for g, run in runs.items():
             t0.record()
             for _ in range(a.launches):
