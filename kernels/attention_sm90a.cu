@@ -14,18 +14,19 @@
 // tiles loaded by TMA (the caches as tensor maps; + ob, Tp at D = 128).
 // Work: an item = one KV head x 128 rows, a row being a (token, query head of the group) pair
 // r = t G + g as in attention.cu (the G heads sharing a KV head share each K/V tile). Items go
-// longest first (causal: the last rows see the most keys) to a grid of any size (item_at): one
-// block per item, or persistent, a block per SM walking items, where the next item's Q rows
-// and K/V tiles load under the current one's tail (the launcher's wg_blocks chooses).
+// longest first, the heads interleaved (causal: the last rows see the most keys), to a grid
+// of any size (item_at): one block per item, or persistent, a block per SM walking items,
+// where the next item's Q rows and K/V tiles load under the current one's tail (the
+// launcher's wg_blocks chooses).
 // Structure: 384 threads, warp-specialized (FlashAttention-3's layout): warpgroup 0 copies each
 // item's Q rows (cp.async; each consumer's 64 once that consumer has read its last, qempty)
 // and then the 128-key K/V tiles into a 3-stage ring: by TMA (one thread, the stage's `full`
 // mbarrier counting the bytes) or cp.async (each thread's copies arriving on `full`,
 // cp.async.mbarrier.arrive), a tile reaching past the item's last key always by cp.async (its
-// rows past that key zero-filled); warpgroups 1, 2 own 64 rows each
-// and per tile compute S = Q K^T with wgmma m64n128k16 (Q and K from shared memory, K-major:
-// D contiguous), the online softmax on the S fragment (f32, ex2.approx; the causal mask only
-// on the diagonal tiles), then O += P V with P from registers (the S accumulator rounded to
+// rows past that key zero-filled); warpgroups 1, 2 own 64 rows each and per tile compute
+// S = Q K^T with wgmma m64n128k16 (Q and K from shared memory, K-major: D contiguous), the
+// online softmax on the S fragment (f32, ex2.approx; the causal mask only on the diagonal
+// tiles), then O += P V with P from registers (the S accumulator rounded to
 // f16 is the A fragment: rows g, g + 8 of each warp's 16, keys 2t, 2t + 1 and 2t + 8, 2t + 9 of
 // each 16-key step) and V from shared memory MN-major (V's rows are keys with D contiguous: the
 // transposed-B form), and release the stage on its `empty` mbarrier. Within a warpgroup, tile
