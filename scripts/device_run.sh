@@ -21,7 +21,8 @@
 #          gemma3-12b at head_dim 256 and phi3-mini at 96 included; FAMILY_TESTS=0 skips the
 #          suite, BREAKDOWN=1 adds blk's per-op breakdown at 2048 per preset).
 #   profile: ncu on the blk gate|up GEMM (per-token operand, as the forward), attn_output (per
-#          block) and f16's gate|up; the installed wheel's check (as gates).
+#          block) and f16's gate|up at M = 2048 (PROF_M=16384: a long prompt's, where blk's
+#          GEMMs ran 20-25 % slower); the installed wheel's check (as gates).
 #   packed: the packed layout's GPU tests (attention, rope, backend, graphs, blk) and the first
 #          batch figures (256 x 128 on f16 and blk, a shared prefix, decode of 64), one call.
 #   many:  every many-prompts row of docs/perf.md in one call (8B-shape synth model): 256 x 128 and
@@ -227,11 +228,11 @@ if [ "$MODE" = profile ]; then   # ncu on the blk GEMM and its FFMA-only fold; t
     set -- $g
     step ncu_$1_$2 60 "$NCU" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats -k regex:'mmq_blk|wgmma_f16' --launch-skip 2 \
-      --launch-count 1 python3 scripts/gemm_one.py $1 $2 4096 2048
+      --launch-count 1 python3 scripts/gemm_one.py $1 $2 4096 "${PROF_M:-2048}"
   done
   installed_check
   echo; echo "################ SUMMARY profile ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  for f in "$OUT"/ncu*.log; do echo "--- $(basename "$f")"; grep -E "Duration|SM Frequency|Compute \(SM\)|Issue Slots|Issued Warp|No Eligible|Stall|Tensor is|Memory Throughput|Warp Cycles Per Issued" "$f" | head -14; done
+  for f in "$OUT"/ncu*.log; do echo "--- $(basename "$f")"; grep -E "Duration|SM Frequency|Compute \(SM\)|Issue Slots|Issued Warp|No Eligible|Stall|Tensor is|Memory Throughput|DRAM Throughput|L2 Cache Throughput|Warp Cycles Per Issued" "$f" | head -16; done
   echo "--- installed (cwd /tmp, PYTHONPATH=/tmp/x only)"; grep -vE "^\s*$" "$OUT/installed.log" | tail -9
   exit 0
 fi
