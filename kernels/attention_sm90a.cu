@@ -528,7 +528,7 @@ ATT_WG_ENTRY(128)
 // maps mk, mv, box 64 x KEYS, 128-byte swizzle; a tile past the item's last key still by
 // cp.async: its rows zero-filled), and (ob non-null) the token operand as attn_wg_d128_blk.
 // The maps are 64-byte aligned parameters (gemm_f16_sm90a.cu's TMA_ENTRY: 48 bytes of padding
-// first, minfer/cuda/ops/gemm.py TMA_PARAM_PAD); `magic` traps a mismatched argument layout.
+// first, minfer/cuda/runtime/tma.py TMA_PARAM_PAD); `magic` traps a mismatched argument layout.
 #define ATT_WG_TMA_MAGIC 0x41545431
 #define ATT_WG_TMA_ENTRY(DD)                                                                   \
     extern "C" __global__ void __launch_bounds__(THREADS, 1) attn_wg_tma_d##DD(                \

@@ -291,7 +291,7 @@ WGMMA_ENTRY(64, 64, 4, 3)
 
 // The operands come as tensor maps (A: box 64 x 128, B: box 64 x BN), by value. The maps are
 // 64-byte aligned parameters; on sm_90 the parameter block starts at constant offset 0x210, so
-// the first map sits 48 bytes into it, and pycuda's packed argument buffer must carry that hole (minfer/cuda/ops/gemm.py TMA_PARAM_PAD). `magic` (TMA_MAGIC) is read from
+// the first map sits 48 bytes into it, and pycuda's packed argument buffer must carry that hole (minfer/cuda/runtime/tma.py TMA_PARAM_PAD). `magic` (TMA_MAGIC) is read from
 // where the layout puts it: a launch whose buffer does not match traps instead of reading M,
 // N, K from the wrong bytes.
 #define TMA_MAGIC 0x544d4131

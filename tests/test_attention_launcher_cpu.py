@@ -58,7 +58,7 @@ def test_timing_build_options_reach_the_wgmma_build(monkeypatch):
     from fake_gpuarray import install
 
     import minfer.cuda.ops.attention as att
-    from minfer.cuda.ops.gemm import TMA_PARAM_PAD
+    from minfer.cuda.runtime.tma import TMA_PARAM_PAD
     from minfer.cuda.runtime import devarray as da
 
     install(monkeypatch)

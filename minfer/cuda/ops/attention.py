@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda.ops.gemm import TMA_PARAM_PAD
 from minfer.cuda.runtime import devarray as da
-from minfer.cuda.runtime.tma import tmap_f16_2d
+from minfer.cuda.runtime.tma import TMA_PARAM_PAD, tmap_f16_2d
 from minfer.errors import GPUError
 from minfer.gguf.arch_keys import GPU_HEAD_DIMS as HEAD_DIMS   # the entries: 64, 96, 128, 256
 

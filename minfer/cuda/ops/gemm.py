@@ -30,17 +30,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.cuda.runtime import devarray as da
-from minfer.cuda.runtime.tma import tmap_f16_2d
+from minfer.cuda.runtime.tma import TMA_PARAM_PAD, tmap_f16_2d
 from minfer.errors import BadInput
 from minfer.quants.glu import glu_act   # the glu modes' activations (the blk kernel's too)
 
 MODE_F32, MODE_F16, MODE_ACC, MODE_GLU, MODE_ROPE, MODE_GEGLU = 0, 1, 2, 3, 4, 5
 # glu or rope at M == 1 (the GEMV has neither epilogue)
 EPILOGUE_TILE = GLU_TILE = "gemm_f16_nt_32x64x64_w1x4_s4"
-# wgmma_f16_tma_*: the sm_90 parameter block starts at constant offset 0x210, so the first
-# 64-byte aligned tensor map sits 48 bytes in; pycuda packs arguments from byte 0, so 48 bytes
-# of padding go first. TMA_MAGIC (the last argument) traps a launch whose layout does not match.
-TMA_PARAM_PAD = np.zeros((-0x210) % 64, np.uint8)
+# wgmma_f16_tma_*: the tensor maps go first, after TMA_PARAM_PAD (minfer.cuda.runtime.tma);
+# TMA_MAGIC (the last argument) traps a launch whose layout does not match.
 TMA_MAGIC = 0x544D4131
 
 

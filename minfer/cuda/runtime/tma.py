@@ -8,6 +8,7 @@ replayed CUDA graph holds the maps it captured.
 
     tmap_f16_2d(ptr, rows, cols, box_rows)   # row-major f16 [rows, cols], box 64 cols x box_rows,
                                              # 128-byte swizzle, zero fill past the edges
+    TMA_PARAM_PAD                            # the argument tuple's first item before the maps
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ from minfer.errors import GPUError
 _F16, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_256B, _OOB_ZERO = 6, 0, 3, 3, 0
 BOX_COLS = 64          # 64 halves = one 128-byte swizzle row
 _CACHE_MAX = 4096
+# A kernel taking tensor maps by value declares them first: the sm_90 parameter block starts at
+# constant offset 0x210, so the first 64-byte aligned map sits 48 bytes in; pycuda packs
+# arguments from byte 0, so these 48 bytes of padding go first in the argument tuple (the
+# kernels' magic last argument traps a launch whose layout does not match).
+TMA_PARAM_PAD = np.zeros((-0x210) % 64, np.uint8)
 _cache: dict[tuple, np.ndarray] = {}
 _encode = None
 
