@@ -272,10 +272,10 @@ __device__ __forceinline__ void store_tile(int mode, void* C, int M, int N, int 
 }
 
 // grouped tile order: GROUP_M row-tiles share the B column tiles while they are in L2; tile
-// `pid` of the ceil(M / BM) x ceil(N / BN) grid starts at (m0, n0)
-template <int BM, int BN>
+// `pid` of the ceil(M / BM) x ceil(N / BN) grid starts at (m0, n0) (twin: minfer.cuda.ops.
+// stream_k.tile_origin)
+template <int BM, int BN, int GROUP_M = 8>
 __device__ __forceinline__ void tile_origin(int pid, int M, int N, int& m0, int& n0) {
-    constexpr int GROUP_M = 8;
     const int npm = (M + BM - 1) / BM, npn = (N + BN - 1) / BN;
     const int in_group = GROUP_M * npn;
     const int first_m = (pid / in_group) * GROUP_M;

@@ -42,9 +42,13 @@
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
 // and alternate two s32 accumulator buffers, so a unit's fold (a stage, or mmq_blk_tok's pair)
 // runs under the next unit's wgmmas; units go in straight-line groups of BLK_GROUP (4; then 2,
-// 1) with no wgmma in flight at a branch (ptxas serializes every wgmma otherwise).
+// 1) with no wgmma in flight at a branch (ptxas serializes every wgmma otherwise). Tiles go in
+// the f16 GEMM's grouped order (BLK_GROUP_M token tiles sweep every weight row tile), so a
+// long prompt's token blocks stay in L2 while the weights stream: in plain row-major order a
+// wave covered all of a 16,384-token prompt's blocks (64 MB, over the L2) for one row tile and
+// the GEMM ran at the DRAM's bandwidth.
 // Build options: -DBLK_FOLD=1 converts S by the magic-number add instead of I2F (A/B);
-// -DBLK_GROUP=N; -DBLK_STAGES=N the ring depth. Timing builds (wrong results; docs/perf.md
+// -DBLK_GROUP=N; -DBLK_STAGES=N the ring depth; -DBLK_GROUP_M=N the tile order's group. Timing builds (wrong results; docs/perf.md
 // "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the fold without its I2F | FMUL | both; -DBLK_NOFOLD no
 // fold (what the data movement and wgmmas cost); -DBLK_HALFLOAD the weight block copied alone
 // (half the L2 reads); -DBLK_SERIAL each unit folded right after its wgmmas, none under them
@@ -71,6 +75,9 @@ using blkop::OP;
 #endif
 #ifndef BLK_GROUP  // stages per straight-line group (8 spills 32 B at BLK_FOLD 0)
 #define BLK_GROUP 4
+#endif
+#ifndef BLK_GROUP_M   // token tiles per group of the tile order (gemm_f16::tile_origin)
+#define BLK_GROUP_M 4
 #endif
 constexpr int STAGES = BLK_STAGES;
 constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
@@ -246,8 +253,10 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         while (true) {
             asm volatile("" : "+r"(sched.ntiles));
             if (!sched.next(w)) break;
-            uint32_t wo = w.tile / ntok * OP + w.k0 * wstep;
-            uint32_t to = w.tile % ntok * OP + w.k0 * tstep;
+            int m0, n0;
+            gemm_f16::tile_origin<BM, BN, BLK_GROUP_M>(w.tile, M, N, m0, n0);
+            uint32_t wo = n0 / BN * OP + w.k0 * wstep;
+            uint32_t to = m0 / BM * OP + w.k0 * tstep;
             for (int q = w.k0; q < w.k1; ++q, ++it, wo += wstep, to += tstep) {
                 const uint32_t slot = it % STAGES, st = base + slot * S::STAGE;
                 wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
@@ -264,9 +273,8 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         return;
     }
     wgmma::setmaxnreg_inc<CONSUMER_REGS>();
-    int Mc = M;   // (ntok anew on this side: one held across the register reallocation spills)
+    int Mc = M;   // (anew on this side: a value held across the register reallocation spills)
     asm volatile("" : "+r"(Mc));
-    const int ntok_c = (Mc + BM - 1) / BM;
     const int tid = threadIdx.x - 128, lane = tid & 31, warp = tid >> 5, cw = warp >> 2;
     const int g = lane >> 2, t = lane & 3;
     const int rw = cw * 64 + (warp & 3) * 16 + g;   // the thread's first weight row of the tile
@@ -301,8 +309,11 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
             wgmma::sk_put<64, T, 128>(ws, flags, z);
         } else {
             if (w.k1 < KB) wgmma::sk_add<64, T, 128>(ws, flags, z);
-            const int m0 = (w.tile % ntok_c) * BM + 2 * t, r0 = (w.tile / ntok_c) * BN + rw;
+            int m0, r0;
+            gemm_f16::tile_origin<BM, BN, BLK_GROUP_M>(w.tile, Mc, N, m0, r0);
             if constexpr (TOK) scale_tokens(z, Tt, m0 / BM, t);
+            m0 += 2 * t;
+            r0 += rw;
             if constexpr (EPI >= 2)
                 store_glu<EPI - 2>(z, static_cast<__half*>(C), M, N / 2, m0, r0);
             else store_t<EPI == 1>(z, static_cast<float*>(C), M, N, m0, r0);

@@ -6,9 +6,9 @@ Each row: after a --min-ms pre-roll of back-to-back launches (the board at its p
 the median of 7 CUDA-event-timed batches of 10 launches; ± half the spread of those 7. The
 configs of one shape run interleaved, batch by batch. "blk + prepass" includes the activations'
 operand prepass (part of the path's cost), the other blk rows are the GEMM alone (build
-variants; -DBLK_NOFOLD is a timing build without the folds); "blk per-token" reads a token
-operand with one scale per token (mmq_blk_tok: the fold without its FMUL), as the GEMMs after an
-rmsnorm do (qkv and gate|up only). attn_output and ffn_down run C += (the forward adds them to
+variants; -DBLK_NOFOLD is a timing build without the folds). Each GEMM reads the token operand
+the forward gives it: one scale per token for qkv and gate|up (mmq_blk_tok: the fold without
+its FMUL, once per pair of blocks), per (token, block) for attn_output and ffn_down. attn_output and ffn_down run C += (the forward adds them to
 the residual), qkv C =, gate|up its swiglu epilogue."""
 
 import argparse
@@ -61,9 +61,9 @@ for M in (int(t) for t in a.tokens.split(",")):
                                build_opts=opts, glu=glu)
             return run
 
-        cfgs = {"f16": f16, "blk + prepass": blk((), True),
-                **{"blk " + (" ".join(o) or "default"): blk(o) for o in variants},
-                **({} if acc else {"blk per-token": blk((), x_op=tok)})}
+        op = tt if acc else tok   # the forward's operand: per token after a norm
+        cfgs = {"f16": f16, "blk + prepass": blk((), True, x_op=op),
+                **{"blk " + (" ".join(o) or "default"): blk(o, x_op=op) for o in variants}}
         for fn in cfgs.values():   # compile, then the pre-roll
             fn()
         rt.synchronize()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda.ops.stream_k import schedule, sk_items
+from minfer.cuda.ops.stream_k import schedule, sk_items, tile_origin
 
 
 @pytest.mark.parametrize("tiles,sms,want", [(100, 132, (100, 100)), (264, 132, (264 // 2, 264)),
@@ -46,3 +46,19 @@ def test_sk_items_cover_every_stage_once(tiles, KT, sms):
             assert it == sum(1 for x in items[bt] if x[0] < dp)   # the tail: b+1's first SK item
     loads = [sum(k1 - k0 for _, k0, k1 in its) for its in items]
     assert max(loads) - min(loads) <= KT + 1   # stream-K evens the work out to a tile
+
+
+@pytest.mark.parametrize("M,N,group", [(16384, 28672, 8), (1300, 384, 8), (2048, 4096, 16),
+                                       (77, 333, 8), (1300, 384, 3), (128 * 17 + 1, 130, 4)])
+def test_tile_origin_is_a_grouped_bijection(M, N, group):
+    """The grouped tile order (the twin of gemm_f16::tile_origin, which mmq_blk and the f16
+    GEMM share) visits every tile once, a group of `group` M-tiles (the last one ragged) at a
+    time, M fastest within it; so any `group * npn` consecutive tiles touch <= `group` M-tiles."""
+    npm, npn = -(-M // 128), -(-N // 128)
+    got = [tile_origin(p, M, N, group_m=group) for p in range(npm * npn)]
+    assert sorted(got) == [(m * 128, n * 128) for m in range(npm) for n in range(npn)]
+    for p0 in range(0, npm * npn, group * npn):
+        span = got[p0:p0 + group * npn]
+        assert len({m for m, _ in span}) <= group and len({n for _, n in span}) == npn
+    if npm > 1:   # M fastest: the first two tiles share their N-tile
+        assert got[0][1] == got[1][1] and got[0][0] != got[1][0]

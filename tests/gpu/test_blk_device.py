@@ -3,7 +3,8 @@ operands bit-identical to their numpy twins (minfer.quants.blk_ref), the GEMM's 
 its float64 twin on ragged M, N, K (= and +=, the swiglu epilogue, whole tiles and stream-K,
 both fold builds, a bitwise second launch), with one activation scale per (token, 128) and per
 token (the mmq_blk_tok entries, whose fold runs once per pair of blocks: the weight's scale;
-K = 576, 1000, 2944: an odd block count, and stream-K parts starting at odd blocks)."""
+K = 576, 1000, 2944: an odd block count, and stream-K parts starting at odd blocks; more token
+tiles than a group of the tile order, the last group ragged)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K, per_token):
     (77, 333, 576, None, ()), (1, 16, 128, None, ()), (129, 200, 1000, 3, ()),
     (300, 1024, 4096, 5, ()), (512, 640, 2048, 7, ("-DBLK_FOLD=1",)),
     (65, 129, 768, 2, ("-DBLK_FOLD=1",)), (256, 512, 4096, None, ("-DBLK_STAGES=4",)),
-    (200, 384, 2048, None, ("-DBLK_GROUP=8",))])
+    (200, 384, 2048, None, ("-DBLK_GROUP=8",)), (1300, 384, 512, 5, ()),
+    (1300, 640, 640, None, ("-DBLK_GROUP_M=3",))])
 def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da

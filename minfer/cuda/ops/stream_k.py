@@ -52,6 +52,19 @@ def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, in
     return out
 
 
+def tile_origin(pid: int, M: int, N: int, BM: int = 128, BN: int = 128,
+                group_m: int = 8) -> tuple[int, int]:
+    """The twin of gemm_f16::tile_origin (kernels/gemm_f16_common.cuh): tile `pid` of the
+    ceil(M / BM) x ceil(N / BN) grid in the grouped order starts at (m0, n0). Groups of
+    `group_m` M-tiles (the last one ragged) sweep every N-tile, M fastest, so the blocks
+    running at once share a few operand stripes that stay in L2 (the f16 GEMM and mmq_blk)."""
+    npm, npn = -(-M // BM), -(-N // BN)
+    in_group = group_m * npn
+    first = pid // in_group * group_m
+    gsz = min(npm - first, group_m)
+    return (first + pid % in_group % gsz) * BM, pid % in_group // gsz * BN
+
+
 def sk_workspace(rt):
     """(partials, flags) of the stream-K launches: SK_SLOT_BYTES per SM and one int32 flag per
     SM, zeroed once and kept by the runtime (the kernels clear every flag they raise, so graph
@@ -63,7 +76,7 @@ def sk_workspace(rt):
                         rt.sm_count * SK_SLOT_BYTES)
 
 
-__all__ = ["SK_SLOT_BYTES", "schedule", "sk_items", "sk_workspace"]
+__all__ = ["SK_SLOT_BYTES", "schedule", "sk_items", "sk_workspace", "tile_origin"]
 
 
 PERSIST = True     # grid <= one block per SM, each walking its work items (A/B: -DMMQ_WG_PERSIST=0)
