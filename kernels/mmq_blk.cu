@@ -48,11 +48,12 @@
 // wave covered all of a 16,384-token prompt's blocks (64 MB, over the L2) for one row tile and
 // the GEMM ran at the DRAM's bandwidth.
 // Build options: -DBLK_FOLD=1 converts S by the magic-number add instead of I2F (A/B);
-// -DBLK_GROUP=N; -DBLK_STAGES=N the ring depth; -DBLK_GROUP_M=N the tile order's group. Timing builds (wrong results; docs/perf.md
-// "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the fold without its I2F | FMUL | both; -DBLK_NOFOLD no
-// fold (what the data movement and wgmmas cost); -DBLK_HALFLOAD the weight block copied alone
-// (half the L2 reads); -DBLK_SERIAL each unit folded right after its wgmmas, none under them
-// (A/B of the overlap).
+// -DBLK_GROUP=N; -DBLK_STAGES=N the ring depth; -DBLK_GROUP_M=N the tile order's group (4:
+// 1.06x 8 and 1.3x row-major on gate|up at 16,384 tokens, H100). Timing builds (wrong
+// results; docs/perf.md "Per GEMM"): -DBLK_FOLD=2 | 3 | 4 the fold without its I2F | FMUL |
+// both; -DBLK_NOFOLD no fold (what the data movement and wgmmas cost); -DBLK_HALFLOAD the
+// weight block copied alone (half the L2 reads); -DBLK_SERIAL each unit folded right after its
+// wgmmas, none under them (A/B of the overlap).
 #include <cuda_fp16.h>
 
 #include "blk_operand.cuh"
