@@ -80,15 +80,7 @@ using blkop::OP;
 #ifndef BLK_GROUP_M   // token tiles per group of the tile order (gemm_f16::tile_origin)
 #define BLK_GROUP_M 4
 #endif
-#ifndef BLK_CM   // a cluster's token tiles: they share their weight block (TMA multicast)
-#define BLK_CM 1
-#endif
-#ifndef BLK_CN   // a cluster's weight row tiles: they share their token block
-#define BLK_CN 1
-#endif
 constexpr int STAGES = BLK_STAGES;
-constexpr int CM = BLK_CM, CN = BLK_CN, CS = CM * CN;   // a cluster of CS CTAs, rank i + CM j
-static_assert(CS <= 8 && OP % (16 * CM) == 0 && OP % (16 * CN) == 0, "cluster shape");
 constexpr int CONSUMER_REGS = 232, PRODUCER_REGS = 40;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "register budget");
 
@@ -123,35 +115,6 @@ __device__ __forceinline__ void stage_mma(int (&d)[64], uint32_t st, int cw) {
 #pragma unroll
     for (int c = 1; c < 4; ++c) igmma_s8<1>(d, a + 2 * c, b + 2 * c);   // +32 B per k32 step
     wgmma::commit();
-}
-
-// the CTA's place (i, j) in its cluster (rank i + CM j), read anew where used (the producer
-// runs on 40 registers), and the ranks sharing its weight block (*, j) or token block (i, *)
-__device__ __forceinline__ uint32_t cta_i() { return CS > 1 ? wgmma::cluster_rank() % CM : 0; }
-__device__ __forceinline__ uint32_t cta_j() { return CS > 1 ? wgmma::cluster_rank() / CM : 0; }
-__device__ __forceinline__ uint16_t mask_w() { return ((1u << CM) - 1) << (CM * cta_j()); }
-__device__ __forceinline__ uint16_t mask_x() {
-    uint32_t m = 0;
-#pragma unroll
-    for (int b = 0; b < CN; ++b) m |= 1u << (cta_i() + CM * b);
-    return m;
-}
-
-// a slot's release by the consumers: every producer that writes into it may refill it (this
-// CTA's; in a cluster also those of the CTAs that share its token block (i, *) or weight block
-// (*, j): a warp's lane 0 arrives on each of their barriers, which count (CM + CN - 1) 8)
-__device__ __forceinline__ void release_slot(uint32_t bar) {
-    if constexpr (CS == 1) {
-        wgmma::mbar_arrive(bar);
-    } else {
-        __syncwarp();
-        const bool lead = (threadIdx.x & 31) == 0;
-        const uint32_t i = cta_i(), j = cta_j();
-#pragma unroll
-        for (int b = 0; b < CN; ++b) wgmma::mbar_arrive_cluster(bar, i + CM * b, lead);
-#pragma unroll
-        for (int a = 1; a < CM; ++a) wgmma::mbar_arrive_cluster(bar, (i + a) % CM + CM * j, lead);
-    }
 }
 
 __device__ __forceinline__ float s32_to_f32(int v) {
@@ -215,7 +178,8 @@ __device__ __forceinline__ void run_stages(float (&z)[64], int (&da)[64], int (&
     auto fold_unit = [&](int v, int (&d)[64]) {
         fold<TOK>(z, d, sbase + (it + v * P + P - 1) % STAGES * S::STAGE, rw, t);
 #pragma unroll
-        for (int j = 0; j < P; ++j) release_slot(bars + 8 * (STAGES + (it + v * P + j) % STAGES));
+        for (int j = 0; j < P; ++j)
+            wgmma::mbar_arrive(bars + 8 * (STAGES + (it + v * P + j) % STAGES));
     };
 #pragma unroll
     for (int u = 0; u < G; ++u) {
@@ -270,19 +234,15 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
     const uint32_t base = (raw + 1023) & ~1023u;
     const uint8_t* sbase = smem_raw + (base - raw);
     const uint32_t bars = base + STAGES * S::STAGE;   // full[s] at 8s, empty[s] at 8(STAGES + s)
-    const int ntok = (M + BM - 1) / BM, nrow = (N + BN - 1) / BN;
-    const int ntiles = (ntok + CM - 1) / CM * ((nrow + CN - 1) / CN);
+    const int ntok = (M + BM - 1) / BM, nrow = (N + BN - 1) / BN, ntiles = ntok * nrow;
     const int KB = (K + 127) / 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             wgmma::mbar_init(bars + 8 * s, 1);
-            wgmma::mbar_init(bars + 8 * (STAGES + s), CS == 1 ? T : (CM + CN - 1) * 8);
+            wgmma::mbar_init(bars + 8 * (STAGES + s), T);
         }
     }
-    if constexpr (CS == 1) __syncthreads();
-    else wgmma::cluster_sync_init();   // (peers arrive on these barriers and copy into this CTA)
-    // work items: cluster tiles of CM x CN tiles in the grouped order, one cluster's (or
-    // block's) CTAs on the same item (ntiles counts cluster tiles)
+    __syncthreads();
     wgmma::TileSched sched{ntiles, dp, KB, 0};
     wgmma::Work w;
     uint32_t it = 0;   // the block's running stage count: stage it lives in slot it % STAGES
@@ -291,44 +251,25 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         if (threadIdx.x != 0) return;
         // (32-bit offsets: the launcher keeps both operands under 2^31 bytes)
         const uint32_t wstep = nrow * OP, tstep = ntok * OP;
-        // in a cluster, CTA (i, j) copies piece i of its weight block to the CTAs (*, j) and
-        // piece j of its token block to (i, *); a tile past M or N copies the last tile's
-        // blocks (its results are not stored)
-        constexpr uint32_t PW = OP / CM, PX = OP / CN;   // the pieces' bytes
         while (true) {
             asm volatile("" : "+r"(sched.ntiles));
-            if (!sched.next<CS>(w)) break;
+            if (!sched.next(w)) break;
             int m0, n0;
-            gemm_f16::tile_origin<BM * CM, BN * CN, BLK_GROUP_M>(w.tile, M, N, m0, n0);
-            const uint32_t ci = cta_i(), cj = cta_j();
-            const int tm = min(m0 / BM + static_cast<int>(ci), ntok - 1);
-            const int tn = min(n0 / BN + static_cast<int>(cj), nrow - 1);
-            uint32_t wo = tn * OP + w.k0 * wstep + ci * PW;
-            uint32_t to = tm * OP + w.k0 * tstep + cj * PX;
+            gemm_f16::tile_origin<BM, BN, BLK_GROUP_M>(w.tile, M, N, m0, n0);
+            uint32_t wo = n0 / BN * OP + w.k0 * wstep;
+            uint32_t to = m0 / BM * OP + w.k0 * tstep;
             for (int q = w.k0; q < w.k1; ++q, ++it, wo += wstep, to += tstep) {
                 const uint32_t slot = it % STAGES, st = base + slot * S::STAGE;
-                const uint32_t full = bars + 8 * slot;
                 wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
 #ifdef BLK_HALFLOAD   // timing build (wrong results): the weight block only (half the L2 reads)
-                static_assert(CS == 1, "BLK_HALFLOAD: no clusters");
-                wgmma::mbar_expect_tx(full, OP);
-                wgmma::bulk_copy(st + S::W, Wb + wo, OP, full);
+                wgmma::mbar_expect_tx(bars + 8 * slot, OP);
+                wgmma::bulk_copy(st + S::W, Wb + wo, OP, bars + 8 * slot);
 #else
-                wgmma::mbar_expect_tx(full, 2 * OP);
-                if constexpr (CM == 1) wgmma::bulk_copy(st + S::W, Wb + wo, OP, full);
-                else wgmma::bulk_copy_multicast(st + S::W + cta_i() * PW, Wb + wo, PW, full,
-                                                mask_w());
-                if constexpr (CN == 1) wgmma::bulk_copy(st + S::X, Tt + to, OP, full);
-                else wgmma::bulk_copy_multicast(st + S::X + cta_j() * PX, Tt + to, PX, full,
-                                                mask_x());
+                wgmma::mbar_expect_tx(bars + 8 * slot, 2 * OP);
+                wgmma::bulk_copy(st + S::W, Wb + wo, OP, bars + 8 * slot);
+                wgmma::bulk_copy(st + S::X, Tt + to, OP, bars + 8 * slot);
 #endif
             }
-        }
-        // a cluster's CTA stays until its peers are done arriving on its barriers: every
-        // slot released once more
-        if constexpr (CS > 1) {
-            for (int s = 0; s < STAGES; ++s, ++it)
-                wgmma::mbar_wait(bars + 8 * (STAGES + it % STAGES), ((it / STAGES) & 1) ^ 1);
         }
         return;
     }
@@ -340,7 +281,7 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
     const int rw = cw * 64 + (warp & 3) * 16 + g;   // the thread's first weight row of the tile
     float z[64];
     int da[64], db[64];
-    while (sched.next<CS>(w)) {
+    while (sched.next(w)) {
 #pragma unroll
         for (int k = 0; k < 64; ++k) z[k] = 0.f;
         // P stages per fold: per-token operands fold once per pair of blocks 2i, 2i + 1 (the
@@ -368,14 +309,9 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
         if (w.k0 > 0) {
             wgmma::sk_put<64, T, 128>(ws, flags, z);
         } else {
-            if (w.k1 < KB) wgmma::sk_add<64, T, 128, CS>(ws, flags, z);
+            if (w.k1 < KB) wgmma::sk_add<64, T, 128>(ws, flags, z);
             int m0, r0;
-            gemm_f16::tile_origin<BM * CM, BN * CN, BLK_GROUP_M>(w.tile, Mc, N, m0, r0);
-            if constexpr (CS > 1) {   // this CTA's tile of the cluster's; none past M or N
-                m0 += cta_i() * BM;
-                r0 += cta_j() * BN;
-                if (m0 >= Mc || r0 >= N) continue;
-            }
+            gemm_f16::tile_origin<BM, BN, BLK_GROUP_M>(w.tile, Mc, N, m0, r0);
             if constexpr (TOK) scale_tokens(z, Tt, m0 / BM, t);
             m0 += 2 * t;
             r0 += rw;
@@ -391,13 +327,8 @@ __device__ __forceinline__ void mmq_blk_body(const uint8_t* __restrict__ Tt,
 // the entries: NAME (C =), NAME_swiglu, NAME_geglu and (mmq_blk only) NAME_acc; NAME mmq_blk
 // (token scales per block) or mmq_blk_tok (per token: the GEMMs after an rmsnorm, none of
 // which adds to C; its C += would spill)
-#if BLK_CM * BLK_CN > 1
-#define BLK_CLUSTER __cluster_dims__(BLK_CM * BLK_CN, 1, 1)
-#else
-#define BLK_CLUSTER
-#endif
 #define MMQ_BLK_ENTRY(NAME, EPI, TOK, CT)                                                       \
-    extern "C" __global__ void __launch_bounds__(384, 1) BLK_CLUSTER                            \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                        \
     NAME(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, CT* C, int M, int N,   \
          int K, int dp, float4* ws, int* flags) {                                               \
         mmq_blk_body<EPI, TOK>(Tt, Wb, C, M, N, K, dp, ws, flags);                              \

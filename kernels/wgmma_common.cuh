@@ -84,41 +84,6 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
         ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
-// ---- thread-block clusters: a bulk copy multicast into several CTAs' shared memory, and
-// arrivals on a peer CTA's mbarrier (mmq_blk's clusters share a stage's operand blocks) ----
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// every thread of the cluster, after the mbarriers' init (which peers then arrive on)
-__device__ __forceinline__ void cluster_sync_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n"
-                 ::: "memory");
-}
-// if `pred`, arrive on the mbarrier at CTA-relative address `bar` of the cluster's CTA `rank`
-// (predicated, not branched: the int8 kernel calls it with wgmmas in flight; the default
-// .release.cta semantics, as CUTLASS's ClusterBarrier: .release.cluster put a MEMBAR.GPU before
-// every arrive and ran mmq_blk at a third of its speed)
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank, bool pred) {
-    asm volatile(
-        "{\n.reg .pred p;\n.reg .b32 ra;\nsetp.ne.u32 p, %2, 0;\n"
-        "mapa.shared::cluster.u32 ra, %0, %1;\n"
-        "@p mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n"
-        ::"r"(bar), "r"(rank), "r"(static_cast<uint32_t>(pred)) : "memory");
-}
-// bulk_copy into the same CTA-relative `dst` of every CTA in `mask` (bit r: cluster rank r),
-// completing on the mbarrier at `bar` in each of them
-__device__ __forceinline__ void bulk_copy_multicast(uint32_t dst, const void* src, uint32_t bytes,
-                                                    uint32_t bar, uint16_t mask) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-        "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask)
-        : "memory");
-}
-
 // A TMA tensor map (CUtensorMap's size and alignment), made on the host by
 // minfer/cuda/runtime/tma.py
 struct alignas(64) TensorMap {
@@ -162,11 +127,9 @@ struct Work {
 struct TileSched {
     int ntiles, dp, KT, i;
 
-    // the block's i-th item; false past its last (CS > 1: the grid's clusters of CS CTAs each
-    // take items as one block, every CTA of a cluster the same)
-    template <int CS = 1>
+    // the block's i-th item; false past its last
     __device__ __forceinline__ bool next(Work& w) {
-        const int G = gridDim.x / CS, b = blockIdx.x / CS;
+        const int G = gridDim.x, b = blockIdx.x;
         const int ndp = dp > b ? (dp - b + G - 1) / G : 0;   // its round-robin tiles
         const int j = i++ - ndp;
         if (j < 0) {
@@ -207,14 +170,13 @@ __device__ __forceinline__ void sk_put(float4* ws, int* flags, const float* acc)
         asm volatile("st.release.gpu.global.s32 [%0], 1;\n" ::"l"(flags + blockIdx.x) : "memory");
 }
 
-// A stream-K head adds the tail's partial sums of block blockIdx.x + CS (acc + tail, a fixed
+// A stream-K head adds the tail's partial sums of block blockIdx.x + 1 (acc + tail, a fixed
 // order: runs are deterministic), once its flag is up; the flag is cleared for the next launch
-// (a CUDA graph replays the kernel with no reset). The tail is the next block's (cluster's, CS
-// CTAs) first item, so the wait is short; the grid is at most one block per SM, all resident,
-// so it cannot deadlock.
-template <int R, int T, int OFF = 0, int CS = 1>
+// (a CUDA graph replays the kernel with no reset). The tail is block b+1's first item, so the
+// wait is short; the grid is at most one block per SM, all resident, so it cannot deadlock.
+template <int R, int T, int OFF = 0>
 __device__ __forceinline__ void sk_add(const float4* ws, int* flags, float* acc) {
-    const int src = blockIdx.x + CS;
+    const int src = blockIdx.x + 1;
     if (threadIdx.x == OFF) {
         int f;
         while (true) {

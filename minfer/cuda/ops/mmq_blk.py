@@ -28,9 +28,6 @@ from minfer.quants.glu import glu_act
 
 BM = BN = 128
 _OPTS = ("-arch=sm_90a",)
-# the kernel's default cluster (BLK_CM token tiles x BLK_CN weight row tiles sharing their
-# blocks by TMA multicast); -DBLK_CM= / -DBLK_CN= builds override it (A/B)
-CLUSTER = (1, 1)
 
 
 def blk_smem(stages: int = 6) -> int:
@@ -142,8 +139,8 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
     as blk_operand's). glu (True or "silu", "gelu": quants.glu.glu_act): W's rows interleaved
     per 16 (quants.glu.glu_rows) and out f16 [M, N/2] = f16(act(gate) * up) from the epilogue.
     stream_k: split the ragged last waves' tiles by k (tuning variant no-stream-k); sms: at
-    most this many SMs (but one cluster); build_opts: nvcc -D options (-DBLK_FOLD=1,
-    -DBLK_GROUP=N, -DBLK_STAGES=N, -DBLK_GROUP_M=N, the cluster -DBLK_CM=N -DBLK_CN=N)."""
+    most this many SMs; build_opts: nvcc -D options (-DBLK_FOLD=1, -DBLK_GROUP=N,
+    -DBLK_STAGES=N)."""
     if not isinstance(w, BlkWeight) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_blk_linear: weight must be a BlkWeight of [{N}, {K}]")
     try:
@@ -171,15 +168,13 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
         raise GPUError("mmq_blk_linear: a per-token operand has no C += entry")
     tt = x.tt
     da.check("mmq_blk_linear tt", tt, blk_shape(M, K), np.uint8, align=16)
-    cm = build_define(build_opts, "BLK_CM", CLUSTER[0])
-    cn = build_define(build_opts, "BLK_CN", CLUSTER[1])
-    tiles = -(-M // (BM * cm)) * -(-N // (BN * cn))   # cluster tiles
+    tiles = -(-M // BM) * -(-N // BN)
     entry = ("mmq_blk_tok" if x.per_token else "mmq_blk") + (
         "_acc" if accumulate else {"silu": "_swiglu", "gelu": "_geglu"}.get(act, ""))
     smem = blk_smem(build_define(build_opts, "BLK_STAGES", 6))
     launch_persistent(rt, entry, "mmq_blk", smem, tiles, kblocks(K),
                       (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
-                       np.int32(K)), build_opts, stream_k, sms, block=384, cluster=cm * cn)
+                       np.int32(K)), build_opts, stream_k, sms, block=384)
 
 
 __all__ = ["BlkTokens", "BlkWeight", "blk_operand", "blk_operand_rmsnorm", "blk_smem", "blk_weight",

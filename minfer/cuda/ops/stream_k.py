@@ -109,12 +109,10 @@ def _geometry(build_opts: tuple) -> tuple[bool, bool]:
 
 def launch_persistent(rt, entry: str, name: str, smem: int, tiles: int, KT: int, args,
                       build_opts: tuple, stream_k: bool, sms: int | None,
-                      block: int = 256, cluster: int = 1) -> None:
+                      block: int = 256) -> None:
     """One launch of the persistent kernel kernels/<name>.cu's `entry` with `block` threads:
     the grid and the stream-K split of `tiles` tiles of KT k-units (`schedule`), the smem cap,
-    the workspace; args end before (dp, ws, flags). cluster: the kernel's cluster size (its
-    __cluster_dims__): `tiles` then counts cluster tiles, scheduled over the SMs' clusters
-    (at least one), and the grid is that many clusters' CTAs."""
+    the workspace; args end before (dp, ws, flags)."""
     persist, sk = _geometry(build_opts)
     if smem > rt.smem_optin:
         raise GPUError(f"{entry}: {smem} B of shared memory needed, over this GPU's opt-in cap "
@@ -122,8 +120,7 @@ def launch_persistent(rt, entry: str, name: str, smem: int, tiles: int, KT: int,
     nvcc = tuple(o for o in build_opts if o.partition("=")[0] not in _GEOMETRY_ONLY)
     fn = rt.function(name, entry, (*_OPTS, *nvcc), dyn_smem=smem)
     sms = rt.sm_count if sms is None else min(int(sms), rt.sm_count)
-    grid, dp = schedule(tiles, max(1, sms // cluster), persist, stream_k and sk)
-    grid *= cluster
+    grid, dp = schedule(tiles, sms, persist, stream_k and sk)
     if (tiles - dp) * KT >= 2**31:
         raise GPUError(f"{entry}: too many stream-K units ({tiles - dp} tiles x {KT} stages)")
     ws, flags = sk_workspace(rt)
