@@ -7,7 +7,7 @@
 #          by free memory (bench at 512 and 2048 with BENCH70=1), then `--gemm blk`; peak memory.
 #          VOCAB70=128256: Llama-3's vocab; HOLD_GB=N: a co-tenant process holds N GiB of the
 #          GPU first (with 12 the f16 plan no longer fits and auto runs blk).
-#   blk:   the block int8 path: its device tests, isolated GEMMs (scripts/gemm_blk_bench.py), an
+#   blk:   the block int8 path: its device tests, isolated GEMMs at 512, 2,048 and 16,384 tokens (gemm_blk_bench.py), an
 #          8B-shape bench against f16 (AB="f16 blk ..." for more paths), single and sustained,
 #          and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
@@ -183,7 +183,7 @@ fi
 if [ "$MODE" = blk ]; then   # the block-scaled int8 path: kernels, isolated GEMMs, end to end
   MINFER_TEST_MODEL=$S step tests 150 python3 -m pytest -q -rfEs tests/gpu/test_blk_device.py \
     tests/gpu/test_upload.py
-  step gemm 100 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-
+  step gemm 150 python3 scripts/gemm_blk_bench.py --tokens 512,2048,16384 --variants=-
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   step bench 120 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
     --ab ${AB:-f16 blk}
