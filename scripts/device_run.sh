@@ -7,9 +7,9 @@
 #          by free memory (bench at 512 and 2048 with BENCH70=1), then `--gemm blk`; peak memory.
 #          VOCAB70=128256: Llama-3's vocab; HOLD_GB=N: a co-tenant process holds N GiB of the
 #          GPU first (with 12 the f16 plan no longer fits and auto runs blk).
-#   blk:   the block int8 path: its device tests, isolated GEMMs at 512, 2,048 and 16,384 tokens (gemm_blk_bench.py), an
-#          8B-shape bench against f16 (AB="f16 blk ..." for more paths), single and sustained,
-#          and blk's per-op breakdown at pp2048.
+#   blk:   the block int8 path: its device tests, isolated GEMMs at 512, 2,048 and 16,384
+#          tokens (gemm_blk_bench.py), an 8B-shape bench against f16 (AB="f16 blk ..." for more
+#          paths), single and sustained, and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
 #   refactor: a restructure checked against the tree in .old/ (git archive OLD minfer kernels):
