@@ -190,7 +190,7 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
                            f"and head_dim {' or '.join(map(str, WG_HEAD_DIMS))} (got {D})")
         rows, threads, smem = WG_ROWS, 384, wg_smem_bytes(D)
         n_blocks = wg_blocks(rt.sm_count, T, G, Hkv) if blocks is None else int(blocks)
-        if not 1 <= n_blocks:
+        if n_blocks < 1:
             raise GPUError(f"attention: blocks {blocks} (the wgmma kernel's grid) must be >= 1")
         tma = WG_TMA if tma is None else bool(tma)
         entry = f"attn_wg_tma_d{D}" if tma else f"attn_wg_d{D}" + ("_blk" if extra else "")

@@ -46,21 +46,18 @@ def geglu(rt, y, g, u=None) -> None:
         da.check("geglu u", u, (T, F), np.float32)
         gp, up, ldg = da.ptr(g), da.ptr(u), F
     da.check("geglu y", y, (T, F), np.float16)
-    _geglu_launch(rt, y, gp, up, ldg, T, F)
+    geglu_rows(rt, y, gp, up, ldg, T, F)
 
 
 def geglu_interleaved(rt, y, gu) -> None:
-    """y f16 [T, F] = gelu(gate) * up from gu f32 [T, 2F], the output of a gate|up weight whose
-    rows are interleaved per 16 (quants.glu.glu_rows): the geglu GEMM epilogue's function where
-    a GEMM wrote f32 (the M == 1 GEMV), as layers.swiglu_interleaved: T 2F / 16 rows of 8
-    features, gate at column 0, up at 8, row stride 16."""
-    from minfer.cuda.ops.layers import gate_up_shape
+    """y f16 [T, F] = gelu(gate) * up from an interleaved gate|up output (layers.
+    interleaved_rows: the geglu GEMM epilogue's function where a GEMM wrote f32)."""
+    from minfer.cuda.ops.layers import interleaved_rows
 
-    T, F = gate_up_shape(y, gu, 16, "geglu")
-    _geglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * 8, 16, T * F // 8, 8)
+    geglu_rows(rt, y, *interleaved_rows(y, gu, "geglu"))
 
 
-def _geglu_launch(rt, y, g: int, u: int, ldg: int, T: int, F: int) -> None:
+def geglu_rows(rt, y, g: int, u: int, ldg: int, T: int, F: int) -> None:
     """geglu_f32_f16 over T rows of F features (f32 gate / up rows of stride ldg at g / u)."""
     rt.launch(rt.function(_F, "geglu_f32_f16"), ((F + 255) // 256, T), (256,),
               (da.arg(y), np.int64(F), np.uintp(g), np.uintp(u), np.int64(ldg), np.int32(F)))

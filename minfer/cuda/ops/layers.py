@@ -274,13 +274,19 @@ def swiglu_fused(rt, y, gu) -> None:
     _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * F, 2 * F, T, F)
 
 
+def interleaved_rows(y, gu, op: str = "swiglu") -> tuple[int, int, int, int, int]:
+    """(g, u, ldg, T, F) of a glu layer's plain launch over gu f32 [T, 2F], the output of a
+    gate|up weight whose rows are interleaved per 16 (quants.glu.glu_rows: 8 gate columns, then
+    the same features' 8 up), into y f16 [T, F]: the glu GEMM epilogue's function where a GEMM
+    wrote f32 (the M == 1 GEMV). T 2F / 16 rows of 8 features: gate at column 0, up at 8, row
+    stride 16 (op: the layer's name in the errors)."""
+    T, F = gate_up_shape(y, gu, 16, op)
+    return da.ptr(gu), da.ptr(gu) + 4 * 8, 16, T * F // 8, 8
+
+
 def swiglu_interleaved(rt, y, gu) -> None:
-    """y f16 [T, F] = silu(gate) * up from gu f32 [T, 2F], the output of a gate|up weight whose
-    rows are interleaved per 16 (quants.glu.glu_rows: 8 gate columns, then the same features' 8 up):
-    the glu GEMM epilogue's function where a GEMM wrote f32 (the M == 1 GEMV). It is the plain
-    launch over T 2F / 16 rows of 8 features: gate at column 0, up at 8, row stride 16."""
-    T, F = gate_up_shape(y, gu, 16)
-    _swiglu_launch(rt, y, da.ptr(gu), da.ptr(gu) + 4 * 8, 16, T * F // 8, 8)
+    """y f16 [T, F] = silu(gate) * up from an interleaved gate|up output (interleaved_rows)."""
+    _swiglu_launch(rt, y, *interleaved_rows(y, gu))
 
 
 def _swiglu_launch(rt, y, g: int, u: int, ldg: int, T: int, F: int) -> None:

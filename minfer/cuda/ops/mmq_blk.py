@@ -140,7 +140,7 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
     per 16 (quants.glu.glu_rows) and out f16 [M, N/2] = f16(act(gate) * up) from the epilogue.
     stream_k: split the ragged last waves' tiles by k (tuning variant no-stream-k); sms: at
     most this many SMs; build_opts: nvcc -D options (-DBLK_FOLD=1, -DBLK_GROUP=N,
-    -DBLK_STAGES=N)."""
+    -DBLK_STAGES=N, -DBLK_GROUP_M=N: the tile order's group)."""
     if not isinstance(w, BlkWeight) or (w.N, w.K) != (N, K):
         raise GPUError(f"mmq_blk_linear: weight must be a BlkWeight of [{N}, {K}]")
     try:
