@@ -203,3 +203,44 @@ def test_breakdown_attention_row_has_its_rate():
     row = next(ln for ln in out if ln.startswith("| attention |"))
     assert [c.strip() for c in row.strip("|").split("|")] == ["attention", "32", "500", "33.3",
                                                               "500.0", ""]
+
+
+def test_single_prefills_start_from_an_idle_gpu(monkeypatch):
+    """min_ms 0: each sample is one prefill after idle_s of sleep (what `minfer prefill` times:
+    right after another config's prefill the board is at its power cap); sustained samples
+    never sleep."""
+    from types import SimpleNamespace
+
+    events = []
+    monkeypatch.setattr(B.time, "sleep", lambda s: events.append(("sleep", s)))
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def reset(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def forward(self, ids, pos0):
+            events.append(self.name)
+
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
+    B.bench(model, [4], ["a", "b"], 2, [Fake("a"), Fake("b")], warmup=False, min_ms=0,
+            idle_s=1.5)
+    assert events == [("sleep", 1.5), "a", ("sleep", 1.5), "b", ("sleep", 1.5), "b",
+                      ("sleep", 1.5), "a"]
+    events.clear()
+    B.bench(model, [4], ["a"], 1, [Fake("a")], warmup=False, min_ms=500, idle_s=1.5)
+    assert ("sleep", 1.5) not in events
+
+
+def test_bench_idle_flag_is_checked(tmp_path):
+    from cli_inproc import error_lines, run_cli
+
+    for args in (["--idle-s", "-1", "--min-ms", "0"], ["--idle-s", "1"]):   # before the model
+        code, _, err = run_cli(["bench", "-m", str(tmp_path / "absent.gguf"), "--backend", "cpu",
+                                *args])
+        assert code != 0 and len(error_lines(err)) == 1 and "--idle-s" in err, err

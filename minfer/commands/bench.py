@@ -28,9 +28,13 @@ from minfer.host.threads import threads_option
               type=click.Choice(["cuda", "cpu"], case_sensitive=False))
 @click.option("--min-ms", default=500.0, show_default=True, type=float,
               help="Each sample: one untimed pre-roll prefill, then back-to-back timed prefills "
-                   "filling this many ms: sustained throughput (an H200 under this load runs at "
-                   "its power cap). 0: one prefill per sample, as `minfer prefill` times it on "
-                   "an idle GPU.")
+                   "filling this many ms: sustained throughput (a GPU under this load runs at "
+                   "its power cap). 0: one prefill per sample after --idle-s of an idle GPU, "
+                   "what `minfer prefill` prints for the prompt.")
+@click.option("--idle-s", "idle_s", type=float, default=None,
+              help="With --min-ms 0: seconds the GPU idles before each sample (default 2 on "
+                   "cuda, where a prefill right after another runs at the power cap's clocks; "
+                   "0 on cpu).")
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
 @click.option("-o", "--output", "fmt", default="md", show_default=True,
               type=click.Choice(FORMATS, case_sensitive=False),
@@ -58,8 +62,8 @@ from minfer.host.threads import threads_option
 @threads_option
 @gemm_options
 @click.argument("more_ab", nargs=-1)
-def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot_path, batch,
-          shared_prefix, log_uniform, prompts_path, n_predict, ubatch, more_ab, gemm) -> None:
+def bench(model_path, tokens, ab, repeats, kind, min_ms, idle_s, no_breakdown, fmt, plot_path,
+          batch, shared_prefix, log_uniform, prompts_path, n_predict, ubatch, more_ab, gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     --gemm applies to every config over the environment; an --ab config wins over both."""
     from minfer.tools.bench import expand_configs, parse_tokens, run
@@ -75,6 +79,10 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
         raise BadInput(f"--min-ms {min_ms:g}: must be >= 0")
     if repeats < 1:
         raise BadInput(f"--repeats {repeats}: need at least 1")
+    if idle_s is not None and (idle_s < 0 or min_ms > 0 or batch is not None
+                               or prompts_path is not None):
+        raise BadInput(f"--idle-s {idle_s:g}: a count of seconds >= 0, with --min-ms 0 "
+                       "(single prefills) and without --batch / --prompts")
     n_tokens = parse_tokens(tokens)
     batched = batch is not None or prompts_path is not None
     for flag, given in (("--shared-prefix", shared_prefix != 0), ("--log-uniform",
@@ -111,7 +119,7 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, no_breakdown, fmt, plot
                             n_predict, configs, choices, repeats, kind, echo, ubatch,
                             log_uniform, fmt)
     rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
-               echo=echo, choices=choices, min_ms=min_ms, out=click.echo, fmt=fmt,
+               echo=echo, choices=choices, min_ms=min_ms, idle_s=idle_s, out=click.echo, fmt=fmt,
                progress=True)
     if plot_path is not None:
         from pathlib import Path

@@ -9,7 +9,9 @@ warm-up prefill's time; a prefill longer than min_ms is timed alone, without a p
 figure is the config's own sustained throughput rather than the GPU's state after the previous
 config. On the H200 that state is the power cap: sustained prefill draws ~690-700 W and the
 clocks settle near 1.5 GHz, where a single prefill after an idle gap starts at 1.98 GHz
-(docs/perf.md). min_ms = 0: one prefill per sample (the burst `minfer prefill` sees).
+(docs/perf.md). min_ms = 0: one prefill per sample after `idle_s` of an idle GPU, the burst
+`minfer prefill` times (right after another config's prefill the board is still at its power
+cap: 13 % slower at pp2048 on an H100, scripts/regimes.py).
 tok/s is the median over repeats, the spread (max - min) over the same config's repeats is its
 noise band, and an A/B difference smaller than the largest band is reported as noise.
 `breakdown(backend, n)`: one prefill with CUDA events around every op: per GEMM µs, TFLOP/s and
@@ -91,11 +93,14 @@ def time_prefill(backend, ids: np.ndarray, reps: int = 1) -> float:
 
 
 def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: list,
-          warmup: bool = True, min_ms: float = 500.0, progress: bool = False) -> list[Row]:
+          warmup: bool = True, min_ms: float = 500.0, progress: bool = False,
+          idle_s: float = 0.0) -> list[Row]:
     """Interleaved: for r in repeats, for n in tokens, for each config: one sample, the configs'
     order rotated by one each repeat. A sample: a pre-roll prefill, then k timed back-to-back
     prefills filling min_ms (k from a second warm-up prefill, the first one records the CUDA
-    graph; k = 1 and no pre-roll when one prefill takes min_ms or more, or without warm-up). (Position mattered: on the H200 at pp2048 a
+    graph; k = 1 and no pre-roll when one prefill takes min_ms or more, or without warm-up).
+    min_ms = 0: one prefill per sample, after idle_s seconds of sleep (the GPU idle, its power
+    average falling back from the cap). (Position mattered: on the H200 at pp2048 a
     config timed on one prefill right after the f16 path's measured 10-14% slower than in a later
     position. The rotation gives each config every position over len(configs) repeats, and
     the spread shows what is left. The cause is the power cap, which the previous config's
@@ -124,6 +129,8 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
                 k = reps[(c, n)]
                 if k > 1:
                     time_prefill(b, prompts[n])   # pre-roll: the config's own steady state
+                elif min_ms <= 0 and idle_s > 0:
+                    time.sleep(idle_s)            # a burst from an idle GPU, as `minfer prefill`
                 rows[(c, n)].tok_s.append(n * k / time_prefill(b, prompts[n], k))
                 rows[(c, n)].prefills = k
     bar(None)
@@ -201,6 +208,10 @@ def attention_flops(c, n: int, ubatch: int) -> float:
     return 4.0 * c.n_heads * c.head_dim * total
 
 
+# single prefills (min_ms 0) on a GPU: seconds idle before each; after 2 s an H100 is back at
+# 1.98 GHz and ~115 W (after another config's prefill: 1.64-1.76 GHz at ~685 W, the power cap)
+IDLE_S = 2.0
+
 BREAKDOWN_SPIN_MS = 400.0   # longer than the host takes to launch a chunk's ops one by one
 
 
@@ -247,7 +258,7 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
 
 def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
         profile: bool = True, echo=print, choices=None, min_ms: float = 500.0, out=None,
-        fmt: str = "md", progress: bool = False) -> list[Row]:
+        fmt: str = "md", progress: bool = False, idle_s: float | None = None) -> list[Row]:
     """Load, bench, print. configs: the --ab labels; choices: their resolved GemmChoices
     (minfer.commands.gemm_flags.gemm_choice; None: auto for each). The results table goes to
     `out` (default: echo) in `fmt` (md, json, csv: minfer.tools.bench_out), everything else to
@@ -273,11 +284,16 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
         if getattr(b, "memory", None) is not None:
             echo(f"  memory {b.memory.line()}")
         backends.append(b)
-    rows = bench(model, tokens, configs, repeats, backends, min_ms=min_ms, progress=progress)
+    if idle_s is None:   # the GPU's power state is what a burst depends on; a CPU's is not
+        idle_s = IDLE_S if kind == "cuda" and min_ms <= 0 else 0.0
+    rows = bench(model, tokens, configs, repeats, backends, min_ms=min_ms, progress=progress,
+                 idle_s=idle_s)
     per = ", ".join(f"{r.tokens}: {r.prefills}" for r in rows[::len(configs)])
+    sample = (f"a pre-roll prefill, then back-to-back timed prefills filling {min_ms:g} ms "
+              f"(prefills per sample, {configs[0] or 'default'}: {per})" if min_ms > 0 else
+              f"one prefill after {idle_s:g} s idle (the burst `minfer prefill` times)")
     echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat; "
-         f"a sample = a pre-roll prefill, then back-to-back timed prefills filling {min_ms:g} ms "
-         f"(prefills per sample, {configs[0] or 'default'}: {per})\n")
+         f"a sample = {sample}\n")
     (out or echo)(format_rows(rows, fmt, model=str(model_path), min_ms=min_ms))
     if profile:
         for b in backends:
