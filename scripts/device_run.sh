@@ -44,6 +44,9 @@
 # On the device (carry .whl, .devdata[, .old]): bash scripts/device_run.sh gates|perf|big [deadline_s]
 MODE=${1:-gates}; DEADLINE=${2:-560}; source scripts/device_lib.sh
 REPO=$PWD; M="python3 -m minfer"; S=${SLICE:-.devdata/smollm2-slice.gguf}
+# the whole GPU suite in 4 processes (the image's pytest-xdist), a file per worker: 183 s on a
+# cold kernel cache (H100, 16 cores) where one process needed over 500 s, mostly compiling
+XDIST="-n 4 --dist loadfile"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 
 installed_check() {   # the wheel installed non-editable into a clean target, run from /tmp
@@ -55,7 +58,7 @@ from minfer.cli import main; main(['prefill', '--backend', 'cuda', '-m', '$REPO/
 }
 
 if [ "$MODE" = gates ]; then
-  MINFER_TEST_MODEL=$S step tests 340 python3 -m pytest -q -rfEs tests/gpu
+  MINFER_TEST_MODEL=$S step tests 340 python3 -m pytest -q -rfEs $XDIST tests/gpu
   step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
   step check 160 $M check -m /tmp/slice-q4km.gguf
   installed_check
@@ -162,7 +165,7 @@ if [ "$MODE" = attn ]; then   # the prefill attention alone, and ncu on the wgmm
 fi
 
 if [ "$MODE" = families ]; then   # RoPE-scaled files: the GPU suite, llama.cpp's logits, speed
-  [ "${FAMILY_TESTS:-1}" = 1 ] && MINFER_TEST_MODEL=$S step tests 300 python3 -m pytest -q -rfEs tests/gpu
+  [ "${FAMILY_TESTS:-1}" = 1 ] && MINFER_TEST_MODEL=$S step tests 300 python3 -m pytest -q -rfEs $XDIST tests/gpu
   for p in ${FAMILY_PRESETS:-llama3-8b llama3.1-8b qwen3-8b}; do
     step synth_$p 90 $M synth --preset $p --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
     step bench_$p 110 $M bench -m /tmp/$p.gguf --tokens 512,2048 --min-ms 0 --repeats 3 \
@@ -200,7 +203,7 @@ if [ "$MODE" = blk ]; then   # the block-scaled int8 path: kernels, isolated GEM
 fi
 
 if [ "$MODE" = final ]; then   # the whole GPU suite, the blk path's figures, the gate on the slice
-  MINFER_TEST_MODEL=$S step tests 250 python3 -m pytest -q -rfEs tests/gpu
+  MINFER_TEST_MODEL=$S step tests 250 python3 -m pytest -q -rfEs $XDIST tests/gpu
   step gemm 90 python3 scripts/gemm_blk_bench.py --tokens 512,2048 --variants=-
   step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   step bench 90 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
