@@ -450,19 +450,15 @@ blk_operand_f16_tok(const __half* __restrict__ x, long long ld, int R, int K, in
 // per token (row m < Mp; padding rows give zeros). The row is read once, in rmsnorm.cuh's
 // chunks of 256 (chunk c to warp c % 8, lane l its values 8 l .. 8 l + 7) and summation order,
 // so h is bit-identical to layers.cu's rmsnorm_f32_f16 and the operand to blk_operand_f16's of
-// it. h then goes through shared memory (block b at b * NORM_PITCH floats: the pad puts a
-// warp's 8 quads on different banks) to the prepass's layout, a quad per block (load32's
-// values, rotate128: 2 of the 7 rotation stages by shuffles, where the read layout took 4:
-// 1.1 K shuffles a token instead of 4.4 K).
+// it. Within a chunk the lanes 16 b .. 16 b + 15 hold block 2 c + b: value i = 8 (l % 16) + e,
+// the rotation's h = 1, 2, 4 in registers (e), 8 .. 64 across lanes (xor 1, 2, 4, 8).
 constexpr int NORM_CH = 4;   // chunks per warp held in registers: K <= 8 x 4 x 256 = 8192
-constexpr int NORM_PITCH = 128 + 4;   // floats per block in shared memory
 
 extern "C" __global__ void __launch_bounds__(256)
 rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, float eps,
                     __half* __restrict__ h16, uint8_t* __restrict__ Tt, int M, int K, int Mp,
                     int tok) {
     using namespace blkop;
-    extern __shared__ float hs[];   // [2 NC][NORM_PITCH]: h by 128-value block (launcher's size)
     const int m = blockIdx.x, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const int NC = (K + 255) / 256, KB = (K + 127) / 128;
     const float* xr = x + static_cast<size_t>(m) * K;
@@ -480,12 +476,12 @@ rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, fl
 #pragma unroll
     for (int j = 0; j < NORM_CH; ++j) s = rms_chunk_sum(s, v[j]);
     const float scale = rms_finish(s, K, eps);
+    float h[NORM_CH][8], am[NORM_CH];   // the rotated blocks (lanes 16 b .. of chunk j), max |h|
+    float rmax = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_CH; ++j) {
         const int c = wi + 8 * j, k0 = c * 256 + 8 * l;
-        if (c >= NC) break;   // (warp-uniform)
-        __align__(16) float h[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-        if (m < M && k0 < K) {
+        if (m < M && c < NC && k0 < K) {
             const float4 wa = *reinterpret_cast<const float4*>(w + k0);
             const float4 wb = *reinterpret_cast<const float4*>(w + k0 + 4);
             const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
@@ -493,45 +489,39 @@ rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, fl
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 hh[e] = __float2half_rn(rms_value(v[j][e], scale, wv[e]));
-                h[e] = __half2float(hh[e]);
+                h[j][e] = __half2float(hh[e]);
             }
             if (h16) *reinterpret_cast<uint4*>(h16 + static_cast<size_t>(m) * K + k0) =
                 *reinterpret_cast<const uint4*>(hh);
-        }
-        float4* d = reinterpret_cast<float4*>(hs + (k0 >> 7) * NORM_PITCH + (k0 & 127));
-        d[0] = *reinterpret_cast<const float4*>(h);
-        d[1] = *reinterpret_cast<const float4*>(h + 4);
-    }
-    __syncthreads();
-    // a quad per block: lane q = threadIdx.x & 3 of block kb = threadIdx.x >> 2 (zeros past KB:
-    // every lane runs the shuffles)
-    const int q = threadIdx.x & 3, kb = threadIdx.x >> 2;
-    float u[32];
+        } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {   // values 32 j + 8 q + e, as load32
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-        if (kb < KB) {
-            const float4* src =
-                reinterpret_cast<const float4*>(hs + kb * NORM_PITCH + 32 * j + 8 * q);
-            a = src[0];
-            b = src[1];
+            for (int e = 0; e < 8; ++e) h[j][e] = 0.f;
         }
-        u[8 * j] = a.x; u[8 * j + 1] = a.y; u[8 * j + 2] = a.z; u[8 * j + 3] = a.w;
-        u[8 * j + 4] = b.x; u[8 * j + 5] = b.y; u[8 * j + 6] = b.z; u[8 * j + 7] = b.w;
+        if (c >= NC) continue;   // (warp-uniform)
+        butterfly<0>(h[j]);
+        butterfly<1>(h[j]);
+        butterfly<2>(h[j]);
+#pragma unroll
+        for (int mm = 1; mm < 16; mm <<= 1) butterfly_x(h[j], l, mm);
+        am[j] = block_amax(h[j], 8);
+        rmax = fmaxf(rmax, am[j]);
     }
-    float amax = rotate128(u, q);
-    if (tok) {   // one scale per token: the max over the row's blocks (quads, then warps)
+    if (tok) {   // one scale per token: the max over the row's blocks (lanes, then warps)
         __shared__ float wmax[8];
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if (l == 0) wmax[wi] = amax;
+        rmax = fmaxf(rmax, __shfl_xor_sync(0xffffffffu, rmax, 16));
+        if (l == 0) wmax[wi] = rmax;
         __syncthreads();
-        amax = wmax[0];
+        rmax = wmax[0];
 #pragma unroll
-        for (int i = 1; i < 8; ++i) amax = fmaxf(amax, wmax[i]);
+        for (int i = 1; i < 8; ++i) rmax = fmaxf(rmax, wmax[i]);
     }
-    if (kb >= KB) return;
-    uint8_t* blk = block_at(Tt, kb, Mp, m);
-    store32(blk, u, q8_inv(amax), m & 127, q);
-    if (q == 0) store_scale(blk, m & 127, amax);
+#pragma unroll
+    for (int j = 0; j < NORM_CH; ++j) {
+        const int c = wi + 8 * j, kb = 2 * c + (l >> 4);
+        if (kb >= KB) break;   // (c >= NC too)
+        const float amax = tok ? rmax : am[j];
+        uint8_t* blk = block_at(Tt, kb, Mp, m);
+        store8(blk, m & 127, 8 * (l & 15), pack8(h[j], q8_inv(amax)));
+        if ((l & 15) == 0) store_scale(blk, m & 127, amax);
+    }
 }

@@ -105,12 +105,6 @@ def blk_operand(rt, x16, tt=None, per_token: bool = False) -> BlkTokens:
 
 
 NORM_MAX_K = 8 * 4 * 256   # rmsnorm_blk_operand: 8 warps x NORM_CH (4) chunks of 256
-NORM_PITCH = 128 + 4       # its shared memory: floats per 128-value block (mmq_blk.cu)
-
-
-def norm_smem(K: int) -> int:
-    """rmsnorm_blk_operand's dynamic shared memory: h, two blocks per 256-value chunk."""
-    return 2 * -(-K // 256) * NORM_PITCH * 4
 
 
 def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None, per_token: bool = False
@@ -133,7 +127,7 @@ def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None, per_token: bool
     rt.launch(rt.function("mmq_blk", "rmsnorm_blk_operand", _OPTS), (pad128(M),), (256,),
               (da.arg(x), da.arg(w), np.float32(eps),
                np.uintp(0) if h16 is None else da.arg(h16), da.arg(tt), np.int32(M),
-               np.int32(K), np.int32(pad128(M)), np.int32(per_token)), smem=norm_smem(K))
+               np.int32(K), np.int32(pad128(M)), np.int32(per_token)))
     return BlkTokens(tt, M, K, per_token)
 
 
