@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from minfer.tools import bench as B
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import BadInput
 from synth_data import tiny_model
+
+
+class FakeBackend:
+    """bench's view of a backend: each forward appends entry(name, ids) to `log` and, with a
+    `clock` ([seconds]), advances it by `secs`."""
+
+    def __init__(self, name, log, entry=lambda name, ids: name, secs=0.0, clock=None):
+        self.name, self.log, self.entry, self.secs, self.clock = name, log, entry, secs, clock
+
+    def reset(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def forward(self, ids, pos0):
+        self.log.append(self.entry(self.name, ids))
+        if self.clock is not None:
+            self.clock[0] += self.secs
+
+
+MODEL = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
 
 
 @pytest.fixture(scope="module")
@@ -114,26 +138,9 @@ def test_breakdown_table_rows_add_up():
 def test_bench_rotates_the_config_order():
     """Each repeat starts one config later, so over len(configs) repeats every config runs in
     every position (the config right after another one's prefill measured slower on the GPU)."""
-    from types import SimpleNamespace
-
     calls = []
-
-    class Fake:
-        def __init__(self, name):
-            self.name = name
-
-        def reset(self):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def forward(self, ids, pos0):
-            calls.append((self.name, len(ids)))
-
-    model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
-    rows = B.bench(model, [4, 8], ["a", "b", "c"], 3, [Fake("a"), Fake("b"), Fake("c")],
-                   warmup=False)
+    fakes = [FakeBackend(n, calls, lambda name, ids: (name, len(ids))) for n in "abc"]
+    rows = B.bench(MODEL, [4, 8], ["a", "b", "c"], 3, fakes, warmup=False)
     assert calls == [("a", 4), ("b", 4), ("c", 4), ("a", 8), ("b", 8), ("c", 8),
                      ("b", 4), ("c", 4), ("a", 4), ("b", 8), ("c", 8), ("a", 8),
                      ("c", 4), ("a", 4), ("b", 4), ("c", 8), ("a", 8), ("b", 8)]
@@ -144,29 +151,12 @@ def test_bench_rotates_the_config_order():
 def test_bench_samples_a_preroll_then_back_to_back_prefills(monkeypatch):
     """With min_ms, a sample is one untimed pre-roll prefill and then k timed prefills filling
     min_ms (k from the warm-up prefill); a prefill longer than min_ms is timed alone."""
-    from types import SimpleNamespace
-
     clock = [0.0]
     monkeypatch.setattr(B.time, "perf_counter", lambda: clock[0])
     calls = []
-
-    class Fake:
-        def __init__(self, name, secs):
-            self.name, self.secs = name, secs
-
-        def reset(self):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def forward(self, ids, pos0):
-            calls.append(self.name)
-            clock[0] += self.secs
-
-    model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
-    rows = B.bench(model, [10], ["fast", "slow"], 2, [Fake("fast", 0.03), Fake("slow", 0.5)],
-                   min_ms=200)
+    fakes = [FakeBackend("fast", calls, secs=0.03, clock=clock),
+             FakeBackend("slow", calls, secs=0.5, clock=clock)]
+    rows = B.bench(MODEL, [10], ["fast", "slow"], 2, fakes, min_ms=200)
     # warm-up (fast twice: its first prefill would record the graph; slow once: already over
     # min_ms), then per repeat: fast = 1 pre-roll + 7 timed (7 x 30 ms >= 200 ms), slow = 1
     # timed; the second repeat starts with slow
@@ -182,7 +172,6 @@ def test_attention_flops_count_the_rows_the_forward_computes(n, ubatch, window):
     """The breakdown's attention FLOPs: 4 Hq D per (query row, visible key), keys capped at a
     local layer's window, the last chunk's final layer its last row alone; against a count
     row by row."""
-    from types import SimpleNamespace
 
     L, H, D = 3, 4, 64
     c = SimpleNamespace(n_layers=L, n_heads=H, head_dim=D, sliding_window=window,
@@ -209,31 +198,15 @@ def test_single_prefills_start_from_an_idle_gpu(monkeypatch):
     """min_ms 0: each sample is one prefill after idle_s of sleep (what `minfer prefill` times:
     right after another config's prefill the board is at its power cap); sustained samples
     never sleep."""
-    from types import SimpleNamespace
-
     events = []
     monkeypatch.setattr(B.time, "sleep", lambda s: events.append(("sleep", s)))
-
-    class Fake:
-        def __init__(self, name):
-            self.name = name
-
-        def reset(self):
-            pass
-
-        def synchronize(self):
-            pass
-
-        def forward(self, ids, pos0):
-            events.append(self.name)
-
-    model = SimpleNamespace(config=SimpleNamespace(vocab_size=100))
-    B.bench(model, [4], ["a", "b"], 2, [Fake("a"), Fake("b")], warmup=False, min_ms=0,
-            idle_s=1.5)
+    B.bench(MODEL, [4], ["a", "b"], 2, [FakeBackend(n, events) for n in "ab"], warmup=False,
+            min_ms=0, idle_s=1.5)
     assert events == [("sleep", 1.5), "a", ("sleep", 1.5), "b", ("sleep", 1.5), "b",
                       ("sleep", 1.5), "a"]
     events.clear()
-    B.bench(model, [4], ["a"], 1, [Fake("a")], warmup=False, min_ms=500, idle_s=1.5)
+    B.bench(MODEL, [4], ["a"], 1, [FakeBackend("a", events)], warmup=False, min_ms=500,
+            idle_s=1.5)
     assert ("sleep", 1.5) not in events
 
 
