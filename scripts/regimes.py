@@ -135,7 +135,8 @@ def main() -> None:
     print(f"{n} tokens, {a.repeats} repeats, idle {a.idle_s:g} s; medians (min..max) of: wall "
           "tok/s (as bench), GPU tok/s (events), SM MHz at the start / median during, board W "
           "at the start")
-    print("| config | regime | wall tok/s | GPU tok/s | host share | MHz start | MHz during | W start |")
+    print("| config | regime | wall tok/s | GPU tok/s | host share | MHz start | MHz during | "
+          "W start |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (c, r), xs in res.items():
         col = list(zip(*xs))

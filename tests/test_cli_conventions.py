@@ -61,6 +61,7 @@ def test_bench_json(capsys, tiny):
         assert r["backend"] == "cpu" and r["model"] == str(tiny)
         assert len(r["samples_tok_s"]) == 2 and r["tok_s"] > 0
         assert min(r["samples_tok_s"]) <= r["tok_s"] <= max(r["samples_tok_s"])
+        assert (r["min_ms"], r["idle_s"]) == (0, 0)   # the regime (no idle gap on a CPU)
     assert "backend cpu" in err
 
 

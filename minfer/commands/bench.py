@@ -63,7 +63,8 @@ from minfer.host.threads import threads_option
 @gemm_options
 @click.argument("more_ab", nargs=-1)
 def bench(model_path, tokens, ab, repeats, kind, min_ms, idle_s, no_breakdown, fmt, plot_path,
-          batch, shared_prefix, log_uniform, prompts_path, n_predict, ubatch, more_ab, gemm) -> None:
+          batch, shared_prefix, log_uniform, prompts_path, n_predict, ubatch, more_ab,
+          gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     --gemm applies to every config over the environment; an --ab config wins over both."""
     from minfer.tools.bench import expand_configs, parse_tokens, run
@@ -119,8 +120,8 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, idle_s, no_breakdown, f
                             n_predict, configs, choices, repeats, kind, echo, ubatch,
                             log_uniform, fmt)
     rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
-               echo=echo, choices=choices, min_ms=min_ms, idle_s=idle_s, out=click.echo, fmt=fmt,
-               progress=True)
+               echo=echo, choices=choices, min_ms=min_ms, idle_s=idle_s, out=click.echo,
+               fmt=fmt, progress=True)
     if plot_path is not None:
         from pathlib import Path
 

@@ -294,7 +294,7 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
               f"one prefill after {idle_s:g} s idle (the burst `minfer prefill` times)")
     echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat; "
          f"a sample = {sample}\n")
-    (out or echo)(format_rows(rows, fmt, model=str(model_path), min_ms=min_ms))
+    (out or echo)(format_rows(rows, fmt, model=str(model_path), min_ms=min_ms, idle_s=idle_s))
     if profile:
         for b in backends:
             echo("")

@@ -19,7 +19,7 @@ from minfer.errors import BadInput, MinferError
 
 FORMATS = ("md", "json", "csv")
 FIELDS = ("model", "config", "backend", "n_prompt", "tok_s", "tok_s_spread", "band",
-          "prefills_per_sample", "min_ms", "samples_tok_s")
+          "prefills_per_sample", "min_ms", "idle_s", "samples_tok_s")
 
 
 class MissingExtra(MinferError):
@@ -29,10 +29,10 @@ class MissingExtra(MinferError):
     exit_code = 3
 
 
-def records(rows, model: str, min_ms: float) -> list[dict]:
+def records(rows, model: str, min_ms: float, idle_s: float = 0.0) -> list[dict]:
     return [{"model": model, "config": r.config, "backend": r.backend, "n_prompt": r.tokens,
              "tok_s": r.median, "tok_s_spread": r.spread, "band": r.band,
-             "prefills_per_sample": r.prefills, "min_ms": min_ms,
+             "prefills_per_sample": r.prefills, "min_ms": min_ms, "idle_s": idle_s,
              "samples_tok_s": list(r.tok_s)} for r in rows]
 
 
@@ -59,10 +59,11 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
-def format_rows(rows, fmt: str = "md", model: str = "", min_ms: float = 0.0) -> str:
+def format_rows(rows, fmt: str = "md", model: str = "", min_ms: float = 0.0,
+                idle_s: float = 0.0) -> str:
     if fmt == "md":
         return table(rows)
-    recs = records(rows, model, min_ms)
+    recs = records(rows, model, min_ms, idle_s)
     if fmt == "json":
         return json.dumps(recs, indent=2)
     if fmt == "csv":
