@@ -21,7 +21,6 @@ import statistics
 import threading
 import time
 
-import numpy as np
 
 
 def clock_reader():
