@@ -22,7 +22,6 @@ import threading
 import time
 
 
-
 def clock_reader():
     """() -> the SM clock in MHz now (NVML), or None without it."""
     try:
