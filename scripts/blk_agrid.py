@@ -124,22 +124,24 @@ def patch(spec: str) -> None:
     ReferenceBackend.weight, ReferenceBackend._linear = weight, _linear
 
 
+def token_scale_out() -> None:
+    """Group `out`: the shipped grid, attn_output's input per token too (the reference's own
+    blk emulation reads blk_ref.TOKEN_SCALED)."""
+    import minfer.quants.blk_ref as blk_ref
+
+    blk_ref.TOKEN_SCALED = blk_ref.TOKEN_SCALED + ("attn_output",)
+
+
 def main() -> None:
     group, _, opt = (sys.argv[1] if len(sys.argv) > 1 else "").partition(":")
-    if group == "out" and not opt:   # the shipped grid, attn_output's input per token too
-        import minfer.quants.blk_ref as blk_ref
-
-        blk_ref.TOKEN_SCALED = blk_ref.TOKEN_SCALED + ("attn_output",)
-        from minfer.cli import main as cli
-
-        sys.argv = ["minfer", "perplexity", *sys.argv[2:]]
-        cli()
-        return
-    if (group not in GROUPS or opt not in ("", "rot256", "rot512", "gain")
+    if group == "out" and not opt:
+        token_scale_out()
+    elif (group not in GROUPS or opt not in ("", "rot256", "rot512", "gain")
             or (opt == "gain" and group == "all")):   # (gain: the GEMMs after a norm only)
         sys.exit(f"usage: blk_agrid.py {{{','.join(GROUPS)}}}[:rot256|:rot512|:gain] | out "
                  "PERPLEXITY-OPTIONS...")
-    patch(sys.argv[1])
+    else:
+        patch(sys.argv[1])
     from minfer.cli import main as cli
 
     sys.argv = ["minfer", "perplexity", *sys.argv[2:]]

@@ -8,8 +8,9 @@ configs of one shape run interleaved, batch by batch. "blk + prepass" includes t
 operand prepass (part of the path's cost), the other blk rows are the GEMM alone (build
 variants; -DBLK_NOFOLD is a timing build without the folds). Each GEMM reads the token operand
 the forward gives it: one scale per token for qkv and gate|up (mmq_blk_tok: the fold without
-its FMUL, once per pair of blocks), per (token, block) for attn_output and ffn_down. attn_output and ffn_down run C += (the forward adds them to
-the residual), qkv C =, gate|up its swiglu epilogue."""
+its FMUL, once per pair of blocks), per (token, block) for attn_output and ffn_down.
+attn_output and ffn_down run C += (the forward adds them to the residual), qkv C =, gate|up its
+swiglu epilogue."""
 
 import argparse
 

@@ -22,26 +22,18 @@ import threading
 import time
 
 
-def clock_reader():
-    """() -> the SM clock in MHz now (NVML), or None without it."""
+def nvml_readers():
+    """(clock, power): () -> the SM clock in MHz / the board's power in W now (NVML), or
+    () -> None each without NVML."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+        return (lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1e3)
     except Exception:   # (a lab script: no NVML, no clocks)
-        return lambda: None
-
-
-def power_reader():
-    try:
-        import pynvml
-
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1e3
-    except Exception:
-        return lambda: None
+        return (lambda: None), (lambda: None)
 
 
 class Sampler:
@@ -69,7 +61,8 @@ class Sampler:
 
 
 def timed(be, ids, drv, k=1):
-    """(wall s, GPU s) of k back-to-back prefills from an empty cache."""
+    """(wall s, GPU s) of k back-to-back prefills from an empty cache: bench.time_prefill's
+    loop with CUDA events on the backend's stream around the GPU's share of it."""
     e0, e1 = drv.Event(), drv.Event()
     be.synchronize()
     t0 = time.perf_counter()
@@ -108,7 +101,7 @@ def main() -> None:
     for be in bes.values():
         be.warmup([n])
         be.reset()
-    read, power = clock_reader(), power_reader()
+    read, power = nvml_readers()
     samp = Sampler(read)
     res = {(c, r): [] for c in cfgs for r in ("after-other", "idle", "idle+pre", "sustained")}
     for rep in range(a.repeats):
