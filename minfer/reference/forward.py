@@ -70,6 +70,7 @@ import numpy as np
 
 from minfer.errors import BadInput, NumericError
 from minfer.reference import ops
+from minfer.reference.layout import check_top
 
 
 def round_f16(x: np.ndarray) -> np.ndarray:
@@ -446,7 +447,7 @@ class ReferenceBackend:
 
     # -- packed: many sequences in one forward --------------------------------------------
     def packed(self, ids: np.ndarray, tok: np.ndarray, rows: np.ndarray,
-               targets: np.ndarray) -> np.ndarray:
+               targets: np.ndarray, top: int = 0):
         """One chunk of many sequences' tokens (the oracle of CudaBackend.packed: packed
         prefill and batched decode).
 
@@ -460,6 +461,8 @@ class ReferenceBackend:
         -> float32 [m, 4] per row (ops.row_stats of its logits: output norm, LM head, soft cap):
         (argmax id as float (first index on ties), top1 - top2 logit margin,
         logits[target] - logsumexp (NaN for -1), logsumexp).
+        top in 1..ops.TOP_MAX: -> (that, ids int32 [m, top], log-probs f32 [m, top]): each
+        row's top largest logits, descending (ops.row_topk), for top log-probs.
 
         Every token goes through every layer; the linear ops take all T rows at once and the
         attention runs per run of tokens (consecutive slots, one lo); the LM head takes
@@ -467,9 +470,10 @@ class ReferenceBackend:
         read and is set to 0. BadInput for what cannot run, NumericError for NaN/inf (naming
         the layer, position, slot and token), ResourceError for host memory."""
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
+        top = check_top(top, self.cfg.vocab_size)
         try:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-                return self._packed(ids, tok, rows, targets)
+                return self._packed(ids, tok, rows, targets, top)
         except MemoryError:
             from minfer.host.hostmem import out_of_memory
 
@@ -484,7 +488,7 @@ class ReferenceBackend:
         return check_packed(ids, tok, rows, targets, vocab=c.vocab_size, kv_slots=self.kv_slots,
                             n_pos=c.n_ctx, what_pos=f"the model's context of {c.n_ctx}")
 
-    def _packed(self, ids, tok, rows, targets) -> np.ndarray:
+    def _packed(self, ids, tok, rows, targets, top: int = 0):
         c = self.cfg
         T, m = ids.shape[0], rows.shape[0]
         slot, lo = tok[:, 0], tok[:, 1]
@@ -505,10 +509,14 @@ class ReferenceBackend:
                 self.layer_hook()
         self.n_past = 0  # the single-sequence protocol starts over after a packed call
         out = np.empty((m, 4), np.float32)
+        top_ids, top_lp = np.empty((m, top), np.int32), np.empty((m, top), np.float32)
         for r in range(0, m, self.HEAD_ROWS):
             rr = rows[r: r + self.HEAD_ROWS]
             logits = self._head(x[rr])
             self._check(logits, ids[rr], pos[rr],
                         f"the output layer (output_norm, {self.model.output_name})", slot[rr])
-            out[r: r + rr.shape[0]] = ops.row_stats(logits, targets[r: r + rr.shape[0]])
-        return out
+            st = out[r: r + rr.shape[0]] = ops.row_stats(logits, targets[r: r + rr.shape[0]])
+            if top:
+                top_ids[r: r + rr.shape[0]], top_lp[r: r + rr.shape[0]] = ops.row_topk(
+                    logits, st[:, 3], top)
+        return (out, top_ids, top_lp) if top else out

@@ -51,3 +51,16 @@ def check_packed(ids, tok, rows, targets, *, vocab: int, kv_slots: int, n_pos: i
     if rows.size and (targets.max() >= vocab or targets.min() < -1):
         raise BadInput(f"packed: targets must be -1 or token ids below {vocab}")
     return ids, tok, rows, targets
+
+
+def check_top(top, vocab: int) -> int:
+    """packed()'s `top` (top log-probs per row) as an int in [0, min(TOP_MAX, vocab)], or
+    BadInput."""
+    from minfer.reference.ops import TOP_MAX
+
+    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or \
+            not 0 <= int(top) <= min(TOP_MAX, vocab):
+        raise BadInput(f"packed: top must be an integer in [0, {min(TOP_MAX, vocab)}], "
+                       f"got {top!r}")
+    return int(top)
+

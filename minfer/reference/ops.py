@@ -318,3 +318,27 @@ def row_stats(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
         out[s: s + 64, 2] = lp
         out[s: s + 64, 3] = lse
     return out
+
+
+TOP_MAX = 20   # top log-probs per row at most (OpenAI's logprobs / top_logprobs cap)
+
+
+def row_topk(logits: np.ndarray, lse: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest logits of each row of logits f32 [m, V], in descending order (ties: the
+    smaller index first) -> (ids int32 [m, k], log-probs f32 [m, k] = logit - lse), lse [m]
+    the rows' logsumexp (row_stats' column 3). The twin of the CUDA kernel row_topk_f32."""
+    x = np.asarray(logits, dtype=np.float32)
+    m, V = x.shape
+    if not 1 <= k <= min(TOP_MAX, V):
+        raise ValueError(f"row_topk: k {k} outside [1, {min(TOP_MAX, V)}]")
+    # a stable sort of -x puts larger values first and, among equal ones, smaller indices first
+    part = np.argpartition(-x, k - 1, axis=1)[:, :k] if k < V else np.tile(np.arange(V), (m, 1))
+    ids = np.empty((m, k), np.int64)
+    for i in range(m):   # the k-th value may tie with values outside the partition: widen
+        kth = x[i, part[i]].min()
+        cand = np.flatnonzero(x[i] >= kth)
+        ids[i] = cand[np.argsort(-x[i, cand], kind="stable")][:k]
+    vals = np.take_along_axis(x, ids, axis=1).astype(np.float64)
+    lp = (vals - np.asarray(lse, np.float64)[:, None]).astype(np.float32)
+    return ids.astype(np.int32), lp
+
