@@ -1,0 +1,417 @@
+"""The server's engine thread: continuous batching over the packed forward.
+
+One thread owns the backend and loops; each step is one packed() call (docs/serve.md):
+
+  drop    cancelled sequences (a client that went away): their slots go back
+  admit   waiting jobs, first come first served, while their slots can be had (least recently
+          used prefix entries are evicted for them); a job whose prompt starts like a prefix
+          entry or a running sequence (>= MIN_SHARE tokens) will copy those rows, not compute
+  copy    followers whose owner has written the shared rows take them (copy_kv, statistics too)
+  pack    one decode token for every generating sequence, then the next prompt tokens of the
+          prefilling ones (oldest first) up to max_batch_tokens; segments in slot order (the
+          packed layout's rule), padded to a bucket size by repeating the last token
+  hand    each row's numbers back: prompt rows' log-probs, new greedy tokens; a finished
+          sequence's prompt rows stay in the KV cache as a prefix entry
+
+A request never waits for another's whole completion: a long prompt is cut into chunks and
+decode tokens ride along with every chunk. A failing forward (non-finite numbers, a GPU fault)
+is retried one sequence at a time, so only the sequences that fail alone get the error.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from minfer.batch.run import DECODE_BUCKETS
+from minfer.batch.schedule import ALIGN, MIN_SHARE, bucket
+from minfer.errors import MinferError
+from minfer.serve.slots import PrefixCache, Rows, SlotMap, blocks, common_prefix
+
+
+@dataclass(eq=False)
+class Job:
+    """One prompt of a request, as the front hands it over. deliver(kind, value) is called on
+    the engine thread: ("prompt", Rows) once the prompt is scored (prompt_stats only),
+    ("token", Token) per generated token, then ("done", finish_reason) or ("error", exc)."""
+
+    ids: np.ndarray                   # int32 [n]
+    max_tokens: int
+    deliver: Callable[[str, object], None]
+    prompt_stats: bool = False        # every prompt row's log-prob (echo with logprobs)
+    top: int = 0                      # top log-probs per scored row
+    gen_logprobs: bool = False        # each generated token's log-prob
+    stop_ids: frozenset = frozenset()
+    stop_check: Callable[[list[int]], bool] | None = None   # True: a stop string was met
+    cancelled: bool = False
+    t_arrival: float = field(default_factory=time.perf_counter)
+    t_admit: float = 0.0
+    t_first: float = 0.0
+
+    def footprint(self) -> int:
+        return blocks(len(self.ids) + max(self.max_tokens - 1, 0))
+
+
+@dataclass
+class Token:
+    id: int
+    logprob: float | None
+    top_ids: np.ndarray | None        # int32 [k]
+    top_lp: np.ndarray | None         # f32 [k]
+
+
+@dataclass(eq=False)
+class Seq:
+    job: Job
+    rows: Rows
+    owner: Rows | None = None         # waiting to copy `share` rows from it
+    share: int = 0
+    gen: list[int] = field(default_factory=list)
+    done: bool = False
+
+
+@dataclass
+class Segment:
+    seq: Seq
+    p0: int                           # first position of its tokens in this step
+    ids: np.ndarray                   # int32 [t]
+    rows: list[int]                   # positions scored (relative to the sequence)
+    targets: list[int]
+
+
+class Scheduler:
+    """backend: packed(ids, tok, rows, targets, top=) and copy_kv(src, dst, n) over kv_slots
+    slots. metrics: a minfer.serve.metrics.Metrics or None."""
+
+    def __init__(self, backend, kv_slots: int, max_batch_tokens: int, *,
+                 prefix_cache: bool = True, max_entries: int = 4096, metrics=None,
+                 min_share: int = MIN_SHARE):
+        self.be = backend
+        self.slots = SlotMap(kv_slots)
+        self.cache = PrefixCache(max_entries, enabled=prefix_cache)
+        self.budget = int(max_batch_tokens)
+        self.min_share = max(1, int(min_share))
+        self.metrics = metrics
+        self.waiting: deque[Job] = deque()
+        self.running: list[Seq] = []
+        self.cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self.step_tokens = 0
+
+    # -- the front's side (any thread) -----------------------------------------------------
+    @property
+    def capacity_blocks(self) -> int:
+        return self.slots.n
+
+    def queued(self) -> int:
+        return len(self.waiting)
+
+    def submit(self, jobs: list[Job]) -> None:
+        with self.cv:
+            self.waiting.extend(jobs)
+            self.cv.notify()
+        if self.metrics:
+            self.metrics.queue_depth.set(len(self.waiting))
+
+    def cancel(self, jobs) -> None:
+        for j in jobs:
+            j.cancelled = True
+        with self.cv:
+            self.cv.notify()
+
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="minfer-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the loop after the step in flight; jobs left get an error."""
+        with self.cv:
+            self._stop = True
+            self.cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+        for j in list(self.waiting) + [s.job for s in self.running]:
+            _send(j, "error", MinferError("the server is shutting down"))
+        self.waiting.clear()
+        self.running.clear()
+
+    # -- the engine thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self.cv:
+                while not self._stop and not self.waiting and not self.running:
+                    self.cv.wait()
+                if self._stop:
+                    return
+            try:
+                if not self.step():
+                    with self.cv:
+                        self.cv.wait(0.01)
+            except Exception as e:   # a bug: fail what is in flight, keep serving
+                err = MinferError(f"internal error in the engine step ({type(e).__name__}: {e})")
+                for s in list(self.running):
+                    self._finish(s, None, err)
+                with self.cv:
+                    jobs = list(self.waiting)
+                    self.waiting.clear()
+                for j in jobs:
+                    _send(j, "error", err)
+
+    def step(self) -> bool:
+        """One scheduling step and at most one forward; False when nothing could run."""
+        for s in [s for s in self.running if s.job.cancelled]:
+            self._finish(s, None, None)
+        self._admit()
+        self._copy()
+        segs = self._pack()
+        if self.metrics:
+            self.metrics.queue_depth.set(len(self.waiting))
+            self.metrics.running.set(len(self.running))
+        if not segs:
+            return False
+        self._forward(segs)
+        return True
+
+    def _admit(self) -> None:
+        while True:
+            with self.cv:
+                while self.waiting and self.waiting[0].cancelled:
+                    self.waiting.popleft()
+                if not self.waiting:
+                    return
+                job = self.waiting[0]
+            owner, share = self._owner(job)
+            if owner is not None:
+                owner.pins += 1
+            base = self._alloc(job.footprint())
+            if base is None:
+                if owner is not None:
+                    owner.pins -= 1
+                return   # first come first served: the head waits for slots
+            with self.cv:
+                self.waiting.popleft()
+            job.t_admit = time.perf_counter()
+            rows = Rows(job.ids, base, job.footprint())
+            if job.prompt_stats:
+                rows.alloc_stats(job.top)
+            self.running.append(Seq(job, rows, owner, share))
+            if self.metrics:
+                self.metrics.queue_time.observe(job.t_admit - job.t_arrival)
+
+    def _owner(self, job: Job) -> tuple[Rows | None, int]:
+        """The rows to copy a prompt's head from (a prefix entry or a running sequence's prompt)
+        and how many: all shared tokens but the prompt's last (its logits are needed), one
+        fewer when its prompt rows are scored (the owner's row share - 1 predicts the same
+        next token); statistics are shared only from an owner that kept as many top ids."""
+        n = len(job.ids)
+        cands = list(self.cache.entries.values()) + [s.rows for s in self.running]
+        best, best_n = None, 0
+        for r in cands:
+            if r.freed or (job.prompt_stats and r.top < job.top):
+                continue
+            c = common_prefix(r.ids, job.ids)
+            if c > best_n:
+                best, best_n = r, c
+        share = min(best_n - (1 if job.prompt_stats else 0), n - 1)
+        if best is None or share < self.min_share:
+            return None, 0
+        if id(best) in self.cache.entries:
+            self.cache.entries.move_to_end(id(best))
+        return best, share
+
+    def _alloc(self, nblk: int) -> int | None:
+        while True:
+            base = self.slots.alloc(nblk)
+            if base is not None:
+                return base
+            e = self.cache.evict()
+            if e is None:
+                return None
+            self._free(e)
+
+    def _free(self, rows: Rows) -> None:
+        if not rows.freed:
+            self.slots.release(rows.base, rows.nblk)
+            rows.freed = True
+
+    def _copy(self) -> None:
+        for s in self.running:
+            o = s.owner
+            if o is None:
+                continue
+            if o.freed:   # the owner went away before its rows were written: compute them
+                o.pins -= 1
+                s.owner, s.share = None, 0
+            elif o.done >= s.share:
+                self.be.copy_kv(o.base, s.rows.base, s.share)
+                r, k = s.rows, s.share
+                if r.top >= 0:   # rows 0..k-1 predict the same tokens as the owner's
+                    r.argmax[:k], r.logprob[:k] = o.argmax[:k], o.logprob[:k]
+                    r.top_ids[:k], r.top_lp[:k] = o.top_ids[:k, :r.top], o.top_lp[:k, :r.top]
+                r.done = k
+                o.pins -= 1
+                s.owner = None
+                self.cache.hits += 1
+                self.cache.hit_tokens += k
+                if self.metrics:
+                    self.metrics.prefix_hits.inc()
+                    self.metrics.prefix_hit_tokens.inc(k)
+
+    def _pack(self) -> list[Segment]:
+        segs, budget = [], self.budget
+        for s in self.running:   # decode tokens first: each costs one row
+            if budget and not s.done and s.owner is None and s.gen:
+                n = len(s.rows.ids)
+                segs.append(Segment(s, n + len(s.gen) - 1, np.array(s.gen[-1:], np.int32),
+                                    [n + len(s.gen) - 1], [-1]))
+                budget -= 1
+        for s in self.running:   # then prompt tokens, oldest sequence first
+            r = s.rows
+            n = len(r.ids)
+            if not budget or s.done or s.owner is not None or r.done >= n:
+                continue
+            p0, p1 = r.done, min(n, r.done + budget)
+            rows, tg = [], []
+            if s.job.prompt_stats:
+                rows = list(range(p0, min(p1, n - 1)))
+                tg = [int(t) for t in r.ids[p0 + 1: p0 + 1 + len(rows)]]
+            if p1 == n and s.job.max_tokens > 0:
+                rows.append(n - 1)
+                tg.append(-1)
+            segs.append(Segment(s, p0, r.ids[p0:p1], rows, tg))
+            budget -= p1 - p0
+        segs.sort(key=lambda g: g.seq.rows.base)
+        return segs
+
+    def _run(self, segs: list[Segment]):
+        """packed() over segs -> (stats [m, 4], top ids [m, k] | None, top lp | None)."""
+        ids = np.concatenate([g.ids for g in segs])
+        tok = np.concatenate([np.stack([g.seq.rows.base + g.p0 + np.arange(len(g.ids)),
+                                        np.full(len(g.ids), g.seq.rows.base)], 1)
+                              for g in segs]).astype(np.int32)
+        rows, tg, off = [], [], 0
+        for g in segs:
+            rows += [off + p - g.p0 for p in g.rows]
+            tg += g.targets
+            off += len(g.ids)
+        T = len(ids)
+        pad = bucket(T, DECODE_BUCKETS, self.budget) - T if T < self.budget else 0
+        if pad > 0:   # the padding repeats the last token: same slot, same values
+            ids = np.concatenate([ids, np.repeat(ids[-1:], pad)])
+            tok = np.concatenate([tok, np.repeat(tok[-1:], pad, axis=0)])
+        top = max((g.seq.job.top if g.seq.job.prompt_stats else 0) for g in segs)
+        top = max(top, max((max(g.seq.job.top, 1) if g.seq.job.gen_logprobs else 0)
+                           for g in segs))
+        out = self.be.packed(ids, tok, np.array(rows, np.int32), np.array(tg, np.int32),
+                             top=top)
+        if self.metrics:
+            self.metrics.tokens_per_forward.observe(T)
+        self.steps += 1
+        self.step_tokens += T
+        return out if top else (out, None, None)
+
+    def _forward(self, segs: list[Segment]) -> None:
+        try:
+            results = [(segs, self._run(segs))]
+        except MinferError as e:
+            if len(segs) == 1:
+                self._finish(segs[0].seq, None, e)
+                return
+            results = []
+            for g in segs:   # alone, each sequence either runs or gets the error
+                try:
+                    results.append(([g], self._run([g])))
+                except MinferError as e1:
+                    self._finish(g.seq, None, e1)
+        for gs, (st, ti, tl) in results:
+            i = 0
+            for g in gs:
+                self._hand(g, st, ti, tl, i)
+                i += len(g.rows)
+
+    def _hand(self, g: Segment, st, ti, tl, i: int) -> None:
+        s, r, job = g.seq, g.seq.rows, g.seq.job
+        n = len(r.ids)
+        prefill = g.p0 < n
+        for k, p in enumerate(g.rows):
+            row = i + k
+            if p < n - 1 and prefill:   # a scored prompt row
+                r.argmax[p] = int(st[row, 0])
+                r.logprob[p] = st[row, 2]
+                if r.top > 0:
+                    r.top_ids[p], r.top_lp[p] = ti[row, :r.top], tl[row, :r.top]
+                continue
+            tok = int(st[row, 0])   # the last prompt row, or a decode row: a new greedy id
+            kk = max(job.top, 1)
+            t = Token(tok, float(tl[row, 0]) if job.gen_logprobs else None,
+                      ti[row, :kk].copy() if job.gen_logprobs and job.top else None,
+                      tl[row, :kk].copy() if job.gen_logprobs and job.top else None)
+            self._token(s, t)
+        if prefill:
+            r.done = g.p0 + len(g.ids)
+            if r.done == n:
+                if job.prompt_stats:
+                    _send(job, "prompt", r)
+                if job.max_tokens == 0:
+                    self._finish(s, "length", None)
+
+    def _token(self, s: Seq, t: Token) -> None:
+        job = s.job
+        if not s.gen:
+            job.t_first = time.perf_counter()
+            if self.metrics:
+                self.metrics.prefill_time.observe(job.t_first - job.t_admit)
+        s.gen.append(t.id)
+        _send(job, "token", t)
+        if t.id in job.stop_ids or (job.stop_check is not None and job.stop_check(s.gen)):
+            self._finish(s, "stop", None)
+        elif len(s.gen) >= job.max_tokens:
+            self._finish(s, "length", None)
+
+    def _finish(self, s: Seq, reason: str | None, err: Exception | None) -> None:
+        """A sequence leaves: its answer (or error) sent, its prompt rows kept as a prefix
+        entry when whole, its other slots back."""
+        if s.done:
+            return
+        s.done = True
+        self.running.remove(s)
+        if s.owner is not None:
+            s.owner.pins -= 1
+        if err is not None:
+            _send(s.job, "error", err)
+        elif reason is not None and not s.job.cancelled:
+            if self.metrics and s.job.t_first:
+                self.metrics.decode_time.observe(time.perf_counter() - s.job.t_first)
+            _send(s.job, "done", reason)
+        r = s.rows
+        keep = err is None and r.done == len(r.ids) and not r.freed
+        if keep:
+            need = blocks(len(r.ids))
+            if need < r.nblk:   # the generated tokens' blocks go back now
+                self.slots.release(r.base + need * ALIGN, r.nblk - need)
+                r.nblk = need
+            keep = self.cache.add(r)
+        if not keep:
+            self._free(r)
+        while self.cache.over():
+            e = self.cache.evict()
+            if e is None:
+                break
+            self._free(e)
+
+
+def _send(job: Job, kind: str, value) -> None:
+    try:
+        job.deliver(kind, value)
+    except Exception:   # a front that went away must not stop the engine
+        pass
