@@ -29,6 +29,7 @@ COMMANDS = {
     "bench": ("minfer.commands.bench", "bench"),
     "check": ("minfer.commands.check", "check"),
     "perplexity": ("minfer.commands.perplexity", "perplexity"),
+    "serve": ("minfer.commands.serve", "serve"),
 }
 
 _cli = None

@@ -1,0 +1,546 @@
+"""The ASGI app: OpenAI's and vLLM's endpoints over the scheduler (docs/serve.md).
+
+The event loop only parses, tokenizes, enqueues and serializes; the engine thread
+(scheduler.py) runs the forwards and hands each prompt's events back through
+loop.call_soon_threadsafe. Every error is OpenAI's error object with a 4xx/5xx status, never a
+traceback: ApiError for what the request got wrong, BadInput from the tokenizer or template as
+a 400, anything else a 500 that names no internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minfer.errors import BadInput, MinferError
+from minfer.serve import protocol as P
+from minfer.serve.protocol import ApiError, Answer
+from minfer.serve.scheduler import Job
+
+log = logging.getLogger("minfer.serve")
+OPEN_PATHS = ("/health",)     # answered without the API key
+
+
+@dataclass
+class State:
+    """What the routes share: the model's tokenizer and metadata, the scheduler, the limits."""
+
+    engine: object                 # minfer.batch.api.Engine (its backend built)
+    sched: object                  # scheduler.Scheduler
+    name: str                      # the served model name
+    n_ctx: int
+    metrics: object
+    api_key: str | None = None
+    max_queue: int = 4096
+    max_body: int = 8 << 20
+    timeout: float = 600.0
+    draining: bool = False
+    pieces: object = None
+    created: int = field(default_factory=P.now)
+
+    @property
+    def tok(self):
+        return self.engine.tok
+
+    @property
+    def vocab(self) -> int:
+        return self.engine.model.config.vocab_size
+
+
+def create_app(st: State) -> FastAPI:
+    st.pieces = P.Pieces(st.tok)
+    app = FastAPI(title="minfer", version=_version(), docs_url=None, redoc_url=None)
+    app.state.minfer = st
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return _error(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        msg = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
+               f"{request.url.path}"}.get(e.status_code, str(e.detail))
+        return _error(ApiError(e.status_code, msg))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        log.exception("internal error on %s", request.url.path)
+        return _error(ApiError(500, f"internal error ({type(e).__name__})"))
+
+    app.add_middleware(_Guard, state=st)
+
+    # -- endpoints ----------------------------------------------------------------------------
+    @app.get("/health")
+    async def health():
+        if st.draining:
+            return _error(ApiError(503, "the server is draining", code="draining"))
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": st.name, "object": "model",
+                                            "created": st.created, "owned_by": "minfer",
+                                            "max_model_len": st.n_ctx}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        m = st.metrics
+        m.prefix_entries.set(len(st.sched.cache))
+        m.prefix_slots.set(st.sched.cache.blocks * 128)
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        tok, meta = st.tok, st.engine.model.metadata
+        text = lambda i: tok.token_text(i) if i is not None else None  # noqa: E731
+        tmpl = meta.get("tokenizer.chat_template")
+        return {"tokenizer_class": "minfer-gguf-" + tok.kind, "eos_token": text(tok.eos_id),
+                "bos_token": text(tok.bos_id), "pad_token": None,
+                "add_bos_token": bool(tok.add_bos), "chat_template":
+                tmpl if isinstance(tmpl, str) else None, "model_max_length": st.n_ctx,
+                "vocab_size": tok.n_vocab}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        body = P.parse_json(await request.body())
+        _check_model(st, body)
+        special = P.get_bool(body, "add_special_tokens", True)
+        if "messages" in body:
+            ids = _chat_ids(st, body, P.get_messages(body))
+        else:
+            text = P.get_str(body, "prompt")
+            if text is None:
+                raise P.bad("prompt (a string) or messages is required", "prompt")
+            ids = _encode(st, text, special)
+        out = {"count": len(ids), "max_model_len": st.n_ctx, "tokens": ids}
+        if P.get_bool(body, "return_token_strs", False):
+            out["token_strs"] = [st.pieces.text(i) for i in ids]
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        body = P.parse_json(await request.body())
+        _check_model(st, body)
+        v = body.get("tokens")
+        if not isinstance(v, list):
+            raise P.bad("tokens must be a list of token ids", "tokens")
+        return {"prompt": st.tok.decode(P.token_ids(v, st.vocab, "tokens"))}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = P.parse_json(await request.body())
+        _check_model(st, body)
+        P.check_greedy(body)
+        prompts = P.get_prompts(body, st.vocab)
+        max_tokens = P.get_int(body, "max_tokens", 16, 0)
+        echo = P.get_bool(body, "echo", False)
+        top = P.get_int(body, "logprobs", None, 0, P.TOP_MAX)
+        stream = P.get_bool(body, "stream", False)
+        stops = P.get_stops(body)
+        ignore_eos = P.get_bool(body, "ignore_eos", False)
+        special = P.get_bool(body, "add_special_tokens", True)
+        include_usage = _include_usage(body, stream)
+        answers = []
+        for text, ids in prompts:
+            ids = _encode(st, text, special) if ids is None else ids
+            _check_length(st, len(ids), max_tokens)
+            answers.append(Answer(ids, text))
+        want = top is not None
+        jobs = [_job(st, a, max_tokens, echo and want, top or 0, want, stops,
+                     () if ignore_eos else st.tok.eog_ids) for a in answers]
+        run = _Run(st, request, jobs, answers, stops)
+        rid, created = P.new_id("cmpl"), P.now()
+        head = {"id": rid, "object": "text_completion", "created": created, "model": st.name}
+
+        def choice(i: int, a: Answer) -> dict:
+            text = ((a.prompt_text if a.prompt_text is not None else
+                     st.tok.decode(a.prompt_ids)) if echo else "") + a.text
+            return {"index": i, "text": text, "logprobs":
+                    P.completion_logprobs(a, st.pieces, echo, top) if want else None,
+                    "finish_reason": a.finish}
+
+        if not stream:
+            await run.wait()
+            n_gen = sum(len(a.tokens) for a in answers)
+            return {**head, "choices": [choice(i, a) for i, a in enumerate(answers)],
+                    "usage": P.usage(sum(len(a.prompt_ids) for a in answers), n_gen)}
+
+        async def events():
+            sent = [0] * len(answers)
+            if echo:
+                for i, a in enumerate(answers):
+                    yield _sse({**head, "choices": [{"index": i, "text": a.prompt_text if
+                                                     a.prompt_text is not None else
+                                                     st.tok.decode(a.prompt_ids),
+                                                     "logprobs": None, "finish_reason": None}]})
+            async for i, kind in run.stream():
+                a = answers[i]
+                if kind == "token":
+                    new = a.text[sent[i]:] if a.finish else _held(a.text, stops)[sent[i]:]
+                    lp = None
+                    if want:
+                        t = a.tokens[-1]
+                        lp = {"tokens": [st.pieces.text(t.id)], "token_logprobs": [t.logprob],
+                              "top_logprobs": [P.top_dict(st.pieces, t.top_ids if top else None,
+                                                          t.top_lp if top else None, t.id,
+                                                          t.logprob)],
+                              "text_offset": [sent[i]]}
+                    sent[i] += len(new)
+                    yield _sse({**head, "choices": [{"index": i, "text": new, "logprobs": lp,
+                                                     "finish_reason": None}]})
+                elif kind == "done":
+                    rest = a.text[sent[i]:]
+                    sent[i] = len(a.text)
+                    yield _sse({**head, "choices": [{"index": i, "text": rest,
+                                                     "logprobs": None,
+                                                     "finish_reason": a.finish}]})
+            if include_usage:
+                yield _sse({**head, "choices": [], "usage": P.usage(
+                    sum(len(a.prompt_ids) for a in answers),
+                    sum(len(a.tokens) for a in answers))})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(run.guard(events()), media_type="text/event-stream")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = P.parse_json(await request.body())
+        _check_model(st, body)
+        P.check_greedy(body)
+        msgs = P.get_messages(body)
+        want = P.get_bool(body, "logprobs", False)
+        top = P.get_int(body, "top_logprobs", None, 0, P.TOP_MAX)
+        if top is not None and not want:
+            raise P.bad("top_logprobs needs logprobs: true", "top_logprobs")
+        stream = P.get_bool(body, "stream", False)
+        stops = P.get_stops(body)
+        include_usage = _include_usage(body, stream)
+        ids = _chat_ids(st, body, msgs)
+        mt = P.get_int(body, "max_completion_tokens", None, 0)
+        mt = P.get_int(body, "max_tokens", None, 0) if mt is None else mt
+        max_tokens = st.n_ctx - len(ids) if mt is None else mt
+        _check_length(st, len(ids), max_tokens)
+        a = Answer(ids)
+        ignore_eos = P.get_bool(body, "ignore_eos", False)
+        jobs = [_job(st, a, max_tokens, False, top or 0, want, stops,
+                     () if ignore_eos else st.tok.eog_ids)]
+        run = _Run(st, request, jobs, [a], stops)
+        rid, created = P.new_id("chatcmpl"), P.now()
+        if not stream:
+            await run.wait()
+            return {"id": rid, "object": "chat.completion", "created": created,
+                    "model": st.name, "choices": [{
+                        "index": 0, "message": {"role": "assistant", "content": a.text},
+                        "logprobs": P.chat_logprobs(a.tokens, st.pieces, top or 0)
+                        if want else None, "finish_reason": a.finish}],
+                    "usage": P.usage(len(ids), len(a.tokens))}
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created,
+                "model": st.name}
+
+        async def events():
+            yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant",
+                                                                  "content": ""},
+                                             "logprobs": None, "finish_reason": None}]})
+            sent = 0
+            async for _, kind in run.stream():
+                if kind == "token":
+                    new = (a.text if a.finish else _held(a.text, stops))[sent:]
+                    sent += len(new)
+                    lp = P.chat_logprobs(a.tokens[-1:], st.pieces, top or 0) if want else None
+                    yield _sse({**head, "choices": [{"index": 0, "delta": {"content": new},
+                                                     "logprobs": lp, "finish_reason": None}]})
+                elif kind == "done":
+                    rest = a.text[sent:]
+                    sent = len(a.text)
+                    yield _sse({**head, "choices": [{"index": 0, "delta":
+                                                     {"content": rest} if rest else {},
+                                                     "logprobs": None,
+                                                     "finish_reason": a.finish}]})
+            if include_usage:
+                yield _sse({**head, "choices": [], "usage": P.usage(len(ids), len(a.tokens))})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(run.guard(events()), media_type="text/event-stream")
+
+    return app
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def _version() -> str:
+    from minfer import __version__
+
+    return __version__
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _sse(obj: dict) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
+def _check_model(st: State, body: dict) -> None:
+    m = P.get_str(body, "model")
+    if m is not None and m != st.name:
+        raise ApiError(404, f"the model {m!r} does not exist; this server serves {st.name!r}",
+                       "model", "model_not_found")
+
+
+def _include_usage(body: dict, stream: bool) -> bool:
+    so = body.get("stream_options")
+    if so is None:
+        return False
+    if not isinstance(so, dict):
+        raise P.bad("stream_options must be an object", "stream_options")
+    if not stream:
+        raise P.bad("stream_options needs stream: true", "stream_options")
+    return P.get_bool(so, "include_usage", False)
+
+
+def _encode(st: State, text: str, special: bool) -> list[int]:
+    try:
+        return st.tok.encode(text, add_bos=None if special else False, parse_special=True)
+    except BadInput as e:
+        raise P.bad(str(e), "prompt") from None
+
+
+def _chat_ids(st: State, body: dict, msgs: list[dict]) -> list[int]:
+    from minfer.text import chat as chat_mod
+
+    gen = P.get_bool(body, "add_generation_prompt", msgs[-1]["role"] != "assistant")
+    try:
+        return list(chat_mod.encode_messages(st.engine.model.metadata, st.tok, msgs, False,
+                                             "messages", add_generation_prompt=gen))
+    except MinferError as e:
+        raise P.bad(str(e), "messages") from None
+
+
+def _check_length(st: State, n: int, max_tokens: int) -> None:
+    if n == 0:
+        raise P.bad("the prompt has 0 tokens", "prompt")
+    if n + max_tokens > st.n_ctx:
+        raise P.bad(f"this model's maximum context length is {st.n_ctx} tokens; the request "
+                    f"asks for {n + max_tokens} ({n} in the prompt, {max_tokens} to generate)",
+                    "max_tokens" if n < st.n_ctx else "prompt")
+    if st.sched.capacity_blocks * 128 < n + max_tokens - 1:
+        raise P.bad(f"the request needs {n + max_tokens - 1} KV slots; the server's cache "
+                    f"holds {st.sched.capacity_blocks * 128}", "prompt")
+
+
+def _held(text: str, stops: list[str]) -> str:
+    """What of a partial answer may be streamed now: not a trailing part of a character, nor
+    what may become a stop string."""
+    if text.endswith("\ufffd"):
+        text = text.rstrip("\ufffd")
+    hold = max((len(s) - 1 for s in stops), default=0)
+    return text[:len(text) - hold] if hold else text
+
+
+def _job(st: State, a: Answer, max_tokens: int, prompt_stats: bool, top: int, gen_lp: bool,
+         stops: list[str], stop_ids) -> Job:
+    tok = st.tok
+
+    def stop_check(gen: list[int]) -> bool:
+        return P.cut_at_stop(tok.decode(gen[-64:] if len(gen) > 64 else gen), stops)[1] or \
+            (len(gen) > 64 and P.cut_at_stop(tok.decode(gen), stops)[1])
+
+    return Job(np.asarray(a.prompt_ids, np.int32), max_tokens, None, prompt_stats=prompt_stats,
+               top=top, gen_logprobs=gen_lp, stop_ids=frozenset(stop_ids),
+               stop_check=stop_check if stops else None)
+
+
+class _Run:
+    """A request's jobs in the scheduler: their events gathered into Answers, the request's
+    deadline and its client's disconnect watched (either cancels what is left)."""
+
+    def __init__(self, st: State, request: Request, jobs: list[Job], answers: list[Answer],
+                 stops: list[str]):
+        self.st, self.request, self.jobs, self.answers = st, request, jobs, answers
+        self.loop = asyncio.get_running_loop()
+        self.q: asyncio.Queue = asyncio.Queue()
+        self.left = len(jobs)
+        self.stops = stops
+        for i, j in enumerate(jobs):
+            j.deliver = self._deliver(i)
+        sched = st.sched
+        if st.draining:
+            raise ApiError(503, "the server is draining", code="draining")
+        if sched.queued() + len(jobs) > st.max_queue:
+            raise ApiError(429, f"the queue is full ({sched.queued()} prompts waiting, "
+                           f"--max-queue {st.max_queue}); retry later", code="queue_full",
+                           headers={"Retry-After": "1"})
+        st.metrics.prompt_tokens.inc(sum(len(a.prompt_ids) for a in answers))
+        sched.submit(jobs)
+        self.deadline = time.monotonic() + st.timeout
+
+    def _deliver(self, i: int):
+        def deliver(kind: str, value) -> None:
+            self.loop.call_soon_threadsafe(self.q.put_nowait, (i, kind, value))
+        return deliver
+
+    def _apply(self, i: int, kind: str, value) -> None:
+        a = self.answers[i]
+        if kind == "prompt":
+            a.rows = value
+        elif kind == "token":
+            a.tokens.append(value)
+            self.st.metrics.generation_tokens.inc()
+            a.text = self.st.tok.decode([t.id for t in a.tokens])
+        elif kind == "done":
+            a.finish = value
+            if self.stops:
+                a.text, _ = P.cut_at_stop(a.text, self.stops)
+            self.left -= 1
+        elif kind == "error":
+            self.cancel()
+            if isinstance(value, BadInput):
+                raise P.bad(str(value))
+            raise ApiError(500, f"the forward failed: {value}", code="engine_error")
+
+    def cancel(self) -> None:
+        self.st.sched.cancel(self.jobs)
+
+    async def _next(self):
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.cancel()
+                raise ApiError(504, f"the request took longer than --timeout "
+                               f"{self.st.timeout:g} s", code="timeout")
+            try:
+                return await asyncio.wait_for(self.q.get(), timeout=min(left, 0.5))
+            except asyncio.TimeoutError:
+                if await self.request.is_disconnected():
+                    self.cancel()
+                    raise asyncio.CancelledError
+                continue
+
+    async def wait(self) -> None:
+        try:
+            while self.left:
+                i, kind, value = await self._next()
+                self._apply(i, kind, value)
+        except BaseException:
+            self.cancel()
+            raise
+
+    async def stream(self):
+        """(prompt index, event kind) as the events come, until every prompt is done."""
+        while self.left:
+            i, kind, value = await self._next()
+            self._apply(i, kind, value)
+            yield i, kind
+
+    async def guard(self, gen):
+        """A stream's events; an error met mid-stream becomes an error event, and a client
+        that goes away cancels the jobs."""
+        try:
+            async for x in gen:
+                yield x
+        except ApiError as e:
+            yield _sse(e.body())
+            yield "data: [DONE]\n\n"
+        finally:
+            self.cancel()
+
+
+class _Guard:
+    """Pure ASGI middleware: the API key (Bearer, constant-time), 503 while draining, the body
+    limit (Content-Length checked first; a chunked body counted as it arrives, refused at the
+    limit, never read whole), and the request counts by endpoint and status."""
+
+    def __init__(self, app, state: State):
+        self.app, self.st = app, state
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        st, path = self.st, scope["path"]
+        status = {"code": 500}
+
+        async def send_counted(msg):
+            if msg["type"] == "http.response.start":
+                status["code"] = msg["status"]
+            await send(msg)
+
+        try:
+            err = self._refuse(scope, path)
+            if err is not None:
+                await _send_error(send_counted, err)
+                return
+            limit, seen = st.max_body, {"n": 0}
+            for k, v in scope.get("headers", ()):
+                if k == b"content-length":
+                    try:
+                        n = int(v)
+                    except ValueError:
+                        n = -1
+                    if n < 0 or n > limit:
+                        await _send_error(send_counted, _too_large(limit) if n > limit else
+                                          P.bad("Content-Length is not a byte count"))
+                        return
+
+            async def receive_limited():
+                msg = await receive()
+                if msg["type"] == "http.request":
+                    seen["n"] += len(msg.get("body", b""))
+                    if seen["n"] > limit:
+                        raise _BodyTooLarge
+                return msg
+
+            try:
+                await self.app(scope, receive_limited, send_counted)
+            except _BodyTooLarge:
+                await _send_error(send_counted, _too_large(limit))
+        finally:
+            endpoint = path if path in _KNOWN else "other"
+            st.metrics.requests.labels(endpoint, str(status["code"])).inc()
+
+    def _refuse(self, scope, path: str) -> ApiError | None:
+        st = self.st
+        if st.api_key and path not in OPEN_PATHS:
+            auth = dict(scope.get("headers", ())).get(b"authorization", b"")
+            want = b"Bearer " + st.api_key.encode()
+            if not hmac.compare_digest(auth, want):
+                return ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                code="invalid_api_key")
+        if st.draining and path != "/health":
+            return ApiError(503, "the server is draining", code="draining")
+        return None
+
+
+_KNOWN = {"/health", "/v1/models", "/metrics", "/tokenizer_info", "/tokenize", "/detokenize",
+          "/v1/completions", "/v1/chat/completions"}
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"the body exceeds the server's limit of {limit} bytes",
+                    code="request_too_large")
+
+
+async def _send_error(send, e: ApiError) -> None:
+    body = json.dumps(e.body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length",
+                                                         str(len(body)).encode())]
+    headers += [(k.lower().encode(), str(v).encode()) for k, v in e.headers.items()]
+    try:
+        await send({"type": "http.response.start", "status": e.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    except Exception:   # a response already started (a stream): nothing more to say
+        pass

@@ -1,0 +1,341 @@
+"""Request bodies in OpenAI's and vLLM's shapes, checked field by field, and the objects
+answered (docs/serve.md lists every field).
+
+Each check raises ApiError naming the field (`param`), so a bad request is a 400 with OpenAI's
+error object, never a traceback. Unknown fields are ignored, as vLLM and OpenAI do; known ones
+are checked strictly (no "5" for 5, no true for 1). Decoding is greedy: a request that asks for
+sampling (temperature > 0, n > 1) is refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from minfer.reference.ops import TOP_MAX
+
+MAX_PROMPTS = 1024     # prompts in one request (a list of strings or of token lists)
+MAX_STOPS = 16
+
+
+class ApiError(Exception):
+    """An HTTP error answered as OpenAI's error object."""
+
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+             405: "invalid_request_error", 413: "invalid_request_error",
+             429: "rate_limit_error", 500: "server_error", 503: "service_unavailable",
+             504: "timeout"}
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
+                          "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param, "invalid_value" if param else None)
+
+
+def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object; 400 for invalid JSON, duplicate keys, nesting too deep."""
+    def no_dupes(pairs):
+        d = {}
+        for k, v in pairs:
+            if k in d:
+                raise bad(f"duplicate key {k!r} in the JSON body")
+            d[k] = v
+        return d
+
+    try:
+        body = json.loads(raw.decode("utf-8"), object_pairs_hook=no_dupes,
+                          parse_constant=_no_constant)
+    except ApiError:
+        raise
+    except UnicodeDecodeError as e:
+        raise bad(f"the body is not UTF-8 ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise bad("the JSON body is nested too deeply") from None
+    except ValueError as e:
+        raise bad(f"the body is not valid JSON ({e})") from None
+    if not isinstance(body, dict):
+        raise bad(f"the body must be a JSON object, not {_kind(body)}")
+    return body
+
+
+def _no_constant(name):
+    raise bad(f"{name} is not a JSON number")
+
+
+def _kind(v) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+            type(None): "null", int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+
+
+# -- field checks -------------------------------------------------------------------------------
+def get_int(body: dict, name: str, default, lo: int | None = None, hi: int | None = None):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(f"{name} must be an integer, not {_kind(v)}", name)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise bad(f"{name} must be {rng}, got {v}", name)
+    return v
+
+
+def get_bool(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"{name} must be a boolean, not {_kind(v)}", name)
+    return v
+
+
+def get_number(body: dict, name: str):
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(f"{name} must be a finite number, not {_kind(v)}", name)
+    return float(v)
+
+
+def get_str(body: dict, name: str, default=None):
+    v = body.get(name, default)
+    if v is not None and not isinstance(v, str):
+        raise bad(f"{name} must be a string, not {_kind(v)}", name)
+    return v
+
+
+def check_greedy(body: dict) -> None:
+    """Refuse what asks for sampling or what minfer does not do (by name, as a 400)."""
+    t = get_number(body, "temperature")
+    if t is not None and t != 0:
+        raise bad(f"temperature {t:g}: minfer decodes greedily; use temperature 0", "temperature")
+    if get_int(body, "n", 1, 1) != 1:
+        raise bad("n must be 1 (greedy decoding gives one answer)", "n")
+    if get_int(body, "best_of", 1, 1) != 1:
+        raise bad("best_of must be 1 (greedy decoding gives one answer)", "best_of")
+    for name in ("presence_penalty", "frequency_penalty"):
+        v = get_number(body, name)
+        if v not in (None, 0.0):
+            raise bad(f"{name} is not supported (greedy decoding); send 0 or omit it", name)
+    for name in ("top_p",):
+        v = get_number(body, name)
+        if v is not None and not 0 < v <= 1:
+            raise bad(f"{name} must be in (0, 1], got {v:g}", name)
+    lb = body.get("logit_bias")
+    if lb not in (None, {}):
+        raise bad("logit_bias is not supported", "logit_bias")
+    if body.get("suffix") not in (None, ""):
+        raise bad("suffix is not supported", "suffix")
+    get_int(body, "seed", None)   # accepted and ignored: greedy needs no seed
+
+
+def get_stops(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad("stop must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise bad(f"stop: at most {MAX_STOPS} sequences, got {len(stops)}", "stop")
+    return [s for s in stops if s]
+
+
+def token_ids(v, vocab: int, param: str) -> list[int]:
+    """A list of token ids: integers (not booleans) in [0, vocab)."""
+    for i, t in enumerate(v):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise bad(f"{param}: token {i} is {_kind(t)}, not an integer id", param)
+        if not 0 <= t < vocab:
+            raise bad(f"{param}: token id {t} out of range [0, {vocab})", param)
+    return list(v)
+
+
+def get_prompts(body: dict, vocab: int) -> list[tuple[str | None, list[int] | None]]:
+    """`prompt` as OpenAI takes it: a string, a list of strings, a list of token ids, or a
+    list of such lists -> [(text, None) or (None, ids)]."""
+    p = body.get("prompt")
+    if p is None:
+        raise bad("prompt is required", "prompt")
+    if isinstance(p, str):
+        return [(p, None)]
+    if not isinstance(p, list):
+        raise bad(f"prompt must be a string, a list of strings or token ids, not {_kind(p)}",
+                  "prompt")
+    if not p:
+        raise bad("prompt is an empty list", "prompt")
+    if all(isinstance(x, str) for x in p):
+        out = [(x, None) for x in p]
+    elif all(isinstance(x, list) for x in p):
+        out = [(None, token_ids(x, vocab, f"prompt[{i}]")) for i, x in enumerate(p)]
+    elif not any(isinstance(x, (str, list, dict)) for x in p):
+        out = [(None, token_ids(p, vocab, "prompt"))]
+    else:
+        raise bad("prompt: a list must hold only strings, only token ids, or only lists of "
+                  "token ids", "prompt")
+    if len(out) > MAX_PROMPTS:
+        raise bad(f"prompt: at most {MAX_PROMPTS} prompts in one request, got {len(out)}",
+                  "prompt")
+    return out
+
+
+def get_messages(body: dict) -> list[dict]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("messages must be a non-empty list of {role, content} objects", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}] must be an object, not {_kind(m)}", "messages")
+        role, content = m.get("role"), m.get("content")
+        if not isinstance(role, str) or not role:
+            raise bad(f"messages[{i}].role must be a non-empty string", "messages")
+        if isinstance(content, list):   # OpenAI's content parts: text parts only
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or \
+                        not isinstance(part.get("text"), str):
+                    raise bad(f"messages[{i}].content: only text parts are supported",
+                              "messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content must be a string, not {_kind(content)}",
+                      "messages")
+        out.append({"role": role, "content": content})
+    return out
+
+
+# -- responses ----------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+@dataclass
+class Answer:
+    """One prompt's outcome, gathered from the engine's events."""
+
+    prompt_ids: list[int]
+    prompt_text: str | None = None
+    rows: object = None                 # slots.Rows of the prompt (prompt_stats)
+    tokens: list = field(default_factory=list)   # scheduler.Token
+    finish: str | None = None
+    text: str = ""                      # the generated text, cut at a stop string
+
+
+class Pieces:
+    """Token texts and their lengths in characters, cached per vocabulary id."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self._text: dict[int, str] = {}
+        self._chars: dict[int, int] = {}
+
+    def text(self, i: int) -> str:
+        s = self._text.get(i)
+        if s is None:
+            s = self._text[i] = self.tok.decode([i], special=True)
+        return s
+
+    def chars(self, i: int) -> int:
+        """Characters token i adds to decoded text: its UTF-8 lead bytes (a piece holding
+        half a character adds its share once the character is whole)."""
+        n = self._chars.get(i)
+        if n is None:
+            b = self.tok.token_bytes([i]) if i != self.tok.bos_id else b""
+            n = self._chars[i] = sum(1 for x in b if x & 0xC0 != 0x80)
+        return n
+
+
+def top_dict(pieces: Pieces, ids, lps, actual: int | None, actual_lp: float | None) -> dict:
+    """{token text: log-prob} of the top ids, and the actual token's (vLLM's rule)."""
+    d = {}
+    if ids is not None:
+        for i, lp in zip(ids, lps):
+            d.setdefault(pieces.text(int(i)), float(lp))
+    if actual is not None and actual_lp is not None:
+        d.setdefault(pieces.text(actual), float(actual_lp))
+    return d
+
+
+def completion_logprobs(a: Answer, pieces: Pieces, echo: bool, top: int) -> dict:
+    """OpenAI's legacy logprobs object: tokens, token_logprobs, top_logprobs, text_offset
+    (over the echoed prompt first when echo; its first token has no log-prob: null)."""
+    toks, lps, tops, offs = [], [], [], []
+    off = 0
+    if echo:
+        ids = a.prompt_ids
+        r = a.rows
+        for p, t in enumerate(ids):
+            toks.append(pieces.text(t))
+            offs.append(off)
+            off += pieces.chars(t)
+            if p == 0:
+                lps.append(None)
+                tops.append(None)
+                continue
+            lp = float(r.logprob[p - 1])
+            lps.append(lp)
+            tops.append(top_dict(pieces, r.top_ids[p - 1][:top] if top else None,
+                                 r.top_lp[p - 1][:top] if top else None, t, lp))
+        if a.prompt_text is not None:   # offsets into the text as sent
+            off = len(a.prompt_text)
+    for t in a.tokens:
+        toks.append(pieces.text(t.id))
+        offs.append(off)
+        off += pieces.chars(t.id)
+        lps.append(t.logprob)
+        tops.append(top_dict(pieces, t.top_ids if top else None,
+                             t.top_lp if top else None, t.id, t.logprob))
+    return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
+
+
+def chat_logprobs(tokens, pieces: Pieces, top: int) -> dict:
+    """The chat API's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+    def entry(i: int, lp: float) -> dict:
+        s = pieces.text(int(i))
+        return {"token": s, "logprob": float(lp), "bytes": list(s.encode("utf-8"))}
+
+    content = []
+    for t in tokens:
+        e = entry(t.id, t.logprob)
+        e["top_logprobs"] = [entry(i, lp) for i, lp in zip(t.top_ids, t.top_lp)] \
+            if top and t.top_ids is not None else []
+        content.append(e)
+    return {"content": content}
+
+
+def usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """text up to the first stop string (excluded), and whether one was met."""
+    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+    return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def as_float32_list(a) -> list[float]:
+    return [float(x) for x in np.asarray(a, np.float32)]
