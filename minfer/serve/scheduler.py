@@ -343,6 +343,7 @@ class Scheduler:
         s, r, job = g.seq, g.seq.rows, g.seq.job
         n = len(r.ids)
         prefill = g.p0 < n
+        new = []   # rows that give a new greedy id: the last prompt row, or a decode row
         for k, p in enumerate(g.rows):
             row = i + k
             if p < n - 1 and prefill:   # a scored prompt row
@@ -350,20 +351,20 @@ class Scheduler:
                 r.logprob[p] = st[row, 2]
                 if r.top > 0:
                     r.top_ids[p], r.top_lp[p] = ti[row, :r.top], tl[row, :r.top]
-                continue
-            tok = int(st[row, 0])   # the last prompt row, or a decode row: a new greedy id
-            kk = max(job.top, 1)
-            t = Token(tok, float(tl[row, 0]) if job.gen_logprobs else None,
-                      ti[row, :kk].copy() if job.gen_logprobs and job.top else None,
-                      tl[row, :kk].copy() if job.gen_logprobs and job.top else None)
-            self._token(s, t)
-        if prefill:
+            else:
+                new.append(row)
+        if prefill:   # the prompt's numbers go out before its first token
             r.done = g.p0 + len(g.ids)
-            if r.done == n:
-                if job.prompt_stats:
-                    _send(job, "prompt", r)
-                if job.max_tokens == 0:
-                    self._finish(s, "length", None)
+            if r.done == n and job.prompt_stats:
+                _send(job, "prompt", r)
+        kk = max(job.top, 1)
+        for row in new:
+            lp = job.gen_logprobs
+            self._token(s, Token(int(st[row, 0]), float(tl[row, 0]) if lp else None,
+                                 ti[row, :kk].copy() if lp and job.top else None,
+                                 tl[row, :kk].copy() if lp and job.top else None))
+        if prefill and r.done == n and job.max_tokens == 0:
+            self._finish(s, "length", None)
 
     def _token(self, s: Seq, t: Token) -> None:
         job = s.job
