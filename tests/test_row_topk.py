@@ -6,51 +6,13 @@ fake device arrays. The kernel itself: tests/gpu/test_packed.py."""
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 
 from minfer.errors import BadInput
 from minfer.reference import ops
 from minfer.reference.layout import check_top
-
-
-def brute_topk(x: np.ndarray, lse: np.ndarray, k: int):
-    """(ids, log-probs) by a full sort of each row: value descending, then index ascending."""
-    m, V = x.shape
-    ids = np.empty((m, k), np.int32)
-    for i in range(m):
-        ids[i] = np.lexsort((np.arange(V), -x[i].astype(np.float64)))[:k]
-    lp = np.take_along_axis(x, ids.astype(np.int64), 1) - lse.astype(np.float32)[:, None]
-    return ids, lp
-
-
-def planted(m: int, V: int, seed: int) -> np.ndarray:
-    """Random logits with ties planted at the top and around the k-th place, -inf entries
-    (a mask / soft cap), a row of all-equal values and an ascending row."""
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_normal((m, V)) * 3).astype(np.float32)
-    for i in range(m):
-        o = np.argsort(-x[i], kind="stable")
-        j = rng.integers(0, min(V, 25))
-        x[i, rng.integers(0, V, 3)] = x[i, o[0]]        # a tie with the maximum
-        x[i, rng.integers(0, V, 3)] = x[i, o[j]]        # a tie somewhere in the top 25
-        x[i, rng.integers(0, V, max(1, V // 7))] = -np.inf
-    if m > 2:
-        x[1] = 0.5                                       # every logit tied: ids 0..k-1
-        x[2] = np.arange(V, dtype=np.float32)            # ascending: each new one the best
-    if m > 3:
-        x[3, :] = -np.inf                                # fewer finite logits than k
-        x[3, [V - 1, V // 2]] = 1.0
-        x[3, 0] = -0.0 if V > 2 else 1.0
-    return x
-
-
-def lse_of(x: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        mx = x.max(axis=1).astype(np.float64)
-        return (mx + np.log(np.exp(x - mx[:, None]).sum(axis=1))).astype(np.float32)
+from topk_data import brute_topk, lse_of, planted
 
 
 @pytest.mark.parametrize("V", [1, 3, 20, 21, 130, 1031])
