@@ -339,9 +339,11 @@ def test_backend_packed_top_matches_the_reference(model):
         both = [(i, j, int(np.flatnonzero(ref_ids[i] == g_ids[i, j])[0]))
                 for i in range(T) for j in range(k) if g_ids[i, j] in ref_ids[i]]
         dlogit = [abs((g_lp[i, j] + st[i, 3]) - (ref_lp[i, c] + ref_st[i, 3])) for i, j, c in both]
+        assert both   # (a GPU top 1 outside the reference's top 20 in every row: a bug)
         tau = 2 * max(dlogit)
         print(f"\npacked top={k} GPU vs CPU: max |dlogit| {max(dlogit):.4f} (tau {tau:.4f})")
-        assert tau < 0.5   # the f16 path's distance; a wrong row is nats off
+        assert max(dlogit) < 0.3   # the f16 path's distance (log-probs within 0.25 above);
+        #                             a wrong row or id is nats off
         srt = np.take_along_axis(ref_logits, ref_ids.astype(np.int64), 1)   # descending
         kth1 = np.sort(ref_logits, axis=1)[:, -(k + 1)] if V > k else np.full(T, -np.inf)
         nxt_v = np.concatenate([srt[:, 1:k], kth1[:, None]], axis=1)   # the value after place j
