@@ -39,6 +39,11 @@
 //                                       (NaN when targets[i] < 0), logsumexp); grid (m), 1024
 //                                       threads: greedy ids and prompt log-probs on the GPU, so
 //                                       a batch never copies [m, V] logits to the host
+//   row_topk_f32                        per row i of logits [m, V]: its k <= 20 largest logits
+//                                       (value descending, then index ascending) -> ids
+//                                       int32 [m, k] and log-probs f32 [m, k] = logit - lse[i]
+//                                       (row_stats' logsumexp); grid (m), 512 threads: top
+//                                       log-probs (echo / scoring), run only when asked
 // Products that the reference rounds separately are written with __fmul_rn/__fadd_rn so the
 // compiler does not contract them into FMAs (keeps GPU and numpy within an ulp).
 #include <cuda_fp16.h>
@@ -397,5 +402,101 @@ row_stats_f32(float* stats, const float* logits, const int* targets, int V) {
         o[1] = st[0].v1 - st[0].v2;
         o[2] = tg >= 0 && tg < V ? x[tg] - lse : __int_as_float(0x7fc00000);
         o[3] = lse;
+    }
+}
+
+// ---- row_topk: grid (m), block (TOPK_THREADS) --------------------------------------------------
+// The k <= TOPK_W best entries of a row in the order (value descending, then index ascending),
+// NaN never among them. Pass 1: each thread keeps the TOPK_W best of its strided slice, sorted,
+// in registers (a candidate is compared with the list's last, then bubbled up). Pass 2: k rounds
+// of a block argmax over the threads' list heads; the thread holding the winner pops its head.
+// Exact: each of the row's k best is among its own slice's TOPK_W >= k best, and the order is
+// total on (value, index), so the result does not depend on the slice layout or the order in
+// which a thread reads its slice. The empty slot (-inf, INT_MAX) loses to every real entry,
+// -inf logits included (a soft cap's or a mask's), so a row of fewer than k finite logits still
+// gets its -inf entries by index; only a row with fewer than k non-NaN logits shows an empty
+// slot, written as id -1, log-prob NaN.
+#define TOPK_W 20          // entries per thread's list = ops.TOP_MAX, the largest k
+#define TOPK_THREADS 512   // 2 x 20 list registers + loop state fit 128 registers: no spills
+#define TOPK_NONE 0x7fffffff
+
+__device__ __forceinline__ bool topk_before(float v, int i, float w, int j) {
+    return v > w || (v == w && i < j);   // false whenever v is NaN: a NaN is never kept
+}
+
+__device__ __forceinline__ void topk_push(float (&lv)[TOPK_W], int (&li)[TOPK_W], float v,
+                                          int i) {
+    if (!topk_before(v, i, lv[TOPK_W - 1], li[TOPK_W - 1])) return;
+    lv[TOPK_W - 1] = v;
+    li[TOPK_W - 1] = i;
+#pragma unroll
+    for (int j = TOPK_W - 1; j > 0; --j) {   // static indices: the list stays in registers
+        if (!topk_before(lv[j], li[j], lv[j - 1], li[j - 1])) break;
+        const float tv = lv[j]; lv[j] = lv[j - 1]; lv[j - 1] = tv;
+        const int ti = li[j]; li[j] = li[j - 1]; li[j - 1] = ti;
+    }
+}
+
+__device__ __forceinline__ void topk_warp_best(float& v, int& i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {   // every lane ends with the warp's best (a total order)
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (topk_before(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+}
+
+// ids int32 [m, k], lp f32 [m, k] (row stride k); logits f32 [m, V]; lse: row i's logsumexp at
+// lse[i * lds] (lds 4: row_stats' column 3); lp = logit - lse rounded once in f32 (the twin's)
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+row_topk_f32(int* ids, float* lp, const float* __restrict__ logits,
+             const float* __restrict__ lse, int lds, int V, int k) {
+    const float* x = logits + (size_t)blockIdx.x * V;
+    float lv[TOPK_W];
+    int li[TOPK_W];
+#pragma unroll
+    for (int j = 0; j < TOPK_W; ++j) { lv[j] = -INFINITY; li[j] = TOPK_NONE; }
+    if ((V & 3) == 0 && ((uintptr_t)logits & 15) == 0) {   // every row 16-byte aligned
+        const float4* x4 = reinterpret_cast<const float4*>(x);
+        for (int p = threadIdx.x; p < (V >> 2); p += blockDim.x) {
+            const float4 q = x4[p];
+            topk_push(lv, li, q.x, 4 * p);
+            topk_push(lv, li, q.y, 4 * p + 1);
+            topk_push(lv, li, q.z, 4 * p + 2);
+            topk_push(lv, li, q.w, 4 * p + 3);
+        }
+    } else {
+        for (int i = threadIdx.x; i < V; i += blockDim.x) topk_push(lv, li, x[i], i);
+    }
+    __shared__ float rv[32];
+    __shared__ int ri[32];
+    __shared__ int win;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    const float l = lse[(size_t)blockIdx.x * lds];
+    int* orow = ids + (size_t)blockIdx.x * k;
+    float* prow = lp + (size_t)blockIdx.x * k;
+    for (int r = 0; r < k; ++r) {
+        float v = lv[0];
+        int i = li[0];
+        topk_warp_best(v, i);
+        if (lane == 0) { rv[warp] = v; ri[warp] = i; }
+        __syncthreads();   // (also: every thread has read the previous round's `win`)
+        if (warp == 0) {
+            v = lane < nw ? rv[lane] : -INFINITY;
+            i = lane < nw ? ri[lane] : TOPK_NONE;
+            topk_warp_best(v, i);
+            if (lane == 0) {
+                win = i;
+                orow[r] = i == TOPK_NONE ? -1 : i;
+                prow[r] = i == TOPK_NONE ? __int_as_float(0x7fc00000) : __fsub_rn(v, l);
+            }
+        }
+        __syncthreads();   // (also: warp 0 has read rv / ri before the next round writes them)
+        if (li[0] == win && win != TOPK_NONE) {   // indices are distinct: one owner pops
+#pragma unroll
+            for (int j = 0; j < TOPK_W - 1; ++j) { lv[j] = lv[j + 1]; li[j] = li[j + 1]; }
+            lv[TOPK_W - 1] = -INFINITY;
+            li[TOPK_W - 1] = TOPK_NONE;
+        }
     }
 }

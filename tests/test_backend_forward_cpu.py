@@ -441,6 +441,67 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
     assert [e for _, e in rt.launches].count("rmsnorm_rows_f32_f16") == 1   # not rerun
 
 
+def test_packed_top_launches(monkeypatch, tiny):
+    """packed(..., top=k): one row_topk per HEAD_ROWS block, after its row_stats, writing [m, k]
+    views of the top buffers, reading the logits and stats it just wrote; (stats, ids,
+    log-probs) of the reference's shapes; top 0 launches exactly what it did; a bad top is
+    refused before anything runs."""
+    from fake_gpuarray import install
+
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.runtime import devarray
+    from minfer.errors import BadInput
+    from minfer.reference.ops import TOP_MAX
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    fake_tensor_maps(monkeypatch)
+    rt = FakeRT("sm_90")
+    args = []
+    launch = rt.launch
+    rt.launch = lambda fn, grid, block, a, **kw: (args.append((fn[1], grid, a)),
+                                                    launch(fn, grid, block, a))
+    be = CudaBackend(tiny, GemmChoice("f16"), rt=rt, max_tokens=64, ubatch=16, warmup=False,
+                     graphs=False, kv_slots=512)
+    b = be.buf
+    assert b.top_ids.shape == b.top_lp.shape == (16 * TOP_MAX,)
+    be.HEAD_ROWS = 4
+    tok = np.array([(p, 0) for p in range(5)] + [(128 + p, 128) for p in range(9)], np.int32)
+    ids = np.arange(14, dtype=np.int32) % 50
+    call = (ids, tok, np.arange(13, -1, -1), np.r_[ids[1:], -1])
+    args.clear()
+    plain = be.packed(*call)
+    base = [e for e, _, _ in args]
+    assert "row_topk_f32" not in base and plain.shape == (14, 4)
+    for k in (1, 5, TOP_MAX):
+        args.clear()
+        st, top_ids, top_lp = be.packed(*call, top=k)
+        entries = [e for e, _, _ in args]
+        assert [e for e in entries if e != "row_topk_f32"] == base   # top 0's work, unchanged
+        assert st.shape == (14, 4) and top_ids.shape == top_lp.shape == (14, k)
+        assert top_ids.dtype == np.int32 and top_lp.dtype == np.float32
+        stats = [a for e, _, a in args if e == "row_stats_f32"]
+        topk = [(g, a) for e, g, a in args if e == "row_topk_f32"]
+        assert len(topk) == len(stats) == 4   # 14 rows, 4 at a time
+        assert [i for i, e in enumerate(entries) if e == "row_topk_f32"] == \
+            [i + 1 for i, e in enumerate(entries) if e == "row_stats_f32"]
+        for r, ((grid, a), s) in enumerate(zip(topk, stats)):
+            n = min(4, 14 - 4 * r)
+            assert grid == (n,) and int(a[6]) == k and int(a[5]) == tiny.config.vocab_size
+            assert int(a[0]) == int(b.top_ids.gpudata) + 4 * k * 4 * r   # row 4r of [14, k]
+            assert int(a[1]) == int(b.top_lp.gpudata) + 4 * k * 4 * r
+            assert int(a[2]) == int(s[1])                  # the logits row_stats read
+            assert int(a[3]) == int(s[0]) + 12 and int(a[4]) == 4   # its stats' column 3
+    st, i, lp = be.packed(ids[:2], tok[:2], [], [], top=3)
+    assert st.shape == (0, 4) and i.shape == lp.shape == (0, 3)
+    for bad in (TOP_MAX + 1, -1, 2.5, True):
+        args.clear()
+        with pytest.raises(BadInput, match="top must be"):
+            be.packed(*call, top=bad)
+        assert not args
+
+
 @pytest.mark.parametrize("preset,head_dim", [("tiny-gemma3", 0), ("tiny-gemma2", 0),
                                              ("tiny-gemma3", 256)])
 @pytest.mark.parametrize("path", ["f16", "blk", "f16:no-glu"])

@@ -48,7 +48,8 @@ first.. (a GEMM, HEAD_ROWS rows at a time), copied to the host.
 Many sequences (minfer.batch): `packed(ids, tok, rows, targets)` runs one chunk of tokens of
 many sequences, each token at its own KV slot and position (tok), every row through the last
 layer, then the norm, LM head and row_stats over the rows asked for (HEAD_ROWS at a time): the
-host gets [m, 4] numbers (greedy id, margin, log-prob, logsumexp), never [m, vocab] logits.
+host gets [m, 4] numbers (greedy id, margin, log-prob, logsumexp), never [m, vocab] logits;
+with `top=k` also each row's k most likely ids and their log-probs (row_topk, [m, k] each).
 `copy_kv(src, dst, n)` copies cache rows between sequences (a shared prefix computed once).
 The cache then has `kv_slots` rows (fit_kv_slots: what the free memory holds), beyond n_ctx.
 
@@ -333,15 +334,21 @@ class CudaBackend:
         return out
 
     def packed(self, ids: np.ndarray, tok: np.ndarray, rows: np.ndarray,
-               targets: np.ndarray) -> np.ndarray:
+               targets: np.ndarray, top: int = 0):
         """One chunk of many sequences' tokens: ids int32 [T] (T <= ubatch), tok int32 [T, 2]
         (KV slot, first slot of the token's sequence: position slot - lo, keys lo..slot; both
         non-decreasing in t), rows int32 [m] (chunk rows that need logits, m <= T), targets
         int32 [m] (each row's next token, or -1) -> host float32 [m, 4]: (greedy id, top1 -
         top2, log-prob of the target (NaN for -1), logsumexp) per row (ops.row_stats).
+        top in 1..min(ops.TOP_MAX, vocab): -> (that, ids int32 [m, top], log-probs f32
+        [m, top]): each row's top largest logits, descending, ties to the smaller id, minus
+        its logsumexp (row_topk on the device after row_stats; top 0 runs exactly as before).
         Every row goes through every layer; the LM head runs HEAD_ROWS rows at a time.
         Numpy twin: ReferenceBackend.packed. GPUError on non-finite logits."""
+        from minfer.reference.layout import check_top
+
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
+        top = check_top(top, self.c.vocab_size)
         T, m, b = ids.shape[0], rows.shape[0], self.buf
         self.n_past = 0   # the single-sequence protocol starts over after a batch
         one = attn_mod.per_token_pays(tok)   # a decode step: attention one token per block
@@ -350,16 +357,27 @@ class CudaBackend:
         self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False, capture=seen > 0,
                         per_token=one)
         if m == 0:
-            return np.empty((0, 4), np.float32)
+            out = np.empty((0, 4), np.float32)
+            return (out, np.empty((0, top), np.int32), np.empty((0, top), np.float32)) \
+                if top else out
         R = da.rows
         R(b.rows, 0, m).set(rows)
         R(b.targets, 0, m).set(targets)
+        # [m, top] row-major views of the [ubatch * TOP_MAX] buffers (m <= T <= ubatch)
+        tops = [da.reshape(R(a, 0, m * top), (m, top)) for a in (b.top_ids, b.top_lp)] \
+            if top else None
+        if top:
+            da.poison(self.rt, *tops)   # (poison mode: a row_topk that did not run reads NaN)
         for r in range(0, m, self.HEAD_ROWS):
             k = min(self.HEAD_ROWS, m - r)
             logits = self._head(0, k, R(b.rows, r, k))
             L.row_stats(self.rt, R(b.stats, r, k), logits, R(b.targets, r, k))
+            if top:
+                L.row_topk(self.rt, R(tops[0], r, k), R(tops[1], r, k), logits,
+                           R(b.stats, r, k), top)
         try:
             out = R(b.stats, 0, m).get()
+            top_ids, top_lp = (a.get() for a in tops) if top else (None, None)
         except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
             raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
                            "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
@@ -371,7 +389,7 @@ class CudaBackend:
                            f"packed chunk of {T} tokens, slots {int(tok[0, 0])}..{hi - 1}, "
                            f"backend {self.name}; first non-finite: {where}); run `minfer "
                            "check` or MINFER_CUDA_DEBUG=1 to find the kernel")
-        return out
+        return (out, top_ids, top_lp) if top else out
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int32 arrays, or BadInput naming what cannot run."""

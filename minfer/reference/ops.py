@@ -325,10 +325,20 @@ TOP_MAX = 20   # top log-probs per row at most (OpenAI's logprobs / top_logprobs
 
 def row_topk(logits: np.ndarray, lse: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest logits of each row of logits f32 [m, V], in descending order (ties: the
-    smaller index first) -> (ids int32 [m, k], log-probs f32 [m, k] = logit - lse), lse [m]
-    the rows' logsumexp (row_stats' column 3). The twin of the CUDA kernel row_topk_f32."""
+    smaller index first) -> (ids int32 [m, k], log-probs f32 [m, k] = logit - lse), lse f32 [m]
+    the rows' logsumexp, or row_stats' f32 [m, 4] (its column 3). The log-prob is one f32
+    subtraction (as the kernel's, so the two agree bit for bit). The twin of the CUDA kernel
+    row_topk_f32 (kernels/layers.cu). -inf logits rank by index like any tie; a NaN logit is
+    never chosen by the kernel, and a row holding one is not compared (its logsumexp is NaN:
+    packed() refuses it)."""
     x = np.asarray(logits, dtype=np.float32)
+    if x.ndim != 2:
+        raise ValueError(f"row_topk: logits {x.shape} (expected [m, V])")
     m, V = x.shape
+    lse = np.asarray(lse, dtype=np.float32)
+    lse = lse[:, 3] if lse.ndim == 2 and lse.shape[1:] == (4,) else lse
+    if lse.shape != (m,):
+        raise ValueError(f"row_topk: lse {lse.shape} for {m} rows (expected [m] or [m, 4])")
     if not 1 <= k <= min(TOP_MAX, V):
         raise ValueError(f"row_topk: k {k} outside [1, {min(TOP_MAX, V)}]")
     # a stable sort of -x puts larger values first and, among equal ones, smaller indices first
@@ -338,7 +348,5 @@ def row_topk(logits: np.ndarray, lse: np.ndarray, k: int) -> tuple[np.ndarray, n
         kth = x[i, part[i]].min()
         cand = np.flatnonzero(x[i] >= kth)
         ids[i] = cand[np.argsort(-x[i, cand], kind="stable")][:k]
-    vals = np.take_along_axis(x, ids, axis=1).astype(np.float64)
-    lp = (vals - np.asarray(lse, np.float64)[:, None]).astype(np.float32)
-    return ids.astype(np.int32), lp
-
+    lp = np.take_along_axis(x, ids, axis=1) - lse[:, None]   # f32 - f32: rounded once
+    return ids.astype(np.int32), lp.astype(np.float32, copy=False)

@@ -1,7 +1,8 @@
 """Packed many-sequence chunks on the GPU (issue 34): the device token layout (slot, lo) in both
 attention kernels against the numpy twin and against each sequence run alone (bit for bit at
-128-aligned starts), rmsnorm_rows, row_stats against ops.row_stats, and CudaBackend.packed /
-copy_kv against single-sequence forwards and the CPU reference's packed()."""
+128-aligned starts), rmsnorm_rows, row_stats against ops.row_stats, row_topk bit for bit against
+ops.row_topk, and CudaBackend.packed (top=0 and top=k) / copy_kv against single-sequence
+forwards and the CPU reference's packed()."""
 
 from __future__ import annotations
 
@@ -130,6 +131,104 @@ def test_row_stats(rt, V):
     np.testing.assert_allclose(got[:, 2:], ref[:, 2:], rtol=1e-5, atol=1e-5)
 
 
+def _topk_run(rt, logits, lse, k, shift=False):
+    """(ids, log-probs) of L.row_topk on host logits f32 [m, V] (outputs poisoned first);
+    shift: the logits at a 4-byte offset (not 16-byte aligned: the scalar load path)."""
+    from minfer.cuda.ops import layers as L
+    from minfer.cuda.runtime import devarray as da
+
+    m, V = logits.shape
+    if shift:
+        buf = da.to_device(rt, np.concatenate([np.float32([7]), logits.ravel()]))
+        d = da.view(da.ptr(buf) + 4, (m, V), np.float32, base=buf)
+    else:
+        d = da.to_device(rt, logits)
+    ids = da.to_device(rt, np.full((m, k), -7, np.int32))
+    lp = da.to_device(rt, np.full((m, k), np.nan, np.float32))
+    L.row_topk(rt, ids, lp, d, lse, k)
+    return ids.get(), lp.get()
+
+
+@pytest.mark.parametrize("V", [32000, 49152, 128256, 262144])
+@pytest.mark.parametrize("m", [1, 7, 256])
+def test_row_topk_bitwise(rt, m, V):
+    """The kernel against its twin bit for bit, k = 1, 5, 20, the logsumexp from row_stats' rows
+    on the device: planted ties (at the maximum, inside the top 25, across the k-th place),
+    -inf entries, an all-equal row, an ascending row, a row of 3 finite logits; both load paths
+    (16-byte rows and a 4-byte offset) give the same."""
+    from minfer.cuda.ops import layers as L
+    from minfer.cuda.runtime import devarray as da
+    from minfer.reference import ops
+    from topk_data import planted, same_bits
+
+    x = planted(m, V, seed=m * 7 + V)
+    stats = da.to_device(rt, np.full((m, 4), np.nan, np.float32))
+    L.row_stats(rt, stats, da.to_device(rt, x), da.to_device(rt, np.full(m, -1, np.int32)))
+    st = stats.get()
+    for k in (1, 5, 20):
+        ids, lp = _topk_run(rt, x, stats, k)
+        ref_ids, ref_lp = ops.row_topk(x, st, k)
+        assert np.array_equal(ids, ref_ids), (k, np.argwhere(ids != ref_ids)[:5])
+        assert same_bits(lp, ref_lp), (k, np.argwhere(lp != ref_lp)[:5])
+        if k == 20 or m == 256:   # the scalar path on the same rows (m 256: once, it is slow)
+            s_ids, s_lp = _topk_run(rt, x, stats, k, shift=True)
+            assert np.array_equal(s_ids, ids) and same_bits(s_lp, lp)
+    if m > 3:
+        assert ids[1].tolist() == list(range(20))   # all tied: by index
+        assert ids[2].tolist() == list(range(V - 1, V - 21, -1))   # ascending row
+        assert ids[3, :3].tolist() == [V // 2, V - 1, 0] and np.isneginf(lp[3, 3:]).all()
+
+
+@pytest.mark.parametrize("V", [1, 3, 20, 21, 511, 513, 1031, 32003])
+def test_row_topk_ragged(rt, V):
+    """V below k's 20, not a multiple of 4 (the scalar path) or of the block; the lse as f32 [m];
+    a row of NaNs among -inf: the kernel never picks a NaN (id -1, NaN past the real entries)."""
+    from minfer.cuda.runtime import devarray as da
+    from minfer.reference import ops
+    from topk_data import lse_of, planted, same_bits
+
+    m = 6
+    x = planted(m, V, seed=V)
+    lse = lse_of(x)
+    for k in sorted({1, 5, 20, V} & set(range(1, min(20, V) + 1))):
+        ids, lp = _topk_run(rt, x, da.to_device(rt, lse), k)
+        ref_ids, ref_lp = ops.row_topk(x, lse, k)
+        assert np.array_equal(ids, ref_ids) and same_bits(lp, ref_lp), k
+    if V >= 4:
+        y = np.full((1, V), np.nan, np.float32)
+        y[0, [1, 3]] = [2.0, -np.inf]
+        k = min(5, V)
+        ids, lp = _topk_run(rt, y, da.to_device(rt, np.zeros(1, np.float32)), k)
+        assert ids[0].tolist() == [1, 3] + [-1] * (k - 2)
+        assert lp[0, 0] == 2.0 and np.isneginf(lp[0, 1]) and np.isnan(lp[0, 2:]).all()
+
+
+def test_row_topk_time(rt):
+    """m = 256 rows of V = 128,256 (a Llama-3 vocabulary), k = 20: well under 1 ms."""
+    from minfer.cuda.ops import layers as L
+    from minfer.cuda.runtime import devarray as da
+
+    m, V, k = 256, 128256, 20
+    rng = np.random.default_rng(0)
+    x = da.to_device(rt, (rng.standard_normal((m, V)) * 3).astype(np.float32))
+    up = da.to_device(rt, np.tile(np.arange(V, dtype=np.float32), (m, 1)))   # worst case
+    lse = da.to_device(rt, np.zeros(m, np.float32))
+    ids, lp = (da.empty(rt, (m, k), t) for t in (np.int32, np.float32))
+    ms = {}
+    for name, logits in (("random", x), ("ascending", up)):
+        L.row_topk(rt, ids, lp, logits, lse, k)   # load the kernel
+        a, b = rt.drv.Event(), rt.drv.Event()
+        a.record()
+        for _ in range(10):
+            L.row_topk(rt, ids, lp, logits, lse, k)
+        b.record()
+        b.synchronize()
+        ms[name] = b.time_since(a) / 10
+    print(f"\nrow_topk m {m} V {V} k {k}: random {ms['random'] * 1e3:.0f} us, ascending "
+          f"(every element inserted) {ms['ascending'] * 1e3:.0f} us")
+    assert ms["random"] < 1.0
+
+
 def _prompts(model, lengths, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.integers(0, model.config.vocab_size, n).astype(np.int32) for n in lengths]
@@ -193,6 +292,72 @@ def test_backend_packed_matches_lone_runs_and_the_reference(model):
     assert abs(shared[0, 3] / alone[0, 3] - 1) < 5e-4
     if alone[0, 1] > 1e-2:
         assert shared[0, 0] == alone[0, 0]
+
+
+def test_backend_packed_top_matches_the_reference(model):
+    """packed(..., top=k), k = 1, 5, 20, on ragged prompts in two chunks: bit for bit the twin
+    ops.row_topk of the GPU's own logits rows (the head buffer, m <= HEAD_ROWS) and stats; the
+    stats those of top=0; against the CPU reference's packed(top=20) (tie-aware): ids equal
+    where the reference's logits around the place are further apart than tau (twice the
+    largest logit difference measured between the engines on the ids both chose), log-probs
+    within test_backend_packed_matches_lone_runs_and_the_reference's tolerance."""
+    from minfer.cuda.backend import CudaBackend
+    from minfer.reference.forward import ReferenceBackend
+    from minfer.reference import ops
+    from topk_data import same_bits
+
+    lengths = [1, 9, 30, 2, 17]
+    prompts = _prompts(model, lengths, seed=2)
+    tok, S = _layout(lengths)
+    ids = np.concatenate(prompts)
+    T, V = len(ids), model.config.vocab_size
+    nxt = np.concatenate([np.append(p[1:], -1) for p in prompts]).astype(np.int32)
+    gpu = CudaBackend(model, max_tokens=64, ubatch=40, kv_slots=S + 256)
+    cpu = ReferenceBackend(model, max_tokens=64)
+    cpu.reserve_slots(S + 256)
+    chunks = [np.arange(s, min(s + 40, T)) for s in range(0, T, 40)]
+    heads = []
+    real = cpu._head
+    cpu._head = lambda x: heads.append(real(x)) or heads[-1]
+    ref = [cpu.packed(ids[r], tok[r], r - r[0], nxt[r], top=20) for r in chunks]
+    ref_st, ref_ids, ref_lp = (np.concatenate(a) for a in zip(*ref))
+    ref_logits = np.concatenate(heads).astype(np.float32)
+    plain = np.concatenate([gpu.packed(ids[r], tok[r], r - r[0], nxt[r]) for r in chunks])
+    for k in (1, 5, 20):
+        got = []
+        for r in chunks:
+            st, top_ids, top_lp = gpu.packed(ids[r], tok[r], r - r[0], nxt[r], top=k)
+            assert len(r) <= gpu.HEAD_ROWS   # the head buffer holds every row's logits
+            logits = gpu._head_out.get()[: len(r)]
+            t_ids, t_lp = ops.row_topk(logits, st, k)
+            assert np.array_equal(top_ids, t_ids) and same_bits(top_lp, t_lp)
+            assert np.array_equal(top_ids[:, 0], st[:, 0].astype(np.int32))   # top 1: greedy
+            got.append((st, top_ids, top_lp))
+        st, g_ids, g_lp = (np.concatenate(a) for a in zip(*got))
+        np.testing.assert_allclose(st, plain, rtol=1e-6, atol=1e-6)   # top 0's numbers
+        # tie-aware: tau from the logits of the ids both engines put in their top k
+        both = [(i, j, int(np.flatnonzero(ref_ids[i] == g_ids[i, j])[0]))
+                for i in range(T) for j in range(k) if g_ids[i, j] in ref_ids[i]]
+        dlogit = [abs((g_lp[i, j] + st[i, 3]) - (ref_lp[i, c] + ref_st[i, 3])) for i, j, c in both]
+        assert both   # (a GPU top 1 outside the reference's top 20 in every row: a bug)
+        tau = 2 * max(dlogit)
+        print(f"\npacked top={k} GPU vs CPU: max |dlogit| {max(dlogit):.4f} (tau {tau:.4f})")
+        assert max(dlogit) < 0.3   # the f16 path's distance (log-probs within 0.25 above);
+        #                             a wrong row or id is nats off
+        srt = np.take_along_axis(ref_logits, ref_ids.astype(np.int64), 1)   # descending
+        kth1 = np.sort(ref_logits, axis=1)[:, -(k + 1)] if V > k else np.full(T, -np.inf)
+        nxt_v = np.concatenate([srt[:, 1:k], kth1[:, None]], axis=1)   # the value after place j
+        prev_v = np.concatenate([np.full((T, 1), np.inf), srt[:, : k - 1]], axis=1)
+        clear = (prev_v - srt[:, :k] > tau) & (srt[:, :k] - nxt_v > tau)
+        assert np.array_equal(g_ids[clear], ref_ids[:, :k][clear])
+        sets = srt[:, k - 1] - kth1 > tau   # the k-th and (k+1)-th apart: the same set
+        for i in np.flatnonzero(sets):
+            assert set(g_ids[i]) == set(ref_ids[i, :k])
+        print(f"  ids compared at {int(clear.sum())} of {T * k} places, sets on "
+              f"{int(sets.sum())} of {T} rows")
+        assert clear.any()   # the comparison is not vacuous
+        d = np.abs(g_lp[clear] - ref_lp[:, :k][clear])
+        assert d.mean() < 0.03 and d.max() < 0.25
 
 
 def test_backend_packed_refusals(model):

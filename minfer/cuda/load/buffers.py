@@ -9,6 +9,7 @@ import numpy as np
 
 from minfer.cuda.ops import layers as L
 from minfer.cuda.runtime import devarray as da
+from minfer.reference.ops import TOP_MAX
 
 
 @dataclass
@@ -27,6 +28,8 @@ class DeviceBuffers:
     rows: object  # int32 [T]: the chunk rows whose logits a packed batch needs (head rows)
     targets: object  # int32 [T]: each head row's next token (its log-prob), or -1
     stats: object  # f32 [T, 4]: each head row's (argmax, top1 - top2, log-prob, logsumexp)
+    top_ids: object  # int32 [T * TOP_MAX]: packed(top=k)'s ids, viewed as [m, k] (row_topk)
+    top_lp: object  # f32 [T * TOP_MAX]: their log-probs, viewed as [m, k]
     last16: object  # f16 [1, d_model] the last row, normed
     logits: object  # f32 [1, vocab]
     amax: object  # int32 [1] argmax of the logits
@@ -73,6 +76,8 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         rows=e(rt, (T,), np.int32, "head rows"),
         targets=e(rt, (T,), np.int32, "head row targets"),
         stats=e(rt, (T, 4), np.float32, "head row stats"),
+        top_ids=e(rt, (T * TOP_MAX,), np.int32, "head row top ids"),
+        top_lp=e(rt, (T * TOP_MAX,), np.float32, "head row top log-probs"),
         last16=e(rt, (1, c.d_model), np.float16, "last row"),
         logits=e(rt, (1, c.vocab_size), np.float32, "logits"),
         amax=e(rt, (1,), np.int32, "argmax"),

@@ -1,6 +1,6 @@
 """Launchers for kernels/layers.cu: rmsnorm (and of gathered rows), head_rmsnorm (qwen3's q/k
 norms), rope, rope_qkv (fused rope + KV append), swiglu, add, f32->f16 copy, argmax, row_stats
-(greedy ids and log-probs of logits rows).
+(greedy ids and log-probs of logits rows), row_topk (their k most likely ids and log-probs).
 
 Each launcher validates shapes/dtypes (GPUError with a one-line message) and launches through
 `rt.launch`. Numpy twins: minfer.reference.ops (rmsnorm, rope, swiglu); the tests in
@@ -89,6 +89,40 @@ def row_stats(rt, stats, logits, targets) -> None:
     da.check("row_stats out", stats, (m, 4), np.float32)
     rt.launch(rt.function(_F, "row_stats_f32"), (m,), (1024,),
               (da.arg(stats), da.arg(logits), da.arg(targets), np.int32(V)))
+
+
+TOPK_THREADS = 512   # kernels/layers.cu row_topk_f32's block (its __launch_bounds__)
+
+
+def row_topk(rt, ids, lp, logits, lse, k: int) -> None:
+    """ids int32 [m, k], lp f32 [m, k] = each row of logits f32 [m, V]'s k largest logits, in
+    descending order (ties: the smaller index first), and their logit - logsumexp (one f32
+    subtraction); lse: f32 [m] logsumexps, or row_stats' f32 [m, 4] output (its column 3).
+    1 <= k <= min(ops.TOP_MAX, V). Numpy twin: minfer.reference.ops.row_topk."""
+    from minfer.reference.ops import TOP_MAX
+
+    da.check("row_topk logits", logits, (None, None), np.float32, require_contiguous=True)
+    m, V = (int(s) for s in logits.shape)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or \
+            not 1 <= k <= min(TOP_MAX, V):
+        raise GPUError(f"row_topk: k {k!r} outside [1, {min(TOP_MAX, V)}] (TOP_MAX "
+                       f"{TOP_MAX}, vocabulary {V})")
+    if V >= 2**31 - 1:   # every index below the kernel's empty slot, INT_MAX
+        raise GPUError(f"row_topk: vocabulary {V} past int32 ids")
+    da.check("row_topk lse", lse, None, np.float32, require_contiguous=True)
+    if tuple(lse.shape) == (m,):
+        lse_ptr, lds = da.ptr(lse), 1
+    elif tuple(lse.shape) == (m, 4):   # row_stats' rows: the logsumexp is column 3
+        lse_ptr, lds = da.ptr(lse) + 3 * 4, 4
+    else:
+        raise GPUError(f"row_topk lse: shape {tuple(lse.shape)}, expected ({m},) or ({m}, 4)")
+    da.check("row_topk ids", ids, (m, k), np.int32, require_contiguous=True)
+    da.check("row_topk lp", lp, (m, k), np.float32, require_contiguous=True)
+    if m == 0:
+        return
+    rt.launch(rt.function(_F, "row_topk_f32"), (m,), (TOPK_THREADS,),
+              (da.arg(ids), da.arg(lp), da.arg(logits), np.uintp(lse_ptr), np.int32(lds),
+               np.int32(V), np.int32(k)))
 
 
 def _rope_check(x, table: RopeTable, pos0: int | None, rope_dim: int):

@@ -63,6 +63,9 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     tables = 2 if local_rope(c) else 1   # gemma's local layers: their own base
     act += c.vocab_size * 4 + tables * (min(max_tokens, c.n_ctx) * c.rope_dim) * 4   # rope
     act += T * c.d_model * 4 if c.post_norms else 0   # post32
+    from minfer.reference.ops import TOP_MAX
+
+    act += T * TOP_MAX * (4 + 4)   # packed(top=k)'s ids and log-probs (buffers.top_ids, top_lp)
     return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
             "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
             "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
