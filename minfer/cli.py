@@ -30,6 +30,7 @@ COMMANDS = {
     "check": ("minfer.commands.check", "check"),
     "perplexity": ("minfer.commands.perplexity", "perplexity"),
     "serve": ("minfer.commands.serve", "serve"),
+    "bench-serve": ("minfer.commands.bench_serve", "bench_serve"),
 }
 
 _cli = None

@@ -32,6 +32,11 @@
 #          kernel persistent or a block per item, K/V by TMA or cp.async, interleaved; attention.cu
 #          at 8,192; the wgmma kernel's timing builds without its loads / its ex2) and ncu on the
 #          wgmma kernel at 8,192.
+#   serve: the top log-probs' and the server's GPU tests, then `minfer serve` on an 8B-shape synth
+#          model under `minfer bench-serve`: 256 clients of 128-token scoring requests, lm-eval's
+#          shape (512-token context, 4 endings of 16) with the prefix cache on and off, one
+#          512-token request on an idle server; `bench --batch 256 --tokens 128` and a single
+#          512-token prefill as the baselines, in the same call. SERVE_S: seconds per load.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -145,6 +150,35 @@ if [ "$MODE" = many ]; then   # issue 34's rows, one call
     "$OUT/$f.log" | grep -v "| ---"; done
   echo "--- file10k"; grep -vE "^\s*$" "$OUT/file10k.log" | tail -9; wc -l /tmp/o10k.jsonl
   echo "peak GPU memory: $(cut -d, -f1 "$OUT/mem.log" | sort -n | tail -1) of $(head -1 "$OUT/mem.log" | cut -d, -f2)"
+  exit 0
+fi
+
+if [ "$MODE" = serve ]; then   # issue 49's table, one call
+  step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  step batch 70 $M bench -m /tmp/s8b.gguf --no-breakdown --batch 256 --tokens 128 --repeats 2
+  step single 50 $M bench -m /tmp/s8b.gguf --no-breakdown --tokens 512 --min-ms 0 --repeats 3
+  D=${SERVE_S:-15}; BS="$M bench-serve --url http://127.0.0.1:8080 --duration $D --json"
+  for pc in on off; do
+    flag=$([ $pc = on ] && echo --prefix-cache || echo --no-prefix-cache)
+    $M serve -m /tmp/s8b.gguf -c 4096 --port 8080 $flag > "$OUT/serve_$pc.log" 2>&1 &
+    SP=$!
+    for i in $(seq 150); do grep -q "on http" "$OUT/serve_$pc.log" && break; sleep 1; done
+    echo "== server ($pc) up after $i s" | tee -a "$OUT/steps.txt"
+    if [ $pc = on ]; then
+      step idle512 40 $BS -c 1 --prompt-tokens 512 --no-echo --max-tokens 1 --requests 10
+      step score128 60 $BS -c 256 --prompt-tokens 128
+    fi
+    step lmeval_$pc 60 $BS -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16
+    kill -TERM $SP; wait $SP; echo "== server ($pc) exit $?" | tee -a "$OUT/steps.txt"
+  done
+  MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
+    tests/gpu/test_serve_device.py
+  echo; echo "################ SUMMARY serve ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
+  for f in batch single; do echo "--- $f"; grep -E "^\| |rror|prompts," "$OUT/$f.log" | grep -v "| ---"; done
+  for f in idle512 score128 lmeval_on lmeval_off; do echo "--- $f"; tail -2 "$OUT/$f.log"; done
+  grep -iE "error|Traceback" "$OUT"/serve_*.log | head -5
   exit 0
 fi
 

@@ -38,8 +38,9 @@ def _die_with_parent():   # Linux: SIGTERM this child when the test process goes
 
 
 class Server:
-    def __init__(self, model: Path, *args: str, env: dict | None = None, wait: float = 120):
-        cmd = [sys.executable, "-m", "minfer", "serve", "-m", str(model), "--backend", "cpu",
+    def __init__(self, model: Path, *args: str, env: dict | None = None, wait: float = 300,
+                 backend: str = "cpu"):
+        cmd = [sys.executable, "-m", "minfer", "serve", "-m", str(model), "--backend", backend,
                "--host", "127.0.0.1", "--port", "0", *args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      stdin=subprocess.DEVNULL, cwd=ROOT, text=True,

@@ -139,6 +139,7 @@ def create_app(st: State) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        t0 = time.perf_counter()
         body = P.parse_json(await request.body())
         _check_model(st, body)
         P.check_greedy(body)
@@ -171,10 +172,13 @@ def create_app(st: State) -> FastAPI:
                     "finish_reason": a.finish}
 
         if not stream:
+            t_sub = time.perf_counter()
             await run.wait()
+            t1 = time.perf_counter()
             n_gen = sum(len(a.tokens) for a in answers)
-            return {**head, "choices": [choice(i, a) for i, a in enumerate(answers)],
-                    "usage": P.usage(sum(len(a.prompt_ids) for a in answers), n_gen)}
+            return _json(st, {**head, "choices": [choice(i, a) for i, a in enumerate(answers)],
+                              "usage": P.usage(sum(len(a.prompt_ids) for a in answers), n_gen)},
+                         (t_sub - t0) - t1)
 
         async def events():
             sent = [0] * len(answers)
@@ -285,6 +289,14 @@ def _version() -> str:
 
 def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _json(st: State, obj: dict, host_s: float) -> Response:
+    """obj serialized here (json.dumps: FastAPI's encoder walks every value again), and the
+    request's host time (host_s + now: parse, tokenize, submit, serialize) recorded."""
+    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    st.metrics.host_time.observe(host_s + time.perf_counter())
+    return Response(data, media_type="application/json")
 
 
 def _sse(obj: dict) -> str:

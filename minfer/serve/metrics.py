@@ -42,4 +42,9 @@ class Metrics:
                                     "finished prompts kept in the KV cache", registry=r)
         self.prefix_slots = Gauge("minfer_prefix_cache_slots",
                                   "KV slots the prefix entries hold", registry=r)
+        self.host_time = Histogram("minfer_host_seconds",
+                                   "a completion request's host work: parse, tokenize, "
+                                   "submit, serialize (not the wait for the engine)",
+                                   buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025,
+                                            0.05, 0.1, 0.25, 1), registry=r)
         self.kv_slots = Gauge("minfer_kv_slots", "KV cache slots in all", registry=r)
