@@ -80,11 +80,12 @@ def _drain(pool, stop) -> None:
 
 
 def check_output_path(in_path: Path, out_path: Path) -> None:
-    from minfer.host.fileio import check_output_path as check_out
+    from minfer.host.fileio import output_target
 
-    check_out(out_path)  # a device, FIFO or directory there is refused, never replaced
-    parent = out_path.parent
-    if not os.access(parent, os.W_OK | os.X_OK):
+    # a directory is refused; a device or FIFO written through; a link's target replaced
+    target, through = output_target(out_path)
+    parent = target.parent
+    if not through and not os.access(parent, os.W_OK | os.X_OK):
         raise BadInput(f"{parent}: output directory is not writable")
     if out_path.exists() and not os.access(out_path, os.W_OK):
         raise BadInput(f"{out_path}: exists and is not writable")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 from pathlib import Path
 
 from minfer.errors import BadInput, MinferError
@@ -99,9 +98,9 @@ def check_plot_path(path: str) -> str:
     if fmt not in supported:
         raise BadInput(f"--plot {path}: unknown image format {fmt or '(no extension)'!r} "
                        f"(use one of {', '.join(sorted(supported))})")
-    parent = Path(path).parent
-    if not parent.is_dir():
-        raise BadInput(f"--plot {path}: no such directory {str(parent)!r}")
+    from minfer.host.fileio import check_output_path
+
+    check_output_path(path)   # a missing folder or a directory refused; a link followed
     return fmt
 
 
@@ -130,13 +129,10 @@ def plot(rows, path: str, title: str = "") -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = f"{path}.tmp{os.getpid()}"
+    from minfer.host.fileio import atomic_output
+
     try:
-        fig.savefig(tmp, format=fmt)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise BadInput(f"--plot {path}: cannot write ({e.strerror or e})") from None
+        with atomic_output(path) as tmp:   # a device or FIFO written through, a file replaced
+            fig.savefig(str(tmp), format=fmt)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
