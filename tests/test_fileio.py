@@ -135,7 +135,8 @@ def test_quantize_refuses_directory_writes_through_device(tmp_path, tiny, capsys
     assert code == 2, err
     _one_error_line(err, "directory", "refusing")
     dev = _char_device(tmp_path)
-    code, _, err = _main(capsys, ["quantize", str(tiny), str(dev), "--type", "q8_0", "--quiet"])
+    code, _, err = _main(capsys, ["quantize", str(tiny), str(dev), "--type", "q8_0", "--quiet",
+                                  "--allow-requantize"])
     assert code == 0, err
     assert stat.S_ISCHR(os.stat(dev).st_mode)   # written through, never renamed over
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
@@ -156,7 +157,8 @@ def test_synth_bad_outputs_one_line(tmp_path, capsys, out, needle):
 def test_quantize_disk_full_exit_3(tmp_path, tiny):
     # RLIMIT_FSIZE: writes past 64 KiB fail with EFBIG, as a full disk fails with ENOSPC
     code, _, err = _cli("quantize", str(tiny), str(tmp_path / "o.gguf"), "--type", "q8_0",
-                        "--threads", "1", "--quiet", limit_fsize=64 << 10)
+                        "--threads", "1", "--quiet", "--allow-requantize",
+                        limit_fsize=64 << 10)
     assert code == 3, err
     _one_error_line(err, "o.gguf")
     assert os.listdir(tmp_path) == []
@@ -164,7 +166,7 @@ def test_quantize_disk_full_exit_3(tmp_path, tiny):
 
 def test_progress_bars_only_on_terminals(tmp_path, tiny):
     code, _, err = _cli("quantize", str(tiny), str(tmp_path / "o.gguf"), "--type", "q8_0",
-                        "--threads", "1")
+                        "--threads", "1", "--allow-requantize")
     assert code == 0, err
     assert "\r" not in err and "it/s" not in err and "w/s]" not in err
 

@@ -172,7 +172,7 @@ def test_quantize_positional_type_and_threads(tiny, tmp_path):
     for i, args in enumerate((["q8_0"], ["Q8_0", "1"], ["7"], ["--type", "q8_0", "-t", "1"],
                               ["q8_0", "--type", "Q8_0"])):
         out = tmp_path / f"o{i}.gguf"
-        code, _, err = run_cli(["quantize", tiny, str(out), *args, "-q"])
+        code, _, err = run_cli(["quantize", tiny, str(out), *args, "-q", "--allow-requantize"])
         assert code == 0, (args, err)
         assert len(read_header(out).tensors) == len(read_header(tiny).tensors)
     for args, needle in ((["q3_K_X"], "q3_K_X"), ([], "missing the output type"),
