@@ -152,9 +152,14 @@ def _num(x: float) -> float | None:
               show_default=True, help="Tokens to generate after the prompt (greedy argmax); "
                                       "-1: until the end of generation (EOS) or of the context "
                                       "(-c), as llama.cpp (-2 the same).")
-@click.option("--stop-at-eos/--no-stop-at-eos", default=None,
+@click.option("--stop-at-eos/--no-stop-at-eos", " /--ignore-eos", default=None,
               help="Stop generating at the end-of-generation token (EOS/EOT). Default: on with "
-                   "--chat, off otherwise (decoding runs through EOS).")
+                   "--chat, off otherwise (decoding runs through EOS). --ignore-eos "
+                   "(llama.cpp's) is --no-stop-at-eos.")
+@click.option("--chat-template", "--chat-template-file", "chat_template", default=None,
+              metavar="NAME|FILE",
+              help="The chat template for --chat: a built-in (chatml, llama3, gemma, phi3, "
+                   "mistral) or a jinja file, for a model without one or over its own.")
 @click.option("-c", "--ctx-size", type=int, default=0, show_default=True,
               help="Context size in tokens (0: the model's); prompt + generated must fit.")
 @click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"], case_sensitive=False),
@@ -187,7 +192,7 @@ def _num(x: float) -> float | None:
 @gemm_options
 def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, stop_at_eos,
             ctx_size, backend_kind, ubatch, dtype, as_json, prompts_path, prompts_format,
-            output, logprobs, prefix_share, gemm) -> None:
+            output, logprobs, prefix_share, chat_template, gemm) -> None:
     """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text.
     With --prompts FILE: every prompt of the file, packed, results as JSONL."""
     from minfer import engine
@@ -216,8 +221,15 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
 
         model_path = default_model_path()
 
+    if chat_template is not None:   # a bad name or file refused before the model loads
+        from minfer.text.chat import load_template
+
+        load_template(chat_template)
     t0 = time.perf_counter()
     model = load_model(model_path)
+    from minfer.text.chat import use_template
+
+    use_template(model.metadata, chat_template)   # over the file's own, if it has one
     from minfer.gguf.arch_keys import gpu_unsupported
 
     if kind == "cuda" and why.startswith("auto") and gpu_unsupported(model.config):
