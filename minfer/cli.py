@@ -320,5 +320,10 @@ class _GuardedStdout:
         except OSError as e:
             raise _StdoutFailed(e) from None
 
+    @property
+    def buffer(self):
+        # binary writers (prefill --prompts' JSONL) get the same guard as text ones
+        return _GuardedStdout(self._inner.buffer)
+
     def __getattr__(self, name):
         return getattr(self._inner, name)

@@ -217,3 +217,54 @@ def test_bench_idle_flag_is_checked(tmp_path):
         code, _, err = run_cli(["bench", "-m", str(tmp_path / "absent.gguf"), "--backend", "cpu",
                                 *args])
         assert code != 0 and len(error_lines(err)) == 1 and "--idle-s" in err, err
+
+
+# -- llama-bench's habits: the backend picked as prefill picks it, -m repeated, its field names --
+def test_bench_defaults_to_cpu_without_a_gpu(tiny_model_path, monkeypatch):
+    import json
+
+    import minfer.cuda.runtime.runtime as rt
+    from cli_inproc import run_cli
+
+    monkeypatch.setattr(rt, "gpu_available", lambda: False)
+    code, out, err = run_cli(["bench", "-m", str(tiny_model_path), "-p", "3", "-r", "1",
+                              "--min-ms", "0", "-o", "json", "--no-breakdown"])
+    assert code == 0, err   # once: exit 3, "no usable CUDA GPU"
+    assert [r["backend"] for r in json.loads(out)] == ["cpu"]
+
+
+def test_bench_runs_every_model_with_llama_bench_fields(tiny_model_path, tmp_path):
+    import csv
+    import io
+    import json
+    import shutil
+
+    from cli_inproc import run_cli
+    from minfer.tools.bench_out import LLAMA_FIELDS
+
+    other = tmp_path / "other.gguf"
+    shutil.copy(tiny_model_path, other)
+    argv = ["bench", "-m", str(tiny_model_path), "-m", str(other), "--backend", "cpu", "-p",
+            "3,4", "-r", "2", "--min-ms", "0", "--no-breakdown"]
+    code, out, err = run_cli(argv + ["-o", "json"])
+    assert code == 0, err
+    recs = json.loads(out)   # one array for both models
+    assert [(r["model_filename"], r["n_prompt"]) for r in recs] == [
+        (str(tiny_model_path), 3), (str(tiny_model_path), 4), (str(other), 3), (str(other), 4)]
+    for r in recs:
+        assert set(LLAMA_FIELDS) <= set(r)
+        assert r["n_gen"] == 0 and r["backends"] == "CPU" and r["model_n_params"] > 0
+        assert r["model_type"].startswith("llama ") and r["model_size"] > 0
+        assert len(r["samples_ts"]) == len(r["samples_ns"]) == 2
+        assert r["avg_ts"] == pytest.approx(sum(r["samples_ts"]) / 2)
+        assert r["avg_ns"] == pytest.approx(r["n_prompt"] / r["avg_ts"] * 1e9, rel=0.5)
+        assert min(r["samples_ts"]) <= r["avg_ts"] <= max(r["samples_ts"])
+    code, out, err = run_cli(argv + ["-o", "jsonl"])
+    assert code == 0, err
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert len(lines) == 4 and all("avg_ts" in x for x in lines)
+    code, out, err = run_cli(argv[:3] + argv[5:] + ["-o", "csv"])
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert code == 0 and len(rows) == 2, err
+    assert list(rows[0])[:len(LLAMA_FIELDS)] == list(LLAMA_FIELDS)
+    assert float(rows[0]["avg_ts"]) > 0 and rows[1]["n_prompt"] == "4"

@@ -137,7 +137,7 @@ def test_bench_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv,code,needle", [
-    (["bench"], 3, "--backend cpu"),            # the default backend is cuda: no GPU here
+    (["bench", "--backend", "cuda"], 3, "--backend cpu"),   # no GPU here (default: cpu then)
     (["bench", "--backend", "cpu", "--tokens", "0"], 2, "--tokens"),
     (["bench", "--backend", "cpu", "--repeats", "0"], 2, "--repeats"),
     (["bench", "--backend", "cpu", "--min-ms", "-1"], 2, "--min-ms"),
@@ -227,7 +227,7 @@ def test_help_lists_the_llama_cpp_names():
     for opt in ("-n, --n-predict, --greedy", "-c, --ctx-size", "--chat / --no-chat", "--system",
                 "--special / --no-special", "--stop-at-eos / --no-stop-at-eos"):
         assert opt in h, opt
-    assert "-o, --output [md|json|csv]" in CliRunner().invoke(cli, ["bench", "--help"]).output
+    assert "-o, --output [md|json|csv|jsonl]" in CliRunner().invoke(cli, ["bench", "--help"]).output
 
 
 # -- the README a newcomer reads ---------------------------------------------------------------

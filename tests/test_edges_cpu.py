@@ -88,7 +88,7 @@ def test_closed_stdout_keeps_the_error_path(tmp_path):
 
 def test_closed_stdout_quantize_keeps_its_output(tmp_path, tiny):
     out = tmp_path / "q.gguf"
-    code, _, err = _run(["quantize", tiny, out, "--type", "q8_0", "--threads", "1"],
+    code, _, err = _run(["quantize", tiny, out, "--type", "q8_0", "--threads", "1", "--allow-requantize"],
                         stdout=None, preexec_fn=_close_fd(1))
     assert (code, err) == (3, ""), err[-3000:]
     assert _n_tensors(out) == _n_tensors(tiny) and _tmp_files(tmp_path) == []
@@ -150,7 +150,7 @@ def huge(tiny, tmp_path_factory) -> Path:
 @pytest.mark.parametrize("args", [
     ["inspect", "{m}"],
     ["prefill", "-m", "{m}", "--backend", "cpu", "-p", "hi", "--greedy", "1"],
-    ["quantize", "{m}", "out.gguf", "--type", "q8_0", "--threads", "1"],
+    ["quantize", "{m}", "out.gguf", "--type", "q8_0", "--threads", "1", "--allow-requantize"],
     ["synth", "--preset", "tiny", "-o", "x.gguf", "--tokenizer-from", "{m}", "--workers", "1"],
     ["perplexity", "-m", "{m}", "--ctx", "64", "--chunks", "1"],
 ], ids=["inspect", "prefill", "quantize", "synth", "perplexity"])
@@ -235,7 +235,7 @@ main()
 def test_signal_after_the_output_is_not_lost(tmp_path, tiny, mode):
     marker, out = tmp_path / "exiting", tmp_path / "q.gguf"
     p = subprocess.Popen([sys.executable, "-c", HOOKED, str(marker), mode, "quantize", str(tiny),
-                          str(out), "--type", "q8_0", "--threads", "1", "--quiet"],
+                          str(out), "--type", "q8_0", "--threads", "1", "--quiet", "--allow-requantize"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
     t_end = time.monotonic() + 120
     while not marker.exists() and p.poll() is None and time.monotonic() < t_end:

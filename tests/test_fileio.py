@@ -129,36 +129,36 @@ def test_prompt_cap_tied_to_context(tmp_path):
 
 # ---- outputs -------------------------------------------------------------------------------
 
-def test_quantize_refuses_special_outputs(tmp_path, tiny, fifo, capsys):
+def test_quantize_refuses_directory_writes_through_device(tmp_path, tiny, capsys):
+    code, _, err = _main(capsys, ["quantize", str(tiny), str(tmp_path), "--type", "q8_0",
+                                  "--quiet"])
+    assert code == 2, err
+    _one_error_line(err, "directory", "refusing")
     dev = _char_device(tmp_path)
-    for out, kind in [(dev, "character device"), (fifo, "FIFO"), (tmp_path, "directory")]:
-        code, _, err = _main(capsys, ["quantize", str(tiny), str(out), "--type", "q8_0",
-                                      "--quiet"])
-        assert code == 2, err
-        _one_error_line(err, kind, "refusing")
-    assert stat.S_ISCHR(os.stat(dev).st_mode) and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    code, _, err = _main(capsys, ["quantize", str(tiny), str(dev), "--type", "q8_0", "--quiet",
+                                  "--allow-requantize"])
+    assert code == 0, err
+    assert stat.S_ISCHR(os.stat(dev).st_mode)   # written through, never renamed over
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
 
 
 @pytest.mark.parametrize("out,needle", [("/proc/x.gguf", "/proc/x.gguf"),
                                         ("/sys/x.gguf", "/sys/x.gguf"),
                                         ("{tmp}/nodir/x.gguf", "no such directory"),
-                                        ("{dev}", "character device")])
+                                        ("{tmp}", "directory")])
 def test_synth_bad_outputs_one_line(tmp_path, capsys, out, needle):
-    dev = _char_device(tmp_path) if "{dev}" in out else None
-    out = out.format(tmp=tmp_path, dev=dev)
+    out = out.format(tmp=tmp_path)
     code, _, err = _main(capsys, ["synth", "-o", out, "--preset", "tiny", "--vocab", "512",
                                   "--tokenizer-from", "none", "--workers", "1", "--quiet"])
     assert code == 2, err
     _one_error_line(err, needle)
-    if dev is not None:
-        assert stat.S_ISCHR(os.stat(dev).st_mode)
 
 
 def test_quantize_disk_full_exit_3(tmp_path, tiny):
     # RLIMIT_FSIZE: writes past 64 KiB fail with EFBIG, as a full disk fails with ENOSPC
     code, _, err = _cli("quantize", str(tiny), str(tmp_path / "o.gguf"), "--type", "q8_0",
-                        "--threads", "1", "--quiet", limit_fsize=64 << 10)
+                        "--threads", "1", "--quiet", "--allow-requantize",
+                        limit_fsize=64 << 10)
     assert code == 3, err
     _one_error_line(err, "o.gguf")
     assert os.listdir(tmp_path) == []
@@ -166,9 +166,116 @@ def test_quantize_disk_full_exit_3(tmp_path, tiny):
 
 def test_progress_bars_only_on_terminals(tmp_path, tiny):
     code, _, err = _cli("quantize", str(tiny), str(tmp_path / "o.gguf"), "--type", "q8_0",
-                        "--threads", "1")
+                        "--threads", "1", "--allow-requantize")
     assert code == 0, err
     assert "\r" not in err and "it/s" not in err and "w/s]" not in err
+
+
+# ---- output targets: links resolved, devices and FIFOs written through ----------------------
+
+def _write(path, data: bytes = b"new"):
+    with atomic_output(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+
+def test_output_through_symlink_replaces_its_target(tmp_path):
+    target = tmp_path / "real.jsonl"
+    target.write_bytes(b"old")
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    _write(link)
+    assert link.is_symlink() and os.readlink(link) == str(target)   # the link kept
+    assert target.read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path)) == ["link", "real.jsonl"]   # no temporary left
+
+
+def test_output_through_dangling_symlink_creates_target(tmp_path):
+    (tmp_path / "sub").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to("sub/new.jsonl")   # relative, as `ln -s` makes them
+    _write(link)
+    assert link.is_symlink() and (tmp_path / "sub" / "new.jsonl").read_bytes() == b"new"
+    gone = tmp_path / "gone"
+    gone.symlink_to(tmp_path / "nodir" / "x")
+    with pytest.raises(BadInput, match="no such directory"):
+        _write(gone)
+    assert gone.is_symlink()
+
+
+def test_output_to_dev_null_written_through(tmp_path):
+    _write("/dev/null")
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    link = tmp_path / "null"
+    link.symlink_to("/dev/null")
+    _write(link)
+    assert link.is_symlink()
+    with pytest.raises(ResourceError, match="/dev/full"):   # a full device: exit 3
+        _write("/dev/full")
+
+
+def test_output_to_fifo_read_by_a_thread(tmp_path, fifo):
+    import threading
+
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    _write(fifo, b"x" * 200_000)   # beyond a pipe's buffer: the reader drains it
+    reader.join(timeout=30)
+    assert got == [b"x" * 200_000]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["pipe"]
+
+
+def _prompts(tmp_path, n=3):
+    p = tmp_path / "p.jsonl"
+    p.write_text("".join(f'"prompt number {i}"\n' for i in range(n)))
+    return p
+
+
+def test_prefill_prompts_through_proc_self_fd_link(tmp_path, tiny):
+    """`ln -s /proc/self/fd/1 so; minfer prefill --prompts p -o so > r.jsonl`: r.jsonl holds
+    the records (once an empty file, `so` replaced by a regular file)."""
+    so = tmp_path / "so"
+    so.symlink_to("/proc/self/fd/1")
+    r = tmp_path / "r.jsonl"
+    with open(r, "wb") as f:
+        code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompts",
+                            str(_prompts(tmp_path)), "-n", "1", "-o", str(so), "-q", stdout=f)
+    assert code == 0, err
+    assert so.is_symlink()
+    assert len(r.read_text().splitlines()) == 3
+    code, out, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompts",
+                          str(_prompts(tmp_path)), "-n", "1", "-o", "/dev/stdout", "-q")
+    assert code == 0, err
+    assert len(out.splitlines()) == 3 and os.path.islink("/dev/stdout")
+
+
+def test_prefill_prompts_stdout_full_exit_3(tmp_path, tiny):
+    with open("/dev/full", "w") as full:
+        code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompts",
+                            str(_prompts(tmp_path)), "-n", "1", stdout=full)
+    assert code == 3
+    _one_error_line(err, "standard output")
+
+
+def test_prefill_prompts_closed_pipe_quiet_exit_0(tmp_path, tiny):
+    """`prefill --prompts p | head -1` after head has gone: the first record meets EPIPE
+    (the reader closed first, so the write cannot land in the pipe's buffer)."""
+    rfd, wfd = os.pipe()
+    os.close(rfd)
+    try:
+        code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompts",
+                            str(_prompts(tmp_path)), "-n", "1", "-q", stdout=wfd)
+    finally:
+        os.close(wfd)
+    assert (code, err) == (0, "")
+    sh = (f"{sys.executable} -m minfer prefill -m {tiny} --backend cpu --prompts "
+          f"{_prompts(tmp_path, 40)} -n 1 -q | head -1; exit ${{PIPESTATUS[0]}}")
+    r = subprocess.run(["bash", "-c", sh], capture_output=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0 and r.stderr == b"", r.stderr[-2000:]
+    assert len(r.stdout.splitlines()) == 1
 
 
 # ---- inputs --------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def _closed_reader(argv: list[str], cwd: Path) -> tuple[int, str]:
 @pytest.mark.parametrize("argv", [
     ["inspect", "{m}"],
     ["prefill", "-m", "{m}", "--backend", "cpu", "-p", "hi", "-n", "2"],
-    ["quantize", "{m}", "out.gguf", "q8_0", "1"],
+    ["quantize", "{m}", "out.gguf", "q8_0", "1", "--allow-requantize"],
     ["bench", "-m", "{m}", "--backend", "cpu", "-p", "3", "-r", "1", "--min-ms", "0"],
     ["perplexity", "-m", "{m}", "--backend", "cpu", "-c", "16", "--chunks", "1"],
     ["--help"],

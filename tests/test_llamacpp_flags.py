@@ -172,7 +172,7 @@ def test_quantize_positional_type_and_threads(tiny, tmp_path):
     for i, args in enumerate((["q8_0"], ["Q8_0", "1"], ["7"], ["--type", "q8_0", "-t", "1"],
                               ["q8_0", "--type", "Q8_0"])):
         out = tmp_path / f"o{i}.gguf"
-        code, _, err = run_cli(["quantize", tiny, str(out), *args, "-q"])
+        code, _, err = run_cli(["quantize", tiny, str(out), *args, "-q", "--allow-requantize"])
         assert code == 0, (args, err)
         assert len(read_header(out).tensors) == len(read_header(tiny).tensors)
     for args, needle in ((["q3_K_X"], "q3_K_X"), ([], "missing the output type"),
@@ -201,11 +201,91 @@ def test_t_means_threads_everywhere(tmp_path):
 
 
 def test_the_docs_table_names_every_flag():
-    from minfer.commands.llamacpp_flags import BENCH_IGNORED, IGNORED
+    from minfer.commands.llamacpp_flags import BENCH_IGNORED, IGNORED, REFUSED
 
     doc = (REPO / "docs" / "llamacpp.md").read_text()
     for names, _, _ in IGNORED + BENCH_IGNORED:
         assert f"`{names[0]}" in doc, names
+    for names, _ in REFUSED:
+        assert f"`{names[0]}" in doc, names
     for ours in ("-f", "-c", "-p", "-r", "-n -1", "--kl-divergence-base", "--kl-divergence",
-                 "IN OUT TYPE"):
+                 "IN OUT TYPE", "--ignore-eos", "--chat-template", "--allow-requantize",
+                 "--chunks -1", "avg_ts", "-o jsonl"):
         assert ours in doc, ours
+
+
+# -- llama-cli's conversation flags, --ignore-eos, --jinja, --chat-template --------------------------
+def test_cnv_is_refused_not_misparsed(tiny):
+    code, out, err = _prefill(tiny, "-cnv", "-p", "hi")
+    lines = error_lines(err)
+    assert code == 2 and len(lines) == 1 and "one-shot" in lines[0], err   # not `-c nv`
+    assert out == ""
+    code, out, err = _prefill(tiny, "--conversation", "-p", "hi")
+    assert code == 2 and "one-shot" in err
+
+
+@pytest.mark.parametrize("flag,shown", [("-no-cnv", "-no-cnv"), ("-st", "-st"),
+                                        ("--jinja", "--jinja"), ("--no-conversation", "-no-cnv"),
+                                        ("--single-turn", "-st")])
+def test_one_shot_flags_are_no_ops(tiny, flag, shown):
+    code, out, err = _prefill(tiny, flag, "-p", "hi", "-n", "2")
+    assert code == 0, err   # -no-cnv was once `-n o-cnv`: exit 1
+    assert f"{shown} ignored" in err
+    d = json.loads(out)
+    plain = json.loads(_prefill(tiny, "-p", "hi", "-n", "2")[1])
+    assert d["greedy_ids"] == plain["greedy_ids"] and d["prompt_ids"] == plain["prompt_ids"]
+
+
+def test_ignore_eos_runs_through_eos(tiny):
+    """--ignore-eos is --no-stop-at-eos: with -n -1 the context is filled."""
+    code, out, err = _prefill(tiny, "-p", "hi", "-n", "-1", "-c", "24", "--ignore-eos")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["n_prompt"] + len(d["greedy_ids"]) == 24 and not d["stopped_at_eos"]
+    from click.testing import CliRunner
+
+    from minfer.cli import cli
+
+    assert "--ignore-eos" in CliRunner().invoke(cli, ["prefill", "--help"]).output
+
+
+def test_chat_template_builtin_and_file(tiny, tmp_path):
+    from minfer.text.chat import BUILTIN
+    from minfer.text.tokenizer import Tokenizer
+    from minfer.gguf.loader import load_model
+
+    code, out, err = _prefill(tiny, "--chat", "-p", "hi", "-n", "1")
+    assert code == 2 and "--chat-template" in error_lines(err)[0]   # no template in the file
+    tok = Tokenizer.from_metadata(load_model(tiny).metadata)
+    for name in BUILTIN:
+        code, out, err = _prefill(tiny, "--chat", "-p", "hi", "-n", "1", "--chat-template",
+                                  name.upper() if name == "gemma" else name)
+        assert code == 0, (name, err)
+        d = json.loads(out)
+        assert d["chat"] and d["n_prompt"] > len(tok.encode("hi")) + 4, name
+    t = tmp_path / "t.jinja"
+    t.write_text("<<{{ messages[-1]['content'] }}>>")
+    code, out, err = _prefill(tiny, "--chat", "-p", "hi", "-n", "1", "--chat-template", str(t))
+    assert code == 0, err
+    assert json.loads(out)["prompt_ids"] == tok.encode("<<hi>>")
+    for bad, says in (("nope", "not a built-in template"), (str(tmp_path), "directory")):
+        code, out, err = _prefill(tiny, "--chat", "-p", "hi", "--chat-template", bad)
+        assert code == 2 and says in error_lines(err)[0], err
+
+
+def test_builtin_templates_render_llama_cpps_formats():
+    from minfer.text.chat import BUILTIN, _environment
+
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
+    got = {k: _environment().from_string(t).render(messages=msgs, add_generation_prompt=True,
+                                                   bos_token="<s>", eos_token="</s>")
+           for k, t in BUILTIN.items()}
+    assert got["chatml"] == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                             "<|im_start|>assistant\n")
+    assert got["llama3"] == ("<s><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+                             "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+                             "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert got["gemma"] == ("<s><start_of_turn>user\nS\n\nHi<end_of_turn>\n"
+                            "<start_of_turn>model\n")
+    assert got["phi3"] == "<|system|>\nS<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n"
+    assert got["mistral"] == "<s>[INST] S\n\nHi [/INST]"

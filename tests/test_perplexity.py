@@ -146,7 +146,7 @@ def test_mismatched_base_is_refused(small, text, tmp_path):
     junk.write_bytes(base.read_bytes()[:-4])   # truncated
     code, _, err = run_cli(["perplexity", "-m", str(small[0]), "--backend", "cpu",
                             "--kld-base", str(junk), "-f", str(text)])
-    assert code == 2 and "not a minfer logits file" in error_lines(err)[0]
+    assert code == 2 and "truncated" in error_lines(err)[0]
 
 
 def test_refusals(small, text, tmp_path):
@@ -156,7 +156,7 @@ def test_refusals(small, text, tmp_path):
     for args, says in (
             (["-f", str(short), "--ctx", "64"], "fewer than one window"),
             (["-f", str(text), "--ctx", "2"], "--ctx must be >= 4"),
-            (["-f", str(text), "--chunks", "-1"], "--chunks must be >= 0"),
+            (["-f", str(text), "--chunks", "-2"], "--chunks must be >= -1"),
             (["-f", str(text), "--ctx", "100000"], "exceeds the model's context"),
             (["-f", str(tmp_path / "missing.txt")], "no such text file"),
             (["-f", str(text), "--save-logits", "a", "--kld-base", "b"], "not both")):
@@ -223,3 +223,82 @@ def test_shipped_text_is_long_enough(default_model):
     assert len(tok.encode(DEFAULT_TEXT.read_text(encoding="utf-8"))) >= 10_000
     readme = (DEFAULT_TEXT.parent / "README.md").read_text()
     assert DEFAULT_TEXT.name in readme and "verbatim" in readme
+
+
+# -- a --kld-base file's header and numbers are checked, never trusted ----------------------------
+def _rewrite_header(src, dst, **fields):
+    """dst: src's logits with its JSON header's fields replaced (None: removed)."""
+    import struct
+
+    from minfer.tools.perplexity import ALIGN, MAGIC, read_logits
+
+    hdr, data = read_logits(str(src))
+    for k, v in fields.items():
+        if v is None:
+            hdr.pop(k)
+        else:
+            hdr[k] = v
+    head = json.dumps(hdr).encode()
+    pre = len(MAGIC) + 4 + len(head)
+    dst.write_bytes(MAGIC + struct.pack("<I", len(head)) + head + b"\0" * (-pre % ALIGN)
+                    + np.asarray(data).tobytes())
+
+
+@pytest.mark.parametrize("fields,says", [
+    (dict(ctx=0), "'ctx' is 0"), (dict(ctx=None), "no 'ctx' field"),
+    (dict(chunks=3.0), "'chunks' is 3.0"), (dict(vocab=260.0), "'vocab' is 260.0"),
+    (dict(vocab=10 ** 12), "vocab 1,000,000,000,000"), (dict(chunks=True), "'chunks' is True"),
+    (dict(rows_per_chunk=5), "'rows_per_chunk' is 5"), (dict(ids_sha256=7), "'ids_sha256'")])
+def test_kld_base_header_checked_field_by_field(small, text, tmp_path, fields, says):
+    base = tmp_path / "base.logits"
+    _ppl(small[0], text, "--save-logits", str(base))
+    bad = tmp_path / "bad.logits"
+    _rewrite_header(base, bad, **fields)
+    code, out, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text), "--backend",
+                              "cpu", "--kld-base", str(bad)])
+    lines = error_lines(err)
+    assert code == 2 and len(lines) == 1 and says in lines[0], err
+    assert out == "" and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_kld_base_with_nonfinite_logits_refused(small, text, tmp_path, value):
+    from minfer.tools.perplexity import read_logits, rows_per_window
+
+    base = tmp_path / "base.logits"
+    _ppl(small[0], text, "--save-logits", str(base))
+    _, m = read_logits(str(base))
+    m = np.memmap(str(base), "<f4", "r+", offset=m.offset, shape=m.shape)
+    m[rows_per_window(CTX) + 4, 7] = value   # chunk 2, row 5
+    m.flush()
+    del m
+    for extra in ([], ["--json"]):
+        code, out, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text),
+                                  "--backend", "cpu", "--kld-base", str(base), *extra])
+        lines = error_lines(err)
+        assert code == 3 and len(lines) == 1, err
+        assert "chunk 2, row 5" in lines[0] and ("NaN" if np.isnan(value) else "inf") in lines[0]
+        assert "NaN" not in out and "nan" not in out
+
+
+def test_json_report_never_prints_nan(capsys):
+    from minfer.commands.perplexity_report import Report
+    from minfer.errors import NumericError
+
+    rep = Report({"model": "m", "kld": None}, as_json=True)
+    stats = {"ppl": float("nan"), "ppl_err": 0.0, "running_ppl": [1.0, float("inf")],
+             "kld": {"mean": float("nan"), "p99": 0.1}}
+    with pytest.raises(NumericError, match="kld.mean") as ei:
+        rep.result(stats)
+    assert ei.value.exit_code == 3
+    r = json.loads(capsys.readouterr().out)   # strict JSON: NaN would not parse below either
+    assert r["ppl"] is None and r["kld"]["mean"] is None and r["running_ppl"] == [1.0, None]
+    assert "non-finite" in r["error"]
+    json.loads(json.dumps(r, allow_nan=False))
+
+
+def test_chunks_minus_one_is_every_window(small, text):
+    """llama-perplexity's `--chunks -1`: the whole text, as `--chunks 0`."""
+    every = run_ppl(small[0], text, CTX, 0, "--backend", "cpu")
+    r = run_ppl(small[0], text, CTX, -1, "--backend", "cpu")
+    assert r["chunks"] == every["chunks"] > CHUNKS and r["ppl"] == every["ppl"]

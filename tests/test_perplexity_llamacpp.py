@@ -167,6 +167,28 @@ def test_llamacpp_base_refusals(small, run, text, tmp_path):
         assert out == "" and "Traceback" not in err
 
 
+def test_llamacpp_base_header_fields_and_nan_scale(small, run, tmp_path):
+    r0, logits, ids = run
+    good = tmp_path / "lc.kld"
+    write_lc(good, CTX, ids, logits, logits.shape[1])
+    b = bytearray(good.read_bytes())
+    zero = tmp_path / "ctx0.kld"
+    zero.write_bytes(b[:8] + struct.pack("<i", 0) + b[12:])
+    code, out, err = run_cli(["perplexity", "-m", small, "--backend", "cpu", "--kld-base",
+                              str(zero)])
+    assert code == 2 and "n_ctx is 0" in error_lines(err)[0], err
+    rows = CTX - 1 - CTX // 2
+    at = 20 + 4 * CTX * CHUNKS + 2 * nv(logits.shape[1]) * (rows + 2)   # chunk 2, row 3
+    b[at:at + 4] = struct.pack("<f", float("nan"))   # its scale
+    nan = tmp_path / "nan.kld"
+    nan.write_bytes(bytes(b))
+    code, out, err = run_cli(["perplexity", "-m", small, "--backend", "cpu", "--kld-base",
+                              str(nan), "--json"])
+    lines = error_lines(err)
+    assert code == 3 and len(lines) == 1 and "chunk 2, row 3" in lines[0], err
+    assert "NaN" not in out
+
+
 # -- writing one ----------------------------------------------------------------------------------
 def test_kl_divergence_base_writes_llamacpps_file(small, text, run, tmp_path):
     r0, logits, ids = run

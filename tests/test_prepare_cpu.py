@@ -274,12 +274,14 @@ def test_prefill_reports_compile_and_capture_apart(tiny_path, monkeypatch, capsy
     n = d["n_prompt"]
     assert n > 4 and made[0].lengths == sorted({min(4, n - s) for s in range(0, n, 4)} | {1})
     assert (d["n_compiled"], d["compile_s"], d["capture_s"]) == (3, 0.3, 0.1)
+    parts = (d["load_read_s"], d["load_tokenizer_s"], d["load_weights_s"])   # load, split
+    assert min(parts) >= 0 and sum(parts) == pytest.approx(d["load_s"], abs=1e-6)
     assert d["prefill_s"] < 0.4   # the warm-up's sleep is not in the prefill
     with pytest.raises(SystemExit) as e:
         main(args)
     out = capsys.readouterr().out
-    assert re.search(r"^load +\d+\.\d\d s · compile 0\.30 s \(3 kernels\) · capture 0\.10 s$",
-                     out, re.M), out
+    assert re.search(r"^load +\d+\.\d\d s \(read \d+\.\d\d · tokenizer \d+\.\d\d · weights "
+                     r"\d+\.\d\d\) · compile 0\.30 s \(3 kernels\) · capture 0\.10 s$", out, re.M), out
 
 
 @pytest.fixture(scope="module")

@@ -159,7 +159,8 @@ def test_cli_errors(tmp_path, default_model_path):
 
 def test_cli_interrupt_leaves_nothing(tmp_path, default_model_path):
     p = subprocess.Popen([sys.executable, "-m", "minfer", "quantize", str(default_model_path),
-                          str(tmp_path / "o.gguf"), "--type", "q4_K_M", "--quiet"],
+                          str(tmp_path / "o.gguf"), "--type", "q4_K_M", "--quiet",
+                          "--allow-requantize"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not any(tmp_path.iterdir()):

@@ -250,3 +250,34 @@ def test_c_quantizer_arg_checks():
         ckernel.quantize_k(np.zeros((2, 128), dtype=np.float32), "Q4_K")
     with pytest.raises(BadInput, match="no C quantizer"):
         ckernel.quantize_k(np.zeros((2, 256), dtype=np.float32), "Q8_0")
+
+
+def test_requantize_needs_the_flag(tmp_path):
+    """llama-quantize's rule: an already quantized tensor converted to another type needs
+    --allow-requantize; F32/F16 sources and tensors kept as they are do not."""
+    from cli_inproc import error_lines, run_cli
+    from synth_data import small_parts, tiny_model, write_small
+
+    q = str(tiny_model(tmp_path, seed=3, qtype="q4_K_M"))
+    code, out, err = run_cli(["quantize", q, str(tmp_path / "o.gguf"), "q8_0"])
+    lines = error_lines(err)
+    assert code == 2 and len(lines) == 1 and "--allow-requantize" in lines[0], err
+    assert "already" in lines[0] and not (tmp_path / "o.gguf").exists()
+    code, out, err = run_cli(["quantize", q, str(tmp_path / "o.gguf"), "q8_0", "-q",
+                              "--allow-requantize"])
+    assert code == 0 and (tmp_path / "o.gguf").is_file(), err
+    # a q8_0 file to q8_0: every tensor kept (norms F32) -> nothing is requantized
+    code, out, err = run_cli(["quantize", str(tmp_path / "o.gguf"), str(tmp_path / "o2.gguf"),
+                              "q8_0", "-q"])
+    assert code == 0, err
+    # F16 / F32 weights (with Q8_0 ones) to f16: only the Q8_0 ones need the flag
+    meta, tensors = small_parts(seed=1)
+    f = write_small(tmp_path / "f.gguf", meta, tensors)
+    code, out, err = run_cli(["quantize", str(f), str(tmp_path / "f16.gguf"), "f16"])
+    assert code == 2 and "Q8_0 already" in error_lines(err)[0], err
+    plain = [(n, gguf.GGMLQuantizationType.F32 if int(t) == 8 else t, s,
+              dequantize(np.asarray(d).reshape(-1).view(np.uint8), t).reshape(s)
+              if int(t) == 8 else d) for n, t, s, d in tensors]
+    f2 = write_small(tmp_path / "f2.gguf", meta, plain)
+    code, out, err = run_cli(["quantize", str(f2), str(tmp_path / "q.gguf"), "q8_0", "-q"])
+    assert code == 0, err

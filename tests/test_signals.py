@@ -68,7 +68,7 @@ def _tmp_files(folder: Path) -> list[str]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_quantize_signal_leaves_nothing(tmp_path, default_model_path, sig):
     proc = _start(["quantize", str(default_model_path), "out.gguf", "--type", "q8_0",
-                   "--threads", "2"], tmp_path)
+                   "--threads", "2", "--allow-requantize"], tmp_path)
     assert wait_for(lambda: _tmp_files(tmp_path), proc), "quantize ended before writing"
     time.sleep(0.3)  # the workers are busy now
     os.killpg(proc.pid, sig)
@@ -119,7 +119,7 @@ def test_sigint_after_final_rename(tmp_path, tiny):
         out = tmp_path / "q.gguf"
         out.unlink(missing_ok=True)
         proc = _start(["quantize", str(tiny), "q.gguf", "--type", "q8_0", "--threads", "2",
-                       "--quiet"], tmp_path)
+                       "--quiet", "--allow-requantize"], tmp_path)
         if wait_for(out.exists, proc, step=0.001) and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
             code, _, err = _finish(proc)

@@ -70,7 +70,8 @@ def test_ctx_0(one_layer, tmp_path):
 
 
 def test_quiet_and_verbose_on_every_command(one_layer, tmp_path):
-    code, out, err = run_cli(["quantize", one_layer, str(tmp_path / "q.gguf"), "q8_0", "-q"])
+    code, out, err = run_cli(["quantize", one_layer, str(tmp_path / "q.gguf"), "q8_0", "-q",
+                              "--allow-requantize"])
     assert (code, out, err) == (0, "", "")
     code, out, err = run_cli(["inspect", one_layer, "-v", "--mlock"])
     assert code == 0 and "--mlock ignored" in err

@@ -5,9 +5,10 @@ To standard output (path None or "-"): each line written and flushed as it comes
 the lines go to a temporary file in the same directory (fileio.atomic_output's `.NAME.tmp-PID`),
 which commit() flushes, fsyncs and renames over the path; leaving the `with` block without
 commit() (an exception, a signal, a bug) removes the temporary file and leaves the path as it
-was: never a torn or half-written file. An output that cannot be a replaced regular file (a
-directory, a device, a path in a missing directory) is refused when the writer is made, before
-any work.
+was: never a torn or half-written file. A symlink's target is the file replaced; a device, FIFO
+or socket (/dev/null, /dev/stdout) is written through (fileio.output_target). An output that
+cannot be either (a directory, a path in a missing directory) is refused when the writer is
+made, before any work.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import os
 import sys
 
-from minfer.host.fileio import atomic_output, check_output_path, os_error
+from minfer.host.fileio import atomic_output, os_error, output_target
 
 
 # characters str.splitlines() (and some JSONL readers) break lines at, which JSON leaves raw in a
@@ -35,11 +36,13 @@ class ResultWriter:
     def __init__(self, path: str | None):
         self.path = None if path in (None, "-") else str(path)
         self._done = False
+        self._through = False
         self._f = None
         self._atomic = None
         if self.path is None:
             return
-        check_output_path(self.path)  # a directory, a missing directory, a device: refused
+        # a directory, a missing directory: refused; a device or FIFO: written through
+        self._through = output_target(self.path)[1]
         atomic = atomic_output(self.path)
         tmp = atomic.__enter__()
         try:
@@ -87,7 +90,8 @@ class ResultWriter:
         f, atomic, self._f = self._f, self._take_atomic(), None
         try:
             f.flush()
-            os.fsync(f.fileno())
+            if not self._through:   # fsync on a pipe or /dev/null is EINVAL
+                os.fsync(f.fileno())
             f.close()
         except BaseException as e:
             with contextlib.suppress(OSError):
@@ -97,7 +101,8 @@ class ResultWriter:
                 raise os_error(e, self.path, "write output") from None
             raise
         atomic.__exit__(None, None, None)  # os.replace; an OSError there is one line
-        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        if not self._through:
+            _fsync_dir(os.path.dirname(os.path.realpath(self.path)))
 
     def close(self) -> None:
         """Without commit(): drop the temporary file; the path is left as it was."""

@@ -286,7 +286,8 @@ def make_encoder(meta, tok, chat: bool | None, system: str | None,
     use_chat = chat is True or (chat is None and system is not None)
     if use_chat and not chat_mod.has_template(meta):
         raise BadInput("--chat: this model has no tokenizer.chat_template in its GGUF "
-                       "metadata; give the prompts as plain text (--no-chat)")
+                       "metadata; give the prompts as plain text (--no-chat) or name a "
+                       "template (--chat-template chatml|llama3|gemma|phi3|mistral|FILE)")
 
     def encode(text: str | None, messages: list | None) -> list[int]:
         if (text is None) == (messages is None):

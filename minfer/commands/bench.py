@@ -1,4 +1,8 @@
-"""`minfer bench [-m FILE] --tokens 512,2048 [--ab f16 f16:no-rope all "MINFER_MMQ=1" ...] [-o md|json|csv] [--plot F]`"""
+"""`minfer bench [-m FILE ...] --tokens 512,2048 [--ab f16 f16:no-rope all "MINFER_MMQ=1" ...] [-o md|json|csv|jsonl] [--plot F]`
+
+As llama-bench: -m may repeat (each model is run, its rows in one output), the backend is cuda
+when a GPU is usable else cpu (as prefill picks it), -o json|csv|jsonl rows carry llama-bench's
+field names (minfer.tools.bench_out)."""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ from minfer.host.threads import threads_option
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
-@click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
-              help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, as for prefill).")
+@click.option("-m", "--model", "model_paths", type=click.Path(dir_okay=False), multiple=True,
+              help="GGUF model file; repeat it to run several, as llama-bench (default: "
+                   "SmolLM2-135M-Instruct Q4_1, as for prefill).")
 @click.option("-p", "--tokens", "--n-prompt", "tokens", default="512", show_default=True,
               help="Comma-separated prompt lengths (pp512, pp2048, ...), as llama-bench's -p.")
 @click.option("--ab", "ab", multiple=True,
@@ -24,8 +29,9 @@ from minfer.host.threads import threads_option
                    "repeat (use --repeats as a multiple of the config count).")
 @click.option("-r", "--repeats", "--repetitions", "repeats", default=3, show_default=True,
               type=int, help="Samples per config and length, as llama-bench's -r.")
-@click.option("--backend", "kind", default="cuda", show_default=True,
-              type=click.Choice(["cuda", "cpu"], case_sensitive=False))
+@click.option("--backend", "kind", default=None,
+              type=click.Choice(["cuda", "cpu"], case_sensitive=False),
+              help="cuda or cpu; default: cuda if a GPU is usable, else cpu (as prefill).")
 @click.option("--min-ms", default=500.0, show_default=True, type=float,
               help="Each sample: one untimed pre-roll prefill, then back-to-back timed prefills "
                    "filling this many ms: sustained throughput (a GPU under this load runs at "
@@ -38,8 +44,9 @@ from minfer.host.threads import threads_option
 @click.option("--no-breakdown", is_flag=True, help="Skip the per-op CUDA-event breakdown.")
 @click.option("-o", "--output", "fmt", default="md", show_default=True,
               type=click.Choice(FORMATS, case_sensitive=False),
-              help="Results format, as llama-bench: md table, json or csv on stdout (with json "
-                   "and csv every other line goes to stderr).")
+              help="Results format, as llama-bench: md table, json, jsonl or csv on stdout, "
+                   "with llama-bench's field names (with json, jsonl and csv every other line "
+                   "goes to stderr).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="Also draw tok/s against prompt length per config into this image "
                    "(.png, .svg, ...; needs matplotlib: the extra `plot`).")
@@ -62,14 +69,14 @@ from minfer.host.threads import threads_option
 @threads_option
 @gemm_options
 @click.argument("more_ab", nargs=-1)
-def bench(model_path, tokens, ab, repeats, kind, min_ms, idle_s, no_breakdown, fmt, plot_path,
+def bench(model_paths, tokens, ab, repeats, kind, min_ms, idle_s, no_breakdown, fmt, plot_path,
           batch, shared_prefix, log_uniform, prompts_path, n_predict, ubatch, more_ab,
           gemm) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     --gemm applies to every config over the environment; an --ab config wins over both."""
     from minfer.tools.bench import expand_configs, parse_tokens, run
     from minfer.tools.bench_out import check_plot_path, plot
-    from minfer.commands.prefill import check_backend
+    from minfer.commands.prefill import check_backend, pick_backend_kind
     from minfer.errors import BadInput
 
     # every check before the default model is fetched and before any benchmarking
@@ -92,15 +99,19 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, idle_s, no_breakdown, f
             raise BadInput(f"{flag} goes with --batch N (or --prompts FILE)")
     if batched and plot_path is not None:
         raise BadInput("--plot draws single-prompt rows; with --batch use -o json or csv")
-    kind, fmt = kind.lower(), fmt.lower()
+    if batched and len(model_paths) > 1:
+        raise BadInput("--batch / --prompts time one model: give one -m")
+    kind, why = pick_backend_kind(kind)   # as prefill: cuda when a GPU is usable, else cpu
+    fmt = fmt.lower()
     check_backend(kind, None)
-    check_gemm_backend(kind, gemm, configs)   # never the CPU's rows under a GPU path's name
+    check_gemm_backend(kind, gemm, configs, why=why)   # never the CPU's rows under a GPU path's name
     if plot_path is not None:
         check_plot_path(plot_path)
-    if model_path is None:
+    if not model_paths:
         from minfer.tools.fetch import default_model_path
 
-        model_path = default_model_path()
+        model_paths = (default_model_path(),)
+    model_path = model_paths[0]
     echo = click.echo if fmt == "md" else (lambda s="": click.echo(s, err=True))
     configs = expand_configs(configs or [""])
     choices = [gemm_choice(gemm, c) for c in configs]   # validated for the cpu backend too
@@ -119,14 +130,31 @@ def bench(model_path, tokens, ab, repeats, kind, min_ms, idle_s, no_breakdown, f
         return _bench_batch(model_path, batch, n_tokens, shared_prefix, prompts_path,
                             n_predict, configs, choices, repeats, kind, echo, ubatch,
                             log_uniform, fmt)
-    rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
-               echo=echo, choices=choices, min_ms=min_ms, idle_s=idle_s, out=click.echo,
-               fmt=fmt, progress=True)
-    if plot_path is not None:
-        from pathlib import Path
+    collect = [] if len(model_paths) > 1 and fmt != "md" else None   # one array for all
+    for model_path in model_paths:   # llama-bench runs each -m
+        rows = run(model_path, n_tokens, configs, repeats, kind, profile=not no_breakdown,
+                   echo=echo, choices=choices, min_ms=min_ms, idle_s=idle_s, out=click.echo,
+                   fmt=fmt, progress=True, collect=collect)
+        if plot_path is not None:
+            from pathlib import Path
 
-        plot(rows, plot_path, title=f"{Path(model_path).name}, {kind}, min-ms {min_ms:g}")
-        echo(f"plot: {plot_path}")
+            plot(rows, _plot_name(plot_path, model_path, len(model_paths)),
+                 title=f"{Path(model_path).name}, {kind}, min-ms {min_ms:g}")
+            echo(f"plot: {_plot_name(plot_path, model_path, len(model_paths))}")
+    if collect is not None:
+        from minfer.tools.bench_out import format_records
+
+        click.echo(format_records(collect, fmt))
+
+
+def _plot_name(path: str, model_path: str, n_models: int) -> str:
+    """--plot F.png with several models: F-MODEL.png each."""
+    if n_models == 1:
+        return path
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{Path(model_path).stem}{p.suffix}"))
 
 
 def _bench_batch(model_path, batch, n_tokens, prefix, prompts_path, n_predict, configs, choices,

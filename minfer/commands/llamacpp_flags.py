@@ -56,6 +56,19 @@ IGNORED = [
     (("-fit", "--fit"), r"(on|off)", "minfer plans GPU memory itself (--gemm auto)"),
     (("-t", "--threads"), r"-?\d+", "this command runs no computation"),
 ]
+_ONE_SHOT = "minfer prefill runs one prompt and exits (no conversation loop)"
+IGNORED += [
+    (("-no-cnv", "--no-conversation"), None, _ONE_SHOT),
+    (("-st", "--single-turn"), None, _ONE_SHOT),
+    (("--jinja",), None, "minfer always renders the chat template with jinja2"),
+]
+# llama-cli's conversation mode: an interactive loop minfer does not have, so refused (exit 2)
+# rather than ignored (the user would wait for a prompt that never comes)
+REFUSED = [
+    (("-cnv", "--conversation"),
+     "minfer prefill is one-shot: it runs one prompt (-p, -f, --chat) and exits; there is no "
+     "conversation mode (for many prompts: --prompts FILE)"),
+]
 # llama-bench's: minfer bench times prefill only (its pp rows)
 BENCH_IGNORED = [
     (("-n", "--n-gen"), r"\d+(,\d+)*", "minfer bench times prefill only (llama-bench's tg rows)"),
@@ -80,9 +93,19 @@ def _note(why: str, pattern: str | None):
     return callback
 
 
+def _refuse(why: str):
+    def callback(ctx: click.Context, param: click.Parameter, value):
+        if value:
+            raise BadInput(f"{param.opts[0]}: {why}")
+        return None
+    return callback
+
+
 def options(command: str, taken: set[str]) -> list[click.Option]:
     """Hidden options for `command` (a click command's name) whose names it does not use."""
-    out = []
+    out = [click.Option(list(names), hidden=True, expose_value=False, is_flag=True,
+                        default=None, callback=_refuse(why))
+           for names, why in REFUSED if not taken & set(names)]
     for names, pattern, why in IGNORED + (BENCH_IGNORED if command == "bench" else []):
         if taken & set(names):
             continue

@@ -44,8 +44,9 @@ def check_options(ctx: int | None, chunks: int | None, save: str | None, base: s
                   emulate: str | None = None, backend: str | None = None):
     if ctx is not None and ctx < 4:
         raise BadInput(f"--ctx must be >= 4 (half of each window is scored), got {ctx}")
-    if chunks is not None and chunks < 0:
-        raise BadInput(f"--chunks must be >= 0 (0: every window of the text), got {chunks}")
+    if chunks is not None and chunks < -1:
+        raise BadInput(f"--chunks must be >= -1 (-1 or 0: every window of the text, -1 as "
+                       f"llama-perplexity), got {chunks}")
     if save is not None and base is not None:
         raise BadInput("give either --save-logits or --kld-base, not both")
     if emulate is not None and backend is not None and backend.lower() != "cpu":
@@ -64,7 +65,7 @@ def check_options(ctx: int | None, chunks: int | None, save: str | None, base: s
                    "positions ctx/2 .. ctx-2 of each window are scored.")
 @click.option("--chunks", type=int, default=None,
               help=f"Windows to run (default {DEFAULT_CHUNKS}, or the --kld-base file's; "
-                   "0: every window of the text).")
+                   "-1 (llama-perplexity's) or 0: every window of the text).")
 @click.option("--save-logits", "save_path", type=click.Path(dir_okay=False), default=None,
               help="Write the scored rows' f32 logits to FILE (the base of a --kld-base run).")
 @click.option("--kld-base", "base_path", type=click.Path(dir_okay=False), default=None,
@@ -121,7 +122,8 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, lc_path
         lbase = LC.Base(base_path)
         for given, have, opt in ((ctx, lbase.ctx, "-c/--ctx"), (chunks, lbase.chunks,
                                                                  "--chunks")):
-            if given is not None and given != have:
+            if given is not None and given != have and not (opt == "--chunks"
+                                                            and given in (-1, 0)):   # all
                 raise BadInput(f"{base_path}: the base was made with {opt} {have}, not {given}"
                                " (leave it out: the base's is taken)")
         ctx, chunks = lbase.ctx, lbase.chunks
@@ -130,7 +132,7 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, lc_path
         ctx = base_hdr["ctx"] if ctx is None else ctx
         chunks = base_hdr["chunks"] if chunks is None else chunks
     ctx = DEFAULT_CTX if ctx is None else ctx
-    chunks = DEFAULT_CHUNKS if chunks is None else chunks
+    chunks = DEFAULT_CHUNKS if chunks is None else max(chunks, 0)   # -1: all, as llama.cpp
     if lbase is None:
         text_name = str(text_path) if text_path is not None else str(P.DEFAULT_TEXT)
         text = read_text(text_name)
@@ -199,8 +201,10 @@ def perplexity(model_path, text_path, ctx, chunks, save_path, base_path, lc_path
                 targets = w[first + 1:]  # the next id of each (never the BOS-replaced first id)
                 if append is not None:
                     append(logits)
-                tally.add(logits, targets,
-                          None if base is None else base[i * rows:(i + 1) * rows],
+                base_rows = None if base is None else np.asarray(base[i * rows:(i + 1) * rows])
+                if base_rows is not None:   # a NaN there would print as `mean KLD nan`
+                    P.check_finite(base_path, base_rows, i)
+                tally.add(logits, targets, base_rows,
                           None if lbase is None else lbase.logprobs(i))
                 show.window(i, tally.running[-1])
                 if bar is not None:

@@ -54,6 +54,17 @@ class Report:
         done = len(out["running_ppl"])
         if interrupted:
             out.update(interrupted=True, chunks_done=done)
+        from minfer.tools.perplexity import json_safe, nonfinite
+
+        bad = nonfinite(out)
+        if bad:   # never `mean KLD nan` (exit 0) nor a bare NaN in the JSON
+            from minfer.errors import NumericError
+
+            err = NumericError(f"non-finite results ({', '.join(bad)}): NaN or inf in this "
+                               "run's logits or the base's")
+            if self.json:
+                click.echo(json.dumps({**json_safe(out), "error": str(err)}))
+            raise err
         if self.json:
             click.echo(json.dumps(out))
             return

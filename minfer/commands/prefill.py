@@ -152,9 +152,14 @@ def _num(x: float) -> float | None:
               show_default=True, help="Tokens to generate after the prompt (greedy argmax); "
                                       "-1: until the end of generation (EOS) or of the context "
                                       "(-c), as llama.cpp (-2 the same).")
-@click.option("--stop-at-eos/--no-stop-at-eos", default=None,
+@click.option("--stop-at-eos/--no-stop-at-eos", " /--ignore-eos", default=None,
               help="Stop generating at the end-of-generation token (EOS/EOT). Default: on with "
-                   "--chat, off otherwise (decoding runs through EOS).")
+                   "--chat, off otherwise (decoding runs through EOS). --ignore-eos "
+                   "(llama.cpp's) is --no-stop-at-eos.")
+@click.option("--chat-template", "--chat-template-file", "chat_template", default=None,
+              metavar="NAME|FILE",
+              help="The chat template for --chat: a built-in (chatml, llama3, gemma, phi3, "
+                   "mistral) or a jinja file, for a model without one or over its own.")
 @click.option("-c", "--ctx-size", type=int, default=0, show_default=True,
               help="Context size in tokens (0: the model's); prompt + generated must fit.")
 @click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"], case_sensitive=False),
@@ -187,7 +192,7 @@ def _num(x: float) -> float | None:
 @gemm_options
 def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, stop_at_eos,
             ctx_size, backend_kind, ubatch, dtype, as_json, prompts_path, prompts_format,
-            output, logprobs, prefix_share, gemm) -> None:
+            output, logprobs, prefix_share, chat_template, gemm) -> None:
     """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text.
     With --prompts FILE: every prompt of the file, packed, results as JSONL."""
     from minfer import engine
@@ -216,8 +221,16 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
 
         model_path = default_model_path()
 
+    if chat_template is not None:   # a bad name or file refused before the model loads
+        from minfer.text.chat import load_template
+
+        load_template(chat_template)
     t0 = time.perf_counter()
     model = load_model(model_path)
+    read_s = time.perf_counter() - t0   # the header, metadata and the map of the tensors
+    from minfer.text.chat import use_template
+
+    use_template(model.metadata, chat_template)   # over the file's own, if it has one
     from minfer.gguf.arch_keys import gpu_unsupported
 
     if kind == "cuda" and why.startswith("auto") and gpu_unsupported(model.config):
@@ -237,7 +250,9 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
         check_cap("stdin" if prompt_file == "-" else prompt_file, len(text.encode("utf-8")),
                   prompt_cap(model.config.n_ctx))
+    t1 = time.perf_counter()
     tok = Tokenizer.from_metadata(model.metadata)
+    tok_s = time.perf_counter() - t1   # a 262k SentencePiece vocab: its merges cached
     chat, ids = prompt_ids(model.metadata, tok, text, chat, system, special)
     until_end = n_greedy < 0   # -n -1: until EOS or the end of the context, as llama.cpp
     n_ctx = context_size(ctx_size, model.config.n_ctx, len(ids), 0 if until_end else n_greedy)
@@ -259,6 +274,8 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     compile_s, capture_s = getattr(backend, "compile_s", 0.0), getattr(backend, "capture_s", 0.0)
     n_compiled = getattr(backend, "n_compiled", 0)
     load_s = max(0.0, load_s + res.warmup_s - compile_s - capture_s)
+    # the rest of load: the prompt's checks, then weights dequantized (cpu) or uploaded (cuda)
+    weights_s = max(0.0, load_s - read_s - tok_s)
     mem = getattr(backend, "memory", None)   # the CUDA backend's memory plan
     # the weights' file bytes into ready weights on the GPU, and how long that took
     up_bytes, up_s = getattr(backend, "upload_bytes", None), getattr(backend, "upload_s", 0.0)
@@ -275,6 +292,9 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
         "greedy_text": greedy_text,
         "stopped_at_eos": stopped,
         "load_s": load_s,
+        "load_read_s": read_s,
+        "load_tokenizer_s": tok_s,
+        "load_weights_s": weights_s,
         "upload_bytes": up_bytes,
         "upload_gb_s": _num(up_bytes / up_s / 1e9) if up_s else None,
         "compile_s": compile_s,
@@ -295,9 +315,10 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     if mem is not None:
         click.echo(f"memory   {mem.line()}")
     click.echo(f"prompt   {plural(len(ids), 'token')}" + (" (chat template)" if chat else ""))
-    prep = [f"{load_s:.2f} s"]
+    weights = f"weights {weights_s:.2f}"
     if up_bytes and up_s:
-        prep[0] += f" ({up_bytes / 1e9:.1f} GB at {up_bytes / up_s / 1e9:.1f} GB/s)"
+        weights += f": {up_bytes / 1e9:.1f} GB at {up_bytes / up_s / 1e9:.1f} GB/s"
+    prep = [f"{load_s:.2f} s (read {read_s:.2f} · tokenizer {tok_s:.2f} · {weights})"]
     if n_compiled:
         prep.append(f"compile {compile_s:.2f} s ({plural(n_compiled, 'kernel')})")
     if hasattr(backend, "capture_s"):

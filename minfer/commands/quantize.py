@@ -2,7 +2,9 @@
 
 Tensor types follow llama.cpp's mix (minfer/quants/mix.py) and the bytes its reference
 quantizers write (minfer/quants/quantize.py): requantizing the default model reproduces
-llama.cpp's Q4_K_M / Q6_K / Q8_0 / F16 files tensor for tensor (tests/golden).
+llama.cpp's Q4_K_M / Q6_K / Q8_0 / F16 files tensor for tensor (tests/golden). As
+llama-quantize, converting already quantized tensors (the default model is Q4_1) needs
+--allow-requantize.
 """
 
 from __future__ import annotations
@@ -51,9 +53,12 @@ def positional_type(rest: tuple[str, ...], ftype: str | None) -> tuple[str, int 
                    "llama-quantize takes it (a name or its number: 15 = q4_K_M).")
 @click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: every core); or NTHREADS after TYPE.")
+@click.option("--allow-requantize", is_flag=True,
+              help="Convert tensors that are already quantized (a Q4_1 file to q4_K_M), as "
+                   "llama-quantize's flag; without it such a file is refused.")
 @quiet_option("No summary on stdout; only errors on stderr (no notes, no progress bar).")
 def quantize(in_path: str, out_path: str, rest: tuple[str, ...], ftype: str | None,
-             threads: int | None, quiet: bool) -> None:
+             threads: int | None, allow_requantize: bool, quiet: bool) -> None:
     """Quantize model IN to OUT (written atomically: nothing is left behind on error or Ctrl-C),
     as `llama-quantize IN OUT TYPE [NTHREADS]`."""
     from minfer.quants.mix import ftype_key
@@ -61,7 +66,8 @@ def quantize(in_path: str, out_path: str, rest: tuple[str, ...], ftype: str | No
 
     ftype, n = positional_type(rest, ftype)
     threads = threads if threads is not None else n
-    st = quantize_model(in_path, out_path, ftype_key(ftype), threads=threads, progress=not quiet)
+    st = quantize_model(in_path, out_path, ftype_key(ftype), threads=threads, progress=not quiet,
+                        allow_requantize=allow_requantize)
     if not quiet:
         counts: dict[str, int] = {}
         for ty in st.types.values():

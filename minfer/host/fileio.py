@@ -5,10 +5,12 @@ Rules (docs/errors.md):
 - An input must be a regular file. FIFOs, sockets, character/block devices and directories
   are refused from `os.stat` alone, before any `open()` (a FIFO would block in it, /dev/zero
   would never end).
-- An output is created as `.NAME.tmp-PID` in the destination folder and renamed over NAME at
-  the end; on any error or signal the temporary file is removed. An existing NAME that is not a
-  regular file (a device such as /dev/null or /dev/full, a FIFO, a directory) is refused and
-  never replaced.
+- An output that is a regular file, or a new path, is created as `.NAME.tmp-PID` in the
+  destination folder and renamed over NAME at the end; on any error or signal the temporary
+  file is removed. A symlink is resolved first: its target is what is replaced (the link is
+  kept), or created when the link dangles. A character device, FIFO or socket (/dev/null,
+  /dev/stdout, a named pipe) is opened and written through, never renamed over; a directory
+  or block device is refused.
 - OS errors become one line: a full disk or quota (ENOSPC, EDQUOT, EFBIG, EIO), or out of
   memory (ENOMEM: a map beyond `ulimit -v`) is a ResourceError (exit 3); a bad path (no such
   folder, no permission, read-only or pseudo file system such as /proc or /sys) is BadInput
@@ -109,35 +111,52 @@ def read_error(e: OSError, path: str | os.PathLike, doing: str,
     return exc(f"{path}: cannot {doing} ({why})")
 
 
-def check_output_path(path: str | os.PathLike) -> Path:
-    """Refuse an output that cannot be an atomically replaced regular file: an existing
-    non-regular file (device, FIFO, directory), a missing or non-directory parent. Returns
-    the path. Permission and file-system problems surface when the temporary file is made."""
+def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
+    """(where to write, whether to write through) for an output path: a character device,
+    FIFO or socket (followed through links: /dev/stdout) is written through as it is; a
+    regular file or a new path is the symlink-resolved path, replaced atomically (a link to a
+    file keeps the link). A directory, a block device or a missing parent is refused."""
     p = Path(path)
     try:
-        st = os.stat(p)
+        st = os.stat(p)   # follows links, /proc/self/fd/N's too
     except FileNotFoundError:
-        st = None
+        st = None   # a new path, or a dangling link: its target is created
     except NotADirectoryError:
         raise BadInput(f"{p.parent}: output directory is not a directory") from None
     except OSError as e:
         raise os_error(e, p, "use as output") from None
-    if st is not None:
-        kind = _kind(st.st_mode)
-        if kind is not None:
-            raise BadInput(f"{p}: is {kind}; refusing to replace it with an output file")
-    parent = p.parent
+    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)
+                           or stat.S_ISSOCK(st.st_mode)):
+        return p, True
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise BadInput(f"{p}: is {_kind(st.st_mode)}; refusing to replace it with an output "
+                       "file")
+    real = Path(os.path.realpath(p))   # the file a link names is replaced, the link kept
+    parent = real.parent
     if not parent.is_dir():
         raise BadInput(f"{parent}: no such directory (the output directory does not exist)")
-    return p
+    return real, False
+
+
+def check_output_path(path: str | os.PathLike) -> Path:
+    """The path an output is written to (output_target's); refuses what cannot be one.
+    Permission and file-system problems surface when the file is made."""
+    return output_target(path)[0]
 
 
 @contextlib.contextmanager
 def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
     """`with atomic_output(p) as tmp:` write the file `tmp`; on normal exit it is renamed over
-    `p`. On any exception or signal `tmp` is removed and nothing at `p` changes; OSErrors are
-    raised as one-line MinferErrors (see os_error)."""
-    p = check_output_path(path)
+    `p` (a symlink's target). On any exception or signal `tmp` is removed and nothing at `p`
+    changes. A device, FIFO or socket at `p` is yielded itself, to be written through.
+    OSErrors are raised as one-line MinferErrors (see os_error)."""
+    p, through = output_target(path)
+    if through:
+        try:
+            yield p
+        except OSError as e:
+            raise os_error(e, p, "write output") from None
+        return
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
     try:
         yield tmp
@@ -152,8 +171,8 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def open_output(path: str | os.PathLike, mode: str = "wb"):
-    """A file object on a temporary name, renamed over `path` when the block ends normally
-    (see atomic_output)."""
+    """A file object on a temporary name, renamed over `path` when the block ends normally;
+    on `path` itself when it is a device, FIFO or socket (see atomic_output)."""
     with atomic_output(path) as tmp:
         try:
             f = open(tmp, mode)

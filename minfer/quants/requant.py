@@ -80,11 +80,12 @@ def _drain(pool, stop) -> None:
 
 
 def check_output_path(in_path: Path, out_path: Path) -> None:
-    from minfer.host.fileio import check_output_path as check_out
+    from minfer.host.fileio import output_target
 
-    check_out(out_path)  # a device, FIFO or directory there is refused, never replaced
-    parent = out_path.parent
-    if not os.access(parent, os.W_OK | os.X_OK):
+    # a directory is refused; a device or FIFO written through; a link's target replaced
+    target, through = output_target(out_path)
+    parent = target.parent
+    if not through and not os.access(parent, os.W_OK | os.X_OK):
         raise BadInput(f"{parent}: output directory is not writable")
     if out_path.exists() and not os.access(out_path, os.W_OK):
         raise BadInput(f"{out_path}: exists and is not writable")
@@ -92,8 +93,27 @@ def check_output_path(in_path: Path, out_path: Path) -> None:
         raise BadInput(f"{out_path}: output would overwrite the input file")
 
 
+# source types llama-quantize converts without --allow-requantize (ggml_is_quantized: false)
+_PLAIN = {"F32", "F16", "BF16", "F64"}
+
+
+def check_requantize(types: dict[str, str], src: dict[str, str], ftype: str) -> None:
+    """llama-quantize's rule: converting a tensor whose type is already quantized (not
+    F32/F16/BF16) to another type needs --allow-requantize (quality is lost twice). BadInput
+    naming the first such tensor and the count; a tensor kept as it is does not count."""
+    requant = [n for n, ty in types.items() if ty != src[n] and src[n] not in _PLAIN]
+    if requant:
+        from minfer.host.words import plural
+
+        first = requant[0]
+        raise BadInput(f"{first} is {src[first]} already: requantizing "
+                       f"{plural(len(requant), 'quantized tensor')} to {ftype} loses quality "
+                       "twice; pass --allow-requantize to do it anyway (as llama-quantize)")
+
+
 def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftype: str,
-                   threads: int | None = None, progress: bool = True) -> QuantizeStats:
+                   threads: int | None = None, progress: bool = True,
+                   allow_requantize: bool = True) -> QuantizeStats:
     import gguf
 
     from minfer.gguf.write import metadata_from_reader, write_gguf
@@ -109,6 +129,8 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
                    int(model.metadata.get(f"{c.arch}.expert_count", 0) or 0))
     descs = [TensorDesc(n, t.shape, t.type_name) for n, t in model.tensors.items()]
     types = plan_types(descs, ftype, mix)  # in llama.cpp's tensor order
+    if not allow_requantize:
+        check_requantize(types, {n: t.type_name for n, t in model.tensors.items()}, ftype)
 
     meta = metadata_from_reader(model)
     for k in ("split.no", "split.count", "split.tensors.count"):

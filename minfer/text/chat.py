@@ -1,4 +1,6 @@
-"""Chat prompts: the GGUF's own `tokenizer.chat_template`, rendered with jinja2.
+"""Chat prompts: the GGUF's own `tokenizer.chat_template`, rendered with jinja2; for a file
+without one (the real Gemma 3 270M) or to override it, a built-in template by name or a
+template file (`--chat-template NAME|FILE`, as llama.cpp's).
 
 jinja2 is what Hugging Face's apply_chat_template and llama.cpp's --jinja render these templates
 with; the environment mirrors HF's (sandboxed and immutable: a template is data from a
@@ -32,6 +34,65 @@ def messages(user: str, system: str | None = None) -> list[dict[str, str]]:
     """One user turn, after an optional system message (HF's message format)."""
     out = [] if system is None else [{"role": "system", "content": system}]
     return out + [{"role": "user", "content": user}]
+
+
+# llama.cpp's built-in formats (llm_chat_apply_template) as jinja templates: a system message
+# is its own turn where the format has one, else folded into the first user turn (gemma, mistral)
+BUILTIN = {
+    "chatml": "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+              "'<|im_end|>\n' }}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+    "llama3": "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + "
+              "'<|end_header_id|>\n\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+              "{% if add_generation_prompt %}"
+              "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
+    "gemma": "{{ bos_token }}{% set sys = messages[0]['content'] + '\n\n' "
+             "if messages[0]['role'] == 'system' else '' %}"
+             "{% for m in messages if m['role'] != 'system' %}"
+             "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + "
+             "'\n' + (sys if loop.first else '') + m['content'] | trim + '<end_of_turn>\n' }}"
+             "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}"
+             "{% endif %}",
+    "phi3": "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + "
+            "'<|end|>\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}",
+    "mistral": "{{ bos_token }}{% set sys = messages[0]['content'] + '\n\n' "
+               "if messages[0]['role'] == 'system' else '' %}"
+               "{% for m in messages if m['role'] != 'system' %}"
+               "{% if m['role'] == 'user' %}{{ '[INST] ' + (sys if loop.first else '') + "
+               "m['content'] + ' [/INST]' }}{% else %}{{ m['content'] + eos_token }}{% endif %}"
+               "{% endfor %}",
+}
+TEMPLATE_FILE_CAP = 1 << 20   # bytes: a template is a page of jinja, not a corpus
+
+
+def load_template(spec: str) -> str:
+    """The jinja text of `--chat-template NAME|FILE`: a built-in by name (any case), else the
+    UTF-8 file; BadInput naming both when it is neither."""
+    name = spec.strip().lower()
+    if name in BUILTIN:
+        return BUILTIN[name]
+    import os
+
+    if not os.path.lexists(spec):
+        raise BadInput(f"--chat-template {spec!r}: not a built-in template "
+                       f"({', '.join(BUILTIN)}) nor a file")
+    from minfer.host.fileio import read_capped
+
+    data = read_capped(spec, TEMPLATE_FILE_CAP, "chat template")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{spec}: chat template is not UTF-8 (byte offset {e.start})") from None
+    if not text.strip():
+        raise BadInput(f"{spec}: chat template file is empty")
+    return text
+
+
+def use_template(meta: dict, spec: str | None) -> None:
+    """Put `--chat-template`'s template in the metadata, over the file's own (if any)."""
+    if spec is not None:
+        meta[TEMPLATE_KEY] = load_template(spec)
 
 
 class TemplateRefused(Exception):
@@ -69,7 +130,8 @@ def render(meta: Mapping[str, Any], tok, msgs: list[dict[str, str]],
     if not has_template(meta):
         raise BadInput(f"{what}: this model has no tokenizer.chat_template in its GGUF "
                        "metadata; give the prompt as plain text" +
-                       (" (--no-chat)" if what == "--chat" else ""))
+                       (" (--no-chat)" if what == "--chat" else "") +
+                       f" or name a template: --chat-template {'|'.join(BUILTIN)}|FILE")
     special = lambda i: tok.token_text(i) if i is not None else ""  # noqa: E731
     try:
         text = _environment().from_string(meta[TEMPLATE_KEY]).render(

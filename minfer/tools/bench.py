@@ -258,13 +258,15 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
 
 def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
         profile: bool = True, echo=print, choices=None, min_ms: float = 500.0, out=None,
-        fmt: str = "md", progress: bool = False, idle_s: float | None = None) -> list[Row]:
+        fmt: str = "md", progress: bool = False, idle_s: float | None = None,
+        collect: list | None = None) -> list[Row]:
     """Load, bench, print. configs: the --ab labels; choices: their resolved GemmChoices
     (minfer.commands.gemm_flags.gemm_choice; None: auto for each). The results table goes to
-    `out` (default: echo) in `fmt` (md, json, csv: minfer.tools.bench_out), everything else to
-    echo."""
+    `out` (default: echo) in `fmt` (md, json, csv, jsonl: minfer.tools.bench_out), everything
+    else to echo; with `collect` (several models in one output) json/csv/jsonl records are
+    appended there instead of printed."""
     from minfer.engine import make_backend
-    from minfer.tools.bench_out import format_rows
+    from minfer.tools.bench_out import format_rows, model_info, records
     from minfer.gguf.loader import load_model
 
     model = load_model(model_path)
@@ -294,7 +296,12 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
               f"one prefill after {idle_s:g} s idle (the burst `minfer prefill` times)")
     echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat; "
          f"a sample = {sample}\n")
-    (out or echo)(format_rows(rows, fmt, model=str(model_path), min_ms=min_ms, idle_s=idle_s))
+    info = model_info(model, str(model_path), kind, mx)   # llama-bench's per-model fields
+    if collect is not None and fmt != "md":
+        collect.extend(records(rows, str(model_path), min_ms, idle_s, info))
+    else:
+        (out or echo)(format_rows(rows, fmt, model=str(model_path), min_ms=min_ms,
+                                  idle_s=idle_s, info=info))
     if profile:
         for b in backends:
             echo("")

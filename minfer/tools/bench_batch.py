@@ -98,7 +98,7 @@ def run(model_path: str, n: int, length: int, prefix: int, n_predict: int, confi
 
 
 def _records(rows: list[dict], model: str, fmt: str) -> str:
-    """JSON (an array) or CSV (a header, samples space-separated) of the rows, medians added."""
+    """JSON (an array), JSONL or CSV (a header, samples space-separated) of the rows, medians added."""
     import csv
     import io
     import json
@@ -110,6 +110,8 @@ def _records(rows: list[dict], model: str, fmt: str) -> str:
                                      if r["decode_tok_s"] else None)} for r in rows]
     if fmt == "json":
         return json.dumps(recs)
+    if fmt == "jsonl":   # llama-bench's -o jsonl: one object a line
+        return "\n".join(json.dumps(r) for r in recs)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(recs[0]), lineterminator="\n")
     w.writeheader()

@@ -59,9 +59,10 @@ class Base:
             if len(head) < HEAD or head[:len(MAGIC)] != MAGIC:
                 raise self._bad("no llama.cpp header")
             self.ctx, self.vocab, self.chunks = struct.unpack("<3i", head[len(MAGIC):])
-            if self.ctx < 4 or self.vocab < 2 or self.chunks < 1:
-                raise self._bad(f"n_ctx {self.ctx}, n_vocab {self.vocab}, "
-                                f"n_chunk {self.chunks}")
+            for name, v, low in (("n_ctx", self.ctx, 4), ("n_vocab", self.vocab, 2),
+                                 ("n_chunk", self.chunks, 1)):
+                if v < low:
+                    raise self._bad(f"header field {name} is {v}, expected >= {low}")
             self.rows = self.ctx - 1 - self.ctx // 2
             nv = row_width(self.vocab)
             start = HEAD + 4 * self.ctx * self.chunks
@@ -83,6 +84,9 @@ class Base:
     def logprobs(self, chunk: int) -> np.ndarray:
         q = np.asarray(self._q[chunk * self.rows:(chunk + 1) * self.rows])
         d = np.ascontiguousarray(q[:, :4]).view("<f4")   # [rows, 2]: scale, min_log_prob
+        from minfer.tools.perplexity import check_finite
+
+        check_finite(self.path, d, chunk)   # a NaN scale makes every log-prob of its row NaN
         return (d[:, :1] * q[:, 4:4 + self.vocab].astype(np.float32) + d[:, 1:2]).astype(
             np.float32)
 

@@ -231,9 +231,46 @@ def write_logits(path: str, hdr: dict):
             raise BadInput(f"{path}: {n[0]} logit rows written, the header says {want}")
 
 
+def _int_field(path: str, hdr: dict, key: str, low: int) -> int:
+    """hdr[key] as an int >= low; BadInput naming the field otherwise (a float, a bool, a
+    string or a missing key would fail later as a TypeError or KeyError)."""
+    if key not in hdr:
+        raise BadInput(f"{path}: logits header has no {key!r} field (not a file of `minfer "
+                       "perplexity --save-logits`?)")
+    v = hdr[key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise BadInput(f"{path}: logits header field {key!r} is {v!r:.40}, expected an "
+                       f"integer >= {low}")
+    return v
+
+
+def check_header(path: str, hdr, size: int, start: int) -> tuple[int, int]:
+    """(rows, vocab) of a logits file's header, each field checked (type, range) and the
+    file's size against them before anything is mapped or allocated; BadInput naming the
+    field (exit 2) otherwise."""
+    if not isinstance(hdr, dict):
+        raise BadInput(f"{path}: logits header is {type(hdr).__name__}, not a JSON object")
+    ctx = _int_field(path, hdr, "ctx", 4)
+    chunks = _int_field(path, hdr, "chunks", 1)
+    vocab = _int_field(path, hdr, "vocab", 2)
+    rows = _int_field(path, hdr, "rows_per_chunk", 1)
+    if rows != rows_per_window(ctx):
+        raise BadInput(f"{path}: logits header field 'rows_per_chunk' is {rows}, a window of "
+                       f"ctx {ctx} scores {rows_per_window(ctx)}")
+    if not isinstance(hdr.get("ids_sha256"), str):
+        raise BadInput(f"{path}: logits header field 'ids_sha256' is "
+                       f"{hdr.get('ids_sha256')!r:.40}, expected a hex string")
+    want = start + 4 * chunks * rows * vocab   # Python ints: no overflow at vocab 10**12
+    if size != want:
+        raise BadInput(f"{path}: {size:,} bytes, where the header's chunks {chunks} x "
+                       f"rows_per_chunk {rows} x vocab {vocab:,} f32 logits make {want:,} "
+                       "(truncated, or a header that does not match the data)")
+    return chunks * rows, vocab
+
+
 def read_logits(path: str) -> tuple[dict, np.ndarray]:
     """(header, float32 memmap [chunks * rows, vocab]) of a --save-logits file; BadInput (one
-    line) for anything else."""
+    line, naming the field of a bad header) for anything else."""
     from minfer.host.fileio import check_input_file
 
     st = check_input_file(path, "logits")
@@ -247,19 +284,60 @@ def read_logits(path: str) -> tuple[dict, np.ndarray]:
             (n,) = struct.unpack("<I", pre[len(MAGIC):])
             if n > 1 << 20:
                 raise bad
-            hdr = json.loads(f.read(n).decode())
+            head = f.read(n)
+        try:
+            hdr = json.loads(head.decode())
+        except (ValueError, UnicodeDecodeError):
+            raise bad from None
         start = len(MAGIC) + 4 + n
         start += -start % ALIGN
-        rows, vocab = hdr["chunks"] * hdr["rows_per_chunk"], hdr["vocab"]
-        if st.st_size != start + 4 * rows * vocab:
-            raise bad
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise bad from None
+        rows, vocab = check_header(path, hdr, st.st_size, start)
+        return hdr, np.memmap(path, "<f4", "r", offset=start, shape=(rows, vocab))
     except OSError as e:
         from minfer.host.fileio import read_error
 
         raise read_error(e, path, "read logits file") from None
-    return hdr, np.memmap(path, "<f4", "r", offset=start, shape=(rows, vocab))
+
+
+def check_finite(path: str, rows: np.ndarray, chunk: int) -> None:
+    """NumericError (exit 3) naming the first row of a base chunk [rows, vocab] that holds
+    NaN or inf: a KLD over it would be NaN, printed as a result."""
+    ok = np.isfinite(rows).all(axis=-1)
+    if not ok.all():
+        from minfer.errors import NumericError
+
+        r = int(np.argmin(ok))
+        bad = rows[r][~np.isfinite(rows[r])]
+        what = "NaN" if np.isnan(bad).any() else "inf"
+        raise NumericError(f"{path}: the base's chunk {chunk + 1}, row {r + 1} holds {what} "
+                           f"({bad.size} non-finite values); no KL divergence can be taken "
+                           "against it")
+
+
+def nonfinite(out: dict, prefix: str = "") -> list[str]:
+    """The keys (dotted) of float values in `out` (nested dicts, lists) that are NaN or inf."""
+    bad = []
+    for k, v in out.items():
+        if isinstance(v, dict):
+            bad += nonfinite(v, f"{prefix}{k}.")
+        elif isinstance(v, float) and not np.isfinite(v):
+            bad.append(prefix + k)
+        elif isinstance(v, list) and any(isinstance(x, float) and not np.isfinite(x)
+                                         for x in v):
+            bad.append(prefix + k)
+    return bad
+
+
+def json_safe(x):
+    """`x` with every NaN / inf float as None (JSON has no NaN: json.dumps would print a bare
+    NaN no parser takes)."""
+    if isinstance(x, dict):
+        return {k: json_safe(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [json_safe(v) for v in x]
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
 
 
 def check_base(path: str, base: dict, this: dict) -> None:

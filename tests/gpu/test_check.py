@@ -112,7 +112,8 @@ def test_check_on_real_model_requantized_q4km(tmp_path):
 
     src = _real_model()
     dst = tmp_path / "q4km.gguf"
-    r = CliRunner().invoke(quantize, [str(src), str(dst), "--type", "q4_k_m", "--quiet"])
+    r = CliRunner().invoke(quantize, [str(src), str(dst), "--type", "q4_k_m", "--quiet",
+                                         "--allow-requantize"])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(check, ["-m", str(dst)])
     assert r.exit_code == 0, r.output
