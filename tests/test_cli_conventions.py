@@ -235,11 +235,11 @@ def test_readme_is_short_and_its_commands_exist():
     import re
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert len(readme.encode()) <= 8400, len(readme.encode())
+    assert len(readme.encode()) <= 9400, len(readme.encode())   # the server got a section
     # CI (.ci/run) runs exactly these two
     assert '\npip install -e ".[dev]" && minfer prefill\n' in readme
     assert '\npip install -e ".[dev]" && python3 -m pytest -q\n' in readme
-    named = set(re.findall(r"^- `minfer (\w+)", readme, re.M))
+    named = set(re.findall(r"^- `minfer ([\w-]+)", readme, re.M))
     assert named == set(cli.commands), named
     # every prefill option the README names is one prefill has
     h = CliRunner().invoke(cli, ["prefill", "--help"]).output
