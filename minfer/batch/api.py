@@ -211,10 +211,9 @@ class Engine:
                            [float(x) for x in r.logprobs], r.margins, r.first)
             if r.first is not None:
                 c.continuation_logprob, c.is_greedy = r.continuation_logprob, r.is_greedy
-            if top and r.top_ids is not None:
-                lo = 0 if logprobs or r.first is None else r.first - 1
-                c.top_logprobs = [[(int(t), self.tok.piece(t), float(v)) for t, v in zip(ti, tl)]
-                                  for ti, tl in zip(r.top_ids[lo:], r.top_logprobs[lo:])]
+            rows = r.top_rows(logprobs) if top else None
+            if rows is not None:
+                c.top_logprobs = [[(t, self.tok.piece(t), v) for t, v in row] for row in rows]
             if prompt_ids:
                 c.prompt_ids = r.ids.tolist()
             out.append(c)

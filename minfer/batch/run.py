@@ -1,5 +1,6 @@
 """The runner of many prompts: waves of packed prefill chunks, then batched greedy decode, on any
-backend with `packed(ids, tok, rows, targets) -> [m, 4]` and `copy_kv(src, dst, n)` (CUDA, and the
+backend with `packed(ids, tok, rows, targets) -> [m, 4]` (and, asked for top-k, `packed(...,
+top=k) -> ([m, 4], ids [m, k], log-probs [m, k])`) and `copy_kv(src, dst, n)` (CUDA, and the
 CPU reference that checks it).
 
   for each wave (schedule.waves: as many prompts, in input order, as the KV slots hold):
@@ -51,6 +52,15 @@ class Result:
     top_logprobs: np.ndarray | None = None   # f32 [n_prompt - 1, top], descending
     continuation_logprob: float | None = None   # sum of logprobs[first - 1:]
     is_greedy: bool | None = None        # argmax[first - 1:] == ids[first:]
+
+    def top_rows(self, every_row: bool) -> list[list[tuple[int, float]]] | None:
+        """[(id, log-prob)] * top at each scored token: every prompt token after the first
+        (every_row: a logprobs run), else a continuation's tokens; None without top-k."""
+        if self.top_ids is None:
+            return None
+        lo = 0 if every_row or self.first is None else self.first - 1
+        return [[(int(t), float(v)) for t, v in zip(a, b)]
+                for a, b in zip(self.top_ids[lo:].tolist(), self.top_logprobs[lo:].tolist())]
 
 
 @dataclass
