@@ -147,8 +147,8 @@ def check_record(v, vocab: int | None, *, bare_ids: bool) -> Record:
     bare_ids (the API) a list / tuple / 1-D array of token ids; else RecordError."""
     if isinstance(v, str):
         v = {"prompt": v}
-    elif bare_ids and is_ids(v):
-        v = {"prompt": v}
+    elif bare_ids and is_ids(v):   # the API's bare list of ids
+        return Record(ids=check_ids(v, "token ids", vocab))
     elif not isinstance(v, dict):
         raise RecordError((f"a prompt is a string, a list of token ids or a dict with {FORMS}"
                            if bare_ids else
