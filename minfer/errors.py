@@ -12,8 +12,9 @@ class MinferError(Exception):
     exit_code = 2
 
 
-class BadInput(MinferError):
-    """The user's input is wrong: a file, a prompt, an option value. Exit code 2."""
+class BadInput(MinferError, ValueError):
+    """The user's input is wrong: a file, a prompt, an option value. Exit code 2. A ValueError
+    too, so an API caller's `except ValueError` catches a bad argument."""
 
     exit_code = 2
 

@@ -7,7 +7,9 @@
     scores = engine.prefill(docs, n_predict=0, logprobs=True)   # r.logprob_sum: log-likelihood
 
 A prompt is a string (plain completion, or the chat template with chat=True), a list of token
-ids, or {"messages": [...]} (the chat template). `Engine.run` is the streaming form `minfer
+ids, or a dict of records.py's forms: {"prompt": ...}, {"messages": [...]} (the chat template),
+{"context": ..., "continuation": ...} (a continuation scored: continuation_logprob, is_greedy).
+Every argument is checked first (records.py: the prompt file's checks); BadInput names it. `Engine.run` is the streaming form `minfer
 prefill --prompts FILE` uses: (key, ids) pairs in, Results out in input order through a
 callback, never the whole file in memory. The backend is built at the first call with a KV cache
 sized for that call's prompts and what the GPU's free memory holds (plan.fit_kv_slots); prompts
@@ -24,8 +26,11 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from minfer.batch import run as runner
+from minfer.batch.records import Record, RecordError, check_fits, check_record, check_text, \
+    record_ids
 from minfer.batch.schedule import footprint
 from minfer.errors import BadInput, GPUError
+from minfer.reference.ops import TOP_MAX
 
 UBATCH = {"cuda": 2048, "cpu": 256}   # packed tokens per forward
 CPU_SLOTS = 8192                      # the CPU reference's KV slots at most (host memory)
@@ -43,24 +48,80 @@ class Completion:
     eos: bool                        # stopped at an end-of-generation id
     logprobs: list[float] | None     # log p of prompt token p + 1 given the tokens before it
     margins: list[float]             # top1 - top2 logit at each greedy step
+    n_context: int | None = None     # a continuation: the context's tokens (prompt_ids[:n])
+    continuation_logprob: float | None = None   # sum of the continuation tokens' log-probs
+    is_greedy: bool | None = None    # every continuation token was the argmax
+    top_logprobs: list | None = None  # per scored token: [(id, text, logprob)] * top_logprobs
+    prompt_ids: list[int] | None = None          # with prompt_ids=True
 
     @property
     def logprob_sum(self) -> float | None:
         return None if self.logprobs is None else float(math.fsum(self.logprobs))
 
 
+def _show(v) -> str:
+    return f"{repr(v)[:40]} ({type(v).__name__})"
+
+
+def _flag(name: str, v) -> bool:
+    """A bool argument (numpy's too), else BadInput: a truthy 1 or "no" is not a flag."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise BadInput(f"{name} must be True or False, not {_show(v)}")
+    return bool(v)
+
+
+def _int(name: str, v, lo: int, hi: int | None = None) -> int:
+    """An int argument in [lo, hi] (Python's or numpy's; not bool, not float), else BadInput."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise BadInput(f"{name} must be an integer, not {_show(v)}")
+    if v < lo or (hi is not None and v > hi):
+        raise BadInput(f"{name} must be " + (f">= {lo}" if hi is None else f"in [{lo}, {hi}]")
+                       + f", got {int(v)}")
+    return int(v)
+
+
+def _system(v) -> str | None:
+    try:
+        return None if v is None else check_text(v, "system")
+    except RecordError as e:
+        raise BadInput(str(e)) from None
+
+
+def _prompt_list(prompts) -> list:
+    """prefill's prompts as a list: a string or a dict is one prompt."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (bytes, bytearray, memoryview, set, frozenset)) or prompts is None:
+        raise BadInput(f"prompts must be a prompt or a list of prompts, not {_show(prompts)}")
+    try:
+        return list(prompts)
+    except TypeError:
+        raise BadInput(f"prompts must be a prompt or a list of prompts, not {_show(prompts)}") \
+            from None
+
+
 class Engine:
     """A loaded model and its backend, for many prompts. model: a GGUF path (None: the default
     model, fetched once); backend: "cuda", "cpu" or None (cuda when a GPU is usable); gemm:
     the GEMM path ("auto", "f16", "blk", ...: `minfer paths`); ubatch: packed tokens per
-    forward; progress: bars on stderr (a terminal only); dtype: the CPU reference's precision
-    ("f32" default, "f64": the float64 oracle)."""
+    forward (None: 2048 on cuda, 256 on cpu); progress: bars on stderr (a terminal only);
+    dtype: the CPU reference's precision ("f32" default, "f64": the float64 oracle); threads:
+    BLAS threads for the process (None: the limit already set, as the CLI's -t sets it, else
+    the physical cores this process may use: numpy's default of one a logical CPU ran a busy
+    2-core machine ten times slower)."""
 
     def __init__(self, model=None, backend: str | None = None, gemm: str | None = "auto",
-                 ubatch: int | None = None, progress: bool = False, dtype: str | None = None):
+                 ubatch: int | None = None, progress: bool = False, dtype: str | None = None,
+                 threads: int | None = None):
         from minfer.gguf.loader import load_model
+        from minfer.host import threads as host_threads
         from minfer.text.tokenizer import Tokenizer
 
+        if backend is not None and not isinstance(backend, str):
+            raise BadInput(f"backend must be \"cuda\", \"cpu\" or None, not {_show(backend)}")
+        ubatch = None if ubatch is None else _int("ubatch", ubatch, 1)
+        self.progress = _flag("progress", progress)
+        threads = None if threads is None else _int("threads", threads, 1)
         if backend is None:
             from minfer.cuda.runtime.runtime import gpu_available
 
@@ -73,68 +134,92 @@ class Engine:
         if dtype not in (None, "f32", "f64") or (dtype and self.kind != "cpu"):
             raise BadInput(f"dtype {dtype!r}: f32 or f64, on the cpu backend only")
         self.dtype = dtype
+        host_threads.set_threads(threads or host_threads.current() or
+                                 host_threads.physical_cores())
         if model is None:
             from minfer.tools.fetch import default_model_path
 
             model = default_model_path()
         self.model = load_model(str(model)) if not hasattr(model, "config") else model
         self.tok = Tokenizer.from_metadata(self.model.metadata)
-        self.ubatch = int(ubatch or UBATCH[self.kind])
-        if self.ubatch < 1:
-            raise BadInput(f"ubatch must be >= 1, got {self.ubatch}")
+        self.ubatch = ubatch or UBATCH[self.kind]
         self.gemm = None
         if self.kind == "cuda":   # a GemmChoice (the CLI's, resolved), or a path name
             from minfer.cuda.plan.config import GemmChoice
 
             self.gemm = gemm if isinstance(gemm, GemmChoice) else GemmChoice.resolve(
                 os.environ, gemm)
-        self.progress = progress
         self.backend = None
         self.kv_slots = 0
 
     # -- prompts -----------------------------------------------------------------------------
-    def encode(self, prompt, chat: bool = False, system: str | None = None,
-               special: bool = True) -> np.ndarray:
-        """int32 token ids of a prompt (str, ids, or {"messages": [...]}/{"prompt": str})."""
+    def _encoder(self, chat, system, special=True):
         from minfer.batch.prompts import make_encoder
 
-        enc = make_encoder(self.model.metadata, self.tok, chat or None, system, special)
-        if isinstance(prompt, dict):
-            if set(prompt) - {"prompt", "messages", "id"} or ("prompt" in prompt) == (
-                    "messages" in prompt):
-                raise BadInput('a prompt dict has "prompt" or "messages" (and optionally "id")')
-            ids = enc(prompt.get("prompt"), prompt.get("messages"))
-        elif isinstance(prompt, str):
-            ids = enc(prompt, None)
-        else:
-            ids = list(prompt)
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0:
-            raise BadInput("a prompt of 0 tokens")
-        if ids.min() < 0 or ids.max() >= self.model.config.vocab_size:
-            raise BadInput(f"token id out of range [0, {self.model.config.vocab_size})")
-        return ids.astype(np.int32)
+        chat, special = _flag("chat", chat), _flag("special", special)
+        return make_encoder(self.model.metadata, self.tok, chat or None, _system(system),
+                            special)
 
-    def prefill(self, prompts: Sequence, n_predict: int = 32, logprobs: bool = False,
+    def _record(self, where: str, prompt, enc) -> tuple[Record, np.ndarray, int | None]:
+        """(record, int32 ids, n_context) of one prompt, or BadInput prefixed with `where`."""
+        try:
+            rec = check_record(prompt, self.model.config.vocab_size, bare_ids=True)
+            ids, first = record_ids(rec, enc)
+        except RecordError as e:
+            raise BadInput(f"{where}: {e}") from None
+        except BadInput as e:   # the encoder's (BadModel: a template that does not render)
+            raise type(e)(f"{where}: {e}") from None
+        return rec, ids, first
+
+    def encode(self, prompt, chat: bool = False, system: str | None = None,
+               special: bool = True) -> np.ndarray:
+        """int32 token ids of one prompt: text, token ids, or a dict ({"prompt": ...},
+        {"messages": [...]}, {"context": ..., "continuation": ...}: the whole text's ids)."""
+        return self._record("prompt", prompt, self._encoder(chat, system, special))[1]
+
+    def prefill(self, prompts, n_predict: int = 32, logprobs: bool = False,
                 share_prefix: bool = True, stop_at_eos: bool = False, chat: bool = False,
-                system: str | None = None) -> list[Completion]:
-        """One Completion per prompt, in order: n_predict greedy ids (fewer when stop_at_eos
-        meets an end-of-generation id), and with logprobs each prompt token's log-probability
-        after the first (logprob_sum: the log-likelihood an eval harness asks for)."""
-        prompts = list(prompts)
-        ids = [self.encode(p, chat, system) for p in prompts]
+                system: str | None = None, top_logprobs: int = 0,
+                prompt_ids: bool = False) -> list[Completion]:
+        """One Completion per prompt, in order (a string or a dict alone: one prompt):
+        n_predict greedy ids (fewer when stop_at_eos meets an end-of-generation id), and with
+        logprobs each prompt token's log-probability after the first (logprob_sum: the
+        log-likelihood an eval harness asks for). A {"context", "continuation"} prompt also
+        gets continuation_logprob and is_greedy; top_logprobs=N (<= 20): the N most likely
+        tokens at each scored token (the continuation's; every token's with logprobs);
+        prompt_ids: the prompt's ids. BadInput (a ValueError) for any bad argument, naming
+        it (prompts[i] for a prompt), before any work."""
+        n_predict = _int("n_predict", n_predict, 0)
+        logprobs, share_prefix = _flag("logprobs", logprobs), _flag("share_prefix", share_prefix)
+        stop_at_eos, prompt_ids = _flag("stop_at_eos", stop_at_eos), _flag("prompt_ids", prompt_ids)
+        top = _int("top_logprobs", top_logprobs, 0, min(TOP_MAX, self.model.config.vocab_size))
+        enc = self._encoder(chat, system)
+        prompts = _prompt_list(prompts)
+        recs, items = [], []
+        for i, p in enumerate(prompts):
+            rec, ids, first = self._record(f"prompts[{i}]", p, enc)
+            recs.append(rec)
+            items.append((i, ids, first))
+        self.check([len(ids) for _, ids, _ in items], n_predict)
         out: list[Completion] = []
         stop = self.tok.eog_ids if stop_at_eos else ()
 
         def emit(r: runner.Result) -> None:
-            p = prompts[r.key]
-            pid = p.get("id", r.key) if isinstance(p, dict) else r.key
-            out.append(Completion(r.key, pid, r.n_prompt, r.greedy, self.tok.decode(r.greedy),
-                                  r.eos, None if r.logprobs is None else
-                                  [float(x) for x in r.logprobs], r.margins))
+            pid = recs[r.key].id
+            c = Completion(r.key, r.key if pid is None else pid, r.n_prompt, r.greedy,
+                           self.tok.decode(r.greedy), r.eos, None if not logprobs else
+                           [float(x) for x in r.logprobs], r.margins, r.first)
+            if r.first is not None:
+                c.continuation_logprob, c.is_greedy = r.continuation_logprob, r.is_greedy
+            rows = r.top_rows(logprobs) if top else None
+            if rows is not None:
+                c.top_logprobs = [[(t, self.tok.piece(t), v) for t, v in row] for row in rows]
+            if prompt_ids:
+                c.prompt_ids = r.ids.tolist()
+            out.append(c)
 
-        self.run(enumerate(ids), [len(i) for i in ids], n_predict, emit, logprobs=logprobs,
-                 share=share_prefix, stop_ids=stop)
+        self.run(items, [len(ids) for _, ids, _ in items], n_predict, emit, logprobs=logprobs,
+                 share=share_prefix, stop_ids=stop, top=top)
         return out
 
     def close(self) -> None:
@@ -153,24 +238,25 @@ class Engine:
     # -- the streaming form ------------------------------------------------------------------
     def check(self, lengths: Sequence[int], n_predict: int) -> None:
         """BadInput for a prompt that cannot run: empty, or past the context with n_predict."""
-        n_ctx = self.model.config.n_ctx
-        if n_predict < 0:
-            raise BadInput(f"n_predict must be >= 0, got {n_predict}")
+        n_predict = _int("n_predict", n_predict, 0)
         for i, n in enumerate(lengths):
-            if n < 1:
-                raise BadInput(f"prompt {i}: 0 tokens")
-            if n + n_predict > n_ctx:
-                raise BadInput(f"prompt {i}: {n} tokens + {n_predict} generated tokens = "
-                               f"{n + n_predict} exceeds the model's context of {n_ctx}")
+            try:
+                if n < 1:
+                    raise RecordError("the prompt is 0 tokens")
+                check_fits(int(n), n_predict, self.model.config.n_ctx)
+            except RecordError as e:
+                raise BadInput(f"prompts[{i}]: {e}") from None
 
-    def run(self, prompts: Iterable[tuple[int, np.ndarray]], lengths: Sequence[int],
+    def run(self, prompts: Iterable[tuple], lengths: Sequence[int],
             n_predict: int, emit: Callable[[runner.Result], None], *, logprobs: bool = False,
-            share: bool = True, stop_ids=(),
+            share: bool = True, stop_ids=(), top: int = 0,
             describe: Callable[[int], str] = lambda k: f"prompt {k}") -> runner.Totals:
-        """Every (key, ids) of `prompts` (lengths: their token counts, in the same order, read
-        first: the KV cache and the waves are planned from them) -> emit(Result) per prompt in
-        input order; returns the run's Totals. describe(key) names a prompt in a GPU fault's
-        or a NaN's message."""
+        """Every (key, ids) or (key, ids, n_context) of `prompts` (lengths: their token counts,
+        in the same order, read first: the KV cache and the waves are planned from them;
+        n_context: a continuation's first token, whose log-probs are scored) -> emit(Result)
+        per prompt in input order; returns the run's Totals. top: the most likely ids and
+        log-probs at each scored row (runner.run). describe(key) names a prompt in a GPU
+        fault's or a NaN's message."""
         self.check(lengths, n_predict)
         if not len(lengths):
             return runner.Totals()
@@ -180,7 +266,7 @@ class Engine:
         return runner.run(self.backend, prompts, n_predict, kv_slots=self.kv_slots,
                           ubatch=self.ubatch, logprobs=logprobs, share=share,
                           stop_ids=stop_ids, emit=emit, progress=self.progress,
-                          n_prompts=len(lengths), describe=describe)
+                          n_prompts=len(lengths), describe=describe, top=top)
 
     def prepare(self, need: int, want: int, positions: int | None = None) -> None:
         """The backend, with at least `need` KV slots (the longest prompt's) and up to `want`

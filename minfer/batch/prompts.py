@@ -3,10 +3,11 @@ in two passes over the same bytes, one line in memory at a time.
 
 Formats (docs/batch.md, "Prompt files"):
 - `jsonl`: one JSON value a line: a string (the prompt), or an object with exactly one of
-  "prompt" (a string) and "messages" (a non-empty list of {"role": str, "content": str},
-  rendered through the model's chat template), and an optional "id" (a string or an integer;
-  default: the prompt's 0-based index). Blank lines (JSON whitespace only) are skipped; they
-  still count in line numbers.
+  "prompt" (a string or a list of token ids), "messages" (a non-empty list of {"role": str,
+  "content": str}, rendered through the model's chat template) and "context" with
+  "continuation" (a continuation to score), and an optional "id" (a string or an integer;
+  default: the prompt's 0-based index); minfer.batch.records checks them, as it checks the
+  API's. Blank lines (JSON whitespace only) are skipped; they still count in line numbers.
 - `lines`: every line is a prompt, as plain text (one "\\r" before the "\\n" is dropped); an
   empty line is an empty prompt, refused (a final "\\n" only ends the last line).
 
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.batch.reader import LineReader, open_input
+from minfer.batch.records import (Record, RecordError, check_fits, check_record, check_text,
+                                  record_ids)
 from minfer.errors import BadInput
 from minfer.host.fileio import prompt_cap
 
@@ -47,128 +50,59 @@ class Prompt:
     line: int         # 1-based line number in the file
     id: object        # the line's "id" (str or int) if given, else `index`
     ids: np.ndarray   # int32 token ids (read-only), chat template applied for "messages"
+    n_context: int | None = None   # a continuation record: the context's tokens, else None
 
 
-class _LineError(Exception):
-    """What is wrong with one line; the source adds the file name and line number."""
-
-
-def _kind(v) -> str:
-    if isinstance(v, bool):
-        return "a boolean"
-    return {str: "a string", int: "a number", float: "a number", list: "an array",
-            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
-
-
-def _text(s: str, what: str) -> str:
-    """`s` if it can be a prompt's text (no NUL, no lone surrogate), else _LineError."""
-    if "\x00" in s:
-        raise _LineError(f"{what} holds a NUL character (\\u0000)")
+def parse_line(raw: bytes, fmt: str, vocab: int | None = None) -> Record | None:
+    """The checked record of one line (records.check_record; `lines`: its text); None for a
+    blank jsonl line. RecordError names what is wrong."""
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        raise RecordError(f"a NUL byte at byte offset {nul} of the line")
+    if fmt == "jsonl" and not raw.strip(_JSON_SPACE):
+        return None
     try:
-        s.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise _LineError(f"{what} is not valid Unicode (a lone surrogate "
-                         f"\\u{ord(s[e.start]):04x})") from None
-    return s
+        s = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError(f"invalid UTF-8 at byte offset {e.start} of the line "
+                          f"(byte 0x{raw[e.start]:02x})") from None
+    if fmt == "lines":
+        s = s[:-1] if s.endswith("\r") else s
+        if not s:
+            raise RecordError("an empty line is an empty prompt (--prompts-format lines: every "
+                              "line is a prompt)")
+        return Record(text=check_text(s, "the prompt"))
+    try:
+        v = json.loads(s, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise RecordError(f"invalid JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise RecordError("invalid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise RecordError(f"invalid JSON ({e})") from None
+    return check_record(v, vocab, bare_ids=False)
 
 
 def _no_duplicates(pairs):
     out = {}
     for k, v in pairs:
         if k in out:
-            raise _LineError(f"invalid JSON (key {json.dumps(k, ensure_ascii=False)} appears "
-                             "twice in an object)")
+            raise RecordError(f"invalid JSON (key {json.dumps(k, ensure_ascii=False)} appears "
+                              "twice in an object)")
         out[k] = v
     return out
 
 
 def _no_constant(name):
-    raise _LineError(f"invalid JSON ({name} is not a JSON number)")
-
-
-def _messages(v) -> list[dict[str, str]]:
-    if not isinstance(v, list) or not v:
-        raise _LineError(f'"messages" must be a non-empty array of {{"role", "content"}} '
-                         f"objects, not {'an empty array' if v == [] else _kind(v)}")
-    for i, m in enumerate(v):
-        where = f'"messages"[{i}]'
-        if not isinstance(m, dict):
-            raise _LineError(f'{where} must be an object {{"role", "content"}}, not {_kind(m)}')
-        extra = sorted(set(m) - {"role", "content"})
-        if extra:
-            raise _LineError(f"{where}: unknown key {json.dumps(extra[0], ensure_ascii=False)} "
-                             '(a message has "role" and "content")')
-        for k in ("role", "content"):
-            if k not in m:
-                raise _LineError(f'{where} has no "{k}"')
-            if not isinstance(m[k], str):
-                raise _LineError(f'{where}: "{k}" must be a string, not {_kind(m[k])}')
-            _text(m[k], f'{where} "{k}"')
-        if not m["role"]:
-            raise _LineError(f'{where}: "role" is empty')
-    return v
-
-
-def parse_line(raw: bytes, fmt: str) -> tuple[object, str | None, list | None] | None:
-    """(id or None, text, messages) of one line (exactly one of text and messages is set);
-    None for a blank jsonl line. _LineError names what is wrong."""
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        raise _LineError(f"a NUL byte at byte offset {nul} of the line")
-    if fmt == "jsonl" and not raw.strip(_JSON_SPACE):
-        return None
-    try:
-        s = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise _LineError(f"invalid UTF-8 at byte offset {e.start} of the line "
-                         f"(byte 0x{raw[e.start]:02x})") from None
-    if fmt == "lines":
-        s = s[:-1] if s.endswith("\r") else s
-        if not s:
-            raise _LineError("an empty line is an empty prompt (--prompts-format lines: every "
-                             "line is a prompt)")
-        return None, _text(s, "the prompt"), None
-    try:
-        v = json.loads(s, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
-    except json.JSONDecodeError as e:
-        raise _LineError(f"invalid JSON ({e.msg} at column {e.colno})") from None
-    except RecursionError:
-        raise _LineError("invalid JSON (nested too deeply)") from None
-    except ValueError as e:  # an integer of more digits than Python converts
-        raise _LineError(f"invalid JSON ({e})") from None
-    if isinstance(v, str):
-        v = {"prompt": v}
-    if not isinstance(v, dict):
-        raise _LineError('expected a JSON string or an object with "prompt" or "messages", '
-                         f"got {_kind(v)}")
-    extra = sorted(set(v) - {"prompt", "messages", "id"})
-    if extra:
-        raise _LineError(f"unknown key {json.dumps(extra[0], ensure_ascii=False)} (a line has "
-                         '"prompt" or "messages", and optionally "id")')
-    if ("prompt" in v) == ("messages" in v):
-        raise _LineError('an object needs exactly one of "prompt" and "messages"'
-                         + (", not both" if "prompt" in v else ""))
-    pid = v.get("id")
-    if "id" in v and (isinstance(pid, bool) or not isinstance(pid, (str, int))):
-        raise _LineError(f'"id" must be a string or an integer, not {_kind(pid)}')
-    if isinstance(pid, str):  # echoed in the UTF-8 results: a lone surrogate cannot be written
-        _text(pid, '"id"')
-    if "messages" in v:
-        return pid, None, _messages(v["messages"])
-    text = v["prompt"]
-    if not isinstance(text, str):
-        raise _LineError(f'"prompt" must be a string, not {_kind(text)}')
-    if not text:
-        raise _LineError("the prompt is empty")
-    return pid, _text(text, "the prompt"), None
+    raise RecordError(f"invalid JSON ({name} is not a JSON number)")
 
 
 class PromptSource:
     """The prompts of one input; a context manager (close() frees the file and any spool).
     scan() once, then iterate (any number of times) to get the prompts in order."""
 
-    def __init__(self, reader: LineReader, fmt: str, encode: Encode):
-        self._reader, self._fmt, self._encode = reader, fmt, encode
+    def __init__(self, reader: LineReader, fmt: str, encode: Encode, vocab: int | None = None):
+        self._reader, self._fmt, self._encode, self._vocab = reader, fmt, encode, vocab
         self.name = reader.name
         self._scanned = None  # (cap, n_ctx, n_predict, fingerprint, lines, crcs, counts)
 
@@ -176,25 +110,24 @@ class PromptSource:
     def _fail(self, line: int, msg: str, cls: type[BadInput] = BadInput) -> BadInput:
         return cls(f"{self.name} line {line}: {msg}")
 
-    def _parse(self, line: int, raw: bytes):
+    def _parse(self, line: int, raw: bytes) -> Record | None:
         try:
-            return parse_line(raw, self._fmt)
-        except _LineError as e:
+            return parse_line(raw, self._fmt, self._vocab)
+        except RecordError as e:
             raise self._fail(line, str(e)) from None
 
-    def _tokens(self, line: int, text, messages, n_ctx: int, n_predict: int) -> np.ndarray:
+    def _tokens(self, line: int, rec: Record, n_ctx: int,
+                n_predict: int) -> tuple[np.ndarray, int | None]:
+        """(read-only int32 ids, n_context or None) of a record, or BadInput naming the line."""
         try:
-            ids = self._encode(text, messages)
+            ids, first = record_ids(rec, self._encode)
+            check_fits(ids.size, n_predict, n_ctx)
+        except RecordError as e:
+            raise self._fail(line, str(e)) from None
         except BadInput as e:  # BadModel too: a template that does not render
             raise self._fail(line, str(e), type(e)) from None
-        ids = np.asarray(ids, dtype=np.int32).reshape(-1)
-        if ids.size == 0:
-            raise self._fail(line, "the prompt is 0 tokens")
-        if ids.size + n_predict > n_ctx:
-            raise self._fail(line, f"prompt of {ids.size} tokens + {n_predict} generated tokens "
-                                   f"= {ids.size + n_predict} exceeds the context of {n_ctx}")
         ids.flags.writeable = False
-        return ids
+        return ids, first
 
     def _changed(self) -> BadInput:
         return BadInput(f"{self.name}: the prompt file changed while it was read (between "
@@ -212,8 +145,7 @@ class PromptSource:
             rec = self._parse(n, raw)
             if rec is None:
                 continue
-            _, text, messages = rec
-            counts.append(self._tokens(n, text, messages, n_ctx, n_predict).size)
+            counts.append(self._tokens(n, rec, n_ctx, n_predict)[0].size)
             lines.append(n)
             crcs.append(zlib.crc32(raw))
         if not counts:
@@ -239,11 +171,11 @@ class PromptSource:
             if k < total and n == lines[k]:
                 if zlib.crc32(raw) != crcs[k]:
                     raise self._changed()
-                pid, text, messages = self._parse(n, raw)
-                ids = self._tokens(n, text, messages, n_ctx, n_predict)
+                rec = self._parse(n, raw)
+                ids, first = self._tokens(n, rec, n_ctx, n_predict)
                 if ids.size != counts[k]:
                     raise self._changed()
-                yield Prompt(k, n, k if pid is None else pid, ids)
+                yield Prompt(k, n, k if rec.id is None else rec.id, ids, first)
                 k += 1
             elif raw.strip(_JSON_SPACE):  # blank in pass 1, a prompt now
                 raise self._changed()
@@ -261,19 +193,64 @@ class PromptSource:
         self.close()
 
 
-def open_prompts(path: str, fmt: str, encode: Encode) -> PromptSource:
+def open_prompts(path: str, fmt: str, encode: Encode, vocab: int | None = None) -> PromptSource:
     """The prompts of `path` ("-": standard input; it and a FIFO are first copied to a private
     temporary file) in format `fmt` ("jsonl" or "lines"); encode(text, messages) -> token ids
-    is the caller's tokenizer (make_encoder), given exactly one of the two."""
+    is the caller's tokenizer (make_encoder), given exactly one of the two; vocab: the model's,
+    the bound of token ids given in a record (None: 2**31)."""
     if fmt not in FORMATS:
         raise BadInput(f"--prompts-format {fmt!r}: not a prompt file format "
                        f"(choose from {', '.join(FORMATS)})")
-    return PromptSource(open_input(path), fmt, encode)
+    return PromptSource(open_input(path), fmt, encode, vocab)
+
+
+class Encoder:
+    """encode(text, messages) -> token ids (exactly one of the two given), and pair(context,
+    continuation) -> (ids, n_context) for a scored continuation (make_encoder)."""
+
+    def __init__(self, meta, tok, use_chat: bool, system: str | None, special: bool):
+        self.meta, self.tok, self.chat, self.system, self.special = \
+            meta, tok, use_chat, system, special
+
+    def __call__(self, text: str | None, messages: list | None) -> list[int]:
+        from minfer.text import chat as chat_mod
+
+        meta, tok, system, special = self.meta, self.tok, self.system, self.special
+        if (text is None) == (messages is None):
+            raise TypeError("encode(text, messages): give exactly one of the two")
+        if messages is None:
+            if self.chat:
+                return chat_mod.encode(meta, tok, text, system, parse_special=special)
+            return tok.encode(text, parse_special=special)
+        if not chat_mod.has_template(meta):
+            raise BadInput('a "messages" prompt needs the model\'s chat template '
+                           "(tokenizer.chat_template in the GGUF), and this model has none: "
+                           'give the prompt as "prompt" text')
+        msgs = list(messages)
+        if system is not None and not any(m["role"] == "system" for m in msgs):
+            msgs = chat_mod.messages("", system)[:1] + msgs
+        return chat_mod.encode_messages(meta, tok, msgs, special, '"messages"',
+                                        add_generation_prompt=msgs[-1]["role"] != "assistant")
+
+    def pair(self, context: str, continuation: str) -> tuple[list[int], int]:
+        """(ids of context + continuation, n_context) as lm-eval's _encode_pair: the context's
+        trailing whitespace moves to the continuation; the whole text and the context alone are
+        encoded (BOS as the metadata says, never EOS), n_context = the context's token count,
+        so the continuation's tokens are ids[n_context:] of the whole text's tokenization (a
+        token across the boundary is the continuation's: docs/batch.md)."""
+        if self.chat:
+            raise BadInput('a "context"/"continuation" pair is scored as plain text: not with '
+                           "--chat or --system (give a chat-rendered context as token ids)")
+        k = len(context) - len(context.rstrip())
+        if k:
+            context, continuation = context[:-k], context[-k:] + continuation
+        enc = lambda t: self.tok.encode(t, parse_special=self.special, add_eos=False)  # noqa: E731
+        return enc(context + continuation), len(enc(context))
 
 
 def make_encoder(meta, tok, chat: bool | None, system: str | None,
-                 special: bool) -> Encode:
-    """encode(text, messages) for open_prompts. Text: plain completion through
+                 special: bool) -> Encoder:
+    """The Encoder for open_prompts. Text: plain completion through
     tok.encode(text, parse_special=special), or the chat template when `chat` is True or a
     `system` message is given (as `minfer prefill -p` does). Messages: always the chat
     template; `system` goes first when the list has no system message; a list ending with
@@ -288,22 +265,4 @@ def make_encoder(meta, tok, chat: bool | None, system: str | None,
         raise BadInput("--chat: this model has no tokenizer.chat_template in its GGUF "
                        "metadata; give the prompts as plain text (--no-chat) or name a "
                        "template (--chat-template chatml|llama3|gemma|phi3|mistral|FILE)")
-
-    def encode(text: str | None, messages: list | None) -> list[int]:
-        if (text is None) == (messages is None):
-            raise TypeError("encode(text, messages): give exactly one of the two")
-        if messages is None:
-            if use_chat:
-                return chat_mod.encode(meta, tok, text, system, parse_special=special)
-            return tok.encode(text, parse_special=special)
-        if not chat_mod.has_template(meta):
-            raise BadInput('a "messages" prompt needs the model\'s chat template '
-                           "(tokenizer.chat_template in the GGUF), and this model has none: "
-                           'give the prompt as "prompt" text')
-        msgs = list(messages)
-        if system is not None and not any(m["role"] == "system" for m in msgs):
-            msgs = chat_mod.messages("", system)[:1] + msgs
-        return chat_mod.encode_messages(meta, tok, msgs, special, '"messages"',
-                                        add_generation_prompt=msgs[-1]["role"] != "assistant")
-
-    return encode
+    return Encoder(meta, tok, use_chat, system, special)

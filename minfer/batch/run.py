@@ -1,5 +1,6 @@
 """The runner of many prompts: waves of packed prefill chunks, then batched greedy decode, on any
-backend with `packed(ids, tok, rows, targets) -> [m, 4]` and `copy_kv(src, dst, n)` (CUDA, and the
+backend with `packed(ids, tok, rows, targets) -> [m, 4]` (and, asked for top-k, `packed(...,
+top=k) -> ([m, 4], ids [m, k], log-probs [m, k])`) and `copy_kv(src, dst, n)` (CUDA, and the
 CPU reference that checks it).
 
   for each wave (schedule.waves: as many prompts, in input order, as the KV slots hold):
@@ -20,6 +21,7 @@ sizes fall inside too, as a user's run pays them (bench warms them up first).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Collection, Iterable
@@ -42,6 +44,23 @@ class Result:
     margins: list[float]     # top1 - top2 logit at each greedy step (the tie-aware gate)
     eos: bool                # stopped at a stop id (the last of `greedy`)
     logprobs: np.ndarray | None = None   # f32 [n_prompt - 1]: log p(ids[p + 1] | ids[:p + 1])
+    # (NaN where not scored: with logprobs every row is, for a continuation rows first-1..)
+    ids: np.ndarray | None = None        # int32 [n_prompt] the prompt's ids
+    first: int | None = None             # a continuation's first token, else None
+    argmax: np.ndarray | None = None     # int32 [n_prompt - 1]: argmax at row p (-1 unscored)
+    top_ids: np.ndarray | None = None    # int32 [n_prompt - 1, top] (with top >= 1)
+    top_logprobs: np.ndarray | None = None   # f32 [n_prompt - 1, top], descending
+    continuation_logprob: float | None = None   # sum of logprobs[first - 1:]
+    is_greedy: bool | None = None        # argmax[first - 1:] == ids[first:]
+
+    def top_rows(self, every_row: bool) -> list[list[tuple[int, float]]] | None:
+        """[(id, log-prob)] * top at each scored token: every prompt token after the first
+        (every_row: a logprobs run), else a continuation's tokens; None without top-k."""
+        if self.top_ids is None:
+            return None
+        lo = 0 if every_row or self.first is None else self.first - 1
+        return [[(int(t), float(v)) for t, v in zip(a, b)]
+                for a, b in zip(self.top_ids[lo:].tolist(), self.top_logprobs[lo:].tolist())]
 
 
 @dataclass
@@ -71,10 +90,13 @@ def run(backend, prompts: Iterable[tuple[int, np.ndarray]], n_predict: int, *,
         kv_slots: int, ubatch: int, logprobs: bool = False, share: bool = True,
         stop_ids: Collection[int] = (), emit: Callable[[Result], None] = lambda r: None,
         progress: bool = False, n_prompts: int | None = None,
-        describe: Callable[[int], str] = lambda k: f"prompt {k}") -> Totals:
+        describe: Callable[[int], str] = lambda k: f"prompt {k}", top: int = 0) -> Totals:
     """Run every (key, ids) prompt of `prompts` (keys increasing: the input order) and hand
     each Result to `emit` in input order; -> Totals. n_predict greedy ids each (fewer after a
-    stop id); logprobs: each prompt token's log-probability after the first. A GPU fault or
+    stop id); logprobs: each prompt token's log-probability after the first. A (key, ids,
+    first) prompt is a continuation from token first: its rows first-1.. are scored
+    (continuation_logprob, is_greedy). top >= 1: the top most likely ids and log-probs of
+    every scored row (packed(top=k), only in chunks that score). A GPU fault or
     non-finite numbers in a forward re-raise naming the prompts of that forward (describe(key):
     how a prompt is named, e.g. its line in the file)."""
     tot = Totals()
@@ -84,7 +106,7 @@ def run(backend, prompts: Iterable[tuple[int, np.ndarray]], n_predict: int, *,
         # owner's next token, not the sharer's): schedule.waves plans it so
         for wave in schedule.waves(prompts, kv_slots, n_predict, share, logprobs=logprobs):
             results = _wave(backend, wave, n_predict, ubatch, logprobs, stop_ids, tot, bar,
-                            describe)
+                            describe, top)
             for key in sorted(results):
                 emit(results[key])
             tot.waves += 1
@@ -105,27 +127,45 @@ def _named(describe, keys, what: str, call):
         raise type(e)(f"{e} [{what} of {names}]") from None
 
 
+def _result(s, logprobs: bool, top: int) -> Result:
+    """An empty Result; per-row arrays only for a prompt whose rows are scored."""
+    n = len(s.ids)
+    r = Result(s.key, n, [], [], False, ids=s.ids, first=s.first)
+    if logprobs or s.first is not None:
+        r.logprobs = np.full(n - 1, np.nan, np.float32)
+        r.argmax = np.full(n - 1, -1, np.int32)
+        if top:
+            r.top_ids = np.full((n - 1, top), -1, np.int32)
+            r.top_logprobs = np.full((n - 1, top), np.nan, np.float32)
+    return r
+
+
 def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop_ids,
-          tot: Totals, bar, describe) -> dict[int, Result]:
+          tot: Totals, bar, describe, top: int = 0) -> dict[int, Result]:
     seqs = {s.key: s for s in wave}
-    res = {s.key: Result(s.key, len(s.ids), [], [], False,
-                         np.full(len(s.ids) - 1, np.nan, np.float32) if logprobs else None)
-           for s in wave}
+    res = {s.key: _result(s, logprobs, top) for s in wave}
     backend.synchronize()
     t0 = time.perf_counter()
     for ch in schedule.prefill_chunks(wave, ubatch, logprobs):
         for src, dst, n in ch.copies:
             backend.copy_kv(src, dst, n)
         keys = _chunk_keys(wave, ch)
-        st = _named(describe, keys, "the prefill chunk",
-                    lambda: backend.packed(ch.ids, ch.tok, ch.rows, ch.targets))
+        # top-k only where a row is scored: the default path's call is unchanged
+        k = top if top and any(res[key].argmax is not None for key, _ in ch.owners) else 0
+        out = _named(describe, keys, "the prefill chunk",
+                     lambda: backend.packed(ch.ids, ch.tok, ch.rows, ch.targets, top=k) if k
+                     else backend.packed(ch.ids, ch.tok, ch.rows, ch.targets))
+        st, t_ids, t_lp = out if k else (out, None, None)
         tot.chunks += 1
         tot.computed_tokens += len(ch.ids)
         done = 0
         for i, (key, p) in enumerate(ch.owners):
             r = res[key]
-            if logprobs and p < r.n_prompt - 1:
+            if r.logprobs is not None and p < r.n_prompt - 1:
                 r.logprobs[p] = st[i, 2]
+                r.argmax[p] = int(st[i, 0])
+                if r.top_ids is not None:
+                    r.top_ids[p], r.top_logprobs[p] = t_ids[i], t_lp[i]
             if p == r.n_prompt - 1 and n_predict > 0:
                 r.greedy.append(int(st[i, 0]))
                 r.margins.append(float(st[i, 1]))
@@ -133,7 +173,14 @@ def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop
         if bar is not None and done:
             bar.update(done)
     if logprobs:   # a sharer's prefix rows are its owner's (the same tokens before them)
-        schedule.copy_shared_logprobs(wave, {k: r.logprobs for k, r in res.items()})
+        for name in ("logprobs", "argmax", "top_ids", "top_logprobs"):
+            if top or not name.startswith("top"):
+                schedule.copy_shared_logprobs(wave, {k: getattr(r, name) for k, r in res.items()})
+    for s in wave:   # (without logprobs a continuation's scored rows are its own: schedule)
+        if s.first is not None:
+            r = res[s.key]
+            r.continuation_logprob = math.fsum(r.logprobs[s.first - 1:].tolist())
+            r.is_greedy = bool(np.array_equal(r.argmax[s.first - 1:], s.ids[s.first:]))
     tot.prefill_s += time.perf_counter() - t0
     tot.prompts += len(wave)
     tot.prompt_tokens += sum(len(s.ids) for s in wave)

@@ -25,7 +25,11 @@ within one call slot and lo never decrease. `copy_kv(src, dst, n)` copies KV row
 - Log-probs (`logprobs=True`): every computed position p gives log p(ids[p + 1] | ids[:p + 1]);
   a sharer's first `share` ones are its owner's (`copy_shared_logprobs`), which is why a wave
   planned for log-probs shares one row less: the owner's row share - 1 must predict the same
-  next token as the sharer's.
+  next token as the sharer's. The runner copies its other per-row arrays (argmax ids, top-k)
+  the same way.
+- Continuations (a prompt given as (key, ids, first)): without logprobs only rows first-1..n-1
+  are scored (they predict tokens first..n-1, and the last row the greedy id); a sharer shares
+  at most first - 1 rows, so its scored rows are its own and nothing is copied.
 - Decode (`decode_layout`, `pad_to_bucket`): a sequence with n tokens in the cache (prompt +
   ids fed back so far) feeds its newest greedy id at slot base + n, lo = base.
 """
@@ -52,6 +56,7 @@ class Seq:
     share: int = 0      # leading rows taken from `owner`'s slots by copy_kv (0: none)
     owner: int | None = None   # key of the Seq (earlier in the wave) whose slots hold them
     slots: int = 0      # its footprint: slots base..base+slots-1 are its own (0: not known)
+    first: int | None = None   # a continuation's first token: rows first-1.. are scored
 
 
 @dataclass
@@ -81,6 +86,16 @@ def _ids(key, ids) -> np.ndarray:
     if a.size == 0:
         raise ValueError(f"prompt {key}: 0 tokens")
     return a
+
+
+def _item(item) -> tuple[int, np.ndarray, int | None]:
+    """(key, ids, first) of a (key, ids) or (key, ids, first) prompt; first: the index of a
+    continuation's first token (1 <= first < n), whose log-prob and later ones are scored."""
+    key, ids, first = item if len(item) == 3 else (*item, None)
+    ids = _ids(key, ids)
+    if first is not None and not 1 <= first < ids.size:
+        raise ValueError(f"prompt {key}: continuation from token {first} of {ids.size}")
+    return key, ids, first
 
 
 def _fits(key, n: int, kv_slots: int, n_predict: int) -> int:
@@ -113,23 +128,23 @@ def plan_wave(prompts: Sequence[tuple[int, np.ndarray]], kv_slots: int, n_predic
         raise ValueError(f"n_predict must be >= 0, got {n_predict}")
     if max_seqs is not None and max_seqs < 1:
         raise ValueError(f"max_seqs must be >= 1, got {max_seqs}")
-    taken: list[tuple[int, np.ndarray, int]] = []
+    taken: list[tuple[int, np.ndarray, int, int | None]] = []
     used = 0
-    for i, (key, ids) in enumerate(prompts):
-        ids = _ids(key, ids)
+    for i, item in enumerate(prompts):
+        key, ids, first = _item(item)
         need = footprint(ids.size, n_predict)
         if (max_seqs is not None and len(taken) >= max_seqs) or used + need > kv_slots:
             if not taken:
                 _fits(key, ids.size, kv_slots, n_predict)
             return _place(taken, share, min_share, logprobs), list(prompts[i:])
-        taken.append((key, ids, need))
+        taken.append((key, ids, need, first))
         used += need
     return _place(taken, share, min_share, logprobs), []
 
 
-def _place(taken: list[tuple[int, np.ndarray, int]], share: bool, min_share: int,
+def _place(taken: list[tuple[int, np.ndarray, int, int | None]], share: bool, min_share: int,
            logprobs: bool) -> list[Seq]:
-    keys = [k for k, _, _ in taken]
+    keys = [t[0] for t in taken]
     if len(set(keys)) != len(keys):
         raise ValueError("prompt keys repeat within a wave")
     if share:   # neighbours by ids: a common prefix is shared with the one just before
@@ -138,14 +153,16 @@ def _place(taken: list[tuple[int, np.ndarray, int]], share: bool, min_share: int
     base = 0
     prev = None
     min_share = max(int(min_share), 1)
-    for key, ids, need in taken:
+    for key, ids, need, first in taken:
         n_share, owner = 0, None
         if share and prev is not None:
             p = common_prefix(prev.ids, ids)
             s = min(p - 1 if logprobs else p, ids.size - 1)
+            if first is not None and not logprobs:   # its scored rows are its own to compute
+                s = min(s, first - 1)
             if s >= min_share:
                 n_share, owner = s, prev.key
-        seq = Seq(key, ids, base, n_share, owner, need)
+        seq = Seq(key, ids, base, n_share, owner, need, first)
         out.append(seq)
         prev = seq
         base += need
@@ -155,7 +172,8 @@ def _place(taken: list[tuple[int, np.ndarray, int]], share: bool, min_share: int
 def waves(prompts: Iterable[tuple[int, np.ndarray]], kv_slots: int, n_predict: int,
           share: bool, max_seqs: int | None = None, *, min_share: int = MIN_SHARE,
           logprobs: bool = False) -> Iterator[list[Seq]]:
-    """The prompts ((key, ids) pairs, input order) as consecutive waves, each a list of Seq in
+    """The prompts ((key, ids) pairs, or (key, ids, first) for a continuation from token
+    first; input order) as consecutive waves, each a list of Seq in
     wave order (plan_wave), read lazily: a wave holds only the prompts that fit kv_slots (and at
     most max_seqs), and the iterator is read at most one prompt past the wave being yielded
     (the one that did not fit; none once max_seqs is reached). A prompt that cannot fit the
@@ -168,28 +186,28 @@ def waves(prompts: Iterable[tuple[int, np.ndarray]], kv_slots: int, n_predict: i
     carry = None
     ended = False
     while True:
-        batch: list[tuple[int, np.ndarray, int]] = []
+        batch: list[tuple[int, np.ndarray, int, int | None]] = []
         used = 0
         while max_seqs is None or len(batch) < max_seqs:
             if carry is not None:
-                key, ids = carry
+                key, ids, first = carry
                 carry = None
             else:
                 if ended:
                     break
                 try:
-                    key, ids = next(it)
+                    item = next(it)
                 except StopIteration:
                     ended = True
                     break
-                ids = _ids(key, ids)
+                key, ids, first = _item(item)
             need = footprint(ids.size, n_predict)
             if used + need > kv_slots:
                 if not batch:
                     _fits(key, ids.size, kv_slots, n_predict)
-                carry = (key, ids)
+                carry = (key, ids, first)
                 break
-            batch.append((key, ids, need))
+            batch.append((key, ids, need, first))
             used += need
         if not batch:
             return
@@ -224,6 +242,9 @@ def _check_wave(wave: Sequence[Seq], logprobs: bool) -> dict[int, Seq]:
                 raise ValueError(f"prompt {s.key}: with log-probs the owner's last shared row "
                                  "must predict the sharer's next token: plan the wave with "
                                  "logprobs=True (one row less shared)")
+            if not logprobs and s.first is not None and s.share > s.first - 1:
+                raise ValueError(f"prompt {s.key}: shares {s.share} rows, past its scored "
+                                 f"rows from {s.first - 1}")
         by_key[s.key] = s
     return by_key
 
@@ -233,8 +254,8 @@ def prefill_chunks(wave: Sequence[Seq], ubatch: int, logprobs: bool) -> list[Chu
     share..n-1, wave order) in chunks of at most ubatch tokens, each sharer's copy
     (owner.base -> base, share rows) in the copies of the chunk holding its first own token,
     after the chunk that writes the last row it copies. Rows: without logprobs each sequence's
-    last position (target -1); with logprobs every computed position p (target ids[p + 1],
-    -1 for the last). `owners` names each row's (key, position)."""
+    last position (target -1), and a continuation's positions first-1.. (target ids[p + 1]);
+    with logprobs every computed position p (target ids[p + 1], -1 for the last). `owners` names each row's (key, position)."""
     if ubatch < 1:
         raise ValueError(f"ubatch must be >= 1, got {ubatch}")
     by_key = _check_wave(wave, logprobs)
@@ -287,13 +308,14 @@ def _chunk(copies, segs, logprobs: bool) -> Chunk:
         tk[:, 0] = np.arange(s.base + a, s.base + b, dtype=np.int32)
         tk[:, 1] = s.base
         tok.append(tk)
-        if logprobs:
-            rows.append(np.arange(t, t + k, dtype=np.int32))
-            tg = np.full(k, -1, np.int32)
-            m = min(b, n - 1) - a    # positions a..min(b, n-1)-1 have a next token
-            tg[:m] = s.ids[a + 1:a + 1 + m]
+        lo = a if logprobs else max(a, s.first - 1) if s.first is not None else b
+        if lo < b:   # scored rows lo..b-1 (every row with logprobs; a continuation's)
+            rows.append(np.arange(t + lo - a, t + k, dtype=np.int32))
+            tg = np.full(b - lo, -1, np.int32)
+            m = min(b, n - 1) - lo    # positions lo..min(b, n-1)-1 have a next token
+            tg[:m] = s.ids[lo + 1:lo + 1 + m]
             targets.append(tg)
-            owners.extend((s.key, p) for p in range(a, b))
+            owners.extend((s.key, p) for p in range(lo, b))
         elif b == n:
             rows.append(np.array([t + k - 1], np.int32))
             targets.append(np.array([-1], np.int32))
@@ -307,8 +329,9 @@ def _chunk(copies, segs, logprobs: bool) -> Chunk:
 
 def copy_shared_logprobs(wave: Sequence[Seq], logprobs: dict[int, np.ndarray]) -> None:
     """Fill each sharer's log-probs of positions 0..share-1 (log p(ids[p + 1] | ids[:p + 1]),
-    arrays of n - 1 indexed by p) from its owner's, in wave order (an owner's own shared ones
-    first). The wave must have been planned with logprobs=True (prefill_chunks checks)."""
+    arrays of n - 1 indexed by p; any per-row array [n - 1, ...] alike) from its owner's, in
+    wave order (an owner's own shared ones first). The wave must have been planned with
+    logprobs=True (prefill_chunks checks)."""
     for s in wave:
         if s.share:
             logprobs[s.key][:s.share] = logprobs[s.owner][:s.share]

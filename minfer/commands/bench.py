@@ -193,7 +193,7 @@ def _bench_batch(model_path, batch, n_tokens, prefix, prompts_path, n_predict, c
         model = load_model(model_path)
         enc = make_encoder(model.metadata, Tokenizer.from_metadata(model.metadata), None,
                            None, True)
-        with open_prompts(prompts_path, "jsonl", enc) as src:
+        with open_prompts(prompts_path, "jsonl", enc, model.config.vocab_size) as src:
             src.scan(model.config.n_ctx, n_predict)
             prompts = [p.ids for p in src]
     bench_batch.run(model_path, batch or 0, n_tokens[0], prefix, n_predict, configs,

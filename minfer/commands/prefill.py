@@ -79,11 +79,16 @@ def check_options(prompt, prompt_file, chat, system, n_predict, ubatch, ctx_size
 
 
 def check_batch_options(prompts_path, prompt, prompt_file, as_json, output, logprobs,
-                        prefix_share) -> None:
+                        prefix_share, top_logprobs: int = 0, with_ids: bool = False) -> None:
     """--prompts and the options that go with it (or only with it)."""
+    from minfer.reference.ops import TOP_MAX
+
+    if not 0 <= top_logprobs <= TOP_MAX:
+        raise BadInput(f"--top-logprobs must be in [0, {TOP_MAX}], got {top_logprobs}")
     if prompts_path is None:
         for flag, given in (("-o/--output", output is not None), ("--logprobs", logprobs),
-                            ("--no-prefix-share", not prefix_share)):
+                            ("--no-prefix-share", not prefix_share),
+                            ("--top-logprobs", top_logprobs > 0), ("--prompt-ids", with_ids)):
             if given:
                 raise BadInput(f"{flag} goes with --prompts FILE")
         return
@@ -186,13 +191,19 @@ def _num(x: float) -> float | None:
 @click.option("--logprobs", is_flag=True,
               help="With --prompts: each prompt token's log-probability after the first, and "
                    "their sum (an eval harness's log-likelihood).")
+@click.option("--top-logprobs", "top_logprobs", type=int, default=0,
+              help="With --prompts: the N (<= 20) most likely tokens (id, text, log-prob) at "
+                   "each scored token: a continuation's, every prompt token's with --logprobs.")
+@click.option("--prompt-ids", "with_ids", is_flag=True,
+              help="With --prompts: each record gives its prompt's token ids.")
 @click.option("--prefix-share/--no-prefix-share", default=True,
               help="With --prompts: compute a prefix that prompts share once (default on).")
 @threads_option
 @gemm_options
 def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, stop_at_eos,
             ctx_size, backend_kind, ubatch, dtype, as_json, prompts_path, prompts_format,
-            output, logprobs, prefix_share, chat_template, gemm) -> None:
+            output, logprobs, top_logprobs, with_ids, prefix_share, chat_template,
+            gemm) -> None:
     """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text.
     With --prompts FILE: every prompt of the file, packed, results as JSONL."""
     from minfer import engine
@@ -201,7 +212,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
 
     check_options(prompt, prompt_file, chat, system, n_greedy, ubatch, ctx_size)
     check_batch_options(prompts_path, prompt, prompt_file, as_json, output, logprobs,
-                        prefix_share)
+                        prefix_share, top_logprobs, with_ids)
     dtype = dtype.lower() if dtype else None
     kind, why = pick_backend_kind(backend_kind)
     ubatch_opt, ubatch = ubatch, UBATCH[kind] if ubatch is None else ubatch
@@ -246,7 +257,9 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
                            kind=kind, why=why, choice=choice if kind == "cuda" else None,
                            chat=chat, system=system, special=special, n_predict=n_greedy,
                            stop_at_eos=stop_at_eos, n_ctx=n_ctx, ubatch=ubatch_opt,
-                           logprobs=logprobs, share=prefix_share, dtype=dtype)
+                           logprobs=logprobs, share=prefix_share, dtype=dtype,
+                           top=min(top_logprobs, model.config.vocab_size),
+                           prompt_ids=with_ids)
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
         check_cap("stdin" if prompt_file == "-" else prompt_file, len(text.encode("utf-8")),
                   prompt_cap(model.config.n_ctx))

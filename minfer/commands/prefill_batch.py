@@ -17,21 +17,30 @@ from minfer.host.log import log
 from minfer.host.words import plural
 
 
-def record(pid, r, tok, logprobs: bool) -> dict:
+def record(pid, r, tok, logprobs: bool, top: int = 0, prompt_ids: bool = False) -> dict:
     """The JSONL record of one prompt's runner.Result."""
     out = {"id": pid, "n_prompt": r.n_prompt, "greedy_ids": r.greedy,
            "text": tok.decode(r.greedy), "stopped_at_eos": r.eos}
+    if r.first is not None:   # a context/continuation record
+        out["n_context"] = r.first
+        out["continuation_logprob"] = round(r.continuation_logprob, 6)
+        out["is_greedy"] = r.is_greedy
     if logprobs:
         lp = [round(float(x), 6) for x in r.logprobs]
         out["logprobs"] = lp
         out["logprob_sum"] = round(math.fsum(lp), 6)
+    rows = r.top_rows(logprobs) if top else None
+    if rows is not None:
+        out["top_logprobs"] = [[[t, tok.piece(t), round(v, 6)] for t, v in row] for row in rows]
+    if prompt_ids:
+        out["prompt_ids"] = r.ids.tolist()
     return out
 
 
 def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: str, choice,
                 chat, system, special: bool, n_predict: int, stop_at_eos, n_ctx: int,
-                ubatch: int | None, logprobs: bool, share: bool, dtype: str | None = None
-                ) -> None:
+                ubatch: int | None, logprobs: bool, share: bool, dtype: str | None = None,
+                top: int = 0, prompt_ids: bool = False) -> None:
     from minfer.batch.api import Engine
     from minfer.batch.output import ResultWriter
     from minfer.batch.prompts import make_encoder, open_prompts
@@ -44,7 +53,7 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
     encode = make_encoder(model.metadata, tok, chat, system, special)
     use_chat = chat is True or (chat is None and system is not None)
     stop_ids = tok.eog_ids if (use_chat if stop_at_eos is None else stop_at_eos) else ()
-    with open_prompts(path, fmt, encode) as src, ResultWriter(out) as writer:
+    with open_prompts(path, fmt, encode, model.config.vocab_size) as src, ResultWriter(out) as writer:
         t0 = time.perf_counter()
         lengths = src.scan(n_ctx, n_predict)   # every line checked before any GPU work
         scan_s = time.perf_counter() - t0
@@ -54,10 +63,10 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
         def keyed():
             for p in src:
                 pids[p.index] = (p.id, p.line)
-                yield p.index, p.ids
+                yield p.index, p.ids, p.n_context
 
         def emit(r) -> None:
-            writer.write(record(pids.pop(r.key)[0], r, tok, logprobs))
+            writer.write(record(pids.pop(r.key)[0], r, tok, logprobs, top, prompt_ids))
 
         def describe(key: int) -> str:
             pid, line = pids.get(key, (key, None))
@@ -65,7 +74,7 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
 
         t1 = time.perf_counter()
         tot = engine.run(keyed(), lengths, n_predict, emit, logprobs=logprobs, share=share,
-                         stop_ids=stop_ids, describe=describe)
+                         stop_ids=stop_ids, describe=describe, top=top)
         wall = time.perf_counter() - t1
         writer.commit()
     be = engine.backend

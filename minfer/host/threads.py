@@ -21,6 +21,7 @@ from minfer.errors import BadInput
 
 _ENV = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
 _limits = None  # the threadpoolctl limiter in force (kept so the limit stays set)
+_current: int | None = None  # the limit set_threads last set (None: never called)
 
 
 def _usable_cpus() -> list[int]:
@@ -46,9 +47,10 @@ def physical_cores() -> int:
 
 def set_threads(n: int) -> str:
     """Limit the BLAS / OpenMP pools to n threads; returns how ("threadpoolctl" or "env")."""
-    global _limits
+    global _limits, _current
     if n < 1:
         raise BadInput(f"--threads must be >= 1, got {n}")
+    _current = n
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:  # effective only if numpy is imported after this
@@ -59,6 +61,11 @@ def set_threads(n: int) -> str:
         os.environ[k] = str(n)
     _limits = threadpool_limits(limits=n)  # for the ones already loaded
     return "threadpoolctl"
+
+
+def current() -> int | None:
+    """The limit set_threads last set (the CLI's -t, or an Engine's threads=), else None."""
+    return _current
 
 
 def _apply(ctx: click.Context, param: click.Parameter, value: int | None) -> int:

@@ -437,6 +437,11 @@ class Tokenizer:
         (invalid UTF-8, e.g. a cut multi-byte character, becomes U+FFFD)."""
         return self.token_bytes(ids, special).decode("utf-8", errors="replace")
 
+    def piece(self, i: int) -> str:
+        """One token's text as it reads inside a decoded sequence (a leading space kept, a
+        special token's name shown, a cut multi-byte character as U+FFFD): top log-probs."""
+        return self._piece_table(True)[int(i)].decode("utf-8", errors="replace")
+
     def token_text(self, i: int) -> str:
         return self.texts[i]
 
