@@ -39,7 +39,7 @@
 //                                       (NaN when targets[i] < 0), logsumexp); grid (m), 1024
 //                                       threads: greedy ids and prompt log-probs on the GPU, so
 //                                       a batch never copies [m, V] logits to the host
-//   row_topk_f32                        per row i of logits [m, V]: its k <= 20 largest logits
+//   row_topk_f32, row_topk{1,4}_f32     per row i of logits [m, V]: its k <= 20 (1, 4) largest logits
 //                                       (value descending, then index ascending) -> ids
 //                                       int32 [m, k] and log-probs f32 [m, k] = logit - lse[i]
 //                                       (row_stats' logsumexp); grid (m), 512 threads: top
@@ -424,13 +424,13 @@ __device__ __forceinline__ bool topk_before(float v, int i, float w, int j) {
     return v > w || (v == w && i < j);   // false whenever v is NaN: a NaN is never kept
 }
 
-__device__ __forceinline__ void topk_push(float (&lv)[TOPK_W], int (&li)[TOPK_W], float v,
-                                          int i) {
-    if (!topk_before(v, i, lv[TOPK_W - 1], li[TOPK_W - 1])) return;
-    lv[TOPK_W - 1] = v;
-    li[TOPK_W - 1] = i;
+template <int W>
+__device__ __forceinline__ void topk_push(float (&lv)[W], int (&li)[W], float v, int i) {
+    if (!topk_before(v, i, lv[W - 1], li[W - 1])) return;
+    lv[W - 1] = v;
+    li[W - 1] = i;
 #pragma unroll
-    for (int j = TOPK_W - 1; j > 0; --j) {   // static indices: the list stays in registers
+    for (int j = W - 1; j > 0; --j) {   // static indices: the list stays in registers
         if (!topk_before(lv[j], li[j], lv[j - 1], li[j - 1])) break;
         const float tv = lv[j]; lv[j] = lv[j - 1]; lv[j - 1] = tv;
         const int ti = li[j]; li[j] = li[j - 1]; li[j - 1] = ti;
@@ -446,27 +446,28 @@ __device__ __forceinline__ void topk_warp_best(float& v, int& i) {
     }
 }
 
+// W >= k: a thread's list length (k = 1, the lm-eval case, keeps one entry: no insertion chain).
 // ids int32 [m, k], lp f32 [m, k] (row stride k); logits f32 [m, V]; lse: row i's logsumexp at
 // lse[i * lds] (lds 4: row_stats' column 3); lp = logit - lse rounded once in f32 (the twin's)
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
-row_topk_f32(int* ids, float* lp, const float* __restrict__ logits,
-             const float* __restrict__ lse, int lds, int V, int k) {
+template <int W>
+__device__ __forceinline__ void row_topk(int* ids, float* lp, const float* __restrict__ logits,
+                                         const float* __restrict__ lse, int lds, int V, int k) {
     const float* x = logits + (size_t)blockIdx.x * V;
-    float lv[TOPK_W];
-    int li[TOPK_W];
+    float lv[W];
+    int li[W];
 #pragma unroll
-    for (int j = 0; j < TOPK_W; ++j) { lv[j] = -INFINITY; li[j] = TOPK_NONE; }
+    for (int j = 0; j < W; ++j) { lv[j] = -INFINITY; li[j] = TOPK_NONE; }
     if ((V & 3) == 0 && ((uintptr_t)logits & 15) == 0) {   // every row 16-byte aligned
         const float4* x4 = reinterpret_cast<const float4*>(x);
         for (int p = threadIdx.x; p < (V >> 2); p += blockDim.x) {
             const float4 q = x4[p];
-            topk_push(lv, li, q.x, 4 * p);
-            topk_push(lv, li, q.y, 4 * p + 1);
-            topk_push(lv, li, q.z, 4 * p + 2);
-            topk_push(lv, li, q.w, 4 * p + 3);
+            topk_push<W>(lv, li, q.x, 4 * p);
+            topk_push<W>(lv, li, q.y, 4 * p + 1);
+            topk_push<W>(lv, li, q.z, 4 * p + 2);
+            topk_push<W>(lv, li, q.w, 4 * p + 3);
         }
     } else {
-        for (int i = threadIdx.x; i < V; i += blockDim.x) topk_push(lv, li, x[i], i);
+        for (int i = threadIdx.x; i < V; i += blockDim.x) topk_push<W>(lv, li, x[i], i);
     }
     __shared__ float rv[32];
     __shared__ int ri[32];
@@ -494,9 +495,19 @@ row_topk_f32(int* ids, float* lp, const float* __restrict__ logits,
         __syncthreads();   // (also: warp 0 has read rv / ri before the next round writes them)
         if (li[0] == win && win != TOPK_NONE) {   // indices are distinct: one owner pops
 #pragma unroll
-            for (int j = 0; j < TOPK_W - 1; ++j) { lv[j] = lv[j + 1]; li[j] = li[j + 1]; }
-            lv[TOPK_W - 1] = -INFINITY;
-            li[TOPK_W - 1] = TOPK_NONE;
+            for (int j = 0; j < W - 1; ++j) { lv[j] = lv[j + 1]; li[j] = li[j + 1]; }
+            lv[W - 1] = -INFINITY;
+            li[W - 1] = TOPK_NONE;
         }
     }
 }
+#define TOPK_ENTRY(NAME, W)                                                                     \
+    extern "C" __global__ void __launch_bounds__(TOPK_THREADS)                                  \
+    NAME(int* ids, float* lp, const float* __restrict__ logits, const float* __restrict__ lse,  \
+         int lds, int V, int k) {                                                                \
+        row_topk<W>(ids, lp, logits, lse, lds, V, k);                                           \
+    }
+TOPK_ENTRY(row_topk1_f32, 1)
+TOPK_ENTRY(row_topk4_f32, 4)
+TOPK_ENTRY(row_topk_f32, TOPK_W)
+

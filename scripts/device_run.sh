@@ -162,7 +162,8 @@ if [ "$MODE" = serve ]; then   # issue 49's table, one call
     flag=$([ $pc = on ] && echo --prefix-cache || echo --no-prefix-cache)
     $M serve -m /tmp/s8b.gguf -c 4096 --port 8080 $flag > "$OUT/serve_$pc.log" 2>&1 &
     SP=$!
-    for i in $(seq 150); do grep -q "on http" "$OUT/serve_$pc.log" && break; sleep 1; done
+    for i in $(seq 150); do grep -q "on http" "$OUT/serve_$pc.log" && break
+      kill -0 $SP 2>/dev/null || break; sleep 1; done
     echo "== server ($pc) up after $i s" | tee -a "$OUT/steps.txt"
     if [ $pc = on ]; then
       step idle512 40 $BS -c 1 --prompt-tokens 512 --no-echo --max-tokens 1 --requests 10

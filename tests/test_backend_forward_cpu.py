@@ -451,6 +451,7 @@ def test_packed_top_launches(monkeypatch, tiny):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray
+    from minfer.cuda.ops import layers as L
     from minfer.errors import BadInput
     from minfer.reference.ops import TOP_MAX
 
@@ -473,18 +474,19 @@ def test_packed_top_launches(monkeypatch, tiny):
     args.clear()
     plain = be.packed(*call)
     base = [e for e, _, _ in args]
-    assert "row_topk_f32" not in base and plain.shape == (14, 4)
+    assert not any(e.startswith("row_topk") for e in base) and plain.shape == (14, 4)
     for k in (1, 5, TOP_MAX):
+        name = L.topk_entry(k)
         args.clear()
         st, top_ids, top_lp = be.packed(*call, top=k)
         entries = [e for e, _, _ in args]
-        assert [e for e in entries if e != "row_topk_f32"] == base   # top 0's work, unchanged
+        assert [e for e in entries if e != name] == base   # top 0's work, unchanged
         assert st.shape == (14, 4) and top_ids.shape == top_lp.shape == (14, k)
         assert top_ids.dtype == np.int32 and top_lp.dtype == np.float32
         stats = [a for e, _, a in args if e == "row_stats_f32"]
-        topk = [(g, a) for e, g, a in args if e == "row_topk_f32"]
+        topk = [(g, a) for e, g, a in args if e == name]
         assert len(topk) == len(stats) == 4   # 14 rows, 4 at a time
-        assert [i for i, e in enumerate(entries) if e == "row_topk_f32"] == \
+        assert [i for i, e in enumerate(entries) if e == name] == \
             [i + 1 for i, e in enumerate(entries) if e == "row_stats_f32"]
         for r, ((grid, a), s) in enumerate(zip(topk, stats)):
             n = min(4, 14 - 4 * r)

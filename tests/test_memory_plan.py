@@ -158,7 +158,7 @@ def test_prefill_prints_the_memory_line_and_upload_rate(tmp_path, monkeypatch, c
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert f"memory   {plan.line()}\n" in out
-    assert re.search(r"^load +\d+\.\d\d s \(40\.1 GB at 5\.3 GB/s\)", out, re.M), out
+    assert re.search(r"^load +\d+\.\d\d s \(read .*: 40\.1 GB at 5\.3 GB/s\)", out, re.M), out
     with pytest.raises(SystemExit):
         main(args + ["--json"])
     d = json.loads(capsys.readouterr().out)

@@ -110,6 +110,7 @@ async def _run(httpx, url, key, conc, L, K, echo, endings, E_len, duration, n_re
             return vals if len(vals) == 2 else None
 
         lat, ptoks, gtoks, errors = [], [0], [0], [0]
+        first_error: list[str] = []
         window = {"open": False, "t0": 0.0, "end": 0.0, "sent": 0}
 
         async def client(i: int) -> None:
@@ -124,6 +125,8 @@ async def _run(httpx, url, key, conc, L, K, echo, endings, E_len, duration, n_re
                 t1 = time.perf_counter()
                 if r.status_code != 200:
                     errors[0] += 1
+                    if not first_error:
+                        first_error.append(f"{r.status_code} {r.text[:300]}")
                     continue
                 u = r.json()["usage"]
                 lat.append(t1 - t0)
@@ -146,6 +149,8 @@ async def _run(httpx, url, key, conc, L, K, echo, endings, E_len, duration, n_re
            "latency_p50_ms": round(float(np.percentile(lat_ms, 50)), 2) if lat else None,
            "latency_p90_ms": round(float(np.percentile(lat_ms, 90)), 2) if lat else None,
            "latency_p99_ms": round(float(np.percentile(lat_ms, 99)), 2) if lat else None}
+    if first_error:
+        out["first_error"] = first_error[0]
     if h0 and h1 and h1["minfer_host_seconds_count"] > h0["minfer_host_seconds_count"]:
         n = h1["minfer_host_seconds_count"] - h0["minfer_host_seconds_count"]
         out["host_ms_per_request"] = round(

@@ -73,6 +73,8 @@ host's launch rate out of the events).
 
 from __future__ import annotations
 
+import contextlib
+
 import sys
 import time
 
@@ -402,6 +404,17 @@ class CudaBackend:
         i32 = np.int32
         return (ids.astype(i32), np.ascontiguousarray(tok, i32), rows.astype(i32),
                 targets.astype(i32))
+
+    @contextlib.contextmanager
+    def thread_context(self):
+        """Make the runtime's context current on the calling thread while inside (pycuda's
+        context stack is per thread: the server's engine thread runs every call of this
+        backend inside one)."""
+        self.rt.ctx.push()
+        try:
+            yield
+        finally:
+            self.rt.ctx.pop()
 
     def copy_kv(self, src: int, dst: int, n: int) -> None:
         """KV cache rows src..src+n-1 copied to dst..dst+n-1 in every layer (a shared prefix,

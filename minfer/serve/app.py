@@ -416,6 +416,7 @@ class _Run:
                 a.text, _ = P.cut_at_stop(a.text, self.stops)
             self.left -= 1
         elif kind == "error":
+            log.warning("a request failed: %s", value)
             self.cancel()
             if isinstance(value, BadInput):
                 raise P.bad(str(value))

@@ -20,6 +20,7 @@ is retried one sequence at a time, so only the sequences that fail alone get the
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -92,6 +93,9 @@ class Scheduler:
                  prefix_cache: bool = True, max_entries: int = 4096, metrics=None,
                  min_share: int = MIN_SHARE):
         self.be = backend
+        # the engine thread's device context (CUDA: the runtime's context, current on one
+        # thread at a time in pycuda; the CPU reference needs none)
+        self.thread_context = getattr(backend, "thread_context", contextlib.nullcontext)
         self.slots = SlotMap(kv_slots)
         self.cache = PrefixCache(max_entries, enabled=prefix_cache)
         self.budget = int(max_batch_tokens)
@@ -147,6 +151,10 @@ class Scheduler:
 
     # -- the engine thread -------------------------------------------------------------------
     def _loop(self) -> None:
+        with self.thread_context():
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             with self.cv:
                 while not self._stop and not self.waiting and not self.running:

@@ -203,12 +203,14 @@ def test_row_topk_ragged(rt, V):
         assert lp[0, 0] == 2.0 and np.isneginf(lp[0, 1]) and np.isnan(lp[0, 2:]).all()
 
 
-def test_row_topk_time(rt):
-    """m = 256 rows of V = 128,256 (a Llama-3 vocabulary), k = 20: well under 1 ms."""
+@pytest.mark.parametrize("k", [1, 4, 20])
+def test_row_topk_time(rt, k):
+    """m = 256 rows of V = 128,256 (a Llama-3 vocabulary): k = 20 around 1 ms (every element
+    meets a 20-entry list), k = 1 (lm-eval's logprobs: 1) near the read of the rows."""
     from minfer.cuda.ops import layers as L
     from minfer.cuda.runtime import devarray as da
 
-    m, V, k = 256, 128256, 20
+    m, V = 256, 128256
     rng = np.random.default_rng(0)
     x = da.to_device(rt, (rng.standard_normal((m, V)) * 3).astype(np.float32))
     up = da.to_device(rt, np.tile(np.arange(V, dtype=np.float32), (m, 1)))   # worst case
@@ -226,7 +228,7 @@ def test_row_topk_time(rt):
         ms[name] = b.time_since(a) / 10
     print(f"\nrow_topk m {m} V {V} k {k}: random {ms['random'] * 1e3:.0f} us, ascending "
           f"(every element inserted) {ms['ascending'] * 1e3:.0f} us")
-    assert ms["random"] < 1.0
+    assert ms["random"] < {1: 0.3, 4: 0.5, 20: 1.5}[k]
 
 
 def _prompts(model, lengths, seed=0):

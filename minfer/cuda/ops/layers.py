@@ -94,6 +94,11 @@ def row_stats(rt, stats, logits, targets) -> None:
 TOPK_THREADS = 512   # kernels/layers.cu row_topk_f32's block (its __launch_bounds__)
 
 
+def topk_entry(k: int) -> str:
+    """The row_topk kernel for k: a thread's list as short as k allows (1, 4 or 20 entries)."""
+    return "row_topk1_f32" if k == 1 else "row_topk4_f32" if k <= 4 else "row_topk_f32"
+
+
 def row_topk(rt, ids, lp, logits, lse, k: int) -> None:
     """ids int32 [m, k], lp f32 [m, k] = each row of logits f32 [m, V]'s k largest logits, in
     descending order (ties: the smaller index first), and their logit - logsumexp (one f32
@@ -120,7 +125,7 @@ def row_topk(rt, ids, lp, logits, lse, k: int) -> None:
     da.check("row_topk lp", lp, (m, k), np.float32, require_contiguous=True)
     if m == 0:
         return
-    rt.launch(rt.function(_F, "row_topk_f32"), (m,), (TOPK_THREADS,),
+    rt.launch(rt.function(_F, topk_entry(k)), (m,), (TOPK_THREADS,),
               (da.arg(ids), da.arg(lp), da.arg(logits), np.uintp(lse_ptr), np.int32(lds),
                np.int32(V), np.int32(k)))
 
