@@ -1,5 +1,10 @@
 """CPU: many prompts through minfer.batch (the runner, the Engine API, `prefill --prompts`) on the
-CPU reference's packed forward, against each prompt run alone (engine.run, window_logits)."""
+CPU reference's packed forward, against each prompt run alone (engine.run, window_logits).
+
+Identity tolerances: tests/tolerance.py's rule (the `tols` fixture): float64 (the oracle engine)
+to the f32 rounding of its outputs; float32 to 4x the f32 engine's own error against the oracle
+on _prompts, measured on this machine's BLAS. Greedy ids are equal up to the first near-tie
+(a reference margin below the tolerance), after which nothing is compared."""
 
 from __future__ import annotations
 
@@ -7,8 +12,10 @@ import json
 
 import numpy as np
 import pytest
-
+import tolerance
 from cli_inproc import error_lines, run_cli
+
+from minfer.tools.gates import compare_greedy
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +29,22 @@ def tiny(tmp_path_factory):
 def engine(tiny):
     import minfer   # the README's entry point
 
-    return minfer.Engine(str(tiny), backend="cpu", ubatch=48)
+    return _prepared(minfer.Engine(str(tiny), backend="cpu", ubatch=48))
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny):
+    """engine's float64 twin (the oracle mode): the same model, ubatch and API."""
+    import minfer
+
+    return _prepared(minfer.Engine(str(tiny), backend="cpu", ubatch=48, dtype="f64"))
+
+
+def _prepared(eng):
+    """eng with its backend built for _prompts at once (128 slots each): the tests call
+    runner.run and engine.run on eng.backend directly."""
+    eng.prepare(128, 128 * len(_prompts(eng.model.config.vocab_size)))
+    return eng
 
 
 def _prompts(vocab: int) -> list[np.ndarray]:
@@ -36,46 +58,68 @@ def _prompts(vocab: int) -> list[np.ndarray]:
 
 
 def _alone(engine, ids, n):
+    """ids run alone: (engine.run's result, the log-probs of ids[1:] from window_logits or None,
+    tolerance.scale of the logits seen)."""
     from minfer import engine as eng
 
     be = engine.backend
     res = eng.run(be, ids, n, 48, warmup=False)
-    lp = None
+    lp, s = None, tolerance.scale(res.last_logits)
     if len(ids) > 1:
         lg = be.window_logits(ids, 0)[:-1].astype(np.float64)
         m = lg.max(1, keepdims=True)
         lse = m[:, 0] + np.log(np.exp(lg - m).sum(1))
         lp = lg[np.arange(len(ids) - 1), ids[1:]] - lse
-    return res, lp
+        s = max(s, tolerance.scale(lg))
+    return res, lp, s
 
 
-@pytest.mark.parametrize("share", [True, False])
-def test_packed_equals_each_prompt_alone(engine, share):
+@pytest.fixture(scope="module")
+def alone(engine, oracle):
+    """dtype -> _alone(n=6) of each of _prompts, on engine ("f32") and oracle ("f64")."""
     prompts = _prompts(engine.model.config.vocab_size)
-    out = engine.prefill(prompts, n_predict=6, logprobs=True, share_prefix=share)
+    return {dt: [_alone(e, p, 6) for p in prompts] for dt, e in (("f32", engine), ("f64", oracle))}
+
+
+@pytest.fixture(scope="module")
+def tols(engine, alone):
+    """dtype -> tests/tolerance.py's tolerance on this model: f32 from the error of the f32
+    engine against the f64 oracle on _prompts (last prompt logits and log-probs), here."""
+    s = max(x[2] for x in alone["f64"])
+    pairs = [(a[0].last_logits, b[0].last_logits) for a, b in zip(alone["f32"], alone["f64"])]
+    pairs += [(a[1], b[1]) for a, b in zip(alone["f32"], alone["f64"]) if a[1] is not None]
+    cfg = engine.model.config
+    return {"f32": tolerance.f32_tol(tolerance.f32_err(pairs), s),
+            "f64": tolerance.f64_tol(cfg, s)}
+
+
+@pytest.mark.identity
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("share", [True, False])
+def test_packed_equals_each_prompt_alone(engine, oracle, alone, tols, dtype, share):
+    eng, tol = (engine if dtype == "f32" else oracle), tols[dtype]
+    prompts = _prompts(eng.model.config.vocab_size)
+    out = eng.prefill(prompts, n_predict=6, logprobs=True, share_prefix=share)
     assert [c.index for c in out] == list(range(len(prompts)))   # input order
-    for c, ids in zip(out, prompts):
-        res, lp = _alone(engine, ids, 6)
-        assert c.prompt_tokens == len(ids)
-        # greedy: identical up to a near-tie (the CPU runs differ by BLAS blocking only)
-        for k, (a, b) in enumerate(zip(c.tokens, res.greedy_ids)):
-            if res.step_margins[k] < 1e-3:
-                break
-            assert a == b, f"prompt {c.index} step {k}"
-        assert len(c.tokens) == 6
+    for c, ids, (res, lp, _) in zip(out, prompts, alone[dtype]):
+        assert c.prompt_tokens == len(ids) and len(c.tokens) == 6
+        v = compare_greedy(c.tokens, res.greedy_ids, res.step_margins, tol)
+        assert v.ok, f"prompt {c.index}: {v.describe()}"
         if lp is None:
             assert c.logprobs == []
         else:
-            assert np.abs(np.array(c.logprobs) - lp).max() < 1e-3
+            assert np.abs(np.array(c.logprobs) - lp).max() <= tol, c.index
             assert c.logprob_sum == pytest.approx(float(np.sum(c.logprobs)), abs=1e-9)
 
 
-def test_waves_give_the_same_results(tiny):
+@pytest.mark.identity
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_waves_give_the_same_results(tiny, tols, dtype):
     """A KV cache of 3 slot blocks: the 10 prompts run in several waves, with equal results."""
     from minfer.batch import run as runner
     from minfer.batch.api import Engine
 
-    one = Engine(str(tiny), backend="cpu", ubatch=48)
+    one = Engine(str(tiny), backend="cpu", ubatch=48, dtype=dtype)
     prompts = _prompts(one.model.config.vocab_size)
     full = one.prefill(prompts, n_predict=3, logprobs=True)
     got = []
@@ -83,11 +127,13 @@ def test_waves_give_the_same_results(tiny):
                      logprobs=True, emit=got.append)
     assert tot.waves > 2 and [r.key for r in got] == list(range(len(prompts)))
     for a, b in zip(got, full):
-        assert a.greedy == b.tokens
-        assert np.allclose(a.logprobs, b.logprobs, atol=1e-5, equal_nan=True)
+        v = compare_greedy(a.greedy, b.tokens, b.margins, tols[dtype])
+        assert v.ok, f"prompt {a.key}: {v.describe()}"
+        assert np.allclose(a.logprobs, b.logprobs, rtol=0, atol=tols[dtype], equal_nan=True)
 
 
-def test_shared_prefixes_are_computed_once(engine):
+@pytest.mark.identity
+def test_shared_prefixes_are_computed_once(engine, tols):
     from minfer.batch import run as runner
 
     prompts = _prompts(engine.model.config.vocab_size)
@@ -99,12 +145,17 @@ def test_shared_prefixes_are_computed_once(engine):
     assert t_off.computed_tokens == t_on.prompt_tokens == sum(map(len, prompts))
     # the duplicate's 4 rows and two sharers' 29 + 29 rows... at least the 30-token head twice
     assert t_on.computed_tokens <= t_off.computed_tokens - 2 * 29
-    assert [r.greedy for r in on] == [r.greedy for r in off]
+    for a, b in zip(on, off):   # another packing: equal up to a near-tie
+        v = compare_greedy(a.greedy, b.greedy, b.margins, tols["f32"])
+        assert v.ok, f"prompt {a.key}: {v.describe()}"
 
 
-def test_stop_ids_end_a_sequence(engine):
+def test_stop_ids_end_a_sequence(oracle):
+    """On the f64 oracle: a stopped sequence leaves the decode batch, and in f32 the smaller
+    GEMM could flip a near-tie of another sequence; here equal ids are exact."""
     from minfer.batch import run as runner
 
+    engine = oracle
     prompts = _prompts(engine.model.config.vocab_size)[:4]
     free = []
     runner.run(engine.backend, enumerate(prompts), 5, kv_slots=engine.kv_slots, ubatch=48,
@@ -271,7 +322,8 @@ def test_a_small_first_call_does_not_shrink_later_ones(tiny):
     assert tot.waves == 1 and eng.kv_slots > small
 
 
-def test_ten_thousand_tiny_prompts(tiny):
+@pytest.mark.identity
+def test_ten_thousand_tiny_prompts(tiny, tols):
     """10,000 prompts of 1..3 tokens, streamed: every result, in order; a sample equals its
     prompt alone."""
     from minfer.batch.api import Engine
@@ -291,8 +343,8 @@ def test_ten_thousand_tiny_prompts(tiny):
     assert [r.key for r in seen] == list(range(10_000)) and tot.prompts == 10_000
     again = dict(prompts())
     for k in (0, 4_321, 9_999):
-        res, _ = _alone(eng, again[k], 1)
-        assert seen[k].greedy == res.greedy_ids or res.step_margins[0] < 1e-3
+        res, _, _ = _alone(eng, again[k], 1)
+        assert seen[k].greedy == res.greedy_ids or res.step_margins[0] < tols["f32"]
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])
@@ -309,7 +361,7 @@ def test_bench_batch_formats(tiny, fmt):
     assert "backend cpu" in err   # the notes on stderr, the records alone on stdout
 
 
-def test_cli_prompts_f64(tmp_path, tiny):
+def test_cli_prompts_f64(tmp_path, tiny, tols):
     """--dtype f64 reaches the packed CPU reference (the oracle mode), with equal greedy ids."""
     p = tmp_path / "p.jsonl"
     p.write_text('"hello"\n"abc"\n')
@@ -321,4 +373,4 @@ def test_cli_prompts_f64(tmp_path, tiny):
         outs.append([json.loads(x) for x in out.splitlines()])
     assert [r["greedy_ids"] for r in outs[0]] == [r["greedy_ids"] for r in outs[1]]
     d = max(abs(a - b) for r0, r1 in zip(*outs) for a, b in zip(r0["logprobs"], r1["logprobs"]))
-    assert 0 < d < 1e-3   # f32 and f64 differ, a little
+    assert 0 < d <= tols["f32"]   # f32 and f64 differ, by the f32 error measured on _prompts
