@@ -268,7 +268,7 @@ class Engine:
             out[i] = P.finish(r.vec, dims, normalize)
         return out
 
-    def score(self, query, items, label_token_ids, apply_softmax: bool = True,
+    def score(self, query, items, label_token_ids, apply_softmax: bool = False,
               item_first: bool = False) -> list[list[float]]:
         """SGLang's score: per item, the probabilities of label_token_ids as the next token
         after query + item (item + query with item_first; both text, or both token id
