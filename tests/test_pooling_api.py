@@ -170,3 +170,27 @@ def test_bad_arguments(engine, call, msg):
         return
     with pytest.raises(BadInput, match=msg):
         call(engine)
+
+
+def test_cli_embed_jsonl_and_npy(engine, folder, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    m = str(engine.model.path)
+    src = tmp_path / "p.jsonl"
+    src.write_text('"The quick brown fox"\n{"prompt": "a b", "id": "x"}\n{"prompt": [5, 6]}\n')
+    want = engine.embed(["The quick brown fox", "a b", [5, 6]], dimensions=32)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "minfer", "embed", "-m", m,  # noqa
+                                     "--prompts", str(src), "--backend", "cpu", *a],
+                                    capture_output=True, text=True)
+    r = run("--dimensions", "32")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["id"] for x in recs] == [0, "x", 2]
+    assert np.allclose([x["embedding"] for x in recs], want, atol=1e-4)   # f32 vs f64
+    r = run("--dimensions", "32", "-o", str(tmp_path / "e.npy"), "--timing")
+    assert r.returncode == 0 and "tok/s" in r.stderr
+    assert np.allclose(np.load(tmp_path / "e.npy"), want, atol=1e-4)
+    r = run("--dimensions", "100000")
+    assert r.returncode == 2 and r.stderr.startswith("error: dimensions must be")

@@ -19,10 +19,11 @@ RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
 MAX_ITEMS = 4096   # documents / items in one request
 
 
-def register(app, st) -> None:
+def register(app, st, check_model, to_json, run_cls) -> None:
     """Add the routes; st.pooling / st.reranker come from build_state (the CLI's --pooling and
-    --rerank-template), else from the model."""
-    from minfer.serve.app import _check_model, _json
+    --rerank-template), else from the model. app.py's helpers come as arguments (no import
+    cycle): check_model(st, body), to_json(st, obj, host_s), run_cls (its _Run)."""
+    _check_model, _json = check_model, to_json
 
     model = st.engine.model
     pooling = getattr(st, "pooling", None) or PL.model_pooling(model)[0]
@@ -45,7 +46,7 @@ def register(app, st) -> None:
                         f"{model.config.d_model}", "dimensions")
         ids = _inputs(st, body.get("input"), "input")
         t_sub = time.perf_counter()
-        res = await _run(st, request, ids, pooling, keep=False)
+        res = await _run(st, request, run_cls, ids, pooling, keep=False)
         t1 = time.perf_counter()
         data = []
         for i, r in enumerate(res):
@@ -93,7 +94,7 @@ def register(app, st) -> None:
         except BadInput as e:
             raise P.bad(str(e), "items") from None
         _check_lengths(st, ids, "items")
-        res = await _run(st, request, ids, "last", lse=not soft)
+        res = await _run(st, request, run_cls, ids, "last", lse=not soft)
         logits = LabelHead(model, labels)(np.stack([r.vec for r in res]))
         n = sum(len(x) for x in ids)
         return {"scores": [PL.label_probs(lg, r.lse, soft) for lg, r in zip(logits, res)],
@@ -127,7 +128,7 @@ def register(app, st) -> None:
         want_docs = P.get_bool(body, "return_documents", True)
         ids = [rr.ids(q, t) for t in texts]
         _check_lengths(st, ids, "documents")
-        res = await _run(st, request, ids, "last")
+        res = await _run(st, request, run_cls, ids, "last")
         logits = LabelHead(model, rr.labels)(np.stack([r.vec for r in res]))
         scores = [rr.relevance(lg) for lg in logits]
         order = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
@@ -192,12 +193,12 @@ def _check_lengths(st, ids: list[list[int]], param: str) -> None:
                         f"(the model's context {st.n_ctx})", param)
 
 
-async def _run(st, request, ids: list[list[int]], pool: str, lse: bool = False,
+async def _run(st, request, run_cls, ids: list[list[int]], pool: str, lse: bool = False,
                keep: bool = True) -> list:
-    """The prompts as pooled jobs; their scheduler.Pooled results in order."""
-    from minfer.serve.app import _Run
+    """The prompts as pooled jobs (through app.py's _Run: deadline, disconnects, errors);
+    their scheduler.Pooled results in order."""
 
-    class Run(_Run):
+    class Run(run_cls):
         def _apply(self, i, kind, value):
             if kind == "pooled":
                 out[i] = value
