@@ -6,6 +6,11 @@
         print(r.text, r.tokens)
     scores = engine.prefill(docs, n_predict=0, logprobs=True)   # r.logprob_sum: log-likelihood
 
+Prefill-only jobs (no LM head for rows nobody asked for; minfer.batch.pooling, run through the
+server's scheduler: minfer.batch.jobs): engine.embed(texts) -> f32 [n, d]; engine.score(query,
+items, label_token_ids) -> per item the labels' probabilities (SGLang's); engine.rerank(query,
+documents) -> [{index, relevance_score, document}] best first (Qwen3-Reranker's yes/no).
+
 A prompt is a string (plain completion, or the chat template with chat=True), a list of token
 ids, or a dict of records.py's forms: {"prompt": ...}, {"messages": [...]} (the chat template),
 {"context": ..., "continuation": ...} (a continuation scored: continuation_logprob, is_greedy).
