@@ -34,6 +34,7 @@
 //                                       the KV-cache append of V (dst = cache + pos0 * W)
 //   argmax_f32                          out[0] = first index of the max of x[n] (one block)
 //   rmsnorm_rows_f32_f16                rmsnorm of rows x[rows[i]] into y row i (grid (m))
+//   rmsnorm_rows_f32_f32                the same into f32 y: pooled jobs' final hidden states
 //   row_stats_f32                       per row i of logits [m, V]: stats[i] = (argmax (first
 //                                       on ties), top1 - top2, logits[targets[i]] - logsumexp
 //                                       (NaN when targets[i] < 0), logsumexp); grid (m), 1024
@@ -114,6 +115,12 @@ extern "C" __global__ void rmsnorm_rows_f32_f16(__half* y, int ldy, const float*
 extern "C" __global__ void rmsnorm_f32_f32(float* y, int ldy, const float* x, int ldx,
                                            const float* w, int D, float eps) {
     rmsnorm_row<float>(y, ldy, x, ldx, w, D, eps);
+}
+// f32 rows for embeddings / label logits: no f16 rounding of the hidden state handed out
+extern "C" __global__ void rmsnorm_rows_f32_f32(float* y, int ldy, const float* x, int ldx,
+                                                const int* rows, const float* w, int D,
+                                                float eps) {
+    rmsnorm_row<float>(y, ldy, x, ldx, w, D, eps, rows);
 }
 
 // ---- head_rmsnorm: grid (T, H), block (128) ----------------------------------------------------

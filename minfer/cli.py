@@ -31,6 +31,7 @@ COMMANDS = {
     "perplexity": ("minfer.commands.perplexity", "perplexity"),
     "serve": ("minfer.commands.serve", "serve"),
     "bench-serve": ("minfer.commands.bench_serve", "bench_serve"),
+    "embed": ("minfer.commands.embed", "embed"),
 }
 
 _cli = None

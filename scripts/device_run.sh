@@ -37,6 +37,11 @@
 #          shape (512-token context, 4 endings of 16) with the prefix cache on and off, one
 #          512-token request on an idle server; `bench --batch 256 --tokens 128` and a single
 #          512-token prefill as the baselines, in the same call. SERVE_S: seconds per load.
+#   pooled: issue 52's figures on a qwen3-8b-shape Q4_K_M synth model: `bench --batch 4096
+#          --tokens 256` (the baseline), then minfer.tools.bench_pooling: embeddings of the same
+#          4,096 x 256 prompts against their batch prefill in the same process, and reranking
+#          1 query x 1,000 documents of 200 tokens after a 64-token query, its prefix shared or
+#          not (documents/s); the pooled jobs' GPU tests first.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -180,6 +185,20 @@ if [ "$MODE" = serve ]; then   # issue 49's table, one call
   for f in batch single; do echo "--- $f"; grep -E "^\| |rror|prompts," "$OUT/$f.log" | grep -v "| ---"; done
   for f in idle512 score128 lmeval_on lmeval_off; do echo "--- $f"; tail -2 "$OUT/$f.log"; done
   grep -iE "error|Traceback" "$OUT"/serve_*.log | head -5
+  exit 0
+fi
+
+if [ "$MODE" = pooled ]; then   # issue 52: embeddings / rerank against the batch prefill
+  MINFER_TEST_MODEL=$S step tests 150 python3 -m pytest -q -rfEs tests/gpu/test_pooled.py
+  step synth 60 $M synth --preset qwen3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/q8b.gguf
+  step batch 120 $M bench -m /tmp/q8b.gguf --no-breakdown --batch 4096 --tokens 256 --repeats 2
+  step pooled 200 python3 -m minfer.tools.bench_pooling -m /tmp/q8b.gguf --batch 4096 \
+    --tokens 256 --docs 1000 --doc-tokens 200 --query-tokens 64 --repeats 2
+  echo; echo "################ SUMMARY pooled ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
+  grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
+  echo "--- batch"; grep -E "^\| |rror|prompts," "$OUT/batch.log" | grep -v "| ---"
+  echo "--- pooled"; tail -4 "$OUT/pooled.log"
   exit 0
 fi
 

@@ -235,7 +235,8 @@ def test_readme_is_short_and_its_commands_exist():
     import re
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert len(readme.encode()) <= 9400, len(readme.encode())   # the server got a section
+    # the server got a section, the pooled jobs (embed, score, rerank) a paragraph
+    assert len(readme.encode()) <= 10000, len(readme.encode())
     # CI (.ci/run) runs exactly these two
     assert '\npip install -e ".[dev]" && minfer prefill\n' in readme
     assert '\npip install -e ".[dev]" && python3 -m pytest -q\n' in readme

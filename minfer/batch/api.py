@@ -6,6 +6,11 @@
         print(r.text, r.tokens)
     scores = engine.prefill(docs, n_predict=0, logprobs=True)   # r.logprob_sum: log-likelihood
 
+Prefill-only jobs (no LM head for rows nobody asked for; minfer.batch.pooling, run through the
+server's scheduler: minfer.batch.jobs): engine.embed(texts) -> f32 [n, d]; engine.score(query,
+items, label_token_ids) -> per item the labels' probabilities (SGLang's); engine.rerank(query,
+documents) -> [{index, relevance_score, document}] best first (Qwen3-Reranker's yes/no).
+
 A prompt is a string (plain completion, or the chat template with chat=True), a list of token
 ids, or a dict of records.py's forms: {"prompt": ...}, {"messages": [...]} (the chat template),
 {"context": ..., "continuation": ...} (a continuation scored: continuation_logprob, is_greedy).
@@ -85,6 +90,15 @@ def _system(v) -> str | None:
         return None if v is None else check_text(v, "system")
     except RecordError as e:
         raise BadInput(str(e)) from None
+
+
+def _label_list(v) -> list[int]:
+    """label_token_ids: a non-empty list of integers (range: LabelHead checks), else BadInput."""
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple, np.ndarray)) or \
+            len(v) == 0 or any(isinstance(x, (bool, np.bool_)) or
+                               not isinstance(x, (int, np.integer)) for x in v):
+        raise BadInput(f"label_token_ids must be a non-empty list of token ids, not {_show(v)}")
+    return [int(x) for x in v]
 
 
 def _prompt_list(prompts) -> list:
@@ -221,6 +235,100 @@ class Engine:
         self.run(items, [len(ids) for _, ids, _ in items], n_predict, emit, logprobs=logprobs,
                  share=share_prefix, stop_ids=stop, top=top)
         return out
+
+    # -- prefill-only jobs (issue 52; minfer.batch.pooling) --------------------------------
+    def _ids(self, where: str, v, eos: bool | None = None) -> np.ndarray:
+        """int32 ids of a text (special tokens parsed; BOS / EOS as the metadata says, EOS
+        never when eos is False) or of a list of token ids, else BadInput naming `where`."""
+        from minfer.batch.records import check_ids
+
+        if isinstance(v, str):
+            ids = np.asarray(self.tok.encode(v, parse_special=True, add_eos=eos), np.int32)
+            if ids.size == 0:
+                raise BadInput(f"{where} is empty (0 tokens)")
+            return ids
+        try:
+            return check_ids(v, where, self.model.config.vocab_size)
+        except RecordError as e:
+            raise BadInput(str(e)) from None
+
+    def embed(self, texts, pooling: str | None = None, normalize: bool = True,
+              dimensions: int | None = None) -> np.ndarray:
+        """f32 [n, dimensions or d_model]: one embedding per text (a string or token ids; a
+        string alone: n = 1): the final-normed hidden state pooled (last token, mean or cls;
+        None: the GGUF's pooling_type, else last), cut to `dimensions`, L2-normalised. No LM
+        head runs. BadInput for a bad argument, before any work."""
+        from minfer.batch import pooling as P
+        from minfer.batch.jobs import run_pooled
+
+        pool = P.check_pooling(pooling) if pooling is not None else P.model_pooling(self.model)[0]
+        normalize = _flag("normalize", normalize)
+        dims = P.check_dims(dimensions, self.model.config.d_model)
+        texts = _prompt_list(texts)
+        ids = [self._ids(f"texts[{i}]", t) for i, t in enumerate(texts)]
+        res = run_pooled(self, ids, pool, keep=False)
+        d = dims or self.model.config.d_model
+        out = np.empty((len(ids), d), np.float32)
+        for i, r in enumerate(res):
+            out[i] = P.finish(r.vec, dims, normalize)
+        return out
+
+    def score(self, query, items, label_token_ids, apply_softmax: bool = False,
+              item_first: bool = False) -> list[list[float]]:
+        """SGLang's score: per item, the probabilities of label_token_ids as the next token
+        after query + item (item + query with item_first; both text, or both token id
+        lists): a softmax over the labels' logits, or (apply_softmax False) each label's
+        full-vocabulary probability. The labels' logits come from the last row's hidden state
+        (the full LM head runs only for the logsumexp, apply_softmax False)."""
+        from minfer.batch import pooling as P
+        from minfer.batch.jobs import run_pooled
+        from minfer.reference.heads import LabelHead
+
+        apply_softmax, item_first = _flag("apply_softmax", apply_softmax), \
+            _flag("item_first", item_first)
+        head = LabelHead(self.model, _label_list(label_token_ids))
+        items = _prompt_list(items)
+        if not items:
+            raise BadInput("items is empty")
+        if not isinstance(query, str):
+            query = self._ids("query", query).tolist()
+            items = [self._ids(f"items[{i}]", t).tolist() for i, t in enumerate(items)]
+        elif not all(isinstance(t, str) for t in items):
+            raise BadInput("query and items must both be text or both be token id lists")
+        ids = [np.asarray(p, np.int32) for p in P.score_ids(self.tok, query, items, item_first)]
+        for i, p in enumerate(ids):
+            if p.size == 0:
+                raise BadInput(f"items[{i}]: the prompt is 0 tokens")
+        res = run_pooled(self, ids, "last", lse=not apply_softmax)
+        logits = head(np.stack([r.vec for r in res]))
+        return [P.label_probs(lg, r.lse, apply_softmax) for lg, r in zip(logits, res)]
+
+    def rerank(self, query: str, documents, top_n: int | None = None,
+               template: str | None = None) -> list[dict]:
+        """[{"index", "relevance_score", "document"}] best first (top_n of them): each
+        document's P(yes) under the rerank template (pooling.Reranker: the GGUF's, else
+        Qwen3-Reranker's; `template` text with {query} and {document} overrides). The
+        documents share the query's prefix: computed once."""
+        from minfer.batch import pooling as P
+        from minfer.batch.jobs import run_pooled
+        from minfer.reference.heads import LabelHead
+
+        if not isinstance(query, str):
+            raise BadInput(f"query must be text, not {_show(query)}")
+        docs = _prompt_list(documents)
+        if not docs:
+            raise BadInput("documents is empty (0 documents)")
+        for i, d in enumerate(docs):
+            if not isinstance(d, str):
+                raise BadInput(f"documents[{i}] must be text, not {_show(d)}")
+        top_n = len(docs) if top_n is None else _int("top_n", top_n, 1)
+        rr = P.Reranker(self.model, self.tok, template)
+        ids = [np.asarray(rr.ids(query, d), np.int32) for d in docs]
+        res = run_pooled(self, ids, "last")
+        logits = LabelHead(self.model, rr.labels)(np.stack([r.vec for r in res]))
+        scores = [rr.relevance(lg) for lg in logits]
+        order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n]
+        return [{"index": i, "relevance_score": scores[i], "document": docs[i]} for i in order]
 
     def close(self) -> None:
         """Free the backend (its GPU memory: weights, KV cache); the next call builds it anew."""

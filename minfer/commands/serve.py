@@ -56,13 +56,20 @@ DEFAULT_PORT = 8080
 @click.option("--prefix-cache/--no-prefix-cache", default=True,
               help="Keep finished prompts' KV rows for later requests that start alike "
                    "(least recently used first out).")
+@click.option("--pooling", type=click.Choice(["last", "mean", "cls"]), default=None,
+              help="/v1/embeddings' pooling (default: the GGUF's pooling_type, else last).")
+@click.option("--rerank-template", type=click.Path(dir_okay=False), default=None,
+              help="/v1/rerank's prompt: a text file with {query} and {document} (default: "
+                   "the GGUF's tokenizer.chat_template.rerank, else Qwen3-Reranker's).")
 @threads_option
 @gemm_options
 def serve(model_path, host, port, api_key, name, ctx_size, backend_kind, dtype, ubatch,
-          kv_slots, max_queue, timeout, max_body, prefix_cache, gemm) -> None:
+          kv_slots, max_queue, timeout, max_body, prefix_cache, pooling, rerank_template,
+          gemm) -> None:
     """Serve the model over HTTP in OpenAI's and vLLM's shapes: /v1/completions (echo and
     prompt log-probs, as lm-eval asks), /v1/chat/completions, /tokenize, /detokenize,
-    /tokenizer_info, /v1/models, /health, /metrics. Continuous batching: requests join the
+    /tokenizer_info, /v1/models, /health, /metrics, /v1/embeddings, /v1/score, /v1/rerank.
+    Continuous batching: requests join the
     next forward; a prefix that requests share is computed once."""
     from minfer.host.log import log
 
@@ -80,8 +87,10 @@ def serve(model_path, host, port, api_key, name, ctx_size, backend_kind, dtype, 
         log.warning(f"warning: --host {host} without --api-key: anyone who reaches this address can use "
                  "the server")
     sock = _bind(host, port)   # before the model loads: a port in use is said at once
+    template = _read_template(rerank_template) if rerank_template else None
     st = build_state(model_path, backend_kind, dtype, gemm, ctx_size, ubatch, kv_slots,
-                     prefix_cache, name, api_key, max_queue, timeout, max_body)
+                     prefix_cache, name, api_key, max_queue, timeout, max_body,
+                     pooling=pooling, rerank_template=template)
     run(st, sock, timeout)
 
 
@@ -96,6 +105,17 @@ def _check(port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body) -> No
             raise BadInput(f"{flag} must be >= {lo}, got {v}")
     if not timeout > 0:
         raise BadInput(f"--timeout must be > 0 seconds, got {timeout}")
+
+
+def _read_template(path: str) -> str:
+    from minfer.host.fileio import check_input_file
+
+    check_input_file(path, "--rerank-template")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"--rerank-template {path}: cannot read it as UTF-8 text ({e})") from None
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -120,7 +140,8 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def build_state(model_path, backend_kind=None, dtype=None, gemm=None, ctx_size=0, ubatch=None,
                 kv_slots=None, prefix_cache=True, name=None, api_key=None, max_queue=4096,
-                timeout=600.0, max_body=8 << 20, progress=True):
+                timeout=600.0, max_body=8 << 20, progress=True, pooling=None,
+                rerank_template=None):
     """The loaded engine, its scheduler and the app's state (also the tests' entry)."""
     from pathlib import Path
 
@@ -150,8 +171,14 @@ def build_state(model_path, backend_kind=None, dtype=None, gemm=None, ctx_size=0
         from minfer.tools.fetch import default_model_path
 
         name = Path(str(model_path or default_model_path())).stem
-    return State(eng, sched, name, n_ctx, metrics, api_key=api_key, max_queue=max_queue,
-                 timeout=timeout, max_body=max_body)
+    st = State(eng, sched, name, n_ctx, metrics, api_key=api_key, max_queue=max_queue,
+               timeout=timeout, max_body=max_body)
+    # the pooled endpoints' settings (minfer.serve.pooling.register reads them)
+    from minfer.batch.pooling import Reranker, model_pooling
+
+    st.pooling = pooling or model_pooling(eng.model)[0]
+    st.reranker = Reranker(eng.model, eng.tok, rerank_template) if rerank_template else None
+    return st
 
 
 class _Drain:

@@ -146,6 +146,7 @@ class CudaBackend:
             graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._head_out = None  # window_logits' [HEAD_ROWS, vocab] f32 logits, made at first use
+        self._hidden_out = None  # packed(hidden=)'s [HEAD_ROWS, d_model] f32 rows, likewise
         self._graphs: dict[tuple[int, bool, bool], object] = {}
         self._packed_seen: dict[int, int] = {}   # packed chunks run, by size
         self.stream = None  # the capture / replay stream (made at the first capture)
@@ -336,7 +337,7 @@ class CudaBackend:
         return out
 
     def packed(self, ids: np.ndarray, tok: np.ndarray, rows: np.ndarray,
-               targets: np.ndarray, top: int = 0):
+               targets: np.ndarray, top: int = 0, hidden=None):
         """One chunk of many sequences' tokens: ids int32 [T] (T <= ubatch), tok int32 [T, 2]
         (KV slot, first slot of the token's sequence: position slot - lo, keys lo..slot; both
         non-decreasing in t), rows int32 [m] (chunk rows that need logits, m <= T), targets
@@ -345,19 +346,30 @@ class CudaBackend:
         top in 1..min(ops.TOP_MAX, vocab): -> (that, ids int32 [m, top], log-probs f32
         [m, top]): each row's top largest logits, descending, ties to the smaller id, minus
         its logsumexp (row_topk on the device after row_stats; top 0 runs exactly as before).
+        hidden int [h] (chunk rows, h <= T): -> (that, host f32 [h, d_model]: the rows' final
+        hidden states after the output norm, rmsnorm_rows into f32, HEAD_ROWS at a time, no
+        LM head; issue 52's embeddings and label logits).
         Every row goes through every layer; the LM head runs HEAD_ROWS rows at a time.
         Numpy twin: ReferenceBackend.packed. GPUError on non-finite logits."""
-        from minfer.reference.layout import check_top
+        from minfer.reference.layout import check_hidden, check_top
 
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
         top = check_top(top, self.c.vocab_size)
-        T, m, b = ids.shape[0], rows.shape[0], self.buf
+        hidden = check_hidden(hidden, ids.shape[0])
+        T = ids.shape[0]
         self.n_past = 0   # the single-sequence protocol starts over after a batch
         one = attn_mod.per_token_pays(tok)   # a decode step: attention one token per block
         seen = self._packed_seen.get((T, one), 0)   # a graph from a shape's second chunk on
         self._packed_seen[(T, one)] = seen + 1
         self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False, capture=seen > 0,
                         per_token=one)
+        res = self._packed_head(ids, tok, rows, targets, top)
+        return res if hidden is None else (res, self._hidden_rows(tok, hidden))
+
+    def _packed_head(self, ids, tok, rows, targets, top: int):
+        """packed()'s LM head part over the chunk just run (see packed)."""
+        T, m, b = ids.shape[0], rows.shape[0], self.buf
+        one = attn_mod.per_token_pays(tok)
         if m == 0:
             out = np.empty((0, 4), np.float32)
             return (out, np.empty((0, top), np.int32), np.empty((0, top), np.float32)) \
@@ -392,6 +404,36 @@ class CudaBackend:
                            f"backend {self.name}; first non-finite: {where}); run `minfer "
                            "check` or MINFER_CUDA_DEBUG=1 to find the kernel")
         return (out, top_ids, top_lp) if top else out
+
+    def _hidden_rows(self, tok, hidden) -> np.ndarray:
+        """host f32 [h, d_model]: rmsnorm(x[hidden]) * output_norm of the chunk just run, into
+        an f32 [HEAD_ROWS, d_model] device buffer (made at first use, 2 MB at d 4096) a block
+        at a time; the row indices go through buf.rows (after the head has used it)."""
+        h, d, R = hidden.shape[0], self.c.d_model, da.rows
+        out = np.empty((h, d), np.float32)
+        if self._hidden_out is None:
+            self._hidden_out = da.empty(self.rt, (min(self.HEAD_ROWS, self.ubatch), d),
+                                        np.float32, "hidden rows")
+        n = self._hidden_out.shape[0]
+        try:
+            for r in range(0, h, n):
+                k = min(n, h - r)
+                idx = R(self.buf.rows, 0, k)
+                idx.set(hidden[r: r + k].astype(np.int32))
+                y = R(self._hidden_out, 0, k)
+                da.poison(self.rt, y)
+                L.rmsnorm_rows(self.rt, y, self.buf.x, idx, self.w["output_norm.weight"],
+                               self.c.rms_eps)
+                out[r: r + k] = y.get()
+        except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
+            raise GPUError(f"GPU error while reading the hidden states ({e}); rerun with "
+                           "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
+        bad = h - int(np.count_nonzero(np.isfinite(out).all(axis=1)))
+        if bad:
+            raise GPUError(f"non-finite hidden states from the CUDA path ({bad} of {h} rows, "
+                           f"slots {int(tok[0, 0])}..{int(tok[-1, 0])}, backend {self.name}); "
+                           "run `minfer check` or MINFER_CUDA_DEBUG=1 to find the kernel")
+        return out
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int32 arrays, or BadInput naming what cannot run."""

@@ -27,6 +27,7 @@ USED = (
     # RoPE scaling (minfer.gguf.loader.rope_scaling)
     "{a}.rope.scaling.type", "{a}.rope.scaling.factor", "{a}.rope.scale_linear",
     "{a}.rope.scaling.attn_factor", "{a}.rope.scaling.original_context_length",
+    "{a}.pooling_type",   # embeddings' pooling (minfer.batch.pooling.model_pooling)
 )
 
 # Keys the loader reads for one architecture only (minfer.gguf.loader.GGUFModel._gemma for gemma3

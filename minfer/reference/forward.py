@@ -70,7 +70,7 @@ import numpy as np
 
 from minfer.errors import BadInput, NumericError
 from minfer.reference import ops
-from minfer.reference.layout import check_top
+from minfer.reference.layout import check_hidden, check_top
 
 
 def round_f16(x: np.ndarray) -> np.ndarray:
@@ -447,7 +447,7 @@ class ReferenceBackend:
 
     # -- packed: many sequences in one forward --------------------------------------------
     def packed(self, ids: np.ndarray, tok: np.ndarray, rows: np.ndarray,
-               targets: np.ndarray, top: int = 0):
+               targets: np.ndarray, top: int = 0, hidden=None):
         """One chunk of many sequences' tokens (the oracle of CudaBackend.packed: packed
         prefill and batched decode).
 
@@ -471,9 +471,10 @@ class ReferenceBackend:
         the layer, position, slot and token), ResourceError for host memory."""
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
         top = check_top(top, self.cfg.vocab_size)
+        hidden = check_hidden(hidden, ids.shape[0])
         try:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-                return self._packed(ids, tok, rows, targets, top)
+                return self._packed(ids, tok, rows, targets, top, hidden)
         except MemoryError:
             from minfer.host.hostmem import out_of_memory
 
@@ -488,7 +489,7 @@ class ReferenceBackend:
         return check_packed(ids, tok, rows, targets, vocab=c.vocab_size, kv_slots=self.kv_slots,
                             n_pos=c.n_ctx, what_pos=f"the model's context of {c.n_ctx}")
 
-    def _packed(self, ids, tok, rows, targets, top: int = 0):
+    def _packed(self, ids, tok, rows, targets, top: int = 0, hidden=None):
         c = self.cfg
         T, m = ids.shape[0], rows.shape[0]
         slot, lo = tok[:, 0], tok[:, 1]
@@ -519,4 +520,9 @@ class ReferenceBackend:
             if top:
                 top_ids[r: r + rr.shape[0]], top_lp[r: r + rr.shape[0]] = ops.row_topk(
                     logits, st[:, 3], top)
-        return (out, top_ids, top_lp) if top else out
+        res = (out, top_ids, top_lp) if top else out
+        if hidden is None:
+            return res
+        h = ops.rmsnorm(x[hidden], self.weight("output_norm.weight"), c.rms_eps)
+        self._check(h, ids[hidden], pos[hidden], "the output norm (output_norm)", slot[hidden])
+        return res, h.astype(np.float32)

@@ -64,3 +64,19 @@ def check_top(top, vocab: int) -> int:
                        f"got {top!r}")
     return int(top)
 
+
+
+def check_hidden(hidden, T: int):
+    """packed()'s `hidden` (chunk rows whose final-normed hidden state is wanted) as int64
+    [h] in [0, T) (at most T of them: the GPU's row buffer), or None; BadInput otherwise."""
+    if hidden is None:
+        return None
+    h = np.asarray(hidden)
+    if h.ndim != 1 or (h.size and h.dtype.kind not in "iu"):
+        raise BadInput(f"packed: hidden must be a 1-D integer array of chunk rows, got "
+                       f"shape {h.shape} {h.dtype}")
+    h = h.astype(np.int64)
+    if h.size > T or (h.size and (h.min() < 0 or h.max() >= T)):
+        raise BadInput(f"packed: hidden must be at most {T} rows in [0, {T}), got {h.size} "
+                       f"rows" + (f" in {int(h.min())}..{int(h.max())}" if h.size else ""))
+    return h

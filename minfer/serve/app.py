@@ -277,6 +277,8 @@ def create_app(st: State) -> FastAPI:
 
         return StreamingResponse(run.guard(events()), media_type="text/event-stream")
 
+    from minfer.serve import pooling   # /v1/embeddings, /v1/score, /v1/rerank (issue 52)
+    pooling.register(app, st, _check_model, _json, _Run)
     return app
 
 

@@ -13,6 +13,14 @@ One thread owns the backend and loops; each step is one packed() call (docs/serv
   hand    each row's numbers back: prompt rows' log-probs, new greedy tokens; a finished
           sequence's prompt rows stay in the KV cache as a prefix entry
 
+Pooled jobs (issue 52: embeddings, score, rerank; max_tokens 0 and `pool` set) ride the same
+steps: packed(hidden=) hands back their rows' final hidden states (the last row, row 0, or
+every row summed for the mean) and, with `lse`, the last row's full-vocabulary logsumexp; no
+LM head runs for them otherwise. They get ("pooled", Pooled) before ("done", "length"). A
+mean or cls job never copies its head from another (it needs those rows' hidden states); a
+pooled job that did copy (a rerank document after its query) is not kept as a prefix entry:
+the entry it copied from holds that head.
+
 A request never waits for another's whole completion: a long prompt is cut into chunks and
 decode tokens ride along with every chunk. A failing forward (non-finite numbers, a GPU fault)
 is retried one sequence at a time, so only the sequences that fail alone get the error.
@@ -49,6 +57,9 @@ class Job:
     gen_logprobs: bool = False        # each generated token's log-prob
     stop_ids: frozenset = frozenset()
     stop_check: Callable[[list[int]], bool] | None = None   # True: a stop string was met
+    pool: str | None = None           # "last" | "mean" | "cls": a pooled job (max_tokens 0)
+    lse: bool = False                 # pooled: the last row's full-vocabulary logsumexp too
+    keep: bool = True                 # its prompt rows may stay as a prefix entry
     cancelled: bool = False
     t_arrival: float = field(default_factory=time.perf_counter)
     t_admit: float = 0.0
@@ -66,6 +77,12 @@ class Token:
     top_lp: np.ndarray | None         # f32 [k]
 
 
+@dataclass
+class Pooled:
+    vec: np.ndarray                   # f32 [d_model]: the pooled final-normed hidden state
+    lse: float | None                 # the last row's logsumexp over the vocabulary (Job.lse)
+
+
 @dataclass(eq=False)
 class Seq:
     job: Job
@@ -74,6 +91,9 @@ class Seq:
     share: int = 0
     gen: list[int] = field(default_factory=list)
     done: bool = False
+    shared: int = 0                   # rows copied from another (copy_kv)
+    pool: np.ndarray | None = None    # f64 [d_model]: the pooled row, or the mean's running sum
+    lse: float | None = None
 
 
 @dataclass
@@ -83,6 +103,7 @@ class Segment:
     ids: np.ndarray                   # int32 [t]
     rows: list[int]                   # positions scored (relative to the sequence)
     targets: list[int]
+    hid: list[int] = field(default_factory=list)   # positions whose hidden state is pooled
 
 
 class Scheduler:
@@ -222,10 +243,12 @@ class Scheduler:
         fewer when its prompt rows are scored (the owner's row share - 1 predicts the same
         next token); statistics are shared only from an owner that kept as many top ids."""
         n = len(job.ids)
+        if job.pool in ("mean", "cls"):   # every row's (row 0's) hidden state is needed
+            return None, 0
         cands = list(self.cache.entries.values()) + [s.rows for s in self.running]
         best, best_n = None, 0
         for r in cands:
-            if r.freed or (job.prompt_stats and r.top < job.top):
+            if r.freed or (job.prompt_stats and r.top < job.top) or r.ids[0] != job.ids[0]:
                 continue
             c = common_prefix(r.ids, job.ids)
             if c > best_n:
@@ -267,6 +290,7 @@ class Scheduler:
                     r.argmax[:k], r.logprob[:k] = o.argmax[:k], o.logprob[:k]
                     r.top_ids[:k], r.top_lp[:k] = o.top_ids[:k, :r.top], o.top_lp[:k, :r.top]
                 r.done = k
+                s.shared = k
                 o.pins -= 1
                 s.owner = None
                 self.cache.hits += 1
@@ -293,24 +317,30 @@ class Scheduler:
             if s.job.prompt_stats:
                 rows = list(range(p0, min(p1, n - 1)))
                 tg = [int(t) for t in r.ids[p0 + 1: p0 + 1 + len(rows)]]
-            if p1 == n and s.job.max_tokens > 0:
+            if p1 == n and (s.job.max_tokens > 0 or s.job.lse):
                 rows.append(n - 1)
                 tg.append(-1)
-            segs.append(Segment(s, p0, r.ids[p0:p1], rows, tg))
+            pool = s.job.pool
+            hid = list(range(p0, p1)) if pool == "mean" else \
+                [0] if pool == "cls" and p0 == 0 else \
+                [n - 1] if pool == "last" and p1 == n else []
+            segs.append(Segment(s, p0, r.ids[p0:p1], rows, tg, hid))
             budget -= p1 - p0
         segs.sort(key=lambda g: g.seq.rows.base)
         return segs
 
     def _run(self, segs: list[Segment]):
-        """packed() over segs -> (stats [m, 4], top ids [m, k] | None, top lp | None)."""
+        """packed() over segs -> (stats [m, 4], top ids [m, k] | None, top lp | None,
+        hidden f32 [h, d_model] of the segments' hid rows | None)."""
         ids = np.concatenate([g.ids for g in segs])
         tok = np.concatenate([np.stack([g.seq.rows.base + g.p0 + np.arange(len(g.ids)),
                                         np.full(len(g.ids), g.seq.rows.base)], 1)
                               for g in segs]).astype(np.int32)
-        rows, tg, off = [], [], 0
+        rows, tg, hid, off = [], [], [], 0
         for g in segs:
             rows += [off + p - g.p0 for p in g.rows]
             tg += g.targets
+            hid += [off + p - g.p0 for p in g.hid]
             off += len(g.ids)
         T = len(ids)
         pad = bucket(T, DECODE_BUCKETS, self.budget) - T if T < self.budget else 0
@@ -320,13 +350,17 @@ class Scheduler:
         top = max((g.seq.job.top if g.seq.job.prompt_stats else 0) for g in segs)
         top = max(top, max((max(g.seq.job.top, 1) if g.seq.job.gen_logprobs else 0)
                            for g in segs))
+        kw = {"hidden": np.array(hid, np.int32)} if hid else {}   # (plain backends: no kw)
         out = self.be.packed(ids, tok, np.array(rows, np.int32), np.array(tg, np.int32),
-                             top=top)
+                             top=top, **kw)
+        h = None
+        if hid:
+            out, h = out
         if self.metrics:
             self.metrics.tokens_per_forward.observe(T)
         self.steps += 1
         self.step_tokens += T
-        return out if top else (out, None, None)
+        return (*(out if top else (out, None, None)), h)
 
     def _forward(self, segs: list[Segment]) -> None:
         try:
@@ -341,11 +375,22 @@ class Scheduler:
                     results.append(([g], self._run([g])))
                 except MinferError as e1:
                     self._finish(g.seq, None, e1)
-        for gs, (st, ti, tl) in results:
-            i = 0
+        for gs, (st, ti, tl, h) in results:
+            i = j = 0
             for g in gs:
+                if g.hid:
+                    self._pool(g.seq, h[j: j + len(g.hid)])
                 self._hand(g, st, ti, tl, i)
                 i += len(g.rows)
+                j += len(g.hid)
+
+    def _pool(self, s: Seq, h: np.ndarray) -> None:
+        """A pooled job's hidden rows h f32 [k, d_model] of this step: summed (mean) or kept."""
+        if s.job.pool == "mean":
+            acc = h.sum(axis=0, dtype=np.float64)
+            s.pool = acc if s.pool is None else s.pool + acc
+        else:
+            s.pool = h[-1].astype(np.float64)
 
     def _hand(self, g: Segment, st, ti, tl, i: int) -> None:
         s, r, job = g.seq, g.seq.rows, g.seq.job
@@ -366,12 +411,19 @@ class Scheduler:
             if r.done == n and job.prompt_stats:
                 _send(job, "prompt", r)
         kk = max(job.top, 1)
+        if job.max_tokens == 0:   # a pooled job's last row: its logsumexp, no token
+            if new:
+                s.lse = float(st[new[-1], 3])
+            new = []
         for row in new:
             lp = job.gen_logprobs
             self._token(s, Token(int(st[row, 0]), float(tl[row, 0]) if lp else None,
                                  ti[row, :kk].copy() if lp and job.top else None,
                                  tl[row, :kk].copy() if lp and job.top else None))
         if prefill and r.done == n and job.max_tokens == 0:
+            if job.pool:
+                vec = s.pool / n if job.pool == "mean" else s.pool
+                _send(job, "pooled", Pooled(vec.astype(np.float32), s.lse))
             self._finish(s, "length", None)
 
     def _token(self, s: Seq, t: Token) -> None:
@@ -403,7 +455,8 @@ class Scheduler:
                 self.metrics.decode_time.observe(time.perf_counter() - s.job.t_first)
             _send(s.job, "done", reason)
         r = s.rows
-        keep = err is None and r.done == len(r.ids) and not r.freed
+        keep = err is None and r.done == len(r.ids) and not r.freed and s.job.keep and \
+            not (s.job.pool and s.shared)   # (a follower: its owner's entry holds the head)
         if keep:
             need = blocks(len(r.ids))
             if need < r.nblk:   # the generated tokens' blocks go back now

@@ -64,15 +64,17 @@ def rmsnorm(rt, y, x, w, eps: float) -> None:
 
 
 def rmsnorm_rows(rt, y, x, rows, w, eps: float) -> None:
-    """y f16 [m, D] row i = rmsnorm(x f32 [T, D] row rows[i]) * w (rows: int32 [m] device
-    array, values in [0, T): the caller's). Numpy twin: ops.rmsnorm(x[rows], w)."""
+    """y f16 or f32 [m, D] row i = rmsnorm(x f32 [T, D] row rows[i]) * w (rows: int32 [m]
+    device array, values in [0, T): the caller's; f32: pooled jobs' hidden states). Numpy
+    twin: ops.rmsnorm(x[rows], w)."""
     da.check("rmsnorm x", x, (None, None), np.float32)
     T, D = x.shape
     da.check("rmsnorm w", w, (D,), np.float32)
-    da.check("rmsnorm y", y, (None, D), np.float16)
+    da.check("rmsnorm y", y, (None, D), (np.float16, np.float32))
     m = int(y.shape[0])
     da.check("rmsnorm rows", rows, (m,), np.int32)
-    rt.launch(rt.function(_F, "rmsnorm_rows_f32_f16"), (m,), (256,),
+    entry = "rmsnorm_rows_f32_f16" if y.dtype == np.float16 else "rmsnorm_rows_f32_f32"
+    rt.launch(rt.function(_F, entry), (m,), (256,),
               (da.arg(y), np.int32(D), da.arg(x), np.int32(D), da.arg(rows), da.arg(w),
                np.int32(D), np.float32(eps)))
 
