@@ -1,6 +1,6 @@
 """Pooled jobs through the server's scheduler on the calling thread (Engine.embed / score /
 rerank): one Job per prompt, steps until every job is done. The same code as the server's
-(minfer.serve.scheduler: continuous batching over packed(hidden=), a query's prefix computed
+(minfer.batch.scheduler: continuous batching over packed(hidden=), a query's prefix computed
 once and copied to its other documents), run synchronously, so the API and the endpoints give
 the same numbers."""
 
@@ -17,7 +17,7 @@ def run_pooled(engine, prompts: list[np.ndarray], pool: str, *, lse: bool = Fals
     """prompts: int32 id arrays -> a scheduler.Pooled per prompt, in order. share: copy common
     prefixes (>= MIN_SHARE tokens) between the prompts; keep: finished prompts may serve as
     prefix entries (at most max_entries) for later ones of this call."""
-    from minfer.serve.scheduler import Job, Scheduler
+    from minfer.batch.scheduler import Job, Scheduler
 
     lengths = [len(p) for p in prompts]
     engine.check(lengths, 0)

@@ -149,7 +149,7 @@ def build_state(model_path, backend_kind=None, dtype=None, gemm=None, ctx_size=0
     from minfer.commands.gemm_flags import gemm_choice
     from minfer.serve.app import State
     from minfer.serve.metrics import Metrics
-    from minfer.serve.scheduler import Scheduler
+    from minfer.batch.scheduler import Scheduler
 
     kind = backend_kind.lower() if backend_kind else None
     eng = Engine(model_path, backend=kind, gemm=gemm_choice(gemm) if kind != "cpu" else "auto",

@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minfer.errors import BadInput, MinferError
 from minfer.serve import protocol as P
 from minfer.serve.protocol import ApiError, Answer
-from minfer.serve.scheduler import Job
+from minfer.batch.scheduler import Job
 
 log = logging.getLogger("minfer.serve")
 OPEN_PATHS = ("/health",)     # answered without the API key
@@ -277,7 +277,7 @@ def create_app(st: State) -> FastAPI:
 
         return StreamingResponse(run.guard(events()), media_type="text/event-stream")
 
-    from minfer.serve import pooling   # /v1/embeddings, /v1/score, /v1/rerank (issue 52)
+    from minfer.serve import pooling   # /v1/embeddings, /v1/score, /v1/rerank
     pooling.register(app, st, _check_model, _json, _Run)
     return app
 

@@ -13,7 +13,7 @@ from minfer.batch import pooling as PL
 from minfer.errors import BadInput
 from minfer.serve import protocol as P
 from minfer.serve.protocol import Answer, ApiError
-from minfer.serve.scheduler import Job
+from minfer.batch.scheduler import Job
 
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
 MAX_ITEMS = 4096   # documents / items in one request

@@ -40,7 +40,7 @@ import numpy as np
 from minfer.batch.run import DECODE_BUCKETS
 from minfer.batch.schedule import ALIGN, MIN_SHARE, bucket
 from minfer.errors import MinferError
-from minfer.serve.slots import PrefixCache, Rows, SlotMap, blocks, common_prefix
+from minfer.batch.slots import PrefixCache, Rows, SlotMap, blocks, common_prefix
 
 
 @dataclass(eq=False)
