@@ -56,6 +56,6 @@ class Granite(Family):
 
 _KEYS = ("{a}.embedding_scale", "{a}.attention.scale", "{a}.residual_scale",
          "{a}.logit_scale", "{a}.rope.scaling.finetuned")
-FAMILY = Granite("granite", ("granite",), gpu=False, keys={"granite": _KEYS},
+FAMILY = Granite("granite", ("granite",), keys={"granite": _KEYS},
                  extra_tensors={"granite": {"rope_freqs.weight":
                                             "the llama3 RoPE frequency factors"}})

@@ -24,4 +24,4 @@ class Olmo2(Family):
         return common | (kv if shape.head_dim else {}) | rope
 
 
-FAMILY = Olmo2("olmo2", ("olmo2",), gpu=False, rope_neox=True)
+FAMILY = Olmo2("olmo2", ("olmo2",), rope_neox=True)

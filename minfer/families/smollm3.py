@@ -15,4 +15,4 @@ class SmolLM3(Family):
             (il + 1) % NO_ROPE_STEP != 0 for il in range(dims["n_layers"]))}
 
 
-FAMILY = SmolLM3("smollm3", ("smollm3",), gpu=False)
+FAMILY = SmolLM3("smollm3", ("smollm3",))

@@ -123,6 +123,21 @@ PRESETS: dict[str, SynthShape] = {
     "gemma2-9b": SynthShape("gemma2", 3584, 14336, 42, 16, 8, tied=True, head_dim=256,
                             rms_eps=1e-6, n_ctx=8192, sliding_window=4096,
                             attn_softcap=50.0, final_softcap=30.0),
+    # IBM Granite 3.x (HF config.json: attention_multiplier, embedding_multiplier,
+    # residual_multiplier, logits_scaling -> granite.attention.scale, .embedding_scale,
+    # .residual_scale, .logit_scale), tied, 128k context
+    "granite-3-8b": SynthShape("granite", 4096, 12800, 40, 32, 8, vocab=49155, tied=True,
+                               rope_base=10000000.0, n_ctx=131072, kq_scale=0.0078125,
+                               embed_scale=12.0, residual_scale=0.22, logit_scale=16.0),
+    "granite-3-2b": SynthShape("granite", 2048, 8192, 40, 32, 8, vocab=49155, tied=True,
+                               rope_base=5000000.0, n_ctx=131072, kq_scale=0.015625,
+                               embed_scale=12.0, residual_scale=0.22, logit_scale=8.0),
+    # OLMo-2-1124-7B: post norms, q/k norms over the whole projection, MHA, untied
+    "olmo2-7b": SynthShape("olmo2", 4096, 11008, 32, 32, 32, vocab=100352,
+                           rope_base=500000.0, rms_eps=1e-6, n_ctx=4096),
+    # SmolLM3-3B: no RoPE on layers 3, 7, 11, ... (llama.cpp's n_no_rope_layer_step 4), tied
+    "smollm3-3b": SynthShape("smollm3", 2048, 11008, 36, 16, 4, vocab=128256, tied=True,
+                             rope_base=5000000.0, rms_eps=1e-6, n_ctx=65536),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
     "tiny-phi3": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32),
     # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
@@ -155,6 +170,17 @@ PRESETS: dict[str, SynthShape] = {
     "tiny-gemma2": SynthShape("gemma2", 256, 512, 4, 4, 2, tied=True, head_dim=128,
                               rms_eps=1e-6, n_ctx=4096, sliding_window=32, attn_softcap=2.0,
                               final_softcap=10.0),
+    # granite with Granite 3's embedding (12) and residual (0.22) multipliers, an attention
+    # scale of 1/head_dim (as Granite 3's 1/128 at head_dim 128) and a logit scale of 2
+    "tiny-granite": SynthShape("granite", 256, 512, 4, 4, 2, tied=True, n_ctx=4096,
+                               kq_scale=1.0 / 64, embed_scale=12.0, residual_scale=0.22,
+                               logit_scale=2.0),
+    # olmo2: post norms only, q/k norms over [H D] / [Hkv D], NEOX RoPE, GQA 4:2, untied
+    "tiny-olmo2": SynthShape("olmo2", 256, 512, 4, 4, 2, rope_base=500000.0, rms_eps=1e-6,
+                             n_ctx=4096),
+    # smollm3: 4 layers, the last (layer 3) without RoPE
+    "tiny-smollm3": SynthShape("smollm3", 256, 512, 4, 4, 2, tied=True, rope_base=5000000.0,
+                               rms_eps=1e-6, n_ctx=4096),
 }
 ROPE_SCALINGS = ("none", "llama3", "linear", "yarn", "longrope")
 

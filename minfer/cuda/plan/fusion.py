@@ -98,6 +98,8 @@ def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
     for i in range(c.n_layers):
         q = f"blk.{i}.attn_q.weight"
         group = fused.get(q, ("",))[0]
+        if not c.has_rope(i):   # smollm3's layers without RoPE: rope_qkv on the identity table
+            continue
         if group.endswith(".attn_qkv.weight") and TABLE[routes[q][0]].rope:
             out.add(group)
     return out
