@@ -27,8 +27,7 @@ def test_granite_reads_its_four_scalars(files):
 
     c = load_model(files["tiny-granite"]).config
     f = np.float32
-    assert (c.embed_scale, c.kq_scale, c.residual_scale) == (12.0, float(f(1 / 64)),
-                                                              float(f(0.22)))
+    assert (c.embed_scale, c.kq_scale, c.residual_scale) == (12.0, float(f(1 / 64)), 0.5)
     assert c.logit_mul == float(f(1) / f(2.0)) and c.rope_layers == () and not c.rope_neox
     assert c.pre_norms and not c.post_norms and not c.qk_norm
 
@@ -53,8 +52,8 @@ def test_smollm3_drops_rope_on_every_fourth_layer(files):
     from minfer.gguf.loader import load_model
 
     c = load_model(files["tiny-smollm3"]).config
-    assert c.rope_layers == (True, True, True, False)
-    assert [c.has_rope(i) for i in range(4)] == [True, True, True, False]
+    assert c.rope_layers == (True, True, True, False) * 2
+    assert [c.has_rope(i) for i in range(8)] == [True, True, True, False] * 2
 
 
 def _rewrite(src, dst, set_kv=None, drop_kv=(), drop_t=()):
@@ -101,7 +100,7 @@ def test_granite_needs_its_logit_scale_and_reads_the_rope_switch(files, tmp_path
         load_model(_rewrite(src, tmp_path / "a.gguf", drop_kv=("granite.logit_scale",)))
     c = load_model(_rewrite(src, tmp_path / "b.gguf", set_kv={
         "granite.rope.scaling.finetuned": (False, gguf.GGUFValueType.BOOL)})).config
-    assert c.rope_layers == (False,) * 4
+    assert c.rope_layers == (False,) * c.n_layers
     c = load_model(_rewrite(src, tmp_path / "c.gguf", drop_kv=(
         "granite.residual_scale", "granite.embedding_scale",
         "granite.attention.scale"))).config
@@ -154,7 +153,7 @@ def _launches(monkeypatch, path, model_path, T=40):
 @pytest.mark.parametrize("path", ["f16", "blk"])
 def test_granite_cuda_launches(monkeypatch, files, path):
     """granite: the embedding scaled once (scale_f32 with 12), each attention / FFN output
-    through post32 and scale_add_f32 (0.22), the attention's scale the kq scale, the logits
+    through post32 and scale_add_f32 (its residual scale), the attention's scale the kq scale, the logits
     scaled last (logit_mul)."""
     be, c, calls = _launches(monkeypatch, path, files["tiny-granite"])
     entries = [e for e, _ in calls]
@@ -163,7 +162,7 @@ def test_granite_cuda_launches(monkeypatch, files, path):
     assert len(scales) == 2 and entries[-1] == "scale_f32"
     assert float(scales[0][2]) == np.float32(12.0) and float(scales[1][2]) == np.float32(0.5)
     adds = [a for e, a in calls if e == "scale_add_f32"]
-    assert len(adds) == 2 * L and all(float(a[3]) == np.float32(0.22) for a in adds)
+    assert len(adds) == 2 * L and all(float(a[3]) == np.float32(0.5) for a in adds)
     assert be.buf.post32 is not None and "rmsnorm_add_f32" not in entries
     assert be.fwd.attn_opts[0]["scale"] == c.kq_scale
 
@@ -189,12 +188,13 @@ def test_olmo2_cuda_launches(monkeypatch, files, path):
 
 @pytest.mark.parametrize("path", ["f16", "blk"])
 def test_smollm3_cuda_launches(monkeypatch, files, path):
-    """smollm3: layer 3 ropes with the identity table (cos 1, sin 0), the others with the
-    model's; on f16 the layers with RoPE may rope in the q|k|v GEMM's epilogue, layer 3 never."""
+    """smollm3: layers 3 and 7 rope with the identity table (cos 1, sin 0), the others with
+    the model's; on f16 the layers with RoPE may rope in the q|k|v GEMM's epilogue, 3 and 7
+    never."""
     be, c, calls = _launches(monkeypatch, path, files["tiny-smollm3"])
     assert be.buf.rope_none is not None
-    assert [t is be.buf.rope_none for t in be.fwd.rope] == [False, False, False, True]
-    assert "blk.3.attn_qkv.weight" not in be.rope_epi
+    assert [t is be.buf.rope_none for t in be.fwd.rope] == [False, False, False, True] * 2
+    assert not {"blk.3.attn_qkv.weight", "blk.7.attn_qkv.weight"} & set(be.rope_epi)
     ropes = [a for e, a in calls if e.startswith("rope_qkv")]
     from minfer.cuda.runtime import devarray as da
 

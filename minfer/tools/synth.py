@@ -170,17 +170,19 @@ PRESETS: dict[str, SynthShape] = {
     "tiny-gemma2": SynthShape("gemma2", 256, 512, 4, 4, 2, tied=True, head_dim=128,
                               rms_eps=1e-6, n_ctx=4096, sliding_window=32, attn_softcap=2.0,
                               final_softcap=10.0),
-    # granite with Granite 3's embedding (12) and residual (0.22) multipliers, an attention
-    # scale of 1/head_dim (as Granite 3's 1/128 at head_dim 128) and a logit scale of 2
+    # granite with Granite 3's embedding multiplier (12), an attention scale of 1/head_dim (as
+    # Granite 3's 1/128 at head_dim 128), a residual multiplier of 0.5 (Granite 3's 0.22 damps
+    # this model's attention so much that its scale would hardly show) and a logit scale of 2
     "tiny-granite": SynthShape("granite", 256, 512, 4, 4, 2, tied=True, n_ctx=4096,
-                               kq_scale=1.0 / 64, embed_scale=12.0, residual_scale=0.22,
+                               kq_scale=1.0 / 64, embed_scale=12.0, residual_scale=0.5,
                                logit_scale=2.0),
     # olmo2: post norms only, q/k norms over [H D] / [Hkv D], NEOX RoPE, GQA 4:2, untied
     "tiny-olmo2": SynthShape("olmo2", 256, 512, 4, 4, 2, rope_base=500000.0, rms_eps=1e-6,
                              n_ctx=4096),
-    # smollm3: 4 layers, the last (layer 3) without RoPE
-    "tiny-smollm3": SynthShape("smollm3", 256, 512, 4, 4, 2, tied=True, rope_base=5000000.0,
-                               rms_eps=1e-6, n_ctx=4096),
+    # smollm3: 8 layers, layers 3 and 7 without RoPE; base 10000 (SmolLM3's 5e6 hardly turns
+    # this model's pairs within a few hundred positions)
+    "tiny-smollm3": SynthShape("smollm3", 256, 512, 8, 4, 2, tied=True, rms_eps=1e-6,
+                               n_ctx=4096),
 }
 ROPE_SCALINGS = ("none", "llama3", "linear", "yarn", "longrope")
 
