@@ -11,6 +11,8 @@
 //                                                       (post_attention_norm, post_ffw_norm)
 //                                                       before the residual add; grid (T), 256
 //   softcap_f32        y[n] = tanh(y * (1 / cap)) * cap final logit soft-capping (1 / cap: inv)
+//   scale_add_f32      x[n] += t[n] * s                 granite's residual_scale: the attention
+//                                                       / FFN output scaled before its residual add
 // Each product the reference rounds on its own is __fmul_rn / __fadd_rn (no FMA contraction).
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -41,4 +43,10 @@ extern "C" __global__ void rmsnorm_add_f32(float* x, const float* t, const float
 extern "C" __global__ void softcap_f32(float* y, long n, float cap, float inv) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fmul_rn(tanhf(__fmul_rn(y[i], inv)), cap);
+}
+
+// granite: x = x + t * s, the product rounded first (ggml_scale, then ggml_add)
+extern "C" __global__ void scale_add_f32(float* x, const float* t, long n, float s) {
+    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __fadd_rn(x[i], __fmul_rn(t[i], s));
 }

@@ -21,6 +21,11 @@ FAMILIES = {
                    "embeddings x sqrt(d), q x 1/sqrt(128), linear RoPE x8 on the global layer)",
     "tiny-gemma2": "gemma2 (sliding window 32 on layers 0 and 2, attention soft-cap 2, final "
                    "soft-cap 10, GeGLU, post norms, no q/k norms, embeddings x sqrt(d))",
+    "tiny-granite": "granite (embeddings x 12, attention and FFN outputs x 0.5 before the "
+                    "residual adds, attention scale 1/64, logits / 2)",
+    "tiny-olmo2": "olmo2 (no pre-norms, post norms, q/k RMSNorm over the whole projection, "
+                  "NEOX RoPE, untied)",
+    "tiny-smollm3": "smollm3 (no RoPE on layers 3 and 7: every 4th layer)",
 }
 
 # llama.cpp's n_ctx for a preset's golden run (scripts/llama_oracle.cpp): 0 = the model's own

@@ -81,7 +81,11 @@ DROPS = [("tiny-llama3", "rope_scaling"), ("tiny-linear", "rope_scaling"),
          ("tiny-gemma3", "post_norms"), ("tiny-gemma3", "ffn_gelu"),
          ("tiny-gemma3", "embed_scale"), ("tiny-gemma3", "qk_norm"),
          ("tiny-gemma2", "attn_softcap"), ("tiny-gemma2", "logit_softcap"),
-         ("tiny-gemma2", "sliding_window"), ("tiny-phi3-long", "rope_scaling")]
+         ("tiny-gemma2", "sliding_window"), ("tiny-phi3-long", "rope_scaling"),
+         ("tiny-granite", "embed_scale"), ("tiny-granite", "residual_scale"),
+         ("tiny-granite", "kq_scale"), ("tiny-granite", "logit_mul"),
+         ("tiny-olmo2", "post_norms"), ("tiny-olmo2", "qk_norm"),
+         ("tiny-smollm3", "rope_layers")]
 
 
 def _plain(cfg, feature):
@@ -91,7 +95,9 @@ def _plain(cfg, feature):
     return {"rope_scaling": RopeScaling(), "qk_norm": False, "sliding_window": 0,
             "rope_base_swa": cfg.rope_base,  # local layers on the global base
             "post_norms": False, "ffn_gelu": False, "embed_scale": 1.0,
-            "attn_softcap": 0.0, "logit_softcap": 0.0}[feature]
+            "attn_softcap": 0.0, "logit_softcap": 0.0,
+            "residual_scale": 1.0, "kq_scale": 0.0, "logit_mul": 1.0,  # granite's scalars
+            "rope_layers": ()}[feature]   # smollm3: RoPE on every layer
 
 
 @pytest.mark.parametrize("preset, feature", DROPS)

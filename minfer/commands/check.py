@@ -49,11 +49,9 @@ def gemm_weight_shapes(model, path=None) -> dict[tuple[int, int, int], str]:
     from minfer.cuda.paths import TABLE
 
     path = path or next(p for p in TABLE.values() if p.int8 and p.archs is None)
-    c = model.config
-    names = [f"blk.{i}.{n}.weight" for i in range(c.n_layers)
-             for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
-                       "ffn_down")]
-    names.append(model.output_name)
+    from minfer.cuda.plan.routes import linear_names
+
+    names = linear_names(model)   # the family's layer schema's GEMM weights, the LM head
     shapes: dict[tuple[int, int, int], str] = {}
     for name in names:
         t = model.tensor(name)

@@ -10,7 +10,9 @@ minfer.cuda.load.prepare.needed_kernels).
 Per layer, T tokens (f32 residual x, f16 GEMM operands; the module docstring of
 minfer.cuda.backend has the dataflow): rmsnorm -> q|k|v GEMMs (rope in the f16 epilogue, or
 (qwen3: head norms, then) one rope_qkv launch) -> attention -> attn_output += -> rmsnorm ->
-gate|up GEMMs (swiglu in the epilogue, or a swiglu launch) -> ffn_down +=; the last layer of
+gate|up GEMMs (swiglu in the epilogue, or a swiglu launch) -> ffn_down +=; the family's
+variations read from the config (gemma's and olmo2's post norms, olmo2's missing pre-norms and
+whole-projection q/k norms, granite's scales, smollm3's layers without RoPE); the last layer of
 the last chunk for its last row only, then the output norm and the LM head GEMV. `profile`
 (an OpProfile) brackets each op with events; `probe(layer, rows)` sees the residual after the
 embedding (layer -1) and after each layer (the non-finite locator).
@@ -53,12 +55,15 @@ class Forward:
         self.ubatch = int(buf.x.shape[0])   # the rows every activation buffer holds
         self.profile = None
         self.probe = None
-        c = self.c   # each layer's RoPE table (gemma: the local layers' own base)
-        self.rope = [buf.rope_swa if buf.rope_swa is not None and c.layer_rope(il)
+        c = self.c   # each layer's RoPE table (gemma: the local layers' own base; smollm3's
+        # layers without RoPE: the identity table)
+        self.rope = [buf.rope_none if not c.has_rope(il) else
+                     buf.rope_swa if buf.rope_swa is not None and c.layer_rope(il)
                      != (c.rope_base, c.rope_scaling) else buf.rope for il in range(c.n_layers)]
-        # each layer's attention options: its window, the model's scale and soft-cap
+        # each layer's attention options: its window, the model's scale (gemma's q scale and
+        # granite's kq scale both scale the scores here) and soft-cap
         self.attn_opts = [dict(window=c.sliding_window if c.is_local(il) else 0,
-                               softcap=c.attn_softcap, scale=c.attn_scale or None)
+                               softcap=c.attn_softcap, scale=c.attn_scale or c.kq_scale or None)
                           for il in range(c.n_layers)]
 
     def with_runtime(self, rt) -> "Forward":
@@ -121,16 +126,34 @@ class Forward:
         return tt, {k: op}
 
     def _residual(self, x, A, name: str, label: str, q8, post: str) -> None:
-        """x f32 [M, d_model] += A @ W[name].T; with post norms (gemma) the product goes to
-        post32 first and x += rmsnorm(it) * w[post]."""
-        if not self.c.post_norms:
+        """x f32 [M, d_model] += A @ W[name].T; with post norms (gemma, olmo2) the product goes
+        to post32 first and x += rmsnorm(it) * w[post]; with a residual scale (granite)
+        x += it * scale."""
+        c = self.c
+        if not c.post_norms and c.residual_scale == 1.0:
             self._linear(x, A, name, "acc", label, q8)
             return
         t = da.rows(self.buf.post32, 0, int(x.shape[0]))
         da.poison(self.rt, t)
         self._linear(t, A, name, "f32", label, q8)
-        with self._op("rmsnorm"):
-            G.rmsnorm_add(self.rt, x, t, self.w[post], self.c.rms_eps)
+        if c.post_norms:
+            if c.residual_scale != 1.0:
+                raise NotImplementedError("post norms with a residual scale")
+            with self._op("rmsnorm"):
+                G.rmsnorm_add(self.rt, x, t, self.w[post], c.rms_eps)
+            return
+        with self._op("scale_add"):
+            G.scale_add(self.rt, x, t, c.residual_scale)
+
+    def _norm_in(self, h16, x, wname: str, *names: str):
+        """_norm, or for a family without pre-norms (olmo2) x itself rounded to f16 as the
+        GEMMs' input (their operands made from it by _quantize)."""
+        if self.c.pre_norms:
+            return self._norm(h16, x, wname, *names)
+        with self._op("cvt"):
+            da.poison(self.rt, h16)
+            L.to_f16(self.rt, h16, x)
+        return self._quantize(h16, *names)
 
     def _swiglu(self, f16, g, u=None) -> None:
         """f16 [M, F] = swiglu(g, u) (u None: g is the fused gate|up output [M, 2F]); GeGLU
@@ -216,7 +239,7 @@ class Forward:
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
             groups = self.groups[il]["attn"]
-            hq8 = self._norm(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
+            hq8 = self._norm_in(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
             if rope_in_gemm and groups[0].weight in self.rope_epi:   # no rope launch after it
                 g = groups[0]
                 with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
@@ -225,10 +248,12 @@ class Forward:
                                 hi=hi)
             else:   # each GEMM into its part of qkv32, then one rope launch reads q, k, v
                 src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
-                if c.qk_norm:   # qwen3: each head of q and k rmsnorm'd before the rope
+                if c.qk_norm:   # qwen3: each head of q and k rmsnorm'd before the rope;
+                    # olmo2: all heads as one row (H 1, D = heads x head_dim)
                     with self._op("rmsnorm"):
                         for part, H_ in (("q", H), ("k", Hkv)):
-                            L.head_rmsnorm(rt, src[part][0], src[part][1], H_, D,
+                            h_, d_ = (1, H_ * D) if c.qk_norm_full else (H_, D)
+                            L.head_rmsnorm(rt, src[part][0], src[part][1], h_, d_,
                                            self.w[f"{p}attn_{part}_norm.weight"], c.rms_eps)
                 with self._op("rope"):
                     da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: the layout on device)
@@ -254,7 +279,7 @@ class Forward:
             f16 = R(b.f16, 0, Tq)
             down = p + "ffn_down.weight"
             groups = self.groups[il]["ffn"]
-            fq8 = self._norm(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
+            fq8 = self._norm_in(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
             if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu / geglu
                 self._linear(f16, hq, groups[0].weight, "glu", groups[0].label, fq8,
                              groups[0].member)
@@ -290,7 +315,11 @@ class Forward:
         self._softcap(out)
 
     def _softcap(self, logits) -> None:
-        """gemma's final logit soft-capping, in place on f32 logits rows."""
+        """granite's logit scale, then gemma's final logit soft-capping, in place on f32
+        logits rows."""
+        if self.c.logit_mul != 1.0:
+            with self._op("scale"):
+                G.scale(self.rt, logits, self.c.logit_mul)
         if self.c.logit_softcap:
             with self._op("softcap"):
                 G.softcap(self.rt, logits, self.c.logit_softcap)

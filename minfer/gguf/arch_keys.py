@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from minfer.errors import Unsupported
+from minfer.families import FAMILIES as _FAMILIES
 
 # Keys the loader reads for every supported architecture (minfer.gguf.loader.GGUFModel._config).
 USED = (
@@ -30,17 +31,10 @@ USED = (
     "{a}.pooling_type",   # embeddings' pooling (minfer.batch.pooling.model_pooling)
 )
 
-# Keys the loader reads for one architecture only (minfer.gguf.loader.GGUFModel._gemma for gemma3
-# and gemma2: llama_model_gemma3 / llama_model_gemma2::load_arch_hparams); for the others they
-# stay refused (WHY).
-USED_BY_ARCH = {
-    "llama": ("{a}.attention.sliding_window",),   # Mistral 7B v0.1: loader._mistral_window
-    "gemma2": ("{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
-               "{a}.rope.freq_base_swa", "{a}.attn_logit_softcapping",
-               "{a}.final_logit_softcapping"),
-    "gemma3": ("{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
-               "{a}.rope.freq_base_swa", "{a}.final_logit_softcapping"),
-}
+# Keys the loader reads for one architecture only (its family's reader, minfer.families: e.g.
+# gemma's for gemma3 / gemma2, llama.cpp's load_arch_hparams); for the others they stay refused
+# (WHY).
+USED_BY_ARCH = {a: k for f in _FAMILIES for a, k in f.keys.items()}
 
 # Keys that change nothing the forward computes, whatever their value.
 INERT = (
@@ -50,7 +44,7 @@ INERT = (
 # Keys one architecture's llama.cpp graph reads and then disables: minfer follows the oracle
 # (Phi-3's window: llama.cpp turns SWA off for phi3, ggml-org/llama.cpp#13676, so its logits
 # are those of full causal attention; docs/families.md says so).
-INERT_BY_ARCH = {"phi3": ("{a}.attention.sliding_window",)}
+INERT_BY_ARCH = {a: k for f in _FAMILIES for a, k in f.inert_keys.items()}
 # Whole namespaces with no effect on the numbers: descriptions (general.*), the tokenizer's
 # (read and checked by minfer.text.tokenizer), imatrix provenance, and the reader's pseudo-keys.
 INERT_PREFIXES = ("general.", "tokenizer.", "quantize.imatrix.", "GGUF.")
@@ -74,21 +68,10 @@ WHY = {
     "split.no": "a split GGUF is not supported: merge it first (llama-gguf-split --merge)",
 }
 
-# Tensors beyond the llama layer set (token_embd, output_norm, output, and per layer attn_norm,
-# attn_q|k|v, attn_output, ffn_norm, ffn_gate|up|down, optional attn_q|k|v bias; qwen3's
-# attn_q_norm / attn_k_norm; gemma3's those and post_attention_norm / post_ffw_norm; gemma2's
-# post norms) that an
-# architecture may carry, with what they are.
-EXTRA_TENSORS = {
-    "llama": {"rope_freqs.weight": "the llama3 RoPE frequency factors"},
-    "qwen2": {},
-    "qwen3": {},
-    "gemma2": {},  # post_attention_norm / post_ffw_norm are in the loader's set
-    "gemma3": {},  # post_attention_norm / post_ffw_norm and q/k norms are in the loader's set
-    # attn_qkv and the 2-ff ffn_up are split into the llama set by the loader
-    "phi3": {"rope_factors_long.weight": "the long-context RoPE factors (Phi-3 128k, 3.5)",
-             "rope_factors_short.weight": "the short-context RoPE factors (Phi-3 128k, 3.5)"},
-}
+# Tensors beyond the layer schema (minfer.families: token_embd, output_norm, output and each
+# layer's schema tensors) that an architecture may carry, with what they are (rope_freqs,
+# phi3's long-context factors).
+EXTRA_TENSORS = {a: f.extra_tensors.get(a, {}) for f in _FAMILIES for a in f.archs}
 
 
 def _named(a: str, keys) -> set[str]:
@@ -149,7 +132,7 @@ def show(v: Any, n: int = 40) -> str:
 # Architectures the CUDA backend runs (its kernels: rmsnorm, SwiGLU, RoPE, causal GQA
 # attention with windows and soft-caps, qwen3's head norms, gemma_layers.cu): every one the
 # loader reads; an architecture added to the loader first runs on the CPU reference alone.
-GPU_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+GPU_ARCHS = tuple(a for f in _FAMILIES if f.gpu for a in f.archs)
 GPU_HEAD_DIMS = (64, 96, 128, 256)   # the attention kernels' entries (minfer.cuda.ops.attention)
 
 

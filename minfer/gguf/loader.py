@@ -21,28 +21,11 @@ from typing import Any
 import numpy as np
 
 from minfer.errors import BadModel, Unsupported
+from minfer.families import ARCHS as _ARCHS  # noqa: F401  (every family's architectures)
 from minfer.gguf.arch_keys import show
 from minfer.host.words import plural
 
 _BLK = re.compile(r"blk\.(\d+)\.")
-
-# Architectures whose graph is the llama one (RMSNorm, RoPE, GQA attention, SwiGLU) or a small
-# variation of it. rope_neox: rotate halves (NEOX) instead of adjacent pairs (llama.cpp
-# LLAMA_ROPE_TYPE_NORM); qk_norm: an RMSNorm over each head of q and k before RoPE (attn_q_norm,
-# attn_k_norm [head_dim]); gemma: llama.cpp's gemma3 graph (src/models/gemma3.cpp): embeddings
-# times sqrt(d_model), post-attention and post-FFN norms, GeGLU, q pre-scaled, sliding-window
-# layers with their own RoPE base, optional final logit soft-cap (ModelConfig's gemma fields);
-# gemma2 (src/models/gemma2.cpp) is the same graph without the q/k norms, with attention and
-# final logit soft-capping and every other layer local (GGUFModel._gemma).
-_ARCHS = {"llama": {"rope_neox": False, "qk_norm": False, "gemma": False},
-          "qwen2": {"rope_neox": True, "qk_norm": False, "gemma": False},
-          "qwen3": {"rope_neox": True, "qk_norm": True, "gemma": False},
-          "gemma2": {"rope_neox": True, "qk_norm": False, "gemma": True},
-          "gemma3": {"rope_neox": True, "qk_norm": True, "gemma": True},
-          # llama's graph on fused weights (attn_qkv, gate|up in ffn_up): _split_fused
-          "phi3": {"rope_neox": True, "qk_norm": False, "gemma": False}}
-_FUSED_ARCHS = ("phi3",)
-
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -150,6 +133,15 @@ class ModelConfig:
     logit_softcap: float = 0.0  # 0: none; else logits = cap * tanh(logits / cap)
     attn_softcap: float = 0.0  # 0: none; else attention scores = cap * tanh(scores / cap)
     # before the mask and softmax (gemma2: attn_logit_softcapping)
+    # granite (minfer.families.granite): the scalars of llama.cpp's granite graph
+    kq_scale: float = 0.0  # 0: the softmax scale 1/sqrt(head_dim); else this (attention.scale)
+    residual_scale: float = 1.0  # the attention / FFN output times this before its residual add
+    logit_mul: float = 1.0  # the logits times this (1 / logit_scale)
+    # olmo2 (minfer.families.olmo2): post-norm layers, q/k norms over the whole projection
+    pre_norms: bool = True  # attn_norm / ffn_norm before attention / the FFN (olmo2: none)
+    qk_norm_full: bool = False  # qk_norm over all heads at once ([H D]), not per head
+    rope_layers: tuple[bool, ...] = ()  # per layer: False = no RoPE (smollm3's every 4th
+    # layer, granite's rope.scaling.finetuned false); () = every layer
 
     def for_context(self, n_ctx: int) -> ModelConfig:
         """The config of a run with context n_ctx (llama.cpp's -c): phi3's long / short RoPE
@@ -157,6 +149,10 @@ class ModelConfig:
         chooses for the model's own context_length (llama.cpp's -c 0)."""
         sc = self.rope_scaling.for_context(n_ctx)
         return self if sc is self.rope_scaling else replace(self, rope_scaling=sc)
+
+    def has_rope(self, il: int) -> bool:
+        """Layer il rotates q and k (llama.cpp hparams.has_rope / smollm3's use_rope)."""
+        return not self.rope_layers or self.rope_layers[il]
 
     def is_local(self, il: int) -> bool:
         """Layer il attends within the sliding window (llama.cpp hparams.is_swa)."""
@@ -198,15 +194,6 @@ def _kind(v: Any) -> str:
         type(v), type(v).__name__)
 
 
-def _layer_tensor_names(i: int, cfg_bias: bool) -> list[str]:
-    names = [f"blk.{i}.{n}.weight" for n in (
-        "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
-        "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
-    if cfg_bias:
-        names += [f"blk.{i}.{n}.bias" for n in ("attn_q", "attn_k", "attn_v")]
-    return names
-
-
 class GGUFModel:
     """An opened GGUF model: config, metadata, tensors (memory-mapped)."""
 
@@ -231,8 +218,7 @@ class GGUFModel:
             for t in h.tensors}
         self.config = self._config()  # type and range of every key: BadModel naming it
         c = self.config
-        if c.arch in _FUSED_ARCHS:
-            self._split_fused()
+        self._split_fused()
         if c.n_layers * 9 > len(self.tensors):
             raise BadModel(f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
                            f"only {len(self.tensors)} tensors")
@@ -275,7 +261,7 @@ class GGUFModel:
             raise BadModel(f"{self.path}: metadata key {key!r} = {v} out of range [{lo}, {hi}]")
         return v
 
-    def _float(self, key: str, default: float) -> float:
+    def _float(self, key: str, default: float | None) -> float:
         """A positive finite float hyperparameter (ints accepted, bools and strings not).
         llama.cpp holds these as float32 and so does the forward: a value (a FLOAT64 or an
         integer key) that float32 turns into inf or 0 is refused too (a RoPE factor of 1e300
@@ -293,13 +279,21 @@ class GGUFModel:
                            "range (the hyperparameters are float32, as in llama.cpp)")
         return float(v)
 
+    # the readers a family's hparams use (minfer.families.schema.Family.hparams)
+    def int_key(self, key: str, default: int | None = None, lo: int = 1,
+                hi: int = (1 << 31) - 1) -> int:
+        return self._int(key, default, lo, hi)
+
+    def float_key(self, key: str, default: float | None) -> float:
+        return self._float(key, default)
+
     def _config(self) -> ModelConfig:
         arch = self.metadata.get("general.architecture")
         if arch is None:
             raise BadModel(f"{self.path}: metadata key 'general.architecture' missing")
-        if arch not in _ARCHS:
-            raise Unsupported(f"{self.path}: unsupported architecture {_show(arch)} "
-                              f"(supported: {', '.join(_ARCHS)})")
+        from minfer.families import family
+
+        fam = family(arch, f"{self.path}: ")
         a = arch
         k_heads, k_kv = f"{a}.attention.head_count", f"{a}.attention.head_count_kv"
         d_model = self._int(f"{a}.embedding_length")
@@ -330,8 +324,10 @@ class GGUFModel:
         bias = "blk.0.attn_q.bias" in self.tensors
         n_ctx = self._int(f"{a}.context_length")
         n_layers = self._int(f"{a}.block_count", hi=1 << 16)
-        gemma = self._gemma(a, n_layers, d_model, n_heads, head_dim) if _ARCHS[a]["gemma"] \
-            else self._mistral_window(a, n_layers)
+        # the fields only the family sets (minfer.families: its reader, llama.cpp's
+        # load_arch_hparams)
+        own = fam.hparams(self, a, {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads,
+                                    "head_dim": head_dim, "rope_dim": rope_dim})
         return ModelConfig(
             arch=a,
             n_layers=n_layers,
@@ -344,88 +340,20 @@ class GGUFModel:
             n_ctx=n_ctx,
             rope_base=self._float(f"{a}.rope.freq_base", 10000.0),
             rms_eps=self._float(f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
-            rope_neox=_ARCHS[a]["rope_neox"],
             tied_embeddings=tied,
             qkv_bias=bias,
             rope_dim=rope_dim,
             rope_scaling=self._rope_scaling(a, rope_dim, n_ctx),
-            qk_norm=_ARCHS[a]["qk_norm"],
-            **gemma,
+            **own,
         )
-
-    def _mistral_window(self, a: str, n_layers: int) -> dict[str, Any]:
-        """A llama file's attention.sliding_window (Mistral 7B v0.1: 4096): every layer local,
-        on the model's own RoPE, as HF's MistralAttention applies it. llama.cpp's llama graph
-        ignores the key (full attention): the two agree up to the window's width, past it
-        minfer follows the model (docs/families.md)."""
-        kw = f"{a}.attention.sliding_window"
-        if a != "llama" or kw not in self.metadata:
-            return {}
-        n_swa = self._int(kw, lo=0)
-        if n_swa == 0:
-            return {}
-        if not self._rope_plain(a):
-            raise Unsupported(f"{self.path}: metadata key {kw!r} = {n_swa} with RoPE scaling: "
-                              "a sliding window over scaled RoPE is not implemented")
-        return {"sliding_window": n_swa, "swa_layers": (True,) * n_layers,
-                "rope_base_swa": self._float(f"{a}.rope.freq_base", 10000.0)}
-
-    def _rope_plain(self, a: str) -> bool:
-        """No RoPE scaling key and no frequency factors in the file."""
-        return ("rope_freqs.weight" not in self.tensors and
-                not any(k.startswith(f"{a}.rope.scaling.") and k != f"{a}.rope.scaling.finetuned"
-                        for k in self.metadata))
 
     def _gemma(self, a: str, n_layers: int, d_model: int, n_heads: int,
                head_dim: int) -> dict[str, Any]:
-        """The gemma ModelConfig fields, read as llama.cpp's load_arch_hparams does:
-        llama_model_gemma3's for gemma3, llama_model_gemma2's for gemma2."""
-        f32 = np.float32
-        g2 = a == "gemma2"
-        # gemma_pytorch: query_pre_attn_scalar; llama.cpp by model type: the 27B (gemma3: 62
-        # layers, gemma2: 46) 1/sqrt(n_embd / n_head) (integer division), else 1/sqrt(head_dim),
-        # in float
-        big = n_layers == (46 if g2 else 62)
-        out: dict[str, Any] = {
-            "embed_scale": float(np.sqrt(f32(d_model))),  # sqrtf(n_embd)
-            "ffn_gelu": True, "post_norms": True,
-            "attn_scale": float(f32(1.0) / np.sqrt(f32(d_model // n_heads if big else head_dim))),
-        }
-        kw = f"{a}.attention.sliding_window"
-        if g2:  # always LLAMA_SWA_TYPE_STANDARD, n_swa 4096 unless the file says (0 would mask
-            # every key of a local layer: refused)
-            n_swa = self._int(kw, 4096, lo=1)
-        else:  # the window only with a key > 0 (else LLAMA_SWA_TYPE_NONE)
-            n_swa = self._int(kw, lo=0) if kw in self.metadata else 0
-        if n_swa > 0:  # load_swa_pattern(ml, 6 / 2), dense_first false
-            kp = f"{a}.attention.sliding_window_pattern"
-            n_pat = 2 if g2 else 6
-            pat = self.metadata.get(kp, n_pat)
-            if isinstance(pat, list):  # per-layer flags (bool or integer; missing: global)
-                if not all(isinstance(x, int) for x in pat) or len(pat) > 512:
-                    raise BadModel(f"{self.path}: metadata key {kp!r} = {_show(pat)} must be "
-                                   "an integer or an array of at most 512 bools/integers")
-                flags = tuple(bool(pat[i]) if i < len(pat) else False
-                              for i in range(n_layers))
-            else:
-                n = self._int(kp, lo=0) if kp in self.metadata else n_pat
-                flags = tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
-            # gemma3: the local base defaults to 10000, the local freq scale is 1; gemma2: both
-            # default to the global ones (rope_freq_base_train_swa = rope_freq_base_train)
-            base_swa = self._float(f"{a}.rope.freq_base", 10000.0) if g2 else 10000.0
-            out |= {"sliding_window": n_swa, "swa_layers": flags, "swa_rope_scaled": g2,
-                    "rope_base_swa": self._float(f"{a}.rope.freq_base_swa", base_swa)}
-        kc = f"{a}.final_logit_softcapping"
-        if g2:  # both caps always on (llama_hparams' defaults 30 and 50 when absent); 0 would
-            # divide by zero in llama.cpp's graph: refused by _float
-            out["logit_softcap"] = float(f32(self._float(kc, 30.0)))
-            out["attn_softcap"] = float(f32(self._float(f"{a}.attn_logit_softcapping", 50.0)))
-            return out
-        cap = self.metadata.get(kc, 0.0)
-        if cap != 0.0:  # 0 (or absent): no soft-cap, as llama.cpp's `if (f_final_...)`
-            cap = self._float(kc, 0.0)
-        out["logit_softcap"] = float(f32(cap))
-        return out
+        """gemma's ModelConfig fields (minfer.families.gemma's reader, on this file)."""
+        from minfer.families import family
+
+        return family(a).hparams(self, a, {"n_layers": n_layers, "d_model": d_model,
+                                           "n_heads": n_heads, "head_dim": head_dim})
 
     def _rope_scaling(self, a: str, rope_dim: int, n_ctx: int) -> RopeScaling:
         """The file's RoPE scaling, resolved as llama.cpp's llama_context does (f32 math)."""
@@ -466,7 +394,9 @@ class GGUFModel:
         neither. Another architecture's graph has no place for them: arch_keys refuses them."""
         names = ("rope_factors_long.weight", "rope_factors_short.weight")
         have = [n in self.tensors for n in names]
-        if a != "phi3" or not any(have):
+        from minfer.families import family
+
+        if names[0] not in family(a).extra_tensors.get(a, {}) or not any(have):
             return None
         if not all(have):
             one, other = (names[0], names[1]) if have[0] else (names[1], names[0])
@@ -499,40 +429,22 @@ class GGUFModel:
 
         c = self.config
         a = c.arch
-        hd = c.head_dim
         # which metadata keys fix each dimension, named when a tensor disagrees with them
-        kd, kf, kv = f"{a}.embedding_length", f"{a}.feed_forward_length", f"{a}.vocab_size"
-        kq = f"{a}.attention.head_count x head_dim"
-        kk = f"{a}.attention.head_count_kv x head_dim"
+        kd, kv = f"{a}.embedding_length", f"{a}.vocab_size"
         want: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = {
             "token_embd.weight": ((c.vocab_size, c.d_model), (kv, kd)),
             "output_norm.weight": ((c.d_model,), (kd,)),
         }
         if not c.tied_embeddings:
             want["output.weight"] = ((c.vocab_size, c.d_model), (kv, kd))
-        for i in range(c.n_layers):
-            p = f"blk.{i}."
-            want.update({
-                p + "attn_norm.weight": ((c.d_model,), (kd,)),
-                p + "attn_q.weight": ((c.n_heads * hd, c.d_model), (kq, kd)),
-                p + "attn_k.weight": ((c.n_kv_heads * hd, c.d_model), (kk, kd)),
-                p + "attn_v.weight": ((c.n_kv_heads * hd, c.d_model), (kk, kd)),
-                p + "attn_output.weight": ((c.d_model, c.n_heads * hd), (kd, kq)),
-                p + "ffn_norm.weight": ((c.d_model,), (kd,)),
-                p + "ffn_gate.weight": ((c.d_ff, c.d_model), (kf, kd)),
-                p + "ffn_up.weight": ((c.d_ff, c.d_model), (kf, kd)),
-                p + "ffn_down.weight": ((c.d_model, c.d_ff), (kd, kf)),
-            })
-            if c.post_norms:
-                want[p + "post_attention_norm.weight"] = ((c.d_model,), (kd,))
-                want[p + "post_ffw_norm.weight"] = ((c.d_model,), (kd,))
-            if c.qk_norm:
-                want[p + "attn_q_norm.weight"] = ((hd,), (f"{a}.attention.key_length",))
-                want[p + "attn_k_norm.weight"] = ((hd,), (f"{a}.attention.key_length",))
-            if c.qkv_bias:
-                want[p + "attn_q.bias"] = ((c.n_heads * hd,), (kq,))
-                want[p + "attn_k.bias"] = ((c.n_kv_heads * hd,), (kk,))
-                want[p + "attn_v.bias"] = ((c.n_kv_heads * hd,), (kk,))
+        from minfer.families import schema_of
+        from minfer.families.schema import DIM_KEYS
+
+        sch = schema_of(c)
+        for i in range(c.n_layers):   # the family's layer schema: names, shapes, their keys
+            for t in sch.tensors:
+                want[t.full(i)] = (sch.shape(t, c), tuple(
+                    " + ".join(DIM_KEYS[x].format(a=a) for x in d.split("+")) for d in t.shape))
         for name, (shape, keys) in want.items():
             t = self.tensors.get(name)
             if t is None:
@@ -551,30 +463,36 @@ class GGUFModel:
         return set(want)
 
     def _split_fused(self) -> None:
-        """Fused weights as the llama set, row views of the file's bytes (no copy; llama.cpp's
-        create_tensor_qkv reads either form): attn_qkv [(H + 2 Hkv) D, d] -> attn_q, attn_k,
-        attn_v; ffn_up [2 ff, d] without an ffn_gate -> ffn_gate (the first ff rows, the gate
-        half of ggml_swiglu's LLM_FFN_SEQ split) and ffn_up (the rest)."""
+        """Fused weights (the schema's file_fused: phi3's) as the schema's members, row views
+        of the file's bytes (no copy; llama.cpp's create_tensor_qkv reads either form): e.g.
+        attn_qkv [(H + 2 Hkv) D, d] -> attn_q, attn_k, attn_v; ffn_up [2 ff, d] without an
+        ffn_gate -> ffn_gate (the first ff rows, the gate half of ggml_swiglu's LLM_FFN_SEQ
+        split) and ffn_up (the rest). A fused tensor is read where its first member is absent."""
+        from minfer.families import schema_of
+
         c = self.config
-        qd, kd, ff = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.d_ff
+        sch = schema_of(c)
+        if not sch.file_fused:
+            return
+        spec = {t.name.split(".")[0]: t for t in sch.tensors}
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            parts = []
-            if p + "attn_qkv.weight" in self.tensors:
-                parts.append(("attn_qkv", qd + 2 * kd, (("attn_q", 0, qd), ("attn_k", qd, kd),
-                                                        ("attn_v", qd + kd, kd))))
-            if p + "ffn_up.weight" in self.tensors and p + "ffn_gate.weight" not in self.tensors:
-                parts.append(("ffn_up", 2 * ff, (("ffn_gate", 0, ff), ("ffn_up", ff, ff))))
-            for fused, rows, split in parts:
-                t = self.tensors.pop(p + fused + ".weight")
+            for f in sch.file_fused:
+                if p + f.name not in self.tensors or p + f.members[0] + ".weight" in self.tensors:
+                    continue
+                split = [(m, sch.shape(spec[m], c)[0]) for m in f.members]
+                rows = sum(n for _, n in split)
+                t = self.tensors.pop(p + f.name)
                 if len(t.shape) != 2 or t.shape[0] != rows:
                     raise BadModel(f"{self.path}: tensor {t.name!r} has shape {list(t.shape)}, "
-                                   f"expected {rows} rows (the fused {fused} of the metadata's "
-                                   "heads and feed_forward_length)")
-                for n, r0, nr in split:
-                    name = p + n + ".weight"
+                                   f"expected {rows} rows (the fused {f.name.split('.')[0]} of "
+                                   "the metadata's heads and feed_forward_length)")
+                r0 = 0
+                for m, nr in split:
+                    name = p + m + ".weight"
                     self.tensors[name] = TensorInfo(name, t.qtype, (nr, t.shape[1]),
                                                     t.data[r0: r0 + nr])
+                    r0 += nr
 
     # -- tensors --------------------------------------------------------------------------
     def tensor(self, name: str) -> TensorInfo:

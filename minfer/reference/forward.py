@@ -347,7 +347,7 @@ class ReferenceBackend:
         c = self.cfg
         kw = dict(p_round=round_f16 if self.kv_f16 else None,
                   window=c.sliding_window if c.is_local(il) else 0,
-                  scale=1.0 if c.attn_scale else None)
+                  scale=c.kq_scale or (1.0 if c.attn_scale else None))  # granite's kq scale
         if c.attn_softcap:
             kw["softcap"] = c.attn_softcap
         return kw
@@ -364,16 +364,24 @@ class ReferenceBackend:
         T = x.shape[0]
         H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
         p = f"blk.{il}."
-        h = ops.rmsnorm(x, self.weight(p + "attn_norm.weight"), c.rms_eps)
-        q = self._linear(h, p + "attn_q.weight").reshape(T, H, D)
-        k = self._linear(h, p + "attn_k.weight").reshape(T, Hkv, D)
-        v = self._linear(h, p + "attn_v.weight").reshape(T, Hkv, D)
-        if c.qk_norm:  # qwen3, gemma3: each head of q and k RMS-normalized before RoPE
+        # olmo2 (no pre_norms): q, k, v read the residual itself
+        h = ops.rmsnorm(x, self.weight(p + "attn_norm.weight"), c.rms_eps) if c.pre_norms else x
+        q = self._linear(h, p + "attn_q.weight")
+        k = self._linear(h, p + "attn_k.weight")
+        if c.qk_norm and c.qk_norm_full:  # olmo2: q and k RMS-normalized over the whole
+            # projection
             q = ops.rmsnorm(q, self.weight(p + "attn_q_norm.weight"), c.rms_eps)
             k = ops.rmsnorm(k, self.weight(p + "attn_k_norm.weight"), c.rms_eps)
-        base, scaling = c.layer_rope(il)  # gemma's local layers: their own base
-        q = ops.rope(q, pos, base, c.rope_dim, c.rope_neox, scaling)
-        k = ops.rope(k, pos, base, c.rope_dim, c.rope_neox, scaling)
+        q, k = q.reshape(T, H, D), k.reshape(T, Hkv, D)
+        v = self._linear(h, p + "attn_v.weight").reshape(T, Hkv, D)
+        if c.qk_norm and not c.qk_norm_full:  # qwen3, gemma3: each head of q and k
+            # RMS-normalized before RoPE
+            q = ops.rmsnorm(q, self.weight(p + "attn_q_norm.weight"), c.rms_eps)
+            k = ops.rmsnorm(k, self.weight(p + "attn_k_norm.weight"), c.rms_eps)
+        if c.has_rope(il):  # smollm3: every 4th layer without RoPE
+            base, scaling = c.layer_rope(il)  # gemma's local layers: their own base
+            q = ops.rope(q, pos, base, c.rope_dim, c.rope_neox, scaling)
+            k = ops.rope(k, pos, base, c.rope_dim, c.rope_neox, scaling)
         if c.attn_scale:  # gemma3: ggml_scale(Qcur, f_attention_scale), kq_scale 1
             q = q * ft.type(c.attn_scale)
         if self.kv_f16:
@@ -386,14 +394,18 @@ class ReferenceBackend:
         a = self._linear(a.reshape(a.shape[0], H * D), p + "attn_output.weight")
         if c.post_norms:  # gemma3: post_attention_norm before the residual add
             a = ops.rmsnorm(a, self.weight(p + "post_attention_norm.weight"), c.rms_eps)
+        if c.residual_scale != 1.0:  # granite: ggml_scale(cur, f_residual_scale), then the add
+            a = a * ft.type(c.residual_scale)
         x = x + a
-        h = ops.rmsnorm(x, self.weight(p + "ffn_norm.weight"), c.rms_eps)
+        h = ops.rmsnorm(x, self.weight(p + "ffn_norm.weight"), c.rms_eps) if c.pre_norms else x
         g = self._linear(h, p + "ffn_gate.weight")
         u = self._linear(h, p + "ffn_up.weight")
         f = self._linear(ops.geglu(g, u) if c.ffn_gelu else ops.swiglu(g, u),
                          p + "ffn_down.weight")
         if c.post_norms:  # gemma3: post_ffw_norm before the residual add
             f = ops.rmsnorm(f, self.weight(p + "post_ffw_norm.weight"), c.rms_eps)
+        if c.residual_scale != 1.0:  # granite
+            f = f * ft.type(c.residual_scale)
         return x + f
 
     def _head(self, x: np.ndarray) -> np.ndarray:
@@ -402,6 +414,8 @@ class ReferenceBackend:
         c = self.cfg
         h = ops.rmsnorm(x, self.weight("output_norm.weight"), c.rms_eps)
         logits = self._linear(h, self.model.output_name).astype(np.float32)
+        if c.logit_mul != 1.0:  # granite: ggml_scale(cur, 1.0f / f_logit_scale)
+            logits = logits * np.float32(c.logit_mul)
         if c.logit_softcap:  # gemma: scale by 1/cap, tanh, scale by cap (ggml, in float)
             cap = np.float32(c.logit_softcap)
             t = (logits * (np.float32(1.0) / cap)).astype(np.float64)

@@ -47,7 +47,7 @@ from minfer.errors import BadInput
 
 @dataclass(frozen=True)
 class SynthShape:
-    arch: str  # GGUF general.architecture: "llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"
+    arch: str  # GGUF general.architecture: one of minfer.families.ARCHS
     d_model: int
     d_ff: int
     n_layers: int
@@ -75,6 +75,12 @@ class SynthShape:
     # gemma2: attn_logit_softcapping and final_logit_softcapping (the converter writes both)
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    # granite: attention.scale, embedding_scale, residual_scale, logit_scale (HF's
+    # attention_multiplier, embedding_multiplier, residual_multiplier, logits_scaling)
+    kq_scale: float = 0.0
+    embed_scale: float = 0.0
+    residual_scale: float = 0.0
+    logit_scale: float = 0.0
 
     @property
     def hd(self) -> int:
@@ -117,6 +123,21 @@ PRESETS: dict[str, SynthShape] = {
     "gemma2-9b": SynthShape("gemma2", 3584, 14336, 42, 16, 8, tied=True, head_dim=256,
                             rms_eps=1e-6, n_ctx=8192, sliding_window=4096,
                             attn_softcap=50.0, final_softcap=30.0),
+    # IBM Granite 3.x (HF config.json: attention_multiplier, embedding_multiplier,
+    # residual_multiplier, logits_scaling -> granite.attention.scale, .embedding_scale,
+    # .residual_scale, .logit_scale), tied, 128k context
+    "granite-3-8b": SynthShape("granite", 4096, 12800, 40, 32, 8, vocab=49155, tied=True,
+                               rope_base=10000000.0, n_ctx=131072, kq_scale=0.0078125,
+                               embed_scale=12.0, residual_scale=0.22, logit_scale=16.0),
+    "granite-3-2b": SynthShape("granite", 2048, 8192, 40, 32, 8, vocab=49155, tied=True,
+                               rope_base=5000000.0, n_ctx=131072, kq_scale=0.015625,
+                               embed_scale=12.0, residual_scale=0.22, logit_scale=8.0),
+    # OLMo-2-1124-7B: post norms, q/k norms over the whole projection, MHA, untied
+    "olmo2-7b": SynthShape("olmo2", 4096, 11008, 32, 32, 32, vocab=100352,
+                           rope_base=500000.0, rms_eps=1e-6, n_ctx=4096),
+    # SmolLM3-3B: no RoPE on layers 3, 7, 11, ... (llama.cpp's n_no_rope_layer_step 4), tied
+    "smollm3-3b": SynthShape("smollm3", 2048, 11008, 36, 16, 4, vocab=128256, tied=True,
+                             rope_base=5000000.0, rms_eps=1e-6, n_ctx=65536),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
     "tiny-phi3": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32),
     # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
@@ -149,6 +170,19 @@ PRESETS: dict[str, SynthShape] = {
     "tiny-gemma2": SynthShape("gemma2", 256, 512, 4, 4, 2, tied=True, head_dim=128,
                               rms_eps=1e-6, n_ctx=4096, sliding_window=32, attn_softcap=2.0,
                               final_softcap=10.0),
+    # granite with Granite 3's embedding multiplier (12), an attention scale of 1/head_dim (as
+    # Granite 3's 1/128 at head_dim 128), a residual multiplier of 0.5 (Granite 3's 0.22 damps
+    # this model's attention so much that its scale would hardly show) and a logit scale of 2
+    "tiny-granite": SynthShape("granite", 256, 512, 4, 4, 2, tied=True, n_ctx=4096,
+                               kq_scale=1.0 / 64, embed_scale=12.0, residual_scale=0.5,
+                               logit_scale=2.0),
+    # olmo2: post norms only, q/k norms over [H D] / [Hkv D], NEOX RoPE, GQA 4:2, untied
+    "tiny-olmo2": SynthShape("olmo2", 256, 512, 4, 4, 2, rope_base=500000.0, rms_eps=1e-6,
+                             n_ctx=4096),
+    # smollm3: 8 layers, layers 3 and 7 without RoPE; base 10000 (SmolLM3's 5e6 hardly turns
+    # this model's pairs within a few hundred positions)
+    "tiny-smollm3": SynthShape("smollm3", 256, 512, 8, 4, 2, tied=True, rms_eps=1e-6,
+                               n_ctx=4096),
 }
 ROPE_SCALINGS = ("none", "llama3", "linear", "yarn", "longrope")
 
@@ -197,39 +231,12 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
         items += [("rope_factors_long.weight", (hd // 2,), "rope_long"),
                   ("rope_factors_short.weight", (hd // 2,), "rope_short")]
     items.append(("token_embd.weight", (s.vocab, s.d_model), "weight"))
-    for i in range(s.n_layers):
-        p = f"blk.{i}."
-        items.append((p + "attn_norm.weight", (s.d_model,), "norm"))
-        if s.arch == "phi3":   # one fused q|k|v weight, as Phi-3's converter writes it
-            items.append((p + "attn_qkv.weight", ((s.n_heads + 2 * s.n_kv_heads) * hd,
-                                                  s.d_model), "weight"))
-        else:
-            items += [
-                (p + "attn_q.weight", (s.n_heads * hd, s.d_model), "weight"),
-                (p + "attn_k.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
-                (p + "attn_v.weight", (s.n_kv_heads * hd, s.d_model), "weight"),
-            ]
-        if s.arch in ("qwen3", "gemma3"):  # per-head q/k norms (attn_q_norm, attn_k_norm)
-            items += [(p + "attn_q_norm.weight", (hd,), "norm"),
-                      (p + "attn_k_norm.weight", (hd,), "norm")]
-        if s.qkv_bias:
-            items += [(p + "attn_q.bias", (s.n_heads * hd,), "bias"),
-                      (p + "attn_k.bias", (s.n_kv_heads * hd,), "bias"),
-                      (p + "attn_v.bias", (s.n_kv_heads * hd,), "bias")]
-        items.append((p + "attn_output.weight", (s.d_model, s.n_heads * hd), "weight"))
-        if s.arch in ("gemma2", "gemma3"):  # the attention output's norm (HF
-            # post_attention_layernorm)
-            items.append((p + "post_attention_norm.weight", (s.d_model,), "norm"))
-        items.append((p + "ffn_norm.weight", (s.d_model,), "norm"))
-        if s.arch == "phi3":   # gate|up fused in ffn_up [2 ff, d], the gate first
-            items.append((p + "ffn_up.weight", (2 * s.d_ff, s.d_model), "weight"))
-        else:
-            items += [(p + "ffn_gate.weight", (s.d_ff, s.d_model), "weight"),
-                      (p + "ffn_up.weight", (s.d_ff, s.d_model), "weight")]
-        items.append((p + "ffn_down.weight", (s.d_model, s.d_ff), "weight"))
-        if s.arch in ("gemma2", "gemma3"):  # the FFN output's norm (HF
-            # post_feedforward_layernorm)
-            items.append((p + "post_ffw_norm.weight", (s.d_model,), "norm"))
+    from minfer.families import family
+
+    sch = family(s.arch).layer(s.arch, s.qkv_bias)
+    for i in range(s.n_layers):   # the family's layer as its converter writes it
+        for t in sch.file_tensors():
+            items.append((t.full(i), sch.shape(t, s), "weight" if t.role == "linear" else t.role))
     if s.rope_scaling == "llama3":
         items.append(("rope_freqs.weight", (hd // 2,), "rope_freqs"))
     items.append(("output_norm.weight", (s.d_model,), "norm"))
@@ -460,28 +467,9 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
         f"{a}.rope.freq_base": f32(shape.rope_base),
         f"{a}.attention.layer_norm_rms_epsilon": f32(shape.rms_eps),
     }
-    if a == "gemma3":
-        # convert_hf_to_gguf.py's Gemma3Model: key/value length always, the window; no
-        # rope.dimension_count nor vocab_size (llama.cpp takes head_dim and the table's rows).
-        # Norm weights are stored as HF's (1 + w) already: the generator's ~1 values fit.
-        if shape.sliding_window:
-            kv[f"{a}.attention.sliding_window"] = u32(shape.sliding_window)
-        return common | kv | rope
-    if a == "gemma2":
-        # convert_hf_to_gguf.py's Gemma2Model: no rope.freq_base (llama.cpp's 10000), nor
-        # rope.dimension_count, nor vocab_size; key/value length, both soft caps, the window
-        del common[f"{a}.rope.freq_base"]
-        if shape.rope_base != 10000.0:
-            raise BadInput(f"gemma2: the converter writes no rope.freq_base, so the RoPE base "
-                           f"is 10000, not {shape.rope_base:g}")
-        return common | kv | rope | {
-            f"{a}.attn_logit_softcapping": f32(shape.attn_softcap),
-            f"{a}.final_logit_softcapping": f32(shape.final_softcap),
-            f"{a}.attention.sliding_window": u32(shape.sliding_window)}
-    window = {f"{a}.attention.sliding_window": u32(shape.sliding_window)} \
-        if shape.sliding_window else {}
-    return common | {f"{a}.rope.dimension_count": u32(hd), f"{a}.vocab_size": u32(shape.vocab)} \
-        | rope | (kv if shape.head_dim else {}) | window
+    from minfer.families import family
+
+    return family(a).synth_metadata(shape, common, kv, rope, u32, f32)
 
 
 def resolve_shape(opts: SynthOptions) -> SynthShape:

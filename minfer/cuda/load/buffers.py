@@ -40,9 +40,10 @@ class DeviceBuffers:
     rope_swa: object  # the local layers' L.RopeTable where their (base, scaling) differ
     #                  (gemma: rope.freq_base_swa; ModelConfig.layer_rope), else None
     post32: object  # f32 [T, d_model]: an attention / FFN output before its post norm
-    #                (gemma's post_norms), else None
+    #                (gemma's post_norms) or its residual scale (granite), else None
     q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without raw int8 routes)
     blkop: object = None  # uint8 [blk_bytes] blk token operand scratch (None without blk routes)
+    rope_none: object = None  # the identity L.RopeTable for layers without RoPE (smollm3)
 
 
 def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
@@ -90,7 +91,10 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         rope_swa=(L.RopeTable.build(rt, min(max_tokens, c.n_ctx), *L.local_rope(c)[0:1],
                                     c.rope_dim, L.local_rope(c)[1])
                   if L.local_rope(c) else None),
-        post32=e(rt, (T, c.d_model), np.float32, "post-norm input") if c.post_norms else None,
+        post32=(e(rt, (T, c.d_model), np.float32, "post-norm input")
+                if c.post_norms or c.residual_scale != 1.0 else None),
+        rope_none=(L.RopeTable.identity(rt, min(max_tokens, c.n_ctx), c.rope_dim)
+                   if not all(c.has_rope(il) for il in range(c.n_layers)) else None),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
         blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
     )

@@ -160,11 +160,11 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
             pb.close()
     nbytes = total - (int(emb_t.data.nbytes) if "token_embd.weight" in routes and
                       not raw_head else 0)   # file bytes: a tied f16 head read twice counts once
+    from minfer.families import schema_of
+
+    sch = schema_of(c)
     for i in range(c.n_layers):
-        for n in (("attn_norm", "ffn_norm")
-                  + (("attn_q_norm", "attn_k_norm") if c.qk_norm else ())
-                  + (("post_attention_norm", "post_ffw_norm") if c.post_norms else ())):
-            name = f"blk.{i}.{n}.weight"
+        for name in sch.names(i, "norm"):   # the family's norms, f32 on the device
             w[name] = da.to_device(rt, m.dequant(name).reshape(-1).astype(np.float32), name)
             nbytes += int(m.tensor(name).data.nbytes)
         if c.qkv_bias:

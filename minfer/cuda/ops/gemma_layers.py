@@ -1,6 +1,6 @@
 """Launchers for kernels/gemma_layers.cu: what gemma2 / gemma3 add to the llama forward (the
 embedding scale, GeGLU, the post-attention / post-FFN norms before the residual add, final
-logit soft-capping). Numpy twins: minfer.reference.ops.geglu, ops.rmsnorm (+ the add), and
+logit soft-capping), and granite's scaled residual add (scale_add). Numpy twins: minfer.reference.ops.geglu, ops.rmsnorm (+ the add), and
 ReferenceBackend._embed / _head (scale, soft-cap); tests/gpu/test_gemma_layers.py compares."""
 
 from __future__ import annotations
@@ -71,3 +71,13 @@ def rmsnorm_add(rt, x, t, w, eps: float) -> None:
     da.check("post norm w", w, (D,), np.float32)
     rt.launch(rt.function(_F, "rmsnorm_add_f32"), (T,), (256,),
               (da.arg(x), da.arg(t), da.arg(w), np.int32(D), np.float32(eps)))
+
+
+def scale_add(rt, x, t, s: float) -> None:
+    """x f32 += t f32 * s (same shape; the product rounded first: granite's residual_scale).
+    Numpy twin: x + t * np.float32(s) (ReferenceBackend._layer)."""
+    da.check("scale_add x", x, None, np.float32)
+    da.check("scale_add t", t, tuple(x.shape), np.float32)
+    n = int(x.size)
+    rt.launch(rt.function(_F, "scale_add_f32"), ((n + 255) // 256,), (256,),
+              (da.arg(x), da.arg(t), np.int64(n), np.float32(s)))

@@ -41,6 +41,14 @@ class RopeTable:
                    da.to_device(rt, s.astype(np.float32), "rope sin table"), n_pos, rope_dim,
                    base)
 
+    @classmethod
+    def identity(cls, rt, n_pos: int, rope_dim: int) -> "RopeTable":
+        """cos 1, sin 0: a rotation that leaves q and k as they are (a layer without RoPE,
+        smollm3's every 4th: a*1 - b*0 is a exactly), for the kernels that read a table."""
+        c = np.ones((n_pos, rope_dim // 2), np.float32)
+        return cls(da.to_device(rt, c, "no-rope cos table"),
+                   da.to_device(rt, np.zeros_like(c), "no-rope sin table"), n_pos, rope_dim, 0.0)
+
 
 def local_rope(c):
     """(base, scaling) of the local layers where it differs from the global layers' (gemma's
@@ -184,8 +192,8 @@ def head_rmsnorm(rt, x, col: int, H: int, D: int, w, eps: float) -> None:
     """In place: columns [col, col + H*D) of x f32 [T, *] as [T, H, D], each head's D values
     rmsnorm'd and scaled by w f32 [D] (qwen3's q/k norms, before RoPE). Numpy twin:
     reference ops.rmsnorm over the last axis of [T, H, D]."""
-    if D > 1024 or D % 2:
-        raise GPUError(f"head_rmsnorm: head_dim {D} must be even and <= 1024")
+    if D > 65536 or D % 2:   # (olmo2 norms all heads as one: H 1, D = heads x head_dim)
+        raise GPUError(f"head_rmsnorm: head_dim {D} must be even and <= 65536")
     xp, ld = _cols("head_rmsnorm x", x, col, H * D)
     da.check("head_rmsnorm w", w, (D,), np.float32)
     T = int(x.shape[0])

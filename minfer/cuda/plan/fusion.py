@@ -27,11 +27,12 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
     One launch instead of two also fills the GPU better (gate|up at M = 512: 1,792 blocks of
     the wide kernel, 6.8 waves on 132 SMs, instead of two launches of 3.4 waves each; attn_k
     alone at N = 1024 is 32 blocks of the wgmma kernel on 132 SMs)."""
+    from minfer.families import schema_of
+
     out: dict[str, tuple[str, int, int]] = {}
+    groups = schema_of(model.config).gemm_groups   # what the family's layer may fuse
     for i in range(model.config.n_layers):
-        for group, members in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
-                               ("attn_qk", ("attn_q", "attn_k")),
-                               ("ffn_gate_up", ("ffn_gate", "ffn_up"))):
+        for group, members in groups:
             names = [f"blk.{i}.{n}.weight" for n in members]
             if any(n in out for n in names):
                 continue   # already in the q|k|v group
@@ -97,6 +98,8 @@ def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
     for i in range(c.n_layers):
         q = f"blk.{i}.attn_q.weight"
         group = fused.get(q, ("",))[0]
+        if not c.has_rope(i):   # smollm3's layers without RoPE: rope_qkv on the identity table
+            continue
         if group.endswith(".attn_qkv.weight") and TABLE[routes[q][0]].rope:
             out.add(group)
     return out

@@ -19,7 +19,6 @@ import sys
 from minfer.cuda.paths import TABLE, auto_tiers, choose_path, qname
 from minfer.cuda.plan.config import GemmChoice
 
-_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _WARNED: set = set()
 _qname = qname
 
@@ -31,9 +30,12 @@ def _warn_once(msg: str) -> None:
 
 
 def linear_names(model) -> list[str]:
+    """Every GEMM weight: each layer's linear tensors (the family's layer schema), the LM head."""
+    from minfer.families import schema_of
+
     c = model.config
-    return [f"blk.{i}.{n}.weight" for i in range(c.n_layers) for n in _LINEAR] + \
-        [model.output_name]
+    sch = schema_of(c)
+    return [n for i in range(c.n_layers) for n in sch.names(i, "linear")] + [model.output_name]
 
 
 def weight_class(model, name: str) -> str:

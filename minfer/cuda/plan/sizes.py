@@ -60,9 +60,10 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
                c.d_ff * ((0 if glu_all else 4 + 4) + 2))
     from minfer.cuda.ops.layers import local_rope
 
-    tables = 2 if local_rope(c) else 1   # gemma's local layers: their own base
+    tables = (2 if local_rope(c) else 1   # gemma's local layers: their own base
+              ) + (not all(c.has_rope(il) for il in range(c.n_layers)))   # smollm3: identity
     act += c.vocab_size * 4 + tables * (min(max_tokens, c.n_ctx) * c.rope_dim) * 4   # rope
-    act += T * c.d_model * 4 if c.post_norms else 0   # post32
+    act += T * c.d_model * 4 if c.post_norms or c.residual_scale != 1.0 else 0   # post32
     from minfer.reference.ops import TOP_MAX
 
     act += T * TOP_MAX * (4 + 4)   # packed(top=k)'s ids and log-probs (buffers.top_ids, top_lp)
