@@ -178,7 +178,7 @@ if [ "$MODE" = serve ]; then   # issue 49's table, one call
     kill -TERM $SP; wait $SP; echo "== server ($pc) exit $?" | tee -a "$OUT/steps.txt"
   done
   MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
-    tests/gpu/test_serve_device.py
+    tests/gpu/test_serve_device.py ${SERVE_MORE_TESTS:-}
   echo; echo "################ SUMMARY serve ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
@@ -189,7 +189,8 @@ if [ "$MODE" = serve ]; then   # issue 49's table, one call
 fi
 
 if [ "$MODE" = pooled ]; then   # issue 52: embeddings / rerank against the batch prefill
-  MINFER_TEST_MODEL=$S step tests 150 python3 -m pytest -q -rfEs tests/gpu/test_pooled.py
+  [ "${POOLED_TESTS:-1}" = 1 ] && MINFER_TEST_MODEL=$S step tests 150 python3 -m pytest -q -rfEs \
+    tests/gpu/test_pooled.py
   step synth 60 $M synth --preset qwen3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/q8b.gguf
   step batch 120 $M bench -m /tmp/q8b.gguf --no-breakdown --batch 4096 --tokens 256 --repeats 2
   step pooled 200 python3 -m minfer.tools.bench_pooling -m /tmp/q8b.gguf --batch 4096 \
