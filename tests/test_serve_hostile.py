@@ -269,3 +269,11 @@ def test_tokenize_checks_add_generation_prompt_for_a_prompt_too(server):
     """Found by the schema fuzzing: a known field of the wrong type was ignored."""
     _error(_post(server, "/tokenize", {"prompt": "a", "add_generation_prompt": 3.5}), 400,
            "add_generation_prompt")
+
+
+def test_chat_checks_max_tokens_beside_max_completion_tokens(server):
+    """Found by the schema fuzzing: max_tokens went unchecked when max_completion_tokens was
+    given."""
+    _error(_post(server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 0,
+        "max_tokens": False}), 400, "max_tokens")

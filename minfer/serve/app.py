@@ -239,7 +239,8 @@ def create_app(st: State) -> FastAPI:
         include_usage = _include_usage(body, stream)
         ids = _chat_ids(st, body, msgs)
         mt = P.get_int(body, "max_completion_tokens", None, 0)
-        mt = P.get_int(body, "max_tokens", None, 0) if mt is None else mt
+        old = P.get_int(body, "max_tokens", None, 0)   # checked even when the other wins
+        mt = old if mt is None else mt
         # no bound asked: what the context leaves (none left: the length check refuses it)
         max_tokens = max(st.n_ctx - len(ids), 0) if mt is None else mt
         _check_length(st, len(ids), max_tokens)
@@ -435,6 +436,7 @@ class _Run:
         st.metrics.prompt_tokens.inc(sum(len(a.prompt_ids) for a in answers))
         sched.submit(jobs)
         self.deadline = time.monotonic() + st.timeout
+        self.check_at = time.monotonic() + 0.5   # the next look for a client gone away
 
     def _deliver(self, i: int):
         def deliver(kind: str, value) -> None:
@@ -465,17 +467,20 @@ class _Run:
 
     async def _next(self):
         while True:
-            left = self.deadline - time.monotonic()
+            now = time.monotonic()
+            left = self.deadline - now
             if left <= 0:
                 self.cancel()
                 raise ApiError(504, f"the request took longer than --timeout "
                                f"{self.st.timeout:g} s", code="timeout")
-            try:
-                return await asyncio.wait_for(self.q.get(), timeout=min(left, 0.5))
-            except asyncio.TimeoutError:
+            if now >= self.check_at:   # every 0.5 s, busy or not: tokens may never pause
+                self.check_at = now + 0.5
                 if await self.request.is_disconnected():
                     self.cancel()
                     raise asyncio.CancelledError
+            try:
+                return await asyncio.wait_for(self.q.get(), timeout=min(left, 0.5))
+            except asyncio.TimeoutError:
                 continue
 
     async def wait(self) -> None:
