@@ -203,13 +203,17 @@ class Scheduler:
         self._admit()
         self._copy()
         segs = self._pack()
-        if self.metrics:
-            self.metrics.queue_depth.set(len(self.waiting))
-            self.metrics.running.set(len(self.running))
+        self._gauges()
         if not segs:
             return False
         self._forward(segs)
+        self._gauges()   # after too: the last step before idling must not leave them stale
         return True
+
+    def _gauges(self) -> None:
+        if self.metrics:
+            self.metrics.queue_depth.set(len(self.waiting))
+            self.metrics.running.set(len(self.running))
 
     def _admit(self) -> None:
         while True:

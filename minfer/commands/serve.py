@@ -53,6 +53,9 @@ DEFAULT_PORT = 8080
               help="Seconds a request may take (then 504), and the drain's bound at shutdown.")
 @click.option("--max-body", type=int, default=8 << 20, show_default=True,
               help="Request body bytes at most (413 past it).")
+@click.option("--read-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds a client may take to send a request's head (then the connection "
+                   "closes) and its body (then 408).")
 @click.option("--prefix-cache/--no-prefix-cache", default=True,
               help="Keep finished prompts' KV rows for later requests that start alike "
                    "(least recently used first out).")
@@ -64,8 +67,8 @@ DEFAULT_PORT = 8080
 @threads_option
 @gemm_options
 def serve(model_path, host, port, api_key, name, ctx_size, backend_kind, dtype, ubatch,
-          kv_slots, max_queue, timeout, max_body, prefix_cache, pooling, rerank_template,
-          gemm) -> None:
+          kv_slots, max_queue, timeout, max_body, read_timeout, prefix_cache, pooling,
+          rerank_template, gemm) -> None:
     """Serve the model over HTTP in OpenAI's and vLLM's shapes: /v1/completions (echo and
     prompt log-probs, as lm-eval asks), /v1/chat/completions, /tokenize, /detokenize,
     /tokenizer_info, /v1/models, /health, /metrics, /v1/embeddings, /v1/score, /v1/rerank.
@@ -73,7 +76,7 @@ def serve(model_path, host, port, api_key, name, ctx_size, backend_kind, dtype, 
     next forward; a prefix that requests share is computed once."""
     from minfer.host.log import log
 
-    _check(port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body)
+    _check(port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body, read_timeout)
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -91,10 +94,12 @@ def serve(model_path, host, port, api_key, name, ctx_size, backend_kind, dtype, 
     st = build_state(model_path, backend_kind, dtype, gemm, ctx_size, ubatch, kv_slots,
                      prefix_cache, name, api_key, max_queue, timeout, max_body,
                      pooling=pooling, rerank_template=template)
+    st.read_timeout = read_timeout
     run(st, sock, timeout)
 
 
-def _check(port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body) -> None:
+def _check(port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body,
+           read_timeout=30.0) -> None:
     if not 0 <= port <= 65535:
         raise BadInput(f"--port must be in [0, 65535], got {port}")
     if ctx_size < 0:
@@ -105,6 +110,8 @@ def _check(port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body) -> No
             raise BadInput(f"{flag} must be >= {lo}, got {v}")
     if not timeout > 0:
         raise BadInput(f"--timeout must be > 0 seconds, got {timeout}")
+    if not read_timeout > 0:
+        raise BadInput(f"--read-timeout must be > 0 seconds, got {read_timeout}")
 
 
 def _read_template(path: str) -> str:
@@ -203,7 +210,10 @@ def run(st, sock: socket.socket, timeout: float) -> None:
     from minfer.serve.app import create_app
 
     app = create_app(st)
+    from minfer.serve.conn import protocol
+
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(timeout),
+                            http=protocol(st.read_timeout),
                             h11_max_incomplete_event_size=64 << 10, access_log=False,
                             timeout_keep_alive=5, lifespan="off")
 

@@ -20,6 +20,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from minfer.errors import BadInput, MinferError
 from minfer.serve import protocol as P
@@ -43,8 +44,10 @@ class State:
     max_queue: int = 4096
     max_body: int = 8 << 20
     timeout: float = 600.0
+    read_timeout: float = 30.0     # a request's head and body must arrive within it
     draining: bool = False
     pieces: object = None
+    char_bound: int | None = None  # app._max_chars
     created: int = field(default_factory=P.now)
 
     @property
@@ -77,6 +80,7 @@ def create_app(st: State) -> FastAPI:
         return _error(ApiError(500, f"internal error ({type(e).__name__})"))
 
     app.add_middleware(_Guard, state=st)
+    app.openapi = lambda: app.openapi_schema or _openapi(app, st)   # bodies: schema.py
 
     # -- endpoints ----------------------------------------------------------------------------
     @app.get("/health")
@@ -116,13 +120,14 @@ def create_app(st: State) -> FastAPI:
         body = P.parse_json(await request.body())
         _check_model(st, body)
         special = P.get_bool(body, "add_special_tokens", True)
-        if "messages" in body:
-            ids = _chat_ids(st, body, P.get_messages(body))
+        P.get_bool(body, "add_generation_prompt", True)   # checked for a prompt too
+        if body.get("messages") is not None:
+            ids = _chat_ids(st, body, P.get_messages(body), TOKENIZE_CHARS)
         else:
             text = P.get_str(body, "prompt")
             if text is None:
                 raise P.bad("prompt (a string) or messages is required", "prompt")
-            ids = _encode(st, text, special)
+            ids = _encode(st, text, special, TOKENIZE_CHARS)
         out = {"count": len(ids), "max_model_len": st.n_ctx, "tokens": ids}
         if P.get_bool(body, "return_token_strs", False):
             out["token_strs"] = [st.pieces.text(i) for i in ids]
@@ -152,7 +157,9 @@ def create_app(st: State) -> FastAPI:
         ignore_eos = P.get_bool(body, "ignore_eos", False)
         special = P.get_bool(body, "add_special_tokens", True)
         include_usage = _include_usage(body, stream)
-        answers = []
+        answers = []   # a request's texts together are bounded too: 1024 long ones add up
+        _check_chars(st, sum(len(t) for t, _ in prompts if t is not None), "prompt",
+                     TOKENIZE_CHARS)
         for text, ids in prompts:
             ids = _encode(st, text, special) if ids is None else ids
             _check_length(st, len(ids), max_tokens)
@@ -232,8 +239,10 @@ def create_app(st: State) -> FastAPI:
         include_usage = _include_usage(body, stream)
         ids = _chat_ids(st, body, msgs)
         mt = P.get_int(body, "max_completion_tokens", None, 0)
-        mt = P.get_int(body, "max_tokens", None, 0) if mt is None else mt
-        max_tokens = st.n_ctx - len(ids) if mt is None else mt
+        old = P.get_int(body, "max_tokens", None, 0)   # checked even when the other wins
+        mt = old if mt is None else mt
+        # no bound asked: what the context leaves (none left: the length check refuses it)
+        max_tokens = max(st.n_ctx - len(ids), 0) if mt is None else mt
         _check_length(st, len(ids), max_tokens)
         a = Answer(ids)
         ignore_eos = P.get_bool(body, "ignore_eos", False)
@@ -289,6 +298,13 @@ def _version() -> str:
     return __version__
 
 
+def _openapi(app: FastAPI, st: State) -> dict:
+    from minfer.serve.schema import openapi
+
+    app.openapi_schema = openapi(app, st.vocab, st.name)
+    return app.openapi_schema
+
+
 def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
@@ -323,17 +339,41 @@ def _include_usage(body: dict, stream: bool) -> bool:
     return P.get_bool(so, "include_usage", False)
 
 
-def _encode(st: State, text: str, special: bool) -> list[int]:
+TOKENIZE_CHARS = 1 << 20   # /tokenize's text bound: tokenizing holds the event loop (~1 s/MB)
+
+
+def _max_chars(st: State) -> int:
+    """Characters past which a text surely holds more tokens than the context: no token
+    covers more than the vocabulary's longest piece (plus slack for a space prefix)."""
+    if st.char_bound is None:
+        longest = max((len(p) for p in st.tok._piece_table(True)), default=1)
+        st.char_bound = st.n_ctx * max(longest, 1) + 64
+    return st.char_bound
+
+
+def _check_chars(st: State, n: int, param: str, bound: int | None = None) -> None:
+    """Refuse a text too long to fit before tokenizing it (a 10 MB prompt would hold the
+    event loop for seconds only to be refused)."""
+    bound = _max_chars(st) if bound is None else bound
+    if n > bound:
+        raise P.bad(f"the text has {n} characters; at most {bound} can fit this model's context "
+                    f"of {st.n_ctx} tokens" if bound == st.char_bound else
+                    f"the text has {n} characters; /tokenize takes at most {bound}", param)
+
+
+def _encode(st: State, text: str, special: bool, bound: int | None = None) -> list[int]:
+    _check_chars(st, len(text), "prompt", bound)
     try:
         return st.tok.encode(text, add_bos=None if special else False, parse_special=True)
     except BadInput as e:
         raise P.bad(str(e), "prompt") from None
 
 
-def _chat_ids(st: State, body: dict, msgs: list[dict]) -> list[int]:
+def _chat_ids(st: State, body: dict, msgs: list[dict], bound: int | None = None) -> list[int]:
     from minfer.text import chat as chat_mod
 
     gen = P.get_bool(body, "add_generation_prompt", msgs[-1]["role"] != "assistant")
+    _check_chars(st, sum(len(m["content"]) + len(m["role"]) for m in msgs), "messages", bound)
     try:
         return list(chat_mod.encode_messages(st.engine.model.metadata, st.tok, msgs, False,
                                              "messages", add_generation_prompt=gen))
@@ -398,6 +438,7 @@ class _Run:
         st.metrics.prompt_tokens.inc(sum(len(a.prompt_ids) for a in answers))
         sched.submit(jobs)
         self.deadline = time.monotonic() + st.timeout
+        self.check_at = time.monotonic() + 0.5   # the next look for a client gone away
 
     def _deliver(self, i: int):
         def deliver(kind: str, value) -> None:
@@ -429,17 +470,20 @@ class _Run:
 
     async def _next(self):
         while True:
-            left = self.deadline - time.monotonic()
+            now = time.monotonic()
+            left = self.deadline - now
             if left <= 0:
                 self.cancel()
                 raise ApiError(504, f"the request took longer than --timeout "
                                f"{self.st.timeout:g} s", code="timeout")
-            try:
-                return await asyncio.wait_for(self.q.get(), timeout=min(left, 0.5))
-            except asyncio.TimeoutError:
+            if now >= self.check_at:   # every 0.5 s, busy or not: tokens may never pause
+                self.check_at = now + 0.5
                 if await self.request.is_disconnected():
                     self.cancel()
                     raise asyncio.CancelledError
+            try:
+                return await asyncio.wait_for(self.q.get(), timeout=min(left, 0.5))
+            except asyncio.TimeoutError:
                 continue
 
     async def wait(self) -> None:
@@ -474,7 +518,9 @@ class _Run:
 class _Guard:
     """Pure ASGI middleware: the API key (Bearer, constant-time), 503 while draining, the body
     limit (Content-Length checked first; a chunked body counted as it arrives, refused at the
-    limit, never read whole), and the request counts by endpoint and status."""
+    limit, never read whole), the body's deadline (--read-timeout: 408), a client gone before
+    its body arrived (counted as 499, nothing logged), and the request counts by endpoint and
+    status."""
 
     def __init__(self, app, state: State):
         self.app, self.st = app, state
@@ -507,18 +553,33 @@ class _Guard:
                                           P.bad("Content-Length is not a byte count"))
                         return
 
+            deadline = time.monotonic() + st.read_timeout
+            body = {"done": False}
+
             async def receive_limited():
-                msg = await receive()
+                if body["done"]:   # the body is read: only a disconnect can come
+                    return await receive()
+                try:   # a body sent slowly or never ended holds nothing past the deadline
+                    msg = await asyncio.wait_for(receive(), deadline - time.monotonic())
+                except asyncio.TimeoutError:
+                    raise _BodyLate from None
                 if msg["type"] == "http.request":
                     seen["n"] += len(msg.get("body", b""))
                     if seen["n"] > limit:
                         raise _BodyTooLarge
+                    body["done"] = not msg.get("more_body", False)
                 return msg
 
             try:
                 await self.app(scope, receive_limited, send_counted)
             except _BodyTooLarge:
                 await _send_error(send_counted, _too_large(limit))
+            except _BodyLate:
+                await _send_error(send_counted, ApiError(
+                    408, f"the body did not arrive within --read-timeout {st.read_timeout:g} s",
+                    code="request_timeout", headers={"Connection": "close"}))
+            except ClientDisconnect:   # gone before its body was read: nothing to answer
+                status["code"] = 499
         finally:
             endpoint = path if path in _KNOWN else "other"
             st.metrics.requests.labels(endpoint, str(status["code"])).inc()
@@ -537,16 +598,20 @@ class _Guard:
 
 
 _KNOWN = {"/health", "/v1/models", "/metrics", "/tokenizer_info", "/tokenize", "/detokenize",
-          "/v1/completions", "/v1/chat/completions"}
+          "/v1/completions", "/v1/chat/completions", "/openapi.json"}
 
 
 class _BodyTooLarge(Exception):
     pass
 
 
+class _BodyLate(Exception):
+    pass
+
+
 def _too_large(limit: int) -> ApiError:
     return ApiError(413, f"the body exceeds the server's limit of {limit} bytes",
-                    code="request_too_large")
+                    code="request_too_large", headers={"Connection": "close"})   # unread rest
 
 
 async def _send_error(send, e: ApiError) -> None:
