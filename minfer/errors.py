@@ -45,3 +45,10 @@ class NumericError(MinferError):
     would be garbage, so they are refused rather than decoded. Exit code 3."""
 
     exit_code = 3
+
+
+def show(v, n: int = 40) -> str:
+    """A value for an error line: repr (control characters escaped), cut to n characters."""
+    r = ascii(v)
+    return r if len(r) <= n else r[:n - 3] + "..."
+

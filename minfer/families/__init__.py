@@ -21,7 +21,7 @@ __all__ = ["ARCHS", "BY_ARCH", "FAMILIES", "Family", "FusedSpec", "LayerSchema",
 
 def family(arch: str, where: str = "") -> Family:
     """The family of a GGUF general.architecture; Unsupported naming the supported ones."""
-    from minfer.gguf.arch_keys import show
+    from minfer.errors import show
 
     f = BY_ARCH.get(arch) if isinstance(arch, str) else None
     if f is None:

@@ -14,7 +14,7 @@ from minfer.families.schema import Family, layer_schema
 
 
 def _show(v: Any) -> str:
-    from minfer.gguf.arch_keys import show
+    from minfer.errors import show
 
     return show(v, 60)
 

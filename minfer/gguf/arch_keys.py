@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from minfer.errors import Unsupported
+from minfer.errors import show  # noqa: F401  (the loader's and the families' error lines)
 from minfer.families import FAMILIES as _FAMILIES
 
 # Keys the loader reads for every supported architecture (minfer.gguf.loader.GGUFModel._config).
@@ -121,12 +122,6 @@ def _tensor_role(name: str) -> str:
 
 def _equal(value: Any, want: Any) -> bool:
     return not isinstance(value, (bool, str, list)) and value == want
-
-
-def show(v: Any, n: int = 40) -> str:
-    """A metadata value for an error line: repr (control characters escaped), cut to n."""
-    r = ascii(v)
-    return r if len(r) <= n else r[:n - 3] + "..."
 
 
 # Architectures the CUDA backend runs (its kernels: rmsnorm, SwiGLU, RoPE, causal GQA

@@ -301,7 +301,7 @@ def _version() -> str:
 def _openapi(app: FastAPI, st: State) -> dict:
     from minfer.serve.schema import openapi
 
-    app.openapi_schema = openapi(app, st.vocab, st.name)
+    app.openapi_schema = openapi(app, st.vocab, st.name, st.engine.model.config.d_model)
     return app.openapi_schema
 
 

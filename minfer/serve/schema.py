@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from minfer.reference.ops import TOP_MAX
+from minfer.serve.pooling import MAX_ITEMS, RERANK_PATHS
 from minfer.serve.protocol import MAX_PROMPTS, MAX_STOPS
 
 REF = "#/components/schemas/{model}"
@@ -25,7 +26,7 @@ class _Open(BaseModel):   # unknown fields are ignored, as OpenAI and vLLM do
     model_config = ConfigDict(extra="allow")
 
 
-def _requests(vocab: int, name: str):
+def _requests(vocab: int, name: str, d_model: int = 1 << 20):
     """The request models of a server: token ids in [0, vocab), `model` the served name."""
     Tid = Annotated[int, Field(ge=0, le=vocab - 1)]
     Model = Optional[Literal[name]]   # noqa: F821 (a runtime literal: the served name)
@@ -91,7 +92,42 @@ def _requests(vocab: int, name: str):
         model: Model = None
         tokens: list[Tid]
 
-    return CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest
+    Items = Annotated[int, Field(ge=1, le=MAX_ITEMS)]   # (a bound on counts below)
+
+    class EmbeddingRequest(_Open):
+        model: Model = None
+        input: Union[Annotated[str, Field(min_length=1)],
+                     Annotated[list[Annotated[str, Field(min_length=1)]],
+                               Field(min_length=1, max_length=MAX_ITEMS)],
+                     Annotated[list[Tid], Field(min_length=1)],
+                     Annotated[list[Annotated[list[Tid], Field(min_length=1)]],
+                               Field(min_length=1, max_length=MAX_ITEMS)]]
+        encoding_format: Optional[Literal["float", "base64"]] = None
+        dimensions: Optional[Annotated[int, Field(ge=1, le=d_model)]] = None
+
+    class ScoreRequest(_Open):
+        model: Model = None
+        query: Union[str, Annotated[list[Tid], Field(min_length=1)]]
+        items: Union[str, Annotated[list[str], Field(min_length=1, max_length=MAX_ITEMS)],
+                     Annotated[list[Annotated[list[Tid], Field(min_length=1)]],
+                               Field(min_length=1, max_length=MAX_ITEMS)]]
+        label_token_ids: Annotated[list[Tid], Field(min_length=1)]
+        apply_softmax: Optional[bool] = None
+        item_first: Optional[bool] = None
+
+    class Document(_Open):
+        text: str
+
+    class RerankRequest(_Open):
+        model: Model = None
+        query: str
+        documents: Annotated[list[Union[str, Document]], Field(min_length=1,
+                                                                max_length=MAX_ITEMS)]
+        top_n: Optional[Items] = None
+        return_documents: Optional[bool] = None
+
+    return (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest,
+            EmbeddingRequest, ScoreRequest, RerankRequest)
 
 
 # -- responses ----------------------------------------------------------------------------------
@@ -187,6 +223,48 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: Union[list[float], str]   # floats, or base64 of little-endian f32
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Embeddings(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class Scores(BaseModel):
+    scores: list[list[float]]
+    model: str
+    object: Literal["scoring"]
+    usage: Usage
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: Optional[RerankDocument] = None
+
+
+class Rerank(BaseModel):
+    model: str
+    object: Literal["list"]
+    usage: EmbeddingUsage
+    results: list[RerankResult]
+
+
 class Health(BaseModel):
     status: Literal["ok"]
 
@@ -257,14 +335,14 @@ _POST = _ANY + (400,)
 _RUN = _POST + (429, 500, 504)
 
 
-def openapi(app, vocab: int, name: str) -> dict:
+def openapi(app, vocab: int, name: str, d_model: int = 1 << 20) -> dict:
     """FastAPI's document for app's routes, with the bodies and answers filled in for ours
     (a route this table does not know keeps FastAPI's entry)."""
     from fastapi.openapi.utils import get_openapi
 
-    reqs = _requests(vocab, name)
+    reqs = _requests(vocab, name, d_model)
     resps = (Completion, ChatCompletion, Tokens, Text, ModelList, Health, TokenizerInfo, Error,
-             CompletionChunk, ChatChunk)
+             CompletionChunk, ChatChunk, Embeddings, Scores, Rerank)
     _, defs = models_json_schema([(m, "validation") for m in reqs + resps], ref_template=REF)
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     comps = doc.setdefault("components", {})
@@ -273,7 +351,7 @@ def openapi(app, vocab: int, name: str) -> dict:
     ref = lambda m: {"$ref": REF.format(model=m.__name__)}  # noqa: E731
     json_ = lambda m: {"application/json": {"schema": ref(m)}}  # noqa: E731
     sse = lambda m: {"text/event-stream": {"schema": _event(ref(m), ref(Error))}}  # noqa: E731
-    C, Ch, Tk, Dt = reqs
+    C, Ch, Tk, Dt, Em, Sc, Rr = reqs
     table = {   # (path, method): (request model, 200 content, other statuses)
         ("/v1/completions", "post"): (C, {**json_(Completion), **sse(CompletionChunk)}, _RUN),
         ("/v1/chat/completions", "post"): (Ch, {**json_(ChatCompletion), **sse(ChatChunk)}, _RUN),
@@ -283,6 +361,9 @@ def openapi(app, vocab: int, name: str) -> dict:
         ("/tokenizer_info", "get"): (None, json_(TokenizerInfo), _ANY),
         ("/metrics", "get"): (None, {"text/plain": {"schema": {"type": "string"}}}, _ANY),
         ("/health", "get"): (None, json_(Health), (503,)),
+        ("/v1/embeddings", "post"): (Em, json_(Embeddings), _RUN),
+        ("/v1/score", "post"): (Sc, json_(Scores), _RUN),
+        **{(p, "post"): (Rr, json_(Rerank), _RUN) for p in RERANK_PATHS},
     }
     for (path, method), (req, ok, codes) in table.items():
         op = doc.get("paths", {}).get(path, {}).get(method)
