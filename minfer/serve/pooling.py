@@ -33,8 +33,9 @@ def register(app, st, check_model, to_json, run_cls) -> None:
     async def embeddings(request: Request):
         import time
 
+        raw = await request.body()   # (the wait for the client is not host work)
         t0 = time.perf_counter()
-        body = P.parse_json(await request.body())
+        body = P.parse_json(raw)
         _check_model(st, body)
         fmt = P.get_str(body, "encoding_format", "float")
         if fmt not in ("float", "base64"):

@@ -281,30 +281,37 @@ def top_dict(pieces: Pieces, ids, lps, actual: int | None, actual_lp: float | No
 
 def completion_logprobs(a: Answer, pieces: Pieces, echo: bool, top: int) -> dict:
     """OpenAI's legacy logprobs object: tokens, token_logprobs, top_logprobs, text_offset
-    (over the echoed prompt first when echo; its first token has no log-prob: null)."""
+    (over the echoed prompt first when echo; its first token has no log-prob: null).
+    Written for speed (the host's share of a scoring request): plain lists, no numpy scalars."""
     toks, lps, tops, offs = [], [], [], []
+    text, chars = pieces.text, pieces.chars
     off = 0
     if echo:
-        ids = a.prompt_ids
+        ids = [int(t) for t in a.prompt_ids]
         r = a.rows
-        for p, t in enumerate(ids):
-            toks.append(pieces.text(t))
+        toks = [text(t) for t in ids]
+        for t in ids:
             offs.append(off)
-            off += pieces.chars(t)
-            if p == 0:
-                lps.append(None)
-                tops.append(None)
-                continue
-            lp = float(r.logprob[p - 1])
-            lps.append(lp)
-            tops.append(top_dict(pieces, r.top_ids[p - 1][:top] if top else None,
-                                 r.top_lp[p - 1][:top] if top else None, t, lp))
+            off += chars(t)
+        lps = [None] + r.logprob.tolist()
+        tops = [None] * len(ids)
+        if top:
+            tid, tlp = r.top_ids[:, :top].tolist(), r.top_lp[:, :top].tolist()
+            for p in range(1, len(ids)):
+                d = {}
+                for i, lp in zip(tid[p - 1], tlp[p - 1]):
+                    d.setdefault(text(i), lp)
+                d.setdefault(toks[p], lps[p])
+                tops[p] = d
+        else:
+            for p in range(1, len(ids)):
+                tops[p] = {toks[p]: lps[p]}
         if a.prompt_text is not None:   # offsets into the text as sent
             off = len(a.prompt_text)
     for t in a.tokens:
-        toks.append(pieces.text(t.id))
+        toks.append(text(t.id))
         offs.append(off)
-        off += pieces.chars(t.id)
+        off += chars(t.id)
         lps.append(t.logprob)
         tops.append(top_dict(pieces, t.top_ids if top else None,
                              t.top_lp if top else None, t.id, t.logprob))
