@@ -69,6 +69,8 @@ def campaign(url: str, key: str | None, examples: int, seed: int = 0, log=print)
                 if mode == GenerationMode.POSITIVE and r.status_code == 400:
                     msg = r.json()["error"]["message"]
                     out["refused"][msg[:70]] += 1
+                if r.status_code == 413 and r.json()["error"]["code"] == "request_too_large":
+                    return   # a body past --max-body: refused unread, whatever it held
                 try:
                     case.validate_response(r, checks=fns, headers=auth)
                 except (Exception, BaseExceptionGroup) as e:   # a failed check: kept
