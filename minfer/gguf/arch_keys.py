@@ -134,8 +134,8 @@ GPU_HEAD_DIMS = (64, 96, 128, 256)   # the attention kernels' entries (minfer.cu
 def gpu_unsupported(cfg) -> str:
     """'' when the CUDA backend runs a model of this config, else why not (one clause)."""
     if getattr(cfg, "n_expert", 0):
-        return (f"mixture-of-experts ({cfg.n_expert} experts, {cfg.n_expert_used} used per "
-                "token) runs on the CPU reference only for now (--backend cpu)")
+        return (f"mixture-of-experts with {cfg.n_expert} experts, {cfg.n_expert_used} used per "
+                "token, runs on the CPU reference only for now (--backend cpu)")
     if cfg.arch not in GPU_ARCHS:
         return (f"architecture {cfg.arch!r} runs on the CPU reference only (--backend cpu); "
                 f"the CUDA backend runs {', '.join(GPU_ARCHS)}")

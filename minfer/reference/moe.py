@@ -73,3 +73,26 @@ def moe_ffn(h: np.ndarray, sel: np.ndarray, w: np.ndarray, expert, prefix: str,
     for j in range(1, k):   # rank order, as ggml adds the views
         out += ys[:, j]
     return out
+
+
+def tie_excused(positions, errs, router_log, tol: float,
+                tie: float = ROUTER_TIE_TOL) -> tuple[bool, str]:
+    """The router-tie-aware logits gate: positions [P] (prompt rows) with errs [P] (max
+    |dlogit| each) against another engine; router_log: the backend's (layer, gap [T]) list of
+    that run. A position beyond tol is excused when some token at or before it (attention is
+    causal) routed within `tie` of a tie in some layer: from there the engines may have run
+    different experts. -> (ok, one line saying which positions failed or were excused)."""
+    ties = [(int(near_ties(g, tie)[0]), il) for il, g in router_log if len(near_ties(g, tie))]
+    first, layer = min(ties) if ties else (None, None)
+    bad = [(int(p), float(e)) for p, e in zip(positions, errs) if e > tol]
+    hard = [(p, e) for p, e in bad if first is None or p < first]
+    n_ties = sum(len(near_ties(g, tie)) for _, g in router_log)
+    where = (f"first router near-tie (gap <= {tie:g}) at token {first}, layer {layer}; "
+             f"{n_ties} near-ties in all" if ties else "no router near-tie")
+    if hard:
+        return False, (f"{len(hard)} position(s) beyond {tol:g} before any router tie "
+                       f"(first: position {hard[0][0]}, {hard[0][1]:.4f}); {where}")
+    if bad:
+        return True, (f"{len(bad)} position(s) beyond {tol:g}, each after a router near-tie "
+                      f"(a token that may route either way); {where}")
+    return True, f"every position within {tol:g}; {where}"
