@@ -4,7 +4,7 @@ and which of them a GPU GEMM may fuse; plus the Family record each family module
 Shapes are symbolic (numpy order [rows, cols]) over the config's dimensions, so the loader's
 shape check, the synthetic writer and the GPU upload read one list:
   d = d_model, ff = d_ff, q = n_heads * head_dim, kv = n_kv_heads * head_dim, hd = head_dim,
-  e = n_expert, fe = an expert's feed-forward width (mixture-of-experts layers).
+  e = n_expert, fe = an expert's feed-forward width (mixture-of-experts layers; 0: ff).
 Roles: "linear" (a GEMM weight [N, K]), "norm" (an f32 vector), "bias" (an f32 vector),
 "router" (ffn_gate_inp [e, d]), "experts" (a stacked expert weight [e, N, K]: GGUF's 3-D
 ffn_{gate,up,down}_exps, ne = [K, N, e]).
@@ -28,7 +28,7 @@ def dim(cfg, sym: str) -> int:
     carry d_model, d_ff, n_heads, n_kv_heads and head_dim / hd)."""
     hd = getattr(cfg, "head_dim", None) or cfg.hd
     sizes = {"d": cfg.d_model, "ff": cfg.d_ff, "q": cfg.n_heads * hd, "kv": cfg.n_kv_heads * hd,
-             "hd": hd, "e": getattr(cfg, "n_expert", 0), "fe": getattr(cfg, "d_ff_exp", 0)}
+             "hd": hd, "e": getattr(cfg, "n_expert", 0), "fe": getattr(cfg, "d_ff_exp", 0) or cfg.d_ff}
     return sum(sizes[s] for s in sym.split("+"))   # "q+kv+kv": a fused tensor's rows
 
 

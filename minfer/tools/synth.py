@@ -82,7 +82,7 @@ class SynthShape:
     residual_scale: float = 0.0
     logit_scale: float = 0.0
     # mixture of experts (qwen3moe; llama: Mixtral): experts per layer, used per token, one
-    # expert's width (qwen3moe's expert_feed_forward_length; Mixtral's is d_ff)
+    # expert's width (qwen3moe's expert_feed_forward_length; 0: d_ff, Mixtral's)
     n_expert: int = 0
     n_expert_used: int = 0
     d_ff_exp: int = 0
@@ -155,15 +155,14 @@ PRESETS: dict[str, SynthShape] = {
                                   n_expert=128, n_expert_used=8, d_ff_exp=1536),
     # Mixtral-8x7B: llama with 8 experts of width 14336 (its feed_forward_length), 2 per token
     "mixtral-8x7b": SynthShape("llama", 4096, 14336, 32, 32, 8, vocab=32000,
-                               rope_base=1000000.0, n_ctx=32768, n_expert=8, n_expert_used=2,
-                               d_ff_exp=14336),
+                               rope_base=1000000.0, n_ctx=32768, n_expert=8, n_expert_used=2),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
     # qwen3moe: 8 experts of width 256, 4 per token (renormalized weights matter), head_dim 128
     "tiny-qwen3moe": SynthShape("qwen3moe", 256, 512, 2, 4, 2, head_dim=128, n_ctx=4096,
                                 rms_eps=1e-6, n_expert=8, n_expert_used=4, d_ff_exp=256),
     # Mixtral's form: llama, 8 experts of width d_ff 512, 2 per token
     "tiny-mixtral": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, n_expert=8,
-                               n_expert_used=2, d_ff_exp=512),
+                               n_expert_used=2),
     "tiny-phi3": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32),
     # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
     "tiny-qwen3": SynthShape("qwen3", 256, 512, 2, 4, 2, tied=True, head_dim=128, n_ctx=4096,
