@@ -180,3 +180,19 @@ def test_cuda_refusal_names_the_bytes():
     big = moe_bytes_note(fake("qwen3-235b-a22b"))
     assert "more than one 141.0 GB GPU" in big and "experts" in big, big
     assert "more than one" not in moe_bytes_note(fake("qwen3-30b-a3b"))
+
+
+def test_cuda_backend_refuses_moe(files, monkeypatch):
+    """CudaBackend (on the fake runtime of tests/test_backend_forward_cpu.py) refuses a MoE
+    file by name, before any upload, naming its weight bytes."""
+    from test_backend_forward_cpu import FakeRT
+
+    from minfer.cuda.backend import CudaBackend
+    from minfer.errors import Unsupported
+    from minfer.gguf.loader import load_model
+
+    m = load_model(files["tiny-mixtral"])
+    with pytest.raises(Unsupported, match="mixture-of-experts with 8 experts, 2 used per token, "
+                                          "runs on the CPU reference only for now") as e:
+        CudaBackend(m, rt=FakeRT("sm_90"), max_tokens=64, warmup=False, graphs=False)
+    assert "of them experts" in str(e.value)
