@@ -26,6 +26,9 @@ FAMILIES = {
     "tiny-olmo2": "olmo2 (no pre-norms, post norms, q/k RMSNorm over the whole projection, "
                   "NEOX RoPE, untied)",
     "tiny-smollm3": "smollm3 (no RoPE on layers 3 and 7: every 4th layer)",
+    "tiny-qwen3moe": "qwen3moe (qwen3's attention; 8 experts of width 256, 4 per token, "
+                     "softmax then top-k, weights renormalized)",
+    "tiny-mixtral": "llama + experts, Mixtral's form (8 experts of width d_ff, 2 per token)",
 }
 
 # llama.cpp's n_ctx for a preset's golden run (scripts/llama_oracle.cpp): 0 = the model's own

@@ -26,7 +26,6 @@ def _load(path, strict=True):
 
 
 @pytest.mark.parametrize("key, value, needle", [
-    ("llama.expert_count", 8, "mixture-of-experts"),
     ("llama.attention.scale", 0.5, "custom attention scale"),
     ("llama.rope.scaling.yarn_beta_fast", 16.0, "not understood"),
     ("llama.logit_scale", 2.0, "not understood for architecture 'llama'"),
@@ -41,6 +40,18 @@ def test_a_key_that_changes_the_numbers_is_refused(tmp_path, key, value, needle)
     assert repr(key) in str(e.value)
     code, _, err = run_cli(["prefill", "-m", str(p), "--backend", "cpu", "-p", "hi"])
     assert code == 2 and len(error_lines(err)) == 1 and key in err, err
+
+
+def test_experts_on_a_dense_file_are_refused(tmp_path):
+    """llama + expert_count is Mixtral's form now (tests/test_moe.py): on a file without the
+    router and the stacked experts, the first missing tensor is named; without
+    expert_used_count, that key."""
+    from minfer.errors import BadModel
+
+    with pytest.raises(BadModel, match="expert_used_count"):
+        _load(_write(tmp_path, {"llama.expert_count": 8}))
+    with pytest.raises(BadModel, match="blk.0.ffn_gate_inp.weight' missing"):
+        _load(_write(tmp_path, {"llama.expert_count": 8, "llama.expert_used_count": 2}))
 
 
 @pytest.mark.parametrize("key, value", [

@@ -77,7 +77,8 @@ def family_shape(preset: str):
     return replace(s, d_model=64, d_ff=128, n_heads=4, n_kv_heads=min(2, s.n_kv_heads),
                    head_dim=32 if s.head_dim else 0, n_ctx=128, vocab=VOCAB,
                    rope_orig_ctx=min(s.rope_orig_ctx, 64),
-                   sliding_window=2 if s.sliding_window else 0)
+                   sliding_window=2 if s.sliding_window else 0,
+                   d_ff_exp=min(s.d_ff_exp, 128))   # MoE: 8 experts stay under 1 MiB
 
 
 def write_seed(path: Path, preset: str, qtype: str) -> Path:

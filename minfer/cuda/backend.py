@@ -99,6 +99,22 @@ from minfer.errors import BadInput, GPUError, Unsupported
 __all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequant_f16"]
 
 
+def moe_bytes_note(model) -> str:
+    """'' for a dense model; for a MoE one its weight bytes, experts among them, and whether
+    they would fit one GPU of the largest lent (H200, 141 GB)."""
+    from minfer.cuda.plan.memory import gb
+    from minfer.cuda.plan.sizes import expert_bytes, weight_bytes
+
+    if not getattr(model.config, "n_expert", 0):
+        return ""
+    w, e = weight_bytes(model), expert_bytes(model)
+    fit = "" if w <= H200_BYTES else f": more than one {gb(H200_BYTES)} GPU holds"
+    return f"; its weights are {gb(w)}, {gb(e)} of them experts{fit}"
+
+
+H200_BYTES = 141_000_000_000   # the largest single GPU minfer plans for
+
+
 class CudaBackend:
     """Backend protocol on the GPU. See the module docstring for the dataflow."""
 
@@ -121,7 +137,7 @@ class CudaBackend:
         from minfer.gguf.arch_keys import gpu_unsupported
 
         if gpu_unsupported(c):   # (an architecture or head_dim the kernels lack)
-            raise Unsupported(f"cuda backend: {gpu_unsupported(c)}")
+            raise Unsupported(f"cuda backend: {gpu_unsupported(c)}{moe_bytes_note(model)}")
         if max_tokens > c.n_ctx:
             max_tokens = c.n_ctx
         if kv_slots is not None:   # many sequences: slots past the context, positions within it

@@ -7,13 +7,23 @@ them; a new llama-like family is a module here, its tests and its llama.cpp gold
 from __future__ import annotations
 
 from minfer.errors import Unsupported
-from minfer.families import gemma, granite, llama, olmo2, phi3, qwen, smollm3
+from minfer.families import gemma, granite, llama, olmo2, phi3, qwen, qwen3moe, smollm3
 from minfer.families.schema import Family, FusedSpec, LayerSchema, TensorSpec, layer_schema
 
 FAMILIES: tuple[Family, ...] = (llama.FAMILY, qwen.FAMILY, phi3.FAMILY, gemma.FAMILY,
-                                granite.FAMILY, olmo2.FAMILY, smollm3.FAMILY)
+                                granite.FAMILY, olmo2.FAMILY, smollm3.FAMILY,
+                                qwen3moe.FAMILY)
 BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES for a in f.archs}
 ARCHS: tuple[str, ...] = tuple(BY_ARCH)
+
+# mixture-of-experts architectures refused by name: what of each is not built
+NOT_BUILT = {
+    "gpt-oss": "gpt-oss's MXFP4 experts, attention sinks and clamped SwiGLU are not implemented",
+    "deepseek2": "DeepSeek's multi-head latent attention (MLA) and grouped expert routing are "
+                 "not implemented",
+    "deepseek": "DeepSeek's shared experts and leading dense layers are not implemented",
+    "qwen2moe": "Qwen2-MoE's sigmoid-gated shared expert is not implemented",
+}
 
 __all__ = ["ARCHS", "BY_ARCH", "FAMILIES", "Family", "FusedSpec", "LayerSchema", "TensorSpec",
            "family", "layer_schema", "schema_of"]
@@ -24,6 +34,9 @@ def family(arch: str, where: str = "") -> Family:
     from minfer.errors import show
 
     f = BY_ARCH.get(arch) if isinstance(arch, str) else None
+    if f is None and arch in NOT_BUILT:
+        raise Unsupported(f"{where}architecture {show(arch, 60)}: {NOT_BUILT[arch]} "
+                          f"(supported: {', '.join(ARCHS)})")
     if f is None:
         raise Unsupported(f"{where}unsupported architecture {show(arch, 60)} "
                           f"(supported: {', '.join(ARCHS)})")
@@ -31,5 +44,6 @@ def family(arch: str, where: str = "") -> Family:
 
 
 def schema_of(cfg) -> LayerSchema:
-    """The layer schema of a ModelConfig (its arch and whether it has q/k/v biases)."""
-    return BY_ARCH[cfg.arch].layer(cfg.arch, cfg.qkv_bias)
+    """The layer schema of a ModelConfig (its arch, whether it has q/k/v biases, experts)."""
+    sch = BY_ARCH[cfg.arch].layer(cfg.arch, cfg.qkv_bias)
+    return sch.with_experts() if getattr(cfg, "n_expert", 0) else sch

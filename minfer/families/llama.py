@@ -1,12 +1,15 @@
 """llama (llama.cpp src/models/llama.cpp): the base graph. RoPE factors (rope_freqs.weight) and
 linear / YaRN scaling are read for every family by the loader (RopeScaling); what llama adds is
-Mistral 7B v0.1's attention.sliding_window on every layer (docs/families.md)."""
+Mistral 7B v0.1's attention.sliding_window on every layer (docs/families.md), and Mixtral's
+experts: with expert_count > 0 every layer's FFN is build_moe_ffn over ffn_{gate,up,down}_exps
+of width feed_forward_length (minfer.families.moe)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from minfer.errors import Unsupported
+from minfer.families.moe import EXPERT_KEYS, INERT_EXPERT_KEYS, expert_hparams
 from minfer.families.schema import Family
 
 
@@ -18,12 +21,21 @@ def rope_plain(r, a: str) -> bool:
 
 
 class Llama(Family):
+    def synth_metadata(self, shape, common, kv, rope, u32, f32):
+        out = super().synth_metadata(shape, common, kv, rope, u32, f32)
+        if not getattr(shape, "n_expert", 0):
+            return out
+        a = shape.arch   # Mixtral: LlamaModel's keys plus the two counts
+        return out | {f"{a}.expert_count": u32(shape.n_expert),
+                      f"{a}.expert_used_count": u32(shape.n_expert_used)}
+
     def hparams(self, r, a: str, dims: dict[str, Any]) -> dict[str, Any]:
         """A llama file's attention.sliding_window (Mistral 7B v0.1: 4096): every layer local,
         on the model's own RoPE, as HF's MistralAttention applies it. llama.cpp's llama graph
         ignores the key (full attention): the two agree up to the window's width, past it
         minfer follows the model (docs/families.md)."""
-        out = super().hparams(r, a, dims)
+        out = super().hparams(r, a, dims) | expert_hparams(r, a, required=False,
+                                                           own_width=False)
         kw = f"{a}.attention.sliding_window"
         if kw not in r.metadata:
             return out
@@ -38,5 +50,6 @@ class Llama(Family):
 
 
 FAMILY = Llama("llama", ("llama",),
-               keys={"llama": ("{a}.attention.sliding_window",)},  # Mistral 7B v0.1
+               keys={"llama": ("{a}.attention.sliding_window",) + EXPERT_KEYS},  # Mistral, Mixtral
+               inert_keys={"llama": INERT_EXPERT_KEYS},
                extra_tensors={"llama": {"rope_freqs.weight": "the llama3 RoPE frequency factors"}})

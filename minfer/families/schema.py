@@ -3,8 +3,11 @@ and which of them a GPU GEMM may fuse; plus the Family record each family module
 
 Shapes are symbolic (numpy order [rows, cols]) over the config's dimensions, so the loader's
 shape check, the synthetic writer and the GPU upload read one list:
-  d = d_model, ff = d_ff, q = n_heads * head_dim, kv = n_kv_heads * head_dim, hd = head_dim.
-Roles: "linear" (a GEMM weight [N, K]), "norm" (an f32 vector), "bias" (an f32 vector).
+  d = d_model, ff = d_ff, q = n_heads * head_dim, kv = n_kv_heads * head_dim, hd = head_dim,
+  e = n_expert, fe = an expert's feed-forward width (mixture-of-experts layers; 0: ff).
+Roles: "linear" (a GEMM weight [N, K]), "norm" (an f32 vector), "bias" (an f32 vector),
+"router" (ffn_gate_inp [e, d]), "experts" (a stacked expert weight [e, N, K]: GGUF's 3-D
+ffn_{gate,up,down}_exps, ne = [K, N, e]).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any
 # which metadata keys fix each symbolic dimension (named when a tensor disagrees); {a}: arch
 DIM_KEYS = {"d": "{a}.embedding_length", "ff": "{a}.feed_forward_length",
             "q": "{a}.attention.head_count x head_dim",
-            "kv": "{a}.attention.head_count_kv x head_dim", "hd": "{a}.attention.key_length"}
+            "kv": "{a}.attention.head_count_kv x head_dim", "hd": "{a}.attention.key_length",
+            "e": "{a}.expert_count",
+            "fe": "{a}.expert_feed_forward_length (or feed_forward_length)"}
 
 
 def dim(cfg, sym: str) -> int:
@@ -23,7 +28,7 @@ def dim(cfg, sym: str) -> int:
     carry d_model, d_ff, n_heads, n_kv_heads and head_dim / hd)."""
     hd = getattr(cfg, "head_dim", None) or cfg.hd
     sizes = {"d": cfg.d_model, "ff": cfg.d_ff, "q": cfg.n_heads * hd, "kv": cfg.n_kv_heads * hd,
-             "hd": hd}
+             "hd": hd, "e": getattr(cfg, "n_expert", 0), "fe": getattr(cfg, "d_ff_exp", 0) or cfg.d_ff}
     return sum(sizes[s] for s in sym.split("+"))   # "q+kv+kv": a fused tensor's rows
 
 
@@ -64,6 +69,23 @@ class LayerSchema:
 
     def shape(self, spec: TensorSpec, cfg) -> tuple[int, ...]:
         return tuple(dim(cfg, s) for s in spec.shape)
+
+    def with_experts(self) -> LayerSchema:
+        """The layer with a mixture-of-experts FFN (llama.cpp's build_moe_ffn): the dense
+        ffn_gate / ffn_up / ffn_down replaced, in place, by the router and the stacked experts
+        (the tensors llama.cpp's llama and qwen3moe loaders create)."""
+        dense = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+        out = []
+        for t in self.tensors:
+            if t.name == dense[0]:
+                out += [_t("ffn_gate_inp.weight", ["e", "d"], "router"),
+                        _t("ffn_gate_exps.weight", ["e", "fe", "d"], "experts"),
+                        _t("ffn_up_exps.weight", ["e", "fe", "d"], "experts"),
+                        _t("ffn_down_exps.weight", ["e", "d", "fe"], "experts")]
+            elif t.name not in dense:
+                out.append(t)
+        groups = tuple(g for g in self.gemm_groups if g[0] != "ffn_gate_up")
+        return LayerSchema(tuple(out), self.file_fused, groups)
 
     def file_tensors(self) -> tuple[TensorSpec, ...]:
         """The layer as the file holds it: fused tensors in place of their first member (rows

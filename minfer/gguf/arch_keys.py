@@ -62,7 +62,7 @@ INERT_AT = {
 # What a refused key means, for the error line (the rest: "not implemented").
 WHY = {
     "{a}.attention.sliding_window": "sliding-window attention is not implemented",
-    "{a}.expert_count": "mixture-of-experts models are not supported",
+    "{a}.expert_count": "mixture-of-experts is implemented for llama (Mixtral) and qwen3moe only",
     "{a}.attention.scale": "a custom attention scale is not implemented",
     "{a}.rope.scaling.yarn_log_multiplier": "YaRN's log multiplier is not implemented",
     "split.count": "a split GGUF is not supported: merge it first (llama-gguf-split --merge)",
@@ -133,6 +133,9 @@ GPU_HEAD_DIMS = (64, 96, 128, 256)   # the attention kernels' entries (minfer.cu
 
 def gpu_unsupported(cfg) -> str:
     """'' when the CUDA backend runs a model of this config, else why not (one clause)."""
+    if getattr(cfg, "n_expert", 0):
+        return (f"mixture-of-experts with {cfg.n_expert} experts, {cfg.n_expert_used} used per "
+                "token, runs on the CPU reference only for now (--backend cpu)")
     if cfg.arch not in GPU_ARCHS:
         return (f"architecture {cfg.arch!r} runs on the CPU reference only (--backend cpu); "
                 f"the CUDA backend runs {', '.join(GPU_ARCHS)}")

@@ -142,6 +142,13 @@ class ModelConfig:
     qk_norm_full: bool = False  # qk_norm over all heads at once ([H D]), not per head
     rope_layers: tuple[bool, ...] = ()  # per layer: False = no RoPE (smollm3's every 4th
     # layer, granite's rope.scaling.finetuned false); () = every layer
+    # mixture of experts (minfer.families.moe: qwen3moe, Mixtral); n_expert 0: a dense FFN
+    n_expert: int = 0  # experts per layer (expert_count)
+    n_expert_used: int = 0  # k: experts each token runs (expert_used_count)
+    d_ff_exp: int = 0  # one expert's SwiGLU width
+    moe_gating: str = "softmax"  # router logits -> probs (build_moe_ffn's gating_op)
+    moe_norm_w: bool = True  # the k selected probs divided by their sum
+    moe_w_scale: float = 0.0  # the weights times this (0 or 1: none)
 
     def for_context(self, n_ctx: int) -> ModelConfig:
         """The config of a run with context n_ctx (llama.cpp's -c): phi3's long / short RoPE
@@ -219,7 +226,7 @@ class GGUFModel:
         self.config = self._config()  # type and range of every key: BadModel naming it
         c = self.config
         self._split_fused()
-        if c.n_layers * 9 > len(self.tensors):
+        if c.n_layers * (7 if c.n_expert else 9) > len(self.tensors):
             raise BadModel(f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
                            f"only {len(self.tensors)} tensors")
         expected = self._check_tensors()
@@ -529,7 +536,17 @@ class GGUFModel:
         return (f"{self.path.name}: {c.arch}, {plural(c.n_layers, 'layer')}, d={c.d_model}, "
                 f"ff={c.d_ff}, "
                 f"heads {c.n_heads}:{c.n_kv_heads}, vocab {c.vocab_size}"
-                + (f", {rope}" if rope else "") + swa)
+                + (f", {rope}" if rope else "") + swa + self.describe_experts())
+
+    def describe_experts(self) -> str:
+        """', experts 128 x ff 768, 8 used per token (softmax, top-k renormalized)' or ''."""
+        c = self.config
+        if not c.n_expert:
+            return ""
+        norm = ", top-k renormalized" if c.moe_norm_w else ""
+        scale = f", x{c.moe_w_scale:g}" if c.moe_w_scale not in (0.0, 1.0) else ""
+        return (f", experts {c.n_expert} x ff {c.d_ff_exp}, {c.n_expert_used} used per token "
+                f"({c.moe_gating}{norm}{scale})")
 
 
 def load_model(path: str | os.PathLike, strict: bool = True) -> GGUFModel:

@@ -106,8 +106,6 @@ def plan_types(tensors: list[TensorDesc], ftype: str, model: MixModel) -> dict[s
     """Target ggml type name per tensor, as llama_model_quantize picks it (no imatrix)."""
     ftype = ftype_key(ftype)
     default = FTYPES[ftype][1]
-    if model.n_expert > 1:
-        raise Unsupported("quantize: mixture-of-experts models are not supported")
     by_name = {t.name: t for t in tensors}
     order = llama_order(by_name)
     cats = {n: _category(n) for n in order}
@@ -138,9 +136,19 @@ def plan_types(tensors: list[TensorDesc], ftype: str, model: MixModel) -> dict[s
                 new = "Q5_K"
             if model.is_70b and new in ("Q3_K", "Q4_K"):
                 new = "Q5_K"
+            if model.n_expert == 8:   # llama.cpp: "for the 8-expert model, bumping this to Q8_0"
+                new = "Q8_0"
             i_attn_v += 1  # (llama.cpp's own attn_qkv rule is unreachable: qkv is attn_v-like)
+        elif cat == "attn_k" and model.n_expert == 8:   # Mixtral: attn_k to Q8_0 as well
+            new = "Q8_0"
+        elif cat == "attn_output" and model.n_expert == 8 and ftype in (
+                "q2_K", "q3_K_S", "q3_K_M", "q4_K_S", "q4_K_M"):
+            new = "Q5_K"
         elif cat == "ffn_down":
+            # experts: the layer parsed from the name (llama.cpp's layer_info), as the counter
             i_layer, n_layer = i_ffn_down, model.n_layer
+            m = _LAYER.match(name) if model.n_expert > 1 else None
+            i_layer = int(m.group(1)) if m else i_layer
             if ftype == "q4_K_M":
                 if model.arch == "falcon":
                     new = ("Q6_K" if i_layer < n_layer // 16 else

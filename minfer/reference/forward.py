@@ -73,6 +73,10 @@ from minfer.reference import ops
 from minfer.reference.layout import check_hidden, check_top
 
 
+# dequantized experts kept up to this many bytes in all (else dequantized at each use)
+EXPERT_CACHE_BYTES = 1 << 30
+
+
 def round_f16(x: np.ndarray) -> np.ndarray:
     """x rounded to the nearest float16 value (ties to even), kept in x's dtype.
 
@@ -152,6 +156,8 @@ class ReferenceBackend:
         self._v: list[np.ndarray] = []
         self.n_past = 0
         self.layer_hook = None  # called after each layer (the engine's progress bar)
+        self.router_log: list | None = None  # MoE: (layer, tie gap [T]) per call when a list
+        self._cache_experts = self.cfg.n_expert > 0 and self._experts_cached()
         self.reserve(max_tokens or 0)
 
     # -- weights --------------------------------------------------------------------------
@@ -175,7 +181,8 @@ class ReferenceBackend:
     def preload_bytes(self) -> int:
         """Bytes preload() will hold: every weight but the embedding table (gathered by rows)
         in self.dtype, the tied LM head's table included."""
-        names = [n for n in self.model.tensors if n != "token_embd.weight"]
+        names = [n for n in self.model.tensors if n != "token_embd.weight"
+                 and not (n.endswith("_exps.weight") and not self._cache_experts)]
         if self.cfg.tied_embeddings:
             names.append("token_embd.weight")
         sizes = [int(np.prod(self.model.tensors[n].shape, dtype=object)) for n in names
@@ -190,7 +197,10 @@ class ReferenceBackend:
         [H, T, S] scores, probabilities and mask (measured peak ~3x one scores array)."""
         c = self.cfg
         width = 3 * c.d_model + 3 * c.d_ff + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
-        return (2 * T * width + 4 * c.n_heads * T * S + 2 * c.vocab_size) * self.dtype.itemsize
+        # MoE: the k expert outputs [T, k, d], the router [T, e], one expert's weights
+        width += c.n_expert_used * c.d_model + c.n_expert
+        one = 0 if self._cache_experts else 6 * c.d_model * c.d_ff_exp
+        return (2 * T * width + one + 4 * c.n_heads * T * S + 2 * c.vocab_size) * self.dtype.itemsize
 
     def preload(self, progress: bool = False) -> None:
         """Dequantize every weight now (so load time is not billed to the first forward).
@@ -198,13 +208,18 @@ class ReferenceBackend:
         from minfer.host.hostmem import require
 
         require(self.preload_bytes(), f"the CPU backend's {self.dtype} weights")
-        names = [n for n in self.model.tensors if n != "token_embd.weight"]
+        names = [n for n in self.model.tensors if n != "token_embd.weight"
+                 and not n.endswith("_exps.weight")]
         if self.cfg.tied_embeddings:
             names.append("token_embd.weight")
         from minfer.host.progress import bar
 
         for n in bar(progress, iterable=names, desc="dequantize", unit="tensor") or names:
             self.weight(n)
+        for n in (n for n in self.model.tensors if n.endswith("_exps.weight")):
+            if self._cache_experts:   # expert by expert (never the whole stack at once)
+                for e in range(self.cfg.n_expert):
+                    self.expert(n, e)
 
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         if self.act_quant:
@@ -398,15 +413,56 @@ class ReferenceBackend:
             a = a * ft.type(c.residual_scale)
         x = x + a
         h = ops.rmsnorm(x, self.weight(p + "ffn_norm.weight"), c.rms_eps) if c.pre_norms else x
-        g = self._linear(h, p + "ffn_gate.weight")
-        u = self._linear(h, p + "ffn_up.weight")
-        f = self._linear(ops.geglu(g, u) if c.ffn_gelu else ops.swiglu(g, u),
-                         p + "ffn_down.weight")
+        if c.n_expert:   # qwen3moe, Mixtral: the routed experts (minfer.reference.moe)
+            f = self._moe(il, h)
+        else:
+            g = self._linear(h, p + "ffn_gate.weight")
+            u = self._linear(h, p + "ffn_up.weight")
+            f = self._linear(ops.geglu(g, u) if c.ffn_gelu else ops.swiglu(g, u),
+                             p + "ffn_down.weight")
         if c.post_norms:  # gemma3: post_ffw_norm before the residual add
             f = ops.rmsnorm(f, self.weight(p + "post_ffw_norm.weight"), c.rms_eps)
         if c.residual_scale != 1.0:  # granite
             f = f * ft.type(c.residual_scale)
         return x + f
+
+    def _moe(self, il: int, h: np.ndarray) -> np.ndarray:
+        """The mixture-of-experts FFN of layer il on h [T, d] -> [T, d]; each token's routing
+        tie gap goes to self.router_log (when a list) as (il, gap [T])."""
+        from minfer.reference import moe
+
+        c = self.cfg
+        p = f"blk.{il}."
+        logits = self._linear(h, p + "ffn_gate_inp.weight")   # [T, e]
+        sel, w, gap = moe.route(logits, c.n_expert_used, c.moe_gating, c.moe_norm_w,
+                                c.moe_w_scale)
+        if self.router_log is not None:
+            self.router_log.append((il, gap))
+
+        def linear(x, W, name):
+            if self.act_quant:
+                x = quantize_act(x, self.model.tensor(name).qtype)
+            return x @ W.T
+
+        return moe.moe_ffn(h, sel, w, self.expert, p, linear)
+
+    def _experts_cached(self) -> bool:
+        """Keep dequantized experts (all of them fit EXPERT_CACHE_BYTES in self.dtype)."""
+        n = sum(int(np.prod(t.shape, dtype=object)) for name, t in self.model.tensors.items()
+                if name.endswith("_exps.weight"))
+        return n * self.dtype.itemsize <= EXPERT_CACHE_BYTES
+
+    def expert(self, name: str, e: int) -> np.ndarray:
+        """Expert e of the stacked weight `name` [e, N, K] -> [N, K] in self.dtype, dequantized
+        from its slice of the file alone; kept only while every expert fits the cache bound
+        (a 30B-A3B's 29 B expert weights would not: those are dequantized at each use)."""
+        key = f"{name}#{e}"
+        w = self._w.get(key)
+        if w is None:
+            w = self.model.dequant(name, rows=e).astype(self.dtype, copy=False)
+            if self._cache_experts:
+                self._w[key] = w
+        return w
 
     def _head(self, x: np.ndarray) -> np.ndarray:
         """float32 logits [T', vocab] of residual rows x [T', d_model]: the output norm, the

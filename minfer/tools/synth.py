@@ -81,6 +81,11 @@ class SynthShape:
     embed_scale: float = 0.0
     residual_scale: float = 0.0
     logit_scale: float = 0.0
+    # mixture of experts (qwen3moe; llama: Mixtral): experts per layer, used per token, one
+    # expert's width (qwen3moe's expert_feed_forward_length; 0: d_ff, Mixtral's)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    d_ff_exp: int = 0
 
     @property
     def hd(self) -> int:
@@ -138,7 +143,26 @@ PRESETS: dict[str, SynthShape] = {
     # SmolLM3-3B: no RoPE on layers 3, 7, 11, ... (llama.cpp's n_no_rope_layer_step 4), tied
     "smollm3-3b": SynthShape("smollm3", 2048, 11008, 36, 16, 4, vocab=128256, tied=True,
                              rope_base=5000000.0, rms_eps=1e-6, n_ctx=65536),
+    # Qwen3-30B-A3B: qwen3's attention (32:4 heads of 128 over d 2048), 128 experts of width
+    # 768, 8 per token, in each of 48 layers (~30.5 B weights, 3.3 B active)
+    "qwen3-30b-a3b": SynthShape("qwen3moe", 2048, 6144, 48, 32, 4, vocab=151936, head_dim=128,
+                                rope_base=1000000.0, rms_eps=1e-6, n_ctx=40960, n_expert=128,
+                                n_expert_used=8, d_ff_exp=768),
+    # Qwen3-235B-A22B: 94 layers, 64:4 heads over d 4096, 128 experts of width 1536 (no single
+    # GPU holds it: the memory planner's refusal)
+    "qwen3-235b-a22b": SynthShape("qwen3moe", 4096, 12288, 94, 64, 4, vocab=151936,
+                                  head_dim=128, rope_base=1000000.0, rms_eps=1e-6, n_ctx=40960,
+                                  n_expert=128, n_expert_used=8, d_ff_exp=1536),
+    # Mixtral-8x7B: llama with 8 experts of width 14336 (its feed_forward_length), 2 per token
+    "mixtral-8x7b": SynthShape("llama", 4096, 14336, 32, 32, 8, vocab=32000,
+                               rope_base=1000000.0, n_ctx=32768, n_expert=8, n_expert_used=2),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
+    # qwen3moe: 8 experts of width 256, 4 per token (renormalized weights matter), head_dim 128
+    "tiny-qwen3moe": SynthShape("qwen3moe", 256, 512, 2, 4, 2, head_dim=128, n_ctx=4096,
+                                rms_eps=1e-6, n_expert=8, n_expert_used=4, d_ff_exp=256),
+    # Mixtral's form: llama, 8 experts of width d_ff 512, 2 per token
+    "tiny-mixtral": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, n_expert=8,
+                               n_expert_used=2),
     "tiny-phi3": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32),
     # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
     "tiny-qwen3": SynthShape("qwen3", 256, 512, 2, 4, 2, tied=True, head_dim=128, n_ctx=4096,
@@ -215,7 +239,8 @@ class TensorPlan:
 def _plan_types(shape: SynthShape, ftype: str, items) -> dict[str, str]:
     from minfer.quants.mix import MixModel, TensorDesc, plan_types
 
-    model = MixModel(shape.arch, shape.n_layers, shape.n_heads, shape.n_kv_heads)
+    model = MixModel(shape.arch, shape.n_layers, shape.n_heads, shape.n_kv_heads,
+                     shape.n_expert)
     # every tensor starts as F32: norms and biases keep it, weights get the mix's type
     return plan_types([TensorDesc(n, sh, "F32") for n, sh, _ in items], ftype, model)
 
@@ -234,9 +259,12 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
     from minfer.families import family
 
     sch = family(s.arch).layer(s.arch, s.qkv_bias)
+    if s.n_expert:   # the router and the stacked experts [e, N, K] in place of the dense FFN
+        sch = sch.with_experts()
     for i in range(s.n_layers):   # the family's layer as its converter writes it
         for t in sch.file_tensors():
-            items.append((t.full(i), sch.shape(t, s), "weight" if t.role == "linear" else t.role))
+            items.append((t.full(i), sch.shape(t, s),
+                          "weight" if t.role in ("linear", "router", "experts") else t.role))
     if s.rope_scaling == "llama3":
         items.append(("rope_freqs.weight", (hd // 2,), "rope_freqs"))
     items.append(("output_norm.weight", (s.d_model,), "norm"))
@@ -301,7 +329,7 @@ def make_tensor(plan: TensorPlan, seed: int, index: int,
         return rng.uniform(0.9, 1.1, plan.shape).astype(np.float32)
     if plan.kind == "bias":
         return (rng.standard_normal(plan.shape) * 0.02).astype(np.float32)
-    rows, cols = plan.shape
+    rows, cols = int(np.prod(plan.shape[:-1])), plan.shape[-1]   # experts: [e * N, K]
     return random_blocks(plan.qtype, rng, rows, cols, 1.0 / np.sqrt(cols))
 
 
@@ -365,7 +393,7 @@ SPECIALS_BY_ARCH = {"phi3": SPECIALS + ("</s>", "<s>", "<unk>")}
 
 
 # the pre-tokenizer a family's real files name (Qwen2 / 2.5 / 3: digits one by one)
-PRE_BY_ARCH = {"qwen2": "qwen2", "qwen3": "qwen2"}
+PRE_BY_ARCH = {"qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2"}
 
 
 def generated_tokenizer(vocab: int, specials: tuple[str, ...] = SPECIALS,

@@ -72,7 +72,20 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
             "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
             "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
             "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
-            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0}
+            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0,
+            "expert weights": expert_bytes(m)}   # not among the routes' linear weights
+
+
+def expert_bytes(model) -> int:
+    """File bytes of the mixture-of-experts weights (the routers and the stacked experts): the
+    GPU would hold them as they are; 0 for a dense model."""
+    return sum(int(t.data.nbytes) for n, t in model.tensors.items()
+               if n.endswith(("_exps.weight", "ffn_gate_inp.weight")))
+
+
+def weight_bytes(model) -> int:
+    """File bytes of every tensor (what a GPU holding the model must at least hold)."""
+    return sum(int(t.data.nbytes) for t in model.tensors.values())
 
 
 def memory_need(model, choice, routes: dict[str, tuple[str, str]], max_tokens: int,
