@@ -74,15 +74,18 @@ def test_unwritable_cache_still_builds(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_gemma3_size_vocab_builds_in_seconds_then_cached_faster(tmp_path, monkeypatch):
-    """262,144 tokens (Gemma 3's): the cached build skips the Python derivation."""
+def test_gemma3_size_vocab_is_read_from_the_cache(tmp_path, monkeypatch):
+    """262,144 tokens (Gemma 3's): the second build reads the cached merges, not derives them
+    (their times are printed, not asserted: speed lives in benchmarks)."""
     monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
     meta = spm_meta(262144)
     t0 = time.perf_counter()
     first = T.Tokenizer(meta)
     cold = time.perf_counter() - t0
+    calls = []
+    monkeypatch.setattr(T, "_write_merge_ids", lambda *a: calls.append(a))
     t0 = time.perf_counter()
     again = T.Tokenizer(meta)
     warm = time.perf_counter() - t0
-    assert again.encode(TEXT) == first.encode(TEXT)
-    assert warm < cold, (cold, warm)
+    assert again.encode(TEXT) == first.encode(TEXT) and calls == []
+    print(f"262k SPM tokenizer: built {cold:.2f} s, from the cache {warm:.2f} s")
