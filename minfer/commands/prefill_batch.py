@@ -8,33 +8,13 @@ order, on stdout or in -o FILE (written atomically). A summary goes to stderr.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 
+from minfer.batch.output import record
 from minfer.errors import BadInput
 from minfer.host.log import log
 from minfer.host.words import plural
-
-
-def record(pid, r, tok, logprobs: bool, top: int = 0, prompt_ids: bool = False) -> dict:
-    """The JSONL record of one prompt's runner.Result."""
-    out = {"id": pid, "n_prompt": r.n_prompt, "greedy_ids": r.greedy,
-           "text": tok.decode(r.greedy), "stopped_at_eos": r.eos}
-    if r.first is not None:   # a context/continuation record
-        out["n_context"] = r.first
-        out["continuation_logprob"] = round(r.continuation_logprob, 6)
-        out["is_greedy"] = r.is_greedy
-    if logprobs:
-        lp = [round(float(x), 6) for x in r.logprobs]
-        out["logprobs"] = lp
-        out["logprob_sum"] = round(math.fsum(lp), 6)
-    rows = r.top_rows(logprobs) if top else None
-    if rows is not None:
-        out["top_logprobs"] = [[[t, tok.piece(t), round(v, 6)] for t, v in row] for row in rows]
-    if prompt_ids:
-        out["prompt_ids"] = r.ids.tolist()
-    return out
 
 
 def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: str, choice,
