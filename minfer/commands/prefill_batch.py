@@ -91,8 +91,7 @@ def _run_ray(src, lengths, writer, ray: dict, *, out, kind, choice, ubatch, dtyp
               logprobs=logprobs, share_prefix=share, stop_ids=list(stop_ids), top=top,
               prompt_ids=prompt_ids, source=src.name)
     tot = run_file(src, lengths, writer.write_line, kind=kind, address=ray["address"],
-                   actors=ray["actors"], batch=ray["batch"], predictor_kwargs=kw,
-                   **({"predictor": ray["predictor"]} if "predictor" in ray else {}))
+                   actors=ray["actors"], batch=ray["batch"], predictor_kwargs=kw)
     writer.commit()
     where = "a local Ray instance" if ray["address"] in (None, "auto") else ray["address"]
     for ln in (f"prompts  {plural(tot.prompts, 'prompt')}, {plural(tot.prompt_tokens, 'token')},"

@@ -90,10 +90,10 @@ def rows(src, lengths) -> list[dict]:
 
 def run_file(src, lengths, write_line, *, kind: str, address: str | None, actors: int | None,
              batch: int, predictor_kwargs: dict, progress: bool = True,
-             predictor=MinferPredictor) -> JobTotals:
+             predictor=None) -> JobTotals:
     """Every prompt of the scanned PromptSource `src` (lengths: scan()'s) through Ray actors;
-    write_line(line) per record, in input order. predictor: the actor class (a subclass in
-    the tests)."""
+    write_line(line) per record, in input order. predictor: the actor class (None: this
+    module's MinferPredictor, looked up at the call: a test swaps in a subclass)."""
     ray = need_ray("--ray")
     from minfer.host.progress import bar
 
@@ -108,7 +108,7 @@ def run_file(src, lengths, write_line, *, kind: str, address: str | None, actors
         ctx.enable_progress_bars = False   # minfer's bar over the whole job instead
         res = {"num_gpus": 1} if kind == "cuda" else {"num_cpus": 1}
         ds = ray.data.from_items(items, override_num_blocks=tot.batches).map_batches(
-            predictor, fn_constructor_kwargs=predictor_kwargs, batch_size=batch,
+            predictor or MinferPredictor, fn_constructor_kwargs=predictor_kwargs, batch_size=batch,
             batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=tot.actors), **res)
         pb = bar(progress, total=len(items), desc="prompts", unit="prompt")
         try:
