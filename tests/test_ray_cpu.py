@@ -1,5 +1,5 @@
-"""CPU: `minfer prefill --prompts FILE --ray` and minfer.ray (issue 55) on one local Ray instance
-of 2 CPUs shared by the module (Ray's start, ~5-10 s, paid once), 2 CPU actors, a tiny model.
+"""CPU: `minfer prefill --prompts FILE --ray` and minfer.batch.ray (issue 55) on one local Ray
+instance of 2 CPUs shared by the module (Ray's start, ~5-10 s, paid once), 2 CPU actors, a tiny model.
 
 On the float64 reference a record's numbers do not depend on the prompts packed beside it, so
 the Ray run's file equals the single-process file byte for byte, whatever the batches; a killed
@@ -83,7 +83,7 @@ def test_missing_extra_is_one_error(tiny, prompts, tmp_path, monkeypatch):
     assert "needs the ray extra" in err and 'pip install "minfer[ray]"' in err
     assert not (tmp_path / "o.jsonl").exists()
     from minfer.errors import ResourceError
-    from minfer.ray import need_ray
+    from minfer.batch.ray import need_ray
 
     with pytest.raises(ResourceError, match="ray extra"):
         need_ray()
@@ -121,8 +121,8 @@ def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_pat
                                        monkeypatch):
     """The first batch to start kills its actor's process (os._exit, as a lost node or an OOM
     kill); Ray restarts the actor and runs the batch again: the file is still the whole file."""
-    import minfer.ray.job as job
-    from minfer.ray.predictor import MinferPredictor
+    import minfer.batch.ray.job as job
+    from minfer.batch.ray.predictor import MinferPredictor
 
     marker = str(tmp_path / "killed")
 
@@ -142,11 +142,29 @@ def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_pat
     assert out.read_bytes() == single
 
 
+def test_actor_error_is_its_own_line(ray_local, tiny, prompts, tmp_path, monkeypatch):
+    """A MinferError raised in an actor (a NaN, a GPU fault) is not retried: one line, its code."""
+    import minfer.batch.ray.job as job
+    from minfer.errors import NumericError
+    from minfer.batch.ray.predictor import MinferPredictor
+
+    class Faulty(MinferPredictor):
+        def __call__(self, batch):
+            raise NumericError(f"NaN in the forward of {self.source} line {batch['line'][0]}")
+
+    monkeypatch.setattr(job, "MinferPredictor", Faulty)
+    code, out, err = run_cli(_args(tiny, prompts, tmp_path / "o.jsonl", *RAY))
+    assert code == 3 and out == ""
+    assert error_lines(err) == [err.strip()]
+    assert err.startswith(f"error: NaN in the forward of {prompts} line ")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 def test_bad_line_is_one_error_before_ray(ray_local, tiny, prompts, tmp_path, monkeypatch):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(prompts.read_text() + '{"promt": "x"}\n')
     n = len(bad.read_text().splitlines())
-    import minfer.ray.job as job
+    import minfer.batch.ray.job as job
 
     monkeypatch.setattr(job, "run_file", None)   # never reached
     code, out, err = run_cli(_args(tiny, bad, tmp_path / "o.jsonl", *RAY))
@@ -177,7 +195,7 @@ def test_predictor_in_a_users_pipeline(ray_local, tiny):
     once sorted by index (the dataset's own order otherwise)."""
     import ray.data
 
-    from minfer.ray import MinferPredictor
+    from minfer.batch.ray import MinferPredictor
 
     texts = [f"the river {i}" for i in range(6)]
     ds = ray.data.from_items([{"index": i, "prompt": t} for i, t in enumerate(texts)])

@@ -115,7 +115,7 @@ def check_ray_options(prompts_path, address, actors, batch) -> None:
         raise BadInput(f"--ray-batch must be >= 1, got {batch}")
     if not address.strip():
         raise BadInput("--ray ADDRESS is empty (auto: a local Ray instance)")
-    from minfer.ray.predictor import need_ray
+    from minfer.batch.ray.predictor import need_ray
 
     need_ray("--ray")
 

@@ -22,7 +22,7 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
                 ubatch: int | None, logprobs: bool, share: bool, dtype: str | None = None,
                 top: int = 0, prompt_ids: bool = False, ray: dict | None = None) -> None:
     """ray: {"address", "actors", "batch", "model_path"} (`--ray`): the prompts through Ray
-    actors (minfer.ray.job), the same records in the same order."""
+    actors (minfer.batch.ray.job), the same records in the same order."""
     from minfer.batch.api import Engine
     from minfer.batch.output import ResultWriter
     from minfer.batch.prompts import make_encoder, open_prompts
@@ -84,7 +84,7 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
 
 def _run_ray(src, lengths, writer, ray: dict, *, out, kind, choice, ubatch, dtype, n_ctx,
              n_predict, logprobs, share, stop_ids, top, prompt_ids, scan_s) -> None:
-    from minfer.ray.job import run_file
+    from minfer.batch.ray.job import run_file
 
     kw = dict(model=ray["model_path"], backend=kind, gemm=choice, ubatch=ubatch, dtype=dtype,
               threads=1 if kind == "cpu" else None, n_ctx=n_ctx, n_predict=n_predict,

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from minfer.errors import GPUError, MinferError
-from minfer.ray.predictor import MinferPredictor, need_ray
+from minfer.batch.ray.predictor import MinferPredictor, need_ray
 
 
 class RayJobError(MinferError):
@@ -43,8 +43,6 @@ def connect(ray, address: str | None) -> bool:
     True when this call started it (so the job shuts it down)."""
     if ray.is_initialized():
         return False
-    for name in ("ray", "ray.data"):   # Ray's INFO lines would bury minfer's summary
-        logging.getLogger(name).setLevel(logging.ERROR)
     kw = dict(include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     if address in (None, "auto"):
         ray.init(**kw)
@@ -76,7 +74,8 @@ def _minfer_error(e: BaseException) -> MinferError | None:
             continue
         if isinstance(e, MinferError):
             base = next(c for c in type(e).__mro__ if c.__module__.startswith("minfer."))
-            return base(str(e.args[0]) if e.args else str(e))
+            # Ray Data appends its own lines ("Failed to apply UDF ...") to the message
+            return base((str(e.args[0]) if e.args else str(e)).split("\n")[0])
         e = e.__cause__ or e.__context__
     return None
 
@@ -99,6 +98,8 @@ def run_file(src, lengths, write_line, *, kind: str, address: str | None, actors
 
     tot = JobTotals(prompts=len(lengths), prompt_tokens=int(sum(int(n) for n in lengths)))
     t0 = time.perf_counter()
+    for name in ("ray", "ray.data"):   # Ray's lines would bury minfer's: its error is ours
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     tot.started = connect(ray, address)
     try:
         tot.actors = min(actor_count(ray, kind, actors), math.ceil(len(lengths) / batch))
@@ -106,6 +107,7 @@ def run_file(src, lengths, write_line, *, kind: str, address: str | None, actors
         tot.batches = math.ceil(len(items) / batch)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False   # minfer's bar over the whole job instead
+        ctx.raise_original_map_exception = True   # an actor's MinferError, not a wrapper
         res = {"num_gpus": 1} if kind == "cuda" else {"num_cpus": 1}
         ds = ray.data.from_items(items, override_num_blocks=tot.batches).map_batches(
             predictor or MinferPredictor, fn_constructor_kwargs=predictor_kwargs, batch_size=batch,

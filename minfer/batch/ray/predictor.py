@@ -18,7 +18,7 @@ import numpy as np
 from minfer.errors import BadInput, ResourceError
 
 
-def need_ray(what: str = "minfer.ray"):
+def need_ray(what: str = "minfer.batch.ray"):
     """The ray module (with ray.data), else ResourceError: the extra is missing (exit 3)."""
     try:
         import ray
