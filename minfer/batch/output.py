@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 
@@ -24,6 +25,37 @@ from minfer.host.fileio import atomic_output, os_error, output_target
 # characters str.splitlines() (and some JSONL readers) break lines at, which JSON leaves raw in a
 # string: written as \u escapes, so a record is one line whichever way its reader splits
 _LINE_BREAKS = {c: f"\\u{c:04x}" for c in (0x85, 0x2028, 0x2029)}
+
+
+def dumps(record: dict) -> str:
+    """A record's JSON line, without its newline: UTF-8 text, or all-ASCII \\u escapes where a
+    lone surrogate has no UTF-8 form."""
+    line = json.dumps(record, ensure_ascii=False).translate(_LINE_BREAKS)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(record)
+    return line
+
+
+def record(pid, r, tok, logprobs: bool, top: int = 0, prompt_ids: bool = False) -> dict:
+    """The JSONL record of one prompt's runner.Result (docs/batch.md's table)."""
+    out = {"id": pid, "n_prompt": r.n_prompt, "greedy_ids": r.greedy,
+           "text": tok.decode(r.greedy), "stopped_at_eos": r.eos}
+    if r.first is not None:   # a context/continuation record
+        out["n_context"] = r.first
+        out["continuation_logprob"] = round(r.continuation_logprob, 6)
+        out["is_greedy"] = r.is_greedy
+    if logprobs:
+        lp = [round(float(x), 6) for x in r.logprobs]
+        out["logprobs"] = lp
+        out["logprob_sum"] = round(math.fsum(lp), 6)
+    rows = r.top_rows(logprobs) if top else None
+    if rows is not None:
+        out["top_logprobs"] = [[[t, tok.piece(t), round(v, 6)] for t, v in row] for row in rows]
+    if prompt_ids:
+        out["prompt_ids"] = r.ids.tolist()
+    return out
 
 
 class _Abort(Exception):
@@ -56,14 +88,14 @@ class ResultWriter:
 
     def write(self, record: dict) -> None:
         """One record as one line of JSON."""
+        self.write_line(dumps(record))
+
+    def write_line(self, line: str) -> None:
+        """One record already made a line by dumps() (a Ray actor's: minfer.batch.ray)."""
         if self._done:
             raise RuntimeError("ResultWriter.write after commit or close")
-        line = json.dumps(record, ensure_ascii=False).translate(_LINE_BREAKS) + "\n"
-        try:
-            data = line.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate (no UTF-8 form): as a JSON \u escape
-            line = json.dumps(record) + "\n"
-            data = line.encode("ascii")
+        line += "\n"
+        data = line.encode("utf-8")   # dumps() gave UTF-8-encodable text
         if self._f is None:
             out = sys.stdout
             buf = getattr(out, "buffer", None)

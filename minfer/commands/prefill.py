@@ -99,6 +99,27 @@ def check_batch_options(prompts_path, prompt, prompt_file, as_json, output, logp
                        "-o FILE); the summary goes to stderr")
 
 
+def check_ray_options(prompts_path, address, actors, batch) -> None:
+    """--ray and its options: with --prompts only, counts >= 1, the extra installed (exit 3)
+    before any model is fetched or loaded."""
+    if address is None:
+        for flag, given in (("--ray-actors", actors is not None), ("--ray-batch", batch != 256)):
+            if given:
+                raise BadInput(f"{flag} goes with --ray")
+        return
+    if prompts_path is None:
+        raise BadInput("--ray goes with --prompts FILE")
+    if actors is not None and actors < 1:
+        raise BadInput(f"--ray-actors must be >= 1, got {actors}")
+    if batch < 1:
+        raise BadInput(f"--ray-batch must be >= 1, got {batch}")
+    if not address.strip():
+        raise BadInput("--ray ADDRESS is empty (auto: a local Ray instance)")
+    from minfer.batch.ray.predictor import need_ray
+
+    need_ray("--ray")
+
+
 def file_prompt(path: str) -> str:
     """A -f/--prompt-file prompt as llama.cpp's -f reads it: the file as is, less one
     trailing newline (an editor's or `echo`'s, not part of the prompt)."""
@@ -198,12 +219,23 @@ def _num(x: float) -> float | None:
               help="With --prompts: each record gives its prompt's token ids.")
 @click.option("--prefix-share/--no-prefix-share", default=True,
               help="With --prompts: compute a prefix that prompts share once (default on).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None,
+              metavar="[ADDRESS]",
+              help="With --prompts: shard the prompts over Ray actors, one a GPU (the ray "
+                   "extra): auto (alone) starts a local Ray instance, an ADDRESS joins that "
+                   "cluster; the same records, in input order (docs/batch.md).")
+@click.option("--ray-actors", type=int, default=None, metavar="N",
+              help="With --ray: N actors (default: one a GPU of the cluster; with --backend "
+                   "cpu one a CPU).")
+@click.option("--ray-batch", type=int, default=256, show_default=True, metavar="N",
+              help="With --ray: prompts a batch (the unit an actor runs, and runs again if "
+                   "it dies).")
 @threads_option
 @gemm_options
 def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, stop_at_eos,
             ctx_size, backend_kind, ubatch, dtype, as_json, prompts_path, prompts_format,
-            output, logprobs, top_logprobs, with_ids, prefix_share, chat_template,
-            gemm) -> None:
+            output, logprobs, top_logprobs, with_ids, prefix_share, ray_address, ray_actors,
+            ray_batch, chat_template, gemm) -> None:
     """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text.
     With --prompts FILE: every prompt of the file, packed, results as JSONL."""
     from minfer import engine
@@ -213,6 +245,7 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
     check_options(prompt, prompt_file, chat, system, n_greedy, ubatch, ctx_size)
     check_batch_options(prompts_path, prompt, prompt_file, as_json, output, logprobs,
                         prefix_share, top_logprobs, with_ids)
+    check_ray_options(prompts_path, ray_address, ray_actors, ray_batch)
     dtype = dtype.lower() if dtype else None
     kind, why = pick_backend_kind(backend_kind)
     ubatch_opt, ubatch = ubatch, UBATCH[kind] if ubatch is None else ubatch
@@ -259,7 +292,9 @@ def prefill(model_path, prompt, prompt_file, chat, system, special, n_greedy, st
                            stop_at_eos=stop_at_eos, n_ctx=n_ctx, ubatch=ubatch_opt,
                            logprobs=logprobs, share=prefix_share, dtype=dtype,
                            top=min(top_logprobs, model.config.vocab_size),
-                           prompt_ids=with_ids)
+                           prompt_ids=with_ids, ray=None if ray_address is None else dict(
+                               address=ray_address, actors=ray_actors, batch=ray_batch,
+                               model_path=str(model_path)))
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
         check_cap("stdin" if prompt_file == "-" else prompt_file, len(text.encode("utf-8")),
                   prompt_cap(model.config.n_ctx))

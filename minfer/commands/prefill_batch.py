@@ -8,39 +8,21 @@ order, on stdout or in -o FILE (written atomically). A summary goes to stderr.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 
+from minfer.batch.output import record
 from minfer.errors import BadInput
 from minfer.host.log import log
 from minfer.host.words import plural
 
 
-def record(pid, r, tok, logprobs: bool, top: int = 0, prompt_ids: bool = False) -> dict:
-    """The JSONL record of one prompt's runner.Result."""
-    out = {"id": pid, "n_prompt": r.n_prompt, "greedy_ids": r.greedy,
-           "text": tok.decode(r.greedy), "stopped_at_eos": r.eos}
-    if r.first is not None:   # a context/continuation record
-        out["n_context"] = r.first
-        out["continuation_logprob"] = round(r.continuation_logprob, 6)
-        out["is_greedy"] = r.is_greedy
-    if logprobs:
-        lp = [round(float(x), 6) for x in r.logprobs]
-        out["logprobs"] = lp
-        out["logprob_sum"] = round(math.fsum(lp), 6)
-    rows = r.top_rows(logprobs) if top else None
-    if rows is not None:
-        out["top_logprobs"] = [[[t, tok.piece(t), round(v, 6)] for t, v in row] for row in rows]
-    if prompt_ids:
-        out["prompt_ids"] = r.ids.tolist()
-    return out
-
-
 def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: str, choice,
                 chat, system, special: bool, n_predict: int, stop_at_eos, n_ctx: int,
                 ubatch: int | None, logprobs: bool, share: bool, dtype: str | None = None,
-                top: int = 0, prompt_ids: bool = False) -> None:
+                top: int = 0, prompt_ids: bool = False, ray: dict | None = None) -> None:
+    """ray: {"address", "actors", "batch", "model_path"} (`--ray`): the prompts through Ray
+    actors (minfer.batch.ray.job), the same records in the same order."""
     from minfer.batch.api import Engine
     from minfer.batch.output import ResultWriter
     from minfer.batch.prompts import make_encoder, open_prompts
@@ -57,6 +39,11 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
         t0 = time.perf_counter()
         lengths = src.scan(n_ctx, n_predict)   # every line checked before any GPU work
         scan_s = time.perf_counter() - t0
+        if ray is not None:
+            return _run_ray(src, lengths, writer, ray, out=out, kind=kind, choice=choice,
+                            ubatch=ubatch, dtype=dtype, n_ctx=n_ctx, n_predict=n_predict,
+                            logprobs=logprobs, share=share, stop_ids=stop_ids, top=top,
+                            prompt_ids=prompt_ids, scan_s=scan_s)
         engine = Engine(model, kind, choice, ubatch, progress=True, dtype=dtype)
         pids: dict[int, tuple[object, int]] = {}   # key -> (id, line): the prompts in flight
 
@@ -91,5 +78,28 @@ def run_prompts(*, path: str, fmt: str, out: str | None, model, kind: str, why: 
     lines.append(f"total    {wall:.2f} s, results "
                  + ("on stdout" if out in (None, "-") else f"in {out}"))
     for ln in lines:
+        log.info(ln)
+    sys.stderr.flush()
+
+
+def _run_ray(src, lengths, writer, ray: dict, *, out, kind, choice, ubatch, dtype, n_ctx,
+             n_predict, logprobs, share, stop_ids, top, prompt_ids, scan_s) -> None:
+    from minfer.batch.ray.job import run_file
+
+    kw = dict(model=ray["model_path"], backend=kind, gemm=choice, ubatch=ubatch, dtype=dtype,
+              threads=1 if kind == "cpu" else None, n_ctx=n_ctx, n_predict=n_predict,
+              logprobs=logprobs, share_prefix=share, stop_ids=list(stop_ids), top=top,
+              prompt_ids=prompt_ids, source=src.name)
+    tot = run_file(src, lengths, writer.write_line, kind=kind, address=ray["address"],
+                   actors=ray["actors"], batch=ray["batch"], predictor_kwargs=kw)
+    writer.commit()
+    where = "a local Ray instance" if ray["address"] in (None, "auto") else ray["address"]
+    for ln in (f"prompts  {plural(tot.prompts, 'prompt')}, {plural(tot.prompt_tokens, 'token')},"
+               f" read and checked in {scan_s:.2f} s",
+               f"ray      {plural(tot.actors, kind + ' actor')} on {where}, "
+               f"{plural(tot.batches, 'batch', 'batches')} of <= {ray['batch']} prompts",
+               f"total    {tot.wall_s:.2f} s ({tot.prompt_tokens / max(tot.wall_s, 1e-9):,.1f} "
+               "prompt tok/s, Ray's start included), results "
+               + ("on stdout" if out in (None, "-") else f"in {out}")):
         log.info(ln)
     sys.stderr.flush()
