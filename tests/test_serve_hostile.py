@@ -146,11 +146,30 @@ def test_a_head_that_never_ends_is_closed(server, trickle):
     assert closed and READ - 0.5 < time.monotonic() - t0 < READ + 5
 
 
-def test_headers_too_large(server):
+@pytest.mark.parametrize("head, status, code", [
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (200 << 10) + b"\r\n\r\n", 431,
+     "request_header_fields_too_large"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n", 431,
+     "request_header_fields_too_large"),
+    (b"GET /health HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 20000 + b"\r\n",
+     431, "request_header_fields_too_large"),
+    (b"NOT HTTP AT ALL\r\n\r\n", 400, "invalid_http_request"),
+    (b"GET /health HTTP/1.1\r\nBad Header\r\n\r\n", 400, "invalid_http_request")],
+    ids=["a 200 KB header", "a 4 MB header", "20,000 headers", "no request line", "a header line without colon"])
+def test_heads_uvicorn_cannot_parse_get_an_error_object(server, head, status, code):
+    """uvicorn answers these before the app: the answer is still OpenAI's error object."""
     s = _sock(server)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (200 << 10) + b"\r\n\r\n")
+    try:
+        s.sendall(head)
+    except (BrokenPipeError, ConnectionResetError):
+        pass   # answered and closed while the rest was still being sent
     out = _read_all(s, 10)
-    assert out.startswith(b"HTTP/1.1 400") or out == b""
+    head_out, _, body = out.partition(b"\r\n\r\n")
+    assert head_out.startswith(b"HTTP/1.1 %d " % status), out[:300]
+    assert b"content-type: application/json" in head_out.lower()
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["code"] == code and err["type"] == "invalid_request_error"
 
 
 def test_a_client_gone_mid_body_is_no_error(server):

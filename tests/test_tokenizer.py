@@ -485,6 +485,36 @@ def test_spm_specials_and_bytes():
     assert t.decode(ids, special=True) == "a</s> b"
 
 
+
+def test_vocab_tables_equal_a_per_token_reference():
+    """The vocabulary-wide tables (built with C-speed passes for 262k vocabs) equal the plain
+    per-token loops of llama_vocab::load: empty texts renamed, the end-of-generation texts
+    forced to CONTROL and in eog_ids, special tokens longest first."""
+    meta = _synthetic_spm_meta(5)
+    toks = list(meta["tokenizer.ggml.tokens"])
+    types = list(meta["tokenizer.ggml.token_type"])
+    toks += ["", "<end_of_turn>", "<|im_end|>", "", "<user>"]
+    types += [T_NORMAL, T_NORMAL, T_CONTROL, T_NORMAL, T_USER_DEFINED]
+    meta = dict(meta, **{"tokenizer.ggml.tokens": toks, "tokenizer.ggml.token_type": types,
+                         "tokenizer.ggml.scores": list(meta["tokenizer.ggml.scores"])
+                         + [0.0] * 5, "tokenizer.ggml.eos_token_id": 2})
+    t = Tokenizer(meta)
+    texts = [x if x else f"[EMPTY_{i}]" for i, x in enumerate(toks)]
+    want_types = [T_CONTROL if x in ("<end_of_turn>", "<|im_end|>") else ty
+                  for x, ty in zip(texts, types)]
+    assert t.texts == texts and t.types == want_types
+    assert t.token_to_id == {x: i for i, x in enumerate(texts)}
+    n = len(toks)
+    assert t.eog_ids == {2, n - 4, n - 3}
+    special = [i for i, ty in enumerate(want_types) if ty in (2, 3, 4)]
+    special.sort(key=lambda i: -len(texts[i].encode()))
+    assert t._special_all == [(texts[i], i) for i in special]
+    assert t._special_user == [(texts[i], i) for i in special if want_types[i] == T_USER_DEFINED]
+    assert t.encode("a<end_of_turn>b", add_bos=False, parse_special=True) == \
+        t.encode("a", add_bos=False) + [n - 4] + t.encode("b", add_bos=False)
+    assert t.decode([n - 4]) == "" and t.decode([n - 4], special=True) == "<end_of_turn>"
+
+
 # -- damaged tokenizer metadata: build and use, or a MinferError --------------------------------
 _ANY = st.one_of(st.none(), st.integers(-2, 300), st.floats(allow_nan=True), st.text(max_size=5),
                  st.lists(st.integers(-1, 9), max_size=5), st.lists(st.text(max_size=4),

@@ -5,11 +5,22 @@ the first byte: a client that opens a connection and sends nothing, or a header 
 a time (slowloris), would hold a socket and its buffers forever. Here a connection must send a
 request's whole head within read_timeout seconds of connecting (or of its previous answer),
 else it is closed. The body has its own deadline (app._Guard: 408).
+
+A request uvicorn cannot parse (a head past h11_max_incomplete_event_size, a malformed request
+line) is answered by uvicorn itself, before any app sees it, in plain text: here its
+send_400_response is overridden to write OpenAI's JSON error object instead, 431 for a head too
+large (h11's own status hint) and 400 for the rest, then close as uvicorn does.
 """
 
 from __future__ import annotations
 
-from uvicorn.protocols.http.h11_impl import H11Protocol
+import json
+from http import HTTPStatus
+
+import h11
+from uvicorn.protocols.http.h11_impl import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE, H11Protocol
+
+from minfer.serve.protocol import ApiError
 
 
 def protocol(read_timeout: float):
@@ -53,6 +64,27 @@ class _Deadline(H11Protocol):
     def connection_lost(self, exc) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 could not parse, as an error object."""
+        limit = self.config.h11_max_incomplete_event_size
+        limit = DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if limit is None else limit
+        if len(self.conn.trailing_data[0]) > limit:   # h11: "Receive buffer too long"
+            e = ApiError(431, f"the request's head (its line and headers) is longer than "
+                              f"{limit} bytes", code="request_header_fields_too_large")
+        else:
+            e = ApiError(400, f"{msg.rstrip('.')}: the request's head is no valid HTTP/1.1",
+                         code="invalid_http_request")
+        data = json.dumps(e.body()).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        try:
+            for ev in (h11.Response(status_code=e.status, headers=headers,
+                                    reason=HTTPStatus(e.status).phrase),
+                       h11.Data(data=data), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(ev))
+        except h11.LocalProtocolError:   # too late to answer (a response was under way)
+            pass
+        self.transport.close()
 
     def _head_late(self) -> None:
         self._head_task = None

@@ -28,7 +28,7 @@ class ApiError(Exception):
 
     TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
              405: "invalid_request_error", 408: "timeout", 413: "invalid_request_error",
-             429: "rate_limit_error", 500: "server_error", 503: "service_unavailable",
+             429: "rate_limit_error", 431: "invalid_request_error", 500: "server_error", 503: "service_unavailable",
              504: "timeout"}
 
     def __init__(self, status: int, message: str, param: str | None = None,
