@@ -481,7 +481,7 @@ class _Run:
                 self.check_at = now + 0.5
                 if await self.request.is_disconnected():
                     self.cancel()
-                    raise asyncio.CancelledError
+                    raise ClientDisconnect()   # counted as 499 by _Guard, nothing logged
             try:
                 return await asyncio.wait_for(self.q.get(), timeout=min(left, 0.5))
             except asyncio.TimeoutError:
