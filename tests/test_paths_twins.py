@@ -42,4 +42,4 @@ def test_twin_of_each_path(path, qtype):
         exact = x.astype(np.float64) @ dequant_f16_ref(w, qtype, N, K).astype(np.float64).T
     err = np.linalg.norm(y - exact) / np.linalg.norm(exact)
     assert err <= GRID_TOL[p.operand.name if p.operand else "f16"], (path, err)
-    assert err > 0   # every path rounds its activations somewhere
+    assert err > 0  # every path rounds its activations somewhere

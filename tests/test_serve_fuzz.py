@@ -20,8 +20,15 @@ import serve_fuzz  # noqa: E402
 
 
 def test_schema_fuzzing_sample(tmp_path):
-    s = Server(small_chat_model(tmp_path, n_ctx=64), "--api-key", serve_fuzz.KEY,
-               "--max-body", "65536", "--max-batch-tokens", "64")
+    s = Server(
+        small_chat_model(tmp_path, n_ctx=64),
+        "--api-key",
+        serve_fuzz.KEY,
+        "--max-body",
+        "65536",
+        "--max-batch-tokens",
+        "64",
+    )
     try:
         out = serve_fuzz.campaign(s.url, serve_fuzz.KEY, examples=12, log=lambda *a: None)
     finally:

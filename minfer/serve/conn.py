@@ -30,7 +30,7 @@ class _Deadline(H11Protocol):
 
     def _arm(self) -> None:
         self._disarm()
-        self._head_of = self.cycle   # a new cycle object: the next request's head arrived
+        self._head_of = self.cycle  # a new cycle object: the next request's head arrived
         self._head_task = self.loop.call_later(self.timeout_head, self._head_late)
 
     def _disarm(self) -> None:
@@ -45,7 +45,7 @@ class _Deadline(H11Protocol):
             self._disarm()
 
     def on_response_complete(self) -> None:
-        self._arm()   # first: a pipelined head that super() handles now disarms it
+        self._arm()  # first: a pipelined head that super() handles now disarms it
         super().on_response_complete()
         if self.transport.is_closing():
             self._disarm()
@@ -57,4 +57,4 @@ class _Deadline(H11Protocol):
     def _head_late(self) -> None:
         self._head_task = None
         if self.cycle is self._head_of and not self.transport.is_closing():
-            self.transport.close()   # no request to answer: nothing but the close to say
+            self.transport.close()  # no request to answer: nothing but the close to say

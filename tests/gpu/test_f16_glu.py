@@ -32,7 +32,12 @@ def _glu_on_off_bitwise(model):
 
     runs = {}
     for glu in (True, False):
-        b = CudaBackend(model, GemmChoice("f16", frozenset() if glu else frozenset({"glu"})), max_tokens=128, ubatch=16)
+        b = CudaBackend(
+            model,
+            GemmChoice("f16", frozenset() if glu else frozenset({"glu"})),
+            max_tokens=128,
+            ubatch=16,
+        )
         assert bool(b.glu) == (glu and model.config.d_ff % 8 == 0)
         runs[glu] = prefill_and_step(b, seed=5)
     for got, ref in zip(runs[True], runs[False]):

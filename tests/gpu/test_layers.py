@@ -33,8 +33,10 @@ def test_rmsnorm(rt, T, D, out):
         assert np.array_equal(got, ref.astype(np.float16)) or _rel(got, ref) < 1e-3
 
 
-@pytest.mark.parametrize("T,H,D,col,ld", [(5, 4, 128, 0, 1024), (7, 2, 128, 512, 1024),
-                                           (3, 3, 64, 64, 452), (1, 8, 128, 0, 1024)])
+@pytest.mark.parametrize(
+    "T,H,D,col,ld",
+    [(5, 4, 128, 0, 1024), (7, 2, 128, 512, 1024), (3, 3, 64, 64, 452), (1, 8, 128, 0, 1024)],
+)
 def test_head_rmsnorm(rt, T, H, D, col, ld):
     """qwen3's q/k norms in place on H heads of D at column col of [T, ld] rows (a part of the
     fused q|k|v output, ragged strides too); the other columns untouched."""
@@ -48,17 +50,24 @@ def test_head_rmsnorm(rt, T, H, D, col, ld):
     head_rmsnorm(rt, xd, col, H, D, da.to_device(rt, w), 1e-6)
     got = xd.get()
     ref = x.copy()
-    ref[:, col: col + H * D] = ops.rmsnorm(x[:, col: col + H * D].reshape(T, H, D), w,
-                                           1e-6).reshape(T, H * D)
+    ref[:, col : col + H * D] = ops.rmsnorm(
+        x[:, col : col + H * D].reshape(T, H, D), w, 1e-6
+    ).reshape(T, H * D)
     assert _rel(got, ref) < 1e-6
     mask = np.ones(ld, bool)
-    mask[col: col + H * D] = False
+    mask[col : col + H * D] = False
     assert np.array_equal(got[:, mask], x[:, mask])
 
 
-@pytest.mark.parametrize("T,H,D,rope_dim,neox,pos0", [
-    (5, 3, 64, 64, False, 0), (17, 4, 128, 128, True, 9), (1, 2, 64, 32, False, 40),
-    (9, 5, 128, 64, True, 3)])
+@pytest.mark.parametrize(
+    "T,H,D,rope_dim,neox,pos0",
+    [
+        (5, 3, 64, 64, False, 0),
+        (17, 4, 128, 128, True, 9),
+        (1, 2, 64, 32, False, 40),
+        (9, 5, 128, 64, True, 3),
+    ],
+)
 def test_rope(rt, T, H, D, rope_dim, neox, pos0):
     from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import RopeTable, rope, rope_to_f16
@@ -76,8 +85,9 @@ def test_rope(rt, T, H, D, rope_dim, neox, pos0):
     assert _rel(dst.get(), ref) < 1e-3
     x16 = da.to_device(rt, x.astype(np.float16))
     rope(rt, x16, table, pos0, rope_dim, neox)
-    ref16 = ops.rope(x.astype(np.float16).astype(np.float32), np.arange(pos0, pos0 + T), base,
-                     rope_dim, neox)
+    ref16 = ops.rope(
+        x.astype(np.float16).astype(np.float32), np.arange(pos0, pos0 + T), base, rope_dim, neox
+    )
     assert _rel(x16.get(), ref16) < 1e-3
     from minfer.errors import GPUError
 
@@ -125,8 +135,10 @@ def test_launcher_rejects_bad_shapes(rt):
 
     x = da.to_device(rt, np.ones((4, 8), np.float32))
     with pytest.raises(GPUError, match="rmsnorm w"):
-        rmsnorm(rt, da.empty(rt, (4, 8), np.float16), x, da.to_device(rt, np.ones(7, np.float32)),
-                1e-5)
+        rmsnorm(
+            rt, da.empty(rt, (4, 8), np.float16), x, da.to_device(rt, np.ones(7, np.float32)), 1e-5
+        )
     with pytest.raises(GPUError, match="dtype"):
-        rmsnorm(rt, da.empty(rt, (4, 8), np.int32), x, da.to_device(rt, np.ones(8, np.float32)),
-                1e-5)
+        rmsnorm(
+            rt, da.empty(rt, (4, 8), np.int32), x, da.to_device(rt, np.ones(8, np.float32)), 1e-5
+        )

@@ -25,8 +25,8 @@ ENV_KEYS = ("MINFER_GEMM", *SEED_KEYS)
 
 @dataclass(frozen=True)
 class GemmChoice:
-    path: str = "auto"                   # "auto" or a TABLE name
-    off: frozenset = frozenset()         # features turned off by a tuning variant
+    path: str = "auto"  # "auto" or a TABLE name
+    off: frozenset = frozenset()  # features turned off by a tuning variant
 
     def on(self, feature: str) -> bool:
         return feature not in self.off
@@ -35,8 +35,9 @@ class GemmChoice:
         return self.path + "".join(f":no-{f}" for f in sorted(self.off))
 
     @classmethod
-    def resolve(cls, env: Mapping[str, str], gemm: str | None = None,
-                variants: bool = False) -> "GemmChoice":
+    def resolve(
+        cls, env: Mapping[str, str], gemm: str | None = None, variants: bool = False
+    ) -> "GemmChoice":
         """From `gemm` (the --gemm value), else env (MINFER_GEMM, the seeds' variables).
         variants: accept "name:no-feature" tuning variants (bench --ab)."""
         spec = gemm or env.get("MINFER_GEMM") or ""
@@ -44,11 +45,13 @@ class GemmChoice:
             spec = "mmq" if _flag("MINFER_MMQ", env["MINFER_MMQ"]) else "f16"
         name, *offs = (spec or "auto").strip().split(":")
         if offs and not variants:
-            raise BadInput(f"GEMM choice {spec!r}: tuning variants are for bench --ab; "
-                           f"choose one of {', '.join(CHOICES)}")
+            raise BadInput(
+                f"GEMM choice {spec!r}: tuning variants are for bench --ab; "
+                f"choose one of {', '.join(CHOICES)}"
+            )
         if name not in CHOICES:
             raise BadInput(f"unknown GEMM path {name!r} (choose one of {', '.join(CHOICES)})")
-        seeds = seeds_mmq(env)   # validated whenever set
+        seeds = seeds_mmq(env)  # validated whenever set
         if name == "mmq":
             name = seeds
         off = set()
@@ -56,21 +59,22 @@ class GemmChoice:
             f = o[3:] if o.startswith("no-") else ""
             ok = VARIANTS if name == "auto" else TABLE[name].variants
             if f not in ok:
-                raise BadInput(f"tuning variant {o!r} of {name}: expected one of "
-                               f"{', '.join('no-' + v for v in ok) or '(none)'}")
+                raise BadInput(
+                    f"tuning variant {o!r} of {name}: expected one of "
+                    f"{', '.join('no-' + v for v in ok) or '(none)'}"
+                )
             off.add(f)
         return cls(name, frozenset(off))
 
     @classmethod
-    def parse_ab(cls, spec: str, env: Mapping[str, str], gemm: str | None = None
-                 ) -> "GemmChoice":
+    def parse_ab(cls, spec: str, env: Mapping[str, str], gemm: str | None = None) -> "GemmChoice":
         """A bench --ab config over `gemm` (the --gemm value) over the environment: a path
         name with tuning variants ('f16:no-rope', 'blk', 'wide-kd8') and / or KEY=VALUE of
         MINFER_GEMM and the seeds' variables ('MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8'); '' is
         --gemm's choice, else the environment's."""
         env = dict(env)
         if gemm is not None:
-            env["MINFER_GEMM"] = gemm   # --gemm over the environment; the spec over both
+            env["MINFER_GEMM"] = gemm  # --gemm over the environment; the spec over both
         name = None
         for tok in spec.split():
             if "=" not in tok:
@@ -83,7 +87,7 @@ class GemmChoice:
                 raise BadInput(f"--ab: unknown key {k!r} (known: {', '.join(ENV_KEYS)})")
             env[k] = v
             if k in SEED_KEYS and "MINFER_GEMM" not in spec:
-                env.pop("MINFER_GEMM", None)   # the spec's seeds' keys win over the env's
+                env.pop("MINFER_GEMM", None)  # the spec's seeds' keys win over the env's
         return cls.resolve(env, name, variants=True)
 
 
@@ -92,8 +96,9 @@ def seeds_mmq(env: Mapping[str, str]) -> str:
     (MINFER_MMQ_RAW_WIDE=0), else wide at MINFER_MMQ_RAW_KD (4 or 8, default 4)."""
     if env.get("MINFER_MMQ_RAW", "") != "" and not _flag("MINFER_MMQ_RAW", env["MINFER_MMQ_RAW"]):
         return "r1"
-    if env.get("MINFER_MMQ_RAW_WIDE", "") != "" and \
-            not _flag("MINFER_MMQ_RAW_WIDE", env["MINFER_MMQ_RAW_WIDE"]):
+    if env.get("MINFER_MMQ_RAW_WIDE", "") != "" and not _flag(
+        "MINFER_MMQ_RAW_WIDE", env["MINFER_MMQ_RAW_WIDE"]
+    ):
         return "narrow"
     kd = str(env.get("MINFER_MMQ_RAW_KD") or "4").strip()
     if kd not in ("4", "8"):
