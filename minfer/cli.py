@@ -260,13 +260,11 @@ def _starved(e: BaseException) -> str | None:
 
 
 def _invoke(argv: list[str] | None) -> tuple[int, bool]:
-    from minfer.host.signals import Interrupted, message
-
     import click
 
     from minfer.errors import MinferError
-
     from minfer.host.log import setup
+    from minfer.host.signals import Interrupted, message
 
     setup()  # notes at INFO until the command's -q / -v
     group = _group()

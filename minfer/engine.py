@@ -18,8 +18,8 @@ from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from minfer.host.progress import bar as progress_bar
 from minfer.errors import BadInput, NumericError
+from minfer.host.progress import bar as progress_bar
 
 
 @runtime_checkable

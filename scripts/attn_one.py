@@ -52,7 +52,7 @@ for T in map(int, a.tokens.split(",")):
     wg = a.impl == "wg"
     runs = {
         " ".join(n for n in (g, x) if n != "default"): (
-            lambda b=b, t=t: attention(
+            lambda b=b, t=t, o=o, q=q, k=k, v=v: attention(
                 rt,
                 o,
                 q,

@@ -10,9 +10,9 @@ work alone, not the host's launch rate (eager Python launches are 10-30 µs apie
 
 import argparse
 
-from minfer.tools.bench import prompt_ids
 from minfer.cuda.backend import CudaBackend, OpProfile
 from minfer.gguf.loader import load_model
+from minfer.tools.bench import prompt_ids
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model")

@@ -13,8 +13,8 @@ def qwen3_pooling_model(
     folder: Path, pooling: int | None = 3, rerank: str | None = None, name: str = "qwen3-pool.gguf"
 ) -> Path:
     import gguf
-
     from families_data import synth_family
+
     from minfer.gguf.write import metadata_from_reader, write_gguf
 
     folder = Path(folder)

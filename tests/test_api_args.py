@@ -22,8 +22,9 @@ TEMPLATE = (
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """The tiny synthetic model with a small chat template (it has none), loaded once."""
-    from minfer.gguf.loader import load_model
     from synth_data import tiny_model
+
+    from minfer.gguf.loader import load_model
 
     m = load_model(
         str(tiny_model(tmp_path_factory.mktemp("api"), seed=7, vocab=VOCAB, n_ctx=N_CTX))

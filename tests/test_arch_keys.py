@@ -6,7 +6,6 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-
 from cli_inproc import error_lines, run_cli
 from synth_data import small_parts, write_small
 
@@ -204,8 +203,8 @@ def test_phi3_window_follows_llamacpp(tmp_path):
     """llama.cpp disables Phi-3's sliding window (its logits are full attention's), so minfer
     accepts the key for phi3; llama (Mistral) applies it (test_mistral_window_*); an
     architecture without a window implementation refuses it."""
-    from minfer.gguf.arch_keys import check_keys
     from minfer.errors import Unsupported
+    from minfer.gguf.arch_keys import check_keys
 
     check_keys("f", "phi3", {"phi3.attention.sliding_window": 2047})
     check_keys("f", "llama", {"llama.attention.sliding_window": 4096})

@@ -64,8 +64,8 @@ def test_timing_build_options_reach_the_wgmma_build(monkeypatch):
     from fake_gpuarray import install
 
     import minfer.cuda.ops.attention as att
-    from minfer.cuda.runtime.tma import TMA_PARAM_PAD
     from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.runtime.tma import TMA_PARAM_PAD
 
     install(monkeypatch)
     maps = []

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
 from minfer.cuda.backend import plan_routes, summarize_routes
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.plan.plan import make_plan
-from synth_data import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +95,8 @@ def test_routes_auto_runs_blk_first_on_wide_models(tiny, monkeypatch):
     and the LM head on f16), blk-all when only that fits; off sm_90 f16 as before."""
     from dataclasses import replace as dc_replace
 
-    from minfer.cuda.plan.memory import MARGIN
     from minfer.cuda.paths import BLK_AUTO_WIDTH
+    from minfer.cuda.plan.memory import MARGIN
     from minfer.cuda.plan.plan import plan_tiers
 
     monkeypatch.setattr(tiny, "config", dc_replace(tiny.config, d_model=BLK_AUTO_WIDTH))
@@ -230,8 +230,7 @@ def test_sample_rows_covers_edges():
 def test_plan_groups_cover_each_part_once(tiny):
     """A layer's q|k|v (gate|up) GEMMs in output order: every part exactly once, at its
     column in its GEMM's output; fused groups as one GEMM, the rest alone."""
-    from minfer.cuda.plan.fusion import plan_groups
-    from minfer.cuda.plan.fusion import plan_fusion
+    from minfer.cuda.plan.fusion import plan_fusion, plan_groups
 
     c = tiny.config
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim

@@ -376,11 +376,11 @@ def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
     """A NaN embedding row (token 7): the error names the prompt whose chunk met it, not the
     others; the CLI names its line and id."""
     import numpy as np
+    from synth_data import small_parts, write_small
 
     from minfer.batch import run as runner
     from minfer.batch.api import Engine
     from minfer.errors import NumericError
-    from synth_data import small_parts, write_small
 
     meta, tensors = small_parts(seed=1, tied=False)  # (tied: every logit row 7 NaN)
     name, qt, shape, data = tensors[0]

@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from proc_helpers import group_alive as _group_alive
 from proc_helpers import wait_for
 

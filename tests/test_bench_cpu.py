@@ -5,11 +5,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from synth_data import tiny_model
 
-from minfer.tools import bench as B
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import BadInput
-from synth_data import tiny_model
+from minfer.tools import bench as B
 
 
 class FakeBackend:
@@ -320,8 +320,9 @@ def test_bench_idle_flag_is_checked(tmp_path):
 def test_bench_defaults_to_cpu_without_a_gpu(tiny_model_path, monkeypatch):
     import json
 
-    import minfer.cuda.runtime.runtime as rt
     from cli_inproc import run_cli
+
+    import minfer.cuda.runtime.runtime as rt
 
     monkeypatch.setattr(rt, "gpu_available", lambda: False)
     code, out, err = run_cli(
@@ -351,6 +352,7 @@ def test_bench_runs_every_model_with_llama_bench_fields(tiny_model_path, tmp_pat
     import shutil
 
     from cli_inproc import run_cli
+
     from minfer.tools.bench_out import LLAMA_FIELDS
 
     other = tmp_path / "other.gguf"

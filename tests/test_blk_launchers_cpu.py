@@ -15,8 +15,8 @@ from minfer.cuda.ops.mmq_blk import (
     BlkTokens,
     BlkWeight,
     blk_operand,
-    blk_weight,
     blk_operand_rmsnorm,
+    blk_weight,
     mmq_blk_linear,
 )
 from minfer.cuda.runtime import devarray as da

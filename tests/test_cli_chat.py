@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
-from minfer.text import chat
 from minfer.cli import main
 from minfer.errors import BadInput, BadModel
-from synth_data import tiny_model
+from minfer.text import chat
 
 # SmolLM2-135M-Instruct's template, as its GGUF carries it: a default system message, ChatML
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

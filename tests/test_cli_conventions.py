@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from synth_data import tiny_model
 
 from minfer.cli import cli, main
-from synth_data import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +77,8 @@ def test_bench_csv_and_md(capsys, tiny):
 
 
 def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
-    from minfer.tools import bench as B
     from minfer.gguf.loader import load_model
+    from minfer.tools import bench as B
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -173,8 +173,8 @@ def test_check_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     from types import SimpleNamespace
 
     import minfer.cuda.runtime.runtime as R
-    import minfer.tools.fetch as F
     import minfer.gguf.loader
+    import minfer.tools.fetch as F
     from minfer.errors import BadInput
 
     default = tmp_path / "default.gguf"

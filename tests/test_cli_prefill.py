@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from test_golden import MAX_DIFF
 
 from minfer.cli import main
-from test_golden import MAX_DIFF
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 import pytest
-
 from cli_inproc import error_lines, run_cli
+
 from minfer.errors import BadInput
 
 K = 4

@@ -7,9 +7,9 @@ The GPU tests (tests/gpu/test_dequant.py) cover the rest of the kernel: staging,
 from __future__ import annotations
 
 import ctypes
-import zlib
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import numpy as np

@@ -355,8 +355,8 @@ def test_pool_that_fails_to_start_leaves_no_worker(monkeypatch):
 def test_tokenizer_refused_before_the_rust_allocator_aborts(monkeypatch):
     from synth_data import small_parts
 
-    from minfer.host import hostmem
     from minfer.errors import ResourceError
+    from minfer.host import hostmem
     from minfer.text.tokenizer import Tokenizer
 
     meta, _ = small_parts(0)

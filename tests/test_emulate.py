@@ -6,10 +6,8 @@ own; blk_ref's block parameter keeps the kernel's 128 results."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from cli_inproc import error_lines, run_cli
 from ppl_data import run_ppl, short_text
 from synth_data import tiny_model
@@ -62,9 +60,10 @@ def test_emulated_weights_follow_the_gpu_routes(tiny):
 def test_plain_types_take_only_blk(tmp_path):
     """Q8_0 / F16 weights (the 2-layer small model, K = 64 or 128): no q8_1 kernel takes
     them; blk takes every one (any type, K % 32 == 0) but ffn_down (f16 for accuracy)."""
+    from synth_data import small_parts, write_small
+
     from minfer.gguf.loader import load_model
     from minfer.reference.emulate import emulated_weights
-    from synth_data import small_parts, write_small
 
     model = load_model(write_small(tmp_path / "small.gguf", *small_parts(seed=2, tied=False)))
     linear = {n for n, t in model.tensors.items() if len(t.shape) == 2 and "blk." in n}

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from minfer import engine
-from minfer.tools import gates
 from minfer.errors import BadInput
+from minfer.tools import gates
 
 
 class FakeBackend:

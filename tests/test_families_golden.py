@@ -23,7 +23,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from families_data import CTX_GOLDEN, FAMILIES, GOLDEN, PROMPT, SPECIAL_PROMPT, synth_family
 
 TOL = 0.03  # max |dlogit| against llama.cpp on an F16 file (the bar)
@@ -49,10 +48,10 @@ def _logits(model, ids):
 @pytest.mark.parametrize("preset", list(FAMILIES))
 def test_family_matches_llamacpp(family_files, preset, report):
     from minfer import engine
-    from minfer.tools.gates import compare_greedy, tau_from
     from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
     from minfer.text.tokenizer import Tokenizer
+    from minfer.tools.gates import compare_greedy, tau_from
 
     g, want = _golden(preset)
     m = load_model(family_files[preset])

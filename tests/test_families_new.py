@@ -8,11 +8,9 @@ tests/gpu/test_families_device.py (GPU)."""
 from __future__ import annotations
 
 import types
-from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from families_data import synth_family
 
 
@@ -161,9 +159,9 @@ def test_what_a_family_does_not_have_is_refused_by_name(files, tmp_path):
 
 # -- the CUDA forward's launches (fake runtime) ----------------------------------------------
 def _launches(monkeypatch, path, model_path, T=40):
+    from fake_gpuarray import install
     from test_backend_forward_cpu import FakeRT, _Arr, fake_tensor_maps
 
-    from fake_gpuarray import install
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
 from minfer.errors import BadInput, GPUError
-from synth_data import tiny_model
 
 CTX = 64  # context of the tiny test model
 

@@ -18,7 +18,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from cli_inproc import error_lines, run_cli
 
 GGUF = bytes(range(256)) * (8 << 10)  # 2 MiB: several download chunks

@@ -472,8 +472,8 @@ def test_newline_in_path_stays_one_line(tmp_path, capsys):
 
 
 def test_inspect_escapes_metadata(tmp_path, tiny, capsys):
-    from minfer.gguf.write import metadata_from_reader, write_gguf
     from minfer.gguf.loader import load_model
+    from minfer.gguf.write import metadata_from_reader, write_gguf
 
     m = load_model(tiny)
     meta = metadata_from_reader(m)

@@ -35,7 +35,6 @@ import time
 import traceback
 
 import pytest
-
 from cli_inproc import error_lines, run_cli
 
 SCALE = float(os.environ.get("MINFER_FUZZ_PROMPTS", "1"))

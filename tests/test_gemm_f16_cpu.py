@@ -9,7 +9,6 @@ import shutil
 import numpy as np
 import pytest
 
-from minfer.cuda.runtime.build import KERNEL_DIR, compile_cubin, parse_ptxas
 from minfer.cuda.ops.gemm import (
     GEMVS,
     TILES,
@@ -23,6 +22,7 @@ from minfer.cuda.ops.gemm import (
     gemm_f16_nt_ref,
     pick_variant,
 )
+from minfer.cuda.runtime.build import KERNEL_DIR, compile_cubin, parse_ptxas
 from minfer.errors import BadInput
 
 H200_SMEM_OPTIN = 232448
@@ -156,7 +156,7 @@ def test_ptxas_no_spills_sm90():
     assert "serialized" not in rep90  # ptxas would say if it had to serialize the wgmma
     res.update(res90)
     assert set(res) == set(VARIANTS)
-    for name, r in res.items():
+    for r in res.values():
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack == 0, r
         assert r.registers <= 255, r
 

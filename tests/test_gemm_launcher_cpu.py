@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray, install
 
-from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.gemm import MODE_ACC, MODE_F16, MODE_F32, VARIANTS, gemm_f16_nt, pick_variant
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import BadInput, GPUError
 
 F16, F32 = np.float16, np.float32

@@ -155,10 +155,10 @@ def test_mistral_window_applies_past_its_width_only(tmp_path):
     model's RoPE. Rows before the window's width equal full attention's exactly (the window
     masks nothing there), rows past it differ; with RoPE scaling it is refused."""
     import numpy as np
+    from synth_data import small_parts, write_small
 
     from minfer.errors import Unsupported
     from minfer.reference.forward import ReferenceBackend
-    from synth_data import small_parts, write_small
 
     meta, tensors = small_parts()
     plain = _load(write_small(tmp_path / "p.gguf", meta, tensors))

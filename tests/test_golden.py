@@ -29,11 +29,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from golden_data import GOLDEN, golden
+
 from minfer import engine
-from minfer.tools import gates
 from minfer.reference.forward import ReferenceBackend
+from minfer.tools import gates
 
 MAX_DIFF, MEAN_DIFF, MIN_CORR = 1.0, 0.25, 0.998
 F16_MAX_DIFF = 0.06

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_inproc import run_cli
 from synth_data import tiny_model
 

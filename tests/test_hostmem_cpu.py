@@ -47,8 +47,8 @@ def test_headroom_sees_rlimit_as():
 
 
 def test_preload_refused_when_weights_do_not_fit(small_model, monkeypatch):
-    from minfer.host import hostmem
     from minfer.errors import ResourceError
+    from minfer.host import hostmem
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(small_model, max_tokens=8)
@@ -72,8 +72,8 @@ def test_preload_refused_when_weights_do_not_fit(small_model, monkeypatch):
 
 
 def test_forward_refused_when_attention_does_not_fit(small_model, monkeypatch):
-    from minfer.host import hostmem
     from minfer.errors import ResourceError
+    from minfer.host import hostmem
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(small_model, max_tokens=200)
@@ -138,6 +138,7 @@ def test_huge_tensor_in_a_sparse_file_is_exit_3(tmp_path):
     import struct
 
     from cli_inproc import run_cli
+
     from minfer.gguf.header import read_header
 
     meta, tensors = small_parts(tied=True)

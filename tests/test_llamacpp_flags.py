@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from cli_inproc import error_lines, run_cli
 from synth_data import tiny_model
 
@@ -371,9 +370,9 @@ def test_ignore_eos_runs_through_eos(tiny):
 
 
 def test_chat_template_builtin_and_file(tiny, tmp_path):
+    from minfer.gguf.loader import load_model
     from minfer.text.chat import BUILTIN
     from minfer.text.tokenizer import Tokenizer
-    from minfer.gguf.loader import load_model
 
     code, out, err = _prefill(tiny, "--chat", "-p", "hi", "-n", "1")
     assert code == 2 and "--chat-template" in error_lines(err)[0]  # no template in the file

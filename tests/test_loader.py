@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from minfer.gguf.header import open_gguf, tensor_view
-from minfer.gguf.write import metadata_from_reader
 from minfer.gguf.loader import load_model
+from minfer.gguf.write import metadata_from_reader
 
 HERE = Path(__file__).resolve().parent
 Q = gguf.GGMLQuantizationType

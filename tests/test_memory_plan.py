@@ -5,11 +5,11 @@ path that does not fit (before anything is allocated)."""
 from __future__ import annotations
 
 import pytest
+from synth_data import tiny_model
 
 from minfer.cuda.plan.config import GemmChoice
-from minfer.cuda.plan.plan import make_plan
 from minfer.cuda.plan.memory import MARGIN, choose_tier, gb
-from synth_data import tiny_model
+from minfer.cuda.plan.plan import make_plan
 
 G = 10**9
 NEED = {
@@ -102,7 +102,6 @@ def test_plan_tiers_on_a_model(tiny):
     """Each tier's need is the backend's whole plan for its routes; the tiers shrink as more
     weights leave f16; auto picks by the free memory, and the routes follow the tier."""
     from minfer.cuda.plan.plan import plan_tiers
-    from minfer.cuda.plan.routes import plan_routes
 
     p = plan_tiers(tiny, GemmChoice(), _Rt(None), 64, 64)
     assert list(p.tiers) == ["f16", "blk", "blk-all", "mix-int8", "int8"] and p.chosen == "f16"

@@ -14,7 +14,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from families_data import GOLDEN, PROMPT, synth_family
 
 TOL = 0.03  # max |dlogit| against llama.cpp on an F16 file (the families' bar)

@@ -23,7 +23,6 @@ import math
 
 import numpy as np
 import pytest
-
 import tolerance
 from families_data import synth_family
 from synth_data import small_parts, tiny_model, write_small

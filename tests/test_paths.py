@@ -3,7 +3,6 @@ choice (--gemm, MINFER_GEMM, the seeds' MINFER_MMQ_* variables, bench's tuning v
 
 import pytest
 
-from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.ops.mmq import wide_smem
 from minfer.cuda.paths import (
     BLK_AUTO_WIDTH,
@@ -15,6 +14,7 @@ from minfer.cuda.paths import (
     auto_tiers,
     choose_path,
 )
+from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import BadInput
 
 SHAPE = (512, 4096, 4096)

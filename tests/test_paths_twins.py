@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from quant_data import rand_weights
 
 from minfer.cuda.paths import TABLE
-from quant_data import rand_weights
 
 # relative error of each activation grid against the exact product (q8_1: 1/254 of a 32-value
 # block's amax per value; f16: 2^-11; blk: the rotated int8 per 128 values

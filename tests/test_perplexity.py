@@ -12,7 +12,6 @@ import shutil
 import numpy as np
 import pytest
 import tolerance
-
 from cli_inproc import error_lines, run_cli
 from ppl_data import run_ppl, short_text
 from synth_data import small_parts, write_small
@@ -219,8 +218,8 @@ def test_refusals(small, text, tmp_path):
 
 
 def test_failed_run_leaves_no_logits_file(small, text, tmp_path, monkeypatch):
-    from minfer.reference.forward import ReferenceBackend
     from minfer.errors import NumericError
+    from minfer.reference.forward import ReferenceBackend
 
     calls = []
 
@@ -284,8 +283,8 @@ def test_ppl_stats_and_windows():
 
 
 def test_shipped_text_is_long_enough(default_model):
-    from minfer.tools.perplexity import DEFAULT_TEXT
     from minfer.text.tokenizer import Tokenizer
+    from minfer.tools.perplexity import DEFAULT_TEXT
 
     tok = Tokenizer.from_metadata(default_model.metadata)
     assert len(tok.encode(DEFAULT_TEXT.read_text(encoding="utf-8"))) >= 10_000

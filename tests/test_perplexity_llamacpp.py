@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from cli_inproc import error_lines, run_cli
 from ppl_data import run_ppl, short_text
 from synth_data import small_parts, write_small

@@ -142,9 +142,8 @@ def test_attn_factor_must_be_positive(tmp_path):
 
 def test_the_factors_are_phi3s_only(tmp_path):
     """llama's graph has no place for them: refused by name (arch_keys), never ignored."""
-    from synth_data import small_parts, write_small
-
     import gguf
+    from synth_data import small_parts, write_small
 
     from minfer.errors import Unsupported
 

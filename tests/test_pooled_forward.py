@@ -10,7 +10,6 @@ import types
 
 import numpy as np
 import pytest
-
 from synth_data import tiny_model
 from test_backend_forward_cpu import FakeRT, _Arr, fake_tensor_maps
 

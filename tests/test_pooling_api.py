@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from pooling_helpers import qwen3_pooling_model
 
 from minfer.errors import BadInput
@@ -196,23 +195,11 @@ def test_cli_embed_jsonl_and_npy(engine, folder, tmp_path):
     src = tmp_path / "p.jsonl"
     src.write_text('"The quick brown fox"\n{"prompt": "a b", "id": "x"}\n{"prompt": [5, 6]}\n')
     want = engine.embed(["The quick brown fox", "a b", [5, 6]], dimensions=32)
-    run = lambda *a: subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "minfer",
-            "embed",
-            "-m",
-            m,  # noqa
-            "--prompts",
-            str(src),
-            "--backend",
-            "cpu",
-            *a,
-        ],
-        capture_output=True,
-        text=True,
-    )
+
+    def run(*a):
+        cmd = [sys.executable, "-m", "minfer", "embed", "-m", m, "--prompts", str(src)]
+        return subprocess.run([*cmd, "--backend", "cpu", *a], capture_output=True, text=True)
+
     r = run("--dimensions", "32")
     assert r.returncode == 0, r.stderr
     recs = [json.loads(x) for x in r.stdout.splitlines()]

@@ -20,11 +20,11 @@ import types
 import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray, upload_drv
+from synth_data import tiny_model
 
 from minfer.cuda.load import prepare
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import GPUError
-from synth_data import tiny_model
 
 
 class _Ptr(int):

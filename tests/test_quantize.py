@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 from minfer.errors import BadInput, Unsupported
-from minfer.quants import dequantize
-from minfer.quants import ckernel
+from minfer.quants import ckernel, dequantize
 from minfer.quants.quantize import C_TYPES, quantize, roundf
-from minfer.quants.rounding import nearest_int, seqsum, seqsum_loop
 from minfer.quants.quantize_k import bsum, to_bnG
+from minfer.quants.rounding import nearest_int, seqsum, seqsum_loop
 from tests.conftest import GOLDEN
 
 GQT = gguf.GGMLQuantizationType

@@ -99,8 +99,8 @@ def test_missing_extra_is_one_error(tiny, prompts, tmp_path, monkeypatch):
     assert error_lines(err) == [err.strip()]
     assert "needs the ray extra" in err and 'pip install "minfer[ray]"' in err
     assert not (tmp_path / "o.jsonl").exists()
-    from minfer.errors import ResourceError
     from minfer.batch.ray import need_ray
+    from minfer.errors import ResourceError
 
     with pytest.raises(ResourceError, match="ray extra"):
         need_ray()
@@ -165,8 +165,8 @@ def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_pat
 def test_actor_error_is_its_own_line(ray_local, tiny, prompts, tmp_path, monkeypatch):
     """A MinferError raised in an actor (a NaN, a GPU fault) is not retried: one line, its code."""
     import minfer.batch.ray.job as job
-    from minfer.errors import NumericError
     from minfer.batch.ray.predictor import MinferPredictor
+    from minfer.errors import NumericError
 
     class Faulty(MinferPredictor):
         def __call__(self, batch):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
 from minfer.gguf.loader import load_model
 from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.reference.forward import ReferenceBackend
-from synth_data import tiny_model
 
 
 @pytest.fixture(scope="module")

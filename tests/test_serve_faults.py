@@ -94,8 +94,8 @@ def test_a_nan_in_one_sequence_fails_it_alone_in_the_scheduler(poisoned):
     """One packed forward holds four prompts, one holding the poisoned id: it gets the error,
     the others their answers equal to each prompt alone; the next forward on the freed slots
     carries nothing of it."""
-    from minfer.commands.serve import build_state
     from minfer.batch.scheduler import Job
+    from minfer.commands.serve import build_state
 
     st = build_state(str(poisoned), "cpu", "f64", progress=False)
     sched = st.sched

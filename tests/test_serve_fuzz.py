@@ -40,8 +40,9 @@ def test_schema_fuzzing_sample(tmp_path):
 
 
 def test_the_document_has_every_route_and_body(tmp_path):
-    from minfer.serve.schema import openapi
     from fastapi import FastAPI
+
+    from minfer.serve.schema import openapi
 
     app = FastAPI()
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):

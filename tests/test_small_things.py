@@ -9,7 +9,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from cli_inproc import error_lines, run_cli
 
 REPO = Path(__file__).resolve().parent.parent

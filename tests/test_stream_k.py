@@ -56,7 +56,7 @@ def test_sk_items_cover_every_stage_once(tiles, KT, sms):
             cover[t, k0:k1] += 1
             parts.setdefault(t, []).append((b, i, k0, k1))
     assert (cover == 1).all()
-    for t, ps in parts.items():
+    for ps in parts.values():
         assert len(ps) <= 2
         if len(ps) == 2:
             (bh, ih, h0, h1), (bt, it, t0, t1) = sorted(ps, key=lambda p: p[2])

@@ -10,10 +10,10 @@ import types
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.runtime.upload import rows_per_chunk, split_rows
-from synth_data import tiny_model
 
 
 # -- the splitter -------------------------------------------------------------------------------
@@ -198,9 +198,9 @@ def fake_arrays(monkeypatch):
 
 
 def _load(model, gemm: str, chunk: int):
+    from minfer.cuda.load.weights import load_weights
     from minfer.cuda.plan.fusion import plan_fusion, plan_glu
     from minfer.cuda.plan.routes import plan_routes
-    from minfer.cuda.load.weights import load_weights
     from minfer.cuda.plan.sizes import upload_slot
 
     rt = _Arr.rt = MemRT()

@@ -21,7 +21,6 @@ import sys
 
 from minfer.host.fileio import atomic_output, os_error, output_target
 
-
 # characters str.splitlines() (and some JSONL readers) break lines at, which JSON leaves raw in a
 # string: written as \u escapes, so a record is one line whichever way its reader splits
 _LINE_BREAKS = {c: f"\\u{c:04x}" for c in (0x85, 0x2028, 0x2029)}

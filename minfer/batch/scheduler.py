@@ -39,8 +39,8 @@ import numpy as np
 
 from minfer.batch.run import DECODE_BUCKETS
 from minfer.batch.schedule import ALIGN, MIN_SHARE, bucket
-from minfer.errors import MinferError
 from minfer.batch.slots import PrefixCache, Rows, SlotMap, blocks, common_prefix
+from minfer.errors import MinferError
 
 
 @dataclass(eq=False)

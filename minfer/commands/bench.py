@@ -10,9 +10,9 @@ import re
 
 import click
 
-from minfer.tools.bench_out import FORMATS
 from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
 from minfer.host.threads import threads_option
+from minfer.tools.bench_out import FORMATS
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
@@ -173,10 +173,10 @@ def bench(
 ) -> None:
     """Prefill tok/s per config and length (median, spread over repeats, noise band).
     --gemm applies to every config over the environment; an --ab config wins over both."""
-    from minfer.tools.bench import expand_configs, parse_tokens, run
-    from minfer.tools.bench_out import check_plot_path, plot
     from minfer.commands.prefill import check_backend, pick_backend_kind
     from minfer.errors import BadInput
+    from minfer.tools.bench import expand_configs, parse_tokens, run
+    from minfer.tools.bench_out import check_plot_path, plot
 
     # every check before the default model is fetched and before any benchmarking
     if more_ab and not ab:

@@ -112,7 +112,7 @@ def bench_serve(
 ) -> None:
     """Closed-loop load against a server: aggregate tok/s and latency percentiles."""
     try:
-        import httpx
+        import httpx  # noqa: F401  (the check only; the workers import it)
     except ImportError:
         raise ResourceError('bench-serve needs httpx: pip install -e ".[dev]"') from None
     for flag, v in (("--concurrency", concurrency), ("--prompt-tokens", prompt_tokens)):

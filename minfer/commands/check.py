@@ -81,8 +81,8 @@ def table_paths(gemm: str | None = None):
 def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
     """[(what, path, shape, rel_err, ok)] for each path (TABLE records; default all) on the
     model's weight shapes it takes, against its numpy twin."""
-    from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.paths import choose_path
+    from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(seed)
@@ -252,7 +252,8 @@ def batch_prompts(model, ub: int, seed: int = 0) -> list[np.ndarray]:
 
 def bucket_of(n: int) -> int:
     """The row count a batched decode step of n sequences runs at (minfer.batch.run)."""
-    from minfer.batch import run as runner, schedule
+    from minfer.batch import run as runner
+    from minfer.batch import schedule
 
     return schedule.bucket(n, runner.DECODE_BUCKETS)
 

@@ -51,9 +51,9 @@ def as_dict(m, all_metadata: bool) -> dict:
 )
 def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
     """Print a GGUF model's metadata and its tensors (name, type, shape, bytes)."""
+    from minfer.gguf.loader import load_model
     from minfer.host.fileio import escape_controls as esc
     from minfer.host.words import plural
-    from minfer.gguf.loader import load_model
 
     m = load_model(file, strict=False)
     if as_json:

@@ -165,13 +165,13 @@ def perplexity(
     divergence against a saved run's logits (as its --kl-divergence)."""
     import numpy as np
 
-    from minfer.tools import llamacpp_logits as LC
-    from minfer.tools import perplexity as P
     from minfer.commands.prefill import UBATCH, check_backend, pick_backend_kind
     from minfer.engine import make_backend
-    from minfer.host.fileio import check_output_path
     from minfer.gguf.loader import load_model
+    from minfer.host.fileio import check_output_path
     from minfer.text.tokenizer import Tokenizer
+    from minfer.tools import llamacpp_logits as LC
+    from minfer.tools import perplexity as P
 
     base_path, lc_save = llamacpp_names(lc_path, kl_divergence, base_path)
     if save_path is not None and lc_save is not None:

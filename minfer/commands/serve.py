@@ -284,10 +284,10 @@ def build_state(
     from pathlib import Path
 
     from minfer.batch.api import CPU_SLOTS, CUDA_SLOTS, Engine
+    from minfer.batch.scheduler import Scheduler
     from minfer.commands.gemm_flags import gemm_choice
     from minfer.serve.app import State
     from minfer.serve.metrics import Metrics
-    from minfer.batch.scheduler import Scheduler
 
     kind = backend_kind.lower() if backend_kind else None
     eng = Engine(

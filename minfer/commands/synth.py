@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from minfer.host.log import quiet_option
-
 from minfer.tools.synth import FTYPES, PRESETS
 
 

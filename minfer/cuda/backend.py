@@ -74,19 +74,18 @@ host's launch rate out of the events).
 from __future__ import annotations
 
 import contextlib
-
 import sys
 import time
 
 import numpy as np
 
 from minfer.cuda.forward import Forward
-from minfer.cuda.ops import attention as attn_mod
-from minfer.cuda.ops import layers as L
-from minfer.cuda.paths import TABLE
 from minfer.cuda.load import prepare
 from minfer.cuda.load.buffers import DeviceBuffers, alloc_buffers
 from minfer.cuda.load.weights import _dequant_f16, load_weights
+from minfer.cuda.ops import attention as attn_mod
+from minfer.cuda.ops import layers as L
+from minfer.cuda.paths import TABLE
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.plan.plan import make_plan
 from minfer.cuda.plan.routes import plan_routes, summarize_routes

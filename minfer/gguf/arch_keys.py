@@ -16,8 +16,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from minfer.errors import Unsupported
-from minfer.errors import show  # noqa: F401  (the loader's and the families' error lines)
+from minfer.errors import (
+    Unsupported,
+    show,  # noqa: F401  (the loader's and the families' error lines)
+)
 from minfer.families import FAMILIES as _FAMILIES
 
 # Keys the loader reads for every supported architecture (minfer.gguf.loader.GGUFModel._config).

@@ -230,7 +230,7 @@ def _write(w, meta, entries, total: int, label: str, progress: bool) -> None:
         bar = progress_bar(
             progress, total=total, unit="B", unit_scale=True, desc=f"writing {label}"
         )
-        for name, qtype, shape, data, nbytes in entries:
+        for name, qtype, _shape, data, nbytes in entries:
             arr = data() if callable(data) else data
             arr = _check_data(name, qtype, arr, nbytes)
             w.write_tensor_data(np.ascontiguousarray(arr))

@@ -123,8 +123,8 @@ def quantize_model(
 ) -> QuantizeStats:
     import gguf
 
-    from minfer.gguf.write import metadata_from_reader, write_gguf
     from minfer.gguf.loader import load_model
+    from minfer.gguf.write import metadata_from_reader, write_gguf
     from minfer.quants.mix import (
         FTYPES,
         GGML_QNT_VERSION,
@@ -185,9 +185,8 @@ def quantize_model(
     _worker_model = model  # inherited by forked workers (opening the model again takes seconds)
     # the pool is made before any progress-bar thread exists (fork copies no running thread)
     stop = ctx.Event()
-    from minfer.host.signals import deferred
-
     from minfer.host.pools import start_pool
+    from minfer.host.signals import deferred
 
     with deferred():  # a signal now would leave started workers behind: take it after
         pool = start_pool(

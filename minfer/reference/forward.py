@@ -65,13 +65,11 @@ first compares what it will allocate with the host's headroom (minfer.host.hostm
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from minfer.errors import BadInput, NumericError
 from minfer.reference import ops
 from minfer.reference.layout import check_hidden, check_top
-
 
 # dequantized experts kept up to this many bytes in all (else dequantized at each use)
 EXPERT_CACHE_BYTES = 1 << 30

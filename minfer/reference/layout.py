@@ -36,7 +36,7 @@ def check_packed(
     T = ids.shape[0] if ids.ndim == 1 else 0
     if T == 0 or (max_tokens is not None and T > max_tokens):
         raise BadInput(
-            f"packed: ids must be a non-empty 1-D array"
+            "packed: ids must be a non-empty 1-D array"
             + (f" of 1..{max_tokens} tokens" if max_tokens else "")
             + f", got shape {ids.shape}"
         )

@@ -22,10 +22,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from minfer.batch.scheduler import Job
 from minfer.errors import BadInput, MinferError
 from minfer.serve import protocol as P
-from minfer.serve.protocol import ApiError, Answer
-from minfer.batch.scheduler import Job
+from minfer.serve.protocol import Answer, ApiError
 
 log = logging.getLogger("minfer.serve")
 OPEN_PATHS = ("/health",)  # answered without the API key

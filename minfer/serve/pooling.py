@@ -10,10 +10,10 @@ import numpy as np
 from fastapi import Request
 
 from minfer.batch import pooling as PL
+from minfer.batch.scheduler import Job
 from minfer.errors import BadInput
 from minfer.serve import protocol as P
 from minfer.serve.protocol import Answer, ApiError
-from minfer.batch.scheduler import Job
 
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
 MAX_ITEMS = 4096  # documents / items in one request

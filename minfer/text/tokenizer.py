@@ -280,7 +280,8 @@ class Tokenizer:
 
     # -- building the HF model ------------------------------------------------------------
     def _build_bpe(self, meta: Mapping[str, Any]):
-        from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
+        from tokenizers import Regex, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
 
         merges_raw = _meta_list(meta, "tokenizer.ggml.merges")
         vocab = self.token_to_id
@@ -314,7 +315,8 @@ class Tokenizer:
         return tok
 
     def _build_spm(self, meta: Mapping[str, Any]):
-        from tokenizers import Tokenizer as HFTokenizer, models
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import models
 
         scores = _meta_list(meta, "tokenizer.ggml.scores", required=False)
         n = self.n_vocab

@@ -298,8 +298,8 @@ def run(
     else to echo; with `collect` (several models in one output) json/csv/jsonl records are
     appended there instead of printed."""
     from minfer.engine import make_backend
-    from minfer.tools.bench_out import format_rows, model_info, records
     from minfer.gguf.loader import load_model
+    from minfer.tools.bench_out import format_rows, model_info, records
 
     model = load_model(model_path)
     configs = expand_configs(configs or [""])

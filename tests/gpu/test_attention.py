@@ -34,8 +34,8 @@ def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
     """attention.cu's default geometry (8 warps x 128 keys) and the earlier 4 x 64, the wgmma
     kernel (attention_sm90a.cu, Hopper) and the one-token-per-block kernel (attention_tok.cu):
     ragged T, decode, positions past 0, GQA groups of 1-4, rows of a block past T * G."""
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.attention import DEFAULT, WG_HEAD_DIMS, AttnGeometry, attention
+    from minfer.cuda.runtime import devarray as da
 
     if geom == "wg" and (rt.arch != "sm_90" or D not in WG_HEAD_DIMS):
         pytest.skip("the wgmma attention kernel is sm_90 only, at head_dim 64 / 128")
@@ -137,8 +137,8 @@ def test_window_softcap_scale(rt, impl, D, Hq, Hkv, window, softcap, scale):
 
 
 def test_attention_rejects(rt):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.attention import attention
+    from minfer.cuda.runtime import devarray as da
     from minfer.errors import GPUError
 
     q = da.empty(rt, (4, 4, 80), np.float16)

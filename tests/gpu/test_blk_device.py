@@ -27,7 +27,8 @@ def _x(rng, M, K):
 def test_blk_operands_bitwise(hopper, same_bytes, M, K, per_token):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_operand as op_ref, quantize_blk
+    from minfer.quants.blk_ref import blk_operand as op_ref
+    from minfer.quants.blk_ref import quantize_blk
 
     rt = hopper
     rng = np.random.default_rng(M + K)
@@ -48,7 +49,8 @@ def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K, per_token):
     from minfer.cuda.ops.layers import rmsnorm
     from minfer.cuda.ops.mmq_blk import BlkTokens, blk_operand, blk_operand_rmsnorm
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_operand as op_ref, quantize_blk
+    from minfer.quants.blk_ref import blk_operand as op_ref
+    from minfer.quants.blk_ref import quantize_blk
     from minfer.reference import ops
 
     rt = hopper
@@ -121,11 +123,11 @@ def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
 def test_blk_swiglu(hopper, M, F, K, sms, per_token, act):
     """The glu epilogue (gate|up rows interleaved per 16) against the plain product's swiglu /
     geglu (gemma's GELU: the formula in double, f16 rounding inside the kernel's)."""
-    from minfer.reference.ops import gelu
     from minfer.cuda.ops.mmq_blk import blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da
     from minfer.quants.blk_ref import blk_gemm, quantize_blk
     from minfer.quants.glu import glu_rows
+    from minfer.reference.ops import gelu
 
     rt = hopper
     rng = np.random.default_rng(F + K)

@@ -25,10 +25,10 @@ def test_f16_geglu_logits_bitwise(tmp_path, preset):
 
 
 def _glu_on_off_bitwise(model):
+    from gpu_helpers import prefill_and_step
+
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-
-    from gpu_helpers import prefill_and_step
 
     runs = {}
     for glu in (True, False):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_helpers import prefill_and_step
+from gpu_helpers import rel_err as _rel
 
-from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.gemm import (
     TILES,
     TMA,
@@ -19,9 +20,8 @@ from minfer.cuda.ops.gemm import (
     gemm_f16_nt_ref,
     rope_epilogue_pays,
 )
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import BadInput, GPUError
-
-from gpu_helpers import prefill_and_step, rel_err as _rel
 
 pytestmark = pytest.mark.gpu
 BASE = 10000.0

@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-
 from families_data import FAMILIES, GOLDEN, synth_family
 
 pytestmark = pytest.mark.gpu
@@ -23,8 +22,8 @@ def test_f16_path_matches_llamacpp(tmp_path, preset, report):
     from minfer import engine
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.tools.gates import compare_greedy, tau_from
     from minfer.gguf.loader import load_model
+    from minfer.tools.gates import compare_greedy, tau_from
 
     g = json.loads((GOLDEN / f"{preset}.json").read_text())
     want = np.load(GOLDEN / f"{preset}.npy")

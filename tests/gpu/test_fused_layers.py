@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_helpers import rel_err as _rel
 
 from minfer.reference import ops
-
-from gpu_helpers import rel_err as _rel
 
 pytestmark = pytest.mark.gpu
 
@@ -28,8 +27,8 @@ pytestmark = pytest.mark.gpu
     ],
 )
 def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import RopeTable, rope_qkv
+    from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(T * 3 + Hq + int(fused))
     qd, kd = Hq * D, Hkv * D
@@ -91,8 +90,8 @@ def test_rope_qkv(rt, fused, T, Hq, Hkv, D, rope_dim, neox, pos0):
 
 
 def test_rope_qkv_rejects(rt):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import RopeTable, rope_qkv
+    from minfer.cuda.runtime import devarray as da
     from minfer.errors import GPUError
 
     table = RopeTable.build(rt, 8, 10000.0, 64)
@@ -111,8 +110,8 @@ def test_rope_qkv_rejects(rt):
 @pytest.mark.parametrize("T,F", [(1, 256), (13, 1000), (64, 14336), (5, 1001), (3, 6)])
 def test_swiglu_fused(rt, T, F):
     """F % 4 == 0 takes the 4-wide kernel, the others the scalar one."""
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import swiglu_fused
+    from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(T + F)
     gu = (rng.standard_normal((T, 2 * F)) * 3).astype(np.float32)
@@ -133,8 +132,8 @@ def test_swiglu_fused(rt, T, F):
 def test_attention_device_pos(rt, T, pos0, off, Hq, Hkv, D):
     """attention(tok = the layout of positions pos0.., placed at slot offset `off` with lo =
     off, the cache shifted by off) == attention at host pos0 == numpy twin."""
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.attention import attention
+    from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(T + pos0 + off)
     S = pos0 + T + 5

@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_helpers import rel_err as _rel
 
-from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.gemm import (
     GEMVS,
     TILES,
-    WGMMA,
     TMA,
+    WGMMA,
     gemm_f16_nt,
     gemm_f16_nt_ref,
     pick_variant,
 )
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import BadInput, GPUError
-
-from gpu_helpers import rel_err as _rel
 
 pytestmark = pytest.mark.gpu
 GUARD = 64  # elements past C that must stay untouched
@@ -158,8 +157,8 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, act, same_byt
     # default pick
     from minfer.cuda.ops.gemm import GLU_TILE
     from minfer.cuda.ops.gemma_layers import geglu_interleaved
-    from minfer.quants.glu import glu_rows
     from minfer.cuda.ops.layers import swiglu_interleaved
+    from minfer.quants.glu import glu_rows
 
     if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":
         pytest.skip("wgmma kernels need sm_90")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gpu_helpers import rel_err
 
 from minfer.reference import ops

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_helpers import rel_err as _rel
 
 from minfer.reference import ops
-
-from gpu_helpers import rel_err as _rel
 
 pytestmark = pytest.mark.gpu
 
@@ -17,8 +16,8 @@ pytestmark = pytest.mark.gpu
 def test_rmsnorm(rt, T, D, out):
     """16-byte pieces where D % 4 == 0 (and the rows are aligned), single values otherwise
     (D = 1002)."""
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import rmsnorm
+    from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(T * D)
     x = (rng.standard_normal((T, D)) * 3).astype(np.float32)
@@ -40,8 +39,8 @@ def test_rmsnorm(rt, T, D, out):
 def test_head_rmsnorm(rt, T, H, D, col, ld):
     """qwen3's q/k norms in place on H heads of D at column col of [T, ld] rows (a part of the
     fused q|k|v output, ragged strides too); the other columns untouched."""
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import head_rmsnorm
+    from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(T * H + D)
     x = (rng.standard_normal((T, ld)) * 3).astype(np.float32)
@@ -69,8 +68,8 @@ def test_head_rmsnorm(rt, T, H, D, col, ld):
     ],
 )
 def test_rope(rt, T, H, D, rope_dim, neox, pos0):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import RopeTable, rope, rope_to_f16
+    from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(T + H + D)
     x = rng.standard_normal((T, H, D)).astype(np.float32)
@@ -97,8 +96,8 @@ def test_rope(rt, T, H, D, rope_dim, neox, pos0):
 
 @pytest.mark.parametrize("T,F", [(1, 256), (13, 1536), (64, 14336)])
 def test_swiglu_add_cvt(rt, T, F):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import add, swiglu, to_f16
+    from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(F)
     g = (rng.standard_normal((T, F)) * 4).astype(np.float32)
@@ -116,8 +115,8 @@ def test_swiglu_add_cvt(rt, T, F):
 
 @pytest.mark.parametrize("n", [1, 100, 49152, 128256])
 def test_argmax_first_on_ties(rt, n):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import argmax
+    from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(n)
     x = rng.standard_normal(n).astype(np.float32)
@@ -129,8 +128,8 @@ def test_argmax_first_on_ties(rt, n):
 
 
 def test_launcher_rejects_bad_shapes(rt):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.layers import rmsnorm
+    from minfer.cuda.runtime import devarray as da
     from minfer.errors import GPUError
 
     x = da.to_device(rt, np.ones((4, 8), np.float32))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gpu_helpers import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -169,10 +168,11 @@ def test_row_topk_bitwise(rt, m, V):
     on the device: planted ties (at the maximum, inside the top 25, across the k-th place),
     -inf entries, an all-equal row, an ascending row, a row of 3 finite logits; both load paths
     (16-byte rows and a 4-byte offset) give the same."""
+    from topk_data import planted, same_bits
+
     from minfer.cuda.ops import layers as L
     from minfer.cuda.runtime import devarray as da
     from minfer.reference import ops
-    from topk_data import planted, same_bits
 
     x = planted(m, V, seed=m * 7 + V)
     stats = da.to_device(rt, np.full((m, 4), np.nan, np.float32))
@@ -196,9 +196,10 @@ def test_row_topk_bitwise(rt, m, V):
 def test_row_topk_ragged(rt, V):
     """V below k's 20, not a multiple of 4 (the scalar path) or of the block; the lse as f32 [m];
     a row of NaNs among -inf: the kernel never picks a NaN (id -1, NaN past the real entries)."""
+    from topk_data import lse_of, planted, same_bits
+
     from minfer.cuda.runtime import devarray as da
     from minfer.reference import ops
-    from topk_data import lse_of, planted, same_bits
 
     m = 6
     x = planted(m, V, seed=V)
@@ -256,8 +257,8 @@ def test_backend_packed_matches_lone_runs_and_the_reference(model):
     last row's greedy id: against each prompt alone on the GPU (window_logits) and the CPU
     reference's packed forward; then a shared prefix through copy_kv."""
     from minfer.cuda.backend import CudaBackend
-    from minfer.reference.forward import ReferenceBackend
     from minfer.reference import ops
+    from minfer.reference.forward import ReferenceBackend
 
     lengths = [1, 9, 30, 2, 17]
     prompts = _prompts(model, lengths)
@@ -318,10 +319,11 @@ def test_backend_packed_top_matches_the_reference(model):
     where the reference's logits around the place are further apart than tau (twice the
     largest logit difference measured between the engines on the ids both chose), log-probs
     within test_backend_packed_matches_lone_runs_and_the_reference's tolerance."""
-    from minfer.cuda.backend import CudaBackend
-    from minfer.reference.forward import ReferenceBackend
-    from minfer.reference import ops
     from topk_data import same_bits
+
+    from minfer.cuda.backend import CudaBackend
+    from minfer.reference import ops
+    from minfer.reference.forward import ReferenceBackend
 
     lengths = [1, 9, 30, 2, 17]
     prompts = _prompts(model, lengths, seed=2)

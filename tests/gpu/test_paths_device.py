@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from quant_data import rand_weights
 
 from minfer.cuda.paths import TABLE
-from quant_data import rand_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -19,8 +19,8 @@ Q4_K, Q6_K, Q8_0 = 12, 14, 8
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_quantize_q8_1_bit_identical(rt, dtype):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.mmq import quantize_q8_1
+    from minfer.cuda.runtime import devarray as da
     from minfer.quants.q8_1 import quantize_q8_1_raw
 
     rng = np.random.default_rng(11)
@@ -88,8 +88,8 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
 
 
 def test_mmq_rejects_bad_shapes(rt):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.mmq import mmq_linear
+    from minfer.cuda.runtime import devarray as da
     from minfer.errors import GPUError, Unsupported
 
     x = da.to_device(rt, np.zeros((4, 384), np.float32))

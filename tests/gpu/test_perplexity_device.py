@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-
 from cli_inproc import run_cli
 
 pytestmark = pytest.mark.gpu
@@ -23,7 +22,6 @@ def test_window_logits_match_reference(model, ubatch):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
-
     from minfer.tools.perplexity import compare_rows
 
     ids = (np.random.default_rng(1).integers(0, model.config.vocab_size, 64)).astype(np.int32)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gpu_helpers import rel_err
 
 pytestmark = pytest.mark.gpu

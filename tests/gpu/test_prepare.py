@@ -16,8 +16,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from minfer.gguf.loader import load_model
     from synth_data import tiny_model
+
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("synth"), seed=5, workers=None))
 
@@ -30,9 +31,9 @@ def cold_cache(tmp_path_factory):
 @pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "blk"])
 def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monkeypatch, spec):
     from minfer import engine
+    from minfer.cuda.backend import CudaBackend
     from minfer.cuda.load import prepare
     from minfer.cuda.runtime import build
-    from minfer.cuda.backend import CudaBackend
 
     monkeypatch.setenv("MINFER_CACHE", str(cold_cache))
     monkeypatch.setattr(rt, "_modules", {})  # this test sees every module load

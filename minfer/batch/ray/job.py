@@ -17,8 +17,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from minfer.errors import GPUError, MinferError
 from minfer.batch.ray.predictor import MinferPredictor, need_ray
+from minfer.errors import GPUError, MinferError
 
 
 class RayJobError(MinferError):

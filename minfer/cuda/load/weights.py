@@ -106,7 +106,7 @@ def load_weights(
     stream, rt.stream = rt.stream, up.stream  # dequant kernels queue behind their copies
     scratch: dict[int, object] = {}  # K -> f16 [1024, K] (interleaved dequant)
     left: dict[str, int] = {}  # fused group -> members not yet up (blk: requantized when whole)
-    for n, (g, _, _) in fused.items():
+    for g, _, _ in fused.values():
         left[g] = left.get(g, 0) + 1
     try:
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.stream_k import build_define, launch_persistent
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
 from minfer.quants.blk_ref import WPAIR, blk_bytes, blk_shape, kblocks, pad128
 from minfer.quants.glu import glu_act

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minfer.cuda.plan.config import GemmChoice  # noqa: F401  (annotations)
 from minfer.cuda.paths import TABLE
+from minfer.cuda.plan.config import GemmChoice  # noqa: F401  (annotations)
 
 
 def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[str, int, int]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType as frozen
 from typing import Mapping
 
+from minfer.cuda.paths import auto_tiers
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.plan.fusion import (
     GemmGroup,
@@ -25,7 +26,6 @@ from minfer.cuda.plan.fusion import (
     plan_rope,
 )
 from minfer.cuda.plan.memory import MemoryPlan, choose_tier
-from minfer.cuda.paths import auto_tiers
 
 
 @dataclass(frozen=True)

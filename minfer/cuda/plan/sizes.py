@@ -34,7 +34,6 @@ def plan_memory(
     m = model
     from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
     from minfer.cuda.plan.fusion import plan_fusion
-
     from minfer.cuda.runtime.upload import DEFAULT_CHUNK
     from minfer.quants.blk_ref import blk_bytes
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from minfer.errors import GPUError
 
 
-def find_kernel_dir(pkg: Path = Path(__file__).resolve().parents[1]) -> Path:
+def find_kernel_dir(pkg: Path = Path(__file__).resolve().parents[1]) -> Path:  # noqa: B008
     """The CUDA sources for the minfer/cuda package `pkg`: a source checkout's (or editable
     install's) top-level kernels/, else the copy a wheel ships as package data
     (minfer/cuda/kernels, setup.py's build_py). The checkout needs its pyproject.toml too, so a
