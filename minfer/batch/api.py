@@ -131,7 +131,7 @@ def _prompt_list(prompts) -> list:
 class Engine:
     """A loaded model and its backend, for many prompts. model: a GGUF path (None: the default
     model, fetched once); backend: "cuda", "cpu" or None (cuda when a GPU is usable); gemm:
-    the GEMM path ("auto", "f16", "blk", ...: `minfer paths`); ubatch: packed tokens per
+    the GEMM path ("auto", "f16", "blk", ...: `--gemm`'s names, docs/paths.md); ubatch: packed tokens per
     forward (None: 2048 on cuda, 256 on cpu); progress: bars on stderr (a terminal only);
     dtype: the CPU reference's precision ("f32" default, "f64": the float64 oracle); threads:
     BLAS threads for the process (None: the limit already set, as the CLI's -t sets it, else

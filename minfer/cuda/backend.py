@@ -2,7 +2,7 @@
 
 Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
 minfer.cuda.paths.choose_path: f16, blk or a raw int8 path; the path object's route runs it),
-q/k/v and gate/up on one path are fused (routes.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
+q/k/v and gate/up on one path are fused (fusion.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.load.
 Kernels are compiled before anything is timed (minfer.cuda.load.prepare): the weight upload's
@@ -24,7 +24,7 @@ Fusion: when q, k, v (resp. gate, up) all run on f16, they are dequantized into 
 one [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) f16 buffer (self.w keeps per-weight row views) and run
 as one GEMM: fewer launches and a wide N for the small k/v products. Otherwise (MMQ routes)
 they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads them.
-Buffers are declared in weights.DeviceBuffers (self.buf). The token layout lives on the
+Buffers are declared in minfer.cuda.load.buffers.DeviceBuffers (self.buf). The token layout lives on the
 device (buf.tok: (KV slot, first slot of its sequence) per token; rope_qkv, the rope epilogue
 and attention read it), so every launch of a chunk depends only on (T, last, per_token: a
 decode step's layout runs the one-token-per-block attention): with `graphs` on (default;

@@ -62,7 +62,7 @@ def load_weights(
     of minfer.cuda.runtime.upload: a tensor is split by whole rows (split_rows, runs of 8 rows)
     and each chunk copied to its rows of the weight (raw routes) or dequantized into its rows
     of the f16 weight, on the upload stream, while the host reads the next chunk.
-    glu: fused gate|up groups (routes.plan_glu) whose rows go up interleaved per 16 (8 gate
+    glu: fused gate|up groups (fusion.plan_glu) whose rows go up interleaved per 16 (8 gate
     rows, their 8 up rows: quants.glu.glu_rows) for the swiglu epilogue of the f16 GEMM or the
     blk kernel (dequantized rows); their members get no row views."""
     import time

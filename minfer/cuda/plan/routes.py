@@ -9,7 +9,7 @@ weights of a layer are fused into one GEMM.
 - `weight_class`: attn, ffn or head, what a mixed tier (paths.TIERS) splits by.
 - `summarize_routes`: the one-line "MMQ (...): n GEMMs (q4_K a, q6_K b), f16: m GEMMs (...)"
   that bench, check and prefill print.
-- `plan_fusion`, `plan_glu`, `plan_rope`: re-exported from minfer.cuda.plan.fusion.
+Fusion (`plan_fusion`, `plan_glu`, `plan_rope`) is minfer.cuda.plan.fusion's.
 """
 
 from __future__ import annotations
