@@ -1,7 +1,7 @@
-"""scripts/blk_wgrid.py: the weight-grid variants of the blk emulation experiment ('row' is the
+"""lab/blk_wgrid.py: the weight-grid variants of the blk emulation experiment ('row' is the
 kernel's grid bit for bit; the finer grids err less; every q stays in int8's symmetric range);
-scripts/blk_signs.py: the sign-diagonal variant stays exact (its grids' product is its GEMM);
-scripts/blk_agrid.py: its per-token and wider-rotation grids, and the reference it patches."""
+lab/blk_signs.py: the sign-diagonal variant stays exact (its grids' product is its GEMM);
+lab/blk_agrid.py: its per-token and wider-rotation grids, and the reference it patches."""
 
 import importlib.util
 from pathlib import Path
@@ -20,7 +20,7 @@ def wg():
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "lab" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -80,7 +80,7 @@ def test_variants_err_less_and_stay_int8(wg, v):
 
 
 def test_agrid_grids(monkeypatch):
-    """scripts/blk_agrid.py: at rot 128 its weight grid is blk_ref's per (row, 128) (pair=1)
+    """lab/blk_agrid.py: at rot 128 its weight grid is blk_ref's per (row, 128) (pair=1)
     bit for bit; its token
     grid takes one scale per row (a quiet block of a loud row loses, a one-block row does not),
     and the rot256 grids of x and W still multiply to about x W^T."""

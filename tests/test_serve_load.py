@@ -1,7 +1,7 @@
 """`minfer serve` under load on loopback (docs/serve.md, Reliability): 2,000 concurrent
 connections with a small queue (each answered whole: 200 or a clean 429), a slow reader (it
 holds no engine work), clients that vanish mid-request (their work is cancelled), and a
-bounded sample of the soak (scripts/serve_soak.py)."""
+bounded sample of the soak (lab/serve_soak.py)."""
 
 from __future__ import annotations
 
@@ -157,9 +157,9 @@ def test_a_client_that_vanishes_mid_request_is_cancelled(model, stream):
 
 
 def test_soak_sample(tmp_path):
-    """20 s of scripts/serve_soak.py: steady load, RSS and p99 per interval, the prefix cache
+    """20 s of lab/serve_soak.py: steady load, RSS and p99 per interval, the prefix cache
     bounded by the KV slots."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
     import serve_soak
 
     rows, verdict = serve_soak.soak(seconds=20, interval=5, clients=4, log=lambda *a: None)

@@ -11,7 +11,7 @@ config. On the H200 that state is the power cap: sustained prefill draws ~690-70
 clocks settle near 1.5 GHz, where a single prefill after an idle gap starts at 1.98 GHz
 (docs/perf.md). min_ms = 0: one prefill per sample after `idle_s` of an idle GPU, the burst
 `minfer prefill` times (right after another config's prefill the board is still at its power
-cap: 13 % slower at pp2048 on an H100, scripts/regimes.py).
+cap: 13 % slower at pp2048 on an H100, lab/regimes.py).
 tok/s is the median over repeats, the spread (max - min) over the same config's repeats is its
 noise band, and an A/B difference smaller than the largest band is reported as noise.
 `breakdown(backend, n)`: one prefill with CUDA events around every op: per GEMM µs, TFLOP/s and

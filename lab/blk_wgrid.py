@@ -4,7 +4,7 @@ weight requantized on a variant grid, to find which weight scale layout passes g
 had one scale per row before. An experiment: this patches minfer.quants.blk_ref.blk_grid
 (weight=True) for the one process.
 
-    python3 scripts/blk_wgrid.py VARIANT -m M --emulate blk -t 1 --kld-base BASE.logits
+    python3 lab/blk_wgrid.py VARIANT -m M --emulate blk -t 1 --kld-base BASE.logits
 
 Every variant works on the rotated blocks y [R, KB, 128] of the weight [R, K] (blk_ref._rotated)
 and keeps the activations as the kernel has them (rotated int8 per (token, 128)):

@@ -2,8 +2,8 @@
 p99, the server's RSS (/proc/PID/status VmRSS) and the prefix cache's entries and slots
 (/metrics); at the end whether RSS stayed within 5 % and p99 flat after the first interval.
 
-    python3 scripts/serve_soak.py --minutes 20            # the test llama on the CPU reference
-    python3 scripts/serve_soak.py --url http://127.0.0.1:8080 --pid 1234 --minutes 20
+    python3 lab/serve_soak.py --minutes 20            # the test llama on the CPU reference
+    python3 lab/serve_soak.py --url http://127.0.0.1:8080 --pid 1234 --minutes 20
 
 Load: `--clients` closed-loop clients, each request a random prompt of 8-64 token ids with one
 of 32 shared heads (the prefix cache fills, evicts and hits) and 1-16 generated tokens, a

@@ -1,7 +1,7 @@
 """Comparison only (device machine; torch is never a minfer dependency): a plain torch f16
 llama forward (cuBLAS GEMMs + scaled_dot_product_attention, eager) at a given shape, pp tok/s.
 
-python3 scripts/torch_f16_prefill.py --tokens 512,2048 [--layers 32 --d 4096 --ff 14336
+python3 lab/torch_f16_prefill.py --tokens 512,2048 [--layers 32 --d 4096 --ff 14336
     --heads 32 --kv 8 --vocab 49152]
 """
 

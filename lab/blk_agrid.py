@@ -3,7 +3,7 @@ instead of one per (token, 128): the kernel's fold would lose its FMUL (z = fma(
 the token's scale applied once before the epilogue). An experiment: `minfer perplexity --emulate
 blk` with the CPU reference's blk GEMMs of some weight kinds patched for the one process.
 
-    python3 scripts/blk_agrid.py GROUP[:rotR|:gain] -m M --emulate blk -t 1 --kld-base BASE
+    python3 lab/blk_agrid.py GROUP[:rotR|:gain] -m M --emulate blk -t 1 --kld-base BASE
 
 GROUP: which GEMM inputs take per-token scales (the others keep the kernel's grid):
 

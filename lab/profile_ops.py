@@ -1,6 +1,6 @@
 """Per-op CUDA-event profile of one CudaBackend prefill, every label (device machine).
 
-python3 scripts/profile_ops.py MODEL.gguf [--tokens 512,2048]
+python3 lab/profile_ops.py MODEL.gguf [--tokens 512,2048]
 Prints per label: calls, total µs, µs per call, and for GEMMs TFLOP/s. Runs eagerly (events
 need the launches one by one), after one unprofiled warm-up prefill of the same length.
 --spin-ms N queues the profiled forward behind an N ms spin kernel (smoke.cu spin_cycles), so

@@ -4,7 +4,7 @@ regime the wall tok/s (as bench and prefill time it), the GPU's own time of the 
 (CUDA events around it: the host's share is the difference) and the SM clock at its start and
 end (NVML).
 
-python3 scripts/regimes.py MODEL.gguf [--tokens 2048] [--ab f16,blk] [--repeats 5] [--idle-s 2]
+python3 lab/regimes.py MODEL.gguf [--tokens 2048] [--ab f16,blk] [--repeats 5] [--idle-s 2]
 
 Regimes, each sample of each config in turn (the configs interleaved as bench does):
   after-other   one prefill right after the other config's (bench's --min-ms 0 today)
