@@ -362,7 +362,7 @@ step bench_single 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --r
   --no-breakdown --ab "${AB[@]}"
 if [ -d .old/minfer ]; then
   (cd .old && step bench_old 100 python3 -m minfer bench -m /tmp/s8b.gguf --tokens 512,2048 \
-    --min-ms 0 --repeats 4 --no-breakdown --ab "MINFER_MMQ=0" "MINFER_MMQ=1")
+    --min-ms 0 --repeats 4 --no-breakdown --ab f16 mmq)
 fi
 step bench_sustained 100 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 3 --no-breakdown \
   --ab f16 blk

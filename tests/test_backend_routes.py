@@ -169,14 +169,14 @@ def test_routes_smem_guard_reaches_backend(tiny, capsys):
 def test_gemm_flag_wins_over_env():
     from minfer.commands.gemm_flags import gemm_choice
 
-    env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
+    env = {"MINFER_GEMM": "wide-kd8"}
     assert gemm_choice(env=env) == GemmChoice("wide-kd8")
     assert gemm_choice("f16", env=env) == GemmChoice("f16")
     assert gemm_choice("mmq", env={}) == GemmChoice("wide-kd4")
     # bench: --gemm over the environment, an --ab config over both
     assert gemm_choice("blk", "", env=env) == GemmChoice("blk")
     assert gemm_choice("blk", "f16:no-rope", env=env) == GemmChoice("f16", frozenset({"rope"}))
-    assert gemm_choice("blk", "MINFER_MMQ=1", env={}) == GemmChoice("wide-kd4")
+    assert gemm_choice("blk", "MINFER_GEMM=mmq", env={}) == GemmChoice("wide-kd4")
 
 
 @pytest.mark.parametrize("cmd", ["bench", "prefill", "check"])

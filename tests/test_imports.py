@@ -173,14 +173,14 @@ def test_path_name_comparison_finder_finds_them():
 
 
 def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
-    """One function (commands/gemm_flags.gemm_choice) turns --gemm and MINFER_GEMM / the seeds'
-    MINFER_MMQ_* into a GemmChoice; no module below the CLI reads them, and CUDA backends are
+    """One function (commands/gemm_flags.gemm_choice) turns --gemm and MINFER_GEMM into a
+    GemmChoice; no module below the CLI reads them, and CUDA backends are
     built in one place (engine.make_backend)."""
     readers, builders = [], []
     for p in (ROOT / "minfer").rglob("*.py"):
         src = p.read_text()
         rel = str(p.relative_to(ROOT))
-        if ("MINFER_GEMM" in src or "MINFER_MMQ" in src) and "os.environ" in src:
+        if "MINFER_GEMM" in src and "os.environ" in src:
             readers.append(rel)
         if "CudaBackend(" in src and "class CudaBackend" not in src:
             builders.append(rel)

@@ -1,5 +1,5 @@
 """CPU: the GEMM path table, its chooser (choose_path, the memory tiers, the smem guard) and the user
-choice (--gemm, MINFER_GEMM, the seeds' MINFER_MMQ_* variables, bench's tuning variants)."""
+choice (--gemm, MINFER_GEMM, bench's tuning variants)."""
 
 import pytest
 
@@ -140,22 +140,13 @@ def test_wide_smem_matches_kernel():
     "env,path",
     [
         ({}, "auto"),
-        ({"MINFER_MMQ": "0"}, "f16"),
-        ({"MINFER_MMQ": "1"}, "wide-kd4"),  # the seeds' default
-        ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}, "wide-kd8"),
-        ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW_WIDE": "0"}, "narrow"),
-        ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW": "0"}, "r1"),
-        (
-            {
-                "MINFER_MMQ": "1",
-                "MINFER_MMQ_RAW": "1",
-                "MINFER_MMQ_RAW_WIDE": "1",
-                "MINFER_MMQ_RAW_KD": "4",
-            },
-            "wide-kd4",
-        ),  # seeds r12's config
-        ({"MINFER_GEMM": "blk", "MINFER_MMQ": "1"}, "blk"),  # MINFER_GEMM wins
-        ({"MINFER_GEMM": "mmq", "MINFER_MMQ_RAW_KD": "8"}, "wide-kd8"),
+        ({"MINFER_GEMM": "f16"}, "f16"),
+        ({"MINFER_GEMM": "mmq"}, "wide-kd4"),  # the seeds' config
+        ({"MINFER_GEMM": "wide-kd8"}, "wide-kd8"),
+        ({"MINFER_GEMM": "narrow"}, "narrow"),
+        ({"MINFER_GEMM": "r1"}, "r1"),
+        ({"MINFER_GEMM": "blk", "MINFER_MMQ": "1"}, "blk"),  # the seeds' variables are not read
+        ({"MINFER_MMQ": "0"}, "auto"),
     ],
 )
 def test_choice_from_env(env, path):
@@ -163,12 +154,10 @@ def test_choice_from_env(env, path):
 
 
 def test_choice_flag_wins_and_errors():
-    env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
+    env = {"MINFER_GEMM": "wide-kd8"}
     assert GemmChoice.resolve(env, "f16").path == "f16"
-    assert GemmChoice.resolve(env, "mmq").path == "wide-kd8"
+    assert GemmChoice.resolve(env, "mmq").path == "wide-kd4"
     for bad in (
-        {"MINFER_MMQ_RAW_KD": "5"},
-        {"MINFER_MMQ": "maybe"},
         {"MINFER_GEMM": "wgmma"},
         {"MINFER_GEMM": "sb"},
     ):
@@ -186,8 +175,8 @@ def test_tuning_variants():
     assert c.off == {"glu", "stream-k"} and c.label() == "blk:no-glu:no-stream-k"
     assert GemmChoice.parse_ab("auto:no-stream-k", env={}).off == {"stream-k"}
     assert GemmChoice.parse_ab("blk:no-fused-prepass", env={}).off == {"fused-prepass"}
-    assert GemmChoice.parse_ab("MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8", env={}).path == "wide-kd8"
-    assert GemmChoice.parse_ab("MINFER_MMQ=1", env={"MINFER_GEMM": "f16"}).path == "wide-kd4"
+    assert GemmChoice.parse_ab("MINFER_GEMM=wide-kd8", env={}).path == "wide-kd8"
+    assert GemmChoice.parse_ab("MINFER_GEMM=mmq", env={"MINFER_GEMM": "f16"}).path == "wide-kd4"
     assert GemmChoice.parse_ab("", env={"MINFER_GEMM": "narrow"}).path == "narrow"
     for bad in (
         "f16:no-stream-k",
@@ -196,6 +185,7 @@ def test_tuning_variants():
         "f16 blk",
         "MINFER_FOO=1",
         "MINFER_MMQ_SB=1",
+        "MINFER_MMQ=1",
         "sb",
         "f16:no-fused-prepass",
     ):

@@ -126,18 +126,18 @@ def fakes(monkeypatch):
     return built
 
 
-# every path of the table, the tuning variants, and the seeds' variables
+# every path of the table, the tuning variants, and the seeds' config
 CONFIGS = [
     "",
     "f16:no-glu:no-rope",
-    "MINFER_MMQ=1",
+    "mmq",
     "wide-kd8",
     "blk",
     "blk:no-glu",
     "narrow",
     "r1",
     "blk:no-stream-k",
-    "MINFER_MMQ=1 MINFER_MMQ_RAW=0",
+    "MINFER_GEMM=r1",
 ]
 
 

@@ -1,4 +1,4 @@
-"""`minfer bench [-m FILE ...] --tokens 512,2048 [--ab f16 f16:no-rope all "MINFER_MMQ=1" ...] [-o md|json|csv|jsonl] [--plot F]`
+"""`minfer bench [-m FILE ...] --tokens 512,2048 [--ab f16 f16:no-rope all wide-kd8 ...] [-o md|json|csv|jsonl] [--plot F]`
 
 As llama-bench: -m may repeat (each model is run, its rows in one output), the backend is cuda
 when a GPU is usable else cpu (as prefill picks it), -o json|csv|jsonl rows carry llama-bench's
@@ -40,7 +40,7 @@ from minfer.tools.bench_out import FORMATS
     multiple=True,
     help="A/B config: a GEMM path with tuning variants (f16, f16:no-rope, blk, "
     'blk:no-glu, wide-kd8; docs/paths.md), "all" (every path of the table) or '
-    '"MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8"; more configs may follow as extra '
+    '"MINFER_GEMM=NAME"; more configs may follow as extra '
     "arguments. Configs run interleaved in one process, their order rotated each "
     "repeat (use --repeats as a multiple of the config count).",
 )

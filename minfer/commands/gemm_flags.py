@@ -2,7 +2,7 @@
 
     @gemm_options               # adds --gemm auto|f16|mmq|<a path of minfer.cuda.paths.TABLE>
     def cmd(..., gemm): ...
-    choice = gemm_choice(gemm)  # --gemm, else MINFER_GEMM, else the seeds' MINFER_MMQ, else auto
+    choice = gemm_choice(gemm)  # --gemm, else MINFER_GEMM, else auto
 
 gemm_choice is the one place the GEMM choice is read from the environment (prefill, perplexity,
 bench, check); everything below takes the GemmChoice it returns.
@@ -22,7 +22,7 @@ from minfer.errors import BadInput
 HELP = (
     "GEMM path: auto (default: on sm_90 from d_model 4096 the int8 blk path, lossy and "
     "gate-checked; else f16 where the model fits the GPU, then the smaller int8 paths), "
-    "f16 (exact), mmq (the seeds' MINFER_MMQ_* config, wide KD=4 by default) or a path "
+    "f16 (exact), mmq (the seeds' config: wide-kd4) or a path "
     "by name (docs/paths.md; MINFER_GEMM)."
 )
 
@@ -35,7 +35,7 @@ def gemm_options(f):
 def gemm_choice(
     gemm: str | None = None, ab: str | None = None, env: Mapping[str, str] | None = None
 ):
-    """The GemmChoice of --gemm, else the environment (MINFER_GEMM, the seeds' MINFER_MMQ_*),
+    """The GemmChoice of --gemm, else the environment (MINFER_GEMM),
     else auto; with `ab` (a bench --ab config, tuning variants allowed) that config over both.
     env: the process environment unless given (tests)."""
     import os

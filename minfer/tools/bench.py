@@ -1,7 +1,7 @@
 """Interleaved A/B prefill benchmark (llama-bench style) and per-op breakdown.
 
 `bench(model, tokens, configs, repeats, backend)`: one backend per config (GemmChoice.parse_ab:
-a path name with tuning variants, "f16:no-rope", or the seeds' "K=V K=V" strings), then for each repeat, for each token count, each config takes one
+a path name with tuning variants, "f16:no-rope", or "MINFER_GEMM=NAME"), then for each repeat, for each token count, each config takes one
 sample (A B, B A, ... in the same process, same window: the order rotates by one config each
 repeat). A sample is prefills from an empty cache: with `min_ms` (default 500), one untimed
 pre-roll prefill, then as many back-to-back timed prefills as fill min_ms (the count from the

@@ -28,7 +28,7 @@ def cold_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cubin_cache")
 
 
-@pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "blk"])
+@pytest.mark.parametrize("spec", ["", "mmq", "blk"])
 def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monkeypatch, spec):
     from minfer import engine
     from minfer.cuda.backend import CudaBackend

@@ -56,7 +56,7 @@ TIERS: dict[str, Tier] = {
 }
 # a tuning variant names a feature a path may turn off; auto takes any of them
 VARIANTS = tuple(sorted({v for p in TABLE.values() for v in p.variants}))
-CHOICES = ("auto", "mmq", *TABLE)  # --gemm / MINFER_GEMM; mmq: the seeds' MINFER_MMQ_* config
+CHOICES = ("auto", "mmq", *TABLE)  # --gemm / MINFER_GEMM; mmq: the seeds' config, wide-kd4
 
 
 @dataclass(frozen=True)
