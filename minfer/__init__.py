@@ -11,7 +11,7 @@ def __getattr__(name: str):
         from minfer.batch import api
 
         return getattr(api, name)
-    if name == "MinferPredictor":   # Ray Data's actor class (the ray extra): minfer.batch.ray
+    if name == "MinferPredictor":  # Ray Data's actor class (the ray extra): minfer.batch.ray
         from minfer.batch.ray import predictor
 
         return predictor.MinferPredictor

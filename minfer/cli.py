@@ -160,8 +160,11 @@ class _ClosedStdout(io.TextIOBase):
 def _reopen_std() -> None:
     """A closed fd 0, 1 or 2 gets /dev/null, so the next open() (an output file) cannot land
     on it and children inherit a harmless one; Python left sys.std* None for it."""
-    for fd, name, mode in ((0, "stdin", os.O_RDONLY), (1, "stdout", os.O_WRONLY),
-                           (2, "stderr", os.O_WRONLY)):
+    for fd, name, mode in (
+        (0, "stdin", os.O_RDONLY),
+        (1, "stdout", os.O_WRONLY),
+        (2, "stderr", os.O_WRONLY),
+    ):
         try:
             os.fstat(fd)
             continue
@@ -257,15 +260,13 @@ def _starved(e: BaseException) -> str | None:
 
 
 def _invoke(argv: list[str] | None) -> tuple[int, bool]:
-    from minfer.host.signals import Interrupted, message
-
     import click
 
     from minfer.errors import MinferError
-
     from minfer.host.log import setup
+    from minfer.host.signals import Interrupted, message
 
-    setup()   # notes at INFO until the command's -q / -v
+    setup()  # notes at INFO until the command's -q / -v
     group = _group()
     args = sys.argv[1:] if argv is None else list(argv)
     real_stdout = sys.stdout

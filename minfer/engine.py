@@ -18,8 +18,8 @@ from typing import Collection, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from minfer.host.progress import bar as progress_bar
 from minfer.errors import BadInput, NumericError
+from minfer.host.progress import bar as progress_bar
 
 
 @runtime_checkable
@@ -71,8 +71,10 @@ def check_logits(logits: np.ndarray, backend_name: str, pos: int, what: str) -> 
     if np.isfinite(logits).all():
         return
     n_bad = int(logits.size - np.count_nonzero(np.isfinite(logits)))
-    raise NumericError(f"non-finite logits after {what} ({n_bad} of {logits.size} NaN/inf at "
-                       f"position {pos}, backend {backend_name})")
+    raise NumericError(
+        f"non-finite logits after {what} ({n_bad} of {logits.size} NaN/inf at "
+        f"position {pos}, backend {backend_name})"
+    )
 
 
 def validate(n_prompt: int, n_greedy: int, ubatch: int = 512, n_ctx: int | None = None) -> None:
@@ -86,13 +88,22 @@ def validate(n_prompt: int, n_greedy: int, ubatch: int = 512, n_ctx: int | None 
     # the last greedy id is never fed back, but like llama.cpp we require the whole sequence
     # (prompt + greedy ids) to fit the context
     if n_ctx is not None and n_prompt + n_greedy > n_ctx:
-        raise BadInput(f"prompt of {n_prompt} tokens + {n_greedy} greedy tokens = "
-                       f"{n_prompt + n_greedy} exceeds the model's context of {n_ctx}")
+        raise BadInput(
+            f"prompt of {n_prompt} tokens + {n_greedy} greedy tokens = "
+            f"{n_prompt + n_greedy} exceeds the model's context of {n_ctx}"
+        )
 
 
-def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch: int = 512,
-        progress: bool = False, n_ctx: int | None = None,
-        stop_ids: Collection[int] = (), warmup: bool = True) -> RunResult:
+def run(
+    backend: Backend,
+    prompt_ids: Sequence[int],
+    n_greedy: int = 32,
+    ubatch: int = 512,
+    progress: bool = False,
+    n_ctx: int | None = None,
+    stop_ids: Collection[int] = (),
+    warmup: bool = True,
+) -> RunResult:
     """Prefill prompt_ids in ubatch chunks, then up to n_greedy greedy ids (argmax, first index
     on ties). stop_ids: decoding ends after emitting one of them (EOS/EOT for chat); empty, it
     runs through EOS, as the identity gates need. n_ctx: the context limit (default: the
@@ -108,8 +119,12 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
     warmup_s = 0.0
     if warmup and hasattr(backend, "warmup"):
         t0 = time.perf_counter()
-        backend.warmup(sorted({min(ubatch, ids.size - s) for s in range(0, ids.size, ubatch)} |
-                              ({1} if n_greedy > 1 else set())))
+        backend.warmup(
+            sorted(
+                {min(ubatch, ids.size - s) for s in range(0, ids.size, ubatch)}
+                | ({1} if n_greedy > 1 else set())
+            )
+        )
         warmup_s = time.perf_counter() - t0
     backend.reset()
 
@@ -119,8 +134,9 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
     if hook_owner is not None and n_layers:  # per layer: a single chunk can take minutes on CPU
         bar = progress_bar(progress, total=len(chunks) * n_layers, desc="prefill", unit="layer")
     else:
-        bar = progress_bar(progress and len(chunks) > 1, total=len(chunks), desc="prefill",
-                   unit="ubatch")
+        bar = progress_bar(
+            progress and len(chunks) > 1, total=len(chunks), desc="prefill", unit="ubatch"
+        )
     if bar is not None and hook_owner is not None:
         hook_owner.layer_hook = bar.update
     try:
@@ -128,7 +144,7 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
         t0 = time.perf_counter()
         logits = None
         for s in chunks:
-            logits = backend.forward(ids[s: s + ubatch].astype(np.int32), int(s))
+            logits = backend.forward(ids[s : s + ubatch].astype(np.int32), int(s))
             if bar is not None and hook_owner is None:
                 bar.update()
         backend.synchronize()
@@ -164,13 +180,22 @@ def run(backend: Backend, prompt_ids: Sequence[int], n_greedy: int = 32, ubatch:
     finally:
         if bar is not None:
             bar.close()
-    return RunResult([int(i) for i in ids], greedy, last_logits, prefill_s, decode_s, margins,
-                     warmup_s)
+    return RunResult(
+        [int(i) for i in ids], greedy, last_logits, prefill_s, decode_s, margins, warmup_s
+    )
 
 
-def make_backend(kind: str, model, choice=None, max_tokens: int = 4096,
-                 ubatch: int | None = None, dtype: str | None = None, progress: bool = True,
-                 warmup: bool = False, kv_slots: int | None = None):
+def make_backend(
+    kind: str,
+    model,
+    choice=None,
+    max_tokens: int = 4096,
+    ubatch: int | None = None,
+    dtype: str | None = None,
+    progress: bool = True,
+    warmup: bool = False,
+    kv_slots: int | None = None,
+):
     """The one place a backend is built (prefill, perplexity, bench, check): 'cpu' (the numpy
     reference; dtype 'f64' for the float64 oracle, weights dequantized now) or 'cuda'
     (CudaBackend on `choice`, a resolved minfer.cuda.plan.config.GemmChoice; None: auto).
@@ -179,14 +204,21 @@ def make_backend(kind: str, model, choice=None, max_tokens: int = 4096,
     if kind == "cpu":
         from minfer.reference.forward import ReferenceBackend
 
-        be = ReferenceBackend(model, dtype=np.float64 if dtype == "f64" else np.float32,
-                              max_tokens=max_tokens)
+        be = ReferenceBackend(
+            model, dtype=np.float64 if dtype == "f64" else np.float32, max_tokens=max_tokens
+        )
         be.preload(progress=progress)
         return be
     if kind != "cuda":
         raise BadInput(f"backend {kind!r}: expected cuda or cpu")
     from minfer.cuda.backend import CudaBackend
 
-    return CudaBackend(model, choice, max_tokens=max_tokens,
-                       ubatch=max_tokens if ubatch is None else ubatch, progress=progress,
-                       warmup=warmup, kv_slots=kv_slots)
+    return CudaBackend(
+        model,
+        choice,
+        max_tokens=max_tokens,
+        ubatch=max_tokens if ubatch is None else ubatch,
+        progress=progress,
+        warmup=warmup,
+        kv_slots=kv_slots,
+    )

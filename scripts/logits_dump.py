@@ -29,12 +29,12 @@ def dump(model_path: str, out: str, paths: list[str], n: int) -> None:
     for p in paths:
         try:
             be = CudaBackend(m, GemmChoice(p), max_tokens=n + 8, ubatch=128)
-        except Exception as e:   # a path this GPU does not run
+        except Exception as e:  # a path this GPU does not run
             print(f"{p}: skipped ({e})")
             continue
         rows = []
         for s in range(0, n, 128):
-            logits = be.forward(ids[s: s + 128], s)
+            logits = be.forward(ids[s : s + 128], s)
         rows.append(logits)
         for k in range(4):
             tok = np.array([int(np.argmax(rows[-1]))], np.int32)

@@ -18,8 +18,10 @@ def main(args: list[str]) -> int:
     for opts in sets:
         _, rep = compile_cubin(name, "sm_90", ("-arch=sm_90a", *opts), report=True)
         for r in parse_ptxas(rep).values():
-            print(f"{name} {','.join(opts) or '(plain)'}: {r.name} {r.registers} regs, "
-                  f"spills {r.spill_stores}/{r.spill_loads}")
+            print(
+                f"{name} {','.join(opts) or '(plain)'}: {r.name} {r.registers} regs, "
+                f"spills {r.spill_stores}/{r.spill_loads}"
+            )
     return 0
 
 

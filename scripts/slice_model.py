@@ -23,10 +23,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", help="input GGUF")
     ap.add_argument("dst", help="output GGUF (written atomically)")
-    ap.add_argument("--layers", type=int, default=None,
-                    help="layers to keep (default: as many as fit --max-mib)")
-    ap.add_argument("--max-mib", type=float, default=60.0,
-                    help="size cap of the output in MiB (default 60)")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="layers to keep (default: as many as fit --max-mib)",
+    )
+    ap.add_argument(
+        "--max-mib", type=float, default=60.0, help="size cap of the output in MiB (default 60)"
+    )
     a = ap.parse_args(argv)
     try:
         p = slice_model(a.src, a.dst, a.layers, a.max_mib, progress=sys.stderr.isatty())
@@ -36,8 +41,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    print(f"{a.dst}: {p.layers} of {p.total_layers} layers, {p.bytes / 2**20:.2f} MiB "
-          f"(cap {a.max_mib:g} MiB)")
+    print(
+        f"{a.dst}: {p.layers} of {p.total_layers} layers, {p.bytes / 2**20:.2f} MiB "
+        f"(cap {a.max_mib:g} MiB)"
+    )
     return 0
 
 

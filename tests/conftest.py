@@ -48,9 +48,23 @@ def requant_q4_k_m(tmp_path_factory, default_model_path) -> Path:
     import sys
 
     out = tmp_path_factory.mktemp("requant") / "q4km.gguf"
-    r = subprocess.run([sys.executable, "-m", "minfer", "quantize", str(default_model_path),
-                        str(out), "--type", "Q4_K_M", "--quiet", "--allow-requantize"],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minfer",
+            "quantize",
+            str(default_model_path),
+            str(out),
+            "--type",
+            "Q4_K_M",
+            "--quiet",
+            "--allow-requantize",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr
     return out
 

@@ -14,8 +14,9 @@ class FakeGPUArray:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.size = int(np.prod(self.shape))
         self.gpudata, self.base = gpudata, base
-        self.strides = strides or tuple(self.dtype.itemsize * int(np.prod(self.shape[i + 1:]))
-                                        for i in range(len(self.shape)))
+        self.strides = strides or tuple(
+            self.dtype.itemsize * int(np.prod(self.shape[i + 1 :])) for i in range(len(self.shape))
+        )
 
 
 def install(monkeypatch) -> None:
@@ -40,6 +41,9 @@ class FakeEvent:
 def upload_drv() -> dict:
     """The driver calls of the streaming weight upload (minfer.cuda.runtime.upload), as a fake
     drv namespace's attributes: pinned buffers are plain numpy, async copies do nothing."""
-    return dict(pagelocked_empty=lambda shape, dtype: np.empty(shape, dtype),
-                memcpy_htod_async=lambda dst, src, stream=None: None,
-                Stream=FakeStream, Event=FakeEvent)
+    return dict(
+        pagelocked_empty=lambda shape, dtype: np.empty(shape, dtype),
+        memcpy_htod_async=lambda dst, src, stream=None: None,
+        Stream=FakeStream,
+        Event=FakeEvent,
+    )

@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def qwen3_pooling_model(folder: Path, pooling: int | None = 3, rerank: str | None = None,
-                        name: str = "qwen3-pool.gguf") -> Path:
+def qwen3_pooling_model(
+    folder: Path, pooling: int | None = 3, rerank: str | None = None, name: str = "qwen3-pool.gguf"
+) -> Path:
     import gguf
-
     from families_data import synth_family
+
     from minfer.gguf.write import metadata_from_reader, write_gguf
 
     folder = Path(folder)
@@ -31,10 +32,12 @@ def qwen3_pooling_model(folder: Path, pooling: int | None = 3, rerank: str | Non
         merges[n_pairs - 3 + k] = merge
     meta["tokenizer.ggml.tokens"] = gguf.GGUFValue(toks, V.ARRAY, V.STRING)
     meta["tokenizer.ggml.merges"] = gguf.GGUFValue(merges, V.ARRAY, V.STRING)
-    if pooling is not None:   # gguf_writer.add_pooling_type: add_uint32
+    if pooling is not None:  # gguf_writer.add_pooling_type: add_uint32
         meta["qwen3.pooling_type"] = gguf.GGUFValue(pooling, V.UINT32)
-    if rerank is not None:    # add_chat_template([{"name": "rerank", ...}])
+    if rerank is not None:  # add_chat_template([{"name": "rerank", ...}])
         meta["tokenizer.chat_template.rerank"] = gguf.GGUFValue(rerank, V.STRING)
-    tensors = [(t.name, int(t.tensor_type), tuple(int(x) for x in reversed(t.shape)),
-                t.data) for t in r.tensors]
+    tensors = [
+        (t.name, int(t.tensor_type), tuple(int(x) for x in reversed(t.shape)), t.data)
+        for t in r.tensors
+    ]
     return write_gguf(folder / name, "qwen3", meta, tensors, progress=False)

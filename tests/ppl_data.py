@@ -21,7 +21,22 @@ def short_text(tmp_path_factory, nchars: int):
 def run_ppl(model, text, ctx: int, chunks: int, *extra) -> dict:
     """`minfer perplexity -m model -f text --ctx ctx --chunks chunks --json -t 1 extra...`'s
     JSON (the run must succeed)."""
-    code, out, err = run_cli(["perplexity", "-m", str(model), "-f", str(text), "--ctx", str(ctx),
-                              "--chunks", str(chunks), "--json", "-t", "1", *extra])
+    code, out, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            str(model),
+            "-f",
+            str(text),
+            "--ctx",
+            str(ctx),
+            "--chunks",
+            str(chunks),
+            "--json",
+            "-t",
+            "1",
+            *extra,
+        ]
+    )
     assert code == 0, err
     return json.loads(out)

@@ -19,7 +19,7 @@ def group_alive(pgid: int) -> list[int]:
             stat = Path(f"/proc/{d}/stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(d))
     return out

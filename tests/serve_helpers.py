@@ -17,8 +17,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 def small_chat_model(folder: Path, seed: int = 0, n_ctx: int = 512) -> Path:
@@ -30,22 +32,47 @@ def small_chat_model(folder: Path, seed: int = 0, n_ctx: int = 512) -> Path:
     return write_small(Path(folder) / "small-chat.gguf", meta, tensors)
 
 
-def _die_with_parent():   # Linux: SIGTERM this child when the test process goes away
+def _die_with_parent():  # Linux: SIGTERM this child when the test process goes away
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 
 
 class Server:
-    def __init__(self, model: Path, *args: str, env: dict | None = None, wait: float = 300,
-                 backend: str = "cpu"):
-        cmd = [sys.executable, "-m", "minfer", "serve", "-m", str(model), "--backend", backend,
-               "--host", "127.0.0.1", "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL, cwd=ROOT, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-                                     preexec_fn=_die_with_parent)
+    def __init__(
+        self,
+        model: Path,
+        *args: str,
+        env: dict | None = None,
+        wait: float = 300,
+        backend: str = "cpu",
+    ):
+        cmd = [
+            sys.executable,
+            "-m",
+            "minfer",
+            "serve",
+            "-m",
+            str(model),
+            "--backend",
+            backend,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            *args,
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            preexec_fn=_die_with_parent,
+        )
         self.lines: list[str] = []
         t0 = time.monotonic()
         self.url = None
@@ -60,8 +87,9 @@ class Server:
                 break
         if self.url is None:
             self.stop()
-            raise RuntimeError("the server did not start:\n" + "".join(self.lines) +
-                               self.proc.stderr.read())
+            raise RuntimeError(
+                "the server did not start:\n" + "".join(self.lines) + self.proc.stderr.read()
+            )
         # keep draining stderr so the server never blocks on a full pipe
         self._t = threading.Thread(target=self._drain, daemon=True)
         self._t.start()

@@ -13,18 +13,22 @@ from hypothesis import strategies as st
 from minfer.errors import BadInput
 
 VOCAB, N_CTX = 320, 128
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """The tiny synthetic model with a small chat template (it has none), loaded once."""
-    from minfer.gguf.loader import load_model
     from synth_data import tiny_model
 
-    m = load_model(str(tiny_model(tmp_path_factory.mktemp("api"), seed=7, vocab=VOCAB,
-                                  n_ctx=N_CTX)))
+    from minfer.gguf.loader import load_model
+
+    m = load_model(
+        str(tiny_model(tmp_path_factory.mktemp("api"), seed=7, vocab=VOCAB, n_ctx=N_CTX))
+    )
     m.metadata["tokenizer.chat_template"] = TEMPLATE
     return m
 
@@ -41,37 +45,49 @@ def test_bad_input_is_a_value_error():
 
 
 # -- issue 48's list, one case each --------------------------------------------------------------
-@pytest.mark.parametrize("prompts,needle", [
-    ([{"messages": []}], r'prompts\[0\]: "messages" must be a non-empty array'),
-    (["ok", {"messages": [{"content": "x"}]}], r'prompts\[1\]: "messages"\[0\] has no "role"'),
-    ([[1.7, 2.2]], r"prompts\[0\]: token ids\[0\]: a token id must be an integer, not 1\.7 "
-                   r"\(float\)"),
-    ([[3, True, False]], r"prompts\[0\]: token ids\[1\]: .* not True \(bool\)"),
-    ([["5"]], r"prompts\[0\]: token ids\[0\]: .* not '5' \(str\)"),
-    (b"abc", r"prompts must be a prompt or a list of prompts, not b'abc' \(bytes\)"),
-    (["x", b"abc"], r"prompts\[1\]: a prompt is a string, a list of token ids or a dict"),
-    ([[2 ** 70]], r"prompts\[0\]: token ids\[0\]: token id 1180591620717411303424 out of "
-                  rf"range \[0, {VOCAB}\)"),
-    ([[VOCAB]], rf"out of range \[0, {VOCAB}\)"),
-    ([[-1]], "out of range"),
-    ([np.array([1.0, 2.0])], r"prompts\[0\]: token ids: token ids must be integers, not "
-                             "float64"),
-    ([np.array([True])], "not bool"),
-    ([np.zeros((2, 2), np.int32)], "1-D array"),
-    ([[]], r"prompts\[0\]: token ids is empty \(0 tokens\)"),
-    ([""], r"prompts\[0\]: the prompt is empty"),
-    (["a\x00b"], "NUL character"),
-    (["\ud800"], "lone surrogate"),
-    ([{"prompt": "a", "id": 1.5}], r'"id" must be a string or an integer, not a number'),
-    ([{"prompt": "a", "messages": []}], "not two"),
-    ([{"context": "a"}], '"continuation" is missing'),
-    ([{"context": "a", "continuation": [1]}], "must both be strings or both lists"),
-    ([{"context": "a", "continuation": ""}], '"continuation" is empty'),
-    ([{"text": "a"}], r'unknown key "text"'),
-    ([None], r"prompts\[0\]: .* got null"),
-    (None, "prompts must be a prompt or a list of prompts, not None"),
-    (5, "prompts must be a prompt or a list of prompts, not 5"),
-])
+@pytest.mark.parametrize(
+    "prompts,needle",
+    [
+        ([{"messages": []}], r'prompts\[0\]: "messages" must be a non-empty array'),
+        (["ok", {"messages": [{"content": "x"}]}], r'prompts\[1\]: "messages"\[0\] has no "role"'),
+        (
+            [[1.7, 2.2]],
+            r"prompts\[0\]: token ids\[0\]: a token id must be an integer, not 1\.7 "
+            r"\(float\)",
+        ),
+        ([[3, True, False]], r"prompts\[0\]: token ids\[1\]: .* not True \(bool\)"),
+        ([["5"]], r"prompts\[0\]: token ids\[0\]: .* not '5' \(str\)"),
+        (b"abc", r"prompts must be a prompt or a list of prompts, not b'abc' \(bytes\)"),
+        (["x", b"abc"], r"prompts\[1\]: a prompt is a string, a list of token ids or a dict"),
+        (
+            [[2**70]],
+            r"prompts\[0\]: token ids\[0\]: token id 1180591620717411303424 out of "
+            rf"range \[0, {VOCAB}\)",
+        ),
+        ([[VOCAB]], rf"out of range \[0, {VOCAB}\)"),
+        ([[-1]], "out of range"),
+        (
+            [np.array([1.0, 2.0])],
+            r"prompts\[0\]: token ids: token ids must be integers, not "
+            "float64",
+        ),
+        ([np.array([True])], "not bool"),
+        ([np.zeros((2, 2), np.int32)], "1-D array"),
+        ([[]], r"prompts\[0\]: token ids is empty \(0 tokens\)"),
+        ([""], r"prompts\[0\]: the prompt is empty"),
+        (["a\x00b"], "NUL character"),
+        (["\ud800"], "lone surrogate"),
+        ([{"prompt": "a", "id": 1.5}], r'"id" must be a string or an integer, not a number'),
+        ([{"prompt": "a", "messages": []}], "not two"),
+        ([{"context": "a"}], '"continuation" is missing'),
+        ([{"context": "a", "continuation": [1]}], "must both be strings or both lists"),
+        ([{"context": "a", "continuation": ""}], '"continuation" is empty'),
+        ([{"text": "a"}], r'unknown key "text"'),
+        ([None], r"prompts\[0\]: .* got null"),
+        (None, "prompts must be a prompt or a list of prompts, not None"),
+        (5, "prompts must be a prompt or a list of prompts, not 5"),
+    ],
+)
 def test_a_bad_prompt_is_named(engine, prompts, needle):
     with pytest.raises(BadInput, match=needle):
         engine.prefill(prompts, n_predict=1)
@@ -88,27 +104,34 @@ def test_a_string_or_a_dict_alone_is_one_prompt(engine):
 
 def test_integer_ids_of_any_kind(engine):
     ref = engine.prefill([[5, 6, 7]], n_predict=1)[0].tokens
-    for ids in ([np.int64(5), np.uint8(6), 7], (5, 6, 7), np.array([5, 6, 7], np.uint16),
-                np.array([5, 6, 7], dtype=object)):
+    for ids in (
+        [np.int64(5), np.uint8(6), 7],
+        (5, 6, 7),
+        np.array([5, 6, 7], np.uint16),
+        np.array([5, 6, 7], dtype=object),
+    ):
         assert engine.prefill([ids], n_predict=1)[0].tokens == ref
     assert engine.encode([VOCAB - 1]).tolist() == [VOCAB - 1]
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(n_predict=1.5), r"n_predict must be an integer, not 1\.5 \(float\)"),
-    (dict(n_predict=True), r"n_predict must be an integer, not True \(bool\)"),
-    (dict(n_predict=-1), "n_predict must be >= 0, got -1"),
-    (dict(n_predict="2"), "n_predict must be an integer"),
-    (dict(logprobs=1), "logprobs must be True or False, not 1"),
-    (dict(share_prefix="no"), "share_prefix must be True or False"),
-    (dict(stop_at_eos=None), "stop_at_eos must be True or False"),
-    (dict(chat="yes"), "chat must be True or False"),
-    (dict(system=3), "system must be a string, not a number"),
-    (dict(system="a\x00"), "system holds a NUL"),
-    (dict(top_logprobs=21), r"top_logprobs must be in \[0, 20\], got 21"),
-    (dict(top_logprobs=1.0), "top_logprobs must be an integer"),
-    (dict(prompt_ids=0), "prompt_ids must be True or False"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(n_predict=1.5), r"n_predict must be an integer, not 1\.5 \(float\)"),
+        (dict(n_predict=True), r"n_predict must be an integer, not True \(bool\)"),
+        (dict(n_predict=-1), "n_predict must be >= 0, got -1"),
+        (dict(n_predict="2"), "n_predict must be an integer"),
+        (dict(logprobs=1), "logprobs must be True or False, not 1"),
+        (dict(share_prefix="no"), "share_prefix must be True or False"),
+        (dict(stop_at_eos=None), "stop_at_eos must be True or False"),
+        (dict(chat="yes"), "chat must be True or False"),
+        (dict(system=3), "system must be a string, not a number"),
+        (dict(system="a\x00"), "system holds a NUL"),
+        (dict(top_logprobs=21), r"top_logprobs must be in \[0, 20\], got 21"),
+        (dict(top_logprobs=1.0), "top_logprobs must be an integer"),
+        (dict(prompt_ids=0), "prompt_ids must be True or False"),
+    ],
+)
 def test_a_bad_option_is_named(engine, kw, needle):
     kw = {"n_predict": 1, **kw}
     with pytest.raises(BadInput, match=needle):
@@ -121,21 +144,27 @@ def test_numpy_scalars_are_options_too(engine):
 
 
 def test_past_the_context_names_the_prompt(engine):
-    with pytest.raises(BadInput, match=r"prompts\[1\]: prompt of 127 tokens \+ 2 generated "
-                                       r"tokens = 129 exceeds the context of 128"):
+    with pytest.raises(
+        BadInput,
+        match=r"prompts\[1\]: prompt of 127 tokens \+ 2 generated "
+        r"tokens = 129 exceeds the context of 128",
+    ):
         engine.prefill(["a", "b" * 127], n_predict=2)
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(ubatch=0), "ubatch must be >= 1, got 0"),
-    (dict(ubatch=2.5), "ubatch must be an integer"),
-    (dict(ubatch=True), "ubatch must be an integer"),
-    (dict(threads=0), "threads must be >= 1, got 0"),
-    (dict(threads="2"), "threads must be an integer"),
-    (dict(progress="yes"), "progress must be True or False"),
-    (dict(backend=1), "backend must be"),
-    (dict(backend="tpu"), "expected cuda or cpu"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(ubatch=0), "ubatch must be >= 1, got 0"),
+        (dict(ubatch=2.5), "ubatch must be an integer"),
+        (dict(ubatch=True), "ubatch must be an integer"),
+        (dict(threads=0), "threads must be >= 1, got 0"),
+        (dict(threads="2"), "threads must be an integer"),
+        (dict(progress="yes"), "progress must be True or False"),
+        (dict(backend=1), "backend must be"),
+        (dict(backend="tpu"), "expected cuda or cpu"),
+    ],
+)
 def test_bad_engine_arguments(model, kw, needle):
     from minfer.batch.api import Engine
 
@@ -162,10 +191,18 @@ def test_the_api_and_the_prompt_file_say_the_same(engine, tmp_path):
     from minfer.batch.prompts import make_encoder, open_prompts
 
     enc = make_encoder(engine.model.metadata, engine.tok, None, None, True)
-    for rec in ({"messages": []}, {"messages": [{"content": "x"}]}, {"prompt": [1, 1.5]},
-                {"prompt": [VOCAB]}, {"prompt": "a", "id": True}, {"context": "a"},
-                {"prompt": "a", "extra": 1}, {"context": [1], "continuation": "b"},
-                {"prompt": ""}, {"prompt": "a\x00"}):
+    for rec in (
+        {"messages": []},
+        {"messages": [{"content": "x"}]},
+        {"prompt": [1, 1.5]},
+        {"prompt": [VOCAB]},
+        {"prompt": "a", "id": True},
+        {"context": "a"},
+        {"prompt": "a", "extra": 1},
+        {"context": [1], "continuation": "b"},
+        {"prompt": ""},
+        {"prompt": "a\x00"},
+    ):
         p = tmp_path / "p.jsonl"
         p.write_text(json.dumps(rec) + "\n")
         with open_prompts(str(p), "jsonl", enc, VOCAB) as src:
@@ -181,30 +218,52 @@ def test_the_api_and_the_prompt_file_say_the_same(engine, tmp_path):
 def choose(good, bad, one_in: int):
     """(value, valid): good's draws, one time in `one_in` bad's."""
     return st.integers(0, one_in - 1).flatmap(
-        lambda i: bad.map(lambda v: (v, False)) if i == 0 else good.map(lambda v: (v, True)))
+        lambda i: bad.map(lambda v: (v, False)) if i == 0 else good.map(lambda v: (v, True))
+    )
 
 
-TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
-               min_size=1, max_size=6)
+TEXT = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=6
+)
 BAD_TEXT = st.sampled_from(["", "a\x00", "\ud800x", b"ab", 3, None])
-INT_ID = st.integers(0, VOCAB - 1) | st.integers(0, VOCAB - 1).map(np.int64) | \
-    st.integers(0, 255).map(np.uint8)
-BAD_ID = st.sampled_from([-1, VOCAB, 2 ** 70, 1.0, 2.5, True, False, "5", b"5", None,
-                          np.float32(3), np.bool_(True)])
+INT_ID = (
+    st.integers(0, VOCAB - 1)
+    | st.integers(0, VOCAB - 1).map(np.int64)
+    | st.integers(0, 255).map(np.uint8)
+)
+BAD_ID = st.sampled_from(
+    [-1, VOCAB, 2**70, 1.0, 2.5, True, False, "5", b"5", None, np.float32(3), np.bool_(True)]
+)
 _IDS = st.lists(INT_ID, min_size=1, max_size=6)
 IDS = _IDS | _IDS.map(tuple) | _IDS.map(lambda v: np.array([int(x) for x in v], np.int32))
 BAD_IDS = st.tuples(_IDS, BAD_ID, st.integers(0, 6)).map(
-    lambda t: t[0][:t[2]] + [t[1]] + t[0][t[2]:]) | st.sampled_from(
-    [[], np.array([1.5]), np.array([True]), np.zeros((1, 2), np.int32), np.array([], np.int64)])
-MSGS = st.lists(st.builds(lambda r, c: {"role": r, "content": c},
-                          st.sampled_from(["user", "system", "assistant"]), TEXT),
-                min_size=1, max_size=3)
-BAD_MSGS = st.sampled_from([[], "hi", [1], [{"role": "user"}], [{"content": "x"}],
-                            [{"role": "", "content": "x"}], [{"role": "u", "content": 1}],
-                            [{"role": "u", "content": "x", "name": "n"}]])
+    lambda t: t[0][: t[2]] + [t[1]] + t[0][t[2] :]
+) | st.sampled_from(
+    [[], np.array([1.5]), np.array([True]), np.zeros((1, 2), np.int32), np.array([], np.int64)]
+)
+MSGS = st.lists(
+    st.builds(
+        lambda r, c: {"role": r, "content": c},
+        st.sampled_from(["user", "system", "assistant"]),
+        TEXT,
+    ),
+    min_size=1,
+    max_size=3,
+)
+BAD_MSGS = st.sampled_from(
+    [
+        [],
+        "hi",
+        [1],
+        [{"role": "user"}],
+        [{"content": "x"}],
+        [{"role": "", "content": "x"}],
+        [{"role": "u", "content": 1}],
+        [{"role": "u", "content": "x", "name": "n"}],
+    ]
+)
 PID = st.sampled_from([{}, {"id": "q"}, {"id": 7}, {"id": np.int64(2)}])
-BAD_PID = st.sampled_from([{"id": True}, {"id": 1.5}, {"id": None}, {"id": []},
-                           {"id": "\x00"}])
+BAD_PID = st.sampled_from([{"id": True}, {"id": 1.5}, {"id": None}, {"id": []}, {"id": "\x00"}])
 # a text context that is only whitespace is 0 tokens once its trailing whitespace moves (the
 # tiny vocab adds no BOS)
 CONTEXT = TEXT.filter(lambda t: t.rstrip() != "")
@@ -215,26 +274,48 @@ def _dict(body: dict, pid: dict) -> dict:
 
 
 def good_record(chat: bool):
-    forms = [TEXT, IDS, st.builds(lambda p, i: _dict({"prompt": p}, i), TEXT | IDS, PID),
-             st.builds(lambda m, i: _dict({"messages": m}, i), MSGS, PID),
-             st.builds(lambda c, n, i: _dict({"context": c, "continuation": n}, i),
-                       _IDS, _IDS, PID)]
-    if not chat:   # a text pair is plain text: refused under the chat template
+    forms = [
+        TEXT,
+        IDS,
+        st.builds(lambda p, i: _dict({"prompt": p}, i), TEXT | IDS, PID),
+        st.builds(lambda m, i: _dict({"messages": m}, i), MSGS, PID),
+        st.builds(lambda c, n, i: _dict({"context": c, "continuation": n}, i), _IDS, _IDS, PID),
+    ]
+    if not chat:  # a text pair is plain text: refused under the chat template
         forms.append(st.builds(lambda c, n: {"context": c, "continuation": n}, CONTEXT, TEXT))
     return st.one_of(forms)
 
 
 def bad_record(chat: bool):
-    forms = [BAD_TEXT, BAD_IDS,
-             st.builds(lambda p: {"prompt": p}, BAD_TEXT | BAD_IDS),
-             st.builds(lambda m: {"messages": m}, BAD_MSGS),
-             st.builds(lambda p, i: _dict({"prompt": p}, i), TEXT, BAD_PID),
-             st.builds(lambda c, n: {"context": c, "continuation": n},
-                       st.sampled_from([" ", "\t\n", "", 3]) | IDS, TEXT),
-             st.builds(lambda c, n: {"context": c, "continuation": n}, IDS, BAD_IDS),
-             st.sampled_from([{}, {"prompt": "a", "messages": [{"role": "u", "content": "c"}]},
-                              {"context": "a"}, {"continuation": "b"}, {"prompt": "a", "x": 1},
-                              {1: "a"}, None, 1, 1.5, True, b"x", {1, 2}])]
+    forms = [
+        BAD_TEXT,
+        BAD_IDS,
+        st.builds(lambda p: {"prompt": p}, BAD_TEXT | BAD_IDS),
+        st.builds(lambda m: {"messages": m}, BAD_MSGS),
+        st.builds(lambda p, i: _dict({"prompt": p}, i), TEXT, BAD_PID),
+        st.builds(
+            lambda c, n: {"context": c, "continuation": n},
+            st.sampled_from([" ", "\t\n", "", 3]) | IDS,
+            TEXT,
+        ),
+        st.builds(lambda c, n: {"context": c, "continuation": n}, IDS, BAD_IDS),
+        st.sampled_from(
+            [
+                {},
+                {"prompt": "a", "messages": [{"role": "u", "content": "c"}]},
+                {"context": "a"},
+                {"continuation": "b"},
+                {"prompt": "a", "x": 1},
+                {1: "a"},
+                None,
+                1,
+                1.5,
+                True,
+                b"x",
+                {1, 2},
+            ]
+        ),
+    ]
     if chat:
         forms.append(st.builds(lambda c, n: {"context": c, "continuation": n}, CONTEXT, TEXT))
     return st.one_of(forms)
@@ -257,10 +338,15 @@ def prefill_calls(draw):
 
     opt("chat", FLAG, BAD_FLAG)
     opt("system", TEXT, st.sampled_from([3, "a\x00"]))
-    chat = bool(kw.get("chat", False)) or "system" in kw   # system alone implies the template
+    chat = bool(kw.get("chat", False)) or "system" in kw  # system alone implies the template
     recs = draw(st.lists(choose(good_record(chat), bad_record(chat), 6), max_size=4))
-    shape, s_ok = draw(choose(st.sampled_from(["list", "tuple", "one"]),
-                              st.sampled_from([None, 5, 1.5, b"abc", {1, 2}]), 8))
+    shape, s_ok = draw(
+        choose(
+            st.sampled_from(["list", "tuple", "one"]),
+            st.sampled_from([None, 5, 1.5, b"abc", {1, 2}]),
+            8,
+        )
+    )
     if shape == "one" and recs and isinstance(recs[0][0], (str, dict)):
         prompts, good = recs[0][0], good and recs[0][1]
     elif not s_ok:
@@ -268,8 +354,11 @@ def prefill_calls(draw):
     else:
         prompts = [r for r, _ in recs] if shape != "tuple" else tuple(r for r, _ in recs)
         good &= all(o for _, o in recs)
-    opt("n_predict", st.sampled_from([0, 1, 2, np.int32(1)]),
-        st.sampled_from([-1, 1.5, True, "1", None]))
+    opt(
+        "n_predict",
+        st.sampled_from([0, 1, 2, np.int32(1)]),
+        st.sampled_from([-1, 1.5, True, "1", None]),
+    )
     for name in ("logprobs", "share_prefix", "stop_at_eos", "prompt_ids"):
         opt(name, FLAG, BAD_FLAG)
     opt("top_logprobs", st.sampled_from([0, 2, 20]), st.sampled_from([-1, 21, 1.0, True]))
@@ -288,8 +377,13 @@ def encode_calls(draw):
     return (prompt,), kw, good
 
 
-@settings(max_examples=500, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=500,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(prefill_calls())
 def test_fuzz_prefill(engine, call):
     args, kw, good = call
@@ -307,8 +401,13 @@ def test_fuzz_prefill(engine, call):
             assert c.continuation_logprob <= 0 and isinstance(c.is_greedy, bool)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 @given(encode_calls())
 def test_fuzz_encode(engine, call):
     args, kw, good = call

@@ -6,7 +6,6 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
-
 from cli_inproc import error_lines, run_cli
 from synth_data import small_parts, write_small
 
@@ -25,12 +24,15 @@ def _load(path, strict=True):
     return load_model(path, strict)
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    ("llama.attention.scale", 0.5, "custom attention scale"),
-    ("llama.rope.scaling.yarn_beta_fast", 16.0, "not understood"),
-    ("llama.logit_scale", 2.0, "not understood for architecture 'llama'"),
-    ("split.count", 3, "merge it first"),
-])
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("llama.attention.scale", 0.5, "custom attention scale"),
+        ("llama.rope.scaling.yarn_beta_fast", 16.0, "not understood"),
+        ("llama.logit_scale", 2.0, "not understood for architecture 'llama'"),
+        ("split.count", 3, "merge it first"),
+    ],
+)
 def test_a_key_that_changes_the_numbers_is_refused(tmp_path, key, value, needle):
     from minfer.errors import Unsupported
 
@@ -54,24 +56,34 @@ def test_experts_on_a_dense_file_are_refused(tmp_path):
         _load(_write(tmp_path, {"llama.expert_count": 8, "llama.expert_used_count": 2}))
 
 
-@pytest.mark.parametrize("key, value", [
-    ("general.description", "anything"), ("quantize.imatrix.file", "x.dat"),
-    ("mytool.note", "not a llama hyperparameter"), ("qwen2.rope.scaling.type", "yarn"),
-    ("llama.rope.scaling.finetuned", True), ("llama.expert_count", 0),
-    ("llama.rope.scaling.yarn_beta_fast", 32.0), ("llama.attention.scale", 0.0),
-    ("llama.rope.scaling.type", "none"),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("general.description", "anything"),
+        ("quantize.imatrix.file", "x.dat"),
+        ("mytool.note", "not a llama hyperparameter"),
+        ("qwen2.rope.scaling.type", "yarn"),
+        ("llama.rope.scaling.finetuned", True),
+        ("llama.expert_count", 0),
+        ("llama.rope.scaling.yarn_beta_fast", 32.0),
+        ("llama.attention.scale", 0.0),
+        ("llama.rope.scaling.type", "none"),
+    ],
+)
 def test_inert_keys_are_accepted(tmp_path, key, value):
     assert _load(_write(tmp_path, {key: value})).config.rope_scaling.plain
 
 
-@pytest.mark.parametrize("name, shape, role", [
-    ("blk.0.attn_output.bias", (64,), "a bias"),
-    ("blk.1.ffn_up.bias", (128,), "a bias"),
-    ("blk.0.post_attention_norm.weight", (64,), "an extra norm"),
-    ("rope_factors_long.weight", (8,), "RoPE factors"),
-    ("mystery", (4,), ""),
-])
+@pytest.mark.parametrize(
+    "name, shape, role",
+    [
+        ("blk.0.attn_output.bias", (64,), "a bias"),
+        ("blk.1.ffn_up.bias", (128,), "a bias"),
+        ("blk.0.post_attention_norm.weight", (64,), "an extra norm"),
+        ("rope_factors_long.weight", (8,), "RoPE factors"),
+        ("mystery", (4,), ""),
+    ],
+)
 def test_a_tensor_outside_the_graph_is_refused(tmp_path, name, shape, role):
     from minfer.errors import Unsupported
 
@@ -94,14 +106,21 @@ def test_unknown_rope_scaling_type_is_refused(tmp_path):
 
 
 def test_linear_and_yarn_keys_resolve_as_llamacpp(tmp_path):
-    c = _load(_write(tmp_path, {"llama.rope.scaling.type": "linear",
-                                "llama.rope.scaling.factor": 4.0})).config.rope_scaling
+    c = _load(
+        _write(tmp_path, {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0})
+    ).config.rope_scaling
     assert (c.kind, c.freq_scale, c.ext_factor, c.attn_factor) == ("linear", 0.25, 0.0, 1.0)
-    c = _load(_write(tmp_path, {"llama.rope.scaling.type": "yarn",
-                                "llama.rope.scaling.factor": 4.0,
-                                "llama.rope.scaling.attn_factor": 0.5,
-                                "llama.rope.scaling.original_context_length": 64})
-              ).config.rope_scaling
+    c = _load(
+        _write(
+            tmp_path,
+            {
+                "llama.rope.scaling.type": "yarn",
+                "llama.rope.scaling.factor": 4.0,
+                "llama.rope.scaling.attn_factor": 0.5,
+                "llama.rope.scaling.original_context_length": 64,
+            },
+        )
+    ).config.rope_scaling
     # llama_context: get_mscale(4, 1) / (1 + 0.1 ln 4) cancels; the file's attn_factor stays
     assert (c.kind, c.freq_scale, c.ext_factor, c.n_ctx_orig) == ("yarn", 0.25, 1.0, 64)
     assert c.attn_factor == pytest.approx(0.5, abs=1e-7)
@@ -130,8 +149,13 @@ def test_rope_freqs_is_read_and_checked(tmp_path):
     meta["general.architecture"] = "qwen2"
     from minfer.gguf.write import write_gguf
 
-    p = write_gguf(tmp_path / "q.gguf", "qwen2", meta,
-                   tensors + [("rope_freqs.weight", Q.F32, (8,), ff)], progress=False)
+    p = write_gguf(
+        tmp_path / "q.gguf",
+        "qwen2",
+        meta,
+        tensors + [("rope_freqs.weight", Q.F32, (8,), ff)],
+        progress=False,
+    )
     with pytest.raises(Unsupported, match="'rope_freqs.weight'"):
         _load(p)
 
@@ -155,15 +179,23 @@ def test_scaled_table_f32_tracks_f64():
 
     pos = np.arange(2048)
     ff = tuple(float(x) for x in np.linspace(1, 8, 32))
-    for sc in (RopeScaling("linear", freq_scale=0.25), RopeScaling(freq_factors=ff),
-               RopeScaling("yarn", freq_scale=0.25, ext_factor=1.0, n_ctx_orig=512)):
+    for sc in (
+        RopeScaling("linear", freq_scale=0.25),
+        RopeScaling(freq_factors=ff),
+        RopeScaling("yarn", freq_scale=0.25, ext_factor=1.0, n_ctx_orig=512),
+    ):
         c32, s32 = rope_cos_sin(pos, 10000.0, 64, np.float32, sc)
         c64, s64 = rope_cos_sin(pos, 10000.0, 64, np.float64, sc)
         # the running f32 angle drifts ~1e-4 rad by position 2048, as in ggml
         assert np.abs(c32 - c64).max() < 2e-3 and np.abs(s32 - s64).max() < 2e-3
     # YaRN multiplies by its attention factor 1 + 0.1 ln 4
-    c, s = rope_cos_sin(pos[:1], 10000.0, 64, np.float32, RopeScaling(
-        "yarn", freq_scale=0.25, ext_factor=1.0, n_ctx_orig=512))
+    c, s = rope_cos_sin(
+        pos[:1],
+        10000.0,
+        64,
+        np.float32,
+        RopeScaling("yarn", freq_scale=0.25, ext_factor=1.0, n_ctx_orig=512),
+    )
     assert c[0, 0] == pytest.approx(1 + 0.1 * np.log(4), rel=1e-6)
 
 
@@ -171,8 +203,8 @@ def test_phi3_window_follows_llamacpp(tmp_path):
     """llama.cpp disables Phi-3's sliding window (its logits are full attention's), so minfer
     accepts the key for phi3; llama (Mistral) applies it (test_mistral_window_*); an
     architecture without a window implementation refuses it."""
-    from minfer.gguf.arch_keys import check_keys
     from minfer.errors import Unsupported
+    from minfer.gguf.arch_keys import check_keys
 
     check_keys("f", "phi3", {"phi3.attention.sliding_window": 2047})
     check_keys("f", "llama", {"llama.attention.sliding_window": 4096})

@@ -8,8 +8,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minfer.cuda.ops.attention import (WG_ROWS, per_token_pays, pick_impl, wg_blocks, wg_items,
-                                       wg_smem_bytes)
+from minfer.cuda.ops.attention import (
+    WG_ROWS,
+    per_token_pays,
+    pick_impl,
+    wg_blocks,
+    wg_items,
+    wg_smem_bytes,
+)
 from minfer.errors import GPUError
 
 H200 = SimpleNamespace(arch="sm_90", smem_optin=232448)
@@ -40,7 +46,7 @@ def test_per_token_for_decode_layouts():
     padding rows repeated), on any GPU; never for a prefill chunk of a few long runs."""
     decode = np.array([(5, 0), (130, 128), (300, 256), (300, 256)], np.int32)
     assert per_token_pays(decode)
-    assert per_token_pays(np.array([(7, 0)], np.int32))            # one sequence's decode
+    assert per_token_pays(np.array([(7, 0)], np.int32))  # one sequence's decode
     assert per_token_pays(np.array([(0, 0), (1, 0)], np.int32))
     assert not per_token_pays(np.array([(p, 0) for p in range(3)], np.int32))
     chunk = np.array([(p, 0) for p in range(40)] + [(128 + p, 128) for p in range(9)], np.int32)
@@ -58,36 +64,41 @@ def test_timing_build_options_reach_the_wgmma_build(monkeypatch):
     from fake_gpuarray import install
 
     import minfer.cuda.ops.attention as att
-    from minfer.cuda.runtime.tma import TMA_PARAM_PAD
     from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.runtime.tma import TMA_PARAM_PAD
 
     install(monkeypatch)
     maps = []
     monkeypatch.setattr(att, "tmap_f16_2d", lambda *a: maps.append(a) or np.zeros(128, np.uint8))
-    rt = SimpleNamespace(arch="sm_90", smem_optin=232448, sm_count=132, builds=[], grids=[],
-                         args=[])
+    rt = SimpleNamespace(
+        arch="sm_90", smem_optin=232448, sm_count=132, builds=[], grids=[], args=[]
+    )
     rt.launch = lambda fn, grid, block, args, **k: rt.grids.append(grid) or rt.args.append(args)
-    rt.function = lambda name, entry, options=(), dyn_smem=0: rt.builds.append(
-        (name, entry, tuple(options))) or (name, entry)
+    rt.function = lambda name, entry, options=(), dyn_smem=0: (
+        rt.builds.append((name, entry, tuple(options))) or (name, entry)
+    )
     T, Hq, Hkv, D = 256, 8, 2, 128
     q, o = da.view(0x100000, (T, Hq, D), np.float16), da.view(0x300000, (T, Hq, D), np.float16)
     k, v = (da.view(p, (T + 5, Hkv, D), np.float16) for p in (0x500000, 0x700000))
     att.attention(rt, o, q, k, v, 0, tma=False)
     att.attention(rt, o, q, k, v, 0, build_opts=("-DATT_WG_NOLOAD",), tma=False)
     att.attention(rt, o, q, k, v, 0, tma=True)
-    assert rt.builds == [("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a",)),
-                         ("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a", "-DATT_WG_NOLOAD")),
-                         ("attention_sm90a", "attn_wg_tma_d128", ("-arch=sm_90a",))]
+    assert rt.builds == [
+        ("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a",)),
+        ("attention_sm90a", "attn_wg_d128", ("-arch=sm_90a", "-DATT_WG_NOLOAD")),
+        ("attention_sm90a", "attn_wg_tma_d128", ("-arch=sm_90a",)),
+    ]
     assert maps == [(0x500000, T + 5, Hkv * D, 128), (0x700000, T + 5, Hkv * D, 128)]
     a = rt.args[-1]
     assert a[0] is TMA_PARAM_PAD and len(a) == 3 + 14 + 2 + 1 and a[-1] == att.WG_TMA_MAGIC
     assert len(rt.args[0]) == 14
-    from minfer.quants.blk_ref import blk_shape   # the token operand from the epilogue
+    from minfer.quants.blk_ref import blk_shape  # the token operand from the epilogue
+
     tt = da.view(0x900000, blk_shape(T, Hq * D), np.uint8)
     att.attention(rt, o, q, k, v, 0, operand=tt, o_out=False, tma=True)
     a = rt.args[-1]
-    assert rt.builds[-1][1] == "attn_wg_tma_d128" and int(a[3 + 4]) == 0   # no o
-    assert int(a[-3]) == 0x900000 and int(a[-2]) == 256                     # ob, Tp
+    assert rt.builds[-1][1] == "attn_wg_tma_d128" and int(a[3 + 4]) == 0  # no o
+    assert int(a[-3]) == 0x900000 and int(a[-2]) == 256  # ob, Tp
     # 256 x 4 rows = 8 row blocks x 2 KV heads: 16 items, under the SMs
     assert rt.grids == [(16,)] * 4
     att.attention(rt, o, q, k, v, 0, blocks=3)

@@ -51,16 +51,22 @@ def _all(path, fmt="jsonl", n_ctx=64, n_predict=4, enc=words):
 
 # -- the formats --------------------------------------------------------------------------------
 def test_jsonl_forms_ids_and_blank_lines(tmp_path):
-    data = ('"one two"\n'
-            "\n"
-            "   \t\r\n"
-            '{"prompt": "three", "id": "q-7"}\n'
-            '{"messages": [{"role": "user", "content": "a bc"}], "id": 12}\n'
-            '{"prompt": "x y z"}')  # no final newline
+    data = (
+        '"one two"\n'
+        "\n"
+        "   \t\r\n"
+        '{"prompt": "three", "id": "q-7"}\n'
+        '{"messages": [{"role": "user", "content": "a bc"}], "id": 12}\n'
+        '{"prompt": "x y z"}'
+    )  # no final newline
     counts, ps = _all(_file(tmp_path, data))
     assert counts.dtype == np.int32 and counts.tolist() == [2, 1, 3, 3]
-    assert [(p.index, p.line, p.id) for p in ps] == [(0, 1, 0), (1, 4, "q-7"), (2, 5, 12),
-                                                     (3, 6, 3)]
+    assert [(p.index, p.line, p.id) for p in ps] == [
+        (0, 1, 0),
+        (1, 4, "q-7"),
+        (2, 5, 12),
+        (3, 6, 3),
+    ]
     assert [p.ids.tolist() for p in ps] == [[3, 3], [5], [100, 1, 2], [1, 1, 1]]
     assert all(isinstance(p, Prompt) and p.ids.dtype == np.int32 for p in ps)
     with pytest.raises(ValueError):
@@ -72,8 +78,9 @@ def test_lines_format(tmp_path):
     assert counts.tolist() == [2, 2, 1]
     assert [(p.line, p.id) for p in ps] == [(1, 0), (2, 1), (3, 2)]
     got = []
-    _all(_file(tmp_path, "a b\nc\n", "q.txt"), "lines",
-         enc=lambda t, m: got.append(t) or words(t, m))
+    _all(
+        _file(tmp_path, "a b\nc\n", "q.txt"), "lines", enc=lambda t, m: got.append(t) or words(t, m)
+    )
     assert got[:2] == ["a b", "c"]  # the final newline ends the last line, nothing more
 
 
@@ -84,7 +91,7 @@ def test_utf8_bom_at_the_start_is_dropped(tmp_path):
 
 # -- every refusal names its line ---------------------------------------------------------------
 BAD_JSONL = [
-    ('{bad', "invalid JSON"),
+    ("{bad", "invalid JSON"),
     ('"a" "b"', "invalid JSON"),
     ("42", "got a number"),
     ("[1, 2]", "got an array"),
@@ -128,13 +135,19 @@ def test_a_bad_jsonl_line_is_named(tmp_path, line, needle):
     assert needle in msg and "\n" not in msg, msg
 
 
-@pytest.mark.parametrize("data,line,needle", [
-    (b'"a"\n"b\xff"\n', 2, "invalid UTF-8 at byte offset 2 of the line (byte 0xff)"),
-    (b'"a"\n"\xc3"\n', 2, "invalid UTF-8"),
-    (b'"a"\n"b\x00c"\n', 2, "a NUL byte at byte offset 2"),
-    (b'"a"\n"b"\n"' + b"w " * 40 + b'"\n', 3, "prompt of 40 tokens + 4 generated tokens = 44 "
-                                              "exceeds the context of 43"),
-])
+@pytest.mark.parametrize(
+    "data,line,needle",
+    [
+        (b'"a"\n"b\xff"\n', 2, "invalid UTF-8 at byte offset 2 of the line (byte 0xff)"),
+        (b'"a"\n"\xc3"\n', 2, "invalid UTF-8"),
+        (b'"a"\n"b\x00c"\n', 2, "a NUL byte at byte offset 2"),
+        (
+            b'"a"\n"b"\n"' + b"w " * 40 + b'"\n',
+            3,
+            "prompt of 40 tokens + 4 generated tokens = 44 exceeds the context of 43",
+        ),
+    ],
+)
 def test_bytes_and_context_refusals_name_the_line(tmp_path, data, line, needle):
     path = _file(tmp_path, data)
     with open_prompts(path, "jsonl", words) as src:
@@ -181,12 +194,15 @@ def test_a_100_mb_line_is_never_in_memory(tmp_path):
     assert peak < 8 << 20, peak
 
 
-@pytest.mark.parametrize("data,line,needle", [
-    ("a\n\nb\n", 2, "an empty line is an empty prompt"),
-    ("a\nb\n\n", 3, "an empty line"),
-    ("a\n\r\n", 2, "an empty line"),
-    ("a\n   \n", 2, "0 tokens"),
-])
+@pytest.mark.parametrize(
+    "data,line,needle",
+    [
+        ("a\n\nb\n", 2, "an empty line is an empty prompt"),
+        ("a\nb\n\n", 3, "an empty line"),
+        ("a\n\r\n", 2, "an empty line"),
+        ("a\n   \n", 2, "0 tokens"),
+    ],
+)
 def test_lines_format_refusals(tmp_path, data, line, needle):
     path = _file(tmp_path, data, "p.txt")
     with open_prompts(path, "lines", words) as src:
@@ -195,11 +211,14 @@ def test_lines_format_refusals(tmp_path, data, line, needle):
     assert str(e.value).startswith(f"{path} line {line}: ") and needle in str(e.value), e.value
 
 
-@pytest.mark.parametrize("data,fmt,needle", [
-    ("", "jsonl", "no prompts in the file (it is empty)"),
-    ("", "lines", "no prompts in the file (it is empty)"),
-    ("\n  \n\r\n", "jsonl", "no prompts in the file (only blank lines)"),
-])
+@pytest.mark.parametrize(
+    "data,fmt,needle",
+    [
+        ("", "jsonl", "no prompts in the file (it is empty)"),
+        ("", "lines", "no prompts in the file (it is empty)"),
+        ("\n  \n\r\n", "jsonl", "no prompts in the file (only blank lines)"),
+    ],
+)
 def test_no_prompts(tmp_path, data, fmt, needle):
     path = _file(tmp_path, data)
     with open_prompts(path, fmt, words) as src:
@@ -281,12 +300,15 @@ def _rewrite(path, old, new, keep_mtime):
         os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-@pytest.mark.parametrize("old,new,keep_mtime", [
-    (b'"c d"', b'"c d e"', False),     # longer
-    (b'"c d"', b'"c dd"', True),       # same size, same mtime, a byte differs
-    (b'"c d"', b'"x y"', True),        # same token count, other text
-    (b"   ", b'"x"', True),            # a blank line became a prompt
-])
+@pytest.mark.parametrize(
+    "old,new,keep_mtime",
+    [
+        (b'"c d"', b'"c d e"', False),  # longer
+        (b'"c d"', b'"c dd"', True),  # same size, same mtime, a byte differs
+        (b'"c d"', b'"x y"', True),  # same token count, other text
+        (b"   ", b'"x"', True),  # a blank line became a prompt
+    ],
+)
 def test_a_file_changed_between_passes_is_refused(tmp_path, old, new, keep_mtime):
     path = _file(tmp_path, '"a b"\n   \n"c d"\n"e"\n')
     with open_prompts(path, "jsonl", words) as src:
@@ -357,8 +379,10 @@ class _CharTok:
         return [ord(c) for c in text]
 
 
-TEMPLATE = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 def _decode(ids):
@@ -394,19 +418,27 @@ def test_make_encoder_without_a_template(tmp_path):
     enc = make_encoder({}, tok, None, None, True)
     path = _file(tmp_path, '"fine"\n{"messages": [{"role": "user", "content": "x"}]}\n')
     with open_prompts(path, "jsonl", enc) as src:
-        with pytest.raises(BadInput, match=r'line 2: a "messages" prompt needs the model\'s '
-                                           r"chat template"):
+        with pytest.raises(
+            BadInput,
+            match=r'line 2: a "messages" prompt needs the model\'s '
+            r"chat template",
+        ):
             src.scan(64, 0)
 
 
 def test_a_template_refusal_names_the_line(tmp_path):
-    meta = {chat.TEMPLATE_KEY: "{% if messages[0].role == 'tool' %}"
-                               "{{ raise_exception('no tools') }}{% endif %}x"}
+    meta = {
+        chat.TEMPLATE_KEY: "{% if messages[0].role == 'tool' %}"
+        "{{ raise_exception('no tools') }}{% endif %}x"
+    }
     enc = make_encoder(meta, _CharTok(), None, None, True)
     path = _file(tmp_path, '"a"\n{"messages": [{"role": "tool", "content": "x"}]}\n')
     with open_prompts(path, "jsonl", enc) as src:
-        with pytest.raises(BadInput, match=r'line 2: "messages": the model\'s chat template '
-                                           r"refused the messages: no tools"):
+        with pytest.raises(
+            BadInput,
+            match=r'line 2: "messages": the model\'s chat template '
+            r"refused the messages: no tools",
+        ):
             src.scan(64, 0)
 
 
@@ -418,25 +450,30 @@ def real():
     from minfer.text.tokenizer import Tokenizer
 
     model = load_model(DEFAULT_MODEL)
-    return SimpleNamespace(meta=model.metadata, tok=Tokenizer.from_metadata(model.metadata),
-                           n_ctx=model.config.n_ctx)
+    return SimpleNamespace(
+        meta=model.metadata, tok=Tokenizer.from_metadata(model.metadata), n_ctx=model.config.n_ctx
+    )
 
 
 def test_the_default_models_tokenizer_and_template(tmp_path, real):
     meta, tok = real.meta, real.tok
-    conv = [{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "What is 2+2?"}]
-    data = "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in [
-        "The capital of France is",
-        {"prompt": "<|im_start|>é", "id": "s"},
-        {"messages": conv, "id": 7},
-    ])
+    conv = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+    data = "".join(
+        json.dumps(x, ensure_ascii=False) + "\n"
+        for x in [
+            "The capital of France is",
+            {"prompt": "<|im_start|>é", "id": "s"},
+            {"messages": conv, "id": 7},
+        ]
+    )
     for special in (True, False):
         enc = make_encoder(meta, tok, None, None, special)
         counts, ps = _all(_file(tmp_path, data), n_ctx=real.n_ctx, n_predict=32, enc=enc)
-        want = [tok.encode("The capital of France is", parse_special=special),
-                tok.encode("<|im_start|>é", parse_special=special),
-                chat.encode_messages(meta, tok, conv, special)]
+        want = [
+            tok.encode("The capital of France is", parse_special=special),
+            tok.encode("<|im_start|>é", parse_special=special),
+            chat.encode_messages(meta, tok, conv, special),
+        ]
         assert [p.ids.tolist() for p in ps] == want and counts.tolist() == list(map(len, want))
         assert [p.id for p in ps] == [0, "s", 7]
     text = tok.decode(ps[2].ids, special=True)
@@ -501,7 +538,7 @@ def test_writer_refuses_bad_outputs_up_front(tmp_path):
 
 
 def test_writer_writes_through_dev_null():
-    with ResultWriter("/dev/null") as w:   # written through (no fsync there: EINVAL)
+    with ResultWriter("/dev/null") as w:  # written through (no fsync there: EINVAL)
         w.write(RECORDS[0])
         w.commit()
     assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
@@ -512,8 +549,10 @@ def test_writer_stdout_is_jsonl_line_by_line(capsys, path):
     print("before")
     with ResultWriter(path) as w:
         w.write(RECORDS[0])
-        assert capsys.readouterr().out == "before\n" + json.dumps(RECORDS[0],
-                                                                  ensure_ascii=False) + "\n"
+        assert (
+            capsys.readouterr().out
+            == "before\n" + json.dumps(RECORDS[0], ensure_ascii=False) + "\n"
+        )
         w.write(RECORDS[1])
         w.commit()
     out = capsys.readouterr().out

@@ -27,7 +27,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    import minfer   # the README's entry point
+    import minfer  # the README's entry point
 
     return _prepared(minfer.Engine(str(tiny), backend="cpu", ubatch=48))
 
@@ -89,8 +89,7 @@ def tols(engine, alone):
     pairs = [(a[0].last_logits, b[0].last_logits) for a, b in zip(alone["f32"], alone["f64"])]
     pairs += [(a[1], b[1]) for a, b in zip(alone["f32"], alone["f64"]) if a[1] is not None]
     cfg = engine.model.config
-    return {"f32": tolerance.f32_tol(tolerance.f32_err(pairs), s),
-            "f64": tolerance.f64_tol(cfg, s)}
+    return {"f32": tolerance.f32_tol(tolerance.f32_err(pairs), s), "f64": tolerance.f64_tol(cfg, s)}
 
 
 @pytest.mark.identity
@@ -100,7 +99,7 @@ def test_packed_equals_each_prompt_alone(engine, oracle, alone, tols, dtype, sha
     eng, tol = (engine if dtype == "f32" else oracle), tols[dtype]
     prompts = _prompts(eng.model.config.vocab_size)
     out = eng.prefill(prompts, n_predict=6, logprobs=True, share_prefix=share)
-    assert [c.index for c in out] == list(range(len(prompts)))   # input order
+    assert [c.index for c in out] == list(range(len(prompts)))  # input order
     for c, ids, (res, lp, _) in zip(out, prompts, alone[dtype]):
         assert c.prompt_tokens == len(ids) and len(c.tokens) == 6
         v = compare_greedy(c.tokens, res.greedy_ids, res.step_margins, tol)
@@ -123,8 +122,15 @@ def test_waves_give_the_same_results(tiny, tols, dtype):
     prompts = _prompts(one.model.config.vocab_size)
     full = one.prefill(prompts, n_predict=3, logprobs=True)
     got = []
-    tot = runner.run(one.backend, enumerate(prompts), 3, kv_slots=3 * 128, ubatch=48,
-                     logprobs=True, emit=got.append)
+    tot = runner.run(
+        one.backend,
+        enumerate(prompts),
+        3,
+        kv_slots=3 * 128,
+        ubatch=48,
+        logprobs=True,
+        emit=got.append,
+    )
     assert tot.waves > 2 and [r.key for r in got] == list(range(len(prompts)))
     for a, b in zip(got, full):
         v = compare_greedy(a.greedy, b.tokens, b.margins, tols[dtype])
@@ -138,14 +144,22 @@ def test_shared_prefixes_are_computed_once(engine, tols):
 
     prompts = _prompts(engine.model.config.vocab_size)
     on, off = [], []
-    t_on = runner.run(engine.backend, enumerate(prompts), 1, kv_slots=engine.kv_slots,
-                      ubatch=48, emit=on.append)
-    t_off = runner.run(engine.backend, enumerate(prompts), 1, kv_slots=engine.kv_slots,
-                       ubatch=48, share=False, emit=off.append)
+    t_on = runner.run(
+        engine.backend, enumerate(prompts), 1, kv_slots=engine.kv_slots, ubatch=48, emit=on.append
+    )
+    t_off = runner.run(
+        engine.backend,
+        enumerate(prompts),
+        1,
+        kv_slots=engine.kv_slots,
+        ubatch=48,
+        share=False,
+        emit=off.append,
+    )
     assert t_off.computed_tokens == t_on.prompt_tokens == sum(map(len, prompts))
     # the duplicate's 4 rows and two sharers' 29 + 29 rows... at least the 30-token head twice
     assert t_on.computed_tokens <= t_off.computed_tokens - 2 * 29
-    for a, b in zip(on, off):   # another packing: equal up to a near-tie
+    for a, b in zip(on, off):  # another packing: equal up to a near-tie
         v = compare_greedy(a.greedy, b.greedy, b.margins, tols["f32"])
         assert v.ok, f"prompt {a.key}: {v.describe()}"
 
@@ -158,15 +172,23 @@ def test_stop_ids_end_a_sequence(oracle):
     engine = oracle
     prompts = _prompts(engine.model.config.vocab_size)[:4]
     free = []
-    runner.run(engine.backend, enumerate(prompts), 5, kv_slots=engine.kv_slots, ubatch=48,
-               emit=free.append)
+    runner.run(
+        engine.backend, enumerate(prompts), 5, kv_slots=engine.kv_slots, ubatch=48, emit=free.append
+    )
     stop = {free[0].greedy[2]}
     got = []
-    runner.run(engine.backend, enumerate(prompts), 5, kv_slots=engine.kv_slots, ubatch=48,
-               emit=got.append, stop_ids=stop)
+    runner.run(
+        engine.backend,
+        enumerate(prompts),
+        5,
+        kv_slots=engine.kv_slots,
+        ubatch=48,
+        emit=got.append,
+        stop_ids=stop,
+    )
     for a, b in zip(got, free):
         k = next((i for i, t in enumerate(b.greedy) if t in stop), None)
-        assert a.greedy == (b.greedy if k is None else b.greedy[:k + 1])
+        assert a.greedy == (b.greedy if k is None else b.greedy[: k + 1])
         assert a.eos == (k is not None)
 
 
@@ -186,7 +208,7 @@ def test_api_refusals(engine):
     with pytest.raises(BadInput, match="0 tokens"):
         engine.prefill([[]])
     with pytest.raises(BadInput, match="out of range"):
-        engine.prefill([[10 ** 6]])
+        engine.prefill([[10**6]])
     with pytest.raises(BadInput, match='unknown key "text"'):
         engine.prefill([{"text": "x"}])
 
@@ -197,7 +219,7 @@ def test_api_ids_text_and_close(tiny):
     with minfer.Engine(str(tiny), backend="cpu") as eng:
         out = eng.prefill([{"prompt": "abc", "id": "first"}, "abc", [97, 98, 99]], n_predict=3)
         assert [c.id for c in out] == ["first", 1, 2]
-        assert out[0].tokens == out[1].tokens == out[2].tokens   # the same ids three ways
+        assert out[0].tokens == out[1].tokens == out[2].tokens  # the same ids three ways
         assert out[0].text == eng.tok.decode(out[0].tokens)
     assert eng.backend is None
 
@@ -213,34 +235,72 @@ def test_cli_prompts_file(tmp_path, tiny):
     p = tmp_path / "p.jsonl"
     p.write_text('"hello there"\n{"prompt": "abc", "id": "x"}\n\n"hello there"\n"q"\n')
     out = tmp_path / "out.jsonl"
-    code, stdout, stderr = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny),
-                                    "--backend", "cpu", "-n", "3", "--logprobs", "-o", str(out)])
+    code, stdout, stderr = run_cli(
+        [
+            "prefill",
+            "--prompts",
+            str(p),
+            "-m",
+            str(tiny),
+            "--backend",
+            "cpu",
+            "-n",
+            "3",
+            "--logprobs",
+            "-o",
+            str(out),
+        ]
+    )
     assert code == 0, stderr
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert [r["id"] for r in recs] == [0, "x", 2, 3]
-    assert recs[0]["greedy_ids"] == recs[2]["greedy_ids"]   # duplicates
+    assert recs[0]["greedy_ids"] == recs[2]["greedy_ids"]  # duplicates
     for r in recs:
         assert len(r["greedy_ids"]) == 3 and len(r["logprobs"]) == r["n_prompt"] - 1
         assert r["logprob_sum"] == pytest.approx(sum(r["logprobs"]), abs=1e-4)
-        assert set(r) == {"id", "n_prompt", "greedy_ids", "text", "stopped_at_eos",
-                          "logprobs", "logprob_sum"}
+        assert set(r) == {
+            "id",
+            "n_prompt",
+            "greedy_ids",
+            "text",
+            "stopped_at_eos",
+            "logprobs",
+            "logprob_sum",
+        }
     assert "prompts  4 prompts" in stderr and "tok/s aggregate" in stderr
     # stdout mode: the same records
-    code, stdout, _ = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny), "--backend",
-                               "cpu", "-n", "3", "--logprobs", "-q"])
+    code, stdout, _ = run_cli(
+        [
+            "prefill",
+            "--prompts",
+            str(p),
+            "-m",
+            str(tiny),
+            "--backend",
+            "cpu",
+            "-n",
+            "3",
+            "--logprobs",
+            "-q",
+        ]
+    )
     assert code == 0 and [json.loads(x) for x in stdout.splitlines()] == recs
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["-p", "x"], "either --prompts FILE or one prompt"),
-    (["--json"], "--json: with --prompts"),
-    (["-n", "-1"], "-n -1"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["-p", "x"], "either --prompts FILE or one prompt"),
+        (["--json"], "--json: with --prompts"),
+        (["-n", "-1"], "-n -1"),
+    ],
+)
 def test_cli_prompts_refusals(tmp_path, tiny, args, needle):
     p = tmp_path / "p.jsonl"
     p.write_text('"a"\n')
-    code, _, stderr = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny), "--backend",
-                               "cpu", *args])
+    code, _, stderr = run_cli(
+        ["prefill", "--prompts", str(p), "-m", str(tiny), "--backend", "cpu", *args]
+    )
     assert code == 2 and len(error_lines(stderr)) == 1 and needle in stderr
 
 
@@ -254,26 +314,60 @@ def test_cli_bad_line_before_any_work(tmp_path, tiny):
     p = tmp_path / "p.jsonl"
     p.write_text('"a"\n{"promt": "b"}\n')
     out = tmp_path / "o.jsonl"
-    code, _, stderr = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny), "--backend",
-                               "cpu", "-o", str(out)])
+    code, _, stderr = run_cli(
+        ["prefill", "--prompts", str(p), "-m", str(tiny), "--backend", "cpu", "-o", str(out)]
+    )
     assert code == 2 and error_lines(stderr) and "line 2" in error_lines(stderr)[0]
     assert not out.exists()
 
 
 def test_bench_batch_cpu(tiny):
-    code, out, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", "--batch", "6",
-                              "--tokens", "9", "--shared-prefix", "20", "-n", "3", "-r", "1"])
+    code, out, err = run_cli(
+        [
+            "bench",
+            "-m",
+            str(tiny),
+            "--backend",
+            "cpu",
+            "--batch",
+            "6",
+            "--tokens",
+            "9",
+            "--shared-prefix",
+            "20",
+            "-n",
+            "3",
+            "-r",
+            "1",
+        ]
+    )
     assert code == 0, err
     rows = [ln for ln in out.splitlines() if ln.startswith("| default")]
     assert len(rows) == 2 and "| on (" in rows[0] and "| off (174 computed)" in rows[1]
-    code, out, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", "--batch", "5",
-                              "--log-uniform", "2:40", "-r", "1"])
+    code, out, err = run_cli(
+        [
+            "bench",
+            "-m",
+            str(tiny),
+            "--backend",
+            "cpu",
+            "--batch",
+            "5",
+            "--log-uniform",
+            "2:40",
+            "-r",
+            "1",
+        ]
+    )
     assert code == 0, err
     assert "5 prompts" in out
-    for bad, needle in ((["--batch", "0"], "--batch 0"), (["--batch", "2", "-n", "1,2"], "one count"),
-                        (["--log-uniform", "5:2", "--batch", "2"], "1 <= A <= B"),
-                        (["--shared-prefix", "4"], "goes with --batch"),
-                        (["--batch", "2", "--plot", "x.png"], "--plot draws")):
+    for bad, needle in (
+        (["--batch", "0"], "--batch 0"),
+        (["--batch", "2", "-n", "1,2"], "one count"),
+        (["--log-uniform", "5:2", "--batch", "2"], "1 <= A <= B"),
+        (["--shared-prefix", "4"], "goes with --batch"),
+        (["--batch", "2", "--plot", "x.png"], "--plot draws"),
+    ):
         code, _, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", *bad])
         assert code == 2 and needle in err, err
 
@@ -282,13 +376,13 @@ def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
     """A NaN embedding row (token 7): the error names the prompt whose chunk met it, not the
     others; the CLI names its line and id."""
     import numpy as np
+    from synth_data import small_parts, write_small
 
     from minfer.batch import run as runner
     from minfer.batch.api import Engine
     from minfer.errors import NumericError
-    from synth_data import small_parts, write_small
 
-    meta, tensors = small_parts(seed=1, tied=False)   # (tied: every logit row 7 NaN)
+    meta, tensors = small_parts(seed=1, tied=False)  # (tied: every logit row 7 NaN)
     name, qt, shape, data = tensors[0]
     data = data.copy()
     data[7] = np.nan
@@ -297,15 +391,37 @@ def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
     eng = Engine(str(path), backend="cpu", ubatch=3)
     eng.prepare(128, 512)
     with pytest.raises(NumericError, match=r"\[the prefill chunk of prompt 1\]"):
-        runner.run(eng.backend, enumerate([np.array([1, 2, 3]), np.array([4, 7, 5])]), 2,
-                   kv_slots=eng.kv_slots, ubatch=3, share=False)
+        runner.run(
+            eng.backend,
+            enumerate([np.array([1, 2, 3]), np.array([4, 7, 5])]),
+            2,
+            kv_slots=eng.kv_slots,
+            ubatch=3,
+            share=False,
+        )
     tok = eng.tok
-    seven = next(c for c in map(chr, range(1, 127)) if 7 in tok.encode(c))   # (a byte vocab)
+    seven = next(c for c in map(chr, range(1, 127)) if 7 in tok.encode(c))  # (a byte vocab)
     p = tmp_path / "p.jsonl"
     p.write_text('"ab"\n\n' + json.dumps({"prompt": "a" + seven, "id": "q"}) + "\n")
     out = tmp_path / "o.jsonl"
-    code, _, err = run_cli(["prefill", "--prompts", str(p), "-m", str(path), "--backend",
-                            "cpu", "-n", "1", "--no-prefix-share", "-ub", "2", "-o", str(out)])
+    code, _, err = run_cli(
+        [
+            "prefill",
+            "--prompts",
+            str(p),
+            "-m",
+            str(path),
+            "--backend",
+            "cpu",
+            "-n",
+            "1",
+            "--no-prefix-share",
+            "-ub",
+            "2",
+            "-o",
+            str(out),
+        ]
+    )
     assert code == 3 and len(error_lines(err)) == 1, err
     assert f"[the prefill chunk of {p} line 3 (id 'q')]" in err and not out.exists()
 
@@ -334,7 +450,7 @@ def test_ten_thousand_tiny_prompts(tiny, tols):
     lens = rng.integers(1, 4, 10_000)
     seen = []
 
-    def prompts():   # a generator: the runner never holds the input whole
+    def prompts():  # a generator: the runner never holds the input whole
         r = np.random.default_rng(10)
         for k, n in enumerate(lens):
             yield k, r.integers(0, V, n).astype(np.int32)
@@ -349,8 +465,23 @@ def test_ten_thousand_tiny_prompts(tiny, tols):
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])
 def test_bench_batch_formats(tiny, fmt):
-    code, out, err = run_cli(["bench", "-m", str(tiny), "--backend", "cpu", "--batch", "3",
-                              "--tokens", "5", "-r", "1", "-o", fmt])
+    code, out, err = run_cli(
+        [
+            "bench",
+            "-m",
+            str(tiny),
+            "--backend",
+            "cpu",
+            "--batch",
+            "3",
+            "--tokens",
+            "5",
+            "-r",
+            "1",
+            "-o",
+            fmt,
+        ]
+    )
     assert code == 0, err
     if fmt == "json":
         (rec,) = json.loads(out)
@@ -358,7 +489,7 @@ def test_bench_batch_formats(tiny, fmt):
     else:
         head, row = out.strip().splitlines()
         assert "prefill_tok_s" in head.split(",") and row.count(",") == head.count(",")
-    assert "backend cpu" in err   # the notes on stderr, the records alone on stdout
+    assert "backend cpu" in err  # the notes on stderr, the records alone on stdout
 
 
 def test_cli_prompts_f64(tmp_path, tiny, tols):
@@ -367,10 +498,24 @@ def test_cli_prompts_f64(tmp_path, tiny, tols):
     p.write_text('"hello"\n"abc"\n')
     outs = []
     for extra in ([], ["--dtype", "f64"]):
-        code, out, err = run_cli(["prefill", "--prompts", str(p), "-m", str(tiny), "--backend",
-                                  "cpu", "-n", "4", "--logprobs", "-q", *extra])
+        code, out, err = run_cli(
+            [
+                "prefill",
+                "--prompts",
+                str(p),
+                "-m",
+                str(tiny),
+                "--backend",
+                "cpu",
+                "-n",
+                "4",
+                "--logprobs",
+                "-q",
+                *extra,
+            ]
+        )
         assert code == 0, err
         outs.append([json.loads(x) for x in out.splitlines()])
     assert [r["greedy_ids"] for r in outs[0]] == [r["greedy_ids"] for r in outs[1]]
     d = max(abs(a - b) for r0, r1 in zip(*outs) for a, b in zip(r0["logprobs"], r1["logprobs"]))
-    assert 0 < d <= tols["f32"]   # f32 and f64 differ, by the f32 error measured on _prompts
+    assert 0 < d <= tols["f32"]  # f32 and f64 differ, by the f32 error measured on _prompts

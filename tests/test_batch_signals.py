@@ -27,16 +27,20 @@ import time
 from pathlib import Path
 
 import pytest
-
 from proc_helpers import group_alive as _group_alive
 from proc_helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 N_PROMPTS = 1500
-WORDS = ("alpha beta gamma delta river stone cloud light north quiet seven amber "
-         "field glass ember frost maple orbit").split()
-EXIT = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated"),
-        signal.SIGHUP: (129, "terminated")}
+WORDS = (
+    "alpha beta gamma delta river stone cloud light north quiet seven amber "
+    "field glass ember frost maple orbit"
+).split()
+EXIT = {
+    signal.SIGINT: (130, "interrupted"),
+    signal.SIGTERM: (143, "terminated"),
+    signal.SIGHUP: (129, "terminated"),
+}
 TABLE: list[tuple] = []  # (signal, moment, exit code, OUT state, temp files, results at signal)
 
 
@@ -49,9 +53,14 @@ def _preexec():
 def _start(args, cwd) -> subprocess.Popen:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return subprocess.Popen([sys.executable, "-m", "minfer", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_preexec)
+    return subprocess.Popen(
+        [sys.executable, "-m", "minfer", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_preexec,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +83,19 @@ def prompts(tmp_path_factory) -> Path:
 
 
 def _args(prompts: Path, tiny: Path) -> list[str]:
-    return ["prefill", "--prompts", str(prompts), "-o", "out.jsonl", "--backend", "cpu",
-            "-m", str(tiny), "-n", "2"]
+    return [
+        "prefill",
+        "--prompts",
+        str(prompts),
+        "-o",
+        "out.jsonl",
+        "--backend",
+        "cpu",
+        "-m",
+        str(tiny),
+        "-n",
+        "2",
+    ]
 
 
 def _tmp_files(folder: Path) -> list[str]:
@@ -97,8 +117,9 @@ def _records(p: Path) -> int:
 
 
 @pytest.mark.parametrize("moment", ["setup", "mid-run"])
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
-                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_signal_leaves_no_output(tmp_path, tiny, prompts, sig, moment):
     proc = _start(_args(prompts, tiny), tmp_path)
     tmp = tmp_path / f".out.jsonl.tmp-{proc.pid}"
@@ -106,15 +127,24 @@ def test_signal_leaves_no_output(tmp_path, tiny, prompts, sig, moment):
         want, step = (lambda: _size(tmp) >= 0), 0.002
     else:
         want, step = (lambda: _records(tmp) >= N_PROMPTS // 2), 0.01
-    assert wait_for(want, proc, timeout=120.0, step=step), f"the run ended first: {proc.communicate()}"
+    assert wait_for(want, proc, timeout=120.0, step=step), (
+        f"the run ended first: {proc.communicate()}"
+    )
     done = _records(tmp)
     os.killpg(proc.pid, sig)
     out, err = proc.communicate(timeout=120)
     code, err = proc.returncode, err.decode(errors="replace")
     left = sorted(p.name for p in tmp_path.iterdir())
-    TABLE.append((signal.Signals(sig).name, moment, code,
-                  "present" if "out.jsonl" in left else "absent", _tmp_files(tmp_path) or "none",
-                  f"{max(done, 0)}/{N_PROMPTS}"))
+    TABLE.append(
+        (
+            signal.Signals(sig).name,
+            moment,
+            code,
+            "present" if "out.jsonl" in left else "absent",
+            _tmp_files(tmp_path) or "none",
+            f"{max(done, 0)}/{N_PROMPTS}",
+        )
+    )
     assert "Traceback" not in err and "Error" not in err, err[-3000:]
     assert code == EXIT[sig][0], err[-3000:]
     assert [x for x in err.splitlines() if x.strip()] == [EXIT[sig][1]], err[-3000:]
@@ -133,8 +163,9 @@ def test_run_to_completion_writes_every_record(tmp_path, tiny, prompts, report):
     wall = time.perf_counter() - t0
     code, err = proc.returncode, err.decode(errors="replace")
     assert code == 0, err[-3000:]
-    assert "Traceback" not in err and not [x for x in err.splitlines()
-                                           if x.startswith("error:")], err
+    assert "Traceback" not in err and not [x for x in err.splitlines() if x.startswith("error:")], (
+        err
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl"]  # no temporary file
     data = (tmp_path / "out.jsonl").read_bytes()
     assert data.endswith(b"\n")
@@ -142,13 +173,23 @@ def test_run_to_completion_writes_every_record(tmp_path, tiny, prompts, report):
     assert len(recs) == N_PROMPTS
     assert [r["id"] for r in recs] == list(range(N_PROMPTS))
     assert all(r["n_prompt"] > 0 and len(r["greedy_ids"]) == 2 for r in recs)
-    TABLE.append(("none", "completion", code, f"complete ({len(recs)} records)", "none",
-                  f"{N_PROMPTS}/{N_PROMPTS}"))
+    TABLE.append(
+        (
+            "none",
+            "completion",
+            code,
+            f"complete ({len(recs)} records)",
+            "none",
+            f"{N_PROMPTS}/{N_PROMPTS}",
+        )
+    )
     head = ("signal", "moment", "exit", "OUT", "temp files left", "results written at signal")
     rows = [head] + [tuple(map(str, r)) for r in TABLE]
     w = [max(len(r[i]) for r in rows) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows)
     print(f"\nprefill --prompts ({N_PROMPTS} prompts, full run {wall:.1f} s):\n{text}")
     for r in TABLE:
-        report(f"batch signals: {r[0]:7s} at {r[1]:10s} -> exit {r[2]}, OUT {r[3]}, "
-               f"temp files left {r[4]}, results written at the signal {r[5]}")
+        report(
+            f"batch signals: {r[0]:7s} at {r[1]:10s} -> exit {r[2]}, OUT {r[3]}, "
+            f"temp files left {r[4]}, results written at the signal {r[5]}"
+        )

@@ -10,8 +10,15 @@ import pytest
 from fake_gpuarray import install
 
 from minfer.cuda.ops.attention import attention, operand_fuses
-from minfer.cuda.ops.mmq_blk import (NORM_MAX_K, BlkTokens, BlkWeight, blk_operand, blk_weight,
-                                     blk_operand_rmsnorm, mmq_blk_linear)
+from minfer.cuda.ops.mmq_blk import (
+    NORM_MAX_K,
+    BlkTokens,
+    BlkWeight,
+    blk_operand,
+    blk_operand_rmsnorm,
+    blk_weight,
+    mmq_blk_linear,
+)
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
 from minfer.quants.blk_ref import BLK_OP, kblocks, pad128
@@ -31,7 +38,7 @@ class FakeRT:
     def alloc(self, nbytes, what):
         return np.uintp(0xE00000)
 
-    def workspace(self, what, nbytes, zeroed):   # (stream-K's partials and flags)
+    def workspace(self, what, nbytes, zeroed):  # (stream-K's partials and flags)
         return np.uintp(0xF00000), np.uintp(0xF80000)
 
     def launch(self, fn, grid, block, args, smem=0, stream=None):
@@ -51,15 +58,15 @@ def _attn(T, Hq, Hkv, D):
 
 def test_attention_writes_the_operand_from_the_wgmma_epilogue():
     rt = FakeRT()
-    o, q, kc, vc = _attn(70, 8, 4, 128)                 # 70 tokens x 2 heads a KV head
+    o, q, kc, vc = _attn(70, 8, 4, 128)  # 70 tokens x 2 heads a KV head
     tt = da.view(0x800000, (8, pad128(70) // 128, BLK_OP), U8)
     assert operand_fuses(rt, 70, 2, 128) and not operand_fuses(rt, 60, 2, 128)
     attention(rt, o, q, kc, vc, 0, operand=tt, o_out=False, tma=False)
-    (fn, grid, args), = rt.launches
-    assert fn == ("attention_sm90a", "attn_wg_d128_blk") and grid == (8,)   # 2 x 4 items
-    assert args[4] == 0 and args[-2:] == [0x800000, 128]   # no o; the operand, Tp
+    ((fn, grid, args),) = rt.launches
+    assert fn == ("attention_sm90a", "attn_wg_d128_blk") and grid == (8,)  # 2 x 4 items
+    assert args[4] == 0 and args[-2:] == [0x800000, 128]  # no o; the operand, Tp
     attention(rt, o, q, kc, vc, 0, operand=tt, tma=False)
-    assert rt.launches[-1][2][4] == 0x400000                 # o written too
+    assert rt.launches[-1][2][4] == 0x400000  # o written too
     attention(rt, o, q, kc, vc, 0, tma=False)
     assert rt.launches[-1][0] == ("attention_sm90a", "attn_wg_d128")
 
@@ -69,7 +76,7 @@ def test_attention_refuses_an_operand_it_cannot_write():
     o, q, kc, vc = _attn(70, 8, 4, 64)
     tt = da.view(0x800000, (4, 1, BLK_OP), U8)
     with pytest.raises(GPUError, match="wgmma kernel at head_dim 128"):
-        attention(rt, o, q, kc, vc, 0, operand=tt)           # head_dim 64
+        attention(rt, o, q, kc, vc, 0, operand=tt)  # head_dim 64
     o, q, kc, vc = _attn(60, 8, 4, 128)
     with pytest.raises(GPUError, match=r"\(kernel mma, head_dim 128\)"):
         attention(rt, o, q, kc, vc, 0, operand=da.view(0x800000, (8, 1, BLK_OP), U8))
@@ -88,16 +95,17 @@ def test_rmsnorm_operand_launch_and_refusals():
     tt = da.view(0x800000, (kblocks(K), pad128(M) // 128, BLK_OP), U8)
     got = blk_operand_rmsnorm(rt, x, w, 1e-5, tt)
     assert (got.M, got.K) == (M, K)
-    (fn, grid, args), = rt.launches
-    assert fn == ("mmq_blk", "rmsnorm_blk_operand") and grid == (256,)   # a CTA per token row
-    assert args[3] == 0 and args[-4:] == [M, K, 256, 0]                  # no h16, per block
+    ((fn, grid, args),) = rt.launches
+    assert fn == ("mmq_blk", "rmsnorm_blk_operand") and grid == (256,)  # a CTA per token row
+    assert args[3] == 0 and args[-4:] == [M, K, 256, 0]  # no h16, per block
     assert not got.per_token
     got = blk_operand_rmsnorm(rt, x, w, 1e-5, tt, per_token=True)
     assert got.per_token and rt.launches[-1][2][-1] == 1
     for bad in ((4, NORM_MAX_K + 256), (4, 100)):
         with pytest.raises(GPUError, match="K a multiple of 8 up to 8192"):
-            blk_operand_rmsnorm(rt, da.view(0x100000, bad, F32), da.view(0x200000, bad[1:], F32),
-                                1e-5)
+            blk_operand_rmsnorm(
+                rt, da.view(0x100000, bad, F32), da.view(0x200000, bad[1:], F32), 1e-5
+            )
     assert len(rt.launches) == 2
 
 
@@ -109,15 +117,15 @@ def test_per_token_operand_picks_its_prepass_and_gemm_entries():
     x16 = da.view(0x100000, (M, K), F16)
     tt = da.view(0x800000, (kblocks(K), pad128(M) // 128, BLK_OP), U8)
     op = blk_operand(rt, x16, tt, per_token=True)
-    (fn, grid, args), = rt.launches
+    ((fn, grid, args),) = rt.launches
     assert fn == ("mmq_blk", "blk_operand_f16_tok") and grid == (pad128(M) // 8,)
     assert op.per_token and args[2:5] == [M, K, pad128(M)]
     blk_operand(rt, x16, tt)
     assert rt.launches[-1][0] == ("mmq_blk", "blk_operand_f16")
-    assert rt.launches[-1][2][-1] == 1                   # tokens: a scale per block
+    assert rt.launches[-1][2][-1] == 1  # tokens: a scale per block
     quads = pad128(M) * kblocks(K)
     assert rt.launches[-1][1] == ((quads + 63) // 64,)
-    blk_weight(rt, x16)                                  # a weight: a scale per pair of blocks
+    blk_weight(rt, x16)  # a weight: a scale per pair of blocks
     (fn, grid, args) = rt.launches[-1]
     assert fn == ("mmq_blk", "blk_operand_f16") and args[-1] == 2
     assert grid == ((pad128(M) * -(-kblocks(K) // 2) + 63) // 64,)
@@ -140,5 +148,5 @@ def test_per_token_operand_picks_its_prepass_and_gemm_entries():
         want = [entry] + glus if per_token else [entry, entry + "_acc"] + glus
         assert [f[1] for f, _, _ in rt.launches] == want
     rt.launches.clear()
-    mmq_blk_linear(rt, x16, w, M, N, K, out, per_token=True)   # the operand made here
+    mmq_blk_linear(rt, x16, w, M, N, K, out, per_token=True)  # the operand made here
     assert [f[1] for f, _, _ in rt.launches] == ["blk_operand_f16_tok", "mmq_blk_tok"]

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
-from minfer.text import chat
 from minfer.cli import main
 from minfer.errors import BadInput, BadModel
-from synth_data import tiny_model
+from minfer.text import chat
 
 # SmolLM2-135M-Instruct's template, as its GGUF carries it: a default system message, ChatML
 SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -24,8 +24,11 @@ def _reuse_loaded_model(monkeypatch, default_model, default_model_path):
     import minfer.gguf.loader
 
     real = minfer.gguf.loader.load_model
-    monkeypatch.setattr(minfer.gguf.loader, "load_model",
-                        lambda p: default_model if str(p) == str(default_model_path) else real(p))
+    monkeypatch.setattr(
+        minfer.gguf.loader,
+        "load_model",
+        lambda p: default_model if str(p) == str(default_model_path) else real(p),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +51,10 @@ def _run(capsys, *args):
 
 
 def _chatml(user: str, system: str = SMOL_SYSTEM) -> str:
-    return (f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
-            "<|im_start|>assistant\n")
+    return (
+        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 # -- the default run answers -----------------------------------------------------------------
@@ -58,8 +63,9 @@ def test_default_prefill_is_a_chat_that_answers(capsys, tok):
     assert code == 0, err
     d = json.loads(out)
     assert d["chat"] is True
-    assert d["prompt_ids"] == tok.encode(_chatml("What is the capital of France?"),
-                                         parse_special=True)
+    assert d["prompt_ids"] == tok.encode(
+        _chatml("What is the capital of France?"), parse_special=True
+    )
     assert d["prompt_ids"][0] == tok.token_to_id["<|im_start|>"]
     # decoding ends at the end of the turn, well before the 32-token budget, with an answer
     assert d["stopped_at_eos"] is True and d["greedy_ids"][-1] in tok.eog_ids
@@ -152,9 +158,11 @@ def _meta(t):
 
 
 def test_render_environment_like_hf():
-    msgs = chat.messages("hé \"q\"", system="s")
-    t = ("{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content | tojson }}"
-         "{% endfor %}{% if add_generation_prompt %}{{ eos_token }}{% endif %}")
+    msgs = chat.messages('hé "q"', system="s")
+    t = (
+        "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content | tojson }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ eos_token }}{% endif %}"
+    )
     assert chat.render(_meta(t), _fake_tok(), msgs) == '<s>[system]"s"[user]"hé \\"q\\""</s>'
     # a tokenizer that adds BOS itself: the template's BOS is dropped (llama.cpp), not doubled
     assert chat.render(_meta(t), _fake_tok(add_bos=True), msgs).startswith("[system]")
@@ -162,17 +170,30 @@ def test_render_environment_like_hf():
     assert year.isdigit() and len(year) == 4
     # trim_blocks / lstrip_blocks as HF sets them
     assert chat.render(_meta("  {% if true %}\nx{% endif %}\n"), _fake_tok(), msgs) == "x"
-    assert chat.render(_meta("{% for i in [1,2,3] %}{% if i == 2 %}{% break %}{% endif %}"
-                             "{{ i }}{% endfor %}"), _fake_tok(), msgs) == "1"
+    assert (
+        chat.render(
+            _meta("{% for i in [1,2,3] %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}"),
+            _fake_tok(),
+            msgs,
+        )
+        == "1"
+    )
 
 
-@pytest.mark.parametrize("template,err,needle", [
-    ("{{ raise_exception('System role not supported') }}", BadInput, "System role not supported"),
-    ("{{ ''.__class__.__mro__[1].__subclasses__() }}", BadModel, "does not render"),
-    ("{% for %}", BadModel, "does not render"),
-    ("{{ messages.append(1) }}", BadModel, "does not render"),  # immutable sandbox
-    ("", BadInput, "chat_template"),
-])
+@pytest.mark.parametrize(
+    "template,err,needle",
+    [
+        (
+            "{{ raise_exception('System role not supported') }}",
+            BadInput,
+            "System role not supported",
+        ),
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", BadModel, "does not render"),
+        ("{% for %}", BadModel, "does not render"),
+        ("{{ messages.append(1) }}", BadModel, "does not render"),  # immutable sandbox
+        ("", BadInput, "chat_template"),
+    ],
+)
 def test_render_errors(template, err, needle):
     with pytest.raises(err, match=needle):
         chat.render(_meta(template), _fake_tok(), chat.messages("hi"))

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from synth_data import tiny_model
 
 from minfer.cli import cli, main
-from synth_data import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def test_bench_json(capsys, tiny):
         assert r["backend"] == "cpu" and r["model"] == str(tiny)
         assert len(r["samples_tok_s"]) == 2 and r["tok_s"] > 0
         assert min(r["samples_tok_s"]) <= r["tok_s"] <= max(r["samples_tok_s"])
-        assert (r["min_ms"], r["idle_s"]) == (0, 0)   # the regime (no idle gap on a CPU)
+        assert (r["min_ms"], r["idle_s"]) == (0, 0)  # the regime (no idle gap on a CPU)
     assert "backend cpu" in err
 
 
@@ -77,8 +77,8 @@ def test_bench_csv_and_md(capsys, tiny):
 
 
 def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
-    from minfer.tools import bench as B
     from minfer.gguf.loader import load_model
+    from minfer.tools import bench as B
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -96,14 +96,16 @@ def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
         assert ("bench:" in text and "/6 " in text and "sample" in text) == shown, text
 
 
-def test_bench_plot_without_matplotlib_fails_before_benchmarking(monkeypatch, capsys, tiny,
-                                                                   tmp_path):
+def test_bench_plot_without_matplotlib_fails_before_benchmarking(
+    monkeypatch, capsys, tiny, tmp_path
+):
     import minfer.tools.bench
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
     monkeypatch.setattr(minfer.tools.bench, "run", lambda *a, **k: pytest.fail("benchmarked"))
-    code, out, err = _main(capsys, *BENCH[:1], "-m", str(tiny), *BENCH[1:], "--plot",
-                           str(tmp_path / "p.png"))
+    code, out, err = _main(
+        capsys, *BENCH[:1], "-m", str(tiny), *BENCH[1:], "--plot", str(tmp_path / "p.png")
+    )
     assert code == 3 and out == ""
     assert err.count("\n") == 1 and err.startswith("error: --plot needs matplotlib")
     assert ".[plot]" in err and not (tmp_path / "p.png").exists()
@@ -116,8 +118,9 @@ def test_bench_plot_writes_an_image(capsys, tiny, tmp_path):
     assert code == 0, err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert [p.name for p in tmp_path.iterdir()] == ["bench.png"]  # no temporary left
-    code, out, err = _main(capsys, *BENCH[:1], "-m", str(tiny), *BENCH[1:], "--plot",
-                           str(tmp_path / "b.nope"))
+    code, out, err = _main(
+        capsys, *BENCH[:1], "-m", str(tiny), *BENCH[1:], "--plot", str(tmp_path / "b.nope")
+    )
     assert code == 2 and "unknown image format" in err
 
 
@@ -129,22 +132,26 @@ def test_bench_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     seen = {}
     default = tmp_path / "default.gguf"
     monkeypatch.setattr(F, "default_model_path", lambda fetch=True: default)
-    monkeypatch.setattr(minfer.tools.bench, "run", lambda path, *a, **k: seen.setdefault("p", path)
-                        and [])
+    monkeypatch.setattr(
+        minfer.tools.bench, "run", lambda path, *a, **k: seen.setdefault("p", path) and []
+    )
     code, _, err = _main(capsys, "bench", "--backend", "cpu", "--no-breakdown")
     assert code == 0, err
     assert seen["p"] == default
 
 
-@pytest.mark.parametrize("argv,code,needle", [
-    (["bench", "--backend", "cuda"], 3, "--backend cpu"),   # no GPU here (default: cpu then)
-    (["bench", "--backend", "cpu", "--tokens", "0"], 2, "--tokens"),
-    (["bench", "--backend", "cpu", "--repeats", "0"], 2, "--repeats"),
-    (["bench", "--backend", "cpu", "--min-ms", "-1"], 2, "--min-ms"),
-    (["bench", "--backend", "cpu", "--ab", "f16", "blk"], 2, "--ab 'f16': a GPU GEMM path"),
-    (["bench", "--backend", "cpu", "--gemm", "blk"], 2, "--gemm blk: a GPU GEMM path"),
-    (["check"], 3, "needs a CUDA GPU"),
-])
+@pytest.mark.parametrize(
+    "argv,code,needle",
+    [
+        (["bench", "--backend", "cuda"], 3, "--backend cpu"),  # no GPU here (default: cpu then)
+        (["bench", "--backend", "cpu", "--tokens", "0"], 2, "--tokens"),
+        (["bench", "--backend", "cpu", "--repeats", "0"], 2, "--repeats"),
+        (["bench", "--backend", "cpu", "--min-ms", "-1"], 2, "--min-ms"),
+        (["bench", "--backend", "cpu", "--ab", "f16", "blk"], 2, "--ab 'f16': a GPU GEMM path"),
+        (["bench", "--backend", "cpu", "--gemm", "blk"], 2, "--gemm blk: a GPU GEMM path"),
+        (["check"], 3, "needs a CUDA GPU"),
+    ],
+)
 def test_checks_before_the_model_fetch(capsys, no_fetch, argv, code, needle):
     if code == 3:
         _no_gpu()
@@ -166,8 +173,8 @@ def test_check_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     from types import SimpleNamespace
 
     import minfer.cuda.runtime.runtime as R
-    import minfer.tools.fetch as F
     import minfer.gguf.loader
+    import minfer.tools.fetch as F
     from minfer.errors import BadInput
 
     default = tmp_path / "default.gguf"
@@ -197,17 +204,36 @@ def test_inspect_json(tiny):
     assert set(t0) == {"name", "type", "shape", "bytes"}
     assert d["metadata"]["general.architecture"] == "llama"
     assert d["metadata_array_lengths"]["tokenizer.ggml.tokens"] == m.config.vocab_size
-    full = json.loads(CliRunner().invoke(cli, ["inspect", str(tiny), "--json",
-                                               "--all-metadata"]).output)
+    full = json.loads(
+        CliRunner().invoke(cli, ["inspect", str(tiny), "--json", "--all-metadata"]).output
+    )
     assert len(full["metadata"]["tokenizer.ggml.tokens"]) == m.config.vocab_size
 
 
 # -- type names in any case --------------------------------------------------------------------
 def test_synth_type_and_preset_in_any_case(tmp_path):
     out = tmp_path / "s.gguf"
-    r = CliRunner().invoke(cli, ["synth", "-o", str(out), "--preset", "TINY", "--type", "q4_k_m",
-                                 "--layers", "1", "--vocab", "300", "--tokenizer-from", "none",
-                                 "--workers", "1", "--quiet"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "synth",
+            "-o",
+            str(out),
+            "--preset",
+            "TINY",
+            "--type",
+            "q4_k_m",
+            "--layers",
+            "1",
+            "--vocab",
+            "300",
+            "--tokenizer-from",
+            "none",
+            "--workers",
+            "1",
+            "--quiet",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert "q4_K_M" in r.output and "tiny" in r.output
     from minfer.gguf.loader import load_model
@@ -216,16 +242,35 @@ def test_synth_type_and_preset_in_any_case(tmp_path):
 
 
 def test_backend_and_dtype_in_any_case(capsys, tiny):
-    code, out, err = _main(capsys, "prefill", "-m", str(tiny), "--backend", "CPU", "--dtype",
-                           "F64", "-p", "hi", "-n", "1", "--json")
+    code, out, err = _main(
+        capsys,
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "CPU",
+        "--dtype",
+        "F64",
+        "-p",
+        "hi",
+        "-n",
+        "1",
+        "--json",
+    )
     assert code == 0, err
     assert json.loads(out)["backend"] == "cpu-f64"
 
 
 def test_help_lists_the_llama_cpp_names():
     h = CliRunner().invoke(cli, ["prefill", "--help"]).output
-    for opt in ("-n, --n-predict, --greedy", "-c, --ctx-size", "--chat / --no-chat", "--system",
-                "--special / --no-special", "--stop-at-eos / --no-stop-at-eos"):
+    for opt in (
+        "-n, --n-predict, --greedy",
+        "-c, --ctx-size",
+        "--chat / --no-chat",
+        "--system",
+        "--special / --no-special",
+        "--stop-at-eos / --no-stop-at-eos",
+    ):
         assert opt in h, opt
     assert "-o, --output [md|json|csv|jsonl]" in CliRunner().invoke(cli, ["bench", "--help"]).output
 
@@ -244,7 +289,7 @@ def test_readme_is_short_and_its_commands_exist():
     assert named == set(cli.commands), named
     # every prefill option the README names is one prefill has
     h = CliRunner().invoke(cli, ["prefill", "--help"]).output
-    section = readme[readme.index("## Commands"):readme.index("## Figures")]
+    section = readme[readme.index("## Commands") : readme.index("## Figures")]
     line = next(ln for ln in section.splitlines() if ln.startswith("- `minfer prefill"))
     for opt in set(re.findall(r"(--?[a-z][a-z-]*)", line)) | {"--no-special", "--stop-at-eos"}:
         assert re.search(rf"(^|[\s,/]){re.escape(opt)}\b", h), opt

@@ -42,7 +42,7 @@ def files(tmp_path_factory):
     f["empty"] = d / "empty.gguf"
     f["empty"].write_bytes(b"")
     f["truncated"] = d / "truncated.gguf"
-    f["truncated"].write_bytes(data[:len(data) // 3])
+    f["truncated"].write_bytes(data[: len(data) // 3])
     f["truncated_data"] = d / "truncated_data.gguf"
     f["truncated_data"].write_bytes(data[:-100])
 
@@ -62,8 +62,8 @@ def files(tmp_path_factory):
     k = [t[0] for t in lay.tensors].index("output_norm.weight")
     buf = bytearray(data)
     pos = type_fields[k].pos
-    assert int.from_bytes(buf[pos:pos + 4], "little") == int(gguf.GGMLQuantizationType.F32)
-    buf[pos:pos + 4] = int(gguf.GGMLQuantizationType.I32).to_bytes(4, "little")
+    assert int.from_bytes(buf[pos : pos + 4], "little") == int(gguf.GGMLQuantizationType.F32)
+    buf[pos : pos + 4] = int(gguf.GGMLQuantizationType.I32).to_bytes(4, "little")
     f["qtype"] = d / "i32_norm.gguf"
     f["qtype"].write_bytes(bytes(buf))
 
@@ -90,15 +90,18 @@ def _assert_one_error_line(err: str, *needles: str):
         assert n in lines[0], (n, err)
 
 
-@pytest.mark.parametrize("case,needles", [
-    ("missing", ["no_such_model.gguf", "no such file"]),
-    ("text", ["notes.gguf", "not a GGUF file"]),
-    ("empty", ["empty.gguf"]),
-    ("truncated", ["truncated.gguf"]),
-    ("truncated_data", ["truncated_data.gguf", "outside"]),
-    ("arch", ["falcon.gguf", "unsupported architecture 'falcon'"]),
-    ("qtype", ["i32_norm.gguf", "output_norm.weight", "I32"]),
-])
+@pytest.mark.parametrize(
+    "case,needles",
+    [
+        ("missing", ["no_such_model.gguf", "no such file"]),
+        ("text", ["notes.gguf", "not a GGUF file"]),
+        ("empty", ["empty.gguf"]),
+        ("truncated", ["truncated.gguf"]),
+        ("truncated_data", ["truncated_data.gguf", "outside"]),
+        ("arch", ["falcon.gguf", "unsupported architecture 'falcon'"]),
+        ("qtype", ["i32_norm.gguf", "output_norm.weight", "I32"]),
+    ],
+)
 def test_inspect_bad_files_exit_2(capsys, files, case, needles):
     code, out, err = _run(capsys, ["inspect", str(files[case])])
     assert code == 2, (code, err)
@@ -111,8 +114,9 @@ def test_inspect_good_file_exit_0(capsys, files):
     assert "token_embd.weight" in out and "error" not in err
 
 
-@pytest.mark.parametrize("argv", [["inspect", "--no-such-option", "x.gguf"],
-                                  ["no-such-command"], ["inspect"]])
+@pytest.mark.parametrize(
+    "argv", [["inspect", "--no-such-option", "x.gguf"], ["no-such-command"], ["inspect"]]
+)
 def test_usage_errors_exit_1(capsys, argv):
     code, out, err = _run(capsys, argv)
     assert code == 1, (code, err)
@@ -126,19 +130,21 @@ def _has_prefill() -> bool:
 
 
 @pytest.mark.skipif(not _has_prefill(), reason="minfer prefill not there yet")
-@pytest.mark.parametrize("case,extra,needles", [
-    ("missing", [], ["no such file"]),
-    ("text", [], ["not a GGUF file"]),
-    ("truncated", [], ["truncated.gguf"]),
-    ("arch", [], ["unsupported architecture"]),
-    ("qtype", [], ["I32"]),
-    ("good", ["--prompt-file", "{bad_utf8_prompt}"], ["invalid UTF-8"]),
-    ("good", ["--prompt-file", "{missing}"], ["no such prompt file"]),
-])
+@pytest.mark.parametrize(
+    "case,extra,needles",
+    [
+        ("missing", [], ["no such file"]),
+        ("text", [], ["not a GGUF file"]),
+        ("truncated", [], ["truncated.gguf"]),
+        ("arch", [], ["unsupported architecture"]),
+        ("qtype", [], ["I32"]),
+        ("good", ["--prompt-file", "{bad_utf8_prompt}"], ["invalid UTF-8"]),
+        ("good", ["--prompt-file", "{missing}"], ["no such prompt file"]),
+    ],
+)
 def test_prefill_bad_input_exit_2(capsys, files, case, extra, needles):
     extra = [x.format(**{k: str(v) for k, v in files.items()}) for x in extra]
-    code, out, err = _run(capsys, ["prefill", "-m", str(files[case]), "--backend", "cpu",
-                                   *extra])
+    code, out, err = _run(capsys, ["prefill", "-m", str(files[case]), "--backend", "cpu", *extra])
     assert code == 2, (code, err)
     _assert_one_error_line(err, *needles)
 
@@ -150,8 +156,12 @@ def test_prefill_usage_error_exit_1(capsys, files):
 
 
 def test_subprocess_entry_point(files):
-    r = subprocess.run([sys.executable, "-m", "minfer", "inspect", str(files["truncated"])],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "minfer", "inspect", str(files["truncated"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     _assert_one_error_line(r.stderr, "truncated.gguf")
     assert r.stdout == ""

@@ -6,9 +6,9 @@ import json
 
 import numpy as np
 import pytest
+from test_golden import MAX_DIFF
 
 from minfer.cli import main
-from test_golden import MAX_DIFF
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +37,17 @@ def test_prefill_json_default_prompt(capsys, default_model_path, golden_q4_1):
     code, out, err = _run(capsys, "--backend", "cpu", "--json", "--greedy", "4", "--no-chat")
     assert code == 0, err
     d = json.loads(out)  # exactly one JSON object on stdout, nothing else
-    for key in ("model", "backend", "prompt_ids", "greedy_ids", "greedy_text", "prefill_tok_s",
-                "decode_tok_s", "load_s", "n_prompt"):
+    for key in (
+        "model",
+        "backend",
+        "prompt_ids",
+        "greedy_ids",
+        "greedy_text",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "load_s",
+        "n_prompt",
+    ):
         assert key in d, key
     p0 = golden_q4_1["prompts"][0]
     assert d["backend"] == "cpu" and d["model"] == str(default_model_path)
@@ -46,8 +55,12 @@ def test_prefill_json_default_prompt(capsys, default_model_path, golden_q4_1):
     assert len(d["greedy_ids"]) == 4 and d["prefill_tok_s"] > 0 and d["decode_tok_s"] > 0
     from minfer.tools.gates import compare_greedy
 
-    v = compare_greedy(d["greedy_ids"], p0["greedy32_ids"][:4],
-                       p0["greedy32_top1_top2_margin"][:4], tau=2 * MAX_DIFF)
+    v = compare_greedy(
+        d["greedy_ids"],
+        p0["greedy32_ids"][:4],
+        p0["greedy32_top1_top2_margin"][:4],
+        tau=2 * MAX_DIFF,
+    )
     assert v.ok, v.describe()
     from minfer.gguf.loader import load_model
     from minfer.text.tokenizer import Tokenizer
@@ -57,26 +70,36 @@ def test_prefill_json_default_prompt(capsys, default_model_path, golden_q4_1):
 
 
 def test_prefill_text_output(capsys, default_model_path):
-    code, out, err = _run(capsys, "--backend", "cpu", "-p", "Hello", "--greedy", "2",
-                          "--dtype", "f64")
+    code, out, err = _run(
+        capsys, "--backend", "cpu", "-p", "Hello", "--greedy", "2", "--dtype", "f64"
+    )
     assert code == 0, err
-    assert "cpu-f64 (requested)" in out and "prompt   1 token\n" in out   # not "1 tokens"
+    assert "cpu-f64 (requested)" in out and "prompt   1 token\n" in out  # not "1 tokens"
     for word in ("prefill", "decode", "load", "greedy", "text"):
         assert word in out
 
 
-@pytest.mark.parametrize("args,code,msg", [
-    (["-p", ""], 2, "empty prompt"),
-    (["--greedy", "-3"], 2, "-n/--n-predict must be >= 0"),
-    (["-n", "9000", "--no-chat"], 2, "9 tokens + 9000 greedy tokens = 9009 exceeds the model's "
-                                    "context of 8192"),
-    (["-c", "-1"], 2, "-c/--ctx-size must be >= 0"),
-    (["-c", "9000"], 2, "-c/--ctx-size 9000 exceeds the model's context of 8192"),
-    (["--no-chat", "-c", "12", "-n", "4"], 2, "prompt of 9 tokens + 4 generated tokens = 13 "
-                                              "exceeds -c/--ctx-size 12"),
-    (["--ubatch", "0"], 2, "--ubatch"),
-    (["-p", "x", "--prompt-file", "f.txt"], 2, "not both"),
-])
+@pytest.mark.parametrize(
+    "args,code,msg",
+    [
+        (["-p", ""], 2, "empty prompt"),
+        (["--greedy", "-3"], 2, "-n/--n-predict must be >= 0"),
+        (
+            ["-n", "9000", "--no-chat"],
+            2,
+            "9 tokens + 9000 greedy tokens = 9009 exceeds the model's context of 8192",
+        ),
+        (["-c", "-1"], 2, "-c/--ctx-size must be >= 0"),
+        (["-c", "9000"], 2, "-c/--ctx-size 9000 exceeds the model's context of 8192"),
+        (
+            ["--no-chat", "-c", "12", "-n", "4"],
+            2,
+            "prompt of 9 tokens + 4 generated tokens = 13 exceeds -c/--ctx-size 12",
+        ),
+        (["--ubatch", "0"], 2, "--ubatch"),
+        (["-p", "x", "--prompt-file", "f.txt"], 2, "not both"),
+    ],
+)
 def test_prefill_bad_input(capsys, default_model_path, args, code, msg):
     got, out, err = _run(capsys, "--backend", "cpu", *args)
     assert got == code and msg in err and out == ""
@@ -84,22 +107,25 @@ def test_prefill_bad_input(capsys, default_model_path, args, code, msg):
 
 def test_prefill_n_predict_and_ctx_size(capsys, default_model_path):
     # -n is llama.cpp's name for the generated-token count; a context that just fits runs
-    code, out, err = _run(capsys, "--backend", "CPU", "--no-chat", "-n", "2", "-c", "11",
-                          "--json")
+    code, out, err = _run(capsys, "--backend", "CPU", "--no-chat", "-n", "2", "-c", "11", "--json")
     assert code == 0, err
     d = json.loads(out)
     assert d["n_prompt"] == 9 and len(d["greedy_ids"]) == 2 and d["backend"] == "cpu"
 
 
-@pytest.mark.parametrize("args,code,needle", [
-    (["--ubatch", "0"], 2, "--ubatch"),
-    (["-n", "-3"], 2, "--n-predict"),
-    (["-c", "-2"], 2, "--ctx-size"),
-    (["--no-chat", "--system", "s"], 2, "--system"),
-    (["--backend", "cuda"], 3, "--backend cpu"),
-])
-def test_prefill_checks_options_before_fetching_the_model(monkeypatch, capsys, tmp_path, args,
-                                                          code, needle):
+@pytest.mark.parametrize(
+    "args,code,needle",
+    [
+        (["--ubatch", "0"], 2, "--ubatch"),
+        (["-n", "-3"], 2, "--n-predict"),
+        (["-c", "-2"], 2, "--ctx-size"),
+        (["--no-chat", "--system", "s"], 2, "--system"),
+        (["--backend", "cuda"], 3, "--backend cpu"),
+    ],
+)
+def test_prefill_checks_options_before_fetching_the_model(
+    monkeypatch, capsys, tmp_path, args, code, needle
+):
     """Options and the backend are checked before the 93 MB default model is fetched."""
     import minfer.tools.fetch as F
 
@@ -127,8 +153,9 @@ def test_prefill_prompt_file(capsys, default_model_path, tmp_path):
     assert code == 2 and "no such prompt file" in err
     good = tmp_path / "p.txt"
     good.write_text("The name of the capital city of France is", encoding="utf-8")
-    code, out, err = _run(capsys, "--backend", "cpu", "--prompt-file", str(good), "--json",
-                          "--greedy", "1")
+    code, out, err = _run(
+        capsys, "--backend", "cpu", "--prompt-file", str(good), "--json", "--greedy", "1"
+    )
     assert code == 0, err
     assert json.loads(out)["greedy_ids"] == [7042]  # " Paris", llama.cpp margin 2.05 > 2*MAX_DIFF
 

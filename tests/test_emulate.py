@@ -6,10 +6,8 @@ own; blk_ref's block parameter keeps the kernel's 128 results."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from cli_inproc import error_lines, run_cli
 from ppl_data import run_ppl, short_text
 from synth_data import tiny_model
@@ -41,14 +39,20 @@ def test_emulated_weights_follow_the_gpu_routes(tiny):
     assert {model.tensors[n].qtype for n in kq} == {12, 14}
     # every K here is a multiple of 256; an attn_v whose type differs from its q and k runs
     # alone, on f16 (routes.plan_routes)
-    alone = {n for n in kq if ".attn_v." in n and model.tensors[n].qtype != model.tensors[
-        n.replace("attn_v", "attn_q")].qtype}
+    alone = {
+        n
+        for n in kq
+        if ".attn_v." in n
+        and model.tensors[n].qtype != model.tensors[n.replace("attn_v", "attn_q")].qtype
+    }
     assert alone and emulated_weights(model, "q8_1") == kq - alone
     # blk leaves ffn_down to f16 (paths.GemmPath.f16_kinds)
     down = {n for n in linear if ".ffn_down." in n}
-    assert down and emulated_weights(model, "blk") == emulated_weights(model, "blk256") == \
-        linear - down
-    assert emulated_weights(model, "q8_1-all") == linear   # the q8_1 grid on every GEMM
+    assert (
+        down
+        and emulated_weights(model, "blk") == emulated_weights(model, "blk256") == linear - down
+    )
+    assert emulated_weights(model, "q8_1-all") == linear  # the q8_1 grid on every GEMM
     for g in ("q8_1", "q8_1-all", "blk"):
         assert model.output_name not in emulated_weights(model, g)
 
@@ -56,9 +60,10 @@ def test_emulated_weights_follow_the_gpu_routes(tiny):
 def test_plain_types_take_only_blk(tmp_path):
     """Q8_0 / F16 weights (the 2-layer small model, K = 64 or 128): no q8_1 kernel takes
     them; blk takes every one (any type, K % 32 == 0) but ffn_down (f16 for accuracy)."""
+    from synth_data import small_parts, write_small
+
     from minfer.gguf.loader import load_model
     from minfer.reference.emulate import emulated_weights
-    from synth_data import small_parts, write_small
 
     model = load_model(write_small(tmp_path / "small.gguf", *small_parts(seed=2, tied=False)))
     linear = {n for n, t in model.tensors.items() if len(t.shape) == 2 and "blk." in n}
@@ -71,8 +76,10 @@ def test_plain_types_take_only_blk(tmp_path):
 def test_emulated_grid_moves_the_logits_a_little(tiny, text, tmp_path):
     base = tmp_path / "exact.logits"
     exact = _ppl(tiny, text, "--backend", "cpu", "--save-logits", str(base))
-    runs = {g: _ppl(tiny, text, "--emulate", g, "--kld-base", str(base))
-            for g in ("blk", "blk256", "q8_1")}
+    runs = {
+        g: _ppl(tiny, text, "--emulate", g, "--kld-base", str(base))
+        for g in ("blk", "blk256", "q8_1")
+    }
     for g, r in runs.items():
         k = r["kld"]
         assert r["backend"] == f"cpu+{g}" and r["emulate"]["grid"] == g
@@ -84,8 +91,9 @@ def test_emulated_grid_moves_the_logits_a_little(tiny, text, tmp_path):
 
 
 def test_emulate_refuses_the_cuda_backend(tiny, text):
-    code, _, err = run_cli(["perplexity", "-m", str(tiny), "-f", str(text), "--backend", "cuda",
-                            "--emulate", "blk"])
+    code, _, err = run_cli(
+        ["perplexity", "-m", str(tiny), "-f", str(text), "--backend", "cuda", "--emulate", "blk"]
+    )
     assert code == 2 and "--emulate blk runs on the CPU backend" in error_lines(err)[0]
 
 
@@ -97,7 +105,7 @@ def test_blk_block_256_is_a_grid_and_128_the_default():
     for weight in (False, True):
         q, s = quantize_blk(x, weight=weight, block=256)
         assert q.shape == (9, 512) and s.shape == (9, 2)
-        assert quantize_blk(x, weight=True, per_row=True)[1].shape == (9,)   # the row grid
+        assert quantize_blk(x, weight=True, per_row=True)[1].shape == (9,)  # the row grid
         g128, g256 = blk_grid(x, weight), blk_grid(x, weight, block=256)
         assert np.array_equal(g128, blk_grid(x, weight, block=128))
         for g in (g128, g256):  # a close grid, not the input
@@ -117,14 +125,14 @@ def test_weight_scales_are_shared_by_pairs_of_blocks():
 
     assert WPAIR == 2
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((5, 576)).astype(np.float16).astype(np.float32)   # 5 blocks
-    x[:, 128:256] *= 30                                # block 1 loud: it sets pair (0, 1)
+    x = rng.standard_normal((5, 576)).astype(np.float16).astype(np.float32)  # 5 blocks
+    x[:, 128:256] *= 30  # block 1 loud: it sets pair (0, 1)
     _, s = quantize_blk(x, weight=True)
     _, s1 = quantize_blk(x, weight=True, pair=1)
     assert s.shape == s1.shape == (5, 5)
     assert np.array_equal(s[:, 0], s[:, 1]) and np.array_equal(s[:, 0], s1[:, 1])
     assert np.array_equal(s[:, 2], s[:, 3]) and np.array_equal(s[:, 2], s1[:, 2:4].max(axis=1))
-    assert np.array_equal(s[:, 4], s1[:, 4])           # the odd last block alone
-    assert (s1[:, 0] < s[:, 0]).all()                  # the quiet block shares the loud scale
+    assert np.array_equal(s[:, 4], s1[:, 4])  # the odd last block alone
+    assert (s1[:, 0] < s[:, 0]).all()  # the quiet block shares the loud scale
     _, sa = quantize_blk(x)
-    assert not np.array_equal(sa[:, 0], sa[:, 1])      # tokens: per block
+    assert not np.array_equal(sa[:, 0], sa[:, 1])  # tokens: per block

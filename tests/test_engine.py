@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from minfer import engine
-from minfer.tools import gates
 from minfer.errors import BadInput
+from minfer.tools import gates
 
 
 class FakeBackend:
@@ -62,12 +62,15 @@ def test_run_zero_greedy():
     assert r.greedy_ids == [] and len(be.calls) == 1 and np.isnan(r.decode_tok_s)
 
 
-@pytest.mark.parametrize("ids,n,ub,match", [
-    ([], 4, 512, "empty prompt"),
-    ([1, 2], -1, 512, "greedy must be >= 0"),
-    ([1, 2], 4, 0, "ubatch"),
-    ([1] * 60, 5, 512, r"60 tokens \+ 5 greedy tokens = 65 exceeds the model's context of 64"),
-])
+@pytest.mark.parametrize(
+    "ids,n,ub,match",
+    [
+        ([], 4, 512, "empty prompt"),
+        ([1, 2], -1, 512, "greedy must be >= 0"),
+        ([1, 2], 4, 0, "ubatch"),
+        ([1] * 60, 5, 512, r"60 tokens \+ 5 greedy tokens = 65 exceeds the model's context of 64"),
+    ],
+)
 def test_run_validation_before_any_work(ids, n, ub, match):
     be = FakeBackend()
     with pytest.raises(BadInput, match=match):
@@ -94,14 +97,17 @@ def test_gate_exact():
 def test_gate_divergence_after_near_tie_is_ok():
     v = gates.compare_greedy([1, 2, 9, 9], [1, 2, 3, 4], [1.0, 0.05, 2.0, 2.0], tau=0.1)
     assert v.ok and v.exact == 2 and v.identical_through == 2
-    assert v.describe().startswith("2/4 exact; identical through step 2, then a divergence at "
-                                   "margin 2, after the first near-tie (margin 0.05 < tau 0.1 "
-                                   "at step 2)")
+    assert v.describe().startswith(
+        "2/4 exact; identical through step 2, then a divergence at "
+        "margin 2, after the first near-tie (margin 0.05 < tau 0.1 "
+        "at step 2)"
+    )
     # divergence exactly at the near-tie step is legitimate too
     v = gates.compare_greedy([1, 9, 9], [1, 2, 3], [1.0, 0.05, 2.0], tau=0.1)
     assert v.ok and v.identical_through == 1
-    assert v.describe() == ("1/3 exact; identical through step 1, then a near-tie of margin "
-                            "0.05 < tau 0.1")
+    assert v.describe() == (
+        "1/3 exact; identical through step 1, then a near-tie of margin 0.05 < tau 0.1"
+    )
 
 
 def test_gate_divergence_at_large_margin_is_a_bug():

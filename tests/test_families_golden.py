@@ -23,9 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
-from families_data import (CTX_GOLDEN, FAMILIES, GOLDEN, PROMPT, SPECIAL_PROMPT,
-                           synth_family)
+from families_data import CTX_GOLDEN, FAMILIES, GOLDEN, PROMPT, SPECIAL_PROMPT, synth_family
 
 TOL = 0.03  # max |dlogit| against llama.cpp on an F16 file (the issue's bar)
 
@@ -50,10 +48,10 @@ def _logits(model, ids):
 @pytest.mark.parametrize("preset", list(FAMILIES))
 def test_family_matches_llamacpp(family_files, preset, report):
     from minfer import engine
-    from minfer.tools.gates import compare_greedy, tau_from
     from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
     from minfer.text.tokenizer import Tokenizer
+    from minfer.tools.gates import compare_greedy, tau_from
 
     g, want = _golden(preset)
     m = load_model(family_files[preset])
@@ -70,34 +68,57 @@ def test_family_matches_llamacpp(family_files, preset, report):
     tau = tau_from(res.last_logits, want[-1])
     v = compare_greedy(res.greedy_ids, g["greedy"], g["margins"], tau)
     assert v.ok, f"{preset}: {v.describe()}"
-    report(f"family {preset} ({FAMILIES[preset]}): ids = llama.cpp's ({len(ids)}), "
-           f"max |dlogit| {err:.4f}, greedy {v.describe()}")
+    report(
+        f"family {preset} ({FAMILIES[preset]}): ids = llama.cpp's ({len(ids)}), "
+        f"max |dlogit| {err:.4f}, greedy {v.describe()}"
+    )
 
 
 # what each family adds over plain llama, and the config that drops it
-DROPS = [("tiny-llama3", "rope_scaling"), ("tiny-linear", "rope_scaling"),
-         ("tiny-qwen2-yarn", "rope_scaling"), ("tiny-qwen3", "qk_norm"),
-         ("tiny-gemma3", "sliding_window"), ("tiny-gemma3", "rope_base_swa"),
-         ("tiny-gemma3", "post_norms"), ("tiny-gemma3", "ffn_gelu"),
-         ("tiny-gemma3", "embed_scale"), ("tiny-gemma3", "qk_norm"),
-         ("tiny-gemma2", "attn_softcap"), ("tiny-gemma2", "logit_softcap"),
-         ("tiny-gemma2", "sliding_window"), ("tiny-phi3-long", "rope_scaling"),
-         ("tiny-granite", "embed_scale"), ("tiny-granite", "residual_scale"),
-         ("tiny-granite", "kq_scale"), ("tiny-granite", "logit_mul"),
-         ("tiny-olmo2", "post_norms"), ("tiny-olmo2", "qk_norm"),
-         ("tiny-smollm3", "rope_layers")]
+DROPS = [
+    ("tiny-llama3", "rope_scaling"),
+    ("tiny-linear", "rope_scaling"),
+    ("tiny-qwen2-yarn", "rope_scaling"),
+    ("tiny-qwen3", "qk_norm"),
+    ("tiny-gemma3", "sliding_window"),
+    ("tiny-gemma3", "rope_base_swa"),
+    ("tiny-gemma3", "post_norms"),
+    ("tiny-gemma3", "ffn_gelu"),
+    ("tiny-gemma3", "embed_scale"),
+    ("tiny-gemma3", "qk_norm"),
+    ("tiny-gemma2", "attn_softcap"),
+    ("tiny-gemma2", "logit_softcap"),
+    ("tiny-gemma2", "sliding_window"),
+    ("tiny-phi3-long", "rope_scaling"),
+    ("tiny-granite", "embed_scale"),
+    ("tiny-granite", "residual_scale"),
+    ("tiny-granite", "kq_scale"),
+    ("tiny-granite", "logit_mul"),
+    ("tiny-olmo2", "post_norms"),
+    ("tiny-olmo2", "qk_norm"),
+    ("tiny-smollm3", "rope_layers"),
+]
 
 
 def _plain(cfg, feature):
     """The config value that drops `feature` (what minfer computed without it)."""
     from minfer.gguf.loader import RopeScaling
 
-    return {"rope_scaling": RopeScaling(), "qk_norm": False, "sliding_window": 0,
-            "rope_base_swa": cfg.rope_base,  # local layers on the global base
-            "post_norms": False, "ffn_gelu": False, "embed_scale": 1.0,
-            "attn_softcap": 0.0, "logit_softcap": 0.0,
-            "residual_scale": 1.0, "kq_scale": 0.0, "logit_mul": 1.0,  # granite's scalars
-            "rope_layers": ()}[feature]   # smollm3: RoPE on every layer
+    return {
+        "rope_scaling": RopeScaling(),
+        "qk_norm": False,
+        "sliding_window": 0,
+        "rope_base_swa": cfg.rope_base,  # local layers on the global base
+        "post_norms": False,
+        "ffn_gelu": False,
+        "embed_scale": 1.0,
+        "attn_softcap": 0.0,
+        "logit_softcap": 0.0,
+        "residual_scale": 1.0,
+        "kq_scale": 0.0,
+        "logit_mul": 1.0,  # granite's scalars
+        "rope_layers": (),
+    }[feature]  # smollm3: RoPE on every layer
 
 
 @pytest.mark.parametrize("preset, feature", DROPS)
@@ -127,8 +148,11 @@ def test_gemma3_window_edge_and_local_rope_are_caught(family_files, monkeypatch,
     m = load_model(family_files["tiny-gemma3"])
     if change == "local layers scaled":
         assert not m.config.rope_scaling.plain
-        monkeypatch.setattr(ModelConfig, "layer_rope", lambda c, il: (
-            c.rope_base_swa if c.is_local(il) else c.rope_base, c.rope_scaling))
+        monkeypatch.setattr(
+            ModelConfig,
+            "layer_rope",
+            lambda c, il: (c.rope_base_swa if c.is_local(il) else c.rope_base, c.rope_scaling),
+        )
     else:
         step = 1 if change == "window + 1" else -1
         attention = ops.attention
@@ -172,7 +196,7 @@ def test_phi3_fused_weights_split_as_llamacpp(family_files):
     assert not any(n.endswith(("attn_qkv.weight",)) for n in m.tensors)
     for i in range(m.config.n_layers):
         gate, up = (f"blk.{i}.ffn_{x}.weight" for x in ("gate", "up"))
-        assert m.tensors[gate].data.base is not None   # a view into the file's map, no copy
+        assert m.tensors[gate].data.base is not None  # a view into the file's map, no copy
         m.tensors[gate], m.tensors[up] = m.tensors[up], m.tensors[gate]
     err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
     assert err > 10 * TOL, err
@@ -226,8 +250,9 @@ def test_phi3_long_and_short_factors_match_llamacpp(family_files, golden, report
     err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
     assert err <= TOL, f"{golden}: max |dlogit| {err:.4f} vs llama.cpp > {TOL}"
     res = engine.run(ReferenceBackend(m), g["ids"], n_greedy=32, warmup=False)
-    v = compare_greedy(res.greedy_ids, g["greedy"], g["margins"],
-                       tau_from(res.last_logits, want[-1]))
+    v = compare_greedy(
+        res.greedy_ids, g["greedy"], g["margins"], tau_from(res.last_logits, want[-1])
+    )
     assert v.ok, f"{golden}: {v.describe()}"
     report(f"family {golden} ({sc.describe()}): max |dlogit| {err:.4f}, greedy {v.describe()}")
 

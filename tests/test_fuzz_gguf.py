@@ -29,20 +29,61 @@ N_WORKERS = 2
 CASE_ALARM_S = 10  # a case slower than this counts as a hang
 RSS_GROWTH_MAX_MB = 200
 
-_ABSURD = [0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 31, 32, 33, 63, 64, 255, 256, 4095, 4096,
-           0x7FFF_FFFF, 0x8000_0000, 0xFFFF_FFFF, 1 << 32, (1 << 32) + 1, 1 << 40, 1 << 61,
-           1 << 62, (1 << 62) - 1, 1 << 63, (1 << 64) - 1, (1 << 64) - 2]
+_ABSURD = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    5,
+    7,
+    8,
+    9,
+    12,
+    13,
+    16,
+    31,
+    32,
+    33,
+    63,
+    64,
+    255,
+    256,
+    4095,
+    4096,
+    0x7FFF_FFFF,
+    0x8000_0000,
+    0xFFFF_FFFF,
+    1 << 32,
+    (1 << 32) + 1,
+    1 << 40,
+    1 << 61,
+    1 << 62,
+    (1 << 62) - 1,
+    1 << 63,
+    (1 << 64) - 1,
+    (1 << 64) - 2,
+]
 
 
 # -- mutations (used by the worker) -------------------------------------------------------------
 def _rewrite(buf: bytearray, f, rng: random.Random, size: int, align: int) -> str:
-    old = int.from_bytes(buf[f.pos:f.pos + f.width], "little")
-    cands = _ABSURD + [size, size - 1, size + 1, old + 1, old - 1, old * 2, old + align,
-                       old ^ (1 << rng.randrange(8 * f.width)), rng.getrandbits(8 * f.width)]
+    old = int.from_bytes(buf[f.pos : f.pos + f.width], "little")
+    cands = _ABSURD + [
+        size,
+        size - 1,
+        size + 1,
+        old + 1,
+        old - 1,
+        old * 2,
+        old + align,
+        old ^ (1 << rng.randrange(8 * f.width)),
+        rng.getrandbits(8 * f.width),
+    ]
     if f.kind in ("value_type", "arr_type", "tensor_type"):
         cands += list(range(0, 45))
     v = rng.choice(cands) % (1 << (8 * f.width))
-    buf[f.pos:f.pos + f.width] = v.to_bytes(f.width, "little")
+    buf[f.pos : f.pos + f.width] = v.to_bytes(f.width, "little")
     return f"rewrite {f.kind}@{f.pos} {old}->{v}"
 
 
@@ -71,7 +112,7 @@ def mutate(seed: bytes, layout, other: bytes, rng: random.Random) -> tuple[bytes
         elif op < 0.85:  # random bytes over a short span of the header
             p = rng.randrange(min(head, n))
             k = rng.randint(1, 16)
-            buf[p:p + k] = rng.randbytes(k)
+            buf[p : p + k] = rng.randbytes(k)
             steps.append(f"overwrite {p}+{k}")
         elif op < 0.93:  # insert or delete a span (shifts everything after it)
             p = rng.randrange(min(head, n))
@@ -80,7 +121,7 @@ def mutate(seed: bytes, layout, other: bytes, rng: random.Random) -> tuple[bytes
                 buf[p:p] = rng.randbytes(k)
                 steps.append(f"insert {p}+{k}")
             else:
-                del buf[p:p + k]
+                del buf[p : p + k]
                 steps.append(f"delete {p}+{k}")
         else:  # splice: this file's head, another file's tail
             p = rng.randrange(min(head, n))
@@ -163,10 +204,19 @@ def _worker(corpus: Path, n_cases: int, seed: int, out: Path, tmp: Path) -> None
         outcomes[key] = outcomes.get(key, 0) + 1
         done += 1
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out.write_text(json.dumps({
-        "cases": done, "outcomes": outcomes, "failures": failures[:50],
-        "n_failures": len(failures), "max_case_s": max_t,
-        "rss_growth_mb": (rss1 - rss0) / 1024, "wall_s": time.perf_counter() - t_start}))
+    out.write_text(
+        json.dumps(
+            {
+                "cases": done,
+                "outcomes": outcomes,
+                "failures": failures[:50],
+                "n_failures": len(failures),
+                "max_case_s": max_t,
+                "rss_growth_mb": (rss1 - rss0) / 1024,
+                "wall_s": time.perf_counter() - t_start,
+            }
+        )
+    )
 
 
 # -- the tests --------------------------------------------------------------------------------
@@ -204,10 +254,26 @@ def test_fuzz_load_model(corpus, tmp_path, report):
     for w in range(N_WORKERS):
         wd = tmp_path / f"w{w}"
         wd.mkdir()
-        procs.append((wd, subprocess.Popen(
-            [sys.executable, __file__, "--worker", str(corpus), str(per), str(1000 + w),
-             str(wd / "out.json"), str(wd)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        procs.append(
+            (
+                wd,
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        str(corpus),
+                        str(per),
+                        str(1000 + w),
+                        str(wd / "out.json"),
+                        str(wd),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                ),
+            )
+        )
     results = []
     for wd, p in procs:
         log, _ = p.communicate(timeout=600)
@@ -218,10 +284,12 @@ def test_fuzz_load_model(corpus, tmp_path, report):
     for r in results:
         for k, v in r["outcomes"].items():
             outcomes[k] = outcomes.get(k, 0) + v
-    report(f"fuzz: {total} distinct mutated GGUF cases, outcomes {outcomes}, "
-          f"max case {max(r['max_case_s'] for r in results):.2f} s, "
-          f"worker wall {max(r['wall_s'] for r in results):.1f} s, "
-          f"RSS growth {max(r['rss_growth_mb'] for r in results):.1f} MB")
+    report(
+        f"fuzz: {total} distinct mutated GGUF cases, outcomes {outcomes}, "
+        f"max case {max(r['max_case_s'] for r in results):.2f} s, "
+        f"worker wall {max(r['wall_s'] for r in results):.1f} s, "
+        f"RSS growth {max(r['rss_growth_mb'] for r in results):.1f} MB"
+    )
     failures = [f for r in results for f in r["failures"]]
     assert not failures, "\n".join(map(str, failures[:20]))
     assert total >= N_CASES
@@ -231,5 +299,6 @@ def test_fuzz_load_model(corpus, tmp_path, report):
 
 if __name__ == "__main__" and len(sys.argv) == 7 and sys.argv[1] == "--worker":
     sys.path.insert(0, str(HERE.parent))
-    _worker(Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]),
-            Path(sys.argv[6]))
+    _worker(
+        Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), Path(sys.argv[5]), Path(sys.argv[6])
+    )

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cli_inproc import error_lines, run_cli  # noqa: E402
@@ -34,24 +35,93 @@ from synth_data import small_parts, write_small  # noqa: E402
 N_CASES = int(os.environ.get("MINFER_META_FUZZ_CASES", "650"))
 
 A = "llama"
-KEYS = [f"{A}.{k}" for k in (
-    "block_count", "context_length", "embedding_length", "feed_forward_length",
-    "attention.head_count", "attention.head_count_kv", "attention.key_length",
-    "attention.value_length", "attention.layer_norm_rms_epsilon", "rope.freq_base",
-    "rope.dimension_count", "vocab_size")] + [
-    "general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.pre",
-    "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-    "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.bos_token_id",
-    "tokenizer.ggml.eos_token_id"]
+KEYS = [
+    f"{A}.{k}"
+    for k in (
+        "block_count",
+        "context_length",
+        "embedding_length",
+        "feed_forward_length",
+        "attention.head_count",
+        "attention.head_count_kv",
+        "attention.key_length",
+        "attention.value_length",
+        "attention.layer_norm_rms_epsilon",
+        "rope.freq_base",
+        "rope.dimension_count",
+        "vocab_size",
+    )
+] + [
+    "general.architecture",
+    "tokenizer.ggml.model",
+    "tokenizer.ggml.pre",
+    "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_eos_token",
+    "tokenizer.ggml.add_space_prefix",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+]
 
-_INTS = [0, 1, 2, 3, 4, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 256, 259, 260, 261,
-         512, 4096, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63, -1, -2, -2**31]
-_FLOATS = [math.nan, math.inf, -math.inf, 0.0, -0.0, -1.0, 1e-45, 1e-38, 1e-30, 1e-12, 1e-6,
-           1e-5, 0.5, 1.0, 10000.0, 1e10, 1e30, 3.4e38]
+_INTS = [
+    0,
+    1,
+    2,
+    3,
+    4,
+    7,
+    8,
+    15,
+    16,
+    17,
+    31,
+    32,
+    33,
+    63,
+    64,
+    65,
+    127,
+    128,
+    256,
+    259,
+    260,
+    261,
+    512,
+    4096,
+    2**31 - 1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**63,
+    -1,
+    -2,
+    -(2**31),
+]
+_FLOATS = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    0.0,
+    -0.0,
+    -1.0,
+    1e-45,
+    1e-38,
+    1e-30,
+    1e-12,
+    1e-6,
+    1e-5,
+    0.5,
+    1.0,
+    10000.0,
+    1e10,
+    1e30,
+    3.4e38,
+]
 
 values = st.one_of(
-    st.sampled_from(_INTS), st.integers(-2**40, 2**40),
-    st.sampled_from(_FLOATS), st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.sampled_from(_INTS),
+    st.integers(-(2**40), 2**40),
+    st.sampled_from(_FLOATS),
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
     st.booleans(),
     st.sampled_from(["", "2", "yes", "llama", "gpt2", "qwen2", "default", "\n", "\x1b[2J"]),
     st.text(st.characters(blacklist_categories=("Cs",)), max_size=6),
@@ -59,13 +129,18 @@ values = st.one_of(
 )
 _DELETE = object()
 meta_edit = st.tuples(st.just("meta"), st.sampled_from(KEYS), st.one_of(values, st.just(_DELETE)))
-weight_edit = st.tuples(st.just("weight"), st.integers(0, 10_000),
-                        st.sampled_from([math.nan, math.inf, -math.inf, 1e30, 6e4, 3.4e38]))
-align_edit = st.tuples(st.just("align"), st.sampled_from([8, 16, 32, 64, 128]),
-                       st.sampled_from([8, 16, 32, 64, 128]))
+weight_edit = st.tuples(
+    st.just("weight"),
+    st.integers(0, 10_000),
+    st.sampled_from([math.nan, math.inf, -math.inf, 1e30, 6e4, 3.4e38]),
+)
+align_edit = st.tuples(
+    st.just("align"), st.sampled_from([8, 16, 32, 64, 128]), st.sampled_from([8, 16, 32, 64, 128])
+)
 # metadata edits 8 times out of 10 (a weight or an alignment edit wins at the first check)
 edit = st.integers(0, 9).flatmap(
-    lambda i: meta_edit if i < 8 else weight_edit if i == 8 else align_edit)
+    lambda i: meta_edit if i < 8 else weight_edit if i == 8 else align_edit
+)
 cases = st.lists(edit, min_size=1, max_size=3)
 
 
@@ -99,7 +174,7 @@ def _patch_alignment(path: Path, declared: int) -> None:
     buf = bytearray(path.read_bytes())
     key = b"general.alignment"
     at = buf.index(key) + len(key) + 4
-    buf[at:at + 4] = declared.to_bytes(4, "little")
+    buf[at : at + 4] = declared.to_bytes(4, "little")
     path.write_bytes(bytes(buf))
 
 
@@ -120,8 +195,13 @@ def test_fuzz_metadata_prefill(tmp_path, report, monkeypatch):
 
     monkeypatch.setattr(engine, "run", recording_run)
 
-    @settings(max_examples=N_CASES, deadline=None, derandomize=True, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=N_CASES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(cases)
     def one(edits):
         meta, tensors, align = _apply(parts, edits)
@@ -134,8 +214,20 @@ def test_fuzz_metadata_prefill(tmp_path, report, monkeypatch):
         if align and align[1] != align[0]:
             _patch_alignment(path, align[1])
         recorded.clear()
-        code, out, err = run_cli(["prefill", "-m", str(path), "--backend", "cpu",
-                                  "-p", "hello world", "--greedy", "3", "--json"])
+        code, out, err = run_cli(
+            [
+                "prefill",
+                "-m",
+                str(path),
+                "--backend",
+                "cpu",
+                "-p",
+                "hello world",
+                "--greedy",
+                "3",
+                "--json",
+            ]
+        )
         lines = error_lines(err)
         if code == 0:
             assert not lines and "Traceback" not in err, (edits, err)
@@ -150,9 +242,11 @@ def test_fuzz_metadata_prefill(tmp_path, report, monkeypatch):
     one()
     wall = time.perf_counter() - t0
     ran = sum(v for k, v in outcomes.items() if k.startswith("exit"))
-    report(f"fuzz-metadata: {ran} prefill cases run end to end "
-           f"({outcomes['not writable']} drawn edits not writable as GGUF), outcomes "
-           f"{dict(sorted((k, v) for k, v in outcomes.items() if k.startswith('exit')))}, "
-           f"wall {wall:.1f} s")
+    report(
+        f"fuzz-metadata: {ran} prefill cases run end to end "
+        f"({outcomes['not writable']} drawn edits not writable as GGUF), outcomes "
+        f"{dict(sorted((k, v) for k, v in outcomes.items() if k.startswith('exit')))}, "
+        f"wall {wall:.1f} s"
+    )
     assert ran >= min(N_CASES, 500) * 0.9, outcomes
     assert outcomes["exit 0"] and outcomes["exit 2"] and outcomes["exit 3"], outcomes

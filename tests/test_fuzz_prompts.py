@@ -35,16 +35,17 @@ import time
 import traceback
 
 import pytest
-
 from cli_inproc import error_lines, run_cli
 
 SCALE = float(os.environ.get("MINFER_FUZZ_PROMPTS", "1"))
-N_CLI = int(1200 * SCALE)    # through minfer.cli.main
-N_SCAN = int(4000 * SCALE)   # through open_prompts().scan() + iteration
-N_CTX = 128                  # small: a long prompt past the context is reachable
+N_CLI = int(1200 * SCALE)  # through minfer.cli.main
+N_SCAN = int(4000 * SCALE)  # through open_prompts().scan() + iteration
+N_CTX = 128  # small: a long prompt past the context is reachable
 N_PREDICT = 1
-TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<assistant>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 # -- the model: tiny, with a chat template ---------------------------------------------------------
@@ -70,8 +71,11 @@ def patched(monkeypatch, tiny, chat_model):
     import minfer.gguf.loader
 
     real = minfer.gguf.loader.load_model
-    monkeypatch.setattr(minfer.gguf.loader, "load_model",
-                        lambda p, *a, **k: chat_model if str(p) == str(tiny) else real(p, *a, **k))
+    monkeypatch.setattr(
+        minfer.gguf.loader,
+        "load_model",
+        lambda p, *a, **k: chat_model if str(p) == str(tiny) else real(p, *a, **k),
+    )
     return tiny
 
 
@@ -85,8 +89,22 @@ def encode(chat_model):
 
 
 # -- valid files -----------------------------------------------------------------------------------
-TEXTS = ["a", "hi", "x y", "é", "✓ ok", "<s>", "tab\there", "q\nq", 'say "z"', "  sp", "日本",
-         "\U0001F600", "\\", "0"]
+TEXTS = [
+    "a",
+    "hi",
+    "x y",
+    "é",
+    "✓ ok",
+    "<s>",
+    "tab\there",
+    "q\nq",
+    'say "z"',
+    "  sp",
+    "日本",
+    "\U0001f600",
+    "\\",
+    "0",
+]
 ROLES = ["user", "system", "assistant", "tool", "u"]
 
 
@@ -106,8 +124,10 @@ def _valid_line(rng: random.Random) -> str:
         return json.dumps({"prompt": t, "id": pid}, ensure_ascii=rng.random() < 0.5)
     if k == 3:
         return json.dumps({"id": pid, "prompt": t}, separators=(",", ":"))
-    msgs = [{"role": rng.choice(ROLES), "content": rng.choice(TEXTS)}
-            for _ in range(rng.randrange(1, 4))]
+    msgs = [
+        {"role": rng.choice(ROLES), "content": rng.choice(TEXTS)}
+        for _ in range(rng.randrange(1, 4))
+    ]
     d = {"messages": msgs}
     if k == 5:
         d["id"] = pid
@@ -115,36 +135,107 @@ def _valid_line(rng: random.Random) -> str:
 
 
 def _valid_text_line(rng: random.Random) -> str:
-    return rng.choice(["hello", "é ✓", 'quoted "x"', "{not json}", "[1, 2]", "a\tb", " lead",
-                       "null", "\U0001F600 end"])
+    return rng.choice(
+        [
+            "hello",
+            "é ✓",
+            'quoted "x"',
+            "{not json}",
+            "[1, 2]",
+            "a\tb",
+            " lead",
+            "null",
+            "\U0001f600 end",
+        ]
+    )
 
 
 # -- mutations -------------------------------------------------------------------------------------
-HUGE = ["18446744073709551616", "-9223372036854775809", "1" + "0" * 308, "9" * 4300,
-        "9" * 4301, "1" * 6000, "1e400", "-1e400", "1e308", "1.5", "1E5", "-0", "0.0",
-        "123456789012345678901234567890"]
+HUGE = [
+    "18446744073709551616",
+    "-9223372036854775809",
+    "1" + "0" * 308,
+    "9" * 4300,
+    "9" * 4301,
+    "1" * 6000,
+    "1e400",
+    "-1e400",
+    "1e308",
+    "1.5",
+    "1E5",
+    "-0",
+    "0.0",
+    "123456789012345678901234567890",
+]
 BAD_LINES = [
-    '{"prompt": 1}', '{"prompt": []}', '{"prompt": {}}', '{"prompt": null}', '{"prompt": true}',
-    '{"messages": "x"}', '{"messages": []}', '{"messages": [1]}', '{"messages": [{}]}',
-    '{"messages": [{"role": 1, "content": "c"}]}', '{"messages": [{"role": "u", "content": null}]}',
+    '{"prompt": 1}',
+    '{"prompt": []}',
+    '{"prompt": {}}',
+    '{"prompt": null}',
+    '{"prompt": true}',
+    '{"messages": "x"}',
+    '{"messages": []}',
+    '{"messages": [1]}',
+    '{"messages": [{}]}',
+    '{"messages": [{"role": 1, "content": "c"}]}',
+    '{"messages": [{"role": "u", "content": null}]}',
     '{"messages": [{"role": "", "content": "c"}]}',
     '{"messages": [{"role": "u", "content": "c", "x": 1}]}',
-    '{"prompt": "a", "id": true}', '{"prompt": "a", "id": null}', '{"prompt": "a", "id": []}',
-    '{"prompt": "a", "id": {}}', '{"prompt": "a", "id": 1.0}',
-    '{"prompt": "a", "prompt": "b"}', '{"id": 1, "prompt": "a", "id": 2}',
+    '{"prompt": "a", "id": true}',
+    '{"prompt": "a", "id": null}',
+    '{"prompt": "a", "id": []}',
+    '{"prompt": "a", "id": {}}',
+    '{"prompt": "a", "id": 1.0}',
+    '{"prompt": "a", "prompt": "b"}',
+    '{"id": 1, "prompt": "a", "id": 2}',
     '{"messages": [{"role": "u", "role": "v", "content": "c"}]}',
-    '{"prompt": "a", "messages": [{"role": "u", "content": "c"}]}', '{"id": 3}', "{}",
-    '{"promt": "a"}', '{"prompt": "a", "": 1}', "42", "null", "true", "[]", '["a"]',
-    '""', '{"prompt": ""}', "NaN", "-Infinity", '{"prompt": "a", "id": NaN}',
-    '{"prompt": "a", "id": Infinity}', '"a\\u0000b"', '{"prompt": "a", "id": "\\u0000"}',
-    '"\\ud800"', '"x\\udfffy"', '{"prompt": "a", "id": "\\ud83d"}',
+    '{"prompt": "a", "messages": [{"role": "u", "content": "c"}]}',
+    '{"id": 3}',
+    "{}",
+    '{"promt": "a"}',
+    '{"prompt": "a", "": 1}',
+    "42",
+    "null",
+    "true",
+    "[]",
+    '["a"]',
+    '""',
+    '{"prompt": ""}',
+    "NaN",
+    "-Infinity",
+    '{"prompt": "a", "id": NaN}',
+    '{"prompt": "a", "id": Infinity}',
+    '"a\\u0000b"',
+    '{"prompt": "a", "id": "\\u0000"}',
+    '"\\ud800"',
+    '"x\\udfffy"',
+    '{"prompt": "a", "id": "\\ud83d"}',
     '{"messages": [{"role": "u\\u0000", "content": "c"}]}',
-    '{"messages": [{"role": "u", "content": "\\udc00"}]}', '"tab\there"', '"a\x01"',
-    '"a" "b"', '"a",', "{'prompt': 'a'}", '{"prompt": "a"} x', '"' + "w" * 150 + '"',
-    '{"prompt": "' + "w " * 70 + '"}', "\ufeff\"bom\"", '"\\x41"', '"\\u12"',
+    '{"messages": [{"role": "u", "content": "\\udc00"}]}',
+    '"tab\there"',
+    '"a\x01"',
+    '"a" "b"',
+    '"a",',
+    "{'prompt': 'a'}",
+    '{"prompt": "a"} x',
+    '"' + "w" * 150 + '"',
+    '{"prompt": "' + "w " * 70 + '"}',
+    '\ufeff"bom"',
+    '"\\x41"',
+    '"\\u12"',
 ]
-INVALID_UTF8 = [b"\xff", b"\xfe", b"\xc3", b"\xc3\x28", b"\xe2\x82", b"\xed\xa0\x80",
-                b"\xf8\x88\x80\x80\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\x80"]
+INVALID_UTF8 = [
+    b"\xff",
+    b"\xfe",
+    b"\xc3",
+    b"\xc3\x28",
+    b"\xe2\x82",
+    b"\xed\xa0\x80",
+    b"\xf8\x88\x80\x80\x80",
+    b"\xc0\xaf",
+    b"\xf4\x90\x80\x80",
+    b"\x80",
+]
 BLANKS = ["", " ", "\t", "\r", "  \r", " \t "]
 
 
@@ -177,15 +268,22 @@ def _line_mutation(rng, lines: list[str], fmt: str) -> str:
             lines[i] = "{" + f"{json.dumps(key)}: {json.dumps(val)}, " + lines[i][1:]
             return "duplicate-key"
     if k in (0, 10) and fmt == "jsonl":
-        lines[i:i + 1] = [rng.choice(BAD_LINES)]
+        lines[i : i + 1] = [rng.choice(BAD_LINES)]
         return "bad-line"
     if k == 1 and fmt == "jsonl":
-        tpl = rng.choice(['{"prompt": "a", "id": %s}', '{"id": %s, "prompt": "b"}', "%s",
-                          '{"prompt": %s}', '{"messages": [{"role": "u", "content": %s}]}'])
-        lines[i:i + 1] = [tpl % rng.choice(HUGE)]
+        tpl = rng.choice(
+            [
+                '{"prompt": "a", "id": %s}',
+                '{"id": %s, "prompt": "b"}',
+                "%s",
+                '{"prompt": %s}',
+                '{"messages": [{"role": "u", "content": %s}]}',
+            ]
+        )
+        lines[i : i + 1] = [tpl % rng.choice(HUGE)]
         return "huge-number"
     if k == 2 and fmt == "jsonl":
-        lines[i:i + 1] = [_nested(rng)]
+        lines[i : i + 1] = [_nested(rng)]
         return "deep-nesting"
     if k == 3:
         lines.insert(rng.randrange(len(lines) + 1), rng.choice(BLANKS))
@@ -197,7 +295,7 @@ def _line_mutation(rng, lines: list[str], fmt: str) -> str:
         return "crlf"
     if k == 5 and len(lines) > 1:
         j = rng.randrange(len(lines) - 1)
-        lines[j:j + 2] = [lines[j] + rng.choice(["", " ", ","]) + lines[j + 1]]
+        lines[j : j + 2] = [lines[j] + rng.choice(["", " ", ","]) + lines[j + 1]]
         return "join-lines"
     if k == 6:
         lines.insert(i, lines[i])
@@ -205,9 +303,28 @@ def _line_mutation(rng, lines: list[str], fmt: str) -> str:
     if k == 7:
         s = lines[i]
         p = rng.randrange(len(s) + 1)
-        lines[i] = s[:p] + rng.choice(["\\u0000", "\\ud800", "\\udbff\\udfff", "\\uDC00",
-                                       "\x00", "\x1f", "\"", "\\", "}", ",", ":", "\u2028",
-                                       "\ufeff", "\\n"]) + s[p:]
+        lines[i] = (
+            s[:p]
+            + rng.choice(
+                [
+                    "\\u0000",
+                    "\\ud800",
+                    "\\udbff\\udfff",
+                    "\\uDC00",
+                    "\x00",
+                    "\x1f",
+                    '"',
+                    "\\",
+                    "}",
+                    ",",
+                    ":",
+                    "\u2028",
+                    "\ufeff",
+                    "\\n",
+                ]
+            )
+            + s[p:]
+        )
         return "insert-escape"
     if fmt == "jsonl":  # a valid line's value of the wrong type, or an unknown key
         wrong = rng.choice(["1", "[]", "{}", "null", "false", "-1.5e3", '"s"'])
@@ -215,7 +332,7 @@ def _line_mutation(rng, lines: list[str], fmt: str) -> str:
         s = lines[i]
         m = re.search(f'"{key}"\\s*:\\s*', s)
         if m:
-            lines[i] = s[:m.end()] + wrong + _skip_value(s, m.end())
+            lines[i] = s[: m.end()] + wrong + _skip_value(s, m.end())
         else:
             lines[i] = s.rstrip("}") + f', "{key}": {wrong}' + "}" if s.startswith("{") else s
         return "wrong-type"
@@ -229,7 +346,7 @@ def _skip_value(s: str, at: int) -> str:
         _, end = json.JSONDecoder().raw_decode(s, at)
         return s[end:]
     except (ValueError, RecursionError):
-        return s[at + 1:]
+        return s[at + 1 :]
 
 
 def _byte_mutation(rng, data: bytearray) -> str:
@@ -239,7 +356,7 @@ def _byte_mutation(rng, data: bytearray) -> str:
         data[rng.randrange(n)] ^= 1 << rng.randrange(8)
         return "bit-flip"
     if k == 1 and n:
-        del data[rng.randrange(n):]
+        del data[rng.randrange(n) :]
         return "truncate"
     if k == 2:
         p = rng.randrange(n + 1)
@@ -255,7 +372,7 @@ def _byte_mutation(rng, data: bytearray) -> str:
         return "bom"
     if k == 5 and n:
         p = rng.randrange(n)
-        del data[p:p + rng.randrange(1, 8)]
+        del data[p : p + rng.randrange(1, 8)]
         return "delete-span"
     p = rng.randrange(n + 1)
     data[p:p] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 6)))
@@ -272,8 +389,13 @@ def make_case(seed: int) -> tuple[bytes, str, list[str]]:
         lines = [rng.choice(BLANKS) for _ in range(rng.randrange(3))]
     ops = []
     r = rng.random()
-    n_line, n_byte = (0, 0) if r < 0.08 else (rng.choice((1, 1, 2, 3)), 0) if r < 0.6 else \
-        (rng.choice((0, 1)), rng.choice((1, 1, 2)))
+    n_line, n_byte = (
+        (0, 0)
+        if r < 0.08
+        else (rng.choice((1, 1, 2, 3)), 0)
+        if r < 0.6
+        else (rng.choice((0, 1)), rng.choice((1, 1, 2)))
+    )
     for _ in range(n_line):
         ops.append(_line_mutation(rng, lines, fmt))
     data = bytearray("\n".join(lines).encode("utf-8", "surrogatepass"))
@@ -398,19 +520,25 @@ def _category(msg: str) -> str:
     """A refusal's kind, for the outcome table: the message past `line N: `, shortened."""
     m = re.search(r"line \d+: (.*)", msg)
     s = m.group(1) if m else msg.split(": ", 2)[-1]
-    for pat, name in [(r"^invalid JSON \(key .* twice", "duplicate key"),
-                      (r"^invalid JSON \(nested", "nested too deeply"),
-                      (r"^invalid JSON \(Exceeds the limit", "integer too long"),
-                      (r"^invalid JSON \(\w+ is not a JSON number", "NaN/Infinity"),
-                      (r"^invalid JSON", "invalid JSON"),
-                      (r"^invalid UTF-8", "invalid UTF-8"),
-                      (r"NUL", "NUL"), (r"lone surrogate", "lone surrogate"),
-                      (r"^unknown key", "unknown key"), (r"^expected a JSON string", "wrong type"),
-                      (r"must be", "wrong type"), (r"exactly one of", "prompt xor messages"),
-                      (r"^\"messages\"", "bad messages"), (r"has no", "bad messages"),
-                      (r"is empty|empty prompt", "empty prompt"),
-                      (r"exceeds the context", "past the context"),
-                      (r"no prompts", "no prompts")]:
+    for pat, name in [
+        (r"^invalid JSON \(key .* twice", "duplicate key"),
+        (r"^invalid JSON \(nested", "nested too deeply"),
+        (r"^invalid JSON \(Exceeds the limit", "integer too long"),
+        (r"^invalid JSON \(\w+ is not a JSON number", "NaN/Infinity"),
+        (r"^invalid JSON", "invalid JSON"),
+        (r"^invalid UTF-8", "invalid UTF-8"),
+        (r"NUL", "NUL"),
+        (r"lone surrogate", "lone surrogate"),
+        (r"^unknown key", "unknown key"),
+        (r"^expected a JSON string", "wrong type"),
+        (r"must be", "wrong type"),
+        (r"exactly one of", "prompt xor messages"),
+        (r"^\"messages\"", "bad messages"),
+        (r"has no", "bad messages"),
+        (r"is empty|empty prompt", "empty prompt"),
+        (r"exceeds the context", "past the context"),
+        (r"no prompts", "no prompts"),
+    ]:
         if re.search(pat, s):
             return name
     return s[:40]
@@ -423,9 +551,23 @@ def _check_cli(case: int, data: bytes, fmt: str, want, folder, tiny, rng) -> str
     src.write_bytes(data)
     out = outdir / "r.jsonl"
     logprobs = rng.random() < 0.3
-    args = ["prefill", "--prompts", str(src), "--backend", "cpu", "-m", str(tiny), "-n",
-            str(N_PREDICT), "-o", str(out)] + (["--prompts-format", "lines"] if fmt == "lines"
-                                               else []) + (["--logprobs"] if logprobs else [])
+    args = (
+        [
+            "prefill",
+            "--prompts",
+            str(src),
+            "--backend",
+            "cpu",
+            "-m",
+            str(tiny),
+            "-n",
+            str(N_PREDICT),
+            "-o",
+            str(out),
+        ]
+        + (["--prompts-format", "lines"] if fmt == "lines" else [])
+        + (["--logprobs"] if logprobs else [])
+    )
     code, stdout, stderr = run_cli(args)
     assert "Traceback" not in stderr, stderr
     left = sorted(p.name for p in outdir.iterdir())
@@ -513,9 +655,11 @@ def test_fuzz_prompt_files_through_the_cli(tmp_path, patched, encode, report):
     secs = time.perf_counter() - t0
     print("\n" + _table("prompt fuzz, CLI", outcomes, N_CLI, secs))
     print("mutations applied: " + ", ".join(f"{k} {v}" for k, v in ops.most_common()))
-    report(f"prompt fuzz (CLI): {N_CLI} cases in {secs:.1f} s, "
-           f"{outcomes['ok']} accepted, {N_CLI - outcomes['ok']} refused; "
-           + ", ".join(f"{k} {v}" for k, v in outcomes.most_common()))
+    report(
+        f"prompt fuzz (CLI): {N_CLI} cases in {secs:.1f} s, "
+        f"{outcomes['ok']} accepted, {N_CLI - outcomes['ok']} refused; "
+        + ", ".join(f"{k} {v}" for k, v in outcomes.most_common())
+    )
     assert not failures, f"{len(failures)} failing cases, first:\n" + "\n".join(failures[:5])
     assert outcomes["ok"] >= N_CLI // 10 and N_CLI - outcomes["ok"] >= N_CLI // 3  # both paths
 
@@ -530,8 +674,10 @@ def test_fuzz_prompt_files_scan(tmp_path, encode, report):
     outcomes, _, failures = _run_cases(range(10**6, 10**6 + N_SCAN), check)
     secs = time.perf_counter() - t0
     print("\n" + _table("prompt fuzz, scan()", outcomes, N_SCAN, secs))
-    report(f"prompt fuzz (scan): {N_SCAN} cases in {secs:.1f} s, "
-           + ", ".join(f"{k} {v}" for k, v in outcomes.most_common()))
+    report(
+        f"prompt fuzz (scan): {N_SCAN} cases in {secs:.1f} s, "
+        + ", ".join(f"{k} {v}" for k, v in outcomes.most_common())
+    )
     assert not failures, f"{len(failures)} failing cases, first:\n" + "\n".join(failures[:5])
 
 
@@ -540,11 +686,14 @@ def test_cases_are_seeded():
 
 
 # -- regressions this fuzz found (fixed in minfer/batch/prompts.py and output.py) ------------------
-@pytest.mark.parametrize("line,needle", [
-    ('{"prompt": "ab", "id": "x\\ud800y"}', '"id" is not valid Unicode (a lone surrogate'),
-    ('{"prompt": "ab", "id": "\\udfff"}', "lone surrogate \\udfff"),
-    ('{"prompt": "ab", "id": "a\\u0000"}', '"id" holds a NUL character'),
-])
+@pytest.mark.parametrize(
+    "line,needle",
+    [
+        ('{"prompt": "ab", "id": "x\\ud800y"}', '"id" is not valid Unicode (a lone surrogate'),
+        ('{"prompt": "ab", "id": "\\udfff"}', "lone surrogate \\udfff"),
+        ('{"prompt": "ab", "id": "a\\u0000"}', '"id" holds a NUL character'),
+    ],
+)
 def test_an_unwritable_id_is_refused_in_pass_1(tmp_path, patched, line, needle):
     """A lone-surrogate "id" passed pass 1, ran the whole file, then crashed writing its record
     (UnicodeEncodeError: a traceback, exit 1, after all the compute)."""
@@ -552,8 +701,21 @@ def test_an_unwritable_id_is_refused_in_pass_1(tmp_path, patched, line, needle):
     src.write_text('"fine"\n' + line + "\n")
     out = tmp_path / "o" / "r.jsonl"
     out.parent.mkdir()
-    code, _, stderr = run_cli(["prefill", "--prompts", str(src), "--backend", "cpu", "-m",
-                               str(patched), "-n", "1", "-o", str(out)])
+    code, _, stderr = run_cli(
+        [
+            "prefill",
+            "--prompts",
+            str(src),
+            "--backend",
+            "cpu",
+            "-m",
+            str(patched),
+            "-n",
+            "1",
+            "-o",
+            str(out),
+        ]
+    )
     assert code == 2 and "Traceback" not in stderr, stderr
     errs = error_lines(stderr)
     assert len(errs) == 1 and f"{src} line 2: " in errs[0] and needle in errs[0], errs
@@ -588,8 +750,10 @@ def test_writer_escapes_a_lone_surrogate(tmp_path):
         w.write({"id": 1, "text": "é"})
         w.commit()
     lines = out.read_bytes().decode("utf-8").splitlines()
-    assert [json.loads(x) for x in lines] == [{"id": "a\ud800", "text": "é"},
-                                              {"id": 1, "text": "é"}]
+    assert [json.loads(x) for x in lines] == [
+        {"id": "a\ud800", "text": "é"},
+        {"id": 1, "text": "é"},
+    ]
     assert lines[1] == '{"id": 1, "text": "é"}'  # UTF-8 as before where it can be
 
 
@@ -599,7 +763,8 @@ def test_a_model_context_under_128_runs_a_prompt_file(tmp_path):
     m = tiny_model(tmp_path, seed=5, vocab=512, n_ctx=64)
     src = tmp_path / "p.jsonl"
     src.write_text('"hello"\n"' + "w" * 62 + '"\n')
-    code, stdout, stderr = run_cli(["prefill", "--prompts", str(src), "--backend", "cpu", "-m",
-                                    str(m), "-n", "1", "-q"])
+    code, stdout, stderr = run_cli(
+        ["prefill", "--prompts", str(src), "--backend", "cpu", "-m", str(m), "-n", "1", "-q"]
+    )
     assert code == 0, stderr
     assert [json.loads(x)["n_prompt"] for x in stdout.splitlines()] == [5, 62]

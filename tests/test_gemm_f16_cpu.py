@@ -9,9 +9,20 @@ import shutil
 import numpy as np
 import pytest
 
+from minfer.cuda.ops.gemm import (
+    GEMVS,
+    TILES,
+    TMA,
+    TMA_MAGIC,
+    TMA_PARAM_PAD,
+    VARIANTS,
+    WGMMA,
+    _check_out,
+    _check_shapes,
+    gemm_f16_nt_ref,
+    pick_variant,
+)
 from minfer.cuda.runtime.build import KERNEL_DIR, compile_cubin, parse_ptxas
-from minfer.cuda.ops.gemm import (GEMVS, TILES, TMA, TMA_MAGIC, TMA_PARAM_PAD, VARIANTS, WGMMA,
-                              _check_out, _check_shapes, gemm_f16_nt_ref, pick_variant)
 from minfer.errors import BadInput
 
 H200_SMEM_OPTIN = 232448
@@ -27,17 +38,19 @@ def test_twin_matches_float64():
     assert np.abs(out - ref).max() < 1e-4
     assert gemm_f16_nt_ref(a, b, np.float16).dtype == np.float16
     r = rng.standard_normal((7, 9)).astype(np.float32)
-    np.testing.assert_allclose(gemm_f16_nt_ref(a, b, accumulate=r), r + ref, rtol=1e-5,
-                               atol=1e-4)
+    np.testing.assert_allclose(gemm_f16_nt_ref(a, b, accumulate=r), r + ref, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("ashape,bshape,adt,msg", [
-    ((4, 20), (8, 20), np.float16, "multiple of 8"),
-    ((4, 16), (8, 24), np.float16, "inner dimensions"),
-    ((4, 16), (8, 16), np.float32, "float16"),
-    ((0, 16), (8, 16), np.float16, "empty"),
-    ((4, 16, 1), (8, 16), np.float16, "2-D"),
-])
+@pytest.mark.parametrize(
+    "ashape,bshape,adt,msg",
+    [
+        ((4, 20), (8, 20), np.float16, "multiple of 8"),
+        ((4, 16), (8, 24), np.float16, "inner dimensions"),
+        ((4, 16), (8, 16), np.float32, "float16"),
+        ((0, 16), (8, 16), np.float16, "empty"),
+        ((4, 16, 1), (8, 16), np.float16, "2-D"),
+    ],
+)
 def test_validation(ashape, bshape, adt, msg):
     with pytest.raises(BadInput, match=msg):
         _check_shapes(ashape, bshape, adt, np.float16)
@@ -66,14 +79,22 @@ def test_pick_tma_follows_the_wave_fill():
     # the 8B shapes as measured on the H200 (TMA_TILE_SPEED): M = 512 takes the
     # narrow tile where the wide one leaves SMs idle (o, down: 64 wide tiles; gate|up: 85% of
     # 4 waves), 128 x 192 for qkv (128 tiles against 96 wide ones), the wide one at M = 2048
-    pick = {(M, N): pick_variant(M, N, 4096, 132, "sm_90").replace("wgmma_f16_tma_", "")
-            for M in (512, 2048) for N in (4096, 6144, 28672)}
-    assert pick == {(512, 4096): "128x128x64_s6", (512, 6144): "128x192x64_s5",
-                    (512, 28672): "128x128x64_s6", (2048, 4096): "128x256x64_s4",
-                    (2048, 6144): "128x256x64_s4", (2048, 28672): "128x256x64_s4"}
+    pick = {
+        (M, N): pick_variant(M, N, 4096, 132, "sm_90").replace("wgmma_f16_tma_", "")
+        for M in (512, 2048)
+        for N in (4096, 6144, 28672)
+    }
+    assert pick == {
+        (512, 4096): "128x128x64_s6",
+        (512, 6144): "128x192x64_s5",
+        (512, 28672): "128x128x64_s6",
+        (2048, 4096): "128x256x64_s4",
+        (2048, 6144): "128x256x64_s4",
+        (2048, 28672): "128x256x64_s4",
+    }
     # too few tiles for either: the cp.async wgmma tiles (more, smaller blocks)
     assert pick_variant(128, 4096, 4096, 132, "sm_90") in WGMMA
-    assert pick_variant(512, 4096, 4096, 132, "sm_80") in TILES    # never off Hopper
+    assert pick_variant(512, 4096, 4096, 132, "sm_80") in TILES  # never off Hopper
 
 
 def test_tma_magic_and_param_pad_match_the_kernel():
@@ -86,6 +107,7 @@ def test_tma_magic_and_param_pad_match_the_kernel():
 def test_tma_map_rejects_bad_tensors_before_the_driver():
     from minfer.cuda.runtime.tma import tmap_f16_2d
     from minfer.errors import GPUError
+
     for ptr, rows, cols, box in ((8, 16, 64, 128), (256, 16, 60, 128), (256, 16, 64, 512)):
         with pytest.raises(GPUError, match="TMA tensor map: bad"):
             tmap_f16_2d(ptr, rows, cols, box)
@@ -94,17 +116,24 @@ def test_tma_map_rejects_bad_tensors_before_the_driver():
 
 def test_table_mirrors_kernel_entries():
     src = (KERNEL_DIR / "gemm_f16.cu").read_text()
-    tiles = {f"gemm_f16_nt_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}"
-             for bm, bn, bk, wm, wn, st in
-             re.findall(r"^GEMM_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \d+\)", src, re.M)}
+    tiles = {
+        f"gemm_f16_nt_{bm}x{bn}x{bk}_w{wm}x{wn}_s{st}"
+        for bm, bn, bk, wm, wn, st in re.findall(
+            r"^GEMM_ENTRY\((\d+), (\d+), (\d+), (\d+), (\d+), (\d+), \d+\)", src, re.M
+        )
+    }
     gemvs = {f"gemv_f16_r{r}" for r in re.findall(r"^GEMV_ENTRY\((\d+), \d+\)", src, re.M)}
     assert tiles == set(TILES) and gemvs == set(GEMVS)
     src90 = (KERNEL_DIR / "gemm_f16_sm90a.cu").read_text()
-    wg = {f"wgmma_f16_nt_{bm}x{bn}x64_s{st}" for bm, bn, st in
-          re.findall(r"^WGMMA_ENTRY\((\d+), (\d+), (\d+), \d+\)", src90, re.M)}
+    wg = {
+        f"wgmma_f16_nt_{bm}x{bn}x64_s{st}"
+        for bm, bn, st in re.findall(r"^WGMMA_ENTRY\((\d+), (\d+), (\d+), \d+\)", src90, re.M)
+    }
     assert wg == set(WGMMA)
-    tma = {f"wgmma_f16_tma_128x{bn}x64_s{st}" for bn, st in
-           re.findall(r"^TMA_ENTRY\((\d+), (\d+)\)", src90, re.M)}
+    tma = {
+        f"wgmma_f16_tma_128x{bn}x64_s{st}"
+        for bn, st in re.findall(r"^TMA_ENTRY\((\d+), (\d+)\)", src90, re.M)
+    }
     assert tma == set(TMA)
     # TmaTile.smem mirrors TmaSmem<BN, STAGES>::BYTES, which the .cu pins by static_assert
     pinned = dict(re.findall(r"TmaSmem<(\d+), \d+>::BYTES == (\d+)", src90))
@@ -127,7 +156,7 @@ def test_ptxas_no_spills_sm90():
     assert "serialized" not in rep90  # ptxas would say if it had to serialize the wgmma
     res.update(res90)
     assert set(res) == set(VARIANTS)
-    for name, r in res.items():
+    for r in res.values():
         assert r.spill_stores == 0 and r.spill_loads == 0 and r.stack == 0, r
         assert r.registers <= 255, r
 
@@ -139,7 +168,7 @@ def test_glu_twin_is_swiglu_of_the_deinterleaved_product():
     rng = np.random.default_rng(7)
     M, F, K = 5, 24, 40
     a = rng.standard_normal((M, K)).astype(np.float16)
-    w = (rng.standard_normal((2 * F, K)) * 0.3).astype(np.float16)   # [gate; up]
+    w = (rng.standard_normal((2 * F, K)) * 0.3).astype(np.float16)  # [gate; up]
     c = a.astype(np.float32) @ w.astype(np.float32).T
     want = swiglu(c[:, :F], c[:, F:]).astype(np.float16)
     got = gemm_f16_nt_ref(a, w[glu_rows(F)], np.float16, glu=True)

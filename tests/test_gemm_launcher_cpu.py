@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray, install
 
-from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.gemm import MODE_ACC, MODE_F16, MODE_F32, VARIANTS, gemm_f16_nt, pick_variant
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import BadInput, GPUError
 
 F16, F32 = np.float16, np.float32
@@ -38,7 +38,7 @@ def fake_pycuda(monkeypatch):
 
 
 def _launch(rt):
-    (fn, grid, block, args, smem), = rt.launches
+    ((fn, grid, block, args, smem),) = rt.launches
     return fn, grid, block, args, smem
 
 
@@ -74,20 +74,38 @@ def test_rejects_before_launching():
     rt = FakeRT()
     a, b = da.view(0x10000, (4, 16), F16), da.view(0x20000, (8, 16), F16)
     cases = [
-        (GPUError, r"gemm_f16_nt A: device pointer 0x10002 not 16-byte aligned",
-         dict(a=da.view(0x10002, (4, 16), F16))),
-        (GPUError, r"gemm_f16_nt B: not contiguous \(shape \(8, 8\), strides \(32, 2\)\)",
-         dict(b=FakeGPUArray((8, 8), F16, gpudata=0x20000, strides=(32, 2)))),
-        (GPUError, "gemm_f16_nt out: device pointer 0x30004",
-         dict(out=da.view(0x30004, (4, 8), F32))),
-        (GPUError, "gemm_f16_nt A: expected a device array .* got ndarray",
-         dict(a=np.zeros((4, 16), F16))),
+        (
+            GPUError,
+            r"gemm_f16_nt A: device pointer 0x10002 not 16-byte aligned",
+            dict(a=da.view(0x10002, (4, 16), F16)),
+        ),
+        (
+            GPUError,
+            r"gemm_f16_nt B: not contiguous \(shape \(8, 8\), strides \(32, 2\)\)",
+            dict(b=FakeGPUArray((8, 8), F16, gpudata=0x20000, strides=(32, 2))),
+        ),
+        (
+            GPUError,
+            "gemm_f16_nt out: device pointer 0x30004",
+            dict(out=da.view(0x30004, (4, 8), F32)),
+        ),
+        (
+            GPUError,
+            "gemm_f16_nt A: expected a device array .* got ndarray",
+            dict(a=np.zeros((4, 16), F16)),
+        ),
         (BadInput, "float16, got float32", dict(a=da.view(0x10000, (4, 16), F32))),
         (BadInput, "inner dimensions", dict(b=da.view(0x20000, (8, 24), F16))),
-        (BadInput, r"out is \(4, 8\) float16, expected \(4, 8\) float32",
-         dict(out=da.view(0x30000, (4, 8), F16))),
-        (BadInput, "either out or accumulate",
-         dict(out=da.view(0x30000, (4, 8), F32), accumulate=da.view(0x40000, (4, 8), F32))),
+        (
+            BadInput,
+            r"out is \(4, 8\) float16, expected \(4, 8\) float32",
+            dict(out=da.view(0x30000, (4, 8), F16)),
+        ),
+        (
+            BadInput,
+            "either out or accumulate",
+            dict(out=da.view(0x30000, (4, 8), F32), accumulate=da.view(0x40000, (4, 8), F32)),
+        ),
         (BadInput, "M == 1 only", dict(variant="gemv_f16_r4")),
     ]
     for err, msg, kw in cases:
@@ -111,11 +129,23 @@ def _rope_target(monkeypatch, T=16, Hq=4, Hkv=2, D=64, S=40, rope_dim=64, neox=F
         return da.view(0xA00000, arr.shape, arr.dtype)
 
     monkeypatch.setattr(da, "to_device", to_device)
-    table = L.RopeTable(da.view(0x50000, (S, rope_dim // 2), F32),
-                        da.view(0x60000, (S, rope_dim // 2), F32), S, rope_dim, 10000.0)
-    t = L.QkvRope(FakeRT(), da.view(0x10000, (T, Hq, D), F16), da.view(0x20000, (S, Hkv, D), F16),
-                  da.view(0x30000, (S, Hkv, D), F16), table, da.view(0x40000, (T, 2), np.int32),
-                  rope_dim, neox)
+    table = L.RopeTable(
+        da.view(0x50000, (S, rope_dim // 2), F32),
+        da.view(0x60000, (S, rope_dim // 2), F32),
+        S,
+        rope_dim,
+        10000.0,
+    )
+    t = L.QkvRope(
+        FakeRT(),
+        da.view(0x10000, (T, Hq, D), F16),
+        da.view(0x20000, (S, Hkv, D), F16),
+        da.view(0x30000, (S, Hkv, D), F16),
+        table,
+        da.view(0x40000, (T, 2), np.int32),
+        rope_dim,
+        neox,
+    )
     return t, sent
 
 
@@ -126,8 +156,14 @@ def test_rope_target_packs_the_struct(monkeypatch):
     (raw,) = sent
     rec = np.frombuffer(raw.tobytes(), ROPE_QKV_DTYPE)[0]
     assert raw.nbytes == 64
-    assert [int(rec[f]) for f in ("q16", "kc", "vc", "cos", "sin", "tok")] == \
-        [0x10000, 0x20000, 0x30000, 0x50000, 0x60000, 0x40000]
+    assert [int(rec[f]) for f in ("q16", "kc", "vc", "cos", "sin", "tok")] == [
+        0x10000,
+        0x20000,
+        0x30000,
+        0x50000,
+        0x60000,
+        0x40000,
+    ]
     assert [int(rec[f]) for f in ("qd", "kd", "D", "half_r")] == [256, 128, 64, 24]
 
 
@@ -137,17 +173,17 @@ def test_rope_launch_passes_the_struct_as_c(monkeypatch, M):
 
     t, _ = _rope_target(monkeypatch)
     rt = FakeRT()
-    rt.arch = "sm_80"   # (the mma.sync tiles: no tensor maps to make)
+    rt.arch = "sm_80"  # (the mma.sync tiles: no tensor maps to make)
     a, b = da.view(0x100000, (M, 72), F16), da.view(0x400000, (512, 72), F16)
     assert gemm_f16_nt(a, b, rt=rt, rope=t, hi=3 + M) is t
     fn, grid, block, args, smem = _launch(rt)
     v = EPILOGUE_TILE if M == 1 else pick_variant(M, 512, 72, rt.sm_count, rt.arch)
-    assert fn[1] == v   # M == 1: a tile kernel (the GEMV has no rope epilogue)
+    assert fn[1] == v  # M == 1: a tile kernel (the GEMV has no rope epilogue)
     assert args == [0x100000, 0x400000, 0xA00000, M, 512, 72, MODE_ROPE]
 
 
 def test_rope_launch_refuses_misfits(monkeypatch):
-    t, _ = _rope_target(monkeypatch)   # T = 16 rows of q16, 40 cache rows, N = 512
+    t, _ = _rope_target(monkeypatch)  # T = 16 rows of q16, 40 cache rows, N = 512
     rt = FakeRT()
     a, b = da.view(0x100000, (8, 72), F16), da.view(0x400000, (512, 72), F16)
     with pytest.raises(GPUError, match=r"slots \(below 43\) exceed the cache's 40 rows"):
@@ -174,7 +210,7 @@ def test_glu_launch_mode(glu, mode, M):
 
     assert (MODE_GLU, MODE_GEGLU) == (3, 5)
     rt = FakeRT()
-    rt.arch = "sm_80"   # (the mma.sync tiles: no tensor maps to make)
+    rt.arch = "sm_80"  # (the mma.sync tiles: no tensor maps to make)
     a, b = da.view(0x100000, (M, 64), F16), da.view(0x400000, (256, 64), F16)
     out = da.view(0x800000, (M, 128), F16)
     gemm_f16_nt(a, b, F16, out=out, rt=rt, glu=glu)

@@ -13,23 +13,31 @@ import pytest
 import tolerance
 
 
-def _gemma2_file(tmp_path, extra=None, drop=(), drop_tensors=(), extra_tensors=(),
-                 name="g2.gguf"):
+def _gemma2_file(tmp_path, extra=None, drop=(), drop_tensors=(), extra_tensors=(), name="g2.gguf"):
     """The tiny-gemma2 preset (F16, a generated vocab of 260) with metadata changes."""
     import gguf
 
     from minfer.gguf.write import write_gguf
-    from minfer.tools.synth import PRESETS, generated_tokenizer, make_tensor, model_metadata, \
-        tensor_plan
+    from minfer.tools.synth import (
+        PRESETS,
+        generated_tokenizer,
+        make_tensor,
+        model_metadata,
+        tensor_plan,
+    )
 
     shape = replace(PRESETS["tiny-gemma2"], vocab=260)
     meta = model_metadata(shape, "f16", "t") | generated_tokenizer(260)
     meta = {k: v for k, v in meta.items() if k not in drop} | (extra or {})
     plans = [p for p in tensor_plan(shape, "f16") if p.name not in drop_tensors]
-    tensors = [(p.name, int(gguf.GGMLQuantizationType[p.qtype]), p.shape,
-                make_tensor(p, 0, i, shape)) for i, p in enumerate(plans)]
-    tensors += [(n, int(gguf.GGMLQuantizationType.F32), (k,), np.ones(k, np.float32))
-                for n, k in extra_tensors]
+    tensors = [
+        (p.name, int(gguf.GGMLQuantizationType[p.qtype]), p.shape, make_tensor(p, 0, i, shape))
+        for i, p in enumerate(plans)
+    ]
+    tensors += [
+        (n, int(gguf.GGMLQuantizationType.F32), (k,), np.ones(k, np.float32))
+        for n, k in extra_tensors
+    ]
     return write_gguf(tmp_path / name, "gemma2", meta, tensors, progress=False)
 
 
@@ -54,19 +62,25 @@ def test_config_reads_as_llamacpp(tmp_path):
 def test_llamacpp_defaults_when_the_file_is_silent(tmp_path):
     """No window key: n_swa 4096 (still every other layer local); no soft-cap keys: attention
     50, final 30 (llama_hparams' defaults, always applied for gemma2)."""
-    drop = ("gemma2.attention.sliding_window", "gemma2.attn_logit_softcapping",
-            "gemma2.final_logit_softcapping")
+    drop = (
+        "gemma2.attention.sliding_window",
+        "gemma2.attn_logit_softcapping",
+        "gemma2.final_logit_softcapping",
+    )
     c = _load(_gemma2_file(tmp_path, drop=drop)).config
     assert c.sliding_window == 4096 and c.swa_layers == (True, False, True, False)
     assert c.attn_softcap == 50.0 and c.logit_softcap == 30.0
 
 
-@pytest.mark.parametrize("pattern, local", [
-    (2, [True, False, True, False]),
-    (3, [True, True, False, True]),  # il % n < n - 1
-    (0, [True] * 4),  # 0: every layer local
-    ([False, True], [False, True, False, False]),  # per layer; the rest global
-])
+@pytest.mark.parametrize(
+    "pattern, local",
+    [
+        (2, [True, False, True, False]),
+        (3, [True, True, False, True]),  # il % n < n - 1
+        (0, [True] * 4),  # 0: every layer local
+        ([False, True], [False, True, False, False]),  # per layer; the rest global
+    ],
+)
 def test_sliding_window_pattern(tmp_path, pattern, local):
     import gguf
 
@@ -83,9 +97,16 @@ def test_local_rope_base_and_scaling(tmp_path):
     """rope.freq_base_swa sets the local layers' base (default: the global one), and unlike
     gemma3 the local layers keep the file's RoPE scaling (rope_freq_scale_train_swa =
     rope_freq_scale_train)."""
-    c = _load(_gemma2_file(tmp_path, {"gemma2.rope.freq_base": 20000.0,
-                                      "gemma2.rope.scaling.type": "linear",
-                                      "gemma2.rope.scaling.factor": 4.0})).config
+    c = _load(
+        _gemma2_file(
+            tmp_path,
+            {
+                "gemma2.rope.freq_base": 20000.0,
+                "gemma2.rope.scaling.type": "linear",
+                "gemma2.rope.scaling.factor": 4.0,
+            },
+        )
+    ).config
     assert c.rope_base_swa == 20000.0
     assert c.layer_rope(0) == c.layer_rope(1) == (20000.0, c.rope_scaling)
     assert c.rope_scaling.freq_scale == 0.25
@@ -106,16 +127,19 @@ def test_attention_scale_of_the_27b():
     assert m._gemma("gemma3", 46, 4608, 32, 128)["attn_scale"] == float(f(1) / np.sqrt(f(128)))
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    ("gemma2.attention.key_length_swa", 128, "not understood"),
-    ("gemma2.rope.dimension_count_swa", 128, "not understood"),
-    ("gemma2.expert_count", 8, "mixture-of-experts"),
-    ("gemma2.attention.sliding_window", 0, "out of range"),  # would mask every key
-    ("gemma2.attention.sliding_window", 1.5, "must be an integer"),
-    ("gemma2.attn_logit_softcapping", 0.0, "finite and > 0"),  # llama.cpp divides by it
-    ("gemma2.final_logit_softcapping", -3.0, "finite and > 0"),
-    ("gemma2.attn_logit_softcapping", "50", "must be a number"),
-])
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("gemma2.attention.key_length_swa", 128, "not understood"),
+        ("gemma2.rope.dimension_count_swa", 128, "not understood"),
+        ("gemma2.expert_count", 8, "mixture-of-experts"),
+        ("gemma2.attention.sliding_window", 0, "out of range"),  # would mask every key
+        ("gemma2.attention.sliding_window", 1.5, "must be an integer"),
+        ("gemma2.attn_logit_softcapping", 0.0, "finite and > 0"),  # llama.cpp divides by it
+        ("gemma2.final_logit_softcapping", -3.0, "finite and > 0"),
+        ("gemma2.attn_logit_softcapping", "50", "must be a number"),
+    ],
+)
 def test_keys_it_cannot_honour_are_refused(tmp_path, key, value, needle):
     from minfer.errors import BadModel, Unsupported
 
@@ -124,8 +148,10 @@ def test_keys_it_cannot_honour_are_refused(tmp_path, key, value, needle):
     assert key in str(e.value)
 
 
-@pytest.mark.parametrize("tensor", ["blk.1.post_ffw_norm.weight",
-                                    "blk.0.post_attention_norm.weight", "blk.3.ffn_gate.weight"])
+@pytest.mark.parametrize(
+    "tensor",
+    ["blk.1.post_ffw_norm.weight", "blk.0.post_attention_norm.weight", "blk.3.ffn_gate.weight"],
+)
 def test_a_missing_gemma2_tensor_is_named(tmp_path, tensor):
     from minfer.errors import BadModel
 
@@ -176,15 +202,17 @@ def test_attention_softcap_is_applied_before_the_mask():
     for t in range(T):
         lo = max(0, t - W + 1)
         for h in range(Hq):
-            s = k[lo:t + 1, h // 2] @ q[t, h] / np.sqrt(D)
+            s = k[lo : t + 1, h // 2] @ q[t, h] / np.sqrt(D)
             s = cap * np.tanh(s / cap)
             p = np.exp(s - s.max())
-            np.testing.assert_allclose(got[t, h], (p / p.sum()) @ v[lo:t + 1, h // 2],
-                                       rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(
+                got[t, h], (p / p.sum()) @ v[lo : t + 1, h // 2], rtol=1e-12, atol=1e-12
+            )
     assert np.abs(got - attention(q, k, v, 0, window=W)).max() > 1e-2
     # float32 in, float32 out, close to the float64 result
-    g32 = attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), 0,
-                    window=W, softcap=cap)
+    g32 = attention(
+        q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), 0, window=W, softcap=cap
+    )
     assert g32.dtype == np.float32 and np.abs(g32 - got).max() < 1e-5
 
 
@@ -200,8 +228,8 @@ def test_chunked_and_token_by_token_decode_agree(tmp_path):
     b = ReferenceBackend(m, dtype=np.float64, kv_f16=False)
     b.forward(ids[:36], 0)
     for t in range(36, 50):
-        last = b.forward(ids[t:t + 1], t)
-    tol = tolerance.f64_tol(m.config, tolerance.scale(whole))   # float64: exact but rounding
+        last = b.forward(ids[t : t + 1], t)
+    tol = tolerance.f64_tol(m.config, tolerance.scale(whole))  # float64: exact but rounding
     np.testing.assert_allclose(last, whole, rtol=0, atol=tol)
     assert np.abs(whole).max() < m.config.logit_softcap
     # packed: the same 50 tokens as the second of two sequences
@@ -214,6 +242,10 @@ def test_chunked_and_token_by_token_decode_agree(tmp_path):
     assert int(stats[0, 0]) == int(np.argmax(whole))
     from minfer.reference.ops import row_stats
 
-    np.testing.assert_allclose(stats[0], row_stats(whole[None].astype(np.float32),
-                                                   np.array([-1]))[0], rtol=0, atol=tol,
-                               equal_nan=True)
+    np.testing.assert_allclose(
+        stats[0],
+        row_stats(whole[None].astype(np.float32), np.array([-1]))[0],
+        rtol=0,
+        atol=tol,
+        equal_nan=True,
+    )

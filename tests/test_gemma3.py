@@ -17,8 +17,13 @@ def _gemma_file(tmp_path, extra=None, drop=(), drop_tensors=(), layers=None, nam
     import gguf
 
     from minfer.gguf.write import write_gguf
-    from minfer.tools.synth import PRESETS, generated_tokenizer, make_tensor, model_metadata, \
-        tensor_plan
+    from minfer.tools.synth import (
+        PRESETS,
+        generated_tokenizer,
+        make_tensor,
+        model_metadata,
+        tensor_plan,
+    )
 
     shape = replace(PRESETS["tiny-gemma3"], vocab=260)
     if layers is not None:
@@ -26,8 +31,10 @@ def _gemma_file(tmp_path, extra=None, drop=(), drop_tensors=(), layers=None, nam
     meta = model_metadata(shape, "f16", "t") | generated_tokenizer(260)
     meta = {k: v for k, v in meta.items() if k not in drop} | (extra or {})
     plans = [p for p in tensor_plan(shape, "f16") if p.name not in drop_tensors]
-    tensors = [(p.name, int(gguf.GGMLQuantizationType[p.qtype]), p.shape,
-                make_tensor(p, 0, i, shape)) for i, p in enumerate(plans)]
+    tensors = [
+        (p.name, int(gguf.GGMLQuantizationType[p.qtype]), p.shape, make_tensor(p, 0, i, shape))
+        for i, p in enumerate(plans)
+    ]
     return write_gguf(tmp_path / name, "gemma3", meta, tensors, progress=False)
 
 
@@ -55,14 +62,17 @@ def test_config_reads_as_llamacpp(tmp_path):
     assert c.is_local(0) and not c.is_local(5)
 
 
-@pytest.mark.parametrize("pattern, local", [
-    (2, [True, False, True, False, True, False]),  # il % n < n - 1
-    (3, [True, True, False, True, True, False]),
-    (1, [False] * 6),
-    (0, [True] * 6),  # 0: every layer local
-    ([True, False, True], [True, False, True, False, False, False]),  # per layer; rest global
-    ([1, 1, 0, 0, 1, 1], [True, True, False, False, True, True]),
-])
+@pytest.mark.parametrize(
+    "pattern, local",
+    [
+        (2, [True, False, True, False, True, False]),  # il % n < n - 1
+        (3, [True, True, False, True, True, False]),
+        (1, [False] * 6),
+        (0, [True] * 6),  # 0: every layer local
+        ([True, False, True], [True, False, True, False, False, False]),  # per layer; rest global
+        ([1, 1, 0, 0, 1, 1], [True, True, False, False, True, True]),
+    ],
+)
 def test_sliding_window_pattern(tmp_path, pattern, local):
     import gguf
 
@@ -90,8 +100,11 @@ def test_no_window_means_every_layer_global(tmp_path, drop_window):
 
 
 def test_local_rope_base_and_softcap_keys(tmp_path):
-    c = _load(_gemma_file(tmp_path, {"gemma3.rope.freq_base_swa": 5000.0,
-                                     "gemma3.final_logit_softcapping": 30.0})).config
+    c = _load(
+        _gemma_file(
+            tmp_path, {"gemma3.rope.freq_base_swa": 5000.0, "gemma3.final_logit_softcapping": 30.0}
+        )
+    ).config
     assert c.rope_base_swa == 5000.0 and c.layer_rope(0)[0] == 5000.0
     assert c.logit_softcap == 30.0
 
@@ -119,13 +132,16 @@ def test_attention_scale_of_the_27b():
     assert m._gemma("gemma3", 48, 3840, 16, 256)["attn_scale"] == 0.0625
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    ("gemma3.attn_logit_softcapping", 50.0, "not understood"),  # gemma2's, unread for gemma3
-    ("gemma3.attention.key_length_swa", 128, "not understood"),
-    ("gemma3.attention.sliding_window", 1.5, "must be an integer"),
-    ("gemma3.attention.sliding_window_pattern", "6", "must be an integer"),
-    ("gemma3.final_logit_softcapping", -3.0, "finite and > 0"),
-])
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("gemma3.attn_logit_softcapping", 50.0, "not understood"),  # gemma2's, unread for gemma3
+        ("gemma3.attention.key_length_swa", 128, "not understood"),
+        ("gemma3.attention.sliding_window", 1.5, "must be an integer"),
+        ("gemma3.attention.sliding_window_pattern", "6", "must be an integer"),
+        ("gemma3.final_logit_softcapping", -3.0, "finite and > 0"),
+    ],
+)
 def test_keys_it_cannot_honour_are_refused(tmp_path, key, value, needle):
     from minfer.errors import BadModel, Unsupported
 
@@ -139,10 +155,10 @@ def test_mistral_window_applies_past_its_width_only(tmp_path):
     model's RoPE. Rows before the window's width equal full attention's exactly (the window
     masks nothing there), rows past it differ; with RoPE scaling it is refused."""
     import numpy as np
+    from synth_data import small_parts, write_small
 
     from minfer.errors import Unsupported
     from minfer.reference.forward import ReferenceBackend
-    from synth_data import small_parts, write_small
 
     meta, tensors = small_parts()
     plain = _load(write_small(tmp_path / "p.gguf", meta, tensors))
@@ -161,8 +177,10 @@ def test_mistral_window_applies_past_its_width_only(tmp_path):
         _load(write_small(tmp_path / "s.gguf", meta, tensors))
 
 
-@pytest.mark.parametrize("tensor", ["blk.1.post_ffw_norm.weight",
-                                    "blk.0.post_attention_norm.weight", "blk.2.attn_k_norm.weight"])
+@pytest.mark.parametrize(
+    "tensor",
+    ["blk.1.post_ffw_norm.weight", "blk.0.post_attention_norm.weight", "blk.2.attn_k_norm.weight"],
+)
 def test_a_missing_gemma3_tensor_is_named(tmp_path, tensor):
     from minfer.errors import BadModel
 
@@ -219,16 +237,18 @@ def test_attention_window_masks_as_llamacpp():
     for t in range(T):
         lo = max(0, t - W + 1)
         for h in range(Hq):
-            s = k[lo:t + 1, h // 2] @ q[t, h] / np.sqrt(D)
+            s = k[lo : t + 1, h // 2] @ q[t, h] / np.sqrt(D)
             p = np.exp(s - s.max())
-            np.testing.assert_allclose(got[t, h], (p / p.sum()) @ v[lo:t + 1, h // 2],
-                                       rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(
+                got[t, h], (p / p.sum()) @ v[lo : t + 1, h // 2], rtol=1e-12, atol=1e-12
+            )
     # a window past the sequence is plain causal; a chunk at pos0 > 0 sees the same keys
     assert np.array_equal(attention(q, k, v, 0, window=T), attention(q, k, v, 0))
     np.testing.assert_allclose(attention(q[12:], k, v, 12, window=W), got[12:], rtol=1e-12)
     # scale=1.0: q taken as pre-scaled
-    np.testing.assert_allclose(attention(q / np.sqrt(D), k, v, 0, window=W, scale=1.0), got,
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        attention(q / np.sqrt(D), k, v, 0, window=W, scale=1.0), got, rtol=1e-12, atol=1e-12
+    )
 
 
 @pytest.mark.identity
@@ -243,10 +263,12 @@ def test_chunked_and_token_by_token_decode_agree_across_the_window(tmp_path):
     b = ReferenceBackend(m, dtype=np.float64, kv_f16=False)
     b.forward(ids[:40], 0)
     for t in range(40, 60):
-        last = b.forward(ids[t:t + 1], t)
-    tol = tolerance.f64_tol(m.config, tolerance.scale(whole))   # float64: exact but rounding
+        last = b.forward(ids[t : t + 1], t)
+    tol = tolerance.f64_tol(m.config, tolerance.scale(whole))  # float64: exact but rounding
     np.testing.assert_allclose(last, whole, rtol=0, atol=tol)
     # and the window is in effect: without it the last logits move
     object.__setattr__(m, "config", replace(m.config, sliding_window=0))
-    assert np.abs(ReferenceBackend(m, dtype=np.float64, kv_f16=False).forward(ids, 0)
-                  - whole).max() > 1e-3
+    assert (
+        np.abs(ReferenceBackend(m, dtype=np.float64, kv_f16=False).forward(ids, 0) - whole).max()
+        > 1e-3
+    )

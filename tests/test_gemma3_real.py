@@ -3,8 +3,8 @@
 tests/golden/gemma3-270m/ holds, per prompt of scripts/llama_oracle.REAL_PROMPTS (made by
 `scripts/llama_oracle.py --gemma3 FILE`): llama.cpp's prompt ids, 32 greedy ids with their
 margins, and its 20 largest logits at the last prompt position. The model is not in the
-repository (Gemma terms of use): these tests run when models/gemma-3-270m-q4_k_m.gguf (or the
-file $MINFER_GEMMA3 names) is there, fetched by scripts/fetch_gemma3.py, and skip otherwise.
+repository (Gemma terms of use): these tests run when gemma-3-270m-q4_k_m.gguf is in models/
+(or $MINFER_MODELS), fetched by scripts/fetch_gemma3.py, and skip otherwise.
 
 Agreement: llama.cpp's CPU mat-mul quantizes each activation row to q8_K / q8_0 (the weights
 are Q4_K, Q5_0, Q6_K, Q8_0) where the reference multiplies in float32, so the logits differ by
@@ -16,23 +16,25 @@ about twice the measured gap, far below what dropping any gemma3 feature costs (
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from minfer.tools.fetch import models_dir
+
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden" / "gemma3-270m"
-MODEL = Path(os.environ.get("MINFER_GEMMA3", REPO / "models" / "gemma-3-270m-q4_k_m.gguf"))
+MODEL = models_dir() / "gemma-3-270m-q4_k_m.gguf"  # $MINFER_MODELS, else the checkout's models/
 PROMPTS = ("france", "chat")
 TOL_REAL = 0.75  # max |dlogit| over llama.cpp's top 20 at the last prompt position
 
 needs_model = pytest.mark.skipif(
     not MODEL.is_file(),
     reason=f"Gemma 3 270M Q4_K_M not at {MODEL} (python3 scripts/fetch_gemma3.py fetches it; "
-           "MINFER_GEMMA3=FILE names another path)")
+    "MINFER_MODELS=DIR looks in DIR)",
+)
 
 
 def _golden(name):
@@ -65,8 +67,15 @@ def test_golden_files_are_small_and_of_this_model():
 def test_config_is_llamacpps(gemma3):
     """What llama.cpp's load_arch_hparams prints for this file (print_info)."""
     c = gemma3[0].config
-    assert (c.arch, c.n_layers, c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim) == \
-        ("gemma3", 18, 640, 2048, 4, 1, 256)
+    assert (c.arch, c.n_layers, c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim) == (
+        "gemma3",
+        18,
+        640,
+        2048,
+        4,
+        1,
+        256,
+    )
     assert c.sliding_window == 512 and c.rope_base_swa == 10000.0 and c.rope_base == 1e6
     # no sliding_window_pattern key: every 6th layer global (5, 11, 17)
     assert [i for i in range(18) if not c.swa_layers[i]] == [5, 11, 17]
@@ -98,8 +107,10 @@ def test_logits_and_greedy_match_llamacpp(gemma3, name, report):
     # tau from the top-20 gap (the golden data keeps no whole row)
     v = compare_greedy(res.greedy_ids, g["greedy"], g["margins"], 2 * err)
     assert v.ok, f"{name}: {v.describe()}"
-    report(f"gemma3 270M Q4_K_M {name!r}: ids = llama.cpp's ({len(g['ids'])}), max |dlogit| "
-           f"{err:.4f} over its top 20, greedy {v.describe()}")
+    report(
+        f"gemma3 270M Q4_K_M {name!r}: ids = llama.cpp's ({len(g['ids'])}), max |dlogit| "
+        f"{err:.4f} over its top 20, greedy {v.describe()}"
+    )
 
 
 @needs_model

@@ -60,8 +60,13 @@ def _tensor_pos(data: bytes, name: str) -> dict[str, int]:
     assert p > 0
     q = p + 8 + len(n)
     n_dims = struct.unpack_from("<I", data, q)[0]
-    return {"n_dims": q, "dims": q + 4, "type": q + 4 + 8 * n_dims,
-            "offset": q + 8 + 8 * n_dims, "n": n_dims}
+    return {
+        "n_dims": q,
+        "dims": q + 4,
+        "type": q + 4 + 8 * n_dims,
+        "offset": q + 8 + 8 * n_dims,
+        "n": n_dims,
+    }
 
 
 def test_seed_valid(seed):
@@ -104,21 +109,23 @@ def test_kv_fields(seed):
     # a key that is not UTF-8, and a duplicate key
     k = b"general.architecture"
     kp = seed.find(k)
-    _bad(seed[:kp] + b"\xffeneral.architecture" + seed[kp + len(k):], "not UTF-8")
+    _bad(seed[:kp] + b"\xffeneral.architecture" + seed[kp + len(k) :], "not UTF-8")
     e = b"tokenizer.ggml.eos_token_id"
     d = seed.find(e)
-    _bad(seed[:d] + b"tokenizer.ggml.bos_token_id" + seed[d + len(e):],
-         "duplicate metadata key 'tokenizer.ggml.bos_token_id'")
+    _bad(
+        seed[:d] + b"tokenizer.ggml.bos_token_id" + seed[d + len(e) :],
+        "duplicate metadata key 'tokenizer.ggml.bos_token_id'",
+    )
 
 
 def test_string_values_must_be_utf8(seed):
     d = b"minfer fuzz seed"  # general.description's value
     i = seed.find(d)
-    _bad(seed[:i] + b"\xff" + seed[i + 1:], "'general.description'", "not UTF-8")
+    _bad(seed[:i] + b"\xff" + seed[i + 1 :], "'general.description'", "not UTF-8")
     t = _key_value_pos(seed, "tokenizer.ggml.tokens")  # type, elem type, count, [len, bytes]
     n = struct.unpack_from("<Q", seed, t + 16)[0]
     j = t + 24 + n + 8  # the bytes of token 1
-    _bad(seed[:j] + b"\xc3" + seed[j + 1:], "'tokenizer.ggml.tokens'[1] is not UTF-8")
+    _bad(seed[:j] + b"\xc3" + seed[j + 1 :], "'tokenizer.ggml.tokens'[1] is not UTF-8")
 
 
 def test_values_parsed_with_types(seed):
@@ -129,8 +136,12 @@ def test_values_parsed_with_types(seed):
     assert kv["general.alignment"] == gguf.GGUFValue(64, V.UINT32)
     assert kv["general.description"].value == "minfer fuzz seed ünïcödé"
     tok = kv["tokenizer.ggml.tokens"]
-    assert (tok.type, tok.sub_type, len(tok.value), tok.value[0]) == \
-        (V.ARRAY, V.STRING, 24, "<|endoftext|>")
+    assert (tok.type, tok.sub_type, len(tok.value), tok.value[0]) == (
+        V.ARRAY,
+        V.STRING,
+        24,
+        "<|endoftext|>",
+    )
     assert kv["tokenizer.ggml.token_type"].value == [3] + [1] * 23
     assert kv["tokenizer.ggml.add_bos_token"] == gguf.GGUFValue(False, V.BOOL)
 
@@ -168,8 +179,8 @@ def test_tensor_infos(seed):
     # a duplicate tensor name
     a, b = b"blk.0.attn_q.weight", b"blk.0.attn_k.weight"
     i = seed.find(a)
-    _bad(seed[:i] + b + seed[i + len(a):], "duplicate tensor name 'blk.0.attn_k.weight'")
-    _bad(seed[:i] + b"\xc3" + seed[i + 1:], "not UTF-8")
+    _bad(seed[:i] + b + seed[i + len(a) :], "duplicate tensor name 'blk.0.attn_k.weight'")
+    _bad(seed[:i] + b"\xc3" + seed[i + 1 :], "not UTF-8")
 
 
 def test_file_errors(tmp_path):
@@ -185,6 +196,8 @@ def test_real_model_fast(default_model_path):
     t0 = time.perf_counter()
     lay = read_header(default_model_path)
     dt = time.perf_counter() - t0
-    print(f"\nread_header (validate + parse) on the 98 MB model (49k vocab + merges): {dt * 1e3:.0f} ms")
+    print(
+        f"\nread_header (validate + parse) on the 98 MB model (49k vocab + merges): {dt * 1e3:.0f} ms"
+    )
     assert lay.n_tensors == 272 and lay.alignment == 32
     assert dt < 5  # a guard against an accidental quadratic scan, not a benchmark

@@ -41,9 +41,11 @@ def _small_file(path):
         "x.explicit_u64": gguf.GGUFValue(5, V.UINT64),
         "x.explicit_i8_array": gguf.GGUFValue([1, -2], V.ARRAY, V.INT8),
     }
-    tensors = [("a.weight", Q.F32, (3, 5), np.arange(15, dtype=np.float32).reshape(3, 5)),
-               ("b.weight", Q.F16, (2, 4), np.ones((2, 4), np.float16)),
-               ("c.weight", Q.Q8_0, (4, 64), q8)]
+    tensors = [
+        ("a.weight", Q.F32, (3, 5), np.arange(15, dtype=np.float32).reshape(3, 5)),
+        ("b.weight", Q.F16, (2, 4), np.ones((2, 4), np.float16)),
+        ("c.weight", Q.Q8_0, (4, 64), q8),
+    ]
     write_gguf(path, "llama", meta, tensors, progress=False)
     return meta, tensors
 
@@ -53,13 +55,17 @@ def test_plain_values_get_llama_cpp_types_and_explicit_types_are_kept(tmp_path):
     _small_file(p)
     f = gguf.GGUFReader(p).fields
     expect = {
-        "general.architecture": [V.STRING], "llama.block_count": [V.UINT32],
-        "llama.rope.freq_base": [V.FLOAT32], "general.name": [V.STRING],
+        "general.architecture": [V.STRING],
+        "llama.block_count": [V.UINT32],
+        "llama.rope.freq_base": [V.FLOAT32],
+        "general.name": [V.STRING],
         "tokenizer.ggml.add_bos_token": [V.BOOL],
         "tokenizer.ggml.tokens": [V.ARRAY, V.STRING],
         "tokenizer.ggml.token_type": [V.ARRAY, V.INT32],
         "tokenizer.ggml.scores": [V.ARRAY, V.FLOAT32],
-        "x.negative": [V.INT32], "x.big": [V.UINT64], "x.explicit_u64": [V.UINT64],
+        "x.negative": [V.INT32],
+        "x.big": [V.UINT64],
+        "x.explicit_u64": [V.UINT64],
         "x.explicit_i8_array": [V.ARRAY, V.INT8],
     }
     for k, types in expect.items():
@@ -80,8 +86,11 @@ def test_metadata_copied_from_a_reader_keeps_every_type_and_value(tmp_path):
     slow = metadata_from_reader(gguf.GGUFReader(p2))
     assert list(fast) == list(slow)
     for k in slow:
-        assert (fast[k].value, fast[k].type, fast[k].sub_type) == \
-            (slow[k].value, slow[k].type, slow[k].sub_type), k
+        assert (fast[k].value, fast[k].type, fast[k].sub_type) == (
+            slow[k].value,
+            slow[k].type,
+            slow[k].sub_type,
+        ), k
 
 
 def test_tensors_come_back_with_numpy_shapes_and_values(tmp_path):
@@ -107,10 +116,12 @@ def test_callables_are_called_once_in_order_after_the_header(tmp_path):
             tmp = list(tmp_path.glob(".t.gguf.tmp-*"))
             assert len(tmp) == 1 and tmp[0].stat().st_size > 0
             return np.full((2, 8), i, np.float32)
+
         return f
 
-    write_gguf(p, "llama", {}, [(f"t{i}", Q.F32, (2, 8), make(i)) for i in range(5)],
-               progress=False)
+    write_gguf(
+        p, "llama", {}, [(f"t{i}", Q.F32, (2, 8), make(i)) for i in range(5)], progress=False
+    )
     assert calls == [0, 1, 2, 3, 4]
     r = gguf.GGUFReader(p)
     assert [float(t.data.ravel()[0]) for t in r.tensors] == [0, 1, 2, 3, 4]
@@ -124,19 +135,27 @@ def test_a_failure_mid_write_leaves_no_file_and_keeps_the_old_one(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        write_gguf(p, "llama", {}, [("a", Q.F32, (4,), np.zeros(4, np.float32)),
-                                    ("b", Q.F32, (4,), boom)], progress=False)
+        write_gguf(
+            p,
+            "llama",
+            {},
+            [("a", Q.F32, (4,), np.zeros(4, np.float32)), ("b", Q.F32, (4,), boom)],
+            progress=False,
+        )
     assert p.read_bytes() == b"old"
     assert sorted(x.name for x in tmp_path.iterdir()) == ["t.gguf"]
 
 
-@pytest.mark.parametrize("entry, msg", [
-    (("a", Q.Q8_0, (2, 64), np.zeros(100, np.uint8)), "needs 136"),
-    (("a", Q.Q4_K, (2, 100), np.zeros(10, np.uint8)), "not a multiple"),
-    (("a", Q.F32, (2, 4), np.zeros((2, 4), np.float64)), "dtype float64"),
-    (("a", Q.Q8_0, (1, 32), np.zeros(34, np.int8)), "raw bytes"),
-    (("a", 999, (1, 32), np.zeros(34, np.uint8)), "unknown GGML type"),
-])
+@pytest.mark.parametrize(
+    "entry, msg",
+    [
+        (("a", Q.Q8_0, (2, 64), np.zeros(100, np.uint8)), "needs 136"),
+        (("a", Q.Q4_K, (2, 100), np.zeros(10, np.uint8)), "not a multiple"),
+        (("a", Q.F32, (2, 4), np.zeros((2, 4), np.float64)), "dtype float64"),
+        (("a", Q.Q8_0, (1, 32), np.zeros(34, np.int8)), "raw bytes"),
+        (("a", 999, (1, 32), np.zeros(34, np.uint8)), "unknown GGML type"),
+    ],
+)
 def test_bad_tensors_are_clear_errors(tmp_path, entry, msg):
     with pytest.raises(BadInput, match=msg):
         write_gguf(tmp_path / "t.gguf", "llama", {}, [entry], progress=False)
@@ -148,8 +167,9 @@ def test_bad_metadata_and_names_are_clear_errors(tmp_path):
     with pytest.raises(BadInput, match="given twice"):
         write_gguf(tmp_path / "t.gguf", "llama", {}, [t, t], progress=False)
     with pytest.raises(BadInput, match="contradicts"):
-        write_gguf(tmp_path / "t.gguf", "llama", {"general.architecture": "qwen2"}, [t],
-                   progress=False)
+        write_gguf(
+            tmp_path / "t.gguf", "llama", {"general.architecture": "qwen2"}, [t], progress=False
+        )
     with pytest.raises(BadInput, match="empty arrays"):
         write_gguf(tmp_path / "t.gguf", "llama", {"k": []}, [t], progress=False)
     with pytest.raises(BadInput, match="mixed types"):

@@ -29,11 +29,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-
 from golden_data import GOLDEN, golden
+
 from minfer import engine
-from minfer.tools import gates
 from minfer.reference.forward import ReferenceBackend
+from minfer.tools import gates
 
 MAX_DIFF, MEAN_DIFF, MIN_CORR = 1.0, 0.25, 0.998
 F16_MAX_DIFF = 0.06
@@ -56,8 +56,10 @@ def test_last_logits_vs_llamacpp(runs, golden_q4_1, i):
     got = runs[i].last_logits
     d = np.abs(got.astype(np.float64) - ref)
     corr = float(np.corrcoef(got, ref)[0, 1])
-    print(f"prompt {i} ({len(p['prompt_ids'])} tokens): max|diff| {d.max():.4f}, "
-          f"mean|diff| {d.mean():.4f}, corr {corr:.5f}")
+    print(
+        f"prompt {i} ({len(p['prompt_ids'])} tokens): max|diff| {d.max():.4f}, "
+        f"mean|diff| {d.mean():.4f}, corr {corr:.5f}"
+    )
     assert d.max() <= MAX_DIFF and d.mean() <= MEAN_DIFF and corr >= MIN_CORR
     # top-20: llama.cpp's ids are (nearly) our top-20 too, at nearly the same logits
     ours = np.argsort(-got, kind="stable")[:20]
@@ -154,7 +156,11 @@ def test_q4_k_m_requant_vs_llamacpp(requant_q4_k_m, report):
     ref = np.load(GOLDEN / g["logits_file"])
     d = np.abs(r.last_logits.astype(np.float64) - ref)
     assert d.max() <= 1.5 and d.mean() <= 0.5 and np.corrcoef(r.last_logits, ref)[0, 1] >= 0.997
-    v = gates.compare_greedy(r.greedy_ids, g["greedy32_ids"], g["greedy32_top1_top2_margin"],
-                             gates.tau_from(r.last_logits, ref))
+    v = gates.compare_greedy(
+        r.greedy_ids,
+        g["greedy32_ids"],
+        g["greedy32_top1_top2_margin"],
+        gates.tau_from(r.last_logits, ref),
+    )
     report(f"golden q4_k_m prompt 0 (our requant): max|dlogit| {d.max():.3f}; {v.describe()}")
     assert v.ok and v.identical_through >= 10, v.describe()

@@ -34,25 +34,30 @@ def test_headroom_reads_this_machine():
 
 
 def test_headroom_sees_rlimit_as():
-    code = ("import resource; from minfer.host import hostmem; "
-            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY)); "
-            "r, l = hostmem.headroom(); print(r, l)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.split()
+    code = (
+        "import resource; from minfer.host import hostmem; "
+        "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, resource.RLIM_INFINITY)); "
+        "r, l = hostmem.headroom(); print(r, l)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert int(out[0]) < 2 << 30
     assert " ".join(out[1:]) in ("ulimit -v", "MemAvailable")
 
 
 def test_preload_refused_when_weights_do_not_fit(small_model, monkeypatch):
-    from minfer.host import hostmem
     from minfer.errors import ResourceError
+    from minfer.host import hostmem
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(small_model, max_tokens=8)
     need = be.preload_bytes()
-    sizes = [int(np.prod(t.shape)) for n, t in small_model.tensors.items()
-             if n != "token_embd.weight"] + [int(np.prod(small_model.tensors[
-                 "token_embd.weight"].shape))]  # tied: the LM head is the table
+    sizes = [
+        int(np.prod(t.shape)) for n, t in small_model.tensors.items() if n != "token_embd.weight"
+    ] + [
+        int(np.prod(small_model.tensors["token_embd.weight"].shape))
+    ]  # tied: the LM head is the table
     assert need >= 4 * sum(sizes)
     monkeypatch.setattr(hostmem, "headroom", lambda: (need // 2, "ulimit -v"))
     with pytest.raises(ResourceError) as e:
@@ -67,8 +72,8 @@ def test_preload_refused_when_weights_do_not_fit(small_model, monkeypatch):
 
 
 def test_forward_refused_when_attention_does_not_fit(small_model, monkeypatch):
-    from minfer.host import hostmem
     from minfer.errors import ResourceError
+    from minfer.host import hostmem
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(small_model, max_tokens=200)
@@ -102,9 +107,24 @@ def test_prefill_under_ulimit_v_is_exit_3(default_model_path):
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (700_000 * 1024, resource.RLIM_INFINITY))
 
-    r = subprocess.run([sys.executable, "-m", "minfer", "prefill", "-m", str(default_model_path),
-                        "--backend", "cpu", "--greedy", "2"], capture_output=True, text=True,
-                       preexec_fn=limit, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minfer",
+            "prefill",
+            "-m",
+            str(default_model_path),
+            "--backend",
+            "cpu",
+            "--greedy",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=300,
+    )
     assert r.returncode == 3, r.stderr[-2000:]
     lines = error_lines(r.stderr)
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -118,6 +138,7 @@ def test_huge_tensor_in_a_sparse_file_is_exit_3(tmp_path):
     import struct
 
     from cli_inproc import run_cli
+
     from minfer.gguf.header import read_header
 
     meta, tensors = small_parts(tied=True)
@@ -134,8 +155,9 @@ def test_huge_tensor_in_a_sparse_file_is_exit_3(tmp_path):
     if os.stat(p).st_blocks * 512 > 1 << 30:
         pytest.skip("this filesystem does not keep files sparse")
     try:
-        code, out, err = run_cli(["prefill", "-m", str(p), "--backend", "cpu", "-p", "hi",
-                                  "--greedy", "2"])
+        code, out, err = run_cli(
+            ["prefill", "-m", str(p), "--backend", "cpu", "-p", "hi", "--greedy", "2"]
+        )
     finally:
         p.unlink()  # a 275 GB apparent size: not left for tools that walk /tmp
     assert code == 3, err

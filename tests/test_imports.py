@@ -108,14 +108,20 @@ def cuda_layer(m: str) -> int | None:
 
 def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     """Imports from a lower folder of minfer/cuda into a higher one (or into backend)."""
-    return sorted((m, d) for m in graph for d in graph[m]
-                  if cuda_layer(m) is not None and cuda_layer(d) is not None
-                  and cuda_layer(d) > cuda_layer(m))
+    return sorted(
+        (m, d)
+        for m in graph
+        for d in graph[m]
+        if cuda_layer(m) is not None and cuda_layer(d) is not None and cuda_layer(d) > cuda_layer(m)
+    )
 
 
 def test_layer_check_finds_upward_imports():
-    g = {"minfer.cuda.runtime.build": {"minfer.cuda.paths"},
-         "minfer.cuda.paths": {"minfer.cuda.ops.mmq"}, "minfer.cuda.ops.mmq": set()}
+    g = {
+        "minfer.cuda.runtime.build": {"minfer.cuda.paths"},
+        "minfer.cuda.paths": {"minfer.cuda.ops.mmq"},
+        "minfer.cuda.ops.mmq": set(),
+    }
     assert upward(g) == [("minfer.cuda.runtime.build", "minfer.cuda.paths")]
 
 
@@ -129,6 +135,7 @@ def test_cuda_folders_are_layered():
 
 def _path_name_comparisons(tree, names: set[str]) -> list[int]:
     """Lines of `tree` comparing something with a path name string (==, !=, in, not in)."""
+
     def consts(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             yield node.value
@@ -166,14 +173,14 @@ def test_path_name_comparison_finder_finds_them():
 
 
 def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
-    """One function (commands/gemm_flags.gemm_choice) turns --gemm and MINFER_GEMM / the seeds'
-    MINFER_MMQ_* into a GemmChoice; no module below the CLI reads them, and CUDA backends are
+    """One function (commands/gemm_flags.gemm_choice) turns --gemm and MINFER_GEMM into a
+    GemmChoice; no module below the CLI reads them, and CUDA backends are
     built in one place (engine.make_backend)."""
     readers, builders = [], []
     for p in (ROOT / "minfer").rglob("*.py"):
         src = p.read_text()
         rel = str(p.relative_to(ROOT))
-        if ("MINFER_GEMM" in src or "MINFER_MMQ" in src) and "os.environ" in src:
+        if "MINFER_GEMM" in src and "os.environ" in src:
             readers.append(rel)
         if "CudaBackend(" in src and "class CudaBackend" not in src:
             builders.append(rel)
@@ -186,11 +193,25 @@ def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
 # the quant types know no backend; the CUDA backend and the CPU reference know no command; the
 # tools (bench, perplexity, synth, fetch, gates) sit under the commands, the commands under the CLI;
 # batch (many prompts: the prompt file, the results) sits under the commands too
-TOP = ("cli", "commands", "tools", "serve", "batch", "engine", "cuda", "reference", "gguf",
-       "families", "quants", "text", "host", "errors")
+TOP = (
+    "cli",
+    "commands",
+    "tools",
+    "serve",
+    "batch",
+    "engine",
+    "cuda",
+    "reference",
+    "gguf",
+    "families",
+    "quants",
+    "text",
+    "host",
+    "errors",
+)
 FORBIDDEN = {
     "errors": set(TOP) - {"errors"},
-    "families": set(TOP) - {"families", "errors", "host"},   # below gguf/: read by all above
+    "families": set(TOP) - {"families", "errors", "host"},  # below gguf/: read by all above
     "host": set(TOP) - {"host", "errors"},
     "text": set(TOP) - {"text", "host", "errors"},
     "gguf": {"cli", "commands", "tools", "engine", "cuda", "reference", "text", "serve"},
@@ -199,7 +220,7 @@ FORBIDDEN = {
     "cuda": {"cli", "commands", "tools", "engine", "text", "serve"},
     "engine": {"cli", "commands", "tools", "text", "serve"},
     "tools": {"cli", "commands", "serve"},
-    "serve": {"cli", "commands"},   # the HTTP front over batch/ and the backends
+    "serve": {"cli", "commands"},  # the HTTP front over batch/ and the backends
     "batch": {"cli", "commands", "serve"},
     "commands": {"cli"},
     "cli": set(),
@@ -214,6 +235,10 @@ def _group(m: str) -> str | None:
 def test_top_level_is_grouped_by_what_each_part_owns():
     entries = {p.name for p in (ROOT / "minfer").iterdir() if p.name != "__pycache__"}
     assert len(entries - {"__init__.py", "__main__.py", "data"}) <= 14, sorted(entries)
-    bad = sorted((m, d) for m, ds in module_graph().items() for d in ds
-                 if _group(m) and _group(d) in FORBIDDEN[_group(m)])
+    bad = sorted(
+        (m, d)
+        for m, ds in module_graph().items()
+        for d in ds
+        if _group(m) and _group(d) in FORBIDDEN[_group(m)]
+    )
     assert not bad, bad

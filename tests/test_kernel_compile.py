@@ -70,8 +70,13 @@ def _compile(src: str, arch: str) -> tuple[str, str]:
 def compiled(request):
     """Futures {(src, arch): (report, error)} for the sources this session selected, compiled
     two at a time in the background; each test waits for its own."""
-    wanted = sorted({it.callspec.params["src"] for it in request.session.items
-                     if it.originalname == "test_kernel_compiles" and hasattr(it, "callspec")})
+    wanted = sorted(
+        {
+            it.callspec.params["src"]
+            for it in request.session.items
+            if it.originalname == "test_kernel_compiles" and hasattr(it, "callspec")
+        }
+    )
     ex = ThreadPoolExecutor(2)
     futs = {}
     for src in wanted:
@@ -101,8 +106,10 @@ def test_kernel_compiles(compiled, src):
 
 
 def test_directives_parse():
-    text = ("// x.cu: thing\n// minfer-archs: sm_90a, sm_100a  (Hopper and Blackwell only)\n"
-            "// minfer-allow-stack: k1 k2\n")
+    text = (
+        "// x.cu: thing\n// minfer-archs: sm_90a, sm_100a  (Hopper and Blackwell only)\n"
+        "// minfer-allow-stack: k1 k2\n"
+    )
     assert directives(text) == (("sm_90a", "sm_100a"), {"k1", "k2"})
     assert directives("// plain\n") == (DEFAULT_ARCHS, set())
 
@@ -110,9 +117,11 @@ def test_directives_parse():
 def test_problems_flags_spills_stack_and_smem():
     ok = KernelResources("ok", 32, 1024, 0, 0, 0)
     assert problems({"ok": ok}, set()) == []
-    bad = {"spill": KernelResources("spill", 255, 0, 0, 8, 8),
-           "stack": KernelResources("stack", 40, 0, 16, 0, 0),
-           "smem": KernelResources("smem", 40, 49 * 1024, 0, 0, 0)}
+    bad = {
+        "spill": KernelResources("spill", 255, 0, 0, 8, 8),
+        "stack": KernelResources("stack", 40, 0, 16, 0, 0),
+        "smem": KernelResources("smem", 40, 49 * 1024, 0, 0, 0),
+    }
     msgs = problems(bad, set())
     assert len(msgs) == 3 and any("spills" in m for m in msgs)
     assert len(problems(bad, {"stack"})) == 2
@@ -126,7 +135,13 @@ ptxas info    : Function properties for k
 ptxas info    : Used 255 registers, used 0 barriers, 20 bytes smem, 368 bytes cmem[0]
 """
     r = parse_ptxas(report)["k"]
-    assert (r.stack, r.spill_stores, r.spill_loads, r.registers, r.smem_static) == (24, 8, 12, 255, 20)
+    assert (r.stack, r.spill_stores, r.spill_loads, r.registers, r.smem_static) == (
+        24,
+        8,
+        12,
+        255,
+        20,
+    )
 
 
 @pytest.mark.slow
@@ -153,9 +168,12 @@ def test_attention_geometry_pick():
         def __init__(self, cap):
             self.smem_optin = cap
 
-    assert smem_bytes(128, DEFAULT) == 2 * 2 * 128 * 136 * 2 and (DEFAULT.rows, SMALL.rows) == (128, 64)
+    assert smem_bytes(128, DEFAULT) == 2 * 2 * 128 * 136 * 2 and (DEFAULT.rows, SMALL.rows) == (
+        128,
+        64,
+    )
     assert pick_geometry(_Rt(232448), 128) == DEFAULT
     assert pick_geometry(_Rt(101376), 128) == SMALL and smem_bytes(128, SMALL) <= 101376
-    assert pick_geometry(_Rt(101376), 64) == DEFAULT   # (64 + 8) x 2 x 2 x 128 x 2 = 73,728 B
+    assert pick_geometry(_Rt(101376), 64) == DEFAULT  # (64 + 8) x 2 x 2 x 128 x 2 = 73,728 B
     assert pick_geometry(_Rt(232448), 96) == DEFAULT
-    assert pick_geometry(_Rt(232448), 256) == SMALL   # attention.cu's _d256 build
+    assert pick_geometry(_Rt(232448), 256) == SMALL  # attention.cu's _d256 build

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from minfer.gguf.header import open_gguf, tensor_view
-from minfer.gguf.write import metadata_from_reader
 from minfer.gguf.loader import load_model
+from minfer.gguf.write import metadata_from_reader
 
 HERE = Path(__file__).resolve().parent
 Q = gguf.GGMLQuantizationType
@@ -58,8 +58,12 @@ def _assert_faithful(ref, metadata: dict, tensors: dict, data_map: np.ndarray) -
 def _check_model(path):
     m = load_model(path)
     assert "reader" not in m.__dict__  # the slow reference reader was not opened to load
-    _assert_faithful(m.reader, m.metadata,  # (m.reader: gguf.GGUFReader, opened now)
-                     {n: (t.qtype, t.shape, t.data) for n, t in m.tensors.items()}, m._map)
+    _assert_faithful(
+        m.reader,
+        m.metadata,  # (m.reader: gguf.GGUFReader, opened now)
+        {n: (t.qtype, t.shape, t.data) for n, t in m.tensors.items()},
+        m._map,
+    )
     return m
 
 
@@ -99,8 +103,11 @@ def test_synthetic_models_are_faithful(tmp_path, qtype):
     from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     p = tmp_path / f"tiny-{qtype}.gguf"
-    make_synthetic_model(p, SynthOptions(preset="tiny", qtype=qtype, seed=1, vocab=300,
-                                         tokenizer_from=None, workers=1), progress=False)
+    make_synthetic_model(
+        p,
+        SynthOptions(preset="tiny", qtype=qtype, seed=1, vocab=300, tokenizer_from=None, workers=1),
+        progress=False,
+    )
     _check_model(p)
 
 
@@ -110,10 +117,22 @@ def test_odd_files_are_faithful(tmp_path):
     rng = np.random.default_rng(0)
     p = tmp_path / "odd.gguf"
     w = gguf.GGUFWriter(str(p), "llama")
-    for i, (vt, v) in enumerate([(V.UINT8, 200), (V.INT8, -3), (V.UINT16, 65535),
-                                 (V.INT16, -32768), (V.UINT32, 2**32 - 1), (V.INT32, -7),
-                                 (V.FLOAT32, 0.1), (V.BOOL, True), (V.STRING, "héllo"),
-                                 (V.UINT64, 2**64 - 1), (V.INT64, -2**63), (V.FLOAT64, 0.1)]):
+    for i, (vt, v) in enumerate(
+        [
+            (V.UINT8, 200),
+            (V.INT8, -3),
+            (V.UINT16, 65535),
+            (V.INT16, -32768),
+            (V.UINT32, 2**32 - 1),
+            (V.INT32, -7),
+            (V.FLOAT32, 0.1),
+            (V.BOOL, True),
+            (V.STRING, "héllo"),
+            (V.UINT64, 2**64 - 1),
+            (V.INT64, -(2**63)),
+            (V.FLOAT64, 0.1),
+        ]
+    ):
         w.add_key_value(f"x.scalar{i}", v, vt)
     w.add_array("x.nested", [[1, 2], [3]])
     w.add_array("x.nested_str", [["a", "bc"], ["d"]])
@@ -126,8 +145,7 @@ def test_odd_files_are_faithful(tmp_path):
     w.add_tensor("t.i32", rng.integers(-9, 9, (2, 3), dtype=np.int32))
     w.add_tensor("t.3d", rng.standard_normal((2, 3, 4)).astype(np.float32))
     w.add_tensor("t.q8_1d", rng.integers(0, 256, (2 * 34,), dtype=np.uint8), raw_dtype=Q.Q8_0)
-    w.add_tensor("t.q4k_3d", rng.integers(0, 256, (2, 3, 144), dtype=np.uint8),
-                 raw_dtype=Q.Q4_K)
+    w.add_tensor("t.q4k_3d", rng.integers(0, 256, (2, 3, 144), dtype=np.uint8), raw_dtype=Q.Q4_K)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -138,17 +156,26 @@ def test_odd_files_are_faithful(tmp_path):
         return struct.pack("<Q", len(k)) + k + struct.pack("<I", vtype) + payload
 
     hand = tmp_path / "hand.gguf"  # (gguf's writer drops empty arrays: made by hand)
-    hand.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 3)
-                     + kv("x.empty", 9, struct.pack("<IQ", 0, 0))
-                     + kv("x.bool2", 7, b"\x02")
-                     + kv("x.bools2", 9, struct.pack("<IQ", 7, 3) + b"\x00\x02\x01"))
+    hand.write_bytes(
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 3)
+        + kv("x.empty", 9, struct.pack("<IQ", 0, 0))
+        + kv("x.bool2", 7, b"\x02")
+        + kv("x.bools2", 9, struct.pack("<IQ", 7, 3) + b"\x00\x02\x01")
+    )
     for path in (p, hand):
         h, data = open_gguf(path)
-        meta = {"GGUF.version": h.version, "GGUF.tensor_count": h.n_tensors,
-                "GGUF.kv_count": h.n_kv} | {k: v.value for k, v in h.kv.items()}
-        _assert_faithful(gguf.GGUFReader(str(path), "r"), meta,
-                         {t.name: (t.qtype, t.shape, tensor_view(data, t)) for t in h.tensors},
-                         data)
+        meta = {
+            "GGUF.version": h.version,
+            "GGUF.tensor_count": h.n_tensors,
+            "GGUF.kv_count": h.n_kv,
+        } | {k: v.value for k, v in h.kv.items()}
+        _assert_faithful(
+            gguf.GGUFReader(str(path), "r"),
+            meta,
+            {t.name: (t.qtype, t.shape, tensor_view(data, t)) for t in h.tensors},
+            data,
+        )
     assert open_gguf(hand)[0].kv["x.empty"] == gguf.GGUFValue([], V.ARRAY, V.UINT8)
 
 
@@ -201,14 +228,20 @@ def test_mutated_files_we_accept_read_as_the_reference_reads_them(tmp_path):
         accepted += 1
         ref = gguf.GGUFReader(str(path), "r")
         want = {k: repr(f.contents()) for k, f in ref.fields.items()}
-        got = {"GGUF.version": h.version, "GGUF.tensor_count": h.n_tensors,
-               "GGUF.kv_count": h.n_kv} | {k: v.value for k, v in h.kv.items()}
+        got = {
+            "GGUF.version": h.version,
+            "GGUF.tensor_count": h.n_tensors,
+            "GGUF.kv_count": h.n_kv,
+        } | {k: v.value for k, v in h.kv.items()}
         assert {k: repr(v) for k, v in got.items()} == want, what
         assert [t.name for t in h.tensors] == [t.name for t in ref.tensors], what
         for t, r in zip(h.tensors, ref.tensors):
             v = tensor_view(mm, t)
-            assert (t.qtype, v.dtype, v.shape) == (int(r.tensor_type), r.data.dtype,
-                                                   r.data.shape), what
+            assert (t.qtype, v.dtype, v.shape) == (
+                int(r.tensor_type),
+                r.data.dtype,
+                r.data.shape,
+            ), what
             assert v.tobytes() == r.data.tobytes(), what
         del h, mm, ref
     assert accepted > 50  # the comparison ran on a real sample

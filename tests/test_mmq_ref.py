@@ -5,11 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from minfer.errors import BadInput
 from minfer.quants import dequantize
 from minfer.quants.mmq_ref import Q4_K, Q6_K, decode_q6k, mmq_linear_ref
-from minfer.quants.q8_1 import (Q8_1_RAW, dequantize_q8_1_raw, quantize_q8_1_raw,
-                                unpack_q8_1_raw)
-from minfer.errors import BadInput
+from minfer.quants.q8_1 import Q8_1_RAW, dequantize_q8_1_raw, quantize_q8_1_raw, unpack_q8_1_raw
 
 
 def rand_weights(rng, qtype, N, K):
@@ -18,8 +17,9 @@ def rand_weights(rng, qtype, N, K):
     w = rng.integers(0, 256, (N, kb, nbytes), dtype=np.uint8)
     offs = (0, 2) if qtype == Q4_K else (208,)
     for off in offs:
-        w[..., off:off + 2] = rng.uniform(1e-4, 2e-2, (N, kb)).astype(np.float16).view(
-            np.uint8).reshape(N, kb, 2)
+        w[..., off : off + 2] = (
+            rng.uniform(1e-4, 2e-2, (N, kb)).astype(np.float16).view(np.uint8).reshape(N, kb, 2)
+        )
     return w.reshape(N, -1)
 
 
@@ -44,7 +44,7 @@ def test_q8_1_quantizer_values():
     np.testing.assert_array_equal(s, q.reshape(5, 3, 32).astype(np.int32).sum(-1))
     # round half away from zero (roundf), not numpy's half-to-even
     y = np.zeros((1, 32), np.float32)
-    y[0, 0], y[0, 1], y[0, 2] = 127.0, 2.5, -0.5    # d = 1 exactly
+    y[0, 0], y[0, 1], y[0, 2] = 127.0, 2.5, -0.5  # d = 1 exactly
     q1 = unpack_q8_1_raw(quantize_q8_1_raw(y), 32)[1][0]
     assert (q1[0], q1[1], q1[2]) == (127, 3, -1)
     err = np.abs(dequantize_q8_1_raw(raw, 96) - x).max(-1)
@@ -86,7 +86,7 @@ def test_mmq_ref_accumulate_and_errors():
     mmq_linear_ref(x, w, Q4_K, 3, 9, 256, out=out, accumulate=True)
     np.testing.assert_allclose(out, base + mmq_linear_ref(x, w, Q4_K, 3, 9, 256), rtol=1e-6)
     with pytest.raises(BadInput):
-        mmq_linear_ref(x, w, 8, 3, 9, 256)             # q8_0: no MMQ math
+        mmq_linear_ref(x, w, 8, 3, 9, 256)  # q8_0: no MMQ math
     with pytest.raises(BadInput):
         mmq_linear_ref(x[:, :128], w, Q4_K, 3, 9, 128)  # K not a multiple of 256
 

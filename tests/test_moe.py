@@ -14,10 +14,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-
 from families_data import GOLDEN, PROMPT, synth_family
 
-TOL = 0.03   # max |dlogit| against llama.cpp on an F16 file (the families' bar)
+TOL = 0.03  # max |dlogit| against llama.cpp on an F16 file (the families' bar)
 MOE = ("tiny-qwen3moe", "tiny-mixtral")
 
 
@@ -55,17 +54,23 @@ def test_moe_matches_llamacpp(files, preset, report):
     ok, line = tie_excused(g["positions"], errs, log, TOL)
     assert ok, f"{preset}: {line}"
     res = engine.run(ReferenceBackend(m), ids, n_greedy=32, warmup=False)
-    v = compare_greedy(res.greedy_ids, g["greedy"], g["margins"],
-                       tau_from(res.last_logits, want[-1]))
+    v = compare_greedy(
+        res.greedy_ids, g["greedy"], g["margins"], tau_from(res.last_logits, want[-1])
+    )
     assert v.ok, f"{preset}: {v.describe()}"
-    report(f"moe {preset}: max |dlogit| {errs.max():.4f} vs llama.cpp ({line}), "
-           f"greedy {v.describe()}")
+    report(
+        f"moe {preset}: max |dlogit| {errs.max():.4f} vs llama.cpp ({line}), greedy {v.describe()}"
+    )
 
 
 # the routing rule each family's graph asks for, and a config without it
-DROPS = [("tiny-qwen3moe", {"moe_norm_w": False}), ("tiny-mixtral", {"moe_norm_w": False}),
-         ("tiny-qwen3moe", {"n_expert_used": 2}), ("tiny-mixtral", {"n_expert_used": 1}),
-         ("tiny-mixtral", {"moe_w_scale": 2.0})]
+DROPS = [
+    ("tiny-qwen3moe", {"moe_norm_w": False}),
+    ("tiny-mixtral", {"moe_norm_w": False}),
+    ("tiny-qwen3moe", {"n_expert_used": 2}),
+    ("tiny-mixtral", {"n_expert_used": 1}),
+    ("tiny-mixtral", {"moe_w_scale": 2.0}),
+]
 
 
 @pytest.mark.parametrize("preset,drop", DROPS)
@@ -76,8 +81,12 @@ def test_routing_rule_has_teeth(files, preset, drop):
     want = np.load(GOLDEN / f"{preset}.npy")
     m = load_model(files[preset])
     m.config = replace(m.config, **drop)
-    err = float(np.abs(_run(m, g["ids"][:160])[0][[p for p in g["positions"] if p < 160]]
-                       - want[: sum(p < 160 for p in g["positions"])]).max())
+    err = float(
+        np.abs(
+            _run(m, g["ids"][:160])[0][[p for p in g["positions"] if p < 160]]
+            - want[: sum(p < 160 for p in g["positions"])]
+        ).max()
+    )
     assert err > 10 * TOL, f"{preset} with {drop}: only {err:.4f} from llama.cpp"
 
 
@@ -86,15 +95,15 @@ def test_route_softmax_topk_norm_and_ties():
 
     logits = np.array([[0.0, 2.0, 1.0, 2.0], [3.0, 0.0, 1.0, -1.0]], dtype=np.float32)
     sel, w, gap = route(logits, 2)
-    assert sel.tolist() == [[1, 3], [0, 2]]   # rank order; equal probs: the lower index first
+    assert sel.tolist() == [[1, 3], [0, 2]]  # rank order; equal probs: the lower index first
     assert np.allclose(w.sum(axis=1), 1) and np.allclose(w[0], 0.5)
     assert gap[0] == 1.0 and gap[1] == 1.0
     sel1, w1, gap1 = route(logits, 1)
-    assert gap1[0] == 0.0 and near_ties(gap1).tolist() == [0]   # token 0: 1 vs 3, a tie
+    assert gap1[0] == 0.0 and near_ties(gap1).tolist() == [0]  # token 0: 1 vs 3, a tie
     p = np.exp(logits - logits.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     _, wn, _ = route(logits, 2, norm_w=False)
-    assert np.allclose(wn[1], p[1, [0, 2]])   # the raw softmax probs without norm_w
+    assert np.allclose(wn[1], p[1, [0, 2]])  # the raw softmax probs without norm_w
     # the gate: a position past a near tie may differ; one before it may not
     log = [(0, np.array([1.0, 1.0, 0.001, 1.0]))]
     assert tie_excused([1, 3], [0.0, 0.5], log, 0.03)[0]
@@ -109,8 +118,13 @@ def test_moe_file_reads_and_describes(files):
 
     q = load_model(files["tiny-qwen3moe"])
     c = q.config
-    assert (c.n_expert, c.n_expert_used, c.d_ff_exp, c.qk_norm, c.rope_neox) == (8, 4, 256,
-                                                                                 True, True)
+    assert (c.n_expert, c.n_expert_used, c.d_ff_exp, c.qk_norm, c.rope_neox) == (
+        8,
+        4,
+        256,
+        True,
+        True,
+    )
     assert q.tensors["blk.0.ffn_down_exps.weight"].shape == (8, 256, 256)
     assert "ffn_gate.weight" not in {t.name for t in schema_of(c).tensors}
     assert "experts 8 x ff 256, 4 used per token" in q.describe()
@@ -128,11 +142,16 @@ def test_stacked_experts_quantized(tmp_path, ftype):
     from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     path = tmp_path / "m.gguf"
-    make_synthetic_model(path, SynthOptions(preset="tiny-mixtral", qtype=ftype, vocab=1024,
-                                            tokenizer_from=None, workers=1), progress=False)
+    make_synthetic_model(
+        path,
+        SynthOptions(
+            preset="tiny-mixtral", qtype=ftype, vocab=1024, tokenizer_from=None, workers=1
+        ),
+        progress=False,
+    )
     m = load_model(path)
     t = m.tensors["blk.1.ffn_down_exps.weight"]
-    assert t.type_name == ("Q8_0" if ftype == "q8_0" else "Q6_K")   # use_more_bits(1, 2)
+    assert t.type_name == ("Q8_0" if ftype == "q8_0" else "Q6_K")  # use_more_bits(1, 2)
     assert m.tensors["blk.0.ffn_gate_exps.weight"].type_name == ftype[:4].upper()
     assert m.tensors["blk.0.attn_v.weight"].type_name == "Q8_0"
     assert m.tensors["blk.0.attn_k.weight"].type_name == "Q8_0"
@@ -149,13 +168,16 @@ def test_refusals_by_name():
     from minfer.families import family
     from minfer.gguf.arch_keys import check_keys, gpu_unsupported
 
-    for arch, what in (("gpt-oss", "attention sinks"), ("deepseek2", "MLA"),
-                       ("qwen2moe", "shared expert")):
+    for arch, what in (
+        ("gpt-oss", "attention sinks"),
+        ("deepseek2", "MLA"),
+        ("qwen2moe", "shared expert"),
+    ):
         with pytest.raises(Unsupported, match=what):
             family(arch)
     with pytest.raises(Unsupported, match="mixture-of-experts"):
         check_keys("m.gguf", "qwen2", {"qwen2.expert_count": 8})
-    check_keys("m.gguf", "qwen3moe", {"qwen3moe.expert_weights_scale": 2.5})   # inert there
+    check_keys("m.gguf", "qwen3moe", {"qwen3moe.expert_weights_scale": 2.5})  # inert there
     cfg = types.SimpleNamespace(arch="qwen3moe", n_expert=128, n_expert_used=8, head_dim=128)
     why = gpu_unsupported(cfg)
     assert why.startswith("mixture-of-experts") and "CPU reference only for now" in why
@@ -171,11 +193,17 @@ def test_cuda_refusal_names_the_bytes():
         import gguf
 
         shape = replace(PRESETS[preset], vocab=151936)
-        ts = {p.name: types.SimpleNamespace(data=types.SimpleNamespace(nbytes=expected_nbytes(
-            p.name, int(gguf.GGMLQuantizationType[p.qtype]), p.shape)))
-            for p in tensor_plan(shape, "q4_K_M")}
-        return types.SimpleNamespace(config=types.SimpleNamespace(n_expert=shape.n_expert),
-                                     tensors=ts)
+        ts = {
+            p.name: types.SimpleNamespace(
+                data=types.SimpleNamespace(
+                    nbytes=expected_nbytes(p.name, int(gguf.GGMLQuantizationType[p.qtype]), p.shape)
+                )
+            )
+            for p in tensor_plan(shape, "q4_K_M")
+        }
+        return types.SimpleNamespace(
+            config=types.SimpleNamespace(n_expert=shape.n_expert), tensors=ts
+        )
 
     big = moe_bytes_note(fake("qwen3-235b-a22b"))
     assert "more than one 141.0 GB GPU" in big and "experts" in big, big
@@ -192,7 +220,10 @@ def test_cuda_backend_refuses_moe(files, monkeypatch):
     from minfer.gguf.loader import load_model
 
     m = load_model(files["tiny-mixtral"])
-    with pytest.raises(Unsupported, match="mixture-of-experts with 8 experts, 2 used per token, "
-                                          "runs on the CPU reference only for now") as e:
+    with pytest.raises(
+        Unsupported,
+        match="mixture-of-experts with 8 experts, 2 used per token, "
+        "runs on the CPU reference only for now",
+    ) as e:
         CudaBackend(m, rt=FakeRT("sm_90"), max_tokens=64, warmup=False, graphs=False)
     assert "of them experts" in str(e.value)

@@ -25,8 +25,20 @@ def parts():
 
 
 def _prefill(path: Path, *extra: str) -> tuple[int, str, str]:
-    return run_cli(["prefill", "-m", str(path), "--backend", "cpu", "-p", "hello world",
-                    "--greedy", "4", *extra])
+    return run_cli(
+        [
+            "prefill",
+            "-m",
+            str(path),
+            "--backend",
+            "cpu",
+            "-p",
+            "hello world",
+            "--greedy",
+            "4",
+            *extra,
+        ]
+    )
 
 
 def _one_error(code: int, err: str, want_code: int, *needles: str) -> str:
@@ -60,16 +72,19 @@ def _nan_f16_scale(a):  # Q8_0 block: f16 scale d at bytes 0..1, then 32 int8
     a[0, 0:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
 
 
-@pytest.mark.parametrize("name, edit, where", [
-    ("blk.1.ffn_down.weight", _nan_f16_scale, "layer 1 (blk.1)"),  # Q8_0 scale NaN
-    ("blk.0.attn_q.weight", _nan_f16_scale, "layer 0 (blk.0)"),
-    ("blk.0.attn_k.weight", lambda a: a.__setitem__((3, 5), np.inf), "layer 0 (blk.0)"),  # F16
-    ("blk.1.ffn_norm.weight", lambda a: a.__setitem__(slice(None), 1e30), "layer 1 (blk.1)"),
-    ("blk.0.attn_norm.weight", lambda a: a.__setitem__(7, np.nan), "layer 0 (blk.0)"),  # F32
-    ("output_norm.weight", lambda a: a.__setitem__(0, np.nan), "the output layer"),
-    ("output.weight", lambda a: a.__setitem__(slice(None), 3e38), "the output layer"),
-    ("token_embd.weight", lambda a: a.__setitem__(slice(None), np.inf), "the embedding"),
-])
+@pytest.mark.parametrize(
+    "name, edit, where",
+    [
+        ("blk.1.ffn_down.weight", _nan_f16_scale, "layer 1 (blk.1)"),  # Q8_0 scale NaN
+        ("blk.0.attn_q.weight", _nan_f16_scale, "layer 0 (blk.0)"),
+        ("blk.0.attn_k.weight", lambda a: a.__setitem__((3, 5), np.inf), "layer 0 (blk.0)"),  # F16
+        ("blk.1.ffn_norm.weight", lambda a: a.__setitem__(slice(None), 1e30), "layer 1 (blk.1)"),
+        ("blk.0.attn_norm.weight", lambda a: a.__setitem__(7, np.nan), "layer 0 (blk.0)"),  # F32
+        ("output_norm.weight", lambda a: a.__setitem__(0, np.nan), "the output layer"),
+        ("output.weight", lambda a: a.__setitem__(slice(None), 3e38), "the output layer"),
+        ("token_embd.weight", lambda a: a.__setitem__(slice(None), np.inf), "the embedding"),
+    ],
+)
 def test_non_finite_weight_is_exit_3_naming_the_layer(parts, tmp_path, name, edit, where):
     p = write_small(tmp_path / "m.gguf", *_with_tensor(parts, name, edit))
     code, out, err = _prefill(p)
@@ -79,8 +94,9 @@ def test_non_finite_weight_is_exit_3_naming_the_layer(parts, tmp_path, name, edi
 
 def test_first_bad_position_named(parts, tmp_path):
     # a NaN in the embedding row of one token: the first position holding that token is named
-    meta, tensors = _with_tensor(parts, "token_embd.weight",
-                                 lambda a: a.__setitem__((ord("w"), 0), np.nan))
+    meta, tensors = _with_tensor(
+        parts, "token_embd.weight", lambda a: a.__setitem__((ord("w"), 0), np.nan)
+    )
     p = write_small(tmp_path / "m.gguf", meta, tensors)
     code, _, err = _prefill(p)  # "hello world": 'w' at position 6 (no BOS)
     _one_error(code, err, 3, "embedding", "position 6", f"token id {ord('w')}")
@@ -121,33 +137,36 @@ def test_engine_refuses_non_finite_logits_of_any_backend(bad_step, what):
 
 
 # -- hyperparameters: type, range, consistency; exit 2 naming the key -----------------------------
-@pytest.mark.parametrize("key, value, needles", [
-    ("llama.block_count", True, ["'llama.block_count'", "must be an integer", "bool"]),
-    ("llama.block_count", "2", ["'llama.block_count'", "string"]),
-    ("llama.block_count", 2.5, ["'llama.block_count'", "float"]),
-    ("llama.block_count", 1, ["'blk.1.", "'llama.block_count' = 1"]),  # layer 1 unused
-    ("llama.block_count", 3, ["llama.block_count = 3", "only 21 tensors"]),
-    ("llama.rope.dimension_count", 0, ["'llama.rope.dimension_count' = 0", "out of range"]),
-    ("llama.rope.dimension_count", 17, ["'llama.rope.dimension_count' = 17", "out of range"]),
-    ("llama.rope.dimension_count", 15, ["'llama.rope.dimension_count' = 15", "even"]),
-    ("llama.attention.layer_norm_rms_epsilon", math.nan, ["layer_norm_rms_epsilon", "finite"]),
-    ("llama.attention.layer_norm_rms_epsilon", -1.0, ["layer_norm_rms_epsilon", "> 0"]),
-    ("llama.attention.layer_norm_rms_epsilon", 0.0, ["layer_norm_rms_epsilon"]),
-    ("llama.rope.freq_base", 0.0, ["'llama.rope.freq_base'", "> 0"]),
-    ("llama.rope.freq_base", math.inf, ["'llama.rope.freq_base'", "finite"]),
-    ("llama.rope.freq_base", -10000.0, ["'llama.rope.freq_base'"]),
-    ("llama.attention.head_count_kv", 3, ["'llama.attention.head_count_kv' = 3", "divide"]),
-    ("llama.attention.head_count_kv", 0, ["'llama.attention.head_count_kv' = 0"]),
-    ("llama.attention.key_length", 32, ["attn_q.weight", "head_count x head_dim = 128"]),
-    ("llama.attention.head_count", 8, ["'llama.rope.dimension_count' = 16", "[1, 8]"]),
-    ("llama.embedding_length", 128, ["token_embd.weight", "llama.embedding_length = 128"]),
-    ("llama.feed_forward_length", 96, ["ffn_gate.weight", "llama.feed_forward_length = 96"]),
-    ("llama.vocab_size", 300, ["token_embd.weight", "llama.vocab_size = 300"]),
-    ("llama.context_length", 0, ["'llama.context_length' = 0"]),
-    ("llama.attention.value_length", 32, ["'llama.attention.value_length'"]),
-    ("tokenizer.ggml.add_bos_token", "yes", ["'tokenizer.ggml.add_bos_token'", "bool"]),
-    ("tokenizer.ggml.bos_token_id", 2.0, ["'tokenizer.ggml.bos_token_id'", "integer"]),
-])
+@pytest.mark.parametrize(
+    "key, value, needles",
+    [
+        ("llama.block_count", True, ["'llama.block_count'", "must be an integer", "bool"]),
+        ("llama.block_count", "2", ["'llama.block_count'", "string"]),
+        ("llama.block_count", 2.5, ["'llama.block_count'", "float"]),
+        ("llama.block_count", 1, ["'blk.1.", "'llama.block_count' = 1"]),  # layer 1 unused
+        ("llama.block_count", 3, ["llama.block_count = 3", "only 21 tensors"]),
+        ("llama.rope.dimension_count", 0, ["'llama.rope.dimension_count' = 0", "out of range"]),
+        ("llama.rope.dimension_count", 17, ["'llama.rope.dimension_count' = 17", "out of range"]),
+        ("llama.rope.dimension_count", 15, ["'llama.rope.dimension_count' = 15", "even"]),
+        ("llama.attention.layer_norm_rms_epsilon", math.nan, ["layer_norm_rms_epsilon", "finite"]),
+        ("llama.attention.layer_norm_rms_epsilon", -1.0, ["layer_norm_rms_epsilon", "> 0"]),
+        ("llama.attention.layer_norm_rms_epsilon", 0.0, ["layer_norm_rms_epsilon"]),
+        ("llama.rope.freq_base", 0.0, ["'llama.rope.freq_base'", "> 0"]),
+        ("llama.rope.freq_base", math.inf, ["'llama.rope.freq_base'", "finite"]),
+        ("llama.rope.freq_base", -10000.0, ["'llama.rope.freq_base'"]),
+        ("llama.attention.head_count_kv", 3, ["'llama.attention.head_count_kv' = 3", "divide"]),
+        ("llama.attention.head_count_kv", 0, ["'llama.attention.head_count_kv' = 0"]),
+        ("llama.attention.key_length", 32, ["attn_q.weight", "head_count x head_dim = 128"]),
+        ("llama.attention.head_count", 8, ["'llama.rope.dimension_count' = 16", "[1, 8]"]),
+        ("llama.embedding_length", 128, ["token_embd.weight", "llama.embedding_length = 128"]),
+        ("llama.feed_forward_length", 96, ["ffn_gate.weight", "llama.feed_forward_length = 96"]),
+        ("llama.vocab_size", 300, ["token_embd.weight", "llama.vocab_size = 300"]),
+        ("llama.context_length", 0, ["'llama.context_length' = 0"]),
+        ("llama.attention.value_length", 32, ["'llama.attention.value_length'"]),
+        ("tokenizer.ggml.add_bos_token", "yes", ["'tokenizer.ggml.add_bos_token'", "bool"]),
+        ("tokenizer.ggml.bos_token_id", 2.0, ["'tokenizer.ggml.bos_token_id'", "integer"]),
+    ],
+)
 def test_bad_hyperparameter_is_exit_2_naming_the_key(parts, tmp_path, key, value, needles):
     meta, tensors = parts
     p = write_small(tmp_path / "m.gguf", {**meta, key: value}, tensors)
@@ -175,8 +194,8 @@ def test_wrong_alignment_refused(parts, tmp_path):
     buf = bytearray(p.read_bytes())
     key = b"general.alignment"
     at = buf.index(key) + len(key) + 4  # past the key and its value type
-    assert int.from_bytes(buf[at:at + 4], "little") == 64
-    buf[at:at + 4] = (32).to_bytes(4, "little")
+    assert int.from_bytes(buf[at : at + 4], "little") == 64
+    buf[at : at + 4] = (32).to_bytes(4, "little")
     p.write_bytes(bytes(buf))
     code, _, err = _prefill(p)
     _one_error(code, err, 2, "general.alignment 32")

@@ -32,8 +32,11 @@ def _copy_tree(dst: Path) -> Path:
     for name in INPUTS:
         src = ROOT / name
         if src.is_dir():
-            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns(
-                "__pycache__", "*.pyc", "*.cubin", "*.so"))
+            shutil.copytree(
+                src,
+                dst / name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.cubin", "*.so"),
+            )
         else:
             shutil.copy2(src, dst / name)
     return dst
@@ -42,8 +45,10 @@ def _copy_tree(dst: Path) -> Path:
 def _local_wheel_builder() -> bool:
     """setuptools can build a wheel without pip's isolated env (wheel installed, or setuptools
     >= 70.1 with its own bdist_wheel)."""
-    return (importlib.util.find_spec("wheel") is not None or
-            importlib.util.find_spec("setuptools.command.bdist_wheel") is not None)
+    return (
+        importlib.util.find_spec("wheel") is not None
+        or importlib.util.find_spec("setuptools.command.bdist_wheel") is not None
+    )
 
 
 def _pip_wheel(src: Path, out: Path) -> Path:
@@ -52,11 +57,20 @@ def _pip_wheel(src: Path, out: Path) -> Path:
         cmd.insert(5, "--no-build-isolation")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if r.returncode != 0:
-        offline = any(s in r.stderr for s in ("Could not find a version", "NewConnectionError",
-                                              "Network is unreachable", "No matching distribution"))
+        offline = any(
+            s in r.stderr
+            for s in (
+                "Could not find a version",
+                "NewConnectionError",
+                "Network is unreachable",
+                "No matching distribution",
+            )
+        )
         if offline and "--no-build-isolation" not in cmd:
-            pytest.skip("no local wheel builder (wheel / setuptools>=70.1) and pip cannot fetch "
-                        "one for its isolated build env (offline)")
+            pytest.skip(
+                "no local wheel builder (wheel / setuptools>=70.1) and pip cannot fetch "
+                "one for its isolated build env (offline)"
+            )
         raise AssertionError(f"pip wheel failed:\n{r.stderr[-3000:]}")
     (whl,) = out.glob("minfer-*.whl")
     return whl
@@ -65,14 +79,14 @@ def _pip_wheel(src: Path, out: Path) -> Path:
 def _wheel_kernels(whl: Path) -> list[str]:
     pre = "minfer/cuda/kernels/"
     names = zipfile.ZipFile(whl).namelist()
-    return sorted(n[len(pre):] for n in names if n.startswith(pre))
+    return sorted(n[len(pre) :] for n in names if n.startswith(pre))
 
 
 def _sdist(src: Path, out: Path) -> Path:
-    code = ("import sys; from setuptools import build_meta as b; "
-            "print(b.build_sdist(sys.argv[1]))")
-    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=src, capture_output=True,
-                       text=True, timeout=120)
+    code = "import sys; from setuptools import build_meta as b; print(b.build_sdist(sys.argv[1]))"
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(out)], cwd=src, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return out / r.stdout.strip().splitlines()[-1]
 
@@ -89,12 +103,20 @@ def test_wheel_ships_every_kernel_and_resolves_them_installed(tmp_path):
     zipfile.ZipFile(whl).extractall(target)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("from minfer.cuda.runtime.build import KERNEL_DIR, kernel_path; "
-            "from minfer.tools.perplexity import DEFAULT_TEXT; "
-            "print(KERNEL_DIR); print(kernel_path('gemm_f16')); print(DEFAULT_TEXT)")
+    code = (
+        "from minfer.cuda.runtime.build import KERNEL_DIR, kernel_path; "
+        "from minfer.tools.perplexity import DEFAULT_TEXT; "
+        "print(KERNEL_DIR); print(kernel_path('gemm_f16')); print(DEFAULT_TEXT)"
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    r = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env=env,
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     kdir, gemm, text = r.stdout.split()
     assert Path(kdir) == target / "minfer" / "cuda" / "kernels"
@@ -109,8 +131,11 @@ def test_sdist_carries_kernels_and_its_wheel_ships_them(tmp_path):
     with tarfile.open(sd) as tf:
         names = tf.getnames()
         top = names[0].split("/")[0]
-        got = sorted(n.split("/")[-1] for n in names if n.startswith(f"{top}/kernels/")
-                     and n.endswith((".cu", ".cuh")))
+        got = sorted(
+            n.split("/")[-1]
+            for n in names
+            if n.startswith(f"{top}/kernels/") and n.endswith((".cu", ".cuh"))
+        )
         assert got == KERNELS
         assert f"{top}/setup.py" in names and f"{top}/MANIFEST.in" in names
         tf.extractall(tmp_path / "unpacked")
@@ -118,7 +143,8 @@ def test_sdist_carries_kernels_and_its_wheel_ships_them(tmp_path):
     whl = _pip_wheel(tmp_path / "unpacked" / top, tmp_path / "whl")
     assert _wheel_kernels(whl) == KERNELS
     assert {"minfer/data/gnu-gpl.txt", "minfer/data/README.md"} <= set(
-        zipfile.ZipFile(whl).namelist())
+        zipfile.ZipFile(whl).namelist()
+    )
 
 
 def test_kernel_dir_lookup(tmp_path):
@@ -131,6 +157,6 @@ def test_kernel_dir_lookup(tmp_path):
     assert find_kernel_dir(checkout / "minfer" / "cuda") == checkout / "kernels"
     site = tmp_path / "site-packages"
     (site / "minfer" / "cuda" / "kernels").mkdir(parents=True)
-    (site / "kernels").mkdir()   # another distribution's top-level "kernels" package
+    (site / "kernels").mkdir()  # another distribution's top-level "kernels" package
     assert find_kernel_dir(site / "minfer" / "cuda") == site / "minfer" / "cuda" / "kernels"
-    assert find_kernel_dir() == ROOT / "kernels"   # this checkout
+    assert find_kernel_dir() == ROOT / "kernels"  # this checkout

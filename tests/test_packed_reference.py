@@ -23,7 +23,6 @@ import math
 
 import numpy as np
 import pytest
-
 import tolerance
 from families_data import synth_family
 from synth_data import small_parts, tiny_model, write_small
@@ -32,8 +31,8 @@ from minfer.errors import BadInput, NumericError
 from minfer.reference import ops
 from minfer.reference.forward import ReferenceBackend
 
-LENGTHS = (1, 2, 7, 13, 45)   # ragged; 45 crosses gemma3's window of 32
-ALIGN = 128                   # base_i = 128 * i
+LENGTHS = (1, 2, 7, 13, 45)  # ragged; 45 crosses gemma3's window of 32
+ALIGN = 128  # base_i = 128 * i
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny-qwen3", "tiny-gemma3"])
@@ -149,7 +148,7 @@ def test_packed_equals_one_at_a_time(model, prompts, alone, tol):
     ids, tok, tgt, own = _layout(prompts)
     T = ids.size
     be = _backend(model, len(prompts))
-    if model.config.n_ctx < be.kv_slots:   # the llama's slots run past its context of 256
+    if model.config.n_ctx < be.kv_slots:  # the llama's slots run past its context of 256
         assert be.kv_slots == ALIGN * len(prompts) > model.config.n_ctx
     st = be.packed(ids, tok, np.arange(T, dtype=np.int32), tgt)
     _check_against_alone(st, own, tgt, prompts, alone, tol)
@@ -175,10 +174,13 @@ def test_attending_across_sequences_is_caught(model, prompts, alone, tol):
     log-probs far beyond it."""
     ids, _, tgt, own = _layout(prompts)
     T = ids.size
-    tok = np.c_[np.arange(T), np.zeros(T)].astype(np.int32)   # slot r, lo 0: one sequence
+    tok = np.c_[np.arange(T), np.zeros(T)].astype(np.int32)  # slot r, lo 0: one sequence
     st = _backend(model, len(prompts)).packed(ids, tok, np.arange(T, dtype=np.int32), tgt)
-    moved = max(abs(st[r, 2] - alone[i][1][j, tgt[r]]) for r, (i, j) in enumerate(own)
-                if i > 0 and j + 1 < len(prompts[i]))
+    moved = max(
+        abs(st[r, 2] - alone[i][1][j, tgt[r]])
+        for r, (i, j) in enumerate(own)
+        if i > 0 and j + 1 < len(prompts[i])
+    )
     assert moved > 10 * tol, (moved, tol)
 
 
@@ -197,14 +199,15 @@ def test_batched_decode_equals_engine_greedy(model, prompts, tol):
     n = len(prompts)
     for step in range(n_steps):
         ids = np.array([g[-1] for g in got], np.int32)
-        tok = np.array([(ALIGN * i + len(p) + step, ALIGN * i) for i, p in enumerate(prompts)],
-                       np.int32)
-        if step % 2:   # the runner pads a step by repeating its last row (same slot and token)
+        tok = np.array(
+            [(ALIGN * i + len(p) + step, ALIGN * i) for i, p in enumerate(prompts)], np.int32
+        )
+        if step % 2:  # the runner pads a step by repeating its last row (same slot and token)
             ids, tok = np.r_[ids, ids[-1], ids[-1]], np.r_[tok, tok[-1:], tok[-1:]]
         st = be.packed(ids, tok, np.arange(n, dtype=np.int32), np.full(n, -1, np.int32))
         for i in range(n):
             got[i].append(int(st[i, 0]))
-    for g, r in zip(got, runs):   # equal ids up to the first near-tie within tol
+    for g, r in zip(got, runs):  # equal ids up to the first near-tie within tol
         v = compare_greedy(g, r.greedy_ids, r.step_margins, tol)
         assert v.ok, v.describe()
 
@@ -224,8 +227,12 @@ def test_copy_kv_prefix_sharing(model, tol):
 
     be = _backend(model, 2)
     n = a.size
-    be.packed(a, np.c_[np.arange(n), np.zeros(n)].astype(np.int32), np.array([n - 1], np.int32),
-              np.array([-1], np.int32))
+    be.packed(
+        a,
+        np.c_[np.arange(n), np.zeros(n)].astype(np.int32),
+        np.array([n - 1], np.int32),
+        np.array([-1], np.int32),
+    )
     be.copy_kv(0, ALIGN, 20)
     own = b[20:]
     tok = np.c_[ALIGN + np.arange(20, b.size), np.full(own.size, ALIGN)].astype(np.int32)
@@ -233,8 +240,9 @@ def test_copy_kv_prefix_sharing(model, tol):
     st = be.packed(own, tok, np.arange(own.size, dtype=np.int32), tgt)
     _same_argmax(int(st[-1, 0]), last_b, tol)
     assert st[-1, 3] == pytest.approx(_lse(last_b), rel=0, abs=tol)
-    np.testing.assert_allclose(st[:-1, 2], logp_b[np.arange(20, b.size - 1), b[21:]],
-                               rtol=0, atol=tol)
+    np.testing.assert_allclose(
+        st[:-1, 2], logp_b[np.arange(20, b.size - 1), b[21:]], rtol=0, atol=tol
+    )
 
 
 # -- the rest on one model: the tiny llama ---------------------------------------------------
@@ -253,13 +261,12 @@ def test_refusals(llama):
     one, m1 = np.array([0], np.int32), np.array([-1], np.int32)
 
     def packed(ids=(1,), tok=((0, 0),), rows=(0,), targets=(-1,)):
-        return be.packed(np.asarray(ids), np.asarray(tok), np.asarray(rows),
-                         np.asarray(targets))
+        return be.packed(np.asarray(ids), np.asarray(tok), np.asarray(rows), np.asarray(targets))
 
-    packed()   # runs
+    packed()  # runs
     with pytest.raises(BadInput, match="position 256 past the model's context of 256"):
         packed(tok=((c.n_ctx, 0),))
-    packed(tok=((c.n_ctx + 1, 2),))   # a slot past n_ctx at position n_ctx - 1: runs
+    packed(tok=((c.n_ctx + 1, 2),))  # a slot past n_ctx at position n_ctx - 1: runs
     with pytest.raises(BadInput, match=f"slot < {c.n_ctx + 64}"):
         packed(tok=((c.n_ctx + 64, c.n_ctx + 64),))
     with pytest.raises(BadInput, match=r"rows must be in \[0, 1\)"):
@@ -288,10 +295,10 @@ def test_refusals(llama):
     with pytest.raises(BadInput, match="repeated slot"):
         packed(ids=(1, 2), tok=((5, 0), (5, 0)), rows=one, targets=m1)
     with pytest.raises(BadInput, match="copy_kv"):
-        be.copy_kv(0, c.n_ctx + 60, 8)   # past the cache
+        be.copy_kv(0, c.n_ctx + 60, 8)  # past the cache
     with pytest.raises(BadInput, match="copy_kv"):
-        be.copy_kv(0, 4, 8)              # overlapping
-    be.copy_kv(0, 4, 0)                  # nothing to copy
+        be.copy_kv(0, 4, 8)  # overlapping
+    be.copy_kv(0, 4, 0)  # nothing to copy
 
 
 def test_forward_after_reserve_slots_and_reset_keeps_rows(llama):
@@ -304,7 +311,7 @@ def test_forward_after_reserve_slots_and_reset_keeps_rows(llama):
     assert np.array_equal(be.forward(ids, 0), plain)
     be.reset()
     be.copy_kv(0, 300, ids.size)
-    assert np.array_equal(be._k[1][300: 300 + ids.size], be._k[1][: ids.size])
+    assert np.array_equal(be._k[1][300 : 300 + ids.size], be._k[1][: ids.size])
     assert np.abs(be._k[1][: ids.size]).sum() > 0
     assert be.n_past == 0
 
@@ -313,14 +320,23 @@ def test_non_finite_names_layer_and_slot(tmp_path):
     from minfer.gguf.loader import load_model
 
     meta, tensors = small_parts()
-    tensors = [(n, q, s, np.full_like(d, 1e30) if n == "blk.1.ffn_norm.weight" else d)
-               for n, q, s, d in tensors]
+    tensors = [
+        (n, q, s, np.full_like(d, 1e30) if n == "blk.1.ffn_norm.weight" else d)
+        for n, q, s, d in tensors
+    ]
     be = ReferenceBackend(load_model(write_small(tmp_path / "m.gguf", meta, tensors)))
     be.reserve_slots(300)
-    with pytest.raises(NumericError, match=r"layer 1 \(blk.1\) at position 0 \(slot 200, "
-                                           r"token id 7\)"):
-        be.packed(np.array([7, 8], np.int32), np.array([[200, 200], [201, 200]], np.int32),
-                  np.array([1], np.int32), np.array([-1], np.int32))
+    with pytest.raises(
+        NumericError,
+        match=r"layer 1 \(blk.1\) at position 0 \(slot 200, "
+        r"token id 7\)",
+    ):
+        be.packed(
+            np.array([7, 8], np.int32),
+            np.array([[200, 200], [201, 200]], np.int32),
+            np.array([1], np.int32),
+            np.array([-1], np.int32),
+        )
 
 
 # -- ops.row_stats ---------------------------------------------------------------------------
@@ -328,8 +344,8 @@ def _row_stats_loop(x, t):
     out = []
     for row, tg in zip(np.asarray(x, np.float64), t):
         vals = list(row)
-        i1 = vals.index(max(vals))                      # the first index of the max
-        rest = vals[:i1] + vals[i1 + 1:]
+        i1 = vals.index(max(vals))  # the first index of the max
+        rest = vals[:i1] + vals[i1 + 1 :]
         m2 = max(rest) if rest else -math.inf
         mx = max(vals)
         lse = mx + math.log(sum(math.exp(v - mx) for v in vals))
@@ -340,11 +356,11 @@ def _row_stats_loop(x, t):
 
 def test_row_stats_against_direct():
     rng = np.random.default_rng(3)
-    x = (rng.standard_normal((70, 97)) * 4).astype(np.float32)   # 70 rows: two f64 blocks
-    x[0, 10] = x[0, 3] = x[0].max() + 1                          # a tie: index 3, margin 0
-    x[1, :] = 2.5                                                # all equal: index 0
-    x[2] += np.float32(3e4)                                      # large logits: lse stable
-    x[3, 96] = x[3].max() + 0.25                                 # max at the last index
+    x = (rng.standard_normal((70, 97)) * 4).astype(np.float32)  # 70 rows: two f64 blocks
+    x[0, 10] = x[0, 3] = x[0].max() + 1  # a tie: index 3, margin 0
+    x[1, :] = 2.5  # all equal: index 0
+    x[2] += np.float32(3e4)  # large logits: lse stable
+    x[3, 96] = x[3].max() + 0.25  # max at the last index
     t = rng.integers(0, 97, 70).astype(np.int32)
     t[[0, 5, 69]] = -1
     got = ops.row_stats(x, t)

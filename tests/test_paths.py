@@ -1,12 +1,20 @@
 """CPU: the GEMM path table, its chooser (choose_path, the memory tiers, the smem guard) and the user
-choice (--gemm, MINFER_GEMM, the seeds' MINFER_MMQ_* variables, bench's tuning variants)."""
+choice (--gemm, MINFER_GEMM, bench's tuning variants)."""
 
 import pytest
 
-from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.ops.mmq import wide_smem
-from minfer.cuda.paths import (BLK_AUTO_WIDTH, CHOICES, TABLE, TIERS, VARIANTS, GemmPath,
-                               auto_tiers, choose_path)
+from minfer.cuda.paths import (
+    BLK_AUTO_WIDTH,
+    CHOICES,
+    TABLE,
+    TIERS,
+    VARIANTS,
+    GemmPath,
+    auto_tiers,
+    choose_path,
+)
+from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import BadInput
 
 SHAPE = (512, 4096, 4096)
@@ -27,7 +35,10 @@ def test_table_records():
     assert TABLE["blk"].weight_bytes(8) == TABLE["blk"].weight_bytes(14) == 1.03125
     # the seeds' kernels stay in the table by name
     assert {TABLE[n].kernel for n in ("r1", "narrow", "wide-kd4", "wide-kd8")} == {
-        "mmq_nt_kernel", "mmq_raw_nt_kernel", "mmq_raw_wide_nt_kernel"}
+        "mmq_nt_kernel",
+        "mmq_raw_nt_kernel",
+        "mmq_raw_wide_nt_kernel",
+    }
     assert set(CHOICES) == {"auto", "mmq", *TABLE}
 
 
@@ -36,7 +47,7 @@ def test_choose_path_explicit():
     for n in ("wide-kd4", "wide-kd8", "narrow", "r1"):
         assert choose_path(12, "sm_80", SHAPE, n).path.name == n
         assert choose_path(14, None, SHAPE, n).path.name == n
-    r = choose_path(8, "sm_90", SHAPE, "wide-kd4")        # q8_0: no int8 kernel
+    r = choose_path(8, "sm_90", SHAPE, "wide-kd4")  # q8_0: no int8 kernel
     assert r.path.name == "f16" and "no wide-kd4 kernel" in r.why
     r = choose_path(12, "sm_90", (512, 576, 576), "narrow")
     assert r.path.name == "f16" and "K=576 not a multiple of 256" == r.why
@@ -48,10 +59,11 @@ def test_choose_path_explicit():
     r = choose_path(12, "sm_90", (1, 4096, 4096), "blk")
     assert r.path.name == "f16" and "GEMV" in r.why
     assert choose_path(12, "sm_90", (512, 576, 576), "blk").path.name == "blk"
-    assert choose_path(12, "sm_90", SHAPE, "wide-kd4", alone=True).why == \
-        "attn_v alone: faster on f16"
+    assert (
+        choose_path(12, "sm_90", SHAPE, "wide-kd4", alone=True).why == "attn_v alone: faster on f16"
+    )
     assert choose_path(12, "sm_90", SHAPE, "f16", alone=True).why == ""
-    for gone in ("wgmma", "sb"):   # unknown, or a retired path
+    for gone in ("wgmma", "sb"):  # unknown, or a retired path
         with pytest.raises(ValueError):
             choose_path(12, "sm_90", SHAPE, gone)
 
@@ -65,7 +77,7 @@ def test_choose_path_auto_tiers():
     assert auto_tiers("sm_86", 8192) == ("f16", "mix-int8", "int8")
     assert {t.path for t in TIERS.values()} <= set(TABLE)
     assert choose_path(12, "sm_90", SHAPE).path.name == "f16"
-    for q in (12, 14, 8):   # the blk tier takes every type
+    for q in (12, 14, 8):  # the blk tier takes every type
         assert choose_path(q, "sm_90", SHAPE, tier="blk").path.name == "blk"
     assert choose_path(12, "sm_90", (1, 4096, 4096), tier="blk").path.name == "f16"  # LM head
     assert choose_path(14, "sm_90", SHAPE, tier="int8").path.name == "wide-kd4"
@@ -104,7 +116,7 @@ def test_smem_guard():
     assert choose_path(12, "sm_90", (1, 1, 256), "wide-kd8", 232448).path.name == "wide-kd8"
     assert choose_path(14, "sm_90", (1, 1, 256), "wide-kd4", 90000).path.name == "wide-kd4"
     assert choose_path(12, "sm_90", (1, 1, 256), "wide-kd4", 65536).path.name == "narrow"
-    r = choose_path(12, "sm_90", SHAPE, "blk", 100_000)   # blk over the cap: f16, said why
+    r = choose_path(12, "sm_90", SHAPE, "blk", 100_000)  # blk over the cap: f16, said why
     assert r.path.name == "f16" and "shared memory" in r.why
 
 
@@ -114,40 +126,50 @@ def test_wide_smem_matches_kernel():
     from pathlib import Path
 
     kdir = Path(__file__).parents[1] / "kernels"
-    for header, struct, qtype in (("mmq_wide_async.cuh", "WideAsyncSmem", 12),
-                                  ("mmq_wide_sync.cuh", "WideSyncSmem", 14)):
+    for header, struct, qtype in (
+        ("mmq_wide_async.cuh", "WideAsyncSmem", 12),
+        ("mmq_wide_sync.cuh", "WideSyncSmem", 14),
+    ):
         src = (kdir / header).read_text()
         pinned = dict(re.findall(rf"static_assert\({struct}<(\d)>::BYTES == (\d+)", src))
         assert set(pinned) == {"4", "8"}, header
         assert all(wide_smem(int(kd), qtype) == int(b) for kd, b in pinned.items()), header
 
 
-@pytest.mark.parametrize("env,path", [
-    ({}, "auto"),
-    ({"MINFER_MMQ": "0"}, "f16"),
-    ({"MINFER_MMQ": "1"}, "wide-kd4"),                                  # the seeds' default
-    ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}, "wide-kd8"),
-    ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW_WIDE": "0"}, "narrow"),
-    ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW": "0"}, "r1"),
-    ({"MINFER_MMQ": "1", "MINFER_MMQ_RAW": "1", "MINFER_MMQ_RAW_WIDE": "1",
-      "MINFER_MMQ_RAW_KD": "4"}, "wide-kd4"),                            # seeds r12's config
-    ({"MINFER_GEMM": "blk", "MINFER_MMQ": "1"}, "blk"),                 # MINFER_GEMM wins
-    ({"MINFER_GEMM": "mmq", "MINFER_MMQ_RAW_KD": "8"}, "wide-kd8"),
-])
+@pytest.mark.parametrize(
+    "env,path",
+    [
+        ({}, "auto"),
+        ({"MINFER_GEMM": "f16"}, "f16"),
+        ({"MINFER_GEMM": "mmq"}, "wide-kd4"),  # the seeds' config
+        ({"MINFER_GEMM": "wide-kd8"}, "wide-kd8"),
+        ({"MINFER_GEMM": "narrow"}, "narrow"),
+        ({"MINFER_GEMM": "r1"}, "r1"),
+        ({"MINFER_GEMM": "blk", "MINFER_MMQ": "1"}, "blk"),  # the seeds' variables are not read
+    ],
+)
 def test_choice_from_env(env, path):
     assert GemmChoice.resolve(env) == GemmChoice(path)
 
 
+def test_a_retired_mmq_variable_alone_is_refused_not_ignored():
+    with pytest.raises(BadInput, match="MINFER_MMQ is no longer read.*MINFER_MMQ=0 -> f16"):
+        GemmChoice.resolve({"MINFER_MMQ": "0"})
+    assert GemmChoice.resolve({"MINFER_MMQ": "0"}, "f16").path == "f16"  # a --gemm decides
+
+
 def test_choice_flag_wins_and_errors():
-    env = {"MINFER_MMQ": "1", "MINFER_MMQ_RAW_KD": "8"}
+    env = {"MINFER_GEMM": "wide-kd8"}
     assert GemmChoice.resolve(env, "f16").path == "f16"
-    assert GemmChoice.resolve(env, "mmq").path == "wide-kd8"
-    for bad in ({"MINFER_MMQ_RAW_KD": "5"}, {"MINFER_MMQ": "maybe"}, {"MINFER_GEMM": "wgmma"},
-                {"MINFER_GEMM": "sb"}):
+    assert GemmChoice.resolve(env, "mmq").path == "wide-kd4"
+    for bad in (
+        {"MINFER_GEMM": "wgmma"},
+        {"MINFER_GEMM": "sb"},
+    ):
         with pytest.raises(BadInput):
             GemmChoice.resolve(bad)
     with pytest.raises(BadInput, match="bench --ab"):
-        GemmChoice.resolve({}, "f16:no-rope")   # tuning variants are not a user choice
+        GemmChoice.resolve({}, "f16:no-rope")  # tuning variants are not a user choice
 
 
 def test_tuning_variants():
@@ -158,11 +180,20 @@ def test_tuning_variants():
     assert c.off == {"glu", "stream-k"} and c.label() == "blk:no-glu:no-stream-k"
     assert GemmChoice.parse_ab("auto:no-stream-k", env={}).off == {"stream-k"}
     assert GemmChoice.parse_ab("blk:no-fused-prepass", env={}).off == {"fused-prepass"}
-    assert GemmChoice.parse_ab("MINFER_MMQ=1 MINFER_MMQ_RAW_KD=8", env={}).path == "wide-kd8"
-    assert GemmChoice.parse_ab("MINFER_MMQ=1", env={"MINFER_GEMM": "f16"}).path == "wide-kd4"
+    assert GemmChoice.parse_ab("MINFER_GEMM=wide-kd8", env={}).path == "wide-kd8"
+    assert GemmChoice.parse_ab("MINFER_GEMM=mmq", env={"MINFER_GEMM": "f16"}).path == "wide-kd4"
     assert GemmChoice.parse_ab("", env={"MINFER_GEMM": "narrow"}).path == "narrow"
-    for bad in ("f16:no-stream-k", "wide-kd4:no-glu", "f16:rope", "f16 blk", "MINFER_FOO=1",
-                "MINFER_MMQ_SB=1", "sb", "f16:no-fused-prepass"):
+    for bad in (
+        "f16:no-stream-k",
+        "wide-kd4:no-glu",
+        "f16:rope",
+        "f16 blk",
+        "MINFER_FOO=1",
+        "MINFER_MMQ_SB=1",
+        "MINFER_MMQ=1",
+        "sb",
+        "f16:no-fused-prepass",
+    ):
         with pytest.raises(BadInput):
             GemmChoice.parse_ab(bad, env={})
 

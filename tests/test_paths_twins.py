@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from quant_data import rand_weights
 
 from minfer.cuda.paths import TABLE
-from quant_data import rand_weights
 
 # relative error of each activation grid against the exact product (q8_1: 1/254 of a 32-value
 # block's amax per value; f16: 2^-11; blk: the rotated int8 per 128 values
@@ -42,4 +42,4 @@ def test_twin_of_each_path(path, qtype):
         exact = x.astype(np.float64) @ dequant_f16_ref(w, qtype, N, K).astype(np.float64).T
     err = np.linalg.norm(y - exact) / np.linalg.norm(exact)
     assert err <= GRID_TOL[p.operand.name if p.operand else "f16"], (path, err)
-    assert err > 0   # every path rounds its activations somewhere
+    assert err > 0  # every path rounds its activations somewhere

@@ -12,7 +12,6 @@ import shutil
 import numpy as np
 import pytest
 import tolerance
-
 from cli_inproc import error_lines, run_cli
 from ppl_data import run_ppl, short_text
 from synth_data import small_parts, write_small
@@ -65,18 +64,18 @@ def test_ppl_equals_direct_numpy(small, text):
         be = ReferenceBackend(model, dtype=dt)
         nll[dt] = []
         for i in range(CHUNKS):
-            w = np.array(ids[i * CTX:(i + 1) * CTX], np.int32)
+            w = np.array(ids[i * CTX : (i + 1) * CTX], np.int32)
             if add_bos:
                 w[0] = tok.bos_id
             for j in range(CTX // 2, CTX - 1):  # position j predicts w[j + 1]
                 be.reset()
-                logits = be.forward(w[:j + 1], 0)  # the plain last-position forward
+                logits = be.forward(w[: j + 1], 0)  # the plain last-position forward
                 nll[dt].append(-_log_softmax(logits)[w[j + 1]])
                 s = max(s, tolerance.scale(logits))
     tol = tolerance.f32_tol(tolerance.f32_err([(nll[np.float32], nll[np.float64])]), s)
     nll = np.array(nll[np.float32])
     ppl = np.exp(nll.mean())
-    sigma = np.sqrt(np.mean(nll ** 2) - nll.mean() ** 2)
+    sigma = np.sqrt(np.mean(nll**2) - nll.mean() ** 2)
     err = ppl * sigma / np.sqrt(nll.size - 1)
     r = _ppl(path, text)
     assert r["n_scored"] == nll.size == CHUNKS * (CTX - 1 - CTX // 2)
@@ -87,11 +86,24 @@ def test_ppl_equals_direct_numpy(small, text):
 
 
 def test_text_output_has_the_final_ppl_line(small, text):
-    code, out, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text), "--backend",
-                              "cpu", "--ctx", str(CTX), "--chunks", "2"])
+    code, out, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            str(small[0]),
+            "-f",
+            str(text),
+            "--backend",
+            "cpu",
+            "--ctx",
+            str(CTX),
+            "--chunks",
+            "2",
+        ]
+    )
     assert code == 0, err
     last = out.splitlines()[-1]
-    assert last.startswith("Final estimate: PPL = ") and " +/- " in last   # llama.cpp's
+    assert last.startswith("Final estimate: PPL = ") and " +/- " in last  # llama.cpp's
     assert any(ln.startswith("[1]") and ",[2]" in ln for ln in out.splitlines())
 
 
@@ -100,8 +112,20 @@ def test_save_and_kld_round_trip(small, text, tmp_path):
     r0 = _ppl(small[0], text, "--save-logits", str(base))
     assert r0["saved_logits"] == str(base) and base.is_file()
     # ctx and chunks default to the base's
-    code, out, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text), "--backend",
-                              "cpu", "--kld-base", str(base), "--json"])
+    code, out, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            str(small[0]),
+            "-f",
+            str(text),
+            "--backend",
+            "cpu",
+            "--kld-base",
+            str(base),
+            "--json",
+        ]
+    )
     assert code == 0, err
     r = json.loads(out)
     assert (r["ctx"], r["chunks"]) == (CTX, CHUNKS)
@@ -146,18 +170,33 @@ def test_mismatched_base_is_refused(small, text, tmp_path):
     _ppl(small[0], text, "--save-logits", str(base))
     other = tmp_path / "other.txt"
     other.write_text(text.read_text()[::-1])
-    cases = [(["-f", str(other)], "text"), (["-f", str(text), "--ctx", "16"], "--ctx"),
-             (["-f", str(text), "--chunks", "2"], "--chunks")]
+    cases = [
+        (["-f", str(other)], "text"),
+        (["-f", str(text), "--ctx", "16"], "--ctx"),
+        (["-f", str(text), "--chunks", "2"], "--chunks"),
+    ]
     for extra, what in cases:
-        code, out, err = run_cli(["perplexity", "-m", str(small[0]), "--backend", "cpu",
-                                  "--kld-base", str(base), *extra])
+        code, out, err = run_cli(
+            ["perplexity", "-m", str(small[0]), "--backend", "cpu", "--kld-base", str(base), *extra]
+        )
         lines = error_lines(err)
         assert code == 2 and len(lines) == 1 and what in lines[0], (extra, err)
         assert "Traceback" not in err and out == ""
     junk = tmp_path / "junk.logits"
-    junk.write_bytes(base.read_bytes()[:-4])   # truncated
-    code, _, err = run_cli(["perplexity", "-m", str(small[0]), "--backend", "cpu",
-                            "--kld-base", str(junk), "-f", str(text)])
+    junk.write_bytes(base.read_bytes()[:-4])  # truncated
+    code, _, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            str(small[0]),
+            "--backend",
+            "cpu",
+            "--kld-base",
+            str(junk),
+            "-f",
+            str(text),
+        ]
+    )
     assert code == 2 and "truncated" in error_lines(err)[0]
 
 
@@ -166,20 +205,21 @@ def test_refusals(small, text, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("a short text of fifty-some bytes, fewer than --ctx")
     for args, says in (
-            (["-f", str(short), "--ctx", "64"], "fewer than one window"),
-            (["-f", str(text), "--ctx", "2"], "--ctx must be >= 4"),
-            (["-f", str(text), "--chunks", "-2"], "--chunks must be >= -1"),
-            (["-f", str(text), "--ctx", "100000"], "exceeds the model's context"),
-            (["-f", str(tmp_path / "missing.txt")], "no such text file"),
-            (["-f", str(text), "--save-logits", "a", "--kld-base", "b"], "not both")):
+        (["-f", str(short), "--ctx", "64"], "fewer than one window"),
+        (["-f", str(text), "--ctx", "2"], "--ctx must be >= 4"),
+        (["-f", str(text), "--chunks", "-2"], "--chunks must be >= -1"),
+        (["-f", str(text), "--ctx", "100000"], "exceeds the model's context"),
+        (["-f", str(tmp_path / "missing.txt")], "no such text file"),
+        (["-f", str(text), "--save-logits", "a", "--kld-base", "b"], "not both"),
+    ):
         code, out, err = run_cli(["perplexity", "-m", m, "--backend", "cpu", *args])
         lines = error_lines(err)
         assert code == 2 and len(lines) == 1 and says in lines[0], (args, err)
 
 
 def test_failed_run_leaves_no_logits_file(small, text, tmp_path, monkeypatch):
-    from minfer.reference.forward import ReferenceBackend
     from minfer.errors import NumericError
+    from minfer.reference.forward import ReferenceBackend
 
     calls = []
 
@@ -191,10 +231,23 @@ def test_failed_run_leaves_no_logits_file(small, text, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ReferenceBackend, "window_logits", boom)
     out = tmp_path / "x.logits"
-    code, _, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text), "--backend",
-                            "cpu", "--ctx", str(CTX), "--save-logits", str(out)])
+    code, _, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            str(small[0]),
+            "-f",
+            str(text),
+            "--backend",
+            "cpu",
+            "--ctx",
+            str(CTX),
+            "--save-logits",
+            str(out),
+        ]
+    )
     assert code == 3 and error_lines(err) == ["error: injected"]
-    assert list(tmp_path.iterdir()) == []   # neither the file nor its temporary
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
 
 
 @pytest.mark.identity
@@ -211,7 +264,7 @@ def test_window_logits_rows_equal_forward(small):
     tol = tolerance.f64_tol(be.cfg, tolerance.scale(rows))
     for r in (0, 5, 7):
         be.reset()
-        np.testing.assert_allclose(rows[r], be.forward(ids[:13 + r], 0), rtol=0, atol=tol)
+        np.testing.assert_allclose(rows[r], be.forward(ids[: 13 + r], 0), rtol=0, atol=tol)
 
 
 def test_ppl_stats_and_windows():
@@ -230,8 +283,8 @@ def test_ppl_stats_and_windows():
 
 
 def test_shipped_text_is_long_enough(default_model):
-    from minfer.tools.perplexity import DEFAULT_TEXT
     from minfer.text.tokenizer import Tokenizer
+    from minfer.tools.perplexity import DEFAULT_TEXT
 
     tok = Tokenizer.from_metadata(default_model.metadata)
     assert len(tok.encode(DEFAULT_TEXT.read_text(encoding="utf-8"))) >= 10_000
@@ -254,22 +307,46 @@ def _rewrite_header(src, dst, **fields):
             hdr[k] = v
     head = json.dumps(hdr).encode()
     pre = len(MAGIC) + 4 + len(head)
-    dst.write_bytes(MAGIC + struct.pack("<I", len(head)) + head + b"\0" * (-pre % ALIGN)
-                    + np.asarray(data).tobytes())
+    dst.write_bytes(
+        MAGIC
+        + struct.pack("<I", len(head))
+        + head
+        + b"\0" * (-pre % ALIGN)
+        + np.asarray(data).tobytes()
+    )
 
 
-@pytest.mark.parametrize("fields,says", [
-    (dict(ctx=0), "'ctx' is 0"), (dict(ctx=None), "no 'ctx' field"),
-    (dict(chunks=3.0), "'chunks' is 3.0"), (dict(vocab=260.0), "'vocab' is 260.0"),
-    (dict(vocab=10 ** 12), "vocab 1,000,000,000,000"), (dict(chunks=True), "'chunks' is True"),
-    (dict(rows_per_chunk=5), "'rows_per_chunk' is 5"), (dict(ids_sha256=7), "'ids_sha256'")])
+@pytest.mark.parametrize(
+    "fields,says",
+    [
+        (dict(ctx=0), "'ctx' is 0"),
+        (dict(ctx=None), "no 'ctx' field"),
+        (dict(chunks=3.0), "'chunks' is 3.0"),
+        (dict(vocab=260.0), "'vocab' is 260.0"),
+        (dict(vocab=10**12), "vocab 1,000,000,000,000"),
+        (dict(chunks=True), "'chunks' is True"),
+        (dict(rows_per_chunk=5), "'rows_per_chunk' is 5"),
+        (dict(ids_sha256=7), "'ids_sha256'"),
+    ],
+)
 def test_kld_base_header_checked_field_by_field(small, text, tmp_path, fields, says):
     base = tmp_path / "base.logits"
     _ppl(small[0], text, "--save-logits", str(base))
     bad = tmp_path / "bad.logits"
     _rewrite_header(base, bad, **fields)
-    code, out, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text), "--backend",
-                              "cpu", "--kld-base", str(bad)])
+    code, out, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            str(small[0]),
+            "-f",
+            str(text),
+            "--backend",
+            "cpu",
+            "--kld-base",
+            str(bad),
+        ]
+    )
     lines = error_lines(err)
     assert code == 2 and len(lines) == 1 and says in lines[0], err
     assert out == "" and "Traceback" not in err
@@ -283,12 +360,24 @@ def test_kld_base_with_nonfinite_logits_refused(small, text, tmp_path, value):
     _ppl(small[0], text, "--save-logits", str(base))
     _, m = read_logits(str(base))
     m = np.memmap(str(base), "<f4", "r+", offset=m.offset, shape=m.shape)
-    m[rows_per_window(CTX) + 4, 7] = value   # chunk 2, row 5
+    m[rows_per_window(CTX) + 4, 7] = value  # chunk 2, row 5
     m.flush()
     del m
     for extra in ([], ["--json"]):
-        code, out, err = run_cli(["perplexity", "-m", str(small[0]), "-f", str(text),
-                                  "--backend", "cpu", "--kld-base", str(base), *extra])
+        code, out, err = run_cli(
+            [
+                "perplexity",
+                "-m",
+                str(small[0]),
+                "-f",
+                str(text),
+                "--backend",
+                "cpu",
+                "--kld-base",
+                str(base),
+                *extra,
+            ]
+        )
         lines = error_lines(err)
         assert code == 3 and len(lines) == 1, err
         assert "chunk 2, row 5" in lines[0] and ("NaN" if np.isnan(value) else "inf") in lines[0]
@@ -300,12 +389,16 @@ def test_json_report_never_prints_nan(capsys):
     from minfer.errors import NumericError
 
     rep = Report({"model": "m", "kld": None}, as_json=True)
-    stats = {"ppl": float("nan"), "ppl_err": 0.0, "running_ppl": [1.0, float("inf")],
-             "kld": {"mean": float("nan"), "p99": 0.1}}
+    stats = {
+        "ppl": float("nan"),
+        "ppl_err": 0.0,
+        "running_ppl": [1.0, float("inf")],
+        "kld": {"mean": float("nan"), "p99": 0.1},
+    }
     with pytest.raises(NumericError, match="kld.mean") as ei:
         rep.result(stats)
     assert ei.value.exit_code == 3
-    r = json.loads(capsys.readouterr().out)   # strict JSON: NaN would not parse below either
+    r = json.loads(capsys.readouterr().out)  # strict JSON: NaN would not parse below either
     assert r["ppl"] is None and r["kld"]["mean"] is None and r["running_ppl"] == [1.0, None]
     assert "non-finite" in r["error"]
     json.loads(json.dumps(r, allow_nan=False))

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from cli_inproc import error_lines, run_cli
 from ppl_data import run_ppl, short_text
 from synth_data import small_parts, write_small
@@ -52,7 +51,7 @@ def run(small, text, tmp_path_factory):
     f = tmp_path_factory.mktemp("base") / "f32.logits"
     r = run_ppl(small, text, CTX, CHUNKS, "--backend", "cpu", "--save-logits", str(f))
     ids = Tokenizer.from_metadata(load_model(small).metadata).encode(text.read_text())
-    return r, np.array(read_logits(str(f))[1]), np.asarray(ids[:CHUNKS * CTX], np.int32)
+    return r, np.array(read_logits(str(f))[1]), np.asarray(ids[: CHUNKS * CTX], np.int32)
 
 
 # -- llama.cpp's file, by this test's own hand ----------------------------------------------------
@@ -90,14 +89,14 @@ def read_lc(path: Path):
     b = path.read_bytes()
     assert b[:8] == b"_logits_"
     ctx, vocab, chunks = struct.unpack("<iii", b[8:20])
-    tokens = np.frombuffer(b[20:20 + 4 * ctx * chunks], "<i4")
-    q = np.frombuffer(b[20 + 4 * ctx * chunks:], "<u2").reshape(-1, nv(vocab))
+    tokens = np.frombuffer(b[20 : 20 + 4 * ctx * chunks], "<i4")
+    q = np.frombuffer(b[20 + 4 * ctx * chunks :], "<u2").reshape(-1, nv(vocab))
     return ctx, vocab, chunks, tokens, q
 
 
 def dequant(q: np.ndarray, vocab: int) -> np.ndarray:
     d = np.ascontiguousarray(q[:, :4]).view("<f4")
-    return d[:, :1].astype(np.float64) * q[:, 4:4 + vocab] + d[:, 1:2]
+    return d[:, :1].astype(np.float64) * q[:, 4 : 4 + vocab] + d[:, 1:2]
 
 
 def lc_kld(base_lp: np.ndarray, logits: np.ndarray) -> np.ndarray:
@@ -114,16 +113,17 @@ def test_a_llamacpp_base_of_this_run_reads_as_itself(small, run, tmp_path):
     base = tmp_path / "lc.kld"
     write_lc(base, CTX, ids, logits, logits.shape[1])
     # no -f: the windows are the base's tokens, its ctx and chunks, as llama.cpp's
-    code, out, err = run_cli(["perplexity", "-m", small, "--backend", "cpu", "--kld-base",
-                              str(base), "--json"])
+    code, out, err = run_cli(
+        ["perplexity", "-m", small, "--backend", "cpu", "--kld-base", str(base), "--json"]
+    )
     assert code == 0, err
     r = json.loads(out)
     assert (r["ctx"], r["chunks"], r["kld_base_format"]) == (CTX, CHUNKS, "llama.cpp")
-    assert r["ppl"] == pytest.approx(r0["ppl"], rel=1e-9)   # the same windows
+    assert r["ppl"] == pytest.approx(r0["ppl"], rel=1e-9)  # the same windows
     k = r["kld"]
-    assert k["base_ppl"] == pytest.approx(r0["ppl"], rel=1e-3)   # 16-bit log-probs
+    assert k["base_ppl"] == pytest.approx(r0["ppl"], rel=1e-3)  # 16-bit log-probs
     assert abs(k["mean"]) < 1e-5 and k["same_top1"] >= 0.97
-    assert k["max_abs_dlogit"] is None   # the base holds log-probs, not logits
+    assert k["max_abs_dlogit"] is None  # the base holds log-probs, not logits
 
 
 def test_a_perturbed_llamacpp_base_gives_llamacpps_kld(small, run, tmp_path):
@@ -132,8 +132,19 @@ def test_a_perturbed_llamacpp_base_gives_llamacpps_kld(small, run, tmp_path):
     pert = logits + rng.standard_normal(logits.shape).astype(np.float32)
     base = tmp_path / "lc.kld"
     write_lc(base, CTX, ids, pert, logits.shape[1])
-    code, out, err = run_cli(["perplexity", "-m", small, "--backend", "cpu",
-                              "--kl-divergence-base", str(base), "--kl-divergence", "--json"])
+    code, out, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            small,
+            "--backend",
+            "cpu",
+            "--kl-divergence-base",
+            str(base),
+            "--kl-divergence",
+            "--json",
+        ]
+    )
     assert code == 0, err
     k = json.loads(out)["kld"]
     blp = dequant(read_lc(base)[4], logits.shape[1])
@@ -141,7 +152,7 @@ def test_a_perturbed_llamacpp_base_gives_llamacpps_kld(small, run, tmp_path):
     assert k["mean"] > 1e-2
     assert k["mean"] == pytest.approx(want.mean(), rel=1e-6)
     assert k["same_top1"] == pytest.approx(np.mean(blp.argmax(1) == logits.argmax(1)))
-    targets = np.concatenate([ids[i * CTX + CTX // 2 + 1:(i + 1) * CTX] for i in range(CHUNKS)])
+    targets = np.concatenate([ids[i * CTX + CTX // 2 + 1 : (i + 1) * CTX] for i in range(CHUNKS)])
     base_nll = -blp[np.arange(len(targets)), targets]
     assert k["base_ppl"] == pytest.approx(np.exp(base_nll.mean()), rel=1e-6)
 
@@ -155,12 +166,12 @@ def test_llamacpp_base_refusals(small, run, text, tmp_path):
     other = tmp_path / "vocab.kld"
     write_lc(other, CTX, ids, np.pad(logits, ((0, 0), (0, 2))), logits.shape[1] + 2)
     for args, says in (
-            (["--kld-base", str(trunc)], "truncated"),
-            (["--kld-base", str(other)], "vocabulary of 262"),
-            (["--kld-base", str(good), "-c", "32"], "made with -c/--ctx 24, not 32"),
-            (["--kl-divergence"], "--kl-divergence compares with a base run"),
-            (["--kl-divergence-base", str(good), "--save-logits", str(tmp_path / "x")],
-             "not both")):
+        (["--kld-base", str(trunc)], "truncated"),
+        (["--kld-base", str(other)], "vocabulary of 262"),
+        (["--kld-base", str(good), "-c", "32"], "made with -c/--ctx 24, not 32"),
+        (["--kl-divergence"], "--kl-divergence compares with a base run"),
+        (["--kl-divergence-base", str(good), "--save-logits", str(tmp_path / "x")], "not both"),
+    ):
         code, out, err = run_cli(["perplexity", "-m", small, "--backend", "cpu", *args])
         lines = error_lines(err)
         assert code == 2 and len(lines) == 1 and says in lines[0], (args, err)
@@ -174,16 +185,18 @@ def test_llamacpp_base_header_fields_and_nan_scale(small, run, tmp_path):
     b = bytearray(good.read_bytes())
     zero = tmp_path / "ctx0.kld"
     zero.write_bytes(b[:8] + struct.pack("<i", 0) + b[12:])
-    code, out, err = run_cli(["perplexity", "-m", small, "--backend", "cpu", "--kld-base",
-                              str(zero)])
+    code, out, err = run_cli(
+        ["perplexity", "-m", small, "--backend", "cpu", "--kld-base", str(zero)]
+    )
     assert code == 2 and "n_ctx is 0" in error_lines(err)[0], err
     rows = CTX - 1 - CTX // 2
-    at = 20 + 4 * CTX * CHUNKS + 2 * nv(logits.shape[1]) * (rows + 2)   # chunk 2, row 3
-    b[at:at + 4] = struct.pack("<f", float("nan"))   # its scale
+    at = 20 + 4 * CTX * CHUNKS + 2 * nv(logits.shape[1]) * (rows + 2)  # chunk 2, row 3
+    b[at : at + 4] = struct.pack("<f", float("nan"))  # its scale
     nan = tmp_path / "nan.kld"
     nan.write_bytes(bytes(b))
-    code, out, err = run_cli(["perplexity", "-m", small, "--backend", "cpu", "--kld-base",
-                              str(nan), "--json"])
+    code, out, err = run_cli(
+        ["perplexity", "-m", small, "--backend", "cpu", "--kld-base", str(nan), "--json"]
+    )
     lines = error_lines(err)
     assert code == 3 and len(lines) == 1 and "chunk 2, row 3" in lines[0], err
     assert "NaN" not in out
@@ -197,26 +210,48 @@ def test_kl_divergence_base_writes_llamacpps_file(small, text, run, tmp_path):
     assert r["saved_format"] == "llama.cpp" and r["ppl"] == pytest.approx(r0["ppl"], rel=1e-9)
     ctx, vocab, chunks, tokens, q = read_lc(out)
     assert (ctx, vocab, chunks) == (CTX, logits.shape[1], CHUNKS)
-    assert tokens.tolist() == ids.tolist()        # before the BOS swap, as llama.cpp writes
+    assert tokens.tolist() == ids.tolist()  # before the BOS swap, as llama.cpp writes
     assert q.shape == (CHUNKS * ROWS, nv(vocab))
     mine = np.stack([lc_row(x) for x in logits])
-    np.testing.assert_array_equal(q[:, :4], mine[:, :4])            # scale, min_log_prob
+    np.testing.assert_array_equal(q[:, :4], mine[:, :4])  # scale, min_log_prob
     assert np.abs(q[:, 4:].astype(int) - mine[:, 4:].astype(int)).max() <= 1
     # and it reads back as the base of this run
-    r2 = run_ppl(small, text, CTX, CHUNKS, "--backend", "cpu", "--kl-divergence-base", str(out),
-                 "--kl-divergence")
+    r2 = run_ppl(
+        small,
+        text,
+        CTX,
+        CHUNKS,
+        "--backend",
+        "cpu",
+        "--kl-divergence-base",
+        str(out),
+        "--kl-divergence",
+    )
     assert abs(r2["kld"]["mean"]) < 1e-5
 
 
 # -- llama-perplexity's output --------------------------------------------------------------------
 def test_final_estimate_line_and_the_running_line(small, text):
-    code, out, err = run_cli(["perplexity", "-m", small, "-f", str(text), "--backend", "cpu",
-                              "-c", str(CTX), "--chunks", "2"])
+    code, out, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            small,
+            "-f",
+            str(text),
+            "--backend",
+            "cpu",
+            "-c",
+            str(CTX),
+            "--chunks",
+            "2",
+        ]
+    )
     assert code == 0, err
     lines = out.splitlines()
     assert lines[-1].startswith("Final estimate: PPL = ") and " +/- " in lines[-1]
     run_line = next(ln for ln in lines if ln.startswith("[1]"))
-    assert len(run_line.split(",")) == 3 and run_line.endswith(",")   # [1]x,[2]y,
+    assert len(run_line.split(",")) == 3 and run_line.endswith(",")  # [1]x,[2]y,
     assert "1 window " not in out and "2 windows of 24" in out
 
 
@@ -237,8 +272,21 @@ def _stop_at(monkeypatch, call: int, exc):
 
 def test_each_window_is_printed_when_it_ends(small, text, monkeypatch):
     calls = _stop_at(monkeypatch, 99, None)
-    code, out, err = run_cli(["perplexity", "-m", small, "-f", str(text), "--backend", "cpu",
-                              "-c", str(CTX), "--chunks", "3"])
+    code, out, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            small,
+            "-f",
+            str(text),
+            "--backend",
+            "cpu",
+            "-c",
+            str(CTX),
+            "--chunks",
+            "3",
+        ]
+    )
     assert code == 0, err
     assert "[1]" not in calls[0] and calls[1].endswith(",") and "[1]" in calls[1]
     assert "[2]" in calls[2] and "[3]" not in calls[2]
@@ -252,11 +300,26 @@ def test_ctrl_c_prints_the_partial_result(small, text, tmp_path, monkeypatch, as
 
     _stop_at(monkeypatch, 3, Interrupted(signal.SIGINT))
     save = tmp_path / "s.logits"
-    code, out, err = run_cli(["perplexity", "-m", small, "-f", str(text), "--backend", "cpu",
-                              "-c", str(CTX), "--chunks", "3", "--save-logits", str(save)]
-                             + (["--json"] if as_json else []))
+    code, out, err = run_cli(
+        [
+            "perplexity",
+            "-m",
+            small,
+            "-f",
+            str(text),
+            "--backend",
+            "cpu",
+            "-c",
+            str(CTX),
+            "--chunks",
+            "3",
+            "--save-logits",
+            str(save),
+        ]
+        + (["--json"] if as_json else [])
+    )
     assert code == 130 and err.strip() == "interrupted"
-    assert list(tmp_path.iterdir()) == []       # no half-written logits file
+    assert list(tmp_path.iterdir()) == []  # no half-written logits file
     if as_json:
         r = json.loads(out)
         assert r["interrupted"] and r["chunks_done"] == 2 and len(r["running_ppl"]) == 2
@@ -289,9 +352,28 @@ main()
 def test_the_running_line_is_flushed_into_a_pipe(small, text, tmp_path):
     mark = tmp_path / "mark"
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + str(REPO / "tests"))
-    p = subprocess.Popen([sys.executable, "-c", HOOK, str(mark), "perplexity", "-m", small, "-f",
-                          str(text), "--backend", "cpu", "-c", str(CTX), "--chunks", "2"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOOK,
+            str(mark),
+            "perplexity",
+            "-m",
+            small,
+            "-f",
+            str(text),
+            "--backend",
+            "cpu",
+            "-c",
+            str(CTX),
+            "--chunks",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     try:
         t_end = time.monotonic() + 120
         while not mark.exists() and p.poll() is None and time.monotonic() < t_end:

@@ -18,11 +18,26 @@ def _write(path, n_ctx=1024, orig=256, drop=(), data=None, retype=None, meta=Non
     values; `data` {name: array} replaces a tensor's values, `retype` {name: ggml type name}
     its type, `drop` leaves tensors or metadata keys out, `meta` adds keys."""
     from minfer.gguf.write import write_gguf
-    from minfer.tools.synth import (PRESETS, SPECIALS_BY_ARCH, _qtype_id, generated_tokenizer,
-                                    make_tensor, model_metadata, tensor_plan)
+    from minfer.tools.synth import (
+        PRESETS,
+        SPECIALS_BY_ARCH,
+        _qtype_id,
+        generated_tokenizer,
+        make_tensor,
+        model_metadata,
+        tensor_plan,
+    )
 
-    shape = replace(PRESETS["tiny-phi3-long"], d_model=64, d_ff=128, n_heads=4, n_kv_heads=4,
-                    n_ctx=n_ctx, rope_orig_ctx=orig, vocab=264)
+    shape = replace(
+        PRESETS["tiny-phi3-long"],
+        d_model=64,
+        d_ff=128,
+        n_heads=4,
+        n_kv_heads=4,
+        n_ctx=n_ctx,
+        rope_orig_ctx=orig,
+        vocab=264,
+    )
     plans = tensor_plan(shape, "f16")
     md = model_metadata(shape, "f16", "t") | generated_tokenizer(264, SPECIALS_BY_ARCH["phi3"])
     md = {k: v for k, v in md.items() if k not in drop} | (meta or {})
@@ -52,7 +67,7 @@ def test_the_choice_is_llamacpps():
 
     assert not uses_long_factors(512, 512)
     assert uses_long_factors(513, 512)
-    assert not uses_long_factors(477, 512)   # the oracle's default context, padded to 512
+    assert not uses_long_factors(477, 512)  # the oracle's default context, padded to 512
     assert uses_long_factors(257, 256) and uses_long_factors(1, 255)  # padding: 512, 256
     assert not uses_long_factors(4096, 4096) and uses_long_factors(131072, 4096)
 
@@ -71,12 +86,13 @@ def test_loader_reads_the_pair_and_picks_for_the_models_context(tmp_path):
     # -c: ModelConfig.for_context (what llama.cpp's -c N does); short up to the original 256
     c = m.config.for_context(256)
     assert c.rope_scaling.freq_factors == short and not c.rope_scaling.longrope_long
-    assert c.rope_scaling.attn_factor == sc.attn_factor   # llama.cpp applies it to both
+    assert c.rope_scaling.attn_factor == sc.attn_factor  # llama.cpp applies it to both
     assert "short factors" in c.rope_scaling.describe()
     assert m.config.for_context(257).rope_scaling == replace(sc, longrope_ctx=257)
     # without original_context_length it is the model's own context: the short factors
-    sc = _load(_write(tmp_path / "n.gguf", drop=(
-        "phi3.rope.scaling.original_context_length",))).config.rope_scaling
+    sc = _load(
+        _write(tmp_path / "n.gguf", drop=("phi3.rope.scaling.original_context_length",))
+    ).config.rope_scaling
     assert sc.n_ctx_orig == 1024 and sc.freq_factors == short
 
 
@@ -97,16 +113,19 @@ def test_the_table_divides_each_pair_and_scales_by_the_attn_factor(tmp_path):
     np.testing.assert_allclose(c32, cos, atol=1e-4)
 
 
-@pytest.mark.parametrize("what, kw, needle", [
-    ("shape", {"data": {LONG: np.ones(6, np.float32)}}, r"expected F32 \[8\]"),
-    ("type", {"retype": {SHORT: "F16"}}, r"is F16 \[8\], expected F32"),
-    ("nan", {"data": {LONG: np.r_[np.ones(7), np.nan].astype(np.float32)}}, "not finite"),
-    ("inf", {"data": {SHORT: np.r_[np.inf, np.ones(7)].astype(np.float32)}}, "not finite"),
-    ("zero", {"data": {LONG: np.r_[np.ones(7), 0].astype(np.float32)}}, "and > 0"),
-    ("negative", {"data": {SHORT: -np.ones(8, np.float32)}}, "and > 0"),
-    ("long alone", {"drop": (SHORT,)}, "without 'rope_factors_short.weight'"),
-    ("short alone", {"drop": (LONG,)}, "without 'rope_factors_long.weight'"),
-])
+@pytest.mark.parametrize(
+    "what, kw, needle",
+    [
+        ("shape", {"data": {LONG: np.ones(6, np.float32)}}, r"expected F32 \[8\]"),
+        ("type", {"retype": {SHORT: "F16"}}, r"is F16 \[8\], expected F32"),
+        ("nan", {"data": {LONG: np.r_[np.ones(7), np.nan].astype(np.float32)}}, "not finite"),
+        ("inf", {"data": {SHORT: np.r_[np.inf, np.ones(7)].astype(np.float32)}}, "not finite"),
+        ("zero", {"data": {LONG: np.r_[np.ones(7), 0].astype(np.float32)}}, "and > 0"),
+        ("negative", {"data": {SHORT: -np.ones(8, np.float32)}}, "and > 0"),
+        ("long alone", {"drop": (SHORT,)}, "without 'rope_factors_short.weight'"),
+        ("short alone", {"drop": (LONG,)}, "without 'rope_factors_long.weight'"),
+    ],
+)
 def test_malformed_factors_are_refused(tmp_path, what, kw, needle):
     from minfer.errors import BadModel
 
@@ -123,16 +142,17 @@ def test_attn_factor_must_be_positive(tmp_path):
 
 def test_the_factors_are_phi3s_only(tmp_path):
     """llama's graph has no place for them: refused by name (arch_keys), never ignored."""
-    from synth_data import small_parts, write_small
-
     import gguf
+    from synth_data import small_parts, write_small
 
     from minfer.errors import Unsupported
 
     meta, tensors = small_parts()
     f = np.ones(8, np.float32)
-    tensors += [(LONG, gguf.GGMLQuantizationType.F32, (8,), f),
-                (SHORT, gguf.GGMLQuantizationType.F32, (8,), f)]
+    tensors += [
+        (LONG, gguf.GGMLQuantizationType.F32, (8,), f),
+        (SHORT, gguf.GGMLQuantizationType.F32, (8,), f),
+    ]
     with pytest.raises(Unsupported, match="not part of the llama graph"):
         _load(write_small(tmp_path / "l.gguf", meta, tensors))
 
@@ -155,8 +175,10 @@ def test_synth_preset_writes_what_the_converter_writes(tmp_path):
     assert kv["phi3.rope.scaling.original_context_length"] == 512
     assert kv["phi3.rope.scaling.attn_factor"] == pytest.approx(np.sqrt(4 / 3), rel=1e-7)
     assert not any(k in kv for k in ("phi3.rope.scaling.type", "phi3.rope.scaling.factor"))
-    assert [(t.name, t.qtype, t.shape) for t in h.tensors[:2]] == [(LONG, 0, (32,)),
-                                                                  (SHORT, 0, (32,))]
+    assert [(t.name, t.qtype, t.shape) for t in h.tensors[:2]] == [
+        (LONG, 0, (32,)),
+        (SHORT, 0, (32,)),
+    ]
 
 
 def test_prefill_and_perplexity_choose_for_their_context(tmp_path):
@@ -169,13 +191,15 @@ def test_prefill_and_perplexity_choose_for_their_context(tmp_path):
     path = str(_write(tmp_path / "l.gguf"))
     runs = {}
     for c in ("0", "256"):
-        code, out, err = run_cli(["prefill", "-m", path, "--backend", "cpu", "-p", "abc",
-                                  "-n", "4", "-c", c])
+        code, out, err = run_cli(
+            ["prefill", "-m", path, "--backend", "cpu", "-p", "abc", "-n", "4", "-c", c]
+        )
         assert code == 0, err
         runs[c] = out
     assert "long factors (context 1024" in runs["0"]
     assert "short factors (context 256" in runs["256"]
-    code, out, err = run_cli(["perplexity", "-m", path, "--backend", "cpu", "-c", "64",
-                              "--chunks", "1", "--json"])
+    code, out, err = run_cli(
+        ["perplexity", "-m", path, "--backend", "cpu", "-c", "64", "--chunks", "1", "--json"]
+    )
     assert code == 0, err
     assert json.loads(out.strip().splitlines()[-1])["ppl"] > 0

@@ -10,7 +10,6 @@ import types
 
 import numpy as np
 import pytest
-
 from synth_data import tiny_model
 from test_backend_forward_cpu import FakeRT, _Arr, fake_tensor_maps
 
@@ -45,7 +44,7 @@ def test_reference_hidden_rows_are_the_lm_heads_input(tiny):
     W = tiny.dequant(tiny.output_name).astype(np.float64)
     for row, seq, p in ((0, a, 8), (1, b, 5), (2, a, 0)):
         alone = ReferenceBackend(tiny, dtype=np.float64)
-        full = alone.window_logits(seq[:p + 1], p)[0]   # the row's logits, alone
+        full = alone.window_logits(seq[: p + 1], p)[0]  # the row's logits, alone
         assert np.allclose(h[row] @ W.T, full, rtol=1e-5, atol=1e-5)
     # the label head: those logits at a few ids, and the logsumexp of the stats row
     labels = [3, 0, tiny.config.vocab_size - 1]
@@ -68,9 +67,16 @@ def test_reference_hidden_rows_are_the_lm_heads_input(tiny):
     assert ti.shape == (1, 2) and np.allclose(h3[0], h[0], atol=1e-6)
 
 
-@pytest.mark.parametrize("bad,msg", [([15], "hidden must be"), ([-1], "hidden must be"),
-                                     (np.zeros(16, int), "at most 15"),
-                                     ([[1]], "1-D integer"), ([1.5], "1-D integer")])
+@pytest.mark.parametrize(
+    "bad,msg",
+    [
+        ([15], "hidden must be"),
+        ([-1], "hidden must be"),
+        (np.zeros(16, int), "at most 15"),
+        ([[1]], "1-D integer"),
+        ([1.5], "1-D integer"),
+    ],
+)
 def test_reference_refuses_bad_hidden_rows(tiny, bad, msg):
     _, _, ids, tok = _two(tiny.config.vocab_size)
     be = ReferenceBackend(tiny)
@@ -99,10 +105,20 @@ def test_cuda_hidden_rows_launch_f32_rmsnorm_rows_only(monkeypatch, tiny):
     rt = FakeRT("sm_90")
     args = []
     launch = rt.launch
-    rt.launch = lambda fn, grid, block, a, **kw: (args.append((fn[1], grid, a)),
-                                                    launch(fn, grid, block, a))
-    be = CudaBackend(tiny, GemmChoice("f16"), rt=rt, max_tokens=64, ubatch=16, warmup=False,
-                     graphs=False, kv_slots=512)
+    rt.launch = lambda fn, grid, block, a, **kw: (
+        args.append((fn[1], grid, a)),
+        launch(fn, grid, block, a),
+    )
+    be = CudaBackend(
+        tiny,
+        GemmChoice("f16"),
+        rt=rt,
+        max_tokens=64,
+        ubatch=16,
+        warmup=False,
+        graphs=False,
+        kv_slots=512,
+    )
     be.HEAD_ROWS = 4
     _, _, ids, tok = _two(tiny.config.vocab_size)
     args.clear()
@@ -111,13 +127,13 @@ def test_cuda_hidden_rows_launch_f32_rmsnorm_rows_only(monkeypatch, tiny):
     args.clear()
     st, h = be.packed(ids, tok, [8, 14], [-1, -1], hidden=np.arange(15))
     entries = [e for e, _, _ in args]
-    assert entries[:len(base)] == base and st.shape == plain.shape
-    extra = entries[len(base):]
-    assert extra == ["rmsnorm_rows_f32_f32"] * 4   # 15 rows, 4 at a time, nothing else
+    assert entries[: len(base)] == base and st.shape == plain.shape
+    extra = entries[len(base) :]
+    assert extra == ["rmsnorm_rows_f32_f32"] * 4  # 15 rows, 4 at a time, nothing else
     assert [g for e, g, _ in args if e == "rmsnorm_rows_f32_f32"] == [(4,), (4,), (4,), (3,)]
     assert h.shape == (15, tiny.config.d_model) and h.dtype == np.float32
     args.clear()
-    st, h = be.packed(ids, tok, [], [], hidden=[14])   # embeddings: no LM head at all
+    st, h = be.packed(ids, tok, [], [], hidden=[14])  # embeddings: no LM head at all
     entries = [e for e, _, _ in args]
     assert st.shape == (0, 4) and h.shape == (1, tiny.config.d_model)
     assert "row_stats_f32" not in entries and "rmsnorm_rows_f32_f16" not in entries

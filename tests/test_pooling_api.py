@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from pooling_helpers import qwen3_pooling_model
 
 from minfer.errors import BadInput
@@ -43,14 +42,20 @@ def _rows(engine, ids):
 def _logits(engine, ids):
     from minfer.reference.forward import ReferenceBackend
 
-    return ReferenceBackend(engine.model, dtype=np.float64).window_logits(
-        np.asarray(ids), len(ids) - 1)[0].astype(np.float64)
+    return (
+        ReferenceBackend(engine.model, dtype=np.float64)
+        .window_logits(np.asarray(ids), len(ids) - 1)[0]
+        .astype(np.float64)
+    )
 
 
 def test_embed_pools_the_final_hidden_states(engine):
     texts = ["The quick brown fox", "jumps over the lazy dog, twice.", "a"]
-    for pooling, pick in (("last", lambda h: h[-1]), ("mean", lambda h: h.mean(0)),
-                          ("cls", lambda h: h[0])):
+    for pooling, pick in (
+        ("last", lambda h: h[-1]),
+        ("mean", lambda h: h.mean(0)),
+        ("cls", lambda h: h[0]),
+    ):
         got = engine.embed(texts, pooling=pooling)
         assert got.shape == (3, engine.model.config.d_model) and got.dtype == np.float32
         for t, g in zip(texts, got):
@@ -70,15 +75,20 @@ def test_the_gguf_pooling_key_chooses(folder):
     from minfer.batch.api import Engine
     from minfer.batch.pooling import model_pooling
 
-    for key, name in ((1, "mean"), (2, "cls"), (3, "last"), (4, "last"), (0, "last"),
-                      (None, "last")):
+    for key, name in (
+        (1, "mean"),
+        (2, "cls"),
+        (3, "last"),
+        (4, "last"),
+        (0, "last"),
+        (None, "last"),
+    ):
         p = qwen3_pooling_model(folder, key, name=f"k{key}.gguf")
         e = Engine(str(p), backend="cpu", dtype="f64")
         assert model_pooling(e.model)[0] == name
         if key in (1, 2):
             assert np.allclose(e.embed("hello there"), e.embed("hello there", pooling=name))
-            assert not np.allclose(e.embed("hello there"), e.embed("hello there",
-                                                                   pooling="last"))
+            assert not np.allclose(e.embed("hello there"), e.embed("hello there", pooling="last"))
 
 
 def test_score_is_the_label_tokens_share(engine):
@@ -110,8 +120,9 @@ def test_rerank_is_yes_against_no_under_the_template(engine):
     q = "what color is the sky"
     docs = ["The sky is blue.", "Bananas are yellow.", "Clouds are white and the sky blue."]
     res = engine.rerank(q, docs)
-    assert [r["index"] for r in res] == sorted(range(3), key=lambda i: -res[
-        [r["index"] for r in res].index(i)]["relevance_score"])
+    assert [r["index"] for r in res] == sorted(
+        range(3), key=lambda i: -res[[r["index"] for r in res].index(i)]["relevance_score"]
+    )
     for r in res:
         text = QWEN3_RERANK.replace("{query}", q).replace("{document}", docs[r["index"]])
         lg = _logits(engine, engine.tok.encode(text, parse_special=True, add_eos=False))
@@ -144,26 +155,29 @@ def test_rerank_documents_share_the_query_prefix(engine, monkeypatch):
 
     monkeypatch.setattr(jobs, "run_pooled", spy)
     res = engine.rerank(q, docs)
-    assert len(copies) == 5 and min(copies) > 40   # 5 followers, the template + the query
+    assert len(copies) == 5 and min(copies) > 40  # 5 followers, the template + the query
     got = {r["index"]: r["relevance_score"] for r in res}
     assert np.allclose([got[i] for i in range(6)], alone, atol=1e-9)
 
 
-@pytest.mark.parametrize("call,msg", [
-    (lambda e: e.embed([""]), "empty"),
-    (lambda e: e.embed([]), None),
-    (lambda e: e.embed(["x"], dimensions=10 ** 6), "dimensions must be"),
-    (lambda e: e.embed(["x"], dimensions=0), "dimensions must be"),
-    (lambda e: e.embed(["x"], pooling="max"), "pooling must be"),
-    (lambda e: e.embed([[1, 10 ** 6]]), "out of range"),
-    (lambda e: e.score("q", ["a"], [10 ** 6]), "label id"),
-    (lambda e: e.score("q", ["a"], []), "label_token_ids"),
-    (lambda e: e.score("q", [], [1]), "items is empty"),
-    (lambda e: e.score("q", [[1]], [1]), "both be text"),
-    (lambda e: e.rerank("q", []), "0 documents"),
-    (lambda e: e.rerank("q", ["a"], top_n=0), "top_n"),
-    (lambda e: e.rerank("q", ["a"], template="no placeholders"), "has no"),
-])
+@pytest.mark.parametrize(
+    "call,msg",
+    [
+        (lambda e: e.embed([""]), "empty"),
+        (lambda e: e.embed([]), None),
+        (lambda e: e.embed(["x"], dimensions=10**6), "dimensions must be"),
+        (lambda e: e.embed(["x"], dimensions=0), "dimensions must be"),
+        (lambda e: e.embed(["x"], pooling="max"), "pooling must be"),
+        (lambda e: e.embed([[1, 10**6]]), "out of range"),
+        (lambda e: e.score("q", ["a"], [10**6]), "label id"),
+        (lambda e: e.score("q", ["a"], []), "label_token_ids"),
+        (lambda e: e.score("q", [], [1]), "items is empty"),
+        (lambda e: e.score("q", [[1]], [1]), "both be text"),
+        (lambda e: e.rerank("q", []), "0 documents"),
+        (lambda e: e.rerank("q", ["a"], top_n=0), "top_n"),
+        (lambda e: e.rerank("q", ["a"], template="no placeholders"), "has no"),
+    ],
+)
 def test_bad_arguments(engine, call, msg):
     if msg is None:
         assert call(engine).shape == (0, engine.model.config.d_model)
@@ -181,14 +195,16 @@ def test_cli_embed_jsonl_and_npy(engine, folder, tmp_path):
     src = tmp_path / "p.jsonl"
     src.write_text('"The quick brown fox"\n{"prompt": "a b", "id": "x"}\n{"prompt": [5, 6]}\n')
     want = engine.embed(["The quick brown fox", "a b", [5, 6]], dimensions=32)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "minfer", "embed", "-m", m,  # noqa
-                                     "--prompts", str(src), "--backend", "cpu", *a],
-                                    capture_output=True, text=True)
+
+    def run(*a):
+        cmd = [sys.executable, "-m", "minfer", "embed", "-m", m, "--prompts", str(src)]
+        return subprocess.run([*cmd, "--backend", "cpu", *a], capture_output=True, text=True)
+
     r = run("--dimensions", "32")
     assert r.returncode == 0, r.stderr
     recs = [json.loads(x) for x in r.stdout.splitlines()]
     assert [x["id"] for x in recs] == [0, "x", 2]
-    assert np.allclose([x["embedding"] for x in recs], want, atol=1e-4)   # f32 vs f64
+    assert np.allclose([x["embedding"] for x in recs], want, atol=1e-4)  # f32 vs f64
     r = run("--dimensions", "32", "-o", str(tmp_path / "e.npy"), "--timing")
     assert r.returncode == 0 and "tok/s" in r.stderr
     assert np.allclose(np.load(tmp_path / "e.npy"), want, atol=1e-4)

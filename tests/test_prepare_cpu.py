@@ -20,11 +20,11 @@ import types
 import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray, upload_drv
+from synth_data import tiny_model
 
 from minfer.cuda.load import prepare
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import GPUError
-from synth_data import tiny_model
 
 
 class _Ptr(int):
@@ -66,8 +66,13 @@ class FakeRuntime:
         self.arch, self.sm_count = arch, sm_count
         self.asked: set = set()
         self._next = itertools.count(1 << 20)
-        self.drv = types.SimpleNamespace(memcpy_htod=lambda *a: None, memset_d8=lambda *a: None,
-                                         Memcpy2D=_Copy2D, Error=RuntimeError, **upload_drv())
+        self.drv = types.SimpleNamespace(
+            memcpy_htod=lambda *a: None,
+            memset_d8=lambda *a: None,
+            Memcpy2D=_Copy2D,
+            Error=RuntimeError,
+            **upload_drv(),
+        )
 
     def alloc(self, nbytes, what="buffer"):
         p = next(self._next) * 256
@@ -111,16 +116,29 @@ def fakes(monkeypatch):
     from minfer.cuda.runtime import devarray, tma
 
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
-    monkeypatch.setattr(tma, "_encoder", lambda: (lambda *a: 0))   # tensor maps: host bytes
+    monkeypatch.setattr(tma, "_encoder", lambda: lambda *a: 0)  # tensor maps: host bytes
     built = []
-    monkeypatch.setattr(prepare, "prebuild", lambda specs, arch, progress=False: (
-        built.extend(specs), prepare.Prep())[1])
+    monkeypatch.setattr(
+        prepare,
+        "prebuild",
+        lambda specs, arch, progress=False: (built.extend(specs), prepare.Prep())[1],
+    )
     return built
 
 
-# every path of the table, the tuning variants, and the seeds' variables
-CONFIGS = ["", "f16:no-glu:no-rope", "MINFER_MMQ=1", "wide-kd8", "blk", "blk:no-glu",
-           "narrow", "r1", "blk:no-stream-k", "MINFER_MMQ=1 MINFER_MMQ_RAW=0"]
+# every path of the table, the tuning variants, and the seeds' config
+CONFIGS = [
+    "",
+    "f16:no-glu:no-rope",
+    "mmq",
+    "wide-kd8",
+    "blk",
+    "blk:no-glu",
+    "narrow",
+    "r1",
+    "blk:no-stream-k",
+    "MINFER_GEMM=r1",
+]
 
 
 @pytest.mark.parametrize("spec", CONFIGS, ids=lambda s: s or "default")
@@ -136,7 +154,7 @@ def test_prepared_kernels_cover_what_the_backend_loads(tiny, fakes, spec, arch):
     for lengths in ([1], [7], [128], [300], [128, 44, 1]):
         rt.asked.clear()
         need = set(prepare.needed_kernels(be, lengths))
-        assert not rt.asked   # the dry pass loads nothing
+        assert not rt.asked  # the dry pass loads nothing
         for n in lengths:
             be.reset()
             be.forward(np.zeros(n, np.int32), 0)
@@ -151,15 +169,17 @@ def test_warmup_runs_each_length_and_counts(tiny, fakes, monkeypatch):
     from minfer.cuda.backend import CudaBackend
 
     rt = FakeRuntime()
-    be = CudaBackend(tiny, GemmChoice(), rt=rt, max_tokens=64, ubatch=32, warmup=False,
-                     graphs=False)
-    monkeypatch.setattr(prepare, "prebuild", lambda specs, arch, progress=False:
-                        prepare.Prep(len(specs), 2.5))
+    be = CudaBackend(
+        tiny, GemmChoice(), rt=rt, max_tokens=64, ubatch=32, warmup=False, graphs=False
+    )
+    monkeypatch.setattr(
+        prepare, "prebuild", lambda specs, arch, progress=False: prepare.Prep(len(specs), 2.5)
+    )
     seen = []
     fwd = be.forward
     monkeypatch.setattr(be, "forward", lambda ids, pos0: (seen.append(len(ids)), fwd(ids, pos0))[1])
     p = be.warmup([32, 5, 1, 500])
-    assert seen == [1, 5, 32, 64] and be.n_past == 0   # 500: capped at max_tokens
+    assert seen == [1, 5, 32, 64] and be.n_past == 0  # 500: capped at max_tokens
     n = len(prepare.needed_kernels(be, [32, 5, 1, 64]))
     assert (p.n_compiled, be.n_compiled, be.compile_s) == (n, n, 2.5) and p.capture_s > 0
 
@@ -193,7 +213,7 @@ def test_prebuild_compiles_in_parallel_once(tmp_path, monkeypatch):
     tty.truncate()
     second = prepare.prebuild(specs, "sm_80", progress=True, workers=2)
     assert (second.n_compiled, second.compile_s, len(calls)) == (0, 0.0, 2)
-    assert tty.getvalue() == ""   # a warm cache says nothing
+    assert tty.getvalue() == ""  # a warm cache says nothing
 
 
 class _Tty(io.StringIO):
@@ -210,8 +230,10 @@ class SlowFirstBackend:
         self.seen: set[int] = set()
         self.warmed = []
         if with_warmup:
-            self.warmup = lambda lengths: (self.warmed.append(list(lengths)),
-                                           [self._slow(n) for n in lengths])
+            self.warmup = lambda lengths: (
+                self.warmed.append(list(lengths)),
+                [self._slow(n) for n in lengths],
+            )
 
     def _slow(self, n):
         if n not in self.seen:
@@ -234,12 +256,18 @@ def test_engine_times_prefill_after_warmup():
 
     be = SlowFirstBackend(with_warmup=True)
     res = engine.run(be, list(range(20)), n_greedy=3, ubatch=8, n_ctx=100)
-    assert be.warmed == [[1, 4, 8]]   # the chunk lengths 8, 8, 4 and decode's 1
+    assert be.warmed == [[1, 4, 8]]  # the chunk lengths 8, 8, 4 and decode's 1
     assert res.warmup_s >= 0.9 and res.prefill_s < 0.2 and res.decode_s < 0.2
-    cold = engine.run(SlowFirstBackend(with_warmup=True), list(range(20)), n_greedy=3,
-                      ubatch=8, n_ctx=100, warmup=False)
+    cold = engine.run(
+        SlowFirstBackend(with_warmup=True),
+        list(range(20)),
+        n_greedy=3,
+        ubatch=8,
+        n_ctx=100,
+        warmup=False,
+    )
     assert cold.prefill_s >= 0.6 and cold.warmup_s == 0.0
-    cpu = SlowFirstBackend(with_warmup=False)   # no warmup method: timed as before
+    cpu = SlowFirstBackend(with_warmup=False)  # no warmup method: timed as before
     res = engine.run(cpu, list(range(20)), n_greedy=1, ubatch=8, n_ctx=100)
     assert res.warmup_s == 0.0 and res.prefill_s >= 0.6
 
@@ -263,10 +291,24 @@ def test_prefill_reports_compile_and_capture_apart(tiny_path, monkeypatch, capsy
             self.n_compiled, self.compile_s, self.capture_s = 3, 0.3, 0.1
 
     made = []
-    monkeypatch.setattr(cmd, "make_backend", lambda kind, model, *a: made.append(
-        Warmed(model, max_tokens=64)) or made[-1])
-    args = ["prefill", "-m", str(tiny_path), "--backend", "cpu", "-p", "abcdefghij", "--greedy",
-            "2", "--ubatch", "4"]
+    monkeypatch.setattr(
+        cmd,
+        "make_backend",
+        lambda kind, model, *a: made.append(Warmed(model, max_tokens=64)) or made[-1],
+    )
+    args = [
+        "prefill",
+        "-m",
+        str(tiny_path),
+        "--backend",
+        "cpu",
+        "-p",
+        "abcdefghij",
+        "--greedy",
+        "2",
+        "--ubatch",
+        "4",
+    ]
     with pytest.raises(SystemExit) as e:
         main(args + ["--json"])
     assert e.value.code == 0
@@ -274,14 +316,18 @@ def test_prefill_reports_compile_and_capture_apart(tiny_path, monkeypatch, capsy
     n = d["n_prompt"]
     assert n > 4 and made[0].lengths == sorted({min(4, n - s) for s in range(0, n, 4)} | {1})
     assert (d["n_compiled"], d["compile_s"], d["capture_s"]) == (3, 0.3, 0.1)
-    parts = (d["load_read_s"], d["load_tokenizer_s"], d["load_weights_s"])   # load, split
+    parts = (d["load_read_s"], d["load_tokenizer_s"], d["load_weights_s"])  # load, split
     assert min(parts) >= 0 and sum(parts) == pytest.approx(d["load_s"], abs=1e-6)
-    assert d["prefill_s"] < 0.4   # the warm-up's sleep is not in the prefill
+    assert d["prefill_s"] < 0.4  # the warm-up's sleep is not in the prefill
     with pytest.raises(SystemExit) as e:
         main(args)
     out = capsys.readouterr().out
-    assert re.search(r"^load +\d+\.\d\d s \(read \d+\.\d\d · tokenizer \d+\.\d\d · weights "
-                     r"\d+\.\d\d\) · compile 0\.30 s \(3 kernels\) · capture 0\.10 s$", out, re.M), out
+    assert re.search(
+        r"^load +\d+\.\d\d s \(read \d+\.\d\d · tokenizer \d+\.\d\d · weights "
+        r"\d+\.\d\d\) · compile 0\.30 s \(3 kernels\) · capture 0\.10 s$",
+        out,
+        re.M,
+    ), out
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,9 @@ def header_layouts() -> dict[str, dict]:
         fields = re.findall(r"(\w+)(?:\[\d+\])?;", body)
         got = out.get(name.upper())
         assert got and "size" in got, f"block_{name} has no sizeof static_assert"
-        assert sorted(got["fields"]) == sorted(fields), f"block_{name}: asserted fields " \
-            f"{sorted(got['fields'])} != declared {sorted(fields)}"
+        assert sorted(got["fields"]) == sorted(fields), (
+            f"block_{name}: asserted fields {sorted(got['fields'])} != declared {sorted(fields)}"
+        )
     return out
 
 
@@ -60,7 +61,11 @@ def test_dtype_matches_header_and_gguf(name):
 
 def test_q8_1_raw_is_designs_layout():
     assert Q8_1_RAW.itemsize == 40
-    assert (Q8_1_RAW.fields["d"][1], Q8_1_RAW.fields["qs"][1], Q8_1_RAW.fields["s"][1]) == (0, 4, 36)
+    assert (Q8_1_RAW.fields["d"][1], Q8_1_RAW.fields["qs"][1], Q8_1_RAW.fields["s"][1]) == (
+        0,
+        4,
+        36,
+    )
 
 
 def test_dtype_fields_decode_like_gguf():
@@ -83,12 +88,20 @@ def test_dtype_fields_decode_like_gguf():
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found")
 def test_header_static_asserts_hold(tmp_path):
     """The header is plain C++: compiling it checks that the asserted numbers are true."""
-    r = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-x", "c++", str(HEADER)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["g++", "-std=c++17", "-fsyntax-only", "-x", "c++", str(HEADER)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     # and a wrong number is caught (the check can fail)
     bad = tmp_path / "bad.cuh"
-    bad.write_text(HEADER.read_text().replace("sizeof(block_q4_K) == 144", "sizeof(block_q4_K) == 146"))
-    r = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", "-x", "c++", str(bad)],
-                       capture_output=True, text=True)
+    bad.write_text(
+        HEADER.read_text().replace("sizeof(block_q4_K) == 144", "sizeof(block_q4_K) == 146")
+    )
+    r = subprocess.run(
+        ["g++", "-std=c++17", "-fsyntax-only", "-x", "c++", str(bad)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode != 0

@@ -18,8 +18,12 @@ from minfer.errors import Unsupported
 from minfer.quants.mix import MixModel, TensorDesc, describe, llama_order, plan_types, use_more_bits
 from tests.conftest import GOLDEN
 
-KINDS = {"q4_K_M": "smollm2-135m-q4_k_m", "q6_K": "smollm2-135m-q6_k",
-         "q8_0": "smollm2-135m-q8_0", "f16": "smollm2-135m-f16"}
+KINDS = {
+    "q4_K_M": "smollm2-135m-q4_k_m",
+    "q6_K": "smollm2-135m-q6_k",
+    "q8_0": "smollm2-135m-q8_0",
+    "f16": "smollm2-135m-f16",
+}
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +59,25 @@ def test_smollm2_mix_matches_tensor_types_json(default_model):
 
 def _llama8b(tied=False):
     n, d, ff = 32, 4096, 14336
-    ts = [TensorDesc("token_embd.weight", (128256, d), "F16"),
-          TensorDesc("output_norm.weight", (d,), "F32")]
+    ts = [
+        TensorDesc("token_embd.weight", (128256, d), "F16"),
+        TensorDesc("output_norm.weight", (d,), "F32"),
+    ]
     if not tied:
         ts.append(TensorDesc("output.weight", (128256, d), "F16"))
     for i in range(n):
         p = f"blk.{i}."
-        ts += [TensorDesc(p + "attn_norm.weight", (d,), "F32"),
-               TensorDesc(p + "attn_q.weight", (d, d), "F16"),
-               TensorDesc(p + "attn_k.weight", (1024, d), "F16"),
-               TensorDesc(p + "attn_v.weight", (1024, d), "F16"),
-               TensorDesc(p + "attn_output.weight", (d, d), "F16"),
-               TensorDesc(p + "ffn_norm.weight", (d,), "F32"),
-               TensorDesc(p + "ffn_gate.weight", (ff, d), "F16"),
-               TensorDesc(p + "ffn_up.weight", (ff, d), "F16"),
-               TensorDesc(p + "ffn_down.weight", (d, ff), "F16")]
+        ts += [
+            TensorDesc(p + "attn_norm.weight", (d,), "F32"),
+            TensorDesc(p + "attn_q.weight", (d, d), "F16"),
+            TensorDesc(p + "attn_k.weight", (1024, d), "F16"),
+            TensorDesc(p + "attn_v.weight", (1024, d), "F16"),
+            TensorDesc(p + "attn_output.weight", (d, d), "F16"),
+            TensorDesc(p + "ffn_norm.weight", (d,), "F32"),
+            TensorDesc(p + "ffn_gate.weight", (ff, d), "F16"),
+            TensorDesc(p + "ffn_up.weight", (ff, d), "F16"),
+            TensorDesc(p + "ffn_down.weight", (d, ff), "F16"),
+        ]
     return ts, MixModel("llama", n, 32, 8)
 
 
@@ -106,9 +114,16 @@ def test_tied_embedding_is_quantized_as_output():
     assert plan_types(ts, "q4_K_M", mm)["token_embd.weight"] == "Q4_K"
 
 
-@pytest.mark.parametrize("ftype,cols,want", [
-    ("q4_K_M", 576, "Q5_0"), ("q5_K_S", 576, "Q5_1"), ("q6_K", 576, "Q8_0"),
-    ("q4_K_M", 48, "F16"), ("q4_K_M", 512, "Q4_K")])
+@pytest.mark.parametrize(
+    "ftype,cols,want",
+    [
+        ("q4_K_M", 576, "Q5_0"),
+        ("q5_K_S", 576, "Q5_1"),
+        ("q6_K", 576, "Q8_0"),
+        ("q4_K_M", 48, "F16"),
+        ("q4_K_M", 512, "Q4_K"),
+    ],
+)
 def test_fallback_table(ftype, cols, want):
     ts = [TensorDesc("blk.0.attn_q.weight", (64, cols), "F32")]
     assert plan_types(ts, ftype, MixModel("llama", 1, 1, 1))["blk.0.attn_q.weight"] == want
@@ -122,15 +137,26 @@ def test_no_fallback_for_legacy_types():
 
 def test_llama_order():
     names = ["blk.10.a", "blk.2.b", "output.weight", "blk.2.a", "token_embd.weight"]
-    assert llama_order(names) == ["output.weight", "token_embd.weight", "blk.2.a", "blk.2.b",
-                                  "blk.10.a"]
+    assert llama_order(names) == [
+        "output.weight",
+        "token_embd.weight",
+        "blk.2.a",
+        "blk.2.b",
+        "blk.10.a",
+    ]
 
 
 # --- the command ---------------------------------------------------------------------------------
 
+
 def _cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "minfer", *args], capture_output=True,
-                          text=True, timeout=kw.pop("timeout", 300), **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "minfer", *args],
+        capture_output=True,
+        text=True,
+        timeout=kw.pop("timeout", 300),
+        **kw,
+    )
 
 
 def test_cli_errors(tmp_path, default_model_path):
@@ -140,8 +166,9 @@ def test_cli_errors(tmp_path, default_model_path):
     bad.write_bytes(b"not a gguf at all")
     r = _cli("quantize", str(bad), str(tmp_path / "o.gguf"), "--type", "q8_0")
     assert r.returncode == 2 and r.stderr.startswith("error:") and "not a GGUF" in r.stderr
-    r = _cli("quantize", str(default_model_path), str(tmp_path / "nodir" / "o.gguf"),
-             "--type", "q8_0")
+    r = _cli(
+        "quantize", str(default_model_path), str(tmp_path / "nodir" / "o.gguf"), "--type", "q8_0"
+    )
     assert r.returncode == 2 and "does not exist" in r.stderr
     ro = tmp_path / "ro"
     ro.mkdir()
@@ -158,10 +185,23 @@ def test_cli_errors(tmp_path, default_model_path):
 
 
 def test_cli_interrupt_leaves_nothing(tmp_path, default_model_path):
-    p = subprocess.Popen([sys.executable, "-m", "minfer", "quantize", str(default_model_path),
-                          str(tmp_path / "o.gguf"), "--type", "q4_K_M", "--quiet",
-                          "--allow-requantize"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minfer",
+            "quantize",
+            str(default_model_path),
+            str(tmp_path / "o.gguf"),
+            "--type",
+            "q4_K_M",
+            "--quiet",
+            "--allow-requantize",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not any(tmp_path.iterdir()):
         time.sleep(0.05)  # wait until the temporary file exists: writing has begun
@@ -174,8 +214,10 @@ def test_cli_interrupt_leaves_nothing(tmp_path, default_model_path):
 
 def _sha_by_tensor(path):
     r = gguf.GGUFReader(str(path))
-    return {t.name: (t.tensor_type.name, hashlib.sha256(np.asarray(t.data).tobytes()).hexdigest())
-            for t in r.tensors}, r
+    return {
+        t.name: (t.tensor_type.name, hashlib.sha256(np.asarray(t.data).tobytes()).hexdigest())
+        for t in r.tensors
+    }, r
 
 
 @pytest.mark.slow
@@ -201,7 +243,7 @@ def test_drain_stops_a_pool_without_killing_workers():
 
     ctx = mp.get_context("fork")
     stop = ctx.Event()
-    stop.set()   # before any chunk runs: the workers have no model (forked=True, none loaded)
+    stop.set()  # before any chunk runs: the workers have no model (forked=True, none loaded)
     with ctx.Pool(2, initializer=requant._worker_init, initargs=("", True, stop)) as pool:
         it = pool.imap(requant._work, [("t", 0, 1, "q4_K")] * 50)
         t0 = time.time()

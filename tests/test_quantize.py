@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 from minfer.errors import BadInput, Unsupported
-from minfer.quants import dequantize
-from minfer.quants import ckernel
+from minfer.quants import ckernel, dequantize
 from minfer.quants.quantize import C_TYPES, quantize, roundf
-from minfer.quants.rounding import nearest_int, seqsum, seqsum_loop
 from minfer.quants.quantize_k import bsum, to_bnG
+from minfer.quants.rounding import nearest_int, seqsum, seqsum_loop
 from tests.conftest import GOLDEN
 
 GQT = gguf.GGMLQuantizationType
@@ -32,6 +31,7 @@ def _adversarial(shape, seed):
 
 
 # --- the float32 rules ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [(32, 2), (32, 3), (16, 256), (32, 2048)])
 def test_seqsum_is_sequential(shape):
@@ -51,8 +51,9 @@ def test_bnG_sum_is_sequential(nblocks):
 
 
 def test_nearest_int_is_round_half_even_in_range():
-    v = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.4999998, 7.5000005, 15.5, -31.5, 4194302.5],
-                 dtype=np.float32)
+    v = np.array(
+        [0.5, 1.5, 2.5, -0.5, -1.5, 2.4999998, 7.5000005, 15.5, -31.5, 4194302.5], dtype=np.float32
+    )
     assert nearest_int(v).tolist() == np.rint(v).astype(np.int32).tolist()
     r = (_rng(3).standard_normal(100000) * 100).astype(np.float32)
     assert np.array_equal(nearest_int(r), np.rint(r).astype(np.int32))
@@ -65,6 +66,7 @@ def test_roundf_rounds_half_away_from_zero():
 
 # --- against the gguf package and error bounds -----------------------------------------------------
 
+
 @pytest.mark.parametrize("qt", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_legacy_types_equal_gguf_quantizers(qt):
     x = _rng(4).standard_normal((48, 512)).astype(np.float32)
@@ -75,8 +77,17 @@ def test_legacy_types_equal_gguf_quantizers(qt):
 
 # relative RMS error bounds on N(0, 1) data (llama.cpp's are of the same size); measured values
 # are about 80% of these
-BOUNDS = {"Q4_0": 0.11, "Q4_1": 0.10, "Q5_0": 0.055, "Q5_1": 0.05, "Q8_0": 0.007,
-          "Q4_K": 0.09, "Q5_K": 0.046, "Q6_K": 0.023, "F16": 0.0005}
+BOUNDS = {
+    "Q4_0": 0.11,
+    "Q4_1": 0.10,
+    "Q5_0": 0.055,
+    "Q5_1": 0.05,
+    "Q8_0": 0.007,
+    "Q4_K": 0.09,
+    "Q5_K": 0.046,
+    "Q6_K": 0.023,
+    "F16": 0.0005,
+}
 
 
 def _rel_err(x, qt):
@@ -133,8 +144,12 @@ def test_quantize_errors():
 # --- byte identity with llama.cpp on a sample of the golden tensors --------------------------------
 
 SAMPLE = {  # golden file -> tensors (every quantizer type the golden files use)
-    "smollm2-135m-q4_k_m": ["blk.3.ffn_down.weight", "blk.0.ffn_down.weight",
-                            "blk.0.attn_v.weight", "blk.7.attn_q.weight"],
+    "smollm2-135m-q4_k_m": [
+        "blk.3.ffn_down.weight",
+        "blk.0.ffn_down.weight",
+        "blk.0.attn_v.weight",
+        "blk.7.attn_q.weight",
+    ],
     "smollm2-135m-q6_k": ["blk.12.ffn_down.weight", "blk.1.attn_k.weight"],
     "smollm2-135m-q8_0": ["blk.2.attn_output.weight"],
     "smollm2-135m-f16": ["blk.2.ffn_gate.weight", "token_embd.weight"],
@@ -149,8 +164,13 @@ def requant_golden():
 def _golden_cases():
     """(kind, tensor, impl): numpy for every sample, C too where the type has a C twin."""
     types = json.loads((GOLDEN / "llamacpp-requant-tensors.json").read_text())
-    return [(k, n, impl) for k, ns in SAMPLE.items() for n in ns
-            for impl in ("numpy", "c") if impl == "numpy" or types[k][n]["type"] in C_TYPES]
+    return [
+        (k, n, impl)
+        for k, ns in SAMPLE.items()
+        for n in ns
+        for impl in ("numpy", "c")
+        if impl == "numpy" or types[k][n]["type"] in C_TYPES
+    ]
 
 
 @pytest.mark.parametrize("kind,name,impl", _golden_cases())
@@ -163,7 +183,8 @@ def test_golden_tensor_bytes(default_model, requant_golden, kind, name, impl):
     raw = quantize(default_model.dequant(name), want["type"], impl=impl)
     assert raw.shape[0] == want["shape"][1]
     assert hashlib.sha256(raw.tobytes()).hexdigest() == want["sha256"], (
-        f"{kind} {name} ({want['type']}) differs from llama.cpp")
+        f"{kind} {name} ({want['type']}) differs from llama.cpp"
+    )
 
 
 # --- the C twins (minfer/quants/kquants.c) against the numpy ones ---------------------------------
@@ -203,7 +224,7 @@ def _hard_k_inputs():
 @pytest.mark.parametrize("qt", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("shape", [(64, 1024), (3, 768), (1, 256)])  # partial lane groups too
 def test_c_quantizers_equal_numpy(qt, shape):
-    x = _hard_k_inputs()[:shape[0], :shape[1]]
+    x = _hard_k_inputs()[: shape[0], : shape[1]]
     want = quantize(x, qt, impl="numpy")
     for flags, lib in _variants():
         got = ckernel.quantize_k(x.reshape(-1, 256), qt, lib=lib).reshape(want.shape)
@@ -218,16 +239,35 @@ def test_c_fp16_conversion_equals_numpy():
     bits = r.integers(0, 2**32, 200000, dtype=np.uint64).astype(np.uint32)
     x = bits.view(np.float32)
     x = x[~np.isnan(x)]  # NaN payloads are not specified
-    edges = np.array([65504, 65519.996, 65520, 1e9, 2**-14, 2**-14 * 0.99999994, 2**-24, 2**-25,
-                      2**-25 * 1.0000001, 3 * 2**-26, 1e-30, 0.0, np.inf, 0.1, 1 / 3],
-                     dtype=np.float32)
+    edges = np.array(
+        [
+            65504,
+            65519.996,
+            65520,
+            1e9,
+            2**-14,
+            2**-14 * 0.99999994,
+            2**-24,
+            2**-25,
+            2**-25 * 1.0000001,
+            3 * 2**-26,
+            1e-30,
+            0.0,
+            np.inf,
+            0.1,
+            1 / 3,
+        ],
+        dtype=np.float32,
+    )
     x = np.concatenate([x, edges, -edges, x * np.float32(2**-100), x * np.float32(2**-120)])
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).view(np.uint16)
     for flags, lib in _variants():
         got = ckernel.f32_to_f16_bits(x, lib=lib)
         bad = np.nonzero(got != want)[0]
-        assert bad.size == 0, f"[{flags}] f16 of {x[bad[:5]].tolist()}: {got[bad[:5]]} != {want[bad[:5]]}"
+        assert bad.size == 0, (
+            f"[{flags}] f16 of {x[bad[:5]].tolist()}: {got[bad[:5]]} != {want[bad[:5]]}"
+        )
 
 
 def test_no_compiler_falls_back_to_numpy(monkeypatch):
@@ -263,21 +303,31 @@ def test_requantize_needs_the_flag(tmp_path):
     lines = error_lines(err)
     assert code == 2 and len(lines) == 1 and "--allow-requantize" in lines[0], err
     assert "already" in lines[0] and not (tmp_path / "o.gguf").exists()
-    code, out, err = run_cli(["quantize", q, str(tmp_path / "o.gguf"), "q8_0", "-q",
-                              "--allow-requantize"])
+    code, out, err = run_cli(
+        ["quantize", q, str(tmp_path / "o.gguf"), "q8_0", "-q", "--allow-requantize"]
+    )
     assert code == 0 and (tmp_path / "o.gguf").is_file(), err
     # a q8_0 file to q8_0: every tensor kept (norms F32) -> nothing is requantized
-    code, out, err = run_cli(["quantize", str(tmp_path / "o.gguf"), str(tmp_path / "o2.gguf"),
-                              "q8_0", "-q"])
+    code, out, err = run_cli(
+        ["quantize", str(tmp_path / "o.gguf"), str(tmp_path / "o2.gguf"), "q8_0", "-q"]
+    )
     assert code == 0, err
     # F16 / F32 weights (with Q8_0 ones) to f16: only the Q8_0 ones need the flag
     meta, tensors = small_parts(seed=1)
     f = write_small(tmp_path / "f.gguf", meta, tensors)
     code, out, err = run_cli(["quantize", str(f), str(tmp_path / "f16.gguf"), "f16"])
     assert code == 2 and "Q8_0 already" in error_lines(err)[0], err
-    plain = [(n, gguf.GGMLQuantizationType.F32 if int(t) == 8 else t, s,
-              dequantize(np.asarray(d).reshape(-1).view(np.uint8), t).reshape(s)
-              if int(t) == 8 else d) for n, t, s, d in tensors]
+    plain = [
+        (
+            n,
+            gguf.GGMLQuantizationType.F32 if int(t) == 8 else t,
+            s,
+            dequantize(np.asarray(d).reshape(-1).view(np.uint8), t).reshape(s)
+            if int(t) == 8
+            else d,
+        )
+        for n, t, s, d in tensors
+    ]
     f2 = write_small(tmp_path / "f2.gguf", meta, plain)
     code, out, err = run_cli(["quantize", str(f2), str(tmp_path / "q.gguf"), "q8_0", "-q"])
     assert code == 0, err

@@ -59,8 +59,25 @@ def ray_local():
 
 
 def _args(tiny, prompts, out, *more):
-    return ["prefill", "-m", str(tiny), "--backend", "cpu", "--dtype", "f64", "--prompts",
-            str(prompts), "-n", "3", "--logprobs", "--top-logprobs", "2", "-o", str(out), *more]
+    return [
+        "prefill",
+        "-m",
+        str(tiny),
+        "--backend",
+        "cpu",
+        "--dtype",
+        "f64",
+        "--prompts",
+        str(prompts),
+        "-n",
+        "3",
+        "--logprobs",
+        "--top-logprobs",
+        "2",
+        "-o",
+        str(out),
+        *more,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -76,30 +93,34 @@ RAY = ["--ray", "--ray-actors", "2", "--ray-batch", "4"]
 
 
 def test_missing_extra_is_one_error(tiny, prompts, tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` raises ImportError
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     code, out, err = run_cli(_args(tiny, prompts, tmp_path / "o.jsonl", "--ray"))
     assert code == 3 and out == ""
     assert error_lines(err) == [err.strip()]
     assert "needs the ray extra" in err and 'pip install "minfer[ray]"' in err
     assert not (tmp_path / "o.jsonl").exists()
-    from minfer.errors import ResourceError
     from minfer.batch.ray import need_ray
+    from minfer.errors import ResourceError
 
     with pytest.raises(ResourceError, match="ray extra"):
         need_ray()
 
 
-@pytest.mark.parametrize("extra, msg", [
-    (["--ray-actors", "2"], "--ray-actors goes with --ray"),
-    (["--ray", "--ray-actors", "0"], "--ray-actors must be >= 1"),
-    (["--ray", "--ray-batch", "0"], "--ray-batch must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "extra, msg",
+    [
+        (["--ray-actors", "2"], "--ray-actors goes with --ray"),
+        (["--ray", "--ray-actors", "0"], "--ray-actors must be >= 1"),
+        (["--ray", "--ray-batch", "0"], "--ray-batch must be >= 1"),
+    ],
+)
 def test_ray_options(tiny, prompts, tmp_path, extra, msg):
     if "--ray" in extra:
         pytest.importorskip("ray")
     code, _, err = run_cli(_args(tiny, prompts, tmp_path / "o.jsonl", *extra))
-    assert code == 2 and error_lines(err) == [f"error: {msg}, got 0" if "must" in msg
-                                              else f"error: {msg}"]
+    assert code == 2 and error_lines(err) == [
+        f"error: {msg}, got 0" if "must" in msg else f"error: {msg}"
+    ]
 
 
 def test_same_file_as_one_process(ray_local, tiny, prompts, single, tmp_path):
@@ -108,7 +129,7 @@ def test_same_file_as_one_process(ray_local, tiny, prompts, single, tmp_path):
     assert code == 0, err
     assert out.read_bytes() == single
     assert "2 cpu actors" in err and "batches of <= 4 prompts" in err
-    assert ray_local.is_initialized()   # an instance it did not start is left running
+    assert ray_local.is_initialized()  # an instance it did not start is left running
 
 
 def test_stdout_in_order(ray_local, tiny, prompts, single):
@@ -117,8 +138,7 @@ def test_stdout_in_order(ray_local, tiny, prompts, single):
     assert stdout.encode() == single
 
 
-def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_path,
-                                       monkeypatch):
+def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_path, monkeypatch):
     """The first batch to start kills its actor's process (os._exit, as a lost node or an OOM
     kill); Ray restarts the actor and runs the batch again: the file is still the whole file."""
     import minfer.batch.ray.job as job
@@ -126,7 +146,7 @@ def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_pat
 
     marker = str(tmp_path / "killed")
 
-    class Dying(MinferPredictor):   # local: pickled by value for the actors
+    class Dying(MinferPredictor):  # local: pickled by value for the actors
         def __call__(self, batch):
             try:
                 os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
@@ -137,7 +157,7 @@ def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_pat
     monkeypatch.setattr(job, "MinferPredictor", Dying)
     out = tmp_path / "r.jsonl"
     code, _, err = run_cli(_args(tiny, prompts, out, *RAY))
-    assert os.path.exists(marker)   # an actor did die
+    assert os.path.exists(marker)  # an actor did die
     assert code == 0, err
     assert out.read_bytes() == single
 
@@ -145,8 +165,8 @@ def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_pat
 def test_actor_error_is_its_own_line(ray_local, tiny, prompts, tmp_path, monkeypatch):
     """A MinferError raised in an actor (a NaN, a GPU fault) is not retried: one line, its code."""
     import minfer.batch.ray.job as job
-    from minfer.errors import NumericError
     from minfer.batch.ray.predictor import MinferPredictor
+    from minfer.errors import NumericError
 
     class Faulty(MinferPredictor):
         def __call__(self, batch):
@@ -166,11 +186,11 @@ def test_bad_line_is_one_error_before_ray(ray_local, tiny, prompts, tmp_path, mo
     n = len(bad.read_text().splitlines())
     import minfer.batch.ray.job as job
 
-    monkeypatch.setattr(job, "run_file", None)   # never reached
+    monkeypatch.setattr(job, "run_file", None)  # never reached
     code, out, err = run_cli(_args(tiny, bad, tmp_path / "o.jsonl", *RAY))
     assert code == 2 and out == ""
     assert error_lines(err) == [err.strip()]
-    assert err.startswith(f"error: {bad} line {n}: unknown key \"promt\"")
+    assert err.startswith(f'error: {bad} line {n}: unknown key "promt"')
     assert not (tmp_path / "o.jsonl").exists()
 
 
@@ -199,10 +219,20 @@ def test_predictor_in_a_users_pipeline(ray_local, tiny):
 
     texts = [f"the river {i}" for i in range(6)]
     ds = ray.data.from_items([{"index": i, "prompt": t} for i, t in enumerate(texts)])
-    res = ds.map_batches(MinferPredictor, fn_constructor_kwargs={
-        "model": str(tiny), "backend": "cpu", "dtype": "f64", "threads": 1, "n_predict": 2},
-        batch_size=3, batch_format="numpy", num_cpus=1,
-        compute=ray.data.ActorPoolStrategy(size=2)).take_all()
+    res = ds.map_batches(
+        MinferPredictor,
+        fn_constructor_kwargs={
+            "model": str(tiny),
+            "backend": "cpu",
+            "dtype": "f64",
+            "threads": 1,
+            "n_predict": 2,
+        },
+        batch_size=3,
+        batch_format="numpy",
+        num_cpus=1,
+        compute=ray.data.ActorPoolStrategy(size=2),
+    ).take_all()
     recs = [json.loads(r["record"]) for r in sorted(res, key=lambda r: r["index"])]
     assert [r["id"] for r in recs] == list(range(6))
     import minfer

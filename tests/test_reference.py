@@ -59,8 +59,10 @@ def test_rmsnorm(T, D):
 
 
 @pytest.mark.parametrize("neox", [False, True])
-@pytest.mark.parametrize("T,H,D,rope_dim,pos0", [(1, 1, 2, 2, 0), (5, 3, 64, 64, 0),
-                                                 (4, 2, 64, 32, 100), (3, 9, 64, 64, 4000)])
+@pytest.mark.parametrize(
+    "T,H,D,rope_dim,pos0",
+    [(1, 1, 2, 2, 0), (5, 3, 64, 64, 0), (4, 2, 64, 32, 100), (3, 9, 64, 64, 4000)],
+)
 def test_rope_vs_loop(neox, T, H, D, rope_dim, pos0):
     x = RNG.standard_normal((T, H, D))
     pos = np.arange(pos0, pos0 + T)
@@ -82,7 +84,7 @@ def test_rope_modes_differ_and_pairs_are_adjacent():
     n = ops.rope(x, np.array([1]), 10000.0, 8, neox=False)
     z = ops.rope(x, np.array([1]), 10000.0, 8, neox=True)
     assert n[0, 0, 0] == pytest.approx(-math.sin(1.0)) and n[0, 0, 4] == 0
-    assert z[0, 0, 0] == 0 and z[0, 0, 1] == pytest.approx(math.cos(10000 ** -0.25))
+    assert z[0, 0, 0] == 0 and z[0, 0, 1] == pytest.approx(math.cos(10000**-0.25))
 
 
 def test_rope_cos_sin_follows_ggml_running_product():
@@ -105,8 +107,10 @@ def test_rope_rejects_bad_shapes():
         ops.rope(np.zeros((2, 1, 8)), np.arange(3), 1e4, 8, False)
 
 
-@pytest.mark.parametrize("T,pos0,Hq,Hkv,D,extra", [(1, 0, 1, 1, 4, 0), (5, 0, 9, 3, 64, 0),
-                                                   (3, 6, 4, 2, 16, 5), (1, 11, 6, 1, 8, 0)])
+@pytest.mark.parametrize(
+    "T,pos0,Hq,Hkv,D,extra",
+    [(1, 0, 1, 1, 4, 0), (5, 0, 9, 3, 64, 0), (3, 6, 4, 2, 16, 5), (1, 11, 6, 1, 8, 0)],
+)
 def test_attention_vs_loop(T, pos0, Hq, Hkv, D, extra):
     q = RNG.standard_normal((T, Hq, D))
     k = RNG.standard_normal((pos0 + T + extra, Hkv, D))
@@ -153,12 +157,16 @@ def test_swiglu_linear_embedding():
 
 
 def test_round_f16_equals_numpy_cast():
-    parts = [RNG.standard_normal(20000).astype(np.float32) * s
-             for s in (1e-9, 1e-6, 3e-5, 1e-3, 1, 300, 3e4, 1e5)]
+    parts = [
+        RNG.standard_normal(20000).astype(np.float32) * s
+        for s in (1e-9, 1e-6, 3e-5, 1e-3, 1, 300, 3e4, 1e5)
+    ]
     h = RNG.standard_normal(20000).astype(np.float16).astype(np.float32)
-    ties = (h.astype(np.float64) * (1 + 2.0 ** -11)).astype(np.float32)  # halfway cases
-    edges = np.array([0, -0.0, 65504, 65519, 65520, -65520, 2 ** -14, 2 ** -24, 2 ** -25,
-                      3 * 2 ** -26, -(2 ** -25)], np.float32)
+    ties = (h.astype(np.float64) * (1 + 2.0**-11)).astype(np.float32)  # halfway cases
+    edges = np.array(
+        [0, -0.0, 65504, 65519, 65520, -65520, 2**-14, 2**-24, 2**-25, 3 * 2**-26, -(2**-25)],
+        np.float32,
+    )
     x = np.concatenate(parts + [h, ties, np.nextafter(h, np.float32(1e9)), edges])
     with np.errstate(over="ignore"):
         want = x.astype(np.float16).astype(np.float32)

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
 from minfer.gguf.loader import load_model
 from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.reference.forward import ReferenceBackend
-from synth_data import tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +19,11 @@ def tiny(tmp_path_factory):
 
 
 def _k_quant_weights(model):
-    return [n for n, t in model.tensors.items() if t.qtype in (12, 14) and len(t.shape) == 2
-            and n != model.output_name]
+    return [
+        n
+        for n, t in model.tensors.items()
+        if t.qtype in (12, 14) and len(t.shape) == 2 and n != model.output_name
+    ]
 
 
 def test_q8_1_input_linear_is_the_mmq_math(tiny):

@@ -41,10 +41,10 @@ def test_twin_rotates_q_and_k_and_copies_v():
     q, k, v = gemm_f16_nt_ref(a, w, rope=RopeRef(qd, kd, D, rd, 10000.0, pos0=0))
     assert q.dtype == k.dtype == v.dtype == np.float16
     assert q.shape == (M, qd) and k.shape == v.shape == (M, kd)
-    assert np.array_equal(v, c[:, qd + kd:].astype(np.float16))
+    assert np.array_equal(v, c[:, qd + kd :].astype(np.float16))
     # position 0: angle 0, q and k are the product rounded to f16
     assert np.array_equal(q[0], c[0, :qd].astype(np.float16))
-    assert np.array_equal(k[0], c[0, qd:qd + kd].astype(np.float16))
+    assert np.array_equal(k[0], c[0, qd : qd + kd].astype(np.float16))
     # later positions: the rotated pairs keep their norm; pairs past rope_dim pass through
     qh, ch = q.reshape(M, Hq, D).astype(np.float64), c[:, :qd].reshape(M, Hq, D)
     assert np.array_equal(q.reshape(M, Hq, D)[:, :, rd:], ch[:, :, rd:].astype(np.float16))
@@ -102,6 +102,6 @@ def test_rope_epilogue_where_the_tiles_fit_one_wave():
     assert not rope_epilogue_pays(2048, 6144, 132, "sm_90")
     assert not rope_epilogue_pays(1024, 6144, 132, "sm_90")
     assert not rope_epilogue_pays(1, 6144, 132, "sm_90")
-    assert rope_epilogue_pays(16, 576, 132, "sm_90")   # small models: one wave at any chunk
-    assert rope_epilogue_pays(32, 6144, 132, "sm_80")   # 96 blocks of the 32 x 64 tile
-    assert not rope_epilogue_pays(64, 6144, 132, "sm_80")   # 192
+    assert rope_epilogue_pays(16, 576, 132, "sm_90")  # small models: one wave at any chunk
+    assert rope_epilogue_pays(32, 6144, 132, "sm_80")  # 96 blocks of the 32 x 64 tile
+    assert not rope_epilogue_pays(64, 6144, 132, "sm_80")  # 192

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from topk_data import brute_topk, lse_of, planted
 
 from minfer.errors import BadInput
 from minfer.reference import ops
 from minfer.reference.layout import check_top
-from topk_data import brute_topk, lse_of, planted
 
 
 @pytest.mark.parametrize("V", [1, 3, 20, 21, 130, 1031])
@@ -25,21 +25,20 @@ def test_row_topk_against_a_full_sort(m, V):
         ref_ids, ref_lp = brute_topk(x, lse, k)
         assert ids.dtype == np.int32 and lp.dtype == np.float32 and ids.shape == (m, k)
         assert np.array_equal(ids, ref_ids), (k, ids, ref_ids)
-        assert np.array_equal(lp.view(np.uint32), ref_lp.view(np.uint32))   # one f32 rounding
+        assert np.array_equal(lp.view(np.uint32), ref_lp.view(np.uint32))  # one f32 rounding
         # row_stats' [m, 4] rows give the same (column 3)
         st = np.zeros((m, 4), np.float32)
         st[:, 3] = lse
         ids4, lp4 = ops.row_topk(x, st, k)
-        assert np.array_equal(ids4, ids) and np.array_equal(lp4.view(np.uint32),
-                                                            lp.view(np.uint32))
+        assert np.array_equal(ids4, ids) and np.array_equal(lp4.view(np.uint32), lp.view(np.uint32))
 
 
 def test_row_topk_ties_go_to_the_smaller_id():
     x = np.array([[1.0, 3.0, 2.0, 3.0, -np.inf, 2.0, 3.0, -np.inf, -0.0, 0.0]], np.float32)
     ids, lp = ops.row_topk(x, np.zeros(1, np.float32), 10)
-    assert ids.tolist() == [[1, 3, 6, 2, 5, 0, 8, 9, 4, 7]]   # -0.0 == 0.0: by index too
+    assert ids.tolist() == [[1, 3, 6, 2, 5, 0, 8, 9, 4, 7]]  # -0.0 == 0.0: by index too
     assert lp[0, :3].tolist() == [3.0, 3.0, 3.0] and np.isneginf(lp[0, -2:]).all()
-    ids, _ = ops.row_topk(x, np.zeros(1, np.float32), 2)   # a tie across the k-th place
+    ids, _ = ops.row_topk(x, np.zeros(1, np.float32), 2)  # a tie across the k-th place
     assert ids.tolist() == [[1, 3]]
 
 
@@ -49,7 +48,7 @@ def test_row_topk_refusals():
         with pytest.raises(ValueError, match="outside"):
             ops.row_topk(x, np.zeros(2, np.float32), k)
     with pytest.raises(ValueError, match="outside"):
-        ops.row_topk(x[:, :4], np.zeros(2, np.float32), 5)   # k <= V
+        ops.row_topk(x[:, :4], np.zeros(2, np.float32), 5)  # k <= V
     with pytest.raises(ValueError, match="lse"):
         ops.row_topk(x, np.zeros(3, np.float32), 1)
 
@@ -86,7 +85,7 @@ def test_reference_packed_top(tiny):
     prompts = [rng.integers(0, V, n).astype(np.int32) for n in lengths]
     ids = np.concatenate(prompts)
     tok = np.array([(p, 0) for p in range(3)] + [(128 + p, 128) for p in range(11)], np.int32)
-    rows = np.array([13, 0, 2, 5, 7], np.int32)   # any order, ragged
+    rows = np.array([13, 0, 2, 5, 7], np.int32)  # any order, ragged
     targets = np.r_[ids[1:], -1][rows].astype(np.int32)
     be = ReferenceBackend(tiny)
     be.reserve_slots(256)
@@ -103,7 +102,7 @@ def test_reference_packed_top(tiny):
         ref_ids, ref_lp = brute_topk(logits, st[:, 3], k)
         assert np.array_equal(top_ids, ref_ids)
         assert np.array_equal(top_lp.view(np.uint32), ref_lp.view(np.uint32))
-        assert np.array_equal(top_ids[:, 0], st[:, 0].astype(np.int32))   # top 1 = greedy
+        assert np.array_equal(top_ids[:, 0], st[:, 0].astype(np.int32))  # top 1 = greedy
     # the same rows run alone (window_logits): equal up to the packed-vs-alone tolerance
     alone = []
     for p, r0 in zip(prompts, (0, 3)):
@@ -115,8 +114,8 @@ def test_reference_packed_top(tiny):
         row = alone[int(r)].astype(np.float32)
         ref_ids, ref_lp = brute_topk(row[None], lse_of(row[None]), 20)
         s = np.sort(row.astype(np.float64))[::-1]
-        clear = np.abs(np.diff(s[:21])) > 2 * tol * max(1.0, np.abs(s[0]))   # no near-tie
-        n = int(np.argmin(clear)) if not clear.all() else 20   # ids equal before a near-tie
+        clear = np.abs(np.diff(s[:21])) > 2 * tol * max(1.0, np.abs(s[0]))  # no near-tie
+        n = int(np.argmin(clear)) if not clear.all() else 20  # ids equal before a near-tie
         assert np.array_equal(top_ids[i, :n], ref_ids[0, :n])
         np.testing.assert_allclose(top_lp[i], ref_lp[0], atol=1e-3)
 
@@ -163,23 +162,25 @@ def test_row_topk_launcher(monkeypatch):
     logits, stats = arr((m, V), np.float32), arr((m, 4), np.float32)
     ids, lp = arr((m, 5), np.int32), arr((m, 5), np.float32)
     L.row_topk(rt, ids, lp, logits, stats, 5)
-    (fn, grid, block, args), = rt.launches
+    ((fn, grid, block, args),) = rt.launches
     assert fn == ("layers", "row_topk_f32") and grid == (m,) and block == (L.TOPK_THREADS,)
-    assert int(args[3]) == int(stats.gpudata) + 12 and int(args[4]) == 4   # column 3
+    assert int(args[3]) == int(stats.gpudata) + 12 and int(args[4]) == 4  # column 3
     assert (int(args[5]), int(args[6])) == (V, 5)
     lse = arr((m,), np.float32)
     L.row_topk(rt, ids, lp, logits, lse, 5)
     assert int(rt.launches[-1][3][3]) == int(lse.gpudata) and int(rt.launches[-1][3][4]) == 1
-    for bad, msg in (((ids, lp, logits, stats, 0), "outside"),
-                     ((ids, lp, logits, stats, 21), "outside"),
-                     ((ids, lp, logits, stats, True), "outside"),
-                     ((ids, lp, arr((m, 3), np.float32), stats, 5), "outside"),   # k > V
-                     ((ids, lp, logits, arr((m, 3), np.float32), 5), "lse"),
-                     ((ids, lp, logits, arr((m + 1,), np.float32), 5), "lse"),
-                     ((arr((m, 4), np.int32), lp, logits, stats, 5), "ids"),
-                     ((ids, arr((m, 5), np.float64), logits, stats, 5), "lp"),
-                     ((lp, lp, logits, stats, 5), "ids"),
-                     ((ids, lp, arr((m, V), np.float16), stats, 5), "logits")):
+    for bad, msg in (
+        ((ids, lp, logits, stats, 0), "outside"),
+        ((ids, lp, logits, stats, 21), "outside"),
+        ((ids, lp, logits, stats, True), "outside"),
+        ((ids, lp, arr((m, 3), np.float32), stats, 5), "outside"),  # k > V
+        ((ids, lp, logits, arr((m, 3), np.float32), 5), "lse"),
+        ((ids, lp, logits, arr((m + 1,), np.float32), 5), "lse"),
+        ((arr((m, 4), np.int32), lp, logits, stats, 5), "ids"),
+        ((ids, arr((m, 5), np.float64), logits, stats, 5), "lp"),
+        ((lp, lp, logits, stats, 5), "ids"),
+        ((ids, lp, arr((m, V), np.float16), stats, 5), "logits"),
+    ):
         with pytest.raises(GPUError, match=msg):
             L.row_topk(rt, *bad)
     # a strided [m, k] view of a wider buffer would be written as if contiguous: refused

@@ -22,7 +22,7 @@ httpx = pytest.importorskip("httpx")
 
 from serve_helpers import Server, engine_logprobs, small_chat_model  # noqa: E402
 
-F64 = 1e-9   # f64 reference: packing changes summation order only (unit roundoff 1.1e-16)
+F64 = 1e-9  # f64 reference: packing changes summation order only (unit roundoff 1.1e-16)
 KEY = "sk-test-123"
 
 
@@ -40,10 +40,11 @@ def engine(model):
 
 @pytest.fixture(scope="module")
 def server(model):
-    s = Server(model, "--dtype", "f64", "--api-key", KEY, "--max-body", "65536",
-               "--max-batch-tokens", "64")
+    s = Server(
+        model, "--dtype", "f64", "--api-key", KEY, "--max-body", "65536", "--max-batch-tokens", "64"
+    )
     yield s
-    assert s.stop() == 0   # a drained server exits 0
+    assert s.stop() == 0  # a drained server exits 0
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +57,13 @@ def _post(server, path, body=None, raw=None, key=KEY, headers=None):
     return httpx.post(server.url + path, json=body, content=raw, headers=h, timeout=60)
 
 
-PROMPTS = ["The capital of France is", "one two three four five six seven eight nine ten",
-           "a"]
+PROMPTS = ["The capital of France is", "one two three four five six seven eight nine ten", "a"]
 
 
 def test_echo_logprobs_equal_the_engine(client, engine):
-    r = client.completions.create(model="small-chat", prompt=PROMPTS, echo=True, logprobs=1,
-                                  max_tokens=0)
+    r = client.completions.create(
+        model="small-chat", prompt=PROMPTS, echo=True, logprobs=1, max_tokens=0
+    )
     assert [c.index for c in r.choices] == [0, 1, 2]
     want = engine_logprobs(engine, [engine.encode(p) for p in PROMPTS])
     for c, w, p in zip(r.choices, want, PROMPTS):
@@ -72,21 +73,23 @@ def test_echo_logprobs_equal_the_engine(client, engine):
         assert len(lp.tokens) == len(w) + 1 == len(lp.text_offset)
         np.testing.assert_allclose(lp.token_logprobs[1:], w, rtol=0, atol=F64)
         for tok, got, top in zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:]):
-            assert max(top.values()) >= got - F64 and tok in top   # top-1 and the actual one
+            assert max(top.values()) >= got - F64 and tok in top  # top-1 and the actual one
     assert r.usage.prompt_tokens == sum(len(engine.encode(p)) for p in PROMPTS)
     assert r.usage.completion_tokens == 0
 
 
 def test_token_id_prompts_and_greedy_tokens(client, engine):
     ids = [list(map(int, engine.encode(p))) for p in PROMPTS]
-    r = client.completions.create(model="small-chat", prompt=ids, max_tokens=6, logprobs=0,
-                                  extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="small-chat", prompt=ids, max_tokens=6, logprobs=0, extra_body={"ignore_eos": True}
+    )
     want = engine.prefill(ids, n_predict=6)
     for c, w in zip(r.choices, want):
         assert c.text == w.text and c.finish_reason == "length"
         assert len(c.logprobs.token_logprobs) == 6
-    one = client.completions.create(model="small-chat", prompt=ids[1], max_tokens=6,
-                                    extra_body={"ignore_eos": True})
+    one = client.completions.create(
+        model="small-chat", prompt=ids[1], max_tokens=6, extra_body={"ignore_eos": True}
+    )
     assert one.choices[0].text == want[1].text
 
 
@@ -95,14 +98,18 @@ def test_busy_batch_equals_alone(server, engine):
     cache): every answer equals that prompt alone through the engine."""
     rng = np.random.default_rng(5)
     head = list(map(int, rng.integers(0, 260, 40)))
-    prompts = [head + list(map(int, rng.integers(0, 260, k))) for k in (1, 3, 9, 20)] + \
-        [list(map(int, rng.integers(0, 260, n))) for n in (2, 30, 90, 130)]
+    prompts = [head + list(map(int, rng.integers(0, 260, k))) for k in (1, 3, 9, 20)] + [
+        list(map(int, rng.integers(0, 260, n))) for n in (2, 30, 90, 130)
+    ]
     want = engine_logprobs(engine, prompts)
     got = [None] * len(prompts)
 
     def one(i):
-        got[i] = _post(server, "/v1/completions", {"prompt": prompts[i], "echo": True,
-                                                   "logprobs": 2, "max_tokens": 0}).json()
+        got[i] = _post(
+            server,
+            "/v1/completions",
+            {"prompt": prompts[i], "echo": True, "logprobs": 2, "max_tokens": 0},
+        ).json()
 
     ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in ts:
@@ -110,25 +117,38 @@ def test_busy_batch_equals_alone(server, engine):
     for t in ts:
         t.join()
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g["choices"][0]["logprobs"]["token_logprobs"][1:], w,
-                                   rtol=0, atol=F64)
+        np.testing.assert_allclose(
+            g["choices"][0]["logprobs"]["token_logprobs"][1:], w, rtol=0, atol=F64
+        )
     m = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
-    hits = float(next(line.split()[1] for line in m.splitlines()
-                      if line.startswith("minfer_prefix_cache_hits_total")))
+    hits = float(
+        next(
+            line.split()[1]
+            for line in m.splitlines()
+            if line.startswith("minfer_prefix_cache_hits_total")
+        )
+    )
     assert hits >= 1
 
 
 def test_chat_stream_equals_chat(client):
     msgs = [{"role": "user", "content": "Say something."}]
-    whole = client.chat.completions.create(model="small-chat", messages=msgs, max_tokens=8,
-                                           logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(
+        model="small-chat", messages=msgs, max_tokens=8, logprobs=True, top_logprobs=2
+    )
     c = whole.choices[0]
-    assert c.message.role == "assistant" and len(c.logprobs.content) == whole.usage.completion_tokens
+    assert (
+        c.message.role == "assistant" and len(c.logprobs.content) == whole.usage.completion_tokens
+    )
     assert all(len(e.top_logprobs) == 2 for e in c.logprobs.content)
     parts, reasons = [], []
-    for chunk in client.chat.completions.create(model="small-chat", messages=msgs,
-                                                max_tokens=8, stream=True,
-                                                stream_options={"include_usage": True}):
+    for chunk in client.chat.completions.create(
+        model="small-chat",
+        messages=msgs,
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
         for ch in chunk.choices:
             parts.append(ch.delta.content or "")
             reasons.append(ch.finish_reason)
@@ -139,18 +159,32 @@ def test_chat_stream_equals_chat(client):
 
 
 def test_completion_stream_and_stop(client):
-    whole = client.completions.create(model="small-chat", prompt=PROMPTS[0], max_tokens=10,
-                                      extra_body={"ignore_eos": True})
+    whole = client.completions.create(
+        model="small-chat", prompt=PROMPTS[0], max_tokens=10, extra_body={"ignore_eos": True}
+    )
     text = whole.choices[0].text
-    got = "".join(ch.choices[0].text for ch in client.completions.create(
-        model="small-chat", prompt=PROMPTS[0], max_tokens=10, stream=True,
-        extra_body={"ignore_eos": True}) if ch.choices)
+    got = "".join(
+        ch.choices[0].text
+        for ch in client.completions.create(
+            model="small-chat",
+            prompt=PROMPTS[0],
+            max_tokens=10,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        if ch.choices
+    )
     assert got == text
-    if len(text) > 4:   # a stop string from the answer itself cuts it there
+    if len(text) > 4:  # a stop string from the answer itself cuts it there
         stop = text[2:4]
-        cut = client.completions.create(model="small-chat", prompt=PROMPTS[0], max_tokens=10,
-                                        stop=[stop], extra_body={"ignore_eos": True})
-        assert cut.choices[0].text == text[:text.find(stop)]
+        cut = client.completions.create(
+            model="small-chat",
+            prompt=PROMPTS[0],
+            max_tokens=10,
+            stop=[stop],
+            extra_body={"ignore_eos": True},
+        )
+        assert cut.choices[0].text == text[: text.find(stop)]
         assert cut.choices[0].finish_reason == "stop"
 
 
@@ -160,38 +194,41 @@ def test_tokenizer_endpoints(server, engine):
     assert r["count"] == len(r["tokens"]) and r["max_model_len"] == 512
     d = _post(server, "/detokenize", {"tokens": r["tokens"]}).json()
     assert d["prompt"] == "hello there"
-    info = httpx.get(server.url + "/tokenizer_info",
-                     headers={"Authorization": f"Bearer {KEY}"}).json()
+    info = httpx.get(
+        server.url + "/tokenizer_info", headers={"Authorization": f"Bearer {KEY}"}
+    ).json()
     assert "eos_token" in info and info["chat_template"].startswith("{% for m")
     ms = httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}).json()
     assert ms["data"][0]["id"] == "small-chat"
 
 
-@pytest.mark.parametrize("body,status,param", [
-    (b"{not json", 400, None),
-    (b'{"prompt": "a", "prompt": "b"}', 400, None),
-    ({"prompt": "a", "max_tokens": "5"}, 400, "max_tokens"),
-    ({"prompt": "a", "max_tokens": -1}, 400, "max_tokens"),
-    ({"prompt": "a", "max_tokens": True}, 400, "max_tokens"),
-    ({"prompt": [1, 2.5]}, 400, "prompt"),
-    ({"prompt": [1, True]}, 400, "prompt"),
-    ({"prompt": [1, 260]}, 400, "prompt"),
-    ({"prompt": [-1]}, 400, "prompt"),
-    ({"prompt": []}, 400, "prompt"),
-    ({"prompt": "a" * 600}, 400, "prompt"),
-    ({"prompt": "a", "max_tokens": 600}, 400, "max_tokens"),
-    ({"prompt": ["a"] * 10_000}, 400, "prompt"),
-    ({"prompt": "a", "temperature": 0.8}, 400, "temperature"),
-    ({"prompt": "a", "n": 2}, 400, "n"),
-    ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
-    ({"prompt": "a", "model": "gpt-4"}, 404, "model"),
-    ({"max_tokens": 1}, 400, "prompt"),
-    (b'{"prompt": "\\ud800"}', 400, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        (b"{not json", 400, None),
+        (b'{"prompt": "a", "prompt": "b"}', 400, None),
+        ({"prompt": "a", "max_tokens": "5"}, 400, "max_tokens"),
+        ({"prompt": "a", "max_tokens": -1}, 400, "max_tokens"),
+        ({"prompt": "a", "max_tokens": True}, 400, "max_tokens"),
+        ({"prompt": [1, 2.5]}, 400, "prompt"),
+        ({"prompt": [1, True]}, 400, "prompt"),
+        ({"prompt": [1, 260]}, 400, "prompt"),
+        ({"prompt": [-1]}, 400, "prompt"),
+        ({"prompt": []}, 400, "prompt"),
+        ({"prompt": "a" * 600}, 400, "prompt"),
+        ({"prompt": "a", "max_tokens": 600}, 400, "max_tokens"),
+        ({"prompt": ["a"] * 10_000}, 400, "prompt"),
+        ({"prompt": "a", "temperature": 0.8}, 400, "temperature"),
+        ({"prompt": "a", "n": 2}, 400, "n"),
+        ({"prompt": "a", "logprobs": 21}, 400, "logprobs"),
+        ({"prompt": "a", "model": "gpt-4"}, 404, "model"),
+        ({"max_tokens": 1}, 400, "prompt"),
+        (b'{"prompt": "\\ud800"}', 400, "prompt"),
+    ],
+)
 def test_bad_requests(server, body, status, param):
     if isinstance(body, bytes):
-        r = _post(server, "/v1/completions", raw=body,
-                  headers={"Content-Type": "application/json"})
+        r = _post(server, "/v1/completions", raw=body, headers={"Content-Type": "application/json"})
     else:
         r = _post(server, "/v1/completions", body)
     assert r.status_code == status, r.text
@@ -210,7 +247,7 @@ def test_limits_keys_and_routes(server):
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     for path in ("/v1/models", "/metrics", "/tokenizer_info"):
         assert httpx.get(server.url + path).status_code == 401
-    assert httpx.get(server.url + "/health").json() == {"status": "ok"}   # open
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}  # open
     r = httpx.get(server.url + "/nope", headers={"Authorization": f"Bearer {KEY}"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     r = httpx.get(server.url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"})
@@ -218,25 +255,47 @@ def test_limits_keys_and_routes(server):
 
 
 def test_a_client_that_vanishes_mid_stream(server, client):
-    body = json.dumps({"prompt": "x", "max_tokens": 400, "stream": True,
-                       "extra": 1, "ignore_eos": True}).encode()
+    body = json.dumps(
+        {"prompt": "x", "max_tokens": 400, "stream": True, "extra": 1, "ignore_eos": True}
+    ).encode()
     s = socket.create_connection(("127.0.0.1", server.port))
-    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-              b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
-              str(len(body)).encode() + b"\r\n\r\n" + body)
+    s.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer "
+        + KEY.encode()
+        + b"\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
     assert b"200 OK" in s.recv(4096)
-    s.close()   # gone mid-stream: its sequence is cancelled
+    s.close()  # gone mid-stream: its sequence is cancelled
     r = client.completions.create(model="small-chat", prompt="still there?", max_tokens=2)
     assert r.choices[0].finish_reason in ("length", "stop")
 
 
 def test_port_in_use_is_one_error_line(model, server):
-    p = subprocess.run([sys.executable, "-m", "minfer", "serve", "-m", str(model), "--backend",
-                        "cpu", "--port", str(server.port)], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minfer",
+            "serve",
+            "-m",
+            str(model),
+            "--backend",
+            "cpu",
+            "--port",
+            str(server.port),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2
-    assert p.stderr.startswith("error: cannot listen on 127.0.0.1:") and \
-        p.stderr.count("\n") == 1, p.stderr
+    assert (
+        p.stderr.startswith("error: cannot listen on 127.0.0.1:") and p.stderr.count("\n") == 1
+    ), p.stderr
 
 
 def test_queue_full_is_429_and_drain_finishes_in_flight(model):
@@ -250,8 +309,13 @@ def test_queue_full_is_429_and_drain_finishes_in_flight(model):
         out = []
 
         def one():
-            out.append(httpx.post(s.url + "/v1/completions", json={
-                "prompt": "a b c", "max_tokens": 40, "ignore_eos": True}, timeout=60))
+            out.append(
+                httpx.post(
+                    s.url + "/v1/completions",
+                    json={"prompt": "a b c", "max_tokens": 40, "ignore_eos": True},
+                    timeout=60,
+                )
+            )
 
         ts = [threading.Thread(target=one) for _ in range(3)]
         for t in ts:
@@ -262,7 +326,8 @@ def test_queue_full_is_429_and_drain_finishes_in_flight(model):
             t.join()
         assert s.proc.wait(60) == 0
         assert all(r.status_code in (200, 429, 503) for r in out)
-        assert any(r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40
-                   for r in out)
+        assert any(
+            r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40 for r in out
+        )
     finally:
         s.stop()

@@ -20,8 +20,15 @@ import serve_fuzz  # noqa: E402
 
 
 def test_schema_fuzzing_sample(tmp_path):
-    s = Server(small_chat_model(tmp_path, n_ctx=64), "--api-key", serve_fuzz.KEY,
-               "--max-body", "65536", "--max-batch-tokens", "64")
+    s = Server(
+        small_chat_model(tmp_path, n_ctx=64),
+        "--api-key",
+        serve_fuzz.KEY,
+        "--max-body",
+        "65536",
+        "--max-batch-tokens",
+        "64",
+    )
     try:
         out = serve_fuzz.campaign(s.url, serve_fuzz.KEY, examples=12, log=lambda *a: None)
     finally:
@@ -33,8 +40,9 @@ def test_schema_fuzzing_sample(tmp_path):
 
 
 def test_the_document_has_every_route_and_body(tmp_path):
-    from minfer.serve.schema import openapi
     from fastapi import FastAPI
+
+    from minfer.serve.schema import openapi
 
     app = FastAPI()
     for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):

@@ -30,8 +30,9 @@ def _task_folder(tmp: Path) -> Path:
     d = tmp / "tasks"
     d.mkdir()
     shutil.copy(HERE / "mc.jsonl", d / "mc.jsonl")
-    yaml = (HERE / "minfer_mc.yaml").read_text().replace("test: mc.jsonl",
-                                                        f"test: {d / 'mc.jsonl'}")
+    yaml = (
+        (HERE / "minfer_mc.yaml").read_text().replace("test: mc.jsonl", f"test: {d / 'mc.jsonl'}")
+    )
     (d / "minfer_mc.yaml").write_text(yaml)
     return d
 
@@ -50,9 +51,12 @@ def test_lm_eval_scores_through_the_server(model, tmp_path, monkeypatch):
         res = lm_eval.simple_evaluate(
             model="local-completions",
             model_args=f"base_url={s.url}/v1/completions,tokenizer_backend=remote,"
-                       "model=small,num_concurrent=4,max_retries=1,max_length=512",
-            tasks=["minfer_mc"], task_manager=TaskManager(include_path=str(
-                _task_folder(tmp_path))), log_samples=True, batch_size=4)
+            "model=small,num_concurrent=4,max_retries=1,max_length=512",
+            tasks=["minfer_mc"],
+            task_manager=TaskManager(include_path=str(_task_folder(tmp_path))),
+            log_samples=True,
+            batch_size=4,
+        )
     finally:
         assert s.stop() == 0
     samples = res["samples"]["minfer_mc"]
@@ -72,7 +76,7 @@ def test_lm_eval_scores_through_the_server(model, tmp_path, monkeypatch):
             whole = tok.encode(context + cont, add_bos=False, parse_special=True)
             ctx = tok.encode(context, add_bos=False, parse_special=True)
             lp = engine_logprobs(eng, [whole])[0]
-            ll = float(np.sum(lp[len(ctx) - 1:]))
+            ll = float(np.sum(lp[len(ctx) - 1 :]))
             got = resp[0][0]
             assert got == pytest.approx(ll, abs=1e-4), (context, cont)
             lls.append(ll)

@@ -1,7 +1,7 @@
 """`minfer serve` under load on loopback (docs/serve.md, Reliability): 2,000 concurrent
 connections with a small queue (each answered whole: 200 or a clean 429), a slow reader (it
 holds no engine work), clients that vanish mid-request (their work is cancelled), and a
-bounded sample of the soak (scripts/serve_soak.py)."""
+bounded sample of the soak (lab/serve_soak.py)."""
 
 from __future__ import annotations
 
@@ -30,24 +30,32 @@ def model(tmp_path_factory):
 
 def _metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics", timeout=30).text
-    return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(name + " ")
-               or x.startswith(name + "{"))
+    return sum(
+        float(x.split()[-1])
+        for x in text.splitlines()
+        if x.startswith(name + " ") or x.startswith(name + "{")
+    )
 
 
 async def _one(port: int, i: int) -> tuple[int, dict | None]:
     """One connection, one request, read to EOF: (status, body) or (0, None) when cut."""
     body = json.dumps({"prompt": f"client {i}", "max_tokens": 2, "ignore_eos": True}).encode()
     r, w = await asyncio.open_connection("127.0.0.1", port)
-    w.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    w.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
     await w.drain()
     data = await r.read()
     w.close()
     head, _, rest = data.partition(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 "):
         return 0, None
-    n = int(next(h.split(b":")[1] for h in head.split(b"\r\n")
-                 if h.lower().startswith(b"content-length")))
+    n = int(
+        next(
+            h.split(b":")[1] for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")
+        )
+    )
     return int(head[9:12]), json.loads(rest) if len(rest) == n else None
 
 
@@ -57,25 +65,30 @@ def test_2000_concurrent_connections(model):
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, CONNS + 1000), hard))
     s = Server(model, "--max-queue", "256", "--max-batch-tokens", "256")
     try:
+
         async def run():
-            return await asyncio.wait_for(asyncio.gather(*(_one(s.port, i) for i in
-                                                           range(CONNS))), 300)
+            return await asyncio.wait_for(
+                asyncio.gather(*(_one(s.port, i) for i in range(CONNS))), 300
+            )
 
         t0 = time.monotonic()
         out = asyncio.run(run())
         took = time.monotonic() - t0
         codes = [c for c, _ in out]
         assert len(out) == CONNS and all(b is not None for _, b in out), codes.count(0)
-        assert set(codes) <= {200, 429} and codes.count(200) >= 256, \
-            {c: codes.count(c) for c in set(codes)}
+        assert set(codes) <= {200, 429} and codes.count(200) >= 256, {
+            c: codes.count(c) for c in set(codes)
+        }
         for c, b in out:
             if c == 429:
                 assert b["error"]["code"] == "queue_full"
             else:
                 assert b["usage"]["completion_tokens"] == 2
         assert httpx.get(s.url + "/health").status_code == 200
-        print(f"{CONNS} connections in {took:.1f} s: {codes.count(200)} answered, "
-              f"{codes.count(429)} queue full")
+        print(
+            f"{CONNS} connections in {took:.1f} s: {codes.count(200)} answered, "
+            f"{codes.count(429)} queue full"
+        )
     finally:
         assert s.stop() == 0
 
@@ -84,23 +97,27 @@ def test_a_slow_reader_holds_no_engine_work(model):
     s = Server(model)
     try:
         c = socket.socket()
-        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)   # before connect: a small window
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # before connect: a small window
         c.connect(("127.0.0.1", s.port))
-        body = json.dumps({"prompt": "slow", "max_tokens": 600, "ignore_eos": True,
-                           "stream": True, "logprobs": 5}).encode()
-        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                  b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        body = json.dumps(
+            {"prompt": "slow", "max_tokens": 600, "ignore_eos": True, "stream": True, "logprobs": 5}
+        ).encode()
+        c.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
         got = b""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 4:   # a byte every 0.1 s while the engine finishes
+        while time.monotonic() - t0 < 4:  # a byte every 0.1 s while the engine finishes
             got += c.recv(1)
             time.sleep(0.1)
         assert got.startswith(b"HTTP/1.1 200")
-        assert _metric(s.url, "minfer_running") == 0   # its sequence is done, slots back
+        assert _metric(s.url, "minfer_running") == 0  # its sequence is done, slots back
         assert _metric(s.url, "minfer_generation_tokens_total") == 600
-        t1 = time.monotonic()   # others are served while it still reads
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "fast", "max_tokens": 4},
-                       timeout=30)
+        t1 = time.monotonic()  # others are served while it still reads
+        r = httpx.post(
+            s.url + "/v1/completions", json={"prompt": "fast", "max_tokens": 4}, timeout=30
+        )
         assert r.status_code == 200 and time.monotonic() - t1 < 5
         c.close()
     finally:
@@ -112,34 +129,40 @@ def test_a_client_that_vanishes_mid_request_is_cancelled(model, stream):
     s = Server(model, "--max-batch-tokens", "64")
     try:
         c = socket.create_connection(("127.0.0.1", s.port))
-        body = json.dumps({"prompt": "gone", "max_tokens": 3000, "ignore_eos": True,
-                           "stream": stream}).encode()
-        c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                  b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        body = json.dumps(
+            {"prompt": "gone", "max_tokens": 3000, "ignore_eos": True, "stream": stream}
+        ).encode()
+        c.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        )
         t0 = time.monotonic()
         while _metric(s.url, "minfer_generation_tokens_total") < 20:
             assert time.monotonic() - t0 < 60
             time.sleep(0.05)
         c.close()
-        time.sleep(1.5)   # the front notices within 0.5 s, the engine at its next step
+        time.sleep(1.5)  # the front notices within 0.5 s, the engine at its next step
         n1 = _metric(s.url, "minfer_generation_tokens_total")
         assert _metric(s.url, "minfer_running") == 0 and n1 < 3000
         time.sleep(0.5)
-        assert _metric(s.url, "minfer_generation_tokens_total") == n1   # nothing carries it
-        r = httpx.post(s.url + "/v1/completions", json={"prompt": "next", "max_tokens": 3,
-                                                        "ignore_eos": True}, timeout=30)
+        assert _metric(s.url, "minfer_generation_tokens_total") == n1  # nothing carries it
+        r = httpx.post(
+            s.url + "/v1/completions",
+            json={"prompt": "next", "max_tokens": 3, "ignore_eos": True},
+            timeout=30,
+        )
         assert r.json()["usage"]["completion_tokens"] == 3
     finally:
         assert s.stop() == 0
 
 
 def test_soak_sample(tmp_path):
-    """20 s of scripts/serve_soak.py: steady load, RSS and p99 per interval, the prefix cache
+    """20 s of lab/serve_soak.py: steady load, RSS and p99 per interval, the prefix cache
     bounded by the KV slots."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lab"))
     import serve_soak
 
     rows, verdict = serve_soak.soak(seconds=20, interval=5, clients=4, log=lambda *a: None)
     assert len(rows) >= 3 and all(r["errors"] == 0 for r in rows)
     assert verdict["prefix_bounded"], rows
-    assert verdict["rss_growth"] < 0.15, rows   # short: warm-up allocations still show
+    assert verdict["rss_growth"] < 0.15, rows  # short: warm-up allocations still show

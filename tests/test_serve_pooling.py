@@ -20,13 +20,13 @@ httpx = pytest.importorskip("httpx")
 from pooling_helpers import qwen3_pooling_model  # noqa: E402
 from serve_helpers import Server  # noqa: E402
 
-TOL = 1e-9   # f64 reference: a request in a busy batch equals itself alone (summation order)
+TOL = 1e-9  # f64 reference: a request in a busy batch equals itself alone (summation order)
 TEXTS = ["The quick brown fox", "jumps over the lazy dog", "a"]
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return qwen3_pooling_model(tmp_path_factory.mktemp("servepool"), pooling=1)   # mean
+    return qwen3_pooling_model(tmp_path_factory.mktemp("servepool"), pooling=1)  # mean
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +51,11 @@ def test_openai_client_embeddings_equal_the_engine(server, engine):
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
     r = client.embeddings.create(model="qwen3-pool", input=TEXTS)
     got = np.array([d.embedding for d in r.data])
-    want = engine.embed(TEXTS)   # the GGUF's key: mean pooling
+    want = engine.embed(TEXTS)  # the GGUF's key: mean pooling
     assert np.allclose(got, want, atol=TOL) and [d.index for d in r.data] == [0, 1, 2]
-    assert r.usage.prompt_tokens == sum(len(engine.tok.encode(t, parse_special=True))
-                                        for t in TEXTS)
+    assert r.usage.prompt_tokens == sum(
+        len(engine.tok.encode(t, parse_special=True)) for t in TEXTS
+    )
     assert np.allclose(np.linalg.norm(got, axis=1), 1)
     one = client.embeddings.create(model="qwen3-pool", input="a", dimensions=8)
     assert np.allclose(one.data[0].embedding, engine.embed("a", dimensions=8)[0], atol=TOL)
@@ -65,16 +66,26 @@ def test_openai_client_embeddings_equal_the_engine(server, engine):
 
 
 def test_score_equals_the_engine(server, engine):
-    body = {"query": "Is the sky blue? Answer:", "items": [" yes", " no"],
-            "label_token_ids": [1020, 1021]}
+    body = {
+        "query": "Is the sky blue? Answer:",
+        "items": [" yes", " no"],
+        "label_token_ids": [1020, 1021],
+    }
     for extra in ({}, {"apply_softmax": True}, {"item_first": True}):
         r = _post(server, "/v1/score", {**body, **extra}).json()
-        want = engine.score(body["query"], body["items"], body["label_token_ids"],
-                            apply_softmax=extra.get("apply_softmax", False),
-                            item_first=extra.get("item_first", False))
+        want = engine.score(
+            body["query"],
+            body["items"],
+            body["label_token_ids"],
+            apply_softmax=extra.get("apply_softmax", False),
+            item_first=extra.get("item_first", False),
+        )
         assert r["object"] == "scoring" and np.allclose(r["scores"], want, atol=TOL)
-    r = _post(server, "/v1/score", {"query": [5, 6], "items": [[7], [8, 9]],
-                                   "label_token_ids": [3], "apply_softmax": True}).json()
+    r = _post(
+        server,
+        "/v1/score",
+        {"query": [5, 6], "items": [[7], [8, 9]], "label_token_ids": [3], "apply_softmax": True},
+    ).json()
     assert r["scores"] == [[1.0], [1.0]]
 
 
@@ -86,11 +97,15 @@ def test_rerank_equals_the_engine_on_every_alias(server, engine):
     for path in ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking"):
         r = _post(server, path, {"query": q, "documents": docs, "top_n": 2}).json()
         assert [x["index"] for x in r["results"]] == [w["index"] for w in want]
-        assert np.allclose([x["relevance_score"] for x in r["results"]],
-                           [w["relevance_score"] for w in want], atol=TOL)
+        assert np.allclose(
+            [x["relevance_score"] for x in r["results"]],
+            [w["relevance_score"] for w in want],
+            atol=TOL,
+        )
         assert r["results"][0]["document"] == {"text": texts[want[0]["index"]]}
-    r = _post(server, "/v1/rerank", {"query": q, "documents": texts,
-                                    "return_documents": False}).json()
+    r = _post(
+        server, "/v1/rerank", {"query": q, "documents": texts, "return_documents": False}
+    ).json()
     assert len(r["results"]) == 3 and "document" not in r["results"][0]
 
 
@@ -99,16 +114,21 @@ def test_a_busy_batch_of_documents_equals_each_alone(server):
     query's prefix shared across requests, the same numbers as each request alone."""
     q = "a fairly long query so that the shared prefix is well past sixteen tokens"
     docs = [f"document {i} has words" for i in range(8)]
-    alone = [_post(server, "/v1/rerank", {"query": q, "documents": [d]}).json()
-             ["results"][0]["relevance_score"] for d in docs]
+    alone = [
+        _post(server, "/v1/rerank", {"query": q, "documents": [d]}).json()["results"][0][
+            "relevance_score"
+        ]
+        for d in docs
+    ]
     got = [None] * len(docs)
 
     def go(i):
         got[i] = _post(server, "/v1/rerank", {"query": q, "documents": [docs[i]]}).json()
 
     ts = [threading.Thread(target=go, args=(i,)) for i in range(len(docs))]
-    ts.append(threading.Thread(target=lambda: _post(server, "/v1/embeddings",
-                                                    {"input": TEXTS * 3})))
+    ts.append(
+        threading.Thread(target=lambda: _post(server, "/v1/embeddings", {"input": TEXTS * 3}))
+    )
     for t in ts:
         t.start()
     for t in ts:
@@ -116,25 +136,31 @@ def test_a_busy_batch_of_documents_equals_each_alone(server):
     assert np.allclose([g["results"][0]["relevance_score"] for g in got], alone, atol=TOL)
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/embeddings", {"input": ""}, "input"),
-    ("/v1/embeddings", {"input": []}, "input"),
-    ("/v1/embeddings", {}, "input"),
-    ("/v1/embeddings", {"input": "a", "dimensions": 10 ** 6}, "dimensions"),
-    ("/v1/embeddings", {"input": "a", "dimensions": 0}, "dimensions"),
-    ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
-    ("/v1/embeddings", {"input": [[1, 10 ** 6]]}, "input[0]"),
-    ("/v1/embeddings", {"input": ["a", 1]}, "input"),
-    ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": [10 ** 6]},
-     "label_token_ids"),
-    ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": []}, "label_token_ids"),
-    ("/v1/score", {"query": "q", "items": [], "label_token_ids": [1]}, "items"),
-    ("/v1/score", {"query": "q", "items": [[1]], "label_token_ids": [1]}, "items"),
-    ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
-    ("/v1/rerank", {"query": "q", "documents": [3]}, "documents"),
-    ("/rerank", {"documents": ["a"]}, "query"),
-    ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/embeddings", {"input": ""}, "input"),
+        ("/v1/embeddings", {"input": []}, "input"),
+        ("/v1/embeddings", {}, "input"),
+        ("/v1/embeddings", {"input": "a", "dimensions": 10**6}, "dimensions"),
+        ("/v1/embeddings", {"input": "a", "dimensions": 0}, "dimensions"),
+        ("/v1/embeddings", {"input": "a", "encoding_format": "int8"}, "encoding_format"),
+        ("/v1/embeddings", {"input": [[1, 10**6]]}, "input[0]"),
+        ("/v1/embeddings", {"input": ["a", 1]}, "input"),
+        (
+            "/v1/score",
+            {"query": "q", "items": ["a"], "label_token_ids": [10**6]},
+            "label_token_ids",
+        ),
+        ("/v1/score", {"query": "q", "items": ["a"], "label_token_ids": []}, "label_token_ids"),
+        ("/v1/score", {"query": "q", "items": [], "label_token_ids": [1]}, "items"),
+        ("/v1/score", {"query": "q", "items": [[1]], "label_token_ids": [1]}, "items"),
+        ("/v1/rerank", {"query": "q", "documents": []}, "documents"),
+        ("/v1/rerank", {"query": "q", "documents": [3]}, "documents"),
+        ("/rerank", {"documents": ["a"]}, "query"),
+        ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+    ],
+)
 def test_bad_requests_are_400(server, path, body, param):
     r = _post(server, path, body)
     assert r.status_code == 400, r.text

@@ -16,13 +16,15 @@ import time
 from pathlib import Path
 
 import pytest
-
 from proc_helpers import group_alive as _group_alive
 from proc_helpers import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
-EXIT = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated"),
-        signal.SIGHUP: (129, "terminated")}
+EXIT = {
+    signal.SIGINT: (130, "interrupted"),
+    signal.SIGTERM: (143, "terminated"),
+    signal.SIGHUP: (129, "terminated"),
+}
 
 
 def _env(**extra) -> dict:
@@ -39,9 +41,14 @@ def _preexec():
 
 
 def _start(args, cwd, **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "minfer", *args], cwd=cwd, env=_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_preexec)
+    return subprocess.Popen(
+        [sys.executable, "-m", "minfer", *args],
+        cwd=cwd,
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_preexec,
+    )
 
 
 def _finish(proc, timeout=60):
@@ -67,8 +74,19 @@ def _tmp_files(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_quantize_signal_leaves_nothing(tmp_path, default_model_path, sig):
-    proc = _start(["quantize", str(default_model_path), "out.gguf", "--type", "q8_0",
-                   "--threads", "2", "--allow-requantize"], tmp_path)
+    proc = _start(
+        [
+            "quantize",
+            str(default_model_path),
+            "out.gguf",
+            "--type",
+            "q8_0",
+            "--threads",
+            "2",
+            "--allow-requantize",
+        ],
+        tmp_path,
+    )
     assert wait_for(lambda: _tmp_files(tmp_path), proc), "quantize ended before writing"
     time.sleep(0.3)  # the workers are busy now
     os.killpg(proc.pid, sig)
@@ -84,8 +102,24 @@ def test_quantize_signal_leaves_nothing(tmp_path, default_model_path, sig):
 
 
 def test_synth_sigterm_leaves_nothing(tmp_path):
-    proc = _start(["synth", "-o", "s.gguf", "--preset", "llama2-7b", "--layers", "2",
-                   "--vocab", "1024", "--tokenizer-from", "none", "--workers", "2"], tmp_path)
+    proc = _start(
+        [
+            "synth",
+            "-o",
+            "s.gguf",
+            "--preset",
+            "llama2-7b",
+            "--layers",
+            "2",
+            "--vocab",
+            "1024",
+            "--tokenizer-from",
+            "none",
+            "--workers",
+            "2",
+        ],
+        tmp_path,
+    )
     assert wait_for(lambda: _tmp_files(tmp_path), proc), "synth ended before writing"
     os.killpg(proc.pid, signal.SIGTERM)
     code, _, err = _finish(proc)
@@ -118,8 +152,20 @@ def test_sigint_after_final_rename(tmp_path, tiny):
     for _ in range(5):
         out = tmp_path / "q.gguf"
         out.unlink(missing_ok=True)
-        proc = _start(["quantize", str(tiny), "q.gguf", "--type", "q8_0", "--threads", "2",
-                       "--quiet", "--allow-requantize"], tmp_path)
+        proc = _start(
+            [
+                "quantize",
+                str(tiny),
+                "q.gguf",
+                "--type",
+                "q8_0",
+                "--threads",
+                "2",
+                "--quiet",
+                "--allow-requantize",
+            ],
+            tmp_path,
+        )
         if wait_for(out.exists, proc, step=0.001) and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
             code, _, err = _finish(proc)
@@ -151,16 +197,30 @@ def test_fetch_sigterm_kills_pip_and_removes_temp_folder(tmp_path):
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
     models = tmp_path / "models"
-    env = dict(MINFER_MODELS=str(models), PIP_INDEX_URL=f"http://127.0.0.1:{srv.getsockname()[1]}/",
-               PIP_RETRIES="0", PIP_TIMEOUT="60", PIP_NO_INPUT="1", PIP_PROXY="",
-               PIP_CONFIG_FILE=os.devnull, http_proxy="", https_proxy="", HTTP_PROXY="",
-               HTTPS_PROXY="", no_proxy="*")
+    env = dict(
+        MINFER_MODELS=str(models),
+        PIP_INDEX_URL=f"http://127.0.0.1:{srv.getsockname()[1]}/",
+        PIP_RETRIES="0",
+        PIP_TIMEOUT="60",
+        PIP_NO_INPUT="1",
+        PIP_PROXY="",
+        PIP_CONFIG_FILE=os.devnull,
+        http_proxy="",
+        https_proxy="",
+        HTTP_PROXY="",
+        HTTPS_PROXY="",
+        no_proxy="*",
+    )
     try:
         # the HTTP fetch (minfer.tools.fetch_http) told there is no route: pip's path
-        proc = subprocess.Popen([sys.executable, "-c", PIP_ONLY, "prefill", "--backend", "cpu",
-                                 "-p", "hi"], cwd=tmp_path, env=_env(**env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                preexec_fn=_preexec)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PIP_ONLY, "prefill", "--backend", "cpu", "-p", "hi"],
+            cwd=tmp_path,
+            env=_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=_preexec,
+        )
 
         def pip_child():
             kids = [p for p in _group_alive(proc.pid) if p != proc.pid]

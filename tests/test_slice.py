@@ -32,12 +32,16 @@ def test_two_layers_of_the_default_model(default_model_path, tmp_path):
     assert dst.kv["llama.block_count"].type == src.kv["llama.block_count"].type
     for k, v in src.kv.items():
         if k != "llama.block_count":
-            assert (dst.kv[k].value, dst.kv[k].type, dst.kv[k].sub_type) == \
-                (v.value, v.type, v.sub_type), k
+            assert (dst.kv[k].value, dst.kv[k].type, dst.kv[k].sub_type) == (
+                v.value,
+                v.type,
+                v.sub_type,
+            ), k
     # tensors: the kept ones byte for byte
     by = {t.name: t for t in src.tensors}
-    assert [t.name for t in dst.tensors] == [t.name for t in src.tensors if t.name in
-                                             {d.name for d in dst.tensors}]
+    assert [t.name for t in dst.tensors] == [
+        t.name for t in src.tensors if t.name in {d.name for d in dst.tensors}
+    ]
     for t in dst.tensors:
         s = by[t.name]
         assert (t.qtype, t.shape) == (s.qtype, s.shape)
@@ -54,8 +58,9 @@ def test_default_cap_picks_the_largest_n_that_fits(default_model_path, tmp_path)
         plan_slice(default_model_path, layers=plan.layers + 1)
     h = read_header(out)  # (loading is tested above; the reader is slow on a 49152 vocab)
     assert h.kv["llama.block_count"].value == plan.layers
-    assert {int(t.name.split(".")[1]) for t in h.tensors if t.name.startswith("blk.")} == \
-        set(range(plan.layers))
+    assert {int(t.name.split(".")[1]) for t in h.tensors if t.name.startswith("blk.")} == set(
+        range(plan.layers)
+    )
     # a smaller cap gives fewer layers, still under it
     p2 = plan_slice(default_model_path, max_mib=40)
     assert p2.layers < plan.layers and p2.bytes <= 40 * MIB
@@ -71,12 +76,30 @@ def test_cap_too_small_for_one_layer_is_a_clear_error(default_model_path, tmp_pa
 
 def test_script(default_model_path, tmp_path):
     out = tmp_path / "s.gguf"
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "slice_model.py"),
-                        str(default_model_path), str(out), "--layers", "1"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "slice_model.py"),
+            str(default_model_path),
+            str(out),
+            "--layers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "1 of 30 layers" in r.stdout and out.exists()
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "slice_model.py"),
-                        str(default_model_path), str(tmp_path / "y.gguf"), "--max-mib", "5"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "slice_model.py"),
+            str(default_model_path),
+            str(tmp_path / "y.gguf"),
+            "--max-mib",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.startswith("error: even 1 layer")

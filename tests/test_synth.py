@@ -52,8 +52,9 @@ def test_q4k_scale_packing_matches_get_scale_min_k4():
 
 
 # ---- type mix -------------------------------------------------------------------------------
-@pytest.mark.parametrize("ftype, key", [("q4_K_M", "q4_k_m"), ("q6_K", "q6_k"),
-                                        ("q8_0", "q8_0"), ("f16", "f16")])
+@pytest.mark.parametrize(
+    "ftype, key", [("q4_K_M", "q4_k_m"), ("q6_K", "q6_k"), ("q8_0", "q8_0"), ("f16", "f16")]
+)
 def test_type_mix_reproduces_llama_cpp_on_smollm2(ftype, key):
     """A synthetic model of SmolLM2's shape gets llama.cpp's exact types and shapes."""
     ref = json.loads((GOLDEN / "llamacpp-requant-tensors.json").read_text())[f"smollm2-135m-{key}"]
@@ -67,8 +68,9 @@ def test_q4_k_m_mix_at_8b_shape_follows_use_more_bits():
     assert plans["output.weight"] == "Q6_K" and plans["token_embd.weight"] == "Q4_K"
     more = [i for i in range(32) if plans[f"blk.{i}.ffn_down.weight"] == "Q6_K"]
     assert more == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
-    assert all(plans[f"blk.{i}.attn_v.weight"] == ("Q6_K" if i in more else "Q4_K")
-               for i in range(32))
+    assert all(
+        plans[f"blk.{i}.attn_v.weight"] == ("Q6_K" if i in more else "Q4_K") for i in range(32)
+    )
     assert all(plans[f"blk.{i}.attn_q.weight"] == "Q4_K" for i in range(32))
     assert all(v == "F32" for k, v in plans.items() if "norm" in k)
 
@@ -77,8 +79,11 @@ def test_q4_k_m_mix_at_8b_shape_follows_use_more_bits():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     p = tmp_path_factory.mktemp("synth") / "tiny.gguf"
-    r = make_synthetic_model(p, SynthOptions(preset="tiny", seed=3, vocab=512, tokenizer_from=None,
-                                             workers=1), progress=False)
+    r = make_synthetic_model(
+        p,
+        SynthOptions(preset="tiny", seed=3, vocab=512, tokenizer_from=None, workers=1),
+        progress=False,
+    )
     return p, r
 
 
@@ -86,8 +91,14 @@ def test_tiny_model_loads_with_minfer_and_gguf(tiny):
     p, r = tiny
     m = load_model(p)  # checks every tensor's presence and shape
     c, s = m.config, PRESETS["tiny"]
-    assert (c.arch, c.n_layers, c.d_model, c.d_ff, c.n_heads, c.n_kv_heads) == \
-        (s.arch, s.n_layers, s.d_model, s.d_ff, s.n_heads, s.n_kv_heads)
+    assert (c.arch, c.n_layers, c.d_model, c.d_ff, c.n_heads, c.n_kv_heads) == (
+        s.arch,
+        s.n_layers,
+        s.d_model,
+        s.d_ff,
+        s.n_heads,
+        s.n_kv_heads,
+    )
     assert c.tied_embeddings and c.vocab_size == 512
     f = gguf.GGUFReader(p).fields
     assert list(f["llama.block_count"].types) == [gguf.GGUFValueType.UINT32]
@@ -105,8 +116,11 @@ def test_tokenizer_is_copied_whole_from_the_default_model(default_model_path, tm
     toks = [k for k in src if k.startswith("tokenizer.")]
     assert "tokenizer.ggml.merges" in toks and "copied" in r["tokenizer"]
     for k in toks:
-        assert (mine[k].value, mine[k].type, mine[k].sub_type) == \
-            (src[k].value, src[k].type, src[k].sub_type), k
+        assert (mine[k].value, mine[k].type, mine[k].sub_type) == (
+            src[k].value,
+            src[k].type,
+            src[k].sub_type,
+        ), k
     assert mine["llama.vocab_size"].value == len(src["tokenizer.ggml.tokens"].value) == 49152
 
 
@@ -122,8 +136,9 @@ def test_same_seed_same_file_any_worker_count_other_seed_differs(tiny, tmp_path)
 
 def test_generated_vocab_when_no_tokenizer_source(tmp_path):
     p = tmp_path / "v.gguf"
-    r = make_synthetic_model(p, SynthOptions(preset="tiny", vocab=700, tokenizer_from=None,
-                                             workers=1), progress=False)
+    r = make_synthetic_model(
+        p, SynthOptions(preset="tiny", vocab=700, tokenizer_from=None, workers=1), progress=False
+    )
     m = load_model(p)
     toks = m.metadata["tokenizer.ggml.tokens"]
     assert m.config.vocab_size == len(toks) == 700 == len(set(toks))
@@ -181,8 +196,11 @@ def test_activations_stay_finite_and_well_scaled_through_32_layers(tmp_path):
     its rms stays in [0.3, 3*sqrt(layers)]; the logits are finite with std ~1. The reference
     backend, where present, agrees on the logits."""
     p = tmp_path / "deep.gguf"
-    make_synthetic_model(p, SynthOptions(preset="tiny", layers=32, vocab=512,
-                                         tokenizer_from=None, workers=1), progress=False)
+    make_synthetic_model(
+        p,
+        SynthOptions(preset="tiny", layers=32, vocab=512, tokenizer_from=None, workers=1),
+        progress=False,
+    )
     m = load_model(p)
     ids = np.array([5, 77, 300, 12, 511, 0, 42, 99], dtype=np.int32)
     rms, logits = _mini_forward(m, ids)
@@ -203,8 +221,11 @@ def test_activations_stay_finite_and_well_scaled_through_32_layers(tmp_path):
 def llama3_2layers(tmp_path_factory):
     """The Llama-3-8B shape with 2 layers (vocab 512 generated, to keep it ~250 MB)."""
     p = tmp_path_factory.mktemp("synth8b") / "l3.gguf"
-    make_synthetic_model(p, SynthOptions(preset="llama3-8b", layers=2, vocab=512,
-                                         tokenizer_from=None, workers=2), progress=False)
+    make_synthetic_model(
+        p,
+        SynthOptions(preset="llama3-8b", layers=2, vocab=512, tokenizer_from=None, workers=2),
+        progress=False,
+    )
     return p
 
 
@@ -212,16 +233,27 @@ def llama3_2layers(tmp_path_factory):
 def test_llama3_8b_shape_loads_and_has_designed_weights(llama3_2layers):
     m = load_model(llama3_2layers)  # checks all shapes against the config
     c = m.config
-    assert (c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers) == \
-        (4096, 14336, 32, 8, 128, 2)
+    assert (c.d_model, c.d_ff, c.n_heads, c.n_kv_heads, c.head_dim, c.n_layers) == (
+        4096,
+        14336,
+        32,
+        8,
+        128,
+        2,
+    )
     assert not c.tied_embeddings and c.rope_base == 500000.0
     r = gguf.GGUFReader(llama3_2layers)
     assert len(r.tensors) == len(m.tensors) == 2 * 9 + 3
     types = {t.name: t.type_name for t in m.tensors.values()}
     assert types["blk.0.attn_v.weight"] == "Q4_K" and types["blk.1.attn_v.weight"] == "Q6_K"
     assert types["blk.1.ffn_down.weight"] == "Q6_K" and types["output.weight"] == "Q6_K"
-    for name in ("blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.1.ffn_down.weight",
-                 "blk.1.attn_v.weight", "output.weight"):
+    for name in (
+        "blk.0.attn_q.weight",
+        "blk.0.ffn_down.weight",
+        "blk.1.ffn_down.weight",
+        "blk.1.attn_v.weight",
+        "output.weight",
+    ):
         K = m.tensors[name].shape[1]
         w = m.dequant(name, rows=slice(0, 64))
         assert abs(w.std() * np.sqrt(K) - 1) < 0.05, name
@@ -233,8 +265,11 @@ def test_llama3_8b_shape_loads_and_has_designed_weights(llama3_2layers):
 @pytest.mark.slow
 def test_qwen2_like_one_layer_has_biases_and_loads(tmp_path):
     p = tmp_path / "q.gguf"
-    make_synthetic_model(p, SynthOptions(preset="qwen2-7b-like", layers=1, vocab=512,
-                                         tokenizer_from=None, workers=2), progress=False)
+    make_synthetic_model(
+        p,
+        SynthOptions(preset="qwen2-7b-like", layers=1, vocab=512, tokenizer_from=None, workers=2),
+        progress=False,
+    )
     c = load_model(p).config
     assert c.arch == "qwen2" and c.qkv_bias and c.rope_neox
     assert (c.d_model, c.d_ff, c.n_heads, c.n_kv_heads) == (3584, 18944, 28, 4)
@@ -254,15 +289,19 @@ def test_bad_options_are_clear_errors(tmp_path):
     with pytest.raises(BadInput, match="preset"):
         make_synthetic_model(tmp_path / "x.gguf", SynthOptions(preset="gpt5"), progress=False)
     with pytest.raises(BadInput, match="--layers"):
-        make_synthetic_model(tmp_path / "x.gguf", SynthOptions(preset="tiny", layers=0),
-                             progress=False)
+        make_synthetic_model(
+            tmp_path / "x.gguf", SynthOptions(preset="tiny", layers=0), progress=False
+        )
     with pytest.raises(BadInput, match="type"):
-        make_synthetic_model(tmp_path / "x.gguf", SynthOptions(preset="tiny", qtype="q3_K"),
-                             progress=False)
+        make_synthetic_model(
+            tmp_path / "x.gguf", SynthOptions(preset="tiny", qtype="q3_K"), progress=False
+        )
     with pytest.raises(BadInput, match="no such file"):
-        make_synthetic_model(tmp_path / "x.gguf",
-                             SynthOptions(preset="tiny", tokenizer_from=tmp_path / "nope"),
-                             progress=False)
+        make_synthetic_model(
+            tmp_path / "x.gguf",
+            SynthOptions(preset="tiny", tokenizer_from=tmp_path / "nope"),
+            progress=False,
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -272,9 +311,24 @@ def test_cli_synth(tmp_path):
     from minfer.commands.synth import synth
 
     out = tmp_path / "c.gguf"
-    res = CliRunner().invoke(synth, ["--preset", "tiny", "--type", "q8_0", "--vocab", "300",
-                                     "--tokenizer-from", "none", "--workers", "1", "--quiet",
-                                     "-o", str(out)])
+    res = CliRunner().invoke(
+        synth,
+        [
+            "--preset",
+            "tiny",
+            "--type",
+            "q8_0",
+            "--vocab",
+            "300",
+            "--tokenizer-from",
+            "none",
+            "--workers",
+            "1",
+            "--quiet",
+            "-o",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     m = load_model(out)
     assert m.config.vocab_size == 300
@@ -314,7 +368,11 @@ def test_llama3_70b_preset_outgrows_f16_on_one_h200():
     w2d = [p for p in plan if len(p.shape) == 2]
     n = sum(math.prod(p.shape) for p in w2d)
     assert 69e9 < n < 72e9 and 128 << 30 < 2 * n < 130 << 30
-    file_bytes = sum(math.prod(p.shape) // gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[
-        p.qtype]][0] * gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[p.qtype]][1] for p in w2d)
+    file_bytes = sum(
+        math.prod(p.shape)
+        // gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[p.qtype]][0]
+        * gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[p.qtype]][1]
+        for p in w2d
+    )
     assert 38e9 < file_bytes < 44e9
     assert sum(p.name.endswith("ffn_down.weight") for p in plan) == 80

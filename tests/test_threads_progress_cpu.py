@@ -45,8 +45,21 @@ def test_physical_cores_within_affinity():
 def test_threads_option_limits_the_blas_pool(small_path, restore_threads):
     if not _blas_threads():
         pytest.skip("numpy has no BLAS that threadpoolctl sees")
-    code, out, err = run_cli(["prefill", "-m", str(small_path), "--backend", "cpu", "-t", "1",
-                              "-p", "hi", "--greedy", "2"])
+    code, out, err = run_cli(
+        [
+            "prefill",
+            "-m",
+            str(small_path),
+            "--backend",
+            "cpu",
+            "-t",
+            "1",
+            "-p",
+            "hi",
+            "--greedy",
+            "2",
+        ]
+    )
     assert code == 0, err
     assert _blas_threads() == {1}
     assert os.environ["OPENBLAS_NUM_THREADS"] == "1"
@@ -91,8 +104,9 @@ def _run_with_stderr(monkeypatch, stream, model_path, n_prompt, n_greedy, ubatch
 
     be = ReferenceBackend(load_model(model_path), max_tokens=n_prompt + n_greedy)
     monkeypatch.setattr(sys, "stderr", stream)
-    res = engine.run(be, list(range(1, n_prompt + 1)), n_greedy=n_greedy, ubatch=ubatch,
-                     progress=True)
+    res = engine.run(
+        be, list(range(1, n_prompt + 1)), n_greedy=n_greedy, ubatch=ubatch, progress=True
+    )
     monkeypatch.undo()
     assert be.layer_hook is None  # detached after prefill
     return res

@@ -22,8 +22,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minfer.errors import BadInput, BadModel, Unsupported
-from minfer.text.tokenizer import (_PRE, T_BYTE, T_CONTROL, T_NORMAL, T_USER_DEFINED, Tokenizer,
-                              bytes_to_unicode)
+from minfer.text.tokenizer import (
+    _PRE,
+    T_BYTE,
+    T_CONTROL,
+    T_NORMAL,
+    T_USER_DEFINED,
+    Tokenizer,
+    bytes_to_unicode,
+)
 
 KINDS = ["q4_1", "q4_k_m", "q6_k", "q8_0", "f16"]
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -63,8 +70,10 @@ def test_golden_detokenize(tok, kind):
 def test_properties(tok, default_model):
     md = default_model.metadata
     assert tok.n_vocab == len(md["tokenizer.ggml.tokens"]) == 49152
-    assert (tok.bos_id, tok.eos_id) == (md["tokenizer.ggml.bos_token_id"],
-                                        md["tokenizer.ggml.eos_token_id"])
+    assert (tok.bos_id, tok.eos_id) == (
+        md["tokenizer.ggml.bos_token_id"],
+        md["tokenizer.ggml.eos_token_id"],
+    )
     assert tok.add_bos is False and tok.pre_name == "smollm"
     assert Tokenizer.from_metadata(md) is tok  # cached per metadata object
     assert tok.encode("hi", add_bos=True)[0] == tok.bos_id
@@ -89,8 +98,21 @@ def test_edge_inputs(tok):
     assert tok.encode("") == []
     assert tok.encode("", add_bos=True) == [tok.bos_id]
     assert tok.decode([]) == ""
-    for s in ["\x00", "a\x00b", "\x00\x00\x00", "🙂", "👩‍👩‍👧‍👦 family", "日本語のテキスト",
-              "中文 汉字", "   ", "\n\n\n", "\t \r\n  x  ", " ", "e\u0301", "\ufeff"]:
+    for s in [
+        "\x00",
+        "a\x00b",
+        "\x00\x00\x00",
+        "🙂",
+        "👩‍👩‍👧‍👦 family",
+        "日本語のテキスト",
+        "中文 汉字",
+        "   ",
+        "\n\n\n",
+        "\t \r\n  x  ",
+        " ",
+        "e\u0301",
+        "\ufeff",
+    ]:
         ids = tok.encode(s)
         assert ids and all(0 <= i < tok.n_vocab for i in ids), repr(s)
         assert tok.decode(ids) == s, repr(s)
@@ -168,11 +190,42 @@ LLAMACPP_IDS = [
     ("\U000797bf\U000797bf", False, [134, 248, 140, 134, 248, 140]),
     ("a\x04b", False, [81, 82]),
     ("x\U00040000y", False, [104, 218, 218, 218, 105]),
-    ("<|im_start|>user\n2024年 naïve 🙂<|im_end|>", False,
-     [44, 108, 306, 79, 3738, 108, 46, 4093, 198, 34, 32, 34, 36, 32090, 129, 15486, 46494,
-      47526, 44, 108, 306, 79, 486, 108, 46]),
-    ("<|im_start|>user\n2024年 naïve 🙂<|im_end|>", True,
-     [1, 4093, 198, 34, 32, 34, 36, 32090, 129, 15486, 46494, 47526, 2]),
+    (
+        "<|im_start|>user\n2024年 naïve 🙂<|im_end|>",
+        False,
+        [
+            44,
+            108,
+            306,
+            79,
+            3738,
+            108,
+            46,
+            4093,
+            198,
+            34,
+            32,
+            34,
+            36,
+            32090,
+            129,
+            15486,
+            46494,
+            47526,
+            44,
+            108,
+            306,
+            79,
+            486,
+            108,
+            46,
+        ],
+    ),
+    (
+        "<|im_start|>user\n2024年 naïve 🙂<|im_end|>",
+        True,
+        [1, 4093, 198, 34, 32, 34, 36, 32090, 129, 15486, 46494, 47526, 2],
+    ),
 ]
 
 
@@ -194,7 +247,7 @@ def _regex_split(text: str, exprs) -> list[str]:
             last = 0
             for m in rx.finditer(p):
                 if m.start() > last:
-                    out.append(p[last:m.start()])
+                    out.append(p[last : m.start()])
                 if m.end() > m.start():
                     out.append(m.group())
                 last = m.end()
@@ -252,12 +305,13 @@ def ranks(default_model):
     r = {}
     for i, m in enumerate(default_model.metadata["tokenizer.ggml.merges"]):
         p = m.find(" ", 1)
-        r.setdefault((m[:p], m[p + 1:]), i)
+        r.setdefault((m[:p], m[p + 1 :]), i)
     return r
 
 
-MIXED = st.lists(st.sampled_from(list("ab xyz019 ,.'\n\t-éü世界🙂$") + ["'s", "'ll", "  "]),
-                 max_size=30).map("".join)
+MIXED = st.lists(
+    st.sampled_from(list("ab xyz019 ,.'\n\t-éü世界🙂$") + ["'s", "'ll", "  "]), max_size=30
+).map("".join)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -281,27 +335,34 @@ def _synthetic_bpe_meta(pre: str, words=("hello", "world", "123", "12", "23", " 
                 merges.append(f"{cur} {c}")
             cur += c
     types = [T_CONTROL, T_USER_DEFINED] + [T_NORMAL] * (len(tokens) - 2)
-    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
-            "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-            "tokenizer.ggml.merges": merges, "tokenizer.ggml.bos_token_id": 0,
-            "tokenizer.ggml.eos_token_id": 0}
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 0,
+    }
 
 
 def _pre_pieces(t: Tokenizer, s: str) -> list[str]:
     u2b = {c: b for b, c in bytes_to_unicode().items()}
-    return [bytes(u2b[c] for c in p).decode() for p, _ in
-            t._hf.pre_tokenizer.pre_tokenize_str(s)]
+    return [bytes(u2b[c] for c in p).decode() for p, _ in t._hf.pre_tokenizer.pre_tokenize_str(s)]
 
 
-@pytest.mark.parametrize("pre,expect", [
-    ("gpt-2", ["12345", " abc", "'s", " ", " x"]),
-    ("default", ["123", "45", " abc", "'", "s", " ", " x"]),  # [0-9]{3} runs last
-    ("starcoder", ["1", "2", "3", "4", "5", " abc", "'s", " ", " x"]),
-    ("smollm", ["1", "2", "3", "4", "5", " abc", "'s", " ", " x"]),
-    ("llama3", ["123", "45", " abc", "'s", " ", " x"]),
-    ("llama-bpe", ["123", "45", " abc", "'s", " ", " x"]),
-    ("qwen2", ["1", "2", "3", "4", "5", " abc", "'s", " ", " x"]),
-])
+@pytest.mark.parametrize(
+    "pre,expect",
+    [
+        ("gpt-2", ["12345", " abc", "'s", " ", " x"]),
+        ("default", ["123", "45", " abc", "'", "s", " ", " x"]),  # [0-9]{3} runs last
+        ("starcoder", ["1", "2", "3", "4", "5", " abc", "'s", " ", " x"]),
+        ("smollm", ["1", "2", "3", "4", "5", " abc", "'s", " ", " x"]),
+        ("llama3", ["123", "45", " abc", "'s", " ", " x"]),
+        ("llama-bpe", ["123", "45", " abc", "'s", " ", " x"]),
+        ("qwen2", ["1", "2", "3", "4", "5", " abc", "'s", " ", " x"]),
+    ],
+)
 def test_pre_tokenizer_types(pre, expect):
     t = Tokenizer(_synthetic_bpe_meta(pre))
     assert _pre_pieces(t, "12345 abc's  x") == expect
@@ -309,16 +370,21 @@ def test_pre_tokenizer_types(pre, expect):
 
 
 @pytest.mark.parametrize("pre", ["gpt-2", "default", "starcoder", "llama3", "qwen2", "falcon"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(s=st.one_of(OLD_TEXT, MIXED))
 def test_pre_tokenizer_matches_sequential_split(pre, s):
     t = Tokenizer.from_metadata(_SYN[pre])
     assert _pre_pieces(t, s) == _regex_split(s, t.pre.regexes)
 
 
-_SYN = {p: _synthetic_bpe_meta(p) for p in ["gpt-2", "default", "starcoder", "llama3", "qwen2",
-                                            "falcon"]}
+_SYN = {
+    p: _synthetic_bpe_meta(p)
+    for p in ["gpt-2", "default", "starcoder", "llama3", "qwen2", "falcon"]
+}
 
 
 def test_synthetic_bpe_merges_and_specials():
@@ -360,8 +426,7 @@ def test_unsupported_and_bad_metadata():
         Tokenizer({**m, "tokenizer.ggml.token_type": [1, 1]})
     with pytest.raises(BadModel):
         Tokenizer({**m, "tokenizer.ggml.tokens": 7})
-    assert set(_PRE) >= {"default", "gpt-2", "llama3", "llama-bpe", "qwen2", "smollm",
-                         "starcoder"}
+    assert set(_PRE) >= {"default", "gpt-2", "llama3", "llama-bpe", "qwen2", "smollm", "starcoder"}
     # empty token texts never match (llama.cpp renames them)
     t = Tokenizer({**m, "tokenizer.ggml.tokens": [""] + m["tokenizer.ggml.tokens"][1:]})
     assert t.encode("abc", parse_special=True) == Tokenizer(m).encode("abc")
@@ -386,10 +451,15 @@ def _synthetic_spm_meta(seed: int = 0, n_pieces: int = 120):
         tokens.append(p)
         types.append(T_NORMAL)
         scores.append(-float(s))
-    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": types, "tokenizer.ggml.scores": scores,
-            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-            "tokenizer.ggml.unknown_token_id": 0}
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+    }
 
 
 def _llamacpp_spm(meta, text: str, add_bos: bool) -> list[int]:
@@ -440,8 +510,9 @@ def _llamacpp_spm(meta, text: str, add_bos: bool) -> list[int]:
     return out
 
 
-SPM_TEXT = st.lists(st.sampled_from(list("abcd é") + ["z", "€", "\n", "  "]),
-                    max_size=30).map("".join)
+SPM_TEXT = st.lists(st.sampled_from(list("abcd é") + ["z", "€", "\n", "  "]), max_size=30).map(
+    "".join
+)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -485,7 +556,6 @@ def test_spm_specials_and_bytes():
     assert t.decode(ids, special=True) == "a</s> b"
 
 
-
 def test_vocab_tables_equal_a_per_token_reference():
     """The vocabulary-wide tables (built with C-speed passes for 262k vocabs) equal the plain
     per-token loops of llama_vocab::load: empty texts renamed, the end-of-generation texts
@@ -495,13 +565,20 @@ def test_vocab_tables_equal_a_per_token_reference():
     types = list(meta["tokenizer.ggml.token_type"])
     toks += ["", "<end_of_turn>", "<|im_end|>", "", "<user>"]
     types += [T_NORMAL, T_NORMAL, T_CONTROL, T_NORMAL, T_USER_DEFINED]
-    meta = dict(meta, **{"tokenizer.ggml.tokens": toks, "tokenizer.ggml.token_type": types,
-                         "tokenizer.ggml.scores": list(meta["tokenizer.ggml.scores"])
-                         + [0.0] * 5, "tokenizer.ggml.eos_token_id": 2})
+    meta = dict(
+        meta,
+        **{
+            "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.scores": list(meta["tokenizer.ggml.scores"]) + [0.0] * 5,
+            "tokenizer.ggml.eos_token_id": 2,
+        },
+    )
     t = Tokenizer(meta)
     texts = [x if x else f"[EMPTY_{i}]" for i, x in enumerate(toks)]
-    want_types = [T_CONTROL if x in ("<end_of_turn>", "<|im_end|>") else ty
-                  for x, ty in zip(texts, types)]
+    want_types = [
+        T_CONTROL if x in ("<end_of_turn>", "<|im_end|>") else ty for x, ty in zip(texts, types)
+    ]
     assert t.texts == texts and t.types == want_types
     assert t.token_to_id == {x: i for i, x in enumerate(texts)}
     n = len(toks)
@@ -510,25 +587,47 @@ def test_vocab_tables_equal_a_per_token_reference():
     special.sort(key=lambda i: -len(texts[i].encode()))
     assert t._special_all == [(texts[i], i) for i in special]
     assert t._special_user == [(texts[i], i) for i in special if want_types[i] == T_USER_DEFINED]
-    assert t.encode("a<end_of_turn>b", add_bos=False, parse_special=True) == \
-        t.encode("a", add_bos=False) + [n - 4] + t.encode("b", add_bos=False)
+    assert t.encode("a<end_of_turn>b", add_bos=False, parse_special=True) == t.encode(
+        "a", add_bos=False
+    ) + [n - 4] + t.encode("b", add_bos=False)
     assert t.decode([n - 4]) == "" and t.decode([n - 4], special=True) == "<end_of_turn>"
 
 
 # -- damaged tokenizer metadata: build and use, or a MinferError --------------------------------
-_ANY = st.one_of(st.none(), st.integers(-2, 300), st.floats(allow_nan=True), st.text(max_size=5),
-                 st.lists(st.integers(-1, 9), max_size=5), st.lists(st.text(max_size=4),
-                                                                    max_size=5))
+_ANY = st.one_of(
+    st.none(),
+    st.integers(-2, 300),
+    st.floats(allow_nan=True),
+    st.text(max_size=5),
+    st.lists(st.integers(-1, 9), max_size=5),
+    st.lists(st.text(max_size=4), max_size=5),
+)
 
 
 @settings(max_examples=int(os.environ.get("MINFER_TOK_FUZZ", "150")), deadline=None)
-@given(st.sampled_from(["gpt2", "llama"]), st.dictionaries(
-    st.sampled_from(["tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
-                     "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
-                     "tokenizer.ggml.scores", "tokenizer.ggml.bos_token_id",
-                     "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token",
-                     "tokenizer.ggml.add_space_prefix", "tokenizer.ggml.unknown_token_id"]),
-    _ANY, max_size=3), TEXT)
+@given(
+    st.sampled_from(["gpt2", "llama"]),
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "tokenizer.ggml.model",
+                "tokenizer.ggml.pre",
+                "tokenizer.ggml.tokens",
+                "tokenizer.ggml.token_type",
+                "tokenizer.ggml.merges",
+                "tokenizer.ggml.scores",
+                "tokenizer.ggml.bos_token_id",
+                "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.add_bos_token",
+                "tokenizer.ggml.add_space_prefix",
+                "tokenizer.ggml.unknown_token_id",
+            ]
+        ),
+        _ANY,
+        max_size=3,
+    ),
+    TEXT,
+)
 def test_damaged_metadata_builds_or_raises_minfer_error(kind, damage, s):
     from minfer.errors import MinferError
 

@@ -17,7 +17,7 @@ def spm_meta(n: int, seed: int = 0) -> dict:
     """An SPM vocabulary of n tokens: controls, 256 byte tokens, characters, then pieces grown
     by joining two existing ones (each has a split, as in a vocabulary built by merges)."""
     rng = random.Random(seed)
-    chars = [chr(c) for c in list(range(0x21, 0x7f)) + list(range(0x4e00, 0x4e80))]
+    chars = [chr(c) for c in list(range(0x21, 0x7F)) + list(range(0x4E00, 0x4E80))]
     toks = ["<pad>", "<eos>", "<bos>", "<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
     toks += ["▁"] + chars
     seen, pool = set(toks), ["▁"] + chars
@@ -27,11 +27,15 @@ def spm_meta(n: int, seed: int = 0) -> dict:
             seen.add(t)
             toks.append(t)
             pool.append(t)
-    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": toks,
-            "tokenizer.ggml.scores": [0.0] * 260 + [-float(i) for i in range(n - 260)],
-            "tokenizer.ggml.token_type": [3, 3, 3, 2] + [6] * 256 + [1] * (n - 260),
-            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
-            "tokenizer.ggml.unknown_token_id": 3}
+    return {
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": toks,
+        "tokenizer.ggml.scores": [0.0] * 260 + [-float(i) for i in range(n - 260)],
+        "tokenizer.ggml.token_type": [3, 3, 3, 2] + [6] * 256 + [1] * (n - 260),
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+    }
 
 
 TEXT = "▁ab 漢字 hello, world: the merges of a cached vocabulary \x01"
@@ -48,13 +52,13 @@ def test_spm_merges_cached_by_vocab_hash(tmp_path, monkeypatch):
     assert ids.dtype == np.int32 and ids.shape[1] == 2 and len(ids) >= 5000 - 260 - 200
     calls = []
     monkeypatch.setattr(T, "_write_merge_ids", lambda *a: calls.append(a))
-    assert T.Tokenizer(meta).encode(TEXT) == want and calls == []   # read, not rebuilt
+    assert T.Tokenizer(meta).encode(TEXT) == want and calls == []  # read, not rebuilt
     other = dict(meta, **{"tokenizer.ggml.scores": list(reversed(meta["tokenizer.ggml.scores"]))})
     T.Tokenizer(other)
-    assert len(calls) == 1   # other scores: another key, built
+    assert len(calls) == 1  # other scores: another key, built
     files[0].write_bytes(b"not a numpy file")
-    assert T.Tokenizer(meta).encode(TEXT) == want and len(calls) == 2   # damaged: rebuilt
-    np.save(files[0], np.full((3, 2), 10 ** 6, np.int32))   # ids beyond the vocab
+    assert T.Tokenizer(meta).encode(TEXT) == want and len(calls) == 2  # damaged: rebuilt
+    np.save(files[0], np.full((3, 2), 10**6, np.int32))  # ids beyond the vocab
     assert T.Tokenizer(meta).encode(TEXT) == want and len(calls) == 3
 
 

@@ -10,10 +10,10 @@ import types
 
 import numpy as np
 import pytest
+from synth_data import tiny_model
 
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.runtime.upload import rows_per_chunk, split_rows
-from synth_data import tiny_model
 
 
 # -- the splitter -------------------------------------------------------------------------------
@@ -23,9 +23,9 @@ def test_split_rows():
     parts = split_rows(100_000, 2304, 64 << 20)
     assert parts == [(0, 29120), (29120, 29120), (58240, 29120), (87360, 12640)]  # ragged last
     assert sum(n for _, n in parts) == 100_000
-    assert split_rows(12, 100, 64 << 20) == [(0, 12)]           # smaller than a chunk: one
-    assert split_rows(20, 100, 1000) == [(0, 8), (8, 8), (16, 4)]   # 10 rows fit: 8 taken
-    assert split_rows(20, 100, 10) == [(0, 8), (8, 8), (16, 4)]     # a chunk under 8 rows: 8
+    assert split_rows(12, 100, 64 << 20) == [(0, 12)]  # smaller than a chunk: one
+    assert split_rows(20, 100, 1000) == [(0, 8), (8, 8), (16, 4)]  # 10 rows fit: 8 taken
+    assert split_rows(20, 100, 10) == [(0, 8), (8, 8), (16, 4)]  # a chunk under 8 rows: 8
     assert split_rows(20, 100, 1000, multiple=1) == [(0, 10), (10, 10)]
     assert split_rows(0, 100, 1000) == []
 
@@ -35,7 +35,7 @@ BASE = 1 << 32
 
 
 class _Ptr(int):
-    rt = None   # the MemRT that made it (records frees)
+    rt = None  # the MemRT that made it (records frees)
 
     def free(self):
         if self.rt is not None:
@@ -49,18 +49,21 @@ class _Arr:
         self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
         self.size = int(np.prod(self.shape))
         self.gpudata, self.base = gpudata, base
-        self.strides = tuple(self.dtype.itemsize * int(np.prod(self.shape[i + 1:]))
-                             for i in range(len(self.shape)))
+        self.strides = tuple(
+            self.dtype.itemsize * int(np.prod(self.shape[i + 1 :])) for i in range(len(self.shape))
+        )
 
-    rt = None   # the MemRT whose memory set() writes
+    rt = None  # the MemRT whose memory set() writes
 
     @property
     def nbytes(self):
         return self.size * self.dtype.itemsize
 
-    def set(self, a):   # a synchronous upload (the small f32 norms)
+    def set(self, a):  # a synchronous upload (the small f32 norms)
         o = self.rt.at(self.gpudata)
-        self.rt.mem[o:o + self.nbytes] = np.ascontiguousarray(a, self.dtype).view(np.uint8).reshape(-1)
+        self.rt.mem[o : o + self.nbytes] = (
+            np.ascontiguousarray(a, self.dtype).view(np.uint8).reshape(-1)
+        )
 
 
 class MemRT:
@@ -76,10 +79,10 @@ class MemRT:
         self.htod: list[int] = []
         self.pinned: list[int] = []
         self.launch_streams: set = set()
-        self.allocs: list[tuple[int, int, str]] = []   # (pointer, bytes, what) in order
+        self.allocs: list[tuple[int, int, str]] = []  # (pointer, bytes, what) in order
         self.freed: set[int] = set()
-        self.f16_live_max = 0   # the most f16 weight bytes alive at once
-        self.f16_live: list = []   # the f16 weights (ptr, bytes) alive at each allocation
+        self.f16_live_max = 0  # the most f16 weight bytes alive at once
+        self.f16_live: list = []  # the f16 weights (ptr, bytes) alive at each allocation
         rt = self
 
         class Copy2D:
@@ -94,8 +97,11 @@ class MemRT:
 
             def __call__(self, stream=None, aligned=False):
                 for j in range(self.height):
-                    s, d = rt.at(self.src + j * self.src_pitch), rt.at(self.dst + j * self.dst_pitch)
-                    rt.mem[d:d + self.width_in_bytes] = rt.mem[s:s + self.width_in_bytes]
+                    s, d = (
+                        rt.at(self.src + j * self.src_pitch),
+                        rt.at(self.dst + j * self.dst_pitch),
+                    )
+                    rt.mem[d : d + self.width_in_bytes] = rt.mem[s : s + self.width_in_bytes]
 
         def pinned(shape, dtype):
             self.pinned.append(int(np.prod(shape)))
@@ -105,14 +111,18 @@ class MemRT:
             assert stream is not None, "an async copy on the upload stream"
             self.htod.append(int(src.nbytes))
             d = self.at(dst)
-            self.mem[d:d + src.nbytes] = src.reshape(-1).view(np.uint8)
+            self.mem[d : d + src.nbytes] = src.reshape(-1).view(np.uint8)
 
         self.drv = types.SimpleNamespace(
-            pagelocked_empty=pinned, memcpy_htod_async=htod, Memcpy2D=Copy2D,
+            pagelocked_empty=pinned,
+            memcpy_htod_async=htod,
+            Memcpy2D=Copy2D,
             Stream=lambda: types.SimpleNamespace(synchronize=lambda: None),
-            Event=lambda: types.SimpleNamespace(record=lambda s=None: None,
-                                                synchronize=lambda: None),
-            Error=RuntimeError)
+            Event=lambda: types.SimpleNamespace(
+                record=lambda s=None: None, synchronize=lambda: None
+            ),
+            Error=RuntimeError,
+        )
 
     def at(self, p: int) -> int:
         o = int(p) - BASE
@@ -139,25 +149,28 @@ class MemRT:
         from minfer.quants import traits_of
 
         self.launch_streams.add(id(self.stream))
-        if fn._minfer_name == "blk_operand_f16":   # the blk requant: its numpy twin
+        if fn._minfer_name == "blk_operand_f16":  # the blk requant: its numpy twin
             from minfer.quants.blk_ref import blk_operand, quantize_blk
 
             x, ld, R, K, _, out, smul, pair = args
             xs = self.at(x)
-            w16 = self.mem[xs:xs + 2 * R * int(ld)].view(np.float16).reshape(R, int(ld))[:, :K]
+            w16 = self.mem[xs : xs + 2 * R * int(ld)].view(np.float16).reshape(R, int(ld))[:, :K]
             weight = float(smul) != 1.0
-            assert int(pair) == (2 if weight else 1)   # (a weight: a scale per pair of blocks)
+            assert int(pair) == (2 if weight else 1)  # (a weight: a scale per pair of blocks)
             op = blk_operand(*quantize_blk(w16, weight=weight))
             o = self.at(out)
-            self.mem[o:o + op.nbytes] = op.reshape(-1)
+            self.mem[o : o + op.nbytes] = op.reshape(-1)
             return
         assert fn._minfer_name.startswith("dq_f16_"), fn._minfer_name
         src, nbytes, out, n = (int(a) for a in args)
-        q = next(q for q in (0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14)
-                 if fn._minfer_name == "dq_f16_" + kernel_suffix(traits_of(q)))
+        q = next(
+            q
+            for q in (0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14)
+            if fn._minfer_name == "dq_f16_" + kernel_suffix(traits_of(q))
+        )
         s, o = self.at(src), self.at(out)
-        y = dequant_f16_ref(self.mem[s:s + nbytes], q, 1, n)   # one flat row, as the kernel
-        self.mem[o:o + 2 * n] = y.reshape(-1).view(np.uint8)
+        y = dequant_f16_ref(self.mem[s : s + nbytes], q, 1, n)  # one flat row, as the kernel
+        self.mem[o : o + 2 * n] = y.reshape(-1).view(np.uint8)
 
     def poison(self, *a, **kw):
         pass
@@ -167,7 +180,7 @@ class MemRT:
 
     def read(self, a) -> np.ndarray:
         o = self.at(a.gpudata)
-        return self.mem[o:o + a.nbytes].view(a.dtype).reshape(a.shape)
+        return self.mem[o : o + a.nbytes].view(a.dtype).reshape(a.shape)
 
 
 @pytest.fixture(scope="module")
@@ -185,9 +198,9 @@ def fake_arrays(monkeypatch):
 
 
 def _load(model, gemm: str, chunk: int):
+    from minfer.cuda.load.weights import load_weights
     from minfer.cuda.plan.fusion import plan_fusion, plan_glu
     from minfer.cuda.plan.routes import plan_routes
-    from minfer.cuda.load.weights import load_weights
     from minfer.cuda.plan.sizes import upload_slot
 
     rt = _Arr.rt = MemRT()
@@ -211,13 +224,15 @@ def test_load_weights_streams_bounded_chunks(tiny, fake_arrays, gemm, chunk):
     # host memory: two pinned slots of the slot size, every copy within one
     assert rt.pinned == [slot, slot] and max(rt.htod) <= slot
     if chunk < big:
-        assert slot < big and len(rt.htod) > len(routes) + 1   # tensors were split
+        assert slot < big and len(rt.htod) > len(routes) + 1  # tensors were split
     else:
         assert slot == big
-    assert rt.launch_streams and id(None) not in rt.launch_streams   # on the upload stream
+    assert rt.launch_streams and id(None) not in rt.launch_streams  # on the upload stream
     # the file bytes read into ready weights (the embedding once, norms included)
-    assert dw.nbytes >= sum(int(m.tensor(n).data.nbytes) for n in set(routes) |
-                            {"token_embd.weight"}) and dw.seconds > 0
+    assert (
+        dw.nbytes >= sum(int(m.tensor(n).data.nbytes) for n in set(routes) | {"token_embd.weight"})
+        and dw.seconds > 0
+    )
     emb = m.tensor("token_embd.weight")
     assert np.array_equal(rt.read(dw.emb), emb.data.reshape(-1).view(np.uint8))
     checked_glu = 0
@@ -225,25 +240,26 @@ def test_load_weights_streams_bounded_chunks(tiny, fake_arrays, gemm, chunk):
         t = m.tensor(n)
         N, K = t.shape
         raw = t.data.reshape(N, -1).view(np.uint8)
-        if path != "f16":   # raw bytes, as in the file
+        if path != "f16":  # raw bytes, as in the file
             if n in fused and fused[n][0] in glu:
                 continue
             assert np.array_equal(rt.read(dw.w[n]).reshape(N, -1), raw), n
             continue
         ref = dequant_f16_ref(raw, t.qtype, N, K)
-        if n in fused and fused[n][0] in glu:   # interleaved per 16 rows with its partner
+        if n in fused and fused[n][0] in glu:  # interleaved per 16 rows with its partner
             g, r0, _ = fused[n]
             got = rt.read(dw.w[g])
             F = got.shape[0] // 2
-            plain = glu_rows(F)          # interleaved row i = plain row plain[i]
+            plain = glu_rows(F)  # interleaved row i = plain row plain[i]
             rows = np.nonzero((plain >= r0) & (plain < r0 + N))[0]
-            assert np.array_equal(got[rows].view(np.uint16),
-                                  ref[plain[rows] - r0].view(np.uint16)), n
+            assert np.array_equal(
+                got[rows].view(np.uint16), ref[plain[rows] - r0].view(np.uint16)
+            ), n
             checked_glu += 1
             continue
         assert np.array_equal(rt.read(dw.w[n]).view(np.uint16), ref.view(np.uint16)), n
     if gemm == "f16":
-        assert checked_glu == 2 * m.config.n_layers   # gate and up of every layer
+        assert checked_glu == 2 * m.config.n_layers  # gate and up of every layer
 
 
 def test_blk_load_requantizes_one_group_at_a_time(tiny, fake_arrays):
@@ -274,7 +290,7 @@ def test_blk_load_requantizes_one_group_at_a_time(tiny, fake_arrays):
         N, K = t.shape
         w16 = dequant_f16_ref(t.data.reshape(N, -1).view(np.uint8), t.qtype, N, K)
         if n in fused:
-            assert n not in dw.w   # a member of a requantized group: no row view
+            assert n not in dw.w  # a member of a requantized group: no row view
             continue
         assert isinstance(dw.w[n], BlkWeight)
         assert np.array_equal(rt.read(dw.w[n].wb), blk_operand(*quantize_blk(w16, weight=True)))
@@ -291,11 +307,11 @@ def test_staging_reads_a_large_chunk_in_parallel_and_alternates_slots():
     src = np.random.default_rng(0).integers(0, 256, (8 << 20) - 5, dtype=np.uint8)
     dst = int(rt.alloc(src.size))
     assert up.put(src, dst) == dst
-    at = up.put(src[:1000])                   # no destination: the other slot's device buffer
+    at = up.put(src[:1000])  # no destination: the other slot's device buffer
     assert at == int(up.dev[1]) and up.put(src[:10]) == int(up.dev[0])
     up.close()
     o = rt.at(dst)
-    assert np.array_equal(rt.mem[o:o + src.size], src) and up.nbytes == src.size + 1010
+    assert np.array_equal(rt.mem[o : o + src.size], src) and up.nbytes == src.size + 1010
     assert READERS > 1
     with pytest.raises(Exception, match="staging slot"):
         Staging(rt, 100).put(src[:101])

@@ -33,8 +33,10 @@ def main(runs: int = 3) -> None:
             warm = T.Tokenizer(meta)
             t2 = time.perf_counter()
             assert warm.encode(TEXT) == cold.encode(TEXT)
-            print(f"run {r + 1}: cold {t1 - t0:.2f} s, warm (from the cache) {t2 - t1:.2f} s",
-                  flush=True)
+            print(
+                f"run {r + 1}: cold {t1 - t0:.2f} s, warm (from the cache) {t2 - t1:.2f} s",
+                flush=True,
+            )
     print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import numpy as np
 
-U64 = 2.0 ** -53        # float64 unit roundoff
-ULP32 = 2.0 ** -23      # an f32 ulp of x is at most ULP32 * |x|
-F32_ERR_MAX = 2.0 ** -6  # 32 f16 unit roundoffs (2**-11) of the output scale
+U64 = 2.0**-53  # float64 unit roundoff
+ULP32 = 2.0**-23  # an f32 ulp of x is at most ULP32 * |x|
+F32_ERR_MAX = 2.0**-6  # 32 f16 unit roundoffs (2**-11) of the output scale
 
 
 def scale(logits) -> float:
@@ -60,15 +60,17 @@ def f64_tol(cfg, s: float) -> float:
 
 def f32_err(pairs) -> float:
     """max |a - b| over pairs of arrays (f32 run, f64 oracle run of the same computation)."""
-    return max(float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
-               for a, b in pairs)
+    return max(
+        float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max()) for a, b in pairs
+    )
 
 
 def f32_tol(err: float, s: float) -> float:
     """The float32 rule (module docstring): err, the f32 run's measured error against the f64
     oracle; s, the output scale (the sanity bound on err)."""
     assert 0 <= err <= F32_ERR_MAX * s, (
-        f"the f32 forward is {err:.3g} off the f64 oracle (scale {s:.3g}): beyond rounding")
+        f"the f32 forward is {err:.3g} off the f64 oracle (scale {s:.3g}): beyond rounding"
+    )
     return 4 * err
 
 

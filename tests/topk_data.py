@@ -16,14 +16,14 @@ def planted(m: int, V: int, seed: int) -> np.ndarray:
     for i in range(m):
         top = np.argpartition(-x[i], n - 1)[:n] if n < V else np.arange(V)
         top = top[np.argsort(-x[i, top], kind="stable")]
-        x[i, rng.integers(0, V, 3)] = x[i, top[0]]                 # ties with the maximum
-        x[i, rng.integers(0, V, 3)] = x[i, top[rng.integers(0, n)]]   # ties in the top 25
-        x[i, rng.integers(0, V, max(1, V // 7))] = -np.inf         # a mask / soft cap
+        x[i, rng.integers(0, V, 3)] = x[i, top[0]]  # ties with the maximum
+        x[i, rng.integers(0, V, 3)] = x[i, top[rng.integers(0, n)]]  # ties in the top 25
+        x[i, rng.integers(0, V, max(1, V // 7))] = -np.inf  # a mask / soft cap
     if m > 2:
-        x[1] = 0.5                                  # every logit tied: ids 0..k-1
-        x[2] = np.arange(V, dtype=np.float32)       # ascending: each new one the best so far
+        x[1] = 0.5  # every logit tied: ids 0..k-1
+        x[2] = np.arange(V, dtype=np.float32)  # ascending: each new one the best so far
     if m > 3:
-        x[3, :] = -np.inf                           # fewer finite logits than k
+        x[3, :] = -np.inf  # fewer finite logits than k
         x[3, [V - 1, V // 2]] = 1.0
         x[3, 0] = -0.0 if V > 2 else 1.0
     return x

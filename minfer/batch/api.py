@@ -31,33 +31,40 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from minfer.batch import run as runner
-from minfer.batch.records import Record, RecordError, check_fits, check_record, check_text, \
-    record_ids
+from minfer.batch.records import (
+    Record,
+    RecordError,
+    check_fits,
+    check_record,
+    check_text,
+    record_ids,
+)
 from minfer.batch.schedule import footprint
 from minfer.errors import BadInput, GPUError
 from minfer.reference.ops import TOP_MAX
 
-UBATCH = {"cuda": 2048, "cpu": 256}   # packed tokens per forward
-CPU_SLOTS = 8192                      # the CPU reference's KV slots at most (host memory)
-CUDA_SLOTS = 32768                    # the GPU's KV slots at least, where memory allows
+UBATCH = {"cuda": 2048, "cpu": 256}  # packed tokens per forward
+CPU_SLOTS = 8192  # the CPU reference's KV slots at most (host memory)
+CUDA_SLOTS = 32768  # the GPU's KV slots at least, where memory allows
 
 
 @dataclass
 class Completion:
     """One prompt's result (Engine.prefill)."""
-    index: int                       # the prompt's position in the call
-    id: object                       # a dict prompt's "id", else the index
+
+    index: int  # the prompt's position in the call
+    id: object  # a dict prompt's "id", else the index
     prompt_tokens: int
-    tokens: list[int]                # greedy ids
-    text: str                        # their text
-    eos: bool                        # stopped at an end-of-generation id
-    logprobs: list[float] | None     # log p of prompt token p + 1 given the tokens before it
-    margins: list[float]             # top1 - top2 logit at each greedy step
-    n_context: int | None = None     # a continuation: the context's tokens (prompt_ids[:n])
-    continuation_logprob: float | None = None   # sum of the continuation tokens' log-probs
-    is_greedy: bool | None = None    # every continuation token was the argmax
+    tokens: list[int]  # greedy ids
+    text: str  # their text
+    eos: bool  # stopped at an end-of-generation id
+    logprobs: list[float] | None  # log p of prompt token p + 1 given the tokens before it
+    margins: list[float]  # top1 - top2 logit at each greedy step
+    n_context: int | None = None  # a continuation: the context's tokens (prompt_ids[:n])
+    continuation_logprob: float | None = None  # sum of the continuation tokens' log-probs
+    is_greedy: bool | None = None  # every continuation token was the argmax
     top_logprobs: list | None = None  # per scored token: [(id, text, logprob)] * top_logprobs
-    prompt_ids: list[int] | None = None          # with prompt_ids=True
+    prompt_ids: list[int] | None = None  # with prompt_ids=True
 
     @property
     def logprob_sum(self) -> float | None:
@@ -80,8 +87,11 @@ def _int(name: str, v, lo: int, hi: int | None = None) -> int:
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise BadInput(f"{name} must be an integer, not {_show(v)}")
     if v < lo or (hi is not None and v > hi):
-        raise BadInput(f"{name} must be " + (f">= {lo}" if hi is None else f"in [{lo}, {hi}]")
-                       + f", got {int(v)}")
+        raise BadInput(
+            f"{name} must be "
+            + (f">= {lo}" if hi is None else f"in [{lo}, {hi}]")
+            + f", got {int(v)}"
+        )
     return int(v)
 
 
@@ -94,9 +104,12 @@ def _system(v) -> str | None:
 
 def _label_list(v) -> list[int]:
     """label_token_ids: a non-empty list of integers (range: LabelHead checks), else BadInput."""
-    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple, np.ndarray)) or \
-            len(v) == 0 or any(isinstance(x, (bool, np.bool_)) or
-                               not isinstance(x, (int, np.integer)) for x in v):
+    if (
+        isinstance(v, (str, bytes))
+        or not isinstance(v, (list, tuple, np.ndarray))
+        or len(v) == 0
+        or any(isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)) for x in v)
+    ):
         raise BadInput(f"label_token_ids must be a non-empty list of token ids, not {_show(v)}")
     return [int(x) for x in v]
 
@@ -110,29 +123,37 @@ def _prompt_list(prompts) -> list:
     try:
         return list(prompts)
     except TypeError:
-        raise BadInput(f"prompts must be a prompt or a list of prompts, not {_show(prompts)}") \
-            from None
+        raise BadInput(
+            f"prompts must be a prompt or a list of prompts, not {_show(prompts)}"
+        ) from None
 
 
 class Engine:
     """A loaded model and its backend, for many prompts. model: a GGUF path (None: the default
     model, fetched once); backend: "cuda", "cpu" or None (cuda when a GPU is usable); gemm:
-    the GEMM path ("auto", "f16", "blk", ...: `minfer paths`); ubatch: packed tokens per
+    the GEMM path ("auto", "f16", "blk", ...: `--gemm`'s names, docs/paths.md); ubatch: packed tokens per
     forward (None: 2048 on cuda, 256 on cpu); progress: bars on stderr (a terminal only);
     dtype: the CPU reference's precision ("f32" default, "f64": the float64 oracle); threads:
     BLAS threads for the process (None: the limit already set, as the CLI's -t sets it, else
     the physical cores this process may use: numpy's default of one a logical CPU ran a busy
     2-core machine ten times slower)."""
 
-    def __init__(self, model=None, backend: str | None = None, gemm: str | None = "auto",
-                 ubatch: int | None = None, progress: bool = False, dtype: str | None = None,
-                 threads: int | None = None):
+    def __init__(
+        self,
+        model=None,
+        backend: str | None = None,
+        gemm: str | None = "auto",
+        ubatch: int | None = None,
+        progress: bool = False,
+        dtype: str | None = None,
+        threads: int | None = None,
+    ):
         from minfer.gguf.loader import load_model
         from minfer.host import threads as host_threads
         from minfer.text.tokenizer import Tokenizer
 
         if backend is not None and not isinstance(backend, str):
-            raise BadInput(f"backend must be \"cuda\", \"cpu\" or None, not {_show(backend)}")
+            raise BadInput(f'backend must be "cuda", "cpu" or None, not {_show(backend)}')
         ubatch = None if ubatch is None else _int("ubatch", ubatch, 1)
         self.progress = _flag("progress", progress)
         threads = None if threads is None else _int("threads", threads, 1)
@@ -148,8 +169,7 @@ class Engine:
         if dtype not in (None, "f32", "f64") or (dtype and self.kind != "cpu"):
             raise BadInput(f"dtype {dtype!r}: f32 or f64, on the cpu backend only")
         self.dtype = dtype
-        host_threads.set_threads(threads or host_threads.current() or
-                                 host_threads.physical_cores())
+        host_threads.set_threads(threads or host_threads.current() or host_threads.physical_cores())
         if model is None:
             from minfer.tools.fetch import default_model_path
 
@@ -158,11 +178,12 @@ class Engine:
         self.tok = Tokenizer.from_metadata(self.model.metadata)
         self.ubatch = ubatch or UBATCH[self.kind]
         self.gemm = None
-        if self.kind == "cuda":   # a GemmChoice (the CLI's, resolved), or a path name
+        if self.kind == "cuda":  # a GemmChoice (the CLI's, resolved), or a path name
             from minfer.cuda.plan.config import GemmChoice
 
-            self.gemm = gemm if isinstance(gemm, GemmChoice) else GemmChoice.resolve(
-                os.environ, gemm)
+            self.gemm = (
+                gemm if isinstance(gemm, GemmChoice) else GemmChoice.resolve(os.environ, gemm)
+            )
         self.backend = None
         self.kv_slots = 0
 
@@ -171,8 +192,7 @@ class Engine:
         from minfer.batch.prompts import make_encoder
 
         chat, special = _flag("chat", chat), _flag("special", special)
-        return make_encoder(self.model.metadata, self.tok, chat or None, _system(system),
-                            special)
+        return make_encoder(self.model.metadata, self.tok, chat or None, _system(system), special)
 
     def _record(self, where: str, prompt, enc) -> tuple[Record, np.ndarray, int | None]:
         """(record, int32 ids, n_context) of one prompt, or BadInput prefixed with `where`."""
@@ -181,20 +201,29 @@ class Engine:
             ids, first = record_ids(rec, enc)
         except RecordError as e:
             raise BadInput(f"{where}: {e}") from None
-        except BadInput as e:   # the encoder's (BadModel: a template that does not render)
+        except BadInput as e:  # the encoder's (BadModel: a template that does not render)
             raise type(e)(f"{where}: {e}") from None
         return rec, ids, first
 
-    def encode(self, prompt, chat: bool = False, system: str | None = None,
-               special: bool = True) -> np.ndarray:
+    def encode(
+        self, prompt, chat: bool = False, system: str | None = None, special: bool = True
+    ) -> np.ndarray:
         """int32 token ids of one prompt: text, token ids, or a dict ({"prompt": ...},
         {"messages": [...]}, {"context": ..., "continuation": ...}: the whole text's ids)."""
         return self._record("prompt", prompt, self._encoder(chat, system, special))[1]
 
-    def prefill(self, prompts, n_predict: int = 32, logprobs: bool = False,
-                share_prefix: bool = True, stop_at_eos: bool = False, chat: bool = False,
-                system: str | None = None, top_logprobs: int = 0,
-                prompt_ids: bool = False) -> list[Completion]:
+    def prefill(
+        self,
+        prompts,
+        n_predict: int = 32,
+        logprobs: bool = False,
+        share_prefix: bool = True,
+        stop_at_eos: bool = False,
+        chat: bool = False,
+        system: str | None = None,
+        top_logprobs: int = 0,
+        prompt_ids: bool = False,
+    ) -> list[Completion]:
         """One Completion per prompt, in order (a string or a dict alone: one prompt):
         n_predict greedy ids (fewer when stop_at_eos meets an end-of-generation id), and with
         logprobs each prompt token's log-probability after the first (logprob_sum: the
@@ -220,9 +249,17 @@ class Engine:
 
         def emit(r: runner.Result) -> None:
             pid = recs[r.key].id
-            c = Completion(r.key, r.key if pid is None else pid, r.n_prompt, r.greedy,
-                           self.tok.decode(r.greedy), r.eos, None if not logprobs else
-                           [float(x) for x in r.logprobs], r.margins, r.first)
+            c = Completion(
+                r.key,
+                r.key if pid is None else pid,
+                r.n_prompt,
+                r.greedy,
+                self.tok.decode(r.greedy),
+                r.eos,
+                None if not logprobs else [float(x) for x in r.logprobs],
+                r.margins,
+                r.first,
+            )
             if r.first is not None:
                 c.continuation_logprob, c.is_greedy = r.continuation_logprob, r.is_greedy
             rows = r.top_rows(logprobs) if top else None
@@ -232,8 +269,16 @@ class Engine:
                 c.prompt_ids = r.ids.tolist()
             out.append(c)
 
-        self.run(items, [len(ids) for _, ids, _ in items], n_predict, emit, logprobs=logprobs,
-                 share=share_prefix, stop_ids=stop, top=top)
+        self.run(
+            items,
+            [len(ids) for _, ids, _ in items],
+            n_predict,
+            emit,
+            logprobs=logprobs,
+            share=share_prefix,
+            stop_ids=stop,
+            top=top,
+        )
         return out
 
     # -- prefill-only jobs (issue 52; minfer.batch.pooling) --------------------------------
@@ -252,8 +297,13 @@ class Engine:
         except RecordError as e:
             raise BadInput(str(e)) from None
 
-    def embed(self, texts, pooling: str | None = None, normalize: bool = True,
-              dimensions: int | None = None) -> np.ndarray:
+    def embed(
+        self,
+        texts,
+        pooling: str | None = None,
+        normalize: bool = True,
+        dimensions: int | None = None,
+    ) -> np.ndarray:
         """f32 [n, dimensions or d_model]: one embedding per text (a string or token ids; a
         string alone: n = 1): the final-normed hidden state pooled (last token, mean or cls;
         None: the GGUF's pooling_type, else last), cut to `dimensions`, L2-normalised. No LM
@@ -273,8 +323,9 @@ class Engine:
             out[i] = P.finish(r.vec, dims, normalize)
         return out
 
-    def score(self, query, items, label_token_ids, apply_softmax: bool = False,
-              item_first: bool = False) -> list[list[float]]:
+    def score(
+        self, query, items, label_token_ids, apply_softmax: bool = False, item_first: bool = False
+    ) -> list[list[float]]:
         """SGLang's score: per item, the probabilities of label_token_ids as the next token
         after query + item (item + query with item_first; both text, or both token id
         lists): a softmax over the labels' logits, or (apply_softmax False) each label's
@@ -284,8 +335,10 @@ class Engine:
         from minfer.batch.jobs import run_pooled
         from minfer.reference.heads import LabelHead
 
-        apply_softmax, item_first = _flag("apply_softmax", apply_softmax), \
-            _flag("item_first", item_first)
+        apply_softmax, item_first = (
+            _flag("apply_softmax", apply_softmax),
+            _flag("item_first", item_first),
+        )
         head = LabelHead(self.model, _label_list(label_token_ids))
         items = _prompt_list(items)
         if not items:
@@ -303,8 +356,9 @@ class Engine:
         logits = head(np.stack([r.vec for r in res]))
         return [P.label_probs(lg, r.lse, apply_softmax) for lg, r in zip(logits, res)]
 
-    def rerank(self, query: str, documents, top_n: int | None = None,
-               template: str | None = None) -> list[dict]:
+    def rerank(
+        self, query: str, documents, top_n: int | None = None, template: str | None = None
+    ) -> list[dict]:
         """[{"index", "relevance_score", "document"}] best first (top_n of them): each
         document's P(yes) under the rerank template (pooling.Reranker: the GGUF's, else
         Qwen3-Reranker's; `template` text with {query} and {document} overrides). The
@@ -355,10 +409,19 @@ class Engine:
             except RecordError as e:
                 raise BadInput(f"prompts[{i}]: {e}") from None
 
-    def run(self, prompts: Iterable[tuple], lengths: Sequence[int],
-            n_predict: int, emit: Callable[[runner.Result], None], *, logprobs: bool = False,
-            share: bool = True, stop_ids=(), top: int = 0,
-            describe: Callable[[int], str] = lambda k: f"prompt {k}") -> runner.Totals:
+    def run(
+        self,
+        prompts: Iterable[tuple],
+        lengths: Sequence[int],
+        n_predict: int,
+        emit: Callable[[runner.Result], None],
+        *,
+        logprobs: bool = False,
+        share: bool = True,
+        stop_ids=(),
+        top: int = 0,
+        describe: Callable[[int], str] = lambda k: f"prompt {k}",
+    ) -> runner.Totals:
         """Every (key, ids) or (key, ids, n_context) of `prompts` (lengths: their token counts,
         in the same order, read first: the KV cache and the waves are planned from them;
         n_context: a continuation's first token, whose log-probs are scored) -> emit(Result)
@@ -371,10 +434,21 @@ class Engine:
         need = max(footprint(int(n), n_predict) for n in lengths)
         want = sum(footprint(int(n), n_predict) for n in lengths)
         self.prepare(need, want, max(int(n) for n in lengths) + n_predict)
-        return runner.run(self.backend, prompts, n_predict, kv_slots=self.kv_slots,
-                          ubatch=self.ubatch, logprobs=logprobs, share=share,
-                          stop_ids=stop_ids, emit=emit, progress=self.progress,
-                          n_prompts=len(lengths), describe=describe, top=top)
+        return runner.run(
+            self.backend,
+            prompts,
+            n_predict,
+            kv_slots=self.kv_slots,
+            ubatch=self.ubatch,
+            logprobs=logprobs,
+            share=share,
+            stop_ids=stop_ids,
+            emit=emit,
+            progress=self.progress,
+            n_prompts=len(lengths),
+            describe=describe,
+            top=top,
+        )
 
     def prepare(self, need: int, want: int, positions: int | None = None) -> None:
         """The backend, with at least `need` KV slots (the longest prompt's) and up to `want`
@@ -382,37 +456,50 @@ class Engine:
         (default: the context); built once, rebuilt when a call needs more."""
         c = self.model.config
         positions = min(positions or c.n_ctx, c.n_ctx)
-        cpu_grows = self.kind == "cpu" and self.kv_slots < min(want, CPU_SLOTS)   # (cheap)
-        if self.backend is not None and need <= self.kv_slots and not cpu_grows and \
-                positions <= getattr(self.backend, "max_tokens", c.n_ctx):
+        cpu_grows = self.kind == "cpu" and self.kv_slots < min(want, CPU_SLOTS)  # (cheap)
+        if (
+            self.backend is not None
+            and need <= self.kv_slots
+            and not cpu_grows
+            and positions <= getattr(self.backend, "max_tokens", c.n_ctx)
+        ):
             return
         from minfer.engine import make_backend
 
-        if self.kind == "cpu":   # one set of dequantized weights, the cache grown in place
+        if self.kind == "cpu":  # one set of dequantized weights, the cache grown in place
             slots = max(need, min(want, CPU_SLOTS), self.kv_slots)
             if self.backend is None:
-                self.backend = make_backend("cpu", self.model, max_tokens=min(128, c.n_ctx),
-                                            dtype=self.dtype, progress=self.progress)
+                self.backend = make_backend(
+                    "cpu",
+                    self.model,
+                    max_tokens=min(128, c.n_ctx),
+                    dtype=self.dtype,
+                    progress=self.progress,
+                )
             self.backend.reserve_slots(slots)
         else:
             from minfer.cuda.plan.plan import fit_kv_slots
             from minfer.cuda.runtime.runtime import get_runtime
 
             choice = self.gemm
-            self.backend = None   # the old cache's memory back first
+            self.backend = None  # the old cache's memory back first
             rt = get_runtime()
-            head = 2 * 128 * c.vocab_size * 4   # the LM head's rows, outside the plan
+            head = 2 * 128 * c.vocab_size * 4  # the LM head's rows, outside the plan
             # room for later calls too (a rebuild re-uploads the weights), as memory allows
-            slots = fit_kv_slots(self.model, choice, rt, self.ubatch, max(want, CUDA_SLOTS),
-                                 extra=head)
+            slots = fit_kv_slots(
+                self.model, choice, rt, self.ubatch, max(want, CUDA_SLOTS), extra=head
+            )
             if slots < need:
-                raise GPUError(f"GPU out of memory for the KV cache: the longest prompt needs "
-                               f"{need} slots, the free memory holds {slots} beside the model "
-                               "(try a smaller --ubatch, or fewer -n tokens)")
+                raise GPUError(
+                    f"GPU out of memory for the KV cache: the longest prompt needs "
+                    f"{need} slots, the free memory holds {slots} beside the model "
+                    "(try a smaller --ubatch, or fewer -n tokens)"
+                )
             # positions: what the calls need, at least a chunk's worth (a sliding-window model
             # runs on the GPU only within its window: CudaBackend refuses more)
             pos = max(positions, min(self.ubatch, c.n_ctx, c.sliding_window or c.n_ctx))
-            self.backend = make_backend("cuda", self.model, choice, pos, self.ubatch,
-                                        progress=self.progress, kv_slots=slots)
+            self.backend = make_backend(
+                "cuda", self.model, choice, pos, self.ubatch, progress=self.progress, kv_slots=slots
+            )
             self.backend.warmup(sorted({min(self.ubatch, pos), 1}))
         self.kv_slots = slots

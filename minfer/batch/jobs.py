@@ -12,8 +12,16 @@ from minfer.batch.schedule import MIN_SHARE, footprint
 from minfer.errors import MinferError
 
 
-def run_pooled(engine, prompts: list[np.ndarray], pool: str, *, lse: bool = False,
-               share: bool = True, keep: bool = True, max_entries: int = 64) -> list:
+def run_pooled(
+    engine,
+    prompts: list[np.ndarray],
+    pool: str,
+    *,
+    lse: bool = False,
+    share: bool = True,
+    keep: bool = True,
+    max_entries: int = 64,
+) -> list:
     """prompts: int32 id arrays -> a scheduler.Pooled per prompt, in order. share: copy common
     prefixes (>= MIN_SHARE tokens) between the prompts; keep: finished prompts may serve as
     prefix entries (at most max_entries) for later ones of this call."""
@@ -23,13 +31,20 @@ def run_pooled(engine, prompts: list[np.ndarray], pool: str, *, lse: bool = Fals
     engine.check(lengths, 0)
     if not prompts:
         return []
-    engine.prepare(max(footprint(n, 0) for n in lengths), sum(footprint(n, 0) for n in lengths),
-                   max(lengths))
-    sched = Scheduler(engine.backend, engine.kv_slots, engine.ubatch, prefix_cache=share,
-                      max_entries=max_entries, min_share=MIN_SHARE if share else 1 << 30)
+    engine.prepare(
+        max(footprint(n, 0) for n in lengths), sum(footprint(n, 0) for n in lengths), max(lengths)
+    )
+    sched = Scheduler(
+        engine.backend,
+        engine.kv_slots,
+        engine.ubatch,
+        prefix_cache=share,
+        max_entries=max_entries,
+        min_share=MIN_SHARE if share else 1 << 30,
+    )
     out: list = [None] * len(prompts)
     errs: list[Exception] = []
-    left = [0]   # jobs submitted and not yet done
+    left = [0]  # jobs submitted and not yet done
 
     def deliver(i: int):
         def f(kind: str, value) -> None:
@@ -39,6 +54,7 @@ def run_pooled(engine, prompts: list[np.ndarray], pool: str, *, lse: bool = Fals
                 errs.append(value)
             if kind in ("done", "error"):
                 left[0] -= 1
+
         return f
 
     # a window of jobs in flight, a few forwards' worth: the scheduler's per-step loops and
@@ -48,14 +64,27 @@ def run_pooled(engine, prompts: list[np.ndarray], pool: str, *, lse: bool = Fals
     while (nxt < len(prompts) or not sched.idle()) and not errs:
         if nxt < len(prompts) and left[0] < window:
             k = min(len(prompts), nxt + window - left[0])
-            sched.submit([Job(np.asarray(prompts[i], np.int32), 0, deliver(i), pool=pool,
-                              lse=lse, keep=keep) for i in range(nxt, k)])
+            sched.submit(
+                [
+                    Job(
+                        np.asarray(prompts[i], np.int32),
+                        0,
+                        deliver(i),
+                        pool=pool,
+                        lse=lse,
+                        keep=keep,
+                    )
+                    for i in range(nxt, k)
+                ]
+            )
             left[0] += k - nxt
             nxt = k
         idle = 0 if sched.step() else idle + 1
-        if idle > 3:   # nothing can run and nothing will change
-            raise MinferError("internal error: the pooled jobs made no progress "
-                              f"({sched.queued()} waiting, {len(sched.running)} running)")
+        if idle > 3:  # nothing can run and nothing will change
+            raise MinferError(
+                "internal error: the pooled jobs made no progress "
+                f"({sched.queued()} waiting, {len(sched.running)} running)"
+            )
     if errs:
         sched.cancel(list(sched.waiting) + [s.job for s in sched.running])
         raise errs[0]

@@ -21,7 +21,6 @@ import sys
 
 from minfer.host.fileio import atomic_output, os_error, output_target
 
-
 # characters str.splitlines() (and some JSONL readers) break lines at, which JSON leaves raw in a
 # string: written as \u escapes, so a record is one line whichever way its reader splits
 _LINE_BREAKS = {c: f"\\u{c:04x}" for c in (0x85, 0x2028, 0x2029)}
@@ -40,9 +39,14 @@ def dumps(record: dict) -> str:
 
 def record(pid, r, tok, logprobs: bool, top: int = 0, prompt_ids: bool = False) -> dict:
     """The JSONL record of one prompt's runner.Result (docs/batch.md's table)."""
-    out = {"id": pid, "n_prompt": r.n_prompt, "greedy_ids": r.greedy,
-           "text": tok.decode(r.greedy), "stopped_at_eos": r.eos}
-    if r.first is not None:   # a context/continuation record
+    out = {
+        "id": pid,
+        "n_prompt": r.n_prompt,
+        "greedy_ids": r.greedy,
+        "text": tok.decode(r.greedy),
+        "stopped_at_eos": r.eos,
+    }
+    if r.first is not None:  # a context/continuation record
         out["n_context"] = r.first
         out["continuation_logprob"] = round(r.continuation_logprob, 6)
         out["is_greedy"] = r.is_greedy
@@ -95,7 +99,7 @@ class ResultWriter:
         if self._done:
             raise RuntimeError("ResultWriter.write after commit or close")
         line += "\n"
-        data = line.encode("utf-8")   # dumps() gave UTF-8-encodable text
+        data = line.encode("utf-8")  # dumps() gave UTF-8-encodable text
         if self._f is None:
             out = sys.stdout
             buf = getattr(out, "buffer", None)
@@ -122,7 +126,7 @@ class ResultWriter:
         f, atomic, self._f = self._f, self._take_atomic(), None
         try:
             f.flush()
-            if not self._through:   # fsync on a pipe or /dev/null is EINVAL
+            if not self._through:  # fsync on a pipe or /dev/null is EINVAL
                 os.fsync(f.fileno())
             f.close()
         except BaseException as e:
@@ -171,4 +175,3 @@ def _fsync_dir(path: str) -> None:
         pass
     finally:
         os.close(fd)
-

@@ -30,14 +30,15 @@ import numpy as np
 from minfer.errors import BadInput
 
 POOLINGS = ("last", "mean", "cls")
-GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}   # llama_pooling_type
+GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama_pooling_type
 
 QWEN3_RERANK = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
-    "and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
     "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that "
     "answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
-    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
 
 
 def model_pooling(model) -> tuple[str, str]:
@@ -48,8 +49,9 @@ def model_pooling(model) -> tuple[str, str]:
         return "last", "default (no pooling_type key)"
     name = GGUF_POOLING.get(int(v)) if isinstance(v, (int, np.integer)) else None
     if name is None:
-        raise BadInput(f"{key} = {v!r}: not a llama.cpp pooling type (0 none, 1 mean, 2 cls, "
-                       "3 last, 4 rank)")
+        raise BadInput(
+            f"{key} = {v!r}: not a llama.cpp pooling type (0 none, 1 mean, 2 cls, 3 last, 4 rank)"
+        )
     if name in ("none", "rank"):
         return "last", f"{key} = {int(v)} ({name}): pooled as last"
     return name, f"{key} = {int(v)} ({name})"
@@ -78,10 +80,15 @@ def b64(vec: np.ndarray) -> str:
 def check_dims(dims, d_model: int) -> int | None:
     if dims is None:
         return None
-    if isinstance(dims, bool) or not isinstance(dims, (int, np.integer)) or \
-            not 1 <= dims <= d_model:
-        raise BadInput(f"dimensions must be an integer in [1, {d_model}] (the model's "
-                       f"embedding size), got {dims!r}")
+    if (
+        isinstance(dims, bool)
+        or not isinstance(dims, (int, np.integer))
+        or not 1 <= dims <= d_model
+    ):
+        raise BadInput(
+            f"dimensions must be an integer in [1, {d_model}] (the model's "
+            f"embedding size), got {dims!r}"
+        )
     return int(dims)
 
 
@@ -99,8 +106,10 @@ def score_ids(tok, query, items, item_first: bool) -> list[list[int]]:
     if isinstance(query, str) != all(isinstance(i, str) for i in items):
         raise BadInput("query and items must both be text or both be token id lists")
     if isinstance(query, str):
-        return [tok.encode(i + query if item_first else query + i, parse_special=True,
-                           add_eos=False) for i in items]
+        return [
+            tok.encode(i + query if item_first else query + i, parse_special=True, add_eos=False)
+            for i in items
+        ]
     q = list(query)
     return [list(i) + q if item_first else q + list(i) for i in items]
 
@@ -122,8 +131,10 @@ class Reranker:
             if k not in self.template:
                 raise BadInput(f"the rerank template ({self.source}) has no {k}")
         if self.template.index("{query}") > self.template.index("{document}"):
-            raise BadInput(f"the rerank template ({self.source}) must put {{query}} before "
-                           "{document} (the documents share the query's prefix)")
+            raise BadInput(
+                f"the rerank template ({self.source}) must put {{query}} before "
+                "{document} (the documents share the query's prefix)"
+            )
         self.tok = tok
         self.labels = [self._one(tok, "yes"), self._one(tok, "no")]
 
@@ -131,8 +142,10 @@ class Reranker:
     def _one(tok, word: str) -> int:
         ids = tok.encode(word, add_bos=False, add_eos=False)
         if len(ids) != 1:
-            raise BadInput(f"rerank: {word!r} is {len(ids)} tokens in this vocabulary, not one "
-                           "(the relevance score reads its logit)")
+            raise BadInput(
+                f"rerank: {word!r} is {len(ids)} tokens in this vocabulary, not one "
+                "(the relevance score reads its logit)"
+            )
         return ids[0]
 
     def ids(self, query: str, doc: str) -> list[int]:

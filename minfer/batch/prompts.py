@@ -32,8 +32,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.batch.reader import LineReader, open_input
-from minfer.batch.records import (Record, RecordError, check_fits, check_record, check_text,
-                                  record_ids)
+from minfer.batch.records import (
+    Record,
+    RecordError,
+    check_fits,
+    check_record,
+    check_text,
+    record_ids,
+)
 from minfer.errors import BadInput
 from minfer.host.fileio import prompt_cap
 
@@ -46,11 +52,11 @@ _JSON_SPACE = b" \t\r"  # with "\n", JSON's whitespace: a jsonl line of only the
 class Prompt:
     """One prompt of the file (eq=False: ids is an array; compare fields)."""
 
-    index: int        # 0-based position among the prompts
-    line: int         # 1-based line number in the file
-    id: object        # the line's "id" (str or int) if given, else `index`
-    ids: np.ndarray   # int32 token ids (read-only), chat template applied for "messages"
-    n_context: int | None = None   # a continuation record: the context's tokens, else None
+    index: int  # 0-based position among the prompts
+    line: int  # 1-based line number in the file
+    id: object  # the line's "id" (str or int) if given, else `index`
+    ids: np.ndarray  # int32 token ids (read-only), chat template applied for "messages"
+    n_context: int | None = None  # a continuation record: the context's tokens, else None
 
 
 def parse_line(raw: bytes, fmt: str, vocab: int | None = None) -> Record | None:
@@ -64,13 +70,15 @@ def parse_line(raw: bytes, fmt: str, vocab: int | None = None) -> Record | None:
     try:
         s = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RecordError(f"invalid UTF-8 at byte offset {e.start} of the line "
-                          f"(byte 0x{raw[e.start]:02x})") from None
+        raise RecordError(
+            f"invalid UTF-8 at byte offset {e.start} of the line (byte 0x{raw[e.start]:02x})"
+        ) from None
     if fmt == "lines":
         s = s[:-1] if s.endswith("\r") else s
         if not s:
-            raise RecordError("an empty line is an empty prompt (--prompts-format lines: every "
-                              "line is a prompt)")
+            raise RecordError(
+                "an empty line is an empty prompt (--prompts-format lines: every line is a prompt)"
+            )
         return Record(text=check_text(s, "the prompt"))
     try:
         v = json.loads(s, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
@@ -87,8 +95,9 @@ def _no_duplicates(pairs):
     out = {}
     for k, v in pairs:
         if k in out:
-            raise RecordError(f"invalid JSON (key {json.dumps(k, ensure_ascii=False)} appears "
-                              "twice in an object)")
+            raise RecordError(
+                f"invalid JSON (key {json.dumps(k, ensure_ascii=False)} appears twice in an object)"
+            )
         out[k] = v
     return out
 
@@ -116,8 +125,9 @@ class PromptSource:
         except RecordError as e:
             raise self._fail(line, str(e)) from None
 
-    def _tokens(self, line: int, rec: Record, n_ctx: int,
-                n_predict: int) -> tuple[np.ndarray, int | None]:
+    def _tokens(
+        self, line: int, rec: Record, n_ctx: int, n_predict: int
+    ) -> tuple[np.ndarray, int | None]:
         """(read-only int32 ids, n_context or None) of a record, or BadInput naming the line."""
         try:
             ids, first = record_ids(rec, self._encode)
@@ -130,9 +140,11 @@ class PromptSource:
         return ids, first
 
     def _changed(self) -> BadInput:
-        return BadInput(f"{self.name}: the prompt file changed while it was read (between "
-                        "the check of every line and the run); run again on a file that "
-                        "stays put")
+        return BadInput(
+            f"{self.name}: the prompt file changed while it was read (between "
+            "the check of every line and the run); run again on a file that "
+            "stays put"
+        )
 
     # -- the two passes ----------------------------------------------------------------------
     def scan(self, n_ctx: int, n_predict: int) -> np.ndarray:
@@ -149,8 +161,10 @@ class PromptSource:
             lines.append(n)
             crcs.append(zlib.crc32(raw))
         if not counts:
-            raise BadInput(f"{self.name}: no prompts in the file ("
-                           + ("only blank lines)" if n else "it is empty)"))
+            raise BadInput(
+                f"{self.name}: no prompts in the file ("
+                + ("only blank lines)" if n else "it is empty)")
+            )
         if self._reader.fingerprint() != fp:
             raise self._changed()
         self._scanned = (cap, n_ctx, n_predict, fp, lines, crcs, counts)
@@ -199,8 +213,9 @@ def open_prompts(path: str, fmt: str, encode: Encode, vocab: int | None = None) 
     is the caller's tokenizer (make_encoder), given exactly one of the two; vocab: the model's,
     the bound of token ids given in a record (None: 2**31)."""
     if fmt not in FORMATS:
-        raise BadInput(f"--prompts-format {fmt!r}: not a prompt file format "
-                       f"(choose from {', '.join(FORMATS)})")
+        raise BadInput(
+            f"--prompts-format {fmt!r}: not a prompt file format (choose from {', '.join(FORMATS)})"
+        )
     return PromptSource(open_input(path), fmt, encode, vocab)
 
 
@@ -209,8 +224,13 @@ class Encoder:
     continuation) -> (ids, n_context) for a scored continuation (make_encoder)."""
 
     def __init__(self, meta, tok, use_chat: bool, system: str | None, special: bool):
-        self.meta, self.tok, self.chat, self.system, self.special = \
-            meta, tok, use_chat, system, special
+        self.meta, self.tok, self.chat, self.system, self.special = (
+            meta,
+            tok,
+            use_chat,
+            system,
+            special,
+        )
 
     def __call__(self, text: str | None, messages: list | None) -> list[int]:
         from minfer.text import chat as chat_mod
@@ -223,14 +243,22 @@ class Encoder:
                 return chat_mod.encode(meta, tok, text, system, parse_special=special)
             return tok.encode(text, parse_special=special)
         if not chat_mod.has_template(meta):
-            raise BadInput('a "messages" prompt needs the model\'s chat template '
-                           "(tokenizer.chat_template in the GGUF), and this model has none: "
-                           'give the prompt as "prompt" text')
+            raise BadInput(
+                'a "messages" prompt needs the model\'s chat template '
+                "(tokenizer.chat_template in the GGUF), and this model has none: "
+                'give the prompt as "prompt" text'
+            )
         msgs = list(messages)
         if system is not None and not any(m["role"] == "system" for m in msgs):
             msgs = chat_mod.messages("", system)[:1] + msgs
-        return chat_mod.encode_messages(meta, tok, msgs, special, '"messages"',
-                                        add_generation_prompt=msgs[-1]["role"] != "assistant")
+        return chat_mod.encode_messages(
+            meta,
+            tok,
+            msgs,
+            special,
+            '"messages"',
+            add_generation_prompt=msgs[-1]["role"] != "assistant",
+        )
 
     def pair(self, context: str, continuation: str) -> tuple[list[int], int]:
         """(ids of context + continuation, n_context) as lm-eval's _encode_pair: the context's
@@ -239,8 +267,10 @@ class Encoder:
         so the continuation's tokens are ids[n_context:] of the whole text's tokenization (a
         token across the boundary is the continuation's: docs/batch.md)."""
         if self.chat:
-            raise BadInput('a "context"/"continuation" pair is scored as plain text: not with '
-                           "--chat or --system (give a chat-rendered context as token ids)")
+            raise BadInput(
+                'a "context"/"continuation" pair is scored as plain text: not with '
+                "--chat or --system (give a chat-rendered context as token ids)"
+            )
         k = len(context) - len(context.rstrip())
         if k:
             context, continuation = context[:-k], context[-k:] + continuation
@@ -248,8 +278,7 @@ class Encoder:
         return enc(context + continuation), len(enc(context))
 
 
-def make_encoder(meta, tok, chat: bool | None, system: str | None,
-                 special: bool) -> Encoder:
+def make_encoder(meta, tok, chat: bool | None, system: str | None, special: bool) -> Encoder:
     """The Encoder for open_prompts. Text: plain completion through
     tok.encode(text, parse_special=special), or the chat template when `chat` is True or a
     `system` message is given (as `minfer prefill -p` does). Messages: always the chat
@@ -262,7 +291,9 @@ def make_encoder(meta, tok, chat: bool | None, system: str | None,
         raise BadInput("--system goes with --chat, not --no-chat")
     use_chat = chat is True or (chat is None and system is not None)
     if use_chat and not chat_mod.has_template(meta):
-        raise BadInput("--chat: this model has no tokenizer.chat_template in its GGUF "
-                       "metadata; give the prompts as plain text (--no-chat) or name a "
-                       "template (--chat-template chatml|llama3|gemma|phi3|mistral|FILE)")
+        raise BadInput(
+            "--chat: this model has no tokenizer.chat_template in its GGUF "
+            "metadata; give the prompts as plain text (--no-chat) or name a "
+            "template (--chat-template chatml|llama3|gemma|phi3|mistral|FILE)"
+        )
     return Encoder(meta, tok, use_chat, system, special)

@@ -22,8 +22,13 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from minfer.errors import BadInput
-from minfer.host.fileio import (PROMPT_BYTES_PER_TOKEN, PROMPT_MIN_CAP, check_input_file,
-                                 os_error, read_error)
+from minfer.host.fileio import (
+    PROMPT_BYTES_PER_TOKEN,
+    PROMPT_MIN_CAP,
+    check_input_file,
+    os_error,
+    read_error,
+)
 
 SPOOL_CHUNK = 1 << 20
 _BOM = b"\xef\xbb\xbf"
@@ -63,11 +68,13 @@ class LineReader:
             if raw.endswith(b"\n"):
                 raw = raw[:-1]
             elif len(raw) > cap:
-                raise BadInput(f"{self.name} line {n}: longer than {cap:,} bytes, the cap "
-                               f"for one prompt line at this context ({PROMPT_BYTES_PER_TOKEN} "
-                               f"bytes per token, at least {PROMPT_MIN_CAP >> 20} MiB)")
+                raise BadInput(
+                    f"{self.name} line {n}: longer than {cap:,} bytes, the cap "
+                    f"for one prompt line at this context ({PROMPT_BYTES_PER_TOKEN} "
+                    f"bytes per token, at least {PROMPT_MIN_CAP >> 20} MiB)"
+                )
             if n == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM):]
+                raw = raw[len(_BOM) :]
             yield n, raw
 
     def close(self) -> None:
@@ -100,8 +107,7 @@ def _spool(src: BinaryIO, name: str) -> LineReader:
     try:
         dst = tempfile.TemporaryFile(prefix="minfer-prompts-")
     except OSError as e:
-        raise os_error(e, tempfile.gettempdir(), "create a temporary copy of the prompts") \
-            from None
+        raise os_error(e, tempfile.gettempdir(), "create a temporary copy of the prompts") from None
     try:
         while chunk := _spool_read(src, name):
             _spool_write(dst, chunk, name)
@@ -127,5 +133,6 @@ def _spool_write(dst: BinaryIO, chunk: bytes, name: str) -> None:
         else:
             dst.flush()
     except OSError as e:
-        raise os_error(e, tempfile.gettempdir(),
-                       f"copy the prompts of {name} to a temporary file") from None
+        raise os_error(
+            e, tempfile.gettempdir(), f"copy the prompts of {name} to a temporary file"
+        ) from None

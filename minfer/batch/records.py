@@ -30,11 +30,11 @@ class RecordError(Exception):
 class Record:
     """A checked record: exactly one of text, messages, ids, context (with continuation)."""
 
-    id: object = None                 # the "id" (str or int), None when not given
+    id: object = None  # the "id" (str or int), None when not given
     text: str | None = None
     messages: list | None = None
-    ids: np.ndarray | None = None     # int32 [n] token ids given as such
-    context: str | np.ndarray | None = None        # text, or int32 ids (then continuation too)
+    ids: np.ndarray | None = None  # int32 [n] token ids given as such
+    context: str | np.ndarray | None = None  # text, or int32 ids (then continuation too)
     continuation: str | np.ndarray | None = None
 
 
@@ -46,9 +46,15 @@ def kind(v) -> str:
         return "a number"
     if isinstance(v, (np.integer, np.floating)):
         return f"a numpy {v.dtype}"
-    for t, name in ((str, "a string"), (bytes, "bytes"), (bytearray, "a bytearray"),
-                    (list, "an array"), (tuple, "a tuple"), (dict, "an object"),
-                    (np.ndarray, "an array")):
+    for t, name in (
+        (str, "a string"),
+        (bytes, "bytes"),
+        (bytearray, "a bytearray"),
+        (list, "an array"),
+        (tuple, "a tuple"),
+        (dict, "an object"),
+        (np.ndarray, "an array"),
+    ):
         if isinstance(v, t):
             return name
     return "null" if v is None else type(v).__name__
@@ -63,8 +69,9 @@ def check_text(s, what: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise RecordError(f"{what} is not valid Unicode (a lone surrogate "
-                          f"\\u{ord(s[e.start]):04x})") from None
+        raise RecordError(
+            f"{what} is not valid Unicode (a lone surrogate \\u{ord(s[e.start]):04x})"
+        ) from None
     return s
 
 
@@ -80,7 +87,7 @@ def check_ids(v, what: str, vocab: int | None) -> np.ndarray:
     if isinstance(v, np.ndarray) and v.dtype != object:
         if v.ndim != 1:
             raise RecordError(f"{what} must be a 1-D array of token ids, not {v.ndim}-D")
-        if v.dtype.kind not in "iu":   # bool, float, str, complex: not token ids
+        if v.dtype.kind not in "iu":  # bool, float, str, complex: not token ids
             raise RecordError(f"{what}: token ids must be integers, not {v.dtype}")
         bad = np.flatnonzero((v < 0) | (v >= hi)) if v.size else []
         if len(bad):
@@ -92,9 +99,11 @@ def check_ids(v, what: str, vocab: int | None) -> np.ndarray:
             raise RecordError(f"{what} must be a list of token ids, not {kind(v)}")
         for i, x in enumerate(v):
             if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
-                raise RecordError(f"{what}[{i}]: a token id must be an integer, not "
-                                  f"{repr(x)[:40]} ({type(x).__name__})")
-            if not 0 <= int(x) < hi:   # a Python int of any size compares exactly
+                raise RecordError(
+                    f"{what}[{i}]: a token id must be an integer, not "
+                    f"{repr(x)[:40]} ({type(x).__name__})"
+                )
+            if not 0 <= int(x) < hi:  # a Python int of any size compares exactly
                 raise RecordError(f"{what}[{i}]: token id {int(x)} out of range [0, {hi})")
         out = np.fromiter((int(x) for x in v), np.int32, len(v))
     if out.size == 0:
@@ -104,16 +113,20 @@ def check_ids(v, what: str, vocab: int | None) -> np.ndarray:
 
 def check_messages(v) -> list[dict[str, str]]:
     if not isinstance(v, list) or not v:
-        raise RecordError(f'"messages" must be a non-empty array of {{"role", "content"}} '
-                          f"objects, not {'an empty array' if v == [] else kind(v)}")
+        raise RecordError(
+            f'"messages" must be a non-empty array of {{"role", "content"}} '
+            f"objects, not {'an empty array' if v == [] else kind(v)}"
+        )
     for i, m in enumerate(v):
         where = f'"messages"[{i}]'
         if not isinstance(m, dict):
             raise RecordError(f'{where} must be an object {{"role", "content"}}, not {kind(m)}')
         extra = sorted(map(str, set(m) - {"role", "content"}))
         if extra:
-            raise RecordError(f"{where}: unknown key {json.dumps(extra[0], ensure_ascii=False)}"
-                              ' (a message has "role" and "content")')
+            raise RecordError(
+                f"{where}: unknown key {json.dumps(extra[0], ensure_ascii=False)}"
+                ' (a message has "role" and "content")'
+            )
         for k in ("role", "content"):
             if k not in m:
                 raise RecordError(f'{where} has no "{k}"')
@@ -138,8 +151,10 @@ def _pair(ctx, cont, vocab):
         return ctx, cont
     if is_ids(ctx) and is_ids(cont):
         return check_ids(ctx, '"context"', vocab), check_ids(cont, '"continuation"', vocab)
-    raise RecordError('"context" and "continuation" must both be strings or both lists of '
-                      f"token ids, not {kind(ctx)} and {kind(cont)}")
+    raise RecordError(
+        '"context" and "continuation" must both be strings or both lists of '
+        f"token ids, not {kind(ctx)} and {kind(cont)}"
+    )
 
 
 def check_record(v, vocab: int | None, *, bare_ids: bool) -> Record:
@@ -147,25 +162,34 @@ def check_record(v, vocab: int | None, *, bare_ids: bool) -> Record:
     bare_ids (the API) a list / tuple / 1-D array of token ids; else RecordError."""
     if isinstance(v, str):
         v = {"prompt": v}
-    elif bare_ids and is_ids(v):   # the API's bare list of ids
+    elif bare_ids and is_ids(v):  # the API's bare list of ids
         return Record(ids=check_ids(v, "token ids", vocab))
     elif not isinstance(v, dict):
-        raise RecordError((f"a prompt is a string, a list of token ids or a dict with {FORMS}"
-                           if bare_ids else
-                           'expected a JSON string or an object with "prompt", "messages" or '
-                           '"context" and "continuation"') + f", got {kind(v)}")
+        raise RecordError(
+            (
+                f"a prompt is a string, a list of token ids or a dict with {FORMS}"
+                if bare_ids
+                else 'expected a JSON string or an object with "prompt", "messages" or '
+                '"context" and "continuation"'
+            )
+            + f", got {kind(v)}"
+        )
     extra = sorted(map(str, set(v) - set(KEYS)))
     if extra:
-        raise RecordError(f"unknown key {json.dumps(extra[0], ensure_ascii=False)} "
-                          f"(a record has {FORMS})")
+        raise RecordError(
+            f"unknown key {json.dumps(extra[0], ensure_ascii=False)} (a record has {FORMS})"
+        )
     pair = ("context" in v) + ("continuation" in v)
     if pair == 1:
-        raise RecordError('"context" and "continuation" go together: '
-                          f'"{"continuation" if "context" in v else "context"}" is missing')
+        raise RecordError(
+            '"context" and "continuation" go together: '
+            f'"{"continuation" if "context" in v else "context"}" is missing'
+        )
     forms = ("prompt" in v) + ("messages" in v) + (pair == 2)
     if forms != 1:
-        raise RecordError(f"a record needs exactly one of {FORMS.split(';')[0]}"
-                          + (", not two" if forms else ""))
+        raise RecordError(
+            f"a record needs exactly one of {FORMS.split(';')[0]}" + (", not two" if forms else "")
+        )
     pid = check_id(v["id"]) if "id" in v else None
     if "messages" in v:
         return Record(pid, messages=check_messages(v["messages"]))
@@ -197,12 +221,15 @@ def record_ids(rec: Record, encode) -> tuple[np.ndarray, int | None]:
             raise RecordError('"context"/"continuation" text needs the model\'s tokenizer')
         ids, first = pair(rec.context, rec.continuation)
         if first < 1:
-            raise RecordError('the context is 0 tokens (this model adds no BOS): give a '
-                              "non-empty context")
+            raise RecordError(
+                "the context is 0 tokens (this model adds no BOS): give a non-empty context"
+            )
         if len(ids) <= first:
-            raise RecordError(f"the continuation is 0 tokens: the whole text is {len(ids)} "
-                              f"tokens, the context alone {first} (a token across the boundary "
-                              "takes it: docs/batch.md)")
+            raise RecordError(
+                f"the continuation is 0 tokens: the whole text is {len(ids)} "
+                f"tokens, the context alone {first} (a token across the boundary "
+                "takes it: docs/batch.md)"
+            )
     else:
         ids, first = np.concatenate([rec.context, rec.continuation]), len(rec.context)
     ids = np.asarray(ids, dtype=np.int32).reshape(-1)
@@ -214,5 +241,7 @@ def record_ids(rec: Record, encode) -> tuple[np.ndarray, int | None]:
 def check_fits(n: int, n_predict: int, n_ctx: int) -> None:
     """RecordError for a prompt of n tokens whose n_predict generated ones pass the context."""
     if n + n_predict > n_ctx:
-        raise RecordError(f"prompt of {n} tokens + {n_predict} generated tokens = "
-                          f"{n + n_predict} exceeds the context of {n_ctx}")
+        raise RecordError(
+            f"prompt of {n} tokens + {n_predict} generated tokens = "
+            f"{n + n_predict} exceeds the context of {n_ctx}"
+        )

@@ -38,20 +38,20 @@ DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024
 
 @dataclass
 class Result:
-    key: int                 # the prompt's index in the input
-    n_prompt: int            # prompt tokens
-    greedy: list[int]        # greedy ids (the first from the prompt's last row)
-    margins: list[float]     # top1 - top2 logit at each greedy step (the tie-aware gate)
-    eos: bool                # stopped at a stop id (the last of `greedy`)
-    logprobs: np.ndarray | None = None   # f32 [n_prompt - 1]: log p(ids[p + 1] | ids[:p + 1])
+    key: int  # the prompt's index in the input
+    n_prompt: int  # prompt tokens
+    greedy: list[int]  # greedy ids (the first from the prompt's last row)
+    margins: list[float]  # top1 - top2 logit at each greedy step (the tie-aware gate)
+    eos: bool  # stopped at a stop id (the last of `greedy`)
+    logprobs: np.ndarray | None = None  # f32 [n_prompt - 1]: log p(ids[p + 1] | ids[:p + 1])
     # (NaN where not scored: with logprobs every row is, for a continuation rows first-1..)
-    ids: np.ndarray | None = None        # int32 [n_prompt] the prompt's ids
-    first: int | None = None             # a continuation's first token, else None
-    argmax: np.ndarray | None = None     # int32 [n_prompt - 1]: argmax at row p (-1 unscored)
-    top_ids: np.ndarray | None = None    # int32 [n_prompt - 1, top] (with top >= 1)
-    top_logprobs: np.ndarray | None = None   # f32 [n_prompt - 1, top], descending
-    continuation_logprob: float | None = None   # sum of logprobs[first - 1:]
-    is_greedy: bool | None = None        # argmax[first - 1:] == ids[first:]
+    ids: np.ndarray | None = None  # int32 [n_prompt] the prompt's ids
+    first: int | None = None  # a continuation's first token, else None
+    argmax: np.ndarray | None = None  # int32 [n_prompt - 1]: argmax at row p (-1 unscored)
+    top_ids: np.ndarray | None = None  # int32 [n_prompt - 1, top] (with top >= 1)
+    top_logprobs: np.ndarray | None = None  # f32 [n_prompt - 1, top], descending
+    continuation_logprob: float | None = None  # sum of logprobs[first - 1:]
+    is_greedy: bool | None = None  # argmax[first - 1:] == ids[first:]
 
     def top_rows(self, every_row: bool) -> list[list[tuple[int, float]]] | None:
         """[(id, log-prob)] * top at each scored token: every prompt token after the first
@@ -59,17 +59,19 @@ class Result:
         if self.top_ids is None:
             return None
         lo = 0 if every_row or self.first is None else self.first - 1
-        return [[(int(t), float(v)) for t, v in zip(a, b)]
-                for a, b in zip(self.top_ids[lo:].tolist(), self.top_logprobs[lo:].tolist())]
+        return [
+            [(int(t), float(v)) for t, v in zip(a, b)]
+            for a, b in zip(self.top_ids[lo:].tolist(), self.top_logprobs[lo:].tolist())
+        ]
 
 
 @dataclass
 class Totals:
     prompts: int = 0
     prompt_tokens: int = 0
-    computed_tokens: int = 0   # prompt tokens run through the model (shared prefixes once)
-    generated: int = 0         # greedy ids, the first (from the prefill) included
-    decode_tokens: int = 0     # tokens fed back in decode steps (padding excluded)
+    computed_tokens: int = 0  # prompt tokens run through the model (shared prefixes once)
+    generated: int = 0  # greedy ids, the first (from the prefill) included
+    decode_tokens: int = 0  # tokens fed back in decode steps (padding excluded)
     prefill_s: float = 0.0
     decode_s: float = 0.0
     waves: int = 0
@@ -86,11 +88,22 @@ class Totals:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
 
 
-def run(backend, prompts: Iterable[tuple[int, np.ndarray]], n_predict: int, *,
-        kv_slots: int, ubatch: int, logprobs: bool = False, share: bool = True,
-        stop_ids: Collection[int] = (), emit: Callable[[Result], None] = lambda r: None,
-        progress: bool = False, n_prompts: int | None = None,
-        describe: Callable[[int], str] = lambda k: f"prompt {k}", top: int = 0) -> Totals:
+def run(
+    backend,
+    prompts: Iterable[tuple[int, np.ndarray]],
+    n_predict: int,
+    *,
+    kv_slots: int,
+    ubatch: int,
+    logprobs: bool = False,
+    share: bool = True,
+    stop_ids: Collection[int] = (),
+    emit: Callable[[Result], None] = lambda r: None,
+    progress: bool = False,
+    n_prompts: int | None = None,
+    describe: Callable[[int], str] = lambda k: f"prompt {k}",
+    top: int = 0,
+) -> Totals:
     """Run every (key, ids) prompt of `prompts` (keys increasing: the input order) and hand
     each Result to `emit` in input order; -> Totals. n_predict greedy ids each (fewer after a
     stop id); logprobs: each prompt token's log-probability after the first. A (key, ids,
@@ -105,8 +118,9 @@ def run(backend, prompts: Iterable[tuple[int, np.ndarray]], n_predict: int, *,
         # with logprobs a sharer takes one row less (the owner's last shared row scores the
         # owner's next token, not the sharer's): schedule.waves plans it so
         for wave in schedule.waves(prompts, kv_slots, n_predict, share, logprobs=logprobs):
-            results = _wave(backend, wave, n_predict, ubatch, logprobs, stop_ids, tot, bar,
-                            describe, top)
+            results = _wave(
+                backend, wave, n_predict, ubatch, logprobs, stop_ids, tot, bar, describe, top
+            )
             for key in sorted(results):
                 emit(results[key])
             tot.waves += 1
@@ -122,8 +136,9 @@ def _named(describe, keys, what: str, call):
         return call()
     except (GPUError, NumericError) as e:
         ks = sorted(set(keys))
-        names = ", ".join(describe(k) for k in ks[:3]) + (f" and {len(ks) - 3} more"
-                                                           if len(ks) > 3 else "")
+        names = ", ".join(describe(k) for k in ks[:3]) + (
+            f" and {len(ks) - 3} more" if len(ks) > 3 else ""
+        )
         raise type(e)(f"{e} [{what} of {names}]") from None
 
 
@@ -140,8 +155,18 @@ def _result(s, logprobs: bool, top: int) -> Result:
     return r
 
 
-def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop_ids,
-          tot: Totals, bar, describe, top: int = 0) -> dict[int, Result]:
+def _wave(
+    backend,
+    wave: list,
+    n_predict: int,
+    ubatch: int,
+    logprobs: bool,
+    stop_ids,
+    tot: Totals,
+    bar,
+    describe,
+    top: int = 0,
+) -> dict[int, Result]:
     seqs = {s.key: s for s in wave}
     res = {s.key: _result(s, logprobs, top) for s in wave}
     backend.synchronize()
@@ -152,9 +177,16 @@ def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop
         keys = _chunk_keys(wave, ch)
         # top-k only where a row is scored: the default path's call is unchanged
         k = top if top and any(res[key].argmax is not None for key, _ in ch.owners) else 0
-        out = _named(describe, keys, "the prefill chunk",
-                     lambda: backend.packed(ch.ids, ch.tok, ch.rows, ch.targets, top=k) if k
-                     else backend.packed(ch.ids, ch.tok, ch.rows, ch.targets))
+        out = _named(
+            describe,
+            keys,
+            "the prefill chunk",
+            lambda: (
+                backend.packed(ch.ids, ch.tok, ch.rows, ch.targets, top=k)
+                if k
+                else backend.packed(ch.ids, ch.tok, ch.rows, ch.targets)
+            ),
+        )
         st, t_ids, t_lp = out if k else (out, None, None)
         tot.chunks += 1
         tot.computed_tokens += len(ch.ids)
@@ -172,22 +204,22 @@ def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop
                 done += 1
         if bar is not None and done:
             bar.update(done)
-    if logprobs:   # a sharer's prefix rows are its owner's (the same tokens before them)
+    if logprobs:  # a sharer's prefix rows are its owner's (the same tokens before them)
         for name in ("logprobs", "argmax", "top_ids", "top_logprobs"):
             if top or not name.startswith("top"):
                 schedule.copy_shared_logprobs(wave, {k: getattr(r, name) for k, r in res.items()})
-    for s in wave:   # (without logprobs a continuation's scored rows are its own: schedule)
+    for s in wave:  # (without logprobs a continuation's scored rows are its own: schedule)
         if s.first is not None:
             r = res[s.key]
-            r.continuation_logprob = math.fsum(r.logprobs[s.first - 1:].tolist())
-            r.is_greedy = bool(np.array_equal(r.argmax[s.first - 1:], s.ids[s.first:]))
+            r.continuation_logprob = math.fsum(r.logprobs[s.first - 1 :].tolist())
+            r.is_greedy = bool(np.array_equal(r.argmax[s.first - 1 :], s.ids[s.first :]))
     tot.prefill_s += time.perf_counter() - t0
     tot.prompts += len(wave)
     tot.prompt_tokens += sum(len(s.ids) for s in wave)
 
     # batched greedy decode: every live sequence feeds its newest id at its next slot
     t0 = time.perf_counter()
-    cur = {k: len(s.ids) for k, s in seqs.items()}   # tokens in the cache
+    cur = {k: len(s.ids) for k, s in seqs.items()}  # tokens in the cache
     live = []
     for k in sorted(seqs, key=lambda k: seqs[k].base):
         r = res[k]
@@ -198,17 +230,24 @@ def _wave(backend, wave: list, n_predict: int, ubatch: int, logprobs: bool, stop
     while live:
         tot.decode_steps += 1
         for g in range(0, len(live), ubatch):
-            grp = live[g: g + ubatch]
+            grp = live[g : g + ubatch]
             n = len(grp)
             ids = np.array([res[k].greedy[-1] for k in grp], np.int32)
             tok = np.array([(seqs[k].base + cur[k], seqs[k].base) for k in grp], np.int32)
-            pad = schedule.bucket(n, DECODE_BUCKETS, ubatch) - n   # repeats of the last row: the same slot, same values
+            pad = (
+                schedule.bucket(n, DECODE_BUCKETS, ubatch) - n
+            )  # repeats of the last row: the same slot, same values
             if pad:
                 ids = np.concatenate([ids, np.repeat(ids[-1:], pad)])
                 tok = np.concatenate([tok, np.repeat(tok[-1:], pad, axis=0)])
-            st = _named(describe, grp, f"decode step {len(res[grp[0]].greedy)}",
-                        lambda: backend.packed(ids, tok, np.arange(n, dtype=np.int32),
-                                               np.full(n, -1, np.int32)))
+            st = _named(
+                describe,
+                grp,
+                f"decode step {len(res[grp[0]].greedy)}",
+                lambda: backend.packed(
+                    ids, tok, np.arange(n, dtype=np.int32), np.full(n, -1, np.int32)
+                ),
+            )
             tot.decode_tokens += n
             for i, k in enumerate(grp):
                 cur[k] += 1

@@ -41,33 +41,33 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-ALIGN = 128        # a sequence's first slot is a multiple of this (the attention key tile)
-MIN_SHARE = 16     # shorter common prefixes are recomputed, not copied
-BUCKETS = tuple(1 << i for i in range(17))   # decode step sizes: 1, 2, 4, ..., 65536
+ALIGN = 128  # a sequence's first slot is a multiple of this (the attention key tile)
+MIN_SHARE = 16  # shorter common prefixes are recomputed, not copied
+BUCKETS = tuple(1 << i for i in range(17))  # decode step sizes: 1, 2, 4, ..., 65536
 
 
 @dataclass(frozen=True, eq=False)
 class Seq:
     """One prompt placed in the KV cache (eq=False: ids is an array; compare fields)."""
 
-    key: int            # the caller's key (its index in the input)
-    ids: np.ndarray     # int32 [n] prompt ids
-    base: int           # first slot, a multiple of ALIGN
-    share: int = 0      # leading rows taken from `owner`'s slots by copy_kv (0: none)
-    owner: int | None = None   # key of the Seq (earlier in the wave) whose slots hold them
-    slots: int = 0      # its footprint: slots base..base+slots-1 are its own (0: not known)
-    first: int | None = None   # a continuation's first token: rows first-1.. are scored
+    key: int  # the caller's key (its index in the input)
+    ids: np.ndarray  # int32 [n] prompt ids
+    base: int  # first slot, a multiple of ALIGN
+    share: int = 0  # leading rows taken from `owner`'s slots by copy_kv (0: none)
+    owner: int | None = None  # key of the Seq (earlier in the wave) whose slots hold them
+    slots: int = 0  # its footprint: slots base..base+slots-1 are its own (0: not known)
+    first: int | None = None  # a continuation's first token: rows first-1.. are scored
 
 
 @dataclass
 class Chunk:
     """One packed() call of the prefill, and the copies to run before it."""
 
-    copies: list[tuple[int, int, int]]   # copy_kv(src, dst, n), in order, BEFORE the forward
-    ids: np.ndarray                      # int32 [T] token ids
-    tok: np.ndarray                      # int32 [T, 2] (slot, lo)
-    rows: np.ndarray                     # int32 [m] row indices (into the T tokens) to score
-    targets: np.ndarray                  # int32 [m] next prompt token, or -1 (the last)
+    copies: list[tuple[int, int, int]]  # copy_kv(src, dst, n), in order, BEFORE the forward
+    ids: np.ndarray  # int32 [T] token ids
+    tok: np.ndarray  # int32 [T, 2] (slot, lo)
+    rows: np.ndarray  # int32 [m] row indices (into the T tokens) to score
+    targets: np.ndarray  # int32 [m] next prompt token, or -1 (the last)
     owners: list[tuple[int, int]] = field(default_factory=list)  # per row: (key, position)
 
 
@@ -101,8 +101,10 @@ def _item(item) -> tuple[int, np.ndarray, int | None]:
 def _fits(key, n: int, kv_slots: int, n_predict: int) -> int:
     need = footprint(n, n_predict)
     if need > kv_slots:
-        raise ValueError(f"prompt {key}: {n} tokens + {max(n_predict - 1, 0)} decoded need "
-                         f"{need} KV slots ({ALIGN}-slot aligned), the cache holds {kv_slots}")
+        raise ValueError(
+            f"prompt {key}: {n} tokens + {max(n_predict - 1, 0)} decoded need "
+            f"{need} KV slots ({ALIGN}-slot aligned), the cache holds {kv_slots}"
+        )
     return need
 
 
@@ -118,9 +120,16 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if diff.size else m
 
 
-def plan_wave(prompts: Sequence[tuple[int, np.ndarray]], kv_slots: int, n_predict: int,
-              share: bool, min_share: int = MIN_SHARE, *, logprobs: bool = False,
-              max_seqs: int | None = None) -> tuple[list[Seq], list[tuple[int, np.ndarray]]]:
+def plan_wave(
+    prompts: Sequence[tuple[int, np.ndarray]],
+    kv_slots: int,
+    n_predict: int,
+    share: bool,
+    min_share: int = MIN_SHARE,
+    *,
+    logprobs: bool = False,
+    max_seqs: int | None = None,
+) -> tuple[list[Seq], list[tuple[int, np.ndarray]]]:
     """(wave, rest): the longest leading run of `prompts` ((key, ids) in input order) whose
     footprints fit kv_slots (at most max_seqs of them) placed in the cache, and the prompts
     left over. ValueError naming its key for a first prompt that cannot fit alone."""
@@ -142,12 +151,16 @@ def plan_wave(prompts: Sequence[tuple[int, np.ndarray]], kv_slots: int, n_predic
     return _place(taken, share, min_share, logprobs), []
 
 
-def _place(taken: list[tuple[int, np.ndarray, int, int | None]], share: bool, min_share: int,
-           logprobs: bool) -> list[Seq]:
+def _place(
+    taken: list[tuple[int, np.ndarray, int, int | None]],
+    share: bool,
+    min_share: int,
+    logprobs: bool,
+) -> list[Seq]:
     keys = [t[0] for t in taken]
     if len(set(keys)) != len(keys):
         raise ValueError("prompt keys repeat within a wave")
-    if share:   # neighbours by ids: a common prefix is shared with the one just before
+    if share:  # neighbours by ids: a common prefix is shared with the one just before
         taken = sorted(taken, key=lambda t: (_sort_key(t[1]), t[0]))
     out: list[Seq] = []
     base = 0
@@ -158,7 +171,7 @@ def _place(taken: list[tuple[int, np.ndarray, int, int | None]], share: bool, mi
         if share and prev is not None:
             p = common_prefix(prev.ids, ids)
             s = min(p - 1 if logprobs else p, ids.size - 1)
-            if first is not None and not logprobs:   # its scored rows are its own to compute
+            if first is not None and not logprobs:  # its scored rows are its own to compute
                 s = min(s, first - 1)
             if s >= min_share:
                 n_share, owner = s, prev.key
@@ -169,9 +182,16 @@ def _place(taken: list[tuple[int, np.ndarray, int, int | None]], share: bool, mi
     return out
 
 
-def waves(prompts: Iterable[tuple[int, np.ndarray]], kv_slots: int, n_predict: int,
-          share: bool, max_seqs: int | None = None, *, min_share: int = MIN_SHARE,
-          logprobs: bool = False) -> Iterator[list[Seq]]:
+def waves(
+    prompts: Iterable[tuple[int, np.ndarray]],
+    kv_slots: int,
+    n_predict: int,
+    share: bool,
+    max_seqs: int | None = None,
+    *,
+    min_share: int = MIN_SHARE,
+    logprobs: bool = False,
+) -> Iterator[list[Seq]]:
     """The prompts ((key, ids) pairs, or (key, ids, first) for a continuation from token
     first; input order) as consecutive waves, each a list of Seq in
     wave order (plan_wave), read lazily: a wave holds only the prompts that fit kv_slots (and at
@@ -225,8 +245,10 @@ def _check_wave(wave: Sequence[Seq], logprobs: bool) -> dict[int, Seq]:
         if s.key in by_key:
             raise ValueError(f"prompt {s.key} appears twice in the wave")
         if s.base % ALIGN or s.base < end:
-            raise ValueError(f"prompt {s.key}: base {s.base} is not a multiple of {ALIGN} "
-                             f"past the previous sequence's slots (which end at {end})")
+            raise ValueError(
+                f"prompt {s.key}: base {s.base} is not a multiple of {ALIGN} "
+                f"past the previous sequence's slots (which end at {end})"
+            )
         if s.slots and s.slots < n:
             raise ValueError(f"prompt {s.key}: {s.slots} slots for {n} tokens")
         end = s.base + max(s.slots, n)
@@ -234,17 +256,26 @@ def _check_wave(wave: Sequence[Seq], logprobs: bool) -> dict[int, Seq]:
             o = by_key.get(s.owner)
             if o is None:
                 raise ValueError(f"prompt {s.key}: its owner {s.owner} is not before it")
-            if not 1 <= s.share <= n - 1 or s.share > o.ids.size or \
-                    not np.array_equal(o.ids[:s.share], s.ids[:s.share]):
-                raise ValueError(f"prompt {s.key}: shares {s.share} tokens, not a common "
-                                 f"prefix with {s.owner} shorter than itself")
+            if (
+                not 1 <= s.share <= n - 1
+                or s.share > o.ids.size
+                or not np.array_equal(o.ids[: s.share], s.ids[: s.share])
+            ):
+                raise ValueError(
+                    f"prompt {s.key}: shares {s.share} tokens, not a common "
+                    f"prefix with {s.owner} shorter than itself"
+                )
             if logprobs and (s.share >= o.ids.size or o.ids[s.share] != s.ids[s.share]):
-                raise ValueError(f"prompt {s.key}: with log-probs the owner's last shared row "
-                                 "must predict the sharer's next token: plan the wave with "
-                                 "logprobs=True (one row less shared)")
+                raise ValueError(
+                    f"prompt {s.key}: with log-probs the owner's last shared row "
+                    "must predict the sharer's next token: plan the wave with "
+                    "logprobs=True (one row less shared)"
+                )
             if not logprobs and s.first is not None and s.share > s.first - 1:
-                raise ValueError(f"prompt {s.key}: shares {s.share} rows, past its scored "
-                                 f"rows from {s.first - 1}")
+                raise ValueError(
+                    f"prompt {s.key}: shares {s.share} rows, past its scored "
+                    f"rows from {s.first - 1}"
+                )
         by_key[s.key] = s
     return by_key
 
@@ -260,8 +291,8 @@ def prefill_chunks(wave: Sequence[Seq], ubatch: int, logprobs: bool) -> list[Chu
         raise ValueError(f"ubatch must be >= 1, got {ubatch}")
     by_key = _check_wave(wave, logprobs)
     chunks: list[Chunk] = []
-    avail: dict[int, int] = {}        # key -> its leading rows usable by the next copies
-    segs: list[tuple[Seq, int, int]] = []   # the open chunk: (seq, first position, end)
+    avail: dict[int, int] = {}  # key -> its leading rows usable by the next copies
+    segs: list[tuple[Seq, int, int]] = []  # the open chunk: (seq, first position, end)
     copies: list[tuple[int, int, int]] = []
     used = 0
 
@@ -280,7 +311,7 @@ def prefill_chunks(wave: Sequence[Seq], ubatch: int, logprobs: bool) -> list[Chu
             if used == ubatch:
                 flush()
             if avail.get(s.owner, 0) < s.share:
-                flush()   # the owner's rows are in the open chunk: run it first
+                flush()  # the owner's rows are in the open chunk: run it first
             assert avail.get(s.owner, 0) >= s.share
             o = by_key[s.owner]
             copies.append((o.base, s.base, s.share))
@@ -309,11 +340,11 @@ def _chunk(copies, segs, logprobs: bool) -> Chunk:
         tk[:, 1] = s.base
         tok.append(tk)
         lo = a if logprobs else max(a, s.first - 1) if s.first is not None else b
-        if lo < b:   # scored rows lo..b-1 (every row with logprobs; a continuation's)
+        if lo < b:  # scored rows lo..b-1 (every row with logprobs; a continuation's)
             rows.append(np.arange(t + lo - a, t + k, dtype=np.int32))
             tg = np.full(b - lo, -1, np.int32)
-            m = min(b, n - 1) - lo    # positions lo..min(b, n-1)-1 have a next token
-            tg[:m] = s.ids[lo + 1:lo + 1 + m]
+            m = min(b, n - 1) - lo  # positions lo..min(b, n-1)-1 have a next token
+            tg[:m] = s.ids[lo + 1 : lo + 1 + m]
             targets.append(tg)
             owners.extend((s.key, p) for p in range(lo, b))
         elif b == n:
@@ -322,9 +353,14 @@ def _chunk(copies, segs, logprobs: bool) -> Chunk:
             owners.append((s.key, n - 1))
         t += k
     empty = np.zeros(0, np.int32)
-    return Chunk(list(copies), np.concatenate(ids).astype(np.int32, copy=False),
-                 np.concatenate(tok), np.concatenate(rows) if rows else empty,
-                 np.concatenate(targets) if targets else empty, owners)
+    return Chunk(
+        list(copies),
+        np.concatenate(ids).astype(np.int32, copy=False),
+        np.concatenate(tok),
+        np.concatenate(rows) if rows else empty,
+        np.concatenate(targets) if targets else empty,
+        owners,
+    )
 
 
 def copy_shared_logprobs(wave: Sequence[Seq], logprobs: dict[int, np.ndarray]) -> None:
@@ -334,11 +370,12 @@ def copy_shared_logprobs(wave: Sequence[Seq], logprobs: dict[int, np.ndarray]) -
     logprobs=True (prefill_chunks checks)."""
     for s in wave:
         if s.share:
-            logprobs[s.key][:s.share] = logprobs[s.owner][:s.share]
+            logprobs[s.key][: s.share] = logprobs[s.owner][: s.share]
 
 
-def decode_layout(seqs: Sequence[Seq], lengths: Sequence[int],
-                  last_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def decode_layout(
+    seqs: Sequence[Seq], lengths: Sequence[int], last_ids: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
     """One batched decode step: (ids int32 [k], tok int32 [k, 2]) for k live sequences (in
     increasing base order, as the wave places them) where sequence i has lengths[i] tokens in
     the cache and feeds last_ids[i] at slot base + lengths[i] (position lengths[i]), lo = base.
@@ -370,8 +407,9 @@ def bucket(n: int, buckets: Sequence[int] = BUCKETS, cap: int | None = None) -> 
     return n
 
 
-def pad_to_bucket(ids: np.ndarray, tok: np.ndarray, buckets: Sequence[int] = BUCKETS,
-                  cap: int | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def pad_to_bucket(
+    ids: np.ndarray, tok: np.ndarray, buckets: Sequence[int] = BUCKETS, cap: int | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """(ids, tok, n): the step padded to bucket(n) rows by repeating its last row (the same
     slot and id: a second write of the same values), n = the real rows (read rows 0..n-1)."""
     n = len(ids)

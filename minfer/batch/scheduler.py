@@ -39,8 +39,8 @@ import numpy as np
 
 from minfer.batch.run import DECODE_BUCKETS
 from minfer.batch.schedule import ALIGN, MIN_SHARE, bucket
-from minfer.errors import MinferError
 from minfer.batch.slots import PrefixCache, Rows, SlotMap, blocks, common_prefix
+from minfer.errors import MinferError
 
 
 @dataclass(eq=False)
@@ -49,17 +49,17 @@ class Job:
     the engine thread: ("prompt", Rows) once the prompt is scored (prompt_stats only),
     ("token", Token) per generated token, then ("done", finish_reason) or ("error", exc)."""
 
-    ids: np.ndarray                   # int32 [n]
+    ids: np.ndarray  # int32 [n]
     max_tokens: int
     deliver: Callable[[str, object], None]
-    prompt_stats: bool = False        # every prompt row's log-prob (echo with logprobs)
-    top: int = 0                      # top log-probs per scored row
-    gen_logprobs: bool = False        # each generated token's log-prob
+    prompt_stats: bool = False  # every prompt row's log-prob (echo with logprobs)
+    top: int = 0  # top log-probs per scored row
+    gen_logprobs: bool = False  # each generated token's log-prob
     stop_ids: frozenset = frozenset()
-    stop_check: Callable[[list[int]], bool] | None = None   # True: a stop string was met
-    pool: str | None = None           # "last" | "mean" | "cls": a pooled job (max_tokens 0)
-    lse: bool = False                 # pooled: the last row's full-vocabulary logsumexp too
-    keep: bool = True                 # its prompt rows may stay as a prefix entry
+    stop_check: Callable[[list[int]], bool] | None = None  # True: a stop string was met
+    pool: str | None = None  # "last" | "mean" | "cls": a pooled job (max_tokens 0)
+    lse: bool = False  # pooled: the last row's full-vocabulary logsumexp too
+    keep: bool = True  # its prompt rows may stay as a prefix entry
     cancelled: bool = False
     t_arrival: float = field(default_factory=time.perf_counter)
     t_admit: float = 0.0
@@ -73,29 +73,29 @@ class Job:
 class Token:
     id: int
     logprob: float | None
-    top_ids: np.ndarray | None        # int32 [k]
-    top_lp: np.ndarray | None         # f32 [k]
+    top_ids: np.ndarray | None  # int32 [k]
+    top_lp: np.ndarray | None  # f32 [k]
 
 
 @dataclass
 class Pooled:
-    vec: np.ndarray                   # f32 [d_model]: the pooled final-normed hidden state
-    lse: float | None                 # the last row's logsumexp over the vocabulary (Job.lse)
+    vec: np.ndarray  # f32 [d_model]: the pooled final-normed hidden state
+    lse: float | None  # the last row's logsumexp over the vocabulary (Job.lse)
 
 
 @dataclass(eq=False)
 class Seq:
     job: Job
     rows: Rows
-    owner: Rows | None = None         # waiting to copy `share` rows from it
+    owner: Rows | None = None  # waiting to copy `share` rows from it
     share: int = 0
     gen: list[int] = field(default_factory=list)
     done: bool = False
-    shared: int = 0                   # rows copied from another (copy_kv)
-    pool: np.ndarray | None = None    # f64 [d_model]: the pooled row, or the mean's running sum
+    shared: int = 0  # rows copied from another (copy_kv)
+    pool: np.ndarray | None = None  # f64 [d_model]: the pooled row, or the mean's running sum
     lse: float | None = None
 
-    first: int = -1                   # its prompt's first token (the sharing search's key)
+    first: int = -1  # its prompt's first token (the sharing search's key)
 
     def __post_init__(self):
         self.first = int(self.rows.ids[0])
@@ -107,20 +107,28 @@ _NONE = np.zeros(0, np.int64)
 @dataclass
 class Segment:
     seq: Seq
-    p0: int                           # first position of its tokens in this step
-    ids: np.ndarray                   # int32 [t]
-    rows: np.ndarray                  # int64 [m] positions scored (in the sequence)
-    targets: np.ndarray               # int64 [m] their next tokens, or -1
-    hid: np.ndarray = field(default_factory=lambda: _NONE)   # positions pooled
+    p0: int  # first position of its tokens in this step
+    ids: np.ndarray  # int32 [t]
+    rows: np.ndarray  # int64 [m] positions scored (in the sequence)
+    targets: np.ndarray  # int64 [m] their next tokens, or -1
+    hid: np.ndarray = field(default_factory=lambda: _NONE)  # positions pooled
 
 
 class Scheduler:
     """backend: packed(ids, tok, rows, targets, top=) and copy_kv(src, dst, n) over kv_slots
     slots. metrics: a minfer.serve.metrics.Metrics or None."""
 
-    def __init__(self, backend, kv_slots: int, max_batch_tokens: int, *,
-                 prefix_cache: bool = True, max_entries: int = 4096, metrics=None,
-                 min_share: int = MIN_SHARE):
+    def __init__(
+        self,
+        backend,
+        kv_slots: int,
+        max_batch_tokens: int,
+        *,
+        prefix_cache: bool = True,
+        max_entries: int = 4096,
+        metrics=None,
+        min_share: int = MIN_SHARE,
+    ):
         self.be = backend
         # the engine thread's device context (CUDA: the runtime's context, current on one
         # thread at a time in pycuda; the CPU reference needs none)
@@ -194,7 +202,7 @@ class Scheduler:
                 if not self.step():
                     with self.cv:
                         self.cv.wait(0.01)
-            except Exception as e:   # a bug: fail what is in flight, keep serving
+            except Exception as e:  # a bug: fail what is in flight, keep serving
                 err = MinferError(f"internal error in the engine step ({type(e).__name__}: {e})")
                 for s in list(self.running):
                     self._finish(s, None, err)
@@ -215,7 +223,7 @@ class Scheduler:
         if not segs:
             return False
         self._forward(segs)
-        self._gauges()   # after too: the last step before idling must not leave them stale
+        self._gauges()  # after too: the last step before idling must not leave them stale
         return True
 
     def _gauges(self) -> None:
@@ -238,7 +246,7 @@ class Scheduler:
             if base is None:
                 if owner is not None:
                     owner.pins -= 1
-                return   # first come first served: the head waits for slots
+                return  # first come first served: the head waits for slots
             with self.cv:
                 self.waiting.popleft()
             job.t_admit = time.perf_counter()
@@ -255,11 +263,10 @@ class Scheduler:
         fewer when its prompt rows are scored (the owner's row share - 1 predicts the same
         next token); statistics are shared only from an owner that kept as many top ids."""
         n = len(job.ids)
-        if job.pool in ("mean", "cls"):   # every row's (row 0's) hidden state is needed
+        if job.pool in ("mean", "cls"):  # every row's (row 0's) hidden state is needed
             return None, 0
         first = int(job.ids[0])
-        cands = self.cache.with_first(first) + [s.rows for s in self.running
-                                                if s.first == first]
+        cands = self.cache.with_first(first) + [s.rows for s in self.running if s.first == first]
         best, best_n = None, 0
         for r in cands:
             if r.freed or (job.prompt_stats and r.top < job.top):
@@ -294,15 +301,15 @@ class Scheduler:
             o = s.owner
             if o is None:
                 continue
-            if o.freed:   # the owner went away before its rows were written: compute them
+            if o.freed:  # the owner went away before its rows were written: compute them
                 o.pins -= 1
                 s.owner, s.share = None, 0
             elif o.done >= s.share:
                 self.be.copy_kv(o.base, s.rows.base, s.share)
                 r, k = s.rows, s.share
-                if r.top >= 0:   # rows 0..k-1 predict the same tokens as the owner's
+                if r.top >= 0:  # rows 0..k-1 predict the same tokens as the owner's
                     r.argmax[:k], r.logprob[:k] = o.argmax[:k], o.logprob[:k]
-                    r.top_ids[:k], r.top_lp[:k] = o.top_ids[:k, :r.top], o.top_lp[:k, :r.top]
+                    r.top_ids[:k], r.top_lp[:k] = o.top_ids[:k, : r.top], o.top_lp[:k, : r.top]
                 r.done = k
                 s.shared = k
                 o.pins -= 1
@@ -315,13 +322,20 @@ class Scheduler:
 
     def _pack(self) -> list[Segment]:
         segs, budget = [], self.budget
-        for s in self.running:   # decode tokens first: each costs one row
+        for s in self.running:  # decode tokens first: each costs one row
             if budget and not s.done and s.owner is None and s.gen:
                 n = len(s.rows.ids)
-                segs.append(Segment(s, n + len(s.gen) - 1, np.array(s.gen[-1:], np.int32),
-                                    np.array([n + len(s.gen) - 1]), np.array([-1])))
+                segs.append(
+                    Segment(
+                        s,
+                        n + len(s.gen) - 1,
+                        np.array(s.gen[-1:], np.int32),
+                        np.array([n + len(s.gen) - 1]),
+                        np.array([-1]),
+                    )
+                )
                 budget -= 1
-        for s in self.running:   # then prompt tokens, oldest sequence first
+        for s in self.running:  # then prompt tokens, oldest sequence first
             r = s.rows
             n = len(r.ids)
             if not budget or s.done or s.owner is not None or r.done >= n:
@@ -330,13 +344,19 @@ class Scheduler:
             rows, tg = _NONE, _NONE
             if s.job.prompt_stats:
                 rows = np.arange(p0, min(p1, n - 1))
-                tg = r.ids[p0 + 1: p0 + 1 + len(rows)].astype(np.int64)
+                tg = r.ids[p0 + 1 : p0 + 1 + len(rows)].astype(np.int64)
             if p1 == n and (s.job.max_tokens > 0 or s.job.lse):
                 rows, tg = np.append(rows, n - 1), np.append(tg, -1)
             pool = s.job.pool
-            hid = np.arange(p0, p1) if pool == "mean" else \
-                np.array([0]) if pool == "cls" and p0 == 0 else \
-                np.array([n - 1]) if pool == "last" and p1 == n else _NONE
+            hid = (
+                np.arange(p0, p1)
+                if pool == "mean"
+                else np.array([0])
+                if pool == "cls" and p0 == 0
+                else np.array([n - 1])
+                if pool == "last" and p1 == n
+                else _NONE
+            )
             segs.append(Segment(s, p0, r.ids[p0:p1], rows, tg, hid))
             budget -= p1 - p0
         segs.sort(key=lambda g: g.seq.rows.base)
@@ -346,11 +366,20 @@ class Scheduler:
         """packed() over segs -> (stats [m, 4], top ids [m, k] | None, top lp | None,
         hidden f32 [h, d_model] of the segments' hid rows | None)."""
         ids = np.concatenate([g.ids for g in segs])
-        tok = np.concatenate([np.stack([g.seq.rows.base + g.p0 + np.arange(len(g.ids)),
-                                        np.full(len(g.ids), g.seq.rows.base)], 1)
-                              for g in segs]).astype(np.int32)
+        tok = np.concatenate(
+            [
+                np.stack(
+                    [
+                        g.seq.rows.base + g.p0 + np.arange(len(g.ids)),
+                        np.full(len(g.ids), g.seq.rows.base),
+                    ],
+                    1,
+                )
+                for g in segs
+            ]
+        ).astype(np.int32)
         rows, tg, hid, off = [], [], [], 0
-        for g in segs:   # positions -> rows of this call
+        for g in segs:  # positions -> rows of this call
             rows.append(g.rows + (off - g.p0))
             tg.append(g.targets)
             hid.append(g.hid + (off - g.p0))
@@ -358,13 +387,12 @@ class Scheduler:
         rows, tg, hid = (np.concatenate(a).astype(np.int32) for a in (rows, tg, hid))
         T = len(ids)
         pad = bucket(T, DECODE_BUCKETS, self.budget) - T if T < self.budget else 0
-        if pad > 0:   # the padding repeats the last token: same slot, same values
+        if pad > 0:  # the padding repeats the last token: same slot, same values
             ids = np.concatenate([ids, np.repeat(ids[-1:], pad)])
             tok = np.concatenate([tok, np.repeat(tok[-1:], pad, axis=0)])
         top = max((g.seq.job.top if g.seq.job.prompt_stats else 0) for g in segs)
-        top = max(top, max((max(g.seq.job.top, 1) if g.seq.job.gen_logprobs else 0)
-                           for g in segs))
-        kw = {"hidden": hid} if len(hid) else {}   # (plain backends: no kw)
+        top = max(top, max((max(g.seq.job.top, 1) if g.seq.job.gen_logprobs else 0) for g in segs))
+        kw = {"hidden": hid} if len(hid) else {}  # (plain backends: no kw)
         out = self.be.packed(ids, tok, rows, tg, top=top, **kw)
         h = None
         if len(hid):
@@ -383,7 +411,7 @@ class Scheduler:
                 self._finish(segs[0].seq, None, e)
                 return
             results = []
-            for g in segs:   # alone, each sequence either runs or gets the error
+            for g in segs:  # alone, each sequence either runs or gets the error
                 try:
                     results.append(([g], self._run([g])))
                 except MinferError as e1:
@@ -392,7 +420,7 @@ class Scheduler:
             i = j = 0
             for g in gs:
                 if len(g.hid):
-                    self._pool(g.seq, h[j: j + len(g.hid)])
+                    self._pool(g.seq, h[j : j + len(g.hid)])
                 self._hand(g, st, ti, tl, i)
                 i += len(g.rows)
                 j += len(g.hid)
@@ -409,29 +437,35 @@ class Scheduler:
         s, r, job = g.seq, g.seq.rows, g.seq.job
         n = len(r.ids)
         prefill = g.p0 < n
-        at = i + np.arange(len(g.rows))   # this segment's rows of the call's outputs
-        sc = (g.rows < n - 1) if prefill else np.zeros(len(g.rows), bool)   # scored prompt rows
+        at = i + np.arange(len(g.rows))  # this segment's rows of the call's outputs
+        sc = (g.rows < n - 1) if prefill else np.zeros(len(g.rows), bool)  # scored prompt rows
         if sc.any():
             ps, rs = g.rows[sc], at[sc]
             r.argmax[ps] = st[rs, 0].astype(np.int32)
             r.logprob[ps] = st[rs, 2]
             if r.top > 0:
-                r.top_ids[ps], r.top_lp[ps] = ti[rs, :r.top], tl[rs, :r.top]
-        new = at[~sc].tolist()   # rows that give a new greedy id: the last prompt row, a decode row
-        if prefill:   # the prompt's numbers go out before its first token
+                r.top_ids[ps], r.top_lp[ps] = ti[rs, : r.top], tl[rs, : r.top]
+        new = at[~sc].tolist()  # rows that give a new greedy id: the last prompt row, a decode row
+        if prefill:  # the prompt's numbers go out before its first token
             r.done = g.p0 + len(g.ids)
             if r.done == n and job.prompt_stats:
                 _send(job, "prompt", r)
         kk = max(job.top, 1)
-        if job.max_tokens == 0:   # a pooled job's last row: its logsumexp, no token
+        if job.max_tokens == 0:  # a pooled job's last row: its logsumexp, no token
             if new:
                 s.lse = float(st[new[-1], 3])
             new = []
         for row in new:
             lp = job.gen_logprobs
-            self._token(s, Token(int(st[row, 0]), float(tl[row, 0]) if lp else None,
-                                 ti[row, :kk].copy() if lp and job.top else None,
-                                 tl[row, :kk].copy() if lp and job.top else None))
+            self._token(
+                s,
+                Token(
+                    int(st[row, 0]),
+                    float(tl[row, 0]) if lp else None,
+                    ti[row, :kk].copy() if lp and job.top else None,
+                    tl[row, :kk].copy() if lp and job.top else None,
+                ),
+            )
         if prefill and r.done == n and job.max_tokens == 0:
             if job.pool:
                 vec = s.pool / n if job.pool == "mean" else s.pool
@@ -467,11 +501,16 @@ class Scheduler:
                 self.metrics.decode_time.observe(time.perf_counter() - s.job.t_first)
             _send(s.job, "done", reason)
         r = s.rows
-        keep = err is None and r.done == len(r.ids) and not r.freed and s.job.keep and \
-            not (s.job.pool and s.shared)   # (a follower: its owner's entry holds the head)
+        keep = (
+            err is None
+            and r.done == len(r.ids)
+            and not r.freed
+            and s.job.keep
+            and not (s.job.pool and s.shared)
+        )  # (a follower: its owner's entry holds the head)
         if keep:
             need = blocks(len(r.ids))
-            if need < r.nblk:   # the generated tokens' blocks go back now
+            if need < r.nblk:  # the generated tokens' blocks go back now
                 self.slots.release(r.base + need * ALIGN, r.nblk - need)
                 r.nblk = need
             keep = self.cache.add(r)
@@ -487,5 +526,5 @@ class Scheduler:
 def _send(job: Job, kind: str, value) -> None:
     try:
         job.deliver(kind, value)
-    except Exception:   # a front that went away must not stop the engine
+    except Exception:  # a front that went away must not stop the engine
         pass

@@ -34,18 +34,18 @@ class SlotMap:
         """The first slot of nblk free contiguous blocks (now taken), or None."""
         if nblk > self.n:
             return None
-        c = np.concatenate([[0], np.cumsum(~self.used)])   # free blocks before each index
-        fits = np.flatnonzero(c[nblk:] - c[:-nblk] == nblk)   # windows wholly free
+        c = np.concatenate([[0], np.cumsum(~self.used)])  # free blocks before each index
+        fits = np.flatnonzero(c[nblk:] - c[:-nblk] == nblk)  # windows wholly free
         if not fits.size:
             return None
         s = int(fits[0])
-        self.used[s: s + nblk] = True
+        self.used[s : s + nblk] = True
         return s * ALIGN
 
     def release(self, base: int, nblk: int) -> None:
         s = base // ALIGN
-        assert self.used[s: s + nblk].all(), "releasing blocks that are not taken"
-        self.used[s: s + nblk] = False
+        assert self.used[s : s + nblk].all(), "releasing blocks that are not taken"
+        self.used[s : s + nblk] = False
 
     @property
     def free_blocks(self) -> int:
@@ -63,13 +63,13 @@ class Rows:
     base: int
     nblk: int
     done: int = 0
-    top: int = -1                        # -1: no row statistics; else the top-k width kept
-    argmax: np.ndarray | None = None     # int32 [n - 1]
-    logprob: np.ndarray | None = None    # f32 [n - 1]
-    top_ids: np.ndarray | None = None    # int32 [n - 1, top]
-    top_lp: np.ndarray | None = None     # f32 [n - 1, top]
-    freed: bool = False                  # its blocks went back: nothing to copy from
-    pins: int = 0                        # sharers waiting to copy from it (no eviction)
+    top: int = -1  # -1: no row statistics; else the top-k width kept
+    argmax: np.ndarray | None = None  # int32 [n - 1]
+    logprob: np.ndarray | None = None  # f32 [n - 1]
+    top_ids: np.ndarray | None = None  # int32 [n - 1, top]
+    top_lp: np.ndarray | None = None  # f32 [n - 1, top]
+    freed: bool = False  # its blocks went back: nothing to copy from
+    pins: int = 0  # sharers waiting to copy from it (no eviction)
     extra: dict = field(default_factory=dict)
 
     def alloc_stats(self, top: int) -> None:
@@ -98,7 +98,7 @@ class PrefixCache:
         self.enabled = enabled
         self.hits = 0
         self.hit_tokens = 0
-        self._first: dict[int, set[int]] = {}   # first token -> entry keys (the search's index)
+        self._first: dict[int, set[int]] = {}  # first token -> entry keys (the search's index)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -116,7 +116,7 @@ class PrefixCache:
         if not self.enabled or self.max_entries <= 0:
             return False
         first = int(rows.ids[0])
-        for e in self.with_first(first):   # already held, whole or inside a longer entry
+        for e in self.with_first(first):  # already held, whole or inside a longer entry
             if common_prefix(e.ids, rows.ids) == len(rows.ids) and e.top >= rows.top:
                 self.entries.move_to_end(id(e))
                 return False

@@ -26,50 +26,109 @@ from minfer.errors import BadInput, ResourceError
 
 
 @click.command("bench-serve")
-@click.option("--url", default="http://127.0.0.1:8080", show_default=True,
-              help="The server's base URL.")
+@click.option(
+    "--url", default="http://127.0.0.1:8080", show_default=True, help="The server's base URL."
+)
 @click.option("--api-key", default=None, envvar="MINFER_API_KEY", help="Bearer key.")
-@click.option("--concurrency", "-c", type=int, default=16, show_default=True,
-              help="Clients, each with one request in flight.")
-@click.option("--prompt-tokens", type=int, default=128, show_default=True,
-              help="Tokens per prompt (the shared context with --endings).")
-@click.option("--max-tokens", type=int, default=0, show_default=True,
-              help="Tokens generated per prompt (0: scoring only).")
-@click.option("--echo/--no-echo", default=True,
-              help="Ask for the prompt's log-probs (echo, logprobs 1), as lm-eval scores.")
-@click.option("--endings", type=int, default=0,
-              help="lm-eval's shape: E endings per question, one request of E prompts.")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=int,
+    default=16,
+    show_default=True,
+    help="Clients, each with one request in flight.",
+)
+@click.option(
+    "--prompt-tokens",
+    type=int,
+    default=128,
+    show_default=True,
+    help="Tokens per prompt (the shared context with --endings).",
+)
+@click.option(
+    "--max-tokens",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Tokens generated per prompt (0: scoring only).",
+)
+@click.option(
+    "--echo/--no-echo",
+    default=True,
+    help="Ask for the prompt's log-probs (echo, logprobs 1), as lm-eval scores.",
+)
+@click.option(
+    "--endings",
+    type=int,
+    default=0,
+    help="lm-eval's shape: E endings per question, one request of E prompts.",
+)
 @click.option("--ending-tokens", type=int, default=16, show_default=True)
-@click.option("--duration", type=float, default=20.0, show_default=True,
-              help="Seconds to measure (after --warmup requests).")
-@click.option("--requests", "n_requests", type=int, default=0,
-              help="Stop after this many requests instead (0: --duration).")
-@click.option("--warmup", type=int, default=32, show_default=True,
-              help="Requests sent at once before the window opens (the server's CUDA graphs).")
+@click.option(
+    "--duration",
+    type=float,
+    default=20.0,
+    show_default=True,
+    help="Seconds to measure (after --warmup requests).",
+)
+@click.option(
+    "--requests",
+    "n_requests",
+    type=int,
+    default=0,
+    help="Stop after this many requests instead (0: --duration).",
+)
+@click.option(
+    "--warmup",
+    type=int,
+    default=32,
+    show_default=True,
+    help="Requests sent at once before the window opens (the server's CUDA graphs).",
+)
 @click.option("--seed", type=int, default=0)
-@click.option("--workers", type=int, default=None,
-              help="Client processes sharing the clients (default: min(cores, 8, -c)): one "
-                   "Python process tops out near 150 requests/s of 128-token scoring.")
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Client processes sharing the clients (default: min(cores, 8, -c)): one "
+    "Python process tops out near 150 requests/s of 128-token scoring.",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object on stdout.")
-def bench_serve(url, api_key, concurrency, prompt_tokens, max_tokens, echo, endings,
-                ending_tokens, duration, n_requests, warmup, seed, workers, as_json) -> None:
+def bench_serve(
+    url,
+    api_key,
+    concurrency,
+    prompt_tokens,
+    max_tokens,
+    echo,
+    endings,
+    ending_tokens,
+    duration,
+    n_requests,
+    warmup,
+    seed,
+    workers,
+    as_json,
+) -> None:
     """Closed-loop load against a server: aggregate tok/s and latency percentiles."""
     try:
-        import httpx
+        import httpx  # noqa: F401  (the check only; the workers import it)
     except ImportError:
         raise ResourceError('bench-serve needs httpx: pip install -e ".[dev]"') from None
     for flag, v in (("--concurrency", concurrency), ("--prompt-tokens", prompt_tokens)):
         if v < 1:
             raise BadInput(f"{flag} must be >= 1, got {v}")
     if max_tokens < 0 or endings < 0 or ending_tokens < 1 or duration <= 0 or warmup < 0:
-        raise BadInput("--max-tokens, --endings, --warmup >= 0; --ending-tokens >= 1; "
-                       "--duration > 0")
+        raise BadInput(
+            "--max-tokens, --endings, --warmup >= 0; --ending-tokens >= 1; --duration > 0"
+        )
     if workers is not None and workers < 1:
         raise BadInput(f"--workers must be >= 1, got {workers}")
     workers = min(workers or min(os.cpu_count() or 1, 8), concurrency)
     shape = Shape(prompt_tokens, max_tokens, echo, endings, ending_tokens)
-    out = _run(url.rstrip("/"), api_key, concurrency, shape, duration, n_requests, warmup, seed,
-               workers)
+    out = _run(
+        url.rstrip("/"), api_key, concurrency, shape, duration, n_requests, warmup, seed, workers
+    )
     if as_json:
         print(json.dumps(out))
         return
@@ -79,15 +138,15 @@ def bench_serve(url, api_key, concurrency, prompt_tokens, max_tokens, echo, endi
 
 @dataclass(frozen=True)
 class Shape:
-    L: int          # prompt (context) tokens
-    K: int          # tokens generated
-    echo: bool      # prompt log-probs asked for
-    endings: int    # lm-eval's shape: endings per request (0: one prompt)
-    E_len: int      # tokens per ending
+    L: int  # prompt (context) tokens
+    K: int  # tokens generated
+    echo: bool  # prompt log-probs asked for
+    endings: int  # lm-eval's shape: endings per request (0: one prompt)
+    E_len: int  # tokens per ending
 
 
 def _body(rng, model: str, vocab: int, sh: Shape) -> dict:
-    lo = min(1000, vocab // 2)   # ids past the specials at the vocabulary's start
+    lo = min(1000, vocab // 2)  # ids past the specials at the vocabulary's start
     if sh.endings:
         ctx = rng.integers(lo, vocab, sh.L).tolist()
         prompt = [ctx + rng.integers(lo, vocab, sh.E_len).tolist() for _ in range(sh.endings)]
@@ -133,8 +192,10 @@ async def _clients(httpx, url, key, conc, model, vocab, sh, t_end, n_req, seed) 
     limits = httpx.Limits(max_connections=conc + 4, max_keepalive_connections=conc + 4)
     rng = np.random.default_rng(seed)
     res = {"lat": [], "ptoks": 0, "gtoks": 0, "errors": 0, "first_error": None, "sent": 0}
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits,
-                                 timeout=httpx.Timeout(600.0)) as cl:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, limits=limits, timeout=httpx.Timeout(600.0)
+    ) as cl:
+
         async def client() -> None:
             while (res["sent"] < n_req) if n_req else (time.time() < t_end):
                 res["sent"] += 1
@@ -162,18 +223,23 @@ def _run(url, key, conc, sh: Shape, duration, n_req, warmup, seed, workers) -> d
             info = cl.get("/tokenizer_info").json()
             model = cl.get("/v1/models").json()["data"][0]["id"]
         except Exception as e:
-            raise BadInput(f"no minfer server answers at {url} ({type(e).__name__}: {e})") \
-                from None
+            raise BadInput(f"no minfer server answers at {url} ({type(e).__name__}: {e})") from None
         vocab = int(info.get("vocab_size") or 32000)
-        if warmup:   # the server's CUDA graphs and caches, outside the window
+        if warmup:  # the server's CUDA graphs and caches, outside the window
             _worker((url, key, min(warmup, conc), model, vocab, sh, 0, warmup, seed + 999))
         h0 = _host_time(cl)
         shares = [conc // workers + (i < conc % workers) for i in range(workers)]
-        reqs = [n_req // workers + (i < n_req % workers) for i in range(workers)] if n_req \
+        reqs = (
+            [n_req // workers + (i < n_req % workers) for i in range(workers)]
+            if n_req
             else [0] * workers
+        )
         t0 = time.time()
-        args = [(url, key, c, model, vocab, sh, t0 + duration, r, seed + i)
-                for i, (c, r) in enumerate(zip(shares, reqs)) if c]
+        args = [
+            (url, key, c, model, vocab, sh, t0 + duration, r, seed + i)
+            for i, (c, r) in enumerate(zip(shares, reqs))
+            if c
+        ]
         if len(args) == 1:
             parts = [_worker(args[0])]
         else:
@@ -184,10 +250,21 @@ def _run(url, key, conc, sh: Shape, duration, n_req, warmup, seed, workers) -> d
     lat = np.array([x for p in parts for x in p["lat"]]) * 1e3
     ptoks, gtoks = sum(p["ptoks"] for p in parts), sum(p["gtoks"] for p in parts)
     errors = sum(p["errors"] for p in parts)
-    out = {"url": url, "model": model, "concurrency": conc, "workers": len(args),
-           "prompt_tokens": sh.L, "endings": sh.endings, "max_tokens": sh.K, "echo": sh.echo,
-           "requests": int(lat.size), "errors": errors, "wall_s": round(wall, 3),
-           "prompt_tok_s": round(ptoks / wall, 1), "gen_tok_s": round(gtoks / wall, 1)}
+    out = {
+        "url": url,
+        "model": model,
+        "concurrency": conc,
+        "workers": len(args),
+        "prompt_tokens": sh.L,
+        "endings": sh.endings,
+        "max_tokens": sh.K,
+        "echo": sh.echo,
+        "requests": int(lat.size),
+        "errors": errors,
+        "wall_s": round(wall, 3),
+        "prompt_tok_s": round(ptoks / wall, 1),
+        "gen_tok_s": round(gtoks / wall, 1),
+    }
     for q in (50, 90, 99):
         out[f"latency_p{q}_ms"] = round(float(np.percentile(lat, q)), 2) if lat.size else None
     first = next((p["first_error"] for p in parts if p["first_error"]), None)
@@ -196,5 +273,6 @@ def _run(url, key, conc, sh: Shape, duration, n_req, warmup, seed, workers) -> d
     if h0 and h1 and h1["minfer_host_seconds_count"] > h0["minfer_host_seconds_count"]:
         n = h1["minfer_host_seconds_count"] - h0["minfer_host_seconds_count"]
         out["host_ms_per_request"] = round(
-            1e3 * (h1["minfer_host_seconds_sum"] - h0["minfer_host_seconds_sum"]) / n, 3)
+            1e3 * (h1["minfer_host_seconds_sum"] - h0["minfer_host_seconds_sum"]) / n, 3
+        )
     return out

@@ -51,7 +51,7 @@ def gemm_weight_shapes(model, path=None) -> dict[tuple[int, int, int], str]:
     path = path or next(p for p in TABLE.values() if p.int8 and p.archs is None)
     from minfer.cuda.plan.routes import linear_names
 
-    names = linear_names(model)   # the family's layer schema's GEMM weights, the LM head
+    names = linear_names(model)  # the family's layer schema's GEMM weights, the LM head
     shapes: dict[tuple[int, int, int], str] = {}
     for name in names:
         t = model.tensor(name)
@@ -81,32 +81,41 @@ def table_paths(gemm: str | None = None):
 def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
     """[(what, path, shape, rel_err, ok)] for each path (TABLE records; default all) on the
     model's weight shapes it takes, against its numpy twin."""
-    from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.paths import choose_path
+    from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray as da
 
     rng = np.random.default_rng(seed)
     rows = []
     for p in paths or table_paths():
         if p.archs is not None and rt.arch not in p.archs:
-            echo(f"(parity: {p.name} needs {'/'.join(sorted(p.archs))}, this GPU is {rt.arch}: "
-                 "not run)")
+            echo(
+                f"(parity: {p.name} needs {'/'.join(sorted(p.archs))}, this GPU is {rt.arch}: "
+                "not run)"
+            )
             continue
         for (qt, N, K), name in gemm_weight_shapes(model, p).items():
             raw = np.ascontiguousarray(model.tensor(name).data).view(np.uint8).reshape(N, -1)
             for M, n, acc in ((128, N, False), (37, max(1, N - 5), True), (1, N, False)):
                 cols = sample_rows(rng, n, n_sample)
-                x16 = rng.standard_normal((M, K)).astype(np.float16)   # as the forward's h16
+                x16 = rng.standard_normal((M, K)).astype(np.float16)  # as the forward's h16
                 x = x16.astype(np.float32)
                 r = choose_path(qt, rt.arch, (M, n, K), p.name, rt.smem_optin)
                 route = r.path.route(qt, GemmChoice(r.path.name), name)
-                acc = acc and route.accumulates   # (blk's per-token GEMMs never add to C)
+                acc = acc and route.accumulates  # (blk's per-token GEMMs never add to C)
                 ref = r.path.twin(x, np.ascontiguousarray(raw[cols]), qt, M, len(cols), K, name)
-                base = (rng.standard_normal((M, n)).astype(np.float32)
-                        * float(np.abs(ref).mean())
-                        if acc else np.full((M, n), np.nan, np.float32))
-                wd = r.path.prepare(rt, da.to_device(
-                    rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w"), qt, n, K)
+                base = (
+                    rng.standard_normal((M, n)).astype(np.float32) * float(np.abs(ref).mean())
+                    if acc
+                    else np.full((M, n), np.nan, np.float32)
+                )
+                wd = r.path.prepare(
+                    rt,
+                    da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w"),
+                    qt,
+                    n,
+                    K,
+                )
                 out = da.to_device(rt, base, "parity out")
                 scratch = parity_scratch(rt, M, K)
                 xd = da.to_device(rt, x16, "parity x")
@@ -115,10 +124,13 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
                 y = out.get()[:, cols].astype(np.float64)
                 if acc:
                     y -= base[:, cols]
-                err = (float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
-                       if np.isfinite(y).all() else float("inf"))
+                err = (
+                    float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
+                    if np.isfinite(y).all()
+                    else float("inf")
+                )
                 shape = f"{M}x{n}x{K}" + (" +=" if acc else "")
-                ran = p.name if r.path is p else f"{p.name} [{r.path.name}]"   # the smem guard
+                ran = p.name if r.path is p else f"{p.name} [{r.path.name}]"  # the smem guard
                 rows.append((f"{_qname(qt)} {name}", ran, shape, err, err <= PARITY_TOL))
                 del xd, xin, wd, out, scratch
     return rows
@@ -132,8 +144,10 @@ def parity_scratch(rt, M: int, K: int):
     from minfer.cuda.runtime import devarray as da
     from minfer.quants.blk_ref import blk_bytes
 
-    return SimpleNamespace(q8=da.empty(rt, (M * K // 32 * 40,), np.uint8, "parity q8_1"),
-                           blkop=da.empty(rt, (blk_bytes(M, K),), np.uint8, "parity blk"))
+    return SimpleNamespace(
+        q8=da.empty(rt, (M * K // 32 * 40,), np.uint8, "parity q8_1"),
+        blkop=da.empty(rt, (blk_bytes(M, K),), np.uint8, "parity blk"),
+    )
 
 
 def _qname(qt: int) -> str:
@@ -199,8 +213,9 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         path = p.name
         be = None
         try:
-            be = engine.make_backend("cuda", model, GemmChoice(path), max_tokens, 512, None,
-                                     False, True)
+            be = engine.make_backend(
+                "cuda", model, GemmChoice(path), max_tokens, 512, None, False, True
+            )
             echo(f"{path:<13} {be.route_summary()}")
             echo(f"{'':<13} memory {be.memory.line()}")
             res = engine.run(be, ids, n_greedy, 512)
@@ -215,8 +230,9 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
             if key not in refs:
                 refs[key] = engine.run(ReferenceBackend(model, **kw), ids, n_greedy, 512)
             v, diff = identity_verdict(refs[key], res)
-            ref_name = "cpu" + "".join(f"+{k.split('_inputs')[0]} ({len(v_)} weights)"
-                                       for k, v_ in sorted(kw.items()))
+            ref_name = "cpu" + "".join(
+                f"+{k.split('_inputs')[0]} ({len(v_)} weights)" for k, v_ in sorted(kw.items())
+            )
             rows.append((path, v.exact, v.n, diff, v.tau, f"vs {ref_name}: {v.describe()}", v.ok))
         del be
         gc.collect()  # free this backend's device memory before the next one
@@ -236,7 +252,8 @@ def batch_prompts(model, ub: int, seed: int = 0) -> list[np.ndarray]:
 
 def bucket_of(n: int) -> int:
     """The row count a batched decode step of n sequences runs at (minfer.batch.run)."""
-    from minfer.batch import run as runner, schedule
+    from minfer.batch import run as runner
+    from minfer.batch import schedule
 
     return schedule.bucket(n, runner.DECODE_BUCKETS)
 
@@ -279,44 +296,64 @@ def batch_rows(model, echo=click.echo, paths=None, ub: int = 64, n_greedy: int =
         try:
             eng = Engine(model, "cuda", GemmChoice(p.name), ub)
             got = {}
-            eng.run(enumerate(prompts), [len(x) for x in prompts], n_greedy,
-                    lambda r: got.__setitem__(r.key, r), logprobs=True)
+            eng.run(
+                enumerate(prompts),
+                [len(x) for x in prompts],
+                n_greedy,
+                lambda r: got.__setitem__(r.key, r),
+                logprobs=True,
+            )
             be, dlp, alone = eng.backend, 0.0, []
             m_dec = bucket_of(len(prompts))
             for i, ids in enumerate(prompts):
                 alone.append(engine.run(be, ids, n_greedy, ub, warmup=False))
-                if len(ids) > 1:   # every prompt row's log-prob, alone (the numpy twin's)
+                if len(ids) > 1:  # every prompt row's log-prob, alone (the numpy twin's)
                     ref = ops.row_stats(be.window_logits(ids, 0)[:-1], ids[1:])[:, 2]
                     dlp = max(dlp, float(np.abs(got[i].logprobs - ref).max()))
                 dlp = max(dlp, decode_gap(be, ids, alone[-1].greedy_ids[:1], m_dec))
             tau = max(2 * dlp, 1e-3)
-            vs = [gates.compare_greedy(got[i].greedy, a.greedy_ids, a.step_margins, tau)
-                  for i, a in enumerate(alone)]
+            vs = [
+                gates.compare_greedy(got[i].greedy, a.greedy_ids, a.step_margins, tau)
+                for i, a in enumerate(alone)
+            ]
             bad = [i for i, v in enumerate(vs) if not v.ok]
             exact = sum(v.exact == v.n for v in vs)
-            detail = (f"{exact}/{len(vs)} prompts 32/32 exact" if not bad else
-                      f"prompt {bad[0]}: {vs[bad[0]].describe()}")
+            detail = (
+                f"{exact}/{len(vs)} prompts 32/32 exact"
+                if not bad
+                else f"prompt {bad[0]}: {vs[bad[0]].describe()}"
+            )
             rows.append((p.name, exact, len(vs), dlp, tau, detail, not bad))
         except GPUError as e:
             echo(f"{p.name:<13} batch error: {e}")
-            rows.append((p.name, 0, len(prompts), float("inf"), float("nan"), f"error: {e}",
-                         False))
+            rows.append((p.name, 0, len(prompts), float("inf"), float("nan"), f"error: {e}", False))
         del eng
         gc.collect()
     return rows
 
 
 @click.command("check")
-@click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
-              help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, as for prefill).")
+@click.option(
+    "-m",
+    "--model",
+    "model_path",
+    type=click.Path(dir_okay=False),
+    help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, as for prefill).",
+)
 @click.option("-p", "--prompt", default="The capital of France is", show_default=True)
 @click.option("--parity-only", is_flag=True, help="Skip the greedy-32 identity runs.")
 @click.option("--identity-only", is_flag=True, help="Skip the parity gate.")
 @click.option("--no-batch", is_flag=True, help="Skip the packed-batch rows.")
 @threads_option
 @gemm_options
-def check(model_path: str | None, prompt: str, parity_only: bool, identity_only: bool,
-          no_batch: bool, gemm) -> int:
+def check(
+    model_path: str | None,
+    prompt: str,
+    parity_only: bool,
+    identity_only: bool,
+    no_batch: bool,
+    gemm,
+) -> int:
     """GPU gate: parity (every GEMM path vs its numpy twin) and greedy-32 identity across paths
     (--gemm: one path; default every path of the table). Needs a CUDA GPU (it checks our
     kernels against the CPU reference)."""
@@ -329,9 +366,11 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
     except GPUError as e:
         # the runtime's own advice (--backend cpu) is for prefill: check has no CPU mode
         reason = str(e).split("; use --backend cpu")[0]
-        raise GPUError(f"minfer check tests the GPU kernels against the CPU reference and needs "
-                       f"a CUDA GPU: {reason} (the CPU reference alone: minfer prefill "
-                       f"--backend cpu)") from None
+        raise GPUError(
+            f"minfer check tests the GPU kernels against the CPU reference and needs "
+            f"a CUDA GPU: {reason} (the CPU reference alone: minfer prefill "
+            f"--backend cpu)"
+        ) from None
     if model_path is None:
         from minfer.tools.fetch import default_model_path
 
@@ -355,28 +394,43 @@ def check(model_path: str | None, prompt: str, parity_only: bool, identity_only:
         if not prow:
             click.echo("(no GEMM weight any path of the table takes: nothing to gate)")
     if not parity_only:
-        click.echo("\ngreedy-32 identity vs the CPU reference (tie-aware; tau = 2 * max|logit "
-                   "diff| at the last prompt position; MMQ paths vs the reference with the same "
-                   "input rounding: q8_1, or blk's rotated int8 on blk):")
-        click.echo("| path | exact | max abs dlogit | tau | verdict | |\n"
-                   "| --- | ---: | ---: | ---: | --- | --- |")
+        click.echo(
+            "\ngreedy-32 identity vs the CPU reference (tie-aware; tau = 2 * max|logit "
+            "diff| at the last prompt position; MMQ paths vs the reference with the same "
+            "input rounding: q8_1, or blk's rotated int8 on blk):"
+        )
+        click.echo(
+            "| path | exact | max abs dlogit | tau | verdict | |\n"
+            "| --- | ---: | ---: | ---: | --- | --- |"
+        )
         for path, exact, n, diff, tau, detail, ok in irow:
-            click.echo(f"| {path} | {exact}/{n} | {diff:.4f} | {tau:.4f} | {detail} | "
-                       f"{'ok' if ok else 'FAIL'} |")
+            click.echo(
+                f"| {path} | {exact}/{n} | {diff:.4f} | {tau:.4f} | {detail} | "
+                f"{'ok' if ok else 'FAIL'} |"
+            )
     if brow:
-        click.echo("\npacked batch vs each prompt alone, same path (11 prompts: lengths 1 .. 65 "
-                   "in chunks of 64, a duplicate, 3 sharing a prefix; tie-aware greedy-32 per "
-                   "prompt, tau = 2 * the largest difference measured: every prompt row's "
-                   "log-prob, a decode step's logits alone vs batched):")
-        click.echo("| path | prompts exact | max abs difference | tau | verdict | |\n"
-                   "| --- | ---: | ---: | ---: | --- | --- |")
+        click.echo(
+            "\npacked batch vs each prompt alone, same path (11 prompts: lengths 1 .. 65 "
+            "in chunks of 64, a duplicate, 3 sharing a prefix; tie-aware greedy-32 per "
+            "prompt, tau = 2 * the largest difference measured: every prompt row's "
+            "log-prob, a decode step's logits alone vs batched):"
+        )
+        click.echo(
+            "| path | prompts exact | max abs difference | tau | verdict | |\n"
+            "| --- | ---: | ---: | ---: | --- | --- |"
+        )
         for path, exact, n, diff, tau, detail, ok in brow:
-            click.echo(f"| {path} | {exact}/{n} | {diff:.2e} | {tau:.4f} | {detail} | "
-                       f"{'ok' if ok else 'FAIL'} |")
-    fails = sum(not r[-1] for r in prow) + sum(not r[-1] for r in irow) + sum(
-        not r[-1] for r in brow)
-    click.echo(f"\ncheck: {'PASS' if not fails else f'{fails} FAILED'} ({len(prow)} parity rows, "
-               f"{len(irow)} identity rows, {len(brow)} batch rows)")
+            click.echo(
+                f"| {path} | {exact}/{n} | {diff:.2e} | {tau:.4f} | {detail} | "
+                f"{'ok' if ok else 'FAIL'} |"
+            )
+    fails = (
+        sum(not r[-1] for r in prow) + sum(not r[-1] for r in irow) + sum(not r[-1] for r in brow)
+    )
+    click.echo(
+        f"\ncheck: {'PASS' if not fails else f'{fails} FAILED'} ({len(prow)} parity rows, "
+        f"{len(irow)} identity rows, {len(brow)} batch rows)"
+    )
     if fails:
         sys.exit(1)
     return 0

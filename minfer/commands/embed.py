@@ -19,32 +19,82 @@ from minfer.host.threads import threads_option
 
 
 @click.command("embed")
-@click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False),
-              help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched once).")
-@click.option("--prompts", "prompts_path", type=click.Path(), required=True,
-              help="Prompts, one a line (- reads stdin): a JSON string, {\"prompt\": ...}, "
-                   "{\"messages\": [...]} or token ids (--prompts-format lines: plain text).")
-@click.option("--prompts-format", type=click.Choice(["jsonl", "lines"]), default="jsonl",
-              show_default=True)
-@click.option("-o", "--output", "output", type=click.Path(), default=None,
-              help="JSONL to FILE (atomically) instead of stdout; a name ending in .npy: one "
-                   "float32 [n, dims] array.")
-@click.option("--pooling", type=click.Choice(["last", "mean", "cls"]), default=None,
-              help="Default: the GGUF's pooling_type, else last.")
-@click.option("--dimensions", type=int, default=None,
-              help="Keep the first N values (Matryoshka), before the normalisation.")
-@click.option("--normalize/--no-normalize", default=True, show_default=True,
-              help="L2-normalise each embedding.")
-@click.option("--backend", "backend_kind", type=click.Choice(["cpu", "cuda"],
-              case_sensitive=False), default=None,
-              help="cuda or cpu (the numpy reference); default: cuda if a GPU is usable.")
-@click.option("-ub", "--ubatch", "ubatch", type=int, default=None,
-              help="Tokens per forward (default 2048 on cuda, 256 on cpu).")
+@click.option(
+    "-m",
+    "--model",
+    "model_path",
+    type=click.Path(dir_okay=False),
+    help="GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched once).",
+)
+@click.option(
+    "--prompts",
+    "prompts_path",
+    type=click.Path(),
+    required=True,
+    help='Prompts, one a line (- reads stdin): a JSON string, {"prompt": ...}, '
+    '{"messages": [...]} or token ids (--prompts-format lines: plain text).',
+)
+@click.option(
+    "--prompts-format", type=click.Choice(["jsonl", "lines"]), default="jsonl", show_default=True
+)
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(),
+    default=None,
+    help="JSONL to FILE (atomically) instead of stdout; a name ending in .npy: one "
+    "float32 [n, dims] array.",
+)
+@click.option(
+    "--pooling",
+    type=click.Choice(["last", "mean", "cls"]),
+    default=None,
+    help="Default: the GGUF's pooling_type, else last.",
+)
+@click.option(
+    "--dimensions",
+    type=int,
+    default=None,
+    help="Keep the first N values (Matryoshka), before the normalisation.",
+)
+@click.option(
+    "--normalize/--no-normalize",
+    default=True,
+    show_default=True,
+    help="L2-normalise each embedding.",
+)
+@click.option(
+    "--backend",
+    "backend_kind",
+    type=click.Choice(["cpu", "cuda"], case_sensitive=False),
+    default=None,
+    help="cuda or cpu (the numpy reference); default: cuda if a GPU is usable.",
+)
+@click.option(
+    "-ub",
+    "--ubatch",
+    "ubatch",
+    type=int,
+    default=None,
+    help="Tokens per forward (default 2048 on cuda, 256 on cpu).",
+)
 @click.option("--timing", is_flag=True, help="Say the embedding pass's tok/s on stderr.")
 @threads_option
 @gemm_options
-def embed(model_path, prompts_path, prompts_format, output, pooling, dimensions, normalize,
-          backend_kind, ubatch, timing, gemm) -> None:
+def embed(
+    model_path,
+    prompts_path,
+    prompts_format,
+    output,
+    pooling,
+    dimensions,
+    normalize,
+    backend_kind,
+    ubatch,
+    timing,
+    gemm,
+) -> None:
     """Embed every prompt of a file: the final hidden state pooled, no LM head."""
     from minfer.batch.api import Engine
     from minfer.batch.pooling import check_dims
@@ -62,15 +112,17 @@ def embed(model_path, prompts_path, prompts_format, output, pooling, dimensions,
     model = load_model(model_path)
     check_dims(dimensions, model.config.d_model)
     kind = backend_kind.lower() if backend_kind else None
-    eng = Engine(model, backend=kind, gemm=gemm_choice(gemm) if kind != "cpu" else "auto",
-                 ubatch=ubatch)
+    eng = Engine(
+        model, backend=kind, gemm=gemm_choice(gemm) if kind != "cpu" else "auto", ubatch=ubatch
+    )
     enc = make_encoder(model.metadata, eng.tok, None, None, True)
     with open_prompts(prompts_path, prompts_format, enc, model.config.vocab_size) as src:
-        src.scan(model.config.n_ctx, 0)   # every line checked before any work
+        src.scan(model.config.n_ctx, 0)  # every line checked before any work
         prompts = list(src)
     t0 = time.perf_counter()
-    vecs = eng.embed([p.ids for p in prompts], pooling=pooling, normalize=normalize,
-                     dimensions=dimensions)
+    vecs = eng.embed(
+        [p.ids for p in prompts], pooling=pooling, normalize=normalize, dimensions=dimensions
+    )
     dt = time.perf_counter() - t0
     if output is not None and str(output).endswith(".npy"):
         _write_npy(output, vecs)
@@ -83,8 +135,10 @@ def embed(model_path, prompts_path, prompts_format, output, pooling, dimensions,
             w.commit()
     n_tok = sum(len(p.ids) for p in prompts)
     if timing:
-        log.info(f"embed    {len(prompts):,} prompts, {n_tok:,} tokens in {dt:.2f} s: "
-                 f"{n_tok / dt:,.1f} tok/s ({eng.backend.name})")
+        log.info(
+            f"embed    {len(prompts):,} prompts, {n_tok:,} tokens in {dt:.2f} s: "
+            f"{n_tok / dt:,.1f} tok/s ({eng.backend.name})"
+        )
     sys.stderr.flush()
 
 

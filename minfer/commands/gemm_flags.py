@@ -2,7 +2,7 @@
 
     @gemm_options               # adds --gemm auto|f16|mmq|<a path of minfer.cuda.paths.TABLE>
     def cmd(..., gemm): ...
-    choice = gemm_choice(gemm)  # --gemm, else MINFER_GEMM, else the seeds' MINFER_MMQ, else auto
+    choice = gemm_choice(gemm)  # --gemm, else MINFER_GEMM, else auto
 
 gemm_choice is the one place the GEMM choice is read from the environment (prefill, perplexity,
 bench, check); everything below takes the GemmChoice it returns.
@@ -19,21 +19,23 @@ import click
 from minfer.cuda.paths import CHOICES
 from minfer.errors import BadInput
 
-HELP = ("GEMM path: auto (default: on sm_90 from d_model 4096 the int8 blk path, lossy and "
-        "gate-checked; else f16 where the model fits the GPU, then the smaller int8 paths), "
-        "f16 (exact), mmq (the seeds' MINFER_MMQ_* config, wide KD=4 by default) or a path "
-        "by name (docs/paths.md; MINFER_GEMM).")
+HELP = (
+    "GEMM path: auto (default: on sm_90 from d_model 4096 the int8 blk path, lossy and "
+    "gate-checked; else f16 where the model fits the GPU, then the smaller int8 paths), "
+    "f16 (exact), mmq (the seeds' config: wide-kd4) or a path "
+    "by name (docs/paths.md; MINFER_GEMM)."
+)
 
 
 def gemm_options(f):
     """Decorator: --gemm, None unless given."""
-    return click.option("--gemm", "gemm", type=click.Choice(CHOICES), default=None,
-                        help=HELP)(f)
+    return click.option("--gemm", "gemm", type=click.Choice(CHOICES), default=None, help=HELP)(f)
 
 
-def gemm_choice(gemm: str | None = None, ab: str | None = None,
-                env: Mapping[str, str] | None = None):
-    """The GemmChoice of --gemm, else the environment (MINFER_GEMM, the seeds' MINFER_MMQ_*),
+def gemm_choice(
+    gemm: str | None = None, ab: str | None = None, env: Mapping[str, str] | None = None
+):
+    """The GemmChoice of --gemm, else the environment (MINFER_GEMM),
     else auto; with `ab` (a bench --ab config, tuning variants allowed) that config over both.
     env: the process environment unless given (tests)."""
     import os
@@ -56,6 +58,8 @@ def check_gemm_backend(kind: str, gemm: str | None, configs=(), why: str = "") -
     asked += [f"--ab {c!r}" for c in configs if c.strip()]
     if asked:
         how = f" ({why})" if why else ""
-        raise BadInput(f"{asked[0]}: a GPU GEMM path, and the backend is cpu{how}, the numpy "
-                       "reference, which has none; run it with --backend cuda on a GPU, or "
-                       "leave it out")
+        raise BadInput(
+            f"{asked[0]}: a GPU GEMM path, and the backend is cpu{how}, the numpy "
+            "reference, which has none; run it with --backend cuda on a GPU, or "
+            "leave it out"
+        )

@@ -19,32 +19,52 @@ def as_dict(m, all_metadata: bool) -> dict:
             arrays[k] = len(v)
         else:
             meta[k] = v
-    tensors = [{"name": t.name, "type": t.type_name, "shape": [int(s) for s in t.shape],
-                "bytes": int(t.data.nbytes)} for t in m.tensors.values()]
-    return {"file": str(m.path), "config": dataclasses.asdict(m.config), "metadata": meta,
-            "metadata_array_lengths": arrays, "tensors": tensors,
-            "n_tensors": len(tensors), "bytes": sum(t["bytes"] for t in tensors),
-            "refusal": m.refusal}
+    tensors = [
+        {
+            "name": t.name,
+            "type": t.type_name,
+            "shape": [int(s) for s in t.shape],
+            "bytes": int(t.data.nbytes),
+        }
+        for t in m.tensors.values()
+    ]
+    return {
+        "file": str(m.path),
+        "config": dataclasses.asdict(m.config),
+        "metadata": meta,
+        "metadata_array_lengths": arrays,
+        "tensors": tensors,
+        "n_tensors": len(tensors),
+        "bytes": sum(t["bytes"] for t in tensors),
+        "refusal": m.refusal,
+    }
 
 
 @click.command("inspect")
 @click.argument("file", type=click.Path())  # checked by the loader: exit 2
 @click.option("--all-metadata", is_flag=True, help="Print long arrays (vocabulary, merges) too.")
-@click.option("--json", "as_json", is_flag=True,
-              help="One JSON object on stdout (long arrays as their lengths unless "
-                   "--all-metadata).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object on stdout (long arrays as their lengths unless --all-metadata).",
+)
 def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
     """Print a GGUF model's metadata and its tensors (name, type, shape, bytes)."""
+    from minfer.gguf.loader import load_model
     from minfer.host.fileio import escape_controls as esc
     from minfer.host.words import plural
-    from minfer.gguf.loader import load_model
 
     m = load_model(file, strict=False)
     if as_json:
         # bytes values (a non-UTF-8 string in the file) as text rather than a crash
-        click.echo(json.dumps(as_dict(m, all_metadata), ensure_ascii=False,
-                              default=lambda o: o.decode("utf-8", "replace")
-                              if isinstance(o, bytes) else str(o)))
+        click.echo(
+            json.dumps(
+                as_dict(m, all_metadata),
+                ensure_ascii=False,
+                default=lambda o: o.decode("utf-8", "replace") if isinstance(o, bytes) else str(o),
+            )
+        )
         return
     click.echo(esc(m.describe()))
     if m.refusal:
@@ -65,5 +85,7 @@ def inspect(file: str, all_metadata: bool, as_json: bool) -> None:
         total += n
         counts[t.type_name] = counts.get(t.type_name, 0) + 1
         click.echo(f"{esc(t.name):<32} {t.type_name:<7} {'x'.join(map(str, t.shape)):<16} {n:>12,}")
-    click.echo(f"\n{plural(len(m.tensors), 'tensor')}, {total:,} bytes; types: "
-               + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())))
+    click.echo(
+        f"\n{plural(len(m.tensors), 'tensor')}, {total:,} bytes; types: "
+        + ", ".join(f"{k} x{v}" for k, v in sorted(counts.items()))
+    )

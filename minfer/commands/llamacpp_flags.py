@@ -28,8 +28,11 @@ _GREEDY = "minfer decodes greedily (argmax), there is no sampling"
 ONOFF = r"(on|off|auto|enabled|disabled|true|false|[01])(,[01])*"
 IGNORED = [
     (("-ngl", "--gpu-layers", "--n-gpu-layers"), r"(-?\d+|auto|all)(,\d+)*", _GPU),
-    (("-fa", "--flash-attn"), ONOFF,
-     "minfer's attention is always its own fused (flash-style) kernel on the GPU"),
+    (
+        ("-fa", "--flash-attn"),
+        ONOFF,
+        "minfer's attention is always its own fused (flash-style) kernel on the GPU",
+    ),
     (("--mlock",), None, "minfer does not lock the model in memory"),
     (("--no-mmap",), None, "minfer always memory-maps the GGUF file (read on demand)"),
     (("--mmap",), None, "minfer always memory-maps the GGUF file"),
@@ -41,8 +44,11 @@ IGNORED = [
     (("-nkvo", "--no-kv-offload"), None, "the KV cache lives on the backend's device"),
     (("-ctk", "--cache-type-k"), r"\w+", "minfer's KV cache type is fixed (f16 on the GPU)"),
     (("-ctv", "--cache-type-v"), r"\w+", "minfer's KV cache type is fixed (f16 on the GPU)"),
-    (("-b", "--batch-size"), r"\d+(,\d+)*",
-     "minfer feeds the prompt in --ubatch chunks (prefill's option)"),
+    (
+        ("-b", "--batch-size"),
+        r"\d+(,\d+)*",
+        "minfer feeds the prompt in --ubatch chunks (prefill's option)",
+    ),
     (("-ub", "--ubatch-size"), r"\d+(,\d+)*", "this command has no micro-batch size"),
     (("--temp", "--temperature"), r"[\d.]+", _GREEDY),
     (("--top-k",), r"\d+", _GREEDY),
@@ -65,9 +71,11 @@ IGNORED += [
 # llama-cli's conversation mode: an interactive loop minfer does not have, so refused (exit 2)
 # rather than ignored (the user would wait for a prompt that never comes)
 REFUSED = [
-    (("-cnv", "--conversation"),
-     "minfer prefill is one-shot: it runs one prompt (-p, -f, --chat) and exits; there is no "
-     "conversation mode (for many prompts: --prompts FILE)"),
+    (
+        ("-cnv", "--conversation"),
+        "minfer prefill is one-shot: it runs one prompt (-p, -f, --chat) and exits; there is no "
+        "conversation mode (for many prompts: --prompts FILE)",
+    ),
 ]
 # llama-bench's: minfer bench times prefill only (its pp rows)
 BENCH_IGNORED = [
@@ -82,14 +90,17 @@ def _note(why: str, pattern: str | None):
             return None
         name = param.opts[0]
         if pattern is not None and not re.fullmatch(pattern, str(value)):
-            raise BadInput(f"{name} {value!r}: not a value llama.cpp takes for {name} "
-                           "(ignored here, but a missing value would swallow the next "
-                           "argument)")
+            raise BadInput(
+                f"{name} {value!r}: not a value llama.cpp takes for {name} "
+                "(ignored here, but a missing value would swallow the next "
+                "argument)"
+            )
         from minfer.host.log import log
 
         shown = name if pattern is None else f"{name} {value}"
         log.warning(f"{shown} ignored: {why}")
         return None
+
     return callback
 
 
@@ -98,21 +109,33 @@ def _refuse(why: str):
         if value:
             raise BadInput(f"{param.opts[0]}: {why}")
         return None
+
     return callback
 
 
 def options(command: str, taken: set[str]) -> list[click.Option]:
     """Hidden options for `command` (a click command's name) whose names it does not use."""
-    out = [click.Option(list(names), hidden=True, expose_value=False, is_flag=True,
-                        default=None, callback=_refuse(why))
-           for names, why in REFUSED if not taken & set(names)]
+    out = [
+        click.Option(
+            list(names),
+            hidden=True,
+            expose_value=False,
+            is_flag=True,
+            default=None,
+            callback=_refuse(why),
+        )
+        for names, why in REFUSED
+        if not taken & set(names)
+    ]
     for names, pattern, why in IGNORED + (BENCH_IGNORED if command == "bench" else []):
         if taken & set(names):
             continue
-        kw = (dict(is_flag=True, default=None) if pattern is None
-              else dict(default=None, type=str))
-        if names[0] == "-fa":   # llama.cpp once took a bare -fa: the value is optional
+        kw = dict(is_flag=True, default=None) if pattern is None else dict(default=None, type=str)
+        if names[0] == "-fa":  # llama.cpp once took a bare -fa: the value is optional
             kw["is_flag"], kw["flag_value"] = False, "on"
-        out.append(click.Option(list(names), hidden=True, expose_value=False,
-                                callback=_note(why, pattern), **kw))
+        out.append(
+            click.Option(
+                list(names), hidden=True, expose_value=False, callback=_note(why, pattern), **kw
+            )
+        )
     return out

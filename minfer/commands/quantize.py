@@ -21,26 +21,30 @@ FTYPE_IDS = {"15": "q4_K_M", "14": "q4_K_S", "18": "q6_K", "7": "q8_0", "1": "f1
 def positional_type(rest: tuple[str, ...], ftype: str | None) -> tuple[str, int | None]:
     """(type, threads) of llama-quantize's `IN OUT TYPE [NTHREADS]` tail and --type."""
     if len(rest) > 2:
-        raise click.UsageError(f"unexpected extra arguments {' '.join(rest[2:])!r} "
-                               "(quantize IN OUT TYPE [NTHREADS])")
+        raise click.UsageError(
+            f"unexpected extra arguments {' '.join(rest[2:])!r} (quantize IN OUT TYPE [NTHREADS])"
+        )
     threads = None
     if len(rest) == 2:
         if not rest[1].isdigit() or int(rest[1]) < 1:
-            raise click.BadParameter(f"{rest[1]!r} is not a positive thread count",
-                                     param_hint="NTHREADS")
+            raise click.BadParameter(
+                f"{rest[1]!r} is not a positive thread count", param_hint="NTHREADS"
+            )
         threads = int(rest[1])
     given = FTYPE_IDS.get(rest[0], rest[0]) if rest else None
     if given is not None:
         canon = next((t for t in TYPES if t.lower() == given.lower()), None)
         if canon is None:
-            raise click.BadParameter(f"{rest[0]!r} is not one of {', '.join(TYPES)}",
-                                     param_hint="TYPE")
+            raise click.BadParameter(
+                f"{rest[0]!r} is not one of {', '.join(TYPES)}", param_hint="TYPE"
+            )
         if ftype is not None and ftype.lower() != canon.lower():
             raise click.UsageError(f"two types: {rest[0]} and --type {ftype}")
         ftype = canon
     if ftype is None:
-        raise click.UsageError(f"missing the output type: quantize IN OUT TYPE or --type TYPE "
-                               f"({', '.join(TYPES)})")
+        raise click.UsageError(
+            f"missing the output type: quantize IN OUT TYPE or --type TYPE ({', '.join(TYPES)})"
+        )
     return ftype, threads
 
 
@@ -48,17 +52,37 @@ def positional_type(rest: tuple[str, ...], ftype: str | None) -> tuple[str, int 
 @click.argument("in_path", metavar="IN", type=click.Path())
 @click.argument("out_path", metavar="OUT", type=click.Path())
 @click.argument("rest", metavar="[TYPE [NTHREADS]]", nargs=-1)
-@click.option("--type", "ftype", default=None, type=click.Choice(TYPES, case_sensitive=False),
-              help="Output file type (llama.cpp's tensor mix for it); or TYPE after OUT, as "
-                   "llama-quantize takes it (a name or its number: 15 = q4_K_M).")
-@click.option("-t", "--threads", type=click.IntRange(min=1), default=None,
-              help="Worker processes (default: every core); or NTHREADS after TYPE.")
-@click.option("--allow-requantize", is_flag=True,
-              help="Convert tensors that are already quantized (a Q4_1 file to q4_K_M), as "
-                   "llama-quantize's flag; without it such a file is refused.")
+@click.option(
+    "--type",
+    "ftype",
+    default=None,
+    type=click.Choice(TYPES, case_sensitive=False),
+    help="Output file type (llama.cpp's tensor mix for it); or TYPE after OUT, as "
+    "llama-quantize takes it (a name or its number: 15 = q4_K_M).",
+)
+@click.option(
+    "-t",
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Worker processes (default: every core); or NTHREADS after TYPE.",
+)
+@click.option(
+    "--allow-requantize",
+    is_flag=True,
+    help="Convert tensors that are already quantized (a Q4_1 file to q4_K_M), as "
+    "llama-quantize's flag; without it such a file is refused.",
+)
 @quiet_option("No summary on stdout; only errors on stderr (no notes, no progress bar).")
-def quantize(in_path: str, out_path: str, rest: tuple[str, ...], ftype: str | None,
-             threads: int | None, allow_requantize: bool, quiet: bool) -> None:
+def quantize(
+    in_path: str,
+    out_path: str,
+    rest: tuple[str, ...],
+    ftype: str | None,
+    threads: int | None,
+    allow_requantize: bool,
+    quiet: bool,
+) -> None:
     """Quantize model IN to OUT (written atomically: nothing is left behind on error or Ctrl-C),
     as `llama-quantize IN OUT TYPE [NTHREADS]`."""
     from minfer.quants.mix import ftype_key
@@ -66,8 +90,14 @@ def quantize(in_path: str, out_path: str, rest: tuple[str, ...], ftype: str | No
 
     ftype, n = positional_type(rest, ftype)
     threads = threads if threads is not None else n
-    st = quantize_model(in_path, out_path, ftype_key(ftype), threads=threads, progress=not quiet,
-                        allow_requantize=allow_requantize)
+    st = quantize_model(
+        in_path,
+        out_path,
+        ftype_key(ftype),
+        threads=threads,
+        progress=not quiet,
+        allow_requantize=allow_requantize,
+    )
     if not quiet:
         counts: dict[str, int] = {}
         for ty in st.types.values():
@@ -76,7 +106,11 @@ def quantize(in_path: str, out_path: str, rest: tuple[str, ...], ftype: str | No
         from minfer.host.fileio import escape_controls
         from minfer.host.words import plural
 
-        click.echo(f"{escape_controls(out_path)}: {plural(st.n_tensors, 'tensor')} ({mix}), "
-                   f"{st.in_bytes / 2**20:.1f} MiB -> {st.out_bytes / 2**20:.1f} MiB")
-        click.echo(f"quantized {plural(st.n_quantized, 'tensor')}, {st.n_weights / 1e6:.1f} M weights in "
-                   f"{st.seconds:.1f} s ({st.weights_per_s / 1e6:.1f} M weights/s)")
+        click.echo(
+            f"{escape_controls(out_path)}: {plural(st.n_tensors, 'tensor')} ({mix}), "
+            f"{st.in_bytes / 2**20:.1f} MiB -> {st.out_bytes / 2**20:.1f} MiB"
+        )
+        click.echo(
+            f"quantized {plural(st.n_quantized, 'tensor')}, {st.n_weights / 1e6:.1f} M weights in "
+            f"{st.seconds:.1f} s ({st.weights_per_s / 1e6:.1f} M weights/s)"
+        )

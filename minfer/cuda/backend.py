@@ -2,7 +2,7 @@
 
 Construction (timed as `load_s`): every linear weight gets a route (routes.plan_routes, via
 minfer.cuda.paths.choose_path: f16, blk or a raw int8 path; the path object's route runs it),
-q/k/v and gate/up on one path are fused (routes.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
+q/k/v and gate/up on one path are fused (fusion.plan_fusion), the memory plan is checked against the device's free memory, the weights are uploaded (f16 routes
 dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the KV cache (f16
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.load.
 Kernels are compiled before anything is timed (minfer.cuda.load.prepare): the weight upload's
@@ -24,7 +24,7 @@ Fusion: when q, k, v (resp. gate, up) all run on f16, they are dequantized into 
 one [Nq + 2 Nkv, K] (resp. [2 d_ff, K]) f16 buffer (self.w keeps per-weight row views) and run
 as one GEMM: fewer launches and a wide N for the small k/v products. Otherwise (MMQ routes)
 they run as separate GEMMs into separate f32 buffers; the same rope_qkv reads them.
-Buffers are declared in weights.DeviceBuffers (self.buf). The token layout lives on the
+Buffers are declared in minfer.cuda.load.buffers.DeviceBuffers (self.buf). The token layout lives on the
 device (buf.tok: (KV slot, first slot of its sequence) per token; rope_qkv, the rope epilogue
 and attention read it), so every launch of a chunk depends only on (T, last, per_token: a
 decode step's layout runs the one-token-per-block attention): with `graphs` on (default;
@@ -74,19 +74,18 @@ host's launch rate out of the events).
 from __future__ import annotations
 
 import contextlib
-
 import sys
 import time
 
 import numpy as np
 
 from minfer.cuda.forward import Forward
-from minfer.cuda.ops import attention as attn_mod
-from minfer.cuda.ops import layers as L
-from minfer.cuda.paths import TABLE
 from minfer.cuda.load import prepare
 from minfer.cuda.load.buffers import DeviceBuffers, alloc_buffers
 from minfer.cuda.load.weights import _dequant_f16, load_weights
+from minfer.cuda.ops import attention as attn_mod
+from minfer.cuda.ops import layers as L
+from minfer.cuda.paths import TABLE
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.plan.plan import make_plan
 from minfer.cuda.plan.routes import plan_routes, summarize_routes
@@ -112,7 +111,7 @@ def moe_bytes_note(model) -> str:
     return f"; its weights are {gb(w)}, {gb(e)} of them experts{fit}"
 
 
-H200_BYTES = 141_000_000_000   # the largest single GPU minfer plans for
+H200_BYTES = 141_000_000_000  # the largest single GPU minfer plans for
 
 
 class CudaBackend:
@@ -120,39 +119,47 @@ class CudaBackend:
 
     HEAD_ROWS = 128  # LM head rows per launch in window_logits: [128, vocab] f32 on the device
 
-    def __init__(self, model, cfg: GemmChoice | None = None, rt=None, max_tokens: int = 4096,
-                 ubatch: int = 2048, warmup: bool = True, progress: bool = False,
-                 graphs: bool | None = None, chunk: int | None = None,
-                 kv_slots: int | None = None):
+    def __init__(
+        self,
+        model,
+        cfg: GemmChoice | None = None,
+        rt=None,
+        max_tokens: int = 4096,
+        ubatch: int = 2048,
+        warmup: bool = True,
+        progress: bool = False,
+        graphs: bool | None = None,
+        chunk: int | None = None,
+        kv_slots: int | None = None,
+    ):
         from minfer.cuda.runtime.runtime import get_runtime
 
         t0 = time.perf_counter()
         self.model = model
         self.c = c = model.config
-        self.gcfg = cfg or GemmChoice()   # auto unless the caller resolved a choice
+        self.gcfg = cfg or GemmChoice()  # auto unless the caller resolved a choice
         self.rt = rt or get_runtime()
         label = self.gcfg.label()
-        plain = label == "auto" or (label in TABLE and not TABLE[label].int8)   # f16
+        plain = label == "auto" or (label in TABLE and not TABLE[label].int8)  # f16
         self.name = "cuda" if plain else f"cuda-{label}"
         from minfer.gguf.arch_keys import gpu_unsupported
 
-        if gpu_unsupported(c):   # (an architecture or head_dim the kernels lack)
+        if gpu_unsupported(c):  # (an architecture or head_dim the kernels lack)
             raise Unsupported(f"cuda backend: {gpu_unsupported(c)}{moe_bytes_note(model)}")
         if max_tokens > c.n_ctx:
             max_tokens = c.n_ctx
-        if kv_slots is not None:   # many sequences: slots past the context, positions within it
+        if kv_slots is not None:  # many sequences: slots past the context, positions within it
             max_tokens = min(max_tokens, kv_slots)
-        self.max_tokens = int(max_tokens)   # one sequence's positions
-        self.kv_slots = int(kv_slots or max_tokens)   # KV cache rows
+        self.max_tokens = int(max_tokens)  # one sequence's positions
+        self.kv_slots = int(kv_slots or max_tokens)  # KV cache rows
         self.ubatch = int(max(1, min(ubatch, self.kv_slots)))
         self.n_past = 0
         from minfer.cuda.runtime.upload import DEFAULT_CHUNK
 
-        self.chunk = int(chunk or DEFAULT_CHUNK)   # upload chunk bytes
+        self.chunk = int(chunk or DEFAULT_CHUNK)  # upload chunk bytes
         # the plan, computed once (routes, fusion, epilogues, memory: minfer.cuda.plan.plan),
         # before anything is allocated
-        self.plan = make_plan(model, self.gcfg, self.rt, self.kv_slots, self.ubatch,
-                              self.chunk)
+        self.plan = make_plan(model, self.gcfg, self.rt, self.kv_slots, self.ubatch, self.chunk)
         self.memory, self.routes = self.plan.memory, dict(self.plan.routes)
         if self.gcfg.path != "auto" and not self.memory.fits and self.memory.fitting():
             raise GPUError(self.memory.refusal())
@@ -164,38 +171,56 @@ class CudaBackend:
         self._head_out = None  # window_logits' [HEAD_ROWS, vocab] f32 logits, made at first use
         self._hidden_out = None  # packed(hidden=)'s [HEAD_ROWS, d_model] f32 rows, likewise
         self._graphs: dict[tuple[int, bool, bool], object] = {}
-        self._packed_seen: dict[int, int] = {}   # packed chunks run, by size
+        self._packed_seen: dict[int, int] = {}  # packed chunks run, by size
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused, self.glu, self.groups = self.plan.fused, self.plan.glu, self.plan.groups
         # each linear weight's route object (its path family's): operand, launch, epilogues
-        self.lin = {n: TABLE[p].route(model.tensor(n).qtype, self.gcfg, n)
-                    for n, (p, _) in self.routes.items()}
-        for gs in self.groups:   # one input's forms never share a scratch buffer
+        self.lin = {
+            n: TABLE[p].route(model.tensor(n).qtype, self.gcfg, n)
+            for n, (p, _) in self.routes.items()
+        }
+        for gs in self.groups:  # one input's forms never share a scratch buffer
             for groups in gs.values():
                 kinds = {self.lin[g.member].operand for g in groups} - {None}
                 if len({k.scratch for k in kinds}) < len(kinds):
-                    raise AssertionError(f"forms {sorted(k.name for k in kinds)} of one input "
-                                         "share a scratch")
+                    raise AssertionError(
+                        f"forms {sorted(k.name for k in kinds)} of one input share a scratch"
+                    )
         plan = self.plan.parts
         check_memory(self.rt, plan, self.kv_slots, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
         self._add(prepare.prebuild(prepare.load_kernels(self.routes), self.rt.arch, progress))
-        wts = load_weights(self.rt, model, self.routes, self.fused, plan["upload staging"] // 2,
-                           progress, frozenset(self.glu))
+        wts = load_weights(
+            self.rt,
+            model,
+            self.routes,
+            self.fused,
+            plan["upload staging"] // 2,
+            progress,
+            frozenset(self.glu),
+        )
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
-        self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds   # file into ready weights
-        self.buf: DeviceBuffers = alloc_buffers(self.rt, c, self.kv_slots, self.ubatch,
-                                                plan["q8_1 scratch"], self.plan.glu_all,
-                                                plan["blk operand scratch"])
+        self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds  # file into ready weights
+        self.buf: DeviceBuffers = alloc_buffers(
+            self.rt,
+            c,
+            self.kv_slots,
+            self.ubatch,
+            plan["q8_1 scratch"],
+            self.plan.glu_all,
+            plan["blk operand scratch"],
+        )
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}
         for g in sorted(self.plan.rope):
-            il = int(g.split(".")[1])   # blk.<il>.attn_qkv.weight
+            il = int(g.split(".")[1])  # blk.<il>.attn_qkv.weight
             b = self.buf
-            self.rope_epi[g] = L.QkvRope(self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.tok,
-                                         c.rope_dim, c.rope_neox)
-        self.fwd = Forward(self.rt, model, self.gcfg, self.lin, self.groups, self.glu,
-                           self.rope_epi, wts, self.buf)
+            self.rope_epi[g] = L.QkvRope(
+                self.rt, b.q16, b.kc[il], b.vc[il], b.rope, b.tok, c.rope_dim, c.rope_neox
+            )
+        self.fwd = Forward(
+            self.rt, model, self.gcfg, self.lin, self.groups, self.glu, self.rope_epi, wts, self.buf
+        )
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -253,16 +278,20 @@ class CudaBackend:
         try:
             out = self.buf.logits.get().reshape(-1).astype(np.float32, copy=False)
         except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
-            raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
-                           "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
+            raise GPUError(
+                f"GPU error while reading the logits ({e}); rerun with "
+                "MINFER_CUDA_DEBUG=1 to name the kernel that failed"
+            ) from None
         bad = out.size - int(np.count_nonzero(np.isfinite(out)))
         if bad:
             T = len(np.asarray(ids))
             where = self._first_nonfinite(ids, pos0)
-            raise GPUError(f"non-finite logits from the CUDA path ({bad} of {out.size} NaN/inf "
-                           f"at positions {pos0}..{pos0 + T - 1}, backend {self.name}; first "
-                           f"non-finite: {where}); run `minfer check` or MINFER_CUDA_DEBUG=1 "
-                           "to find the kernel")
+            raise GPUError(
+                f"non-finite logits from the CUDA path ({bad} of {out.size} NaN/inf "
+                f"at positions {pos0}..{pos0 + T - 1}, backend {self.name}; first "
+                f"non-finite: {where}); run `minfer check` or MINFER_CUDA_DEBUG=1 "
+                "to find the kernel"
+            )
         return out
 
     def _first_nonfinite(self, ids: np.ndarray, pos0: int) -> str:
@@ -276,6 +305,7 @@ class CudaBackend:
         """Where a forward's numbers first went NaN/inf: rerun() (the forward again) eagerly,
         the residual read back after the embedding and after every layer (only on this error
         path: it syncs per layer)."""
+
         class Found(Exception):
             pass
 
@@ -292,11 +322,11 @@ class CudaBackend:
             rerun()
         except Found as e:
             return str(e)
-        except Exception as e:   # best effort: never hide the error it would explain
+        except Exception as e:  # best effort: never hide the error it would explain
             return f"not located ({type(e).__name__} in the rerun)"
         finally:
             self.graphs, self.fwd.probe = graphs, None
-        if self.c.n_layers - 1 in seen:   # every layer's output finite: the norm or LM head
+        if self.c.n_layers - 1 in seen:  # every layer's output finite: the norm or LM head
             return "the output layer (final norm or LM head)"
         return "not located (the rerun was finite)"
 
@@ -316,8 +346,9 @@ class CudaBackend:
         if pos0 != self.n_past:
             raise BadInput(f"forward: pos0 {pos0} but the KV cache holds {self.n_past} positions")
         if pos0 + T > self.max_tokens:
-            raise BadInput(f"forward: {pos0 + T} positions exceed the backend's max_tokens "
-                           f"{self.max_tokens}")
+            raise BadInput(
+                f"forward: {pos0 + T} positions exceed the backend's max_tokens {self.max_tokens}"
+            )
         if ids.min() < 0 or ids.max() >= c.vocab_size:
             raise BadInput(f"forward: token id out of range [0, {c.vocab_size})")
         return ids.astype(np.int32)
@@ -336,24 +367,35 @@ class CudaBackend:
         out = np.empty((T - first, V), np.float32)
         for s in range(0, T, self.ubatch):
             n = min(self.ubatch, T - s)
-            self._forward_chunk(ids[s: s + n], s, last=False)
+            self._forward_chunk(ids[s : s + n], s, last=False)
             self.n_past = s + n
             for r in range(max(first, s), s + n, self.HEAD_ROWS):
                 m = min(self.HEAD_ROWS, s + n - r)
                 try:
-                    out[r - first: r - first + m] = self._head(r - s, m).get()
+                    out[r - first : r - first + m] = self._head(r - s, m).get()
                 except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
-                    raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
-                                   "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
+                    raise GPUError(
+                        f"GPU error while reading the logits ({e}); rerun with "
+                        "MINFER_CUDA_DEBUG=1 to name the kernel that failed"
+                    ) from None
         bad = out.size - int(np.count_nonzero(np.isfinite(out)))
         if bad:
-            raise GPUError(f"non-finite logits from the CUDA path ({bad} of {out.size} NaN/inf "
-                           f"in a window of {T} tokens, backend {self.name}); run `minfer check` "
-                           "or MINFER_CUDA_DEBUG=1 to find the kernel")
+            raise GPUError(
+                f"non-finite logits from the CUDA path ({bad} of {out.size} NaN/inf "
+                f"in a window of {T} tokens, backend {self.name}); run `minfer check` "
+                "or MINFER_CUDA_DEBUG=1 to find the kernel"
+            )
         return out
 
-    def packed(self, ids: np.ndarray, tok: np.ndarray, rows: np.ndarray,
-               targets: np.ndarray, top: int = 0, hidden=None):
+    def packed(
+        self,
+        ids: np.ndarray,
+        tok: np.ndarray,
+        rows: np.ndarray,
+        targets: np.ndarray,
+        top: int = 0,
+        hidden=None,
+    ):
         """One chunk of many sequences' tokens: ids int32 [T] (T <= ubatch), tok int32 [T, 2]
         (KV slot, first slot of the token's sequence: position slot - lo, keys lo..slot; both
         non-decreasing in t), rows int32 [m] (chunk rows that need logits, m <= T), targets
@@ -373,12 +415,11 @@ class CudaBackend:
         top = check_top(top, self.c.vocab_size)
         hidden = check_hidden(hidden, ids.shape[0])
         T = ids.shape[0]
-        self.n_past = 0   # the single-sequence protocol starts over after a batch
-        one = attn_mod.per_token_pays(tok)   # a decode step: attention one token per block
-        seen = self._packed_seen.get((T, one), 0)   # a graph from a shape's second chunk on
+        self.n_past = 0  # the single-sequence protocol starts over after a batch
+        one = attn_mod.per_token_pays(tok)  # a decode step: attention one token per block
+        seen = self._packed_seen.get((T, one), 0)  # a graph from a shape's second chunk on
         self._packed_seen[(T, one)] = seen + 1
-        self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False, capture=seen > 0,
-                        per_token=one)
+        self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False, capture=seen > 0, per_token=one)
         res = self._packed_head(ids, tok, rows, targets, top)
         return res if hidden is None else (res, self._hidden_rows(tok, hidden))
 
@@ -388,37 +429,44 @@ class CudaBackend:
         one = attn_mod.per_token_pays(tok)
         if m == 0:
             out = np.empty((0, 4), np.float32)
-            return (out, np.empty((0, top), np.int32), np.empty((0, top), np.float32)) \
-                if top else out
+            return (
+                (out, np.empty((0, top), np.int32), np.empty((0, top), np.float32)) if top else out
+            )
         R = da.rows
         R(b.rows, 0, m).set(rows)
         R(b.targets, 0, m).set(targets)
         # [m, top] row-major views of the [ubatch * TOP_MAX] buffers (m <= T <= ubatch)
-        tops = [da.reshape(R(a, 0, m * top), (m, top)) for a in (b.top_ids, b.top_lp)] \
-            if top else None
+        tops = (
+            [da.reshape(R(a, 0, m * top), (m, top)) for a in (b.top_ids, b.top_lp)] if top else None
+        )
         if top:
-            da.poison(self.rt, *tops)   # (poison mode: a row_topk that did not run reads NaN)
+            da.poison(self.rt, *tops)  # (poison mode: a row_topk that did not run reads NaN)
         for r in range(0, m, self.HEAD_ROWS):
             k = min(self.HEAD_ROWS, m - r)
             logits = self._head(0, k, R(b.rows, r, k))
             L.row_stats(self.rt, R(b.stats, r, k), logits, R(b.targets, r, k))
             if top:
-                L.row_topk(self.rt, R(tops[0], r, k), R(tops[1], r, k), logits,
-                           R(b.stats, r, k), top)
+                L.row_topk(
+                    self.rt, R(tops[0], r, k), R(tops[1], r, k), logits, R(b.stats, r, k), top
+                )
         try:
             out = R(b.stats, 0, m).get()
             top_ids, top_lp = (a.get() for a in tops) if top else (None, None)
         except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
-            raise GPUError(f"GPU error while reading the logits ({e}); rerun with "
-                           "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
+            raise GPUError(
+                f"GPU error while reading the logits ({e}); rerun with "
+                "MINFER_CUDA_DEBUG=1 to name the kernel that failed"
+            ) from None
         bad = m - int(np.count_nonzero(np.isfinite(out[:, 3])))
         if bad:
             hi = int(tok[-1, 0]) + 1
             where = self._locate(lambda: self.fwd.chunk(T, hi, False, one))
-            raise GPUError(f"non-finite logits from the CUDA path ({bad} of {m} rows of a "
-                           f"packed chunk of {T} tokens, slots {int(tok[0, 0])}..{hi - 1}, "
-                           f"backend {self.name}; first non-finite: {where}); run `minfer "
-                           "check` or MINFER_CUDA_DEBUG=1 to find the kernel")
+            raise GPUError(
+                f"non-finite logits from the CUDA path ({bad} of {m} rows of a "
+                f"packed chunk of {T} tokens, slots {int(tok[0, 0])}..{hi - 1}, "
+                f"backend {self.name}; first non-finite: {where}); run `minfer "
+                "check` or MINFER_CUDA_DEBUG=1 to find the kernel"
+            )
         return (out, top_ids, top_lp) if top else out
 
     def _hidden_rows(self, tok, hidden) -> np.ndarray:
@@ -428,27 +476,33 @@ class CudaBackend:
         h, d, R = hidden.shape[0], self.c.d_model, da.rows
         out = np.empty((h, d), np.float32)
         if self._hidden_out is None:
-            self._hidden_out = da.empty(self.rt, (min(self.HEAD_ROWS, self.ubatch), d),
-                                        np.float32, "hidden rows")
+            self._hidden_out = da.empty(
+                self.rt, (min(self.HEAD_ROWS, self.ubatch), d), np.float32, "hidden rows"
+            )
         n = self._hidden_out.shape[0]
         try:
             for r in range(0, h, n):
                 k = min(n, h - r)
                 idx = R(self.buf.rows, 0, k)
-                idx.set(hidden[r: r + k].astype(np.int32))
+                idx.set(hidden[r : r + k].astype(np.int32))
                 y = R(self._hidden_out, 0, k)
                 da.poison(self.rt, y)
-                L.rmsnorm_rows(self.rt, y, self.buf.x, idx, self.w["output_norm.weight"],
-                               self.c.rms_eps)
-                out[r: r + k] = y.get()
+                L.rmsnorm_rows(
+                    self.rt, y, self.buf.x, idx, self.w["output_norm.weight"], self.c.rms_eps
+                )
+                out[r : r + k] = y.get()
         except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
-            raise GPUError(f"GPU error while reading the hidden states ({e}); rerun with "
-                           "MINFER_CUDA_DEBUG=1 to name the kernel that failed") from None
+            raise GPUError(
+                f"GPU error while reading the hidden states ({e}); rerun with "
+                "MINFER_CUDA_DEBUG=1 to name the kernel that failed"
+            ) from None
         bad = h - int(np.count_nonzero(np.isfinite(out).all(axis=1)))
         if bad:
-            raise GPUError(f"non-finite hidden states from the CUDA path ({bad} of {h} rows, "
-                           f"slots {int(tok[0, 0])}..{int(tok[-1, 0])}, backend {self.name}); "
-                           "run `minfer check` or MINFER_CUDA_DEBUG=1 to find the kernel")
+            raise GPUError(
+                f"non-finite hidden states from the CUDA path ({bad} of {h} rows, "
+                f"slots {int(tok[0, 0])}..{int(tok[-1, 0])}, backend {self.name}); "
+                "run `minfer check` or MINFER_CUDA_DEBUG=1 to find the kernel"
+            )
         return out
 
     def _checked_packed(self, ids, tok, rows, targets):
@@ -456,12 +510,24 @@ class CudaBackend:
         from minfer.reference.layout import check_packed
 
         ids, tok, rows, targets = check_packed(
-            ids, tok, rows, targets, vocab=self.c.vocab_size, kv_slots=self.kv_slots,
-            n_pos=self.max_tokens, what_pos=f"the backend's {self.max_tokens} positions",
-            max_tokens=self.ubatch, max_rows=True)
+            ids,
+            tok,
+            rows,
+            targets,
+            vocab=self.c.vocab_size,
+            kv_slots=self.kv_slots,
+            n_pos=self.max_tokens,
+            what_pos=f"the backend's {self.max_tokens} positions",
+            max_tokens=self.ubatch,
+            max_rows=True,
+        )
         i32 = np.int32
-        return (ids.astype(i32), np.ascontiguousarray(tok, i32), rows.astype(i32),
-                targets.astype(i32))
+        return (
+            ids.astype(i32),
+            np.ascontiguousarray(tok, i32),
+            rows.astype(i32),
+            targets.astype(i32),
+        )
 
     @contextlib.contextmanager
     def thread_context(self):
@@ -480,9 +546,11 @@ class CudaBackend:
         if n <= 0:
             return
         if min(src, dst) < 0 or max(src, dst) + n > self.kv_slots or abs(src - dst) < n:
-            raise BadInput(f"copy_kv: rows {src}+{n} -> {dst}+{n} outside the cache's "
-                           f"{self.kv_slots} rows or overlapping")
-        row = self.c.n_kv_heads * self.c.head_dim * 2   # bytes of one f16 cache row
+            raise BadInput(
+                f"copy_kv: rows {src}+{n} -> {dst}+{n} outside the cache's "
+                f"{self.kv_slots} rows or overlapping"
+            )
+        row = self.c.n_kv_heads * self.c.head_dim * 2  # bytes of one f16 cache row
         for cache in (*self.buf.kc, *self.buf.vc):
             base = int(da.ptr(cache))
             self.rt.drv.memcpy_dtod(base + dst * row, base + src * row, n * row)
@@ -494,8 +562,7 @@ class CudaBackend:
         49152) and reused."""
         if self._head_out is None:
             n = min(self.HEAD_ROWS, self.ubatch)
-            self._head_out = da.empty(self.rt, (n, self.c.vocab_size), np.float32,
-                                      "logits rows")
+            self._head_out = da.empty(self.rt, (n, self.c.vocab_size), np.float32, "logits rows")
         logits = da.rows(self._head_out, 0, m)
         self.fwd.head(row0, m, logits, rows)
         return logits
@@ -504,15 +571,22 @@ class CudaBackend:
         ids = self._checked_ids(ids, pos0)
         T = int(ids.shape[0])
         for s in range(0, T, self.ubatch):
-            chunk = ids[s: s + self.ubatch]
+            chunk = ids[s : s + self.ubatch]
             self._forward_chunk(chunk, pos0 + s, last=s + len(chunk) == T)
         self.n_past = pos0 + T
 
     def _forward_chunk(self, ids: np.ndarray, pos0: int, last: bool) -> None:
         self._run_chunk(ids, L.tok_layout(pos0, len(ids)), pos0 + len(ids), last)
 
-    def _run_chunk(self, ids: np.ndarray, tok: np.ndarray, hi: int, last: bool,
-                   capture: bool = True, per_token: bool | None = None) -> None:
+    def _run_chunk(
+        self,
+        ids: np.ndarray,
+        tok: np.ndarray,
+        hi: int,
+        last: bool,
+        capture: bool = True,
+        per_token: bool | None = None,
+    ) -> None:
         """One chunk: ids int32 [T] with their layout tok int32 [T, 2] uploaded, then the
         chunk's launches (a graph replay after the first of its shape (T, last, per_token));
         hi: one past the largest slot (host-side checks). capture False: no graph is recorded
@@ -551,12 +625,13 @@ class CudaBackend:
         try:
             g = graph.capture(self.stream, lambda: self.fwd.chunk(T, hi, last, per_token))
         except Exception as e:  # driver refusal (a real input error re-raises eagerly)
-            print(f"cuda backend: CUDA graph capture failed ({e}); running without graphs",
-                  file=sys.stderr)
+            print(
+                f"cuda backend: CUDA graph capture failed ({e}); running without graphs",
+                file=sys.stderr,
+            )
             self.graphs = False
             return None
         finally:
             rt.stream = None
         self._graphs[(T, bool(last), per_token)] = g
         return g
-

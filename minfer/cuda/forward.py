@@ -45,26 +45,36 @@ class Forward:
 
     def __init__(self, rt, model, choice, lin, groups, glu, rope_epi, weights, buf):
         self.rt, self.model, self.c, self.gcfg = rt, model, model.config, choice
-        self.lin = lin            # weight name -> its route object (paths.LinearRoute)
-        self.groups = groups      # per layer {"attn", "ffn"}: fusion.plan_groups
-        self.glu = glu            # gate|up groups whose GEMM writes the swiglu (plan_glu)
-        self.glu_act = "gelu" if model.config.ffn_gelu else "silu"   # their activation
+        self.lin = lin  # weight name -> its route object (paths.LinearRoute)
+        self.groups = groups  # per layer {"attn", "ffn"}: fusion.plan_groups
+        self.glu = glu  # gate|up groups whose GEMM writes the swiglu (plan_glu)
+        self.glu_act = "gelu" if model.config.ffn_gelu else "silu"  # their activation
         self.rope_epi = rope_epi  # q|k|v groups whose GEMM ropes (layers.QkvRope per group)
         self.w, self.emb, self.emb_qtype = weights.w, weights.emb, weights.emb_qtype
         self.buf = buf
-        self.ubatch = int(buf.x.shape[0])   # the rows every activation buffer holds
+        self.ubatch = int(buf.x.shape[0])  # the rows every activation buffer holds
         self.profile = None
         self.probe = None
-        c = self.c   # each layer's RoPE table (gemma: the local layers' own base; smollm3's
+        c = self.c  # each layer's RoPE table (gemma: the local layers' own base; smollm3's
         # layers without RoPE: the identity table)
-        self.rope = [buf.rope_none if not c.has_rope(il) else
-                     buf.rope_swa if buf.rope_swa is not None and c.layer_rope(il)
-                     != (c.rope_base, c.rope_scaling) else buf.rope for il in range(c.n_layers)]
+        self.rope = [
+            buf.rope_none
+            if not c.has_rope(il)
+            else buf.rope_swa
+            if buf.rope_swa is not None and c.layer_rope(il) != (c.rope_base, c.rope_scaling)
+            else buf.rope
+            for il in range(c.n_layers)
+        ]
         # each layer's attention options: its window, the model's scale (gemma's q scale and
         # granite's kq scale both scale the scores here) and soft-cap
-        self.attn_opts = [dict(window=c.sliding_window if c.is_local(il) else 0,
-                               softcap=c.attn_softcap, scale=c.attn_scale or c.kq_scale or None)
-                          for il in range(c.n_layers)]
+        self.attn_opts = [
+            dict(
+                window=c.sliding_window if c.is_local(il) else 0,
+                softcap=c.attn_softcap,
+                scale=c.attn_scale or c.kq_scale or None,
+            )
+            for il in range(c.n_layers)
+        ]
 
     def with_runtime(self, rt) -> "Forward":
         """The same forward on another runtime (prepare.Recorder: the kernel prebuild)."""
@@ -101,9 +111,15 @@ class Forward:
         k = next(iter(q)) if len(q) == 1 else None
         if self.gcfg.on("fused-prepass") and k is not None and k.norm is not None:
             with self._op("rmsnorm+prepass"):
-                da.poison(self.rt, h16)   # (unwritten unless an f16 GEMM reads it)
-                op = k.norm(self.rt, x, self.w[wname], self.c.rms_eps, self.buf,
-                            h16 if None in kinds else None)
+                da.poison(self.rt, h16)  # (unwritten unless an f16 GEMM reads it)
+                op = k.norm(
+                    self.rt,
+                    x,
+                    self.w[wname],
+                    self.c.rms_eps,
+                    self.buf,
+                    h16 if None in kinds else None,
+                )
             if op is not None:
                 return {k: op}
         with self._op("rmsnorm"):
@@ -118,9 +134,14 @@ class Forward:
         writes f16 and _linear makes the form (as with the tuning variant no-fused-prepass)."""
         k = self.lin[name].operand
         c = self.c
-        if (not self.gcfg.on("fused-prepass") or k is None or k.attn is None
-                or not attn_mod.operand_fuses(self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim,
-                                              per_token)):
+        if (
+            not self.gcfg.on("fused-prepass")
+            or k is None
+            or k.attn is None
+            or not attn_mod.operand_fuses(
+                self.rt, T, c.n_heads // c.n_kv_heads, c.head_dim, per_token
+            )
+        ):
             return None, None
         tt, op = k.attn(self.rt, self.buf, T, c.n_heads * c.head_dim)
         return tt, {k: op}
@@ -179,7 +200,7 @@ class Forward:
         M, K = A.shape
         N = C.shape[1]
         r = self.lin[member or name]
-        if r.operand is not None and q8 is None:   # (its own op: not inside the GEMM's events)
+        if r.operand is not None and q8 is None:  # (its own op: not inside the GEMM's events)
             q8 = self._quantize(A, member or name)
         x = A if r.operand is None else q8[r.operand]
         if mode == "glu":
@@ -226,75 +247,106 @@ class Forward:
         x = R(b.x, 0, T)
         h16 = R(b.h16, 0, T)
         with self._op("embed"):
-            _embed_rows(rt, x, self.emb, self.emb_qtype, R(b.ids, 0, T), c.d_model,
-                        c.vocab_size)
-            if c.embed_scale != 1.0:   # gemma: times sqrt(d_model)
+            _embed_rows(rt, x, self.emb, self.emb_qtype, R(b.ids, 0, T), c.d_model, c.vocab_size)
+            if c.embed_scale != 1.0:  # gemma: times sqrt(d_model)
                 G.scale(rt, x, c.embed_scale)
         if self.probe is not None:
             self.probe(-1, x)
         # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
-        rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(T, qd + 2 * kd, rt.sm_count,
-                                                                  rt.arch)
+        rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(
+            T, qd + 2 * kd, rt.sm_count, rt.arch
+        )
         for il in range(c.n_layers):
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
             groups = self.groups[il]["attn"]
             hq8 = self._norm_in(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
-            if rope_in_gemm and groups[0].weight in self.rope_epi:   # no rope launch after it
+            if rope_in_gemm and groups[0].weight in self.rope_epi:  # no rope launch after it
                 g = groups[0]
                 with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
                     da.poison(rt, R(b.q16, 0, T))
-                    gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight],
-                                hi=hi)
-            else:   # each GEMM into its part of qkv32, then one rope launch reads q, k, v
+                    gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight], hi=hi)
+            else:  # each GEMM into its part of qkv32, then one rope launch reads q, k, v
                 src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
-                if c.qk_norm:   # qwen3: each head of q and k rmsnorm'd before the rope;
+                if c.qk_norm:  # qwen3: each head of q and k rmsnorm'd before the rope;
                     # olmo2: all heads as one row (H 1, D = heads x head_dim)
                     with self._op("rmsnorm"):
                         for part, H_ in (("q", H), ("k", Hkv)):
                             h_, d_ = (1, H_ * D) if c.qk_norm_full else (H_, D)
-                            L.head_rmsnorm(rt, src[part][0], src[part][1], h_, d_,
-                                           self.w[f"{p}attn_{part}_norm.weight"], c.rms_eps)
+                            L.head_rmsnorm(
+                                rt,
+                                src[part][0],
+                                src[part][1],
+                                h_,
+                                d_,
+                                self.w[f"{p}attn_{part}_norm.weight"],
+                                c.rms_eps,
+                            )
                 with self._op("rope"):
                     da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: the layout on device)
-                    L.rope_qkv(rt, R(b.q16, 0, T), *(src[k][0] for k in "qkv"), b.kc[il],
-                               b.vc[il], self.rope[il], hi, R(b.tok, 0, T), c.rope_dim,
-                               c.rope_neox,
-                               tuple(src[k][1] for k in "qkv"))
+                    L.rope_qkv(
+                        rt,
+                        R(b.q16, 0, T),
+                        *(src[k][0] for k in "qkv"),
+                        b.kc[il],
+                        b.vc[il],
+                        self.rope[il],
+                        hi,
+                        R(b.tok, 0, T),
+                        c.rope_dim,
+                        c.rope_neox,
+                        tuple(src[k][1] for k in "qkv"),
+                    )
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
             xq = R(b.x, t0, Tq)
             a16 = R(b.a16, 0, Tq)
-            one = per_token or Tq == 1   # (a last chunk's final layer: its last row alone)
+            one = per_token or Tq == 1  # (a last chunk's final layer: its last row alone)
             tt, aq = self._attn_operand(p + "attn_output.weight", Tq, one)
             with self._op("attention"):
                 da.poison(rt, a16)
-                attn_mod.attention(rt, da.reshape(a16, (Tq, H, D)), R(b.q16, t0, Tq),
-                                   b.kc[il], b.vc[il], 0, R(b.tok, t0, Tq), hi, operand=tt,
-                                   o_out=tt is None, impl="tok" if one else None,
-                                   **self.attn_opts[il])
-            self._residual(xq, a16, p + "attn_output.weight", "attn_output", aq,
-                           p + "post_attention_norm.weight")
+                attn_mod.attention(
+                    rt,
+                    da.reshape(a16, (Tq, H, D)),
+                    R(b.q16, t0, Tq),
+                    b.kc[il],
+                    b.vc[il],
+                    0,
+                    R(b.tok, t0, Tq),
+                    hi,
+                    operand=tt,
+                    o_out=tt is None,
+                    impl="tok" if one else None,
+                    **self.attn_opts[il],
+                )
+            self._residual(
+                xq,
+                a16,
+                p + "attn_output.weight",
+                "attn_output",
+                aq,
+                p + "post_attention_norm.weight",
+            )
             hq = R(b.h16, 0, Tq)
             f16 = R(b.f16, 0, Tq)
             down = p + "ffn_down.weight"
             groups = self.groups[il]["ffn"]
             fq8 = self._norm_in(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
-            if groups[0].weight in self.glu:   # the GEMM's epilogue writes the swiglu / geglu
-                self._linear(f16, hq, groups[0].weight, "glu", groups[0].label, fq8,
-                             groups[0].member)
+            if groups[0].weight in self.glu:  # the GEMM's epilogue writes the swiglu / geglu
+                self._linear(
+                    f16, hq, groups[0].weight, "glu", groups[0].label, fq8, groups[0].member
+                )
             else:
                 src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
                 gate, up = src["gate"], src["up"]
                 self._swiglu(f16, gate[0], None if up[0] is gate[0] else up[0])
             self._residual(xq, f16, down, "ffn_down", None, p + "post_ffw_norm.weight")
-            if self.probe is not None:   # (the final layer writes its last row only)
+            if self.probe is not None:  # (the final layer writes its last row only)
                 self.probe(il, xq)
         if last:
             with self._op("rmsnorm"):
                 da.poison(rt, b.last16)
-                L.rmsnorm(rt, b.last16, R(b.x, T - 1, 1), self.w["output_norm.weight"],
-                          c.rms_eps)
+                L.rmsnorm(rt, b.last16, R(b.x, T - 1, 1), self.w["output_norm.weight"], c.rms_eps)
             self._linear(b.logits, b.last16, self.model.output_name, "f32", "lm_head")
             self._softcap(b.logits)
 
@@ -307,8 +359,7 @@ class Forward:
         with self._op("rmsnorm"):
             da.poison(self.rt, h16)
             if rows is None:
-                L.rmsnorm(self.rt, h16, R(b.x, row0, m), self.w["output_norm.weight"],
-                          c.rms_eps)
+                L.rmsnorm(self.rt, h16, R(b.x, row0, m), self.w["output_norm.weight"], c.rms_eps)
             else:
                 L.rmsnorm_rows(self.rt, h16, b.x, rows, self.w["output_norm.weight"], c.rms_eps)
         self._linear(out, h16, self.model.output_name, "f32", "lm_head")

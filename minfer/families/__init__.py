@@ -10,9 +10,16 @@ from minfer.errors import Unsupported
 from minfer.families import gemma, granite, llama, olmo2, phi3, qwen, qwen3moe, smollm3
 from minfer.families.schema import Family, FusedSpec, LayerSchema, TensorSpec, layer_schema
 
-FAMILIES: tuple[Family, ...] = (llama.FAMILY, qwen.FAMILY, phi3.FAMILY, gemma.FAMILY,
-                                granite.FAMILY, olmo2.FAMILY, smollm3.FAMILY,
-                                qwen3moe.FAMILY)
+FAMILIES: tuple[Family, ...] = (
+    llama.FAMILY,
+    qwen.FAMILY,
+    phi3.FAMILY,
+    gemma.FAMILY,
+    granite.FAMILY,
+    olmo2.FAMILY,
+    smollm3.FAMILY,
+    qwen3moe.FAMILY,
+)
 BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES for a in f.archs}
 ARCHS: tuple[str, ...] = tuple(BY_ARCH)
 
@@ -20,13 +27,23 @@ ARCHS: tuple[str, ...] = tuple(BY_ARCH)
 NOT_BUILT = {
     "gpt-oss": "gpt-oss's MXFP4 experts, attention sinks and clamped SwiGLU are not implemented",
     "deepseek2": "DeepSeek's multi-head latent attention (MLA) and grouped expert routing are "
-                 "not implemented",
+    "not implemented",
     "deepseek": "DeepSeek's shared experts and leading dense layers are not implemented",
     "qwen2moe": "Qwen2-MoE's sigmoid-gated shared expert is not implemented",
 }
 
-__all__ = ["ARCHS", "BY_ARCH", "FAMILIES", "Family", "FusedSpec", "LayerSchema", "TensorSpec",
-           "family", "layer_schema", "schema_of"]
+__all__ = [
+    "ARCHS",
+    "BY_ARCH",
+    "FAMILIES",
+    "Family",
+    "FusedSpec",
+    "LayerSchema",
+    "TensorSpec",
+    "family",
+    "layer_schema",
+    "schema_of",
+]
 
 
 def family(arch: str, where: str = "") -> Family:
@@ -35,11 +52,14 @@ def family(arch: str, where: str = "") -> Family:
 
     f = BY_ARCH.get(arch) if isinstance(arch, str) else None
     if f is None and arch in NOT_BUILT:
-        raise Unsupported(f"{where}architecture {show(arch, 60)}: {NOT_BUILT[arch]} "
-                          f"(supported: {', '.join(ARCHS)})")
+        raise Unsupported(
+            f"{where}architecture {show(arch, 60)}: {NOT_BUILT[arch]} "
+            f"(supported: {', '.join(ARCHS)})"
+        )
     if f is None:
-        raise Unsupported(f"{where}unsupported architecture {show(arch, 60)} "
-                          f"(supported: {', '.join(ARCHS)})")
+        raise Unsupported(
+            f"{where}unsupported architecture {show(arch, 60)} (supported: {', '.join(ARCHS)})"
+        )
     return f
 
 

@@ -25,8 +25,9 @@ class Gemma(Family):
         llama_model_gemma3's for gemma3, llama_model_gemma2's for gemma2."""
         f32 = np.float32
         g2 = a == "gemma2"
-        n_layers, d_model, n_heads, head_dim = (dims[k] for k in (
-            "n_layers", "d_model", "n_heads", "head_dim"))
+        n_layers, d_model, n_heads, head_dim = (
+            dims[k] for k in ("n_layers", "d_model", "n_heads", "head_dim")
+        )
         # gemma_pytorch: query_pre_attn_scalar; llama.cpp by model type: the 27B (gemma3: 62
         # layers, gemma2: 46) 1/sqrt(n_embd / n_head) (integer division), else 1/sqrt(head_dim),
         # in float
@@ -34,7 +35,8 @@ class Gemma(Family):
         out: dict[str, Any] = super().hparams(r, a, dims) | {
             "qk_norm": not g2,
             "embed_scale": float(np.sqrt(f32(d_model))),  # sqrtf(n_embd)
-            "ffn_gelu": True, "post_norms": True,
+            "ffn_gelu": True,
+            "post_norms": True,
             "attn_scale": float(f32(1.0) / np.sqrt(f32(d_model // n_heads if big else head_dim))),
         }
         kw = f"{a}.attention.sliding_window"
@@ -49,18 +51,23 @@ class Gemma(Family):
             pat = r.metadata.get(kp, n_pat)
             if isinstance(pat, list):  # per-layer flags (bool or integer; missing: global)
                 if not all(isinstance(x, int) for x in pat) or len(pat) > 512:
-                    raise BadModel(f"{r.path}: metadata key {kp!r} = {_show(pat)} must be "
-                                   "an integer or an array of at most 512 bools/integers")
-                flags = tuple(bool(pat[i]) if i < len(pat) else False
-                              for i in range(n_layers))
+                    raise BadModel(
+                        f"{r.path}: metadata key {kp!r} = {_show(pat)} must be "
+                        "an integer or an array of at most 512 bools/integers"
+                    )
+                flags = tuple(bool(pat[i]) if i < len(pat) else False for i in range(n_layers))
             else:
                 n = r.int_key(kp, lo=0) if kp in r.metadata else n_pat
                 flags = tuple(n == 0 or i % n < n - 1 for i in range(n_layers))
             # gemma3: the local base defaults to 10000, the local freq scale is 1; gemma2: both
             # default to the global ones (rope_freq_base_train_swa = rope_freq_base_train)
             base_swa = r.float_key(f"{a}.rope.freq_base", 10000.0) if g2 else 10000.0
-            out |= {"sliding_window": n_swa, "swa_layers": flags, "swa_rope_scaled": g2,
-                    "rope_base_swa": r.float_key(f"{a}.rope.freq_base_swa", base_swa)}
+            out |= {
+                "sliding_window": n_swa,
+                "swa_layers": flags,
+                "swa_rope_scaled": g2,
+                "rope_base_swa": r.float_key(f"{a}.rope.freq_base_swa", base_swa),
+            }
         kc = f"{a}.final_logit_softcapping"
         if g2:  # both caps always on (llama_hparams' defaults 30 and 50 when absent); 0 would
             # divide by zero in llama.cpp's graph: refused by float_key
@@ -90,17 +97,33 @@ class Gemma(Family):
         common = dict(common)
         del common[f"{a}.rope.freq_base"]
         if shape.rope_base != 10000.0:
-            raise BadInput(f"gemma2: the converter writes no rope.freq_base, so the RoPE base "
-                           f"is 10000, not {shape.rope_base:g}")
-        return common | kv | rope | {
-            f"{a}.attn_logit_softcapping": f32(shape.attn_softcap),
-            f"{a}.final_logit_softcapping": f32(shape.final_softcap),
-            f"{a}.attention.sliding_window": u32(shape.sliding_window)}
+            raise BadInput(
+                f"gemma2: the converter writes no rope.freq_base, so the RoPE base "
+                f"is 10000, not {shape.rope_base:g}"
+            )
+        return (
+            common
+            | kv
+            | rope
+            | {
+                f"{a}.attn_logit_softcapping": f32(shape.attn_softcap),
+                f"{a}.final_logit_softcapping": f32(shape.final_softcap),
+                f"{a}.attention.sliding_window": u32(shape.sliding_window),
+            }
+        )
 
 
-_SWA = ("{a}.attention.sliding_window", "{a}.attention.sliding_window_pattern",
-        "{a}.rope.freq_base_swa")
-FAMILY = Gemma("gemma", ("gemma2", "gemma3"), rope_neox=True,
-               keys={"gemma2": _SWA + ("{a}.attn_logit_softcapping",
-                                       "{a}.final_logit_softcapping"),
-                     "gemma3": _SWA + ("{a}.final_logit_softcapping",)})
+_SWA = (
+    "{a}.attention.sliding_window",
+    "{a}.attention.sliding_window_pattern",
+    "{a}.rope.freq_base_swa",
+)
+FAMILY = Gemma(
+    "gemma",
+    ("gemma2", "gemma3"),
+    rope_neox=True,
+    keys={
+        "gemma2": _SWA + ("{a}.attn_logit_softcapping", "{a}.final_logit_softcapping"),
+        "gemma3": _SWA + ("{a}.final_logit_softcapping",),
+    },
+)

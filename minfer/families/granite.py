@@ -27,9 +27,10 @@ class Granite(Family):
     def hparams(self, r, a, dims):
         f32 = np.float32
         out = super().hparams(r, a, dims)
-        emb, kq, res = (_opt(r, f"{a}.{k}") for k in ("embedding_scale", "attention.scale",
-                                                       "residual_scale"))
-        logit = r.float_key(f"{a}.logit_scale", None)   # required, as llama.cpp's get_key
+        emb, kq, res = (
+            _opt(r, f"{a}.{k}") for k in ("embedding_scale", "attention.scale", "residual_scale")
+        )
+        logit = r.float_key(f"{a}.logit_scale", None)  # required, as llama.cpp's get_key
         out |= {"logit_mul": float(f32(1.0) / f32(logit))}
         if emb:
             out["embed_scale"] = float(f32(emb))
@@ -41,7 +42,7 @@ class Granite(Family):
         ft = r.metadata.get(kf, True)
         if not isinstance(ft, bool):
             raise BadModel(f"{r.path}: metadata key {kf!r} = {ft!r} must be a bool")
-        if not ft:   # Granite's switch for RoPE: no rotation on any layer
+        if not ft:  # Granite's switch for RoPE: no rotation on any layer
             out["rope_layers"] = (False,) * dims["n_layers"]
         return out
 
@@ -51,11 +52,20 @@ class Granite(Family):
             f"{a}.attention.scale": f32(shape.kq_scale),
             f"{a}.embedding_scale": f32(shape.embed_scale),
             f"{a}.residual_scale": f32(shape.residual_scale),
-            f"{a}.logit_scale": f32(shape.logit_scale)}
+            f"{a}.logit_scale": f32(shape.logit_scale),
+        }
 
 
-_KEYS = ("{a}.embedding_scale", "{a}.attention.scale", "{a}.residual_scale",
-         "{a}.logit_scale", "{a}.rope.scaling.finetuned")
-FAMILY = Granite("granite", ("granite",), keys={"granite": _KEYS},
-                 extra_tensors={"granite": {"rope_freqs.weight":
-                                            "the llama3 RoPE frequency factors"}})
+_KEYS = (
+    "{a}.embedding_scale",
+    "{a}.attention.scale",
+    "{a}.residual_scale",
+    "{a}.logit_scale",
+    "{a}.rope.scaling.finetuned",
+)
+FAMILY = Granite(
+    "granite",
+    ("granite",),
+    keys={"granite": _KEYS},
+    extra_tensors={"granite": {"rope_freqs.weight": "the llama3 RoPE frequency factors"}},
+)

@@ -15,9 +15,10 @@ from minfer.families.schema import Family
 
 def rope_plain(r, a: str) -> bool:
     """No RoPE scaling key and no frequency factors in the file."""
-    return ("rope_freqs.weight" not in r.tensors and
-            not any(k.startswith(f"{a}.rope.scaling.") and k != f"{a}.rope.scaling.finetuned"
-                    for k in r.metadata))
+    return "rope_freqs.weight" not in r.tensors and not any(
+        k.startswith(f"{a}.rope.scaling.") and k != f"{a}.rope.scaling.finetuned"
+        for k in r.metadata
+    )
 
 
 class Llama(Family):
@@ -25,17 +26,18 @@ class Llama(Family):
         out = super().synth_metadata(shape, common, kv, rope, u32, f32)
         if not getattr(shape, "n_expert", 0):
             return out
-        a = shape.arch   # Mixtral: LlamaModel's keys plus the two counts
-        return out | {f"{a}.expert_count": u32(shape.n_expert),
-                      f"{a}.expert_used_count": u32(shape.n_expert_used)}
+        a = shape.arch  # Mixtral: LlamaModel's keys plus the two counts
+        return out | {
+            f"{a}.expert_count": u32(shape.n_expert),
+            f"{a}.expert_used_count": u32(shape.n_expert_used),
+        }
 
     def hparams(self, r, a: str, dims: dict[str, Any]) -> dict[str, Any]:
         """A llama file's attention.sliding_window (Mistral 7B v0.1: 4096): every layer local,
         on the model's own RoPE, as HF's MistralAttention applies it. llama.cpp's llama graph
         ignores the key (full attention): the two agree up to the window's width, past it
         minfer follows the model (docs/families.md)."""
-        out = super().hparams(r, a, dims) | expert_hparams(r, a, required=False,
-                                                           own_width=False)
+        out = super().hparams(r, a, dims) | expert_hparams(r, a, required=False, own_width=False)
         kw = f"{a}.attention.sliding_window"
         if kw not in r.metadata:
             return out
@@ -43,13 +45,21 @@ class Llama(Family):
         if n_swa == 0:
             return out
         if not rope_plain(r, a):
-            raise Unsupported(f"{r.path}: metadata key {kw!r} = {n_swa} with RoPE scaling: "
-                              "a sliding window over scaled RoPE is not implemented")
-        return out | {"sliding_window": n_swa, "swa_layers": (True,) * dims["n_layers"],
-                      "rope_base_swa": r.float_key(f"{a}.rope.freq_base", 10000.0)}
+            raise Unsupported(
+                f"{r.path}: metadata key {kw!r} = {n_swa} with RoPE scaling: "
+                "a sliding window over scaled RoPE is not implemented"
+            )
+        return out | {
+            "sliding_window": n_swa,
+            "swa_layers": (True,) * dims["n_layers"],
+            "rope_base_swa": r.float_key(f"{a}.rope.freq_base", 10000.0),
+        }
 
 
-FAMILY = Llama("llama", ("llama",),
-               keys={"llama": ("{a}.attention.sliding_window",) + EXPERT_KEYS},  # Mistral, Mixtral
-               inert_keys={"llama": INERT_EXPERT_KEYS},
-               extra_tensors={"llama": {"rope_freqs.weight": "the llama3 RoPE frequency factors"}})
+FAMILY = Llama(
+    "llama",
+    ("llama",),
+    keys={"llama": ("{a}.attention.sliding_window",) + EXPERT_KEYS},  # Mistral, Mixtral
+    inert_keys={"llama": INERT_EXPERT_KEYS},
+    extra_tensors={"llama": {"rope_freqs.weight": "the llama3 RoPE frequency factors"}},
+)

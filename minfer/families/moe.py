@@ -17,12 +17,15 @@ from typing import Any
 
 from minfer.errors import BadModel
 
-MAX_EXPERTS = 512   # llama.cpp's LLAMA_MAX_EXPERTS
+MAX_EXPERTS = 512  # llama.cpp's LLAMA_MAX_EXPERTS
 
 # the keys a MoE family reads, and those llama.cpp's graph for it never reads
 EXPERT_KEYS = ("{a}.expert_count", "{a}.expert_used_count")
-INERT_EXPERT_KEYS = ("{a}.expert_weights_scale", "{a}.expert_weights_norm",
-                     "{a}.expert_gating_func")
+INERT_EXPERT_KEYS = (
+    "{a}.expert_weights_scale",
+    "{a}.expert_weights_norm",
+    "{a}.expert_gating_func",
+)
 
 
 def expert_hparams(r, a: str, required: bool, own_width: bool) -> dict[str, Any]:
@@ -35,17 +38,27 @@ def expert_hparams(r, a: str, required: bool, own_width: bool) -> dict[str, Any]
     used = r.int_key(ku, 0, lo=0, hi=max(n, 0))
     if n == 0:
         if required:
-            raise BadModel(f"{r.path}: metadata key {ke!r} missing or 0 ({a} is a "
-                           "mixture-of-experts architecture: llama.cpp requires n_expert > 0)")
+            raise BadModel(
+                f"{r.path}: metadata key {ke!r} missing or 0 ({a} is a "
+                "mixture-of-experts architecture: llama.cpp requires n_expert > 0)"
+            )
         if used:
             raise BadModel(f"{r.path}: metadata key {ku!r} = {used} without {ke!r}")
         return {}
     if used == 0:
-        raise BadModel(f"{r.path}: metadata key {ku!r} missing or 0 with {ke!r} = {n} "
-                       "(llama.cpp requires n_expert_used > 0)")
+        raise BadModel(
+            f"{r.path}: metadata key {ku!r} missing or 0 with {ke!r} = {n} "
+            "(llama.cpp requires n_expert_used > 0)"
+        )
     ff = r.int_key(f"{a}.feed_forward_length")
     width = ff
     if own_width:
         width = r.int_key(f"{a}.expert_feed_forward_length", 0, lo=0) or ff // used
-    return {"n_expert": n, "n_expert_used": used, "d_ff_exp": width,
-            "moe_gating": "softmax", "moe_norm_w": True, "moe_w_scale": 0.0}
+    return {
+        "n_expert": n,
+        "n_expert_used": used,
+        "d_ff_exp": width,
+        "moe_gating": "softmax",
+        "moe_norm_w": True,
+        "moe_w_scale": 0.0,
+    }

@@ -12,8 +12,12 @@ from minfer.families.schema import Family, layer_schema
 
 class Olmo2(Family):
     def hparams(self, r, a, dims):
-        return super().hparams(r, a, dims) | {"pre_norms": False, "qk_norm": True,
-                                              "qk_norm_full": True, "post_norms": True}
+        return super().hparams(r, a, dims) | {
+            "pre_norms": False,
+            "qk_norm": True,
+            "qk_norm_full": True,
+            "post_norms": True,
+        }
 
     def layer(self, a, bias):
         return layer_schema(bias=bias, qk_norm="full", post_norms=True, pre_norms=False)

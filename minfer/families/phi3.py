@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from minfer.families.schema import Family, FusedSpec, layer_schema
 
-FUSED = (FusedSpec("attn_qkv.weight", ("attn_q", "attn_k", "attn_v")),
-         FusedSpec("ffn_up.weight", ("ffn_gate", "ffn_up")))
+FUSED = (
+    FusedSpec("attn_qkv.weight", ("attn_q", "attn_k", "attn_v")),
+    FusedSpec("ffn_up.weight", ("ffn_gate", "ffn_up")),
+)
 
 
 class Phi3(Family):
@@ -17,9 +19,15 @@ class Phi3(Family):
         return layer_schema(bias=bias, fused=FUSED)
 
 
-FAMILY = Phi3("phi3", ("phi3",), rope_neox=True,
-              inert_keys={"phi3": ("{a}.attention.sliding_window",)},
-              extra_tensors={"phi3": {
-                  "rope_factors_long.weight": "the long-context RoPE factors (Phi-3 128k, 3.5)",
-                  "rope_factors_short.weight": "the short-context RoPE factors (Phi-3 128k, "
-                                               "3.5)"}})
+FAMILY = Phi3(
+    "phi3",
+    ("phi3",),
+    rope_neox=True,
+    inert_keys={"phi3": ("{a}.attention.sliding_window",)},
+    extra_tensors={
+        "phi3": {
+            "rope_factors_long.weight": "the long-context RoPE factors (Phi-3 128k, 3.5)",
+            "rope_factors_short.weight": "the short-context RoPE factors (Phi-3 128k, 3.5)",
+        }
+    },
+)

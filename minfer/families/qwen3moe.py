@@ -13,8 +13,11 @@ from minfer.families.schema import Family, layer_schema
 
 class Qwen3Moe(Family):
     def hparams(self, r, a, dims):
-        return super().hparams(r, a, dims) | {"qk_norm": True} | expert_hparams(
-            r, a, required=True, own_width=True)
+        return (
+            super().hparams(r, a, dims)
+            | {"qk_norm": True}
+            | expert_hparams(r, a, required=True, own_width=True)
+        )
 
     def layer(self, a, bias):
         return layer_schema(bias=bias, qk_norm="head")
@@ -24,9 +27,15 @@ class Qwen3Moe(Family):
         return super().synth_metadata(shape, common, kv, rope, u32, f32) | {
             f"{a}.expert_count": u32(shape.n_expert),
             f"{a}.expert_used_count": u32(shape.n_expert_used),
-            f"{a}.expert_feed_forward_length": u32(shape.d_ff_exp)}
+            f"{a}.expert_feed_forward_length": u32(shape.d_ff_exp),
+        }
 
 
-FAMILY = Qwen3Moe("qwen3moe", ("qwen3moe",), rope_neox=True,
-                  keys={"qwen3moe": EXPERT_KEYS + ("{a}.expert_feed_forward_length",)},
-                  inert_keys={"qwen3moe": INERT_EXPERT_KEYS}, gpu=False)
+FAMILY = Qwen3Moe(
+    "qwen3moe",
+    ("qwen3moe",),
+    rope_neox=True,
+    keys={"qwen3moe": EXPERT_KEYS + ("{a}.expert_feed_forward_length",)},
+    inert_keys={"qwen3moe": INERT_EXPERT_KEYS},
+    gpu=False,
+)

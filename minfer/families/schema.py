@@ -16,27 +16,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # which metadata keys fix each symbolic dimension (named when a tensor disagrees); {a}: arch
-DIM_KEYS = {"d": "{a}.embedding_length", "ff": "{a}.feed_forward_length",
-            "q": "{a}.attention.head_count x head_dim",
-            "kv": "{a}.attention.head_count_kv x head_dim", "hd": "{a}.attention.key_length",
-            "e": "{a}.expert_count",
-            "fe": "{a}.expert_feed_forward_length (or feed_forward_length)"}
+DIM_KEYS = {
+    "d": "{a}.embedding_length",
+    "ff": "{a}.feed_forward_length",
+    "q": "{a}.attention.head_count x head_dim",
+    "kv": "{a}.attention.head_count_kv x head_dim",
+    "hd": "{a}.attention.key_length",
+    "e": "{a}.expert_count",
+    "fe": "{a}.expert_feed_forward_length (or feed_forward_length)",
+}
 
 
 def dim(cfg, sym: str) -> int:
     """The size of symbolic dimension sym for a config (ModelConfig or synth's SynthShape: both
     carry d_model, d_ff, n_heads, n_kv_heads and head_dim / hd)."""
     hd = getattr(cfg, "head_dim", None) or cfg.hd
-    sizes = {"d": cfg.d_model, "ff": cfg.d_ff, "q": cfg.n_heads * hd, "kv": cfg.n_kv_heads * hd,
-             "hd": hd, "e": getattr(cfg, "n_expert", 0), "fe": getattr(cfg, "d_ff_exp", 0) or cfg.d_ff}
-    return sum(sizes[s] for s in sym.split("+"))   # "q+kv+kv": a fused tensor's rows
+    sizes = {
+        "d": cfg.d_model,
+        "ff": cfg.d_ff,
+        "q": cfg.n_heads * hd,
+        "kv": cfg.n_kv_heads * hd,
+        "hd": hd,
+        "e": getattr(cfg, "n_expert", 0),
+        "fe": getattr(cfg, "d_ff_exp", 0) or cfg.d_ff,
+    }
+    return sum(sizes[s] for s in sym.split("+"))  # "q+kv+kv": a fused tensor's rows
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    name: str                 # within the layer: "attn_q.weight" (blk.{i}. in front)
-    shape: tuple[str, ...]    # symbolic, numpy order
-    role: str                 # "linear", "norm" or "bias"
+    name: str  # within the layer: "attn_q.weight" (blk.{i}. in front)
+    shape: tuple[str, ...]  # symbolic, numpy order
+    role: str  # "linear", "norm" or "bias"
 
     def full(self, il: int) -> str:
         return f"blk.{il}.{self.name}"
@@ -46,19 +57,21 @@ class TensorSpec:
 class FusedSpec:
     """A tensor the file holds fused, which the loader splits into row views of the schema's
     members (phi3: attn_qkv, the 2-ff ffn_up), in the members' order."""
-    name: str                 # in the file: "attn_qkv.weight"
+
+    name: str  # in the file: "attn_qkv.weight"
     members: tuple[str, ...]  # schema names, row ranges one after another
 
 
 @dataclass(frozen=True)
 class LayerSchema:
-    tensors: tuple[TensorSpec, ...]   # the graph's tensors of one layer, in file order
+    tensors: tuple[TensorSpec, ...]  # the graph's tensors of one layer, in file order
     file_fused: tuple[FusedSpec, ...] = ()
     # GEMMs a GPU may run as one (same K): group name -> members (minfer.cuda.plan.fusion)
     gemm_groups: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("attn_qkv", ("attn_q", "attn_k", "attn_v")),
         ("attn_qk", ("attn_q", "attn_k")),
-        ("ffn_gate_up", ("ffn_gate", "ffn_up")))
+        ("ffn_gate_up", ("ffn_gate", "ffn_up")),
+    )
 
     def names(self, il: int, role: str | None = None) -> list[str]:
         return [t.full(il) for t in self.tensors if role is None or t.role == role]
@@ -78,10 +91,12 @@ class LayerSchema:
         out = []
         for t in self.tensors:
             if t.name == dense[0]:
-                out += [_t("ffn_gate_inp.weight", ["e", "d"], "router"),
-                        _t("ffn_gate_exps.weight", ["e", "fe", "d"], "experts"),
-                        _t("ffn_up_exps.weight", ["e", "fe", "d"], "experts"),
-                        _t("ffn_down_exps.weight", ["e", "d", "fe"], "experts")]
+                out += [
+                    _t("ffn_gate_inp.weight", ["e", "d"], "router"),
+                    _t("ffn_gate_exps.weight", ["e", "fe", "d"], "experts"),
+                    _t("ffn_up_exps.weight", ["e", "fe", "d"], "experts"),
+                    _t("ffn_down_exps.weight", ["e", "d", "fe"], "experts"),
+                ]
             elif t.name not in dense:
                 out.append(t)
         groups = tuple(g for g in self.gemm_groups if g[0] != "ffn_gate_up")
@@ -109,28 +124,43 @@ def _t(name, shape, role="linear"):
     return TensorSpec(name, tuple(shape), role)
 
 
-def layer_schema(*, bias: bool = False, qk_norm: str = "", post_norms: bool = False,
-                 pre_norms: bool = True, fused: tuple[FusedSpec, ...] = ()) -> LayerSchema:
+def layer_schema(
+    *,
+    bias: bool = False,
+    qk_norm: str = "",
+    post_norms: bool = False,
+    pre_norms: bool = True,
+    fused: tuple[FusedSpec, ...] = (),
+) -> LayerSchema:
     """The llama layer and its variations, in the order llama.cpp's converters write them:
     attn_norm, q, k, v, q/k norms, q/k/v biases, attn_output, post_attention_norm, ffn_norm,
     gate, up, down, post_ffw_norm. qk_norm: "" none, "head" per head [hd] (qwen3, gemma3),
     "full" over the whole projection [q] / [kv] (olmo2)."""
     ts = [_t("attn_norm.weight", ["d"], "norm")] if pre_norms else []
-    ts += [_t("attn_q.weight", ["q", "d"]), _t("attn_k.weight", ["kv", "d"]),
-           _t("attn_v.weight", ["kv", "d"])]
+    ts += [
+        _t("attn_q.weight", ["q", "d"]),
+        _t("attn_k.weight", ["kv", "d"]),
+        _t("attn_v.weight", ["kv", "d"]),
+    ]
     if qk_norm:
         q, k = (("hd",), ("hd",)) if qk_norm == "head" else (("q",), ("kv",))
         ts += [_t("attn_q_norm.weight", q, "norm"), _t("attn_k_norm.weight", k, "norm")]
     if bias:
-        ts += [_t("attn_q.bias", ["q"], "bias"), _t("attn_k.bias", ["kv"], "bias"),
-               _t("attn_v.bias", ["kv"], "bias")]
+        ts += [
+            _t("attn_q.bias", ["q"], "bias"),
+            _t("attn_k.bias", ["kv"], "bias"),
+            _t("attn_v.bias", ["kv"], "bias"),
+        ]
     ts.append(_t("attn_output.weight", ["d", "q"]))
     if post_norms:
         ts.append(_t("post_attention_norm.weight", ["d"], "norm"))
     if pre_norms:
         ts.append(_t("ffn_norm.weight", ["d"], "norm"))
-    ts += [_t("ffn_gate.weight", ["ff", "d"]), _t("ffn_up.weight", ["ff", "d"]),
-           _t("ffn_down.weight", ["d", "ff"])]
+    ts += [
+        _t("ffn_gate.weight", ["ff", "d"]),
+        _t("ffn_up.weight", ["ff", "d"]),
+        _t("ffn_down.weight", ["d", "ff"]),
+    ]
     if post_norms:
         ts.append(_t("post_ffw_norm.weight", ["d"], "norm"))
     return LayerSchema(tuple(ts), fused)
@@ -143,6 +173,7 @@ class Family:
     keys: per arch, the namespaced keys its reader reads beyond the common llama set
     (arch_keys.USED); inert_keys: keys llama.cpp reads and then ignores for it; extra_tensors:
     non-layer tensors it may carry (name -> what); gpu: the CUDA backend runs it."""
+
     name: str
     archs: tuple[str, ...]
     rope_neox: bool = False
@@ -166,8 +197,15 @@ class Family:
         common (block_count .. layer_norm_rms_epsilon, rope.freq_base), kv (key/value length),
         rope (the scaling keys); LlamaModel's: rope.dimension_count and vocab_size too."""
         a = shape.arch
-        window = {f"{a}.attention.sliding_window": u32(shape.sliding_window)} \
-            if shape.sliding_window else {}
-        return common | {f"{a}.rope.dimension_count": u32(shape.hd),
-                         f"{a}.vocab_size": u32(shape.vocab)} \
-            | rope | (kv if shape.head_dim else {}) | window
+        window = (
+            {f"{a}.attention.sliding_window": u32(shape.sliding_window)}
+            if shape.sliding_window
+            else {}
+        )
+        return (
+            common
+            | {f"{a}.rope.dimension_count": u32(shape.hd), f"{a}.vocab_size": u32(shape.vocab)}
+            | rope
+            | (kv if shape.head_dim else {})
+            | window
+        )

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from minfer.families.schema import Family
 
-NO_ROPE_STEP = 4   # llama.cpp: use_rope = (il + 1) % n_no_rope_layer_step != 0
+NO_ROPE_STEP = 4  # llama.cpp: use_rope = (il + 1) % n_no_rope_layer_step != 0
 
 
 class SmolLM3(Family):
     def hparams(self, r, a, dims):
-        return super().hparams(r, a, dims) | {"rope_layers": tuple(
-            (il + 1) % NO_ROPE_STEP != 0 for il in range(dims["n_layers"]))}
+        return super().hparams(r, a, dims) | {
+            "rope_layers": tuple((il + 1) % NO_ROPE_STEP != 0 for il in range(dims["n_layers"]))
+        }
 
 
 FAMILY = SmolLM3("smollm3", ("smollm3",))

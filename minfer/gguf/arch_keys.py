@@ -16,20 +16,33 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from minfer.errors import Unsupported
-from minfer.errors import show  # noqa: F401  (the loader's and the families' error lines)
+from minfer.errors import (
+    Unsupported,
+    show,  # noqa: F401  (the loader's and the families' error lines)
+)
 from minfer.families import FAMILIES as _FAMILIES
 
 # Keys the loader reads for every supported architecture (minfer.gguf.loader.GGUFModel._config).
 USED = (
-    "{a}.block_count", "{a}.context_length", "{a}.embedding_length", "{a}.feed_forward_length",
-    "{a}.attention.head_count", "{a}.attention.head_count_kv", "{a}.attention.key_length",
-    "{a}.attention.value_length", "{a}.attention.layer_norm_rms_epsilon",
-    "{a}.rope.dimension_count", "{a}.rope.freq_base", "{a}.vocab_size",
+    "{a}.block_count",
+    "{a}.context_length",
+    "{a}.embedding_length",
+    "{a}.feed_forward_length",
+    "{a}.attention.head_count",
+    "{a}.attention.head_count_kv",
+    "{a}.attention.key_length",
+    "{a}.attention.value_length",
+    "{a}.attention.layer_norm_rms_epsilon",
+    "{a}.rope.dimension_count",
+    "{a}.rope.freq_base",
+    "{a}.vocab_size",
     # RoPE scaling (minfer.gguf.loader.rope_scaling)
-    "{a}.rope.scaling.type", "{a}.rope.scaling.factor", "{a}.rope.scale_linear",
-    "{a}.rope.scaling.attn_factor", "{a}.rope.scaling.original_context_length",
-    "{a}.pooling_type",   # embeddings' pooling (minfer.batch.pooling.model_pooling)
+    "{a}.rope.scaling.type",
+    "{a}.rope.scaling.factor",
+    "{a}.rope.scale_linear",
+    "{a}.rope.scaling.attn_factor",
+    "{a}.rope.scaling.original_context_length",
+    "{a}.pooling_type",  # embeddings' pooling (minfer.batch.pooling.model_pooling)
 )
 
 # Keys the loader reads for one architecture only (its family's reader, minfer.families: e.g.
@@ -40,7 +53,7 @@ USED_BY_ARCH = {a: k for f in _FAMILIES for a, k in f.keys.items()}
 # Keys that change nothing the forward computes, whatever their value.
 INERT = (
     "{a}.rope.scaling.finetuned",  # llama.cpp stores it and never uses it
-    "{a}.tensor_data_layout",      # how the converter laid out the source checkpoint
+    "{a}.tensor_data_layout",  # how the converter laid out the source checkpoint
 )
 # Keys one architecture's llama.cpp graph reads and then disables: minfer follows the oracle
 # (Phi-3's window: llama.cpp turns SWA off for phi3, ggml-org/llama.cpp#13676, so its logits
@@ -53,8 +66,10 @@ INERT_PREFIXES = ("general.", "tokenizer.", "quantize.imatrix.", "GGUF.")
 # Keys that are inert only at the value llama.cpp assumes (llama.cpp does not read them for
 # these architectures; a file that states its default is the same model).
 INERT_AT = {
-    "{a}.expert_count": 0, "{a}.expert_used_count": 0,
-    "{a}.rope.scaling.yarn_beta_fast": 32.0, "{a}.rope.scaling.yarn_beta_slow": 1.0,
+    "{a}.expert_count": 0,
+    "{a}.expert_used_count": 0,
+    "{a}.rope.scaling.yarn_beta_fast": 32.0,
+    "{a}.rope.scaling.yarn_beta_slow": 1.0,
     "{a}.rope.scaling.yarn_log_multiplier": 0.0,
     "{a}.attention.scale": 0.0,  # 0: llama.cpp's 1/sqrt(head_dim)
 }
@@ -93,8 +108,10 @@ def check_keys(path: Any, arch: str, metadata: dict[str, Any]) -> None:
         if key in at and _equal(value, at[key]):
             continue
         reason = why.get(key, f"not understood for architecture {arch!r}")
-        raise Unsupported(f"{path}: metadata key {key!r} = {show(value)}: {reason} "
-                          "(minfer refuses what it would otherwise silently ignore)")
+        raise Unsupported(
+            f"{path}: metadata key {key!r} = {show(value)}: {reason} "
+            "(minfer refuses what it would otherwise silently ignore)"
+        )
 
 
 def check_tensor_names(path: Any, arch: str, expected: set[str], present) -> None:
@@ -103,13 +120,17 @@ def check_tensor_names(path: Any, arch: str, expected: set[str], present) -> Non
     for name in present:
         if name not in expected and name not in extra:
             what = _tensor_role(name)
-            raise Unsupported(f"{path}: tensor {name!r}{what} is not part of the {arch} graph "
-                              "minfer implements (refused rather than ignored)")
+            raise Unsupported(
+                f"{path}: tensor {name!r}{what} is not part of the {arch} graph "
+                "minfer implements (refused rather than ignored)"
+            )
 
 
 _ROLES = (
-    (r"\.bias$", "a bias"), (r"_norm\.weight$", "an extra norm"),
-    (r"^rope_(factors|freqs)", "RoPE factors"), (r"_exps\.", "expert weights"),
+    (r"\.bias$", "a bias"),
+    (r"_norm\.weight$", "an extra norm"),
+    (r"^rope_(factors|freqs)", "RoPE factors"),
+    (r"_exps\.", "expert weights"),
 )
 
 
@@ -128,18 +149,24 @@ def _equal(value: Any, want: Any) -> bool:
 # attention with windows and soft-caps, qwen3's head norms, gemma_layers.cu): every one the
 # loader reads; an architecture added to the loader first runs on the CPU reference alone.
 GPU_ARCHS = tuple(a for f in _FAMILIES if f.gpu for a in f.archs)
-GPU_HEAD_DIMS = (64, 96, 128, 256)   # the attention kernels' entries (minfer.cuda.ops.attention)
+GPU_HEAD_DIMS = (64, 96, 128, 256)  # the attention kernels' entries (minfer.cuda.ops.attention)
 
 
 def gpu_unsupported(cfg) -> str:
     """'' when the CUDA backend runs a model of this config, else why not (one clause)."""
     if getattr(cfg, "n_expert", 0):
-        return (f"mixture-of-experts with {cfg.n_expert} experts, {cfg.n_expert_used} used per "
-                "token, runs on the CPU reference only for now (--backend cpu)")
+        return (
+            f"mixture-of-experts with {cfg.n_expert} experts, {cfg.n_expert_used} used per "
+            "token, runs on the CPU reference only for now (--backend cpu)"
+        )
     if cfg.arch not in GPU_ARCHS:
-        return (f"architecture {cfg.arch!r} runs on the CPU reference only (--backend cpu); "
-                f"the CUDA backend runs {', '.join(GPU_ARCHS)}")
+        return (
+            f"architecture {cfg.arch!r} runs on the CPU reference only (--backend cpu); "
+            f"the CUDA backend runs {', '.join(GPU_ARCHS)}"
+        )
     if cfg.head_dim not in GPU_HEAD_DIMS:
-        return (f"head_dim {cfg.head_dim} runs on the CPU reference only (--backend cpu); "
-                f"the CUDA attention takes {', '.join(map(str, GPU_HEAD_DIMS))}")
+        return (
+            f"head_dim {cfg.head_dim} runs on the CPU reference only (--backend cpu); "
+            f"the CUDA attention takes {', '.join(map(str, GPU_HEAD_DIMS))}"
+        )
     return ""

@@ -57,19 +57,53 @@ DEFAULT_ALIGNMENT = 32
 # GGUF value types: id -> (name, fixed size or None for string/array)
 T_BOOL, T_STRING, T_ARRAY, T_UINT32 = 7, 8, 9, 4
 _VALUE_TYPES = {
-    0: ("uint8", 1), 1: ("int8", 1), 2: ("uint16", 2), 3: ("int16", 2), 4: ("uint32", 4),
-    5: ("int32", 4), 6: ("float32", 4), 7: ("bool", 1), 8: ("string", None),
-    9: ("array", None), 10: ("uint64", 8), 11: ("int64", 8), 12: ("float64", 8),
+    0: ("uint8", 1),
+    1: ("int8", 1),
+    2: ("uint16", 2),
+    3: ("int16", 2),
+    4: ("uint32", 4),
+    5: ("int32", 4),
+    6: ("float32", 4),
+    7: ("bool", 1),
+    8: ("string", None),
+    9: ("array", None),
+    10: ("uint64", 8),
+    11: ("int64", 8),
+    12: ("float64", 8),
 }
-_MIN_SIZE = {t: (s if s is not None else (8 if t == T_STRING else 12)) for t, (_, s) in
-             _VALUE_TYPES.items()}  # array: elem type + count
+_MIN_SIZE = {
+    t: (s if s is not None else (8 if t == T_STRING else 12)) for t, (_, s) in _VALUE_TYPES.items()
+}  # array: elem type + count
 # fixed-size types: struct for one value, numpy dtype for an array of them (bool via numpy
 # too, so a byte 2 reads as True exactly as gguf's reader reads it)
-_STRUCT = {t: struct.Struct(f) for t, f in {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I",
-                                             5: "<i", 6: "<f", 10: "<Q", 11: "<q",
-                                             12: "<d"}.items()}
-_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?",
-          10: "<u8", 11: "<i8", 12: "<f8"}
+_STRUCT = {
+    t: struct.Struct(f)
+    for t, f in {
+        0: "<B",
+        1: "<b",
+        2: "<H",
+        3: "<h",
+        4: "<I",
+        5: "<i",
+        6: "<f",
+        10: "<Q",
+        11: "<q",
+        12: "<d",
+    }.items()
+}
+_DTYPE = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "?",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -128,8 +162,9 @@ class _Scanner:
 
     def need(self, off: int, n: int, what: str) -> None:
         if n > self.end - off:
-            raise self.bad(f"truncated: {what} at offset {off} needs {n} bytes, "
-                           f"{max(self.end - off, 0)} left")
+            raise self.bad(
+                f"truncated: {what} at offset {off} needs {n} bytes, {max(self.end - off, 0)} left"
+            )
 
     def u32(self, off: int, what: str, kind: str | None = None) -> int:
         self.need(off, 4, what)
@@ -148,9 +183,10 @@ class _Scanner:
         n = self.u64(off, f"{what} length", "str_len")
         off += 8
         if n > self.end - off:
-            raise self.bad(f"{what} length {n} exceeds the {self.end - off} bytes left "
-                           f"(offset {off - 8})")
-        return bytes(self.buf[off:off + n]), off + n
+            raise self.bad(
+                f"{what} length {n} exceeds the {self.end - off} bytes left (offset {off - 8})"
+            )
+        return bytes(self.buf[off : off + n]), off + n
 
     def string(self, off: int, what: str) -> tuple[str, int]:
         b, off = self.raw_string(off, what)
@@ -170,9 +206,11 @@ class _Scanner:
                 n = unpack(buf, off)[0]
                 off += 8
                 if n > end - off:
-                    raise self.bad(f"{what}[{i}] length {n} exceeds the {end - off} bytes left "
-                                   f"(offset {off - 8})")
-                add(buf[off:off + n].decode("utf-8"))
+                    raise self.bad(
+                        f"{what}[{i}] length {n} exceeds the {end - off} bytes left "
+                        f"(offset {off - 8})"
+                    )
+                add(buf[off : off + n].decode("utf-8"))
                 off += n
         except UnicodeDecodeError:
             i = len(out) - start
@@ -207,8 +245,10 @@ class _Scanner:
         count = self.u64(off + 4, f"{what} element count", "arr_count")
         off += 12
         if count * _MIN_SIZE[etype] > self.end - off:
-            raise self.bad(f"{what}: array count {count} of {_VALUE_TYPES[etype][0]} exceeds "
-                           f"the {self.end - off} bytes left (offset {off - 8})")
+            raise self.bad(
+                f"{what}: array count {count} of {_VALUE_TYPES[etype][0]} exceeds "
+                f"the {self.end - off} bytes left (offset {off - 8})"
+            )
         esize = _VALUE_TYPES[etype][1]
         if esize is not None:
             vals = np.frombuffer(self.buf, np.dtype(_DTYPE[etype]), count, off).tolist()
@@ -249,10 +289,13 @@ def scan_gguf(buf, name: str = "<buffer>", record: bool = False) -> GGUFHeader:
     room = size - HEADER_BYTES
     if n_kv > room // MIN_KV_BYTES:
         raise BadModel(f"{name}: kv count {n_kv} impossible in a {size}-byte file")
-    if n_tensors > room // MIN_TENSOR_INFO_BYTES \
-            or n_kv * MIN_KV_BYTES + n_tensors * MIN_TENSOR_INFO_BYTES > room:
-        raise BadModel(f"{name}: tensor count {n_tensors} (with {n_kv} kv) impossible in a "
-                       f"{size}-byte file")
+    if (
+        n_tensors > room // MIN_TENSOR_INFO_BYTES
+        or n_kv * MIN_KV_BYTES + n_tensors * MIN_TENSOR_INFO_BYTES > room
+    ):
+        raise BadModel(
+            f"{name}: tensor count {n_tensors} (with {n_kv} kv) impossible in a {size}-byte file"
+        )
 
     off = HEADER_BYTES
     alignment = DEFAULT_ALIGNMENT
@@ -270,8 +313,9 @@ def scan_gguf(buf, name: str = "<buffer>", record: bool = False) -> GGUFHeader:
         if key == "general.alignment":
             if vtype != T_UINT32:
                 tname = _VALUE_TYPES.get(vtype, ("?",))[0]
-                raise BadModel(f"{name}: general.alignment has type {tname} (id {vtype}), "
-                               "expected uint32")
+                raise BadModel(
+                    f"{name}: general.alignment has type {tname} (id {vtype}), expected uint32"
+                )
             alignment = sc.u32(off, "general.alignment")
             if alignment == 0 or alignment & (alignment - 1):
                 raise BadModel(f"{name}: general.alignment = {alignment} is not a power of two")
@@ -299,8 +343,10 @@ def scan_gguf(buf, name: str = "<buffer>", record: bool = False) -> GGUFHeader:
                 raise BadModel(f"{name}: tensor {tname!r} dim {d} = {v} (must be >= 1)")
             n_el *= v
             if n_el >= MAX_ELEMENTS:
-                raise BadModel(f"{name}: tensor {tname!r} has too many elements "
-                               f"(dims {dims + [v]}, product >= 2^62)")
+                raise BadModel(
+                    f"{name}: tensor {tname!r} has too many elements "
+                    f"(dims {dims + [v]}, product >= 2^62)"
+                )
             dims.append(v)
         ttype = sc.u32(off, f"tensor {tname!r} type", "tensor_type")
         off += 4
@@ -308,39 +354,44 @@ def scan_gguf(buf, name: str = "<buffer>", record: bool = False) -> GGUFHeader:
             raise BadModel(f"{name}: tensor {tname!r} has unknown ggml type id {ttype}")
         block, bsize = qsizes[ttype]
         if dims[0] % block:
-            raise BadModel(f"{name}: tensor {tname!r} row length {dims[0]} is not a multiple "
-                           f"of its type's block size {block} (type id {ttype})")
+            raise BadModel(
+                f"{name}: tensor {tname!r} row length {dims[0]} is not a multiple "
+                f"of its type's block size {block} (type id {ttype})"
+            )
         toff = sc.u64(off, f"tensor {tname!r} offset", "tensor_offset")
         off += 8
         infos.append((tname, ttype, tuple(reversed(dims)), toff, n_el // block * bsize))
 
     data_start = off + (-off) % alignment
     if n_tensors and data_start > size:
-        raise BadModel(f"{name}: truncated: data section starts at {data_start}, file has {size} "
-                       "bytes")
+        raise BadModel(
+            f"{name}: truncated: data section starts at {data_start}, file has {size} bytes"
+        )
     data_len = size - data_start
     for tname, _, _, toff, nbytes in infos:
         if toff % alignment:
-            raise BadModel(f"{name}: tensor {tname!r} offset {toff} is not a multiple of the "
-                           f"alignment {alignment}")
+            raise BadModel(
+                f"{name}: tensor {tname!r} offset {toff} is not a multiple of the "
+                f"alignment {alignment}"
+            )
         if toff > data_len or nbytes > data_len - toff:
-            raise BadModel(f"{name}: tensor {tname!r} data [{toff}, {toff + nbytes}) lies outside "
-                           f"the {data_len}-byte data section (truncated file?)")
+            raise BadModel(
+                f"{name}: tensor {tname!r} data [{toff}, {toff + nbytes}) lies outside "
+                f"the {data_len}-byte data section (truncated file?)"
+            )
     prev_end, prev_name = 0, None
     for tname, _, _, toff, nbytes in sorted(infos, key=lambda x: (x[3], x[4])):
         if toff < prev_end:
-            raise BadModel(f"{name}: tensors {prev_name!r} and {tname!r} overlap "
-                           f"(offset {toff} < {prev_end})")
+            raise BadModel(
+                f"{name}: tensors {prev_name!r} and {tname!r} overlap (offset {toff} < {prev_end})"
+            )
         prev_end, prev_name = toff + nbytes, tname
     _check_layout(name, infos, alignment, data_start, data_len)
-    tensors = [HeaderTensor(n, q, shape, data_start + toff, nb)
-               for n, q, shape, toff, nb in infos]
-    return GGUFHeader(name, version, n_tensors, n_kv, alignment, data_start, kv, tensors,
-                      sc.fields)
+    tensors = [HeaderTensor(n, q, shape, data_start + toff, nb) for n, q, shape, toff, nb in infos]
+    return GGUFHeader(name, version, n_tensors, n_kv, alignment, data_start, kv, tensors, sc.fields)
 
 
-def _check_layout(name: str, infos: list, alignment: int, data_start: int,
-                  data_len: int) -> None:
+def _check_layout(name: str, infos: list, alignment: int, data_start: int, data_len: int) -> None:
     """The data section must be laid out as every GGUF writer lays it (llama.cpp's gguf.cpp
     refuses anything else): tensors back to back in header order, each padded to the alignment,
     and the file ending at the last tensor's end or its padded end. A general.alignment that
@@ -349,16 +400,20 @@ def _check_layout(name: str, infos: list, alignment: int, data_start: int,
     pos = 0
     for tname, _, _, toff, nbytes in infos:
         if toff != pos:
-            raise BadModel(f"{name}: tensor {tname!r} at data offset {toff}, expected {pos} "
-                           f"(tensors back to back, padded to general.alignment {alignment}: "
-                           "a wrong alignment or a damaged offset)")
+            raise BadModel(
+                f"{name}: tensor {tname!r} at data offset {toff}, expected {pos} "
+                f"(tensors back to back, padded to general.alignment {alignment}: "
+                "a wrong alignment or a damaged offset)"
+            )
         pos += nbytes + (-nbytes) % alignment
     if infos:
         end = infos[-1][3] + infos[-1][4]
         if data_len not in (end, pos):
-            raise BadModel(f"{name}: the data section holds {data_len} bytes from offset "
-                           f"{data_start}, the tensors {end} ({pos} padded to general.alignment "
-                           f"{alignment}): a wrong alignment or trailing bytes")
+            raise BadModel(
+                f"{name}: the data section holds {data_len} bytes from offset "
+                f"{data_start}, the tensors {end} ({pos} padded to general.alignment "
+                f"{alignment}): a wrong alignment or trailing bytes"
+            )
 
 
 def _open(path: str | os.PathLike, keep_map: bool) -> tuple[GGUFHeader, np.memmap | None]:
@@ -383,8 +438,9 @@ def _open(path: str | os.PathLike, keep_map: bool) -> tuple[GGUFHeader, np.memma
     except OSError as e:  # permission, I/O error, special file; ENOMEM: exit 3
         from minfer.host.fileio import read_error
 
-        raise read_error(e, p, "map the file" if e.errno == errno.ENOMEM else "read",
-                         BadModel) from None
+        raise read_error(
+            e, p, "map the file" if e.errno == errno.ENOMEM else "read", BadModel
+        ) from None
     except ValueError as e:  # mmap of something that is not a regular file
         raise BadModel(f"{p}: cannot map ({e})") from None
     return header, data
@@ -409,9 +465,16 @@ def tensor_view(data: np.ndarray, t: HeaderTensor) -> np.ndarray:
     import gguf
 
     Q = gguf.GGMLQuantizationType
-    plain = {Q.F16: np.float16, Q.F32: np.float32, Q.F64: np.float64, Q.I8: np.int8,
-             Q.I16: np.int16, Q.I32: np.int32, Q.I64: np.int64}
-    raw = data[t.offset:t.offset + t.nbytes]
+    plain = {
+        Q.F16: np.float16,
+        Q.F32: np.float32,
+        Q.F64: np.float64,
+        Q.I8: np.int8,
+        Q.I16: np.int16,
+        Q.I32: np.int32,
+        Q.I64: np.int64,
+    }
+    raw = data[t.offset : t.offset + t.nbytes]
     dt = plain.get(Q(t.qtype))
     if dt is not None:
         return raw.view(dt).reshape(t.shape)

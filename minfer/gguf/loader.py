@@ -27,6 +27,7 @@ from minfer.host.words import plural
 
 _BLK = re.compile(r"blk\.(\d+)\.")
 
+
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE beyond (base, dims) as llama.cpp applies it: ggml_rope_ext's freq_scale, ext_factor,
@@ -54,14 +55,17 @@ class RopeScaling:
 
     @property
     def plain(self) -> bool:
-        return (self.freq_scale == 1.0 and self.ext_factor == 0.0 and self.attn_factor == 1.0
-                and self.freq_factors is None)
+        return (
+            self.freq_scale == 1.0
+            and self.ext_factor == 0.0
+            and self.attn_factor == 1.0
+            and self.freq_factors is None
+        )
 
     @property
     def longrope_long(self) -> bool:
         """phi3: the long factors are the ones in use (False: the short ones, or none)."""
-        return self.longrope is not None and uses_long_factors(self.longrope_ctx,
-                                                               self.n_ctx_orig)
+        return self.longrope is not None and uses_long_factors(self.longrope_ctx, self.n_ctx_orig)
 
     def for_context(self, n_ctx: int) -> RopeScaling:
         """The scaling of a run whose context (llama.cpp's n_ctx, one sequence) is n_ctx: phi3's
@@ -77,8 +81,10 @@ class RopeScaling:
             return ""
         parts = []
         if self.longrope is not None:
-            parts.append(f"longrope {'long' if self.longrope_long else 'short'} factors "
-                         f"(context {self.longrope_ctx} vs {self.n_ctx_orig})")
+            parts.append(
+                f"longrope {'long' if self.longrope_long else 'short'} factors "
+                f"(context {self.longrope_ctx} vs {self.n_ctx_orig})"
+            )
         elif self.freq_factors is not None:
             parts.append("llama3 factors")
         if self.freq_scale != 1.0 or self.ext_factor:
@@ -198,7 +204,8 @@ def _show(v: Any) -> str:
 
 def _kind(v: Any) -> str:
     return {bool: "a bool", str: "a string", float: "a float", list: "an array"}.get(
-        type(v), type(v).__name__)
+        type(v), type(v).__name__
+    )
 
 
 class GGUFModel:
@@ -213,22 +220,27 @@ class GGUFModel:
         self.header, self._map = open_gguf(self.path)  # validates every count/length/offset
         h = self.header
         # the same dict gguf.GGUFReader's fields give through .contents(), pseudo-keys included
-        self.metadata: dict[str, Any] = {"GGUF.version": h.version,
-                                         "GGUF.tensor_count": h.n_tensors,
-                                         "GGUF.kv_count": h.n_kv}
+        self.metadata: dict[str, Any] = {
+            "GGUF.version": h.version,
+            "GGUF.tensor_count": h.n_tensors,
+            "GGUF.kv_count": h.n_kv,
+        }
         for key, v in h.kv.items():
             if key in self.metadata:
                 raise BadModel(f"{self.path}: metadata key {key!r} clashes with the header's")
             self.metadata[key] = v.value
         self.tensors: dict[str, TensorInfo] = {
             t.name: TensorInfo(t.name, t.qtype, t.shape, tensor_view(self._map, t))
-            for t in h.tensors}
+            for t in h.tensors
+        }
         self.config = self._config()  # type and range of every key: BadModel naming it
         c = self.config
         self._split_fused()
         if c.n_layers * (7 if c.n_expert else 9) > len(self.tensors):
-            raise BadModel(f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
-                           f"only {len(self.tensors)} tensors")
+            raise BadModel(
+                f"{self.path}: {c.arch}.block_count = {c.n_layers} but the file has "
+                f"only {len(self.tensors)} tensors"
+            )
         expected = self._check_tensors()
         self.refusal: str | None = None
         from minfer.gguf.arch_keys import check_keys, check_tensor_names
@@ -256,14 +268,16 @@ class GGUFModel:
             raise BadModel(f"{self.path}: metadata key {key!r} missing")
         return default
 
-    def _int(self, key: str, default: int | None = None, lo: int = 1,
-             hi: int = (1 << 31) - 1) -> int:
+    def _int(
+        self, key: str, default: int | None = None, lo: int = 1, hi: int = (1 << 31) - 1
+    ) -> int:
         """An integer hyperparameter in [lo, hi]; a bool, float or string is refused (a GGUF
         integer type is what llama.cpp reads: `block_count = True` would run one layer)."""
         v = self._get(key, default)
         if isinstance(v, bool) or not isinstance(v, int):
-            raise BadModel(f"{self.path}: metadata key {key!r} = {_show(v)} must be an integer, "
-                           f"not {_kind(v)}")
+            raise BadModel(
+                f"{self.path}: metadata key {key!r} = {_show(v)} must be an integer, not {_kind(v)}"
+            )
         if not lo <= v <= hi:
             raise BadModel(f"{self.path}: metadata key {key!r} = {v} out of range [{lo}, {hi}]")
         return v
@@ -275,20 +289,24 @@ class GGUFModel:
         would scale the angles by 0, a base of 1e-300 divide by 0)."""
         v = self._get(key, default)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise BadModel(f"{self.path}: metadata key {key!r} = {_show(v)} must be a number, "
-                           f"not {_kind(v)}")
+            raise BadModel(
+                f"{self.path}: metadata key {key!r} = {_show(v)} must be a number, not {_kind(v)}"
+            )
         if not (math.isfinite(v) and v > 0):
             raise BadModel(f"{self.path}: metadata key {key!r} = {v!r} must be finite and > 0")
         with np.errstate(over="ignore", under="ignore"):
             as_f32 = float(np.float32(v))
         if not 0 < as_f32 < math.inf:
-            raise BadModel(f"{self.path}: metadata key {key!r} = {v!r} is out of float32's "
-                           "range (the hyperparameters are float32, as in llama.cpp)")
+            raise BadModel(
+                f"{self.path}: metadata key {key!r} = {v!r} is out of float32's "
+                "range (the hyperparameters are float32, as in llama.cpp)"
+            )
         return float(v)
 
     # the readers a family's hparams use (minfer.families.schema.Family.hparams)
-    def int_key(self, key: str, default: int | None = None, lo: int = 1,
-                hi: int = (1 << 31) - 1) -> int:
+    def int_key(
+        self, key: str, default: int | None = None, lo: int = 1, hi: int = (1 << 31) - 1
+    ) -> int:
         return self._int(key, default, lo, hi)
 
     def float_key(self, key: str, default: float | None) -> float:
@@ -307,22 +325,29 @@ class GGUFModel:
         n_heads = self._int(k_heads, hi=d_model)
         n_kv = self._int(k_kv, n_heads, hi=n_heads)
         if n_heads % n_kv:
-            raise BadModel(f"{self.path}: metadata key {k_kv!r} = {n_kv} does not divide "
-                           f"{k_heads!r} = {n_heads} (grouped-query attention)")
+            raise BadModel(
+                f"{self.path}: metadata key {k_kv!r} = {n_kv} does not divide "
+                f"{k_heads!r} = {n_heads} (grouped-query attention)"
+            )
         k_hd = f"{a}.attention.key_length"
         if k_hd not in self.metadata and d_model % n_heads:
-            raise BadModel(f"{self.path}: metadata key {k_heads!r} = {n_heads} does not divide "
-                           f"'{a}.embedding_length' = {d_model} (and no {k_hd!r} is given)")
+            raise BadModel(
+                f"{self.path}: metadata key {k_heads!r} = {n_heads} does not divide "
+                f"'{a}.embedding_length' = {d_model} (and no {k_hd!r} is given)"
+            )
         head_dim = self._int(k_hd, d_model // n_heads, hi=1 << 16)
         k_vd = f"{a}.attention.value_length"
         if k_vd in self.metadata and self._int(k_vd, hi=1 << 16) != head_dim:
-            raise BadModel(f"{self.path}: metadata key {k_vd!r} = {self.metadata[k_vd]} differs "
-                           f"from the key length {head_dim} (not supported)")
+            raise BadModel(
+                f"{self.path}: metadata key {k_vd!r} = {self.metadata[k_vd]} differs "
+                f"from the key length {head_dim} (not supported)"
+            )
         k_rd = f"{a}.rope.dimension_count"
         rope_dim = self._int(k_rd, head_dim, hi=head_dim)
         if rope_dim % 2:
-            raise BadModel(f"{self.path}: metadata key {k_rd!r} = {rope_dim} must be even "
-                           "(RoPE rotates pairs)")
+            raise BadModel(
+                f"{self.path}: metadata key {k_rd!r} = {rope_dim} must be even (RoPE rotates pairs)"
+            )
         emb = self.tensors.get("token_embd.weight")
         if emb is None:
             raise BadModel(f"{self.path}: tensor 'token_embd.weight' missing")
@@ -333,8 +358,17 @@ class GGUFModel:
         n_layers = self._int(f"{a}.block_count", hi=1 << 16)
         # the fields only the family sets (minfer.families: its reader, llama.cpp's
         # load_arch_hparams)
-        own = fam.hparams(self, a, {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads,
-                                    "head_dim": head_dim, "rope_dim": rope_dim})
+        own = fam.hparams(
+            self,
+            a,
+            {
+                "n_layers": n_layers,
+                "d_model": d_model,
+                "n_heads": n_heads,
+                "head_dim": head_dim,
+                "rope_dim": rope_dim,
+            },
+        )
         return ModelConfig(
             arch=a,
             n_layers=n_layers,
@@ -354,13 +388,17 @@ class GGUFModel:
             **own,
         )
 
-    def _gemma(self, a: str, n_layers: int, d_model: int, n_heads: int,
-               head_dim: int) -> dict[str, Any]:
+    def _gemma(
+        self, a: str, n_layers: int, d_model: int, n_heads: int, head_dim: int
+    ) -> dict[str, Any]:
         """gemma's ModelConfig fields (minfer.families.gemma's reader, on this file)."""
         from minfer.families import family
 
-        return family(a).hparams(self, a, {"n_layers": n_layers, "d_model": d_model,
-                                           "n_heads": n_heads, "head_dim": head_dim})
+        return family(a).hparams(
+            self,
+            a,
+            {"n_layers": n_layers, "d_model": d_model, "n_heads": n_heads, "head_dim": head_dim},
+        )
 
     def _rope_scaling(self, a: str, rope_dim: int, n_ctx: int) -> RopeScaling:
         """The file's RoPE scaling, resolved as llama.cpp's llama_context does (f32 math)."""
@@ -368,11 +406,15 @@ class GGUFModel:
         kt = f"{a}.rope.scaling.type"
         kind = self.metadata.get(kt, "linear")  # llama.cpp's default when the key is absent
         if not isinstance(kind, str):
-            raise BadModel(f"{self.path}: metadata key {kt!r} = {_show(kind)} must be a string, "
-                           f"not {_kind(kind)}")
+            raise BadModel(
+                f"{self.path}: metadata key {kt!r} = {_show(kind)} must be a string, "
+                f"not {_kind(kind)}"
+            )
         if kind not in ("none", "linear", "yarn"):
-            raise Unsupported(f"{self.path}: metadata key {kt!r} = {_show(kind)}: RoPE scaling "
-                              "type not implemented (supported: none, linear, yarn)")
+            raise Unsupported(
+                f"{self.path}: metadata key {kt!r} = {_show(kind)}: RoPE scaling "
+                "type not implemented (supported: none, linear, yarn)"
+            )
         kf = f"{a}.rope.scaling.factor"
         if kf not in self.metadata and f"{a}.rope.scale_linear" in self.metadata:
             kf = f"{a}.rope.scale_linear"  # the old key, as llama.cpp falls back to it
@@ -388,14 +430,20 @@ class GGUFModel:
             attn = attn * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fac)))
         attn = f32(attn * f32(self._float(f"{a}.rope.scaling.attn_factor", 1.0)))
         n_orig = self._int(f"{a}.rope.scaling.original_context_length", n_ctx)
-        sc = RopeScaling(kind=kind, freq_scale=float(freq_scale), ext_factor=ext,
-                         attn_factor=float(attn), n_ctx_orig=n_orig,
-                         freq_factors=self._freq_factors(rope_dim),
-                         longrope=self._longrope(a, rope_dim))
+        sc = RopeScaling(
+            kind=kind,
+            freq_scale=float(freq_scale),
+            ext_factor=ext,
+            attn_factor=float(attn),
+            n_ctx_orig=n_orig,
+            freq_factors=self._freq_factors(rope_dim),
+            longrope=self._longrope(a, rope_dim),
+        )
         return sc.for_context(n_ctx)
 
-    def _longrope(self, a: str, rope_dim: int
-                  ) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    def _longrope(
+        self, a: str, rope_dim: int
+    ) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
         """phi3's rope_factors_long / rope_factors_short.weight (Phi-3-mini-128k, Phi-3.5-mini:
         HF's longrope long_factor / short_factor, written by convert_hf_to_gguf.py), both or
         neither. Another architecture's graph has no place for them: arch_keys refuses them."""
@@ -407,8 +455,10 @@ class GGUFModel:
             return None
         if not all(have):
             one, other = (names[0], names[1]) if have[0] else (names[1], names[0])
-            raise BadModel(f"{self.path}: tensor {one!r} without {other!r} (phi3's long-context "
-                           "RoPE factors come as a pair)")
+            raise BadModel(
+                f"{self.path}: tensor {one!r} without {other!r} (phi3's long-context "
+                "RoPE factors come as a pair)"
+            )
         return self._factors(names[0], rope_dim), self._factors(names[1], rope_dim)
 
     def _freq_factors(self, rope_dim: int) -> tuple[float, ...] | None:
@@ -421,12 +471,16 @@ class GGUFModel:
         """A RoPE frequency-factor tensor: f32 [rope_dim/2], finite and > 0."""
         t = self.tensors[name]
         if t.qtype != 0 or t.shape != (rope_dim // 2,):
-            raise BadModel(f"{self.path}: tensor {name!r} is {t.type_name} {list(t.shape)}, "
-                           f"expected F32 [{rope_dim // 2}] (rope.dimension_count / 2)")
+            raise BadModel(
+                f"{self.path}: tensor {name!r} is {t.type_name} {list(t.shape)}, "
+                f"expected F32 [{rope_dim // 2}] (rope.dimension_count / 2)"
+            )
         v = np.asarray(t.data, dtype=np.float32).reshape(-1)
         if not (np.isfinite(v).all() and (v > 0).all()):
-            raise BadModel(f"{self.path}: tensor {name!r} holds values that are not finite "
-                           "and > 0 (RoPE frequency factors divide the angle)")
+            raise BadModel(
+                f"{self.path}: tensor {name!r} holds values that are not finite "
+                "and > 0 (RoPE frequency factors divide the angle)"
+            )
         return tuple(float(x) for x in v)
 
     def _check_tensors(self) -> set[str]:
@@ -448,25 +502,33 @@ class GGUFModel:
         from minfer.families.schema import DIM_KEYS
 
         sch = schema_of(c)
-        for i in range(c.n_layers):   # the family's layer schema: names, shapes, their keys
+        for i in range(c.n_layers):  # the family's layer schema: names, shapes, their keys
             for t in sch.tensors:
-                want[t.full(i)] = (sch.shape(t, c), tuple(
-                    " + ".join(DIM_KEYS[x].format(a=a) for x in d.split("+")) for d in t.shape))
+                want[t.full(i)] = (
+                    sch.shape(t, c),
+                    tuple(
+                        " + ".join(DIM_KEYS[x].format(a=a) for x in d.split("+")) for d in t.shape
+                    ),
+                )
         for name, (shape, keys) in want.items():
             t = self.tensors.get(name)
             if t is None:
                 raise BadModel(f"{self.path}: tensor {name!r} missing")
             if t.shape != shape:
                 why = ", ".join(f"{k} = {n}" for k, n in zip(keys, shape) if k)
-                raise BadModel(f"{self.path}: tensor {name!r} has shape {list(t.shape)}, "
-                               f"expected {list(shape)} from the metadata ({why})")
+                raise BadModel(
+                    f"{self.path}: tensor {name!r} has shape {list(t.shape)}, "
+                    f"expected {list(shape)} from the metadata ({why})"
+                )
             traits_of(t.qtype, where=f"{self.path}: tensor {name!r}")  # raises Unsupported
         # a layer's tensors beyond block_count would be silently skipped
         for name in self.tensors:
             m = _BLK.match(name)
             if m and int(m.group(1)) >= c.n_layers:
-                raise BadModel(f"{self.path}: tensor {name!r} lies beyond the metadata's "
-                               f"'{a}.block_count' = {c.n_layers}")
+                raise BadModel(
+                    f"{self.path}: tensor {name!r} lies beyond the metadata's "
+                    f"'{a}.block_count' = {c.n_layers}"
+                )
         return set(want)
 
     def _split_fused(self) -> None:
@@ -491,14 +553,17 @@ class GGUFModel:
                 rows = sum(n for _, n in split)
                 t = self.tensors.pop(p + f.name)
                 if len(t.shape) != 2 or t.shape[0] != rows:
-                    raise BadModel(f"{self.path}: tensor {t.name!r} has shape {list(t.shape)}, "
-                                   f"expected {rows} rows (the fused {f.name.split('.')[0]} of "
-                                   "the metadata's heads and feed_forward_length)")
+                    raise BadModel(
+                        f"{self.path}: tensor {t.name!r} has shape {list(t.shape)}, "
+                        f"expected {rows} rows (the fused {f.name.split('.')[0]} of "
+                        "the metadata's heads and feed_forward_length)"
+                    )
                 r0 = 0
                 for m, nr in split:
                     name = p + m + ".weight"
-                    self.tensors[name] = TensorInfo(name, t.qtype, (nr, t.shape[1]),
-                                                    t.data[r0: r0 + nr])
+                    self.tensors[name] = TensorInfo(
+                        name, t.qtype, (nr, t.shape[1]), t.data[r0 : r0 + nr]
+                    )
                     r0 += nr
 
     # -- tensors --------------------------------------------------------------------------
@@ -531,12 +596,18 @@ class GGUFModel:
         rope = c.rope_scaling.describe()
         swa = ""
         if c.sliding_window:
-            swa = (f", sliding window {c.sliding_window} on {sum(c.swa_layers)} of "
-                   f"{plural(c.n_layers, 'layer')}")
-        return (f"{self.path.name}: {c.arch}, {plural(c.n_layers, 'layer')}, d={c.d_model}, "
-                f"ff={c.d_ff}, "
-                f"heads {c.n_heads}:{c.n_kv_heads}, vocab {c.vocab_size}"
-                + (f", {rope}" if rope else "") + swa + self.describe_experts())
+            swa = (
+                f", sliding window {c.sliding_window} on {sum(c.swa_layers)} of "
+                f"{plural(c.n_layers, 'layer')}"
+            )
+        return (
+            f"{self.path.name}: {c.arch}, {plural(c.n_layers, 'layer')}, d={c.d_model}, "
+            f"ff={c.d_ff}, "
+            f"heads {c.n_heads}:{c.n_kv_heads}, vocab {c.vocab_size}"
+            + (f", {rope}" if rope else "")
+            + swa
+            + self.describe_experts()
+        )
 
     def describe_experts(self) -> str:
         """', experts 128 x ff 768, 8 used per token (softmax, top-k renormalized)' or ''."""
@@ -545,8 +616,10 @@ class GGUFModel:
             return ""
         norm = ", top-k renormalized" if c.moe_norm_w else ""
         scale = f", x{c.moe_w_scale:g}" if c.moe_w_scale not in (0.0, 1.0) else ""
-        return (f", experts {c.n_expert} x ff {c.d_ff_exp}, {c.n_expert_used} used per token "
-                f"({c.moe_gating}{norm}{scale})")
+        return (
+            f", experts {c.n_expert} x ff {c.d_ff_exp}, {c.n_expert_used} used per token "
+            f"({c.moe_gating}{norm}{scale})"
+        )
 
 
 def load_model(path: str | os.PathLike, strict: bool = True) -> GGUFModel:

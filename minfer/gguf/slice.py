@@ -74,8 +74,9 @@ def _metadata(header, n: int) -> dict:
     return kv
 
 
-def plan_slice(src: str | os.PathLike, layers: int | None = None,
-               max_mib: float = 60.0) -> SlicePlan:
+def plan_slice(
+    src: str | os.PathLike, layers: int | None = None, max_mib: float = 60.0
+) -> SlicePlan:
     from minfer.gguf.header import read_header
 
     h = read_header(src)
@@ -98,13 +99,17 @@ def plan_slice(src: str | os.PathLike, layers: int | None = None,
             raise BadInput(f"--layers {layers}: the model has {total} layers (choose 1..{total})")
         s = size(layers)
         if s > cap:
-            raise BadInput(f"{layers} layers of {Path(src).name} make {s / 2**20:.1f} MiB, over "
-                           f"the {max_mib:g} MiB cap")
+            raise BadInput(
+                f"{layers} layers of {Path(src).name} make {s / 2**20:.1f} MiB, over "
+                f"the {max_mib:g} MiB cap"
+            )
         return SlicePlan(layers, total, s)
     s1 = size(1)
     if s1 > cap:
-        raise BadInput(f"even 1 layer of {Path(src).name} makes {s1 / 2**20:.1f} MiB, over the "
-                       f"{max_mib:g} MiB cap (token_embd/output alone are too big)")
+        raise BadInput(
+            f"even 1 layer of {Path(src).name} makes {s1 / 2**20:.1f} MiB, over the "
+            f"{max_mib:g} MiB cap (token_embd/output alone are too big)"
+        )
     lo, hi = 1, total  # size(n) grows with n: largest n with size(n) <= cap
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -115,8 +120,13 @@ def plan_slice(src: str | os.PathLike, layers: int | None = None,
     return SlicePlan(lo, total, size(lo))
 
 
-def slice_model(src: str | os.PathLike, dst: str | os.PathLike, layers: int | None = None,
-                max_mib: float = 60.0, progress: bool = False) -> SlicePlan:
+def slice_model(
+    src: str | os.PathLike,
+    dst: str | os.PathLike,
+    layers: int | None = None,
+    max_mib: float = 60.0,
+    progress: bool = False,
+) -> SlicePlan:
     """Write the first N layers of `src` to `dst` (see the module docstring)."""
     from minfer.gguf.header import read_header, tensor_bytes
     from minfer.gguf.write import write_gguf

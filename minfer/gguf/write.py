@@ -91,8 +91,9 @@ def _typed_value(key: str, value: Any):
             raise BadInput(f"metadata {key!r}: unsupported array element {type(first).__name__}")
         kinds = {str: (str,), bool: (bool,), int: (int,), float: (float, int)}
         ok = {V.STRING: str, V.BOOL: bool, V.INT32: int, V.FLOAT32: float}[sub]
-        if not all(isinstance(x, kinds[ok]) and (ok is bool or not isinstance(x, bool))
-                   for x in items):
+        if not all(
+            isinstance(x, kinds[ok]) and (ok is bool or not isinstance(x, bool)) for x in items
+        ):
             raise BadInput(f"metadata {key!r}: array elements of mixed types")
         return gguf.GGUFValue(items, V.ARRAY, sub)
     raise BadInput(f"metadata {key!r}: unsupported value type {type(value).__name__}")
@@ -109,8 +110,12 @@ def metadata_from_reader(reader) -> dict[str, Any]:
 
     header = getattr(reader, "header", reader)  # minfer.gguf.loader.GGUFModel -> its GGUFHeader
     if hasattr(header, "kv"):  # the fast parser's values are GGUFValues already
-        return {k: gguf.GGUFValue(list(v.value) if isinstance(v.value, list) else v.value,
-                                  v.type, v.sub_type) for k, v in header.kv.items()}
+        return {
+            k: gguf.GGUFValue(
+                list(v.value) if isinstance(v.value, list) else v.value, v.type, v.sub_type
+            )
+            for k, v in header.kv.items()
+        }
     out: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith(_READER_PSEUDO_PREFIX):
@@ -132,8 +137,9 @@ def expected_nbytes(name: str, qtype: int, shape: tuple[int, ...]) -> int:
     bs, ts = gguf.GGML_QUANT_SIZES[qt]
     cols = int(shape[-1])
     if cols % bs:
-        raise BadInput(f"tensor {name!r}: row length {cols} is not a multiple of the "
-                       f"{qt.name} block size {bs}")
+        raise BadInput(
+            f"tensor {name!r}: row length {cols} is not a multiple of the {qt.name} block size {bs}"
+        )
     rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
     return rows * (cols // bs) * ts
 
@@ -144,24 +150,35 @@ def _check_data(name: str, qtype: int, arr: np.ndarray, nbytes: int) -> np.ndarr
     if not isinstance(arr, np.ndarray):
         raise BadInput(f"tensor {name!r}: data is {type(arr).__name__}, expected a numpy array")
     qt = gguf.GGMLQuantizationType(int(qtype))
-    want = {gguf.GGMLQuantizationType.F32: np.float32,
-            gguf.GGMLQuantizationType.F16: np.float16}.get(qt)
+    want = {
+        gguf.GGMLQuantizationType.F32: np.float32,
+        gguf.GGMLQuantizationType.F16: np.float16,
+    }.get(qt)
     if want is not None and arr.dtype not in (np.dtype(want), np.dtype(np.uint8)):
-        raise BadInput(f"tensor {name!r}: {qt.name} data has dtype {arr.dtype}, expected "
-                       f"{np.dtype(want)} (or its raw bytes as uint8)")
+        raise BadInput(
+            f"tensor {name!r}: {qt.name} data has dtype {arr.dtype}, expected "
+            f"{np.dtype(want)} (or its raw bytes as uint8)"
+        )
     if want is None and arr.dtype != np.uint8:
-        raise BadInput(f"tensor {name!r}: {qt.name} data must be raw bytes (uint8), "
-                       f"got {arr.dtype}")
+        raise BadInput(
+            f"tensor {name!r}: {qt.name} data must be raw bytes (uint8), got {arr.dtype}"
+        )
     if arr.nbytes != nbytes:
-        raise BadInput(f"tensor {name!r}: {arr.nbytes} bytes of data, {qt.name} of this shape "
-                       f"needs {nbytes}")
+        raise BadInput(
+            f"tensor {name!r}: {arr.nbytes} bytes of data, {qt.name} of this shape needs {nbytes}"
+        )
     if arr.dtype.byteorder == ">":
         raise BadInput(f"tensor {name!r}: big-endian data")
     return arr
 
 
-def write_gguf(path: str | os.PathLike, arch: str, metadata: Mapping[str, Any],
-               tensors: Iterable[TensorEntry], progress: bool = True) -> Path:
+def write_gguf(
+    path: str | os.PathLike,
+    arch: str,
+    metadata: Mapping[str, Any],
+    tensors: Iterable[TensorEntry],
+    progress: bool = True,
+) -> Path:
     """Write a GGUF v3 file atomically; returns its path. See the module docstring."""
     import gguf
 
@@ -200,8 +217,9 @@ def _write(w, meta, entries, total: int, label: str, progress: bool) -> None:
     for name, qtype, shape, _data, nbytes in entries:
         # tensor_dtype is a placeholder: with raw_dtype set and not uint8, the shape is taken
         # as the element shape (numpy order; the writer reverses it into GGUF's ne order).
-        w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes,
-                          raw_dtype=gguf.GGMLQuantizationType(qtype))
+        w.add_tensor_info(
+            name, shape, np.dtype(np.float32), nbytes, raw_dtype=gguf.GGMLQuantizationType(qtype)
+        )
     bar = None
     try:
         w.write_header_to_file()
@@ -209,9 +227,10 @@ def _write(w, meta, entries, total: int, label: str, progress: bool) -> None:
         w.write_ti_data_to_file()
         from minfer.host.progress import bar as progress_bar
 
-        bar = progress_bar(progress, total=total, unit="B", unit_scale=True,
-                           desc=f"writing {label}")
-        for name, qtype, shape, data, nbytes in entries:
+        bar = progress_bar(
+            progress, total=total, unit="B", unit_scale=True, desc=f"writing {label}"
+        )
+        for name, qtype, _shape, data, nbytes in entries:
             arr = data() if callable(data) else data
             arr = _check_data(name, qtype, arr, nbytes)
             w.write_tensor_data(np.ascontiguousarray(arr))

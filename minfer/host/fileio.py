@@ -69,8 +69,9 @@ def _kind(mode: int) -> str | None:
     return "not a regular file"
 
 
-def check_input_file(path: str | os.PathLike, what: str = "input",
-                     exc: type[MinferError] = BadInput) -> os.stat_result:
+def check_input_file(
+    path: str | os.PathLike, what: str = "input", exc: type[MinferError] = BadInput
+) -> os.stat_result:
     """Stat `path` (following links) and refuse anything but an existing regular file, before
     any open. Returns the stat result; raises `exc` (exit 2) with one line naming `what`."""
     try:
@@ -94,8 +95,9 @@ def os_error(e: OSError, path: str | os.PathLike, doing: str) -> MinferError:
     return BadInput(f"{path}: cannot {doing} ({why})")
 
 
-def read_error(e: OSError, path: str | os.PathLike, doing: str,
-               exc: type[MinferError] = BadInput) -> MinferError:
+def read_error(
+    e: OSError, path: str | os.PathLike, doing: str, exc: type[MinferError] = BadInput
+) -> MinferError:
     """The MinferError for an OSError met while `doing` (e.g. "read") on an input: out of
     memory or file handles (ENOMEM: a map beyond `ulimit -v`) is a ResourceError (exit 3),
     anything else `exc` (exit 2)."""
@@ -118,20 +120,20 @@ def output_target(path: str | os.PathLike) -> tuple[Path, bool]:
     file keeps the link). A directory, a block device or a missing parent is refused."""
     p = Path(path)
     try:
-        st = os.stat(p)   # follows links, /proc/self/fd/N's too
+        st = os.stat(p)  # follows links, /proc/self/fd/N's too
     except FileNotFoundError:
-        st = None   # a new path, or a dangling link: its target is created
+        st = None  # a new path, or a dangling link: its target is created
     except NotADirectoryError:
         raise BadInput(f"{p.parent}: output directory is not a directory") from None
     except OSError as e:
         raise os_error(e, p, "use as output") from None
-    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)
-                           or stat.S_ISSOCK(st.st_mode)):
+    if st is not None and (
+        stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)
+    ):
         return p, True
     if st is not None and not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{p}: is {_kind(st.st_mode)}; refusing to replace it with an output "
-                       "file")
-    real = Path(os.path.realpath(p))   # the file a link names is replaced, the link kept
+        raise BadInput(f"{p}: is {_kind(st.st_mode)}; refusing to replace it with an output file")
+    real = Path(os.path.realpath(p))  # the file a link names is replaced, the link kept
     parent = real.parent
     if not parent.is_dir():
         raise BadInput(f"{parent}: no such directory (the output directory does not exist)")
@@ -217,9 +219,11 @@ def check_cap(name: str, nbytes: int, cap: int, what: str = "prompt") -> None:
     """BadInput (one line naming the cap) when `nbytes` of `name` exceed `cap`; also for text
     read under a wider cap before the model's context was known."""
     if nbytes > cap:
-        raise BadInput(f"{name}: {what} is larger than {cap:,} bytes, the cap for this context "
-                       f"({PROMPT_BYTES_PER_TOKEN} bytes per token, at least "
-                       f"{PROMPT_MIN_CAP >> 20} MiB)")
+        raise BadInput(
+            f"{name}: {what} is larger than {cap:,} bytes, the cap for this context "
+            f"({PROMPT_BYTES_PER_TOKEN} bytes per token, at least "
+            f"{PROMPT_MIN_CAP >> 20} MiB)"
+        )
 
 
 def read_prompt_file(path: str, n_ctx: int | None = None) -> str:
@@ -229,5 +233,7 @@ def read_prompt_file(path: str, n_ctx: int | None = None) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise BadInput(f"{'stdin' if path == '-' else path}: invalid UTF-8 at byte offset "
-                       f"{e.start} (byte 0x{data[e.start]:02x})") from None
+        raise BadInput(
+            f"{'stdin' if path == '-' else path}: invalid UTF-8 at byte offset "
+            f"{e.start} (byte 0x{data[e.start]:02x})"
+        ) from None

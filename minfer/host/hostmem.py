@@ -65,8 +65,10 @@ def _limits() -> list[tuple[int, str, str]]:
     if resource is None:
         return []
     out = []
-    for lim, field, name in ((resource.RLIMIT_AS, "VmSize", "ulimit -v"),
-                             (resource.RLIMIT_DATA, "VmData", "ulimit -d")):
+    for lim, field, name in (
+        (resource.RLIMIT_AS, "VmSize", "ulimit -v"),
+        (resource.RLIMIT_DATA, "VmData", "ulimit -d"),
+    ):
         soft = resource.getrlimit(lim)[0]
         if soft != resource.RLIM_INFINITY:
             out.append((soft, field, name))
@@ -89,8 +91,10 @@ def require(nbytes: int, what: str, margin: float = 1.05) -> None:
     room, limit = headroom()
     need = int(nbytes * margin)
     if room is not None and need > room:
-        raise ResourceError(f"not enough host memory for {what}: {fmt_bytes(need)} needed, "
-                            f"{fmt_bytes(room)} available ({limit})")
+        raise ResourceError(
+            f"not enough host memory for {what}: {fmt_bytes(need)} needed, "
+            f"{fmt_bytes(room)} available ({limit})"
+        )
 
 
 def out_of_memory(what: str) -> ResourceError:
@@ -102,8 +106,13 @@ def out_of_memory(what: str) -> ResourceError:
 
 # what failing allocations look like where they are not a MemoryError (a worker's MemoryError
 # comes back as a pool's MaybeEncodingError naming it)
-_NO_MEMORY_TEXT = ("failed to map segment", "cannot allocate memory", "can't start new thread",
-                   "out of memory", "memoryerror")
+_NO_MEMORY_TEXT = (
+    "failed to map segment",
+    "cannot allocate memory",
+    "can't start new thread",
+    "out of memory",
+    "memoryerror",
+)
 
 
 def starved(e: BaseException) -> str | None:
@@ -113,9 +122,11 @@ def starved(e: BaseException) -> str | None:
     seen, chain = set(), e
     while chain is not None and id(chain) not in seen:
         seen.add(id(chain))
-        if (isinstance(chain, MemoryError)
-                or (isinstance(chain, OSError) and chain.errno == errno.ENOMEM)
-                or any(t in str(chain).lower() for t in _NO_MEMORY_TEXT)):
+        if (
+            isinstance(chain, MemoryError)
+            or (isinstance(chain, OSError) and chain.errno == errno.ENOMEM)
+            or any(t in str(chain).lower() for t in _NO_MEMORY_TEXT)
+        ):
             break
         chain = chain.__cause__ or chain.__context__
     else:
@@ -125,8 +136,10 @@ def starved(e: BaseException) -> str | None:
         chain = e
     lines = [x.strip() for x in str(chain).splitlines() if x.strip()]
     # the line that names the memory (numpy's ImportError: a page of advice, then the cause)
-    text = next((x for x in lines if any(t in x.lower() for t in _NO_MEMORY_TEXT)),
-                lines[0] if lines else getattr(chain, "name", None) or "")
+    text = next(
+        (x for x in lines if any(t in x.lower() for t in _NO_MEMORY_TEXT)),
+        lines[0] if lines else getattr(chain, "name", None) or "",
+    )
     if not isinstance(chain, MemoryError) and "memoryerror" in text.lower():
         text = "MemoryError in a worker process"  # a pool's MaybeEncodingError: the result's repr
     text = text if len(text) <= 160 else text[:157] + "..."

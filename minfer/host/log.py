@@ -15,7 +15,7 @@ import sys
 import click
 
 log = logging.getLogger("minfer")
-log.setLevel(logging.INFO)   # bars on by default, also for a library caller: quiet only after -q
+log.setLevel(logging.INFO)  # bars on by default, also for a library caller: quiet only after -q
 
 
 class _Stderr(logging.Handler):
@@ -56,10 +56,19 @@ def _set_verbose(ctx, param, value):
     return value
 
 
-QUIET = (("-q", "--quiet"), dict(is_flag=True, is_eager=True, callback=_set_quiet,
-                                  help="Only errors on stderr: no notes, no progress bars."))
-VERBOSE = (("-v", "--verbose"), dict(is_flag=True, is_eager=True, callback=_set_verbose,
-                                     help="Debug lines on stderr too."))
+QUIET = (
+    ("-q", "--quiet"),
+    dict(
+        is_flag=True,
+        is_eager=True,
+        callback=_set_quiet,
+        help="Only errors on stderr: no notes, no progress bars.",
+    ),
+)
+VERBOSE = (
+    ("-v", "--verbose"),
+    dict(is_flag=True, is_eager=True, callback=_set_verbose, help="Debug lines on stderr too."),
+)
 
 
 def quiet_option(help: str | None = None):
@@ -71,5 +80,8 @@ def quiet_option(help: str | None = None):
 
 def options(taken: set[str]) -> list[click.Option]:
     """-q/--quiet and -v/--verbose for a command that declares neither name itself."""
-    return [click.Option(list(names), expose_value=False, **kw) for names, kw in (QUIET, VERBOSE)
-            if not taken & set(names)]
+    return [
+        click.Option(list(names), expose_value=False, **kw)
+        for names, kw in (QUIET, VERBOSE)
+        if not taken & set(names)
+    ]

@@ -61,8 +61,11 @@ def stop_strays() -> None:
     import threading
 
     handle = Pool._handle_workers.__func__  # a classmethod: the thread's target is bound
-    handlers = [t for t in threading.enumerate()
-                if getattr(getattr(t, "_target", None), "__func__", None) is handle]
+    handlers = [
+        t
+        for t in threading.enumerate()
+        if getattr(getattr(t, "_target", None), "__func__", None) is handle
+    ]
     for t in handlers:
         t._state = TERMINATE
         try:

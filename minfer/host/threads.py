@@ -75,5 +75,11 @@ def _apply(ctx: click.Context, param: click.Parameter, value: int | None) -> int
 
 
 threads_option = click.option(
-    "-t", "--threads", type=int, default=None, expose_value=False, callback=_apply,
-    help="BLAS threads for the CPU backend (default: the physical cores this process may use).")
+    "-t",
+    "--threads",
+    type=int,
+    default=None,
+    expose_value=False,
+    callback=_apply,
+    help="BLAS threads for the CPU backend (default: the physical cores this process may use).",
+)

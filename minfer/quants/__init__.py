@@ -23,14 +23,31 @@ class QuantTraits:
 
     def row_bytes(self, n_cols: int) -> int:
         if n_cols % self.block_size:
-            raise Unsupported(f"{self.name}: row length {n_cols} is not a multiple of "
-                              f"its block size {self.block_size}")
+            raise Unsupported(
+                f"{self.name}: row length {n_cols} is not a multiple of "
+                f"its block size {self.block_size}"
+            )
         return n_cols // self.block_size * self.type_size
 
 
 # The types real llama GGUFs use and minfer runs (issue 2, item 2).
-SUPPORTED = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-             "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+SUPPORTED = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q8_0",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+)
 
 
 def _build() -> dict[int, QuantTraits]:
@@ -57,8 +74,9 @@ def traits_of(qtype: int, where: str = "tensor") -> QuantTraits:
             name = gguf.GGMLQuantizationType(int(qtype)).name
         except ValueError:
             name = f"unknown type id {int(qtype)}"
-        raise Unsupported(f"{where}: unsupported tensor type {name} "
-                          f"(supported: {', '.join(SUPPORTED)})")
+        raise Unsupported(
+            f"{where}: unsupported tensor type {name} (supported: {', '.join(SUPPORTED)})"
+        )
     return t
 
 
@@ -70,4 +88,5 @@ def dequantize(data: np.ndarray, qtype: int) -> np.ndarray:
     if int(qtype) == int(gguf.GGMLQuantizationType.F32):
         return np.asarray(data, dtype=np.float32)
     return gguf.quants.dequantize(np.asarray(data), gguf.GGMLQuantizationType(int(qtype))).astype(
-        np.float32, copy=False)
+        np.float32, copy=False
+    )

@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import numpy as np
 
-BK = 128                      # K per block (and per kernel stage)
-BLK_IMG = 128 * BK            # a tile's image
-BLK_OP = BLK_IMG + 128 * 4    # + its rows' f32 scales
-WPAIR = 2                     # a weight row's consecutive blocks sharing one scale
+BK = 128  # K per block (and per kernel stage)
+BLK_IMG = 128 * BK  # a tile's image
+BLK_OP = BLK_IMG + 128 * 4  # + its rows' f32 scales
+WPAIR = 2  # a weight row's consecutive blocks sharing one scale
 
 
 # the GEMM inputs the rmsnorm makes: one activation scale per token (a weight name's kind)
@@ -69,7 +69,6 @@ def blk_bytes(R: int, K: int) -> int:
     return int(np.prod(blk_shape(R, K)))
 
 
-
 def fwht128(x: np.ndarray, block: int = BK) -> np.ndarray:
     """The unnormalized Walsh-Hadamard transform of each 128 (`block`, a power of 2) values
     along the last axis, in f32, stage by stage (h = 1, 2, ..., 64: (a, b) at (i, i + h) ->
@@ -97,8 +96,14 @@ def _rotated(x: np.ndarray, block: int = BK) -> np.ndarray:
     return fwht128(xp.reshape(R, KB, block), block)
 
 
-def quantize_blk(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False,
-                 per_token: bool = False, pair: int = WPAIR) -> tuple[np.ndarray, np.ndarray]:
+def quantize_blk(
+    x: np.ndarray,
+    weight: bool = False,
+    block: int = BK,
+    per_row: bool = False,
+    per_token: bool = False,
+    pair: int = WPAIR,
+) -> tuple[np.ndarray, np.ndarray]:
     """x [R, K] -> (q int8 [R, KB * block], s f32 [R, KB]): the rotated blocks' values and
     their scales; weight: the scales times 1 / block (the rotation's; 1/128 in the kernel).
     block: 128 (the kernel); 256 only for the CPU emulation's experiment (`--emulate blk256`).
@@ -112,7 +117,7 @@ def quantize_blk(x: np.ndarray, weight: bool = False, block: int = BK, per_row: 
     per_row = per_row and weight
     if per_row:
         amax = np.abs(y).max(axis=(1, 2))
-    else:   # one scale per group of g consecutive blocks, in each block's slot
+    else:  # one scale per group of g consecutive blocks, in each block's slot
         g = (pair if block == BK else 1) if weight else (KB if per_token else 1)
         bmax = np.zeros((R, -(-KB // g) * g), np.float32)
         bmax[:, :KB] = np.abs(y).max(axis=-1)
@@ -169,10 +174,13 @@ def blk_gemm(qa: np.ndarray, sa: np.ndarray, qw: np.ndarray, sw: np.ndarray) -> 
     M, KB = sa.shape
     y = np.zeros((M, sw.shape[0]), np.float64)
     for b in range(KB):
-        S = qa[:, b * BK:(b + 1) * BK].astype(np.int64) @ qw[:, b * BK:(b + 1) * BK].astype(
-            np.int64).T
-        y += S.astype(np.float64) * (sa[:, b, None].astype(np.float64) *
-                                     sw[None, :, b].astype(np.float64))
+        S = (
+            qa[:, b * BK : (b + 1) * BK].astype(np.int64)
+            @ qw[:, b * BK : (b + 1) * BK].astype(np.int64).T
+        )
+        y += S.astype(np.float64) * (
+            sa[:, b, None].astype(np.float64) * sw[None, :, b].astype(np.float64)
+        )
     return y
 
 
@@ -185,24 +193,46 @@ def blk_linear_ref(x: np.ndarray, w: np.ndarray, per_token: bool = False) -> np.
     return blk_gemm(qa, sa, qw, sw)
 
 
-def blk_grid(x: np.ndarray, weight: bool = False, block: int = BK, per_row: bool = False,
-             per_token: bool = False, pair: int = WPAIR) -> np.ndarray:
+def blk_grid(
+    x: np.ndarray,
+    weight: bool = False,
+    block: int = BK,
+    per_row: bool = False,
+    per_token: bool = False,
+    pair: int = WPAIR,
+) -> np.ndarray:
     """x [R, K] -> f32 [R, K]: the values the blk path sees, rotated back (x_hat = q s H / 128;
     weight: the weight grid), so that x_hat @ w_hat.T equals blk_gemm up to f32 rounding: how
     the CPU reference emulates the path. block, per_row, per_token, pair: as quantize_blk."""
     x = np.asarray(x)
     R, K = x.shape
-    q, s = quantize_blk(x, weight=weight, block=block, per_row=per_row, per_token=per_token,
-                        pair=pair)
+    q, s = quantize_blk(
+        x, weight=weight, block=block, per_row=per_row, per_token=per_token, pair=pair
+    )
     KB = kblocks(K, block)
     if weight:
         s = s * np.float32(block)
     s = s[:, None, None] if s.ndim == 1 else s[..., None]
     y = q.reshape(R, KB, block).astype(np.float32) * s
-    back = fwht128(y, block) / np.float32(block)       # H^T = H, H H = block I
+    back = fwht128(y, block) / np.float32(block)  # H^T = H, H H = block I
     return np.ascontiguousarray(back.reshape(R, KB * block)[:, :K])
 
 
-__all__ = ["BK", "BLK_IMG", "BLK_OP", "WPAIR", "TOKEN_SCALED", "token_scaled", "kblocks", "pad128",
-           "blk_bytes", "fwht128", "quantize_blk",
-           "blk_operand", "blk_unoperand", "blk_gemm", "blk_linear_ref", "blk_grid"]
+__all__ = [
+    "BK",
+    "BLK_IMG",
+    "BLK_OP",
+    "WPAIR",
+    "TOKEN_SCALED",
+    "token_scaled",
+    "kblocks",
+    "pad128",
+    "blk_bytes",
+    "fwht128",
+    "quantize_blk",
+    "blk_operand",
+    "blk_unoperand",
+    "blk_gemm",
+    "blk_linear_ref",
+    "blk_grid",
+]

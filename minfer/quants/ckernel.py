@@ -33,8 +33,11 @@ FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC", "-ffp-contract=off", "-fno-mat
 VARIANTS = (FLAGS + ("-march=native",), FLAGS)
 
 # type -> (C entry point, bytes per 256-weight super-block)
-ENTRIES = {"Q4_K": ("minfer_quantize_q4_K", 144), "Q5_K": ("minfer_quantize_q5_K", 176),
-           "Q6_K": ("minfer_quantize_q6_K", 210)}
+ENTRIES = {
+    "Q4_K": ("minfer_quantize_q4_K", 144),
+    "Q5_K": ("minfer_quantize_q5_K", 176),
+    "Q6_K": ("minfer_quantize_q6_K", 210),
+}
 
 
 def cache_dir() -> Path:
@@ -63,8 +66,12 @@ def cpu_id() -> str:
     shares the cache directory, so this goes into the cache key."""
     try:
         with open("/proc/cpuinfo") as f:
-            keep = [ln for ln in f if ln.split(":")[0].strip() in ("flags", "Features", "model name",
-                                                                   "CPU part", "isa")]
+            keep = [
+                ln
+                for ln in f
+                if ln.split(":")[0].strip()
+                in ("flags", "Features", "model name", "CPU part", "isa")
+            ]
         return "".join(sorted(set(keep)))
     except OSError:
         return platform.processor() + platform.platform()
@@ -86,8 +93,13 @@ def build(cc: str, flags: tuple[str, ...] = FLAGS) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], check=True, capture_output=True,
-                       text=True, timeout=300)
+        subprocess.run(
+            [cc, *flags, "-o", tmp, str(SOURCE), "-lm"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
@@ -109,7 +121,10 @@ def load(flags: tuple[str, ...]) -> ctypes.CDLL | None:
     for name, _ in ENTRIES.values():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = [f32p, u8p, ctypes.c_int64], ctypes.c_int
-    lib.minfer_f32_to_f16.argtypes, lib.minfer_f32_to_f16.restype = [f32p, u16p, ctypes.c_int64], None
+    lib.minfer_f32_to_f16.argtypes, lib.minfer_f32_to_f16.restype = (
+        [f32p, u16p, ctypes.c_int64],
+        None,
+    )
     return lib
 
 

@@ -21,11 +21,13 @@ BLOCK_DTYPES: dict[str, np.dtype] = {
     "Q2_K": np.dtype([("scales", "u1", 16), ("qs", "u1", 64), ("d", _F16), ("dmin", _F16)]),
     "Q3_K": np.dtype([("hmask", "u1", 32), ("qs", "u1", 64), ("scales", "u1", 12), ("d", _F16)]),
     "Q4_K": np.dtype([("d", _F16), ("dmin", _F16), ("scales", "u1", 12), ("qs", "u1", 128)]),
-    "Q5_K": np.dtype([("d", _F16), ("dmin", _F16), ("scales", "u1", 12), ("qh", "u1", 32),
-                      ("qs", "u1", 128)]),
+    "Q5_K": np.dtype(
+        [("d", _F16), ("dmin", _F16), ("scales", "u1", 12), ("qh", "u1", 32), ("qs", "u1", 128)]
+    ),
     "Q6_K": np.dtype([("ql", "u1", 128), ("qh", "u1", 64), ("scales", "i1", 16), ("d", _F16)]),
-    "IQ4_XS": np.dtype([("d", _F16), ("scales_h", "<u2"), ("scales_l", "u1", 4),
-                        ("qs", "u1", 128)]),
+    "IQ4_XS": np.dtype(
+        [("d", _F16), ("scales_h", "<u2"), ("scales_l", "u1", 4), ("qs", "u1", 128)]
+    ),
 }
 
 # minfer's q8_1 raw activation block (docs/design.md): 40 B per 32 values, s = sum of qs.

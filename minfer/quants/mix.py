@@ -23,14 +23,35 @@ GGML_QNT_VERSION = 2
 
 # file type name -> (llama_ftype value written to general.file_type, default tensor type)
 FTYPES: dict[str, tuple[int, str]] = {
-    "f32": (0, "F32"), "f16": (1, "F16"), "q4_0": (2, "Q4_0"), "q4_1": (3, "Q4_1"),
-    "q8_0": (7, "Q8_0"), "q5_0": (8, "Q5_0"), "q5_1": (9, "Q5_1"),
-    "q4_K_S": (14, "Q4_K"), "q4_K_M": (15, "Q4_K"), "q5_K_S": (16, "Q5_K"), "q5_K_M": (17, "Q5_K"),
+    "f32": (0, "F32"),
+    "f16": (1, "F16"),
+    "q4_0": (2, "Q4_0"),
+    "q4_1": (3, "Q4_1"),
+    "q8_0": (7, "Q8_0"),
+    "q5_0": (8, "Q5_0"),
+    "q5_1": (9, "Q5_1"),
+    "q4_K_S": (14, "Q4_K"),
+    "q4_K_M": (15, "Q4_K"),
+    "q5_K_S": (16, "Q5_K"),
+    "q5_K_M": (17, "Q5_K"),
     "q6_K": (18, "Q6_K"),
 }
 _QUANTIZED = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
-_BLOCK = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32,
-          "Q8_0": 32, "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
+_BLOCK = {
+    "F32": 1,
+    "F16": 1,
+    "BF16": 1,
+    "Q4_0": 32,
+    "Q4_1": 32,
+    "Q5_0": 32,
+    "Q5_1": 32,
+    "Q8_0": 32,
+    "Q2_K": 256,
+    "Q3_K": 256,
+    "Q4_K": 256,
+    "Q5_K": 256,
+    "Q6_K": 256,
+}
 _FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
@@ -69,6 +90,7 @@ _LAYER = re.compile(r"^blk\.(\d+)\.")
 
 def llama_order(names):
     """llama.cpp's weights_map order: by layer number (non-layer tensors first), then by name."""
+
     def key(n):
         m = _LAYER.match(n)
         return (int(m.group(1)) if m else -1, n)
@@ -81,10 +103,17 @@ def _category(name: str) -> str:
         return "output"
     if name in ("token_embd.weight", "per_layer_token_embd.weight"):
         return "token_embd"
-    for frag, cat in (("attn_qkv.weight", "attn_qkv"), ("attn_kv_b.weight", "attn_kv_b"),
-                      ("attn_v.weight", "attn_v"), ("attn_k.weight", "attn_k"),
-                      ("attn_q.weight", "attn_q"), ("attn_output.weight", "attn_output"),
-                      ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"), ("ffn_down", "ffn_down")):
+    for frag, cat in (
+        ("attn_qkv.weight", "attn_qkv"),
+        ("attn_kv_b.weight", "attn_kv_b"),
+        ("attn_v.weight", "attn_v"),
+        ("attn_k.weight", "attn_k"),
+        ("attn_q.weight", "attn_q"),
+        ("attn_output.weight", "attn_output"),
+        ("ffn_up", "ffn_up"),
+        ("ffn_gate", "ffn_gate"),
+        ("ffn_down", "ffn_down"),
+    ):
         if frag in name:
             return cat
     return "other"
@@ -94,12 +123,25 @@ def _allows_quantization(t: TensorDesc) -> bool:
     n = t.name
     if len(t.shape) < 2 or not n.endswith("weight"):
         return False
-    return not any(s in n for s in ("_norm.weight", "ffn_gate_inp.weight", "position_embd",
-                                    "token_types", "ssm_conv1d", "attn_rel_b.weight"))
+    return not any(
+        s in n
+        for s in (
+            "_norm.weight",
+            "ffn_gate_inp.weight",
+            "position_embd",
+            "token_types",
+            "ssm_conv1d",
+            "attn_rel_b.weight",
+        )
+    )
 
 
 def use_more_bits(i_layer: int, n_layers: int) -> bool:
-    return i_layer < n_layers // 8 or i_layer >= 7 * n_layers // 8 or (i_layer - n_layers // 8) % 3 == 2
+    return (
+        i_layer < n_layers // 8
+        or i_layer >= 7 * n_layers // 8
+        or (i_layer - n_layers // 8) % 3 == 2
+    )
 
 
 def plan_types(tensors: list[TensorDesc], ftype: str, model: MixModel) -> dict[str, str]:
@@ -136,13 +178,16 @@ def plan_types(tensors: list[TensorDesc], ftype: str, model: MixModel) -> dict[s
                 new = "Q5_K"
             if model.is_70b and new in ("Q3_K", "Q4_K"):
                 new = "Q5_K"
-            if model.n_expert == 8:   # llama.cpp: "for the 8-expert model, bumping this to Q8_0"
+            if model.n_expert == 8:  # llama.cpp: "for the 8-expert model, bumping this to Q8_0"
                 new = "Q8_0"
             i_attn_v += 1  # (llama.cpp's own attn_qkv rule is unreachable: qkv is attn_v-like)
-        elif cat == "attn_k" and model.n_expert == 8:   # Mixtral: attn_k to Q8_0 as well
+        elif cat == "attn_k" and model.n_expert == 8:  # Mixtral: attn_k to Q8_0 as well
             new = "Q8_0"
-        elif cat == "attn_output" and model.n_expert == 8 and ftype in (
-                "q2_K", "q3_K_S", "q3_K_M", "q4_K_S", "q4_K_M"):
+        elif (
+            cat == "attn_output"
+            and model.n_expert == 8
+            and ftype in ("q2_K", "q3_K_S", "q3_K_M", "q4_K_S", "q4_K_M")
+        ):
             new = "Q5_K"
         elif cat == "ffn_down":
             # experts: the layer parsed from the name (llama.cpp's layer_info), as the counter
@@ -151,8 +196,13 @@ def plan_types(tensors: list[TensorDesc], ftype: str, model: MixModel) -> dict[s
             i_layer = int(m.group(1)) if m else i_layer
             if ftype == "q4_K_M":
                 if model.arch == "falcon":
-                    new = ("Q6_K" if i_layer < n_layer // 16 else
-                           "Q5_K" if use_more_bits(i_layer, n_layer) else "Q4_K")
+                    new = (
+                        "Q6_K"
+                        if i_layer < n_layer // 16
+                        else "Q5_K"
+                        if use_more_bits(i_layer, n_layer)
+                        else "Q4_K"
+                    )
                 elif use_more_bits(i_layer, n_layer):
                     new = "Q6_K"
             elif ftype == "q5_K_M" and use_more_bits(i_layer, n_layer):
@@ -163,8 +213,10 @@ def plan_types(tensors: list[TensorDesc], ftype: str, model: MixModel) -> dict[s
         # incompatible row length: fall back (llama.cpp's tensor_type_fallback)
         if ncols % _BLOCK[new]:
             if new not in _FALLBACK:
-                raise Unsupported(f"quantize: {name}: row length {ncols} is not a multiple of "
-                                  f"{_BLOCK[new]} (needed by {new}) and {new} has no fallback")
+                raise Unsupported(
+                    f"quantize: {name}: row length {ncols} is not a multiple of "
+                    f"{_BLOCK[new]} (needed by {new}) and {new} has no fallback"
+                )
             new = _FALLBACK[new]
             if ncols % _BLOCK[new]:
                 new = "F16"
@@ -179,7 +231,7 @@ def describe(types: dict[str, str]) -> str:
     for name, ty in types.items():
         m = _LAYER.match(name)
         if m:
-            kind = name[m.end():]
+            kind = name[m.end() :]
             kinds.setdefault(kind, {})[int(m.group(1))] = ty
         else:
             lines.append(f"{name:28s} {ty}")

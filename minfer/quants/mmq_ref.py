@@ -38,15 +38,16 @@ def _check(w_raw: np.ndarray, qtype: int, N: int, K: int) -> np.ndarray:
         raise BadInput(f"mmq: K={K} is not a multiple of {QK_K}")
     w = np.ascontiguousarray(w_raw, dtype=np.uint8)
     if w.shape != (N, K // QK_K * BLOCK_BYTES[qtype]):
-        raise BadInput(f"mmq: weight bytes shape {w.shape}, expected "
-                       f"({N}, {K // QK_K * BLOCK_BYTES[qtype]})")
+        raise BadInput(
+            f"mmq: weight bytes shape {w.shape}, expected ({N}, {K // QK_K * BLOCK_BYTES[qtype]})"
+        )
     return w
 
 
 def q4k_scales(w_raw: np.ndarray, N: int, K: int):
     """-> d, dmin f32 [N, K/256] and the 6-bit sc, m uint8 [N, K/256, 8] of raw q4_K rows."""
     w = _check(w_raw, Q4_K, N, K).reshape(N, K // QK_K, 144)
-    d = w[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)     # [N, KB]
+    d = w[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, KB]
     dmin = w[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
     s = w[..., 4:16].astype(np.uint8)
     lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
@@ -58,8 +59,9 @@ def q4k_scales(w_raw: np.ndarray, N: int, K: int):
 def q6k_scales(w_raw: np.ndarray, N: int, K: int):
     """-> d f32 [N, K/256] and the int8 sc [N, K/256, 16] of raw q6_K rows."""
     w = _check(w_raw, Q6_K, N, K).reshape(N, K // QK_K, 210)
-    return w[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32), \
-        w[..., 192:208].view(np.int8)
+    return w[..., 208:210].copy().view(np.float16)[..., 0].astype(np.float32), w[..., 192:208].view(
+        np.int8
+    )
 
 
 def decode_q4k(w_raw: np.ndarray, N: int, K: int):
@@ -69,7 +71,7 @@ def decode_q4k(w_raw: np.ndarray, N: int, K: int):
     dsv = (d[..., None] * sc.astype(np.float32)).reshape(N, K // 32)
     dmv = -(dmin[..., None] * m.astype(np.float32)).reshape(N, K // 32)
     qs = w[..., 16:].reshape(N, K // QK_K, 4, 1, 32)
-    v = (qs >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0xF    # [N,KB,4,2,32]
+    v = (qs >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0xF  # [N,KB,4,2,32]
     return dsv, dmv, v.reshape(N, K)
 
 
@@ -78,10 +80,12 @@ def decode_q6k(w_raw: np.ndarray, N: int, K: int):
     w = _check(w_raw, Q6_K, N, K).reshape(N, K // QK_K, 210)
     ql = w[..., 0:128].reshape(N, -1, 2, 1, 64)
     qh = w[..., 128:192].reshape(N, -1, 2, 1, 32)
-    d, sc = q6k_scales(w_raw, N, K)                                        # [N, KB], [N, KB, 16]
+    d, sc = q6k_scales(w_raw, N, K)  # [N, KB], [N, KB, 16]
     sc = sc.astype(np.float32)
     lo = ((ql >> np.array([0, 4], np.uint8).reshape(1, 1, 1, 2, 1)) & 0xF).reshape(N, -1, 2, 4, 32)
-    hb = ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3).reshape(N, -1, 2, 4, 32)
+    hb = ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 1, 4, 1)) & 3).reshape(
+        N, -1, 2, 4, 32
+    )
     qm = ((lo | (hb << 4)).astype(np.int16) - 32).astype(np.int8).reshape(N, K)
     dsv16 = (d[..., None] * sc).reshape(N, K // 16)
     return dsv16, qm
@@ -96,9 +100,17 @@ def _as_q8(x: np.ndarray, M: int, K: int) -> np.ndarray:
     return quantize_q8_1_raw(x.astype(np.float32))
 
 
-def mmq_linear_ref(x: np.ndarray, w_raw: np.ndarray, qtype: int, M: int, N: int, K: int,
-                   out: np.ndarray | None = None, accumulate: bool = False,
-                   dtype=np.float64) -> np.ndarray:
+def mmq_linear_ref(
+    x: np.ndarray,
+    w_raw: np.ndarray,
+    qtype: int,
+    M: int,
+    N: int,
+    K: int,
+    out: np.ndarray | None = None,
+    accumulate: bool = False,
+    dtype=np.float64,
+) -> np.ndarray:
     """Twin of minfer.cuda.ops.mmq.mmq_linear: x f32 [M, K] or q8_1 raw uint8 [M, K/32*40],
     w_raw uint8 [N, K/256*bytes]; returns f32 [M, N] (added to `out` when accumulate)."""
     a = _as_q8(x, M, K)
@@ -110,10 +122,10 @@ def mmq_linear_ref(x: np.ndarray, w_raw: np.ndarray, qtype: int, M: int, N: int,
     if int(qtype) == Q4_K:
         dsv, dmv, v = decode_q4k(w_raw, N, K)
         v = v.astype(dtype)
-        dma = da * sa.astype(np.float32)                          # f32, like the kernels
+        dma = da * sa.astype(np.float32)  # f32, like the kernels
         for c in range(K // 32):
             ks = slice(32 * c, 32 * c + 32)
-            S = qa[:, ks] @ v[:, ks].T                            # exact integers
+            S = qa[:, ks] @ v[:, ks].T  # exact integers
             y += da[:, c, None].astype(dtype) * (dsv[None, :, c].astype(dtype) * S)
             y += dma[:, c, None].astype(dtype) * dmv[None, :, c].astype(dtype)
     elif int(qtype) == Q6_K:

@@ -26,10 +26,10 @@ def q8_blocks(x: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
     prepass's quantization of each `block` values (32: q8_1), d unrounded."""
     M, K = x.shape
     xb = x.astype(np.float32, copy=False).reshape(M, K // block, block)
-    amax = np.abs(xb).max(axis=-1)                       # f32
-    d = amax / np.float32(127)                           # f32 division, like `amax / 127`
+    amax = np.abs(xb).max(axis=-1)  # f32
+    d = amax / np.float32(127)  # f32 division, like `amax / 127`
     with np.errstate(divide="ignore", invalid="ignore"):
-        v = xb / d[..., None]                            # f32 division, like `xi / d`
+        v = xb / d[..., None]  # f32 division, like `xi / d`
     # roundf: half away from zero; exact in f64 since |v| <= 127 (+ a rounding ulp)
     v64 = v.astype(np.float64)
     q = np.where(amax[..., None] == 0, 0.0, np.sign(v64) * np.floor(np.abs(v64) + 0.5))
@@ -40,8 +40,9 @@ def quantize_q8_1_raw(x: np.ndarray) -> np.ndarray:
     """x: f32 [M, K] (K % 32 == 0) -> uint8 [M, K/32*40], bit-identical to the CUDA prepass."""
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] % QK8_1:
-        raise BadInput(f"quantize_q8_1_raw: x must be [M, K] with K a multiple of 32, "
-                       f"got shape {x.shape}")
+        raise BadInput(
+            f"quantize_q8_1_raw: x must be [M, K] with K a multiple of 32, got shape {x.shape}"
+        )
     M, K = x.shape
     d, q = q8_blocks(x, QK8_1)
     q = q.reshape(M, K // QK8_1, QK8_1)
@@ -57,8 +58,9 @@ def unpack_q8_1_raw(raw: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray, np
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     M = raw.shape[0]
     if raw.ndim != 2 or raw.shape[1] != K // QK8_1 * BLOCK_BYTES or K % QK8_1:
-        raise BadInput(f"q8_1 raw: expected [M, {K // QK8_1 * BLOCK_BYTES}] uint8 for K={K}, "
-                       f"got {raw.shape}")
+        raise BadInput(
+            f"q8_1 raw: expected [M, {K // QK8_1 * BLOCK_BYTES}] uint8 for K={K}, got {raw.shape}"
+        )
     b = raw.view(Q8_1_RAW).reshape(M, K // QK8_1)
     return b["d"].astype(np.float32), b["q"].reshape(M, K), b["s"].astype(np.int32)
 

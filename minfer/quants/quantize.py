@@ -56,6 +56,7 @@ def _pack_qh(q: np.ndarray) -> np.ndarray:
 
 # --- the legacy 32-weight block types ------------------------------------------------------------
 
+
 def quantize_q8_0(xb: np.ndarray) -> np.ndarray:
     """xb: [nb, 32] f32 -> [nb, 34] (d f16, qs int8[32])."""
     amax = np.abs(xb).max(axis=1)
@@ -102,19 +103,26 @@ def quantize_q5_1(xb: np.ndarray) -> np.ndarray:
         idd = np.where(d != 0, F32(1) / d, F32(0)).astype(F32)
     # C: (uint8_t)(x0 + 0.5f), no clamp; x0 <= 31 + rounding so it stays <= 31
     q = np.trunc((xb - mn[:, None]) * idd[:, None] + F32(0.5)).astype(np.uint8)
-    return np.concatenate([fp16_bytes(d), fp16_bytes(mn), _pack_qh(q), _pack_nibbles(q & np.uint8(15))],
-                          axis=1)
+    return np.concatenate(
+        [fp16_bytes(d), fp16_bytes(mn), _pack_qh(q), _pack_nibbles(q & np.uint8(15))], axis=1
+    )
 
 
 # --- dispatch ------------------------------------------------------------------------------------
+
 
 def _block_fns():
     from minfer.quants import quantize_k as k
 
     return {
-        "Q4_0": (32, quantize_q4_0), "Q4_1": (32, quantize_q4_1), "Q5_0": (32, quantize_q5_0),
-        "Q5_1": (32, quantize_q5_1), "Q8_0": (32, quantize_q8_0),
-        "Q4_K": (256, k.quantize_q4_K), "Q5_K": (256, k.quantize_q5_K), "Q6_K": (256, k.quantize_q6_K),
+        "Q4_0": (32, quantize_q4_0),
+        "Q4_1": (32, quantize_q4_1),
+        "Q5_0": (32, quantize_q5_0),
+        "Q5_1": (32, quantize_q5_1),
+        "Q8_0": (32, quantize_q8_0),
+        "Q4_K": (256, k.quantize_q4_K),
+        "Q5_K": (256, k.quantize_q5_K),
+        "Q6_K": (256, k.quantize_q6_K),
     }
 
 
@@ -131,7 +139,9 @@ def type_name(qtype: int | str) -> str:
     if isinstance(qtype, str):
         name = qtype.upper()
         if name not in gguf.GGMLQuantizationType.__members__:
-            raise Unsupported(f"unknown tensor type {qtype!r} (quantizable: {', '.join(QUANTIZABLE)})")
+            raise Unsupported(
+                f"unknown tensor type {qtype!r} (quantizable: {', '.join(QUANTIZABLE)})"
+            )
     else:
         try:
             name = gguf.GGMLQuantizationType(int(qtype)).name
@@ -185,7 +195,7 @@ def quantize(x: np.ndarray, qtype: int | str, impl: str = "auto") -> np.ndarray:
     parts = []
     with np.errstate(all="ignore"):  # 0/0 in masked-out lanes; C computes them too and discards
         for r0 in range(0, rows, rows_per_chunk):
-            xb = x[r0:r0 + rows_per_chunk].reshape(-1, bs)
+            xb = x[r0 : r0 + rows_per_chunk].reshape(-1, bs)
             parts.append(fn(xb).reshape(-1, row_bytes))
     return np.concatenate(parts, axis=0) if len(parts) > 1 else parts[0]
 

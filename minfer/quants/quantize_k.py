@@ -70,8 +70,9 @@ def _levels_into(out: np.ndarray, v: np.ndarray, lo: int, hi: int, safe: bool) -
     return out
 
 
-def make_qkx2_quants(X: np.ndarray, W: np.ndarray, nmax: int, rmin: float, rdelta: float,
-                     nstep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def make_qkx2_quants(
+    X: np.ndarray, W: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ggml make_qkx2_quants with use_mad=false, for all blocks at once.
 
     X, W: [B, n, G] float32 (see to_bnG). Returns (scale [B, 1, G], the_min [B, 1, G],
@@ -240,7 +241,10 @@ def quantize_q5_K(xb: np.ndarray) -> np.ndarray:
     d, dmin, sc, L = _qk_min_type(xb, 31, -0.5, 0.1, 15)
     L = L.reshape(-1, 4, 2, 32)
     hi = (L >> 4) & 1  # [nsb, n/64, half, j]
-    shift = (2 * np.arange(4, dtype=np.uint8)[:, None, None] + np.arange(2, dtype=np.uint8)[None, :, None])
+    shift = (
+        2 * np.arange(4, dtype=np.uint8)[:, None, None]
+        + np.arange(2, dtype=np.uint8)[None, :, None]
+    )
     qh = np.bitwise_or.reduce((hi << shift).reshape(-1, 8, 32), axis=1).astype(np.uint8)
     lo = L & 0xF
     ql = (lo[:, :, 0, :] | (lo[:, :, 1, :] << 4)).reshape(-1, 128)
@@ -266,7 +270,9 @@ def quantize_q6_K(xb: np.ndarray) -> np.ndarray:
     L = L.reshape(nsb, 256).astype(np.uint8)
     Lr = L.reshape(nsb, 2, 4, 32)  # [nsb, 128-chunk, quarter, l]
     lo = Lr & 0xF
-    ql = np.concatenate([lo[:, :, 0] | (lo[:, :, 2] << 4), lo[:, :, 1] | (lo[:, :, 3] << 4)], axis=2)
+    ql = np.concatenate(
+        [lo[:, :, 0] | (lo[:, :, 2] << 4), lo[:, :, 1] | (lo[:, :, 3] << 4)], axis=2
+    )
     h = Lr >> 4
     qh = h[:, :, 0] | (h[:, :, 1] << 2) | (h[:, :, 2] << 4) | (h[:, :, 3] << 6)
     out = np.concatenate([ql.reshape(nsb, 128), qh.reshape(nsb, 64), sc, fp16_bytes(d16)], axis=1)

@@ -106,27 +106,46 @@ def check_requantize(types: dict[str, str], src: dict[str, str], ftype: str) -> 
         from minfer.host.words import plural
 
         first = requant[0]
-        raise BadInput(f"{first} is {src[first]} already: requantizing "
-                       f"{plural(len(requant), 'quantized tensor')} to {ftype} loses quality "
-                       "twice; pass --allow-requantize to do it anyway (as llama-quantize)")
+        raise BadInput(
+            f"{first} is {src[first]} already: requantizing "
+            f"{plural(len(requant), 'quantized tensor')} to {ftype} loses quality "
+            "twice; pass --allow-requantize to do it anyway (as llama-quantize)"
+        )
 
 
-def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftype: str,
-                   threads: int | None = None, progress: bool = True,
-                   allow_requantize: bool = True) -> QuantizeStats:
+def quantize_model(
+    in_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    ftype: str,
+    threads: int | None = None,
+    progress: bool = True,
+    allow_requantize: bool = True,
+) -> QuantizeStats:
     import gguf
 
-    from minfer.gguf.write import metadata_from_reader, write_gguf
     from minfer.gguf.loader import load_model
-    from minfer.quants.mix import FTYPES, GGML_QNT_VERSION, MixModel, TensorDesc, ftype_key, plan_types
+    from minfer.gguf.write import metadata_from_reader, write_gguf
+    from minfer.quants.mix import (
+        FTYPES,
+        GGML_QNT_VERSION,
+        MixModel,
+        TensorDesc,
+        ftype_key,
+        plan_types,
+    )
 
     in_path, out_path = Path(in_path), Path(out_path)
     ftype = ftype_key(ftype)
     check_output_path(in_path, out_path)
     model = load_model(in_path)
     c = model.config
-    mix = MixModel(c.arch, c.n_layers, c.n_heads, c.n_kv_heads,
-                   int(model.metadata.get(f"{c.arch}.expert_count", 0) or 0))
+    mix = MixModel(
+        c.arch,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        int(model.metadata.get(f"{c.arch}.expert_count", 0) or 0),
+    )
     descs = [TensorDesc(n, t.shape, t.type_name) for n, t in model.tensors.items()]
     types = plan_types(descs, ftype, mix)  # in llama.cpp's tensor order
     if not allow_requantize:
@@ -166,20 +185,24 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     _worker_model = model  # inherited by forked workers (opening the model again takes seconds)
     # the pool is made before any progress-bar thread exists (fork copies no running thread)
     stop = ctx.Event()
+    from minfer.host.pools import start_pool
     from minfer.host.signals import deferred
 
-    from minfer.host.pools import start_pool
-
     with deferred():  # a signal now would leave started workers behind: take it after
-        pool = start_pool(ctx, min(threads, max(1, len(items))), initializer=_worker_init,
-                          initargs=(str(in_path), forked, stop))
+        pool = start_pool(
+            ctx,
+            min(threads, max(1, len(items))),
+            initializer=_worker_init,
+            initargs=(str(in_path), forked, stop),
+        )
     bar = None
     try:
         results = pool.imap(_work, items)  # ordered; workers run ahead of the writer
         from minfer.host.progress import bar as progress_bar
 
-        bar = progress_bar(progress, total=n_weights, unit="w", unit_scale=True,
-                           desc=f"quantizing {ftype}")
+        bar = progress_bar(
+            progress, total=n_weights, unit="w", unit_scale=True, desc=f"quantizing {ftype}"
+        )
 
         def produce(name: str, ty: str):
             t = model.tensors[name]
@@ -199,8 +222,10 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
 
             return get
 
-        entries = [(name, int(gguf.GGMLQuantizationType[ty]), model.tensors[name].shape,
-                    produce(name, ty)) for name, ty in types.items()]
+        entries = [
+            (name, int(gguf.GGMLQuantizationType[ty]), model.tensors[name].shape, produce(name, ty))
+            for name, ty in types.items()
+        ]
         write_gguf(out_path, c.arch, meta, entries, progress=False)
     finally:
         # every way out stops the workers the same way (they ignore signals, so
@@ -212,7 +237,11 @@ def quantize_model(in_path: str | os.PathLike, out_path: str | os.PathLike, ftyp
     _worker_model = None
     seconds = time.perf_counter() - t0
     return QuantizeStats(
-        n_tensors=len(types), n_quantized=sum(1 for n, ty in types.items()
-                                              if ty != model.tensors[n].type_name),
-        n_weights=n_weights, seconds=seconds, in_bytes=in_path.stat().st_size,
-        out_bytes=out_path.stat().st_size, types=types)
+        n_tensors=len(types),
+        n_quantized=sum(1 for n, ty in types.items() if ty != model.tensors[n].type_name),
+        n_weights=n_weights,
+        seconds=seconds,
+        in_bytes=in_path.stat().st_size,
+        out_bytes=out_path.stat().st_size,
+        types=types,
+    )

@@ -37,8 +37,11 @@ def seqsum(a: np.ndarray) -> np.ndarray:
 
 def fp16_bytes(v: np.ndarray) -> np.ndarray:
     """GGML_FP32_TO_FP16 (round to nearest even) -> [..., 2] little-endian bytes."""
-    return np.ascontiguousarray(np.asarray(v, dtype=F32).astype(np.float16)).view(np.uint8).reshape(
-        *np.shape(v), 2)
+    return (
+        np.ascontiguousarray(np.asarray(v, dtype=F32).astype(np.float16))
+        .view(np.uint8)
+        .reshape(*np.shape(v), 2)
+    )
 
 
 def fp16_round(v: np.ndarray) -> np.ndarray:

@@ -32,8 +32,9 @@ def _scales(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.where(rng.random(n) < 0.5, real.view(np.uint16), wild)
 
 
-def random_raw(qtype: int, n_rows: int, n_cols: int, rng: np.random.Generator,
-               finite: bool = True) -> np.ndarray:
+def random_raw(
+    qtype: int, n_rows: int, n_cols: int, rng: np.random.Generator, finite: bool = True
+) -> np.ndarray:
     """Raw GGUF rows [n_rows, row_bytes] (uint8) of type qtype."""
     t = traits_of(qtype)
     rb = t.row_bytes(n_cols)
@@ -64,6 +65,8 @@ def nan_aware_equal(got: np.ndarray, want: np.ndarray) -> tuple[bool, str]:
         return True, ""
     idx = np.argwhere(diff)
     first = tuple(int(i) for i in idx[0])
-    return False, (f"{len(idx)} elements differ; first at {first}: got {got[first]!r} "
-                   f"(0x{int(got.view(ui)[first]):x}) want {want[first]!r} "
-                   f"(0x{int(want.view(ui)[first]):x})")
+    return False, (
+        f"{len(idx)} elements differ; first at {first}: got {got[first]!r} "
+        f"(0x{int(got.view(ui)[first]):x}) want {want[first]!r} "
+        f"(0x{int(want.view(ui)[first]):x})"
+    )

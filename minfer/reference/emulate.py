@@ -35,13 +35,14 @@ def emulated_weights(model, grid: str) -> frozenset[str]:
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.plan.routes import linear_names, plan_routes
 
-    if not GRIDS[grid][0]:   # every GEMM
+    if not GRIDS[grid][0]:  # every GEMM
         return frozenset(n for n in linear_names(model) if n != model.output_name)
     from minfer.cuda.paths import TABLE
 
     routes = plan_routes(model, GemmChoice(GRIDS[grid][0]), _H200, ubatch=512)
-    return frozenset(n for n, (path, _) in routes.items()
-                     if TABLE[path].int8 and n != model.output_name)
+    return frozenset(
+        n for n, (path, _) in routes.items() if TABLE[path].int8 and n != model.output_name
+    )
 
 
 def emulating_backend(model, grid: str, max_tokens: int):
@@ -50,9 +51,13 @@ def emulating_backend(model, grid: str, max_tokens: int):
     from minfer.reference.forward import ReferenceBackend
 
     names = emulated_weights(model, grid)
-    be = ReferenceBackend(model, dtype=np.float32, max_tokens=max_tokens,
-                          q8_1_inputs=names if grid.startswith("q8_1") else frozenset(),
-                          blk_inputs=names if grid.startswith("blk") else frozenset(),
-                          blk_block=GRIDS[grid][1] or 128)
+    be = ReferenceBackend(
+        model,
+        dtype=np.float32,
+        max_tokens=max_tokens,
+        q8_1_inputs=names if grid.startswith("q8_1") else frozenset(),
+        blk_inputs=names if grid.startswith("blk") else frozenset(),
+        blk_block=GRIDS[grid][1] or 128,
+    )
     be.name = f"cpu+{grid}"
     return be

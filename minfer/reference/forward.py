@@ -65,13 +65,11 @@ first compares what it will allocate with the host's headroom (minfer.host.hostm
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from minfer.errors import BadInput, NumericError
 from minfer.reference import ops
 from minfer.reference.layout import check_hidden, check_top
-
 
 # dequantized experts kept up to this many bytes in all (else dequantized at each use)
 EXPERT_CACHE_BYTES = 1 << 30
@@ -88,11 +86,12 @@ def round_f16(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).astype(x.dtype)
     u = x.view(np.uint32)
     # normal f16 range: round the f32 mantissa to 10 bits, ties to even
-    r = ((u + (np.uint32(0x0FFF) + ((u >> np.uint32(13)) & np.uint32(1))))
-         & np.uint32(0xFFFFE000)).view(np.float32)
-    small = np.abs(x) < np.float32(2.0 ** -14)  # f16 subnormals: a fixed step of 2^-24
+    r = (
+        (u + (np.uint32(0x0FFF) + ((u >> np.uint32(13)) & np.uint32(1)))) & np.uint32(0xFFFFE000)
+    ).view(np.float32)
+    small = np.abs(x) < np.float32(2.0**-14)  # f16 subnormals: a fixed step of 2^-24
     if small.any():
-        r[small] = np.rint(x[small] * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24)
+        r[small] = np.rint(x[small] * np.float32(2.0**24)) * np.float32(2.0**-24)
     big = np.abs(r) > np.float32(65504)  # beyond f16's largest finite value
     if big.any():
         r[big] = np.copysign(np.float32(np.inf), x[big])
@@ -137,9 +136,17 @@ class ReferenceBackend:
     tok, rows, targets) -> [m, 4] row stats of many sequences at once (with copy_kv,
     reserve_slots, kv_slots: minfer.batch's backend protocol)."""
 
-    def __init__(self, model, dtype=np.float32, kv_f16: bool = True, act_quant: bool = False,
-                 max_tokens: int | None = None, q8_1_inputs: frozenset[str] = frozenset(),
-                 blk_inputs: frozenset[str] = frozenset(), blk_block: int = 128):
+    def __init__(
+        self,
+        model,
+        dtype=np.float32,
+        kv_f16: bool = True,
+        act_quant: bool = False,
+        max_tokens: int | None = None,
+        q8_1_inputs: frozenset[str] = frozenset(),
+        blk_inputs: frozenset[str] = frozenset(),
+        blk_block: int = 128,
+    ):
         self.model = model
         self.cfg = model.config
         self.dtype = np.dtype(dtype)
@@ -166,7 +173,7 @@ class ReferenceBackend:
         if w is None:
             try:
                 w = self.model.dequant(name)
-                if name in self.blk_inputs:   # the block path's requantized weight grid
+                if name in self.blk_inputs:  # the block path's requantized weight grid
                     from minfer.quants.blk_ref import blk_grid
 
                     w = blk_grid(w.reshape(w.shape[0], -1), weight=True, block=self.blk_block)
@@ -181,12 +188,19 @@ class ReferenceBackend:
     def preload_bytes(self) -> int:
         """Bytes preload() will hold: every weight but the embedding table (gathered by rows)
         in self.dtype, the tied LM head's table included."""
-        names = [n for n in self.model.tensors if n != "token_embd.weight"
-                 and not (n.endswith("_exps.weight") and not self._cache_experts)]
+        names = [
+            n
+            for n in self.model.tensors
+            if n != "token_embd.weight"
+            and not (n.endswith("_exps.weight") and not self._cache_experts)
+        ]
         if self.cfg.tied_embeddings:
             names.append("token_embd.weight")
-        sizes = [int(np.prod(self.model.tensors[n].shape, dtype=object)) for n in names
-                 if n not in self._w]
+        sizes = [
+            int(np.prod(self.model.tensors[n].shape, dtype=object))
+            for n in names
+            if n not in self._w
+        ]
         # + the dequantization's transient: ~2x its output at the peak (measured with
         # tracemalloc on Q4_1/Q8_0, gguf's numpy dequant), once for the largest tensor
         return (sum(sizes) + 2 * max(sizes, default=0)) * self.dtype.itemsize
@@ -200,7 +214,9 @@ class ReferenceBackend:
         # MoE: the k expert outputs [T, k, d], the router [T, e], one expert's weights
         width += c.n_expert_used * c.d_model + c.n_expert
         one = 0 if self._cache_experts else 6 * c.d_model * c.d_ff_exp
-        return (2 * T * width + one + 4 * c.n_heads * T * S + 2 * c.vocab_size) * self.dtype.itemsize
+        return (
+            2 * T * width + one + 4 * c.n_heads * T * S + 2 * c.vocab_size
+        ) * self.dtype.itemsize
 
     def preload(self, progress: bool = False) -> None:
         """Dequantize every weight now (so load time is not billed to the first forward).
@@ -208,8 +224,11 @@ class ReferenceBackend:
         from minfer.host.hostmem import require
 
         require(self.preload_bytes(), f"the CPU backend's {self.dtype} weights")
-        names = [n for n in self.model.tensors if n != "token_embd.weight"
-                 and not n.endswith("_exps.weight")]
+        names = [
+            n
+            for n in self.model.tensors
+            if n != "token_embd.weight" and not n.endswith("_exps.weight")
+        ]
         if self.cfg.tied_embeddings:
             names.append("token_embd.weight")
         from minfer.host.progress import bar
@@ -217,7 +236,7 @@ class ReferenceBackend:
         for n in bar(progress, iterable=names, desc="dequantize", unit="tensor") or names:
             self.weight(n)
         for n in (n for n in self.model.tensors if n.endswith("_exps.weight")):
-            if self._cache_experts:   # expert by expert (never the whole stack at once)
+            if self._cache_experts:  # expert by expert (never the whole stack at once)
                 for e in range(self.cfg.n_expert):
                     self.expert(n, e)
 
@@ -232,9 +251,13 @@ class ReferenceBackend:
         elif name in self.blk_inputs:  # the block path's grid: rotated int8 per 128 values
             from minfer.quants.blk_ref import blk_grid, token_scaled
 
-            x = blk_grid(x.reshape(-1, x.shape[-1]), block=self.blk_block,
-                         per_token=token_scaled(name)).reshape(x.shape).astype(self.dtype,
-                                                                               copy=False)
+            x = (
+                blk_grid(
+                    x.reshape(-1, x.shape[-1]), block=self.blk_block, per_token=token_scaled(name)
+                )
+                .reshape(x.shape)
+                .astype(self.dtype, copy=False)
+            )
         y = x @ self.weight(name).T
         bias = name[: -len(".weight")] + ".bias"
         if bias in self.model.tensors:
@@ -278,8 +301,10 @@ class ReferenceBackend:
         shape = (new_cap, c.n_kv_heads, c.head_dim)
         from minfer.host.hostmem import out_of_memory, require
 
-        require(2 * c.n_layers * new_cap * c.n_kv_heads * c.head_dim * self.dtype.itemsize,
-                f"the CPU backend's KV cache of {new_cap} positions")
+        require(
+            2 * c.n_layers * new_cap * c.n_kv_heads * c.head_dim * self.dtype.itemsize,
+            f"the CPU backend's KV cache of {new_cap} positions",
+        )
         try:
             k_new = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
             v_new = [np.zeros(shape, self.dtype) for _ in range(c.n_layers)]
@@ -298,10 +323,12 @@ class ReferenceBackend:
         if n <= 0:
             return
         if min(src, dst) < 0 or max(src, dst) + n > self.kv_slots or abs(src - dst) < n:
-            raise BadInput(f"copy_kv: rows {src}+{n} -> {dst}+{n} outside the cache's "
-                           f"{self.kv_slots} rows or overlapping")
+            raise BadInput(
+                f"copy_kv: rows {src}+{n} -> {dst}+{n} outside the cache's "
+                f"{self.kv_slots} rows or overlapping"
+            )
         for cache in (*self._k, *self._v):
-            cache[dst: dst + n] = cache[src: src + n]
+            cache[dst : dst + n] = cache[src : src + n]
 
     def reset(self) -> None:
         self.n_past = 0
@@ -334,8 +361,14 @@ class ReferenceBackend:
 
             raise out_of_memory(f"running the CPU forward at position {pos0}") from None
 
-    def _check(self, x: np.ndarray, ids: np.ndarray, pos: np.ndarray, where: str,
-               slots: np.ndarray | None = None) -> None:
+    def _check(
+        self,
+        x: np.ndarray,
+        ids: np.ndarray,
+        pos: np.ndarray,
+        where: str,
+        slots: np.ndarray | None = None,
+    ) -> None:
         """NumericError naming `where`, the first row's position (and KV slot, packed) and its
         token, when x [T', d] holds NaN or inf; ids, pos (and slots) [T']: those of x's rows."""
         if np.isfinite(x).all():
@@ -344,9 +377,11 @@ class ReferenceBackend:
         row = int(np.argmax(bad.any(axis=-1)))
         kind = "NaN" if np.isnan(x[row]).any() else "inf"
         at = f"slot {int(slots[row])}, " if slots is not None else ""
-        raise NumericError(f"non-finite values ({kind}) in the output of {where} at position "
-                           f"{int(pos[row])} ({at}token id {int(ids[row])}) on the {self.name} "
-                           "backend (NaN/inf/huge weights, or hyperparameters out of range)")
+        raise NumericError(
+            f"non-finite values ({kind}) in the output of {where} at position "
+            f"{int(pos[row])} ({at}token id {int(ids[row])}) on the {self.name} "
+            "backend (NaN/inf/huge weights, or hyperparameters out of range)"
+        )
 
     def _embed(self, ids: np.ndarray) -> np.ndarray:
         """The residual stream's start [T, d_model]: the embedding rows of ids (gemma: scaled)."""
@@ -360,15 +395,18 @@ class ReferenceBackend:
         """ops.attention's keyword arguments for layer il (f16 P rounding, window, scale,
         gemma2's soft cap)."""
         c = self.cfg
-        kw = dict(p_round=round_f16 if self.kv_f16 else None,
-                  window=c.sliding_window if c.is_local(il) else 0,
-                  scale=c.kq_scale or (1.0 if c.attn_scale else None))  # granite's kq scale
+        kw = dict(
+            p_round=round_f16 if self.kv_f16 else None,
+            window=c.sliding_window if c.is_local(il) else 0,
+            scale=c.kq_scale or (1.0 if c.attn_scale else None),
+        )  # granite's kq scale
         if c.attn_softcap:
             kw["softcap"] = c.attn_softcap
         return kw
 
-    def _layer(self, il: int, x: np.ndarray, pos: np.ndarray, write, attend,
-               keep: slice | None = None) -> np.ndarray:
+    def _layer(
+        self, il: int, x: np.ndarray, pos: np.ndarray, write, attend, keep: slice | None = None
+    ) -> np.ndarray:
         """Layer il on the residual x [T, d_model] whose rows sit at RoPE positions pos [T]
         -> the new residual (of the rows `keep`, default all). K and V (after RoPE, f16-rounded
         with kv_f16) go into cache rows `write` (a slice or an int array [T]); then `attend(il,
@@ -413,13 +451,14 @@ class ReferenceBackend:
             a = a * ft.type(c.residual_scale)
         x = x + a
         h = ops.rmsnorm(x, self.weight(p + "ffn_norm.weight"), c.rms_eps) if c.pre_norms else x
-        if c.n_expert:   # qwen3moe, Mixtral: the routed experts (minfer.reference.moe)
+        if c.n_expert:  # qwen3moe, Mixtral: the routed experts (minfer.reference.moe)
             f = self._moe(il, h)
         else:
             g = self._linear(h, p + "ffn_gate.weight")
             u = self._linear(h, p + "ffn_up.weight")
-            f = self._linear(ops.geglu(g, u) if c.ffn_gelu else ops.swiglu(g, u),
-                             p + "ffn_down.weight")
+            f = self._linear(
+                ops.geglu(g, u) if c.ffn_gelu else ops.swiglu(g, u), p + "ffn_down.weight"
+            )
         if c.post_norms:  # gemma3: post_ffw_norm before the residual add
             f = ops.rmsnorm(f, self.weight(p + "post_ffw_norm.weight"), c.rms_eps)
         if c.residual_scale != 1.0:  # granite
@@ -433,9 +472,8 @@ class ReferenceBackend:
 
         c = self.cfg
         p = f"blk.{il}."
-        logits = self._linear(h, p + "ffn_gate_inp.weight")   # [T, e]
-        sel, w, gap = moe.route(logits, c.n_expert_used, c.moe_gating, c.moe_norm_w,
-                                c.moe_w_scale)
+        logits = self._linear(h, p + "ffn_gate_inp.weight")  # [T, e]
+        sel, w, gap = moe.route(logits, c.n_expert_used, c.moe_gating, c.moe_norm_w, c.moe_w_scale)
         if self.router_log is not None:
             self.router_log.append((il, gap))
 
@@ -448,8 +486,11 @@ class ReferenceBackend:
 
     def _experts_cached(self) -> bool:
         """Keep dequantized experts (all of them fit EXPERT_CACHE_BYTES in self.dtype)."""
-        n = sum(int(np.prod(t.shape, dtype=object)) for name, t in self.model.tensors.items()
-                if name.endswith("_exps.weight"))
+        n = sum(
+            int(np.prod(t.shape, dtype=object))
+            for name, t in self.model.tensors.items()
+            if name.endswith("_exps.weight")
+        )
         return n * self.dtype.itemsize <= EXPERT_CACHE_BYTES
 
     def expert(self, name: str, e: int) -> np.ndarray:
@@ -498,26 +539,38 @@ class ReferenceBackend:
         self._check(x, ids, pos, "the embedding (token_embd.weight)")
 
         def attend(il, q):  # the last layer's q: only its last rows
-            return ops.attention(q, self._k[il], self._v[il], pos0 + T - q.shape[0],
-                                 **self._attn_kw(il))
+            return ops.attention(
+                q, self._k[il], self._v[il], pos0 + T - q.shape[0], **self._attn_kw(il)
+            )
 
         for il in range(c.n_layers):
             # the last layer: only the last n_out rows are needed past its KV write
             keep = slice(T - n_out, T) if il == c.n_layers - 1 else None
             x = self._layer(il, x, pos, slice(pos0, pos0 + T), attend, keep)
             n = x.shape[0]
-            self._check(x, ids[T - n:], pos[T - n:], f"layer {il} (blk.{il})")
+            self._check(x, ids[T - n :], pos[T - n :], f"layer {il} (blk.{il})")
             if self.layer_hook is not None:
                 self.layer_hook()
         self.n_past = pos0 + T
         logits = self._head(x)  # [n_out, vocab]
-        self._check(logits, ids[T - n_out:], pos[T - n_out:],
-                    f"the output layer (output_norm, {self.model.output_name})")
+        self._check(
+            logits,
+            ids[T - n_out :],
+            pos[T - n_out :],
+            f"the output layer (output_norm, {self.model.output_name})",
+        )
         return logits
 
     # -- packed: many sequences in one forward --------------------------------------------
-    def packed(self, ids: np.ndarray, tok: np.ndarray, rows: np.ndarray,
-               targets: np.ndarray, top: int = 0, hidden=None):
+    def packed(
+        self,
+        ids: np.ndarray,
+        tok: np.ndarray,
+        rows: np.ndarray,
+        targets: np.ndarray,
+        top: int = 0,
+        hidden=None,
+    ):
         """One chunk of many sequences' tokens (the oracle of CudaBackend.packed: packed
         prefill and batched decode).
 
@@ -548,16 +601,26 @@ class ReferenceBackend:
         except MemoryError:
             from minfer.host.hostmem import out_of_memory
 
-            raise out_of_memory(f"running the CPU packed forward of {ids.shape[0]} tokens "
-                                f"(slots {int(tok[0, 0])}..{int(tok[-1, 0])})") from None
+            raise out_of_memory(
+                f"running the CPU packed forward of {ids.shape[0]} tokens "
+                f"(slots {int(tok[0, 0])}..{int(tok[-1, 0])})"
+            ) from None
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int64 arrays, or BadInput naming what cannot run."""
         from minfer.reference.layout import check_packed
 
         c = self.cfg
-        return check_packed(ids, tok, rows, targets, vocab=c.vocab_size, kv_slots=self.kv_slots,
-                            n_pos=c.n_ctx, what_pos=f"the model's context of {c.n_ctx}")
+        return check_packed(
+            ids,
+            tok,
+            rows,
+            targets,
+            vocab=c.vocab_size,
+            kv_slots=self.kv_slots,
+            n_pos=c.n_ctx,
+            what_pos=f"the model's context of {c.n_ctx}",
+        )
 
     def _packed(self, ids, tok, rows, targets, top: int = 0, hidden=None):
         c = self.cfg
@@ -582,14 +645,20 @@ class ReferenceBackend:
         out = np.empty((m, 4), np.float32)
         top_ids, top_lp = np.empty((m, top), np.int32), np.empty((m, top), np.float32)
         for r in range(0, m, self.HEAD_ROWS):
-            rr = rows[r: r + self.HEAD_ROWS]
+            rr = rows[r : r + self.HEAD_ROWS]
             logits = self._head(x[rr])
-            self._check(logits, ids[rr], pos[rr],
-                        f"the output layer (output_norm, {self.model.output_name})", slot[rr])
-            st = out[r: r + rr.shape[0]] = ops.row_stats(logits, targets[r: r + rr.shape[0]])
+            self._check(
+                logits,
+                ids[rr],
+                pos[rr],
+                f"the output layer (output_norm, {self.model.output_name})",
+                slot[rr],
+            )
+            st = out[r : r + rr.shape[0]] = ops.row_stats(logits, targets[r : r + rr.shape[0]])
             if top:
-                top_ids[r: r + rr.shape[0]], top_lp[r: r + rr.shape[0]] = ops.row_topk(
-                    logits, st[:, 3], top)
+                top_ids[r : r + rr.shape[0]], top_lp[r : r + rr.shape[0]] = ops.row_topk(
+                    logits, st[:, 3], top
+                )
         res = (out, top_ids, top_lp) if top else out
         if hidden is None:
             return res

@@ -28,15 +28,16 @@ class LabelHead:
             raise BadInput(f"label ids must be a non-empty list of integers, got {lab.shape}")
         lab = lab.astype(np.int64)
         if lab.min() < 0 or lab.max() >= n:
-            raise BadInput(f"label id {int(lab.max() if lab.max() >= n else lab.min())} out "
-                           f"of range [0, {n})")
+            raise BadInput(
+                f"label id {int(lab.max() if lab.max() >= n else lab.min())} out of range [0, {n})"
+            )
         self.labels = lab
-        self.w = model.dequant(weight, rows=lab).astype(np.float32)   # [L, d_model]
+        self.w = model.dequant(weight, rows=lab).astype(np.float32)  # [L, d_model]
         self.cap = float(model.config.logit_softcap or 0.0)
 
     def __call__(self, hidden: np.ndarray) -> np.ndarray:
-        logits = np.asarray(hidden, np.float32) @ self.w.T   # [m, L]
-        if self.cap:   # as ReferenceBackend._head: scale by 1/cap, tanh, scale by cap
+        logits = np.asarray(hidden, np.float32) @ self.w.T  # [m, L]
+        if self.cap:  # as ReferenceBackend._head: scale by 1/cap, tanh, scale by cap
             cap = np.float32(self.cap)
             t = (logits * (np.float32(1.0) / cap)).astype(np.float64)
             logits = np.tanh(t).astype(np.float32) * cap

@@ -12,8 +12,19 @@ import numpy as np
 from minfer.errors import BadInput
 
 
-def check_packed(ids, tok, rows, targets, *, vocab: int, kv_slots: int, n_pos: int,
-                 what_pos: str, max_tokens: int | None = None, max_rows: bool = False):
+def check_packed(
+    ids,
+    tok,
+    rows,
+    targets,
+    *,
+    vocab: int,
+    kv_slots: int,
+    n_pos: int,
+    what_pos: str,
+    max_tokens: int | None = None,
+    max_rows: bool = False,
+):
     """(ids, tok, rows, targets) as int64 arrays, or BadInput naming what cannot run.
     n_pos: positions below it (what_pos names the limit: "the model's context of 256");
     max_tokens: T at most (the GPU's ubatch); max_rows: m <= T (the GPU's head buffers)."""
@@ -24,18 +35,24 @@ def check_packed(ids, tok, rows, targets, *, vocab: int, kv_slots: int, n_pos: i
     ids, tok, rows, targets = (a.astype(np.int64) for a in arrs)
     T = ids.shape[0] if ids.ndim == 1 else 0
     if T == 0 or (max_tokens is not None and T > max_tokens):
-        raise BadInput(f"packed: ids must be a non-empty 1-D array"
-                       + (f" of 1..{max_tokens} tokens" if max_tokens else "")
-                       + f", got shape {ids.shape}")
+        raise BadInput(
+            "packed: ids must be a non-empty 1-D array"
+            + (f" of 1..{max_tokens} tokens" if max_tokens else "")
+            + f", got shape {ids.shape}"
+        )
     if tok.shape != (T, 2) or rows.ndim != 1 or targets.shape != rows.shape:
-        raise BadInput(f"packed: tok {tok.shape}, rows {rows.shape}, targets "
-                       f"{targets.shape} for {T} tokens (expected [T, 2], [m], [m])")
+        raise BadInput(
+            f"packed: tok {tok.shape}, rows {rows.shape}, targets "
+            f"{targets.shape} for {T} tokens (expected [T, 2], [m], [m])"
+        )
     if ids.min() < 0 or ids.max() >= vocab:
         raise BadInput(f"packed: token id out of range [0, {vocab})")
     slot, lo = tok[:, 0], tok[:, 1]
     if (lo < 0).any() or (slot < lo).any() or slot.max() >= kv_slots:
-        raise BadInput(f"packed: slots must satisfy 0 <= lo <= slot < {kv_slots} (the KV "
-                       f"cache's slots), got slot {int(slot.max())}, lo {int(lo.min())}")
+        raise BadInput(
+            f"packed: slots must satisfy 0 <= lo <= slot < {kv_slots} (the KV "
+            f"cache's slots), got slot {int(slot.max())}, lo {int(lo.min())}"
+        )
     if (np.diff(slot) < 0).any() or (np.diff(lo) < 0).any():
         raise BadInput("packed: slots and sequence starts must be non-decreasing")
     same = np.flatnonzero(np.diff(slot) == 0)
@@ -46,8 +63,9 @@ def check_packed(ids, tok, rows, targets, *, vocab: int, kv_slots: int, n_pos: i
     if max_rows and rows.size > T:
         raise BadInput(f"packed: {rows.size} rows for {T} tokens (at most one per token)")
     if rows.size and (rows.min() < 0 or rows.max() >= T):
-        raise BadInput(f"packed: rows must be in [0, {T}), got {int(rows.min())}.."
-                       f"{int(rows.max())}")
+        raise BadInput(
+            f"packed: rows must be in [0, {T}), got {int(rows.min())}..{int(rows.max())}"
+        )
     if rows.size and (targets.max() >= vocab or targets.min() < -1):
         raise BadInput(f"packed: targets must be -1 or token ids below {vocab}")
     return ids, tok, rows, targets
@@ -58,12 +76,13 @@ def check_top(top, vocab: int) -> int:
     BadInput."""
     from minfer.reference.ops import TOP_MAX
 
-    if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or \
-            not 0 <= int(top) <= min(TOP_MAX, vocab):
-        raise BadInput(f"packed: top must be an integer in [0, {min(TOP_MAX, vocab)}], "
-                       f"got {top!r}")
+    if (
+        isinstance(top, bool)
+        or not isinstance(top, (int, np.integer))
+        or not 0 <= int(top) <= min(TOP_MAX, vocab)
+    ):
+        raise BadInput(f"packed: top must be an integer in [0, {min(TOP_MAX, vocab)}], got {top!r}")
     return int(top)
-
 
 
 def check_hidden(hidden, T: int):
@@ -73,10 +92,14 @@ def check_hidden(hidden, T: int):
         return None
     h = np.asarray(hidden)
     if h.ndim != 1 or (h.size and h.dtype.kind not in "iu"):
-        raise BadInput(f"packed: hidden must be a 1-D integer array of chunk rows, got "
-                       f"shape {h.shape} {h.dtype}")
+        raise BadInput(
+            f"packed: hidden must be a 1-D integer array of chunk rows, got "
+            f"shape {h.shape} {h.dtype}"
+        )
     h = h.astype(np.int64)
     if h.size > T or (h.size and (h.min() < 0 or h.max() >= T)):
-        raise BadInput(f"packed: hidden must be at most {T} rows in [0, {T}), got {h.size} "
-                       f"rows" + (f" in {int(h.min())}..{int(h.max())}" if h.size else ""))
+        raise BadInput(
+            f"packed: hidden must be at most {T} rows in [0, {T}), got {h.size} "
+            f"rows" + (f" in {int(h.min())}..{int(h.max())}" if h.size else "")
+        )
     return h

@@ -25,8 +25,9 @@ ROUTER_TIE_TOL = 1e-2
 W_SUM_MIN = np.float32(6.103515625e-5)  # build_moe_ffn's clamp of the weights' sum (f16 min)
 
 
-def route(logits: np.ndarray, k: int, gating: str = "softmax", norm_w: bool = True,
-          w_scale: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def route(
+    logits: np.ndarray, k: int, gating: str = "softmax", norm_w: bool = True, w_scale: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """logits [T, e] -> (sel [T, k] int, weights [T, k] in logits' dtype, gap [T])."""
     if gating != "softmax":
         raise ValueError(f"expert gating {gating!r} is not implemented (softmax only)")
@@ -35,9 +36,12 @@ def route(logits: np.ndarray, k: int, gating: str = "softmax", norm_w: bool = Tr
     order = np.argsort(-probs, axis=-1, kind="stable")
     sel = order[:, :k]
     w = np.take_along_axis(probs, sel, axis=-1)
-    lk = np.take_along_axis(logits, order[:, k - 1:k], axis=-1)[:, 0]
-    gap = (lk - np.take_along_axis(logits, order[:, k:k + 1], axis=-1)[:, 0]
-           if k < logits.shape[-1] else np.full(len(logits), np.inf, logits.dtype))
+    lk = np.take_along_axis(logits, order[:, k - 1 : k], axis=-1)[:, 0]
+    gap = (
+        lk - np.take_along_axis(logits, order[:, k : k + 1], axis=-1)[:, 0]
+        if k < logits.shape[-1]
+        else np.full(len(logits), np.inf, logits.dtype)
+    )
     if norm_w:
         w = w / np.maximum(w.sum(axis=-1, keepdims=True), W_SUM_MIN.astype(w.dtype))
     if w_scale not in (0.0, 1.0):
@@ -50,33 +54,38 @@ def near_ties(gap: np.ndarray, tol: float = ROUTER_TIE_TOL) -> np.ndarray:
     return np.flatnonzero(np.abs(gap) <= tol)
 
 
-def moe_ffn(h: np.ndarray, sel: np.ndarray, w: np.ndarray, expert, prefix: str,
-            linear) -> np.ndarray:
+def moe_ffn(
+    h: np.ndarray, sel: np.ndarray, w: np.ndarray, expert, prefix: str, linear
+) -> np.ndarray:
     """h [T, d]; sel, w [T, k] (route's); expert(name, e) -> that expert's weight [N, K];
     linear(x, W, name) -> x @ W.T (the caller's activation rounding) -> [T, d]."""
     T, k = sel.shape
     ys = None
     for e in np.unique(sel):
-        tok, slot = np.nonzero(sel == e)   # the (token, rank) pairs that chose expert e
+        tok, slot = np.nonzero(sel == e)  # the (token, rank) pairs that chose expert e
         x = h[tok]
-        g = linear(x, expert(prefix + "ffn_gate_exps.weight", int(e)),
-                   prefix + "ffn_gate_exps.weight")
-        u = linear(x, expert(prefix + "ffn_up_exps.weight", int(e)),
-                   prefix + "ffn_up_exps.weight")
-        y = linear(ops.swiglu(g, u), expert(prefix + "ffn_down_exps.weight", int(e)),
-                   prefix + "ffn_down_exps.weight")
+        g = linear(
+            x, expert(prefix + "ffn_gate_exps.weight", int(e)), prefix + "ffn_gate_exps.weight"
+        )
+        u = linear(x, expert(prefix + "ffn_up_exps.weight", int(e)), prefix + "ffn_up_exps.weight")
+        y = linear(
+            ops.swiglu(g, u),
+            expert(prefix + "ffn_down_exps.weight", int(e)),
+            prefix + "ffn_down_exps.weight",
+        )
         if ys is None:
             ys = np.zeros((T, k, y.shape[-1]), dtype=y.dtype)
         ys[tok, slot] = y
     ys *= w[..., None].astype(ys.dtype)
     out = ys[:, 0].copy()
-    for j in range(1, k):   # rank order, as ggml adds the views
+    for j in range(1, k):  # rank order, as ggml adds the views
         out += ys[:, j]
     return out
 
 
-def tie_excused(positions, errs, router_log, tol: float,
-                tie: float = ROUTER_TIE_TOL) -> tuple[bool, str]:
+def tie_excused(
+    positions, errs, router_log, tol: float, tie: float = ROUTER_TIE_TOL
+) -> tuple[bool, str]:
     """The router-tie-aware logits gate: positions [P] (prompt rows) with errs [P] (max
     |dlogit| each) against another engine; router_log: the backend's (layer, gap [T]) list of
     that run. A position beyond tol is excused when some token at or before it (attention is
@@ -87,12 +96,20 @@ def tie_excused(positions, errs, router_log, tol: float,
     bad = [(int(p), float(e)) for p, e in zip(positions, errs) if e > tol]
     hard = [(p, e) for p, e in bad if first is None or p < first]
     n_ties = sum(len(near_ties(g, tie)) for _, g in router_log)
-    where = (f"first router near-tie (gap <= {tie:g}) at token {first}, layer {layer}; "
-             f"{n_ties} near-ties in all" if ties else "no router near-tie")
+    where = (
+        f"first router near-tie (gap <= {tie:g}) at token {first}, layer {layer}; "
+        f"{n_ties} near-ties in all"
+        if ties
+        else "no router near-tie"
+    )
     if hard:
-        return False, (f"{len(hard)} position(s) beyond {tol:g} before any router tie "
-                       f"(first: position {hard[0][0]}, {hard[0][1]:.4f}); {where}")
+        return False, (
+            f"{len(hard)} position(s) beyond {tol:g} before any router tie "
+            f"(first: position {hard[0][0]}, {hard[0][1]:.4f}); {where}"
+        )
     if bad:
-        return True, (f"{len(bad)} position(s) beyond {tol:g}, each after a router near-tie "
-                      f"(a token that may route either way); {where}")
+        return True, (
+            f"{len(bad)} position(s) beyond {tol:g}, each after a router near-tie "
+            f"(a token that may route either way); {where}"
+        )
     return True, f"every position within {tol:g}; {where}"

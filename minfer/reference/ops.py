@@ -14,8 +14,11 @@ import numpy as np
 
 def _ftype(*arrays: np.ndarray) -> np.dtype:
     """float64 if any input is float64, else float32."""
-    return np.dtype(np.float64) if any(np.asarray(a).dtype == np.float64 for a in arrays) \
+    return (
+        np.dtype(np.float64)
+        if any(np.asarray(a).dtype == np.float64 for a in arrays)
         else np.dtype(np.float32)
+    )
 
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -30,21 +33,28 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x * scale[..., None]) * np.asarray(w, dtype=ft)
 
 
-def yarn_corr_dims(rope_dim: int, n_ctx_orig: int, base: float, beta_fast: float,
-                   beta_slow: float) -> tuple[float, float]:
+def yarn_corr_dims(
+    rope_dim: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float
+) -> tuple[float, float]:
     """ggml_rope_yarn_corr_dims: the pair range YaRN ramps over, in float like ggml."""
     f32 = np.float32
 
     def corr(n_rot: float) -> np.float32:
-        return f32(f32(rope_dim) * np.log(f32(n_ctx_orig) / (f32(n_rot) * f32(2.0) * f32(np.pi)))
-                   / (f32(2.0) * np.log(f32(base))))
+        return f32(
+            f32(rope_dim)
+            * np.log(f32(n_ctx_orig) / (f32(n_rot) * f32(2.0) * f32(np.pi)))
+            / (f32(2.0) * np.log(f32(base)))
+        )
 
-    return (max(0.0, float(np.floor(corr(beta_fast)))),
-            min(float(rope_dim - 1), float(np.ceil(corr(beta_slow)))))
+    return (
+        max(0.0, float(np.floor(corr(beta_fast)))),
+        min(float(rope_dim - 1), float(np.ceil(corr(beta_slow)))),
+    )
 
 
-def rope_cos_sin(pos: np.ndarray, base: float, rope_dim: int, dtype: np.dtype = np.float32,
-                 scaling=None) -> tuple[np.ndarray, np.ndarray]:
+def rope_cos_sin(
+    pos: np.ndarray, base: float, rope_dim: int, dtype: np.dtype = np.float32, scaling=None
+) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin of theta[t, i] = pos[t] * base^(-2i/rope_dim), i < rope_dim/2, as scaled by
     `scaling` (minfer.gguf.loader.RopeScaling; None: plain).  -> 2 x [T, rope_dim/2].
 
@@ -98,8 +108,9 @@ def _scaled_theta(theta: np.ndarray, base: float, rope_dim: int, sc, ft: np.dtyp
     return out, mscale
 
 
-def rope(x: np.ndarray, pos: np.ndarray, base: float, rope_dim: int, neox: bool,
-         scaling=None) -> np.ndarray:
+def rope(
+    x: np.ndarray, pos: np.ndarray, base: float, rope_dim: int, neox: bool, scaling=None
+) -> np.ndarray:
     """Rotary position embedding.  x: [T, H, head_dim], pos: int [T] -> [T, H, head_dim].
 
     neox=False (llama, ggml "normal" mode): rotate adjacent pairs (x[2i], x[2i+1]) by theta_i.
@@ -117,9 +128,9 @@ def rope(x: np.ndarray, pos: np.ndarray, base: float, rope_dim: int, neox: bool,
     cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, rope_dim/2]
     out = x.copy()
     if neox:
-        a, b = x[..., : rope_dim // 2], x[..., rope_dim // 2: rope_dim]
+        a, b = x[..., : rope_dim // 2], x[..., rope_dim // 2 : rope_dim]
         out[..., : rope_dim // 2] = a * cos - b * sin
-        out[..., rope_dim // 2: rope_dim] = a * sin + b * cos
+        out[..., rope_dim // 2 : rope_dim] = a * sin + b * cos
     else:
         a, b = x[..., 0:rope_dim:2], x[..., 1:rope_dim:2]
         out[..., 0:rope_dim:2] = a * cos - b * sin
@@ -210,9 +221,17 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, *,
-              p_round=None, window: int = 0, scale: float | None = None,
-              softcap: float = 0.0) -> np.ndarray:
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    pos0: int,
+    *,
+    p_round=None,
+    window: int = 0,
+    scale: float | None = None,
+    softcap: float = 0.0,
+) -> np.ndarray:
     """Causal GQA attention, softmax scale 1/sqrt(D) (or `scale`).
 
     q: [T, Hq, D] at positions pos0..pos0+T-1; k, v: [S, Hkv, D] the cached keys/values of
@@ -270,12 +289,15 @@ def packed_runs(tok: np.ndarray) -> list[tuple[int, int, int, int]]:
     first row). A decode step's padding (a repeated row) starts a run of its own."""
     slot, lo = tok[:, 0], tok[:, 1]
     brk = np.flatnonzero((lo[1:] != lo[:-1]) | (slot[1:] != slot[:-1] + 1)) + 1
-    return [(int(s), int(e), int(lo[s]), int(slot[s] - lo[s]))
-            for s, e in zip(np.r_[0, brk], np.r_[brk, len(tok)])]
+    return [
+        (int(s), int(e), int(lo[s]), int(slot[s] - lo[s]))
+        for s, e in zip(np.r_[0, brk], np.r_[brk, len(tok)])
+    ]
 
 
-def attention_packed(q: np.ndarray, k: np.ndarray, v: np.ndarray, tok: np.ndarray,
-                     **kw) -> np.ndarray:
+def attention_packed(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, tok: np.ndarray, **kw
+) -> np.ndarray:
     """attention() over a packed layout (the twin of the GPU kernels with tok): q [T, Hq, D],
     token t at cache row slot_t = tok[t, 0] of its sequence starting at lo_t = tok[t, 1]
     (RoPE position slot - lo) sees keys k, v [S, Hkv, D] rows lo_t..slot_t. kw: attention's."""
@@ -309,18 +331,18 @@ def row_stats(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     out[:, 1] = v1 - v2
     ok = (t >= 0) & (t < V)
     for s in range(0, m, 64):  # [64, V] float64 at a time
-        xb = x[s: s + 64].astype(np.float64)
+        xb = x[s : s + 64].astype(np.float64)
         mx = xb.max(axis=1)
         lse = mx + np.log(np.exp(xb - mx[:, None]).sum(axis=1))
-        tb, okb = t[s: s + 64], ok[s: s + 64]
+        tb, okb = t[s : s + 64], ok[s : s + 64]
         lp = np.full(xb.shape[0], np.nan)
         lp[okb] = xb[np.flatnonzero(okb), tb[okb]] - lse[okb]
-        out[s: s + 64, 2] = lp
-        out[s: s + 64, 3] = lse
+        out[s : s + 64, 2] = lp
+        out[s : s + 64, 3] = lse
     return out
 
 
-TOP_MAX = 20   # top log-probs per row at most (OpenAI's logprobs / top_logprobs cap)
+TOP_MAX = 20  # top log-probs per row at most (OpenAI's logprobs / top_logprobs cap)
 
 
 def row_topk(logits: np.ndarray, lse: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -344,9 +366,9 @@ def row_topk(logits: np.ndarray, lse: np.ndarray, k: int) -> tuple[np.ndarray, n
     # a stable sort of -x puts larger values first and, among equal ones, smaller indices first
     part = np.argpartition(-x, k - 1, axis=1)[:, :k] if k < V else np.tile(np.arange(V), (m, 1))
     ids = np.empty((m, k), np.int64)
-    for i in range(m):   # the k-th value may tie with values outside the partition: widen
+    for i in range(m):  # the k-th value may tie with values outside the partition: widen
         kth = x[i, part[i]].min()
         cand = np.flatnonzero(x[i] >= kth)
         ids[i] = cand[np.argsort(-x[i, cand], kind="stable")][:k]
-    lp = np.take_along_axis(x, ids, axis=1) - lse[:, None]   # f32 - f32: rounded once
+    lp = np.take_along_axis(x, ids, axis=1) - lse[:, None]  # f32 - f32: rounded once
     return ids.astype(np.int32), lp.astype(np.float32, copy=False)

@@ -22,29 +22,29 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from minfer.batch.scheduler import Job
 from minfer.errors import BadInput, MinferError
 from minfer.serve import protocol as P
-from minfer.serve.protocol import ApiError, Answer
-from minfer.batch.scheduler import Job
+from minfer.serve.protocol import Answer, ApiError
 
 log = logging.getLogger("minfer.serve")
-OPEN_PATHS = ("/health",)     # answered without the API key
+OPEN_PATHS = ("/health",)  # answered without the API key
 
 
 @dataclass
 class State:
     """What the routes share: the model's tokenizer and metadata, the scheduler, the limits."""
 
-    engine: object                 # minfer.batch.api.Engine (its backend built)
-    sched: object                  # scheduler.Scheduler
-    name: str                      # the served model name
+    engine: object  # minfer.batch.api.Engine (its backend built)
+    sched: object  # scheduler.Scheduler
+    name: str  # the served model name
     n_ctx: int
     metrics: object
     api_key: str | None = None
     max_queue: int = 4096
     max_body: int = 8 << 20
     timeout: float = 600.0
-    read_timeout: float = 30.0     # a request's head and body must arrive within it
+    read_timeout: float = 30.0  # a request's head and body must arrive within it
     draining: bool = False
     pieces: object = None
     char_bound: int | None = None  # app._max_chars
@@ -70,8 +70,10 @@ def create_app(st: State) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
-        msg = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on "
-               f"{request.url.path}"}.get(e.status_code, str(e.detail))
+        msg = {
+            404: f"no route {request.url.path}",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }.get(e.status_code, str(e.detail))
         return _error(ApiError(e.status_code, msg))
 
     @app.exception_handler(Exception)
@@ -80,7 +82,7 @@ def create_app(st: State) -> FastAPI:
         return _error(ApiError(500, f"internal error ({type(e).__name__})"))
 
     app.add_middleware(_Guard, state=st)
-    app.openapi = lambda: app.openapi_schema or _openapi(app, st)   # bodies: schema.py
+    app.openapi = lambda: app.openapi_schema or _openapi(app, st)  # bodies: schema.py
 
     # -- endpoints ----------------------------------------------------------------------------
     @app.get("/health")
@@ -91,9 +93,18 @@ def create_app(st: State) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": st.name, "object": "model",
-                                            "created": st.created, "owned_by": "minfer",
-                                            "max_model_len": st.n_ctx}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": st.name,
+                    "object": "model",
+                    "created": st.created,
+                    "owned_by": "minfer",
+                    "max_model_len": st.n_ctx,
+                }
+            ],
+        }
 
     @app.get("/metrics")
     async def metrics():
@@ -109,18 +120,23 @@ def create_app(st: State) -> FastAPI:
         tok, meta = st.tok, st.engine.model.metadata
         text = lambda i: tok.token_text(i) if i is not None else None  # noqa: E731
         tmpl = meta.get("tokenizer.chat_template")
-        return {"tokenizer_class": "minfer-gguf-" + tok.kind, "eos_token": text(tok.eos_id),
-                "bos_token": text(tok.bos_id), "pad_token": None,
-                "add_bos_token": bool(tok.add_bos), "chat_template":
-                tmpl if isinstance(tmpl, str) else None, "model_max_length": st.n_ctx,
-                "vocab_size": tok.n_vocab}
+        return {
+            "tokenizer_class": "minfer-gguf-" + tok.kind,
+            "eos_token": text(tok.eos_id),
+            "bos_token": text(tok.bos_id),
+            "pad_token": None,
+            "add_bos_token": bool(tok.add_bos),
+            "chat_template": tmpl if isinstance(tmpl, str) else None,
+            "model_max_length": st.n_ctx,
+            "vocab_size": tok.n_vocab,
+        }
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
         body = P.parse_json(await request.body())
         _check_model(st, body)
         special = P.get_bool(body, "add_special_tokens", True)
-        P.get_bool(body, "add_generation_prompt", True)   # checked for a prompt too
+        P.get_bool(body, "add_generation_prompt", True)  # checked for a prompt too
         if body.get("messages") is not None:
             ids = _chat_ids(st, body, P.get_messages(body), TOKENIZE_CHARS)
         else:
@@ -144,7 +160,7 @@ def create_app(st: State) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        raw = await request.body()   # (the wait for the client is not host work)
+        raw = await request.body()  # (the wait for the client is not host work)
         t0 = time.perf_counter()
         body = P.parse_json(raw)
         _check_model(st, body)
@@ -158,69 +174,134 @@ def create_app(st: State) -> FastAPI:
         ignore_eos = P.get_bool(body, "ignore_eos", False)
         special = P.get_bool(body, "add_special_tokens", True)
         include_usage = _include_usage(body, stream)
-        answers = []   # a request's texts together are bounded too: 1024 long ones add up
-        _check_chars(st, sum(len(t) for t, _ in prompts if t is not None), "prompt",
-                     TOKENIZE_CHARS)
+        answers = []  # a request's texts together are bounded too: 1024 long ones add up
+        _check_chars(st, sum(len(t) for t, _ in prompts if t is not None), "prompt", TOKENIZE_CHARS)
         for text, ids in prompts:
             ids = _encode(st, text, special) if ids is None else ids
             _check_length(st, len(ids), max_tokens)
             answers.append(Answer(ids, text))
         want = top is not None
-        jobs = [_job(st, a, max_tokens, echo and want, top or 0, want, stops,
-                     () if ignore_eos else st.tok.eog_ids) for a in answers]
+        jobs = [
+            _job(
+                st,
+                a,
+                max_tokens,
+                echo and want,
+                top or 0,
+                want,
+                stops,
+                () if ignore_eos else st.tok.eog_ids,
+            )
+            for a in answers
+        ]
         run = _Run(st, request, jobs, answers, stops)
         rid, created = P.new_id("cmpl"), P.now()
         head = {"id": rid, "object": "text_completion", "created": created, "model": st.name}
 
         def choice(i: int, a: Answer) -> dict:
-            text = ((a.prompt_text if a.prompt_text is not None else
-                     st.tok.decode(a.prompt_ids)) if echo else "") + a.text
-            return {"index": i, "text": text, "logprobs":
-                    P.completion_logprobs(a, st.pieces, echo, top) if want else None,
-                    "finish_reason": a.finish}
+            text = (
+                (a.prompt_text if a.prompt_text is not None else st.tok.decode(a.prompt_ids))
+                if echo
+                else ""
+            ) + a.text
+            return {
+                "index": i,
+                "text": text,
+                "logprobs": P.completion_logprobs(a, st.pieces, echo, top) if want else None,
+                "finish_reason": a.finish,
+            }
 
         if not stream:
             t_sub = time.perf_counter()
             await run.wait()
             t1 = time.perf_counter()
             n_gen = sum(len(a.tokens) for a in answers)
-            return _json(st, {**head, "choices": [choice(i, a) for i, a in enumerate(answers)],
-                              "usage": P.usage(sum(len(a.prompt_ids) for a in answers), n_gen)},
-                         (t_sub - t0) - t1)
+            return _json(
+                st,
+                {
+                    **head,
+                    "choices": [choice(i, a) for i, a in enumerate(answers)],
+                    "usage": P.usage(sum(len(a.prompt_ids) for a in answers), n_gen),
+                },
+                (t_sub - t0) - t1,
+            )
 
         async def events():
             sent = [0] * len(answers)
             if echo:
                 for i, a in enumerate(answers):
-                    yield _sse({**head, "choices": [{"index": i, "text": a.prompt_text if
-                                                     a.prompt_text is not None else
-                                                     st.tok.decode(a.prompt_ids),
-                                                     "logprobs": None, "finish_reason": None}]})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [
+                                {
+                                    "index": i,
+                                    "text": a.prompt_text
+                                    if a.prompt_text is not None
+                                    else st.tok.decode(a.prompt_ids),
+                                    "logprobs": None,
+                                    "finish_reason": None,
+                                }
+                            ],
+                        }
+                    )
             async for i, kind in run.stream():
                 a = answers[i]
                 if kind == "token":
-                    new = a.text[sent[i]:] if a.finish else _held(a.text, stops)[sent[i]:]
+                    new = a.text[sent[i] :] if a.finish else _held(a.text, stops)[sent[i] :]
                     lp = None
                     if want:
                         t = a.tokens[-1]
-                        lp = {"tokens": [st.pieces.text(t.id)], "token_logprobs": [t.logprob],
-                              "top_logprobs": [P.top_dict(st.pieces, t.top_ids if top else None,
-                                                          t.top_lp if top else None, t.id,
-                                                          t.logprob)],
-                              "text_offset": [sent[i]]}
+                        lp = {
+                            "tokens": [st.pieces.text(t.id)],
+                            "token_logprobs": [t.logprob],
+                            "top_logprobs": [
+                                P.top_dict(
+                                    st.pieces,
+                                    t.top_ids if top else None,
+                                    t.top_lp if top else None,
+                                    t.id,
+                                    t.logprob,
+                                )
+                            ],
+                            "text_offset": [sent[i]],
+                        }
                     sent[i] += len(new)
-                    yield _sse({**head, "choices": [{"index": i, "text": new, "logprobs": lp,
-                                                     "finish_reason": None}]})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [
+                                {"index": i, "text": new, "logprobs": lp, "finish_reason": None}
+                            ],
+                        }
+                    )
                 elif kind == "done":
-                    rest = a.text[sent[i]:]
+                    rest = a.text[sent[i] :]
                     sent[i] = len(a.text)
-                    yield _sse({**head, "choices": [{"index": i, "text": rest,
-                                                     "logprobs": None,
-                                                     "finish_reason": a.finish}]})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [
+                                {
+                                    "index": i,
+                                    "text": rest,
+                                    "logprobs": None,
+                                    "finish_reason": a.finish,
+                                }
+                            ],
+                        }
+                    )
             if include_usage:
-                yield _sse({**head, "choices": [], "usage": P.usage(
-                    sum(len(a.prompt_ids) for a in answers),
-                    sum(len(a.tokens) for a in answers))})
+                yield _sse(
+                    {
+                        **head,
+                        "choices": [],
+                        "usage": P.usage(
+                            sum(len(a.prompt_ids) for a in answers),
+                            sum(len(a.tokens) for a in answers),
+                        ),
+                    }
+                )
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(run.guard(events()), media_type="text/event-stream")
@@ -240,54 +321,105 @@ def create_app(st: State) -> FastAPI:
         include_usage = _include_usage(body, stream)
         ids = _chat_ids(st, body, msgs)
         mt = P.get_int(body, "max_completion_tokens", None, 0)
-        old = P.get_int(body, "max_tokens", None, 0)   # checked even when the other wins
+        old = P.get_int(body, "max_tokens", None, 0)  # checked even when the other wins
         mt = old if mt is None else mt
         # no bound asked: what the context leaves (none left: the length check refuses it)
         max_tokens = max(st.n_ctx - len(ids), 0) if mt is None else mt
         _check_length(st, len(ids), max_tokens)
         a = Answer(ids)
         ignore_eos = P.get_bool(body, "ignore_eos", False)
-        jobs = [_job(st, a, max_tokens, False, top or 0, want, stops,
-                     () if ignore_eos else st.tok.eog_ids)]
+        jobs = [
+            _job(
+                st,
+                a,
+                max_tokens,
+                False,
+                top or 0,
+                want,
+                stops,
+                () if ignore_eos else st.tok.eog_ids,
+            )
+        ]
         run = _Run(st, request, jobs, [a], stops)
         rid, created = P.new_id("chatcmpl"), P.now()
         if not stream:
             await run.wait()
-            return {"id": rid, "object": "chat.completion", "created": created,
-                    "model": st.name, "choices": [{
-                        "index": 0, "message": {"role": "assistant", "content": a.text},
+            return {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": st.name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": a.text},
                         "logprobs": P.chat_logprobs(a.tokens, st.pieces, top or 0)
-                        if want else None, "finish_reason": a.finish}],
-                    "usage": P.usage(len(ids), len(a.tokens))}
-        head = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                "model": st.name}
+                        if want
+                        else None,
+                        "finish_reason": a.finish,
+                    }
+                ],
+                "usage": P.usage(len(ids), len(a.tokens)),
+            }
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": st.name}
 
         async def events():
-            yield _sse({**head, "choices": [{"index": 0, "delta": {"role": "assistant",
-                                                                  "content": ""},
-                                             "logprobs": None, "finish_reason": None}]})
+            yield _sse(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            )
             sent = 0
             async for _, kind in run.stream():
                 if kind == "token":
                     new = (a.text if a.finish else _held(a.text, stops))[sent:]
                     sent += len(new)
                     lp = P.chat_logprobs(a.tokens[-1:], st.pieces, top or 0) if want else None
-                    yield _sse({**head, "choices": [{"index": 0, "delta": {"content": new},
-                                                     "logprobs": lp, "finish_reason": None}]})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {"content": new},
+                                    "logprobs": lp,
+                                    "finish_reason": None,
+                                }
+                            ],
+                        }
+                    )
                 elif kind == "done":
                     rest = a.text[sent:]
                     sent = len(a.text)
-                    yield _sse({**head, "choices": [{"index": 0, "delta":
-                                                     {"content": rest} if rest else {},
-                                                     "logprobs": None,
-                                                     "finish_reason": a.finish}]})
+                    yield _sse(
+                        {
+                            **head,
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "delta": {"content": rest} if rest else {},
+                                    "logprobs": None,
+                                    "finish_reason": a.finish,
+                                }
+                            ],
+                        }
+                    )
             if include_usage:
                 yield _sse({**head, "choices": [], "usage": P.usage(len(ids), len(a.tokens))})
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(run.guard(events()), media_type="text/event-stream")
 
-    from minfer.serve import pooling   # /v1/embeddings, /v1/score, /v1/rerank
+    from minfer.serve import pooling  # /v1/embeddings, /v1/score, /v1/rerank
+
     pooling.register(app, st, _check_model, _json, _Run)
     return app
 
@@ -325,8 +457,12 @@ def _sse(obj: dict) -> str:
 def _check_model(st: State, body: dict) -> None:
     m = P.get_str(body, "model")
     if m is not None and m != st.name:
-        raise ApiError(404, f"the model {m!r} does not exist; this server serves {st.name!r}",
-                       "model", "model_not_found")
+        raise ApiError(
+            404,
+            f"the model {m!r} does not exist; this server serves {st.name!r}",
+            "model",
+            "model_not_found",
+        )
 
 
 def _include_usage(body: dict, stream: bool) -> bool:
@@ -340,7 +476,7 @@ def _include_usage(body: dict, stream: bool) -> bool:
     return P.get_bool(so, "include_usage", False)
 
 
-TOKENIZE_CHARS = 1 << 20   # /tokenize's text bound: tokenizing holds the event loop (~1 s/MB)
+TOKENIZE_CHARS = 1 << 20  # /tokenize's text bound: tokenizing holds the event loop (~1 s/MB)
 
 
 def _max_chars(st: State) -> int:
@@ -357,9 +493,13 @@ def _check_chars(st: State, n: int, param: str, bound: int | None = None) -> Non
     event loop for seconds only to be refused)."""
     bound = _max_chars(st) if bound is None else bound
     if n > bound:
-        raise P.bad(f"the text has {n} characters; at most {bound} can fit this model's context "
-                    f"of {st.n_ctx} tokens" if bound == st.char_bound else
-                    f"the text has {n} characters; /tokenize takes at most {bound}", param)
+        raise P.bad(
+            f"the text has {n} characters; at most {bound} can fit this model's context "
+            f"of {st.n_ctx} tokens"
+            if bound == st.char_bound
+            else f"the text has {n} characters; /tokenize takes at most {bound}",
+            param,
+        )
 
 
 def _encode(st: State, text: str, special: bool, bound: int | None = None) -> list[int]:
@@ -376,8 +516,11 @@ def _chat_ids(st: State, body: dict, msgs: list[dict], bound: int | None = None)
     gen = P.get_bool(body, "add_generation_prompt", msgs[-1]["role"] != "assistant")
     _check_chars(st, sum(len(m["content"]) + len(m["role"]) for m in msgs), "messages", bound)
     try:
-        return list(chat_mod.encode_messages(st.engine.model.metadata, st.tok, msgs, False,
-                                             "messages", add_generation_prompt=gen))
+        return list(
+            chat_mod.encode_messages(
+                st.engine.model.metadata, st.tok, msgs, False, "messages", add_generation_prompt=gen
+            )
+        )
     except MinferError as e:
         raise P.bad(str(e), "messages") from None
 
@@ -386,12 +529,17 @@ def _check_length(st: State, n: int, max_tokens: int) -> None:
     if n == 0:
         raise P.bad("the prompt has 0 tokens", "prompt")
     if n + max_tokens > st.n_ctx:
-        raise P.bad(f"this model's maximum context length is {st.n_ctx} tokens; the request "
-                    f"asks for {n + max_tokens} ({n} in the prompt, {max_tokens} to generate)",
-                    "max_tokens" if n < st.n_ctx else "prompt")
+        raise P.bad(
+            f"this model's maximum context length is {st.n_ctx} tokens; the request "
+            f"asks for {n + max_tokens} ({n} in the prompt, {max_tokens} to generate)",
+            "max_tokens" if n < st.n_ctx else "prompt",
+        )
     if st.sched.capacity_blocks * 128 < n + max_tokens - 1:
-        raise P.bad(f"the request needs {n + max_tokens - 1} KV slots; the server's cache "
-                    f"holds {st.sched.capacity_blocks * 128}", "prompt")
+        raise P.bad(
+            f"the request needs {n + max_tokens - 1} KV slots; the server's cache "
+            f"holds {st.sched.capacity_blocks * 128}",
+            "prompt",
+        )
 
 
 def _held(text: str, stops: list[str]) -> str:
@@ -400,28 +548,45 @@ def _held(text: str, stops: list[str]) -> str:
     if text.endswith("\ufffd"):
         text = text.rstrip("\ufffd")
     hold = max((len(s) - 1 for s in stops), default=0)
-    return text[:len(text) - hold] if hold else text
+    return text[: len(text) - hold] if hold else text
 
 
-def _job(st: State, a: Answer, max_tokens: int, prompt_stats: bool, top: int, gen_lp: bool,
-         stops: list[str], stop_ids) -> Job:
+def _job(
+    st: State,
+    a: Answer,
+    max_tokens: int,
+    prompt_stats: bool,
+    top: int,
+    gen_lp: bool,
+    stops: list[str],
+    stop_ids,
+) -> Job:
     tok = st.tok
 
     def stop_check(gen: list[int]) -> bool:
-        return P.cut_at_stop(tok.decode(gen[-64:] if len(gen) > 64 else gen), stops)[1] or \
-            (len(gen) > 64 and P.cut_at_stop(tok.decode(gen), stops)[1])
+        return P.cut_at_stop(tok.decode(gen[-64:] if len(gen) > 64 else gen), stops)[1] or (
+            len(gen) > 64 and P.cut_at_stop(tok.decode(gen), stops)[1]
+        )
 
-    return Job(np.asarray(a.prompt_ids, np.int32), max_tokens, None, prompt_stats=prompt_stats,
-               top=top, gen_logprobs=gen_lp, stop_ids=frozenset(stop_ids),
-               stop_check=stop_check if stops else None)
+    return Job(
+        np.asarray(a.prompt_ids, np.int32),
+        max_tokens,
+        None,
+        prompt_stats=prompt_stats,
+        top=top,
+        gen_logprobs=gen_lp,
+        stop_ids=frozenset(stop_ids),
+        stop_check=stop_check if stops else None,
+    )
 
 
 class _Run:
     """A request's jobs in the scheduler: their events gathered into Answers, the request's
     deadline and its client's disconnect watched (either cancels what is left)."""
 
-    def __init__(self, st: State, request: Request, jobs: list[Job], answers: list[Answer],
-                 stops: list[str]):
+    def __init__(
+        self, st: State, request: Request, jobs: list[Job], answers: list[Answer], stops: list[str]
+    ):
         self.st, self.request, self.jobs, self.answers = st, request, jobs, answers
         self.loop = asyncio.get_running_loop()
         self.q: asyncio.Queue = asyncio.Queue()
@@ -433,17 +598,22 @@ class _Run:
         if st.draining:
             raise ApiError(503, "the server is draining", code="draining")
         if sched.queued() + len(jobs) > st.max_queue:
-            raise ApiError(429, f"the queue is full ({sched.queued()} prompts waiting, "
-                           f"--max-queue {st.max_queue}); retry later", code="queue_full",
-                           headers={"Retry-After": "1"})
+            raise ApiError(
+                429,
+                f"the queue is full ({sched.queued()} prompts waiting, "
+                f"--max-queue {st.max_queue}); retry later",
+                code="queue_full",
+                headers={"Retry-After": "1"},
+            )
         st.metrics.prompt_tokens.inc(sum(len(a.prompt_ids) for a in answers))
         sched.submit(jobs)
         self.deadline = time.monotonic() + st.timeout
-        self.check_at = time.monotonic() + 0.5   # the next look for a client gone away
+        self.check_at = time.monotonic() + 0.5  # the next look for a client gone away
 
     def _deliver(self, i: int):
         def deliver(kind: str, value) -> None:
             self.loop.call_soon_threadsafe(self.q.put_nowait, (i, kind, value))
+
         return deliver
 
     def _apply(self, i: int, kind: str, value) -> None:
@@ -475,13 +645,16 @@ class _Run:
             left = self.deadline - now
             if left <= 0:
                 self.cancel()
-                raise ApiError(504, f"the request took longer than --timeout "
-                               f"{self.st.timeout:g} s", code="timeout")
-            if now >= self.check_at:   # every 0.5 s, busy or not: tokens may never pause
+                raise ApiError(
+                    504,
+                    f"the request took longer than --timeout {self.st.timeout:g} s",
+                    code="timeout",
+                )
+            if now >= self.check_at:  # every 0.5 s, busy or not: tokens may never pause
                 self.check_at = now + 0.5
                 if await self.request.is_disconnected():
                     self.cancel()
-                    raise ClientDisconnect()   # counted as 499 by _Guard, nothing logged
+                    raise ClientDisconnect()  # counted as 499 by _Guard, nothing logged
             try:
                 return await asyncio.wait_for(self.q.get(), timeout=min(left, 0.5))
             except asyncio.TimeoutError:
@@ -550,17 +723,21 @@ class _Guard:
                     except ValueError:
                         n = -1
                     if n < 0 or n > limit:
-                        await _send_error(send_counted, _too_large(limit) if n > limit else
-                                          P.bad("Content-Length is not a byte count"))
+                        await _send_error(
+                            send_counted,
+                            _too_large(limit)
+                            if n > limit
+                            else P.bad("Content-Length is not a byte count"),
+                        )
                         return
 
             deadline = time.monotonic() + st.read_timeout
             body = {"done": False}
 
             async def receive_limited():
-                if body["done"]:   # the body is read: only a disconnect can come
+                if body["done"]:  # the body is read: only a disconnect can come
                     return await receive()
-                try:   # a body sent slowly or never ended holds nothing past the deadline
+                try:  # a body sent slowly or never ended holds nothing past the deadline
                     msg = await asyncio.wait_for(receive(), deadline - time.monotonic())
                 except asyncio.TimeoutError:
                     raise _BodyLate from None
@@ -576,10 +753,16 @@ class _Guard:
             except _BodyTooLarge:
                 await _send_error(send_counted, _too_large(limit))
             except _BodyLate:
-                await _send_error(send_counted, ApiError(
-                    408, f"the body did not arrive within --read-timeout {st.read_timeout:g} s",
-                    code="request_timeout", headers={"Connection": "close"}))
-            except ClientDisconnect:   # gone before its body was read: nothing to answer
+                await _send_error(
+                    send_counted,
+                    ApiError(
+                        408,
+                        f"the body did not arrive within --read-timeout {st.read_timeout:g} s",
+                        code="request_timeout",
+                        headers={"Connection": "close"},
+                    ),
+                )
+            except ClientDisconnect:  # gone before its body was read: nothing to answer
                 status["code"] = 499
         finally:
             endpoint = path if path in _KNOWN else "other"
@@ -591,15 +774,27 @@ class _Guard:
             auth = dict(scope.get("headers", ())).get(b"authorization", b"")
             want = b"Bearer " + st.api_key.encode()
             if not hmac.compare_digest(auth, want):
-                return ApiError(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                code="invalid_api_key")
+                return ApiError(
+                    401,
+                    "a valid API key is required (Authorization: Bearer KEY)",
+                    code="invalid_api_key",
+                )
         if st.draining and path != "/health":
             return ApiError(503, "the server is draining", code="draining")
         return None
 
 
-_KNOWN = {"/health", "/v1/models", "/metrics", "/tokenizer_info", "/tokenize", "/detokenize",
-          "/v1/completions", "/v1/chat/completions", "/openapi.json"}
+_KNOWN = {
+    "/health",
+    "/v1/models",
+    "/metrics",
+    "/tokenizer_info",
+    "/tokenize",
+    "/detokenize",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/openapi.json",
+}
 
 
 class _BodyTooLarge(Exception):
@@ -611,17 +806,20 @@ class _BodyLate(Exception):
 
 
 def _too_large(limit: int) -> ApiError:
-    return ApiError(413, f"the body exceeds the server's limit of {limit} bytes",
-                    code="request_too_large", headers={"Connection": "close"})   # unread rest
+    return ApiError(
+        413,
+        f"the body exceeds the server's limit of {limit} bytes",
+        code="request_too_large",
+        headers={"Connection": "close"},
+    )  # unread rest
 
 
 async def _send_error(send, e: ApiError) -> None:
     body = json.dumps(e.body()).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length",
-                                                         str(len(body)).encode())]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     headers += [(k.lower().encode(), str(v).encode()) for k, v in e.headers.items()]
     try:
         await send({"type": "http.response.start", "status": e.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-    except Exception:   # a response already started (a stream): nothing more to say
+    except Exception:  # a response already started (a stream): nothing more to say
         pass

@@ -41,7 +41,7 @@ class _Deadline(H11Protocol):
 
     def _arm(self) -> None:
         self._disarm()
-        self._head_of = self.cycle   # a new cycle object: the next request's head arrived
+        self._head_of = self.cycle  # a new cycle object: the next request's head arrived
         self._head_task = self.loop.call_later(self.timeout_head, self._head_late)
 
     def _disarm(self) -> None:
@@ -56,7 +56,7 @@ class _Deadline(H11Protocol):
             self._disarm()
 
     def on_response_complete(self) -> None:
-        self._arm()   # first: a pipelined head that super() handles now disarms it
+        self._arm()  # first: a pipelined head that super() handles now disarms it
         super().on_response_complete()
         if self.transport.is_closing():
             self._disarm()
@@ -69,24 +69,34 @@ class _Deadline(H11Protocol):
         """uvicorn's answer to a request h11 could not parse, as an error object."""
         limit = self.config.h11_max_incomplete_event_size
         limit = DEFAULT_MAX_INCOMPLETE_EVENT_SIZE if limit is None else limit
-        if len(self.conn.trailing_data[0]) > limit:   # h11: "Receive buffer too long"
-            e = ApiError(431, f"the request's head (its line and headers) is longer than "
-                              f"{limit} bytes", code="request_header_fields_too_large")
+        if len(self.conn.trailing_data[0]) > limit:  # h11: "Receive buffer too long"
+            e = ApiError(
+                431,
+                f"the request's head (its line and headers) is longer than {limit} bytes",
+                code="request_header_fields_too_large",
+            )
         else:
-            e = ApiError(400, f"{msg.rstrip('.')}: the request's head is no valid HTTP/1.1",
-                         code="invalid_http_request")
+            e = ApiError(
+                400,
+                f"{msg.rstrip('.')}: the request's head is no valid HTTP/1.1",
+                code="invalid_http_request",
+            )
         data = json.dumps(e.body()).encode()
         headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
         try:
-            for ev in (h11.Response(status_code=e.status, headers=headers,
-                                    reason=HTTPStatus(e.status).phrase),
-                       h11.Data(data=data), h11.EndOfMessage()):
+            for ev in (
+                h11.Response(
+                    status_code=e.status, headers=headers, reason=HTTPStatus(e.status).phrase
+                ),
+                h11.Data(data=data),
+                h11.EndOfMessage(),
+            ):
                 self.transport.write(self.conn.send(ev))
-        except h11.LocalProtocolError:   # too late to answer (a response was under way)
+        except h11.LocalProtocolError:  # too late to answer (a response was under way)
             pass
         self.transport.close()
 
     def _head_late(self) -> None:
         self._head_task = None
         if self.cycle is self._head_of and not self.transport.is_closing():
-            self.transport.close()   # no request to answer: nothing but the close to say
+            self.transport.close()  # no request to answer: nothing but the close to say

@@ -10,13 +10,13 @@ import numpy as np
 from fastapi import Request
 
 from minfer.batch import pooling as PL
+from minfer.batch.scheduler import Job
 from minfer.errors import BadInput
 from minfer.serve import protocol as P
 from minfer.serve.protocol import Answer, ApiError
-from minfer.batch.scheduler import Job
 
 RERANK_PATHS = ("/v1/rerank", "/rerank", "/v1/reranking", "/reranking")
-MAX_ITEMS = 4096   # documents / items in one request
+MAX_ITEMS = 4096  # documents / items in one request
 
 
 def register(app, st, check_model, to_json, run_cls) -> None:
@@ -33,18 +33,19 @@ def register(app, st, check_model, to_json, run_cls) -> None:
     async def embeddings(request: Request):
         import time
 
-        raw = await request.body()   # (the wait for the client is not host work)
+        raw = await request.body()  # (the wait for the client is not host work)
         t0 = time.perf_counter()
         body = P.parse_json(raw)
         _check_model(st, body)
         fmt = P.get_str(body, "encoding_format", "float")
         if fmt not in ("float", "base64"):
-            raise P.bad(f"encoding_format must be float or base64, not {fmt!r}",
-                        "encoding_format")
+            raise P.bad(f"encoding_format must be float or base64, not {fmt!r}", "encoding_format")
         dims = P.get_int(body, "dimensions", None, 1)
         if dims is not None and dims > model.config.d_model:
-            raise P.bad(f"dimensions {dims} exceeds the model's embedding size "
-                        f"{model.config.d_model}", "dimensions")
+            raise P.bad(
+                f"dimensions {dims} exceeds the model's embedding size {model.config.d_model}",
+                "dimensions",
+            )
         ids = _inputs(st, body.get("input"), "input")
         t_sub = time.perf_counter()
         res = await _run(st, request, run_cls, ids, pooling, keep=False)
@@ -52,12 +53,24 @@ def register(app, st, check_model, to_json, run_cls) -> None:
         data = []
         for i, r in enumerate(res):
             v = PL.finish(r.vec, dims)
-            data.append({"object": "embedding", "index": i,
-                         "embedding": PL.b64(v) if fmt == "base64" else v.tolist()})
+            data.append(
+                {
+                    "object": "embedding",
+                    "index": i,
+                    "embedding": PL.b64(v) if fmt == "base64" else v.tolist(),
+                }
+            )
         n = sum(len(x) for x in ids)
-        return _json(st, {"object": "list", "data": data, "model": st.name,
-                          "usage": {"prompt_tokens": n, "total_tokens": n}},
-                     (t_sub - t0) - t1)
+        return _json(
+            st,
+            {
+                "object": "list",
+                "data": data,
+                "model": st.name,
+                "usage": {"prompt_tokens": n, "total_tokens": n},
+            },
+            (t_sub - t0) - t1,
+        )
 
     @app.post("/v1/score")
     async def score(request: Request):
@@ -67,8 +80,7 @@ def register(app, st, check_model, to_json, run_cls) -> None:
         _check_model(st, body)
         labels = body.get("label_token_ids")
         if not isinstance(labels, list) or not labels:
-            raise P.bad("label_token_ids must be a non-empty list of token ids",
-                        "label_token_ids")
+            raise P.bad("label_token_ids must be a non-empty list of token ids", "label_token_ids")
         labels = P.token_ids(labels, st.vocab, "label_token_ids")
         soft = P.get_bool(body, "apply_softmax", False)
         first = P.get_bool(body, "item_first", False)
@@ -76,8 +88,10 @@ def register(app, st, check_model, to_json, run_cls) -> None:
         if isinstance(items, str):
             items = [items]
         if not isinstance(items, list) or not items:
-            raise P.bad("items must be a string or a non-empty list of strings or of token "
-                        "id lists", "items")
+            raise P.bad(
+                "items must be a string or a non-empty list of strings or of token id lists",
+                "items",
+            )
         if len(items) > MAX_ITEMS:
             raise P.bad(f"items: at most {MAX_ITEMS} in one request, got {len(items)}", "items")
         if isinstance(q, str):
@@ -98,8 +112,12 @@ def register(app, st, check_model, to_json, run_cls) -> None:
         res = await _run(st, request, run_cls, ids, "last", lse=not soft)
         logits = LabelHead(model, labels)(np.stack([r.vec for r in res]))
         n = sum(len(x) for x in ids)
-        return {"scores": [PL.label_probs(lg, r.lse, soft) for lg, r in zip(logits, res)],
-                "model": st.name, "object": "scoring", "usage": P.usage(n, 0)}
+        return {
+            "scores": [PL.label_probs(lg, r.lse, soft) for lg, r in zip(logits, res)],
+            "model": st.name,
+            "object": "scoring",
+            "usage": P.usage(n, 0),
+        }
 
     async def rerank(request: Request):
         from minfer.reference.heads import LabelHead
@@ -116,14 +134,14 @@ def register(app, st, check_model, to_json, run_cls) -> None:
         if not docs:
             raise P.bad("documents is empty (0 documents)", "documents")
         if len(docs) > MAX_ITEMS:
-            raise P.bad(f"documents: at most {MAX_ITEMS} in one request, got {len(docs)}",
-                        "documents")
+            raise P.bad(
+                f"documents: at most {MAX_ITEMS} in one request, got {len(docs)}", "documents"
+            )
         texts = []
-        for i, d in enumerate(docs):   # Jina's {"text": ...} objects too
+        for i, d in enumerate(docs):  # Jina's {"text": ...} objects too
             t = d.get("text") if isinstance(d, dict) else d
             if not isinstance(t, str):
-                raise P.bad(f"documents[{i}] must be a string or {{\"text\": string}}",
-                            "documents")
+                raise P.bad(f'documents[{i}] must be a string or {{"text": string}}', "documents")
             texts.append(t)
         top_n = P.get_int(body, "top_n", len(texts), 1)
         want_docs = P.get_bool(body, "return_documents", True)
@@ -134,11 +152,19 @@ def register(app, st, check_model, to_json, run_cls) -> None:
         scores = [rr.relevance(lg) for lg in logits]
         order = sorted(range(len(texts)), key=lambda i: -scores[i])[:top_n]
         n = sum(len(x) for x in ids)
-        return {"model": st.name, "object": "list", "usage": {"prompt_tokens": n,
-                                                               "total_tokens": n},
-                "results": [{"index": i, "relevance_score": scores[i],
-                             **({"document": {"text": texts[i]}} if want_docs else {})}
-                            for i in order]}
+        return {
+            "model": st.name,
+            "object": "list",
+            "usage": {"prompt_tokens": n, "total_tokens": n},
+            "results": [
+                {
+                    "index": i,
+                    "relevance_score": scores[i],
+                    **({"document": {"text": texts[i]}} if want_docs else {}),
+                }
+                for i in order
+            ],
+        }
 
     for path in RERANK_PATHS:
         app.add_api_route(path, rerank, methods=["POST"])
@@ -160,8 +186,7 @@ def _inputs(st, v, param: str) -> list[list[int]]:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not v:
-        raise P.bad(f"{param} must be a string, a list of strings or token ids (non-empty)",
-                    param)
+        raise P.bad(f"{param} must be a string, a list of strings or token ids (non-empty)", param)
     if len(v) > MAX_ITEMS:
         raise P.bad(f"{param}: at most {MAX_ITEMS} inputs in one request, got {len(v)}", param)
     if all(isinstance(x, str) for x in v):
@@ -178,8 +203,10 @@ def _inputs(st, v, param: str) -> list[list[int]]:
     elif not any(isinstance(x, (str, list, dict)) for x in v):
         out = [P.token_ids(v, st.vocab, param)]
     else:
-        raise P.bad(f"{param}: a list must hold only strings, only token ids, or only lists "
-                    "of token ids", param)
+        raise P.bad(
+            f"{param}: a list must hold only strings, only token ids, or only lists of token ids",
+            param,
+        )
     _check_lengths(st, out, param)
     return out
 
@@ -190,12 +217,16 @@ def _check_lengths(st, ids: list[list[int]], param: str) -> None:
         if not x:
             raise P.bad(f"{param}[{i}] has 0 tokens", param)
         if len(x) > cap:
-            raise P.bad(f"{param}[{i}] is {len(x)} tokens; this server takes at most {cap} "
-                        f"(the model's context {st.n_ctx})", param)
+            raise P.bad(
+                f"{param}[{i}] is {len(x)} tokens; this server takes at most {cap} "
+                f"(the model's context {st.n_ctx})",
+                param,
+            )
 
 
-async def _run(st, request, run_cls, ids: list[list[int]], pool: str, lse: bool = False,
-               keep: bool = True) -> list:
+async def _run(
+    st, request, run_cls, ids: list[list[int]], pool: str, lse: bool = False, keep: bool = True
+) -> list:
     """The prompts as pooled jobs (through app.py's _Run: deadline, disconnects, errors);
     their scheduler.Pooled results in order."""
 

@@ -19,27 +19,48 @@ import numpy as np
 
 from minfer.reference.ops import TOP_MAX
 
-MAX_PROMPTS = 1024     # prompts in one request (a list of strings or of token lists)
+MAX_PROMPTS = 1024  # prompts in one request (a list of strings or of token lists)
 MAX_STOPS = 16
 
 
 class ApiError(Exception):
     """An HTTP error answered as OpenAI's error object."""
 
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             405: "invalid_request_error", 408: "timeout", 413: "invalid_request_error",
-             429: "rate_limit_error", 431: "invalid_request_error", 500: "server_error", 503: "service_unavailable",
-             504: "timeout"}
+    TYPES = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        404: "not_found_error",
+        405: "invalid_request_error",
+        408: "timeout",
+        413: "invalid_request_error",
+        429: "rate_limit_error",
+        431: "invalid_request_error",
+        500: "server_error",
+        503: "service_unavailable",
+        504: "timeout",
+    }
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.TYPES.get(self.status, "error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad(message: str, param: str | None = None) -> ApiError:
@@ -48,6 +69,7 @@ def bad(message: str, param: str | None = None) -> ApiError:
 
 def parse_json(raw: bytes) -> dict:
     """The body as a JSON object; 400 for invalid JSON, duplicate keys, nesting too deep."""
+
     def no_dupes(pairs):
         d = {}
         for k, v in pairs:
@@ -57,8 +79,9 @@ def parse_json(raw: bytes) -> dict:
         return d
 
     try:
-        body = json.loads(raw.decode("utf-8"), object_pairs_hook=no_dupes,
-                          parse_constant=_no_constant)
+        body = json.loads(
+            raw.decode("utf-8"), object_pairs_hook=no_dupes, parse_constant=_no_constant
+        )
     except ApiError:
         raise
     except UnicodeDecodeError as e:
@@ -77,8 +100,15 @@ def _no_constant(name):
 
 
 def _kind(v) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            type(None): "null", int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "an integer",
+        float: "a number",
+    }.get(type(v), type(v).__name__)
 
 
 # -- field checks -------------------------------------------------------------------------------
@@ -141,7 +171,7 @@ def check_greedy(body: dict) -> None:
         raise bad("logit_bias is not supported", "logit_bias")
     if body.get("suffix") not in (None, ""):
         raise bad("suffix is not supported", "suffix")
-    get_int(body, "seed", None)   # accepted and ignored: greedy needs no seed
+    get_int(body, "seed", None)  # accepted and ignored: greedy needs no seed
 
 
 def get_stops(body: dict) -> list[str]:
@@ -175,8 +205,9 @@ def get_prompts(body: dict, vocab: int) -> list[tuple[str | None, list[int] | No
     if isinstance(p, str):
         return [(p, None)]
     if not isinstance(p, list):
-        raise bad(f"prompt must be a string, a list of strings or token ids, not {_kind(p)}",
-                  "prompt")
+        raise bad(
+            f"prompt must be a string, a list of strings or token ids, not {_kind(p)}", "prompt"
+        )
     if not p:
         raise bad("prompt is an empty list", "prompt")
     if all(isinstance(x, str) for x in p):
@@ -186,11 +217,12 @@ def get_prompts(body: dict, vocab: int) -> list[tuple[str | None, list[int] | No
     elif not any(isinstance(x, (str, list, dict)) for x in p):
         out = [(None, token_ids(p, vocab, "prompt"))]
     else:
-        raise bad("prompt: a list must hold only strings, only token ids, or only lists of "
-                  "token ids", "prompt")
+        raise bad(
+            "prompt: a list must hold only strings, only token ids, or only lists of token ids",
+            "prompt",
+        )
     if len(out) > MAX_PROMPTS:
-        raise bad(f"prompt: at most {MAX_PROMPTS} prompts in one request, got {len(out)}",
-                  "prompt")
+        raise bad(f"prompt: at most {MAX_PROMPTS} prompts in one request, got {len(out)}", "prompt")
     return out
 
 
@@ -205,20 +237,21 @@ def get_messages(body: dict) -> list[dict]:
         role, content = m.get("role"), m.get("content")
         if not isinstance(role, str) or not role:
             raise bad(f"messages[{i}].role must be a non-empty string", "messages")
-        if isinstance(content, list):   # OpenAI's content parts: text parts only
+        if isinstance(content, list):  # OpenAI's content parts: text parts only
             parts = []
             for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or \
-                        not isinstance(part.get("text"), str):
-                    raise bad(f"messages[{i}].content: only text parts are supported",
-                              "messages")
+                if (
+                    not isinstance(part, dict)
+                    or part.get("type") != "text"
+                    or not isinstance(part.get("text"), str)
+                ):
+                    raise bad(f"messages[{i}].content: only text parts are supported", "messages")
                 parts.append(part["text"])
             content = "".join(parts)
         if content is None:
             content = ""
         if not isinstance(content, str):
-            raise bad(f"messages[{i}].content must be a string, not {_kind(content)}",
-                      "messages")
+            raise bad(f"messages[{i}].content must be a string, not {_kind(content)}", "messages")
         out.append({"role": role, "content": content})
     return out
 
@@ -238,10 +271,10 @@ class Answer:
 
     prompt_ids: list[int]
     prompt_text: str | None = None
-    rows: object = None                 # slots.Rows of the prompt (prompt_stats)
-    tokens: list = field(default_factory=list)   # scheduler.Token
+    rows: object = None  # slots.Rows of the prompt (prompt_stats)
+    tokens: list = field(default_factory=list)  # scheduler.Token
     finish: str | None = None
-    text: str = ""                      # the generated text, cut at a stop string
+    text: str = ""  # the generated text, cut at a stop string
 
 
 class Pieces:
@@ -306,20 +339,22 @@ def completion_logprobs(a: Answer, pieces: Pieces, echo: bool, top: int) -> dict
         else:
             for p in range(1, len(ids)):
                 tops[p] = {toks[p]: lps[p]}
-        if a.prompt_text is not None:   # offsets into the text as sent
+        if a.prompt_text is not None:  # offsets into the text as sent
             off = len(a.prompt_text)
     for t in a.tokens:
         toks.append(text(t.id))
         offs.append(off)
         off += chars(t.id)
         lps.append(t.logprob)
-        tops.append(top_dict(pieces, t.top_ids if top else None,
-                             t.top_lp if top else None, t.id, t.logprob))
+        tops.append(
+            top_dict(pieces, t.top_ids if top else None, t.top_lp if top else None, t.id, t.logprob)
+        )
     return {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offs}
 
 
 def chat_logprobs(tokens, pieces: Pieces, top: int) -> dict:
     """The chat API's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+
     def entry(i: int, lp: float) -> dict:
         s = pieces.text(int(i))
         return {"token": s, "logprob": float(lp), "bytes": list(s.encode("utf-8"))}
@@ -327,15 +362,21 @@ def chat_logprobs(tokens, pieces: Pieces, top: int) -> dict:
     content = []
     for t in tokens:
         e = entry(t.id, t.logprob)
-        e["top_logprobs"] = [entry(i, lp) for i, lp in zip(t.top_ids, t.top_lp)] \
-            if top and t.top_ids is not None else []
+        e["top_logprobs"] = (
+            [entry(i, lp) for i, lp in zip(t.top_ids, t.top_lp)]
+            if top and t.top_ids is not None
+            else []
+        )
         content.append(e)
     return {"content": content}
 
 
 def usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:

@@ -22,14 +22,14 @@ from minfer.serve.protocol import MAX_PROMPTS, MAX_STOPS
 REF = "#/components/schemas/{model}"
 
 
-class _Open(BaseModel):   # unknown fields are ignored, as OpenAI and vLLM do
+class _Open(BaseModel):  # unknown fields are ignored, as OpenAI and vLLM do
     model_config = ConfigDict(extra="allow")
 
 
 def _requests(vocab: int, name: str, d_model: int = 1 << 20):
     """The request models of a server: token ids in [0, vocab), `model` the served name."""
     Tid = Annotated[int, Field(ge=0, le=vocab - 1)]
-    Model = Optional[Literal[name]]   # noqa: F821 (a runtime literal: the served name)
+    Model = Optional[Literal[name]]  # noqa: F821 (a runtime literal: the served name)
     Stop = Optional[Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)]]]
     Zero = Optional[Annotated[float, Field(ge=0, le=0)]]
 
@@ -51,10 +51,12 @@ def _requests(vocab: int, name: str, d_model: int = 1 << 20):
         ignore_eos: Optional[bool] = None
 
     class CompletionRequest(Greedy):
-        prompt: Union[str, Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)],
-                      Annotated[list[Tid], Field(min_length=1)],
-                      Annotated[list[list[Tid]], Field(min_length=1,
-                                                       max_length=MAX_PROMPTS)]]
+        prompt: Union[
+            str,
+            Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)],
+            Annotated[list[Tid], Field(min_length=1)],
+            Annotated[list[list[Tid]], Field(min_length=1, max_length=MAX_PROMPTS)],
+        ]
         max_tokens: Optional[Annotated[int, Field(ge=0)]] = None
         echo: Optional[bool] = None
         logprobs: Optional[Annotated[int, Field(ge=0, le=TOP_MAX)]] = None
@@ -92,25 +94,35 @@ def _requests(vocab: int, name: str, d_model: int = 1 << 20):
         model: Model = None
         tokens: list[Tid]
 
-    Items = Annotated[int, Field(ge=1, le=MAX_ITEMS)]   # (a bound on counts below)
+    Items = Annotated[int, Field(ge=1, le=MAX_ITEMS)]  # (a bound on counts below)
 
     class EmbeddingRequest(_Open):
         model: Model = None
-        input: Union[Annotated[str, Field(min_length=1)],
-                     Annotated[list[Annotated[str, Field(min_length=1)]],
-                               Field(min_length=1, max_length=MAX_ITEMS)],
-                     Annotated[list[Tid], Field(min_length=1)],
-                     Annotated[list[Annotated[list[Tid], Field(min_length=1)]],
-                               Field(min_length=1, max_length=MAX_ITEMS)]]
+        input: Union[
+            Annotated[str, Field(min_length=1)],
+            Annotated[
+                list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_ITEMS)
+            ],
+            Annotated[list[Tid], Field(min_length=1)],
+            Annotated[
+                list[Annotated[list[Tid], Field(min_length=1)]],
+                Field(min_length=1, max_length=MAX_ITEMS),
+            ],
+        ]
         encoding_format: Optional[Literal["float", "base64"]] = None
         dimensions: Optional[Annotated[int, Field(ge=1, le=d_model)]] = None
 
     class ScoreRequest(_Open):
         model: Model = None
         query: Union[str, Annotated[list[Tid], Field(min_length=1)]]
-        items: Union[str, Annotated[list[str], Field(min_length=1, max_length=MAX_ITEMS)],
-                     Annotated[list[Annotated[list[Tid], Field(min_length=1)]],
-                               Field(min_length=1, max_length=MAX_ITEMS)]]
+        items: Union[
+            str,
+            Annotated[list[str], Field(min_length=1, max_length=MAX_ITEMS)],
+            Annotated[
+                list[Annotated[list[Tid], Field(min_length=1)]],
+                Field(min_length=1, max_length=MAX_ITEMS),
+            ],
+        ]
         label_token_ids: Annotated[list[Tid], Field(min_length=1)]
         apply_softmax: Optional[bool] = None
         item_first: Optional[bool] = None
@@ -121,13 +133,19 @@ def _requests(vocab: int, name: str, d_model: int = 1 << 20):
     class RerankRequest(_Open):
         model: Model = None
         query: str
-        documents: Annotated[list[Union[str, Document]], Field(min_length=1,
-                                                                max_length=MAX_ITEMS)]
+        documents: Annotated[list[Union[str, Document]], Field(min_length=1, max_length=MAX_ITEMS)]
         top_n: Optional[Items] = None
         return_documents: Optional[bool] = None
 
-    return (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest,
-            EmbeddingRequest, ScoreRequest, RerankRequest)
+    return (
+        CompletionRequest,
+        ChatRequest,
+        TokenizeRequest,
+        DetokenizeRequest,
+        EmbeddingRequest,
+        ScoreRequest,
+        RerankRequest,
+    )
 
 
 # -- responses ----------------------------------------------------------------------------------
@@ -226,7 +244,7 @@ class ModelList(BaseModel):
 class Embedding(BaseModel):
     object: Literal["embedding"]
     index: int
-    embedding: Union[list[float], str]   # floats, or base64 of little-endian f32
+    embedding: Union[list[float], str]  # floats, or base64 of little-endian f32
 
 
 class EmbeddingUsage(BaseModel):
@@ -341,8 +359,21 @@ def openapi(app, vocab: int, name: str, d_model: int = 1 << 20) -> dict:
     from fastapi.openapi.utils import get_openapi
 
     reqs = _requests(vocab, name, d_model)
-    resps = (Completion, ChatCompletion, Tokens, Text, ModelList, Health, TokenizerInfo, Error,
-             CompletionChunk, ChatChunk, Embeddings, Scores, Rerank)
+    resps = (
+        Completion,
+        ChatCompletion,
+        Tokens,
+        Text,
+        ModelList,
+        Health,
+        TokenizerInfo,
+        Error,
+        CompletionChunk,
+        ChatChunk,
+        Embeddings,
+        Scores,
+        Rerank,
+    )
     _, defs = models_json_schema([(m, "validation") for m in reqs + resps], ref_template=REF)
     doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
     comps = doc.setdefault("components", {})
@@ -352,7 +383,7 @@ def openapi(app, vocab: int, name: str, d_model: int = 1 << 20) -> dict:
     json_ = lambda m: {"application/json": {"schema": ref(m)}}  # noqa: E731
     sse = lambda m: {"text/event-stream": {"schema": _event(ref(m), ref(Error))}}  # noqa: E731
     C, Ch, Tk, Dt, Em, Sc, Rr = reqs
-    table = {   # (path, method): (request model, 200 content, other statuses)
+    table = {  # (path, method): (request model, 200 content, other statuses)
         ("/v1/completions", "post"): (C, {**json_(Completion), **sse(CompletionChunk)}, _RUN),
         ("/v1/chat/completions", "post"): (Ch, {**json_(ChatCompletion), **sse(ChatChunk)}, _RUN),
         ("/tokenize", "post"): (Tk, json_(Tokens), _POST),
@@ -371,9 +402,13 @@ def openapi(app, vocab: int, name: str, d_model: int = 1 << 20) -> dict:
             continue
         if req is not None:
             op["requestBody"] = {"required": True, "content": json_(req)}
-        op["responses"] = {"200": {"description": "the answer", "content": ok},
-                           **{str(c): {"description": Error.__doc__ or "an error",
-                                       "content": json_(Error)} for c in codes}}
+        op["responses"] = {
+            "200": {"description": "the answer", "content": ok},
+            **{
+                str(c): {"description": Error.__doc__ or "an error", "content": json_(Error)}
+                for c in codes
+            },
+        }
         if path != "/health":
             op["security"] = [{"bearer": []}]
     return doc
@@ -382,7 +417,19 @@ def openapi(app, vocab: int, name: str, d_model: int = 1 << 20) -> dict:
 def _event(chunk: dict, error: dict) -> dict:
     """A server-sent event: `data: [DONE]` last, before it a chunk (or an error met
     mid-stream) as JSON."""
-    return {"type": "object", "required": ["data"], "properties": {"data": {
-        "type": "string", "anyOf": [{"const": "[DONE]"}, {
-            "contentMediaType": "application/json",
-            "contentSchema": {"anyOf": [chunk, error]}}]}}}
+    return {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "type": "string",
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {
+                        "contentMediaType": "application/json",
+                        "contentSchema": {"anyOf": [chunk, error]},
+                    },
+                ],
+            }
+        },
+    }

@@ -24,9 +24,9 @@ control/unknown tokens are omitted unless special=True, clean_spaces per pre-tok
 from __future__ import annotations
 
 import threading
-from itertools import compress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 from minfer.errors import BadInput, BadModel, Unsupported
@@ -37,14 +37,20 @@ T_UNDEFINED, T_NORMAL, T_UNKNOWN, T_CONTROL, T_USER_DEFINED, T_UNUSED, T_BYTE = 
 _SPECIAL_TYPES = frozenset({T_CONTROL, T_USER_DEFINED, T_UNKNOWN})
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # llama.cpp's rewrite of Tekken's (Mistral Nemo and later) regex: "upper" = a letter not a-z
-_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
-           r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
-           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-          r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(frozen=True)
@@ -62,8 +68,10 @@ _PRE: dict[str, _Pre] = {
     # LLAMA_VOCAB_PRE_TYPE_DEFAULT
     "default": _Pre((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")),
     # LLAMA_VOCAB_PRE_TYPE_LLAMA3
-    **{k: _Pre((_LLAMA3,), ignore_merges=True, add_bos=True)
-       for k in ("llama3", "llama-v3", "llama-bpe", "falcon3")},
+    **{
+        k: _Pre((_LLAMA3,), ignore_merges=True, add_bos=True)
+        for k in ("llama3", "llama-v3", "llama-bpe", "falcon3")
+    },
     "dbrx": _Pre((_LLAMA3,)),
     "smaug-bpe": _Pre((_LLAMA3,)),
     # LLAMA_VOCAB_PRE_TYPE_GPT2 (and MPT, OLMO, JAIS share its regex)
@@ -91,14 +99,18 @@ _PRE: dict[str, _Pre] = {
 BUILD_BYTES_PER_ENTRY = 512
 
 # llama.cpp forces these texts to CONTROL (end-of-generation detection in llama_vocab::load)
-_EOG_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
-                        "<|endoftext|>", "<|eom_id|>", "<EOT>"})
+_EOG_TEXTS = frozenset(
+    {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>"}
+)
 
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map (llama.cpp unicode_byte_to_utf8)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
         + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -139,12 +151,14 @@ def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
     if v is None:
         return default
     if not isinstance(v, bool):
-        raise BadModel(f"tokenizer: metadata key {key!r} = {ascii(v)[:60]} must be a bool, "
-                       f"not {type(v).__name__}")
+        raise BadModel(
+            f"tokenizer: metadata key {key!r} = {ascii(v)[:60]} must be a bool, "
+            f"not {type(v).__name__}"
+        )
     return v
 
 
-_C_SPACE = " \t\n\v\f\r"   # C isspace()
+_C_SPACE = " \t\n\v\f\r"  # C isspace()
 
 
 def _rstrip_ids(meta: Mapping[str, Any], texts: Sequence[str], special: Sequence[int]) -> set:
@@ -157,7 +171,7 @@ def _rstrip_ids(meta: Mapping[str, Any], texts: Sequence[str], special: Sequence
     named = ("</s>", "<unk>", "<s>", "<|endoftext|>")
     index = {t: i for i, t in enumerate(texts) if t in named}
     missing = [t for t in named if t not in index]
-    if missing:   # llama.cpp fails to load such a vocab (token_to_id.at)
+    if missing:  # llama.cpp fails to load such a vocab (token_to_id.at)
         raise BadModel(f"tokenizer: a Phi-3 vocabulary (general.name) without {missing}")
     return (set(special) | {index["</s>"]}) - {index[t] for t in named[1:]}
 
@@ -170,8 +184,10 @@ class Tokenizer:
         if model is None:
             raise BadModel("tokenizer: metadata key 'tokenizer.ggml.model' missing")
         if model not in ("gpt2", "llama"):
-            raise Unsupported(f"tokenizer: unsupported tokenizer model {model!r} "
-                              "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
+            raise Unsupported(
+                f"tokenizer: unsupported tokenizer model {model!r} "
+                "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)"
+            )
         self.kind = "bpe" if model == "gpt2" else "spm"
         tokens = _meta_list(meta, "tokenizer.ggml.tokens")
         n = len(tokens)
@@ -188,11 +204,12 @@ class Tokenizer:
             raise BadModel("tokenizer: 'tokenizer.ggml.tokens' holds non-strings")
         # llama.cpp: an empty token text is renamed so that it can never match (all(): one C
         # pass; the per-token comprehension only for the rare vocab that has one)
-        texts = tokens if all(tokens) else [t if t else f"[EMPTY_{i}]"
-                                            for i, t in enumerate(tokens)]
+        texts = (
+            tokens if all(tokens) else [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        )
         self.texts, self.types = texts, types
         self.n_vocab = n
-        self.token_to_id = dict(zip(texts, range(n)))   # zip in C: 2x a dict comprehension
+        self.token_to_id = dict(zip(texts, range(n)))  # zip in C: 2x a dict comprehension
         if len(self.token_to_id) != n:
             # llama.cpp keeps the last id of a duplicated text; but a converter never writes
             # one (unused ids get unique [PAD<i>] texts), so a duplicate means the text of some
@@ -201,9 +218,11 @@ class Tokenizer:
             first: dict[str, int] = {}
             for i, t in enumerate(texts):
                 if t in first:
-                    raise BadModel(f"tokenizer: token {ascii(t)[:80]} appears twice in "
-                                   f"'tokenizer.ggml.tokens' (ids {first[t]} and {i}): a "
-                                   "damaged vocabulary")
+                    raise BadModel(
+                        f"tokenizer: token {ascii(t)[:80]} appears twice in "
+                        f"'tokenizer.ggml.tokens' (ids {first[t]} and {i}): a "
+                        "damaged vocabulary"
+                    )
                 first[t] = i
         # the texts forced to CONTROL, found by lookup (texts are unique), not a 262k scan
         eog_text_ids = sorted(i for i in map(self.token_to_id.get, _EOG_TEXTS) if i is not None)
@@ -218,7 +237,8 @@ class Tokenizer:
             if pre is None:
                 raise Unsupported(
                     f"tokenizer: unsupported pre-tokenizer {pre_name!r} "
-                    f"(supported: {', '.join(sorted(_PRE))})")
+                    f"(supported: {', '.join(sorted(_PRE))})"
+                )
             self.pre_name, self.pre = pre_name, pre
             self.add_space_prefix = False
             default_bos, default_eos = 11, 11
@@ -230,16 +250,20 @@ class Tokenizer:
             default_bos, default_eos = 1, 2
             default_add_bos = True
             self.clean_spaces = False
-        self.add_space_prefix = _meta_bool(meta, "tokenizer.ggml.add_space_prefix",
-                                           self.add_space_prefix)
+        self.add_space_prefix = _meta_bool(
+            meta, "tokenizer.ggml.add_space_prefix", self.add_space_prefix
+        )
         self.bos_id = _meta_id(meta, "tokenizer.ggml.bos_token_id", default_bos, n)
         self.eos_id = _meta_id(meta, "tokenizer.ggml.eos_token_id", default_eos, n)
         self.add_bos = _meta_bool(meta, "tokenizer.ggml.add_bos_token", default_add_bos)
         self.add_eos = _meta_bool(meta, "tokenizer.ggml.add_eos_token", False)
         # end-of-generation ids (llama.cpp's special_eog_ids): EOS, EOT, EOM and the texts
         # it forces to CONTROL; chat decoding stops at any of them
-        eog = {self.eos_id, _meta_id(meta, "tokenizer.ggml.eot_token_id", None, n),
-               _meta_id(meta, "tokenizer.ggml.eom_token_id", None, n)}
+        eog = {
+            self.eos_id,
+            _meta_id(meta, "tokenizer.ggml.eot_token_id", None, n),
+            _meta_id(meta, "tokenizer.ggml.eom_token_id", None, n),
+        }
         eog.update(eog_text_ids)
         self.eog_ids = frozenset(i for i in eog if i is not None)
 
@@ -263,7 +287,8 @@ class Tokenizer:
 
     # -- building the HF model ------------------------------------------------------------
     def _build_bpe(self, meta: Mapping[str, Any]):
-        from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
+        from tokenizers import Regex, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
 
         merges_raw = _meta_list(meta, "tokenizer.ggml.merges")
         vocab = self.token_to_id
@@ -274,7 +299,7 @@ class Tokenizer:
             pos = m.find(" ", 1)  # llama.cpp: the first space after the first character
             if pos < 0:
                 continue
-            a, b = m[:pos], m[pos + 1:]
+            a, b = m[:pos], m[pos + 1 :]
             # HF refuses merges whose parts or result are no token; llama.cpp would merge and
             # then fall back to bytes. No real vocab has them: dropped.
             if a in vocab and b in vocab and a + b in vocab:
@@ -287,8 +312,7 @@ class Tokenizer:
             if ch not in hf_vocab:
                 hf_vocab[ch] = self.n_vocab + len(hf_vocab) - len(vocab)
         try:
-            bpe = models.BPE(vocab=hf_vocab, merges=merges,
-                             ignore_merges=self.pre.ignore_merges)
+            bpe = models.BPE(vocab=hf_vocab, merges=merges, ignore_merges=self.pre.ignore_merges)
         except Exception as e:
             raise BadModel(f"tokenizer: cannot build the BPE model ({e})") from None
         tok = HFTokenizer(bpe)
@@ -298,7 +322,8 @@ class Tokenizer:
         return tok
 
     def _build_spm(self, meta: Mapping[str, Any]):
-        from tokenizers import Tokenizer as HFTokenizer, models
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import models
 
         scores = _meta_list(meta, "tokenizer.ggml.scores", required=False)
         n = self.n_vocab
@@ -309,7 +334,7 @@ class Tokenizer:
         scores = [float(s) for s in scores] if scores is not None else [0.0] * n
         vocab = self.token_to_id
         texts = self.texts
-        ids = _spm_merge_ids(texts, vocab, scores)   # int32 [m, 2]: (left, right) token ids
+        ids = _spm_merge_ids(texts, vocab, scores)  # int32 [m, 2]: (left, right) token ids
         # the (left, right) text pairs: the texts as a numpy object array indexed by the id
         # columns (references copied in C), zipped into the tuples HF takes: ~2x faster
         # than mapping texts.__getitem__ over the columns' lists, ~10x ids.tolist()'s
@@ -322,8 +347,9 @@ class Tokenizer:
         self._has_byte_tokens = all(f"<0x{b:02X}>" in vocab for b in range(256))
         unk = self.texts[_meta_id(meta, "tokenizer.ggml.unknown_token_id", 0, n)]
         try:
-            bpe = models.BPE(vocab=vocab, merges=merges, byte_fallback=True,
-                             unk_token=unk, fuse_unk=False)
+            bpe = models.BPE(
+                vocab=vocab, merges=merges, byte_fallback=True, unk_token=unk, fuse_unk=False
+            )
         except Exception as e:
             raise BadModel(f"tokenizer: cannot build the SPM model ({e})") from None
         return HFTokenizer(bpe)
@@ -332,7 +358,7 @@ class Tokenizer:
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """llama.cpp tokenizer_st_partition: raw text fragments (str) and special ids (int)."""
         frags: list[str | int] = [text]
-        for tok_text, tid in (self._special_all if parse_special else self._special_user):
+        for tok_text, tid in self._special_all if parse_special else self._special_user:
             if not any(isinstance(f, str) and tok_text in f for f in frags):
                 continue
             out: list[str | int] = []
@@ -344,7 +370,7 @@ class Tokenizer:
                 for j, p in enumerate(parts):
                     if j:
                         out.append(tid)
-                        if tid in self._rstrip:   # the token eats the whitespace after it
+                        if tid in self._rstrip:  # the token eats the whitespace after it
                             p = p.lstrip(_C_SPACE)
                     if p:
                         out.append(p)
@@ -361,16 +387,22 @@ class Tokenizer:
         n = self.n_vocab
         return ids if all(i < n for i in ids) else [i for i in ids if i < n]
 
-    def encode(self, text: str, add_bos: bool | None = None, parse_special: bool = False,
-               add_eos: bool | None = None) -> list[int]:
+    def encode(
+        self,
+        text: str,
+        add_bos: bool | None = None,
+        parse_special: bool = False,
+        add_eos: bool | None = None,
+    ) -> list[int]:
         """Token ids of `text` (llama_tokenize). add_bos/add_eos None: as the metadata says."""
         if not isinstance(text, str):
             raise BadInput(f"prompt must be text, not {type(text).__name__}")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise BadInput(f"prompt is not valid Unicode ({e.reason} at character {e.start})") \
-                from None
+            raise BadInput(
+                f"prompt is not valid Unicode ({e.reason} at character {e.start})"
+            ) from None
         add_bos = self.add_bos if add_bos is None else add_bos
         add_eos = self.add_eos if add_eos is None else add_eos
         ids: list[int] = []
@@ -510,7 +542,7 @@ def _spm_merge_ids(texts: list[str], vocab: dict[str, int], scores: list[float])
                 b = get(t[k:])
                 if b is not None:
                     cand.append((s, i, k, a, b))
-    cand.sort()   # (score, merged id, split) are unique: the ids never decide
+    cand.sort()  # (score, merged id, split) are unique: the ids never decide
     ids = np.array([(c[3], c[4]) for c in cand], np.int32).reshape(-1, 2)
     if path is not None:
         _write_merge_ids(path, ids)
@@ -540,8 +572,12 @@ def _read_merge_ids(path, n_vocab: int):
         a = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError):
         return None
-    if a.dtype != np.int32 or a.ndim != 2 or a.shape[1] != 2 or (
-            a.size and (a.min() < 0 or a.max() >= n_vocab)):
+    if (
+        a.dtype != np.int32
+        or a.ndim != 2
+        or a.shape[1] != 2
+        or (a.size and (a.min() < 0 or a.max() >= n_vocab))
+    ):
         return None
     return a
 

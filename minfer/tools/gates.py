@@ -47,29 +47,42 @@ class GreedyVerdict:
             return f"{self.n}/{self.n} exact"
         head = f"{self.exact}/{self.n} exact; identical through step {self.identical_through}"
         if not self.ok:
-            return (f"{head}, then a DIVERGENCE at step {self.identical_through + 1} where the "
-                    f"reference margin {self.diverged_margin:.4g} >= tau {self.tau:.4g} (a bug)")
+            return (
+                f"{head}, then a DIVERGENCE at step {self.identical_through + 1} where the "
+                f"reference margin {self.diverged_margin:.4g} >= tau {self.tau:.4g} (a bug)"
+            )
         if self.diverged_margin < self.tau:
-            return f"{head}, then a near-tie of margin {self.diverged_margin:.4g} < tau {self.tau:.4g}"
-        return (f"{head}, then a divergence at margin {self.diverged_margin:.4g}, after the "
-                f"first near-tie (margin {self.near_tie:.4g} < tau {self.tau:.4g} at step "
-                f"{self.near_tie_step}) from which nothing is compared")
+            return (
+                f"{head}, then a near-tie of margin {self.diverged_margin:.4g} < tau {self.tau:.4g}"
+            )
+        return (
+            f"{head}, then a divergence at margin {self.diverged_margin:.4g}, after the "
+            f"first near-tie (margin {self.near_tie:.4g} < tau {self.tau:.4g} at step "
+            f"{self.near_tie_step}) from which nothing is compared"
+        )
 
 
-def compare_greedy(ids: Sequence[int], ref_ids: Sequence[int], ref_margins: Sequence[float],
-                   tau: float) -> GreedyVerdict:
+def compare_greedy(
+    ids: Sequence[int], ref_ids: Sequence[int], ref_margins: Sequence[float], tau: float
+) -> GreedyVerdict:
     ids, ref_ids = [int(i) for i in ids], [int(i) for i in ref_ids]
     n = len(ref_ids)
     if len(ids) != n or len(ref_margins) != n:
-        raise ValueError(f"compare_greedy: {len(ids)} ids, {n} reference ids, "
-                         f"{len(ref_margins)} margins: lengths must agree")
+        raise ValueError(
+            f"compare_greedy: {len(ids)} ids, {n} reference ids, "
+            f"{len(ref_margins)} margins: lengths must agree"
+        )
     exact = sum(a == b for a, b in zip(ids, ref_ids))
     k = next((i for i in range(n) if ids[i] != ref_ids[i]), n)
     j = next((i for i in range(n) if ref_margins[i] < tau), None)
     ok = k == n or (j is not None and j <= k)
     return GreedyVerdict(
-        n=n, exact=exact, identical_through=k,
+        n=n,
+        exact=exact,
+        identical_through=k,
         near_tie=None if j is None else float(ref_margins[j]),
         near_tie_step=None if j is None else j + 1,
-        tau=float(tau), ok=ok,
-        diverged_margin=None if k == n else float(ref_margins[k]))
+        tau=float(tau),
+        ok=ok,
+        diverged_margin=None if k == n else float(ref_margins[k]),
+    )

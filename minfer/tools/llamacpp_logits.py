@@ -29,7 +29,7 @@ from minfer.errors import BadInput
 
 MAGIC = b"_logits_"
 HEAD = len(MAGIC) + 12
-CLAMP = 16.0   # llama.cpp: logits more than 16 below the top are not stored
+CLAMP = 16.0  # llama.cpp: logits more than 16 below the top are not stored
 
 
 def row_width(n_vocab: int) -> int:
@@ -56,11 +56,14 @@ class Base:
         try:
             with open(path, "rb") as f:
                 head = f.read(HEAD)
-            if len(head) < HEAD or head[:len(MAGIC)] != MAGIC:
+            if len(head) < HEAD or head[: len(MAGIC)] != MAGIC:
                 raise self._bad("no llama.cpp header")
-            self.ctx, self.vocab, self.chunks = struct.unpack("<3i", head[len(MAGIC):])
-            for name, v, low in (("n_ctx", self.ctx, 4), ("n_vocab", self.vocab, 2),
-                                 ("n_chunk", self.chunks, 1)):
+            self.ctx, self.vocab, self.chunks = struct.unpack("<3i", head[len(MAGIC) :])
+            for name, v, low in (
+                ("n_ctx", self.ctx, 4),
+                ("n_vocab", self.vocab, 2),
+                ("n_chunk", self.chunks, 1),
+            ):
                 if v < low:
                     raise self._bad(f"header field {name} is {v}, expected >= {low}")
             self.rows = self.ctx - 1 - self.ctx // 2
@@ -68,35 +71,39 @@ class Base:
             start = HEAD + 4 * self.ctx * self.chunks
             want = start + 2 * nv * self.rows * self.chunks
             if st.st_size != want:
-                raise self._bad(f"{st.st_size:,} bytes where its header makes {want:,} "
-                                "(truncated: an interrupted llama-perplexity run?)")
-            self.tokens = np.memmap(path, "<i4", "r", offset=HEAD,
-                                    shape=(self.chunks * self.ctx,))
-            self._q = np.memmap(path, "<u2", "r", offset=start,
-                                shape=(self.chunks * self.rows, nv))
+                raise self._bad(
+                    f"{st.st_size:,} bytes where its header makes {want:,} "
+                    "(truncated: an interrupted llama-perplexity run?)"
+                )
+            self.tokens = np.memmap(path, "<i4", "r", offset=HEAD, shape=(self.chunks * self.ctx,))
+            self._q = np.memmap(path, "<u2", "r", offset=start, shape=(self.chunks * self.rows, nv))
         except OSError as e:
             raise read_error(e, path, "read logits file") from None
 
     def _bad(self, why: str) -> BadInput:
-        return BadInput(f"{self.path}: not a readable llama.cpp --kl-divergence-base file "
-                        f"({why})")
+        return BadInput(f"{self.path}: not a readable llama.cpp --kl-divergence-base file ({why})")
 
     def logprobs(self, chunk: int) -> np.ndarray:
-        q = np.asarray(self._q[chunk * self.rows:(chunk + 1) * self.rows])
-        d = np.ascontiguousarray(q[:, :4]).view("<f4")   # [rows, 2]: scale, min_log_prob
+        q = np.asarray(self._q[chunk * self.rows : (chunk + 1) * self.rows])
+        d = np.ascontiguousarray(q[:, :4]).view("<f4")  # [rows, 2]: scale, min_log_prob
         from minfer.tools.perplexity import check_finite
 
-        check_finite(self.path, d, chunk)   # a NaN scale makes every log-prob of its row NaN
-        return (d[:, :1] * q[:, 4:4 + self.vocab].astype(np.float32) + d[:, 1:2]).astype(
-            np.float32)
+        check_finite(self.path, d, chunk)  # a NaN scale makes every log-prob of its row NaN
+        return (d[:, :1] * q[:, 4 : 4 + self.vocab].astype(np.float32) + d[:, 1:2]).astype(
+            np.float32
+        )
 
     def check(self, model_vocab: int, model_ctx: int, ids_cap: int) -> None:
         if self.vocab != model_vocab:
-            raise BadInput(f"{self.path}: base log-probs over a vocabulary of {self.vocab:,}, "
-                           f"the model's is {model_vocab:,}")
+            raise BadInput(
+                f"{self.path}: base log-probs over a vocabulary of {self.vocab:,}, "
+                f"the model's is {model_vocab:,}"
+            )
         if self.ctx > model_ctx:
-            raise BadInput(f"{self.path}: base made with -c {self.ctx}, more than the model's "
-                           f"context of {model_ctx}")
+            raise BadInput(
+                f"{self.path}: base made with -c {self.ctx}, more than the model's "
+                f"context of {model_ctx}"
+            )
         bad = (self.tokens < 0) | (self.tokens >= ids_cap)
         if bad.any():
             raise self._bad(f"token id {int(self.tokens[bad][0])} out of the vocabulary")
@@ -108,8 +115,7 @@ def quantize_rows(logits: np.ndarray) -> np.ndarray:
     n, vocab = x.shape
     mx = x.max(axis=1, keepdims=True)
     lo = np.maximum(x.min(axis=1, keepdims=True), mx - np.float32(CLAMP))
-    lse = np.log(np.exp((x - mx).astype(np.float64)).sum(axis=1, keepdims=True)).astype(
-        np.float32)
+    lse = np.log(np.exp((x - mx).astype(np.float64)).sum(axis=1, keepdims=True)).astype(np.float32)
     min_lp = (lo - mx - lse).astype(np.float32)
     scale = ((mx - lo) / np.float32(65535)).astype(np.float32)
     with np.errstate(divide="ignore"):
@@ -117,7 +123,7 @@ def quantize_rows(logits: np.ndarray) -> np.ndarray:
     q = np.where(x > lo, np.rint(inv * (x - lo)), 0).astype(np.uint16)
     out = np.zeros((n, row_width(vocab)), np.uint16)
     out[:, :4] = np.concatenate([scale, min_lp], axis=1).astype("<f4").view("<u2")
-    out[:, 4:4 + vocab] = q
+    out[:, 4 : 4 + vocab] = q
     return out
 
 

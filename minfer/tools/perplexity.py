@@ -59,15 +59,17 @@ def n_windows(n_tokens: int, ctx: int, chunks: int, name: str) -> int:
     if n_tokens < ctx:
         from minfer.host.words import plural
 
-        raise BadInput(f"{name}: the text is {plural(n_tokens, 'token')}, fewer than one window "
-                       f"of --ctx {ctx}; give a longer text or a smaller --ctx")
+        raise BadInput(
+            f"{name}: the text is {plural(n_tokens, 'token')}, fewer than one window "
+            f"of --ctx {ctx}; give a longer text or a smaller --ctx"
+        )
     avail = n_tokens // ctx
     return avail if chunks == 0 else min(chunks, avail)
 
 
 def window(ids: np.ndarray, i: int, ctx: int, bos: int | None) -> np.ndarray:
     """int32 [ctx]: window i of ids, its first id replaced by `bos` (None: kept)."""
-    w = np.array(ids[i * ctx: (i + 1) * ctx], dtype=np.int32)
+    w = np.array(ids[i * ctx : (i + 1) * ctx], dtype=np.int32)
     if bos is not None:
         w[0] = bos
     return w
@@ -92,8 +94,8 @@ def target_logprobs(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """float64 [n]: log p(targets[i]) under row i of logits [n, vocab]."""
     out = np.empty(len(targets), np.float64)
     for s in range(0, len(targets), ROW_BLOCK):
-        lp = log_softmax(logits[s: s + ROW_BLOCK])
-        out[s: s + ROW_BLOCK] = lp[np.arange(lp.shape[0]), targets[s: s + ROW_BLOCK]]
+        lp = log_softmax(logits[s : s + ROW_BLOCK])
+        out[s : s + ROW_BLOCK] = lp[np.arange(lp.shape[0]), targets[s : s + ROW_BLOCK]]
     return out
 
 
@@ -124,11 +126,11 @@ def compare_rows(base: np.ndarray, this: np.ndarray) -> tuple[np.ndarray, np.nda
     same = np.empty(n, bool)
     dmax = 0.0
     for s in range(0, n, ROW_BLOCK):
-        b = np.asarray(base[s: s + ROW_BLOCK], np.float64)
-        t = np.asarray(this[s: s + ROW_BLOCK], np.float64)
+        b = np.asarray(base[s : s + ROW_BLOCK], np.float64)
+        t = np.asarray(this[s : s + ROW_BLOCK], np.float64)
         lp, lq = log_softmax(b), log_softmax(t)
-        kld[s: s + ROW_BLOCK] = (np.exp(lp) * (lp - lq)).sum(axis=-1)
-        same[s: s + ROW_BLOCK] = b.argmax(axis=-1) == t.argmax(axis=-1)
+        kld[s : s + ROW_BLOCK] = (np.exp(lp) * (lp - lq)).sum(axis=-1)
+        same[s : s + ROW_BLOCK] = b.argmax(axis=-1) == t.argmax(axis=-1)
         dmax = max(dmax, float(np.abs(t - b).max()))
     return np.maximum(kld, 0.0), same, dmax  # (rounding can leave -1e-17 for equal rows)
 
@@ -142,25 +144,31 @@ def compare_logprobs(base_lp: np.ndarray, this: np.ndarray) -> tuple[np.ndarray,
     kld = np.empty(n, np.float64)
     same = np.empty(n, bool)
     for s in range(0, n, ROW_BLOCK):
-        lp = np.asarray(base_lp[s: s + ROW_BLOCK], np.float64)
-        lq = log_softmax(this[s: s + ROW_BLOCK])
-        kld[s: s + ROW_BLOCK] = np.where(lp > -16.0, np.exp(lp) * (lp - lq), 0.0).sum(axis=-1)
-        same[s: s + ROW_BLOCK] = lp.argmax(axis=-1) == lq.argmax(axis=-1)
+        lp = np.asarray(base_lp[s : s + ROW_BLOCK], np.float64)
+        lq = log_softmax(this[s : s + ROW_BLOCK])
+        kld[s : s + ROW_BLOCK] = np.where(lp > -16.0, np.exp(lp) * (lp - lq), 0.0).sum(axis=-1)
+        same[s : s + ROW_BLOCK] = lp.argmax(axis=-1) == lq.argmax(axis=-1)
     return kld, same
 
 
 @dataclass
 class Tally:
     """Per-row results accumulated over the windows."""
+
     nll: list[np.ndarray] = field(default_factory=list)
     running: list[float] = field(default_factory=list)  # PPL after each window
     base_nll: list[np.ndarray] = field(default_factory=list)
     kld: list[np.ndarray] = field(default_factory=list)
     same: list[np.ndarray] = field(default_factory=list)
-    dmax: float | None = 0.0   # None against a llama.cpp base (log-probs, not logits)
+    dmax: float | None = 0.0  # None against a llama.cpp base (log-probs, not logits)
 
-    def add(self, logits: np.ndarray, targets: np.ndarray, base: np.ndarray | None = None,
-            base_lp: np.ndarray | None = None):
+    def add(
+        self,
+        logits: np.ndarray,
+        targets: np.ndarray,
+        base: np.ndarray | None = None,
+        base_lp: np.ndarray | None = None,
+    ):
         """logits (and the base's) [rows, vocab] of one window, targets int [rows]; base_lp
         instead of base: a llama.cpp base's log-probs (no logits there: max |dlogit| None)."""
         self.nll.append(-target_logprobs(logits, targets))
@@ -182,8 +190,13 @@ class Tally:
     def summary(self) -> dict:
         nll = np.concatenate(self.nll)
         ppl, err = ppl_stats(nll)
-        out = {"n_scored": int(nll.size), "ppl": ppl, "ppl_err": err,
-               "running_ppl": self.running, "kld": None}
+        out = {
+            "n_scored": int(nll.size),
+            "ppl": ppl,
+            "ppl_err": err,
+            "running_ppl": self.running,
+            "kld": None,
+        }
         if self.kld:
             kld, same = np.concatenate(self.kld), np.concatenate(self.same)
             base_nll = np.concatenate(self.base_nll)
@@ -192,20 +205,36 @@ class Tally:
             dlp, dlp_err = mean_err(base_nll - nll)  # log p_this - log p_base of the target
             p = float(same.mean())
             perr = float(np.sqrt(p * (1 - p) / (same.size - 1))) if same.size > 1 else 0.0
-            out["kld"] = {"base_ppl": bppl, "base_ppl_err": berr, "mean": k, "mean_err": kerr,
-                          "p99": float(np.percentile(kld, 99.0)), "median": float(np.median(kld)),
-                          "max": float(kld.max()), "same_top1": p, "same_top1_err": perr,
-                          "max_abs_dlogit": self.dmax, "mean_dlogprob": dlp,
-                          "mean_dlogprob_err": dlp_err}
+            out["kld"] = {
+                "base_ppl": bppl,
+                "base_ppl_err": berr,
+                "mean": k,
+                "mean_err": kerr,
+                "p99": float(np.percentile(kld, 99.0)),
+                "median": float(np.median(kld)),
+                "max": float(kld.max()),
+                "same_top1": p,
+                "same_top1_err": perr,
+                "max_abs_dlogit": self.dmax,
+                "mean_dlogprob": dlp,
+                "mean_dlogprob_err": dlp_err,
+            }
         return out
 
 
 # -- logits file ---------------------------------------------------------------------------------
 def header(model, ctx: int, chunks: int, windows: list[np.ndarray], backend: str) -> dict:
-    return {"model": model.path.name, "model_bytes": model.path.stat().st_size,
-            "vocab": int(model.config.vocab_size), "ctx": int(ctx), "chunks": int(chunks),
-            "rows_per_chunk": rows_per_window(ctx), "ids_sha256": ids_hash(windows),
-            "backend": backend, "dtype": "float32"}
+    return {
+        "model": model.path.name,
+        "model_bytes": model.path.stat().st_size,
+        "vocab": int(model.config.vocab_size),
+        "ctx": int(ctx),
+        "chunks": int(chunks),
+        "rows_per_chunk": rows_per_window(ctx),
+        "ids_sha256": ids_hash(windows),
+        "backend": backend,
+        "dtype": "float32",
+    }
 
 
 @contextlib.contextmanager
@@ -235,12 +264,15 @@ def _int_field(path: str, hdr: dict, key: str, low: int) -> int:
     """hdr[key] as an int >= low; BadInput naming the field otherwise (a float, a bool, a
     string or a missing key would fail later as a TypeError or KeyError)."""
     if key not in hdr:
-        raise BadInput(f"{path}: logits header has no {key!r} field (not a file of `minfer "
-                       "perplexity --save-logits`?)")
+        raise BadInput(
+            f"{path}: logits header has no {key!r} field (not a file of `minfer "
+            "perplexity --save-logits`?)"
+        )
     v = hdr[key]
     if not isinstance(v, int) or isinstance(v, bool) or v < low:
-        raise BadInput(f"{path}: logits header field {key!r} is {v!r:.40}, expected an "
-                       f"integer >= {low}")
+        raise BadInput(
+            f"{path}: logits header field {key!r} is {v!r:.40}, expected an integer >= {low}"
+        )
     return v
 
 
@@ -255,16 +287,22 @@ def check_header(path: str, hdr, size: int, start: int) -> tuple[int, int]:
     vocab = _int_field(path, hdr, "vocab", 2)
     rows = _int_field(path, hdr, "rows_per_chunk", 1)
     if rows != rows_per_window(ctx):
-        raise BadInput(f"{path}: logits header field 'rows_per_chunk' is {rows}, a window of "
-                       f"ctx {ctx} scores {rows_per_window(ctx)}")
+        raise BadInput(
+            f"{path}: logits header field 'rows_per_chunk' is {rows}, a window of "
+            f"ctx {ctx} scores {rows_per_window(ctx)}"
+        )
     if not isinstance(hdr.get("ids_sha256"), str):
-        raise BadInput(f"{path}: logits header field 'ids_sha256' is "
-                       f"{hdr.get('ids_sha256')!r:.40}, expected a hex string")
-    want = start + 4 * chunks * rows * vocab   # Python ints: no overflow at vocab 10**12
+        raise BadInput(
+            f"{path}: logits header field 'ids_sha256' is "
+            f"{hdr.get('ids_sha256')!r:.40}, expected a hex string"
+        )
+    want = start + 4 * chunks * rows * vocab  # Python ints: no overflow at vocab 10**12
     if size != want:
-        raise BadInput(f"{path}: {size:,} bytes, where the header's chunks {chunks} x "
-                       f"rows_per_chunk {rows} x vocab {vocab:,} f32 logits make {want:,} "
-                       "(truncated, or a header that does not match the data)")
+        raise BadInput(
+            f"{path}: {size:,} bytes, where the header's chunks {chunks} x "
+            f"rows_per_chunk {rows} x vocab {vocab:,} f32 logits make {want:,} "
+            "(truncated, or a header that does not match the data)"
+        )
     return chunks * rows, vocab
 
 
@@ -274,14 +312,16 @@ def read_logits(path: str) -> tuple[dict, np.ndarray]:
     from minfer.host.fileio import check_input_file
 
     st = check_input_file(path, "logits")
-    bad = BadInput(f"{path}: not a minfer logits file (made by `minfer perplexity "
-                   "--save-logits`), or truncated")
+    bad = BadInput(
+        f"{path}: not a minfer logits file (made by `minfer perplexity "
+        "--save-logits`), or truncated"
+    )
     try:
         with open(path, "rb") as f:
             pre = f.read(len(MAGIC) + 4)
-            if len(pre) < len(MAGIC) + 4 or pre[:len(MAGIC)] != MAGIC:
+            if len(pre) < len(MAGIC) + 4 or pre[: len(MAGIC)] != MAGIC:
                 raise bad
-            (n,) = struct.unpack("<I", pre[len(MAGIC):])
+            (n,) = struct.unpack("<I", pre[len(MAGIC) :])
             if n > 1 << 20:
                 raise bad
             head = f.read(n)
@@ -309,9 +349,11 @@ def check_finite(path: str, rows: np.ndarray, chunk: int) -> None:
         r = int(np.argmin(ok))
         bad = rows[r][~np.isfinite(rows[r])]
         what = "NaN" if np.isnan(bad).any() else "inf"
-        raise NumericError(f"{path}: the base's chunk {chunk + 1}, row {r + 1} holds {what} "
-                           f"({bad.size} non-finite values); no KL divergence can be taken "
-                           "against it")
+        raise NumericError(
+            f"{path}: the base's chunk {chunk + 1}, row {r + 1} holds {what} "
+            f"({bad.size} non-finite values); no KL divergence can be taken "
+            "against it"
+        )
 
 
 def nonfinite(out: dict, prefix: str = "") -> list[str]:
@@ -322,8 +364,7 @@ def nonfinite(out: dict, prefix: str = "") -> list[str]:
             bad += nonfinite(v, f"{prefix}{k}.")
         elif isinstance(v, float) and not np.isfinite(v):
             bad.append(prefix + k)
-        elif isinstance(v, list) and any(isinstance(x, float) and not np.isfinite(x)
-                                         for x in v):
+        elif isinstance(v, list) and any(isinstance(x, float) and not np.isfinite(x) for x in v):
             bad.append(prefix + k)
     return bad
 
@@ -342,10 +383,16 @@ def json_safe(x):
 
 def check_base(path: str, base: dict, this: dict) -> None:
     """BadInput (one line) when the base logits were not made from this run's windows."""
-    for key, what in (("vocab", "vocabulary size"), ("ctx", "--ctx"), ("chunks", "--chunks"),
-                      ("ids_sha256", "text (token ids)")):
+    for key, what in (
+        ("vocab", "vocabulary size"),
+        ("ctx", "--ctx"),
+        ("chunks", "--chunks"),
+        ("ids_sha256", "text (token ids)"),
+    ):
         if base.get(key) != this[key]:
             got = "differ" if key == "ids_sha256" else f"{base.get(key)} there, {this[key]} here"
-            raise BadInput(f"{path}: base logits made with another {what} ({got}; base model "
-                           f"{base.get('model')}); rerun --save-logits with this text and "
-                           "--ctx / --chunks")
+            raise BadInput(
+                f"{path}: base logits made with another {what} ({got}; base model "
+                f"{base.get('model')}); rerun --save-logits with this text and "
+                "--ctx / --chunks"
+            )

@@ -97,116 +97,334 @@ PRESETS: dict[str, SynthShape] = {
     # 69 B weights: 129 GiB at f16, nearly all of one H200 (the memory-aware chooser's case)
     "llama3-70b": SynthShape("llama", 8192, 28672, 80, 64, 8, rope_base=500000.0),
     "llama2-7b": SynthShape("llama", 4096, 11008, 32, 32, 32, n_ctx=4096),
-    "qwen2-7b-like": SynthShape("qwen2", 3584, 18944, 28, 28, 4, qkv_bias=True,
-                                rope_base=1000000.0, rms_eps=1e-6),
+    "qwen2-7b-like": SynthShape(
+        "qwen2", 3584, 18944, 28, 28, 4, qkv_bias=True, rope_base=1000000.0, rms_eps=1e-6
+    ),
     # Llama 3.1 / 3.3: the llama3 RoPE factors, 128k context
-    "llama3.1-8b": SynthShape("llama", 4096, 14336, 32, 32, 8, rope_base=500000.0,
-                              n_ctx=131072, rope_scaling="llama3", rope_factor=8.0),
+    "llama3.1-8b": SynthShape(
+        "llama",
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        rope_base=500000.0,
+        n_ctx=131072,
+        rope_scaling="llama3",
+        rope_factor=8.0,
+    ),
     # Qwen2.5's long-context recipe: YaRN x4 over 32k
-    "qwen2-7b-yarn": SynthShape("qwen2", 3584, 18944, 28, 28, 4, qkv_bias=True,
-                                rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
-                                rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=32768),
+    "qwen2-7b-yarn": SynthShape(
+        "qwen2",
+        3584,
+        18944,
+        28,
+        28,
+        4,
+        qkv_bias=True,
+        rope_base=1000000.0,
+        rms_eps=1e-6,
+        n_ctx=131072,
+        rope_scaling="yarn",
+        rope_factor=4.0,
+        rope_orig_ctx=32768,
+    ),
     # Qwen3-8B: per-head q/k RMSNorm, NEOX RoPE, no biases, head_dim 128
-    "qwen3-8b": SynthShape("qwen3", 4096, 12288, 36, 32, 8, rope_base=1000000.0, rms_eps=1e-6,
-                           n_ctx=40960),
+    "qwen3-8b": SynthShape(
+        "qwen3", 4096, 12288, 36, 32, 8, rope_base=1000000.0, rms_eps=1e-6, n_ctx=40960
+    ),
     # Gemma 3 12B's shape: GeGLU, post norms, q/k norms, 5 local layers (window 1024, RoPE base
     # 10000) per global one (base 1e6, linear RoPE x8), head_dim 256 over d_model 3840, tied
-    "gemma3-12b": SynthShape("gemma3", 3840, 15360, 48, 16, 8, tied=True, head_dim=256,
-                             rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
-                             rope_scaling="linear", rope_factor=8.0, sliding_window=1024),
+    "gemma3-12b": SynthShape(
+        "gemma3",
+        3840,
+        15360,
+        48,
+        16,
+        8,
+        tied=True,
+        head_dim=256,
+        rope_base=1000000.0,
+        rms_eps=1e-6,
+        n_ctx=131072,
+        rope_scaling="linear",
+        rope_factor=8.0,
+        sliding_window=1024,
+    ),
     # Gemma 3 27B's shape: gemma3-12b's graph at head_dim 128 (the one Gemma size the wgmma
     # attention takes), 32:16 heads over d_model 5376 (`--layers 18`: ~8B of weights)
-    "gemma3-27b": SynthShape("gemma3", 5376, 21504, 62, 32, 16, tied=True, head_dim=128,
-                             rope_base=1000000.0, rms_eps=1e-6, n_ctx=131072,
-                             rope_scaling="linear", rope_factor=8.0, sliding_window=1024),
+    "gemma3-27b": SynthShape(
+        "gemma3",
+        5376,
+        21504,
+        62,
+        32,
+        16,
+        tied=True,
+        head_dim=128,
+        rope_base=1000000.0,
+        rms_eps=1e-6,
+        n_ctx=131072,
+        rope_scaling="linear",
+        rope_factor=8.0,
+        sliding_window=1024,
+    ),
     # Phi-3-mini-4k: fused q|k|v and gate|up, MHA, head_dim 96, a window llama.cpp disables
-    "phi3-mini": SynthShape("phi3", 3072, 8192, 32, 32, 32, vocab=32064, n_ctx=4096,
-                            sliding_window=2047),
+    "phi3-mini": SynthShape(
+        "phi3", 3072, 8192, 32, 32, 32, vocab=32064, n_ctx=4096, sliding_window=2047
+    ),
     # Gemma 2 9B's shape: GeGLU, post norms, no q/k norms, every other layer local (window
     # 4096), one RoPE base (10000: the converter writes none), attention soft-cap 50, final 30,
     # head_dim 256 over d_model 3584, tied
-    "gemma2-9b": SynthShape("gemma2", 3584, 14336, 42, 16, 8, tied=True, head_dim=256,
-                            rms_eps=1e-6, n_ctx=8192, sliding_window=4096,
-                            attn_softcap=50.0, final_softcap=30.0),
+    "gemma2-9b": SynthShape(
+        "gemma2",
+        3584,
+        14336,
+        42,
+        16,
+        8,
+        tied=True,
+        head_dim=256,
+        rms_eps=1e-6,
+        n_ctx=8192,
+        sliding_window=4096,
+        attn_softcap=50.0,
+        final_softcap=30.0,
+    ),
     # IBM Granite 3.x (HF config.json: attention_multiplier, embedding_multiplier,
     # residual_multiplier, logits_scaling -> granite.attention.scale, .embedding_scale,
     # .residual_scale, .logit_scale), tied, 128k context
-    "granite-3-8b": SynthShape("granite", 4096, 12800, 40, 32, 8, vocab=49155, tied=True,
-                               rope_base=10000000.0, n_ctx=131072, kq_scale=0.0078125,
-                               embed_scale=12.0, residual_scale=0.22, logit_scale=16.0),
-    "granite-3-2b": SynthShape("granite", 2048, 8192, 40, 32, 8, vocab=49155, tied=True,
-                               rope_base=5000000.0, n_ctx=131072, kq_scale=0.015625,
-                               embed_scale=12.0, residual_scale=0.22, logit_scale=8.0),
+    "granite-3-8b": SynthShape(
+        "granite",
+        4096,
+        12800,
+        40,
+        32,
+        8,
+        vocab=49155,
+        tied=True,
+        rope_base=10000000.0,
+        n_ctx=131072,
+        kq_scale=0.0078125,
+        embed_scale=12.0,
+        residual_scale=0.22,
+        logit_scale=16.0,
+    ),
+    "granite-3-2b": SynthShape(
+        "granite",
+        2048,
+        8192,
+        40,
+        32,
+        8,
+        vocab=49155,
+        tied=True,
+        rope_base=5000000.0,
+        n_ctx=131072,
+        kq_scale=0.015625,
+        embed_scale=12.0,
+        residual_scale=0.22,
+        logit_scale=8.0,
+    ),
     # OLMo-2-1124-7B: post norms, q/k norms over the whole projection, MHA, untied
-    "olmo2-7b": SynthShape("olmo2", 4096, 11008, 32, 32, 32, vocab=100352,
-                           rope_base=500000.0, rms_eps=1e-6, n_ctx=4096),
+    "olmo2-7b": SynthShape(
+        "olmo2", 4096, 11008, 32, 32, 32, vocab=100352, rope_base=500000.0, rms_eps=1e-6, n_ctx=4096
+    ),
     # SmolLM3-3B: no RoPE on layers 3, 7, 11, ... (llama.cpp's n_no_rope_layer_step 4), tied
-    "smollm3-3b": SynthShape("smollm3", 2048, 11008, 36, 16, 4, vocab=128256, tied=True,
-                             rope_base=5000000.0, rms_eps=1e-6, n_ctx=65536),
+    "smollm3-3b": SynthShape(
+        "smollm3",
+        2048,
+        11008,
+        36,
+        16,
+        4,
+        vocab=128256,
+        tied=True,
+        rope_base=5000000.0,
+        rms_eps=1e-6,
+        n_ctx=65536,
+    ),
     # Qwen3-30B-A3B: qwen3's attention (32:4 heads of 128 over d 2048), 128 experts of width
     # 768, 8 per token, in each of 48 layers (~30.5 B weights, 3.3 B active)
-    "qwen3-30b-a3b": SynthShape("qwen3moe", 2048, 6144, 48, 32, 4, vocab=151936, head_dim=128,
-                                rope_base=1000000.0, rms_eps=1e-6, n_ctx=40960, n_expert=128,
-                                n_expert_used=8, d_ff_exp=768),
+    "qwen3-30b-a3b": SynthShape(
+        "qwen3moe",
+        2048,
+        6144,
+        48,
+        32,
+        4,
+        vocab=151936,
+        head_dim=128,
+        rope_base=1000000.0,
+        rms_eps=1e-6,
+        n_ctx=40960,
+        n_expert=128,
+        n_expert_used=8,
+        d_ff_exp=768,
+    ),
     # Qwen3-235B-A22B: 94 layers, 64:4 heads over d 4096, 128 experts of width 1536 (no single
     # GPU holds it: the memory planner's refusal)
-    "qwen3-235b-a22b": SynthShape("qwen3moe", 4096, 12288, 94, 64, 4, vocab=151936,
-                                  head_dim=128, rope_base=1000000.0, rms_eps=1e-6, n_ctx=40960,
-                                  n_expert=128, n_expert_used=8, d_ff_exp=1536),
+    "qwen3-235b-a22b": SynthShape(
+        "qwen3moe",
+        4096,
+        12288,
+        94,
+        64,
+        4,
+        vocab=151936,
+        head_dim=128,
+        rope_base=1000000.0,
+        rms_eps=1e-6,
+        n_ctx=40960,
+        n_expert=128,
+        n_expert_used=8,
+        d_ff_exp=1536,
+    ),
     # Mixtral-8x7B: llama with 8 experts of width 14336 (its feed_forward_length), 2 per token
-    "mixtral-8x7b": SynthShape("llama", 4096, 14336, 32, 32, 8, vocab=32000,
-                               rope_base=1000000.0, n_ctx=32768, n_expert=8, n_expert_used=2),
+    "mixtral-8x7b": SynthShape(
+        "llama",
+        4096,
+        14336,
+        32,
+        32,
+        8,
+        vocab=32000,
+        rope_base=1000000.0,
+        n_ctx=32768,
+        n_expert=8,
+        n_expert_used=2,
+    ),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
     # qwen3moe: 8 experts of width 256, 4 per token (renormalized weights matter), head_dim 128
-    "tiny-qwen3moe": SynthShape("qwen3moe", 256, 512, 2, 4, 2, head_dim=128, n_ctx=4096,
-                                rms_eps=1e-6, n_expert=8, n_expert_used=4, d_ff_exp=256),
+    "tiny-qwen3moe": SynthShape(
+        "qwen3moe",
+        256,
+        512,
+        2,
+        4,
+        2,
+        head_dim=128,
+        n_ctx=4096,
+        rms_eps=1e-6,
+        n_expert=8,
+        n_expert_used=4,
+        d_ff_exp=256,
+    ),
     # Mixtral's form: llama, 8 experts of width d_ff 512, 2 per token
-    "tiny-mixtral": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, n_expert=8,
-                               n_expert_used=2),
+    "tiny-mixtral": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, n_expert=8, n_expert_used=2),
     "tiny-phi3": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32),
     # head_dim 128 over d_model 256 (as Qwen3-0.6B: 16 heads x 128 over 1024)
-    "tiny-qwen3": SynthShape("qwen3", 256, 512, 2, 4, 2, tied=True, head_dim=128, n_ctx=4096,
-                             rms_eps=1e-6),
+    "tiny-qwen3": SynthShape(
+        "qwen3", 256, 512, 2, 4, 2, tied=True, head_dim=128, n_ctx=4096, rms_eps=1e-6
+    ),
     # tiny files whose RoPE scaling moves the logits within a few hundred positions (an
     # original context of 256 / 64): the llama.cpp oracle tests (tests/golden/families)
-    "tiny-llama3": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, rope_scaling="llama3",
-                              rope_factor=8.0, rope_orig_ctx=256),
-    "tiny-linear": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, rope_scaling="linear",
-                              rope_factor=4.0),
-    "tiny-qwen2-yarn": SynthShape("qwen2", 256, 512, 2, 4, 2, qkv_bias=True, n_ctx=4096,
-                                  rope_scaling="yarn", rope_factor=4.0, rope_orig_ctx=64),
+    "tiny-llama3": SynthShape(
+        "llama",
+        256,
+        512,
+        2,
+        4,
+        2,
+        n_ctx=4096,
+        rope_scaling="llama3",
+        rope_factor=8.0,
+        rope_orig_ctx=256,
+    ),
+    "tiny-linear": SynthShape(
+        "llama", 256, 512, 2, 4, 2, n_ctx=4096, rope_scaling="linear", rope_factor=4.0
+    ),
+    "tiny-qwen2-yarn": SynthShape(
+        "qwen2",
+        256,
+        512,
+        2,
+        4,
+        2,
+        qkv_bias=True,
+        n_ctx=4096,
+        rope_scaling="yarn",
+        rope_factor=4.0,
+        rope_orig_ctx=64,
+    ),
     # phi3 with Phi-3-mini-128k's long-context RoPE (what convert_hf_to_gguf.py's Phi3MiniModel
     # writes): rope_factors_long / _short.weight, an original context of 512 in a context of
     # 4096 (attn_factor sqrt(1 + ln 8 / ln 512)); llama.cpp takes the long factors for a
     # context past 512 (minfer's default: the model's 4096), the short ones up to 512
-    "tiny-phi3-long": SynthShape("phi3", 256, 512, 2, 4, 4, n_ctx=4096, sliding_window=32,
-                                 rope_scaling="longrope", rope_orig_ctx=512),
+    "tiny-phi3-long": SynthShape(
+        "phi3",
+        256,
+        512,
+        2,
+        4,
+        4,
+        n_ctx=4096,
+        sliding_window=32,
+        rope_scaling="longrope",
+        rope_orig_ctx=512,
+    ),
     # gemma3 with a window of 32 (a few hundred prompt tokens cross it many times), 6 layers
     # (0-4 local, 5 global: the default pattern), 1 KV head as Gemma 3 270M, head_dim 128 (its
     # 1/sqrt(128) q scale is not a power of two), linear RoPE x8 on the global layer only
-    "tiny-gemma3": SynthShape("gemma3", 256, 512, 6, 4, 1, tied=True, head_dim=128,
-                              rope_base=1000000.0, rms_eps=1e-6, n_ctx=4096,
-                              rope_scaling="linear", rope_factor=8.0, sliding_window=32),
+    "tiny-gemma3": SynthShape(
+        "gemma3",
+        256,
+        512,
+        6,
+        4,
+        1,
+        tied=True,
+        head_dim=128,
+        rope_base=1000000.0,
+        rms_eps=1e-6,
+        n_ctx=4096,
+        rope_scaling="linear",
+        rope_factor=8.0,
+        sliding_window=32,
+    ),
     # gemma2 with a window of 32 on layers 0 and 2 (llama.cpp's default pattern: every other
     # layer local), 2 KV heads, head_dim 128 over d_model 256 (q x 1/sqrt(128)); soft caps small
     # enough to bend this model's attention scores (std ~1) and logits, where Gemma 2's 50 / 30
     # would not
-    "tiny-gemma2": SynthShape("gemma2", 256, 512, 4, 4, 2, tied=True, head_dim=128,
-                              rms_eps=1e-6, n_ctx=4096, sliding_window=32, attn_softcap=2.0,
-                              final_softcap=10.0),
+    "tiny-gemma2": SynthShape(
+        "gemma2",
+        256,
+        512,
+        4,
+        4,
+        2,
+        tied=True,
+        head_dim=128,
+        rms_eps=1e-6,
+        n_ctx=4096,
+        sliding_window=32,
+        attn_softcap=2.0,
+        final_softcap=10.0,
+    ),
     # granite with Granite 3's embedding multiplier (12), an attention scale of 1/head_dim (as
     # Granite 3's 1/128 at head_dim 128), a residual multiplier of 0.5 (Granite 3's 0.22 damps
     # this model's attention so much that its scale would hardly show) and a logit scale of 2
-    "tiny-granite": SynthShape("granite", 256, 512, 4, 4, 2, tied=True, n_ctx=4096,
-                               kq_scale=1.0 / 64, embed_scale=12.0, residual_scale=0.5,
-                               logit_scale=2.0),
+    "tiny-granite": SynthShape(
+        "granite",
+        256,
+        512,
+        4,
+        4,
+        2,
+        tied=True,
+        n_ctx=4096,
+        kq_scale=1.0 / 64,
+        embed_scale=12.0,
+        residual_scale=0.5,
+        logit_scale=2.0,
+    ),
     # olmo2: post norms only, q/k norms over [H D] / [Hkv D], NEOX RoPE, GQA 4:2, untied
-    "tiny-olmo2": SynthShape("olmo2", 256, 512, 4, 4, 2, rope_base=500000.0, rms_eps=1e-6,
-                             n_ctx=4096),
+    "tiny-olmo2": SynthShape(
+        "olmo2", 256, 512, 4, 4, 2, rope_base=500000.0, rms_eps=1e-6, n_ctx=4096
+    ),
     # smollm3: 8 layers, layers 3 and 7 without RoPE; base 10000 (SmolLM3's 5e6 hardly turns
     # this model's pairs within a few hundred positions)
-    "tiny-smollm3": SynthShape("smollm3", 256, 512, 8, 4, 2, tied=True, rms_eps=1e-6,
-                               n_ctx=4096),
+    "tiny-smollm3": SynthShape("smollm3", 256, 512, 8, 4, 2, tied=True, rms_eps=1e-6, n_ctx=4096),
 }
 ROPE_SCALINGS = ("none", "llama3", "linear", "yarn", "longrope")
 
@@ -239,8 +457,7 @@ class TensorPlan:
 def _plan_types(shape: SynthShape, ftype: str, items) -> dict[str, str]:
     from minfer.quants.mix import MixModel, TensorDesc, plan_types
 
-    model = MixModel(shape.arch, shape.n_layers, shape.n_heads, shape.n_kv_heads,
-                     shape.n_expert)
+    model = MixModel(shape.arch, shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.n_expert)
     # every tensor starts as F32: norms and biases keep it, weights get the mix's type
     return plan_types([TensorDesc(n, sh, "F32") for n, sh, _ in items], ftype, model)
 
@@ -253,18 +470,25 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
     hd = s.hd
     items: list[tuple[str, tuple[int, ...], str]] = []
     if s.rope_scaling == "longrope":  # the converter's generate_extra_tensors: first
-        items += [("rope_factors_long.weight", (hd // 2,), "rope_long"),
-                  ("rope_factors_short.weight", (hd // 2,), "rope_short")]
+        items += [
+            ("rope_factors_long.weight", (hd // 2,), "rope_long"),
+            ("rope_factors_short.weight", (hd // 2,), "rope_short"),
+        ]
     items.append(("token_embd.weight", (s.vocab, s.d_model), "weight"))
     from minfer.families import family
 
     sch = family(s.arch).layer(s.arch, s.qkv_bias)
-    if s.n_expert:   # the router and the stacked experts [e, N, K] in place of the dense FFN
+    if s.n_expert:  # the router and the stacked experts [e, N, K] in place of the dense FFN
         sch = sch.with_experts()
-    for i in range(s.n_layers):   # the family's layer as its converter writes it
+    for i in range(s.n_layers):  # the family's layer as its converter writes it
         for t in sch.file_tensors():
-            items.append((t.full(i), sch.shape(t, s),
-                          "weight" if t.role in ("linear", "router", "experts") else t.role))
+            items.append(
+                (
+                    t.full(i),
+                    sch.shape(t, s),
+                    "weight" if t.role in ("linear", "router", "experts") else t.role,
+                )
+            )
     if s.rope_scaling == "llama3":
         items.append(("rope_freqs.weight", (hd // 2,), "rope_freqs"))
     items.append(("output_norm.weight", (s.d_model,), "norm"))
@@ -275,8 +499,9 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
 
 
 # ---- values ---------------------------------------------------------------------------------
-def llama3_rope_factors(head_dim: int, base: float, factor: float, orig_ctx: int,
-                        low: float = 1.0, high: float = 4.0) -> np.ndarray:
+def llama3_rope_factors(
+    head_dim: int, base: float, factor: float, orig_ctx: int, low: float = 1.0, high: float = 4.0
+) -> np.ndarray:
     """rope_freqs.weight f32 [head_dim/2] as convert_hf_to_gguf.py derives it from a Llama 3.1
     config's rope_scaling (rope_type llama3): 1 for short wavelengths, `factor` for long
     ones, a smooth blend between."""
@@ -313,28 +538,32 @@ def longrope_attn_factor(n_ctx: int, orig_ctx: int) -> float:
     return math.sqrt(1 + math.log(scale) / math.log(orig_ctx)) if scale > 1.0 else 1.0
 
 
-def make_tensor(plan: TensorPlan, seed: int, index: int,
-                shape: SynthShape | None = None) -> np.ndarray:
+def make_tensor(
+    plan: TensorPlan, seed: int, index: int, shape: SynthShape | None = None
+) -> np.ndarray:
     """The data of one tensor: seeded by (seed, index) alone, so any worker can make it."""
     from minfer.tools.synth_blocks import random_blocks
 
     if plan.kind == "rope_freqs":
-        return llama3_rope_factors(2 * plan.shape[0], shape.rope_base, shape.rope_factor,
-                                   shape.rope_orig_ctx)
+        return llama3_rope_factors(
+            2 * plan.shape[0], shape.rope_base, shape.rope_factor, shape.rope_orig_ctx
+        )
     if plan.kind in ("rope_long", "rope_short"):
-        return longrope_factors(plan.shape[0], plan.kind == "rope_long",
-                                shape.n_ctx / shape.rope_orig_ctx)
+        return longrope_factors(
+            plan.shape[0], plan.kind == "rope_long", shape.n_ctx / shape.rope_orig_ctx
+        )
     rng = np.random.default_rng([seed, index])
     if plan.kind == "norm":
         return rng.uniform(0.9, 1.1, plan.shape).astype(np.float32)
     if plan.kind == "bias":
         return (rng.standard_normal(plan.shape) * 0.02).astype(np.float32)
-    rows, cols = int(np.prod(plan.shape[:-1])), plan.shape[-1]   # experts: [e * N, K]
+    rows, cols = int(np.prod(plan.shape[:-1])), plan.shape[-1]  # experts: [e * N, K]
     return random_blocks(plan.qtype, rng, rows, cols, 1.0 / np.sqrt(cols))
 
 
-def _produce(plans: list[TensorPlan], seed: int, workers: int,
-             shape: SynthShape | None = None) -> Iterator[np.ndarray]:
+def _produce(
+    plans: list[TensorPlan], seed: int, workers: int, shape: SynthShape | None = None
+) -> Iterator[np.ndarray]:
     """Tensor data in plan order, made by `workers` processes at most 2*workers ahead."""
     if workers <= 1:
         for i, p in enumerate(plans):
@@ -356,8 +585,9 @@ def _produce(plans: list[TensorPlan], seed: int, workers: int,
         nxt = 0
         while nxt < len(plans) or pending:
             while nxt < len(plans) and len(pending) < 2 * workers:
-                pending.append(pool.apply_async(_make_unless_stopped,
-                                               (plans[nxt], seed, nxt, shape)))
+                pending.append(
+                    pool.apply_async(_make_unless_stopped, (plans[nxt], seed, nxt, shape))
+                )
                 nxt += 1
             yield pending.popleft().get()
     finally:
@@ -380,8 +610,9 @@ def _worker_init(stop) -> None:
     _stop = stop
 
 
-def _make_unless_stopped(plan: TensorPlan, seed: int, index: int,
-                        shape: SynthShape | None = None) -> np.ndarray | None:
+def _make_unless_stopped(
+    plan: TensorPlan, seed: int, index: int, shape: SynthShape | None = None
+) -> np.ndarray | None:
     return None if _stop.is_set() else make_tensor(plan, seed, index, shape)
 
 
@@ -396,8 +627,9 @@ SPECIALS_BY_ARCH = {"phi3": SPECIALS + ("</s>", "<s>", "<unk>")}
 PRE_BY_ARCH = {"qwen2": "qwen2", "qwen3": "qwen2", "qwen3moe": "qwen2"}
 
 
-def generated_tokenizer(vocab: int, specials: tuple[str, ...] = SPECIALS,
-                        pre: str = "gpt-2") -> dict[str, Any]:
+def generated_tokenizer(
+    vocab: int, specials: tuple[str, ...] = SPECIALS, pre: str = "gpt-2"
+) -> dict[str, Any]:
     """A byte-level BPE tokenizer of exactly `vocab` tokens (see the module docstring); the
     control tokens `specials` last, the first of them EOS; `pre`: tokenizer.ggml.pre."""
     import gguf
@@ -427,9 +659,12 @@ def generated_tokenizer(vocab: int, specials: tuple[str, ...] = SPECIALS,
     }
 
 
-def tokenizer_metadata(source: str | os.PathLike | None, vocab: int | None,
-                       specials: tuple[str, ...] = SPECIALS, pre: str = "gpt-2"
-                       ) -> tuple[dict[str, Any], int, str]:
+def tokenizer_metadata(
+    source: str | os.PathLike | None,
+    vocab: int | None,
+    specials: tuple[str, ...] = SPECIALS,
+    pre: str = "gpt-2",
+) -> tuple[dict[str, Any], int, str]:
     """(tokenizer.* metadata, vocab size, a line saying where it came from)."""
     path = None
     if source == "default":
@@ -455,7 +690,11 @@ def tokenizer_metadata(source: str | os.PathLike | None, vocab: int | None,
     else:
         why = "no tokenizer source on disk" if source == "default" else "no tokenizer source"
     v = vocab if vocab is not None else 49152
-    return generated_tokenizer(v, specials, pre), v, f"generated byte-level BPE vocab of {v} ({why})"
+    return (
+        generated_tokenizer(v, specials, pre),
+        v,
+        f"generated byte-level BPE vocab of {v} ({why})",
+    )
 
 
 # ---- the model ------------------------------------------------------------------------------
@@ -471,16 +710,21 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
     f32 = lambda x: gguf.GGUFValue(float(x), V.FLOAT32)  # noqa: E731
     rope: dict[str, Any] = {}
     if shape.rope_scaling in ("linear", "yarn"):
-        rope = {f"{a}.rope.scaling.type": gguf.GGUFValue(shape.rope_scaling, V.STRING),
-                f"{a}.rope.scaling.factor": f32(shape.rope_factor)}
+        rope = {
+            f"{a}.rope.scaling.type": gguf.GGUFValue(shape.rope_scaling, V.STRING),
+            f"{a}.rope.scaling.factor": f32(shape.rope_factor),
+        }
         if shape.rope_scaling == "yarn":
             rope[f"{a}.rope.scaling.original_context_length"] = u32(shape.rope_orig_ctx)
     elif shape.rope_scaling == "longrope":  # Phi3MiniModel: no type, no factor
         if a != "phi3":
             raise BadInput(f"longrope RoPE factors are phi3's, not {a}'s")
-        rope = {f"{a}.rope.scaling.original_context_length": u32(shape.rope_orig_ctx),
-                f"{a}.rope.scaling.attn_factor": f32(longrope_attn_factor(
-                    shape.n_ctx, shape.rope_orig_ctx))}
+        rope = {
+            f"{a}.rope.scaling.original_context_length": u32(shape.rope_orig_ctx),
+            f"{a}.rope.scaling.attn_factor": f32(
+                longrope_attn_factor(shape.n_ctx, shape.rope_orig_ctx)
+            ),
+        }
     kv = {f"{a}.attention.key_length": u32(hd), f"{a}.attention.value_length": u32(hd)}
     common = {
         "general.name": gguf.GGUFValue(name, V.STRING),
@@ -515,8 +759,9 @@ def resolve_shape(opts: SynthOptions) -> SynthShape:
     return shape
 
 
-def make_synthetic_model(out: str | os.PathLike, opts: SynthOptions,
-                         progress: bool = True) -> dict[str, Any]:
+def make_synthetic_model(
+    out: str | os.PathLike, opts: SynthOptions, progress: bool = True
+) -> dict[str, Any]:
     """Write the model; returns a summary (path, bytes, tensors, tokenizer line, seconds)."""
     import time
 
@@ -526,9 +771,12 @@ def make_synthetic_model(out: str | os.PathLike, opts: SynthOptions,
     shape = resolve_shape(opts)
     if opts.qtype not in FTYPES:
         raise BadInput(f"unknown --type {opts.qtype!r} (choose from {', '.join(FTYPES)})")
-    tok_meta, vocab, tok_line = tokenizer_metadata(opts.tokenizer_from, opts.vocab,
-                                                   SPECIALS_BY_ARCH.get(shape.arch, SPECIALS),
-                                                   PRE_BY_ARCH.get(shape.arch, "gpt-2"))
+    tok_meta, vocab, tok_line = tokenizer_metadata(
+        opts.tokenizer_from,
+        opts.vocab,
+        SPECIALS_BY_ARCH.get(shape.arch, SPECIALS),
+        PRE_BY_ARCH.get(shape.arch, "gpt-2"),
+    )
     shape = replace(shape, vocab=vocab)
     plans = tensor_plan(shape, opts.qtype)
     name = f"synthetic {opts.preset} {opts.qtype} L{shape.n_layers} seed {opts.seed}"
@@ -539,13 +787,23 @@ def make_synthetic_model(out: str | os.PathLike, opts: SynthOptions,
     stream = _produce(plans, opts.seed, min(workers, len(plans)), shape)
     # write_gguf calls each entry's callable once, in order: the stream yields in plan order
     try:
-        path = write_gguf(out, shape.arch, meta,
-                          [(p.name, _qtype_id(p.qtype), p.shape, stream.__next__) for p in plans],
-                          progress=progress)
+        path = write_gguf(
+            out,
+            shape.arch,
+            meta,
+            [(p.name, _qtype_id(p.qtype), p.shape, stream.__next__) for p in plans],
+            progress=progress,
+        )
     finally:
         stream.close()
-    return {"path": path, "bytes": path.stat().st_size, "tensors": len(plans),
-            "tokenizer": tok_line, "shape": shape, "seconds": time.perf_counter() - t0}
+    return {
+        "path": path,
+        "bytes": path.stat().st_size,
+        "tensors": len(plans),
+        "tokenizer": tok_line,
+        "shape": shape,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _qtype_id(name: str) -> int:

@@ -39,12 +39,21 @@ Q4K_SC = (8, 63)  # inclusive range of the 6-bit sub-block scales and mins
 Q6K_SC = (32, 127)  # inclusive range of |int8 scale|
 
 _DT = {
-    "Q4_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
-                      ("qs", "u1", (128,))]),
-    "Q5_K": np.dtype([("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
-                      ("qh", "u1", (32,)), ("qs", "u1", (128,))]),
-    "Q6_K": np.dtype([("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)),
-                      ("d", "<f2")]),
+    "Q4_K": np.dtype(
+        [("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)), ("qs", "u1", (128,))]
+    ),
+    "Q5_K": np.dtype(
+        [
+            ("d", "<f2"),
+            ("dmin", "<f2"),
+            ("scales", "u1", (12,)),
+            ("qh", "u1", (32,)),
+            ("qs", "u1", (128,)),
+        ]
+    ),
+    "Q6_K": np.dtype(
+        [("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)), ("d", "<f2")]
+    ),
     "Q5_0": np.dtype([("d", "<f2"), ("qh", "u1", (4,)), ("qs", "u1", (16,))]),
     "Q8_0": np.dtype([("d", "<f2"), ("qs", "i1", (32,))]),
 }
@@ -62,7 +71,7 @@ def _unit_std(name: str) -> float:
     """Std of the dequantized weights of the design above for d = 1 (without the jitter)."""
     if name in ("Q4_K", "Q5_K"):
         nq = 16 if name == "Q4_K" else 32
-        mid = (nq - 1) / 2   # dmin / d: E[q]
+        mid = (nq - 1) / 2  # dmin / d: E[q]
         s1, s2 = _moments(np.arange(Q4K_SC[0], Q4K_SC[1] + 1))
         q1, q2 = _moments(np.arange(nq))
         # E[(sc q - mid m)^2] with sc, q, m independent, m distributed as sc
@@ -102,17 +111,21 @@ def pack_scale_min_k4(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
     return q
 
 
-def random_blocks(name: str, rng: np.random.Generator, rows: int, cols: int,
-                  std: float) -> np.ndarray:
+def random_blocks(
+    name: str, rng: np.random.Generator, rows: int, cols: int, std: float
+) -> np.ndarray:
     """Raw bytes uint8 [rows, row_bytes] of a random `name` weight [rows, cols] (see module)."""
     if name == "F32":
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(std))
+        return rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(std)
     if name == "F16":
         return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(std)).astype(
-            np.float16)
+            np.float16
+        )
     if name not in _DT:
-        raise Unsupported(f"synthetic weights of type {name} are not supported "
-                          f"(supported: {', '.join(SUPPORTED)})")
+        raise Unsupported(
+            f"synthetic weights of type {name} are not supported "
+            f"(supported: {', '.join(SUPPORTED)})"
+        )
     bs = _BLOCK[name]
     if cols % bs:
         raise Unsupported(f"{name}: row length {cols} is not a multiple of its block size {bs}")

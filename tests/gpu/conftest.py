@@ -29,8 +29,9 @@ def _same_bytes(dev, ref) -> bool:
     import numpy as np
 
     a, b = np.ascontiguousarray(dev.get()), np.ascontiguousarray(ref)
-    return a.nbytes == b.nbytes and np.array_equal(a.view(np.uint8).ravel(),
-                                                   b.view(np.uint8).ravel())
+    return a.nbytes == b.nbytes and np.array_equal(
+        a.view(np.uint8).ravel(), b.view(np.uint8).ravel()
+    )
 
 
 @pytest.fixture(scope="session")

@@ -10,18 +10,32 @@ from minfer.reference import ops
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("T,pos0,Hq,Hkv,D", [
-    (1, 0, 4, 4, 64), (5, 0, 9, 3, 64), (77, 0, 9, 3, 64), (64, 0, 8, 2, 128),
-    (130, 21, 32, 8, 128), (1, 300, 32, 8, 128), (1, 1000, 9, 3, 64), (257, 100, 4, 1, 128),
-    (513, 0, 8, 8, 64), (1, 0, 4, 4, 96), (77, 5, 32, 32, 96), (200, 0, 8, 4, 256),
-    (1, 700, 8, 4, 256), (33, 0, 4, 1, 256)])
+@pytest.mark.parametrize(
+    "T,pos0,Hq,Hkv,D",
+    [
+        (1, 0, 4, 4, 64),
+        (5, 0, 9, 3, 64),
+        (77, 0, 9, 3, 64),
+        (64, 0, 8, 2, 128),
+        (130, 21, 32, 8, 128),
+        (1, 300, 32, 8, 128),
+        (1, 1000, 9, 3, 64),
+        (257, 100, 4, 1, 128),
+        (513, 0, 8, 8, 64),
+        (1, 0, 4, 4, 96),
+        (77, 5, 32, 32, 96),
+        (200, 0, 8, 4, 256),
+        (1, 700, 8, 4, 256),
+        (33, 0, 4, 1, 256),
+    ],
+)
 @pytest.mark.parametrize("geom", ["default", "4x64", "wg", "tok"])
 def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
     """attention.cu's default geometry (8 warps x 128 keys) and the earlier 4 x 64, the wgmma
     kernel (attention_sm90a.cu, Hopper) and the one-token-per-block kernel (attention_tok.cu):
     ragged T, decode, positions past 0, GQA groups of 1-4, rows of a block past T * G."""
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.attention import DEFAULT, WG_HEAD_DIMS, AttnGeometry, attention
+    from minfer.cuda.runtime import devarray as da
 
     if geom == "wg" and (rt.arch != "sm_90" or D not in WG_HEAD_DIMS):
         pytest.skip("the wgmma attention kernel is sm_90 only, at head_dim 64 / 128")
@@ -35,11 +49,19 @@ def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
     q = (rng.standard_normal((T, Hq, D)) * 2).astype(np.float16)
     k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float16)
     v = rng.standard_normal((S, Hkv, D)).astype(np.float16)
-    k[pos0 + T:] = np.nan
-    v[pos0 + T:] = np.nan
+    k[pos0 + T :] = np.nan
+    v[pos0 + T :] = np.nan
     o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
-    attention(rt, o, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), pos0, geom=g,
-              impl=impl)
+    attention(
+        rt,
+        o,
+        da.to_device(rt, q),
+        da.to_device(rt, k),
+        da.to_device(rt, v),
+        pos0,
+        geom=g,
+        impl=impl,
+    )
     got = o.get().astype(np.float64)
     ref = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), pos0)
     assert np.all(np.isfinite(got)), "unwritten or NaN output"
@@ -49,9 +71,18 @@ def test_attention(rt, T, pos0, Hq, Hkv, D, geom):
 
 @pytest.mark.parametrize("impl", ["mma", "wg", "tok"])
 @pytest.mark.parametrize("D,Hq,Hkv", [(64, 9, 3), (96, 8, 8), (128, 32, 8), (256, 8, 4)])
-@pytest.mark.parametrize("window,softcap,scale", [
-    (1, 0.0, None), (37, 0.0, None), (128, 0.0, None), (300, 0.0, None), (0, 5.0, None),
-    (0, 0.0, 0.3), (100, 3.0, 0.05)])
+@pytest.mark.parametrize(
+    "window,softcap,scale",
+    [
+        (1, 0.0, None),
+        (37, 0.0, None),
+        (128, 0.0, None),
+        (300, 0.0, None),
+        (0, 5.0, None),
+        (0, 0.0, 0.3),
+        (100, 3.0, 0.05),
+    ],
+)
 def test_window_softcap_scale(rt, impl, D, Hq, Hkv, window, softcap, scale):
     """A model's per-layer attention options (attention_common.cuh) in every kernel, on a
     packed layout (sequences of 1 .. 700 tokens, windows narrower and wider than a tile and
@@ -73,23 +104,41 @@ def test_window_softcap_scale(rt, impl, D, Hq, Hkv, window, softcap, scale):
     k = (rng.standard_normal((S, Hkv, D)) * 2).astype(np.float16)
     v = rng.standard_normal((S, Hkv, D)).astype(np.float16)
     o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
-    attention(rt, o, da.to_device(rt, q), da.to_device(rt, k), da.to_device(rt, v), 0,
-              da.to_device(rt, tok), S, impl=impl, window=window, softcap=softcap, scale=scale)
+    attention(
+        rt,
+        o,
+        da.to_device(rt, q),
+        da.to_device(rt, k),
+        da.to_device(rt, v),
+        0,
+        da.to_device(rt, tok),
+        S,
+        impl=impl,
+        window=window,
+        softcap=softcap,
+        scale=scale,
+    )
     got = o.get().astype(np.float64)
-    ref = ops.attention_packed(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
-                               tok, window=window, softcap=softcap, scale=scale)
+    ref = ops.attention_packed(
+        q.astype(np.float64),
+        k.astype(np.float64),
+        v.astype(np.float64),
+        tok,
+        window=window,
+        softcap=softcap,
+        scale=scale,
+    )
     assert np.all(np.isfinite(got)), "unwritten or NaN output"
     rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert rel < 2e-3, rel
-    if window == 1:   # each query sees itself alone: o is its own v
+    if window == 1:  # each query sees itself alone: o is its own v
         G = Hq // Hkv
-        assert np.allclose(got, np.repeat(v[tok[:, 0]], G, axis=1).astype(np.float64),
-                           atol=1e-3)
+        assert np.allclose(got, np.repeat(v[tok[:, 0]], G, axis=1).astype(np.float64), atol=1e-3)
 
 
 def test_attention_rejects(rt):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.attention import attention
+    from minfer.cuda.runtime import devarray as da
     from minfer.errors import GPUError
 
     q = da.empty(rt, (4, 4, 80), np.float16)
@@ -154,8 +203,20 @@ def test_wg_persistent_grid_bitwise(rt, D, Hq, Hkv, window, packed):
     for blocks in (n, 1, 3, 7, None):
         for tma in (False, True):
             o = da.to_device(rt, np.full((T, Hq, D), np.nan, np.float16))
-            attention(rt, o, q, k, v, pos0, tok, S if packed else None, impl="wg",
-                      window=window, blocks=blocks, tma=tma)
+            attention(
+                rt,
+                o,
+                q,
+                k,
+                v,
+                pos0,
+                tok,
+                S if packed else None,
+                impl="wg",
+                window=window,
+                blocks=blocks,
+                tma=tma,
+            )
             outs[blocks, tma] = o.get()
     ref = outs[n, False]
     assert np.all(np.isfinite(ref))

@@ -49,13 +49,17 @@ def test_backend_greedy_matches_reference(model):
     for k in range(32):
         if c_marg[k] < tau:
             break
-        assert g_toks[k] == c_toks[k], (f"step {k}: gpu {g_toks[k]} != cpu {c_toks[k]} at "
-                                        f"margin {c_marg[k]:.4f} >= tau {tau:.4f}")
+        assert g_toks[k] == c_toks[k], (
+            f"step {k}: gpu {g_toks[k]} != cpu {c_toks[k]} at "
+            f"margin {c_marg[k]:.4f} >= tau {tau:.4f}"
+        )
     else:
         k = 32
     exact = sum(a == b for a, b in zip(g_toks, c_toks))
-    print(f"\n{model.path.name}: logits rel err {rel:.2e}, max |diff| {diff:.4f}, tau {tau:.4f};"
-          f" gated through step {k}, {exact}/32 equal")
+    print(
+        f"\n{model.path.name}: logits rel err {rel:.2e}, max |diff| {diff:.4f}, tau {tau:.4f};"
+        f" gated through step {k}, {exact}/32 equal"
+    )
     assert rel < 3e-2
     assert k >= 1
 

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from minfer.gguf.loader import load_model
     from synth_data import tiny_model
+
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("synth"), seed=5, workers=None))
 

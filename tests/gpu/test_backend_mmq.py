@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-PATHS = ["r1", "narrow", "wide-kd4", "wide-kd8"]   # (blk: test_blk_device)
+PATHS = ["r1", "narrow", "wide-kd4", "wide-kd8"]  # (blk: test_blk_device)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,7 @@ def test_mmq_backend_greedy_gate(model, path):
     rng = np.random.default_rng(5)
     prompt = [int(i) for i in rng.integers(0, model.config.vocab_size, 21)]
     ref = engine.run(ReferenceBackend(model), prompt, 32, 512)
-    res = engine.run(CudaBackend(model, GemmChoice(path), max_tokens=64), prompt, 32,
-                     8)
+    res = engine.run(CudaBackend(model, GemmChoice(path), max_tokens=64), prompt, 32, 8)
     v, diff = identity_verdict(ref, res)
     print(f"\n{model.path.name} {path}: {v.describe()} (max |dlogit| {diff:.4f})")
     assert v.ok, v.describe()

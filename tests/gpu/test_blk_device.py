@@ -16,9 +16,9 @@ pytestmark = pytest.mark.gpu
 
 def _x(rng, M, K):
     x = (rng.standard_normal((M, K)) * 2).astype(np.float16)
-    x[:, 3 % K] *= 40                       # an outlier channel
+    x[:, 3 % K] *= 40  # an outlier channel
     if M > 2:
-        x[1] = 0                            # an all-zero row: scale 0
+        x[1] = 0  # an all-zero row: scale 0
     return x
 
 
@@ -27,7 +27,8 @@ def _x(rng, M, K):
 def test_blk_operands_bitwise(hopper, same_bytes, M, K, per_token):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_operand as op_ref, quantize_blk
+    from minfer.quants.blk_ref import blk_operand as op_ref
+    from minfer.quants.blk_ref import quantize_blk
 
     rt = hopper
     rng = np.random.default_rng(M + K)
@@ -48,15 +49,16 @@ def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K, per_token):
     from minfer.cuda.ops.layers import rmsnorm
     from minfer.cuda.ops.mmq_blk import BlkTokens, blk_operand, blk_operand_rmsnorm
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_operand as op_ref, quantize_blk
+    from minfer.quants.blk_ref import blk_operand as op_ref
+    from minfer.quants.blk_ref import quantize_blk
     from minfer.reference import ops
 
     rt = hopper
     rng = np.random.default_rng(M + K)
     x = (rng.standard_normal((M, K)) * 3).astype(np.float32)
-    x[:, 300:310] *= 40                    # an outlier run
+    x[:, 300:310] *= 40  # an outlier run
     w = rng.uniform(0.5, 1.5, K).astype(np.float32)
-    w[128:256] = 0                         # an all-zero block in every token
+    w[128:256] = 0  # an all-zero block in every token
     xd, wd = da.to_device(rt, x), da.to_device(rt, w)
     h16 = da.empty(rt, (M, K), np.float16)
     rmsnorm(rt, h16, xd, wd, 1e-5)
@@ -72,12 +74,21 @@ def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K, per_token):
 
 
 @pytest.mark.parametrize("per_token", [False, True])
-@pytest.mark.parametrize("M,N,K,sms,opts", [
-    (77, 333, 576, None, ()), (1, 16, 128, None, ()), (129, 200, 1000, 3, ()),
-    (300, 1024, 4096, 5, ()), (512, 640, 2048, 7, ("-DBLK_FOLD=1",)),
-    (65, 129, 768, 2, ("-DBLK_FOLD=1",)), (256, 512, 4096, None, ("-DBLK_STAGES=4",)),
-    (200, 384, 2048, None, ("-DBLK_GROUP=8",)), (1300, 384, 512, 5, ()),
-    (1300, 640, 640, None, ("-DBLK_GROUP_M=3",))])
+@pytest.mark.parametrize(
+    "M,N,K,sms,opts",
+    [
+        (77, 333, 576, None, ()),
+        (1, 16, 128, None, ()),
+        (129, 200, 1000, 3, ()),
+        (300, 1024, 4096, 5, ()),
+        (512, 640, 2048, 7, ("-DBLK_FOLD=1",)),
+        (65, 129, 768, 2, ("-DBLK_FOLD=1",)),
+        (256, 512, 4096, None, ("-DBLK_STAGES=4",)),
+        (200, 384, 2048, None, ("-DBLK_GROUP=8",)),
+        (1300, 384, 512, 5, ()),
+        (1300, 640, 640, None, ("-DBLK_GROUP_M=3",)),
+    ],
+)
 def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
     from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da
@@ -98,7 +109,7 @@ def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
     assert np.isfinite(outs[0]).all() and np.array_equal(outs[0], outs[1])
     assert np.linalg.norm(outs[0] - ref) / np.linalg.norm(ref) < 1e-5
     assert np.abs(outs[0] - ref).max() / np.abs(ref).max() < 1e-4
-    if per_token:   # (no C += entry: no GEMM after a norm adds to C)
+    if per_token:  # (no C += entry: no GEMM after a norm adds to C)
         return
     base = rng.standard_normal((M, N)).astype(np.float32)
     acc = da.to_device(rt, base)
@@ -112,11 +123,11 @@ def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
 def test_blk_swiglu(hopper, M, F, K, sms, per_token, act):
     """The glu epilogue (gate|up rows interleaved per 16) against the plain product's swiglu /
     geglu (gemma's GELU: the formula in double, f16 rounding inside the kernel's)."""
-    from minfer.reference.ops import gelu
     from minfer.cuda.ops.mmq_blk import blk_weight, mmq_blk_linear
     from minfer.cuda.runtime import devarray as da
     from minfer.quants.blk_ref import blk_gemm, quantize_blk
     from minfer.quants.glu import glu_rows
+    from minfer.reference.ops import gelu
 
     rt = hopper
     rng = np.random.default_rng(F + K)
@@ -128,8 +139,18 @@ def test_blk_swiglu(hopper, M, F, K, sms, per_token, act):
     g, u = y[:, :F], y[:, F:]
     ref = (gelu(g.astype(np.float64)) if act == "gelu" else g / (1 + np.exp(-g))) * u
     out = da.to_device(rt, np.full((M, F), np.nan, np.float16))
-    mmq_blk_linear(rt, da.to_device(rt, x), blk_weight(rt, da.to_device(rt, w)), M, 2 * F, K,
-                   out, glu=act, sms=sms, per_token=per_token)
+    mmq_blk_linear(
+        rt,
+        da.to_device(rt, x),
+        blk_weight(rt, da.to_device(rt, w)),
+        M,
+        2 * F,
+        K,
+        out,
+        glu=act,
+        sms=sms,
+        per_token=per_token,
+    )
     got = out.get().astype(np.float64)
     assert np.isfinite(got).all()
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 2e-3
@@ -178,12 +199,15 @@ def test_fused_operands_give_the_unfused_logits(hopper, tmp_path):
     from minfer.cuda.plan.config import GemmChoice
     from minfer.gguf.loader import load_model
 
-    model = load_model(write_small(tmp_path / "hd128.gguf",
-                                   *small_parts(seed=2, d_model=256, n_heads=2, n_kv_heads=1)))
+    model = load_model(
+        write_small(
+            tmp_path / "hd128.gguf", *small_parts(seed=2, d_model=256, n_heads=2, n_kv_heads=1)
+        )
+    )
     ids = np.random.default_rng(0).integers(0, model.config.vocab_size, 70).astype(np.int32)
-    assert operand_fuses(hopper, len(ids), 2, 128)   # 70 tokens x 2 heads a KV head >= 128 rows
+    assert operand_fuses(hopper, len(ids), 2, 128)  # 70 tokens x 2 heads a KV head >= 128 rows
     fused = B.CudaBackend(model, GemmChoice("blk"), max_tokens=96, ubatch=96).forward(ids, 0)
-    plain = B.CudaBackend(model, GemmChoice("blk", frozenset({"fused-prepass"})), max_tokens=96,
-                          ubatch=96).forward(ids, 0)
+    plain = B.CudaBackend(
+        model, GemmChoice("blk", frozenset({"fused-prepass"})), max_tokens=96, ubatch=96
+    ).forward(ids, 0)
     assert np.all(np.isfinite(fused)) and np.array_equal(fused, plain)
-

@@ -28,7 +28,7 @@ def test_check_passes_on_tiny_q4km(tiny_path):
     from minfer.cuda.paths import TABLE
     from minfer.cuda.runtime.runtime import get_runtime
 
-    for path in TABLE:   # an identity row per path of the table, parity rows per int8 path
+    for path in TABLE:  # an identity row per path of the table, parity rows per int8 path
         if TABLE[path].archs is None or get_runtime().arch in TABLE[path].archs:
             assert f"| {path} | " in out, path
     assert "| q4_K " in out and "| q6_K " in out and " +=" in out
@@ -44,13 +44,17 @@ def test_check_passes_on_8b_shape_2_layers(tmp_path):
     from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     path = tmp_path / "l8b2.gguf"
-    make_synthetic_model(path, SynthOptions(preset="llama3-8b", layers=2, qtype="q4_K_M",
-                                            seed=5, vocab=8192, tokenizer_from=None),
-                         progress=False)
+    make_synthetic_model(
+        path,
+        SynthOptions(
+            preset="llama3-8b", layers=2, qtype="q4_K_M", seed=5, vocab=8192, tokenizer_from=None
+        ),
+        progress=False,
+    )
     r = CliRunner().invoke(check, ["-m", str(path), "-p", "hello world, hello"])
     assert r.exit_code == 0, r.output
     assert "check: PASS" in r.output
-    assert "4096" in r.output and "14336" in r.output   # parity rows at the 8B shapes
+    assert "4096" in r.output and "14336" in r.output  # parity rows at the 8B shapes
     for p in ("f16", "r1", "narrow", "wide-kd4", "wide-kd8"):
         assert f"| {p} | " in r.output
 
@@ -76,8 +80,12 @@ def test_check_parity_rows_fail_when_launcher_writes_nothing(tiny_path, rt, monk
     from minfer.gguf.loader import load_model
 
     monkeypatch.setattr(RawInt8Route, "run", lambda *a, **k: None)
-    rows = C.parity_rows(rt, load_model(tiny_path), n_sample=16,
-                         paths=[TABLE[p] for p in ("r1", "narrow", "wide-kd4", "wide-kd8")])
+    rows = C.parity_rows(
+        rt,
+        load_model(tiny_path),
+        n_sample=16,
+        paths=[TABLE[p] for p in ("r1", "narrow", "wide-kd4", "wide-kd8")],
+    )
     assert rows and not any(ok for *_, ok in rows)
 
 
@@ -112,12 +120,13 @@ def test_check_on_real_model_requantized_q4km(tmp_path):
 
     src = _real_model()
     dst = tmp_path / "q4km.gguf"
-    r = CliRunner().invoke(quantize, [str(src), str(dst), "--type", "q4_k_m", "--quiet",
-                                         "--allow-requantize"])
+    r = CliRunner().invoke(
+        quantize, [str(src), str(dst), "--type", "q4_k_m", "--quiet", "--allow-requantize"]
+    )
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(check, ["-m", str(dst)])
     assert r.exit_code == 0, r.output
     assert "check: PASS" in r.output
     assert "| q4_K " in r.output and "| q6_K " in r.output
     for p in ("f16", "r1", "narrow", "wide-kd4", "wide-kd8"):
-        assert f"| {p} | " in r.output   # an identity row per path (exit 0: all passed)
+        assert f"| {p} | " in r.output  # an identity row per path (exit 0: all passed)

@@ -14,8 +14,13 @@ import zlib
 import numpy as np
 import pytest
 
-from minfer.cuda.ops.dequant import (DequantConfig, dequant_f16, dequant_f16_ref, embed_rows,
-                                 embed_rows_ref)
+from minfer.cuda.ops.dequant import (
+    DequantConfig,
+    dequant_f16,
+    dequant_f16_ref,
+    embed_rows,
+    embed_rows_ref,
+)
 from minfer.errors import Unsupported
 from minfer.quants import BY_NAME, SUPPORTED
 from minfer.quants.testdata import nan_aware_equal, random_raw
@@ -29,8 +34,14 @@ def _shapes(name: str) -> list[tuple[int, int]]:
     qk = BY_NAME[name].block_size
     if qk == 1:  # float types: any K, ragged tails, rows misaligned for vector stores
         return [(1, 1), (3, 7), (5, 13), (2, 4096 + 3), (37, 576), (9, 8192 + 8)]
-    return [(1, qk), (3, qk), (7, 3 * qk), (37, 576 if 576 % qk == 0 else 2 * 256),
-            (131, 8192 + qk), (2, 64 * qk)]
+    return [
+        (1, qk),
+        (3, qk),
+        (7, 3 * qk),
+        (37, 576 if 576 % qk == 0 else 2 * 256),
+        (131, 8192 + qk),
+        (2, 64 * qk),
+    ]
 
 
 def _seed(*parts) -> int:
@@ -72,7 +83,9 @@ def test_dq_f16_bitwise_finite(rt, name):
         raw = random_raw(t.qtype, N, K, np.random.default_rng(_seed(name, N, K)))
         want = dequant_f16_ref(raw, t.qtype, N, K)
         got = run_dq(rt, raw, t.qtype, N, K)
-        assert got.tobytes() == want.tobytes(), f"{name} [{N}, {K}]: " + nan_aware_equal(got, want)[1]
+        assert got.tobytes() == want.tobytes(), (
+            f"{name} [{N}, {K}]: " + nan_aware_equal(got, want)[1]
+        )
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # gguf's numpy on NaN/Inf scales
@@ -111,8 +124,8 @@ def test_dq_f16_real_quantizer_rows(rt):
 
 def test_dq_f16_real_model_rows(rt):
     """The default model's tensors (Q4_1 weights, Q8_0 embedding), where the file is present."""
-    from minfer.tools.fetch import default_model_path
     from minfer.gguf.loader import load_model
+    from minfer.tools.fetch import default_model_path
 
     try:
         path = default_model_path(fetch=False)
@@ -133,8 +146,11 @@ def test_dq_f16_real_model_rows(rt):
 def test_embed_rows_bitwise(rt, name):
     t = BY_NAME[name]
     qk = t.block_size
-    for V, K in ([(50, 577), (3, 8)] if qk == 1 else [(50, 576 if 576 % qk == 0 else 512),
-                                                       (3, qk), (4, 8192 + qk)]):
+    for V, K in (
+        [(50, 577), (3, 8)]
+        if qk == 1
+        else [(50, 576 if 576 % qk == 0 else 512), (3, qk), (4, 8192 + qk)]
+    ):
         rng = np.random.default_rng(_seed("embed", name, K))
         table = random_raw(t.qtype, V, K, rng)
         ids = np.concatenate([rng.integers(0, V, 29), [0, V - 1, V - 1, -1, V, 2**31 - 1]])
@@ -149,8 +165,9 @@ def test_embed_rows_bitwise(rt, name):
         got = got.view(np.float32).reshape(T, K)
         want = embed_rows_ref(table, t.qtype, ids, K)
         valid = (ids >= 0) & (ids < V)
-        assert got[valid].tobytes() == want[valid].tobytes(), f"{name} K={K}: " + \
-            nan_aware_equal(got[valid], want[valid])[1]
+        assert got[valid].tobytes() == want[valid].tobytes(), (
+            f"{name} K={K}: " + nan_aware_equal(got[valid], want[valid])[1]
+        )
         assert np.isnan(got[~valid]).all(), f"{name}: out-of-range ids must give NaN rows"
 
 

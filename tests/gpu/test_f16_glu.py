@@ -25,14 +25,19 @@ def test_f16_geglu_logits_bitwise(tmp_path, preset):
 
 
 def _glu_on_off_bitwise(model):
+    from gpu_helpers import prefill_and_step
+
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
 
-    from gpu_helpers import prefill_and_step
-
     runs = {}
     for glu in (True, False):
-        b = CudaBackend(model, GemmChoice("f16", frozenset() if glu else frozenset({"glu"})), max_tokens=128, ubatch=16)
+        b = CudaBackend(
+            model,
+            GemmChoice("f16", frozenset() if glu else frozenset({"glu"})),
+            max_tokens=128,
+            ubatch=16,
+        )
         assert bool(b.glu) == (glu and model.config.d_ff % 8 == 0)
         runs[glu] = prefill_and_step(b, seed=5)
     for got, ref in zip(runs[True], runs[False]):

@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-
 from families_data import FAMILIES, GOLDEN, synth_family
 
 pytestmark = pytest.mark.gpu
@@ -23,8 +22,8 @@ def test_f16_path_matches_llamacpp(tmp_path, preset, report):
     from minfer import engine
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.tools.gates import compare_greedy, tau_from
     from minfer.gguf.loader import load_model
+    from minfer.tools.gates import compare_greedy, tau_from
 
     g = json.loads((GOLDEN / f"{preset}.json").read_text())
     want = np.load(GOLDEN / f"{preset}.npy")
@@ -34,8 +33,9 @@ def test_f16_path_matches_llamacpp(tmp_path, preset, report):
     res = engine.run(be, g["ids"], n_greedy=32)
     err = float(np.abs(res.last_logits - want[-1]).max())
     assert err <= 0.03, f"{preset}: cuda f16 max |dlogit| {err:.4f} vs llama.cpp"
-    v = compare_greedy(res.greedy_ids, g["greedy"], g["margins"], tau_from(res.last_logits,
-                                                                            want[-1]))
+    v = compare_greedy(
+        res.greedy_ids, g["greedy"], g["margins"], tau_from(res.last_logits, want[-1])
+    )
     assert v.ok, f"{preset}: {v.describe()}"
     report(f"cuda f16 {preset}: max |dlogit| vs llama.cpp {err:.4f}, greedy {v.describe()}")
 
@@ -57,8 +57,11 @@ def test_check_passes_on_scaled_family(tmp_path, preset):
     from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     path = tmp_path / f"{preset}-q4km.gguf"
-    make_synthetic_model(path, SynthOptions(preset=preset, qtype="q4_K_M", vocab=1024,
-                                            tokenizer_from=None, workers=1), progress=False)
+    make_synthetic_model(
+        path,
+        SynthOptions(preset=preset, qtype="q4_K_M", vocab=1024, tokenizer_from=None, workers=1),
+        progress=False,
+    )
     from minfer.gguf.loader import load_model
 
     _gpu_runs(load_model(path))

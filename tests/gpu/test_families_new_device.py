@@ -31,8 +31,9 @@ def test_scale_add(rt, T, D):
     assert np.array_equal(xd.get(), x + t * np.float32(0.22))
 
 
-@pytest.mark.parametrize("T,H,D,col,ld", [(5, 32, 128, 0, 6144), (3, 8, 128, 4096, 6144),
-                                           (1, 40, 128, 0, 5120)])
+@pytest.mark.parametrize(
+    "T,H,D,col,ld", [(5, 32, 128, 0, 6144), (3, 8, 128, 4096, 6144), (1, 40, 128, 0, 5120)]
+)
 def test_head_rmsnorm_over_the_whole_projection(rt, T, H, D, col, ld):
     """olmo2: one norm over H x D values (H 1 in the launcher), in place at column col."""
     from minfer.cuda.ops.layers import head_rmsnorm
@@ -44,7 +45,7 @@ def test_head_rmsnorm_over_the_whole_projection(rt, T, H, D, col, ld):
     xd = da.to_device(rt, x)
     head_rmsnorm(rt, xd, col, 1, H * D, da.to_device(rt, w), 1e-6)
     ref = x.copy()
-    ref[:, col: col + H * D] = ops.rmsnorm(x[:, col: col + H * D], w, 1e-6)
+    ref[:, col : col + H * D] = ops.rmsnorm(x[:, col : col + H * D], w, 1e-6)
     got = xd.get()
     assert np.abs(got - ref).max() <= 1e-6 * np.abs(ref).max()
 
@@ -60,9 +61,17 @@ def test_identity_rope_table_leaves_q_and_k(rt):
     assert np.array_equal(xd.get(), x)
 
 
-@pytest.mark.parametrize("preset,gemm", [("granite-3-8b", "f16"), ("granite-3-8b", "blk"),
-                                         ("olmo2-7b", "f16"), ("olmo2-7b", "blk"),
-                                         ("smollm3-3b", "f16"), ("smollm3-3b", "blk")])
+@pytest.mark.parametrize(
+    "preset,gemm",
+    [
+        ("granite-3-8b", "f16"),
+        ("granite-3-8b", "blk"),
+        ("olmo2-7b", "f16"),
+        ("olmo2-7b", "blk"),
+        ("smollm3-3b", "f16"),
+        ("smollm3-3b", "blk"),
+    ],
+)
 def test_check_at_the_real_shapes(tmp_path, preset, gemm):
     """`minfer check` (parity and tie-aware greedy 32 against the reference) at each family's
     real layer shape, 4 layers (smollm3: layer 3 without RoPE), a vocab of 4096, Q4_K_M."""
@@ -72,9 +81,13 @@ def test_check_at_the_real_shapes(tmp_path, preset, gemm):
     from minfer.tools.synth import SynthOptions, make_synthetic_model
 
     path = tmp_path / f"{preset}.gguf"
-    make_synthetic_model(path, SynthOptions(preset=preset, qtype="q4_K_M", layers=4,
-                                            vocab=4096, tokenizer_from=None), progress=False)
-    r = CliRunner().invoke(check, ["-m", str(path), "--gemm", gemm,
-                                   "-p", "The quick brown fox " * 24])
+    make_synthetic_model(
+        path,
+        SynthOptions(preset=preset, qtype="q4_K_M", layers=4, vocab=4096, tokenizer_from=None),
+        progress=False,
+    )
+    r = CliRunner().invoke(
+        check, ["-m", str(path), "--gemm", gemm, "-p", "The quick brown fox " * 24]
+    )
     assert r.exit_code == 0, r.output
     assert "check: PASS" in r.output

@@ -98,8 +98,11 @@ def test_weights_oom_when_little_memory_is_free(rt, tiny, monkeypatch):
     monkeypatch.setattr(rt, "alloc", allocs)
     total = rt.mem_info()[1]
     monkeypatch.setattr(rt, "mem_info", lambda: (1 << 20, total))  # 1 MiB free
-    with pytest.raises(GPUError, match=r"needs [\d.]+ GB of GPU memory \(f16 weights [\d.]+ GB, "
-                                       r".*\) plus the 0\.25 GB margin, 0\.00105 GB free of"):
+    with pytest.raises(
+        GPUError,
+        match=r"needs [\d.]+ GB of GPU memory \(f16 weights [\d.]+ GB, "
+        r".*\) plus the 0\.25 GB margin, 0\.00105 GB free of",
+    ):
         CudaBackend(tiny, rt=rt, max_tokens=64, ubatch=16)
     assert allocs.sizes == []
 
@@ -132,8 +135,11 @@ def test_bad_launch_names_kernel_and_geometry(rt):
         rt.launch(fn, (1,), (2048, 1, 1), args)  # 2048 threads > the 1024 limit
     msg = str(e.value)
     assert "axpy_f32" in msg and "grid (1, 1, 1)" in msg and "block (2048, 1, 1)" in msg, msg
-    with pytest.raises(GPUError, match=r"axpy_f32 failed \(grid \(1, 1, 1\), block "
-                                       r"\(256, 1, 1\), smem \d+ B\)"):
+    with pytest.raises(
+        GPUError,
+        match=r"axpy_f32 failed \(grid \(1, 1, 1\), block "
+        r"\(256, 1, 1\), smem \d+ B\)",
+    ):
         rt.launch(fn, (1,), (256,), args, smem=rt.smem_optin + 4096)  # over the smem cap
     # the context is still fine: the same kernel with a valid geometry runs
     rt.launch(fn, (1,), (256,), args)
@@ -144,17 +150,18 @@ def test_bad_launch_names_kernel_and_geometry(rt):
 # -- poison ---------------------------------------------------------------------------------------
 def _noop_launches(rt, monkeypatch):
     calls = []
-    monkeypatch.setattr(rt, "launch", lambda fn, *a, **k: calls.append(
-        getattr(fn, "_minfer_name", fn)))
+    monkeypatch.setattr(
+        rt, "launch", lambda fn, *a, **k: calls.append(getattr(fn, "_minfer_name", fn))
+    )
     return calls
 
 
 def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
     from minfer.cuda import backend as B
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.gemm import gemm_f16_nt
+    from minfer.cuda.runtime import devarray as da
 
-    def gemm(C, A, W):   # what the f16 route does: poison the output, then the GEMM
+    def gemm(C, A, W):  # what the f16 route does: poison the output, then the GEMM
         da.poison(rt, C)
         gemm_f16_nt(A, W, np.float32, out=C, rt=rt)
 
@@ -190,8 +197,9 @@ def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
     np.testing.assert_allclose(C.get(), ref, rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("gemm,graphs", [("f16", True), ("f16", False), ("wide-kd4", True),
-                                         ("blk", True)])
+@pytest.mark.parametrize(
+    "gemm,graphs", [("f16", True), ("f16", False), ("wide-kd4", True), ("blk", True)]
+)
 def test_poison_changes_no_result(rt, tiny, monkeypatch, gemm, graphs):
     """Every poisoned buffer is fully written before it is read: logits bit-identical."""
     from minfer.cuda.backend import CudaBackend
@@ -201,8 +209,7 @@ def test_poison_changes_no_result(rt, tiny, monkeypatch, gemm, graphs):
     prompt = rng.integers(0, tiny.config.vocab_size, 21).astype(np.int32)
 
     def run():
-        be = CudaBackend(tiny, GemmChoice(gemm), rt=rt, max_tokens=64, ubatch=16,
-                         graphs=graphs)
+        be = CudaBackend(tiny, GemmChoice(gemm), rt=rt, max_tokens=64, ubatch=16, graphs=graphs)
         out = [be.forward(prompt[:16], 0), be.forward(prompt[16:], 16)]
         t = int(np.argmax(out[-1]))
         for i in range(3):
@@ -234,8 +241,11 @@ def test_skipped_launches_raise_non_finite_logits(rt, tiny, monkeypatch):
 
     monkeypatch.setattr(rt.cfg, "poison", True)
     be.reset()
-    with pytest.raises(GPUError, match=r"non-finite logits from the CUDA path \(1024 of 1024 "
-                                       r"NaN/inf at positions 0\.\.4"):
+    with pytest.raises(
+        GPUError,
+        match=r"non-finite logits from the CUDA path \(1024 of 1024 "
+        r"NaN/inf at positions 0\.\.4",
+    ):
         be.forward(prompt, 0)
 
 
@@ -261,12 +271,15 @@ def _nan_q8_0_scale(a):  # Q8_0 block: f16 scale d at bytes 0..1, then 32 int8
     a[0, 0:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
 
 
-@pytest.mark.parametrize("name, edit, where", [
-    ("blk.1.ffn_down.weight", _nan_q8_0_scale, "layer 1 (blk.1)"),
-    ("blk.0.attn_norm.weight", lambda a: a.__setitem__(7, np.nan), "layer 0 (blk.0)"),
-    ("token_embd.weight", lambda a: a.__setitem__(slice(None), np.inf), "the token embedding"),
-    ("output_norm.weight", lambda a: a.__setitem__(0, np.nan), "the output layer"),
-])
+@pytest.mark.parametrize(
+    "name, edit, where",
+    [
+        ("blk.1.ffn_down.weight", _nan_q8_0_scale, "layer 1 (blk.1)"),
+        ("blk.0.attn_norm.weight", lambda a: a.__setitem__(7, np.nan), "layer 0 (blk.0)"),
+        ("token_embd.weight", lambda a: a.__setitem__(slice(None), np.inf), "the token embedding"),
+        ("output_norm.weight", lambda a: a.__setitem__(0, np.nan), "the output layer"),
+    ],
+)
 @pytest.mark.parametrize("graphs", [True, False])
 def test_non_finite_logits_name_the_first_bad_layer(rt, tmp_path, name, edit, where, graphs):
     """A NaN/inf weight: forward raises naming where the residual first went non-finite (the
@@ -277,12 +290,16 @@ def test_non_finite_logits_name_the_first_bad_layer(rt, tmp_path, name, edit, wh
     from minfer.cuda.plan.config import GemmChoice
     from minfer.gguf.loader import load_model
 
-    meta, tensors = small_parts(seed=3, tied=False, d_model=128, d_ff=256, n_heads=2,
-                                n_kv_heads=1)   # head_dim 64
-    tensors = [(n, q, s, (lambda d: (edit(d), d)[1])(np.array(d, copy=True)) if n == name else d)
-               for n, q, s, d in tensors]
+    meta, tensors = small_parts(
+        seed=3, tied=False, d_model=128, d_ff=256, n_heads=2, n_kv_heads=1
+    )  # head_dim 64
+    tensors = [
+        (n, q, s, (lambda d: (edit(d), d)[1])(np.array(d, copy=True)) if n == name else d)
+        for n, q, s, d in tensors
+    ]
     model = load_model(write_small(tmp_path / "m.gguf", meta, tensors))
-    be = CudaBackend(model, GemmChoice("f16"), rt=rt, max_tokens=32, ubatch=8, graphs=graphs,
-                     warmup=False)   # (a warm-up forward would raise before the check)
+    be = CudaBackend(
+        model, GemmChoice("f16"), rt=rt, max_tokens=32, ubatch=8, graphs=graphs, warmup=False
+    )  # (a warm-up forward would raise before the check)
     with pytest.raises(GPUError, match=re.escape(f"first non-finite: {where}")):
-        be.forward(np.arange(1, 12, dtype=np.int32), 0)   # two chunks: the probe spans both
+        be.forward(np.arange(1, 12, dtype=np.int32), 0)  # two chunks: the probe spans both

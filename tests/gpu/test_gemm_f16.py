@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from minfer.cuda.runtime import devarray as da
-from minfer.cuda.ops.gemm import (GEMVS, TILES, WGMMA, TMA, gemm_f16_nt, gemm_f16_nt_ref,
-                                  pick_variant)
-from minfer.errors import BadInput, GPUError
-
 from gpu_helpers import rel_err as _rel
+
+from minfer.cuda.ops.gemm import (
+    GEMVS,
+    TILES,
+    TMA,
+    WGMMA,
+    gemm_f16_nt,
+    gemm_f16_nt_ref,
+    pick_variant,
+)
+from minfer.cuda.runtime import devarray as da
+from minfer.errors import BadInput, GPUError
 
 pytestmark = pytest.mark.gpu
 GUARD = 64  # elements past C that must stay untouched
@@ -43,7 +49,7 @@ def _run(rt, M, N, K, mode, variant=None, seed=0):
         ref = gemm_f16_nt_ref(a, b, out_dtype)
     rt.synchronize()
     got = dev.get()
-    return got[: M * N].reshape(M, N), ref, bool(np.all(got[M * N:] == tail))
+    return got[: M * N].reshape(M, N), ref, bool(np.all(got[M * N :] == tail))
 
 
 @pytest.mark.parametrize("mode", ["f32", "f16", "acc"])
@@ -84,8 +90,11 @@ def test_persistent_blocks_walk_several_tiles(rt, variant):
     # (ragged in M, N and K; K = 8 * odd; K = 24: a single partial k-tile per tile)
     if rt.arch != "sm_90":
         pytest.skip("wgmma kernels need sm_90")
-    for M, N, K, mode in ((1000, 4400, 200, "f16"), (1100, 4000, 24, "acc"),
-                          (300, 12000, 1032, "f32")):
+    for M, N, K, mode in (
+        (1000, 4400, 200, "f16"),
+        (1100, 4000, 24, "acc"),
+        (300, 12000, 1032, "f32"),
+    ):
         assert TMA[variant].tiles(M, N) > rt.sm_count
         out, ref, tail_ok = _run(rt, M, N, K, mode, variant=variant)
         assert tail_ok, f"{variant} {M}x{N}x{K}: wrote past the end of C"
@@ -148,8 +157,8 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, act, same_byt
     # default pick
     from minfer.cuda.ops.gemm import GLU_TILE
     from minfer.cuda.ops.gemma_layers import geglu_interleaved
-    from minfer.quants.glu import glu_rows
     from minfer.cuda.ops.layers import swiglu_interleaved
+    from minfer.quants.glu import glu_rows
 
     if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":
         pytest.skip("wgmma kernels need sm_90")
@@ -158,13 +167,14 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, act, same_byt
             continue
         rng = np.random.default_rng([M, F, K])
         a = _rand(rng, (M, K))
-        w = _rand(rng, (2 * F, K), 0.1)[glu_rows(F)]   # [gate; up], interleaved
+        w = _rand(rng, (2 * F, K), 0.1)[glu_rows(F)]  # [gate; up], interleaved
         dA, dW = da.to_device(rt, a), da.to_device(rt, w)
         out = da.to_device(rt, np.full((M, F), np.nan, np.float16))
         gemm_f16_nt(dA, dW, np.float16, out=out, rt=rt, variant=variant, glu=act)
         # (M == 1 by default: glu takes GLU_TILE, where f32 out would take the GEMV)
-        gu = gemm_f16_nt(dA, dW, np.float32, rt=rt,
-                         variant=variant or (GLU_TILE if M == 1 else None))
+        gu = gemm_f16_nt(
+            dA, dW, np.float32, rt=rt, variant=variant or (GLU_TILE if M == 1 else None)
+        )
         ref = da.empty(rt, (M, F), np.float16)
         (geglu_interleaved if act == "gelu" else swiglu_interleaved)(rt, ref, gu)
         rt.synchronize()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gpu_helpers import rel_err
 
 from minfer.reference import ops
@@ -40,10 +39,10 @@ def test_geglu(rt, T, F, fused):
 
     rng = np.random.default_rng(T + F)
     g = (rng.standard_normal((T, F)) * 4).astype(np.float32)
-    g[0, :8] = [-11, -10, -9.99, 0, 9.99, 10, 11, np.float32(1e-8)]   # the table's clamps
+    g[0, :8] = [-11, -10, -9.99, 0, 9.99, 10, 11, np.float32(1e-8)]  # the table's clamps
     u = (rng.standard_normal((T, F)) * 2).astype(np.float32)
     y = da.to_device(rt, np.full((T, F), np.nan, np.float16))
-    if fused == "interleaved":   # the glu GEMM's row order (the M == 1 GEMV's output)
+    if fused == "interleaved":  # the glu GEMM's row order (the M == 1 GEMV's output)
         from minfer.quants.glu import glu_rows
 
         G.geglu_interleaved(rt, y, da.to_device(rt, np.concatenate([g, u], 1)[:, glu_rows(F)]))

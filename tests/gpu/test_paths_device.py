@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from quant_data import rand_weights
 
 from minfer.cuda.paths import TABLE
-from quant_data import rand_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -19,8 +19,8 @@ Q4_K, Q6_K, Q8_0 = 12, 14, 8
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_quantize_q8_1_bit_identical(rt, dtype):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.mmq import quantize_q8_1
+    from minfer.cuda.runtime import devarray as da
     from minfer.quants.q8_1 import quantize_q8_1_raw
 
     rng = np.random.default_rng(11)
@@ -46,11 +46,11 @@ def _run(rt, route, x16, wd, out, mode: str) -> None:
 WEIGHTS = {"blk": ("blk.0.attn_output.weight", "blk.0.ffn_gate.weight")}
 
 
-@pytest.mark.parametrize("path, name", [(p, n) for p in TABLE
-                                        for n in WEIGHTS.get(p, ("blk.0.attn_output.weight",))])
+@pytest.mark.parametrize(
+    "path, name", [(p, n) for p in TABLE for n in WEIGHTS.get(p, ("blk.0.attn_output.weight",))]
+)
 @pytest.mark.parametrize("qtype", [Q4_K, Q6_K, Q8_0])
-@pytest.mark.parametrize("M,N,K", [(1, 9, 256), (37, 200, 512), (64, 128, 1024),
-                                   (130, 333, 2048)])
+@pytest.mark.parametrize("M,N,K", [(1, 9, 256), (37, 200, 512), (64, 128, 1024), (130, 333, 2048)])
 def test_path_parity(rt, path, name, qtype, M, N, K):
     """C = and C += against the twin, rel err <= 1e-3 (docs/design.md, gate 1), every output written
     (NaN-poisoned first); a type / arch the path does not take is skipped, the smem guard's
@@ -64,22 +64,22 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
     if why:
         pytest.skip(why)
     r = choose_path(qtype, rt.arch, (M, N, K), path, rt.smem_optin)
-    if p.gemv_f16 and M == 1:   # the chooser leaves an M = 1 GEMM to f16's GEMV; the engine's
-        assert r.path.name == "f16" and "GEMV" in r.why   # decode still runs p at M = 1
+    if p.gemv_f16 and M == 1:  # the chooser leaves an M = 1 GEMM to f16's GEMV; the engine's
+        assert r.path.name == "f16" and "GEMV" in r.why  # decode still runs p at M = 1
         r = type(r)(p)
     assert r.path is p or (p.kd and r.path.name == "narrow" and r.notice)
     route = r.path.route(qtype, GemmChoice(r.path.name), name)
     rng = np.random.default_rng(M + N + K + qtype)
     w = rand_weights(rng, qtype, N, K)
-    x16 = rng.standard_normal((M, K)).astype(np.float16)   # the forward's f16 activation
+    x16 = rng.standard_normal((M, K)).astype(np.float16)  # the forward's f16 activation
     ref = r.path.twin(x16.astype(np.float32), w, qtype, M, N, K, name)
     wd = r.path.prepare(rt, da.to_device(rt, np.ascontiguousarray(w).reshape(-1)), qtype, N, K)
-    out = da.to_device(rt, np.full((M, N), np.nan, np.float32))   # poisoned: all must be written
+    out = da.to_device(rt, np.full((M, N), np.nan, np.float32))  # poisoned: all must be written
     _run(rt, route, x16, wd, out, "f32")
     y = out.get()
     assert np.isfinite(y).all()
     assert np.linalg.norm(y - ref) <= 1e-3 * np.linalg.norm(ref)
-    if not route.accumulates:   # blk's per-token GEMMs (after a norm) never add to C
+    if not route.accumulates:  # blk's per-token GEMMs (after a norm) never add to C
         return
     base = rng.standard_normal((M, N)).astype(np.float32)
     acc = da.to_device(rt, base)
@@ -88,8 +88,8 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
 
 
 def test_mmq_rejects_bad_shapes(rt):
-    from minfer.cuda.runtime import devarray as da
     from minfer.cuda.ops.mmq import mmq_linear
+    from minfer.cuda.runtime import devarray as da
     from minfer.errors import GPUError, Unsupported
 
     x = da.to_device(rt, np.zeros((4, 384), np.float32))

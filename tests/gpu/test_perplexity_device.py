@@ -12,23 +12,21 @@ import json
 
 import numpy as np
 import pytest
-
 from cli_inproc import run_cli
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("ubatch", [64, 24])   # the window as one chunk, and in three
+@pytest.mark.parametrize("ubatch", [64, 24])  # the window as one chunk, and in three
 def test_window_logits_match_reference(model, ubatch):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
-
     from minfer.tools.perplexity import compare_rows
 
     ids = (np.random.default_rng(1).integers(0, model.config.vocab_size, 64)).astype(np.int32)
     gpu = CudaBackend(model, GemmChoice("f16"), max_tokens=64, ubatch=ubatch)
-    gpu.HEAD_ROWS = 13   # ragged head blocks
+    gpu.HEAD_ROWS = 13  # ragged head blocks
     cpu = ReferenceBackend(model, max_tokens=64)
     got = gpu.window_logits(ids, 20)
     want = cpu.window_logits(ids, 20)
@@ -52,8 +50,7 @@ def test_perplexity_cli_cuda_vs_cpu_base(model, tmp_path):
     code, out, err = run_cli([*args, "--backend", "cpu", "--save-logits", str(base)])
     assert code == 0, err
     cpu = json.loads(out)
-    code, out, err = run_cli([*args, "--backend", "cuda", "--gemm", "f16", "--kld-base",
-                              str(base)])
+    code, out, err = run_cli([*args, "--backend", "cuda", "--gemm", "f16", "--kld-base", str(base)])
     assert code == 0, err
     r = json.loads(out)
     k = r["kld"]
@@ -62,6 +59,8 @@ def test_perplexity_cli_cuda_vs_cpu_base(model, tmp_path):
     assert r["ppl"] == pytest.approx(cpu["ppl"], rel=2e-2)
     assert k["mean"] < 3e-3 and k["p99"] < 3e-2, k
     assert k["same_top1"] >= 0.8, k
-    print(f"\n{model.path.name}: PPL cuda {r['ppl']:.4f} cpu {cpu['ppl']:.4f}, mean KLD "
-          f"{k['mean']:.2e}, p99 {k['p99']:.2e}, same top-1 {100 * k['same_top1']:.1f} %, "
-          f"max |dlogit| {k['max_abs_dlogit']:.4f}")
+    print(
+        f"\n{model.path.name}: PPL cuda {r['ppl']:.4f} cpu {cpu['ppl']:.4f}, mean KLD "
+        f"{k['mean']:.2e}, p99 {k['p99']:.2e}, same top-1 {100 * k['same_top1']:.1f} %, "
+        f"max |dlogit| {k['max_abs_dlogit']:.4f}"
+    )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from gpu_helpers import rel_err
 
 pytestmark = pytest.mark.gpu
@@ -26,7 +25,7 @@ def test_rmsnorm_rows_f32(rt):
     L.rmsnorm_rows(rt, y, da.to_device(rt, x), da.to_device(rt, rows), da.to_device(rt, w), 1e-6)
     full = da.to_device(rt, np.full((40, 4096), np.nan, np.float32))
     L.rmsnorm(rt, full, da.to_device(rt, x), da.to_device(rt, w), 1e-6)
-    assert np.array_equal(y.get(), full.get()[rows])   # the same kernel body, gathered
+    assert np.array_equal(y.get(), full.get()[rows])  # the same kernel body, gathered
     assert rel_err(y.get(), ops.rmsnorm(x[rows], w, 1e-6)) < 1e-6
 
 
@@ -39,10 +38,11 @@ def test_backend_hidden_rows_match_the_reference(model):
     lengths = [9, 30, 2]
     prompts = [rng.integers(0, model.config.vocab_size, n).astype(np.int32) for n in lengths]
     ids = np.concatenate(prompts)
-    tok = np.concatenate([np.stack([128 * i + np.arange(n), np.full(n, 128 * i)], 1)
-                          for i, n in enumerate(lengths)]).astype(np.int32)
+    tok = np.concatenate(
+        [np.stack([128 * i + np.arange(n), np.full(n, 128 * i)], 1) for i, n in enumerate(lengths)]
+    ).astype(np.int32)
     ends = np.cumsum(lengths) - 1
-    hid = np.arange(len(ids))   # every row (mean pooling's need)
+    hid = np.arange(len(ids))  # every row (mean pooling's need)
     gpu = CudaBackend(model, max_tokens=64, ubatch=48, kv_slots=512)
     cpu = ReferenceBackend(model, max_tokens=64)
     cpu.reserve_slots(512)
@@ -56,7 +56,7 @@ def test_backend_hidden_rows_match_the_reference(model):
     lh = LabelHead(model, labels)
     got, ref = lh(h[ends]), lh(h_ref[ends])
     print(f"label logits GPU vs CPU: max |d| {np.abs(got - ref).max():.4f}")
-    assert np.abs(got - ref).max() < 0.25   # the f16 path's distance (test_packed's log-probs)
+    assert np.abs(got - ref).max() < 0.25  # the f16 path's distance (test_packed's log-probs)
     # the label log-probs against the GPU's own full head (its logsumexp): same scale
     lp, lp_ref = got - st[:, 3:4], ref - st_ref[:, 3:4]
     assert np.abs(lp - lp_ref).max() < 0.3
@@ -75,7 +75,7 @@ def test_engine_jobs_on_cuda_match_cpu(model):
     for pooling in ("last", "mean", "cls"):
         eg = np.array(gpu.embed(texts, pooling=pooling))
         ec = np.array(cpu.embed(texts, pooling=pooling))
-        cos = (eg * ec).sum(1)   # both L2-normalised
+        cos = (eg * ec).sum(1)  # both L2-normalised
         print(f"\nembed {pooling}: min cosine {cos.min():.6f}")
         assert cos.min() > 0.999
     q, items = texts[0], texts[1:]

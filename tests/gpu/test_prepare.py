@@ -16,8 +16,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from minfer.gguf.loader import load_model
     from synth_data import tiny_model
+
+    from minfer.gguf.loader import load_model
 
     return load_model(tiny_model(tmp_path_factory.mktemp("synth"), seed=5, workers=None))
 
@@ -27,22 +28,28 @@ def cold_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cubin_cache")
 
 
-@pytest.mark.parametrize("spec", ["", "MINFER_MMQ=1", "blk"])
+@pytest.mark.parametrize("spec", ["", "mmq", "blk"])
 def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monkeypatch, spec):
     from minfer import engine
+    from minfer.cuda.backend import CudaBackend
     from minfer.cuda.load import prepare
     from minfer.cuda.runtime import build
-    from minfer.cuda.backend import CudaBackend
 
     monkeypatch.setenv("MINFER_CACHE", str(cold_cache))
-    monkeypatch.setattr(rt, "_modules", {})     # this test sees every module load
+    monkeypatch.setattr(rt, "_modules", {})  # this test sees every module load
     monkeypatch.setattr(rt, "_functions", {})
     loaded, compiles = [], []
     real_module, real_compile = rt.module, build.compile_cubin
-    monkeypatch.setattr(rt, "module", lambda name, options=(): (
-        loaded.append((name, tuple(options))), real_module(name, options))[1])
+    monkeypatch.setattr(
+        rt,
+        "module",
+        lambda name, options=(): (
+            loaded.append((name, tuple(options))),
+            real_module(name, options),
+        )[1],
+    )
 
-    def compile_cubin(name, arch="sm_90", options=(), **kw):   # counts real nvcc runs
+    def compile_cubin(name, arch="sm_90", options=(), **kw):  # counts real nvcc runs
         if not build.cubin_path(name, arch, options).exists():
             compiles.append(name)
         return real_compile(name, arch, options, **kw)
@@ -52,13 +59,14 @@ def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monke
     be = CudaBackend(model, GemmChoice.parse_ab(spec, env={}), max_tokens=80, ubatch=32)
     lengths = [32, 13, 1]
     prep = be.warmup(lengths)
-    assert len(compiles) == be.n_compiled   # no lazy nvcc run outside prebuild
+    assert len(compiles) == be.n_compiled  # no lazy nvcc run outside prebuild
     assert prep.capture_s > 0 and be._graphs
     assert set(loaded) <= set(prepare.load_kernels(be.routes)) | set(
-        prepare.needed_kernels(be, lengths))
+        prepare.needed_kernels(be, lengths)
+    )
     loaded.clear()
     graphs = len(be._graphs)
     prompt = np.random.default_rng(1).integers(0, model.config.vocab_size, 45)
-    res = engine.run(be, prompt, n_greedy=4, ubatch=32)   # chunks 32 + 13, decode at 1
+    res = engine.run(be, prompt, n_greedy=4, ubatch=32)  # chunks 32 + 13, decode at 1
     assert loaded == [] and len(compiles) == be.n_compiled and len(be._graphs) == graphs
     assert res.prefill_s > 0 and np.isfinite(res.last_logits).all()

@@ -16,7 +16,7 @@ httpx = pytest.importorskip("httpx")
 from serve_helpers import Server  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-LOGPROB_TOL = 1e-3   # DESIGN.md's batch gate: a batch changes speed, never answers
+LOGPROB_TOL = 1e-3  # DESIGN.md's batch gate: a batch changes speed, never answers
 
 
 def test_served_logprobs_equal_the_engine(model):
@@ -26,8 +26,9 @@ def test_served_logprobs_equal_the_engine(model):
     V = model.config.vocab_size
     rng = np.random.default_rng(9)
     head = list(map(int, rng.integers(0, V, 60)))
-    prompts = [head + list(map(int, rng.integers(0, V, k))) for k in (1, 5, 17, 40)] + \
-        [list(map(int, rng.integers(0, V, n))) for n in (3, 64, 200, 129)]
+    prompts = [head + list(map(int, rng.integers(0, V, k))) for k in (1, 5, 17, 40)] + [
+        list(map(int, rng.integers(0, V, n))) for n in (3, 64, 200, 129)
+    ]
     eng = Engine(str(path), backend="cuda")
     want = eng.prefill(prompts, n_predict=4, logprobs=True, share_prefix=False)
     eng.close()
@@ -36,9 +37,17 @@ def test_served_logprobs_equal_the_engine(model):
         got = [None] * len(prompts)
 
         def one(i):
-            got[i] = httpx.post(s.url + "/v1/completions", json={
-                "prompt": prompts[i], "echo": True, "logprobs": 1, "max_tokens": 4,
-                "ignore_eos": True}, timeout=300).json()
+            got[i] = httpx.post(
+                s.url + "/v1/completions",
+                json={
+                    "prompt": prompts[i],
+                    "echo": True,
+                    "logprobs": 1,
+                    "max_tokens": 4,
+                    "ignore_eos": True,
+                },
+                timeout=300,
+            ).json()
 
         ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
         for t in ts:
@@ -50,11 +59,12 @@ def test_served_logprobs_equal_the_engine(model):
     for g, w, p in zip(got, want, prompts):
         lp = g["choices"][0]["logprobs"]
         n = len(p)
-        np.testing.assert_allclose(lp["token_logprobs"][1:n], w.logprobs, rtol=0,
-                                   atol=LOGPROB_TOL)
+        np.testing.assert_allclose(lp["token_logprobs"][1:n], w.logprobs, rtol=0, atol=LOGPROB_TOL)
         assert g["usage"]["completion_tokens"] == 4
         ids = [int(t) for t in w.tokens]
-        assert g["choices"][0]["text"].endswith(eng.tok.decode(ids)) or \
-            min(w.margins) < 2 * LOGPROB_TOL   # tie-aware: only a near-tie may differ
+        assert (
+            g["choices"][0]["text"].endswith(eng.tok.decode(ids))
+            or min(w.margins) < 2 * LOGPROB_TOL
+        )  # tie-aware: only a near-tie may differ
         for tok_lp, top in zip(lp["token_logprobs"][n:], lp["top_logprobs"][n:]):
             assert max(top.values()) == pytest.approx(tok_lp, abs=1e-6)

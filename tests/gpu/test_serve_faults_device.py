@@ -23,8 +23,9 @@ BAD_ID = 200
 def poisoned(tmp_path_factory):
     from synth_data import small_parts, write_small
 
-    meta, tensors = small_parts(seed=3, tied=False, d_model=128, d_ff=256, n_heads=2,
-                                n_kv_heads=1)   # head_dim 64, untied: the output stays finite
+    meta, tensors = small_parts(
+        seed=3, tied=False, d_model=128, d_ff=256, n_heads=2, n_kv_heads=1
+    )  # head_dim 64, untied: the output stays finite
     meta["tokenizer.chat_template"] = CHATML
     name, q, shape, data = tensors[0]
     data = np.array(data, copy=True)
@@ -45,8 +46,11 @@ def test_a_nan_in_one_request_of_a_batch(poisoned):
         out = [None] * len(prompts)
 
         def one(i):
-            out[i] = httpx.post(s.url + "/v1/completions", json={
-                "prompt": prompts[i], "max_tokens": 4, "ignore_eos": True}, timeout=120)
+            out[i] = httpx.post(
+                s.url + "/v1/completions",
+                json={"prompt": prompts[i], "max_tokens": 4, "ignore_eos": True},
+                timeout=120,
+            )
 
         ts = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
         for t in ts:

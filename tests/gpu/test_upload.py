@@ -11,13 +11,13 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-TINY_CHUNK = 4096 + 256   # bytes: not a multiple of a row, so the chunks are ragged
+TINY_CHUNK = 4096 + 256  # bytes: not a multiple of a row, so the chunks are ragged
 
 
 def _weights(be) -> dict[str, bytes]:
     out = {}
     for n, v in be.w.items():
-        arrays = v._arrays() if hasattr(v, "_arrays") else [v]   # prepared layouts: all arrays
+        arrays = v._arrays() if hasattr(v, "_arrays") else [v]  # prepared layouts: all arrays
         out[n] = b"".join(np.ascontiguousarray(a.get()).tobytes() for a in arrays)
     out["<embedding>"] = be.emb.get().tobytes()
     return out
@@ -33,12 +33,15 @@ def test_tiny_chunks_give_the_same_weights_and_logits(rt, model, gemm):
     prompt = np.random.default_rng(1).integers(0, model.config.vocab_size, 21).astype(np.int32)
     got = {}
     for chunk in (None, TINY_CHUNK):
-        be = CudaBackend(model, GemmChoice(gemm), max_tokens=64, ubatch=32, warmup=False,
-                         chunk=chunk)
+        be = CudaBackend(
+            model, GemmChoice(gemm), max_tokens=64, ubatch=32, warmup=False, chunk=chunk
+        )
         assert be.upload_bytes > 0 and be.upload_s > 0
         got[chunk] = (_weights(be), be.forward(prompt, 0).copy(), be.memory.line())
-        print(f"\n{model.path.name} {gemm} chunk {be.chunk}: {be.upload_bytes / 1e9:.3f} GB in "
-              f"{be.upload_s:.3f} s; memory {be.memory.line()}")
+        print(
+            f"\n{model.path.name} {gemm} chunk {be.chunk}: {be.upload_bytes / 1e9:.3f} GB in "
+            f"{be.upload_s:.3f} s; memory {be.memory.line()}"
+        )
         del be
     (w0, l0, _), (w1, l1, _) = got[None], got[TINY_CHUNK]
     assert w0.keys() == w1.keys()
@@ -51,8 +54,14 @@ def test_chunk_sizes_the_staging(rt, model):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
 
-    be = CudaBackend(model, GemmChoice("f16"), max_tokens=32, ubatch=16, warmup=False,
-                     chunk=int(0.01 * (1 << 20)))
+    be = CudaBackend(
+        model,
+        GemmChoice("f16"),
+        max_tokens=32,
+        ubatch=16,
+        warmup=False,
+        chunk=int(0.01 * (1 << 20)),
+    )
     from minfer.cuda.plan.sizes import upload_slot
 
     assert be.chunk == int(0.01 * (1 << 20))
@@ -66,6 +75,6 @@ def test_memory_plan_is_what_the_backend_checks(rt, model):
     from minfer.cuda.plan.config import GemmChoice
 
     be = CudaBackend(model, GemmChoice(), max_tokens=64, ubatch=32, warmup=False)
-    assert be.memory.fits and be.memory.chosen == "f16"   # a test model fits any H200
+    assert be.memory.fits and be.memory.chosen == "f16"  # a test model fits any H200
     assert sum(be._plan().values()) == be.memory.need
     assert be.memory.line().startswith("f16 plan ") and "free" in be.memory.line()

@@ -17,8 +17,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from minfer.errors import GPUError, MinferError
 from minfer.batch.ray.predictor import MinferPredictor, need_ray
+from minfer.errors import GPUError, MinferError
 
 
 class RayJobError(MinferError):
@@ -33,7 +33,7 @@ class JobTotals:
     prompt_tokens: int = 0
     actors: int = 0
     batches: int = 0
-    started: bool = False   # a local Ray instance started (and shut down) by this job
+    started: bool = False  # a local Ray instance started (and shut down) by this job
     wall_s: float = 0.0
 
 
@@ -58,8 +58,11 @@ def actor_count(ray, kind: str, actors: int | None) -> int:
     if actors is None:
         actors = have
     if actors < 1:
-        raise GPUError("the Ray cluster has no GPU for a cuda actor (--backend cpu runs CPU "
-                       "actors)" if kind == "cuda" else "the Ray cluster has no CPU")
+        raise GPUError(
+            "the Ray cluster has no GPU for a cuda actor (--backend cpu runs CPU actors)"
+            if kind == "cuda"
+            else "the Ray cluster has no CPU"
+        )
     return actors
 
 
@@ -82,14 +85,31 @@ def _minfer_error(e: BaseException) -> MinferError | None:
 
 def rows(src, lengths) -> list[dict]:
     """One row a prompt: index, id (JSON), line, ids (int32 bytes), n_context (-1: none)."""
-    return [{"index": p.index, "id": json.dumps(p.id), "line": p.line,
-             "ids": p.ids.tobytes(), "n_context": -1 if p.n_context is None else p.n_context}
-            for p in src]
+    return [
+        {
+            "index": p.index,
+            "id": json.dumps(p.id),
+            "line": p.line,
+            "ids": p.ids.tobytes(),
+            "n_context": -1 if p.n_context is None else p.n_context,
+        }
+        for p in src
+    ]
 
 
-def run_file(src, lengths, write_line, *, kind: str, address: str | None, actors: int | None,
-             batch: int, predictor_kwargs: dict, progress: bool = True,
-             predictor=None) -> JobTotals:
+def run_file(
+    src,
+    lengths,
+    write_line,
+    *,
+    kind: str,
+    address: str | None,
+    actors: int | None,
+    batch: int,
+    predictor_kwargs: dict,
+    progress: bool = True,
+    predictor=None,
+) -> JobTotals:
     """Every prompt of the scanned PromptSource `src` (lengths: scan()'s) through Ray actors;
     write_line(line) per record, in input order. predictor: the actor class (None: this
     module's MinferPredictor, looked up at the call: a test swaps in a subclass)."""
@@ -98,7 +118,7 @@ def run_file(src, lengths, write_line, *, kind: str, address: str | None, actors
 
     tot = JobTotals(prompts=len(lengths), prompt_tokens=int(sum(int(n) for n in lengths)))
     t0 = time.perf_counter()
-    for name in ("ray", "ray.data"):   # Ray's lines would bury minfer's: its error is ours
+    for name in ("ray", "ray.data"):  # Ray's lines would bury minfer's: its error is ours
         logging.getLogger(name).setLevel(logging.CRITICAL)
     tot.started = connect(ray, address)
     try:
@@ -106,12 +126,17 @@ def run_file(src, lengths, write_line, *, kind: str, address: str | None, actors
         items = rows(src, lengths)
         tot.batches = math.ceil(len(items) / batch)
         ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False   # minfer's bar over the whole job instead
-        ctx.raise_original_map_exception = True   # an actor's MinferError, not a wrapper
+        ctx.enable_progress_bars = False  # minfer's bar over the whole job instead
+        ctx.raise_original_map_exception = True  # an actor's MinferError, not a wrapper
         res = {"num_gpus": 1} if kind == "cuda" else {"num_cpus": 1}
         ds = ray.data.from_items(items, override_num_blocks=tot.batches).map_batches(
-            predictor or MinferPredictor, fn_constructor_kwargs=predictor_kwargs, batch_size=batch,
-            batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=tot.actors), **res)
+            predictor or MinferPredictor,
+            fn_constructor_kwargs=predictor_kwargs,
+            batch_size=batch,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=tot.actors),
+            **res,
+        )
         pb = bar(progress, total=len(items), desc="prompts", unit="prompt")
         try:
             _ordered(ds, len(items), write_line, pb)
@@ -137,8 +162,9 @@ def _ordered(ds, n: int, write_line, pb) -> None:
     for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
         for i, line in zip(b["index"].tolist(), b["record"].tolist()):
             if i < nxt or i in pending or not 0 <= i < n:
-                raise RayJobError(f"the Ray job returned prompt {i}'s record twice (or an "
-                                  "unknown index)")
+                raise RayJobError(
+                    f"the Ray job returned prompt {i}'s record twice (or an unknown index)"
+                )
             pending[i] = line
         while nxt in pending:
             write_line(pending.pop(nxt))
@@ -146,5 +172,6 @@ def _ordered(ds, n: int, write_line, pb) -> None:
             if pb is not None:
                 pb.update(1)
     if nxt != n:
-        raise RayJobError(f"the Ray job returned {nxt} of {n} records in order (prompt {nxt}'s "
-                          "is missing)")
+        raise RayJobError(
+            f"the Ray job returned {nxt} of {n} records in order (prompt {nxt}'s is missing)"
+        )

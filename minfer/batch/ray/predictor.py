@@ -24,8 +24,10 @@ def need_ray(what: str = "minfer.batch.ray"):
         import ray
         import ray.data  # noqa: F401
     except ImportError as e:
-        raise ResourceError(f"{what} needs the ray extra ({e.name or 'ray'} is missing): "
-                            'pip install "minfer[ray]" (or -e ".[ray]" in a checkout)') from None
+        raise ResourceError(
+            f"{what} needs the ray extra ({e.name or 'ray'} is missing): "
+            'pip install "minfer[ray]" (or -e ".[ray]" in a checkout)'
+        ) from None
     return ray
 
 
@@ -40,21 +42,36 @@ class MinferPredictor:
     Engine.prefill's (n_ctx: the context, as `-c`; stop_ids: token ids ending decode, None: the
     tokenizer's end-of-generation ids when stop_at_eos)."""
 
-    def __init__(self, model: str, backend: str | None = None, gemm="auto",
-                 ubatch: int | None = None, dtype: str | None = None, threads: int | None = None,
-                 n_ctx: int | None = None, n_predict: int = 32, logprobs: bool = False,
-                 share_prefix: bool = True, stop_at_eos: bool = False, stop_ids=None,
-                 top: int = 0, prompt_ids: bool = False, chat: bool = False,
-                 system: str | None = None, source: str = "prompt"):
+    def __init__(
+        self,
+        model: str,
+        backend: str | None = None,
+        gemm="auto",
+        ubatch: int | None = None,
+        dtype: str | None = None,
+        threads: int | None = None,
+        n_ctx: int | None = None,
+        n_predict: int = 32,
+        logprobs: bool = False,
+        share_prefix: bool = True,
+        stop_at_eos: bool = False,
+        stop_ids=None,
+        top: int = 0,
+        prompt_ids: bool = False,
+        chat: bool = False,
+        system: str | None = None,
+        source: str = "prompt",
+    ):
         from minfer.batch.api import Engine
 
         self.engine = Engine(model, backend, gemm, ubatch, dtype=dtype, threads=threads)
         cfg = self.engine.model.config
-        if n_ctx:   # as `minfer prefill -c`: phi3's long or short RoPE factors
+        if n_ctx:  # as `minfer prefill -c`: phi3's long or short RoPE factors
             self.engine.model.config = cfg.for_context(n_ctx)
         tok = self.engine.tok
-        self.stop_ids = tuple(stop_ids) if stop_ids is not None else (
-            tok.eog_ids if stop_at_eos else ())
+        self.stop_ids = (
+            tuple(stop_ids) if stop_ids is not None else (tok.eog_ids if stop_at_eos else ())
+        )
         self.n_predict, self.logprobs, self.share = n_predict, logprobs, share_prefix
         self.top = min(top, cfg.vocab_size)
         self.prompt_ids, self.chat, self.system, self.source = prompt_ids, chat, system, source
@@ -65,18 +82,20 @@ class MinferPredictor:
             ctx = _column(batch, "n_context", len(index), lambda i: -1)
             out = []
             for v, c in zip(batch["ids"], ctx):
-                ids = np.frombuffer(v, np.int32) if isinstance(v, bytes) else \
-                    np.asarray(v, np.int32)
+                ids = (
+                    np.frombuffer(v, np.int32) if isinstance(v, bytes) else np.asarray(v, np.int32)
+                )
                 out.append((ids, None if int(c) < 0 else int(c)))
             return out
         if "prompt" not in batch:
-            raise BadInput('a MinferPredictor batch needs an "ids" or a "prompt" column, has '
-                           f"{sorted(batch)}")
+            raise BadInput(
+                f'a MinferPredictor batch needs an "ids" or a "prompt" column, has {sorted(batch)}'
+            )
         enc = self.engine._encoder(self.chat, self.system)
         out = []
         for i, p in enumerate(batch["prompt"]):
             p = str(p)
-            try:   # a record's JSON, else plain text
+            try:  # a record's JSON, else plain text
                 rec = json.loads(p) if p[:1] and p[0] in '{["' else p
             except json.JSONDecodeError as e:
                 raise BadInput(f"prompts[{index[i]}]: invalid JSON ({e.msg})") from None
@@ -96,15 +115,23 @@ class MinferPredictor:
         tok = self.engine.tok
 
         def emit(r) -> None:
-            out[r.key] = dumps(record(pids[r.key], r, tok, self.logprobs, self.top,
-                                      self.prompt_ids))
+            out[r.key] = dumps(
+                record(pids[r.key], r, tok, self.logprobs, self.top, self.prompt_ids)
+            )
 
         def describe(j: int) -> str:
             n = int(lines[j])
             return f"{self.source} line {n} (id {pids[j]!r})" if n else f"prompt {index[j]}"
 
-        self.engine.run([(j, ids, first) for j, (ids, first) in enumerate(prompts)],
-                        [len(ids) for ids, _ in prompts], self.n_predict, emit,
-                        logprobs=self.logprobs, share=self.share, stop_ids=self.stop_ids,
-                        top=self.top, describe=describe)
+        self.engine.run(
+            [(j, ids, first) for j, (ids, first) in enumerate(prompts)],
+            [len(ids) for ids, _ in prompts],
+            self.n_predict,
+            emit,
+            logprobs=self.logprobs,
+            share=self.share,
+            stop_ids=self.stop_ids,
+            top=self.top,
+            describe=describe,
+        )
         return {"index": np.asarray(index, np.int64), "record": np.asarray(out, dtype=object)}

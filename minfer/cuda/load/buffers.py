@@ -15,6 +15,7 @@ from minfer.reference.ops import TOP_MAX
 @dataclass
 class DeviceBuffers:
     """Activations for T = ubatch tokens (a chunk uses rows [0, T)), the KV cache, scratch."""
+
     x: object  # f32 [T, d_model] residual
     h16: object  # f16 [T, d_model] normed h
     qkv32: object  # f32 [T * (H + 2 Hkv) * D]: [T, Nq + 2 Nkv] fused, else three [T, N] parts
@@ -46,8 +47,9 @@ class DeviceBuffers:
     rope_none: object = None  # the identity L.RopeTable for layers without RoPE (smollm3)
 
 
-def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
-                  glu_all: bool = False, blk_bytes: int = 0) -> DeviceBuffers:
+def alloc_buffers(
+    rt, c, max_tokens: int, ubatch: int, q8_bytes: int, glu_all: bool = False, blk_bytes: int = 0
+) -> DeviceBuffers:
     """c: the model config (layer_rope: a second RoPE table where the local layers have
     their own; post_norms: the post32 buffer); q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
     blk_bytes: plan["blk operand scratch"] (0: no blk route); glu_all: no f32 gate|up buffer
@@ -61,10 +63,11 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         outside a sequence (another's, or the gap before a 128-aligned start) it masks; masked
         keys weigh 0, and 0 * v must not be 0 * NaN from uninitialised memory."""
         a = e(rt, (max_tokens, Hkv, D), np.float16, what)
-        step = 1 << 30   # pycuda passes the count as a 32-bit unsigned int
+        step = 1 << 30  # pycuda passes the count as a 32-bit unsigned int
         for off in range(0, max_tokens * Hkv * D * 2, step):
             rt.drv.memset_d8(da.ptr(a) + off, 0, min(step, max_tokens * Hkv * D * 2 - off))
         return a
+
     return DeviceBuffers(
         x=e(rt, (T, c.d_model), np.float32, "residual x"),
         h16=e(rt, (T, c.d_model), np.float16, "normed h"),
@@ -86,15 +89,26 @@ def alloc_buffers(rt, c, max_tokens: int, ubatch: int, q8_bytes: int,
         kc=[kv(f"K cache {i}") for i in range(c.n_layers)],
         vc=[kv(f"V cache {i}") for i in range(c.n_layers)],
         # positions of one sequence stay below the context (slots may not, packed)
-        rope=L.RopeTable.build(rt, min(max_tokens, c.n_ctx), c.rope_base, c.rope_dim,
-                               c.rope_scaling),
-        rope_swa=(L.RopeTable.build(rt, min(max_tokens, c.n_ctx), *L.local_rope(c)[0:1],
-                                    c.rope_dim, L.local_rope(c)[1])
-                  if L.local_rope(c) else None),
-        post32=(e(rt, (T, c.d_model), np.float32, "post-norm input")
-                if c.post_norms or c.residual_scale != 1.0 else None),
-        rope_none=(L.RopeTable.identity(rt, min(max_tokens, c.n_ctx), c.rope_dim)
-                   if not all(c.has_rope(il) for il in range(c.n_layers)) else None),
+        rope=L.RopeTable.build(
+            rt, min(max_tokens, c.n_ctx), c.rope_base, c.rope_dim, c.rope_scaling
+        ),
+        rope_swa=(
+            L.RopeTable.build(
+                rt, min(max_tokens, c.n_ctx), *L.local_rope(c)[0:1], c.rope_dim, L.local_rope(c)[1]
+            )
+            if L.local_rope(c)
+            else None
+        ),
+        post32=(
+            e(rt, (T, c.d_model), np.float32, "post-norm input")
+            if c.post_norms or c.residual_scale != 1.0
+            else None
+        ),
+        rope_none=(
+            L.RopeTable.identity(rt, min(max_tokens, c.n_ctx), c.rope_dim)
+            if not all(c.has_rope(il) for il in range(c.n_layers))
+            else None
+        ),
         q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
         blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
     )

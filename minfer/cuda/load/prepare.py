@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-Spec = tuple[str, tuple[str, ...]]   # (kernels/<name>.cu, nvcc options): Runtime.module's key
+Spec = tuple[str, tuple[str, ...]]  # (kernels/<name>.cu, nvcc options): Runtime.module's key
 
 
 @dataclass
@@ -96,8 +96,7 @@ def needed_kernels(backend, lengths=(1,)) -> list[Spec]:
     backend's own Forward (minfer.cuda.forward) on a recording runtime."""
     rec = Recorder(backend.rt)
     fwd = backend.fwd.with_runtime(rec)
-    for T, last in chunk_shapes([min(int(n), backend.max_tokens) for n in lengths],
-                                backend.ubatch):
+    for T, last in chunk_shapes([min(int(n), backend.max_tokens) for n in lengths], backend.ubatch):
         fwd.chunk(T, T, last)
     return sorted(rec.specs)
 
@@ -118,12 +117,16 @@ def prebuild(specs, arch: str, progress: bool = False, workers: int | None = Non
     t0 = time.perf_counter()
     from minfer.host.progress import bar as progress_bar
 
-    bar = progress_bar(progress, total=len(todo), unit="kernel", desc=f"compiling {len(todo)} "
-                       f"kernel{'s' * (len(todo) > 1)} for {arch} (first run only)")
+    bar = progress_bar(
+        progress,
+        total=len(todo),
+        unit="kernel",
+        desc=f"compiling {len(todo)} kernel{'s' * (len(todo) > 1)} for {arch} (first run only)",
+    )
     ex = ThreadPoolExecutor(max_workers=max(1, min(len(todo), workers or os.cpu_count() or 1)))
     try:
         for f in as_completed([ex.submit(compile_cubin, n, arch, o) for n, o in todo]):
-            f.result()   # an nvcc failure: GPUError naming the source
+            f.result()  # an nvcc failure: GPUError naming the source
             if bar is not None:
                 bar.update()
     finally:

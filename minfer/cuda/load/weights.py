@@ -48,15 +48,21 @@ def _raw_rows(t) -> np.ndarray:
     return d.reshape(int(t.shape[0]), -1).view(np.uint8)
 
 
-def load_weights(rt, model, routes: dict[str, tuple[str, str]],
-                 fused: dict[str, tuple[str, int, int]], slot_bytes: int,
-                 progress: bool, glu: frozenset[str] = frozenset()) -> DeviceWeights:
+def load_weights(
+    rt,
+    model,
+    routes: dict[str, tuple[str, str]],
+    fused: dict[str, tuple[str, int, int]],
+    slot_bytes: int,
+    progress: bool,
+    glu: frozenset[str] = frozenset(),
+) -> DeviceWeights:
     """Upload every weight (see the module docstring) from the memory map in chunks of at most
     slot_bytes (upload_slot; plan["upload staging"] is two of them) through the pinned staging
     of minfer.cuda.runtime.upload: a tensor is split by whole rows (split_rows, runs of 8 rows)
     and each chunk copied to its rows of the weight (raw routes) or dequantized into its rows
     of the f16 weight, on the upload stream, while the host reads the next chunk.
-    glu: fused gate|up groups (routes.plan_glu) whose rows go up interleaved per 16 (8 gate
+    glu: fused gate|up groups (fusion.plan_glu) whose rows go up interleaved per 16 (8 gate
     rows, their 8 up rows: quants.glu.glu_rows) for the swiglu epilogue of the f16 GEMM or the
     blk kernel (dequantized rows); their members get no row views."""
     import time
@@ -73,13 +79,13 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
         K = int(m.tensor(n).shape[1])
         groups.setdefault(g, [0, K, n])[0] = max(groups.get(g, [0, K, n])[0], r0 + rows)
     qtypes: dict[str, int] = {}
-    pending: dict[str, tuple[int, int]] = {}   # blk groups: f16 made at their first member
+    pending: dict[str, tuple[int, int]] = {}  # blk groups: f16 made at their first member
     for g, (rows, K, n) in groups.items():
         if TABLE[routes[n][0]].requant:
             pending[g] = (rows, K)
         elif TABLE[routes[n][0]].via_f16:
             w[g] = da.empty(rt, (rows, K), np.float16, f"fused f16 weight {g}")
-        else:   # MMQ: raw blocks, one row of K/256 blocks per weight row
+        else:  # MMQ: raw blocks, one row of K/256 blocks per weight row
             t = m.tensor(n)
             qtypes[g] = t.qtype
             row_bytes = t.data.nbytes // int(t.shape[0])
@@ -88,26 +94,30 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
     emb_qtype = emb_t.qtype
     emb = da.empty(rt, (int(emb_t.data.nbytes),), np.uint8, "quantized embedding table")
     names = list(routes)
-    raw_head = "token_embd.weight" in routes and TABLE[
-        routes["token_embd.weight"][0]].via_f16 is False   # a tied head on its raw bytes
-    total = int(emb_t.data.nbytes) * (1 + ("token_embd.weight" in routes and not raw_head)) + \
-        sum(int(m.tensor(n).data.nbytes) for n in names if n != "token_embd.weight")
-    pb = bar(progress, total=total, desc="upload+dequant", unit="B", unit_scale=True,
-             unit_divisor=1000)
-    stream, rt.stream = rt.stream, up.stream   # dequant kernels queue behind their copies
-    scratch: dict[int, object] = {}            # K -> f16 [1024, K] (interleaved dequant)
-    left: dict[str, int] = {}   # fused group -> members not yet up (blk: requantized when whole)
-    for n, (g, _, _) in fused.items():
+    raw_head = (
+        "token_embd.weight" in routes and TABLE[routes["token_embd.weight"][0]].via_f16 is False
+    )  # a tied head on its raw bytes
+    total = int(emb_t.data.nbytes) * (1 + ("token_embd.weight" in routes and not raw_head)) + sum(
+        int(m.tensor(n).data.nbytes) for n in names if n != "token_embd.weight"
+    )
+    pb = bar(
+        progress, total=total, desc="upload+dequant", unit="B", unit_scale=True, unit_divisor=1000
+    )
+    stream, rt.stream = rt.stream, up.stream  # dequant kernels queue behind their copies
+    scratch: dict[int, object] = {}  # K -> f16 [1024, K] (interleaved dequant)
+    left: dict[str, int] = {}  # fused group -> members not yet up (blk: requantized when whole)
+    for g, _, _ in fused.values():
         left[g] = left.get(g, 0) + 1
     try:
+
         def chunks(raw):
             """(first row, rows, chunk bytes) of raw [N, row bytes], the progress bar along."""
             for r0, n in split_rows(raw.shape[0], raw.shape[1], up.slot_bytes):
-                yield r0, n, raw[r0:r0 + n]
+                yield r0, n, raw[r0 : r0 + n]
                 if pb is not None:
                     pb.update(n * raw.shape[1])
 
-        def copy_rows(raw, dst: int) -> None:   # raw bytes straight into device rows
+        def copy_rows(raw, dst: int) -> None:  # raw bytes straight into device rows
             for r0, _, part in chunks(raw):
                 up.put(part, dst + r0 * raw.shape[1])
 
@@ -133,15 +143,26 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
                     copy_rows(raw, da.ptr(w[n]))
                 continue
             g = fused[n][0] if n in fused else None
-            if g in pending:   # one blk group's f16 alive at a time (_requant_ready frees it)
+            if g in pending:  # one blk group's f16 alive at a time (_requant_ready frees it)
                 w[g] = da.empty(rt, pending.pop(g), np.float16, f"fused f16 weight {g}")
-            if glu_m:   # f16 rows, interleaved into the group
+            if glu_m:  # f16 rows, interleaved into the group
                 g, r0, _ = fused[n]
                 if K not in scratch:
                     scratch[K] = da.empty(rt, (1024, K), np.float16, "glu dequant scratch")
                 for r, k, part in chunks(raw):
-                    _dequant_interleaved(rt, up.put(part), t.qtype, k, K, rb, w[g], r0 > 0,
-                                         scratch[K], dst_row0=2 * r, stream=up.stream)
+                    _dequant_interleaved(
+                        rt,
+                        up.put(part),
+                        t.qtype,
+                        k,
+                        K,
+                        rb,
+                        w[g],
+                        r0 > 0,
+                        scratch[K],
+                        dst_row0=2 * r,
+                        stream=up.stream,
+                    )
                 _requant_ready(rt, n, routes, fused, left, w)
                 continue
             if n in fused:  # a row range of the layer's fused q|k|v or gate|up weight
@@ -153,18 +174,19 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
                 _dequant_f16(rt, up.put(part), t.qtype, k, K, da.rows(out, r, k))
             w[n] = out
             _requant_ready(rt, n, routes, fused, left, w)
-        up.close()   # every copy and dequant done
+        up.close()  # every copy and dequant done
     finally:
         rt.stream = stream
         if pb is not None:
             pb.close()
-    nbytes = total - (int(emb_t.data.nbytes) if "token_embd.weight" in routes and
-                      not raw_head else 0)   # file bytes: a tied f16 head read twice counts once
+    nbytes = total - (
+        int(emb_t.data.nbytes) if "token_embd.weight" in routes and not raw_head else 0
+    )  # file bytes: a tied f16 head read twice counts once
     from minfer.families import schema_of
 
     sch = schema_of(c)
     for i in range(c.n_layers):
-        for name in sch.names(i, "norm"):   # the family's norms, f32 on the device
+        for name in sch.names(i, "norm"):  # the family's norms, f32 on the device
             w[name] = da.to_device(rt, m.dequant(name).reshape(-1).astype(np.float32), name)
             nbytes += int(m.tensor(name).data.nbytes)
         if c.qkv_bias:
@@ -177,11 +199,18 @@ def load_weights(rt, model, routes: dict[str, tuple[str, str]],
             name = f"blk.{i}.attn_qkv.bias"  # for the fused GEMM's output
             w[name] = da.to_device(rt, np.concatenate(bs), name)
     w["output_norm.weight"] = da.to_device(
-        rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm")
+        rt, m.dequant("output_norm.weight").reshape(-1).astype(np.float32), "output_norm"
+    )
     nbytes += int(m.tensor("output_norm.weight").data.nbytes)
     rt.synchronize()
-    return DeviceWeights(w=w, qtypes=qtypes, emb=emb, emb_qtype=emb_qtype, nbytes=nbytes,
-                         seconds=time.perf_counter() - t0)
+    return DeviceWeights(
+        w=w,
+        qtypes=qtypes,
+        emb=emb,
+        emb_qtype=emb_qtype,
+        nbytes=nbytes,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 def _requant_ready(rt, n: str, routes, fused, left: dict, w: dict) -> None:
@@ -229,8 +258,19 @@ def _copy_interleaved(rt, dst, src, n: int, up: bool, dst_row0: int = 0, stream=
         cp(aligned=True)
 
 
-def _dequant_interleaved(rt, raw_dev: int, qtype: int, N: int, K: int, row_bytes: int, dst,
-                         up: bool, tmp, dst_row0: int = 0, stream=None) -> None:
+def _dequant_interleaved(
+    rt,
+    raw_dev: int,
+    qtype: int,
+    N: int,
+    K: int,
+    row_bytes: int,
+    dst,
+    up: bool,
+    tmp,
+    dst_row0: int = 0,
+    stream=None,
+) -> None:
     """A gate (up False) or up member's N quantized rows (on the device at raw_dev) dequantized
     to f16 into the fused group's buffer dst [2N', K] interleaved per 16 rows from dst_row0
     (_copy_interleaved), tmp.shape[0] rows at a time through the f16 scratch tmp [rows, K]
@@ -239,5 +279,6 @@ def _dequant_interleaved(rt, raw_dev: int, qtype: int, N: int, K: int, row_bytes
     for r in range(0, N, rows):
         n = min(rows, N - r)
         _dequant_f16(rt, raw_dev + r * row_bytes, qtype, n, K, da.rows(tmp, 0, n))
-        _copy_interleaved(rt, dst, da.rows(tmp, 0, n), n, up, dst_row0=dst_row0 + 2 * r,
-                          stream=stream)
+        _copy_interleaved(
+            rt, dst, da.rows(tmp, 0, n), n, up, dst_row0=dst_row0 + 2 * r, stream=stream
+        )

@@ -18,7 +18,7 @@ import numpy as np
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.tma import TMA_PARAM_PAD, tmap_f16_2d
 from minfer.errors import GPUError
-from minfer.gguf.arch_keys import GPU_HEAD_DIMS as HEAD_DIMS   # the entries: 64, 96, 128, 256
+from minfer.gguf.arch_keys import GPU_HEAD_DIMS as HEAD_DIMS  # the entries: 64, 96, 128, 256
 
 PAD = 8  # ATT_PAD in attention.cu
 STAGES = 2  # K/V tiles in flight (attention.cu's double buffer)
@@ -28,6 +28,7 @@ STAGES = 2  # K/V tiles in flight (attention.cu's double buffer)
 class AttnGeometry:
     """The kernel's block shape (attention.cu ATT_WARPS / ATT_KEYS, passed as -D options):
     `warps` warps of 16 (token, group-head) rows, K/V tiles of `keys` keys."""
+
     warps: int
     keys: int
 
@@ -42,17 +43,17 @@ class AttnGeometry:
 # 8 warps x 128-key tiles: on the H200 at the 8B shape (Hq 32, Hkv 8, D 128) 21.8 / 172.2 us at
 # T = 512 / 2048 against 27.4 / 219.6 for 4 x 64 (interleaved, event-timed)
 DEFAULT = AttnGeometry(warps=8, keys=128)
-SMALL = AttnGeometry(warps=4, keys=64)   # where DEFAULT's smem is over the GPU's opt-in cap
+SMALL = AttnGeometry(warps=4, keys=64)  # where DEFAULT's smem is over the GPU's opt-in cap
 
 
-WG_ROWS, WG_STAGES = 128, 3   # attention_sm90a.cu: 2 consumer warpgroups of 64 rows, 3 stages
-WG_HEAD_DIMS = (64, 128)      # its entries (96 and 256 run attention.cu)
+WG_ROWS, WG_STAGES = 128, 3  # attention_sm90a.cu: 2 consumer warpgroups of 64 rows, 3 stages
+WG_HEAD_DIMS = (64, 128)  # its entries (96 and 256 run attention.cu)
 # H100, 32:8 heads, head_dim 128, interleaved (TFLOP/s at 2,048 / 8,192 / 16,384 / 32,768 tokens):
 # one block per item on cp.async 354 / 495 / 517 / 520, persistent 380 / 515 / 528 / 537,
 # persistent with TMA 391 / 598 / 618 / 612
-WG_PERSISTENT = True          # wg_blocks' default: one block per SM walking the items
-WG_TMA = True                 # full K/V tiles by TMA (attn_wg_tma_d*), else cp.async
-WG_TMA_MAGIC = 0x41545431     # attention_sm90a.cu ATT_WG_TMA_MAGIC
+WG_PERSISTENT = True  # wg_blocks' default: one block per SM walking the items
+WG_TMA = True  # full K/V tiles by TMA (attn_wg_tma_d*), else cp.async
+WG_TMA_MAGIC = 0x41545431  # attention_sm90a.cu ATT_WG_TMA_MAGIC
 
 
 def wg_smem_bytes(head_dim: int) -> int:
@@ -75,8 +76,8 @@ def wg_blocks(sm_count: int, T: int, G: int, Hkv: int, persistent: bool = WG_PER
     return min(n, sm_count) if persistent else n
 
 
-TOK_WARPS, TOK_G = 8, 4   # attention_tok.cu: threads of a block / query heads per block
-TOK_ROWS_PER_SEQ = 2     # per_token_pays: at most this many tokens per sequence on average
+TOK_WARPS, TOK_G = 8, 4  # attention_tok.cu: threads of a block / query heads per block
+TOK_ROWS_PER_SEQ = 2  # per_token_pays: at most this many tokens per sequence on average
 
 
 def per_token_pays(tok: np.ndarray) -> bool:
@@ -89,14 +90,18 @@ def per_token_pays(tok: np.ndarray) -> bool:
 
 
 def pick_impl(rt, T: int, G: int, head_dim: int, per_token: bool = False) -> str:
-    """"tok" (attention_tok.cu) for a decode step's layout (per_token: per_token_pays);
+    """ "tok" (attention_tok.cu) for a decode step's layout (per_token: per_token_pays);
     else "wg" (attention_sm90a.cu) for chunks of at least one 128-row block on sm_90, at its
     head dims, where its shared memory fits; "mma" (attention.cu) on other GPUs, for smaller
     chunks and for head_dim 96 / 256."""
     if per_token:
         return "tok"
-    if (rt.arch == "sm_90" and T * G >= WG_ROWS and head_dim in WG_HEAD_DIMS
-            and wg_smem_bytes(head_dim) <= rt.smem_optin):
+    if (
+        rt.arch == "sm_90"
+        and T * G >= WG_ROWS
+        and head_dim in WG_HEAD_DIMS
+        and wg_smem_bytes(head_dim) <= rt.smem_optin
+    ):
         return "wg"
     return "mma"
 
@@ -121,11 +126,26 @@ def pick_geometry(rt, head_dim: int) -> AttnGeometry:
     return DEFAULT if smem_bytes(head_dim, DEFAULT) <= rt.smem_optin else SMALL
 
 
-def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
-              geom: AttnGeometry | None = None, impl: str | None = None, operand=None,
-              o_out: bool = True, scale: float | None = None, window: int = 0,
-              softcap: float = 0.0, build_opts: tuple = (), blocks: int | None = None,
-              tma: bool | None = None) -> None:
+def attention(
+    rt,
+    o,
+    q,
+    kc,
+    vc,
+    pos0: int,
+    tok=None,
+    hi: int | None = None,
+    geom: AttnGeometry | None = None,
+    impl: str | None = None,
+    operand=None,
+    o_out: bool = True,
+    scale: float | None = None,
+    window: int = 0,
+    softcap: float = 0.0,
+    build_opts: tuple = (),
+    blocks: int | None = None,
+    tma: bool | None = None,
+) -> None:
     """o f16 [T, Hq, D] = causal softmax(q k^T * scale) v, scale 1 / sqrt(D) unless given.
 
     q: f16 [T, Hq, D] at positions pos0..pos0+T-1; kc, vc: f16 [S, Hkv, D] caches holding
@@ -160,15 +180,17 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
     if D not in HEAD_DIMS:
         raise GPUError(f"attention: head_dim {D} not supported (supported: {HEAD_DIMS})")
     if window < 0 or not softcap >= 0 or (scale is not None and not scale > 0):
-        raise GPUError(f"attention: bad options (window {window}, softcap {softcap}, "
-                       f"scale {scale})")
+        raise GPUError(
+            f"attention: bad options (window {window}, softcap {softcap}, scale {scale})"
+        )
     if Hq % Hkv:
         raise GPUError(f"attention: {Hq} query heads not a multiple of {Hkv} KV heads")
     if tok is not None:
         da.check("attention tok", tok, (T, 2), np.int32, align=8)
         if hi is None or not 0 < hi <= S:
-            raise GPUError(f"attention: the layout's slots (below {hi}) exceed the cache's {S} "
-                           "rows")
+            raise GPUError(
+                f"attention: the layout's slots (below {hi}) exceed the cache's {S} rows"
+            )
     elif pos0 < 0 or pos0 + T > S:
         raise GPUError(f"attention: positions [{pos0}, {pos0 + T}) exceed the cache's {S} rows")
     G = Hq // Hkv
@@ -179,15 +201,20 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
         from minfer.quants.blk_ref import blk_shape, pad128
 
         if operand is None or impl != "wg" or D != 128:
-            raise GPUError(f"attention: the token operand from the epilogue needs the wgmma "
-                           f"kernel at head_dim 128 (kernel {impl}, head_dim {D})"
-                           if operand is not None else "attention: o_out False needs operand")
+            raise GPUError(
+                f"attention: the token operand from the epilogue needs the wgmma "
+                f"kernel at head_dim 128 (kernel {impl}, head_dim {D})"
+                if operand is not None
+                else "attention: o_out False needs operand"
+            )
         da.check("attention operand", operand, blk_shape(T, Hq * D), np.uint8, align=16)
         extra = (da.arg(operand), np.int32(pad128(T)))
     if impl == "wg":
         if rt.arch != "sm_90" or D not in WG_HEAD_DIMS:
-            raise GPUError(f"attention: the wgmma kernel needs sm_90 (this GPU is {rt.arch}) "
-                           f"and head_dim {' or '.join(map(str, WG_HEAD_DIMS))} (got {D})")
+            raise GPUError(
+                f"attention: the wgmma kernel needs sm_90 (this GPU is {rt.arch}) "
+                f"and head_dim {' or '.join(map(str, WG_HEAD_DIMS))} (got {D})"
+            )
         rows, threads, smem = WG_ROWS, 384, wg_smem_bytes(D)
         n_blocks = wg_blocks(rt.sm_count, T, G, Hkv) if blocks is None else int(blocks)
         if n_blocks < 1:
@@ -202,24 +229,49 @@ def attention(rt, o, q, kc, vc, pos0: int, tok=None, hi: int | None = None,
         geom = pick_geometry(rt, D) if geom is None else geom
         rows, threads, smem = geom.rows, 32 * geom.warps, smem_bytes(D, geom)
         if smem > rt.smem_optin:
-            raise GPUError(f"attention: {geom} needs {smem} B of shared memory, over this "
-                           f"GPU's {rt.smem_optin}")
+            raise GPUError(
+                f"attention: {geom} needs {smem} B of shared memory, over this "
+                f"GPU's {rt.smem_optin}"
+            )
         fn = rt.function("attention", f"attn_fwd_d{D}", geom.options(), dyn_smem=smem)
     else:
         raise GPUError(f"attention: unknown kernel {impl!r} (mma, wg, tok)")
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     scale_log2 = np.float32(math.log2(math.e) * scale)
-    cap_s = np.float32(softcap / scale if softcap > 0 else 0.0)   # attention_common.cuh
+    cap_s = np.float32(softcap / scale if softcap > 0 else 0.0)  # attention_common.cuh
     p_arg, p_ptr = (pos0, np.uintp(0)) if tok is None else (0, da.arg(tok))
-    grid = ((T, Hkv, -(-G // TOK_G)) if impl == "tok" else (n_blocks,) if impl == "wg"
-            else ((T * G + rows - 1) // rows, Hkv))
-    args = (da.arg(q), np.int64(Hq * D), da.arg(kc), da.arg(vc),
-            da.arg(o) if o_out else np.uintp(0), np.int64(Hq * D), np.int32(T), np.int32(Hq),
-            np.int32(Hkv), np.int32(p_arg), p_ptr, scale_log2, np.int32(window), cap_s)
-    if impl == "wg" and tma:   # the caches as [S, Hkv D] tensor maps, boxes of 128 keys
+    grid = (
+        (T, Hkv, -(-G // TOK_G))
+        if impl == "tok"
+        else (n_blocks,)
+        if impl == "wg"
+        else ((T * G + rows - 1) // rows, Hkv)
+    )
+    args = (
+        da.arg(q),
+        np.int64(Hq * D),
+        da.arg(kc),
+        da.arg(vc),
+        da.arg(o) if o_out else np.uintp(0),
+        np.int64(Hq * D),
+        np.int32(T),
+        np.int32(Hq),
+        np.int32(Hkv),
+        np.int32(p_arg),
+        p_ptr,
+        scale_log2,
+        np.int32(window),
+        cap_s,
+    )
+    if impl == "wg" and tma:  # the caches as [S, Hkv D] tensor maps, boxes of 128 keys
         maps = tuple(tmap_f16_2d(da.ptr(c), S, Hkv * D, WG_ROWS) for c in (kc, vc))
-        args = (TMA_PARAM_PAD, *maps, *args, *(extra or (np.uintp(0), np.int32(0))),
-                np.int32(WG_TMA_MAGIC))
+        args = (
+            TMA_PARAM_PAD,
+            *maps,
+            *args,
+            *(extra or (np.uintp(0), np.int32(0))),
+            np.int32(WG_TMA_MAGIC),
+        )
     else:
         args = (*args, *extra)
     rt.launch(fn, grid, (threads,), args, smem=smem)

@@ -70,8 +70,9 @@ def _grid(rt, n_items: int, cfg: DequantConfig) -> int:
     return max(1, min(n_items, rt.sm_count * cfg.ctas_per_sm))
 
 
-def dequant_f16(rt, src_dev, qtype: int, N: int, K: int, out_dev=None,
-                cfg: DequantConfig | None = None):
+def dequant_f16(
+    rt, src_dev, qtype: int, N: int, K: int, out_dev=None, cfg: DequantConfig | None = None
+):
     """src_dev: raw rows [N, row_bytes] of qtype -> out_dev: f16 [N, K] (allocated if None)."""
     cfg = cfg or DequantConfig()
     t = traits_of(qtype, "dequant_f16")
@@ -86,13 +87,24 @@ def dequant_f16(rt, src_dev, qtype: int, N: int, K: int, out_dev=None,
         return out_dev
     fn = rt.function(KERNEL, f"dq_f16_{kernel_suffix(t)}")
     n_items = items_per_row(t, N * K)  # the kernel treats the tensor as one flat row
-    rt.launch(fn, (_grid(rt, n_items, cfg),), (THREADS,),
-              (src, np.int64(src_bytes), out, np.int64(N * K)))
+    rt.launch(
+        fn, (_grid(rt, n_items, cfg),), (THREADS,), (src, np.int64(src_bytes), out, np.int64(N * K))
+    )
     return out_dev
 
 
-def embed_rows(rt, table_dev, qtype: int, ids_dev, T: int, K: int, out_dev, *, V: int,
-               cfg: DequantConfig | None = None):
+def embed_rows(
+    rt,
+    table_dev,
+    qtype: int,
+    ids_dev,
+    T: int,
+    K: int,
+    out_dev,
+    *,
+    V: int,
+    cfg: DequantConfig | None = None,
+):
     """table_dev: raw rows [V, row_bytes] of qtype; ids_dev: int32 [T] -> out_dev: f32 [T, K]."""
     cfg = cfg or DequantConfig()
     t = traits_of(qtype, "embed_rows")
@@ -109,9 +121,12 @@ def embed_rows(rt, table_dev, qtype: int, ids_dev, T: int, K: int, out_dev, *, V
         return out_dev
     fn = rt.function(KERNEL, f"embed_{kernel_suffix(t)}")
     n_items = T * items_per_row(t, K)
-    rt.launch(fn, (_grid(rt, n_items, cfg),), (THREADS,),
-              (table, np.int64(V * rb), np.int64(rb), np.int64(V), ids, np.int32(T), out,
-               np.int64(K)))
+    rt.launch(
+        fn,
+        (_grid(rt, n_items, cfg),),
+        (THREADS,),
+        (table, np.int64(V * rb), np.int64(rb), np.int64(V), ids, np.int32(T), out, np.int64(K)),
+    )
     return out_dev
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.tma import TMA_PARAM_PAD, tmap_f16_2d
 from minfer.errors import BadInput
-from minfer.quants.glu import glu_act   # the glu modes' activations (the blk kernel's too)
+from minfer.quants.glu import glu_act  # the glu modes' activations (the blk kernel's too)
 
 MODE_F32, MODE_F16, MODE_ACC, MODE_GLU, MODE_ROPE, MODE_GEGLU = 0, 1, 2, 3, 4, 5
 # glu or rope at M == 1 (the GEMV has neither epilogue)
@@ -58,8 +58,10 @@ class Tile:
 
     @property
     def entry(self) -> str:
-        return (f"gemm_f16_nt_{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
-                f"_s{self.stages}")
+        return (
+            f"gemm_f16_nt_{self.bm}x{self.bn}x{self.bk}_w{self.warps_m}x{self.warps_n}"
+            f"_s{self.stages}"
+        )
 
     @property
     def threads(self) -> int:
@@ -69,7 +71,7 @@ class Tile:
     def smem(self) -> int:  # dynamic shared memory, bytes
         return self.stages * (self.bm + self.bn) * self.bk * 2
 
-    def grid(self, M: int, N: int, sm_count: int = 132) -> int:   # one block per tile
+    def grid(self, M: int, N: int, sm_count: int = 132) -> int:  # one block per tile
         return -(-M // self.bm) * -(-N // self.bn)
 
 
@@ -114,7 +116,7 @@ class WgmmaTile:
     def smem(self) -> int:  # stages of [bm + bn, 64] f16 tiles + 1 KB for manual alignment
         return self.stages * (self.bm + self.bn) * 128 + 1024
 
-    def grid(self, M: int, N: int, sm_count: int = 132) -> int:   # one block per tile
+    def grid(self, M: int, N: int, sm_count: int = 132) -> int:  # one block per tile
         return -(-M // self.bm) * -(-N // self.bn)
 
 
@@ -150,14 +152,25 @@ class TmaTile:
 
 # Every compiled variant, by entry name (constant table: the .cu's entry list, pinned by a test).
 # (only entries pick_variant reaches: a tile it never picks is not compiled)
-TILES = {t.entry: t for t in (
-    Tile(128, 128, 64, 2, 2, 3), Tile(64, 128, 32, 2, 2, 4), Tile(64, 64, 64, 2, 2, 4),
-    Tile(32, 64, 64, 1, 4, 4),
-)}
+TILES = {
+    t.entry: t
+    for t in (
+        Tile(128, 128, 64, 2, 2, 3),
+        Tile(64, 128, 32, 2, 2, 4),
+        Tile(64, 64, 64, 2, 2, 4),
+        Tile(32, 64, 64, 1, 4, 4),
+    )
+}
 GEMVS = {g.entry: g for g in (Gemv(4), Gemv(1))}
-WGMMA = {t.entry: t for t in (
-    WgmmaTile(128, 256, 3), WgmmaTile(128, 128, 4), WgmmaTile(64, 128, 4), WgmmaTile(64, 64, 4),
-)}
+WGMMA = {
+    t.entry: t
+    for t in (
+        WgmmaTile(128, 256, 3),
+        WgmmaTile(128, 128, 4),
+        WgmmaTile(64, 128, 4),
+        WgmmaTile(64, 64, 4),
+    )
+}
 TMA = {t.entry: t for t in (TmaTile(256, 4), TmaTile(192, 5), TmaTile(128, 6))}
 # each TMA tile's speed per tile against 128 x 256's, measured on the H200 at M = 2048
 TMA_TILE_SPEED = {256: 1.0, 192: 0.975, 128: 0.95}
@@ -184,8 +197,11 @@ def pick_variant(M: int, N: int, K: int, sm_count: int = 132, arch: str = "sm_90
         tma = _pick_tma(M, N, sm_count)
         if tma is not None:
             return tma
-        for entry in ("wgmma_f16_nt_128x256x64_s3", "wgmma_f16_nt_128x128x64_s4",
-                      "wgmma_f16_nt_64x128x64_s4"):
+        for entry in (
+            "wgmma_f16_nt_128x256x64_s3",
+            "wgmma_f16_nt_128x128x64_s4",
+            "wgmma_f16_nt_64x128x64_s4",
+        ):
             if WGMMA[entry].grid(M, N) >= fill:
                 return entry
         return "wgmma_f16_nt_64x64x64_s4"
@@ -203,8 +219,8 @@ def rope_epilogue_pays(M: int, N: int, sm_count: int = 132, arch: str = "sm_90")
     (0.98x): with more tiles than SMs, mode 0's stores drain under the next tile's mainloop,
     while the rope epilogue's table loads hold the consumers."""
     if M <= 1:
-        return False   # the GEMV takes f32 out and the rope launch (EPILOGUE_TILE is slower)
-    kern = VARIANTS[pick_variant(M, N, 8, sm_count, arch)]   # (the pick does not read K)
+        return False  # the GEMV takes f32 out and the rope launch (EPILOGUE_TILE is slower)
+    kern = VARIANTS[pick_variant(M, N, 8, sm_count, arch)]  # (the pick does not read K)
     tiles = kern.tiles(M, N) if isinstance(kern, TmaTile) else kern.grid(M, N, sm_count)
     return tiles <= sm_count
 
@@ -222,8 +238,10 @@ def _pick_tma(M: int, N: int, sm_count: int) -> str | None:
     with 96 of 128 x 256; o and down (N = 4096) take 128 x 128 (128 tiles)."""
     if TMA["wgmma_f16_tma_128x128x64_s6"].tiles(M, N) < 0.75 * sm_count:
         return None
-    best = max(TMA.values(), key=lambda t: (round(_wave_fill(t.tiles(M, N), sm_count) *
-                                                  TMA_TILE_SPEED[t.bn], 6), t.bn))
+    best = max(
+        TMA.values(),
+        key=lambda t: (round(_wave_fill(t.tiles(M, N), sm_count) * TMA_TILE_SPEED[t.bn], 6), t.bn),
+    )
     return best.entry
 
 
@@ -241,9 +259,14 @@ class RopeRef:
     pos0: int = 0
 
 
-def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
-                    accumulate: np.ndarray | None = None, glu: bool | str = False,
-                    rope: RopeRef | None = None):
+def gemm_f16_nt_ref(
+    a: np.ndarray,
+    b: np.ndarray,
+    out_dtype=np.float32,
+    accumulate: np.ndarray | None = None,
+    glu: bool | str = False,
+    rope: RopeRef | None = None,
+):
     """(a.f32 @ b.f32.T) -> out_dtype; with `accumulate` (f32 [M, N]): accumulate + a @ b.T;
     with `glu` (b interleaved per glu_rows; True or "silu", "gelu": quants.glu.glu_act): f16
     act(gate) * up [M, N / 2], each op in f32 (ops.swiglu / ops.geglu);
@@ -260,22 +283,23 @@ def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
         from minfer.reference.ops import rope as rope_op
 
         if N != rope.qd + 2 * rope.kd:
-            raise BadInput(f"gemm_f16_nt: rope needs N = qd + 2 kd = {rope.qd + 2 * rope.kd}, "
-                           f"got N={N}")
+            raise BadInput(
+                f"gemm_f16_nt: rope needs N = qd + 2 kd = {rope.qd + 2 * rope.kd}, got N={N}"
+            )
         pos = np.arange(rope.pos0, rope.pos0 + M)
         D = rope.head_dim
 
-        def roped(x):   # [M, H*D] f32 -> f16, adjacent pairs (non-neox)
+        def roped(x):  # [M, H*D] f32 -> f16, adjacent pairs (non-neox)
             y = rope_op(x.reshape(M, -1, D), pos, rope.base, rope.rope_dim, False)
             return y.reshape(M, -1).astype(np.float16)
 
-        q, k = c[:, :rope.qd], c[:, rope.qd:rope.qd + rope.kd]
-        return roped(q), roped(k), c[:, rope.qd + rope.kd:].astype(np.float16)
+        q, k = c[:, : rope.qd], c[:, rope.qd : rope.qd + rope.kd]
+        return roped(q), roped(k), c[:, rope.qd + rope.kd :].astype(np.float16)
     if act:
         from minfer.reference.ops import geglu, swiglu
 
         fn = geglu if act == "gelu" else swiglu
-        c = c.reshape(M, N // 16, 2, 8)   # per 16 columns: 8 gate, then the same 8 features' up
+        c = c.reshape(M, N // 16, 2, 8)  # per 16 columns: 8 gate, then the same 8 features' up
         return fn(c[:, :, 0], c[:, :, 1]).astype(np.float16).reshape(M, N // 2)
     if accumulate is not None:
         return accumulate.astype(np.float32) + c
@@ -285,15 +309,20 @@ def gemm_f16_nt_ref(a: np.ndarray, b: np.ndarray, out_dtype=np.float32,
 # ---- validation (pure Python: the same messages on every path) -------------------------------
 def _check_shapes(ashape, bshape, adt, bdt) -> tuple[int, int, int]:
     if np.dtype(adt) != np.float16 or np.dtype(bdt) != np.float16:
-        raise BadInput(f"gemm_f16_nt: A and B must be float16, got {np.dtype(adt)} and "
-                       f"{np.dtype(bdt)}")
+        raise BadInput(
+            f"gemm_f16_nt: A and B must be float16, got {np.dtype(adt)} and {np.dtype(bdt)}"
+        )
     if len(ashape) != 2 or len(bshape) != 2:
-        raise BadInput(f"gemm_f16_nt: A [M, K] and B [N, K] must be 2-D, got {tuple(ashape)} "
-                       f"and {tuple(bshape)}")
+        raise BadInput(
+            f"gemm_f16_nt: A [M, K] and B [N, K] must be 2-D, got {tuple(ashape)} "
+            f"and {tuple(bshape)}"
+        )
     (M, K), (N, Kb) = ashape, bshape
     if K != Kb:
-        raise BadInput(f"gemm_f16_nt: inner dimensions differ: A {tuple(ashape)} vs B "
-                       f"{tuple(bshape)} (B is [N, K])")
+        raise BadInput(
+            f"gemm_f16_nt: inner dimensions differ: A {tuple(ashape)} vs B "
+            f"{tuple(bshape)} (B is [N, K])"
+        )
     if M < 1 or N < 1 or K < 1:
         raise BadInput(f"gemm_f16_nt: empty problem M={M} N={N} K={K}")
     if K % 8:
@@ -312,23 +341,37 @@ def _check_out(out_dtype, accumulate, M: int, N: int, glu: bool | str = False):
         if accumulate is not None or out_dtype != np.float16:
             raise BadInput("gemm_f16_nt: glu writes float16 and does not accumulate")
         if N % 16:
-            raise BadInput(f"gemm_f16_nt: glu needs a gate|up weight of N % 16 == 0 rows, "
-                           f"got N={N}")
+            raise BadInput(
+                f"gemm_f16_nt: glu needs a gate|up weight of N % 16 == 0 rows, got N={N}"
+            )
     if out_dtype not in (np.float32, np.float16):
         raise BadInput(f"gemm_f16_nt: out_dtype must be float32 or float16, got {out_dtype}")
     if accumulate is not None:
         if out_dtype != np.float32 or np.dtype(accumulate.dtype) != np.float32:
             raise BadInput("gemm_f16_nt: accumulate needs a float32 buffer and out_dtype float32")
         if tuple(accumulate.shape) != (M, N):
-            raise BadInput(f"gemm_f16_nt: accumulate buffer is {tuple(accumulate.shape)}, "
-                           f"expected [M, N] = ({M}, {N})")
+            raise BadInput(
+                f"gemm_f16_nt: accumulate buffer is {tuple(accumulate.shape)}, "
+                f"expected [M, N] = ({M}, {N})"
+            )
     return out_dtype, glu
 
 
 # ---- device side ------------------------------------------------------------------------------
-def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None,
-                variant: str | None = None, stream=None, glu: bool | str = False, rope=None,
-                hi: int | None = None):
+def gemm_f16_nt(
+    a,
+    b,
+    out_dtype=np.float32,
+    accumulate=None,
+    *,
+    out=None,
+    rt=None,
+    variant: str | None = None,
+    stream=None,
+    glu: bool | str = False,
+    rope=None,
+    hi: int | None = None,
+):
     """C = A @ B^T on the GPU (same semantics as gemm_f16_nt_ref); returns C (a GPUArray).
 
     a: f16 [M, K], b: f16 [N, K] GPUArrays. With `accumulate` (f32 [M, N]) the product is added
@@ -353,8 +396,9 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         rt = get_runtime()
     if rope is not None:
         if glu or accumulate is not None or out is not None:
-            raise BadInput("gemm_f16_nt: rope writes q16 and the KV cache: no out, accumulate "
-                           "or glu")
+            raise BadInput(
+                "gemm_f16_nt: rope writes q16 and the KV cache: no out, accumulate or glu"
+            )
         rope.check(M, N, M if hi is None else hi)
     v = variant or pick_variant(M, N, K, rt.sm_count, rt.arch)
     if (glu or rope is not None) and v in GEMVS and variant is None:
@@ -365,11 +409,10 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
     if isinstance(kern, Gemv) and M != 1:
         raise BadInput(f"gemm_f16_nt: variant {v} handles M == 1 only (M={M})")
     if isinstance(kern, Gemv) and (glu or rope is not None):
-        raise BadInput(f"gemm_f16_nt: variant {v} has no glu or rope epilogue (a tile kernel "
-                       f"has)")
+        raise BadInput(f"gemm_f16_nt: variant {v} has no glu or rope epilogue (a tile kernel has)")
     if isinstance(kern, (WgmmaTile, TmaTile)) and rt.arch != "sm_90":
         raise BadInput(f"gemm_f16_nt: variant {v} needs an sm_90 GPU (this one is {rt.arch})")
-    if rope is not None:   # C: the device RopeQkv struct (kernels/rope.cuh)
+    if rope is not None:  # C: the device RopeQkv struct (kernels/rope.cuh)
         c, mode = rope.dev, MODE_ROPE
     elif accumulate is not None:
         if out is not None:
@@ -380,20 +423,41 @@ def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=Non
         if out is None:
             out = da.empty(rt, (M, No), out_dtype, "gemm output")  # cuMemAlloc: 256 B aligned
         elif tuple(out.shape) != (M, No) or np.dtype(out.dtype) != out_dtype:
-            raise BadInput(f"gemm_f16_nt: out is {tuple(out.shape)} {np.dtype(out.dtype)}, "
-                           f"expected ({M}, {No}) {out_dtype}")
-        c, mode = out, (MODE_GEGLU if glu == "gelu" else MODE_GLU if glu else
-                        MODE_F32 if out_dtype == np.float32 else MODE_F16)
+            raise BadInput(
+                f"gemm_f16_nt: out is {tuple(out.shape)} {np.dtype(out.dtype)}, "
+                f"expected ({M}, {No}) {out_dtype}"
+            )
+        c, mode = (
+            out,
+            (
+                MODE_GEGLU
+                if glu == "gelu"
+                else MODE_GLU
+                if glu
+                else MODE_F32
+                if out_dtype == np.float32
+                else MODE_F16
+            ),
+        )
     fn = rt.function(kern.file, kern.entry, options=kern.options, dyn_smem=kern.smem)
     i32 = np.int32
     if isinstance(kern, Gemv):
         args = (da.arg(a), da.arg(b), da.arg(c), i32(N), i32(K), i32(mode))
-    elif isinstance(kern, TmaTile):   # the operands as tensor maps, by value
-        args = (TMA_PARAM_PAD, tmap_f16_2d(da.ptr(a), M, K, 128),
-                tmap_f16_2d(da.ptr(b), N, K, kern.bn), da.arg(c), i32(M), i32(N), i32(K),
-                i32(mode), i32(TMA_MAGIC))
+    elif isinstance(kern, TmaTile):  # the operands as tensor maps, by value
+        args = (
+            TMA_PARAM_PAD,
+            tmap_f16_2d(da.ptr(a), M, K, 128),
+            tmap_f16_2d(da.ptr(b), N, K, kern.bn),
+            da.arg(c),
+            i32(M),
+            i32(N),
+            i32(K),
+            i32(mode),
+            i32(TMA_MAGIC),
+        )
     else:
         args = (da.arg(a), da.arg(b), da.arg(c), i32(M), i32(N), i32(K), i32(mode))
-    rt.launch(fn, (kern.grid(M, N, rt.sm_count),), (kern.threads,), args, smem=kern.smem,
-              stream=stream)
+    rt.launch(
+        fn, (kern.grid(M, N, rt.sm_count),), (kern.threads,), args, smem=kern.smem, stream=stream
+    )
     return rope if rope is not None else c

@@ -17,8 +17,12 @@ def scale(rt, y, s: float) -> None:
     """y f32 (any shape) *= s (rounded per element, as numpy's float32 product)."""
     da.check("scale y", y, None, np.float32)
     n = int(y.size)
-    rt.launch(rt.function(_F, "scale_f32"), ((n + 255) // 256,), (256,),
-              (da.arg(y), np.int64(n), np.float32(s)))
+    rt.launch(
+        rt.function(_F, "scale_f32"),
+        ((n + 255) // 256,),
+        (256,),
+        (da.arg(y), np.int64(n), np.float32(s)),
+    )
 
 
 def softcap(rt, y, cap: float) -> None:
@@ -28,8 +32,12 @@ def softcap(rt, y, cap: float) -> None:
         raise GPUError(f"softcap: cap must be > 0, got {cap}")
     n = int(y.size)
     inv = np.float32(1.0) / np.float32(cap)
-    rt.launch(rt.function(_F, "softcap_f32"), ((n + 255) // 256,), (256,),
-              (da.arg(y), np.int64(n), np.float32(cap), inv))
+    rt.launch(
+        rt.function(_F, "softcap_f32"),
+        ((n + 255) // 256,),
+        (256,),
+        (da.arg(y), np.int64(n), np.float32(cap), inv),
+    )
 
 
 def geglu(rt, y, g, u=None) -> None:
@@ -59,8 +67,12 @@ def geglu_interleaved(rt, y, gu) -> None:
 
 def geglu_rows(rt, y, g: int, u: int, ldg: int, T: int, F: int) -> None:
     """geglu_f32_f16 over T rows of F features (f32 gate / up rows of stride ldg at g / u)."""
-    rt.launch(rt.function(_F, "geglu_f32_f16"), ((F + 255) // 256, T), (256,),
-              (da.arg(y), np.int64(F), np.uintp(g), np.uintp(u), np.int64(ldg), np.int32(F)))
+    rt.launch(
+        rt.function(_F, "geglu_f32_f16"),
+        ((F + 255) // 256, T),
+        (256,),
+        (da.arg(y), np.int64(F), np.uintp(g), np.uintp(u), np.int64(ldg), np.int32(F)),
+    )
 
 
 def rmsnorm_add(rt, x, t, w, eps: float) -> None:
@@ -69,8 +81,12 @@ def rmsnorm_add(rt, x, t, w, eps: float) -> None:
     T, D = x.shape
     da.check("post norm t", t, (T, D), np.float32, align=16)
     da.check("post norm w", w, (D,), np.float32)
-    rt.launch(rt.function(_F, "rmsnorm_add_f32"), (T,), (256,),
-              (da.arg(x), da.arg(t), da.arg(w), np.int32(D), np.float32(eps)))
+    rt.launch(
+        rt.function(_F, "rmsnorm_add_f32"),
+        (T,),
+        (256,),
+        (da.arg(x), da.arg(t), da.arg(w), np.int32(D), np.float32(eps)),
+    )
 
 
 def scale_add(rt, x, t, s: float) -> None:
@@ -79,5 +95,9 @@ def scale_add(rt, x, t, s: float) -> None:
     da.check("scale_add x", x, None, np.float32)
     da.check("scale_add t", t, tuple(x.shape), np.float32)
     n = int(x.size)
-    rt.launch(rt.function(_F, "scale_add_f32"), ((n + 255) // 256,), (256,),
-              (da.arg(x), da.arg(t), np.int64(n), np.float32(s)))
+    rt.launch(
+        rt.function(_F, "scale_add_f32"),
+        ((n + 255) // 256,),
+        (256,),
+        (da.arg(x), da.arg(t), np.int64(n), np.float32(s)),
+    )

@@ -37,17 +37,26 @@ class RopeTable:
         from minfer.reference.ops import rope_cos_sin
 
         c, s = rope_cos_sin(np.arange(n_pos), base, rope_dim, np.float32, scaling)
-        return cls(da.to_device(rt, c.astype(np.float32), "rope cos table"),
-                   da.to_device(rt, s.astype(np.float32), "rope sin table"), n_pos, rope_dim,
-                   base)
+        return cls(
+            da.to_device(rt, c.astype(np.float32), "rope cos table"),
+            da.to_device(rt, s.astype(np.float32), "rope sin table"),
+            n_pos,
+            rope_dim,
+            base,
+        )
 
     @classmethod
     def identity(cls, rt, n_pos: int, rope_dim: int) -> "RopeTable":
         """cos 1, sin 0: a rotation that leaves q and k as they are (a layer without RoPE,
         smollm3's every 4th: a*1 - b*0 is a exactly), for the kernels that read a table."""
         c = np.ones((n_pos, rope_dim // 2), np.float32)
-        return cls(da.to_device(rt, c, "no-rope cos table"),
-                   da.to_device(rt, np.zeros_like(c), "no-rope sin table"), n_pos, rope_dim, 0.0)
+        return cls(
+            da.to_device(rt, c, "no-rope cos table"),
+            da.to_device(rt, np.zeros_like(c), "no-rope sin table"),
+            n_pos,
+            rope_dim,
+            0.0,
+        )
 
 
 def local_rope(c):
@@ -67,8 +76,12 @@ def rmsnorm(rt, y, x, w, eps: float) -> None:
     da.check("rmsnorm y", y, (T, D), (np.float16, np.float32))
     entry = "rmsnorm_f32_f16" if y.dtype == np.float16 else "rmsnorm_f32_f32"
     fn = rt.function(_F, entry)
-    rt.launch(fn, (T,), (256,), (da.arg(y), np.int32(D), da.arg(x), np.int32(D), da.arg(w),
-                                 np.int32(D), np.float32(eps)))
+    rt.launch(
+        fn,
+        (T,),
+        (256,),
+        (da.arg(y), np.int32(D), da.arg(x), np.int32(D), da.arg(w), np.int32(D), np.float32(eps)),
+    )
 
 
 def rmsnorm_rows(rt, y, x, rows, w, eps: float) -> None:
@@ -82,9 +95,21 @@ def rmsnorm_rows(rt, y, x, rows, w, eps: float) -> None:
     m = int(y.shape[0])
     da.check("rmsnorm rows", rows, (m,), np.int32)
     entry = "rmsnorm_rows_f32_f16" if y.dtype == np.float16 else "rmsnorm_rows_f32_f32"
-    rt.launch(rt.function(_F, entry), (m,), (256,),
-              (da.arg(y), np.int32(D), da.arg(x), np.int32(D), da.arg(rows), da.arg(w),
-               np.int32(D), np.float32(eps)))
+    rt.launch(
+        rt.function(_F, entry),
+        (m,),
+        (256,),
+        (
+            da.arg(y),
+            np.int32(D),
+            da.arg(x),
+            np.int32(D),
+            da.arg(rows),
+            da.arg(w),
+            np.int32(D),
+            np.float32(eps),
+        ),
+    )
 
 
 def row_stats(rt, stats, logits, targets) -> None:
@@ -97,11 +122,15 @@ def row_stats(rt, stats, logits, targets) -> None:
         raise GPUError(f"row_stats: vocabulary {V} past 2^24 (the argmax is stored as f32)")
     da.check("row_stats targets", targets, (m,), np.int32)
     da.check("row_stats out", stats, (m, 4), np.float32)
-    rt.launch(rt.function(_F, "row_stats_f32"), (m,), (1024,),
-              (da.arg(stats), da.arg(logits), da.arg(targets), np.int32(V)))
+    rt.launch(
+        rt.function(_F, "row_stats_f32"),
+        (m,),
+        (1024,),
+        (da.arg(stats), da.arg(logits), da.arg(targets), np.int32(V)),
+    )
 
 
-TOPK_THREADS = 512   # kernels/layers.cu row_topk_f32's block (its __launch_bounds__)
+TOPK_THREADS = 512  # kernels/layers.cu row_topk_f32's block (its __launch_bounds__)
 
 
 def topk_entry(k: int) -> str:
@@ -118,16 +147,16 @@ def row_topk(rt, ids, lp, logits, lse, k: int) -> None:
 
     da.check("row_topk logits", logits, (None, None), np.float32, require_contiguous=True)
     m, V = (int(s) for s in logits.shape)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or \
-            not 1 <= k <= min(TOP_MAX, V):
-        raise GPUError(f"row_topk: k {k!r} outside [1, {min(TOP_MAX, V)}] (TOP_MAX "
-                       f"{TOP_MAX}, vocabulary {V})")
-    if V >= 2**31 - 1:   # every index below the kernel's empty slot, INT_MAX
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= min(TOP_MAX, V):
+        raise GPUError(
+            f"row_topk: k {k!r} outside [1, {min(TOP_MAX, V)}] (TOP_MAX {TOP_MAX}, vocabulary {V})"
+        )
+    if V >= 2**31 - 1:  # every index below the kernel's empty slot, INT_MAX
         raise GPUError(f"row_topk: vocabulary {V} past int32 ids")
     da.check("row_topk lse", lse, None, np.float32, require_contiguous=True)
     if tuple(lse.shape) == (m,):
         lse_ptr, lds = da.ptr(lse), 1
-    elif tuple(lse.shape) == (m, 4):   # row_stats' rows: the logsumexp is column 3
+    elif tuple(lse.shape) == (m, 4):  # row_stats' rows: the logsumexp is column 3
         lse_ptr, lds = da.ptr(lse) + 3 * 4, 4
     else:
         raise GPUError(f"row_topk lse: shape {tuple(lse.shape)}, expected ({m},) or ({m}, 4)")
@@ -135,9 +164,20 @@ def row_topk(rt, ids, lp, logits, lse, k: int) -> None:
     da.check("row_topk lp", lp, (m, k), np.float32, require_contiguous=True)
     if m == 0:
         return
-    rt.launch(rt.function(_F, topk_entry(k)), (m,), (TOPK_THREADS,),
-              (da.arg(ids), da.arg(lp), da.arg(logits), np.uintp(lse_ptr), np.int32(lds),
-               np.int32(V), np.int32(k)))
+    rt.launch(
+        rt.function(_F, topk_entry(k)),
+        (m,),
+        (TOPK_THREADS,),
+        (
+            da.arg(ids),
+            da.arg(lp),
+            da.arg(logits),
+            np.uintp(lse_ptr),
+            np.int32(lds),
+            np.int32(V),
+            np.int32(k),
+        ),
+    )
 
 
 def _rope_check(x, table: RopeTable, pos0: int | None, rope_dim: int):
@@ -150,8 +190,9 @@ def _rope_check(x, table: RopeTable, pos0: int | None, rope_dim: int):
     if rope_dim != table.rope_dim:
         raise GPUError(f"rope: table built for rope_dim {table.rope_dim}, asked {rope_dim}")
     if pos0 is not None and (pos0 < 0 or pos0 + T > table.n_pos):
-        raise GPUError(f"rope: positions [{pos0}, {pos0 + T}) outside the table's "
-                       f"{table.n_pos} positions")
+        raise GPUError(
+            f"rope: positions [{pos0}, {pos0 + T}) outside the table's {table.n_pos} positions"
+        )
     return T, H, D
 
 
@@ -162,9 +203,22 @@ def rope(rt, x, table: RopeTable, pos0: int, rope_dim: int, neox: bool) -> None:
     entry = "rope_f32" if x.dtype == np.float32 else "rope_f16"
     fn = rt.function(_F, entry)
     npair = H * D // 2
-    rt.launch(fn, (T, (npair + 127) // 128), (128,),
-              (da.arg(x), np.int64(H * D), np.int32(H), np.int32(D), np.int32(rope_dim),
-               np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), np.int32(pos0)))
+    rt.launch(
+        fn,
+        (T, (npair + 127) // 128),
+        (128,),
+        (
+            da.arg(x),
+            np.int64(H * D),
+            np.int32(H),
+            np.int32(D),
+            np.int32(rope_dim),
+            np.int32(bool(neox)),
+            da.arg(table.cos),
+            da.arg(table.sin),
+            np.int32(pos0),
+        ),
+    )
 
 
 def rope_to_f16(rt, dst, src, table: RopeTable, pos0: int, rope_dim: int, neox: bool) -> None:
@@ -174,10 +228,24 @@ def rope_to_f16(rt, dst, src, table: RopeTable, pos0: int, rope_dim: int, neox: 
     da.check("rope dst", dst, (T, H, D), np.float16)
     fn = rt.function(_F, "rope_f32_f16")
     npair = H * D // 2
-    rt.launch(fn, (T, (npair + 127) // 128), (128,),
-              (da.arg(dst), np.int64(H * D), da.arg(src), np.int64(H * D), np.int32(H),
-               np.int32(D), np.int32(rope_dim), np.int32(bool(neox)), da.arg(table.cos),
-               da.arg(table.sin), np.int32(pos0)))
+    rt.launch(
+        fn,
+        (T, (npair + 127) // 128),
+        (128,),
+        (
+            da.arg(dst),
+            np.int64(H * D),
+            da.arg(src),
+            np.int64(H * D),
+            np.int32(H),
+            np.int32(D),
+            np.int32(rope_dim),
+            np.int32(bool(neox)),
+            da.arg(table.cos),
+            da.arg(table.sin),
+            np.int32(pos0),
+        ),
+    )
 
 
 def _cols(name: str, a, start: int, n: int):
@@ -192,13 +260,17 @@ def head_rmsnorm(rt, x, col: int, H: int, D: int, w, eps: float) -> None:
     """In place: columns [col, col + H*D) of x f32 [T, *] as [T, H, D], each head's D values
     rmsnorm'd and scaled by w f32 [D] (qwen3's q/k norms, before RoPE). Numpy twin:
     reference ops.rmsnorm over the last axis of [T, H, D]."""
-    if D > 65536 or D % 2:   # (olmo2 norms all heads as one: H 1, D = heads x head_dim)
+    if D > 65536 or D % 2:  # (olmo2 norms all heads as one: H 1, D = heads x head_dim)
         raise GPUError(f"head_rmsnorm: head_dim {D} must be even and <= 65536")
     xp, ld = _cols("head_rmsnorm x", x, col, H * D)
     da.check("head_rmsnorm w", w, (D,), np.float32)
     T = int(x.shape[0])
-    rt.launch(rt.function(_F, "head_rmsnorm_f32"), (T, H), (128,),
-              (xp, np.int64(ld), np.int32(D), da.arg(w), np.float32(eps)))
+    rt.launch(
+        rt.function(_F, "head_rmsnorm_f32"),
+        (T, H),
+        (128,),
+        (xp, np.int64(ld), np.int32(D), da.arg(w), np.float32(eps)),
+    )
 
 
 def tok_layout(pos0: int, T: int) -> np.ndarray:
@@ -210,8 +282,22 @@ def tok_layout(pos0: int, T: int) -> np.ndarray:
     return out
 
 
-def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, hi: int, tok, rope_dim: int,
-             neox: bool, cols=(0, 0, 0), wide: bool | None = None) -> None:
+def rope_qkv(
+    rt,
+    q16,
+    q,
+    k,
+    v,
+    kc,
+    vc,
+    table: RopeTable,
+    hi: int,
+    tok,
+    rope_dim: int,
+    neox: bool,
+    cols=(0, 0, 0),
+    wide: bool | None = None,
+) -> None:
     """One launch: q16 f16 [T, Hq, D] = rope(q); kc[slot_t] = rope(k); vc[slot_t] = v, at
     position slot_t - lo_t.
 
@@ -240,26 +326,62 @@ def rope_qkv(rt, q16, q, k, v, kc, vc, table: RopeTable, hi: int, tok, rope_dim:
         raise GPUError("rope_qkv v: row stride and column offset must be even (float2 loads)")
     if not 0 < hi <= S:
         raise GPUError(f"rope_qkv: the layout's slots (below {hi}) exceed the cache's {S} rows")
-    _rope_check(q16, table, None, rope_dim)   # (packed: T may pass the context, not positions)
+    _rope_check(q16, table, None, rope_dim)  # (packed: T may pass the context, not positions)
     # two pairs per thread (16-byte loads) where every row start is 16-byte aligned
-    can_wide = D % 4 == 0 and rope_dim % 4 == 0 and all(
-        int(p) % 16 == 0 and ld % 4 == 0 for p, ld in ((qp, ldq), (kp, ldk), (vp, ldv)))
+    can_wide = (
+        D % 4 == 0
+        and rope_dim % 4 == 0
+        and all(int(p) % 16 == 0 and ld % 4 == 0 for p, ld in ((qp, ldq), (kp, ldk), (vp, ldv)))
+    )
     if wide and not can_wide:
-        raise GPUError("rope_qkv: the wide kernel needs D and rope_dim multiples of 4 and "
-                       "16-byte aligned q/k/v rows")
+        raise GPUError(
+            "rope_qkv: the wide kernel needs D and rope_dim multiples of 4 and "
+            "16-byte aligned q/k/v rows"
+        )
     wide = can_wide if wide is None else wide
     fn = rt.function(_F, "rope_qkv_f32_f16_v4" if wide else "rope_qkv_f32_f16")
     nthreads = (Hq + 2 * Hkv) * D // (4 if wide else 2)
-    rt.launch(fn, (T, (nthreads + 127) // 128), (128,),
-              (da.arg(q16), qp, np.int64(ldq), kp, np.int64(ldk), vp, np.int64(ldv), da.arg(kc),
-               da.arg(vc), np.int32(Hq), np.int32(Hkv), np.int32(D), np.int32(rope_dim),
-               np.int32(bool(neox)), da.arg(table.cos), da.arg(table.sin), da.arg(tok)))
+    rt.launch(
+        fn,
+        (T, (nthreads + 127) // 128),
+        (128,),
+        (
+            da.arg(q16),
+            qp,
+            np.int64(ldq),
+            kp,
+            np.int64(ldk),
+            vp,
+            np.int64(ldv),
+            da.arg(kc),
+            da.arg(vc),
+            np.int32(Hq),
+            np.int32(Hkv),
+            np.int32(D),
+            np.int32(rope_dim),
+            np.int32(bool(neox)),
+            da.arg(table.cos),
+            da.arg(table.sin),
+            da.arg(tok),
+        ),
+    )
 
 
 # kernels/rope.cuh RopeQkv: gemm mode 4's target (its static_assert pins these offsets)
-ROPE_QKV_DTYPE = np.dtype([("q16", "<u8"), ("kc", "<u8"), ("vc", "<u8"), ("cos", "<u8"),
-                           ("sin", "<u8"), ("tok", "<u8"), ("qd", "<i4"), ("kd", "<i4"),
-                           ("D", "<i4"), ("half_r", "<i4")])
+ROPE_QKV_DTYPE = np.dtype(
+    [
+        ("q16", "<u8"),
+        ("kc", "<u8"),
+        ("vc", "<u8"),
+        ("cos", "<u8"),
+        ("sin", "<u8"),
+        ("tok", "<u8"),
+        ("qd", "<i4"),
+        ("kd", "<i4"),
+        ("D", "<i4"),
+        ("half_r", "<i4"),
+    ]
+)
 
 
 class QkvRope:
@@ -279,31 +401,42 @@ class QkvRope:
         da.check("qkv rope v cache", vc, (self.S, Hkv, D), np.float16)
         da.check("qkv rope tok", tok, (self.T, 2), np.int32, align=8)
         if neox:
-            raise GPUError("qkv rope epilogue: neox rope pairs (i, i + rope_dim/2) span "
-                           "threads; use rope_qkv")
-        _rope_check(q16, table, None, rope_dim)   # (packed: T may pass the context, not positions)
+            raise GPUError(
+                "qkv rope epilogue: neox rope pairs (i, i + rope_dim/2) span threads; use rope_qkv"
+            )
+        _rope_check(q16, table, None, rope_dim)  # (packed: T may pass the context, not positions)
         if D < 8:
             raise GPUError(f"qkv rope epilogue: head_dim {D} < 8 (a fragment steps 8 columns)")
         self.qd, self.kd, self.n_pos = Hq * D, Hkv * D, table.n_pos
         rec = np.zeros((), ROPE_QKV_DTYPE)
-        for f, a in (("q16", q16), ("kc", kc), ("vc", vc), ("cos", table.cos),
-                     ("sin", table.sin), ("tok", tok)):
+        for f, a in (
+            ("q16", q16),
+            ("kc", kc),
+            ("vc", vc),
+            ("cos", table.cos),
+            ("sin", table.sin),
+            ("tok", tok),
+        ):
             rec[f] = da.ptr(a)
         rec["qd"], rec["kd"], rec["D"], rec["half_r"] = self.qd, self.kd, D, rope_dim // 2
         self.dev = da.to_device(rt, np.frombuffer(rec.tobytes(), np.uint8), "qkv rope target")
-        self._keep = (q16, kc, vc, table, tok)   # the struct points into them
+        self._keep = (q16, kc, vc, table, tok)  # the struct points into them
 
     def check(self, M: int, N: int, hi: int) -> None:
         """A GEMM of M rows, N columns whose tokens' slots are below hi fits (the caller keeps
         each slot - lo inside the table)."""
         if N != self.qd + 2 * self.kd:
-            raise GPUError(f"qkv rope epilogue: the GEMM has {N} columns, expected q + k + v = "
-                           f"{self.qd + 2 * self.kd}")
+            raise GPUError(
+                f"qkv rope epilogue: the GEMM has {N} columns, expected q + k + v = "
+                f"{self.qd + 2 * self.kd}"
+            )
         if M > self.T:
             raise GPUError(f"qkv rope epilogue: {M} rows, q16 holds {self.T}")
         if not 0 < hi <= self.S:
-            raise GPUError(f"qkv rope epilogue: the layout's slots (below {hi}) exceed the "
-                           f"cache's {self.S} rows")
+            raise GPUError(
+                f"qkv rope epilogue: the layout's slots (below {hi}) exceed the "
+                f"cache's {self.S} rows"
+            )
 
 
 def gate_up_shape(y, gu, per: int, op: str = "swiglu") -> tuple[int, int]:
@@ -344,8 +477,12 @@ def _swiglu_launch(rt, y, g: int, u: int, ldg: int, T: int, F: int) -> None:
         fn, per = rt.function(_F, "swiglu_f32_f16_v4"), 4 * 256
     else:
         fn, per = rt.function(_F, "swiglu_f32_f16"), 256
-    rt.launch(fn, ((F + per - 1) // per, T), (256,),
-              (da.arg(y), np.int64(F), np.uintp(g), np.uintp(u), np.int64(ldg), np.int32(F)))
+    rt.launch(
+        fn,
+        ((F + per - 1) // per, T),
+        (256,),
+        (da.arg(y), np.int64(F), np.uintp(g), np.uintp(u), np.int64(ldg), np.int32(F)),
+    )
 
 
 def swiglu(rt, y, g, u) -> None:
@@ -373,8 +510,12 @@ def to_f16(rt, dst, src) -> None:
     T = int(src.shape[0])
     W = int(src.size // max(T, 1))
     fn = rt.function(_F, "cvt_f32_f16")
-    rt.launch(fn, ((W + 255) // 256, T), (256,),
-              (da.arg(dst), np.int64(W), da.arg(src), np.int64(W), np.int32(W)))
+    rt.launch(
+        fn,
+        ((W + 255) // 256, T),
+        (256,),
+        (da.arg(dst), np.int64(W), da.arg(src), np.int64(W), np.int32(W)),
+    )
 
 
 def argmax(rt, out, x) -> None:

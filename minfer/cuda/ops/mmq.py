@@ -22,13 +22,15 @@ Q4_K, Q6_K = 12, 14
 BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
 _FILES = {Q4_K: "mmq_q4k", Q6_K: "mmq_q6k"}
 _ENTRY = {  # (qtype, kind) -> entry
-    (Q4_K, "r1"): "mmq_nt_kernel", (Q4_K, "narrow"): "mmq_raw_nt_kernel",
+    (Q4_K, "r1"): "mmq_nt_kernel",
+    (Q4_K, "narrow"): "mmq_raw_nt_kernel",
     (Q4_K, "wide"): "mmq_raw_wide_nt_kernel",
-    (Q6_K, "r1"): "mmq_q6k_nt_kernel", (Q6_K, "narrow"): "mmq_q6k_raw_nt_kernel",
+    (Q6_K, "r1"): "mmq_q6k_nt_kernel",
+    (Q6_K, "narrow"): "mmq_q6k_raw_nt_kernel",
     (Q6_K, "wide"): "mmq_q6k_raw_wide_nt_kernel",
 }
-FAMILIES = ("r1", "narrow", "wide")   # the kernel families (entries per type: _ENTRY)
-NARROW_TILE = (32, 64)   # (tokens, weight rows) per block, 128 threads
+FAMILIES = ("r1", "narrow", "wide")  # the kernel families (entries per type: _ENTRY)
+NARROW_TILE = (32, 64)  # (tokens, weight rows) per block, 128 threads
 WIDE_TILE = (64, 128)
 
 
@@ -78,24 +80,40 @@ def launch_prepass_fn(rt, fn, M: int, K: int, args: tuple) -> None:
     rt.launch(fn, ((nblk + 31) // 32,), (256,), args)
 
 
-def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, family: str, kd: int, out,
-               accumulate: bool = False, q8_scratch=None, build_opts: tuple = ()) -> None:
+def mmq_linear(
+    rt,
+    x,
+    w_raw,
+    qtype: int,
+    M: int,
+    N: int,
+    K: int,
+    family: str,
+    kd: int,
+    out,
+    accumulate: bool = False,
+    q8_scratch=None,
+    build_opts: tuple = (),
+) -> None:
     """out f32 [M, N] (= or +=) x @ W.T on the kernel `family` (r1, narrow, or wide at KD =
     kd 4 or 8: the q8_1 paths of minfer.cuda.paths.q8_1). x: f32/f16 [M, K] (quantized here,
     into q8_scratch when given) or q8_1 raw uint8 [M, K/32*40]; w_raw: uint8 raw blocks (any
     shape, N*K/256*bytes in all). build_opts: extra nvcc -D options for the wide kernel (kernel
     A/B runs; the engine never passes any)."""
     if family not in FAMILIES or (family == "wide") != (kd in (4, 8)):
-        raise GPUError(f"mmq_linear: kernel family {family!r} at KD {kd}: expected r1, narrow "
-                       "or wide at KD 4 / 8")
+        raise GPUError(
+            f"mmq_linear: kernel family {family!r} at KD {kd}: expected r1, narrow "
+            "or wide at KD 4 / 8"
+        )
     kind, name_ = family, family + (f" KD={kd}" if kd else "")
     qtype = int(qtype)
     if not has_mmq(qtype):
-        raise Unsupported(f"mmq_linear: no MMQ kernel for tensor type {qtype} "
-                          "(q4_K and q6_K only; choose_path routes others to f16)")
+        raise Unsupported(
+            f"mmq_linear: no MMQ kernel for tensor type {qtype} "
+            "(q4_K and q6_K only; choose_path routes others to f16)"
+        )
     if K % 256 or K <= 0 or M <= 0 or N <= 0:
-        raise GPUError(f"mmq_linear: need M, N >= 1 and K a multiple of 256, got "
-                       f"M={M} N={N} K={K}")
+        raise GPUError(f"mmq_linear: need M, N >= 1 and K a multiple of 256, got M={M} N={N} K={K}")
     if M * (K // 32) * 40 >= 2**31 or N * (K // 256) * BLOCK_BYTES[qtype] >= 2**40:
         raise GPUError("mmq_linear: problem too large")
     if x.dtype == np.uint8:
@@ -106,24 +124,35 @@ def mmq_linear(rt, x, w_raw, qtype: int, M: int, N: int, K: int, family: str, kd
         a = quantize_q8_1(rt, x, q8_scratch)
     wbytes = N * (K // 256) * BLOCK_BYTES[qtype]
     if not hasattr(w_raw, "gpudata") or w_raw.dtype != np.uint8 or w_raw.nbytes != wbytes:
-        raise GPUError(f"mmq_linear: weight must be uint8 device bytes, {wbytes} B for "
-                       f"[{N}, {K}] of type {qtype}")
+        raise GPUError(
+            f"mmq_linear: weight must be uint8 device bytes, {wbytes} B for "
+            f"[{N}, {K}] of type {qtype}"
+        )
     if da.ptr(w_raw) % 16:
         raise GPUError("mmq_linear: weight bytes not 16-byte aligned")
     da.check("mmq_linear out", out, (M, N), np.float32)
     name = _FILES[qtype]
     entry = _ENTRY[(qtype, kind)]
     # da.arg: row views carry a plain int pointer, which pycuda does not take as an argument
-    args = (da.arg(a), da.arg(w_raw), da.arg(out), np.int32(M), np.int32(N), np.int32(K),
-            np.int32(1 if accumulate else 0))
+    args = (
+        da.arg(a),
+        da.arg(w_raw),
+        da.arg(out),
+        np.int32(M),
+        np.int32(N),
+        np.int32(K),
+        np.int32(1 if accumulate else 0),
+    )
     if kind == "wide":
         smem = wide_smem(kd, qtype)
-        if smem > rt.smem_optin:   # choose_path's guard runs the narrow kernel instead
-            raise GPUError(f"mmq_linear: {name_} needs {smem} B of shared memory, over this "
-                           f"GPU's opt-in cap of {rt.smem_optin} B (choose_path picks narrow)")
+        if smem > rt.smem_optin:  # choose_path's guard runs the narrow kernel instead
+            raise GPUError(
+                f"mmq_linear: {name_} needs {smem} B of shared memory, over this "
+                f"GPU's opt-in cap of {rt.smem_optin} B (choose_path picks narrow)"
+            )
         fn = rt.function(name, entry, (f"-DMMQ_KD={kd}", *build_opts), dyn_smem=smem)
         bm, bn = WIDE_TILE
-        threads = 256 if qtype == Q4_K else 128   # q4_K: 8 warps of 32 x 32; q6_K: 4 of 64 x 32
+        threads = 256 if qtype == Q4_K else 128  # q4_K: 8 warps of 32 x 32; q6_K: 4 of 64 x 32
         rt.launch(fn, ((N + bn - 1) // bn, (M + bm - 1) // bm), (threads,), args, smem)
     else:
         fn = rt.function(name, entry)

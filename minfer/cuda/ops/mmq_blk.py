@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda.runtime import devarray as da
 from minfer.cuda.ops.stream_k import build_define, launch_persistent
+from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
 from minfer.quants.blk_ref import WPAIR, blk_bytes, blk_shape, kblocks, pad128
 from minfer.quants.glu import glu_act
@@ -48,6 +48,7 @@ def _check_f16(what: str, x):
 class BlkWeight(da.DeviceArrays):
     """A weight [N, K] as mmq_blk's operand: wb uint8 [KB, Np/128, BLK_OP], per (128-K block,
     128-row tile) the rotated int8 image and the rows' f32 scales (with the rotation's 1/128)."""
+
     wb: object
     N: int
     K: int
@@ -57,6 +58,7 @@ class BlkWeight(da.DeviceArrays):
 class BlkTokens:
     """mmq_blk's token operand of an activation [M, K]: tt uint8 [KB, Mp/128, BLK_OP];
     per_token: one scale per token (in every block's slot), read by the mmq_blk_tok entries."""
+
     tt: object
     M: int
     K: int
@@ -74,16 +76,22 @@ def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
     return BlkWeight(wb, N, K)
 
 
-def _launch_operand(rt, x16, R: int, K: int, out, smul: float, per_token: bool = False,
-                    pair: int = 1) -> None:
+def _launch_operand(
+    rt, x16, R: int, K: int, out, smul: float, per_token: bool = False, pair: int = 1
+) -> None:
     args = (da.arg(x16), np.int64(K), np.int32(R), np.int32(K), np.int32(pad128(R)), da.arg(out))
-    if per_token:   # a warp per row
-        rt.launch(rt.function("mmq_blk", "blk_operand_f16_tok", _OPTS), (pad128(R) // 8,),
-                  (256,), args)
+    if per_token:  # a warp per row
+        rt.launch(
+            rt.function("mmq_blk", "blk_operand_f16_tok", _OPTS), (pad128(R) // 8,), (256,), args
+        )
         return
-    quads = pad128(R) * -(-kblocks(K) // pair)   # four lanes per (row, block or pair)
-    rt.launch(rt.function("mmq_blk", "blk_operand_f16", _OPTS), ((quads + 63) // 64,), (256,),
-              (*args, np.float32(smul), np.int32(pair)))
+    quads = pad128(R) * -(-kblocks(K) // pair)  # four lanes per (row, block or pair)
+    rt.launch(
+        rt.function("mmq_blk", "blk_operand_f16", _OPTS),
+        ((quads + 63) // 64,),
+        (256,),
+        (*args, np.float32(smul), np.int32(pair)),
+    )
 
 
 def _token_out(rt, what: str, M: int, K: int, tt):
@@ -104,11 +112,12 @@ def blk_operand(rt, x16, tt=None, per_token: bool = False) -> BlkTokens:
     return BlkTokens(tt, M, K, per_token)
 
 
-NORM_MAX_K = 8 * 4 * 256   # rmsnorm_blk_operand: 8 warps x NORM_CH (4) chunks of 256
+NORM_MAX_K = 8 * 4 * 256  # rmsnorm_blk_operand: 8 warps x NORM_CH (4) chunks of 256
 
 
-def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None, per_token: bool = False
-                        ) -> BlkTokens:
+def blk_operand_rmsnorm(
+    rt, x, w, eps: float, tt=None, h16=None, per_token: bool = False
+) -> BlkTokens:
     """The token operand of h = f16(rmsnorm(x) * w) in one launch (rmsnorm_blk_operand, a CTA
     per token): bit-identical to layers.rmsnorm into f16, then blk_operand. x f32 [M, K] (K % 8
     == 0, K <= NORM_MAX_K), w f32 [K]; h16 f16 [M, K], when given, receives h too (the input of
@@ -118,22 +127,48 @@ def blk_operand_rmsnorm(rt, x, w, eps: float, tt=None, h16=None, per_token: bool
     da.check(f"{what} x", x, (None, None), np.float32, align=16, require_contiguous=True)
     M, K = x.shape
     if M <= 0 or K % 8 or K > NORM_MAX_K:
-        raise GPUError(f"{what}: need M >= 1 and K a multiple of 8 up to {NORM_MAX_K} (8 warps "
-                       f"x 4 chunks of 256), got [{M}, {K}]; use layers.rmsnorm, then blk_operand")
+        raise GPUError(
+            f"{what}: need M >= 1 and K a multiple of 8 up to {NORM_MAX_K} (8 warps "
+            f"x 4 chunks of 256), got [{M}, {K}]; use layers.rmsnorm, then blk_operand"
+        )
     da.check(f"{what} w", w, (K,), np.float32, align=16)
     if h16 is not None:
         da.check(f"{what} h16", h16, (M, K), np.float16, align=16, require_contiguous=True)
     tt = _token_out(rt, what, M, K, tt)
-    rt.launch(rt.function("mmq_blk", "rmsnorm_blk_operand", _OPTS), (pad128(M),), (256,),
-              (da.arg(x), da.arg(w), np.float32(eps),
-               np.uintp(0) if h16 is None else da.arg(h16), da.arg(tt), np.int32(M),
-               np.int32(K), np.int32(pad128(M)), np.int32(per_token)))
+    rt.launch(
+        rt.function("mmq_blk", "rmsnorm_blk_operand", _OPTS),
+        (pad128(M),),
+        (256,),
+        (
+            da.arg(x),
+            da.arg(w),
+            np.float32(eps),
+            np.uintp(0) if h16 is None else da.arg(h16),
+            da.arg(tt),
+            np.int32(M),
+            np.int32(K),
+            np.int32(pad128(M)),
+            np.int32(per_token),
+        ),
+    )
     return BlkTokens(tt, M, K, per_token)
 
 
-def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate: bool = False,
-                   build_opts: tuple = (), stream_k: bool = True, sms: int | None = None,
-                   glu: bool | str = False, per_token: bool = False) -> None:
+def mmq_blk_linear(
+    rt,
+    x,
+    w: BlkWeight,
+    M: int,
+    N: int,
+    K: int,
+    out,
+    accumulate: bool = False,
+    build_opts: tuple = (),
+    stream_k: bool = True,
+    sms: int | None = None,
+    glu: bool | str = False,
+    per_token: bool = False,
+) -> None:
     """out f32 [M, N] (= or +=) blk(x) @ blk(W).T; x: BlkTokens (its per_token picks the
     mmq_blk_tok entries: C = and glu only) or f16 [M, K] (its operand made here, per_token
     as blk_operand's). glu (True or "silu", "gelu": quants.glu.glu_act): W's rows interleaved
@@ -148,34 +183,55 @@ def mmq_blk_linear(rt, x, w: BlkWeight, M: int, N: int, K: int, out, accumulate:
     except ValueError as e:
         raise GPUError(f"mmq_blk_linear: {e}") from None
     if act and (accumulate or N % 16):
-        raise GPUError(f"mmq_blk_linear: the glu epilogue needs N % 16 == 0 and C =, got "
-                       f"N={N}{' +=' if accumulate else ''}")
+        raise GPUError(
+            f"mmq_blk_linear: the glu epilogue needs N % 16 == 0 and C =, got "
+            f"N={N}{' +=' if accumulate else ''}"
+        )
     if M <= 0:
         raise GPUError(f"mmq_blk_linear: need M >= 1, got M={M}")
     if M * N >= 2**31 or blk_bytes(M, K) >= 2**31 or blk_bytes(N, K) >= 2**31:
-        raise GPUError(f"mmq_blk_linear: [{M}, {N}, {K}] is too large for the kernel's 32-bit "
-                       "offsets")
-    da.check("mmq_blk_linear out", out, (M, N // 2) if act else (M, N),
-             np.float16 if act else np.float32)
+        raise GPUError(
+            f"mmq_blk_linear: [{M}, {N}, {K}] is too large for the kernel's 32-bit offsets"
+        )
+    da.check(
+        "mmq_blk_linear out", out, (M, N // 2) if act else (M, N), np.float16 if act else np.float32
+    )
     if isinstance(x, BlkTokens):
         if (x.M, x.K) != (M, K):
-            raise GPUError(f"mmq_blk_linear: a token operand of [{x.M}, {x.K}] for "
-                           f"[{M}, {N}, {K}]")
+            raise GPUError(f"mmq_blk_linear: a token operand of [{x.M}, {x.K}] for [{M}, {N}, {K}]")
     else:
         da.check("mmq_blk_linear x", x, (M, K), np.float16)
         x = blk_operand(rt, x, per_token=per_token)
-    if x.per_token and accumulate:   # (no GEMM after a norm adds to C: no such entry)
+    if x.per_token and accumulate:  # (no GEMM after a norm adds to C: no such entry)
         raise GPUError("mmq_blk_linear: a per-token operand has no C += entry")
     tt = x.tt
     da.check("mmq_blk_linear tt", tt, blk_shape(M, K), np.uint8, align=16)
     tiles = -(-M // BM) * -(-N // BN)
     entry = ("mmq_blk_tok" if x.per_token else "mmq_blk") + (
-        "_acc" if accumulate else {"silu": "_swiglu", "gelu": "_geglu"}.get(act, ""))
+        "_acc" if accumulate else {"silu": "_swiglu", "gelu": "_geglu"}.get(act, "")
+    )
     smem = blk_smem(build_define(build_opts, "BLK_STAGES", 6))
-    launch_persistent(rt, entry, "mmq_blk", smem, tiles, kblocks(K),
-                      (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N),
-                       np.int32(K)), build_opts, stream_k, sms, block=384)
+    launch_persistent(
+        rt,
+        entry,
+        "mmq_blk",
+        smem,
+        tiles,
+        kblocks(K),
+        (da.arg(tt), da.arg(w.wb), da.arg(out), np.int32(M), np.int32(N), np.int32(K)),
+        build_opts,
+        stream_k,
+        sms,
+        block=384,
+    )
 
 
-__all__ = ["BlkTokens", "BlkWeight", "blk_operand", "blk_operand_rmsnorm", "blk_smem", "blk_weight",
-           "mmq_blk_linear"]
+__all__ = [
+    "BlkTokens",
+    "BlkWeight",
+    "blk_operand",
+    "blk_operand_rmsnorm",
+    "blk_smem",
+    "blk_weight",
+    "mmq_blk_linear",
+]

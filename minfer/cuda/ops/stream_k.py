@@ -12,7 +12,7 @@ import numpy as np
 
 from minfer.errors import GPUError
 
-SK_SLOT_BYTES = 256 * 64 * 4   # one block's partial sums (256 threads x 64 f32, q4_K's tile)
+SK_SLOT_BYTES = 256 * 64 * 4  # one block's partial sums (256 threads x 64 f32, q4_K's tile)
 
 
 def schedule(tiles: int, sms: int, persist: bool = True, stream_k: bool = True) -> tuple[int, int]:
@@ -52,8 +52,9 @@ def sk_items(tiles: int, KT: int, grid: int, dp: int) -> list[list[tuple[int, in
     return out
 
 
-def tile_origin(pid: int, M: int, N: int, BM: int = 128, BN: int = 128,
-                group_m: int = 8) -> tuple[int, int]:
+def tile_origin(
+    pid: int, M: int, N: int, BM: int = 128, BN: int = 128, group_m: int = 8
+) -> tuple[int, int]:
     """The twin of gemm_f16::tile_origin (kernels/gemm_f16_common.cuh): tile `pid` of the
     ceil(M / BM) x ceil(N / BN) grid in the grouped order starts at (m0, n0). Groups of
     `group_m` M-tiles (the last one ragged) sweep every N-tile, M fastest, so the blocks
@@ -72,17 +73,18 @@ def sk_workspace(rt):
     (the engine and `minfer check` issue them on one stream). Made at the first blk launch, an
     eager one (never while a CUDA graph is being captured: the engine's first forward of a
     shape runs eagerly)."""
-    return rt.workspace("mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4),
-                        rt.sm_count * SK_SLOT_BYTES)
+    return rt.workspace(
+        "mmq stream-K", rt.sm_count * (SK_SLOT_BYTES + 4), rt.sm_count * SK_SLOT_BYTES
+    )
 
 
 __all__ = ["SK_SLOT_BYTES", "schedule", "sk_items", "sk_workspace", "tile_origin"]
 
 
-PERSIST = True     # grid <= one block per SM, each walking its work items (A/B: -DMMQ_WG_PERSIST=0)
-STREAM_K = True    # the last 1-2 waves' tiles split by k-stages (A/B: -DMMQ_WG_SK=0)
-_GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK")   # A/B options the launcher reads, not nvcc
-_OPTS = ("-arch=sm_90a",)   # last -arch wins in nvcc: wgmma needs the sm_90a target
+PERSIST = True  # grid <= one block per SM, each walking its work items (A/B: -DMMQ_WG_PERSIST=0)
+STREAM_K = True  # the last 1-2 waves' tiles split by k-stages (A/B: -DMMQ_WG_SK=0)
+_GEOMETRY_ONLY = ("-DMMQ_WG_PERSIST", "-DMMQ_WG_SK")  # A/B options the launcher reads, not nvcc
+_OPTS = ("-arch=sm_90a",)  # last -arch wins in nvcc: wgmma needs the sm_90a target
 
 
 def build_define(build_opts: tuple, name: str, default: int) -> int:
@@ -107,16 +109,28 @@ def _geometry(build_opts: tuple) -> tuple[bool, bool]:
     return persist, sk
 
 
-def launch_persistent(rt, entry: str, name: str, smem: int, tiles: int, KT: int, args,
-                      build_opts: tuple, stream_k: bool, sms: int | None,
-                      block: int = 256) -> None:
+def launch_persistent(
+    rt,
+    entry: str,
+    name: str,
+    smem: int,
+    tiles: int,
+    KT: int,
+    args,
+    build_opts: tuple,
+    stream_k: bool,
+    sms: int | None,
+    block: int = 256,
+) -> None:
     """One launch of the persistent kernel kernels/<name>.cu's `entry` with `block` threads:
     the grid and the stream-K split of `tiles` tiles of KT k-units (`schedule`), the smem cap,
     the workspace; args end before (dp, ws, flags)."""
     persist, sk = _geometry(build_opts)
     if smem > rt.smem_optin:
-        raise GPUError(f"{entry}: {smem} B of shared memory needed, over this GPU's opt-in cap "
-                       f"of {rt.smem_optin} B")
+        raise GPUError(
+            f"{entry}: {smem} B of shared memory needed, over this GPU's opt-in cap "
+            f"of {rt.smem_optin} B"
+        )
     nvcc = tuple(o for o in build_opts if o.partition("=")[0] not in _GEOMETRY_ONLY)
     fn = rt.function(name, entry, (*_OPTS, *nvcc), dyn_smem=smem)
     sms = rt.sm_count if sms is None else min(int(sms), rt.sm_count)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 Q4_K, Q6_K = 12, 14
-RAW_BYTES = {Q4_K: 144 / 256, Q6_K: 210 / 256}   # GGUF bytes per weight
+RAW_BYTES = {Q4_K: 144 / 256, Q6_K: 210 / 256}  # GGUF bytes per weight
 
-Spec = tuple[str, tuple[str, ...]]   # (kernels/<name>.cu, nvcc options): Runtime.module's key
+Spec = tuple[str, tuple[str, ...]]  # (kernels/<name>.cu, nvcc options): Runtime.module's key
 
 
 def qname(qtype: int) -> str:
@@ -46,6 +46,7 @@ class Operand:
     the norm's launch (None when it cannot: then rmsnorm, then prepass); attn(rt, buf, M, K)
     -> (the array the attention launch writes, the operand) from the attention's epilogue.
     Forms sharing a scratch buffer never meet on one activation (the backend asserts it)."""
+
     name: str
     scratch: str
     prepass: Callable
@@ -57,24 +58,25 @@ class Operand:
 class GemmPath:
     """A path of the table. Subclasses set the class flags and implement route / prepare /
     twin; the fields are the record minfer.cuda.paths.table's chooser reads."""
+
     name: str
-    kernel: str                        # the kernel entry it launches
-    qtypes: frozenset | None           # GGUF types it takes; None: every type dequant takes
-    archs: frozenset | None            # None: any sm_80+ GPU
-    k_multiple: int                    # K must be a multiple of this
-    bytes_per_weight: Mapping          # qtype -> device bytes per weight (None: any type)
-    variants: tuple = ()               # features a tuning variant may turn off (bench --ab)
-    kd: int = 0                        # wide kernels' staging depth
-    gemv_f16: bool = False             # an M = 1 GEMM (the LM head) runs f16's GEMV instead
+    kernel: str  # the kernel entry it launches
+    qtypes: frozenset | None  # GGUF types it takes; None: every type dequant takes
+    archs: frozenset | None  # None: any sm_80+ GPU
+    k_multiple: int  # K must be a multiple of this
+    bytes_per_weight: Mapping  # qtype -> device bytes per weight (None: any type)
+    variants: tuple = ()  # features a tuning variant may turn off (bench --ab)
+    kd: int = 0  # wide kernels' staging depth
+    gemv_f16: bool = False  # an M = 1 GEMM (the LM head) runs f16's GEMV instead
     f16_kinds: frozenset = frozenset()  # weight kinds left to f16 for accuracy (tuning
     #                                     variant exact-down; auto's tier blk-all takes them)
 
-    int8 = False          # an int8 kernel (the MMQ families), not the exact f16 path
-    via_f16 = False       # the weight goes up as f16 rows at load (dequantized on the GPU)
-    requant = False       # ... and is requantized from them (per weight, or fused group)
-    glu = False           # a gate|up GEMM on it can write the swiglu / geglu from its epilogue
-    rope = False          # a q|k|v GEMM on it can rope from its epilogue (f16)
-    operand = None        # the Operand its kernels read (None: the f16 activation itself)
+    int8 = False  # an int8 kernel (the MMQ families), not the exact f16 path
+    via_f16 = False  # the weight goes up as f16 rows at load (dequantized on the GPU)
+    requant = False  # ... and is requantized from them (per weight, or fused group)
+    glu = False  # a gate|up GEMM on it can write the swiglu / geglu from its epilogue
+    rope = False  # a q|k|v GEMM on it can rope from its epilogue (f16)
+    operand = None  # the Operand its kernels read (None: the f16 activation itself)
 
     def unsupported(self, qtype: int, arch, K: int) -> str:
         """'' when this path runs a [*, K] GEMM on a weight of `qtype` on `arch`, else why not."""

@@ -52,8 +52,9 @@ def _attn(rt, scratch, M: int, K: int):
 
 
 BLK_OPERAND = Operand("blk", "blkop", _prepass, _norm, _attn)
-BLK_TOKEN_OPERAND = Operand("blk-tok", "blkop", partial(_prepass, per_token=True),
-                            partial(_norm, per_token=True))
+BLK_TOKEN_OPERAND = Operand(
+    "blk-tok", "blkop", partial(_prepass, per_token=True), partial(_norm, per_token=True)
+)
 
 
 class BlkRoute(LinearRoute):
@@ -69,7 +70,7 @@ class BlkRoute(LinearRoute):
 
     @property
     def accumulates(self) -> bool:
-        return self.operand is not BLK_TOKEN_OPERAND   # no GEMM after a norm adds to C
+        return self.operand is not BLK_TOKEN_OPERAND  # no GEMM after a norm adds to C
 
     def _launch(self, rt, *args, **kw) -> None:
         from minfer.cuda.ops.mmq_blk import mmq_blk_linear
@@ -98,7 +99,7 @@ class BlkPath(GemmPath):
     via_f16 = True
     requant = True
     glu = True
-    operand = BLK_OPERAND   # the route's may be the per-token form
+    operand = BLK_OPERAND  # the route's may be the per-token form
 
     def smem(self, qtype: int) -> int | None:
         from minfer.cuda.ops.mmq_blk import blk_smem
@@ -122,8 +123,11 @@ class BlkPath(GemmPath):
         from minfer.cuda.ops.dequant import dequant_f16_ref
         from minfer.quants.blk_ref import blk_linear_ref, token_scaled
 
-        return blk_linear_ref(np.asarray(x, np.float32).reshape(M, K),
-                              dequant_f16_ref(w_raw, qtype, N, K), per_token=token_scaled(name))
+        return blk_linear_ref(
+            np.asarray(x, np.float32).reshape(M, K),
+            dequant_f16_ref(w_raw, qtype, N, K),
+            per_token=token_scaled(name),
+        )
 
     def load_kernels(self):
         from minfer.cuda.ops.mmq_blk import _OPTS
@@ -135,6 +139,14 @@ class BlkPath(GemmPath):
 
 
 # any type; ffn_down stays f16: its int8 grid is most of the path's KL divergence (docs/blk.md)
-BLK = BlkPath("blk", "mmq_blk", None, frozenset({"sm_90"}), 32, {None: 16896 / 16384},
-              variants=("glu", "stream-k", "fused-prepass", "token-scale", "exact-down"),
-              gemv_f16=True, f16_kinds=frozenset({"ffn_down"}))
+BLK = BlkPath(
+    "blk",
+    "mmq_blk",
+    None,
+    frozenset({"sm_90"}),
+    32,
+    {None: 16896 / 16384},
+    variants=("glu", "stream-k", "fused-prepass", "token-scale", "exact-down"),
+    gemv_f16=True,
+    f16_kinds=frozenset({"ffn_down"}),
+)

@@ -25,7 +25,7 @@ class F16Route(LinearRoute):
         if mode == "acc":
             gemm_f16_nt(x, w, np.float32, accumulate=C, rt=rt)
             return
-        da.poison(rt, C)   # debug / poison mode: NaN unless the GEMM really writes C
+        da.poison(rt, C)  # debug / poison mode: NaN unless the GEMM really writes C
         gemm_f16_nt(x, w, np.float16 if mode == "f16" else np.float32, out=C, rt=rt)
 
     def run_glu(self, rt, scratch, C, x, w, act: str = "silu") -> None:

@@ -45,7 +45,7 @@ class RawInt8Route(LinearRoute):
 
 @dataclass(frozen=True)
 class RawInt8Path(GemmPath):
-    family: str = "wide"   # the kernel family: r1, narrow, wide (minfer.cuda.ops.mmq)
+    family: str = "wide"  # the kernel family: r1, narrow, wide (minfer.cuda.ops.mmq)
     int8 = True
     operand = Q8_1
 
@@ -70,8 +70,9 @@ class RawInt8Path(GemmPath):
 
 
 def _raw(name: str, kernel: str, family: str, kd: int = 0) -> RawInt8Path:
-    return RawInt8Path(name, kernel, frozenset({Q4_K, Q6_K}), None, 256, RAW_BYTES, kd=kd,
-                       family=family)
+    return RawInt8Path(
+        name, kernel, frozenset({Q4_K, Q6_K}), None, 256, RAW_BYTES, kd=kd, family=family
+    )
 
 
 WIDE_KD4 = _raw("wide-kd4", "mmq_raw_wide_nt_kernel", "wide", 4)

@@ -26,6 +26,7 @@ class Tier:
     """A memory tier of `auto`: `path` for the weights of `classes` (routes.weight_class: attn,
     ffn, head; None: all) and of `qtypes` (None: all), f16 for the rest; exact=False: the path
     takes even the kinds it leaves to f16 for accuracy (GemmPath.f16_kinds)."""
+
     name: str
     path: str
     classes: frozenset | None = None
@@ -33,8 +34,9 @@ class Tier:
     exact: bool = True
 
     def takes(self, cls: str, qtype: int) -> bool:
-        return ((self.classes is None or cls in self.classes) and
-                (self.qtypes is None or int(qtype) in self.qtypes))
+        return (self.classes is None or cls in self.classes) and (
+            self.qtypes is None or int(qtype) in self.qtypes
+        )
 
 
 _FFN_Q4K = dict(classes=frozenset({"ffn"}), qtypes=frozenset({Q4_K}))
@@ -42,22 +44,26 @@ _FFN_Q4K = dict(classes=frozenset({"ffn"}), qtypes=frozenset({Q4_K}))
 # sm_90 (1.03 B per weight, ffn_down on f16; docs/paths.md), blk-all (ffn_down too), then the
 # mixed tier keeping attention, q6_K and the LM head on f16 and the ffn's q4_K on the wide
 # kernel, then every q4_K / q6_K on it
-TIERS: dict[str, Tier] = {t.name: t for t in (
-    Tier("f16", "f16"),
-    Tier("blk", "blk"),
-    Tier("blk-all", "blk", exact=False),
-    Tier("mix-int8", "wide-kd4", **_FFN_Q4K),
-    Tier("int8", "wide-kd4"),
-)}
+TIERS: dict[str, Tier] = {
+    t.name: t
+    for t in (
+        Tier("f16", "f16"),
+        Tier("blk", "blk"),
+        Tier("blk-all", "blk", exact=False),
+        Tier("mix-int8", "wide-kd4", **_FFN_Q4K),
+        Tier("int8", "wide-kd4"),
+    )
+}
 # a tuning variant names a feature a path may turn off; auto takes any of them
 VARIANTS = tuple(sorted({v for p in TABLE.values() for v in p.variants}))
-CHOICES = ("auto", "mmq", *TABLE)   # --gemm / MINFER_GEMM; mmq: the seeds' MINFER_MMQ_* config
+CHOICES = ("auto", "mmq", *TABLE)  # --gemm / MINFER_GEMM; mmq: the seeds' config, wide-kd4
 
 
 @dataclass(frozen=True)
 class Route:
     """choose_path's answer: the path, why a weight fell back to f16 ('' when f16 was asked
     for or won), and a notice to print once (the smem guard's fallback)."""
+
     path: GemmPath
     why: str = ""
     notice: str = ""
@@ -75,16 +81,26 @@ def auto_tiers(arch, width: int = 0) -> tuple[str, ...]:
     f16's 2, ffn_down on f16) and blk-all (ffn_down too); mix-int8 (ffn q4_K on the wide kernel)
     and int8 (the raw GGUF bytes). From BLK_AUTO_WIDTH on sm_90 blk goes first and f16 is not
     tried (it needs more memory than blk: where blk does not fit, neither does f16)."""
-    tiers = tuple(n for n, t in TIERS.items()
-                  if TABLE[t.path].archs is None or arch in TABLE[t.path].archs)
+    tiers = tuple(
+        n for n, t in TIERS.items() if TABLE[t.path].archs is None or arch in TABLE[t.path].archs
+    )
     if "blk" in tiers and width >= BLK_AUTO_WIDTH:
         return tuple(t for t in tiers if t != "f16")
     return tiers
 
 
-def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "auto",
-                smem_optin: int | None = None, tier: str = "f16", alone: bool = False,
-                cls: str = "", kind: str = "", exact: bool = True) -> Route:
+def choose_path(
+    qtype: int,
+    arch,
+    shape: tuple[int, int, int],
+    choice: str = "auto",
+    smem_optin: int | None = None,
+    tier: str = "f16",
+    alone: bool = False,
+    cls: str = "",
+    kind: str = "",
+    exact: bool = True,
+) -> Route:
     """The path of y[M, N] = x[M, K] @ W[N, K].T with W of GGUF type `qtype` on `arch`
     ("sm_90"; None: unknown). choice: "auto" or a TABLE name (the seeds' "mmq" is resolved
     before, GemmChoice); tier: auto's memory tier (a TIERS name), whose path runs the weight
@@ -119,8 +135,12 @@ def choose_path(qtype: int, arch, shape: tuple[int, int, int], choice: str = "au
     if smem_optin is not None and (p.smem(qtype) or 0) > smem_optin:
         need = p.smem(qtype)
         if p.kd:
-            return Route(NARROW, notice=(
-                f"MMQ wide KD={p.kd} needs {need} B of shared memory, over this GPU's opt-in "
-                f"cap of {smem_optin} B: using the narrow MMQ kernel instead"))
+            return Route(
+                NARROW,
+                notice=(
+                    f"MMQ wide KD={p.kd} needs {need} B of shared memory, over this GPU's opt-in "
+                    f"cap of {smem_optin} B: using the narrow MMQ kernel instead"
+                ),
+            )
         return Route(F16, f"{p.name} needs {need} B of shared memory, over the cap {smem_optin}")
     return Route(p)

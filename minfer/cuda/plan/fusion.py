@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minfer.cuda.plan.config import GemmChoice  # noqa: F401  (annotations)
 from minfer.cuda.paths import TABLE
+from minfer.cuda.plan.config import GemmChoice  # noqa: F401  (annotations)
 
 
 def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[str, int, int]]:
@@ -30,19 +30,21 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
     from minfer.families import schema_of
 
     out: dict[str, tuple[str, int, int]] = {}
-    groups = schema_of(model.config).gemm_groups   # what the family's layer may fuse
+    groups = schema_of(model.config).gemm_groups  # what the family's layer may fuse
     for i in range(model.config.n_layers):
         for group, members in groups:
             names = [f"blk.{i}.{n}.weight" for n in members]
             if any(n in out for n in names):
-                continue   # already in the q|k|v group
+                continue  # already in the q|k|v group
             if group == "attn_qk" and model.config.qkv_bias:
                 continue
             paths = {routes[n][0] for n in names}
             if len(paths) != 1:
                 continue
-            if (not TABLE[next(iter(paths))].via_f16
-                    and len({model.tensor(n).qtype for n in names}) != 1):
+            if (
+                not TABLE[next(iter(paths))].via_f16
+                and len({model.tensor(n).qtype for n in names}) != 1
+            ):
                 continue
             shapes = [model.tensor(n).shape for n in names]
             if len({k for _, k in shapes}) != 1:
@@ -54,8 +56,12 @@ def plan_fusion(model, routes: dict[str, tuple[str, str]]) -> dict[str, tuple[st
     return out
 
 
-def plan_glu(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
-             fused: dict[str, tuple[str, int, int]]) -> set[str]:
+def plan_glu(
+    model,
+    choice: GemmChoice,
+    routes: dict[str, tuple[str, str]],
+    fused: dict[str, tuple[str, int, int]],
+) -> set[str]:
     """The fused gate|up group names whose GEMM writes the swiglu (gemma: the geglu) from its
     epilogue (their rows interleaved per 16 at load, glu_rows): any type on the block path
     (mmq_blk_linear) or on the f16 path (gemm_f16_nt's glu modes), unless the tuning variant
@@ -80,25 +86,36 @@ def glu_all(model, routes: dict[str, tuple[str, str]], glu: set[str]) -> bool:
     through it)."""
     n = model.config.n_layers
     return len(glu) == n and all(
-        TABLE[routes[f"blk.{i}.ffn_gate.weight"][0]].int8 for i in range(n))
+        TABLE[routes[f"blk.{i}.ffn_gate.weight"][0]].int8 for i in range(n)
+    )
 
 
-def plan_rope(model, choice: GemmChoice, routes: dict[str, tuple[str, str]],
-              fused: dict[str, tuple[str, int, int]]) -> set[str]:
+def plan_rope(
+    model,
+    choice: GemmChoice,
+    routes: dict[str, tuple[str, str]],
+    fused: dict[str, tuple[str, int, int]],
+) -> set[str]:
     """The fused q|k|v group names whose GEMM writes roped q and the K/V cache rows from its
     epilogue (gemm_f16_nt's rope mode, minfer.cuda.ops.layers.QkvRope): on the f16 path unless the
     tuning variant no-rope, llama-order rope (a neox pair spans threads), no q/k/v
     bias (added to the f32 product before the rope launch), no q/k norms (qwen3) and one RoPE
     table for every layer (not gemma's local base)."""
     c = model.config
-    if (not choice.on("rope") or c.rope_neox or c.qkv_bias or c.qk_norm or c.head_dim % 2
-            or any(c.layer_rope(i) != c.layer_rope(0) for i in range(c.n_layers))):
+    if (
+        not choice.on("rope")
+        or c.rope_neox
+        or c.qkv_bias
+        or c.qk_norm
+        or c.head_dim % 2
+        or any(c.layer_rope(i) != c.layer_rope(0) for i in range(c.n_layers))
+    ):
         return set()
     out = set()
     for i in range(c.n_layers):
         q = f"blk.{i}.attn_q.weight"
         group = fused.get(q, ("",))[0]
-        if not c.has_rope(i):   # smollm3's layers without RoPE: rope_qkv on the identity table
+        if not c.has_rope(i):  # smollm3's layers without RoPE: rope_qkv on the identity table
             continue
         if group.endswith(".attn_qkv.weight") and TABLE[routes[q][0]].rope:
             out.add(group)
@@ -110,6 +127,7 @@ class GemmGroup:
     """One GEMM of a layer's q|k|v (or gate|up) input: the weight it runs (a fused group or one
     member), the member whose route it takes, its label, its output width and where each of
     its parts ("q", "k", "v" / "gate", "up") starts in its output columns."""
+
     weight: str
     member: str
     label: str
@@ -117,8 +135,9 @@ class GemmGroup:
     parts: tuple
 
 
-def plan_groups(model, fused: dict[str, tuple[str, int, int]], i: int, kind: str
-                ) -> tuple[GemmGroup, ...]:
+def plan_groups(
+    model, fused: dict[str, tuple[str, int, int]], i: int, kind: str
+) -> tuple[GemmGroup, ...]:
     """Layer i's GEMMs for `kind` "attn" (q, k, v) or "ffn" (gate, up), in output order: the
     fused groups of plan_fusion, the other members alone (their outputs one after another in
     the layer's f32 buffer)."""
@@ -138,6 +157,5 @@ def plan_groups(model, fused: dict[str, tuple[str, int, int]], i: int, kind: str
             out.append(GemmGroup(g, w, g.split(".")[2], width, parts))
         else:
             seen.add(w)
-            out.append(GemmGroup(w, w, n, int(model.tensor(w).shape[0]),
-                                 ((n.split("_")[1], 0),)))
+            out.append(GemmGroup(w, w, n, int(model.tensor(w).shape[0]), ((n.split("_")[1], 0),)))
     return tuple(out)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-MARGIN = 250_000_000   # bytes a plan leaves free (the driver, the allocator's rounding)
+MARGIN = 250_000_000  # bytes a plan leaves free (the driver, the allocator's rounding)
 
 
 def gb(n: float) -> str:
@@ -35,6 +35,7 @@ class MemoryPlan:
     the device's free bytes (None: unknown, nothing checked); chosen: the tier / path that
     runs; forced: the --gemm path ("" for auto); alt: auto tier -> need, for a forced path
     that does not fit (paths.TIERS[t].path forces the unmixed ones)."""
+
     tiers: dict[str, int]
     free: int | None
     margin: int
@@ -58,9 +59,11 @@ class MemoryPlan:
         if self.free is None:
             return []
         ok = [t for t, n in self.alt.items() if n + self.margin <= self.free]
-        out = [f"--gemm {TIERS[t].path} ({gb(self.alt[t])})" for t in ok
-               if TIERS[t].classes is None and TIERS[t].qtypes is None
-               and TIERS[t].path != self.forced]
+        out = [
+            f"--gemm {TIERS[t].path} ({gb(self.alt[t])})"
+            for t in ok
+            if TIERS[t].classes is None and TIERS[t].qtypes is None and TIERS[t].path != self.forced
+        ]
         return out + (["--gemm auto"] if ok else [])
 
     def line(self) -> str:
@@ -70,27 +73,43 @@ class MemoryPlan:
         if self.forced:
             return f"{self.chosen} plan {gb(self.need)} of {free} (--gemm {self.forced})"
         names = list(self.tiers)
-        skipped = names[:names.index(self.chosen)]
+        skipped = names[: names.index(self.chosen)]
         if not skipped:
             return f"{self.chosen} plan {gb(self.need)} of {free}"
         first, *rest = skipped
-        miss = ", ".join([f"{first} would need {gb(self.tiers[first])}"] +
-                         [f"{t} {gb(self.tiers[t])}" for t in rest])
-        return (f"{miss}, {free} -> {self.chosen}, {gb(self.need)} "
-                f"(margin {gb(self.margin)})")
+        miss = ", ".join(
+            [f"{first} would need {gb(self.tiers[first])}"]
+            + [f"{t} {gb(self.tiers[t])}" for t in rest]
+        )
+        return f"{miss}, {free} -> {self.chosen}, {gb(self.need)} (margin {gb(self.margin)})"
 
     def refusal(self) -> str:
         """The error line of a forced path that does not fit, naming the paths that would."""
         instead = self.fitting()
-        tail = (": " + (", ".join(instead[:-1]) + " or " if len(instead) > 1 else "") +
-                instead[-1] + " fits") if instead else ""
-        return (f"--gemm {self.forced} needs {gb(self.need)} of GPU memory, "
-                f"{gb(self.free or 0)} free{tail}")
+        tail = (
+            (
+                ": "
+                + (", ".join(instead[:-1]) + " or " if len(instead) > 1 else "")
+                + instead[-1]
+                + " fits"
+            )
+            if instead
+            else ""
+        )
+        return (
+            f"--gemm {self.forced} needs {gb(self.need)} of GPU memory, "
+            f"{gb(self.free or 0)} free{tail}"
+        )
 
     def as_json(self) -> dict:
-        return {"tiers": dict(self.tiers), "free": self.free, "margin": self.margin,
-                "chosen": self.chosen, "forced": self.forced or None,
-                "reason": self.reason()}
+        return {
+            "tiers": dict(self.tiers),
+            "free": self.free,
+            "margin": self.margin,
+            "chosen": self.chosen,
+            "forced": self.forced or None,
+            "reason": self.reason(),
+        }
 
     def reason(self) -> str:
         if self.forced:
@@ -103,13 +122,19 @@ class MemoryPlan:
         return "the fastest tier" if i == 0 else "the fastest tier that fits"
 
 
-def choose_tier(need: dict[str, int], free: int | None, margin: int = MARGIN,
-                forced: str = "", alt: dict[str, int] | None = None) -> MemoryPlan:
+def choose_tier(
+    need: dict[str, int],
+    free: int | None,
+    margin: int = MARGIN,
+    forced: str = "",
+    alt: dict[str, int] | None = None,
+) -> MemoryPlan:
     """The first tier (need's order) whose need plus `margin` fits `free`; the smallest when
     none does; the first when free memory is unknown. forced: need holds that one path."""
     tiers = list(need)
     chosen = tiers[0]
     if free is not None and not forced:
-        chosen = next((t for t in tiers if need[t] + margin <= free),
-                      min(tiers, key=lambda t: need[t]))
+        chosen = next(
+            (t for t in tiers if need[t] + margin <= free), min(tiers, key=lambda t: need[t])
+        )
     return MemoryPlan(dict(need), free, margin, chosen, forced, dict(alt or {}))

@@ -15,36 +15,49 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType as frozen
 from typing import Mapping
 
-from minfer.cuda.plan.config import GemmChoice
-from minfer.cuda.plan.fusion import (GemmGroup, glu_all, plan_fusion, plan_glu, plan_groups,
-                                     plan_rope)
-from minfer.cuda.plan.memory import MemoryPlan, choose_tier
 from minfer.cuda.paths import auto_tiers
+from minfer.cuda.plan.config import GemmChoice
+from minfer.cuda.plan.fusion import (
+    GemmGroup,
+    glu_all,
+    plan_fusion,
+    plan_glu,
+    plan_groups,
+    plan_rope,
+)
+from minfer.cuda.plan.memory import MemoryPlan, choose_tier
 
 
 @dataclass(frozen=True)
 class Plan:
     choice: GemmChoice
-    tier: str | None                   # auto's memory tier (None: a forced path)
-    routes: Mapping[str, tuple[str, str]]   # linear weight -> (path name, why f16)
-    fused: Mapping[str, tuple[str, int, int]]   # member -> (group, first row, rows)
-    glu: frozenset                     # gate|up groups whose GEMM writes the swiglu
-    rope: frozenset                    # q|k|v groups whose GEMM ropes (f16 epilogue)
-    groups: tuple                      # per layer {"attn": (GemmGroup, ...), "ffn": (...)}
-    parts: Mapping[str, int]           # memory part -> bytes (sizes.plan_memory)
-    glu_all: bool                      # every gate|up GEMM writes the swiglu: no f32 buffer
+    tier: str | None  # auto's memory tier (None: a forced path)
+    routes: Mapping[str, tuple[str, str]]  # linear weight -> (path name, why f16)
+    fused: Mapping[str, tuple[str, int, int]]  # member -> (group, first row, rows)
+    glu: frozenset  # gate|up groups whose GEMM writes the swiglu
+    rope: frozenset  # q|k|v groups whose GEMM ropes (f16 epilogue)
+    groups: tuple  # per layer {"attn": (GemmGroup, ...), "ffn": (...)}
+    parts: Mapping[str, int]  # memory part -> bytes (sizes.plan_memory)
+    glu_all: bool  # every gate|up GEMM writes the swiglu: no f32 buffer
     max_tokens: int
     ubatch: int
-    chunk: int | None                  # the upload's chunk bytes
-    memory: MemoryPlan | None = None   # the decision among the candidates (the memory line)
+    chunk: int | None  # the upload's chunk bytes
+    memory: MemoryPlan | None = None  # the decision among the candidates (the memory line)
 
     @property
     def need(self) -> int:
         return sum(self.parts.values())
 
 
-def plan_for(model, choice: GemmChoice, rt=None, max_tokens: int = 4096, ubatch: int = 512,
-             chunk: int | None = None, tier: str | None = None) -> Plan:
+def plan_for(
+    model,
+    choice: GemmChoice,
+    rt=None,
+    max_tokens: int = 4096,
+    ubatch: int = 512,
+    chunk: int | None = None,
+    tier: str | None = None,
+) -> Plan:
     """One complete candidate: choice's routes (on auto's `tier`), their fusion, epilogues,
     layer groups and the bytes of every part."""
     from minfer.cuda.plan.routes import plan_routes
@@ -54,17 +67,37 @@ def plan_for(model, choice: GemmChoice, rt=None, max_tokens: int = 4096, ubatch:
     fused = plan_fusion(model, routes)
     glu = plan_glu(model, choice, routes, fused)
     every_glu = glu_all(model, routes, glu)
-    parts = plan_memory(model, routes, max_tokens, ubatch, getattr(rt, "sm_count", 0),
-                        every_glu, chunk, fused)
-    groups = tuple({k: plan_groups(model, fused, i, k) for k in ("attn", "ffn")}
-                   for i in range(model.config.n_layers))
-    return Plan(choice, tier if choice.path == "auto" else None, frozen(routes), frozen(fused),
-                frozenset(glu), frozenset(plan_rope(model, choice, routes, fused)), groups,
-                frozen(parts), every_glu, max_tokens, ubatch, chunk)
+    parts = plan_memory(
+        model, routes, max_tokens, ubatch, getattr(rt, "sm_count", 0), every_glu, chunk, fused
+    )
+    groups = tuple(
+        {k: plan_groups(model, fused, i, k) for k in ("attn", "ffn")}
+        for i in range(model.config.n_layers)
+    )
+    return Plan(
+        choice,
+        tier if choice.path == "auto" else None,
+        frozen(routes),
+        frozen(fused),
+        frozenset(glu),
+        frozenset(plan_rope(model, choice, routes, fused)),
+        groups,
+        frozen(parts),
+        every_glu,
+        max_tokens,
+        ubatch,
+        chunk,
+    )
 
 
-def make_plan(model, choice: GemmChoice | None = None, rt=None, max_tokens: int = 4096,
-              ubatch: int = 512, chunk: int | None = None) -> Plan:
+def make_plan(
+    model,
+    choice: GemmChoice | None = None,
+    rt=None,
+    max_tokens: int = 4096,
+    ubatch: int = 512,
+    chunk: int | None = None,
+) -> Plan:
     """The plan the backend runs: auto's fastest tier that fits the free memory (rt.mem_info;
     unknown without it: the first), or the forced path's plan, its memory decision attached
     (a forced plan that does not fit carries auto's tiers as the suggestions)."""
@@ -73,8 +106,10 @@ def make_plan(model, choice: GemmChoice | None = None, rt=None, max_tokens: int 
     auto = replace(choice, path="auto")
 
     def tiers() -> dict[str, Plan]:
-        return {t: plan_for(model, auto, rt, max_tokens, ubatch, chunk, t)
-                for t in auto_tiers(getattr(rt, "arch", None), model.config.d_model)}
+        return {
+            t: plan_for(model, auto, rt, max_tokens, ubatch, chunk, t)
+            for t in auto_tiers(getattr(rt, "arch", None), model.config.d_model)
+        }
 
     if choice.path == "auto":
         cands = tiers()
@@ -92,8 +127,16 @@ def kv_slot_bytes(c) -> int:
     return 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
 
 
-def fit_kv_slots(model, choice: GemmChoice | None, rt, ubatch: int, want: int,
-                 chunk: int | None = None, align: int = 128, extra: int = 0) -> int:
+def fit_kv_slots(
+    model,
+    choice: GemmChoice | None,
+    rt,
+    ubatch: int,
+    want: int,
+    chunk: int | None = None,
+    align: int = 128,
+    extra: int = 0,
+) -> int:
     """The most KV slots, at most `want` and a multiple of `align`, that the free memory holds
     beside the rest of the plan (its fastest tier that fits with `align` slots) plus `extra`
     bytes allocated outside the plan, 5 % of the rest kept back: a batch's KV cache, sized
@@ -108,11 +151,24 @@ def fit_kv_slots(model, choice: GemmChoice | None, rt, ubatch: int, want: int,
     return max(0, min(int(want), avail // per) // align * align)
 
 
-def plan_tiers(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 512,
-               max_tokens: int = 4096, chunk: int | None = None) -> MemoryPlan:
+def plan_tiers(
+    model,
+    choice: GemmChoice | None = None,
+    rt=None,
+    ubatch: int = 512,
+    max_tokens: int = 4096,
+    chunk: int | None = None,
+) -> MemoryPlan:
     """make_plan's memory decision alone (memory.MemoryPlan: each tier's need, the choice)."""
     return make_plan(model, choice, rt, max_tokens, ubatch, chunk).memory
 
 
-__all__ = ["Plan", "plan_for", "make_plan", "plan_tiers", "GemmGroup", "fit_kv_slots",
-           "kv_slot_bytes"]
+__all__ = [
+    "Plan",
+    "plan_for",
+    "make_plan",
+    "plan_tiers",
+    "GemmGroup",
+    "fit_kv_slots",
+    "kv_slot_bytes",
+]

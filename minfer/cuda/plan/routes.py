@@ -9,7 +9,7 @@ weights of a layer are fused into one GEMM.
 - `weight_class`: attn, ffn or head, what a mixed tier (paths.TIERS) splits by.
 - `summarize_routes`: the one-line "MMQ (...): n GEMMs (q4_K a, q6_K b), f16: m GEMMs (...)"
   that bench, check and prefill print.
-- `plan_fusion`, `plan_glu`, `plan_rope`: re-exported from minfer.cuda.plan.fusion.
+Fusion (`plan_fusion`, `plan_glu`, `plan_rope`) is minfer.cuda.plan.fusion's.
 """
 
 from __future__ import annotations
@@ -45,14 +45,15 @@ def weight_class(model, name: str) -> str:
     return "attn" if ".attn_" in name else "ffn"
 
 
-def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 512,
-                tier: str | None = None) -> dict[str, tuple[str, str]]:
+def plan_routes(
+    model, choice: GemmChoice | None = None, rt=None, ubatch: int = 512, tier: str | None = None
+) -> dict[str, tuple[str, str]]:
     """weight name -> (path name, why) for every linear weight and the LM head. rt: the
     runtime (arch, smem_optin; None: an unknown GPU); tier: auto's memory tier (paths.TIERS;
     None: the first; the one that fits the free memory is plan.make_plan's choice)."""
     choice = choice or GemmChoice()
     arch = getattr(rt, "arch", None)
-    if choice.path == "auto" and tier is None:   # (the tier that fits: plan.make_plan)
+    if choice.path == "auto" and tier is None:  # (the tier that fits: plan.make_plan)
         tier = auto_tiers(arch, model.config.d_model)[0]
     smem = getattr(rt, "smem_optin", None)
     routes: dict[str, tuple[str, str]] = {}
@@ -61,8 +62,18 @@ def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 
         t = model.tensor(n)
         N, K = (int(s) for s in t.shape)
         M = 1 if n == model.output_name else ubatch
-        r = choose_path(t.qtype, arch, (M, N, K), choice.path, smem, tier or "f16", alone,
-                        weight_class(model, n), n.split(".")[-2], choice.on("exact-down"))
+        r = choose_path(
+            t.qtype,
+            arch,
+            (M, N, K),
+            choice.path,
+            smem,
+            tier or "f16",
+            alone,
+            weight_class(model, n),
+            n.split(".")[-2],
+            choice.on("exact-down"),
+        )
         if r.notice:
             _warn_once(r.notice)
         return r.path.name, r.why
@@ -72,10 +83,13 @@ def plan_routes(model, choice: GemmChoice | None = None, rt=None, ubatch: int = 
     if not model.config.qkv_bias:
         for i in range(model.config.n_layers):
             q, k, v = (f"blk.{i}.attn_{x}.weight" for x in "qkv")
-            same_type = (TABLE[routes[v][0]].via_f16 or
-                         model.tensor(q).qtype == model.tensor(k).qtype == model.tensor(v).qtype)
+            same_type = (
+                TABLE[routes[v][0]].via_f16
+                or model.tensor(q).qtype == model.tensor(k).qtype == model.tensor(v).qtype
+            )
             if TABLE[routes[v][0]].int8 and not (
-                    routes[q][0] == routes[k][0] == routes[v][0] and same_type):
+                routes[q][0] == routes[k][0] == routes[v][0] and same_type
+            ):
                 routes[v] = route(v, alone=True)
     return routes
 

@@ -15,9 +15,16 @@ from minfer.cuda.paths import TABLE
 from minfer.errors import GPUError
 
 
-def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
-                ubatch: int, sms: int = 0, glu_all: bool = False,
-                chunk: int | None = None, fused=None) -> dict[str, int]:
+def plan_memory(
+    model,
+    routes: dict[str, tuple[str, str]],
+    max_tokens: int,
+    ubatch: int,
+    sms: int = 0,
+    glu_all: bool = False,
+    chunk: int | None = None,
+    fused=None,
+) -> dict[str, int]:
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
     sms: the GPU's SM count (the blk kernel's stream-K workspace, one slot per SM); glu_all:
     every layer's gate|up GEMM writes the swiglu itself (fusion.glu_all), so the f32 gate|up
@@ -27,23 +34,22 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
     m = model
     from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
     from minfer.cuda.plan.fusion import plan_fusion
-
     from minfer.cuda.runtime.upload import DEFAULT_CHUNK
     from minfer.quants.blk_ref import blk_bytes
 
-    fused = plan_fusion(model, routes) if fused is None else fused   # a group requantizes as one
+    fused = plan_fusion(model, routes) if fused is None else fused  # a group requantizes as one
     f16_w = 0
     mmq_w = 0
     q8_k = 0
-    blk_k = 0                        # largest K of the blk routes (their operand scratch)
+    blk_k = 0  # largest K of the blk routes (their operand scratch)
     blk_groups: dict[str, list] = {}  # blk weight or fused group -> [rows, K]
     for n, (path, _) in routes.items():
         t = m.tensor(n)
         N, K = (int(s) for s in t.shape)
-        p = TABLE[path]   # how the path keeps its weight on the GPU
+        p = TABLE[path]  # how the path keeps its weight on the GPU
         if p.via_f16 and not p.requant:
             f16_w += N * K * 2
-        elif p.requant:   # ~1 B/weight; f16 (a group at a time) while requantizing
+        elif p.requant:  # ~1 B/weight; f16 (a group at a time) while requantizing
             blk_k = max(blk_k, K)
             g = fused[n][0] if n in fused else n
             blk_groups.setdefault(g, [0, K])[0] += N
@@ -51,36 +57,50 @@ def plan_memory(model, routes: dict[str, tuple[str, str]], max_tokens: int,
             q8_k = max(q8_k, K)
             if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
                 mmq_w += int(t.data.nbytes)
-    mmq_w += sum(blk_bytes(N, K) for N, K in blk_groups.values())   # tokens' layout, too
+    mmq_w += sum(blk_bytes(N, K) for N, K in blk_groups.values())  # tokens' layout, too
     emb = int(m.tensor("token_embd.weight").data.nbytes)
     kv = 2 * c.n_layers * max_tokens * c.n_kv_heads * c.head_dim * 2
     T = ubatch
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    act = T * (c.d_model * (4 + 2) + qd * (4 + 2 + 2) + kd * 4 * 2 +
-               c.d_ff * ((0 if glu_all else 4 + 4) + 2))
+    act = T * (
+        c.d_model * (4 + 2)
+        + qd * (4 + 2 + 2)
+        + kd * 4 * 2
+        + c.d_ff * ((0 if glu_all else 4 + 4) + 2)
+    )
     from minfer.cuda.ops.layers import local_rope
 
-    tables = (2 if local_rope(c) else 1   # gemma's local layers: their own base
-              ) + (not all(c.has_rope(il) for il in range(c.n_layers)))   # smollm3: identity
-    act += c.vocab_size * 4 + tables * (min(max_tokens, c.n_ctx) * c.rope_dim) * 4   # rope
-    act += T * c.d_model * 4 if c.post_norms or c.residual_scale != 1.0 else 0   # post32
+    tables = (
+        2 if local_rope(c) else 1  # gemma's local layers: their own base
+    ) + (not all(c.has_rope(il) for il in range(c.n_layers)))  # smollm3: identity
+    act += c.vocab_size * 4 + tables * (min(max_tokens, c.n_ctx) * c.rope_dim) * 4  # rope
+    act += T * c.d_model * 4 if c.post_norms or c.residual_scale != 1.0 else 0  # post32
     from minfer.reference.ops import TOP_MAX
 
-    act += T * TOP_MAX * (4 + 4)   # packed(top=k)'s ids and log-probs (buffers.top_ids, top_lp)
-    return {"f16 weights": f16_w, "MMQ weights": mmq_w, "quantized embedding": emb,
-            "KV cache": kv, "activations": act, "q8_1 scratch": T * q8_k // 32 * 40,
-            "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
-            "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
-            "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
-            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0,
-            "expert weights": expert_bytes(m)}   # not among the routes' linear weights
+    act += T * TOP_MAX * (4 + 4)  # packed(top=k)'s ids and log-probs (buffers.top_ids, top_lp)
+    return {
+        "f16 weights": f16_w,
+        "MMQ weights": mmq_w,
+        "quantized embedding": emb,
+        "KV cache": kv,
+        "activations": act,
+        "q8_1 scratch": T * q8_k // 32 * 40,
+        "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
+        "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
+        "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
+        "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0,
+        "expert weights": expert_bytes(m),
+    }  # not among the routes' linear weights
 
 
 def expert_bytes(model) -> int:
     """File bytes of the mixture-of-experts weights (the routers and the stacked experts): the
     GPU would hold them as they are; 0 for a dense model."""
-    return sum(int(t.data.nbytes) for n, t in model.tensors.items()
-               if n.endswith(("_exps.weight", "ffn_gate_inp.weight")))
+    return sum(
+        int(t.data.nbytes)
+        for n, t in model.tensors.items()
+        if n.endswith(("_exps.weight", "ffn_gate_inp.weight"))
+    )
 
 
 def weight_bytes(model) -> int:
@@ -88,8 +108,15 @@ def weight_bytes(model) -> int:
     return sum(int(t.data.nbytes) for t in model.tensors.values())
 
 
-def memory_need(model, choice, routes: dict[str, tuple[str, str]], max_tokens: int,
-                ubatch: int, sms: int = 0, chunk: int | None = None) -> dict[str, int]:
+def memory_need(
+    model,
+    choice,
+    routes: dict[str, tuple[str, str]],
+    max_tokens: int,
+    ubatch: int,
+    sms: int = 0,
+    chunk: int | None = None,
+) -> dict[str, int]:
     """plan_memory of `routes` as the backend builds them (fusion, the glu epilogues of
     `choice`): what the memory tiers are compared by and what check_memory checks."""
     from minfer.cuda.plan.fusion import glu_all, plan_fusion, plan_glu
@@ -107,11 +134,13 @@ def check_memory(rt, plan: dict[str, int], max_tokens: int, ubatch: int) -> None
     free, total = rt.mem_info()
     if need + MARGIN > free:
         parts = ", ".join(f"{k} {gb(v)}" for k, v in plan.items() if v)
-        raise GPUError(f"GPU out of memory for this model: needs {gb(need)} of GPU memory "
-                       f"({parts}) plus the {gb(MARGIN)} margin, {gb(free)} free of "
-                       f"{gb(total)} (KV cache for {max_tokens} tokens, activations "
-                       f"for {ubatch}: try a shorter prompt, fewer --greedy tokens or "
-                       f"a smaller --ubatch)")
+        raise GPUError(
+            f"GPU out of memory for this model: needs {gb(need)} of GPU memory "
+            f"({parts}) plus the {gb(MARGIN)} margin, {gb(free)} free of "
+            f"{gb(total)} (KV cache for {max_tokens} tokens, activations "
+            f"for {ubatch}: try a shorter prompt, fewer --greedy tokens or "
+            f"a smaller --ubatch)"
+        )
 
 
 def upload_slot(model, names, chunk: int) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 from minfer.errors import GPUError
 
 
-def find_kernel_dir(pkg: Path = Path(__file__).resolve().parents[1]) -> Path:
+def find_kernel_dir(pkg: Path = Path(__file__).resolve().parents[1]) -> Path:  # noqa: B008
     """The CUDA sources for the minfer/cuda package `pkg`: a source checkout's (or editable
     install's) top-level kernels/, else the copy a wheel ships as package data
     (minfer/cuda/kernels, setup.py's build_py). The checkout needs its pyproject.toml too, so a
@@ -53,10 +53,13 @@ def kernel_path(name: str) -> Path:
 @lru_cache(maxsize=1)
 def nvcc() -> str:
     exe = shutil.which("nvcc") or (
-        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+        "/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None
+    )
     if exe is None:
-        raise GPUError("nvcc not found on PATH: the CUDA toolkit is needed to build minfer's "
-                       "kernels (or run with --backend cpu)")
+        raise GPUError(
+            "nvcc not found on PATH: the CUDA toolkit is needed to build minfer's "
+            "kernels (or run with --backend cpu)"
+        )
     return exe
 
 
@@ -104,7 +107,8 @@ def parse_ptxas(report: str) -> dict[str, KernelResources]:
     vals: dict[str, int] = {}
     for line in report.splitlines():
         m = re.search(r"Compiling entry function '([^']+)'", line) or re.search(
-            r"Function properties for (\S+)", line)
+            r"Function properties for (\S+)", line
+        )
         if m:
             if cur and "registers" in vals:
                 out[cur] = _res(cur, vals)
@@ -113,8 +117,9 @@ def parse_ptxas(report: str) -> dict[str, KernelResources]:
             continue
         if cur is None:
             continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
-                      line)
+        m = re.search(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line
+        )
         if m:
             vals["stack"], vals["ss"], vals["sl"] = map(int, m.groups())
         m = re.search(r"Used (\d+) registers", line)
@@ -128,8 +133,9 @@ def parse_ptxas(report: str) -> dict[str, KernelResources]:
 
 
 def _res(name: str, v: dict[str, int]) -> KernelResources:
-    return KernelResources(name, v["registers"], v.get("smem", 0), v.get("stack", 0),
-                           v.get("ss", 0), v.get("sl", 0))
+    return KernelResources(
+        name, v["registers"], v.get("smem", 0), v.get("stack", 0), v.get("ss", 0), v.get("sl", 0)
+    )
 
 
 def cubin_path(name: str, arch: str = "sm_90", options: tuple[str, ...] = ()) -> Path:
@@ -139,8 +145,9 @@ def cubin_path(name: str, arch: str = "sm_90", options: tuple[str, ...] = ()) ->
     return cache_dir() / f"{src.stem}-{arch}-{key}.cubin"
 
 
-def compile_cubin(name: str, arch: str = "sm_90", options: tuple[str, ...] = (),
-                  report: bool = False) -> tuple[Path, str]:
+def compile_cubin(
+    name: str, arch: str = "sm_90", options: tuple[str, ...] = (), report: bool = False
+) -> tuple[Path, str]:
     """Compile kernels/<name>.cu for `arch`; return (cubin path, ptxas report).
 
     Cached: a second call with the same inputs returns the cached cubin, and with
@@ -152,8 +159,7 @@ def compile_cubin(name: str, arch: str = "sm_90", options: tuple[str, ...] = (),
     log = out.with_suffix(".ptxas.txt")  # ptxas's report, kept beside the cubin
     if out.exists() and (not report or log.exists()):
         return out, log.read_text() if report else ""
-    cmd = [nvcc(), "-cubin", f"-arch={arch}", *opts, "-Xptxas", "-v", "-I", str(src.parent),
-           "-o"]
+    cmd = [nvcc(), "-cubin", f"-arch={arch}", *opts, "-Xptxas", "-v", "-I", str(src.parent), "-o"]
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
     os.close(fd)
     try:

@@ -85,24 +85,30 @@ def contiguous(a) -> bool:
     return True
 
 
-def check(name: str, a, shape=None, dtype=None, align: int = 4,
-          require_contiguous: bool = False) -> None:
+def check(
+    name: str, a, shape=None, dtype=None, align: int = 4, require_contiguous: bool = False
+) -> None:
     """Raise GPUError with a one-line message if `a` is not the expected device array."""
     if not hasattr(a, "gpudata"):
         raise GPUError(f"{name}: expected a device array (GPUArray), got {type(a).__name__}")
-    if dtype is not None and np.dtype(a.dtype) not in tuple(np.dtype(d) for d in (
-            dtype if isinstance(dtype, (tuple, list)) else (dtype,))):
+    if dtype is not None and np.dtype(a.dtype) not in tuple(
+        np.dtype(d) for d in (dtype if isinstance(dtype, (tuple, list)) else (dtype,))
+    ):
         raise GPUError(f"{name}: dtype {a.dtype}, expected {dtype}")
     if shape is not None:
-        if len(a.shape) != len(shape) or any(s is not None and int(s) != int(d)
-                                             for s, d in zip(shape, a.shape)):
-            raise GPUError(f"{name}: shape {tuple(a.shape)}, expected "
-                           f"{tuple('*' if s is None else s for s in shape)}")
+        if len(a.shape) != len(shape) or any(
+            s is not None and int(s) != int(d) for s, d in zip(shape, a.shape)
+        ):
+            raise GPUError(
+                f"{name}: shape {tuple(a.shape)}, expected "
+                f"{tuple('*' if s is None else s for s in shape)}"
+            )
     if ptr(a) % align and a.size:
         raise GPUError(f"{name}: device pointer {ptr(a):#x} not {align}-byte aligned")
     if require_contiguous and not contiguous(a):
-        raise GPUError(f"{name}: not contiguous (shape {tuple(a.shape)}, strides "
-                       f"{tuple(a.strides)})")
+        raise GPUError(
+            f"{name}: not contiguous (shape {tuple(a.shape)}, strides {tuple(a.strides)})"
+        )
 
 
 def poison(rt, *arrays) -> None:

@@ -43,8 +43,7 @@ class Graph:
         self._lib, self._graph, self._exe, self.nodes = lib, graph, exe, nodes
 
     def launch(self, stream) -> None:
-        _check(self._lib.cuGraphLaunch(self._exe, ctypes.c_void_p(stream.handle)),
-               "cuGraphLaunch")
+        _check(self._lib.cuGraphLaunch(self._exe, ctypes.c_void_p(stream.handle)), "cuGraphLaunch")
 
     def destroy(self) -> None:
         if self._exe:
@@ -58,8 +57,7 @@ def capture(stream, body) -> Graph:
     If body raises, the capture is ended and discarded and the exception propagates."""
     lib = libcuda()
     h = ctypes.c_void_p(stream.handle)
-    _check(lib.cuStreamBeginCapture_v2(h, ctypes.c_int(_CAPTURE_RELAXED)),
-           "cuStreamBeginCapture")
+    _check(lib.cuStreamBeginCapture_v2(h, ctypes.c_int(_CAPTURE_RELAXED)), "cuStreamBeginCapture")
     graph = ctypes.c_void_p()
     try:
         body()

@@ -21,14 +21,14 @@ class OpProfile:
     def __init__(self, rt, spin_ms: float = 0.0):
         self.rt = rt
         self.spin_ms = spin_ms
-        self.spun_ms = 0.0   # the spins' total (a caller timing the wall subtracts it)
+        self.spun_ms = 0.0  # the spins' total (a caller timing the wall subtracts it)
         self.pending: list[tuple[str, float, object, object]] = []
         self.totals: dict[str, list[float]] = {}
 
     def begin_chunk(self) -> None:
         """Called by the backend once a chunk's inputs are on the device."""
-        if self.spin_ms > 0:   # (cycles at ~2 GHz: the queue only needs to stay full)
-            spin = self.rt.function("smoke", "spin_cycles")   # (built before the clock runs)
+        if self.spin_ms > 0:  # (cycles at ~2 GHz: the queue only needs to stay full)
+            spin = self.rt.function("smoke", "spin_cycles")  # (built before the clock runs)
             self.rt.launch(spin, (1,), (1,), (np.int64(int(self.spin_ms * 2e6)),))
             self.spun_ms += self.spin_ms
 

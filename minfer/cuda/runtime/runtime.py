@@ -38,8 +38,10 @@ def debug_flags(env=None) -> set[str]:
     if bad:
         from minfer.errors import BadInput
 
-        raise BadInput(f"MINFER_CUDA_DEBUG={v!r}: expected 1 or a comma list of sync, poison, "
-                       f"nographs (not {', '.join(sorted(bad))})")
+        raise BadInput(
+            f"MINFER_CUDA_DEBUG={v!r}: expected 1 or a comma list of sync, poison, "
+            f"nographs (not {', '.join(sorted(bad))})"
+        )
     return flags
 
 
@@ -60,8 +62,10 @@ def _import_pycuda():
     try:
         import pycuda.driver as drv
     except ImportError:
-        raise GPUError("pycuda is not installed (pip install -e \".[cuda]\"); "
-                       "use --backend cpu to run without a GPU") from None
+        raise GPUError(
+            'pycuda is not installed (pip install -e ".[cuda]"); '
+            "use --backend cpu to run without a GPU"
+        ) from None
     return drv
 
 
@@ -74,8 +78,9 @@ class Runtime:
             drv.init()
             n = drv.Device.count()
         except Exception as e:
-            raise GPUError(f"CUDA driver unavailable ({e}); use --backend cpu to run without "
-                           "a GPU") from None
+            raise GPUError(
+                f"CUDA driver unavailable ({e}); use --backend cpu to run without a GPU"
+            ) from None
         if n == 0:
             raise GPUError("no CUDA GPU found; use --backend cpu to run without a GPU")
         if self.cfg.device >= n:
@@ -92,7 +97,7 @@ class Runtime:
         self.name = self.device.name()
         self._modules: dict[tuple, object] = {}
         self._functions: dict[tuple, object] = {}
-        self._workspaces: dict[str, tuple] = {}   # key -> (allocation, bytes): workspace()
+        self._workspaces: dict[str, tuple] = {}  # key -> (allocation, bytes): workspace()
         # launches with stream=None go here (None: the legacy default stream); CudaBackend
         # points it at its capture stream while recording a CUDA graph
         self.stream = None
@@ -118,8 +123,7 @@ class Runtime:
             self._modules[key] = mod
         return mod
 
-    def function(self, name: str, entry: str, options: tuple[str, ...] = (),
-                 dyn_smem: int = 0):
+    def function(self, name: str, entry: str, options: tuple[str, ...] = (), dyn_smem: int = 0):
         """The entry `entry` of kernels/<name>.cu; dyn_smem > 48 KB is opted in here."""
         key = (name, entry, options)
         fn = self._functions.get(key)
@@ -130,16 +134,18 @@ class Runtime:
             self._functions[key] = fn
         if dyn_smem > fn._minfer_smem:
             if dyn_smem > self.smem_optin:
-                raise GPUError(f"{entry}: {dyn_smem} B of dynamic shared memory exceeds the "
-                               f"device's opt-in cap of {self.smem_optin} B")
-            fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                             dyn_smem)
+                raise GPUError(
+                    f"{entry}: {dyn_smem} B of dynamic shared memory exceeds the "
+                    f"device's opt-in cap of {self.smem_optin} B"
+                )
+            fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, dyn_smem)
             fn._minfer_smem = dyn_smem
         return fn
 
     # -- launches ---------------------------------------------------------------------------
-    def launch(self, fn, grid: tuple, block: tuple, args: tuple, smem: int = 0,
-               stream=None) -> None:
+    def launch(
+        self, fn, grid: tuple, block: tuple, args: tuple, smem: int = 0, stream=None
+    ) -> None:
         """Launch fn; args are device pointers (DeviceAllocation or int) and numpy scalars."""
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
@@ -152,8 +158,10 @@ class Runtime:
             if self.cfg.debug:
                 self.drv.Context.synchronize()
         except self.drv.Error as e:
-            raise GPUError(f"kernel {getattr(fn, '_minfer_name', fn)} failed "
-                           f"(grid {grid}, block {block}, smem {smem} B): {e}") from None
+            raise GPUError(
+                f"kernel {getattr(fn, '_minfer_name', fn)} failed "
+                f"(grid {grid}, block {block}, smem {smem} B): {e}"
+            ) from None
 
     @property
     def poisoning(self) -> bool:
@@ -208,13 +216,17 @@ class Runtime:
             return self.drv.mem_alloc(max(int(nbytes), 1))
         except self.drv.MemoryError:
             free, total = self.mem_info()
-            raise GPUError(f"GPU out of memory allocating {what}: asked {nbytes / 2**20:.1f} "
-                           f"MiB, {free / 2**20:.1f} MiB free of {total / 2**20:.1f}") from None
+            raise GPUError(
+                f"GPU out of memory allocating {what}: asked {nbytes / 2**20:.1f} "
+                f"MiB, {free / 2**20:.1f} MiB free of {total / 2**20:.1f}"
+            ) from None
         except self.drv.Error as e:  # e.g. a size the driver rejects outright
             free, total = self.mem_info()
-            raise GPUError(f"GPU allocation of {what} failed ({e}): asked "
-                           f"{nbytes / 2**20:.1f} MiB, {free / 2**20:.1f} MiB free of "
-                           f"{total / 2**20:.1f}") from None
+            raise GPUError(
+                f"GPU allocation of {what} failed ({e}): asked "
+                f"{nbytes / 2**20:.1f} MiB, {free / 2**20:.1f} MiB free of "
+                f"{total / 2**20:.1f}"
+            ) from None
 
 
 _RUNTIME: list[Runtime] = []

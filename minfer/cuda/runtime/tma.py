@@ -21,7 +21,7 @@ from minfer.errors import GPUError
 
 # cuda.h enums (CUtensorMapDataType, ...Interleave, ...Swizzle, ...L2promotion, ...FloatOOBfill)
 _F16, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_256B, _OOB_ZERO = 6, 0, 3, 3, 0
-BOX_COLS = 64          # 64 halves = one 128-byte swizzle row
+BOX_COLS = 64  # 64 halves = one 128-byte swizzle row
 _CACHE_MAX = 4096
 # A kernel taking tensor maps by value declares them first: the sm_90 parameter block starts at
 # constant offset 0x210, so the first 64-byte aligned map sits 48 bytes in; pycuda packs
@@ -41,10 +41,20 @@ def _encoder():
         if fn is None:
             raise GPUError("TMA tensor maps: this driver has no cuTensorMapEncodeTiled")
         fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p,
-                       ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
-                       ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32),
-                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        fn.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_uint32,
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(ctypes.c_uint32),
+            ctypes.POINTER(ctypes.c_uint32),
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+        ]
         _encode = fn
     return _encode
 
@@ -59,18 +69,32 @@ def tmap_f16_2d(ptr: int, rows: int, cols: int, box_rows: int) -> np.ndarray:
         return m
     if ptr % 16 or cols % 8 or not 1 <= box_rows <= 256 or rows < 1:
         raise GPUError(f"TMA tensor map: bad f16 [{rows}, {cols}] at {ptr:#x}, box {box_rows}")
-    raw = np.zeros(128 + 64, np.uint8)     # the map is written 64-byte aligned
+    raw = np.zeros(128 + 64, np.uint8)  # the map is written 64-byte aligned
     off = (-raw.ctypes.data) % 64
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(cols * 2)
     box = (ctypes.c_uint32 * 2)(BOX_COLS, box_rows)
     estr = (ctypes.c_uint32 * 2)(1, 1)
-    rc = _encoder()(raw.ctypes.data + off, _F16, 2, ctypes.c_void_p(int(ptr)), dims, strides,
-                    box, estr, _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_256B, _OOB_ZERO)
+    rc = _encoder()(
+        raw.ctypes.data + off,
+        _F16,
+        2,
+        ctypes.c_void_p(int(ptr)),
+        dims,
+        strides,
+        box,
+        estr,
+        _INTERLEAVE_NONE,
+        _SWIZZLE_128B,
+        _L2_256B,
+        _OOB_ZERO,
+    )
     if rc != 0:
-        raise GPUError(f"TMA tensor map: cuTensorMapEncodeTiled failed with CUresult {rc} "
-                       f"(f16 [{rows}, {cols}] at {ptr:#x}, box {box_rows})")
-    m = raw[off:off + 128].copy()
+        raise GPUError(
+            f"TMA tensor map: cuTensorMapEncodeTiled failed with CUresult {rc} "
+            f"(f16 [{rows}, {cols}] at {ptr:#x}, box {box_rows})"
+        )
+    m = raw[off : off + 128].copy()
     if len(_cache) >= _CACHE_MAX:
         _cache.clear()
     _cache[key] = m

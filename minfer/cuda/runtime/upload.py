@@ -17,8 +17,8 @@ import numpy as np
 
 from minfer.errors import GPUError
 
-DEFAULT_CHUNK = 64 << 20   # bytes per chunk (the backend's chunk= for another; tests use tiny ones)
-READERS = 4                # threads that read one chunk out of the map (page faults in parallel)
+DEFAULT_CHUNK = 64 << 20  # bytes per chunk (the backend's chunk= for another; tests use tiny ones)
+READERS = 4  # threads that read one chunk out of the map (page faults in parallel)
 
 
 def split_rows(rows: int, row_bytes: int, chunk: int, multiple: int = 8) -> list[tuple[int, int]]:
@@ -43,13 +43,15 @@ class Staging:
         try:
             self.host = [drv.pagelocked_empty((self.slot_bytes,), np.uint8) for _ in range(2)]
         except drv.Error as e:
-            raise GPUError(f"pinned host staging of 2 x {self.slot_bytes >> 20} MiB failed ({e}): "
-                           "out of pinnable host memory") from None
+            raise GPUError(
+                f"pinned host staging of 2 x {self.slot_bytes >> 20} MiB failed ({e}): "
+                "out of pinnable host memory"
+            ) from None
         self.stream = drv.Stream()
-        self.left = [drv.Event() for _ in range(2)]   # slot i's host bytes have been copied
+        self.left = [drv.Event() for _ in range(2)]  # slot i's host bytes have been copied
         self.used = [False, False]
         self.i = 0
-        self.nbytes = 0   # bytes put so far
+        self.nbytes = 0  # bytes put so far
         self.pool = None
         if self.slot_bytes >= READERS << 20:
             from concurrent.futures import ThreadPoolExecutor
@@ -64,8 +66,11 @@ class Staging:
             np.copyto(host, src)
             return
         step = -(-n // READERS)
-        list(self.pool.map(lambda o: np.copyto(host[o:o + step], src[o:o + step]),
-                           range(0, n, step)))
+        list(
+            self.pool.map(
+                lambda o: np.copyto(host[o : o + step], src[o : o + step]), range(0, n, step)
+            )
+        )
 
     def put(self, src: np.ndarray, dst: int | None = None) -> int:
         """Queue src (host bytes, at most slot_bytes) -> dst (device address; None: the slot's
@@ -77,9 +82,9 @@ class Staging:
         s = self.i
         self.i ^= 1
         if self.used[s]:
-            self.left[s].synchronize()   # the copy queued from this slot two chunks ago
+            self.left[s].synchronize()  # the copy queued from this slot two chunks ago
         host = self.host[s][:n]
-        self._read(host, src.reshape(-1).view(np.uint8))   # the host's read of the memory map
+        self._read(host, src.reshape(-1).view(np.uint8))  # the host's read of the memory map
         to = int(self.dev[s]) if dst is None else int(dst)
         try:
             drv.memcpy_htod_async(to, host, self.stream)

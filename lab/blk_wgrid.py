@@ -4,7 +4,7 @@ weight requantized on a variant grid, to find which weight scale layout passes g
 had one scale per row before. An experiment: this patches minfer.quants.blk_ref.blk_grid
 (weight=True) for the one process.
 
-    python3 scripts/blk_wgrid.py VARIANT -m M --emulate blk -t 1 --kld-base BASE.logits
+    python3 lab/blk_wgrid.py VARIANT -m M --emulate blk -t 1 --kld-base BASE.logits
 
 Every variant works on the rotated blocks y [R, KB, 128] of the weight [R, K] (blk_ref._rotated)
 and keeps the activations as the kernel has them (rotated int8 per (token, 128)):
@@ -43,7 +43,7 @@ import sys
 
 import numpy as np
 
-CANDS = np.round(np.arange(0.50, 1.0001, 0.02), 2).astype(np.float32)   # 26 clip factors
+CANDS = np.round(np.arange(0.50, 1.0001, 0.02), 2).astype(np.float32)  # 26 clip factors
 
 
 def _q(y: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -87,13 +87,13 @@ def weight_grid(y: np.ndarray, variant: str) -> np.ndarray:
         yp = np.zeros((Rp, KB, B), np.float32)
         yp[:R] = y
         ap = np.abs(yp)
-        row = ap.max(axis=(1, 2))                                   # [Rp]
+        row = ap.max(axis=(1, 2))  # [Rp]
         srow = (row / np.float32(127)).astype(np.float32)
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(row[:, None] > 0, ap.max(axis=2) / row[:, None], 0)  # [Rp, KB]
-        f = ratio.reshape(Rp // 128, 128, KB).max(axis=1).astype(np.float32)      # [T, KB]
+        f = ratio.reshape(Rp // 128, 128, KB).max(axis=1).astype(np.float32)  # [T, KB]
         yt = yp.reshape(Rp // 128, 128, KB, B)
-        s = srow.reshape(Rp // 128, 128, 1, 1) * f[:, None, :, None]              # [T,128,KB,1]
+        s = srow.reshape(Rp // 128, 128, 1, 1) * f[:, None, :, None]  # [T,128,KB,1]
         if variant == "Dm":
             # one factor per (tile, block): search c f over the tile's rows and the block
             best_f = f.copy()
@@ -104,8 +104,7 @@ def weight_grid(y: np.ndarray, variant: str) -> np.ndarray:
                 better = err < best_err
                 best_f = np.where(better, f * c, best_f)
                 best_err = np.where(better, err, best_err)
-            s = (srow.reshape(Rp // 128, 128, 1, 1) * best_f[:, None, :, None]).astype(
-                np.float32)
+            s = (srow.reshape(Rp // 128, 128, 1, 1) * best_f[:, None, :, None]).astype(np.float32)
         return (_q(yt, s) * s).reshape(Rp, KB, B)[:R]
     raise ValueError(f"unknown weight grid variant {variant!r}")
 

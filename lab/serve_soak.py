@@ -2,8 +2,8 @@
 p99, the server's RSS (/proc/PID/status VmRSS) and the prefix cache's entries and slots
 (/metrics); at the end whether RSS stayed within 5 % and p99 flat after the first interval.
 
-    python3 scripts/serve_soak.py --minutes 20            # the test llama on the CPU reference
-    python3 scripts/serve_soak.py --url http://127.0.0.1:8080 --pid 1234 --minutes 20
+    python3 lab/serve_soak.py --minutes 20            # the test llama on the CPU reference
+    python3 lab/serve_soak.py --url http://127.0.0.1:8080 --pid 1234 --minutes 20
 
 Load: `--clients` closed-loop clients, each request a random prompt of 8-64 token ids with one
 of 32 shared heads (the prefix cache fills, evicts and hits) and 1-16 generated tokens, a
@@ -32,8 +32,11 @@ def rss_mb(pid: int) -> float:
 
 
 def metric(text: str, name: str) -> float:
-    return sum(float(x.split()[-1]) for x in text.splitlines()
-               if x.startswith(name + " ") or x.startswith(name + "{"))
+    return sum(
+        float(x.split()[-1])
+        for x in text.splitlines()
+        if x.startswith(name + " ") or x.startswith(name + "{")
+    )
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -43,8 +46,15 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def soak(seconds: float, interval: float = 60, clients: int = 4, url: str | None = None,
-         pid: int | None = None, seed: int = 0, log=print) -> tuple[list[dict], dict]:
+def soak(
+    seconds: float,
+    interval: float = 60,
+    clients: int = 4,
+    url: str | None = None,
+    pid: int | None = None,
+    seed: int = 0,
+    log=print,
+) -> tuple[list[dict], dict]:
     import httpx
 
     server = None
@@ -66,13 +76,16 @@ def soak(seconds: float, interval: float = 60, clients: int = 4, url: str | None
         rng = random.Random(seed * 1000 + k)
         with httpx.Client(timeout=60) as c:
             while not stop.is_set():
-                ids = rng.choice(heads) + [rng.randrange(3, 259) for _ in range(rng.randrange(8, 64))]
+                ids = rng.choice(heads) + [
+                    rng.randrange(3, 259) for _ in range(rng.randrange(8, 64))
+                ]
                 body = {"prompt": ids, "max_tokens": rng.randrange(1, 17), "ignore_eos": True}
                 t0 = time.perf_counter()
                 try:
                     if rng.random() < 0.25:
-                        with c.stream("POST", url + "/v1/completions",
-                                      json={**body, "stream": True}) as r:
+                        with c.stream(
+                            "POST", url + "/v1/completions", json={**body, "stream": True}
+                        ) as r:
                             ok = r.status_code == 200 and r.read().endswith(b"[DONE]\n\n")
                     else:
                         r = c.post(url + "/v1/completions", json=body)
@@ -100,12 +113,16 @@ def soak(seconds: float, interval: float = 60, clients: int = 4, url: str | None
                 errors[0] = 0
             m = httpx.get(url + "/metrics", timeout=30).text
             kv = metric(m, "minfer_kv_slots")
-            row = {"t": round(seconds - max(t_end - time.monotonic(), 0)), "requests": len(xs),
-                   "errors": n_err, "p50_ms": round(pct(xs, 0.5) * 1e3, 1),
-                   "p99_ms": round(pct(xs, 0.99) * 1e3, 1),
-                   "rss_mb": round(rss_mb(pid), 1) if pid else None,
-                   "prefix_entries": int(metric(m, "minfer_prefix_cache_entries")),
-                   "prefix_slots": int(metric(m, "minfer_prefix_cache_slots"))}
+            row = {
+                "t": round(seconds - max(t_end - time.monotonic(), 0)),
+                "requests": len(xs),
+                "errors": n_err,
+                "p50_ms": round(pct(xs, 0.5) * 1e3, 1),
+                "p99_ms": round(pct(xs, 0.99) * 1e3, 1),
+                "rss_mb": round(rss_mb(pid), 1) if pid else None,
+                "prefix_entries": int(metric(m, "minfer_prefix_cache_entries")),
+                "prefix_slots": int(metric(m, "minfer_prefix_cache_slots")),
+            }
             rows.append(row)
             log(json.dumps(row))
     finally:
@@ -113,13 +130,16 @@ def soak(seconds: float, interval: float = 60, clients: int = 4, url: str | None
         for t in ts:
             t.join(60)
         rc = server.stop() if server is not None else 0
-    base = rows[1:] or rows   # the first interval warms up
+    base = rows[1:] or rows  # the first interval warms up
     rss = [r["rss_mb"] for r in base if r["rss_mb"]]
     p99 = [r["p99_ms"] for r in base]
-    verdict = {"rss_growth": (max(rss) - min(rss)) / min(rss) if rss else 0.0,
-               "p99_ratio": max(p99) / min(p99) if p99 and min(p99) > 0 else float("nan"),
-               "prefix_bounded": all(r["prefix_slots"] <= (kv or 0) for r in rows),
-               "errors": sum(r["errors"] for r in rows), "server_exit": rc}
+    verdict = {
+        "rss_growth": (max(rss) - min(rss)) / min(rss) if rss else 0.0,
+        "p99_ratio": max(p99) / min(p99) if p99 and min(p99) > 0 else float("nan"),
+        "prefix_bounded": all(r["prefix_slots"] <= (kv or 0) for r in rows),
+        "errors": sum(r["errors"] for r in rows),
+        "server_exit": rc,
+    }
     return rows, verdict
 
 
@@ -132,14 +152,22 @@ def main(argv=None) -> int:
     ap.add_argument("--pid", type=int, help="the server's process id (RSS), with --url")
     a = ap.parse_args(argv)
     rows, v = soak(a.minutes * 60, a.interval, a.clients, a.url, a.pid)
-    print("| t (s) | requests | errors | p50 ms | p99 ms | RSS MB | prefix entries | "
-          "prefix slots |\n| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| t (s) | requests | errors | p50 ms | p99 ms | RSS MB | prefix entries | "
+        "prefix slots |\n| --- | --- | --- | --- | --- | --- | --- | --- |"
+    )
     for r in rows:
-        print(f"| {r['t']} | {r['requests']} | {r['errors']} | {r['p50_ms']} | {r['p99_ms']} | "
-              f"{r['rss_mb']} | {r['prefix_entries']} | {r['prefix_slots']} |")
+        print(
+            f"| {r['t']} | {r['requests']} | {r['errors']} | {r['p50_ms']} | {r['p99_ms']} | "
+            f"{r['rss_mb']} | {r['prefix_entries']} | {r['prefix_slots']} |"
+        )
     print(json.dumps(v))
-    ok = v["rss_growth"] <= 0.05 and v["prefix_bounded"] and v["errors"] == 0 and \
-        v["server_exit"] == 0
+    ok = (
+        v["rss_growth"] <= 0.05
+        and v["prefix_bounded"]
+        and v["errors"] == 0
+        and v["server_exit"] == 0
+    )
     return 0 if ok else 1
 
 

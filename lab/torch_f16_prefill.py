@@ -1,7 +1,7 @@
 """Comparison only (device machine; torch is never a minfer dependency): a plain torch f16
 llama forward (cuBLAS GEMMs + scaled_dot_product_attention, eager) at a given shape, pp tok/s.
 
-python3 scripts/torch_f16_prefill.py --tokens 512,2048 [--layers 32 --d 4096 --ff 14336
+python3 lab/torch_f16_prefill.py --tokens 512,2048 [--layers 32 --d 4096 --ff 14336
     --heads 32 --kv 8 --vocab 49152]
 """
 
@@ -27,12 +27,23 @@ g = torch.Generator(device=dev).manual_seed(0)
 
 
 def w(n, k):
-    return (torch.randn(n, k, device=dev, dtype=dt, generator=g) / k ** 0.5)
+    return torch.randn(n, k, device=dev, dtype=dt, generator=g) / k**0.5
 
 
-layers = [dict(q=w(a.heads * hd, D), k=w(a.kv * hd, D), v=w(a.kv * hd, D), o=w(D, a.heads * hd),
-               g=w(a.ff, D), u=w(a.ff, D), d=w(D, a.ff), n1=torch.ones(D, device=dev, dtype=dt),
-               n2=torch.ones(D, device=dev, dtype=dt)) for _ in range(a.layers)]
+layers = [
+    dict(
+        q=w(a.heads * hd, D),
+        k=w(a.kv * hd, D),
+        v=w(a.kv * hd, D),
+        o=w(D, a.heads * hd),
+        g=w(a.ff, D),
+        u=w(a.ff, D),
+        d=w(D, a.ff),
+        n1=torch.ones(D, device=dev, dtype=dt),
+        n2=torch.ones(D, device=dev, dtype=dt),
+    )
+    for _ in range(a.layers)
+]
 emb = w(a.vocab, D)
 head = w(a.vocab, D)
 
@@ -42,7 +53,7 @@ def rms(x, wt):
 
 
 def rope(x, cos, sin):  # x [1, H, T, hd], neox-style halves (cost is the same as adjacent pairs)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
 
 
@@ -79,5 +90,7 @@ for n in [int(t) for t in a.tokens.split(",")]:
         torch.cuda.synchronize()
         ts.append(n / (time.perf_counter() - t0))
     ts.sort()
-    print(f"| torch f16 (cuBLAS + SDPA, eager) | {n} | {ts[len(ts) // 2]:,.1f} | "
-          f"{(ts[-1] - ts[0]) / 2:,.1f} |")
+    print(
+        f"| torch f16 (cuBLAS + SDPA, eager) | {n} | {ts[len(ts) // 2]:,.1f} | "
+        f"{(ts[-1] - ts[0]) / 2:,.1f} |"
+    )

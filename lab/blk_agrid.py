@@ -3,7 +3,7 @@ instead of one per (token, 128): the kernel's fold would lose its FMUL (z = fma(
 the token's scale applied once before the epilogue). An experiment: `minfer perplexity --emulate
 blk` with the CPU reference's blk GEMMs of some weight kinds patched for the one process.
 
-    python3 scripts/blk_agrid.py GROUP[:rotR|:gain] -m M --emulate blk -t 1 --kld-base BASE
+    python3 lab/blk_agrid.py GROUP[:rotR|:gain] -m M --emulate blk -t 1 --kld-base BASE
 
 GROUP: which GEMM inputs take per-token scales (the others keep the kernel's grid):
 
@@ -58,8 +58,13 @@ GROUPS = {
     "norm": ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"),
     "all": ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up", "attn_output", "ffn_down"),
 }
-NORM = {"attn_q": "attn_norm", "attn_k": "attn_norm", "attn_v": "attn_norm",
-        "ffn_gate": "ffn_norm", "ffn_up": "ffn_norm"}
+NORM = {
+    "attn_q": "attn_norm",
+    "attn_k": "attn_norm",
+    "attn_v": "attn_norm",
+    "ffn_gate": "ffn_norm",
+    "ffn_up": "ffn_norm",
+}
 
 
 def grid(x: np.ndarray, weight: bool, rot: int = 128) -> np.ndarray:
@@ -74,18 +79,21 @@ def grid(x: np.ndarray, weight: bool, rot: int = 128) -> np.ndarray:
     parts = [fwht128(x[:, :full].reshape(n, -1, rot), rot).reshape(n, -1, 128)] if full else []
     if K > full:
         tail = np.zeros((n, -(-(K - full) // 128) * 128), np.float32)
-        tail[:, :K - full] = x[:, full:]
+        tail[:, : K - full] = x[:, full:]
         parts.append(fwht128(tail.reshape(n, -1, 128)))
-    y = np.concatenate(parts, axis=1)                          # [n, blocks, 128]
+    y = np.concatenate(parts, axis=1)  # [n, blocks, 128]
     amax = np.abs(y).max(axis=-1 if weight else (1, 2), keepdims=True)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     yq = np.clip(np.rint(y * inv), -127, 127) * (amax / np.float32(127))
     nb = full // 128
-    out = [(fwht128(yq[:, :nb].reshape(n, -1, rot), rot) / np.float32(rot)).reshape(n, -1)
-           ] if full else []
+    out = (
+        [(fwht128(yq[:, :nb].reshape(n, -1, rot), rot) / np.float32(rot)).reshape(n, -1)]
+        if full
+        else []
+    )
     if K > full:
-        out.append((fwht128(yq[:, nb:]) / np.float32(128)).reshape(n, -1)[:, :K - full])
+        out.append((fwht128(yq[:, nb:]) / np.float32(128)).reshape(n, -1)[:, : K - full])
     return np.ascontiguousarray(np.concatenate(out, axis=1))
 
 
@@ -100,7 +108,7 @@ def patch(spec: str) -> None:
     def ours(be, name):
         return name in be.blk_inputs and name.split(".")[-2] in kinds
 
-    def gain(be, name):   # the gain of the norm before this GEMM (opt "gain")
+    def gain(be, name):  # the gain of the norm before this GEMM (opt "gain")
         il, kind = name.split(".")[1], name.split(".")[-2]
         return be.model.dequant(f"blk.{il}.{NORM[kind]}.weight").reshape(-1).astype(np.float32)
 
@@ -119,7 +127,7 @@ def patch(spec: str) -> None:
             with np.errstate(divide="ignore", invalid="ignore"):
                 x = np.where(g != 0, x / g, 0)
         x = grid(x.reshape(-1, x.shape[-1]), False, rot).reshape(x.shape)
-        return x.astype(be.dtype) @ weight(be, name).T   # (llama's linears: no bias)
+        return x.astype(be.dtype) @ weight(be, name).T  # (llama's linears: no bias)
 
     ReferenceBackend.weight, ReferenceBackend._linear = weight, _linear
 
@@ -136,10 +144,15 @@ def main() -> None:
     group, _, opt = (sys.argv[1] if len(sys.argv) > 1 else "").partition(":")
     if group == "out" and not opt:
         token_scale_out()
-    elif (group not in GROUPS or opt not in ("", "rot256", "rot512", "gain")
-            or (opt == "gain" and group == "all")):   # (gain: the GEMMs after a norm only)
-        sys.exit(f"usage: blk_agrid.py {{{','.join(GROUPS)}}}[:rot256|:rot512|:gain] | out "
-                 "PERPLEXITY-OPTIONS...")
+    elif (
+        group not in GROUPS
+        or opt not in ("", "rot256", "rot512", "gain")
+        or (opt == "gain" and group == "all")
+    ):  # (gain: the GEMMs after a norm only)
+        sys.exit(
+            f"usage: blk_agrid.py {{{','.join(GROUPS)}}}[:rot256|:rot512|:gain] | out "
+            "PERPLEXITY-OPTIONS..."
+        )
     else:
         patch(sys.argv[1])
     from minfer.cli import main as cli

@@ -1,6 +1,6 @@
 """Per-op CUDA-event profile of one CudaBackend prefill, every label (device machine).
 
-python3 scripts/profile_ops.py MODEL.gguf [--tokens 512,2048]
+python3 lab/profile_ops.py MODEL.gguf [--tokens 512,2048]
 Prints per label: calls, total µs, µs per call, and for GEMMs TFLOP/s. Runs eagerly (events
 need the launches one by one), after one unprofiled warm-up prefill of the same length.
 --spin-ms N queues the profiled forward behind an N ms spin kernel (smoke.cu spin_cycles), so
@@ -10,9 +10,9 @@ work alone, not the host's launch rate (eager Python launches are 10-30 µs apie
 
 import argparse
 
-from minfer.tools.bench import prompt_ids
 from minfer.cuda.backend import CudaBackend, OpProfile
 from minfer.gguf.loader import load_model
+from minfer.tools.bench import prompt_ids
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model")

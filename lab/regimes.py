@@ -4,7 +4,7 @@ regime the wall tok/s (as bench and prefill time it), the GPU's own time of the 
 (CUDA events around it: the host's share is the difference) and the SM clock at its start and
 end (NVML).
 
-python3 scripts/regimes.py MODEL.gguf [--tokens 2048] [--ab f16,blk] [--repeats 5] [--idle-s 2]
+python3 lab/regimes.py MODEL.gguf [--tokens 2048] [--ab f16,blk] [--repeats 5] [--idle-s 2]
 
 Regimes, each sample of each config in turn (the configs interleaved as bench does):
   after-other   one prefill right after the other config's (bench's --min-ms 0 today)
@@ -30,9 +30,11 @@ def nvml_readers():
 
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return (lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1e3)
-    except Exception:   # (a lab script: no NVML, no clocks)
+        return (
+            lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+            lambda: pynvml.nvmlDeviceGetPowerUsage(h) / 1e3,
+        )
+    except Exception:  # (a lab script: no NVML, no clocks)
         return (lambda: None), (lambda: None)
 
 
@@ -106,7 +108,7 @@ def main() -> None:
     res = {(c, r): [] for c in cfgs for r in ("after-other", "idle", "idle+pre", "sustained")}
     for rep in range(a.repeats):
         for regime in ("after-other", "idle", "idle+pre", "sustained"):
-            for c in cfgs[rep % len(cfgs):] + cfgs[:rep % len(cfgs)]:
+            for c in cfgs[rep % len(cfgs) :] + cfgs[: rep % len(cfgs)]:
                 be, k = bes[c], 1
                 if regime == "after-other":
                     other = bes[cfgs[(cfgs.index(c) + 1) % len(cfgs)]]
@@ -116,25 +118,31 @@ def main() -> None:
                     if regime == "idle+pre":
                         timed(be, ids, drv)
                 else:
-                    w, _ = timed(be, ids, drv)   # pre-roll, and the count for 500 ms
+                    w, _ = timed(be, ids, drv)  # pre-roll, and the count for 500 ms
                     k = max(1, int(0.5 / w))
                 clk0, pw0 = read(), power()
                 samp.start()
                 wall, gpu = timed(be, ids, drv, k)
                 med = samp.stop()
                 res[(c, regime)].append((n * k / wall, n * k / gpu, clk0, med, pw0))
-    print(f"{n} tokens, {a.repeats} repeats, idle {a.idle_s:g} s; medians (min..max) of: wall "
-          "tok/s (as bench), GPU tok/s (events), SM MHz at the start / median during, board W "
-          "at the start")
-    print("| config | regime | wall tok/s | GPU tok/s | host share | MHz start | MHz during | "
-          "W start |")
+    print(
+        f"{n} tokens, {a.repeats} repeats, idle {a.idle_s:g} s; medians (min..max) of: wall "
+        "tok/s (as bench), GPU tok/s (events), SM MHz at the start / median during, board W "
+        "at the start"
+    )
+    print(
+        "| config | regime | wall tok/s | GPU tok/s | host share | MHz start | MHz during | "
+        "W start |"
+    )
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (c, r), xs in res.items():
         col = list(zip(*xs))
         med = [statistics.median([v for v in x if v is not None] or [float("nan")]) for x in col]
         lo, hi = min(col[0]), max(col[0])
-        print(f"| {c} | {r} | {med[0]:,.0f} ({lo:,.0f}..{hi:,.0f}) | {med[1]:,.0f} | "
-              f"{1 - med[0] / med[1]:.1%} | {med[2]:,.0f} | {med[3]:,.0f} | {med[4]:,.0f} |")
+        print(
+            f"| {c} | {r} | {med[0]:,.0f} ({lo:,.0f}..{hi:,.0f}) | {med[1]:,.0f} | "
+            f"{1 - med[0] / med[1]:.1%} | {med[2]:,.0f} | {med[3]:,.0f} | {med[4]:,.0f} |"
+        )
 
 
 if __name__ == "__main__":

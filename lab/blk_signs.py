@@ -2,7 +2,7 @@
 (exact: D D = I), as QuaRot's randomized Hadamard: `minfer perplexity --emulate blk` with
 minfer.quants.blk_ref patched for the one process. An experiment; the kernel has no signs.
 
-    python3 scripts/blk_signs.py perplexity -m M --emulate blk -t 1 --kld-base BASE.logits
+    python3 lab/blk_signs.py perplexity -m M --emulate blk -t 1 --kld-base BASE.logits
 
 Measured 2026-12-02, the Q4_K_M requant of SmolLM2, text gnu-gpl.txt, ctx 512, base the exact
 CPU forward (docs/perplexity.md), against the kernel's grid (no signs):
