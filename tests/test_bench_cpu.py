@@ -386,8 +386,8 @@ def test_bench_runs_every_model_with_llama_bench_fields(tiny_model_path, tmp_pat
         assert r["model_type"].startswith("llama ") and r["model_size"] > 0
         assert len(r["samples_ts"]) == len(r["samples_ns"]) == 2
         assert r["avg_ts"] == pytest.approx(sum(r["samples_ts"]) / 2)
-        assert r["avg_ns"] == pytest.approx(sum(r["samples_ns"]) / 2)   # llama-bench's means
-        for ns, ts in zip(r["samples_ns"], r["samples_ts"]):   # each sample: tokens / its time
+        assert r["avg_ns"] == pytest.approx(sum(r["samples_ns"]) / 2)  # llama-bench's means
+        for ns, ts in zip(r["samples_ns"], r["samples_ts"]):  # each sample: tokens / its time
             assert ts == pytest.approx(r["n_prompt"] / ns * 1e9, rel=1e-6)
         assert min(r["samples_ts"]) <= r["avg_ts"] <= max(r["samples_ts"])
     code, out, err = run_cli(argv + ["-o", "jsonl"])
