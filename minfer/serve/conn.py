@@ -94,7 +94,28 @@ class _Deadline(H11Protocol):
                 self.transport.write(self.conn.send(ev))
         except h11.LocalProtocolError:  # too late to answer (a response was under way)
             pass
-        self.transport.close()
+        self._linger_close()
+
+    LINGER_S = 2.0
+
+    def _linger_close(self) -> None:
+        """Close after an answer given while the client is still sending (a 4 MB head): the
+        write side first, then what still arrives is read and dropped for LINGER_S, so the
+        close does not reset the connection under the answer (the client would lose it)."""
+        self._lingering = True
+        try:
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.transport.resume_reading()
+        except (OSError, RuntimeError, NotImplementedError):
+            self.transport.close()
+            return
+        self.loop.call_later(self.LINGER_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if getattr(self, "_lingering", False):
+            return  # after the answer: dropped
+        super().data_received(data)
 
     def _head_late(self) -> None:
         self._head_task = None
