@@ -331,3 +331,30 @@ def test_queue_full_is_429_and_drain_finishes_in_flight(model):
         )
     finally:
         s.stop()
+
+
+def test_the_listening_socket_gives_answers_tcp_nodelay():
+    """Without TCP_NODELAY an answer's second segment waits for the client's delayed ACK
+    (~40 ms a request on loopback); asyncio sets it only on sockets made as IPPROTO_TCP."""
+    import asyncio
+
+    from minfer.commands.serve import _bind
+
+    sock = _bind("127.0.0.1", 0)
+    assert sock.proto == socket.IPPROTO_TCP
+    seen = []
+
+    async def main():
+        def on_conn(reader, writer):
+            s = writer.get_extra_info("socket")
+            seen.append(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(on_conn, sock=sock)
+        async with server:
+            _, w = await asyncio.open_connection(*sock.getsockname()[:2])
+            await asyncio.sleep(0.2)
+            w.close()
+
+    asyncio.run(main())
+    assert seen and seen[0] != 0

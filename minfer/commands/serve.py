@@ -246,8 +246,10 @@ def _bind(host: str, port: int) -> socket.socket:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise BadInput(f"--host {host}: not an address this machine can listen on ({e})") from None
-    fam, _, _, _, addr = infos[0]
-    sock = socket.socket(fam, socket.SOCK_STREAM)
+    fam, kind, proto, _, addr = infos[0]
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and
+    # without it an answer's second segment waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(fam, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(addr)
