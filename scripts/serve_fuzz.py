@@ -45,8 +45,11 @@ def checks():
     ]
 
 
-def campaign(url: str, key: str | None, examples: int, seed: int = 0, log=print) -> dict:
-    """Runs the campaign against a live server -> {requests, statuses, failures, health}."""
+def campaign(
+    url: str, key: str | None, examples: int, seed: int = 0, log=print, derandomize: bool = False
+) -> dict:
+    """Runs the campaign against a live server -> {requests, statuses, failures, health}.
+    derandomize: the same generated requests every run (CI's sample: reproducible)."""
     import httpx
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
@@ -77,7 +80,7 @@ def campaign(url: str, key: str | None, examples: int, seed: int = 0, log=print)
                 deadline=None,
                 database=None,
                 phases=[Phase.generate],
-                derandomize=False,
+                derandomize=derandomize,
                 suppress_health_check=list(HealthCheck),
             )
             def one(case):
