@@ -286,10 +286,15 @@ class Scheduler:
             base = self.slots.alloc(nblk)
             if base is not None:
                 return base
-            e = self.cache.evict()
-            if e is None:
+            if not self._evict():
                 return None
+
+    def _evict(self) -> bool:
+        """The least recently used prefix entry out and its blocks back (False: none could go)."""
+        e = self.cache.evict()
+        if e is not None:
             self._free(e)
+        return e is not None
 
     def _free(self, rows: Rows) -> None:
         if not rows.freed:
@@ -516,11 +521,8 @@ class Scheduler:
             keep = self.cache.add(r)
         if not keep:
             self._free(r)
-        while self.cache.over():
-            e = self.cache.evict()
-            if e is None:
-                break
-            self._free(e)
+        while self.cache.over() and self._evict():
+            pass
 
 
 def _send(job: Job, kind: str, value) -> None:

@@ -302,9 +302,9 @@ def build_state(
     )
     c = eng.model.config
     if ctx_size:
-        if ctx_size > c.n_ctx:
-            raise BadInput(f"-c/--ctx-size {ctx_size} exceeds the model's context of {c.n_ctx}")
-        eng.model.config = c = c.for_context(ctx_size)
+        from minfer.commands.prefill import context_size
+
+        eng.model.config = c = c.for_context(context_size(ctx_size, c.n_ctx, 0, 0))
     n_ctx = ctx_size or c.n_ctx
     slots = kv_slots or (CPU_SLOTS if eng.kind == "cpu" else CUDA_SLOTS)
     need = -(-n_ctx // 128) * 128

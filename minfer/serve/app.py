@@ -563,10 +563,19 @@ def _job(
 ) -> Job:
     tok = st.tok
 
+    longest = max((len(x) for x in stops), default=0)
+
     def stop_check(gen: list[int]) -> bool:
-        return P.cut_at_stop(tok.decode(gen[-64:] if len(gen) > 64 else gen), stops)[1] or (
-            len(gen) > 64 and P.cut_at_stop(tok.decode(gen), stops)[1]
-        )
+        # checked after every token, so a new stop string ends in the newest token's text:
+        # a tail that long is enough (grown by doubling), never the whole answer each token
+        need, k = longest + len(tok.decode(gen[-1:])), 16
+        while True:
+            text = tok.decode(gen[-k:])
+            if P.cut_at_stop(text, stops)[1]:
+                return True
+            if k >= len(gen) or len(text) >= need + 4:
+                return False
+            k *= 2
 
     return Job(
         np.asarray(a.prompt_ids, np.int32),
@@ -592,6 +601,7 @@ class _Run:
         self.q: asyncio.Queue = asyncio.Queue()
         self.left = len(jobs)
         self.stops = stops
+        self.streaming = False
         for i, j in enumerate(jobs):
             j.deliver = self._deliver(i)
         sched = st.sched
@@ -623,9 +633,11 @@ class _Run:
         elif kind == "token":
             a.tokens.append(value)
             self.st.metrics.generation_tokens.inc()
-            a.text = self.st.tok.decode([t.id for t in a.tokens])
+            if self.streaming:  # a stream sends the text as it grows; a whole answer once
+                a.text = self.st.tok.decode([t.id for t in a.tokens])
         elif kind == "done":
             a.finish = value
+            a.text = self.st.tok.decode([t.id for t in a.tokens])
             if self.stops:
                 a.text, _ = P.cut_at_stop(a.text, self.stops)
             self.left -= 1
@@ -671,6 +683,7 @@ class _Run:
 
     async def stream(self):
         """(prompt index, event kind) as the events come, until every prompt is done."""
+        self.streaming = True
         while self.left:
             i, kind, value = await self._next()
             self._apply(i, kind, value)

@@ -187,13 +187,16 @@ def get_stops(body: dict) -> list[str]:
 
 
 def token_ids(v, vocab: int, param: str) -> list[int]:
-    """A list of token ids: integers (not booleans) in [0, vocab)."""
-    for i, t in enumerate(v):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise bad(f"{param}: token {i} is {_kind(t)}, not an integer id", param)
-        if not 0 <= t < vocab:
-            raise bad(f"{param}: token id {t} out of range [0, {vocab})", param)
-    return list(v)
+    """A list of token ids: integers (not booleans) in [0, vocab); the prompt records'
+    check (minfer.batch.records.check_ids), answered as a 400 naming `param`."""
+    from minfer.batch.records import RecordError, check_ids
+
+    if not v:
+        return []
+    try:
+        return check_ids(v, param, vocab).tolist()
+    except RecordError as e:
+        raise bad(str(e), param) from None
 
 
 def get_prompts(body: dict, vocab: int) -> list[tuple[str | None, list[int] | None]]:
