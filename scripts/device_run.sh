@@ -65,6 +65,8 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# only 8 files come back from $OUT: at exit every log goes into logs.tgz (steps.txt stays)
+trap '(cd "$OUT" && tar czf /tmp/logs-$MODE.tgz --exclude="logs-*.tgz" . && rm -f ./*.log && mv /tmp/logs-$MODE.tgz .)' EXIT
 T0=$(date +%s); DEADLINE=${DEADLINE:-480}
 step() {
   local name=$1 cap=$2; shift 2
@@ -192,27 +194,48 @@ if [ "$MODE" = serve ]; then   # issue 49's table, one call
   step batch 70 $M bench -m /tmp/s8b.gguf --no-breakdown --batch 256 --tokens 128 --repeats 2
   step single 50 $M bench -m /tmp/s8b.gguf --no-breakdown --tokens 512 --min-ms 0 --repeats 3
   D=${SERVE_S:-15}; BS="$M bench-serve --url http://127.0.0.1:8080 --duration $D --json"
-  for pc in on off; do
-    flag=$([ $pc = on ] && echo --prefix-cache || echo --no-prefix-cache)
-    $M serve -m /tmp/s8b.gguf -c 4096 --port 8080 $flag > "$OUT/serve_$pc.log" 2>&1 &
+  # a server per configuration (name, its flags, the loads it takes); each load's line gets
+  # the server's CPU seconds over it (utime + stime from /proc: its event loop and engine
+  # thread together) and the GPU's mean utilization (nvidia-smi, 100 ms samples)
+  load() {  # load NAME ARGS...: bench-serve against the running server $SP
+    local name=$1; shift
+    local c0=$(awk '{print $14+$15}' /proc/$SP/stat)
+    nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > /tmp/util.txt &
+    local NP=$!
+    step $name 70 $BS "$@"
+    kill $NP; local c1=$(awk '{print $14+$15}' /proc/$SP/stat)
+    echo "   $name: server cpu $(awk "BEGIN {printf \"%.1f\", ($c1 - $c0) / 100}") s, gpu util mean $(awk '{s+=$1} END {printf "%.0f", s/NR}' /tmp/util.txt) %" | tee -a "$OUT/steps.txt"
+  }
+  for cfg in ${SERVE_CFGS:-w4 w0 off4}; do
+    case $cfg in
+      w*) flags="--prefix-cache --batch-wait-ms ${cfg#w}" ;;
+      off*) flags="--no-prefix-cache --batch-wait-ms ${cfg#off}" ;;
+    esac
+    $M serve -m /tmp/s8b.gguf -c 4096 --port 8080 $flags > "$OUT/serve_$cfg.log" 2>&1 &
     SP=$!
-    for i in $(seq 150); do grep -q "on http" "$OUT/serve_$pc.log" && break
+    for i in $(seq 150); do grep -q "on http" "$OUT/serve_$cfg.log" && break
       kill -0 $SP 2>/dev/null || break; sleep 1; done
-    echo "== server ($pc) up after $i s" | tee -a "$OUT/steps.txt"
-    if [ $pc = on ]; then
-      step idle512 40 $BS -c 1 --prompt-tokens 512 --no-echo --max-tokens 1 --requests 10
-      step score128 60 $BS -c 256 --prompt-tokens 128
-    fi
-    step lmeval_$pc 60 $BS -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16
-    kill -TERM $SP; wait $SP; echo "== server ($pc) exit $?" | tee -a "$OUT/steps.txt"
+    echo "== server $cfg ($flags) up after $i s" | tee -a "$OUT/steps.txt"
+    case $cfg in
+      w4) load idle512_$cfg -c 1 --prompt-tokens 512 --no-echo --max-tokens 1 --requests 10
+          load score128_$cfg -c 256 --prompt-tokens 128
+          load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
+      w0) load score128_$cfg -c 256 --prompt-tokens 128
+          load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
+      *)  load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
+    esac
+    kill -TERM $SP; wait $SP; echo "== server $cfg exit $?" | tee -a "$OUT/steps.txt"
   done
   MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
     tests/gpu/test_serve_device.py ${SERVE_MORE_TESTS:-}
   echo; echo "################ SUMMARY serve ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
+  grep -E "^E  " "$OUT/tests.log" | head -20
   for f in batch single; do echo "--- $f"; grep -E "^\| |rror|prompts," "$OUT/$f.log" | grep -v "| ---"; done
-  for f in idle512 score128 lmeval_on lmeval_off; do echo "--- $f"; tail -2 "$OUT/$f.log"; done
+  for f in "$OUT"/idle512_*.log "$OUT"/score128_*.log "$OUT"/lmeval_*.log; do
+    echo "--- $(basename $f .log)"; tail -1 "$f" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d.get(k) for k in ('requests','errors','prompt_tok_s','latency_p50_ms','latency_p99_ms','host_ms_per_request','forwards','tokens_per_forward','prefix_rows_copied')})" 2>&1 | tail -1
+  done
   grep -iE "error|Traceback" "$OUT"/serve_*.log | head -5
   exit 0
 fi

@@ -165,18 +165,28 @@ def _client(httpx, url: str, key):
     return httpx.Client(base_url=url, headers=headers, timeout=600.0)
 
 
+_SERVER_KEYS = (
+    "minfer_host_seconds_sum",
+    "minfer_host_seconds_count",
+    "minfer_tokens_per_forward_sum",
+    "minfer_tokens_per_forward_count",
+    "minfer_prefix_cache_hit_tokens_total",
+)
+
+
 def _host_time(cl) -> dict | None:
-    """The server's minfer_host_seconds sum and count (None: not a minfer server)."""
+    """The server's counters of _SERVER_KEYS (None: not a minfer server): its host time per
+    request, its forwards and their tokens, the prefix cache's rows copied."""
     try:
         m = cl.get("/metrics").text
     except Exception:
         return None
     vals = {}
     for line in m.splitlines():
-        for k in ("minfer_host_seconds_sum", "minfer_host_seconds_count"):
-            if line.startswith(k + " "):
-                vals[k] = float(line.split()[1])
-    return vals if len(vals) == 2 else None
+        k = line.split(" ", 1)[0]
+        if k in _SERVER_KEYS:
+            vals[k] = float(line.split()[1])
+    return vals if len(vals) >= 2 else None
 
 
 def _worker(args) -> dict:
@@ -275,4 +285,11 @@ def _run(url, key, conc, sh: Shape, duration, n_req, warmup, seed, workers) -> d
         out["host_ms_per_request"] = round(
             1e3 * (h1["minfer_host_seconds_sum"] - h0["minfer_host_seconds_sum"]) / n, 3
         )
+        d = {k: h1.get(k, 0.0) - h0.get(k, 0.0) for k in _SERVER_KEYS}
+        if d["minfer_tokens_per_forward_count"] > 0:  # (counted from the window's start)
+            out["forwards"] = int(d["minfer_tokens_per_forward_count"])
+            out["tokens_per_forward"] = round(
+                d["minfer_tokens_per_forward_sum"] / d["minfer_tokens_per_forward_count"], 1
+            )
+        out["prefix_rows_copied"] = int(d["minfer_prefix_cache_hit_tokens_total"])
     return out

@@ -281,27 +281,49 @@ class Answer:
 
 
 class Pieces:
-    """Token texts and their lengths in characters, cached per vocabulary id."""
+    """Token texts and their lengths in characters, per vocabulary id, filled on first use:
+    a scoring request reads 128-2,048 of them, so they are plain list / array lookups."""
 
     def __init__(self, tok):
         self.tok = tok
-        self._text: dict[int, str] = {}
-        self._chars: dict[int, int] = {}
+        self.texts: list[str | None] = [None] * tok.n_vocab
+        self.nchars = np.full(tok.n_vocab, -1, np.int64)
+
+    def fill(self, ids) -> None:
+        """Every id of ids known (ids: ints in range, checked by the caller)."""
+        for i in {int(i) for i in ids}:
+            if self.texts[i] is None:
+                self.texts[i] = self.tok.decode([i], special=True)
+            if self.nchars[i] < 0:
+                # its UTF-8 lead bytes: a piece holding half a character adds its share once
+                # the character is whole
+                b = self.tok.token_bytes([i]) if i != self.tok.bos_id else b""
+                self.nchars[i] = sum(1 for x in b if x & 0xC0 != 0x80)
 
     def text(self, i: int) -> str:
-        s = self._text.get(i)
+        s = self.texts[i]
         if s is None:
-            s = self._text[i] = self.tok.decode([i], special=True)
+            self.fill((i,))
+            s = self.texts[i]
         return s
 
     def chars(self, i: int) -> int:
-        """Characters token i adds to decoded text: its UTF-8 lead bytes (a piece holding
-        half a character adds its share once the character is whole)."""
-        n = self._chars.get(i)
-        if n is None:
-            b = self.tok.token_bytes([i]) if i != self.tok.bos_id else b""
-            n = self._chars[i] = sum(1 for x in b if x & 0xC0 != 0x80)
-        return n
+        """Characters token i adds to decoded text."""
+        if self.nchars[i] < 0:
+            self.fill((i,))
+        return int(self.nchars[i])
+
+    def many(self, ids: list[int]) -> tuple[list[str], list[int]]:
+        """(texts, character offsets from 0) of a run of ids."""
+        tx = self.texts
+        out = [tx[i] for i in ids]
+        n = self.nchars[ids] if ids else np.zeros(0, np.int64)
+        if None in out or (n < 0).any():
+            self.fill(ids)
+            out, n = [tx[i] for i in ids], self.nchars[ids]
+        offs = np.zeros(len(ids), np.int64)
+        np.cumsum(n[:-1], out=offs[1:])
+        return out, offs.tolist()
 
 
 def top_dict(pieces: Pieces, ids, lps, actual: int | None, actual_lp: float | None) -> dict:
@@ -325,10 +347,8 @@ def completion_logprobs(a: Answer, pieces: Pieces, echo: bool, top: int) -> dict
     if echo:
         ids = [int(t) for t in a.prompt_ids]
         r = a.rows
-        toks = [text(t) for t in ids]
-        for t in ids:
-            offs.append(off)
-            off += chars(t)
+        toks, offs = pieces.many(ids)
+        off = offs[-1] + pieces.chars(ids[-1]) if ids else 0
         lps = [None] + r.logprob.tolist()
         tops = [None] * len(ids)
         if top:
