@@ -52,7 +52,7 @@
 #   (cd .whl && python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12
 #     --implementation cp --platform manylinux2014_x86_64 fastapi==0.165.0 starlette==1.10.0
 #     uvicorn==0.55.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection
-#     opentelemetry-api==1.45.3)
+#     opentelemetry-api==1.45.3 orjson==3.13.0)
 #   python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf .devdata/smollm2-slice.gguf --max-mib 54
 #   python3 -m pip wheel . --no-deps -w .devdata/minfer-wheel          (gates: the install check)
 #   mkdir -p .old && git archive OLD minfer kernels | tar -x -C .old      (perf: optional)

@@ -23,6 +23,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from minfer.batch.scheduler import Job
+
+try:  # a scoring answer's log-probs (2,112 tokens: 185 KB) in ~0.5 ms instead of ~8 with json
+    import orjson
+except ImportError:  # (the serve extra installs it; json gives the same document)
+    orjson = None
 from minfer.errors import BadInput, MinferError
 from minfer.serve import protocol as P
 from minfer.serve.protocol import Answer, ApiError
@@ -443,15 +448,26 @@ def _error(e: ApiError) -> JSONResponse:
 
 
 def _json(st: State, obj: dict, host_s: float) -> Response:
-    """obj serialized here (json.dumps: FastAPI's encoder walks every value again), and the
+    """obj serialized here (FastAPI's encoder would walk every value again), and the
     request's host time (host_s + now: parse, tokenize, submit, serialize) recorded."""
-    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    data = _dumps(obj)
     st.metrics.host_time.observe(host_s + time.perf_counter())
     return Response(data, media_type="application/json")
 
 
+def _dumps(obj) -> bytes:
+    """Compact JSON: orjson where it can, json where it cannot (no orjson; a string holding a
+    lone surrogate, which a request's echoed text may carry)."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(obj)
+        except TypeError:
+            pass
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def _sse(obj: dict) -> str:
-    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+    return "data: " + _dumps(obj).decode() + "\n\n"
 
 
 def _check_model(st: State, body: dict) -> None:
