@@ -206,21 +206,21 @@ if [ "$MODE" = serve ]; then   # issue 49's table, one call
     kill $NP; local c1=$(awk '{print $14+$15}' /proc/$SP/stat)
     echo "   $name: server cpu $(awk "BEGIN {printf \"%.1f\", ($c1 - $c0) / 100}") s, gpu util mean $(awk '{s+=$1} END {printf "%.0f", s/NR}' /tmp/util.txt) %" | tee -a "$OUT/steps.txt"
   }
-  for cfg in ${SERVE_CFGS:-w4 w0 off4}; do
-    case $cfg in
-      w*) flags="--prefix-cache --batch-wait-ms ${cfg#w}" ;;
-      off*) flags="--no-prefix-cache --batch-wait-ms ${cfg#off}" ;;
-    esac
+  for cfg in ${SERVE_CFGS:-on off}; do
+    flags=$([ $cfg = off ] && echo --no-prefix-cache || echo --prefix-cache)
     $M serve -m /tmp/s8b.gguf -c 4096 --port 8080 $flags > "$OUT/serve_$cfg.log" 2>&1 &
     SP=$!
     for i in $(seq 150); do grep -q "on http" "$OUT/serve_$cfg.log" && break
       kill -0 $SP 2>/dev/null || break; sleep 1; done
     echo "== server $cfg ($flags) up after $i s" | tee -a "$OUT/steps.txt"
     case $cfg in
-      w4) load idle512_$cfg -c 1 --prompt-tokens 512 --no-echo --max-tokens 1 --requests 10
+      on) load idle512_$cfg -c 1 --prompt-tokens 512 --no-echo --max-tokens 1 --requests 10
+          if [ -n "$SERVE_PROF" ]; then  # py-spy (carried) on the server under 256 clients
+            (sleep 5; /tmp/site/bin/py-spy record -p $SP -d 8 -r 250 --threads --nonblocking \
+              -f raw -o "$OUT/prof_all.txt"; /tmp/site/bin/py-spy record -p $SP -d 6 -r 250 \
+              --threads --gil --nonblocking -f raw -o "$OUT/prof_gil.txt") > "$OUT/pyspy.log" 2>&1 &
+          fi
           load score128_$cfg -c 256 --prompt-tokens 128
-          load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
-      w0) load score128_$cfg -c 256 --prompt-tokens 128
           load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
       *)  load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
     esac

@@ -128,7 +128,6 @@ class Scheduler:
         max_entries: int = 4096,
         metrics=None,
         min_share: int = MIN_SHARE,
-        batch_wait: float = 0.0,
     ):
         self.be = backend
         # the engine thread's device context (CUDA: the runtime's context, current on one
@@ -146,12 +145,6 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.step_tokens = 0
-        # under load, a prompt-only step waits up to this long (s; at most half the last
-        # forward) for more prompts: a GPU forward costs ~5 ms plus ~18 us a token on an
-        # 8B model, so 16 prompts in one forward are ~3x the rate of one at a time
-        self.batch_wait = float(batch_wait)
-        self._last_end = -1e9  # when the last forward ended (perf_counter)
-        self._last_len = 0.0  # and how long it took
 
     # -- the front's side (any thread) -----------------------------------------------------
     @property
@@ -205,7 +198,6 @@ class Scheduler:
                     self.cv.wait()
                 if self._stop:
                     return
-                self._gather()
             try:
                 if not self.step():
                     with self.cv:
@@ -220,35 +212,6 @@ class Scheduler:
                 for j in jobs:
                     _send(j, "error", err)
 
-    def _gather(self) -> None:
-        """(cv held) Under load (a forward ended moments ago) and with no sequence generating
-        (a decode token must not wait), wait up to batch_wait, and at most half the last
-        forward's time, until the prompt tokens to run fill a forward. An idle server's first
-        request runs at once."""
-        if self.batch_wait <= 0 or any(s.gen for s in self.running):
-            return
-        now = time.perf_counter()
-        if now - self._last_end > max(2 * self._last_len, 0.005):
-            return  # idle: no forward just before this one
-        until = now + min(self.batch_wait, 0.5 * self._last_len)
-        while not self._stop and self._pending() < self.budget:
-            left = until - time.perf_counter()
-            if left <= 0:
-                return
-            self.cv.wait(left)
-
-    def _pending(self) -> int:
-        """Prompt tokens ready to run, counted up to the budget."""
-        n = 0
-        for s in self.running:
-            if s.owner is None:
-                n += len(s.rows.ids) - s.rows.done
-        for j in self.waiting:
-            if n >= self.budget:
-                break
-            n += len(j.ids)
-        return n
-
     def step(self) -> bool:
         """One scheduling step and at most one forward; False when nothing could run."""
         for s in [s for s in self.running if s.job.cancelled]:
@@ -259,10 +222,7 @@ class Scheduler:
         self._gauges()
         if not segs:
             return False
-        t0 = time.perf_counter()
         self._forward(segs)
-        self._last_end = time.perf_counter()
-        self._last_len = self._last_end - t0
         self._gauges()  # after too: the last step before idling must not leave them stale
         return True
 

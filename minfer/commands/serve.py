@@ -91,15 +91,7 @@ DEFAULT_PORT = 8080
     type=int,
     default=None,
     help="KV cache slots shared by every request and the prefix cache (default: "
-    "32768 on cuda, fewer if GPU memory does not hold them; 8192 on cpu).",
-)
-@click.option(
-    "--batch-wait-ms",
-    type=float,
-    default=None,
-    help="Under load, how long a forward of prompts only may wait for more prompts to fill "
-    "it (at most half the last forward's time; never while a sequence generates, never on "
-    "an idle server); default 4 on cuda, 0 on cpu.",
+    "what GPU memory holds, at least 32768; 8192 on cpu).",
 )
 @click.option(
     "--max-queue",
@@ -162,7 +154,6 @@ def serve(
     dtype,
     ubatch,
     kv_slots,
-    batch_wait_ms,
     max_queue,
     timeout,
     max_body,
@@ -179,9 +170,7 @@ def serve(
     next forward; a prefix that requests share is computed once."""
     from minfer.host.log import log
 
-    _check(
-        port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body, read_timeout, batch_wait_ms
-    )
+    _check(port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body, read_timeout)
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -215,22 +204,13 @@ def serve(
         max_body,
         pooling=pooling,
         rerank_template=template,
-        batch_wait_ms=batch_wait_ms,
     )
     st.read_timeout = read_timeout
     run(st, sock, timeout)
 
 
 def _check(
-    port,
-    ctx_size,
-    ubatch,
-    kv_slots,
-    max_queue,
-    timeout,
-    max_body,
-    read_timeout=30.0,
-    batch_wait_ms=None,
+    port, ctx_size, ubatch, kv_slots, max_queue, timeout, max_body, read_timeout=30.0
 ) -> None:
     if not 0 <= port <= 65535:
         raise BadInput(f"--port must be in [0, 65535], got {port}")
@@ -248,8 +228,6 @@ def _check(
         raise BadInput(f"--timeout must be > 0 seconds, got {timeout}")
     if not read_timeout > 0:
         raise BadInput(f"--read-timeout must be > 0 seconds, got {read_timeout}")
-    if batch_wait_ms is not None and not 0 <= batch_wait_ms <= 1000:
-        raise BadInput(f"--batch-wait-ms must be in [0, 1000], got {batch_wait_ms}")
 
 
 def _read_template(path: str) -> str:
@@ -303,7 +281,6 @@ def build_state(
     progress=True,
     pooling=None,
     rerank_template=None,
-    batch_wait_ms=None,
 ):
     """The loaded engine, its scheduler and the app's state (also the tests' entry)."""
     from pathlib import Path
@@ -334,15 +311,8 @@ def build_state(
     eng.prepare(min(need, slots), slots, n_ctx)
     metrics = Metrics()
     metrics.kv_slots.set(eng.kv_slots)
-    if batch_wait_ms is None:
-        batch_wait_ms = 0.0 if eng.kind == "cpu" else 4.0
     sched = Scheduler(
-        eng.backend,
-        eng.kv_slots,
-        eng.ubatch,
-        prefix_cache=prefix_cache,
-        metrics=metrics,
-        batch_wait=batch_wait_ms / 1e3,
+        eng.backend, eng.kv_slots, eng.ubatch, prefix_cache=prefix_cache, metrics=metrics
     )
     if name is None:
         from minfer.tools.fetch import default_model_path
