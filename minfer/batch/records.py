@@ -97,7 +97,15 @@ def check_ids(v, what: str, vocab: int | None) -> np.ndarray:
     else:
         if not is_ids(v):
             raise RecordError(f"{what} must be a list of token ids, not {kind(v)}")
-        for i, x in enumerate(v):
+        fast = None
+        if all(type(x) is int for x in v):  # the usual case, checked at numpy's speed
+            try:
+                a = np.array(v, np.int64)
+            except OverflowError:
+                a = None  # (an int past 64 bits: the loop below names it)
+            if a is not None and (a.size == 0 or (a.min() >= 0 and a.max() < hi)):
+                fast = a
+        for i, x in enumerate(v if fast is None else ()):
             if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
                 raise RecordError(
                     f"{what}[{i}]: a token id must be an integer, not "
@@ -105,7 +113,7 @@ def check_ids(v, what: str, vocab: int | None) -> np.ndarray:
                 )
             if not 0 <= int(x) < hi:  # a Python int of any size compares exactly
                 raise RecordError(f"{what}[{i}]: token id {int(x)} out of range [0, {hi})")
-        out = np.fromiter((int(x) for x in v), np.int32, len(v))
+        out = fast.astype(np.int32) if fast is not None else np.fromiter(map(int, v), np.int32)
     if out.size == 0:
         raise RecordError(f"{what} is empty (0 tokens)")
     return out

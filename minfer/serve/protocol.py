@@ -351,7 +351,15 @@ def completion_logprobs(a: Answer, pieces: Pieces, echo: bool, top: int) -> dict
         off = offs[-1] + pieces.chars(ids[-1]) if ids else 0
         lps = [None] + r.logprob.tolist()
         tops = [None] * len(ids)
-        if top:
+        if top == 1 and len(ids) > 1:  # lm-eval's: {top token: lp} and the actual one's
+            tid = r.top_ids[:, 0].tolist()
+            pieces.fill(tid)
+            tx = pieces.texts
+            tops[1:] = [
+                {tx[i]: lt} if tx[i] == t else {tx[i]: lt, t: la}
+                for i, lt, t, la in zip(tid, r.top_lp[:, 0].tolist(), toks[1:], lps[1:])
+            ]
+        elif top:
             tid, tlp = r.top_ids[:, :top].tolist(), r.top_lp[:, :top].tolist()
             for p in range(1, len(ids)):
                 d = {}
