@@ -29,6 +29,10 @@
 //                                       (g = u - F, ldg = 2F: the fused gate|up GEMM output)
 //   swiglu_f32_f16_v4                   the same, 4 columns per thread (F % 4 == 0, aligned)
 //   add_f32                             y[n] += x[n]
+//   copy_rows_u128                      in each buffer bufs[y] (u64 device addresses, grid.y
+//                                       of them): bytes [src, src + n) copied to [dst, dst + n)
+//                                       16 at a time (n, src, dst multiples of 16; the ranges
+//                                       do not overlap): copy_kv's every layer in one launch
 //   add_bias_f32                        y[T, N] += b[N] (qkv bias)
 //   cvt_f32_f16                         dst f16 [T, W] (stride ldd) = src f32 [T, W] (stride lds);
 //                                       the KV-cache append of V (dst = cache + pos0 * W)
@@ -306,6 +310,17 @@ extern "C" __global__ void swiglu_f32_f16_v4(__half* y, long ldy, const float* g
 extern "C" __global__ void add_f32(float* y, const float* x, long n) {
     const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = __fadd_rn(y[i], x[i]);
+}
+
+// grid (min(ceil(n/16/256), 1024), buffers), block (256)
+extern "C" __global__ void copy_rows_u128(const unsigned long long* bufs, long src, long dst,
+                                          long n) {
+    char* base = reinterpret_cast<char*>(bufs[blockIdx.y]);
+    const int4* s = reinterpret_cast<const int4*>(base + src);
+    int4* d = reinterpret_cast<int4*>(base + dst);
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n / 16;
+         i += (long)gridDim.x * blockDim.x)
+        d[i] = s[i];
 }
 
 // grid (ceil(W/256), T), block (256)

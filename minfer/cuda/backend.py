@@ -169,6 +169,7 @@ class CudaBackend:
             graphs = "nographs" not in debug_flags()
         self.graphs = bool(graphs) and not self.rt.cfg.debug
         self._head_out = None  # window_logits' [HEAD_ROWS, vocab] f32 logits, made at first use
+        self._cache_ptrs = None  # u64 [2 n_layers]: the K and V caches' addresses (copy_kv)
         self._hidden_out = None  # packed(hidden=)'s [HEAD_ROWS, d_model] f32 rows, likewise
         self._graphs: dict[tuple[int, bool, bool], object] = {}
         self._packed_seen: dict[int, int] = {}  # packed chunks run, by size
@@ -551,9 +552,16 @@ class CudaBackend:
                 f"{self.kv_slots} rows or overlapping"
             )
         row = self.c.n_kv_heads * self.c.head_dim * 2  # bytes of one f16 cache row
-        for cache in (*self.buf.kc, *self.buf.vc):
-            base = int(da.ptr(cache))
-            self.rt.drv.memcpy_dtod(base + dst * row, base + src * row, n * row)
+        caches = (*self.buf.kc, *self.buf.vc)
+        if row % 16:  # (no model seen has such a row: 16-byte copies need it)
+            for cache in caches:
+                base = int(da.ptr(cache))
+                self.rt.drv.memcpy_dtod(base + dst * row, base + src * row, n * row)
+            return
+        if self._cache_ptrs is None:  # every layer's K and V cache, for one launch a copy
+            ptrs = np.array([int(da.ptr(c)) for c in caches], np.uint64)
+            self._cache_ptrs = da.to_device(self.rt, ptrs, "KV cache addresses")
+        L.copy_rows(self.rt, self._cache_ptrs, src * row, dst * row, n * row)
 
     def _head(self, row0: int, m: int, rows=None):
         """Device f32 logits [m, vocab] of residual rows row0.. of the chunk just run, or of

@@ -503,6 +503,21 @@ def add(rt, y, x) -> None:
     rt.launch(fn, ((n + 255) // 256,), (256,), (da.arg(y), da.arg(x), np.int64(n)))
 
 
+def copy_rows(rt, bufs, src: int, dst: int, n: int) -> None:
+    """In every buffer whose device address bufs (u64 [B] on the device) holds: bytes
+    src..src+n-1 copied to dst..dst+n-1 (multiples of 16, not overlapping), one launch for
+    what B memcpy calls did (each a driver call that drops and retakes the GIL). Twin: a
+    slice assignment per buffer (ReferenceBackend.copy_kv)."""
+    da.check("copy_rows bufs", bufs, None, np.uint64)
+    if min(src, dst, n) < 0 or (src | dst | n) % 16 or abs(src - dst) < n:
+        raise ValueError(f"copy_rows: bytes {src}+{n} -> {dst}+{n}: not 16-aligned or overlapping")
+    if n == 0:
+        return
+    fn = rt.function(_F, "copy_rows_u128")
+    grid = (min(-(-n // (16 * 256)), 1024), int(bufs.shape[0]))
+    rt.launch(fn, grid, (256,), (da.arg(bufs), np.int64(src), np.int64(dst), np.int64(n)))
+
+
 def to_f16(rt, dst, src) -> None:
     """dst f16 [T, ...] = src f32 [T, ...] (same shape); the KV-cache append of V."""
     da.check("to_f16 src", src, None, np.float32)
