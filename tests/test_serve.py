@@ -129,6 +129,14 @@ def test_busy_batch_equals_alone(server, engine):
         )
     )
     assert hits >= 1
+    # the engine thread's time by phase: the forwards ran, and the phases account for them
+    eng = {
+        line.split('"')[1]: float(line.split()[1])
+        for line in m.splitlines()
+        if line.startswith("minfer_engine_seconds_total{")
+    }
+    assert set(eng) == {"schedule", "forward", "hand", "idle"}
+    assert eng["forward"] > 0 and min(eng.values()) >= 0
 
 
 def test_chat_stream_equals_chat(client):

@@ -145,6 +145,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.step_tokens = 0
+        self._t_run = 0.0  # (the packed calls' time in the step under way)
 
     # -- the front's side (any thread) -----------------------------------------------------
     @property
@@ -193,15 +194,19 @@ class Scheduler:
 
     def _serve(self) -> None:
         while True:
+            t0 = time.perf_counter()
             with self.cv:
                 while not self._stop and not self.waiting and not self.running:
                     self.cv.wait()
                 if self._stop:
                     return
+            self._phase("idle", t0)
             try:
                 if not self.step():
+                    t0 = time.perf_counter()
                     with self.cv:
                         self.cv.wait(0.01)
+                    self._phase("idle", t0)
             except Exception as e:  # a bug: fail what is in flight, keep serving
                 err = MinferError(f"internal error in the engine step ({type(e).__name__}: {e})")
                 for s in list(self.running):
@@ -214,17 +219,27 @@ class Scheduler:
 
     def step(self) -> bool:
         """One scheduling step and at most one forward; False when nothing could run."""
+        t0, self._t_run = time.perf_counter(), 0.0
         for s in [s for s in self.running if s.job.cancelled]:
             self._finish(s, None, None)
         self._admit()
         self._copy()
         segs = self._pack()
         self._gauges()
+        t0 = self._phase("schedule", t0)
         if not segs:
             return False
         self._forward(segs)
         self._gauges()  # after too: the last step before idling must not leave them stale
+        self._phase("hand", t0 + self._t_run)
         return True
+
+    def _phase(self, name: str, t0: float) -> float:
+        """The engine thread's time since t0 counted under name; -> now."""
+        t = time.perf_counter()
+        if self.metrics:
+            self.metrics.engine_time.labels(name).inc(t - t0)
+        return t
 
     def _gauges(self) -> None:
         if self.metrics:
@@ -398,7 +413,9 @@ class Scheduler:
         top = max((g.seq.job.top if g.seq.job.prompt_stats else 0) for g in segs)
         top = max(top, max((max(g.seq.job.top, 1) if g.seq.job.gen_logprobs else 0) for g in segs))
         kw = {"hidden": hid} if len(hid) else {}  # (plain backends: no kw)
+        t0 = time.perf_counter()
         out = self.be.packed(ids, tok, rows, tg, top=top, **kw)
+        self._t_run += self._phase("forward", t0) - t0
         h = None
         if len(hid):
             out, h = out

@@ -171,6 +171,10 @@ _SERVER_KEYS = (
     "minfer_tokens_per_forward_sum",
     "minfer_tokens_per_forward_count",
     "minfer_prefix_cache_hit_tokens_total",
+    'minfer_engine_seconds_total{phase="schedule"}',
+    'minfer_engine_seconds_total{phase="forward"}',
+    'minfer_engine_seconds_total{phase="hand"}',
+    'minfer_engine_seconds_total{phase="idle"}',
 )
 
 
@@ -292,4 +296,11 @@ def _run(url, key, conc, sh: Shape, duration, n_req, warmup, seed, workers) -> d
                 d["minfer_tokens_per_forward_sum"] / d["minfer_tokens_per_forward_count"], 1
             )
         out["prefix_rows_copied"] = int(d["minfer_prefix_cache_hit_tokens_total"])
+        if out.get("forwards"):  # the engine thread's ms a forward, by phase
+            out["engine_ms_per_forward"] = {
+                ph: round(
+                    1e3 * d[f'minfer_engine_seconds_total{{phase="{ph}"}}'] / out["forwards"], 2
+                )
+                for ph in ("schedule", "forward", "hand", "idle")
+            }
     return out

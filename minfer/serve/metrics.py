@@ -67,3 +67,11 @@ class Metrics:
             registry=r,
         )
         self.kv_slots = Gauge("minfer_kv_slots", "KV cache slots in all", registry=r)
+        self.engine_time = Counter(
+            "minfer_engine_seconds",
+            "the engine thread's wall time by phase: schedule (admit, copy, pack), forward "
+            "(the packed call: uploads, the GPU, read-back), hand (results to the requests), "
+            "idle (waiting for work)",
+            ["phase"],
+            registry=r,
+        )
