@@ -187,6 +187,11 @@ class CudaBackend:
                         f"forms {sorted(k.name for k in kinds)} of one input share a scratch"
                     )
         plan = self.plan.parts
+        if getattr(c, "n_expert", 0):  # the experts' bytes named (minfer.cuda.moe)
+            from minfer.cuda import moe
+            from minfer.cuda.plan.memory import MARGIN
+
+            moe.check_fits(model, plan, self.rt.mem_info()[0], MARGIN)
         check_memory(self.rt, plan, self.kv_slots, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
         self._add(prepare.prebuild(prepare.load_kernels(self.routes), self.rt.arch, progress))
@@ -201,6 +206,14 @@ class CudaBackend:
         )
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds  # file into ready weights
+        self.moe = None  # a mixture-of-experts model's routers, experts and their buffers
+        if getattr(c, "n_expert", 0):
+            from minfer.cuda.moe import MoeLayers
+
+            t_moe = time.perf_counter()
+            self.moe = MoeLayers(self.rt, model, self.ubatch, self.chunk)
+            self.upload_bytes += self.moe.nbytes
+            self.upload_s += time.perf_counter() - t_moe
         self.buf: DeviceBuffers = alloc_buffers(
             self.rt,
             c,
@@ -221,6 +234,7 @@ class CudaBackend:
         self.fwd = Forward(
             self.rt, model, self.gcfg, self.lin, self.groups, self.glu, self.rope_epi, wts, self.buf
         )
+        self.fwd.moe = self.moe
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()

@@ -1,0 +1,184 @@
+"""The mixture-of-experts FFN of the CUDA backend (qwen3moe, Mixtral-style llama + experts):
+weights, buffers and the launches of one layer, over the kernels of kernels/moe.cu
+(launchers and numpy twins: minfer.cuda.ops.moe). The CPU oracle is minfer.reference.moe.
+
+Per layer, on the normed activations h16 f16 [T, d] (the forward's ffn_norm output) of T rows,
+E experts, k used per token, P = T k (token, slot) pairs:
+  logits f32 [T, E] = h16 @ router.T         (gemm_f16_nt: the router as f16 [E, d])
+  sel, wts [T, k]   = route(logits)           (softmax, top k, renormalized: moe.route's rules)
+  offs, toff, perm, rowpos = sort(sel)        (the pairs grouped by expert)
+  act f16 [P, fe]   = grouped GEMM: silu(h16[perm / k] @ gate[e].T) * (... @ up[e].T)
+  ys f32 [P, d]     = grouped GEMM: act @ down[e].T
+  x += combine(ys, wts)                       (rank order, as ggml adds the weighted views)
+Nothing leaves the device (no host sync: the grouped GEMMs' grids are their worst case), so a
+chunk with MoE layers is captured and replayed as a CUDA graph like a dense one.
+
+Weights: every expert dequantized to f16 on the GPU at load ([E, N, K] per stacked tensor, as
+the dense f16 path holds its weights; ~2 B a weight: a 30B-A3B's experts are ~58 GB, a
+Mixtral-8x7B's ~90 GB, past one 80 GB H100: `check_fits` refuses naming the bytes), the router
+f16. The blk int8 expert path is not built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer.cuda.ops import moe as M
+from minfer.cuda.runtime import devarray as da
+from minfer.errors import GPUError
+
+EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+def is_moe(c) -> bool:
+    return bool(getattr(c, "n_expert", 0))
+
+
+def weight_bytes(model) -> int:
+    """Device bytes of every layer's router and experts as this module holds them (f16)."""
+    c = model.config
+    if not is_moe(c):
+        return 0
+    n = 0
+    for il in range(c.n_layers):
+        for s in (*EXPERTS, "ffn_gate_inp"):
+            n += int(np.prod(model.tensor(f"blk.{il}.{s}.weight").shape, dtype=np.int64)) * 2
+    return n
+
+
+def act_bytes(c, ubatch: int) -> int:
+    """Device bytes of the MoE buffers for ubatch tokens (MoeLayers.__init__'s)."""
+    if not is_moe(c):
+        return 0
+    T, E, k = ubatch, c.n_expert, c.n_expert_used
+    P = T * k
+    return T * E * 4 + P * (4 + 4 + 4 + 4) + P * c.d_ff_exp * 2 + P * c.d_model * 4 + 8 * (E + 1)
+
+
+def check_fits(model, plan: dict[str, int], free: int, margin: int) -> None:
+    """GPUError naming the bytes when the plan (experts included) does not fit `free`: the
+    expert weights, the rest, what is free, and why (f16 experts; no int8 expert path yet)."""
+    from minfer.cuda.plan.memory import gb
+
+    if not is_moe(model.config):
+        return
+    need = sum(plan.values())
+    if need + margin <= free:
+        return
+    ew = plan.get("expert weights", 0)
+    raise GPUError(
+        f"GPU out of memory for this mixture-of-experts model: its experts as f16 take "
+        f"{gb(ew)} ({model.config.n_layers} layers x {model.config.n_expert} experts), the rest "
+        f"of the plan {gb(need - ew)}, plus the {gb(margin)} margin; {gb(free)} free. The CUDA "
+        "backend holds experts as f16 (an int8 expert path is not built): use a GPU with "
+        "more memory, a smaller model, or --backend cpu"
+    )
+
+
+class MoeLayers:
+    """Every MoE layer's device weights and the shared buffers for ubatch tokens; `ffn` runs
+    one layer (module docstring)."""
+
+    def __init__(self, rt, model, ubatch: int, chunk: int):
+        c = self.c = model.config
+        self.E, self.k, self.fe, self.d = c.n_expert, c.n_expert_used, c.d_ff_exp, c.d_model
+        if c.post_norms or c.residual_scale != 1.0 or c.ffn_gelu:
+            raise GPUError("cuda backend: MoE with post norms, residual scales or GeGLU")
+        if c.moe_gating != "softmax":
+            raise GPUError(f"cuda backend: MoE gating {c.moe_gating!r} (softmax only)")
+        self.norm_w, self.w_scale = bool(c.moe_norm_w), float(c.moe_w_scale)
+        self.w: dict[str, object] = {}
+        self.nbytes = 0  # file bytes read
+        self._upload(rt, model, chunk)
+        T, E, k = ubatch, self.E, self.k
+        P = T * k
+        e = da.empty
+        self.logits = e(rt, (T, E), np.float32, "moe router logits")
+        self.sel = e(rt, (T, k), np.int32, "moe selected experts")
+        self.wts = e(rt, (T, k), np.float32, "moe expert weights")
+        self.offs = e(rt, (E + 1,), np.int32, "moe expert row offsets")
+        self.toff = e(rt, (E + 1,), np.int32, "moe expert tile offsets")
+        self.perm = e(rt, (P,), np.int32, "moe sorted row -> pair")
+        self.rowpos = e(rt, (P,), np.int32, "moe pair -> sorted row")
+        self.act = e(rt, (P, self.fe), np.float16, "moe expert activations")
+        self.ys = e(rt, (P, self.d), np.float32, "moe expert outputs")
+
+    def _upload(self, rt, model, chunk: int) -> None:
+        """Routers (host f32 -> f16) and experts (raw bytes through the pinned staging,
+        dequantized to f16 on the GPU chunk by chunk) of every layer."""
+        from minfer.cuda.load.weights import _dequant_f16
+        from minfer.cuda.runtime.upload import Staging, rows_per_chunk, split_rows
+
+        c = self.c
+        slot = 1
+        for il in range(c.n_layers):
+            for s in EXPERTS:
+                t = model.tensor(f"blk.{il}.{s}.weight")
+                rows = int(np.prod(t.shape[:-1]))
+                rb = int(t.data.nbytes) // rows
+                slot = max(slot, min(rows, rows_per_chunk(rb, chunk)) * rb)
+        up = Staging(rt, slot)
+        stream, rt.stream = rt.stream, up.stream  # dequants queue behind their copies
+        try:
+            for il in range(c.n_layers):
+                p = f"blk.{il}."
+                r = model.dequant(p + "ffn_gate_inp.weight").astype(np.float16)
+                self.w[p + "ffn_gate_inp.weight"] = da.to_device(rt, r, p + "moe router")
+                self.nbytes += int(model.tensor(p + "ffn_gate_inp.weight").data.nbytes)
+                for s in EXPERTS:
+                    t = model.tensor(f"{p}{s}.weight")
+                    E, N, K = (int(x) for x in t.shape)
+                    d = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
+                    raw = d.reshape(-1).view(np.uint8).reshape(E * N, -1)
+                    out = da.empty(rt, (E, N, K), np.float16, f"f16 experts {p}{s}")
+                    flat = da.reshape(out, (E * N, K))
+                    for r0, n in split_rows(E * N, raw.shape[1], up.slot_bytes):
+                        _dequant_f16(
+                            rt, up.put(raw[r0 : r0 + n]), t.qtype, n, K, da.rows(flat, r0, n)
+                        )
+                    self.w[f"{p}{s}.weight"] = out
+                    self.nbytes += int(t.data.nbytes)
+            up.close()
+        finally:
+            rt.stream = stream
+
+    def ffn(self, rt, il: int, x, h16, op) -> None:
+        """x f32 [T, d] += the MoE FFN of layer il on h16 f16 [T, d]; op(label, flops): the
+        forward's profile bracket (a context manager)."""
+        from minfer.cuda.ops.gemm import gemm_f16_nt
+
+        T = int(x.shape[0])
+        E, k, fe, d = self.E, self.k, self.fe, self.d
+        P = T * k
+        R = da.rows
+        p = f"blk.{il}."
+        logits, sel, wts = R(self.logits, 0, T), R(self.sel, 0, T), R(self.wts, 0, T)
+        perm, rowpos = R(self.perm, 0, P), R(self.rowpos, 0, P)
+        act, ys = R(self.act, 0, P), R(self.ys, 0, P)
+        with op("gemm:ffn_gate_inp", 2.0 * T * E * d):
+            da.poison(rt, logits)
+            gemm_f16_nt(h16, self.w[p + "ffn_gate_inp.weight"], out=logits, rt=rt)
+        with op("moe:route"):
+            da.poison(rt, sel, wts)
+            M.route(rt, sel, wts, logits, k, self.norm_w, self.w_scale)
+        with op("moe:sort"):
+            da.poison(rt, self.offs, self.toff, perm, rowpos)
+            M.sort(rt, self.offs, self.toff, perm, rowpos, sel, E)
+        with op("gemm:moe_gate_up", 2.0 * P * 2 * fe * d):
+            da.poison(rt, act)
+            M.grouped_gemm(
+                rt,
+                act,
+                h16,
+                self.w[p + "ffn_gate_exps.weight"],
+                self.offs,
+                self.toff,
+                w2=self.w[p + "ffn_up_exps.weight"],
+                a_rows=perm,
+                a_div=k,
+            )
+        with op("gemm:moe_down", 2.0 * P * d * fe):
+            da.poison(rt, ys)
+            M.grouped_gemm(rt, ys, act, self.w[p + "ffn_down_exps.weight"], self.offs, self.toff)
+        with op("moe:combine"):
+            M.combine(rt, x, ys, wts, rowpos)
