@@ -79,8 +79,10 @@ class MoeLayers:
     """Every MoE layer's device weights and the shared buffers for ubatch tokens; `ffn` runs
     one layer (module docstring)."""
 
-    def __init__(self, rt, model, ubatch: int, chunk: int):
+    def __init__(self, rt, model, ubatch: int, chunk: int, layers=None):
+        """layers: the layers whose weights go up (None: all; `minfer check` takes one)."""
         c = self.c = model.config
+        self.layers = list(range(c.n_layers)) if layers is None else [int(i) for i in layers]
         self.E, self.k, self.fe, self.d = c.n_expert, c.n_expert_used, c.d_ff_exp, c.d_model
         if c.post_norms or c.residual_scale != 1.0 or c.ffn_gelu:
             raise GPUError("cuda backend: MoE with post norms, residual scales or GeGLU")
@@ -109,9 +111,8 @@ class MoeLayers:
         from minfer.cuda.load.weights import _dequant_f16
         from minfer.cuda.runtime.upload import Staging, rows_per_chunk, split_rows
 
-        c = self.c
         slot = 1
-        for il in range(c.n_layers):
+        for il in self.layers:
             for s in EXPERTS:
                 t = model.tensor(f"blk.{il}.{s}.weight")
                 rows = int(np.prod(t.shape[:-1]))
@@ -120,7 +121,7 @@ class MoeLayers:
         up = Staging(rt, slot)
         stream, rt.stream = rt.stream, up.stream  # dequants queue behind their copies
         try:
-            for il in range(c.n_layers):
+            for il in self.layers:
                 p = f"blk.{il}."
                 r = model.dequant(p + "ffn_gate_inp.weight").astype(np.float16)
                 self.w[p + "ffn_gate_inp.weight"] = da.to_device(rt, r, p + "moe router")
