@@ -323,3 +323,85 @@ def test_plan_counts_f16_experts_of_a_30b_a3b():
     assert 57e9 < b < 59e9
     c = types.SimpleNamespace(n_expert=128, n_expert_used=8, d_ff_exp=768, d_model=2048)
     assert moe.act_bytes(c, 2048) < 1 << 30
+
+
+# ---- the MoE layer on a runtime that runs moe.cu's entries in numpy (tests/moe_heap.py) -------
+@pytest.fixture(scope="module")
+def q4files(tmp_path_factory):
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
+
+    d = tmp_path_factory.mktemp("moeq4")
+    out = {}
+    for p in ("tiny-qwen3moe", "tiny-mixtral"):
+        out[p] = d / f"{p}.gguf"
+        make_synthetic_model(
+            out[p],
+            SynthOptions(preset=p, qtype="q4_K_M", vocab=1024, tokenizer_from=None, workers=1),
+            progress=False,
+        )
+    return out
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3moe", "tiny-mixtral"])
+def test_moe_layer_on_the_heap_runtime(monkeypatch, q4files, preset):
+    """MoeLayers: the upload (pinned chunks of 8 KiB, dequantized on the "device") holds each
+    expert's f16 rows; ffn() (every launcher, buffer view and argument as the forward runs
+    them) equals the twins composed (to f32 rounding), every output row written by one tile,
+    and the CPU reference's MoE within the f16 rounding of the activations."""
+    from contextlib import nullcontext
+
+    from moe_heap import install
+
+    from minfer.cuda.moe import MoeLayers
+    from minfer.cuda.runtime import devarray as da
+    from minfer.gguf.loader import load_model
+    from minfer.reference.forward import ReferenceBackend
+
+    rt = install(monkeypatch)
+    m = load_model(q4files[preset])
+    c = m.config
+    ml = MoeLayers(rt, m, ubatch=48, chunk=8 << 10)
+    il = c.n_layers - 1
+    p = f"blk.{il}."
+    w = {
+        s: m.dequant(p + s + ".weight").astype(np.float16)
+        for s in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    }
+    for s, a in w.items():
+        assert np.array_equal(ml.w[p + s + ".weight"].get(), a), s
+    rng = np.random.default_rng(5)
+    for T in (37, 1, 48):
+        h16 = rng.standard_normal((T, c.d_model)).astype(np.float16)
+        x0 = rng.standard_normal((T, c.d_model)).astype(np.float32)
+        x = da.to_device(rt, x0)
+        rt.launches.clear()
+        ml.ffn(rt, il, x, da.to_device(rt, h16), lambda *a: nullcontext())
+        assert rt.launches == [
+            "moe_route_f32",
+            "moe_sort",
+            "moe_gemm_f16_glu",
+            "moe_gemm_f16",
+            "moe_combine_f32",
+        ]
+        assert (rt.covered == 1).all()  # the down GEMM: every row and column once
+        want, sel, _ = M.moe_ffn_ref(h16, *w.values(), c.n_expert_used)
+        got = x.get()
+        assert np.array_equal(da.rows(ml.sel, 0, T).get(), sel)
+        # (numpy's f32 GEMM sums K in an order that depends on the block's shape: the tiles
+        # of the walk and the twin's whole-expert products differ in the last bits, now and
+        # then an f16 rounding of the SwiGLU between the GEMMs)
+        assert np.abs(got - (x0 + want)).max() <= 1e-4 * np.abs(want).max()
+        ref = ReferenceBackend(m)._moe(il, h16.astype(np.float32))
+        assert np.abs((got - x0) - ref).max() <= 2e-3 * np.abs(ref).max()
+
+
+def test_check_moe_rows_on_the_heap_runtime(monkeypatch, q4files):
+    from moe_heap import install
+
+    from minfer.commands.check import moe_rows
+    from minfer.gguf.loader import load_model
+
+    rt = install(monkeypatch)
+    rows = moe_rows(rt, load_model(q4files["tiny-qwen3moe"]))
+    assert len(rows) == 2 * 3 and all(r[-1] for r in rows), rows
+    assert rows[0][0].startswith("moe blk.0.ffn (8 x 256, 4 used)") and rows[0][2] == "128x256x256"
