@@ -1,6 +1,6 @@
 // moe.cu: the mixture-of-experts FFN on the GPU (llama.cpp's build_moe_ffn with softmax gating:
 // qwen3moe, Mixtral). Launchers and numpy twins: minfer/cuda/ops/moe.py; the layer that runs them:
-// minfer/cuda/moe.py. Per layer, T tokens, E experts, k used per token, P = T * k (token, slot)
+// minfer/cuda/load/moe.py. Per layer, T tokens, E experts, k used per token, P = T * k (token, slot)
 // pairs, pair p = t * k + j (j: the slot's rank):
 //
 //   moe_route_f32      logits f32 [T, E] (the router GEMM's output) -> sel int32 [T, k] (expert

@@ -179,7 +179,7 @@ def test_refusals_by_name():
         check_keys("m.gguf", "qwen2", {"qwen2.expert_count": 8})
     check_keys("m.gguf", "qwen3moe", {"qwen3moe.expert_weights_scale": 2.5})  # inert there
     cfg = types.SimpleNamespace(arch="qwen3moe", n_expert=128, n_expert_used=8, head_dim=128)
-    assert gpu_unsupported(cfg) == ""  # minfer.cuda.moe runs it
+    assert gpu_unsupported(cfg) == ""  # minfer.cuda.load.moe runs it
     why = gpu_unsupported(types.SimpleNamespace(**{**vars(cfg), "n_expert": 600}))
     assert why.startswith("mixture-of-experts with 600 experts") and "at most 512" in why
 

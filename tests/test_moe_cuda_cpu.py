@@ -265,6 +265,9 @@ def test_backend_runs_moe_layers(monkeypatch, files, preset):
     c = m.config
     rt, be = _fake_backend(monkeypatch, m)
     assert be.moe is not None and be.fwd.moe is be.moe
+    assert be.route_summary().endswith(
+        f"; experts: f16 grouped GEMMs (2 layers x 8 experts, {c.n_expert_used} used)"
+    )
     assert not any("_exps" in n or "gate_inp" in n for n in be.routes)
     assert (
         be.plan.parts["expert weights"]
@@ -303,7 +306,7 @@ def test_backend_refuses_experts_past_free_memory(monkeypatch, files):
 
 def test_plan_counts_f16_experts_of_a_30b_a3b():
     """qwen3-30b-a3b: 48 x 128 experts x 3 x 768 x 2048 as f16 (~58 GB) and the routers."""
-    from minfer.cuda import moe
+    from minfer.cuda.plan import moe
     from minfer.tools.synth import PRESETS
 
     s = PRESETS["qwen3-30b-a3b"]
@@ -352,7 +355,7 @@ def test_moe_layer_on_the_heap_runtime(monkeypatch, q4files, preset):
 
     from moe_heap import install
 
-    from minfer.cuda.moe import MoeLayers
+    from minfer.cuda.load.moe import MoeLayers
     from minfer.cuda.runtime import devarray as da
     from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend

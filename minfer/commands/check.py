@@ -154,7 +154,7 @@ def parity_scratch(rt, M: int, K: int):
 
 def moe_rows(rt, model, seed: int = 0, layers=None):
     """[(what, path, shape, rel_err, ok)]: a mixture-of-experts model's FFN on the GPU (router
-    GEMM, route, sort, grouped GEMMs, combine: minfer.cuda.moe.MoeLayers.ffn, what the forward
+    GEMM, route, sort, grouped GEMMs, combine: minfer.cuda.load.moe.MoeLayers.ffn, what the forward
     runs) against the numpy twins composed (minfer.cuda.ops.moe.moe_ffn_ref) on the layer's
     real weights (the first and the last layer; f16, as the device holds them) and random f16
     activations, M = 128, 37 and 1. Tie-aware: a row the GPU routed otherwise than the twin
@@ -162,7 +162,7 @@ def moe_rows(rt, model, seed: int = 0, layers=None):
     err (Frobenius) <= PARITY_TOL."""
     from contextlib import nullcontext
 
-    from minfer.cuda.moe import MoeLayers
+    from minfer.cuda.load.moe import MoeLayers
     from minfer.cuda.ops import moe as M
     from minfer.cuda.runtime import devarray as da
     from minfer.reference import moe as R

@@ -187,8 +187,8 @@ class CudaBackend:
                         f"forms {sorted(k.name for k in kinds)} of one input share a scratch"
                     )
         plan = self.plan.parts
-        if getattr(c, "n_expert", 0):  # the experts' bytes named (minfer.cuda.moe)
-            from minfer.cuda import moe
+        if getattr(c, "n_expert", 0):  # the experts' bytes named (minfer.cuda.load.moe)
+            from minfer.cuda.plan import moe
             from minfer.cuda.plan.memory import MARGIN
 
             moe.check_fits(model, plan, self.rt.mem_info()[0], MARGIN)
@@ -208,7 +208,7 @@ class CudaBackend:
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds  # file into ready weights
         self.moe = None  # a mixture-of-experts model's routers, experts and their buffers
         if getattr(c, "n_expert", 0):
-            from minfer.cuda.moe import MoeLayers
+            from minfer.cuda.load.moe import MoeLayers
 
             t_moe = time.perf_counter()
             self.moe = MoeLayers(self.rt, model, self.ubatch, self.chunk)
@@ -281,8 +281,16 @@ class CudaBackend:
         return self.memory.line()
 
     def route_summary(self) -> str:
-        """One line: which GEMMs run on MMQ (by type) and which on f16 (and why)."""
-        return summarize_routes(self.model, self.routes)
+        """One line: which GEMMs run on MMQ (by type) and which on f16 (and why); a MoE
+        model's experts after it (minfer.cuda.load.moe: always f16 grouped GEMMs)."""
+        s = summarize_routes(self.model, self.routes)
+        if getattr(self, "moe", None) is not None:
+            c = self.c
+            s += (
+                f"; experts: f16 grouped GEMMs ({c.n_layers} layers x {c.n_expert} experts, "
+                f"{c.n_expert_used} used)"
+            )
+        return s
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one.

@@ -11,7 +11,7 @@ Per layer, T tokens (f32 residual x, f16 GEMM operands; the module docstring of
 minfer.cuda.backend has the dataflow): rmsnorm -> q|k|v GEMMs (rope in the f16 epilogue, or
 (qwen3: head norms, then) one rope_qkv launch) -> attention -> attn_output += -> rmsnorm ->
 gate|up GEMMs (swiglu in the epilogue, or a swiglu launch) -> ffn_down += (a mixture-of-
-experts model: router, grouping, grouped GEMMs, weighted scatter-add, minfer.cuda.moe); the family's
+experts model: router, grouping, grouped GEMMs, weighted scatter-add, minfer.cuda.load.moe); the family's
 variations read from the config (gemma's and olmo2's post norms, olmo2's missing pre-norms and
 whole-projection q/k norms, granite's scales, smollm3's layers without RoPE); the last layer of
 the last chunk for its last row only, then the output norm and the LM head GEMV. `profile`
@@ -56,7 +56,9 @@ class Forward:
         self.ubatch = int(buf.x.shape[0])  # the rows every activation buffer holds
         self.profile = None
         self.probe = None
-        self.moe = None  # minfer.cuda.moe.MoeLayers of a mixture-of-experts model (the backend's)
+        self.moe = (
+            None  # minfer.cuda.load.moe.MoeLayers of a mixture-of-experts model (the backend's)
+        )
         c = self.c  # each layer's RoPE table (gemma: the local layers' own base; smollm3's
         # layers without RoPE: the identity table)
         self.rope = [
@@ -334,7 +336,7 @@ class Forward:
             down = p + "ffn_down.weight"
             groups = self.groups[il]["ffn"]
             fq8 = self._norm_in(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
-            if self.moe is not None:  # the routed experts: x += moe(hq) (minfer.cuda.moe)
+            if self.moe is not None:  # the routed experts: x += moe(hq) (minfer.cuda.load.moe)
                 self.moe.ffn(rt, il, xq, hq, self._op)
                 if self.probe is not None:
                     self.probe(il, xq)

@@ -1,4 +1,4 @@
-"""GPU: the mixture-of-experts FFN of the CUDA backend (kernels/moe.cu, minfer.cuda.moe).
+"""GPU: the mixture-of-experts FFN of the CUDA backend (kernels/moe.cu, minfer.cuda.load.moe).
 
 Kernels against their numpy twins (minfer.cuda.ops.moe):
 - moe_route_f32: the experts of each token (exact but where the k-th and (k+1)-th probabilities
