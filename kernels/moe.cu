@@ -17,18 +17,25 @@
 //                      pair takes the next row of its expert (atomics: the order of the rows
 //                      within an expert is not fixed; every GEMM row is computed on its own, so
 //                      the results are). grid (1), block (1024).
-//   moe_gemm_f16_glu   the "m-grouped contiguous" grouped GEMM (DeepGEMM / CUTLASS grouped GEMM):
-//   moe_gemm_f16       one launch over (column tile, global row tile); a row tile belongs to
+//   moe_mma_f16_glu    the "m-grouped contiguous" grouped GEMM (DeepGEMM / CUTLASS grouped GEMM):
+//   moe_mma_f16        one launch over (column tile, global row tile); a row tile belongs to
 //                      the expert e with toff[e] <= tile < toff[e + 1] (binary search) and covers
 //                      rows offs[e] + (tile - toff[e]) * 64 .. (clipped to offs[e + 1]); tiles
 //                      past toff[E] exit. C rows r = A row a(r) @ W[e].T with W [E, N, K] f16
 //                      (GGUF's stacked ffn_*_exps, dequantized), a(r) = a_rows[r] / a_div when
 //                      a_rows is given (the gather of the normed activations: a_rows = perm,
-//                      a_div = k gives the token of each pair), else r. _glu: W = gate, W2 = up,
-//                      Ch f16 [P, N] = silu(A W^T) * (A W2^T) (swiglu.cuh's rounding); plain:
-//                      Cf f32 [P, N] = A W^T. wmma 16x16x16 f16 fragments, f32 accumulate; block
-//                      tile 64 x 64 x 32, 4 warps of 32 x 32; K % 8 == 0 (16-byte loads, a K
-//                      tail zero-filled), any N. grid (ceil(N / 64), max row tiles), block (128).
+//                      a_div = k gives the token of each pair), else r. _glu: W [E, 2F, K] each
+//                      expert's gate|up rows interleaved per 16 (8 gate, their 8 up: the dense
+//                      f16 glu layout), C f16 [P, F] = silu(A gate^T) * (A up^T) (swiglu.cuh's
+//                      rounding); plain: C f32 [P, N] = A W^T. The dense f16 path's tile
+//                      (gemm_f16_common.cuh): 64 x 128 x 32, 4 warps, a 4-deep cp.async
+//                      pipeline, ldmatrix, mma.sync m16n8k16, its epilogues. K % 8 == 0 (a K
+//                      tail zero-filled), any N (F % 8 == 0). grid (ceil(N / 128), max row
+//                      tiles), block (128), 48 KiB of dynamic shared memory.
+//   moe_gemm_f16_glu   the same GEMMs, one simple kernel (the control: wmma 16x16x16 fragments,
+//   moe_gemm_f16       64 x 64 x 32 tiles, 4 warps of 32 x 32, registers to shared memory, no
+//                      pipeline); _glu: N = F (W has 2F rows, interleaved as above), Ch f16;
+//                      plain: Cf f32. grid (ceil(N / 64), max row tiles), block (128).
 //   moe_combine_f32    x f32 [T, D] += sum over j in rank order of wts[t, j] * ys[rowpos[t k + j]]
 //                      (ys f32 [P, D]: the down GEMM's rows), each product and sum rounded on its
 //                      own (no FMA: the twin is exact). grid (T), block (256).
@@ -36,7 +43,8 @@
 #include <mma.h>
 #include <stdint.h>
 
-#include "swiglu.cuh"  // swiglu1
+#include "gemm_f16_common.cuh"  // the dense f16 tile's pieces (cp.async, ldmatrix, mma, epilogues)
+#include "swiglu.cuh"           // swiglu1
 
 #define MOE_MAX_E 512    // llama.cpp's LLAMA_MAX_EXPERTS
 #define ROUTE_PER 16     // MOE_MAX_E / 32: router values a lane holds
@@ -172,7 +180,6 @@ __device__ __forceinline__ void moe_gemm_body(float* __restrict__ Cf, __half* __
                                               const __half* __restrict__ A,
                                               const int* __restrict__ a_rows, int a_div,
                                               const __half* __restrict__ W,
-                                              const __half* __restrict__ W2,
                                               const int* __restrict__ offs,
                                               const int* __restrict__ toff, int E, int N, int K) {
     using namespace nvcuda;
@@ -196,8 +203,8 @@ __device__ __forceinline__ void moe_gemm_body(float* __restrict__ Cf, __half* __
     const int r0 = offs[e] + (mt - toff[e]) * GBM;
     const int rend = offs[e + 1];
     const int n0 = blockIdx.x * GBN;
-    const __half* We = W + (size_t)e * N * K;
-    const __half* W2e = GLU ? W2 + (size_t)e * N * K : nullptr;
+    // GLU: W is expert e's gate|up [2N, K], rows interleaved per 16 (8 gate, their 8 up)
+    const __half* We = W + (size_t)e * (GLU ? 2 : 1) * N * K;
 
     const int tid = threadIdx.x;
     const int warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
@@ -217,8 +224,9 @@ __device__ __forceinline__ void moe_gemm_body(float* __restrict__ Cf, __half* __
         arow[i] = A + (size_t)src * K;
         const int n = n0 + srow[i];
         bok[i] = n < N;
-        brow[i] = We + (size_t)(bok[i] ? n : 0) * K;
-        b2row[i] = GLU ? W2e + (size_t)(bok[i] ? n : 0) * K : nullptr;
+        const int wr = bok[i] ? (GLU ? ((n >> 3) << 4) + (n & 7) : n) : 0;  // gate (or the) row
+        brow[i] = We + (size_t)wr * K;
+        b2row[i] = GLU ? brow[i] + 8 * (size_t)K : nullptr;  // its up row
     }
     int4 ra[2], rb[2], rb2[2];
     const int4 zero = make_int4(0, 0, 0, 0);
@@ -300,15 +308,148 @@ __device__ __forceinline__ void moe_gemm_body(float* __restrict__ Cf, __half* __
 #define MOE_GEMM_ARGS                                                                         \
     float *__restrict__ Cf, __half *__restrict__ Ch, const __half *__restrict__ A,            \
         const int *__restrict__ a_rows, int a_div, const __half *__restrict__ W,               \
-        const __half *__restrict__ W2, const int *__restrict__ offs,                           \
-        const int *__restrict__ toff, int E, int N, int K
+        const int *__restrict__ offs, const int *__restrict__ toff, int E, int N, int K
 
 extern "C" __global__ void __launch_bounds__(128) moe_gemm_f16_glu(MOE_GEMM_ARGS) {
-    moe_gemm_body<true>(Cf, Ch, A, a_rows, a_div, W, W2, offs, toff, E, N, K);
+    moe_gemm_body<true>(Cf, Ch, A, a_rows, a_div, W, offs, toff, E, N, K);
 }
 
 extern "C" __global__ void __launch_bounds__(128) moe_gemm_f16(MOE_GEMM_ARGS) {
-    moe_gemm_body<false>(Cf, Ch, A, a_rows, a_div, W, W2, offs, toff, E, N, K);
+    moe_gemm_body<false>(Cf, Ch, A, a_rows, a_div, W, offs, toff, E, N, K);
+}
+
+// ---- grouped GEMM, the dense f16 path's mma.sync tile (gemm_f16_common.cuh) ----------------------
+// The same walk over (column tile, global row tile) as above, on gemm_f16.cu's 64 x 128 x 32
+// tile (4 warps of 32 x 64, a 4-deep cp.async pipeline into XOR-swizzled shared memory,
+// ldmatrix, mma.sync m16n8k16) and its epilogues: MODE 3 (glu): W expert e's gate|up [N = 2F,
+// K] interleaved per 16 rows, C f16 [P, F] (epilogue_glu: swiglu.cuh's rounding, F % 8 == 0);
+// MODE 0: C f32 [P, N]. The loader reads A row a_rows[r] / a_div (or r) for sorted row r.
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N, int STAGES, int MODE>
+__device__ __forceinline__ void moe_mma_body(void* __restrict__ C, const __half* __restrict__ A,
+                                             const int* __restrict__ a_rows, int a_div,
+                                             const __half* __restrict__ W,
+                                             const int* __restrict__ offs,
+                                             const int* __restrict__ toff, int E, int N, int K) {
+    using namespace gemm_f16;
+    using Cfg = TileCfg<BM, BN, BK, WARPS_M, WARPS_N, STAGES>;
+    constexpr int MI = Cfg::MI, NI = Cfg::NI, CPR = Cfg::CPR, SHIFT = Cfg::SHIFT;
+    static_assert(BM == GBM, "the sort's row tiles are GBM rows");
+    extern __shared__ __align__(128) uint8_t smem_raw[];
+    half* smem = reinterpret_cast<half*>(smem_raw);
+
+    const int mt = blockIdx.y;
+    if (mt >= toff[E]) return;  // (uniform per block)
+    int lo = 0, hi = E;  // toff[lo] <= mt < toff[hi]
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (toff[mid] <= mt) lo = mid;
+        else hi = mid;
+    }
+    const int e = lo;
+    const int m0 = offs[e] + (mt - toff[e]) * BM;
+    const int rend = offs[e + 1];  // rows m0 .. rend - 1 (at most BM) are this tile's
+    const int n0 = blockIdx.x * BN;
+    const half* B = W + (size_t)e * N * K;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int lr0 = tid / CPR, lch = tid % CPR;
+    const int a_dst0 = swz<BK, SHIFT>(lr0, lch);
+    int a_src[Cfg::A_ITERS];  // the A row of each pass's row, -1 past the expert's rows
+#pragma unroll
+    for (int i = 0; i < Cfg::A_ITERS; ++i) {
+        const int r = m0 + lr0 + i * Cfg::RSTEP;
+        a_src[i] = r < rend ? (a_rows ? a_rows[r] / a_div : r) : -1;
+    }
+    const half* b_src0 = B + static_cast<size_t>(n0 + lr0) * K + lch * 8;
+    const size_t pass_stride = static_cast<size_t>(Cfg::RSTEP) * K;
+    const int KT = (K + BK - 1) / BK;
+
+    auto load_tile = [&](int stage, int kt) {
+        const int k0 = kt * BK;
+        const bool k_ok = k0 + lch * 8 < K;
+        half* As = smem + stage * Cfg::STAGE_HALVES;
+        half* Bs = As + BM * BK;
+#pragma unroll
+        for (int i = 0; i < Cfg::A_ITERS; ++i) {
+            const bool ok = k_ok && a_src[i] >= 0;
+            const half* src = ok ? A + static_cast<size_t>(a_src[i]) * K + k0 + lch * 8 : A;
+            cp_async16(smem_u32(As + a_dst0 + i * Cfg::RSTEP * BK), src, ok);
+        }
+#pragma unroll
+        for (int i = 0; i < Cfg::B_ITERS; ++i) {
+            const bool ok = k_ok && (n0 + lr0 + i * Cfg::RSTEP < N);
+            const half* src = ok ? b_src0 + i * pass_stride + k0 : B;
+            cp_async16(smem_u32(Bs + a_dst0 + i * Cfg::RSTEP * BK), src, ok);
+        }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[mi][ni][j] = 0.f;
+
+    const int a_row = wm * Cfg::WM + (lane & 15);
+    const int a_chp = lane >> 4;
+    const int b_row = wn * Cfg::WN + (lane & 7) + ((lane >> 4) << 3);
+    const int b_chp = (lane >> 3) & 1;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < KT) load_tile(s, s);
+        cp_async_commit();
+    }
+    for (int kt = 0; kt < KT; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile kt visible to all; stage (kt-1)%STAGES free for reuse
+        {
+            const int nk = kt + STAGES - 1;
+            if (nk < KT) load_tile(nk % STAGES, nk);
+            cp_async_commit();
+        }
+        const half* As = smem + (kt % STAGES) * Cfg::STAGE_HALVES;
+        const half* Bs = As + BM * BK;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            uint32_t af[MI][4];
+            uint32_t bf[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+                ldmatrix_x4(af[mi], smem_u32(As + swz<BK, SHIFT>(a_row + mi * 16, 2 * kk + a_chp)));
+#pragma unroll
+            for (int nj = 0; nj < NI / 2; ++nj) {
+                uint32_t r[4];
+                ldmatrix_x4(r, smem_u32(Bs + swz<BK, SHIFT>(b_row + nj * 16, 2 * kk + b_chp)));
+                bf[2 * nj][0] = r[0];
+                bf[2 * nj][1] = r[1];
+                bf[2 * nj + 1][0] = r[2];
+                bf[2 * nj + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < NI; ++ni) mma_16816(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+        }
+    }
+    cp_async_wait<0>();
+    // rows past rend (another expert's, or past P) are not stored: M = rend
+    epilogue<MODE, MI, NI>(C, rend, N, m0 + wm * Cfg::WM, n0 + wn * Cfg::WN, acc, lane);
+}
+
+#define MOE_MMA_ARGS                                                                          \
+    void *__restrict__ C, const __half *__restrict__ A, const int *__restrict__ a_rows,        \
+        int a_div, const __half *__restrict__ W, const int *__restrict__ offs,                 \
+        const int *__restrict__ toff, int E, int N, int K
+
+extern "C" __global__ void __launch_bounds__(128, 3) moe_mma_f16_glu(MOE_MMA_ARGS) {
+    moe_mma_body<64, 128, 32, 2, 2, 4, 3>(C, A, a_rows, a_div, W, offs, toff, E, N, K);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 3) moe_mma_f16(MOE_MMA_ARGS) {
+    moe_mma_body<64, 128, 32, 2, 2, 4, 0>(C, A, a_rows, a_div, W, offs, toff, E, N, K);
 }
 
 // ---- weighted scatter-add back to token order --------------------------------------------------

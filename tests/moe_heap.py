@@ -50,6 +50,7 @@ class HeapRT:
             Event=_Event,
             Error=RuntimeError,
             memset_d8=lambda p, b, n: rt.bytes_at(int(p), int(n)).fill(b),
+            Memcpy2D=lambda: _Memcpy2D(rt),
         )
 
     # -- memory -------------------------------------------------------------------------------
@@ -119,8 +120,27 @@ class HeapRT:
                 E,
                 bm,
             )
-        elif entry in ("moe_gemm_f16", "moe_gemm_f16_glu"):
-            self._gemm(entry.endswith("_glu"), grid, *a)
+        elif entry in ("moe_gemm_f16", "moe_gemm_f16_glu"):  # (Cf, Ch, ..., N = out width)
+            glu = entry.endswith("_glu")
+            Cf, Ch, A, a_rows, a_div, W, offs, toff, E, N, K = a
+            self._gemm(
+                glu,
+                M.BN,
+                grid,
+                Ch if glu else Cf,
+                A,
+                a_rows,
+                a_div,
+                W,
+                offs,
+                toff,
+                E,
+                2 * N if glu else N,
+                K,
+            )
+        elif entry in ("moe_mma_f16", "moe_mma_f16_glu"):  # (C, ..., N = W's rows)
+            assert smem == M.MMA_SMEM
+            self._gemm(entry.endswith("_glu"), M.MMA_BN, grid, *a)
         elif entry == "moe_combine_f32":
             x, ys, wts, rowpos, k, D = a
             T = grid[0]
@@ -142,19 +162,26 @@ class HeapRT:
             self.at(out, (int(n),), np.float16)[:] = dequantize(raw, t.qtype).reshape(-1)
         # any other kernel: not emulated (the MoE layer launches none)
 
-    def _gemm(self, glu, grid, Cf, Ch, A, a_rows, a_div, W, W2, offs, toff, E, N, K):
-        bm, bn = M.BM, M.BN
+    def _gemm(self, glu, bn, grid, C, A, a_rows, a_div, W, offs, toff, E, N, K):
+        """A grouped GEMM's walk: W [E, N, K] (glu: N = 2F rows, interleaved per 16), the
+        column tiles of bn output columns."""
+        bm = M.BM
         o = self.at(offs, (E + 1,), np.int32)
         to = self.at(toff, (E + 1,), np.int32)
         P = int(o[E])
-        assert grid[0] == -(-N // bn) and grid[1] >= to[E], (grid, to[E])
+        No = N // 2 if glu else N
+        cols = No if bn == M.BN else N  # the wmma kernel tiles output columns, mma W rows
+        assert grid[0] == -(-cols // bn) and grid[1] >= to[E], (grid, to[E])
         w = self.at(W, (E, N, K), np.float16)
-        w2 = self.at(W2, (E, N, K), np.float16) if glu else None
-        C = self.at(Ch, (P, N), np.float16) if glu else self.at(Cf, (P, N), np.float32)
+        if glu:  # de-interleave: feature f's gate row 16 (f // 8) + f % 8, its up row + 8
+            f = np.arange(No)
+            g_rows = (f // 8) * 16 + f % 8
+            wg, wu = w[:, g_rows], w[:, g_rows + 8]
+        C = self.at(C, (P, No), np.float16 if glu else np.float32)
         rows_idx = self.at(a_rows, (P,), np.int32) if a_rows else None
         n_a = int(rows_idx.max()) // a_div + 1 if a_rows else P
         Am = self.at(A, (n_a, K), np.float16)
-        self.covered = np.zeros((P, N), np.int32)
+        self.covered = np.zeros((P, No), np.int32)
         for mt in range(grid[1]):
             if mt >= to[E]:
                 continue
@@ -164,14 +191,36 @@ class HeapRT:
             src = np.arange(r0, r1) if rows_idx is None else rows_idx[r0:r1] // a_div
             x = Am[src].astype(np.float32)
             for nt in range(grid[0]):
-                c0, c1 = nt * bn, min(nt * bn + bn, N)
-                g = x @ w[e, c0:c1].astype(np.float32).T
-                if glu:
-                    u = x @ w2[e, c0:c1].astype(np.float32).T
+                c0, c1 = nt * bn, min(nt * bn + bn, cols)
+                if glu:  # output columns c0 .. c1 (wmma) or those of W rows c0 .. c1 (mma)
+                    c0, c1 = (c0, c1) if cols == No else (c0 // 2, c1 // 2)
+                    g = x @ wg[e, c0:c1].astype(np.float32).T
+                    u = x @ wu[e, c0:c1].astype(np.float32).T
                     C[r0:r1, c0:c1] = ops.swiglu(g, u).astype(np.float16)
                 else:
-                    C[r0:r1, c0:c1] = g
+                    C[r0:r1, c0:c1] = x @ w[e, c0:c1].astype(np.float32).T
                 self.covered[r0:r1, c0:c1] += 1
+
+
+class _Memcpy2D:
+    """pycuda's Memcpy2D between device addresses (weights._copy_interleaved's use)."""
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def set_src_device(self, p):
+        self.src = int(p)
+
+    def set_src_host(self, a):
+        raise AssertionError("the MoE upload copies device to device")
+
+    def set_dst_device(self, p):
+        self.dst = int(p)
+
+    def __call__(self, aligned_or_stream=True):
+        for r in range(self.height):
+            row = self.rt.bytes_at(self.src + r * self.src_pitch, self.width_in_bytes).copy()
+            self.rt.write(self.dst + r * self.dst_pitch, row)
 
 
 class HeapArray:

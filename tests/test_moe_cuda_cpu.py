@@ -131,12 +131,13 @@ def test_grouped_gemm_twin_gathers_and_skips_empty_experts():
         want = a[t].astype(np.float32) @ w[sel[t, j]].astype(np.float32).T
         assert np.allclose(out[rowpos[p]], want, rtol=1e-5, atol=1e-5)
     g = np.zeros((P, N), np.float16)
-    M.grouped_gemm_ref(g, a, w, offs, toff, w2=w[::-1].copy(), a_rows=perm, a_div=k)
+    wu = w[::-1].copy()
+    wgu = M.interleave_glu(w, wu)
+    assert np.array_equal(wgu[1, 16:24], w[1, 8:16]) and np.array_equal(wgu[2, 24:32], wu[2, 8:16])
+    M.grouped_gemm_ref(g, a, wgu, offs, toff, True, perm, k)
     t, j = divmod(int(perm[0]), k)
     x = a[t].astype(np.float32)
-    want = ops.swiglu(
-        x @ w[sel[t, j]].astype(np.float32).T, x @ w[3 - sel[t, j]].astype(np.float32).T
-    )
+    want = ops.swiglu(x @ w[sel[t, j]].astype(np.float32).T, x @ wu[sel[t, j]].astype(np.float32).T)
     assert np.array_equal(g[0], want.astype(np.float16))
 
 
@@ -197,24 +198,33 @@ def test_launchers_check_and_size_their_grids():
     M.sort(rt, offs, toff, perm, rowpos, sel, E)
     assert rt.launches[-1][1:3] == ((1,), (1024,))
     h16, act, ys = _dev((T, d), np.float16), _dev((P, fe), np.float16), _dev((P, d), np.float32)
-    wg, wu, wd = (
-        _dev((E, fe, d), np.float16),
-        _dev((E, fe, d), np.float16),
-        _dev((E, d, fe), np.float16),
-    )
-    M.grouped_gemm(rt, act, h16, wg, offs, toff, w2=wu, a_rows=perm, a_div=k)
+    wgu, wd = _dev((E, 2 * fe, d), np.float16), _dev((E, d, fe), np.float16)
+    M.grouped_gemm(rt, act, h16, wgu, offs, toff, True, perm, k, kernel="wmma")
     fn, grid, block, args = rt.launches[-1]
     assert fn[1] == "moe_gemm_f16_glu" and grid == (1, -(-P // 64) + E) and block == (128,)
     assert int(args[0]) == 0 and int(args[1]) == act.gpudata  # Ch, not Cf
-    M.grouped_gemm(rt, ys, act, wd, offs, toff)
+    assert int(args[-2]) == fe  # the output width
+    M.grouped_gemm(rt, ys, act, wd, offs, toff, kernel="wmma")
     fn, grid, _, args = rt.launches[-1]
     assert fn[1] == "moe_gemm_f16" and grid == (1, -(-P // 64) + E) and int(args[3]) == 0
+    M.grouped_gemm(rt, act, h16, wgu, offs, toff, True, perm, k)  # the default: mma
+    fn, grid, _, args = rt.launches[-1]
+    assert fn[1] == "moe_mma_f16_glu" and grid == (1, -(-P // 64) + E)  # 2 fe = 96 W rows
+    assert int(args[0]) == act.gpudata and int(args[-2]) == 2 * fe  # W's rows
+    M.grouped_gemm(rt, ys, act, wd, offs, toff)
+    assert rt.launches[-1][0][1] == "moe_mma_f16" and rt.launches[-1][1] == (1, -(-P // 64) + E)
     M.combine(rt, _dev((T, d), np.float32), ys, wts, rowpos)
     assert rt.launches[-1][1] == (T,)
     with pytest.raises(GPUError, match="expected float32"):
-        M.grouped_gemm(rt, _dev((P, d), np.float16), act, wd, offs, toff)  # f16 out, no w2
+        M.grouped_gemm(rt, _dev((P, d), np.float16), act, wd, offs, toff)  # f16 out, no glu
     with pytest.raises(GPUError, match="does not match"):
-        M.grouped_gemm(rt, act, act, wg, offs, toff, w2=wu)
+        M.grouped_gemm(rt, act, act, wgu, offs, toff, True)
+    with pytest.raises(GPUError, match="expected \\[P, 48\\]"):
+        M.grouped_gemm(rt, _dev((P, 96), np.float16), h16, wgu, offs, toff, True)
+    with pytest.raises(GPUError, match="2F % 16"):
+        M.grouped_gemm(rt, act, h16, _dev((E, 40, d), np.float16), offs, toff, True)
+    with pytest.raises(GPUError, match="kernel 'cublas'"):
+        M.grouped_gemm(rt, ys, act, wd, offs, toff, kernel="cublas")
     with pytest.raises(GPUError, match="multiple of 8"):
         M.grouped_gemm(
             rt,
@@ -284,8 +294,8 @@ def test_backend_runs_moe_layers(monkeypatch, files, preset):
         per_layer = [
             "moe_route_f32",
             "moe_sort",
-            "moe_gemm_f16_glu",
-            "moe_gemm_f16",
+            "moe_mma_f16_glu",
+            "moe_mma_f16",
             "moe_combine_f32",
         ]
         assert entries == per_layer * (c.n_layers * chunks), entries
@@ -345,8 +355,10 @@ def q4files(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3moe", "tiny-mixtral"])
-def test_moe_layer_on_the_heap_runtime(monkeypatch, q4files, preset):
+@pytest.mark.parametrize(
+    "preset,kernel", [("tiny-qwen3moe", "mma"), ("tiny-mixtral", "mma"), ("tiny-mixtral", "wmma")]
+)
+def test_moe_layer_on_the_heap_runtime(monkeypatch, q4files, preset, kernel):
     """MoeLayers: the upload (pinned chunks of 8 KiB, dequantized on the "device") holds each
     expert's f16 rows; ffn() (every launcher, buffer view and argument as the forward runs
     them) equals the twins composed (to f32 rounding), every output row written by one tile,
@@ -363,15 +375,17 @@ def test_moe_layer_on_the_heap_runtime(monkeypatch, q4files, preset):
     rt = install(monkeypatch)
     m = load_model(q4files[preset])
     c = m.config
-    ml = MoeLayers(rt, m, ubatch=48, chunk=8 << 10)
+    ml = MoeLayers(rt, m, ubatch=48, chunk=8 << 10, kernel=kernel)
     il = c.n_layers - 1
     p = f"blk.{il}."
     w = {
         s: m.dequant(p + s + ".weight").astype(np.float16)
         for s in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
     }
-    for s, a in w.items():
-        assert np.array_equal(ml.w[p + s + ".weight"].get(), a), s
+    for s in ("ffn_gate_inp", "ffn_down_exps"):
+        assert np.array_equal(ml.w[p + s + ".weight"].get(), w[s]), s
+    gu = M.interleave_glu(w["ffn_gate_exps"], w["ffn_up_exps"])
+    assert np.array_equal(ml.w[p + "ffn_gate_up_exps.weight"].get(), gu)
     rng = np.random.default_rng(5)
     for T in (37, 1, 48):
         h16 = rng.standard_normal((T, c.d_model)).astype(np.float16)
@@ -379,13 +393,8 @@ def test_moe_layer_on_the_heap_runtime(monkeypatch, q4files, preset):
         x = da.to_device(rt, x0)
         rt.launches.clear()
         ml.ffn(rt, il, x, da.to_device(rt, h16), lambda *a: nullcontext())
-        assert rt.launches == [
-            "moe_route_f32",
-            "moe_sort",
-            "moe_gemm_f16_glu",
-            "moe_gemm_f16",
-            "moe_combine_f32",
-        ]
+        g = "moe_mma_f16" if kernel == "mma" else "moe_gemm_f16"
+        assert rt.launches == ["moe_route_f32", "moe_sort", g + "_glu", g, "moe_combine_f32"]
         assert (rt.covered == 1).all()  # the down GEMM: every row and column once
         want, sel, _ = M.moe_ffn_ref(h16, *w.values(), c.n_expert_used)
         got = x.get()

@@ -208,10 +208,14 @@ class CudaBackend:
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds  # file into ready weights
         self.moe = None  # a mixture-of-experts model's routers, experts and their buffers
         if getattr(c, "n_expert", 0):
+            import os
+
             from minfer.cuda.load.moe import MoeLayers
 
-            t_moe = time.perf_counter()
-            self.moe = MoeLayers(self.rt, model, self.ubatch, self.chunk)
+            t_moe = time.perf_counter()  # MINFER_MOE_GEMM: the grouped GEMMs' kernel (mma;
+            # wmma: the simple control kernel of kernels/moe.cu)
+            kern = os.environ.get("MINFER_MOE_GEMM", "mma")
+            self.moe = MoeLayers(self.rt, model, self.ubatch, self.chunk, kernel=kern)
             self.upload_bytes += self.moe.nbytes
             self.upload_s += time.perf_counter() - t_moe
         self.buf: DeviceBuffers = alloc_buffers(

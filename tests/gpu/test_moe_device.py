@@ -7,8 +7,10 @@ Kernels against their numpy twins (minfer.cuda.ops.moe):
   weight scale;
 - moe_sort: offsets and tile offsets exact, perm / rowpos inverse permutations grouping every
   pair under its expert (the order within an expert is the atomics', the twin's is by pair);
-- moe_gemm_f16_glu / moe_gemm_f16: on the twin's grouping, ragged (experts with no row, one
-  row, every row), K not a multiple of 32, N not a multiple of 64, and the real layer shapes
+- moe_mma_f16_glu / moe_mma_f16 (the default) and moe_gemm_f16_glu / moe_gemm_f16 (the simple
+  wmma control), the gate|up weights interleaved per 16: on the twin's grouping, ragged
+  (experts with no row, one row, every row), K not a multiple of 32, N not a multiple of 64,
+  and the real layer shapes
   (Qwen3-30B-A3B: 128 experts of 768 over 2048, 8 used; Mixtral-8x7B's 8 of 14336 over 4096
   cut to 1792), rel err <= 1e-3 (f16 out) / 1e-4 (f32 out);
 - moe_combine_f32: bit for bit;
@@ -144,7 +146,8 @@ def _ragged_sel(T, E, k, rng):
         (256, 8, 2, 4096, 1792),  # Mixtral-8x7B's, its 14336 cut to 1792
     ],
 )
-def test_grouped_gemm_kernels(rt, T, E, k, d, fe):
+@pytest.mark.parametrize("kernel", M.KERNELS)
+def test_grouped_gemm_kernels(rt, T, E, k, d, fe, kernel):
     rng = np.random.default_rng(T + d)
     sel = _ragged_sel(T, E, k, rng) if E >= 5 and k >= 2 else rng.integers(0, E, (T, k))
     sel = sel.astype(np.int32)
@@ -155,14 +158,15 @@ def test_grouped_gemm_kernels(rt, T, E, k, d, fe):
     wu = (rng.standard_normal((E, fe, d)) / np.sqrt(d)).astype(np.float16)
     wd = (rng.standard_normal((E, d, fe)) / np.sqrt(fe)).astype(np.float16)
     od, td, pd = _dev(rt, offs), _dev(rt, toff), _dev(rt, perm)
+    wgu = M.interleave_glu(wg, wu)
     act = _empty(rt, (P, fe), np.float16)
-    M.grouped_gemm(rt, act, _dev(rt, h16), _dev(rt, wg), od, td, _dev(rt, wu), pd, k)
+    M.grouped_gemm(rt, act, _dev(rt, h16), _dev(rt, wgu), od, td, True, pd, k, kernel)
     ref_act = np.zeros((P, fe), np.float16)
-    M.grouped_gemm_ref(ref_act, h16, wg, offs, toff, w2=wu, a_rows=perm, a_div=k)
+    M.grouped_gemm_ref(ref_act, h16, wgu, offs, toff, True, perm, k)
     got_act = act.get()
     assert rel_err(got_act, ref_act) <= 1e-3
     ys = _empty(rt, (P, d), np.float32)
-    M.grouped_gemm(rt, ys, _dev(rt, ref_act), _dev(rt, wd), od, td)  # the twin's act in
+    M.grouped_gemm(rt, ys, _dev(rt, ref_act), _dev(rt, wd), od, td, kernel=kernel)  # twin's act
     ref_ys = np.zeros((P, d), np.float32)
     M.grouped_gemm_ref(ref_ys, ref_act, wd, offs, toff)
     assert rel_err(ys.get(), ref_ys) <= 1e-4  # f32 sums in another order
@@ -183,10 +187,11 @@ def test_combine_kernel_bitwise(rt, same_bytes):
     assert same_bytes(xd, x)
 
 
+@pytest.mark.parametrize("kernel", M.KERNELS)
 @pytest.mark.parametrize(
     "T,E,k,d,fe", [(1, 8, 2, 256, 256), (61, 8, 4, 256, 256), (700, 128, 8, 2048, 768)]
 )
-def test_moe_chain_against_the_twins(rt, T, E, k, d, fe):
+def test_moe_chain_against_the_twins(rt, T, E, k, d, fe, kernel):
     from minfer.cuda.ops.gemm import gemm_f16_nt
     from minfer.reference import moe as R
 
@@ -206,8 +211,9 @@ def test_moe_chain_against_the_twins(rt, T, E, k, d, fe):
     perm, rowpos = _empty(rt, (P,), np.int32), _empty(rt, (P,), np.int32)
     M.sort(rt, offs, toff, perm, rowpos, sel, E)
     act, ys = _empty(rt, (P, fe), np.float16), _empty(rt, (P, d), np.float32)
-    M.grouped_gemm(rt, act, hd, _dev(rt, wg), offs, toff, _dev(rt, wu), perm, k)
-    M.grouped_gemm(rt, ys, act, _dev(rt, wd), offs, toff)
+    wgu = _dev(rt, M.interleave_glu(wg, wu))
+    M.grouped_gemm(rt, act, hd, wgu, offs, toff, True, perm, k, kernel)
+    M.grouped_gemm(rt, ys, act, _dev(rt, wd), offs, toff, kernel=kernel)
     x = _dev(rt, np.zeros((T, d), np.float32))
     M.combine(rt, x, ys, wts, rowpos)
     out = x.get()
@@ -296,6 +302,23 @@ def test_forward_is_deterministic_and_graph_safe(models, name, same_bytes):
     eager = CudaBackend(m, max_tokens=256, ubatch=64, graphs=False)
     c = eager.forward(ids, 0)
     assert np.array_equal(a, b) and np.array_equal(a, c)
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_the_two_grouped_gemm_kernels_agree(models, name, monkeypatch):
+    """MINFER_MOE_GEMM=wmma (the simple control kernel) against the default mma kernel: the
+    same logits but for f32 sums in another order (and an f16 rounding of the SwiGLU now and
+    then)."""
+    from minfer.cuda.backend import CudaBackend
+
+    m = models[name]
+    ids = np.random.default_rng(5).integers(0, m.config.vocab_size, 90).astype(np.int32)
+    a = CudaBackend(m, max_tokens=128, ubatch=64).forward(ids, 0)
+    monkeypatch.setenv("MINFER_MOE_GEMM", "wmma")
+    be = CudaBackend(m, max_tokens=128, ubatch=64)
+    assert be.moe.kernel == "wmma"
+    b = be.forward(ids, 0)
+    assert rel_err(b, a) <= 1e-3, rel_err(b, a)
 
 
 @pytest.mark.parametrize("name", MOE)

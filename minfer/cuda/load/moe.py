@@ -7,7 +7,8 @@ E experts, k used per token, P = T k (token, slot) pairs:
   logits f32 [T, E] = h16 @ router.T         (gemm_f16_nt: the router as f16 [E, d])
   sel, wts [T, k]   = route(logits)           (softmax, top k, renormalized: moe.route's rules)
   offs, toff, perm, rowpos = sort(sel)        (the pairs grouped by expert)
-  act f16 [P, fe]   = grouped GEMM: silu(h16[perm / k] @ gate[e].T) * (... @ up[e].T)
+  act f16 [P, fe]   = grouped GEMM: silu(h16[perm / k] @ gate[e].T) * (... @ up[e].T), the
+                      gate|up stack interleaved per 16 rows (the dense f16 glu layout)
   ys f32 [P, d]     = grouped GEMM: act @ down[e].T
   x += combine(ys, wts)                       (rank order, as ggml adds the weighted views)
 Nothing leaves the device (no host sync: the grouped GEMMs' grids are their worst case), so a
@@ -33,9 +34,19 @@ class MoeLayers:
     """Every MoE layer's device weights and the shared buffers for ubatch tokens; `ffn` runs
     one layer (module docstring)."""
 
-    def __init__(self, rt, model, ubatch: int, chunk: int, layers=None):
-        """layers: the layers whose weights go up (None: all; `minfer check` takes one)."""
+    def __init__(self, rt, model, ubatch: int, chunk: int, layers=None, kernel: str = "mma"):
+        """layers: the layers whose weights go up (None: all; `minfer check` takes one);
+        kernel: the grouped GEMMs' (ops.moe.KERNELS: "mma", the pipelined tile; "wmma", the
+        simple control)."""
         c = self.c = model.config
+        if kernel not in M.KERNELS:
+            raise GPUError(f"MINFER_MOE_GEMM={kernel!r}: expected one of {', '.join(M.KERNELS)}")
+        self.kernel = kernel
+        if c.d_ff_exp % 8:
+            raise GPUError(
+                f"cuda backend: expert width {c.d_ff_exp} is not a multiple of 8 (the grouped "
+                "GEMMs' interleaved gate|up rows)"
+            )
         self.layers = list(range(c.n_layers)) if layers is None else [int(i) for i in layers]
         self.E, self.k, self.fe, self.d = c.n_expert, c.n_expert_used, c.d_ff_exp, c.d_model
         if c.post_norms or c.residual_scale != 1.0 or c.ffn_gelu:
@@ -62,7 +73,7 @@ class MoeLayers:
     def _upload(self, rt, model, chunk: int) -> None:
         """Routers (host f32 -> f16) and experts (raw bytes through the pinned staging,
         dequantized to f16 on the GPU chunk by chunk) of every layer."""
-        from minfer.cuda.load.weights import _dequant_f16
+        from minfer.cuda.load.weights import _dequant_f16, _dequant_interleaved
         from minfer.cuda.runtime.upload import Staging, rows_per_chunk, split_rows
 
         slot = 1
@@ -73,6 +84,7 @@ class MoeLayers:
                 rb = int(t.data.nbytes) // rows
                 slot = max(slot, min(rows, rows_per_chunk(rb, chunk)) * rb)
         up = Staging(rt, slot)
+        scratch = da.empty(rt, (1024, self.d), np.float16, "moe glu dequant scratch")
         stream, rt.stream = rt.stream, up.stream  # dequants queue behind their copies
         try:
             for il in self.layers:
@@ -80,22 +92,42 @@ class MoeLayers:
                 r = model.dequant(p + "ffn_gate_inp.weight").astype(np.float16)
                 self.w[p + "ffn_gate_inp.weight"] = da.to_device(rt, r, p + "moe router")
                 self.nbytes += int(model.tensor(p + "ffn_gate_inp.weight").data.nbytes)
+                E, F, K = self.E, self.fe, self.d
+                gu = da.empty(rt, (E, 2 * F, K), np.float16, f"f16 experts {p}ffn_gate_up_exps")
+                dn = da.empty(rt, (E, K, F), np.float16, f"f16 experts {p}ffn_down_exps")
                 for s in EXPERTS:
                     t = model.tensor(f"{p}{s}.weight")
-                    E, N, K = (int(x) for x in t.shape)
+                    _, N, Kt = (int(x) for x in t.shape)
                     d = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
                     raw = d.reshape(-1).view(np.uint8).reshape(E * N, -1)
-                    out = da.empty(rt, (E, N, K), np.float16, f"f16 experts {p}{s}")
-                    flat = da.reshape(out, (E * N, K))
-                    for r0, n in split_rows(E * N, raw.shape[1], up.slot_bytes):
-                        _dequant_f16(
-                            rt, up.put(raw[r0 : r0 + n]), t.qtype, n, K, da.rows(flat, r0, n)
-                        )
-                    self.w[f"{p}{s}.weight"] = out
+                    rb = raw.shape[1]
+                    for r0, n in split_rows(E * N, rb, up.slot_bytes):
+                        src = up.put(raw[r0 : r0 + n])
+                        if s == "ffn_down_exps":
+                            out = da.rows(da.reshape(dn, (E * N, Kt)), r0, n)
+                            _dequant_f16(rt, src, t.qtype, n, Kt, out)
+                        else:  # gate | up: each expert's rows interleaved per 16 (glu_rows):
+                            # over the whole stack, 8-row block b goes to rows 16 b (+ 8: up)
+                            _dequant_interleaved(
+                                rt,
+                                src,
+                                t.qtype,
+                                n,
+                                Kt,
+                                rb,
+                                da.reshape(gu, (2 * E * F, K)),
+                                s == "ffn_up_exps",
+                                scratch,
+                                dst_row0=2 * r0,
+                                stream=up.stream,
+                            )
                     self.nbytes += int(t.data.nbytes)
+                self.w[p + "ffn_gate_up_exps.weight"] = gu
+                self.w[p + "ffn_down_exps.weight"] = dn
             up.close()
         finally:
             rt.stream = stream
+        scratch.gpudata.free()
 
     def ffn(self, rt, il: int, x, h16, op) -> None:
         """x f32 [T, d] += the MoE FFN of layer il on h16 f16 [T, d]; op(label, flops): the
@@ -121,19 +153,11 @@ class MoeLayers:
             M.sort(rt, self.offs, self.toff, perm, rowpos, sel, E)
         with op("gemm:moe_gate_up", 2.0 * P * 2 * fe * d):
             da.poison(rt, act)
-            M.grouped_gemm(
-                rt,
-                act,
-                h16,
-                self.w[p + "ffn_gate_exps.weight"],
-                self.offs,
-                self.toff,
-                w2=self.w[p + "ffn_up_exps.weight"],
-                a_rows=perm,
-                a_div=k,
-            )
+            w = self.w[p + "ffn_gate_up_exps.weight"]
+            M.grouped_gemm(rt, act, h16, w, self.offs, self.toff, True, perm, k, self.kernel)
         with op("gemm:moe_down", 2.0 * P * d * fe):
             da.poison(rt, ys)
-            M.grouped_gemm(rt, ys, act, self.w[p + "ffn_down_exps.weight"], self.offs, self.toff)
+            w = self.w[p + "ffn_down_exps.weight"]
+            M.grouped_gemm(rt, ys, act, w, self.offs, self.toff, kernel=self.kernel)
         with op("moe:combine"):
             M.combine(rt, x, ys, wts, rowpos)

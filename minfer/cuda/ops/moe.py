@@ -9,10 +9,13 @@ Per layer, T tokens, E experts, k used per token, P = T * k (token, slot) pairs,
   [E + 1] (rows and 64-row tiles per expert, as prefixes), perm int32 [P] (sorted row -> pair),
   rowpos int32 [P] (pair -> sorted row). The device orders an expert's rows as its atomics fall
   (the twin: by pair); every row is computed on its own, so no result depends on that order.
-- `grouped_gemm(rt, out, a, w, offs, toff, w2=None, a_rows=None, a_div=1)`: out [P', N] rows
-  offs[e] .. offs[e + 1] = A rows @ w[e].T, w f16 [E, N, K]; A row of sorted row r: a_rows[r] //
-  a_div (the gather: a_rows = perm, a_div = k), else r. With w2 (the up weights): out f16 =
-  silu(A w^T) * (A w2^T) (the swiglu rounding of swiglu.cuh), else out f32.
+- `grouped_gemm(rt, out, a, w, offs, toff, glu=False, a_rows=None, a_div=1, kernel="mma")`:
+  out [P', N] rows offs[e] .. offs[e + 1] = A rows @ w[e].T, w f16 [E, N, K]; A row of sorted
+  row r: a_rows[r] // a_div (the gather: a_rows = perm, a_div = k), else r. glu: w [E, 2F, K]
+  each expert's gate|up rows interleaved per 16 (8 gate rows, their 8 up rows: quants.glu's
+  glu_rows, the dense f16 glu layout), out f16 [P', F] = silu(A gate^T) * (A up^T) (the swiglu
+  rounding of swiglu.cuh); else out f32. kernel: "mma" (the dense f16 path's pipelined
+  mma.sync tile, 64 x 128) or "wmma" (a simple 64 x 64 wmma kernel: the control).
 - `combine(rt, x, ys, wts, rowpos)`: x f32 [T, D] += sum_j wts[t, j] * ys[rowpos[t k + j]] in
   rank order (as ggml adds the weighted views), each op rounded alone (the twin is bit-exact).
 Launchers validate shapes and dtypes (GPUError, one line) and never choose anything; the grid of
@@ -29,7 +32,9 @@ from minfer.errors import GPUError
 
 KERNEL = "moe"  # kernels/moe.cu
 MAX_EXPERTS = 512  # moe.cu's MOE_MAX_E (llama.cpp's LLAMA_MAX_EXPERTS)
-BM, BN = 64, 64  # the grouped GEMM's block tile (moe.cu GBM, GBN)
+BM, BN = 64, 64  # the grouped GEMMs' row tile (moe.cu GBM: the sort's too), wmma's column tile
+MMA_BN, MMA_SMEM = 128, 4 * (64 + 128) * 32 * 2  # the mma kernel's column tile, shared bytes
+KERNELS = ("mma", "wmma")  # grouped_gemm's kernels (MINFER_MOE_GEMM picks the forward's)
 W_SUM_MIN = np.float32(6.103515625e-5)
 
 
@@ -133,7 +138,9 @@ def sort_ref(offs, toff, perm, rowpos, sel, E: int, bm: int = BM):
 
 
 # ---- grouped GEMM -------------------------------------------------------------------------------
-def _gemm_checks(out, a, w, offs, toff, w2, a_rows, a_div) -> tuple[int, int, int, int]:
+def _gemm_checks(out, a, w, offs, toff, glu, a_rows, a_div, kernel) -> tuple[int, int, int, int]:
+    if kernel not in KERNELS:
+        raise GPUError(f"moe grouped gemm: kernel {kernel!r}, expected one of {KERNELS}")
     if len(w.shape) != 3:
         raise GPUError(f"moe grouped gemm: w must be [E, N, K], got shape {tuple(w.shape)}")
     E, N, K = (int(s) for s in w.shape)
@@ -141,10 +148,11 @@ def _gemm_checks(out, a, w, offs, toff, w2, a_rows, a_div) -> tuple[int, int, in
         raise GPUError(f"moe grouped gemm: A {tuple(a.shape)} does not match w {tuple(w.shape)}")
     if K % 8:
         raise GPUError(f"moe grouped gemm: K={K} must be a multiple of 8 (16-byte rows)")
-    if len(out.shape) != 2 or int(out.shape[1]) != N:
-        raise GPUError(f"moe grouped gemm: out {tuple(out.shape)}, expected [P, {N}]")
-    if w2 is not None and tuple(w2.shape) != (E, N, K):
-        raise GPUError(f"moe grouped gemm: w2 {tuple(w2.shape)} is not w's {(E, N, K)}")
+    if glu and N % 16:
+        raise GPUError(f"moe grouped gemm: glu needs 2F % 16 == 0 (interleaved), got {N} rows")
+    No = N // 2 if glu else N
+    if len(out.shape) != 2 or int(out.shape[1]) != No:
+        raise GPUError(f"moe grouped gemm: out {tuple(out.shape)}, expected [P, {No}]")
     if a_div < 1:
         raise GPUError(f"moe grouped gemm: a_div {a_div} < 1")
     if not 1 <= E <= MAX_EXPERTS:
@@ -152,17 +160,17 @@ def _gemm_checks(out, a, w, offs, toff, w2, a_rows, a_div) -> tuple[int, int, in
     return E, N, K, int(out.shape[0])
 
 
-def grouped_gemm(rt, out, a, w, offs, toff, w2=None, a_rows=None, a_div: int = 1):
-    """out [P, N] (f16 with w2: the swiglu; else f32) = expert e's rows of A @ w[e].T (module
+def grouped_gemm(
+    rt, out, a, w, offs, toff, glu: bool = False, a_rows=None, a_div: int = 1, kernel="mma"
+):
+    """out [P, N] f32 (glu: [P, F] f16, the swiglu) = expert e's rows of A @ w[e].T (module
     docstring). out has at least offs[E] rows (the caller's P), a_rows int32 [P] when given."""
-    E, N, K, P = _gemm_checks(out, a, w, offs, toff, w2, a_rows, a_div)
-    for n, x in (("A", a), ("w", w), ("w2", w2), ("out", out)):
-        if x is not None:
-            da.check(f"moe grouped gemm {n}", x, align=16, require_contiguous=True)
-    for n, x in (("A", a), ("w", w), ("w2", w2)):
-        if x is not None and np.dtype(x.dtype) != np.float16:
+    E, N, K, P = _gemm_checks(out, a, w, offs, toff, glu, a_rows, a_div, kernel)
+    for n, x in (("A", a), ("w", w), ("out", out)):
+        da.check(f"moe grouped gemm {n}", x, align=16, require_contiguous=True)
+    for n, x in (("A", a), ("w", w)):
+        if np.dtype(x.dtype) != np.float16:
             raise GPUError(f"moe grouped gemm {n}: dtype {x.dtype}, expected float16")
-    glu = w2 is not None
     want = np.float16 if glu else np.float32
     if np.dtype(out.dtype) != want:
         raise GPUError(f"moe grouped gemm out: dtype {out.dtype}, expected {np.dtype(want)}")
@@ -174,33 +182,44 @@ def grouped_gemm(rt, out, a, w, offs, toff, w2=None, a_rows=None, a_div: int = 1
     if tiles > 65535:
         raise GPUError(f"moe grouped gemm: {tiles} row tiles past the grid's 65,535")
     null = np.uintp(0)
+    rows = (null if a_rows is None else da.arg(a_rows), np.int32(a_div))
+    tail = (da.arg(offs), da.arg(toff), np.int32(E))
+    if kernel == "mma":
+        rt.launch(
+            rt.function(KERNEL, "moe_mma_f16_glu" if glu else "moe_mma_f16", dyn_smem=MMA_SMEM),
+            (-(-N // MMA_BN), tiles),
+            (128,),
+            (da.arg(out), da.arg(a), *rows, da.arg(w), *tail, np.int32(N), np.int32(K)),
+            smem=MMA_SMEM,
+        )
+        return
+    No = N // 2 if glu else N  # the wmma kernel takes the output width
     rt.launch(
         rt.function(KERNEL, "moe_gemm_f16_glu" if glu else "moe_gemm_f16"),
-        (-(-N // BN), tiles),
+        (-(-No // BN), tiles),
         (128,),
         (
             null if glu else da.arg(out),
             da.arg(out) if glu else null,
             da.arg(a),
-            null if a_rows is None else da.arg(a_rows),
-            np.int32(a_div),
+            *rows,
             da.arg(w),
-            null if w2 is None else da.arg(w2),
-            da.arg(offs),
-            da.arg(toff),
-            np.int32(E),
-            np.int32(N),
+            *tail,
+            np.int32(No),
             np.int32(K),
         ),
     )
 
 
-def grouped_gemm_ref(out, a, w, offs, toff, w2=None, a_rows=None, a_div: int = 1):
-    """Numpy twin of grouped_gemm (f32 products of the f16 operands; the swiglu of
-    minfer.reference.ops, rounded to f16). Rows past offs[E] are left as they are."""
+def grouped_gemm_ref(
+    out, a, w, offs, toff, glu: bool = False, a_rows=None, a_div: int = 1, kernel="mma"
+):
+    """Numpy twin of grouped_gemm (f32 products of the f16 operands; glu: the swiglu of
+    minfer.reference.ops on the interleaved gate|up rows, rounded to f16; kernel: either, the
+    same numbers). Rows past offs[E] are left as they are."""
     from minfer.reference.ops import swiglu
 
-    E, N, K, P = _gemm_checks(out, a, w, offs, toff, w2, a_rows, a_div)
+    E, N, K, P = _gemm_checks(out, a, w, offs, toff, glu, a_rows, a_div, kernel)
     for e in range(E):
         r0, r1 = int(offs[e]), int(offs[e + 1])
         if r1 <= r0:
@@ -208,12 +227,23 @@ def grouped_gemm_ref(out, a, w, offs, toff, w2=None, a_rows=None, a_div: int = 1
         src = np.arange(r0, r1) if a_rows is None else np.asarray(a_rows[r0:r1]) // a_div
         x = np.asarray(a)[src].astype(np.float32)
         c = x @ np.asarray(w[e]).astype(np.float32).T
-        if w2 is None:
-            out[r0:r1] = c
+        if glu:
+            c = c.reshape(r1 - r0, N // 16, 2, 8)  # per 16 columns: 8 gate, their 8 up
+            out[r0:r1] = swiglu(c[:, :, 0], c[:, :, 1]).reshape(r1 - r0, N // 2).astype(np.float16)
         else:
-            u = x @ np.asarray(w2[e]).astype(np.float32).T
-            out[r0:r1] = swiglu(c, u).astype(np.float16)
+            out[r0:r1] = c
     return out
+
+
+def interleave_glu(wg, wu):
+    """Numpy: gate and up stacks [E, F, K] -> [E, 2F, K], each expert's rows interleaved per 16
+    (8 gate rows, then the same 8 features' up rows): what MoeLayers uploads. F % 8 == 0."""
+    E, F, K = wg.shape
+    if F % 8 or wu.shape != wg.shape:
+        raise GPUError(f"moe interleave: gate {wg.shape} / up {wu.shape} (F % 8 == 0)")
+    return np.stack([wg.reshape(E, F // 8, 8, K), wu.reshape(E, F // 8, 8, K)], 2).reshape(
+        E, 2 * F, K
+    )
 
 
 # ---- weighted scatter-add -----------------------------------------------------------------------
@@ -271,7 +301,7 @@ def moe_ffn_ref(h16, wr, wg, wu, wd, k: int, norm_w: bool = True, w_scale: float
     perm, rowpos = np.empty(P, np.int32), np.empty(P, np.int32)
     sort_ref(offs, toff, perm, rowpos, sel, E)
     act = np.zeros((P, wg.shape[1]), np.float16)
-    grouped_gemm_ref(act, h16, wg, offs, toff, w2=wu, a_rows=perm, a_div=k)
+    grouped_gemm_ref(act, h16, interleave_glu(wg, wu), offs, toff, True, perm, k)
     ys = np.zeros((P, d), np.float32)
     grouped_gemm_ref(ys, act, wd, offs, toff)
     out = np.zeros((T, d), np.float32)
