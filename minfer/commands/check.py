@@ -32,6 +32,7 @@ Prints tables; exits 1 when anything fails or could not be run.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
 import click
@@ -170,8 +171,9 @@ def moe_rows(rt, model, seed: int = 0, layers=None):
     c = model.config
     rng = np.random.default_rng(seed)
     rows = []
+    kernel = os.environ.get("MINFER_MOE_GEMM", "mma")  # the forward's (CudaBackend's)
     for il in layers if layers is not None else sorted({0, c.n_layers - 1}):
-        ml = MoeLayers(rt, model, 128, 64 << 20, layers=[il])
+        ml = MoeLayers(rt, model, 128, 64 << 20, layers=[il], kernel=kernel)
         p = f"blk.{il}."
         w = {
             s: model.dequant(p + s + ".weight").astype(np.float16)
@@ -198,7 +200,7 @@ def moe_rows(rt, model, seed: int = 0, layers=None):
             what = f"moe {p}ffn ({c.n_expert} x {c.d_ff_exp}, {c.n_expert_used} used)"
             ties = f", {int((~alike).sum())} tie rows out" if (~alike).any() else ""
             shape = f"{T}x{c.d_model}x{c.d_ff_exp}{ties}"
-            rows.append((what, "moe-f16", shape, err, err <= PARITY_TOL and not stray))
+            rows.append((what, f"moe-{kernel}", shape, err, err <= PARITY_TOL and not stray))
         del ml
         gc.collect()
     return rows
