@@ -274,8 +274,8 @@ fi
 
 if [ "$MODE" = moe ]; then   # issue 54's CUDA MoE: its GPU tests, then a qwen3-30b-a3b-shape bench
   if [ "${MOE_TESTS:-1}" = 1 ]; then
-    step tests 240 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
-    step families 120 python3 -m pytest -q -rfEs tests/gpu/test_families_device.py -k "qwen3moe or mixtral"
+    step tests 330 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
+    step families 200 python3 -m pytest -q -rfEs tests/gpu/test_families_device.py -k "qwen3moe or mixtral"
   fi
   if [ "${MOE_BENCH:-1}" = 1 ]; then
     step synth_q30 240 $M synth --preset qwen3-30b-a3b --layers ${MOE_LAYERS:-48} --type q4_K_M \
