@@ -42,6 +42,11 @@
 #          4,096 x 256 prompts against their batch prefill in the same process, and reranking
 #          1 query x 1,000 documents of 200 tokens after a 64-token query, its prefix shared or
 #          not (documents/s); the pooled jobs' GPU tests first.
+#   moe:   issue 54's CUDA mixture of experts: tests/gpu/test_moe_device.py and the MoE families
+#          against llama.cpp (MOE_TESTS=0 skips both), then a qwen3-30b-a3b-shape Q4_K_M synth
+#          model (MOE_LAYERS=48: ~58 GB of f16 experts on the GPU) under `bench --tokens
+#          512,2048` with its per-op breakdown (MOE_WMMA=1: the simple grouped GEMM at 2048 too;
+#          MOE_BENCH=0 skips the model and the bench).
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -287,6 +292,26 @@ if [ "$MODE" = families ]; then   # RoPE-scaled files: the GPU suite, llama.cpp'
   for p in ${FAMILY_PRESETS:-llama3-8b llama3.1-8b qwen3-8b}; do echo "--- bench $p"; grep -E "^\| |^model|rror" \
     "$OUT/bench_$p.log" | grep -v "| ---"; [ -f "$OUT/brk_$p.log" ] && grep -E \
     "^\| (gemm|attention|rest|all)" "$OUT/brk_$p.log"; done
+  exit 0
+fi
+
+if [ "$MODE" = moe ]; then   # issue 54's CUDA MoE: its GPU tests, then a qwen3-30b-a3b-shape bench
+  if [ "${MOE_TESTS:-1}" = 1 ]; then
+    step tests 330 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
+    step families 200 python3 -m pytest -q -rfEs tests/gpu/test_families_device.py -k "qwen3moe or mixtral"
+  fi
+  if [ "${MOE_BENCH:-1}" = 1 ]; then
+    step synth_q30 240 $M synth --preset qwen3-30b-a3b --layers ${MOE_LAYERS:-48} --type q4_K_M \
+      --tokenizer-from none --quiet -o /tmp/q30.gguf
+    step bench_q30 200 $M bench -m /tmp/q30.gguf --tokens 512,2048 --min-ms 0 --repeats 3
+    [ "${MOE_WMMA:-0}" = 1 ] && step bench_q30_wmma 150 env MINFER_MOE_GEMM=wmma $M bench \
+      -m /tmp/q30.gguf --tokens 2048 --min-ms 0 --repeats 2 --no-breakdown
+  fi
+  echo; echo "################ SUMMARY moe ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in tests families; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)|^moe " "$OUT/$f.log" | head -16; done
+  for f in bench_q30 bench_q30_wmma; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+    grep -E "^\| |^model|^gemm|rror" "$OUT/$f.log" | grep -v "| ---" | head -40; done
   exit 0
 fi
 

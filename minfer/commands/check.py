@@ -10,7 +10,9 @@ table (minfer.cuda.paths.TABLE; --gemm: one path only).
    The GPU computes the full [M, N]; the float64 twin (slow in numpy at 8B shapes) is
    evaluated on a sample of weight rows that always includes the first and last tiles' edges.
    A path this GPU cannot run (blk off sm_90) is said once; the smem guard's fallback is named
-   in the row. Gate: rel err (Frobenius) <= 1e-3.
+   in the row. Gate: rel err (Frobenius) <= 1e-3. A mixture-of-experts model adds its MoE FFN
+   rows (moe_rows: the device's routing, grouping and grouped GEMMs against the twins, on the
+   first and last layers' real experts, tie-aware about the router).
 2. greedy-32 identity (gate 3, tie-aware, minfer.tools.gates.compare_greedy): every path of the table
    and the CPU reference (ReferenceBackend, f32) decode 32 greedy tokens from the prompt. Each
    GPU path is compared to the CPU reference with tau = 2 * max|logit diff| at the last prompt
@@ -30,6 +32,7 @@ Prints tables; exits 1 when anything fails or could not be run.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
 import click
@@ -148,6 +151,59 @@ def parity_scratch(rt, M: int, K: int):
         q8=da.empty(rt, (M * K // 32 * 40,), np.uint8, "parity q8_1"),
         blkop=da.empty(rt, (blk_bytes(M, K),), np.uint8, "parity blk"),
     )
+
+
+def moe_rows(rt, model, seed: int = 0, layers=None):
+    """[(what, path, shape, rel_err, ok)]: a mixture-of-experts model's FFN on the GPU (router
+    GEMM, route, sort, grouped GEMMs, combine: minfer.cuda.load.moe.MoeLayers.ffn, what the forward
+    runs) against the numpy twins composed (minfer.cuda.ops.moe.moe_ffn_ref) on the layer's
+    real weights (the first and the last layer; f16, as the device holds them) and random f16
+    activations, M = 128, 37 and 1. Tie-aware: a row the GPU routed otherwise than the twin
+    is left out when its router gap is a near-tie (< 1e-3), else it fails the row. Gate: rel
+    err (Frobenius) <= PARITY_TOL."""
+    from contextlib import nullcontext
+
+    from minfer.cuda.load.moe import MoeLayers
+    from minfer.cuda.ops import moe as M
+    from minfer.cuda.runtime import devarray as da
+    from minfer.reference import moe as R
+
+    c = model.config
+    rng = np.random.default_rng(seed)
+    rows = []
+    kernel = os.environ.get("MINFER_MOE_GEMM", "mma")  # the forward's (CudaBackend's)
+    for il in layers if layers is not None else sorted({0, c.n_layers - 1}):
+        ml = MoeLayers(rt, model, 128, 64 << 20, layers=[il], kernel=kernel)
+        p = f"blk.{il}."
+        w = {
+            s: model.dequant(p + s + ".weight").astype(np.float16)
+            for s in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+        }
+        for T in (128, 37, 1):
+            h16 = rng.standard_normal((T, c.d_model)).astype(np.float16)
+            x = da.to_device(rt, np.zeros((T, c.d_model), np.float32), "moe check x")
+            ml.ffn(rt, il, x, da.to_device(rt, h16, "moe check h"), lambda *a: nullcontext())
+            got = x.get().astype(np.float64)
+            sel = da.rows(ml.sel, 0, T).get()
+            want, rsel, _ = M.moe_ffn_ref(h16, *w.values(), c.n_expert_used, ml.norm_w, ml.w_scale)
+            alike = (sel == rsel).all(axis=1)
+            _, _, gap = R.route(da.rows(ml.logits, 0, T).get(), c.n_expert_used)
+            stray = int((~alike & (np.abs(gap) >= 1e-3)).sum())  # routed otherwise, no tie
+            err = (
+                float(
+                    np.linalg.norm(got[alike] - want[alike])
+                    / max(np.linalg.norm(want[alike]), 1e-30)
+                )
+                if np.isfinite(got).all() and alike.any()
+                else float("inf")
+            )
+            what = f"moe {p}ffn ({c.n_expert} x {c.d_ff_exp}, {c.n_expert_used} used)"
+            ties = f", {int((~alike).sum())} tie rows out" if (~alike).any() else ""
+            shape = f"{T}x{c.d_model}x{c.d_ff_exp}{ties}"
+            rows.append((what, f"moe-{kernel}", shape, err, err <= PARITY_TOL and not stray))
+        del ml
+        gc.collect()
+    return rows
 
 
 def _qname(qt: int) -> str:
@@ -382,6 +438,8 @@ def check(
     try:
         paths = table_paths(gemm)
         prow = [] if identity_only else parity_rows(rt, model, paths=paths)
+        if not identity_only and getattr(model.config, "n_expert", 0):
+            prow += moe_rows(rt, model)  # the experts' grouped GEMMs (one path: f16)
         irow = [] if parity_only else identity_rows(model, prompt, paths=paths)
         brow = [] if parity_only or no_batch else batch_rows(model, paths=paths)
     finally:

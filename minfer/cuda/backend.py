@@ -188,6 +188,11 @@ class CudaBackend:
                         f"forms {sorted(k.name for k in kinds)} of one input share a scratch"
                     )
         plan = self.plan.parts
+        if getattr(c, "n_expert", 0):  # the experts' bytes named (minfer.cuda.load.moe)
+            from minfer.cuda.plan import moe
+            from minfer.cuda.plan.memory import MARGIN
+
+            moe.check_fits(model, plan, self.rt.mem_info()[0], MARGIN)
         check_memory(self.rt, plan, self.kv_slots, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
         self._add(prepare.prebuild(prepare.load_kernels(self.routes), self.rt.arch, progress))
@@ -202,6 +207,18 @@ class CudaBackend:
         )
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds  # file into ready weights
+        self.moe = None  # a mixture-of-experts model's routers, experts and their buffers
+        if getattr(c, "n_expert", 0):
+            import os
+
+            from minfer.cuda.load.moe import MoeLayers
+
+            t_moe = time.perf_counter()  # MINFER_MOE_GEMM: the grouped GEMMs' kernel (mma;
+            # wmma: the simple control kernel of kernels/moe.cu)
+            kern = os.environ.get("MINFER_MOE_GEMM", "mma")
+            self.moe = MoeLayers(self.rt, model, self.ubatch, self.chunk, kernel=kern)
+            self.upload_bytes += self.moe.nbytes
+            self.upload_s += time.perf_counter() - t_moe
         self.buf: DeviceBuffers = alloc_buffers(
             self.rt,
             c,
@@ -222,6 +239,7 @@ class CudaBackend:
         self.fwd = Forward(
             self.rt, model, self.gcfg, self.lin, self.groups, self.glu, self.rope_epi, wts, self.buf
         )
+        self.fwd.moe = self.moe
         self.rt.synchronize()
         self.load_s = time.perf_counter() - t0
         t1 = time.perf_counter()
@@ -268,8 +286,16 @@ class CudaBackend:
         return self.memory.line()
 
     def route_summary(self) -> str:
-        """One line: which GEMMs run on MMQ (by type) and which on f16 (and why)."""
-        return summarize_routes(self.model, self.routes)
+        """One line: which GEMMs run on MMQ (by type) and which on f16 (and why); a MoE
+        model's experts after it (minfer.cuda.load.moe: always f16 grouped GEMMs)."""
+        s = summarize_routes(self.model, self.routes)
+        if getattr(self, "moe", None) is not None:
+            c = self.c
+            s += (
+                f"; experts: f16 grouped GEMMs ({c.n_layers} layers x {c.n_expert} experts, "
+                f"{c.n_expert_used} used)"
+            )
+        return s
 
     def forward(self, ids: np.ndarray, pos0: int) -> np.ndarray:
         """ids int32 [T] at positions pos0..; -> host float32 logits [vocab] of the last one.

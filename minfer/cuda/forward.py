@@ -10,7 +10,8 @@ minfer.cuda.load.prepare.needed_kernels).
 Per layer, T tokens (f32 residual x, f16 GEMM operands; the module docstring of
 minfer.cuda.backend has the dataflow): rmsnorm -> q|k|v GEMMs (rope in the f16 epilogue, or
 (qwen3: head norms, then) one rope_qkv launch) -> attention -> attn_output += -> rmsnorm ->
-gate|up GEMMs (swiglu in the epilogue, or a swiglu launch) -> ffn_down +=; the family's
+gate|up GEMMs (swiglu in the epilogue, or a swiglu launch) -> ffn_down += (a mixture-of-
+experts model: router, grouping, grouped GEMMs, weighted scatter-add, minfer.cuda.load.moe); the family's
 variations read from the config (gemma's and olmo2's post norms, olmo2's missing pre-norms and
 whole-projection q/k norms, granite's scales, smollm3's layers without RoPE); the last layer of
 the last chunk for its last row only, then the output norm and the LM head GEMV. `profile`
@@ -55,6 +56,9 @@ class Forward:
         self.ubatch = int(buf.x.shape[0])  # the rows every activation buffer holds
         self.profile = None
         self.probe = None
+        self.moe = (
+            None  # minfer.cuda.load.moe.MoeLayers of a mixture-of-experts model (the backend's)
+        )
         c = self.c  # each layer's RoPE table (gemma: the local layers' own base; smollm3's
         # layers without RoPE: the identity table)
         self.rope = [
@@ -332,6 +336,11 @@ class Forward:
             down = p + "ffn_down.weight"
             groups = self.groups[il]["ffn"]
             fq8 = self._norm_in(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
+            if self.moe is not None:  # the routed experts: x += moe(hq) (minfer.cuda.load.moe)
+                self.moe.ffn(rt, il, xq, hq, self._op)
+                if self.probe is not None:
+                    self.probe(il, xq)
+                continue
             if groups[0].weight in self.glu:  # the GEMM's epilogue writes the swiglu / geglu
                 self._linear(
                     f16, hq, groups[0].weight, "glu", groups[0].label, fq8, groups[0].member

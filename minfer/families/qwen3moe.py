@@ -3,7 +3,7 @@ q/k RMSNorm before NEOX RoPE, head_dim from key_length) with a mixture-of-expert
 layer: the router ffn_gate_inp [e, d], softmax, the top expert_used_count experts, their
 weights renormalized to sum 1 (build_moe_ffn's norm_w), each expert a SwiGLU of width
 expert_feed_forward_length (else feed_forward_length / expert_used_count). No shared expert.
-CPU reference only for now (gpu=False: the CUDA backend refuses it by name)."""
+On the GPU through minfer.cuda.load.moe (the routed experts' grouped GEMMs)."""
 
 from __future__ import annotations
 
@@ -37,5 +37,5 @@ FAMILY = Qwen3Moe(
     rope_neox=True,
     keys={"qwen3moe": EXPERT_KEYS + ("{a}.expert_feed_forward_length",)},
     inert_keys={"qwen3moe": INERT_EXPERT_KEYS},
-    gpu=False,
+    gpu=True,
 )

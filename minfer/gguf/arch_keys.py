@@ -149,15 +149,16 @@ def _equal(value: Any, want: Any) -> bool:
 # attention with windows and soft-caps, qwen3's head norms, gemma_layers.cu): every one the
 # loader reads; an architecture added to the loader first runs on the CPU reference alone.
 GPU_ARCHS = tuple(a for f in _FAMILIES if f.gpu for a in f.archs)
-GPU_HEAD_DIMS = (64, 96, 128, 256)  # the attention kernels' entries (minfer.cuda.ops.attention)
+GPU_HEAD_DIMS = (64, 96, 128, 256)
+MAX_GPU_EXPERTS = 512  # kernels/moe.cu's MOE_MAX_E (minfer.cuda.ops.moe.MAX_EXPERTS)  # the attention kernels' entries (minfer.cuda.ops.attention)
 
 
 def gpu_unsupported(cfg) -> str:
     """'' when the CUDA backend runs a model of this config, else why not (one clause)."""
-    if getattr(cfg, "n_expert", 0):
+    if getattr(cfg, "n_expert", 0) > MAX_GPU_EXPERTS:
         return (
-            f"mixture-of-experts with {cfg.n_expert} experts, {cfg.n_expert_used} used per "
-            "token, runs on the CPU reference only for now (--backend cpu)"
+            f"mixture-of-experts with {cfg.n_expert} experts: the CUDA routing kernels take "
+            f"at most {MAX_GPU_EXPERTS} (--backend cpu)"
         )
     if cfg.arch not in GPU_ARCHS:
         return (

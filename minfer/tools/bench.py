@@ -227,8 +227,17 @@ IDLE_S = 2.0
 BREAKDOWN_SPIN_MS = 400.0  # longer than the host takes to launch a chunk's ops one by one
 
 
-# non-GEMM ops with a row of their own in the breakdown (MMQ: the activation prepasses)
-NAMED_OPS = ("attention", "prepass", "rmsnorm+prepass", "swiglu")
+# non-GEMM ops with a row of their own in the breakdown (MMQ: the activation prepasses; MoE:
+# the routing, the grouping by expert, the weighted scatter-add: minfer.cuda.load.moe)
+NAMED_OPS = (
+    "attention",
+    "prepass",
+    "rmsnorm+prepass",
+    "swiglu",
+    "moe:route",
+    "moe:sort",
+    "moe:combine",
+)
 
 
 def breakdown_table(name: str, n: int, tot: dict[str, list], wall_ms: float) -> str:

@@ -142,6 +142,8 @@ def plan_groups(
     fused groups of plan_fusion, the other members alone (their outputs one after another in
     the layer's f32 buffer)."""
     names = ("attn_q", "attn_k", "attn_v") if kind == "attn" else ("ffn_gate", "ffn_up")
+    if kind == "ffn" and getattr(model.config, "n_expert", 0):
+        return ()  # a mixture-of-experts FFN: no dense gate|up (minfer.cuda.load.moe runs it)
     out: list[GemmGroup] = []
     seen: set[str] = set()
     for n in names:

@@ -89,8 +89,22 @@ def plan_memory(
         "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
         "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
         "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0,
-        "expert weights": expert_bytes(m),
-    }  # not among the routes' linear weights
+        # not among the routes' linear weights: routers and experts as f16 (minfer.cuda.load.moe)
+        "expert weights": moe_weight_bytes(m),
+        "MoE activations": moe_act_bytes(c, ubatch),
+    }
+
+
+def moe_weight_bytes(model) -> int:
+    from minfer.cuda.plan.moe import weight_bytes
+
+    return weight_bytes(model)
+
+
+def moe_act_bytes(c, ubatch: int) -> int:
+    from minfer.cuda.plan.moe import act_bytes
+
+    return act_bytes(c, ubatch)
 
 
 def expert_bytes(model) -> int:

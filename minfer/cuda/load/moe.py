@@ -1,0 +1,163 @@
+"""The mixture-of-experts FFN of the CUDA backend (qwen3moe, Mixtral-style llama + experts):
+weights, buffers and the launches of one layer, over the kernels of kernels/moe.cu
+(launchers and numpy twins: minfer.cuda.ops.moe). The CPU oracle is minfer.reference.moe.
+
+Per layer, on the normed activations h16 f16 [T, d] (the forward's ffn_norm output) of T rows,
+E experts, k used per token, P = T k (token, slot) pairs:
+  logits f32 [T, E] = h16 @ router.T         (gemm_f16_nt: the router as f16 [E, d])
+  sel, wts [T, k]   = route(logits)           (softmax, top k, renormalized: moe.route's rules)
+  offs, toff, perm, rowpos = sort(sel)        (the pairs grouped by expert)
+  act f16 [P, fe]   = grouped GEMM: silu(h16[perm / k] @ gate[e].T) * (... @ up[e].T), the
+                      gate|up stack interleaved per 16 rows (the dense f16 glu layout)
+  ys f32 [P, d]     = grouped GEMM: act @ down[e].T
+  x += combine(ys, wts)                       (rank order, as ggml adds the weighted views)
+Nothing leaves the device (no host sync: the grouped GEMMs' grids are their worst case), so a
+chunk with MoE layers is captured and replayed as a CUDA graph like a dense one.
+
+Weights: every expert dequantized to f16 on the GPU at load ([E, N, K] per stacked tensor, as
+the dense f16 path holds its weights; ~2 B a weight: a 30B-A3B's experts are ~58 GB, a
+Mixtral-8x7B's ~90 GB, past one 80 GB H100: minfer.cuda.plan.moe.check_fits refuses naming
+the bytes), the router f16. The blk int8 expert path is not built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer.cuda.ops import moe as M
+from minfer.cuda.plan.moe import EXPERTS
+from minfer.cuda.runtime import devarray as da
+from minfer.errors import GPUError
+
+
+class MoeLayers:
+    """Every MoE layer's device weights and the shared buffers for ubatch tokens; `ffn` runs
+    one layer (module docstring)."""
+
+    def __init__(self, rt, model, ubatch: int, chunk: int, layers=None, kernel: str = "mma"):
+        """layers: the layers whose weights go up (None: all; `minfer check` takes one);
+        kernel: the grouped GEMMs' (ops.moe.KERNELS: "mma", the pipelined tile; "wmma", the
+        simple control)."""
+        c = self.c = model.config
+        if kernel not in M.KERNELS:
+            raise GPUError(f"MINFER_MOE_GEMM={kernel!r}: expected one of {', '.join(M.KERNELS)}")
+        self.kernel = kernel
+        if c.d_ff_exp % 8:
+            raise GPUError(
+                f"cuda backend: expert width {c.d_ff_exp} is not a multiple of 8 (the grouped "
+                "GEMMs' interleaved gate|up rows)"
+            )
+        self.layers = list(range(c.n_layers)) if layers is None else [int(i) for i in layers]
+        self.E, self.k, self.fe, self.d = c.n_expert, c.n_expert_used, c.d_ff_exp, c.d_model
+        if c.post_norms or c.residual_scale != 1.0 or c.ffn_gelu:
+            raise GPUError("cuda backend: MoE with post norms, residual scales or GeGLU")
+        if c.moe_gating != "softmax":
+            raise GPUError(f"cuda backend: MoE gating {c.moe_gating!r} (softmax only)")
+        self.norm_w, self.w_scale = bool(c.moe_norm_w), float(c.moe_w_scale)
+        self.w: dict[str, object] = {}
+        self.nbytes = 0  # file bytes read
+        self._upload(rt, model, chunk)
+        T, E, k = ubatch, self.E, self.k
+        P = T * k
+        e = da.empty
+        self.logits = e(rt, (T, E), np.float32, "moe router logits")
+        self.sel = e(rt, (T, k), np.int32, "moe selected experts")
+        self.wts = e(rt, (T, k), np.float32, "moe expert weights")
+        self.offs = e(rt, (E + 1,), np.int32, "moe expert row offsets")
+        self.toff = e(rt, (E + 1,), np.int32, "moe expert tile offsets")
+        self.perm = e(rt, (P,), np.int32, "moe sorted row -> pair")
+        self.rowpos = e(rt, (P,), np.int32, "moe pair -> sorted row")
+        self.act = e(rt, (P, self.fe), np.float16, "moe expert activations")
+        self.ys = e(rt, (P, self.d), np.float32, "moe expert outputs")
+
+    def _upload(self, rt, model, chunk: int) -> None:
+        """Routers (host f32 -> f16) and experts (raw bytes through the pinned staging,
+        dequantized to f16 on the GPU chunk by chunk) of every layer."""
+        from minfer.cuda.load.weights import _dequant_f16, _dequant_interleaved
+        from minfer.cuda.runtime.upload import Staging, rows_per_chunk, split_rows
+
+        slot = 1
+        for il in self.layers:
+            for s in EXPERTS:
+                t = model.tensor(f"blk.{il}.{s}.weight")
+                rows = int(np.prod(t.shape[:-1]))
+                rb = int(t.data.nbytes) // rows
+                slot = max(slot, min(rows, rows_per_chunk(rb, chunk)) * rb)
+        up = Staging(rt, slot)
+        scratch = da.empty(rt, (1024, self.d), np.float16, "moe glu dequant scratch")
+        stream, rt.stream = rt.stream, up.stream  # dequants queue behind their copies
+        try:
+            for il in self.layers:
+                p = f"blk.{il}."
+                r = model.dequant(p + "ffn_gate_inp.weight").astype(np.float16)
+                self.w[p + "ffn_gate_inp.weight"] = da.to_device(rt, r, p + "moe router")
+                self.nbytes += int(model.tensor(p + "ffn_gate_inp.weight").data.nbytes)
+                E, F, K = self.E, self.fe, self.d
+                gu = da.empty(rt, (E, 2 * F, K), np.float16, f"f16 experts {p}ffn_gate_up_exps")
+                dn = da.empty(rt, (E, K, F), np.float16, f"f16 experts {p}ffn_down_exps")
+                for s in EXPERTS:
+                    t = model.tensor(f"{p}{s}.weight")
+                    _, N, Kt = (int(x) for x in t.shape)
+                    d = t.data if t.data.flags.c_contiguous else np.ascontiguousarray(t.data)
+                    raw = d.reshape(-1).view(np.uint8).reshape(E * N, -1)
+                    rb = raw.shape[1]
+                    for r0, n in split_rows(E * N, rb, up.slot_bytes):
+                        src = up.put(raw[r0 : r0 + n])
+                        if s == "ffn_down_exps":
+                            out = da.rows(da.reshape(dn, (E * N, Kt)), r0, n)
+                            _dequant_f16(rt, src, t.qtype, n, Kt, out)
+                        else:  # gate | up: each expert's rows interleaved per 16 (glu_rows):
+                            # over the whole stack, 8-row block b goes to rows 16 b (+ 8: up)
+                            _dequant_interleaved(
+                                rt,
+                                src,
+                                t.qtype,
+                                n,
+                                Kt,
+                                rb,
+                                da.reshape(gu, (2 * E * F, K)),
+                                s == "ffn_up_exps",
+                                scratch,
+                                dst_row0=2 * r0,
+                                stream=up.stream,
+                            )
+                    self.nbytes += int(t.data.nbytes)
+                self.w[p + "ffn_gate_up_exps.weight"] = gu
+                self.w[p + "ffn_down_exps.weight"] = dn
+            up.close()
+        finally:
+            rt.stream = stream
+        scratch.gpudata.free()
+
+    def ffn(self, rt, il: int, x, h16, op) -> None:
+        """x f32 [T, d] += the MoE FFN of layer il on h16 f16 [T, d]; op(label, flops): the
+        forward's profile bracket (a context manager)."""
+        from minfer.cuda.ops.gemm import gemm_f16_nt
+
+        T = int(x.shape[0])
+        E, k, fe, d = self.E, self.k, self.fe, self.d
+        P = T * k
+        R = da.rows
+        p = f"blk.{il}."
+        logits, sel, wts = R(self.logits, 0, T), R(self.sel, 0, T), R(self.wts, 0, T)
+        perm, rowpos = R(self.perm, 0, P), R(self.rowpos, 0, P)
+        act, ys = R(self.act, 0, P), R(self.ys, 0, P)
+        with op("gemm:ffn_gate_inp", 2.0 * T * E * d):
+            da.poison(rt, logits)
+            gemm_f16_nt(h16, self.w[p + "ffn_gate_inp.weight"], out=logits, rt=rt)
+        with op("moe:route"):
+            da.poison(rt, sel, wts)
+            M.route(rt, sel, wts, logits, k, self.norm_w, self.w_scale)
+        with op("moe:sort"):
+            da.poison(rt, self.offs, self.toff, perm, rowpos)
+            M.sort(rt, self.offs, self.toff, perm, rowpos, sel, E)
+        with op("gemm:moe_gate_up", 2.0 * P * 2 * fe * d):
+            da.poison(rt, act)
+            w = self.w[p + "ffn_gate_up_exps.weight"]
+            M.grouped_gemm(rt, act, h16, w, self.offs, self.toff, True, perm, k, self.kernel)
+        with op("gemm:moe_down", 2.0 * P * d * fe):
+            da.poison(rt, ys)
+            w = self.w[p + "ffn_down_exps.weight"]
+            M.grouped_gemm(rt, ys, act, w, self.offs, self.toff, kernel=self.kernel)
+        with op("moe:combine"):
+            M.combine(rt, x, ys, wts, rowpos)

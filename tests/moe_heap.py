@@ -1,0 +1,268 @@
+"""A CPU runtime that runs kernels/moe.cu's entries in numpy (tests only): device memory is a set
+of numpy byte arrays addressed like device pointers, device arrays read and write them, the
+weight upload's pinned copies land in them, and a launch of a moe.cu entry (or a dequant
+entry) decodes its arguments in the order of the kernel's C signature and computes what the
+kernel computes, walking the grid as the kernel does (the grouped GEMM's tile scheduler: every
+row of offs[E] in exactly one (row tile, column tile), tiles past toff[E] idle). So the host
+side of the MoE layer (launchers' argument packing, buffer views, the upload) runs without a GPU;
+the kernels' own arithmetic is tests/gpu/test_moe_device.py's business."""
+
+from __future__ import annotations
+
+import bisect
+import types
+
+import numpy as np
+
+from minfer.cuda.ops import moe as M
+from minfer.reference import ops
+
+
+class HeapRT:
+    sm_count, smem_optin, arch = 132, 232448, "sm_90"
+    poisoning = False
+    stream = None
+
+    def __init__(self):
+        self.cfg = types.SimpleNamespace(debug=False, poison=False)
+        self.bases: list[int] = []
+        self.mem: dict[int, np.ndarray] = {}
+        self._next = 1 << 20
+        self.launches: list[str] = []
+        self.covered = None  # the last grouped GEMM's count of writes per output element
+        rt = self
+
+        class _Stream:
+            def synchronize(self):
+                pass
+
+        class _Event:
+            def record(self, stream=None):
+                pass
+
+            def synchronize(self):
+                pass
+
+        self.drv = types.SimpleNamespace(
+            pagelocked_empty=lambda shape, dtype: np.empty(shape, dtype),
+            memcpy_htod_async=lambda dst, src, stream=None: rt.write(int(dst), src),
+            Stream=_Stream,
+            Event=_Event,
+            Error=RuntimeError,
+            memset_d8=lambda p, b, n: rt.bytes_at(int(p), int(n)).fill(b),
+            Memcpy2D=lambda: _Memcpy2D(rt),
+        )
+
+    # -- memory -------------------------------------------------------------------------------
+    def alloc(self, nbytes: int, what: str = "buffer"):
+        p = self._next
+        self._next += (int(nbytes) + 255) // 256 * 256 + 256
+        self.bases.append(p)
+        self.mem[p] = np.zeros(max(int(nbytes), 1), np.uint8)
+
+        class _Ptr(int):
+            def free(self_) -> None:
+                pass
+
+        return _Ptr(p)
+
+    def bytes_at(self, addr: int, n: int) -> np.ndarray:
+        i = bisect.bisect_right(self.bases, addr) - 1
+        base = self.bases[i]
+        off = addr - base
+        buf = self.mem[base]
+        assert off + n <= buf.size, f"access past an allocation: {addr:#x}+{n}"
+        return buf[off : off + n]
+
+    def at(self, addr: int, shape, dtype) -> np.ndarray:
+        """A writable view of device memory at addr."""
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape)) * dt.itemsize
+        return self.bytes_at(int(addr), n).view(dt).reshape(shape)
+
+    def write(self, addr: int, src) -> None:
+        b = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+        self.bytes_at(addr, b.size)[:] = b
+
+    def mem_info(self):
+        return 80 << 30, 80 << 30
+
+    def synchronize(self):
+        pass
+
+    def poison(self, ptr, nbytes):
+        pass
+
+    def function(self, name, entry, options=(), dyn_smem=0):
+        return (name, entry)
+
+    # -- launches ------------------------------------------------------------------------------
+    def launch(self, fn, grid, block, args, smem=0, stream=None):
+        name, entry = fn
+        self.launches.append(entry)
+        a = [
+            int(x) if np.ndim(x) == 0 and np.issubdtype(np.asarray(x).dtype, np.integer) else x
+            for x in args
+        ]
+        if entry == "moe_route_f32":
+            sel, wts, logits, T, E, k, norm_w, w_scale = a
+            assert grid[0] * 4 >= T
+            s, w = self.at(sel, (T, k), np.int32), self.at(wts, (T, k), np.float32)
+            M.route_ref(s, w, self.at(logits, (T, E), np.float32), k, bool(norm_w), float(w_scale))
+        elif entry == "moe_sort":
+            offs, toff, perm, rowpos, sel, P, E, bm = a
+            M.sort_ref(
+                self.at(offs, (E + 1,), np.int32),
+                self.at(toff, (E + 1,), np.int32),
+                self.at(perm, (P,), np.int32),
+                self.at(rowpos, (P,), np.int32),
+                self.at(sel, (P,), np.int32),
+                E,
+                bm,
+            )
+        elif entry in ("moe_gemm_f16", "moe_gemm_f16_glu"):  # (Cf, Ch, ..., N = out width)
+            glu = entry.endswith("_glu")
+            Cf, Ch, A, a_rows, a_div, W, offs, toff, E, N, K = a
+            self._gemm(
+                glu,
+                M.BN,
+                grid,
+                Ch if glu else Cf,
+                A,
+                a_rows,
+                a_div,
+                W,
+                offs,
+                toff,
+                E,
+                2 * N if glu else N,
+                K,
+            )
+        elif entry in ("moe_mma_f16", "moe_mma_f16_glu"):  # (C, ..., N = W's rows)
+            assert smem == M.MMA_SMEM
+            self._gemm(entry.endswith("_glu"), M.MMA_BN, grid, *a)
+        elif entry == "moe_combine_f32":
+            x, ys, wts, rowpos, k, D = a
+            T = grid[0]
+            rp = self.at(rowpos, (T * k,), np.int32)
+            P = int(rp.max()) + 1
+            M.combine_ref(
+                self.at(x, (T, D), np.float32),
+                self.at(ys, (P, D), np.float32),
+                self.at(wts, (T, k), np.float32),
+                rp,
+            )
+        elif entry.startswith("dq_f16_"):
+            src, src_bytes, out, n = a
+            from minfer.cuda.ops.dequant import kernel_suffix
+            from minfer.quants import TRAITS, dequantize
+
+            t = next(t for t in TRAITS.values() if "dq_f16_" + kernel_suffix(t) == entry)
+            raw = self.at(src, (int(src_bytes),), np.uint8)
+            self.at(out, (int(n),), np.float16)[:] = dequantize(raw, t.qtype).reshape(-1)
+        # any other kernel: not emulated (the MoE layer launches none)
+
+    def _gemm(self, glu, bn, grid, C, A, a_rows, a_div, W, offs, toff, E, N, K):
+        """A grouped GEMM's walk: W [E, N, K] (glu: N = 2F rows, interleaved per 16), the
+        column tiles of bn output columns."""
+        bm = M.BM
+        o = self.at(offs, (E + 1,), np.int32)
+        to = self.at(toff, (E + 1,), np.int32)
+        P = int(o[E])
+        No = N // 2 if glu else N
+        cols = No if bn == M.BN else N  # the wmma kernel tiles output columns, mma W rows
+        assert grid[0] == -(-cols // bn) and grid[1] >= to[E], (grid, to[E])
+        w = self.at(W, (E, N, K), np.float16)
+        if glu:  # de-interleave: feature f's gate row 16 (f // 8) + f % 8, its up row + 8
+            f = np.arange(No)
+            g_rows = (f // 8) * 16 + f % 8
+            wg, wu = w[:, g_rows], w[:, g_rows + 8]
+        C = self.at(C, (P, No), np.float16 if glu else np.float32)
+        rows_idx = self.at(a_rows, (P,), np.int32) if a_rows else None
+        n_a = int(rows_idx.max()) // a_div + 1 if a_rows else P
+        Am = self.at(A, (n_a, K), np.float16)
+        self.covered = np.zeros((P, No), np.int32)
+        for mt in range(grid[1]):
+            if mt >= to[E]:
+                continue
+            e = int(np.searchsorted(to, mt, side="right")) - 1  # toff[e] <= mt < toff[e + 1]
+            r0 = int(o[e]) + (mt - int(to[e])) * bm
+            r1 = min(r0 + bm, int(o[e + 1]))
+            src = np.arange(r0, r1) if rows_idx is None else rows_idx[r0:r1] // a_div
+            x = Am[src].astype(np.float32)
+            for nt in range(grid[0]):
+                c0, c1 = nt * bn, min(nt * bn + bn, cols)
+                if glu:  # output columns c0 .. c1 (wmma) or those of W rows c0 .. c1 (mma)
+                    c0, c1 = (c0, c1) if cols == No else (c0 // 2, c1 // 2)
+                    g = x @ wg[e, c0:c1].astype(np.float32).T
+                    u = x @ wu[e, c0:c1].astype(np.float32).T
+                    C[r0:r1, c0:c1] = ops.swiglu(g, u).astype(np.float16)
+                else:
+                    C[r0:r1, c0:c1] = x @ w[e, c0:c1].astype(np.float32).T
+                self.covered[r0:r1, c0:c1] += 1
+
+
+class _Memcpy2D:
+    """pycuda's Memcpy2D between device addresses (weights._copy_interleaved's use)."""
+
+    def __init__(self, rt):
+        self.rt = rt
+
+    def set_src_device(self, p):
+        self.src = int(p)
+
+    def set_src_host(self, a):
+        raise AssertionError("the MoE upload copies device to device")
+
+    def set_dst_device(self, p):
+        self.dst = int(p)
+
+    def __call__(self, aligned_or_stream=True):
+        for r in range(self.height):
+            row = self.rt.bytes_at(self.src + r * self.src_pitch, self.width_in_bytes).copy()
+            self.rt.write(self.dst + r * self.dst_pitch, row)
+
+
+class HeapArray:
+    """pycuda GPUArray's part the launchers and MoeLayers use, over HeapRT memory."""
+
+    rt: HeapRT = None  # set by install
+
+    def __init__(self, shape, dtype, gpudata=None, base=None, strides=None):
+        self.shape, self.dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        self.size = int(np.prod(self.shape))
+        self.gpudata, self.base = gpudata, base
+        self.strides = strides or tuple(
+            self.dtype.itemsize * int(np.prod(self.shape[i + 1 :])) for i in range(len(self.shape))
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def get(self):
+        return self.rt.at(int(self.gpudata), self.shape, self.dtype).copy()
+
+    def set(self, a) -> None:
+        self.rt.at(int(self.gpudata), self.shape, self.dtype)[...] = np.asarray(a).reshape(
+            self.shape
+        )
+
+
+def install(monkeypatch) -> HeapRT:
+    """A HeapRT, with devarray building HeapArrays over it and the f16 GEMM launcher (the
+    router's) computing on it in numpy."""
+    from minfer.cuda.ops import gemm
+    from minfer.cuda.runtime import devarray
+
+    rt = HeapRT()
+    cls = type("HeapArrayOf", (HeapArray,), {"rt": rt})
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=cls))
+
+    def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None, **kw):
+        assert accumulate is None and not kw.get("glu") and kw.get("rope") is None
+        out.set(gemm.gemm_f16_nt_ref(a.get(), b.get(), out.dtype))
+        return out
+
+    monkeypatch.setattr(gemm, "gemm_f16_nt", gemm_f16_nt)
+    return rt
