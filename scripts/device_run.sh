@@ -47,6 +47,8 @@
 #          model (MOE_LAYERS=48: ~58 GB of f16 experts on the GPU) under `bench --tokens
 #          512,2048` with its per-op breakdown (MOE_WMMA=1: the simple grouped GEMM at 2048 too;
 #          MOE_BENCH=0 skips the model and the bench).
+#   ray:   issue 55: a 10,000-prompt file through `--ray auto` (one GPU actor) between two
+#          single-process runs of it, tok/s and the records compared byte for byte.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
 #          `minfer bench` over the paths (single prefills and sustained); with .old/ carried
@@ -58,6 +60,8 @@
 #     --implementation cp --platform manylinux2014_x86_64 fastapi==0.165.0 starlette==1.10.0
 #     uvicorn==0.55.0 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types typing-inspection
 #     opentelemetry-api==1.45.3 orjson==3.13.0)
+#   (ray: a ray wheel without ray/jars, ray/dashboard/client, ray/rllib (zip them out, RECORD's
+#     lines too: 42 MB) and jsonschema, jsonschema-specifications, referencing, rpds-py in .raywhl/)
 #   python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf .devdata/smollm2-slice.gguf --max-mib 54
 #   python3 -m pip wheel . --no-deps -w .devdata/minfer-wheel          (gates: the install check)
 #   mkdir -p .old && git archive OLD minfer kernels | tar -x -C .old      (perf: optional)
@@ -257,6 +261,23 @@ if [ "$MODE" = pooled ]; then   # issue 52: embeddings / rerank against the batc
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
   echo "--- batch"; grep -E "^\| |rror|prompts," "$OUT/batch.log" | grep -v "| ---"
   echo "--- pooled"; tail -4 "$OUT/pooled.log"
+  exit 0
+fi
+
+if [ "$MODE" = ray ]; then   # issue 55: --ray (one GPU actor) against the single process, one file
+  # carry .whl and .raywhl (a ray wheel without its Java jars, dashboard client and rllib, and
+  # jsonschema's wheels: the device image has no ray), not .devdata: the tree must stay < 64 MiB
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .raywhl/*.whl || exit 1
+  step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  python3 scripts/prompt_of.py --lines 10000 /tmp/p10k.txt
+  P10K="-m /tmp/s8b.gguf --prompts /tmp/p10k.txt --prompts-format lines -n 8"
+  step single 150 $M prefill $P10K -o /tmp/o_single.jsonl
+  step ray 240 $M prefill $P10K -o /tmp/o_ray.jsonl --ray auto
+  step single2 150 $M prefill $P10K -o /tmp/o_single2.jsonl
+  echo; echo "################ SUMMARY ray ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in single ray single2; do echo "--- $f"; grep -vE "^\s*$" "$OUT/$f.log" | tail -4; done
+  for f in ray single2; do cmp /tmp/o_single.jsonl /tmp/o_$f.jsonl && echo "$f: records identical"; done
+  wc -l /tmp/o_*.jsonl
   exit 0
 fi
 
