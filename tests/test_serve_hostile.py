@@ -241,6 +241,13 @@ def test_bodies_that_are_not_json_objects(server, raw, what):
         assert what in _error(_post(server, path, raw=raw), 400)["message"]
 
 
+def test_a_documented_field_is_checked_beside_another(server):
+    # schema fuzzing's case (negative mode, reduced): a "prompt" the document calls invalid
+    # beside valid "messages" was ignored (200)
+    body = {"prompt": {"a": [None]}, "messages": [{"role": "0"}]}
+    _error(_post(server, "/tokenize", body), 400, "prompt")
+
+
 def test_10_mb_strings(server):
     big = "a" * 10_000_000
     t0 = time.monotonic()

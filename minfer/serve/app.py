@@ -142,10 +142,10 @@ def create_app(st: State) -> FastAPI:
         _check_model(st, body)
         special = P.get_bool(body, "add_special_tokens", True)
         P.get_bool(body, "add_generation_prompt", True)  # checked for a prompt too
+        text = P.get_str(body, "prompt")  # checked beside messages too (schema fuzzing)
         if body.get("messages") is not None:
             ids = _chat_ids(st, body, P.get_messages(body), TOKENIZE_CHARS)
         else:
-            text = P.get_str(body, "prompt")
             if text is None:
                 raise P.bad("prompt (a string) or messages is required", "prompt")
             ids = _encode(st, text, special, TOKENIZE_CHARS)
