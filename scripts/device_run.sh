@@ -198,7 +198,24 @@ if [ "$MODE" = many ]; then   # issue 34's rows, one call
   exit 0
 fi
 
-if [ "$MODE" = serve ]; then   # issue 49's table, one call
+if [ "$MODE" = final ]; then   # one call for what a stop owes: the GPU tests of the changes,
+  # the MoE kernels' first run, the serving table, the new families' checks (each step capped;
+  # what the deadline leaves out says SKIPPED)
+  MINFER_TEST_MODEL=$S step tests_serve 90 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
+    tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py
+  step tests_moe 200 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
+  step serve 200 env SERVE_S=${SERVE_S:-12} OUT=$OUT/serve bash scripts/device_run.sh serve_loads 190
+  step tests_families 150 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py \
+    tests/gpu/test_families_device.py -k "granite or olmo2 or smollm3 or qwen3moe or mixtral or scale or identity or whole"
+  echo; echo "################ SUMMARY final ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in tests_serve tests_moe tests_families; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -10
+    grep -E "^E  " "$OUT/$f.log" | head -8; done
+  echo "--- serve"; cat "$OUT/serve/summary.txt" 2>/dev/null
+  exit 0
+fi
+
+if [ "$MODE" = serve ] || [ "$MODE" = serve_loads ]; then   # issue 49's table, one call
   step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   step batch 70 $M bench -m /tmp/s8b.gguf --no-breakdown --batch 256 --tokens 128 --repeats 2
   step single 50 $M bench -m /tmp/s8b.gguf --no-breakdown --tokens 512 --min-ms 0 --repeats 3
@@ -235,15 +252,16 @@ if [ "$MODE" = serve ]; then   # issue 49's table, one call
     esac
     kill -TERM $SP; wait $SP; echo "== server $cfg exit $?" | tee -a "$OUT/steps.txt"
   done
-  MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
-    tests/gpu/test_serve_device.py ${SERVE_MORE_TESTS:-}
+  [ "$MODE" = serve ] && MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs $XDIST \
+    tests/gpu/test_packed.py tests/gpu/test_serve_device.py ${SERVE_MORE_TESTS:-}
+  exec > >(tee "$OUT/summary.txt")
   echo; echo "################ SUMMARY serve ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -12
   grep -E "^E  " "$OUT/tests.log" | head -20
   for f in batch single; do echo "--- $f"; grep -E "^\| |rror|prompts," "$OUT/$f.log" | grep -v "| ---"; done
   for f in "$OUT"/idle512_*.log "$OUT"/score128_*.log "$OUT"/lmeval_*.log; do
-    echo "--- $(basename $f .log)"; tail -1 "$f" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d.get(k) for k in ('requests','errors','prompt_tok_s','latency_p50_ms','latency_p99_ms','host_ms_per_request','forwards','tokens_per_forward','prefix_rows_copied')})" 2>&1 | tail -1
+    echo "--- $(basename $f .log)"; tail -1 "$f" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d.get(k) for k in ('requests','errors','prompt_tok_s','latency_p50_ms','latency_p99_ms','host_ms_per_request','forwards','tokens_per_forward','prefix_rows_copied','engine_ms_per_forward')})" 2>&1 | tail -1
   done
   grep -iE "error|Traceback" "$OUT"/serve_*.log | head -5
   exit 0
