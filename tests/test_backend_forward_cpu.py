@@ -603,7 +603,7 @@ def test_gemma_forward_launches(monkeypatch, tmp_path, preset, head_dim, path):
     from families_data import synth_family
 
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.ops import gemm
+    from minfer.cuda.paths.f16 import gemm
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray
     from minfer.gguf.loader import load_model

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.quants import blk_ref
+from minfer.cuda.paths.blk import twin as blk_ref
 
 REPO = Path(__file__).resolve().parents[1]
 

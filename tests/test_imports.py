@@ -89,9 +89,15 @@ def test_no_import_cycles():
 
 
 def test_f16_gemm_reaches_no_int8_module():
-    int8 = {m for m in module_graph() if m.rpartition(".")[2].startswith(("mmq", "q8_1"))}
-    assert "minfer.cuda.ops.mmq" in int8 and "minfer.quants.mmq_ref" in int8
-    assert not reach(module_graph(), "minfer.cuda.ops.gemm") & int8
+    g = module_graph()
+    int8_pkgs = ("minfer.cuda.paths.q8_1", "minfer.cuda.paths.blk")
+    int8 = {
+        m for m in g if m.startswith(int8_pkgs) or m.rpartition(".")[2].startswith(("mmq", "q8_1"))
+    }
+    assert "minfer.cuda.paths.q8_1.launch" in int8 and "minfer.cuda.paths.q8_1.twin" in int8
+    assert "minfer.cuda.paths.blk.launch" in int8
+    for f16 in ("minfer.cuda.paths.f16.gemm", "minfer.cuda.paths.f16"):
+        assert not reach(g, f16) & int8, f16
 
 
 # minfer/cuda's folders, bottom up: the runtime, the kernels' launchers, the GEMM path families,
@@ -119,8 +125,8 @@ def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 def test_layer_check_finds_upward_imports():
     g = {
         "minfer.cuda.runtime.build": {"minfer.cuda.paths"},
-        "minfer.cuda.paths": {"minfer.cuda.ops.mmq"},
-        "minfer.cuda.ops.mmq": set(),
+        "minfer.cuda.paths": {"minfer.cuda.paths.q8_1.launch"},
+        "minfer.cuda.paths.q8_1.launch": set(),
     }
     assert upward(g) == [("minfer.cuda.runtime.build", "minfer.cuda.paths")]
 

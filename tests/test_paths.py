@@ -3,7 +3,6 @@ choice (--gemm, MINFER_GEMM, bench's tuning variants)."""
 
 import pytest
 
-from minfer.cuda.ops.mmq import wide_smem
 from minfer.cuda.paths import (
     BLK_AUTO_WIDTH,
     CHOICES,
@@ -14,6 +13,7 @@ from minfer.cuda.paths import (
     auto_tiers,
     choose_path,
 )
+from minfer.cuda.paths.q8_1.launch import wide_smem
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import BadInput
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from synth_data import tiny_model
 
+from minfer.cuda.paths.q8_1.twin import mmq_linear_ref
 from minfer.gguf.loader import load_model
-from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.reference.forward import ReferenceBackend
 
 

@@ -150,7 +150,7 @@ class MemRT:
 
         self.launch_streams.add(id(self.stream))
         if fn._minfer_name == "blk_operand_f16":  # the blk requant: its numpy twin
-            from minfer.quants.blk_ref import blk_operand, quantize_blk
+            from minfer.cuda.paths.blk.twin import blk_operand, quantize_blk
 
             x, ld, R, K, _, out, smul, pair = args
             xs = self.at(x)
@@ -267,9 +267,9 @@ def test_blk_load_requantizes_one_group_at_a_time(tiny, fake_arrays):
     dequantized f16 rows, and at most one fused group's f16 (or one lone weight's) is alive at
     a time: the memory plan's "blk requant staging", not the whole model's f16."""
     from minfer.cuda.ops.dequant import dequant_f16_ref
-    from minfer.cuda.ops.mmq_blk import BlkWeight
+    from minfer.cuda.paths.blk.launch import BlkWeight
+    from minfer.cuda.paths.blk.twin import blk_operand, quantize_blk
     from minfer.cuda.plan.sizes import plan_memory
-    from minfer.quants.blk_ref import blk_operand, quantize_blk
 
     MemRT.arch = "sm_90"
     try:

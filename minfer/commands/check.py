@@ -141,8 +141,8 @@ def parity_scratch(rt, M: int, K: int):
     fields q8 and blkop, sized for one activation)."""
     from types import SimpleNamespace
 
+    from minfer.cuda.paths.blk.twin import blk_bytes
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_bytes
 
     return SimpleNamespace(
         q8=da.empty(rt, (M * K // 32 * 40,), np.uint8, "parity q8_1"),

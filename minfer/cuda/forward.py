@@ -28,7 +28,7 @@ import numpy as np
 from minfer.cuda.ops import attention as attn_mod
 from minfer.cuda.ops import gemma_layers as G
 from minfer.cuda.ops import layers as L
-from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
+from minfer.cuda.paths.f16.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.runtime import devarray as da
 
 

@@ -48,7 +48,7 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   check` compares each MMQ path with a reference that rounds the same weights' inputs, so the
   gate's tau measures the kernels, not the (intended) q8_1 grid.
 - blk_inputs: names of weights on the block path: the weight requantized and the activation
-  rounded through its rotated int8 grids (minfer.quants.blk_ref.blk_grid), what `minfer check`
+  rounded through its rotated int8 grids (minfer.cuda.paths.blk.twin.blk_grid), what `minfer check`
   and the KL-divergence emulation compare it with (one activation scale per token on the GEMMs
   after an rmsnorm: blk_ref.token_scaled, as the kernel); blk_block: its rotation and activation
   scale block (128: the kernel; 256: an experiment, minfer.reference.emulate).
@@ -174,7 +174,7 @@ class ReferenceBackend:
             try:
                 w = self.model.dequant(name)
                 if name in self.blk_inputs:  # the block path's requantized weight grid
-                    from minfer.quants.blk_ref import blk_grid
+                    from minfer.cuda.paths.blk.twin import blk_grid
 
                     w = blk_grid(w.reshape(w.shape[0], -1), weight=True, block=self.blk_block)
                 w = w.astype(self.dtype, copy=False)
@@ -249,7 +249,7 @@ class ReferenceBackend:
             x = dequantize_q8_1_raw(quantize_q8_1_raw(x.astype(np.float32)), x.shape[-1])
             x = x.astype(self.dtype, copy=False)
         elif name in self.blk_inputs:  # the block path's grid: rotated int8 per 128 values
-            from minfer.quants.blk_ref import blk_grid, token_scaled
+            from minfer.cuda.paths.blk.twin import blk_grid, token_scaled
 
             x = (
                 blk_grid(

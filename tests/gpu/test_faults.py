@@ -158,7 +158,7 @@ def _noop_launches(rt, monkeypatch):
 
 def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
     from minfer.cuda import backend as B
-    from minfer.cuda.ops.gemm import gemm_f16_nt
+    from minfer.cuda.paths.f16.gemm import gemm_f16_nt
     from minfer.cuda.runtime import devarray as da
 
     def gemm(C, A, W):  # what the f16 route does: poison the output, then the GEMM

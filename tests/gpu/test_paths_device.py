@@ -19,7 +19,7 @@ Q4_K, Q6_K, Q8_0 = 12, 14, 8
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_quantize_q8_1_bit_identical(rt, dtype):
-    from minfer.cuda.ops.mmq import quantize_q8_1
+    from minfer.cuda.paths.q8_1.launch import quantize_q8_1
     from minfer.cuda.runtime import devarray as da
     from minfer.quants.q8_1 import quantize_q8_1_raw
 
@@ -88,7 +88,7 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
 
 
 def test_mmq_rejects_bad_shapes(rt):
-    from minfer.cuda.ops.mmq import mmq_linear
+    from minfer.cuda.paths.q8_1.launch import mmq_linear
     from minfer.cuda.runtime import devarray as da
     from minfer.errors import GPUError, Unsupported
 

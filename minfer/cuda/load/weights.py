@@ -215,13 +215,13 @@ def load_weights(
 
 def _requant_ready(rt, n: str, routes, fused, left: dict, w: dict) -> None:
     """After weight n's f16 rows are queued: a "blk" weight, or its fused group once every
-    member is up, is requantized to the block path's int8 operand (minfer.cuda.ops.mmq_blk.
+    member is up, is requantized to the block path's int8 operand (minfer.cuda.paths.blk.launch.
     blk_weight, queued behind the dequants) and its f16 freed once that is done; a group's
     member row views are dropped (the group's GEMM is the only reader). One group's f16 is
     alive at a time (plan_memory's "blk requant staging")."""
     if not TABLE[routes[n][0]].requant:
         return
-    from minfer.cuda.ops.mmq_blk import blk_weight
+    from minfer.cuda.paths.blk.launch import blk_weight
 
     key = n
     if n in fused:

@@ -32,10 +32,10 @@ def plan_memory(
     upload_slot; None: upload.DEFAULT_CHUNK); fused: plan_fusion's answer (None: computed)."""
     c = model.config
     m = model
-    from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
+    from minfer.cuda.paths.blk.stream_k import SK_SLOT_BYTES
+    from minfer.cuda.paths.blk.twin import blk_bytes
     from minfer.cuda.plan.fusion import plan_fusion
     from minfer.cuda.runtime.upload import DEFAULT_CHUNK
-    from minfer.quants.blk_ref import blk_bytes
 
     fused = plan_fusion(model, routes) if fused is None else fused  # a group requantizes as one
     f16_w = 0

@@ -20,7 +20,7 @@ class F16Route(LinearRoute):
     epilogue)."""
 
     def run(self, rt, scratch, C, x, w, mode: str) -> None:
-        from minfer.cuda.ops.gemm import gemm_f16_nt
+        from minfer.cuda.paths.f16.gemm import gemm_f16_nt
 
         if mode == "acc":
             gemm_f16_nt(x, w, np.float32, accumulate=C, rt=rt)
@@ -31,7 +31,7 @@ class F16Route(LinearRoute):
     def run_glu(self, rt, scratch, C, x, w, act: str = "silu") -> None:
         from minfer.cuda.ops import gemma_layers as G
         from minfer.cuda.ops import layers as L
-        from minfer.cuda.ops.gemm import gemm_f16_nt
+        from minfer.cuda.paths.f16.gemm import gemm_f16_nt
 
         M = x.shape[0]
         da.poison(rt, C)

@@ -2,10 +2,10 @@
 Hadamard-rotated and requantized to int8 with one f32 scale per (row, 256 of K); activations
 as a rotated int8 token operand with one scale per (token, 128 of K), or per token on the
 GEMMs after an rmsnorm (blk_ref.token_scaled; tuning variant no-token-scale); the persistent
-wgmma kernel with stream-K (minfer.cuda.ops.mmq_blk; no-stream-k) and the swiglu / geglu epilogue
+wgmma kernel with stream-K (minfer.cuda.paths.blk.launch; no-stream-k) and the swiglu / geglu epilogue
 (no-glu). The operand is made by a prepass, or by the rmsnorm launch and the wgmma attention's
 epilogue (no-fused-prepass: separate prepasses). ffn_down stays on f16 for accuracy (f16_kinds;
-no-exact-down). Lossy: gate 6 (KL divergence) holds it. Twin: minfer.quants.blk_ref."""
+no-exact-down). Lossy: gate 6 (KL divergence) holds it. Twin: minfer.cuda.paths.blk.twin."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from minfer.cuda.runtime import devarray as da
 
 def _scratch(rt, buf, M: int, K: int):
     """The blk token operand of [M, K] as a view of the scratch buffer (poisoned)."""
-    from minfer.quants.blk_ref import blk_bytes, blk_shape
+    from minfer.cuda.paths.blk.twin import blk_bytes, blk_shape
 
     tt = da.reshape(da.rows(buf, 0, blk_bytes(M, K)), blk_shape(M, K))
     da.poison(rt, tt)
@@ -28,7 +28,7 @@ def _scratch(rt, buf, M: int, K: int):
 
 
 def _prepass(rt, A, scratch, per_token: bool = False):
-    from minfer.cuda.ops.mmq_blk import blk_operand
+    from minfer.cuda.paths.blk.launch import blk_operand
 
     return blk_operand(rt, A, _scratch(rt, scratch.blkop, *A.shape), per_token)
 
@@ -36,7 +36,7 @@ def _prepass(rt, A, scratch, per_token: bool = False):
 def _norm(rt, x, w, eps, scratch, h16, per_token: bool = False):
     """The operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when given);
     None when K is over the fused kernel's (then rmsnorm, then the prepass)."""
-    from minfer.cuda.ops.mmq_blk import NORM_MAX_K, blk_operand_rmsnorm
+    from minfer.cuda.paths.blk.launch import NORM_MAX_K, blk_operand_rmsnorm
 
     M, K = x.shape
     if K > NORM_MAX_K:
@@ -45,7 +45,7 @@ def _norm(rt, x, w, eps, scratch, h16, per_token: bool = False):
 
 
 def _attn(rt, scratch, M: int, K: int):
-    from minfer.cuda.ops.mmq_blk import BlkTokens
+    from minfer.cuda.paths.blk.launch import BlkTokens
 
     tt = _scratch(rt, scratch.blkop, M, K)
     return tt, BlkTokens(tt, M, K)
@@ -62,7 +62,7 @@ class BlkRoute(LinearRoute):
     width); the GEMMs after an rmsnorm read the per-token operand unless no-token-scale."""
 
     def __init__(self, path, qtype: int, choice, name: str = ""):
-        from minfer.quants.blk_ref import token_scaled
+        from minfer.cuda.paths.blk.twin import token_scaled
 
         super().__init__(path, qtype, choice, name)
         tok = token_scaled(name) and choice.on("token-scale")
@@ -73,7 +73,7 @@ class BlkRoute(LinearRoute):
         return self.operand is not BLK_TOKEN_OPERAND  # no GEMM after a norm adds to C
 
     def _launch(self, rt, *args, **kw) -> None:
-        from minfer.cuda.ops.mmq_blk import mmq_blk_linear
+        from minfer.cuda.paths.blk.launch import mmq_blk_linear
 
         mmq_blk_linear(rt, *args, stream_k=self.choice.on("stream-k"), **kw)
 
@@ -102,7 +102,7 @@ class BlkPath(GemmPath):
     operand = BLK_OPERAND  # the route's may be the per-token form
 
     def smem(self, qtype: int) -> int | None:
-        from minfer.cuda.ops.mmq_blk import blk_smem
+        from minfer.cuda.paths.blk.launch import blk_smem
 
         return blk_smem()
 
@@ -110,7 +110,7 @@ class BlkPath(GemmPath):
         return BlkRoute(self, qtype, choice, name)
 
     def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
-        from minfer.cuda.ops.mmq_blk import blk_weight
+        from minfer.cuda.paths.blk.launch import blk_weight
         from minfer.cuda.paths.f16 import F16
 
         w16 = F16.prepare(rt, w_raw, qtype, N, K)
@@ -121,7 +121,7 @@ class BlkPath(GemmPath):
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
         from minfer.cuda.ops.dequant import dequant_f16_ref
-        from minfer.quants.blk_ref import blk_linear_ref, token_scaled
+        from minfer.cuda.paths.blk.twin import blk_linear_ref, token_scaled
 
         return blk_linear_ref(
             np.asarray(x, np.float32).reshape(M, K),
@@ -130,7 +130,7 @@ class BlkPath(GemmPath):
         )
 
     def load_kernels(self):
-        from minfer.cuda.ops.mmq_blk import _OPTS
+        from minfer.cuda.paths.blk.launch import _OPTS
 
         return super().load_kernels() + [("mmq_blk", _OPTS)]
 

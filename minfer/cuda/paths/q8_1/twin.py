@@ -111,7 +111,7 @@ def mmq_linear_ref(
     accumulate: bool = False,
     dtype=np.float64,
 ) -> np.ndarray:
-    """Twin of minfer.cuda.ops.mmq.mmq_linear: x f32 [M, K] or q8_1 raw uint8 [M, K/32*40],
+    """Twin of minfer.cuda.paths.q8_1.launch.mmq_linear: x f32 [M, K] or q8_1 raw uint8 [M, K/32*40],
     w_raw uint8 [N, K/256*bytes]; returns f32 [M, N] (added to `out` when accumulate)."""
     a = _as_q8(x, M, K)
     da, qa, sa = unpack_q8_1_raw(a, K)
