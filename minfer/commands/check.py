@@ -6,7 +6,8 @@ table (minfer.cuda.paths.TABLE; --gemm: one path only).
    its rotated int8 grids) on each distinct (type, N, K) of the model's GEMM weights the path
    takes (real weights, random f16 activations): M = 128, ragged M = 37 with N - 5 rows
    (accumulate mode where the route has one), and M = 1. The GPU side runs exactly what the forward runs for that
-   weight: the path's `prepare`, its route's operand prepass and `run`.
+   weight: the path's `upload` (the engine's load calls the same), its route's operand prepass
+   and `run`.
    The GPU computes the full [M, N]; the float64 twin (slow in numpy at 8B shapes) is
    evaluated on a sample of weight rows that always includes the first and last tiles' edges.
    A path this GPU cannot run (blk off sm_90) is said once; the smem guard's fallback is named
@@ -81,7 +82,7 @@ def table_paths(gemm: str | None = None):
 def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
     """[(what, path, shape, rel_err, ok)] for each path (TABLE records; default all) on the
     model's weight shapes it takes, against its numpy twin."""
-    from minfer.cuda.paths import choose_path
+    from minfer.cuda.paths import Part, choose_path, upload_weight
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray as da
 
@@ -109,13 +110,8 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
                     if acc
                     else np.full((M, n), np.nan, np.float32)
                 )
-                wd = r.path.prepare(
-                    rt,
-                    da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w"),
-                    qt,
-                    n,
-                    K,
-                )
+                # the engine's upload of these rows (paths.upload_weight: the path's upload)
+                wd = upload_weight(rt, r.path, [Part(name, np.ascontiguousarray(raw[:n]), qt, K)])
                 out = da.to_device(rt, base, "parity out")
                 scratch = parity_scratch(rt, M, K)
                 xd = da.to_device(rt, x16, "parity x")

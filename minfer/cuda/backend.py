@@ -82,7 +82,7 @@ import numpy as np
 from minfer.cuda.forward import Forward
 from minfer.cuda.load import prepare
 from minfer.cuda.load.buffers import DeviceBuffers, alloc_buffers
-from minfer.cuda.load.weights import _dequant_f16, load_weights
+from minfer.cuda.load.weights import load_weights
 from minfer.cuda.ops import attention as attn_mod
 from minfer.cuda.ops import layers as L
 from minfer.cuda.paths import TABLE
@@ -94,8 +94,8 @@ from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.profile import OpProfile
 from minfer.errors import BadInput, GPUError, Unsupported
 
-# public names importers use (tests, bench, commands); _dequant_f16 for tests/gpu/test_faults
-__all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequant_f16"]
+# public names importers use (tests, bench, commands)
+__all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes"]
 
 
 def moe_bytes_note(model) -> str:

@@ -55,7 +55,7 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
     """C = and C += against the twin, rel err <= 1e-3 (docs/design.md, gate 1), every output written
     (NaN-poisoned first); a type / arch the path does not take is skipped, the smem guard's
     fallback runs (and is checked) in its place."""
-    from minfer.cuda.paths import choose_path
+    from minfer.cuda.paths import Part, choose_path, upload_weight
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray as da
 
@@ -73,7 +73,7 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
     w = rand_weights(rng, qtype, N, K)
     x16 = rng.standard_normal((M, K)).astype(np.float16)  # the forward's f16 activation
     ref = r.path.twin(x16.astype(np.float32), w, qtype, M, N, K, name)
-    wd = r.path.prepare(rt, da.to_device(rt, np.ascontiguousarray(w).reshape(-1)), qtype, N, K)
+    wd = upload_weight(rt, r.path, [Part(name, np.ascontiguousarray(w).reshape(N, -1), qtype, K)])
     out = da.to_device(rt, np.full((M, N), np.nan, np.float32))  # poisoned: all must be written
     _run(rt, route, x16, wd, out, "f32")
     y = out.get()

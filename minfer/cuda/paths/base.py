@@ -1,9 +1,11 @@
 """What every GEMM path family is: a `GemmPath` (the table's record and the family's behaviour),
 the per-weight `LinearRoute` it makes, and the `Operand` forms its kernels read.
 
-A family (f16.py, q8_1.py, blk.py) subclasses GemmPath and LinearRoute; everything about the
-path lives there: which weights it takes and why not (`unsupported`), device bytes per weight,
-the weight's preparation (`prepare`: raw GGUF rows on the device -> the path's weight), the
+A family (the packages f16/, q8_1/, blk/: path record, launchers, upload, numpy twin) subclasses
+GemmPath and LinearRoute; everything about the path lives there: which weights it takes and why
+not (`unsupported`), device bytes per weight, the weight's upload (`upload`: raw GGUF rows in
+host memory -> the path's weight on the device, the one function the engine's load and `minfer
+check` both call, so parity tests the bytes the engine runs), the
 activation operand (`Operand`: a prepass, or a producer fused into the rmsnorm or attention
 launch), the launches with their epilogues (`LinearRoute.run` / `run_glu`), the numpy twin
 (`twin`), the kernels it needs compiled at load (`load_kernels`) and its tuning variants. The
@@ -56,7 +58,7 @@ class Operand:
 
 @dataclass(frozen=True)
 class GemmPath:
-    """A path of the table. Subclasses set the class flags and implement route / prepare /
+    """A path of the table. Subclasses set the class flags and implement route / upload /
     twin; the fields are the record minfer.cuda.paths.table's chooser reads."""
 
     name: str
@@ -100,9 +102,19 @@ class GemmPath:
         """The route object of weight `name` (its role may decide the operand) of `qtype`."""
         raise NotImplementedError
 
-    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
-        """Raw GGUF rows on the device (uint8) -> this path's weight (tests, minfer check; the
-        backend's streaming upload, minfer.cuda.load.weights, makes the same bytes)."""
+    def dest(self, rt, rows: int, K: int, row_bytes: int, name: str):
+        """The device buffer fused group `name` of `rows` rows is uploaded into, made before the
+        upload starts (the engine makes every group's first), or None: made by `upload`
+        itself when it starts (blk: one group's f16 alive at a time)."""
+        return None
+
+    def upload(self, rt, up, parts, name: str, dst=None, glu: bool = False):
+        """The one weight upload, the engine's (minfer.cuda.load.weights) and `minfer check`'s
+        (upload_weight): `parts` (Part: one tensor, or a fused group's members in row order)
+        streamed from host memory through up (minfer.cuda.runtime.upload.Staging; kernels on
+        rt's stream = up.stream) into dst (dest's buffer; None: made here) -> (this path's
+        weight, {member name: its row view} for the members the forward reads alone). glu: a
+        gate|up group whose rows interleave per 16 (the glu epilogue's layout)."""
         raise NotImplementedError
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
@@ -120,6 +132,38 @@ class GemmPath:
         """ReferenceBackend keyword arguments that round the inputs of `names` (the weights on
         this path) through its kernel's grid: what `minfer check` compares it with."""
         return {}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One GGUF tensor of an upload: its name, raw rows on the host (uint8 [N, row bytes], e.g.
+    a view into the memory map), type and K."""
+
+    name: str
+    raw: object
+    qtype: int
+    K: int
+
+    @property
+    def N(self) -> int:
+        return int(self.raw.shape[0])
+
+
+def upload_weight(rt, path: GemmPath, parts, name: str = "", glu: bool = False, slot_bytes=None):
+    """path.upload of `parts` through a staging of its own, synchronized: what `minfer check`
+    and the tests run, the engine's upload on the same bytes (one call per weight or group)."""
+    from minfer.cuda.runtime.upload import DEFAULT_CHUNK, Staging
+
+    big = max(int(p.raw.nbytes) for p in parts)
+    up = Staging(rt, min(big, slot_bytes or DEFAULT_CHUNK))
+    stream, rt.stream = rt.stream, up.stream  # the kernels queue behind their copies
+    try:
+        w, _ = path.upload(rt, up, parts, name or parts[0].name, glu=glu)
+        up.close()
+    finally:
+        rt.stream = stream
+    rt.synchronize()
+    return w
 
 
 class LinearRoute:

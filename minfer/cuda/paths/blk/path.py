@@ -109,15 +109,11 @@ class BlkPath(GemmPath):
     def route(self, qtype: int, choice, name: str = "") -> BlkRoute:
         return BlkRoute(self, qtype, choice, name)
 
-    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
-        from minfer.cuda.paths.blk.launch import blk_weight
-        from minfer.cuda.paths.f16 import F16
+    def upload(self, rt, up, parts, name: str, dst=None, glu: bool = False):
+        from minfer.cuda.paths.blk import upload
 
-        w16 = F16.prepare(rt, w_raw, qtype, N, K)
-        w = blk_weight(rt, w16)
-        rt.synchronize()
-        w16.gpudata.free()
-        return w
+        assert dst is None  # (dest: None, the group's f16 is made when its upload starts)
+        return upload.upload(rt, up, parts, name, glu)
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
         from minfer.cuda.ops.dequant import dequant_f16_ref

@@ -52,12 +52,15 @@ class F16Path(GemmPath):
     def route(self, qtype: int, choice, name: str = "") -> F16Route:
         return F16Route(self, qtype, choice, name)
 
-    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
-        from minfer.cuda.ops.dequant import dequant_f16
+    def dest(self, rt, rows: int, K: int, row_bytes: int, name: str):
+        from minfer.cuda.paths.f16 import upload
 
-        out = da.empty(rt, (N, K), np.float16, "f16 weight")
-        dequant_f16(rt, w_raw, qtype, N, K, out_dev=out)
-        return out
+        return upload.dest(rt, rows, K, f"fused f16 weight {name}")
+
+    def upload(self, rt, up, parts, name: str, dst=None, glu: bool = False):
+        from minfer.cuda.paths.f16 import upload
+
+        return upload.upload(rt, up, parts, name, dst, glu)
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
         from minfer.cuda.ops.dequant import dequant_f16_ref

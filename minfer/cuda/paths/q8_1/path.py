@@ -57,8 +57,16 @@ class RawInt8Path(GemmPath):
     def route(self, qtype: int, choice, name: str = "") -> RawInt8Route:
         return RawInt8Route(self, qtype, choice, name)
 
-    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
-        return w_raw
+    def dest(self, rt, rows: int, K: int, row_bytes: int, name: str):
+        from minfer.cuda.paths.q8_1 import upload
+
+        return upload.dest(rt, rows, row_bytes, f"fused raw weight {name}")
+
+    def upload(self, rt, up, parts, name: str, dst=None, glu: bool = False):
+        from minfer.cuda.paths.q8_1 import upload
+
+        assert not glu  # (no glu epilogue: plan_glu asks GemmPath.glu)
+        return upload.upload(rt, up, parts, name, dst)
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
         from minfer.cuda.paths.q8_1.twin import mmq_linear_ref
