@@ -88,7 +88,8 @@ def fake_tensor_maps(monkeypatch):
     """The f16 GEMM's TMA tensor maps without a driver; the wgmma attention on its cp.async
     entries, whose arguments the tests below read by position (its TMA entries' layout is
     test_attention_launcher_cpu's)."""
-    from minfer.cuda.ops import attention, gemm
+    from minfer.cuda.ops import attention
+    from minfer.cuda.paths.f16 import gemm
 
     monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
     monkeypatch.setattr(attention, "WG_TMA", False)

@@ -115,7 +115,11 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
                 out = da.to_device(rt, base, "parity out")
                 scratch = parity_scratch(rt, M, K)
                 xd = da.to_device(rt, x16, "parity x")
-                xin = xd if route.operand is None else route.operand.prepass(rt, xd, scratch)
+                xin = (
+                    xd
+                    if route.operand is None
+                    else route.operand.prepass(rt, xd, scratch.operands[route.operand.scratch])
+                )
                 route.run(rt, scratch, out, xin, wd, "acc" if acc else "f32")
                 y = out.get()[:, cols].astype(np.float64)
                 if acc:
@@ -133,16 +137,18 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
 
 
 def parity_scratch(rt, M: int, K: int):
-    """The scratch buffers a route's operand of [M, K] lives in (the forward's DeviceBuffers
-    fields q8 and blkop, sized for one activation)."""
+    """The scratch buffers the routes' operands of [M, K] live in (the forward's
+    DeviceBuffers.operands, sized for one activation: each path's Operand.nbytes)."""
     from types import SimpleNamespace
 
-    from minfer.cuda.paths.blk.twin import blk_bytes
+    from minfer.cuda.paths import TABLE
     from minfer.cuda.runtime import devarray as da
 
+    ops = {p.operand.scratch: p.operand for p in TABLE.values() if p.operand is not None}
     return SimpleNamespace(
-        q8=da.empty(rt, (M * K // 32 * 40,), np.uint8, "parity q8_1"),
-        blkop=da.empty(rt, (blk_bytes(M, K),), np.uint8, "parity blk"),
+        operands={
+            k: da.empty(rt, (op.nbytes(M, K),), np.uint8, f"parity {k}") for k, op in ops.items()
+        }
     )
 
 

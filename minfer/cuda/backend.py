@@ -89,7 +89,7 @@ from minfer.cuda.paths import TABLE
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.plan.plan import make_plan
 from minfer.cuda.plan.routes import plan_routes, summarize_routes
-from minfer.cuda.plan.sizes import check_memory
+from minfer.cuda.plan.sizes import check_memory, operand_bytes
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.profile import OpProfile
 from minfer.errors import BadInput, GPUError, Unsupported
@@ -206,9 +206,8 @@ class CudaBackend:
             c,
             self.kv_slots,
             self.ubatch,
-            plan["q8_1 scratch"],
+            operand_bytes(plan),
             self.plan.glu_all,
-            plan["blk operand scratch"],
         )
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}

@@ -99,7 +99,7 @@ class Forward:
         if not kinds:
             return None
         with self._op("prepass"):
-            return {k: k.prepass(self.rt, A, self.buf) for k in kinds}
+            return {k: k.prepass(self.rt, A, self.buf.operands[k.scratch]) for k in kinds}
 
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
@@ -117,7 +117,7 @@ class Forward:
                     x,
                     self.w[wname],
                     self.c.rms_eps,
-                    self.buf,
+                    self.buf.operands[k.scratch],
                     h16 if None in kinds else None,
                 )
             if op is not None:
@@ -143,7 +143,7 @@ class Forward:
             )
         ):
             return None, None
-        tt, op = k.attn(self.rt, self.buf, T, c.n_heads * c.head_dim)
+        tt, op = k.attn(self.rt, self.buf.operands[k.scratch], T, c.n_heads * c.head_dim)
         return tt, {k: op}
 
     def _residual(self, x, A, name: str, label: str, q8, post: str) -> None:

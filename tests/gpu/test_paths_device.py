@@ -38,7 +38,8 @@ def _run(rt, route, x16, wd, out, mode: str) -> None:
     M, K = x16.shape
     scratch = parity_scratch(rt, M, K)
     xd = da.to_device(rt, x16)
-    xin = xd if route.operand is None else route.operand.prepass(rt, xd, scratch)
+    op = route.operand
+    xin = xd if op is None else op.prepass(rt, xd, scratch.operands[op.scratch])
     route.run(rt, scratch, out, xin, wd, mode)
 
 

@@ -12,12 +12,12 @@ launch), the launches with their epilogues (`LinearRoute.run` / `run_glu`), the 
 forward, `minfer check`, the tests and `bench --ab` all call these same objects.
 
 Calling convention of a route (y[M, N] = x[M, K] @ W[N, K].T):
-    A f16 [M, K]  --operand.prepass(rt, A, scratch)-->  x  (A itself when operand is None)
+    A f16 [M, K]  --operand.prepass(rt, A, buf)-->  x  (A itself when operand is None)
     route.run(rt, scratch, C, x, w, mode)   mode 'f32' / 'f16': C = x @ w.T; 'acc': C +=
     route.run_glu(rt, scratch, C, x, w, act)   C f16 [M, F] = act(gate) * up (glu routes;
                                                act "silu" or "gelu": quants.glu.GLU_ACTS)
-scratch: the backend's DeviceBuffers (an operand lives in getattr(scratch, operand.scratch);
-the f16 GEMV's glu at M == 1 uses its f32 gate|up buffer).
+buf: the operand's scratch, DeviceBuffers.operands[operand.scratch]; scratch: the backend's
+DeviceBuffers (the f16 GEMV's glu at M == 1 uses its f32 gate|up buffer).
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ class Operand:
     names); norm(rt, x f32, w, eps, buf, h16 or None) -> the operand of rmsnorm(x) * w from
     the norm's launch (None when it cannot: then rmsnorm, then prepass); attn(rt, buf, M, K)
     -> (the array the attention launch writes, the operand) from the attention's epilogue.
+    buf: the uint8 scratch buffer named `scratch` (DeviceBuffers.operands[scratch]), of
+    nbytes(M, K) bytes for the largest activation, the memory plan's part `part`.
     Forms sharing a scratch buffer never meet on one activation (the backend asserts it)."""
 
     name: str
@@ -54,6 +56,8 @@ class Operand:
     prepass: Callable
     norm: Callable | None = None
     attn: Callable | None = None
+    part: str = ""
+    nbytes: Callable = lambda M, K: 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,23 @@ class GemmPath:
     def weight_bytes(self, qtype: int) -> float:
         b = self.bytes_per_weight
         return float(b[int(qtype)] if int(qtype) in b else b[None])
+
+    # the memory plan's parts this path's weights and scratch take (sizes.plan_memory)
+    weight_parts = ("MMQ weights",)
+    scratch_parts = ()
+
+    def memory(self, units, T: int, sms: int) -> tuple[dict, dict]:
+        """(weights, scratch): memory plan part -> device bytes of this path's weights `units`
+        ([(rows, K, file bytes, tied)], one per weight or fused group it uploads; tied: the LM
+        head on the embedding's bytes) and of its scratch for T tokens (a part several paths
+        share takes the largest). Here: f16 rows (via_f16), else the raw GGUF bytes (a tied
+        head shares the embedding's); the operand's scratch at the largest K."""
+        K = max(u[1] for u in units)
+        op = self.operand
+        scratch = {op.part: op.nbytes(T, K)} if op is not None else {}
+        if self.via_f16:
+            return {"f16 weights": sum(r * k * 2 for r, k, _, _ in units)}, scratch
+        return {"MMQ weights": sum(b for _, _, b, tied in units if not tied)}, scratch
 
     def smem(self, qtype: int) -> int | None:
         """Dynamic shared memory its kernel needs for `qtype` (the smem guard); None: no opt-in."""

@@ -27,13 +27,13 @@ def _scratch(rt, buf, M: int, K: int):
     return tt
 
 
-def _prepass(rt, A, scratch, per_token: bool = False):
+def _prepass(rt, A, buf, per_token: bool = False):
     from minfer.cuda.paths.blk.launch import blk_operand
 
-    return blk_operand(rt, A, _scratch(rt, scratch.blkop, *A.shape), per_token)
+    return blk_operand(rt, A, _scratch(rt, buf, *A.shape), per_token)
 
 
-def _norm(rt, x, w, eps, scratch, h16, per_token: bool = False):
+def _norm(rt, x, w, eps, buf, h16, per_token: bool = False):
     """The operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when given);
     None when K is over the fused kernel's (then rmsnorm, then the prepass)."""
     from minfer.cuda.paths.blk.launch import NORM_MAX_K, blk_operand_rmsnorm
@@ -41,19 +41,31 @@ def _norm(rt, x, w, eps, scratch, h16, per_token: bool = False):
     M, K = x.shape
     if K > NORM_MAX_K:
         return None
-    return blk_operand_rmsnorm(rt, x, w, eps, _scratch(rt, scratch.blkop, M, K), h16, per_token)
+    return blk_operand_rmsnorm(rt, x, w, eps, _scratch(rt, buf, M, K), h16, per_token)
 
 
-def _attn(rt, scratch, M: int, K: int):
+def _attn(rt, buf, M: int, K: int):
     from minfer.cuda.paths.blk.launch import BlkTokens
 
-    tt = _scratch(rt, scratch.blkop, M, K)
+    tt = _scratch(rt, buf, M, K)
     return tt, BlkTokens(tt, M, K)
 
 
-BLK_OPERAND = Operand("blk", "blkop", _prepass, _norm, _attn)
+def _nbytes(M: int, K: int) -> int:
+    from minfer.cuda.paths.blk.twin import blk_bytes
+
+    return blk_bytes(M, K)
+
+
+# both forms in one scratch buffer ("blk operand scratch"): they never meet on one activation
+_SCRATCH = dict(part="blk operand scratch", nbytes=_nbytes)
+BLK_OPERAND = Operand("blk", "blkop", _prepass, _norm, _attn, **_SCRATCH)
 BLK_TOKEN_OPERAND = Operand(
-    "blk-tok", "blkop", partial(_prepass, per_token=True), partial(_norm, per_token=True)
+    "blk-tok",
+    "blkop",
+    partial(_prepass, per_token=True),
+    partial(_norm, per_token=True),
+    **_SCRATCH,
 )
 
 
@@ -100,6 +112,22 @@ class BlkPath(GemmPath):
     requant = True
     glu = True
     operand = BLK_OPERAND  # the route's may be the per-token form
+    scratch_parts = ("blk operand scratch", "blk requant staging", "MMQ stream-K workspace")
+
+    def memory(self, units, T: int, sms: int) -> tuple[dict, dict]:
+        """~1 B per weight in the kernel's tiles (twin.blk_bytes, rows padded to 128, per
+        weight or fused group: a group requantizes as one); while requantizing, one weight's
+        or group's f16 ("blk requant staging"); the token operand at the largest K and the
+        stream-K workspace (a slot per SM)."""
+        from minfer.cuda.paths.blk.stream_k import SK_SLOT_BYTES
+        from minfer.cuda.paths.blk.twin import blk_bytes
+
+        K = max(u[1] for u in units)
+        return {"MMQ weights": sum(blk_bytes(r, k) for r, k, _, _ in units)}, {
+            "blk operand scratch": self.operand.nbytes(T, K),
+            "blk requant staging": max(r * k * 2 for r, k, _, _ in units),
+            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4),
+        }
 
     def smem(self, qtype: int) -> int | None:
         from minfer.cuda.paths.blk.launch import blk_smem

@@ -48,6 +48,7 @@ class F16Path(GemmPath):
     via_f16 = True
     glu = True
     rope = True
+    weight_parts = ("f16 weights",)
 
     def route(self, qtype: int, choice, name: str = "") -> F16Route:
         return F16Route(self, qtype, choice, name)

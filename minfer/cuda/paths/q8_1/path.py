@@ -23,7 +23,9 @@ def _prepass_q8_1(rt, A, buf):
     return quantize_q8_1(rt, A, q8)
 
 
-Q8_1 = Operand("q8_1", "q8", lambda rt, A, scratch: _prepass_q8_1(rt, A, scratch.q8))
+Q8_1 = Operand(
+    "q8_1", "q8", _prepass_q8_1, part="q8_1 scratch", nbytes=lambda M, K: M * K // 32 * 40
+)
 
 
 class RawInt8Route(LinearRoute):
@@ -48,6 +50,7 @@ class RawInt8Path(GemmPath):
     family: str = "wide"  # the kernel family: r1, narrow, wide (minfer.cuda.paths.q8_1.launch)
     int8 = True
     operand = Q8_1
+    scratch_parts = ("q8_1 scratch",)
 
     def smem(self, qtype: int) -> int | None:
         from minfer.cuda.paths.q8_1.launch import wide_smem
