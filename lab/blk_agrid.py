@@ -106,7 +106,7 @@ def patch(spec: str) -> None:
     weight0, linear0 = ReferenceBackend.weight, ReferenceBackend._linear
 
     def ours(be, name):
-        return name in be.blk_inputs and name.split(".")[-2] in kinds
+        return name in be.grids and name.split(".")[-2] in kinds
 
     def gain(be, name):  # the gain of the norm before this GEMM (opt "gain")
         il, kind = name.split(".")[1], name.split(".")[-2]

@@ -17,7 +17,7 @@ table (minfer.cuda.paths.TABLE; --gemm: one path only).
    GPU path is compared to the CPU reference with tau = 2 * max|logit diff| at the last prompt
    position between the two engines (stated per row); exact n/32 counts reported.
    The int8 paths are compared with a reference whose int8-routed weights see their input
-   through the grid of their kernel (ReferenceBackend q8_1_inputs / blk_inputs): the rounding
+   through the grid of their kernel (ReferenceBackend grids, GemmPath.grid): the rounding
    the kernels do on purpose is then in both engines. Measured on SmolLM2 (11-layer slice,
    Q4_K_M requant: 11 MMQ weights): every MMQ path 32/32 exact, max|dlogit| 0.10 (tau 0.20),
    where against plain f32 it was 18/32 with a near-tie stop at step 1.
@@ -183,19 +183,12 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
     return ids
 
 
-def reference_inputs(routes: dict[str, tuple[str, str]]) -> dict:
-    """ReferenceBackend keyword arguments rounding the inputs of every weight on an int8 path
-    through that path's grid (GemmPath.reference_inputs)."""
+def reference_grids(routes: dict[str, tuple[str, str]]) -> dict:
+    """weight name -> the grid of its path's kernels (GemmPath.grid) for every weight on an
+    int8 path: ReferenceBackend(grids=...) rounds their inputs (blk: and weights) as they do."""
     from minfer.cuda.paths import TABLE
 
-    by_path: dict[str, set] = {}
-    for n, (p, _) in routes.items():
-        by_path.setdefault(p, set()).add(n)
-    kw: dict = {}
-    for p, names in by_path.items():
-        for k, v in TABLE[p].reference_inputs(frozenset(names)).items():
-            kw[k] = kw.get(k, frozenset()) | v
-    return kw
+    return {n: TABLE[p].grid for n, (p, _) in routes.items() if TABLE[p].grid is not None}
 
 
 def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths=None):
@@ -227,13 +220,16 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
             # through the grid of the kernel that runs them (q8_1; blk's rotated int8)
-            kw = reference_inputs(be.routes)
-            key = tuple(sorted((k, tuple(sorted(v))) for k, v in kw.items()))
+            grids = reference_grids(be.routes)
+            by_grid: dict[str, list[str]] = {}  # grid name -> its weights
+            for n, g in grids.items():
+                by_grid.setdefault(g.name, []).append(n)
+            key = tuple(sorted((k, tuple(sorted(v))) for k, v in by_grid.items()))
             if key not in refs:
-                refs[key] = engine.run(ReferenceBackend(model, **kw), ids, n_greedy, 512)
+                refs[key] = engine.run(ReferenceBackend(model, grids=grids), ids, n_greedy, 512)
             v, diff = identity_verdict(refs[key], res)
             ref_name = "cpu" + "".join(
-                f"+{k.split('_inputs')[0]} ({len(v_)} weights)" for k, v_ in sorted(kw.items())
+                f"+{k} ({len(v_)} weights)" for k, v_ in sorted(by_grid.items())
             )
             rows.append((path, v.exact, v.n, diff, v.tau, f"vs {ref_name}: {v.describe()}", v.ok))
         del be

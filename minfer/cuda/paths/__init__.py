@@ -18,6 +18,7 @@ from minfer.cuda.paths.base import (
 from minfer.cuda.paths.table import (
     BLK_AUTO_WIDTH,
     CHOICES,
+    EMULATIONS,
     INT8_PATHS,
     TABLE,
     TIERS,
@@ -40,6 +41,7 @@ __all__ = [
     "qname",
     "BLK_AUTO_WIDTH",
     "CHOICES",
+    "EMULATIONS",
     "INT8_PATHS",
     "TABLE",
     "TIERS",

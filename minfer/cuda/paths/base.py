@@ -149,10 +149,22 @@ class GemmPath:
 
         return [(KERNEL, ())] if self.via_f16 else []
 
-    def reference_inputs(self, names: frozenset) -> dict:
-        """ReferenceBackend keyword arguments that round the inputs of `names` (the weights on
-        this path) through its kernel's grid: what `minfer check` compares it with."""
-        return {}
+    # the number grid of its kernels on the CPU reference (ReferenceBackend(grids=...): what
+    # `minfer check` compares the path with); None: exact (f16's rounding is the reference's)
+    grid = None
+    # `minfer perplexity --emulate` grids: label -> Emulation (table.EMULATIONS collects them)
+    emulations = {}
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """A grid `minfer perplexity --emulate LABEL` puts on the CPU reference: on the weights the
+    path runs on its int8 kernel (as plan_routes routes them), or on every GEMM but the LM head
+    (every); help: what it stands for (the option's help)."""
+
+    grid: object
+    every: bool = False
+    help: str = ""
 
 
 @dataclass(frozen=True)

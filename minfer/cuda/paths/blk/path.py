@@ -14,7 +14,8 @@ from functools import partial
 
 import numpy as np
 
-from minfer.cuda.paths.base import GemmPath, LinearRoute, Operand
+from minfer.cuda.paths.base import Emulation, GemmPath, LinearRoute, Operand
+from minfer.cuda.paths.blk.twin import BlkGrid
 from minfer.cuda.runtime import devarray as da
 
 
@@ -112,6 +113,11 @@ class BlkPath(GemmPath):
     requant = True
     glu = True
     operand = BLK_OPERAND  # the route's may be the per-token form
+    grid = BlkGrid()
+    emulations = {
+        "blk": Emulation(grid, help="the blk kernel"),
+        "blk256": Emulation(BlkGrid(256), help="blk with 256-point blocks, an experiment"),
+    }
     scratch_parts = ("blk operand scratch", "blk requant staging", "MMQ stream-K workspace")
 
     def memory(self, units, T: int, sms: int) -> tuple[dict, dict]:
@@ -157,9 +163,6 @@ class BlkPath(GemmPath):
         from minfer.cuda.paths.blk.launch import _OPTS
 
         return super().load_kernels() + [("mmq_blk", _OPTS)]
-
-    def reference_inputs(self, names: frozenset) -> dict:
-        return {"blk_inputs": frozenset(names)}
 
 
 # any type; ffn_down stays f16: its int8 grid is most of the path's KL divergence (docs/blk.md)

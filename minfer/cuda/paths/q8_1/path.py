@@ -10,7 +10,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda.paths.base import Q4_K, Q6_K, RAW_BYTES, GemmPath, LinearRoute, Operand
+from minfer.cuda.paths.base import (
+    Q4_K,
+    Q6_K,
+    RAW_BYTES,
+    Emulation,
+    GemmPath,
+    LinearRoute,
+    Operand,
+)
+from minfer.cuda.paths.q8_1.twin import Q8_1Grid
 from minfer.cuda.runtime import devarray as da
 
 
@@ -50,6 +59,11 @@ class RawInt8Path(GemmPath):
     family: str = "wide"  # the kernel family: r1, narrow, wide (minfer.cuda.paths.q8_1.launch)
     int8 = True
     operand = Q8_1
+    grid = Q8_1Grid()
+    emulations = {
+        "q8_1": Emulation(grid, help="the wide / narrow / r1 kernels"),
+        "q8_1-all": Emulation(grid, every=True, help="their grid on every GEMM"),
+    }
     scratch_parts = ("q8_1 scratch",)
 
     def smem(self, qtype: int) -> int | None:
@@ -75,9 +89,6 @@ class RawInt8Path(GemmPath):
         from minfer.cuda.paths.q8_1.twin import mmq_linear_ref
 
         return mmq_linear_ref(np.asarray(x, np.float32), w_raw, qtype, M, N, K)
-
-    def reference_inputs(self, names: frozenset) -> dict:
-        return {"q8_1_inputs": frozenset(names)}
 
 
 def _raw(name: str, kernel: str, family: str, kd: int = 0) -> RawInt8Path:
