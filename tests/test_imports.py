@@ -178,19 +178,19 @@ def test_path_name_comparison_finder_finds_them():
     assert _path_name_comparisons(tree, {"blk", "f16"}) == [1, 2]
 
 
-def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
-    """One function (commands/gemm_flags.gemm_choice) turns --gemm and MINFER_GEMM into a
-    GemmChoice; no module below the CLI reads them, and CUDA backends are
-    built in one place (engine.make_backend)."""
+def test_the_gemm_choice_is_read_from_the_environment_in_one_module():
+    """One function (cuda/plan/config.gemm_choice, which the CLI's flags and minfer.Engine call)
+    turns --gemm and MINFER_GEMM into a GemmChoice; no other module hands the environment to
+    the GEMM choice, and CUDA backends are built in one place (engine.make_backend)."""
     readers, builders = [], []
     for p in (ROOT / "minfer").rglob("*.py"):
         src = p.read_text()
         rel = str(p.relative_to(ROOT))
-        if "MINFER_GEMM" in src and "os.environ" in src:
+        if ("MINFER_GEMM" in src or "GemmChoice" in src) and "os.environ" in src:
             readers.append(rel)
         if "CudaBackend(" in src and "class CudaBackend" not in src:
             builders.append(rel)
-    assert readers == ["minfer/commands/gemm_flags.py"], readers
+    assert readers == ["minfer/cuda/plan/config.py"], readers
     assert builders == ["minfer/engine.py"], builders
 
 

@@ -28,7 +28,6 @@ import numpy as np
 from minfer.cuda.ops import attention as attn_mod
 from minfer.cuda.ops import gemma_layers as G
 from minfer.cuda.ops import layers as L
-from minfer.cuda.paths.f16.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.runtime import devarray as da
 
 
@@ -50,6 +49,13 @@ class Forward:
         self.glu = glu  # gate|up groups whose GEMM writes the swiglu (plan_glu)
         self.glu_act = "gelu" if model.config.ffn_gelu else "silu"  # their activation
         self.rope_epi = rope_epi  # q|k|v groups whose GEMM ropes (layers.QkvRope per group)
+        # ... and their routes (a member's: fusion.plan_fusion puts a group on one path)
+        self.rope_route = {
+            g.weight: lin[g.member]
+            for il in range(model.config.n_layers)
+            for g in groups[il]["attn"]
+            if g.weight in rope_epi
+        }
         self.w, self.emb, self.emb_qtype = weights.w, weights.emb, weights.emb_qtype
         self.buf = buf
         self.ubatch = int(buf.x.shape[0])  # the rows every activation buffer holds
@@ -252,9 +258,10 @@ class Forward:
                 G.scale(rt, x, c.embed_scale)
         if self.probe is not None:
             self.probe(-1, x)
-        # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
-        rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(
-            T, qd + 2 * kd, rt.sm_count, rt.arch
+        # the qkv GEMM ropes in its epilogue where its route says it pays (f16: where its tiles
+        # fit one wave): one answer per chunk
+        rope_in_gemm = bool(self.rope_epi) and next(iter(self.rope_route.values())).rope_pays(
+            rt, T, qd + 2 * kd
         )
         for il in range(c.n_layers):
             p = f"blk.{il}."
@@ -265,7 +272,9 @@ class Forward:
                 g = groups[0]
                 with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
                     da.poison(rt, R(b.q16, 0, T))
-                    gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight], hi=hi)
+                    self.rope_route[g.weight].run_rope(
+                        rt, b, h16, self.w[g.weight], self.rope_epi[g.weight], hi
+                    )
             else:  # each GEMM into its part of qkv32, then one rope launch reads q, k, v
                 src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
                 if c.qk_norm:  # qwen3: each head of q and k rmsnorm'd before the rope;

@@ -16,6 +16,8 @@ Calling convention of a route (y[M, N] = x[M, K] @ W[N, K].T):
     route.run(rt, scratch, C, x, w, mode)   mode 'f32' / 'f16': C = x @ w.T; 'acc': C +=
     route.run_glu(rt, scratch, C, x, w, act)   C f16 [M, F] = act(gate) * up (glu routes;
                                                act "silu" or "gelu": quants.glu.GLU_ACTS)
+    route.run_rope(rt, scratch, x, w, rope, hi)   q|k|v roped into q16 and the KV cache from
+                                               the epilogue (rope routes, where rope_pays)
 buf: the operand's scratch, DeviceBuffers.operands[operand.scratch]; scratch: the backend's
 DeviceBuffers (the f16 GEMV's glu at M == 1 uses its f32 gate|up buffer).
 """
@@ -226,3 +228,15 @@ class LinearRoute:
         from minfer.errors import Unsupported
 
         raise Unsupported(f"{self.name}: no glu epilogue")
+
+    def rope_pays(self, rt, M: int, N: int) -> bool:
+        """Whether a fused q|k|v GEMM of M rows, N columns on this route should rope in its
+        epilogue (run_rope) rather than write f32 for a rope launch (rope paths only)."""
+        return False
+
+    def run_rope(self, rt, scratch, x, w, rope, hi: int) -> None:
+        """The fused q|k|v GEMM x @ w.T roped in its epilogue into rope's targets (a
+        layers.QkvRope: q16 and the layer's K/V cache rows; hi: one past the largest slot)."""
+        from minfer.errors import Unsupported
+
+        raise Unsupported(f"{self.name}: no rope epilogue")

@@ -42,6 +42,16 @@ class F16Route(LinearRoute):
         gemm_f16_nt(x, w, np.float32, out=gu, rt=rt)
         (G.geglu_interleaved if act == "gelu" else L.swiglu_interleaved)(rt, C, gu)
 
+    def rope_pays(self, rt, M: int, N: int) -> bool:
+        from minfer.cuda.paths.f16.gemm import rope_epilogue_pays
+
+        return rope_epilogue_pays(M, N, rt.sm_count, rt.arch)
+
+    def run_rope(self, rt, scratch, x, w, rope, hi: int) -> None:
+        from minfer.cuda.paths.f16.gemm import gemm_f16_nt
+
+        gemm_f16_nt(x, w, rt=rt, rope=rope, hi=hi)
+
 
 @dataclass(frozen=True)
 class F16Path(GemmPath):
