@@ -32,7 +32,7 @@ def test_quantize_q8_1_bit_identical(rt, dtype):
 
 def _run(rt, route, x16, wd, out, mode: str) -> None:
     """The forward's launch of `route`: its operand made from the f16 activation, then run."""
-    from minfer.commands.check import parity_scratch
+    from minfer.cuda.paths.parity import scratch as parity_scratch
     from minfer.cuda.runtime import devarray as da
 
     M, K = x16.shape

@@ -96,6 +96,18 @@ class GemmPath:
             return f"K={K} not a multiple of {self.k_multiple}"
         return ""
 
+    @property
+    def parity_cases(self) -> tuple[str, ...]:
+        """The kinds of parity case (minfer.cuda.paths.parity.KINDS) of every form the forward
+        runs on this path: plain, accumulating, M = 1 and fused GEMMs always; the glu and rope
+        epilogues where it has them; the operand made by the rmsnorm or attention launch where
+        its operand has those producers."""
+        kinds = ["f32", "acc", "gemv", "fused"]
+        op = self.operand
+        kinds += ["glu"] * self.glu + ["norm"] * bool(op and op.norm)
+        kinds += ["attn"] * bool(op and op.attn) + ["rope"] * self.rope
+        return tuple(kinds)
+
     def weight_bytes(self, qtype: int) -> float:
         b = self.bytes_per_weight
         return float(b[int(qtype)] if int(qtype) in b else b[None])
