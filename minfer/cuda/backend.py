@@ -32,12 +32,13 @@ MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each sh
 eagerly (kernels are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.runtime.graph); every
 later chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
-int8 weights: the activation is quantized once per distinct input into one reused scratch
-buffer (q8_1 for the raw kernels, the blk token operand for blk; q, k, v share h16's; gate, up
-share the FFN input's), then the route's kernel runs (attn_output / ffn_down accumulate into x).
-On blk the rmsnorm launch writes the operand of the GEMMs after it (`_norm`, Operand.norm)
-and the wgmma attention attn_output's from its epilogue (`_attn_operand`, Operand.attn),
-bit for bit the prepass's bytes (tuning variant blk:no-fused-prepass: separate launches).
+int8 weights: the activation is made once per distinct input into the operand its routes read
+(their path's Operand), in one reused scratch buffer per operand (DeviceBuffers.operands; q, k,
+v share h16's; gate, up share the FFN input's), then the route's kernel runs (attn_output /
+ffn_down accumulate into x). Where the operand has those producers, the rmsnorm launch writes
+the operand of the GEMMs after it (`_norm`, Operand.norm) and the wgmma attention
+attn_output's from its epilogue (`_attn_operand`, Operand.attn), bit for bit the prepass's
+bytes (tuning variant no-fused-prepass: separate launches).
 `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then

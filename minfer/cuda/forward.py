@@ -110,7 +110,7 @@ class Forward:
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
         operands (_quantize). When they read one operand that the norm's launch can write
-        (Operand.norm: the blk token operand), that launch makes it, writing h16 only if an
+        (Operand.norm), that launch makes it, writing h16 only if an
         f16 GEMM reads it too (tuning variant no-fused-prepass: two launches)."""
         kinds = {self.lin[n].operand for n in names}
         q = kinds - {None}
@@ -136,7 +136,7 @@ class Forward:
     def _attn_operand(self, name: str, T: int, per_token: bool):
         """(the array the attention launch writes the input form of GEMM `name` into, that
         form as _quantize's dict) where its epilogue can (Operand.attn, attention.operand_fuses:
-        the blk token operand at head_dim 128 on sm_90); else (None, None): the attention
+        the wgmma attention at head_dim 128); else (None, None): the attention
         writes f16 and _linear makes the form (as with the tuning variant no-fused-prepass)."""
         k = self.lin[name].operand
         c = self.c

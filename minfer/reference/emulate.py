@@ -3,14 +3,13 @@ weight's operands as the GPU path would, so `minfer perplexity --backend cpu --e
 measures a path's distribution gate (docs/design.md gate 6) without a GPU.
 
 The labels and their grids are the paths' own (GemmPath.emulations, collected in
-minfer.cuda.paths.EMULATIONS: the seeds' q8_1 grid, its every-GEMM form, blk's rotated int8
-grid and an experiment). Which weights take a grid is the CUDA backend's own plan
+minfer.cuda.paths.EMULATIONS, each with its help line). Which weights take a grid is the CUDA backend's own plan
 (minfer.cuda.plan.routes.plan_routes, pure Python: choose_path per weight and the attn_v-alone
 rule) for its path on sm_90 at M = 512, the perplexity window; an `every` emulation puts it on
 every GEMM, as the q8_1 path rounds an 8B model (K % 256 == 0 everywhere): the reference of gate
 6's top-1 floor on a model whose widths leave the q8_1 path few weights (SmolLM2: ffn_down
-only). The LM head stays exact for every grid: the GPU runs it on f16 (blk: the f16 GEMV at
-M = 1; the others: its type or K).
+only). The LM head stays exact for every grid: the GPU runs it on f16 (the f16 GEMV at M = 1, or
+its type or K that the int8 kernels do not take).
 """
 
 from __future__ import annotations

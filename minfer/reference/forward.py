@@ -165,7 +165,7 @@ class ReferenceBackend:
         if w is None:
             try:
                 w = self.model.dequant(name)
-                if name in self.grids:  # its path's weight grid (blk: requantized)
+                if name in self.grids:  # its path's weight grid (a requantized path's)
                     w = self.grids[name].weight(w, name)
                 w = w.astype(self.dtype, copy=False)
             except MemoryError:

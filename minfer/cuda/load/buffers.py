@@ -43,7 +43,7 @@ class DeviceBuffers:
     post32: object  # f32 [T, d_model]: an attention / FFN output before its post norm
     #                (gemma's post_norms) or its residual scale (granite), else None
     operands: dict  # Operand.scratch -> uint8 scratch the routes' activation operands are
-    #                made in (minfer.cuda.paths: q8_1's, blk's), for the operands the routes read
+    #                made in (minfer.cuda.paths: each path's Operand), those the routes read
     rope_none: object = None  # the identity L.RopeTable for layers without RoPE (smollm3)
 
 

@@ -1,9 +1,9 @@
 """The weight upload into DeviceWeights: the order and the buffers, never the how.
 
 `load_weights` -> DeviceWeights: every linear weight (or fused q|k|v / gate|up group, see
-minfer.cuda.plan.fusion) goes up by its path's `upload` (minfer.cuda.paths: f16 dequantizes raw
-GGUF rows on the GPU, the raw int8 paths copy them as they are, blk dequantizes then requantizes
-to its int8 operand), the same function `minfer check` calls, streaming from the memory map in
+minfer.cuda.plan.fusion) goes up by its path's `upload` (minfer.cuda.paths: raw GGUF rows up, then
+dequantized, requantized or kept as they are on the GPU, as the path keeps its weight), the
+same function `minfer check` calls, streaming from the memory map in
 chunks of whole rows through the pinned staging of minfer.cuda.runtime.upload (host memory: two
 chunks). A fused group's buffer is made before anything goes up where its path makes one ahead
 (`dest`); a tied LM head on raw bytes shares the embedding's. The embedding table stays
@@ -49,11 +49,11 @@ def load_weights(
     """Upload every weight (see the module docstring) from the memory map in chunks of at most
     slot_bytes (upload_slot; plan["upload staging"] is two of them) through the pinned staging
     of minfer.cuda.runtime.upload: a tensor is split by whole rows (split_rows, runs of 8 rows)
-    and each chunk copied to its rows of the weight (raw routes) or dequantized into its rows
-    of the f16 weight, on the upload stream, while the host reads the next chunk.
+    and each chunk made into its rows of the weight by the path's upload, on the upload
+    stream, while the host reads the next chunk.
     glu: fused gate|up groups (fusion.plan_glu) whose rows go up interleaved per 16 (8 gate
-    rows, their 8 up rows: quants.glu.glu_rows) for the swiglu epilogue of the f16 GEMM or the
-    blk kernel (dequantized rows); their members get no row views."""
+    rows, their 8 up rows: quants.glu.glu_rows) for their GEMM's glu epilogue; their members
+    get no row views."""
     import time
 
     from minfer.cuda.runtime.upload import Staging
