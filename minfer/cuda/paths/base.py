@@ -199,10 +199,11 @@ class Part:
 def upload_weight(rt, path: GemmPath, parts, name: str = "", glu: bool = False, slot_bytes=None):
     """path.upload of `parts` through a staging of its own, synchronized: what `minfer check`
     and the tests run, the engine's upload on the same bytes (one call per weight or group)."""
-    from minfer.cuda.runtime.upload import DEFAULT_CHUNK, Staging
+    from minfer.cuda.runtime.upload import DEFAULT_CHUNK, Staging, rows_per_chunk
 
-    big = max(int(p.raw.nbytes) for p in parts)
-    up = Staging(rt, min(big, slot_bytes or DEFAULT_CHUNK))
+    chunk = slot_bytes or DEFAULT_CHUNK  # a slot holds the largest chunk (as sizes.upload_slot)
+    rb = [int(p.raw.nbytes) // max(p.N, 1) for p in parts]
+    up = Staging(rt, max(min(p.N, rows_per_chunk(b, chunk)) * b for p, b in zip(parts, rb)))
     stream, rt.stream = rt.stream, up.stream  # the kernels queue behind their copies
     try:
         w, _ = path.upload(rt, up, parts, name or parts[0].name, glu=glu)
