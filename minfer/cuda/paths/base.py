@@ -81,7 +81,6 @@ class GemmPath:
 
     int8 = False  # an int8 kernel (the MMQ families), not the exact f16 path
     via_f16 = False  # the weight goes up as f16 rows at load (dequantized on the GPU)
-    requant = False  # ... and is requantized from them (per weight, or fused group)
     glu = False  # a gate|up GEMM on it can write the swiglu / geglu from its epilogue
     rope = False  # a q|k|v GEMM on it can rope from its epilogue (f16)
     operand = None  # the Operand its kernels read (None: the f16 activation itself)

@@ -109,8 +109,7 @@ class BlkRoute(LinearRoute):
 @dataclass(frozen=True)
 class BlkPath(GemmPath):
     int8 = True
-    via_f16 = True
-    requant = True
+    via_f16 = True  # (then requantized by its upload: blk/upload.py)
     glu = True
     operand = BLK_OPERAND  # the route's may be the per-token form
     grid = BlkGrid()
