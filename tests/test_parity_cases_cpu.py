@@ -146,4 +146,6 @@ def test_check_builds_and_runs_every_declared_case(fake, models, model, path, ar
         err = parity.run(rt, case, m.config, rng, 16)
         assert rt.launches, case.kind  # the GPU side launched something
         assert not np.isnan(err) or case.kind in ("norm", "attn"), case.kind
-        assert label.startswith(path) and case.shape()
+        assert label.startswith(path) and case.shape() and case.name.endswith(".weight")
+        if case.kind in ("fused", "glu", "rope"):
+            assert "|" in case.name

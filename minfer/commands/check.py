@@ -161,7 +161,8 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
             if np.isnan(err):
                 continue
             ran.add(case.kind)
-            what = f"{_qname(case.parts[0].qtype)} {case.route.weight}"
+            types = "+".join(dict.fromkeys(_qname(q.qtype) for q in case.parts))
+            what = f"{types} {case.name}"
             rows.append((what, label, case.shape(), err, err <= PARITY_TOL))
         if set(p.parity_cases) - ran:
             echo(

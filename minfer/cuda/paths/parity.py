@@ -53,6 +53,15 @@ class Case:
     def K(self) -> int:
         return self.parts[0].K
 
+    @property
+    def name(self) -> str:
+        """The weight's name, or the group's ('blk.0.attn_q|attn_k|attn_v.weight')."""
+        first = self.parts[0].name
+        if len(self.parts) == 1:
+            return first
+        head = ".".join(first.split(".")[:-2])
+        return f"{head}.{'|'.join(p.name.split('.')[-2] for p in self.parts)}.weight"
+
     def shape(self) -> str:
         if self.kind == "glu":
             return f"{self.M}x{self.N // 2}x{self.K} glu"
