@@ -1,7 +1,7 @@
 // blk_operand.cuh: the block path's operand in registers, shared by every launch that writes one
 // (mmq_blk.cu's prepass and rmsnorm_blk_operand, attention_sm90a.cu's epilogue): a 128-value
 // block's Walsh-Hadamard rotation spread over a few lanes (butterflies in registers and across
-// lanes, in the stage order of minfer.quants.blk_ref.fwht128, so the f32 sums are the twin's bit
+// lanes, in the stage order of minfer.cuda.paths.blk.twin.fwht128, so the f32 sums are the twin's bit
 // for bit), its max |v|, and the int8 bytes of the swizzled image (blk_ref.blk_operand's layout:
 // 16-byte chunk c of image row r at r * 128 + (c ^ (r % 8)) * 16; then 128 f32 scales).
 #pragma once

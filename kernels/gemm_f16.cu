@@ -9,7 +9,7 @@
 //      q16 and the KV cache rows (tile kernels only: gemm_f16_common.cuh epilogue_rope)
 //   5: as 3 with gemma's GELU (geglu: gelu(gate) * up, swiglu.cuh gelu_ggml)
 //
-// Variants (the launcher, minfer/cuda/ops/gemm.py, picks one; kernels never choose):
+// Variants (the launcher, minfer/cuda/paths/f16/gemm.py, picks one; kernels never choose):
 //   gemm_f16_nt_<BM>x<BN>x<BK>_w<warps>_s<stages>: tensor-core tile kernel.
 //     mma.sync m16n8k16 f16 -> f32, operands via ldmatrix.x4 from XOR-swizzled shared memory
 //     (conflict-free for both the cp.async writes and the ldmatrix reads), a STAGES-deep

@@ -3,7 +3,7 @@
 // (mode 0: C f32 = acc, 1: C f16 = acc, 2: C f32 += acc, 3: glu, 4: rope, 5: geglu; the TMA
 // kernels prefetch mode 2's residual tile into L2 ACC_PREFETCH_KTILES k-tiles before their
 // epilogue).
-// Compiled with -arch=sm_90a by the launcher (minfer/cuda/ops/gemm.py), which picks these entries
+// Compiled with -arch=sm_90a by the launcher (minfer/cuda/paths/f16/gemm.py), which picks these entries
 // only on sm_90 devices.
 // minfer-archs: sm_90a   (tests/test_kernel_compile.py builds this file for sm_90a only)
 //
@@ -209,7 +209,7 @@ struct TmaSmem {
 };
 static_assert(TmaSmem<256, 4>::BYTES == 197696 && TmaSmem<128, 6>::BYTES == 197728 &&
                   TmaSmem<192, 5>::BYTES == 205904,
-              "minfer/cuda/ops/gemm.py TmaTile.smem (tests/test_gemm_f16_cpu.py)");
+              "minfer/cuda/paths/f16/gemm.py TmaTile.smem (tests/test_gemm_f16_cpu.py)");
 
 template <int BN, int STAGES>
 __device__ __forceinline__ void tma_body(const TensorMap* ta, const TensorMap* tb,

@@ -11,7 +11,7 @@
 // over both (|S| < 2^22), and z *= sa[tok] at the end)
 // (a per-row weight scale would save the FMUL but fails the KL-divergence gate:
 // docs/perplexity.md)
-// Math and layouts: the numpy twins in minfer.quants.blk_ref (quantize_blk, blk_operand,
+// Math and layouts: the numpy twins in minfer.cuda.paths.blk.twin (quantize_blk, blk_operand,
 // blk_gemm). Operands Tt (tokens), Wb (weight): [KB][Rp/128] blocks of OP = 16896 B, one per
 // (128-K block, 128-row tile): the tile's image as the wgmma reads it (128 rows x 128 int8,
 // 128-byte swizzle), then the 128 rows' f32 scales (the weight's with the rotation's 1/128).

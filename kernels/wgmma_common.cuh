@@ -112,7 +112,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // ---- the tile schedule of the persistent int8 kernel (data-parallel, then stream-K) ----
 // Tiles [0, dp) go round-robin over the grid (whole waves); the last ntiles - dp tiles are split
 // by k-stages: their U = (ntiles - dp) * KT stage units are dealt out evenly, block b taking
-// units [b U / G, (b+1) U / G) in tile-major order. The launcher (minfer.cuda.ops.stream_k.
+// units [b U / G, (b+1) U / G) in tile-major order. The launcher (minfer.cuda.paths.blk.stream_k.
 // schedule) leaves 0 or between G and 2G tiles to stream-K, so every block's share is >= KT
 // units and a tile is split between at most two blocks: its k-tail [s, KT) is the first item
 // of block b+1, which publishes the partial sums (sk_put), its head [0, s) the last item of

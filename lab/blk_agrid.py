@@ -71,7 +71,7 @@ def grid(x: np.ndarray, weight: bool, rot: int = 128) -> np.ndarray:
     """x [n, K] -> f32 [n, K]: its values on the grid, rotated back. The columns in whole
     `rot`-point chunks are rotated by `rot` points, the rest per 128 (zero-padded); then int8,
     one scale per (row, 128) for a weight, per row (over all blocks) for activations."""
-    from minfer.quants.blk_ref import fwht128
+    from minfer.cuda.paths.blk.twin import fwht128
 
     x = np.asarray(x, np.float16).astype(np.float32)
     n, K = x.shape
@@ -106,7 +106,7 @@ def patch(spec: str) -> None:
     weight0, linear0 = ReferenceBackend.weight, ReferenceBackend._linear
 
     def ours(be, name):
-        return name in be.blk_inputs and name.split(".")[-2] in kinds
+        return name in be.grids and name.split(".")[-2] in kinds
 
     def gain(be, name):  # the gain of the norm before this GEMM (opt "gain")
         il, kind = name.split(".")[1], name.split(".")[-2]
@@ -135,7 +135,7 @@ def patch(spec: str) -> None:
 def token_scale_out() -> None:
     """Group `out`: the shipped grid, attn_output's input per token too (the reference's own
     blk emulation reads blk_ref.TOKEN_SCALED)."""
-    import minfer.quants.blk_ref as blk_ref
+    import minfer.cuda.paths.blk.twin as blk_ref
 
     blk_ref.TOKEN_SCALED = blk_ref.TOKEN_SCALED + ("attn_output",)
 

@@ -1,6 +1,6 @@
 """The blk path with a fixed random-sign diagonal before its rotation, x D H on both operands
 (exact: D D = I), as QuaRot's randomized Hadamard: `minfer perplexity --emulate blk` with
-minfer.quants.blk_ref patched for the one process. An experiment; the kernel has no signs.
+minfer.cuda.paths.blk.twin patched for the one process. An experiment; the kernel has no signs.
 
     python3 lab/blk_signs.py perplexity -m M --emulate blk -t 1 --kld-base BASE.logits
 
@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from minfer.quants import blk_ref
+from minfer.cuda.paths.blk import twin as blk_ref
 
 SIGN = np.where(np.random.default_rng(12345).random(128) < 0.5, -1.0, 1.0).astype(np.float32)
 _grid = blk_ref.blk_grid

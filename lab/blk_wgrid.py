@@ -1,7 +1,7 @@
 """The blk path's weight grid, other scale layouts: `minfer perplexity --emulate blk` with the
 weight requantized on a variant grid, to find which weight scale layout passes gate 6
 (docs/perplexity.md). It chose the kernel's grid, A (one scale per (row, 128)); the kernel
-had one scale per row before. An experiment: this patches minfer.quants.blk_ref.blk_grid
+had one scale per row before. An experiment: this patches minfer.cuda.paths.blk.twin.blk_grid
 (weight=True) for the one process.
 
     python3 lab/blk_wgrid.py VARIANT -m M --emulate blk -t 1 --kld-base BASE.logits
@@ -114,7 +114,7 @@ VARIANTS = ("none", "row", "A", "B", "C", "D", "Dm")
 
 def patch(variant: str) -> None:
     """Route blk_ref.blk_grid(weight=True) through `variant`'s grid (activations unchanged)."""
-    from minfer.quants import blk_ref
+    from minfer.cuda.paths.blk import twin as blk_ref
 
     orig = blk_ref.blk_grid
 

@@ -21,8 +21,8 @@ import argparse
 
 import numpy as np
 
-from minfer.cuda.ops.gemm import gemm_f16_nt
-from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
+from minfer.cuda.paths.blk.launch import blk_operand, blk_weight, mmq_blk_linear
+from minfer.cuda.paths.f16.gemm import gemm_f16_nt
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.runtime import get_runtime
 

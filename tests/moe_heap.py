@@ -252,7 +252,7 @@ class HeapArray:
 def install(monkeypatch) -> HeapRT:
     """A HeapRT, with devarray building HeapArrays over it and the f16 GEMM launcher (the
     router's) computing on it in numpy."""
-    from minfer.cuda.ops import gemm
+    from minfer.cuda.paths.f16 import gemm
     from minfer.cuda.runtime import devarray
 
     rt = HeapRT()

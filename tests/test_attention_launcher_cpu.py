@@ -92,7 +92,7 @@ def test_timing_build_options_reach_the_wgmma_build(monkeypatch):
     a = rt.args[-1]
     assert a[0] is TMA_PARAM_PAD and len(a) == 3 + 14 + 2 + 1 and a[-1] == att.WG_TMA_MAGIC
     assert len(rt.args[0]) == 14
-    from minfer.quants.blk_ref import blk_shape  # the token operand from the epilogue
+    from minfer.cuda.paths.blk.twin import blk_shape  # the token operand from the epilogue
 
     tt = da.view(0x900000, blk_shape(T, Hq * D), np.uint8)
     att.attention(rt, o, q, k, v, 0, operand=tt, o_out=False, tma=True)
@@ -114,3 +114,14 @@ def test_wg_grid():
     assert wg_blocks(132, 2048, 4, 8, persistent=True) == 132
     assert wg_blocks(132, 2048, 4, 8, persistent=False) == 512
     assert wg_blocks(132, 100, 4, 2, persistent=True) == 8
+
+
+def test_attention_operand_layout_is_the_blk_paths():
+    """ops/attention.py restates the blk token operand's layout (ops sit below paths): it must
+    stay the blk twin's, at every T and head count the epilogue runs (head_dim 128)."""
+    from minfer.cuda.ops.attention import operand_shape
+    from minfer.cuda.paths.blk.twin import blk_shape
+
+    for T in (1, 37, 128, 129, 512, 2049):
+        for Hq in (1, 8, 32):
+            assert operand_shape(T, Hq) == blk_shape(T, Hq * 128)

@@ -88,7 +88,8 @@ def fake_tensor_maps(monkeypatch):
     """The f16 GEMM's TMA tensor maps without a driver; the wgmma attention on its cp.async
     entries, whose arguments the tests below read by position (its TMA entries' layout is
     test_attention_launcher_cpu's)."""
-    from minfer.cuda.ops import attention, gemm
+    from minfer.cuda.ops import attention
+    from minfer.cuda.paths.f16 import gemm
 
     monkeypatch.setattr(gemm, "tmap_f16_2d", lambda *a: np.zeros(128, np.uint8))
     monkeypatch.setattr(attention, "WG_TMA", False)
@@ -475,9 +476,18 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
     assert entries.count("attn_tok_d64") == tiny.config.n_layers
     assert not any(e.startswith(("attn_wg", "attn_fwd")) for e in entries)
     D = tiny.config.n_kv_heads * tiny.config.head_dim * 2
-    be.copy_kv(128, 256, 9)
-    assert len(copies) == 2 * tiny.config.n_layers
-    assert all(d - s == 128 * D and n == 9 * D for d, s, n in copies)
+    seen, launch = [], rt.launch
+    rt.launch = lambda fn, grid, block, args, *a, **k: (
+        seen.append((fn[1], grid, args)),
+        launch(fn, grid, block, args, *a, **k),
+    )
+    be.copy_kv(128, 256, 9)  # every layer's K and V rows in one launch, no memcpy
+    (entry, grid, args), *more = seen
+    assert entry == "copy_rows_u128" and not more and not copies
+    assert grid[1] == 2 * tiny.config.n_layers
+    assert [int(a) for a in args[1:]] == [128 * D, 256 * D, 9 * D]
+    assert be._cache_ptrs.shape == (2 * tiny.config.n_layers,)  # (its values: tests/gpu)
+    rt.launch = launch
     ok = (ids[:3], tok[:3], [2], [-1])
     be.packed(*ok)
     for bad, msg in (
@@ -603,7 +613,7 @@ def test_gemma_forward_launches(monkeypatch, tmp_path, preset, head_dim, path):
     from families_data import synth_family
 
     from minfer.cuda.backend import CudaBackend
-    from minfer.cuda.ops import gemm
+    from minfer.cuda.paths.f16 import gemm
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray
     from minfer.gguf.loader import load_model

@@ -218,7 +218,7 @@ def test_identity_verdict_tie_aware():
 
 
 def test_sample_rows_covers_edges():
-    from minfer.commands.check import sample_rows
+    from minfer.cuda.paths.parity import sample_rows
 
     rng = np.random.default_rng(0)
     s = sample_rows(rng, 1000, 50)

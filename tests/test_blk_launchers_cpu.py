@@ -10,7 +10,7 @@ import pytest
 from fake_gpuarray import install
 
 from minfer.cuda.ops.attention import attention, operand_fuses
-from minfer.cuda.ops.mmq_blk import (
+from minfer.cuda.paths.blk.launch import (
     NORM_MAX_K,
     BlkTokens,
     BlkWeight,
@@ -19,9 +19,9 @@ from minfer.cuda.ops.mmq_blk import (
     blk_weight,
     mmq_blk_linear,
 )
+from minfer.cuda.paths.blk.twin import BLK_OP, kblocks, pad128
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
-from minfer.quants.blk_ref import BLK_OP, kblocks, pad128
 
 F16, F32, U8 = np.float16, np.float32, np.uint8
 

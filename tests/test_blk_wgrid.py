@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.quants import blk_ref
+from minfer.cuda.paths.blk import twin as blk_ref
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,13 +131,15 @@ def test_agrid_patch_routes_the_reference(tmp_path, monkeypatch):
         )
     )
     ids = np.arange(12, dtype=np.int32) % 200
-    base = ReferenceBackend(model, blk_inputs=names).forward(ids, 0)
+    base = ReferenceBackend(model, grids=dict.fromkeys(names, blk_ref.BlkGrid())).forward(ids, 0)
     ag.patch("norm:rot256")
-    be = ReferenceBackend(model, blk_inputs=names)
+    be = ReferenceBackend(model, grids=dict.fromkeys(names, blk_ref.BlkGrid()))
     got = be.forward(ids, 0)
     assert np.isfinite(got).all() and not np.array_equal(got, base)
     assert np.abs(got - base).max() < 0.1 * np.abs(base).max()
     assert np.array_equal(
         be.weight("blk.0.ffn_down.weight"),  # not in the group
-        ReferenceBackend(model, blk_inputs=names).weight("blk.0.ffn_down.weight"),
+        ReferenceBackend(model, grids=dict.fromkeys(names, blk_ref.BlkGrid())).weight(
+            "blk.0.ffn_down.weight"
+        ),
     )

@@ -98,7 +98,7 @@ def test_emulate_refuses_the_cuda_backend(tiny, text):
 
 
 def test_blk_block_256_is_a_grid_and_128_the_default():
-    from minfer.quants.blk_ref import blk_grid, quantize_blk
+    from minfer.cuda.paths.blk.twin import blk_grid, quantize_blk
 
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((9, 320)) * np.exp(rng.standard_normal((9, 320)))).astype(np.float32)
@@ -121,7 +121,7 @@ def test_weight_scales_are_shared_by_pairs_of_blocks():
     """A blk weight has one scale per (row, pair of 128-K blocks): the pair's larger block sets
     it, both slots hold it, an odd last block keeps its own; activations stay per block, and
     pair=1 gives the per-block grid back."""
-    from minfer.quants.blk_ref import WPAIR, quantize_blk
+    from minfer.cuda.paths.blk.twin import WPAIR, quantize_blk
 
     assert WPAIR == 2
     rng = np.random.default_rng(3)

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from minfer.cuda.ops.gemm import (
+from minfer.cuda.paths.f16.gemm import (
     GEMVS,
     TILES,
     TMA,

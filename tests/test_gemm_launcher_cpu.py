@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from fake_gpuarray import FakeGPUArray, install
 
-from minfer.cuda.ops.gemm import MODE_ACC, MODE_F16, MODE_F32, VARIANTS, gemm_f16_nt, pick_variant
+from minfer.cuda.paths.f16.gemm import (
+    MODE_ACC,
+    MODE_F16,
+    MODE_F32,
+    VARIANTS,
+    gemm_f16_nt,
+    pick_variant,
+)
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import BadInput, GPUError
 
@@ -169,7 +176,7 @@ def test_rope_target_packs_the_struct(monkeypatch):
 
 @pytest.mark.parametrize("M", [1, 7, 16])
 def test_rope_launch_passes_the_struct_as_c(monkeypatch, M):
-    from minfer.cuda.ops.gemm import EPILOGUE_TILE, MODE_ROPE
+    from minfer.cuda.paths.f16.gemm import EPILOGUE_TILE, MODE_ROPE
 
     t, _ = _rope_target(monkeypatch)
     rt = FakeRT()
@@ -206,7 +213,7 @@ def test_rope_launch_refuses_misfits(monkeypatch):
 def test_glu_launch_mode(glu, mode, M):
     """glu True / "silu" launch the swiglu epilogue (mode 3), "gelu" gemma's geglu (mode 5), on
     a tile kernel even at M == 1 (the GEMV has no epilogue); out is f16 [M, N / 2]."""
-    from minfer.cuda.ops.gemm import EPILOGUE_TILE, MODE_GEGLU, MODE_GLU
+    from minfer.cuda.paths.f16.gemm import EPILOGUE_TILE, MODE_GEGLU, MODE_GLU
 
     assert (MODE_GLU, MODE_GEGLU) == (3, 5)
     rt = FakeRT()

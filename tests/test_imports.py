@@ -89,9 +89,15 @@ def test_no_import_cycles():
 
 
 def test_f16_gemm_reaches_no_int8_module():
-    int8 = {m for m in module_graph() if m.rpartition(".")[2].startswith(("mmq", "q8_1"))}
-    assert "minfer.cuda.ops.mmq" in int8 and "minfer.quants.mmq_ref" in int8
-    assert not reach(module_graph(), "minfer.cuda.ops.gemm") & int8
+    g = module_graph()
+    int8_pkgs = ("minfer.cuda.paths.q8_1", "minfer.cuda.paths.blk")
+    int8 = {
+        m for m in g if m.startswith(int8_pkgs) or m.rpartition(".")[2].startswith(("mmq", "q8_1"))
+    }
+    assert "minfer.cuda.paths.q8_1.launch" in int8 and "minfer.cuda.paths.q8_1.twin" in int8
+    assert "minfer.cuda.paths.blk.launch" in int8
+    for f16 in ("minfer.cuda.paths.f16.gemm", "minfer.cuda.paths.f16"):
+        assert not reach(g, f16) & int8, f16
 
 
 # minfer/cuda's folders, bottom up: the runtime, the kernels' launchers, the GEMM path families,
@@ -119,8 +125,8 @@ def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 def test_layer_check_finds_upward_imports():
     g = {
         "minfer.cuda.runtime.build": {"minfer.cuda.paths"},
-        "minfer.cuda.paths": {"minfer.cuda.ops.mmq"},
-        "minfer.cuda.ops.mmq": set(),
+        "minfer.cuda.paths": {"minfer.cuda.paths.q8_1.launch"},
+        "minfer.cuda.paths.q8_1.launch": set(),
     }
     assert upward(g) == [("minfer.cuda.runtime.build", "minfer.cuda.paths")]
 
@@ -172,19 +178,19 @@ def test_path_name_comparison_finder_finds_them():
     assert _path_name_comparisons(tree, {"blk", "f16"}) == [1, 2]
 
 
-def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
-    """One function (commands/gemm_flags.gemm_choice) turns --gemm and MINFER_GEMM into a
-    GemmChoice; no module below the CLI reads them, and CUDA backends are
-    built in one place (engine.make_backend)."""
+def test_the_gemm_choice_is_read_from_the_environment_in_one_module():
+    """One function (cuda/plan/config.gemm_choice, which the CLI's flags and minfer.Engine call)
+    turns --gemm and MINFER_GEMM into a GemmChoice; no other module hands the environment to
+    the GEMM choice, and CUDA backends are built in one place (engine.make_backend)."""
     readers, builders = [], []
     for p in (ROOT / "minfer").rglob("*.py"):
         src = p.read_text()
         rel = str(p.relative_to(ROOT))
-        if "MINFER_GEMM" in src and "os.environ" in src:
+        if ("MINFER_GEMM" in src or "GemmChoice" in src) and "os.environ" in src:
             readers.append(rel)
         if "CudaBackend(" in src and "class CudaBackend" not in src:
             builders.append(rel)
-    assert readers == ["minfer/commands/gemm_flags.py"], readers
+    assert readers == ["minfer/cuda/plan/config.py"], readers
     assert builders == ["minfer/engine.py"], builders
 
 

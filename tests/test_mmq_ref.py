@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from minfer.cuda.paths.q8_1.twin import Q4_K, Q6_K, decode_q6k, mmq_linear_ref
 from minfer.errors import BadInput
 from minfer.quants import dequantize
-from minfer.quants.mmq_ref import Q4_K, Q6_K, decode_q6k, mmq_linear_ref
 from minfer.quants.q8_1 import Q8_1_RAW, dequantize_q8_1_raw, quantize_q8_1_raw, unpack_q8_1_raw
 
 

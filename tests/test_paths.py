@@ -3,7 +3,6 @@ choice (--gemm, MINFER_GEMM, bench's tuning variants)."""
 
 import pytest
 
-from minfer.cuda.ops.mmq import wide_smem
 from minfer.cuda.paths import (
     BLK_AUTO_WIDTH,
     CHOICES,
@@ -14,6 +13,7 @@ from minfer.cuda.paths import (
     auto_tiers,
     choose_path,
 )
+from minfer.cuda.paths.q8_1.launch import wide_smem
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import BadInput
 
@@ -25,7 +25,7 @@ def test_table_records():
     for p in TABLE.values():
         # every path is a family object of the one calling convention (paths/base.py)
         assert isinstance(p, GemmPath) and type(p).route is not GemmPath.route
-        assert type(p).prepare is not GemmPath.prepare and type(p).twin is not GemmPath.twin
+        assert type(p).upload is not GemmPath.upload and type(p).twin is not GemmPath.twin
         assert all(v in VARIANTS for v in p.variants)
         r = p.route(12, GemmChoice(p.name), "blk.0.attn_q.weight")
         assert r.path is p and (r.operand is None) == (not p.int8)

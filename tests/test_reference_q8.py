@@ -1,6 +1,6 @@
-"""ReferenceBackend(q8_1_inputs=...): the reference `minfer check` holds the MMQ paths to. A weight
-named there sees its input through the q8_1 raw grid, so the reference's product must equal the
-numpy MMQ twin (mmq_linear_ref: integer dots per 32-chunk, two-term rescale) to float rounding."""
+"""ReferenceBackend(grids=...) with the q8_1 paths' grid (Q8_1Grid): the reference `minfer check`
+holds the MMQ paths to. A weight given it sees its input through the q8_1 raw grid, so the
+reference's product must equal the numpy MMQ twin (mmq_linear_ref: integer dots per 32-chunk, two-term rescale) to float rounding."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from synth_data import tiny_model
 
+from minfer.cuda.paths.q8_1.twin import Q8_1Grid, mmq_linear_ref
 from minfer.gguf.loader import load_model
-from minfer.quants.mmq_ref import mmq_linear_ref
 from minfer.reference.forward import ReferenceBackend
 
 
@@ -34,7 +34,7 @@ def test_q8_1_input_linear_is_the_mmq_math(tiny):
         t = tiny.tensors[name]
         N, K = t.shape
         x = rng.standard_normal((7, K)).astype(np.float32)  # ragged M
-        be = ReferenceBackend(tiny, dtype=np.float64, q8_1_inputs=frozenset([name]))
+        be = ReferenceBackend(tiny, dtype=np.float64, grids={name: Q8_1Grid()})
         got = be._linear(x.astype(np.float64), name)
         want = mmq_linear_ref(x, np.asarray(t.data).reshape(N, -1), t.qtype, 7, N, K)
         err = np.linalg.norm(got - want) / np.linalg.norm(want)
@@ -43,9 +43,10 @@ def test_q8_1_input_linear_is_the_mmq_math(tiny):
         assert np.linalg.norm(plain - want) / np.linalg.norm(want) > 10 * err  # rounding is real
 
 
-def test_q8_1_inputs_move_the_logits_a_little(tiny):
+def test_q8_1_grid_moves_the_logits_a_little(tiny):
     ids = np.array([1, 5, 9, 33, 70, 2], np.int32)
     a = ReferenceBackend(tiny).forward(ids, 0)
-    b = ReferenceBackend(tiny, q8_1_inputs=frozenset(_k_quant_weights(tiny))).forward(ids, 0)
+    b = ReferenceBackend(tiny, grids=dict.fromkeys(_k_quant_weights(tiny), Q8_1Grid()))
+    b = b.forward(ids, 0)
     d = float(np.abs(a - b).max())
     assert 0 < d < 0.5 * float(np.abs(a).max())

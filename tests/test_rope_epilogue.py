@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.cuda.ops.gemm import RopeRef, gemm_f16_nt_ref
+from minfer.cuda.paths.f16.gemm import RopeRef, gemm_f16_nt_ref
 from minfer.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def test_plan_rope_and_variant(tmp_path):
 def test_rope_epilogue_where_the_tiles_fit_one_wave():
     # 8B qkv (N = 6144) on 132 SMs: M = 512 is 128 tiles of 128 x 192 (measured 1.04x), M = 2048
     # 384 of 128 x 256 (0.98x): the epilogue only where the tiles fit one wave; never at M = 1
-    from minfer.cuda.ops.gemm import rope_epilogue_pays
+    from minfer.cuda.paths.f16.gemm import rope_epilogue_pays
 
     assert rope_epilogue_pays(512, 6144, 132, "sm_90")
     assert not rope_epilogue_pays(2048, 6144, 132, "sm_90")

@@ -1,4 +1,4 @@
-"""CPU: the persistent kernels' stream-K schedule (minfer.cuda.ops.stream_k) and its work-item
+"""CPU: the persistent kernels' stream-K schedule (minfer.cuda.paths.blk.stream_k) and its work-item
 twin."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.cuda.ops.stream_k import schedule, sk_items, tile_origin
+from minfer.cuda.paths.blk.stream_k import schedule, sk_items, tile_origin
 
 
 @pytest.mark.parametrize(

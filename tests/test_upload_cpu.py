@@ -150,7 +150,7 @@ class MemRT:
 
         self.launch_streams.add(id(self.stream))
         if fn._minfer_name == "blk_operand_f16":  # the blk requant: its numpy twin
-            from minfer.quants.blk_ref import blk_operand, quantize_blk
+            from minfer.cuda.paths.blk.twin import blk_operand, quantize_blk
 
             x, ld, R, K, _, out, smul, pair = args
             xs = self.at(x)
@@ -267,9 +267,9 @@ def test_blk_load_requantizes_one_group_at_a_time(tiny, fake_arrays):
     dequantized f16 rows, and at most one fused group's f16 (or one lone weight's) is alive at
     a time: the memory plan's "blk requant staging", not the whole model's f16."""
     from minfer.cuda.ops.dequant import dequant_f16_ref
-    from minfer.cuda.ops.mmq_blk import BlkWeight
+    from minfer.cuda.paths.blk.launch import BlkWeight
+    from minfer.cuda.paths.blk.twin import blk_operand, quantize_blk
     from minfer.cuda.plan.sizes import plan_memory
-    from minfer.quants.blk_ref import blk_operand, quantize_blk
 
     MemRT.arch = "sm_90"
     try:
@@ -315,3 +315,43 @@ def test_staging_reads_a_large_chunk_in_parallel_and_alternates_slots():
     assert READERS > 1
     with pytest.raises(Exception, match="staging slot"):
         Staging(rt, 100).put(src[:101])
+
+
+@pytest.mark.parametrize("gemm,arch", [("f16", "sm_80"), ("wide-kd4", "sm_80"), ("blk", "sm_90")])
+def test_check_uploads_the_bytes_the_engine_loads(tiny, fake_arrays, gemm, arch):
+    """`minfer check`'s weights (paths.upload_weight, one weight or fused group through its own
+    staging) are the engine's (load_weights), byte for byte: both call the path's `upload`.
+    Every lone weight and every fused group (the glu groups interleaved) of the tiny model."""
+    from minfer.cuda.paths import TABLE, Part, upload_weight
+    from minfer.cuda.paths.blk.launch import BlkWeight
+
+    def read(rt, w):
+        return rt.read(w.wb if isinstance(w, BlkWeight) else w).view(np.uint8).reshape(-1)
+
+    MemRT.arch = arch
+    try:
+        rt, routes, fused, glu, slot, dw = _load(tiny, gemm, 4 << 10)
+        units: dict[str, list[str]] = {}
+        for n in routes:
+            units.setdefault(fused[n][0] if n in fused else n, []).append(n)
+        assert any(len(u) > 1 for u in units.values())
+        for key, members in units.items():
+            path = TABLE[routes[members[0]][0]]
+            if key == "token_embd.weight":
+                continue
+            members.sort(key=lambda k: fused[k][1] if k in fused else 0)
+            parts = [
+                Part(
+                    k,
+                    tiny.tensor(k).data.reshape(tiny.tensor(k).shape[0], -1).view(np.uint8),
+                    tiny.tensor(k).qtype,
+                    int(tiny.tensor(k).shape[1]),
+                )
+                for k in members
+            ]
+            rt2 = _Arr.rt = MemRT()
+            w = upload_weight(rt2, path, parts, key, glu=key in glu, slot_bytes=4 << 10)
+            _Arr.rt = rt
+            assert np.array_equal(read(rt2, w), read(rt, dw.w[key])), key
+    finally:
+        MemRT.arch = "sm_80"

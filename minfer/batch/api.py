@@ -24,7 +24,6 @@ beyond it run in waves (minfer.batch.run).
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -179,11 +178,9 @@ class Engine:
         self.ubatch = ubatch or UBATCH[self.kind]
         self.gemm = None
         if self.kind == "cuda":  # a GemmChoice (the CLI's, resolved), or a path name
-            from minfer.cuda.plan.config import GemmChoice
+            from minfer.cuda.plan.config import GemmChoice, gemm_choice
 
-            self.gemm = (
-                gemm if isinstance(gemm, GemmChoice) else GemmChoice.resolve(os.environ, gemm)
-            )
+            self.gemm = gemm if isinstance(gemm, GemmChoice) else gemm_choice(gemm)
         self.backend = None
         self.kv_slots = 0
 

@@ -3,22 +3,24 @@ table (minfer.cuda.paths.TABLE; --gemm: one path only).
 
 1. Parity (docs/design.md gate 1): every path of the table against its numpy twin (the path
    object's `twin`: f16 on the f16-rounded operands, the raw int8 paths on the q8_1 grid, blk on
-   its rotated int8 grids) on each distinct (type, N, K) of the model's GEMM weights the path
-   takes (real weights, random f16 activations): M = 128, ragged M = 37 with N - 5 rows
-   (accumulate mode where the route has one), and M = 1. The GPU side runs exactly what the forward runs for that
-   weight: the path's `prepare`, its route's operand prepass and `run`.
-   The GPU computes the full [M, N]; the float64 twin (slow in numpy at 8B shapes) is
-   evaluated on a sample of weight rows that always includes the first and last tiles' edges.
-   A path this GPU cannot run (blk off sm_90) is said once; the smem guard's fallback is named
-   in the row. Gate: rel err (Frobenius) <= 1e-3. A mixture-of-experts model adds its MoE FFN
-   rows (moe_rows: the device's routing, grouping and grouped GEMMs against the twins, on the
-   first and last layers' real experts, tie-aware about the router).
+   its rotated int8 grids) in every form the forward runs it (minfer.cuda.paths.parity: its
+   parity cases, GemmPath.parity_cases): on each distinct (type, N, K) of the model's GEMM
+   weights the path takes (real weights, random activations) M = 128, ragged M = 37 with N - 5
+   rows (accumulate mode where the route has one), and M = 1; then a fused group, the glu
+   epilogue, the operand made by the rmsnorm launch and by attention's epilogue, and the rope
+   epilogue, where the path has them, on the groups the engine's own plan makes. The GPU side
+   runs exactly what the forward runs: the path's `upload` (the engine's load calls the same),
+   its route's operand and launch. A path this GPU cannot run (blk off sm_90) is said once; the
+   smem guard's fallback is named in the row. Gate: rel err (Frobenius) <= 1e-3. A
+   mixture-of-experts model adds its MoE FFN rows (moe_rows: the device's routing, grouping and
+   grouped GEMMs against the twins, on the first and last layers' real experts, tie-aware about
+   the router).
 2. greedy-32 identity (gate 3, tie-aware, minfer.tools.gates.compare_greedy): every path of the table
    and the CPU reference (ReferenceBackend, f32) decode 32 greedy tokens from the prompt. Each
    GPU path is compared to the CPU reference with tau = 2 * max|logit diff| at the last prompt
    position between the two engines (stated per row); exact n/32 counts reported.
    The int8 paths are compared with a reference whose int8-routed weights see their input
-   through the grid of their kernel (ReferenceBackend q8_1_inputs / blk_inputs): the rounding
+   through the grid of their kernel (ReferenceBackend grids, GemmPath.grid): the rounding
    the kernels do on purpose is then in both engines. Measured on SmolLM2 (11-layer slice,
    Q4_K_M requant: 11 MMQ weights): every MMQ path 32/32 exact, max|dlogit| 0.10 (tau 0.20),
    where against plain f32 it was 18/32 with a near-tie stop at step 1.
@@ -32,7 +34,6 @@ Prints tables; exits 1 when anything fails or could not be run.
 from __future__ import annotations
 
 import gc
-import os
 import sys
 
 import click
@@ -64,13 +65,6 @@ def gemm_weight_shapes(model, path=None) -> dict[tuple[int, int, int], str]:
     return shapes
 
 
-def sample_rows(rng, n: int, k: int = 256) -> np.ndarray:
-    """Sorted weight-row indices: k random ones plus the first and last 8 (tile edges)."""
-    edge = np.r_[np.arange(min(8, n)), np.arange(max(0, n - 8), n)]
-    pick = rng.choice(n, size=min(k, n), replace=False)
-    return np.unique(np.r_[edge, pick])
-
-
 def table_paths(gemm: str | None = None):
     """The TABLE records check runs: all, or the one --gemm names (mmq: the seeds' config)."""
     from minfer.commands.gemm_flags import gemm_choice
@@ -81,14 +75,80 @@ def table_paths(gemm: str | None = None):
     return [TABLE[gemm_choice(gemm).path]]
 
 
-def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
-    """[(what, path, shape, rel_err, ok)] for each path (TABLE records; default all) on the
-    model's weight shapes it takes, against its numpy twin."""
-    from minfer.cuda.paths import choose_path
+def parity_cases(rt, model, path) -> list[tuple[object, str]]:
+    """[(parity.Case, the path label of its row)] of `path` (a TABLE record) on `model`: on
+    each distinct (type, N, K) of the model's weights the path takes, M = 128, ragged M = 37
+    with N - 5 rows (accumulating where the route does) and M = 1 (choose_path's route: the
+    smem guard's fallback, an M = 1 GEMM left to f16's GEMV); then one case of each other kind
+    the path declares (GemmPath.parity_cases: fused, glu, norm, attn, rope) on the first layer
+    where the engine's own plan for the path (routes, fusion, glu and rope groups) runs it."""
+    from minfer.cuda.paths import TABLE, Part, choose_path
+    from minfer.cuda.paths.parity import Case
+    from minfer.cuda.plan import fusion
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.plan.routes import plan_routes
 
-    rng = np.random.default_rng(seed)
+    def part(name: str) -> Part:
+        t = model.tensor(name)
+        N, K = (int(s) for s in t.shape)
+        return Part(name, np.ascontiguousarray(t.data).view(np.uint8).reshape(N, -1), t.qtype, K)
+
+    out = []
+    for (qt, N, K), name in gemm_weight_shapes(model, path).items():
+        for kind, M, ragged in (("f32", 128, False), ("acc", 37, True), ("gemv", 1, False)):
+            n = max(1, N - 5) if ragged else N
+            r = choose_path(qt, rt.arch, (M, n, K), path.name, rt.smem_optin)
+            route = r.path.route(qt, GemmChoice(r.path.name), name)
+            kind = "f32" if kind == "acc" and not route.accumulates else kind  # (blk's per-
+            # token GEMMs never add to C)
+            ran = path.name if r.path is path else f"{path.name} [{r.path.name}]"
+            out.append((Case(kind, route, (part(name),), M, ragged), ran))
+    choice = GemmChoice(path.name)
+    routes = plan_routes(model, choice, rt, 512)
+    fused = fusion.plan_fusion(model, routes)
+    glu = fusion.plan_glu(model, choice, routes, fused)
+    rope = fusion.plan_rope(model, choice, routes, fused)
+    want = set(path.parity_cases) - {"f32", "acc", "gemv"}
+    for il in range(model.config.n_layers):
+        for kind in ("attn", "ffn"):
+            for g in fusion.plan_groups(model, fused, il, kind):
+                if TABLE[routes[g.member][0]] is not path:
+                    continue
+                members = [n for n in fused if fused[n][0] == g.weight] or [g.member]
+                members.sort(key=lambda n: fused[n][1] if n in fused else 0)  # row order
+                parts = tuple(part(n) for n in members)
+                route = path.route(parts[0].qtype, choice, g.member)
+                new = []
+                if g.weight in glu:
+                    new += [Case("glu", route, parts, 128), Case("glu", route, parts, 1)]
+                elif len(parts) > 1:
+                    new.append(Case("fused", route, parts, 128))
+                if g.weight in rope:
+                    new.append(Case("rope", route, parts, 128))
+                if kind == "attn" and route.operand is not None and route.operand.norm:
+                    new.append(Case("norm", route, parts, 128))  # the operand of q|k|v's input
+                for c in new:
+                    if c.kind in want:
+                        out.append((c, path.name))
+                want -= {c.kind for c in new if c.M > 1}
+        o = f"blk.{il}.attn_output.weight"
+        if "attn" in want and o in routes and TABLE[routes[o][0]] is path:
+            route = path.route(model.tensor(o).qtype, choice, o)
+            if route.operand is not None and route.operand.attn:
+                out.append((Case("attn", route, (part(o),), 128), path.name))
+                want.discard("attn")
+    return out
+
+
+def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=click.echo):
+    """[(what, path, shape, rel_err, ok)] for each path (TABLE records; default all) on its
+    parity cases on the model (parity_cases), against its numpy twin. A kind the path declares
+    but the model gives no weight for (or this GPU does not run there: the attention epilogue
+    off the wgmma kernel, a norm wider than the fused kernel) is said once."""
+    from minfer.cuda.paths import parity
+
+    rng = np.random.default_rng(seed)  # the linear cases' numbers
+    more = np.random.default_rng([seed, 1])  # the other kinds'
     rows = []
     for p in paths or table_paths():
         if p.archs is not None and rt.arch not in p.archs:
@@ -97,60 +157,21 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
                 "not run)"
             )
             continue
-        for (qt, N, K), name in gemm_weight_shapes(model, p).items():
-            raw = np.ascontiguousarray(model.tensor(name).data).view(np.uint8).reshape(N, -1)
-            for M, n, acc in ((128, N, False), (37, max(1, N - 5), True), (1, N, False)):
-                cols = sample_rows(rng, n, n_sample)
-                x16 = rng.standard_normal((M, K)).astype(np.float16)  # as the forward's h16
-                x = x16.astype(np.float32)
-                r = choose_path(qt, rt.arch, (M, n, K), p.name, rt.smem_optin)
-                route = r.path.route(qt, GemmChoice(r.path.name), name)
-                acc = acc and route.accumulates  # (blk's per-token GEMMs never add to C)
-                ref = r.path.twin(x, np.ascontiguousarray(raw[cols]), qt, M, len(cols), K, name)
-                base = (
-                    rng.standard_normal((M, n)).astype(np.float32) * float(np.abs(ref).mean())
-                    if acc
-                    else np.full((M, n), np.nan, np.float32)
-                )
-                wd = r.path.prepare(
-                    rt,
-                    da.to_device(rt, np.ascontiguousarray(raw[:n]).reshape(-1), "parity w"),
-                    qt,
-                    n,
-                    K,
-                )
-                out = da.to_device(rt, base, "parity out")
-                scratch = parity_scratch(rt, M, K)
-                xd = da.to_device(rt, x16, "parity x")
-                xin = xd if route.operand is None else route.operand.prepass(rt, xd, scratch)
-                route.run(rt, scratch, out, xin, wd, "acc" if acc else "f32")
-                y = out.get()[:, cols].astype(np.float64)
-                if acc:
-                    y -= base[:, cols]
-                err = (
-                    float(np.linalg.norm(y - ref) / max(np.linalg.norm(ref), 1e-30))
-                    if np.isfinite(y).all()
-                    else float("inf")
-                )
-                shape = f"{M}x{n}x{K}" + (" +=" if acc else "")
-                ran = p.name if r.path is p else f"{p.name} [{r.path.name}]"  # the smem guard
-                rows.append((f"{_qname(qt)} {name}", ran, shape, err, err <= PARITY_TOL))
-                del xd, xin, wd, out, scratch
+        ran = set()
+        for case, label in parity_cases(rt, model, p):
+            r = rng if case.kind in ("f32", "acc", "gemv") and len(case.parts) == 1 else more
+            err = parity.run(rt, case, model.config, r, n_sample)
+            if np.isnan(err):
+                continue
+            ran.add(case.kind)
+            types = "+".join(dict.fromkeys(_qname(q.qtype) for q in case.parts))
+            what = f"{types} {case.name}"
+            rows.append((what, label, case.shape(), err, err <= PARITY_TOL))
+        if set(p.parity_cases) - ran:
+            echo(
+                f"(parity: {p.name}: not run here: {', '.join(sorted(set(p.parity_cases) - ran))})"
+            )
     return rows
-
-
-def parity_scratch(rt, M: int, K: int):
-    """The scratch buffers a route's operand of [M, K] lives in (the forward's DeviceBuffers
-    fields q8 and blkop, sized for one activation)."""
-    from types import SimpleNamespace
-
-    from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_bytes
-
-    return SimpleNamespace(
-        q8=da.empty(rt, (M * K // 32 * 40,), np.uint8, "parity q8_1"),
-        blkop=da.empty(rt, (blk_bytes(M, K),), np.uint8, "parity blk"),
-    )
 
 
 def moe_rows(rt, model, seed: int = 0, layers=None):
@@ -171,7 +192,9 @@ def moe_rows(rt, model, seed: int = 0, layers=None):
     c = model.config
     rng = np.random.default_rng(seed)
     rows = []
-    kernel = os.environ.get("MINFER_MOE_GEMM", "mma")  # the forward's (CudaBackend's)
+    from minfer.cuda.plan.config import moe_kernel
+
+    kernel = moe_kernel()  # the forward's (CudaBackend's)
     for il in layers if layers is not None else sorted({0, c.n_layers - 1}):
         ml = MoeLayers(rt, model, 128, 64 << 20, layers=[il], kernel=kernel)
         p = f"blk.{il}."
@@ -237,19 +260,12 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
     return ids
 
 
-def reference_inputs(routes: dict[str, tuple[str, str]]) -> dict:
-    """ReferenceBackend keyword arguments rounding the inputs of every weight on an int8 path
-    through that path's grid (GemmPath.reference_inputs)."""
+def reference_grids(routes: dict[str, tuple[str, str]]) -> dict:
+    """weight name -> the grid of its path's kernels (GemmPath.grid) for every weight on an
+    int8 path: ReferenceBackend(grids=...) rounds their inputs (blk: and weights) as they do."""
     from minfer.cuda.paths import TABLE
 
-    by_path: dict[str, set] = {}
-    for n, (p, _) in routes.items():
-        by_path.setdefault(p, set()).add(n)
-    kw: dict = {}
-    for p, names in by_path.items():
-        for k, v in TABLE[p].reference_inputs(frozenset(names)).items():
-            kw[k] = kw.get(k, frozenset()) | v
-    return kw
+    return {n: TABLE[p].grid for n, (p, _) in routes.items() if TABLE[p].grid is not None}
 
 
 def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths=None):
@@ -281,13 +297,16 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
             # through the grid of the kernel that runs them (q8_1; blk's rotated int8)
-            kw = reference_inputs(be.routes)
-            key = tuple(sorted((k, tuple(sorted(v))) for k, v in kw.items()))
+            grids = reference_grids(be.routes)
+            by_grid: dict[str, list[str]] = {}  # grid name -> its weights
+            for n, g in grids.items():
+                by_grid.setdefault(g.name, []).append(n)
+            key = tuple(sorted((k, tuple(sorted(v))) for k, v in by_grid.items()))
             if key not in refs:
-                refs[key] = engine.run(ReferenceBackend(model, **kw), ids, n_greedy, 512)
+                refs[key] = engine.run(ReferenceBackend(model, grids=grids), ids, n_greedy, 512)
             v, diff = identity_verdict(refs[key], res)
             ref_name = "cpu" + "".join(
-                f"+{k.split('_inputs')[0]} ({len(v_)} weights)" for k, v_ in sorted(kw.items())
+                f"+{k} ({len(v_)} weights)" for k, v_ in sorted(by_grid.items())
             )
             rows.append((path, v.exact, v.n, diff, v.tau, f"vs {ref_name}: {v.describe()}", v.ok))
         del be

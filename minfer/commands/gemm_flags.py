@@ -4,20 +4,22 @@
     def cmd(..., gemm): ...
     choice = gemm_choice(gemm)  # --gemm, else MINFER_GEMM, else auto
 
-gemm_choice is the one place the GEMM choice is read from the environment (prefill, perplexity,
-bench, check); everything below takes the GemmChoice it returns.
+gemm_choice (minfer.cuda.plan.config's, the one place the GEMM choice is read from the
+environment: prefill, perplexity, bench, check, and minfer.Engine) resolves --gemm; everything
+below takes the GemmChoice it returns.
 
 Not a command module (minfer.cli lists those).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import click
 
 from minfer.cuda.paths import CHOICES
+from minfer.cuda.plan.config import gemm_choice  # the one reader of the environment
 from minfer.errors import BadInput
+
+__all__ = ["HELP", "gemm_options", "gemm_choice", "check_gemm_backend"]
 
 HELP = (
     "GEMM path: auto (default: on sm_90 from d_model 4096 the int8 blk path, lossy and "
@@ -30,22 +32,6 @@ HELP = (
 def gemm_options(f):
     """Decorator: --gemm, None unless given."""
     return click.option("--gemm", "gemm", type=click.Choice(CHOICES), default=None, help=HELP)(f)
-
-
-def gemm_choice(
-    gemm: str | None = None, ab: str | None = None, env: Mapping[str, str] | None = None
-):
-    """The GemmChoice of --gemm, else the environment (MINFER_GEMM),
-    else auto; with `ab` (a bench --ab config, tuning variants allowed) that config over both.
-    env: the process environment unless given (tests)."""
-    import os
-
-    from minfer.cuda.plan.config import GemmChoice
-
-    env = os.environ if env is None else env
-    if ab is not None:
-        return GemmChoice.parse_ab(ab, env, gemm)
-    return GemmChoice.resolve(env, gemm)
 
 
 def check_gemm_backend(kind: str, gemm: str | None, configs=(), why: str = "") -> None:

@@ -23,6 +23,7 @@ import click
 
 from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
 from minfer.commands.perplexity_report import Report
+from minfer.cuda.paths import EMULATIONS
 from minfer.errors import BadInput
 from minfer.host.threads import threads_option
 
@@ -137,12 +138,11 @@ def check_options(
 )
 @click.option(
     "--emulate",
-    type=click.Choice(["q8_1", "q8_1-all", "blk", "blk256"]),
+    type=click.Choice(list(EMULATIONS)),
     default=None,
-    help="CPU: round the GEMM inputs as that GPU path does (q8_1: the wide/narrow/r1 "
-    "kernels, q8_1-all: their grid on every GEMM, blk; blk256: blk with "
-    "256-point blocks, an experiment), to measure its distribution gate without "
-    "a GPU.",
+    help="CPU: round the GEMM inputs as that GPU path does ("
+    + "; ".join(f"{k}: {e.help}" for k, (_, e) in EMULATIONS.items())
+    + "), to measure its distribution gate without a GPU.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @threads_option
@@ -240,7 +240,7 @@ def perplexity(
 
         backend = emulating_backend(model, emulate, ctx)
         backend.preload(progress=True)
-        n_emulated = len(backend.q8_1_inputs | backend.blk_inputs)
+        n_emulated = len(backend.grids)
     else:
         backend = make_backend(kind, model, choice, ctx, min(ctx, UBATCH["cuda"]))
     hdr["backend"] = backend.name

@@ -32,12 +32,13 @@ MINFER_CUDA_DEBUG=nographs or debug mode turn it off) the first chunk of each sh
 eagerly (kernels are built and loaded) and is then recorded into a CUDA graph (minfer.cuda.runtime.graph); every
 later chunk of that shape replays it, at any pos0: one host launch per chunk instead of ~11 per layer.
 Profiling runs eagerly (events need the launches one by one).
-int8 weights: the activation is quantized once per distinct input into one reused scratch
-buffer (q8_1 for the raw kernels, the blk token operand for blk; q, k, v share h16's; gate, up
-share the FFN input's), then the route's kernel runs (attn_output / ffn_down accumulate into x).
-On blk the rmsnorm launch writes the operand of the GEMMs after it (`_norm`, Operand.norm)
-and the wgmma attention attn_output's from its epilogue (`_attn_operand`, Operand.attn),
-bit for bit the prepass's bytes (tuning variant blk:no-fused-prepass: separate launches).
+int8 weights: the activation is made once per distinct input into the operand its routes read
+(their path's Operand), in one reused scratch buffer per operand (DeviceBuffers.operands; q, k,
+v share h16's; gate, up share the FFN input's), then the route's kernel runs (attn_output /
+ffn_down accumulate into x). Where the operand has those producers, the rmsnorm launch writes
+the operand of the GEMMs after it (`_norm`, Operand.norm) and the wgmma attention
+attn_output's from its epilogue (`_attn_operand`, Operand.attn), bit for bit the prepass's
+bytes (tuning variant no-fused-prepass: separate launches).
 `route_summary()` gives the one-line
 "MMQ: n GEMMs (q4_K a, q6_K b), f16: m (...)" that bench and check print.
 The last layer runs attention and the FFN for the last position only. Then
@@ -82,20 +83,20 @@ import numpy as np
 from minfer.cuda.forward import Forward
 from minfer.cuda.load import prepare
 from minfer.cuda.load.buffers import DeviceBuffers, alloc_buffers
-from minfer.cuda.load.weights import _dequant_f16, load_weights
+from minfer.cuda.load.weights import load_weights
 from minfer.cuda.ops import attention as attn_mod
 from minfer.cuda.ops import layers as L
 from minfer.cuda.paths import TABLE
 from minfer.cuda.plan.config import GemmChoice
 from minfer.cuda.plan.plan import make_plan
 from minfer.cuda.plan.routes import plan_routes, summarize_routes
-from minfer.cuda.plan.sizes import check_memory
+from minfer.cuda.plan.sizes import check_memory, operand_bytes
 from minfer.cuda.runtime import devarray as da
 from minfer.cuda.runtime.profile import OpProfile
 from minfer.errors import BadInput, GPUError, Unsupported
 
-# public names importers use (tests, bench, commands); _dequant_f16 for tests/gpu/test_faults
-__all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes", "_dequant_f16"]
+# public names importers use (tests, bench, commands)
+__all__ = ["CudaBackend", "OpProfile", "plan_routes", "summarize_routes"]
 
 
 def moe_bytes_note(model) -> str:
@@ -209,13 +210,11 @@ class CudaBackend:
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds  # file into ready weights
         self.moe = None  # a mixture-of-experts model's routers, experts and their buffers
         if getattr(c, "n_expert", 0):
-            import os
-
             from minfer.cuda.load.moe import MoeLayers
+            from minfer.cuda.plan.config import moe_kernel
 
-            t_moe = time.perf_counter()  # MINFER_MOE_GEMM: the grouped GEMMs' kernel (mma;
-            # wmma: the simple control kernel of kernels/moe.cu)
-            kern = os.environ.get("MINFER_MOE_GEMM", "mma")
+            t_moe = time.perf_counter()
+            kern = moe_kernel()  # the grouped GEMMs' kernel (MINFER_MOE_GEMM)
             self.moe = MoeLayers(self.rt, model, self.ubatch, self.chunk, kernel=kern)
             self.upload_bytes += self.moe.nbytes
             self.upload_s += time.perf_counter() - t_moe
@@ -224,9 +223,8 @@ class CudaBackend:
             c,
             self.kv_slots,
             self.ubatch,
-            plan["q8_1 scratch"],
+            operand_bytes(plan),
             self.plan.glu_all,
-            plan["blk operand scratch"],
         )
         # fused q|k|v GEMMs that may rope into q16 and their layer's caches from the epilogue
         self.rope_epi = {}

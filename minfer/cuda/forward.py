@@ -29,7 +29,6 @@ import numpy as np
 from minfer.cuda.ops import attention as attn_mod
 from minfer.cuda.ops import gemma_layers as G
 from minfer.cuda.ops import layers as L
-from minfer.cuda.ops.gemm import gemm_f16_nt, rope_epilogue_pays
 from minfer.cuda.runtime import devarray as da
 
 
@@ -51,6 +50,13 @@ class Forward:
         self.glu = glu  # gate|up groups whose GEMM writes the swiglu (plan_glu)
         self.glu_act = "gelu" if model.config.ffn_gelu else "silu"  # their activation
         self.rope_epi = rope_epi  # q|k|v groups whose GEMM ropes (layers.QkvRope per group)
+        # ... and their routes (a member's: fusion.plan_fusion puts a group on one path)
+        self.rope_route = {
+            g.weight: lin[g.member]
+            for il in range(model.config.n_layers)
+            for g in groups[il]["attn"]
+            if g.weight in rope_epi
+        }
         self.w, self.emb, self.emb_qtype = weights.w, weights.emb, weights.emb_qtype
         self.buf = buf
         self.ubatch = int(buf.x.shape[0])  # the rows every activation buffer holds
@@ -103,12 +109,12 @@ class Forward:
         if not kinds:
             return None
         with self._op("prepass"):
-            return {k: k.prepass(self.rt, A, self.buf) for k in kinds}
+            return {k: k.prepass(self.rt, A, self.buf.operands[k.scratch]) for k in kinds}
 
     def _norm(self, h16, x, wname: str, *names: str):
         """h16 f16 [M, D] = rmsnorm(x) * w[wname] as the input of the GEMMs `names` -> their
         operands (_quantize). When they read one operand that the norm's launch can write
-        (Operand.norm: the blk token operand), that launch makes it, writing h16 only if an
+        (Operand.norm), that launch makes it, writing h16 only if an
         f16 GEMM reads it too (tuning variant no-fused-prepass: two launches)."""
         kinds = {self.lin[n].operand for n in names}
         q = kinds - {None}
@@ -121,7 +127,7 @@ class Forward:
                     x,
                     self.w[wname],
                     self.c.rms_eps,
-                    self.buf,
+                    self.buf.operands[k.scratch],
                     h16 if None in kinds else None,
                 )
             if op is not None:
@@ -134,7 +140,7 @@ class Forward:
     def _attn_operand(self, name: str, T: int, per_token: bool):
         """(the array the attention launch writes the input form of GEMM `name` into, that
         form as _quantize's dict) where its epilogue can (Operand.attn, attention.operand_fuses:
-        the blk token operand at head_dim 128 on sm_90); else (None, None): the attention
+        the wgmma attention at head_dim 128); else (None, None): the attention
         writes f16 and _linear makes the form (as with the tuning variant no-fused-prepass)."""
         k = self.lin[name].operand
         c = self.c
@@ -147,7 +153,7 @@ class Forward:
             )
         ):
             return None, None
-        tt, op = k.attn(self.rt, self.buf, T, c.n_heads * c.head_dim)
+        tt, op = k.attn(self.rt, self.buf.operands[k.scratch], T, c.n_heads * c.head_dim)
         return tt, {k: op}
 
     def _residual(self, x, A, name: str, label: str, q8, post: str) -> None:
@@ -256,9 +262,10 @@ class Forward:
                 G.scale(rt, x, c.embed_scale)
         if self.probe is not None:
             self.probe(-1, x)
-        # the qkv GEMM ropes in its epilogue where its tiles fit one wave: one answer per chunk
-        rope_in_gemm = bool(self.rope_epi) and rope_epilogue_pays(
-            T, qd + 2 * kd, rt.sm_count, rt.arch
+        # the qkv GEMM ropes in its epilogue where its route says it pays (f16: where its tiles
+        # fit one wave): one answer per chunk
+        rope_in_gemm = bool(self.rope_epi) and next(iter(self.rope_route.values())).rope_pays(
+            rt, T, qd + 2 * kd
         )
         for il in range(c.n_layers):
             p = f"blk.{il}."
@@ -269,7 +276,9 @@ class Forward:
                 g = groups[0]
                 with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
                     da.poison(rt, R(b.q16, 0, T))
-                    gemm_f16_nt(h16, self.w[g.weight], rt=rt, rope=self.rope_epi[g.weight], hi=hi)
+                    self.rope_route[g.weight].run_rope(
+                        rt, b, h16, self.w[g.weight], self.rope_epi[g.weight], hi
+                    )
             else:  # each GEMM into its part of qkv32, then one rope launch reads q, k, v
                 src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
                 if c.qk_norm:  # qwen3: each head of q and k rmsnorm'd before the rope;

@@ -43,16 +43,12 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   q8_1 is not emulated). Measured: this does NOT bring the logits closer to llama.cpp's; the
   forward is chaotic under activation quantization (our f32 and f64 forwards with it differ
   by ~0.5 in the logits), so only a bit-exact replica would. Kept for the MMQ paths' parity.
-- q8_1_inputs: names of weights whose activation operand is rounded through minfer's q8_1 raw
-  block (quantize_q8_1_raw, then dequantized), exactly the operand the MMQ kernels see. `minfer
-  check` compares each MMQ path with a reference that rounds the same weights' inputs, so the
-  gate's tau measures the kernels, not the (intended) q8_1 grid.
-- blk_inputs: names of weights on the block path: the weight requantized and the activation
-  rounded through its rotated int8 grids (minfer.quants.blk_ref.blk_grid), what `minfer check`
-  and the KL-divergence emulation compare it with (one activation scale per token on the GEMMs
-  after an rmsnorm: blk_ref.token_scaled, as the kernel); blk_block: its rotation and activation
-  scale block (128: the kernel; 256: an experiment, minfer.reference.emulate).
-Both off and dtype=float64 is the oracle mode.
+- grids: weight name -> the grid of the GPU path that runs it (that path's `grid`, declared
+  with its numpy twin in minfer.cuda.paths): the weight through grid.weight, the activation entering it through grid.act, exactly the numbers that
+  path's kernels compute on. `minfer check` compares each int8 path with a reference whose
+  weights on it see its grid, so the gate's tau measures the kernels, not the (intended) grid;
+  `minfer perplexity --emulate` measures a grid's distribution gate (minfer.reference.emulate).
+No grid, no act_quant and dtype=float64 is the oracle mode.
 
 Non-finite values: after the embedding gather, after every layer and for the logits, the hidden
 state is checked with np.isfinite (one pass over [T, d_model], negligible beside the layer's
@@ -143,9 +139,7 @@ class ReferenceBackend:
         kv_f16: bool = True,
         act_quant: bool = False,
         max_tokens: int | None = None,
-        q8_1_inputs: frozenset[str] = frozenset(),
-        blk_inputs: frozenset[str] = frozenset(),
-        blk_block: int = 128,
+        grids: dict | None = None,
     ):
         self.model = model
         self.cfg = model.config
@@ -154,9 +148,7 @@ class ReferenceBackend:
             raise BadInput(f"reference backend: dtype must be float32 or float64, not {self.dtype}")
         self.kv_f16 = kv_f16
         self.act_quant = act_quant
-        self.q8_1_inputs = frozenset(q8_1_inputs)
-        self.blk_inputs = frozenset(blk_inputs)
-        self.blk_block = blk_block
+        self.grids = dict(grids or {})  # weight name -> its path's grid
         self.name = "cpu" if self.dtype == np.float32 else "cpu-f64"
         self._w: dict[str, np.ndarray] = {}
         self._k: list[np.ndarray] = []
@@ -173,10 +165,8 @@ class ReferenceBackend:
         if w is None:
             try:
                 w = self.model.dequant(name)
-                if name in self.blk_inputs:  # the block path's requantized weight grid
-                    from minfer.quants.blk_ref import blk_grid
-
-                    w = blk_grid(w.reshape(w.shape[0], -1), weight=True, block=self.blk_block)
+                if name in self.grids:  # its path's weight grid (a requantized path's)
+                    w = self.grids[name].weight(w, name)
                 w = w.astype(self.dtype, copy=False)
             except MemoryError:
                 from minfer.host.hostmem import out_of_memory
@@ -243,21 +233,8 @@ class ReferenceBackend:
     def _linear(self, x: np.ndarray, name: str) -> np.ndarray:
         if self.act_quant:
             x = quantize_act(x, self.model.tensor(name).qtype)
-        if name in self.q8_1_inputs:  # x: [T, K] -> the q8_1 grid the MMQ kernels compute on
-            from minfer.quants.q8_1 import dequantize_q8_1_raw, quantize_q8_1_raw
-
-            x = dequantize_q8_1_raw(quantize_q8_1_raw(x.astype(np.float32)), x.shape[-1])
-            x = x.astype(self.dtype, copy=False)
-        elif name in self.blk_inputs:  # the block path's grid: rotated int8 per 128 values
-            from minfer.quants.blk_ref import blk_grid, token_scaled
-
-            x = (
-                blk_grid(
-                    x.reshape(-1, x.shape[-1]), block=self.blk_block, per_token=token_scaled(name)
-                )
-                .reshape(x.shape)
-                .astype(self.dtype, copy=False)
-            )
+        if name in self.grids:  # x: [T, K] -> the grid its path's kernels compute on
+            x = self.grids[name].act(x, name).astype(self.dtype, copy=False)
         y = x @ self.weight(name).T
         bias = name[: -len(".weight")] + ".bias"
         if bias in self.model.tensors:

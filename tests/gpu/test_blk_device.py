@@ -1,5 +1,5 @@
 """The block-scaled int8 path on the device (sm_90 only; skips elsewhere): the token and weight
-operands bit-identical to their numpy twins (minfer.quants.blk_ref), the GEMM's parity against
+operands bit-identical to their numpy twins (minfer.cuda.paths.blk.twin), the GEMM's parity against
 its float64 twin on ragged M, N, K (= and +=, the swiglu epilogue, whole tiles and stream-K,
 both fold builds, a bitwise second launch), with one activation scale per (token, 128) and per
 token (the mmq_blk_tok entries, whose fold runs once per pair of blocks: the weight's scale;
@@ -25,10 +25,10 @@ def _x(rng, M, K):
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("M,K", [(1, 128), (77, 576), (130, 1000), (300, 4096), (9, 2944)])
 def test_blk_operands_bitwise(hopper, same_bytes, M, K, per_token):
-    from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight
+    from minfer.cuda.paths.blk.launch import blk_operand, blk_weight
+    from minfer.cuda.paths.blk.twin import blk_operand as op_ref
+    from minfer.cuda.paths.blk.twin import quantize_blk
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_operand as op_ref
-    from minfer.quants.blk_ref import quantize_blk
 
     rt = hopper
     rng = np.random.default_rng(M + K)
@@ -47,10 +47,10 @@ def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K, per_token):
     """The rmsnorm + blk operand launch writes exactly the bytes of rmsnorm into f16 followed by
     blk_operand (and the twin's), and h16 when asked: the bits of rmsnorm's f16 output."""
     from minfer.cuda.ops.layers import rmsnorm
-    from minfer.cuda.ops.mmq_blk import BlkTokens, blk_operand, blk_operand_rmsnorm
+    from minfer.cuda.paths.blk.launch import BlkTokens, blk_operand, blk_operand_rmsnorm
+    from minfer.cuda.paths.blk.twin import blk_operand as op_ref
+    from minfer.cuda.paths.blk.twin import quantize_blk
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_operand as op_ref
-    from minfer.quants.blk_ref import quantize_blk
     from minfer.reference import ops
 
     rt = hopper
@@ -90,9 +90,9 @@ def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K, per_token):
     ],
 )
 def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
-    from minfer.cuda.ops.mmq_blk import blk_operand, blk_weight, mmq_blk_linear
+    from minfer.cuda.paths.blk.launch import blk_operand, blk_weight, mmq_blk_linear
+    from minfer.cuda.paths.blk.twin import blk_gemm, quantize_blk
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_gemm, quantize_blk
 
     rt = hopper
     rng = np.random.default_rng(M + N + K)
@@ -123,9 +123,9 @@ def test_blk_parity(hopper, M, N, K, sms, opts, per_token):
 def test_blk_swiglu(hopper, M, F, K, sms, per_token, act):
     """The glu epilogue (gate|up rows interleaved per 16) against the plain product's swiglu /
     geglu (gemma's GELU: the formula in double, f16 rounding inside the kernel's)."""
-    from minfer.cuda.ops.mmq_blk import blk_weight, mmq_blk_linear
+    from minfer.cuda.paths.blk.launch import blk_weight, mmq_blk_linear
+    from minfer.cuda.paths.blk.twin import blk_gemm, quantize_blk
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import blk_gemm, quantize_blk
     from minfer.quants.glu import glu_rows
     from minfer.reference.ops import gelu
 
@@ -162,9 +162,9 @@ def test_attention_epilogue_operand_bitwise(hopper, same_bytes, T, Hq, Hkv, pos0
     blk_operand makes of the plain kernel's o (padding token rows untouched), with o itself
     too, or without it (o_out=False)."""
     from minfer.cuda.ops.attention import attention, operand_fuses
-    from minfer.cuda.ops.mmq_blk import blk_operand
+    from minfer.cuda.paths.blk.launch import blk_operand
+    from minfer.cuda.paths.blk.twin import BLK_OP, pad128
     from minfer.cuda.runtime import devarray as da
-    from minfer.quants.blk_ref import BLK_OP, pad128
 
     rt = hopper
     assert operand_fuses(rt, T, Hq // Hkv, 128)

@@ -11,7 +11,7 @@ import pytest
 from gpu_helpers import prefill_and_step
 from gpu_helpers import rel_err as _rel
 
-from minfer.cuda.ops.gemm import (
+from minfer.cuda.paths.f16.gemm import (
     TILES,
     TMA,
     WGMMA,
@@ -65,7 +65,7 @@ def test_rope_epilogue_is_rope_qkv_bit_for_bit(rt, variant, same_bytes):
         target = L.QkvRope(rt, q16, kc, vc, table, pos, rd, neox=False)
         gemm_f16_nt(dA, dW, rt=rt, variant=variant, rope=target, hi=pos0 + M)
         # the reference: the same variant's f32 product, then the rope launch
-        from minfer.cuda.ops.gemm import EPILOGUE_TILE
+        from minfer.cuda.paths.f16.gemm import EPILOGUE_TILE
 
         qkv = gemm_f16_nt(
             dA, dW, np.float32, rt=rt, variant=variant or (EPILOGUE_TILE if M == 1 else None)

@@ -157,8 +157,8 @@ def _noop_launches(rt, monkeypatch):
 
 
 def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
-    from minfer.cuda import backend as B
-    from minfer.cuda.ops.gemm import gemm_f16_nt
+    from minfer.cuda.paths.f16.gemm import gemm_f16_nt
+    from minfer.cuda.paths.f16.upload import dequant_f16  # the upload's adapter
     from minfer.cuda.runtime import devarray as da
 
     def gemm(C, A, W):  # what the f16 route does: poison the output, then the GEMM
@@ -178,7 +178,7 @@ def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
     calls = _noop_launches(rt, monkeypatch)
     monkeypatch.setattr(rt.cfg, "poison", False)
     gemm(C, A, W)
-    B._dequant_f16(rt, int(raw.gpudata), t.qtype, N, K, D)
+    dequant_f16(rt, int(raw.gpudata), t.qtype, N, K, D)
     rt.synchronize()
     assert len(calls) >= 2  # the GEMM's and the dequant's launches were skipped...
     assert np.array_equal(C.get(), stale)  # ...and without poison the stale values remain
@@ -186,7 +186,7 @@ def test_skipped_gemm_and_dequant_read_nan_not_stale(rt, tiny, monkeypatch):
 
     monkeypatch.setattr(rt.cfg, "poison", True)
     gemm(C, A, W)
-    B._dequant_f16(rt, int(raw.gpudata), t.qtype, N, K, D)
+    dequant_f16(rt, int(raw.gpudata), t.qtype, N, K, D)
     rt.synchronize()
     assert np.isnan(C.get()).all() and np.isnan(D.get().astype(np.float32)).all()
 

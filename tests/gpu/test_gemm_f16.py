@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gpu_helpers import rel_err as _rel
 
-from minfer.cuda.ops.gemm import (
+from minfer.cuda.paths.f16.gemm import (
     GEMVS,
     TILES,
     TMA,
@@ -155,9 +155,9 @@ def test_glu_epilogue_is_the_swiglu_layer_bit_for_bit(rt, variant, act, same_byt
     # same variant's f32 product followed by the interleaved swiglu / geglu launch (the same
     # sums, the same glu1 rounding); N ragged against every tile (208 = 13 x 16), M = 1 on the
     # default pick
-    from minfer.cuda.ops.gemm import GLU_TILE
     from minfer.cuda.ops.gemma_layers import geglu_interleaved
     from minfer.cuda.ops.layers import swiglu_interleaved
+    from minfer.cuda.paths.f16.gemm import GLU_TILE
     from minfer.quants.glu import glu_rows
 
     if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":

@@ -194,7 +194,7 @@ def test_combine_kernel_bitwise(rt, same_bytes):
     "T,E,k,d,fe", [(1, 8, 2, 256, 256), (61, 8, 4, 256, 256), (700, 128, 8, 2048, 768)]
 )
 def test_moe_chain_against_the_twins(rt, T, E, k, d, fe, kernel):
-    from minfer.cuda.ops.gemm import gemm_f16_nt
+    from minfer.cuda.paths.f16.gemm import gemm_f16_nt
     from minfer.reference import moe as R
 
     rng = np.random.default_rng(T * E)

@@ -19,7 +19,7 @@ Q4_K, Q6_K, Q8_0 = 12, 14, 8
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_quantize_q8_1_bit_identical(rt, dtype):
-    from minfer.cuda.ops.mmq import quantize_q8_1
+    from minfer.cuda.paths.q8_1.launch import quantize_q8_1
     from minfer.cuda.runtime import devarray as da
     from minfer.quants.q8_1 import quantize_q8_1_raw
 
@@ -32,13 +32,14 @@ def test_quantize_q8_1_bit_identical(rt, dtype):
 
 def _run(rt, route, x16, wd, out, mode: str) -> None:
     """The forward's launch of `route`: its operand made from the f16 activation, then run."""
-    from minfer.commands.check import parity_scratch
+    from minfer.cuda.paths.parity import scratch as parity_scratch
     from minfer.cuda.runtime import devarray as da
 
     M, K = x16.shape
     scratch = parity_scratch(rt, M, K)
     xd = da.to_device(rt, x16)
-    xin = xd if route.operand is None else route.operand.prepass(rt, xd, scratch)
+    op = route.operand
+    xin = xd if op is None else op.prepass(rt, xd, scratch.operands[op.scratch])
     route.run(rt, scratch, out, xin, wd, mode)
 
 
@@ -55,7 +56,7 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
     """C = and C += against the twin, rel err <= 1e-3 (docs/design.md, gate 1), every output written
     (NaN-poisoned first); a type / arch the path does not take is skipped, the smem guard's
     fallback runs (and is checked) in its place."""
-    from minfer.cuda.paths import choose_path
+    from minfer.cuda.paths import Part, choose_path, upload_weight
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.runtime import devarray as da
 
@@ -73,7 +74,7 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
     w = rand_weights(rng, qtype, N, K)
     x16 = rng.standard_normal((M, K)).astype(np.float16)  # the forward's f16 activation
     ref = r.path.twin(x16.astype(np.float32), w, qtype, M, N, K, name)
-    wd = r.path.prepare(rt, da.to_device(rt, np.ascontiguousarray(w).reshape(-1)), qtype, N, K)
+    wd = upload_weight(rt, r.path, [Part(name, np.ascontiguousarray(w).reshape(N, -1), qtype, K)])
     out = da.to_device(rt, np.full((M, N), np.nan, np.float32))  # poisoned: all must be written
     _run(rt, route, x16, wd, out, "f32")
     y = out.get()
@@ -88,7 +89,7 @@ def test_path_parity(rt, path, name, qtype, M, N, K):
 
 
 def test_mmq_rejects_bad_shapes(rt):
-    from minfer.cuda.ops.mmq import mmq_linear
+    from minfer.cuda.paths.q8_1.launch import mmq_linear
     from minfer.cuda.runtime import devarray as da
     from minfer.errors import GPUError, Unsupported
 

@@ -42,18 +42,18 @@ class DeviceBuffers:
     #                  (gemma: rope.freq_base_swa; ModelConfig.layer_rope), else None
     post32: object  # f32 [T, d_model]: an attention / FFN output before its post norm
     #                (gemma's post_norms) or its residual scale (granite), else None
-    q8: object  # uint8 [q8_bytes] q8_1 activation scratch (None without raw int8 routes)
-    blkop: object = None  # uint8 [blk_bytes] blk token operand scratch (None without blk routes)
+    operands: dict  # Operand.scratch -> uint8 scratch the routes' activation operands are
+    #                made in (minfer.cuda.paths: each path's Operand), those the routes read
     rope_none: object = None  # the identity L.RopeTable for layers without RoPE (smollm3)
 
 
 def alloc_buffers(
-    rt, c, max_tokens: int, ubatch: int, q8_bytes: int, glu_all: bool = False, blk_bytes: int = 0
+    rt, c, max_tokens: int, ubatch: int, operand_bytes: dict, glu_all: bool = False
 ) -> DeviceBuffers:
     """c: the model config (layer_rope: a second RoPE table where the local layers have
-    their own; post_norms: the post32 buffer); q8_bytes: plan["q8_1 scratch"] (0: no MMQ route, no scratch);
-    blk_bytes: plan["blk operand scratch"] (0: no blk route); glu_all: no f32 gate|up buffer
-    (gu32 None, as plan_memory)."""
+    their own; post_norms: the post32 buffer); operand_bytes: Operand.scratch -> bytes (its
+    memory plan part, sizes.operand_bytes; a scratch of 0 bytes is not made); glu_all: no f32
+    gate|up buffer (gu32 None, as plan_memory)."""
     T = ubatch
     H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
     e = da.empty
@@ -109,6 +109,7 @@ def alloc_buffers(
             if not all(c.has_rope(il) for il in range(c.n_layers))
             else None
         ),
-        q8=e(rt, (q8_bytes,), np.uint8, "q8_1 activation scratch") if q8_bytes else None,
-        blkop=e(rt, (blk_bytes,), np.uint8, "blk operand scratch") if blk_bytes else None,
+        operands={
+            k: e(rt, (n,), np.uint8, f"{k} operand scratch") for k, n in operand_bytes.items() if n
+        },
     )

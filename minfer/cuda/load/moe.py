@@ -73,7 +73,7 @@ class MoeLayers:
     def _upload(self, rt, model, chunk: int) -> None:
         """Routers (host f32 -> f16) and experts (raw bytes through the pinned staging,
         dequantized to f16 on the GPU chunk by chunk) of every layer."""
-        from minfer.cuda.load.weights import _dequant_f16, _dequant_interleaved
+        from minfer.cuda.paths.f16.upload import dequant_f16, dequant_interleaved
         from minfer.cuda.runtime.upload import Staging, rows_per_chunk, split_rows
 
         slot = 1
@@ -105,10 +105,10 @@ class MoeLayers:
                         src = up.put(raw[r0 : r0 + n])
                         if s == "ffn_down_exps":
                             out = da.rows(da.reshape(dn, (E * N, Kt)), r0, n)
-                            _dequant_f16(rt, src, t.qtype, n, Kt, out)
+                            dequant_f16(rt, src, t.qtype, n, Kt, out)
                         else:  # gate | up: each expert's rows interleaved per 16 (glu_rows):
                             # over the whole stack, 8-row block b goes to rows 16 b (+ 8: up)
-                            _dequant_interleaved(
+                            dequant_interleaved(
                                 rt,
                                 src,
                                 t.qtype,
@@ -132,7 +132,7 @@ class MoeLayers:
     def ffn(self, rt, il: int, x, h16, op) -> None:
         """x f32 [T, d] += the MoE FFN of layer il on h16 f16 [T, d]; op(label, flops): the
         forward's profile bracket (a context manager)."""
-        from minfer.cuda.ops.gemm import gemm_f16_nt
+        from minfer.cuda.paths.f16.gemm import gemm_f16_nt
 
         T = int(x.shape[0])
         E, k, fe, d = self.E, self.k, self.fe, self.d

@@ -2,8 +2,8 @@
 
 A cold kernel cache used to be compiled inside the first timed prefill (106 tok/s printed for a
 ~40,000 tok/s path, issue 20). Here:
-- `load_kernels(routes)`: the modules the weight upload launches (dequant, and the blk
-  operand kernel that requantizes blk weights), built before load_weights;
+- `load_kernels(routes)`: the modules the weight upload launches (dequant, and each route's
+  path's own: GemmPath.load_kernels), built before load_weights;
 - `needed_kernels(backend, lengths)`: the modules the forward of each prompt length loads,
   found by a dry pass: the backend's own Forward runs against a `Recorder` runtime that
   notes every (source, options) the launchers ask for and launches nothing, so the list follows
@@ -81,7 +81,7 @@ def chunk_shapes(lengths, ubatch: int) -> list[tuple[int, bool]]:
 
 def load_kernels(routes: dict[str, tuple[str, str]]) -> list[Spec]:
     """Modules weights.load_weights launches: dequant (the embedding rows, f16 routes), and
-    each route's path's own (GemmPath.load_kernels: blk's requantizing operand kernel)."""
+    each route's path's own (GemmPath.load_kernels: a requantizing path's kernel)."""
     from minfer.cuda.ops.dequant import KERNEL
     from minfer.cuda.paths import TABLE
 

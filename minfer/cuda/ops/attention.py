@@ -56,6 +56,17 @@ WG_TMA = True  # full K/V tiles by TMA (attn_wg_tma_d*), else cp.async
 WG_TMA_MAGIC = 0x41545431  # attention_sm90a.cu ATT_WG_TMA_MAGIC
 
 
+# the blk token operand the wgmma kernel's _blk epilogue writes: [Hq (128-K blocks of a
+# head_dim-128 row), ceil(T / 128) row tiles, a tile's int8 image + its 128 f32 scales]. The
+# layout is the blk path's (minfer.cuda.paths.blk.twin.blk_shape); ops sit below paths, so it
+# is restated here and tests/test_attention_launcher_cpu.py pins the two together
+OPERAND_TILE = 128 * 128 + 128 * 4
+
+
+def operand_shape(T: int, Hq: int) -> tuple[int, int, int]:
+    return (Hq, -(-T // 128), OPERAND_TILE)
+
+
 def wg_smem_bytes(head_dim: int) -> int:
     """attention_sm90a.cu's AttnWgSmem: Q [128, D], WG_STAGES stages of K and V [128, D] (f16),
     4 + 2 WG_STAGES mbarriers, + 1 KB for the alignment."""
@@ -159,7 +170,7 @@ def attention(
     impl: "mma", "wg" or "tok" (default: pick_impl's for a prefill layout; the caller passes
     "tok" for a decode step's, per_token_pays).
     operand: uint8 [Hq, pad128(T) / 128, BLK_OP] receives the block path's token operand of o
-    (blk_ref.blk_operand of o's f16 values: what mmq_blk.blk_operand makes of o, bit for bit)
+    (operand_shape; blk twin's blk_operand of o's f16 values: what mmq_blk.blk_operand makes of o, bit for bit)
     from the epilogue, where operand_fuses (else GPUError); o_out False: o is not written
     (then operand is required).
     window > 0: a sliding-window layer's (keys with slot - key < window); softcap > 0: the
@@ -198,8 +209,6 @@ def attention(
         impl = "mma" if geom is not None else pick_impl(rt, T, G, D)
     extra = ()
     if operand is not None or not o_out:
-        from minfer.quants.blk_ref import blk_shape, pad128
-
         if operand is None or impl != "wg" or D != 128:
             raise GPUError(
                 f"attention: the token operand from the epilogue needs the wgmma "
@@ -207,8 +216,8 @@ def attention(
                 if operand is not None
                 else "attention: o_out False needs operand"
             )
-        da.check("attention operand", operand, blk_shape(T, Hq * D), np.uint8, align=16)
-        extra = (da.arg(operand), np.int32(pad128(T)))
+        da.check("attention operand", operand, operand_shape(T, Hq), np.uint8, align=16)
+        extra = (da.arg(operand), np.int32(-(-T // 128) * 128))
     if impl == "wg":
         if rt.arch != "sm_90" or D not in WG_HEAD_DIMS:
             raise GPUError(

@@ -34,7 +34,7 @@ KERNEL = "moe"  # kernels/moe.cu
 MAX_EXPERTS = 512  # moe.cu's MOE_MAX_E (llama.cpp's LLAMA_MAX_EXPERTS)
 BM, BN = 64, 64  # the grouped GEMMs' row tile (moe.cu GBM: the sort's too), wmma's column tile
 MMA_BN, MMA_SMEM = 128, 4 * (64 + 128) * 32 * 2  # the mma kernel's column tile, shared bytes
-KERNELS = ("mma", "wmma")  # grouped_gemm's kernels (MINFER_MOE_GEMM picks the forward's)
+KERNELS = ("mma", "wmma")  # grouped_gemm's kernels (plan.config.moe_kernel picks the forward's)
 W_SUM_MIN = np.float32(6.103515625e-5)
 
 

@@ -1,21 +1,25 @@
 """What every GEMM path family is: a `GemmPath` (the table's record and the family's behaviour),
 the per-weight `LinearRoute` it makes, and the `Operand` forms its kernels read.
 
-A family (f16.py, q8_1.py, blk.py) subclasses GemmPath and LinearRoute; everything about the
-path lives there: which weights it takes and why not (`unsupported`), device bytes per weight,
-the weight's preparation (`prepare`: raw GGUF rows on the device -> the path's weight), the
+A family (the packages f16/, q8_1/, blk/: path record, launchers, upload, numpy twin) subclasses
+GemmPath and LinearRoute; everything about the path lives there: which weights it takes and why
+not (`unsupported`), device bytes per weight, the weight's upload (`upload`: raw GGUF rows in
+host memory -> the path's weight on the device, the one function the engine's load and `minfer
+check` both call, so parity tests the bytes the engine runs), the
 activation operand (`Operand`: a prepass, or a producer fused into the rmsnorm or attention
 launch), the launches with their epilogues (`LinearRoute.run` / `run_glu`), the numpy twin
 (`twin`), the kernels it needs compiled at load (`load_kernels`) and its tuning variants. The
 forward, `minfer check`, the tests and `bench --ab` all call these same objects.
 
 Calling convention of a route (y[M, N] = x[M, K] @ W[N, K].T):
-    A f16 [M, K]  --operand.prepass(rt, A, scratch)-->  x  (A itself when operand is None)
+    A f16 [M, K]  --operand.prepass(rt, A, buf)-->  x  (A itself when operand is None)
     route.run(rt, scratch, C, x, w, mode)   mode 'f32' / 'f16': C = x @ w.T; 'acc': C +=
     route.run_glu(rt, scratch, C, x, w, act)   C f16 [M, F] = act(gate) * up (glu routes;
                                                act "silu" or "gelu": quants.glu.GLU_ACTS)
-scratch: the backend's DeviceBuffers (an operand lives in getattr(scratch, operand.scratch);
-the f16 GEMV's glu at M == 1 uses its f32 gate|up buffer).
+    route.run_rope(rt, scratch, x, w, rope, hi)   q|k|v roped into q16 and the KV cache from
+                                               the epilogue (rope routes, where rope_pays)
+buf: the operand's scratch, DeviceBuffers.operands[operand.scratch]; scratch: the backend's
+DeviceBuffers (the f16 GEMV's glu at M == 1 uses its f32 gate|up buffer).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class Operand:
     names); norm(rt, x f32, w, eps, buf, h16 or None) -> the operand of rmsnorm(x) * w from
     the norm's launch (None when it cannot: then rmsnorm, then prepass); attn(rt, buf, M, K)
     -> (the array the attention launch writes, the operand) from the attention's epilogue.
+    buf: the uint8 scratch buffer named `scratch` (DeviceBuffers.operands[scratch]), of
+    nbytes(M, K) bytes for the largest activation, the memory plan's part `part`.
     Forms sharing a scratch buffer never meet on one activation (the backend asserts it)."""
 
     name: str
@@ -52,11 +58,13 @@ class Operand:
     prepass: Callable
     norm: Callable | None = None
     attn: Callable | None = None
+    part: str = ""
+    nbytes: Callable = lambda M, K: 0
 
 
 @dataclass(frozen=True)
 class GemmPath:
-    """A path of the table. Subclasses set the class flags and implement route / prepare /
+    """A path of the table. Subclasses set the class flags and implement route / upload /
     twin; the fields are the record minfer.cuda.paths.table's chooser reads."""
 
     name: str
@@ -73,7 +81,6 @@ class GemmPath:
 
     int8 = False  # an int8 kernel (the MMQ families), not the exact f16 path
     via_f16 = False  # the weight goes up as f16 rows at load (dequantized on the GPU)
-    requant = False  # ... and is requantized from them (per weight, or fused group)
     glu = False  # a gate|up GEMM on it can write the swiglu / geglu from its epilogue
     rope = False  # a q|k|v GEMM on it can rope from its epilogue (f16)
     operand = None  # the Operand its kernels read (None: the f16 activation itself)
@@ -88,9 +95,38 @@ class GemmPath:
             return f"K={K} not a multiple of {self.k_multiple}"
         return ""
 
+    @property
+    def parity_cases(self) -> tuple[str, ...]:
+        """The kinds of parity case (minfer.cuda.paths.parity.KINDS) of every form the forward
+        runs on this path: plain, accumulating, M = 1 and fused GEMMs always; the glu and rope
+        epilogues where it has them; the operand made by the rmsnorm or attention launch where
+        its operand has those producers."""
+        kinds = ["f32", "acc", "gemv", "fused"]
+        op = self.operand
+        kinds += ["glu"] * self.glu + ["norm"] * bool(op and op.norm)
+        kinds += ["attn"] * bool(op and op.attn) + ["rope"] * self.rope
+        return tuple(kinds)
+
     def weight_bytes(self, qtype: int) -> float:
         b = self.bytes_per_weight
         return float(b[int(qtype)] if int(qtype) in b else b[None])
+
+    # the memory plan's parts this path's weights and scratch take (sizes.plan_memory)
+    weight_parts = ("MMQ weights",)
+    scratch_parts = ()
+
+    def memory(self, units, T: int, sms: int) -> tuple[dict, dict]:
+        """(weights, scratch): memory plan part -> device bytes of this path's weights `units`
+        ([(rows, K, file bytes, tied)], one per weight or fused group it uploads; tied: the LM
+        head on the embedding's bytes) and of its scratch for T tokens (a part several paths
+        share takes the largest). Here: f16 rows (via_f16), else the raw GGUF bytes (a tied
+        head shares the embedding's); the operand's scratch at the largest K."""
+        K = max(u[1] for u in units)
+        op = self.operand
+        scratch = {op.part: op.nbytes(T, K)} if op is not None else {}
+        if self.via_f16:
+            return {"f16 weights": sum(r * k * 2 for r, k, _, _ in units)}, scratch
+        return {"MMQ weights": sum(b for _, _, b, tied in units if not tied)}, scratch
 
     def smem(self, qtype: int) -> int | None:
         """Dynamic shared memory its kernel needs for `qtype` (the smem guard); None: no opt-in."""
@@ -100,9 +136,19 @@ class GemmPath:
         """The route object of weight `name` (its role may decide the operand) of `qtype`."""
         raise NotImplementedError
 
-    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
-        """Raw GGUF rows on the device (uint8) -> this path's weight (tests, minfer check; the
-        backend's streaming upload, minfer.cuda.load.weights, makes the same bytes)."""
+    def dest(self, rt, rows: int, K: int, row_bytes: int, name: str):
+        """The device buffer fused group `name` of `rows` rows is uploaded into, made before the
+        upload starts (the engine makes every group's first), or None: made by `upload`
+        itself when it starts (blk: one group's f16 alive at a time)."""
+        return None
+
+    def upload(self, rt, up, parts, name: str, dst=None, glu: bool = False):
+        """The one weight upload, the engine's (minfer.cuda.load.weights) and `minfer check`'s
+        (upload_weight): `parts` (Part: one tensor, or a fused group's members in row order)
+        streamed from host memory through up (minfer.cuda.runtime.upload.Staging; kernels on
+        rt's stream = up.stream) into dst (dest's buffer; None: made here) -> (this path's
+        weight, {member name: its row view} for the members the forward reads alone). glu: a
+        gate|up group whose rows interleave per 16 (the glu epilogue's layout)."""
         raise NotImplementedError
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
@@ -116,10 +162,55 @@ class GemmPath:
 
         return [(KERNEL, ())] if self.via_f16 else []
 
-    def reference_inputs(self, names: frozenset) -> dict:
-        """ReferenceBackend keyword arguments that round the inputs of `names` (the weights on
-        this path) through its kernel's grid: what `minfer check` compares it with."""
-        return {}
+    # the number grid of its kernels on the CPU reference (ReferenceBackend(grids=...): what
+    # `minfer check` compares the path with); None: exact (f16's rounding is the reference's)
+    grid = None
+    # `minfer perplexity --emulate` grids: label -> Emulation (table.EMULATIONS collects them)
+    emulations = {}
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """A grid `minfer perplexity --emulate LABEL` puts on the CPU reference: on the weights the
+    path runs on its int8 kernel (as plan_routes routes them), or on every GEMM but the LM head
+    (every); help: what it stands for (the option's help)."""
+
+    grid: object
+    every: bool = False
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Part:
+    """One GGUF tensor of an upload: its name, raw rows on the host (uint8 [N, row bytes], e.g.
+    a view into the memory map), type and K."""
+
+    name: str
+    raw: object
+    qtype: int
+    K: int
+
+    @property
+    def N(self) -> int:
+        return int(self.raw.shape[0])
+
+
+def upload_weight(rt, path: GemmPath, parts, name: str = "", glu: bool = False, slot_bytes=None):
+    """path.upload of `parts` through a staging of its own, synchronized: what `minfer check`
+    and the tests run, the engine's upload on the same bytes (one call per weight or group)."""
+    from minfer.cuda.runtime.upload import DEFAULT_CHUNK, Staging, rows_per_chunk
+
+    chunk = slot_bytes or DEFAULT_CHUNK  # a slot holds the largest chunk (as sizes.upload_slot)
+    rb = [int(p.raw.nbytes) // max(p.N, 1) for p in parts]
+    up = Staging(rt, max(min(p.N, rows_per_chunk(b, chunk)) * b for p, b in zip(parts, rb)))
+    stream, rt.stream = rt.stream, up.stream  # the kernels queue behind their copies
+    try:
+        w, _ = path.upload(rt, up, parts, name or parts[0].name, glu=glu)
+        up.close()
+    finally:
+        rt.stream = stream
+    rt.synchronize()
+    return w
 
 
 class LinearRoute:
@@ -149,3 +240,15 @@ class LinearRoute:
         from minfer.errors import Unsupported
 
         raise Unsupported(f"{self.name}: no glu epilogue")
+
+    def rope_pays(self, rt, M: int, N: int) -> bool:
+        """Whether a fused q|k|v GEMM of M rows, N columns on this route should rope in its
+        epilogue (run_rope) rather than write f32 for a rope launch (rope paths only)."""
+        return False
+
+    def run_rope(self, rt, scratch, x, w, rope, hi: int) -> None:
+        """The fused q|k|v GEMM x @ w.T roped in its epilogue into rope's targets (a
+        layers.QkvRope: q16 and the layer's K/V cache rows; hi: one past the largest slot)."""
+        from minfer.errors import Unsupported
+
+        raise Unsupported(f"{self.name}: no rope epilogue")

@@ -57,6 +57,12 @@ TIERS: dict[str, Tier] = {
 # a tuning variant names a feature a path may turn off; auto takes any of them
 VARIANTS = tuple(sorted({v for p in TABLE.values() for v in p.variants}))
 CHOICES = ("auto", "mmq", *TABLE)  # --gemm / MINFER_GEMM; mmq: the seeds' config, wide-kd4
+# `minfer perplexity --emulate` grids: label -> (the path whose routes decide the weights, its
+# Emulation), the first path of the table declaring a label (q8_1: wide-kd4)
+EMULATIONS: dict = {}
+for _p in TABLE.values():
+    for _k, _e in _p.emulations.items():
+        EMULATIONS.setdefault(_k, (_p, _e))
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ per-weight path is then minfer.cuda.paths.choose_path's (docs/paths.md).
 Precedence: `--gemm NAME`, then MINFER_GEMM=NAME, else "auto". NAME: auto, f16, mmq or a path of
 minfer.cuda.paths.TABLE; "mmq" is the seeds' config, the wide kernel at KD = 4 (`wide-kd4`).
 A tuning variant ("f16:no-rope", "blk:no-glu:no-stream-k") turns off an epilogue or scheduling
-feature the code otherwise decides; only `bench --ab` takes them. The environment is an
-argument here: the one function that reads the process environment for it is the CLI's
-(minfer.commands.gemm_flags.gemm_choice); below it the dataclass is passed explicitly.
+feature the code otherwise decides; only `bench --ab` takes them. `gemm_choice` below is the
+one function that reads the process environment for it (the CLI's flags and minfer.Engine
+call it); everywhere else the dataclass is passed explicitly.
 """
 
 from __future__ import annotations
@@ -87,3 +87,32 @@ class GemmChoice:
                 raise BadInput(f"--ab: unknown key {k!r} (known: {', '.join(ENV_KEYS)})")
             env[k] = v
         return cls.resolve(env, name, variants=True)
+
+
+def gemm_choice(
+    gemm: str | None = None, ab: str | None = None, env: Mapping[str, str] | None = None
+) -> GemmChoice:
+    """The GemmChoice of --gemm, else the environment (MINFER_GEMM),
+    else auto; with `ab` (a bench --ab config, tuning variants allowed) that config over both.
+    env: the process environment unless given (tests). The one function that reads the GEMM
+    environment: the CLI's flags (commands.gemm_flags) and minfer.Engine both call it."""
+    import os
+
+    env = os.environ if env is None else env
+    if ab is not None:
+        return GemmChoice.parse_ab(ab, env, gemm)
+    return GemmChoice.resolve(env, gemm)
+
+
+MOE_KERNELS = ("mma", "wmma")  # minfer.cuda.ops.moe.KERNELS: the grouped GEMMs' kernels
+
+
+def moe_kernel(env: Mapping[str, str] | None = None) -> str:
+    """The MoE grouped GEMMs' kernel: MINFER_MOE_GEMM (mma, the default: the dense f16 path's
+    tile; wmma: moe.cu's simple control kernel), read here with the GEMM choice."""
+    import os
+
+    v = (os.environ if env is None else env).get("MINFER_MOE_GEMM", "mma").strip().lower()
+    if v not in MOE_KERNELS:
+        raise BadInput(f"MINFER_MOE_GEMM={v!r}: expected one of {', '.join(MOE_KERNELS)}")
+    return v

@@ -1,8 +1,8 @@
 """How much device memory a plan takes, part by part, and the check against what is free.
 
-- `plan_memory` / `memory_need` / `check_memory`: bytes per part (f16 weights, MMQ weights,
-  quantized embedding, KV cache for max_tokens, activations for ubatch tokens, q8_1 scratch,
-  upload staging), checked against the device's free memory before anything is allocated
+- `plan_memory` / `memory_need` / `check_memory`: bytes per part (each path's weights and
+  scratch, GemmPath.memory; quantized embedding, KV cache for max_tokens, activations for ubatch
+  tokens, upload staging), checked against the device's free memory before anything is allocated
   (GPUError naming what was asked and what is free, in GB); memory_need is what the memory
   tiers are compared by (minfer.cuda.plan.plan) and what the backend checks.
 - `upload_slot`: one staging slot of the weight upload (minfer.cuda.load.weights).
@@ -26,41 +26,36 @@ def plan_memory(
     fused=None,
 ) -> dict[str, int]:
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
-    sms: the GPU's SM count (the blk kernel's stream-K workspace, one slot per SM); glu_all:
+    sms: the GPU's SM count (a path's per-SM workspace, GemmPath.memory); glu_all:
     every layer's gate|up GEMM writes the swiglu itself (fusion.glu_all), so the f32 gate|up
     buffer is not allocated; chunk: the upload's chunk bytes (two device staging slots of
     upload_slot; None: upload.DEFAULT_CHUNK); fused: plan_fusion's answer (None: computed)."""
     c = model.config
     m = model
-    from minfer.cuda.ops.stream_k import SK_SLOT_BYTES
     from minfer.cuda.plan.fusion import plan_fusion
     from minfer.cuda.runtime.upload import DEFAULT_CHUNK
-    from minfer.quants.blk_ref import blk_bytes
 
-    fused = plan_fusion(model, routes) if fused is None else fused  # a group requantizes as one
-    f16_w = 0
-    mmq_w = 0
-    q8_k = 0
-    blk_k = 0  # largest K of the blk routes (their operand scratch)
-    blk_groups: dict[str, list] = {}  # blk weight or fused group -> [rows, K]
+    fused = plan_fusion(model, routes) if fused is None else fused  # a group uploads as one
+    T = ubatch
+    units: dict[str, dict[str, list]] = {}  # path -> weight or fused group -> its unit
     for n, (path, _) in routes.items():
         t = m.tensor(n)
         N, K = (int(s) for s in t.shape)
-        p = TABLE[path]  # how the path keeps its weight on the GPU
-        if p.via_f16 and not p.requant:
-            f16_w += N * K * 2
-        elif p.requant:  # ~1 B/weight; f16 (a group at a time) while requantizing
-            blk_k = max(blk_k, K)
-            g = fused[n][0] if n in fused else n
-            blk_groups.setdefault(g, [0, K])[0] += N
-        else:
-            q8_k = max(q8_k, K)
-            if n != "token_embd.weight":  # a tied LM head shares the embedding's bytes
-                mmq_w += int(t.data.nbytes)
-    mmq_w += sum(blk_bytes(N, K) for N, K in blk_groups.values())  # tokens' layout, too
+        g = fused[n][0] if n in fused else n
+        u = units.setdefault(path, {}).setdefault(g, [0, K, 0, n == "token_embd.weight"])
+        u[0] += N
+        u[2] += int(t.data.nbytes)
+    # each path's own parts (GemmPath.memory): weights add up, a scratch part takes the largest
+    weights = {k: 0 for p in TABLE.values() for k in p.weight_parts}
+    scratch = {k: 0 for p in TABLE.values() for k in p.scratch_parts}
+    for path, us in units.items():
+        w_parts, s_parts = TABLE[path].memory([tuple(u) for u in us.values()], T, sms)
+        for k, v in w_parts.items():
+            weights[k] += v
+        for k, v in s_parts.items():
+            scratch[k] = max(scratch[k], v)
     emb = int(m.tensor("token_embd.weight").data.nbytes)
     kv = 2 * c.n_layers * max_tokens * c.n_kv_heads * c.head_dim * 2
-    T = ubatch
     qd, kd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     act = T * (
         c.d_model * (4 + 2)
@@ -79,16 +74,12 @@ def plan_memory(
 
     act += T * TOP_MAX * (4 + 4)  # packed(top=k)'s ids and log-probs (buffers.top_ids, top_lp)
     return {
-        "f16 weights": f16_w,
-        "MMQ weights": mmq_w,
+        **weights,
         "quantized embedding": emb,
         "KV cache": kv,
         "activations": act,
-        "q8_1 scratch": T * q8_k // 32 * 40,
         "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
-        "blk operand scratch": blk_bytes(T, blk_k) if blk_k else 0,
-        "blk requant staging": max((N * K * 2 for N, K in blk_groups.values()), default=0),
-        "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4) if blk_k else 0,
+        **scratch,
         # not among the routes' linear weights: routers and experts as f16 (minfer.cuda.load.moe)
         "expert weights": moe_weight_bytes(m),
         "MoE activations": moe_act_bytes(c, ubatch),
@@ -105,6 +96,12 @@ def moe_act_bytes(c, ubatch: int) -> int:
     from minfer.cuda.plan.moe import act_bytes
 
     return act_bytes(c, ubatch)
+
+
+def operand_bytes(plan: dict[str, int]) -> dict[str, int]:
+    """Operand.scratch -> bytes of that scratch buffer (DeviceBuffers.operands): the plan part
+    its paths' operands name."""
+    return {p.operand.scratch: plan[p.operand.part] for p in TABLE.values() if p.operand}
 
 
 def expert_bytes(model) -> int:

@@ -8,7 +8,8 @@ or to the slot's device buffer (dst None: the caller then queues kernels that re
 `stream`, before the slot comes round again). While the GPU copies and dequantizes chunk i, the
 host reads chunk i+1 from the map: host memory stays at 2 x slot_bytes whatever the file size.
 A large chunk is read out of the map by READERS threads (its page faults in parallel).
-`split_rows` is the pure chunk splitter. The only module of the upload that touches pycuda.
+`chunks(raw)` cuts a tensor's rows into slot-sized chunks for the paths' uploads
+(minfer.cuda.paths: each path's `upload`); `split_rows` is the pure chunk splitter. The only module of the upload that touches pycuda.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Staging:
         self.used = [False, False]
         self.i = 0
         self.nbytes = 0  # bytes put so far
+        self.progress = None  # called with the bytes of each chunk chunks() hands out
+        self.scratch: dict = {}  # device scratch the weight uploads reuse (paths' upload)
         self.pool = None
         if self.slot_bytes >= READERS << 20:
             from concurrent.futures import ThreadPoolExecutor
@@ -94,6 +97,14 @@ class Staging:
         self.used[s] = True
         self.nbytes += n
         return to
+
+    def chunks(self, raw: np.ndarray):
+        """(first row, rows, host bytes) of raw [N, row bytes] in chunks of whole rows that fit
+        a slot (split_rows), the progress callback told of each."""
+        for r0, n in split_rows(raw.shape[0], raw.shape[1], self.slot_bytes):
+            yield r0, n, raw[r0 : r0 + n]
+            if self.progress is not None:
+                self.progress(n * raw.shape[1])
 
     def close(self) -> None:
         """Wait for everything queued, free the device slots (the pinned ones go with self)."""

@@ -218,7 +218,26 @@ def blk_grid(
     return np.ascontiguousarray(back.reshape(R, KB * block)[:, :K])
 
 
+class BlkGrid:
+    """The blk path's grid on the CPU reference (ReferenceBackend(grids=...)): the weight
+    requantized and the activation rounded through its rotated int8 grids (blk_grid), one
+    activation scale per token on the GEMMs after an rmsnorm (token_scaled, as the kernel).
+    block: the rotation and activation scale block (128: the kernel; 256: an experiment)."""
+
+    def __init__(self, block: int = BK):
+        self.block = block
+        self.name = "blk" if block == BK else f"blk{block}"
+
+    def weight(self, w: np.ndarray, name: str) -> np.ndarray:
+        return blk_grid(w.reshape(w.shape[0], -1), weight=True, block=self.block)
+
+    def act(self, x: np.ndarray, name: str) -> np.ndarray:
+        y = blk_grid(x.reshape(-1, x.shape[-1]), block=self.block, per_token=token_scaled(name))
+        return y.reshape(x.shape)
+
+
 __all__ = [
+    "BlkGrid",
     "BK",
     "BLK_IMG",
     "BLK_OP",

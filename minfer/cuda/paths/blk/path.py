@@ -2,10 +2,10 @@
 Hadamard-rotated and requantized to int8 with one f32 scale per (row, 256 of K); activations
 as a rotated int8 token operand with one scale per (token, 128 of K), or per token on the
 GEMMs after an rmsnorm (blk_ref.token_scaled; tuning variant no-token-scale); the persistent
-wgmma kernel with stream-K (minfer.cuda.ops.mmq_blk; no-stream-k) and the swiglu / geglu epilogue
+wgmma kernel with stream-K (minfer.cuda.paths.blk.launch; no-stream-k) and the swiglu / geglu epilogue
 (no-glu). The operand is made by a prepass, or by the rmsnorm launch and the wgmma attention's
 epilogue (no-fused-prepass: separate prepasses). ffn_down stays on f16 for accuracy (f16_kinds;
-no-exact-down). Lossy: gate 6 (KL divergence) holds it. Twin: minfer.quants.blk_ref."""
+no-exact-down). Lossy: gate 6 (KL divergence) holds it. Twin: minfer.cuda.paths.blk.twin."""
 
 from __future__ import annotations
 
@@ -14,46 +14,59 @@ from functools import partial
 
 import numpy as np
 
-from minfer.cuda.paths.base import GemmPath, LinearRoute, Operand
+from minfer.cuda.paths.base import Emulation, GemmPath, LinearRoute, Operand
+from minfer.cuda.paths.blk.twin import BlkGrid
 from minfer.cuda.runtime import devarray as da
 
 
 def _scratch(rt, buf, M: int, K: int):
     """The blk token operand of [M, K] as a view of the scratch buffer (poisoned)."""
-    from minfer.quants.blk_ref import blk_bytes, blk_shape
+    from minfer.cuda.paths.blk.twin import blk_bytes, blk_shape
 
     tt = da.reshape(da.rows(buf, 0, blk_bytes(M, K)), blk_shape(M, K))
     da.poison(rt, tt)
     return tt
 
 
-def _prepass(rt, A, scratch, per_token: bool = False):
-    from minfer.cuda.ops.mmq_blk import blk_operand
+def _prepass(rt, A, buf, per_token: bool = False):
+    from minfer.cuda.paths.blk.launch import blk_operand
 
-    return blk_operand(rt, A, _scratch(rt, scratch.blkop, *A.shape), per_token)
+    return blk_operand(rt, A, _scratch(rt, buf, *A.shape), per_token)
 
 
-def _norm(rt, x, w, eps, scratch, h16, per_token: bool = False):
+def _norm(rt, x, w, eps, buf, h16, per_token: bool = False):
     """The operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when given);
     None when K is over the fused kernel's (then rmsnorm, then the prepass)."""
-    from minfer.cuda.ops.mmq_blk import NORM_MAX_K, blk_operand_rmsnorm
+    from minfer.cuda.paths.blk.launch import NORM_MAX_K, blk_operand_rmsnorm
 
     M, K = x.shape
     if K > NORM_MAX_K:
         return None
-    return blk_operand_rmsnorm(rt, x, w, eps, _scratch(rt, scratch.blkop, M, K), h16, per_token)
+    return blk_operand_rmsnorm(rt, x, w, eps, _scratch(rt, buf, M, K), h16, per_token)
 
 
-def _attn(rt, scratch, M: int, K: int):
-    from minfer.cuda.ops.mmq_blk import BlkTokens
+def _attn(rt, buf, M: int, K: int):
+    from minfer.cuda.paths.blk.launch import BlkTokens
 
-    tt = _scratch(rt, scratch.blkop, M, K)
+    tt = _scratch(rt, buf, M, K)
     return tt, BlkTokens(tt, M, K)
 
 
-BLK_OPERAND = Operand("blk", "blkop", _prepass, _norm, _attn)
+def _nbytes(M: int, K: int) -> int:
+    from minfer.cuda.paths.blk.twin import blk_bytes
+
+    return blk_bytes(M, K)
+
+
+# both forms in one scratch buffer ("blk operand scratch"): they never meet on one activation
+_SCRATCH = dict(part="blk operand scratch", nbytes=_nbytes)
+BLK_OPERAND = Operand("blk", "blkop", _prepass, _norm, _attn, **_SCRATCH)
 BLK_TOKEN_OPERAND = Operand(
-    "blk-tok", "blkop", partial(_prepass, per_token=True), partial(_norm, per_token=True)
+    "blk-tok",
+    "blkop",
+    partial(_prepass, per_token=True),
+    partial(_norm, per_token=True),
+    **_SCRATCH,
 )
 
 
@@ -62,7 +75,7 @@ class BlkRoute(LinearRoute):
     width); the GEMMs after an rmsnorm read the per-token operand unless no-token-scale."""
 
     def __init__(self, path, qtype: int, choice, name: str = ""):
-        from minfer.quants.blk_ref import token_scaled
+        from minfer.cuda.paths.blk.twin import token_scaled
 
         super().__init__(path, qtype, choice, name)
         tok = token_scaled(name) and choice.on("token-scale")
@@ -73,7 +86,7 @@ class BlkRoute(LinearRoute):
         return self.operand is not BLK_TOKEN_OPERAND  # no GEMM after a norm adds to C
 
     def _launch(self, rt, *args, **kw) -> None:
-        from minfer.cuda.ops.mmq_blk import mmq_blk_linear
+        from minfer.cuda.paths.blk.launch import mmq_blk_linear
 
         mmq_blk_linear(rt, *args, stream_k=self.choice.on("stream-k"), **kw)
 
@@ -96,32 +109,48 @@ class BlkRoute(LinearRoute):
 @dataclass(frozen=True)
 class BlkPath(GemmPath):
     int8 = True
-    via_f16 = True
-    requant = True
+    via_f16 = True  # (then requantized by its upload: blk/upload.py)
     glu = True
     operand = BLK_OPERAND  # the route's may be the per-token form
+    grid = BlkGrid()
+    emulations = {
+        "blk": Emulation(grid, help="the blk kernel"),
+        "blk256": Emulation(BlkGrid(256), help="blk with 256-point blocks, an experiment"),
+    }
+    scratch_parts = ("blk operand scratch", "blk requant staging", "MMQ stream-K workspace")
+
+    def memory(self, units, T: int, sms: int) -> tuple[dict, dict]:
+        """~1 B per weight in the kernel's tiles (twin.blk_bytes, rows padded to 128, per
+        weight or fused group: a group requantizes as one); while requantizing, one weight's
+        or group's f16 ("blk requant staging"); the token operand at the largest K and the
+        stream-K workspace (a slot per SM)."""
+        from minfer.cuda.paths.blk.stream_k import SK_SLOT_BYTES
+        from minfer.cuda.paths.blk.twin import blk_bytes
+
+        K = max(u[1] for u in units)
+        return {"MMQ weights": sum(blk_bytes(r, k) for r, k, _, _ in units)}, {
+            "blk operand scratch": self.operand.nbytes(T, K),
+            "blk requant staging": max(r * k * 2 for r, k, _, _ in units),
+            "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4),
+        }
 
     def smem(self, qtype: int) -> int | None:
-        from minfer.cuda.ops.mmq_blk import blk_smem
+        from minfer.cuda.paths.blk.launch import blk_smem
 
         return blk_smem()
 
     def route(self, qtype: int, choice, name: str = "") -> BlkRoute:
         return BlkRoute(self, qtype, choice, name)
 
-    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
-        from minfer.cuda.ops.mmq_blk import blk_weight
-        from minfer.cuda.paths.f16 import F16
+    def upload(self, rt, up, parts, name: str, dst=None, glu: bool = False):
+        from minfer.cuda.paths.blk import upload
 
-        w16 = F16.prepare(rt, w_raw, qtype, N, K)
-        w = blk_weight(rt, w16)
-        rt.synchronize()
-        w16.gpudata.free()
-        return w
+        assert dst is None  # (dest: None, the group's f16 is made when its upload starts)
+        return upload.upload(rt, up, parts, name, glu)
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
         from minfer.cuda.ops.dequant import dequant_f16_ref
-        from minfer.quants.blk_ref import blk_linear_ref, token_scaled
+        from minfer.cuda.paths.blk.twin import blk_linear_ref, token_scaled
 
         return blk_linear_ref(
             np.asarray(x, np.float32).reshape(M, K),
@@ -130,12 +159,9 @@ class BlkPath(GemmPath):
         )
 
     def load_kernels(self):
-        from minfer.cuda.ops.mmq_blk import _OPTS
+        from minfer.cuda.paths.blk.launch import _OPTS
 
         return super().load_kernels() + [("mmq_blk", _OPTS)]
-
-    def reference_inputs(self, names: frozenset) -> dict:
-        return {"blk_inputs": frozenset(names)}
 
 
 # any type; ffn_down stays f16: its int8 grid is most of the path's KL divergence (docs/blk.md)

@@ -1,5 +1,5 @@
 """Launchers for the block-scaled int8 path (kernels/mmq_blk.cu; numpy twins in
-minfer.quants.blk_ref):
+minfer.cuda.paths.blk.twin):
 
     y[M, N] (f32) = blk(x)[M, K] @ blk(W)[N, K].T
 
@@ -11,7 +11,7 @@ requantizes an f16 weight on the GPU at load, `blk_operand` the f16 activations 
 GEMM (one launch: the same kernel; `blk_operand_rmsnorm` makes it from the residual in the
 rmsnorm's launch), `mmq_blk_linear` runs the GEMM: wgmma s8,
 the int32 sums folded into f32 once per 128 of K, persistent with stream-K over 128-K stages
-(minfer.cuda.ops.stream_k). sm_90 only.
+(minfer.cuda.paths.blk.stream_k). sm_90 only.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from minfer.cuda.ops.stream_k import build_define, launch_persistent
+from minfer.cuda.paths.blk.stream_k import build_define, launch_persistent
+from minfer.cuda.paths.blk.twin import WPAIR, blk_bytes, blk_shape, kblocks, pad128
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
-from minfer.quants.blk_ref import WPAIR, blk_bytes, blk_shape, kblocks, pad128
 from minfer.quants.glu import glu_act
 
 BM = BN = 128

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from minfer.errors import BadInput
-from minfer.quants.q8_1 import quantize_q8_1_raw, unpack_q8_1_raw
+from minfer.quants.q8_1 import dequantize_q8_1_raw, quantize_q8_1_raw, unpack_q8_1_raw
 
 Q4_K, Q6_K = 12, 14  # gguf.GGMLQuantizationType values
 QK_K = 256
@@ -111,7 +111,7 @@ def mmq_linear_ref(
     accumulate: bool = False,
     dtype=np.float64,
 ) -> np.ndarray:
-    """Twin of minfer.cuda.ops.mmq.mmq_linear: x f32 [M, K] or q8_1 raw uint8 [M, K/32*40],
+    """Twin of minfer.cuda.paths.q8_1.launch.mmq_linear: x f32 [M, K] or q8_1 raw uint8 [M, K/32*40],
     w_raw uint8 [N, K/256*bytes]; returns f32 [M, N] (added to `out` when accumulate)."""
     a = _as_q8(x, M, K)
     da, qa, sa = unpack_q8_1_raw(a, K)
@@ -149,3 +149,18 @@ def mmq_linear_ref(
         out[...] = y
         return out
     return y
+
+
+class Q8_1Grid:
+    """The q8_1 paths' grid on the CPU reference (ReferenceBackend(grids=...)): the activation
+    entering the weight rounded through minfer's q8_1 raw block (quantize_q8_1_raw, then
+    dequantized), exactly the operand the MMQ kernels see; the weight is exact (its raw GGUF
+    bytes are what the kernels read)."""
+
+    name = "q8_1"
+
+    def weight(self, w: np.ndarray, name: str) -> np.ndarray:
+        return w
+
+    def act(self, x: np.ndarray, name: str) -> np.ndarray:
+        return dequantize_q8_1_raw(quantize_q8_1_raw(x.astype(np.float32)), x.shape[-1])

@@ -20,7 +20,7 @@ class F16Route(LinearRoute):
     epilogue)."""
 
     def run(self, rt, scratch, C, x, w, mode: str) -> None:
-        from minfer.cuda.ops.gemm import gemm_f16_nt
+        from minfer.cuda.paths.f16.gemm import gemm_f16_nt
 
         if mode == "acc":
             gemm_f16_nt(x, w, np.float32, accumulate=C, rt=rt)
@@ -31,7 +31,7 @@ class F16Route(LinearRoute):
     def run_glu(self, rt, scratch, C, x, w, act: str = "silu") -> None:
         from minfer.cuda.ops import gemma_layers as G
         from minfer.cuda.ops import layers as L
-        from minfer.cuda.ops.gemm import gemm_f16_nt
+        from minfer.cuda.paths.f16.gemm import gemm_f16_nt
 
         M = x.shape[0]
         da.poison(rt, C)
@@ -42,22 +42,36 @@ class F16Route(LinearRoute):
         gemm_f16_nt(x, w, np.float32, out=gu, rt=rt)
         (G.geglu_interleaved if act == "gelu" else L.swiglu_interleaved)(rt, C, gu)
 
+    def rope_pays(self, rt, M: int, N: int) -> bool:
+        from minfer.cuda.paths.f16.gemm import rope_epilogue_pays
+
+        return rope_epilogue_pays(M, N, rt.sm_count, rt.arch)
+
+    def run_rope(self, rt, scratch, x, w, rope, hi: int) -> None:
+        from minfer.cuda.paths.f16.gemm import gemm_f16_nt
+
+        gemm_f16_nt(x, w, rt=rt, rope=rope, hi=hi)
+
 
 @dataclass(frozen=True)
 class F16Path(GemmPath):
     via_f16 = True
     glu = True
     rope = True
+    weight_parts = ("f16 weights",)
 
     def route(self, qtype: int, choice, name: str = "") -> F16Route:
         return F16Route(self, qtype, choice, name)
 
-    def prepare(self, rt, w_raw, qtype: int, N: int, K: int):
-        from minfer.cuda.ops.dequant import dequant_f16
+    def dest(self, rt, rows: int, K: int, row_bytes: int, name: str):
+        from minfer.cuda.paths.f16 import upload
 
-        out = da.empty(rt, (N, K), np.float16, "f16 weight")
-        dequant_f16(rt, w_raw, qtype, N, K, out_dev=out)
-        return out
+        return upload.dest(rt, rows, K, f"fused f16 weight {name}")
+
+    def upload(self, rt, up, parts, name: str, dst=None, glu: bool = False):
+        from minfer.cuda.paths.f16 import upload
+
+        return upload.upload(rt, up, parts, name, dst, glu)
 
     def twin(self, x, w_raw, qtype: int, M: int, N: int, K: int, name: str = ""):
         from minfer.cuda.ops.dequant import dequant_f16_ref

@@ -6,7 +6,7 @@ Kernel families (the seeds' exact q8_1 paths, docs/design.md): R1 word-level, na
 with KD = 4 or 8 super-blocks staged per pass. Which one runs is the chooser's answer
 (minfer.cuda.paths: its smem guard included, a wide path over the device's opt-in shared
 memory becomes narrow there); this launcher refuses a wide kernel over the cap rather than
-choosing another. numpy twin: minfer.quants.mmq_ref.mmq_linear_ref.
+choosing another. numpy twin: minfer.cuda.paths.q8_1.twin.mmq_linear_ref.
 Device arrays are pycuda GPUArrays (minfer.cuda.runtime.devarray); nothing here reads the
 environment.
 """
