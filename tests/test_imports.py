@@ -242,3 +242,59 @@ def test_top_level_is_grouped_by_what_each_part_owns():
         if _group(m) and _group(d) in FORBIDDEN[_group(m)]
     )
     assert not bad, bad
+
+
+# The package-level graph (issue 51's "back arrows"): a room is a top-level entry of minfer/
+# (a subpackage or module; "minfer" is the package's face, __init__: __version__ and the lazy
+# minfer.Engine). ROOMS ranks them top down: the two faces (the CLI and the Python API) first,
+# then the commands and tools, the HTTP front, and so on down to errors. A back arrow is a pair
+# of rooms (a, b), a importing b (any module of a, any import), with b ranked above a: the
+# number of distinct pairs, not of imports. `python3 tests/test_imports.py` prints the graph.
+ROOMS = ("__main__", "cli", "commands", "minfer", *TOP[2:])
+# reference -> cuda: the numpy twin of the blk and q8_1 grids reads the path table (issue 51
+# item 2 gives each path package its reference grid; ReferenceBackend(grids=...) removes it)
+BACK_ARROWS_LEFT = {
+    ("reference", "cuda"),
+    ("quants", "gguf"),  # the quantizer (requant, mix) writes GGUF files
+    ("batch", "tools"),  # Engine fetches the default model
+    ("serve", "minfer"),  # the OpenAPI document's version
+}
+
+
+def room(m: str) -> str:
+    parts = m.split(".")
+    return parts[1] if len(parts) > 1 else "minfer"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[tuple[str, str], int]:
+    """(room a, room b) -> how many module imports go from a to b (a != b)."""
+    out: dict[tuple[str, str], int] = {}
+    for m, ds in graph.items():
+        for d in ds:
+            if room(m) != room(d):
+                key = (room(m), room(d))
+                out[key] = out.get(key, 0) + 1
+    return out
+
+
+def back_arrows(pg: dict[tuple[str, str], int]) -> set[tuple[str, str]]:
+    return {(a, b) for a, b in pg if ROOMS.index(b) < ROOMS.index(a)}
+
+
+def test_back_arrow_count_finds_them():
+    assert back_arrows({("quants", "gguf"): 2, ("gguf", "quants"): 1}) == {("quants", "gguf")}
+
+
+def test_rooms_are_ranked_and_back_arrows_few():
+    pg = package_graph(module_graph())
+    assert {r for e in pg for r in e} <= set(ROOMS)
+    assert back_arrows(pg) <= BACK_ARROWS_LEFT, back_arrows(pg)
+
+
+if __name__ == "__main__":
+    pg = package_graph(module_graph())
+    back = back_arrows(pg)
+    for a in ROOMS:
+        outs = [f"{b}{'!' if (a, b) in back else ''}({pg[a, b]})" for b in ROOMS if (a, b) in pg]
+        print(f"{a:>9} -> {' '.join(outs)}")
+    print(f"back arrows ({len(back)}, marked !):", ", ".join(f"{a}->{b}" for a, b in sorted(back)))
