@@ -255,7 +255,6 @@ ROOMS = ("__main__", "cli", "commands", "minfer", *TOP[2:])
 # item 2 gives each path package its reference grid; ReferenceBackend(grids=...) removes it)
 BACK_ARROWS_LEFT = {
     ("reference", "cuda"),
-    ("quants", "gguf"),  # the quantizer (requant, mix) writes GGUF files
     ("batch", "tools"),  # Engine fetches the default model
     ("serve", "minfer"),  # the OpenAPI document's version
 }
