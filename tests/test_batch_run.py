@@ -1,5 +1,5 @@
 """CPU: many prompts through minfer.batch (the runner, the Engine API, `prefill --prompts`) on the
-CPU reference's packed forward, against each prompt run alone (engine.run, window_logits).
+CPU reference's packed forward, against each prompt run alone (batch.single.run, window_logits).
 
 Identity tolerances: tests/tolerance.py's rule (the `tols` fixture): float64 (the oracle engine)
 to the f32 rounding of its outputs; float32 to 4x the f32 engine's own error against the oracle
@@ -42,7 +42,7 @@ def oracle(tiny):
 
 def _prepared(eng):
     """eng with its backend built for _prompts at once (128 slots each): the tests call
-    runner.run and engine.run on eng.backend directly."""
+    runner.run and single.run on eng.backend directly."""
     eng.prepare(128, 128 * len(_prompts(eng.model.config.vocab_size)))
     return eng
 
@@ -58,12 +58,12 @@ def _prompts(vocab: int) -> list[np.ndarray]:
 
 
 def _alone(engine, ids, n):
-    """ids run alone: (engine.run's result, the log-probs of ids[1:] from window_logits or None,
+    """ids run alone: (single.run's result, the log-probs of ids[1:] from window_logits or None,
     tolerance.scale of the logits seen)."""
-    from minfer import engine as eng
+    from minfer.batch import single
 
     be = engine.backend
-    res = eng.run(be, ids, n, 48, warmup=False)
+    res = single.run(be, ids, n, 48, warmup=False)
     lp, s = None, tolerance.scale(res.last_logits)
     if len(ids) > 1:
         lg = be.window_logits(ids, 0)[:-1].astype(np.float64)

@@ -393,7 +393,7 @@ def prefill(
 ) -> None:
     """Prefill a prompt, print tok/s (prefill and decode apart) and the generated ids and text.
     With --prompts FILE: every prompt of the file, packed, results as JSONL."""
-    from minfer import engine
+    from minfer.batch import single
     from minfer.gguf.loader import load_model
     from minfer.text.tokenizer import Tokenizer
 
@@ -494,13 +494,13 @@ def prefill(
     if until_end:
         n_greedy = max(n_ctx - len(ids), 0)
         stop_at_eos = True if stop_at_eos is None else stop_at_eos
-    engine.validate(len(ids), n_greedy, ubatch, n_ctx)  # before loading weights
+    single.validate(len(ids), n_greedy, ubatch, n_ctx)  # before loading weights
     stop_ids = tok.eog_ids if (chat if stop_at_eos is None else stop_at_eos) else ()
-    # no one-token warm-up: engine.run warms up the run's chunk lengths and decode's at once
+    # no one-token warm-up: single.run warms up the run's chunk lengths and decode's at once
     backend = make_backend(kind, model, choice, len(ids) + n_greedy, ubatch, dtype)
     load_s = time.perf_counter() - t0
 
-    res = engine.run(
+    res = single.run(
         backend,
         ids,
         n_greedy=n_greedy,

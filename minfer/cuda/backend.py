@@ -7,7 +7,7 @@ dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the K
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.load.
 Kernels are compiled before anything is timed (minfer.cuda.load.prepare): the weight upload's
 before the upload, the forward's before `warmup_s`, in which one token is pushed through (then
-the cache is reset); `warmup(lengths)` does the same for prompt lengths (engine.run calls it
+the cache is reset); `warmup(lengths)` does the same for prompt lengths (batch.single.run calls it
 before the timed prefill). compile_s / n_compiled / capture_s add up what that took.
 
 forward(ids, pos0) runs each chunk's launches through a `Forward` (minfer.cuda.forward: the

@@ -131,7 +131,7 @@ def quantize_act(x: np.ndarray, qtype: int) -> np.ndarray:
 
 
 class ReferenceBackend:
-    """Backend protocol (minfer.engine.Backend) on numpy. forward(ids, pos0) -> logits [vocab];
+    """Backend protocol (minfer.batch.single.Backend) on numpy. forward(ids, pos0) -> logits [vocab];
     window_logits(ids, first) -> logits [T - first, vocab] of a fresh sequence; packed(ids,
     tok, rows, targets) -> [m, 4] row stats of many sequences at once (with copy_kv,
     reserve_slots, kv_slots: minfer.batch's backend protocol)."""
