@@ -5,9 +5,9 @@ batched forward of the same tokens at M = 1, 16. Usage: probe_decode.py MODEL PA
 import sys
 
 from minfer.batch import single
-from minfer.batch.api import Engine
 from minfer.commands.check import batch_prompts, decode_gap
 from minfer.cuda.plan.config import GemmChoice
+from minfer.engine.api import Engine
 from minfer.gguf.loader import load_model
 
 model = load_model(sys.argv[1])

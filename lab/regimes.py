@@ -91,7 +91,7 @@ def main() -> None:
     import pycuda.driver as drv
 
     from minfer.commands.gemm_flags import gemm_choice
-    from minfer.engine import make_backend
+    from minfer.engine.backends import make_backend
     from minfer.gguf.loader import load_model
     from minfer.tools.bench import prompt_ids
 

@@ -116,7 +116,7 @@ def test_packed_equals_each_prompt_alone(engine, oracle, alone, tols, dtype, sha
 def test_waves_give_the_same_results(tiny, tols, dtype):
     """A KV cache of 3 slot blocks: the 10 prompts run in several waves, with equal results."""
     from minfer.batch import run as runner
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     one = Engine(str(tiny), backend="cpu", ubatch=48, dtype=dtype)
     prompts = _prompts(one.model.config.vocab_size)
@@ -379,7 +379,7 @@ def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
     from synth_data import small_parts, write_small
 
     from minfer.batch import run as runner
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
     from minfer.errors import NumericError
 
     meta, tensors = small_parts(seed=1, tied=False)  # (tied: every logit row 7 NaN)
@@ -428,7 +428,7 @@ def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
 
 def test_a_small_first_call_does_not_shrink_later_ones(tiny):
     """The CPU cache grows for a later, larger call (one wave), up to CPU_SLOTS."""
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     eng = Engine(str(tiny), backend="cpu", ubatch=48)
     prompts = _prompts(eng.model.config.vocab_size)
@@ -442,7 +442,7 @@ def test_a_small_first_call_does_not_shrink_later_ones(tiny):
 def test_ten_thousand_tiny_prompts(tiny, tols):
     """10,000 prompts of 1..3 tokens, streamed: every result, in order; a sample equals its
     prompt alone."""
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     eng = Engine(str(tiny), backend="cpu", ubatch=2048)
     rng = np.random.default_rng(9)

@@ -39,7 +39,7 @@ def _no_gpu():
 @pytest.fixture
 def no_fetch(monkeypatch, tmp_path):
     """An empty models folder whose fetch fails the test: a command must stop before it."""
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     monkeypatch.setenv("MINFER_MODELS", str(tmp_path / "models"))
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("model fetched"))
@@ -85,7 +85,7 @@ def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
             return True
 
     model = load_model(tiny)
-    from minfer.engine import make_backend
+    from minfer.engine.backends import make_backend
 
     bes = [make_backend("cpu", model, None, 4, progress=False)]
     for stream, shown in ((Tty(), True), (io.StringIO(), False)):
@@ -126,8 +126,8 @@ def test_bench_plot_writes_an_image(capsys, tiny, tmp_path):
 
 # -- defaults and checks before the default model is fetched ---------------------------------------
 def test_bench_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
+    import minfer.gguf.fetch as F
     import minfer.tools.bench
-    import minfer.tools.fetch as F
 
     seen = {}
     default = tmp_path / "default.gguf"
@@ -173,8 +173,8 @@ def test_check_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     from types import SimpleNamespace
 
     import minfer.cuda.runtime.runtime as R
+    import minfer.gguf.fetch as F
     import minfer.gguf.loader
-    import minfer.tools.fetch as F
     from minfer.errors import BadInput
 
     default = tmp_path / "default.gguf"

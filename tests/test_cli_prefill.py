@@ -127,7 +127,7 @@ def test_prefill_checks_options_before_fetching_the_model(
     monkeypatch, capsys, tmp_path, args, code, needle
 ):
     """Options and the backend are checked before the 93 MB default model is fetched."""
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     if "cuda" in args:
         from minfer.cuda.runtime.runtime import gpu_available

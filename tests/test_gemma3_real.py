@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.tools.fetch import models_dir
+from minfer.gguf.fetch import models_dir
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden" / "gemma3-270m"

@@ -175,7 +175,7 @@ def test_path_name_comparison_finder_finds_them():
 def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
     """One function (commands/gemm_flags.gemm_choice) turns --gemm and MINFER_GEMM into a
     GemmChoice; no module below the CLI reads them, and CUDA backends are
-    built in one place (engine.make_backend)."""
+    built in one place (engine.backends.make_backend)."""
     readers, builders = [], []
     for p in (ROOT / "minfer").rglob("*.py"):
         src = p.read_text()
@@ -185,23 +185,26 @@ def test_the_gemm_choice_is_read_from_the_environment_at_the_edge_only():
         if "CudaBackend(" in src and "class CudaBackend" not in src:
             builders.append(rel)
     assert readers == ["minfer/commands/gemm_flags.py"], readers
-    assert builders == ["minfer/engine.py"], builders
+    assert builders == ["minfer/engine/backends.py"], builders
 
 
 # minfer/'s top-level groups and what each may not import (bottom up): the host side (signals,
-# threads, files, memory, pools, progress) and text know nothing of models; the file format and
-# the quant types know no backend; the CUDA backend and the CPU reference know no command; the
-# tools (bench, perplexity, synth, fetch, gates) sit under the commands, the commands under the CLI;
-# batch (many prompts: the prompt file, the results) sits under the commands too
+# threads, files, memory, pools, progress) and text know nothing of models; the file format (and
+# the default model's fetch) and the quant types know no backend; batch, the driver (the packed
+# layout, the schedule, the runners, the continuous scheduler), knows the backends only by their
+# protocol and sits under them (they check its layout); the CUDA backend and the CPU reference
+# know no command; engine (the Python API, where a backend is built) sits over the backends;
+# the tools (bench, perplexity, synth, quantize, gates) under the commands, the commands under
+# the CLI
 TOP = (
     "cli",
     "commands",
     "tools",
     "serve",
-    "batch",
     "engine",
     "cuda",
     "reference",
+    "batch",
     "gguf",
     "families",
     "quants",
@@ -214,14 +217,14 @@ FORBIDDEN = {
     "families": set(TOP) - {"families", "errors", "host"},  # below gguf/: read by all above
     "host": set(TOP) - {"host", "errors"},
     "text": set(TOP) - {"text", "host", "errors"},
-    "gguf": {"cli", "commands", "tools", "engine", "cuda", "reference", "text", "serve"},
-    "quants": {"cli", "commands", "tools", "engine", "cuda", "reference", "text", "serve"},
+    "gguf": {"cli", "commands", "tools", "engine", "batch", "cuda", "reference", "text", "serve"},
+    "quants": {"cli", "commands", "tools", "engine", "batch", "cuda", "reference", "text", "serve"},
+    "batch": {"cli", "commands", "tools", "serve", "engine", "cuda", "reference"},
     "reference": {"cli", "commands", "tools", "engine", "text", "serve"},
     "cuda": {"cli", "commands", "tools", "engine", "text", "serve"},
-    "engine": {"cli", "commands", "tools", "text", "serve"},
+    "engine": {"cli", "commands", "tools", "serve"},
     "tools": {"cli", "commands", "serve"},
-    "serve": {"cli", "commands"},  # the HTTP front over batch/ and the backends
-    "batch": {"cli", "commands", "serve"},
+    "serve": {"cli", "commands"},  # the HTTP front over engine/, batch/ and the backends
     "commands": {"cli"},
     "cli": set(),
 }
@@ -253,11 +256,7 @@ def test_top_level_is_grouped_by_what_each_part_owns():
 ROOMS = ("__main__", "cli", "commands", "minfer", *TOP[2:])
 # reference -> cuda: the numpy twin of the blk and q8_1 grids reads the path table (issue 51
 # item 2 gives each path package its reference grid; ReferenceBackend(grids=...) removes it)
-BACK_ARROWS_LEFT = {
-    ("reference", "cuda"),
-    ("batch", "tools"),  # Engine fetches the default model
-    ("serve", "minfer"),  # the OpenAPI document's version
-}
+BACK_ARROWS_LEFT = {("reference", "cuda")}
 
 
 def room(m: str) -> str:

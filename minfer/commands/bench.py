@@ -213,7 +213,7 @@ def bench(
     if plot_path is not None:
         check_plot_path(plot_path)
     if not model_paths:
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         model_paths = (default_model_path(),)
     model_path = model_paths[0]

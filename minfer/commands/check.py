@@ -199,9 +199,9 @@ def reference_inputs(routes: dict[str, tuple[str, str]]) -> dict:
 def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths=None):
     """[(path, exact, n, max_diff, tau, detail, ok)] greedy identity of every path (TABLE
     records; default all) vs the CPU reference (tie-aware)."""
-    from minfer import engine
     from minfer.batch import single
     from minfer.cuda.plan.config import GemmChoice
+    from minfer.engine.backends import make_backend
     from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
 
@@ -214,9 +214,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         path = p.name
         be = None
         try:
-            be = engine.make_backend(
-                "cuda", model, GemmChoice(path), max_tokens, 512, None, False, True
-            )
+            be = make_backend("cuda", model, GemmChoice(path), max_tokens, 512, None, False, True)
             echo(f"{path:<13} {be.route_summary()}")
             echo(f"{'':<13} memory {be.memory.line()}")
             res = single.run(be, ids, n_greedy, 512)
@@ -285,8 +283,8 @@ def batch_rows(model, echo=click.echo, paths=None, ub: int = 64, n_greedy: int =
     logit and logsumexp at M = 1 against the batch's decode rows (decode_gap); at least
     1e-3)."""
     from minfer.batch import single
-    from minfer.batch.api import Engine
     from minfer.cuda.plan.config import GemmChoice
+    from minfer.engine.api import Engine
     from minfer.errors import GPUError
     from minfer.tools import gates
 
@@ -373,7 +371,7 @@ def check(
             f"--backend cpu)"
         ) from None
     if model_path is None:
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         model_path = default_model_path()
     model = load_model(model_path)

@@ -96,17 +96,17 @@ def embed(
     gemm,
 ) -> None:
     """Embed every prompt of a file: the final hidden state pooled, no LM head."""
-    from minfer.batch.api import Engine
     from minfer.batch.pooling import check_dims
     from minfer.batch.prompts import make_encoder, open_prompts
     from minfer.commands.gemm_flags import gemm_choice
+    from minfer.engine.api import Engine
     from minfer.gguf.loader import load_model
     from minfer.host.log import log
 
     if ubatch is not None and ubatch < 1:
         raise BadInput(f"-ub/--ubatch must be >= 1, got {ubatch}")
     if model_path is None:
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         model_path = default_model_path()
     model = load_model(model_path)

@@ -166,7 +166,7 @@ def perplexity(
     import numpy as np
 
     from minfer.commands.prefill import UBATCH, check_backend, pick_backend_kind
-    from minfer.engine import make_backend
+    from minfer.engine.backends import make_backend
     from minfer.gguf.loader import load_model
     from minfer.host.fileio import check_output_path
     from minfer.text.tokenizer import Tokenizer
@@ -212,7 +212,7 @@ def perplexity(
     else:
         text_name = f"{base_path} (the base's token ids)"
     if model_path is None:
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         model_path = default_model_path()
 

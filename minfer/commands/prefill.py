@@ -19,7 +19,7 @@ import time
 import click
 
 from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
-from minfer.engine import make_backend
+from minfer.engine.backends import make_backend
 from minfer.errors import BadInput, GPUError
 from minfer.host.fileio import check_cap, prompt_cap, read_prompt_file
 from minfer.host.threads import threads_option
@@ -133,7 +133,7 @@ def check_ray_options(prompts_path, address, actors, batch) -> None:
         raise BadInput(f"--ray-batch must be >= 1, got {batch}")
     if not address.strip():
         raise BadInput("--ray ADDRESS is empty (auto: a local Ray instance)")
-    from minfer.batch.ray.predictor import need_ray
+    from minfer.engine.ray.predictor import need_ray
 
     need_ray("--ray")
 
@@ -427,7 +427,7 @@ def prefill(
             "(a UTF-16 or binary file?)"
         )
     if model_path is None:
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         model_path = default_model_path()
 

@@ -409,7 +409,7 @@ class CudaBackend:
         LM head; issue 52's embeddings and label logits).
         Every row goes through every layer; the LM head runs HEAD_ROWS rows at a time.
         Numpy twin: ReferenceBackend.packed. GPUError on non-finite logits."""
-        from minfer.reference.layout import check_hidden, check_top
+        from minfer.batch.layout import check_hidden, check_top
 
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
         top = check_top(top, self.c.vocab_size)
@@ -507,7 +507,7 @@ class CudaBackend:
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int32 arrays, or BadInput naming what cannot run."""
-        from minfer.reference.layout import check_packed
+        from minfer.batch.layout import check_packed
 
         ids, tok, rows, targets = check_packed(
             ids,

@@ -67,9 +67,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from minfer.batch.layout import check_hidden, check_top
 from minfer.errors import BadInput, NumericError
 from minfer.reference import ops
-from minfer.reference.layout import check_hidden, check_top
 
 # dequantized experts kept up to this many bytes in all (else dequantized at each use)
 EXPERT_CACHE_BYTES = 1 << 30
@@ -608,7 +608,7 @@ class ReferenceBackend:
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int64 arrays, or BadInput naming what cannot run."""
-        from minfer.reference.layout import check_packed
+        from minfer.batch.layout import check_packed
 
         c = self.cfg
         return check_packed(

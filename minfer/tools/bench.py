@@ -297,7 +297,7 @@ def run(
     `out` (default: echo) in `fmt` (md, json, csv, jsonl: minfer.tools.bench_out), everything
     else to echo; with `collect` (several models in one output) json/csv/jsonl records are
     appended there instead of printed."""
-    from minfer.engine import make_backend
+    from minfer.engine.backends import make_backend
     from minfer.gguf.loader import load_model
     from minfer.tools.bench_out import format_rows, model_info, records
 

@@ -1,6 +1,6 @@
 """`minfer bench --batch N --tokens L`: many prompts as one packed run, beside one prompt alone.
 
-Per config (a GEMM path), one Engine (minfer.batch.api); an untimed run first (kernels built,
+Per config (a GEMM path), one Engine (minfer.engine.api); an untimed run first (kernels built,
 the CUDA graphs of the run's chunk sizes recorded), then `repeats` samples, each interleaved:
 the batch run (N prompts of L random tokens, or the prompts of a file; with a shared prefix of
 P tokens, the run with and without prefix sharing), then one L-token prompt alone (the
@@ -55,7 +55,7 @@ def run(
     """Load, warm up, time; the results to `out` (default echo) as a markdown table (one row
     per config and sharing mode), or JSON / CSV records (fmt), the rest to echo; -> the
     rows."""
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
     from minfer.gguf.loader import load_model
 
     model = load_model(model_path)

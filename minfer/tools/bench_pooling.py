@@ -40,8 +40,8 @@ def run(
     backend: str | None,
     echo=print,
 ) -> dict:
-    from minfer.batch.api import Engine
     from minfer.batch.jobs import run_pooled
+    from minfer.engine.api import Engine
     from minfer.gguf.loader import load_model
     from minfer.tools.bench_batch import batch_prompts
 

@@ -668,7 +668,7 @@ def tokenizer_metadata(
     """(tokenizer.* metadata, vocab size, a line saying where it came from)."""
     path = None
     if source == "default":
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         p = default_model_path(fetch=False)
         path = p if p.exists() else None

@@ -20,7 +20,7 @@ LOGPROB_TOL = 1e-3  # DESIGN.md's batch gate: a batch changes speed, never answe
 
 
 def test_served_logprobs_equal_the_engine(model):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     path = model.path
     V = model.config.vocab_size

@@ -1,5 +1,5 @@
-"""The one place a backend is built (make_backend); a prompt runs on it through
-minfer.batch.single (one) or minfer.batch.run (many)."""
+"""The one place a backend is built (make_backend: prefill, perplexity, bench, check, Engine); a
+prompt runs on it through minfer.batch.single (one) or minfer.batch.run (many)."""
 
 from __future__ import annotations
 
