@@ -78,7 +78,7 @@ def test_bench_csv_and_md(capsys, tiny):
 
 def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
     from minfer.gguf.loader import load_model
-    from minfer.tools import bench as B
+    from minfer.tools.bench import ab as B
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -99,10 +99,10 @@ def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
 def test_bench_plot_without_matplotlib_fails_before_benchmarking(
     monkeypatch, capsys, tiny, tmp_path
 ):
-    import minfer.tools.bench
+    import minfer.tools.bench.ab
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
-    monkeypatch.setattr(minfer.tools.bench, "run", lambda *a, **k: pytest.fail("benchmarked"))
+    monkeypatch.setattr(minfer.tools.bench.ab, "run", lambda *a, **k: pytest.fail("benchmarked"))
     code, out, err = _main(
         capsys, *BENCH[:1], "-m", str(tiny), *BENCH[1:], "--plot", str(tmp_path / "p.png")
     )
@@ -127,13 +127,13 @@ def test_bench_plot_writes_an_image(capsys, tiny, tmp_path):
 # -- defaults and checks before the default model is fetched ---------------------------------------
 def test_bench_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     import minfer.gguf.fetch as F
-    import minfer.tools.bench
+    import minfer.tools.bench.ab
 
     seen = {}
     default = tmp_path / "default.gguf"
     monkeypatch.setattr(F, "default_model_path", lambda fetch=True: default)
     monkeypatch.setattr(
-        minfer.tools.bench, "run", lambda path, *a, **k: seen.setdefault("p", path) and []
+        minfer.tools.bench.ab, "run", lambda path, *a, **k: seen.setdefault("p", path) and []
     )
     code, _, err = _main(capsys, "bench", "--backend", "cpu", "--no-breakdown")
     assert code == 0, err

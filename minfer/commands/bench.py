@@ -2,7 +2,7 @@
 
 As llama-bench: -m may repeat (each model is run, its rows in one output), the backend is cuda
 when a GPU is usable else cpu (as prefill picks it), -o json|csv|jsonl rows carry llama-bench's
-field names (minfer.tools.bench_out)."""
+field names (minfer.tools.bench.out)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import click
 
 from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
 from minfer.host.threads import threads_option
-from minfer.tools.bench_out import FORMATS
+from minfer.tools.bench.out import FORMATS
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
@@ -175,8 +175,8 @@ def bench(
     --gemm applies to every config over the environment; an --ab config wins over both."""
     from minfer.commands.prefill import check_backend, pick_backend_kind
     from minfer.errors import BadInput
-    from minfer.tools.bench import expand_configs, parse_tokens, run
-    from minfer.tools.bench_out import check_plot_path, plot
+    from minfer.tools.bench.ab import expand_configs, parse_tokens, run
+    from minfer.tools.bench.out import check_plot_path, plot
 
     # every check before the default model is fetched and before any benchmarking
     if more_ab and not ab:
@@ -278,7 +278,7 @@ def bench(
             )
             echo(f"plot: {_plot_name(plot_path, model_path, len(model_paths))}")
     if collect is not None:
-        from minfer.tools.bench_out import format_records
+        from minfer.tools.bench.out import format_records
 
         click.echo(format_records(collect, fmt))
 
@@ -310,7 +310,7 @@ def _bench_batch(
     fmt,
 ) -> None:
     from minfer.errors import BadInput
-    from minfer.tools import bench_batch
+    from minfer.tools.bench import batch as bench_batch
 
     if len(n_tokens) != 1:
         raise BadInput("--batch takes one prompt length (--tokens L)")

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from minfer.errors import BadInput
-from minfer.tools.bench import prompt_ids, time_prefill
+from minfer.tools.bench.ab import prompt_ids, time_prefill
 
 
 def batch_prompts(model, n: int, length: int, prefix: int = 0, seed: int = 0) -> list:
