@@ -653,7 +653,7 @@ def test_prompt_with_lone_surrogate_exit_2(capsys, tiny):
 
 
 def test_context_boundary_through_cli(capsys, monkeypatch, tmp_path, tiny, tiny_tok):
-    import minfer.commands.prefill as P
+    import minfer.tools.prefill.one as P
 
     text = "hello world " * 3
     n = len(tiny_tok.encode(text))

@@ -279,7 +279,7 @@ def test_prefill_reports_compile_and_capture_apart(tiny_path, monkeypatch, capsy
     import re
 
     from minfer.cli import main
-    from minfer.commands import prefill as cmd
+    from minfer.tools.prefill import one as cmd
     from minfer.reference.forward import ReferenceBackend
 
     class Warmed(ReferenceBackend):

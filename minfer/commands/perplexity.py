@@ -146,9 +146,10 @@ def perplexity(
 ) -> None:
     """Perplexity over a text in non-overlapping windows (as llama-perplexity), and the KL
     divergence against a saved run's logits (as its --kl-divergence)."""
-    from minfer.commands.prefill import UBATCH, check_backend, pick_backend_kind
+    from minfer.commands.prefill import check_backend, pick_backend_kind
     from minfer.host.fileio import check_output_path
     from minfer.tools.perplexity.run import run
+    from minfer.tools.prefill.one import UBATCH
 
     base_path, lc_save = llamacpp_names(lc_path, kl_divergence, base_path)
     if save_path is not None and lc_save is not None:

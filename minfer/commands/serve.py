@@ -302,7 +302,7 @@ def build_state(
     )
     c = eng.model.config
     if ctx_size:
-        from minfer.commands.prefill import context_size
+        from minfer.tools.prefill.one import context_size
 
         eng.model.config = c = c.for_context(context_size(ctx_size, c.n_ctx, 0, 0))
     n_ctx = ctx_size or c.n_ctx
