@@ -279,8 +279,8 @@ def test_prefill_reports_compile_and_capture_apart(tiny_path, monkeypatch, capsy
     import re
 
     from minfer.cli import main
-    from minfer.tools.prefill import one as cmd
     from minfer.reference.forward import ReferenceBackend
+    from minfer.tools.prefill import one as cmd
 
     class Warmed(ReferenceBackend):
         n_compiled, compile_s, capture_s = 0, 0.0, 0.0

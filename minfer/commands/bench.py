@@ -318,35 +318,19 @@ def _bench_batch(
         raise BadInput(f"-n {n_predict}: must be >= 0 with --batch")
     if batch is not None and batch < 1:
         raise BadInput(f"--batch {batch}: need at least 1 prompt")
-    prompts = None
     if log_uniform is not None:
-        import numpy as np
-
-        from minfer.gguf.loader import load_model
-
         try:
             a, b = (int(x) for x in log_uniform.split(":"))
         except ValueError:
             raise BadInput(f"--log-uniform {log_uniform!r}: expected A:B") from None
         if not 1 <= a <= b or batch is None:
             raise BadInput("--log-uniform A:B needs 1 <= A <= B and --batch N")
-        rng = np.random.default_rng(0)
-        lens = np.exp(rng.uniform(np.log(a), np.log(b + 1), batch)).astype(int).clip(a, b)
-        vocab = load_model(model_path).config.vocab_size
-        prompts = [rng.integers(0, vocab, n, dtype=np.int32) for n in lens]
+        prompts = bench_batch.log_uniform_prompts(model_path, batch, a, b)
         n_tokens = [b]
+    else:
+        prompts = None
     if prompts_path is not None:
-        from minfer.batch.prompts import make_encoder, open_prompts
-        from minfer.gguf.loader import load_model
-        from minfer.text.tokenizer import Tokenizer
-
-        model = load_model(model_path)
-        enc = make_encoder(
-            model.metadata, Tokenizer.from_metadata(model.metadata), None, None, True
-        )
-        with open_prompts(prompts_path, "jsonl", enc, model.config.vocab_size) as src:
-            src.scan(model.config.n_ctx, n_predict)
-            prompts = [p.ids for p in src]
+        prompts = bench_batch.file_prompts(model_path, prompts_path, n_predict)
     bench_batch.run(
         model_path,
         batch or 0,

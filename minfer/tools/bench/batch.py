@@ -30,6 +30,29 @@ def batch_prompts(model, n: int, length: int, prefix: int = 0, seed: int = 0) ->
     ]
 
 
+def log_uniform_prompts(model_path, n: int, a: int, b: int) -> list:
+    """--log-uniform A:B: n prompts of random ids (seed 0), lengths log-uniform in A..B."""
+    from minfer.gguf.loader import load_model
+
+    rng = np.random.default_rng(0)
+    lens = np.exp(rng.uniform(np.log(a), np.log(b + 1), n)).astype(int).clip(a, b)
+    vocab = load_model(model_path).config.vocab_size
+    return [rng.integers(0, vocab, k, dtype=np.int32) for k in lens]
+
+
+def file_prompts(model_path, path: str, n_predict: int) -> list:
+    """--prompts FILE: its prompts' ids (JSONL, checked against the context as prefill does)."""
+    from minfer.batch.prompts import make_encoder, open_prompts
+    from minfer.gguf.loader import load_model
+    from minfer.text.tokenizer import Tokenizer
+
+    model = load_model(model_path)
+    enc = make_encoder(model.metadata, Tokenizer.from_metadata(model.metadata), None, None, True)
+    with open_prompts(path, "jsonl", enc, model.config.vocab_size) as src:
+        src.scan(model.config.n_ctx, n_predict)
+        return [p.ids for p in src]
+
+
 def _med(xs: list[float]) -> str:
     m = statistics.median(xs)
     band = (max(xs) - min(xs)) / m if m > 0 else 0.0
