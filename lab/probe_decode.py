@@ -1,13 +1,13 @@
-"""Probe: a prompt's greedy ids alone (engine.run), in a one-prompt batch, and in the 11-prompt
+"""Probe: a prompt's greedy ids alone (single.run), in a one-prompt batch, and in the 11-prompt
 batch of `minfer check`, per GEMM path; and the lone run's logits at a decode step against a
 batched forward of the same tokens at M = 1, 16. Usage: probe_decode.py MODEL PATH..."""
 
 import sys
 
-from minfer import engine
-from minfer.batch.api import Engine
+from minfer.batch import single
 from minfer.commands.check import batch_prompts, decode_gap
 from minfer.cuda.plan.config import GemmChoice
+from minfer.engine.api import Engine
 from minfer.gguf.loader import load_model
 
 model = load_model(sys.argv[1])
@@ -19,7 +19,7 @@ for path in sys.argv[2:]:
     for i in (3, 9):
         one = {}
         eng.run(enumerate([ps[i]]), [len(ps[i])], 32, lambda r: one.__setitem__(r.key, r))
-        lone = engine.run(eng.backend, ps[i], 32, 64, warmup=False)
+        lone = single.run(eng.backend, ps[i], 32, 64, warmup=False)
         f, o, l_ = full[i].greedy, one[0].greedy, lone.greedy_ids
         k = lambda a, b: next((j for j in range(32) if a[j] != b[j]), 32)  # noqa: E731
         print(

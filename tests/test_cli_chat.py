@@ -222,13 +222,13 @@ class _Scripted:
 
 
 def test_engine_stop_ids():
-    from minfer import engine
+    from minfer.batch import single
 
     script = [0, 0, 5, 6, 2, 7, 7, 7]  # after the 2-token prompt: 5 6 2 7 ...
-    r = engine.run(_Scripted(script[1:]), [3, 4], n_greedy=6, n_ctx=64)
+    r = single.run(_Scripted(script[1:]), [3, 4], n_greedy=6, n_ctx=64)
     assert r.greedy_ids == [5, 6, 2, 7, 7, 7]  # no stop: through EOS
     be = _Scripted(script[1:])
-    r = engine.run(be, [3, 4], n_greedy=6, n_ctx=64, stop_ids={2})
+    r = single.run(be, [3, 4], n_greedy=6, n_ctx=64, stop_ids={2})
     assert r.greedy_ids == [5, 6, 2] and be.calls == 3  # the prefill + two decode steps
     assert len(r.step_margins) == 3 and r.decode_tok_s > 0
 

@@ -39,7 +39,7 @@ def _no_gpu():
 @pytest.fixture
 def no_fetch(monkeypatch, tmp_path):
     """An empty models folder whose fetch fails the test: a command must stop before it."""
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     monkeypatch.setenv("MINFER_MODELS", str(tmp_path / "models"))
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("model fetched"))
@@ -78,14 +78,14 @@ def test_bench_csv_and_md(capsys, tiny):
 
 def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
     from minfer.gguf.loader import load_model
-    from minfer.tools import bench as B
+    from minfer.tools.bench import ab as B
 
     class Tty(io.StringIO):
         def isatty(self):
             return True
 
     model = load_model(tiny)
-    from minfer.engine import make_backend
+    from minfer.engine.backends import make_backend
 
     bes = [make_backend("cpu", model, None, 4, progress=False)]
     for stream, shown in ((Tty(), True), (io.StringIO(), False)):
@@ -99,10 +99,10 @@ def test_bench_progress_only_on_a_terminal(monkeypatch, tiny):
 def test_bench_plot_without_matplotlib_fails_before_benchmarking(
     monkeypatch, capsys, tiny, tmp_path
 ):
-    import minfer.tools.bench
+    import minfer.tools.bench.ab
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
-    monkeypatch.setattr(minfer.tools.bench, "run", lambda *a, **k: pytest.fail("benchmarked"))
+    monkeypatch.setattr(minfer.tools.bench.ab, "run", lambda *a, **k: pytest.fail("benchmarked"))
     code, out, err = _main(
         capsys, *BENCH[:1], "-m", str(tiny), *BENCH[1:], "--plot", str(tmp_path / "p.png")
     )
@@ -126,14 +126,14 @@ def test_bench_plot_writes_an_image(capsys, tiny, tmp_path):
 
 # -- defaults and checks before the default model is fetched ---------------------------------------
 def test_bench_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
-    import minfer.tools.bench
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
+    import minfer.tools.bench.ab
 
     seen = {}
     default = tmp_path / "default.gguf"
     monkeypatch.setattr(F, "default_model_path", lambda fetch=True: default)
     monkeypatch.setattr(
-        minfer.tools.bench, "run", lambda path, *a, **k: seen.setdefault("p", path) and []
+        minfer.tools.bench.ab, "run", lambda path, *a, **k: seen.setdefault("p", path) and []
     )
     code, _, err = _main(capsys, "bench", "--backend", "cpu", "--no-breakdown")
     assert code == 0, err
@@ -173,8 +173,8 @@ def test_check_defaults_to_the_default_model(monkeypatch, capsys, tmp_path):
     from types import SimpleNamespace
 
     import minfer.cuda.runtime.runtime as R
+    import minfer.gguf.fetch as F
     import minfer.gguf.loader
-    import minfer.tools.fetch as F
     from minfer.errors import BadInput
 
     default = tmp_path / "default.gguf"

@@ -127,7 +127,7 @@ def test_prefill_checks_options_before_fetching_the_model(
     monkeypatch, capsys, tmp_path, args, code, needle
 ):
     """Options and the backend are checked before the 93 MB default model is fetched."""
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     if "cuda" in args:
         from minfer.cuda.runtime.runtime import gpu_available
@@ -172,12 +172,12 @@ def test_prefill_cuda_without_gpu_names_cpu(capsys, default_model_path):
 
 
 def test_engine_rejects_context_overflow_with_large_greedy(default_model):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.errors import BadInput
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(default_model)
     with pytest.raises(BadInput, match="exceeds the model's context of 8192"):
-        engine.run(be, [1, 2, 3], n_greedy=8190)
+        single.run(be, [1, 2, 3], n_greedy=8190)
     assert be._w == {}  # rejected before any weight was dequantized
     assert np.all(be._k[0] == 0)

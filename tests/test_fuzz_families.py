@@ -28,7 +28,7 @@ Every case runs `minfer prefill -m CASE --backend cpu -p "ab" -n 2 --json` (1 ca
 inside two worker processes (CI has 2 cores), each case under an alarm, the worker under an
 address-space cap. The prefill must end in exactly one of:
   exit 0: every number of the JSON finite (the text report: its tok/s lines), prefill/decode
-          tok/s finite and > 0, 2 greedy ids in [0, vocab), the prompt logits engine.run saw
+          tok/s finite and > 0, 2 greedy ids in [0, vocab), the prompt logits single.run saw
           finite, no `error:` line;
   exit 2 or 3 (the exit code of the MinferError class printed): exactly one `error:` line;
 inspect the same (exit 0 or 2, one line); and never a traceback (an exception escaping
@@ -799,12 +799,12 @@ def run_case(path: Path, seen: dict, text: bool = False) -> tuple[str, str | Non
 
 
 def _instrument(seen: dict, setattr=setattr) -> None:
-    """Record what engine.run saw (the last prompt logits, the vocab) and the class of the
+    """Record what single.run saw (the last prompt logits, the vocab) and the class of the
     MinferError the CLI printed (minfer.cli._say_error runs inside its except block)."""
     import minfer.cli as cli_mod
-    from minfer import engine
+    from minfer.batch import single
 
-    real_run, real_say = engine.run, cli_mod._say_error
+    real_run, real_say = single.run, cli_mod._say_error
 
     def recording_run(backend, *a, **k):
         seen["vocab"] = backend.cfg.vocab_size
@@ -818,7 +818,7 @@ def _instrument(seen: dict, setattr=setattr) -> None:
             seen["error_class"] = type(e).__name__
         return real_say(msg)
 
-    setattr(engine, "run", recording_run)
+    setattr(single, "run", recording_run)
     setattr(cli_mod, "_say_error", recording_say)
 
 

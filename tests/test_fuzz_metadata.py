@@ -7,7 +7,7 @@ arrays) or removed, a declared general.alignment that differs from the layout th
 written with, or a NaN/inf/huge value written into a weight. Each case is written to disk and
 run end to end through minfer.cli.main in this process (`prefill --backend cpu`), and must
 end in exactly one of:
-  exit 0 with finite logits (engine.run's result, recorded), or
+  exit 0 with finite logits (single.run's result, recorded), or
   exit 2 / 3 with stderr exactly one `error:` line.
 Anything else (a traceback, another exit code, NaN decoded as success) fails the test.
 MINFER_META_FUZZ_CASES sets the count (default 650); derandomized, so CI runs the same cases.
@@ -179,21 +179,21 @@ def _patch_alignment(path: Path, declared: int) -> None:
 
 
 def test_fuzz_metadata_prefill(tmp_path, report, monkeypatch):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.errors import BadInput
 
     parts = small_parts(seed=5, tied=False)
     path = tmp_path / "case.gguf"
     outcomes: collections.Counter = collections.Counter()
     recorded = []
-    real_run = engine.run
+    real_run = single.run
 
     def recording_run(*a, **k):
         res = real_run(*a, **k)
         recorded.append(res.last_logits)
         return res
 
-    monkeypatch.setattr(engine, "run", recording_run)
+    monkeypatch.setattr(single, "run", recording_run)
 
     @settings(
         max_examples=N_CASES,

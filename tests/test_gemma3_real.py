@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minfer.tools.fetch import models_dir
+from minfer.gguf.fetch import models_dir
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden" / "gemma3-270m"
@@ -96,11 +96,11 @@ def test_tokenizer_ids_are_llamacpps(gemma3, name):
 @needs_model
 @pytest.mark.parametrize("name", PROMPTS)
 def test_logits_and_greedy_match_llamacpp(gemma3, name, report):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.tools.gates import compare_greedy
 
     g = _golden(name)
-    res = engine.run(gemma3[1], g["ids"], n_greedy=32, warmup=False)
+    res = single.run(gemma3[1], g["ids"], n_greedy=32, warmup=False)
     got = res.last_logits[g["top_ids"]]
     err = float(np.abs(got - np.asarray(g["top_logits"])).max())
     assert err <= TOL_REAL, f"{name}: max |dlogit| over llama.cpp's top 20 {err:.4f} > {TOL_REAL}"

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 from golden_data import GOLDEN, golden
 
-from minfer import engine
+from minfer.batch import single
 from minfer.reference.forward import ReferenceBackend
 from minfer.tools import gates
 
@@ -41,10 +41,10 @@ F16_MAX_DIFF = 0.06
 
 @pytest.fixture(scope="module")
 def runs(default_model, golden_q4_1):
-    """engine.run (greedy 32) of the f32 reference with the f16 KV cache, per golden prompt."""
+    """single.run (greedy 32) of the f32 reference with the f16 KV cache, per golden prompt."""
     be = ReferenceBackend(default_model)  # defaults: float32, kv_f16=True
     be.preload()
-    out = [engine.run(be, p["prompt_ids"], n_greedy=32) for p in golden_q4_1["prompts"]]
+    out = [single.run(be, p["prompt_ids"], n_greedy=32) for p in golden_q4_1["prompts"]]
     del be
     return out
 
@@ -130,7 +130,7 @@ def test_greedy32_vs_llamacpp_f16_requant(default_model, i, report):
     ~0.03, tau is small, so the tie-aware comparison covers many steps, not one or two."""
     g = golden("f16")["prompts"][i]
     be = ReferenceBackend(_F16Weights(default_model), act_quant=True)
-    r = engine.run(be, g["prompt_ids"], n_greedy=32)
+    r = single.run(be, g["prompt_ids"], n_greedy=32)
     tau = gates.tau_from(r.last_logits, np.load(GOLDEN / g["logits_file"]))
     v = gates.compare_greedy(r.greedy_ids, g["greedy32_ids"], g["greedy32_top1_top2_margin"], tau)
     report(f"golden f16 prompt {i}: greedy-32 vs llama.cpp (tau {tau:.3f}): {v.describe()}")
@@ -152,7 +152,7 @@ def test_q4_k_m_requant_vs_llamacpp(requant_q4_k_m, report):
 
     g = golden("q4_k_m")["prompts"][0]
     be = ReferenceBackend(load_model(requant_q4_k_m))
-    r = engine.run(be, g["prompt_ids"], n_greedy=32)
+    r = single.run(be, g["prompt_ids"], n_greedy=32)
     ref = np.load(GOLDEN / g["logits_file"])
     d = np.abs(r.last_logits.astype(np.float64) - ref)
     assert d.max() <= 1.5 and d.mean() <= 0.5 and np.corrcoef(r.last_logits, ref)[0, 1] >= 0.997

@@ -181,7 +181,7 @@ def test_path_name_comparison_finder_finds_them():
 def test_the_gemm_choice_is_read_from_the_environment_in_one_module():
     """One function (cuda/plan/config.gemm_choice, which the CLI's flags and minfer.Engine call)
     turns --gemm and MINFER_GEMM into a GemmChoice; no other module hands the environment to
-    the GEMM choice, and CUDA backends are built in one place (engine.make_backend)."""
+    the GEMM choice, and CUDA backends are built in one place (engine.backends.make_backend)."""
     readers, builders = [], []
     for p in (ROOT / "minfer").rglob("*.py"):
         src = p.read_text()
@@ -191,23 +191,26 @@ def test_the_gemm_choice_is_read_from_the_environment_in_one_module():
         if "CudaBackend(" in src and "class CudaBackend" not in src:
             builders.append(rel)
     assert readers == ["minfer/cuda/plan/config.py"], readers
-    assert builders == ["minfer/engine.py"], builders
+    assert builders == ["minfer/engine/backends.py"], builders
 
 
 # minfer/'s top-level groups and what each may not import (bottom up): the host side (signals,
-# threads, files, memory, pools, progress) and text know nothing of models; the file format and
-# the quant types know no backend; the CUDA backend and the CPU reference know no command; the
-# tools (bench, perplexity, synth, fetch, gates) sit under the commands, the commands under the CLI;
-# batch (many prompts: the prompt file, the results) sits under the commands too
+# threads, files, memory, pools, progress) and text know nothing of models; the file format (and
+# the default model's fetch) and the quant types know no backend; batch, the driver (the packed
+# layout, the schedule, the runners, the continuous scheduler), knows the backends only by their
+# protocol and sits under them (they check its layout); the CUDA backend and the CPU reference
+# know no command; engine (the Python API, where a backend is built) sits over the backends;
+# the tools (bench, perplexity, synth, quantize, gates) under the commands, the commands under
+# the CLI
 TOP = (
     "cli",
     "commands",
     "tools",
     "serve",
-    "batch",
     "engine",
     "cuda",
     "reference",
+    "batch",
     "gguf",
     "families",
     "quants",
@@ -220,14 +223,14 @@ FORBIDDEN = {
     "families": set(TOP) - {"families", "errors", "host"},  # below gguf/: read by all above
     "host": set(TOP) - {"host", "errors"},
     "text": set(TOP) - {"text", "host", "errors"},
-    "gguf": {"cli", "commands", "tools", "engine", "cuda", "reference", "text", "serve"},
-    "quants": {"cli", "commands", "tools", "engine", "cuda", "reference", "text", "serve"},
+    "gguf": {"cli", "commands", "tools", "engine", "batch", "cuda", "reference", "text", "serve"},
+    "quants": {"cli", "commands", "tools", "engine", "batch", "cuda", "reference", "text", "serve"},
+    "batch": {"cli", "commands", "tools", "serve", "engine", "cuda", "reference"},
     "reference": {"cli", "commands", "tools", "engine", "text", "serve"},
     "cuda": {"cli", "commands", "tools", "engine", "text", "serve"},
-    "engine": {"cli", "commands", "tools", "text", "serve"},
+    "engine": {"cli", "commands", "tools", "serve"},
     "tools": {"cli", "commands", "serve"},
-    "serve": {"cli", "commands"},  # the HTTP front over batch/ and the backends
-    "batch": {"cli", "commands", "serve"},
+    "serve": {"cli", "commands"},  # the HTTP front over engine/, batch/ and the backends
     "commands": {"cli"},
     "cli": set(),
 }
@@ -248,3 +251,54 @@ def test_top_level_is_grouped_by_what_each_part_owns():
         if _group(m) and _group(d) in FORBIDDEN[_group(m)]
     )
     assert not bad, bad
+
+
+# The package-level graph (issue 51's "back arrows"): a room is a top-level entry of minfer/
+# (a subpackage or module; "minfer" is the package's face, __init__: __version__ and the lazy
+# minfer.Engine). ROOMS ranks them top down: the two faces (the CLI and the Python API) first,
+# then the commands and tools, the HTTP front, and so on down to errors. A back arrow is a pair
+# of rooms (a, b), a importing b (any module of a, any import), with b ranked above a: the
+# number of distinct pairs, not of imports. `python3 tests/test_imports.py` prints the graph.
+ROOMS = ("__main__", "cli", "commands", "minfer", *TOP[2:])
+# reference -> cuda: the numpy twin of the blk and q8_1 grids reads the path table (issue 51
+# item 2 gives each path package its reference grid; ReferenceBackend(grids=...) removes it)
+BACK_ARROWS_LEFT = {("reference", "cuda")}
+
+
+def room(m: str) -> str:
+    parts = m.split(".")
+    return parts[1] if len(parts) > 1 else "minfer"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[tuple[str, str], int]:
+    """(room a, room b) -> how many module imports go from a to b (a != b)."""
+    out: dict[tuple[str, str], int] = {}
+    for m, ds in graph.items():
+        for d in ds:
+            if room(m) != room(d):
+                key = (room(m), room(d))
+                out[key] = out.get(key, 0) + 1
+    return out
+
+
+def back_arrows(pg: dict[tuple[str, str], int]) -> set[tuple[str, str]]:
+    return {(a, b) for a, b in pg if ROOMS.index(b) < ROOMS.index(a)}
+
+
+def test_back_arrow_count_finds_them():
+    assert back_arrows({("quants", "gguf"): 2, ("gguf", "quants"): 1}) == {("quants", "gguf")}
+
+
+def test_rooms_are_ranked_and_back_arrows_few():
+    pg = package_graph(module_graph())
+    assert {r for e in pg for r in e} <= set(ROOMS)
+    assert back_arrows(pg) <= BACK_ARROWS_LEFT, back_arrows(pg)
+
+
+if __name__ == "__main__":
+    pg = package_graph(module_graph())
+    back = back_arrows(pg)
+    for a in ROOMS:
+        outs = [f"{b}{'!' if (a, b) in back else ''}({pg[a, b]})" for b in ROOMS if (a, b) in pg]
+        print(f"{a:>9} -> {' '.join(outs)}")
+    print(f"back arrows ({len(back)}, marked !):", ", ".join(f"{a}->{b}" for a, b in sorted(back)))

@@ -158,8 +158,8 @@ def test_prefill_prints_the_memory_line_and_upload_rate(tmp_path, monkeypatch, c
     import re
 
     from minfer.cli import main
-    from minfer.commands import prefill as cmd
     from minfer.reference.forward import ReferenceBackend
+    from minfer.tools.prefill import one as cmd
 
     plan = choose_tier(NEED, 80 * G)
 

@@ -37,7 +37,7 @@ def _run(m, ids):
 
 @pytest.mark.parametrize("preset", MOE)
 def test_moe_matches_llamacpp(files, preset, report):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
     from minfer.reference.moe import tie_excused
@@ -53,7 +53,7 @@ def test_moe_matches_llamacpp(files, preset, report):
     errs = np.abs(logits[g["positions"]] - want).max(axis=1)
     ok, line = tie_excused(g["positions"], errs, log, TOL)
     assert ok, f"{preset}: {line}"
-    res = engine.run(ReferenceBackend(m), ids, n_greedy=32, warmup=False)
+    res = single.run(ReferenceBackend(m), ids, n_greedy=32, warmup=False)
     v = compare_greedy(
         res.greedy_ids, g["greedy"], g["margins"], tau_from(res.last_logits, want[-1])
     )

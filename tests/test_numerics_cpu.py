@@ -126,14 +126,14 @@ class _NaNBackend:
 
 @pytest.mark.parametrize("bad_step, what", [(0, "prefill"), (2, "decode step 2")])
 def test_engine_refuses_non_finite_logits_of_any_backend(bad_step, what):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.errors import NumericError
 
     with pytest.raises(NumericError, match=what) as e:
-        engine.run(_NaNBackend(bad_step), [1, 2, 3], n_greedy=4, n_ctx=64)
+        single.run(_NaNBackend(bad_step), [1, 2, 3], n_greedy=4, n_ctx=64)
     assert e.value.exit_code == 3
     assert "fake" in str(e.value)
-    engine.run(_NaNBackend(None), [1, 2, 3], n_greedy=4, n_ctx=64)  # finite: runs
+    single.run(_NaNBackend(None), [1, 2, 3], n_greedy=4, n_ctx=64)  # finite: runs
 
 
 # -- hyperparameters: type, range, consistency; exit 2 naming the key -----------------------------

@@ -105,7 +105,7 @@ def test_wheel_ships_every_kernel_and_resolves_them_installed(tmp_path):
     elsewhere.mkdir()
     code = (
         "from minfer.cuda.runtime.build import KERNEL_DIR, kernel_path; "
-        "from minfer.tools.perplexity import DEFAULT_TEXT; "
+        "from minfer.tools.perplexity.windows import DEFAULT_TEXT; "
         "print(KERNEL_DIR); print(kernel_path('gemm_f16')); print(DEFAULT_TEXT)"
     )
     env = {**os.environ, "PYTHONPATH": str(target)}

@@ -186,11 +186,11 @@ def test_attending_across_sequences_is_caught(model, prompts, alone, tol):
 
 @pytest.mark.identity
 def test_batched_decode_equals_engine_greedy(model, prompts, tol):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.tools.gates import compare_greedy
 
     n_steps = 8
-    runs = [engine.run(model.backend(), p, n_greedy=n_steps + 1, warmup=False) for p in prompts]
+    runs = [single.run(model.backend(), p, n_greedy=n_steps + 1, warmup=False) for p in prompts]
     ids, tok, _, own = _layout(prompts)
     last = np.array([r for r, (i, j) in enumerate(own) if j == len(prompts[i]) - 1], np.int32)
     be = _backend(model, len(prompts))

@@ -1,4 +1,4 @@
-"""CPU: `minfer perplexity` (minfer.tools.perplexity, minfer/commands/perplexity.py) on a small 2-layer
+"""CPU: `minfer perplexity` (minfer.tools.perplexity.windows, minfer/commands/perplexity.py) on a small 2-layer
 model: PPL equals a direct numpy computation from the reference forward's last-position
 logits, window by window (with and without BOS); --save-logits / --kld-base round trip
 (KLD 0, top-1 100 % against itself; a perturbed base gives the KLD computed here); refusals
@@ -137,7 +137,7 @@ def test_save_and_kld_round_trip(small, text, tmp_path):
 
 
 def test_perturbed_base_gives_the_kld_computed_here(small, text, tmp_path):
-    from minfer.tools.perplexity import read_logits
+    from minfer.tools.perplexity.windows import read_logits
 
     base = tmp_path / "base.logits"
     _ppl(small[0], text, "--save-logits", str(base))
@@ -268,7 +268,7 @@ def test_window_logits_rows_equal_forward(small):
 
 
 def test_ppl_stats_and_windows():
-    from minfer.tools import perplexity as P
+    from minfer.tools.perplexity import windows as P
 
     nll = np.array([1.0, 2.0, 3.0, 2.0])
     ppl, err = P.ppl_stats(nll)
@@ -284,7 +284,7 @@ def test_ppl_stats_and_windows():
 
 def test_shipped_text_is_long_enough(default_model):
     from minfer.text.tokenizer import Tokenizer
-    from minfer.tools.perplexity import DEFAULT_TEXT
+    from minfer.tools.perplexity.windows import DEFAULT_TEXT
 
     tok = Tokenizer.from_metadata(default_model.metadata)
     assert len(tok.encode(DEFAULT_TEXT.read_text(encoding="utf-8"))) >= 10_000
@@ -297,7 +297,7 @@ def _rewrite_header(src, dst, **fields):
     """dst: src's logits with its JSON header's fields replaced (None: removed)."""
     import struct
 
-    from minfer.tools.perplexity import ALIGN, MAGIC, read_logits
+    from minfer.tools.perplexity.windows import ALIGN, MAGIC, read_logits
 
     hdr, data = read_logits(str(src))
     for k, v in fields.items():
@@ -354,7 +354,7 @@ def test_kld_base_header_checked_field_by_field(small, text, tmp_path, fields, s
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_kld_base_with_nonfinite_logits_refused(small, text, tmp_path, value):
-    from minfer.tools.perplexity import read_logits, rows_per_window
+    from minfer.tools.perplexity.windows import read_logits, rows_per_window
 
     base = tmp_path / "base.logits"
     _ppl(small[0], text, "--save-logits", str(base))
@@ -385,8 +385,8 @@ def test_kld_base_with_nonfinite_logits_refused(small, text, tmp_path, value):
 
 
 def test_json_report_never_prints_nan(capsys):
-    from minfer.commands.perplexity_report import Report
     from minfer.errors import NumericError
+    from minfer.tools.perplexity.report import Report
 
     rep = Report({"model": "m", "kld": None}, as_json=True)
     stats = {

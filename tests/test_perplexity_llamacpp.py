@@ -46,7 +46,7 @@ def run(small, text, tmp_path_factory):
     """(the run's JSON, its f32 logits [CHUNKS * ROWS, vocab], the text's ids)."""
     from minfer.gguf.loader import load_model
     from minfer.text.tokenizer import Tokenizer
-    from minfer.tools.perplexity import read_logits
+    from minfer.tools.perplexity.windows import read_logits
 
     f = tmp_path_factory.mktemp("base") / "f32.logits"
     r = run_ppl(small, text, CTX, CHUNKS, "--backend", "cpu", "--save-logits", str(f))

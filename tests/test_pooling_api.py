@@ -23,7 +23,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(folder):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     return Engine(str(qwen3_pooling_model(folder)), backend="cpu", dtype="f64")
 
@@ -72,8 +72,8 @@ def test_embed_pools_the_final_hidden_states(engine):
 
 
 def test_the_gguf_pooling_key_chooses(folder):
-    from minfer.batch.api import Engine
     from minfer.batch.pooling import model_pooling
+    from minfer.engine.api import Engine
 
     for key, name in (
         (1, "mean"),

@@ -5,7 +5,7 @@
   needed_kernels (the dry pass), over several GEMM configs, archs and lengths.
 - prebuild really compiles (nvcc, as tests/test_kernel_compile.py) into a temp MINFER_CACHE, in
   parallel, and a second call compiles nothing.
-- engine.run leaves a backend's warm-up out of the prefill timing (a backend whose first
+- single.run leaves a backend's warm-up out of the prefill timing (a backend whose first
   forward of a shape is slow), and does not warm up a backend without warmup (the CPU).
 """
 
@@ -252,13 +252,13 @@ class SlowFirstBackend:
 
 
 def test_engine_times_prefill_after_warmup():
-    from minfer import engine
+    from minfer.batch import single
 
     be = SlowFirstBackend(with_warmup=True)
-    res = engine.run(be, list(range(20)), n_greedy=3, ubatch=8, n_ctx=100)
+    res = single.run(be, list(range(20)), n_greedy=3, ubatch=8, n_ctx=100)
     assert be.warmed == [[1, 4, 8]]  # the chunk lengths 8, 8, 4 and decode's 1
     assert res.warmup_s >= 0.9 and res.prefill_s < 0.2 and res.decode_s < 0.2
-    cold = engine.run(
+    cold = single.run(
         SlowFirstBackend(with_warmup=True),
         list(range(20)),
         n_greedy=3,
@@ -268,7 +268,7 @@ def test_engine_times_prefill_after_warmup():
     )
     assert cold.prefill_s >= 0.6 and cold.warmup_s == 0.0
     cpu = SlowFirstBackend(with_warmup=False)  # no warmup method: timed as before
-    res = engine.run(cpu, list(range(20)), n_greedy=1, ubatch=8, n_ctx=100)
+    res = single.run(cpu, list(range(20)), n_greedy=1, ubatch=8, n_ctx=100)
     assert res.warmup_s == 0.0 and res.prefill_s >= 0.6
 
 
@@ -279,8 +279,8 @@ def test_prefill_reports_compile_and_capture_apart(tiny_path, monkeypatch, capsy
     import re
 
     from minfer.cli import main
-    from minfer.commands import prefill as cmd
     from minfer.reference.forward import ReferenceBackend
+    from minfer.tools.prefill import one as cmd
 
     class Warmed(ReferenceBackend):
         n_compiled, compile_s, capture_s = 0, 0.0, 0.0

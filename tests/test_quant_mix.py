@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 from minfer.errors import Unsupported
-from minfer.quants.mix import MixModel, TensorDesc, describe, llama_order, plan_types, use_more_bits
+from minfer.tools.quantize_mix import (
+    MixModel,
+    TensorDesc,
+    describe,
+    llama_order,
+    plan_types,
+    use_more_bits,
+)
 from tests.conftest import GOLDEN
 
 KINDS = {
@@ -239,7 +246,7 @@ def test_drain_stops_a_pool_without_killing_workers():
     Pool.terminate() on a worker that may be sending a result (that hung: a partial message)."""
     import multiprocessing as mp
 
-    from minfer.quants import requant
+    from minfer.tools import quantize as requant
 
     ctx = mp.get_context("fork")
     stop = ctx.Event()

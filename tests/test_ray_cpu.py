@@ -1,4 +1,4 @@
-"""CPU: `minfer prefill --prompts FILE --ray` and minfer.batch.ray (issue 55) on one local Ray
+"""CPU: `minfer prefill --prompts FILE --ray` and minfer.engine.ray (issue 55) on one local Ray
 instance of 2 CPUs shared by the module (Ray's start, ~5-10 s, paid once), 2 CPU actors, a tiny model.
 
 On the float64 reference a record's numbers do not depend on the prompts packed beside it, so
@@ -99,7 +99,7 @@ def test_missing_extra_is_one_error(tiny, prompts, tmp_path, monkeypatch):
     assert error_lines(err) == [err.strip()]
     assert "needs the ray extra" in err and 'pip install "minfer[ray]"' in err
     assert not (tmp_path / "o.jsonl").exists()
-    from minfer.batch.ray import need_ray
+    from minfer.engine.ray import need_ray
     from minfer.errors import ResourceError
 
     with pytest.raises(ResourceError, match="ray extra"):
@@ -141,8 +141,8 @@ def test_stdout_in_order(ray_local, tiny, prompts, single):
 def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_path, monkeypatch):
     """The first batch to start kills its actor's process (os._exit, as a lost node or an OOM
     kill); Ray restarts the actor and runs the batch again: the file is still the whole file."""
-    import minfer.batch.ray.job as job
-    from minfer.batch.ray.predictor import MinferPredictor
+    import minfer.engine.ray.job as job
+    from minfer.engine.ray.predictor import MinferPredictor
 
     marker = str(tmp_path / "killed")
 
@@ -164,8 +164,8 @@ def test_killed_actor_batch_runs_again(ray_local, tiny, prompts, single, tmp_pat
 
 def test_actor_error_is_its_own_line(ray_local, tiny, prompts, tmp_path, monkeypatch):
     """A MinferError raised in an actor (a NaN, a GPU fault) is not retried: one line, its code."""
-    import minfer.batch.ray.job as job
-    from minfer.batch.ray.predictor import MinferPredictor
+    import minfer.engine.ray.job as job
+    from minfer.engine.ray.predictor import MinferPredictor
     from minfer.errors import NumericError
 
     class Faulty(MinferPredictor):
@@ -184,7 +184,7 @@ def test_bad_line_is_one_error_before_ray(ray_local, tiny, prompts, tmp_path, mo
     bad = tmp_path / "bad.jsonl"
     bad.write_text(prompts.read_text() + '{"promt": "x"}\n')
     n = len(bad.read_text().splitlines())
-    import minfer.batch.ray.job as job
+    import minfer.engine.ray.job as job
 
     monkeypatch.setattr(job, "run_file", None)  # never reached
     code, out, err = run_cli(_args(tiny, bad, tmp_path / "o.jsonl", *RAY))
@@ -215,7 +215,7 @@ def test_predictor_in_a_users_pipeline(ray_local, tiny):
     once sorted by index (the dataset's own order otherwise)."""
     import ray.data
 
-    from minfer.batch.ray import MinferPredictor
+    from minfer.engine.ray import MinferPredictor
 
     texts = [f"the river {i}" for i in range(6)]
     ds = ray.data.from_items([{"index": i, "prompt": t} for i, t in enumerate(texts)])

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from topk_data import brute_topk, lse_of, planted
 
+from minfer.batch.layout import check_top
 from minfer.errors import BadInput
 from minfer.reference import ops
-from minfer.reference.layout import check_top
 
 
 @pytest.mark.parametrize("V", [1, 3, 20, 21, 130, 1031])

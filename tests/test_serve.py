@@ -33,7 +33,7 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     return Engine(str(model), backend="cpu", dtype="f64")
 

@@ -148,7 +148,7 @@ def test_a_nan_in_one_request_of_a_batch_over_http(poisoned):
             err = out[i].json()["error"]
             assert out[i].status_code == 500 and err["code"] == "engine_error"
             assert "non-finite" in err["message"] and "Traceback" not in out[i].text
-        from minfer.batch.api import Engine
+        from minfer.engine.api import Engine
 
         eng = Engine(str(poisoned), backend="cpu", dtype="f64")
         for i in (0, 2, 3):

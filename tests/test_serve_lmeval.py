@@ -44,7 +44,7 @@ def test_lm_eval_scores_through_the_server(model, tmp_path, monkeypatch):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     s = Server(model, "--dtype", "f64", "--served-model-name", "small")
     try:

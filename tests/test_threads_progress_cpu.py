@@ -98,13 +98,13 @@ class _TTY(io.StringIO):
 
 
 def _run_with_stderr(monkeypatch, stream, model_path, n_prompt, n_greedy, ubatch=512):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.gguf.loader import load_model
     from minfer.reference.forward import ReferenceBackend
 
     be = ReferenceBackend(load_model(model_path), max_tokens=n_prompt + n_greedy)
     monkeypatch.setattr(sys, "stderr", stream)
-    res = engine.run(
+    res = single.run(
         be, list(range(1, n_prompt + 1)), n_greedy=n_greedy, ubatch=ubatch, progress=True
     )
     monkeypatch.undo()

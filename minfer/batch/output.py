@@ -95,7 +95,7 @@ class ResultWriter:
         self.write_line(dumps(record))
 
     def write_line(self, line: str) -> None:
-        """One record already made a line by dumps() (a Ray actor's: minfer.batch.ray)."""
+        """One record already made a line by dumps() (a Ray actor's: minfer.engine.ray)."""
         if self._done:
             raise RuntimeError("ResultWriter.write after commit or close")
         line += "\n"

@@ -101,7 +101,7 @@ def run(
     emit: Callable[[Result], None] = lambda r: None,
     progress: bool = False,
     n_prompts: int | None = None,
-    describe: Callable[[int], str] = lambda k: f"prompt {k}",
+    describe: Callable[[int], str] | None = lambda k: f"prompt {k}",
     top: int = 0,
 ) -> Totals:
     """Run every (key, ids) prompt of `prompts` (keys increasing: the input order) and hand
@@ -111,7 +111,8 @@ def run(
     (continuation_logprob, is_greedy). top >= 1: the top most likely ids and log-probs of
     every scored row (packed(top=k), only in chunks that score). A GPU fault or
     non-finite numbers in a forward re-raise naming the prompts of that forward (describe(key):
-    how a prompt is named, e.g. its line in the file)."""
+    how a prompt is named, e.g. its line in the file; None: as they are, minfer.batch.single's
+    one prompt)."""
     tot = Totals()
     bar = progress_bar(progress, total=n_prompts, desc="prompts", unit="prompt")
     try:
@@ -132,6 +133,8 @@ def run(
 
 def _named(describe, keys, what: str, call):
     """call(), its GPUError / NumericError re-raised with the prompts it ran named."""
+    if describe is None:
+        return call()
     try:
         return call()
     except (GPUError, NumericError) as e:

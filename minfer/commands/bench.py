@@ -2,7 +2,7 @@
 
 As llama-bench: -m may repeat (each model is run, its rows in one output), the backend is cuda
 when a GPU is usable else cpu (as prefill picks it), -o json|csv|jsonl rows carry llama-bench's
-field names (minfer.tools.bench_out)."""
+field names (minfer.tools.bench.out)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import click
 
 from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
 from minfer.host.threads import threads_option
-from minfer.tools.bench_out import FORMATS
+from minfer.tools.bench.out import FORMATS
 
 
 @click.command("bench", context_settings={"ignore_unknown_options": False})
@@ -175,8 +175,8 @@ def bench(
     --gemm applies to every config over the environment; an --ab config wins over both."""
     from minfer.commands.prefill import check_backend, pick_backend_kind
     from minfer.errors import BadInput
-    from minfer.tools.bench import expand_configs, parse_tokens, run
-    from minfer.tools.bench_out import check_plot_path, plot
+    from minfer.tools.bench.ab import expand_configs, parse_tokens, run
+    from minfer.tools.bench.out import check_plot_path, plot
 
     # every check before the default model is fetched and before any benchmarking
     if more_ab and not ab:
@@ -213,7 +213,7 @@ def bench(
     if plot_path is not None:
         check_plot_path(plot_path)
     if not model_paths:
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         model_paths = (default_model_path(),)
     model_path = model_paths[0]
@@ -278,7 +278,7 @@ def bench(
             )
             echo(f"plot: {_plot_name(plot_path, model_path, len(model_paths))}")
     if collect is not None:
-        from minfer.tools.bench_out import format_records
+        from minfer.tools.bench.out import format_records
 
         click.echo(format_records(collect, fmt))
 
@@ -310,7 +310,7 @@ def _bench_batch(
     fmt,
 ) -> None:
     from minfer.errors import BadInput
-    from minfer.tools import bench_batch
+    from minfer.tools.bench import batch as bench_batch
 
     if len(n_tokens) != 1:
         raise BadInput("--batch takes one prompt length (--tokens L)")
@@ -318,35 +318,19 @@ def _bench_batch(
         raise BadInput(f"-n {n_predict}: must be >= 0 with --batch")
     if batch is not None and batch < 1:
         raise BadInput(f"--batch {batch}: need at least 1 prompt")
-    prompts = None
     if log_uniform is not None:
-        import numpy as np
-
-        from minfer.gguf.loader import load_model
-
         try:
             a, b = (int(x) for x in log_uniform.split(":"))
         except ValueError:
             raise BadInput(f"--log-uniform {log_uniform!r}: expected A:B") from None
         if not 1 <= a <= b or batch is None:
             raise BadInput("--log-uniform A:B needs 1 <= A <= B and --batch N")
-        rng = np.random.default_rng(0)
-        lens = np.exp(rng.uniform(np.log(a), np.log(b + 1), batch)).astype(int).clip(a, b)
-        vocab = load_model(model_path).config.vocab_size
-        prompts = [rng.integers(0, vocab, n, dtype=np.int32) for n in lens]
+        prompts = bench_batch.log_uniform_prompts(model_path, batch, a, b)
         n_tokens = [b]
+    else:
+        prompts = None
     if prompts_path is not None:
-        from minfer.batch.prompts import make_encoder, open_prompts
-        from minfer.gguf.loader import load_model
-        from minfer.text.tokenizer import Tokenizer
-
-        model = load_model(model_path)
-        enc = make_encoder(
-            model.metadata, Tokenizer.from_metadata(model.metadata), None, None, True
-        )
-        with open_prompts(prompts_path, "jsonl", enc, model.config.vocab_size) as src:
-            src.scan(model.config.n_ctx, n_predict)
-            prompts = [p.ids for p in src]
+        prompts = bench_batch.file_prompts(model_path, prompts_path, n_predict)
     bench_batch.run(
         model_path,
         batch or 0,

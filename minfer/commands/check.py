@@ -271,13 +271,14 @@ def reference_grids(routes: dict[str, tuple[str, str]]) -> dict:
 def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths=None):
     """[(path, exact, n, max_diff, tau, detail, ok)] greedy identity of every path (TABLE
     records; default all) vs the CPU reference (tie-aware)."""
-    from minfer import engine
+    from minfer.batch import single
     from minfer.cuda.plan.config import GemmChoice
+    from minfer.engine.backends import make_backend
     from minfer.errors import GPUError
     from minfer.reference.forward import ReferenceBackend
 
     ids = prompt_ids(model, prompt, echo)
-    refs = {(): engine.run(ReferenceBackend(model), ids, n_greedy, 512)}
+    refs = {(): single.run(ReferenceBackend(model), ids, n_greedy, 512)}
     gc.collect()
     rows = []
     max_tokens = max(64, len(ids) + n_greedy)
@@ -285,12 +286,10 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         path = p.name
         be = None
         try:
-            be = engine.make_backend(
-                "cuda", model, GemmChoice(path), max_tokens, 512, None, False, True
-            )
+            be = make_backend("cuda", model, GemmChoice(path), max_tokens, 512, None, False, True)
             echo(f"{path:<13} {be.route_summary()}")
             echo(f"{'':<13} memory {be.memory.line()}")
-            res = engine.run(be, ids, n_greedy, 512)
+            res = single.run(be, ids, n_greedy, 512)
         except GPUError as e:  # e.g. non-finite logits: this path fails, the others still run
             echo(f"{path:<13} error: {e}")
             rows.append((path, 0, n_greedy, float("inf"), float("nan"), f"error: {e}", False))
@@ -303,7 +302,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
                 by_grid.setdefault(g.name, []).append(n)
             key = tuple(sorted((k, tuple(sorted(v))) for k, v in by_grid.items()))
             if key not in refs:
-                refs[key] = engine.run(ReferenceBackend(model, grids=grids), ids, n_greedy, 512)
+                refs[key] = single.run(ReferenceBackend(model, grids=grids), ids, n_greedy, 512)
             v, diff = identity_verdict(refs[key], res)
             ref_name = "cpu" + "".join(
                 f"+{k} ({len(v_)} weights)" for k, v_ in sorted(by_grid.items())
@@ -358,9 +357,9 @@ def batch_rows(model, echo=click.echo, paths=None, ub: int = 64, n_greedy: int =
     between the batch and the lone runs: the prompt rows' log-probs, and a decode step's top
     logit and logsumexp at M = 1 against the batch's decode rows (decode_gap); at least
     1e-3)."""
-    from minfer import engine
-    from minfer.batch.api import Engine
+    from minfer.batch import single
     from minfer.cuda.plan.config import GemmChoice
+    from minfer.engine.api import Engine
     from minfer.errors import GPUError
     from minfer.tools import gates
 
@@ -381,7 +380,7 @@ def batch_rows(model, echo=click.echo, paths=None, ub: int = 64, n_greedy: int =
             be, dlp, alone = eng.backend, 0.0, []
             m_dec = bucket_of(len(prompts))
             for i, ids in enumerate(prompts):
-                alone.append(engine.run(be, ids, n_greedy, ub, warmup=False))
+                alone.append(single.run(be, ids, n_greedy, ub, warmup=False))
                 if len(ids) > 1:  # every prompt row's log-prob, alone (the numpy twin's)
                     ref = ops.row_stats(be.window_logits(ids, 0)[:-1], ids[1:])[:, 2]
                     dlp = max(dlp, float(np.abs(got[i].logprobs - ref).max()))
@@ -447,7 +446,7 @@ def check(
             f"--backend cpu)"
         ) from None
     if model_path is None:
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         model_path = default_model_path()
     model = load_model(model_path)

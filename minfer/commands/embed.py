@@ -3,13 +3,11 @@
 The prompt file is read and checked first (as `minfer prefill --prompts` reads it:
 minfer.batch.prompts), then Engine.embed runs every prompt as a pooled job (no LM head):
 JSONL out ({"id", "embedding"} a line, input order) on stdout or -o FILE, or with -o X.npy
-one float32 [n, dims] array. --timing: tok/s of the embedding pass on stderr.
+one float32 [n, dims] array. --timing: tok/s of the embedding pass on stderr. The run is
+minfer.tools.embed's; here: the flags.
 """
 
 from __future__ import annotations
-
-import sys
-import time
 
 import click
 
@@ -96,57 +94,21 @@ def embed(
     gemm,
 ) -> None:
     """Embed every prompt of a file: the final hidden state pooled, no LM head."""
-    from minfer.batch.api import Engine
-    from minfer.batch.pooling import check_dims
-    from minfer.batch.prompts import make_encoder, open_prompts
     from minfer.commands.gemm_flags import gemm_choice
-    from minfer.gguf.loader import load_model
-    from minfer.host.log import log
+    from minfer.tools.embed import run
 
     if ubatch is not None and ubatch < 1:
         raise BadInput(f"-ub/--ubatch must be >= 1, got {ubatch}")
-    if model_path is None:
-        from minfer.tools.fetch import default_model_path
-
-        model_path = default_model_path()
-    model = load_model(model_path)
-    check_dims(dimensions, model.config.d_model)
-    kind = backend_kind.lower() if backend_kind else None
-    eng = Engine(
-        model, backend=kind, gemm=gemm_choice(gemm) if kind != "cpu" else "auto", ubatch=ubatch
+    run(
+        model_path,
+        prompts_path,
+        prompts_format,
+        output,
+        pooling,
+        dimensions,
+        normalize,
+        backend_kind.lower() if backend_kind else None,
+        ubatch,
+        timing,
+        lambda kind: gemm_choice(gemm) if kind != "cpu" else "auto",
     )
-    enc = make_encoder(model.metadata, eng.tok, None, None, True)
-    with open_prompts(prompts_path, prompts_format, enc, model.config.vocab_size) as src:
-        src.scan(model.config.n_ctx, 0)  # every line checked before any work
-        prompts = list(src)
-    t0 = time.perf_counter()
-    vecs = eng.embed(
-        [p.ids for p in prompts], pooling=pooling, normalize=normalize, dimensions=dimensions
-    )
-    dt = time.perf_counter() - t0
-    if output is not None and str(output).endswith(".npy"):
-        _write_npy(output, vecs)
-    else:
-        from minfer.batch.output import ResultWriter
-
-        with ResultWriter(output) as w:
-            for p, v in zip(prompts, vecs):
-                w.write({"id": p.id, "embedding": [round(float(x), 7) for x in v]})
-            w.commit()
-    n_tok = sum(len(p.ids) for p in prompts)
-    if timing:
-        log.info(
-            f"embed    {len(prompts):,} prompts, {n_tok:,} tokens in {dt:.2f} s: "
-            f"{n_tok / dt:,.1f} tok/s ({eng.backend.name})"
-        )
-    sys.stderr.flush()
-
-
-def _write_npy(path: str, vecs) -> None:
-    import numpy as np
-
-    from minfer.host.fileio import atomic_output
-
-    with atomic_output(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.save(f, vecs)

@@ -1,6 +1,6 @@
 """`minfer quantize IN OUT q4_K_M` (or --type q4_K_M): requantize a GGUF model like llama.cpp's llama-quantize.
 
-Tensor types follow llama.cpp's mix (minfer/quants/mix.py) and the bytes its reference
+Tensor types follow llama.cpp's mix (minfer/tools/quantize_mix.py) and the bytes its reference
 quantizers write (minfer/quants/quantize.py): requantizing the default model reproduces
 llama.cpp's Q4_K_M / Q6_K / Q8_0 / F16 files tensor for tensor (tests/golden). As
 llama-quantize, converting already quantized tensors (the default model is Q4_1) needs
@@ -85,8 +85,8 @@ def quantize(
 ) -> None:
     """Quantize model IN to OUT (written atomically: nothing is left behind on error or Ctrl-C),
     as `llama-quantize IN OUT TYPE [NTHREADS]`."""
-    from minfer.quants.mix import ftype_key
-    from minfer.quants.requant import quantize_model
+    from minfer.tools.quantize import quantize_model
+    from minfer.tools.quantize_mix import ftype_key
 
     ftype, n = positional_type(rest, ftype)
     threads = threads if threads is not None else n

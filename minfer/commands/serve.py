@@ -285,9 +285,9 @@ def build_state(
     """The loaded engine, its scheduler and the app's state (also the tests' entry)."""
     from pathlib import Path
 
-    from minfer.batch.api import CPU_SLOTS, CUDA_SLOTS, Engine
     from minfer.batch.scheduler import Scheduler
     from minfer.commands.gemm_flags import gemm_choice
+    from minfer.engine.api import CPU_SLOTS, CUDA_SLOTS, Engine
     from minfer.serve.app import State
     from minfer.serve.metrics import Metrics
 
@@ -302,7 +302,7 @@ def build_state(
     )
     c = eng.model.config
     if ctx_size:
-        from minfer.commands.prefill import context_size
+        from minfer.tools.prefill.one import context_size
 
         eng.model.config = c = c.for_context(context_size(ctx_size, c.n_ctx, 0, 0))
     n_ctx = ctx_size or c.n_ctx
@@ -315,7 +315,7 @@ def build_state(
         eng.backend, eng.kv_slots, eng.ubatch, prefix_cache=prefix_cache, metrics=metrics
     )
     if name is None:
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         name = Path(str(model_path or default_model_path())).stem
     st = State(
@@ -359,9 +359,10 @@ SWITCH_S = 0.0005
 def run(st, sock: socket.socket, timeout: float) -> None:
     import uvicorn
 
+    from minfer import __version__
     from minfer.serve.app import create_app
 
-    app = create_app(st)
+    app = create_app(st, __version__)
     from minfer.serve.conn import protocol
 
     config = uvicorn.Config(

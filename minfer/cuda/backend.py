@@ -7,7 +7,7 @@ dequantized on the GPU, MMQ routes kept as raw bytes) and the activations, the K
 [max_tokens, Hkv, D] per layer) and the rope table are allocated: see minfer.cuda.load.
 Kernels are compiled before anything is timed (minfer.cuda.load.prepare): the weight upload's
 before the upload, the forward's before `warmup_s`, in which one token is pushed through (then
-the cache is reset); `warmup(lengths)` does the same for prompt lengths (engine.run calls it
+the cache is reset); `warmup(lengths)` does the same for prompt lengths (batch.single.run calls it
 before the timed prefill). compile_s / n_compiled / capture_s add up what that took.
 
 forward(ids, pos0) runs each chunk's launches through a `Forward` (minfer.cuda.forward: the
@@ -434,7 +434,7 @@ class CudaBackend:
         LM head; issue 52's embeddings and label logits).
         Every row goes through every layer; the LM head runs HEAD_ROWS rows at a time.
         Numpy twin: ReferenceBackend.packed. GPUError on non-finite logits."""
-        from minfer.reference.layout import check_hidden, check_top
+        from minfer.batch.layout import check_hidden, check_top
 
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
         top = check_top(top, self.c.vocab_size)
@@ -532,7 +532,7 @@ class CudaBackend:
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int32 arrays, or BadInput naming what cannot run."""
-        from minfer.reference.layout import check_packed
+        from minfer.batch.layout import check_packed
 
         ids, tok, rows, targets = check_packed(
             ids,

@@ -63,9 +63,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from minfer.batch.layout import check_hidden, check_top
 from minfer.errors import BadInput, NumericError
 from minfer.reference import ops
-from minfer.reference.layout import check_hidden, check_top
 
 # dequantized experts kept up to this many bytes in all (else dequantized at each use)
 EXPERT_CACHE_BYTES = 1 << 30
@@ -127,7 +127,7 @@ def quantize_act(x: np.ndarray, qtype: int) -> np.ndarray:
 
 
 class ReferenceBackend:
-    """Backend protocol (minfer.engine.Backend) on numpy. forward(ids, pos0) -> logits [vocab];
+    """Backend protocol (minfer.batch.single.Backend) on numpy. forward(ids, pos0) -> logits [vocab];
     window_logits(ids, first) -> logits [T - first, vocab] of a fresh sequence; packed(ids,
     tok, rows, targets) -> [m, 4] row stats of many sequences at once (with copy_kv,
     reserve_slots, kv_slots: minfer.batch's backend protocol)."""
@@ -585,7 +585,7 @@ class ReferenceBackend:
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int64 arrays, or BadInput naming what cannot run."""
-        from minfer.reference.layout import check_packed
+        from minfer.batch.layout import check_packed
 
         c = self.cfg
         return check_packed(

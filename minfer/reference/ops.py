@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minfer.batch.layout import TOP_MAX  # the packed call's cap on top-k (row_topk's too)
+
 
 def _ftype(*arrays: np.ndarray) -> np.dtype:
     """float64 if any input is float64, else float32."""
@@ -340,9 +342,6 @@ def row_stats(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
         out[s : s + 64, 2] = lp
         out[s : s + 64, 3] = lse
     return out
-
-
-TOP_MAX = 20  # top log-probs per row at most (OpenAI's logprobs / top_logprobs cap)
 
 
 def row_topk(logits: np.ndarray, lse: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -40,7 +40,7 @@ OPEN_PATHS = ("/health",)  # answered without the API key
 class State:
     """What the routes share: the model's tokenizer and metadata, the scheduler, the limits."""
 
-    engine: object  # minfer.batch.api.Engine (its backend built)
+    engine: object  # minfer.engine.api.Engine (its backend built)
     sched: object  # scheduler.Scheduler
     name: str  # the served model name
     n_ctx: int
@@ -64,9 +64,11 @@ class State:
         return self.engine.model.config.vocab_size
 
 
-def create_app(st: State) -> FastAPI:
+def create_app(st: State, version: str) -> FastAPI:
+    """version: minfer's (the OpenAPI document's info.version), given by the command: serve/
+    sits below the package's face (minfer/__init__.py)."""
     st.pieces = P.Pieces(st.tok)
-    app = FastAPI(title="minfer", version=_version(), docs_url=None, redoc_url=None)
+    app = FastAPI(title="minfer", version=version, docs_url=None, redoc_url=None)
     app.state.minfer = st
 
     @app.exception_handler(ApiError)
@@ -430,12 +432,6 @@ def create_app(st: State) -> FastAPI:
 
 
 # -- helpers ------------------------------------------------------------------------------------
-def _version() -> str:
-    from minfer import __version__
-
-    return __version__
-
-
 def _openapi(app: FastAPI, st: State) -> dict:
     from minfer.serve.schema import openapi
 

@@ -429,7 +429,7 @@ PRESETS: dict[str, SynthShape] = {
 ROPE_SCALINGS = ("none", "llama3", "linear", "yarn", "longrope")
 
 # the --type choices: file types whose mix uses only types minfer.tools.synth_blocks can write
-# (Q4_K, Q6_K, Q5_0, Q8_0, F16); file_type values from minfer.quants.mix.FTYPES
+# (Q4_K, Q6_K, Q5_0, Q8_0, F16); file_type values from minfer.tools.quantize_mix.FTYPES
 FTYPES = ("q4_K_M", "q6_K", "q8_0", "f16")
 
 
@@ -453,9 +453,9 @@ class TensorPlan:
     kind: str  # "weight" (std 1/sqrt(cols)), "norm" (~1), "bias" (std 0.02)
 
 
-# ---- type mix: llama.cpp's rules (minfer.quants.mix) --------------------------------------
+# ---- type mix: llama.cpp's rules (minfer.tools.quantize_mix) ---------------------------------
 def _plan_types(shape: SynthShape, ftype: str, items) -> dict[str, str]:
-    from minfer.quants.mix import MixModel, TensorDesc, plan_types
+    from minfer.tools.quantize_mix import MixModel, TensorDesc, plan_types
 
     model = MixModel(shape.arch, shape.n_layers, shape.n_heads, shape.n_kv_heads, shape.n_expert)
     # every tensor starts as F32: norms and biases keep it, weights get the mix's type
@@ -668,7 +668,7 @@ def tokenizer_metadata(
     """(tokenizer.* metadata, vocab size, a line saying where it came from)."""
     path = None
     if source == "default":
-        from minfer.tools.fetch import default_model_path
+        from minfer.gguf.fetch import default_model_path
 
         p = default_model_path(fetch=False)
         path = p if p.exists() else None
@@ -701,7 +701,7 @@ def tokenizer_metadata(
 def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
     import gguf
 
-    from minfer.quants.mix import FTYPES as MIX_FTYPES
+    from minfer.tools.quantize_mix import FTYPES as MIX_FTYPES
 
     V = gguf.GGUFValueType
     a = shape.arch

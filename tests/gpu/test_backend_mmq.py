@@ -56,7 +56,7 @@ def test_mmq_backend_matches_f16(model, f16_logits, path):
 
 @pytest.mark.parametrize("path", ["narrow", "wide-kd8"])
 def test_mmq_backend_greedy_gate(model, path):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.commands.check import identity_verdict
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
@@ -64,8 +64,8 @@ def test_mmq_backend_greedy_gate(model, path):
 
     rng = np.random.default_rng(5)
     prompt = [int(i) for i in rng.integers(0, model.config.vocab_size, 21)]
-    ref = engine.run(ReferenceBackend(model), prompt, 32, 512)
-    res = engine.run(CudaBackend(model, GemmChoice(path), max_tokens=64), prompt, 32, 8)
+    ref = single.run(ReferenceBackend(model), prompt, 32, 512)
+    res = single.run(CudaBackend(model, GemmChoice(path), max_tokens=64), prompt, 32, 8)
     v, diff = identity_verdict(ref, res)
     print(f"\n{model.path.name} {path}: {v.describe()} (max |dlogit| {diff:.4f})")
     assert v.ok, v.describe()

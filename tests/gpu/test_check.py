@@ -94,7 +94,7 @@ def _real_model():
     import os
     from pathlib import Path
 
-    from minfer.tools.fetch import default_model_path
+    from minfer.gguf.fetch import default_model_path
 
     try:
         p = default_model_path(fetch=False)

@@ -124,8 +124,8 @@ def test_dq_f16_real_quantizer_rows(rt):
 
 def test_dq_f16_real_model_rows(rt):
     """The default model's tensors (Q4_1 weights, Q8_0 embedding), where the file is present."""
+    from minfer.gguf.fetch import default_model_path
     from minfer.gguf.loader import load_model
-    from minfer.tools.fetch import default_model_path
 
     try:
         path = default_model_path(fetch=False)

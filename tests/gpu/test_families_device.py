@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("preset", list(FAMILIES))
 def test_f16_path_matches_llamacpp(tmp_path, preset, report):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.gguf.loader import load_model
@@ -30,7 +30,7 @@ def test_f16_path_matches_llamacpp(tmp_path, preset, report):
     m = load_model(synth_family(preset, tmp_path))
     _gpu_runs(m)
     be = CudaBackend(m, GemmChoice("f16"), max_tokens=512, ubatch=512)
-    res = engine.run(be, g["ids"], n_greedy=32)
+    res = single.run(be, g["ids"], n_greedy=32)
     err = float(np.abs(res.last_logits - want[-1]).max())
     assert err <= 0.03, f"{preset}: cuda f16 max |dlogit| {err:.4f} vs llama.cpp"
     v = compare_greedy(

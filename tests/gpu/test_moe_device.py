@@ -259,7 +259,7 @@ def test_forward_matches_the_reference(models, name, report):
     reference within TOL, tie-aware about the router (a position past a router near-tie in
     the reference may differ more); rel err (Frobenius) <= 3e-2 as the dense backend test;
     greedy 32 tie-aware identical. The figures go to the run's summary."""
-    from minfer import engine
+    from minfer.batch import single
     from minfer.commands.check import identity_verdict
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
@@ -277,8 +277,8 @@ def test_forward_matches_the_reference(models, name, report):
     rel = rel_err(got, want)
     ok, line = tie_excused(np.arange(len(ids)), errs, cpu.router_log, TOL)
     assert ok, f"{name}: {line}"
-    ref = engine.run(ReferenceBackend(m), ids[:64], 32, 512)
-    res = engine.run(gpu, ids[:64], 32, 512)
+    ref = single.run(ReferenceBackend(m), ids[:64], 32, 512)
+    res = single.run(gpu, ids[:64], 32, 512)
     v, diff = identity_verdict(ref, res)
     report(
         f"moe cuda f16 {name}: logits rel err {rel:.2e} (max |d| {errs.max():.4f}; {line}); "

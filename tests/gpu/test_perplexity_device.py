@@ -22,7 +22,7 @@ def test_window_logits_match_reference(model, ubatch):
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
-    from minfer.tools.perplexity import compare_rows
+    from minfer.tools.perplexity.windows import compare_rows
 
     ids = (np.random.default_rng(1).integers(0, model.config.vocab_size, 64)).astype(np.int32)
     gpu = CudaBackend(model, GemmChoice("f16"), max_tokens=64, ubatch=ubatch)

@@ -66,7 +66,7 @@ def test_backend_hidden_rows_match_the_reference(model):
 
 
 def test_engine_jobs_on_cuda_match_cpu(model):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     rng = np.random.default_rng(1)
     V = model.config.vocab_size

@@ -2,7 +2,7 @@
 
 On a cold kernel cache (a temp MINFER_CACHE), every nvcc run happens in prepare.prebuild (the
 counts agree), every module the runtime loads is in load_kernels + needed_kernels (the dry
-pass), and engine.run's timed prefill and decode load no module and record no new graph."""
+pass), and single.run's timed prefill and decode load no module and record no new graph."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def cold_cache(tmp_path_factory):
 
 @pytest.mark.parametrize("spec", ["", "mmq", "blk"])
 def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monkeypatch, spec):
-    from minfer import engine
+    from minfer.batch import single
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.load import prepare
     from minfer.cuda.runtime import build
@@ -67,6 +67,6 @@ def test_nothing_compiles_or_loads_in_the_timed_run(model, rt, cold_cache, monke
     loaded.clear()
     graphs = len(be._graphs)
     prompt = np.random.default_rng(1).integers(0, model.config.vocab_size, 45)
-    res = engine.run(be, prompt, n_greedy=4, ubatch=32)  # chunks 32 + 13, decode at 1
+    res = single.run(be, prompt, n_greedy=4, ubatch=32)  # chunks 32 + 13, decode at 1
     assert loaded == [] and len(compiles) == be.n_compiled and len(be._graphs) == graphs
     assert res.prefill_s > 0 and np.isfinite(res.last_logits).all()

@@ -24,7 +24,7 @@ LOGPROB_RTOL = 1e-4
 
 
 def test_served_logprobs_equal_the_engine(model):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     path = model.path
     V = model.config.vocab_size

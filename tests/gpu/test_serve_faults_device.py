@@ -35,7 +35,7 @@ def poisoned(tmp_path_factory):
 
 
 def test_a_nan_in_one_request_of_a_batch(poisoned):
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
 
     prompts = [[1, 5, 9, 14], [3, 1, BAD_ID, 7], [2, 2, 40, 41, 42], [9, 8], [BAD_ID, 4]]
     eng = Engine(str(poisoned), backend="cuda")

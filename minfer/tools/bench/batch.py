@@ -1,6 +1,6 @@
 """`minfer bench --batch N --tokens L`: many prompts as one packed run, beside one prompt alone.
 
-Per config (a GEMM path), one Engine (minfer.batch.api); an untimed run first (kernels built,
+Per config (a GEMM path), one Engine (minfer.engine.api); an untimed run first (kernels built,
 the CUDA graphs of the run's chunk sizes recorded), then `repeats` samples, each interleaved:
 the batch run (N prompts of L random tokens, or the prompts of a file; with a shared prefix of
 P tokens, the run with and without prefix sharing), then one L-token prompt alone (the
@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from minfer.errors import BadInput
-from minfer.tools.bench import prompt_ids, time_prefill
+from minfer.tools.bench.ab import prompt_ids, time_prefill
 
 
 def batch_prompts(model, n: int, length: int, prefix: int = 0, seed: int = 0) -> list:
@@ -28,6 +28,29 @@ def batch_prompts(model, n: int, length: int, prefix: int = 0, seed: int = 0) ->
         np.concatenate([head, rng.integers(0, model.config.vocab_size, length, dtype=np.int32)])
         for _ in range(n)
     ]
+
+
+def log_uniform_prompts(model_path, n: int, a: int, b: int) -> list:
+    """--log-uniform A:B: n prompts of random ids (seed 0), lengths log-uniform in A..B."""
+    from minfer.gguf.loader import load_model
+
+    rng = np.random.default_rng(0)
+    lens = np.exp(rng.uniform(np.log(a), np.log(b + 1), n)).astype(int).clip(a, b)
+    vocab = load_model(model_path).config.vocab_size
+    return [rng.integers(0, vocab, k, dtype=np.int32) for k in lens]
+
+
+def file_prompts(model_path, path: str, n_predict: int) -> list:
+    """--prompts FILE: its prompts' ids (JSONL, checked against the context as prefill does)."""
+    from minfer.batch.prompts import make_encoder, open_prompts
+    from minfer.gguf.loader import load_model
+    from minfer.text.tokenizer import Tokenizer
+
+    model = load_model(model_path)
+    enc = make_encoder(model.metadata, Tokenizer.from_metadata(model.metadata), None, None, True)
+    with open_prompts(path, "jsonl", enc, model.config.vocab_size) as src:
+        src.scan(model.config.n_ctx, n_predict)
+        return [p.ids for p in src]
 
 
 def _med(xs: list[float]) -> str:
@@ -55,7 +78,7 @@ def run(
     """Load, warm up, time; the results to `out` (default echo) as a markdown table (one row
     per config and sharing mode), or JSON / CSV records (fmt), the rest to echo; -> the
     rows."""
-    from minfer.batch.api import Engine
+    from minfer.engine.api import Engine
     from minfer.gguf.loader import load_model
 
     model = load_model(model_path)

@@ -303,12 +303,12 @@ def run(
 ) -> list[Row]:
     """Load, bench, print. configs: the --ab labels; choices: their resolved GemmChoices
     (minfer.commands.gemm_flags.gemm_choice; None: auto for each). The results table goes to
-    `out` (default: echo) in `fmt` (md, json, csv, jsonl: minfer.tools.bench_out), everything
+    `out` (default: echo) in `fmt` (md, json, csv, jsonl: minfer.tools.bench.out), everything
     else to echo; with `collect` (several models in one output) json/csv/jsonl records are
     appended there instead of printed."""
-    from minfer.engine import make_backend
+    from minfer.engine.backends import make_backend
     from minfer.gguf.loader import load_model
-    from minfer.tools.bench_out import format_rows, model_info, records
+    from minfer.tools.bench.out import format_rows, model_info, records
 
     model = load_model(model_path)
     configs = expand_configs(configs or [""])

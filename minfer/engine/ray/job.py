@@ -17,7 +17,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from minfer.batch.ray.predictor import MinferPredictor, need_ray
+from minfer.engine.ray.predictor import MinferPredictor, need_ray
 from minfer.errors import GPUError, MinferError
 
 

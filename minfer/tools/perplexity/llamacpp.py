@@ -86,7 +86,7 @@ class Base:
     def logprobs(self, chunk: int) -> np.ndarray:
         q = np.asarray(self._q[chunk * self.rows : (chunk + 1) * self.rows])
         d = np.ascontiguousarray(q[:, :4]).view("<f4")  # [rows, 2]: scale, min_log_prob
-        from minfer.tools.perplexity import check_finite
+        from minfer.tools.perplexity.windows import check_finite
 
         check_finite(self.path, d, chunk)  # a NaN scale makes every log-prob of its row NaN
         return (d[:, :1] * q[:, 4 : 4 + self.vocab].astype(np.float32) + d[:, 1:2]).astype(

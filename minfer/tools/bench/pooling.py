@@ -9,7 +9,7 @@ rerank: one query of Q random ids before D documents of L' ids (1 x D prompts of
         tokens) as pooled jobs with the query's prefix shared (the prefix cache: computed
         once, copied) against each document computing its own prefix; documents/s.
 
-  python3 -m minfer.tools.bench_pooling -m MODEL [--batch 4096 --tokens 256]
+  python3 -m minfer.tools.bench.pooling -m MODEL [--batch 4096 --tokens 256]
                                         [--docs 1000 --doc-tokens 200 --query-tokens 64]
 """
 
@@ -40,10 +40,10 @@ def run(
     backend: str | None,
     echo=print,
 ) -> dict:
-    from minfer.batch.api import Engine
     from minfer.batch.jobs import run_pooled
+    from minfer.engine.api import Engine
     from minfer.gguf.loader import load_model
-    from minfer.tools.bench_batch import batch_prompts
+    from minfer.tools.bench.batch import batch_prompts
 
     model = load_model(model_path)
     eng = Engine(model, backend)
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     from minfer.errors import MinferError
 
     ap = argparse.ArgumentParser(
-        prog="python3 -m minfer.tools.bench_pooling", description=__doc__.split("\n\n")[0]
+        prog="python3 -m minfer.tools.bench.pooling", description=__doc__.split("\n\n")[0]
     )
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--batch", type=int, default=4096)

@@ -11,6 +11,8 @@ import numpy as np
 
 from minfer.errors import BadInput
 
+TOP_MAX = 20  # top log-probs per row at most (OpenAI's logprobs / top_logprobs cap)
+
 
 def check_packed(
     ids,
@@ -74,8 +76,6 @@ def check_packed(
 def check_top(top, vocab: int) -> int:
     """packed()'s `top` (top log-probs per row) as an int in [0, min(TOP_MAX, vocab)], or
     BadInput."""
-    from minfer.reference.ops import TOP_MAX
-
     if (
         isinstance(top, bool)
         or not isinstance(top, (int, np.integer))

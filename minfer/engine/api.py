@@ -12,11 +12,11 @@ items, label_token_ids) -> per item the labels' probabilities (SGLang's); engine
 documents) -> [{index, relevance_score, document}] best first (Qwen3-Reranker's yes/no).
 
 A prompt is a string (plain completion, or the chat template with chat=True), a list of token
-ids, or a dict of records.py's forms: {"prompt": ...}, {"messages": [...]} (the chat template),
-{"context": ..., "continuation": ...} (a continuation scored: continuation_logprob, is_greedy).
-Every argument is checked first (records.py: the prompt file's checks); BadInput names it. `Engine.run` is the streaming form `minfer
-prefill --prompts FILE` uses: (key, ids) pairs in, Results out in input order through a
-callback, never the whole file in memory. The backend is built at the first call with a KV cache
+ids, or a dict of minfer.batch.records' forms: {"prompt": ...}, {"messages": [...]} (the chat
+template), {"context": ..., "continuation": ...} (a continuation scored: continuation_logprob,
+is_greedy). Every argument is checked first (batch.records: the prompt file's checks); BadInput
+names it. `Engine.run` is the streaming form `minfer prefill --prompts FILE` uses: (key, ids)
+pairs in, Results out in input order through a callback, never the whole file in memory. The backend is built at the first call with a KV cache
 sized for that call's prompts and what the GPU's free memory holds (plan.fit_kv_slots); prompts
 beyond it run in waves (minfer.batch.run).
 """
@@ -170,7 +170,7 @@ class Engine:
         self.dtype = dtype
         host_threads.set_threads(threads or host_threads.current() or host_threads.physical_cores())
         if model is None:
-            from minfer.tools.fetch import default_model_path
+            from minfer.gguf.fetch import default_model_path
 
             model = default_model_path()
         self.model = load_model(str(model)) if not hasattr(model, "config") else model
@@ -461,7 +461,7 @@ class Engine:
             and positions <= getattr(self.backend, "max_tokens", c.n_ctx)
         ):
             return
-        from minfer.engine import make_backend
+        from minfer.engine.backends import make_backend
 
         if self.kind == "cpu":  # one set of dequantized weights, the cache grown in place
             slots = max(need, min(want, CPU_SLOTS), self.kv_slots)

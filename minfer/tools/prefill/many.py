@@ -1,7 +1,7 @@
 """`minfer prefill --prompts FILE`: every prompt of a file through one loaded model, packed.
 
 Pass 1 reads, validates and tokenizes every line before any GPU work (minfer.batch.prompts);
-then minfer.batch.api.Engine runs them (packed prefill chunks, batched greedy decode, shared
+then minfer.engine.api.Engine runs them (packed prefill chunks, batched greedy decode, shared
 prefixes once, waves as the KV memory allows) and each result is one JSONL record, in input
 order, on stdout or in -o FILE (written atomically). A summary goes to stderr.
 """
@@ -41,10 +41,10 @@ def run_prompts(
     ray: dict | None = None,
 ) -> None:
     """ray: {"address", "actors", "batch", "model_path"} (`--ray`): the prompts through Ray
-    actors (minfer.batch.ray.job), the same records in the same order."""
-    from minfer.batch.api import Engine
+    actors (minfer.engine.ray.job), the same records in the same order."""
     from minfer.batch.output import ResultWriter
     from minfer.batch.prompts import make_encoder, open_prompts
+    from minfer.engine.api import Engine
     from minfer.text.tokenizer import Tokenizer
 
     if n_predict < 0:
@@ -155,7 +155,7 @@ def _run_ray(
     prompt_ids,
     scan_s,
 ) -> None:
-    from minfer.batch.ray.job import run_file
+    from minfer.engine.ray.job import run_file
 
     kw = dict(
         model=ray["model_path"],

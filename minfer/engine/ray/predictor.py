@@ -18,7 +18,7 @@ import numpy as np
 from minfer.errors import BadInput, ResourceError
 
 
-def need_ray(what: str = "minfer.batch.ray"):
+def need_ray(what: str = "minfer.engine.ray"):
     """The ray module (with ray.data), else ResourceError: the extra is missing (exit 3)."""
     try:
         import ray
@@ -62,7 +62,7 @@ class MinferPredictor:
         system: str | None = None,
         source: str = "prompt",
     ):
-        from minfer.batch.api import Engine
+        from minfer.engine.api import Engine
 
         self.engine = Engine(model, backend, gemm, ubatch, dtype=dtype, threads=threads)
         cfg = self.engine.model.config

@@ -59,7 +59,7 @@ class Report:
         done = len(out["running_ppl"])
         if interrupted:
             out.update(interrupted=True, chunks_done=done)
-        from minfer.tools.perplexity import json_safe, nonfinite
+        from minfer.tools.perplexity.windows import json_safe, nonfinite
 
         bad = nonfinite(out)
         if bad:  # never `mean KLD nan` (exit 0) nor a bare NaN in the JSON

@@ -1,4 +1,4 @@
-"""engine.run (chunking, greedy feedback, validation) on a scripted fake backend, and the
+"""single.run (chunking, greedy feedback, validation) on a scripted fake backend, and the
 tie-aware greedy gate (minfer.tools.gates)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer import engine
+from minfer.batch import single
 from minfer.errors import BadInput
 from minfer.tools import gates
 
@@ -45,7 +45,7 @@ class FakeBackend:
 
 def test_run_chunks_and_feeds_back_greedy():
     be = FakeBackend()
-    r = engine.run(be, [1, 2, 3, 4, 5, 6, 7], n_greedy=4, ubatch=3, n_ctx=64)
+    r = single.run(be, [1, 2, 3, 4, 5, 6, 7], n_greedy=4, ubatch=3, n_ctx=64)
     assert be.resets == 1
     assert be.calls[:3] == [([1, 2, 3], 0), ([4, 5, 6], 3), ([7], 6)]
     # after 7: tie 0/1 -> 0; then 1, 2, 3 ; the last greedy id is never fed back
@@ -58,7 +58,7 @@ def test_run_chunks_and_feeds_back_greedy():
 
 def test_run_zero_greedy():
     be = FakeBackend()
-    r = engine.run(be, [3], n_greedy=0, n_ctx=8)
+    r = single.run(be, [3], n_greedy=0, n_ctx=8)
     assert r.greedy_ids == [] and len(be.calls) == 1 and np.isnan(r.decode_tok_s)
 
 
@@ -74,7 +74,7 @@ def test_run_zero_greedy():
 def test_run_validation_before_any_work(ids, n, ub, match):
     be = FakeBackend()
     with pytest.raises(BadInput, match=match):
-        engine.run(be, ids, n_greedy=n, ubatch=ub, n_ctx=64)
+        single.run(be, ids, n_greedy=n, ubatch=ub, n_ctx=64)
     assert be.calls == [] and be.resets == 0
 
 
@@ -84,7 +84,7 @@ def test_run_takes_n_ctx_from_the_model(default_model):
 
     n_ctx = default_model.config.n_ctx
     with pytest.raises(BadInput, match=f"{n_ctx - 1} tokens.*context of {n_ctx}"):
-        engine.run(WithModel(), [1] * (n_ctx - 1), n_greedy=32)
+        single.run(WithModel(), [1] * (n_ctx - 1), n_greedy=32)
 
 
 # -- gates ------------------------------------------------------------------------------------

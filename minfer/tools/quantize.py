@@ -1,8 +1,10 @@
-"""Quantize a whole model file the way `llama_model_quantize` does (no imatrix).
+"""Quantize a whole model file the way `llama_model_quantize` does (no imatrix): `minfer
+quantize`'s tool (here, not in quants/, because it reads and writes GGUF files: quants/ stays
+below gguf/).
 
-Each tensor gets the type minfer.quants.mix picks; a tensor whose type does not change is copied
-byte for byte (llama.cpp does the same), any other is dequantized to float32 (the reference
-dequant, = ggml's to_float) and quantized with minfer.quants.quantize. Work is split into row
+Each tensor gets the type minfer.tools.quantize_mix picks; a tensor whose type does not change is
+copied byte for byte (llama.cpp does the same), any other is dequantized to float32 (the
+reference dequant, = ggml's to_float) and quantized with minfer.quants.quantize. Work is split into row
 chunks run by a process pool (every core), results come back in order and stream into
 minfer.gguf.write.write_gguf, which writes atomically (temporary name, then rename).
 """
@@ -125,7 +127,7 @@ def quantize_model(
 
     from minfer.gguf.loader import load_model
     from minfer.gguf.write import metadata_from_reader, write_gguf
-    from minfer.quants.mix import (
+    from minfer.tools.quantize_mix import (
         FTYPES,
         GGML_QNT_VERSION,
         MixModel,
