@@ -203,8 +203,8 @@ if [ "$MODE" = stop ]; then   # one short call: the merged tree's GPU tests of w
   MINFER_TEST_MODEL=$S step tests_serve 70 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
     tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py tests/gpu/test_paths_device.py
   step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --quiet --type q4_K_M
-  step synth2 40 $M synth --preset llama3-8b --layers 2 --type q4_K_M --vocab 8192 \
-    --tokenizer-from none --quiet -o /tmp/l8b2.gguf
+  [[ "${LOGIT_MODELS:-l8b2}" == *l8b2* ]] && step synth2 40 $M synth --preset llama3-8b --layers 2 \
+    --type q4_K_M --vocab 8192 --tokenizer-from none --quiet -o /tmp/l8b2.gguf
   LP=${LOGIT_PATHS:-f16,blk,wide-kd4}
   for m in ${LOGIT_MODELS:-slice-q4km l8b2}; do
     step new_$m 60 python3 scripts/logits_dump.py /tmp/$m.gguf /tmp/new_$m.npz --paths $LP
