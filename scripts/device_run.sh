@@ -64,7 +64,7 @@
 #     lines too: 42 MB) and jsonschema, jsonschema-specifications, referencing, rpds-py in .raywhl/)
 #   python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf .devdata/smollm2-slice.gguf --max-mib 54
 #   python3 -m pip wheel . --no-deps -w .devdata/minfer-wheel          (gates: the install check)
-#   mkdir -p .old && git archive OLD minfer kernels | tar -x -C .old      (perf: optional)
+#   mkdir -p .old && git archive OLD minfer kernels pyproject.toml | tar -x -C .old  (perf, refactor, stop)
 # On the device (carry .whl, .devdata[, .old]): bash scripts/device_run.sh gates|perf|big [deadline_s]
 MODE=${1:-gates}; DEADLINE=${2:-560}
 
@@ -109,7 +109,7 @@ from minfer.cli import main; main(['prefill', '--backend', 'cuda', '-m', '$REPO/
 
 if [ "$MODE" = gates ]; then
   MINFER_TEST_MODEL=$S step tests 340 python3 -m pytest -q -rfEs $XDIST tests/gpu
-  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet --allow-requantize
   step check 160 $M check -m /tmp/slice-q4km.gguf
   installed_check
   echo; echo "################ SUMMARY gates ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
@@ -121,7 +121,7 @@ if [ "$MODE" = gates ]; then
 fi
 
 if [ "$MODE" = refactor ]; then   # a restructure's before / after (.old/: the earlier tree)
-  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --quiet --type q4_K_M
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --quiet --type q4_K_M --allow-requantize
   step synth2 60 $M synth --preset llama3-8b --layers 2 --type q4_K_M --vocab 8192 \
     --tokenizer-from none --quiet -o /tmp/l8b2.gguf
   for m in slice-q4km l8b2; do   # every path's logits, new tree then old tree, bitwise
@@ -163,7 +163,7 @@ fi
 
 if [ "$MODE" = packed2 ]; then   # the packed backend test, check's batch rows, the other targets
   MINFER_TEST_MODEL=$S step tests 60 python3 -m pytest -q -s -rfEs tests/gpu/test_packed.py
-  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet --allow-requantize
   step checkb 150 $M check -m /tmp/slice-q4km.gguf --identity-only
   [ -f /tmp/s8b.gguf ] || step synth 90 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   B="$M bench -m /tmp/s8b.gguf --no-breakdown"
@@ -200,9 +200,9 @@ fi
 
 if [ "$MODE" = stop ]; then   # one short call: the merged tree's GPU tests of what changed,
   # every path's logits against the tree in .old/ bitwise (LOGIT_PATHS), check, the MoE kernels
-  MINFER_TEST_MODEL=$S step tests_serve 70 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
+  [ "${STOP_TESTS:-1}" = 1 ] && MINFER_TEST_MODEL=$S step tests_serve 70 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
     tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py tests/gpu/test_paths_device.py
-  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --quiet --type q4_K_M
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --quiet --type q4_K_M --allow-requantize
   [[ "${LOGIT_MODELS:-l8b2}" == *l8b2* ]] && step synth2 40 $M synth --preset llama3-8b --layers 2 \
     --type q4_K_M --vocab 8192 --tokenizer-from none --quiet -o /tmp/l8b2.gguf
   LP=${LOGIT_PATHS:-f16,blk,wide-kd4}
@@ -212,6 +212,14 @@ if [ "$MODE" = stop ]; then   # one short call: the merged tree's GPU tests of w
       $REPO/scripts/logits_dump.py /tmp/$m.gguf /tmp/old_$m.npz --paths $LP)
     python3 scripts/logits_dump.py --compare /tmp/old_$m.npz /tmp/new_$m.npz > "$OUT/cmp_$m.txt"
   done
+  if [ "${STOP_ABA:-0}" = 1 ]; then   # bench A B A: new, old, new (the noise from the repeat)
+    step synth8b 40 $M synth --preset llama3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+    for t in new old new2; do
+      d=$REPO; [ $t = old ] && d=$REPO/.old
+      (cd $d && step bench_$t 30 env PYTHONPATH=/tmp/site:$d python3 -m minfer bench -m /tmp/s8b.gguf \
+        --tokens ${ABA_TOKENS:-2048} --min-ms 0 --repeats 2 --no-breakdown)
+    done
+  fi
   [ "${STOP_CHECK:-1}" = 1 ] && step check 100 $M check -m /tmp/slice-q4km.gguf
   [ "${STOP_MOE:-1}" = 1 ] && step tests_moe 120 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
   echo; echo "################ SUMMARY stop ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
@@ -219,6 +227,7 @@ if [ "$MODE" = stop ]; then   # one short call: the merged tree's GPU tests of w
     grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -10
     grep -E "^E  " "$OUT/$f.log" | head -6; done
   for m in ${LOGIT_MODELS:-slice-q4km l8b2}; do echo "--- logits old vs new: $m"; cat "$OUT/cmp_$m.txt"; done
+  for t in new old new2; do [ -f "$OUT/bench_$t.log" ] && echo "--- bench $t" && grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
   [ -f "$OUT/check.log" ] && echo "--- check" && grep -E "FAIL|PASS|/32 \||rror" "$OUT/check.log" | tail -14
   exit 0
 fi
@@ -407,7 +416,7 @@ if [ "$MODE" = final ]; then   # the whole GPU suite, the blk path's figures, th
   step sustained 60 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --repeats 3 --no-breakdown --ab f16 blk
   step ppl_f16 40 $M perplexity -m "$S" --backend cuda --gemm f16 --chunks 8 --save-logits /tmp/f16.logits
   step ppl_blk 40 $M perplexity -m "$S" --backend cuda --gemm blk --kld-base /tmp/f16.logits
-  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet
+  step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet --allow-requantize
   step check 150 $M check -m /tmp/slice-q4km.gguf
   step breakdown 60 $M bench -m /tmp/s8b.gguf --tokens 2048 --min-ms 0 --repeats 1 --gemm blk
   echo; echo "################ SUMMARY final ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
