@@ -1,4 +1,4 @@
-"""CPU: `minfer perplexity --emulate GRID` (minfer.reference.emulate) on the tiny synthetic
+"""CPU: `minfer perplexity --emulate GRID` (minfer.tools.perplexity.emulate) on the tiny synthetic
 q4_K_M model (d 256, ff 512, 2 layers: q4_K and q6_K weights, K % 256 == 0): the grids go on
 the weights the GPU path would route to its int8 kernel and never on the LM head; an emulated
 run's logits move a little from the exact run's (KLD small but > 0); blk256 is a grid of its
@@ -31,7 +31,7 @@ def _ppl(model, text, *extra):
 
 def test_emulated_weights_follow_the_gpu_routes(tiny):
     from minfer.gguf.loader import load_model
-    from minfer.reference.emulate import emulated_weights
+    from minfer.tools.perplexity.emulate import emulated_weights
 
     model = load_model(tiny)
     linear = {n for n, t in model.tensors.items() if len(t.shape) == 2 and "blk." in n}
@@ -63,7 +63,7 @@ def test_plain_types_take_only_blk(tmp_path):
     from synth_data import small_parts, write_small
 
     from minfer.gguf.loader import load_model
-    from minfer.reference.emulate import emulated_weights
+    from minfer.tools.perplexity.emulate import emulated_weights
 
     model = load_model(write_small(tmp_path / "small.gguf", *small_parts(seed=2, tied=False)))
     linear = {n for n, t in model.tensors.items() if len(t.shape) == 2 and "blk." in n}

@@ -260,9 +260,9 @@ def test_top_level_is_grouped_by_what_each_part_owns():
 # of rooms (a, b), a importing b (any module of a, any import), with b ranked above a: the
 # number of distinct pairs, not of imports. `python3 tests/test_imports.py` prints the graph.
 ROOMS = ("__main__", "cli", "commands", "minfer", *TOP[2:])
-# reference -> cuda: the numpy twin of the blk and q8_1 grids reads the path table (issue 51
-# item 2 gives each path package its reference grid; ReferenceBackend(grids=...) removes it)
-BACK_ARROWS_LEFT = {("reference", "cuda")}
+# none: the last one (reference -> cuda, perplexity --emulate's backend reading the CUDA plan)
+# went when the emulation moved to the perplexity tool, which sits above both
+BACK_ARROWS_LEFT: set[tuple[str, str]] = set()
 
 
 def room(m: str) -> str:

@@ -11,7 +11,7 @@ one `error:` line (exit 2) before any forward runs. A llama.cpp base carries its
 they are the windows, and no text is read (as llama-perplexity --kl-divergence).
 llama-perplexity's spelling: --kl-divergence-base F writes llama.cpp's file F; with
 --kl-divergence it reads F as the base.
---emulate GRID runs the CPU backend on an int8 path's number grids (minfer.reference.emulate).
+--emulate GRID runs the CPU backend on an int8 path's number grids (minfer.tools.perplexity.emulate).
 """
 
 from __future__ import annotations

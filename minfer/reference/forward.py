@@ -47,7 +47,7 @@ Numerics options (llama.cpp's CPU path, which made the golden files, differs fro
   with its numpy twin in minfer.cuda.paths): the weight through grid.weight, the activation entering it through grid.act, exactly the numbers that
   path's kernels compute on. `minfer check` compares each int8 path with a reference whose
   weights on it see its grid, so the gate's tau measures the kernels, not the (intended) grid;
-  `minfer perplexity --emulate` measures a grid's distribution gate (minfer.reference.emulate).
+  `minfer perplexity --emulate` measures a grid's distribution gate (minfer.tools.perplexity.emulate).
 No grid, no act_quant and dtype=float64 is the oracle mode.
 
 Non-finite values: after the embedding gather, after every layer and for the logits, the hidden

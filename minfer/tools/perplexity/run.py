@@ -102,7 +102,7 @@ def run(
 
     t0 = time.perf_counter()
     if emulate is not None:
-        from minfer.reference.emulate import emulating_backend
+        from minfer.tools.perplexity.emulate import emulating_backend
 
         backend = emulating_backend(model, emulate, ctx)
         backend.preload(progress=True)
