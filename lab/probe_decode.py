@@ -5,10 +5,10 @@ batched forward of the same tokens at M = 1, 16. Usage: probe_decode.py MODEL PA
 import sys
 
 from minfer.batch import single
-from minfer.commands.check import batch_prompts, decode_gap
 from minfer.cuda.plan.config import GemmChoice
 from minfer.engine.api import Engine
 from minfer.gguf.loader import load_model
+from minfer.tools.check import batch_prompts, decode_gap
 
 model = load_model(sys.argv[1])
 ps = batch_prompts(model, 64)

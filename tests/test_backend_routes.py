@@ -200,7 +200,7 @@ def _res(greedy, last, margins):
 
 
 def test_identity_verdict_tie_aware():
-    from minfer.commands.check import identity_verdict
+    from minfer.tools.check import identity_verdict
 
     ref = _res([5, 6, 7, 8], [0.0, 1.0, 2.0], [3.0, 2.0, 0.01, 1.0])
     same = _res([5, 6, 7, 8], [0.0, 1.0, 2.1], [0] * 4)

@@ -410,8 +410,8 @@ def test_moe_layer_on_the_heap_runtime(monkeypatch, q4files, preset, kernel):
 def test_check_moe_rows_on_the_heap_runtime(monkeypatch, q4files):
     from moe_heap import install
 
-    from minfer.commands.check import moe_rows
     from minfer.gguf.loader import load_model
+    from minfer.tools.check import moe_rows
 
     rt = install(monkeypatch)
     rows = moe_rows(rt, load_model(q4files["tiny-qwen3moe"]))

@@ -132,8 +132,8 @@ def test_every_form_the_forward_runs_is_a_parity_case(monkeypatch, fake, models,
     [("tiny", "f16", "sm_90"), ("tiny-qwen3", "blk", "sm_90"), ("tiny", "wide-kd4", "sm_80")],
 )
 def test_check_builds_and_runs_every_declared_case(fake, models, model, path, arch):
-    from minfer.commands.check import parity_cases
     from minfer.cuda.paths import parity
+    from minfer.tools.check import parity_cases
 
     m, p = models[model], TABLE[path]
     rt = FakeRT(arch)

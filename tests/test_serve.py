@@ -346,7 +346,7 @@ def test_the_listening_socket_gives_answers_tcp_nodelay():
     (~40 ms a request on loopback); asyncio sets it only on sockets made as IPPROTO_TCP."""
     import asyncio
 
-    from minfer.commands.serve import _bind
+    from minfer.serve.start import bind as _bind
 
     sock = _bind("127.0.0.1", 0)
     assert sock.proto == socket.IPPROTO_TCP

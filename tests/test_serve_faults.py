@@ -95,7 +95,7 @@ def test_a_nan_in_one_sequence_fails_it_alone_in_the_scheduler(poisoned):
     the others their answers equal to each prompt alone; the next forward on the freed slots
     carries nothing of it."""
     from minfer.batch.scheduler import Job
-    from minfer.commands.serve import build_state
+    from minfer.serve.start import build_state
 
     st = build_state(str(poisoned), "cpu", "f64", progress=False)
     sched = st.sched

@@ -40,9 +40,26 @@ from minfer.batch.records import (
 )
 from minfer.batch.schedule import footprint
 from minfer.errors import BadInput, GPUError
+from minfer.host.words import plural
 from minfer.reference.ops import TOP_MAX
 
 UBATCH = {"cuda": 2048, "cpu": 256}  # packed tokens per forward
+
+
+def context_size(ctx_size: int, model_ctx: int, n_prompt: int, n_predict: int) -> int:
+    """The context the run may use: -c/--ctx-size (0: the model's), at most the model's."""
+    if ctx_size == 0:
+        return model_ctx
+    if ctx_size > model_ctx:
+        raise BadInput(f"-c/--ctx-size {ctx_size} exceeds the model's context of {model_ctx}")
+    if n_prompt + n_predict > ctx_size:
+        raise BadInput(
+            f"prompt of {plural(n_prompt, 'token')} + {n_predict} generated tokens = "
+            f"{n_prompt + n_predict} exceeds -c/--ctx-size {ctx_size}"
+        )
+    return ctx_size
+
+
 CPU_SLOTS = 8192  # the CPU reference's KV slots at most (host memory)
 CUDA_SLOTS = 32768  # the GPU's KV slots at least, where memory allows
 

@@ -57,10 +57,10 @@ def test_mmq_backend_matches_f16(model, f16_logits, path):
 @pytest.mark.parametrize("path", ["narrow", "wide-kd8"])
 def test_mmq_backend_greedy_gate(model, path):
     from minfer.batch import single
-    from minfer.commands.check import identity_verdict
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
+    from minfer.tools.check import identity_verdict
 
     rng = np.random.default_rng(5)
     prompt = [int(i) for i in rng.integers(0, model.config.vocab_size, 21)]

@@ -74,7 +74,7 @@ def test_check_one_path(tiny_path):
 def test_check_parity_rows_fail_when_launcher_writes_nothing(tiny_path, rt, monkeypatch):
     """The gate can fail: a launcher that writes nothing (NaN-filled or untouched += output)
     fails every row."""
-    import minfer.commands.check as C
+    import minfer.tools.check as C
     from minfer.cuda.paths import TABLE
     from minfer.cuda.paths.q8_1 import RawInt8Route
     from minfer.gguf.loader import load_model

@@ -260,11 +260,11 @@ def test_forward_matches_the_reference(models, name, report):
     the reference may differ more); rel err (Frobenius) <= 3e-2 as the dense backend test;
     greedy 32 tie-aware identical. The figures go to the run's summary."""
     from minfer.batch import single
-    from minfer.commands.check import identity_verdict
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
     from minfer.reference.moe import tie_excused
+    from minfer.tools.check import identity_verdict
 
     m = models[name]
     ids = np.random.default_rng(7).integers(0, m.config.vocab_size, 200).astype(np.int32)

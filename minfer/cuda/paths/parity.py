@@ -1,7 +1,7 @@
 """Parity cases: each way the forward runs a GEMM path, run on the GPU against the path's numpy
 twin (docs/design.md gate 1; `minfer check`). A path declares the kinds it has
 (GemmPath.parity_cases); the caller makes each Case from the engine's own plan of a model (its
-weights, fused groups, glu and rope groups: minfer.commands.check), so the weights are uploaded
+weights, fused groups, glu and rope groups: minfer.tools.check), so the weights are uploaded
 by the path's `upload` exactly as the engine's load does and run by the route the forward uses.
 
 | kind  | what the forward runs                                    | twin                       |

@@ -15,8 +15,8 @@ import time
 
 import click
 
+from minfer.engine.api import context_size
 from minfer.engine.backends import make_backend
-from minfer.errors import BadInput
 from minfer.host.fileio import check_cap, prompt_cap
 from minfer.host.words import plural
 
@@ -41,20 +41,6 @@ def prompt_ids(
     if chat:
         return True, chat_mod.encode(meta, tok, text, system, parse_special=special)
     return False, tok.encode(text, parse_special=special)
-
-
-def context_size(ctx_size: int, model_ctx: int, n_prompt: int, n_predict: int) -> int:
-    """The context the run may use: -c/--ctx-size (0: the model's), at most the model's."""
-    if ctx_size == 0:
-        return model_ctx
-    if ctx_size > model_ctx:
-        raise BadInput(f"-c/--ctx-size {ctx_size} exceeds the model's context of {model_ctx}")
-    if n_prompt + n_predict > ctx_size:
-        raise BadInput(
-            f"prompt of {plural(n_prompt, 'token')} + {n_predict} generated tokens = "
-            f"{n_prompt + n_predict} exceeds -c/--ctx-size {ctx_size}"
-        )
-    return ctx_size
 
 
 def _num(x: float) -> float | None:

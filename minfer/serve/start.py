@@ -1,0 +1,192 @@
+"""The server's start: the listening socket (bound before the model loads, so a port in use is
+said at once), the loaded engine with its scheduler and the app's state (build_state, also the
+tests' entry), and uvicorn's run with the drain on SIGTERM / SIGINT. `minfer serve`
+(minfer.commands.serve) checks the flags and calls these."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+
+from minfer.errors import BadInput
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise BadInput(f"--host {host}: not an address this machine can listen on ({e})") from None
+    fam, kind, proto, _, addr = infos[0]
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP, and
+    # without it an answer's second segment waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(fam, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        raise BadInput(
+            f"cannot listen on {host}:{port} ({e.strerror or e}"
+            f"{': another process has it' if e.errno == 98 else ''})"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def build_state(
+    model_path,
+    backend_kind=None,
+    dtype=None,
+    gemm=None,
+    ctx_size=0,
+    ubatch=None,
+    kv_slots=None,
+    prefix_cache=True,
+    name=None,
+    api_key=None,
+    max_queue=4096,
+    timeout=600.0,
+    max_body=8 << 20,
+    progress=True,
+    pooling=None,
+    rerank_template=None,
+):
+    """The loaded engine, its scheduler and the app's state (also the tests' entry)."""
+    from pathlib import Path
+
+    from minfer.batch.scheduler import Scheduler
+    from minfer.cuda.plan.config import gemm_choice
+    from minfer.engine.api import CPU_SLOTS, CUDA_SLOTS, Engine, context_size
+    from minfer.serve.app import State
+    from minfer.serve.metrics import Metrics
+
+    kind = backend_kind.lower() if backend_kind else None
+    eng = Engine(
+        model_path,
+        backend=kind,
+        gemm=gemm_choice(gemm) if kind != "cpu" else "auto",
+        ubatch=ubatch,
+        progress=progress,
+        dtype=dtype.lower() if dtype else None,
+    )
+    c = eng.model.config
+    if ctx_size:
+        eng.model.config = c = c.for_context(context_size(ctx_size, c.n_ctx, 0, 0))
+    n_ctx = ctx_size or c.n_ctx
+    slots = kv_slots or (CPU_SLOTS if eng.kind == "cpu" else CUDA_SLOTS)
+    need = -(-n_ctx // 128) * 128
+    eng.prepare(min(need, slots), slots, n_ctx)
+    metrics = Metrics()
+    metrics.kv_slots.set(eng.kv_slots)
+    sched = Scheduler(
+        eng.backend, eng.kv_slots, eng.ubatch, prefix_cache=prefix_cache, metrics=metrics
+    )
+    if name is None:
+        from minfer.gguf.fetch import default_model_path
+
+        name = Path(str(model_path or default_model_path())).stem
+    st = State(
+        eng,
+        sched,
+        name,
+        n_ctx,
+        metrics,
+        api_key=api_key,
+        max_queue=max_queue,
+        timeout=timeout,
+        max_body=max_body,
+    )
+    # the pooled endpoints' settings (minfer.serve.pooling.register reads them)
+    from minfer.batch.pooling import Reranker, model_pooling
+
+    st.pooling = pooling or model_pooling(eng.model)[0]
+    st.reranker = Reranker(eng.model, eng.tok, rerank_template) if rerank_template else None
+    return st
+
+
+class _Drain:
+    """SIGTERM / SIGINT: the first drains (no new requests, in-flight ones finish within the
+    graceful timeout), a second stops at once. Not re-raised afterwards: a drained server
+    exits 0."""
+
+    def __init__(self, server, st):
+        self.server, self.st, self.seen = server, st, 0
+
+    def __call__(self, sig, frame) -> None:
+        self.seen += 1
+        self.st.draining = True
+        self.server.should_exit = True
+        if self.seen > 1:
+            self.server.force_exit = True
+
+
+SWITCH_S = 0.0005
+
+
+def run(st, sock: socket.socket, timeout: float, version: str) -> None:
+    """Serve st on the listening sock until a signal drains it (timeout: the drain's bound);
+    version: the package's, for the OpenAPI document."""
+    import uvicorn
+
+    from minfer.serve.app import create_app
+
+    app = create_app(st, version)
+    from minfer.serve.conn import protocol
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=int(timeout),
+        http=protocol(st.read_timeout),
+        h11_max_incomplete_event_size=64 << 10,
+        access_log=False,
+        timeout_keep_alive=5,
+        lifespan="off",
+    )
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self):
+            handler = _Drain(self, st)
+            prev = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, h in prev.items():
+                    signal.signal(s, h)
+
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:
+                h, p = sock.getsockname()[:2]
+                h = f"[{h}]" if ":" in h else h
+                print(
+                    f"minfer serve: {st.name} on http://{h}:{p} ({st.engine.kind}, context "
+                    f"{st.n_ctx}, {st.sched.slots.n * 128} KV slots)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    server = Server(config)
+    # The engine thread drops the GIL at each driver call of a forward (uploads, the graph's
+    # launch, the read-back: ~7 a forward) and must win it back from the event loop each time:
+    # at CPython's 5 ms switch interval a busy loop held it up to 5 ms a call, ~40 ms a forward
+    # of an 8B model on the H100 (the GPU idle half the time under 256 clients)
+    sys.setswitchinterval(SWITCH_S)
+    st.sched.start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        st.draining = True
+        st.sched.stop()
+        sock.close()
+    if os.environ.get("MINFER_SERVE_DEBUG"):
+        print(f"steps {st.sched.steps}, tokens {st.sched.step_tokens}", file=sys.stderr)
+    if not server.started:
+        from minfer.errors import ResourceError
+
+        raise ResourceError("the server did not start (see the lines above)")
