@@ -510,7 +510,7 @@ def copy_rows(rt, bufs, src: int, dst: int, n: int) -> None:
     slice assignment per buffer (ReferenceBackend.copy_kv)."""
     da.check("copy_rows bufs", bufs, None, np.uint64)
     if min(src, dst, n) < 0 or (src | dst | n) % 16 or abs(src - dst) < n:
-        raise ValueError(f"copy_rows: bytes {src}+{n} -> {dst}+{n}: not 16-aligned or overlapping")
+        raise GPUError(f"copy_rows: bytes {src}+{n} -> {dst}+{n}: not 16-aligned or overlapping")
     if n == 0:
         return
     fn = rt.function(_F, "copy_rows_u128")
