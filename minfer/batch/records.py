@@ -80,6 +80,18 @@ def is_ids(v) -> bool:
     return isinstance(v, (list, tuple, np.ndarray))
 
 
+def _plain_ids(v, hi: int) -> np.ndarray | None:
+    """int64 [n] of v when it is the usual case, plain ints in [0, hi) (checked at numpy's
+    speed), else None (the caller's loop names what is wrong)."""
+    if not all(type(x) is int for x in v):  # (bool is not int here)
+        return None
+    try:
+        a = np.array(v, np.int64)
+    except OverflowError:  # an int past 64 bits
+        return None
+    return a if a.size == 0 or (a.min() >= 0 and a.max() < hi) else None
+
+
 def check_ids(v, what: str, vocab: int | None) -> np.ndarray:
     """int32 [n] token ids of a list, tuple or 1-D array of integers in [0, vocab), n >= 1
     (vocab None: below 2**31), else RecordError naming the first bad one."""
@@ -97,15 +109,8 @@ def check_ids(v, what: str, vocab: int | None) -> np.ndarray:
     else:
         if not is_ids(v):
             raise RecordError(f"{what} must be a list of token ids, not {kind(v)}")
-        fast = None
-        if all(type(x) is int for x in v):  # the usual case, checked at numpy's speed
-            try:
-                a = np.array(v, np.int64)
-            except OverflowError:
-                a = None  # (an int past 64 bits: the loop below names it)
-            if a is not None and (a.size == 0 or (a.min() >= 0 and a.max() < hi)):
-                fast = a
-        for i, x in enumerate(v if fast is None else ()):
+        fast = _plain_ids(v, hi)
+        for i, x in enumerate(v if fast is None else ()):  # else: name the first bad one
             if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
                 raise RecordError(
                     f"{what}[{i}]: a token id must be an integer, not "

@@ -281,8 +281,9 @@ class Answer:
 
 
 class Pieces:
-    """Token texts and their lengths in characters, per vocabulary id, filled on first use:
-    a scoring request reads 128-2,048 of them, so they are plain list / array lookups."""
+    """Token texts and their lengths in characters, per vocabulary id, filled on first use
+    (both at once: a known text means a known length): a scoring request reads 128-2,048 of
+    them, so they are plain list / array lookups."""
 
     def __init__(self, tok):
         self.tok = tok
@@ -294,35 +295,35 @@ class Pieces:
         for i in {int(i) for i in ids}:
             if self.texts[i] is None:
                 self.texts[i] = self.tok.decode([i], special=True)
-            if self.nchars[i] < 0:
                 # its UTF-8 lead bytes: a piece holding half a character adds its share once
                 # the character is whole
                 b = self.tok.token_bytes([i]) if i != self.tok.bos_id else b""
                 self.nchars[i] = sum(1 for x in b if x & 0xC0 != 0x80)
 
     def text(self, i: int) -> str:
-        s = self.texts[i]
-        if s is None:
-            self.fill((i,))
-            s = self.texts[i]
-        return s
+        return self.texts_of((i,))[0]
 
     def chars(self, i: int) -> int:
         """Characters token i adds to decoded text."""
-        if self.nchars[i] < 0:
+        if self.texts[i] is None:
             self.fill((i,))
         return int(self.nchars[i])
 
-    def many(self, ids: list[int]) -> tuple[list[str], list[int]]:
-        """(texts, character offsets from 0) of a run of ids."""
+    def texts_of(self, ids) -> list[str]:
+        """The texts of a run of ids, the unknown ones filled first."""
         tx = self.texts
         out = [tx[i] for i in ids]
-        n = self.nchars[ids] if ids else np.zeros(0, np.int64)
-        if None in out or (n < 0).any():
-            self.fill(ids)
-            out, n = [tx[i] for i in ids], self.nchars[ids]
+        if None in out:
+            self.fill(i for i, t in zip(ids, out) if t is None)
+            out = [tx[i] for i in ids]
+        return out
+
+    def many(self, ids: list[int]) -> tuple[list[str], list[int]]:
+        """(texts, character offsets from 0) of a run of ids."""
+        out = self.texts_of(ids)
         offs = np.zeros(len(ids), np.int64)
-        np.cumsum(n[:-1], out=offs[1:])
+        if ids:
+            np.cumsum(self.nchars[ids[:-1]], out=offs[1:])
         return out, offs.tolist()
 
 
@@ -352,12 +353,10 @@ def completion_logprobs(a: Answer, pieces: Pieces, echo: bool, top: int) -> dict
         lps = [None] + r.logprob.tolist()
         tops = [None] * len(ids)
         if top == 1 and len(ids) > 1:  # lm-eval's: {top token: lp} and the actual one's
-            tid = r.top_ids[:, 0].tolist()
-            pieces.fill(tid)
-            tx = pieces.texts
+            tt = pieces.texts_of(r.top_ids[:, 0].tolist())
             tops[1:] = [
-                {tx[i]: lt} if tx[i] == t else {tx[i]: lt, t: la}
-                for i, lt, t, la in zip(tid, r.top_lp[:, 0].tolist(), toks[1:], lps[1:])
+                {s: lt} if s == t else {s: lt, t: la}
+                for s, lt, t, la in zip(tt, r.top_lp[:, 0].tolist(), toks[1:], lps[1:])
             ]
         elif top:
             tid, tlp = r.top_ids[:, :top].tolist(), r.top_lp[:, :top].tolist()

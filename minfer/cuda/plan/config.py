@@ -104,15 +104,14 @@ def gemm_choice(
     return GemmChoice.resolve(env, gemm)
 
 
-MOE_KERNELS = ("mma", "wmma")  # minfer.cuda.ops.moe.KERNELS: the grouped GEMMs' kernels
-
-
 def moe_kernel(env: Mapping[str, str] | None = None) -> str:
     """The MoE grouped GEMMs' kernel: MINFER_MOE_GEMM (mma, the default: the dense f16 path's
     tile; wmma: moe.cu's simple control kernel), read here with the GEMM choice."""
     import os
 
+    from minfer.cuda.ops.moe import KERNELS
+
     v = (os.environ if env is None else env).get("MINFER_MOE_GEMM", "mma").strip().lower()
-    if v not in MOE_KERNELS:
-        raise BadInput(f"MINFER_MOE_GEMM={v!r}: expected one of {', '.join(MOE_KERNELS)}")
+    if v not in KERNELS:
+        raise BadInput(f"MINFER_MOE_GEMM={v!r}: expected one of {', '.join(KERNELS)}")
     return v
