@@ -237,7 +237,7 @@ if [ "$MODE" = final ]; then   # one call for what a stop owes: the GPU tests of
   # what the deadline leaves out says SKIPPED)
   MINFER_TEST_MODEL=$S step tests_serve 90 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
     tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py
-  step tests_moe 200 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
+  step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
   step serve 200 env SERVE_S=${SERVE_S:-12} OUT=$OUT/serve bash scripts/device_run.sh serve_loads 190
   step tests_families 150 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py \
     tests/gpu/test_families_device.py -k "granite or olmo2 or smollm3 or qwen3moe or mixtral or scale or identity or whole"
@@ -257,17 +257,20 @@ if [ "$MODE" = serve ] || [ "$MODE" = serve_loads ]; then   # issue 49's table, 
   # a server per configuration (name, its flags, the loads it takes); each load's line gets
   # the server's CPU seconds over it (utime + stime from /proc: its event loop and engine
   # thread together) and the GPU's mean utilization (nvidia-smi, 100 ms samples)
+  cpu_of() {  # a process's and its children's (the engine process's) utime + stime, in ticks
+    local t=0; for p in $1 $(pgrep -P $1); do t=$((t + $(awk '{print $14+$15}' /proc/$p/stat))); done; echo $t; }
   load() {  # load NAME ARGS...: bench-serve against the running server $SP
     local name=$1; shift
-    local c0=$(awk '{print $14+$15}' /proc/$SP/stat)
+    local c0=$(cpu_of $SP)
     nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 > /tmp/util.txt &
     local NP=$!
     step $name 70 $BS "$@"
-    kill $NP; local c1=$(awk '{print $14+$15}' /proc/$SP/stat)
+    kill $NP; local c1=$(cpu_of $SP)
     echo "   $name: server cpu $(awk "BEGIN {printf \"%.1f\", ($c1 - $c0) / 100}") s, gpu util mean $(awk '{s+=$1} END {printf "%.0f", s/NR}' /tmp/util.txt) %" | tee -a "$OUT/steps.txt"
   }
   for cfg in ${SERVE_CFGS:-on off}; do
-    flags=$([ $cfg = off ] && echo --no-prefix-cache || echo --prefix-cache)
+    case $cfg in off) flags=--no-prefix-cache ;; thread) flags="--prefix-cache --engine thread" ;;
+      *) flags=--prefix-cache ;; esac
     $M serve -m /tmp/s8b.gguf -c 4096 --port 8080 $flags > "$OUT/serve_$cfg.log" 2>&1 &
     SP=$!
     for i in $(seq 150); do grep -q "on http" "$OUT/serve_$cfg.log" && break
@@ -281,6 +284,8 @@ if [ "$MODE" = serve ] || [ "$MODE" = serve_loads ]; then   # issue 49's table, 
               --threads --gil --nonblocking -f raw -o "$OUT/prof_gil.txt") > "$OUT/pyspy.log" 2>&1 &
           fi
           load score128_$cfg -c 256 --prompt-tokens 128
+          load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
+      thread) load score128_$cfg -c 256 --prompt-tokens 128
           load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
       *)  load lmeval_$cfg -c 256 --prompt-tokens 512 --endings 4 --ending-tokens 16 ;;
     esac
@@ -385,6 +390,27 @@ if [ "$MODE" = moe ]; then   # issue 54's CUDA MoE: its GPU tests, then a qwen3-
     grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)|^moe " "$OUT/$f.log" | head -16; done
   for f in bench_q30 bench_q30_wmma; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
     grep -E "^\| |^model|^gemm|rror" "$OUT/$f.log" | grep -v "| ---" | head -40; done
+  exit 0
+fi
+
+if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the MoE kernels' tests,
+  # the new families' blk checks, and each family's speed per weight beside llama's (one process)
+  [ "${MOE_TESTS:-1}" = 1 ] && step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
+  step tests_families 170 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py -k blk
+  MS=""; for p in ${FAMILY_PRESETS:-llama3-8b granite-3-8b olmo2-7b smollm3-3b}; do
+    step synth_$p 60 $M synth --preset $p --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
+    MS="$MS -m /tmp/$p.gguf"; done
+  step bench_fam 200 $M bench $MS --tokens 512,2048 --min-ms 0 --repeats 2 --no-breakdown --gemm blk
+  if [ -d .old ]; then for t in new old new2; do   # issue 51's A B A (new, old, new) at pp512
+    d=$REPO; [ $t = old ] && d=$REPO/.old
+    (cd $d && step bench_$t 60 env PYTHONPATH=/tmp/site:$d python3 -m minfer bench -m /tmp/llama3-8b.gguf \
+      --tokens ${ABA_TOKENS:-512} --min-ms 0 --repeats 3 --no-breakdown); done; fi
+  echo; echo "################ SUMMARY house ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in tests_moe tests_families; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -16
+    grep -E "^E  " "$OUT/$f.log" | head -12; done
+  echo "--- bench"; grep -E "^\| |^model|rror" "$OUT/bench_fam.log" | grep -v "| ---"
+  for t in new old new2; do [ -f "$OUT/bench_$t.log" ] && echo "--- A B A $t" && grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
   exit 0
 fi
 
