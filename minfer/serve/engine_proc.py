@@ -138,7 +138,7 @@ class EngineProcess:
             return "it stopped answering"
         if c < 0:
             name = signal.Signals(-c).name if -c in signal.valid_signals() else str(-c)
-            oom = " (out of memory? the kernel's OOM killer sends it)" if c == -9 else ""
+            oom = "; out of memory? the kernel's OOM killer sends it" if c == -9 else ""
             return f"killed by {name}{oom}"
         return f"exit code {c}"
 
