@@ -7,4 +7,5 @@ app.py        the ASGI app (Starlette routes through FastAPI): auth, limits, err
 metrics.py    the Prometheus collectors
 start.py      the socket, the state (build_state), uvicorn's run and the drain
 engine_proc.py  --engine process: the engine in a spawned process, its proxy in the server
+engine_load.py  the engine loaded and prepared for serving (either mode)
 """

@@ -435,7 +435,7 @@ def child_main(cmd, ev, kw: dict, ppid: int) -> None:
         tqdm.set_lock(threading.RLock())
     except ImportError:
         pass
-    from minfer.serve.start import SWITCH_S, load_engine
+    from minfer.serve.engine_load import SWITCH_S, load_engine
 
     # the engine thread shares this interpreter with the command reader and the sender
     sys.setswitchinterval(SWITCH_S)

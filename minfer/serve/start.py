@@ -37,42 +37,6 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def load_engine(
-    model_path,
-    backend_kind=None,
-    dtype=None,
-    gemm=None,
-    ctx_size=0,
-    ubatch=None,
-    kv_slots=None,
-    progress=True,
-    threads=None,
-):
-    """The Engine loaded and prepared for serving (its backend built, kernels compiled) and the
-    context; in thread mode here, in process mode in the engine process (engine_proc)."""
-    from minfer.cuda.plan.config import gemm_choice
-    from minfer.engine.api import CPU_SLOTS, CUDA_SLOTS, Engine, context_size
-
-    kind = backend_kind.lower() if backend_kind else None
-    eng = Engine(
-        model_path,
-        backend=kind,
-        gemm=gemm_choice(gemm) if kind != "cpu" else "auto",
-        ubatch=ubatch,
-        progress=progress,
-        dtype=dtype.lower() if dtype else None,
-        threads=threads,
-    )
-    c = eng.model.config
-    if ctx_size:
-        eng.model.config = c = c.for_context(context_size(ctx_size, c.n_ctx, 0, 0))
-    n_ctx = ctx_size or c.n_ctx
-    slots = kv_slots or (CPU_SLOTS if eng.kind == "cpu" else CUDA_SLOTS)
-    need = -(-n_ctx // 128) * 128
-    eng.prepare(min(need, slots), slots, n_ctx)
-    return eng, n_ctx
-
-
 def build_state(
     model_path,
     backend_kind=None,
@@ -119,6 +83,7 @@ def build_state(
         eng, sched, n_ctx = _start_process(load, prefix_cache, metrics)
     else:
         from minfer.batch.scheduler import Scheduler
+        from minfer.serve.engine_load import load_engine
 
         eng, n_ctx = load_engine(**load)
         sched = Scheduler(
@@ -186,9 +151,6 @@ class _Drain:
             self.server.force_exit = True
 
 
-SWITCH_S = 0.0005
-
-
 def run(st, sock: socket.socket, timeout: float, version: str) -> None:
     """Serve st on the listening sock until a signal drains it (timeout: the drain's bound);
     version: the package's, for the OpenAPI document."""
@@ -244,6 +206,8 @@ def run(st, sock: socket.socket, timeout: float, version: str) -> None:
     # at CPython's 5 ms switch interval a busy loop held it up to 5 ms a call, ~40 ms a forward
     # of an 8B model on the H100 (the GPU idle half the time under 256 clients). (Process mode:
     # the engine process sets its own; here it keeps the reader thread's hand-off short.)
+    from minfer.serve.engine_load import SWITCH_S
+
     sys.setswitchinterval(SWITCH_S)
     st.sched.start()
     try:
