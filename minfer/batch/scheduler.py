@@ -57,10 +57,12 @@ class Job:
     gen_logprobs: bool = False  # each generated token's log-prob
     stop_ids: frozenset = frozenset()
     stop_check: Callable[[list[int]], bool] | None = None  # True: a stop string was met
+    stops: tuple = ()  # the stop strings stop_check tests (an engine process rebuilds it)
     pool: str | None = None  # "last" | "mean" | "cls": a pooled job (max_tokens 0)
     lse: bool = False  # pooled: the last row's full-vocabulary logsumexp too
     keep: bool = True  # its prompt rows may stay as a prefix entry
     cancelled: bool = False
+    key: int = -1  # its handle in an engine process (minfer.serve.engine_proc)
     t_arrival: float = field(default_factory=time.perf_counter)
     t_admit: float = 0.0
     t_first: float = 0.0

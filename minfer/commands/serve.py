@@ -135,6 +135,15 @@ DEFAULT_PORT = 8080
     help="/v1/rerank's prompt: a text file with {query} and {document} (default: "
     "the GGUF's tokenizer.chat_template.rerank, else Qwen3-Reranker's).",
 )
+@click.option(
+    "--engine",
+    "engine_mode",
+    type=click.Choice(["process", "thread"]),
+    default="process",
+    show_default=True,
+    help="Run the engine in a process of its own (the HTTP side never competes with it for "
+    "the GIL), or as a thread of this one (one py-spy sees both).",
+)
 @threads_option
 @gemm_options
 def serve(
@@ -155,6 +164,7 @@ def serve(
     prefix_cache,
     pooling,
     rerank_template,
+    engine_mode,
     gemm,
 ) -> None:
     """Serve the model over HTTP in OpenAI's and vLLM's shapes: /v1/completions (echo and
@@ -201,6 +211,7 @@ def serve(
         max_body,
         pooling=pooling,
         rerank_template=template,
+        engine=engine_mode,
     )
     st.read_timeout = read_timeout
     run(st, sock, timeout, __version__)

@@ -5,4 +5,7 @@
 protocol.py   request bodies (OpenAI's and vLLM's fields) and the response objects
 app.py        the ASGI app (Starlette routes through FastAPI): auth, limits, errors, streams
 metrics.py    the Prometheus collectors
+start.py      the socket, the state (build_state), uvicorn's run and the drain
+engine_proc.py  --engine process: the engine in a spawned process, its proxy in the server
+engine_load.py  the engine loaded and prepared for serving (either mode)
 """

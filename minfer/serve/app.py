@@ -96,6 +96,9 @@ def create_app(st: State, version: str) -> FastAPI:
     # -- endpoints ----------------------------------------------------------------------------
     @app.get("/health")
     async def health():
+        dead = getattr(st.sched, "dead", None)  # the engine process died (engine_proc)
+        if dead:
+            return _error(ApiError(500, dead, code="engine_error"))
         if st.draining:
             return _error(ApiError(503, "the server is draining", code="draining"))
         return {"status": "ok"}
@@ -575,22 +578,6 @@ def _job(
     stops: list[str],
     stop_ids,
 ) -> Job:
-    tok = st.tok
-
-    longest = max((len(x) for x in stops), default=0)
-
-    def stop_check(gen: list[int]) -> bool:
-        # checked after every token, so a new stop string ends in the newest token's text:
-        # a tail that long is enough (grown by doubling), never the whole answer each token
-        need, k = longest + len(tok.decode(gen[-1:])), 16
-        while True:
-            text = tok.decode(gen[-k:])
-            if P.cut_at_stop(text, stops)[1]:
-                return True
-            if k >= len(gen) or len(text) >= need + 4:
-                return False
-            k *= 2
-
     return Job(
         np.asarray(a.prompt_ids, np.int32),
         max_tokens,
@@ -599,7 +586,8 @@ def _job(
         top=top,
         gen_logprobs=gen_lp,
         stop_ids=frozenset(stop_ids),
-        stop_check=stop_check if stops else None,
+        stop_check=P.stop_checker(st.tok, stops),
+        stops=tuple(stops),
     )
 
 
@@ -681,7 +669,8 @@ class _Run:
                 a.text, _ = P.cut_at_stop(a.text, self.stops)
             self.left -= 1
         elif kind == "error":
-            log.warning("a request failed: %s", value)
+            if not getattr(self.st.sched, "dead", None):  # (else start.run says it, once)
+                log.warning("a request failed: %s", value)
             self.cancel()
             if isinstance(value, BadInput):
                 raise P.bad(str(value))

@@ -14,6 +14,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -413,6 +414,30 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
     """text up to the first stop string (excluded), and whether one was met."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
+
+
+def stop_checker(tok, stops) -> Callable[[list[int]], bool] | None:
+    """A Job's stop_check for the stop strings (None: none). Here, not in app.py, because the
+    engine process (serve/engine_proc.py) rebuilds it from the strings with its own tokenizer:
+    a closure does not cross the pipe."""
+    if not stops:
+        return None
+    stops = list(stops)
+    longest = max(len(x) for x in stops)
+
+    def stop_check(gen: list[int]) -> bool:
+        # checked after every token, so a new stop string ends in the newest token's text:
+        # a tail that long is enough (grown by doubling), never the whole answer each token
+        need, k = longest + len(tok.decode(gen[-1:])), 16
+        while True:
+            text = tok.decode(gen[-k:])
+            if cut_at_stop(text, stops)[1]:
+                return True
+            if k >= len(gen) or len(text) >= need + 4:
+                return False
+            k *= 2
+
+    return stop_check
 
 
 def as_float32_list(a) -> list[float]:

@@ -54,41 +54,44 @@ def build_state(
     progress=True,
     pooling=None,
     rerank_template=None,
+    engine="thread",
 ):
-    """The loaded engine, its scheduler and the app's state (also the tests' entry)."""
+    """The loaded engine, its scheduler and the app's state (also the tests' entry). engine:
+    "thread" (the scheduler's thread in this interpreter) or "process" (engine_proc: a spawned
+    process loads and runs it; here the GGUF's header and tokenizer only)."""
     from pathlib import Path
 
-    from minfer.batch.scheduler import Scheduler
-    from minfer.cuda.plan.config import gemm_choice
-    from minfer.engine.api import CPU_SLOTS, CUDA_SLOTS, Engine, context_size
     from minfer.serve.app import State
     from minfer.serve.metrics import Metrics
 
-    kind = backend_kind.lower() if backend_kind else None
-    eng = Engine(
-        model_path,
-        backend=kind,
-        gemm=gemm_choice(gemm) if kind != "cpu" else "auto",
-        ubatch=ubatch,
-        progress=progress,
-        dtype=dtype.lower() if dtype else None,
-    )
-    c = eng.model.config
-    if ctx_size:
-        eng.model.config = c = c.for_context(context_size(ctx_size, c.n_ctx, 0, 0))
-    n_ctx = ctx_size or c.n_ctx
-    slots = kv_slots or (CPU_SLOTS if eng.kind == "cpu" else CUDA_SLOTS)
-    need = -(-n_ctx // 128) * 128
-    eng.prepare(min(need, slots), slots, n_ctx)
-    metrics = Metrics()
-    metrics.kv_slots.set(eng.kv_slots)
-    sched = Scheduler(
-        eng.backend, eng.kv_slots, eng.ubatch, prefix_cache=prefix_cache, metrics=metrics
-    )
-    if name is None:
+    if model_path is None:
         from minfer.gguf.fetch import default_model_path
 
-        name = Path(str(model_path or default_model_path())).stem
+        model_path = default_model_path()
+    metrics = Metrics()
+    load = dict(
+        model_path=str(model_path),
+        backend_kind=backend_kind,
+        dtype=dtype,
+        gemm=gemm,
+        ctx_size=ctx_size,
+        ubatch=ubatch,
+        kv_slots=kv_slots,
+        progress=progress,
+    )
+    if engine == "process":
+        eng, sched, n_ctx = _start_process(load, prefix_cache, metrics)
+    else:
+        from minfer.batch.scheduler import Scheduler
+        from minfer.serve.engine_load import load_engine
+
+        eng, n_ctx = load_engine(**load)
+        sched = Scheduler(
+            eng.backend, eng.kv_slots, eng.ubatch, prefix_cache=prefix_cache, metrics=metrics
+        )
+    metrics.kv_slots.set(eng.kv_slots)
+    if name is None:
+        name = Path(str(model_path)).stem
     st = State(
         eng,
         sched,
@@ -108,6 +111,30 @@ def build_state(
     return st
 
 
+def _start_process(load: dict, prefix_cache: bool, metrics):
+    """(EngineShell, EngineProcess, n_ctx): the GGUF's header read here first (a bad file is
+    said before any process starts), the child spawned, the tokenizer built while it loads."""
+    from minfer.engine.api import context_size
+    from minfer.gguf.loader import load_model
+    from minfer.host import threads as host_threads
+    from minfer.serve.engine_proc import EngineProcess, EngineShell
+
+    model = load_model(load["model_path"])
+    c = model.config
+    if load["ctx_size"]:
+        model.config = c.for_context(context_size(load["ctx_size"], c.n_ctx, 0, 0))
+    load["threads"] = host_threads.current()  # -t (its env reaches the child; this, exactly)
+    proc = EngineProcess({"engine": load, "prefix_cache": prefix_cache}, metrics)
+    try:
+        eng = EngineShell(model)
+        info = proc.wait_ready()
+    except BaseException:
+        proc.kill()
+        raise
+    eng.kind, eng.kv_slots, eng.ubatch = info["kind"], info["kv_slots"], info["ubatch"]
+    return eng, proc, info["n_ctx"]
+
+
 class _Drain:
     """SIGTERM / SIGINT: the first drains (no new requests, in-flight ones finish within the
     graceful timeout), a second stops at once. Not re-raised afterwards: a drained server
@@ -122,9 +149,6 @@ class _Drain:
         self.server.should_exit = True
         if self.seen > 1:
             self.server.force_exit = True
-
-
-SWITCH_S = 0.0005
 
 
 def run(st, sock: socket.socket, timeout: float, version: str) -> None:
@@ -172,10 +196,18 @@ def run(st, sock: socket.socket, timeout: float, version: str) -> None:
                 )
 
     server = Server(config)
+
+    def engine_died() -> None:  # (engine_proc's reader thread) in-flight requests have their 500
+        server.should_exit = True
+
+    st.sched.on_death = engine_died  # (thread mode: an attribute nobody calls)
     # The engine thread drops the GIL at each driver call of a forward (uploads, the graph's
     # launch, the read-back: ~7 a forward) and must win it back from the event loop each time:
     # at CPython's 5 ms switch interval a busy loop held it up to 5 ms a call, ~40 ms a forward
-    # of an 8B model on the H100 (the GPU idle half the time under 256 clients)
+    # of an 8B model on the H100 (the GPU idle half the time under 256 clients). (Process mode:
+    # the engine process sets its own; here it keeps the reader thread's hand-off short.)
+    from minfer.serve.engine_load import SWITCH_S
+
     sys.setswitchinterval(SWITCH_S)
     st.sched.start()
     try:
@@ -186,7 +218,10 @@ def run(st, sock: socket.socket, timeout: float, version: str) -> None:
         sock.close()
     if os.environ.get("MINFER_SERVE_DEBUG"):
         print(f"steps {st.sched.steps}, tokens {st.sched.step_tokens}", file=sys.stderr)
-    if not server.started:
-        from minfer.errors import ResourceError
+    from minfer.errors import ResourceError
 
+    dead = getattr(st.sched, "dead", None)
+    if dead:
+        raise ResourceError(f"{dead}; the server stopped")
+    if not server.started:
         raise ResourceError("the server did not start (see the lines above)")
