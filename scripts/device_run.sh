@@ -393,6 +393,20 @@ if [ "$MODE" = moe ]; then   # issue 54's CUDA MoE: its GPU tests, then a qwen3-
   exit 0
 fi
 
+if [ "$MODE" = combo ]; then   # the serving table (engine process, thread, prefix cache off),
+  # the new families' blk checks, the MoE kernels' tests: what the deadline leaves says SKIPPED
+  step serve 300 env SERVE_S=${SERVE_S:-12} SERVE_CFGS="${SERVE_CFGS:-on thread off}" OUT=$OUT/serve \
+    bash scripts/device_run.sh serve_loads 290
+  step tests_families 150 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py -k blk
+  step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
+  echo; echo "################ SUMMARY combo ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in tests_families tests_moe; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -16
+    grep -E "^E  " "$OUT/$f.log" | head -12; done
+  echo "--- serve"; cat "$OUT/serve/summary.txt" 2>/dev/null
+  exit 0
+fi
+
 if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the MoE kernels' tests,
   # the new families' blk checks, and each family's speed per weight beside llama's (one process)
   [ "${MOE_TESTS:-1}" = 1 ] && step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
