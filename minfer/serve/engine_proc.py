@@ -8,7 +8,8 @@ of the time (docs/perf.md, "Serving"). Here each has its own GIL.
 The child (spawned: CUDA is never initialised in the parent) loads the Engine, prepares it and
 runs the Scheduler as start.build_state does in thread mode. The pipes carry:
 
-  parent -> child   lists of commands, those of one pass of the event loop together:
+  parent -> child   lists of commands (those of a pass of the event loop, or all that gathered
+                    while the writer thread last wrote):
                     ("submit", [spec]) with a spec a job's plain fields and its key (the stop
                     strings, not the closure: the child rebuilds stop_check), ("cancel", [key]),
                     ("stop",)
@@ -101,15 +102,17 @@ class EngineProcess:
         self.metrics = metrics
         self.jobs: dict[int, Job] = {}
         self._keys = itertools.count()
-        self.lock = threading.Lock()  # jobs, dead and the command pipe's writes
+        self.lock = threading.Lock()  # jobs, dead and the commands not yet sent
         self.submitted = 0
         self.left = 0  # jobs the child reported gone from its waiting queue
         self.steps = self.step_tokens = 0
         self.cache = _CacheView()
         self.slots = _Slots(0)
         self.dead: str | None = None
-        self._cmds: list[tuple] = []  # commands not yet sent (_post)
-        self._flush_at = None  # the loop a flush is due on
+        self._cmds: list[tuple] = []  # commands not yet sent (_post, _write)
+        self._cmds_cv = threading.Condition(self.lock)
+        self._kick_due = False  # a _kick is queued on the event loop
+        threading.Thread(target=self._write, name="minfer-engine-writer", daemon=True).start()
         self.stopping = False
         self.on_death = lambda: None
         self._reader: threading.Thread | None = None
@@ -179,32 +182,37 @@ class EngineProcess:
                 self._post(("cancel", keys))
 
     def _post(self, cmd: tuple) -> None:
-        """cmd on its way to the child (under self.lock). On the event loop, the commands of
-        one pass of the loop leave together (call_soon: after every handler that pass runs),
-        so 256 clients' requests wake the child's command reader, and take its GIL from the
-        engine thread, once a pass instead of once each; elsewhere at once."""
+        """cmd on its way to the child (under self.lock): the writer thread sends what has
+        gathered since its last write as one message. Never on the event loop: a burst of
+        submissions (256 clients' 128-token prompts: ~150 KB) outgrows the pipe's 64 KB, and
+        the write waits on the child's command reader, which waits on its engine thread."""
         self._cmds.append(cmd)
-        if self._flush_at is not None:
+        if self._kick_due:
             return
-        try:
-            self._flush_at = asyncio.get_running_loop()
+        try:  # on the event loop: one wake-up of the writer a pass of the loop (call_soon runs
+            # after every handler of this pass), not one a request (a GIL hand-off each)
+            asyncio.get_running_loop().call_soon(self._kick)
+            self._kick_due = True
         except RuntimeError:
-            self._flush_locked()
-            return
-        self._flush_at.call_soon(self._flush)
+            self._cmds_cv.notify()
 
-    def _flush(self) -> None:
+    def _kick(self) -> None:
         with self.lock:
-            self._flush_locked()
+            self._kick_due = False
+            self._cmds_cv.notify()
 
-    def _flush_locked(self) -> None:
-        cmds, self._cmds, self._flush_at = self._cmds, [], None
-        if not cmds or self.dead is not None:
-            return
-        try:
-            self._cmd.send_bytes(pickle.dumps(cmds, PROTO))
-        except OSError:  # the child is gone: the reader fails the live jobs and says why
-            pass
+    def _write(self) -> None:  # the writer thread
+        while True:
+            with self.lock:
+                while not self._cmds:
+                    self._cmds_cv.wait()
+                cmds, self._cmds = self._cmds, []
+            try:
+                self._cmd.send_bytes(pickle.dumps(cmds, PROTO))
+            except OSError:  # the child is gone: the reader fails the live jobs and says why
+                return
+            if cmds[-1][0] == "stop":
+                return
 
     def start(self) -> None:
         self._reader = threading.Thread(target=self._read, name="minfer-engine-reader", daemon=True)
@@ -214,8 +222,7 @@ class EngineProcess:
         """The child ends after the step in flight (jobs left get an error) and is reaped."""
         with self.lock:
             self.stopping = True
-            self._cmds.append(("stop",))
-            self._flush_locked()
+            self._post(("stop",))
         if self._reader is not None:
             self._reader.join(30)
         self.proc.join(30)
