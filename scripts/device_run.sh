@@ -395,12 +395,14 @@ fi
 
 if [ "$MODE" = combo ]; then   # the serving table (engine process, thread, prefix cache off),
   # the new families' blk checks, the MoE kernels' tests: what the deadline leaves says SKIPPED
+  [ "${SERVE_TESTS:-0}" = 1 ] && step tests_serve 100 python3 -m pytest -q -rfEs $XDIST \
+    tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py
   step serve 300 env SERVE_S=${SERVE_S:-12} SERVE_CFGS="${SERVE_CFGS:-on thread off}" OUT=$OUT/serve \
     bash scripts/device_run.sh serve_loads 290
   step tests_families 150 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py -k blk
   step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
   echo; echo "################ SUMMARY combo ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  for f in tests_families tests_moe; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+  for f in tests_serve tests_families tests_moe; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
     grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -16
     grep -E "^E  " "$OUT/$f.log" | head -12; done
   echo "--- serve"; cat "$OUT/serve/summary.txt" 2>/dev/null
