@@ -83,6 +83,13 @@ def moe_ffn(
     return out
 
 
+def first_near_tie(router_log, tie: float = ROUTER_TIE_TOL) -> tuple[int | None, int | None]:
+    """(the first token that routed within `tie` of a tie in some layer, that layer), or (None,
+    None): from that token on (attention is causal) two engines may run different experts."""
+    ties = [(int(near_ties(g, tie)[0]), il) for il, g in router_log if len(near_ties(g, tie))]
+    return min(ties) if ties else (None, None)
+
+
 def tie_excused(
     positions, errs, router_log, tol: float, tie: float = ROUTER_TIE_TOL
 ) -> tuple[bool, str]:
@@ -91,15 +98,14 @@ def tie_excused(
     that run. A position beyond tol is excused when some token at or before it (attention is
     causal) routed within `tie` of a tie in some layer: from there the engines may have run
     different experts. -> (ok, one line saying which positions failed or were excused)."""
-    ties = [(int(near_ties(g, tie)[0]), il) for il, g in router_log if len(near_ties(g, tie))]
-    first, layer = min(ties) if ties else (None, None)
+    first, layer = first_near_tie(router_log, tie)
     bad = [(int(p), float(e)) for p, e in zip(positions, errs) if e > tol]
     hard = [(p, e) for p, e in bad if first is None or p < first]
     n_ties = sum(len(near_ties(g, tie)) for _, g in router_log)
     where = (
         f"first router near-tie (gap <= {tie:g}) at token {first}, layer {layer}; "
         f"{n_ties} near-ties in all"
-        if ties
+        if first is not None
         else "no router near-tie"
     )
     if hard:

@@ -257,13 +257,15 @@ NAMES = [*MOE, *(p + "-q4km" for p in MOE)]
 def test_forward_matches_the_reference(models, name, report):
     """Every position's logits of a 200-token prompt (two chunks of 128) against the CPU
     reference within TOL, tie-aware about the router (a position past a router near-tie in
-    the reference may differ more); rel err (Frobenius) <= 3e-2 as the dense backend test;
-    greedy 32 tie-aware identical. The figures go to the run's summary."""
+    the reference may differ more); rel err (Frobenius) <= 3e-2 as the dense backend test, over
+    the positions before the first router near-tie (past it the engines may have run other
+    experts: tiny-mixtral's 200 positions measured 6.2e-2 in all, H100, its first near-tie at
+    token 29); greedy 32 tie-aware identical. The figures go to the run's summary."""
     from minfer.batch import single
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
-    from minfer.reference.moe import tie_excused
+    from minfer.reference.moe import first_near_tie, tie_excused
     from minfer.tools.check import identity_verdict
 
     m = models[name]
@@ -274,17 +276,19 @@ def test_forward_matches_the_reference(models, name, report):
     want = cpu.window_logits(ids, 0)
     got = gpu.window_logits(ids, 0)
     errs = np.abs(got - want).max(axis=1)
-    rel = rel_err(got, want)
+    n = first_near_tie(cpu.router_log)[0] or len(ids)
+    rel = rel_err(got[:n], want[:n])
     ok, line = tie_excused(np.arange(len(ids)), errs, cpu.router_log, TOL)
     assert ok, f"{name}: {line}"
     ref = single.run(ReferenceBackend(m), ids[:64], 32, 512)
     res = single.run(gpu, ids[:64], 32, 512)
     v, diff = identity_verdict(ref, res)
     report(
-        f"moe cuda f16 {name}: logits rel err {rel:.2e} (max |d| {errs.max():.4f}; {line}); "
+        f"moe cuda f16 {name}: logits rel err {rel:.2e} over {n} positions (max |d| {errs.max():.4f}; {line}); "
         f"greedy {v.describe()} (max |dlogit| {diff:.4f})"
     )
     assert v.ok, f"{name}: {v.describe()}"
+    assert n >= 16, f"{name}: a router near-tie at token {n}: too few positions to measure"
     assert rel <= 3e-2  # the f16 path's distance from the f32 reference (dense: the same)
 
 
