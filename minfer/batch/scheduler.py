@@ -39,7 +39,7 @@ import numpy as np
 
 from minfer.batch.run import DECODE_BUCKETS
 from minfer.batch.schedule import ALIGN, MIN_SHARE, bucket
-from minfer.batch.slots import PrefixCache, Rows, SlotMap, blocks, common_prefix
+from minfer.batch.slots import PrefixCache, Rows, SlotMap, blocks, common_prefix, head_key
 from minfer.errors import MinferError
 
 
@@ -97,10 +97,7 @@ class Seq:
     pool: np.ndarray | None = None  # f64 [d_model]: the pooled row, or the mean's running sum
     lse: float | None = None
 
-    first: int = -1  # its prompt's first token (the sharing search's key)
-
-    def __post_init__(self):
-        self.first = int(self.rows.ids[0])
+    head: bytes | None = None  # its prompt's head_key (the sharing search's key)
 
 
 _NONE = np.zeros(0, np.int64)
@@ -136,9 +133,9 @@ class Scheduler:
         # thread at a time in pycuda; the CPU reference needs none)
         self.thread_context = getattr(backend, "thread_context", contextlib.nullcontext)
         self.slots = SlotMap(kv_slots)
-        self.cache = PrefixCache(max_entries, enabled=prefix_cache)
-        self.budget = int(max_batch_tokens)
         self.min_share = max(1, int(min_share))
+        self.cache = PrefixCache(max_entries, enabled=prefix_cache, key_len=self.min_share)
+        self.budget = int(max_batch_tokens)
         self.metrics = metrics
         self.waiting: deque[Job] = deque()
         self.running: list[Seq] = []
@@ -270,7 +267,9 @@ class Scheduler:
             rows = Rows(job.ids, base, job.footprint())
             if job.prompt_stats:
                 rows.alloc_stats(job.top)
-            self.running.append(Seq(job, rows, owner, share))
+            self.running.append(
+                Seq(job, rows, owner, share, head=head_key(job.ids, self.min_share))
+            )
             if self.metrics:
                 self.metrics.queue_time.observe(job.t_admit - job.t_arrival)
 
@@ -282,8 +281,10 @@ class Scheduler:
         n = len(job.ids)
         if job.pool in ("mean", "cls"):  # every row's (row 0's) hidden state is needed
             return None, 0
-        first = int(job.ids[0])
-        cands = self.cache.with_first(first) + [s.rows for s in self.running if s.first == first]
+        key = head_key(job.ids, self.min_share)  # (None: too short to share min_share)
+        if key is None:
+            return None, 0
+        cands = self.cache.with_head(key) + [s.rows for s in self.running if s.head == key]
         best, best_n = None, 0
         for r in cands:
             if r.freed or (job.prompt_stats and r.top < job.top):

@@ -29,27 +29,30 @@ class SlotMap:
     def __init__(self, kv_slots: int):
         self.n = int(kv_slots) // ALIGN
         self.used = np.zeros(self.n, bool)
+        self.free_blocks = self.n
 
     def alloc(self, nblk: int) -> int | None:
-        """The first slot of nblk free contiguous blocks (now taken), or None."""
-        if nblk > self.n:
+        """The first slot of nblk free contiguous blocks (now taken), or None. Too few free
+        blocks fail at once (the scheduler evicts one entry and asks again, per admission)."""
+        if nblk > self.free_blocks:
             return None
-        c = np.concatenate([[0], np.cumsum(~self.used)])  # free blocks before each index
-        fits = np.flatnonzero(c[nblk:] - c[:-nblk] == nblk)  # windows wholly free
-        if not fits.size:
-            return None
-        s = int(fits[0])
+        if nblk == 1:  # (a 128-token prompt's: one C call, not the window scan)
+            s = int(np.argmin(self.used))
+        else:
+            c = np.concatenate([[0], np.cumsum(~self.used)])  # free blocks before each index
+            fits = np.flatnonzero(c[nblk:] - c[:-nblk] == nblk)  # windows wholly free
+            if not fits.size:
+                return None
+            s = int(fits[0])
         self.used[s : s + nblk] = True
+        self.free_blocks -= nblk
         return s * ALIGN
 
     def release(self, base: int, nblk: int) -> None:
         s = base // ALIGN
         assert self.used[s : s + nblk].all(), "releasing blocks that are not taken"
         self.used[s : s + nblk] = False
-
-    @property
-    def free_blocks(self) -> int:
-        return int(self.n - self.used.sum())
+        self.free_blocks += nblk
 
 
 @dataclass(eq=False)
@@ -81,6 +84,12 @@ class Rows:
         self.top_lp = np.zeros((m, top), np.float32)
 
 
+def head_key(ids: np.ndarray, k: int) -> bytes | None:
+    """The prefix search's key: a prompt's first k tokens (k: the least a share may be; two
+    prompts can share that many only with equal keys), None when it is shorter than k."""
+    return np.ascontiguousarray(ids[:k], np.int32).tobytes() if len(ids) >= k else None
+
+
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(len(a), len(b))
     if n == 0:
@@ -90,38 +99,42 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 class PrefixCache:
-    """Finished prompts' rows kept in the KV cache, least recently used first out."""
+    """Finished prompts' rows kept in the KV cache, least recently used first out. key_len:
+    the least a share may be (the scheduler's min_share); entries are found by their first
+    key_len tokens (head_key), so a search never scans prompts that merely start alike (every
+    prompt's BOS)."""
 
-    def __init__(self, max_entries: int = 4096, enabled: bool = True):
+    def __init__(self, max_entries: int = 4096, enabled: bool = True, key_len: int = 1):
         self.entries: OrderedDict[int, Rows] = OrderedDict()
         self.max_entries = max_entries
         self.enabled = enabled
+        self.key_len = max(1, int(key_len))
         self.hits = 0
         self.hit_tokens = 0
-        self._first: dict[int, set[int]] = {}  # first token -> entry keys (the search's index)
+        self.blocks = 0  # the entries' blocks
+        self._heads: dict[bytes, set[int]] = {}  # head_key -> entry keys (the search's index)
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    @property
-    def blocks(self) -> int:
-        return sum(e.nblk for e in self.entries.values())
-
-    def with_first(self, token: int):
-        """The entries whose prompt starts with `token` (no other can share a prefix)."""
-        return [self.entries[k] for k in self._first.get(token, ())]
+    def with_head(self, key: bytes | None):
+        """The entries whose prompt starts with the tokens of key (head_key; no other can share
+        key_len tokens)."""
+        return [self.entries[k] for k in self._heads.get(key, ())] if key is not None else []
 
     def add(self, rows: Rows) -> bool:
-        """Keep a finished prompt's rows (False: not kept, the caller frees its blocks)."""
-        if not self.enabled or self.max_entries <= 0:
+        """Keep a finished prompt's rows (False: not kept, the caller frees its blocks; a
+        prompt shorter than key_len could never be shared)."""
+        key = head_key(rows.ids, self.key_len)
+        if not self.enabled or self.max_entries <= 0 or key is None:
             return False
-        first = int(rows.ids[0])
-        for e in self.with_first(first):  # already held, whole or inside a longer entry
+        for e in self.with_head(key):  # already held, whole or inside a longer entry
             if common_prefix(e.ids, rows.ids) == len(rows.ids) and e.top >= rows.top:
                 self.entries.move_to_end(id(e))
                 return False
         self.entries[id(rows)] = rows
-        self._first.setdefault(first, set()).add(id(rows))
+        self._heads.setdefault(key, set()).add(id(rows))
+        self.blocks += rows.nblk
         return True
 
     def evict(self) -> Rows | None:
@@ -129,10 +142,12 @@ class PrefixCache:
         for k, e in self.entries.items():
             if e.pins == 0:
                 del self.entries[k]
-                keys = self._first[int(e.ids[0])]
+                key = head_key(e.ids, self.key_len)
+                keys = self._heads[key]
                 keys.discard(k)
                 if not keys:
-                    del self._first[int(e.ids[0])]
+                    del self._heads[key]
+                self.blocks -= e.nblk
                 return e
         return None
 
