@@ -12,6 +12,11 @@
 #          paths), single and sustained, and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
+#   combo: the serving table (SERVE_CFGS: the engine process "on", "thread", prefix cache "off";
+#          SERVE_TESTS=1 the GPU serving tests first), the new families' blk checks, the MoE
+#          kernels' tests, each capped by what the deadline leaves.
+#   house: the MoE kernels' tests, the new families' blk checks, their speed per weight beside
+#          llama's (FAMILY_PRESETS, one bench process), bench A B A at pp512 against .old/.
 #   refactor: a restructure checked against the tree in .old/ (git archive OLD minfer kernels):
 #          every path's logits bitwise on the slice's Q4_K_M and a 2-layer 8B shape, `minfer
 #          check`, and bench A B A (new, old, new) at pp512 / pp2048.
@@ -98,6 +103,12 @@ REPO=$PWD; M="python3 -m minfer"; S=${SLICE:-.devdata/smollm2-slice.gguf}
 # cold kernel cache (H100, 16 cores) where one process needed over 500 s, mostly compiling
 XDIST="-n 4 --dist loadfile"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+
+tests_summary() {   # tests_summary LOG...: each test log's count line, failures, first errors
+  for f in "$@"; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -16
+    grep -E "^E  " "$OUT/$f.log" | head -12; done
+}
 
 installed_check() {   # the wheel installed non-editable into a clean target, run from /tmp
   rm -rf /tmp/x && python3 -m pip install -q --no-index --no-deps --target /tmp/x \
@@ -229,23 +240,6 @@ if [ "$MODE" = stop ]; then   # one short call: the merged tree's GPU tests of w
   for m in ${LOGIT_MODELS:-slice-q4km l8b2}; do echo "--- logits old vs new: $m"; cat "$OUT/cmp_$m.txt"; done
   for t in new old new2; do [ -f "$OUT/bench_$t.log" ] && echo "--- bench $t" && grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
   [ -f "$OUT/check.log" ] && echo "--- check" && grep -E "FAIL|PASS|/32 \||rror" "$OUT/check.log" | tail -14
-  exit 0
-fi
-
-if [ "$MODE" = final ]; then   # one call for what a stop owes: the GPU tests of the changes,
-  # the MoE kernels' first run, the serving table, the new families' checks (each step capped;
-  # what the deadline leaves out says SKIPPED)
-  MINFER_TEST_MODEL=$S step tests_serve 90 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
-    tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py
-  step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
-  step serve 200 env SERVE_S=${SERVE_S:-12} OUT=$OUT/serve bash scripts/device_run.sh serve_loads 190
-  step tests_families 150 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py \
-    tests/gpu/test_families_device.py -k "granite or olmo2 or smollm3 or qwen3moe or mixtral or scale or identity or whole"
-  echo; echo "################ SUMMARY final ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  for f in tests_serve tests_moe tests_families; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
-    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -10
-    grep -E "^E  " "$OUT/$f.log" | head -8; done
-  echo "--- serve"; cat "$OUT/serve/summary.txt" 2>/dev/null
   exit 0
 fi
 
@@ -402,9 +396,7 @@ if [ "$MODE" = combo ]; then   # the serving table (engine process, thread, pref
   step tests_families 150 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py -k blk
   step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
   echo; echo "################ SUMMARY combo ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  for f in tests_serve tests_families tests_moe; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
-    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -16
-    grep -E "^E  " "$OUT/$f.log" | head -12; done
+  tests_summary tests_serve tests_families tests_moe
   echo "--- serve"; cat "$OUT/serve/summary.txt" 2>/dev/null
   exit 0
 fi
@@ -422,9 +414,7 @@ if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the 
     (cd $d && step bench_$t 60 env PYTHONPATH=/tmp/site:$d python3 -m minfer bench -m /tmp/llama3-8b.gguf \
       --tokens ${ABA_TOKENS:-512} --min-ms 0 --repeats 3 --no-breakdown); done; fi
   echo; echo "################ SUMMARY house ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  for f in tests_moe tests_families; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
-    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)" "$OUT/$f.log" | head -16
-    grep -E "^E  " "$OUT/$f.log" | head -12; done
+  tests_summary tests_moe tests_families
   echo "--- bench"; grep -E "^\| |^model|rror" "$OUT/bench_fam.log" | grep -v "| ---"
   for t in new old new2; do [ -f "$OUT/bench_$t.log" ] && echo "--- A B A $t" && grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
   exit 0
