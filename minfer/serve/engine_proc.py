@@ -222,7 +222,8 @@ class EngineProcess:
         """The child ends after the step in flight (jobs left get an error) and is reaped."""
         with self.lock:
             self.stopping = True
-            self._post(("stop",))
+            self._cmds.append(("stop",))  # (not _post: a kick the stopped loop never ran
+            self._cmds_cv.notify()  # would leave it unsent)
         if self._reader is not None:
             self._reader.join(30)
         self.proc.join(30)
