@@ -139,6 +139,7 @@ class Scheduler:
         self.metrics = metrics
         self.waiting: deque[Job] = deque()
         self.running: list[Seq] = []
+        self._heads: dict[bytes, list[Seq]] = {}  # running sequences by head_key (_owner's index)
         self.cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -185,6 +186,7 @@ class Scheduler:
             _send(j, "error", MinferError("the server is shutting down"))
         self.waiting.clear()
         self.running.clear()
+        self._heads.clear()
 
     # -- the engine thread -------------------------------------------------------------------
     def _loop(self) -> None:
@@ -253,7 +255,8 @@ class Scheduler:
                 if not self.waiting:
                     return
                 job = self.waiting[0]
-            owner, share = self._owner(job)
+            key = head_key(job.ids, self.min_share)  # (None: too short to share min_share)
+            owner, share = self._owner(job, key)
             if owner is not None:
                 owner.pins += 1
             base = self._alloc(job.footprint())
@@ -267,13 +270,14 @@ class Scheduler:
             rows = Rows(job.ids, base, job.footprint())
             if job.prompt_stats:
                 rows.alloc_stats(job.top)
-            self.running.append(
-                Seq(job, rows, owner, share, head=head_key(job.ids, self.min_share))
-            )
+            seq = Seq(job, rows, owner, share, head=key)
+            self.running.append(seq)
+            if key is not None:
+                self._heads.setdefault(key, []).append(seq)
             if self.metrics:
                 self.metrics.queue_time.observe(job.t_admit - job.t_arrival)
 
-    def _owner(self, job: Job) -> tuple[Rows | None, int]:
+    def _owner(self, job: Job, key: bytes | None) -> tuple[Rows | None, int]:
         """The rows to copy a prompt's head from (a prefix entry or a running sequence's prompt)
         and how many: all shared tokens but the prompt's last (its logits are needed), one
         fewer when its prompt rows are scored (the owner's row share - 1 predicts the same
@@ -281,10 +285,9 @@ class Scheduler:
         n = len(job.ids)
         if job.pool in ("mean", "cls"):  # every row's (row 0's) hidden state is needed
             return None, 0
-        key = head_key(job.ids, self.min_share)  # (None: too short to share min_share)
-        if key is None:
+        if key is None:  # (job's head_key)
             return None, 0
-        cands = self.cache.with_head(key) + [s.rows for s in self.running if s.head == key]
+        cands = self.cache.with_head(key) + [s.rows for s in self._heads.get(key, ())]
         best, best_n = None, 0
         for r in cands:
             if r.freed or (job.prompt_stats and r.top < job.top):
@@ -517,6 +520,11 @@ class Scheduler:
             return
         s.done = True
         self.running.remove(s)
+        if s.head is not None:
+            same = self._heads[s.head]
+            same.remove(s)
+            if not same:
+                del self._heads[s.head]
         if s.owner is not None:
             s.owner.pins -= 1
         if err is not None:
