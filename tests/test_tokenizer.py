@@ -645,3 +645,15 @@ def test_damaged_metadata_builds_or_raises_minfer_error(kind, damage, s):
             continue
         assert all(0 <= i < t.n_vocab for i in ids)
         t.decode(ids, special=ps)
+
+
+def test_clean_spaces_fast_path_equals_the_passes():
+    """_clean_spaces skips llama.cpp's three passes when no space precedes ? ! . , or ': on any
+    bytes the passes' result is the same."""
+    from minfer.text.tokenizer import _clean_spaces, _clean_spaces_passes
+
+    rng = random.Random(0)
+    alphabet = b" ?!.,'smrevtdxa\xe2\x80"
+    for _ in range(3000):
+        data = bytes(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+        assert _clean_spaces(data) == _clean_spaces_passes(data), data

@@ -463,17 +463,13 @@ class Tokenizer:
     def token_bytes(self, ids: Iterable[int], special: bool = False) -> bytes:
         """The raw bytes llama_detokenize writes for ids (a piece may be half a character)."""
         tab = self._piece_table(special)
-        out = []
-        remove_space = self.add_space_prefix
-        for k, i in enumerate(ids):
-            i = int(i)
-            if not 0 <= i < self.n_vocab:
-                raise BadInput(f"token id {i} out of range (vocab has {self.n_vocab} tokens)")
-            p = tab[i]
-            if remove_space and p[:1] == b" ":  # lstrip=1 on the first token
-                p = p[1:]
-            remove_space = False
-            out.append(p)
+        ids = [int(i) for i in ids]  # (one pass in C for a list or an array's tolist())
+        if ids and not (0 <= min(ids) and max(ids) < self.n_vocab):
+            i = next(i for i in ids if not 0 <= i < self.n_vocab)
+            raise BadInput(f"token id {i} out of range (vocab has {self.n_vocab} tokens)")
+        out = [tab[i] for i in ids]
+        if out and self.add_space_prefix and out[0][:1] == b" ":  # lstrip=1 on the first token
+            out[0] = out[0][1:]
         data = b"".join(out)
         return _clean_spaces(data) if self.clean_spaces else data
 
@@ -602,8 +598,20 @@ def _write_merge_ids(path, ids) -> None:
             pass
 
 
+# every clean_spaces pass changes only a space before one of these (a scored prompt's text
+# mostly has none: the passes' byte loop is then skipped)
+_CLEAN_TRIGGERS = (b" ?", b" !", b" .", b" ,", b" '")
+
+
 def _clean_spaces(data: bytes) -> bytes:
-    """llama_detokenize's clean_spaces passes, ported index for index (bytes in, bytes out)."""
+    """llama_detokenize's clean_spaces (bytes in, bytes out)."""
+    if not any(x in data for x in _CLEAN_TRIGGERS):
+        return data
+    return _clean_spaces_passes(data)
+
+
+def _clean_spaces_passes(data: bytes) -> bytes:
+    """llama_detokenize's clean_spaces passes, ported index for index."""
     t = bytearray(data)
     total = len(t)
     # pass 1: " ?", " !", " .", " ," lose the space
