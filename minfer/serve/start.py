@@ -186,11 +186,14 @@ def run(st, sock: socket.socket, timeout: float, version: str) -> None:
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.started:
+                from minfer.serve.engine_proc import EngineProcess
+
+                mode = "process" if isinstance(st.sched, EngineProcess) else "thread"
                 h, p = sock.getsockname()[:2]
                 h = f"[{h}]" if ":" in h else h
                 print(
                     f"minfer serve: {st.name} on http://{h}:{p} ({st.engine.kind}, context "
-                    f"{st.n_ctx}, {st.sched.slots.n * 128} KV slots)",
+                    f"{st.n_ctx}, {st.sched.slots.n * 128} KV slots, engine {mode})",
                     file=sys.stderr,
                     flush=True,
                 )
