@@ -274,7 +274,7 @@ if [ "$MODE" = serve ] || [ "$MODE" = serve_loads ]; then   # issue 49's table, 
     case $cfg in
       on) load idle512_$cfg -c 1 --prompt-tokens 512 --no-echo --max-tokens 1 --requests 10
           if [ -n "$SERVE_PROF" ]; then  # py-spy (carried) on the server under 256 clients
-            (sleep 5; /tmp/site/bin/py-spy record -p $SP -d 8 -r 250 --threads --nonblocking \
+            (sleep 5; /tmp/site/bin/py-spy record -p $SP -d 8 -r 250 --threads --subprocesses --nonblocking \
               -f raw -o "$OUT/prof_all.txt"; /tmp/site/bin/py-spy record -p $SP -d 6 -r 250 \
               --threads --gil --nonblocking -f raw -o "$OUT/prof_gil.txt") > "$OUT/pyspy.log" 2>&1 &
           fi
