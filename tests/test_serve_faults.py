@@ -97,7 +97,9 @@ def test_a_nan_in_one_sequence_fails_it_alone_in_the_scheduler(poisoned):
     from minfer.batch.scheduler import Job
     from minfer.serve.start import build_state
 
-    st = build_state(str(poisoned), "cpu", "f64", progress=False)
+    st = build_state(
+        dict(model_path=str(poisoned), backend_kind="cpu", dtype="f64", progress=False)
+    )
     sched = st.sched
     prompts = [[1, 5, 9, 14], [3, 1, BAD_ID, 7, 7], [2, 2, 40, 41, 42, 43], [9, 8]]
     got = {i: [] for i in range(len(prompts))}

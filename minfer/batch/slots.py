@@ -36,14 +36,11 @@ class SlotMap:
         blocks fail at once (the scheduler evicts one entry and asks again, per admission)."""
         if nblk > self.free_blocks:
             return None
-        if nblk == 1:  # (a 128-token prompt's: one C call, not the window scan)
-            s = int(np.argmin(self.used))
-        else:
-            c = np.concatenate([[0], np.cumsum(~self.used)])  # free blocks before each index
-            fits = np.flatnonzero(c[nblk:] - c[:-nblk] == nblk)  # windows wholly free
-            if not fits.size:
-                return None
-            s = int(fits[0])
+        c = np.concatenate([[0], np.cumsum(~self.used)])  # free blocks before each index
+        fits = np.flatnonzero(c[nblk:] - c[:-nblk] == nblk)  # windows wholly free
+        if not fits.size:
+            return None
+        s = int(fits[0])
         self.used[s : s + nblk] = True
         self.free_blocks -= nblk
         return s * ALIGN

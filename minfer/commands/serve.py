@@ -195,14 +195,17 @@ def serve(
 
     sock = bind(host, port)  # before the model loads: a port in use is said at once
     template = _read_template(rerank_template) if rerank_template else None
+    load = dict(
+        model_path=model_path,
+        backend_kind=backend_kind,
+        dtype=dtype,
+        gemm=gemm,
+        ctx_size=ctx_size,
+        ubatch=ubatch,
+        kv_slots=kv_slots,
+    )
     st = build_state(
-        model_path,
-        backend_kind,
-        dtype,
-        gemm,
-        ctx_size,
-        ubatch,
-        kv_slots,
+        load,
         prefix_cache,
         name,
         api_key,

@@ -8,8 +8,7 @@ of the time (docs/perf.md, "Serving"). Here each has its own GIL.
 The child (spawned: CUDA is never initialised in the parent) loads the Engine, prepares it and
 runs the Scheduler as start.build_state does in thread mode. The pipes carry:
 
-  parent -> child   lists of commands (those of a pass of the event loop, or all that gathered
-                    while the writer thread last wrote):
+  parent -> child   lists of commands (all that gathered while the writer thread last wrote):
                     ("submit", [spec]) with a spec a job's plain fields and its key (the stop
                     strings, not the closure: the child rebuilds stop_check), ("cancel", [key]),
                     ("stop",)
@@ -24,7 +23,6 @@ GIL dropped) and one of the event loop (app._Mailbox).
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import itertools
 import os
@@ -111,7 +109,6 @@ class EngineProcess:
         self.dead: str | None = None
         self._cmds: list[tuple] = []  # commands not yet sent (_post, _write)
         self._cmds_cv = threading.Condition(self.lock)
-        self._kick_due = False  # a _kick is queued on the event loop
         threading.Thread(target=self._write, name="minfer-engine-writer", daemon=True).start()
         self.stopping = False
         self.on_death = lambda: None
@@ -187,18 +184,7 @@ class EngineProcess:
         submissions (256 clients' 128-token prompts: ~150 KB) outgrows the pipe's 64 KB, and
         the write waits on the child's command reader, which waits on its engine thread."""
         self._cmds.append(cmd)
-        if self._kick_due:
-            return
-        try:  # on the event loop: one wake-up of the writer a pass of the loop (call_soon runs
-            # after every handler of this pass), not one a request (a GIL hand-off each)
-            asyncio.get_running_loop().call_soon(self._kick)
-            self._kick_due = True
-        except RuntimeError:
-            self._cmds_cv.notify()
-
-    def _kick(self) -> None:
-        with self.lock:
-            self._kick_due = False
+        if len(self._cmds) == 1:  # (else the writer is already due to take the list)
             self._cmds_cv.notify()
 
     def _write(self) -> None:  # the writer thread
@@ -222,8 +208,7 @@ class EngineProcess:
         """The child ends after the step in flight (jobs left get an error) and is reaped."""
         with self.lock:
             self.stopping = True
-            self._cmds.append(("stop",))  # (not _post: a kick the stopped loop never ran
-            self._cmds_cv.notify()  # would leave it unsent)
+            self._post(("stop",))
         if self._reader is not None:
             self._reader.join(30)
         self.proc.join(30)

@@ -38,25 +38,19 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def build_state(
-    model_path,
-    backend_kind=None,
-    dtype=None,
-    gemm=None,
-    ctx_size=0,
-    ubatch=None,
-    kv_slots=None,
+    load: dict,
     prefix_cache=True,
     name=None,
     api_key=None,
     max_queue=4096,
     timeout=600.0,
     max_body=8 << 20,
-    progress=True,
     pooling=None,
     rerank_template=None,
     engine="thread",
 ):
-    """The loaded engine, its scheduler and the app's state (also the tests' entry). engine:
+    """The loaded engine, its scheduler and the app's state (also the tests' entry). load:
+    engine_load.load_engine's keyword arguments (model_path None: the default model). engine:
     "thread" (the scheduler's thread in this interpreter) or "process" (engine_proc: a spawned
     process loads and runs it; here the GGUF's header and tokenizer only)."""
     from pathlib import Path
@@ -64,21 +58,13 @@ def build_state(
     from minfer.serve.app import State
     from minfer.serve.metrics import Metrics
 
+    model_path = load.get("model_path")
     if model_path is None:
         from minfer.gguf.fetch import default_model_path
 
         model_path = default_model_path()
+    load = {**load, "model_path": str(model_path)}
     metrics = Metrics()
-    load = dict(
-        model_path=str(model_path),
-        backend_kind=backend_kind,
-        dtype=dtype,
-        gemm=gemm,
-        ctx_size=ctx_size,
-        ubatch=ubatch,
-        kv_slots=kv_slots,
-        progress=progress,
-    )
     if engine == "process":
         eng, sched, n_ctx = _start_process(load, prefix_cache, metrics)
     else:
