@@ -394,7 +394,8 @@ if [ "$MODE" = combo ]; then   # the serving table (engine process, thread, pref
     tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py
   step serve 300 env SERVE_S=${SERVE_S:-12} SERVE_CFGS="${SERVE_CFGS:-on thread off}" OUT=$OUT/serve \
     bash scripts/device_run.sh serve_loads 290
-  step tests_families 300 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py -k blk
+  [ "${COMBO_FAMILIES:-1}" = 1 ] && step tests_families 300 python3 -m pytest -q -rfEs $XDIST \
+    tests/gpu/test_families_new_device.py -k blk
   step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
   echo; echo "################ SUMMARY combo ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   tests_summary tests_serve tests_families tests_moe
