@@ -166,3 +166,32 @@ def test_soak_sample(tmp_path):
     assert len(rows) >= 3 and all(r["errors"] == 0 for r in rows)
     assert verdict["prefix_bounded"], rows
     assert verdict["rss_growth"] < 0.15, rows  # short: warm-up allocations still show
+
+
+@pytest.mark.parametrize("how", [("--requests", "12"), ("--duration", "2")])
+def test_bench_serve_counts_its_window(model, how):
+    """The load generator over 2 worker processes: every request answered and counted, its
+    tokens over a window that opens once both workers are up (their spawn is not the
+    server's idle time) and closes with the last answer."""
+    import subprocess
+
+    s = Server(model)
+    try:
+        t0 = time.monotonic()
+        r = subprocess.run(
+            [sys.executable, "-m", "minfer", "bench-serve", "--url", s.url, "-c", "4",
+             "--workers", "2", "--prompt-tokens", "16", "--warmup", "2", "--json", *how],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        took = time.monotonic() - t0
+    finally:
+        s.stop()
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["errors"] == 0 and d["workers"] == 2, d
+    if how[0] == "--requests":
+        assert d["requests"] == 12
+    else:
+        assert d["requests"] >= 4 and 2.0 <= d["wall_s"] < took
+    assert d["prompt_tok_s"] == pytest.approx(16 * d["requests"] / d["wall_s"], rel=1e-2)
+    assert d["forwards"] >= 1 and d["engine_ms_per_forward"]["forward"] > 0

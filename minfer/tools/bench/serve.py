@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import multiprocessing as mp
+import queue
+import threading
 import time
 from dataclasses import dataclass
 
@@ -78,12 +80,50 @@ def _host_time(cl) -> dict | None:
     return vals if len(vals) >= 2 else None
 
 
-def _worker(args) -> dict:
-    """One process: `conc` closed-loop clients until t_end (wall clock) or n_req requests."""
-    url, key, conc, model, vocab, sh, t_end, n_req, seed = args
+def _worker(args, ready=None, go=None, out=None) -> dict | None:
+    """One process: `conc` closed-loop clients for `duration` s (wall clock) or until its
+    `n_req` requests are sent. Spawned (ready, go, out given): imports, passes the barrier
+    `ready`, waits for the event `go` (the window opens) and puts its result on `out`."""
+    url, key, conc, model, vocab, sh, duration, n_req, seed = args
     import httpx
 
-    return asyncio.run(_clients(httpx, url, key, conc, model, vocab, sh, t_end, n_req, seed))
+    if ready is not None:
+        ready.wait()
+        go.wait()
+    res = asyncio.run(
+        _clients(httpx, url, key, conc, model, vocab, sh, time.time() + duration, n_req, seed)
+    )
+    if out is None:
+        return res
+    out.put(res)
+    return None
+
+
+def _spawned(args: list, at_open) -> tuple[list[dict], object]:
+    """_worker over args in spawned processes, the window opened for all at once once every
+    one is up (a spawn and its imports take ~0.5-1 s: counted in the window, that was the
+    server idling) -> (their results, at_open()'s value, taken as the window opens)."""
+    ctx = mp.get_context("spawn")
+    ready, go, out = ctx.Barrier(len(args) + 1), ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(a, ready, go, out), daemon=True) for a in args]
+    for p in procs:
+        p.start()
+    try:
+        ready.wait(timeout=300)
+    except threading.BrokenBarrierError:
+        raise BadInput("bench-serve's worker processes did not start within 300 s") from None
+    opened = at_open()
+    go.set()
+    parts = []
+    while len(parts) < len(procs):
+        try:
+            parts.append(out.get(timeout=1.0))
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs) and out.empty():
+                raise BadInput("a bench-serve worker process died (its error is above)") from None
+    for p in procs:
+        p.join()
+    return parts, opened
 
 
 async def _clients(httpx, url, key, conc, model, vocab, sh, t_end, n_req, seed) -> dict:
@@ -132,25 +172,23 @@ def run(url, key, conc, sh: Shape, duration, n_req, warmup, seed, workers) -> di
             raise BadInput(f"no minfer server answers at {url} ({type(e).__name__}: {e})") from None
         vocab = int(info.get("vocab_size") or 32000)
         if warmup:  # the server's CUDA graphs and caches, outside the window
-            _worker((url, key, min(warmup, conc), model, vocab, sh, 0, warmup, seed + 999))
-        h0 = _host_time(cl)
+            _worker((url, key, min(warmup, conc), model, vocab, sh, 0.0, warmup, seed + 999))
         shares = [conc // workers + (i < conc % workers) for i in range(workers)]
         reqs = (
             [n_req // workers + (i < n_req % workers) for i in range(workers)]
             if n_req
             else [0] * workers
         )
-        t0 = time.time()
         args = [
-            (url, key, c, model, vocab, sh, t0 + duration, r, seed + i)
+            (url, key, c, model, vocab, sh, duration, r, seed + i)
             for i, (c, r) in enumerate(zip(shares, reqs))
             if c
         ]
         if len(args) == 1:
+            h0, t0 = _host_time(cl), time.time()
             parts = [_worker(args[0])]
-        else:
-            with mp.get_context("spawn").Pool(len(args)) as pool:
-                parts = pool.map(_worker, args)
+        else:  # (h0 and t0 are taken in _spawned's window, as the barrier opens)
+            parts, (h0, t0) = _spawned(args, lambda: (_host_time(cl), time.time()))
         wall = time.time() - t0
         h1 = _host_time(cl)
     lat = np.array([x for p in parts for x in p["lat"]]) * 1e3
