@@ -170,3 +170,61 @@ def test_an_engine_process_killed_while_serving(model):
     err = [line for line in s.lines if line.startswith("error:")]
     assert len(err) == 1 and "engine process died" in err[0], s.lines
     assert not any("Traceback" in line or "warning" in line.lower() for line in s.lines), s.lines
+
+
+def test_the_loop_side_pipe_io_keeps_connection_frames():
+    """The parent's pipe I/O on the event loop (engine_proc.attach) against multiprocessing's
+    own ends: commands past the pipe's 64 KB (a burst of submissions) leave without blocking
+    the loop and arrive whole through recv_bytes; the child's send_bytes messages, small and
+    large, come out of _frames whole, however the bytes were split."""
+    import asyncio
+    import multiprocessing as mp
+    import pickle
+
+    from minfer.serve import engine_proc as E
+
+    for n in (0, 5, 70_000, 300_000):  # (the 8-byte form needs 2 GB: its header is packed)
+        data = os.urandom(n)
+        buf = bytearray(E._frame(data) + E._frame(b"x"))
+        got = [list(E._frames(buf[:k])) for k in (3, 4 + n // 2)]  # partial: nothing, or less
+        assert got[0] == [] and got[1] == ([b""] if n == 0 else [])
+        assert list(E._frames(buf)) == [data, b"x"] and not buf
+    assert E._frame(b"ab")[:4] == b"\x00\x00\x00\x02"
+
+    r, w = mp.Pipe(duplex=False)
+    ev_r, ev_w = mp.Pipe(duplex=False)
+    ep = E.EngineProcess.__new__(E.EngineProcess)
+    ep._cmd, ep._ev, ep._cmds, ep._out, ep._in, ep.loop = (
+        w,
+        ev_r,
+        [],
+        bytearray(),
+        bytearray(),
+        None,
+    )
+    got, seen = [], []
+    reader = threading.Thread(
+        target=lambda: got.extend(pickle.loads(r.recv_bytes()) for _ in range(2))
+    )
+    reader.start()
+    big = ("submit", [os.urandom(200_000)])  # ~3 pipe buffers
+
+    async def main():
+        ep.attach(asyncio.get_running_loop())
+        ep._message = seen.append  # the child's messages, as parsed on the loop
+        ep._post(big)
+        ep._post(("cancel", [1]))  # the same loop iteration: one message with both
+        assert ep._cmds  # (not written yet: after this iteration)
+        await asyncio.sleep(0)
+        msgs = (("s", [1]), ("t", os.urandom(150_000)))  # (the child's side: another thread)
+        threading.Thread(target=lambda: [ev_w.send_bytes(pickle.dumps(m)) for m in msgs]).start()
+        ep._post(("stop",))
+        for _ in range(500):
+            if not ep._out and len(seen) == 2:
+                break
+            await asyncio.sleep(0.01)
+        ep.loop.remove_reader(ev_r.fileno())
+
+    asyncio.run(main())
+    reader.join(10)
+    assert got == [[big, ("cancel", [1])], [("stop",)]] and seen[0] == ("s", [1]) and len(seen) == 2

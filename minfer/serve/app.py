@@ -648,6 +648,10 @@ class _Run:
         self.check_at = time.monotonic() + 0.5  # the next look for a client gone away
 
     def _deliver(self, i: int):
+        if getattr(self.st.sched, "on_loop", False):  # (process mode: delivered on this loop)
+            q = self.q
+            return lambda kind, value: q.put_nowait((i, kind, value))
+
         def deliver(kind: str, value) -> None:
             self.mailbox.post(self.q, (i, kind, value))
 

@@ -8,17 +8,17 @@ of the time (docs/perf.md, "Serving"). Here each has its own GIL.
 The child (spawned: CUDA is never initialised in the parent) loads the Engine, prepares it and
 runs the Scheduler as start.build_state does in thread mode. The pipes carry:
 
-  parent -> child   lists of commands (all that gathered while the writer thread last wrote):
-                    ("submit", [spec]) with a spec a job's plain fields and its key (the stop
-                    strings, not the closure: the child rebuilds stop_check), ("cancel", [key]),
-                    ("stop",)
+  parent -> child   lists of commands (all that one iteration of the server's event loop
+                    gathered): ("submit", [spec]) with a spec a job's plain fields and its
+                    key (the stop strings, not the closure: the child rebuilds stop_check),
+                    ("cancel", [key]), ("stop",)
   child -> parent   first ("ready", info) or ("error", exc); then one message a step: the
                     step's (key, kind, value) events and metric operations (key None), with
                     the counts /metrics and the queue-full check read
 
-Each message is one pickle (protocol 5) through Connection.send_bytes: a step's events cost
-one message and, in the parent, one wake-up of the reader thread (blocked in recv_bytes, the
-GIL dropped) and one of the event loop (app._Mailbox).
+Each message is one pickle (protocol 5) in Connection.send_bytes' frame. In the parent both
+pipes are served by the server's event loop itself (EngineProcess.attach: non-blocking reads
+and writes), so a step's events cost one wake-up of the loop and no thread hand-off.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ import ctypes
 import itertools
 import os
 import pickle
+import select
 import signal
+import struct
 import sys
 import threading
 
@@ -74,6 +76,14 @@ class EngineProcess:
     """The child's handle, with the Scheduler interface app.py and pooling.py use (submit,
     cancel, queued, capacity_blocks, slots.n, cache, start, stop, steps, step_tokens).
 
+    Its pipe I/O runs on the server's event loop (attach), as the requests do: the commands
+    a loop iteration gathered leave as one message, written without blocking (the rest when
+    the pipe has room: a burst of 256 clients' 128-token prompts, ~150 KB, outgrows its
+    64 KB); the child's messages are read when the pipe is readable and their events go to
+    the requests' queues directly. No thread of this process shares the GIL with the loop,
+    and nothing wakes one per request. Before attach (loading) and after the loop ends
+    (stop), commands are written blocking.
+
     queued() counts in the parent: jobs submitted minus those the child reported gone from
     its waiting queue (admitted, dropped cancelled, failed) with its last message. A job on
     its way through the pipe counts as queued, so the count errs high by at most a step's
@@ -81,6 +91,8 @@ class EngineProcess:
 
     dead: None, or why the child is gone while serving: every live job got the error, /health
     says so, on_death() (start.run's) stops the server."""
+
+    on_loop = True  # (app._Run: events are delivered on the loop, into the request's queue)
 
     def __init__(self, kw: dict, metrics):
         import multiprocessing as mp
@@ -100,19 +112,18 @@ class EngineProcess:
         self.metrics = metrics
         self.jobs: dict[int, Job] = {}
         self._keys = itertools.count()
-        self.lock = threading.Lock()  # jobs, dead and the commands not yet sent
         self.submitted = 0
         self.left = 0  # jobs the child reported gone from its waiting queue
         self.steps = self.step_tokens = 0
         self.cache = _CacheView()
         self.slots = _Slots(0)
         self.dead: str | None = None
-        self._cmds: list[tuple] = []  # commands not yet sent (_post, _write)
-        self._cmds_cv = threading.Condition(self.lock)
-        threading.Thread(target=self._write, name="minfer-engine-writer", daemon=True).start()
         self.stopping = False
         self.on_death = lambda: None
-        self._reader: threading.Thread | None = None
+        self.loop = None  # the event loop the pipes are served on (attach)
+        self._cmds: list[tuple] = []  # commands gathered in this loop iteration (_post)
+        self._out = bytearray()  # framed commands the pipe had no room for yet
+        self._in = bytearray()  # the child's bytes not yet a whole message
         self._m: dict = {}  # (name, labels) -> the parent's collector
 
     def wait_ready(self) -> dict:
@@ -158,95 +169,126 @@ class EngineProcess:
         return not self.jobs
 
     def submit(self, jobs: list[Job]) -> None:
-        with self.lock:
-            if self.dead is None:
-                for j in jobs:
-                    j.key = k = next(self._keys)
-                    self.jobs[k] = j
-                self.submitted += len(jobs)
-                self._post(("submit", [_spec(j) for j in jobs]))
-                return
-            why = self.dead
+        if self.dead is None:
+            for j in jobs:
+                j.key = k = next(self._keys)
+                self.jobs[k] = j
+            self.submitted += len(jobs)
+            self._post(("submit", [_spec(j) for j in jobs]))
+            return
         for j in jobs:
-            _send(j, "error", MinferError(why))
+            _send(j, "error", MinferError(self.dead))
 
     def cancel(self, jobs) -> None:
-        with self.lock:
-            keys = [j.key for j in jobs if self.jobs.pop(j.key, None) is not None]
-            for j in jobs:
-                j.cancelled = True
-            if keys and self.dead is None:
-                self._post(("cancel", keys))
-
-    def _post(self, cmd: tuple) -> None:
-        """cmd on its way to the child (under self.lock): the writer thread sends what has
-        gathered since its last write as one message. Never on the event loop: a burst of
-        submissions (256 clients' 128-token prompts: ~150 KB) outgrows the pipe's 64 KB, and
-        the write waits on the child's command reader, which waits on its engine thread."""
-        self._cmds.append(cmd)
-        if len(self._cmds) == 1:  # (else the writer is already due to take the list)
-            self._cmds_cv.notify()
-
-    def _write(self) -> None:  # the writer thread
-        while True:
-            with self.lock:
-                while not self._cmds:
-                    self._cmds_cv.wait()
-                cmds, self._cmds = self._cmds, []
-            try:
-                self._cmd.send_bytes(pickle.dumps(cmds, PROTO))
-            except OSError:  # the child is gone: the reader fails the live jobs and says why
-                return
-            if cmds[-1][0] == "stop":
-                return
+        keys = [j.key for j in jobs if self.jobs.pop(j.key, None) is not None]
+        for j in jobs:
+            j.cancelled = True
+        if keys and self.dead is None:
+            self._post(("cancel", keys))
 
     def start(self) -> None:
-        self._reader = threading.Thread(target=self._read, name="minfer-engine-reader", daemon=True)
-        self._reader.start()
+        """(The pipes start being served when the server's loop exists: attach.)"""
+
+    def attach(self, loop) -> None:
+        """Serve the pipes on loop (the server's, from its startup on): the child's messages
+        read as they come, commands written as the pipe takes them."""
+        self.loop = loop
+        os.set_blocking(self._cmd.fileno(), False)
+        os.set_blocking(self._ev.fileno(), False)
+        loop.add_reader(self._ev.fileno(), self._on_readable)
+
+    def _post(self, cmd: tuple) -> None:
+        """cmd on its way to the child: what a loop iteration gathers leaves as one message."""
+        self._cmds.append(cmd)
+        if self.loop is None or not self.loop.is_running():  # loading, or the loop ended
+            self._flush(blocking=True)
+        elif len(self._cmds) == 1:
+            self.loop.call_soon(self._flush)
+
+    def _flush(self, blocking: bool = False) -> None:
+        if self._cmds:
+            data = pickle.dumps(self._cmds, PROTO)
+            self._cmds = []
+            self._out += _frame(data)
+        try:
+            if blocking:
+                if self.loop is not None:
+                    self.loop.remove_writer(self._cmd.fileno())
+                while self._out:
+                    select.select([], [self._cmd.fileno()], [])
+                    self._write_some()
+            else:
+                self._write_some()
+                if self._out:
+                    self.loop.add_writer(self._cmd.fileno(), self._flush)
+                else:
+                    self.loop.remove_writer(self._cmd.fileno())
+        except OSError:  # the child is gone: the reader's EOF fails the live jobs, says why
+            self._out.clear()
+            if self.loop is not None:
+                self.loop.remove_writer(self._cmd.fileno())
+
+    def _write_some(self) -> None:
+        try:
+            n = os.write(self._cmd.fileno(), self._out)
+        except BlockingIOError:
+            return
+        del self._out[:n]
 
     def stop(self) -> None:
-        """The child ends after the step in flight (jobs left get an error) and is reaped."""
-        with self.lock:
-            self.stopping = True
-            self._post(("stop",))
-        if self._reader is not None:
-            self._reader.join(30)
+        """The child ends after the step in flight (jobs left get an error) and is reaped.
+        (After the loop has ended, or before it ran.)"""
+        self.stopping = True
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.remove_reader(self._ev.fileno())
+        self._post(("stop",))  # (blocking: the loop is not running)
         self.proc.join(30)
         self.kill()
 
-    # -- the reader thread -------------------------------------------------------------------
-    def _read(self) -> None:
+    # -- the child's messages (the event loop) ------------------------------------------------
+    def _on_readable(self) -> None:
+        fd, eof = self._ev.fileno(), False
         while True:
             try:
-                data = self._ev.recv_bytes()  # blocks with the GIL dropped
-            except (EOFError, OSError):
+                b = os.read(fd, 1 << 20)
+            except BlockingIOError:
                 break
-            stats, items = pickle.loads(data)
-            got, self.cache.n, self.cache.blocks, self.steps, self.step_tokens = stats
-            jobs = self.jobs
-            for key, kind, value in items:
-                if key is None:
-                    self._metric(kind, value)
-                    continue
-                j = jobs.get(key)
-                if j is None:  # cancelled in the parent: nobody waits for it
-                    continue
-                if kind == "done" or kind == "error":
-                    jobs.pop(key, None)
-                _send(j, kind, value)
-            self.left = got  # after the events: a job is queued until its admission is seen
-        self._gone()
+            except OSError:
+                b = b""
+            if not b:
+                eof = True
+                break
+            self._in += b
+        for data in _frames(self._in):
+            self._message(pickle.loads(data))
+        if eof:
+            self.loop.remove_reader(fd)
+            self._gone()
+
+    def _message(self, msg) -> None:
+        stats, items = msg
+        got, self.cache.n, self.cache.blocks, self.steps, self.step_tokens = stats
+        jobs = self.jobs
+        for key, kind, value in items:
+            if key is None:
+                self._metric(kind, value)
+                continue
+            j = jobs.get(key)
+            if j is None:  # cancelled in the parent: nobody waits for it
+                continue
+            if kind == "done" or kind == "error":
+                jobs.pop(key, None)
+            _send(j, kind, value)
+        self.left = got  # after the events: a job is queued until its admission is seen
 
     def _gone(self) -> None:
-        stopping = self.stopping  # (the exit status is waited for outside the lock)
         why = (
             "the server is shutting down"
-            if stopping
+            if self.stopping
             else f"the engine process died ({self._exit()})"
         )
-        with self.lock:
-            self.dead = None if self.stopping else why
-            jobs, self.jobs = self.jobs, {}
+        self.dead = None if self.stopping else why
+        jobs, self.jobs = self.jobs, {}
         for j in jobs.values():
             _send(j, "error", MinferError(why))
         if not self.stopping:
@@ -259,6 +301,31 @@ class EngineProcess:
             m = getattr(self.metrics, name)
             m = self._m[(name, labels)] = m.labels(*labels) if labels else m
         getattr(m, op)(v)
+
+
+def _frame(data: bytes) -> bytes:
+    """data framed as multiprocessing's Connection.send_bytes frames it (recv_bytes reads it):
+    a signed big-endian 4-byte length, or -1 and an 8-byte length past 2**31 - 1."""
+    n = len(data)
+    head = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    return head + data
+
+
+def _frames(buf: bytearray):
+    """The whole messages at buf's start, taken out of it (Connection.send_bytes' frames)."""
+    while len(buf) >= 4:
+        (n,) = struct.unpack_from("!i", buf)
+        h = 4
+        if n == -1:
+            if len(buf) < 12:
+                return
+            (n,) = struct.unpack_from("!Q", buf, 4)
+            h = 12
+        if len(buf) < h + n:
+            return
+        data = bytes(buf[h : h + n])
+        del buf[: h + n]
+        yield data
 
 
 def _spec(j: Job) -> tuple:

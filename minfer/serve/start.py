@@ -5,6 +5,7 @@ tests' entry), and uvicorn's run with the drain on SIGTERM / SIGINT. `minfer ser
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -174,6 +175,9 @@ def run(st, sock: socket.socket, timeout: float, version: str) -> None:
             if self.started:
                 from minfer.serve.engine_proc import EngineProcess
 
+                if isinstance(st.sched, EngineProcess):  # its pipes served on this loop
+                    st.sched.attach(asyncio.get_running_loop())
+
                 mode = "process" if isinstance(st.sched, EngineProcess) else "thread"
                 h, p = sock.getsockname()[:2]
                 h = f"[{h}]" if ":" in h else h
@@ -194,7 +198,7 @@ def run(st, sock: socket.socket, timeout: float, version: str) -> None:
     # launch, the read-back: ~7 a forward) and must win it back from the event loop each time:
     # at CPython's 5 ms switch interval a busy loop held it up to 5 ms a call, ~40 ms a forward
     # of an 8B model on the H100 (the GPU idle half the time under 256 clients). (Process mode:
-    # the engine process sets its own; here it keeps the reader thread's hand-off short.)
+    # the engine process sets its own; this process then has no other busy thread.)
     from minfer.serve.engine_load import SWITCH_S
 
     sys.setswitchinterval(SWITCH_S)
