@@ -24,7 +24,7 @@ DeviceBuffers (the f16 GEMV's glu at M == 1 uses its f32 gate|up buffer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 Q4_K, Q6_K = 12, 14
@@ -173,11 +173,14 @@ class GemmPath:
 class Emulation:
     """A grid `minfer perplexity --emulate LABEL` puts on the CPU reference: on the weights the
     path runs on its int8 kernel (as plan_routes routes them), or on every GEMM but the LM head
-    (every); help: what it stands for (the option's help)."""
+    (every); help: what it stands for (the option's help). kinds: weight kinds ("ffn_down",
+    "attn_output") put on a grid of their own, whatever the path's routes say (a grid no
+    kernel of the path runs yet: the emulation's own weight set, the GPU plan unchanged)."""
 
     grid: object
     every: bool = False
     help: str = ""
+    kinds: Mapping = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from functools import partial
 import numpy as np
 
 from minfer.cuda.paths.base import Emulation, GemmPath, LinearRoute, Operand
+from minfer.cuda.paths.blk.fp8 import Fp8Grid
 from minfer.cuda.paths.blk.twin import BlkGrid
 from minfer.cuda.runtime import devarray as da
 
@@ -116,6 +117,28 @@ class BlkPath(GemmPath):
     emulations = {
         "blk": Emulation(grid, help="the blk kernel"),
         "blk256": Emulation(BlkGrid(256), help="blk with 256-point blocks, an experiment"),
+        # FP8 e4m3 block-scaled (DeepSeek-V3's grid, blk/fp8.py) on ffn_down, which blk runs
+        # on f16: CPU emulations for gate 6, no kernel (docs/perplexity.md)
+        "blk-fp8down": Emulation(
+            grid,
+            kinds={"ffn_down": Fp8Grid()},
+            help="blk, ffn_down on FP8 e4m3 per (token, 128) x (row, 128), no kernel",
+        ),
+        "blk-fp8down-tile": Emulation(
+            grid,
+            kinds={"ffn_down": Fp8Grid(128)},
+            help="blk-fp8down with weights per (128 x 128) tile",
+        ),
+        "blk-fp8down-p2": Emulation(
+            grid,
+            kinds={"ffn_down": Fp8Grid(pow2=True)},
+            help="blk-fp8down with power-of-two scales",
+        ),
+        "blk-fp8down-ao": Emulation(
+            grid,
+            kinds={"ffn_down": Fp8Grid(), "attn_output": Fp8Grid()},
+            help="blk-fp8down with attn_output on FP8 too",
+        ),
     }
     scratch_parts = ("blk operand scratch", "blk requant staging", "MMQ stream-K workspace")
 
