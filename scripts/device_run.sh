@@ -248,7 +248,7 @@ if [ "$MODE" = serve ] || [ "$MODE" = serve_loads ]; then   # issue 49's table, 
   step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   step batch 70 $M bench -m /tmp/s8b.gguf --no-breakdown --batch 256 --tokens 128 --repeats 2
   step single 50 $M bench -m /tmp/s8b.gguf --no-breakdown --tokens 512 --min-ms 0 --repeats 3
-  D=${SERVE_S:-15}; BS="$M bench-serve --url http://127.0.0.1:8080 --duration $D --json"
+  D=${SERVE_S:-15}; BS="$M bench-serve --url http://127.0.0.1:8080 --duration $D --json --workers ${SERVE_WORKERS:-8}"
   # a server per configuration (name, its flags, the loads it takes); each load's line gets
   # the server's CPU seconds over it (utime + stime from /proc: its event loop and engine
   # thread together) and the GPU's mean utilization (nvidia-smi, 100 ms samples)
@@ -295,7 +295,7 @@ if [ "$MODE" = serve ] || [ "$MODE" = serve_loads ]; then   # issue 49's table, 
   grep -E "^E  " "$OUT/tests.log" | head -20
   for f in batch single; do echo "--- $f"; grep -E "^\| |rror|prompts," "$OUT/$f.log" | grep -v "| ---"; done
   for f in "$OUT"/idle512_*.log "$OUT"/score128_*.log "$OUT"/lmeval_*.log; do
-    echo "--- $(basename $f .log)"; tail -1 "$f" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d.get(k) for k in ('requests','errors','prompt_tok_s','latency_p50_ms','latency_p99_ms','host_ms_per_request','forwards','tokens_per_forward','prefix_rows_copied','engine_ms_per_forward')})" 2>&1 | tail -1
+    echo "--- $(basename $f .log)"; tail -1 "$f" | python3 -c "import json,sys; d=json.loads(sys.stdin.read()); print({k: d.get(k) for k in ('requests','errors','prompt_tok_s','latency_p50_ms','latency_p99_ms','host_ms_per_request','forwards','tokens_per_forward','prefix_rows_copied','engine_ms_per_forward','client_cpu_max')})" 2>&1 | tail -1
   done
   grep -iE "error|Traceback" "$OUT"/serve_*.log | head -5
   exit 0

@@ -195,3 +195,4 @@ def test_bench_serve_counts_its_window(model, how):
         assert d["requests"] >= 4 and 2.0 <= d["wall_s"] < took
     assert d["prompt_tok_s"] == pytest.approx(16 * d["requests"] / d["wall_s"], rel=1e-2)
     assert d["forwards"] >= 1 and d["engine_ms_per_forward"]["forward"] > 0
+    assert 0 < d["client_cpu_max"] < 2.5  # (a process's CPU share: threads may add a little)

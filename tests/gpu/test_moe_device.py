@@ -269,14 +269,22 @@ def test_forward_matches_the_reference(models, name, report):
     from minfer.tools.check import identity_verdict
 
     m = models[name]
-    ids = np.random.default_rng(7).integers(0, m.config.vocab_size, 200).astype(np.int32)
-    gpu = CudaBackend(m, GemmChoice("f16"), max_tokens=512, ubatch=128)
     cpu = ReferenceBackend(m, max_tokens=512)
-    cpu.router_log = []
-    want = cpu.window_logits(ids, 0)
+    best = None  # the prompt (of 8 seeds) whose first router near-tie comes latest: the
+    # quantized tiny models tie early (the first H100 run: tokens 9 and 14 on seed 7)
+    for seed in range(7, 15):
+        ids = np.random.default_rng(seed).integers(0, m.config.vocab_size, 200).astype(np.int32)
+        cpu.router_log = []
+        want = cpu.window_logits(ids, 0)
+        n = first_near_tie(cpu.router_log)[0] or len(ids)
+        if best is None or n > best[0]:
+            best = (n, ids, want, cpu.router_log)
+        if n >= 64:
+            break
+    n, ids, want, cpu.router_log = best
+    gpu = CudaBackend(m, GemmChoice("f16"), max_tokens=512, ubatch=128)
     got = gpu.window_logits(ids, 0)
     errs = np.abs(got - want).max(axis=1)
-    n = first_near_tie(cpu.router_log)[0] or len(ids)
     rel = rel_err(got[:n], want[:n])
     ok, line = tie_excused(np.arange(len(ids)), errs, cpu.router_log, TOL)
     assert ok, f"{name}: {line}"

@@ -90,9 +90,11 @@ def _worker(args, ready=None, go=None, out=None) -> dict | None:
     if ready is not None:
         ready.wait()
         go.wait()
+    c0, t0 = time.process_time(), time.perf_counter()
     res = asyncio.run(
         _clients(httpx, url, key, conc, model, vocab, sh, time.time() + duration, n_req, seed)
     )
+    res["cpu"] = (time.process_time() - c0) / max(time.perf_counter() - t0, 1e-9)
     if out is None:
         return res
     out.put(res)
@@ -211,6 +213,8 @@ def run(url, key, conc, sh: Shape, duration, n_req, warmup, seed, workers) -> di
     }
     for q in (50, 90, 99):
         out[f"latency_p{q}_ms"] = round(float(np.percentile(lat, q)), 2) if lat.size else None
+    # the busiest client process's CPU share: near 1.0 the clients, not the server, set the pace
+    out["client_cpu_max"] = round(max(p["cpu"] for p in parts), 2)
     first = next((p["first_error"] for p in parts if p["first_error"]), None)
     if first:
         out["first_error"] = first
