@@ -80,7 +80,7 @@ def is_ids(v) -> bool:
     return isinstance(v, (list, tuple, np.ndarray))
 
 
-def _plain_ids(v, hi: int) -> np.ndarray | None:
+def plain_ids(v, hi: int) -> np.ndarray | None:
     """int64 [n] of v when it is the usual case, plain ints in [0, hi) (checked at numpy's
     speed), else None (the caller's loop names what is wrong)."""
     if not all(type(x) is int for x in v):  # (bool is not int here)
@@ -109,7 +109,7 @@ def check_ids(v, what: str, vocab: int | None) -> np.ndarray:
     else:
         if not is_ids(v):
             raise RecordError(f"{what} must be a list of token ids, not {kind(v)}")
-        fast = _plain_ids(v, hi)
+        fast = plain_ids(v, hi)
         for i, x in enumerate(v if fast is None else ()):  # else: name the first bad one
             if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
                 raise RecordError(

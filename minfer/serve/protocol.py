@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from minfer.batch.records import plain_ids
 from minfer.reference.ops import TOP_MAX
 
 MAX_PROMPTS = 1024  # prompts in one request (a list of strings or of token lists)
@@ -214,6 +215,10 @@ def get_prompts(body: dict, vocab: int) -> list[tuple[str | None, list[int] | No
         )
     if not p:
         raise bad("prompt is an empty list", "prompt")
+    if type(p[0]) is int:  # the usual token-id prompt (lm-eval's, bench-serve's): one check
+        a = plain_ids(p, vocab)
+        if a is not None:
+            return [(None, a.tolist())]
     if all(isinstance(x, str) for x in p):
         out = [(x, None) for x in p]
     elif all(isinstance(x, list) for x in p):
@@ -347,7 +352,7 @@ def completion_logprobs(a: Answer, pieces: Pieces, echo: bool, top: int) -> dict
     text, chars = pieces.text, pieces.chars
     off = 0
     if echo:
-        ids = [int(t) for t in a.prompt_ids]
+        ids = a.prompt_ids if type(a.prompt_ids) is list else [int(t) for t in a.prompt_ids]
         r = a.rows
         toks, offs = pieces.many(ids)
         off = offs[-1] + pieces.chars(ids[-1]) if ids else 0

@@ -463,7 +463,8 @@ class Tokenizer:
     def token_bytes(self, ids: Iterable[int], special: bool = False) -> bytes:
         """The raw bytes llama_detokenize writes for ids (a piece may be half a character)."""
         tab = self._piece_table(special)
-        ids = [int(i) for i in ids]  # (one pass in C for a list or an array's tolist())
+        if type(ids) is not list:  # (a list's items index as they are: ints, numpy ints)
+            ids = [int(i) for i in ids]
         if ids and not (0 <= min(ids) and max(ids) < self.n_vocab):
             i = next(i for i in ids if not 0 <= i < self.n_vocab)
             raise BadInput(f"token id {i} out of range (vocab has {self.n_vocab} tokens)")
