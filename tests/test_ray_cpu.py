@@ -1,8 +1,9 @@
 """CPU: `minfer prefill --prompts FILE --ray` and minfer.engine.ray (issue 55) on one local Ray
 instance of 2 CPUs shared by the module (Ray's start, ~5-10 s, paid once), 2 CPU actors, a tiny model.
 
-On the float64 reference a record's numbers do not depend on the prompts packed beside it, so
-the Ray run's file equals the single-process file byte for byte, whatever the batches; a killed
+Prompts run in groups (`--group`, a Ray batch each; waves never span two), so the Ray run's file
+equals the single-process file byte for byte with the same group, on float64 and on float32
+(where the BLAS kernels' sums depend on the rows packed beside a prompt); a killed
 actor's batch runs again elsewhere (nothing lost or twice); a bad line is the same one error
 before Ray starts; SIGINT leaves no output file. Without ray installed the Ray runs skip, and
 the missing-extra error (exit 3) is checked by hiding the module."""
@@ -76,6 +77,8 @@ def _args(tiny, prompts, out, *more):
         "2",
         "-o",
         str(out),
+        "--group",
+        "4",
         *more,
     ]
 
@@ -89,7 +92,7 @@ def single(tiny, prompts, tmp_path_factory):
     return out.read_bytes()
 
 
-RAY = ["--ray", "--ray-actors", "2", "--ray-batch", "4"]
+RAY = ["--ray", "--ray-actors", "2"]
 
 
 def test_missing_extra_is_one_error(tiny, prompts, tmp_path, monkeypatch):
@@ -111,7 +114,7 @@ def test_missing_extra_is_one_error(tiny, prompts, tmp_path, monkeypatch):
     [
         (["--ray-actors", "2"], "--ray-actors goes with --ray"),
         (["--ray", "--ray-actors", "0"], "--ray-actors must be >= 1"),
-        (["--ray", "--ray-batch", "0"], "--ray-batch must be >= 1"),
+        (["--ray", "--group", "0"], "--group must be >= 1"),
     ],
 )
 def test_ray_options(tiny, prompts, tmp_path, extra, msg):
@@ -130,6 +133,18 @@ def test_same_file_as_one_process(ray_local, tiny, prompts, single, tmp_path):
     assert out.read_bytes() == single
     assert "2 cpu actors" in err and "batches of <= 4 prompts" in err
     assert ray_local.is_initialized()  # an instance it did not start is left running
+
+
+def test_same_file_on_float32_with_the_same_group(ray_local, tiny, prompts, tmp_path):
+    """float32: a prompt's numbers depend on its wave (BLAS sums), so only the same groups give
+    the same file: the Ray run (2 actors, a group a batch) equals the single process's."""
+    f32 = [a if a != "f64" else "f32" for a in _args(tiny, prompts, tmp_path / "s.jsonl")]
+    code, _, err = run_cli(f32)
+    assert code == 0, err
+    r32 = [a if a != str(tmp_path / "s.jsonl") else str(tmp_path / "r.jsonl") for a in f32]
+    code, _, err = run_cli([*r32, *RAY])
+    assert code == 0, err
+    assert (tmp_path / "r.jsonl").read_bytes() == (tmp_path / "s.jsonl").read_bytes()
 
 
 def test_stdout_in_order(ray_local, tiny, prompts, single):

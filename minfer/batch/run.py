@@ -3,7 +3,8 @@ backend with `packed(ids, tok, rows, targets) -> [m, 4]` (and, asked for top-k, 
 top=k) -> ([m, 4], ids [m, k], log-probs [m, k])`) and `copy_kv(src, dst, n)` (CUDA, and the
 CPU reference that checks it).
 
-  for each wave (schedule.waves: as many prompts, in input order, as the KV slots hold):
+  for each group of `group` consecutive prompts (all of them when None), for each wave in it
+  (schedule.waves: as many prompts, in input order, as the KV slots hold):
     prefill: schedule.prefill_chunks packs the prompts' tokens into chunks of <= ubatch
              (a prompt may span chunks; a shared prefix is computed once by its owner and
              copied with copy_kv); each chunk is one packed() call returning, per row that
@@ -14,6 +15,11 @@ CPU reference that checks it).
     results: one Result per prompt, handed to `emit` in input order (waves are consecutive
              runs of the input, emitted whole, sorted by key)
 
+Groups: the GEMMs' and the attention's sums run in an order that depends on the rows beside
+them (stream-K splits, BLAS kernels), so a prompt's numbers are a function of its wave. Waves
+cut at fixed groups of prompts are the same wherever a group runs (alone on a Ray actor, or in
+a file's single process), so the records are too (docs/batch.md, "Same records").
+
 Timing: prefill_s and decode_s are wall clocks around the two phases (packed() returns host
 numbers, so each call's device work is inside them); the CUDA graph captures of new chunk
 sizes fall inside too, as a user's run pays them (bench warms them up first).
@@ -21,10 +27,11 @@ sizes fall inside too, as a user's run pays them (bench warms them up first).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Iterable
+from typing import Callable, Collection, Iterable, Iterator
 
 import numpy as np
 
@@ -32,6 +39,7 @@ from minfer.batch import schedule
 from minfer.errors import GPUError, NumericError
 from minfer.host.progress import bar as progress_bar
 
+GROUP = 2048  # `minfer prefill --prompts`' default group (--group): a wave of short prompts
 # decode step sizes: few CUDA graphs, at most a third of a step padding past 64
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
@@ -103,6 +111,7 @@ def run(
     n_prompts: int | None = None,
     describe: Callable[[int], str] | None = lambda k: f"prompt {k}",
     top: int = 0,
+    group: int | None = None,
 ) -> Totals:
     """Run every (key, ids) prompt of `prompts` (keys increasing: the input order) and hand
     each Result to `emit` in input order; -> Totals. n_predict greedy ids each (fewer after a
@@ -112,23 +121,39 @@ def run(
     every scored row (packed(top=k), only in chunks that score). A GPU fault or
     non-finite numbers in a forward re-raise naming the prompts of that forward (describe(key):
     how a prompt is named, e.g. its line in the file; None: as they are, minfer.batch.single's
-    one prompt)."""
+    one prompt). group: waves never span two groups of that many consecutive prompts."""
     tot = Totals()
     bar = progress_bar(progress, total=n_prompts, desc="prompts", unit="prompt")
     try:
         # with logprobs a sharer takes one row less (the owner's last shared row scores the
         # owner's next token, not the sharer's): schedule.waves plans it so
-        for wave in schedule.waves(prompts, kv_slots, n_predict, share, logprobs=logprobs):
-            results = _wave(
-                backend, wave, n_predict, ubatch, logprobs, stop_ids, tot, bar, describe, top
-            )
-            for key in sorted(results):
-                emit(results[key])
-            tot.waves += 1
+        for part in _groups(prompts, group):
+            for wave in schedule.waves(part, kv_slots, n_predict, share, logprobs=logprobs):
+                results = _wave(
+                    backend, wave, n_predict, ubatch, logprobs, stop_ids, tot, bar, describe, top
+                )
+                for key in sorted(results):
+                    emit(results[key])
+                tot.waves += 1
     finally:
         if bar is not None:
             bar.close()
     return tot
+
+
+def _groups(prompts: Iterable, group: int | None) -> Iterator[Iterable]:
+    """prompts as consecutive groups of `group` (one group: all of them), each read lazily."""
+    if group is None:
+        yield prompts
+        return
+    if group < 1:
+        raise ValueError(f"group must be >= 1, got {group}")
+    it = iter(prompts)
+    while True:
+        part = list(itertools.islice(it, group))
+        if not part:
+            return
+        yield part
 
 
 def _named(describe, keys, what: str, call):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import click
 
+from minfer.batch.run import GROUP
 from minfer.commands.gemm_flags import check_gemm_backend, gemm_choice, gemm_options
 from minfer.errors import BadInput, GPUError
 from minfer.host.fileio import read_prompt_file
@@ -106,19 +107,20 @@ def check_batch_options(
 
 
 def check_ray_options(prompts_path, address, actors, batch) -> None:
-    """--ray and its options: with --prompts only, counts >= 1, the extra installed (exit 3)
+    """--ray and its options, and --group: with --prompts only, counts >= 1, the extra installed (exit 3)
     before any model is fetched or loaded."""
+    if batch < 1:
+        raise BadInput(f"--group must be >= 1, got {batch}")
+    if batch != GROUP and prompts_path is None:
+        raise BadInput("--group goes with --prompts FILE")
     if address is None:
-        for flag, given in (("--ray-actors", actors is not None), ("--ray-batch", batch != 256)):
-            if given:
-                raise BadInput(f"{flag} goes with --ray")
+        if actors is not None:
+            raise BadInput("--ray-actors goes with --ray")
         return
     if prompts_path is None:
         raise BadInput("--ray goes with --prompts FILE")
     if actors is not None and actors < 1:
         raise BadInput(f"--ray-actors must be >= 1, got {actors}")
-    if batch < 1:
-        raise BadInput(f"--ray-batch must be >= 1, got {batch}")
     if not address.strip():
         raise BadInput("--ray ADDRESS is empty (auto: a local Ray instance)")
     from minfer.engine.ray.predictor import need_ray
@@ -309,12 +311,16 @@ def file_prompt(path: str) -> str:
     help="With --ray: N actors (default: one a GPU of the cluster; with --backend cpu one a CPU).",
 )
 @click.option(
+    "--group",
     "--ray-batch",
+    "group",
     type=int,
-    default=256,
+    default=GROUP,
     show_default=True,
     metavar="N",
-    help="With --ray: prompts a batch (the unit an actor runs, and runs again if it dies).",
+    help="With --prompts: the prompts in groups of N consecutive ones, a group's waves its own "
+    "(the unit a --ray actor runs, and runs again if it dies): a prompt's record depends on "
+    "its group only, so a --ray run equals the single-process file with the same N.",
 )
 @threads_option
 @gemm_options
@@ -341,7 +347,7 @@ def prefill(
     prefix_share,
     ray_address,
     ray_actors,
-    ray_batch,
+    group,
     chat_template,
     gemm,
 ) -> None:
@@ -359,7 +365,7 @@ def prefill(
         top_logprobs,
         with_ids,
     )
-    check_ray_options(prompts_path, ray_address, ray_actors, ray_batch)
+    check_ray_options(prompts_path, ray_address, ray_actors, group)
     dtype = dtype.lower() if dtype else None
     kind, why = pick_backend_kind(backend_kind)
     ubatch_opt, ubatch = ubatch, UBATCH[kind] if ubatch is None else ubatch
@@ -408,6 +414,6 @@ def prefill(
         prefix_share=prefix_share,
         ray_address=ray_address,
         ray_actors=ray_actors,
-        ray_batch=ray_batch,
+        group=group,
         chat_template=chat_template,
     )

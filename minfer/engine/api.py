@@ -435,13 +435,15 @@ class Engine:
         stop_ids=(),
         top: int = 0,
         describe: Callable[[int], str] = lambda k: f"prompt {k}",
+        group: int | None = None,
     ) -> runner.Totals:
         """Every (key, ids) or (key, ids, n_context) of `prompts` (lengths: their token counts,
         in the same order, read first: the KV cache and the waves are planned from them;
         n_context: a continuation's first token, whose log-probs are scored) -> emit(Result)
         per prompt in input order; returns the run's Totals. top: the most likely ids and
         log-probs at each scored row (runner.run). describe(key) names a prompt in a GPU
-        fault's or a NaN's message."""
+        fault's or a NaN's message. group: waves cut at every `group` consecutive prompts
+        (runner.run; the records then equal a run of each group alone)."""
         self.check(lengths, n_predict)
         if not len(lengths):
             return runner.Totals()
@@ -462,6 +464,7 @@ class Engine:
             n_prompts=len(lengths),
             describe=describe,
             top=top,
+            group=group,
         )
 
     def prepare(self, need: int, want: int, positions: int | None = None) -> None:

@@ -14,8 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+import pickle
 import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from minfer.engine.ray.predictor import MinferPredictor, need_ray
 from minfer.errors import GPUError, MinferError
@@ -97,6 +100,30 @@ def rows(src, lengths) -> list[dict]:
     ]
 
 
+def groups_of(items: list[dict], n: int) -> list[dict]:
+    """The rows of each n consecutive prompts as one dataset row {"group": pickled columns}: a
+    Ray batch is then exactly a group of the single-process run (`--group`), whatever blocks
+    Ray Data would cut."""
+    out = []
+    for i in range(0, len(items), n):
+        part = items[i : i + n]
+        out.append({"group": pickle.dumps({k: [r[k] for r in part] for k in part[0]})})
+    return out
+
+
+def grouped(cls):
+    """cls (MinferPredictor or a subclass) over group rows (groups_of): each group's prompts
+    run as one batch, its records out a row a prompt."""
+
+    class Grouped(cls):
+        def __call__(self, batch: dict) -> dict:
+            outs = [super(Grouped, self).__call__(pickle.loads(g)) for g in batch["group"]]
+            return {k: np.concatenate([o[k] for o in outs]) for k in ("index", "record")}
+
+    Grouped.__name__ = Grouped.__qualname__ = cls.__name__
+    return Grouped
+
+
 def run_file(
     src,
     lengths,
@@ -124,15 +151,16 @@ def run_file(
     try:
         tot.actors = min(actor_count(ray, kind, actors), math.ceil(len(lengths) / batch))
         items = rows(src, lengths)
-        tot.batches = math.ceil(len(items) / batch)
+        groups = groups_of(items, batch)
+        tot.batches = len(groups)
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # minfer's bar over the whole job instead
         ctx.raise_original_map_exception = True  # an actor's MinferError, not a wrapper
         res = {"num_gpus": 1} if kind == "cuda" else {"num_cpus": 1}
-        ds = ray.data.from_items(items, override_num_blocks=tot.batches).map_batches(
-            predictor or MinferPredictor,
+        ds = ray.data.from_items(groups, override_num_blocks=len(groups)).map_batches(
+            grouped(predictor or MinferPredictor),
             fn_constructor_kwargs=predictor_kwargs,
-            batch_size=batch,
+            batch_size=1,  # a row is a group: the batch the single-process run cuts too
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=tot.actors),
             **res,

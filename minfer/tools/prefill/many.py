@@ -38,10 +38,12 @@ def run_prompts(
     dtype: str | None = None,
     top: int = 0,
     prompt_ids: bool = False,
+    group: int | None = None,
     ray: dict | None = None,
 ) -> None:
-    """ray: {"address", "actors", "batch", "model_path"} (`--ray`): the prompts through Ray
-    actors (minfer.engine.ray.job), the same records in the same order."""
+    """group: waves cut at every `group` prompts (`--group`); ray: {"address", "actors",
+    "batch" (the group), "model_path"} (`--ray`): the groups through Ray actors
+    (minfer.engine.ray.job), the same records in the same order."""
     from minfer.batch.output import ResultWriter
     from minfer.batch.prompts import make_encoder, open_prompts
     from minfer.engine.api import Engine
@@ -109,6 +111,7 @@ def run_prompts(
             stop_ids=stop_ids,
             describe=describe,
             top=top,
+            group=group,
         )
         wall = time.perf_counter() - t1
         writer.commit()

@@ -75,7 +75,7 @@ def run(
     prefix_share,
     ray_address,
     ray_actors,
-    ray_batch,
+    group,
     chat_template,
 ) -> None:
     """One `minfer prefill` on checked options (kind, why: the backend and why; ubatch_opt: the
@@ -127,10 +127,11 @@ def run(
             dtype=dtype,
             top=min(top_logprobs, model.config.vocab_size),
             prompt_ids=with_ids,
+            group=group,
             ray=None
             if ray_address is None
             else dict(
-                address=ray_address, actors=ray_actors, batch=ray_batch, model_path=str(model_path)
+                address=ray_address, actors=ray_actors, batch=group, model_path=str(model_path)
             ),
         )
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
