@@ -132,6 +132,7 @@ def test_same_file_as_one_process(ray_local, tiny, prompts, single, tmp_path):
     assert code == 0, err
     assert out.read_bytes() == single
     assert "2 cpu actors" in err and "batches of <= 4 prompts" in err
+    assert "Ray's start" in err and "the first batch back after" in err and "prompt tok/s" in err
     assert ray_local.is_initialized()  # an instance it did not start is left running
 
 

@@ -38,6 +38,16 @@ class JobTotals:
     batches: int = 0
     started: bool = False  # a local Ray instance started (and shut down) by this job
     wall_s: float = 0.0
+    start_s: float = 0.0  # Ray's start (or join)
+    first_s: float = 0.0  # until the first batch's records came (actors made, model loaded)
+    after_tokens: int = 0  # prompt tokens of the batches that came after the first
+
+    @property
+    def after_tok_s(self) -> float:
+        """Prompt tok/s once the first batch was back: the actors' rate without Ray's start
+        and their model loads (nan with a single batch)."""
+        dt = self.wall_s - self.first_s
+        return self.after_tokens / dt if self.after_tokens and dt > 0 else float("nan")
 
 
 def connect(ray, address: str | None) -> bool:
@@ -148,6 +158,7 @@ def run_file(
     for name in ("ray", "ray.data"):  # Ray's lines would bury minfer's: its error is ours
         logging.getLogger(name).setLevel(logging.CRITICAL)
     tot.started = connect(ray, address)
+    tot.start_s = time.perf_counter() - t0
     try:
         tot.actors = min(actor_count(ray, kind, actors), math.ceil(len(lengths) / batch))
         items = rows(src, lengths)
@@ -167,7 +178,7 @@ def run_file(
         )
         pb = bar(progress, total=len(items), desc="prompts", unit="prompt")
         try:
-            _ordered(ds, len(items), write_line, pb)
+            _ordered(ds, len(items), write_line, pb, tot, lengths, t0)
         except Exception as e:
             err = _minfer_error(e)
             if err is None:
@@ -183,12 +194,18 @@ def run_file(
     return tot
 
 
-def _ordered(ds, n: int, write_line, pb) -> None:
-    """The dataset's records written in index order: each held until those before it came."""
+def _ordered(ds, n: int, write_line, pb, tot: JobTotals, lengths, t0: float) -> None:
+    """The dataset's records written in index order: each held until those before it came
+    (tot: when the first came, the prompt tokens of those after)."""
     pending: dict[int, str] = {}
     nxt = 0
     for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
-        for i, line in zip(b["index"].tolist(), b["record"].tolist()):
+        idx = b["index"].tolist()
+        if not tot.first_s:
+            tot.first_s = time.perf_counter() - t0
+        else:
+            tot.after_tokens += sum(int(lengths[i]) for i in idx if 0 <= i < n)
+        for i, line in zip(idx, b["record"].tolist()):
             if i < nxt or i in pending or not 0 <= i < n:
                 raise RayJobError(
                     f"the Ray job returned prompt {i}'s record twice (or an unknown index)"

@@ -192,7 +192,9 @@ def _run_ray(
         f"prompts  {plural(tot.prompts, 'prompt')}, {plural(tot.prompt_tokens, 'token')},"
         f" read and checked in {scan_s:.2f} s",
         f"ray      {plural(tot.actors, kind + ' actor')} on {where}, "
-        f"{plural(tot.batches, 'batch', 'batches')} of <= {ray['batch']} prompts",
+        f"{plural(tot.batches, 'batch', 'batches')} of <= {ray['batch']} prompts; Ray's start "
+        f"{tot.start_s:.2f} s, the first batch back after {tot.first_s:.2f} s, then "
+        f"{tot.after_tok_s:,.1f} prompt tok/s",
         f"total    {tot.wall_s:.2f} s ({tot.prompt_tokens / max(tot.wall_s, 1e-9):,.1f} "
         "prompt tok/s, Ray's start included), results "
         + ("on stdout" if out in (None, "-") else f"in {out}"),
