@@ -1,7 +1,8 @@
 """The ASGI app: OpenAI's and vLLM's endpoints over the scheduler (docs/serve.md).
 
-The event loop only parses, tokenizes, enqueues and serializes; the engine thread
-(scheduler.py) runs the forwards and hands each prompt's events back through a _Mailbox (one
+The event loop only parses, tokenizes, enqueues and serializes. The engine runs the forwards in
+a process of its own (engine_proc.py: its events read and delivered on this loop), or as a
+thread (--engine thread: scheduler.py, its events handed back through a _Mailbox, one
 loop.call_soon_threadsafe a batch of events). Every error is OpenAI's error object with a
 4xx/5xx status, never a traceback: ApiError for what the request got wrong, BadInput from the tokenizer or template as
 a 400, anything else a 500 that names no internals.

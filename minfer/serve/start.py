@@ -190,7 +190,7 @@ def run(st, sock: socket.socket, timeout: float, version: str) -> None:
 
     server = Server(config)
 
-    def engine_died() -> None:  # (engine_proc's reader thread) in-flight requests have their 500
+    def engine_died() -> None:  # (engine_proc, on the loop) in-flight requests have their 500
         server.should_exit = True
 
     st.sched.on_death = engine_died  # (thread mode: an attribute nobody calls)
