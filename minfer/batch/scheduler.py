@@ -392,26 +392,18 @@ class Scheduler:
         """packed() over segs -> (stats [m, 4], top ids [m, k] | None, top lp | None,
         hidden f32 [h, d_model] of the segments' hid rows | None)."""
         ids = np.concatenate([g.ids for g in segs])
-        tok = np.concatenate(
-            [
-                np.stack(
-                    [
-                        g.seq.rows.base + g.p0 + np.arange(len(g.ids)),
-                        np.full(len(g.ids), g.seq.rows.base),
-                    ],
-                    1,
-                )
-                for g in segs
-            ]
-        ).astype(np.int32)
-        rows, tg, hid, off = [], [], [], 0
-        for g in segs:  # positions -> rows of this call
-            rows.append(g.rows + (off - g.p0))
-            tg.append(g.targets)
-            hid.append(g.hid + (off - g.p0))
-            off += len(g.ids)
-        rows, tg, hid = (np.concatenate(a).astype(np.int32) for a in (rows, tg, hid))
         T = len(ids)
+        n = np.fromiter((len(g.ids) for g in segs), np.int64, len(segs))
+        off = np.cumsum(n) - n  # each segment's first row in this call
+        base = np.fromiter((g.seq.rows.base for g in segs), np.int64, len(segs))
+        p0 = np.fromiter((g.p0 for g in segs), np.int64, len(segs))
+        tok = np.empty((T, 2), np.int32)  # a row's (slot, its sequence's first slot)
+        tok[:, 0] = np.arange(T) + np.repeat(base + p0 - off, n)
+        tok[:, 1] = np.repeat(base, n)
+        shift = (off - p0).tolist()  # positions -> rows of this call
+        rows = np.concatenate([g.rows + d for g, d in zip(segs, shift)]).astype(np.int32)
+        tg = np.concatenate([g.targets for g in segs]).astype(np.int32)
+        hid = np.concatenate([g.hid + d for g, d in zip(segs, shift)]).astype(np.int32)
         pad = bucket(T, DECODE_BUCKETS, self.budget) - T if T < self.budget else 0
         if pad > 0:  # the padding repeats the last token: same slot, same values
             ids = np.concatenate([ids, np.repeat(ids[-1:], pad)])
