@@ -455,17 +455,20 @@ class Scheduler:
 
     def _hand(self, g: Segment, st, ti, tl, i: int) -> None:
         s, r, job = g.seq, g.seq.rows, g.seq.job
-        n = len(r.ids)
+        n, m = len(r.ids), len(g.rows)
         prefill = g.p0 < n
-        at = i + np.arange(len(g.rows))  # this segment's rows of the call's outputs
-        sc = (g.rows < n - 1) if prefill else np.zeros(len(g.rows), bool)  # scored prompt rows
-        if sc.any():
-            ps, rs = g.rows[sc], at[sc]
-            r.argmax[ps] = st[rs, 0].astype(np.int32)
+        # scored prompt rows (< n - 1): a leading run p0, p0 + 1, ... of a prefill segment's
+        # rows (_pack), at the call's rows i, i + 1, ...: handed over as slices
+        k = int(np.searchsorted(g.rows, n - 1)) if prefill else 0
+        if k:
+            a = int(g.rows[0])
+            ps, rs = slice(a, a + k), slice(i, i + k)
+            r.argmax[ps] = st[rs, 0]  # (f32 ids, exact: cast on assignment)
             r.logprob[ps] = st[rs, 2]
             if r.top > 0:
                 r.top_ids[ps], r.top_lp[ps] = ti[rs, : r.top], tl[rs, : r.top]
-        new = at[~sc].tolist()  # rows that give a new greedy id: the last prompt row, a decode row
+        new = list(range(i + k, i + m))  # rows that give a new greedy id: the last prompt
+        # row, a decode row
         if prefill:  # the prompt's numbers go out before its first token
             r.done = g.p0 + len(g.ids)
             if r.done == n and job.prompt_stats:
