@@ -12,8 +12,9 @@
 #          paths), single and sustained, and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
-#   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl .raywhl
-#          .old): Ray's identity with groups, serving host work, the MoE tests, the families' checks
+#   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl and
+#          .raywhl): Ray's identity with groups, serving host work, the MoE tests, the families'
+#          blk checks
 #   combo: the serving table (SERVE_CFGS: the engine process "on", "thread", prefix cache "off";
 #          SERVE_TESTS=1 the GPU serving tests first), the new families' blk checks, the MoE
 #          kernels' tests, each capped by what the deadline leaves.
@@ -392,7 +393,7 @@ if [ "$MODE" = moe ]; then   # issue 54's CUDA MoE: its GPU tests, then a qwen3-
 fi
 
 if [ "$MODE" = owed ]; then   # what the last stop left unmeasured, most wanted first, one call
-  # (carry .whl, .raywhl, .old: ~60 MB): issue 55's Ray identity with groups, issue 49's host
+  # (carry .whl and .raywhl: ~58 MB): issue 55's Ray identity with groups, issue 49's host
   # work and client CPU (engine process, prefix cache on), issue 54's MoE tests, issue 51's
   # families' blk checks; what the deadline leaves says SKIPPED
   step ray 150 env RAY_TWICE=0 OUT=$OUT/ray bash scripts/device_run.sh ray 140
