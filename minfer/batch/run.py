@@ -39,7 +39,7 @@ from minfer.batch import schedule
 from minfer.errors import GPUError, NumericError
 from minfer.host.progress import bar as progress_bar
 
-GROUP = 2048  # `minfer prefill --prompts`' default group (--group): a wave of short prompts
+GROUP = 2048  # prompts a group by default (`minfer prefill --prompts --group`, a Ray batch)
 # decode step sizes: few CUDA graphs, at most a third of a step padding past 64
 DECODE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 
