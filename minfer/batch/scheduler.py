@@ -467,8 +467,7 @@ class Scheduler:
             r.logprob[ps] = st[rs, 2]
             if r.top > 0:
                 r.top_ids[ps], r.top_lp[ps] = ti[rs, : r.top], tl[rs, : r.top]
-        new = list(range(i + k, i + m))  # rows that give a new greedy id: the last prompt
-        # row, a decode row
+        new = list(range(i + k, i + m))  # rows giving a new id: a prompt's last, a decode row
         if prefill:  # the prompt's numbers go out before its first token
             r.done = g.p0 + len(g.ids)
             if r.done == n and job.prompt_stats:

@@ -107,8 +107,8 @@ def check_batch_options(
 
 
 def check_ray_options(prompts_path, address, actors, batch) -> None:
-    """--ray and its options, and --group: with --prompts only, counts >= 1, the extra installed (exit 3)
-    before any model is fetched or loaded."""
+    """--ray and its options, and --group: with --prompts only, counts >= 1, the extra
+    installed (exit 3) before any model is fetched or loaded."""
     if batch < 1:
         raise BadInput(f"--group must be >= 1, got {batch}")
     if batch != GROUP and prompts_path is None:

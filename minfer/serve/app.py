@@ -624,9 +624,11 @@ class _Run:
         self.st, self.request, self.jobs, self.answers = st, request, jobs, answers
         self.loop = asyncio.get_running_loop()
         self.q: asyncio.Queue = asyncio.Queue()
-        if st.mailbox is None or st.mailbox.loop is not self.loop:
-            st.mailbox = _Mailbox(self.loop)
-        self.mailbox = st.mailbox
+        self.mailbox = None  # (process mode: events are delivered on this loop already)
+        if not getattr(st.sched, "on_loop", False):
+            if st.mailbox is None or st.mailbox.loop is not self.loop:
+                st.mailbox = _Mailbox(self.loop)
+            self.mailbox = st.mailbox
         self.left = len(jobs)
         self.stops = stops
         self.streaming = False
@@ -649,14 +651,10 @@ class _Run:
         self.check_at = time.monotonic() + 0.5  # the next look for a client gone away
 
     def _deliver(self, i: int):
-        if getattr(self.st.sched, "on_loop", False):  # (process mode: delivered on this loop)
-            q = self.q
+        q, box = self.q, self.mailbox
+        if box is None:
             return lambda kind, value: q.put_nowait((i, kind, value))
-
-        def deliver(kind: str, value) -> None:
-            self.mailbox.post(self.q, (i, kind, value))
-
-        return deliver
+        return lambda kind, value: box.post(q, (i, kind, value))
 
     def _apply(self, i: int, kind: str, value) -> None:
         a = self.answers[i]

@@ -243,10 +243,8 @@ def get_prompts(body: dict, vocab: int) -> list[tuple[str | None, list[int] | No
         )
     if not p:
         raise bad("prompt is an empty list", "prompt")
-    if type(p[0]) is int:  # the usual token-id prompt (lm-eval's, bench-serve's): one check
-        a = plain_ids(p, vocab)
-        if a is not None:
-            return [(None, a.tolist())]
+    if type(p[0]) is int and plain_ids(p, vocab) is not None:  # the usual token-id prompt
+        return [(None, p)]  # (lm-eval's, bench-serve's): plain ints in range, checked once
     if all(isinstance(x, str) for x in p):
         out = [(x, None) for x in p]
     elif all(isinstance(x, list) for x in p):

@@ -175,10 +175,10 @@ def run(st, sock: socket.socket, timeout: float, version: str) -> None:
             if self.started:
                 from minfer.serve.engine_proc import EngineProcess
 
-                if isinstance(st.sched, EngineProcess):  # its pipes served on this loop
+                proc = isinstance(st.sched, EngineProcess)
+                if proc:  # its pipes served on this loop
                     st.sched.attach(asyncio.get_running_loop())
-
-                mode = "process" if isinstance(st.sched, EngineProcess) else "thread"
+                mode = "process" if proc else "thread"
                 h, p = sock.getsockname()[:2]
                 h = f"[{h}]" if ":" in h else h
                 print(

@@ -38,6 +38,11 @@ def linear_names(model) -> list[str]:
     return [n for i in range(c.n_layers) for n in sch.names(i, "linear")] + [model.output_name]
 
 
+def weight_kind(name: str) -> str:
+    """A layer weight's kind from its name: "ffn_down" of "blk.3.ffn_down.weight"."""
+    return name.split(".")[-2]
+
+
 def weight_class(model, name: str) -> str:
     """'head' (the LM head), 'attn' (attn_q/k/v/output) or 'ffn' (ffn_gate/up/down)."""
     if name == model.output_name:
@@ -71,7 +76,7 @@ def plan_routes(
             tier or "f16",
             alone,
             weight_class(model, n),
-            n.split(".")[-2],
+            weight_kind(n),
             choice.on("exact-down"),
         )
         if r.notice:

@@ -31,7 +31,7 @@ def emulated_grids(model, label: str) -> dict:
     a grid no kernel runs yet) on every weight of that kind, whatever the routes say."""
     from minfer.cuda.paths import EMULATIONS, TABLE
     from minfer.cuda.plan.config import GemmChoice
-    from minfer.cuda.plan.routes import linear_names, plan_routes
+    from minfer.cuda.plan.routes import linear_names, plan_routes, weight_kind
 
     path, emu = EMULATIONS[label]
     head = model.output_name
@@ -42,9 +42,8 @@ def emulated_grids(model, label: str) -> dict:
         names = [n for n, (p, _) in routes.items() if TABLE[p].int8 and n != head]
     grids = dict.fromkeys(names, emu.grid)
     for n in linear_names(model):
-        kind = n.split(".")[-2] if n != head else ""
-        if kind in emu.kinds:
-            grids[n] = emu.kinds[kind]
+        if n != head and weight_kind(n) in emu.kinds:
+            grids[n] = emu.kinds[weight_kind(n)]
     return grids
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 
 from minfer.batch.output import record
+from minfer.batch.run import GROUP
 from minfer.errors import BadInput
 from minfer.host.log import log
 from minfer.host.words import plural
@@ -38,11 +39,11 @@ def run_prompts(
     dtype: str | None = None,
     top: int = 0,
     prompt_ids: bool = False,
-    group: int | None = None,
+    group: int = GROUP,
     ray: dict | None = None,
 ) -> None:
     """group: waves cut at every `group` prompts (`--group`); ray: {"address", "actors",
-    "batch" (the group), "model_path"} (`--ray`): the groups through Ray actors
+    "model_path"} (`--ray`): the groups through Ray actors, a group a batch
     (minfer.engine.ray.job), the same records in the same order."""
     from minfer.batch.output import ResultWriter
     from minfer.batch.prompts import make_encoder, open_prompts
@@ -71,6 +72,7 @@ def run_prompts(
                 lengths,
                 writer,
                 ray,
+                group,
                 out=out,
                 kind=kind,
                 choice=choice,
@@ -143,6 +145,7 @@ def _run_ray(
     lengths,
     writer,
     ray: dict,
+    group: int,
     *,
     out,
     kind,
@@ -183,7 +186,7 @@ def _run_ray(
         kind=kind,
         address=ray["address"],
         actors=ray["actors"],
-        batch=ray["batch"],
+        batch=group,
         predictor_kwargs=kw,
     )
     writer.commit()
@@ -192,7 +195,7 @@ def _run_ray(
         f"prompts  {plural(tot.prompts, 'prompt')}, {plural(tot.prompt_tokens, 'token')},"
         f" read and checked in {scan_s:.2f} s",
         f"ray      {plural(tot.actors, kind + ' actor')} on {where}, "
-        f"{plural(tot.batches, 'batch', 'batches')} of <= {ray['batch']} prompts; Ray's start "
+        f"{plural(tot.batches, 'batch', 'batches')} of <= {group} prompts; Ray's start "
         f"{tot.start_s:.2f} s, the first batch back after {tot.first_s:.2f} s, then "
         f"{tot.after_tok_s:,.1f} prompt tok/s",
         f"total    {tot.wall_s:.2f} s ({tot.prompt_tokens / max(tot.wall_s, 1e-9):,.1f} "

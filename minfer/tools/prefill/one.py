@@ -130,9 +130,7 @@ def run(
             group=group,
             ray=None
             if ray_address is None
-            else dict(
-                address=ray_address, actors=ray_actors, batch=group, model_path=str(model_path)
-            ),
+            else dict(address=ray_address, actors=ray_actors, model_path=str(model_path)),
         )
     if prompt_file is not None:  # read under a fixed cap before the model; now the context's
         check_cap(
