@@ -248,7 +248,7 @@ if [ "$MODE" = stop ]; then   # one short call: the merged tree's GPU tests of w
 fi
 
 if [ "$MODE" = serve ] || [ "$MODE" = serve_loads ]; then   # issue 49's table, one call
-  step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  [ -f /tmp/s8b.gguf ] || step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   step batch 70 $M bench -m /tmp/s8b.gguf --no-breakdown --batch 256 --tokens 128 --repeats 2
   step single 50 $M bench -m /tmp/s8b.gguf --no-breakdown --tokens 512 --min-ms 0 --repeats 3
   D=${SERVE_S:-15}; BS="$M bench-serve --url http://127.0.0.1:8080 --duration $D --json --workers ${SERVE_WORKERS:-8}"
@@ -324,7 +324,7 @@ if [ "$MODE" = ray ]; then   # issue 55: --ray (one GPU actor) against the singl
   # carry .whl and .raywhl (a ray wheel without its Java jars, dashboard client and rllib, and
   # jsonschema's wheels: the device image has no ray), not .devdata: the tree must stay < 64 MiB
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .raywhl/*.whl || exit 1
-  step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  [ -f /tmp/s8b.gguf ] || step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   python3 scripts/prompt_of.py --lines 10000 /tmp/p10k.txt
   P10K="-m /tmp/s8b.gguf --prompts /tmp/p10k.txt --prompts-format lines -n 8"
   step single 150 $M prefill $P10K -o /tmp/o_single.jsonl
@@ -393,12 +393,12 @@ if [ "$MODE" = moe ]; then   # issue 54's CUDA MoE: its GPU tests, then a qwen3-
 fi
 
 if [ "$MODE" = owed ]; then   # what the last stop left unmeasured, most wanted first, one call
-  # (carry .whl and .raywhl: ~58 MB): issue 55's Ray identity with groups, issue 49's host
-  # work and client CPU (engine process, prefix cache on), issue 54's MoE tests, issue 51's
+  # (carry .whl and .raywhl: ~58 MB): issue 49's serving table (host work, client CPU; prefix
+  # cache on and off), issue 55's Ray identity with groups, issue 54's MoE tests, issue 51's
   # families' blk checks; what the deadline leaves says SKIPPED
+  step serve 260 env SERVE_S=${SERVE_S:-20} SERVE_CFGS="${SERVE_CFGS:-on off}" OUT=$OUT/serve \
+    bash scripts/device_run.sh serve_loads 255
   step ray 150 env RAY_TWICE=0 OUT=$OUT/ray bash scripts/device_run.sh ray 140
-  step serve 130 env SERVE_S=${SERVE_S:-12} SERVE_CFGS=on OUT=$OUT/serve \
-    bash scripts/device_run.sh serve_loads 125
   step tests_moe 100 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
   step tests_families 300 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py -k blk
   echo; echo "################ SUMMARY owed ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
