@@ -64,7 +64,7 @@ class MoeLayers:
         if path not in PATHS:
             raise GPUError(f"MoE expert path {path!r}: expected one of {', '.join(PATHS)}")
         self.kernel, self.path = kernel, path
-        self.bm = B.BM if path == "blk" else M.BM  # the sort's row tile: the GEMMs' 
+        self.bm = B.BM if path == "blk" else M.BM  # the sort's row tile: the GEMMs'
         if c.d_ff_exp % 8:
             raise GPUError(
                 f"cuda backend: expert width {c.d_ff_exp} is not a multiple of 8 (the grouped "
@@ -186,7 +186,7 @@ class MoeLayers:
         from minfer.cuda.paths.f16.gemm import gemm_f16_nt
 
         T = int(x.shape[0])
-        E, k, fe, d = self.E, self.k, self.fe, self.d
+        E, k, d = self.E, self.k, self.d
         P = T * k
         R = da.rows
         p = f"blk.{il}."
