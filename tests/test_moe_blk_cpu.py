@@ -446,3 +446,37 @@ def test_backend_runs_blk_experts_with_the_blk_plan(monkeypatch, files):
             assert "moe_mma_f16" not in entries
         else:
             assert entries.count("moe_mma_f16") == n and "moe_blk" not in entries
+
+
+def test_reference_grids_emulate_the_blk_experts(q4file):
+    """The CPU reference with the blk grid on the experts (check.reference_grids of a blk plan:
+    weights requantized per expert, gate|up inputs per token, down's per (token, 128)) computes
+    the blk twins' numbers up to f32 / f64 rounding; without it, the int8 grid's distance."""
+    from minfer.gguf.loader import load_model
+    from minfer.reference.forward import ReferenceBackend
+    from minfer.tools.check import reference_grids
+
+    m = load_model(q4file)
+    c = m.config
+    routes = {"blk.0.attn_q.weight": ("blk", "")}
+    grids = reference_grids(routes, m)
+    assert set(grids) == {"blk.0.attn_q.weight"} | {
+        f"blk.{il}.{s}.weight"
+        for il in range(c.n_layers)
+        for s in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    }
+    assert reference_grids({"blk.0.attn_q.weight": ("f16", "")}, m) == {}
+    il = c.n_layers - 1
+    p = f"blk.{il}."
+    w = [
+        m.dequant(p + s + ".weight").astype(np.float16)
+        for s in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    ]
+    h16 = np.random.default_rng(9).standard_normal((40, c.d_model)).astype(np.float16)
+    want, sel, _ = B.moe_ffn_ref(h16, *w, c.n_expert_used)
+    h = h16.astype(np.float32)
+    emu = ReferenceBackend(m, grids=grids)._moe(il, h)
+    plain = ReferenceBackend(m)._moe(il, h)
+    e_emu = np.abs(emu - want).max() / np.abs(want).max()
+    e_plain = np.abs(plain - want).max() / np.abs(want).max()
+    assert e_emu < 1e-3 and e_plain > 10 * e_emu, (e_emu, e_plain)  # (5e-4, 1.9e-2 seen)
