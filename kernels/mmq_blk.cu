@@ -38,6 +38,10 @@
 //       token's scale applied once before the epilogue. The GEMMs after an rmsnorm take it
 //       (blk_ref.token_scaled: their input's blocks share one scale at a small cost in
 //       accuracy, docs/blk.md).
+//   moe_blk_tok_swiglu (gate|up), moe_blk (down): a mixture-of-experts FFN's grouped GEMMs
+//       over per-expert weight operands, one CTA per (weight row tile, expert-sorted row tile),
+//       the expert from the tile prefix (moe.cu's sort); moe_blk_operand_f16[_tok]: their token
+//       operands of the padded, expert-sorted (gathered) rows. At the end of this file.
 // Block: 384 threads, 1 per SM; one producer thread bulk-copies a stage's two blocks into a
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
 // and alternate two s32 accumulator buffers, so a unit's fold (a stage, or mmq_blk_tok's pair)

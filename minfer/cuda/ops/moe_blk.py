@@ -226,6 +226,9 @@ def grouped_gemm(rt, out, tt, w: BlkExperts, offs, toff, glu: bool = False):
     if P * N >= 2**31:
         raise GPUError(f"{what}: [{P}, {N}] is past the kernel's 32-bit indices")
     smem = blk_smem()
+    cap = getattr(rt, "smem_optin", None)
+    if cap is not None and smem > cap:
+        raise GPUError(f"{what}: {smem} B of shared memory, over this GPU's opt-in cap of {cap} B")
     entry = "moe_blk_tok_swiglu" if glu else "moe_blk"
     rt.launch(
         rt.function(KERNEL, entry, OPTS, dyn_smem=smem),
