@@ -444,6 +444,9 @@ def test_backend_runs_blk_experts_with_the_blk_plan(monkeypatch, files):
             for e in ("moe_blk_tok_swiglu", "moe_blk", "moe_blk_operand_f16_tok"):
                 assert entries.count(e) == n, (e, entries)
             assert "moe_mma_f16" not in entries
+            from minfer.cuda.load.prepare import needed_kernels
+
+            assert ("mmq_blk", ("-arch=sm_90a",)) in needed_kernels(be, [5])
         else:
             assert entries.count("moe_mma_f16") == n and "moe_blk" not in entries
 
