@@ -38,6 +38,10 @@
 //       token's scale applied once before the epilogue. The GEMMs after an rmsnorm take it
 //       (blk_ref.token_scaled: their input's blocks share one scale at a small cost in
 //       accuracy, docs/blk.md).
+//   moe_blk_tok_swiglu (gate|up), moe_blk (down): a mixture-of-experts FFN's grouped GEMMs
+//       over per-expert weight operands, one CTA per (weight row tile, expert-sorted row tile),
+//       the expert from the tile prefix (moe.cu's sort); moe_blk_operand_f16[_tok]: their token
+//       operands of the padded, expert-sorted (gathered) rows. At the end of this file.
 // Block: 384 threads, 1 per SM; one producer thread bulk-copies a stage's two blocks into a
 // BLK_STAGES-slot ring; warpgroups 1, 2 own weight rows 0..63 and 64..127 of a 128 x 128 tile
 // and alternate two s32 accumulator buffers, so a unit's fold (a stage, or mmq_blk_tok's pair)
@@ -523,5 +527,190 @@ rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, fl
         uint8_t* blk = block_at(Tt, kb, Mp, m);
         store8(blk, m & 127, 8 * (l & 15), pack8(h[j], q8_inv(amax)));
         if ((l & 15) == 0) store_scale(blk, m & 127, amax);
+    }
+}
+
+// ---- grouped GEMMs of a mixture-of-experts FFN (minfer.cuda.ops.moe_blk; the f16 ones: moe.cu) ----
+// The pairs (token, slot) sorted by expert (moe.cu's moe_sort with 128-row tiles): expert e's
+// sorted rows offs[e] .. offs[e + 1] - 1, its row tiles toff[e] .. toff[e + 1] - 1 of 128 rows
+// (each expert's last tile partial); a global row tile mt < toff[E] belongs to the expert e with
+// toff[e] <= mt < toff[e + 1] (binary search) and holds sorted rows offs[e] + (mt - toff[e])
+// 128 + i, i < 128, those < offs[e + 1]; the other rows of the tile are padding. Token operand
+// Tt [KB][MT][OP]: MT (the launch's worst case, ceil(P / 128) + min(E, P)) row tiles of padded
+// rows; tiles mt >= toff[E] are never written nor read. Weights Wb [E][KB][ceil(N / 128)][OP]:
+// one dense operand per expert (blk_operand_f16 of its [N, K] rows, pair 2).
+namespace {
+// the expert of row tile mt < toff[E]: toff[e] <= mt < toff[e + 1]
+__device__ __forceinline__ int moe_expert(const int* __restrict__ toff, int E, int mt) {
+    int lo = 0, hi = E;
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (toff[mid] <= mt) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+// the source row of padded row pr (tile pr / 128): a_rows[r] / a_div (or r) for its sorted row
+// r, -1 for a padding row or a tile past toff[E]; live: the tile is below toff[E]
+__device__ __forceinline__ int moe_src_row(const int* __restrict__ a_rows, int a_div,
+                                           const int* __restrict__ offs,
+                                           const int* __restrict__ toff, int E, int pr,
+                                           bool& live) {
+    const int mt = pr >> 7;
+    live = mt < toff[E];
+    if (!live) return -1;
+    const int e = moe_expert(toff, E, mt);
+    const int r = offs[e] + (mt - toff[e]) * 128 + (pr & 127);
+    if (r >= offs[e + 1]) return -1;
+    return a_rows ? a_rows[r] / a_div : r;
+}
+
+// GEMM of row tile blockIdx.y, weight row tile blockIdx.x: one CTA per output tile (no
+// persistence, no stream-K), mmq_blk_body's warp specialization, ring and folds over all KB
+// blocks; EPI 0: C f32 [P, N] (sorted rows), 2: H f16 [P, N / 2] (the swiglu of gate|up rows
+// interleaved per 16); TOK: the token operand has one scale per token
+template <int EPI, bool TOK>
+__device__ __forceinline__ void moe_blk_body(const uint8_t* __restrict__ Tt,
+                                             const uint8_t* __restrict__ Wb, void* C,
+                                             const int* __restrict__ offs,
+                                             const int* __restrict__ toff, int E, int MT, int N,
+                                             int K) {
+    using S = BlkSmem;
+    extern __shared__ __align__(1024) uint8_t smem_raw[];
+    if (static_cast<int>(blockIdx.y) >= toff[E]) return;   // (uniform per block: no barrier yet)
+    const uint32_t raw = smem_u32(smem_raw);
+    const uint32_t base = (raw + 1023) & ~1023u;
+    const uint8_t* sbase = smem_raw + (base - raw);
+    const uint32_t bars = base + STAGES * S::STAGE;   // full[s] at 8s, empty[s] at 8(STAGES + s)
+    const int KB = (K + 127) / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            wgmma::mbar_init(bars + 8 * s, 1);
+            wgmma::mbar_init(bars + 8 * (STAGES + s), T);
+        }
+    }
+    __syncthreads();
+    uint32_t it = 0;   // stage it lives in slot it % STAGES
+    if (threadIdx.x < 128) {   // producer: one thread issues every copy
+        wgmma::setmaxnreg_dec<PRODUCER_REGS>();
+        if (threadIdx.x != 0) return;
+        const int mt = blockIdx.y, e = moe_expert(toff, E, mt), nrow = (N + BN - 1) / BN;
+        const size_t wstep = static_cast<size_t>(nrow) * OP, tstep = static_cast<size_t>(MT) * OP;
+        const uint8_t* wp = Wb + static_cast<size_t>(e) * KB * wstep + blockIdx.x * OP;
+        const uint8_t* tp = Tt + static_cast<size_t>(mt) * OP;
+        for (int q = 0; q < KB; ++q, ++it, wp += wstep, tp += tstep) {
+            const uint32_t slot = it % STAGES, st = base + slot * S::STAGE;
+            wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
+            wgmma::mbar_expect_tx(bars + 8 * slot, 2 * OP);
+            wgmma::bulk_copy(st + S::W, wp, OP, bars + 8 * slot);
+            wgmma::bulk_copy(st + S::X, tp, OP, bars + 8 * slot);
+        }
+        return;
+    }
+    wgmma::setmaxnreg_inc<CONSUMER_REGS>();
+    const int tid = threadIdx.x - 128, lane = tid & 31, warp = tid >> 5, cw = warp >> 2;
+    const int g = lane >> 2, t = lane & 3;
+    const int rw = cw * 64 + (warp & 3) * 16 + g;   // the thread's first weight row of the tile
+    float z[64];
+    int da[64], db[64];
+#pragma unroll
+    for (int k = 0; k < 64; ++k) z[k] = 0.f;
+    constexpr int P = TOK ? 2 : 1;   // stages per fold (mmq_blk_body's, from block 0)
+    int n = KB;
+    for (; n >= P * BLK_GROUP; n -= P * BLK_GROUP)
+        run_stages<BLK_GROUP, P, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+    for (; n >= 2 * P; n -= 2 * P) run_stages<2, P, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+    if constexpr (P == 2) {
+        if (n >= 2) {
+            run_stages<1, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+            n -= 2;
+        }
+    }
+    if (n) run_stages<1, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+    const int mt = blockIdx.y, e = moe_expert(toff, E, mt);
+    const int r0 = offs[e] + (mt - toff[e]) * BM;   // the tile's first sorted row
+    const int rows = min(BM, offs[e + 1] - r0);     // its rows (the rest: padding, not stored)
+    if constexpr (TOK) scale_tokens(z, Tt, mt, t);
+    const int wr = blockIdx.x * BN + rw;
+    if constexpr (EPI == 2)
+        store_glu<0>(z, static_cast<__half*>(C) + static_cast<size_t>(r0) * (N / 2), rows, N / 2,
+                     2 * t, wr);
+    else store_t<false>(z, static_cast<float*>(C) + static_cast<size_t>(r0) * N, rows, N, 2 * t,
+                        wr);
+}
+}  // namespace
+
+// moe_blk_tok_swiglu: the gate|up GEMM (per-token operand of the gathered normed rows, W
+// expert e's gate|up [2F, K] rows interleaved per 16) -> H f16 [P, F]; moe_blk: the down GEMM
+// (per-(token, 128) operand of H's sorted rows) -> C f32 [P, N]. grid (ceil(N / 128), MT),
+// block 384, blk_smem() of dynamic shared memory.
+#define MOE_BLK_ENTRY(NAME, EPI, TOK, CT)                                                       \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                        \
+    NAME(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, CT* C,                \
+         const int* __restrict__ offs, const int* __restrict__ toff, int E, int MT, int N,       \
+         int K) {                                                                               \
+        moe_blk_body<EPI, TOK>(Tt, Wb, C, offs, toff, E, MT, N, K);                             \
+    }
+MOE_BLK_ENTRY(moe_blk_tok_swiglu, 2, true, __half)
+MOE_BLK_ENTRY(moe_blk, 0, false, float)
+
+// moe_blk_operand_f16 (per (token, 128) scales) / moe_blk_operand_f16_tok (per token): the
+// token operand [KB][MT][OP] of the padded sorted rows (above): padded row pr's values are x
+// row moe_src_row(pr) (x f16, row stride K), zeros for a padding row; the same lanes, rotation
+// and rounding as blk_operand_f16 (pair 1) / blk_operand_f16_tok, so a tile's bytes equal those
+// of the dense prepass on its 128 rows. Tiles past toff[E] are not written.
+// grid (ceil(MT 128 KB / 64)) / (MT 128 / 8), block 256.
+extern "C" __global__ void __launch_bounds__(256)
+moe_blk_operand_f16(const __half* __restrict__ x, const int* __restrict__ a_rows, int a_div,
+                    const int* __restrict__ offs, const int* __restrict__ toff, int E, int K,
+                    int MT, uint8_t* __restrict__ out) {
+    const int l = threadIdx.x & 3;
+    const long long quad = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 2;
+    const int KB = (K + 127) / 128, Rp = MT * 128;
+    const bool in = quad < static_cast<long long>(Rp) * KB;   // (whole warps run the shuffles)
+    const int pr = in ? static_cast<int>(quad % Rp) : 0;
+    const int kb = in ? static_cast<int>(quad / Rp) : 0;
+    bool live = false;
+    const int src = in ? moe_src_row(a_rows, a_div, offs, toff, E, pr, live) : -1;
+    float v[32];
+    // (row 0 of a one-row matrix at the source row, or of an empty one: zeros)
+    load32(v, src >= 0 ? x + static_cast<size_t>(src) * K : x, 0, src >= 0 ? 1 : 0, K, 0,
+           kb * 128, l);
+    const float amax = rotate128(v, l);
+    if (!in || !live) return;
+    uint8_t* blk = block_at(out, kb, Rp, pr);
+    store32(blk, v, q8_inv(amax), pr & 127, l);
+    if (l == 0) store_scale(blk, pr & 127, amax);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+moe_blk_operand_f16_tok(const __half* __restrict__ x, const int* __restrict__ a_rows, int a_div,
+                        const int* __restrict__ offs, const int* __restrict__ toff, int E, int K,
+                        int MT, uint8_t* __restrict__ out) {
+    const int l = threadIdx.x & 3, qd = (threadIdx.x >> 2) & 7;
+    const int pr = blockIdx.x * 8 + (threadIdx.x >> 5);   // (the grid covers MT 128 rows exactly)
+    const int KB = (K + 127) / 128, Rp = MT * 128;
+    bool live;
+    const int src = moe_src_row(a_rows, a_div, offs, toff, E, pr, live);   // (warp-uniform)
+    if (!live) return;
+    const __half* xr = src >= 0 ? x + static_cast<size_t>(src) * K : x;
+    const int R = src >= 0 ? 1 : 0;
+    float v[32], amax = 0.f;
+    for (int kb0 = 0; kb0 < KB; kb0 += 8) {
+        load32(v, xr, 0, R, K, 0, (kb0 + qd) * 128, l);
+        amax = fmaxf(amax, rotate128(v, l));
+    }
+#pragma unroll
+    for (int m = 4; m < 32; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float inv = q8_inv(amax);
+    for (int kb0 = 0; kb0 < KB; kb0 += 8) {
+        const int kb = kb0 + qd;
+        load32(v, xr, 0, R, K, 0, kb * 128, l);
+        rotate128(v, l);
+        if (kb >= KB) continue;
+        uint8_t* blk = block_at(out, kb, Rp, pr);
+        store32(blk, v, inv, pr & 127, l);
+        if (l == 0) store_scale(blk, pr & 127, amax);
     }
 }

@@ -56,6 +56,11 @@
 #          model (MOE_LAYERS=48: ~58 GB of f16 experts on the GPU) under `bench --tokens
 #          512,2048` with its per-op breakdown (MOE_WMMA=1: the simple grouped GEMM at 2048 too;
 #          MOE_BENCH=0 skips the model and the bench).
+#   moeblk: issue 54's blk int8 experts: tests/gpu/test_moe_blk_device.py and test_moe_device.py
+#          (MOE_TESTS=0 skips them; MOE_FAMILIES=1 adds the MoE families' `minfer check`, blk
+#          experts included), then a qwen3-30b-a3b-shape Q4_K_M synth model of MOE_LAYERS (16:
+#          its f16 experts ~19 GB, so f16 fits beside blk) under `bench --ab f16 blk --tokens
+#          512,2048` (MOE_BENCH=0 skips it). One call: deadline 590.
 #   ray:   issue 55: a 10,000-prompt file through `--ray auto` (one GPU actor) between two
 #          single-process runs of it, tok/s and the records compared byte for byte.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
@@ -389,6 +394,26 @@ if [ "$MODE" = moe ]; then   # issue 54's CUDA MoE: its GPU tests, then a qwen3-
     grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)|^moe " "$OUT/$f.log" | head -16; done
   for f in bench_q30 bench_q30_wmma; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
     grep -E "^\| |^model|^gemm|rror" "$OUT/$f.log" | grep -v "| ---" | head -40; done
+  exit 0
+fi
+
+if [ "$MODE" = moeblk ]; then   # issue 54's blk int8 experts: GPU tests, then f16 vs blk experts
+  if [ "${MOE_TESTS:-1}" = 1 ]; then
+    step tests 280 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_blk_device.py tests/gpu/test_moe_device.py
+  fi
+  [ "${MOE_FAMILIES:-0}" = 1 ] && step families 200 python3 -m pytest -q -rfEs \
+    tests/gpu/test_families_device.py -k "qwen3moe or mixtral"
+  if [ "${MOE_BENCH:-1}" = 1 ]; then
+    step synth_q30 120 $M synth --preset qwen3-30b-a3b --layers ${MOE_LAYERS:-16} --type q4_K_M \
+      --tokenizer-from none --quiet -o /tmp/q30.gguf
+    step bench_q30_ab 200 $M bench -m /tmp/q30.gguf --tokens 512,2048 --min-ms 0 --repeats 3 \
+      --ab f16 blk
+  fi
+  echo; echo "################ SUMMARY moeblk ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for f in tests families; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+    grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)|^moe " "$OUT/$f.log" | head -24; done
+  for f in synth_q30 bench_q30_ab; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+    grep -E "^\| |^model|^gemm|^memory|experts|rror" "$OUT/$f.log" | grep -v "| ---" | head -50; done
   exit 0
 fi
 

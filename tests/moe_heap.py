@@ -160,7 +160,56 @@ class HeapRT:
             t = next(t for t in TRAITS.values() if "dq_f16_" + kernel_suffix(t) == entry)
             raw = self.at(src, (int(src_bytes),), np.uint8)
             self.at(out, (int(n),), np.float16)[:] = dequantize(raw, t.qtype).reshape(-1)
+        elif entry == "blk_operand_f16":  # (the blk experts' upload: weights only here)
+            x, ld, R, K, Rp, out, smul, pair = a
+            from minfer.cuda.paths.blk.twin import blk_operand, blk_shape, quantize_blk
+
+            assert ld == K and float(smul) == np.float32(1 / 128) and pair == 2
+            w = self.at(x, (R, K), np.float16)
+            self.at(out, blk_shape(R, K), np.uint8)[...] = blk_operand(
+                *quantize_blk(w, weight=True)
+            )
+        elif entry in ("moe_blk_operand_f16", "moe_blk_operand_f16_tok"):
+            self._blk_operand(entry.endswith("_tok"), grid, *a)
+        elif entry in ("moe_blk", "moe_blk_tok_swiglu"):
+            self._blk_gemm(entry == "moe_blk_tok_swiglu", grid, block, smem, *a)
         # any other kernel: not emulated (the MoE layer launches none)
+
+    def _blk_operand(self, tok, grid, x, a_rows, a_div, offs, toff, E, K, MT, out):
+        """moe_blk_operand_f16[_tok]: the twin on the heap's arrays (rows of x: the largest
+        source row + 1)."""
+        from minfer.cuda.ops import moe_blk as B
+        from minfer.cuda.paths.blk.twin import kblocks
+
+        o = self.at(offs, (E + 1,), np.int32)
+        P = int(o[E])
+        rows = self.at(a_rows, (P,), np.int32) if a_rows else None
+        n_x = int(rows.max()) // a_div + 1 if a_rows else P
+        quads = MT * B.BM * kblocks(K)
+        assert grid == ((MT * B.BM // 8,) if tok else (-(-quads // 64),)), grid
+        tt = self.at(out, (kblocks(K), MT, B.BLK_OP), np.uint8)
+        B.operand_ref(
+            tt,
+            self.at(x, (n_x, K), np.float16),
+            o,
+            self.at(toff, (E + 1,), np.int32),
+            rows,
+            a_div,
+            tok,
+        )
+
+    def _blk_gemm(self, glu, grid, block, smem, Tt, Wb, C, offs, toff, E, MT, N, K):
+        from minfer.cuda.ops import moe_blk as B
+        from minfer.cuda.paths.blk.launch import blk_smem
+        from minfer.cuda.paths.blk.twin import kblocks, pad128
+
+        assert block == (384,) and smem == blk_smem() and grid == (pad128(N) // 128, MT)
+        o = self.at(offs, (E + 1,), np.int32)
+        P = int(o[E])
+        w = B.BlkExperts(self.at(Wb, B.experts_shape(E, N, K), np.uint8), E, N, K)
+        out = self.at(C, (P, N // 2 if glu else N), np.float16 if glu else np.float32)
+        tt = self.at(Tt, (kblocks(K), MT, B.BLK_OP), np.uint8)
+        B.grouped_gemm_ref(out, tt, w, o, self.at(toff, (E + 1,), np.int32), glu)
 
     def _gemm(self, glu, bn, grid, C, A, a_rows, a_div, W, offs, toff, E, N, K):
         """A grouped GEMM's walk: W [E, N, K] (glu: N = 2F rows, interleaved per 16), the

@@ -193,7 +193,7 @@ class CudaBackend:
             from minfer.cuda.plan import moe
             from minfer.cuda.plan.memory import MARGIN
 
-            moe.check_fits(model, plan, self.rt.mem_info()[0], MARGIN)
+            moe.check_fits(model, plan, self.rt.mem_info()[0], MARGIN, self.plan.moe)
         check_memory(self.rt, plan, self.kv_slots, self.ubatch)  # before any allocation
         self.progress, self.n_compiled, self.compile_s, self.capture_s = progress, 0, 0.0, 0.0
         self._add(prepare.prebuild(prepare.load_kernels(self.routes), self.rt.arch, progress))
@@ -215,7 +215,9 @@ class CudaBackend:
 
             t_moe = time.perf_counter()
             kern = moe_kernel()  # the grouped GEMMs' kernel (MINFER_MOE_GEMM)
-            self.moe = MoeLayers(self.rt, model, self.ubatch, self.chunk, kernel=kern)
+            self.moe = MoeLayers(
+                self.rt, model, self.ubatch, self.chunk, kernel=kern, path=self.plan.moe
+            )
             self.upload_bytes += self.moe.nbytes
             self.upload_s += time.perf_counter() - t_moe
         self.buf: DeviceBuffers = alloc_buffers(
@@ -285,12 +287,14 @@ class CudaBackend:
 
     def route_summary(self) -> str:
         """One line: which GEMMs run on MMQ (by type) and which on f16 (and why); a MoE
-        model's experts after it (minfer.cuda.load.moe: always f16 grouped GEMMs)."""
+        model's experts after it (minfer.cuda.load.moe: f16 or blk int8 grouped GEMMs, the
+        plan's moe path)."""
         s = summarize_routes(self.model, self.routes)
         if getattr(self, "moe", None) is not None:
             c = self.c
             s += (
-                f"; experts: f16 grouped GEMMs ({c.n_layers} layers x {c.n_expert} experts, "
+                f"; experts: {'blk int8' if self.moe.path == 'blk' else 'f16'} grouped GEMMs "
+                f"({c.n_layers} layers x {c.n_expert} experts, "
                 f"{c.n_expert_used} used)"
             )
         return s

@@ -457,6 +457,8 @@ class ReferenceBackend:
         def linear(x, W, name):
             if self.act_quant:
                 x = quantize_act(x, self.model.tensor(name).qtype)
+            if name in self.grids:  # x -> the grid the experts' kernels compute on (blk)
+                x = self.grids[name].act(x, name).astype(self.dtype, copy=False)
             return x @ W.T
 
         return moe.moe_ffn(h, sel, w, self.expert, p, linear)
@@ -477,7 +479,10 @@ class ReferenceBackend:
         key = f"{name}#{e}"
         w = self._w.get(key)
         if w is None:
-            w = self.model.dequant(name, rows=e).astype(self.dtype, copy=False)
+            w = self.model.dequant(name, rows=e)
+            if name in self.grids:  # the experts' path's weight grid (blk: requantized)
+                w = self.grids[name].weight(w, name)
+            w = w.astype(self.dtype, copy=False)
             if self._cache_experts:
                 self._w[key] = w
         return w

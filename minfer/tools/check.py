@@ -258,12 +258,19 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
     return ids
 
 
-def reference_grids(routes: dict[str, tuple[str, str]]) -> dict:
+def reference_grids(routes: dict[str, tuple[str, str]], model=None) -> dict:
     """weight name -> the grid of its path's kernels (GemmPath.grid) for every weight on an
-    int8 path: ReferenceBackend(grids=...) rounds their inputs (blk: and weights) as they do."""
+    int8 path: ReferenceBackend(grids=...) rounds their inputs (blk: and weights) as they do;
+    with `model`, a mixture-of-experts model's stacked experts too when the plan runs them on
+    blk (minfer.cuda.plan.moe.moe_path)."""
     from minfer.cuda.paths import TABLE
+    from minfer.cuda.plan.moe import EXPERTS, is_moe, moe_path
 
-    return {n: TABLE[p].grid for n, (p, _) in routes.items() if TABLE[p].grid is not None}
+    out = {n: TABLE[p].grid for n, (p, _) in routes.items() if TABLE[p].grid is not None}
+    if model is not None and is_moe(model.config) and moe_path(routes) == "blk":
+        for il in range(model.config.n_layers):
+            out.update({f"blk.{il}.{s}.weight": TABLE["blk"].grid for s in EXPERTS})
+    return out
 
 
 def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths=None):
@@ -294,7 +301,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
             # through the grid of the kernel that runs them (q8_1; blk's rotated int8)
-            grids = reference_grids(be.routes)
+            grids = reference_grids(be.routes, model)
             by_grid: dict[str, list[str]] = {}  # grid name -> its weights
             for n, g in grids.items():
                 by_grid.setdefault(g.name, []).append(n)

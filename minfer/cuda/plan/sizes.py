@@ -80,22 +80,23 @@ def plan_memory(
         "activations": act,
         "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
         **scratch,
-        # not among the routes' linear weights: routers and experts as f16 (minfer.cuda.load.moe)
-        "expert weights": moe_weight_bytes(m),
-        "MoE activations": moe_act_bytes(c, ubatch),
+        # not among the routes' linear weights: routers and experts on the plan's expert path
+        # (minfer.cuda.load.moe; plan.moe.moe_path)
+        **moe_parts(m, routes, ubatch),
     }
 
 
-def moe_weight_bytes(model) -> int:
-    from minfer.cuda.plan.moe import weight_bytes
+def moe_parts(model, routes, ubatch: int) -> dict[str, int]:
+    """The MoE parts of a plan: expert weights, their requant staging (blk) and buffers, on the
+    path plan.moe.moe_path gives the routes."""
+    from minfer.cuda.plan import moe
 
-    return weight_bytes(model)
-
-
-def moe_act_bytes(c, ubatch: int) -> int:
-    from minfer.cuda.plan.moe import act_bytes
-
-    return act_bytes(c, ubatch)
+    path = moe.moe_path(routes)
+    return {
+        "expert weights": moe.weight_bytes(model, path),
+        "MoE requant staging": moe.staging_bytes(model, path),
+        "MoE activations": moe.act_bytes(model.config, ubatch, path),
+    }
 
 
 def operand_bytes(plan: dict[str, int]) -> dict[str, int]:

@@ -65,13 +65,16 @@ class BlkTokens:
     per_token: bool = False
 
 
-def blk_weight(rt, w16, what: str = "weight") -> BlkWeight:
+def blk_weight(rt, w16, what: str = "weight", out=None) -> BlkWeight:
     """f16 [N, K] on the device -> BlkWeight (blk_operand_f16, scales times 1/128, one per
-    (row, pair of blocks): blk_ref.WPAIR)."""
+    (row, pair of blocks): blk_ref.WPAIR); into out (uint8 [KB, Np/128, BLK_OP]) if given (a
+    slot of a stack: the MoE experts')."""
     N, K = _check_f16("blk_weight", w16)
     if blk_bytes(N, K) >= 2**31:
         raise GPUError(f"blk_weight: [{N}, {K}] is too large for the kernel's 32-bit offsets")
-    wb = da.empty(rt, blk_shape(N, K), np.uint8, f"blk int8 {what}")
+    if out is not None:
+        da.check("blk_weight out", out, blk_shape(N, K), np.uint8, align=16)
+    wb = da.empty(rt, blk_shape(N, K), np.uint8, f"blk int8 {what}") if out is None else out
     _launch_operand(rt, w16, N, K, wb, 1 / 128, pair=WPAIR)
     return BlkWeight(wb, N, K)
 

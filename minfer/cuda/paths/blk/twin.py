@@ -40,8 +40,9 @@ BLK_OP = BLK_IMG + 128 * 4  # + its rows' f32 scales
 WPAIR = 2  # a weight row's consecutive blocks sharing one scale
 
 
-# the GEMM inputs the rmsnorm makes: one activation scale per token (a weight name's kind)
-TOKEN_SCALED = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
+# the GEMM inputs the rmsnorm makes: one activation scale per token (a weight name's kind; the
+# MoE experts' gate|up too: minfer.cuda.ops.moe_blk)
+TOKEN_SCALED = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up", "ffn_gate_exps", "ffn_up_exps")
 
 
 def token_scaled(name: str) -> bool:

@@ -1,0 +1,288 @@
+"""GPU (sm_90 only; skips elsewhere): the mixture-of-experts FFN's blk int8 expert path
+(kernels/mmq_blk.cu's moe_blk_* entries, minfer.cuda.ops.moe_blk; MoeLayers(path="blk")).
+
+Kernels against their numpy twins (the CPU side: tests/test_moe_blk_cpu.py):
+- the expert weight operands of the upload (blk_weight into each expert's slot) and the token
+  operands of the padded sorted rows (moe_blk_operand_f16_tok with the gather, moe_blk_operand_f16
+  without): bit for bit on every tile below toff[E], the tiles past it untouched;
+- moe_blk_tok_swiglu / moe_blk on the device's operands against the float64 twin: the plain
+  GEMM within the dense blk parity bounds (rel err 1e-5 Frobenius, 1e-4 of the max: the f32
+  folds), the swiglu within 2e-3 (the epilogue's fast silu and the f16 rounding, as the dense
+  test_blk_swiglu), bitwise on a second launch, no row past P written; ragged routings (experts
+  with no row, one row, 130+ rows), K and N not multiples of 128, odd block counts, the real
+  layer shapes (Qwen3-30B-A3B: 128 experts of 768 over 2048, 8 used; Mixtral's 8 of 14336 over
+  4096 cut to 1792);
+- the chain (router GEMM, route, sort on 128-row tiles, operands, both grouped GEMMs,
+  combine) against moe_blk.moe_ffn_ref, rel err <= 3e-3 on the rows routed alike (the fast silu
+  moves an f16 act value by an ulp now and then, and with it an int8 of the down operand).
+The whole forward on --gemm blk (tiny qwen3moe and Mixtral, F16 and Q4_K_M) against the CPU
+reference with the blk grids on the experts too (check.reference_grids): logits tie-aware about
+the router, rel err <= 3e-2 before the first router near-tie, greedy-32 tie-aware identical; the
+same prompt twice bit for bit (graph replay).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_helpers import rel_err
+
+from minfer.cuda.ops import moe as M
+from minfer.cuda.ops import moe_blk as B
+
+pytestmark = pytest.mark.gpu
+
+MOE = ("tiny-qwen3moe", "tiny-mixtral")
+TOL = 0.05  # max |dlogit| at any position vs the grid-emulating reference (router-tie-aware)
+
+
+def _dev(rt, a):
+    from minfer.cuda.runtime import devarray as da
+
+    return da.to_device(rt, np.ascontiguousarray(a))
+
+
+def _grouping(sel, E):
+    P = sel.size
+    offs, toff = np.empty(E + 1, np.int32), np.empty(E + 1, np.int32)
+    perm, rowpos = np.empty(P, np.int32), np.empty(P, np.int32)
+    M.sort_ref(offs, toff, perm, rowpos, sel, E, B.BM)
+    return offs, toff, perm, rowpos
+
+
+def _sel(T, E, k, rng):
+    """Expert 0 in every token (T rows: past a tile from T = 129), expert E-1 in token 0 alone,
+    expert 1 in none, the rest random."""
+    if k < 2 or E < 5:
+        return rng.integers(0, E, (T, k)).astype(np.int32)
+    sel = np.empty((T, k), np.int32)
+    pool = list(range(2, E - 1))
+    for t in range(T):
+        rest = list(rng.choice(pool, k - 1, replace=False))
+        if t == 0:
+            rest[-1] = E - 1
+        sel[t] = [0, *rest]
+    return sel
+
+
+def _experts(rt, w16):
+    """The upload's requantization (blk_weight into each expert's slot) -> BlkExperts."""
+    from minfer.cuda.paths.blk.launch import blk_weight
+    from minfer.cuda.runtime import devarray as da
+
+    E, N, K = w16.shape
+    wb = da.empty(rt, B.experts_shape(E, N, K), np.uint8)
+    flat = _dev(rt, w16.reshape(E * N, K))
+    for e in range(E):
+        blk_weight(rt, da.rows(flat, e * N, N), out=da.reshape(da.rows(wb, e, 1), wb.shape[1:]))
+    return B.BlkExperts(wb, E, N, K)
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+@pytest.mark.parametrize("T,E,k,K", [(1, 8, 2, 128), (140, 8, 2, 200), (300, 128, 8, 2048)])
+def test_operands_bitwise(hopper, same_bytes, T, E, k, K, per_token):
+    rt = hopper
+    rng = np.random.default_rng(T + K)
+    sel = _sel(T, E, k, rng)
+    offs, toff, perm, _ = _grouping(sel, E)
+    P = T * k
+    x = (rng.standard_normal((T if per_token else P, K)) * 2).astype(np.float16)
+    x[:, 3 % K] *= 40  # an outlier channel
+    x[min(1, len(x) - 1)] = 0  # an all-zero row: scale 0
+    rows = (_dev(rt, perm), k) if per_token else (None, 1)
+    shape = B.operand_shape(P, E, K)
+    tt = _dev(rt, np.full(shape, 0xAB, np.uint8))
+    B.operand(rt, tt, _dev(rt, x), _dev(rt, offs), _dev(rt, toff), *rows, per_token=per_token)
+    want = np.full(shape, 0xAB, np.uint8)
+    B.operand_ref(
+        want, x, offs, toff, perm if per_token else None, k if per_token else 1, per_token
+    )
+    assert same_bytes(tt, want)
+
+
+@pytest.mark.parametrize(
+    "T,E,k,d,fe",
+    [
+        (9, 8, 2, 200, 24),  # K % 128 != 0, one partial weight tile
+        (140, 8, 2, 256, 136),  # an expert of 140 rows (two tiles), one of one, one of none
+        (1, 8, 2, 256, 256),  # one token
+        (300, 16, 4, 1096, 520),  # odd block counts (9, 5): the per-pair fold's odd last block
+        (512, 128, 8, 2048, 768),  # Qwen3-30B-A3B's layer
+        (256, 8, 2, 4096, 1792),  # Mixtral-8x7B's, its 14336 cut to 1792
+    ],
+)
+def test_grouped_gemms_against_the_twin(hopper, same_bytes, T, E, k, d, fe):
+    from minfer.cuda.runtime import devarray as da
+
+    rt = hopper
+    rng = np.random.default_rng(T + d)
+    sel = _sel(T, E, k, rng)
+    offs, toff, perm, _ = _grouping(sel, E)
+    P = T * k
+    h16 = rng.standard_normal((T, d)).astype(np.float16)
+    wg = (rng.standard_normal((E, fe, d)) / np.sqrt(d)).astype(np.float16)
+    wu = (rng.standard_normal((E, fe, d)) / np.sqrt(d)).astype(np.float16)
+    wd = (rng.standard_normal((E, d, fe)) / np.sqrt(fe)).astype(np.float16)
+    wgu16 = M.interleave_glu(wg, wu)
+    wgu, wdn = _experts(rt, wgu16), _experts(rt, wd)
+    assert same_bytes(wgu.wb, B.experts_ref(wgu16)) and same_bytes(wdn.wb, B.experts_ref(wd))
+    od, td = _dev(rt, offs), _dev(rt, toff)
+    tt = da.empty(rt, B.operand_shape(P, E, d), np.uint8)
+    B.operand(rt, tt, _dev(rt, h16), od, td, _dev(rt, perm), k, per_token=True)
+    tt_h = tt.get()
+    # gate|up with the swiglu: P rows of a buffer of P + 5 (the 5 past P stay NaN)
+    buf = _dev(rt, np.full((P + 5, fe), np.nan, np.float16))
+    B.grouped_gemm(rt, da.rows(buf, 0, P), tt, wgu, od, td, True)
+    got = buf.get()
+    assert np.isnan(got[P:].astype(np.float32)).all()
+    got = got[:P].astype(np.float64)
+    ref_act = np.zeros((P, fe), np.float16)
+    B.grouped_gemm_ref(ref_act, tt_h, B.BlkExperts(wgu.wb.get(), E, 2 * fe, d), offs, toff, True)
+    assert np.isfinite(got).all()
+    e1 = rel_err(got, ref_act.astype(np.float64))
+    assert e1 < 2e-3, e1
+    # down on the twin's act: its operand per (token, 128), the plain GEMM into f32
+    tt2 = da.empty(rt, B.operand_shape(P, E, fe), np.uint8)
+    B.operand(rt, tt2, _dev(rt, ref_act), od, td)
+    ref_ys = np.zeros((P, d), np.float32)
+    B.grouped_gemm_ref(ref_ys, tt2.get(), B.BlkExperts(wdn.wb.get(), E, d, fe), offs, toff)
+    outs = []
+    for _ in range(2):
+        ys = _dev(rt, np.full((P, d), np.nan, np.float32))
+        B.grouped_gemm(rt, ys, tt2, wdn, od, td)
+        outs.append(ys.get())
+    assert np.isfinite(outs[0]).all() and np.array_equal(outs[0], outs[1])
+    assert np.linalg.norm(outs[0] - ref_ys) / np.linalg.norm(ref_ys) < 1e-5
+    assert np.abs(outs[0] - ref_ys).max() / np.abs(ref_ys).max() < 1e-4
+    print(f"\nmoe blk T={T} E={E} k={k} d={d} fe={fe}: swiglu rel err {e1:.2e}")
+
+
+@pytest.mark.parametrize(
+    "T,E,k,d,fe", [(1, 8, 2, 256, 256), (61, 8, 4, 256, 256), (700, 128, 8, 2048, 768)]
+)
+def test_moe_blk_chain_against_the_twins(hopper, T, E, k, d, fe):
+    from minfer.cuda.paths.f16.gemm import gemm_f16_nt
+    from minfer.cuda.runtime import devarray as da
+    from minfer.reference import moe as R
+
+    rt = hopper
+    rng = np.random.default_rng(T * E)
+    h16 = rng.standard_normal((T, d)).astype(np.float16)
+    wr = (rng.standard_normal((E, d)) / np.sqrt(d)).astype(np.float16)
+    wg = (rng.standard_normal((E, fe, d)) / np.sqrt(d)).astype(np.float16)
+    wu = (rng.standard_normal((E, fe, d)) / np.sqrt(d)).astype(np.float16)
+    wd = (rng.standard_normal((E, d, fe)) / np.sqrt(fe)).astype(np.float16)
+    P = T * k
+    e = da.empty
+    hd = _dev(rt, h16)
+    logits = e(rt, (T, E), np.float32)
+    gemm_f16_nt(hd, _dev(rt, wr), out=logits, rt=rt)
+    sel, wts = e(rt, (T, k), np.int32), e(rt, (T, k), np.float32)
+    M.route(rt, sel, wts, logits, k)
+    offs, toff = e(rt, (E + 1,), np.int32), e(rt, (E + 1,), np.int32)
+    perm, rowpos = e(rt, (P,), np.int32), e(rt, (P,), np.int32)
+    M.sort(rt, offs, toff, perm, rowpos, sel, E, B.BM)
+    act, ys = e(rt, (P, fe), np.float16), e(rt, (P, d), np.float32)
+    tt = e(rt, B.operand_shape(P, E, d), np.uint8)
+    B.operand(rt, tt, hd, offs, toff, perm, k, per_token=True)
+    B.grouped_gemm(rt, act, tt, _experts(rt, M.interleave_glu(wg, wu)), offs, toff, True)
+    tt2 = e(rt, B.operand_shape(P, E, fe), np.uint8)
+    B.operand(rt, tt2, act, offs, toff)
+    B.grouped_gemm(rt, ys, tt2, _experts(rt, wd), offs, toff)
+    x = _dev(rt, np.zeros((T, d), np.float32))
+    M.combine(rt, x, ys, wts, rowpos)
+    out = x.get()
+    want, rsel, _ = B.moe_ffn_ref(h16, wr, wg, wu, wd, k)
+    alike = (sel.get() == rsel).all(1)
+    _, _, gap = R.route(logits.get(), k)
+    assert (np.abs(gap[~alike]) < 1e-3).all(), "a row routed otherwise is no near-tie"
+    assert alike.mean() > 0.95
+    err = rel_err(out[alike], want[alike])
+    print(f"\nmoe blk chain T={T} E={E} k={k}: rel err {err:.2e}, {int((~alike).sum())} tie rows")
+    assert err <= 3e-3
+
+
+# ---- the whole forward on --gemm blk ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from families_data import synth_family
+
+    from minfer.gguf.loader import load_model
+    from minfer.tools.synth import SynthOptions, make_synthetic_model
+
+    d = tmp_path_factory.mktemp("moe_blk_dev")
+    out = {p: load_model(synth_family(p, d)) for p in MOE}
+    for p in MOE:
+        path = d / f"{p}-q4km.gguf"
+        make_synthetic_model(
+            path,
+            SynthOptions(preset=p, qtype="q4_K_M", vocab=1024, tokenizer_from=None, workers=1),
+            progress=False,
+        )
+        out[p + "-q4km"] = load_model(path)
+    return out
+
+
+NAMES = [*MOE, *(p + "-q4km" for p in MOE)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_blk_forward_matches_the_grid_reference(hopper, models, name, report):
+    """--gemm blk: every GEMM and the experts on blk; every position's logits of a 200-token
+    prompt against the CPU reference with the blk grids (dense weights and experts:
+    check.reference_grids) within TOL, tie-aware about the router; rel err <= 3e-2 before the
+    first router near-tie; greedy 32 tie-aware identical. Figures to the run's summary."""
+    from minfer.batch import single
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.reference.forward import ReferenceBackend
+    from minfer.reference.moe import first_near_tie, tie_excused
+    from minfer.tools.check import identity_verdict, reference_grids
+
+    m = models[name]
+    gpu = CudaBackend(m, GemmChoice("blk"), max_tokens=512, ubatch=128)
+    assert gpu.moe.path == "blk" and gpu.plan.moe == "blk"
+    grids = reference_grids(gpu.routes, m)
+    cpu = ReferenceBackend(m, max_tokens=512, grids=grids)
+    best = None  # the prompt (of 8 seeds) whose first router near-tie comes latest
+    for seed in range(7, 15):
+        ids = np.random.default_rng(seed).integers(0, m.config.vocab_size, 200).astype(np.int32)
+        cpu.router_log = []
+        want = cpu.window_logits(ids, 0)
+        n = first_near_tie(cpu.router_log)[0] or len(ids)
+        if best is None or n > best[0]:
+            best = (n, ids, want, cpu.router_log)
+        if n >= 64:
+            break
+    n, ids, want, cpu.router_log = best
+    got = gpu.window_logits(ids, 0)
+    errs = np.abs(got - want).max(axis=1)
+    rel = rel_err(got[:n], want[:n])
+    ok, line = tie_excused(np.arange(len(ids)), errs, cpu.router_log, TOL)
+    ref = single.run(ReferenceBackend(m, grids=grids), ids[:64], 32, 512)
+    res = single.run(gpu, ids[:64], 32, 512)
+    v, diff = identity_verdict(ref, res)
+    report(
+        f"moe cuda blk {name}: logits rel err {rel:.2e} over {n} positions (max |d| "
+        f"{errs.max():.4f}; {line}); greedy {v.describe()} (max |dlogit| {diff:.4f})"
+    )
+    assert ok, f"{name}: {line}"
+    assert v.ok, f"{name}: {v.describe()}"
+    assert n >= 16, f"{name}: a router near-tie at token {n}: too few positions to measure"
+    assert rel <= 3e-2
+
+
+@pytest.mark.parametrize("name", MOE)
+def test_blk_forward_is_deterministic_and_graph_safe(hopper, models, name):
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.plan.config import GemmChoice
+
+    m = models[name]
+    ids = np.random.default_rng(3).integers(0, m.config.vocab_size, 150).astype(np.int32)
+    be = CudaBackend(m, GemmChoice("blk"), max_tokens=256, ubatch=64)
+    a = be.forward(ids, 0)
+    be.reset()
+    b = be.forward(ids, 0)
+    assert be._graphs, "no chunk graph was recorded"
+    eager = CudaBackend(m, GemmChoice("blk"), max_tokens=256, ubatch=64, graphs=False)
+    assert np.array_equal(a, b) and np.array_equal(a, eager.forward(ids, 0))
