@@ -424,7 +424,8 @@ if [ "$MODE" = owed ]; then   # what the last stop left unmeasured, most wanted 
   step serve 260 env SERVE_S=${SERVE_S:-20} SERVE_CFGS="${SERVE_CFGS:-on off}" OUT=$OUT/serve \
     bash scripts/device_run.sh serve_loads 255
   step ray 150 env RAY_TWICE=0 OUT=$OUT/ray bash scripts/device_run.sh ray 140
-  step tests_moe 100 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
+  step tests_moe 150 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_blk_device.py \
+    tests/gpu/test_moe_device.py
   echo; echo "################ SUMMARY owed ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- ray"; grep -vE "^WARNING: Target" "$OUT/ray.log" | tail -14
   tests_summary tests_moe
