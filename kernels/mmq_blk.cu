@@ -530,7 +530,7 @@ rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, fl
     }
 }
 
-// ---- grouped GEMMs of a mixture-of-experts FFN (minfer.cuda.ops.moe_blk; the f16 ones: moe.cu) ----
+// ---- grouped GEMMs of a mixture-of-experts FFN (minfer.cuda.paths.blk.moe; the f16 ones: moe.cu) ----
 // The pairs (token, slot) sorted by expert (moe.cu's moe_sort with 128-row tiles): expert e's
 // sorted rows offs[e] .. offs[e + 1] - 1, its row tiles toff[e] .. toff[e + 1] - 1 of 128 rows
 // (each expert's last tile partial); a global row tile mt < toff[E] belongs to the expert e with

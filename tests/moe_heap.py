@@ -178,7 +178,7 @@ class HeapRT:
     def _blk_operand(self, tok, grid, x, a_rows, a_div, offs, toff, E, K, MT, out):
         """moe_blk_operand_f16[_tok]: the twin on the heap's arrays (rows of x: the largest
         source row + 1)."""
-        from minfer.cuda.ops import moe_blk as B
+        from minfer.cuda.paths.blk import moe as B
         from minfer.cuda.paths.blk.twin import kblocks
 
         o = self.at(offs, (E + 1,), np.int32)
@@ -199,7 +199,7 @@ class HeapRT:
         )
 
     def _blk_gemm(self, glu, grid, block, smem, Tt, Wb, C, offs, toff, E, MT, N, K):
-        from minfer.cuda.ops import moe_blk as B
+        from minfer.cuda.paths.blk import moe as B
         from minfer.cuda.paths.blk.launch import blk_smem
         from minfer.cuda.paths.blk.twin import kblocks, pad128
 

@@ -1,10 +1,10 @@
 """CPU: the mixture-of-experts FFN's blk int8 expert path without a GPU. The numpy twins of
-kernels/mmq_blk.cu's moe_blk_* entries (minfer.cuda.ops.moe_blk), composed as the device runs
+kernels/mmq_blk.cu's moe_blk_* entries (minfer.cuda.paths.blk.moe), composed as the device runs
 them, against an independent float64 composition of the dense blk twins (quantize_blk and
 blk_gemm per expert on its gathered rows: what the kernels must compute) and against the f64
 MoE of the CPU reference (the int8 grid's distance), on ragged routings (experts with no row,
 one row, rows not a multiple of the 128-row tile), E = 8 k = 2 and E = 128 k = 8; the token
-operand's padded layout; the launchers' checks and grids; MoeLayers(path="blk") on the heap
+operand's padded layout; the launchers' checks and grids; MoeLayers(experts=BLK_EXPERTS) on the heap
 runtime (upload and ffn: every launch and argument as the forward runs them); the plan's
 expert path and bytes. The kernels against these twins on a GPU: tests/gpu/test_moe_blk_device.py.
 """
@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from minfer.cuda.ops import moe as M
-from minfer.cuda.ops import moe_blk as B
+from minfer.cuda.paths.blk import moe as B
 from minfer.cuda.paths.blk import twin
+from minfer.cuda.paths.f16.moe import F16_EXPERTS
 from minfer.errors import GPUError
 from minfer.reference import moe as R
 
@@ -290,7 +291,7 @@ def q4file(tmp_path_factory):
 
 
 def test_moe_layer_blk_on_the_heap_runtime(monkeypatch, q4file):
-    """MoeLayers(path="blk"): the upload holds each expert's blk weight operand (of its f16
+    """MoeLayers(experts=BLK_EXPERTS): the upload holds each expert's blk weight operand (of its f16
     dequant, gate|up interleaved); ffn() launches route, sort (128-row tiles), the gathered
     per-token operand, the gate|up GEMM with the swiglu, act's operand, the down GEMM and the
     combine, and equals the twins composed (moe_blk.moe_ffn_ref) bit for bit."""
@@ -306,8 +307,8 @@ def test_moe_layer_blk_on_the_heap_runtime(monkeypatch, q4file):
     m = load_model(q4file)
     c = m.config
     il = c.n_layers - 1
-    ml = MoeLayers(rt, m, ubatch=48, chunk=8 << 10, layers=[il], path="blk")
-    assert ml.path == "blk" and ml.bm == 128
+    ml = MoeLayers(rt, m, ubatch=48, chunk=8 << 10, layers=[il], experts=B.BLK_EXPERTS)
+    assert ml.bm == 128
     p = f"blk.{il}."
     w = {
         s: m.dequant(p + s + ".weight").astype(np.float16)
@@ -375,27 +376,33 @@ def test_plan_counts_blk_experts_of_a_30b_a3b():
     from minfer.cuda.plan import moe
 
     fake = _q30_fake()
-    f16, blk = moe.weight_bytes(fake, "f16"), moe.weight_bytes(fake, "blk")
+    F, X = F16_EXPERTS, B.BLK_EXPERTS
+    f16, blk = moe.weight_bytes(fake, F), moe.weight_bytes(fake, X)
     routers = 48 * 128 * 2048 * 2
     assert blk - routers == 48 * 128 * 3 * 768 * 2048 * 16896 // 16384
     assert 29e9 < blk < 31e9 and 57e9 < f16 < 59e9
-    assert moe.staging_bytes(fake, "blk") == 128 * 3 * 768 * 2048 * 2
-    assert moe.staging_bytes(fake, "f16") == 0
+    assert moe.staging_bytes(fake, X) == 128 * 3 * 768 * 2048 * 2
+    assert moe.staging_bytes(fake, F) == 0
     c = fake.config
-    extra = moe.act_bytes(c, 2048, "blk") - moe.act_bytes(c, 2048, "f16")
+    extra = moe.act_bytes(c, 2048, X) - moe.act_bytes(c, 2048, F)
     assert extra == B.operand_bytes(2048 * 8, 128, 2048) and extra < 1 << 30
-    with pytest.raises(GPUError, match="blk int8 expert path .* holds them in about half"):
-        moe.check_fits(fake, {"expert weights": f16}, 40 << 30, 1 << 30, "f16")
+    with pytest.raises(
+        GPUError,
+        match=r"The blk int8 expert GEMMs \(--gemm blk, sm_90: ~1.03 B a weight\) hold them in 29.9 GB; otherwise use a GPU",
+    ):
+        moe.check_fits(fake, {"expert weights": f16}, 40 << 30, 1 << 30, F)
     with pytest.raises(GPUError, match="experts as blk int8 take"):
-        moe.check_fits(fake, {"expert weights": blk}, 20 << 30, 1 << 30, "blk")
+        moe.check_fits(fake, {"expert weights": blk}, 20 << 30, 1 << 30, X)
 
 
-def test_moe_path_follows_the_plans_gemm_path():
-    from minfer.cuda.plan.moe import moe_path
+def test_moe_experts_follow_the_plans_gemm_path():
+    """The most compact expert GEMMs the plan's paths bring: blk's with any blk weight."""
+    from minfer.cuda.plan.moe import moe_experts
 
-    assert moe_path({"a": ("blk", ""), "b": ("f16", "alone")}) == "blk"
-    assert moe_path({"a": ("f16", ""), "b": ("wide-kd4", "")}) == "f16"
-    assert moe_path({}) == "f16"
+    assert moe_experts({"a": ("blk", ""), "b": ("f16", "alone")}) is B.BLK_EXPERTS
+    assert moe_experts({"a": ("f16", ""), "b": ("wide-kd4", "")}) is F16_EXPERTS
+    assert moe_experts({"a": ("wide-kd4", "")}) is F16_EXPERTS  # (q8_1 brings none)
+    assert moe_experts({}) is F16_EXPERTS
 
 
 @pytest.fixture(scope="module")
@@ -429,8 +436,8 @@ def test_backend_runs_blk_experts_with_the_blk_plan(monkeypatch, files):
         be = CudaBackend(
             m, GemmChoice(path), rt=rt, max_tokens=64, ubatch=16, warmup=False, graphs=False
         )
-        assert be.plan.moe == path and be.moe.path == path
-        assert be.plan.parts["expert weights"] == moe.weight_bytes(m, path)
+        assert be.plan.moe is be.moe.experts and be.moe.experts.name == path
+        assert be.plan.parts["expert weights"] == moe.weight_bytes(m, be.moe.experts)
         assert be.route_summary().endswith(
             f"; experts: {'blk int8' if path == 'blk' else 'f16'} grouped GEMMs (2 layers x 8 "
             f"experts, {c.n_expert_used} used)"

@@ -216,7 +216,7 @@ class CudaBackend:
             t_moe = time.perf_counter()
             kern = moe_kernel()  # the grouped GEMMs' kernel (MINFER_MOE_GEMM)
             self.moe = MoeLayers(
-                self.rt, model, self.ubatch, self.chunk, kernel=kern, path=self.plan.moe
+                self.rt, model, self.ubatch, self.chunk, kernel=kern, experts=self.plan.moe
             )
             self.upload_bytes += self.moe.nbytes
             self.upload_s += time.perf_counter() - t_moe
@@ -287,13 +287,13 @@ class CudaBackend:
 
     def route_summary(self) -> str:
         """One line: which GEMMs run on MMQ (by type) and which on f16 (and why); a MoE
-        model's experts after it (minfer.cuda.load.moe: f16 or blk int8 grouped GEMMs, the
-        plan's moe path)."""
+        model's experts after it (minfer.cuda.load.moe: the plan's expert GEMMs, f16 or blk
+        int8)."""
         s = summarize_routes(self.model, self.routes)
         if getattr(self, "moe", None) is not None:
             c = self.c
             s += (
-                f"; experts: {'blk int8' if self.moe.path == 'blk' else 'f16'} grouped GEMMs "
+                f"; experts: {self.moe.experts.label} grouped GEMMs "
                 f"({c.n_layers} layers x {c.n_expert} experts, "
                 f"{c.n_expert_used} used)"
             )

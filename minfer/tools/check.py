@@ -261,15 +261,16 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
 def reference_grids(routes: dict[str, tuple[str, str]], model=None) -> dict:
     """weight name -> the grid of its path's kernels (GemmPath.grid) for every weight on an
     int8 path: ReferenceBackend(grids=...) rounds their inputs (blk: and weights) as they do;
-    with `model`, a mixture-of-experts model's stacked experts too when the plan runs them on
-    blk (minfer.cuda.plan.moe.moe_path)."""
+    with `model`, a mixture-of-experts model's stacked experts too where the plan's expert
+    GEMMs round them (minfer.cuda.plan.moe.moe_experts: blk's)."""
     from minfer.cuda.paths import TABLE
-    from minfer.cuda.plan.moe import EXPERTS, is_moe, moe_path
+    from minfer.cuda.plan.moe import EXPERTS, is_moe, moe_experts
 
     out = {n: TABLE[p].grid for n, (p, _) in routes.items() if TABLE[p].grid is not None}
-    if model is not None and is_moe(model.config) and moe_path(routes) == "blk":
+    grid = moe_experts(routes).grid if model is not None and is_moe(model.config) else None
+    if grid is not None:
         for il in range(model.config.n_layers):
-            out.update({f"blk.{il}.{s}.weight": TABLE["blk"].grid for s in EXPERTS})
+            out.update({f"blk.{il}.{s}.weight": grid for s in EXPERTS})
     return out
 
 

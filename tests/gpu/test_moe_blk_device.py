@@ -1,5 +1,5 @@
 """GPU (sm_90 only; skips elsewhere): the mixture-of-experts FFN's blk int8 expert path
-(kernels/mmq_blk.cu's moe_blk_* entries, minfer.cuda.ops.moe_blk; MoeLayers(path="blk")).
+(kernels/mmq_blk.cu's moe_blk_* entries, minfer.cuda.paths.blk.moe; MoeLayers(experts=BLK_EXPERTS)).
 
 Kernels against their numpy twins (the CPU side: tests/test_moe_blk_cpu.py):
 - the expert weight operands of the upload (blk_weight into each expert's slot) and the token
@@ -28,7 +28,7 @@ import pytest
 from gpu_helpers import rel_err
 
 from minfer.cuda.ops import moe as M
-from minfer.cuda.ops import moe_blk as B
+from minfer.cuda.paths.blk import moe as B
 
 pytestmark = pytest.mark.gpu
 
@@ -241,7 +241,7 @@ def test_blk_forward_matches_the_grid_reference(hopper, models, name, report):
 
     m = models[name]
     gpu = CudaBackend(m, GemmChoice("blk"), max_tokens=512, ubatch=128)
-    assert gpu.moe.path == "blk" and gpu.plan.moe == "blk"
+    assert gpu.moe.experts is B.BLK_EXPERTS and gpu.plan.moe is B.BLK_EXPERTS
     grids = reference_grids(gpu.routes, m)
     cpu = ReferenceBackend(m, max_tokens=512, grids=grids)
     best = None  # the prompt (of 8 seeds) whose first router near-tie comes latest

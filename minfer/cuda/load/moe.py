@@ -14,16 +14,17 @@ E experts, k used per token, P = T k (token, slot) pairs:
 Nothing leaves the device (no host sync: the grouped GEMMs' grids are their worst case), so a
 chunk with MoE layers is captured and replayed as a CUDA graph like a dense one.
 
-Weights (the path: minfer.cuda.plan.moe.moe_path, the plan's: blk when the plan's GEMMs run on
-blk, else f16), the router f16 on both:
+Weights: the router f16; the experts held and their two grouped GEMMs run by the plan's expert
+GEMMs (GemmPath.experts, chosen with the routes: minfer.cuda.plan.moe.moe_experts, blk's when
+the plan's GEMMs run on blk, else f16's):
 - f16: every expert dequantized to f16 on the GPU at load ([E, N, K] per stacked tensor, as
   the dense f16 path holds its weights; ~2 B a weight: a 30B-A3B's experts are ~58 GB, a
   Mixtral-8x7B's ~90 GB, past one 80 GB H100: minfer.cuda.plan.moe.check_fits refuses naming
-  the bytes); the grouped GEMMs of kernels/moe.cu (minfer.cuda.ops.moe).
+  the bytes); the grouped GEMMs of kernels/moe.cu (minfer.cuda.paths.f16.moe).
 - blk (sm_90): each expert dequantized to f16 (one layer's stacks at a time: the plan's "MoE
   requant staging"), then requantized to the dense blk path's int8 weight operand (Hadamard-
   rotated, one f32 scale per (row, 256 of K): ~1.03 B a weight, rows padded to 128 per
-  expert); the grouped GEMMs of kernels/mmq_blk.cu (minfer.cuda.ops.moe_blk): the sort on
+  expert); the grouped GEMMs of kernels/mmq_blk.cu (minfer.cuda.paths.blk.moe): the sort on
   128-row tiles, the gathered normed rows' token operand (one scale per token, as the dense
   gate|up) -> the gate|up GEMM with the swiglu epilogue -> act's operand (per (token, 128))
   -> the down GEMM into ys; the combine is the same. ffn_down's experts run on blk too (the
@@ -35,8 +36,8 @@ from __future__ import annotations
 import numpy as np
 
 from minfer.cuda.ops import moe as M
-from minfer.cuda.ops import moe_blk as B
-from minfer.cuda.plan.moe import EXPERTS, PATHS
+from minfer.cuda.paths.f16.moe import F16_EXPERTS
+from minfer.cuda.plan.moe import EXPERTS
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
 
@@ -53,18 +54,17 @@ class MoeLayers:
         chunk: int,
         layers=None,
         kernel: str = "mma",
-        path: str = "f16",
+        experts=F16_EXPERTS,
     ):
         """layers: the layers whose weights go up (None: all; `minfer check` takes one);
         kernel: the f16 grouped GEMMs' (ops.moe.KERNELS: "mma", the pipelined tile; "wmma", the
-        simple control); path: the experts' ("f16" or "blk": plan.moe.PATHS)."""
+        simple control); experts: the path's expert GEMMs (GemmPath.experts: the plan's
+        plan.moe, moe.moe_experts)."""
         c = self.c = model.config
         if kernel not in M.KERNELS:
             raise GPUError(f"MINFER_MOE_GEMM={kernel!r}: expected one of {', '.join(M.KERNELS)}")
-        if path not in PATHS:
-            raise GPUError(f"MoE expert path {path!r}: expected one of {', '.join(PATHS)}")
-        self.kernel, self.path = kernel, path
-        self.bm = B.BM if path == "blk" else M.BM  # the sort's row tile: the GEMMs'
+        self.kernel, self.experts = kernel, experts
+        self.bm = experts.bm  # the sort's row tile: the GEMMs'
         if c.d_ff_exp % 8:
             raise GPUError(
                 f"cuda backend: expert width {c.d_ff_exp} is not a multiple of 8 (the grouped "
@@ -92,10 +92,10 @@ class MoeLayers:
         self.rowpos = e(rt, (P,), np.int32, "moe pair -> sorted row")
         self.act = e(rt, (P, self.fe), np.float16, "moe expert activations")
         self.ys = e(rt, (P, self.d), np.float32, "moe expert outputs")
-        self.tt = None  # blk: the grouped GEMMs' token operands (gate|up's, then down's)
-        if path == "blk":
-            n = max(B.operand_bytes(P, E, self.d), B.operand_bytes(P, E, self.fe))
-            self.tt = e(rt, (n,), np.uint8, "moe blk token operand")
+        self.tt = None  # the grouped GEMMs' activation operands (blk's: gate|up's, down's)
+        n = experts.operand_bytes(P, E, c)
+        if n:
+            self.tt = e(rt, (n,), np.uint8, f"moe {experts.name} token operand")
 
     def _upload(self, rt, model, chunk: int) -> None:
         """Routers (host f32 -> f16) and experts (raw bytes through the pinned staging,
@@ -113,10 +113,10 @@ class MoeLayers:
         up = Staging(rt, slot)
         scratch = da.empty(rt, (1024, self.d), np.float16, "moe glu dequant scratch")
         E, F, K = self.E, self.fe, self.d
-        blk = self.path == "blk"
-        if blk:  # one layer's f16 stacks, requantized expert by expert (MoE requant staging)
-            gu = da.empty(rt, (E, 2 * F, K), np.float16, "moe blk requant staging (gate|up)")
-            dn = da.empty(rt, (E, K, F), np.float16, "moe blk requant staging (down)")
+        ex = self.experts
+        if ex.requant:  # one layer's f16 stacks, requantized expert by expert (staging)
+            gu = da.empty(rt, (E, 2 * F, K), np.float16, "moe requant staging (gate|up)")
+            dn = da.empty(rt, (E, K, F), np.float16, "moe requant staging (down)")
         stream, rt.stream = rt.stream, up.stream  # dequants queue behind their copies
         try:
             for il in self.layers:
@@ -124,7 +124,7 @@ class MoeLayers:
                 r = model.dequant(p + "ffn_gate_inp.weight").astype(np.float16)
                 self.w[p + "ffn_gate_inp.weight"] = da.to_device(rt, r, p + "moe router")
                 self.nbytes += int(model.tensor(p + "ffn_gate_inp.weight").data.nbytes)
-                if not blk:
+                if not ex.requant:
                     gu = da.empty(rt, (E, 2 * F, K), np.float16, f"f16 experts {p}ffn_gate_up_exps")
                     dn = da.empty(rt, (E, K, F), np.float16, f"f16 experts {p}ffn_down_exps")
                 for s in EXPERTS:
@@ -155,30 +155,17 @@ class MoeLayers:
                             )
                     self.nbytes += int(t.data.nbytes)
                 for n, w16 in (("ffn_gate_up_exps", gu), ("ffn_down_exps", dn)):
-                    # blk: requantized on the same stream, so the next layer's dequants into
-                    # the staging wait for these launches
-                    self.w[f"{p}{n}.weight"] = self._requant(rt, w16, p + n) if blk else w16
+                    # requantized on the same stream, so the next layer's dequants into the
+                    # staging wait for these launches
+                    self.w[f"{p}{n}.weight"] = ex.hold(rt, w16, p + n)
             up.close()
         finally:
             rt.stream = stream
         rt.synchronize()
         scratch.gpudata.free()
-        if blk:
+        if ex.requant:
             gu.gpudata.free()
             dn.gpudata.free()
-
-    def _requant(self, rt, w16, name: str):
-        """f16 [E, N, K] on the device -> BlkExperts: each expert's rows as the dense blk
-        path's weight operand (launch.blk_weight into its slot of the stack)."""
-        from minfer.cuda.paths.blk.launch import blk_weight
-
-        E, N, K = (int(s) for s in w16.shape)
-        wb = da.empty(rt, B.experts_shape(E, N, K), np.uint8, f"blk int8 experts {name}")
-        flat = da.reshape(w16, (E * N, K))
-        for e in range(E):
-            out = da.reshape(da.rows(wb, e, 1), wb.shape[1:])
-            blk_weight(rt, da.rows(flat, e * N, N), name, out=out)
-        return B.BlkExperts(wb, E, N, K)
 
     def ffn(self, rt, il: int, x, h16, op) -> None:
         """x f32 [T, d] += the MoE FFN of layer il on h16 f16 [T, d]; op(label, flops): the
@@ -202,45 +189,6 @@ class MoeLayers:
         with op("moe:sort"):
             da.poison(rt, self.offs, self.toff, perm, rowpos)
             M.sort(rt, self.offs, self.toff, perm, rowpos, sel, E, self.bm)
-        if self.path == "blk":
-            self._experts_blk(rt, il, h16, P, act, ys, perm, op)
-        else:
-            self._experts_f16(rt, il, h16, P, act, ys, perm, op)
+        self.experts.run(self, rt, il, h16, P, act, ys, perm, op)
         with op("moe:combine"):
             M.combine(rt, x, ys, wts, rowpos)
-
-    def _experts_f16(self, rt, il: int, h16, P: int, act, ys, perm, op) -> None:
-        """act, ys of the sorted pairs: kernels/moe.cu's f16 grouped GEMMs."""
-        k, fe, d, p = self.k, self.fe, self.d, f"blk.{il}."
-        with op("gemm:moe_gate_up", 2.0 * P * 2 * fe * d):
-            da.poison(rt, act)
-            w = self.w[p + "ffn_gate_up_exps.weight"]
-            M.grouped_gemm(rt, act, h16, w, self.offs, self.toff, True, perm, k, self.kernel)
-        with op("gemm:moe_down", 2.0 * P * d * fe):
-            da.poison(rt, ys)
-            w = self.w[p + "ffn_down_exps.weight"]
-            M.grouped_gemm(rt, ys, act, w, self.offs, self.toff, kernel=self.kernel)
-
-    def _operand(self, rt, P: int, K: int):
-        """The token operand of P sorted rows of width K: a view of the scratch (poisoned)."""
-        shape = B.operand_shape(P, self.E, K)
-        tt = da.reshape(da.rows(self.tt, 0, int(np.prod(shape))), shape)
-        da.poison(rt, tt)
-        return tt
-
-    def _experts_blk(self, rt, il: int, h16, P: int, act, ys, perm, op) -> None:
-        """act, ys of the sorted pairs: the gathered rows' operand (one scale per token) and
-        the gate|up GEMM with the swiglu, act's operand (per (token, 128)) and the down GEMM
-        (kernels/mmq_blk.cu's moe_blk_*: minfer.cuda.ops.moe_blk)."""
-        k, fe, d, p = self.k, self.fe, self.d, f"blk.{il}."
-        offs, toff = self.offs, self.toff
-        with op("gemm:moe_gate_up", 2.0 * P * 2 * fe * d):
-            da.poison(rt, act)
-            tt = self._operand(rt, P, d)
-            B.operand(rt, tt, h16, offs, toff, perm, k, per_token=True)
-            B.grouped_gemm(rt, act, tt, self.w[p + "ffn_gate_up_exps.weight"], offs, toff, True)
-        with op("gemm:moe_down", 2.0 * P * d * fe):
-            da.poison(rt, ys)
-            tt = self._operand(rt, P, fe)
-            B.operand(rt, tt, act, offs, toff)
-            B.grouped_gemm(rt, ys, tt, self.w[p + "ffn_down_exps.weight"], offs, toff)

@@ -1,7 +1,7 @@
 """Launchers for kernels/moe.cu (the mixture-of-experts FFN's routing, grouping, grouped GEMMs and
 weighted scatter-add) and their numpy twins, each twin with its launcher's signature less `rt`
 (numpy arrays in, the outputs written in place and returned). The f16 experts' grouped GEMMs are
-here; the blk int8 experts': minfer.cuda.ops.moe_blk (the sort run with its 128-row tiles).
+here; the blk int8 experts': minfer.cuda.paths.blk.moe (the sort run with its 128-row tiles).
 
 Per layer, T tokens, E experts, k used per token, P = T * k (token, slot) pairs, pair p = t k + j:
 - `route(rt, sel, wts, logits, k, norm_w, w_scale)`: sel int32 [T, k], wts f32 [T, k] from the

@@ -78,6 +78,8 @@ class GemmPath:
     gemv_f16: bool = False  # an M = 1 GEMM (the LM head) runs f16's GEMV instead
     f16_kinds: frozenset = frozenset()  # weight kinds left to f16 for accuracy (tuning
     #                                     variant exact-down; auto's tier blk-all takes them)
+    experts: "ExpertGemms | None" = None  # its mixture-of-experts GEMMs (None: a plan of it
+    #                                      holds the experts on another path's: plan.moe)
 
     int8 = False  # an int8 kernel (the MMQ families), not the exact f16 path
     via_f16 = False  # the weight goes up as f16 rows at load (dequantized on the GPU)
@@ -255,3 +257,42 @@ class LinearRoute:
         from minfer.errors import Unsupported
 
         raise Unsupported(f"{self.name}: no rope epilogue")
+
+
+class ExpertGemms:
+    """A path's mixture-of-experts GEMMs (GemmPath.experts): how minfer.cuda.load.moe.MoeLayers
+    holds a layer's stacked experts and runs the two grouped GEMMs on the expert-sorted rows.
+    name / label: for messages; bytes_per_weight: device bytes a weight (the plan takes the
+    most compact experts its paths bring: plan.moe.moe_experts); bm: the sort's row tile;
+    grid: the CPU reference's rounding of the stacked experts (ReferenceBackend(grids=)) or
+    None (exact); requant: the f16 stacks pass through a staging buffer into `hold`."""
+
+    name = ""
+    label = ""
+    bytes_per_weight = 2.0
+    bm = 64
+    grid = None
+    requant = False
+    note = ""  # what it needs, for the memory refusal's hint ("sm_90")
+
+    def stack_bytes(self, E: int, N: int, K: int) -> int:
+        """Device bytes of a stacked expert weight [E, N, K] as held."""
+        raise NotImplementedError
+
+    def staging_bytes(self, c) -> int:
+        """Device bytes alive while one layer's stacks are turned into the held form."""
+        return 0
+
+    def operand_bytes(self, P: int, E: int, c) -> int:
+        """Device bytes of the grouped GEMMs' activation scratch for P sorted rows."""
+        return 0
+
+    def hold(self, rt, w16, name: str):
+        """A layer's f16 stack [E, N, K] on the device -> the weight `run` reads."""
+        return w16
+
+    def run(self, ml, rt, il: int, h16, P: int, act, ys, perm, op) -> None:
+        """act f16 [P, fe] = swiglu of the gate|up GEMM of the gathered rows h16[perm / k],
+        ys f32 [P, d] = act @ down^T, per expert (ml: the MoeLayers, its weights, offsets and
+        scratch; op(label, flops): the forward's profile bracket)."""
+        raise NotImplementedError

@@ -1,9 +1,9 @@
-"""The mixture-of-experts part of the CUDA plan (pure arithmetic on the model): which path holds
-and runs the experts (`moe_path`: the plan's own, chosen once with the routes), the device bytes
-of the routers and experts as minfer.cuda.load.moe.MoeLayers holds them on that path, its
-buffers for ubatch tokens, and the refusal naming the bytes when the plan does not fit
-(`check_fits`). The MoE FFN itself: minfer.cuda.load.moe; its kernels: kernels/moe.cu
-(minfer.cuda.ops.moe) and, on blk, kernels/mmq_blk.cu's moe_blk_* (minfer.cuda.ops.moe_blk)."""
+"""The mixture-of-experts part of the CUDA plan (pure arithmetic on the model): which expert
+GEMMs hold and run the experts (`moe_experts`: a path's GemmPath.experts, chosen once with the
+routes), the device bytes of the routers and experts as minfer.cuda.load.moe.MoeLayers holds
+them, its buffers for ubatch tokens, and the refusal naming the bytes when the plan does not fit
+(`check_fits`). The MoE FFN itself: minfer.cuda.load.moe; the expert GEMMs: kernels/moe.cu
+(minfer.cuda.paths.f16.moe) and kernels/mmq_blk.cu's moe_blk_* (minfer.cuda.paths.blk.moe)."""
 
 from __future__ import annotations
 
@@ -12,70 +12,72 @@ import numpy as np
 from minfer.errors import GPUError
 
 EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-PATHS = ("f16", "blk")  # the experts' paths: f16 (moe.cu), blk int8 (mmq_blk.cu's moe_blk_*)
 
 
 def is_moe(c) -> bool:
     return bool(getattr(c, "n_expert", 0))
 
 
-def moe_path(routes) -> str:
-    """The experts' path of a plan: "blk" when any of its linear weights runs on blk (--gemm blk,
-    auto's blk tiers: the engine's GEMM path, so a memory tier that needs blk's bytes takes the
-    experts along), else "f16"."""
-    return "blk" if any(p == "blk" for p, _ in routes.values()) else "f16"
+def _all_experts():
+    from minfer.cuda.paths import TABLE
+
+    return [p.experts for p in TABLE.values() if p.experts is not None]
 
 
-def _stack_bytes(shape, path: str) -> int:
-    from minfer.cuda.ops.moe_blk import experts_bytes
+def _f16():
+    from minfer.cuda.paths.f16.moe import F16_EXPERTS
 
-    E, N, K = (int(s) for s in shape)
-    return experts_bytes(E, N, K) if path == "blk" else E * N * K * 2
+    return F16_EXPERTS
 
 
-def weight_bytes(model, path: str = "f16") -> int:
-    """Device bytes of every layer's router (f16) and experts as MoeLayers holds them: f16
-    (2 B a weight), or blk (each expert's [N, K] as a blk weight operand: ~1.03 B a weight,
-    rows padded to 128; gate|up one stack of 2F rows)."""
+def moe_experts(routes):
+    """The expert GEMMs of a plan (GemmPath.experts): the most compact that the paths of its
+    linear weights bring (blk's when any weight runs on blk: --gemm blk, auto's blk tiers, so a
+    memory tier that needs blk's bytes takes the experts along), else f16's."""
+    from minfer.cuda.paths import TABLE
+
+    have = {TABLE[p].experts for p, _ in routes.values()} - {None}
+    return min(have, key=lambda e: e.bytes_per_weight) if have else _f16()
+
+
+def weight_bytes(model, experts=None) -> int:
+    """Device bytes of every layer's router (f16) and experts as MoeLayers holds them with
+    `experts` (f16's by default: 2 B a weight; blk's ~1.03 B, rows padded to 128 per expert;
+    gate|up one stack of 2F rows)."""
     c = model.config
     if not is_moe(c):
         return 0
+    ex = experts or _f16()
     n = 0
     for il in range(c.n_layers):
         t = lambda s: tuple(model.tensor(f"blk.{il}.{s}.weight").shape)  # noqa: E731
         n += int(np.prod(t("ffn_gate_inp"), dtype=np.int64)) * 2
         E, F, K = t("ffn_gate_exps")
-        n += _stack_bytes((E, 2 * F, K), path) + _stack_bytes(t("ffn_down_exps"), path)
+        n += ex.stack_bytes(E, 2 * F, K) + ex.stack_bytes(*t("ffn_down_exps"))
     return n
 
 
-def staging_bytes(model, path: str = "f16") -> int:
-    """blk: one layer's f16 expert stacks, alive while they are requantized (MoeLayers._upload);
-    f16: 0 (the stacks are the weights)."""
+def staging_bytes(model, experts=None) -> int:
+    """One layer's f16 expert stacks, alive while they are turned into the held form
+    (MoeLayers._upload; 0 where the stacks are the weights)."""
     c = model.config
-    if not is_moe(c) or path != "blk":
-        return 0
-    return c.n_expert * 3 * c.d_ff_exp * c.d_model * 2
+    return (experts or _f16()).staging_bytes(c) if is_moe(c) else 0
 
 
-def act_bytes(c, ubatch: int, path: str = "f16") -> int:
-    """Device bytes of the MoE buffers for ubatch tokens (MoeLayers.__init__'s; blk: + the
-    grouped GEMMs' token operand)."""
+def act_bytes(c, ubatch: int, experts=None) -> int:
+    """Device bytes of the MoE buffers for ubatch tokens (MoeLayers.__init__'s, the expert
+    GEMMs' activation operand included)."""
     if not is_moe(c):
         return 0
     T, E, k = ubatch, c.n_expert, c.n_expert_used
     P = T * k
     n = T * E * 4 + P * (4 + 4 + 4 + 4) + P * c.d_ff_exp * 2 + P * c.d_model * 4 + 8 * (E + 1)
-    if path == "blk":
-        from minfer.cuda.ops.moe_blk import operand_bytes
-
-        n += max(operand_bytes(P, E, c.d_model), operand_bytes(P, E, c.d_ff_exp))
-    return n
+    return n + (experts or _f16()).operand_bytes(P, E, c)
 
 
-def check_fits(model, plan: dict[str, int], free: int, margin: int, path: str = "f16") -> None:
+def check_fits(model, plan: dict[str, int], free: int, margin: int, experts=None) -> None:
     """GPUError naming the bytes when the plan (experts included) does not fit `free`: the
-    expert weights on `path`, the rest, what is free, and what would hold less."""
+    expert weights as `experts` holds them, the rest, what is free, and what would hold less."""
     from minfer.cuda.plan.memory import gb
 
     if not is_moe(model.config):
@@ -84,16 +86,18 @@ def check_fits(model, plan: dict[str, int], free: int, margin: int, path: str = 
     if need + margin <= free:
         return
     ew = plan.get("expert weights", 0)
-    held = "as f16" if path == "f16" else "as blk int8"
+    ex = experts or _f16()
+    best = min(_all_experts(), key=lambda e: e.bytes_per_weight)
     hint = (
-        "the blk int8 expert path (--gemm blk, sm_90: ~1.03 B a weight) holds them in about "
-        f"half ({gb(weight_bytes(model, 'blk'))}); "
-        if path == "f16"
-        else ""
+        f"The {best.label} expert GEMMs (--gemm {best.name}, {best.note or 'any GPU'}: "
+        f"~{best.bytes_per_weight:.2f} B a weight) hold them in {gb(weight_bytes(model, best))}; "
+        "otherwise use"
+        if best.bytes_per_weight < ex.bytes_per_weight
+        else "Use"
     )
     raise GPUError(
-        f"GPU out of memory for this mixture-of-experts model: its experts {held} take "
+        f"GPU out of memory for this mixture-of-experts model: its experts as {ex.label} take "
         f"{gb(ew)} ({model.config.n_layers} layers x {model.config.n_expert} experts), the rest "
         f"of the plan {gb(need - ew)}, plus the {gb(margin)} margin; {gb(free)} free. "
-        f"{hint}otherwise use a GPU with more memory, a smaller model, or --backend cpu"
+        f"{hint} a GPU with more memory, a smaller model, or --backend cpu"
     )

@@ -26,7 +26,7 @@ from minfer.cuda.plan.fusion import (
     plan_rope,
 )
 from minfer.cuda.plan.memory import MemoryPlan, choose_tier
-from minfer.cuda.plan.moe import moe_path
+from minfer.cuda.plan.moe import moe_experts
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Plan:
     ubatch: int
     chunk: int | None  # the upload's chunk bytes
     memory: MemoryPlan | None = None  # the decision among the candidates (the memory line)
-    moe: str = "f16"  # a MoE model's expert path (plan.moe.moe_path: blk with the blk GEMMs)
+    moe: object = None  # a MoE model's expert GEMMs (GemmPath.experts: plan.moe.moe_experts)
 
     @property
     def need(self) -> int:
@@ -89,7 +89,7 @@ def plan_for(
         max_tokens,
         ubatch,
         chunk,
-        moe=moe_path(routes),
+        moe=moe_experts(routes),
     )
 
 

@@ -80,22 +80,22 @@ def plan_memory(
         "activations": act,
         "upload staging": 2 * upload_slot(m, routes, chunk or DEFAULT_CHUNK),
         **scratch,
-        # not among the routes' linear weights: routers and experts on the plan's expert path
-        # (minfer.cuda.load.moe; plan.moe.moe_path)
+        # not among the routes' linear weights: routers and experts as the plan's expert GEMMs
+        # hold them (minfer.cuda.load.moe; plan.moe.moe_experts)
         **moe_parts(m, routes, ubatch),
     }
 
 
 def moe_parts(model, routes, ubatch: int) -> dict[str, int]:
-    """The MoE parts of a plan: expert weights, their requant staging (blk) and buffers, on the
-    path plan.moe.moe_path gives the routes."""
+    """The MoE parts of a plan: expert weights, their requant staging and buffers, as the
+    expert GEMMs plan.moe.moe_experts gives the routes hold them."""
     from minfer.cuda.plan import moe
 
-    path = moe.moe_path(routes)
+    ex = moe.moe_experts(routes)
     return {
-        "expert weights": moe.weight_bytes(model, path),
-        "MoE requant staging": moe.staging_bytes(model, path),
-        "MoE activations": moe.act_bytes(model.config, ubatch, path),
+        "expert weights": moe.weight_bytes(model, ex),
+        "MoE requant staging": moe.staging_bytes(model, ex),
+        "MoE activations": moe.act_bytes(model.config, ubatch, ex),
     }
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from minfer.cuda.paths.base import Emulation, GemmPath, LinearRoute, Operand
 from minfer.cuda.paths.blk.fp8 import Fp8Grid
+from minfer.cuda.paths.blk.moe import BLK_EXPERTS
 from minfer.cuda.paths.blk.twin import BlkGrid
 from minfer.cuda.runtime import devarray as da
 
@@ -198,4 +199,5 @@ BLK = BlkPath(
     variants=("glu", "stream-k", "fused-prepass", "token-scale", "exact-down"),
     gemv_f16=True,
     f16_kinds=frozenset({"ffn_down"}),
+    experts=BLK_EXPERTS,
 )

@@ -41,7 +41,7 @@ WPAIR = 2  # a weight row's consecutive blocks sharing one scale
 
 
 # the GEMM inputs the rmsnorm makes: one activation scale per token (a weight name's kind; the
-# MoE experts' gate|up too: minfer.cuda.ops.moe_blk)
+# MoE experts' gate|up too: minfer.cuda.paths.blk.moe)
 TOKEN_SCALED = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up", "ffn_gate_exps", "ffn_up_exps")
 
 

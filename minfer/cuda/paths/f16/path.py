@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.cuda.paths.base import GemmPath, LinearRoute
+from minfer.cuda.paths.f16.moe import F16_EXPERTS
 from minfer.cuda.runtime import devarray as da
 
 
@@ -80,4 +81,6 @@ class F16Path(GemmPath):
         return a @ dequant_f16_ref(w_raw, qtype, N, K).astype(np.float64).T
 
 
-F16 = F16Path("f16", "gemm_f16_nt", None, None, 8, {None: 2.0}, variants=("glu", "rope"))
+F16 = F16Path(
+    "f16", "gemm_f16_nt", None, None, 8, {None: 2.0}, variants=("glu", "rope"), experts=F16_EXPERTS
+)

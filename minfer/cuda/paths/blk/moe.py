@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from minfer.cuda.ops.moe import MAX_EXPERTS, max_row_tiles
-from minfer.cuda.paths.blk.twin import BLK_OP, kblocks, pad128
+from minfer.cuda.paths.base import ExpertGemms
+from minfer.cuda.paths.blk.twin import BLK_OP, BlkGrid, kblocks, pad128
 from minfer.cuda.runtime import devarray as da
 from minfer.errors import GPUError
 
@@ -319,3 +320,68 @@ def moe_ffn_ref(h16, wr, wg, wu, wd, k: int, norm_w: bool = True, w_scale: float
     out = np.zeros((T, d), np.float32)
     M.combine_ref(out, ys, wts, rowpos)
     return out, sel, wts
+
+
+# ---- the path's expert GEMMs (GemmPath.experts) -------------------------------------------------
+class BlkExpertGemms(ExpertGemms):
+    """blk's mixture-of-experts GEMMs (sm_90): each expert requantized at load from its f16
+    stack (one layer's at a time: the plan's "MoE requant staging") to the dense blk path's
+    weight operand (~1.03 B a weight, rows padded to 128 per expert); per layer the gathered
+    normed rows' token operand (one scale per token, as the dense gate|up) -> the gate|up GEMM
+    with the swiglu epilogue -> act's operand (per (token, 128)) -> the down GEMM into ys.
+    ffn_down's experts run on blk too (the dense blk path keeps its ffn_down on f16 for gate 6;
+    the experts' bytes are the point here)."""
+
+    name, label = "blk", "blk int8"
+    bytes_per_weight = BLK_OP / (128 * 128)
+    bm = BM
+    requant = True
+    note = "sm_90"
+    grid = BlkGrid()  # the dense path's (BlkPath.grid): rounds by the weight's name
+
+    def stack_bytes(self, E: int, N: int, K: int) -> int:
+        return experts_bytes(E, N, K)
+
+    def staging_bytes(self, c) -> int:
+        return c.n_expert * 3 * c.d_ff_exp * c.d_model * 2
+
+    def operand_bytes(self, P: int, E: int, c) -> int:
+        return max(operand_bytes(P, E, c.d_model), operand_bytes(P, E, c.d_ff_exp))
+
+    def hold(self, rt, w16, name: str) -> BlkExperts:
+        """f16 [E, N, K] on the device -> BlkExperts: each expert's rows as the dense blk
+        path's weight operand (launch.blk_weight into its slot of the stack)."""
+        from minfer.cuda.paths.blk.launch import blk_weight
+
+        E, N, K = (int(s) for s in w16.shape)
+        wb = da.empty(rt, experts_shape(E, N, K), np.uint8, f"blk int8 experts {name}")
+        flat = da.reshape(w16, (E * N, K))
+        for e in range(E):
+            out = da.reshape(da.rows(wb, e, 1), wb.shape[1:])
+            blk_weight(rt, da.rows(flat, e * N, N), name, out=out)
+        return BlkExperts(wb, E, N, K)
+
+    def run(self, ml, rt, il: int, h16, P: int, act, ys, perm, op) -> None:
+        k, fe, d, p = ml.k, ml.fe, ml.d, f"blk.{il}."
+        offs, toff = ml.offs, ml.toff
+        with op("gemm:moe_gate_up", 2.0 * P * 2 * fe * d):
+            da.poison(rt, act)
+            tt = _scratch(rt, ml.tt, P, ml.E, d)
+            operand(rt, tt, h16, offs, toff, perm, k, per_token=True)
+            grouped_gemm(rt, act, tt, ml.w[p + "ffn_gate_up_exps.weight"], offs, toff, True)
+        with op("gemm:moe_down", 2.0 * P * d * fe):
+            da.poison(rt, ys)
+            tt = _scratch(rt, ml.tt, P, ml.E, fe)
+            operand(rt, tt, act, offs, toff)
+            grouped_gemm(rt, ys, tt, ml.w[p + "ffn_down_exps.weight"], offs, toff)
+
+
+def _scratch(rt, buf, P: int, E: int, K: int):
+    """The token operand of P sorted rows of width K: a view of the scratch buf (poisoned)."""
+    shape = operand_shape(P, E, K)
+    tt = da.reshape(da.rows(buf, 0, int(np.prod(shape))), shape)
+    da.poison(rt, tt)
+    return tt
+
+
+BLK_EXPERTS = BlkExpertGemms()
