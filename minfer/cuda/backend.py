@@ -57,7 +57,11 @@ its head are queued, the outputs come back by async copies into pinned buffers a
 is recorded; nothing in it waits for the GPU, so forward N+1 is queued while N runs. Its
 handle's wait() synchronizes that event and does packed()'s checks. The pinned buffers are
 double (two sides): at most one launch is outstanding when another is made (asserted), and it
-holds the other side. packed() is launch + wait.
+holds the other side. packed() is launch + wait. Order: launch N+1's uploads, eager kernels,
+read-backs and copy_kv run on the legacy stream, which waits for all earlier work of the
+blocking capture stream the graphs replay on (and it for the legacy stream's), so N+1's inputs
+land in buf.ids / buf.tok only after N has read them, and a copy_kv queued after launch N
+copies the rows N wrote.
 `copy_kv(src, dst, n)` copies cache rows between sequences (a shared prefix computed once).
 The cache then has `kv_slots` rows (fit_kv_slots: what the free memory holds), beyond n_ctx.
 
