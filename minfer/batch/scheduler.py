@@ -179,6 +179,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.step_tokens = 0
+        self.dropped = 0  # forwards launched and dropped (drain: after a failure, at a stop)
         self._t_done = 0.0  # (the time waiting for and handing forwards, in the step under way)
 
     # -- the front's side (any thread) -----------------------------------------------------
@@ -291,6 +292,7 @@ class Scheduler:
             return
         with contextlib.suppress(Exception):
             f.handle.wait()
+        self.dropped += 1
         for g in f.segs:
             r = g.seq.rows
             if g.p0 < len(r.ids):
