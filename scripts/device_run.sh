@@ -221,7 +221,8 @@ fi
 if [ "$MODE" = stop ]; then   # one short call: the merged tree's GPU tests of what changed,
   # every path's logits against the tree in .old/ bitwise (LOGIT_PATHS), check, the MoE kernels
   [ "${STOP_TESTS:-1}" = 1 ] && MINFER_TEST_MODEL=$S step tests_serve 70 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_packed.py \
-    tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py tests/gpu/test_paths_device.py
+    tests/gpu/test_serve_device.py tests/gpu/test_serve_faults_device.py tests/gpu/test_paths_device.py \
+    tests/gpu/test_overlap.py
   step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --quiet --type q4_K_M --allow-requantize
   [[ "${LOGIT_MODELS:-l8b2}" == *l8b2* ]] && step synth2 40 $M synth --preset llama3-8b --layers 2 \
     --type q4_K_M --vocab 8192 --tokenizer-from none --quiet -o /tmp/l8b2.gguf
@@ -295,7 +296,7 @@ if [ "$MODE" = serve ] || [ "$MODE" = serve_loads ]; then   # issue 49's table, 
     kill -TERM $SP; wait $SP; echo "== server $cfg exit $?" | tee -a "$OUT/steps.txt"
   done
   [ "$MODE" = serve ] && MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs $XDIST \
-    tests/gpu/test_packed.py tests/gpu/test_serve_device.py ${SERVE_MORE_TESTS:-}
+    tests/gpu/test_packed.py tests/gpu/test_serve_device.py tests/gpu/test_overlap.py ${SERVE_MORE_TESTS:-}
   exec > >(tee "$OUT/summary.txt")
   echo; echo "################ SUMMARY serve ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- tests"; grep -E "passed|failed" "$OUT/tests.log" | tail -1
@@ -312,7 +313,7 @@ fi
 if [ "$MODE" = pooled ]; then   # issue 52: embeddings / rerank against the batch prefill
   # (the sliced default model too when carried; with .raywhl it does not fit the 64 MiB)
   [ "${POOLED_TESTS:-1}" = 1 ] && MINFER_TEST_MODEL=$([ -f "$S" ] && echo "$S") step tests 150 python3 -m pytest -q -rfEs \
-    tests/gpu/test_pooled.py
+    tests/gpu/test_pooled.py tests/gpu/test_overlap.py
   step synth 60 $M synth --preset qwen3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/q8b.gguf
   step batch 120 $M bench -m /tmp/q8b.gguf --no-breakdown --batch 4096 --tokens 256 --repeats 2
   step pooled 200 python3 -m minfer.tools.bench.pooling -m /tmp/q8b.gguf --batch 4096 \

@@ -38,12 +38,18 @@ class FakeEvent:
         pass
 
 
+def _dtoh_zeros(dst, src, stream=None):
+    dst[...] = 0  # (a fake device's memory reads zeros, as the fake arrays' get())
+
+
 def upload_drv() -> dict:
-    """The driver calls of the streaming weight upload (minfer.cuda.runtime.upload), as a fake
-    drv namespace's attributes: pinned buffers are plain numpy, async copies do nothing."""
+    """The driver calls of the streaming weight upload (minfer.cuda.runtime.upload) and of
+    packed_launch, as a fake drv namespace's attributes: pinned buffers are plain numpy, async
+    uploads do nothing, async read-backs give zeros."""
     return dict(
         pagelocked_empty=lambda shape, dtype: np.empty(shape, dtype),
         memcpy_htod_async=lambda dst, src, stream=None: None,
+        memcpy_dtoh_async=_dtoh_zeros,
         Stream=FakeStream,
         Event=FakeEvent,
     )

@@ -507,18 +507,74 @@ def test_packed_launches_and_checks(monkeypatch, tiny, path):
     # layer's residual reads back finite: the output layer)
     from minfer.errors import GPUError
 
-    real_get = _Arr.get
-    monkeypatch.setattr(
-        _Arr,
-        "get",
-        lambda self: (
-            np.full(self.shape, np.nan, self.dtype) if self.shape[-1:] == (4,) else real_get(self)
-        ),
+    real_dtoh = rt.drv.memcpy_dtoh_async  # (the stats come back into a pinned [m, 4] view)
+    rt.drv.memcpy_dtoh_async = lambda dst, src, stream=None: (
+        dst.fill(np.nan) if dst.shape[-1:] == (4,) else real_dtoh(dst, src, stream)
     )
     rt.launches.clear()
     with pytest.raises(GPUError, match=r"slots 0\.\.2, .*first non-finite: the output layer"):
         be.packed(*ok)
     assert [e for _, e in rt.launches].count("rmsnorm_rows_f32_f16") == 1  # not rerun
+    rt.drv.memcpy_dtoh_async = real_dtoh
+
+
+def test_packed_launch_queues_without_waiting(monkeypatch, tiny):
+    """packed_launch (the scheduler's overlap): inputs go up by async copies from pinned
+    buffers (no synchronous set() or get() of the device arrays), the outputs come back by
+    async copies, an event is recorded; a second launch before the first's wait takes the
+    other side of the double buffers, a third is refused; the waits give packed()'s values."""
+    from fake_gpuarray import install
+
+    from minfer.cuda.backend import CudaBackend
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.runtime import devarray
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    fake_tensor_maps(monkeypatch)
+    rt = FakeRT("sm_90")
+    be = CudaBackend(
+        tiny,
+        GemmChoice("f16"),
+        rt=rt,
+        max_tokens=64,
+        ubatch=16,
+        warmup=False,
+        graphs=False,
+        kv_slots=512,
+    )
+    be.HEAD_ROWS = 4
+    d = tiny.config.d_model
+    ups, downs, sync = [], [], []
+    rt.drv.memcpy_htod_async = lambda dst, src, stream=None: ups.append((dst, src))
+    real_dtoh = rt.drv.memcpy_dtoh_async
+    rt.drv.memcpy_dtoh_async = lambda dst, src, stream=None: (
+        downs.append(dst),
+        real_dtoh(dst, src, stream),
+    )
+    monkeypatch.setattr(_Arr, "set", lambda self, a: sync.append("set"))
+    monkeypatch.setattr(_Arr, "get", lambda self: sync.append("get"))
+    tok = np.array([(p, 0) for p in range(5)] + [(128 + p, 128) for p in range(9)], np.int32)
+    ids = np.arange(14, dtype=np.int32) % 50
+    a = be.packed_launch(ids, tok, np.arange(14), np.r_[ids[1:], -1], top=3, hidden=[4, 13])
+    b = be.packed_launch(ids[:5], tok[:5], [4], [-1])
+    assert not sync  # nothing waited for the device
+    assert (a.side, b.side) == (0, 1)
+    assert all(isinstance(src, np.ndarray) for _, src in ups)
+    # ids, tok, rows, targets, hidden rows (one block of 2 <= HEAD_ROWS): then b's ids, tok,
+    # rows, targets
+    assert [len(src) for _, src in ups] == [14, 14, 14, 14, 2, 5, 5, 1, 1]
+    assert [a.shape for a in downs] == [(14, 4), (14, 3), (14, 3), (2, d), (1, 4)]
+    with pytest.raises(AssertionError, match="outstanding"):
+        be.packed_launch(ids[:5], tok[:5], [4], [-1])
+    (st, ti, tl), h = a.wait()
+    assert st.shape == (14, 4) and ti.shape == tl.shape == (14, 3) and h.shape == (2, d)
+    c = be.packed_launch(ids[:5], tok[:5], [4], [-1])  # a was waited for: its side is free
+    assert c.side == 0
+    assert b.wait().shape == c.wait().shape == (1, 4)
+    with pytest.raises(AssertionError, match="twice"):
+        b.wait()
+    assert not sync
 
 
 def test_packed_top_launches(monkeypatch, tiny):

@@ -21,10 +21,12 @@ def run_pooled(
     share: bool = True,
     keep: bool = True,
     max_entries: int = 64,
+    overlap: bool = True,
 ) -> list:
     """prompts: int32 id arrays -> a scheduler.Pooled per prompt, in order. share: copy common
     prefixes (>= MIN_SHARE tokens) between the prompts; keep: finished prompts may serve as
-    prefix entries (at most max_entries) for later ones of this call."""
+    prefix entries (at most max_entries) for later ones of this call; overlap: the scheduler's
+    (each forward launched before the one before it is waited for)."""
     from minfer.batch.scheduler import Job, Scheduler
 
     lengths = [len(p) for p in prompts]
@@ -41,6 +43,7 @@ def run_pooled(
         prefix_cache=share,
         max_entries=max_entries,
         min_share=MIN_SHARE if share else 1 << 30,
+        overlap=overlap,
     )
     out: list = [None] * len(prompts)
     errs: list[Exception] = []
@@ -61,30 +64,33 @@ def run_pooled(
     # slot search stay short (thousands of waiting prompts would cost ~5 % of an 8B prefill)
     window = max(64, 4 * engine.ubatch // max(1, sum(lengths) // len(lengths)))
     nxt, idle = 0, 0
-    while (nxt < len(prompts) or not sched.idle()) and not errs:
-        if nxt < len(prompts) and left[0] < window:
-            k = min(len(prompts), nxt + window - left[0])
-            sched.submit(
-                [
-                    Job(
-                        np.asarray(prompts[i], np.int32),
-                        0,
-                        deliver(i),
-                        pool=pool,
-                        lse=lse,
-                        keep=keep,
-                    )
-                    for i in range(nxt, k)
-                ]
-            )
-            left[0] += k - nxt
-            nxt = k
-        idle = 0 if sched.step() else idle + 1
-        if idle > 3:  # nothing can run and nothing will change
-            raise MinferError(
-                "internal error: the pooled jobs made no progress "
-                f"({sched.queued()} waiting, {len(sched.running)} running)"
-            )
+    try:
+        while (nxt < len(prompts) or not sched.idle()) and not errs:
+            if nxt < len(prompts) and left[0] < window:
+                k = min(len(prompts), nxt + window - left[0])
+                sched.submit(
+                    [
+                        Job(
+                            np.asarray(prompts[i], np.int32),
+                            0,
+                            deliver(i),
+                            pool=pool,
+                            lse=lse,
+                            keep=keep,
+                        )
+                        for i in range(nxt, k)
+                    ]
+                )
+                left[0] += k - nxt
+                nxt = k
+            idle = 0 if sched.step() else idle + 1
+            if idle > 3:  # nothing can run and nothing will change
+                raise MinferError(
+                    "internal error: the pooled jobs made no progress "
+                    f"({sched.queued()} waiting, {len(sched.running)} running)"
+                )
+    finally:
+        sched.drain()  # (an error left a forward in flight: the backend keeps none)
     if errs:
         sched.cancel(list(sched.waiting) + [s.job for s in sched.running])
         raise errs[0]

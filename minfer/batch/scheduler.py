@@ -24,6 +24,19 @@ the entry it copied from holds that head.
 A request never waits for another's whole completion: a long prompt is cut into chunks and
 decode tokens ride along with every chunk. A failing forward (non-finite numbers, a GPU fault)
 is retried one sequence at a time, so only the sequences that fail alone get the error.
+
+Overlap (on by default; Scheduler(overlap=False) turns it off): the forward is launched
+(minfer.batch.launch: packed_launch) and the step ends without waiting for it; the next step
+admits, copies and packs forward N+1 from the state as it will be after N (a prompt's `done`
+advances when its chunk is packed), launches it, and only then waits for N and hands its
+numbers back, so the GPU has N+1 queued while the host works. What N's numbers decide waits
+for them: a sequence in N is never packed for a decode row in N+1 (its token is N's), a
+follower copies only rows its owner has had handed (Rows.handed: their statistics travel with
+them), slots of sequences that N finishes come free when N is handed, a cancelled sequence
+leaves when it is not in flight. A step whose forward in flight gives a token to a sequence
+that will decode again hands it before packing (no overlap that step): otherwise a generating
+sequence would get a token every other forward. If N fails, N+1 is waited for and dropped
+(its prompt chunks packed again later) and N is retried one sequence at a time as above.
 """
 
 from __future__ import annotations
@@ -37,6 +50,7 @@ from typing import Callable
 
 import numpy as np
 
+from minfer.batch.launch import Ready, launch
 from minfer.batch.run import DECODE_BUCKETS
 from minfer.batch.schedule import ALIGN, MIN_SHARE, bucket
 from minfer.batch.slots import PrefixCache, Rows, SlotMap, blocks, common_prefix, head_key
@@ -113,9 +127,26 @@ class Segment:
     hid: np.ndarray = field(default_factory=lambda: _NONE)  # positions pooled
 
 
+@dataclass(eq=False)
+class Flight:
+    """A launched forward: its segments, the backend's handle, what the call asked for."""
+
+    segs: list[Segment]
+    handle: object  # .wait() -> packed()'s value
+    T: int  # tokens (padding excluded)
+    top: int
+    hidden: bool
+    seqs: set = field(default_factory=set)  # id() of its sequences
+
+    def __post_init__(self):
+        self.seqs = {id(g.seq) for g in self.segs}
+
+
 class Scheduler:
-    """backend: packed(ids, tok, rows, targets, top=) and copy_kv(src, dst, n) over kv_slots
-    slots. metrics: a minfer.serve.metrics.Metrics or None."""
+    """backend: packed(ids, tok, rows, targets, top=, hidden=) (and packed_launch, the overlap's:
+    minfer.batch.launch) and copy_kv(src, dst, n) over kv_slots slots. metrics: a
+    minfer.serve.metrics.Metrics or None. overlap: launch forward N+1 before waiting for N
+    (the module docstring); False: each step waits for its own forward."""
 
     def __init__(
         self,
@@ -127,8 +158,11 @@ class Scheduler:
         max_entries: int = 4096,
         metrics=None,
         min_share: int = MIN_SHARE,
+        overlap: bool = True,
     ):
         self.be = backend
+        self.overlap = bool(overlap)
+        self._flight: Flight | None = None  # the forward launched and not yet handed
         # the engine thread's device context (CUDA: the runtime's context, current on one
         # thread at a time in pycuda; the CPU reference needs none)
         self.thread_context = getattr(backend, "thread_context", contextlib.nullcontext)
@@ -145,7 +179,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.step_tokens = 0
-        self._t_run = 0.0  # (the packed calls' time in the step under way)
+        self.dropped = 0  # forwards launched and dropped (drain: after a failure, at a stop)
+        self._t_done = 0.0  # (the time waiting for and handing forwards, in the step under way)
 
     # -- the front's side (any thread) -----------------------------------------------------
     @property
@@ -169,7 +204,7 @@ class Scheduler:
             self.cv.notify()
 
     def idle(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and self._flight is None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="minfer-engine", daemon=True)
@@ -181,7 +216,10 @@ class Scheduler:
             self._stop = True
             self.cv.notify()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join()  # (the loop dropped its forward in flight)
+        elif self._flight is not None:  # stepped by the caller (minfer.batch.jobs)
+            with self.thread_context():
+                self.drain()
         for j in list(self.waiting) + [s.job for s in self.running]:
             _send(j, "error", MinferError("the server is shutting down"))
         self.waiting.clear()
@@ -197,9 +235,10 @@ class Scheduler:
         while True:
             t0 = time.perf_counter()
             with self.cv:
-                while not self._stop and not self.waiting and not self.running:
+                while not self._stop and self.idle():
                     self.cv.wait()
                 if self._stop:
+                    self.drain()
                     return
             self._phase("idle", t0)
             try:
@@ -210,6 +249,7 @@ class Scheduler:
                     self._phase("idle", t0)
             except Exception as e:  # a bug: fail what is in flight, keep serving
                 err = MinferError(f"internal error in the engine step ({type(e).__name__}: {e})")
+                self.drain()
                 for s in list(self.running):
                     self._finish(s, None, err)
                 with self.cv:
@@ -219,27 +259,78 @@ class Scheduler:
                     _send(j, "error", err)
 
     def step(self) -> bool:
-        """One scheduling step and at most one forward; False when nothing could run."""
-        t0, self._t_run = time.perf_counter(), 0.0
-        for s in [s for s in self.running if s.job.cancelled]:
+        """One scheduling step: at most one forward launched, at most one handed (overlap: the
+        one launched by the step before); False when nothing ran or was handed."""
+        t0, self._t_done = time.perf_counter(), 0.0
+        handed = False
+        if self._flight is not None and self._decodes_next(self._flight):
+            self._complete(self._take())  # its tokens first: they are the next decode rows
+            handed = True
+        for s in [s for s in self.running if s.job.cancelled and not self._in_flight(s)]:
             self._finish(s, None, None)
         self._admit()
         self._copy()
         segs = self._pack()
+        nxt = self._launch(segs) if segs else None
         self._gauges()
-        t0 = self._phase("schedule", t0)
-        if not segs:
-            return False
-        self._forward(segs)
-        self._gauges()  # after too: the last step before idling must not leave them stale
-        self._phase("hand", t0 + self._t_run)
-        return True
+        prev, self._flight = self._take(), nxt
+        if not self.overlap:
+            prev = self._take()
+        if prev is not None:
+            self._complete(prev)
+            self._gauges()  # after too: the last step before idling must not leave them stale
+            handed = True
+        self._phase("schedule", t0 + self._t_done)
+        return handed or nxt is not None
+
+    def drain(self) -> None:
+        """The forward in flight waited for and dropped (its prompt chunks packed again by a
+        later step), so the backend has nothing outstanding (a stop, an engine error, a
+        caller that leaves with jobs unfinished)."""
+        f = self._take()
+        if f is None:
+            return
+        with contextlib.suppress(Exception):
+            f.handle.wait()
+        self.dropped += 1
+        for g in f.segs:
+            r = g.seq.rows
+            if g.p0 < len(r.ids):
+                r.done = min(r.done, g.p0)
+
+    def _take(self) -> Flight | None:
+        f, self._flight = self._flight, None
+        return f
+
+    def _in_flight(self, s: Seq) -> bool:
+        return self._flight is not None and id(s) in self._flight.seqs
+
+    @staticmethod
+    def _decodes_next(f: Flight) -> bool:
+        """Whether f gives a token to a sequence that will then need a decode row."""
+        for g in f.segs:
+            s, job = g.seq, g.seq.job
+            n = len(s.rows.ids)
+            if (
+                job.max_tokens > len(s.gen) + 1
+                and g.p0 + len(g.ids) >= n
+                and not job.cancelled
+                and not s.done
+            ):
+                return True
+        return False
 
     def _phase(self, name: str, t0: float) -> float:
         """The engine thread's time since t0 counted under name; -> now."""
         t = time.perf_counter()
         if self.metrics:
             self.metrics.engine_time.labels(name).inc(t - t0)
+        return t
+
+    def _timed(self, name: str, t0: float) -> float:
+        """_phase, and the time counted in this step's _t_done (not "schedule"); -> now."""
+        t = self._phase(name, t0)
+        self._t_done += t - t0
         return t
 
     def _gauges(self) -> None:
@@ -330,13 +421,13 @@ class Scheduler:
             if o.freed:  # the owner went away before its rows were written: compute them
                 o.pins -= 1
                 s.owner, s.share = None, 0
-            elif o.done >= s.share:
+            elif o.handed >= s.share:
                 self.be.copy_kv(o.base, s.rows.base, s.share)
                 r, k = s.rows, s.share
                 if r.top >= 0:  # rows 0..k-1 predict the same tokens as the owner's
                     r.argmax[:k], r.logprob[:k] = o.argmax[:k], o.logprob[:k]
                     r.top_ids[:k], r.top_lp[:k] = o.top_ids[:k, : r.top], o.top_lp[:k, : r.top]
-                r.done = k
+                r.done = r.handed = k
                 s.shared = k
                 o.pins -= 1
                 s.owner = None
@@ -348,8 +439,16 @@ class Scheduler:
 
     def _pack(self) -> list[Segment]:
         segs, budget = [], self.budget
+        f = self._flight  # (its sequences' next tokens are not known yet)
         for s in self.running:  # decode tokens first: each costs one row
-            if budget and not s.done and s.owner is None and s.gen:
+            if (
+                budget
+                and s.gen
+                and not s.done
+                and s.owner is None
+                and not s.job.cancelled
+                and (f is None or id(s) not in f.seqs)
+            ):
                 n = len(s.rows.ids)
                 segs.append(
                     Segment(
@@ -364,7 +463,7 @@ class Scheduler:
         for s in self.running:  # then prompt tokens, oldest sequence first
             r = s.rows
             n = len(r.ids)
-            if not budget or s.done or s.owner is not None or r.done >= n:
+            if not budget or s.done or s.owner is not None or r.done >= n or s.job.cancelled:
                 continue
             p0, p1 = r.done, min(n, r.done + budget)
             rows, tg = _NONE, _NONE
@@ -384,13 +483,13 @@ class Scheduler:
                 else _NONE
             )
             segs.append(Segment(s, p0, r.ids[p0:p1], rows, tg, hid))
+            r.done = p1  # (packed: the next step packs on from there)
             budget -= p1 - p0
         segs.sort(key=lambda g: g.seq.rows.base)
         return segs
 
-    def _run(self, segs: list[Segment]):
-        """packed() over segs -> (stats [m, 4], top ids [m, k] | None, top lp | None,
-        hidden f32 [h, d_model] of the segments' hid rows | None)."""
+    def _launch(self, segs: list[Segment]) -> Flight:
+        """packed_launch() over segs (a launch that fails at once: its error at the wait)."""
         ids = np.concatenate([g.ids for g in segs])
         T = len(ids)
         n = np.fromiter((len(g.ids) for g in segs), np.int64, len(segs))
@@ -412,38 +511,66 @@ class Scheduler:
         top = max(top, max((max(g.seq.job.top, 1) if g.seq.job.gen_logprobs else 0) for g in segs))
         kw = {"hidden": hid} if len(hid) else {}  # (plain backends: no kw)
         t0 = time.perf_counter()
-        out = self.be.packed(ids, tok, rows, tg, top=top, **kw)
-        self._t_run += self._phase("forward", t0) - t0
+        try:  # (a host backend computes here: the launch counts as "forward" too)
+            handle = launch(self.be, ids, tok, rows, tg, top=top, **kw)
+        except MinferError as e:
+            handle = Ready(error=e)
+        finally:
+            self._timed("forward", t0)
+        return Flight(segs, handle, T, top, bool(len(hid)))
+
+    def _result(self, f: Flight):
+        """f's numbers, waited for (counted as "forward") -> (stats [m, 4], top ids
+        [m, k] | None, top lp | None, hidden f32 [h, d_model] of the segments' hid rows |
+        None)."""
+        t0 = time.perf_counter()
+        try:
+            out = f.handle.wait()
+        finally:
+            self._timed("forward", t0)
         h = None
-        if len(hid):
+        if f.hidden:
             out, h = out
         if self.metrics:
-            self.metrics.tokens_per_forward.observe(T)
+            self.metrics.tokens_per_forward.observe(f.T)
         self.steps += 1
-        self.step_tokens += T
-        return (*(out if top else (out, None, None)), h)
+        self.step_tokens += f.T
+        return (*(out if f.top else (out, None, None)), h)
 
-    def _forward(self, segs: list[Segment]) -> None:
+    def _complete(self, f: Flight) -> None:
+        """Wait for f and hand its numbers back. If it failed: the forward launched after it
+        (overlap) is waited for and dropped, and f's sequences run again one at a time, so
+        only those that fail alone get the error."""
+        segs = f.segs
         try:
-            results = [(segs, self._run(segs))]
+            results = [(segs, self._result(f))]
         except MinferError as e:
+            self.drain()
             if len(segs) == 1:
                 self._finish(segs[0].seq, None, e)
                 return
             results = []
             for g in segs:  # alone, each sequence either runs or gets the error
+                if g.seq.done:
+                    continue
                 try:
-                    results.append(([g], self._run([g])))
+                    results.append(([g], self._result(self._launch([g]))))
                 except MinferError as e1:
                     self._finish(g.seq, None, e1)
+        t0 = time.perf_counter()
         for gs, (st, ti, tl, h) in results:
             i = j = 0
             for g in gs:
+                if g.seq.done:  # (gone meanwhile: nothing to hand it)
+                    i += len(g.rows)
+                    j += len(g.hid)
+                    continue
                 if len(g.hid):
                     self._pool(g.seq, h[j : j + len(g.hid)])
                 self._hand(g, st, ti, tl, i)
                 i += len(g.rows)
                 j += len(g.hid)
+        self._timed("hand", t0)
 
     def _pool(self, s: Seq, h: np.ndarray) -> None:
         """A pooled job's hidden rows h f32 [k, d_model] of this step: summed (mean) or kept."""
@@ -469,8 +596,8 @@ class Scheduler:
                 r.top_ids[ps], r.top_lp[ps] = ti[rs, : r.top], tl[rs, : r.top]
         new = list(range(i + k, i + m))  # rows giving a new id: a prompt's last, a decode row
         if prefill:  # the prompt's numbers go out before its first token
-            r.done = g.p0 + len(g.ids)
-            if r.done == n and job.prompt_stats:
+            r.handed = g.p0 + len(g.ids)
+            if r.handed == n and job.prompt_stats:
                 _send(job, "prompt", r)
         kk = max(job.top, 1)
         if job.max_tokens == 0:  # a pooled job's last row: its logsumexp, no token
@@ -488,7 +615,7 @@ class Scheduler:
                     tl[row, :kk].copy() if lp and job.top else None,
                 ),
             )
-        if prefill and r.done == n and job.max_tokens == 0:
+        if prefill and r.handed == n and job.max_tokens == 0:
             if job.pool:
                 vec = s.pool / n if job.pool == "mean" else s.pool
                 _send(job, "pooled", Pooled(vec.astype(np.float32), s.lse))
@@ -530,7 +657,7 @@ class Scheduler:
         r = s.rows
         keep = (
             err is None
-            and r.done == len(r.ids)
+            and r.handed == len(r.ids)
             and not r.freed
             and s.job.keep
             and not (s.job.pool and s.shared)

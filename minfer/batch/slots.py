@@ -55,7 +55,8 @@ class SlotMap:
 @dataclass(eq=False)
 class Rows:
     """Computed prompt rows in the KV cache: ids [n] at slots base..base+n-1 (the first `done`
-    of them written), and per row p < n - 1 that was scored: argmax id, log-prob of ids[p + 1],
+    of them written or in a forward on its way, the first `handed` of them back), and per
+    row p < n - 1 that was scored: argmax id, log-prob of ids[p + 1],
     and (when top > 0) the top ids and log-probs. A running sequence and a prefix entry both
     are Rows, so a new prompt can share from either."""
 
@@ -71,6 +72,9 @@ class Rows:
     freed: bool = False  # its blocks went back: nothing to copy from
     pins: int = 0  # sharers waiting to copy from it (no eviction)
     extra: dict = field(default_factory=dict)
+    # the first `handed` rows' numbers are back on the host (done counts rows packed into a
+    # forward, which may still run: the scheduler's overlap); a sharer copies handed rows only
+    handed: int = 0
 
     def alloc_stats(self, top: int) -> None:
         m = max(len(self.ids) - 1, 0)

@@ -123,6 +123,12 @@ DEFAULT_PORT = 8080
     "(least recently used first out).",
 )
 @click.option(
+    "--overlap/--no-overlap",
+    default=True,
+    help="Launch each forward before the previous one is waited for (the host schedules "
+    "while the GPU runs); --no-overlap: one forward at a time (an A/B and a fallback).",
+)
+@click.option(
     "--pooling",
     type=click.Choice(["last", "mean", "cls"]),
     default=None,
@@ -162,6 +168,7 @@ def serve(
     max_body,
     read_timeout,
     prefix_cache,
+    overlap,
     pooling,
     rerank_template,
     engine_mode,
@@ -215,6 +222,7 @@ def serve(
         pooling=pooling,
         rerank_template=template,
         engine=engine_mode,
+        overlap=overlap,
     )
     st.read_timeout = read_timeout
     run(st, sock, timeout, __version__)

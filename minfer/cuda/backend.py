@@ -51,6 +51,17 @@ many sequences, each token at its own KV slot and position (tok), every row thro
 layer, then the norm, LM head and row_stats over the rows asked for (HEAD_ROWS at a time): the
 host gets [m, 4] numbers (greedy id, margin, log-prob, logsumexp), never [m, vocab] logits;
 with `top=k` also each row's k most likely ids and their log-probs (row_topk, [m, k] each).
+`packed_launch(...)` is packed() without the wait (the scheduler's overlap: minfer.batch.launch):
+the inputs go up from pinned host buffers by async copies on the legacy stream, the chunk and
+its head are queued, the outputs come back by async copies into pinned buffers and an event
+is recorded; nothing in it waits for the GPU, so forward N+1 is queued while N runs. Its
+handle's wait() synchronizes that event and does packed()'s checks. The pinned buffers are
+double (two sides): at most one launch is outstanding when another is made (asserted), and it
+holds the other side. packed() is launch + wait. Order: launch N+1's uploads, eager kernels,
+read-backs and copy_kv run on the legacy stream, which waits for all earlier work of the
+blocking capture stream the graphs replay on (and it for the legacy stream's), so N+1's inputs
+land in buf.ids / buf.tok only after N has read them, and a copy_kv queued after launch N
+copies the rows N wrote.
 `copy_kv(src, dst, n)` copies cache rows between sequences (a shared prefix computed once).
 The cache then has `kv_slots` rows (fit_kv_slots: what the free memory holds), beyond n_ctx.
 
@@ -174,6 +185,8 @@ class CudaBackend:
         self._hidden_out = None  # packed(hidden=)'s [HEAD_ROWS, d_model] f32 rows, likewise
         self._graphs: dict[tuple[int, bool, bool], object] = {}
         self._packed_seen: dict[int, int] = {}  # packed chunks run, by size
+        self._pinned: dict[tuple[int, str], np.ndarray] = {}  # packed_launch's host buffers
+        self._pending: list[_Launch] = []  # launched, not waited for (at most one at a launch)
         self.stream = None  # the capture / replay stream (made at the first capture)
         self.fused, self.glu, self.groups = self.plan.fused, self.plan.glu, self.plan.groups
         # each linear weight's route object (its path family's): operand, launch, epilogues
@@ -438,32 +451,141 @@ class CudaBackend:
         LM head; issue 52's embeddings and label logits).
         Every row goes through every layer; the LM head runs HEAD_ROWS rows at a time.
         Numpy twin: ReferenceBackend.packed. GPUError on non-finite logits."""
+        return self.packed_launch(ids, tok, rows, targets, top=top, hidden=hidden).wait()
+
+    def packed_launch(
+        self,
+        ids: np.ndarray,
+        tok: np.ndarray,
+        rows: np.ndarray,
+        targets: np.ndarray,
+        top: int = 0,
+        hidden=None,
+    ) -> "_Launch":
+        """packed()'s work queued on the GPU without waiting for it -> a handle whose wait()
+        returns what packed() returns (or raises its errors). BadInput at once for arguments
+        that cannot run. At most one other launch may be outstanding (not yet waited for)."""
         from minfer.batch.layout import check_hidden, check_top
 
         ids, tok, rows, targets = self._checked_packed(ids, tok, rows, targets)
         top = check_top(top, self.c.vocab_size)
         hidden = check_hidden(hidden, ids.shape[0])
-        T = ids.shape[0]
+        if len(self._pending) > 1:
+            raise AssertionError("packed_launch: two launches outstanding (wait for one first)")
+        side = 1 - self._pending[0].side if self._pending else 0  # (the other's buffers)
+        T, m = ids.shape[0], rows.shape[0]
         self.n_past = 0  # the single-sequence protocol starts over after a batch
         one = attn_mod.per_token_pays(tok)  # a decode step: attention one token per block
         seen = self._packed_seen.get((T, one), 0)  # a graph from a shape's second chunk on
         self._packed_seen[(T, one)] = seen + 1
-        self._run_chunk(ids, tok, int(tok[-1, 0]) + 1, last=False, capture=seen > 0, per_token=one)
-        res = self._packed_head(ids, tok, rows, targets, top)
-        return res if hidden is None else (res, self._hidden_rows(tok, hidden))
+        h = _Launch(self, side, ids, tok, m, top)
+        try:
+            b = self.buf
+            self._htod(da.rows(b.ids, 0, T), self._stage(side, "ids", ids))
+            self._htod(da.rows(b.tok, 0, T), self._stage(side, "tok", tok))
+            hi = int(tok[-1, 0]) + 1
+            self._run_chunk(ids, tok, hi, last=False, capture=seen > 0, per_token=one, staged=True)
+            self._packed_head(h, rows, targets, top)
+            if hidden is not None:
+                self._hidden_rows(h, hidden)
+            h.event = self.rt.drv.Event()
+            h.event.record(self.rt.stream)
+        except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
+            raise GPUError(
+                f"GPU error while queueing a packed chunk ({e}); rerun with "
+                "MINFER_CUDA_DEBUG=1 to name the kernel that failed"
+            ) from None
+        except BaseException:
+            with contextlib.suppress(Exception):  # what was queued ends before a retry
+                self.rt.synchronize()
+            raise
+        self._pending.append(h)
+        return h
 
-    def _packed_head(self, ids, tok, rows, targets, top: int):
-        """packed()'s LM head part over the chunk just run (see packed)."""
-        T, m, b = ids.shape[0], rows.shape[0], self.buf
-        one = attn_mod.per_token_pays(tok)
-        if m == 0:
-            out = np.empty((0, 4), np.float32)
-            return (
-                (out, np.empty((0, top), np.int32), np.empty((0, top), np.float32)) if top else out
+    def _stage(self, side: int, key: str, a: np.ndarray) -> np.ndarray:
+        """a copied into side's pinned host buffer `key` (grown as needed): the source of an
+        async upload, left alone until this side's launch is waited for."""
+        buf = self._pinned_view(side, key, a.shape, a.dtype)
+        buf[...] = a
+        return buf
+
+    def _pinned_view(self, side: int, key: str, shape, dtype) -> np.ndarray:
+        """A C-contiguous [shape] view of side's pinned host buffer `key`."""
+        n = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        buf = self._pinned.get((side, key))
+        if buf is None or buf.nbytes < n:
+            size = max(n, 4096, 0 if buf is None else 2 * buf.nbytes)
+            buf = self._pinned[(side, key)] = self.rt.drv.pagelocked_empty((size,), np.uint8)
+        return buf[:n].view(dtype).reshape(shape)
+
+    def _htod(self, dev, host: np.ndarray) -> None:
+        """host (pinned) -> device array dev, queued on the launch stream (no host wait)."""
+        if host.size:
+            self.rt.drv.memcpy_htod_async(da.ptr(dev), host, self.rt.stream)
+
+    def _dtoh(self, host: np.ndarray, dev) -> None:
+        """device array dev -> host (pinned), queued on the launch stream (no host wait)."""
+        if host.size:
+            self.rt.drv.memcpy_dtoh_async(host, da.ptr(dev), self.rt.stream)
+
+    def _packed_wait(self, h: "_Launch"):
+        """_Launch.wait: its event waited for, its numbers copied out of the pinned buffers
+        and checked as packed() does."""
+        if h not in self._pending:
+            raise AssertionError("packed_launch: a handle waited for twice")
+        self._pending.remove(h)
+        try:
+            h.event.synchronize()
+        except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
+            raise GPUError(
+                f"GPU error while reading the logits ({e}); rerun with "
+                "MINFER_CUDA_DEBUG=1 to name the kernel that failed"
+            ) from None
+        m, top, T = h.m, h.top, h.ids.shape[0]
+        out = h.stats.copy()
+        bad = m - int(np.count_nonzero(np.isfinite(out[:, 3])))
+        if bad:
+            tok, hi = h.tok, int(h.tok[-1, 0]) + 1
+            one = attn_mod.per_token_pays(tok)
+
+            def rerun():  # (its inputs again: a later launch may have replaced them)
+                da.rows(self.buf.ids, 0, T).set(h.ids)
+                da.rows(self.buf.tok, 0, T).set(tok)
+                self.fwd.chunk(T, hi, False, one)
+
+            where = self._locate(rerun)
+            raise GPUError(
+                f"non-finite logits from the CUDA path ({bad} of {m} rows of a "
+                f"packed chunk of {T} tokens, slots {int(tok[0, 0])}..{hi - 1}, "
+                f"backend {self.name}; first non-finite: {where}); run `minfer "
+                "check` or MINFER_CUDA_DEBUG=1 to find the kernel"
             )
+        res = (out, h.top_ids.copy(), h.top_lp.copy()) if top else out
+        if h.hidden is None:
+            return res
+        hid = h.hidden.copy()
+        bad = hid.shape[0] - int(np.count_nonzero(np.isfinite(hid).all(axis=1)))
+        if bad:
+            raise GPUError(
+                f"non-finite hidden states from the CUDA path ({bad} of {hid.shape[0]} rows, "
+                f"slots {int(h.tok[0, 0])}..{int(h.tok[-1, 0])}, backend {self.name}); "
+                "run `minfer check` or MINFER_CUDA_DEBUG=1 to find the kernel"
+            )
+        return res, hid
+
+    def _packed_head(self, h: "_Launch", rows, targets, top: int) -> None:
+        """packed()'s LM head part over the chunk just queued (see packed): row_stats (and
+        row_topk) HEAD_ROWS rows at a time, their results queued back into h's pinned views."""
+        m, b, side = rows.shape[0], self.buf, h.side
+        h.stats = self._pinned_view(side, "stats", (m, 4), np.float32)
+        if top:
+            h.top_ids = self._pinned_view(side, "top_ids", (m, top), np.int32)
+            h.top_lp = self._pinned_view(side, "top_lp", (m, top), np.float32)
+        if m == 0:
+            return
         R = da.rows
-        R(b.rows, 0, m).set(rows)
-        R(b.targets, 0, m).set(targets)
+        self._htod(R(b.rows, 0, m), self._stage(side, "rows", rows))
+        self._htod(R(b.targets, 0, m), self._stage(side, "targets", targets))
         # [m, top] row-major views of the [ubatch * TOP_MAX] buffers (m <= T <= ubatch)
         tops = (
             [da.reshape(R(a, 0, m * top), (m, top)) for a in (b.top_ids, b.top_lp)] if top else None
@@ -478,61 +600,34 @@ class CudaBackend:
                 L.row_topk(
                     self.rt, R(tops[0], r, k), R(tops[1], r, k), logits, R(b.stats, r, k), top
                 )
-        try:
-            out = R(b.stats, 0, m).get()
-            top_ids, top_lp = (a.get() for a in tops) if top else (None, None)
-        except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
-            raise GPUError(
-                f"GPU error while reading the logits ({e}); rerun with "
-                "MINFER_CUDA_DEBUG=1 to name the kernel that failed"
-            ) from None
-        bad = m - int(np.count_nonzero(np.isfinite(out[:, 3])))
-        if bad:
-            hi = int(tok[-1, 0]) + 1
-            where = self._locate(lambda: self.fwd.chunk(T, hi, False, one))
-            raise GPUError(
-                f"non-finite logits from the CUDA path ({bad} of {m} rows of a "
-                f"packed chunk of {T} tokens, slots {int(tok[0, 0])}..{hi - 1}, "
-                f"backend {self.name}; first non-finite: {where}); run `minfer "
-                "check` or MINFER_CUDA_DEBUG=1 to find the kernel"
-            )
-        return (out, top_ids, top_lp) if top else out
+        self._dtoh(h.stats, R(b.stats, 0, m))
+        if top:
+            self._dtoh(h.top_ids, tops[0])
+            self._dtoh(h.top_lp, tops[1])
 
-    def _hidden_rows(self, tok, hidden) -> np.ndarray:
-        """host f32 [h, d_model]: rmsnorm(x[hidden]) * output_norm of the chunk just run, into
-        an f32 [HEAD_ROWS, d_model] device buffer (made at first use, 2 MB at d 4096) a block
-        at a time; the row indices go through buf.rows (after the head has used it)."""
-        h, d, R = hidden.shape[0], self.c.d_model, da.rows
-        out = np.empty((h, d), np.float32)
+    def _hidden_rows(self, h: "_Launch", hidden) -> None:
+        """rmsnorm(x[hidden]) * output_norm of the chunk just queued, into an f32 [HEAD_ROWS,
+        d_model] device buffer (made at first use, 2 MB at d 4096) a block at a time, each
+        block queued back into h's pinned [len(hidden), d_model] view; the row indices go
+        through buf.rows (after the head has used it)."""
+        n_h, d, R, side = hidden.shape[0], self.c.d_model, da.rows, h.side
+        h.hidden = self._pinned_view(side, "hidden", (n_h, d), np.float32)
+        idx_all = self._stage(side, "hidden rows", hidden.astype(np.int32))
         if self._hidden_out is None:
             self._hidden_out = da.empty(
                 self.rt, (min(self.HEAD_ROWS, self.ubatch), d), np.float32, "hidden rows"
             )
         n = self._hidden_out.shape[0]
-        try:
-            for r in range(0, h, n):
-                k = min(n, h - r)
-                idx = R(self.buf.rows, 0, k)
-                idx.set(hidden[r : r + k].astype(np.int32))
-                y = R(self._hidden_out, 0, k)
-                da.poison(self.rt, y)
-                L.rmsnorm_rows(
-                    self.rt, y, self.buf.x, idx, self.w["output_norm.weight"], self.c.rms_eps
-                )
-                out[r : r + k] = y.get()
-        except self.rt.drv.Error as e:  # an earlier kernel failed asynchronously
-            raise GPUError(
-                f"GPU error while reading the hidden states ({e}); rerun with "
-                "MINFER_CUDA_DEBUG=1 to name the kernel that failed"
-            ) from None
-        bad = h - int(np.count_nonzero(np.isfinite(out).all(axis=1)))
-        if bad:
-            raise GPUError(
-                f"non-finite hidden states from the CUDA path ({bad} of {h} rows, "
-                f"slots {int(tok[0, 0])}..{int(tok[-1, 0])}, backend {self.name}); "
-                "run `minfer check` or MINFER_CUDA_DEBUG=1 to find the kernel"
+        for r in range(0, n_h, n):
+            k = min(n, n_h - r)
+            idx = R(self.buf.rows, 0, k)
+            self._htod(idx, idx_all[r : r + k])
+            y = R(self._hidden_out, 0, k)
+            da.poison(self.rt, y)
+            L.rmsnorm_rows(
+                self.rt, y, self.buf.x, idx, self.w["output_norm.weight"], self.c.rms_eps
             )
-        return out
+            self._dtoh(h.hidden[r : r + k], y)
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int32 arrays, or BadInput naming what cannot run."""
@@ -622,17 +717,20 @@ class CudaBackend:
         last: bool,
         capture: bool = True,
         per_token: bool | None = None,
+        staged: bool = False,
     ) -> None:
         """One chunk: ids int32 [T] with their layout tok int32 [T, 2] uploaded, then the
         chunk's launches (a graph replay after the first of its shape (T, last, per_token));
         hi: one past the largest slot (host-side checks). capture False: no graph is recorded
         for a new shape (a packed batch's odd chunk sizes: one eager run costs less than a
-        capture). per_token: Forward.chunk's (None: T == 1)."""
+        capture). per_token: Forward.chunk's (None: T == 1). staged: ids and tok are already
+        on their way to the device (packed_launch's async copies), else uploaded here."""
         T = len(ids)
         per_token = T == 1 if per_token is None else bool(per_token)
         key = (T, bool(last), per_token)
-        da.rows(self.buf.ids, 0, T).set(ids)
-        da.rows(self.buf.tok, 0, T).set(tok)
+        if not staged:
+            da.rows(self.buf.ids, 0, T).set(ids)
+            da.rows(self.buf.tok, 0, T).set(tok)
         if self.profile is not None:
             self.profile.begin_chunk()
         if self.graphs and self.profile is None:
@@ -671,3 +769,17 @@ class CudaBackend:
             rt.stream = None
         self._graphs[(T, bool(last), per_token)] = g
         return g
+
+
+class _Launch:
+    """CudaBackend.packed_launch's handle: the call's host inputs (the error path's rerun),
+    its side of the pinned buffers and the views its outputs arrive in, the event after them."""
+
+    def __init__(self, be: CudaBackend, side: int, ids, tok, m: int, top: int):
+        self.be, self.side, self.ids, self.tok, self.m, self.top = be, side, ids, tok, m, top
+        self.stats = self.top_ids = self.top_lp = self.hidden = None  # pinned views
+        self.event = None
+
+    def wait(self):
+        """What packed() returns (GPUError for a fault or non-finite numbers)."""
+        return self.be._packed_wait(self)

@@ -588,6 +588,13 @@ class ReferenceBackend:
                 f"(slots {int(tok[0, 0])}..{int(tok[-1, 0])})"
             ) from None
 
+    def packed_launch(self, ids, tok, rows, targets, top: int = 0, hidden=None):
+        """packed() as a launch (minfer.batch.launch): computed here, on the host, at once; the
+        handle's wait() gives packed()'s value or raises its error."""
+        from minfer.batch.launch import Ready
+
+        return Ready(lambda: self.packed(ids, tok, rows, targets, top=top, hidden=hidden))
+
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int64 arrays, or BadInput naming what cannot run."""
         from minfer.batch.layout import check_packed

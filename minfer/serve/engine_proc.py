@@ -524,7 +524,12 @@ def child_main(cmd, ev, kw: dict, ppid: int) -> None:
         eng, n_ctx = load_engine(**kw["engine"])
         box = _Outbox(ev)
         sched = _ChildScheduler(
-            eng.backend, eng.kv_slots, eng.ubatch, prefix_cache=kw["prefix_cache"], box=box
+            eng.backend,
+            eng.kv_slots,
+            eng.ubatch,
+            prefix_cache=kw["prefix_cache"],
+            overlap=kw.get("overlap", True),
+            box=box,
         )
     except BaseException as e:
         ev.send_bytes(pickle.dumps(("error", portable(e)), PROTO))

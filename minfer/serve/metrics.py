@@ -70,8 +70,8 @@ class Metrics:
         self.engine_time = Counter(
             "minfer_engine_seconds",
             "the engine thread's wall time by phase: schedule (admit, copy, pack), forward "
-            "(the packed call: uploads, the GPU, read-back), hand (results to the requests), "
-            "idle (waiting for work)",
+            "(in the backend: a forward's launch, its uploads and kernels queued, and the wait "
+            "for its numbers), hand (results to the requests), idle (waiting for work)",
             ["phase"],
             registry=r,
         )

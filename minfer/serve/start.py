@@ -49,11 +49,13 @@ def build_state(
     pooling=None,
     rerank_template=None,
     engine="thread",
+    overlap=True,
 ):
     """The loaded engine, its scheduler and the app's state (also the tests' entry). load:
     engine_load.load_engine's keyword arguments (model_path None: the default model). engine:
     "thread" (the scheduler's thread in this interpreter) or "process" (engine_proc: a spawned
-    process loads and runs it; here the GGUF's header and tokenizer only)."""
+    process loads and runs it; here the GGUF's header and tokenizer only). overlap: the
+    scheduler's (minfer.batch.scheduler: forward N+1 launched before N is waited for)."""
     from pathlib import Path
 
     from minfer.serve.app import State
@@ -67,14 +69,19 @@ def build_state(
     load = {**load, "model_path": str(model_path)}
     metrics = Metrics()
     if engine == "process":
-        eng, sched, n_ctx = _start_process(load, prefix_cache, metrics)
+        eng, sched, n_ctx = _start_process(load, prefix_cache, metrics, overlap)
     else:
         from minfer.batch.scheduler import Scheduler
         from minfer.serve.engine_load import load_engine
 
         eng, n_ctx = load_engine(**load)
         sched = Scheduler(
-            eng.backend, eng.kv_slots, eng.ubatch, prefix_cache=prefix_cache, metrics=metrics
+            eng.backend,
+            eng.kv_slots,
+            eng.ubatch,
+            prefix_cache=prefix_cache,
+            metrics=metrics,
+            overlap=overlap,
         )
     metrics.kv_slots.set(eng.kv_slots)
     if name is None:
@@ -98,7 +105,7 @@ def build_state(
     return st
 
 
-def _start_process(load: dict, prefix_cache: bool, metrics):
+def _start_process(load: dict, prefix_cache: bool, metrics, overlap: bool = True):
     """(EngineShell, EngineProcess, n_ctx): the GGUF's header read here first (a bad file is
     said before any process starts), the child spawned, the tokenizer built while it loads."""
     from minfer.engine.api import context_size
@@ -111,7 +118,9 @@ def _start_process(load: dict, prefix_cache: bool, metrics):
     if load["ctx_size"]:
         model.config = c.for_context(context_size(load["ctx_size"], c.n_ctx, 0, 0))
     load["threads"] = host_threads.current()  # -t (its env reaches the child; this, exactly)
-    proc = EngineProcess({"engine": load, "prefix_cache": prefix_cache}, metrics)
+    proc = EngineProcess(
+        {"engine": load, "prefix_cache": prefix_cache, "overlap": overlap}, metrics
+    )
     try:
         eng = EngineShell(model)
         info = proc.wait_ready()

@@ -11,6 +11,10 @@ rerank: one query of Q random ids before D documents of L' ids (1 x D prompts of
 
   python3 -m minfer.tools.bench.pooling -m MODEL [--batch 4096 --tokens 256]
                                         [--docs 1000 --doc-tokens 200 --query-tokens 64]
+                                        [--no-overlap]
+
+--no-overlap: the pooled jobs' scheduler waits for each forward before the next is launched
+(the A/B of its overlap, minfer/batch/scheduler.py).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ def run(
     repeats: int,
     backend: str | None,
     echo=print,
+    overlap: bool = True,
 ) -> dict:
     from minfer.batch.jobs import run_pooled
     from minfer.engine.api import Engine
@@ -51,14 +56,17 @@ def run(
     lengths = [len(p) for p in prompts]
     warm = prompts[:512]
     eng.run(enumerate(warm), [len(p) for p in warm], 0, lambda r: None)
-    run_pooled(eng, warm, "last", keep=False)
+    run_pooled(eng, warm, "last", keep=False, overlap=overlap)
     emb, pre = [], []
     for _ in range(repeats):
         pre.append(_timed(lambda: eng.run(enumerate(prompts), lengths, 0, lambda r: None)))
-        emb.append(_timed(lambda: run_pooled(eng, prompts, "last", keep=False)))
+        emb.append(_timed(lambda: run_pooled(eng, prompts, "last", keep=False, overlap=overlap)))
     tok = sum(lengths)
     e, p = tok / statistics.median(emb), tok / statistics.median(pre)
-    echo(f"{model.describe()}; backend {eng.backend.name}, KV {eng.kv_slots:,} slots")
+    echo(
+        f"{model.describe()}; backend {eng.backend.name}, KV {eng.kv_slots:,} slots; "
+        f"overlap {'on' if overlap else 'off'}"
+    )
     echo(
         f"embed   {n:,} x {length}: {e:,.0f} tok/s (median of {repeats}: "
         f"{', '.join(f'{tok / t:,.0f}' for t in emb)}); batch prefill of the same prompts "
@@ -70,11 +78,11 @@ def run(
         V = model.config.vocab_size
         q = rng.integers(0, V, q_len, dtype=np.int32)
         rr = [np.concatenate([q, rng.integers(0, V, doc_len, dtype=np.int32)]) for _ in range(docs)]
-        run_pooled(eng, rr[:64], "last", share=False)  # warm-up
+        run_pooled(eng, rr[:64], "last", share=False, overlap=overlap)  # warm-up
         sh, al = [], []
         for _ in range(repeats):
-            sh.append(_timed(lambda: run_pooled(eng, rr, "last", share=True)))
-            al.append(_timed(lambda: run_pooled(eng, rr, "last", share=False)))
+            sh.append(_timed(lambda: run_pooled(eng, rr, "last", share=True, overlap=overlap)))
+            al.append(_timed(lambda: run_pooled(eng, rr, "last", share=False, overlap=overlap)))
         s, a = docs / statistics.median(sh), docs / statistics.median(al)
         echo(
             f"rerank  1 query x {docs:,} documents of {doc_len} tokens after a {q_len}-token "
@@ -100,6 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--query-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--backend", choices=["cuda", "cpu"], default=None)
+    ap.add_argument("--no-overlap", action="store_true")
     a = ap.parse_args(argv)
     if min(a.batch, a.tokens, a.doc_tokens, a.query_tokens, a.repeats) < 1 or a.docs < 0:
         print(
@@ -108,7 +117,17 @@ def main(argv=None) -> int:
         )
         return 2
     try:
-        run(a.model, a.batch, a.tokens, a.docs, a.doc_tokens, a.query_tokens, a.repeats, a.backend)
+        run(
+            a.model,
+            a.batch,
+            a.tokens,
+            a.docs,
+            a.doc_tokens,
+            a.query_tokens,
+            a.repeats,
+            a.backend,
+            overlap=not a.no_overlap,
+        )
     except MinferError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
