@@ -13,8 +13,8 @@
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
 #   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl and
-#          .raywhl): the serving table (host work, client CPU), Ray's identity with groups, the
-#          MoE tests
+#          .raywhl): the overlap's and serving GPU tests, the serving table (host work, client
+#          CPU), Ray's identity with groups, the MoE tests (f16 and blk experts)
 #   combo: the serving table (SERVE_CFGS: the engine process "on", "thread", prefix cache "off";
 #          SERVE_TESTS=1 the GPU serving tests first), the new families' blk checks, the MoE
 #          kernels' tests, each capped by what the deadline leaves.
@@ -422,6 +422,8 @@ if [ "$MODE" = owed ]; then   # what the last stop left unmeasured, most wanted 
   # (carry .whl and .raywhl: ~58 MB): issue 49's serving table (host work, client CPU; prefix
   # cache on and off), issue 55's Ray identity with groups, issue 54's MoE tests (issue 51's
   # families' blk checks are house's); what the deadline leaves says SKIPPED
+  step tests_overlap 110 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_overlap.py \
+    tests/gpu/test_packed.py tests/gpu/test_serve_device.py
   step serve 260 env SERVE_S=${SERVE_S:-20} SERVE_CFGS="${SERVE_CFGS:-on off}" OUT=$OUT/serve \
     bash scripts/device_run.sh serve_loads 255
   step ray 150 env RAY_TWICE=0 OUT=$OUT/ray bash scripts/device_run.sh ray 140
@@ -429,7 +431,7 @@ if [ "$MODE" = owed ]; then   # what the last stop left unmeasured, most wanted 
     tests/gpu/test_moe_device.py
   echo; echo "################ SUMMARY owed ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- ray"; grep -vE "^WARNING: Target" "$OUT/ray.log" | tail -14
-  tests_summary tests_moe
+  tests_summary tests_overlap tests_moe
   echo "--- serve"; cat "$OUT/serve/summary.txt" 2>/dev/null
   exit 0
 fi
