@@ -256,3 +256,32 @@ def test_predictor_in_a_users_pipeline(ray_local, tiny):
     with minfer.Engine(str(tiny), backend="cpu", dtype="f64") as eng:
         want = eng.prefill(texts, n_predict=2)
     assert [r["greedy_ids"] for r in recs] == [c.tokens for c in want]
+
+
+def test_actors_plan_the_kv_cache_for_the_whole_job(
+    ray_local, tiny, prompts, single, tmp_path, monkeypatch
+):
+    """Each actor prepares its engine with the whole file's kv_plan before its first batch, as
+    the single process does: sized by its first group, a later, larger group would run in two
+    waves there (other numbers on the GPU: the H100 run found records apart from line 6,150)."""
+    import minfer.engine.ray.job as job
+    from minfer.engine.api import CPU_SLOTS, kv_plan
+    from minfer.engine.ray.predictor import MinferPredictor
+
+    seen = tmp_path / "plans"
+    seen.mkdir()
+
+    class Noting(MinferPredictor):  # local: pickled by value for the actors
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            note = [list(kw["kv_for"]), self.engine.kv_slots]
+            (seen / str(os.getpid())).write_text(json.dumps(note))
+
+    monkeypatch.setattr(job, "MinferPredictor", Noting)
+    code, _, err = run_cli(_args(tiny, prompts, tmp_path / "r.jsonl", *RAY))
+    assert code == 0, err
+    lengths = [json.loads(ln)["n_prompt"] for ln in single.decode().splitlines()]
+    whole = list(kv_plan(lengths, 3))
+    plans = [json.loads(p.read_text()) for p in seen.iterdir()]
+    assert plans and all(kv_for == whole for kv_for, _ in plans)
+    assert all(slots >= min(whole[1], CPU_SLOTS) for _, slots in plans)

@@ -144,6 +144,16 @@ def _prompt_list(prompts) -> list:
         ) from None
 
 
+def kv_plan(lengths: Sequence[int], n_predict: int) -> tuple[int, int, int]:
+    """Engine.prepare's (need, want, positions) for these prompts: the longest one's KV slots,
+    every prompt's at once, and the longest sequence's positions. A Ray actor prepares with
+    the whole job's (minfer.engine.ray): its cache is then the single process's, and a group
+    runs in the same waves."""
+    need = max(footprint(int(n), n_predict) for n in lengths)
+    want = sum(footprint(int(n), n_predict) for n in lengths)
+    return need, want, max(int(n) for n in lengths) + n_predict
+
+
 class Engine:
     """A loaded model and its backend, for many prompts. model: a GGUF path (None: the default
     model, fetched once); backend: "cuda", "cpu" or None (cuda when a GPU is usable); gemm:
@@ -447,9 +457,7 @@ class Engine:
         self.check(lengths, n_predict)
         if not len(lengths):
             return runner.Totals()
-        need = max(footprint(int(n), n_predict) for n in lengths)
-        want = sum(footprint(int(n), n_predict) for n in lengths)
-        self.prepare(need, want, max(int(n) for n in lengths) + n_predict)
+        self.prepare(*kv_plan(lengths, n_predict))
         return runner.run(
             self.backend,
             prompts,
@@ -468,6 +476,7 @@ class Engine:
         )
 
     def prepare(self, need: int, want: int, positions: int | None = None) -> None:
+        # (kv_plan(lengths, n_predict) gives the three for a set of prompts)
         """The backend, with at least `need` KV slots (the longest prompt's) and up to `want`
         (every prompt at once) as memory allows, for sequences of `positions` tokens at most
         (default: the context); built once, rebuilt when a call needs more."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from minfer.engine.api import kv_plan
 from minfer.engine.ray.predictor import MinferPredictor, need_ray
 from minfer.errors import GPUError, MinferError
 
@@ -168,9 +169,12 @@ def run_file(
         ctx.enable_progress_bars = False  # minfer's bar over the whole job instead
         ctx.raise_original_map_exception = True  # an actor's MinferError, not a wrapper
         res = {"num_gpus": 1} if kind == "cuda" else {"num_cpus": 1}
+        # each actor's KV cache planned for the whole job, as the single process plans its own:
+        # sized by one group's prompts, a later, larger group would run in two waves there
+        kv = kv_plan(lengths, int(predictor_kwargs.get("n_predict", 32)))
         ds = ray.data.from_items(groups, override_num_blocks=len(groups)).map_batches(
             grouped(predictor or MinferPredictor),
-            fn_constructor_kwargs=predictor_kwargs,
+            fn_constructor_kwargs={**predictor_kwargs, "kv_for": kv},
             batch_size=1,  # a row is a group: the batch the single-process run cuts too
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=tot.actors),

@@ -40,7 +40,10 @@ class MinferPredictor:
     """The model loaded once per actor; __call__(batch) -> {"index", "record"}. model: a GGUF path
     (every node reads it at that path); the other arguments are minfer.Engine's and
     Engine.prefill's (n_ctx: the context, as `-c`; stop_ids: token ids ending decode, None: the
-    tokenizer's end-of-generation ids when stop_at_eos)."""
+    tokenizer's end-of-generation ids when stop_at_eos; kv_for: the whole job's
+    minfer.engine.api.kv_plan, so the KV cache is planned once, as a single process plans it,
+    and a group runs in the same waves: `--ray` passes it; without it each batch plans its own
+    and a later, larger batch may run in more waves, with other numbers on the GPU)."""
 
     def __init__(
         self,
@@ -61,6 +64,7 @@ class MinferPredictor:
         chat: bool = False,
         system: str | None = None,
         source: str = "prompt",
+        kv_for=None,
     ):
         from minfer.engine.api import Engine
 
@@ -68,6 +72,8 @@ class MinferPredictor:
         cfg = self.engine.model.config
         if n_ctx:  # as `minfer prefill -c`: phi3's long or short RoPE factors
             self.engine.model.config = cfg.for_context(n_ctx)
+        if kv_for is not None:  # the whole job's KV plan: the single process's cache, waves
+            self.engine.prepare(*(int(x) for x in kv_for))
         tok = self.engine.tok
         self.stop_ids = (
             tuple(stop_ids) if stop_ids is not None else (tok.eog_ids if stop_at_eos else ())
