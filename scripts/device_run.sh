@@ -12,6 +12,8 @@
 #          paths), single and sustained, and blk's per-op breakdown at pp2048.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
+#   closing: Ray's identity with the actors' KV planned for the whole job, then pooled (embeddings
+#          and rerank with the scheduler's overlap) and the embeddings without it (--no-overlap).
 #   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl and
 #          .raywhl): the overlap's and serving GPU tests, the serving table (host work, client
 #          CPU), Ray's identity with groups, the MoE tests (f16 and blk experts)
@@ -415,6 +417,19 @@ if [ "$MODE" = moeblk ]; then   # issue 54's blk int8 experts: GPU tests, then f
     grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)|^moe " "$OUT/$f.log" | head -24; done
   for f in synth_q30 bench_q30_ab; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
     grep -E "^\| |^model|^gemm|^memory|experts|rror" "$OUT/$f.log" | grep -v "| ---" | head -50; done
+  exit 0
+fi
+
+if [ "$MODE" = closing ]; then   # issue 55's Ray identity (actors planned for the whole job),
+  # issue 52's pooled figures with the overlap, and its A/B without (carry .whl, .raywhl)
+  step ray 150 env RAY_TWICE=0 OUT=$OUT/ray bash scripts/device_run.sh ray 140
+  step pooled 330 env POOLED_TESTS=0 OUT=$OUT/pooled bash scripts/device_run.sh pooled 325
+  step nooverlap 130 python3 -m minfer.tools.bench.pooling -m /tmp/q8b.gguf --batch 4096 \
+    --tokens 256 --docs 0 --repeats 2 --no-overlap
+  echo; echo "################ SUMMARY closing ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  echo "--- ray"; grep -vE "^WARNING: Target" "$OUT/ray.log" | tail -12
+  echo "--- pooled"; tail -8 "$OUT/pooled.log"
+  echo "--- no overlap"; tail -3 "$OUT/nooverlap.log"
   exit 0
 fi
 
