@@ -317,7 +317,7 @@ if [ "$MODE" = pooled ]; then   # issue 52: embeddings / rerank against the batc
   [ "${POOLED_TESTS:-1}" = 1 ] && MINFER_TEST_MODEL=$([ -f "$S" ] && echo "$S") step tests 150 python3 -m pytest -q -rfEs \
     tests/gpu/test_pooled.py tests/gpu/test_overlap.py
   step synth 60 $M synth --preset qwen3-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/q8b.gguf
-  step batch 120 $M bench -m /tmp/q8b.gguf --no-breakdown --batch 4096 --tokens 256 --repeats 2
+  [ "${POOLED_BATCH:-1}" = 1 ] && step batch 120 $M bench -m /tmp/q8b.gguf --no-breakdown --batch 4096 --tokens 256 --repeats 2
   step pooled 200 python3 -m minfer.tools.bench.pooling -m /tmp/q8b.gguf --batch 4096 \
     --tokens 256 --docs 1000 --doc-tokens 200 --query-tokens 64 --repeats 2
   echo; echo "################ SUMMARY pooled ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
@@ -423,13 +423,16 @@ fi
 if [ "$MODE" = closing ]; then   # issue 55's Ray identity (actors planned for the whole job),
   # issue 52's pooled figures with the overlap, and its A/B without (carry .whl, .raywhl)
   step ray 150 env RAY_TWICE=0 OUT=$OUT/ray bash scripts/device_run.sh ray 140
-  step pooled 330 env POOLED_TESTS=0 OUT=$OUT/pooled bash scripts/device_run.sh pooled 325
-  step nooverlap 130 python3 -m minfer.tools.bench.pooling -m /tmp/q8b.gguf --batch 4096 \
-    --tokens 256 --docs 0 --repeats 2 --no-overlap
+  # (the pooling tool's own baseline: the batch prefill of the same prompts, interleaved;
+  # POOLED_BATCH=1 adds `bench --batch`, NOOVERLAP=1 the embeddings without the overlap)
+  step pooled 260 env POOLED_TESTS=0 POOLED_BATCH=${POOLED_BATCH:-0} OUT=$OUT/pooled \
+    bash scripts/device_run.sh pooled 255
+  [ "${NOOVERLAP:-0}" = 1 ] && step nooverlap 130 python3 -m minfer.tools.bench.pooling \
+    -m /tmp/q8b.gguf --batch 4096 --tokens 256 --docs 0 --repeats 2 --no-overlap
   echo; echo "################ SUMMARY closing ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- ray"; grep -vE "^WARNING: Target" "$OUT/ray.log" | tail -12
   echo "--- pooled"; tail -8 "$OUT/pooled.log"
-  echo "--- no overlap"; tail -3 "$OUT/nooverlap.log"
+  [ -f "$OUT/nooverlap.log" ] && echo "--- no overlap" && tail -3 "$OUT/nooverlap.log"
   exit 0
 fi
 
