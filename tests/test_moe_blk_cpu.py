@@ -490,3 +490,52 @@ def test_reference_grids_emulate_the_blk_experts(q4file):
     e_emu = np.abs(emu - want).max() / np.abs(want).max()
     e_plain = np.abs(plain - want).max() / np.abs(want).max()
     assert e_emu < 1e-3 and e_plain > 10 * e_emu, (e_emu, e_plain)  # (5e-4, 1.9e-2 seen)
+
+
+def test_auto_keeps_the_experts_on_f16():
+    """blk's experts only when asked for (--gemm blk): auto's plans, on any tier, hold f16's."""
+    from minfer.cuda.plan.moe import moe_experts
+
+    assert moe_experts({"a": ("blk", "")}, auto=True) is F16_EXPERTS
+    assert moe_experts({"a": ("blk", "")}) is B.BLK_EXPERTS
+
+
+def test_the_grid_reference_rounds_one_layer_as_the_kernels_twins():
+    """One MoE layer through the CPU reference's blk grids (minfer.reference.moe.moe_ffn with
+    BlkGrid on each expert's weight and activation, as ReferenceBackend(grids=) runs it) against
+    the kernels' twins composed (moe_ffn_ref: the GPU's bits): 1.6e-4 apart here, against 1.7e-2
+    between either and the exact layer, so the reference carries the blk experts' rounding."""
+    from minfer.cuda.paths.blk.twin import BlkGrid
+
+    rng = np.random.default_rng(0)
+    T, d, E, k, fe = 96, 512, 8, 2, 256
+
+    def f16(*shape, s=0.05):
+        return (rng.standard_normal(shape) * s).astype(np.float16)
+
+    h16, wr = f16(T, d, s=1.0), f16(E, d)
+    W = {
+        "ffn_gate_exps": f16(E, fe, d),
+        "ffn_up_exps": f16(E, fe, d),
+        "ffn_down_exps": f16(E, d, fe),
+    }
+    twin, sel, wts = B.moe_ffn_ref(h16, wr, *W.values(), k)
+    G = BlkGrid()
+
+    def layer(grid: bool):
+        def expert(name, e):
+            w = W[name.split(".")[-2]][e].astype(np.float64)
+            return G.weight(w, name).astype(np.float64) if grid else w
+
+        def linear(x, w, name):
+            return (G.act(x, name).astype(np.float64) if grid else x) @ w.T
+
+        h = h16.astype(np.float64)
+        return R.moe_ffn(h, sel, wts.astype(np.float64), expert, "blk.0.", linear)
+
+    def rel(a, b):
+        return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+    emulated, exact = layer(True), layer(False)
+    assert rel(twin, emulated) < 1e-3
+    assert rel(emulated, exact) > 10 * rel(twin, emulated)  # (the grid is what it carries)

@@ -66,11 +66,20 @@ def plan_for(
     from minfer.cuda.plan.sizes import plan_memory
 
     routes = plan_routes(model, choice, rt, ubatch, tier=tier or "f16")
+    experts = moe_experts(routes, auto=choice.path == "auto")
     fused = plan_fusion(model, routes)
     glu = plan_glu(model, choice, routes, fused)
     every_glu = glu_all(model, routes, glu)
     parts = plan_memory(
-        model, routes, max_tokens, ubatch, getattr(rt, "sm_count", 0), every_glu, chunk, fused
+        model,
+        routes,
+        max_tokens,
+        ubatch,
+        getattr(rt, "sm_count", 0),
+        every_glu,
+        chunk,
+        fused,
+        experts,
     )
     groups = tuple(
         {k: plan_groups(model, fused, i, k) for k in ("attn", "ffn")}
@@ -89,7 +98,7 @@ def plan_for(
         max_tokens,
         ubatch,
         chunk,
-        moe=moe_experts(routes),
+        moe=experts,
     )
 
 

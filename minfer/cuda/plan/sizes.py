@@ -24,8 +24,10 @@ def plan_memory(
     glu_all: bool = False,
     chunk: int | None = None,
     fused=None,
+    experts=None,
 ) -> dict[str, int]:
     """part -> bytes the backend will allocate (the keys name the parts in GPUError messages);
+    experts: a MoE model's expert GEMMs (the plan's; None: plan.moe.moe_experts(routes));
     sms: the GPU's SM count (a path's per-SM workspace, GemmPath.memory); glu_all:
     every layer's gate|up GEMM writes the swiglu itself (fusion.glu_all), so the f32 gate|up
     buffer is not allocated; chunk: the upload's chunk bytes (two device staging slots of
@@ -82,16 +84,16 @@ def plan_memory(
         **scratch,
         # not among the routes' linear weights: routers and experts as the plan's expert GEMMs
         # hold them (minfer.cuda.load.moe; plan.moe.moe_experts)
-        **moe_parts(m, routes, ubatch),
+        **moe_parts(m, routes, ubatch, experts),
     }
 
 
-def moe_parts(model, routes, ubatch: int) -> dict[str, int]:
-    """The MoE parts of a plan: expert weights, their requant staging and buffers, as the
-    expert GEMMs plan.moe.moe_experts gives the routes hold them."""
+def moe_parts(model, routes, ubatch: int, experts=None) -> dict[str, int]:
+    """The MoE parts of a plan: expert weights, their requant staging and buffers, as
+    `experts` (the plan's; None: what plan.moe.moe_experts gives the routes) holds them."""
     from minfer.cuda.plan import moe
 
-    ex = moe.moe_experts(routes)
+    ex = experts or moe.moe_experts(routes)
     return {
         "expert weights": moe.weight_bytes(model, ex),
         "MoE requant staging": moe.staging_bytes(model, ex),
