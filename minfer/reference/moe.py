@@ -119,3 +119,21 @@ def tie_excused(
             f"(a token that may route either way); {where}"
         )
     return True, f"every position within {tol:g}; {where}"
+
+
+def positions_before_tie(router_log, T: int, tie: float = ROUTER_TIE_TOL) -> int:
+    """How many of T positions come before the first router near-tie (T when none): the
+    positions two engines must route alike. (Not `first_near_tie(...)[0] or T`: a tie at token
+    0 leaves no position, not all T.)"""
+    first = first_near_tie(router_log, tie)[0]
+    return T if first is None else first
+
+
+# The grid reference's spread (minfer.reference.spread): the relative perturbation of the
+# experts' input h (each MoE layer's normed activations) that stands for an engine's own
+# rounding (~1e-3: minfer's and llama.cpp's hidden states agree to ~1e-3; the GPU's h16 is the
+# f16 rounding, 2^-11 relative, of a residual built in f16/f32), the draws, and the margin of
+# an engine's distance over that spread.
+SPREAD_EPS = 1e-3
+SPREAD_DRAWS = 2
+SPREAD_MARGIN = 2.0

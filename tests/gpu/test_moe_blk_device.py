@@ -17,7 +17,8 @@ Kernels against their numpy twins (the CPU side: tests/test_moe_blk_cpu.py):
   moves an f16 act value by an ulp now and then, and with it an int8 of the down operand).
 The whole forward on --gemm blk (tiny qwen3moe and Mixtral, F16 and Q4_K_M) against the CPU
 reference with the blk grids on the experts too (check.reference_grids): logits tie-aware about
-the router, rel err <= 3e-2 before the first router near-tie, greedy-32 tie-aware identical; the
+the router, rel err before the first router near-tie within the bound derived from the grid
+reference's own spread (minfer.reference.spread), greedy-32 tie-aware identical; the
 same prompt twice bit for bit (graph replay).
 """
 
@@ -226,25 +227,34 @@ def models(tmp_path_factory):
 NAMES = [*MOE, *(p + "-q4km" for p in MOE)]
 
 
-# The H100 (2026-12-07): every kernel equals its twin, and one layer's twins equal the grid
-# reference within 2e-4 (tests/test_moe_blk_cpu.py), but the whole forward stays 0.040
-# (qwen3moe) / 0.052 (q4km) relative from it and mixtral has 18 / 28 positions past 0.05 before
-# any router tie, where dense blk holds 0.03: not understood yet, so blk experts are opt-in
-# (--gemm blk; auto keeps f16's: plan.moe.moe_experts). Not counted as a pass until it holds.
+# The H100 (2026-12-07), with the bounds of the dense blk path (rel 3e-2, TOL 0.05): qwen3moe
+# rel 0.040 (F16) / 0.052 (q4km), mixtral 18 / 28 positions past 0.05 before a tie. The CPU
+# diagnosis (minfer.reference.spread; tests/test_moe_grid_spread.py): not the kernels. The
+# forward with each MoE layer as their bit-exact twins sits rel 0.006-0.009 (max 0.04-0.05)
+# from the grid reference, but the grid reference itself moves rel 0.012-0.016 (max 0.07-0.11,
+# 26-88 positions past 0.05) when its MoE input moves by 1e-3 (the continuous forward: 1.4e-3,
+# 0.01): the int8 grids' rounding flips amplify the engine's own rounding ~10x; its f64 run
+# is 0.010-0.021 from its f32 run. And qwen3moe's 200 positions ran past router near-ties
+# (`first_near_tie(...)[0] or T` read a tie at token 0 as none). The bounds here are derived:
+# SPREAD_MARGIN times the grid reference's spread on the prompt (rel at least 3e-2, TOL at
+# least 0.05). Still xfail until an H100 run shows them held.
 @pytest.mark.xfail(
-    reason="blk experts' forward past the dense blk bounds on the H100", strict=False
+    reason="blk experts' forward against the derived bounds not yet run on the H100", strict=False
 )
 @pytest.mark.parametrize("name", NAMES)
 def test_blk_forward_matches_the_grid_reference(hopper, models, name, report):
     """--gemm blk: every GEMM and the experts on blk; every position's logits of a 200-token
     prompt against the CPU reference with the blk grids (dense weights and experts:
-    check.reference_grids) within TOL, tie-aware about the router; rel err <= 3e-2 before the
-    first router near-tie; greedy 32 tie-aware identical. Figures to the run's summary."""
+    check.reference_grids) within max(TOL, SPREAD_MARGIN x the grid reference's own max
+    |dlogit| spread), tie-aware about the router; rel err <= max(3e-2, SPREAD_MARGIN x its rel
+    spread) before the first router near-tie (minfer.reference.spread: the grids amplify any
+    engine's rounding); greedy 32 tie-aware identical. Figures to the run's summary."""
     from minfer.batch import single
     from minfer.cuda.backend import CudaBackend
     from minfer.cuda.plan.config import GemmChoice
     from minfer.reference.forward import ReferenceBackend
-    from minfer.reference.moe import first_near_tie, tie_excused
+    from minfer.reference.moe import SPREAD_MARGIN, positions_before_tie, tie_excused
+    from minfer.reference.spread import grid_spread
     from minfer.tools.check import identity_verdict, reference_grids
 
     m = models[name]
@@ -257,27 +267,31 @@ def test_blk_forward_matches_the_grid_reference(hopper, models, name, report):
         ids = np.random.default_rng(seed).integers(0, m.config.vocab_size, 200).astype(np.int32)
         cpu.router_log = []
         want = cpu.window_logits(ids, 0)
-        n = first_near_tie(cpu.router_log)[0] or len(ids)
+        n = positions_before_tie(cpu.router_log, len(ids))  # (a tie at token 0: none)
         if best is None or n > best[0]:
             best = (n, ids, want, cpu.router_log)
         if n >= 64:
             break
     n, ids, want, cpu.router_log = best
+    # the derived bounds: the grid reference's own spread under the engine's rounding
+    sr, sd, _ = grid_spread(m, grids, ids, max(n, 1))
+    bound, tol = max(3e-2, SPREAD_MARGIN * sr), max(TOL, SPREAD_MARGIN * sd)
     got = gpu.window_logits(ids, 0)
     errs = np.abs(got - want).max(axis=1)
     rel = rel_err(got[:n], want[:n])
-    ok, line = tie_excused(np.arange(len(ids)), errs, cpu.router_log, TOL)
+    ok, line = tie_excused(np.arange(len(ids)), errs, cpu.router_log, tol)
     ref = single.run(ReferenceBackend(m, grids=grids), ids[:64], 32, 512)
     res = single.run(gpu, ids[:64], 32, 512)
     v, diff = identity_verdict(ref, res)
     report(
-        f"moe cuda blk {name}: logits rel err {rel:.2e} over {n} positions (max |d| "
-        f"{errs.max():.4f}; {line}); greedy {v.describe()} (max |dlogit| {diff:.4f})"
+        f"moe cuda blk {name}: logits rel err {rel:.2e} over {n} positions (bound {bound:.3f}"
+        f" from the grid spread {sr:.2e}; max |d| {errs.max():.4f}, tol {tol:.3f}; {line}); "
+        f"greedy {v.describe()} (max |dlogit| {diff:.4f})"
     )
     assert ok, f"{name}: {line}"
     assert v.ok, f"{name}: {v.describe()}"
     assert n >= 16, f"{name}: a router near-tie at token {n}: too few positions to measure"
-    assert rel <= 3e-2
+    assert rel <= bound
 
 
 @pytest.mark.parametrize("name", MOE)
