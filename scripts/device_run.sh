@@ -427,12 +427,15 @@ if [ "$MODE" = closing ]; then   # issue 55's Ray identity (actors planned for t
   # POOLED_BATCH=1 adds `bench --batch`, NOOVERLAP=1 the embeddings without the overlap)
   step pooled 260 env POOLED_TESTS=0 POOLED_BATCH=${POOLED_BATCH:-0} OUT=$OUT/pooled \
     bash scripts/device_run.sh pooled 255
+  step tests_moeblk 90 python3 -m pytest -q -rfEsx tests/gpu/test_moe_blk_device.py \
+    -k "forward_matches_the_grid_reference or operand or upload"
   [ "${NOOVERLAP:-0}" = 1 ] && step nooverlap 130 python3 -m minfer.tools.bench.pooling \
     -m /tmp/q8b.gguf --batch 4096 --tokens 256 --docs 0 --repeats 2 --no-overlap
   echo; echo "################ SUMMARY closing ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   echo "--- ray"; grep -vE "^WARNING: Target" "$OUT/ray.log" | tail -12
   echo "--- pooled"; tail -8 "$OUT/pooled.log"
   [ -f "$OUT/nooverlap.log" ] && echo "--- no overlap" && tail -3 "$OUT/nooverlap.log"
+  tests_summary tests_moeblk; grep -E "XFAIL|XPASS|rel |positions" "$OUT/tests_moeblk.log" | head -12
   exit 0
 fi
 
