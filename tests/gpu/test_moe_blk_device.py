@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_helpers import rel_err
+from gpu_helpers import MOE, MOE_NAMES, check_moe_chain, moe_models, rel_err
 
 from minfer.cuda.ops import moe as M
 from minfer.cuda.paths.blk import moe as B
 
 pytestmark = pytest.mark.gpu
 
-MOE = ("tiny-qwen3moe", "tiny-mixtral")
 TOL = 0.05  # max |dlogit| at any position vs the grid-emulating reference (router-tie-aware)
 
 
@@ -164,7 +163,6 @@ def test_grouped_gemms_against_the_twin(hopper, same_bytes, T, E, k, d, fe):
 def test_moe_blk_chain_against_the_twins(hopper, T, E, k, d, fe):
     from minfer.cuda.paths.f16.gemm import gemm_f16_nt
     from minfer.cuda.runtime import devarray as da
-    from minfer.reference import moe as R
 
     rt = hopper
     rng = np.random.default_rng(T * E)
@@ -194,37 +192,17 @@ def test_moe_blk_chain_against_the_twins(hopper, T, E, k, d, fe):
     M.combine(rt, x, ys, wts, rowpos)
     out = x.get()
     want, rsel, _ = B.moe_ffn_ref(h16, wr, wg, wu, wd, k)
-    alike = (sel.get() == rsel).all(1)
-    _, _, gap = R.route(logits.get(), k)
-    assert (np.abs(gap[~alike]) < 1e-3).all(), "a row routed otherwise is no near-tie"
-    assert alike.mean() > 0.95
-    err = rel_err(out[alike], want[alike])
-    print(f"\nmoe blk chain T={T} E={E} k={k}: rel err {err:.2e}, {int((~alike).sum())} tie rows")
-    assert err <= 3e-3
+    label = f"moe blk chain T={T} E={E} k={k}"
+    check_moe_chain(label, out, sel.get(), logits.get(), want, rsel, k, 3e-3)
 
 
 # ---- the whole forward on --gemm blk ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from families_data import synth_family
-
-    from minfer.gguf.loader import load_model
-    from minfer.tools.synth import SynthOptions, make_synthetic_model
-
-    d = tmp_path_factory.mktemp("moe_blk_dev")
-    out = {p: load_model(synth_family(p, d)) for p in MOE}
-    for p in MOE:
-        path = d / f"{p}-q4km.gguf"
-        make_synthetic_model(
-            path,
-            SynthOptions(preset=p, qtype="q4_K_M", vocab=1024, tokenizer_from=None, workers=1),
-            progress=False,
-        )
-        out[p + "-q4km"] = load_model(path)
-    return out
+    return moe_models(tmp_path_factory.mktemp("moe_blk_dev"))
 
 
-NAMES = [*MOE, *(p + "-q4km" for p in MOE)]
+NAMES = MOE_NAMES
 
 
 # The H100 (2026-12-07), with the bounds of the dense blk path (rel 3e-2, TOL 0.05): qwen3moe

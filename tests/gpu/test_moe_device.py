@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_helpers import rel_err
+from gpu_helpers import MOE, MOE_NAMES, check_moe_chain, moe_models, rel_err
 
 from minfer.cuda.ops import moe as M
 
 pytestmark = pytest.mark.gpu
 
-MOE = ("tiny-qwen3moe", "tiny-mixtral")
 TOL = 0.05  # max |dlogit| at any position, f16 path vs the f32 reference (router-tie-aware)
 
 
@@ -195,7 +194,6 @@ def test_combine_kernel_bitwise(rt, same_bytes):
 )
 def test_moe_chain_against_the_twins(rt, T, E, k, d, fe, kernel):
     from minfer.cuda.paths.f16.gemm import gemm_f16_nt
-    from minfer.reference import moe as R
 
     rng = np.random.default_rng(T * E)
     h16 = rng.standard_normal((T, d)).astype(np.float16)
@@ -220,37 +218,17 @@ def test_moe_chain_against_the_twins(rt, T, E, k, d, fe, kernel):
     M.combine(rt, x, ys, wts, rowpos)
     out = x.get()
     want, rsel, _ = M.moe_ffn_ref(h16, wr, wg, wu, wd, k)
-    alike = (sel.get() == rsel).all(1)
-    _, _, gap = R.route(logits.get(), k)
-    assert (np.abs(gap[~alike]) < 1e-3).all(), "a row routed otherwise is no near-tie"
-    assert alike.mean() > 0.95
-    err = rel_err(out[alike], want[alike])
-    print(f"\nmoe chain T={T} E={E} k={k}: rel err {err:.2e}, {int((~alike).sum())} near-tie rows")
-    assert err <= 1e-3
+    label = f"moe chain T={T} E={E} k={k}"
+    check_moe_chain(label, out, sel.get(), logits.get(), want, rsel, k, 1e-3)
 
 
 # ---- the whole forward -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from families_data import synth_family
-
-    from minfer.gguf.loader import load_model
-    from minfer.tools.synth import SynthOptions, make_synthetic_model
-
-    d = tmp_path_factory.mktemp("moe_dev")
-    out = {p: load_model(synth_family(p, d)) for p in MOE}
-    for p in MOE:
-        path = d / f"{p}-q4km.gguf"
-        make_synthetic_model(
-            path,
-            SynthOptions(preset=p, qtype="q4_K_M", vocab=1024, tokenizer_from=None, workers=1),
-            progress=False,
-        )
-        out[p + "-q4km"] = load_model(path)
-    return out
+    return moe_models(tmp_path_factory.mktemp("moe_dev"))
 
 
-NAMES = [*MOE, *(p + "-q4km" for p in MOE)]
+NAMES = MOE_NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)
