@@ -19,6 +19,17 @@ class FakeGPUArray:
         )
 
 
+_NEXT = [1 << 20]  # the next free fake device address
+
+
+def fake_dev(shape, dtype) -> FakeGPUArray:
+    """A FakeGPUArray at its own running address (256-byte aligned, a 256-byte gap after it):
+    launch records tell arrays apart by their pointers."""
+    a = FakeGPUArray(shape, dtype, gpudata=_NEXT[0])
+    _NEXT[0] += (int(np.prod(shape)) * np.dtype(dtype).itemsize + 255) // 256 * 256 + 256
+    return a
+
+
 def install(monkeypatch) -> None:
     from minfer.cuda.runtime import devarray
 

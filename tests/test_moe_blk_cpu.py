@@ -184,12 +184,10 @@ class _RT:
         self.launches.append((fn, tuple(grid), tuple(block), args, smem))
 
 
-def _dev(shape, dtype, at=[1 << 20]):  # noqa: B006 (a running address)
-    from fake_gpuarray import FakeGPUArray
+def _dev(shape, dtype):
+    from fake_gpuarray import fake_dev
 
-    a = FakeGPUArray(shape, dtype, gpudata=at[0])
-    at[0] += (int(np.prod(shape)) * np.dtype(dtype).itemsize + 255) // 256 * 256 + 256
-    return a
+    return fake_dev(shape, dtype)
 
 
 def test_launchers_check_and_size_their_grids():
