@@ -415,3 +415,27 @@ def test_check_moe_rows_on_the_heap_runtime(monkeypatch, q4files):
     rows = moe_rows(rt, load_model(q4files["tiny-qwen3moe"]))
     assert len(rows) == 2 * 3 and all(r[-1] for r in rows), rows
     assert rows[0][0].startswith("moe blk.0.ffn (8 x 256, 4 used)") and rows[0][2] == "128x256x256"
+
+
+def test_check_moe_rows_for_each_paths_experts(monkeypatch, q4files):
+    """`minfer check` gates the experts of every checked path this GPU runs: f16's and, on
+    sm_90, blk's (each against its own twins, on the heap runtime here)."""
+    from moe_heap import install
+
+    from minfer.cuda.paths import TABLE
+    from minfer.cuda.paths.blk.moe import BLK_EXPERTS
+    from minfer.cuda.paths.f16.moe import F16_EXPERTS
+    from minfer.gguf.loader import load_model
+    from minfer.tools.check import moe_experts_of, moe_rows
+
+    rt = install(monkeypatch)
+    paths = list(TABLE.values())
+    rt.arch = "sm_90"
+    assert moe_experts_of(rt, paths) == [F16_EXPERTS, BLK_EXPERTS]
+    rt.arch = "sm_80"
+    assert moe_experts_of(rt, paths) == [F16_EXPERTS]
+    assert moe_experts_of(rt, [TABLE["wide-kd4"]]) == [F16_EXPERTS]  # (brings none)
+    rt.arch = "sm_90"
+    rows = moe_rows(rt, load_model(q4files["tiny-qwen3moe"]), layers=[0], experts=[BLK_EXPERTS])
+    assert len(rows) == 3 and all(r[-1] for r in rows), rows
+    assert {r[1] for r in rows} == {"moe-blk"}

@@ -15,6 +15,7 @@ from minfer.tools.check import (
     PARITY_TOL,
     batch_rows,
     identity_rows,
+    moe_experts_of,
     moe_rows,
     parity_rows,
     table_paths,
@@ -72,7 +73,8 @@ def check(
         paths = table_paths(gemm)
         prow = [] if identity_only else parity_rows(rt, model, paths=paths)
         if not identity_only and getattr(model.config, "n_expert", 0):
-            prow += moe_rows(rt, model)  # the experts' grouped GEMMs (one path: f16)
+            # the experts' grouped GEMMs of each checked path that brings its own (f16, blk)
+            prow += moe_rows(rt, model, experts=moe_experts_of(rt, paths))
         irow = [] if parity_only else identity_rows(model, prompt, paths=paths)
         brow = [] if parity_only or no_batch else batch_rows(model, paths=paths)
     finally:

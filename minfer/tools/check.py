@@ -172,58 +172,73 @@ def parity_rows(rt, model, seed: int = 0, n_sample: int = 256, paths=None, echo=
     return rows
 
 
-def moe_rows(rt, model, seed: int = 0, layers=None):
+def moe_experts_of(rt, paths) -> list:
+    """The expert GEMMs (GemmPath.experts) of the checked `paths` that this GPU runs, each
+    once; f16's when none of them brings its own."""
+    from minfer.cuda.paths.f16.moe import F16_EXPERTS
+
+    out = []
+    for p in paths:
+        ex = p.experts
+        if ex is not None and ex not in out and (p.archs is None or rt.arch in p.archs):
+            out.append(ex)
+    return out or [F16_EXPERTS]
+
+
+def moe_rows(rt, model, seed: int = 0, layers=None, experts=None):
     """[(what, path, shape, rel_err, ok)]: a mixture-of-experts model's FFN on the GPU (router
     GEMM, route, sort, grouped GEMMs, combine: minfer.cuda.load.moe.MoeLayers.ffn, what the forward
-    runs) against the numpy twins composed (minfer.cuda.ops.moe.moe_ffn_ref) on the layer's
-    real weights (the first and the last layer; f16, as the device holds them) and random f16
-    activations, M = 128, 37 and 1. Tie-aware: a row the GPU routed otherwise than the twin
-    is left out when its router gap is a near-tie (< 1e-3), else it fails the row. Gate: rel
-    err (Frobenius) <= PARITY_TOL."""
+    runs) with each of `experts` (ExpertGemms; None: f16's) against its numpy twins composed
+    (ExpertGemms.ffn_ref) on the layer's real weights (the first and the last layer, as f16
+    stacks: what the device holds or requantizes) and random f16 activations, M = 128, 37 and
+    1. Tie-aware: a row the GPU routed otherwise than the twin is left out when its router gap
+    is a near-tie (< 1e-3), else it fails the row. Gate: rel err (Frobenius) <= the experts'
+    parity_tol (f16's: PARITY_TOL)."""
     from contextlib import nullcontext
 
     from minfer.cuda.load.moe import MoeLayers
-    from minfer.cuda.ops import moe as M
+    from minfer.cuda.paths.f16.moe import F16_EXPERTS
+    from minfer.cuda.plan.config import moe_kernel
     from minfer.cuda.runtime import devarray as da
     from minfer.reference import moe as R
 
     c = model.config
-    rng = np.random.default_rng(seed)
     rows = []
-    from minfer.cuda.plan.config import moe_kernel
-
     kernel = moe_kernel()  # the forward's (CudaBackend's)
-    for il in layers if layers is not None else sorted({0, c.n_layers - 1}):
-        ml = MoeLayers(rt, model, 128, 64 << 20, layers=[il], kernel=kernel)
-        p = f"blk.{il}."
-        w = {
-            s: model.dequant(p + s + ".weight").astype(np.float16)
-            for s in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-        }
-        for T in (128, 37, 1):
-            h16 = rng.standard_normal((T, c.d_model)).astype(np.float16)
-            x = da.to_device(rt, np.zeros((T, c.d_model), np.float32), "moe check x")
-            ml.ffn(rt, il, x, da.to_device(rt, h16, "moe check h"), lambda *a: nullcontext())
-            got = x.get().astype(np.float64)
-            sel = da.rows(ml.sel, 0, T).get()
-            want, rsel, _ = M.moe_ffn_ref(h16, *w.values(), c.n_expert_used, ml.norm_w, ml.w_scale)
-            alike = (sel == rsel).all(axis=1)
-            _, _, gap = R.route(da.rows(ml.logits, 0, T).get(), c.n_expert_used)
-            stray = int((~alike & (np.abs(gap) >= 1e-3)).sum())  # routed otherwise, no tie
-            err = (
-                float(
-                    np.linalg.norm(got[alike] - want[alike])
-                    / max(np.linalg.norm(want[alike]), 1e-30)
+    for ex in experts or [F16_EXPERTS]:
+        rng = np.random.default_rng(seed)
+        label = f"moe-{kernel}" if ex is F16_EXPERTS else f"moe-{ex.name}"
+        for il in layers if layers is not None else sorted({0, c.n_layers - 1}):
+            ml = MoeLayers(rt, model, 128, 64 << 20, layers=[il], kernel=kernel, experts=ex)
+            p = f"blk.{il}."
+            w = {
+                s: model.dequant(p + s + ".weight").astype(np.float16)
+                for s in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+            }
+            for T in (128, 37, 1):
+                h16 = rng.standard_normal((T, c.d_model)).astype(np.float16)
+                x = da.to_device(rt, np.zeros((T, c.d_model), np.float32), "moe check x")
+                ml.ffn(rt, il, x, da.to_device(rt, h16, "moe check h"), lambda *a: nullcontext())
+                got = x.get().astype(np.float64)
+                sel = da.rows(ml.sel, 0, T).get()
+                want, rsel, _ = ex.ffn_ref(h16, *w.values(), c.n_expert_used, ml.norm_w, ml.w_scale)
+                alike = (sel == rsel).all(axis=1)
+                _, _, gap = R.route(da.rows(ml.logits, 0, T).get(), c.n_expert_used)
+                stray = int((~alike & (np.abs(gap) >= 1e-3)).sum())  # routed otherwise, no tie
+                err = (
+                    float(
+                        np.linalg.norm(got[alike] - want[alike])
+                        / max(np.linalg.norm(want[alike]), 1e-30)
+                    )
+                    if np.isfinite(got).all() and alike.any()
+                    else float("inf")
                 )
-                if np.isfinite(got).all() and alike.any()
-                else float("inf")
-            )
-            what = f"moe {p}ffn ({c.n_expert} x {c.d_ff_exp}, {c.n_expert_used} used)"
-            ties = f", {int((~alike).sum())} tie rows out" if (~alike).any() else ""
-            shape = f"{T}x{c.d_model}x{c.d_ff_exp}{ties}"
-            rows.append((what, f"moe-{kernel}", shape, err, err <= PARITY_TOL and not stray))
-        del ml
-        gc.collect()
+                what = f"moe {p}ffn ({c.n_expert} x {c.d_ff_exp}, {c.n_expert_used} used)"
+                ties = f", {int((~alike).sum())} tie rows out" if (~alike).any() else ""
+                shape = f"{T}x{c.d_model}x{c.d_ff_exp}{ties}"
+                rows.append((what, label, shape, err, err <= ex.parity_tol and not stray))
+            del ml
+            gc.collect()
     return rows
 
 

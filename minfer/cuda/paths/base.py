@@ -274,6 +274,7 @@ class ExpertGemms:
     grid = None
     requant = False
     note = ""  # what it needs, for the memory refusal's hint ("sm_90")
+    parity_tol = 1e-3  # `minfer check`'s gate on a layer against ffn_ref: check.PARITY_TOL
 
     def stack_bytes(self, E: int, N: int, K: int) -> int:
         """Device bytes of a stacked expert weight [E, N, K] as held."""
@@ -290,6 +291,12 @@ class ExpertGemms:
     def hold(self, rt, w16, name: str):
         """A layer's f16 stack [E, N, K] on the device -> the weight `run` reads."""
         return w16
+
+    def ffn_ref(self, h16, wr, wg, wu, wd, k: int, norm_w: bool = True, w_scale: float = 0.0):
+        """The numpy twins of the whole layer composed as MoeLayers.ffn runs them: h16 f16
+        [T, d], router f16 [E, d], gate / up f16 [E, fe, d], down f16 [E, d, fe] -> (f32
+        [T, d], sel, wts)."""
+        raise NotImplementedError
 
     def run(self, ml, rt, il: int, h16, P: int, act, ys, perm, op) -> None:
         """act f16 [P, fe] = swiglu of the gate|up GEMM of the gathered rows h16[perm / k],

@@ -17,6 +17,9 @@ class F16Experts(ExpertGemms):
     def stack_bytes(self, E: int, N: int, K: int) -> int:
         return E * N * K * 2
 
+    def ffn_ref(self, h16, wr, wg, wu, wd, k: int, norm_w: bool = True, w_scale: float = 0.0):
+        return M.moe_ffn_ref(h16, wr, wg, wu, wd, k, norm_w, w_scale)
+
     def run(self, ml, rt, il: int, h16, P: int, act, ys, perm, op) -> None:
         k, fe, d, p = ml.k, ml.fe, ml.d, f"blk.{il}."
         with op("gemm:moe_gate_up", 2.0 * P * 2 * fe * d):
