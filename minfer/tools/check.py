@@ -273,16 +273,17 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
     return ids
 
 
-def reference_grids(routes: dict[str, tuple[str, str]], model=None) -> dict:
+def reference_grids(routes: dict[str, tuple[str, str]], model=None, experts=None) -> dict:
     """weight name -> the grid of its path's kernels (GemmPath.grid) for every weight on an
     int8 path: ReferenceBackend(grids=...) rounds their inputs (blk: and weights) as they do;
     with `model`, a mixture-of-experts model's stacked experts too where the plan's expert
-    GEMMs round them (minfer.cuda.plan.moe.moe_experts: blk's)."""
+    GEMMs round them (`experts`, the plan's; None: minfer.cuda.plan.moe.moe_experts(routes))."""
     from minfer.cuda.paths import TABLE
     from minfer.cuda.plan.moe import EXPERTS, is_moe, moe_experts
 
     out = {n: TABLE[p].grid for n, (p, _) in routes.items() if TABLE[p].grid is not None}
-    grid = moe_experts(routes).grid if model is not None and is_moe(model.config) else None
+    moe = model is not None and is_moe(model.config)
+    grid = (experts or moe_experts(routes)).grid if moe else None
     if grid is not None:
         for il in range(model.config.n_layers):
             out.update({f"blk.{il}.{s}.weight": grid for s in EXPERTS})
@@ -317,7 +318,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
             # through the grid of the kernel that runs them (q8_1; blk's rotated int8)
-            grids = reference_grids(be.routes, model)
+            grids = reference_grids(be.routes, model, be.plan.moe)
             by_grid: dict[str, list[str]] = {}  # grid name -> its weights
             for n, g in grids.items():
                 by_grid.setdefault(g.name, []).append(n)
