@@ -391,6 +391,11 @@ def test_plan_counts_blk_experts_of_a_30b_a3b():
         moe.check_fits(fake, {"expert weights": f16}, 40 << 30, 1 << 30, F)
     with pytest.raises(GPUError, match="experts as blk int8 take"):
         moe.check_fits(fake, {"expert weights": blk}, 20 << 30, 1 << 30, X)
+    # blk's bytes named only where they would fit: 25 GB free holds neither (a 235B's case)
+    with pytest.raises(GPUError) as e:
+        moe.check_fits(fake, {"expert weights": f16}, 25 << 30, 1 << 30, F)
+    assert "experts as f16 take" in str(e.value) and "blk" not in str(e.value)
+    assert "Use a GPU with more memory" in str(e.value)
 
 
 def test_moe_experts_follow_the_plans_gemm_path():

@@ -93,11 +93,11 @@ def check_fits(model, plan: dict[str, int], free: int, margin: int, experts=None
     ew = plan.get("expert weights", 0)
     ex = experts or _f16()
     best = min(_all_experts(), key=lambda e: e.bytes_per_weight)
+    held = weight_bytes(model, best)  # (the rest of the plan as it is: a lower bound)
     hint = (
         f"The {best.label} expert GEMMs (--gemm {best.name}, {best.note or 'any GPU'}: "
-        f"~{best.bytes_per_weight:.2f} B a weight) hold them in {gb(weight_bytes(model, best))}; "
-        "otherwise use"
-        if best.bytes_per_weight < ex.bytes_per_weight
+        f"~{best.bytes_per_weight:.2f} B a weight) hold them in {gb(held)}; otherwise use"
+        if best.bytes_per_weight < ex.bytes_per_weight and need - ew + held + margin <= free
         else "Use"
     )
     raise GPUError(
