@@ -1,7 +1,7 @@
-"""SmoothQuant's calibration for the blk-sq... emulations (minfer.cuda.paths.blk.downgrid):
-max |X_j| of each ffn_down input channel over a text's windows on the exact f32 forward, and
-max |W_j| of its weight's columns, into an npz (keys 'NAME|x', 'NAME|w') that
-$MINFER_SMOOTH_STATS names for the evaluation run. The text should not be the evaluation's
+"""SmoothQuant's calibration for lab/down_grids.py's sq-* variants: max |X_j| of each ffn_down
+input channel over a text's windows on the exact f32 forward, and max |W_j| of its weight's
+columns, into an npz (keys 'NAME|x', 'NAME|w') that down_grids.py's --stats names for the
+evaluation run. The text should not be the evaluation's
 (docs/perplexity.md calibrates on Apache-2.0's text, evaluates on the GPL).
 
     python3 lab/smooth_calib.py OUT.npz -m M -f CALIB.txt --chunks 0 -t 1

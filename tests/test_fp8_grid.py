@@ -1,10 +1,13 @@
 """CPU: the FP8 e4m3 twin (minfer.cuda.paths.blk.fp8) bit for bit against the format's 256 codes
 decoded from its definition (and ml_dtypes' float8_e4m3fn where installed), the block-scaled
 GEMM against float64 within a bound the grid implies (scales per 128 or per 32 of K), the
-ffn_down grids of blk/downgrid.py (blk's int8 with activation scales per 32, SmoothQuant's
-migration), and the ffn_down emulations' labels and weight sets."""
+blk-fp8down emulations' labels and weight sets, and lab/down_grids.py's ffn_down grids (blk's
+int8 with activation scales per 32, SmoothQuant's migration) and how its variants patch in."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,23 +24,17 @@ from minfer.cuda.paths.blk.fp8 import (
     quantize_fp8,
 )
 
-FP8_LABELS = (
-    "blk-fp8down",
-    "blk-fp8down-tile",
-    "blk-fp8down-p2",
-    "blk-fp8down-ao",
-    "blk-fp8down-a32",
-    "blk-fp8down-32",
-)
-DOWN_LABELS = (
-    "blk-down",
-    "blk-down-a32",
-    "blk-sq-down",
-    "blk-sq75-down",
-    "blk-sq-down-a32",
-    "blk-sq-down-w128",
-    "blk-sq-fp8down",
-)
+FP8_LABELS = ("blk-fp8down", "blk-fp8down-tile", "blk-fp8down-p2", "blk-fp8down-ao")
+
+
+@pytest.fixture(scope="module")
+def dg():
+    """lab/down_grids.py (an experiment: not in the package)."""
+    path = Path(__file__).resolve().parents[1] / "lab" / "down_grids.py"
+    spec = importlib.util.spec_from_file_location("down_grids", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _table():
@@ -193,7 +190,6 @@ def test_fp8down_labels_take_ffn_down(tmp_path):
     from synth_data import small_parts, write_small
 
     from minfer.cuda.paths import EMULATIONS, TABLE
-    from minfer.cuda.paths.blk.downgrid import BlkSubGrid, SmoothGrid
     from minfer.cuda.paths.blk.twin import BlkGrid
     from minfer.cuda.plan.config import GemmChoice
     from minfer.cuda.plan.routes import plan_routes
@@ -204,18 +200,14 @@ def test_fp8down_labels_take_ffn_down(tmp_path):
     linear = {n for n, t in model.tensors.items() if len(t.shape) == 2 and "blk." in n}
     down = {n for n in linear if ".ffn_down." in n}
     ao = {n for n in linear if ".attn_output." in n}
-    for label in FP8_LABELS + DOWN_LABELS:
+    for label in FP8_LABELS:
         assert label in EMULATIONS and EMULATIONS[label][0] is TABLE["blk"]
         g = emulated_grids(model, label)
         assert set(g) == linear == emulated_weights(model, label)
         fp8 = down | ao if label.endswith("-ao") else down
-        kind = {"blk-down": BlkGrid, "blk-down-a32": BlkSubGrid}.get(label, Fp8Grid)
-        kind = SmoothGrid if "-sq" in label else kind
-        assert all(isinstance(g[n], kind) for n in fp8)
+        assert all(isinstance(g[n], Fp8Grid) for n in fp8)
         assert all(isinstance(g[n], BlkGrid) for n in linear - fp8)
         assert model.output_name not in g
-    assert isinstance(emulated_grids(model, "blk-sq-fp8down")[next(iter(down))].inner, Fp8Grid)
-    assert isinstance(emulated_grids(model, "blk-sq-down")[next(iter(down))].inner, BlkGrid)
     routes = plan_routes(model, GemmChoice("blk"), _H200, ubatch=512)
     assert all(routes[n][0] == "f16" for n in down)
 
@@ -226,7 +218,7 @@ def test_fp8down_labels_in_the_help():
     code, out, _ = run_cli(["perplexity", "--help"])
     assert code == 0
     flat = " ".join(out.split())
-    for label in FP8_LABELS + DOWN_LABELS:
+    for label in FP8_LABELS:
         assert label in flat.replace("- ", "-")
 
 
@@ -250,13 +242,14 @@ def test_finer_scales():
     assert g.name == "fp8-a32-w32" and np.array_equal(g.weight(w, "n"), fp8_grid(w, block=32))
 
 
-def test_blk_sub_grid():
+def test_blk_sub_grid(dg):
     """blk's rotated int8 with one scale per `sub` of the rotated 128: sub = 128 is blk's own
     activation grid bit for bit; sub = 32 puts each 32's largest rotated value at 127 and is
     within half a step of its 32's scale (rotated domain: the grid is an orthogonal map
     after / 128)."""
-    from minfer.cuda.paths.blk.downgrid import BlkSubGrid, blk_sub_grid
     from minfer.cuda.paths.blk.twin import _rotated, blk_grid, fwht128
+
+    BlkSubGrid, blk_sub_grid = dg.BlkSubGrid, dg.blk_sub_grid
 
     x, w = _ops(9, 7, 30, 3 * FB + 64)
     x = x.astype(np.float16).astype(np.float64)
@@ -277,17 +270,13 @@ def test_blk_sub_grid():
     )
 
 
-def test_smooth_grid(tmp_path, monkeypatch):
+def test_smooth_grid(tmp_path, dg):
     """SmoothQuant's migration: s = xmax^a / wmax^(1-a); at a = 0.5 X / s and W * s share each
     channel's maximum (sqrt(xmax wmax)); on an exact inner grid X' W'^T = X W^T; the stats come
-    from the npz $MINFER_SMOOTH_STATS names, a clear error without it."""
-    from minfer.cuda.paths.blk.downgrid import (
-        SMOOTH_ENV,
-        SmoothGrid,
-        load_smooth_stats,
-        smooth_scales,
-    )
+    from the npz --stats names, a clear error without it."""
     from minfer.errors import BadInput
+
+    SmoothGrid, smooth_scales = dg.SmoothGrid, dg.smooth_scales
 
     x, w = _ops(11, 9, 20, FB)
     xmax, wmax = np.abs(x).max(axis=0), np.abs(w).max(axis=0)
@@ -308,22 +297,21 @@ def test_smooth_grid(tmp_path, monkeypatch):
 
     name = "blk.0.ffn_down.weight"
     np.savez(tmp_path / "st.npz", **{name + "|x": xmax, name + "|w": wmax})
-    monkeypatch.setenv(SMOOTH_ENV, str(tmp_path / "st.npz"))
-    g = SmoothGrid(Exact())
+    g = SmoothGrid(Exact(), stats=str(tmp_path / "st.npz"))
     assert g.name == "sq-exact" and np.array_equal(g.scales(name), s)
     got = g.act(x, name).astype(np.float64) @ g.weight(w, name).astype(np.float64).T
     assert np.allclose(got, x @ w.T, rtol=1e-5, atol=1e-5 * (np.abs(x) @ np.abs(w).T).max())
-    g8 = SmoothGrid(Fp8Grid())
+    g8 = SmoothGrid(Fp8Grid(), stats=str(tmp_path / "st.npz"))
     assert np.array_equal(g8.act(x, name), fp8_grid((x / s).astype(np.float32)))
-    monkeypatch.delenv(SMOOTH_ENV)
-    with pytest.raises(BadInput, match=SMOOTH_ENV):
-        load_smooth_stats()
+    with pytest.raises(BadInput, match="--stats FILE"):
+        SmoothGrid(Fp8Grid()).act(x, name)
 
 
-def test_blk_sub_grid_weight_pairs():
+def test_blk_sub_grid_weight_pairs(dg):
     """BlkSubGrid's weight: blk's rotated int8 per (row, pair x 128); pair 2 is blk's own."""
-    from minfer.cuda.paths.blk.downgrid import BlkSubGrid
     from minfer.cuda.paths.blk.twin import BlkGrid, blk_grid
+
+    BlkSubGrid = dg.BlkSubGrid
 
     _, w = _ops(4, 3, 20, 3 * FB)
     n = "blk.0.ffn_down.weight"
@@ -331,3 +319,35 @@ def test_blk_sub_grid_weight_pairs():
     g = BlkSubGrid(128, pair=1)
     assert g.name == "blk-w128" and np.array_equal(g.weight(w, n), blk_grid(w, True, pair=1))
     assert np.array_equal(g.act(w[None], n)[0], BlkGrid().act(w, n))
+
+
+def test_lab_variants_patch_only_ffn_down(tmp_path, monkeypatch, dg):
+    """lab/down_grids.py's patch: under --emulate blk-fp8down, ffn_down takes the variant's grid
+    (SmoothQuant's with their inner grid), every other weight keeps blk's."""
+    from synth_data import small_parts, write_small
+
+    from minfer.cuda.paths.blk.twin import BlkGrid
+    from minfer.gguf.loader import load_model
+    from minfer.tools.perplexity import emulate
+
+    model = load_model(write_small(tmp_path / "small.gguf", *small_parts(seed=2, tied=False)))
+    want = {
+        "fp8-a32": Fp8Grid,
+        "fp8-32": Fp8Grid,
+        "int8": BlkGrid,
+        "int8-a32": dg.BlkSubGrid,
+        "sq-int8-w128": dg.SmoothGrid,
+        "sq-fp8": dg.SmoothGrid,
+    }
+    for variant in dg.VARIANTS:
+        monkeypatch.setattr(emulate, "emulated_grids", emulate.emulated_grids)
+        base = emulate.emulated_grids(model, "blk-fp8down")
+        dg.patch(variant, stats={})
+        g = emulate.emulated_grids(model, "blk-fp8down")
+        assert set(g) == set(base)
+        for n, v in g.items():
+            if ".ffn_down." in n:
+                assert isinstance(v, want.get(variant, dg.SmoothGrid)), (variant, n)
+            else:
+                assert v is base[n] or isinstance(v, BlkGrid)
+        monkeypatch.undo()

@@ -15,7 +15,6 @@ from functools import partial
 import numpy as np
 
 from minfer.cuda.paths.base import Emulation, GemmPath, LinearRoute, Operand
-from minfer.cuda.paths.blk.downgrid import BlkSubGrid, SmoothGrid
 from minfer.cuda.paths.blk.fp8 import Fp8Grid
 from minfer.cuda.paths.blk.moe import BLK_EXPERTS
 from minfer.cuda.paths.blk.twin import BlkGrid
@@ -140,54 +139,6 @@ class BlkPath(GemmPath):
             grid,
             kinds={"ffn_down": Fp8Grid(), "attn_output": Fp8Grid()},
             help="blk-fp8down with attn_output on FP8 too",
-        ),
-        "blk-fp8down-a32": Emulation(
-            grid,
-            kinds={"ffn_down": Fp8Grid(ablock=32)},
-            help="blk-fp8down with activations per (token, 32)",
-        ),
-        "blk-fp8down-32": Emulation(
-            grid,
-            kinds={"ffn_down": Fp8Grid(ablock=32, wblock=32)},
-            help="blk-fp8down with activations per (token, 32), weights per (row, 32)",
-        ),
-        # ffn_down on grids of blk/downgrid.py: blk's int8 (what no-exact-down runs), finer
-        # activation scales, SmoothQuant's migration first (its calibration: lab/smooth_calib.py,
-        # the stats file named by $MINFER_SMOOTH_STATS)
-        "blk-down": Emulation(
-            grid,
-            kinds={"ffn_down": grid},
-            help="blk, ffn_down on blk's int8 grid too (as blk:no-exact-down)",
-        ),
-        "blk-down-a32": Emulation(
-            grid,
-            kinds={"ffn_down": BlkSubGrid(32)},
-            help="blk-down with ffn_down's activations per (token, 32 of the rotated 128), no kernel",
-        ),
-        "blk-sq-down": Emulation(
-            grid,
-            kinds={"ffn_down": SmoothGrid(grid)},
-            help="blk-down after SmoothQuant's migration (a = 0.5; $MINFER_SMOOTH_STATS), no kernel",
-        ),
-        "blk-sq75-down": Emulation(
-            grid,
-            kinds={"ffn_down": SmoothGrid(grid, alpha=0.75)},
-            help="blk-sq-down with a = 0.75, no kernel",
-        ),
-        "blk-sq-down-a32": Emulation(
-            grid,
-            kinds={"ffn_down": SmoothGrid(BlkSubGrid(32))},
-            help="blk-down-a32 after SmoothQuant's migration ($MINFER_SMOOTH_STATS), no kernel",
-        ),
-        "blk-sq-down-w128": Emulation(
-            grid,
-            kinds={"ffn_down": SmoothGrid(BlkSubGrid(128, pair=1))},
-            help="blk-sq-down with ffn_down's weight per (row, 128), no kernel",
-        ),
-        "blk-sq-fp8down": Emulation(
-            grid,
-            kinds={"ffn_down": SmoothGrid(Fp8Grid())},
-            help="blk-fp8down after SmoothQuant's migration (a = 0.5; $MINFER_SMOOTH_STATS)",
         ),
     }
     scratch_parts = ("blk operand scratch", "blk requant staging", "MMQ stream-K workspace")
