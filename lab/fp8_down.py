@@ -1,4 +1,4 @@
-"""Where FP8 e4m3 on ffn_down loses (docs/perplexity.md, "FP8 on ffn_down"): `minfer perplexity
+"""Where FP8 e4m3 on ffn_down loses (docs/perplexity.md, "ffn_down off f16"): `minfer perplexity
 --emulate blk-fp8down` with ffn_down's FP8 grid replaced by one of these variants (blk's grid
 on its usual weights unless said). An experiment: this patches
 minfer.tools.perplexity.emulate.emulated_grids for the one process.

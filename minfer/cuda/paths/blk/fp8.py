@@ -102,39 +102,56 @@ def quantize_fp8(
 
 def fp8_gemm(qa: np.ndarray, sa: np.ndarray, qw: np.ndarray, sw: np.ndarray) -> np.ndarray:
     """DeepGEMM's math in f32: y = sum_b (qa_b @ qw_b^T, summed in f32) * sa_b sw_b^T, the
-    partial sum of each 128 of K promoted into the f32 accumulator -> f32 [M, N]."""
-    M, KB = sa.shape
+    partial sum of each block of K promoted into the f32 accumulator -> f32 [M, N]. The
+    blocks: K / sa.shape[1] of K for the activations, K / sw.shape[1] for the weights (128,
+    or 32 on one side or both: the MX-like grids); the promotion runs per the finer of the
+    two (per 32 when either is 32), each partial sum times its blocks' sa sw."""
+    M, KA = sa.shape
+    KW = sw.shape[1]
+    ba, bw = qa.shape[1] // KA, qw.shape[1] // KW
+    p = min(ba, bw)
     y = np.zeros((M, sw.shape[0]), np.float32)
-    for b in range(KB):
-        P = qa[:, b * FB : (b + 1) * FB].astype(np.float32) @ qw[:, b * FB : (b + 1) * FB].T
-        y += P.astype(np.float32) * (sa[:, b, None] * sw[None, :, b]).astype(np.float32)
+    for b in range(qa.shape[1] // p):
+        P = qa[:, b * p : (b + 1) * p].astype(np.float32) @ qw[:, b * p : (b + 1) * p].T
+        s = sa[:, b * p // ba, None] * sw[None, :, b * p // bw]
+        y += P.astype(np.float32) * s.astype(np.float32)
     return y
 
 
-def fp8_grid(x: np.ndarray, rows: int = 1, pow2: bool = False) -> np.ndarray:
+def fp8_grid(x: np.ndarray, rows: int = 1, pow2: bool = False, block: int = FB) -> np.ndarray:
     """x [R, K] -> f32 [R, K]: the values the FP8 GEMM sees, q * s, so that
-    fp8_grid(x) @ fp8_grid(w).T equals fp8_gemm up to f32 rounding: the CPU emulation."""
+    fp8_grid(x) @ fp8_grid(w).T equals fp8_gemm up to f32 rounding: the CPU emulation.
+    block: K per scale (128; 32: the MX-like grids)."""
     x = np.asarray(x)
     R, K = x.shape
-    q, s = quantize_fp8(x, rows=rows, pow2=pow2)
-    y = q.reshape(R, -1, FB) * s[..., None]
+    q, s = quantize_fp8(x, rows=rows, pow2=pow2, block=block)
+    y = q.reshape(R, -1, block) * s[..., None]
     return np.ascontiguousarray(y.reshape(R, -1)[:, :K]).astype(np.float32)
 
 
 class Fp8Grid:
     """FP8 e4m3 on the CPU reference (ReferenceBackend(grids=...)): activations per (token,
-    128), weights per (row, 128) (wrows = 1) or per (128 x 128) tile (wrows = 128); pow2:
-    power-of-two scales on both sides."""
+    ablock), weights per (row, wblock) (wrows = 1) or per (128 x 128) tile (wrows = 128);
+    pow2: power-of-two scales on both sides. ablock, wblock: 128 (DeepSeek-V3's) or 32 (as
+    the MX formats: the kernel would promote per 32 of K)."""
 
-    def __init__(self, wrows: int = 1, pow2: bool = False):
-        self.wrows, self.pow2 = wrows, pow2
-        self.name = "fp8" + ("-tile" if wrows > 1 else "") + ("-p2" if pow2 else "")
+    def __init__(self, wrows: int = 1, pow2: bool = False, ablock: int = FB, wblock: int = FB):
+        self.wrows, self.pow2, self.ablock, self.wblock = wrows, pow2, ablock, wblock
+        self.name = (
+            "fp8"
+            + ("-tile" if wrows > 1 else "")
+            + ("-p2" if pow2 else "")
+            + (f"-a{ablock}" if ablock != FB else "")
+            + (f"-w{wblock}" if wblock != FB else "")
+        )
 
     def weight(self, w: np.ndarray, name: str) -> np.ndarray:
-        return fp8_grid(w.reshape(w.shape[0], -1), rows=self.wrows, pow2=self.pow2)
+        w = w.reshape(w.shape[0], -1)
+        return fp8_grid(w, rows=self.wrows, pow2=self.pow2, block=self.wblock)
 
     def act(self, x: np.ndarray, name: str) -> np.ndarray:
-        return fp8_grid(x.reshape(-1, x.shape[-1]), pow2=self.pow2).reshape(x.shape)
+        y = fp8_grid(x.reshape(-1, x.shape[-1]), pow2=self.pow2, block=self.ablock)
+        return y.reshape(x.shape)
 
 
 __all__ = [
