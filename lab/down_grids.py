@@ -10,7 +10,7 @@ minfer.tools.perplexity.emulate.emulated_grids for the one process.
 | --- | --- |
 | fp8-a32 | FP8 e4m3, activations per (token, 32), weights per (row, 128) |
 | fp8-32 | FP8 e4m3 per (token, 32) and (row, 32) |
-| int8 | blk's rotated int8 (what `--emulate blk:no-exact-down` runs) |
+| int8 | blk's rotated int8 (the grid of blk's tuning variant `no-exact-down`) |
 | int8-a32 | blk's int8 with activation scales per 32 of the rotated 128 |
 | sq-int8, sq75-int8 | SmoothQuant's migration (a = 0.5, 0.75; --stats), then blk's int8 |
 | sq-int8-a32 | SmoothQuant, then int8-a32 |
