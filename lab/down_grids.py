@@ -15,6 +15,7 @@ minfer.tools.perplexity.emulate.emulated_grids for the one process.
 | sq-int8, sq75-int8 | SmoothQuant's migration (a = 0.5, 0.75; --stats), then blk's int8 |
 | sq-int8-a32 | SmoothQuant, then int8-a32 |
 | sq-int8-w128 | SmoothQuant, then blk's int8 with the weight per (row, 128) |
+| sq30-, sq40-int8-w128 | the same with a = 0.3, 0.4 |
 | sq-fp8 | SmoothQuant, then FP8 per 128 x 128 |
 
 - blk_sub_grid: blk's rotated int8 activations (128-point Walsh-Hadamard per 128 of K) with
@@ -144,6 +145,8 @@ def variant_grid(variant: str, stats=None):
         "sq75-int8": lambda: SmoothGrid(BlkGrid(), alpha=0.75, stats=stats),
         "sq-int8-a32": lambda: SmoothGrid(BlkSubGrid(32), stats=stats),
         "sq-int8-w128": lambda: SmoothGrid(BlkSubGrid(128, pair=1), stats=stats),
+        "sq30-int8-w128": lambda: SmoothGrid(BlkSubGrid(128, pair=1), alpha=0.3, stats=stats),
+        "sq40-int8-w128": lambda: SmoothGrid(BlkSubGrid(128, pair=1), alpha=0.4, stats=stats),
         "sq-fp8": lambda: SmoothGrid(Fp8Grid(), stats=stats),
     }[variant]()
 
@@ -157,6 +160,8 @@ VARIANTS = (
     "sq75-int8",
     "sq-int8-a32",
     "sq-int8-w128",
+    "sq30-int8-w128",
+    "sq40-int8-w128",
     "sq-fp8",
 )
 
