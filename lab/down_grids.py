@@ -16,6 +16,7 @@ minfer.tools.perplexity.emulate.emulated_grids for the one process.
 | sq-int8-a32 | SmoothQuant, then int8-a32 |
 | sq-int8-w128 | SmoothQuant, then blk's int8 with the weight per (row, 128) |
 | sq30-, sq40-int8-w128 | the same with a = 0.3, 0.4 |
+| any of them + `-skipN` | the N layers whose ffn_down input has the largest max-to-median channel ratio (--stats) keep ffn_down exact |
 | sq-fp8 | SmoothQuant, then FP8 per 128 x 128 |
 
 - blk_sub_grid: blk's rotated int8 activations (128-point Walsh-Hadamard per 128 of K) with
@@ -166,23 +167,35 @@ VARIANTS = (
 )
 
 
+def outlier_layers(stats, n: int) -> set[str]:
+    """The n ffn_down weights whose inputs' largest |X_j| (the calibration's) stands furthest
+    above their median channel's: the massive-activation layers (SmolLM2: 11 and 28)."""
+    st = stats if isinstance(stats, dict) else load_smooth_stats(stats)
+    ratio = {k: float(x.max() / max(np.median(x), 1e-30)) for k, (x, _) in st.items()}
+    return set(sorted(ratio, key=ratio.get, reverse=True)[:n])
+
+
 def patch(variant: str, stats=None) -> None:
-    """ffn_down's grid of every --emulate label that has one replaced by the variant's."""
+    """ffn_down's grid of every --emulate label that has one replaced by the variant's; a
+    "-skipN" suffix leaves the N outlier layers' ffn_down exact (f16 on the GPU)."""
     from minfer.tools.perplexity import emulate
 
+    base, _, skip = variant.partition("-skip")
     orig = emulate.emulated_grids
-    g = variant_grid(variant, stats)
+    g = variant_grid(base, stats)
+    keep = outlier_layers(stats, int(skip)) if skip else set()
 
     def emulated_grids(model, label):
         grids = orig(model, label)
-        return {n: (g if ".ffn_down." in n else v) for n, v in grids.items()}
+        out = {n: (g if ".ffn_down." in n else v) for n, v in grids.items()}
+        return {n: v for n, v in out.items() if n not in keep}
 
     emulate.emulated_grids = emulated_grids
 
 
 def main() -> None:
     args = sys.argv[1:]
-    if not args or args[0] not in VARIANTS:
+    if not args or args[0].partition("-skip")[0] not in VARIANTS:
         sys.exit(
             f"usage: down_grids.py {{{','.join(VARIANTS)}}} [--stats FILE] PERPLEXITY-OPTIONS..."
         )

@@ -351,3 +351,23 @@ def test_lab_variants_patch_only_ffn_down(tmp_path, monkeypatch, dg):
             else:
                 assert v is base[n] or isinstance(v, BlkGrid)
         monkeypatch.undo()
+
+
+def test_lab_skip_keeps_the_outlier_layers_exact(tmp_path, monkeypatch, dg):
+    """A "-skipN" variant leaves the ffn_down of the N layers with the largest max-to-median
+    input ratio off the grid (exact: f16 on the GPU), every other ffn_down on the variant's."""
+    from synth_data import small_parts, write_small
+
+    from minfer.gguf.loader import load_model
+    from minfer.tools.perplexity import emulate
+
+    model = load_model(write_small(tmp_path / "small.gguf", *small_parts(seed=2, tied=False)))
+    down = sorted(n for n in emulate.emulated_grids(model, "blk-fp8down") if ".ffn_down." in n)
+    rng = np.random.default_rng(0)
+    stats = {n: (rng.uniform(1, 2, 64), np.ones(64)) for n in down}
+    stats[down[-1]][0][5] = 1000.0  # the outlier layer
+    assert dg.outlier_layers(stats, 1) == {down[-1]}
+    monkeypatch.setattr(emulate, "emulated_grids", emulate.emulated_grids)
+    dg.patch("int8-skip1", stats=stats)
+    g = emulate.emulated_grids(model, "blk-fp8down")
+    assert down[-1] not in g and all(n in g for n in down[:-1])
