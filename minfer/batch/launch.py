@@ -6,10 +6,9 @@ overlap, docs/serve.md "How a request runs").
     out = h.wait()                             # what packed(...) returns, or its error
 
 At most one launch is outstanding on a backend: launch N+1 may come before N's wait, never
-N+2 (the CUDA backend's staging buffers are double, and asserts it). A backend that computes
-on the host (the CPU reference) runs the forward in the launch and hands back a `Ready`
-handle; `launch(backend, ...)` does the same for any backend without packed_launch (the
-tests' fakes): packed() called eagerly, its value or error kept for wait().
+N+2 (the CUDA backend's staging buffers are double, and asserts it). `launch(backend, ...)`
+serves a backend without packed_launch (the CPU reference, which computes on the host anyway,
+and the tests' fakes): packed() called at once, its value or error kept for wait() (`Ready`).
 """
 
 from __future__ import annotations

@@ -447,10 +447,10 @@ class ReferenceBackend:
         tie gap goes to self.router_log (when a list) as (il, gap [T])."""
         from minfer.reference import moe
 
-        c = self.cfg
         p = f"blk.{il}."
+        h = self._moe_input(il, h)
         logits = self._linear(h, p + "ffn_gate_inp.weight")  # [T, e]
-        sel, w, gap = moe.route(logits, c.n_expert_used, c.moe_gating, c.moe_norm_w, c.moe_w_scale)
+        sel, w, gap = self._route(il, logits)
         if self.router_log is not None:
             self.router_log.append((il, gap))
 
@@ -462,6 +462,17 @@ class ReferenceBackend:
             return x @ W.T
 
         return moe.moe_ffn(h, sel, w, self.expert, p, linear)
+
+    def _moe_input(self, il: int, h: np.ndarray) -> np.ndarray:
+        """The MoE layer's input as it routes and computes (a subclass may perturb it)."""
+        return h
+
+    def _route(self, il: int, logits: np.ndarray):
+        """(sel, w, gap) of the router logits [T, e]: minfer.reference.moe.route's rules."""
+        from minfer.reference import moe
+
+        c = self.cfg
+        return moe.route(logits, c.n_expert_used, c.moe_gating, c.moe_norm_w, c.moe_w_scale)
 
     def _experts_cached(self) -> bool:
         """Keep dequantized experts (all of them fit EXPERT_CACHE_BYTES in self.dtype)."""
@@ -587,13 +598,6 @@ class ReferenceBackend:
                 f"running the CPU packed forward of {ids.shape[0]} tokens "
                 f"(slots {int(tok[0, 0])}..{int(tok[-1, 0])})"
             ) from None
-
-    def packed_launch(self, ids, tok, rows, targets, top: int = 0, hidden=None):
-        """packed() as a launch (minfer.batch.launch): computed here, on the host, at once; the
-        handle's wait() gives packed()'s value or raises its error."""
-        from minfer.batch.launch import Ready
-
-        return Ready(lambda: self.packed(ids, tok, rows, targets, top=top, hidden=hidden))
 
     def _checked_packed(self, ids, tok, rows, targets):
         """packed()'s arguments as int64 arrays, or BadInput naming what cannot run."""

@@ -32,14 +32,15 @@ class PerturbedReference(ReferenceBackend):
         self.eps, self.rng = float(eps), np.random.default_rng(seed)
         self.forced, self.sels = sels, []
 
-    def _moe(self, il: int, h: np.ndarray) -> np.ndarray:
-        c = self.cfg
-        if self.eps:
-            h = h * (1 + self.eps * self.rng.standard_normal(h.shape)).astype(h.dtype)
-        p = f"blk.{il}."
-        logits = self._linear(h, p + "ffn_gate_inp.weight")
-        sel, w, gap = moe.route(logits, c.n_expert_used, c.moe_gating, c.moe_norm_w, c.moe_w_scale)
+    def _moe_input(self, il: int, h: np.ndarray) -> np.ndarray:
+        if not self.eps:
+            return h
+        return h * (1 + self.eps * self.rng.standard_normal(h.shape)).astype(h.dtype)
+
+    def _route(self, il: int, logits: np.ndarray):
+        sel, w, gap = super()._route(il, logits)
         if self.forced is not None:  # the given experts, weighted by this run's softmax
+            c = self.cfg
             sel = self.forced[len(self.sels)]
             probs = np.take_along_axis(moe.ops.softmax(logits, axis=-1), sel, axis=-1)
             w = (
@@ -50,15 +51,7 @@ class PerturbedReference(ReferenceBackend):
             if c.moe_w_scale not in (0.0, 1.0):
                 w = w * w.dtype.type(c.moe_w_scale)
         self.sels.append(sel)
-        if self.router_log is not None:
-            self.router_log.append((il, gap))
-
-        def linear(x, W, name):
-            if name in self.grids:
-                x = self.grids[name].act(x, name).astype(self.dtype, copy=False)
-            return x @ W.T
-
-        return moe.moe_ffn(h, sel, w, self.expert, p, linear)
+        return sel, w, gap
 
 
 def rel(a, b) -> float:
