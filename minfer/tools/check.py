@@ -205,16 +205,17 @@ def moe_rows(rt, model, seed: int = 0, layers=None, experts=None):
     c = model.config
     rows = []
     kernel = moe_kernel()  # the forward's (CudaBackend's)
-    for ex in experts or [F16_EXPERTS]:
-        rng = np.random.default_rng(seed)
-        label = f"moe-{kernel}" if ex is F16_EXPERTS else f"moe-{ex.name}"
-        for il in layers if layers is not None else sorted({0, c.n_layers - 1}):
+    experts = experts or [F16_EXPERTS]
+    rngs = [np.random.default_rng(seed) for _ in experts]  # the same activations for each
+    for il in layers if layers is not None else sorted({0, c.n_layers - 1}):
+        p = f"blk.{il}."
+        w = {  # (dequantized once for every experts' rows)
+            s: model.dequant(p + s + ".weight").astype(np.float16)
+            for s in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+        }
+        for ex, rng in zip(experts, rngs):
+            label = f"moe-{kernel}" if ex is F16_EXPERTS else f"moe-{ex.name}"
             ml = MoeLayers(rt, model, 128, 64 << 20, layers=[il], kernel=kernel, experts=ex)
-            p = f"blk.{il}."
-            w = {
-                s: model.dequant(p + s + ".weight").astype(np.float16)
-                for s in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-            }
             for T in (128, 37, 1):
                 h16 = rng.standard_normal((T, c.d_model)).astype(np.float16)
                 x = da.to_device(rt, np.zeros((T, c.d_model), np.float32), "moe check x")
