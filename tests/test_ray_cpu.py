@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import sys
 
@@ -133,6 +134,9 @@ def test_same_file_as_one_process(ray_local, tiny, prompts, single, tmp_path):
     assert out.read_bytes() == single
     assert "2 cpu actors" in err and "batches of <= 4 prompts" in err
     assert "Ray's start" in err and "the first batch back after" in err and "prompt tok/s" in err
+    # the actors' own prefill seconds came back with their records (the per-GPU rate's clock)
+    secs = re.search(r"tok/s an actor \(the actors' prefill ([0-9.]+) s", err)
+    assert secs and float(secs.group(1)) > 0, err
     assert ray_local.is_initialized()  # an instance it did not start is left running
 
 

@@ -42,6 +42,14 @@ class JobTotals:
     start_s: float = 0.0  # Ray's start (or join)
     first_s: float = 0.0  # until the first batch's records came (actors made, model loaded)
     after_tokens: int = 0  # prompt tokens of the batches that came after the first
+    prefill_s: float = 0.0  # the actors' prefill seconds, summed (their engines' own clocks)
+    decode_s: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        """Prompt tok/s an actor (a GPU) over the actors' summed prefill seconds, as the single
+        process's `prefill` line counts its own (nan when the actors reported none)."""
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else float("nan")
 
     @property
     def after_tok_s(self) -> float:
@@ -129,7 +137,7 @@ def grouped(cls):
     class Grouped(cls):
         def __call__(self, batch: dict) -> dict:
             outs = [super(Grouped, self).__call__(pickle.loads(g)) for g in batch["group"]]
-            return {k: np.concatenate([o[k] for o in outs]) for k in ("index", "record")}
+            return {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
 
     Grouped.__name__ = Grouped.__qualname__ = cls.__name__
     return Grouped
@@ -205,6 +213,9 @@ def _ordered(ds, n: int, write_line, pb, tot: JobTotals, lengths, t0: float) -> 
     nxt = 0
     for b in ds.iter_batches(batch_size=None, batch_format="numpy"):
         idx = b["index"].tolist()
+        if "prefill_s" in b:
+            tot.prefill_s += float(np.sum(b["prefill_s"]))
+            tot.decode_s += float(np.sum(b["decode_s"]))
         if not tot.first_s:
             tot.first_s = time.perf_counter() - t0
         else:

@@ -6,7 +6,9 @@ bytes or an int sequence; "n_context": a scored continuation's context tokens, -
 "prompt" (text, or a prompt-file record's JSON: minfer.batch.records checks it), and optionally
 "index" (the row's position; default the batch's own 0..k-1), "id" (the record's id as JSON
 text; default the index) and "line" (the prompt file's line, named in a GPU fault). Out:
-"index" and "record" (str).
+"index", "record" (str) and "prefill_s" / "decode_s" (the row's even share of its batch's
+prefill and decode seconds in the engine: summed over a job, the actors' own time, without Ray's
+start and the model loads).
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ class MinferPredictor:
             n = int(lines[j])
             return f"{self.source} line {n} (id {pids[j]!r})" if n else f"prompt {index[j]}"
 
-        self.engine.run(
+        tot = self.engine.run(
             [(j, ids, first) for j, (ids, first) in enumerate(prompts)],
             [len(ids) for ids, _ in prompts],
             self.n_predict,
@@ -140,4 +142,9 @@ class MinferPredictor:
             top=self.top,
             describe=describe,
         )
-        return {"index": np.asarray(index, np.int64), "record": np.asarray(out, dtype=object)}
+        return {
+            "index": np.asarray(index, np.int64),
+            "record": np.asarray(out, dtype=object),
+            "prefill_s": np.full(k, tot.prefill_s / k),
+            "decode_s": np.full(k, tot.decode_s / k),
+        }

@@ -198,6 +198,8 @@ def _run_ray(
         f"{plural(tot.batches, 'batch', 'batches')} of <= {group} prompts; Ray's start "
         f"{tot.start_s:.2f} s, the first batch back after {tot.first_s:.2f} s, then "
         f"{tot.after_tok_s:,.1f} prompt tok/s",
+        f"prefill  {tot.prefill_tok_s:,.1f} tok/s an actor (the actors' prefill {tot.prefill_s:.2f}"
+        f" s, decode {tot.decode_s:.2f} s, on their engines' clocks)",
         f"total    {tot.wall_s:.2f} s ({tot.prompt_tokens / max(tot.wall_s, 1e-9):,.1f} "
         "prompt tok/s, Ray's start included), results "
         + ("on stdout" if out in (None, "-") else f"in {out}"),
