@@ -13,7 +13,8 @@
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
 #   closing: Ray's identity with the actors' KV planned for the whole job, then pooled (embeddings
-#          and rerank with the scheduler's overlap) and the embeddings without it (--no-overlap).
+#          and rerank with the scheduler's overlap) and the embeddings without it (NOOVERLAP=1);
+#          CLOSING_MOE=1 the blk experts' forward test.
 #   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl and
 #          .raywhl): the overlap's and serving GPU tests, the serving table (host work, client
 #          CPU), Ray's identity with groups, the MoE tests (f16 and blk experts)
@@ -22,7 +23,8 @@
 #          kernels' tests, each capped by what the deadline leaves.
 #   house: the new families' blk checks (MOE_TESTS=1: the MoE kernels' tests first), their speed
 #          per weight beside llama's (FAMILY_PRESETS, one bench process), bench A B A at pp512
-#          against .old/ where carried, each capped by what the deadline leaves.
+#          against .old/ where carried, `minfer check` on the slice's Q4_K_M requant where
+#          .devdata is carried, each capped by what the deadline leaves.
 #   refactor: a restructure checked against the tree in .old/ (git archive OLD minfer kernels):
 #          every path's logits bitwise on the slice's Q4_K_M and a 2-layer 8B shape, `minfer
 #          check`, and bench A B A (new, old, new) at pp512 / pp2048.
@@ -427,7 +429,7 @@ if [ "$MODE" = closing ]; then   # issue 55's Ray identity (actors planned for t
   # POOLED_BATCH=1 adds `bench --batch`, NOOVERLAP=1 the embeddings without the overlap)
   step pooled 260 env POOLED_TESTS=0 POOLED_BATCH=${POOLED_BATCH:-0} OUT=$OUT/pooled \
     bash scripts/device_run.sh pooled 255
-  step tests_moeblk 90 python3 -m pytest -q -rfEsx tests/gpu/test_moe_blk_device.py \
+  [ "${CLOSING_MOE:-0}" = 1 ] && step tests_moeblk 90 python3 -m pytest -q -rfEsx tests/gpu/test_moe_blk_device.py \
     -k "forward_matches_the_grid_reference or operand or upload"
   [ "${NOOVERLAP:-0}" = 1 ] && step nooverlap 130 python3 -m minfer.tools.bench.pooling \
     -m /tmp/q8b.gguf --batch 4096 --tokens 256 --docs 0 --repeats 2 --no-overlap
@@ -435,7 +437,7 @@ if [ "$MODE" = closing ]; then   # issue 55's Ray identity (actors planned for t
   echo "--- ray"; grep -vE "^WARNING: Target" "$OUT/ray.log" | tail -12
   echo "--- pooled"; tail -8 "$OUT/pooled.log"
   [ -f "$OUT/nooverlap.log" ] && echo "--- no overlap" && tail -3 "$OUT/nooverlap.log"
-  tests_summary tests_moeblk; grep -E "XFAIL|XPASS|rel |positions" "$OUT/tests_moeblk.log" | head -12
+  tests_summary tests_moeblk; grep -sE "XFAIL|XPASS|rel |positions" "$OUT/tests_moeblk.log" | head -12
   exit 0
 fi
 
@@ -481,6 +483,9 @@ if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the 
     step synth_$p 60 $M synth --preset $p --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
     MS="$MS -m /tmp/$p.gguf"; done
   step bench_fam 200 $M bench $MS --tokens 512,2048 --min-ms 0 --repeats 2 --no-breakdown --gemm blk
+  if [ -f "$S" ]; then   # the gates on the slice's Q4_K_M requant (carry .devdata)
+    step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet --allow-requantize
+    step check 160 $M check -m /tmp/slice-q4km.gguf; fi
   if [ -d .old ]; then for t in new old new2; do   # issue 51's A B A (new, old, new) at pp512
     d=$REPO; [ $t = old ] && d=$REPO/.old
     (cd $d && step bench_$t 60 env PYTHONPATH=/tmp/site:$d python3 -m minfer bench -m /tmp/llama3-8b.gguf \
@@ -489,6 +494,7 @@ if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the 
   tests_summary tests_moe tests_families
   echo "--- bench"; grep -E "^\| |^model|rror" "$OUT/bench_fam.log" | grep -v "| ---"
   for t in new old new2; do [ -f "$OUT/bench_$t.log" ] && echo "--- A B A $t" && grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
+  [ -f "$OUT/check.log" ] && echo "--- check" && grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -34
   exit 0
 fi
 
