@@ -37,6 +37,7 @@ import sys
 
 import numpy as np
 
+from minfer.cuda.paths.blk.outliers import OutlierGrid
 from minfer.cuda.paths.blk.twin import BK, WPAIR, _rotated, blk_grid, fwht128, kblocks
 
 ALPHA = 0.5
@@ -77,6 +78,89 @@ class BlkSubGrid:
         return blk_sub_grid(x.reshape(-1, x.shape[-1]), self.sub).reshape(x.shape)
 
 
+def _signs(K: int, seed: int) -> np.ndarray:
+    """A fixed random +-1 per input channel (QuaRot's randomized Hadamard: D before H)."""
+    return np.random.default_rng(seed).choice(np.float32([-1, 1]), K)
+
+
+def rot_grid(x: np.ndarray, rot: int, group: int, signs=None) -> np.ndarray:
+    """x [R, K] (its f16 values) -> f32 [R, K]: a Walsh-Hadamard rotation over each `rot` of K
+    (after the +-1 `signs` when given), int8 with one scale per `group` of the rotated values
+    (q = rint(y * 127 / amax), as blk's), rotated back."""
+    x = np.asarray(x, np.float16).astype(np.float32)
+    R, K = x.shape
+    if signs is not None:
+        x = x * signs
+    KB = kblocks(K, rot)
+    xp = np.zeros((R, KB * rot), np.float32)
+    xp[:, :K] = x
+    y = fwht128(xp.reshape(R, KB, rot), rot).reshape(R, -1, group)
+    amax = np.abs(y).max(axis=-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(y * inv[..., None]), -127, 127)
+    g = (q * (amax / np.float32(127))[..., None]).astype(np.float32).reshape(R, KB, rot)
+    back = (fwht128(g, rot) / np.float32(rot)).reshape(R, KB * rot)[:, :K]
+    return np.ascontiguousarray(back * signs if signs is not None else back)
+
+
+class RotGrid:
+    """int8 on both sides after a wider rotation (QuaRot's online Hadamard before down_proj):
+    Walsh-Hadamard over each `rot` of K (blk: 128), activations per (token, 128), the weight per
+    (row, 256) as blk's; `signs`: a random +-1 per channel first (the same on both sides)."""
+
+    def __init__(self, rot: int = 512, signs: bool = False):
+        self.rot, self.signs = rot, signs
+        self.name = f"rot{rot}" + ("s" if signs else "")
+
+    def _d(self, K: int):
+        return _signs(K, 0) if self.signs else None
+
+    def weight(self, w: np.ndarray, name: str) -> np.ndarray:
+        w = w.reshape(w.shape[0], -1)
+        return rot_grid(w, self.rot, WPAIR * BK, self._d(w.shape[1]))
+
+    def act(self, x: np.ndarray, name: str) -> np.ndarray:
+        x2 = x.reshape(-1, x.shape[-1])
+        return rot_grid(x2, self.rot, BK, self._d(x2.shape[1])).reshape(x.shape)
+
+
+class OneSide:
+    """`inner`'s grid on one side only (side "act" or "weight"), the other exact: which side's
+    rounding the KLD comes from."""
+
+    def __init__(self, inner, side: str):
+        self.inner, self.side = inner, side
+        self.name = f"{inner.name}-{side}only"
+
+    def weight(self, w: np.ndarray, name: str) -> np.ndarray:
+        w = w.reshape(w.shape[0], -1)
+        return self.inner.weight(w, name) if self.side == "weight" else w.astype(np.float32)
+
+    def act(self, x: np.ndarray, name: str) -> np.ndarray:
+        return self.inner.act(x, name) if self.side == "act" else x.astype(np.float32)
+
+
+class OutlierSplit(OutlierGrid):
+    """The package's OutlierGrid (minfer/cuda/paths/blk/outliers.py) with each weight's kept
+    channels chosen here from the --stats file: the `n` of the largest calibrated max |X_j|
+    (by="max") or mean square (by="ms": the package's choice, `--emulate blk-int8down`)."""
+
+    def __init__(self, inner, n: int, stats=None, by: str = "max"):
+        super().__init__(inner, {}, n)
+        self._stats, self.by = stats, by
+        self.name = f"{inner.name}-{'o' if by == 'max' else 'r'}{n}"
+
+    def cols(self, name: str) -> np.ndarray:
+        o = self.channels.get(name)
+        if o is None:
+            if not isinstance(self._stats, dict):
+                self._stats = load_smooth_stats(self._stats)
+            key = self._stats[name][0 if self.by == "max" else 2]
+            o = self.channels[name] = np.argsort(key)[::-1][: self.n].copy()
+        return o
+
+
 def smooth_scales(xmax: np.ndarray, wmax: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
     """Per input channel: s = xmax^a / wmax^(1 - a) (f32), 1 where either max is 0 (a dead
     channel: nothing to move), clamped to [2^-16, 2^16]."""
@@ -102,7 +186,8 @@ def load_smooth_stats(path: str | None) -> dict:
         )
     z = np.load(path)
     names = {k.rsplit("|", 1)[0] for k in z.files}
-    return {n: (z[n + "|x"], z[n + "|w"]) for n in names}
+    ms = {n: z[n + "|x2"] / z[n + "|n"] if n + "|x2" in z.files else None for n in names}
+    return {n: (z[n + "|x"], z[n + "|w"], ms[n]) for n in names}
 
 
 class SmoothGrid:
@@ -120,7 +205,7 @@ class SmoothGrid:
         if s is None:
             if not isinstance(self._stats, dict):
                 self._stats = load_smooth_stats(self._stats)
-            xmax, wmax = self._stats[name]
+            xmax, wmax = self._stats[name][:2]
             s = self._s[name] = smooth_scales(xmax, wmax, self.alpha)
         return s
 
@@ -149,6 +234,27 @@ def variant_grid(variant: str, stats=None):
         "sq30-int8-w128": lambda: SmoothGrid(BlkSubGrid(128, pair=1), alpha=0.3, stats=stats),
         "sq40-int8-w128": lambda: SmoothGrid(BlkSubGrid(128, pair=1), alpha=0.4, stats=stats),
         "sq-fp8": lambda: SmoothGrid(Fp8Grid(), stats=stats),
+        "int8-actonly": lambda: OneSide(BlkGrid(), "act"),
+        "int8-weightonly": lambda: OneSide(BlkGrid(), "weight"),
+        "int8-o8": lambda: OutlierSplit(BlkGrid(), 8, stats),
+        "int8-o32": lambda: OutlierSplit(BlkGrid(), 32, stats),
+        "int8-o64": lambda: OutlierSplit(BlkGrid(), 64, stats),
+        "int8-o128": lambda: OutlierSplit(BlkGrid(), 128, stats),
+        "int8-r64": lambda: OutlierSplit(BlkGrid(), 64, stats, by="ms"),
+        "int8-r32": lambda: OutlierSplit(BlkGrid(), 32, stats, by="ms"),
+        "int8-w128-o64": lambda: OutlierSplit(BlkSubGrid(128, pair=1), 64, stats),
+        "sq-int8-o8": lambda: OutlierSplit(SmoothGrid(BlkGrid(), stats=stats), 8, stats),
+        "sq-int8-o32": lambda: OutlierSplit(SmoothGrid(BlkGrid(), stats=stats), 32, stats),
+        "sq25-int8-o32": lambda: OutlierSplit(
+            SmoothGrid(BlkGrid(), alpha=0.25, stats=stats), 32, stats
+        ),
+        "sq-int8-w128-o32": lambda: OutlierSplit(
+            SmoothGrid(BlkSubGrid(128, pair=1), stats=stats), 32, stats
+        ),
+        "rot512": lambda: RotGrid(512),
+        "rot512s": lambda: RotGrid(512, signs=True),
+        "sq-rot512": lambda: SmoothGrid(RotGrid(512), stats=stats),
+        "sq-rot512s": lambda: SmoothGrid(RotGrid(512, signs=True), stats=stats),
     }[variant]()
 
 
@@ -164,6 +270,23 @@ VARIANTS = (
     "sq30-int8-w128",
     "sq40-int8-w128",
     "sq-fp8",
+    "int8-actonly",
+    "int8-weightonly",
+    "int8-o8",
+    "int8-o32",
+    "int8-o64",
+    "int8-o128",
+    "int8-r64",
+    "int8-r32",
+    "int8-w128-o64",
+    "sq-int8-o8",
+    "sq-int8-o32",
+    "sq25-int8-o32",
+    "sq-int8-w128-o32",
+    "rot512",
+    "rot512s",
+    "sq-rot512",
+    "sq-rot512s",
 )
 
 
@@ -171,7 +294,7 @@ def outlier_layers(stats, n: int) -> set[str]:
     """The n ffn_down weights whose inputs' largest |X_j| (the calibration's) stands furthest
     above their median channel's: the massive-activation layers (SmolLM2: 11 and 28)."""
     st = stats if isinstance(stats, dict) else load_smooth_stats(stats)
-    ratio = {k: float(x.max() / max(np.median(x), 1e-30)) for k, (x, _) in st.items()}
+    ratio = {k: float(v[0].max() / max(np.median(v[0]), 1e-30)) for k, v in st.items()}
     return set(sorted(ratio, key=ratio.get, reverse=True)[:n])
 
 

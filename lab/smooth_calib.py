@@ -31,6 +31,11 @@ class _Observer:
         m = np.abs(np.asarray(x, np.float16).astype(np.float32)).reshape(-1, x.shape[-1]).max(0)
         k = name + "|x"
         STATS[k] = np.maximum(STATS[k], m) if k in STATS else m
+        # and the sum of squares and the row count (mean square: down_grids.py's -r selection)
+        x2 = np.asarray(x, np.float16).astype(np.float64).reshape(-1, x.shape[-1])
+        q, n = name + "|x2", name + "|n"
+        STATS[q] = STATS[q] + (x2 * x2).sum(0) if q in STATS else (x2 * x2).sum(0)
+        STATS[n] = STATS.get(n, 0) + np.float64(x2.shape[0])
         return x
 
 
@@ -60,7 +65,9 @@ def main() -> None:
         if e.code not in (0, None):
             raise
     np.savez(out, **STATS)
-    print(f"{out}: {len(STATS) // 2} weights' max |X_j| and max |W_j|")
+    print(
+        f"{out}: {sum(k.endswith('|w') for k in STATS)} weights' max |X_j|, mean X_j^2, max |W_j|"
+    )
 
 
 if __name__ == "__main__":

@@ -237,3 +237,10 @@ def read_prompt_file(path: str, n_ctx: int | None = None) -> str:
             f"{'stdin' if path == '-' else path}: invalid UTF-8 at byte offset "
             f"{e.start} (byte 0x{data[e.start]:02x})"
         ) from None
+
+
+def cache_root(sub: str = "") -> Path:
+    """$MINFER_CACHE (default ~/.cache/minfer), or its `sub` folder: kernels, tokenizer merges,
+    calibration statistics (not created here)."""
+    root = Path(os.environ.get("MINFER_CACHE", Path.home() / ".cache" / "minfer"))
+    return root / sub if sub else root

@@ -41,7 +41,9 @@ ENTRIES = {
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("MINFER_CACHE", Path.home() / ".cache" / "minfer")) / "cc"
+    from minfer.host.fileio import cache_root
+
+    d = cache_root("cc")
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -549,16 +549,15 @@ def _spm_merge_ids(texts: list[str], vocab: dict[str, int], scores: list[float])
 def _spm_cache_path(texts: list[str], scores: list[float]):
     """$MINFER_CACHE/tokenizer/spm-<sha256 of the tokens and scores>.npy."""
     import hashlib
-    import os
-    from pathlib import Path
 
     import numpy as np
 
     h = hashlib.sha256(_SPM_CACHE_TAG)
     h.update("\0".join(texts).encode("utf-8", "surrogatepass"))
     h.update(np.asarray(scores, "<f8").tobytes())
-    root = Path(os.environ.get("MINFER_CACHE", Path.home() / ".cache" / "minfer"))
-    return root / "tokenizer" / f"spm-{h.hexdigest()[:32]}.npy"
+    from minfer.host.fileio import cache_root
+
+    return cache_root("tokenizer") / f"spm-{h.hexdigest()[:32]}.npy"
 
 
 def _read_merge_ids(path, n_vocab: int):

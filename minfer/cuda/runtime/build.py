@@ -38,7 +38,9 @@ DEFAULT_OPTIONS = ("-O3", "-std=c++17")
 
 
 def cache_dir() -> Path:
-    d = Path(os.environ.get("MINFER_CACHE", Path.home() / ".cache" / "minfer")) / "cubin"
+    from minfer.host.fileio import cache_root
+
+    d = cache_root("cubin")
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -44,7 +44,23 @@ def emulated_grids(model, label: str) -> dict:
     for n in linear_names(model):
         if n != head and weight_kind(n) in emu.kinds:
             grids[n] = emu.kinds[weight_kind(n)]
-    return grids
+    return _calibrated(model, grids)
+
+
+def _calibrated(model, grids: dict) -> dict:
+    """Each grid that keeps a weight's busiest input channels exact (a `bound` method: blk's
+    OutlierGrid) bound to this model's channels, from the calibration text's mean squares
+    (minfer.reference.calibrate, cached)."""
+    from minfer.cuda.paths.blk.outliers import busiest
+    from minfer.reference.calibrate import channel_stats
+
+    out = dict(grids)
+    for g in {id(g): g for g in grids.values() if hasattr(g, "bound")}.values():
+        names = [n for n, v in grids.items() if v is g]
+        ms = channel_stats(model, names)
+        b = g.bound({n: busiest(ms[n], g.n) for n in names})
+        out.update(dict.fromkeys(names, b))
+    return out
 
 
 def emulated_weights(model, label: str) -> frozenset[str]:

@@ -17,6 +17,7 @@ import numpy as np
 from minfer.cuda.paths.base import Emulation, GemmPath, LinearRoute, Operand
 from minfer.cuda.paths.blk.fp8 import Fp8Grid
 from minfer.cuda.paths.blk.moe import BLK_EXPERTS
+from minfer.cuda.paths.blk.outliers import OutlierGrid
 from minfer.cuda.paths.blk.twin import BlkGrid
 from minfer.cuda.runtime import devarray as da
 
@@ -134,6 +135,14 @@ class BlkPath(GemmPath):
             grid,
             kinds={"ffn_down": Fp8Grid(pow2=True)},
             help="blk-fp8down with power-of-two scales",
+        ),
+        # int8 with each ffn_down's 64 busiest input channels on f16 (blk/outliers.py): passes
+        # gate 6 on the CPU; no kernel yet
+        "blk-int8down": Emulation(
+            grid,
+            kinds={"ffn_down": OutlierGrid(grid)},
+            help="blk, ffn_down on int8 but its 64 busiest input channels (calibrated) f16,"
+            " no kernel",
         ),
         "blk-fp8down-ao": Emulation(
             grid,

@@ -1,0 +1,75 @@
+"""ffn_down on blk's int8 grid with its busiest input channels kept on f16: LLM.int8()'s
+decomposition (Dettmers et al. 2022) with the channels fixed per weight by a calibration, the
+grid that takes ffn_down off f16 within gate 6 on the CPU emulation (docs/perplexity.md,
+"ffn_down off f16"; `minfer perplexity --emulate blk-int8down`). No kernel runs it yet.
+
+Why it works where finer scales did not: on ffn_down most of int8's KL divergence comes from the
+weight's grid, not the activations' (SmolLM2's Q4_K_M: 0.00354 with the weight alone on int8,
+0.00290 with the activations alone), and a weight's rounding error on input channel j reaches
+the output times X_j: the few channels with the largest activations (SwiGLU's massive ones)
+carry most of it. Kept exact, the rest rounds as blk does.
+
+    y[M, N] = int8(X with columns O zeroed) @ int8(W with columns O zeroed).T + X[:, O] @ W[:, O].T
+
+O: the N_OUTLIERS input channels of the largest mean square X_j^2 over the calibration text
+(mean square, not max: the largest |X_j| of 1,024 tokens picks 35 of the same 64 channels as
+5,632 tokens do, the mean square 52). On the GPU the second term is a K = 64 f16 GEMM beside
+blk's int8 one (0.4 % of an 8B ffn_down's K).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+N_OUTLIERS = 64  # input channels a weight keeps on f16 (SmolLM2: 0.00367 -> 0.00298 KLD)
+
+
+def busiest(mean_square: np.ndarray, n: int = N_OUTLIERS) -> np.ndarray:
+    """The n channels of the largest mean square (int32, ascending: a kernel's gather order);
+    all of them when K <= n."""
+    ms = np.asarray(mean_square, np.float64)
+    n = min(n, ms.size)
+    top = np.argsort(-ms, kind="stable")[:n]
+    return np.sort(top).astype(np.int32)
+
+
+class OutlierGrid:
+    """`inner`'s grid (blk's) on every input channel but a weight's `channels[name]`, which stay
+    exact (f16 values) on both operands. Emulated as the operand with those columns zeroed put
+    on `inner`'s grid, then the columns set back: the product is the kernel's but for the
+    int8 GEMM's own noise x noise term on those columns (zero operands there: the int8 rotation
+    leaves rounding noise in them, times the other side's noise).
+
+    needs: the weight kinds whose channels come from a calibration (minfer perplexity's emulate
+    binds them: `bound(channels)`, name -> busiest(mean square))."""
+
+    needs = ("ffn_down",)
+
+    def __init__(self, inner, channels: dict | None = None, n: int = N_OUTLIERS):
+        self.inner, self.channels, self.n = inner, channels, n
+        self.name = f"{inner.name}-o{n}"
+
+    def bound(self, channels: dict) -> OutlierGrid:
+        """This grid with each weight's kept channels (name -> int array)."""
+        return OutlierGrid(self.inner, dict(channels), self.n)
+
+    def cols(self, name: str) -> np.ndarray:
+        """The input channels weight `name` keeps exact."""
+        if self.channels is None or name not in self.channels:
+            raise KeyError(f"{self.name}: no calibrated channels for {name} (bound() first)")
+        return self.channels[name]
+
+    def _split(self, a: np.ndarray, grid, name: str) -> np.ndarray:
+        o = self.cols(name)
+        rest = np.array(a, np.float32)
+        rest[:, o] = 0
+        out = np.array(grid(rest, name), np.float32)
+        out[:, o] = np.asarray(a, np.float16).astype(np.float32)[:, o]
+        return out
+
+    def weight(self, w: np.ndarray, name: str) -> np.ndarray:
+        return self._split(w.reshape(w.shape[0], -1), self.inner.weight, name)
+
+    def act(self, x: np.ndarray, name: str) -> np.ndarray:
+        x2 = x.reshape(-1, x.shape[-1])
+        return self._split(x2, self.inner.act, name).reshape(x.shape)
