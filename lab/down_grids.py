@@ -18,6 +18,11 @@ minfer.tools.perplexity.emulate.emulated_grids for the one process.
 | sq30-, sq40-int8-w128 | the same with a = 0.3, 0.4 |
 | any of them + `-skipN` | the N layers whose ffn_down input has the largest max-to-median channel ratio (--stats) keep ffn_down exact |
 | sq-fp8 | SmoothQuant, then FP8 per 128 x 128 |
+| int8-actonly, int8-weightonly | blk's int8 on one operand, the other exact: which side costs |
+| rot512, rot512s, sq-rot512[s] | int8 after a 512-point rotation (s: random signs first, QuaRot's) |
+| int8-o8 ... int8-o128, int8-w128-o64 | the n channels of largest max \|X_j\| (--stats) exact on both sides (OutlierSplit: the package's OutlierGrid), int8 on the rest |
+| int8-r32, int8-r64 | the same by mean square X_j^2 (the package's `--emulate blk-int8down` choice) |
+| sq-int8-o8, sq-int8-o32, sq25-int8-o32 | SmoothQuant (a = 0.5, 0.25), then the outlier split |
 
 - blk_sub_grid: blk's rotated int8 activations (128-point Walsh-Hadamard per 128 of K) with
   one scale per `sub` (32) of the rotated values instead of per 128: q = rint(y * 127 / amax)

@@ -73,7 +73,8 @@ def small(tmp_path, monkeypatch):
     from minfer.gguf.loader import load_model
 
     monkeypatch.setenv("MINFER_CACHE", str(tmp_path / "cache"))
-    return load_model(write_small(tmp_path / "small.gguf", *small_parts(seed=2, tied=False)))
+    parts = small_parts(seed=2, tied=False, d_ff=512)  # ff 512: 128 of its channels kept
+    return load_model(write_small(tmp_path / "small.gguf", *parts))
 
 
 def _downs(model):
@@ -130,7 +131,7 @@ def test_calibration_counts_every_row_of_every_layer_and_caches(small, monkeypat
 
 def test_emulation_binds_every_ffn_down_to_its_busiest_channels(small):
     """--emulate blk-int8down: ffn_down on the outlier grid with the calibration's busiest
-    channels (N_OUTLIERS of ff 128), every other blk weight on blk's grid, the head exact."""
+    channels (N_OUTLIERS of ff 512), every other blk weight on blk's grid, the head exact."""
     from minfer.reference.calibrate import channel_stats
     from minfer.tools.perplexity.emulate import emulated_grids
 
@@ -140,7 +141,7 @@ def test_emulation_binds_every_ffn_down_to_its_busiest_channels(small):
     for n, v in g.items():
         if n in downs:
             assert isinstance(v, OutlierGrid)
-            assert np.array_equal(v.cols(n), busiest(ms[n]))
+            assert np.array_equal(v.cols(n), busiest(ms[n])) and len(v.cols(n)) == N_OUTLIERS
         else:
             assert isinstance(v, BlkGrid)
     assert set(downs) <= set(g) and small.output_name not in g

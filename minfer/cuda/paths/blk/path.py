@@ -136,12 +136,12 @@ class BlkPath(GemmPath):
             kinds={"ffn_down": Fp8Grid(pow2=True)},
             help="blk-fp8down with power-of-two scales",
         ),
-        # int8 with each ffn_down's 64 busiest input channels on f16 (blk/outliers.py): passes
+        # int8 with each ffn_down's 128 busiest input channels on f16 (blk/outliers.py): passes
         # gate 6 on the CPU; no kernel yet
         "blk-int8down": Emulation(
             grid,
             kinds={"ffn_down": OutlierGrid(grid)},
-            help="blk, ffn_down on int8 but its 64 busiest input channels (calibrated) f16,"
+            help="blk, ffn_down on int8 but its 128 busiest input channels (calibrated) f16,"
             " no kernel",
         ),
         "blk-fp8down-ao": Emulation(
