@@ -1,6 +1,6 @@
 """ffn_down grids a Hopper kernel could run, beyond blk's and FP8's (blk/twin.py, blk/fp8.py),
-measured through gate 6 on the CPU emulation (docs/perplexity.md, "ffn_down off f16"; none
-passes, so the product ships none): `minfer perplexity --emulate blk-fp8down` with ffn_down's
+measured through gate 6 on the CPU emulation (docs/perplexity.md, "ffn_down off f16"; of these
+only the outlier splits pass, shipped as `--emulate blk-int8down`, no kernel yet): `minfer perplexity --emulate blk-fp8down` with ffn_down's
 grid replaced by VARIANT's, blk's grid on the other weights. An experiment: it patches
 minfer.tools.perplexity.emulate.emulated_grids for the one process.
 
