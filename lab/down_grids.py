@@ -20,7 +20,7 @@ minfer.tools.perplexity.emulate.emulated_grids for the one process.
 | sq-fp8 | SmoothQuant, then FP8 per 128 x 128 |
 | int8-actonly, int8-weightonly | blk's int8 on one operand, the other exact: which side costs |
 | rot512, rot512s, sq-rot512[s] | int8 after a 512-point rotation (s: random signs first, QuaRot's) |
-| int8-o8 ... int8-o128, int8-w128-o64 | the n channels of largest max \|X_j\| (--stats) exact on both sides (OutlierSplit: the package's OutlierGrid), int8 on the rest |
+| int8-o8 ... int8-o128, int8-w128-o64 | the n channels of largest max abs X_j (--stats) exact on both sides (OutlierSplit: the package's OutlierGrid), int8 on the rest |
 | int8-r32, int8-r64 | the same by mean square X_j^2 (the package's `--emulate blk-int8down` choice) |
 | sq-int8-o8, sq-int8-o32, sq25-int8-o32 | SmoothQuant (a = 0.5, 0.25), then the outlier split |
 
