@@ -86,8 +86,8 @@ def test_calibration_counts_every_row_of_every_layer_and_caches(small, monkeypat
     inputs whole; the last layer too (the forward would run it on the scored rows only); the
     second call reads the cache, a damaged cache file is computed again."""
     from minfer.host.fileio import cache_root
-    from minfer.reference import calibrate
     from minfer.reference.forward import ReferenceBackend
+    from minfer.tools.perplexity import calibrate
 
     downs = _downs(small)
     ms = calibrate.channel_stats(small, downs, windows=2, ctx=32)
@@ -132,7 +132,7 @@ def test_calibration_counts_every_row_of_every_layer_and_caches(small, monkeypat
 def test_emulation_binds_every_ffn_down_to_its_busiest_channels(small):
     """--emulate blk-int8down: ffn_down on the outlier grid with the calibration's busiest
     channels (N_OUTLIERS of ff 512), every other blk weight on blk's grid, the head exact."""
-    from minfer.reference.calibrate import channel_stats
+    from minfer.tools.perplexity.calibrate import channel_stats
     from minfer.tools.perplexity.emulate import emulated_grids
 
     g = emulated_grids(small, "blk-int8down")

@@ -50,9 +50,9 @@ def emulated_grids(model, label: str) -> dict:
 def _calibrated(model, grids: dict) -> dict:
     """Each grid that keeps a weight's busiest input channels exact (a `bound` method: blk's
     OutlierGrid) bound to this model's channels, from the calibration text's mean squares
-    (minfer.reference.calibrate, cached)."""
+    (minfer.tools.perplexity.calibrate, cached)."""
     from minfer.cuda.paths.blk.outliers import busiest
-    from minfer.reference.calibrate import channel_stats
+    from minfer.tools.perplexity.calibrate import channel_stats
 
     out = dict(grids)
     for g in {id(g): g for g in grids.values() if hasattr(g, "bound")}.values():

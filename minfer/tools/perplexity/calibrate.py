@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-CALIB_TEXT = Path(__file__).resolve().parents[1] / "data" / "calib.txt"
+CALIB_TEXT = Path(__file__).resolve().parents[2] / "data" / "calib.txt"
 WINDOWS, CTX = 2, 512  # 1,024 tokens: the mean square's top 64 are 52 of 5,632 tokens' (SmolLM2)
 
 
@@ -56,6 +56,7 @@ def _key(model, names: list[str], windows: int, ctx: int, text: bytes) -> str:
 def _windows(model, text: str, windows: int, ctx: int) -> list[np.ndarray]:
     from minfer.errors import BadInput
     from minfer.text.tokenizer import Tokenizer
+    from minfer.tools.perplexity.windows import window
 
     tok = Tokenizer.from_metadata(model.metadata)
     ids = np.asarray(tok.encode(text), np.int32)
@@ -63,13 +64,8 @@ def _windows(model, text: str, windows: int, ctx: int) -> list[np.ndarray]:
     n = min(windows, len(ids) // ctx)
     if n < 1:
         raise BadInput(f"calibration text: {len(ids)} tokens, fewer than one window of {ctx}")
-    out = []
-    for i in range(n):
-        w = ids[i * ctx : (i + 1) * ctx].copy()
-        if tok.add_bos:
-            w[0] = tok.bos_id
-        out.append(w)
-    return out
+    bos = tok.bos_id if tok.add_bos else None
+    return [window(ids, i, ctx, bos) for i in range(n)]
 
 
 def channel_stats(
