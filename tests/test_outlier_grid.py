@@ -161,3 +161,18 @@ def test_perplexity_runs_the_label(small, tmp_path):
     rec = json.loads(out)
     assert rec["emulate"]["grid"] == "blk-int8down" and rec["backend"] == "cpu+blk-int8down"
     assert np.isfinite(rec["ppl"])
+
+
+def test_the_emulation_is_the_split_kernels_math_but_for_noise_times_noise():
+    """split_linear_ref (the kernel's math: blk's GEMM of the zeroed operands + the f16 product of
+    the kept columns) against the emulated product: they differ only by the int8 GEMM's rounding
+    noise on the zeroed columns times the other side's, under 1 % of either's error."""
+    from minfer.cuda.paths.blk.outliers import split_linear_ref
+
+    x, w, _ = _massive()
+    cols = busiest((x.astype(np.float64) ** 2).mean(0), 128)
+    g = OutlierGrid(BlkGrid()).bound({DOWN: cols})
+    emu = g.act(x, DOWN).astype(np.float64) @ g.weight(w, DOWN).astype(np.float64).T
+    ker = split_linear_ref(x, w, cols)
+    exact = x.astype(np.float64) @ w.astype(np.float64).T
+    assert np.abs(emu - ker).max() < 0.01 * np.abs(ker - exact).max()

@@ -75,3 +75,18 @@ class OutlierGrid:
     def act(self, x: np.ndarray, name: str) -> np.ndarray:
         x2 = x.reshape(-1, x.shape[-1])
         return self._split(x2, self.inner.act, name).reshape(x.shape)
+
+
+def split_linear_ref(x: np.ndarray, w: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """The split GEMM a kernel would compute, in float64: x [M, K] (its f16 values), w [N, K]
+    (the dequantized weight), cols the kept channels -> blk's GEMM of both operands with those
+    columns zeroed (blk_linear_ref, activations per (token, 128) as ffn_down's) plus the f16
+    product of those columns. OutlierGrid's emulation equals it but for the int8 GEMM's noise x
+    noise term on the zeroed columns (tests/test_outlier_grid.py bounds it)."""
+    from minfer.cuda.paths.blk.twin import blk_linear_ref
+
+    f16 = lambda a: np.asarray(a, np.float16).astype(np.float64)  # noqa: E731
+    xr, wr = np.array(x, np.float32), np.array(w, np.float32)
+    xr[:, cols] = 0
+    wr[:, cols] = 0
+    return blk_linear_ref(xr, wr) + f16(x)[:, cols] @ f16(w)[:, cols].T
