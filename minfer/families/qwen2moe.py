@@ -46,5 +46,5 @@ FAMILY = Qwen2Moe(
     rope_neox=True,
     keys={"qwen2moe": EXPERT_KEYS + ("{a}.expert_feed_forward_length", SHARED_KEY)},
     inert_keys={"qwen2moe": INERT_EXPERT_KEYS},
-    gpu=False,  # the CPU reference only until minfer.cuda.load.moe runs the shared expert
+    gpu=True,  # minfer.cuda.load.moe: the routed experts and the shared expert
 )

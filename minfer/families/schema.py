@@ -9,7 +9,8 @@ shape check, the synthetic writer and the GPU upload read one list:
 Roles: "linear" (a GEMM weight [N, K]), "norm" (an f32 vector), "bias" (an f32 vector),
 "router" (ffn_gate_inp [e, d]), "experts" (a stacked expert weight [e, N, K]: GGUF's 3-D
 ffn_{gate,up,down}_exps, ne = [K, N, e]), "shexp_gate" (qwen2moe's ffn_gate_inp_shexp [d]:
-the shared expert's one-row sigmoid gate, a dot product, not a GEMM weight the routes plan).
+the shared expert's one-row sigmoid gate), "shexp" (its dense SwiGLU weights [N, K]: held and
+run with the experts by minfer.cuda.load.moe, so not among the "linear" weights the routes plan).
 """
 
 from __future__ import annotations
@@ -106,9 +107,9 @@ class LayerSchema:
                 if shared:
                     out += [
                         _t("ffn_gate_inp_shexp.weight", ["d"], "shexp_gate"),
-                        _t("ffn_gate_shexp.weight", ["fs", "d"]),
-                        _t("ffn_down_shexp.weight", ["d", "fs"]),
-                        _t("ffn_up_shexp.weight", ["fs", "d"]),
+                        _t("ffn_gate_shexp.weight", ["fs", "d"], "shexp"),
+                        _t("ffn_down_shexp.weight", ["d", "fs"], "shexp"),
+                        _t("ffn_up_shexp.weight", ["fs", "d"], "shexp"),
                     ]
             elif t.name not in dense:
                 out.append(t)

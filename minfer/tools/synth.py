@@ -525,7 +525,9 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
                 (
                     t.full(i),
                     sch.shape(t, s),
-                    "weight" if t.role in ("linear", "router", "experts", "shexp_gate") else t.role,
+                    "weight"
+                    if t.role in ("linear", "router", "experts", "shexp", "shexp_gate")
+                    else t.role,
                 )
             )
     if s.rope_scaling == "llama3":
