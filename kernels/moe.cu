@@ -39,6 +39,11 @@
 //   moe_combine_f32    x f32 [T, D] += sum over j in rank order of wts[t, j] * ys[rowpos[t k + j]]
 //                      (ys f32 [P, D]: the down GEMM's rows), each product and sum rounded on its
 //                      own (no FMA: the twin is exact). grid (T), block (256).
+//   moe_shared_add_f32 qwen2moe's shared expert: x f32 [T, D] += sigmoid(gl[t]) * y[t, :] (gl f32
+//                      [T]: h . ffn_gate_inp_shexp, the f16 GEMM's; y f32 [T, D]: the shared
+//                      SwiGLU's down GEMM), the sigmoid 1 / (1 + expf(-g)) (llama.cpp writes
+//                      silu(g) / g: the same to an ulp), product and sum rounded on their own.
+//                      grid (T), block (256).
 #include <cuda_fp16.h>
 #include <mma.h>
 #include <stdint.h>
@@ -465,5 +470,17 @@ extern "C" __global__ void __launch_bounds__(256)
             s = j ? __fadd_rn(s, v) : v;
         }
         x[(size_t)t * D + c] = __fadd_rn(x[(size_t)t * D + c], s);
+    }
+}
+
+// ---- qwen2moe's sigmoid-gated shared expert, added to the residual -----------------------------
+extern "C" __global__ void __launch_bounds__(256)
+    moe_shared_add_f32(float* __restrict__ x, const float* __restrict__ y,
+                       const float* __restrict__ gl, int D) {
+    const int t = blockIdx.x;
+    const float s = __fdiv_rn(1.f, __fadd_rn(1.f, expf(-gl[t])));
+    for (int c = threadIdx.x; c < D; c += blockDim.x) {
+        const size_t i = (size_t)t * D + c;
+        x[i] = __fadd_rn(x[i], __fmul_rn(s, y[i]));
     }
 }

@@ -29,6 +29,8 @@ FAMILIES = {
     "tiny-qwen3moe": "qwen3moe (qwen3's attention; 8 experts of width 256, 4 per token, "
     "softmax then top-k, weights renormalized)",
     "tiny-mixtral": "llama + experts, Mixtral's form (8 experts of width d_ff, 2 per token)",
+    "tiny-qwen2moe": "qwen2moe (qkv biases; 8 experts of width 256, 4 per token, raw softmax "
+    "weights; a shared expert of width 384 behind a sigmoid gate)",
 }
 
 # llama.cpp's n_ctx for a preset's golden run (scripts/llama_oracle.cpp): 0 = the model's own

@@ -152,6 +152,14 @@ class HeapRT:
                 self.at(wts, (T, k), np.float32),
                 rp,
             )
+        elif entry == "moe_shared_add_f32":  # qwen2moe: x += sigmoid(gl) * y, a block a row
+            x, y, gl, D = a
+            T = grid[0]
+            M.shared_add_ref(
+                self.at(x, (T, D), np.float32),
+                self.at(y, (T, D), np.float32),
+                self.at(gl, (T, 1), np.float32),
+            )
         elif entry.startswith("dq_f16_"):
             src, src_bytes, out, n = a
             from minfer.cuda.ops.dequant import kernel_suffix
@@ -300,7 +308,7 @@ class HeapArray:
 
 def install(monkeypatch) -> HeapRT:
     """A HeapRT, with devarray building HeapArrays over it and the f16 GEMM launcher (the
-    router's) computing on it in numpy."""
+    router's; qwen2moe's shared expert's, its glu epilogue too) computing on it in numpy."""
     from minfer.cuda.paths.f16 import gemm
     from minfer.cuda.runtime import devarray
 
@@ -309,8 +317,8 @@ def install(monkeypatch) -> HeapRT:
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=cls))
 
     def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None, **kw):
-        assert accumulate is None and not kw.get("glu") and kw.get("rope") is None
-        out.set(gemm.gemm_f16_nt_ref(a.get(), b.get(), out.dtype))
+        assert accumulate is None and kw.get("rope") is None
+        out.set(gemm.gemm_f16_nt_ref(a.get(), b.get(), out.dtype, glu=kw.get("glu", False)))
         return out
 
     monkeypatch.setattr(gemm, "gemm_f16_nt", gemm_f16_nt)

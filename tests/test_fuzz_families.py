@@ -86,7 +86,8 @@ def family_shape(preset: str):
         rope_orig_ctx=min(s.rope_orig_ctx, 64),
         sliding_window=2 if s.sliding_window else 0,
         d_ff_exp=min(s.d_ff_exp, 128),
-    )  # MoE: 8 experts stay under 1 MiB
+        d_ff_shexp=min(s.d_ff_shexp, 64),
+    )  # MoE: 8 experts (and qwen2moe's shared one) stay under 1 MiB
 
 
 def write_seed(path: Path, preset: str, qtype: str) -> Path:

@@ -1,9 +1,10 @@
-"""CPU: mixture-of-experts (qwen3moe, Mixtral-style llama + experts) on the reference against
-llama.cpp, tie-aware about the router; the routing rules (softmax, top-k, renormalized weights)
-each shown to matter; the stacked experts in the quant types synth writes; the refusals (gpt-oss,
-DeepSeek, qwen2moe; the CUDA backend, naming the weight bytes of a 235B-A22B).
+"""CPU: mixture-of-experts (qwen3moe, Mixtral-style llama + experts, qwen2moe's shared expert) on
+the reference against llama.cpp, tie-aware about the router; the routing rules (softmax, top-k,
+renormalized weights or not, the shared expert) each shown to matter; the stacked experts in the
+quant types synth writes; the refusals (gpt-oss, DeepSeek; the CUDA backend, naming the weight
+bytes of a 235B-A22B).
 
-tests/golden/families/tiny-qwen3moe.* and tiny-mixtral.* are llama.cpp's answers
+tests/golden/families/tiny-qwen3moe.*, tiny-mixtral.* and tiny-qwen2moe.* are llama.cpp's answers
 (scripts/llama_oracle.py, libllama on the CPU) on the tiny F16 files of tests/families_data."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 from families_data import GOLDEN, PROMPT, synth_family
 
 TOL = 0.03  # max |dlogit| against llama.cpp on an F16 file (the families' bar)
-MOE = ("tiny-qwen3moe", "tiny-mixtral")
+MOE = ("tiny-qwen3moe", "tiny-mixtral", "tiny-qwen2moe")
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,8 @@ DROPS = [
     ("tiny-qwen3moe", {"n_expert_used": 2}),
     ("tiny-mixtral", {"n_expert_used": 1}),
     ("tiny-mixtral", {"moe_w_scale": 2.0}),
+    ("tiny-qwen2moe", {"moe_norm_w": True}),  # qwen2moe's weights are the raw probs
+    ("tiny-qwen2moe", {"d_ff_shexp": 0}),  # without the shared expert
 ]
 
 
@@ -171,7 +174,7 @@ def test_refusals_by_name():
     for arch, what in (
         ("gpt-oss", "attention sinks"),
         ("deepseek2", "MLA"),
-        ("qwen2moe", "shared expert"),
+        ("deepseek", "shared experts"),
     ):
         with pytest.raises(Unsupported, match=what):
             family(arch)

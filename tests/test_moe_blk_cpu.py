@@ -413,12 +413,14 @@ def files(tmp_path_factory):
     from families_data import synth_family
 
     d = tmp_path_factory.mktemp("moeblkcuda")
-    return {p: synth_family(p, d) for p in ("tiny-qwen3moe",)}
+    return {p: synth_family(p, d) for p in ("tiny-qwen3moe", "tiny-qwen2moe")}
 
 
-def test_backend_runs_blk_experts_with_the_blk_plan(monkeypatch, files):
+@pytest.mark.parametrize("preset", ["tiny-qwen3moe", "tiny-qwen2moe"])
+def test_backend_runs_blk_experts_with_the_blk_plan(monkeypatch, files, preset):
     """--gemm blk on sm_90: the plan's expert path is blk (its bytes in the plan), MoeLayers
-    holds BlkExperts and each layer launches the moe_blk entries; --gemm f16 keeps f16."""
+    holds BlkExperts and each layer launches the moe_blk entries; --gemm f16 keeps f16.
+    qwen2moe's shared expert stays on f16 under either (moe_shared_add_f32 each layer)."""
     from fake_gpuarray import install
     from test_backend_forward_cpu import FakeRT, _Arr, fake_tensor_maps
 
@@ -428,7 +430,7 @@ def test_backend_runs_blk_experts_with_the_blk_plan(monkeypatch, files):
     from minfer.cuda.runtime import devarray
     from minfer.gguf.loader import load_model
 
-    m = load_model(files["tiny-qwen3moe"])
+    m = load_model(files[preset])
     c = m.config
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
@@ -449,6 +451,7 @@ def test_backend_runs_blk_experts_with_the_blk_plan(monkeypatch, files):
         be.forward_device(np.arange(21, dtype=np.int32) % 50, 0)
         entries = [e for _, e in rt.launches]
         n = c.n_layers * 2  # two chunks of 16
+        assert entries.count("moe_shared_add_f32") == (n if c.d_ff_shexp else 0)
         if path == "blk":
             assert isinstance(be.moe.w["blk.0.ffn_down_exps.weight"], B.BlkExperts)
             for e in ("moe_blk_tok_swiglu", "moe_blk", "moe_blk_operand_f16_tok"):

@@ -244,7 +244,7 @@ def files(tmp_path_factory):
     from families_data import synth_family
 
     d = tmp_path_factory.mktemp("moecuda")
-    return {p: synth_family(p, d) for p in ("tiny-qwen3moe", "tiny-mixtral")}
+    return {p: synth_family(p, d) for p in ("tiny-qwen3moe", "tiny-mixtral", "tiny-qwen2moe")}
 
 
 def _fake_backend(monkeypatch, model, free=80 << 30, ubatch=16):
@@ -265,7 +265,7 @@ def _fake_backend(monkeypatch, model, free=80 << 30, ubatch=16):
     )
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3moe", "tiny-mixtral"])
+@pytest.mark.parametrize("preset", ["tiny-qwen3moe", "tiny-mixtral", "tiny-qwen2moe"])
 def test_backend_runs_moe_layers(monkeypatch, files, preset):
     from minfer.gguf.loader import load_model
 
@@ -276,10 +276,13 @@ def test_backend_runs_moe_layers(monkeypatch, files, preset):
     assert be.route_summary().endswith(
         f"; experts: f16 grouped GEMMs (2 layers x 8 experts, {c.n_expert_used} used)"
     )
-    assert not any("_exps" in n or "gate_inp" in n for n in be.routes)
+    assert not any("_exps" in n or "gate_inp" in n or "shexp" in n for n in be.routes)
+    shared = 3 * c.d_ff_shexp * c.d_model + c.d_model if c.d_ff_shexp else 0  # qwen2moe's
     assert (
         be.plan.parts["expert weights"]
-        == c.n_layers * (3 * c.n_expert * c.d_ff_exp * c.d_model + c.n_expert * c.d_model) * 2
+        == c.n_layers
+        * (3 * c.n_expert * c.d_ff_exp * c.d_model + c.n_expert * c.d_model + shared)
+        * 2
     )
     assert be.plan.parts["MoE activations"] > 0
     w = be.moe.w["blk.1.ffn_down_exps.weight"]
@@ -295,7 +298,7 @@ def test_backend_runs_moe_layers(monkeypatch, files, preset):
             "moe_mma_f16_glu",
             "moe_mma_f16",
             "moe_combine_f32",
-        ]
+        ] + (["moe_shared_add_f32"] if c.d_ff_shexp else [])
         assert entries == per_layer * (c.n_layers * chunks), entries
         assert "swiglu_f32_f16" not in {e for _, e in rt.launches}
     assert be.n_past == 22

@@ -7,7 +7,7 @@ them; a new llama-like family is a module here, its tests and its llama.cpp gold
 from __future__ import annotations
 
 from minfer.errors import Unsupported
-from minfer.families import gemma, granite, llama, olmo2, phi3, qwen, qwen3moe, smollm3
+from minfer.families import gemma, granite, llama, olmo2, phi3, qwen, qwen2moe, qwen3moe, smollm3
 from minfer.families.schema import Family, FusedSpec, LayerSchema, TensorSpec, layer_schema
 
 FAMILIES: tuple[Family, ...] = (
@@ -19,6 +19,7 @@ FAMILIES: tuple[Family, ...] = (
     olmo2.FAMILY,
     smollm3.FAMILY,
     qwen3moe.FAMILY,
+    qwen2moe.FAMILY,
 )
 BY_ARCH: dict[str, Family] = {a: f for f in FAMILIES for a in f.archs}
 ARCHS: tuple[str, ...] = tuple(BY_ARCH)
@@ -29,7 +30,6 @@ NOT_BUILT = {
     "deepseek2": "DeepSeek's multi-head latent attention (MLA) and grouped expert routing are "
     "not implemented",
     "deepseek": "DeepSeek's shared experts and leading dense layers are not implemented",
-    "qwen2moe": "Qwen2-MoE's sigmoid-gated shared expert is not implemented",
 }
 
 __all__ = [
@@ -64,6 +64,9 @@ def family(arch: str, where: str = "") -> Family:
 
 
 def schema_of(cfg) -> LayerSchema:
-    """The layer schema of a ModelConfig (its arch, whether it has q/k/v biases, experts)."""
+    """The layer schema of a ModelConfig (its arch, whether it has q/k/v biases, experts, a
+    shared expert)."""
     sch = BY_ARCH[cfg.arch].layer(cfg.arch, cfg.qkv_bias)
-    return sch.with_experts() if getattr(cfg, "n_expert", 0) else sch
+    if not getattr(cfg, "n_expert", 0):
+        return sch
+    return sch.with_experts(shared=bool(getattr(cfg, "d_ff_shexp", 0)))

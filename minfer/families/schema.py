@@ -4,10 +4,13 @@ and which of them a GPU GEMM may fuse; plus the Family record each family module
 Shapes are symbolic (numpy order [rows, cols]) over the config's dimensions, so the loader's
 shape check, the synthetic writer and the GPU upload read one list:
   d = d_model, ff = d_ff, q = n_heads * head_dim, kv = n_kv_heads * head_dim, hd = head_dim,
-  e = n_expert, fe = an expert's feed-forward width (mixture-of-experts layers; 0: ff).
+  e = n_expert, fe = an expert's feed-forward width (mixture-of-experts layers; 0: ff),
+  fs = the shared expert's width (qwen2moe's expert_shared_feed_forward_length).
 Roles: "linear" (a GEMM weight [N, K]), "norm" (an f32 vector), "bias" (an f32 vector),
 "router" (ffn_gate_inp [e, d]), "experts" (a stacked expert weight [e, N, K]: GGUF's 3-D
-ffn_{gate,up,down}_exps, ne = [K, N, e]).
+ffn_{gate,up,down}_exps, ne = [K, N, e]), "shexp_gate" (qwen2moe's ffn_gate_inp_shexp [d]:
+the shared expert's one-row sigmoid gate), "shexp" (its dense SwiGLU weights [N, K]: held and
+run with the experts by minfer.cuda.load.moe, so not among the "linear" weights the routes plan).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ DIM_KEYS = {
     "hd": "{a}.attention.key_length",
     "e": "{a}.expert_count",
     "fe": "{a}.expert_feed_forward_length (or feed_forward_length)",
+    "fs": "{a}.expert_shared_feed_forward_length (or feed_forward_length)",
 }
 
 
@@ -39,6 +43,7 @@ def dim(cfg, sym: str) -> int:
         "hd": hd,
         "e": getattr(cfg, "n_expert", 0),
         "fe": getattr(cfg, "d_ff_exp", 0) or cfg.d_ff,
+        "fs": getattr(cfg, "d_ff_shexp", 0) or cfg.d_ff,
     }
     return sum(sizes[s] for s in sym.split("+"))  # "q+kv+kv": a fused tensor's rows
 
@@ -83,10 +88,12 @@ class LayerSchema:
     def shape(self, spec: TensorSpec, cfg) -> tuple[int, ...]:
         return tuple(dim(cfg, s) for s in spec.shape)
 
-    def with_experts(self) -> LayerSchema:
+    def with_experts(self, shared: bool = False) -> LayerSchema:
         """The layer with a mixture-of-experts FFN (llama.cpp's build_moe_ffn): the dense
         ffn_gate / ffn_up / ffn_down replaced, in place, by the router and the stacked experts
-        (the tensors llama.cpp's llama and qwen3moe loaders create)."""
+        (the tensors llama.cpp's llama and qwen3moe loaders create). shared: qwen2moe's
+        sigmoid-gated shared expert after them (its gate vector, then a dense SwiGLU of width
+        fs), in gguf-py's MODEL_TENSORS order for QWEN2MOE."""
         dense = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
         out = []
         for t in self.tensors:
@@ -97,6 +104,13 @@ class LayerSchema:
                     _t("ffn_up_exps.weight", ["e", "fe", "d"], "experts"),
                     _t("ffn_down_exps.weight", ["e", "d", "fe"], "experts"),
                 ]
+                if shared:
+                    out += [
+                        _t("ffn_gate_inp_shexp.weight", ["d"], "shexp_gate"),
+                        _t("ffn_gate_shexp.weight", ["fs", "d"], "shexp"),
+                        _t("ffn_down_shexp.weight", ["d", "fs"], "shexp"),
+                        _t("ffn_up_shexp.weight", ["fs", "d"], "shexp"),
+                    ]
             elif t.name not in dense:
                 out.append(t)
         groups = tuple(g for g in self.gemm_groups if g[0] != "ffn_gate_up")

@@ -77,7 +77,7 @@ INERT_AT = {
 # What a refused key means, for the error line (the rest: "not implemented").
 WHY = {
     "{a}.attention.sliding_window": "sliding-window attention is not implemented",
-    "{a}.expert_count": "mixture-of-experts is implemented for llama (Mixtral) and qwen3moe only",
+    "{a}.expert_count": "mixture-of-experts is implemented for llama (Mixtral), qwen3moe and qwen2moe only",
     "{a}.attention.scale": "a custom attention scale is not implemented",
     "{a}.rope.scaling.yarn_log_multiplier": "YaRN's log multiplier is not implemented",
     "split.count": "a split GGUF is not supported: merge it first (llama-gguf-split --merge)",

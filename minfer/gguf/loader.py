@@ -155,6 +155,9 @@ class ModelConfig:
     moe_gating: str = "softmax"  # router logits -> probs (build_moe_ffn's gating_op)
     moe_norm_w: bool = True  # the k selected probs divided by their sum
     moe_w_scale: float = 0.0  # the weights times this (0 or 1: none)
+    # qwen2moe: the shared expert's SwiGLU width (0: no shared expert), gated by
+    # sigmoid(h . ffn_gate_inp_shexp) and added to the routed experts' sum
+    d_ff_shexp: int = 0
 
     def for_context(self, n_ctx: int) -> ModelConfig:
         """The config of a run with context n_ctx (llama.cpp's -c): phi3's long / short RoPE
@@ -514,6 +517,9 @@ class GGUFModel:
             t = self.tensors.get(name)
             if t is None:
                 raise BadModel(f"{self.path}: tensor {name!r} missing")
+            if len(shape) == 1 and t.shape == (1, shape[0]):  # ggml's ne [n, 1] is [n] to
+                # llama.cpp's shape check (qwen2moe's ffn_gate_inp_shexp as HF's [1, d])
+                t = self.tensors[name] = TensorInfo(name, t.qtype, shape, t.data.reshape(-1))
             if t.shape != shape:
                 why = ", ".join(f"{k} = {n}" for k, n in zip(keys, shape) if k)
                 raise BadModel(
@@ -616,9 +622,10 @@ class GGUFModel:
             return ""
         norm = ", top-k renormalized" if c.moe_norm_w else ""
         scale = f", x{c.moe_w_scale:g}" if c.moe_w_scale not in (0.0, 1.0) else ""
+        shared = f", a sigmoid-gated shared expert of ff {c.d_ff_shexp}" if c.d_ff_shexp else ""
         return (
             f", experts {c.n_expert} x ff {c.d_ff_exp}, {c.n_expert_used} used per token "
-            f"({c.moe_gating}{norm}{scale})"
+            f"({c.moe_gating}{norm}{scale}){shared}"
         )
 
 

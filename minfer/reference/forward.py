@@ -202,7 +202,7 @@ class ReferenceBackend:
         c = self.cfg
         width = 3 * c.d_model + 3 * c.d_ff + (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
         # MoE: the k expert outputs [T, k, d], the router [T, e], one expert's weights
-        width += c.n_expert_used * c.d_model + c.n_expert
+        width += c.n_expert_used * c.d_model + c.n_expert + 3 * c.d_ff_shexp
         one = 0 if self._cache_experts else 6 * c.d_model * c.d_ff_exp
         return (
             2 * T * width + one + 4 * c.n_heads * T * S + 2 * c.vocab_size
@@ -461,7 +461,17 @@ class ReferenceBackend:
                 x = self.grids[name].act(x, name).astype(self.dtype, copy=False)
             return x @ W.T
 
-        return moe.moe_ffn(h, sel, w, self.expert, p, linear)
+        f = moe.moe_ffn(h, sel, w, self.expert, p, linear)
+        if self.cfg.d_ff_shexp:  # qwen2moe: + sigmoid(h . g) * the shared expert's SwiGLU
+            s = self._linear(
+                ops.swiglu(
+                    self._linear(h, p + "ffn_gate_shexp.weight"),
+                    self._linear(h, p + "ffn_up_shexp.weight"),
+                ),
+                p + "ffn_down_shexp.weight",
+            )
+            f = f + moe.shared_gate(h, self.weight(p + "ffn_gate_inp_shexp.weight")) * s
+        return f
 
     def _moe_input(self, il: int, h: np.ndarray) -> np.ndarray:
         """The MoE layer's input as it routes and computes (a subclass may perturb it)."""

@@ -11,6 +11,9 @@ moe_ffn(): per expert that any token chose, its rows of h through that expert's 
 expert's slice of the stacked [e, N, K] weights, dequantized on demand by the caller's
 `expert(name, e)`), then the k outputs times their weights summed in rank order, as ggml's
 ffn_moe_weighted views are added (slot 0 + slot 1 + ...).
+
+shared_gate(): qwen2moe's shared expert (a dense SwiGLU every token runs, the caller's) is
+added to moe_ffn's sum times sigmoid(h . ffn_gate_inp_shexp) per token.
 """
 
 from __future__ import annotations
@@ -81,6 +84,14 @@ def moe_ffn(
     for j in range(1, k):  # rank order, as ggml adds the views
         out += ys[:, j]
     return out
+
+
+def shared_gate(h: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """qwen2moe's shared-expert gate: sigmoid(h @ g) [T, 1] for h [T, d], g [d]
+    (ffn_gate_inp_shexp). llama.cpp writes it as silu(x) / x, the same number to an ulp (and
+    NaN at x == 0 exactly, which a float logit of real weights does not hit)."""
+    x = h @ g.astype(h.dtype, copy=False)
+    return (1 / (1 + np.exp(-x)))[:, None]
 
 
 def first_near_tie(router_log, tie: float = ROUTER_TIE_TOL) -> tuple[int | None, int | None]:

@@ -197,7 +197,7 @@ def moe_rows(rt, model, seed: int = 0, layers=None, experts=None):
     from contextlib import nullcontext
 
     from minfer.cuda.load.moe import MoeLayers
-    from minfer.cuda.paths.f16.moe import F16_EXPERTS
+    from minfer.cuda.paths.f16.moe import F16_EXPERTS, shared_ref
     from minfer.cuda.plan.config import moe_kernel
     from minfer.cuda.runtime import devarray as da
     from minfer.reference import moe as R
@@ -205,6 +205,7 @@ def moe_rows(rt, model, seed: int = 0, layers=None, experts=None):
     c = model.config
     rows = []
     kernel = moe_kernel()  # the forward's (CudaBackend's)
+    SHARED = ("ffn_gate_inp_shexp.weight", "ffn_gate_up_shexp.weight", "ffn_down_shexp.weight")
     experts = experts or [F16_EXPERTS]
     rngs = [np.random.default_rng(seed) for _ in experts]  # the same activations for each
     for il in layers if layers is not None else sorted({0, c.n_layers - 1}):
@@ -223,6 +224,8 @@ def moe_rows(rt, model, seed: int = 0, layers=None, experts=None):
                 got = x.get().astype(np.float64)
                 sel = da.rows(ml.sel, 0, T).get()
                 want, rsel, _ = ex.ffn_ref(h16, *w.values(), c.n_expert_used, ml.norm_w, ml.w_scale)
+                if ml.fs:  # qwen2moe: + the shared expert (f16 GEMMs whatever the experts' path)
+                    shared_ref(want, h16, *(ml.w[p + n].get() for n in SHARED))
                 alike = (sel == rsel).all(axis=1)
                 _, _, gap = R.route(da.rows(ml.logits, 0, T).get(), c.n_expert_used)
                 stray = int((~alike & (np.abs(gap) >= 1e-3)).sum())  # routed otherwise, no tie

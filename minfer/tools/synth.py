@@ -86,6 +86,9 @@ class SynthShape:
     n_expert: int = 0
     n_expert_used: int = 0
     d_ff_exp: int = 0
+    # qwen2moe: the sigmoid-gated shared expert's width (expert_shared_feed_forward_length;
+    # 0: none)
+    d_ff_shexp: int = 0
 
     @property
     def hd(self) -> int:
@@ -294,6 +297,25 @@ PRESETS: dict[str, SynthShape] = {
         n_expert=8,
         n_expert_used=2,
     ),
+    # Qwen1.5-MoE-A2.7B: qwen2's attention (16 heads of 128, q/k/v biases) over d 2048, 60
+    # experts of width 1408, 4 per token, and a shared expert of 5632 in each of 24 layers
+    # (~14.3 B weights, 2.7 B active); untied, as llama.cpp's qwen2moe loader requires
+    "qwen1.5-moe-a2.7b": SynthShape(
+        "qwen2moe",
+        2048,
+        5632,
+        24,
+        16,
+        16,
+        vocab=151936,
+        qkv_bias=True,
+        rope_base=1000000.0,
+        rms_eps=1e-6,
+        n_expert=60,
+        n_expert_used=4,
+        d_ff_exp=1408,
+        d_ff_shexp=5632,
+    ),
     "tiny": SynthShape("llama", 256, 512, 2, 4, 2, tied=True),
     # qwen3moe: 8 experts of width 256, 4 per token (renormalized weights matter), head_dim 128
     "tiny-qwen3moe": SynthShape(
@@ -309,6 +331,23 @@ PRESETS: dict[str, SynthShape] = {
         n_expert=8,
         n_expert_used=4,
         d_ff_exp=256,
+    ),
+    # qwen2moe: qkv biases, 8 experts of width 256, 4 per token with their raw softmax
+    # weights, a shared expert of width 384 (its own key, not d_ff 512) behind a sigmoid gate
+    "tiny-qwen2moe": SynthShape(
+        "qwen2moe",
+        256,
+        512,
+        2,
+        4,
+        2,
+        qkv_bias=True,
+        n_ctx=4096,
+        rms_eps=1e-6,
+        n_expert=8,
+        n_expert_used=4,
+        d_ff_exp=256,
+        d_ff_shexp=384,
     ),
     # Mixtral's form: llama, 8 experts of width d_ff 512, 2 per token
     "tiny-mixtral": SynthShape("llama", 256, 512, 2, 4, 2, n_ctx=4096, n_expert=8, n_expert_used=2),
@@ -479,14 +518,16 @@ def tensor_plan(shape: SynthShape, ftype: str) -> list[TensorPlan]:
 
     sch = family(s.arch).layer(s.arch, s.qkv_bias)
     if s.n_expert:  # the router and the stacked experts [e, N, K] in place of the dense FFN
-        sch = sch.with_experts()
+        sch = sch.with_experts(shared=bool(s.d_ff_shexp))  # (+ qwen2moe's shared expert)
     for i in range(s.n_layers):  # the family's layer as its converter writes it
         for t in sch.file_tensors():
             items.append(
                 (
                     t.full(i),
                     sch.shape(t, s),
-                    "weight" if t.role in ("linear", "router", "experts") else t.role,
+                    "weight"
+                    if t.role in ("linear", "router", "experts", "shexp", "shexp_gate")
+                    else t.role,
                 )
             )
     if s.rope_scaling == "llama3":

@@ -23,7 +23,7 @@ def prefill_and_step(backend, seed: int, n: int = 37):
     return first, nxt
 
 
-MOE = ("tiny-qwen3moe", "tiny-mixtral")
+MOE = ("tiny-qwen3moe", "tiny-mixtral", "tiny-qwen2moe")  # (qwen2moe: + the shared expert)
 MOE_NAMES = [*MOE, *(p + "-q4km" for p in MOE)]
 
 

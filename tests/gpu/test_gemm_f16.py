@@ -67,7 +67,8 @@ def test_every_tile_variant(rt, variant, mode):
     if (variant in WGMMA or variant in TMA) and rt.arch != "sm_90":
         pytest.skip("wgmma kernels need sm_90")
     # ragged in all three dims for every tile size; K = 8 * odd exercises the 8-wide K tail
-    for M, N, K in ((133, 261, 328), (17, 9, 24), (300, 130, 1000), (64, 256, 64)):
+    # (N = 1: qwen2moe's shared-expert gate, h16 @ ffn_gate_inp_shexp, minfer.cuda.load.moe)
+    for M, N, K in ((133, 261, 328), (17, 9, 24), (300, 130, 1000), (64, 256, 64), (129, 1, 256)):
         out, ref, tail_ok = _run(rt, M, N, K, mode, variant=variant)
         assert tail_ok, f"{variant} {M}x{N}x{K}: wrote past the end of C"
         err = _rel(out, ref)

@@ -14,9 +14,11 @@ Kernels against their numpy twins (minfer.cuda.ops.moe):
   (Qwen3-30B-A3B: 128 experts of 768 over 2048, 8 used; Mixtral-8x7B's 8 of 14336 over 4096
   cut to 1792), rel err <= 1e-3 (f16 out) / 1e-4 (f32 out);
 - moe_combine_f32: bit for bit;
+- moe_shared_add_f32 (qwen2moe's shared expert): within 4 f32 ulps of the twin (expf vs numpy's
+  exp in the sigmoid);
 - the chain (router GEMM, route, sort, both grouped GEMMs, combine) against moe_ffn_ref, rel err
   <= 1e-3 on the rows routed alike (a row routed otherwise must be a near-tie).
-The whole forward on the tiny qwen3moe and Mixtral files (F16 and Q4_K_M) against the CPU
+The whole forward on the tiny qwen3moe, Mixtral and qwen2moe files (F16 and Q4_K_M) against the CPU
 reference: every position's logits (tie-aware about the router: minfer.reference.moe.
 tie_excused), greedy-32 identity (tie-aware, tau = 2 max |dlogit|), the same prompt twice bit
 for bit (the sort's atomics never change a number; the second run replays a CUDA graph),
@@ -186,6 +188,19 @@ def test_combine_kernel_bitwise(rt, same_bytes):
     M.combine(rt, xd, _dev(rt, ys), _dev(rt, wts), _dev(rt, rowpos))
     M.combine_ref(x, ys, wts, rowpos)
     assert same_bytes(xd, x)
+
+
+def test_shared_add_kernel(rt):
+    rng = np.random.default_rng(6)
+    T, D = 300, 2048
+    y = rng.standard_normal((T, D)).astype(np.float32)
+    gl = (rng.standard_normal((T, 1)) * 6).astype(np.float32)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    xd = _dev(rt, x)
+    M.shared_add(rt, xd, _dev(rt, y), _dev(rt, gl))
+    M.shared_add_ref(x, y, gl)
+    bound = 4 * np.finfo(np.float32).eps * (np.abs(x).max() + np.abs(y).max())
+    assert np.abs(xd.get() - x).max() <= bound
 
 
 @pytest.mark.parametrize("kernel", M.KERNELS)

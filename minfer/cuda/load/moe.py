@@ -11,6 +11,12 @@ E experts, k used per token, P = T k (token, slot) pairs:
                       gate|up stack interleaved per 16 rows (the dense f16 glu layout)
   ys f32 [P, d]     = grouped GEMM: act @ down[e].T
   x += combine(ys, wts)                       (rank order, as ggml adds the weighted views)
+qwen2moe's shared expert then (every token; weights f16, uploaded as the dense f16 path does,
+its GEMMs the dense f16 GEMM's):
+  gl f32 [T, 1]     = h16 @ ffn_gate_inp_shexp   (gemm_f16_nt, N = 1)
+  sact f16 [T, fs]  = silu(h16 @ gate.T) * (h16 @ up.T)   (gemm_f16_nt's glu epilogue)
+  sy f32 [T, d]     = sact @ down.T
+  x += sigmoid(gl) * sy                       (moe_shared_add_f32)
 Nothing leaves the device (no host sync: the grouped GEMMs' grids are their worst case), so a
 chunk with MoE layers is captured and replayed as a CUDA graph like a dense one.
 
@@ -77,6 +83,12 @@ class MoeLayers:
         if c.moe_gating != "softmax":
             raise GPUError(f"cuda backend: MoE gating {c.moe_gating!r} (softmax only)")
         self.norm_w, self.w_scale = bool(c.moe_norm_w), float(c.moe_w_scale)
+        self.fs = int(getattr(c, "d_ff_shexp", 0))  # qwen2moe's shared expert (0: none)
+        if self.fs % 8:
+            raise GPUError(
+                f"cuda backend: shared expert width {self.fs} is not a multiple of 8 (the f16 "
+                "GEMM's interleaved gate|up rows)"
+            )
         self.w: dict[str, object] = {}
         self.nbytes = 0  # file bytes read
         self._upload(rt, model, chunk)
@@ -92,6 +104,10 @@ class MoeLayers:
         self.rowpos = e(rt, (P,), np.int32, "moe pair -> sorted row")
         self.act = e(rt, (P, self.fe), np.float16, "moe expert activations")
         self.ys = e(rt, (P, self.d), np.float32, "moe expert outputs")
+        if self.fs:  # the shared expert's gate logits, SwiGLU and output
+            self.sgl = e(rt, (T, 1), np.float32, "moe shared gate logits")
+            self.sact = e(rt, (T, self.fs), np.float16, "moe shared expert activations")
+            self.sy = e(rt, (T, self.d), np.float32, "moe shared expert output")
         self.tt = None  # the grouped GEMMs' activation operands (blk's: gate|up's, down's)
         n = experts.operand_bytes(P, E, c)
         if n:
@@ -161,11 +177,55 @@ class MoeLayers:
             up.close()
         finally:
             rt.stream = stream
+        if self.fs:
+            self._upload_shared(rt, model, chunk)
         rt.synchronize()
         scratch.gpudata.free()
         if ex.requant:
             gu.gpudata.free()
             dn.gpudata.free()
+
+    def _upload_shared(self, rt, model, chunk: int) -> None:
+        """qwen2moe's shared expert of every layer by the dense f16 path's upload (raw rows
+        through a pinned staging, dequantized to f16 on the GPU): gate|up one [2 fs, d] stack
+        interleaved per 16 rows (the glu epilogue's layout), down [d, fs]; the gate vector
+        host f32 -> f16 [1, d] (an N = 1 GEMM's weight)."""
+        from minfer.cuda.load.weights import _raw_rows
+        from minfer.cuda.paths.base import Part
+        from minfer.cuda.paths.f16 import upload as f16
+        from minfer.cuda.runtime.upload import Staging, rows_per_chunk
+
+        names = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+        slot = 1
+        for il in self.layers:
+            for s in names:
+                rows, rb = _raw_rows(model.tensor(f"blk.{il}.{s}.weight")).shape
+                slot = max(slot, min(rows, rows_per_chunk(rb, chunk)) * rb)
+        up = Staging(rt, slot)
+        stream, rt.stream = rt.stream, up.stream
+        try:
+            for il in self.layers:
+                p = f"blk.{il}."
+
+                def part(s):
+                    t = model.tensor(f"{p}{s}.weight")
+                    self.nbytes += int(t.data.nbytes)
+                    return Part(p + s, _raw_rows(t), t.qtype, int(t.shape[1]))
+
+                g = p + "ffn_gate_inp_shexp.weight"
+                v = model.dequant(g).reshape(1, -1).astype(np.float16)
+                self.w[g] = da.to_device(rt, v, p + "moe shared gate")
+                self.nbytes += int(model.tensor(g).data.nbytes)
+                gu = p + "ffn_gate_up_shexp.weight"
+                self.w[gu] = f16.upload(rt, up, [part(names[0]), part(names[1])], gu, glu=True)[0]
+                dn = p + "ffn_down_shexp.weight"
+                self.w[dn] = f16.upload(rt, up, [part(names[2])], dn)[0]
+            up.close()
+        finally:
+            rt.stream = stream
+            for a in up.scratch.values():
+                rt.synchronize()
+                a.gpudata.free()
 
     def ffn(self, rt, il: int, x, h16, op) -> None:
         """x f32 [T, d] += the MoE FFN of layer il on h16 f16 [T, d]; op(label, flops): the
@@ -192,3 +252,24 @@ class MoeLayers:
         self.experts.run(self, rt, il, h16, P, act, ys, perm, op)
         with op("moe:combine"):
             M.combine(rt, x, ys, wts, rowpos)
+        if self.fs:
+            self._shared(rt, p, x, h16, T, op)
+
+    def _shared(self, rt, p: str, x, h16, T: int, op) -> None:
+        """x f32 [T, d] += sigmoid(h16 . g) * the shared expert's SwiGLU of h16 (qwen2moe)."""
+        from minfer.cuda.paths.f16.gemm import gemm_f16_nt
+
+        d, F = self.d, self.fs
+        gl, act, y = da.rows(self.sgl, 0, T), da.rows(self.sact, 0, T), da.rows(self.sy, 0, T)
+        with op("gemm:ffn_gate_inp_shexp", 2.0 * T * d):
+            da.poison(rt, gl)
+            gemm_f16_nt(h16, self.w[p + "ffn_gate_inp_shexp.weight"], out=gl, rt=rt)
+        with op("gemm:ffn_gate_up_shexp", 4.0 * T * F * d):
+            da.poison(rt, act)
+            w = self.w[p + "ffn_gate_up_shexp.weight"]
+            gemm_f16_nt(h16, w, np.float16, out=act, rt=rt, glu=True)
+        with op("gemm:ffn_down_shexp", 2.0 * T * F * d):
+            da.poison(rt, y)
+            gemm_f16_nt(act, self.w[p + "ffn_down_shexp.weight"], out=y, rt=rt)
+        with op("moe:shared"):
+            M.shared_add(rt, x, y, gl)

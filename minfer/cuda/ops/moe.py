@@ -19,6 +19,8 @@ Per layer, T tokens, E experts, k used per token, P = T * k (token, slot) pairs,
   mma.sync tile, 64 x 128) or "wmma" (a simple 64 x 64 wmma kernel: the control).
 - `combine(rt, x, ys, wts, rowpos)`: x f32 [T, D] += sum_j wts[t, j] * ys[rowpos[t k + j]] in
   rank order (as ggml adds the weighted views), each op rounded alone (the twin is bit-exact).
+- `shared_add(rt, x, y, gl)`: qwen2moe's shared expert, x f32 [T, D] += sigmoid(gl[t]) *
+  y[t] (gl f32 [T, 1]: the gate GEMM's logits; y f32 [T, D]: the shared SwiGLU's output).
 Launchers validate shapes and dtypes (GPUError, one line) and never choose anything; the grid of
 the grouped GEMM is its worst case (ceil(P / 64) + min(E, P) row tiles; the tiles past toff[E]
 exit at once), so one launch serves any routing and a CUDA graph replays it.
@@ -308,3 +310,36 @@ def moe_ffn_ref(h16, wr, wg, wu, wd, k: int, norm_w: bool = True, w_scale: float
     out = np.zeros((T, d), np.float32)
     combine_ref(out, ys, wts, rowpos)
     return out, sel, wts
+
+
+# ---- qwen2moe's sigmoid-gated shared expert ------------------------------------------------------
+def _shared_checks(x, y, gl) -> tuple[int, int]:
+    T, D = (int(s) for s in x.shape)
+    if tuple(y.shape) != (T, D):
+        raise GPUError(f"moe shared_add: y {tuple(y.shape)}, expected [{T}, {D}]")
+    if tuple(gl.shape) not in ((T,), (T, 1)):
+        raise GPUError(f"moe shared_add: gl {tuple(gl.shape)}, expected [{T}, 1]")
+    return T, D
+
+
+def shared_add(rt, x, y, gl):
+    """x f32 [T, D] += sigmoid(gl[t]) * y[t] (module docstring)."""
+    T, D = _shared_checks(x, y, gl)
+    for n, a in (("x", x), ("y", y), ("gl", gl)):
+        da.check(f"moe shared_add {n}", a, None, np.float32, require_contiguous=True)
+    rt.launch(
+        rt.function(KERNEL, "moe_shared_add_f32"),
+        (T,),
+        (256,),
+        (da.arg(x), da.arg(y), da.arg(gl), np.int32(D)),
+    )
+
+
+def shared_add_ref(x, y, gl):
+    """Numpy twin of shared_add (f32; the kernel's expf within its ulps of numpy's exp)."""
+    T, D = _shared_checks(x, y, gl)
+    one = np.float32(1)
+    g = np.asarray(gl, np.float32).reshape(T, 1)
+    s = one / (one + np.exp(-g))
+    x[...] = np.asarray(x, np.float32) + s * np.asarray(y, np.float32)
+    return x

@@ -48,7 +48,7 @@ def moe_experts(routes, auto: bool = False):
 def weight_bytes(model, experts=None) -> int:
     """Device bytes of every layer's router (f16) and experts as MoeLayers holds them with
     `experts` (f16's by default: 2 B a weight; blk's ~1.03 B, rows padded to 128 per expert;
-    gate|up one stack of 2F rows)."""
+    gate|up one stack of 2F rows), qwen2moe's shared expert (f16 on either) included."""
     c = model.config
     if not is_moe(c):
         return 0
@@ -59,6 +59,8 @@ def weight_bytes(model, experts=None) -> int:
         n += int(np.prod(t("ffn_gate_inp"), dtype=np.int64)) * 2
         E, F, K = t("ffn_gate_exps")
         n += ex.stack_bytes(E, 2 * F, K) + ex.stack_bytes(*t("ffn_down_exps"))
+        if getattr(c, "d_ff_shexp", 0):  # qwen2moe's shared expert: f16 always, + its gate
+            n += 2 * (3 * c.d_ff_shexp * c.d_model + c.d_model)
     return n
 
 
@@ -77,6 +79,9 @@ def act_bytes(c, ubatch: int, experts=None) -> int:
     T, E, k = ubatch, c.n_expert, c.n_expert_used
     P = T * k
     n = T * E * 4 + P * (4 + 4 + 4 + 4) + P * c.d_ff_exp * 2 + P * c.d_model * 4 + 8 * (E + 1)
+    fs = getattr(c, "d_ff_shexp", 0)
+    if fs:  # the shared expert's gate logits, activations and output
+        n += T * 4 + T * fs * 2 + T * c.d_model * 4
     return n + (experts or _f16()).operand_bytes(P, E, c)
 
 

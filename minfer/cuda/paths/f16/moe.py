@@ -1,8 +1,12 @@
 """The f16 path's mixture-of-experts GEMMs (GemmPath.experts): every expert held as f16 [E, N, K]
 (~2 B a weight, dequantized straight into its stack at load) and kernels/moe.cu's grouped GEMMs
-(launchers and twins: minfer.cuda.ops.moe), the sort on their 64-row tiles."""
+(launchers and twins: minfer.cuda.ops.moe), the sort on their 64-row tiles. shared_ref: the twins
+of qwen2moe's shared expert, which runs on the dense f16 GEMMs whichever path holds the experts
+(minfer.cuda.load.moe)."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from minfer.cuda.ops import moe as M
 from minfer.cuda.paths.base import ExpertGemms
@@ -33,3 +37,12 @@ class F16Experts(ExpertGemms):
 
 
 F16_EXPERTS = F16Experts()
+
+
+def shared_ref(x, h16, g16, gu16, dn16):
+    """x f32 [T, d] += the shared expert of h16 f16 [T, d] as MoeLayers runs it, in its twins:
+    g16 [1, d] (the gate vector), gu16 [2F, d] (gate|up interleaved per 16), dn16 [d, F]."""
+    from minfer.cuda.paths.f16.gemm import gemm_f16_nt_ref
+
+    act = gemm_f16_nt_ref(h16, gu16, np.float16, glu=True)
+    return M.shared_add_ref(x, gemm_f16_nt_ref(act, dn16), gemm_f16_nt_ref(h16, g16))
