@@ -385,7 +385,7 @@ fi
 if [ "$MODE" = moe ]; then   # issue 54's CUDA MoE: its GPU tests, then a qwen3-30b-a3b-shape bench
   if [ "${MOE_TESTS:-1}" = 1 ]; then
     step tests 330 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
-    step families 200 python3 -m pytest -q -rfEs tests/gpu/test_families_device.py -k "qwen3moe or mixtral"
+    step families 200 python3 -m pytest -q -rfEs tests/gpu/test_families_device.py -k "qwen3moe or qwen2moe or mixtral"
   fi
   if [ "${MOE_BENCH:-1}" = 1 ]; then
     step synth_q30 240 $M synth --preset qwen3-30b-a3b --layers ${MOE_LAYERS:-48} --type q4_K_M \
@@ -407,7 +407,7 @@ if [ "$MODE" = moeblk ]; then   # issue 54's blk int8 experts: GPU tests, then f
     step tests 280 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_blk_device.py tests/gpu/test_moe_device.py
   fi
   [ "${MOE_FAMILIES:-0}" = 1 ] && step families 200 python3 -m pytest -q -rfEs \
-    tests/gpu/test_families_device.py -k "qwen3moe or mixtral"
+    tests/gpu/test_families_device.py -k "qwen3moe or qwen2moe or mixtral"
   if [ "${MOE_BENCH:-1}" = 1 ]; then
     step synth_q30 120 $M synth --preset qwen3-30b-a3b --layers ${MOE_LAYERS:-16} --type q4_K_M \
       --tokenizer-from none --quiet -o /tmp/q30.gguf
