@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from minfer.errors import Unsupported
-from minfer.families.moe import EXPERT_KEYS, INERT_EXPERT_KEYS, expert_hparams
+from minfer.families.moe import EXPERT_KEYS, INERT_EXPERT_KEYS, expert_hparams, expert_metadata
 from minfer.families.schema import Family
 
 
@@ -26,11 +26,7 @@ class Llama(Family):
         out = super().synth_metadata(shape, common, kv, rope, u32, f32)
         if not getattr(shape, "n_expert", 0):
             return out
-        a = shape.arch  # Mixtral: LlamaModel's keys plus the two counts
-        return out | {
-            f"{a}.expert_count": u32(shape.n_expert),
-            f"{a}.expert_used_count": u32(shape.n_expert_used),
-        }
+        return out | expert_metadata(shape, u32, width=False)  # Mixtral: the two counts
 
     def hparams(self, r, a: str, dims: dict[str, Any]) -> dict[str, Any]:
         """A llama file's attention.sliding_window (Mistral 7B v0.1: 4096): every layer local,

@@ -62,3 +62,16 @@ def expert_hparams(r, a: str, required: bool, own_width: bool) -> dict[str, Any]
         "moe_norm_w": True,
         "moe_w_scale": 0.0,
     }
+
+
+def expert_metadata(shape, u32, width: bool = True) -> dict[str, Any]:
+    """A synth file's expert keys as llama.cpp's converter writes them: the two counts, and the
+    expert width where the arch has its own key (qwen3moe, qwen2moe; Mixtral's llama has none)."""
+    a = shape.arch
+    out = {
+        f"{a}.expert_count": u32(shape.n_expert),
+        f"{a}.expert_used_count": u32(shape.n_expert_used),
+    }
+    if width:
+        out[f"{a}.expert_feed_forward_length"] = u32(shape.d_ff_exp)
+    return out

@@ -13,7 +13,7 @@ none of them; its graph asks for softmax, no norm, hparams' scale 0)."""
 from __future__ import annotations
 
 from minfer.errors import BadModel
-from minfer.families.moe import EXPERT_KEYS, INERT_EXPERT_KEYS, expert_hparams
+from minfer.families.moe import EXPERT_KEYS, INERT_EXPERT_KEYS, expert_hparams, expert_metadata
 from minfer.families.schema import Family
 
 SHARED_KEY = "{a}.expert_shared_feed_forward_length"
@@ -31,13 +31,9 @@ class Qwen2Moe(Family):
         return super().hparams(r, a, dims) | moe | {"d_ff_shexp": shared}
 
     def synth_metadata(self, shape, common, kv, rope, u32, f32):
-        a = shape.arch
-        return super().synth_metadata(shape, common, kv, rope, u32, f32) | {
-            f"{a}.expert_count": u32(shape.n_expert),
-            f"{a}.expert_used_count": u32(shape.n_expert_used),
-            f"{a}.expert_feed_forward_length": u32(shape.d_ff_exp),
-            f"{a}.expert_shared_feed_forward_length": u32(shape.d_ff_shexp),
-        }
+        out = super().synth_metadata(shape, common, kv, rope, u32, f32)
+        shared = {SHARED_KEY.format(a=shape.arch): u32(shape.d_ff_shexp)}
+        return out | expert_metadata(shape, u32) | shared
 
 
 FAMILY = Qwen2Moe(

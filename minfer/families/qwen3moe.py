@@ -7,7 +7,7 @@ On the GPU through minfer.cuda.load.moe (the routed experts' grouped GEMMs)."""
 
 from __future__ import annotations
 
-from minfer.families.moe import EXPERT_KEYS, INERT_EXPERT_KEYS, expert_hparams
+from minfer.families.moe import EXPERT_KEYS, INERT_EXPERT_KEYS, expert_hparams, expert_metadata
 from minfer.families.schema import Family, layer_schema
 
 
@@ -23,12 +23,8 @@ class Qwen3Moe(Family):
         return layer_schema(bias=bias, qk_norm="head")
 
     def synth_metadata(self, shape, common, kv, rope, u32, f32):
-        a = shape.arch
-        return super().synth_metadata(shape, common, kv, rope, u32, f32) | {
-            f"{a}.expert_count": u32(shape.n_expert),
-            f"{a}.expert_used_count": u32(shape.n_expert_used),
-            f"{a}.expert_feed_forward_length": u32(shape.d_ff_exp),
-        }
+        out = super().synth_metadata(shape, common, kv, rope, u32, f32)
+        return out | expert_metadata(shape, u32)
 
 
 FAMILY = Qwen3Moe(
