@@ -105,3 +105,32 @@ def write_small(path: Path, meta, tensors) -> Path:
     from minfer.gguf.write import write_gguf
 
     return write_gguf(path, "llama", meta, tensors, progress=False)
+
+
+def fake_moe_model(preset: str):
+    """(the preset's SynthShape, a config and a model stand-in with its MoE tensors' shapes only,
+    every layer: router, stacked experts): what the memory planner reads, without a file."""
+    import types
+
+    from minfer.tools.synth import PRESETS
+
+    s = PRESETS[preset]
+    shapes = {}
+    for il in range(s.n_layers):
+        p = f"blk.{il}."
+        shapes[p + "ffn_gate_inp.weight"] = (s.n_expert, s.d_model)
+        for n in ("ffn_gate_exps", "ffn_up_exps"):
+            shapes[f"{p}{n}.weight"] = (s.n_expert, s.d_ff_exp, s.d_model)
+        shapes[p + "ffn_down_exps.weight"] = (s.n_expert, s.d_model, s.d_ff_exp)
+    cfg = types.SimpleNamespace(
+        n_expert=s.n_expert,
+        n_expert_used=s.n_expert_used,
+        n_layers=s.n_layers,
+        d_model=s.d_model,
+        d_ff_exp=s.d_ff_exp,
+        d_ff_shexp=getattr(s, "d_ff_shexp", 0),
+    )
+    fake = types.SimpleNamespace(
+        config=cfg, tensor=lambda n: types.SimpleNamespace(shape=shapes[n])
+    )
+    return s, cfg, fake

@@ -345,35 +345,14 @@ def test_moe_layer_blk_on_the_heap_runtime(monkeypatch, q4file):
 
 
 # ---- the plan -----------------------------------------------------------------------------------
-def _q30_fake():
-    from minfer.tools.synth import PRESETS
-
-    s = PRESETS["qwen3-30b-a3b"]
-    shapes = {}
-    for il in range(s.n_layers):
-        p = f"blk.{il}."
-        shapes[p + "ffn_gate_inp.weight"] = (s.n_expert, s.d_model)
-        for n in ("ffn_gate_exps", "ffn_up_exps"):
-            shapes[f"{p}{n}.weight"] = (s.n_expert, s.d_ff_exp, s.d_model)
-        shapes[p + "ffn_down_exps.weight"] = (s.n_expert, s.d_model, s.d_ff_exp)
-    cfg = types.SimpleNamespace(
-        n_expert=s.n_expert,
-        n_layers=s.n_layers,
-        n_expert_used=s.n_expert_used,
-        d_ff_exp=s.d_ff_exp,
-        d_model=s.d_model,
-    )
-    return types.SimpleNamespace(
-        config=cfg, tensor=lambda n: types.SimpleNamespace(shape=shapes[n])
-    )
-
-
 def test_plan_counts_blk_experts_of_a_30b_a3b():
     """qwen3-30b-a3b's experts as blk operands: 16896 / 16384 B a weight (768 and 2048 rows are
     whole tiles) against f16's 2; one layer's f16 stacks as the requant staging."""
+    from synth_data import fake_moe_model
+
     from minfer.cuda.plan import moe
 
-    fake = _q30_fake()
+    fake = fake_moe_model("qwen3-30b-a3b")[2]
     F, X = F16_EXPERTS, B.BLK_EXPERTS
     f16, blk = moe.weight_bytes(fake, F), moe.weight_bytes(fake, X)
     routers = 48 * 128 * 2048 * 2

@@ -248,36 +248,16 @@ def test_plan_counts_the_shared_expert():
     """qwen1.5-moe-a2.7b: the planner's expert bytes = routers + experts + shared experts (and
     their gates) as f16; the activations grow by the shared expert's buffers."""
     import types
-    from dataclasses import replace
+
+    from synth_data import fake_moe_model
 
     from minfer.cuda.plan import moe
-    from minfer.tools.synth import PRESETS
 
-    s = PRESETS["qwen1.5-moe-a2.7b"]
-    shapes = {}
-    for il in range(s.n_layers):
-        q = f"blk.{il}."
-        shapes[q + "ffn_gate_inp.weight"] = (s.n_expert, s.d_model)
-        for n in ("ffn_gate_exps", "ffn_up_exps"):
-            shapes[f"{q}{n}.weight"] = (s.n_expert, s.d_ff_exp, s.d_model)
-        shapes[q + "ffn_down_exps.weight"] = (s.n_expert, s.d_model, s.d_ff_exp)
-    cfg = types.SimpleNamespace(
-        n_expert=s.n_expert,
-        n_expert_used=s.n_expert_used,
-        n_layers=s.n_layers,
-        d_model=s.d_model,
-        d_ff_exp=s.d_ff_exp,
-        d_ff_shexp=s.d_ff_shexp,
-    )
-    fake = types.SimpleNamespace(
-        config=cfg, tensor=lambda n: types.SimpleNamespace(shape=shapes[n])
-    )
+    s, cfg, fake = fake_moe_model("qwen1.5-moe-a2.7b")
     per_layer = s.n_expert * (3 * s.d_ff_exp * s.d_model + s.d_model)
     per_layer += 3 * s.d_ff_shexp * s.d_model + s.d_model
     assert moe.weight_bytes(fake) == s.n_layers * per_layer * 2
-    none = replace(s, d_ff_shexp=0)
     T = 512
-    grow = moe.act_bytes(cfg, T) - moe.act_bytes(
-        types.SimpleNamespace(**{**vars(cfg), "d_ff_shexp": none.d_ff_shexp}), T
-    )
+    none = types.SimpleNamespace(**{**vars(cfg), "d_ff_shexp": 0})
+    grow = moe.act_bytes(cfg, T) - moe.act_bytes(none, T)
     assert grow == T * (4 + 2 * s.d_ff_shexp + 4 * s.d_model)
