@@ -317,21 +317,11 @@ def test_backend_refuses_experts_past_free_memory(monkeypatch, files):
 
 def test_plan_counts_f16_experts_of_a_30b_a3b():
     """qwen3-30b-a3b: 48 x 128 experts x 3 x 768 x 2048 as f16 (~58 GB) and the routers."""
-    from minfer.cuda.plan import moe
-    from minfer.tools.synth import PRESETS
+    from synth_data import fake_moe_model
 
-    s = PRESETS["qwen3-30b-a3b"]
-    shapes = {}
-    for il in range(s.n_layers):
-        p = f"blk.{il}."
-        shapes[p + "ffn_gate_inp.weight"] = (s.n_expert, s.d_model)
-        for n in ("ffn_gate_exps", "ffn_up_exps"):
-            shapes[f"{p}{n}.weight"] = (s.n_expert, s.d_ff_exp, s.d_model)
-        shapes[p + "ffn_down_exps.weight"] = (s.n_expert, s.d_model, s.d_ff_exp)
-    cfg = types.SimpleNamespace(n_expert=s.n_expert, n_layers=s.n_layers)
-    fake = types.SimpleNamespace(
-        config=cfg, tensor=lambda n: types.SimpleNamespace(shape=shapes[n])
-    )
+    from minfer.cuda.plan import moe
+
+    fake = fake_moe_model("qwen3-30b-a3b")[2]
     b = moe.weight_bytes(fake)
     assert b == 48 * 128 * (3 * 768 * 2048 + 2048) * 2
     assert 57e9 < b < 59e9
