@@ -181,7 +181,28 @@ class HeapRT:
             self._blk_operand(entry.endswith("_tok"), grid, *a)
         elif entry in ("moe_blk", "moe_blk_tok_swiglu"):
             self._blk_gemm(entry == "moe_blk_tok_swiglu", grid, block, smem, *a)
+        elif entry == "blk_split_cols":  # (blk-split's operands: kernels/blk_split.cu)
+            from minfer.cuda.paths.blk.outliers import blk_split_cols_ref
+
+            A, ld, M_, cols, n, out = a
+            assert grid == (-(-M_ * n // 256),)
+            c = self.at(cols, (n,), np.int32)
+            blk_split_cols_ref(
+                self._rows(A, ld, M_, int(c.max()) + 1), c, self.at(out, (M_, n), np.float16)
+            )
+        elif entry == "col_sumsq_f16":
+            from minfer.cuda.paths.blk.outliers import col_sumsq_ref
+
+            A, ld, M_, K, acc = a
+            assert grid == (-(-K // 256),)
+            col_sumsq_ref(self._rows(A, ld, M_, K), self.at(acc, (K,), np.float32))
         # any other kernel: not emulated (the MoE layer launches none)
+
+    def _rows(self, A, ld: int, M: int, K: int) -> np.ndarray:
+        """A writable f16 [M, K] view of rows `ld` elements apart at A (the last row's
+        K elements the end of what is read)."""
+        flat = self.at(A, (ld * (M - 1) + K,), np.float16)
+        return np.lib.stride_tricks.as_strided(flat, (M, K), (2 * ld, 2))
 
     def _blk_operand(self, tok, grid, x, a_rows, a_div, offs, toff, E, K, MT, out):
         """moe_blk_operand_f16[_tok]: the twin on the heap's arrays (rows of x: the largest

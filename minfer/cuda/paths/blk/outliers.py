@@ -90,3 +90,33 @@ def split_linear_ref(x: np.ndarray, w: np.ndarray, cols: np.ndarray) -> np.ndarr
     xr[:, cols] = 0
     wr[:, cols] = 0
     return blk_linear_ref(xr, wr) + f16(x)[:, cols] @ f16(w)[:, cols].T
+
+
+def check_cols(cols, K: int, what: str = "cols") -> np.ndarray:
+    """cols as the kernels take them (int32, strictly ascending, within [0, K), at least one);
+    ValueError in one line otherwise (the split kernel zeroes each column once: a repeat
+    would read a zero back)."""
+    c = np.asarray(cols)
+    if c.ndim != 1 or c.size == 0 or not np.issubdtype(c.dtype, np.integer):
+        raise ValueError(f"{what}: need a non-empty 1-D integer array, got {c.dtype} {c.shape}")
+    if c[0] < 0 or c[-1] >= K or (c.size > 1 and np.any(np.diff(c) <= 0)):
+        raise ValueError(f"{what}: need distinct ascending channels in [0, {K}), got {c.size}")
+    return c.astype(np.int32)
+
+
+def blk_split_cols_ref(A: np.ndarray, cols: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """kernels/blk_split.cu's blk_split_cols on numpy arrays, in place: out f16 [M, n] =
+    A[:, cols], then A[:, cols] = 0 (A f16 [M, K])."""
+    out[...] = A[:, cols]
+    A[:, cols] = 0
+    return out
+
+
+def col_sumsq_ref(A: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """kernels/blk_split.cu's col_sumsq_f16 on numpy arrays: acc f32 [K] += the column sums of
+    squares of A f16 [M, K], in f32 row by row (the kernel's order: bit for bit)."""
+    s = np.zeros(A.shape[1], np.float32)
+    for row in np.asarray(A, np.float16).astype(np.float32):
+        s += row * row
+    acc += s
+    return acc
