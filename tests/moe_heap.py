@@ -168,15 +168,18 @@ class HeapRT:
             t = next(t for t in TRAITS.values() if "dq_f16_" + kernel_suffix(t) == entry)
             raw = self.at(src, (int(src_bytes),), np.uint8)
             self.at(out, (int(n),), np.float16)[:] = dequantize(raw, t.qtype).reshape(-1)
-        elif entry == "blk_operand_f16":  # (the blk experts' upload: weights only here)
+        elif entry == "blk_operand_f16":  # a weight's requant, or a token operand (blk-split)
             x, ld, R, K, Rp, out, smul, pair = a
             from minfer.cuda.paths.blk.twin import blk_operand, blk_shape, quantize_blk
 
-            assert ld == K and float(smul) == np.float32(1 / 128) and pair == 2
+            weight = float(smul) == np.float32(1 / 128) and pair == 2
+            assert ld == K and (weight or (float(smul) == 1.0 and pair == 1))
             w = self.at(x, (R, K), np.float16)
             self.at(out, blk_shape(R, K), np.uint8)[...] = blk_operand(
-                *quantize_blk(w, weight=True)
+                *quantize_blk(w, weight=weight)
             )
+        elif entry in ("mmq_blk", "mmq_blk_acc"):  # the dense blk GEMM (blk-split's route)
+            self._blk_dense(entry.endswith("_acc"), block, smem, *a)
         elif entry in ("moe_blk_operand_f16", "moe_blk_operand_f16_tok"):
             self._blk_operand(entry.endswith("_tok"), grid, *a)
         elif entry in ("moe_blk", "moe_blk_tok_swiglu"):
@@ -226,6 +229,24 @@ class HeapRT:
             a_div,
             tok,
         )
+
+    def _blk_dense(self, acc, block, smem, tt, wb, out, M, N, K, dp, ws, flags):
+        """mmq_blk[_acc]: the kernel's math from its operands' bytes (twin.blk_gemm, float64)
+        rounded once to f32 (the kernel folds in f32 per 128 of K: tests/gpu compares that)."""
+        from minfer.cuda.paths.blk.launch import blk_smem
+        from minfer.cuda.paths.blk.twin import blk_gemm, blk_shape, blk_unoperand
+
+        assert block == (384,) and smem == blk_smem()
+        qa, sa = blk_unoperand(self.at(tt, blk_shape(M, K), np.uint8), M)
+        qw, sw = blk_unoperand(self.at(wb, blk_shape(N, K), np.uint8), N)
+        y = blk_gemm(qa, sa, qw, sw).astype(np.float32)
+        C = self.at(out, (M, N), np.float32)
+        C[...] = C + y if acc else y
+
+    def workspace(self, key: str, nbytes: int, split: int | None = None):
+        """stream-K's partials and flags (unused by the emulated GEMM: a zeroed allocation)."""
+        p = int(self.alloc(nbytes, key))
+        return p if split is None else (np.uintp(p), np.uintp(p + int(split)))
 
     def _blk_gemm(self, glu, grid, block, smem, Tt, Wb, C, offs, toff, E, MT, N, K):
         from minfer.cuda.paths.blk import moe as B
@@ -338,7 +359,10 @@ def install(monkeypatch) -> HeapRT:
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=cls))
 
     def gemm_f16_nt(a, b, out_dtype=np.float32, accumulate=None, *, out=None, rt=None, **kw):
-        assert accumulate is None and kw.get("rope") is None
+        assert kw.get("rope") is None
+        if accumulate is not None:  # (blk-split's kept columns, added into the f32 C)
+            accumulate.set(gemm.gemm_f16_nt_ref(a.get(), b.get(), accumulate=accumulate.get()))
+            return accumulate
         out.set(gemm.gemm_f16_nt_ref(a.get(), b.get(), out.dtype, glu=kw.get("glu", False)))
         return out
 

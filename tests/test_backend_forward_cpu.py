@@ -109,6 +109,7 @@ ENTRY = {
     "wide-kd8": ("mmq_q4k", "mmq_q6k"),
     "narrow": ("mmq_q4k", "mmq_q6k"),
     "r1": ("mmq_q4k", "mmq_q6k"),
+    "blk-split": ("mmq_blk", "blk_split"),
 }
 PREPASS = {
     "f16": set(),
@@ -117,6 +118,8 @@ PREPASS = {
     "wide-kd8": {"quantize_q8_1_raw_f16"},
     "narrow": {"quantize_q8_1_raw_f16"},
     "r1": {"quantize_q8_1_raw_f16"},
+    # ffn_down: its kept columns moved out, then the zeroed act's operand
+    "blk-split": {"blk_operand_f16", "rmsnorm_blk_operand", "blk_split_cols"},
 }
 
 
@@ -131,7 +134,7 @@ def test_forward_launches_each_route(monkeypatch, tiny, path):
     install(monkeypatch)
     monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
     fake_tensor_maps(monkeypatch)
-    rt = FakeRT("sm_90" if path in ("blk", "f16") else "sm_80")
+    rt = FakeRT("sm_90" if path in ("blk", "f16", "blk-split") else "sm_80")
     be = CudaBackend(
         tiny, GemmChoice(path), rt=rt, max_tokens=64, ubatch=16, warmup=False, graphs=False
     )

@@ -21,7 +21,7 @@ SHAPE = (512, 4096, 4096)
 
 
 def test_table_records():
-    assert list(TABLE) == ["f16", "blk", "wide-kd4", "wide-kd8", "narrow", "r1"]
+    assert list(TABLE) == ["f16", "blk", "wide-kd4", "wide-kd8", "narrow", "r1", "blk-split"]
     for p in TABLE.values():
         # every path is a family object of the one calling convention (paths/base.py)
         assert isinstance(p, GemmPath) and type(p).route is not GemmPath.route

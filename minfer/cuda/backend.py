@@ -218,6 +218,7 @@ class CudaBackend:
             plan["upload staging"] // 2,
             progress,
             frozenset(self.glu),
+            self.gcfg.channels,
         )
         self.w, self.qtypes, self.emb, self.emb_qtype = wts.w, wts.qtypes, wts.emb, wts.emb_qtype
         self.upload_bytes, self.upload_s = wts.nbytes, wts.seconds  # file into ready weights

@@ -45,6 +45,7 @@ def load_weights(
     slot_bytes: int,
     progress: bool,
     glu: frozenset[str] = frozenset(),
+    channels=None,
 ) -> DeviceWeights:
     """Upload every weight (see the module docstring) from the memory map in chunks of at most
     slot_bytes (upload_slot; plan["upload staging"] is two of them) through the pinned staging
@@ -53,7 +54,7 @@ def load_weights(
     stream, while the host reads the next chunk.
     glu: fused gate|up groups (fusion.plan_glu) whose rows go up interleaved per 16 (8 gate
     rows, their 8 up rows: quants.glu.glu_rows) for their GEMM's glu epilogue; their members
-    get no row views."""
+    get no row views. channels: GemmChoice.channels, for the paths' uploads (Staging.channels)."""
     import time
 
     from minfer.cuda.runtime.upload import Staging
@@ -62,6 +63,7 @@ def load_weights(
     t0 = time.perf_counter()
     m, c = model, model.config
     up = Staging(rt, slot_bytes)
+    up.channels = channels
     w: dict[str, object] = {}
     groups: dict[str, list[int]] = {}  # fused name -> [rows, K, member]
     for n, (g, r0, rows) in fused.items():

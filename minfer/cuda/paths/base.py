@@ -130,6 +130,11 @@ class GemmPath:
             return {"f16 weights": sum(r * k * 2 for r, k, _, _ in units)}, scratch
         return {"MMQ weights": sum(b for _, _, b, tied in units if not tied)}, scratch
 
+    def weight_extra(self, name: str, N: int, K: int) -> dict:
+        """Memory plan part -> device bytes weight `name` [N, K] holds beside its unit's
+        (`memory`): blk-split's f16 columns of ffn_down. None here."""
+        return {}
+
     def smem(self, qtype: int) -> int | None:
         """Dynamic shared memory its kernel needs for `qtype` (the smem guard); None: no opt-in."""
         return None
@@ -200,14 +205,18 @@ class Part:
         return int(self.raw.shape[0])
 
 
-def upload_weight(rt, path: GemmPath, parts, name: str = "", glu: bool = False, slot_bytes=None):
+def upload_weight(
+    rt, path: GemmPath, parts, name: str = "", glu: bool = False, slot_bytes=None, channels=None
+):
     """path.upload of `parts` through a staging of its own, synchronized: what `minfer check`
-    and the tests run, the engine's upload on the same bytes (one call per weight or group)."""
+    and the tests run, the engine's upload on the same bytes (one call per weight or group);
+    channels: GemmChoice.channels (blk-split's kept columns, as the engine's upload has them)."""
     from minfer.cuda.runtime.upload import DEFAULT_CHUNK, Staging, rows_per_chunk
 
     chunk = slot_bytes or DEFAULT_CHUNK  # a slot holds the largest chunk (as sizes.upload_slot)
     rb = [int(p.raw.nbytes) // max(p.N, 1) for p in parts]
     up = Staging(rt, max(min(p.N, rows_per_chunk(b, chunk)) * b for p, b in zip(parts, rb)))
+    up.channels = channels
     stream, rt.stream = rt.stream, up.stream  # the kernels queue behind their copies
     try:
         w, _ = path.upload(rt, up, parts, name or parts[0].name, glu=glu)

@@ -11,7 +11,7 @@ call it); everywhere else the dataclass is passed explicitly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from minfer.cuda.paths import CHOICES, TABLE, VARIANTS
@@ -24,6 +24,9 @@ ENV_KEYS = ("MINFER_GEMM",)
 class GemmChoice:
     path: str = "auto"  # "auto" or a TABLE name
     off: frozenset = frozenset()  # features turned off by a tuning variant
+    # weight -> its input channels kept on f16 (blk-split's calibration; the weight upload
+    # reads them: Staging.channels); not part of the choice's identity
+    channels: Mapping | None = field(default=None, compare=False, hash=False, repr=False)
 
     def on(self, feature: str) -> bool:
         return feature not in self.off

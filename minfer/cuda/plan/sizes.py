@@ -49,6 +49,9 @@ def plan_memory(
         u[2] += int(t.data.nbytes)
     # each path's own parts (GemmPath.memory): weights add up, a scratch part takes the largest
     weights = {k: 0 for p in TABLE.values() for k in p.weight_parts}
+    for n, (path, _) in routes.items():  # what a weight holds beside its unit (weight_extra)
+        for k, v in TABLE[path].weight_extra(n, *(int(s) for s in m.tensor(n).shape)).items():
+            weights[k] += v
     scratch = {k: 0 for p in TABLE.values() for k in p.scratch_parts}
     for path, us in units.items():
         w_parts, s_parts = TABLE[path].memory([tuple(u) for u in us.values()], T, sms)

@@ -55,6 +55,8 @@ class Staging:
         self.nbytes = 0  # bytes put so far
         self.progress = None  # called with the bytes of each chunk chunks() hands out
         self.scratch: dict = {}  # device scratch the weight uploads reuse (paths' upload)
+        self.channels = None  # weight -> kept input channels (blk-split's upload reads them;
+        #                      GemmChoice.channels, set by the engine's load)
         self.pool = None
         if self.slot_bytes >= READERS << 20:
             from concurrent.futures import ThreadPoolExecutor

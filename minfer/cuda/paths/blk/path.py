@@ -162,7 +162,7 @@ class BlkPath(GemmPath):
 
         K = max(u[1] for u in units)
         return {"MMQ weights": sum(blk_bytes(r, k) for r, k, _, _ in units)}, {
-            "blk operand scratch": self.operand.nbytes(T, K),
+            "blk operand scratch": BLK_OPERAND.nbytes(T, K),  # (blk-split's operand is other)
             "blk requant staging": max(r * k * 2 for r, k, _, _ in units),
             "MMQ stream-K workspace": sms * (SK_SLOT_BYTES + 4),
         }
