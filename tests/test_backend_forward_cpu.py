@@ -744,3 +744,45 @@ def test_gemma_forward_launches(monkeypatch, tmp_path, preset, head_dim, path):
     assert any(c.layer_rope(il) != (c.rope_base, c.rope_scaling) for il in range(L)) == (
         be.buf.rope_swa is not None
     )
+
+
+def test_blk_split_channels_reach_the_upload(monkeypatch, tiny):
+    """--gemm blk-split with calibrated channels: the backend's weight load gets them (the
+    staging the uploads read, Staging.channels), and each ffn_down's upload puts its own
+    into the device cols it splits by."""
+    from fake_gpuarray import install
+
+    from minfer.cuda import backend as cb
+    from minfer.cuda.paths.blk import split_path
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.cuda.runtime import devarray
+
+    install(monkeypatch)
+    monkeypatch.setattr(devarray, "_ga", lambda: types.SimpleNamespace(GPUArray=_Arr))
+    fake_tensor_maps(monkeypatch)
+    downs = sorted(n for n in tiny.tensors if ".ffn_down." in n)
+    ch = {n: np.arange(3, 3 + 2 * 8, 2, dtype=np.int32) + i for i, n in enumerate(downs)}
+    seen, cols = [], {}
+    real_load, real_upload = cb.load_weights, split_path.upload_split
+
+    def load(*a, **kw):
+        seen.append(a[7] if len(a) > 7 else kw.get("channels"))
+        return real_load(*a, **kw)
+
+    def upload(rt, up, parts, name):
+        cols[name] = up.channels[name]
+        return real_upload(rt, up, parts, name)
+
+    monkeypatch.setattr(cb, "load_weights", load)
+    monkeypatch.setattr(split_path, "upload_split", upload)
+    rt = FakeRT("sm_90")
+    cb.CudaBackend(
+        tiny,
+        GemmChoice("blk-split", channels=ch),
+        rt=rt,
+        max_tokens=64,
+        ubatch=16,
+        warmup=False,
+        graphs=False,
+    )
+    assert seen == [ch] and cols == ch

@@ -3,8 +3,11 @@ prompt runs on it through minfer.batch.single (one) or minfer.batch.run (many)."
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
+from minfer.engine.calib import CTX, WINDOWS
 from minfer.errors import BadInput
 
 
@@ -18,12 +21,16 @@ def make_backend(
     progress: bool = True,
     warmup: bool = False,
     kv_slots: int | None = None,
+    graphs: bool | None = None,
 ):
     """The one place a backend is built (prefill, perplexity, bench, check): 'cpu' (the numpy
     reference; dtype 'f64' for the float64 oracle, weights dequantized now) or 'cuda'
     (CudaBackend on `choice`, a resolved minfer.cuda.plan.config.GemmChoice; None: auto).
     warmup=False: no one-token warm-up (batch.single.run and bench warm up the lengths they run).
-    kv_slots: the CUDA KV cache's rows for many sequences (minfer.batch; default max_tokens)."""
+    kv_slots: the CUDA KV cache's rows for many sequences (minfer.batch; default max_tokens).
+    graphs: CUDA graphs (None: the backend's default; the GPU calibration runs without).
+    A choice whose path keeps calibrated channels (blk-split) and holds none is calibrated
+    here first, on the GPU (minfer.engine.calib.bind_channels)."""
     if kind == "cpu":
         from minfer.reference.forward import ReferenceBackend
 
@@ -36,6 +43,7 @@ def make_backend(
         raise BadInput(f"backend {kind!r}: expected cuda or cpu")
     from minfer.cuda.backend import CudaBackend
 
+    choice = bind_channels(model, choice, progress)
     return CudaBackend(
         model,
         choice,
@@ -44,4 +52,72 @@ def make_backend(
         progress=progress,
         warmup=warmup,
         kv_slots=kv_slots,
+        graphs=graphs,
     )
+
+
+# -- the GPU calibration of kept channels (blk-split): the text and cache of minfer.engine.calib
+def cuda_channel_stats(
+    model,
+    names,
+    on: str,
+    windows: int = WINDOWS,
+    ctx: int = CTX,
+    text_path=None,
+    cache: bool = True,
+    progress: bool = False,
+) -> dict[str, np.ndarray]:
+    """name -> f64 [K]: the mean of X_j^2 over the calibration windows' rows, X the f16 input
+    of linear weight `name` on a CUDA backend of path `on` (which must leave those weights on
+    f16: the probe reads their input itself; minfer.cuda.paths.blk.probe)."""
+    import gc
+
+    from minfer.cuda.paths.blk.probe import mean_squares, probe
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.engine.calib import (
+        CALIB_TEXT,
+        cache_key,
+        cache_path,
+        calib_windows,
+        load_cached,
+        store,
+    )
+
+    names = sorted(set(names))
+    raw = Path(text_path or CALIB_TEXT).read_bytes()
+    path = cache_path(cache_key(model, names, windows, ctx, raw, "cuda"))
+    got = load_cached(path, names) if cache else None
+    if got is not None:
+        return got
+    wins = calib_windows(model, raw.decode("utf-8"), windows, ctx)
+    T = len(wins[0])
+    be = make_backend("cuda", model, GemmChoice(on), T, T, progress=progress, graphs=False)
+    shapes = {n: tuple(int(s) for s in model.tensor(n).shape) for n in names}
+    probes = probe(be.rt, be.lin, shapes)
+    for w in wins:  # (one scored row: every chunk runs all its rows through every layer)
+        be.window_logits(w, len(w) - 1)
+    out = mean_squares(probes)
+    del be, probes  # (its device memory back before the calibrated backend loads)
+    gc.collect()
+    if cache:
+        store(path, out)
+    return out
+
+
+def bind_channels(model, choice, progress: bool = False, stats=None):
+    """`choice` with GemmChoice.channels filled where its path keeps calibrated channels and
+    none were given (its weights of GemmPath.calibrated_kinds, calibrated on the backend of
+    path.calibrate_on); else `choice` itself. stats: the calibration (tests pass a fake)."""
+    from minfer.cuda.paths import TABLE
+
+    if choice is None or choice.channels is not None or choice.path not in TABLE:
+        return choice
+    p = TABLE[choice.path]
+    kinds = p.calibrated_kinds
+    names = [n for n in model.tensors if n.startswith("blk.") and n.split(".")[-2] in kinds]
+    if not names:
+        return choice
+    ms = (stats or cuda_channel_stats)(model, names, p.calibrate_on, progress=progress)
+    from dataclasses import replace
+
+    return replace(choice, channels={n: p.kept_channels(ms[n]) for n in names})

@@ -169,6 +169,15 @@ class GemmPath:
 
         return [(KERNEL, ())] if self.via_f16 else []
 
+    # weight kinds whose kept input channels come from a calibration (blk-split: ffn_down),
+    # run on a backend of path `calibrate_on` (minfer.engine.calib.bind_channels)
+    calibrated_kinds = frozenset()
+    calibrate_on = ""
+
+    def kept_channels(self, mean_square):
+        """The input channels a calibrated weight keeps, from its channels' mean squares."""
+        raise NotImplementedError
+
     # the number grid of its kernels on the CPU reference (ReferenceBackend(grids=...): what
     # `minfer check` compares the path with); None: exact (f16's rounding is the reference's)
     grid = None

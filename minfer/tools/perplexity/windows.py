@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from minfer.engine.calib import window  # noqa: F401  (perplexity's windows, the calibrations')
 from minfer.errors import BadInput
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "gnu-gpl.txt"
@@ -65,14 +66,6 @@ def n_windows(n_tokens: int, ctx: int, chunks: int, name: str) -> int:
         )
     avail = n_tokens // ctx
     return avail if chunks == 0 else min(chunks, avail)
-
-
-def window(ids: np.ndarray, i: int, ctx: int, bos: int | None) -> np.ndarray:
-    """int32 [ctx]: window i of ids, its first id replaced by `bos` (None: kept)."""
-    w = np.array(ids[i * ctx : (i + 1) * ctx], dtype=np.int32)
-    if bos is not None:
-        w[0] = bos
-    return w
 
 
 def ids_hash(windows: list[np.ndarray]) -> str:

@@ -159,6 +159,8 @@ class BlkSplitPath(BlkPath):
     operand = SPLIT_OPERAND
     emulations = {}  # (blk's: `--emulate blk-int8down` is this path's grid on the CPU)
     weight_parts = ("MMQ weights", "blk split f16 columns")
+    calibrated_kinds = SPLIT_KINDS
+    calibrate_on = "blk"  # (leaves ffn_down on f16: the probe reads its f16 input)
     scratch_parts = (*BlkPath.scratch_parts, "blk split scratch")
 
     @property
@@ -170,6 +172,12 @@ class BlkSplitPath(BlkPath):
         w, s = super().memory(units, T, sms)
         K = max(u[1] for u in units)
         return w, {**s, "blk split scratch": SPLIT_OPERAND.nbytes(T, K)}
+
+    def kept_channels(self, mean_square):
+        """busiest: the split_n(K) channels of the largest mean square."""
+        from minfer.cuda.paths.blk.outliers import busiest
+
+        return busiest(mean_square, split_n(int(np.size(mean_square))))
 
     def weight_extra(self, name: str, N: int, K: int) -> dict:
         return {"blk split f16 columns": N * split_n(K) * 2} if splits(name) else {}
