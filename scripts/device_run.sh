@@ -10,6 +10,11 @@
 #   blk:   the block int8 path: its device tests, isolated GEMMs at 512, 2,048 and 16,384
 #          tokens (gemm_blk_bench.py), an 8B-shape bench against f16 (AB="f16 blk ..." for more
 #          paths), single and sustained, and blk's per-op breakdown at pp2048.
+#   split: blk-split (`--gemm blk-split`, opt-in; never run on a GPU before): its GPU tests
+#          (kernels vs twins, the route vs split_linear_ref, greedy-32 and parity), a llama3.1-8b
+#          Q4_K_M synth `bench --ab blk blk-split --tokens 512,2048` (the GPU calibration first),
+#          and with the slice carried its perplexity / KLD on blk and blk-split against f16's
+#          logits, then `minfer check --gemm blk-split` on its Q4_K_M requant.
 #   final: the whole GPU suite, the blk GEMMs, bench (single and sustained), the slice's
 #          perplexity, `minfer check` on its Q4_K_M requant, blk's per-op breakdown at pp2048.
 #   closing: Ray's identity with the actors' KV planned for the whole job, then pooled (embeddings
@@ -514,6 +519,26 @@ if [ "$MODE" = blk ]; then   # the block-scaled int8 path: kernels, isolated GEM
   echo "--- gemm"; cat "$OUT/gemm.log" | tail -14
   echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" "$OUT/sustained.log" | grep -v "| ---"
   echo "--- breakdown"; grep -vE "^\s*$" "$OUT/breakdown.log" | tail -24
+  exit 0
+fi
+
+if [ "$MODE" = split ]; then   # blk-split: GPU tests, bench against blk, gate 6 on the slice
+  MINFER_TEST_MODEL=$S step tests 200 python3 -m pytest -q -rfEs tests/gpu/test_blk_split_device.py
+  step synth 90 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
+  step bench 150 $M bench -m /tmp/s8b.gguf --tokens 512,2048 --min-ms 0 --repeats 3 --no-breakdown \
+    --ab blk blk-split
+  if [ -f "$S" ]; then
+    step ppl_f16 40 $M perplexity -m "$S" --backend cuda --gemm f16 --chunks 8 --save-logits /tmp/f16.logits
+    step ppl_blk 40 $M perplexity -m "$S" --backend cuda --gemm blk --kld-base /tmp/f16.logits
+    step ppl_split 60 $M perplexity -m "$S" --backend cuda --gemm blk-split --kld-base /tmp/f16.logits
+    step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet --allow-requantize
+    step check 120 $M check -m /tmp/slice-q4km.gguf --gemm blk-split
+  fi
+  echo; echo "################ SUMMARY split ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  tests_summary tests
+  echo "--- bench"; grep -E "^\| |rror" "$OUT/bench.log" | grep -v "| ---"
+  for f in ppl_f16 ppl_blk ppl_split; do [ -f "$OUT/$f.log" ] && { echo "--- $f"; tail -7 "$OUT/$f.log"; }; done
+  [ -f "$OUT/check.log" ] && { echo "--- check"; grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -24; }
   exit 0
 fi
 

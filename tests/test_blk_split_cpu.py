@@ -275,3 +275,25 @@ def test_split_twin_is_split_linear_ref_on_the_uncalibrated_channels():
     got = BLK_SPLIT.twin(x, raw, 12, M, N, K, DOWN)
     want = split_linear_ref(x, dequant_f16_ref(raw, 12, N, K), default_cols(K))
     assert np.array_equal(got, want)
+
+
+def test_check_leaves_blk_split_to_gemm_and_grids_it_by_its_channels():
+    """`minfer check` runs blk-split only when named; its CPU reference rounds ffn_down by
+    OutlierGrid on the backend's channels (without: the upload's uncalibrated ones), the rest
+    by blk's grid."""
+    from minfer.cuda.paths.blk.outliers import OutlierGrid
+    from minfer.cuda.paths.blk.split_path import BLK_SPLIT, default_cols
+    from minfer.cuda.plan.config import GemmChoice
+    from minfer.tools.check import reference_grids, table_paths
+
+    assert BLK_SPLIT not in table_paths() and table_paths("blk-split") == [BLK_SPLIT]
+    cols = np.array([2, 7, 9], np.int32)
+    routes = {DOWN: ("blk-split", ""), "blk.0.ffn_up.weight": ("blk-split", "")}
+    g = reference_grids(routes, choice=GemmChoice("blk-split", channels={DOWN: cols}))
+    assert isinstance(g[DOWN], OutlierGrid) and np.array_equal(g[DOWN].cols(DOWN), cols)
+    assert g["blk.0.ffn_up.weight"] is BLK_SPLIT.grid
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    u = reference_grids(routes)[DOWN]  # uncalibrated: the first n channels exact
+    want = OutlierGrid(BLK_SPLIT.grid, {DOWN: default_cols(256)}).act(x, DOWN)
+    assert np.array_equal(u.act(x, DOWN), want)

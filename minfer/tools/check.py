@@ -64,12 +64,13 @@ def gemm_weight_shapes(model, path=None) -> dict[tuple[int, int, int], str]:
 
 
 def table_paths(gemm: str | None = None):
-    """The TABLE records check runs: all, or the one --gemm names (mmq: the seeds' config)."""
+    """The TABLE records check runs: all but the opt-in ones (GemmPath.opt_in: blk-split, not
+    yet run on a GPU), or the one --gemm names (mmq: the seeds' config)."""
     from minfer.cuda.paths import TABLE
     from minfer.cuda.plan.config import gemm_choice
 
     if gemm in (None, "auto"):
-        return list(TABLE.values())
+        return [p for p in TABLE.values() if not p.opt_in]
     return [TABLE[gemm_choice(gemm).path]]
 
 
@@ -277,15 +278,20 @@ def prompt_ids(model, prompt: str, echo=click.echo) -> list[int]:
     return ids
 
 
-def reference_grids(routes: dict[str, tuple[str, str]], model=None, experts=None) -> dict:
+def reference_grids(
+    routes: dict[str, tuple[str, str]], model=None, experts=None, choice=None
+) -> dict:
     """weight name -> the grid of its path's kernels (GemmPath.grid) for every weight on an
     int8 path: ReferenceBackend(grids=...) rounds their inputs (blk: and weights) as they do;
     with `model`, a mixture-of-experts model's stacked experts too where the plan's expert
-    GEMMs round them (`experts`, the plan's; None: minfer.cuda.plan.moe.moe_experts(routes))."""
+    GEMMs round them (`experts`, the plan's; None: minfer.cuda.plan.moe.moe_experts(routes));
+    choice: the backend's GemmChoice (a weight's grid may depend on it: GemmPath.weight_grid,
+    blk-split's kept channels)."""
     from minfer.cuda.paths import TABLE
     from minfer.cuda.plan.moe import EXPERTS, is_moe, moe_experts
 
-    out = {n: TABLE[p].grid for n, (p, _) in routes.items() if TABLE[p].grid is not None}
+    out = {n: TABLE[p].weight_grid(n, choice) for n, (p, _) in routes.items()}
+    out = {n: g for n, g in out.items() if g is not None}
     moe = model is not None and is_moe(model.config)
     grid = (experts or moe_experts(routes)).grid if moe else None
     if grid is not None:
@@ -322,7 +328,7 @@ def identity_rows(model, prompt: str, n_greedy: int = 32, echo=click.echo, paths
         else:
             # the reference rounds the inputs of exactly the weights this path runs on MMQ,
             # through the grid of the kernel that runs them (q8_1; blk's rotated int8)
-            grids = reference_grids(be.routes, model, be.plan.moe)
+            grids = reference_grids(be.routes, model, be.plan.moe, be.gcfg)
             by_grid: dict[str, list[str]] = {}  # grid name -> its weights
             for n, g in grids.items():
                 by_grid.setdefault(g.name, []).append(n)

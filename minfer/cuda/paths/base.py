@@ -169,6 +169,13 @@ class GemmPath:
 
         return [(KERNEL, ())] if self.via_f16 else []
 
+    opt_in = False  # only when named (--gemm): `minfer check`'s default set leaves it out
+
+    def weight_grid(self, name: str, choice=None):
+        """The CPU reference's grid of weight `name` on this path (`grid`; choice: the
+        backend's GemmChoice, for a grid that depends on it)."""
+        return self.grid
+
     # weight kinds whose kept input channels come from a calibration (blk-split: ffn_down),
     # run on a backend of path `calibrate_on` (minfer.engine.calib.bind_channels)
     calibrated_kinds = frozenset()

@@ -150,6 +150,26 @@ def upload_split(rt, up, parts, name: str):
     return SplitWeight(wb.wb, wo, cols_d, N, K), {}
 
 
+class _UncalibratedGrid:
+    """OutlierGrid on default_cols(K) of each weight (the upload's without channels)."""
+
+    def __init__(self, inner):
+        from minfer.cuda.paths.blk.outliers import N_OUTLIERS
+
+        self.inner, self.name = inner, f"{inner.name}-o{N_OUTLIERS}-first"
+
+    def _grid(self, K: int, name: str):
+        from minfer.cuda.paths.blk.outliers import OutlierGrid
+
+        return OutlierGrid(self.inner, {name: default_cols(K)})
+
+    def weight(self, w, name: str):
+        return self._grid(w.reshape(w.shape[0], -1).shape[1], name).weight(w, name)
+
+    def act(self, x, name: str):
+        return self._grid(x.shape[-1], name).act(x, name)
+
+
 @dataclass(frozen=True)
 class BlkSplitPath(BlkPath):
     """blk, with SPLIT_KINDS on SplitRoute (f16_kinds empty: nothing left on f16 for
@@ -159,6 +179,7 @@ class BlkSplitPath(BlkPath):
     operand = SPLIT_OPERAND
     emulations = {}  # (blk's: `--emulate blk-int8down` is this path's grid on the CPU)
     weight_parts = ("MMQ weights", "blk split f16 columns")
+    opt_in = True  # not yet run on a GPU: only when named
     calibrated_kinds = SPLIT_KINDS
     calibrate_on = "blk"  # (leaves ffn_down on f16: the probe reads its f16 input)
     scratch_parts = (*BlkPath.scratch_parts, "blk split scratch")
@@ -172,6 +193,18 @@ class BlkSplitPath(BlkPath):
         w, s = super().memory(units, T, sms)
         K = max(u[1] for u in units)
         return w, {**s, "blk split scratch": SPLIT_OPERAND.nbytes(T, K)}
+
+    def weight_grid(self, name: str, choice=None):
+        """A split weight: OutlierGrid over blk's with its channels (the choice's, else the
+        uncalibrated ones the upload takes); the rest blk's."""
+        if not splits(name):
+            return self.grid
+        from minfer.cuda.paths.blk.outliers import OutlierGrid
+
+        chans = (getattr(choice, "channels", None) or {}).get(name)
+        if chans is None:  # (K from the first weight the grid sees: default_cols needs it)
+            return _UncalibratedGrid(self.grid)
+        return OutlierGrid(self.grid, {name: np.asarray(chans, np.int32)})
 
     def kept_channels(self, mean_square):
         """busiest: the split_n(K) channels of the largest mean square."""
