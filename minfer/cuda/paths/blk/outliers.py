@@ -1,7 +1,8 @@
 """ffn_down on blk's int8 grid with its busiest input channels kept on f16: LLM.int8()'s
 decomposition (Dettmers et al. 2022) with the channels fixed per weight by a calibration, the
 grid that takes ffn_down off f16 within gate 6 on the CPU emulation (docs/perplexity.md,
-"ffn_down off f16"; `minfer perplexity --emulate blk-int8down`). No kernel runs it yet.
+"ffn_down off f16"; `minfer perplexity --emulate blk-int8down`). Its GPU side: split_path.py
+(`--gemm blk-split`, opt-in, not yet run on a GPU).
 
 Why it works where finer scales did not: on ffn_down most of int8's KL divergence comes from the
 weight's grid, not the activations' (SmolLM2's Q4_K_M: 0.00354 with the weight alone on int8,

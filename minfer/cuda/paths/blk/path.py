@@ -137,7 +137,7 @@ class BlkPath(GemmPath):
             help="blk-fp8down with power-of-two scales",
         ),
         # int8 with each ffn_down's 128 busiest input channels on f16 (blk/outliers.py): passes
-        # gate 6 on the CPU; no kernel yet
+        # gate 6 on the CPU; its kernels: --gemm blk-split (opt-in, not yet run on a GPU)
         "blk-int8down": Emulation(
             grid,
             kinds={"ffn_down": OutlierGrid(grid)},
