@@ -151,16 +151,19 @@ def test_perplexity_runs_the_label(small, tmp_path):
     """The command end to end on the small model: one window, the label in its header."""
     from cli_inproc import run_cli
 
-    code, out, err = run_cli(
-        ["perplexity", "-m", str(small.path), "--emulate", "blk-int8down", "-c", "64",
-         "--chunks", "1", "-t", "1", "--json"]
-    )  # fmt: skip
+    args = ["perplexity", "-m", str(small.path), "--emulate", "blk-int8down", "-c", "64",
+            "--chunks", "1", "-t", "1", "--json"]  # fmt: skip
+    code, out, err = run_cli(args)
     assert code == 0, err
     import json
 
     rec = json.loads(out)
     assert rec["emulate"]["grid"] == "blk-int8down" and rec["backend"] == "cpu+blk-int8down"
     assert np.isfinite(rec["ppl"])
+    # the calibration says so when it runs, and is read from its cache the next time
+    assert "calibrating 2 weights' input channels on the exact CPU forward" in err
+    code, out2, err2 = run_cli(args)
+    assert code == 0 and "calibrating" not in err2 and json.loads(out2)["ppl"] == rec["ppl"]
 
 
 def test_the_emulation_is_the_split_kernels_math_but_for_noise_times_noise():

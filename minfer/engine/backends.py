@@ -76,6 +76,7 @@ def cuda_channel_stats(
     from minfer.cuda.plan.config import GemmChoice
     from minfer.engine.calib import (
         CALIB_TEXT,
+        announce,
         cache_key,
         cache_path,
         calib_windows,
@@ -90,6 +91,7 @@ def cuda_channel_stats(
     if got is not None:
         return got
     wins = calib_windows(model, raw.decode("utf-8"), windows, ctx)
+    announce(names, wins, path, f"the GPU ({on} backend)")
     T = len(wins[0])
     be = make_backend("cuda", model, GemmChoice(on), T, T, progress=progress, graphs=False)
     shapes = {n: tuple(int(s) for s in model.tensor(n).shape) for n in names}

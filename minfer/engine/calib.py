@@ -97,3 +97,15 @@ __all__ = [
     "store",
     "window",
 ]
+
+
+def announce(names, wins: list, path: Path, where: str) -> None:
+    """One note before a calibration runs (it is not instant: a forward over the windows), naming
+    what it measures and where the result is kept, so the next run's silence is explained."""
+    from minfer.host.log import log
+
+    n = len(wins[0]) if wins else 0
+    log.info(
+        f"calibrating {len(names)} weights' input channels on {where}: {len(wins)} windows of "
+        f"{n} tokens of {CALIB_TEXT.name} (once; cached in {path.parent})"
+    )

@@ -14,7 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from minfer.engine.calib import CALIB_TEXT, CTX, WINDOWS, cache_key, cache_path, load_cached, store
+from minfer.engine.calib import (
+    CALIB_TEXT,
+    CTX,
+    WINDOWS,
+    announce,
+    cache_key,
+    cache_path,
+    load_cached,
+    store,
+)
 from minfer.engine.calib import calib_windows as _windows
 
 __all__ = ["CALIB_TEXT", "CTX", "WINDOWS", "channel_stats", "_windows"]
@@ -57,6 +66,7 @@ def channel_stats(
         return got
     rec = _Recorder()
     wins = _windows(model, raw.decode("utf-8"), windows, ctx)
+    announce(names, wins, path, "the exact CPU forward")
     be = ReferenceBackend(
         model, np.float32, max_tokens=len(wins[0]), grids=dict.fromkeys(names, rec)
     )
