@@ -156,7 +156,7 @@ class OutlierSplit(OutlierGrid):
         self._stats, self.by = stats, by
         self.name = f"{inner.name}-{'o' if by == 'max' else 'r'}{n}"
 
-    def cols(self, name: str) -> np.ndarray:
+    def cols(self, name: str, K: int | None = None) -> np.ndarray:
         o = self.channels.get(name)
         if o is None:
             if not isinstance(self._stats, dict):

@@ -3,8 +3,6 @@ prompt runs on it through minfer.batch.single (one) or minfer.batch.run (many)."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from minfer.engine.calib import CTX, WINDOWS
@@ -72,38 +70,25 @@ def cuda_channel_stats(
     f16: the probe reads their input itself; minfer.cuda.paths.blk.probe)."""
     import gc
 
-    from minfer.cuda.paths.blk.probe import mean_squares, probe
-    from minfer.cuda.plan.config import GemmChoice
-    from minfer.engine.calib import (
-        CALIB_TEXT,
-        announce,
-        cache_key,
-        cache_path,
-        calib_windows,
-        load_cached,
-        store,
-    )
+    from minfer.engine.calib import cached_stats
 
-    names = sorted(set(names))
-    raw = Path(text_path or CALIB_TEXT).read_bytes()
-    path = cache_path(cache_key(model, names, windows, ctx, raw, "cuda"))
-    got = load_cached(path, names) if cache else None
-    if got is not None:
-        return got
-    wins = calib_windows(model, raw.decode("utf-8"), windows, ctx)
-    announce(names, wins, path, f"the GPU ({on} backend)")
-    T = len(wins[0])
-    be = make_backend("cuda", model, GemmChoice(on), T, T, progress=progress, graphs=False)
-    shapes = {n: tuple(int(s) for s in model.tensor(n).shape) for n in names}
-    probes = probe(be.rt, be.lin, shapes)
-    for w in wins:  # (one scored row: every chunk runs all its rows through every layer)
-        be.window_logits(w, len(w) - 1)
-    out = mean_squares(probes)
-    del be, probes  # (its device memory back before the calibrated backend loads)
-    gc.collect()
-    if cache:
-        store(path, out)
-    return out
+    def measure(names, wins):
+        from minfer.cuda.paths.blk.probe import mean_squares, probe
+        from minfer.cuda.plan.config import GemmChoice
+
+        T = len(wins[0])
+        be = make_backend("cuda", model, GemmChoice(on), T, T, progress=progress, graphs=False)
+        shapes = {n: tuple(int(s) for s in model.tensor(n).shape) for n in names}
+        probes = probe(be.rt, be.lin, shapes)
+        for w in wins:  # (one scored row: every chunk runs all its rows through every layer)
+            be.window_logits(w, len(w) - 1)
+        out = mean_squares(probes)
+        del be, probes  # (its device memory back before the calibrated backend loads)
+        gc.collect()
+        return out
+
+    where = f"the GPU ({on} backend)"
+    return cached_stats(model, names, measure, where, "cuda", windows, ctx, text_path, cache)
 
 
 def bind_channels(model, choice, progress: bool = False, stats=None):
@@ -115,8 +100,10 @@ def bind_channels(model, choice, progress: bool = False, stats=None):
     if choice is None or choice.channels is not None or choice.path not in TABLE:
         return choice
     p = TABLE[choice.path]
+    from minfer.cuda.plan.routes import linear_names, weight_kind
+
     kinds = p.calibrated_kinds
-    names = [n for n in model.tensors if n.startswith("blk.") and n.split(".")[-2] in kinds]
+    names = [n for n in linear_names(model) if weight_kind(n) in kinds]
     if not names:
         return choice
     ms = (stats or cuda_channel_stats)(model, names, p.calibrate_on, progress=progress)

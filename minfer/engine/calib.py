@@ -86,19 +86,6 @@ def store(path: Path, out: dict) -> None:
     os.replace(tmp, path)
 
 
-__all__ = [
-    "CALIB_TEXT",
-    "CTX",
-    "WINDOWS",
-    "cache_key",
-    "cache_path",
-    "calib_windows",
-    "load_cached",
-    "store",
-    "window",
-]
-
-
 def announce(names, wins: list, path: Path, where: str) -> None:
     """One note before a calibration runs (it is not instant: a forward over the windows), naming
     what it measures and where the result is kept, so the next run's silence is explained."""
@@ -109,3 +96,45 @@ def announce(names, wins: list, path: Path, where: str) -> None:
         f"calibrating {len(names)} weights' input channels on {where}: {len(wins)} windows of "
         f"{n} tokens of {CALIB_TEXT.name} (once; cached in {path.parent})"
     )
+
+
+def cached_stats(
+    model,
+    names,
+    measure,
+    where: str,
+    backend: str = "",
+    windows: int = WINDOWS,
+    ctx: int = CTX,
+    text_path=None,
+    cache: bool = True,
+) -> dict[str, np.ndarray]:
+    """name -> f64 [K]: the cache's entry for (model, names, windows, text, backend), else
+    measure(names, wins) over the calibration windows (announced as run on `where`), stored."""
+    names = sorted(set(names))
+    raw = Path(text_path or CALIB_TEXT).read_bytes()
+    path = cache_path(cache_key(model, names, windows, ctx, raw, backend))
+    got = load_cached(path, names) if cache else None
+    if got is not None:
+        return got
+    wins = calib_windows(model, raw.decode("utf-8"), windows, ctx)
+    announce(names, wins, path, where)
+    out = measure(names, wins)
+    if cache:
+        store(path, out)
+    return out
+
+
+__all__ = [
+    "CALIB_TEXT",
+    "CTX",
+    "WINDOWS",
+    "announce",
+    "cache_key",
+    "cache_path",
+    "cached_stats",
+    "calib_windows",
+    "load_cached",
+    "store",
+    "window",
+]

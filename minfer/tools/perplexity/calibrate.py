@@ -10,20 +10,9 @@ asked for), cached in $MINFER_CACHE/calib/ under the CPU's keys.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from minfer.engine.calib import (
-    CALIB_TEXT,
-    CTX,
-    WINDOWS,
-    announce,
-    cache_key,
-    cache_path,
-    load_cached,
-    store,
-)
+from minfer.engine.calib import CALIB_TEXT, CTX, WINDOWS, cached_stats
 from minfer.engine.calib import calib_windows as _windows
 
 __all__ = ["CALIB_TEXT", "CTX", "WINDOWS", "channel_stats", "_windows"]
@@ -56,26 +45,21 @@ def channel_stats(
     """name -> f64 [K]: the mean of X_j^2 over the calibration windows' rows, X the input of
     linear weight `name` in the exact float32 CPU forward (every name a linear weight of
     `model`, a loaded GGUF)."""
-    from minfer.reference.forward import ReferenceBackend
 
-    names = sorted(set(names))
-    raw = Path(text_path or CALIB_TEXT).read_bytes()
-    path = cache_path(cache_key(model, names, windows, ctx, raw))
-    got = load_cached(path, names) if cache else None
-    if got is not None:
-        return got
-    rec = _Recorder()
-    wins = _windows(model, raw.decode("utf-8"), windows, ctx)
-    announce(names, wins, path, "the exact CPU forward")
-    be = ReferenceBackend(
-        model, np.float32, max_tokens=len(wins[0]), grids=dict.fromkeys(names, rec)
+    def measure(names, wins):
+        from minfer.reference.forward import ReferenceBackend
+
+        rec = _Recorder()
+        be = ReferenceBackend(
+            model, np.float32, max_tokens=len(wins[0]), grids=dict.fromkeys(names, rec)
+        )
+        for w in wins:
+            be.window_logits(w, 0)
+        missing = [n for n in names if n not in rec.sq]
+        if missing:
+            raise KeyError(f"calibration: no input recorded for {', '.join(missing[:3])}")
+        return {n: rec.sq[n] / rec.rows[n] for n in names}
+
+    return cached_stats(
+        model, names, measure, "the exact CPU forward", "", windows, ctx, text_path, cache
     )
-    for w in wins:
-        be.window_logits(w, 0)
-    missing = [n for n in names if n not in rec.sq]
-    if missing:
-        raise KeyError(f"calibration: no input recorded for {', '.join(missing[:3])}")
-    out = {n: rec.sq[n] / rec.rows[n] for n in names}
-    if cache:
-        store(path, out)
-    return out

@@ -43,27 +43,28 @@ class OutlierGrid:
     int8 GEMM's own noise x noise term on those columns (zero operands there: the int8 rotation
     leaves rounding noise in them, times the other side's noise).
 
-    needs: the weight kinds whose channels come from a calibration (minfer perplexity's emulate
-    binds them: `bound(channels)`, name -> busiest(mean square))."""
+    The channels come from a calibration (minfer perplexity's emulate binds them: `bound`,
+    name -> busiest(mean square)); fallback(K): a weight's channels where it has none (blk-split's
+    uncalibrated upload: the first ones), else such a weight is an error."""
 
-    needs = ("ffn_down",)
-
-    def __init__(self, inner, channels: dict | None = None, n: int = N_OUTLIERS):
-        self.inner, self.channels, self.n = inner, channels, n
+    def __init__(self, inner, channels: dict | None = None, n: int = N_OUTLIERS, fallback=None):
+        self.inner, self.channels, self.n, self.fallback = inner, channels, n, fallback
         self.name = f"{inner.name}-o{n}"
 
     def bound(self, channels: dict) -> OutlierGrid:
         """This grid with each weight's kept channels (name -> int array)."""
-        return OutlierGrid(self.inner, dict(channels), self.n)
+        return OutlierGrid(self.inner, dict(channels), self.n, self.fallback)
 
-    def cols(self, name: str) -> np.ndarray:
-        """The input channels weight `name` keeps exact."""
-        if self.channels is None or name not in self.channels:
-            raise KeyError(f"{self.name}: no calibrated channels for {name} (bound() first)")
-        return self.channels[name]
+    def cols(self, name: str, K: int | None = None) -> np.ndarray:
+        """The input channels weight `name` (of K inputs) keeps exact."""
+        if self.channels is not None and name in self.channels:
+            return self.channels[name]
+        if self.fallback is not None and K is not None:
+            return self.fallback(K)
+        raise KeyError(f"{self.name}: no calibrated channels for {name} (bound() first)")
 
     def _split(self, a: np.ndarray, grid, name: str) -> np.ndarray:
-        o = self.cols(name)
+        o = self.cols(name, a.shape[1])
         rest = np.array(a, np.float32)
         rest[:, o] = 0
         out = np.array(grid(rest, name), np.float32)

@@ -150,26 +150,6 @@ def upload_split(rt, up, parts, name: str):
     return SplitWeight(wb.wb, wo, cols_d, N, K), {}
 
 
-class _UncalibratedGrid:
-    """OutlierGrid on default_cols(K) of each weight (the upload's without channels)."""
-
-    def __init__(self, inner):
-        from minfer.cuda.paths.blk.outliers import N_OUTLIERS
-
-        self.inner, self.name = inner, f"{inner.name}-o{N_OUTLIERS}-first"
-
-    def _grid(self, K: int, name: str):
-        from minfer.cuda.paths.blk.outliers import OutlierGrid
-
-        return OutlierGrid(self.inner, {name: default_cols(K)})
-
-    def weight(self, w, name: str):
-        return self._grid(w.reshape(w.shape[0], -1).shape[1], name).weight(w, name)
-
-    def act(self, x, name: str):
-        return self._grid(x.shape[-1], name).act(x, name)
-
-
 @dataclass(frozen=True)
 class BlkSplitPath(BlkPath):
     """blk, with SPLIT_KINDS on SplitRoute (f16_kinds empty: nothing left on f16 for
@@ -202,9 +182,8 @@ class BlkSplitPath(BlkPath):
         from minfer.cuda.paths.blk.outliers import OutlierGrid
 
         chans = (getattr(choice, "channels", None) or {}).get(name)
-        if chans is None:  # (K from the first weight the grid sees: default_cols needs it)
-            return _UncalibratedGrid(self.grid)
-        return OutlierGrid(self.grid, {name: np.asarray(chans, np.int32)})
+        known = {} if chans is None else {name: np.asarray(chans, np.int32)}
+        return OutlierGrid(self.grid, known, fallback=default_cols)
 
     def kept_channels(self, mean_square):
         """busiest: the split_n(K) channels of the largest mean square."""
