@@ -654,16 +654,10 @@ class CudaBackend:
             targets.astype(i32),
         )
 
-    @contextlib.contextmanager
     def thread_context(self):
-        """Make the runtime's context current on the calling thread while inside (pycuda's
-        context stack is per thread: the server's engine thread runs every call of this
-        backend inside one)."""
-        self.rt.ctx.push()
-        try:
-            yield
-        finally:
-            self.rt.ctx.pop()
+        """The runtime's context current on the calling thread while inside (Runtime.on_thread:
+        the server's engine thread runs every call of this backend inside one)."""
+        return self.rt.on_thread()
 
     def copy_kv(self, src: int, dst: int, n: int) -> None:
         """KV cache rows src..src+n-1 copied to dst..dst+n-1 in every layer (a shared prefix,

@@ -23,6 +23,7 @@ beyond it run in waves (minfer.batch.run).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -152,6 +153,23 @@ def kv_plan(lengths: Sequence[int], n_predict: int) -> tuple[int, int, int]:
     need = max(footprint(int(n), n_predict) for n in lengths)
     want = sum(footprint(int(n), n_predict) for n in lengths)
     return need, want, max(int(n) for n in lengths) + n_predict
+
+
+def _on_gpu_thread(method):
+    """On the cuda backend, the GPU's context current on the calling thread for the call
+    (Runtime.on_thread): an Engine may be built on one thread and called on another, as Ray
+    Data's actors are."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if self.kind != "cuda":
+            return method(self, *args, **kwargs)
+        from minfer.cuda.runtime.runtime import get_runtime
+
+        with get_runtime().on_thread():
+            return method(self, *args, **kwargs)
+
+    return call
 
 
 class Engine:
@@ -433,6 +451,7 @@ class Engine:
             except RecordError as e:
                 raise BadInput(f"prompts[{i}]: {e}") from None
 
+    @_on_gpu_thread
     def run(
         self,
         prompts: Iterable[tuple],
@@ -475,6 +494,7 @@ class Engine:
             group=group,
         )
 
+    @_on_gpu_thread
     def prepare(self, need: int, want: int, positions: int | None = None) -> None:
         # (kv_plan(lengths, n_predict) gives the three for a set of prompts)
         """The backend, with at least `need` KV slots (the longest prompt's) and up to `want`

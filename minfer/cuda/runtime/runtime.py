@@ -17,6 +17,7 @@ Importing this module needs pycuda; everything that must work without a GPU live
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 from dataclasses import dataclass, field
 
@@ -107,6 +108,23 @@ class Runtime:
             self.ctx.pop()
         except Exception:
             pass
+
+    @contextlib.contextmanager
+    def on_thread(self):
+        """The context current on the calling thread while inside: pycuda's context stack is
+        per thread, so work on a thread other than the one that made the runtime (Ray Data
+        calls an actor's batches on another thread than its constructor; the server's engine
+        thread) would find none and fail with "invalid device context". Pushed only where it
+        is not current already, popped on the way out."""
+        cur = self.drv.Context.get_current()
+        if cur is not None and _handle(cur) == _handle(self.ctx):
+            yield
+            return
+        self.ctx.push()
+        try:
+            yield
+        finally:
+            self.ctx.pop()
 
     # -- modules ----------------------------------------------------------------------------
     def module(self, name: str, options: tuple[str, ...] = ()):
@@ -230,6 +248,10 @@ class Runtime:
 
 
 _RUNTIME: list[Runtime] = []
+
+
+def _handle(ctx) -> int:
+    return int(getattr(ctx, "handle", id(ctx)))
 
 
 def get_runtime(cfg: RuntimeConfig | None = None) -> Runtime:
