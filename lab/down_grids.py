@@ -23,6 +23,7 @@ minfer.tools.perplexity.emulate.emulated_grids for the one process.
 | int8-o8 ... int8-o128, int8-w128-o64 | the n channels of largest max abs X_j (--stats) exact on both sides (OutlierSplit: the package's OutlierGrid), int8 on the rest |
 | int8-r32, int8-r64 | the same by mean square X_j^2 (the package's `--emulate blk-int8down` choice) |
 | sq-int8-o8, sq-int8-o32, sq25-int8-o32 | SmoothQuant (a = 0.5, 0.25), then the outlier split |
+| int8down-tok | `--emulate blk-int8down`'s split (128 channels by the package's calibration) with one activation scale per token on the rest: the fold-free kernel (mmq_blk_tok) |
 
 - blk_sub_grid: blk's rotated int8 activations (128-point Walsh-Hadamard per 128 of K) with
   one scale per `sub` (32) of the rotated values instead of per 128: q = rint(y * 127 / amax)
@@ -166,6 +167,19 @@ class OutlierSplit(OutlierGrid):
         return o
 
 
+class TokGrid:
+    """blk's grid with one activation scale per token (the GEMMs after an rmsnorm: mmq_blk_tok,
+    whose fold runs once per pair of blocks), the weight as blk's."""
+
+    name = "blk-tok"
+
+    def weight(self, w: np.ndarray, name: str) -> np.ndarray:
+        return blk_grid(w.reshape(w.shape[0], -1), weight=True)
+
+    def act(self, x: np.ndarray, name: str) -> np.ndarray:
+        return blk_grid(x.reshape(-1, x.shape[-1]), per_token=True).reshape(x.shape)
+
+
 def smooth_scales(xmax: np.ndarray, wmax: np.ndarray, alpha: float = ALPHA) -> np.ndarray:
     """Per input channel: s = xmax^a / wmax^(1 - a) (f32), 1 where either max is 0 (a dead
     channel: nothing to move), clamped to [2^-16, 2^16]."""
@@ -256,6 +270,7 @@ def variant_grid(variant: str, stats=None):
         "sq-int8-w128-o32": lambda: OutlierSplit(
             SmoothGrid(BlkSubGrid(128, pair=1), stats=stats), 32, stats
         ),
+        "int8down-tok": lambda: OutlierGrid(TokGrid()),
         "rot512": lambda: RotGrid(512),
         "rot512s": lambda: RotGrid(512, signs=True),
         "sq-rot512": lambda: SmoothGrid(RotGrid(512), stats=stats),
@@ -288,6 +303,7 @@ VARIANTS = (
     "sq-int8-o32",
     "sq25-int8-o32",
     "sq-int8-w128-o32",
+    "int8down-tok",
     "rot512",
     "rot512s",
     "sq-rot512",
@@ -316,6 +332,8 @@ def patch(variant: str, stats=None) -> None:
     def emulated_grids(model, label):
         grids = orig(model, label)
         out = {n: (g if ".ffn_down." in n else v) for n, v in grids.items()}
+        if type(g) is OutlierGrid:  # the package's split: its calibration binds the channels
+            out = emulate._calibrated(model, out)
         return {n: v for n, v in out.items() if n not in keep}
 
     emulate.emulated_grids = emulated_grids

@@ -97,6 +97,9 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# cubins built on the host (carry .cubin_cache: `MINFER_CACHE=.cubin_cache` and compile_cubin
+# for sm_90); their cache key holds nvcc's version, so a device with another nvcc rebuilds
+[ -d .cubin_cache/cubin ] && mkdir -p $MINFER_CACHE/cubin && cp -n .cubin_cache/cubin/* $MINFER_CACHE/cubin/
 # only 8 files come back from $OUT: at exit every log goes into logs.tgz (steps.txt stays)
 trap '(cd "$OUT" && tar czf /tmp/logs-$MODE.tgz --exclude="logs-*.tgz" . && rm -f ./*.log && mv /tmp/logs-$MODE.tgz .)' EXIT
 T0=$(date +%s); DEADLINE=${DEADLINE:-480}
@@ -409,7 +412,7 @@ fi
 
 if [ "$MODE" = moeblk ]; then   # issue 54's blk int8 experts: GPU tests, then f16 vs blk experts
   if [ "${MOE_TESTS:-1}" = 1 ]; then
-    step tests 280 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_blk_device.py tests/gpu/test_moe_device.py
+    step tests 280 python3 -m pytest -q -rfEsxX $XDIST tests/gpu/test_moe_blk_device.py tests/gpu/test_moe_device.py
   fi
   [ "${MOE_FAMILIES:-0}" = 1 ] && step families 200 python3 -m pytest -q -rfEs \
     tests/gpu/test_families_device.py -k "qwen3moe or qwen2moe or mixtral"
