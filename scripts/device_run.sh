@@ -27,7 +27,8 @@
 #          SERVE_TESTS=1 the GPU serving tests first), the new families' blk checks, the MoE
 #          kernels' tests, each capped by what the deadline leaves.
 #   house: the new families' blk checks (MOE_TESTS=1: the MoE kernels' tests first), their speed
-#          per weight beside llama's (FAMILY_PRESETS, one bench process), bench A B A at pp512
+#          beside llama's and their llama twins' (`synth --as-llama`; FAMILY_PRESETS, one bench
+#          process), bench A B A at pp512
 #          against .old/ where carried, `minfer check` on the slice's Q4_K_M requant where
 #          .devdata is carried, each capped by what the deadline leaves.
 #   refactor: a restructure checked against the tree in .old/ (git archive OLD minfer kernels):
@@ -487,9 +488,12 @@ if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the 
   [ "${MOE_TESTS:-0}" = 1 ] && step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
   # (three 4-layer real-shape checks with their CPU reference: over 150 s on the H100)
   step tests_families 300 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_families_new_device.py -k blk
+  # each family beside its llama twin (`synth --as-llama`: its dimensions, no family ops)
   MS=""; for p in ${FAMILY_PRESETS:-llama3-8b granite-3-8b olmo2-7b smollm3-3b}; do
     step synth_$p 60 $M synth --preset $p --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
-    MS="$MS -m /tmp/$p.gguf"; done
+    MS="$MS -m /tmp/$p.gguf"
+    [ "${p#llama}" = "$p" ] && step synth_${p}_twin 60 $M synth --preset $p --as-llama --type q4_K_M \
+      --tokenizer-from none --quiet -o /tmp/$p-llama.gguf && MS="$MS -m /tmp/$p-llama.gguf"; done
   step bench_fam 200 $M bench $MS --tokens 512,2048 --min-ms 0 --repeats 2 --no-breakdown --gemm blk
   if [ -f "$S" ]; then   # the gates on the slice's Q4_K_M requant (carry .devdata)
     step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet --allow-requantize

@@ -376,3 +376,36 @@ def test_llama3_70b_preset_outgrows_f16_on_one_h200():
     )
     assert 38e9 < file_bytes < 44e9
     assert sum(p.name.endswith("ffn_down.weight") for p in plan) == 80
+
+
+@pytest.mark.parametrize("preset", ["tiny-olmo2", "tiny-smollm3", "tiny-granite", "tiny-gemma3"])
+def test_as_llama_keeps_the_dimensions_and_drops_the_family(preset, tmp_path):
+    """--as-llama: the preset's dimensions as a plain llama file (the family's overhead is then
+    the bench's difference); a MoE preset is refused."""
+    from minfer.tools.synth import PRESETS
+
+    p = tmp_path / "twin.gguf"
+    make_synthetic_model(
+        p,
+        SynthOptions(preset=preset, tokenizer_from=None, workers=1, as_llama=True),
+        progress=False,
+    )
+    c, s = load_model(p).config, PRESETS[preset]
+    assert load_model(p).metadata["general.architecture"] == "llama"
+    assert (c.d_model, c.d_ff, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size) == (
+        s.d_model,
+        s.d_ff,
+        s.n_layers,
+        s.n_heads,
+        s.n_kv_heads,
+        s.hd,
+        s.vocab,
+    )
+    assert c.pre_norms and not c.post_norms and not c.qk_norm and c.sliding_window in (0, None)
+    assert c.residual_scale == 1.0 and c.embed_scale == 1.0
+    with pytest.raises(BadInput, match="mixture-of-experts"):
+        make_synthetic_model(
+            tmp_path / "m.gguf",
+            SynthOptions(preset="tiny-qwen3moe", tokenizer_from=None, workers=1, as_llama=True),
+            progress=False,
+        )

@@ -57,6 +57,13 @@ from minfer.tools.synth import FTYPES, PRESETS
     "on disk; 'none': generate one).",
 )
 @click.option(
+    "--as-llama",
+    "as_llama",
+    is_flag=True,
+    help="Write the preset's dimensions (width, FFN, layers, heads, vocab) as a plain llama, "
+    "without the family's own ops: bench it beside the family to see what they cost.",
+)
+@click.option(
     "-t",
     "--threads",
     "--workers",
@@ -66,7 +73,9 @@ from minfer.tools.synth import FTYPES, PRESETS
     help="Worker processes (default: all cores).",
 )
 @quiet_option()
-def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, workers, quiet) -> None:
+def synth(
+    out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, as_llama, workers, quiet
+) -> None:
     """Write a valid llama GGUF of random, well-formed quantized weights at any shape."""
     from minfer.tools.synth import SynthOptions, make_synthetic_model
 
@@ -80,6 +89,7 @@ def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, worker
         vocab=vocab,
         tokenizer_from=src,
         workers=workers,
+        as_llama=as_llama,
     )
     r = make_synthetic_model(out, opts, progress=not quiet)
     s = r["shape"]
@@ -88,7 +98,7 @@ def synth(out, preset, layers, n_ctx, qtype, seed, vocab, tokenizer_from, worker
 
     name = escape_controls(str(r["path"]))
     click.echo(
-        f"{name}: {s.arch} {preset}, {plural(s.n_layers, 'layer')}, d={s.d_model}, "
+        f"{name}: {s.arch} {preset}{' (as llama)' * as_llama}, {plural(s.n_layers, 'layer')}, d={s.d_model}, "
         f"ff={s.d_ff}, heads {s.n_heads}:{s.n_kv_heads}, vocab {s.vocab}, {qtype}, "
         f"seed {seed}"
     )

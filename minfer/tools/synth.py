@@ -482,6 +482,7 @@ class SynthOptions:
     vocab: int | None = None  # None: the tokenizer source's, else the preset's
     tokenizer_from: str | os.PathLike | None = "default"  # a GGUF, "default", or None
     workers: int | None = None  # processes; None: os.cpu_count()
+    as_llama: bool = False  # the preset's dimensions as a plain llama (llama_twin)
 
 
 @dataclass(frozen=True)
@@ -785,10 +786,36 @@ def model_metadata(shape: SynthShape, ftype: str, name: str) -> dict[str, Any]:
     return family(a).synth_metadata(shape, common, kv, rope, u32, f32)
 
 
+def llama_twin(shape: SynthShape) -> SynthShape:
+    """shape's dimensions (width, FFN, layers, heads, head_dim, vocab, tied, RoPE base, eps,
+    context) as a plain llama: no family extras (post norms, q/k norms, scales, soft-caps,
+    windows, biases, RoPE scaling). Benched beside the family, it shows what the family's own
+    ops cost at its shape. Mixture-of-experts presets are refused (a llama with experts is
+    Mixtral, of other widths)."""
+    if shape.n_expert:
+        raise BadInput("--as-llama: a mixture-of-experts preset has no dense llama twin")
+    return SynthShape(
+        "llama",
+        shape.d_model,
+        shape.d_ff,
+        shape.n_layers,
+        shape.n_heads,
+        shape.n_kv_heads,
+        vocab=shape.vocab,
+        tied=shape.tied,
+        rope_base=shape.rope_base,
+        rms_eps=shape.rms_eps,
+        n_ctx=shape.n_ctx,
+        head_dim=shape.head_dim,
+    )
+
+
 def resolve_shape(opts: SynthOptions) -> SynthShape:
     if opts.preset not in PRESETS:
         raise BadInput(f"unknown preset {opts.preset!r} (choose from {', '.join(PRESETS)})")
     shape = PRESETS[opts.preset]
+    if opts.as_llama:
+        shape = llama_twin(shape)
     if opts.layers is not None:
         if opts.layers < 1:
             raise BadInput(f"--layers must be >= 1, not {opts.layers}")
