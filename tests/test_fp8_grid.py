@@ -326,6 +326,7 @@ def test_lab_variants_patch_only_ffn_down(tmp_path, monkeypatch, dg):
     (SmoothQuant's with their inner grid), every other weight keeps blk's."""
     from synth_data import small_parts, write_small
 
+    from minfer.cuda.paths.blk.outliers import OutlierGrid
     from minfer.cuda.paths.blk.twin import BlkGrid
     from minfer.gguf.loader import load_model
     from minfer.tools.perplexity import emulate
@@ -342,6 +343,8 @@ def test_lab_variants_patch_only_ffn_down(tmp_path, monkeypatch, dg):
     import re
 
     def kind(variant):  # the outermost grid a variant's name says
+        if variant == "int8down-tok":  # the package's split, bound by its calibration
+            return OutlierGrid
         if re.search(r"-[or]\d+$", variant):
             return dg.OutlierSplit
         if variant.endswith("only"):
@@ -351,6 +354,7 @@ def test_lab_variants_patch_only_ffn_down(tmp_path, monkeypatch, dg):
         return want.get(variant, dg.SmoothGrid)
 
     for variant in dg.VARIANTS:
+        monkeypatch.setenv("MINFER_CACHE", str(tmp_path / "cache"))  # (int8down-tok calibrates)
         monkeypatch.setattr(emulate, "emulated_grids", emulate.emulated_grids)
         base = emulate.emulated_grids(model, "blk-fp8down")
         dg.patch(variant, stats={})
@@ -359,6 +363,8 @@ def test_lab_variants_patch_only_ffn_down(tmp_path, monkeypatch, dg):
         for n, v in g.items():
             if ".ffn_down." in n:
                 assert isinstance(v, kind(variant)), (variant, n)
+                if variant == "int8down-tok":
+                    assert isinstance(v.inner, dg.TokGrid) and len(v.cols(n)) == v.n
             else:
                 assert v is base[n] or isinstance(v, BlkGrid)
         monkeypatch.undo()
