@@ -98,8 +98,8 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MINFER_CACHE=/tmp/mcache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# cubins built on the host (carry .cubin_cache: `MINFER_CACHE=.cubin_cache` and compile_cubin
-# for sm_90); their cache key holds nvcc's version, so a device with another nvcc rebuilds
+# cubins built on the host (carry .cubin_cache: `MINFER_CACHE=.cubin_cache scripts/prebuild.py`);
+# their cache key holds nvcc's version, so a device with another nvcc rebuilds
 [ -d .cubin_cache/cubin ] && mkdir -p $MINFER_CACHE/cubin && cp -n .cubin_cache/cubin/* $MINFER_CACHE/cubin/
 # only 8 files come back from $OUT: at exit every log goes into logs.tgz (steps.txt stays)
 trap '(cd "$OUT" && tar czf /tmp/logs-$MODE.tgz --exclude="logs-*.tgz" . && rm -f ./*.log && mv /tmp/logs-$MODE.tgz .)' EXIT

@@ -1,22 +1,35 @@
-"""Build cubins into the cache ahead of a device call (same nvcc version there: the cache key
-includes it), so the call spends no device time compiling.
+"""Build cubins into the cache ahead of a device call, so the call spends no device time
+compiling (the cache key holds nvcc's version: a device with another nvcc builds its own).
 
-MINFER_CACHE=.devdata/mcache python3 scripts/prebuild.py mmq_blk [-DOPT,-DOPT2 ...]
-(each argument after the kernel is one comma-separated option set; none: the plain build).
-The kernels are built as the launchers build them: arch sm_90 with -arch=sm_90a.
+MINFER_CACHE=.cubin_cache python3 scripts/prebuild.py NAME[:OPT,OPT ...] ...
+then carry `.cubin_cache` (scripts/device_run.sh copies it into its cache). Each argument is a
+kernel (kernels/NAME.cu) and, after a colon, one comma-separated option set (none: the plain
+build); built for sm_90 as the launchers build them, with -arch=sm_90a where the source says
+`minfer-archs: sm_90a`. What an 8B llama forward on f16 and blk loads (the launchers' dry pass,
+minfer.cuda.load.prepare.needed_kernels): attention:-DATT_WARPS=8,-DATT_KEYS=128
+attention_sm90a attention_tok dequant gemm_f16 gemm_f16_sm90a layers mmq_blk.
 """
 
 from __future__ import annotations
 
 import sys
 
-from minfer.cuda.runtime.build import compile_cubin, parse_ptxas
+from minfer.cuda.runtime.build import compile_cubin, kernel_path, parse_ptxas
+
+
+def options(name: str, opts: tuple[str, ...]) -> tuple[str, ...]:
+    sm90a = "minfer-archs: sm_90a" in kernel_path(name).read_text()[:4000]
+    return (("-arch=sm_90a",) if sm90a else ()) + opts
 
 
 def main(args: list[str]) -> int:
-    name, sets = args[0], [tuple(o for o in a.split(",") if o) for a in args[1:]] or [()]
-    for opts in sets:
-        _, rep = compile_cubin(name, "sm_90", ("-arch=sm_90a", *opts), report=True)
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for a in args:
+        name, _, o = a.partition(":")
+        opts = options(name, tuple(x for x in o.split(",") if x))
+        _, rep = compile_cubin(name, "sm_90", opts, report=True)
         for r in parse_ptxas(rep).values():
             print(
                 f"{name} {','.join(opts) or '(plain)'}: {r.name} {r.registers} regs, "
