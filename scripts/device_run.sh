@@ -70,7 +70,8 @@
 #          (MOE_TESTS=0 skips them; MOE_FAMILIES=1 adds the MoE families' `minfer check`, blk
 #          experts included), then a qwen3-30b-a3b-shape Q4_K_M synth model of MOE_LAYERS (16:
 #          its f16 experts ~19 GB, so f16 fits beside blk) under `bench --ab f16 blk --tokens
-#          512,2048` (MOE_BENCH=0 skips it). One call: deadline 590.
+#          512,2048` (blk alone past 16 layers: f16 beside it does not fit) and blk's per-op
+#          breakdown at 2048 (MOE_BENCH=0 skips them). One call: deadline 590.
 #   ray:   issue 55: a 10,000-prompt file through `--ray auto` (one GPU actor) between two
 #          single-process runs of it, tok/s and the records compared byte for byte.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
@@ -420,13 +421,15 @@ if [ "$MODE" = moeblk ]; then   # issue 54's blk int8 experts: GPU tests, then f
   if [ "${MOE_BENCH:-1}" = 1 ]; then
     step synth_q30 120 $M synth --preset qwen3-30b-a3b --layers ${MOE_LAYERS:-16} --type q4_K_M \
       --tokenizer-from none --quiet -o /tmp/q30.gguf
-    step bench_q30_ab 200 $M bench -m /tmp/q30.gguf --tokens 512,2048 --min-ms 0 --repeats 3 \
-      --ab f16 blk
+    # (f16's 58 GB of experts at 48 layers do not fit an H100 beside blk's: blk alone there)
+    AB="--ab f16 blk"; [ "${MOE_LAYERS:-16}" -gt 16 ] && AB="--gemm blk"
+    step bench_q30_ab 200 $M bench -m /tmp/q30.gguf --tokens 512,2048 --min-ms 0 --repeats 3 $AB
+    step brk_q30 60 $M bench -m /tmp/q30.gguf --tokens 2048 --min-ms 0 --repeats 1 --gemm blk
   fi
   echo; echo "################ SUMMARY moeblk ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   for f in tests families; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
     grep -E "passed|failed" "$OUT/$f.log" | tail -1; grep -E "^(FAILED|ERROR)|^moe " "$OUT/$f.log" | head -24; done
-  for f in synth_q30 bench_q30_ab; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
+  for f in synth_q30 bench_q30_ab brk_q30; do [ -f "$OUT/$f.log" ] || continue; echo "--- $f"
     grep -E "^\| |^model|^gemm|^memory|experts|rror" "$OUT/$f.log" | grep -v "| ---" | head -50; done
   exit 0
 fi
