@@ -3,15 +3,10 @@ kernel's grid bit for bit; the finer grids err less; every q stays in int8's sym
 lab/blk_signs.py: the sign-diagonal variant stays exact (its grids' product is its GEMM);
 lab/blk_agrid.py: its per-token and wider-rotation grids, and the reference it patches."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from minfer.cuda.paths.blk import twin as blk_ref
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +15,9 @@ def wg():
 
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "lab" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from helpers import load_script
+
+    return load_script(f"lab/{name}.py")
 
 
 def test_signs_variant_is_exact_and_differs(monkeypatch):

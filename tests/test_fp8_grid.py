@@ -6,9 +6,6 @@ int8 with activation scales per 32, SmoothQuant's migration) and how its variant
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -30,11 +27,9 @@ FP8_LABELS = ("blk-fp8down", "blk-fp8down-tile", "blk-fp8down-p2", "blk-fp8down-
 @pytest.fixture(scope="module")
 def dg():
     """lab/down_grids.py (an experiment: not in the package)."""
-    path = Path(__file__).resolve().parents[1] / "lab" / "down_grids.py"
-    spec = importlib.util.spec_from_file_location("down_grids", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from helpers import load_script
+
+    return load_script("lab/down_grids.py")
 
 
 def _table():

@@ -3,19 +3,14 @@ exactly where the kernel source declares it (the launchers' own option tuples), 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 
 @pytest.fixture(scope="module")
 def prebuild():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "prebuild.py"
-    spec = importlib.util.spec_from_file_location("prebuild_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from helpers import load_script
+
+    return load_script("scripts/prebuild.py", "prebuild_script")
 
 
 def test_options_match_the_launchers(prebuild):

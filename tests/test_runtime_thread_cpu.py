@@ -9,6 +9,7 @@ import threading
 import types
 
 import pytest
+from helpers import on_thread as on_other_thread
 
 from minfer.cuda.runtime import runtime as R
 
@@ -71,23 +72,6 @@ def runtime(monkeypatch):
     monkeypatch.setattr(R, "_import_pycuda", lambda: drv)
     monkeypatch.setattr(R.atexit, "register", lambda f: None)
     return R.Runtime()
-
-
-def on_other_thread(fn):
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:  # re-raised on the test's thread
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out.get("value")
 
 
 def test_another_thread_gets_the_context_inside_and_loses_it_after(runtime):

@@ -5,9 +5,8 @@ same engine's on the thread that made it."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
+from helpers import on_thread as _on_thread
 
 pytestmark = pytest.mark.gpu
 
@@ -17,23 +16,6 @@ def model_path(tmp_path_factory):
     from synth_data import tiny_model
 
     return str(tiny_model(tmp_path_factory.mktemp("synth"), seed=11, workers=None))
-
-
-def _on_thread(fn):
-    out = {}
-
-    def run():
-        try:
-            out["value"] = fn()
-        except BaseException as e:
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
 
 
 def test_predictor_made_here_called_on_another_thread(model_path):
