@@ -72,7 +72,8 @@
 #          its f16 experts ~19 GB, so f16 fits beside blk) under `bench --ab f16 blk --tokens
 #          512,2048` (blk alone past 16 layers: f16 beside it does not fit) and blk's per-op
 #          breakdown at 2048 (MOE_BENCH=0 skips them). One call: deadline 590.
-#   ray:   issue 55: a 10,000-prompt file through `--ray auto` (one GPU actor) between two
+#   ray:   issue 55: tests/gpu/test_engine_threads.py (an Engine across threads, as an actor's),
+#          then a 10,000-prompt file through `--ray auto` (one GPU actor) between two
 #          single-process runs of it, tok/s and the records compared byte for byte.
 #   perf:  an 8B-shape `minfer synth` model; `minfer prefill` at 512 and 3001 prompt tokens on a
 #          cold then a warm kernel cache against `minfer bench --min-ms 0` at the same lengths;
@@ -344,6 +345,8 @@ if [ "$MODE" = ray ]; then   # issue 55: --ray (one GPU actor) against the singl
   # carry .whl and .raywhl (a ray wheel without its Java jars, dashboard client and rllib, and
   # jsonschema's wheels: the device image has no ray), not .devdata: the tree must stay < 64 MiB
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .raywhl/*.whl || exit 1
+  # (an Engine made on one thread, called on another: the actors' pattern, without Ray)
+  step tests 60 python3 -m pytest -q -rfEs tests/gpu/test_engine_threads.py
   [ -f /tmp/s8b.gguf ] || step synth 60 $M synth --preset llama3.1-8b --type q4_K_M --tokenizer-from none --quiet -o /tmp/s8b.gguf
   python3 scripts/prompt_of.py --lines 10000 /tmp/p10k.txt
   P10K="-m /tmp/s8b.gguf --prompts /tmp/p10k.txt --prompts-format lines -n 8"
@@ -351,6 +354,7 @@ if [ "$MODE" = ray ]; then   # issue 55: --ray (one GPU actor) against the singl
   step ray 240 $M prefill $P10K -o /tmp/o_ray.jsonl --ray auto
   [ "${RAY_TWICE:-1}" = 1 ] && step single2 150 $M prefill $P10K -o /tmp/o_single2.jsonl
   echo; echo "################ SUMMARY ray ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  tests_summary tests
   for f in single ray single2; do echo "--- $f"; grep -vE "^\s*$" "$OUT/$f.log" | tail -4; done
   for f in ray single2; do [ -f /tmp/o_$f.jsonl ] && cmp /tmp/o_single.jsonl /tmp/o_$f.jsonl && echo "$f: records identical"; done
   wc -l /tmp/o_*.jsonl
