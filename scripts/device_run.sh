@@ -20,6 +20,10 @@
 #   closing: Ray's identity with the actors' KV planned for the whole job, then pooled (embeddings
 #          and rerank with the scheduler's overlap) and the embeddings without it (NOOVERLAP=1);
 #          CLOSING_MOE=1 the blk experts' forward test.
+#   llamacpp: the peer row: llama.cpp's CUDA llama-bench (-p 512,2048 -n 0 -r 3 -fa 1, all layers
+#          on the GPU) and `minfer bench --gemm blk` on the same synth files, llama3.1-8b and
+#          qwen3-30b-a3b (MOE_LAYERS: 48); carry .whl and .llamacuda (llama-bench built on the
+#          host for sm_90, static ggml, against cuBLAS 13 from the nvidia-cublas wheel; xz).
 #   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl, .raywhl
 #          and .cubin_cache): Ray's identity and rate after the thread fix, the new families
 #          beside their llama twins (house, HOUSE_TESTS=0), the MoE blk tests with their xfail
@@ -455,6 +459,29 @@ if [ "$MODE" = closing ]; then   # issue 55's Ray identity (actors planned for t
   echo "--- pooled"; tail -8 "$OUT/pooled.log"
   [ -f "$OUT/nooverlap.log" ] && echo "--- no overlap" && tail -3 "$OUT/nooverlap.log"
   tests_summary tests_moeblk; grep -sE "XFAIL|XPASS|rel |positions" "$OUT/tests_moeblk.log" | head -12
+  exit 0
+fi
+
+if [ "$MODE" = llamacpp ]; then   # the peer row: llama.cpp's CUDA llama-bench on minfer's files
+  # (built on the host for sm_90 against cuBLAS 13: .llamacuda/llama-bench.xz, below; the
+  # device's libcublas.so.13 found where its toolkit or PyTorch keeps it)
+  python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.llamacuda/llama-bench.xz'), \
+open('/tmp/llama-bench', 'wb'))" && chmod +x /tmp/llama-bench
+  CUBLAS=$(find /usr/local/cuda*/ /opt /usr/lib -name 'libcublas.so.13*' 2>/dev/null | head -1)
+  export LD_LIBRARY_PATH=$(dirname "${CUBLAS:-/x/y}"):$LD_LIBRARY_PATH
+  echo "cublas: ${CUBLAS:-none found}" | tee -a "$OUT/steps.txt"
+  for p in ${LLAMACPP_PRESETS:-llama3.1-8b qwen3-30b-a3b}; do
+    L=""; [ "$p" = qwen3-30b-a3b ] && L="--layers ${MOE_LAYERS:-48}"
+    step synth_$p 120 $M synth --preset $p $L --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
+    step llama_$p 150 /tmp/llama-bench -m /tmp/$p.gguf -p 512,2048 -n 0 -r 3 -ngl 99 -fa 1
+    step minfer_$p 120 $M bench -m /tmp/$p.gguf --tokens 512,2048 --min-ms 0 --repeats 3 \
+      --no-breakdown --gemm blk
+    rm -f /tmp/$p.gguf
+  done
+  echo; echo "################ SUMMARY llamacpp ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
+  for p in ${LLAMACPP_PRESETS:-llama3.1-8b qwen3-30b-a3b}; do echo "--- $p"
+    grep -E "^\| |rror|failed" "$OUT/llama_$p.log" | grep -v "| ---" | head -8
+    grep -E "^\| [a-z]|rror" "$OUT/minfer_$p.log" | head -4; done
   exit 0
 fi
 
