@@ -468,8 +468,10 @@ if [ "$MODE" = llamacpp ]; then   # the peer row: llama.cpp's CUDA llama-bench o
   python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.llamacuda/llama-bench.xz'), \
 open('/tmp/llama-bench', 'wb'))" && chmod +x /tmp/llama-bench
   CUBLAS=$(find /usr/local/cuda*/ /opt /usr/lib -name 'libcublas.so.13*' 2>/dev/null | head -1)
-  export LD_LIBRARY_PATH=$(dirname "${CUBLAS:-/x/y}"):$LD_LIBRARY_PATH
-  echo "cublas: ${CUBLAS:-none found}" | tee -a "$OUT/steps.txt"
+  CUDART=$(find /usr/local/cuda*/ /opt /usr/lib -name 'libcudart.so.13*' 2>/dev/null | head -1)
+  export LD_LIBRARY_PATH=$(dirname "${CUBLAS:-/x/y}"):$(dirname "${CUDART:-/x/y}"):$LD_LIBRARY_PATH
+  echo "cublas: ${CUBLAS:-none found}; cudart: ${CUDART:-none found}" | tee -a "$OUT/steps.txt"
+  ldd /tmp/llama-bench | grep -E "not found|cublas|cudart" | tee -a "$OUT/steps.txt"
   for p in ${LLAMACPP_PRESETS:-llama3.1-8b qwen3-30b-a3b}; do
     L=""; [ "$p" = qwen3-30b-a3b ] && L="--layers ${MOE_LAYERS:-48}"
     step synth_$p 120 $M synth --preset $p $L --type q4_K_M --tokenizer-from none --quiet -o /tmp/$p.gguf
