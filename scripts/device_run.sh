@@ -96,6 +96,12 @@
 #   python3 scripts/slice_model.py models/SmolLM2-135M-Instruct.Q4_1.gguf .devdata/smollm2-slice.gguf --max-mib 54
 #   python3 -m pip wheel . --no-deps -w .devdata/minfer-wheel          (gates: the install check)
 #   mkdir -p .old && git archive OLD minfer kernels pyproject.toml | tar -x -C .old  (perf, refactor, stop)
+#   (llamacpp: llama-bench for sm_90, ~30 min on 2 cores: pip download nvidia-cublas (cu13), unzip
+#     it to /tmp/cublas, symlink lib/libcublas{,Lt}.so, then in ../shared/llamacpp's tree: cmake
+#     -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DBUILD_SHARED_LIBS=OFF
+#     -DGGML_CUDA_NO_VMM=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+#     -DCMAKE_LIBRARY_PATH=/tmp/cublas/nvidia/cu13/lib -DCMAKE_{CUDA,CXX}_FLAGS=-I/tmp/cublas/nvidia/cu13/include;
+#     ninja llama-bench; strip it; xz -9 -c > .llamacuda/llama-bench.xz: 41 MB)
 # On the device (carry .whl, .devdata[, .old]): bash scripts/device_run.sh gates|perf|big [deadline_s]
 MODE=${1:-gates}; DEADLINE=${2:-560}
 
