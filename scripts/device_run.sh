@@ -469,8 +469,8 @@ if [ "$MODE" = closing ]; then   # issue 55's Ray identity (actors planned for t
 fi
 
 if [ "$MODE" = llamacpp ]; then   # the peer row: llama.cpp's CUDA llama-bench on minfer's files
-  # (built on the host for sm_90 against cuBLAS 13: .llamacuda/llama-bench.xz, below; the
-  # device's libcublas.so.13 found where its toolkit or PyTorch keeps it)
+  # (built on the host for sm_90 against cuBLAS 13: .llamacuda/llama-bench.xz, the header's recipe;
+  # the device's libcublas.so.13 found where its toolkit or PyTorch keeps it)
   python3 -c "import lzma, shutil; shutil.copyfileobj(lzma.open('.llamacuda/llama-bench.xz'), \
 open('/tmp/llama-bench', 'wb'))" && chmod +x /tmp/llama-bench
   CUBLAS=$(find /usr/local/cuda*/ /opt /usr/lib -name 'libcublas.so.13*' 2>/dev/null | head -1)
