@@ -5,9 +5,11 @@ MINFER_CACHE=.cubin_cache python3 scripts/prebuild.py NAME[:OPT,OPT ...] ...
 then carry `.cubin_cache` (scripts/device_run.sh copies it into its cache). Each argument is a
 kernel (kernels/NAME.cu) and, after a colon, one comma-separated option set (none: the plain
 build); built for sm_90 as the launchers build them, with -arch=sm_90a where the source says
-`minfer-archs: sm_90a`. What an 8B llama forward on f16 and blk loads (the launchers' dry pass,
-minfer.cuda.load.prepare.needed_kernels): attention:-DATT_WARPS=8,-DATT_KEYS=128
-attention_sm90a attention_tok dequant gemm_f16 gemm_f16_sm90a layers mmq_blk.
+`minfer-archs: sm_90a`. What the f16 and blk forwards load (the launchers' dry pass,
+minfer.cuda.load.prepare.needed_kernels, on the tiny llama, granite, olmo2, smollm3 and MoE
+presets): attention:-DATT_WARPS=8,-DATT_KEYS=128 attention_sm90a attention_tok dequant
+gemm_f16 gemm_f16_sm90a layers mmq_blk, and gemma_layers (gemma, granite), moe (the MoE
+families); blk_split for --gemm blk-split.
 """
 
 from __future__ import annotations
