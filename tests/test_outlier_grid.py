@@ -85,6 +85,7 @@ def test_calibration_counts_every_row_of_every_layer_and_caches(small, monkeypat
     """The mean square of each ffn_down input over 2 windows, against a recorder that keeps the
     inputs whole; the last layer too (the forward would run it on the scored rows only); the
     second call reads the cache, a damaged cache file is computed again."""
+    from minfer.engine.calib import CALIB_TEXT, calib_windows
     from minfer.host.fileio import cache_root
     from minfer.reference.forward import ReferenceBackend
     from minfer.tools.perplexity import calibrate
@@ -105,7 +106,7 @@ def test_calibration_counts_every_row_of_every_layer_and_caches(small, monkeypat
             return x
 
     be = ReferenceBackend(small, np.float32, max_tokens=32, grids=dict.fromkeys(downs, Keep()))
-    for w in calibrate._windows(small, calibrate.CALIB_TEXT.read_text(), 2, 32):
+    for w in calib_windows(small, CALIB_TEXT.read_text(), 2, 32):
         be.window_logits(w, 0)
     for n in downs:
         xs = np.concatenate([a.reshape(-1, a.shape[-1]) for a in seen[n]])

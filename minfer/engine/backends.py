@@ -28,7 +28,7 @@ def make_backend(
     kv_slots: the CUDA KV cache's rows for many sequences (minfer.batch; default max_tokens).
     graphs: CUDA graphs (None: the backend's default; the GPU calibration runs without).
     A choice whose path keeps calibrated channels (blk-split) and holds none is calibrated
-    here first, on the GPU (minfer.engine.calib.bind_channels)."""
+    here first, on the GPU (bind_channels, below)."""
     if kind == "cpu":
         from minfer.reference.forward import ReferenceBackend
 

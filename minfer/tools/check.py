@@ -64,8 +64,8 @@ def gemm_weight_shapes(model, path=None) -> dict[tuple[int, int, int], str]:
 
 
 def table_paths(gemm: str | None = None):
-    """The TABLE records check runs: all but the opt-in ones (GemmPath.opt_in: blk-split, not
-    yet run on a GPU), or the one --gemm names (mmq: the seeds' config)."""
+    """The TABLE records check runs: all but the opt-in ones (GemmPath.opt_in: blk-split), or
+    the one --gemm names (mmq: the seeds' config)."""
     from minfer.cuda.paths import TABLE
     from minfer.cuda.plan.config import gemm_choice
 

@@ -223,9 +223,6 @@ class MoeLayers:
             up.close()
         finally:
             rt.stream = stream
-            for a in up.scratch.values():
-                rt.synchronize()
-                a.gpudata.free()
 
     def ffn(self, rt, il: int, x, h16, op) -> None:
         """x f32 [T, d] += the MoE FFN of layer il on h16 f16 [T, d]; op(label, flops): the

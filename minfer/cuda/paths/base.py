@@ -177,7 +177,7 @@ class GemmPath:
         return self.grid
 
     # weight kinds whose kept input channels come from a calibration (blk-split: ffn_down),
-    # run on a backend of path `calibrate_on` (minfer.engine.calib.bind_channels)
+    # run on a backend of path `calibrate_on` (minfer.engine.backends.bind_channels)
     calibrated_kinds = frozenset()
     calibrate_on = ""
 

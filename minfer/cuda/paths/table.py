@@ -18,7 +18,7 @@ from minfer.cuda.paths.blk.split_path import BLK_SPLIT
 from minfer.cuda.paths.f16 import F16
 from minfer.cuda.paths.q8_1 import NARROW, R1, WIDE_KD4, WIDE_KD8
 
-# blk-split: opt-in only (no tier names it), not yet run on a GPU (docs/blk.md)
+# blk-split: opt-in only (no tier names it: slower than blk on the H100, docs/blk.md)
 TABLE: dict[str, GemmPath] = {
     p.name: p for p in (F16, BLK, WIDE_KD4, WIDE_KD8, NARROW, R1, BLK_SPLIT)
 }

@@ -109,7 +109,8 @@ class Staging:
                 self.progress(n * raw.shape[1])
 
     def close(self) -> None:
-        """Wait for everything queued, free the device slots (the pinned ones go with self)."""
+        """Wait for everything queued, free the device slots and the uploads' scratch (the
+        pinned ones go with self)."""
         if self.pool is not None:
             self.pool.shutdown()
         try:
@@ -119,3 +120,6 @@ class Staging:
         for d in self.dev:
             d.free()
         self.dev = []
+        for a in self.scratch.values():
+            a.gpudata.free()
+        self.scratch = {}

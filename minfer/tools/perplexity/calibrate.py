@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer.engine.calib import CALIB_TEXT, CTX, WINDOWS, cached_stats
-from minfer.engine.calib import calib_windows as _windows
+from minfer.engine.calib import CTX, WINDOWS, cached_stats
 
-__all__ = ["CALIB_TEXT", "CTX", "WINDOWS", "channel_stats", "_windows"]
+__all__ = ["channel_stats"]
 
 
 class _Recorder:

@@ -1,7 +1,7 @@
 """blk-split (`--gemm blk-split`, opt-in: auto never takes it): blk with ffn_down off f16 too,
 on blk's int8 grid but for each ffn_down's N_OUTLIERS busiest input channels, kept on f16
 (outliers.py: the grid `minfer perplexity --emulate blk-int8down` passes gate 6 with on the
-CPU). Not yet run on a GPU (docs/blk.md).
+CPU). Correct on the H100 and slower than blk there (docs/blk.md, "blk-split").
 
     y = blk(A with columns O zeroed) @ blk(W with columns O zeroed).T + A[:, O] @ W[:, O].T
 
@@ -159,7 +159,7 @@ class BlkSplitPath(BlkPath):
     operand = SPLIT_OPERAND
     emulations = {}  # (blk's: `--emulate blk-int8down` is this path's grid on the CPU)
     weight_parts = ("MMQ weights", "blk split f16 columns")
-    opt_in = True  # not yet run on a GPU: only when named
+    opt_in = True  # only when named: 0.92-0.96x blk's speed on the H100 (docs/blk.md)
     calibrated_kinds = SPLIT_KINDS
     calibrate_on = "blk"  # (leaves ffn_down on f16: the probe reads its f16 input)
     scratch_parts = (*BlkPath.scratch_parts, "blk split scratch")
