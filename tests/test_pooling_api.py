@@ -210,3 +210,23 @@ def test_cli_embed_jsonl_and_npy(engine, folder, tmp_path):
     assert np.allclose(np.load(tmp_path / "e.npy"), want, atol=1e-4)
     r = run("--dimensions", "100000")
     assert r.returncode == 2 and r.stderr.startswith("error: dimensions must be")
+
+
+def test_the_jobs_reach_the_backend_through_the_gpu_entry(engine, monkeypatch):
+    """embed, score and rerank run their forwards through Engine.pooled, which enters the GPU's
+    context on the calling thread (an Engine built on one thread and called on another failed
+    on an H100 with "invalid device context" in embed, which called the scheduler itself)."""
+    from minfer.engine import api
+
+    assert api.Engine.pooled.__wrapped__  # decorated with _on_gpu_thread
+    calls, real = [], api.Engine.pooled
+
+    def spy(self, *a, **kw):
+        calls.append(len(a[0]))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(api.Engine, "pooled", spy)
+    engine.embed(["a b"])
+    engine.score("q", [" x"], [5, 6])
+    engine.rerank("q", ["d"])
+    assert calls == [1, 1, 1]  # one forward each, of its one prompt

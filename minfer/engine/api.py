@@ -351,14 +351,13 @@ class Engine:
         None: the GGUF's pooling_type, else last), cut to `dimensions`, L2-normalised. No LM
         head runs. BadInput for a bad argument, before any work."""
         from minfer.batch import pooling as P
-        from minfer.batch.jobs import run_pooled
 
         pool = P.check_pooling(pooling) if pooling is not None else P.model_pooling(self.model)[0]
         normalize = _flag("normalize", normalize)
         dims = P.check_dims(dimensions, self.model.config.d_model)
         texts = _prompt_list(texts)
         ids = [self._ids(f"texts[{i}]", t) for i, t in enumerate(texts)]
-        res = run_pooled(self, ids, pool, keep=False)
+        res = self.pooled(ids, pool, keep=False)
         d = dims or self.model.config.d_model
         out = np.empty((len(ids), d), np.float32)
         for i, r in enumerate(res):
@@ -374,7 +373,6 @@ class Engine:
         full-vocabulary probability. The labels' logits come from the last row's hidden state
         (the full LM head runs only for the logsumexp, apply_softmax False)."""
         from minfer.batch import pooling as P
-        from minfer.batch.jobs import run_pooled
         from minfer.reference.heads import LabelHead
 
         apply_softmax, item_first = (
@@ -394,7 +392,7 @@ class Engine:
         for i, p in enumerate(ids):
             if p.size == 0:
                 raise BadInput(f"items[{i}]: the prompt is 0 tokens")
-        res = run_pooled(self, ids, "last", lse=not apply_softmax)
+        res = self.pooled(ids, "last", lse=not apply_softmax)
         logits = head(np.stack([r.vec for r in res]))
         return [P.label_probs(lg, r.lse, apply_softmax) for lg, r in zip(logits, res)]
 
@@ -406,7 +404,6 @@ class Engine:
         Qwen3-Reranker's; `template` text with {query} and {document} overrides). The
         documents share the query's prefix: computed once."""
         from minfer.batch import pooling as P
-        from minfer.batch.jobs import run_pooled
         from minfer.reference.heads import LabelHead
 
         if not isinstance(query, str):
@@ -420,7 +417,7 @@ class Engine:
         top_n = len(docs) if top_n is None else _int("top_n", top_n, 1)
         rr = P.Reranker(self.model, self.tok, template)
         ids = [np.asarray(rr.ids(query, d), np.int32) for d in docs]
-        res = run_pooled(self, ids, "last")
+        res = self.pooled(ids, "last")
         logits = LabelHead(self.model, rr.labels)(np.stack([r.vec for r in res]))
         scores = [rr.relevance(lg) for lg in logits]
         order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n]
@@ -493,6 +490,14 @@ class Engine:
             top=top,
             group=group,
         )
+
+    @_on_gpu_thread
+    def pooled(self, ids: list[np.ndarray], pool: str, **kw) -> list:
+        """int32 id arrays -> a scheduler.Pooled per prompt, in order (batch.jobs.run_pooled;
+        kw: its lse, share, keep, overlap): the GPU entry of embed, score and rerank."""
+        from minfer.batch.jobs import run_pooled
+
+        return run_pooled(self, ids, pool, **kw)
 
     @_on_gpu_thread
     def prepare(self, need: int, want: int, positions: int | None = None) -> None:
