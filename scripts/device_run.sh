@@ -35,7 +35,9 @@
 #          beside llama's and their llama twins' (`synth --as-llama`; FAMILY_PRESETS, one bench
 #          process), bench A B A at pp512
 #          against .old/ where carried, `minfer check` on the slice's Q4_K_M requant where
-#          .devdata is carried, each capped by what the deadline leaves.
+#          .devdata is carried, each capped by what the deadline leaves. HOUSE_PYTEST="FILES":
+#          those GPU tests first; HOUSE_BREAKDOWN="PRESETS": blk's per-op breakdown at 2,048 of
+#          each and of its twin.
 #   refactor: a restructure checked against the tree in .old/ (git archive OLD minfer kernels):
 #          every path's logits bitwise on the slice's Q4_K_M and a 2-layer 8B shape, `minfer
 #          check`, and bench A B A (new, old, new) at pp512 / pp2048.
@@ -526,6 +528,7 @@ fi
 if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the MoE kernels' tests,
   # the new families' blk checks, and each family's speed per weight beside llama's (one process)
   [ "${MOE_TESTS:-0}" = 1 ] && step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
+  [ -n "$HOUSE_PYTEST" ] && step tests_extra 150 python3 -m pytest -q -rfEs $HOUSE_PYTEST  # (GPU test files)
   # (three 4-layer real-shape checks with their CPU reference: over 150 s on the H100)
   [ "${HOUSE_TESTS:-1}" = 1 ] && step tests_families 300 python3 -m pytest -q -rfEs $XDIST \
     tests/gpu/test_families_new_device.py -k blk
@@ -536,6 +539,9 @@ if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the 
     [ "${p#llama}" = "$p" ] && step synth_${p}_twin 60 $M synth --preset $p --as-llama --type q4_K_M \
       --tokenizer-from none --quiet -o /tmp/$p-llama.gguf && MS="$MS -m /tmp/$p-llama.gguf"; done
   step bench_fam 200 $M bench $MS --tokens 512,2048 --min-ms 0 --repeats 2 --no-breakdown --gemm blk
+  for p in $HOUSE_BREAKDOWN; do   # blk's per-op breakdown at 2,048, the family's then its twin's
+    for f in $p $p-llama; do step brk_$f 60 $M bench -m /tmp/$f.gguf --tokens 2048 --min-ms 0 \
+      --repeats 1 --gemm blk; done; done
   if [ -f "$S" ]; then   # the gates on the slice's Q4_K_M requant (carry .devdata)
     step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet --allow-requantize
     step check 160 $M check -m /tmp/slice-q4km.gguf; fi
@@ -544,10 +550,12 @@ if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the 
     (cd $d && step bench_$t 60 env PYTHONPATH=/tmp/site:$d python3 -m minfer bench -m /tmp/llama3-8b.gguf \
       --tokens ${ABA_TOKENS:-512} --min-ms 0 --repeats 3 --no-breakdown); done; fi
   echo; echo "################ SUMMARY house ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  tests_summary tests_moe tests_families
+  tests_summary tests_moe tests_extra tests_families
   echo "--- bench"; grep -E "^\| |^model|rror" "$OUT/bench_fam.log" | grep -v "| ---"
   for t in new old new2; do [ -f "$OUT/bench_$t.log" ] && echo "--- A B A $t" && grep -E "^\| [a-z]" "$OUT/bench_$t.log"; done
   [ -f "$OUT/check.log" ] && echo "--- check" && grep -E "FAIL|PASS|exact|/32|rel err|max" "$OUT/check.log" | tail -34
+  for p in $HOUSE_BREAKDOWN; do for f in $p $p-llama; do echo "--- breakdown $f"
+    grep -E "^\| [a-z]|^\| all" "$OUT/brk_$f.log" | grep -v "| config"; done; done
   exit 0
 fi
 
