@@ -25,6 +25,9 @@
 //                                       grid (T, ceil((Hq + 2 Hkv) D/2 / 128)), block (128)
 //   rope_qkv_f32_f16_v4                 the same, two pairs per thread (16-byte loads; D % 4 ==
 //                                       rope_dim % 4 == 0, q/k/v rows 16-byte aligned)
+//   rope_qkv_norm_f32_f16_v4            the same of q and k RMS-normalized first (each head, or
+//                                       olmo2's whole row): head_rmsnorm then rope_qkv's bits in
+//                                       one pass; D % 8 == 0; grid (T), block (128)
 //   swiglu_f32_f16                      y f16 [T, F] = silu(g) * u, g/u f32 rows of stride ldg
 //                                       (g = u - F, ldg = 2F: the fused gate|up GEMM output)
 //   swiglu_f32_f16_v4                   the same, 4 columns per thread (F % 4 == 0, aligned)
@@ -180,19 +183,51 @@ extern "C" __global__ void rope_f32_f16(__half* dst, long ldd, const float* src,
 }
 
 // ---- fused rope of q and k + KV-cache append of k and v (device-side pos0) --------------------
+// A q or k row as the rope reads it: s[i], or (NORM: rope_qkv_norm's fused q/k norm) s[i]
+// rms_value'd with the head's (or the whole row's) scale and weight: head_rmsnorm's value, bit
+// for bit, without its in-place pass over q and k.
+template <bool NORM> struct RopeSrc {
+    const float* s;
+    const float* w;   // NORM: the weight from this head's first element on
+    float sc;         // NORM: the rms scale
+    __device__ __forceinline__ float at(int i) const {
+        if constexpr (NORM) return rms_value(s[i], sc, w[i]);
+        else return s[i];
+    }
+    __device__ __forceinline__ float2 at2(int i) const {
+        float2 x = *reinterpret_cast<const float2*>(s + i);
+        if constexpr (NORM) {
+            const float2 v = *reinterpret_cast<const float2*>(w + i);
+            x = make_float2(rms_value(x.x, sc, v.x), rms_value(x.y, sc, v.y));
+        }
+        return x;
+    }
+    __device__ __forceinline__ float4 at4(int i) const {
+        float4 x = *reinterpret_cast<const float4*>(s + i);
+        if constexpr (NORM) {
+            const float4 v = *reinterpret_cast<const float4*>(w + i);
+            x = make_float4(rms_value(x.x, sc, v.x), rms_value(x.y, sc, v.y),
+                            rms_value(x.z, sc, v.z), rms_value(x.w, sc, v.w));
+        }
+        return x;
+    }
+};
+
 // pair p of a head (rope_qkv_f32_f16: a thread per pair, grid (T, ceil((Hq + 2 Hkv) D/2 / 128)),
 // block (128))
-__device__ __forceinline__ void rope_pair_f16(__half* d, const float* s, int p, int half_r,
-                                              int neox, const float* cr, const float* sr) {
+template <bool NORM>
+__device__ __forceinline__ void rope_pair_f16(__half* d, const RopeSrc<NORM>& s, int p,
+                                              int half_r, int neox, const float* cr,
+                                              const float* sr) {
     int i0, i1;
     if (p < half_r) {
         if (neox) { i0 = p; i1 = p + half_r; } else { i0 = 2 * p; i1 = 2 * p + 1; }
-        const float2 y = rope_rot(s[i0], s[i1], cr[p], sr[p]);
+        const float2 y = rope_rot(s.at(i0), s.at(i1), cr[p], sr[p]);
         d[i0] = __float2half_rn(y.x);
         d[i1] = __float2half_rn(y.y);
     } else {  // pass-through pair past rope_dim
-        d[2 * p] = __float2half_rn(s[2 * p]);
-        d[2 * p + 1] = __float2half_rn(s[2 * p + 1]);
+        d[2 * p] = __float2half_rn(s.at(2 * p));
+        d[2 * p + 1] = __float2half_rn(s.at(2 * p + 1));
     }
 }
 
@@ -201,10 +236,12 @@ __device__ __forceinline__ void rope_pair_f16(__half* d, const float* s, int p, 
 // rope_dim: elements 4g .. 4g+3 copied), 16-byte f32 loads (8-byte neox), 8-byte f16 stores,
 // bit-identical to the scalar kernel. The launcher picks it when D % 4 == rope_dim % 4 == 0 and
 // the q/k/v rows are 16-byte aligned. grid (T, ceil((Hq + 2 Hkv) D/4 / 128)), block (128)
-__device__ __forceinline__ void rope_quad_f16(__half* d, const float* s, int g, int half_r,
-                                              int neox, const float* cr, const float* sr) {
+template <bool NORM>
+__device__ __forceinline__ void rope_quad_f16(__half* d, const RopeSrc<NORM>& s, int g,
+                                              int half_r, int neox, const float* cr,
+                                              const float* sr) {
     if (2 * g >= half_r) {   // pass-through (rope_dim % 4 == 0: no group straddles it)
-        const float4 x = *reinterpret_cast<const float4*>(s + 4 * g);
+        const float4 x = s.at4(4 * g);
         __half2 h[2] = {__floats2half2_rn(x.x, x.y), __floats2half2_rn(x.z, x.w)};
         *reinterpret_cast<uint2*>(d + 4 * g) = *reinterpret_cast<uint2*>(h);
         return;
@@ -212,22 +249,56 @@ __device__ __forceinline__ void rope_quad_f16(__half* d, const float* s, int g, 
     const float2 c = *reinterpret_cast<const float2*>(cr + 2 * g);
     const float2 sn = *reinterpret_cast<const float2*>(sr + 2 * g);
     if (neox) {
-        const float2 a = *reinterpret_cast<const float2*>(s + 2 * g);
-        const float2 b = *reinterpret_cast<const float2*>(s + 2 * g + half_r);
+        const float2 a = s.at2(2 * g);
+        const float2 b = s.at2(2 * g + half_r);
         const float2 y0 = rope_rot(a.x, b.x, c.x, sn.x), y1 = rope_rot(a.y, b.y, c.y, sn.y);
         *reinterpret_cast<__half2*>(d + 2 * g) = __floats2half2_rn(y0.x, y1.x);
         *reinterpret_cast<__half2*>(d + 2 * g + half_r) = __floats2half2_rn(y0.y, y1.y);
     } else {
-        const float4 x = *reinterpret_cast<const float4*>(s + 4 * g);
+        const float4 x = s.at4(4 * g);
         const float2 y0 = rope_rot(x.x, x.y, c.x, sn.x), y1 = rope_rot(x.z, x.w, c.y, sn.y);
         __half2 h[2] = {__floats2half2_rn(y0.x, y0.y), __floats2half2_rn(y1.x, y1.y)};
         *reinterpret_cast<uint2*>(d + 4 * g) = *reinterpret_cast<uint2*>(h);
     }
 }
 
+// The q/k norms' scales (rope_qkv_norm): full, two (q's row, k's row: rms_scale with the
+// block's 128 threads, head_rmsnorm's H = 1 order); else one a head (sc[0 .. Hq) q's, then k's:
+// a warp a head, lane l summing values 8 l .. 8 l + 7 of each 256-value chunk in turn, then
+// rms_finish's shuffle tree: at D <= 256 head_rmsnorm's order, whose other warps add zeros).
+// Needs D % 8 == 0 and 16-byte aligned rows (the launcher checks).
+constexpr int ROPE_NORM_HEADS = 256;   // Hq + Hkv at most, per-head norms
+__device__ void qk_norm_scales(float* sc, const float* q, const float* k, int Hq, int Hkv, int D,
+                               float eps, int full) {
+    if (full) {
+        const float a = rms_scale(q, Hq * D, eps);
+        __syncthreads();   // (rms_finish's shared sum is read by every thread: reuse after)
+        const float b = rms_scale(k, Hkv * D, eps);
+        if (threadIdx.x == 0) { sc[0] = a; sc[1] = b; }
+    } else {
+        const int warps = blockDim.x >> 5, l = threadIdx.x & 31;
+        for (int h = threadIdx.x >> 5; h < Hq + Hkv; h += warps) {
+            const float* r = h < Hq ? q + (long)h * D : k + (long)(h - Hq) * D;
+            double s = 0.0;
+            for (int c = 0; c < (D + 255) / 256; ++c) {
+                float x[8];
+                rms_load8(r, D, c, l, x);
+                s = rms_chunk_sum(s, x);
+            }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (l == 0) sc[h] = (float)(1.0 / sqrt(s / D + (double)eps));
+        }
+    }
+    __syncthreads();
+}
+
 // Both entries: W elements (W / 2 pairs) per thread, W = 2 (rope_qkv_f32_f16) or 4 (_v4); the
-// two-entry body compiles to the same PTX as two hand-written kernels
-template <int W>
+// two-entry body compiles to the same PTX as two hand-written kernels. Items idx .. step
+// gridDim.y x blockDim.x: one each for rope_qkv's grid, all of the token's for rope_qkv_norm's
+// block a token. NORM: q and k normalized on the way in (wq [Hq D] / wk [Hkv D] for full
+// norms, else [D]; sc: qk_norm_scales').
+template <int W, bool NORM>
 __device__ __forceinline__ void rope_qkv_body(__half* __restrict__ q16,
                                               const float* __restrict__ qs, long ldq,
                                               const float* __restrict__ ks, long ldk,
@@ -236,35 +307,52 @@ __device__ __forceinline__ void rope_qkv_body(__half* __restrict__ q16,
                                               int Hq, int Hkv, int D, int rope_dim, int neox,
                                               const float* __restrict__ cos_t,
                                               const float* __restrict__ sin_t,
-                                              const int2* __restrict__ tok) {
+                                              const int2* __restrict__ tok,
+                                              const float* wq = nullptr,
+                                              const float* wk = nullptr,
+                                              const float* sc = nullptr, int full = 0) {
     const int t = blockIdx.x;
     const int groups = D >> (W == 2 ? 1 : 2), half_r = rope_dim >> 1;   // D / W
     const int nq = Hq * groups, nk = Hkv * groups;
-    const int idx = blockIdx.y * blockDim.x + threadIdx.x;  // (part, head, group) flattened
-    if (idx >= nq + 2 * nk) return;
     const int2 tp = tok[t];   // (KV slot, its sequence's first slot): position slot - lo
     const long p_abs = tp.x;
     const float* cr = cos_t + (long)(tp.x - tp.y) * half_r;
     const float* sr = sin_t + (long)(tp.x - tp.y) * half_r;
-    auto rope = [&](__half* d, const float* s, int g) {
-        if constexpr (W == 2) rope_pair_f16(d, s, g, half_r, neox, cr, sr);
-        else rope_quad_f16(d, s, g, half_r, neox, cr, sr);
+    auto rope = [&](__half* d, const RopeSrc<NORM>& s, int g) {
+        if constexpr (W == 2) rope_pair_f16<NORM>(d, s, g, half_r, neox, cr, sr);
+        else rope_quad_f16<NORM>(d, s, g, half_r, neox, cr, sr);
     };
-    if (idx < nq) {
-        const int h = idx / groups, g = idx - h * groups;
-        rope(q16 + ((long)t * Hq + h) * D, qs + t * ldq + (long)h * D, g);
-    } else if (idx < nq + nk) {
-        const int j = idx - nq, h = j / groups, g = j - h * groups;
-        rope(kc + (p_abs * Hkv + h) * D, ks + t * ldk + (long)h * D, g);
-    } else {
-        const int j = idx - nq - nk;  // v: plain f32 -> f16 copy of elements W j .. W j + W - 1
-        if constexpr (W == 2) {
-            const float2 v = *reinterpret_cast<const float2*>(vs + t * ldv + 2 * j);
-            *reinterpret_cast<__half2*>(vc + p_abs * Hkv * D + 2 * j) = __floats2half2_rn(v.x, v.y);
+    // (part, head, group) flattened
+    for (int idx = blockIdx.y * blockDim.x + threadIdx.x; idx < nq + 2 * nk;
+         idx += gridDim.y * blockDim.x) {
+        if (idx < nq) {
+            const int h = idx / groups, g = idx - h * groups;
+            RopeSrc<NORM> s{qs + t * ldq + (long)h * D, nullptr, 0.f};
+            if constexpr (NORM) {
+                s.w = full ? wq + (long)h * D : wq;
+                s.sc = full ? sc[0] : sc[h];
+            }
+            rope(q16 + ((long)t * Hq + h) * D, s, g);
+        } else if (idx < nq + nk) {
+            const int j = idx - nq, h = j / groups, g = j - h * groups;
+            RopeSrc<NORM> s{ks + t * ldk + (long)h * D, nullptr, 0.f};
+            if constexpr (NORM) {
+                s.w = full ? wk + (long)h * D : wk;
+                s.sc = full ? sc[1] : sc[Hq + h];
+            }
+            rope(kc + (p_abs * Hkv + h) * D, s, g);
         } else {
-            const float4 v = *reinterpret_cast<const float4*>(vs + t * ldv + 4 * j);
-            __half2 h[2] = {__floats2half2_rn(v.x, v.y), __floats2half2_rn(v.z, v.w)};
-            *reinterpret_cast<uint2*>(vc + p_abs * Hkv * D + 4 * j) = *reinterpret_cast<uint2*>(h);
+            const int j = idx - nq - nk;  // v: plain f32 -> f16 copy of elements W j .. W j + W - 1
+            if constexpr (W == 2) {
+                const float2 v = *reinterpret_cast<const float2*>(vs + t * ldv + 2 * j);
+                *reinterpret_cast<__half2*>(vc + p_abs * Hkv * D + 2 * j) =
+                    __floats2half2_rn(v.x, v.y);
+            } else {
+                const float4 v = *reinterpret_cast<const float4*>(vs + t * ldv + 4 * j);
+                __half2 h[2] = {__floats2half2_rn(v.x, v.y), __floats2half2_rn(v.z, v.w)};
+                *reinterpret_cast<uint2*>(vc + p_abs * Hkv * D + 4 * j) =
+                    *reinterpret_cast<uint2*>(h);
+            }
         }
     }
 }
@@ -275,14 +363,27 @@ __device__ __forceinline__ void rope_qkv_body(__half* __restrict__ q16,
         __half *__restrict__ kc, __half *__restrict__ vc, int Hq, int Hkv, int D, int rope_dim, \
         int neox, const float *__restrict__ cos_t, const float *__restrict__ sin_t,            \
         const int2 *__restrict__ tok
+#define ROPE_QKV_PASS q16, qs, ldq, ks, ldk, vs, ldv, kc, vc, Hq, Hkv, D, rope_dim, neox, cos_t, \
+    sin_t, tok
 extern "C" __global__ void rope_qkv_f32_f16(ROPE_QKV_ARGS) {
-    rope_qkv_body<2>(q16, qs, ldq, ks, ldk, vs, ldv, kc, vc, Hq, Hkv, D, rope_dim, neox, cos_t,
-                     sin_t, tok);
+    rope_qkv_body<2, false>(ROPE_QKV_PASS);
 }
 extern "C" __global__ void rope_qkv_f32_f16_v4(ROPE_QKV_ARGS) {
-    rope_qkv_body<4>(q16, qs, ldq, ks, ldk, vs, ldv, kc, vc, Hq, Hkv, D, rope_dim, neox, cos_t,
-                     sin_t, tok);
+    rope_qkv_body<4, false>(ROPE_QKV_PASS);
 }
+// rope_qkv_norm_f32_f16_v4: rope_qkv_f32_f16_v4 of q and k RMS-normalized first (qwen3 / gemma3:
+// each head, wq / wk [D]; olmo2 full: all heads as one row, wq [Hq D], wk [Hkv D]), in one
+// launch: head_rmsnorm twice then rope_qkv, bit for bit, reading q and k once from memory
+// (the scales' pass leaves the row in L1 / L2). grid (T), block (128): a block a token.
+extern "C" __global__ void __launch_bounds__(128)
+rope_qkv_norm_f32_f16_v4(ROPE_QKV_ARGS, const float* __restrict__ wq,
+                         const float* __restrict__ wk, float eps, int full) {
+    __shared__ float sc[ROPE_NORM_HEADS];
+    const int t = blockIdx.x;
+    qk_norm_scales(sc, qs + t * ldq, ks + t * ldk, Hq, Hkv, D, eps, full);
+    rope_qkv_body<4, true>(ROPE_QKV_PASS, wq, wk, sc, full);
+}
+#undef ROPE_QKV_PASS
 #undef ROPE_QKV_ARGS
 
 // ---- swiglu: grid (ceil(F/256), T), block (256) ----------------------------------------------

@@ -24,10 +24,12 @@
 //       are zeros.
 //   blk_operand_f16_tok (x, ld, R, K, Rp, out): the same with one scale per token (the max over
 //       its blocks, written into every block's slot): a warp per row.
-//   rmsnorm_blk_operand (x, w, eps, h16, out, M, K, Mp, tok): the operand of h = f16(rmsnorm(x)
+//   rmsnorm_blk_operand (x, w, eps, h16, out, M, K, Mp, tok, t): the operand of h = f16(rmsnorm(x)
 //       * w) from the residual x f32 [M, K] in the norm's launch (and h itself into h16, if not
 //       null), bit-identical to rmsnorm_f32_f16 then blk_operand_f16 (tok: _tok); a CTA per
-//       token, K <= 8192.
+//       token, K <= 8192. A family without pre-norms (olmo2) reads the residual itself: w null,
+//       h = f16(x) (cvt_f32_f16 then blk_operand_f16's bits); t f32 [M, K] not null, its post-norm
+//       first: x += rmsnorm(t) * w (rmsnorm_add_f32's bits, x written back), h = f16(x).
 //   mmq_blk (C =), mmq_blk_acc (C +=), both (Tt, Wb, C, M, N, K, dp, ws, flags), and
 //   mmq_blk_swiglu (Tt, Wb, H, M, N, K, dp, ws, flags): H f16 [M, N/2] = swiglu of the
 //       gate|up product, rows interleaved per 16 (wgmma_int8.cuh store_glu).
@@ -456,22 +458,25 @@ blk_operand_f16_tok(const __half* __restrict__ x, long long ld, int R, int K, in
 // so h is bit-identical to layers.cu's rmsnorm_f32_f16 and the operand to blk_operand_f16's of
 // it. Within a chunk the lanes 16 b .. 16 b + 15 hold block 2 c + b: value i = 8 (l % 16) + e,
 // the rotation's h = 1, 2, 4 in registers (e), 8 .. 64 across lanes (xor 1, 2, 4, 8).
+// w null: no norm (h = f16(x)); t not null: the norm is t's, added into x first (the 256
+// threads sum as rmsnorm_add_f32's 256 do: the same bits).
 constexpr int NORM_CH = 4;   // chunks per warp held in registers: K <= 8 x 4 x 256 = 8192
 
 extern "C" __global__ void __launch_bounds__(256)
-rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, float eps,
+rmsnorm_blk_operand(float* __restrict__ x, const float* __restrict__ w, float eps,
                     __half* __restrict__ h16, uint8_t* __restrict__ Tt, int M, int K, int Mp,
-                    int tok) {
+                    int tok, const float* __restrict__ t) {
     using namespace blkop;
     const int m = blockIdx.x, l = threadIdx.x & 31, wi = threadIdx.x >> 5;
     const int NC = (K + 255) / 256, KB = (K + 127) / 128;
-    const float* xr = x + static_cast<size_t>(m) * K;
+    float* xr = x + static_cast<size_t>(m) * K;
+    const float* nr = t ? t + static_cast<size_t>(m) * K : xr;   // the normed row
     float v[NORM_CH][8];
     double s = 0.0;
 #pragma unroll
     for (int j = 0; j < NORM_CH; ++j) {   // (all loads first: rms_load8 zero-fills past K)
         if (m < M && wi + 8 * j < NC) {
-            rms_load8(xr, K, wi + 8 * j, l, v[j]);
+            rms_load8(nr, K, wi + 8 * j, l, v[j]);
         } else {
 #pragma unroll
             for (int e = 0; e < 8; ++e) v[j][e] = 0.f;
@@ -479,20 +484,37 @@ rmsnorm_blk_operand(const float* __restrict__ x, const float* __restrict__ w, fl
     }
 #pragma unroll
     for (int j = 0; j < NORM_CH; ++j) s = rms_chunk_sum(s, v[j]);
-    const float scale = rms_finish(s, K, eps);
+    const float scale = w ? rms_finish(s, K, eps) : 1.f;   // (w: uniform over the CTA)
     float h[NORM_CH][8], am[NORM_CH];   // the rotated blocks (lanes 16 b .. of chunk j), max |h|
     float rmax = 0.f;
 #pragma unroll
     for (int j = 0; j < NORM_CH; ++j) {
         const int c = wi + 8 * j, k0 = c * 256 + 8 * l;
         if (m < M && c < NC && k0 < K) {
-            const float4 wa = *reinterpret_cast<const float4*>(w + k0);
-            const float4 wb = *reinterpret_cast<const float4*>(w + k0 + 4);
-            const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+            float y[8];   // the value h rounds: rmsnorm(x) * w, x, or x + rmsnorm(t) * w
+            if (w) {
+                const float4 wa = *reinterpret_cast<const float4*>(w + k0);
+                const float4 wb = *reinterpret_cast<const float4*>(w + k0 + 4);
+                const float wv[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) y[e] = rms_value(v[j][e], scale, wv[e]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) y[e] = v[j][e];
+            }
+            if (t) {
+                float4* xp = reinterpret_cast<float4*>(xr + k0);
+                const float4 xa = xp[0], xb = xp[1];
+                const float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e) y[e] = __fadd_rn(xv[e], y[e]);
+                xp[0] = make_float4(y[0], y[1], y[2], y[3]);
+                xp[1] = make_float4(y[4], y[5], y[6], y[7]);
+            }
             __align__(16) __half hh[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
-                hh[e] = __float2half_rn(rms_value(v[j][e], scale, wv[e]));
+                hh[e] = __float2half_rn(y[e]);
                 h[j][e] = __half2float(hh[e]);
             }
             if (h16) *reinterpret_cast<uint4*>(h16 + static_cast<size_t>(m) * K + k0) =

@@ -315,8 +315,9 @@ def test_blk_token_scales_go_to_the_gemms_after_a_norm(monkeypatch, tmp_path):
 @pytest.mark.parametrize("path", ["f16", "blk", "wide-kd4"])
 def test_qwen3_norms_q_and_k_before_the_rope(monkeypatch, tmp_path, path):
     """qwen3 (tiny-qwen3: head_dim 128 over d_model 256): each layer's q and k get their
-    per-head rmsnorm launch (head_rmsnorm_f32) after the q|k|v GEMMs and before rope_qkv, on
-    every path; the f16 path's rope epilogue is off (the norm needs the GEMM's output)."""
+    per-head rmsnorm in the rope's launch (rope_qkv_norm_f32_f16_v4: the layer's weights,
+    per head) after the q|k|v GEMMs, on every path; the f16 path's rope epilogue is off (the
+    norm needs the GEMM's output)."""
     from fake_gpuarray import install
 
     from minfer.cuda.backend import CudaBackend
@@ -342,15 +343,20 @@ def test_qwen3_norms_q_and_k_before_the_rope(monkeypatch, tmp_path, path):
         model, GemmChoice(path), rt=rt, max_tokens=64, ubatch=16, warmup=False, graphs=False
     )
     assert not be.rope_epi
-    rt.launches.clear()
+    calls = []
+    rt.launch = lambda fn, grid, block, a, smem=0, stream=None: calls.append((fn[1], grid, a))
     be.forward_device(np.arange(21, dtype=np.int32) % 50, 0)
-    entries = [e for _, e in rt.launches]
+    entries = [e for e, _, _ in calls]
     L, chunks = model.config.n_layers, 2
-    assert entries.count("head_rmsnorm_f32") == 2 * L * chunks
-    ropes = [i for i, e in enumerate(entries) if e.startswith("rope_qkv")]
-    norms = [i for i, e in enumerate(entries) if e == "head_rmsnorm_f32"]
+    assert "head_rmsnorm_f32" not in entries
+    ropes = [(g, a) for e, g, a in calls if e.startswith("rope_qkv")]
     assert len(ropes) == L * chunks
-    assert all(norms[2 * j + 1] < ropes[j] for j in range(len(ropes)))  # q, k, then the rope
+    assert entries.count("rope_qkv_norm_f32_f16_v4") == L * chunks
+    for j, (grid, a) in enumerate(ropes):
+        il = j % L
+        assert len(grid) == 1  # a block a token
+        wq, wk = (int(devarray.ptr(be.w[f"blk.{il}.attn_{x}_norm.weight"])) for x in "qk")
+        assert (int(a[17]), int(a[18]), int(a[20])) == (wq, wk, 0)  # per head
 
 
 def test_the_plan_is_computed_once(monkeypatch, tiny):

@@ -97,16 +97,27 @@ def test_rmsnorm_operand_launch_and_refusals():
     assert (got.M, got.K) == (M, K)
     ((fn, grid, args),) = rt.launches
     assert fn == ("mmq_blk", "rmsnorm_blk_operand") and grid == (256,)  # a CTA per token row
-    assert args[3] == 0 and args[-4:] == [M, K, 256, 0]  # no h16, per block
+    assert args[3] == 0 and args[-5:] == [M, K, 256, 0, 0]  # no h16, per block, no t
     assert not got.per_token
     got = blk_operand_rmsnorm(rt, x, w, 1e-5, tt, per_token=True)
-    assert got.per_token and rt.launches[-1][2][-1] == 1
+    assert got.per_token and rt.launches[-1][2][-2] == 1
+    # olmo2's forms: f16(x) (no weight), and x += rmsnorm(t) * w (t: the post-norm's input)
+    blk_operand_rmsnorm(rt, x, None, 1e-5, tt)
+    assert rt.launches[-1][2][1] == 0 and rt.launches[-1][2][-1] == 0
+    t = da.view(0x400000, (M, K), F32)
+    blk_operand_rmsnorm(rt, x, w, 1e-5, tt, t=t)
+    assert rt.launches[-1][2][1] == 0x200000 and rt.launches[-1][2][-1] == 0x400000
+    with pytest.raises(GPUError, match="needs its norm weight"):
+        blk_operand_rmsnorm(rt, x, None, 1e-5, tt, t=t)
+    with pytest.raises(GPUError, match="t"):
+        blk_operand_rmsnorm(rt, x, w, 1e-5, tt, t=da.view(0x400000, (M, K + 8), F32))
+    assert len(rt.launches) == 4
     for bad in ((4, NORM_MAX_K + 256), (4, 100)):
         with pytest.raises(GPUError, match="K a multiple of 8 up to 8192"):
             blk_operand_rmsnorm(
                 rt, da.view(0x100000, bad, F32), da.view(0x200000, bad[1:], F32), 1e-5
             )
-    assert len(rt.launches) == 2
+    assert len(rt.launches) == 4
 
 
 def test_per_token_operand_picks_its_prepass_and_gemm_entries():

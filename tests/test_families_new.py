@@ -207,21 +207,32 @@ def test_granite_cuda_launches(monkeypatch, files, path):
 
 @pytest.mark.parametrize("path", ["f16", "blk"])
 def test_olmo2_cuda_launches(monkeypatch, files, path):
-    """olmo2: no rmsnorm before the q|k|v or gate|up GEMMs (the residual rounded to f16:
-    cvt_f32_f16, 2 per layer), q and k normed as one row each (head_rmsnorm_f32 with grid
-    (T, 1)), both post norms (rmsnorm_add_f32), no residual scale."""
+    """olmo2: no rmsnorm before the q|k|v or gate|up GEMMs, q and k normed as one row each in
+    the rope's launch (rope_qkv_norm_f32_f16_v4, full), both post norms, no residual scale.
+    On f16 the GEMMs read the residual rounded to f16 (cvt_f32_f16, 2 per layer) and each
+    post-norm adds on its own (rmsnorm_add_f32); on blk the operand launch does it all
+    (rmsnorm_blk_operand: layer 0's q|k|v from the residual itself, every later input from
+    the post-norm before it, added into x there), but the last layer's FFN post-norm, which
+    the output norm reads."""
     be, c, calls = _launches(monkeypatch, path, files["tiny-olmo2"])
     entries = [e for e, _ in calls]
     L = c.n_layers
-    assert entries.count("cvt_f32_f16") >= 2 * L
-    assert entries.count("rmsnorm_add_f32") == 2 * L and "scale_add_f32" not in entries
-    heads = [a for e, a in calls if e == "head_rmsnorm_f32"]
-    assert len(heads) == 2 * L
-    D = c.head_dim
-    assert sorted({int(a[2]) for a in heads}) == sorted({c.n_heads * D, c.n_kv_heads * D})
-    # the only rmsnorm launches left: the output norm (the pre-norms are gone)
-    assert not any(e.startswith("rmsnorm_blk") for e in entries)
-    assert entries.count("rmsnorm_f32_f16") == 1
+    assert "scale_add_f32" not in entries and "head_rmsnorm_f32" not in entries
+    ropes = [a for e, a in calls if e == "rope_qkv_norm_f32_f16_v4"]
+    assert len(ropes) == L and all(int(a[20]) == 1 for a in ropes)  # full
+    assert entries.count("rmsnorm_f32_f16") == 1  # the output norm (the pre-norms are gone)
+    ops = [a for e, a in calls if e == "rmsnorm_blk_operand"]
+    if path == "f16":
+        assert entries.count("cvt_f32_f16") >= 2 * L and not ops
+        assert entries.count("rmsnorm_add_f32") == 2 * L
+        return
+    assert "cvt_f32_f16" not in entries and entries.count("rmsnorm_add_f32") == 1
+    assert len(ops) == 2 * L
+    assert int(ops[0][1]) == 0 and int(ops[0][-1]) == 0  # no norm weight, no t: f16(x)
+    from minfer.cuda.runtime import devarray as da
+
+    post32 = int(da.ptr(be.buf.post32))
+    assert all(int(a[-1]) == post32 and int(a[1]) != 0 for a in ops[1:])  # x += norm(t) * w
 
 
 @pytest.mark.parametrize("path", ["f16", "blk"])

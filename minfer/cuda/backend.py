@@ -14,7 +14,7 @@ forward(ids, pos0) runs each chunk's launches through a `Forward` (minfer.cuda.f
 loop below, over the routes, weights and buffers made here), per layer, T tokens (f32
 residual x, f16 GEMM operands):
   h16 = rmsnorm(x) * attn_norm;  qkv32 = h16 @ [Wq; Wk; Wv].T (one GEMM on the fused weight)
-  (qwen3: head_rmsnorm on each head of q and k, in place in qkv32)
+  (qwen3, gemma3: each head of q and k rmsnorm'd in the rope's launch; olmo2: all heads as one row)
   rope_qkv (one launch): q16 = rope(q);  cache_k[slot] = rope(k);  cache_v[slot] = v (f16)
   a16 = attention(q16, cache);  x += a16 @ Wo.T (GEMM epilogue accumulates)
   h16 = rmsnorm(x) * ffn_norm;  gu32 = h16 @ [Wg; Wu].T (one GEMM);  a16 = swiglu(gu32)

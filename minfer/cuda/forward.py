@@ -116,26 +116,36 @@ class Forward:
         operands (_quantize). When they read one operand that the norm's launch can write
         (Operand.norm), that launch makes it, writing h16 only if an
         f16 GEMM reads it too (tuning variant no-fused-prepass: two launches)."""
-        kinds = {self.lin[n].operand for n in names}
-        q = kinds - {None}
-        k = next(iter(q)) if len(q) == 1 else None
-        if self.gcfg.on("fused-prepass") and k is not None and k.norm is not None:
-            with self._op("rmsnorm+prepass"):
-                da.poison(self.rt, h16)  # (unwritten unless an f16 GEMM reads it)
-                op = k.norm(
-                    self.rt,
-                    x,
-                    self.w[wname],
-                    self.c.rms_eps,
-                    self.buf.operands[k.scratch],
-                    h16 if None in kinds else None,
-                )
-            if op is not None:
-                return {k: op}
+        op = self._fused("rmsnorm+prepass", h16, x, self.w[wname], names)
+        if op is not None:
+            return op
         with self._op("rmsnorm"):
             da.poison(self.rt, h16)
             L.rmsnorm(self.rt, h16, x, self.w[wname], self.c.rms_eps)
         return self._quantize(h16, *names)
+
+    def _fused(self, label: str, h16, x, w, names, t=None):
+        """The operands of the GEMMs `names` (f16 [M, D] h16 too if an f16 GEMM reads it) from
+        one launch of their one operand's norm kernel (Operand.norm: of f16(rmsnorm(x) * w);
+        w None: of f16(x); t: x += rmsnorm(t) * w first), or None where it cannot (then the
+        separate launches; tuning variant no-fused-prepass)."""
+        kinds = {self.lin[n].operand for n in names}
+        q = kinds - {None}
+        k = next(iter(q)) if len(q) == 1 else None
+        if not self.gcfg.on("fused-prepass") or k is None or k.norm is None:
+            return None
+        with self._op(label):
+            da.poison(self.rt, h16)  # (unwritten unless an f16 GEMM reads it)
+            op = k.norm(
+                self.rt,
+                x,
+                w,
+                self.c.rms_eps,
+                self.buf.operands[k.scratch],
+                h16 if None in kinds else None,
+                t=t,
+            )
+        return None if op is None else {k: op}
 
     def _attn_operand(self, name: str, T: int, per_token: bool):
         """(the array the attention launch writes the input form of GEMM `name` into, that
@@ -156,31 +166,41 @@ class Forward:
         tt, op = k.attn(self.rt, self.buf.operands[k.scratch], T, c.n_heads * c.head_dim)
         return tt, {k: op}
 
-    def _residual(self, x, A, name: str, label: str, q8, post: str) -> None:
+    def _residual(self, x, A, name: str, label: str, q8, post: str, then=None):
         """x f32 [M, d_model] += A @ W[name].T; with post norms (gemma, olmo2) the product goes
         to post32 first and x += rmsnorm(it) * w[post]; with a residual scale (granite)
-        x += it * scale."""
+        x += it * scale. then: (h16, names) of the GEMMs that read x next in a family without
+        pre-norms (olmo2): their operands come from the post-norm's launch and are returned
+        (_fused), else None."""
         c = self.c
         if not c.post_norms and c.residual_scale == 1.0:
             self._linear(x, A, name, "acc", label, q8)
-            return
+            return None
         t = da.rows(self.buf.post32, 0, int(x.shape[0]))
         da.poison(self.rt, t)
         self._linear(t, A, name, "f32", label, q8)
         if c.post_norms:
             if c.residual_scale != 1.0:
                 raise NotImplementedError("post norms with a residual scale")
+            if then is not None and not c.pre_norms:
+                op = self._fused("rmsnorm_add+prepass", then[0], x, self.w[post], then[1], t)
+                if op is not None:
+                    return op
             with self._op("rmsnorm"):
                 G.rmsnorm_add(self.rt, x, t, self.w[post], c.rms_eps)
-            return
+            return None
         with self._op("scale_add"):
             G.scale_add(self.rt, x, t, c.residual_scale)
+        return None
 
     def _norm_in(self, h16, x, wname: str, *names: str):
         """_norm, or for a family without pre-norms (olmo2) x itself rounded to f16 as the
         GEMMs' input (their operands made from it by _quantize)."""
         if self.c.pre_norms:
             return self._norm(h16, x, wname, *names)
+        op = self._fused("cvt+prepass", h16, x, None, names)
+        if op is not None:
+            return op
         with self._op("cvt"):
             da.poison(self.rt, h16)
             L.to_f16(self.rt, h16, x)
@@ -267,11 +287,14 @@ class Forward:
         rope_in_gemm = bool(self.rope_epi) and next(iter(self.rope_route.values())).rope_pays(
             rt, T, qd + 2 * kd
         )
+        carry = None  # olmo2: this layer's q|k|v operands from the last post-norm's launch
         for il in range(c.n_layers):
             p = f"blk.{il}."
             final = last and il == c.n_layers - 1
             groups = self.groups[il]["attn"]
-            hq8 = self._norm_in(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
+            hq8, carry = carry, None
+            if hq8 is None:
+                hq8 = self._norm_in(h16, x, p + "attn_norm.weight", *(g.member for g in groups))
             if rope_in_gemm and groups[0].weight in self.rope_epi:  # no rope launch after it
                 g = groups[0]
                 with self._op("gemm:" + g.label, 2.0 * T * g.width * c.d_model):
@@ -281,21 +304,15 @@ class Forward:
                     )
             else:  # each GEMM into its part of qkv32, then one rope launch reads q, k, v
                 src = self._run_groups(groups, b.qkv32, h16, T, hq8, bias=c.qkv_bias)
-                if c.qk_norm:  # qwen3: each head of q and k rmsnorm'd before the rope;
-                    # olmo2: all heads as one row (H 1, D = heads x head_dim)
-                    with self._op("rmsnorm"):
-                        for part, H_ in (("q", H), ("k", Hkv)):
-                            h_, d_ = (1, H_ * D) if c.qk_norm_full else (H_, D)
-                            L.head_rmsnorm(
-                                rt,
-                                src[part][0],
-                                src[part][1],
-                                h_,
-                                d_,
-                                self.w[f"{p}attn_{part}_norm.weight"],
-                                c.rms_eps,
-                            )
-                with self._op("rope"):
+                norm = None  # qwen3 / gemma3: each head of q and k rmsnorm'd before the rope;
+                if c.qk_norm:  # olmo2: all heads as one row (rope_qkv's launch does both)
+                    norm = L.QkNorm(
+                        self.w[p + "attn_q_norm.weight"],
+                        self.w[p + "attn_k_norm.weight"],
+                        c.rms_eps,
+                        c.qk_norm_full,
+                    )
+                with self._op("qk_norm+rope" if norm else "rope"):
                     da.poison(rt, R(b.q16, 0, T))  # (the K/V cache rows: the layout on device)
                     L.rope_qkv(
                         rt,
@@ -309,6 +326,7 @@ class Forward:
                         c.rope_dim,
                         c.rope_neox,
                         tuple(src[k][1] for k in "qkv"),
+                        norm=norm,
                     )
             # from here on the final layer needs the last position only
             t0, Tq = (T - 1, 1) if final else (0, T)
@@ -332,19 +350,22 @@ class Forward:
                     impl="tok" if one else None,
                     **self.attn_opts[il],
                 )
-            self._residual(
+            hq = R(b.h16, 0, Tq)
+            f16 = R(b.f16, 0, Tq)
+            down = p + "ffn_down.weight"
+            groups = self.groups[il]["ffn"]
+            members = tuple(g.member for g in groups)
+            fq8 = self._residual(
                 xq,
                 a16,
                 p + "attn_output.weight",
                 "attn_output",
                 aq,
                 p + "post_attention_norm.weight",
+                (hq, members),
             )
-            hq = R(b.h16, 0, Tq)
-            f16 = R(b.f16, 0, Tq)
-            down = p + "ffn_down.weight"
-            groups = self.groups[il]["ffn"]
-            fq8 = self._norm_in(hq, xq, p + "ffn_norm.weight", *(g.member for g in groups))
+            if fq8 is None:
+                fq8 = self._norm_in(hq, xq, p + "ffn_norm.weight", *members)
             if self.moe is not None:  # the routed experts: x += moe(hq) (minfer.cuda.load.moe)
                 self.moe.ffn(rt, il, xq, hq, self._op)
                 if self.probe is not None:
@@ -358,7 +379,10 @@ class Forward:
                 src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
                 gate, up = src["gate"], src["up"]
                 self._swiglu(f16, gate[0], None if up[0] is gate[0] else up[0])
-            self._residual(xq, f16, down, "ffn_down", None, p + "post_ffw_norm.weight")
+            nxt = None  # (the next layer's q|k|v read all T rows of x)
+            if il + 1 < c.n_layers:
+                nxt = (h16, tuple(g.member for g in self.groups[il + 1]["attn"]))
+            carry = self._residual(xq, f16, down, "ffn_down", None, p + "post_ffw_norm.weight", nxt)
             if self.probe is not None:  # (the final layer writes its last row only)
                 self.probe(il, xq)
         if last:

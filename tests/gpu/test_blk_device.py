@@ -74,6 +74,41 @@ def test_blk_operand_rmsnorm_bitwise(hopper, same_bytes, M, K, per_token):
 
 
 @pytest.mark.parametrize("per_token", [False, True])
+@pytest.mark.parametrize("M,K", [(77, 576), (130, 4096), (1, 8192)])
+def test_blk_operand_olmo2_forms_bitwise(hopper, same_bytes, M, K, per_token):
+    """A family without pre-norms (olmo2): the operand launch with no weight writes the bytes
+    of to_f16 then blk_operand; with t it adds the post-norm into x first, x's bits those of
+    gemma_layers.rmsnorm_add, then the operand of f16(x) (and h16 when asked)."""
+    from minfer.cuda.ops.gemma_layers import rmsnorm_add
+    from minfer.cuda.ops.layers import to_f16
+    from minfer.cuda.paths.blk.launch import blk_operand, blk_operand_rmsnorm
+    from minfer.cuda.runtime import devarray as da
+
+    rt = hopper
+    rng = np.random.default_rng(M * K + 5)
+    x = (rng.standard_normal((M, K)) * 3).astype(np.float32)
+    t = (rng.standard_normal((M, K)) * 50).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    h16 = da.empty(rt, (M, K), np.float16)
+    # f16(x)
+    xd = da.to_device(rt, x)
+    to_f16(rt, h16, xd)
+    want = blk_operand(rt, h16, per_token=per_token).tt.get()
+    got = blk_operand_rmsnorm(rt, xd, None, 1e-5, per_token=per_token)
+    assert same_bytes(got.tt, want) and same_bytes(xd, x)
+    # x += rmsnorm(t) * w, then f16(x)
+    x1, td, wd = da.to_device(rt, x), da.to_device(rt, t), da.to_device(rt, w)
+    rmsnorm_add(rt, x1, td, wd, 1e-5)
+    to_f16(rt, h16, x1)
+    want = blk_operand(rt, h16, per_token=per_token).tt.get()
+    x2 = da.to_device(rt, x)
+    hout = da.to_device(rt, np.full((M, K), np.nan, np.float16))
+    got = blk_operand_rmsnorm(rt, x2, wd, 1e-5, h16=hout, per_token=per_token, t=td)
+    assert same_bytes(x2, x1.get()) and same_bytes(got.tt, want) and same_bytes(hout, h16.get())
+    assert same_bytes(td, t)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize(
     "M,N,K,sms,opts",
     [

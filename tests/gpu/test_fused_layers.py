@@ -155,3 +155,54 @@ def test_attention_device_pos(rt, T, pos0, off, Hq, Hkv, D):
     ref = ops.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), pos0)
     assert _rel(o1.get(), ref) < 2e-3
     assert np.array_equal(o1.get(), o2.get())
+
+
+@pytest.mark.parametrize(
+    "T,Hq,Hkv,D,rope_dim,neox,full",
+    [
+        (1, 4, 4, 64, 64, True, True),  # olmo2: the whole row
+        (130, 8, 8, 128, 128, True, True),
+        (33, 8, 2, 128, 128, True, False),  # qwen3: each head
+        (7, 4, 2, 256, 256, True, False),  # gemma3's head_dim
+        (5, 9, 3, 64, 32, False, False),
+        (6, 4, 2, 36, 36, True, True),  # D % 8 != 0: head_rmsnorm, then the rope
+    ],
+)
+def test_rope_qkv_norm(rt, T, Hq, Hkv, D, rope_dim, neox, full):
+    """rope_qkv with the q/k norms (QkNorm): bit for bit head_rmsnorm on q and k, then
+    rope_qkv; q and k left unnormed; within 1e-3 of numpy's rmsnorm then rope."""
+    from minfer.cuda.ops.layers import QkNorm, RopeTable, head_rmsnorm, rope_qkv, tok_layout
+    from minfer.cuda.runtime import devarray as da
+
+    rng = np.random.default_rng(T + Hq * D)
+    qd, kd = Hq * D, Hkv * D
+    qkv = (rng.standard_normal((T, qd + 2 * kd)) * 4).astype(np.float32)
+    wq = rng.uniform(0.5, 1.5, qd if full else D).astype(np.float32)
+    wk = rng.uniform(0.5, 1.5, kd if full else D).astype(np.float32)
+    S, pos0 = T + 9, 4
+    table = RopeTable.build(rt, S, 10000.0, rope_dim)
+    pos, hi = da.to_device(rt, tok_layout(pos0, T)), pos0 + T
+    nan = lambda *s: da.to_device(rt, np.full(s, np.nan, np.float16))  # noqa: E731
+    cols = (0, qd, qd + kd)
+    # the fused launch
+    q16, kc, vc, src = nan(T, Hq, D), nan(S, Hkv, D), nan(S, Hkv, D), da.to_device(rt, qkv)
+    norm = QkNorm(da.to_device(rt, wq), da.to_device(rt, wk), 1e-6, full)
+    rope_qkv(rt, q16, src, src, src, kc, vc, table, hi, pos, rope_dim, neox, cols, norm=norm)
+    assert np.array_equal(src.get(), qkv)  # q and k read, not normed in place
+    # the two launches it replaces
+    q1, kc1, vc1, src1 = nan(T, Hq, D), nan(S, Hkv, D), nan(S, Hkv, D), da.to_device(rt, qkv)
+    for col, H, w in ((0, Hq, norm.wq), (qd, Hkv, norm.wk)):
+        head_rmsnorm(rt, src1, col, 1 if full else H, H * D if full else D, w, 1e-6)
+    rope_qkv(rt, q1, src1, src1, src1, kc1, vc1, table, hi, pos, rope_dim, neox, cols)
+    for a, b in ((q16, q1), (kc, kc1), (vc, vc1)):
+        assert np.array_equal(a.get().view(np.uint16), b.get().view(np.uint16))
+
+    # numpy: rmsnorm (per head or over the row), then rope
+    def normed(x, H, w):
+        x = x.reshape(T, 1 if full else H, -1)
+        return ops.rmsnorm(x, w, 1e-6).reshape(T, H, D)
+
+    p = np.arange(pos0, pos0 + T)
+    rq = ops.rope(normed(qkv[:, :qd], Hq, wq), p, 10000.0, rope_dim, neox)
+    rk = ops.rope(normed(qkv[:, qd : qd + kd], Hkv, wk), p, 10000.0, rope_dim, neox)
+    assert _rel(q16.get(), rq) < 1e-3 and _rel(kc.get()[pos0 : pos0 + T], rk) < 1e-3

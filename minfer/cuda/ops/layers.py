@@ -297,9 +297,14 @@ def rope_qkv(
     neox: bool,
     cols=(0, 0, 0),
     wide: bool | None = None,
+    norm: "QkNorm | None" = None,
 ) -> None:
     """One launch: q16 f16 [T, Hq, D] = rope(q); kc[slot_t] = rope(k); vc[slot_t] = v, at
-    position slot_t - lo_t.
+    position slot_t - lo_t. norm: q and k RMS-normalized first (QkNorm: qwen3's and gemma3's
+    each head, olmo2's whole row), q and k left as they were: in the same launch
+    (rope_qkv_norm_f32_f16_v4, head_rmsnorm then rope_qkv's bits) where D % 8 == 0, the rows
+    are 16-byte aligned and per-head norms have at most 256 heads; else head_rmsnorm on q and
+    k in place, then the rope.
 
     q, k, v: f32 2-D device arrays whose columns cols[i] .. cols[i] + H*D hold the [T, H*D]
     part (three buffers, or the same fused [T, (Hq + 2 Hkv) D] GEMM output three times);
@@ -339,32 +344,58 @@ def rope_qkv(
             "16-byte aligned q/k/v rows"
         )
     wide = can_wide if wide is None else wide
+    args = (
+        da.arg(q16),
+        qp,
+        np.int64(ldq),
+        kp,
+        np.int64(ldk),
+        vp,
+        np.int64(ldv),
+        da.arg(kc),
+        da.arg(vc),
+        np.int32(Hq),
+        np.int32(Hkv),
+        np.int32(D),
+        np.int32(rope_dim),
+        np.int32(bool(neox)),
+        da.arg(table.cos),
+        da.arg(table.sin),
+        da.arg(tok),
+    )
+    if norm is not None:
+        wn = (Hq * D, Hkv * D) if norm.full else (D, D)
+        da.check("rope_qkv norm wq", norm.wq, (wn[0],), np.float32, align=16)
+        da.check("rope_qkv norm wk", norm.wk, (wn[1],), np.float32, align=16)
+        if wide and D % 8 == 0 and (norm.full or Hq + Hkv <= ROPE_NORM_HEADS):
+            rt.launch(
+                rt.function(_F, "rope_qkv_norm_f32_f16_v4"),
+                (T,),
+                (128,),
+                args
+                + (da.arg(norm.wq), da.arg(norm.wk), np.float32(norm.eps), np.int32(norm.full)),
+            )
+            return
+        for a, col, H, w in ((q, cols[0], Hq, norm.wq), (k, cols[1], Hkv, norm.wk)):
+            h, d = (1, H * D) if norm.full else (H, D)
+            head_rmsnorm(rt, a, col, h, d, w, norm.eps)
     fn = rt.function(_F, "rope_qkv_f32_f16_v4" if wide else "rope_qkv_f32_f16")
     nthreads = (Hq + 2 * Hkv) * D // (4 if wide else 2)
-    rt.launch(
-        fn,
-        (T, (nthreads + 127) // 128),
-        (128,),
-        (
-            da.arg(q16),
-            qp,
-            np.int64(ldq),
-            kp,
-            np.int64(ldk),
-            vp,
-            np.int64(ldv),
-            da.arg(kc),
-            da.arg(vc),
-            np.int32(Hq),
-            np.int32(Hkv),
-            np.int32(D),
-            np.int32(rope_dim),
-            np.int32(bool(neox)),
-            da.arg(table.cos),
-            da.arg(table.sin),
-            da.arg(tok),
-        ),
-    )
+    rt.launch(fn, (T, (nthreads + 127) // 128), (128,), args)
+
+
+ROPE_NORM_HEADS = 256  # kernels/layers.cu: rope_qkv_norm's per-head scales in shared memory
+
+
+@dataclass(frozen=True)
+class QkNorm:
+    """rope_qkv's q/k norms: the weights f32 (full: [Hq D] and [Hkv D], all heads as one row,
+    olmo2's; else [D] each, every head normed alone) and rms epsilon."""
+
+    wq: object
+    wk: object
+    eps: float
+    full: bool = False
 
 
 # kernels/rope.cuh RopeQkv: gemm mode 4's target (its static_assert pins these offsets)

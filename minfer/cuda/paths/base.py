@@ -46,8 +46,9 @@ def qname(qtype: int) -> str:
 class Operand:
     """An activation form a family's kernel reads, made from the f16 activation.
     prepass(rt, A f16 [M, K], buf) -> the operand, in buf (the scratch buffer `scratch`
-    names); norm(rt, x f32, w, eps, buf, h16 or None) -> the operand of rmsnorm(x) * w from
-    the norm's launch (None when it cannot: then rmsnorm, then prepass); attn(rt, buf, M, K)
+    names); norm(rt, x f32, w, eps, buf, h16 or None, t=None) -> the operand of rmsnorm(x) * w
+    from the norm's launch (w None: of x itself; t f32: x += rmsnorm(t) * w in place first,
+    a post-norm's residual add; None when it cannot: then the separate launches); attn(rt, buf, M, K)
     -> (the array the attention launch writes, the operand) from the attention's epilogue.
     buf: the uint8 scratch buffer named `scratch` (DeviceBuffers.operands[scratch]), of
     nbytes(M, K) bytes for the largest activation, the memory plan's part `part`.

@@ -179,31 +179,41 @@ def _glu(rt, case: Case, cfg, rng, n_sample: int) -> float:
 
 def _norm(rt, case: Case, cfg, rng, n_sample: int) -> float:
     """The operand made by the rmsnorm launch (Operand.norm; the tuning variant
-    no-fused-prepass runs the f32 case's prepass instead), then the route's GEMM."""
+    no-fused-prepass runs the f32 case's prepass instead), then the route's GEMM; for a
+    family without pre-norms (olmo2) also its two forms, of the residual itself and of the
+    residual after a post-norm's add (x + rmsnorm(t) * w): the worst of them."""
     from minfer.reference import ops
 
     M, N, K, route = case.M, case.N, case.K, case.route
     cols = sample_rows(rng, N, n_sample)
     x32 = rng.standard_normal((M, K)).astype(np.float32)  # the residual
+    t32 = (3 * rng.standard_normal((M, K))).astype(np.float32)  # a post-norm's input
     wn = (1 + 0.1 * rng.standard_normal(K)).astype(np.float32)  # the norm's weight
-    h = ops.rmsnorm(x32, wn, cfg.rms_eps).astype(np.float16).astype(np.float32)
-    ref = _twin(route.path, h, case.parts, cols, M)
+    forms = [(wn, None, ops.rmsnorm(x32, wn, cfg.rms_eps))]
+    if not getattr(cfg, "pre_norms", True):
+        forms += [(None, None, x32), (wn, t32, x32 + ops.rmsnorm(t32, wn, cfg.rms_eps))]
     w = _weight(rt, case)
     s = scratch(rt, M, K)
     op = route.operand
-    xin = op.norm(
-        rt,
-        da.to_device(rt, x32, "parity residual"),
-        da.to_device(rt, wn, "parity norm"),
-        cfg.rms_eps,
-        s.operands[op.scratch],
-        None,
-    )
-    if xin is None:  # K over the fused kernel's: the forward runs rmsnorm, then the prepass
-        return float("nan")
-    out = da.to_device(rt, np.full((M, N), np.nan, np.float32), "parity out")
-    route.run(rt, s, out, xin, w, "f32")
-    return _err(out.get()[:, cols], ref)
+    worst = 0.0
+    for wf, t, h in forms:
+        ref = _twin(route.path, h.astype(np.float16).astype(np.float32), case.parts, cols, M)
+        xin = op.norm(
+            rt,
+            da.to_device(rt, x32, "parity residual"),
+            None if wf is None else da.to_device(rt, wf, "parity norm"),
+            cfg.rms_eps,
+            s.operands[op.scratch],
+            None,
+            t=None if t is None else da.to_device(rt, t, "parity post-norm input"),
+        )
+        if xin is None:  # K over the fused kernel's: the forward runs the separate launches
+            return float("nan")
+        out = da.to_device(rt, np.full((M, N), np.nan, np.float32), "parity out")
+        route.run(rt, s, out, xin, w, "f32")
+        e = _err(out.get()[:, cols], ref)
+        worst = e if not e <= worst else worst  # (a NaN error stays NaN: a failure)
+    return worst
 
 
 def _attn(rt, case: Case, cfg, rng, n_sample: int) -> float:

@@ -119,13 +119,15 @@ NORM_MAX_K = 8 * 4 * 256  # rmsnorm_blk_operand: 8 warps x NORM_CH (4) chunks of
 
 
 def blk_operand_rmsnorm(
-    rt, x, w, eps: float, tt=None, h16=None, per_token: bool = False
+    rt, x, w, eps: float, tt=None, h16=None, per_token: bool = False, t=None
 ) -> BlkTokens:
     """The token operand of h = f16(rmsnorm(x) * w) in one launch (rmsnorm_blk_operand, a CTA
     per token): bit-identical to layers.rmsnorm into f16, then blk_operand. x f32 [M, K] (K % 8
     == 0, K <= NORM_MAX_K), w f32 [K]; h16 f16 [M, K], when given, receives h too (the input of
     GEMMs on other routes); into tt (uint8 [KB, Mp/128, BLK_OP]) if given; per_token: one
-    scale per token (as blk_operand's)."""
+    scale per token (as blk_operand's). A family without pre-norms (olmo2): w None, h = f16(x)
+    (layers.to_f16's bits); t f32 [M, K] (a post-norm's input), x += rmsnorm(t) * w first, in
+    place (gemma_layers.rmsnorm_add's bits), h = f16(x)."""
     what = "blk_operand_rmsnorm"
     da.check(f"{what} x", x, (None, None), np.float32, align=16, require_contiguous=True)
     M, K = x.shape
@@ -134,7 +136,12 @@ def blk_operand_rmsnorm(
             f"{what}: need M >= 1 and K a multiple of 8 up to {NORM_MAX_K} (8 warps "
             f"x 4 chunks of 256), got [{M}, {K}]; use layers.rmsnorm, then blk_operand"
         )
-    da.check(f"{what} w", w, (K,), np.float32, align=16)
+    if w is not None:
+        da.check(f"{what} w", w, (K,), np.float32, align=16)
+    if t is not None:
+        if w is None:
+            raise GPUError(f"{what}: t (a post-norm's input) needs its norm weight w")
+        da.check(f"{what} t", t, (M, K), np.float32, align=16, require_contiguous=True)
     if h16 is not None:
         da.check(f"{what} h16", h16, (M, K), np.float16, align=16, require_contiguous=True)
     tt = _token_out(rt, what, M, K, tt)
@@ -144,7 +151,7 @@ def blk_operand_rmsnorm(
         (256,),
         (
             da.arg(x),
-            da.arg(w),
+            np.uintp(0) if w is None else da.arg(w),
             np.float32(eps),
             np.uintp(0) if h16 is None else da.arg(h16),
             da.arg(tt),
@@ -152,6 +159,7 @@ def blk_operand_rmsnorm(
             np.int32(K),
             np.int32(pad128(M)),
             np.int32(per_token),
+            np.uintp(0) if t is None else da.arg(t),
         ),
     )
     return BlkTokens(tt, M, K, per_token)

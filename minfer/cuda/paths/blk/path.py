@@ -37,15 +37,16 @@ def _prepass(rt, A, buf, per_token: bool = False):
     return blk_operand(rt, A, _scratch(rt, buf, *A.shape), per_token)
 
 
-def _norm(rt, x, w, eps, buf, h16, per_token: bool = False):
-    """The operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when given);
-    None when K is over the fused kernel's (then rmsnorm, then the prepass)."""
+def _norm(rt, x, w, eps, buf, h16, t=None, per_token: bool = False):
+    """The operand of f16(rmsnorm(x) * w) in the norm's launch (h16 written too when given;
+    w None: of f16(x); t: x += rmsnorm(t) * w first); None when K is over the fused kernel's
+    (then the separate launches)."""
     from minfer.cuda.paths.blk.launch import NORM_MAX_K, blk_operand_rmsnorm
 
     M, K = x.shape
     if K > NORM_MAX_K:
         return None
-    return blk_operand_rmsnorm(rt, x, w, eps, _scratch(rt, buf, M, K), h16, per_token)
+    return blk_operand_rmsnorm(rt, x, w, eps, _scratch(rt, buf, M, K), h16, per_token, t)
 
 
 def _attn(rt, buf, M: int, K: int):
