@@ -528,7 +528,7 @@ fi
 if [ "$MODE" = house ]; then   # issue 51's last rows and issue 54's first: the MoE kernels' tests,
   # the new families' blk checks, and each family's speed per weight beside llama's (one process)
   [ "${MOE_TESTS:-0}" = 1 ] && step tests_moe 180 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_moe_device.py
-  [ -n "$HOUSE_PYTEST" ] && step tests_extra 150 python3 -m pytest -q -rfEs $HOUSE_PYTEST  # (GPU test files)
+  [ -n "$HOUSE_PYTEST" ] && step tests_extra 200 python3 -m pytest -q -rfEs $XDIST $HOUSE_PYTEST  # (GPU test files)
   # (three 4-layer real-shape checks with their CPU reference: over 150 s on the H100)
   [ "${HOUSE_TESTS:-1}" = 1 ] && step tests_families 300 python3 -m pytest -q -rfEs $XDIST \
     tests/gpu/test_families_new_device.py -k blk
