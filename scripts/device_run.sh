@@ -24,10 +24,9 @@
 #          on the GPU) and `minfer bench --gemm blk` on the same synth files, llama3.1-8b and
 #          qwen3-30b-a3b (MOE_LAYERS: 48); carry .whl and .llamacuda (llama-bench built on the
 #          host for sm_90, static ggml, against cuBLAS 13 from the nvidia-cublas wheel; xz).
-#   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl, .raywhl
-#          and .cubin_cache): Ray's identity and rate after the thread fix, the new families
-#          beside their llama twins (house, HOUSE_TESTS=0), the MoE blk tests with their xfail
-#          reasons and the 48-layer qwen3-30b-a3b bench and breakdown (moeblk)
+#   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl,
+#          .cubin_cache and .devdata): the GPU tests of its changes, the MoE blk forward's xfail
+#          with --runxfail, olmo2 / qwen3-8b beside their llama twins (house), `minfer check`
 #   combo: the serving table (SERVE_CFGS: the engine process "on", "thread", prefix cache "off";
 #          SERVE_TESTS=1 the GPU serving tests first), the new families' blk checks, the MoE
 #          kernels' tests, each capped by what the deadline leaves.
@@ -496,17 +495,26 @@ open('/tmp/llama-bench', 'wb'))" && chmod +x /tmp/llama-bench
 fi
 
 if [ "$MODE" = owed ]; then   # what the last stop left unmeasured, most wanted first, one call
-  # (carry .whl, .raywhl and .cubin_cache: ~54 MB): issue 55's Ray identity and per-actor rate
-  # after the thread fix, issue 51's families beside their llama twins, issue 54's blk experts'
-  # xfail reasons and the 48-layer qwen3-30b-a3b bench with its breakdown at 2,048; what the
-  # deadline leaves says SKIPPED
-  step ray 170 env RAY_TWICE=0 OUT=$OUT/ray bash scripts/device_run.sh ray 165
-  step house 150 env HOUSE_TESTS=0 OUT=$OUT/house bash scripts/device_run.sh house 145
-  step moe 320 env MOE_LAYERS=48 OUT=$OUT/moe bash scripts/device_run.sh moeblk 315
+  # (carry .whl, .cubin_cache and .devdata: ~51 MB): the GPU tests of its unrun changes (an
+  # Engine's pooled jobs on another thread; q/k norms in the rope's launch; olmo2's operand
+  # forms), the MoE blk forward's xfail with its reasons (--runxfail), olmo2 and qwen3-8b beside
+  # their llama twins with olmo2's breakdown, then `minfer check` on the slice's Q4_K_M requant
+  step tests 200 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_engine_threads.py \
+    tests/gpu/test_fused_layers.py tests/gpu/test_blk_device.py tests/gpu/test_families_device.py \
+    "tests/gpu/test_families_new_device.py::test_check_at_the_real_shapes[olmo2-7b-blk]"
+  step tests_moe 90 python3 -m pytest -q -rfEs --runxfail \
+    tests/gpu/test_moe_blk_device.py::test_blk_forward_matches_the_grid_reference
+  step house 200 env HOUSE_TESTS=0 FAMILY_PRESETS="olmo2-7b qwen3-8b" HOUSE_BREAKDOWN=olmo2-7b \
+    OUT=$OUT/house bash scripts/device_run.sh house 195
+  if [ -f "$S" ]; then
+    step quantize 30 $M quantize "$S" /tmp/slice-q4km.gguf --type q4_K_M --quiet --allow-requantize
+    step check 120 $M check -m /tmp/slice-q4km.gguf; fi
   echo; echo "################ SUMMARY owed ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
-  for f in ray house moe; do echo "--- $f"; grep -vE "^WARNING: Target" "$OUT/$f.log" \
-    | sed -n '/SUMMARY/,$p' | grep -v "^== " | head -50; done
-  rm -f "$OUT"/*/gpu.txt "$OUT"/*/steps.txt   # (in each mode's logs tgz: 8 files come back)
+  tests_summary tests tests_moe
+  grep -E "moe cuda blk" "$OUT/tests_moe.log" | head -8
+  grep -vE "^WARNING: Target" "$OUT/house.log" | sed -n '/SUMMARY/,$p' | grep -v "^== " | head -60
+  [ -f "$OUT/check.log" ] && echo "--- check" && grep -E "FAIL|PASS|/32 \|" "$OUT/check.log" | tail -12
+  rm -f "$OUT"/house/gpu.txt "$OUT"/house/steps.txt
   exit 0
 fi
 
