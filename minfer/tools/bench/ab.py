@@ -227,12 +227,16 @@ IDLE_S = 2.0
 BREAKDOWN_SPIN_MS = 400.0  # longer than the host takes to launch a chunk's ops one by one
 
 
-# non-GEMM ops with a row of their own in the breakdown (MMQ: the activation prepasses; MoE:
-# the routing, the grouping by expert, the weighted scatter-add: minfer.cuda.load.moe)
+# non-GEMM ops with a row of their own in the breakdown (MMQ: the activation prepasses; olmo2's
+# operand launches and the q/k norms in the rope's; MoE: the routing, the grouping by expert,
+# the weighted scatter-add: minfer.cuda.load.moe)
 NAMED_OPS = (
     "attention",
     "prepass",
     "rmsnorm+prepass",
+    "cvt+prepass",
+    "rmsnorm_add+prepass",
+    "qk_norm+rope",
     "swiglu",
     "moe:route",
     "moe:sort",
