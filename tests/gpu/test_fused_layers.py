@@ -170,7 +170,8 @@ def test_attention_device_pos(rt, T, pos0, off, Hq, Hkv, D):
 )
 def test_rope_qkv_norm(rt, T, Hq, Hkv, D, rope_dim, neox, full):
     """rope_qkv with the q/k norms (QkNorm): bit for bit head_rmsnorm on q and k, then
-    rope_qkv; q and k left unnormed; within 1e-3 of numpy's rmsnorm then rope."""
+    rope_qkv (q and k left unnormed by the one launch); within 1e-3 of numpy's rmsnorm then
+    rope."""
     from minfer.cuda.ops.layers import QkNorm, RopeTable, head_rmsnorm, rope_qkv, tok_layout
     from minfer.cuda.runtime import devarray as da
 
@@ -188,7 +189,8 @@ def test_rope_qkv_norm(rt, T, Hq, Hkv, D, rope_dim, neox, full):
     q16, kc, vc, src = nan(T, Hq, D), nan(S, Hkv, D), nan(S, Hkv, D), da.to_device(rt, qkv)
     norm = QkNorm(da.to_device(rt, wq), da.to_device(rt, wk), 1e-6, full)
     rope_qkv(rt, q16, src, src, src, kc, vc, table, hi, pos, rope_dim, neox, cols, norm=norm)
-    assert np.array_equal(src.get(), qkv)  # q and k read, not normed in place
+    if D % 8 == 0:  # the one launch reads q and k; the fallback norms them in place
+        assert np.array_equal(src.get(), qkv)
     # the two launches it replaces
     q1, kc1, vc1, src1 = nan(T, Hq, D), nan(S, Hkv, D), nan(S, Hkv, D), da.to_device(rt, qkv)
     for col, H, w in ((0, Hq, norm.wq), (qd, Hkv, norm.wk)):

@@ -301,10 +301,10 @@ def rope_qkv(
 ) -> None:
     """One launch: q16 f16 [T, Hq, D] = rope(q); kc[slot_t] = rope(k); vc[slot_t] = v, at
     position slot_t - lo_t. norm: q and k RMS-normalized first (QkNorm: qwen3's and gemma3's
-    each head, olmo2's whole row), q and k left as they were: in the same launch
-    (rope_qkv_norm_f32_f16_v4, head_rmsnorm then rope_qkv's bits) where D % 8 == 0, the rows
-    are 16-byte aligned and per-head norms have at most 256 heads; else head_rmsnorm on q and
-    k in place, then the rope.
+    each head, olmo2's whole row): in the same launch (rope_qkv_norm_f32_f16_v4, head_rmsnorm
+    then rope_qkv's bits; q and k left as they were) where D % 8 == 0, the rows are 16-byte
+    aligned and per-head norms have at most 256 heads; else head_rmsnorm on q and k in place,
+    then the rope.
 
     q, k, v: f32 2-D device arrays whose columns cols[i] .. cols[i] + H*D hold the [T, H*D]
     part (three buffers, or the same fused [T, (Hq + 2 Hkv) D] GEMM output three times);
