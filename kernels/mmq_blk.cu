@@ -589,10 +589,14 @@ __device__ __forceinline__ int moe_src_row(const int* __restrict__ a_rows, int a
 }
 
 // GEMM of row tile blockIdx.y, weight row tile blockIdx.x: one CTA per output tile (no
-// persistence, no stream-K), mmq_blk_body's warp specialization, ring and folds over all KB
-// blocks; EPI 0: C f32 [P, N] (sorted rows), 2: H f16 [P, N / 2] (the swiglu of gate|up rows
-// interleaved per 16); TOK: the token operand has one scale per token
-template <int EPI, bool TOK>
+// stream-K), mmq_blk_body's warp specialization, ring and folds over all KB blocks; EPI 0: C f32
+// [P, N] (sorted rows), 2: H f16 [P, N / 2] (the swiglu of gate|up rows interleaved per 16);
+// TOK: the token operand has one scale per token. PERSIST (the _p entries, not yet measured on
+// a GPU: the launcher's persistent=True): a grid of at most one CTA an SM walks the live tiles
+// (toff[E] row tiles x the column tiles, column fastest) from blockIdx.x by gridDim.x, the ring
+// running on across tiles, so the producer loads the next tile's blocks while the consumers
+// store this one's; every tile's sums as the one-tile CTA's, bit for bit.
+template <int EPI, bool TOK, bool PERSIST>
 __device__ __forceinline__ void moe_blk_body(const uint8_t* __restrict__ Tt,
                                              const uint8_t* __restrict__ Wb, void* C,
                                              const int* __restrict__ offs,
@@ -600,12 +604,12 @@ __device__ __forceinline__ void moe_blk_body(const uint8_t* __restrict__ Tt,
                                              int K) {
     using S = BlkSmem;
     extern __shared__ __align__(1024) uint8_t smem_raw[];
-    if (static_cast<int>(blockIdx.y) >= toff[E]) return;   // (uniform per block: no barrier yet)
+    if (!PERSIST && static_cast<int>(blockIdx.y) >= toff[E]) return;   // (uniform: no barrier yet)
     const uint32_t raw = smem_u32(smem_raw);
     const uint32_t base = (raw + 1023) & ~1023u;
     const uint8_t* sbase = smem_raw + (base - raw);
     const uint32_t bars = base + STAGES * S::STAGE;   // full[s] at 8s, empty[s] at 8(STAGES + s)
-    const int KB = (K + 127) / 128;
+    const int KB = (K + 127) / 128, nrow = (N + BN - 1) / BN;
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             wgmma::mbar_init(bars + 8 * s, 1);
@@ -613,20 +617,37 @@ __device__ __forceinline__ void moe_blk_body(const uint8_t* __restrict__ Tt,
         }
     }
     __syncthreads();
+    // this CTA's tiles i = first, first + step, ... < ntile; (mt, nt) of tile i
+    const int first = PERSIST ? static_cast<int>(blockIdx.x) : 0;
+    const int step = PERSIST ? static_cast<int>(gridDim.x) : 1;
+    const int ntile = PERSIST ? toff[E] * nrow : 1;
+    auto tile_of = [&](int i, int& mt, int& nt) {
+        if constexpr (PERSIST) {
+            mt = i / nrow;
+            nt = i - mt * nrow;
+        } else {
+            mt = blockIdx.y;
+            nt = blockIdx.x;
+        }
+    };
     uint32_t it = 0;   // stage it lives in slot it % STAGES
     if (threadIdx.x < 128) {   // producer: one thread issues every copy
         wgmma::setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x != 0) return;
-        const int mt = blockIdx.y, e = moe_expert(toff, E, mt), nrow = (N + BN - 1) / BN;
         const size_t wstep = static_cast<size_t>(nrow) * OP, tstep = static_cast<size_t>(MT) * OP;
-        const uint8_t* wp = Wb + static_cast<size_t>(e) * KB * wstep + blockIdx.x * OP;
-        const uint8_t* tp = Tt + static_cast<size_t>(mt) * OP;
-        for (int q = 0; q < KB; ++q, ++it, wp += wstep, tp += tstep) {
-            const uint32_t slot = it % STAGES, st = base + slot * S::STAGE;
-            wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
-            wgmma::mbar_expect_tx(bars + 8 * slot, 2 * OP);
-            wgmma::bulk_copy(st + S::W, wp, OP, bars + 8 * slot);
-            wgmma::bulk_copy(st + S::X, tp, OP, bars + 8 * slot);
+        for (int i = first; i < ntile; i += step) {
+            int mt, nt;
+            tile_of(i, mt, nt);
+            const int e = moe_expert(toff, E, mt);
+            const uint8_t* wp = Wb + static_cast<size_t>(e) * KB * wstep + nt * OP;
+            const uint8_t* tp = Tt + static_cast<size_t>(mt) * OP;
+            for (int q = 0; q < KB; ++q, ++it, wp += wstep, tp += tstep) {
+                const uint32_t slot = it % STAGES, st = base + slot * S::STAGE;
+                wgmma::mbar_wait(bars + 8 * (STAGES + slot), ((it / STAGES) & 1) ^ 1);
+                wgmma::mbar_expect_tx(bars + 8 * slot, 2 * OP);
+                wgmma::bulk_copy(st + S::W, wp, OP, bars + 8 * slot);
+                wgmma::bulk_copy(st + S::X, tp, OP, bars + 8 * slot);
+            }
         }
         return;
     }
@@ -636,46 +657,54 @@ __device__ __forceinline__ void moe_blk_body(const uint8_t* __restrict__ Tt,
     const int rw = cw * 64 + (warp & 3) * 16 + g;   // the thread's first weight row of the tile
     float z[64];
     int da[64], db[64];
+    for (int i = first; i < ntile; i += step) {
 #pragma unroll
-    for (int k = 0; k < 64; ++k) z[k] = 0.f;
-    constexpr int P = TOK ? 2 : 1;   // stages per fold (mmq_blk_body's, from block 0)
-    int n = KB;
-    for (; n >= P * BLK_GROUP; n -= P * BLK_GROUP)
-        run_stages<BLK_GROUP, P, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-    for (; n >= 2 * P; n -= 2 * P) run_stages<2, P, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-    if constexpr (P == 2) {
-        if (n >= 2) {
-            run_stages<1, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-            n -= 2;
+        for (int k = 0; k < 64; ++k) z[k] = 0.f;
+        constexpr int P = TOK ? 2 : 1;   // stages per fold (mmq_blk_body's, from block 0)
+        int n = KB;
+        for (; n >= P * BLK_GROUP; n -= P * BLK_GROUP)
+            run_stages<BLK_GROUP, P, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        for (; n >= 2 * P; n -= 2 * P)
+            run_stages<2, P, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        if constexpr (P == 2) {
+            if (n >= 2) {
+                run_stages<1, 2, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+                n -= 2;
+            }
         }
+        if (n) run_stages<1, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
+        int mt, nt;
+        tile_of(i, mt, nt);
+        const int e = moe_expert(toff, E, mt);
+        const int r0 = offs[e] + (mt - toff[e]) * BM;   // the tile's first sorted row
+        const int rows = min(BM, offs[e + 1] - r0);     // its rows (the rest: padding, not stored)
+        if constexpr (TOK) scale_tokens(z, Tt, mt, t);
+        const int wr = nt * BN + rw;
+        if constexpr (EPI == 2)
+            store_glu<0>(z, static_cast<__half*>(C) + static_cast<size_t>(r0) * (N / 2), rows,
+                         N / 2, 2 * t, wr);
+        else store_t<false>(z, static_cast<float*>(C) + static_cast<size_t>(r0) * N, rows, N,
+                            2 * t, wr);
     }
-    if (n) run_stages<1, 1, TOK>(z, da, db, it, base, sbase, bars, cw, rw, t);
-    const int mt = blockIdx.y, e = moe_expert(toff, E, mt);
-    const int r0 = offs[e] + (mt - toff[e]) * BM;   // the tile's first sorted row
-    const int rows = min(BM, offs[e + 1] - r0);     // its rows (the rest: padding, not stored)
-    if constexpr (TOK) scale_tokens(z, Tt, mt, t);
-    const int wr = blockIdx.x * BN + rw;
-    if constexpr (EPI == 2)
-        store_glu<0>(z, static_cast<__half*>(C) + static_cast<size_t>(r0) * (N / 2), rows, N / 2,
-                     2 * t, wr);
-    else store_t<false>(z, static_cast<float*>(C) + static_cast<size_t>(r0) * N, rows, N, 2 * t,
-                        wr);
 }
 }  // namespace
 
 // moe_blk_tok_swiglu: the gate|up GEMM (per-token operand of the gathered normed rows, W
 // expert e's gate|up [2F, K] rows interleaved per 16) -> H f16 [P, F]; moe_blk: the down GEMM
 // (per-(token, 128) operand of H's sorted rows) -> C f32 [P, N]. grid (ceil(N / 128), MT),
-// block 384, blk_smem() of dynamic shared memory.
-#define MOE_BLK_ENTRY(NAME, EPI, TOK, CT)                                                       \
+// block 384, blk_smem() of dynamic shared memory; the _p entries (PERSIST): grid (at most the
+// SMs).
+#define MOE_BLK_ENTRY(NAME, EPI, TOK, CT, PERSIST)                                              \
     extern "C" __global__ void __launch_bounds__(384, 1)                                        \
     NAME(const uint8_t* __restrict__ Tt, const uint8_t* __restrict__ Wb, CT* C,                \
          const int* __restrict__ offs, const int* __restrict__ toff, int E, int MT, int N,       \
          int K) {                                                                               \
-        moe_blk_body<EPI, TOK>(Tt, Wb, C, offs, toff, E, MT, N, K);                             \
+        moe_blk_body<EPI, TOK, PERSIST>(Tt, Wb, C, offs, toff, E, MT, N, K);                    \
     }
-MOE_BLK_ENTRY(moe_blk_tok_swiglu, 2, true, __half)
-MOE_BLK_ENTRY(moe_blk, 0, false, float)
+MOE_BLK_ENTRY(moe_blk_tok_swiglu, 2, true, __half, false)
+MOE_BLK_ENTRY(moe_blk, 0, false, float, false)
+MOE_BLK_ENTRY(moe_blk_tok_swiglu_p, 2, true, __half, true)
+MOE_BLK_ENTRY(moe_blk_p, 0, false, float, true)
 
 // moe_blk_operand_f16 (per (token, 128) scales) / moe_blk_operand_f16_tok (per token): the
 // token operand [KB][MT][OP] of the padded sorted rows (above): padded row pr's values are x

@@ -25,8 +25,9 @@
 #          qwen3-30b-a3b (MOE_LAYERS: 48); carry .whl and .llamacuda (llama-bench built on the
 #          host for sm_90, static ggml, against cuBLAS 13 from the nvidia-cublas wheel; xz).
 #   owed:  the last stop's unmeasured rows, most wanted first, in one call (carry .whl,
-#          .cubin_cache and .devdata): the GPU tests of its changes, the MoE blk forward's xfail
-#          with --runxfail, olmo2 / qwen3-8b beside their llama twins (house), `minfer check`
+#          .cubin_cache and .devdata): the GPU tests of its changes, the MoE blk tests with
+#          --runxfail, lab/moe_persist.py (the persistent expert GEMMs' A/B), olmo2 / qwen3-8b
+#          beside their llama twins (house), `minfer check`
 #   combo: the serving table (SERVE_CFGS: the engine process "on", "thread", prefix cache "off";
 #          SERVE_TESTS=1 the GPU serving tests first), the new families' blk checks, the MoE
 #          kernels' tests, each capped by what the deadline leaves.
@@ -497,13 +498,14 @@ fi
 if [ "$MODE" = owed ]; then   # what the last stop left unmeasured, most wanted first, one call
   # (carry .whl, .cubin_cache and .devdata: ~51 MB): the GPU tests of its unrun changes (an
   # Engine's pooled jobs on another thread; q/k norms in the rope's launch; olmo2's operand
-  # forms), the MoE blk forward's xfail with its reasons (--runxfail), olmo2 and qwen3-8b beside
-  # their llama twins with olmo2's breakdown, then `minfer check` on the slice's Q4_K_M requant
+  # forms), the MoE blk tests with the forward's xfail reasons (--runxfail) and the persistent
+  # expert GEMMs (bitwise, then timed: lab/moe_persist.py), olmo2 and qwen3-8b beside their llama
+  # twins with olmo2's breakdown, then `minfer check` on the slice's Q4_K_M requant
   step tests 200 python3 -m pytest -q -rfEs $XDIST tests/gpu/test_engine_threads.py \
     tests/gpu/test_fused_layers.py tests/gpu/test_blk_device.py tests/gpu/test_families_device.py \
     "tests/gpu/test_families_new_device.py::test_check_at_the_real_shapes[olmo2-7b-blk]"
-  step tests_moe 90 python3 -m pytest -q -rfEs --runxfail \
-    tests/gpu/test_moe_blk_device.py::test_blk_forward_matches_the_grid_reference
+  step tests_moe 150 python3 -m pytest -q -rfEs -s --runxfail tests/gpu/test_moe_blk_device.py
+  step moe_persist 60 python3 lab/moe_persist.py --tokens 512,2048,8192
   step house 200 env HOUSE_TESTS=0 FAMILY_PRESETS="olmo2-7b qwen3-8b" HOUSE_BREAKDOWN=olmo2-7b \
     OUT=$OUT/house bash scripts/device_run.sh house 195
   if [ -f "$S" ]; then
@@ -512,6 +514,7 @@ if [ "$MODE" = owed ]; then   # what the last stop left unmeasured, most wanted 
   echo; echo "################ SUMMARY owed ($(cat "$OUT/gpu.txt"))"; cat "$OUT/steps.txt"
   tests_summary tests tests_moe
   grep -E "moe cuda blk" "$OUT/tests_moe.log" | head -8
+  echo "--- the expert GEMMs one CTA a tile / persistent"; grep -E "^\||rror" "$OUT/moe_persist.log"
   grep -vE "^WARNING: Target" "$OUT/house.log" | sed -n '/SUMMARY/,$p' | grep -v "^== " | head -60
   [ -f "$OUT/check.log" ] && echo "--- check" && grep -E "FAIL|PASS|/32 \|" "$OUT/check.log" | tail -12
   rm -f "$OUT"/house/gpu.txt "$OUT"/house/steps.txt

@@ -222,6 +222,15 @@ def test_launchers_check_and_size_their_grids():
     B.grouped_gemm(rt, ys, tt_dn, wdn, offs, toff)
     fn, grid, _, args, _ = rt.launches[-1]
     assert fn[1] == "moe_blk" and grid == (16, MT) and int(args[-3]) == MT
+    # persistent: the _p entries on at most a CTA an SM (fewer where the tiles are fewer)
+    rt.sm_count = 132
+    B.grouped_gemm(rt, ys, tt_dn, wdn, offs, toff, persistent=True)
+    fn, grid, _, args, _ = rt.launches[-1]
+    assert fn[1] == "moe_blk_p" and grid == (132,) and int(args[-3]) == MT
+    rt.sm_count = 100_000
+    B.grouped_gemm(rt, act, tt_gu, wgu, offs, toff, True, persistent=True)
+    fn, grid, _, _, _ = rt.launches[-1]
+    assert fn[1] == "moe_blk_tok_swiglu_p" and grid == (12 * MT,)
     # one clear error per bad shape
     bad = [
         (lambda: B.grouped_gemm(rt, ys, tt_dn, wdn, offs, toff, True), "expected \\[P, 1024\\]"),

@@ -154,6 +154,13 @@ def test_grouped_gemms_against_the_twin(hopper, same_bytes, T, E, k, d, fe):
     assert np.isfinite(outs[0]).all() and np.array_equal(outs[0], outs[1])
     assert np.linalg.norm(outs[0] - ref_ys) / np.linalg.norm(ref_ys) < 1e-5
     assert np.abs(outs[0] - ref_ys).max() / np.abs(ref_ys).max() < 1e-4
+    # the persistent entries (a CTA an SM walking the live tiles): the same bytes
+    buf_p = _dev(rt, np.full((P + 5, fe), np.nan, np.float16))
+    B.grouped_gemm(rt, da.rows(buf_p, 0, P), tt, wgu, od, td, True, persistent=True)
+    assert same_bytes(buf_p, buf.get())
+    ys_p = _dev(rt, np.full((P, d), np.nan, np.float32))
+    B.grouped_gemm(rt, ys_p, tt2, wdn, od, td, persistent=True)
+    assert same_bytes(ys_p, outs[0])
     print(f"\nmoe blk T={T} E={E} k={k} d={d} fe={fe}: swiglu rel err {e1:.2e}")
 
 

@@ -209,9 +209,14 @@ def _gemm_checks(out, tt, w, offs, toff, glu) -> tuple[int, int, int, int]:
     return E, N, K, P
 
 
-def grouped_gemm(rt, out, tt, w: BlkExperts, offs, toff, glu: bool = False):
+def grouped_gemm(
+    rt, out, tt, w: BlkExperts, offs, toff, glu: bool = False, persistent: bool = False
+):
     """out (glu: f16 [P, N / 2], the swiglu; else f32 [P, N]) = each expert's sorted rows @
-    its weight (module docstring). tt: operand()'s (per_token with glu, else per (token, 128))."""
+    its weight (module docstring). tt: operand()'s (per_token with glu, else per (token, 128)).
+    persistent: the _p entries, at most one CTA an SM walking the live tiles (the next tile's
+    loads under this one's stores), bit-identical; not yet timed on a GPU, so not the default
+    (tests/gpu/test_moe_blk_device.py compares them)."""
     from minfer.cuda.paths.blk.launch import blk_smem
 
     E, N, K, P = _gemm_checks(out, tt, w, offs, toff, glu)
@@ -230,10 +235,12 @@ def grouped_gemm(rt, out, tt, w: BlkExperts, offs, toff, glu: bool = False):
     cap = getattr(rt, "smem_optin", None)
     if cap is not None and smem > cap:
         raise GPUError(f"{what}: {smem} B of shared memory, over this GPU's opt-in cap of {cap} B")
-    entry = "moe_blk_tok_swiglu" if glu else "moe_blk"
+    entry = ("moe_blk_tok_swiglu" if glu else "moe_blk") + ("_p" if persistent else "")
+    tiles = pad128(N) // BN * MT  # (the grid's worst case; the kernel walks the live ones)
+    grid = (min(tiles, rt.sm_count),) if persistent else (pad128(N) // BN, MT)
     rt.launch(
         rt.function(KERNEL, entry, OPTS, dyn_smem=smem),
-        (pad128(N) // BN, MT),
+        grid,
         (384,),
         (
             da.arg(tt),
