@@ -13,7 +13,6 @@ pays its pipeline fill and epilogue unhidden (lab/moe_tiles.py, docs/families.md
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
@@ -27,6 +26,7 @@ def main(argv=None) -> None:
     from minfer.cuda.paths.blk import moe as B
     from minfer.cuda.paths.blk.launch import blk_weight
     from minfer.cuda.runtime import devarray as da
+    from minfer.cuda.runtime.profile import interleaved_us
     from minfer.cuda.runtime.runtime import get_runtime
     from minfer.tools.synth import PRESETS
 
@@ -43,7 +43,6 @@ def main(argv=None) -> None:
         return B.BlkExperts(wb, E, N, K)
 
     wgu, wdn = experts(2 * fe, d), experts(d, fe)
-    ev = [rt.drv.Event() for _ in range(2)]
     print(f"{a.preset}: {E} experts, {k} used, d {d}, expert ff {fe}; {rt.sm_count} SMs")
     print("| tokens | GEMM | one CTA a tile µs | persistent µs | ratio | same bytes |")
     print("| ---: | --- | ---: | ---: | ---: | --- |")
@@ -70,20 +69,7 @@ def main(argv=None) -> None:
             def run(p, outs=outs, x=x, w=w, glu=glu):
                 B.grouped_gemm(rt, outs[p], x, w, od, td, glu, persistent=bool(p))
 
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < 0.3:  # pre-roll: clocks up
-                run(0)
-                run(1)
-            rt.drv.Context.synchronize()
-            us = [[], []]
-            for _ in range(7):
-                for p in (0, 1):
-                    ev[0].record()
-                    for _ in range(10):
-                        run(p)
-                    ev[1].record()
-                    ev[1].synchronize()
-                    us[p].append(ev[1].time_since(ev[0]) * 100.0)  # ms / 10 -> µs
+            us = interleaved_us(rt, {p: (lambda p=p: run(p)) for p in (0, 1)}, preroll_ms=300)
             m0, m1 = float(np.median(us[0])), float(np.median(us[1]))
             same = np.array_equal(outs[0].get().view(np.uint8), outs[1].get().view(np.uint8))
             print(f"| {T:,} | {name} | {m0:,.1f} | {m1:,.1f} | {m0 / m1:.2f}x | {same} |")

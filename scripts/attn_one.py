@@ -16,10 +16,10 @@ ncu -k regex:attn_wg --launch-skip 2 --launch-count 1 python3 scripts/attn_one.p
 import argparse
 
 import numpy as np
-import pycuda.driver as drv
 
 from minfer.cuda.ops.attention import attention, wg_blocks
 from minfer.cuda.runtime import devarray as da
+from minfer.cuda.runtime.profile import interleaved_us
 from minfer.cuda.runtime.runtime import get_runtime
 
 ap = argparse.ArgumentParser()
@@ -68,19 +68,7 @@ for T in map(int, a.tokens.split(",")):
         for g, b in grids.items()
         for x, t in loads.items()
     }
-    for run in runs.values():
-        for _ in range(3):
-            run()
-    rt.synchronize()
-    t0, t1, us = drv.Event(), drv.Event(), {g: [] for g in runs}
-    for _ in range(7):  # the configs' groups interleaved
-        for g, run in runs.items():
-            t0.record()
-            for _ in range(a.launches):
-                run()
-            t1.record()
-            t1.synchronize()
-            us[g].append(t1.time_since(t0) * 1e3 / a.launches)
+    us = interleaved_us(rt, runs, launches=a.launches, warm=3)  # (7 groups, interleaved)
     flop = 4 * T * T / 2 * Hq * D
     for g, u in us.items():
         med = float(np.median(u))

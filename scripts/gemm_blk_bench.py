@@ -24,6 +24,7 @@ import numpy as np
 from minfer.cuda.paths.blk.launch import blk_operand, blk_weight, mmq_blk_linear
 from minfer.cuda.paths.f16.gemm import gemm_f16_nt
 from minfer.cuda.runtime import devarray as da
+from minfer.cuda.runtime.profile import interleaved_us
 from minfer.cuda.runtime.runtime import get_runtime
 
 SHAPES = {
@@ -40,7 +41,6 @@ ap.add_argument("--one", help="PATH,N,K,M: one GEMM launched four times, for ncu
 ap.add_argument("--opts", default="", help="--one's nvcc -D options, comma-separated")
 a = ap.parse_args()
 rt = get_runtime()
-drv = rt.drv
 rng = np.random.default_rng(0)
 
 
@@ -112,29 +112,7 @@ for M in (int(t) for t in a.tokens.split(",")):
             "blk + prepass": blk((), True, x_op=op),
             **{"blk " + (" ".join(o) or "default"): blk(o, x_op=op) for o in variants},
         }
-        for fn in cfgs.values():  # compile, then the pre-roll
-            fn()
-        rt.synchronize()
-        t0, t1 = drv.Event(), drv.Event()
-        t0.record()
-        n = 0
-        while True:
-            for fn in cfgs.values():
-                fn()
-            n += 1
-            t1.record()
-            t1.synchronize()
-            if t1.time_since(t0) >= a.min_ms:
-                break
-        times = {k: [] for k in cfgs}
-        for _ in range(7):
-            for k, fn in cfgs.items():
-                t0.record()
-                for _ in range(10):
-                    fn()
-                t1.record()
-                t1.synchronize()
-                times[k].append(t1.time_since(t0) * 100)  # us per launch
+        times = interleaved_us(rt, cfgs, preroll_ms=a.min_ms)  # (compile, pre-roll, 7 x 10)
         base = float(np.median(times["f16"]))
         for k, ts in times.items():
             med, band = float(np.median(ts)), (max(ts) - min(ts)) / 2

@@ -51,3 +51,37 @@ class OpProfile:
             t[2] += 1
         self.pending.clear()
         return self.totals
+
+
+def interleaved_us(
+    rt, runs: dict, launches: int = 10, groups: int = 7, warm: int = 1, preroll_ms: float = 0.0
+) -> dict[str, list[float]]:
+    """µs a launch of each callable of `runs` (name -> fn queueing one launch), the scripts'
+    method: each run `warm` times (its kernels built), then rounds of all of them back to back
+    for preroll_ms (the board at its power state), then `groups` rounds of `launches` launches
+    of each, the configs interleaved within a round, timed by CUDA events -> name -> `groups`
+    samples (report the median, +- half the spread)."""
+    drv = rt.drv
+    for fn in runs.values():
+        for _ in range(warm):
+            fn()
+    rt.synchronize()
+    t0, t1 = drv.Event(), drv.Event()
+    t0.record()
+    while preroll_ms > 0:
+        for fn in runs.values():
+            fn()
+        t1.record()
+        t1.synchronize()
+        if t1.time_since(t0) >= preroll_ms:
+            break
+    us: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(groups):
+        for k, fn in runs.items():
+            t0.record()
+            for _ in range(launches):
+                fn()
+            t1.record()
+            t1.synchronize()
+            us[k].append(t1.time_since(t0) * 1e3 / launches)
+    return us
