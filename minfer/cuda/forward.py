@@ -169,9 +169,9 @@ class Forward:
     def _residual(self, x, A, name: str, label: str, q8, post: str, then=None):
         """x f32 [M, d_model] += A @ W[name].T; with post norms (gemma, olmo2) the product goes
         to post32 first and x += rmsnorm(it) * w[post]; with a residual scale (granite)
-        x += it * scale. then: (h16, names) of the GEMMs that read x next in a family without
-        pre-norms (olmo2): their operands come from the post-norm's launch and are returned
-        (_fused), else None."""
+        x += it * scale. then (a family without pre-norms, olmo2): (h16, names) of the GEMMs
+        that read x next, whose operands the post-norm's launch makes and returns (_fused);
+        else None."""
         c = self.c
         if not c.post_norms and c.residual_scale == 1.0:
             self._linear(x, A, name, "acc", label, q8)
@@ -182,7 +182,7 @@ class Forward:
         if c.post_norms:
             if c.residual_scale != 1.0:
                 raise NotImplementedError("post norms with a residual scale")
-            if then is not None and not c.pre_norms:
+            if then is not None:
                 op = self._fused("rmsnorm_add+prepass", then[0], x, self.w[post], then[1], t)
                 if op is not None:
                     return op
@@ -362,7 +362,7 @@ class Forward:
                 "attn_output",
                 aq,
                 p + "post_attention_norm.weight",
-                (hq, members),
+                None if c.pre_norms else (hq, members),
             )
             if fq8 is None:
                 fq8 = self._norm_in(hq, xq, p + "ffn_norm.weight", *members)
@@ -379,8 +379,8 @@ class Forward:
                 src = self._run_groups(groups, b.gu32, hq, Tq, fq8)
                 gate, up = src["gate"], src["up"]
                 self._swiglu(f16, gate[0], None if up[0] is gate[0] else up[0])
-            nxt = None  # (the next layer's q|k|v read all T rows of x)
-            if il + 1 < c.n_layers:
+            nxt = None  # olmo2: the next layer's q|k|v, which read all T rows of x
+            if not c.pre_norms and il + 1 < c.n_layers:
                 nxt = (h16, tuple(g.member for g in self.groups[il + 1]["attn"]))
             carry = self._residual(xq, f16, down, "ffn_down", None, p + "post_ffw_norm.weight", nxt)
             if self.probe is not None:  # (the final layer writes its last row only)
