@@ -45,3 +45,6 @@ def test_warm_preroll_then_interleaved_groups():
     calls.clear()
     interleaved_us(rt, runs, launches=1, groups=1)  # no pre-roll: warm once, one round
     assert calls == ["a", "b", "a", "b"]
+    calls.clear()
+    interleaved_us(rt, runs, launches=1, groups=1, preroll_ms=0)  # a pre-roll of one round
+    assert calls == ["a", "b"] * 3

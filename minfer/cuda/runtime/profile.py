@@ -54,11 +54,17 @@ class OpProfile:
 
 
 def interleaved_us(
-    rt, runs: dict, launches: int = 10, groups: int = 7, warm: int = 1, preroll_ms: float = 0.0
+    rt,
+    runs: dict,
+    launches: int = 10,
+    groups: int = 7,
+    warm: int = 1,
+    preroll_ms: float | None = None,
 ) -> dict[str, list[float]]:
     """µs a launch of each callable of `runs` (name -> fn queueing one launch), the scripts'
-    method: each run `warm` times (its kernels built), then rounds of all of them back to back
-    for preroll_ms (the board at its power state), then `groups` rounds of `launches` launches
+    method: each run `warm` times (its kernels built), then (preroll_ms not None) rounds of all
+    of them back to back, at least one, until preroll_ms have passed (the board at its power
+    state), then `groups` rounds of `launches` launches
     of each, the configs interleaved within a round, timed by CUDA events -> name -> `groups`
     samples (report the median, +- half the spread)."""
     drv = rt.drv
@@ -68,7 +74,7 @@ def interleaved_us(
     rt.synchronize()
     t0, t1 = drv.Event(), drv.Event()
     t0.record()
-    while preroll_ms > 0:
+    while preroll_ms is not None:
         for fn in runs.values():
             fn()
         t1.record()
